@@ -1,0 +1,280 @@
+"""The one vocabulary of steadytune: every record that flows between the parts.
+
+Records are frozen dataclasses. They are serialized in exactly one place
+(:func:`to_json` / :func:`from_json`), as one JSON object per line with a ``type``
+tag, so the JSONL files of a run directory are the truth and the fixtures alike.
+
+This module imports nothing heavy: the supervisor, detectors, policy, store and
+web all depend on it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Severity = Literal["info", "warning", "critical"]
+EventKind = Literal["anomaly", "resolved", "action", "alert", "lifecycle", "control"]
+
+SEVERITY_ORDER: dict[str, int] = {"info": 0, "warning": 1, "critical": 2}
+
+
+@dataclass(frozen=True)
+class BatchFingerprint:
+    """Which samples made up an optimizer step, and what they contained.
+
+    ``indices`` are dataset row ids; ``hashes`` are short content hashes of the
+    tokenized samples, so a later reader can tell whether the dataset changed.
+    """
+
+    indices: tuple[int, ...] = ()
+    hashes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One optimizer step, as seen by one rank of the worker."""
+
+    step: int
+    ts: float
+    rank: int = 0
+    attempt: int = 0
+    loss: float | None = None
+    grad_norm: float | None = None
+    lr: float | None = None
+    tokens: int | None = None
+    samples: int | None = None
+    step_time_s: float | None = None
+    epoch: float | None = None
+    mem_allocated_bytes: int | None = None
+    mem_reserved_bytes: int | None = None
+    mem_peak_bytes: int | None = None
+    rss_bytes: int | None = None
+    eval_loss: float | None = None
+    skipped: bool = False
+    batch: BatchFingerprint | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        if self.tokens is None or not self.step_time_s:
+            return None
+        return self.tokens / self.step_time_s
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """Proof of life from a worker rank; ``phase`` says what it is doing."""
+
+    ts: float
+    rank: int = 0
+    step: int = 0
+    pid: int = 0
+    attempt: int = 0
+    phase: str = "train"
+
+
+@dataclass(frozen=True)
+class WorkerExit:
+    """The last words of a worker: written just before it exits on its own."""
+
+    ts: float
+    rank: int = 0
+    attempt: int = 0
+    step: int = 0
+    status: Literal["completed", "stopped", "paused", "error"] = "completed"
+    error_type: str | None = None
+    error_message: str | None = None
+    traceback_tail: str | None = None
+    deterministic: bool = False
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    """One GPU at one moment. A reading that is unavailable is ``None``."""
+
+    index: int
+    name: str = ""
+    util_ratio: float | None = None
+    mem_used_bytes: int | None = None
+    mem_total_bytes: int | None = None
+    temperature_c: float | None = None
+    power_w: float | None = None
+    ecc_errors: int | None = None
+    xid_errors: int | None = None
+
+
+@dataclass(frozen=True)
+class SystemSample:
+    """The host at one moment (CPU, RAM, disk of the run directory, GPUs)."""
+
+    ts: float
+    cpu_ratio: float | None = None
+    ram_used_bytes: int | None = None
+    ram_total_bytes: int | None = None
+    disk_free_bytes: int | None = None
+    disk_total_bytes: int | None = None
+    worker_rss_bytes: int | None = None
+    gpus: tuple[GpuSample, ...] = ()
+
+
+@dataclass(frozen=True)
+class Anomaly:
+    """Something a detector found, with the evidence and what to do about it."""
+
+    kind: str
+    severity: Severity
+    start_step: int
+    end_step: int
+    metric: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+    cause: str = ""
+    suggestion: str = ""
+    rank: int | None = None
+
+    @property
+    def key(self) -> tuple[str, str, int | None]:
+        """Identity for raise-once/resolve-once bookkeeping."""
+        return (self.kind, self.metric, self.rank)
+
+
+@dataclass(frozen=True)
+class Event:
+    """An entry of ``events.jsonl``: an anomaly, action, alert, lifecycle or control.
+
+    ``name`` is the anomaly kind, action name or lifecycle phase. The audit
+    fields (``seq``, ``prev_hash``, ``hash``, ``run_id``, ``host``, ``user``,
+    ``pid``) are filled in by the event log when the event is appended.
+    """
+
+    ts: float
+    kind: EventKind
+    name: str
+    message: str = ""
+    severity: Severity = "info"
+    step: int | None = None
+    data: dict[str, Any] = field(default_factory=dict)
+    seq: int | None = None
+    run_id: str | None = None
+    host: str | None = None
+    user: str | None = None
+    pid: int | None = None
+    prev_hash: str | None = None
+    hash: str | None = None
+
+
+@dataclass(frozen=True)
+class PlanRevision:
+    """How the worker is to be (re)started. One per start, each naming its cause."""
+
+    revision: int
+    ts: float
+    reason: str
+    attempt: int = 0
+    cause_event_seq: int | None = None
+    per_device_train_batch_size: int | None = None
+    gradient_accumulation_steps: int | None = None
+    micro_batch_split: int = 1
+    lr_scale: float = 1.0
+    skip_ranges: tuple[tuple[int, int], ...] = ()
+    resume_checkpoint: str | None = None
+    gradient_checkpointing: bool | None = None
+    max_seq_length: int | None = None
+    notes: str = ""
+
+
+Record = StepRecord | Heartbeat | WorkerExit | SystemSample | Event | PlanRevision | Anomaly
+
+_TYPES: dict[str, type] = {
+    "step": StepRecord,
+    "heartbeat": Heartbeat,
+    "exit": WorkerExit,
+    "system": SystemSample,
+    "event": Event,
+    "plan": PlanRevision,
+    "anomaly": Anomaly,
+}
+_TAGS: dict[type, str] = {cls: tag for tag, cls in _TYPES.items()}
+_NESTED: dict[tuple[type, str], type] = {
+    (StepRecord, "batch"): BatchFingerprint,
+    (SystemSample, "gpus"): GpuSample,
+}
+
+
+def _clean(value: Any) -> Any:
+    """JSON has no NaN/Inf; encode them as strings so a NaN loss survives a round trip."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
+
+
+_NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+
+def _float_fields(cls: type) -> frozenset[str]:
+    return frozenset(
+        f.name for f in dataclasses.fields(cls) if "float" in str(f.type) and "str" not in str(f.type)
+    )
+
+
+_FLOAT_FIELDS: dict[type, frozenset[str]] = {cls: _float_fields(cls) for cls in _TYPES.values()}
+
+
+def to_dict(record: Record) -> dict[str, Any]:
+    """A record as a plain, JSON-safe dict with its ``type`` tag first."""
+    tag = _TAGS[type(record)]
+    body = {k: v for k, v in dataclasses.asdict(record).items() if v is not None}
+    return {"type": tag, **_clean(body)}
+
+
+def to_json(record: Record) -> str:
+    """One line of JSONL for ``record`` (no trailing newline)."""
+    return json.dumps(to_dict(record), separators=(",", ":"), sort_keys=False)
+
+
+def _build(cls: type, data: dict[str, Any]) -> Any:
+    names = {f.name for f in dataclasses.fields(cls)}
+    floats = _FLOAT_FIELDS.get(cls, frozenset())
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        if key not in names:
+            continue  # forward compatibility: newer writers may add fields
+        if key in floats and isinstance(value, str):
+            value = _NONFINITE.get(value, value)
+        nested = _NESTED.get((cls, key))
+        if nested is BatchFingerprint and isinstance(value, dict):
+            value = BatchFingerprint(
+                indices=tuple(value.get("indices", ())), hashes=tuple(value.get("hashes", ()))
+            )
+        elif nested is GpuSample and isinstance(value, list):
+            value = tuple(_build(GpuSample, g) for g in value)
+        elif cls is PlanRevision and key == "skip_ranges":
+            value = tuple((int(a), int(b)) for a, b in value)
+        kwargs[key] = value
+    return cls(**kwargs)
+
+
+def from_dict(data: dict[str, Any]) -> Record:
+    """The record a :func:`to_dict` dict stands for. Raises ``ValueError`` on an unknown type."""
+    tag = data.get("type")
+    cls = _TYPES.get(tag)  # type: ignore[arg-type]
+    if cls is None:
+        raise ValueError(f"unknown record type {tag!r}; expected one of {sorted(_TYPES)}")
+    return _build(cls, data)
+
+
+def from_json(line: str) -> Record:
+    """Parse one JSONL line written by :func:`to_json`."""
+    return from_dict(json.loads(line))
+
+
+def replace(record: Any, **changes: Any) -> Any:
+    """A copy of a frozen record with some fields changed."""
+    return dataclasses.replace(record, **changes)

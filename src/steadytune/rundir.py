@@ -1,0 +1,139 @@
+"""The run directory: the contract between the parts (see DESIGN.md).
+
+Every path of a run is named here, once. Nothing else builds these paths by hand.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def valid_run_id(run_id: str) -> bool:
+    """A run id is a plain name: no separators, no ``..``, nothing a path could escape with."""
+    return bool(RUN_ID_RE.match(run_id)) and ".." not in run_id
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """Paths of one run directory, ``runs/<run-id>/``."""
+
+    root: Path
+
+    @property
+    def run_id(self) -> str:
+        return self.root.name
+
+    @property
+    def config(self) -> Path:
+        return self.root / "config.yaml"
+
+    @property
+    def plan(self) -> Path:
+        return self.root / "plan.jsonl"
+
+    @property
+    def telemetry_dir(self) -> Path:
+        return self.root / "telemetry"
+
+    def telemetry(self, rank: int) -> Path:
+        return self.telemetry_dir / f"rank-{rank}.jsonl"
+
+    def telemetry_files(self) -> list[Path]:
+        if not self.telemetry_dir.is_dir():
+            return []
+        return sorted(self.telemetry_dir.glob("rank-*.jsonl"), key=lambda p: int(p.stem.split("-")[1]))
+
+    @property
+    def system(self) -> Path:
+        return self.root / "system.jsonl"
+
+    @property
+    def events(self) -> Path:
+        return self.root / "events.jsonl"
+
+    @property
+    def db(self) -> Path:
+        return self.root / "run.db"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def staging(self) -> Path:
+        """Where checkpoints are written before they are verified and moved in place."""
+        return self.checkpoints / ".staging"
+
+    @property
+    def latest_pointer(self) -> Path:
+        return self.checkpoints / "LATEST"
+
+    @property
+    def last_good_pointer(self) -> Path:
+        return self.checkpoints / "LAST_GOOD"
+
+    @property
+    def repro(self) -> Path:
+        return self.root / "repro"
+
+    @property
+    def control(self) -> Path:
+        """Operator and supervisor requests to the worker (one JSON file, replaced atomically)."""
+        return self.root / "control.json"
+
+    @property
+    def status(self) -> Path:
+        """The supervisor's current view of the run, for `top`, the dashboard and the CLI."""
+        return self.root / "status.json"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def stacks(self) -> Path:
+        return self.root / "stacks"
+
+    def create(self) -> RunDir:
+        for p in (self.root, self.telemetry_dir, self.checkpoints, self.logs):
+            p.mkdir(parents=True, exist_ok=True)
+        return self
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename or create inside ``path`` durable."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` so that a reader sees the old file or the new one, never half."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    fsync_dir(path.parent)

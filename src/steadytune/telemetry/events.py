@@ -1,0 +1,155 @@
+"""``events.jsonl``: the append-only, hash-chained log of what happened in a run.
+
+Each entry carries the hash of the previous entry, so an edited, deleted or
+reordered line breaks the chain (``steadytune audit verify``). Only one process
+writes a run's event log at a time: the supervisor (or, without a supervisor,
+the in-process guard).
+"""
+
+from __future__ import annotations
+
+import getpass
+import hashlib
+import json
+import os
+import socket
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from steadytune.records import Event, from_dict, replace, to_dict
+
+GENESIS = "0" * 64
+
+
+def entry_hash(entry: dict[str, Any]) -> str:
+    """sha256 of an entry's canonical JSON, without its own ``hash`` field."""
+    body = {k: v for k, v in entry.items() if k != "hash"}
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except Exception:  # no passwd entry in some containers
+        return str(os.getuid())
+
+
+def _last_entry(path: Path) -> dict[str, Any] | None:
+    """The last complete entry of an existing log, to continue its chain after a restart."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            block = min(size, 1 << 16)
+            f.seek(size - block)
+            tail = f.read()
+    except FileNotFoundError:
+        return None
+    for raw in reversed(tail.splitlines()):
+        raw = raw.strip()
+        if not raw:
+            continue
+        try:
+            return json.loads(raw)
+        except ValueError:
+            continue
+    return None
+
+
+class EventLog:
+    """Appends events to ``events.jsonl``, filling in the audit fields and the chain."""
+
+    def __init__(
+        self,
+        path: Path,
+        run_id: str,
+        clock: Callable[[], float] | None = None,
+        on_append: Callable[[Event], None] | None = None,
+    ) -> None:
+        import time
+
+        self.path = Path(path)
+        self.run_id = run_id
+        self.clock = clock or time.time
+        self.on_append = on_append
+        self._lock = threading.Lock()
+        self._host = socket.gethostname()
+        self._user = _user()
+        last = _last_entry(self.path)
+        if last is not None and str(last.get("hash", "")) and last.get("seq") is not None:
+            self._prev, self._seq = str(last["hash"]), int(last["seq"]) + 1
+        else:
+            self._prev, self._seq = GENESIS, 0
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path.exists() and self.path.stat().st_size:
+            # A torn last line (crash mid-write) must not glue onto the next entry.
+            with open(self.path, "rb") as f:
+                f.seek(-1, os.SEEK_END)
+                torn = f.read(1) != b"\n"
+            if torn:
+                with open(self.path, "a", encoding="utf-8") as f:
+                    f.write("\n")
+
+    @property
+    def last_hash(self) -> str:
+        return self._prev
+
+    @property
+    def next_seq(self) -> int:
+        return self._seq
+
+    def append(self, event: Event) -> Event:
+        """Chain, write and flush one event; returns it with its audit fields set."""
+        with self._lock:
+            ts = event.ts if event.ts else self.clock()
+            stamped = replace(
+                event,
+                ts=ts,
+                seq=self._seq,
+                run_id=self.run_id,
+                host=self._host,
+                user=event.user or self._user,
+                pid=event.pid or os.getpid(),
+                prev_hash=self._prev,
+                hash=None,
+            )
+            entry = to_dict(stamped)
+            digest = entry_hash(entry)
+            entry["hash"] = digest
+            line = json.dumps(entry, separators=(",", ":")) + "\n"
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write(line)
+                f.flush()
+                os.fsync(f.fileno())
+            self._prev, self._seq = digest, self._seq + 1
+            final = replace(stamped, hash=digest)
+        if self.on_append is not None:
+            self.on_append(final)
+        return final
+
+    def emit(self, kind: str, name: str, message: str = "", **fields: Any) -> Event:
+        """Shorthand: build an :class:`Event` and append it."""
+        return self.append(Event(ts=self.clock(), kind=kind, name=name, message=message, **fields))  # type: ignore[arg-type]
+
+
+def read_events(path: Path) -> list[Event]:
+    """All complete events of a log, in order (a torn last line is skipped)."""
+    out: list[Event] = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            for raw in f:
+                raw = raw.strip()
+                if not raw:
+                    continue
+                try:
+                    rec = from_dict(json.loads(raw))
+                except (ValueError, TypeError):
+                    continue
+                if isinstance(rec, Event):
+                    out.append(rec)
+    except FileNotFoundError:
+        pass
+    return out

@@ -1,0 +1,97 @@
+"""Append-only JSONL streams: the writer the worker uses, the tailer the supervisor uses.
+
+A line is only trusted once its newline is on disk: a crash mid-write leaves a
+partial last line, which the tailer leaves alone until it is completed (or forever).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from steadytune.records import Record, from_dict, to_json
+
+
+class JsonlWriter:
+    """Appends records to one JSONL file, one ``write`` + flush per record.
+
+    The worker never blocks on the supervisor: it only appends to its own file.
+    ``fsync`` is left to :meth:`sync` (at checkpoints), because fsync per step
+    would cost more than the step on a tiny model.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fh: IO[str] = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
+
+    def write(self, record: Record) -> None:
+        self._fh.write(to_json(record) + "\n")
+        self._fh.flush()
+
+    def write_raw(self, obj: dict[str, Any]) -> None:
+        self._fh.write(json.dumps(obj, separators=(",", ":")) + "\n")
+        self._fh.flush()
+
+    def sync(self) -> None:
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+
+    def close(self) -> None:
+        if not self._fh.closed:
+            self._fh.close()
+
+    def __enter__(self) -> JsonlWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class JsonlTailer:
+    """Reads new complete lines from a file that another process appends to."""
+
+    def __init__(self, path: Path, offset: int = 0) -> None:
+        self.path = Path(path)
+        self.offset = offset
+        self.bad_lines = 0
+
+    def read_dicts(self) -> list[dict[str, Any]]:
+        """The dicts of all complete lines appended since the last call."""
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            return []
+        end = chunk.rfind(b"\n")
+        if end < 0:
+            return []
+        self.offset += end + 1
+        out: list[dict[str, Any]] = []
+        for raw in chunk[: end + 1].splitlines():
+            if not raw.strip():
+                continue
+            try:
+                out.append(json.loads(raw))
+            except ValueError:
+                self.bad_lines += 1
+        return out
+
+    def read(self) -> list[Record]:
+        """The records of all complete lines appended since the last call."""
+        out: list[Record] = []
+        for d in self.read_dicts():
+            try:
+                out.append(from_dict(d))
+            except (ValueError, TypeError):
+                self.bad_lines += 1
+        return out
+
+
+def iter_records(path: Path) -> Iterator[Record]:
+    """Every complete, parseable record of a JSONL file (a torn last line is skipped)."""
+    yield from JsonlTailer(path).read()
