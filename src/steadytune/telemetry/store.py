@@ -1,0 +1,604 @@
+"""``run.db``: the SQLite (WAL) index of one run, rebuilt from the JSONL if lost.
+
+The JSONL files are the truth; this is the fast index the dashboard, ``/metrics``
+and ``analyze`` query. Every ``add_*`` is an idempotent upsert on a natural key
+(rank+step, event seq, sample ts, plan revision), so the same line may be fed
+twice (a supervisor and a dashboard tailing the same run) without harm.
+
+Steps: after a restart the worker records the same step again under a later
+``attempt``; the latest attempt wins, per rank. Every upsert stamps the row with
+a new ``version`` so a live reader can ask for "what changed since version N".
+
+No torch here: the supervisor and the web server import this module.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from steadytune.records import Event, PlanRevision, StepRecord, SystemSample, from_dict, to_dict
+from steadytune.rundir import RunDir
+
+SCHEMA_VERSION = "1"
+# Steps are also kept summarized in buckets of this many steps, so a chart of a
+# 1,000,000-step run reads ~16k summary rows instead of a million raw ones.
+ROLLUP = 64
+
+# Columns of the step series the dashboard charts, in this order.
+STEP_METRICS: tuple[str, ...] = (
+    "loss",
+    "eval_loss",
+    "grad_norm",
+    "lr",
+    "tokens_per_s",
+    "step_time_s",
+    "mem_allocated_bytes",
+    "mem_reserved_bytes",
+    "mem_peak_bytes",
+)
+SYSTEM_METRICS: tuple[str, ...] = (
+    "cpu_ratio",
+    "ram_used_bytes",
+    "ram_total_bytes",
+    "disk_free_bytes",
+    "disk_total_bytes",
+    "worker_rss_bytes",
+)
+GPU_METRICS: tuple[str, ...] = ("util_ratio", "mem_used_bytes", "mem_total_bytes", "temperature_c", "power_w")
+
+_DDL = f"""
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS steps (
+  rank INTEGER NOT NULL, step INTEGER NOT NULL, attempt INTEGER NOT NULL, ts REAL NOT NULL,
+  {", ".join(f"{m} REAL" for m in STEP_METRICS)},
+  tokens INTEGER, nonfinite INTEGER NOT NULL DEFAULT 0, skipped INTEGER NOT NULL DEFAULT 0,
+  version INTEGER NOT NULL,
+  PRIMARY KEY (rank, step)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS steps_version ON steps(version);
+CREATE TABLE IF NOT EXISTS steps_rollup (
+  rank INTEGER NOT NULL, bucket INTEGER NOT NULL, first INTEGER NOT NULL, last INTEGER NOT NULL,
+  n INTEGER NOT NULL, tokens INTEGER, nonfinite INTEGER NOT NULL,
+  {", ".join(f"{m}_min REAL, {m}_max REAL, {m}_sum REAL, {m}_n INTEGER" for m in STEP_METRICS)},
+  PRIMARY KEY (rank, bucket)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS system (
+  ts REAL PRIMARY KEY, {", ".join(f"{m} REAL" for m in SYSTEM_METRICS)}, version INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS system_version ON system(version);
+CREATE TABLE IF NOT EXISTS gpu (
+  ts REAL NOT NULL, idx INTEGER NOT NULL, name TEXT,
+  {", ".join(f"{m} REAL" for m in GPU_METRICS)},
+  PRIMARY KEY (ts, idx)
+);
+CREATE TABLE IF NOT EXISTS events (
+  seq INTEGER PRIMARY KEY, ts REAL NOT NULL, kind TEXT NOT NULL, name TEXT NOT NULL,
+  severity TEXT NOT NULL, step INTEGER, message TEXT, json TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_kind ON events(kind, name);
+CREATE TABLE IF NOT EXISTS plans (revision INTEGER PRIMARY KEY, ts REAL NOT NULL, json TEXT NOT NULL);
+"""
+
+
+def _read_lines(path: Path, offset: int, max_bytes: int) -> tuple[list[dict[str, Any]], int]:
+    """Complete JSON lines from ``offset``, at most about ``max_bytes``; a torn tail is left."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            chunk = f.read(max_bytes)
+            # A line longer than the chunk: keep reading until its newline (or EOF).
+            while chunk and b"\n" not in chunk[-max_bytes:]:
+                more = f.read(max_bytes)
+                if not more:
+                    break
+                chunk += more
+    except FileNotFoundError:
+        return [], offset
+    end = chunk.rfind(b"\n")
+    if end < 0:
+        return [], offset
+    out: list[dict[str, Any]] = []
+    for raw in chunk[: end + 1].splitlines():
+        if raw.strip():
+            try:
+                out.append(json.loads(raw))
+            except ValueError:
+                continue
+    return out, offset + end + 1
+
+
+def _num(value: Any) -> float | None:
+    """A chartable number: NaN becomes NULL (SQLite cannot hold NaN), Inf stays."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(f) else f
+
+
+def _nonfinite(*values: Any) -> int:
+    return int(any(isinstance(v, float) and not math.isfinite(v) for v in values))
+
+
+@dataclass(frozen=True)
+class Series:
+    """A downsampled series: one row per bucket of the x axis.
+
+    ``rows`` are ``[x_first, x_last, count, m1_min, m1_max, m1_mean, m2_min, ...]``,
+    in the order of ``metrics``; a chart draws the min..max band at each bucket
+    and a line through the means, which keeps spikes visible at any zoom.
+    """
+
+    metrics: tuple[str, ...]
+    rows: list[list[float | None]]
+    lo: float | None
+    hi: float | None
+    total: int
+    version: int
+
+
+class RunStore:
+    """The SQLite index of one run. Thread-safe; one connection guarded by a lock."""
+
+    def __init__(self, path: Path | str, readonly: bool = False) -> None:
+        self.path = Path(path) if str(path) != ":memory:" else Path(":memory:")
+        self.readonly = readonly
+        self._lock = threading.RLock()
+        if readonly:
+            uri = f"file:{self.path}?mode=ro"
+            self._db = sqlite3.connect(uri, uri=True, check_same_thread=False, timeout=5.0)
+        else:
+            if str(self.path) != ":memory:":
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(str(self.path), check_same_thread=False, timeout=10.0)
+            # WAL lets the dashboard read while the supervisor writes; NORMAL sync is
+            # enough because the JSONL, not this file, is the durable truth.
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.executescript(_DDL)
+            if self.get_meta("schema") is None:
+                self.set_meta("schema", SCHEMA_VERSION)
+        self._db.execute("PRAGMA busy_timeout=5000")
+        self._version = self._max_version()
+
+    # ---- housekeeping -------------------------------------------------------------
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def __enter__(self) -> RunStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _max_version(self) -> int:
+        try:
+            row = self._db.execute(
+                "SELECT MAX(v) FROM (SELECT MAX(version) v FROM steps UNION ALL SELECT MAX(version) FROM system)"
+            ).fetchone()
+        except sqlite3.OperationalError:
+            return 0
+        return int(row[0] or 0)
+
+    def _next_version(self) -> int:
+        self._version += 1
+        return self._version
+
+    @property
+    def version(self) -> int:
+        """The newest change stamp; readers pass it back to :meth:`steps_since`."""
+        with self._lock:
+            self._version = max(self._version, self._max_version())
+            return self._version
+
+    def get_meta(self, key: str, default: str | None = None) -> str | None:
+        with self._lock:
+            row = self._db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return row[0] if row else default
+
+    def set_meta(self, key: str, value: str) -> None:
+        with self._lock, self._db:
+            self._db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES(?, ?)", (key, str(value)))
+
+    # ---- writers ------------------------------------------------------------------
+
+    def add_steps(self, records: Sequence[StepRecord]) -> int:
+        """Upsert step records; a later attempt of the same (rank, step) replaces an earlier one."""
+        if not records:
+            return 0
+        rows = []
+        with self._lock:
+            for r in records:
+                tps = r.tokens_per_s
+                rows.append(
+                    (
+                        r.rank, r.step, r.attempt, r.ts,
+                        _num(r.loss), _num(r.eval_loss), _num(r.grad_norm), _num(r.lr), _num(tps),
+                        _num(r.step_time_s), _num(r.mem_allocated_bytes), _num(r.mem_reserved_bytes),
+                        _num(r.mem_peak_bytes), r.tokens, _nonfinite(r.loss, r.grad_norm), int(r.skipped),
+                        self._next_version(),
+                    )
+                )  # fmt: skip
+            cols = ("rank", "step", "attempt", "ts", *STEP_METRICS, "tokens", "nonfinite", "skipped", "version")
+            updates = ", ".join(f"{c}=excluded.{c}" for c in cols[2:])
+            sql = (
+                f"INSERT INTO steps({', '.join(cols)}) VALUES({', '.join('?' * len(cols))}) "
+                f"ON CONFLICT(rank, step) DO UPDATE SET {updates} WHERE excluded.attempt >= steps.attempt"
+            )
+            with self._db:
+                self._db.executemany(sql, rows)
+                by_rank: dict[int, list[int]] = {}
+                for r in records:
+                    by_rank.setdefault(r.rank, []).append(r.step)
+                for rank, steps in by_rank.items():
+                    self._refresh_rollup(rank, min(steps) // ROLLUP, max(steps) // ROLLUP)
+        return len(rows)
+
+    def _refresh_rollup(self, rank: int, b_lo: int, b_hi: int) -> None:
+        """Recompute the summary buckets ``b_lo..b_hi`` of a rank from the raw steps."""
+        aggs = ", ".join(f"MIN({m}), MAX({m}), SUM({m}), COUNT({m})" for m in STEP_METRICS)
+        cols = ", ".join(f"{m}_min, {m}_max, {m}_sum, {m}_n" for m in STEP_METRICS)
+        self._db.execute(
+            f"INSERT OR REPLACE INTO steps_rollup(rank, bucket, first, last, n, tokens, nonfinite, {cols}) "
+            f"SELECT rank, step / {ROLLUP}, MIN(step), MAX(step), COUNT(*), SUM(tokens), SUM(nonfinite), {aggs} "
+            "FROM steps WHERE rank=? AND step BETWEEN ? AND ? GROUP BY step / ?",
+            (rank, b_lo * ROLLUP, b_hi * ROLLUP + ROLLUP - 1, ROLLUP),
+        )
+
+    def add_system(self, samples: Sequence[SystemSample]) -> int:
+        if not samples:
+            return 0
+        with self._lock:
+            rows, gpus = [], []
+            for s in samples:
+                rows.append((s.ts, *(_num(getattr(s, m)) for m in SYSTEM_METRICS), self._next_version()))
+                for g in s.gpus:
+                    gpus.append((s.ts, g.index, g.name, *(_num(getattr(g, m)) for m in GPU_METRICS)))
+            cols = ("ts", *SYSTEM_METRICS, "version")
+            gcols = ("ts", "idx", "name", *GPU_METRICS)
+            with self._db:
+                self._db.executemany(
+                    f"INSERT OR REPLACE INTO system({', '.join(cols)}) VALUES({', '.join('?' * len(cols))})", rows
+                )
+                self._db.executemany(
+                    f"INSERT OR REPLACE INTO gpu({', '.join(gcols)}) VALUES({', '.join('?' * len(gcols))})", gpus
+                )
+        return len(rows)
+
+    def add_events(self, events: Sequence[Event]) -> int:
+        """Index events by ``seq`` (an event without one is given the next free seq)."""
+        if not events:
+            return 0
+        with self._lock, self._db:
+            for e in events:
+                seq = e.seq
+                if seq is None:
+                    row = self._db.execute("SELECT COALESCE(MAX(seq), -1) + 1 FROM events").fetchone()
+                    seq = int(row[0])
+                self._db.execute(
+                    "INSERT OR REPLACE INTO events(seq, ts, kind, name, severity, step, message, json) "
+                    "VALUES(?, ?, ?, ?, ?, ?, ?, ?)",
+                    (seq, e.ts, e.kind, e.name, e.severity, e.step, e.message, json.dumps(to_dict(e))),
+                )
+        return len(events)
+
+    def add_plans(self, plans: Sequence[PlanRevision]) -> int:
+        if not plans:
+            return 0
+        with self._lock, self._db:
+            self._db.executemany(
+                "INSERT OR REPLACE INTO plans(revision, ts, json) VALUES(?, ?, ?)",
+                [(p.revision, p.ts, json.dumps(to_dict(p))) for p in plans],
+            )
+        return len(plans)
+
+    def add(self, records: Iterable[Any]) -> None:
+        """Route a mixed batch of records to the right ``add_*`` (others are ignored)."""
+        steps, system, events, plans = [], [], [], []
+        for r in records:
+            if isinstance(r, StepRecord):
+                steps.append(r)
+            elif isinstance(r, SystemSample):
+                system.append(r)
+            elif isinstance(r, Event):
+                events.append(r)
+            elif isinstance(r, PlanRevision):
+                plans.append(r)
+        self.add_steps(steps)
+        self.add_system(system)
+        self.add_events(events)
+        self.add_plans(plans)
+
+    # ---- rebuilding from the JSONL ------------------------------------------------
+
+    def sync(self, run_dir: RunDir, chunk_bytes: int = 8 << 20) -> int:
+        """Index the JSONL lines appended since the last sync; returns how many records.
+
+        The byte offset reached in each file is kept in ``meta`` (``offset:<relpath>``),
+        so a later call, in this process or another, continues where this one stopped.
+        """
+        total = 0
+        files = [*run_dir.telemetry_files(), run_dir.system, run_dir.events, run_dir.plan]
+        for path in files:
+            key = f"offset:{path.relative_to(run_dir.root).as_posix()}"
+            start = int(self.get_meta(key, "0") or 0)
+            try:
+                if path.stat().st_size < start:
+                    start = 0  # the file was replaced (rotated or rewritten): read it again
+            except FileNotFoundError:
+                continue
+            offset = start
+            while True:
+                dicts, offset_next = _read_lines(path, offset, chunk_bytes)
+                if offset_next == offset:
+                    break
+                offset = offset_next
+                recs = []
+                for d in dicts:
+                    try:
+                        recs.append(from_dict(d))
+                    except (ValueError, TypeError):
+                        continue
+                self.add(recs)
+                total += len(recs)
+            self.set_meta(key, str(offset))
+        return total
+
+    def rebuild(self, run_dir: RunDir) -> int:
+        """Drop the index and build it again from the run's JSONL files."""
+        with self._lock, self._db:
+            for table in ("steps", "steps_rollup", "system", "gpu", "events", "plans"):
+                self._db.execute(f"DELETE FROM {table}")
+            self._db.execute("DELETE FROM meta WHERE key LIKE 'offset:%'")
+        return self.sync(run_dir)
+
+    # ---- queries ------------------------------------------------------------------
+
+    def step_count(self, rank: int = 0) -> int:
+        with self._lock:
+            return int(self._db.execute("SELECT COUNT(*) FROM steps WHERE rank=?", (rank,)).fetchone()[0])
+
+    def step_range(self, rank: int = 0) -> tuple[int | None, int | None]:
+        with self._lock:
+            lo, hi = self._db.execute("SELECT MIN(step), MAX(step) FROM steps WHERE rank=?", (rank,)).fetchone()
+        return lo, hi
+
+    def latest_step(self, rank: int = 0) -> dict[str, Any] | None:
+        """The newest step row of a rank, as a dict (``None`` before the first step)."""
+        with self._lock:
+            cur = self._db.execute("SELECT * FROM steps WHERE rank=? ORDER BY step DESC LIMIT 1", (rank,))
+            row = cur.fetchone()
+            names = [d[0] for d in cur.description]
+        return dict(zip(names, row, strict=True)) if row else None
+
+    def latest_values(self, rank: int = 0) -> dict[str, Any]:
+        """The last non-null value of every step metric (eval loss is often sparse)."""
+        out: dict[str, Any] = {}
+        latest = self.latest_step(rank)
+        if latest is None:
+            return out
+        with self._lock:
+            for m in STEP_METRICS:
+                if latest.get(m) is not None:
+                    out[m] = latest[m]
+                    continue
+                # Find the newest bucket holding the metric, then the row inside it: a
+                # sparse metric (eval loss) never costs a scan of the whole table.
+                b = self._db.execute(
+                    f"SELECT first, last FROM steps_rollup WHERE rank=? AND {m}_n>0 ORDER BY bucket DESC LIMIT 1",
+                    (rank,),
+                ).fetchone()
+                if b is None:
+                    continue
+                row = self._db.execute(
+                    f"SELECT {m} FROM steps WHERE rank=? AND step BETWEEN ? AND ? AND {m} IS NOT NULL "
+                    "ORDER BY step DESC LIMIT 1",
+                    (rank, b[0], b[1]),
+                ).fetchone()
+                if row is not None:
+                    out[m] = row[0]
+            agg = self._db.execute(
+                "SELECT COALESCE(SUM(nonfinite), 0), COALESCE(SUM(tokens), 0) FROM steps_rollup WHERE rank=?", (rank,)
+            ).fetchone()
+        out.update(
+            step=latest["step"], ts=latest["ts"], attempt=latest["attempt"],
+            nonfinite_latest=bool(latest["nonfinite"]), nonfinite_steps=int(agg[0]), tokens_total=int(agg[1]),
+        )  # fmt: skip
+        return out
+
+    def step_series(
+        self,
+        metrics: Sequence[str] = STEP_METRICS,
+        points: int = 1000,
+        lo: float | None = None,
+        hi: float | None = None,
+        rank: int = 0,
+    ) -> Series:
+        """Steps in ``[lo, hi]`` reduced to at most ``points`` buckets of min/max/last."""
+        bad = [m for m in metrics if m not in STEP_METRICS]
+        if bad:
+            raise ValueError(f"unknown step metrics {bad}; known: {list(STEP_METRICS)}")
+        return self._series("steps", "step", tuple(metrics), points, lo, hi, "rank=?", (rank,))
+
+    def system_series(
+        self, metrics: Sequence[str] = SYSTEM_METRICS, points: int = 1000, lo: float | None = None, hi: float | None = None
+    ) -> Series:
+        bad = [m for m in metrics if m not in SYSTEM_METRICS]
+        if bad:
+            raise ValueError(f"unknown system metrics {bad}; known: {list(SYSTEM_METRICS)}")
+        return self._series("system", "ts", tuple(metrics), points, lo, hi, "1=1", ())
+
+    def gpu_series(
+        self, index: int = 0, metrics: Sequence[str] = GPU_METRICS, points: int = 1000,
+        lo: float | None = None, hi: float | None = None,
+    ) -> Series:  # fmt: skip
+        bad = [m for m in metrics if m not in GPU_METRICS]
+        if bad:
+            raise ValueError(f"unknown gpu metrics {bad}; known: {list(GPU_METRICS)}")
+        return self._series("gpu", "ts", tuple(metrics), points, lo, hi, "idx=?", (index,))
+
+    def gpu_indices(self) -> list[int]:
+        with self._lock:
+            return [int(r[0]) for r in self._db.execute("SELECT DISTINCT idx FROM gpu ORDER BY idx")]
+
+    def _series(
+        self, table: str, x: str, metrics: tuple[str, ...], points: int,
+        lo: float | None, hi: float | None, where: str, params: tuple[Any, ...],
+    ) -> Series:  # fmt: skip
+        points = max(1, min(int(points), 20000))
+        version = self.version
+        with self._lock:
+            if lo is None or hi is None:
+                dlo, dhi = self._db.execute(f"SELECT MIN({x}), MAX({x}) FROM {table} WHERE {where}", params).fetchone()
+                lo = dlo if lo is None else lo
+                hi = dhi if hi is None else hi
+            if lo is None or hi is None:
+                return Series(metrics, [], None, None, 0, version)
+            if table == "steps":
+                # Counting a million rows costs more than charting them: estimate from the
+                # summary buckets (exact for whole buckets, which is all the choice needs).
+                n = self._db.execute(
+                    "SELECT COALESCE(SUM(n), 0) FROM steps_rollup WHERE rank=? AND last >= ? AND first <= ?",
+                    (*params, lo, hi),
+                ).fetchone()[0]
+            else:
+                n = self._db.execute(
+                    f"SELECT COUNT(*) FROM {table} WHERE {where} AND {x} BETWEEN ? AND ?", (*params, lo, hi)
+                ).fetchone()[0]
+            rng = f"{where} AND {x} BETWEEN ? AND ?"
+            if n <= points:
+                # Few enough rows: send them raw (min = max = last).
+                cols = ", ".join(metrics)
+                raw = self._db.execute(
+                    f"SELECT {x}, {cols} FROM {table} WHERE {rng} ORDER BY {x}", (*params, lo, hi)
+                ).fetchall()
+                rows = [[r[0], r[0], 1, *[v for m in r[1:] for v in (m, m, m)]] for r in raw]
+                return Series(metrics, rows, lo, hi, n, version)
+            width = (hi - lo) / points or 1.0
+            if table == "steps" and width >= ROLLUP:
+                # Coarse view: merge summary buckets instead of touching raw rows.
+                aggs = ", ".join(f"MIN({m}_min), MAX({m}_max), SUM({m}_sum) / NULLIF(SUM({m}_n), 0)" for m in metrics)
+                sql = (
+                    f"SELECT MIN(first), MAX(last), SUM(n), {aggs} FROM steps_rollup "
+                    "WHERE rank=? AND last >= ? AND first <= ? GROUP BY CAST((first - ?) / ? AS INTEGER) ORDER BY 1"
+                )
+                raw = self._db.execute(sql, (*params, lo, hi, lo, width)).fetchall()
+            else:
+                # One pass over the range: min, max and mean per bucket.
+                aggs = ", ".join(f"MIN({m}), MAX({m}), AVG({m})" for m in metrics)
+                sql = (
+                    f"SELECT MIN({x}), MAX({x}), COUNT(*), {aggs} FROM {table} WHERE {rng} "
+                    f"GROUP BY CAST(({x} - ?) / ? AS INTEGER) ORDER BY 1"
+                )
+                raw = self._db.execute(sql, (*params, lo, hi, lo, width)).fetchall()
+        return Series(metrics, [list(r) for r in raw], lo, hi, n, version)
+
+    def steps_since(self, version: int, rank: int = 0, limit: int = 5000) -> list[dict[str, Any]]:
+        """Step rows changed after ``version`` (new steps, or steps a later attempt replaced)."""
+        with self._lock:
+            cur = self._db.execute(
+                f"SELECT step, attempt, ts, {', '.join(STEP_METRICS)}, nonfinite, version FROM steps "
+                "WHERE rank=? AND version>? ORDER BY version LIMIT ?",
+                (rank, version, limit),
+            )
+            names = [d[0] for d in cur.description]
+            return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
+
+    def system_since(self, version: int, limit: int = 2000) -> list[dict[str, Any]]:
+        with self._lock:
+            cur = self._db.execute(
+                f"SELECT ts, {', '.join(SYSTEM_METRICS)}, version FROM system WHERE version>? ORDER BY version LIMIT ?",
+                (version, limit),
+            )
+            names = [d[0] for d in cur.description]
+            rows = [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
+            for row in rows:
+                gcur = self._db.execute(
+                    f"SELECT idx, {', '.join(GPU_METRICS)} FROM gpu WHERE ts=? ORDER BY idx", (row["ts"],)
+                )
+                gnames = [d[0] for d in gcur.description]
+                row["gpus"] = [dict(zip(gnames, g, strict=True)) for g in gcur.fetchall()]
+        return rows
+
+    def latest_system(self) -> dict[str, Any] | None:
+        with self._lock:
+            cur = self._db.execute(f"SELECT ts, {', '.join(SYSTEM_METRICS)} FROM system ORDER BY ts DESC LIMIT 1")
+            row = cur.fetchone()
+            if row is None:
+                return None
+            names = [d[0] for d in cur.description]
+            rows = dict(zip(names, row, strict=True))
+            gcur = self._db.execute(
+                f"SELECT idx, name, {', '.join(GPU_METRICS)} FROM gpu WHERE ts=? ORDER BY idx", (rows["ts"],)
+            )
+            gnames = [d[0] for d in gcur.description]
+            rows["gpus"] = [dict(zip(gnames, g, strict=True)) for g in gcur.fetchall()]
+        return rows
+
+    def events(
+        self, after_seq: int = -1, kinds: Sequence[str] | None = None, limit: int = 500, newest: bool = False
+    ) -> list[Event]:
+        """Events with ``seq > after_seq`` in order; ``newest`` takes the last ``limit`` instead."""
+        sql = "SELECT json FROM events WHERE seq>?"
+        params: list[Any] = [after_seq]
+        if kinds:
+            sql += f" AND kind IN ({', '.join('?' * len(kinds))})"
+            params.extend(kinds)
+        sql += f" ORDER BY seq {'DESC' if newest else 'ASC'} LIMIT ?"
+        params.append(limit)
+        with self._lock:
+            raw = [r[0] for r in self._db.execute(sql, params)]
+        if newest:
+            raw.reverse()
+        out: list[Event] = []
+        for text in raw:
+            rec = from_dict(json.loads(text))
+            if isinstance(rec, Event):
+                out.append(rec)
+        return out
+
+    def last_event_seq(self) -> int:
+        with self._lock:
+            row = self._db.execute("SELECT MAX(seq) FROM events").fetchone()
+        return -1 if row[0] is None else int(row[0])
+
+    def event_counts(self, kind: str = "anomaly") -> list[tuple[str, str, int]]:
+        """``(name, severity, count)`` of one kind of event, for ``/metrics``."""
+        with self._lock:
+            return [
+                (r[0], r[1], int(r[2]))
+                for r in self._db.execute(
+                    "SELECT name, severity, COUNT(*) FROM events WHERE kind=? GROUP BY name, severity ORDER BY 1, 2",
+                    (kind,),
+                )
+            ]
+
+    def plans(self) -> list[PlanRevision]:
+        with self._lock:
+            raw = [r[0] for r in self._db.execute("SELECT json FROM plans ORDER BY revision")]
+        out: list[PlanRevision] = []
+        for text in raw:
+            rec = from_dict(json.loads(text))
+            if isinstance(rec, PlanRevision):
+                out.append(rec)
+        return out
+
+
+def open_store(run_dir: RunDir) -> RunStore:
+    """The run's ``run.db``, created and filled from the JSONL when it is missing."""
+    fresh = not run_dir.db.exists()
+    store = RunStore(run_dir.db)
+    if fresh:
+        store.rebuild(run_dir)
+    return store
