@@ -1,0 +1,182 @@
+"""Where alerts go: console, a JSONL file, a webhook, e-mail, a command hook.
+
+A sink has a ``name``, a ``min_severity`` and ``send(alert)``, which raises
+:class:`DeliveryError` on failure (the router retries with backoff). Sinks hold
+resolved secrets but never print them: every error text passes the redactor.
+"""
+
+from __future__ import annotations
+
+import json
+import smtplib
+import ssl
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+from email.message import EmailMessage
+from pathlib import Path
+from typing import IO, Protocol
+
+from steadytune.alerts import config as cfg
+from steadytune.alerts.message import PAYLOADS, Alert
+from steadytune.alerts.secrets import Redactor, redact_url, resolve_secret
+
+
+class DeliveryError(RuntimeError):
+    """A sink could not deliver; the message is already redacted."""
+
+
+class Sink(Protocol):
+    name: str
+    min_severity: str | None
+    rate_limit_per_hour: int | None
+
+    def send(self, alert: Alert) -> None: ...
+
+
+class _Base:
+    def __init__(self, conf: cfg._SinkBase, redactor: Redactor) -> None:
+        self.name = conf.name or conf.type  # type: ignore[attr-defined]
+        self.min_severity = conf.min_severity
+        self.rate_limit_per_hour = conf.rate_limit_per_hour
+        self.redact = redactor
+
+    def _fail(self, what: str, exc: BaseException | str) -> DeliveryError:
+        return DeliveryError(self.redact(f"{self.name}: {what}: {exc}"))
+
+
+class ConsoleAlertSink(_Base):
+    def __init__(self, conf: cfg.ConsoleSink, redactor: Redactor, stream: IO[str] | None = None) -> None:
+        super().__init__(conf, redactor)
+        self._stream = stream
+        self._which = conf.stream
+
+    def send(self, alert: Alert) -> None:
+        stream = self._stream or (sys.stderr if self._which == "stderr" else sys.stdout)
+        stream.write(self.redact(f"[steadytune {alert.severity}] {alert.text()}") + "\n")
+        stream.flush()
+
+
+class JsonlAlertSink(_Base):
+    def __init__(self, conf: cfg.JsonlSink, redactor: Redactor, base_dir: Path | None = None) -> None:
+        super().__init__(conf, redactor)
+        path = Path(conf.path).expanduser()
+        self.path = path if path.is_absolute() or base_dir is None else base_dir / path
+        self._lock = threading.Lock()
+
+    def send(self, alert: Alert) -> None:
+        line = json.dumps(self.redact.redact_obj(alert.to_dict()), separators=(",", ":"))
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self._lock, open(self.path, "a", encoding="utf-8") as f:
+                f.write(line + "\n")
+        except OSError as exc:
+            raise self._fail(f"cannot append to {self.path}", exc) from None
+
+
+class WebhookAlertSink(_Base):
+    def __init__(self, conf: cfg.WebhookSink, redactor: Redactor, url: str) -> None:
+        super().__init__(conf, redactor)
+        self.url = url
+        self.format = conf.format
+        self.timeout_s = conf.timeout_s
+        redactor.add(url)
+
+    def describe(self) -> str:
+        return f"{self.format} webhook {redact_url(self.url)}"
+
+    def send(self, alert: Alert) -> None:
+        body = json.dumps(PAYLOADS[self.format](alert)).encode("utf-8")
+        req = urllib.request.Request(
+            self.url, data=body, method="POST",
+            headers={"Content-Type": "application/json", "User-Agent": "steadytune-alerts"},
+        )  # fmt: skip
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+                resp.read(4096)
+        except urllib.error.HTTPError as exc:
+            raise self._fail(f"POST {redact_url(self.url)} answered", f"HTTP {exc.code}") from None
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise self._fail(f"POST {redact_url(self.url)} failed", reason) from None
+
+
+class EmailAlertSink(_Base):
+    def __init__(self, conf: cfg.EmailSink, redactor: Redactor, password: str | None) -> None:
+        super().__init__(conf, redactor)
+        self.conf = conf
+        self.password = password
+        redactor.add(password)
+
+    def describe(self) -> str:
+        return f"e-mail via {self.conf.host}:{self.conf.effective_port} ({self.conf.security}) to {', '.join(self.conf.to)}"
+
+    def _context(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=str(self.conf.ca_file) if self.conf.ca_file else None)
+        return ctx
+
+    def send(self, alert: Alert) -> None:
+        c = self.conf
+        msg = EmailMessage()
+        msg["Subject"] = f"{c.subject_prefix} {alert.title}".strip()
+        msg["From"] = c.sender
+        msg["To"] = ", ".join(c.to)
+        msg.set_content(alert.text())
+        try:
+            if c.security == "ssl":
+                smtp: smtplib.SMTP = smtplib.SMTP_SSL(
+                    c.host, c.effective_port, timeout=c.timeout_s, context=self._context()
+                )
+            else:
+                smtp = smtplib.SMTP(c.host, c.effective_port, timeout=c.timeout_s)
+            with smtp:
+                if c.security == "starttls":
+                    smtp.starttls(context=self._context())
+                if c.username and self.password:
+                    smtp.login(c.username, self.password)
+                smtp.send_message(msg)
+        except (smtplib.SMTPException, OSError, ssl.SSLError) as exc:
+            raise self._fail(f"SMTP {c.host}:{c.effective_port}", f"{type(exc).__name__}: {exc}") from None
+
+
+class CommandAlertSink(_Base):
+    def __init__(self, conf: cfg.CommandSink, redactor: Redactor) -> None:
+        super().__init__(conf, redactor)
+        self.argv = list(conf.argv)
+        self.timeout_s = conf.timeout_s
+
+    def send(self, alert: Alert) -> None:
+        payload = json.dumps(alert.to_dict())
+        try:
+            proc = subprocess.run(
+                self.argv, input=payload, capture_output=True, text=True, timeout=self.timeout_s, check=False
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise self._fail(f"command {self.argv[0]}", exc) from None
+        if proc.returncode != 0:
+            tail = (proc.stderr or proc.stdout or "").strip()[-300:]
+            raise self._fail(f"command {self.argv[0]} exited {proc.returncode}", tail or "no output")
+
+
+def build_sinks(
+    config: cfg.AlertsConfig, redactor: Redactor, base_dir: Path | None = None, environ: dict[str, str] | None = None
+) -> list[Sink]:
+    """Turn sink configs into sinks, reading their secrets now (errors name the key)."""
+    sinks: list[Sink] = []
+    for conf in config.sinks:
+        if isinstance(conf, cfg.ConsoleSink):
+            sinks.append(ConsoleAlertSink(conf, redactor))
+        elif isinstance(conf, cfg.JsonlSink):
+            sinks.append(JsonlAlertSink(conf, redactor, base_dir))
+        elif isinstance(conf, cfg.WebhookSink):
+            url = resolve_secret("url", conf.url_env, conf.url_file, environ)
+            assert url is not None  # the config validator demands one of the two
+            sinks.append(WebhookAlertSink(conf, redactor, url))
+        elif isinstance(conf, cfg.EmailSink):
+            password = resolve_secret("password", conf.password_env, conf.password_file, environ)
+            sinks.append(EmailAlertSink(conf, redactor, password))
+        elif isinstance(conf, cfg.CommandSink):
+            sinks.append(CommandAlertSink(conf, redactor))
+    return sinks
