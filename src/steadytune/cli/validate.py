@@ -1,0 +1,30 @@
+"""``steadytune validate CONFIG.yaml``: every config error at once, no traceback."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from steadytune.cli._common import add_command
+from steadytune.config import ConfigError, load_config
+
+
+def register(sub: Any) -> None:
+    p = add_command(sub, "validate", "check a config and report every problem at once",
+                    "steadytune validate examples/lora.yaml train.max_steps=10")
+    p.add_argument("config", type=Path)
+    p.add_argument("overrides", nargs="*", metavar="key=value")
+    p.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as exc:
+        print(exc.render(), file=sys.stderr)
+        return 1
+    steps = cfg.train.max_steps if cfg.train.max_steps > 0 else f"{cfg.train.num_train_epochs:g} epoch(s)"
+    print(f"{args.config}: OK — {cfg.method} on {cfg.model.name_or_path}, data {cfg.data.train_file}, {steps}")
+    return 0

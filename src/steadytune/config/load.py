@@ -1,0 +1,253 @@
+"""Load a run config: YAML file + ``key=value`` overrides, every error reported at once.
+
+Each error names the key, the offending value and the fix; an unknown key gets a
+"did you mean". Nothing here raises a traceback at the user: :class:`ConfigError`
+carries the list of :class:`ConfigIssue` and renders them.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from steadytune.config.schema import SteadytuneConfig
+
+
+@dataclass(frozen=True)
+class ConfigIssue:
+    key: str
+    value: Any
+    problem: str
+    fix: str
+
+    def render(self) -> str:
+        shown = "(missing)" if self.value is _MISSING else repr(self.value)
+        return f"{self.key}: {self.problem} (got {shown}). Fix: {self.fix}"
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "(missing)"
+
+
+_MISSING = _Missing()
+
+
+class ConfigError(Exception):
+    """All the problems of one config, to be shown together."""
+
+    def __init__(self, issues: list[ConfigIssue], source: str = "config") -> None:
+        self.issues = issues
+        self.source = source
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        head = f"{self.source}: {len(self.issues)} problem{'s' if len(self.issues) != 1 else ''}"
+        return "\n".join([head, *(f"  - {i.render()}" for i in self.issues)])
+
+
+def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The pydantic model that owns the field at ``loc`` (for suggestions and fix texts)."""
+    model: type[BaseModel] = SteadytuneConfig
+    for part in loc[:-1]:
+        field = model.model_fields.get(str(part))
+        if field is None:
+            return None
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            model = ann
+        else:
+            return None
+    return model
+
+
+def _lookup(data: Any, loc: tuple[Any, ...]) -> Any:
+    for part in loc:
+        if (isinstance(data, dict) and part in data) or (isinstance(data, list) and isinstance(part, int) and part < len(data)):
+            data = data[part]
+        else:
+            return _MISSING
+    return data
+
+
+def _issue_from_error(err: dict[str, Any], raw: dict[str, Any]) -> ConfigIssue:
+    # Union and literal branches append their type to loc (e.g. ('int',)); keep real keys only.
+    loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and ("[" in p or p in {"int", "str", "float", "bool", "list", "literal"})))
+    key = ".".join(str(p) for p in loc) or "(top level)"
+    value = _lookup(raw, loc)
+    owner = _model_at(loc) if loc else SteadytuneConfig
+    field_name = str(loc[-1]) if loc else ""
+    etype = err["type"]
+    if etype == "extra_forbidden":
+        options = list(owner.model_fields) if owner else []
+        close = difflib.get_close_matches(field_name, options, n=1, cutoff=0.6)
+        # A key that belongs to another section is a common slip (max_steps at top level).
+        elsewhere = [
+            f"{sec}.{field_name}"
+            for sec, f in SteadytuneConfig.model_fields.items()
+            if isinstance(f.annotation, type)
+            and issubclass(f.annotation, BaseModel)
+            and field_name in f.annotation.model_fields
+        ]
+        if close:
+            fix = f"did you mean '{'.'.join([*map(str, loc[:-1]), close[0]])}'?"
+        elif elsewhere:
+            fix = f"this key belongs under '{elsewhere[0]}'"
+        else:
+            fix = f"remove it; known keys here: {', '.join(options)}" if options else "remove it"
+        return ConfigIssue(key, value, "unknown key", fix)
+    if etype == "missing":
+        desc = _field_description(owner, field_name)
+        return ConfigIssue(key, _MISSING, "required key is missing", f"add '{key}': {desc}" if desc else f"add '{key}'")
+    desc = _field_description(owner, field_name)
+    problem = err["msg"].removeprefix("Value error, ")
+    return ConfigIssue(key, value, problem, f"use {desc}" if desc else "correct the value")
+
+
+def _field_description(owner: type[BaseModel] | None, name: str) -> str:
+    if owner is None or name not in owner.model_fields:
+        return ""
+    return owner.model_fields[name].description or ""
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``train.max_steps=50`` -> (['train', 'max_steps'], 50). Values are YAML scalars/lists."""
+    if "=" not in text:
+        raise ConfigError([ConfigIssue(text, text, "an override must look like key=value", "write e.g. train.max_steps=50")], "overrides")
+    key, _, value = text.partition("=")
+    return key.strip().split("."), yaml.safe_load(value) if value.strip() else None
+
+
+def _resolve_short_key(path: list[str]) -> list[str]:
+    """Let ``max_steps=50`` stand for ``train.max_steps=50`` when the name is unique."""
+    if len(path) != 1 or path[0] in SteadytuneConfig.model_fields:
+        return path
+    owners = [
+        sec
+        for sec, f in SteadytuneConfig.model_fields.items()
+        if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel) and path[0] in f.annotation.model_fields
+    ]
+    return [owners[0], path[0]] if len(owners) == 1 else path
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    out = dict(data)
+    for text in overrides:
+        path, value = parse_override(text)
+        path = _resolve_short_key(path)
+        node = out
+        for part in path[:-1]:
+            child = node.get(part)
+            child = dict(child) if isinstance(child, dict) else {}
+            node[part] = child
+            node = child
+        node[path[-1]] = value
+    return out
+
+
+def _cross_issues(data: dict[str, Any], base: Path) -> list[ConfigIssue]:
+    """Checks that span keys or touch the disk, run on the raw dict so they add to field errors."""
+    def get(*keys: str) -> Any:
+        v = _lookup(data, keys)
+        return None if v is _MISSING else v
+
+    issues = []
+    for key in ("train_file", "eval_file"):
+        value = get("data", key)
+        if isinstance(value, str) and value and not resolve_path(value, base).exists():
+            issues.append(ConfigIssue(f"data.{key}", value, "file not found",
+                                      f"point it at an existing file (relative paths start at {base})"))
+    model_path = get("model", "name_or_path")
+    if isinstance(model_path, str):
+        looks_local = model_path.startswith((".", "/", "~")) or model_path.count("/") > 1
+        if looks_local and not resolve_path(model_path, base).exists():
+            issues.append(ConfigIssue("model.name_or_path", model_path, "folder not found",
+                                      "point it at a folder with config.json, or use a hub id"))
+    save_steps, max_steps = get("train", "save_steps"), get("train", "max_steps")
+    if isinstance(save_steps, int) and isinstance(max_steps, int) and 0 < max_steps < save_steps:
+        issues.append(ConfigIssue("train.save_steps", save_steps,
+                                  f"no checkpoint would be saved before the end (max_steps={max_steps})",
+                                  "set save_steps at or below max_steps so a crash can resume"))
+    if get("train", "bf16") is True and get("train", "fp16") is True:
+        issues.append(ConfigIssue("train.fp16", True, "bf16 and fp16 are both true", "choose one of them"))
+    return issues
+
+
+def resolve_path(value: str, base: Path) -> Path:
+    p = Path(value).expanduser()
+    return p if p.is_absolute() else (base / p)
+
+
+def validate_dict(data: Any, base: Path, source: str = "config", check_paths: bool = True) -> SteadytuneConfig:
+    """Validate a raw dict; raise :class:`ConfigError` with every problem found."""
+    if not isinstance(data, dict):
+        raise ConfigError([ConfigIssue("(top level)", data, "the config must be a mapping of keys", "start from examples/lora.yaml")], source)
+    issues: list[ConfigIssue] = []
+    cfg = None
+    try:
+        cfg = SteadytuneConfig.model_validate(data)
+    except ValidationError as exc:
+        issues = [_issue_from_error(e, data) for e in exc.errors()]
+    if check_paths:
+        seen = {i.key for i in issues}
+        issues += [i for i in _cross_issues(data, base) if i.key not in seen]
+    if issues or cfg is None:
+        raise ConfigError(issues, source)
+    return cfg
+
+
+def load_config(path: Path | str, overrides: list[str] | None = None, check_paths: bool = True) -> SteadytuneConfig:
+    """Read, override and validate a config file. Relative data/model paths resolve against its folder."""
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError([ConfigIssue("(file)", str(path), "config file not found", "pass the path of a YAML config, e.g. examples/lora.yaml")], str(path))
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown place"
+        raise ConfigError([ConfigIssue("(yaml)", where, f"not valid YAML: {getattr(exc, 'problem', exc)}", "fix the YAML syntax at that place")], str(path)) from None
+    data = apply_overrides(data, overrides or [])
+    cfg = validate_dict(data, base=path.resolve().parent, source=str(path), check_paths=check_paths)
+    return absolutize(cfg, path.resolve().parent)
+
+
+def absolutize(cfg: SteadytuneConfig, base: Path) -> SteadytuneConfig:
+    """Make the config's file paths absolute, so the worker can run from any folder."""
+    data = cfg.model_dump()
+    data["data"]["train_file"] = str(resolve_path(cfg.data.train_file, base).resolve())
+    if cfg.data.eval_file:
+        data["data"]["eval_file"] = str(resolve_path(cfg.data.eval_file, base).resolve())
+    local = resolve_path(cfg.model.name_or_path, base)
+    if local.exists():
+        data["model"]["name_or_path"] = str(local.resolve())
+    if not Path(cfg.run.runs_dir).is_absolute():
+        data["run"]["runs_dir"] = str(Path(cfg.run.runs_dir).resolve())
+    return SteadytuneConfig.model_validate(data)
+
+
+def dump_config(cfg: SteadytuneConfig) -> str:
+    """The resolved config as YAML, secrets redacted (see :func:`redact`)."""
+    return yaml.safe_dump(redact(cfg.model_dump()), sort_keys=False)
+
+
+SECRET_MARKERS = ("password", "token", "secret", "webhook_url", "api_key")
+
+
+def redact(obj: Any) -> Any:
+    """Replace values whose key looks secret with ``***`` (``*_env``/``*_file`` names are kept)."""
+    if isinstance(obj, dict):
+        out = {}
+        for k, v in obj.items():
+            ks = str(k).lower()
+            secret = any(m in ks for m in SECRET_MARKERS) and not ks.endswith(("_env", "_file"))
+            out[k] = "***" if secret and v not in (None, "") else redact(v)
+        return out
+    if isinstance(obj, list):
+        return [redact(v) for v in obj]
+    return obj

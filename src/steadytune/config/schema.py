@@ -1,0 +1,125 @@
+"""The run configuration: pydantic models whose keys follow HF and PEFT names.
+
+Every section forbids unknown keys, so a typo is an error with a suggestion,
+never a silently ignored setting. Field descriptions double as the "fix" text of
+validation errors, so keep them short and concrete.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(Section):
+    name_or_path: str = Field(description="a local model folder (config.json + weights) or a hub id")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "float32", description="one of auto, float32, bfloat16, float16"
+    )
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = Field(
+        "sdpa", description="one of sdpa, eager, flash_attention_2"
+    )
+    trust_remote_code: bool = Field(False, description="true or false")
+
+
+class LoraConfig(Section):
+    r: int = Field(16, ge=1, le=1024, description="the LoRA rank, an integer such as 8, 16 or 64")
+    lora_alpha: float = Field(32, gt=0, description="a positive number, usually 2 x r")
+    lora_dropout: float = Field(0.05, ge=0, lt=1, description="a number in [0, 1), such as 0.05")
+    target_modules: list[str] | Literal["all-linear"] = Field(
+        "all-linear", description='a list of module names such as [q_proj, v_proj], or "all-linear"'
+    )
+    bias: Literal["none", "all", "lora_only"] = Field("none", description="one of none, all, lora_only")
+
+
+class QuantizationConfig(Section):
+    bnb_4bit_quant_type: Literal["nf4", "fp4"] = Field("nf4", description="nf4 or fp4")
+    bnb_4bit_use_double_quant: bool = Field(True, description="true or false")
+    bnb_4bit_compute_dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="float32, bfloat16 or float16"
+    )
+
+
+class DataConfig(Section):
+    train_file: str = Field(description="path to a .jsonl, .json, .csv or .parquet file")
+    eval_file: str | None = Field(None, description="path to an eval split, or leave it out")
+    format: Literal["auto", "text", "instruction", "messages"] = Field(
+        "auto", description="auto, text, instruction (instruction/input/output) or messages (chat)"
+    )
+    text_field: str = Field("text", description="the column that holds the text for the text format")
+    max_seq_length: int = Field(512, ge=8, le=1_048_576, description="an integer such as 512 or 2048")
+    train_on_prompt: bool = Field(False, description="true to compute the loss on the prompt too")
+    max_samples: int | None = Field(None, ge=1, description="a positive integer, or leave it out")
+
+
+class TrainConfig(Section):
+    """Keys and meanings of HF ``TrainingArguments``."""
+
+    learning_rate: float = Field(2e-4, gt=0, le=10, description="a positive number such as 2e-4")
+    per_device_train_batch_size: int | Literal["auto"] = Field(
+        4, description='a positive integer, or "auto" to find the largest that fits'
+    )
+    gradient_accumulation_steps: int = Field(1, ge=1, description="a positive integer")
+    max_steps: int = Field(-1, ge=-1, description="a positive integer, or -1 to train num_train_epochs")
+    num_train_epochs: float = Field(1.0, gt=0, description="a positive number")
+    save_steps: int = Field(50, ge=1, description="a positive integer: save a checkpoint every N steps")
+    eval_steps: int | None = Field(None, ge=1, description="a positive integer, or leave it out")
+    logging_steps: int = Field(1, ge=1, description="a positive integer")
+    warmup_steps: int = Field(0, ge=0, description="a non-negative integer")
+    lr_scheduler_type: Literal[
+        "linear", "cosine", "constant", "constant_with_warmup", "cosine_with_restarts", "polynomial"
+    ] = Field("linear", description="linear, cosine, constant, constant_with_warmup, ...")
+    weight_decay: float = Field(0.0, ge=0, description="a non-negative number such as 0.01")
+    max_grad_norm: float = Field(1.0, ge=0, description="a non-negative number; 0 turns clipping off")
+    optim: str = Field("adamw_torch", description="an HF optimizer name such as adamw_torch")
+    seed: int = Field(42, description="an integer")
+    bf16: bool = Field(False, description="true or false")
+    fp16: bool = Field(False, description="true or false")
+    gradient_checkpointing: bool = Field(False, description="true or false")
+    dataloader_num_workers: int = Field(0, ge=0, description="a non-negative integer")
+    use_cpu: bool | None = Field(None, description="true, false, or leave it out to decide from the machine")
+
+    @field_validator("per_device_train_batch_size")
+    @classmethod
+    def _positive_batch(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and v < 1:
+            raise ValueError("must be at least 1")
+        return v
+
+
+class RunConfig(Section):
+    runs_dir: str = Field("runs", description="the folder that holds run directories")
+    name: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
+                             description="letters, digits, '.', '_' and '-' only")
+    nproc_per_node: int = Field(1, ge=1, le=64, description="processes per node; >1 launches torchrun")
+    max_restarts: int = Field(3, ge=0, le=100, description="a non-negative integer")
+    restart_backoff_s: float = Field(1.0, ge=0, description="seconds before the first restart; doubles each time")
+    restart_backoff_max_s: float = Field(60.0, ge=0, description="the longest wait between restarts, in seconds")
+    keep_last: int = Field(3, ge=1, description="how many recent checkpoints to keep (LAST_GOOD is kept too)")
+    min_free_disk_bytes: int = Field(
+        256 * 1024**2, ge=0, description="refuse to save a checkpoint with less free disk than this"
+    )
+    good_window_steps: int = Field(
+        10, ge=0, description="healthy steps after a checkpoint before it becomes LAST_GOOD"
+    )
+    sample_interval_s: float = Field(2.0, gt=0, description="seconds between system samples")
+    record_text_hashes: bool = Field(True, description="record content hashes of each batch's samples")
+
+
+class SteadytuneConfig(Section):
+    model: ModelConfig
+    method: Literal["full", "lora", "qlora"] = Field("lora", description="full, lora or qlora")
+    lora: LoraConfig = Field(default_factory=LoraConfig)
+    quantization: QuantizationConfig = Field(default_factory=QuantizationConfig)
+    data: DataConfig
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    run: RunConfig = Field(default_factory=RunConfig)
+    detect: dict[str, Any] = Field(default_factory=dict, description="detector thresholds (see docs/detectors.md)")
+    policy: dict[str, Any] = Field(default_factory=dict, description="per-anomaly actions and budgets")
+    alerts: dict[str, Any] = Field(default_factory=dict, description="alert sinks (see docs/alerts.md)")
+    dashboard: dict[str, Any] = Field(default_factory=dict, description="dashboard settings")

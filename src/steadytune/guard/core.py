@@ -1,0 +1,266 @@
+"""The guard: the in-process side of steadytune, inside the user's training process.
+
+It does only what needs tensors and must happen *now*: the NaN/Inf check before
+the optimizer step, step records with batch fingerprints, heartbeats, and
+reading control requests at step boundaries. It appends to its own per-rank
+stream and never waits on the supervisor.
+
+Use it from any loop::
+
+    guard = Guard("runs/my-run")
+    for step, batch in enumerate(loader, 1):
+        guard.begin_step()
+        loss = model(**batch).loss
+        loss.backward()
+        guard.add_microbatch(loss, tokens=int(batch["attention_mask"].sum()), sample_ids=batch_ids)
+        if guard.before_update(model, optimizer):   # False: non-finite, update skipped
+            optimizer.step()
+        optimizer.zero_grad()
+        guard.end_step(step)
+    guard.close()
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from steadytune.records import BatchFingerprint, Event, Heartbeat, StepRecord, WorkerExit
+from steadytune.rundir import RunDir
+from steadytune.telemetry.stream import JsonlWriter
+
+
+def _rank_from_env() -> int:
+    return int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")))
+
+
+def _as_float(x: Any) -> float | None:
+    if x is None:
+        return None
+    try:
+        return float(x.detach().float().item()) if hasattr(x, "detach") else float(x)
+    except (TypeError, ValueError):
+        return None
+
+
+class Guard:
+    """Records every optimizer step and keeps non-finite updates out of the weights.
+
+    Args:
+        run_dir: the run directory (``runs/<id>``); created if missing.
+        rank: this process's rank; defaults to ``$RANK``.
+        attempt: the (re)start number, written into every record.
+        nan_guard: skip the optimizer step when the loss or grad norm is non-finite.
+        clock: injected for tests.
+    """
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        rank: int | None = None,
+        attempt: int | None = None,
+        nan_guard: bool = True,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.run = RunDir(Path(run_dir)).create()
+        self.rank = _rank_from_env() if rank is None else rank
+        self.attempt = int(os.environ.get("STEADYTUNE_ATTEMPT", "0")) if attempt is None else attempt
+        self.nan_guard = nan_guard
+        self.clock = clock
+        self.writer = JsonlWriter(self.run.telemetry(self.rank))
+        self.skipped_total = 0
+        self.consecutive_skips = 0
+        self._control_mtime: float | None = None
+        self._seen_control: set[str] = set()
+        self._reset_step()
+        self.last_step = 0
+        self.steps_this_attempt = 0
+
+    # -- per optimizer step ------------------------------------------------
+    def _reset_step(self) -> None:
+        self._t0: float | None = None
+        self._loss_sum = 0.0
+        self._loss_seen = False
+        self._loss_nonfinite = False
+        self._tokens = 0
+        self._samples = 0
+        self._ids: list[int] = []
+        self._hashes: list[str] = []
+        self._grad_norm: float | None = None
+        self._pending_norm: float | None = None
+        self._lr: float | None = None
+        self._skipped = False
+
+    def begin_step(self) -> None:
+        self._reset_step()
+        self._t0 = self.clock()
+
+    def add_microbatch(
+        self,
+        loss: Any = None,
+        tokens: int | None = None,
+        sample_ids: Sequence[int] | None = None,
+        sample_hashes: Sequence[int | str] | None = None,
+    ) -> None:
+        """Account one forward/backward of the current optimizer step."""
+        if self._t0 is None:
+            self._t0 = self.clock()
+        value = _as_float(loss)
+        if value is not None:
+            self._loss_seen = True
+            if math.isfinite(value):
+                self._loss_sum += value
+            else:
+                self._loss_nonfinite = True
+        if tokens is not None:
+            self._tokens += int(tokens)
+        if sample_ids is not None:
+            ids = [int(i) for i in sample_ids]
+            self._ids.extend(ids)
+            self._samples += len(ids)
+        if sample_hashes is not None:
+            self._hashes.extend(h if isinstance(h, str) else f"{int(h):015x}" for h in sample_hashes)
+
+    def grad_norm(self, model: Any) -> float:
+        """Total L2 norm of the gradients (non-finite if any gradient is)."""
+        import torch
+
+        norms = [p.grad.detach().float().norm(2) for p in model.parameters() if p.grad is not None]
+        if not norms:
+            return 0.0
+        return float(torch.linalg.vector_norm(torch.stack(norms), 2).item())
+
+    def observe_grad_norm(self, norm: Any) -> None:
+        """A grad norm the framework already computed (e.g. while clipping), to avoid a second pass."""
+        self._pending_norm = _as_float(norm)
+
+    def before_update(self, model: Any, optimizer: Any = None, grad_norm: float | None = None) -> bool:
+        """Decide whether the optimizer may step. On a non-finite loss or gradient,
+        drop the gradients so the step leaves the weights bit-identical, and return False.
+        """
+        if optimizer is not None and getattr(optimizer, "param_groups", None):
+            self._lr = float(optimizer.param_groups[0]["lr"])
+        if grad_norm is None:
+            grad_norm = self._pending_norm
+        norm = grad_norm if grad_norm is not None else self.grad_norm(model)
+        self._grad_norm = norm
+        bad = self._loss_nonfinite or not math.isfinite(norm)
+        if bad and self.nan_guard:
+            # set_to_none makes torch optimizers skip these parameters entirely.
+            model.zero_grad(set_to_none=True)
+            self._skipped = True
+            self.skipped_total += 1
+            self.consecutive_skips += 1
+            return False
+        self.consecutive_skips = 0
+        return True
+
+    def end_step(
+        self,
+        step: int,
+        loss: Any = None,
+        lr: float | None = None,
+        epoch: float | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> StepRecord:
+        """Write the step record and a heartbeat for optimizer step ``step``."""
+        now = self.clock()
+        if loss is not None:
+            value = _as_float(loss)
+        elif self._loss_nonfinite:
+            value = math.nan
+        else:
+            value = self._loss_sum if self._loss_seen else None
+        record = StepRecord(
+            step=step,
+            ts=now,
+            rank=self.rank,
+            attempt=self.attempt,
+            loss=value,
+            grad_norm=self._grad_norm,
+            lr=lr if lr is not None else self._lr,
+            tokens=self._tokens or None,
+            samples=self._samples or None,
+            step_time_s=(now - self._t0) if self._t0 is not None else None,
+            epoch=epoch,
+            skipped=self._skipped,
+            batch=BatchFingerprint(tuple(self._ids), tuple(self._hashes)) if self._ids else None,
+            extra=extra or {},
+            **memory_stats(),
+        )
+        self.writer.write(record)
+        self.last_step = step
+        self.steps_this_attempt += 1
+        self._reset_step()
+        return record
+
+    def record_eval(self, step: int, eval_loss: float) -> None:
+        self.writer.write(StepRecord(step=step, ts=self.clock(), rank=self.rank, attempt=self.attempt,
+                                     eval_loss=float(eval_loss), extra={"eval": True}))
+
+    def heartbeat(self, step: int | None = None, phase: str = "train") -> None:
+        self.writer.write(Heartbeat(ts=self.clock(), rank=self.rank, step=self.last_step if step is None else step,
+                                    pid=os.getpid(), attempt=self.attempt, phase=phase))
+
+    def notify(self, kind: str, name: str, message: str = "", severity: str = "info",
+               step: int | None = None, **data: Any) -> None:
+        """Tell the supervisor something happened here (it files it in ``events.jsonl``)."""
+        self.writer.write(Event(ts=self.clock(), kind=kind, name=name, message=message,  # type: ignore[arg-type]
+                                severity=severity, step=self.last_step if step is None else step,  # type: ignore[arg-type]
+                                data={"rank": self.rank, "attempt": self.attempt, **data}))
+
+    # -- control channel ---------------------------------------------------
+    def poll_control(self) -> dict[str, Any] | None:
+        """A new request from the supervisor or an operator, if one arrived since the last poll."""
+        path = self.run.control
+        try:
+            mtime = path.stat().st_mtime
+        except FileNotFoundError:
+            return None
+        if mtime == self._control_mtime:
+            return None
+        self._control_mtime = mtime
+        try:
+            request = json.loads(path.read_text(encoding="utf-8"))
+        except (ValueError, OSError):
+            return None
+        rid = str(request.get("id", ""))
+        if rid in self._seen_control or float(request.get("attempt", self.attempt)) < self.attempt:
+            return None
+        self._seen_control.add(rid)
+        return request
+
+    def close(self, status: str = "completed", error: BaseException | None = None, **fields: Any) -> None:
+        """Write the worker's last words and close the stream."""
+        self.writer.write(WorkerExit(ts=self.clock(), rank=self.rank, attempt=self.attempt, step=self.last_step,
+                                     status=status,  # type: ignore[arg-type]
+                                     error_type=type(error).__name__ if error else None,
+                                     error_message=str(error)[:2000] if error else None, **fields))
+        self.writer.sync()
+        self.writer.close()
+
+
+def memory_stats() -> dict[str, int | None]:
+    """Device memory (CUDA when present) and process RSS; unavailable readings are None."""
+    stats: dict[str, int | None] = {"rss_bytes": None}
+    try:
+        import psutil
+
+        stats["rss_bytes"] = psutil.Process().memory_info().rss
+    except Exception:
+        pass
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            stats["mem_allocated_bytes"] = torch.cuda.memory_allocated()
+            stats["mem_reserved_bytes"] = torch.cuda.memory_reserved()
+            stats["mem_peak_bytes"] = torch.cuda.max_memory_allocated()
+    except Exception:
+        pass
+    return stats

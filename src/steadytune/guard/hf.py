@@ -1,0 +1,95 @@
+"""HF Trainer adapter: translates ``TrainerCallback`` hooks into guard calls, and
+guard decisions back into ``TrainerControl``. No policy lives here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+from steadytune.guard.checkpoints import CheckpointKeeper
+from steadytune.guard.core import Guard
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+class GuardCallback(TrainerCallback):
+    """Wires a :class:`Guard` and a :class:`CheckpointKeeper` into the HF Trainer loop."""
+
+    def __init__(self, guard: Guard, keeper: CheckpointKeeper, staging: Path) -> None:
+        self.guard = guard
+        self.keeper = keeper
+        self.staging = staging
+        self.stop_status: str | None = None  # "stopped" / "paused" once a request ends the run
+        self._external_stop: str | None = None
+
+    def request_stop(self, why: str) -> None:
+        """Called from a signal handler: act at the next step boundary, never mid-step."""
+        self._external_stop = why
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        self.guard.last_step = state.global_step
+        self.guard.notify("lifecycle", "train_begin", f"training from step {state.global_step} to {state.max_steps}",
+                          max_steps=state.max_steps, start_step=state.global_step)
+        self.guard.heartbeat(state.global_step, phase="train")
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        self.guard.begin_step()
+
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        ok = self.guard.before_update(kw["model"], kw.get("optimizer"))
+        if not ok:
+            self.guard.notify("action", "skip_step", f"non-finite loss or gradient at step {state.global_step + 1}: update skipped",
+                              severity="warning", step=state.global_step + 1, consecutive=self.guard.consecutive_skips)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        self.guard.end_step(state.global_step, epoch=state.epoch)
+        self.guard.heartbeat(state.global_step)
+        request = self.guard.poll_control()
+        if request is None and self._external_stop:
+            request = {"command": "stop", "id": f"signal-{self._external_stop}", "issuer": self._external_stop}
+            self._external_stop = None
+        if request is not None:
+            command = request.get("command")
+            self.guard.notify("control", f"ack_{command}", f"worker acting on '{command}'",
+                              request_id=request.get("id"), issuer=request.get("issuer"))
+            if command in {"checkpoint", "stop", "pause"}:
+                control.should_save = True
+            if command in {"stop", "pause"}:
+                control.should_training_stop = True
+                self.stop_status = "paused" if command == "pause" else "stopped"
+        if state.global_step >= state.max_steps > 0:
+            control.should_save = True  # always end on a verified checkpoint
+        if control.should_save:
+            reason = self.keeper.check_disk()
+            if reason is not None:
+                control.should_save = False
+                self.guard.notify("anomaly", "disk_low", f"checkpoint at step {state.global_step} skipped: {reason}",
+                                  severity="critical")
+            else:
+                self.guard.heartbeat(state.global_step, phase="save")
+
+    def on_save(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        _barrier()  # every rank has written its RNG state into the staging folder
+        if state.is_world_process_zero:
+            staged = self.staging / f"checkpoint-{state.global_step}"
+            if staged.is_dir():
+                final = self.keeper.publish(staged, state.global_step,
+                                            extra={"attempt": self.guard.attempt, "format": "hf-trainer"})
+                size = sum(p.stat().st_size for p in final.rglob("*") if p.is_file())
+                self.guard.notify("lifecycle", "checkpoint_saved", f"saved {final.name}", step=state.global_step,
+                                  path=str(final), bytes=size)
+        _barrier()
+        self.guard.heartbeat(state.global_step, phase="train")
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, metrics: dict | None = None, **kw: Any) -> None:
+        if metrics and "eval_loss" in metrics:
+            self.guard.record_eval(state.global_step, metrics["eval_loss"])
+        self.guard.heartbeat(state.global_step)

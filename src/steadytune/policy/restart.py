@@ -1,0 +1,112 @@
+"""What to do when a worker exits: pure classification and restart decisions.
+
+The supervisor gathers the facts (exit code, signal, the worker's last record,
+the tail of its stderr) into an :class:`ExitInfo`; this module says what it was
+and whether to restart, after how long, or to stop and explain.
+"""
+
+from __future__ import annotations
+
+import re
+import signal as _signal
+from dataclasses import dataclass
+
+# Messages that identify a crash's cause, checked in order against the stderr tail.
+_CLASSIFIERS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("oom", re.compile(r"CUDA out of memory|OutOfMemoryError|HIP out of memory|DefaultCPUAllocator: can't allocate memory|CUBLAS_STATUS_ALLOC_FAILED", re.I)),
+    ("collective_timeout", re.compile(r"NCCL.*(timeout|Timeout|watchdog)|Watchdog caught collective operation timeout|ProcessGroupGloo.*timed? ?out|Connection closed by peer|gloo.*Timed out", re.I)),
+    ("cuda_error", re.compile(r"CUDA error|cudaError|device-side assert|illegal memory access|CUBLAS_STATUS|cuDNN error|NCCL error", re.I)),
+)
+
+
+@dataclass(frozen=True)
+class ExitInfo:
+    """The facts of one worker exit."""
+
+    returncode: int | None
+    status: str | None = None  # the worker's own last word: completed / stopped / paused / error
+    error_type: str | None = None
+    error_message: str | None = None
+    step: int = 0
+    deterministic: bool = False
+    stderr_tail: str = ""
+    interrupted: bool = False  # the supervisor itself asked it to stop (Ctrl-C, SIGTERM, operator)
+    hung: bool = False  # the supervisor killed it for not making progress
+
+    @property
+    def signal(self) -> int | None:
+        rc = self.returncode
+        if rc is not None and rc < 0:
+            return -rc
+        if rc is not None and rc > 128 and not self.status:
+            return rc - 128  # shells and torchrun report a signal death as 128 + signo
+        return None
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: str  # "done" | "restart" | "stop"
+    classification: str
+    reason: str
+    delay_s: float = 0.0
+
+
+def classify(info: ExitInfo) -> str:
+    """One word for how the worker ended."""
+    if info.status in {"completed", "stopped", "paused"} and (info.returncode in (0, None)):
+        return info.status
+    if info.interrupted:
+        return "user_interrupt"
+    if info.hung:
+        return "hang"
+    text = f"{info.error_type or ''} {info.error_message or ''}\n{info.stderr_tail}"
+    for name, pattern in _CLASSIFIERS:
+        if pattern.search(text):
+            return name
+    sig = info.signal
+    if sig == _signal.SIGKILL and not info.error_type:
+        # SIGKILL with no last words: the kernel OOM killer, or someone's kill -9.
+        return "killed"
+    if sig is not None:
+        return f"signal_{_signal.Signals(sig).name}" if sig in _signal.Signals._value2member_map_ else f"signal_{sig}"
+    if info.error_type:
+        return "python_error"
+    return "exit_nonzero"
+
+
+def backoff(restarts_used: int, base_s: float, max_s: float) -> float:
+    """Exponential backoff: base, 2·base, 4·base, ... capped at ``max_s``."""
+    return min(max_s, base_s * (2 ** restarts_used)) if base_s > 0 else 0.0
+
+
+def decide(
+    info: ExitInfo,
+    previous: list[ExitInfo],
+    restarts_used: int,
+    max_restarts: int,
+    backoff_s: float = 1.0,
+    backoff_max_s: float = 60.0,
+) -> Decision:
+    """Restart, stop or finish, given this exit and the earlier ones of the same run."""
+    kind = classify(info)
+    if kind in {"completed", "stopped", "paused"}:
+        return Decision("done", kind, f"worker {kind} at step {info.step}")
+    if kind == "user_interrupt":
+        return Decision("stop", kind, "stopped on request")
+    if info.deterministic:
+        return Decision(
+            "stop", "deterministic",
+            f"{info.error_type or 'error'} before the first step of the attempt: {info.error_message or 'see the worker log'}; "
+            "a restart would fail the same way, so fix the input and run again",
+        )
+    repeat = [p for p in previous if p.error_type and p.error_type == info.error_type and p.step == info.step]
+    if info.error_type and repeat:
+        return Decision(
+            "stop", "deterministic",
+            f"{info.error_type} at step {info.step} twice in a row: {info.error_message or ''}; "
+            "this is not transient, so steadytune stops instead of looping",
+        )
+    if restarts_used >= max_restarts:
+        return Decision("stop", kind, f"{kind} and the restart budget ({max_restarts}) is spent")
+    return Decision("restart", kind, f"{kind} at step {info.step}; restart {restarts_used + 1}/{max_restarts}",
+                    backoff(restarts_used, backoff_s, backoff_max_s))

@@ -1,0 +1,106 @@
+"""Starting and stopping the worker process tree (single process or torchrun).
+
+The worker runs in its own session, so a Ctrl-C at the terminal reaches only the
+supervisor, which then decides how the worker stops (checkpoint first).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import psutil
+
+
+def worker_command(run_root: Path, nproc_per_node: int = 1, python: str = sys.executable) -> list[str]:
+    """The command that starts the built-in worker on ``run_root``."""
+    module = ["-m", "steadytune.train.worker", "--run-dir", str(run_root)]
+    if nproc_per_node <= 1:
+        return [python, *module]
+    # torch.distributed.run is torchrun; calling it as a module keeps the supervisor torch-free.
+    return [python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc_per_node}",
+            "--max_restarts=0", *module]
+
+
+class WorkerProcess:
+    """A running worker tree: its pid, its log, and ways to end it."""
+
+    def __init__(self, cmd: Sequence[str], log_path: Path, env: dict[str, str] | None = None,
+                 cwd: Path | None = None) -> None:
+        self.cmd = list(cmd)
+        self.log_path = log_path
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(log_path, "ab")  # noqa: SIM115 - lives as long as the process
+        self.started = time.time()
+        self.proc = subprocess.Popen(
+            self.cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env={**os.environ, **(env or {})}, cwd=cwd, start_new_session=True,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def poll(self) -> int | None:
+        rc = self.proc.poll()
+        if rc is not None and not self._log.closed:
+            self._log.close()
+        return rc
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        try:
+            rc = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+        return self.poll() if rc is not None else None
+
+    def tree_pids(self) -> list[int]:
+        try:
+            root = psutil.Process(self.pid)
+            return [self.pid, *(c.pid for c in root.children(recursive=True))]
+        except psutil.Error:
+            return []
+
+    def signal_tree(self, sig: int) -> None:
+        """Send ``sig`` to every process of the worker's session (torchrun and its ranks)."""
+        try:
+            os.killpg(self.pid, sig)
+            return
+        except (ProcessLookupError, PermissionError):
+            pass
+        for pid in self.tree_pids():
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def kill(self) -> None:
+        self.signal_tree(signal.SIGKILL)
+        self.wait(10)
+
+    def python_pids(self) -> list[int]:
+        """The worker ranks (python processes running the worker module), for stack dumps."""
+        out = []
+        for pid in self.tree_pids():
+            try:
+                cmd = psutil.Process(pid).cmdline()
+            except psutil.Error:
+                continue
+            if "steadytune.train.worker" in cmd and "torch.distributed.run" not in cmd:
+                out.append(pid)
+        return out
+
+    def log_tail(self, max_bytes: int = 8000) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                size = f.tell()
+                f.seek(max(0, size - max_bytes))
+                return f.read().decode("utf-8", "replace")
+        except OSError:
+            return ""

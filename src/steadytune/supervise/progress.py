@@ -1,0 +1,100 @@
+"""What the supervisor knows about a run's progress, and how it is shown.
+
+:class:`RunProgress` folds step records into the figures a person wants (step,
+loss, tokens/s, ETA, memory); :func:`progress_line` renders one line of them.
+Pure: no clock, no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from steadytune.records import StepRecord
+
+
+def human_bytes(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def human_seconds(s: float | None) -> str:
+    if s is None or not math.isfinite(s):
+        return "-"
+    s = int(s)
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    return f"{h}h{m:02d}m" if h else (f"{m}m{sec:02d}s" if m else f"{sec}s")
+
+
+@dataclass
+class RunProgress:
+    """Running figures of a run, fed with rank-0 step records (all ranks for memory)."""
+
+    max_steps: int | None = None
+    step: int = 0
+    first_loss: float | None = None
+    last_loss: float | None = None
+    last_eval_loss: float | None = None
+    tokens_total: int = 0
+    step_time_total: float = 0.0
+    steps_seen: int = 0
+    skipped_steps: int = 0
+    mem_bytes: int | None = None
+    _recent: list[float] = field(default_factory=list)  # recent step times, for the ETA
+
+    def add(self, rec: StepRecord) -> None:
+        if rec.extra.get("eval"):
+            self.last_eval_loss = rec.eval_loss
+            return
+        if rec.rank != 0:
+            return
+        self.step = max(self.step, rec.step)
+        if rec.loss is not None and math.isfinite(rec.loss):
+            if self.first_loss is None:
+                self.first_loss = rec.loss
+            self.last_loss = rec.loss
+        if rec.skipped:
+            self.skipped_steps += 1
+        if rec.tokens and rec.step_time_s:
+            self.tokens_total += rec.tokens
+            self.step_time_total += rec.step_time_s
+        if rec.step_time_s:
+            self._recent.append(rec.step_time_s)
+            del self._recent[:-50]
+        self.steps_seen += 1
+        mem = rec.mem_allocated_bytes if rec.mem_allocated_bytes is not None else rec.rss_bytes
+        if mem is not None:
+            self.mem_bytes = mem
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        return self.tokens_total / self.step_time_total if self.step_time_total else None
+
+    @property
+    def eta_s(self) -> float | None:
+        if not self.max_steps or not self._recent:
+            return None
+        recent = sorted(self._recent)[len(self._recent) // 2]  # median resists one slow save step
+        return max(0, self.max_steps - self.step) * recent
+
+
+def progress_line(p: RunProgress, attempt: int = 0, state: str = "running") -> str:
+    total = f"/{p.max_steps}" if p.max_steps else ""
+    pct = f" {100 * p.step / p.max_steps:3.0f}%" if p.max_steps else ""
+    loss = f"{p.last_loss:.4f}" if p.last_loss is not None else "-"
+    tps = f"{p.tokens_per_s:,.0f}" if p.tokens_per_s else "-"
+    parts = [f"step {p.step}{total}{pct}", f"loss {loss}", f"tok/s {tps}", f"ETA {human_seconds(p.eta_s)}",
+             f"mem {human_bytes(p.mem_bytes)}"]
+    if p.last_eval_loss is not None:
+        parts.insert(2, f"eval {p.last_eval_loss:.4f}")
+    if attempt:
+        parts.append(f"restarts {attempt}")
+    if state != "running":
+        parts.append(state)
+    return " | ".join(parts)

@@ -1,0 +1,114 @@
+"""System sampler: CPU, RAM, disk and the worker's memory (psutil), GPUs (NVML when present).
+
+A reading that is unavailable is ``None``, never an exception: no NVML library,
+no GPU, a process that just exited — the sample still comes back.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from steadytune.records import GpuSample, SystemSample
+
+
+class Nvml:
+    """A thin, failure-tolerant view of NVML (package ``nvidia-ml-py``)."""
+
+    def __init__(self) -> None:
+        self._nv: Any = None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._nv = pynvml
+        except Exception:
+            self._nv = None
+
+    @property
+    def available(self) -> bool:
+        return self._nv is not None
+
+    def _read(self, fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except Exception:
+            return None
+
+    def sample(self) -> tuple[GpuSample, ...]:
+        nv = self._nv
+        if nv is None:
+            return ()
+        count = self._read(nv.nvmlDeviceGetCount) or 0
+        out = []
+        for i in range(count):
+            h = self._read(lambda i=i: nv.nvmlDeviceGetHandleByIndex(i))
+            if h is None:
+                continue
+            mem = self._read(lambda h=h: nv.nvmlDeviceGetMemoryInfo(h))
+            util = self._read(lambda h=h: nv.nvmlDeviceGetUtilizationRates(h))
+            name = self._read(lambda h=h: nv.nvmlDeviceGetName(h))
+            power = self._read(lambda h=h: nv.nvmlDeviceGetPowerUsage(h))
+            ecc = self._read(lambda h=h: nv.nvmlDeviceGetTotalEccErrors(h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC))
+            out.append(
+                GpuSample(
+                    index=i,
+                    name=name.decode() if isinstance(name, bytes) else (name or ""),
+                    util_ratio=util.gpu / 100.0 if util is not None else None,
+                    mem_used_bytes=int(mem.used) if mem is not None else None,
+                    mem_total_bytes=int(mem.total) if mem is not None else None,
+                    temperature_c=self._read(lambda h=h: float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU))),
+                    power_w=power / 1000.0 if power is not None else None,
+                    ecc_errors=int(ecc) if ecc is not None else None,
+                )
+            )
+        return tuple(out)
+
+
+class SystemSampler:
+    """Takes :class:`SystemSample` readings for a run directory and a worker process tree."""
+
+    def __init__(self, disk_path: Path, clock: Callable[[], float] = time.time, nvml: Nvml | None = None) -> None:
+        self.disk_path = disk_path
+        self.clock = clock
+        self.nvml = nvml if nvml is not None else Nvml()
+        psutil.cpu_percent(None)  # the first call primes the counter and returns 0
+
+    def tree_rss(self, pid: int | None) -> int | None:
+        if not pid:
+            return None
+        try:
+            proc = psutil.Process(pid)
+            procs = [proc, *proc.children(recursive=True)]
+        except psutil.Error:
+            return None
+        total = 0
+        for p in procs:
+            try:
+                total += p.memory_info().rss
+            except psutil.Error:
+                continue
+        return total
+
+    def sample(self, worker_pid: int | None = None) -> SystemSample:
+        vm = psutil.virtual_memory()
+        try:
+            du = shutil.disk_usage(self.disk_path)
+            free, total = du.free, du.total
+        except OSError:
+            free = total = None
+        return SystemSample(
+            ts=self.clock(),
+            cpu_ratio=psutil.cpu_percent(None) / 100.0,
+            ram_used_bytes=int(vm.total - vm.available),
+            ram_total_bytes=int(vm.total),
+            disk_free_bytes=free,
+            disk_total_bytes=total,
+            worker_rss_bytes=self.tree_rss(worker_pid),
+            gpus=self.nvml.sample(),
+        )

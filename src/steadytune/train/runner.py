@@ -1,0 +1,192 @@
+"""The built-in runner: a HF Trainer fine-tune (full, LoRA, QLoRA) with the guard inside.
+
+Read top to bottom: load the tokenizer and data, load the model for the method,
+map the config to ``TrainingArguments``, train with the guard's callback.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
+
+from steadytune.config.schema import SteadytuneConfig
+from steadytune.guard.core import Guard
+from steadytune.records import PlanRevision
+from steadytune.train.data import IGNORE_INDEX, SAMPLE_HASH, SAMPLE_ID, DataSpec, build_dataset
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class Collator:
+    """Pads a list of tokenized samples; carries sample ids and hashes as tensors."""
+
+    pad_token_id: int
+
+    def __call__(self, features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        width = max(len(f["input_ids"]) for f in features)
+        ids, labels, mask = [], [], []
+        for f in features:
+            pad = width - len(f["input_ids"])
+            ids.append(list(f["input_ids"]) + [self.pad_token_id] * pad)
+            labels.append(list(f["labels"]) + [IGNORE_INDEX] * pad)
+            mask.append([1] * len(f["input_ids"]) + [0] * pad)
+        batch = {
+            "input_ids": torch.tensor(ids, dtype=torch.long),
+            "labels": torch.tensor(labels, dtype=torch.long),
+            "attention_mask": torch.tensor(mask, dtype=torch.long),
+        }
+        if SAMPLE_ID in features[0]:
+            batch[SAMPLE_ID] = torch.tensor([int(f[SAMPLE_ID]) for f in features], dtype=torch.long)
+            batch[SAMPLE_HASH] = torch.tensor([int(f[SAMPLE_HASH]) for f in features], dtype=torch.long)
+        return batch
+
+
+class GuardedTrainer(Trainer):
+    """A Trainer that feeds each micro-batch's loss, tokens and sample ids to the guard."""
+
+    def __init__(self, *args: Any, guard: Guard, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.st_guard = guard
+
+    def training_step(self, model: Any, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
+        ids = inputs.pop(SAMPLE_ID, None)
+        hashes = inputs.pop(SAMPLE_HASH, None)
+        tokens = int(inputs["attention_mask"].sum()) if "attention_mask" in inputs else None
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        self.st_guard.add_microbatch(
+            loss,
+            tokens=tokens,
+            sample_ids=ids.tolist() if ids is not None else None,
+            sample_hashes=hashes.tolist() if hashes is not None else None,
+        )
+        return loss
+
+    def _clip_grad_norm(self, model: Any) -> Any:
+        # The Trainer already computes the pre-clip norm here; reuse it instead of a second pass.
+        norm = super()._clip_grad_norm(model)
+        self.st_guard.observe_grad_norm(norm)
+        return norm
+
+
+def load_tokenizer(cfg: SteadytuneConfig) -> Any:
+    tok = AutoTokenizer.from_pretrained(cfg.model.name_or_path, trust_remote_code=cfg.model.trust_remote_code)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_model(cfg: SteadytuneConfig, gradient_checkpointing: bool) -> Any:
+    """The model for the method: full (all weights train), LoRA, or QLoRA (4-bit base + LoRA)."""
+    kwargs: dict[str, Any] = {
+        "trust_remote_code": cfg.model.trust_remote_code,
+        "attn_implementation": cfg.model.attn_implementation,
+    }
+    if cfg.model.dtype != "auto":
+        kwargs["dtype"] = _DTYPES[cfg.model.dtype]
+    if cfg.method == "qlora":
+        from transformers import BitsAndBytesConfig
+
+        q = cfg.quantization
+        kwargs["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type=q.bnb_4bit_quant_type,
+            bnb_4bit_use_double_quant=q.bnb_4bit_use_double_quant,
+            bnb_4bit_compute_dtype=_DTYPES[q.bnb_4bit_compute_dtype],
+        )
+    model = AutoModelForCausalLM.from_pretrained(cfg.model.name_or_path, **kwargs)
+    if cfg.method == "full":
+        return model
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+
+    if cfg.method == "qlora":
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=gradient_checkpointing)
+    lora = cfg.lora
+    peft_cfg = LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.lora_alpha,
+        lora_dropout=lora.lora_dropout,
+        target_modules=lora.target_modules,
+        bias=lora.bias,
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, peft_cfg)
+
+
+def training_arguments(cfg: SteadytuneConfig, plan: PlanRevision, staging: Path, has_eval: bool) -> TrainingArguments:
+    """Map the config (HF names) plus the plan's revisions onto ``TrainingArguments``."""
+    t = cfg.train
+    batch = plan.per_device_train_batch_size or (t.per_device_train_batch_size if isinstance(t.per_device_train_batch_size, int) else 1)
+    accum = plan.gradient_accumulation_steps or t.gradient_accumulation_steps
+    use_cpu = t.use_cpu if t.use_cpu is not None else not torch.cuda.is_available()
+    gc = plan.gradient_checkpointing if plan.gradient_checkpointing is not None else t.gradient_checkpointing
+    eval_on = has_eval and t.eval_steps is not None
+    return TrainingArguments(
+        output_dir=str(staging),
+        max_steps=t.max_steps,
+        num_train_epochs=t.num_train_epochs,
+        per_device_train_batch_size=batch,
+        per_device_eval_batch_size=batch,
+        gradient_accumulation_steps=accum,
+        learning_rate=t.learning_rate * plan.lr_scale,
+        lr_scheduler_type=t.lr_scheduler_type,
+        warmup_steps=t.warmup_steps,
+        weight_decay=t.weight_decay,
+        max_grad_norm=t.max_grad_norm,
+        optim=t.optim,
+        seed=t.seed,
+        bf16=t.bf16,
+        fp16=t.fp16,
+        gradient_checkpointing=gc,
+        logging_steps=t.logging_steps,
+        logging_nan_inf_filter=False,  # never hide a NaN: the guard decides what to do with it
+        save_strategy="steps",
+        save_steps=t.save_steps,
+        save_total_limit=None,  # retention is ours: it must never rotate away LAST_GOOD
+        eval_strategy="steps" if eval_on else "no",
+        eval_steps=t.eval_steps if eval_on else None,
+        dataloader_num_workers=t.dataloader_num_workers,
+        remove_unused_columns=False,
+        report_to=[],
+        disable_tqdm=True,
+        use_cpu=use_cpu,
+        ddp_backend="gloo" if use_cpu and int(os.environ.get("WORLD_SIZE", "1")) > 1 else None,
+    )
+
+
+def build_trainer(cfg: SteadytuneConfig, plan: PlanRevision, guard: Guard, callbacks: list[Any], staging: Path) -> Trainer:
+    tok = load_tokenizer(cfg)
+    spec = DataSpec(cfg.data.train_file, cfg.data.format, cfg.data.text_field, plan.max_seq_length or cfg.data.max_seq_length,
+                    cfg.data.train_on_prompt, cfg.data.max_samples)
+    train_ds = build_dataset(tok, spec)
+    eval_ds = None
+    if cfg.data.eval_file:
+        eval_spec = DataSpec(cfg.data.eval_file, cfg.data.format, cfg.data.text_field, spec.max_seq_length,
+                             cfg.data.train_on_prompt, None)
+        eval_ds = build_dataset(tok, eval_spec)
+    if plan.skip_ranges:
+        skip = {i for a, b in plan.skip_ranges for i in range(a, b + 1)}
+        train_ds = train_ds.filter(lambda row: row[SAMPLE_ID] not in skip)
+    args = training_arguments(cfg, plan, staging, eval_ds is not None)
+    model = load_model(cfg, args.gradient_checkpointing)
+    return GuardedTrainer(
+        model=model,
+        args=args,
+        train_dataset=train_ds,
+        eval_dataset=eval_ds,
+        data_collator=Collator(tok.pad_token_id),
+        processing_class=tok,
+        callbacks=callbacks,
+        guard=guard,
+    )
+
+
+def final_loss(history: list[dict[str, Any]]) -> float | None:
+    losses = [h["loss"] for h in history if "loss" in h and math.isfinite(h["loss"])]
+    return losses[-1] if losses else None

@@ -1,0 +1,95 @@
+"""The worker process: ``python -m steadytune.train.worker --run-dir runs/<id>``.
+
+Started by the supervisor (directly, or under torchrun for several processes).
+It reads the resolved config and the newest plan revision from the run
+directory, trains with the guard inside, and says how it ended in its last
+telemetry record before exiting:
+
+- exit 0: completed, or stopped/paused on request (a checkpoint was written);
+- exit 1: an error (the record says whether it is deterministic);
+- killed by a signal: nothing is written; the supervisor sees the signal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import json
+import os
+import signal
+import sys
+import traceback
+from pathlib import Path
+
+from steadytune.records import PlanRevision, from_json
+from steadytune.rundir import RunDir
+
+
+def latest_plan(run: RunDir) -> PlanRevision:
+    plan = PlanRevision(revision=0, ts=0.0, reason="start")
+    if run.plan.exists():
+        for line in run.plan.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                rec = from_json(line)
+                if isinstance(rec, PlanRevision):
+                    plan = rec
+    return plan
+
+
+def _faults() -> dict:
+    raw = os.environ.get("STEADYTUNE_FAULTS")
+    return json.loads(raw) if raw else {}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="steadytune-worker")
+    parser.add_argument("--run-dir", required=True, type=Path)
+    args = parser.parse_args(argv)
+    run = RunDir(args.run_dir)
+    plan = latest_plan(run)
+
+    run.stacks.mkdir(parents=True, exist_ok=True)
+    rank = int(os.environ.get("RANK", "0"))
+    # SIGUSR1 dumps every thread's Python stack: the supervisor uses it on a hang.
+    stack_file = open(run.stacks / f"rank-{rank}-attempt-{plan.attempt}.txt", "a")  # noqa: SIM115
+    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+
+    from steadytune.config.load import load_config
+    from steadytune.guard.core import Guard
+
+    guard = Guard(run.root, rank=rank, attempt=plan.attempt)
+    guard.heartbeat(0, phase="setup")
+    try:
+        from steadytune.guard.checkpoints import CheckpointKeeper
+        from steadytune.guard.hf import GuardCallback
+        from steadytune.train.runner import build_trainer
+
+        cfg = load_config(run.config, check_paths=False)
+        faults = _faults()
+        keeper = CheckpointKeeper(run, keep_last=cfg.run.keep_last, min_free_bytes=cfg.run.min_free_disk_bytes,
+                                  slow_save_s=float(faults.get("slow_save_s", 0)))
+        callback = GuardCallback(guard, keeper, run.staging)
+        signal.signal(signal.SIGTERM, lambda *_: callback.request_stop("SIGTERM"))
+        trainer = build_trainer(cfg, plan, guard, [callback], run.staging)
+        resume = plan.resume_checkpoint
+        trainer.train(resume_from_checkpoint=resume)
+        status = callback.stop_status or "completed"
+        if status == "completed" and trainer.is_world_process_zero():
+            trainer.save_model(str(run.root / "final"))
+        guard.close(status)
+        return 0
+    except BaseException as exc:
+        if isinstance(exc, KeyboardInterrupt):
+            guard.close("stopped")
+            return 130
+        tb = "".join(traceback.format_exception(exc))[-4000:]
+        # Failing before a single step of this attempt completed means the inputs are at
+        # fault (bad path, bad data, bad config, broken code): a restart would fail the same way.
+        deterministic = guard.steps_this_attempt == 0
+        guard.close("error", exc, traceback_tail=tb, deterministic=deterministic)
+        print(tb, file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
