@@ -1,0 +1,127 @@
+"""The JSON the dashboard pages read: runs, one run, its series and events.
+
+Plain functions from a :class:`RunEntry` to JSON-safe dicts, so they are tested
+without a server. Non-finite floats become ``null`` (JSON has no NaN).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from steadytune.records import Event, to_dict
+from steadytune.telemetry.store import GPU_METRICS, STEP_METRICS, SYSTEM_METRICS, Series
+from steadytune.web.runs import RunEntry, RunsIndex
+
+MAX_POINTS = 4000
+
+
+def clean(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [clean(v) for v in value]
+    return value
+
+
+def event_dict(e: Event) -> dict[str, Any]:
+    d = to_dict(e)
+    d.pop("prev_hash", None)
+    d.pop("hash", None)
+    return clean(d)
+
+
+def run_summary(entry: RunEntry) -> dict[str, Any]:
+    """One row of the runs page."""
+    status = entry.status()
+    store = entry.store()
+    latest = store.latest_values()
+    anomalies = store.events(kinds=("anomaly",), limit=1, newest=True)
+    counts = store.event_counts("anomaly")
+    last = anomalies[-1] if anomalies else None
+    return clean(
+        {
+            "run_id": entry.run_id,
+            "state": status.get("state") or ("unknown" if not latest else "no supervisor"),
+            "live": entry.supervisor_live(status),
+            "step": status.get("step", latest.get("step")),
+            "max_steps": status.get("max_steps"),
+            "loss": latest.get("loss", status.get("loss")),
+            "loss_nonfinite": bool(latest.get("nonfinite_latest")),
+            "tokens_per_s": latest.get("tokens_per_s", status.get("tokens_per_s")),
+            "eta_s": status.get("eta_s"),
+            "attempt": status.get("attempt", latest.get("attempt")),
+            "restarts": status.get("restarts", 0),
+            "last_checkpoint": status.get("last_checkpoint"),
+            "anomalies": sum(n for _, _, n in counts),
+            "last_anomaly": (
+                {"name": last.name, "severity": last.severity, "step": last.step, "message": last.message}
+                if last
+                else None
+            ),
+            "updated_ts": status.get("updated_ts", latest.get("ts")),
+            "dashboard_url": status.get("dashboard_url"),
+        }
+    )
+
+
+def runs_list(index: RunsIndex) -> list[dict[str, Any]]:
+    out = []
+    for entry in index.entries():
+        try:
+            out.append(run_summary(entry))
+        except Exception as exc:  # show a broken run as broken rather than hide the page
+            out.append({"run_id": entry.run_id, "state": "unreadable", "error": type(exc).__name__})
+    return out
+
+
+def plans(entry: RunEntry) -> list[dict[str, Any]]:
+    return [clean(to_dict(p)) for p in entry.store().plans()]
+
+
+def run_detail(entry: RunEntry, events: int = 300) -> dict[str, Any]:
+    store = entry.store()
+    system = store.latest_system()
+    return clean(
+        {
+            "summary": run_summary(entry),
+            "status": entry.status(),
+            "checkpoints": entry.checkpoints(),
+            "plans": plans(entry),
+            "events": [event_dict(e) for e in store.events(limit=events, newest=True)],
+            "system": system,
+            "gpus": store.gpu_indices(),
+            "version": store.version,
+            "last_seq": store.last_event_seq(),
+        }
+    )
+
+
+def _series_dict(s: Series) -> dict[str, Any]:
+    return {"metrics": list(s.metrics), "rows": clean(s.rows), "lo": s.lo, "hi": s.hi, "total": s.total}
+
+
+def series(entry: RunEntry, points: int = 1500, lo: float | None = None, hi: float | None = None) -> dict[str, Any]:
+    """Downsampled charts of one run: steps (x = step), system and GPUs (x = unix time)."""
+    store = entry.store()
+    points = max(10, min(int(points), MAX_POINTS))
+    version = store.version
+    steps = store.step_series(STEP_METRICS, points=points, lo=lo, hi=hi)
+    # System charts stay whole when the step axis is zoomed: ~1 sample/s is cheap.
+    system = store.system_series(SYSTEM_METRICS, points=points)
+    gpus = {str(i): _series_dict(store.gpu_series(i, GPU_METRICS, points)) for i in store.gpu_indices()}
+    anomalies = [
+        {"step": e.step, "name": e.name, "severity": e.severity, "message": e.message}
+        for e in store.events(kinds=("anomaly",), limit=2000)
+        if e.step is not None
+    ]
+    return {
+        "version": version,
+        "steps": _series_dict(steps),
+        "system": _series_dict(system),
+        "gpus": gpus,
+        "anomalies": anomalies,
+    }
+

@@ -1,0 +1,42 @@
+"""``dashboard:`` config. The token is a secret: only by env var or file, never in the YAML."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+DEFAULT_TOKEN_ENV = "STEADYTUNE_DASHBOARD_TOKEN"
+
+
+class DashboardConfig(BaseModel):
+    """The ``dashboard:`` section of the config.
+
+    Example::
+
+        dashboard:
+          enabled: true
+          host: 127.0.0.1
+          port: 7860
+          token_env: STEADYTUNE_DASHBOARD_TOKEN
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = False
+    host: str = Field("127.0.0.1", description="Any address but loopback requires a token.")
+    port: int = Field(7860, ge=0, le=65535, description="0 picks a free port.")
+    token_env: str | None = Field(DEFAULT_TOKEN_ENV, description="Env var holding the operator token.")
+    token_file: Path | None = Field(None, description="File holding the operator token (mode 600).")
+    public_url: str | None = Field(None, description="URL to put in alerts when behind a proxy.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_clear_token(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "token" in data:
+            raise ValueError(
+                "`token:` holds a secret in clear in the YAML; export it as an environment variable and write "
+                f"`token_env: {DEFAULT_TOKEN_ENV}` (or `token_file: /path/to/file`, mode 600) instead"
+            )
+        return data

@@ -1,0 +1,251 @@
+"""The runs a dashboard shows: discovered under a runs directory, each with its index.
+
+A run is a folder of ``runs_dir`` that has a ``status.json``, a ``telemetry/``
+folder or an ``events.jsonl``. Its index is the run's ``run.db`` when the
+supervisor keeps one; otherwise the dashboard builds and tails one itself from
+the JSONL (``RunStore.sync``), in the background, so a request never waits for
+indexing. Only the files of the run directory are read (see DESIGN.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from steadytune.rundir import RunDir, valid_run_id
+from steadytune.telemetry.store import RunStore
+
+LIVE_STATES = {"starting", "running", "restarting", "paused"}
+# A supervisor that has not rewritten status.json for this long is presumed gone.
+STALE_STATUS_S = 15.0
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def read_pointer(path: Path) -> str | None:
+    try:
+        text = path.read_text(encoding="utf-8").strip()
+    except OSError:
+        return None
+    return text or None
+
+
+def _manifest_files(manifest: dict[str, Any]) -> list[tuple[str, int | None]]:
+    files = manifest.get("files")
+    out: list[tuple[str, int | None]] = []
+    if isinstance(files, list):
+        for f in files:
+            if isinstance(f, dict) and "path" in f:
+                out.append((str(f["path"]), f.get("size")))
+    elif isinstance(files, dict):
+        for name, meta in files.items():
+            out.append((str(name), meta.get("size") if isinstance(meta, dict) else None))
+    return out
+
+
+def checkpoint_info(ckpt_dir: Path) -> dict[str, Any]:
+    """What the dashboard says about one checkpoint; ``verified`` = manifest matches the files.
+
+    The check is manifest-present + every listed file present with its size; the
+    sha256 check belongs to the checkpoint module and is too slow for a page.
+    """
+    manifest = read_json(ckpt_dir / "MANIFEST.json")
+    info: dict[str, Any] = {"name": ckpt_dir.name, "verified": False, "step": None, "ts": None, "size_bytes": None}
+    if manifest is None:
+        info["problem"] = "no valid MANIFEST.json"
+        return info
+    info["step"] = manifest.get("step")
+    info["ts"] = manifest.get("ts") or manifest.get("created_ts") or manifest.get("created")
+    if info["ts"] is None:
+        try:
+            info["ts"] = (ckpt_dir / "MANIFEST.json").stat().st_mtime
+        except OSError:
+            pass
+    total = 0
+    for rel, size in _manifest_files(manifest):
+        path = ckpt_dir / rel
+        try:
+            actual = path.stat().st_size
+        except OSError:
+            info["problem"] = f"missing {rel}"
+            return info
+        if size is not None and int(size) != actual:
+            info["problem"] = f"size of {rel} is {actual}, manifest says {size}"
+            return info
+        total += actual
+    info["size_bytes"] = total
+    info["verified"] = bool(manifest.get("verified", True))
+    return info
+
+
+class RunEntry:
+    """One run: its paths, its status and its index (kept fresh by :meth:`refresh`)."""
+
+    def __init__(self, run_dir: RunDir, cache_dir: Path, clock: Callable[[], float] = time.time) -> None:
+        self.dir = run_dir
+        self.clock = clock
+        self._cache_dir = cache_dir
+        self._store: RunStore | None = None
+        self._owned = False  # True when this dashboard keeps the index up to date
+        self._sizes: tuple[int, ...] = ()
+        self._lock = threading.Lock()
+        self._ckpt_cache: dict[str, tuple[float, dict[str, Any]]] = {}
+
+    @property
+    def run_id(self) -> str:
+        return self.dir.run_id
+
+    def status(self) -> dict[str, Any]:
+        return read_json(self.dir.status) or {}
+
+    def supervisor_live(self, status: dict[str, Any] | None = None) -> bool:
+        status = self.status() if status is None else status
+        updated = status.get("updated_ts")
+        return (
+            status.get("state") in LIVE_STATES
+            and isinstance(updated, (int, float))
+            and self.clock() - updated < STALE_STATUS_S
+        )
+
+    def store(self) -> RunStore:
+        """The run's index, opened on first use (building it if there is none)."""
+        with self._lock:
+            if self._store is None:
+                self._store = self._open()
+            return self._store
+
+    def _open(self) -> RunStore:
+        db = self.dir.db
+        if db.exists():
+            store = RunStore(db) if os.access(db.parent, os.W_OK) else RunStore(db, readonly=True)
+            self._owned = store.get_meta("indexer") == "dashboard"
+            return store
+        if os.access(self.dir.root, os.W_OK):
+            store = RunStore(db)
+        else:
+            # Someone else's runs, read-only: index into our own cache instead.
+            store = RunStore(self._cache_dir / f"{self.run_id}.db")
+        store.set_meta("indexer", "dashboard")
+        self._owned = True
+        return store
+
+    def _file_sizes(self) -> tuple[int, ...]:
+        sizes = []
+        for p in (*self.dir.telemetry_files(), self.dir.system, self.dir.events, self.dir.plan):
+            try:
+                sizes.append(p.stat().st_size)
+            except OSError:
+                sizes.append(-1)
+        return tuple(sizes)
+
+    def refresh(self) -> int:
+        """Index new JSONL lines unless a live supervisor keeps the index; returns records added."""
+        store = self.store()
+        if store.readonly or (not self._owned and self.supervisor_live()):
+            return 0
+        sizes = self._file_sizes()
+        if sizes == self._sizes:
+            return 0  # nothing appended: skip even the metadata queries
+        added = store.sync(self.dir)
+        self._sizes = sizes
+        return added
+
+    def checkpoints(self) -> dict[str, Any]:
+        root = self.dir.checkpoints
+        latest = read_pointer(self.dir.latest_pointer)
+        last_good = read_pointer(self.dir.last_good_pointer)
+        items = []
+        try:
+            dirs = sorted((p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")), key=lambda p: p.name)
+        except OSError:
+            dirs = []
+        for d in dirs:
+            try:
+                mtime = (d / "MANIFEST.json").stat().st_mtime
+            except OSError:
+                mtime = -1.0
+            cached = self._ckpt_cache.get(d.name)
+            if cached is None or cached[0] != mtime:
+                cached = (mtime, checkpoint_info(d))
+                self._ckpt_cache[d.name] = cached
+            info = dict(cached[1])
+            info["latest"] = d.name == latest
+            info["last_good"] = d.name == last_good
+            items.append(info)
+        items.sort(key=lambda c: (c["step"] is None, c["step"] or 0, c["name"]))
+        return {"latest": latest, "last_good": last_good, "items": items}
+
+    def close(self) -> None:
+        with self._lock:
+            if self._store is not None:
+                self._store.close()
+                self._store = None
+
+
+def looks_like_run(path: Path) -> bool:
+    return path.is_dir() and any(
+        (path / name).exists() for name in ("status.json", "telemetry", "events.jsonl", "run.db")
+    )
+
+
+class RunsIndex:
+    """Every run under ``runs_dir``; run ids are validated before any path is built."""
+
+    def __init__(self, runs_dir: Path, clock: Callable[[], float] = time.time, cache_dir: Path | None = None) -> None:
+        self.runs_dir = Path(runs_dir)
+        self.clock = clock
+        self._cache_dir = cache_dir or Path(tempfile.mkdtemp(prefix="steadytune-dash-"))
+        self._entries: dict[str, RunEntry] = {}
+        self._lock = threading.Lock()
+
+    def run_ids(self) -> list[str]:
+        try:
+            children = list(self.runs_dir.iterdir())
+        except OSError:
+            return []
+        return sorted(p.name for p in children if valid_run_id(p.name) and looks_like_run(p))
+
+    def get(self, run_id: str) -> RunEntry | None:
+        """The run, or ``None`` for an invalid id, a path outside ``runs_dir`` or no such run."""
+        if not valid_run_id(run_id):
+            return None
+        root = self.runs_dir / run_id
+        try:
+            if root.resolve().parent != self.runs_dir.resolve() or not looks_like_run(root):
+                return None
+        except OSError:
+            return None
+        with self._lock:
+            entry = self._entries.get(run_id)
+            if entry is None:
+                entry = RunEntry(RunDir(root), self._cache_dir, self.clock)
+                self._entries[run_id] = entry
+            return entry
+
+    def entries(self) -> list[RunEntry]:
+        return [e for e in (self.get(r) for r in self.run_ids()) if e is not None]
+
+    def refresh_all(self) -> None:
+        for entry in self.entries():
+            try:
+                entry.refresh()
+            except Exception:  # one broken run must not stop the others' updates
+                continue
+
+    def close(self) -> None:
+        with self._lock:
+            for e in self._entries.values():
+                e.close()
+            self._entries.clear()

@@ -1,0 +1,372 @@
+"""The dashboard server: stdlib ``ThreadingHTTPServer`` in a background thread.
+
+Routes (all GET unless said; the API is read-only without the token):
+
+    /                          runs page            /run/<id>            run page
+    /static/<file>             assets               /metrics             Prometheus exposition
+    /api/runs                  runs (JSON)          /api/stream          runs, live (SSE)
+    /api/runs/<id>             one run              /api/runs/<id>/series?points=&lo=&hi=
+    /api/runs/<id>/events?after=<seq>               /api/runs/<id>/stream?since=<version>&after=<seq> (SSE)
+    /api/auth                  may this client act? /healthz
+    POST /api/runs/<id>/control   {"command", "issuer", "confirm": true} with the token in a header
+
+The supervisor stays light: no framework, one thread per connection, one
+indexer thread that tails the runs that have no live supervisor.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from steadytune.web import api, control
+from steadytune.web.metrics import render_metrics
+from steadytune.web.runs import RunEntry, RunsIndex
+from steadytune.web.security import bearer, check_bind, host_allowed, is_loopback, token_ok
+
+STATIC_DIR = Path(__file__).parent / "static"
+_STATIC_NAME = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]*$")
+_TYPES = {
+    ".html": "text/html; charset=utf-8",
+    ".js": "text/javascript; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+    ".svg": "image/svg+xml",
+    ".png": "image/png",
+    ".ico": "image/x-icon",
+}
+_SECURITY_HEADERS = {
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+    "Content-Security-Policy": (
+        "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
+        "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
+    ),
+}
+
+
+@dataclass
+class DashboardApp:
+    """Everything a request handler needs; one per server."""
+
+    index: RunsIndex
+    host: str
+    port: int
+    token: str | None
+    clock: Callable[[], float] = time.time
+    poll_s: float = 0.25
+    stopping: threading.Event = field(default_factory=threading.Event)
+
+    def indexer(self, interval_s: float = 0.2) -> None:
+        """Keep the indexes of supervisor-less runs fresh, off the request path."""
+        while not self.stopping.wait(interval_s):
+            self.index.refresh_all()
+
+
+class Handler(BaseHTTPRequestHandler):
+    app: DashboardApp  # set on the subclass made by make_handler
+    protocol_version = "HTTP/1.1"
+    server_version = "steadytune"
+    sys_version = ""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        # Quiet by default: the supervisor's console is for the run, not for page hits.
+        return
+
+    # ---- plumbing -------------------------------------------------------------------
+
+    def _headers(self, status: int, ctype: str, length: int | None, extra: dict[str, str] | None = None) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        if length is not None:
+            self.send_header("Content-Length", str(length))
+        self.send_header("Cache-Control", "no-store")
+        for k, v in {**_SECURITY_HEADERS, **(extra or {})}.items():
+            self.send_header(k, v)
+        self.end_headers()
+
+    def _send(self, status: int, body: bytes, ctype: str) -> None:
+        self._headers(status, ctype, len(body))
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _json(self, obj: Any, status: int = 200) -> None:
+        body = json.dumps(obj, separators=(",", ":"), allow_nan=False).encode("utf-8")
+        self._send(status, body, "application/json")
+
+    def _error(self, status: int, message: str) -> None:
+        self._json({"error": message}, status)
+
+    def _not_found(self) -> None:
+        self._error(404, "not found")
+
+    def _run(self, raw_id: str) -> RunEntry | None:
+        return self.app.index.get(urllib.parse.unquote(raw_id))
+
+    # ---- dispatch -------------------------------------------------------------------
+
+    def do_HEAD(self) -> None:
+        self.do_GET()
+
+    def do_OPTIONS(self) -> None:
+        # No CORS: a preflight is refused, so other origins cannot send the token header.
+        self._error(405, "CORS is not enabled")
+
+    def _guard(self) -> bool:
+        if not host_allowed(self.headers.get("Host"), self.app.host, self.app.port):
+            self._error(403, "this dashboard only answers to loopback host names")
+            return False
+        return True
+
+    def do_GET(self) -> None:
+        try:
+            if not self._guard():
+                return
+            url = urllib.parse.urlsplit(self.path)
+            query = urllib.parse.parse_qs(url.query)
+            parts = [p for p in url.path.split("/") if p]
+            self._route_get(parts, query)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+    def _route_get(self, parts: list[str], q: dict[str, list[str]]) -> None:
+        app = self.app
+        if not parts:
+            return self._static("index.html")
+        head = parts[0]
+        if head == "static" and len(parts) == 2:
+            return self._static(parts[1])
+        if head == "run" and len(parts) == 2:
+            return self._static("run.html") if self._run(parts[1]) else self._not_found()
+        if head == "metrics" and len(parts) == 1:
+            text = render_metrics(app.index, app.clock)
+            return self._send(200, text.encode("utf-8"), "text/plain; version=0.0.4; charset=utf-8")
+        if head == "healthz":
+            return self._json({"ok": True})
+        if head != "api" or len(parts) < 2:
+            return self._not_found()
+        if parts[1:] == ["runs"]:
+            return self._json(api.runs_list(app.index))
+        if parts[1:] == ["stream"]:
+            return self._sse_runs()
+        if parts[1:] == ["auth"]:
+            return self._json({"controls": bool(app.token), "authorized": token_ok(app.token, bearer(self.headers))})
+        if parts[1] == "runs" and len(parts) in (3, 4):
+            entry = self._run(parts[2])
+            if entry is None:
+                return self._not_found()
+            what = parts[3] if len(parts) == 4 else ""
+            if what == "":
+                return self._json(api.run_detail(entry))
+            if what == "series":
+                return self._json(
+                    api.series(entry, int(_num(q, "points") or 1500), _num(q, "lo"), _num(q, "hi"))
+                )
+            if what == "events":
+                after = int(_num(q, "after") or -1)
+                return self._json([api.event_dict(e) for e in entry.store().events(after_seq=after, limit=1000)])
+            if what == "stream":
+                return self._sse_run(entry, int(_num(q, "since") or 0), int(_num(q, "after") or -1))
+        return self._not_found()
+
+    def _static(self, name: str) -> None:
+        if not _STATIC_NAME.match(name):
+            return self._not_found()
+        path = STATIC_DIR / name
+        try:
+            body = path.read_bytes()
+        except OSError:
+            return self._not_found()
+        self._send(200, body, _TYPES.get(path.suffix, "application/octet-stream"))
+
+    # ---- operator controls ------------------------------------------------------------
+
+    def do_POST(self) -> None:
+        try:
+            if not self._guard():
+                return
+            parts = [p for p in urllib.parse.urlsplit(self.path).path.split("/") if p]
+            if len(parts) != 4 or parts[:2] != ["api", "runs"] or parts[3] != "control":
+                return self._not_found()
+            entry = self._run(parts[2])
+            if entry is None:
+                return self._not_found()
+            if not self.app.token:
+                return self._error(403, "operator controls are off: start the dashboard with a token to enable them")
+            if not token_ok(self.app.token, bearer(self.headers)):
+                return self._error(401, "a valid token is required in the X-Steadytune-Token header")
+            length = int(self.headers.get("Content-Length") or 0)
+            if length <= 0 or length > 4096:
+                return self._error(400, "send a JSON body of at most 4 KiB")
+            try:
+                body = json.loads(self.rfile.read(length))
+            except ValueError:
+                return self._error(400, "the body is not JSON")
+            if not isinstance(body, dict) or body.get("confirm") is not True:
+                return self._error(400, 'confirm the request with "confirm": true')
+            issuer = f"{body.get('issuer', '')} (dashboard, {self.client_address[0]})"
+            if not str(body.get("issuer", "")).strip():
+                return self._error(400, "say who you are: the issuer name is required and is recorded")
+            try:
+                result = control.send(entry.dir, str(body.get("command")), issuer, body.get("args") or None)
+            except control.ControlError as exc:
+                return self._error(400, str(exc))
+            self._json({"ok": True, **result})
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+    # ---- live updates (Server-Sent Events) ----------------------------------------------
+
+    def _sse_open(self) -> None:
+        self._headers(200, "text/event-stream", None, {"Connection": "close", "X-Accel-Buffering": "no"})
+        self.close_connection = True
+        self.wfile.write(b"retry: 1000\n\n")
+        self.wfile.flush()
+
+    def _sse(self, event: str, data: Any) -> None:
+        payload = json.dumps(data, separators=(",", ":"), allow_nan=False)
+        self.wfile.write(f"event: {event}\ndata: {payload}\n\n".encode())
+
+    def _sse_runs(self) -> None:
+        self._sse_open()
+        last = None
+        beat = time.monotonic()
+        while not self.app.stopping.is_set():
+            rows = api.runs_list(self.app.index)
+            if rows != last:
+                self._sse("runs", rows)
+                self.wfile.flush()
+                last, beat = rows, time.monotonic()
+            elif time.monotonic() - beat > 15:
+                self.wfile.write(b": keep-alive\n\n")
+                self.wfile.flush()
+                beat = time.monotonic()
+            self.app.stopping.wait(1.0)
+
+    def _sse_run(self, entry: RunEntry, since: int, after: int) -> None:
+        """Push what changed: status, new/replaced steps, system samples, events, checkpoints, plans."""
+        self._sse_open()
+        store = entry.store()
+        step_v = sys_v = since
+        seq = after
+        status_last: dict[str, Any] | None = None
+        side_last: Any = None
+        side_at = 0.0
+        beat = time.monotonic()
+        while not self.app.stopping.is_set():
+            sent = False
+            status = entry.status()
+            if status != status_last:
+                self._sse("status", api.clean({**status, "summary": api.run_summary(entry)}))
+                status_last, sent = status, True
+            steps = store.steps_since(step_v)
+            if steps:
+                step_v = max(r["version"] for r in steps)
+                self._sse("steps", api.clean(steps))
+                sent = True
+            system = store.system_since(sys_v)
+            if system:
+                sys_v = max(r["version"] for r in system)
+                self._sse("system", api.clean(system))
+                sent = True
+            events = store.events(after_seq=seq, limit=500)
+            if events:
+                seq = max(e.seq or seq for e in events)
+                self._sse("events", [api.event_dict(e) for e in events])
+                sent = True
+            if time.monotonic() - side_at > 2.0:
+                side = {"checkpoints": entry.checkpoints(), "plans": api.plans(entry)}
+                side_at = time.monotonic()
+                if side != side_last:
+                    self._sse("side", side)
+                    side_last, sent = side, True
+            if sent:
+                self.wfile.flush()
+                beat = time.monotonic()
+            elif time.monotonic() - beat > 15:
+                self.wfile.write(b": keep-alive\n\n")
+                self.wfile.flush()
+                beat = time.monotonic()
+            self.app.stopping.wait(self.app.poll_s)
+
+
+def _num(q: dict[str, list[str]], key: str) -> float | None:
+    try:
+        return float(q[key][0])
+    except (KeyError, IndexError, ValueError):
+        return None
+
+
+def make_handler(app: DashboardApp) -> type[Handler]:
+    return type("DashboardHandler", (Handler,), {"app": app})
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, addr: tuple[str, int], handler: type[Handler], family: int) -> None:
+        self.address_family = family
+        super().__init__(addr, handler)
+
+
+@dataclass
+class DashboardHandle:
+    """A running dashboard: ``url`` to open, ``stop()`` to end it."""
+
+    url: str
+    host: str
+    port: int
+    app: DashboardApp
+    _server: _Server
+    _threads: list[threading.Thread]
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self.app.stopping.set()
+        self._server.shutdown()
+        self._server.server_close()
+        for t in self._threads:
+            t.join(timeout)
+        self.app.index.close()
+
+
+def start_dashboard(
+    runs_dir: Path,
+    host: str = "127.0.0.1",
+    port: int = 7860,
+    token: str | None = None,
+    clock: Callable[[], float] = time.time,
+    poll_s: float = 0.25,
+) -> DashboardHandle:
+    """Serve the dashboard of every run under ``runs_dir`` from a background thread.
+
+    Raises :class:`steadytune.web.security.BindRefused` for a non-loopback ``host``
+    without a token, and ``OSError`` when the port is taken.
+    """
+    check_bind(host, token)
+    family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+    index = RunsIndex(Path(runs_dir), clock=clock)
+    app = DashboardApp(index=index, host=host, port=port, token=token, clock=clock, poll_s=poll_s)
+    server = _Server((host.strip("[]"), port), make_handler(app), family)
+    app.port = server.server_address[1]
+    serve = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.25}, name="steadytune-dashboard", daemon=True)
+    indexer = threading.Thread(target=app.indexer, name="steadytune-indexer", daemon=True)
+    serve.start()
+    indexer.start()
+    shown = host if is_loopback(host) or host not in ("0.0.0.0", "::") else socket.getfqdn()
+    if ":" in shown and not shown.startswith("["):
+        shown = f"[{shown}]"
+    url = f"http://{shown}:{app.port}/"
+    return DashboardHandle(url=url, host=host, port=app.port, app=app, _server=server, _threads=[serve, indexer])
+
+
+__all__ = ["DashboardHandle", "start_dashboard"]

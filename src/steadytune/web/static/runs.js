@@ -1,0 +1,39 @@
+// Runs page: every run of the runs directory, updated live over SSE.
+"use strict";
+(function () {
+  const ST = window.steadytune, fmt = ST.fmt, el = ST.el;
+  ST.theme.init();
+  const body = document.querySelector("#runs tbody");
+
+  function row(r) {
+    const step = r.max_steps ? `${fmt.int(r.step)} / ${fmt.int(r.max_steps)}` : fmt.int(r.step);
+    const last = r.last_anomaly;
+    const anomalies = el("td", {},
+      r.anomalies ? el("span", { class: last ? `sev-${last.severity}` : "", text: String(r.anomalies) }) : "0",
+      last ? el("span", { class: "muted", text: `  ${last.name}` }) : null);
+    return el("tr", { "data-run": r.run_id },
+      el("td", {}, el("a", { href: `/run/${encodeURIComponent(r.run_id)}`, text: r.run_id })),
+      el("td", {}, ST.stateBadge(r.state)),
+      el("td", { class: "num", text: step }),
+      el("td", { class: "num", text: r.loss_nonfinite ? "NaN" : fmt.num(r.loss) }),
+      el("td", { class: "num", text: fmt.int(r.tokens_per_s) }),
+      el("td", { class: "num", text: fmt.dur(r.eta_s) }),
+      anomalies,
+      el("td", { class: "num", text: String(r.restarts ?? 0) }),
+      el("td", { class: "mono", text: r.last_checkpoint || "–" }),
+      el("td", { class: "muted", text: fmt.ago(r.updated_ts) }));
+  }
+
+  function render(runs) {
+    body.replaceChildren(...runs.map(row));
+    document.getElementById("empty").classList.toggle("hidden", runs.length > 0);
+    ST.runs = runs;
+  }
+
+  ST.getJSON("/api/runs").then(render).catch(() => {});
+  const es = new EventSource("/api/stream");
+  const dot = document.getElementById("live");
+  es.addEventListener("runs", (e) => render(JSON.parse(e.data)));
+  es.onopen = () => dot.classList.add("on");
+  es.onerror = () => dot.classList.remove("on");
+})();
