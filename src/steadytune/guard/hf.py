@@ -11,6 +11,7 @@ from transformers import TrainerCallback
 
 from steadytune.guard.checkpoints import CheckpointKeeper
 from steadytune.guard.core import Guard
+from steadytune.guard.faults import Faults
 
 
 def _barrier() -> None:
@@ -23,8 +24,9 @@ def _barrier() -> None:
 class GuardCallback(TrainerCallback):
     """Wires a :class:`Guard` and a :class:`CheckpointKeeper` into the HF Trainer loop."""
 
-    def __init__(self, guard: Guard, keeper: CheckpointKeeper, staging: Path) -> None:
+    def __init__(self, guard: Guard, keeper: CheckpointKeeper, staging: Path, faults: Faults | None = None) -> None:
         self.guard = guard
+        self.faults = faults or Faults()
         self.keeper = keeper
         self.staging = staging
         self.stop_status: str | None = None  # "stopped" / "paused" once a request ends the run
@@ -52,6 +54,7 @@ class GuardCallback(TrainerCallback):
     def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         self.guard.end_step(state.global_step, epoch=state.epoch)
         self.guard.heartbeat(state.global_step)
+        self.faults.after_step(state.global_step, self.guard.attempt)
         request = self.guard.poll_control()
         if request is None and self._external_stop:
             request = {"command": "stop", "id": f"signal-{self._external_stop}", "issuer": self._external_stop}

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
-import json
 import os
 import signal
 import sys
@@ -34,11 +33,6 @@ def latest_plan(run: RunDir) -> PlanRevision:
                 if isinstance(rec, PlanRevision):
                     plan = rec
     return plan
-
-
-def _faults() -> dict:
-    raw = os.environ.get("STEADYTUNE_FAULTS")
-    return json.loads(raw) if raw else {}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,14 +55,15 @@ def main(argv: list[str] | None = None) -> int:
     guard.heartbeat(0, phase="setup")
     try:
         from steadytune.guard.checkpoints import CheckpointKeeper
+        from steadytune.guard.faults import Faults
         from steadytune.guard.hf import GuardCallback
         from steadytune.train.runner import build_trainer
 
         cfg = load_config(run.config, check_paths=False)
-        faults = _faults()
+        faults = Faults.from_env()
         keeper = CheckpointKeeper(run, keep_last=cfg.run.keep_last, min_free_bytes=cfg.run.min_free_disk_bytes,
-                                  slow_save_s=float(faults.get("slow_save_s", 0)))
-        callback = GuardCallback(guard, keeper, run.staging)
+                                  slow_save_s=faults.slow_save_s if plan.attempt == 0 else 0.0)
+        callback = GuardCallback(guard, keeper, run.staging, faults)
         signal.signal(signal.SIGTERM, lambda *_: callback.request_stop("SIGTERM"))
         trainer = build_trainer(cfg, plan, guard, [callback], run.staging)
         resume = plan.resume_checkpoint

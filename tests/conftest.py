@@ -1,0 +1,32 @@
+"""Shared fixtures: an offline environment and the demo assets, built once per session."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+STEADYTUNE = str(BIN / "steadytune")
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One cache per test session, so tests never touch the user's ~/.cache."""
+    d = tmp_path_factory.mktemp("steadytune-cache")
+    os.environ["STEADYTUNE_CACHE"] = str(d)
+    os.environ["STEADYTUNE_DATA_CACHE"] = str(d / "data")
+    return d
+
+
+@pytest.fixture(scope="session")
+def demo_assets(cache_dir: Path) -> Path:
+    from steadytune.train.assets import ensure_demo_assets
+
+    return ensure_demo_assets(cache_dir)

@@ -1,0 +1,85 @@
+"""Helpers for tests that drive real supervised runs as real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from steadytune.records import StepRecord
+from steadytune.rundir import RunDir
+from steadytune.telemetry.stream import iter_records
+
+STEADYTUNE = str(Path(sys.executable).parent / "steadytune")
+
+
+def write_config(tmp: Path, assets: Path, **sections: dict[str, Any]) -> Path:
+    """A small, fast config on the demo assets; ``sections`` are merged into it."""
+    cfg: dict[str, Any] = {
+        "model": {"name_or_path": str(assets / "model")},
+        "method": "full",
+        "data": {"train_file": str(assets / "train.jsonl"), "max_seq_length": 96},
+        "train": {"learning_rate": 3e-3, "per_device_train_batch_size": 4, "max_steps": 30, "save_steps": 10,
+                  "warmup_steps": 2, "logging_steps": 10},
+        "run": {"runs_dir": str(tmp / "runs"), "restart_backoff_s": 0.2, "keep_last": 5, "good_window_steps": 3},
+    }
+    for key, value in sections.items():
+        if isinstance(value, dict) and isinstance(cfg.get(key), dict):
+            cfg[key] = {**cfg[key], **value}
+        else:
+            cfg[key] = value
+    path = tmp / "config.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def start_run(config: Path, run_id: str, faults: dict | None = None, extra_args: list[str] | None = None) -> subprocess.Popen:
+    env = {**os.environ}
+    if faults:
+        env["STEADYTUNE_FAULTS"] = json.dumps(faults)
+    return subprocess.Popen([STEADYTUNE, "run", str(config), "--run-id", run_id, "--quiet", *(extra_args or [])],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            cwd=config.parent)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 240) -> tuple[int, str]:
+    out, _ = proc.communicate(timeout=timeout)
+    return proc.returncode, out
+
+
+def run_dir(config: Path, run_id: str) -> RunDir:
+    return RunDir(config.parent / "runs" / run_id)
+
+
+def status(run: RunDir) -> dict[str, Any]:
+    try:
+        return json.loads(run.status.read_text())
+    except (FileNotFoundError, ValueError):
+        return {}
+
+
+def steps(run: RunDir, rank: int = 0) -> list[StepRecord]:
+    return [r for r in iter_records(run.telemetry(rank)) if isinstance(r, StepRecord) and not r.extra.get("eval")]
+
+
+def wait_for(predicate: Any, timeout: float = 120, what: str = "condition") -> Any:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def kill_worker(run: RunDir, sig: int = signal.SIGKILL) -> int:
+    pid = status(run)["worker_pid"]
+    os.kill(pid, sig)
+    return pid
