@@ -1,0 +1,63 @@
+"""``steadytune alert test CONFIG``: send a test alert through every configured sink."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from steadytune.cli._common import add_command, fail
+
+
+def register(sub: Any) -> None:
+    p = add_command(sub, "alert", "alert tools: test the configured sinks", "steadytune alert test config.yaml")
+    verbs = p.add_subparsers(dest="alert_command", metavar="<verb>")
+    t = verbs.add_parser("test", help="send a test alert through every sink of CONFIG's `alerts:` section")
+    t.add_argument("config", type=Path, help="a steadytune config (its `alerts:` section) or an alerts-only YAML")
+    t.add_argument("--run-id", default="alert-test", help="run id shown in the test alert")
+    t.add_argument("--show-config", action="store_true", help="print the alerts config (secrets as references)")
+    t.set_defaults(func=run_test)
+    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
+
+
+def load_alerts_section(path: Path) -> dict[str, Any]:
+    import yaml
+
+    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} is not a YAML mapping")
+    section = data.get("alerts", data)
+    return section if isinstance(section, dict) else {}
+
+
+def run_test(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from steadytune.alerts.config import AlertsConfig
+    from steadytune.alerts.router import AlertRouter
+    from steadytune.alerts.secrets import SecretError
+
+    try:
+        config = AlertsConfig.model_validate(load_alerts_section(args.config))
+    except OSError as exc:
+        return fail(f"cannot read {args.config}: {exc.strerror}", 2)
+    except ValidationError as exc:
+        lines = [f"  alerts.{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors()]
+        return fail(f"{args.config}: {len(lines)} problem(s) in `alerts:`\n" + "\n".join(lines), 2)
+    except ValueError as exc:
+        return fail(str(exc), 2)
+    if args.show_config:
+        print(json.dumps(config.redacted_dump(), indent=2))
+    try:
+        router = AlertRouter(config, None, run_id=args.run_id, start=False)
+    except SecretError as exc:
+        return fail(str(exc), 2)
+    results = router.send_test()
+    for sink in router.sinks:
+        where = sink.describe() if hasattr(sink, "describe") else sink.name  # type: ignore[attr-defined]
+        err = results.get(sink.name)
+        print(f"  {'ok  ' if err is None else 'FAIL'} {sink.name}: {where}" + (f" — {err}" if err else ""))
+    failed = sum(1 for e in results.values() if e is not None)
+    print(f"{len(results) - failed} of {len(results)} sink(s) delivered the test alert")
+    return 1 if failed else 0

@@ -1,0 +1,50 @@
+"""``steadytune dashboard``: serve the web dashboard and /metrics for a runs directory."""
+
+from __future__ import annotations
+
+import argparse
+import threading
+from pathlib import Path
+from typing import Any
+
+from steadytune.cli._common import add_command, fail
+
+EXAMPLE = """steadytune dashboard runs/ --port 7860
+  STEADYTUNE_DASHBOARD_TOKEN=... steadytune dashboard runs/ --host 0.0.0.0   # other machines need a token"""
+
+
+def register(sub: Any) -> None:
+    p = add_command(sub, "dashboard", "serve the live web dashboard and /metrics", EXAMPLE)
+    p.add_argument("runs_dir", nargs="?", default="runs", type=Path, help="runs directory (default: ./runs)")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1; others need a token)")
+    p.add_argument("--port", type=int, default=7860, help="port (default 7860; 0 picks a free one)")
+    p.add_argument(
+        "--token", default=None,
+        help="operator token (prefer env STEADYTUNE_DASHBOARD_TOKEN: a flag shows in `ps`)",
+    )  # fmt: skip
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
+    from steadytune.web.security import BindRefused, resolve_token
+    from steadytune.web.server import start_dashboard
+
+    if not args.runs_dir.is_dir():
+        return fail(f"runs directory {args.runs_dir} does not exist; pass the folder that holds your runs", 2)
+    try:
+        token = resolve_token(args.token)
+        handle = start_dashboard(args.runs_dir, host=args.host, port=args.port, token=token)
+    except BindRefused as exc:
+        return fail(str(exc), 2)
+    except OSError as exc:
+        return fail(f"cannot listen on {args.host}:{args.port}: {exc.strerror}; pick another --port", 1)
+    controls = "on (token set)" if token else "off (read-only; set STEADYTUNE_DASHBOARD_TOKEN to enable)"
+    print(f"steadytune dashboard: {handle.url}   metrics: {handle.url}metrics   operator controls: {controls}")
+    print("Ctrl-C to stop", flush=True)
+    try:
+        (stop or threading.Event()).wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        handle.stop()
+    return 0
