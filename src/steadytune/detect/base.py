@@ -1,0 +1,76 @@
+"""What a detector says, and the small helper every detector uses to say it once.
+
+A detector evaluates conditions (``loss_spike`` on ``loss``, ``memory_leak`` on
+``mem_allocated_bytes`` of rank 2, ...) and reports a :class:`Finding` while a
+condition holds, then one inactive finding when it clears. The live engine turns
+the first active finding into a *raised* transition, later ones into updates of
+the same anomaly, and the clearing one into *resolved*.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from steadytune.records import Severity
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One condition at one step: ``active`` while it holds; ``evidence`` None keeps the last."""
+
+    kind: str
+    metric: str
+    step: int
+    active: bool
+    rank: int | None = None
+    severity: Severity | None = None
+    evidence: dict[str, Any] | None = None
+
+
+def rounded(x: float | None, digits: int = 6) -> float | None:
+    """A float for evidence: finite and short, so the JSON stays readable."""
+    if x is None or not math.isfinite(x):
+        return None
+    return float(f"{x:.{digits}g}")
+
+
+class Reporter:
+    """Emits findings for one detector on one rank, and remembers what is active.
+
+    It reports an active condition every time it holds (so the engine can move
+    ``end_step``) but a cleared one only once.
+    """
+
+    __slots__ = ("_on", "rank")
+
+    def __init__(self, rank: int | None = None) -> None:
+        self.rank = rank
+        self._on: set[tuple[str, str]] = set()
+
+    def is_on(self, kind: str, metric: str) -> bool:
+        return (kind, metric) in self._on
+
+    def report(
+        self,
+        out: list[Finding],
+        kind: str,
+        metric: str,
+        step: int,
+        active: bool,
+        severity: Severity | None = None,
+        evidence: dict[str, Any] | None = None,
+    ) -> None:
+        key = (kind, metric)
+        if active:
+            self._on.add(key)
+            out.append(Finding(kind, metric, step, True, self.rank, severity, evidence))
+        elif key in self._on:
+            self._on.discard(key)
+            out.append(Finding(kind, metric, step, False, self.rank))
+
+    def clear_all(self, out: list[Finding], step: int) -> None:
+        for kind, metric in sorted(self._on):
+            out.append(Finding(kind, metric, step, False, self.rank))
+        self._on.clear()

@@ -1,0 +1,137 @@
+"""Thresholds of every detector, with defaults that work without tuning.
+
+The main config embeds :class:`DetectConfig` under the key ``detect:``; every
+field can be overridden there (``detect.loss.spike_z=8``). Loss and gradient
+rules work in log space, so their thresholds are ratios, not absolute values:
+``0.22`` in log space is a 25% rise whatever the loss scale is.
+
+Defaults were chosen on a synthetic suite (thousands of healthy curves of many
+shapes) and a development set of real logs; ``benchmarks/detection.py`` prints
+the recall and false-alarm rate they give. docs/detectors.md explains each one.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Strict(BaseModel):
+    """A typo in a threshold name is an error, not a silently ignored key."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SeriesConfig(_Strict):
+    """How a noisy metric is summarised: a recent level and a noise scale."""
+
+    level_window: int = Field(8, ge=1, description="logged points in the recent level (median)")
+    noise_window: int = Field(64, ge=4, description="successive differences in the noise estimate")
+    gap_factor: float = Field(
+        6.0, gt=1, description="a step gap this many typical intervals long starts a new segment"
+    )
+
+
+class LossConfig(_Strict):
+    """nan_loss, loss_spike, divergence, loss_collapse, plateau, oscillation."""
+
+    noise_prior: float = Field(0.12, gt=0, description="log-space noise assumed before it is measured")
+    noise_prior_weight: float = Field(1.0, ge=0, description="how many differences the prior is worth")
+    noise_floor: float = Field(0.01, ge=0, description="log-space noise never assumed below this")
+    spike_z: float = Field(6.0, gt=0, description="robust z-score of a loss spike")
+    spike_min_ratio: float = Field(1.25, ge=1, description="a spike is at least this many times the level")
+    resolve_z: float = Field(3.0, gt=0, description="a spike is over once the loss is back within this z")
+    divergence_points: int = Field(3, ge=1, description="a spike still up after this many points diverged")
+    divergence_rise: float = Field(0.35, gt=0, description="log-space rise of the level above its best")
+    collapse_abs: float = Field(1e-6, ge=0, description="a loss at or below this is zero")
+    collapse_drop: float = Field(3.0, gt=0, description="log-space sudden drop (3.0 = 20x) that is a collapse")
+    collapse_small: float = Field(0.05, ge=0, description="and the loss it dropped to is below this")
+    collapse_points: int = Field(2, ge=1, description="points the collapsed value must persist")
+    plateau_min_points: int = Field(30, ge=5, description="logged points before a plateau can be called")
+    plateau_min_steps: int = Field(100, ge=1, description="steps before a plateau can be called")
+    plateau_min_gain: float = Field(0.03, ge=0, description="log-space drop from the start expected by then")
+    frozen_points: int = Field(6, ge=2, description="identical loss values in a row: the model is frozen")
+    oscillation_window: int = Field(32, ge=8, description="logged points searched for swings")
+    oscillation_ratio: float = Field(2.5, gt=1, description="swing spread over point-to-point noise")
+    oscillation_min_amplitude: float = Field(0.03, ge=0, description="log-space swing spread never below this")
+    oscillation_crossings: int = Field(4, ge=2, description="band crossings (two full cycles) that saw")
+    seasonal_margin: float = Field(0.05, ge=0, description="log-space slack over last epoch's same phase")
+
+
+class GradConfig(_Strict):
+    """nonfinite_grad, grad_spike, grad_explosion, grad_vanishing."""
+
+    noise_prior: float = Field(0.3, gt=0, description="log-space grad-norm noise before it is measured")
+    noise_prior_weight: float = Field(2.0, ge=0)
+    noise_floor: float = Field(0.05, ge=0)
+    spike_z: float = Field(6.0, gt=0)
+    spike_min_ratio: float = Field(8.0, ge=1, description="a grad spike is at least this many times the level")
+    explosion_points: int = Field(3, ge=1, description="a grad spike still up after this many points exploded")
+    explosion_ratio: float = Field(100.0, ge=1, description="or a single jump this many times the level")
+    vanishing_ratio: float = Field(100.0, gt=1, description="level this many times below its established level")
+    vanishing_points: int = Field(5, ge=1)
+    warmup_points: int = Field(10, ge=0, description="points before the established level is trusted")
+
+
+class EvalConfig(_Strict):
+    """overfitting: eval loss rises while the training loss still falls."""
+
+    min_evals: int = Field(4, ge=2)
+    rise: float = Field(0.03, ge=0, description="log-space rise of eval loss above its best")
+    rising_evals: int = Field(3, ge=1, description="consecutive evaluations above the best")
+
+
+class MemoryConfig(_Strict):
+    """memory_leak, memory_headroom."""
+
+    warmup_points: int = Field(20, ge=0, description="points ignored while the allocator warms up")
+    window: int = Field(64, ge=8, description="points in the robust trend")
+    leak_min_growth: float = Field(0.02, ge=0, description="growth over the window, fraction of the level")
+    leak_min_bytes: int = Field(64 << 20, ge=0, description="and at least this many bytes")
+    leak_steadiness: float = Field(0.6, ge=0, le=1, description="share of window quarters that must grow")
+    device_total_bytes: int | None = Field(None, ge=1, description="device memory; else from system samples")
+    headroom_warning: float = Field(0.93, gt=0, le=1, description="used/total that warns")
+    headroom_critical: float = Field(0.98, gt=0, le=1)
+
+
+class PaceConfig(_Strict):
+    """throughput_drop, dataloader_bottleneck, straggler, stall."""
+
+    warmup_points: int = Field(5, ge=0)
+    window: int = Field(32, ge=4)
+    throughput_drop: float = Field(0.4, gt=0, lt=1, description="fraction of throughput lost")
+    throughput_points: int = Field(5, ge=1, description="consecutive slow points")
+    data_wait_ratio: float = Field(0.3, gt=0, lt=1, description="share of step time waiting for data")
+    data_wait_points: int = Field(5, ge=1)
+    straggler_ratio: float = Field(1.3, gt=1, description="rank step time over the median rank")
+    straggler_points: int = Field(8, ge=1)
+    straggler_lag_steps: int = Field(20, ge=1, description="steps a rank may trail the leader")
+    stall_factor: float = Field(5.0, gt=1, description="times the longest recent step interval")
+    stall_min_s: float = Field(300.0, gt=0, description="never call a stall below this many seconds")
+    heartbeat_timeout_s: float = Field(120.0, gt=0, description="silence of every rank that is a hang")
+
+
+class SystemConfig(_Strict):
+    """gpu_thermal, gpu_error, disk_low, host memory headroom."""
+
+    gpu_temp_warning_c: float = 85.0
+    gpu_temp_critical_c: float = 92.0
+    gpu_temp_points: int = Field(2, ge=1)
+    disk_free_warning: float = Field(0.05, ge=0, le=1, description="free fraction that warns")
+    disk_free_critical: float = Field(0.02, ge=0, le=1)
+    disk_min_free_bytes: int = Field(10 << 30, ge=0, description="warn below this free space too")
+    ram_warning: float = Field(0.93, gt=0, le=1)
+    ram_critical: float = Field(0.98, gt=0, le=1)
+
+
+class DetectConfig(_Strict):
+    """Every detector threshold; embedded in the main config as ``detect:``."""
+
+    enabled: bool = True
+    disabled_kinds: tuple[str, ...] = Field((), description="anomaly kinds never reported")
+    series: SeriesConfig = SeriesConfig()
+    loss: LossConfig = LossConfig()
+    grad: GradConfig = GradConfig()
+    eval: EvalConfig = EvalConfig()
+    memory: MemoryConfig = MemoryConfig()
+    pace: PaceConfig = PaceConfig()
+    system: SystemConfig = SystemConfig()

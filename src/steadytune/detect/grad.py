@@ -1,0 +1,160 @@
+"""Gradient-norm detectors: nonfinite_grad, grad_spike, grad_explosion, grad_vanishing.
+
+- nonfinite_grad: a NaN/Inf norm with a finite loss is an fp16 overflow step the
+  scaler skipped: a warning, not a rollback. One episode lasts until
+  ``_CLEAR_POINTS`` finite norms in a row, so a burst is one anomaly;
+- grad_spike / grad_explosion: like loss spikes, in log space against the recent
+  level. A jump the loss also makes, a jump ``explosion_ratio`` times the level,
+  or one still up after ``explosion_points`` points is an explosion (critical);
+  a lone jump the loss ignores is a spike (a warning about one batch);
+- grad_vanishing: the level ``vanishing_ratio`` times below the highest level it
+  held after warm-up (or exactly zero after it was not), for
+  ``vanishing_points`` points. Runs that log zero from the start (pipeline
+  engines that do not compute the norm) have no established level, so they are
+  not flagged here; a flat loss in such a run is the plateau detector's job.
+"""
+
+from __future__ import annotations
+
+import math
+
+from steadytune.detect.base import Finding, Reporter, rounded
+from steadytune.detect.config import GradConfig, SeriesConfig
+from steadytune.detect.stats import Tracker
+
+_CLEAR_POINTS = 5
+_MIN_BASELINE = 2
+
+
+class GradWatch:
+    """All gradient-norm detectors of one rank."""
+
+    def __init__(
+        self, cfg: GradConfig, series: SeriesConfig, metric: str = "grad_norm", rank: int | None = None
+    ) -> None:
+        self.cfg = cfg
+        self.series = series
+        self.metric = metric
+        self.rep = Reporter(rank)
+        self.tracker = Tracker(
+            series.level_window, series.noise_window, cfg.noise_prior, cfg.noise_prior_weight, cfg.noise_floor
+        )
+        self._min_jump = math.log(cfg.spike_min_ratio)
+        self._explode_jump = math.log(cfg.explosion_ratio)
+        self._bad = 0
+        self._finite_run = 0
+        self._spike_points = 0
+        self._established: float | None = None
+        self._low = 0
+
+    @property
+    def vanished(self) -> bool:
+        return self.rep.is_on("grad_vanishing", self.metric)
+
+    def observe(self, step: int, g: float, loss_spiking: bool, loss_finite: bool, out: list[Finding]) -> None:
+        if not math.isfinite(g):
+            self._nonfinite(step, g, loss_finite, out)
+            return
+        self._finite_run += 1
+        if self._finite_run >= _CLEAR_POINTS:
+            self.rep.report(out, "nonfinite_grad", self.metric, step, False)
+            self._bad = 0
+        t = self.tracker
+        new_segment = t.begin(step, self.series.gap_factor)
+        if new_segment:
+            self._end_spike(out, step)
+        if g <= 0.0:
+            self._vanishing(step, g, None, out)
+            return
+        y = t.y(g)
+        if t.n_level >= _MIN_BASELINE and self._spike(step, g, y, loss_spiking, out):
+            return
+        t.accept(y)
+        if t.n_accepted >= self.cfg.warmup_points and t.level_full:
+            lvl = t.level
+            if self._established is None or lvl > self._established:
+                self._established = lvl
+        self._vanishing(step, g, y, out)
+
+    def _nonfinite(self, step: int, g: float, loss_finite: bool, out: list[Finding]) -> None:
+        self._bad += 1
+        self._finite_run = 0
+        first = not self.rep.is_on("nonfinite_grad", self.metric)
+        ev = {"value": str(g), "nonfinite_points": self._bad, "loss_finite": loss_finite}
+        self.rep.report(
+            out,
+            "nonfinite_grad",
+            self.metric,
+            step,
+            True,
+            severity="warning" if loss_finite else "critical",
+            evidence=ev if first or self._bad % 10 == 0 else None,
+        )
+
+    def _spike(self, step: int, g: float, y: float, loss_spiking: bool, out: list[Finding]) -> bool:
+        """Judge a jump; True when the point is part of a spike episode (kept out of the level)."""
+        t, cfg = self.tracker, self.cfg
+        jump = y - t.level
+        if self._spike_points:
+            if jump <= max(t.threshold(3.0), self._min_jump / 2):
+                self._end_spike(out, step)
+                return False
+            self._spike_points += 1
+            self.rep.report(out, "grad_spike", self.metric, step, True)
+            if self._spike_points >= cfg.explosion_points or loss_spiking:
+                self._explode(step, g, jump, out)
+            return True
+        if jump <= max(t.threshold(cfg.spike_z), self._min_jump):
+            return False
+        self._spike_points = 1
+        ev = {
+            "value": rounded(g),
+            "baseline": rounded(math.exp(t.level)),
+            "ratio": rounded(math.exp(jump), 4),
+            "threshold_ratio": rounded(math.exp(max(t.threshold(cfg.spike_z), self._min_jump)), 4),
+            "loss_spiking": loss_spiking,
+        }
+        self.rep.report(out, "grad_spike", self.metric, step, True, evidence=ev)
+        if loss_spiking or jump > self._explode_jump:
+            self._explode(step, g, jump, out)
+        return True
+
+    def _explode(self, step: int, g: float, jump: float, out: list[Finding]) -> None:
+        first = not self.rep.is_on("grad_explosion", self.metric)
+        ev = None
+        if first:
+            ev = {
+                "value": rounded(g),
+                "baseline": rounded(math.exp(self.tracker.level)),
+                "ratio": rounded(math.exp(jump), 4),
+                "points_up": self._spike_points,
+                "threshold_ratio": self.cfg.explosion_ratio,
+            }
+        self.rep.report(out, "grad_explosion", self.metric, step, True, severity="critical", evidence=ev)
+
+    def _end_spike(self, out: list[Finding], step: int) -> None:
+        if self._spike_points:
+            self._spike_points = 0
+            self.rep.report(out, "grad_spike", self.metric, step, False)
+            self.rep.report(out, "grad_explosion", self.metric, step, False)
+
+    def _vanishing(self, step: int, g: float, y: float | None, out: list[Finding]) -> None:
+        est = self._established
+        if est is None:
+            return
+        limit = est - math.log(self.cfg.vanishing_ratio)
+        t = self.tracker
+        low = y is None or (t.n_level > 0 and t.level < limit)
+        self._low = self._low + 1 if low else 0
+        if self._low >= self.cfg.vanishing_points:
+            ev = None
+            if not self.vanished:
+                ev = {
+                    "value": rounded(g),
+                    "level": rounded(math.exp(t.level)) if t.n_level else None,
+                    "established_level": rounded(math.exp(est)),
+                    "threshold_ratio": self.cfg.vanishing_ratio,
+                }
+            self.rep.report(out, "grad_vanishing", self.metric, step, True, evidence=ev)
+        elif not low and t.n_level and t.level > limit + math.log(10.0):
+            self.rep.report(out, "grad_vanishing", self.metric, step, False)

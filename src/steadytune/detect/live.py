@@ -1,0 +1,223 @@
+"""The live engine: every detector over the telemetry stream, each anomaly raised once, resolved once.
+
+The supervisor feeds it step records, system samples and the time; it returns
+:class:`Transition` objects only when something changes. ``steadytune analyze``
+replays an imported log through the very same engine (:mod:`.offline`).
+
+Training-signal detectors (loss, gradients, eval) watch the primary rank (the
+lowest rank seen): under data parallelism every rank sees the same update, so
+one alarm per event is right. Memory and throughput are watched per rank, and
+stragglers compare the ranks. Each step costs a few microseconds: every
+detector is incremental, none looks back over the history.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from steadytune.detect.base import Finding
+from steadytune.detect.config import DetectConfig
+from steadytune.detect.grad import GradWatch
+from steadytune.detect.kinds import KINDS
+from steadytune.detect.loss import LossWatch
+from steadytune.detect.memory import HeadroomWatch, LeakWatch
+from steadytune.detect.pace import StallWatch, StragglerWatch, ThroughputWatch
+from steadytune.detect.system import SystemWatch
+from steadytune.detect.trend import OscillationWatch, OverfitWatch, PlateauWatch
+from steadytune.records import SEVERITY_ORDER, Anomaly, Severity, StepRecord, SystemSample
+
+
+@dataclass(frozen=True)
+class Transition:
+    """An anomaly that was just raised, or just resolved (with its final ``end_step``)."""
+
+    state: Literal["raised", "resolved"]
+    anomaly: Anomaly
+
+
+class _Open:
+    """An anomaly being tracked; mutable so a long episode costs nothing per step."""
+
+    __slots__ = ("end_step", "evidence", "first", "severity")
+
+    def __init__(self, first: Anomaly) -> None:
+        self.first = first
+        self.end_step = first.end_step
+        self.severity: Severity = first.severity
+        self.evidence: dict[str, Any] = dict(first.evidence)
+
+    def snapshot(self) -> Anomaly:
+        a = self.first
+        return Anomaly(
+            a.kind, self.severity, a.start_step, self.end_step, a.metric, dict(self.evidence), a.cause, a.suggestion, a.rank
+        )
+
+
+class _Signal:
+    """The training-signal detectors of the primary rank."""
+
+    def __init__(self, cfg: DetectConfig) -> None:
+        self.loss = LossWatch(cfg.loss, cfg.series)
+        self.plateau = PlateauWatch(cfg.loss)
+        self.oscillation = OscillationWatch(cfg.loss)
+        self.overfit = OverfitWatch(cfg.eval)
+        self.grad = GradWatch(cfg.grad, cfg.series)
+
+    def observe(self, rec: StepRecord, out: list[Finding]) -> None:
+        lp = None
+        if rec.lr is not None:
+            self.plateau.observe_lr(rec.lr)
+        if rec.loss is not None:
+            lp = self.loss.observe(rec.step, rec.loss, rec.epoch, out)
+        if rec.grad_norm is not None and not (rec.skipped and math.isfinite(rec.grad_norm)):
+            spiking = lp is not None and lp.in_spike
+            finite = rec.loss is None or math.isfinite(rec.loss)
+            self.grad.observe(rec.step, rec.grad_norm, spiking, finite, out)
+        if lp is not None:
+            self.plateau.observe(lp, self.grad.vanished, out)
+            self.oscillation.observe(lp, out)
+        if rec.eval_loss is not None:
+            t = self.loss.tracker
+            self.overfit.observe(rec.step, rec.eval_loss, t.level if t.n_level else None, out)
+
+
+class _Rank:
+    """Memory and throughput detectors of one rank."""
+
+    def __init__(self, cfg: DetectConfig, rank: int) -> None:
+        self.leak = LeakWatch(cfg.memory, "mem_allocated_bytes", rank)
+        self.host_leak = LeakWatch(cfg.memory, "rss_bytes", rank)
+        self.headroom = HeadroomWatch(cfg.memory, "mem_reserved_bytes", rank)
+        self.pace = ThroughputWatch(cfg.pace, rank)
+
+
+class LiveDetector:
+    """Runs every detector on records as they come; returns raised/resolved transitions.
+
+    Args:
+        config: thresholds; defaults work without tuning.
+
+    Example:
+        >>> det = LiveDetector()
+        >>> for rec in records:
+        ...     for t in det.observe_step(rec):
+        ...         print(format_transition(t))
+    """
+
+    def __init__(self, config: DetectConfig | None = None) -> None:
+        self.config = config or DetectConfig()
+        cfg = self.config
+        self._disabled = frozenset(cfg.disabled_kinds)
+        self._signal = _Signal(cfg)
+        self._ranks: dict[int, _Rank] = {}
+        self._primary: int | None = None
+        self._straggler = StragglerWatch(cfg.pace)
+        self._stall = StallWatch(cfg.pace)
+        self._system = SystemWatch(cfg.system, cfg.memory)
+        self._ram_total: int | None = None
+        self._open: dict[tuple[str, str, int | None], _Open] = {}
+        self.last_step = 0
+
+    def observe_step(self, rec: StepRecord) -> list[Transition]:
+        """Feed one step record (any rank); returns what was raised or resolved by it."""
+        if not self.config.enabled:
+            return []
+        out: list[Finding] = []
+        if self._primary is None or rec.rank < self._primary:
+            self._primary = rec.rank
+        if rec.rank == self._primary:
+            self.last_step = rec.step
+            self._stall.progress(rec.step, rec.ts, out)
+            self._signal.observe(rec, out)
+        self._per_rank(rec, out)
+        return self._apply(out) if out else []
+
+    def observe_system(self, sample: SystemSample) -> list[Transition]:
+        """Feed one system sample (GPUs, RAM, disk)."""
+        if not self.config.enabled:
+            return []
+        out: list[Finding] = []
+        if sample.ram_total_bytes:
+            self._ram_total = sample.ram_total_bytes
+        self._system.observe(sample, self.last_step, out)
+        return self._apply(out) if out else []
+
+    def observe_time(self, now: float, last_heartbeat_ts: float | None, last_step: int | None) -> list[Transition]:
+        """Judge stalls and hangs at time ``now`` (the caller's clock; this class has none)."""
+        if not self.config.enabled:
+            return []
+        out: list[Finding] = []
+        self._stall.check(now, last_heartbeat_ts, last_step, out)
+        return self._apply(out) if out else []
+
+    def open_anomalies(self) -> list[Anomaly]:
+        """Anomalies raised and not yet resolved, as they stand now."""
+        return [o.snapshot() for o in self._open.values()]
+
+    def _per_rank(self, rec: StepRecord, out: list[Finding]) -> None:
+        cfg = self.config
+        r = self._ranks.get(rec.rank)
+        if r is None:
+            r = self._ranks[rec.rank] = _Rank(cfg, rec.rank)
+        total = cfg.memory.device_total_bytes or self._system.gpu_totals.get(rec.rank)
+        if rec.mem_allocated_bytes is not None:
+            r.leak.observe(rec.step, float(rec.mem_allocated_bytes), total, rec.step_time_s, out)
+        if rec.rss_bytes is not None:
+            r.host_leak.observe(rec.step, float(rec.rss_bytes), self._ram_total, rec.step_time_s, out)
+        held = max(rec.mem_reserved_bytes or 0, rec.mem_peak_bytes or 0)
+        if held and total:
+            r.headroom.observe(rec.step, float(held), float(total), out)
+        if rec.step_time_s is not None:
+            r.pace.observe(rec, out)
+            self._straggler.observe(rec, out)
+
+    def _apply(self, findings: list[Finding]) -> list[Transition]:
+        transitions: list[Transition] = []
+        for f in findings:
+            if f.kind in self._disabled:
+                continue
+            key = (f.kind, f.metric, f.rank)
+            cur = self._open.get(key)
+            if f.active:
+                if cur is None:
+                    info = KINDS[f.kind]
+                    first = Anomaly(
+                        f.kind,
+                        f.severity or info.severity,
+                        f.step,
+                        f.step,
+                        f.metric,
+                        dict(f.evidence or {}),
+                        info.cause,
+                        info.suggestion,
+                        f.rank,
+                    )
+                    self._open[key] = _Open(first)
+                    transitions.append(Transition("raised", first))
+                    continue
+                cur.end_step = max(cur.end_step, f.step)
+                if f.evidence:
+                    cur.evidence.update(f.evidence)
+                if f.severity and SEVERITY_ORDER[f.severity] > SEVERITY_ORDER[cur.severity]:
+                    cur.severity = f.severity
+            elif cur is not None:
+                del self._open[key]
+                transitions.append(Transition("resolved", cur.snapshot()))
+        return transitions
+
+
+def format_transition(t: Transition) -> str:
+    """One console line: what, where, the evidence, the likely cause and the fix."""
+    a = t.anomaly
+    info = KINDS.get(a.kind)
+    title = info.title if info else a.kind
+    where = f" (rank {a.rank})" if a.rank is not None else ""
+    if t.state == "resolved":
+        return f"resolved {a.kind}{where}: {title} on {a.metric}, steps {a.start_step}-{a.end_step}"
+    facts = ", ".join(f"{k}={v}" for k, v in list(a.evidence.items())[:4])
+    return (
+        f"{a.severity.upper()} {a.kind}{where} at step {a.start_step}: {title} on {a.metric}"
+        f"{f' ({facts})' if facts else ''}. Likely cause: {a.cause}. Try: {a.suggestion}."
+    )

@@ -1,0 +1,202 @@
+"""Loss detectors: nan_loss, loss_spike, divergence, loss_collapse.
+
+All work on log(loss) so a threshold means the same on a loss of 11 and one of
+0.3. A point is a spike when it lies ``spike_z`` noise units (and at least
+``spike_min_ratio`` times) above the recent level, unless the previous epoch
+was as high at the same phase (the jump back up at an epoch boundary of a
+multi-epoch run). Spike points are kept out of the baseline, so a loss that
+stays up keeps being compared with where it was: still up after
+``divergence_points`` points, it has diverged. A slow climb is caught by the
+level rising ``divergence_rise`` above the best level of the segment.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from steadytune.detect.base import Finding, Reporter, rounded
+from steadytune.detect.config import LossConfig, SeriesConfig
+from steadytune.detect.stats import Tracker
+
+
+@dataclass(frozen=True, slots=True)
+class LossPoint:
+    """What the loss watch learned about one point, for the trend and gradient watches."""
+
+    step: int
+    loss: float
+    y: float
+    accepted: bool
+    in_spike: bool
+    new_segment: bool
+
+
+class LossWatch:
+    """nan_loss, loss_spike, divergence and loss_collapse on one loss series."""
+
+    def __init__(self, cfg: LossConfig, series: SeriesConfig, metric: str = "loss", rank: int | None = None):
+        self.cfg = cfg
+        self.series = series
+        self.metric = metric
+        self.rep = Reporter(rank)
+        self.tracker = Tracker(
+            series.level_window, series.noise_window, cfg.noise_prior, cfg.noise_prior_weight, cfg.noise_floor
+        )
+        self._min_jump = math.log(cfg.spike_min_ratio)
+        self._resolve_jump = math.log(1.0 + (cfg.spike_min_ratio - 1.0) / 2.0)
+        self._spike_start: int | None = None
+        self._spike_points = 0
+        self._spike_peak = 0.0
+        self._spike_base = 0.0
+        self._drop_run = 0
+        self._last_finite: float | None = None
+
+    def observe(self, step: int, loss: float, epoch: float | None, out: list[Finding]) -> LossPoint | None:
+        rep, m = self.rep, self.metric
+        if not math.isfinite(loss):
+            rep.report(
+                out,
+                "nan_loss",
+                m,
+                step,
+                True,
+                evidence={"value": str(loss), "last_finite": rounded(self._last_finite)},
+            )
+            return None
+        rep.report(out, "nan_loss", m, step, False)
+        self._last_finite = loss
+        t = self.tracker
+        new_segment = t.begin(step, self.series.gap_factor)
+        if new_segment:
+            self._end_spike(out, step)
+        y = t.y(loss)
+        self._collapse(step, loss, y, out)
+        if t.n_level == 0:
+            t.accept(y, epoch)
+            return LossPoint(step, loss, y, True, False, new_segment)
+        level = t.level
+        jump = y - level
+        if self._spike_start is not None:
+            back = max(t.threshold(self.cfg.resolve_z), self._resolve_jump)
+            if jump <= back or self._seasonal(y, epoch):
+                self._end_spike(out, step)
+            else:
+                self._continue_spike(step, loss, y, out)
+                return LossPoint(step, loss, y, False, True, False)
+        threshold = max(t.threshold(self.cfg.spike_z), self._min_jump)
+        if jump > threshold and not self._seasonal(y, epoch):
+            self._start_spike(step, loss, level, threshold, out)
+            return LossPoint(step, loss, y, False, True, False)
+        t.accept(y, epoch)
+        self._slow_climb(step, epoch, out)
+        return LossPoint(step, loss, y, True, False, False)
+
+    def _seasonal(self, y: float, epoch: float | None) -> bool:
+        """True when the previous epoch was this high at the same phase: a healthy sawtooth."""
+        if epoch is None:
+            return False
+        ref = self.tracker.seasonal.reference(epoch)
+        if ref is None:
+            return False
+        return y <= ref + self.cfg.seasonal_margin + self.cfg.resolve_z * self.tracker.sigma
+
+    def _start_spike(self, step: int, loss: float, level: float, threshold: float, out: list[Finding]) -> None:
+        self._spike_start, self._spike_points = step, 1
+        self._spike_peak, self._spike_base = loss, level
+        self.rep.report(
+            out,
+            "loss_spike",
+            self.metric,
+            step,
+            True,
+            evidence={
+                "value": rounded(loss),
+                "baseline": rounded(math.exp(level)),
+                "ratio": rounded(loss / math.exp(level), 4),
+                "threshold_ratio": rounded(math.exp(threshold), 4),
+                "noise_log_sigma": rounded(self.tracker.sigma, 4),
+                "baseline_points": self.tracker.n_level,
+            },
+        )
+
+    def _continue_spike(self, step: int, loss: float, y: float, out: list[Finding]) -> None:
+        self._spike_points += 1
+        new_peak = loss > self._spike_peak
+        self._spike_peak = max(self._spike_peak, loss)
+        ev = {"peak": rounded(self._spike_peak), "points_up": self._spike_points} if new_peak else None
+        self.rep.report(out, "loss_spike", self.metric, step, True, evidence=ev)
+        if self._spike_points >= self.cfg.divergence_points:
+            first = not self.rep.is_on("divergence", self.metric)
+            self.rep.report(
+                out,
+                "divergence",
+                self.metric,
+                step,
+                True,
+                evidence={
+                    "value": rounded(loss),
+                    "baseline": rounded(math.exp(self._spike_base)),
+                    "since_step": self._spike_start,
+                    "points_up": self._spike_points,
+                    "threshold_points": self.cfg.divergence_points,
+                }
+                if first or new_peak
+                else None,
+            )
+
+    def _end_spike(self, out: list[Finding], step: int) -> None:
+        if self._spike_start is None:
+            return
+        self._spike_start = None
+        self.rep.report(out, "loss_spike", self.metric, step, False)
+        if not self._climbing():
+            self.rep.report(out, "divergence", self.metric, step, False)
+
+    def _climbing(self) -> bool:
+        t = self.tracker
+        if t.best_level is None or not t.level_full:
+            return False
+        rise = t.level - t.best_level
+        return rise > max(self.cfg.divergence_rise, 0.5 * self.cfg.spike_z * t.sigma)
+
+    def _slow_climb(self, step: int, epoch: float | None, out: list[Finding]) -> None:
+        """The level creeping up, point by point, well above the best level of this segment."""
+        t = self.tracker
+        if self._climbing() and not self._seasonal(t.level, epoch):
+            first = not self.rep.is_on("divergence", self.metric)
+            ev = None
+            if first:
+                ev = {
+                    "level": rounded(math.exp(t.level)),
+                    "best_level": rounded(math.exp(t.best_level or 0.0)),
+                    "rise_ratio": rounded(math.exp(t.level - (t.best_level or 0.0)), 4),
+                    "threshold_ratio": rounded(math.exp(self.cfg.divergence_rise), 4),
+                }
+            self.rep.report(out, "divergence", self.metric, step, True, evidence=ev)
+        elif self.rep.is_on("divergence", self.metric) and self._spike_start is None:
+            best = t.best_level or 0.0
+            if t.level - best < 0.5 * max(self.cfg.divergence_rise, 0.5 * self.cfg.spike_z * t.sigma):
+                self.rep.report(out, "divergence", self.metric, step, False)
+
+    def _collapse(self, step: int, loss: float, y: float, out: list[Finding]) -> None:
+        """A loss at zero, or one that fell ``collapse_drop`` (log) below its level in one go."""
+        cfg, t = self.cfg, self.tracker
+        drop = max(cfg.collapse_drop, cfg.spike_z * t.sigma)
+        dropped = t.n_level > 0 and loss <= cfg.collapse_small and (t.level - y) > drop
+        self._drop_run = self._drop_run + 1 if dropped else 0
+        zero = loss <= cfg.collapse_abs
+        active = zero or self._drop_run >= cfg.collapse_points
+        if active:
+            first = not self.rep.is_on("loss_collapse", self.metric)
+            ev = None
+            if first:
+                ev = {
+                    "value": rounded(loss),
+                    "baseline": rounded(math.exp(t.level)) if t.n_level else None,
+                    "threshold_abs": cfg.collapse_abs,
+                    "threshold_drop_ratio": rounded(math.exp(cfg.collapse_drop), 4),
+                }
+            self.rep.report(out, "loss_collapse", self.metric, step, True, evidence=ev)
+        elif not dropped:
+            self.rep.report(out, "loss_collapse", self.metric, step, False)

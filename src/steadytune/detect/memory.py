@@ -1,0 +1,144 @@
+"""Memory detectors: memory_leak and memory_headroom.
+
+A leak is told apart from the allocator and the warm-up by its shape:
+
+- the first ``warmup_points`` are ignored (optimizer state and the caching
+  allocator settle there);
+- allocated memory (not reserved: the caching allocator keeps blocks on
+  purpose) is summarised by the medians of four quarters of a window; a leak
+  grows in most quarters, while a one-off step (an eval, a longer batch, a
+  new buffer) puts most of its growth into one;
+- several windows watch at once, one point apart, 8 apart and 64 apart, so a
+  fast leak is caught in tens of steps and a slow one over thousands, in
+  constant memory.
+
+With the device total known (from the config or the system samples) it
+projects the steps and seconds left until OOM.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from itertools import pairwise
+
+from steadytune.detect.base import Finding, Reporter, rounded
+from steadytune.detect.config import MemoryConfig
+from steadytune.detect.stats import SortedWindow
+
+_STRIDES = (1, 8, 64)
+_QUARTERS = 4
+
+
+def _median(xs: list[float]) -> float:
+    s = sorted(xs)
+    n = len(s)
+    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+
+
+def leak_growth(points: list[tuple[int, float]], min_growth: float, min_bytes: float, steadiness: float) -> float:
+    """Bytes per step a window grows at when its growth looks like a leak, else 0.
+
+    ``points`` are (step, bytes) in step order. The growth must be large
+    (``min_growth`` of the level and ``min_bytes``), spread over most quarters
+    (``steadiness``), and no quarter may hold most of it (a step, not a leak).
+    """
+    q = len(points) // _QUARTERS
+    if q < 2:
+        return 0.0
+    meds = [_median([v for _, v in points[i * q : (i + 1) * q]]) for i in range(_QUARTERS)]
+    growth = meds[-1] - meds[0]
+    if growth <= max(min_growth * meds[0], min_bytes):
+        return 0.0
+    steps = [b - a for a, b in pairwise(meds)]
+    rising = sum(1 for d in steps if d > 0.05 * growth)
+    if rising < steadiness * len(steps) or max(steps) > 0.7 * growth:
+        return 0.0
+    span = points[-1 - q // 2][0] - points[q // 2][0]
+    return growth / span if span > 0 else 0.0
+
+
+class LeakWatch:
+    """memory_leak on one memory metric of one rank (allocated bytes, or host RSS)."""
+
+    def __init__(self, cfg: MemoryConfig, metric: str, rank: int | None = None) -> None:
+        self.cfg = cfg
+        self.metric = metric
+        self.rep = Reporter(rank)
+        self._n = 0
+        self._windows = {s: deque(maxlen=cfg.window) for s in _STRIDES}
+        self._step_times = SortedWindow(32)
+
+    def observe(
+        self, step: int, value: float, total: float | None, step_time: float | None, out: list[Finding]
+    ) -> None:
+        self._n += 1
+        if step_time is not None and step_time > 0:
+            self._step_times.push(step_time)
+        if self._n <= self.cfg.warmup_points:
+            return
+        k = self._n - self.cfg.warmup_points
+        rate, stride = 0.0, 0
+        for s, win in self._windows.items():
+            if k % s:
+                continue
+            win.append((step, value))
+            # A window is re-judged only when it gets a point; slower windows cost nothing in between.
+            if len(win) >= win.maxlen // 2 and (len(win) % 4 == 0 or s > 1):
+                r = leak_growth(list(win), self.cfg.leak_min_growth, self.cfg.leak_min_bytes, self.cfg.leak_steadiness)
+                if r > rate:
+                    rate, stride = r, s
+        if rate > 0:
+            self._raise(step, value, total, rate, stride, out)
+        elif k % 4 == 0 and self.rep.is_on("memory_leak", self.metric) and not self._any_growth():
+            self.rep.report(out, "memory_leak", self.metric, step, False)
+
+    def _any_growth(self) -> bool:
+        for win in self._windows.values():
+            if len(win) >= win.maxlen // 2:
+                pts = list(win)
+                if leak_growth(pts, self.cfg.leak_min_growth / 2, self.cfg.leak_min_bytes / 2, 0.0) > 0:
+                    return True
+        return False
+
+    def _raise(
+        self, step: int, value: float, total: float | None, rate: float, stride: int, out: list[Finding]
+    ) -> None:
+        ev = None
+        if not self.rep.is_on("memory_leak", self.metric):
+            ev = {"value_bytes": int(value), "growth_bytes_per_step": rounded(rate), "window_stride": stride}
+            if total:
+                left = max(0.0, total - value)
+                steps_left = left / rate
+                ev["total_bytes"] = int(total)
+                ev["headroom_free_ratio"] = rounded(left / total, 4)
+                ev["projected_steps_to_oom"] = int(steps_left)
+                if len(self._step_times):
+                    ev["projected_seconds_to_oom"] = rounded(steps_left * self._step_times.median(), 4)
+        self.rep.report(out, "memory_leak", self.metric, step, True, evidence=ev)
+
+
+class HeadroomWatch:
+    """memory_headroom: used / total above the warning or critical share."""
+
+    def __init__(self, cfg: MemoryConfig, metric: str, rank: int | None = None) -> None:
+        self.cfg = cfg
+        self.metric = metric
+        self.rep = Reporter(rank)
+
+    def observe(self, step: int, used: float, total: float | None, out: list[Finding]) -> None:
+        if not total or total <= 0:
+            return
+        share = used / total
+        if share >= self.cfg.headroom_warning:
+            ev = None
+            if not self.rep.is_on("memory_headroom", self.metric):
+                ev = {
+                    "used_bytes": int(used),
+                    "total_bytes": int(total),
+                    "used_ratio": rounded(share, 4),
+                    "threshold_ratio": self.cfg.headroom_warning,
+                }
+            sev = "critical" if share >= self.cfg.headroom_critical else "warning"
+            self.rep.report(out, "memory_headroom", self.metric, step, True, severity=sev, evidence=ev)
+        elif share < self.cfg.headroom_warning - 0.02:
+            self.rep.report(out, "memory_headroom", self.metric, step, False)

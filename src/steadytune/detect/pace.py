@@ -1,0 +1,206 @@
+"""Pace detectors: throughput_drop, dataloader_bottleneck, straggler, stall.
+
+- throughput_drop: tokens/s (else samples/s, else steps/s) below
+  ``1 - throughput_drop`` of its median for ``throughput_points`` points in a
+  row. One slow step (a checkpoint save, an eval) is not a drop. Slow points are
+  kept out of the baseline so a lasting drop stays visible;
+- dataloader_bottleneck: ``extra["data_time_s"]`` (time waiting for the batch)
+  over ``data_wait_ratio`` of the step time, ``data_wait_points`` in a row;
+- straggler: one rank's median step time (``extra["compute_time_s"]`` when the
+  worker reports it, since collectives make every rank's wall time equal) over
+  ``straggler_ratio`` times the median rank, or a rank trailing the leader by
+  ``straggler_lag_steps``;
+- stall: no new step for ``stall_factor`` times the longest recent interval
+  (and at least ``stall_min_s``), or no heartbeat for ``heartbeat_timeout_s``.
+  The time comes from the caller; nothing here reads a clock.
+"""
+
+from __future__ import annotations
+
+from steadytune.detect.base import Finding, Reporter, rounded
+from steadytune.detect.config import PaceConfig
+from steadytune.detect.stats import SortedWindow
+from steadytune.records import StepRecord
+
+
+def throughput_of(rec: StepRecord) -> tuple[str, float] | None:
+    """The best throughput figure a record allows, with its name."""
+    if not rec.step_time_s or rec.step_time_s <= 0:
+        return None
+    if rec.tokens:
+        return "tokens_per_s", rec.tokens / rec.step_time_s
+    if rec.samples:
+        return "samples_per_s", rec.samples / rec.step_time_s
+    return "steps_per_s", 1.0 / rec.step_time_s
+
+
+class ThroughputWatch:
+    """throughput_drop and dataloader_bottleneck for one rank."""
+
+    def __init__(self, cfg: PaceConfig, rank: int | None = None) -> None:
+        self.cfg = cfg
+        self.rep = Reporter(rank)
+        self._base = SortedWindow(cfg.window)
+        self._n = 0
+        self._slow = 0
+        self._waiting = 0
+
+    def observe(self, rec: StepRecord, out: list[Finding]) -> None:
+        tp = throughput_of(rec)
+        if tp is None:
+            return
+        name, value = tp
+        self._n += 1
+        self._data_wait(rec, out)
+        if self._n <= self.cfg.warmup_points:
+            return
+        if len(self._base) < self.cfg.throughput_points:
+            self._base.push(value)
+            return
+        base = self._base.median()
+        slow = value < base * (1.0 - self.cfg.throughput_drop)
+        self._slow = self._slow + 1 if slow else 0
+        if not slow:
+            self._base.push(value)
+        if self._slow >= self.cfg.throughput_points:
+            ev = None
+            if not self.rep.is_on("throughput_drop", name):
+                ev = {
+                    "value": rounded(value),
+                    "baseline": rounded(base),
+                    "ratio": rounded(value / base, 4),
+                    "threshold_ratio": rounded(1.0 - self.cfg.throughput_drop, 4),
+                    "points": self._slow,
+                }
+            self.rep.report(out, "throughput_drop", name, rec.step, True, evidence=ev)
+        elif value > base * (1.0 - self.cfg.throughput_drop / 2):
+            self.rep.report(out, "throughput_drop", name, rec.step, False)
+
+    def _data_wait(self, rec: StepRecord, out: list[Finding]) -> None:
+        wait = rec.extra.get("data_time_s") if rec.extra else None
+        if not isinstance(wait, (int, float)) or not rec.step_time_s:
+            return
+        share = wait / rec.step_time_s
+        self._waiting = self._waiting + 1 if share > self.cfg.data_wait_ratio else 0
+        if self._waiting >= self.cfg.data_wait_points:
+            ev = None
+            if not self.rep.is_on("dataloader_bottleneck", "data_time_s"):
+                ev = {
+                    "data_time_s": rounded(wait),
+                    "step_time_s": rounded(rec.step_time_s),
+                    "wait_ratio": rounded(share, 4),
+                    "threshold_ratio": self.cfg.data_wait_ratio,
+                }
+            self.rep.report(out, "dataloader_bottleneck", "data_time_s", rec.step, True, evidence=ev)
+        elif share < self.cfg.data_wait_ratio / 2:
+            self.rep.report(out, "dataloader_bottleneck", "data_time_s", rec.step, False)
+
+
+class StragglerWatch:
+    """straggler: compares the ranks with each other."""
+
+    def __init__(self, cfg: PaceConfig) -> None:
+        self.cfg = cfg
+        self._times: dict[int, SortedWindow] = {}
+        self._last_step: dict[int, int] = {}
+        self._slow: dict[int, int] = {}
+        self._reps: dict[int, Reporter] = {}
+
+    def _rep(self, rank: int) -> Reporter:
+        rep = self._reps.get(rank)
+        if rep is None:
+            rep = self._reps[rank] = Reporter(rank)
+        return rep
+
+    def observe(self, rec: StepRecord, out: list[Finding]) -> None:
+        r = rec.rank
+        self._last_step[r] = max(rec.step, self._last_step.get(r, rec.step))
+        t = rec.extra.get("compute_time_s") if rec.extra else None
+        t = t if isinstance(t, (int, float)) else rec.step_time_s
+        if t and t > 0:
+            self._times.setdefault(r, SortedWindow(16)).push(float(t))
+        if len(self._last_step) < 2:
+            return
+        self._lag(rec.step, out)
+        self._slowness(rec, out)
+
+    def _lag(self, step: int, out: list[Finding]) -> None:
+        lead = max(self._last_step.values())
+        for rank, last in self._last_step.items():
+            behind = lead - last
+            rep = self._rep(rank)
+            if behind >= self.cfg.straggler_lag_steps:
+                ev = None if rep.is_on("straggler", "step") else {"rank_step": last, "leader_step": lead}
+                rep.report(out, "straggler", "step", last, True, evidence=ev)
+            elif behind <= self.cfg.straggler_lag_steps // 2:
+                rep.report(out, "straggler", "step", step, False)
+
+    def _slowness(self, rec: StepRecord, out: list[Finding]) -> None:
+        full = {r: w.median() for r, w in self._times.items() if len(w) >= 8}
+        if len(full) < 2 or rec.rank not in full:
+            return
+        meds = sorted(full.values())
+        typical = meds[len(meds) // 2] if len(meds) % 2 else 0.5 * (meds[len(meds) // 2 - 1] + meds[len(meds) // 2])
+        mine = full[rec.rank]
+        ratio = mine / typical if typical > 0 else 1.0
+        rep = self._rep(rec.rank)
+        self._slow[rec.rank] = self._slow.get(rec.rank, 0) + 1 if ratio > self.cfg.straggler_ratio else 0
+        if self._slow[rec.rank] >= self.cfg.straggler_points:
+            ev = None
+            if not rep.is_on("straggler", "step_time_s"):
+                ev = {
+                    "rank_step_time_s": rounded(mine),
+                    "median_rank_step_time_s": rounded(typical),
+                    "ratio": rounded(ratio, 4),
+                    "threshold_ratio": self.cfg.straggler_ratio,
+                    "ranks": len(full),
+                }
+            rep.report(out, "straggler", "step_time_s", rec.step, True, evidence=ev)
+        elif ratio < 1.0 + (self.cfg.straggler_ratio - 1.0) / 2:
+            rep.report(out, "straggler", "step_time_s", rec.step, False)
+
+
+class StallWatch:
+    """stall: time without progress, judged from timestamps the caller passes in."""
+
+    def __init__(self, cfg: PaceConfig) -> None:
+        self.cfg = cfg
+        self.rep = Reporter(None)
+        self._intervals = SortedWindow(32)
+        self._last_ts: float | None = None
+        self.last_step = 0
+        self._hinted_step: int | None = None
+
+    def progress(self, step: int, ts: float, out: list[Finding]) -> None:
+        """A new step arrived at ``ts``: clears a stall."""
+        if step <= self.last_step and self._last_ts is not None:
+            return
+        if self._last_ts is not None and ts > self._last_ts:
+            self._intervals.push(ts - self._last_ts)
+        self._last_ts = max(ts, self._last_ts or ts)
+        self.last_step = step
+        self.rep.report(out, "stall", "step", step, False)
+
+    def limit_s(self) -> float:
+        longest = self._intervals.quantile(1.0) if len(self._intervals) else 0.0
+        return max(self.cfg.stall_min_s, self.cfg.stall_factor * longest)
+
+    def check(self, now: float, heartbeat_ts: float | None, last_step: int | None, out: list[Finding]) -> None:
+        if last_step is not None and last_step > self.last_step and last_step != self._hinted_step:
+            # The caller saw progress we have no record of (a heartbeat step): count it as progress now.
+            self._hinted_step = last_step
+            self.progress(last_step, now, out)
+        step = self.last_step
+        if heartbeat_ts is not None and now - heartbeat_ts > self.cfg.heartbeat_timeout_s:
+            ev = {"silent_s": rounded(now - heartbeat_ts, 4), "threshold_s": self.cfg.heartbeat_timeout_s}
+            self.rep.report(out, "stall", "heartbeat", step, True, evidence=ev)
+        elif heartbeat_ts is not None:
+            self.rep.report(out, "stall", "heartbeat", step, False)
+        if self._last_ts is None:
+            return
+        waited, limit = now - self._last_ts, self.limit_s()
+        if waited > limit:
+            ev = None
+            if not self.rep.is_on("stall", "step"):
+                ev = {"seconds_since_step": rounded(waited, 4), "threshold_s": rounded(limit, 4), "last_step": step}
+            self.rep.report(out, "stall", "step", step, True, evidence=ev)

@@ -1,0 +1,106 @@
+"""System detectors, fed :class:`SystemSample`: gpu_thermal, gpu_error, disk_low, host/GPU headroom.
+
+A reading that is unavailable is ``None`` and simply not judged. Samples carry
+no step, so an anomaly is placed at the last training step the caller saw.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from steadytune.detect.base import Finding, Reporter, rounded
+from steadytune.detect.config import MemoryConfig, SystemConfig
+from steadytune.detect.memory import HeadroomWatch
+from steadytune.records import GpuSample, SystemSample
+
+_ERROR_QUIET_SAMPLES = 30  # an error episode ends after this many samples without a new error
+
+
+class SystemWatch:
+    """Every system-sample detector."""
+
+    def __init__(self, cfg: SystemConfig, mem: MemoryConfig) -> None:
+        self.cfg = cfg
+        self.rep = Reporter(None)
+        self._hot: dict[int, int] = {}
+        self._errors: dict[tuple[int, str], int] = {}
+        self._quiet: dict[tuple[int, str], int] = {}
+        self._disk: deque[tuple[float, float]] = deque(maxlen=32)
+        self._ram = HeadroomWatch(
+            mem.model_copy(update={"headroom_warning": cfg.ram_warning, "headroom_critical": cfg.ram_critical}),
+            "ram_used_bytes",
+        )
+        self._mem_cfg = mem
+        self._gpu_mem: dict[int, HeadroomWatch] = {}
+        self.gpu_totals: dict[int, int] = {}
+
+    def observe(self, s: SystemSample, step: int, out: list[Finding]) -> None:
+        for g in s.gpus:
+            self._thermal(g, step, out)
+            self._gpu_errors(g, step, out)
+            if g.mem_total_bytes:
+                self.gpu_totals[g.index] = g.mem_total_bytes
+            if g.mem_used_bytes is not None and g.mem_total_bytes:
+                watch = self._gpu_mem.get(g.index)
+                if watch is None:
+                    watch = self._gpu_mem[g.index] = HeadroomWatch(self._mem_cfg, f"gpu{g.index}_mem_used_bytes")
+                watch.observe(step, g.mem_used_bytes, g.mem_total_bytes, out)
+        if s.ram_used_bytes is not None and s.ram_total_bytes:
+            self._ram.observe(step, s.ram_used_bytes, s.ram_total_bytes, out)
+        if s.disk_free_bytes is not None and s.disk_total_bytes:
+            self._disk_low(s, step, out)
+
+    def _thermal(self, g: GpuSample, step: int, out: list[Finding]) -> None:
+        if g.temperature_c is None:
+            return
+        metric = f"gpu{g.index}_temperature_c"
+        hot = g.temperature_c >= self.cfg.gpu_temp_warning_c
+        self._hot[g.index] = self._hot.get(g.index, 0) + 1 if hot else 0
+        if self._hot[g.index] >= self.cfg.gpu_temp_points:
+            sev = "critical" if g.temperature_c >= self.cfg.gpu_temp_critical_c else "warning"
+            ev = None
+            if not self.rep.is_on("gpu_thermal", metric):
+                ev = {"temperature_c": g.temperature_c, "threshold_c": self.cfg.gpu_temp_warning_c, "gpu": g.index}
+            self.rep.report(out, "gpu_thermal", metric, step, True, severity=sev, evidence=ev)
+        elif g.temperature_c < self.cfg.gpu_temp_warning_c - 3.0:
+            self.rep.report(out, "gpu_thermal", metric, step, False)
+
+    def _gpu_errors(self, g: GpuSample, step: int, out: list[Finding]) -> None:
+        for name, count in (("ecc_errors", g.ecc_errors), ("xid_errors", g.xid_errors)):
+            if count is None:
+                continue
+            key, metric = (g.index, name), f"gpu{g.index}_{name}"
+            seen = self._errors.get(key)
+            self._errors[key] = count
+            if seen is not None and count > seen:
+                self._quiet[key] = 0
+                ev = {"errors": count, "new_errors": count - seen, "gpu": g.index}
+                self.rep.report(out, "gpu_error", metric, step, True, evidence=ev)
+            elif self.rep.is_on("gpu_error", metric):
+                self._quiet[key] = self._quiet.get(key, 0) + 1
+                if self._quiet[key] >= _ERROR_QUIET_SAMPLES:
+                    self.rep.report(out, "gpu_error", metric, step, False)
+
+    def _disk_low(self, s: SystemSample, step: int, out: list[Finding]) -> None:
+        free, total = float(s.disk_free_bytes or 0), float(s.disk_total_bytes or 1)
+        self._disk.append((s.ts, free))
+        share = free / total
+        absolute = total > 2 * self.cfg.disk_min_free_bytes and free < self.cfg.disk_min_free_bytes
+        low = share < self.cfg.disk_free_warning or absolute
+        if low:
+            ev = None
+            if not self.rep.is_on("disk_low", "disk_free_bytes"):
+                ev = {
+                    "free_bytes": int(free),
+                    "total_bytes": int(total),
+                    "free_ratio": rounded(share, 4),
+                    "threshold_ratio": self.cfg.disk_free_warning,
+                }
+                t0, f0 = self._disk[0]
+                if s.ts > t0 and f0 > free:
+                    ev["projected_seconds_to_full"] = rounded(free / ((f0 - free) / (s.ts - t0)), 4)
+            sev = "critical" if share < self.cfg.disk_free_critical else "warning"
+            self.rep.report(out, "disk_low", "disk_free_bytes", step, True, severity=sev, evidence=ev)
+        elif share > self.cfg.disk_free_warning * 1.2 and not absolute:
+            self.rep.report(out, "disk_low", "disk_free_bytes", step, False)
+

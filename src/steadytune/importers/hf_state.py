@@ -1,0 +1,38 @@
+"""Hugging Face ``trainer_state.json``: the ``log_history`` the Trainer keeps in every checkpoint.
+
+Training entries carry ``loss``, ``grad_norm``, ``learning_rate``, ``epoch``;
+evaluation entries ``eval_loss``; the last entry is a run summary whose
+``train_loss`` is the mean over the run, so it is skipped, not read as a step.
+A NaN grad norm is written as the JSON literal ``NaN`` and stays a NaN.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from steadytune.importers.series import Series, SeriesBuilder, UnreadableLog
+
+FORMAT = "hf_trainer_state"
+_SUMMARY_KEYS = ("train_runtime", "train_samples_per_second", "total_flos")
+
+
+def sniff(data: Any) -> bool:
+    return isinstance(data, dict) and isinstance(data.get("log_history"), list)
+
+
+def read(path: Path, data: Any | None = None) -> Series:
+    if data is None:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    if not sniff(data):
+        raise UnreadableLog("not a trainer_state.json: no log_history list")
+    b = SeriesBuilder(str(path), FORMAT)
+    for entry in data["log_history"]:
+        if not isinstance(entry, dict) or any(k in entry for k in _SUMMARY_KEYS):
+            continue
+        step = entry.get("step")
+        if not isinstance(step, int):
+            continue
+        b.add_row(step, {k: v for k, v in entry.items() if k != "step"})
+    return b.build(require=("loss", "eval_loss", "grad_norm"))

@@ -1,0 +1,172 @@
+"""The common in-memory form of an imported log, and how raw values get into it.
+
+Every importer emits ``(step, metric, value)`` triples into a
+:class:`SeriesBuilder`; it keeps the *last* value per step and metric (logs that
+were resumed or appended twice repeat steps, interleaved with others), orders
+the steps, and turns them into :class:`StepRecord` objects, the same records a
+live run writes. Detectors then never know where the numbers came from.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from steadytune.records import StepRecord, SystemSample
+
+
+class UnreadableLog(Exception):
+    """A file that is not a training log this tool can read; ``str()`` is a one-line reason."""
+
+
+# StepRecord fields an importer may fill, with the cast each one needs.
+_FIELDS: dict[str, type] = {
+    "loss": float,
+    "grad_norm": float,
+    "lr": float,
+    "epoch": float,
+    "eval_loss": float,
+    "tokens": int,
+    "samples": int,
+    "step_time_s": float,
+    "mem_allocated_bytes": int,
+    "mem_reserved_bytes": int,
+    "mem_peak_bytes": int,
+    "rss_bytes": int,
+    "ts": float,
+    "skipped": bool,
+}
+
+# Names other tools give to the fields above; anything else is kept in ``extra``.
+ALIASES: dict[str, str] = {
+    "loss": "loss",
+    "train/loss": "loss",
+    "train_loss_step": "loss",
+    "lm loss": "loss",
+    "lm_loss": "loss",
+    "lm-loss": "loss",
+    "grad_norm": "grad_norm",
+    "train/grad_norm": "grad_norm",
+    "grad norm": "grad_norm",
+    "grad-norm": "grad_norm",
+    "gradient_norm": "grad_norm",
+    "learning_rate": "lr",
+    "train/learning_rate": "lr",
+    "learning rate": "lr",
+    "learning-rate": "lr",
+    "lr": "lr",
+    "epoch": "epoch",
+    "train/epoch": "epoch",
+    "eval_loss": "eval_loss",
+    "eval/loss": "eval_loss",
+    "validation loss": "eval_loss",
+    "lm loss validation": "eval_loss",
+    "val_loss": "eval_loss",
+    "iteration-time": "step_time_s",
+    "mem-allocated-bytes": "mem_allocated_bytes",
+    "mem-max-allocated-bytes": "mem_peak_bytes",
+}
+
+
+def parse_number(raw: Any, nan_means_missing: bool = False) -> float | None:
+    """A float from a JSON/CSV/text value; None for missing, empty or placeholder values.
+
+    ``nan_means_missing`` is for formats where the string "nan" is a placeholder
+    for *not recorded* (Megatron golden values), not a NaN loss.
+    """
+    if raw is None or isinstance(raw, bool):
+        return None
+    if isinstance(raw, (int, float)):
+        x = float(raw)
+    else:
+        text = str(raw).strip().strip('"')
+        if not text or text.lower() in {"none", "null", "-", "n/a"}:
+            return None
+        try:
+            x = float(text)
+        except ValueError:
+            return None
+    if math.isnan(x) and nan_means_missing:
+        return None
+    return x
+
+
+@dataclass
+class Series:
+    """One imported run: its step records (all ranks), system samples, and what it holds."""
+
+    path: str
+    format: str
+    records: list[StepRecord]
+    system: list[SystemSample] = field(default_factory=list)
+    metrics: list[str] = field(default_factory=list)
+
+    @property
+    def steps(self) -> int:
+        return len({r.step for r in self.records})
+
+    def values(self, metric: str) -> tuple[list[int], list[float]]:
+        """Steps and values of one metric (a StepRecord field or an ``extra`` key), primary rank."""
+        xs: list[int] = []
+        ys: list[float] = []
+        rank = min((r.rank for r in self.records), default=0)
+        for r in self.records:
+            if r.rank != rank:
+                continue
+            v = getattr(r, metric, None) if metric in _FIELDS else r.extra.get(metric)
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                xs.append(r.step)
+                ys.append(float(v))
+        return xs, ys
+
+
+class SeriesBuilder:
+    """Collects (step, metric, value); the last value per step and metric wins."""
+
+    def __init__(self, path: str, fmt: str) -> None:
+        self.path = path
+        self.format = fmt
+        self._rows: dict[int, dict[str, Any]] = {}
+
+    def add(self, step: int, metric: str, value: Any) -> None:
+        if value is None:
+            return
+        name = ALIASES.get(metric, metric)
+        self._rows.setdefault(step, {})[name] = value
+
+    def add_row(self, step: int, row: dict[str, Any], nan_means_missing: bool = False) -> None:
+        """Add every numeric field of one logged row."""
+        for key, raw in row.items():
+            x = parse_number(raw, nan_means_missing)
+            if x is not None:
+                self.add(step, key, x)
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def build(self, require: tuple[str, ...] = ()) -> Series:
+        if not self._rows:
+            raise UnreadableLog("no logged steps found")
+        records: list[StepRecord] = []
+        seen: set[str] = set()
+        for step in sorted(self._rows):
+            row = self._rows[step]
+            kwargs: dict[str, Any] = {"step": step, "ts": 0.0}
+            extra: dict[str, Any] = {}
+            for name, value in row.items():
+                cast = _FIELDS.get(name)
+                if cast is None:
+                    extra[name] = value
+                elif cast is int and isinstance(value, float) and not math.isfinite(value):
+                    continue
+                else:
+                    kwargs[name] = cast(value)
+                seen.add(name)
+            if extra:
+                kwargs["extra"] = extra
+            records.append(StepRecord(**kwargs))
+        if require and not seen.intersection(require):
+            raise UnreadableLog(f"none of the metrics {', '.join(require)} were found")
+        metrics = sorted(m for m in seen if m not in {"ts", "skipped"})
+        return Series(self.path, self.format, records, metrics=metrics)
