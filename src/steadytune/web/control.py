@@ -20,7 +20,7 @@ from steadytune.rundir import RunDir, atomic_write_text
 from steadytune.telemetry.events import EventLog
 
 COMMANDS = ("pause", "resume", "checkpoint", "stop")
-_ISSUER_RE = re.compile(r"[^A-Za-z0-9 ._@:()-]")
+_ISSUER_RE = re.compile(r"[^A-Za-z0-9 ,._@:()-]")
 
 
 class ControlError(ValueError):

@@ -1,0 +1,142 @@
+"""The run store: upserts, latest attempt wins, rollups, JSONL rebuild and incremental sync."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from steadytune.records import Event, GpuSample, PlanRevision, StepRecord, SystemSample, to_json
+from steadytune.rundir import RunDir
+from steadytune.telemetry.events import EventLog
+from steadytune.telemetry.store import ROLLUP, RunStore, open_store
+from steadytune.telemetry.stream import JsonlWriter
+
+
+def steps(n: int, attempt: int = 0, rank: int = 0, start: int = 0, loss=lambda s: 1.0 / (1 + s)) -> list[StepRecord]:
+    return [
+        StepRecord(step=s, ts=100.0 + s, rank=rank, attempt=attempt, loss=loss(s), tokens=100, step_time_s=0.5)
+        for s in range(start, start + n)
+    ]
+
+
+def test_latest_attempt_wins_per_rank(tmp_path: Path) -> None:
+    store = RunStore(tmp_path / "run.db")
+    store.add_steps(steps(10, attempt=0))
+    store.add_steps(steps(10, attempt=0, rank=1, loss=lambda s: 9.0))
+    store.add_steps(steps(3, attempt=1, start=5, loss=lambda s: 42.0))  # restart from step 5
+    store.add_steps(steps(2, attempt=0, start=5, loss=lambda s: -1.0))  # a late line of the old attempt
+    s = store.step_series(("loss",), points=100)
+    by_step = {r[0]: r[5] for r in s.rows}
+    assert [by_step[i] for i in (4, 5, 6, 7, 8)] == [pytest.approx(0.2), 42.0, 42.0, 42.0, pytest.approx(1 / 9)]
+    assert store.step_series(("loss",), rank=1).rows[0][5] == 9.0
+    assert store.latest_step()["attempt"] == 0 and store.latest_step()["step"] == 9
+
+
+def test_steps_since_version_reports_new_and_replaced_rows(tmp_path: Path) -> None:
+    store = RunStore(tmp_path / "run.db")
+    store.add_steps(steps(5))
+    v = store.version
+    assert store.steps_since(v) == []
+    store.add_steps(steps(1, attempt=1, start=2, loss=lambda s: 7.0) + steps(1, start=5))
+    changed = store.steps_since(v)
+    assert [(r["step"], r["attempt"]) for r in changed] == [(2, 1), (5, 0)]
+    # A second process writing the same db continues after the newest stamp.
+    other = RunStore(tmp_path / "run.db")
+    other.add_steps(steps(1, start=6))
+    assert [r["step"] for r in store.steps_since(max(r["version"] for r in changed))] == [6]
+
+
+def test_nan_is_flagged_and_counted(tmp_path: Path) -> None:
+    store = RunStore(tmp_path / "run.db")
+    store.add_steps([*steps(3), StepRecord(step=3, ts=1.0, loss=math.nan, grad_norm=math.inf)])
+    latest = store.latest_values()
+    assert latest["nonfinite_latest"] is True and latest["nonfinite_steps"] == 1
+    assert latest["loss"] == pytest.approx(1 / 3)  # last finite value, for the chart
+    assert latest["tokens_total"] == 300
+
+
+def test_sparse_eval_loss_found_without_scan(tmp_path: Path) -> None:
+    store = RunStore(tmp_path / "run.db")
+    recs = steps(1000)
+    recs[300] = StepRecord(step=300, ts=1.0, loss=0.5, eval_loss=0.77)
+    store.add_steps(recs)
+    assert store.latest_values()["eval_loss"] == 0.77
+
+
+def test_rollup_series_matches_raw_min_max(tmp_path: Path) -> None:
+    store = RunStore(tmp_path / "run.db")
+    n = ROLLUP * 100
+    loss = lambda s: 10.0 if s == 777 else math.sin(s / 50)  # noqa: E731 - one spike inside a bucket
+    store.add_steps(steps(n, loss=loss))
+    s = store.step_series(("loss",), points=50)
+    assert len(s.rows) == 50 and s.total == n
+    assert max(r[4] for r in s.rows) == 10.0  # the spike survives downsampling
+    assert min(r[3] for r in s.rows) == pytest.approx(min(math.sin(i / 50) for i in range(n)))
+    assert sum(r[2] for r in s.rows) == n
+    zoom = store.step_series(("loss",), points=10, lo=700, hi=800)
+    assert zoom.rows[0][0] >= 700 and zoom.rows[-1][1] <= 800 and max(r[4] for r in zoom.rows) == 10.0
+
+
+def test_system_gpu_events_plans_meta(tmp_path: Path) -> None:
+    store = RunStore(tmp_path / "run.db")
+    gpu = GpuSample(index=0, name="A", util_ratio=0.5, mem_used_bytes=1, mem_total_bytes=4, temperature_c=60, power_w=200)
+    store.add_system([SystemSample(ts=float(t), cpu_ratio=0.1 * t, gpus=(gpu,)) for t in range(5)])
+    assert store.latest_system()["gpus"][0]["temperature_c"] == 60
+    assert store.gpu_indices() == [0]
+    assert len(store.system_series(("cpu_ratio",)).rows) == 5
+    store.add_events([Event(ts=1, kind="anomaly", name="loss_spike", severity="warning", seq=0),
+                      Event(ts=2, kind="anomaly", name="loss_spike", severity="warning", seq=1),
+                      Event(ts=3, kind="action", name="rollback", seq=2)])  # fmt: skip
+    assert store.event_counts("anomaly") == [("loss_spike", "warning", 2)]
+    assert [e.seq for e in store.events(after_seq=0)] == [1, 2]
+    assert [e.seq for e in store.events(limit=1, newest=True)] == [2]
+    store.add_plans([PlanRevision(revision=0, ts=1, reason="initial"), PlanRevision(revision=1, ts=2, reason="oom")])
+    assert [p.reason for p in store.plans()] == ["initial", "oom"]
+    store.set_meta("last_event_hash", "abc")
+    assert store.get_meta("last_event_hash") == "abc" and store.get_meta("nope", "d") == "d"
+    with pytest.raises(ValueError, match="unknown step metrics"):
+        store.step_series(("bogus",))
+
+
+def _write_run(root: Path) -> RunDir:
+    run = RunDir(root).create()
+    with JsonlWriter(run.telemetry(0)) as w:
+        for r in steps(50):
+            w.write(r)
+    with JsonlWriter(run.system) as w:
+        w.write(SystemSample(ts=1.0, cpu_ratio=0.5))
+    with JsonlWriter(run.plan) as w:
+        w.write(PlanRevision(revision=0, ts=1.0, reason="initial"))
+    log = EventLog(run.events, run_id=run.run_id)
+    log.emit("anomaly", "loss_spike", severity="warning", step=3)
+    return run
+
+
+def test_rebuild_from_jsonl_and_incremental_sync(tmp_path: Path) -> None:
+    run = _write_run(tmp_path / "r1")
+    store = open_store(run)  # no run.db yet: built from the JSONL
+    assert store.step_count() == 50 and store.last_event_seq() == 0 and len(store.plans()) == 1
+    # A torn last line is left for later, then picked up once completed.
+    with open(run.telemetry(0), "a") as f:
+        line = to_json(StepRecord(step=50, ts=1.0, loss=0.1))
+        f.write(line[:10])
+    assert store.sync(run) == 0
+    with open(run.telemetry(0), "a") as f:
+        f.write(line[10:] + "\n")
+    assert store.sync(run) == 1 and store.step_count() == 51
+    run.db.unlink()
+    for p in tmp_path.glob("r1/run.db-*"):
+        p.unlink()
+    rebuilt = RunStore(run.db)
+    assert rebuilt.rebuild(run) == 51 + 1 + 1 + 1
+    assert rebuilt.step_count() == 51
+
+
+def test_sync_rereads_a_replaced_file(tmp_path: Path) -> None:
+    run = _write_run(tmp_path / "r2")
+    store = open_store(run)
+    run.telemetry(0).write_text(to_json(StepRecord(step=0, ts=1.0, loss=5.0)) + "\n")
+    store.sync(run)
+    assert store.step_series(("loss",)).rows[0][5] == 5.0

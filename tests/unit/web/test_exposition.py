@@ -1,0 +1,110 @@
+"""/metrics: the text exposition format, names, labels and values from a run directory."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+from steadytune.records import Event, GpuSample, PlanRevision, StepRecord, SystemSample
+from steadytune.rundir import RunDir, atomic_write_text
+from steadytune.telemetry.events import EventLog
+from steadytune.telemetry.stream import JsonlWriter
+from steadytune.web.metrics import Family, escape_label, format_value, render, render_metrics
+from steadytune.web.runs import RunsIndex
+
+SAMPLE = re.compile(r'^(steadytune_[a-z_]+)(\{([a-z_]+="([^"\\]|\\.)*",?)*\})? (NaN|[+-]Inf|-?[0-9.e+-]+)$')
+
+
+def test_value_and_label_formatting() -> None:
+    assert format_value(3.0) == "3" and format_value(0.25) == "0.25"
+    assert format_value(math.nan) == "NaN" and format_value(math.inf) == "+Inf" and format_value(-math.inf) == "-Inf"
+    assert escape_label('a"b\\c\nd') == 'a\\"b\\\\c\\nd'
+
+
+def test_render_help_type_then_samples_and_skips_empty() -> None:
+    f = Family("steadytune_x_bytes", "gauge", "X.")
+    f.add(5, run="r", gpu=0)
+    empty = Family("steadytune_y_total", "counter", "Y.")
+    assert render([f, empty]) == (
+        '# HELP steadytune_x_bytes X.\n# TYPE steadytune_x_bytes gauge\nsteadytune_x_bytes{run="r",gpu="0"} 5\n'
+    )
+
+
+def _run(tmp_path: Path, now: float) -> RunDir:
+    run = RunDir(tmp_path / "runs" / "r1").create()
+    with JsonlWriter(run.telemetry(0)) as w:
+        for s in range(10):
+            w.write(StepRecord(step=s, ts=now - 10 + s, loss=2.0 - s * 0.1, grad_norm=1.5, lr=1e-4, tokens=1000,
+                               step_time_s=0.5, mem_allocated_bytes=100, mem_reserved_bytes=200, mem_peak_bytes=300))  # fmt: skip
+    gpu = GpuSample(index=0, name="H100", util_ratio=0.9, mem_used_bytes=75, mem_total_bytes=100, temperature_c=70, power_w=500)
+    with JsonlWriter(run.system) as w:
+        w.write(SystemSample(ts=now, cpu_ratio=0.4, ram_used_bytes=10, ram_total_bytes=20, disk_free_bytes=5,
+                             disk_total_bytes=9, gpus=(gpu,)))  # fmt: skip
+    with JsonlWriter(run.plan) as w:
+        w.write(PlanRevision(revision=0, ts=now, reason="initial"))
+        w.write(PlanRevision(revision=1, ts=now, reason="oom", attempt=1))
+        w.write(PlanRevision(revision=2, ts=now, reason="oom", attempt=2))
+    log = EventLog(run.events, run_id="r1")
+    log.append(Event(ts=now, kind="anomaly", name="loss_spike", severity="warning", step=3, data={"metric": "loss"}))
+    log.append(Event(ts=now, kind="resolved", name="loss_spike", step=5, data={"metric": "loss"}))
+    log.append(Event(ts=now, kind="anomaly", name="divergence", severity="critical", step=8, data={"metric": "loss"}))
+    ck = run.checkpoints / "checkpoint-5"
+    ck.mkdir(parents=True)
+    (ck / "w.bin").write_bytes(b"abc")
+    atomic_write_text(ck / "MANIFEST.json", json.dumps({"step": 5, "ts": now - 120, "files": [{"path": "w.bin", "size": 3}]}))
+    atomic_write_text(run.latest_pointer, "checkpoint-5")
+    atomic_write_text(run.status, json.dumps({"run_id": "r1", "state": "running", "step": 9, "max_steps": 100,
+                                              "restarts": 2, "attempt": 2, "updated_ts": now, "eta_s": 45.5}))  # fmt: skip
+    return run
+
+
+def test_render_metrics_from_a_run(tmp_path: Path) -> None:
+    now = 1_800_000_000.0
+    _run(tmp_path, now)
+    index = RunsIndex(tmp_path / "runs", clock=lambda: now, cache_dir=tmp_path / "cache")
+    index.refresh_all()
+    text = render_metrics(index, lambda: now)
+    lines = text.splitlines()
+    for line in lines:
+        assert line.startswith("# HELP steadytune_") or line.startswith("# TYPE steadytune_") or SAMPLE.match(line), line
+    expect = {
+        'steadytune_run_state{run="r1",state="running"} 1',
+        'steadytune_run_state{run="r1",state="failed"} 0',
+        'steadytune_step{run="r1"} 9',
+        'steadytune_progress_ratio{run="r1"} 0.09',
+        'steadytune_eta_seconds{run="r1"} 45.5',
+        'steadytune_grad_norm{run="r1"} 1.5',
+        'steadytune_loss_nonfinite{run="r1"} 0',
+        'steadytune_tokens_total{run="r1"} 10000',
+        'steadytune_throughput_tokens_per_second{run="r1"} 2000',
+        'steadytune_device_memory_peak_bytes{run="r1"} 300',
+        'steadytune_anomalies_total{run="r1",kind="divergence",severity="critical"} 1',
+        'steadytune_anomalies_total{run="r1",kind="loss_spike",severity="warning"} 1',
+        'steadytune_anomalies_active{run="r1",kind="divergence",severity="critical"} 1',
+        'steadytune_restarts_total{run="r1",reason="oom"} 2',
+        'steadytune_gpu_memory_headroom_ratio{run="r1",gpu="0",name="H100"} 0.25',
+        'steadytune_gpu_temperature_celsius{run="r1",gpu="0",name="H100"} 70',
+        'steadytune_host_cpu_utilization_ratio{run="r1"} 0.4',
+        'steadytune_checkpoint_age_seconds{run="r1"} 120',
+        'steadytune_checkpoints_verified{run="r1"} 1',
+    }
+    assert expect <= set(lines), expect - set(lines)
+    assert 'kind="loss_spike"' not in "".join(ln for ln in lines if ln.startswith("steadytune_anomalies_active"))
+    assert any(ln.startswith('steadytune_loss{run="r1"} 1.1') for ln in lines)
+    # Every family is typed once, counters end in _total, each name carries the steadytune_ prefix.
+    types = [ln.split()[2:] for ln in lines if ln.startswith("# TYPE")]
+    assert len({t[0] for t in types}) == len(types)
+    assert all(name.endswith("_total") for name, kind in types if kind == "counter")
+
+
+def test_nonfinite_latest_loss_is_exported_as_nan(tmp_path: Path) -> None:
+    run = RunDir(tmp_path / "runs" / "r2").create()
+    with JsonlWriter(run.telemetry(0)) as w:
+        w.write(StepRecord(step=0, ts=1.0, loss=1.0))
+        w.write(StepRecord(step=1, ts=2.0, loss=math.nan))
+    index = RunsIndex(tmp_path / "runs", cache_dir=tmp_path / "cache")
+    index.refresh_all()
+    text = render_metrics(index, lambda: 10.0)
+    assert 'steadytune_loss{run="r2"} NaN' in text and 'steadytune_loss_nonfinite{run="r2"} 1' in text
