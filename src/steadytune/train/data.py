@@ -111,7 +111,8 @@ def _encode_messages(tok: Any, messages: list[dict[str, str]], spec: DataSpec) -
     labels: list[int] = []
     for i, msg in enumerate(messages):
         rendered = tok.apply_chat_template(messages[: i + 1], tokenize=True, add_generation_prompt=False)
-        rendered = list(rendered["input_ids"] if isinstance(rendered, dict) else rendered)
+        # transformers 5 returns a BatchEncoding (a mapping); older versions a plain list.
+        rendered = list(rendered if isinstance(rendered, list) else rendered["input_ids"])
         new = rendered[len(ids):]
         ids.extend(new)
         train_this = msg.get("role") == "assistant" or spec.train_on_prompt

@@ -1,0 +1,127 @@
+"""Config validation: every error at once, each naming the key, the value and the fix."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from steadytune.config import ConfigError, dump_config, load_config, redact
+from steadytune.config.load import apply_overrides
+
+STEADYTUNE = str(Path(sys.executable).parent / "steadytune")
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> Path:
+    (tmp_path / "model").mkdir()
+    (tmp_path / "train.jsonl").write_text('{"text": "hello"}\n')
+    return tmp_path
+
+
+def base() -> dict:
+    return {"model": {"name_or_path": "./model"}, "data": {"train_file": "train.jsonl"}}
+
+
+def write(tmp: Path, data: object, name: str = "c.yaml") -> Path:
+    p = tmp / name
+    p.write_text(data if isinstance(data, str) else yaml.safe_dump(data))
+    return p
+
+
+def issues(path: Path, overrides: list[str] | None = None) -> dict[str, str]:
+    with pytest.raises(ConfigError) as info:
+        load_config(path, overrides)
+    return {i.key: i.render() for i in info.value.issues}
+
+
+def test_valid_config_resolves_paths_relative_to_the_file(files: Path) -> None:
+    cfg = load_config(write(files, base()))
+    assert cfg.data.train_file == str(files / "train.jsonl")
+    assert cfg.model.name_or_path == str(files / "model")
+    assert cfg.method == "lora" and cfg.train.learning_rate == 2e-4
+
+
+BROKEN = [
+    ({"train": {"learning_rate": "fast"}}, "train.learning_rate", ["'fast'", "positive number"]),
+    ({"train": {"learning_rate": -1}}, "train.learning_rate", ["-1", "greater than 0"]),
+    ({"train": {"per_device_train_batch_size": 0}}, "train.per_device_train_batch_size", ["0", '"auto"']),
+    ({"train": {"per_device_train_batch_size": "big"}}, "train.per_device_train_batch_size", ["'big'", '"auto"']),
+    ({"train": {"lerning_rate": 1e-4}}, "train.lerning_rate", ["did you mean 'train.learning_rate'"]),
+    ({"metod": "lora"}, "metod", ["did you mean 'method'"]),
+    ({"method": "qlora4"}, "method", ["'qlora4'", "full, lora or qlora"]),
+    ({"max_steps": 10}, "max_steps", ["belongs under 'train.max_steps'"]),
+    ({"lora": {"r": 0}}, "lora.r", ["LoRA rank"]),
+    ({"lora": {"lora_dropout": 1.5}}, "lora.lora_dropout", ["1.5", "[0, 1)"]),
+    ({"data": {"train_file": "nope.jsonl"}}, "data.train_file", ["file not found", "'nope.jsonl'"]),
+    ({"model": {"name_or_path": "./missing-model"}}, "model.name_or_path", ["folder not found"]),
+    ({"train": {"max_steps": 10, "save_steps": 50}}, "train.save_steps", ["no checkpoint would be saved"]),
+    ({"train": {"bf16": True, "fp16": True}}, "train.fp16", ["choose one"]),
+    ({"run": {"name": "a/../b"}}, "run.name", ["letters, digits"]),
+]
+
+
+@pytest.mark.parametrize(("patch", "key", "texts"), BROKEN, ids=[b[1] for b in BROKEN])
+def test_each_broken_config_is_named_precisely(files: Path, patch: dict, key: str, texts: list[str]) -> None:
+    data = base()
+    for k, v in patch.items():
+        data[k] = {**data[k], **v} if isinstance(v, dict) and isinstance(data.get(k), dict) else v
+    found = issues(write(files, data))
+    assert key in found, found
+    for text in texts:
+        assert text in found[key], found[key]
+
+
+def test_all_errors_are_reported_at_once(files: Path) -> None:
+    data = {"model": {"name_or_path": "./x-missing"}, "metod": "lora",
+            "data": {"train_file": "missing.jsonl"}, "train": {"learning_rate": "abc", "max_step": 3}}
+    found = issues(write(files, data))
+    assert set(found) == {"model.name_or_path", "metod", "data.train_file", "train.learning_rate", "train.max_step"}
+
+
+def test_missing_sections_and_bad_yaml(files: Path) -> None:
+    found = issues(write(files, {"method": "full"}))
+    assert "model" in found and "data" in found and "required" in found["model"]
+    found = issues(write(files, "model: [unclosed\n"))
+    assert "(yaml)" in found and "line" in found["(yaml)"]
+    found = issues(files / "does-not-exist.yaml")
+    assert "config file not found" in found["(file)"]
+
+
+def test_overrides_short_and_long_keys(files: Path) -> None:
+    cfg = load_config(write(files, base()), ["max_steps=7", "train.learning_rate=1e-3", "lora.target_modules=[q_proj,v_proj]"])
+    assert cfg.train.max_steps == 7 and cfg.train.learning_rate == 1e-3
+    assert cfg.lora.target_modules == ["q_proj", "v_proj"]
+    assert apply_overrides({"a": {"b": 1}}, ["a.c=2"]) == {"a": {"b": 1, "c": 2}}
+    found = issues(write(files, base()), ["train.max_steps=ten"])
+    assert "'ten'" in found["train.max_steps"]
+
+
+def test_secrets_are_redacted_in_dumps() -> None:
+    data = {"alerts": {"webhook_url": "https://hooks.example/secret", "smtp": {"password": "hunter2",
+                                                                                "password_env": "SMTP_PASS"}}}
+    red = redact(data)
+    assert red["alerts"]["webhook_url"] == "***" and red["alerts"]["smtp"]["password"] == "***"
+    assert red["alerts"]["smtp"]["password_env"] == "SMTP_PASS"
+
+
+def test_dump_round_trips(files: Path) -> None:
+    cfg = load_config(write(files, base()))
+    again = load_config(write(files, dump_config(cfg), "dumped.yaml"), check_paths=False)
+    assert again == cfg
+
+
+def test_validate_cli_names_everything_without_a_traceback(files: Path) -> None:
+    path = write(files, {"model": {"name_or_path": "./model"}, "data": {"train_file": "train.jsonl"},
+                         "train": {"learning_rate": "abc", "max_stp": 10}})
+    proc = subprocess.run([STEADYTUNE, "validate", str(path)], capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert "train.learning_rate" in proc.stderr and "'abc'" in proc.stderr
+    assert "did you mean 'train.max_steps'" in proc.stderr
+    assert "2 problems" in proc.stderr
+    ok = subprocess.run([STEADYTUNE, "validate", str(write(files, base(), "ok.yaml"))], capture_output=True, text=True)
+    assert ok.returncode == 0 and "OK" in ok.stdout

@@ -1,0 +1,48 @@
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from steadytune.records import (
+    BatchFingerprint,
+    Event,
+    GpuSample,
+    PlanRevision,
+    StepRecord,
+    SystemSample,
+    from_dict,
+    from_json,
+    to_json,
+)
+
+
+def test_step_record_round_trip_keeps_nan_and_inf() -> None:
+    rec = StepRecord(step=3, ts=1.5, loss=math.nan, grad_norm=math.inf, lr=1e-4,
+                     batch=BatchFingerprint((1, 2), ("ab", "cd")), extra={"x": 1})
+    back = from_json(to_json(rec))
+    assert isinstance(back, StepRecord)
+    assert math.isnan(back.loss) and back.grad_norm == math.inf
+    assert back.batch == rec.batch and back.extra == {"x": 1}
+    assert '"loss":"nan"' in to_json(rec)  # valid JSON: no bare NaN token
+
+
+def test_nested_and_tuple_fields_round_trip() -> None:
+    sample = SystemSample(ts=1.0, cpu_ratio=0.5, gpus=(GpuSample(index=0, name="H100", temperature_c=71.0),))
+    assert from_json(to_json(sample)) == sample
+    plan = PlanRevision(revision=2, ts=2.0, reason="loss_spike", skip_ranges=((10, 20),), lr_scale=0.5)
+    assert from_json(to_json(plan)) == plan
+    ev = Event(ts=1.0, kind="anomaly", name="loss_spike", severity="critical", step=5, data={"z": 9.1})
+    assert from_json(to_json(ev)) == ev
+
+
+def test_unknown_type_is_a_clear_error_and_unknown_fields_are_ignored() -> None:
+    with pytest.raises(ValueError, match="unknown record type 'bogus'"):
+        from_dict({"type": "bogus"})
+    rec = from_dict({"type": "step", "step": 1, "ts": 0.0, "added_by_a_newer_writer": 1})
+    assert isinstance(rec, StepRecord) and rec.step == 1
+
+
+def test_tokens_per_second() -> None:
+    assert StepRecord(step=1, ts=0, tokens=1000, step_time_s=0.5).tokens_per_s == 2000
+    assert StepRecord(step=1, ts=0, tokens=1000).tokens_per_s is None
