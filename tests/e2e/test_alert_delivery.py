@@ -1,0 +1,227 @@
+"""Alerts reach real local servers: a Slack-format webhook over HTTP, e-mail over SMTP
+with STARTTLS + AUTH (aiosmtpd). The secrets appear in no log, no event and no page."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from conftest import require
+
+from steadytune.alerts.config import AlertsConfig
+from steadytune.alerts.router import AlertRouter
+from steadytune.cli.main import main
+from steadytune.records import Event
+from steadytune.rundir import RunDir
+from steadytune.telemetry.events import EventLog
+from steadytune.web.server import start_dashboard
+
+pytestmark = pytest.mark.slow
+
+HOOK_SECRET = "T0000/B0000/XyZwebhookSECRET123"
+SMTP_PASSWORD = "correct-horse-SMTP-secret-77"
+
+
+class Hook:
+    """A local webhook receiver that records JSON bodies."""
+
+    def __init__(self) -> None:
+        self.bodies: list[dict] = []
+        self.paths: list[str] = []
+        self.fail_first = 0
+        hook = self
+
+        class H(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                if hook.fail_first > 0:
+                    hook.fail_first -= 1
+                    self.send_response(503)
+                    self.end_headers()
+                    return
+                hook.paths.append(self.path)
+                hook.bodies.append(json.loads(body))
+                self.send_response(200)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"ok")
+
+            def log_message(self, *a: object) -> None:
+                return
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/services/{HOOK_SECRET}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def hook() -> Iterator[Hook]:
+    h = Hook()
+    yield h
+    h.close()
+
+
+@pytest.fixture
+def smtp(tmp_path: Path) -> Iterator[dict]:
+    """aiosmtpd with a self-signed certificate, STARTTLS required, AUTH checked."""
+    import ssl
+
+    from aiosmtpd.controller import Controller
+    from aiosmtpd.smtp import AuthResult
+
+    openssl = require("openssl", "openssl")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        [openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+         "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(cert, key)
+    got: dict = {"messages": [], "auth": [], "cert": cert}
+
+    class Handler:
+        async def handle_DATA(self, server, session, envelope):  # noqa: ANN001
+            got["messages"].append(envelope.content.decode("utf-8", "replace"))
+            return "250 OK"
+
+    def authenticator(server, session, envelope, mechanism, auth_data):  # noqa: ANN001
+        ok = auth_data.login == b"bot@example.com" and auth_data.password == SMTP_PASSWORD.encode()
+        got["auth"].append(ok)
+        return AuthResult(success=ok)
+
+    with socket.socket() as probe:  # aiosmtpd checks readiness by connecting, so it needs a real port
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    controller = Controller(
+        Handler(), hostname="127.0.0.1", port=port, tls_context=ctx, require_starttls=True,
+        authenticator=authenticator, auth_require_tls=True,
+    )  # fmt: skip
+    controller.start()
+    got["port"] = port
+    yield got
+    controller.stop()
+
+
+def _config(hook: Hook, smtp: dict) -> dict:
+    return {
+        "min_severity": "warning",
+        "retry": {"attempts": 4, "backoff_s": 0.2, "max_backoff_s": 1},
+        "sinks": [
+            {"type": "webhook", "format": "slack", "url_env": "TEST_SLACK_HOOK"},
+            {"type": "email", "host": "127.0.0.1", "port": smtp["port"], "security": "starttls",
+             "username": "bot@example.com", "password_env": "TEST_SMTP_PASSWORD", "sender": "bot@example.com",
+             "to": ["oncall@example.com"], "ca_file": str(smtp["cert"])},
+            {"type": "console"},
+        ],
+    }  # fmt: skip
+
+
+def test_anomaly_reaches_slack_and_email_and_no_secret_leaks(
+    hook: Hook, smtp: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("TEST_SLACK_HOOK", hook.url)
+    monkeypatch.setenv("TEST_SMTP_PASSWORD", SMTP_PASSWORD)
+    hook.fail_first = 1  # the first POST fails: delivery is retried with backoff
+    runs = tmp_path / "runs"
+    run = RunDir(runs / "r-alerts").create()
+    log = EventLog(run.events, run_id="r-alerts")
+    router = AlertRouter(AlertsConfig.model_validate(_config(hook, smtp)), log, run_id="r-alerts")
+    log.on_append = router  # as the supervisor wires it
+    t0 = time.perf_counter()
+    log.append(Event(ts=time.time(), kind="anomaly", name="loss_spike", severity="critical", step=42,
+                     message="loss 3.1 is 2.4x the window mean",
+                     data={"metric": "loss", "cause": "a batch of very long samples",
+                           "suggestion": "roll back to LAST_GOOD and skip the window"}))  # fmt: skip
+    assert time.perf_counter() - t0 < 0.2  # appending (and so training) does not wait for delivery
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not (hook.bodies and smtp["messages"]):
+        time.sleep(0.05)
+    router.close(timeout=10)
+
+    (slack,) = hook.bodies
+    assert slack["text"].endswith("CRITICAL loss_spike in r-alerts at step 42")
+    fields = {f["title"]: f["value"] for f in slack["attachments"][0]["fields"]}
+    assert fields["fix"] == "roll back to LAST_GOOD and skip the window" and fields["step"] == "42"
+    (mail,) = smtp["messages"]
+    assert "Subject: [steadytune] CRITICAL loss_spike in r-alerts at step 42" in mail
+    assert "cause: a batch of very long samples" in mail
+    assert smtp["auth"] == [True]
+
+    events = [json.loads(x) for x in run.events.read_text().splitlines()]
+    alert = events[-1]
+    assert alert["kind"] == "alert" and alert["data"]["status"] == "delivered"
+    assert sorted(alert["data"]["delivered"]) == ["console", "email", "webhook"]
+    assert alert["data"]["attempts"]["webhook"] == 2
+
+    handle = start_dashboard(runs, port=0)
+    try:
+        pages = [urllib.request.urlopen(handle.url + p, timeout=5).read().decode()
+                 for p in ("api/runs/r-alerts", "api/runs/r-alerts/events", "metrics", "run/r-alerts", "api/runs")]  # fmt: skip
+    finally:
+        handle.stop()
+    out, err = capfd.readouterr()
+    haystacks = [run.events.read_text(), out, err, *pages]
+    for secret in (HOOK_SECRET, SMTP_PASSWORD, hook.url):
+        assert not any(secret in h for h in haystacks), f"secret leaked: {secret[:6]}…"
+    assert "CRITICAL loss_spike" in err  # the console sink did print the alert
+
+
+def test_undeliverable_alert_is_marked_in_events(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A port nobody listens on: every try is refused.
+    dead = Hook()
+    url = dead.url
+    dead.close()
+    monkeypatch.setenv("TEST_SLACK_HOOK", url)
+    run = RunDir(tmp_path / "r").create()
+    log = EventLog(run.events, run_id="r")
+    conf = {"retry": {"attempts": 3, "backoff_s": 0.05, "max_backoff_s": 0.1},
+            "sinks": [{"type": "webhook", "format": "discord", "url_env": "TEST_SLACK_HOOK"}]}  # fmt: skip
+    router = AlertRouter(AlertsConfig.model_validate(conf), log)
+    router.submit(Event(ts=time.time(), kind="anomaly", name="nan_loss", severity="critical", step=7))
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not router.recorded:
+        time.sleep(0.05)
+    router.close(timeout=5)
+    (event,) = [json.loads(x) for x in run.events.read_text().splitlines()]
+    assert event["kind"] == "alert" and event["data"]["status"] == "undelivered"
+    assert event["data"]["attempts"] == {"webhook": 3}
+    assert HOOK_SECRET not in run.events.read_text()
+
+
+def test_alert_test_command_sends_through_every_sink(
+    hook: Hook, smtp: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import yaml
+
+    monkeypatch.setenv("TEST_SLACK_HOOK", hook.url)
+    monkeypatch.setenv("TEST_SMTP_PASSWORD", SMTP_PASSWORD)
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(yaml.safe_dump({"model": "tiny", "alerts": _config(hook, smtp)}))
+    assert main(["alert", "test", str(cfg), "--show-config"]) == 0
+    out = capsys.readouterr()
+    assert "3 of 3 sink(s) delivered the test alert" in out.out
+    assert len(hook.bodies) == 1 and len(smtp["messages"]) == 1
+    assert "steadytune test alert" in hook.bodies[0]["text"]
+    assert HOOK_SECRET not in out.out + out.err and SMTP_PASSWORD not in out.out + out.err
+    assert "TEST_SLACK_HOOK" in out.out  # the config dump names the reference, not the value
+
+
+def test_clear_secret_in_yaml_is_refused_by_alert_test(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text("alerts:\n  sinks:\n    - type: webhook\n      url: https://hooks.slack.com/services/T/B/clearSECRET\n")
+    assert main(["alert", "test", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert "alerts.sinks.0.webhook" in err and "url_env: NAME" in err and "clearSECRET" not in err

@@ -1,0 +1,110 @@
+"""A real Prometheus scrapes /metrics; promtool checks the exposition and the rules."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+from live_run import LiveRun
+
+from steadytune.records import StepRecord
+from steadytune.rundir import RunDir, atomic_write_text
+from steadytune.telemetry.stream import JsonlWriter
+from steadytune.web.server import DashboardHandle
+
+pytestmark = pytest.mark.slow
+RULES = Path(__file__).resolve().parents[2] / "deploy" / "prometheus"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _finished_run(runs_dir: Path) -> None:
+    """A run whose loss no longer moves, so the value Prometheus stores is known exactly."""
+    run = RunDir(runs_dir / "done-run").create()
+    with JsonlWriter(run.telemetry(0)) as w:
+        for s in range(20):
+            w.write(StepRecord(step=s, ts=1000.0 + s, loss=0.5 + s / 100, tokens=10, step_time_s=1.0))
+    atomic_write_text(run.status, json.dumps({"run_id": "done-run", "state": "completed", "step": 19,
+                                              "max_steps": 19, "updated_ts": time.time()}))  # fmt: skip
+
+
+def _query(port: int, expr: str) -> list[dict]:
+    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return json.loads(r.read())["data"]["result"]
+
+
+def test_prometheus_scrapes_the_runs_loss(
+    prometheus_bins: tuple[str, str], runs_dir: Path, live_run: LiveRun, dashboard: DashboardHandle, tmp_path: Path
+) -> None:
+    prometheus, promtool = prometheus_bins
+    _finished_run(runs_dir)
+    time.sleep(1.5)
+    port = _free_port()
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+        "scrape_configs:\n"
+        "  - job_name: steadytune\n"
+        f"    static_configs: [{{targets: ['127.0.0.1:{dashboard.port}']}}]\n"
+    )
+    proc = subprocess.Popen(
+        [prometheus, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        result: list[dict] = []
+        while time.monotonic() < deadline:
+            try:
+                result = _query(port, 'steadytune_loss{run="done-run"}')
+                if result:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.5)
+        assert result, "Prometheus never stored steadytune_loss for done-run"
+        assert float(result[0]["value"][1]) == pytest.approx(0.69)
+        live = _query(port, 'steadytune_step{run="live-run"}')
+        assert live and float(live[0]["value"][1]) > 0
+        up = _query(port, 'up{job="steadytune"}')
+        assert up and up[0]["value"][1] == "1"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_promtool_check_metrics_on_the_exposition(
+    prometheus_bins: tuple[str, str], live_run: LiveRun, dashboard: DashboardHandle
+) -> None:
+    _, promtool = prometheus_bins
+    time.sleep(2.5)  # a system sample, an anomaly and its resolution
+    with urllib.request.urlopen(dashboard.url + "metrics", timeout=5) as r:
+        assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        text = r.read()
+    assert b"steadytune_gpu_temperature_celsius" in text and b"steadytune_anomalies_total" in text
+    check = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, timeout=30)
+    assert check.returncode == 0, check.stdout.decode() + check.stderr.decode()
+    assert check.stdout.strip() == b"" and check.stderr.strip() == b"", "promtool lint findings"
+
+
+def test_promtool_rules_check_and_unit_tests(prometheus_bins: tuple[str, str]) -> None:
+    _, promtool = prometheus_bins
+    check = subprocess.run([promtool, "check", "rules", "alerts.yml"], cwd=RULES, capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "SUCCESS: 9 rules found" in check.stdout
+    test = subprocess.run([promtool, "test", "rules", "alerts_test.yml"], cwd=RULES, capture_output=True, text=True)
+    assert test.returncode == 0, test.stdout + test.stderr
+    conf = subprocess.run([promtool, "check", "config", "prometheus.yml"], cwd=RULES, capture_output=True, text=True)
+    assert conf.returncode == 0, conf.stdout + conf.stderr
