@@ -17,9 +17,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from live_run import LiveRun  # noqa: E402
+from live_run import LiveRun
 
-from steadytune.web.server import DashboardHandle, start_dashboard  # noqa: E402
+from steadytune.web.server import DashboardHandle, start_dashboard
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts"

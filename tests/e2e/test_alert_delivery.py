@@ -14,8 +14,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from conftest import require
 
+from conftest import require
 from steadytune.alerts.config import AlertsConfig
 from steadytune.alerts.router import AlertRouter
 from steadytune.cli.main import main
@@ -93,11 +93,11 @@ def smtp(tmp_path: Path) -> Iterator[dict]:
     got: dict = {"messages": [], "auth": [], "cert": cert}
 
     class Handler:
-        async def handle_DATA(self, server, session, envelope):  # noqa: ANN001
+        async def handle_DATA(self, server, session, envelope):
             got["messages"].append(envelope.content.decode("utf-8", "replace"))
             return "250 OK"
 
-    def authenticator(server, session, envelope, mechanism, auth_data):  # noqa: ANN001
+    def authenticator(server, session, envelope, mechanism, auth_data):
         ok = auth_data.login == b"bot@example.com" and auth_data.password == SMTP_PASSWORD.encode()
         got["auth"].append(ok)
         return AuthResult(success=ok)

@@ -47,7 +47,7 @@ def _query(port: int, expr: str) -> list[dict]:
 def test_prometheus_scrapes_the_runs_loss(
     prometheus_bins: tuple[str, str], runs_dir: Path, live_run: LiveRun, dashboard: DashboardHandle, tmp_path: Path
 ) -> None:
-    prometheus, promtool = prometheus_bins
+    prometheus, _ = prometheus_bins
     _finished_run(runs_dir)
     time.sleep(1.5)
     port = _free_port()
