@@ -9,7 +9,7 @@ import pytest
 
 from steadytune.records import Event, GpuSample, PlanRevision, StepRecord, SystemSample, to_json
 from steadytune.rundir import RunDir
-from steadytune.telemetry.events import EventLog
+from steadytune.telemetry.events import EventLog, read_events
 from steadytune.telemetry.store import ROLLUP, RunStore, open_store
 from steadytune.telemetry.stream import JsonlWriter
 
@@ -140,3 +140,16 @@ def test_sync_rereads_a_replaced_file(tmp_path: Path) -> None:
     run.telemetry(0).write_text(to_json(StepRecord(step=0, ts=1.0, loss=5.0)) + "\n")
     store.sync(run)
     assert store.step_series(("loss",)).rows[0][5] == 5.0
+
+
+def test_adopt_continues_after_what_another_writer_indexed(tmp_path: Path) -> None:
+    run = _write_run(tmp_path / "r3")
+    store = RunStore(run.db)  # the supervisor's way: add_* with records it tailed itself
+    store.add_steps(steps(50))
+    store.add_events(read_events(run.events))
+    assert store.adopt(run) == ["telemetry/rank-0.jsonl", "events.jsonl"]
+    with JsonlWriter(run.telemetry(0)) as w:
+        w.write(StepRecord(step=50, ts=1.0, loss=0.25))
+    # Only the new line is read for the adopted file; the unadopted ones are read in full.
+    assert store.sync(run) == 1 + 1 + 1
+    assert store.step_count() == 51

@@ -114,6 +114,26 @@ def _read_lines(path: Path, offset: int, max_bytes: int) -> tuple[list[dict[str,
     return out, offset + end + 1
 
 
+def _last_line(path: Path, block: int = 1 << 16) -> tuple[int, dict[str, Any] | None]:
+    """(offset just past the last complete line, that line parsed) of a JSONL file."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - block))
+            tail = f.read()
+    except OSError:
+        return 0, None
+    end = tail.rfind(b"\n")
+    if end < 0:
+        return 0, None
+    start = tail.rfind(b"\n", 0, end) + 1
+    try:
+        return size - len(tail) + end + 1, json.loads(tail[start:end])
+    except ValueError:
+        return 0, None
+
+
 def _num(value: Any) -> float | None:
     """A chartable number: NaN becomes NULL (SQLite cannot hold NaN), Inf stays."""
     if value is None or isinstance(value, bool):
@@ -219,6 +239,9 @@ class RunStore:
             return 0
         rows = []
         with self._lock:
+            # Another process (supervisor and dashboard) may have stamped rows since we
+            # last looked; continue after the newest stamp so readers never miss one.
+            self._version = max(self._version, self._max_version())
             for r in records:
                 tps = r.tokens_per_s
                 rows.append(
@@ -260,6 +283,7 @@ class RunStore:
         if not samples:
             return 0
         with self._lock:
+            self._version = max(self._version, self._max_version())
             rows, gpus = [], []
             for s in samples:
                 rows.append((s.ts, *(_num(getattr(s, m)) for m in SYSTEM_METRICS), self._next_version()))
@@ -354,6 +378,48 @@ class RunStore:
                 total += len(recs)
             self.set_meta(key, str(offset))
         return total
+
+    def adopt(self, run_dir: RunDir) -> list[str]:
+        """Start tailing at the end of each JSONL file whose last record is already indexed.
+
+        For an index another process filled with ``add_*`` (no offsets kept): instead
+        of re-reading a million lines to find nothing new, check the last line of each
+        file against the index and, where it is there, continue from the end. Files
+        whose tail is not indexed keep offset 0 and are read in full by :meth:`sync`.
+        Returns the files adopted.
+        """
+        adopted = []
+        for path in [*run_dir.telemetry_files(), run_dir.system, run_dir.events, run_dir.plan]:
+            key = f"offset:{path.relative_to(run_dir.root).as_posix()}"
+            if self.get_meta(key) is not None:
+                continue
+            end, last = _last_line(path)
+            if last is None or not self._has(last):
+                continue
+            self.set_meta(key, str(end))
+            adopted.append(key[len("offset:") :])
+        return adopted
+
+    def _has(self, d: dict[str, Any]) -> bool:
+        try:
+            rec = from_dict(d)
+        except (ValueError, TypeError):
+            return False
+        with self._lock:
+            if isinstance(rec, StepRecord):
+                row = self._db.execute(
+                    "SELECT 1 FROM steps WHERE rank=? AND step=? AND attempt>=?", (rec.rank, rec.step, rec.attempt)
+                ).fetchone()
+            elif isinstance(rec, SystemSample):
+                row = self._db.execute("SELECT 1 FROM system WHERE ts=?", (rec.ts,)).fetchone()
+            elif isinstance(rec, Event):
+                row = self._db.execute("SELECT 1 FROM events WHERE seq=?", (rec.seq,)).fetchone()
+            elif isinstance(rec, PlanRevision):
+                row = self._db.execute("SELECT 1 FROM plans WHERE revision=?", (rec.revision,)).fetchone()
+            else:
+                # A heartbeat or exit record last: not indexed, so it proves nothing.
+                return False
+        return row is not None
 
     def rebuild(self, run_dir: RunDir) -> int:
         """Drop the index and build it again from the run's JSONL files."""

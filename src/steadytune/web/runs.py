@@ -131,6 +131,9 @@ class RunEntry:
         if db.exists():
             store = RunStore(db) if os.access(db.parent, os.W_OK) else RunStore(db, readonly=True)
             self._owned = store.get_meta("indexer") == "dashboard"
+            if not self._owned and not store.readonly:
+                # Filled by the supervisor's add_*: continue from the end of what it indexed.
+                store.adopt(self.dir)
             return store
         if os.access(self.dir.root, os.W_OK):
             store = RunStore(db)
