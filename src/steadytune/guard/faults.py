@@ -1,7 +1,8 @@
 """Fault injection for drills and tests: switched on only by ``$STEADYTUNE_FAULTS``.
 
-The variable holds JSON, e.g. ``{"step_sleep_s": 0.05, "crash_at_step": 12}``.
-Without it every hook is a no-op, so production runs pay one attribute check.
+The variable holds JSON, e.g. ``{"step_sleep_s": 0.05, "nan_at_step": 12}``.
+Without it every hook is a no-op. Faults fire in the first attempt only unless
+``fault_attempts`` says otherwise, so a drill sees the recovery, not a loop.
 """
 
 from __future__ import annotations
@@ -19,9 +20,17 @@ class InjectedCrash(RuntimeError):
 @dataclass(frozen=True)
 class Faults:
     step_sleep_s: float = 0.0  # slow every step down, so a test can act mid-run
-    slow_save_s: float = 0.0  # hold each save of the first attempt in its unsafe window (after rename, before manifest)
-    crash_at_step: int | None = None  # raise once this optimizer step has ended (first attempt only)
-    crash_attempts: int = 1  # how many attempts the crash repeats in (1: transient, 99: deterministic)
+    slow_save_s: float = 0.0  # hold each save in its unsafe window (after rename, before manifest)
+    crash_at_step: int | None = None  # raise once this optimizer step has ended
+    nan_at_step: int | None = None  # make this step's loss NaN (a poisoned batch)
+    nan_steps: int = 1  # ... for this many steps in a row
+    oom_at_step: int | None = None  # from this step on, a forward over more than oom_above samples runs out of memory
+    oom_above: int = 1
+    lr_burst_at_step: int | None = None  # multiply the LR for a few steps: a spike that diverges
+    lr_burst_factor: float = 1000.0
+    lr_burst_steps: int = 3
+    hang_at_step: int | None = None  # stop making progress after this step (the process stays alive)
+    fault_attempts: int = 1  # faults fire while attempt < fault_attempts (1: first attempt only)
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Faults:
@@ -35,8 +44,35 @@ class Faults:
             raise ValueError(f"unknown fault(s) {sorted(unknown)}; known: {sorted(known)}")
         return cls(**data)
 
+    def active(self, attempt: int) -> bool:
+        return attempt < self.fault_attempts
+
     def after_step(self, step: int, attempt: int) -> None:
         if self.step_sleep_s:
             time.sleep(self.step_sleep_s)
-        if self.crash_at_step is not None and step == self.crash_at_step and attempt < self.crash_attempts:
+        if not self.active(attempt):
+            return
+        if self.crash_at_step is not None and step == self.crash_at_step:
             raise InjectedCrash(f"injected crash at step {step}")
+        if self.hang_at_step is not None and step == self.hang_at_step:
+            while True:  # a hung collective: alive, silent, going nowhere
+                time.sleep(3600)
+
+    def poison(self, step: int, attempt: int) -> bool:
+        """Whether optimizer step ``step`` (1-based) gets a NaN loss."""
+        return (self.active(attempt) and self.nan_at_step is not None
+                and self.nan_at_step <= step < self.nan_at_step + self.nan_steps)
+
+    def lr_factor(self, step: int, attempt: int) -> float:
+        if (self.active(attempt) and self.lr_burst_at_step is not None
+                and self.lr_burst_at_step <= step < self.lr_burst_at_step + self.lr_burst_steps):
+            return self.lr_burst_factor
+        return 1.0
+
+    def check_oom(self, step: int, attempt: int, batch_size: int) -> None:
+        if self.active(attempt) and self.oom_at_step is not None and step >= self.oom_at_step and batch_size > self.oom_above:
+            import torch
+
+            raise torch.OutOfMemoryError(
+                f"CUDA out of memory. Tried to allocate 2.00 GiB (injected: {batch_size} samples > {self.oom_above})"
+            )

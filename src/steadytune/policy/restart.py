@@ -13,10 +13,16 @@ from dataclasses import dataclass
 
 # Messages that identify a crash's cause, checked in order against the stderr tail.
 _CLASSIFIERS: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("oom", re.compile(r"CUDA out of memory|OutOfMemoryError|HIP out of memory|DefaultCPUAllocator: can't allocate memory|CUBLAS_STATUS_ALLOC_FAILED", re.I)),
+    ("oom", re.compile(r"CUDA out of memory|OutOfMemoryError|HIP out of memory|DefaultCPUAllocator: can't allocate memory"
+                        r"|CUBLAS_STATUS_ALLOC_FAILED|cuDNN error: CUDNN_STATUS_NOT_SUPPORTED|SplitExhausted", re.I)),
     ("collective_timeout", re.compile(r"NCCL.*(timeout|Timeout|watchdog)|Watchdog caught collective operation timeout|ProcessGroupGloo.*timed? ?out|Connection closed by peer|gloo.*Timed out", re.I)),
     ("cuda_error", re.compile(r"CUDA error|cudaError|device-side assert|illegal memory access|CUBLAS_STATUS|cuDNN error|NCCL error", re.I)),
 )
+
+
+def is_oom_message(text: str) -> bool:
+    """Whether an error text is an out-of-memory error (the table above, shared with the worker)."""
+    return bool(_CLASSIFIERS[0][1].search(text))
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,8 @@ map the config to ``TrainingArguments``, train with the guard's callback.
 
 from __future__ import annotations
 
-import math
+import contextlib
+import gc
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,10 +18,27 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingA
 
 from steadytune.config.schema import SteadytuneConfig
 from steadytune.guard.core import Guard
+from steadytune.guard.faults import Faults
+from steadytune.policy.restart import is_oom_message
 from steadytune.records import PlanRevision
 from steadytune.train.data import IGNORE_INDEX, SAMPLE_HASH, SAMPLE_ID, DataSpec, build_dataset
+from steadytune.train.sampling import SkipSampler
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class SplitExhausted(RuntimeError):
+    """OOM that splitting the micro-batch could not absorb; the supervisor escalates."""
+
+
+def is_oom(exc: BaseException) -> bool:
+    return isinstance(exc, torch.OutOfMemoryError) or is_oom_message(f"{type(exc).__name__}: {exc}")
+
+
+def free_memory() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 @dataclass
@@ -48,18 +66,86 @@ class Collator:
         return batch
 
 
-class GuardedTrainer(Trainer):
-    """A Trainer that feeds each micro-batch's loss, tokens and sample ids to the guard."""
+def _label_tokens(inputs: dict[str, Any]) -> int:
+    """Tokens that carry loss in a causal LM batch (labels shift by one)."""
+    labels = inputs.get("labels")
+    return int((labels[:, 1:] != IGNORE_INDEX).sum()) if labels is not None else 0
 
-    def __init__(self, *args: Any, guard: Guard, **kwargs: Any) -> None:
+
+class GuardedTrainer(Trainer):
+    """A Trainer that feeds each micro-batch to the guard and survives OOM by splitting it.
+
+    On an out-of-memory error the *same* micro-batch is split into 2, 4, ... chunks
+    whose gradients add up to the unsplit one, and the earlier micro-batches of the
+    optimizer step are redone, so the update and the effective batch are unchanged.
+    """
+
+    def __init__(self, *args: Any, guard: Guard, faults: Faults | None = None, split: int = 1,
+                 max_split: int = 16, skip_ids: set[int] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.st_guard = guard
+        self.st_faults = faults or Faults()
+        self.st_split = max(1, split)
+        self.st_max_split = max_split
+        self.st_skip = skip_ids or set()
+        self._st_step_inputs: list[tuple[dict[str, Any], Any]] = []
+        self._st_step_of_inputs = -1
+
+    def _get_train_sampler(self, train_dataset: Any = None) -> Any:
+        ds = train_dataset if train_dataset is not None else self.train_dataset
+        if ds is None or SAMPLE_ID not in getattr(ds, "column_names", ()):
+            return super()._get_train_sampler(train_dataset)
+        return SkipSampler(ds[SAMPLE_ID], seed=self.args.seed, skip=self.st_skip)
+
+    def compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool = False,
+                     num_items_in_batch: Any = None) -> Any:
+        out = super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
+        if self.st_faults.poison(self.state.global_step + 1, self.st_guard.attempt):
+            return (out[0] * float("nan"), out[1]) if return_outputs else out * float("nan")
+        return out
+
+    def _run_chunks(self, model: Any, inputs: dict[str, Any], num_items_in_batch: Any, split: int) -> torch.Tensor:
+        """One micro-batch as ``split`` chunks whose losses and gradients sum to the unsplit ones."""
+        size = int(inputs["input_ids"].shape[0])
+        self.st_faults.check_oom(self.state.global_step + 1, self.st_guard.attempt, -(-size // split))
+        if split <= 1:
+            return super().training_step(model, inputs, num_items_in_batch)
+        pieces = [c for c in range(split) if c < size]
+        chunks = [{k: (v.tensor_split(len(pieces))[c] if torch.is_tensor(v) and v.dim() and v.shape[0] == size else v)
+                   for k, v in inputs.items()} for c in pieces]
+        total = max(1, _label_tokens(inputs))
+        saved_ga = getattr(self, "current_gradient_accumulation_steps", self.args.gradient_accumulation_steps)
+        loss_sum = None
+        try:
+            for n, chunk in enumerate(chunks):
+                if num_items_in_batch is None or not self.model_accepts_loss_kwargs:
+                    # Mean-reduced losses: weight each chunk by its share of the tokens.
+                    share = max(1, _label_tokens(chunk)) / total
+                    self.current_gradient_accumulation_steps = saved_ga / share
+                last = n == len(chunks) - 1
+                ctx = contextlib.nullcontext() if last else self.accelerator.no_sync(model)
+                with ctx:
+                    part = super().training_step(model, chunk, num_items_in_batch)
+                loss_sum = part if loss_sum is None else loss_sum + part
+        finally:
+            self.current_gradient_accumulation_steps = saved_ga
+        return loss_sum
 
     def training_step(self, model: Any, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
         ids = inputs.pop(SAMPLE_ID, None)
         hashes = inputs.pop(SAMPLE_HASH, None)
         tokens = int(inputs["attention_mask"].sum()) if "attention_mask" in inputs else None
-        loss = super().training_step(model, inputs, num_items_in_batch)
+        if self._st_step_of_inputs != self.state.global_step:
+            self._st_step_of_inputs, self._st_step_inputs = self.state.global_step, []
+        self._st_step_inputs.append((inputs, num_items_in_batch))
+        while True:
+            try:
+                loss = self._run_chunks(model, inputs, num_items_in_batch, self.st_split)
+                break
+            except Exception as exc:
+                if not is_oom(exc):
+                    raise
+                self._recover_from_oom(model, inputs, exc)
         self.st_guard.add_microbatch(
             loss,
             tokens=tokens,
@@ -67,6 +153,26 @@ class GuardedTrainer(Trainer):
             sample_hashes=hashes.tolist() if hashes is not None else None,
         )
         return loss
+
+    def _recover_from_oom(self, model: Any, inputs: dict[str, Any], exc: BaseException) -> None:
+        size = int(inputs["input_ids"].shape[0])
+        new_split = self.st_split * 2
+        if new_split > self.st_max_split or self.st_split >= size:
+            raise SplitExhausted(
+                f"out of memory even with the micro-batch split into {self.st_split} chunks: {exc}"
+            ) from exc
+        free_memory()
+        # The failed micro-batch may have left partial gradients: redo the whole step's
+        # micro-batches so far, all split, so the update still equals the unsplit one.
+        model.zero_grad(set_to_none=True)
+        self.st_split = new_split
+        step = self.state.global_step + 1
+        self.st_guard.notify("action", "reduce_microbatch",
+                             f"out of memory at step {step}: micro-batch split into {new_split} chunks, "
+                             "same batch and effective batch", severity="warning", step=step,
+                             micro_batch_split=new_split, error=str(exc)[:300])
+        for prev_inputs, prev_n in self._st_step_inputs[:-1]:
+            self._run_chunks(model, prev_inputs, prev_n, self.st_split)
 
     def _clip_grad_norm(self, model: Any) -> Any:
         # The Trainer already computes the pre-clip norm here; reuse it instead of a second pass.
@@ -160,7 +266,8 @@ def training_arguments(cfg: SteadytuneConfig, plan: PlanRevision, staging: Path,
     )
 
 
-def build_trainer(cfg: SteadytuneConfig, plan: PlanRevision, guard: Guard, callbacks: list[Any], staging: Path) -> Trainer:
+def build_trainer(cfg: SteadytuneConfig, plan: PlanRevision, guard: Guard, callbacks: list[Any], staging: Path,
+                  faults: Faults | None = None, max_split: int = 16) -> GuardedTrainer:
     tok = load_tokenizer(cfg)
     spec = DataSpec(cfg.data.train_file, cfg.data.format, cfg.data.text_field, plan.max_seq_length or cfg.data.max_seq_length,
                     cfg.data.train_on_prompt, cfg.data.max_samples)
@@ -170,9 +277,7 @@ def build_trainer(cfg: SteadytuneConfig, plan: PlanRevision, guard: Guard, callb
         eval_spec = DataSpec(cfg.data.eval_file, cfg.data.format, cfg.data.text_field, spec.max_seq_length,
                              cfg.data.train_on_prompt, None)
         eval_ds = build_dataset(tok, eval_spec)
-    if plan.skip_ranges:
-        skip = {i for a, b in plan.skip_ranges for i in range(a, b + 1)}
-        train_ds = train_ds.filter(lambda row: row[SAMPLE_ID] not in skip)
+    skip = {i for a, b in plan.skip_ranges for i in range(a, b + 1)}
     args = training_arguments(cfg, plan, staging, eval_ds is not None)
     model = load_model(cfg, args.gradient_checkpointing)
     return GuardedTrainer(
@@ -184,9 +289,8 @@ def build_trainer(cfg: SteadytuneConfig, plan: PlanRevision, guard: Guard, callb
         processing_class=tok,
         callbacks=callbacks,
         guard=guard,
+        faults=faults,
+        split=plan.micro_batch_split,
+        max_split=max_split,
+        skip_ids=skip,
     )
-
-
-def final_loss(history: list[dict[str, Any]]) -> float | None:
-    losses = [h["loss"] for h in history if "loss" in h and math.isfinite(h["loss"])]
-    return losses[-1] if losses else None

@@ -1,0 +1,101 @@
+"""Plan revisions for restarts: rollback-and-skip, OOM escalation, memory pressure. Pure.
+
+Each function takes the current plan and the facts, and returns the next plan
+(or None when there is no safe next plan), never touching a file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+from steadytune.records import PlanRevision, replace
+
+
+def to_ranges(ids: Iterable[int]) -> tuple[tuple[int, int], ...]:
+    """Sorted, merged inclusive ranges: [1,2,3,7,8] -> ((1,3),(7,8))."""
+    out: list[list[int]] = []
+    for i in sorted(set(ids)):
+        if out and i == out[-1][1] + 1:
+            out[-1][1] = i
+        else:
+            out.append([i, i])
+    return tuple((a, b) for a, b in out)
+
+
+def merge_ranges(*groups: Iterable[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    ranges = sorted((a, b) for g in groups for a, b in g)
+    out: list[list[int]] = []
+    for a, b in ranges:
+        if out and a <= out[-1][1] + 1:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return tuple((a, b) for a, b in out)
+
+
+def choose_rollback_checkpoint(
+    anomaly_start: int, verified_steps: Sequence[int], previous_resumes: Sequence[int | None]
+) -> int | None:
+    """The checkpoint to roll back to: the newest verified one from before the anomaly.
+
+    If an earlier rollback already resumed from that same checkpoint (the trouble
+    came back), go one checkpoint further back. ``0`` means start over from the
+    initial weights; ``None`` means there is nowhere left to go.
+    """
+    candidates = [*sorted((s for s in verified_steps if s < anomaly_start), reverse=True), 0]
+    tried = {p or 0 for p in previous_resumes}
+    for step in candidates:
+        if step not in tried:
+            return step
+    return None
+
+
+def rollback_plan(
+    current: PlanRevision,
+    revision: int,
+    ts: float,
+    attempt: int,
+    anomaly_start: int,
+    anomaly_end: int,
+    checkpoint_step: int,
+    checkpoint_path: str | None,
+    samples_by_step: Mapping[int, Sequence[int]],
+    lr_scale: float,
+    cause_event_seq: int | None,
+    reason: str,
+) -> PlanRevision:
+    """Restart from ``checkpoint_step``, skipping the samples that led into the anomaly, at a lower LR."""
+    window = [i for s, ids in samples_by_step.items() if checkpoint_step < s <= anomaly_end for i in ids]
+    return replace(
+        current,
+        revision=revision, ts=ts, attempt=attempt, reason=reason, cause_event_seq=cause_event_seq,
+        resume_checkpoint=checkpoint_path,
+        lr_scale=current.lr_scale * lr_scale,
+        skip_ranges=merge_ranges(current.skip_ranges, to_ranges(window)),
+        notes=f"rollback to step {checkpoint_step}; skipped {len(set(window))} samples of steps "
+              f"{checkpoint_step + 1}..{anomaly_end}; LR x{current.lr_scale * lr_scale:g}",
+    )
+
+
+def oom_escalation(current: PlanRevision, seq_len: int, gradient_checkpointing: bool) -> tuple[dict, str] | None:
+    """What to change after an OOM the in-process split could not absorb.
+
+    First gradient checkpointing, then half the sequence length (never below 64).
+    """
+    if not (current.gradient_checkpointing or gradient_checkpointing):
+        return {"gradient_checkpointing": True}, "OOM past the split limit: restart with gradient checkpointing"
+    seq = current.max_seq_length or seq_len
+    if seq // 2 >= 64:
+        return {"max_seq_length": seq // 2}, f"OOM even with gradient checkpointing: restart with max_seq_length {seq // 2}"
+    return None
+
+
+def smaller_microbatch(current: PlanRevision, batch: int, accum: int) -> dict | None:
+    """The largest smaller micro-batch that divides the current one, with accumulation scaled up
+    so the effective batch (micro-batch x accumulation) stays exactly the same."""
+    b = current.per_device_train_batch_size or batch
+    a = current.gradient_accumulation_steps or accum
+    d = next((d for d in range(b // 2, 0, -1) if b % d == 0), None)
+    if d is None:
+        return None
+    return {"per_device_train_batch_size": d, "gradient_accumulation_steps": a * (b // d)}

@@ -1,0 +1,108 @@
+"""The policy is pure: anomalies in, actions out, within budgets."""
+
+from __future__ import annotations
+
+from steadytune.policy.config import PolicyConfig
+from steadytune.policy.engine import Policy
+from steadytune.policy.plan import (
+    choose_rollback_checkpoint,
+    merge_ranges,
+    oom_escalation,
+    rollback_plan,
+    smaller_microbatch,
+    to_ranges,
+)
+from steadytune.records import Anomaly, PlanRevision
+
+
+def anomaly(kind: str, start: int, severity: str = "warning", metric: str = "loss") -> Anomaly:
+    return Anomaly(kind, severity, start, start, metric)
+
+
+def test_a_spike_is_acted_on_only_once_it_persists() -> None:
+    pol = Policy(PolicyConfig(spike_confirm_points=3))
+    spike = anomaly("loss_spike", 50)
+    assert pol.on_raised(spike, 50) is None
+    assert pol.on_step(51) == []
+    actions = pol.on_step(52)
+    assert [a.name for a in actions] == ["rollback"] and actions[0].anomaly == spike
+    assert pol.on_step(53) == []  # acted once
+
+
+def test_a_spike_that_recovers_is_left_alone() -> None:
+    pol = Policy(PolicyConfig(spike_confirm_points=3))
+    spike = anomaly("loss_spike", 50)
+    pol.on_raised(spike, 50)
+    pol.on_resolved(spike)
+    assert pol.on_step(60) == []
+
+
+def test_safe_mode_style_immediate_rollback_and_the_budget() -> None:
+    pol = Policy(PolicyConfig(spike_confirm_points=1, max_rollbacks=2))
+    names = [pol.on_raised(anomaly("loss_spike", s), s).name for s in (10, 20, 30)]
+    assert names == ["rollback", "rollback", "alert"]
+
+
+def test_observe_mode_only_alerts() -> None:
+    pol = Policy(PolicyConfig(mode="observe"))
+    act = pol.on_raised(anomaly("divergence", 5, "critical"), 5)
+    assert act.name == "alert" and "would rollback" in act.reason
+
+
+def test_severity_floor_and_alert_only_kinds() -> None:
+    pol = Policy()
+    assert pol.on_raised(anomaly("divergence", 5, "warning"), 5) is None  # rule wants critical
+    assert pol.on_raised(anomaly("plateau", 5), 5) is None
+    assert pol.on_raised(anomaly("stall", 5), 5).name == "restart"
+    assert pol.on_raised(anomaly("memory_leak", 7, metric="mem_allocated_bytes"), 7).name == "reduce_microbatch"
+
+
+def test_rules_from_config_merge_over_defaults() -> None:
+    pol = Policy(PolicyConfig.model_validate({"rules": {"stall": {"action": "alert"}}}))
+    assert pol.on_raised(anomaly("stall", 5), 5) is None
+    assert pol.config.rule("divergence").action == "rollback"
+
+
+def test_consecutive_skips_escalate_to_rollback_once() -> None:
+    pol = Policy(PolicyConfig(nan_rollback_after=3))
+    assert pol.on_skipped_update(10, 1) is None and pol.on_skipped_update(11, 2) is None
+    act = pol.on_skipped_update(12, 3)
+    assert act.name == "rollback" and act.anomaly.start_step == 10
+    assert pol.on_skipped_update(12, 3) is None
+
+
+def test_ranges() -> None:
+    assert to_ranges([7, 1, 2, 3, 8, 2]) == ((1, 3), (7, 8))
+    assert merge_ranges(((1, 3),), ((4, 6), (10, 12)), ((11, 20),)) == ((1, 6), (10, 20))
+
+
+def test_rollback_goes_further_back_when_the_trouble_repeats() -> None:
+    steps = [10, 20, 30, 40]
+    assert choose_rollback_checkpoint(35, steps, []) == 30
+    assert choose_rollback_checkpoint(34, steps, [30]) == 20
+    assert choose_rollback_checkpoint(12, steps, [10]) == 0
+    assert choose_rollback_checkpoint(12, steps, [10, None]) is None
+
+
+def test_rollback_plan_skips_the_window_and_scales_the_lr() -> None:
+    cur = PlanRevision(revision=1, ts=0, reason="start", lr_scale=1.0, skip_ranges=((100, 101),))
+    samples = {19: [1, 2], 21: [5, 6], 22: [7, 8], 30: [50]}
+    plan = rollback_plan(cur, 2, 1.0, 1, anomaly_start=22, anomaly_end=22, checkpoint_step=20,
+                         checkpoint_path="/r/checkpoint-20", samples_by_step=samples, lr_scale=0.5,
+                         cause_event_seq=9, reason="loss_spike")
+    assert plan.skip_ranges == ((5, 8), (100, 101)) and plan.lr_scale == 0.5
+    assert plan.resume_checkpoint == "/r/checkpoint-20" and plan.cause_event_seq == 9 and plan.revision == 2
+
+
+def test_oom_escalation_and_smaller_microbatch_keep_the_effective_batch() -> None:
+    cur = PlanRevision(revision=0, ts=0, reason="start")
+    change, why = oom_escalation(cur, 512, gradient_checkpointing=False)
+    assert change == {"gradient_checkpointing": True}
+    gc = PlanRevision(revision=1, ts=0, reason="oom", gradient_checkpointing=True)
+    assert oom_escalation(gc, 512, False)[0] == {"max_seq_length": 256}
+    assert oom_escalation(PlanRevision(revision=1, ts=0, reason="oom", gradient_checkpointing=True, max_seq_length=100), 512, False) is None
+    for b, a in ((8, 1), (6, 2), (3, 4)):
+        new = smaller_microbatch(cur, b, a)
+        assert new["per_device_train_batch_size"] * new["gradient_accumulation_steps"] == b * a
+        assert new["per_device_train_batch_size"] < b
+    assert smaller_microbatch(cur, 1, 4) is None
