@@ -81,7 +81,7 @@ def row(name: str, value: str, target: str, ok: bool) -> str:
     return f"  {name:<62} {value:>12}   target {target:<8} {'OK' if ok else 'MISSED'}"
 
 
-def bench_scrape(tmp: Path, quick: bool) -> tuple[float, float]:
+def bench_scrape(tmp: Path, quick: bool) -> tuple[float, float, float]:
     runs = tmp / "scrape"
     live = [LiveRun(runs, f"run-{i:02d}", rate=5.0).start() for i in range(10)]
     dash = Dashboard(runs)
@@ -95,7 +95,8 @@ def bench_scrape(tmp: Path, quick: bool) -> tuple[float, float]:
             times.append(time.perf_counter() - t0)
             time.sleep(0.1)
         assert body.count(b"steadytune_step{") == 10
-        return statistics.median(times), max(times)
+        times.sort()
+        return statistics.median(times), times[int(0.95 * (len(times) - 1))], times[-1]
     finally:
         dash.close()
         for r in live:
@@ -200,13 +201,14 @@ def main() -> int:
     steps = 200_000 if args.quick else 1_000_000
     with tempfile.TemporaryDirectory(prefix="steadytune-bench-") as d:
         tmp = Path(d)
-        med, worst = bench_scrape(tmp, args.quick)
+        med, p95, worst = bench_scrape(tmp, args.quick)
         live = bench_live(tmp, args.quick, chromium)
         load, how = bench_big(tmp, steps, chromium)
         how = how.split(",")[0]
     print(f"steadytune dashboard benchmark ({os.cpu_count()} CPU cores)")
     print(row("/metrics scrape, 10 live runs (median)", f"{med * 1000:.1f} ms", "< 50 ms", med < 0.05))
-    print(row("/metrics scrape, 10 live runs (worst)", f"{worst * 1000:.1f} ms", "< 50 ms", worst < 0.05))
+    print(row("/metrics scrape, 10 live runs (p95)", f"{p95 * 1000:.1f} ms", "< 50 ms", p95 < 0.05))
+    print(row("/metrics scrape, 10 live runs (worst of the sample)", f"{worst * 1000:.1f} ms", "< 50 ms", worst < 0.05))
     print(row(f"record-to-screen p50 ({live['how']})", f"{float(live['p50']) * 1000:.0f} ms", "< 1 s", float(live["p50"]) < 1))
     print(row(f"record-to-screen p95 ({live['how']})", f"{float(live['p95']) * 1000:.0f} ms", "< 1 s", float(live["p95"]) < 1))
     print(row(f"run page load, {steps:,} steps ({how})", f"{load:.2f} s", "< 2 s", load < 2))

@@ -650,6 +650,20 @@ class RunStore:
                 )
             ]
 
+    def anomaly_states(self) -> list[tuple[str, str, str, str]]:
+        """``(kind, name, severity, metric)`` of anomaly and resolved events, in order.
+
+        Read with SQLite's JSON functions so ``/metrics`` never parses whole events.
+        """
+        with self._lock:
+            return [
+                (r[0], r[1], r[2], r[3] or "")
+                for r in self._db.execute(
+                    "SELECT kind, name, severity, json_extract(json, '$.data.metric') FROM events "
+                    "WHERE kind IN ('anomaly', 'resolved') ORDER BY seq"
+                )
+            ]
+
     def plans(self) -> list[PlanRevision]:
         with self._lock:
             raw = [r[0] for r in self._db.execute("SELECT json FROM plans ORDER BY revision")]

@@ -119,12 +119,11 @@ class _Families:
 def active_anomalies(entry: RunEntry) -> dict[tuple[str, str], str]:
     """(kind, metric) → severity of the anomalies raised and not resolved since."""
     active: dict[tuple[str, str], str] = {}
-    for e in entry.store().events(kinds=("anomaly", "resolved"), limit=100000):
-        key = (e.name, str((e.data or {}).get("metric") or ""))
-        if e.kind == "anomaly":
-            active[key] = e.severity
+    for kind, name, severity, metric in entry.store().anomaly_states():
+        if kind == "anomaly":
+            active[(name, metric)] = severity
         else:
-            active.pop(key, None)
+            active.pop((name, metric), None)
     return active
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 import threading
 import time
@@ -209,6 +210,7 @@ class RunsIndex:
     def __init__(self, runs_dir: Path, clock: Callable[[], float] = time.time, cache_dir: Path | None = None) -> None:
         self.runs_dir = Path(runs_dir)
         self.clock = clock
+        self._own_cache = cache_dir is None
         self._cache_dir = cache_dir or Path(tempfile.mkdtemp(prefix="steadytune-dash-"))
         self._entries: dict[str, RunEntry] = {}
         self._lock = threading.Lock()
@@ -252,3 +254,5 @@ class RunsIndex:
             for e in self._entries.values():
                 e.close()
             self._entries.clear()
+        if self._own_cache:
+            shutil.rmtree(self._cache_dir, ignore_errors=True)
