@@ -1,0 +1,291 @@
+"""The estimator: peak memory per device of one training step, from shapes alone.
+
+A training step is a sequence of moments, and the peak is the largest of them:
+
+``forward``   everything saved for backward plus the logits and their fp32 upcast;
+``loss``      the start of backward, when cross-entropy's dense (tokens x vocab)
+              gradients sit next to every saved activation;
+``top``       the first decoder layers' backward: activations still alive, the LM head's
+              and top layer's gradients already allocated;
+``bottom``    the end of backward: all gradients, the last layer's activations;
+``optimizer`` gradients plus optimizer states (and the step's scratch buffers).
+
+Optimizer states exist in every moment (the steady state from the second step on), so
+the estimate is the peak of a long run, not of its first step. With gradient
+accumulation the gradients are alive in every moment too.
+
+Each moment is a dict of components; the breakdown of the largest one is returned, so
+its parts always sum to the peak. On CUDA the CUDA context and an allocator margin are
+added on top of the tensor peak.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from steadytune.estimate.activations import (
+    checkpointed_layer_bytes,
+    head_activations,
+    layer_activations,
+    layer_weight_bytes,
+    precision,
+)
+from steadytune.estimate.arch import Architecture
+from steadytune.estimate.setup import DTYPE_BYTES, TrainSetup
+from steadytune.estimate.states import ParamCounts, lora_params_per_layer, model_states, param_counts
+
+# The order in which components are shown; JSON output keeps it too.
+COMPONENTS = (
+    "weights",
+    "adapters",
+    "quantization_constants",
+    "gradients",
+    "optimizer_states",
+    "activations",
+    "logits_loss",
+    "temporaries",
+    "cuda_context",
+    "allocator_margin",
+)
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """The estimated peak of one device and where it comes from.
+
+    Attributes:
+        peak_bytes: tensor peak plus CUDA context plus allocator margin.
+        breakdown: bytes per component (see :data:`COMPONENTS`); sums to ``peak_bytes``.
+        phase: the moment of the step where the peak happens.
+        phases: tensor bytes at every moment considered.
+        activation_detail: saved-for-backward bytes over the whole forward, split into
+            attention, mlp, norms (all layers) and head (final norm, LM head, inputs).
+        params: parameter counts by role.
+    """
+
+    peak_bytes: int
+    breakdown: dict[str, int]
+    phase: str
+    phases: dict[str, int] = field(default_factory=dict)
+    activation_detail: dict[str, int] = field(default_factory=dict)
+    params: ParamCounts | None = None
+
+    @property
+    def tensor_bytes(self) -> int:
+        """The peak as ``torch.cuda.max_memory_allocated`` would report it."""
+        return (
+            self.peak_bytes
+            - self.breakdown.get("cuda_context", 0)
+            - self.breakdown.get("allocator_margin", 0)
+        )
+
+    @property
+    def reserved_bytes(self) -> int:
+        """The peak as ``torch.cuda.max_memory_reserved`` would report it."""
+        return self.peak_bytes - self.breakdown.get("cuda_context", 0)
+
+
+def _layer_plan(arch: Architecture, setup: TrainSetup) -> list[tuple[bool, bool]]:
+    """(trainable, input requires grad) for each decoder layer."""
+    n = arch.num_layers
+    if setup.method == "full":
+        return [(True, True)] * n
+    if setup.method == "freeze":
+        first = n - min(setup.freeze_trainable_layers, n)
+        return [(i >= first, i > first) for i in range(n)]
+    return [(False, i > 0) for i in range(n)]
+
+
+def _in_grad_region(setup: TrainSetup, trainable: bool, grad_in: bool) -> bool:
+    """Whether autograd records the layer at all (frozen layers below the first trainable
+    parameter keep nothing)."""
+    return trainable or grad_in or setup.method in ("lora", "qlora")
+
+
+@dataclass(frozen=True)
+class _Copies:
+    """Compute-dtype weight copies made by autocast for one decoder layer and the LM head.
+
+    Autocast casts a linear's weight on every use and the matmul keeps the copy for
+    backward; weights already in the compute dtype (or quantized) need none. Casts of
+    weights that require grad are also cached by autocast until the forward ends, which
+    matters under gradient checkpointing, where nothing else keeps them.
+    """
+
+    saved: int  # per layer, kept for backward
+    cached: int  # per layer, the part autocast caches (trainable leaves)
+    head: int
+
+
+def _weight_copies(arch: Architecture, setup: TrainSetup, trainable: bool) -> _Copies:
+    p = precision(setup)
+    if not p.autocast:
+        return _Copies(0, 0, 0)
+    e = p.compute
+    linear = sum(lin.in_features * lin.out_features for lin in arch.linears())
+    base = 0
+    if setup.method != "qlora" and layer_weight_bytes(setup, trainable) != e:
+        base = e * linear
+    adapters = e * lora_params_per_layer(arch, setup) if p.adapter != e else 0
+    head_dtype = setup.trainable_dtype if setup.method == "full" else setup.frozen_weights_dtype
+    head = e * arch.vocab_size * arch.hidden_size if DTYPE_BYTES[head_dtype] != e else 0
+    return _Copies(saved=base + adapters, cached=(base if trainable else 0) + adapters, head=head)
+
+
+def estimate_peak(arch: Architecture, setup: TrainSetup) -> MemoryEstimate:
+    """Estimate the peak memory of one device for one steady-state training step.
+
+    Args:
+        arch: the model architecture (from :func:`steadytune.estimate.arch.load_architecture`).
+        setup: how it trains.
+
+    Returns:
+        The peak, its breakdown by component (summing to the peak) and the moment of the
+        step where it happens.
+    """
+    tokens = setup.batch * setup.seq
+    counts = param_counts(arch, setup)
+    ms = model_states(arch, setup)
+    p = precision(setup)
+    e = p.compute
+    ckpt = setup.gradient_checkpointing
+
+    layers = []  # (activations per token, weight copies) of each layer autograd records
+    for trainable, grad_in in _layer_plan(arch, setup):
+        if _in_grad_region(setup, trainable, grad_in):
+            acts = layer_activations(arch, setup, trainable, grad_in)
+            layers.append((acts, _weight_copies(arch, setup, trainable)))
+    head = head_activations(arch, setup)
+    copy_head = _weight_copies(arch, setup, setup.method == "full").head
+    full_layer = max((a.total for a, _ in layers), default=0.0) * tokens
+    copy_layer = max((c.saved for _, c in layers), default=0)
+    residual = p.residual * arch.hidden_size * tokens
+    if ckpt:
+        layer_acts = len(layers) * checkpointed_layer_bytes(arch, setup) * tokens
+        copies_backward = copy_head
+        copies_forward = copy_head + sum(c.cached for _, c in layers)
+        recompute, recompute_copies = full_layer, copy_layer
+    else:
+        layer_acts = sum(a.total for a, _ in layers) * tokens
+        copies_backward = copies_forward = copy_head + sum(c.saved for _, c in layers)
+        recompute, recompute_copies = 0.0, 0
+    log_probs = head.log_softmax * tokens
+    saved = layer_acts + (head.saved - head.log_softmax) * tokens
+
+    # Scratch inside one op: the MLP's unsaved intermediates in forward and the gradients
+    # of its intermediates in backward (plus the residual stream's gradient), a 4-bit
+    # weight dequantized for one matmul, the compute-dtype weight gradient before its
+    # cast to fp32, Adafactor's per-tensor update buffers.
+    mlp_width = e * arch.intermediate_size * tokens
+    dequant = e * arch.largest_linear_params if setup.method == "qlora" else 0
+    fwd_scratch = 2 * mlp_width + dequant
+    layer_grad_scratch = min(ms.weight_grad_scratch, e * arch.largest_linear_params)
+    bwd_scratch = 2 * mlp_width + 2 * residual + layer_grad_scratch + dequant
+    step_scratch = 3 * 4 * counts.largest_trainable_tensor if setup.optimizer == "adafactor" else 0
+
+    persistent = {
+        "weights": ms.weights + ms.sharded_gather,
+        "adapters": ms.adapters,
+        "quantization_constants": ms.quantization_constants,
+        "optimizer_states": ms.optimizer_states,
+    }
+    accumulated = ms.gradients if setup.gradient_accumulation_steps > 1 else 0
+    head_grads = _head_gradient_bytes(arch, setup, counts, ms.gradients)
+    bottom_grads = ms.gradients - _layer_gradient_bytes(arch, setup, counts, ms.gradients)
+    if setup.method == "full":
+        bottom_grads -= (
+            head_grads if arch.tie_word_embeddings else _embedding_gradient_bytes(arch, counts, ms)
+        )
+
+    def moment(copies: float, grads: float, acts: float, logits: float, temp: float) -> dict[str, int]:
+        out = dict(persistent)
+        out["weights"] += int(copies)
+        out["gradients"] = int(grads)
+        out["activations"] = int(acts)
+        out["logits_loss"] = int(logits)
+        out["temporaries"] = int(temp)
+        return out
+
+    moments = {
+        # End of forward: logits, their fp32 upcast and the log-probabilities coexist.
+        "forward": moment(copies_forward, accumulated, saved, log_probs + head.forward_extra * tokens, 0),
+        # Inside the last layer's forward: its unsaved intermediates.
+        "forward_layer": moment(copies_forward, accumulated, saved, 0, fwd_scratch),
+        # Start of backward: cross-entropy's dense gradients next to the log-probabilities.
+        "loss": moment(copies_backward, accumulated, saved, log_probs + head.backward_extra * tokens, 0),
+        # LM head backward: the compute-dtype logits gradient, the head's weight gradient.
+        "lm_head": moment(
+            copies_backward,
+            max(accumulated, head_grads),
+            saved,
+            e * arch.vocab_size * tokens,
+            ms.weight_grad_scratch,
+        ),
+        # Top decoder layer backward (recomputed first under checkpointing).
+        "top": moment(
+            copies_backward + recompute_copies,
+            max(accumulated, head_grads),
+            layer_acts + recompute,
+            0,
+            bwd_scratch,
+        ),
+        # Bottom decoder layer backward: nearly all gradients, one layer's activations.
+        "bottom": moment(
+            recompute_copies if ckpt else copy_layer,
+            max(accumulated, bottom_grads),
+            (full_layer if layers else 0) + (residual if ckpt else 0) + head.inputs * tokens,
+            0,
+            bwd_scratch,
+        ),
+        "optimizer": moment(0, ms.gradients, 0, 0, step_scratch),
+    }
+    phases = {name: sum(parts.values()) for name, parts in moments.items()}
+    phase = max(phases, key=lambda name: phases[name])
+    breakdown = {name: moments[phase].get(name, 0) for name in COMPONENTS[:-2]}
+    tensor_peak = phases[phase]
+    on_cuda = setup.device == "cuda"
+    breakdown["cuda_context"] = setup.cuda_context_bytes if on_cuda else 0
+    breakdown["allocator_margin"] = int(tensor_peak * setup.allocator_margin) if on_cuda else 0
+    detail = {
+        "attention": int(sum(a.attention for a, _ in layers) * tokens),
+        "mlp": int(sum(a.mlp for a, _ in layers) * tokens),
+        "norms": int(sum(a.norms for a, _ in layers) * tokens),
+        "head": int((head.saved - head.log_softmax) * tokens),
+        "logits_loss": int((head.log_softmax + max(head.forward_extra, head.backward_extra)) * tokens),
+        "checkpointed": int(layer_acts) if ckpt else 0,
+    }
+    return MemoryEstimate(
+        peak_bytes=sum(breakdown.values()),
+        breakdown=breakdown,
+        phase=phase,
+        phases=phases,
+        activation_detail=detail,
+        params=counts,
+    )
+
+
+def _embedding_gradient_bytes(arch: Architecture, counts: ParamCounts, ms: object) -> int:
+    """Gradient of an untied input embedding, allocated last in backward."""
+    gradients = getattr(ms, "gradients", 0)
+    return int(gradients * arch.embedding_params / counts.trainable) if counts.trainable else 0
+
+
+def _head_gradient_bytes(arch: Architecture, setup: TrainSetup, counts: ParamCounts, gradients: int) -> int:
+    """Gradients allocated by the LM head's backward (full fine-tuning only)."""
+    if setup.method != "full" or counts.trainable == 0:
+        return 0
+    share = arch.vocab_size * arch.hidden_size / counts.trainable
+    return int(gradients * share)
+
+
+def _layer_gradient_bytes(arch: Architecture, setup: TrainSetup, counts: ParamCounts, gradients: int) -> int:
+    """Gradients of the top decoder layer, allocated as its backward runs."""
+    if counts.trainable == 0:
+        return 0
+    if setup.method == "full":
+        share = arch.layer_params / counts.trainable
+    elif setup.method == "freeze":
+        share = 1 / min(setup.freeze_trainable_layers, arch.num_layers)
+    else:
+        share = 1 / arch.num_layers
+    return int(gradients * share)
