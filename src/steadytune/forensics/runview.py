@@ -1,0 +1,152 @@
+"""Read a run directory back for forensics: steps as they finally stood, plans, config.
+
+A step can be recorded more than once: a restart resumes from an older
+checkpoint and trains the same step numbers again. Forensics always reads the
+*latest attempt* of a step (that is the one whose weights survived), and for
+data parallelism the union of the ranks of that attempt.
+
+Torch-free: the supervisor may call into this module.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from steadytune.records import Event, PlanRevision, StepRecord, from_json
+from steadytune.rundir import RunDir
+from steadytune.telemetry.stream import iter_records
+
+
+class ForensicsError(RuntimeError):
+    """A forensics request that cannot be answered; the message says why and what to do."""
+
+
+def step_records(run: RunDir) -> list[StepRecord]:
+    """Every training step record of every rank (eval-only records left out), in file order."""
+    out: list[StepRecord] = []
+    for path in run.telemetry_files():
+        out.extend(r for r in iter_records(path) if isinstance(r, StepRecord) and not r.extra.get("eval"))
+    return out
+
+
+def final_steps(run: RunDir, records: list[StepRecord] | None = None) -> dict[int, list[StepRecord]]:
+    """``step -> records of its latest attempt`` (one per rank, rank order)."""
+    records = step_records(run) if records is None else records
+    newest: dict[int, int] = {}
+    for r in records:
+        newest[r.step] = max(newest.get(r.step, r.attempt), r.attempt)
+    by_step: dict[int, dict[int, StepRecord]] = {}
+    for r in records:
+        if r.attempt == newest[r.step]:
+            by_step.setdefault(r.step, {})[r.rank] = r  # a later line of the same rank/attempt wins
+    return {s: [ranks[k] for k in sorted(ranks)] for s, ranks in sorted(by_step.items())}
+
+
+@dataclass(frozen=True)
+class StepBatch:
+    """The samples of one optimizer step, as the guard fingerprinted them."""
+
+    step: int
+    attempt: int
+    ranks: tuple[int, ...]
+    indices: tuple[int, ...]
+    hashes: tuple[str, ...]
+    loss: float | None
+    grad_norm: float | None
+    skipped: bool
+
+
+def step_batch(run: RunDir, step: int, finals: dict[int, list[StepRecord]] | None = None) -> StepBatch:
+    """The recorded batch of ``step`` (latest attempt, all ranks). Raises :class:`ForensicsError`."""
+    finals = final_steps(run) if finals is None else finals
+    recs = finals.get(step)
+    if not recs:
+        known = sorted(finals)
+        span = f"steps {known[0]}-{known[-1]}" if known else "no steps at all"
+        raise ForensicsError(f"step {step} is not in {run.telemetry_dir} (it holds {span}); pick a recorded step")
+    with_batch = [r for r in recs if r.batch is not None and r.batch.indices]
+    if not with_batch:
+        raise ForensicsError(
+            f"step {step} has no batch fingerprint (the run was started without sample ids); "
+            "batch forensics needs the built-in runner or guard.add_microbatch(sample_ids=...)"
+        )
+    indices: list[int] = []
+    hashes: list[str] = []
+    for r in with_batch:
+        assert r.batch is not None
+        indices.extend(r.batch.indices)
+        hs = list(r.batch.hashes)
+        hashes.extend(hs + [""] * (len(r.batch.indices) - len(hs)))  # hashes are optional
+    primary = recs[0]
+    return StepBatch(
+        step=step,
+        attempt=primary.attempt,
+        ranks=tuple(r.rank for r in with_batch),
+        indices=tuple(indices),
+        hashes=tuple(hashes),
+        loss=primary.loss,
+        grad_norm=primary.grad_norm,
+        skipped=any(r.skipped for r in recs),
+    )
+
+
+def plans(run: RunDir) -> list[PlanRevision]:
+    if not run.plan.exists():
+        return []
+    out = []
+    for line in run.plan.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            try:
+                rec = from_json(line)
+            except ValueError:
+                continue
+            if isinstance(rec, PlanRevision):
+                out.append(rec)
+    return out
+
+
+def plan_for_attempt(run: RunDir, attempt: int) -> PlanRevision:
+    """The plan revision a given attempt ran under (the first revision when none matches)."""
+    revs = plans(run)
+    match = [p for p in revs if p.attempt == attempt]
+    if match:
+        return match[-1]
+    return revs[0] if revs else PlanRevision(revision=0, ts=0.0, reason="start")
+
+
+def load_run_config(run: RunDir) -> dict[str, Any]:
+    """The resolved config of a run as a plain dict (no validation: an old run stays readable)."""
+    try:
+        data = yaml.safe_load(run.config.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ForensicsError(f"{run.config} is missing; is {run.root} a steadytune run directory?") from None
+    if not isinstance(data, dict):
+        raise ForensicsError(f"{run.config} is not a mapping")
+    return data
+
+
+def is_bad(value: float | None) -> bool:
+    return value is not None and not math.isfinite(value)
+
+
+def anomaly_steps(run: RunDir, events: list[Event]) -> list[int]:
+    """Steps something went wrong at: anomalies, skipped updates, then non-finite losses."""
+    found = [e.step for e in events if e.step and (e.kind == "anomaly" or e.name == "skip_step")]
+    if not found:
+        found = [s for s, recs in final_steps(run).items() if any(r.skipped or is_bad(r.loss) for r in recs)]
+    return sorted({int(s) for s in found if s is not None})
+
+
+def resolve_run(path: str | Path) -> RunDir:
+    """A run directory from a CLI argument, with a helpful error when it is not one."""
+    root = Path(path)
+    if not root.is_dir():
+        raise ForensicsError(f"{root} is not a directory; pass a run directory such as runs/<run-id>")
+    if not (root / "config.yaml").exists() and not (root / "events.jsonl").exists():
+        raise ForensicsError(f"{root} has no config.yaml or events.jsonl; pass a run directory such as runs/<run-id>")
+    return RunDir(root)
