@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from steadytune.cli._common import add_command
+from steadytune.cli.run import add_launch_options
 
 
 def register(sub: Any) -> None:
@@ -22,6 +23,7 @@ def register(sub: Any) -> None:
     p.add_argument("--method", choices=["full", "lora", "qlora"], default="full")
     p.add_argument("--print-config", action="store_true", help="print the demo config as YAML and exit")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="override config keys, e.g. train.learning_rate=1")
+    add_launch_options(p)
     p.set_defaults(func=main)
 
 
@@ -33,9 +35,9 @@ def demo_config(assets: Path, runs_dir: str, steps: int, method: str) -> dict[st
         "lora": {"r": 16, "lora_alpha": 32, "lora_dropout": 0.0, "target_modules": "all-linear"},
         "data": {"train_file": str(assets / "train.jsonl"), "eval_file": str(assets / "eval.jsonl"),
                  "format": "instruction", "max_seq_length": 128},
-        "train": {"learning_rate": 3e-3 if method == "full" else 1e-2, "per_device_train_batch_size": 8,
+        "train": {"learning_rate": 2e-3 if method == "full" else 1e-2, "per_device_train_batch_size": 8,
                   "gradient_accumulation_steps": 1, "max_steps": steps, "save_steps": max(1, steps // 4),
-                  "eval_steps": max(1, steps // 4), "warmup_steps": max(1, steps // 20),
+                  "eval_steps": max(1, steps // 4), "warmup_steps": max(1, steps // 10),
                   "lr_scheduler_type": "cosine", "logging_steps": 10, "seed": 42},
         "run": {"runs_dir": runs_dir, "name": "demo", "keep_last": 2},
     }
@@ -45,7 +47,7 @@ def main(args: argparse.Namespace) -> int:
     import yaml
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from steadytune.cli.run import launch
+    from steadytune.cli.run import apply_modes, launch
     from steadytune.config import ConfigError
     from steadytune.config.load import apply_overrides, validate_dict
     from steadytune.train.assets import ensure_demo_assets
@@ -57,8 +59,8 @@ def main(args: argparse.Namespace) -> int:
         print(yaml.safe_dump(data, sort_keys=False))
         return 0
     try:
-        cfg = validate_dict(data, base=Path.cwd(), source="demo config")
+        cfg = apply_modes(validate_dict(data, base=Path.cwd(), source="demo config"), args)
     except ConfigError as exc:
         print(exc.render())
         return 2
-    return launch(cfg)
+    return launch(cfg, quiet=args.quiet, args=args)

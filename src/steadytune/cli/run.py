@@ -25,8 +25,22 @@ def register(sub: Any) -> None:
     p.add_argument("config", type=Path, help="the YAML config (see examples/)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="override config keys, e.g. train.max_steps=50")
     p.add_argument("--run-id", help="name of the run directory (default: <model>-<date>-<time>-<xxxx>)")
-    p.add_argument("--quiet", action="store_true", help="no live progress line")
+    add_launch_options(p)
     p.set_defaults(func=main)
+
+
+def add_launch_options(p: argparse.ArgumentParser) -> None:
+    """Options shared by `run` and `demo`."""
+    p.add_argument("--quiet", action="store_true", help="no live progress line")
+    p.add_argument("--dashboard", action="store_true",
+                   help="serve the live dashboard while the run goes (URL printed at start)")
+    p.add_argument("--host", default=None, help="dashboard address (default 127.0.0.1; others need a token)")
+    p.add_argument("--port", type=int, default=None, help="dashboard port (default 7860; 0 picks a free one)")
+    p.add_argument("--policy", choices=["act", "observe"], default=None,
+                   help="observe: detect and alert, but take no automatic action")
+    p.add_argument("--safe-mode", action="store_true",
+                   help="first run on new data or a new model: clipping, NaN guard, time-bounded checkpoints, "
+                        "rollback on the first confirmed spike, LR sanity check (docs/recovery.md)")
 
 
 def print_summary(console: Any, result: Any) -> None:
@@ -63,7 +77,7 @@ def print_summary(console: Any, result: Any) -> None:
 
 
 def launch(cfg: SteadytuneConfig, run_id: str | None = None, quiet: bool = False,
-           worker_env: dict[str, str] | None = None) -> int:
+           worker_env: dict[str, str] | None = None, args: argparse.Namespace | None = None) -> int:
     """Create the run directory and supervise the job to its end. Shared by ``run`` and ``demo``."""
     from rich.console import Console
 
@@ -77,6 +91,12 @@ def launch(cfg: SteadytuneConfig, run_id: str | None = None, quiet: bool = False
         return 2
     sup = Supervisor(cfg, run, console=console, worker_env=worker_env)
     console.print(f"run {rid} → {run.root}", highlight=False, markup=False)
+    dashboard = None
+    if (args is not None and getattr(args, "dashboard", False)) or cfg.dashboard.enabled:
+        dashboard = start_dashboard_for(cfg, args, console)
+        if dashboard is None:
+            return 2
+        sup.dashboard_url = dashboard.url
     previous = {s: signal.signal(s, sup.on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         if quiet or not console.is_terminal:
@@ -89,8 +109,57 @@ def launch(cfg: SteadytuneConfig, run_id: str | None = None, quiet: bool = False
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+        if dashboard is not None:
+            dashboard.stop()
     print_summary(console, result)
     return 0 if result.state in {"completed", "stopped", "paused"} else 1
+
+
+def start_dashboard_for(cfg: SteadytuneConfig, args: argparse.Namespace | None, console: Any) -> Any:
+    """Start the in-process dashboard over the runs folder; None (and a reason) if it may not start."""
+    from steadytune.web.security import BindRefused
+    from steadytune.web.server import start_dashboard
+
+    host = (getattr(args, "host", None) if args else None) or cfg.dashboard.host
+    port = (getattr(args, "port", None) if args else None)
+    port = cfg.dashboard.port if port is None else port
+    token = dashboard_token(cfg)
+    try:
+        handle = start_dashboard(Path(cfg.run.runs_dir), host=host, port=port, token=token)
+    except BindRefused as exc:
+        console.print(f"error: {exc}", style="red", markup=False)
+        return None
+    except OSError as exc:
+        console.print(f"error: cannot serve the dashboard on {host}:{port}: {exc}; pick another --port", style="red",
+                      markup=False)
+        return None
+    console.print(f"dashboard: {handle.url}", highlight=False, markup=False)
+    return handle
+
+
+def dashboard_token(cfg: SteadytuneConfig) -> str | None:
+    import os
+
+    d = cfg.dashboard
+    if d.token_env and os.environ.get(d.token_env):
+        return os.environ[d.token_env]
+    if d.token_file:
+        p = Path(d.token_file).expanduser()
+        if p.exists():
+            return p.read_text().strip() or None
+    return None
+
+
+def apply_modes(cfg: SteadytuneConfig, args: argparse.Namespace) -> SteadytuneConfig:
+    """--policy observe and --safe-mode, applied on top of the config file."""
+    from steadytune.policy.safe_mode import check_lr, safe_mode
+
+    if getattr(args, "safe_mode", False):
+        cfg = safe_mode(cfg)
+    if getattr(args, "policy", None):
+        cfg = cfg.model_copy(update={"policy": cfg.policy.model_copy(update={"mode": args.policy})})
+    check_lr(cfg)
+    return cfg
 
 
 class _PlainProgress:
@@ -112,4 +181,9 @@ def main(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(exc.render(), file=sys.stderr)
         return 2
-    return launch(cfg, run_id=args.run_id, quiet=args.quiet)
+    try:
+        cfg = apply_modes(cfg, args)
+    except ConfigError as exc:
+        print(exc.render(), file=sys.stderr)
+        return 2
+    return launch(cfg, run_id=args.run_id, quiet=args.quiet, args=args)

@@ -7,9 +7,14 @@ validation errors, so keep them short and concrete.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from steadytune.alerts.config import AlertsConfig
+from steadytune.detect.config import DetectConfig
+from steadytune.policy.config import PolicyConfig
+from steadytune.web.config import DashboardConfig
 
 
 class Section(BaseModel):
@@ -119,7 +124,7 @@ class SteadytuneConfig(Section):
     data: DataConfig
     train: TrainConfig = Field(default_factory=TrainConfig)
     run: RunConfig = Field(default_factory=RunConfig)
-    detect: dict[str, Any] = Field(default_factory=dict, description="detector thresholds (see docs/detectors.md)")
-    policy: dict[str, Any] = Field(default_factory=dict, description="per-anomaly actions and budgets")
-    alerts: dict[str, Any] = Field(default_factory=dict, description="alert sinks (see docs/alerts.md)")
-    dashboard: dict[str, Any] = Field(default_factory=dict, description="dashboard settings")
+    detect: DetectConfig = Field(default_factory=DetectConfig, description="detector thresholds (docs/detectors.md)")
+    policy: PolicyConfig = Field(default_factory=PolicyConfig, description="per-anomaly actions and budgets (docs/recovery.md)")
+    alerts: AlertsConfig = Field(default_factory=AlertsConfig, description="alert sinks (docs/alerts.md)")
+    dashboard: DashboardConfig = Field(default_factory=DashboardConfig, description="dashboard settings (docs/dashboard.md)")

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -80,6 +81,8 @@ class Guard:
         self._reset_step()
         self.last_step = 0
         self.steps_this_attempt = 0
+        self.phase = "setup"
+        self._beating: threading.Event | None = None
 
     # -- per optimizer step ------------------------------------------------
     def _reset_step(self) -> None:
@@ -203,9 +206,31 @@ class Guard:
         self.writer.write(StepRecord(step=step, ts=self.clock(), rank=self.rank, attempt=self.attempt,
                                      eval_loss=float(eval_loss), extra={"eval": True}))
 
-    def heartbeat(self, step: int | None = None, phase: str = "train") -> None:
+    def heartbeat(self, step: int | None = None, phase: str | None = None) -> None:
         self.writer.write(Heartbeat(ts=self.clock(), rank=self.rank, step=self.last_step if step is None else step,
-                                    pid=os.getpid(), attempt=self.attempt, phase=phase))
+                                    pid=os.getpid(), attempt=self.attempt, phase=phase or self.phase))
+
+    def set_phase(self, phase: str) -> None:
+        """``setup``/``save``/``eval`` are slow but alive; ``train`` proves life step by step."""
+        self.phase = phase
+        self.heartbeat()
+
+    def start_heartbeats(self, interval_s: float = 5.0) -> None:
+        """Beat from a thread while outside the step loop (loading, saving, evaluating).
+
+        In the ``train`` phase only the loop itself beats, so a loop that hangs goes
+        silent and the supervisor can call it a hang.
+        """
+        if self._beating is not None:
+            return
+        stop = self._beating = threading.Event()
+
+        def beat() -> None:
+            while not stop.wait(interval_s):
+                if self.phase != "train":
+                    self.heartbeat()
+
+        threading.Thread(target=beat, name="steadytune-heartbeat", daemon=True).start()
 
     def notify(self, kind: str, name: str, message: str = "", severity: str = "info",
                step: int | None = None, **data: Any) -> None:
@@ -237,6 +262,8 @@ class Guard:
 
     def close(self, status: str = "completed", error: BaseException | None = None, **fields: Any) -> None:
         """Write the worker's last words and close the stream."""
+        if self._beating is not None:
+            self._beating.set()
         self.writer.write(WorkerExit(ts=self.clock(), rank=self.rank, attempt=self.attempt, step=self.last_step,
                                      status=status,  # type: ignore[arg-type]
                                      error_type=type(error).__name__ if error else None,

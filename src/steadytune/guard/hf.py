@@ -24,9 +24,13 @@ def _barrier() -> None:
 class GuardCallback(TrainerCallback):
     """Wires a :class:`Guard` and a :class:`CheckpointKeeper` into the HF Trainer loop."""
 
-    def __init__(self, guard: Guard, keeper: CheckpointKeeper, staging: Path, faults: Faults | None = None) -> None:
+    def __init__(self, guard: Guard, keeper: CheckpointKeeper, staging: Path, faults: Faults | None = None,
+                 checkpoint_every_s: float | None = None) -> None:
         self.guard = guard
         self.faults = faults or Faults()
+        self.checkpoint_every_s = checkpoint_every_s
+        self._last_save_ts = guard.clock()
+        self._lr_saved: list[float] | None = None
         self.keeper = keeper
         self.staging = staging
         self.stop_status: str | None = None  # "stopped" / "paused" once a request ends the run
@@ -38,18 +42,32 @@ class GuardCallback(TrainerCallback):
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         self.guard.last_step = state.global_step
+        self._last_save_ts = self.guard.clock()
         self.guard.notify("lifecycle", "train_begin", f"training from step {state.global_step} to {state.max_steps}",
                           max_steps=state.max_steps, start_step=state.global_step)
-        self.guard.heartbeat(state.global_step, phase="train")
+        self.guard.set_phase("train")
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         self.guard.begin_step()
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-        ok = self.guard.before_update(kw["model"], kw.get("optimizer"))
+        optimizer = kw.get("optimizer")
+        burst = self.faults.lr_factor(state.global_step + 1, self.guard.attempt)
+        if burst != 1.0 and optimizer is not None:
+            self._lr_saved = [g["lr"] for g in optimizer.param_groups]
+            for g in optimizer.param_groups:
+                g["lr"] *= burst
+        ok = self.guard.before_update(kw["model"], optimizer)
         if not ok:
             self.guard.notify("action", "skip_step", f"non-finite loss or gradient at step {state.global_step + 1}: update skipped",
                               severity="warning", step=state.global_step + 1, consecutive=self.guard.consecutive_skips)
+
+    def on_optimizer_step(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        saved = getattr(self, "_lr_saved", None)
+        if saved is not None and kw.get("optimizer") is not None:
+            for g, lr in zip(kw["optimizer"].param_groups, saved):
+                g["lr"] = lr
+            self._lr_saved = None
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         self.guard.end_step(state.global_step, epoch=state.epoch)
@@ -70,6 +88,8 @@ class GuardCallback(TrainerCallback):
                 self.stop_status = "paused" if command == "pause" else "stopped"
         if state.global_step >= state.max_steps > 0:
             control.should_save = True  # always end on a verified checkpoint
+        if self.checkpoint_every_s and self.guard.clock() - self._last_save_ts >= self.checkpoint_every_s:
+            control.should_save = True  # bound the work a crash can lose, in time, not only in steps
         if control.should_save:
             reason = self.keeper.check_disk()
             if reason is not None:
@@ -77,7 +97,9 @@ class GuardCallback(TrainerCallback):
                 self.guard.notify("anomaly", "disk_low", f"checkpoint at step {state.global_step} skipped: {reason}",
                                   severity="critical")
             else:
-                self.guard.heartbeat(state.global_step, phase="save")
+                self.guard.set_phase("save")
+        if control.should_evaluate and not control.should_save:
+            self.guard.set_phase("eval")
 
     def on_save(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         _barrier()  # every rank has written its RNG state into the staging folder
@@ -90,9 +112,10 @@ class GuardCallback(TrainerCallback):
                 self.guard.notify("lifecycle", "checkpoint_saved", f"saved {final.name}", step=state.global_step,
                                   path=str(final), bytes=size)
         _barrier()
-        self.guard.heartbeat(state.global_step, phase="train")
+        self._last_save_ts = self.guard.clock()
+        self.guard.set_phase("eval" if control.should_evaluate else "train")
 
     def on_evaluate(self, args: Any, state: Any, control: Any, metrics: dict | None = None, **kw: Any) -> None:
         if metrics and "eval_loss" in metrics:
             self.guard.record_eval(state.global_step, metrics["eval_loss"])
-        self.guard.heartbeat(state.global_step)
+        self.guard.set_phase("train")

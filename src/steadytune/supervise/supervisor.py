@@ -16,12 +16,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from steadytune.checkpoint.manifest import checkpoint_step, newest_verified
+from steadytune.checkpoint.manifest import checkpoint_step, list_checkpoints, newest_verified, verify
 from steadytune.checkpoint.store import clean_staging, read_pointer, write_pointer
 from steadytune.config.load import dump_config
 from steadytune.config.schema import SteadytuneConfig
+from steadytune.detect.live import LiveDetector, Transition, format_transition
+from steadytune.policy.engine import Action, Policy
+from steadytune.policy.plan import (
+    choose_rollback_checkpoint,
+    oom_escalation,
+    rollback_plan,
+    smaller_microbatch,
+)
 from steadytune.policy.restart import Decision, ExitInfo, decide
 from steadytune.records import (
+    Anomaly,
     Event,
     Heartbeat,
     PlanRevision,
@@ -29,6 +38,8 @@ from steadytune.records import (
     StepRecord,
     SystemSample,
     WorkerExit,
+    replace,
+    to_dict,
     to_json,
 )
 from steadytune.rundir import RunDir, atomic_write_text
@@ -45,6 +56,12 @@ class Observer(Protocol):
     def on_record(self, record: Record) -> None: ...
     def on_event(self, event: Event) -> None: ...
     def close(self) -> None: ...
+
+
+def anomaly_event_data(a: Anomaly) -> dict[str, Any]:
+    data = to_dict(a)
+    data.pop("type", None)
+    return data
 
 
 @dataclass
@@ -85,10 +102,12 @@ class Supervisor:
         self.clock = clock
         self.poll_s = poll_s
         self.worker_env = dict(worker_env or {})
-        self.observers: list[Observer] = list(observers or [])
+        self._observers_arg = observers
         self.stop_grace_s = stop_grace_s
         self.sampler = sampler or SystemSampler(self.run.root, clock=clock)
         self.events = EventLog(self.run.events, self.run.run_id, clock=clock, on_append=self._fan_event)
+        self.observers: list[Observer] = (list(self._observers_arg) if self._observers_arg is not None
+                                          else self.default_observers())
         self.progress = RunProgress(max_steps=cfg.train.max_steps if cfg.train.max_steps > 0 else None)
         self.system_writer = JsonlWriter(self.run.system)
         self.tailers: dict[Path, JsonlTailer] = {}
@@ -100,11 +119,34 @@ class Supervisor:
         self.last_heartbeat: dict[int, float] = {}
         self.checkpoint_steps: list[int] = []
         self.trouble_steps: list[int] = []  # steps of warnings/criticals, for LAST_GOOD
+        self.detector = LiveDetector(cfg.detect)
+        self.policy = Policy(cfg.policy)
+        self.plan = PlanRevision(revision=0, ts=clock(), reason="start", attempt=0)
+        self.pending: Action | None = None  # an action that stopped the worker on purpose
+        self.samples_by_step: dict[int, list[int]] = {}  # for rollback-and-skip
+        self.rollback_resumes: list[int | None] = []
+        self.shrink_next_restart = False
+        self.last_step_ts: float | None = None
+        self.started_ts = clock()
         self._interrupts = 0
         self._stop_sent_at: float | None = None
         self._last_sample = 0.0
         self._last_status = 0.0
         self.dashboard_url: str | None = None
+
+    def default_observers(self) -> list[Observer]:
+        """The run index (``run.db``) and the alert router, as the config asks."""
+        from steadytune.alerts.router import AlertRouter
+        from steadytune.supervise.observers import AlertObserver, StoreObserver
+
+        out: list[Observer] = [StoreObserver(self.run)]
+        alerts = self.cfg.alerts
+        if self.console is not None:
+            # The supervisor already prints every event on its console: a console sink would say it twice.
+            alerts = alerts.model_copy(update={"sinks": [s for s in alerts.sinks if s.type != "console"]})
+        if alerts.enabled and alerts.sinks:
+            out.append(AlertObserver(AlertRouter(alerts, self.events, clock=self.clock, run_id=self.run.run_id)))
+        return out
 
     # -- outputs -------------------------------------------------------------
     def _fan_event(self, event: Event) -> None:
@@ -155,6 +197,13 @@ class Supervisor:
         for obs in self.observers:
             obs.on_record(plan)
 
+    def revise(self, reason: str, cause: Event | None = None, **changes: Any) -> PlanRevision:
+        """Write the next plan revision, inheriting everything the last one said."""
+        self.plan = replace(self.plan, revision=self.plan.revision + 1, ts=self.clock(), reason=reason,
+                            cause_event_seq=cause.seq if cause else None, **changes)
+        self.write_plan(self.plan)
+        return self.plan
+
     def resume_point(self) -> str | None:
         """The newest checkpoint that verifies; unusable ones are reported and skipped."""
         verdict, skipped = newest_verified(self.run.checkpoints)
@@ -189,17 +238,36 @@ class Supervisor:
             self._last_sample = now
             sample = self.sampler.sample(self.worker.pid if self.worker and self.worker.poll() is None else None)
             self.handle(sample)
+        if self.worker is not None and self.worker.poll() is None and self.pending is None:
+            last_beat = max(self.last_heartbeat.values()) if self.last_heartbeat else None
+            for t in self.detector.observe_time(now, last_beat, self.progress.step or None):
+                self.on_transition(t)
         self.update_last_good()
         self.write_status()
+        for obs in self.observers:
+            flush = getattr(obs, "flush", None)
+            if flush is not None:
+                flush()
 
     def handle(self, rec: Record) -> None:
         if isinstance(rec, StepRecord):
             self.progress.add(rec)
             self.last_heartbeat[rec.rank] = self.clock()
+            if rec.batch is not None and rec.batch.indices:
+                self.samples_by_step.setdefault(rec.step, []).extend(rec.batch.indices)
+            if self.pending is None:
+                for t in self.detector.observe_step(rec):
+                    self.on_transition(t)
+                if rec.rank == 0 and not rec.extra.get("eval"):
+                    for action in self.policy.on_step(rec.step):
+                        self.execute(action)
         elif isinstance(rec, Heartbeat):
             self.last_heartbeat[rec.rank] = self.clock()
         elif isinstance(rec, SystemSample):
             self.system_writer.write(rec)
+            if self.pending is None:
+                for t in self.detector.observe_system(rec):
+                    self.on_transition(t)
         elif isinstance(rec, WorkerExit):
             self.exits.append(rec)
         elif isinstance(rec, Event):
@@ -215,7 +283,69 @@ class Supervisor:
             self.checkpoint_steps.append(ev.step)
         if ev.severity in {"warning", "critical"} and ev.step is not None:
             self.trouble_steps.append(ev.step)
-        self.emit(ev.kind, ev.name, ev.message, severity=ev.severity, step=ev.step, data=ev.data)
+        filed = self.emit(ev.kind, ev.name, ev.message, severity=ev.severity, step=ev.step, data=ev.data)
+        if ev.name == "reduce_microbatch" and ev.data.get("micro_batch_split"):
+            # Remember the split, so a later restart starts with it instead of rediscovering the OOM.
+            self.revise(reason="oom", cause=filed, micro_batch_split=int(ev.data["micro_batch_split"]),
+                        notes=f"in-process OOM split to {ev.data['micro_batch_split']} chunks")
+        if ev.name == "skip_step" and ev.step is not None and self.pending is None:
+            action = self.policy.on_skipped_update(ev.step, int(ev.data.get("consecutive", 1)))
+            if action is not None:
+                self.execute(action)
+
+    # -- detection and actions -------------------------------------------------
+    def on_transition(self, t: Transition) -> None:
+        a = t.anomaly
+        if t.state == "raised":
+            if a.severity in {"warning", "critical"}:
+                self.trouble_steps.append(a.start_step)
+            event = self.emit("anomaly", a.kind, format_transition(t), severity=a.severity, step=a.start_step,
+                              data=anomaly_event_data(a))
+            action = self.policy.on_raised(a, self.progress.step)
+            if action is not None:
+                self.execute(action, cause=event)
+        else:
+            self.policy.on_resolved(a)
+            self.emit("resolved", a.kind, format_transition(t), severity="info", step=a.end_step,
+                      data=anomaly_event_data(a))
+
+    def execute(self, action: Action, cause: Event | None = None) -> None:
+        """Carry out what the policy decided. Restart-type actions stop the worker now."""
+        step = action.step
+        if action.name == "alert":
+            self.emit("action", "alert_only", action.reason, severity="warning", step=step, data=action.params)
+            return
+        self.emit("action", action.name, f"{action.name}: {action.reason}", severity="warning", step=step,
+                  data={"anomaly": action.anomaly.kind if action.anomaly else None, **action.params})
+        from steadytune.supervise.control import send_control
+
+        if action.name in {"checkpoint", "pause", "stop"}:
+            send_control(self.run, action.name, issuer=f"policy:{action.anomaly.kind if action.anomaly else '-'}",
+                         attempt=self.attempt, log=self.events)
+        elif action.name == "reduce_microbatch":
+            # Save what we have now; the next (re)start uses a smaller micro-batch.
+            self.shrink_next_restart = True
+            send_control(self.run, "checkpoint", issuer="policy:reduce_microbatch", attempt=self.attempt, log=self.events)
+        elif action.name in {"rollback", "restart"} and self.worker is not None and self.pending is None:
+            self.pending = action
+            if action.name == "restart":
+                self.dump_stacks()
+            self.worker.signal_tree(signal.SIGKILL)
+
+    def dump_stacks(self) -> None:
+        """Ask every worker rank for its Python stacks (faulthandler on SIGUSR1) before killing it."""
+        if self.worker is None:
+            return
+        pids = self.worker.python_pids()
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGUSR1)
+            except (ProcessLookupError, PermissionError):
+                continue
+        if pids:
+            time.sleep(1.0)  # faulthandler writes from a signal handler: give it a moment
+            self.emit("action", "stacks_dumped", f"Python stacks of {len(pids)} worker process(es) written to "
+                      f"{self.run.stacks}", data={"pids": pids, "dir": str(self.run.stacks)})
 
     def update_last_good(self) -> None:
         """A checkpoint becomes LAST_GOOD once a window of healthy steps has followed it."""
@@ -281,32 +411,83 @@ class Supervisor:
         t0 = self.clock()
         self.prepare()
         history: list[ExitInfo] = []
-        plan = PlanRevision(revision=0, ts=self.clock(), reason="start", attempt=0)
-        self.write_plan(plan)
-        self.start_worker(plan)
+        self.write_plan(self.plan)
+        self.start_worker(self.plan)
         while True:
             info = self.supervise_attempt(live)
-            decision = decide(info, history, self.restarts, self.cfg.run.max_restarts,
-                              self.cfg.run.restart_backoff_s, self.cfg.run.restart_backoff_max_s)
-            history.append(info)
-            if decision.action != "restart" or self._interrupts:
-                return self.finish(decision, info, t0)
-            event = self.emit("action", "restart", f"worker exited ({decision.reason}); restarting in {decision.delay_s:.0f}s",
-                              severity="warning", step=info.step, data={"classification": decision.classification,
-                                                                         "returncode": info.returncode})
+            if self.pending is not None and not self._interrupts:
+                action, self.pending = self.pending, None
+                changes, reason, why = self.plan_after_action(action, info)
+                if changes is None:
+                    return self.finish(Decision("stop", action.name, why), info, t0)
+                delay = 0.0
+            else:
+                decision = decide(info, history, self.restarts, self.cfg.run.max_restarts,
+                                  self.cfg.run.restart_backoff_s, self.cfg.run.restart_backoff_max_s)
+                history.append(info)
+                if decision.action != "restart" or self._interrupts:
+                    return self.finish(decision, info, t0)
+                changes, reason, why = self.plan_after_crash(decision)
+                if changes is None:
+                    return self.finish(Decision("stop", decision.classification, why), info, t0)
+                delay = decision.delay_s
+                self.restarts += 1
+            if self.shrink_next_restart:
+                self.shrink_next_restart = False
+                smaller = smaller_microbatch(self.plan, self._batch(), self.cfg.train.gradient_accumulation_steps)
+                if smaller:
+                    changes.update(smaller)
+                    why += f"; micro-batch {smaller['per_device_train_batch_size']} x accumulation " \
+                           f"{smaller['gradient_accumulation_steps']} (same effective batch)"
+            event = self.emit("action", "restart", f"restarting the worker: {why}" + (f" in {delay:.0f}s" if delay else ""),
+                              severity="warning", step=info.step, data={"classification": reason, "returncode": info.returncode})
             self.state = "restarting"
             self.write_status(force=True)
-            time.sleep(decision.delay_s)
+            time.sleep(delay)
             if self._interrupts:
                 return self.finish(Decision("stop", "user_interrupt", "stopped on request"), info, t0)
-            self.restarts += 1
             self.attempt += 1
-            resume = self.resume_point()
-            plan = PlanRevision(revision=self.attempt, ts=self.clock(), reason=decision.classification, attempt=self.attempt,
-                                cause_event_seq=event.seq, resume_checkpoint=resume,
-                                notes=f"restart after {decision.reason}")
-            self.write_plan(plan)
-            self.start_worker(plan)
+            self.revise(reason=reason, cause=event, attempt=self.attempt, notes=why, **changes)
+            self.start_worker(self.plan)
+
+    def _batch(self) -> int:
+        b = self.cfg.train.per_device_train_batch_size
+        return b if isinstance(b, int) else (self.plan.per_device_train_batch_size or 1)
+
+    def plan_after_crash(self, decision: Decision) -> tuple[dict[str, Any] | None, str, str]:
+        """Resume from the newest verified checkpoint; after an OOM, also change what ran out."""
+        changes: dict[str, Any] = {"resume_checkpoint": self.resume_point()}
+        why = decision.reason
+        if decision.classification == "oom":
+            escalation = oom_escalation(self.plan, self.cfg.data.max_seq_length, self.cfg.train.gradient_checkpointing)
+            if escalation is None:
+                return None, "oom", "out of memory with gradient checkpointing and a short sequence: nothing safe is left"
+            more, why = escalation
+            changes.update(more)
+        return changes, decision.classification, why
+
+    def plan_after_action(self, action: Action, info: ExitInfo) -> tuple[dict[str, Any] | None, str, str]:
+        """The restart plan for a worker the supervisor stopped on purpose."""
+        kind = action.anomaly.kind if action.anomaly else action.name
+        if action.name == "restart":
+            return {"resume_checkpoint": self.resume_point()}, kind, f"{kind}: {action.reason}; resume from the newest verified checkpoint"
+        anomaly = action.anomaly
+        assert anomaly is not None
+        verified = [s for p in list_checkpoints(self.run.checkpoints)
+                    if (s := checkpoint_step(p)) is not None and verify(p).ok]
+        target = choose_rollback_checkpoint(anomaly.start_step, verified, self.rollback_resumes)
+        if target is None:
+            return None, kind, f"{kind} at step {anomaly.start_step} again and no earlier checkpoint is left to roll back to"
+        self.rollback_resumes.append(target)
+        path = str(self.run.checkpoints / f"checkpoint-{target}") if target else None
+        end = max(anomaly.end_step, self.progress.step)
+        nxt = rollback_plan(self.plan, self.plan.revision + 1, self.clock(), self.attempt + 1, anomaly.start_step, end,
+                            target, path, self.samples_by_step, self.cfg.policy.rollback_lr_scale, None, kind)
+        changes = {"resume_checkpoint": nxt.resume_checkpoint, "lr_scale": nxt.lr_scale, "skip_ranges": nxt.skip_ranges}
+        # The steps after the rollback point will be trained again: forget what they fed the detectors.
+        self.detector = LiveDetector(self.cfg.detect)
+        self.checkpoint_steps = [s for s in self.checkpoint_steps if s <= target]
+        return changes, kind, nxt.notes
 
     def finish(self, decision: Decision, info: ExitInfo, t0: float) -> RunResult:
         state = {"done": decision.classification, "stop": "stopped" if decision.classification == "user_interrupt" else "failed"}[decision.action]

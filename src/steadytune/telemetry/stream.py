@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -27,22 +28,32 @@ class JsonlWriter:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fh: IO[str] = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
+        # The worker's heartbeat thread writes too: one line must never interleave with another.
+        self._lock = threading.Lock()
+
+    def _line(self, text: str) -> None:
+        with self._lock:
+            if self._fh.closed:
+                return
+            self._fh.write(text + "\n")
+            self._fh.flush()
 
     def write(self, record: Record) -> None:
-        self._fh.write(to_json(record) + "\n")
-        self._fh.flush()
+        self._line(to_json(record))
 
     def write_raw(self, obj: dict[str, Any]) -> None:
-        self._fh.write(json.dumps(obj, separators=(",", ":")) + "\n")
-        self._fh.flush()
+        self._line(json.dumps(obj, separators=(",", ":")))
 
     def sync(self) -> None:
-        self._fh.flush()
-        os.fsync(self._fh.fileno())
+        with self._lock:
+            if not self._fh.closed:
+                self._fh.flush()
+                os.fsync(self._fh.fileno())
 
     def close(self) -> None:
-        if not self._fh.closed:
-            self._fh.close()
+        with self._lock:
+            if not self._fh.closed:
+                self._fh.close()
 
     def __enter__(self) -> JsonlWriter:
         return self

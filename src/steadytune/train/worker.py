@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     from steadytune.guard.core import Guard
 
     guard = Guard(run.root, rank=rank, attempt=plan.attempt)
-    guard.heartbeat(0, phase="setup")
+    guard.start_heartbeats()
     try:
         from steadytune.guard.checkpoints import CheckpointKeeper
         from steadytune.guard.faults import Faults
@@ -63,9 +63,10 @@ def main(argv: list[str] | None = None) -> int:
         faults = Faults.from_env()
         keeper = CheckpointKeeper(run, keep_last=cfg.run.keep_last, min_free_bytes=cfg.run.min_free_disk_bytes,
                                   slow_save_s=faults.slow_save_s if plan.attempt == 0 else 0.0)
-        callback = GuardCallback(guard, keeper, run.staging, faults)
+        callback = GuardCallback(guard, keeper, run.staging, faults, cfg.policy.checkpoint_every_s)
         signal.signal(signal.SIGTERM, lambda *_: callback.request_stop("SIGTERM"))
-        trainer = build_trainer(cfg, plan, guard, [callback], run.staging)
+        trainer = build_trainer(cfg, plan, guard, [callback], run.staging, faults=faults,
+                                max_split=cfg.policy.max_microbatch_split)
         resume = plan.resume_checkpoint
         trainer.train(resume_from_checkpoint=resume)
         status = callback.stop_status or "completed"
