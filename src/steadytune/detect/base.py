@@ -43,14 +43,15 @@ class Reporter:
     ``end_step``) but a cleared one only once.
     """
 
-    __slots__ = ("_on", "rank")
+    __slots__ = ("on", "rank")
 
     def __init__(self, rank: int | None = None) -> None:
         self.rank = rank
-        self._on: set[tuple[str, str]] = set()
+        # (kind, metric) pairs now active; callers on a hot path test ``if rep.on`` before clearing.
+        self.on: set[tuple[str, str]] = set()
 
     def is_on(self, kind: str, metric: str) -> bool:
-        return (kind, metric) in self._on
+        return (kind, metric) in self.on
 
     def report(
         self,
@@ -64,13 +65,8 @@ class Reporter:
     ) -> None:
         key = (kind, metric)
         if active:
-            self._on.add(key)
+            self.on.add(key)
             out.append(Finding(kind, metric, step, True, self.rank, severity, evidence))
-        elif key in self._on:
-            self._on.discard(key)
+        elif key in self.on:
+            self.on.discard(key)
             out.append(Finding(kind, metric, step, False, self.rank))
-
-    def clear_all(self, out: list[Finding], step: int) -> None:
-        for kind, metric in sorted(self._on):
-            out.append(Finding(kind, metric, step, False, self.rank))
-        self._on.clear()

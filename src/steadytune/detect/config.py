@@ -37,22 +37,31 @@ class LossConfig(_Strict):
     noise_prior: float = Field(0.12, gt=0, description="log-space noise assumed before it is measured")
     noise_prior_weight: float = Field(1.0, ge=0, description="how many differences the prior is worth")
     noise_floor: float = Field(0.01, ge=0, description="log-space noise never assumed below this")
-    spike_z: float = Field(6.0, gt=0, description="robust z-score of a loss spike")
+    spike_z: float = Field(7.0, gt=0, description="robust z-score of a loss spike")
     spike_min_ratio: float = Field(1.25, ge=1, description="a spike is at least this many times the level")
     resolve_z: float = Field(3.0, gt=0, description="a spike is over once the loss is back within this z")
     divergence_points: int = Field(3, ge=1, description="a spike still up after this many points diverged")
-    divergence_rise: float = Field(0.35, gt=0, description="log-space rise of the level above its best")
+    divergence_rise: float = Field(0.35, gt=0, description="log-space rise of the level above its best (+3σ)")
     collapse_abs: float = Field(1e-6, ge=0, description="a loss at or below this is zero")
-    collapse_drop: float = Field(3.0, gt=0, description="log-space sudden drop (3.0 = 20x) that is a collapse")
+    collapse_drop: float = Field(
+        3.0, gt=0, description="log-space sudden drop (3.0 = 20x) that is a collapse"
+    )
     collapse_small: float = Field(0.05, ge=0, description="and the loss it dropped to is below this")
     collapse_points: int = Field(2, ge=1, description="points the collapsed value must persist")
     plateau_min_points: int = Field(30, ge=5, description="logged points before a plateau can be called")
     plateau_min_steps: int = Field(100, ge=1, description="steps before a plateau can be called")
-    plateau_min_gain: float = Field(0.03, ge=0, description="log-space drop from the start expected by then")
+    plateau_min_gain: float = Field(0.04, ge=0, description="log-space drop from the start expected by then")
+    plateau_trend_t: float = Field(3.0, gt=0, description="a falling trend this significant (t) is learning")
     frozen_points: int = Field(6, ge=2, description="identical loss values in a row: the model is frozen")
     oscillation_window: int = Field(32, ge=8, description="logged points searched for swings")
-    oscillation_ratio: float = Field(2.5, gt=1, description="swing spread over point-to-point noise")
-    oscillation_min_amplitude: float = Field(0.03, ge=0, description="log-space swing spread never below this")
+    oscillation_ratio: float = Field(2.0, gt=1, description="slow swings: spread over point-to-point noise")
+    oscillation_acf: float = Field(
+        0.6, gt=0, le=1, description="fast swings: -autocorrelation at half period"
+    )
+    oscillation_growth: float = Field(3.0, gt=1, description="spread over the noise before the window")
+    oscillation_min_amplitude: float = Field(
+        0.03, ge=0, description="log-space swing spread never below this"
+    )
     oscillation_crossings: int = Field(4, ge=2, description="band crossings (two full cycles) that saw")
     seasonal_margin: float = Field(0.05, ge=0, description="log-space slack over last epoch's same phase")
 
@@ -64,10 +73,16 @@ class GradConfig(_Strict):
     noise_prior_weight: float = Field(2.0, ge=0)
     noise_floor: float = Field(0.05, ge=0)
     spike_z: float = Field(6.0, gt=0)
-    spike_min_ratio: float = Field(8.0, ge=1, description="a grad spike is at least this many times the level")
-    explosion_points: int = Field(3, ge=1, description="a grad spike still up after this many points exploded")
+    spike_min_ratio: float = Field(
+        8.0, ge=1, description="a grad spike is at least this many times the level"
+    )
+    explosion_points: int = Field(
+        3, ge=1, description="a grad spike still up after this many points exploded"
+    )
     explosion_ratio: float = Field(100.0, ge=1, description="or a single jump this many times the level")
-    vanishing_ratio: float = Field(100.0, gt=1, description="level this many times below its established level")
+    vanishing_ratio: float = Field(
+        100.0, gt=1, description="level this many times below its established level"
+    )
     vanishing_points: int = Field(5, ge=1)
     warmup_points: int = Field(10, ge=0, description="points before the established level is trusted")
 
@@ -104,7 +119,7 @@ class PaceConfig(_Strict):
     data_wait_points: int = Field(5, ge=1)
     straggler_ratio: float = Field(1.3, gt=1, description="rank step time over the median rank")
     straggler_points: int = Field(8, ge=1)
-    straggler_lag_steps: int = Field(20, ge=1, description="steps a rank may trail the leader")
+    straggler_lag_points: int = Field(5, ge=1, description="logging intervals a rank may trail the leader")
     stall_factor: float = Field(5.0, gt=1, description="times the longest recent step interval")
     stall_min_s: float = Field(300.0, gt=0, description="never call a stall below this many seconds")
     heartbeat_timeout_s: float = Field(120.0, gt=0, description="silence of every rank that is a hang")

@@ -56,7 +56,7 @@ class GradWatch:
             self._nonfinite(step, g, loss_finite, out)
             return
         self._finite_run += 1
-        if self._finite_run >= _CLEAR_POINTS:
+        if self._bad and self._finite_run >= _CLEAR_POINTS:
             self.rep.report(out, "nonfinite_grad", self.metric, step, False)
             self._bad = 0
         t = self.tracker
@@ -79,7 +79,6 @@ class GradWatch:
     def _nonfinite(self, step: int, g: float, loss_finite: bool, out: list[Finding]) -> None:
         self._bad += 1
         self._finite_run = 0
-        first = not self.rep.is_on("nonfinite_grad", self.metric)
         ev = {"value": str(g), "nonfinite_points": self._bad, "loss_finite": loss_finite}
         self.rep.report(
             out,
@@ -88,13 +87,15 @@ class GradWatch:
             step,
             True,
             severity="warning" if loss_finite else "critical",
-            evidence=ev if first or self._bad % 10 == 0 else None,
+            evidence=ev,
         )
 
     def _spike(self, step: int, g: float, y: float, loss_spiking: bool, out: list[Finding]) -> bool:
         """Judge a jump; True when the point is part of a spike episode (kept out of the level)."""
         t, cfg = self.tracker, self.cfg
         jump = y - t.level
+        if not self._spike_points and jump <= self._min_jump:
+            return False  # well inside the minimum jump: no need for the noise estimate
         if self._spike_points:
             if jump <= max(t.threshold(3.0), self._min_jump / 2):
                 self._end_spike(out, step)

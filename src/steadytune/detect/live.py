@@ -51,7 +51,15 @@ class _Open:
     def snapshot(self) -> Anomaly:
         a = self.first
         return Anomaly(
-            a.kind, self.severity, a.start_step, self.end_step, a.metric, dict(self.evidence), a.cause, a.suggestion, a.rank
+            a.kind,
+            self.severity,
+            a.start_step,
+            self.end_step,
+            a.metric,
+            dict(self.evidence),
+            a.cause,
+            a.suggestion,
+            a.rank,
         )
 
 
@@ -76,8 +84,8 @@ class _Signal:
             finite = rec.loss is None or math.isfinite(rec.loss)
             self.grad.observe(rec.step, rec.grad_norm, spiking, finite, out)
         if lp is not None:
-            self.plateau.observe(lp, self.grad.vanished, out)
-            self.oscillation.observe(lp, out)
+            self.plateau.observe(lp, self.loss.tracker.level, self.grad.vanished, out)
+            self.oscillation.observe(lp, self.loss.tracker, out)
         if rec.eval_loss is not None:
             t = self.loss.tracker
             self.overfit.observe(rec.step, rec.eval_loss, t.level if t.n_level else None, out)
@@ -144,7 +152,9 @@ class LiveDetector:
         self._system.observe(sample, self.last_step, out)
         return self._apply(out) if out else []
 
-    def observe_time(self, now: float, last_heartbeat_ts: float | None, last_step: int | None) -> list[Transition]:
+    def observe_time(
+        self, now: float, last_heartbeat_ts: float | None, last_step: int | None
+    ) -> list[Transition]:
         """Judge stalls and hangs at time ``now`` (the caller's clock; this class has none)."""
         if not self.config.enabled:
             return []

@@ -50,6 +50,7 @@ class LossWatch:
         self._spike_peak = 0.0
         self._spike_base = 0.0
         self._drop_run = 0
+        self._climb_points = 0
         self._last_finite: float | None = None
 
     def observe(self, step: int, loss: float, epoch: float | None, out: list[Finding]) -> LossPoint | None:
@@ -64,7 +65,8 @@ class LossWatch:
                 evidence={"value": str(loss), "last_finite": rounded(self._last_finite)},
             )
             return None
-        rep.report(out, "nan_loss", m, step, False)
+        if rep.on:
+            rep.report(out, "nan_loss", m, step, False)
         self._last_finite = loss
         t = self.tracker
         new_segment = t.begin(step, self.series.gap_factor)
@@ -84,12 +86,17 @@ class LossWatch:
             else:
                 self._continue_spike(step, loss, y, out)
                 return LossPoint(step, loss, y, False, True, False)
-        threshold = max(t.threshold(self.cfg.spike_z), self._min_jump)
-        if jump > threshold and not self._seasonal(y, epoch):
-            self._start_spike(step, loss, level, threshold, out)
-            return LossPoint(step, loss, y, False, True, False)
+        # Most points are well inside the minimum jump: the noise estimate is not even needed.
+        if jump > self._min_jump:
+            threshold = max(t.threshold(self.cfg.spike_z), self._min_jump)
+            if jump > threshold and not self._seasonal(y, epoch):
+                self._start_spike(step, loss, level, threshold, out)
+                return LossPoint(step, loss, y, False, True, False)
         t.accept(y, epoch)
-        self._slow_climb(step, epoch, out)
+        # The slow-climb test needs the noise estimate; skip it while the level sits near its best.
+        near_best = t.best_level is None or t.level - t.best_level <= self.cfg.divergence_rise
+        if self._climb_points or rep.on or not near_best:
+            self._slow_climb(step, epoch, out)
         return LossPoint(step, loss, y, True, False, False)
 
     def _seasonal(self, y: float, epoch: float | None) -> bool:
@@ -101,7 +108,9 @@ class LossWatch:
             return False
         return y <= ref + self.cfg.seasonal_margin + self.cfg.resolve_z * self.tracker.sigma
 
-    def _start_spike(self, step: int, loss: float, level: float, threshold: float, out: list[Finding]) -> None:
+    def _start_spike(
+        self, step: int, loss: float, level: float, threshold: float, out: list[Finding]
+    ) -> None:
         self._spike_start, self._spike_points = step, 1
         self._spike_peak, self._spike_base = loss, level
         self.rep.report(
@@ -153,35 +162,45 @@ class LossWatch:
         if not self._climbing():
             self.rep.report(out, "divergence", self.metric, step, False)
 
+    def _climb_threshold(self) -> float:
+        """How far the level may sit above its best: the medians are noisy, the best one is the luckiest."""
+        return self.cfg.divergence_rise + 0.5 * self.cfg.spike_z * self.tracker.sigma
+
     def _climbing(self) -> bool:
         t = self.tracker
         if t.best_level is None or not t.level_full:
             return False
-        rise = t.level - t.best_level
-        return rise > max(self.cfg.divergence_rise, 0.5 * self.cfg.spike_z * t.sigma)
+        return t.level - t.best_level > self._climb_threshold()
 
     def _slow_climb(self, step: int, epoch: float | None, out: list[Finding]) -> None:
         """The level creeping up, point by point, well above the best level of this segment."""
         t = self.tracker
-        if self._climbing() and not self._seasonal(t.level, epoch):
+        climbing = self._climbing() and not self._seasonal(t.level, epoch)
+        self._climb_points = self._climb_points + 1 if climbing else 0
+        if self._climb_points >= self.cfg.divergence_points:
             first = not self.rep.is_on("divergence", self.metric)
             ev = None
             if first:
+                best = t.best_level or 0.0
                 ev = {
                     "level": rounded(math.exp(t.level)),
-                    "best_level": rounded(math.exp(t.best_level or 0.0)),
-                    "rise_ratio": rounded(math.exp(t.level - (t.best_level or 0.0)), 4),
-                    "threshold_ratio": rounded(math.exp(self.cfg.divergence_rise), 4),
+                    "best_level": rounded(math.exp(best)),
+                    "rise_ratio": rounded(math.exp(t.level - best), 4),
+                    "threshold_ratio": rounded(math.exp(self._climb_threshold()), 4),
                 }
             self.rep.report(out, "divergence", self.metric, step, True, evidence=ev)
-        elif self.rep.is_on("divergence", self.metric) and self._spike_start is None:
-            best = t.best_level or 0.0
-            if t.level - best < 0.5 * max(self.cfg.divergence_rise, 0.5 * self.cfg.spike_z * t.sigma):
-                self.rep.report(out, "divergence", self.metric, step, False)
+        elif (
+            self.rep.is_on("divergence", self.metric)
+            and self._spike_start is None
+            and t.level - (t.best_level or 0.0) < 0.5 * self._climb_threshold()
+        ):
+            self.rep.report(out, "divergence", self.metric, step, False)
 
     def _collapse(self, step: int, loss: float, y: float, out: list[Finding]) -> None:
         """A loss at zero, or one that fell ``collapse_drop`` (log) below its level in one go."""
         cfg, t = self.cfg, self.tracker
+        if loss > cfg.collapse_small and not self._drop_run and not self.rep.on:
+            return
         drop = max(cfg.collapse_drop, cfg.spike_z * t.sigma)
         dropped = t.n_level > 0 and loss <= cfg.collapse_small and (t.level - y) > drop
         self._drop_run = self._drop_run + 1 if dropped else 0

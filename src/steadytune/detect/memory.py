@@ -35,7 +35,9 @@ def _median(xs: list[float]) -> float:
     return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
 
 
-def leak_growth(points: list[tuple[int, float]], min_growth: float, min_bytes: float, steadiness: float) -> float:
+def leak_growth(
+    points: list[tuple[int, float]], min_growth: float, min_bytes: float, steadiness: float
+) -> float:
     """Bytes per step a window grows at when its growth looks like a leak, else 0.
 
     ``points`` are (step, bytes) in step order. The growth must be large
@@ -84,7 +86,9 @@ class LeakWatch:
             win.append((step, value))
             # A window is re-judged only when it gets a point; slower windows cost nothing in between.
             if len(win) >= win.maxlen // 2 and (len(win) % 4 == 0 or s > 1):
-                r = leak_growth(list(win), self.cfg.leak_min_growth, self.cfg.leak_min_bytes, self.cfg.leak_steadiness)
+                r = leak_growth(
+                    list(win), self.cfg.leak_min_growth, self.cfg.leak_min_bytes, self.cfg.leak_steadiness
+                )
                 if r > rate:
                     rate, stride = r, s
         if rate > 0:

@@ -9,7 +9,7 @@
 - straggler: one rank's median step time (``extra["compute_time_s"]`` when the
   worker reports it, since collectives make every rank's wall time equal) over
   ``straggler_ratio`` times the median rank, or a rank trailing the leader by
-  ``straggler_lag_steps``;
+  ``straggler_lag_points`` logging intervals;
 - stall: no new step for ``stall_factor`` times the longest recent interval
   (and at least ``stall_min_s``), or no heartbeat for ``heartbeat_timeout_s``.
   The time comes from the caller; nothing here reads a clock.
@@ -105,6 +105,8 @@ class StragglerWatch:
         self._last_step: dict[int, int] = {}
         self._slow: dict[int, int] = {}
         self._reps: dict[int, Reporter] = {}
+        self._leader = 0
+        self._advances = SortedWindow(16)  # how far the leading step moves per record: the logging interval
 
     def _rep(self, rank: int) -> Reporter:
         rep = self._reps.get(rank)
@@ -115,6 +117,10 @@ class StragglerWatch:
     def observe(self, rec: StepRecord, out: list[Finding]) -> None:
         r = rec.rank
         self._last_step[r] = max(rec.step, self._last_step.get(r, rec.step))
+        if rec.step > self._leader:
+            if self._leader:
+                self._advances.push(float(rec.step - self._leader))
+            self._leader = rec.step
         t = rec.extra.get("compute_time_s") if rec.extra else None
         t = t if isinstance(t, (int, float)) else rec.step_time_s
         if t and t > 0:
@@ -125,14 +131,16 @@ class StragglerWatch:
         self._slowness(rec, out)
 
     def _lag(self, step: int, out: list[Finding]) -> None:
-        lead = max(self._last_step.values())
+        lead = self._leader
+        interval = self._advances.median() if len(self._advances) else 1.0
+        limit = self.cfg.straggler_lag_points * interval
         for rank, last in self._last_step.items():
             behind = lead - last
             rep = self._rep(rank)
-            if behind >= self.cfg.straggler_lag_steps:
+            if behind >= limit:
                 ev = None if rep.is_on("straggler", "step") else {"rank_step": last, "leader_step": lead}
                 rep.report(out, "straggler", "step", last, True, evidence=ev)
-            elif behind <= self.cfg.straggler_lag_steps // 2:
+            elif behind <= limit / 2:
                 rep.report(out, "straggler", "step", step, False)
 
     def _slowness(self, rec: StepRecord, out: list[Finding]) -> None:
@@ -140,7 +148,9 @@ class StragglerWatch:
         if len(full) < 2 or rec.rank not in full:
             return
         meds = sorted(full.values())
-        typical = meds[len(meds) // 2] if len(meds) % 2 else 0.5 * (meds[len(meds) // 2 - 1] + meds[len(meds) // 2])
+        typical = (
+            meds[len(meds) // 2] if len(meds) % 2 else 0.5 * (meds[len(meds) // 2 - 1] + meds[len(meds) // 2])
+        )
         mine = full[rec.rank]
         ratio = mine / typical if typical > 0 else 1.0
         rep = self._rep(rec.rank)
@@ -179,13 +189,16 @@ class StallWatch:
             self._intervals.push(ts - self._last_ts)
         self._last_ts = max(ts, self._last_ts or ts)
         self.last_step = step
-        self.rep.report(out, "stall", "step", step, False)
+        if self.rep.on:
+            self.rep.report(out, "stall", "step", step, False)
 
     def limit_s(self) -> float:
         longest = self._intervals.quantile(1.0) if len(self._intervals) else 0.0
         return max(self.cfg.stall_min_s, self.cfg.stall_factor * longest)
 
-    def check(self, now: float, heartbeat_ts: float | None, last_step: int | None, out: list[Finding]) -> None:
+    def check(
+        self, now: float, heartbeat_ts: float | None, last_step: int | None, out: list[Finding]
+    ) -> None:
         if last_step is not None and last_step > self.last_step and last_step != self._hinted_step:
             # The caller saw progress we have no record of (a heartbeat step): count it as progress now.
             self._hinted_step = last_step
@@ -202,5 +215,9 @@ class StallWatch:
         if waited > limit:
             ev = None
             if not self.rep.is_on("stall", "step"):
-                ev = {"seconds_since_step": rounded(waited, 4), "threshold_s": rounded(limit, 4), "last_step": step}
+                ev = {
+                    "seconds_since_step": rounded(waited, 4),
+                    "threshold_s": rounded(limit, 4),
+                    "last_step": step,
+                }
             self.rep.report(out, "stall", "step", step, True, evidence=ev)

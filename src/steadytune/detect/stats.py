@@ -25,6 +25,8 @@ from bisect import bisect_left, insort
 from collections import deque
 
 _MAD_TO_SIGMA = 1.0 / (0.6745 * math.sqrt(2.0))  # median |N(0, 2σ²)| = 0.6745·√2·σ
+_Q90_TO_SIGMA = 1.0 / (1.6449 * math.sqrt(2.0))  # 90th percentile of |N(0, 2σ²)|
+_MEAN_ABS_TO_SIGMA = 1.0 / (2.0 / math.sqrt(math.pi))  # mean |N(0, 2σ²)| = 2σ/√π
 _EPOCH_BUCKETS = 20
 
 
@@ -108,25 +110,48 @@ class Seasonal:
         return best
 
 
+def _push(fifo: deque[float], ordered: list[float], size: int, x: float) -> None:
+    """Append to a bounded window kept both in arrival order and sorted."""
+    if len(fifo) == size:
+        del ordered[bisect_left(ordered, fifo.popleft())]
+    fifo.append(x)
+    insort(ordered, x)
+
+
+def _median(ordered: list[float]) -> float:
+    n = len(ordered)
+    mid = n // 2
+    return ordered[mid] if n % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
+
+
 class Tracker:
     """Level, noise, segments and seasonality of one metric, updated one point at a time.
 
     Call :meth:`begin` with each new step first (it detects gaps), judge the new
     value against :attr:`level` and :meth:`threshold`, then :meth:`accept` it if
-    it is ordinary. Values are in log space when ``log`` is set.
+    it is ordinary. Values are in log space when ``log`` is set. This is the hot
+    path of every detector, so windows are plain lists and the level is cached.
     """
 
     __slots__ = (
-        "_intervals",
-        "_last_y",
-        "_levels",
-        "_noise",
-        "_recent_noise",
+        "_iv_fifo",
+        "_iv_sorted",
+        "_lv_fifo",
+        "_lv_size",
+        "_lv_sorted",
+        "_nz_fifo",
+        "_nz_size",
+        "_nz_sorted",
+        "_recent_abs",
+        "_sigma",
         "best_level",
         "floor",
         "last_step",
+        "last_y",
+        "level",
         "log",
         "n_accepted",
+        "n_level",
         "prior_var",
         "prior_weight",
         "seasonal",
@@ -146,11 +171,19 @@ class Tracker:
         self.prior_var = prior * prior
         self.prior_weight = prior_weight
         self.floor = floor
-        self._levels = SortedWindow(level_window)
-        self._noise = SortedWindow(noise_window)
-        self._recent_noise = SortedWindow(16)
-        self._intervals = SortedWindow(16)
-        self._last_y: float | None = None
+        self._lv_fifo: deque[float] = deque()
+        self._lv_sorted: list[float] = []
+        self._lv_size = level_window
+        self._nz_fifo: deque[float] = deque()
+        self._nz_sorted: list[float] = []
+        self._nz_size = noise_window
+        self._recent_abs = 0.0  # running mean of |Δ| over about the last 8 points
+        self._iv_fifo: deque[float] = deque()
+        self._iv_sorted: list[float] = []
+        self._sigma: float | None = None
+        self.level = 0.0
+        self.n_level = 0
+        self.last_y: float | None = None
         self.last_step: int | None = None
         self.segment_start: int | None = None
         self.best_level: float | None = None
@@ -168,51 +201,50 @@ class Tracker:
             self.segment_start = step
             return True
         interval = step - last
+        ivs = self._iv_sorted
         # The lower quartile of recent intervals is the logging interval even when
         # the log is a collection of snippets with huge gaps between them.
-        typical = self._intervals.quantile(0.25) if len(self._intervals) else interval
-        self._intervals.push(float(interval))
-        if interval <= 0 or (len(self._intervals) > 1 and interval > gap_factor * max(typical, 1.0)):
-            self._levels.clear()
-            self._last_y = None
+        typical = ivs[len(ivs) // 4] if ivs else interval
+        _push(self._iv_fifo, ivs, 16, float(interval))
+        if interval <= 0 or (len(ivs) > 1 and interval > gap_factor * max(typical, 1.0)):
+            self._lv_fifo.clear()
+            self._lv_sorted.clear()
+            self.n_level = 0
+            self.last_y = None
             self.best_level = None
             self.segment_start = step
             return True
         return False
 
     @property
-    def n_level(self) -> int:
-        return len(self._levels)
-
-    @property
     def level_full(self) -> bool:
-        return len(self._levels) == self._levels.size
-
-    @property
-    def level(self) -> float:
-        return self._levels.median()
-
-    @property
-    def last_y(self) -> float | None:
-        return self._last_y
+        return self.n_level == self._lv_size
 
     @property
     def sigma(self) -> float:
         """Noise per point, shrunk towards the prior while few differences are known.
 
-        The larger of the long and the recent estimate: noise that grows (a DPO
-        loss leaving ln 2, a loss nearing zero in log space) is believed at once,
-        while noise that shrinks is believed only slowly.
+        The largest of three estimates: the median successive difference over
+        the long window, its upper decile (fat tails: per-sample losses, DPO),
+        and the mean over about the last 8 points (noise that grows, as a loss
+        leaving ln 2 or nearing zero in log space, is believed at once; noise
+        that shrinks only slowly). Spikes never enter: only accepted points do.
         """
-        n = len(self._noise)
-        if n:
-            s = self._noise.median()
-            if len(self._recent_noise) >= 8:
-                s = max(s, self._recent_noise.median())
-            s *= _MAD_TO_SIGMA
-            var = (self.prior_weight * self.prior_var + n * s * s) / (self.prior_weight + n)
-        else:
-            var = self.prior_var
+        if self._sigma is None:
+            self._sigma = self._estimate_sigma()
+        return self._sigma
+
+    def _estimate_sigma(self) -> float:
+        ordered = self._nz_sorted
+        n = len(ordered)
+        if not n:
+            return max(math.sqrt(self.prior_var), self.floor)
+        s = _median(ordered) * _MAD_TO_SIGMA
+        if n >= 16:
+            s = max(s, ordered[int(0.9 * n)] * _Q90_TO_SIGMA)
+        if n >= 8:
+            s = max(s, self._recent_abs * _MEAN_ABS_TO_SIGMA)
+        var = (self.prior_weight * self.prior_var + n * s * s) / (self.prior_weight + n)
         return max(math.sqrt(var), self.floor)
 
     def threshold(self, z: float) -> float:
@@ -220,19 +252,21 @@ class Tracker:
         return z * self.sigma * math.sqrt(1.0 + 1.0 / max(1, self.n_level))
 
     def accept(self, y: float, epoch: float | None = None) -> None:
-        if self._last_y is not None:
-            d = abs(y - self._last_y)
-            self._noise.push(d)
-            self._recent_noise.push(d)
-        self._last_y = y
-        self._levels.push(y)
+        self._sigma = None
+        if self.last_y is not None:
+            d = abs(y - self.last_y)
+            _push(self._nz_fifo, self._nz_sorted, self._nz_size, d)
+            n_noise = len(self._nz_sorted)
+            self._recent_abs += (d - self._recent_abs) * (0.125 if n_noise >= 8 else 1.0 / n_noise)
+        self.last_y = y
+        _push(self._lv_fifo, self._lv_sorted, self._lv_size, y)
+        self.n_level = n = len(self._lv_sorted)
+        self.level = lvl = _median(self._lv_sorted)
         self.n_accepted += 1
-        if len(self._levels) == self._levels.size:
-            lvl = self._levels.median()
-            if self.best_level is None or lvl < self.best_level:
-                self.best_level = lvl
+        if n == self._lv_size and (self.best_level is None or lvl < self.best_level):
+            self.best_level = lvl
         if epoch is not None:
             self.seasonal.add(epoch, y)
 
     def recent(self) -> deque[float]:
-        return self._levels.values
+        return self._lv_fifo

@@ -27,7 +27,9 @@ class SystemWatch:
         self._quiet: dict[tuple[int, str], int] = {}
         self._disk: deque[tuple[float, float]] = deque(maxlen=32)
         self._ram = HeadroomWatch(
-            mem.model_copy(update={"headroom_warning": cfg.ram_warning, "headroom_critical": cfg.ram_critical}),
+            mem.model_copy(
+                update={"headroom_warning": cfg.ram_warning, "headroom_critical": cfg.ram_critical}
+            ),
             "ram_used_bytes",
         )
         self._mem_cfg = mem
@@ -43,7 +45,9 @@ class SystemWatch:
             if g.mem_used_bytes is not None and g.mem_total_bytes:
                 watch = self._gpu_mem.get(g.index)
                 if watch is None:
-                    watch = self._gpu_mem[g.index] = HeadroomWatch(self._mem_cfg, f"gpu{g.index}_mem_used_bytes")
+                    watch = self._gpu_mem[g.index] = HeadroomWatch(
+                        self._mem_cfg, f"gpu{g.index}_mem_used_bytes"
+                    )
                 watch.observe(step, g.mem_used_bytes, g.mem_total_bytes, out)
         if s.ram_used_bytes is not None and s.ram_total_bytes:
             self._ram.observe(step, s.ram_used_bytes, s.ram_total_bytes, out)
@@ -60,7 +64,11 @@ class SystemWatch:
             sev = "critical" if g.temperature_c >= self.cfg.gpu_temp_critical_c else "warning"
             ev = None
             if not self.rep.is_on("gpu_thermal", metric):
-                ev = {"temperature_c": g.temperature_c, "threshold_c": self.cfg.gpu_temp_warning_c, "gpu": g.index}
+                ev = {
+                    "temperature_c": g.temperature_c,
+                    "threshold_c": self.cfg.gpu_temp_warning_c,
+                    "gpu": g.index,
+                }
             self.rep.report(out, "gpu_thermal", metric, step, True, severity=sev, evidence=ev)
         elif g.temperature_c < self.cfg.gpu_temp_warning_c - 3.0:
             self.rep.report(out, "gpu_thermal", metric, step, False)
@@ -103,4 +111,3 @@ class SystemWatch:
             self.rep.report(out, "disk_low", "disk_free_bytes", step, True, severity=sev, evidence=ev)
         elif share > self.cfg.disk_free_warning * 1.2 and not absolute:
             self.rep.report(out, "disk_low", "disk_free_bytes", step, False)
-

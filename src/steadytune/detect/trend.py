@@ -3,13 +3,14 @@
 They look at the shape of the loss over a window rather than at one point:
 
 - plateau: no learning since the start (the level is within ``plateau_min_gain``
-  of where it began once the warm-up is over and enough steps passed), a loss
+  of where it began, ``plateau_min_points`` points after the LR warm-up ended,
+  and no significant falling trend), a loss
   that repeats the very same value (a frozen model), or a flat loss while the
   gradients have vanished. A flat stretch *after* the loss fell is convergence,
   not a plateau, so it is never flagged from the loss alone;
-- oscillation: the loss swings around its local trend far wider than its
-  point-to-point noise (``oscillation_ratio``), crossing the trend band at
-  least ``oscillation_crossings`` times, without improving;
+- oscillation: new swings, much wider than the noise before them, regular
+  (slow: wide against the point-to-point noise; fast: a negative
+  autocorrelation at half the period) and repeated, without improving;
 - overfitting: eval loss ``rise`` above its best for ``rising_evals`` evaluations
   while the training loss has not risen.
 """
@@ -23,7 +24,7 @@ from itertools import pairwise
 from steadytune.detect.base import Finding, Reporter, rounded
 from steadytune.detect.config import EvalConfig, LossConfig
 from steadytune.detect.loss import LossPoint
-from steadytune.detect.stats import SortedWindow
+from steadytune.detect.stats import SortedWindow, Tracker
 
 _START_POINTS = 8
 _STRIDE = 4  # oscillation is evaluated every few points: a window scan each step is wasted work
@@ -46,19 +47,22 @@ class PlateauWatch:
         self._start_level: float | None = None
         self._first_step: int | None = None
         self._n = 0
-        self._recent = SortedWindow(32)
+        self._level = 0.0
         self._same = 0
         self._last_loss: float | None = None
         self._lr_prev: float | None = None
         self._lr_rising = False
+        self._since_warmup = 0  # accepted points since the LR last rose
         self._vanish_level: float | None = None
+        self._fit = [0.0] * 6  # n, Σx, Σy, Σxy, Σx², Σy² of (step, log-loss) since the start
 
     def observe_lr(self, lr: float) -> None:
         if math.isfinite(lr):
             self._lr_rising = self._lr_prev is not None and lr > self._lr_prev * 1.0001
             self._lr_prev = lr
 
-    def observe(self, lp: LossPoint, grad_vanished: bool, out: list[Finding]) -> None:
+    def observe(self, lp: LossPoint, level: float, grad_vanished: bool, out: list[Finding]) -> None:
+        """``level`` is the loss watch's recent robust level (log space)."""
         self._same = self._same + 1 if lp.loss == self._last_loss else 1
         self._last_loss = lp.loss
         if self._first_step is None:
@@ -66,7 +70,15 @@ class PlateauWatch:
         if not lp.accepted:
             return
         self._n += 1
-        self._recent.push(lp.y)
+        self._since_warmup = 0 if self._lr_rising else self._since_warmup + 1
+        self._level = level
+        x, f = float(lp.step - self._first_step), self._fit
+        f[0] += 1.0
+        f[1] += x
+        f[2] += lp.y
+        f[3] += x * lp.y
+        f[4] += x * x
+        f[5] += lp.y * lp.y
         if self._start_level is None:
             self._start.append(lp.y)
             if len(self._start) == _START_POINTS:
@@ -81,49 +93,84 @@ class PlateauWatch:
     def _why(self, lp: LossPoint, grad_vanished: bool) -> tuple[str, dict | None]:
         cfg = self.cfg
         if self._same >= cfg.frozen_points and lp.loss > cfg.collapse_abs:
-            return "frozen", {"reason": "identical loss values", "value": rounded(lp.loss), "points": self._same}
-        level = self._recent.median()
+            return "frozen", {
+                "reason": "identical loss values",
+                "value": rounded(lp.loss),
+                "points": self._same,
+            }
+        level = self._level
         if grad_vanished:
             if self._vanish_level is None:
                 self._vanish_level = level
             if level > self._vanish_level - cfg.plateau_min_gain and self._n >= _START_POINTS:
-                return "vanished", {"reason": "flat loss with vanished gradients", "level": rounded(math.exp(level))}
+                return "vanished", {
+                    "reason": "flat loss with vanished gradients",
+                    "level": rounded(math.exp(level)),
+                }
         else:
             self._vanish_level = None
-        if self._start_level is None or self._n < cfg.plateau_min_points or self._lr_rising:
+        # The LR warm-up is not a plateau: judge only once the full LR had time to act.
+        if self._start_level is None or self._since_warmup < cfg.plateau_min_points:
             return "", None
         if lp.step - (self._first_step or 0) < cfg.plateau_min_steps:
             return "", None
+        if level <= math.log(max(cfg.collapse_abs, 1e-12)):
+            return "", None  # a loss at zero is a collapse, reported as such
         gain = self._start_level - level
-        if -cfg.divergence_rise < gain < cfg.plateau_min_gain:
-            return "no_learning", {
-                "reason": "no learning since the start",
-                "start_level": rounded(math.exp(self._start_level)),
-                "level": rounded(math.exp(level)),
-                "gain_ratio": rounded(math.exp(gain), 4),
-                "threshold_ratio": rounded(math.exp(cfg.plateau_min_gain), 4),
-                "points": self._n,
-            }
-        return "", None
+        if not -cfg.divergence_rise < gain < cfg.plateau_min_gain:
+            return "", None
+        # Flatness must be shown, not just unproven learning: the fitted change over the whole
+        # span must be known to within the gain we expect (noisy runs need more points).
+        change, se, t = self.trend()
+        if change < -cfg.plateau_min_gain or se > cfg.plateau_min_gain or t < -cfg.plateau_trend_t:
+            return "", None
+        return "no_learning", {
+            "reason": "no learning since the start",
+            "start_level": rounded(math.exp(self._start_level)),
+            "level": rounded(math.exp(level)),
+            "gain_ratio": rounded(math.exp(gain), 4),
+            "fitted_change_ratio": rounded(math.exp(change), 4),
+            "threshold_ratio": rounded(math.exp(cfg.plateau_min_gain), 4),
+            "points": self._n,
+        }
+
+    def trend(self) -> tuple[float, float, float]:
+        """Least-squares change of log-loss over the span since the start: (change, its SE, t)."""
+        n, sx, sy, sxy, sxx, syy = self._fit
+        if n < 3:
+            return 0.0, math.inf, 0.0
+        vxx, vxy, vyy = sxx - sx * sx / n, sxy - sx * sy / n, syy - sy * sy / n
+        if vxx <= 0:
+            return 0.0, math.inf, 0.0
+        slope = vxy / vxx
+        resid = max(vyy - slope * vxy, 0.0) / (n - 2)
+        span = math.sqrt(12.0 * vxx / n)  # the span of evenly spread steps with this variance
+        se = math.sqrt(resid / vxx)
+        t = slope / se if se > 0 else (0.0 if slope == 0 else math.copysign(math.inf, slope))
+        return slope * span, se * span, t
 
     def _cleared(self, lp: LossPoint) -> bool:
         if self._start_level is None:
             return self._same < self.cfg.frozen_points
-        gain = self._start_level - self._recent.median()
+        gain = self._start_level - self._level
         return self._same < self.cfg.frozen_points and gain >= 2 * self.cfg.plateau_min_gain
 
 
 class OscillationWatch:
-    """Swings much wider than the point-to-point noise, crossing the trend line again and again.
+    """Swings that are new, wide and regular: the LR saws the loss up and down.
 
-    For independent noise the spread of the points around their trend equals
-    the noise measured from successive differences. A loss that saws up and
-    down over several steps has a spread many times its successive
-    differences (the von Neumann ratio idea), and crosses a band of one spread
-    around the trend line at least ``oscillation_crossings`` times. Both are
-    measured inside the same window, so slowly changing noise does not matter.
-    A window whose level falls (a staircase, a curve still learning) is not
-    judged.
+    Three tests over the window, all needed:
+
+    - *new and wide*: the spread of the points around their trend line is
+      ``oscillation_growth`` times the noise measured before the window (a
+      run that always had this texture, such as a length-grouped sawtooth, is
+      not sawing because of its LR);
+    - *regular*: slow swings make the spread ``oscillation_ratio`` times the
+      point-to-point noise (the von Neumann ratio idea); fast ones show as a
+      strongly negative autocorrelation at half their period;
+    - *repeated*: the loss crosses the band of half a spread around the trend at
+      least ``oscillation_crossings`` times (two full cycles), without the
+      level falling (a staircase or a curve still learning is not judged).
     """
 
     def __init__(self, cfg: LossConfig, metric: str = "loss", rank: int | None = None) -> None:
@@ -131,54 +178,108 @@ class OscillationWatch:
         self.metric = metric
         self.rep = Reporter(rank)
         self._ys: deque[float] = deque(maxlen=cfg.oscillation_window)
+        self._sorted = SortedWindow(cfg.oscillation_window)
+        # The noise estimate, sampled at each evaluation: the oldest is from before the window.
+        self._sigmas: deque[float] = deque(maxlen=cfg.oscillation_window // _STRIDE + 1)
         self._count = 0
 
-    def observe(self, lp: LossPoint, out: list[Finding]) -> None:
+    def observe(self, lp: LossPoint, tracker: Tracker, out: list[Finding]) -> None:
         if lp.new_segment:
             self._ys.clear()
+            self._sorted.clear()
+            self._sigmas.clear()
+            self._count = 0
         self._ys.append(lp.y)
+        self._sorted.push(lp.y)
         self._count += 1
-        if len(self._ys) < self._ys.maxlen or self._count % _STRIDE:
+        if self._count % _STRIDE:
             return
-        ratio, spread, crossings, improving = oscillation_stats(list(self._ys))
+        before = self._sigmas[0] if len(self._sigmas) == self._sigmas.maxlen else None
+        self._sigmas.append(tracker.sigma)
+        if len(self._ys) < self._ys.maxlen:
+            return
         cfg = self.cfg
+        if before is not None and not self.rep.on:
+            # The raw spread (IQR) bounds the detrended one: a window no wider than the
+            # noise before it cannot hold new swings, and most windows stop here for free.
+            iqr = self._sorted.quantile(0.75) - self._sorted.quantile(0.25)
+            if iqr / 1.349 < cfg.oscillation_growth * before:
+                return
+        w = WindowShape(list(self._ys))
+        # Cheapest test first: in a healthy window the spread is the noise, so most stop here.
+        grown = before is None or w.spread >= cfg.oscillation_growth * before
+        regular = (
+            grown
+            and w.spread >= cfg.oscillation_min_amplitude
+            and not w.falling
+            and w.crossings() >= cfg.oscillation_crossings
+            and (w.ratio() >= cfg.oscillation_ratio or w.min_acf() <= -cfg.oscillation_acf)
+        )
         on = self.rep.is_on("oscillation", self.metric)
-        sawing = ratio >= cfg.oscillation_ratio and spread >= cfg.oscillation_min_amplitude
-        if sawing and crossings >= cfg.oscillation_crossings and not improving:
+        if regular:
             ev = None
             if not on:
                 ev = {
-                    "spread_over_noise": rounded(ratio, 4),
-                    "threshold_ratio": cfg.oscillation_ratio,
-                    "spread_log": rounded(spread, 4),
-                    "crossings": crossings,
+                    "spread_log": rounded(w.spread, 4),
+                    "noise_before_log": rounded(before, 4),
+                    "spread_over_step_noise": rounded(w.ratio(), 4),
+                    "crossings": w.crossings(),
                     "window_points": len(self._ys),
                 }
             self.rep.report(out, "oscillation", self.metric, lp.step, True, evidence=ev)
-        elif on and (improving or ratio < 0.5 * (1.0 + cfg.oscillation_ratio)):
+        elif on and (w.falling or w.crossings() < cfg.oscillation_crossings // 2):
             self.rep.report(out, "oscillation", self.metric, lp.step, False)
 
 
-def oscillation_stats(ys: list[float]) -> tuple[float, float, int, bool]:
-    """(spread / noise, spread, band crossings, level falling) of a window of log-losses."""
-    n = len(ys)
-    half = n // 2
-    m1, m2 = _median(ys[:half]), _median(ys[half:])
-    slope = (m2 - m1) / half
-    mid, centre = 0.5 * (m1 + m2), (n - 1) / 2.0
-    resid = [y - (mid + slope * (i - centre)) for i, y in enumerate(ys)]
-    med = _median(resid)
-    spread = 1.4826 * _median([abs(r - med) for r in resid])
-    noise = _median([abs(b - a) for a, b in pairwise(ys)]) / (0.6745 * math.sqrt(2.0))
-    crossings, state = 0, 0
-    for r in resid:
-        side = 1 if r - med > spread else (-1 if r - med < -spread else 0)
-        if side:
-            if state and side != state:
-                crossings += 1
-            state = side
-    ratio = spread / noise if noise > 0 else (math.inf if spread > 0 else 0.0)
-    return ratio, spread, crossings, m2 < m1 - spread
+class WindowShape:
+    """Trend-removed shape of a window of log-losses, computed lazily (most windows stop at the spread).
+
+    The trend is a robust line through the medians of the two halves; the
+    spread is the MAD of what is left around it, in noise-sigma units.
+    """
+
+    __slots__ = ("falling", "resid", "spread", "ys")
+
+    def __init__(self, ys: list[float]) -> None:
+        n = len(ys)
+        half = n // 2
+        m1, m2 = _median(ys[:half]), _median(ys[half:])
+        slope = (m2 - m1) / half
+        mid, centre = 0.5 * (m1 + m2), (n - 1) / 2.0
+        resid = [y - (mid + slope * (i - centre)) for i, y in enumerate(ys)]
+        med = _median(resid)
+        self.ys = ys
+        self.resid = [r - med for r in resid]
+        self.spread = 1.4826 * _median([abs(r) for r in self.resid])
+        self.falling = m2 < m1 - self.spread
+
+    def ratio(self) -> float:
+        """Spread over the point-to-point noise: about 1 for independent noise, large for slow swings."""
+        noise = _median([abs(b - a) for a, b in pairwise(self.ys)]) / (0.6745 * math.sqrt(2.0))
+        if noise > 0:
+            return self.spread / noise
+        return math.inf if self.spread > 0 else 0.0
+
+    def crossings(self) -> int:
+        """Alternations across a band of half a spread (a sine's spread is about its amplitude)."""
+        band = 0.5 * self.spread
+        crossings, state = 0, 0
+        for r in self.resid:
+            side = 1 if r > band else (-1 if r < -band else 0)
+            if side:
+                if state and side != state:
+                    crossings += 1
+                state = side
+        return crossings
+
+    def min_acf(self) -> float:
+        """The most negative autocorrelation at lags 1..n/4: a fast periodic swing at half its period."""
+        r = self.resid
+        var = sum(x * x for x in r)
+        if var <= 0:
+            return 0.0
+        n = len(r)
+        return min(sum(r[i] * r[i + lag] for i in range(n - lag)) / var for lag in range(1, n // 4 + 1))
 
 
 class OverfitWatch:

@@ -152,4 +152,6 @@ def load(path: Path | str, fmt: str | None = None) -> Series:
     except UnreadableLog:
         raise
     except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise UnreadableLog(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'unreadable'}") from e
+        raise UnreadableLog(
+            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'unreadable'}"
+        ) from e

@@ -13,7 +13,15 @@ from pathlib import Path
 from steadytune.importers.series import Series, SeriesBuilder, UnreadableLog, parse_number
 
 FORMAT = "csv"
-STEP_COLUMNS = ("step", "_step", "global_step", "train/global_step", "trainer/global_step", "iteration", "iter")
+STEP_COLUMNS = (
+    "step",
+    "_step",
+    "global_step",
+    "train/global_step",
+    "trainer/global_step",
+    "iteration",
+    "iter",
+)
 
 
 def step_column(header: list[str]) -> int | None:

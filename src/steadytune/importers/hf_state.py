@@ -34,5 +34,5 @@ def read(path: Path, data: Any | None = None) -> Series:
         step = entry.get("step")
         if not isinstance(step, int):
             continue
-        b.add_row(step, {k: v for k, v in entry.items() if k != "step"})
+        b.add_row(step, entry)
     return b.build(require=("loss", "eval_loss", "grad_norm"))

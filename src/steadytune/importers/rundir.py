@@ -34,6 +34,8 @@ def read(path: Path) -> Series:
     if not last:
         raise UnreadableLog("the telemetry holds no step records")
     records = sorted(last.values(), key=lambda r: (r.step, r.rank))
-    system = [s for s in iter_records(run.system) if isinstance(s, SystemSample)] if run.system.exists() else []
+    system = (
+        [s for s in iter_records(run.system) if isinstance(s, SystemSample)] if run.system.exists() else []
+    )
     metrics = [f for f in _FIELDS if any(getattr(r, f) is not None for r in records)]
     return Series(str(path), FORMAT, records, system=system, metrics=metrics)

@@ -1,0 +1,120 @@
+"""``steadytune analyze PATH...``: detect anomalies in any run's logs, even runs steadytune never saw.
+
+Each path is read by the importer its content calls for (HF trainer_state.json,
+LLaMA-Factory trainer_log.jsonl, a steadytune run directory, CSV, TensorBoard,
+Megatron text logs and golden values, llm.c logs) and replayed through the
+live detectors. A file that cannot be read gets a one-line reason and the
+others go on.
+
+Exit codes: 0 every file was read and none has a warning or critical anomaly;
+1 a file was unreadable or has a warning/critical anomaly (info notes do not
+count); 2 usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from steadytune.cli._common import add_command, fail
+
+EXAMPLE = "steadytune analyze output/trainer_state.json runs/2024-06-01-lora --format json --plot anomalies.png"
+
+
+def register(sub: Any) -> None:
+    p = add_command(
+        sub,
+        "analyze",
+        help="detect anomalies in training logs (any tool's)",
+        example=EXAMPLE,
+        description=(
+            "Detect NaN, spikes, divergence, collapse, plateaus, oscillation, gradient and memory "
+            "trouble in training logs: HF trainer_state.json, LLaMA-Factory trainer_log.jsonl, "
+            "steadytune run directories, CSV (W&B export), TensorBoard event files, Megatron/DeepSpeed "
+            "text logs, Megatron golden values, llm.c logs. Exit code 0 when every file is readable "
+            "and healthy, 1 when one is unreadable or has a warning/critical anomaly."
+        ),
+    )
+    p.add_argument("paths", nargs="+", metavar="PATH", help="log files or run directories")
+    p.add_argument("--format", choices=("text", "json"), default="text", help="output format (default text)")
+    p.add_argument("--plot", metavar="OUT.png", help="write a PNG of the series with each anomaly marked")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a detector threshold, e.g. --set loss.spike_z=8 (see docs/detectors.md)",
+    )
+    p.set_defaults(func=run)
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """``["loss.spike_z=8", "enabled=false"]`` -> nested dict for :class:`DetectConfig`."""
+    import yaml
+
+    tree: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--set {item!r}: expected KEY=VALUE, e.g. loss.spike_z=8")
+        node = tree
+        parts = key.strip().removeprefix("detect.").split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = yaml.safe_load(raw)
+    return tree
+
+
+def analyze_path(path: str, config: Any) -> Any:
+    """Import one path and run the detectors on it; never raises for a bad file."""
+    from steadytune.detect.offline import detect
+    from steadytune.detect.report import FileResult
+    from steadytune.importers import UnreadableLog, load
+
+    try:
+        series = load(path)
+    except UnreadableLog as e:
+        return FileResult(path, error=str(e))
+    except Exception as e:  # a reader bug must not stop the other files
+        return FileResult(path, error=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'failed'}")
+    anomalies = detect(series.records, series.system, config)
+    return FileResult(path, series.format, series.steps, series.metrics, anomalies, series=series)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from steadytune.detect.config import DetectConfig
+
+    try:
+        config = DetectConfig.model_validate(parse_overrides(args.set))
+    except (ValueError, ValidationError) as e:
+        return fail(f"invalid --set: {str(e).splitlines()[0]}", code=2)
+    results = [analyze_path(p, config) for p in args.paths]
+    for r in results:
+        if r.error is not None:
+            print(f"error: {r.path}: {r.error}", file=sys.stderr)
+    if args.format == "json":
+        from steadytune.detect.report import file_json
+
+        doc = {"files": [file_json(r) for r in results if r.error is None]}
+        print(json.dumps(doc, indent=2))
+    else:
+        from rich.console import Console
+
+        from steadytune.detect.report import render_text
+
+        render_text(results, Console())
+    if args.plot:
+        from steadytune.detect.report import plot
+
+        try:
+            out = plot(results, Path(args.plot))
+        except ImportError:
+            return fail("--plot needs matplotlib: pip install 'steadytune[plot]'")
+        print(f"plot written to {out}", file=sys.stderr)
+    bad = any(r.error is not None or r.alarming for r in results)
+    return 1 if bad else 0
