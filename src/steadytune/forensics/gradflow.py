@@ -1,0 +1,66 @@
+"""Judge recorded gradient flow: dead, vanishing and exploding layers. Pure, no torch.
+
+Input is what :func:`steadytune.guard.gradflow.layer_grad_stats` returns (or its
+column form stored in ``StepRecord.extra["gradflow"]``). Thresholds are absolute
+norms of the raw (pre-clip) gradient of one layer, as in the issue: below
+``1e-3`` a layer barely learns, above ``1e2`` it is blowing up.
+
+Embeddings are left out of the zero-fraction rule: only the rows of tokens in
+the batch get a gradient, so a mostly-zero embedding gradient is normal.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from steadytune.detect.kinds import KINDS
+from steadytune.forensics.layers import EMBEDDINGS
+from steadytune.records import Anomaly
+
+VANISH_NORM = 1e-3
+EXPLODE_NORM = 1e2
+ZERO_FRAC = 0.9
+
+
+def as_rows(stats: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Accept both shapes: ``{layer: {...}}`` or ``{"layers": [...], "norm": [...], ...}``."""
+    if isinstance(stats.get("layers"), list):
+        cols = stats
+        return {name: {"norm": cols["norm"][i], "zero_frac": cols["zero_frac"][i]}
+                for i, name in enumerate(cols["layers"])}
+    return stats
+
+
+def _anomaly(kind: str, layer: str, step: int, evidence: dict[str, Any], cause: str) -> Anomaly:
+    info = KINDS[kind]
+    return Anomaly(kind=kind, severity=info.severity, start_step=step, end_step=step, metric=f"grad_norm/{layer}",
+                   evidence={"layer": layer, **evidence}, cause=cause, suggestion=info.suggestion)
+
+
+def check_layers(stats: dict[str, Any], step: int = 0, vanish: float = VANISH_NORM, explode: float = EXPLODE_NORM,
+                 zero_frac: float = ZERO_FRAC) -> list[Anomaly]:
+    """One anomaly per dead/vanishing (``grad_vanishing``) or exploding (``grad_explosion``) layer.
+
+    Args:
+        stats: per-layer gradient statistics, in forward order.
+        step: the optimizer step they were recorded at.
+        vanish: a layer norm below this is vanishing.
+        explode: a layer norm above this (or non-finite) is exploding.
+        zero_frac: a share of exact zeros above this is a dead layer.
+    """
+    out: list[Anomaly] = []
+    for layer, row in as_rows(stats).items():
+        norm = float(row.get("norm", math.nan))
+        zf = float(row.get("zero_frac", 0.0))
+        ev = {"norm": norm if math.isfinite(norm) else str(norm), "zero_frac": round(zf, 4)}
+        if not math.isfinite(norm) or norm > explode:
+            out.append(_anomaly("grad_explosion", layer, step, ev,
+                                f"layer {layer}: gradient norm {norm:.3g} exceeds {explode:g}"))
+        elif norm < vanish:
+            out.append(_anomaly("grad_vanishing", layer, step, ev,
+                                f"layer {layer}: gradient norm {norm:.3g} is below {vanish:g} (vanishing)"))
+        elif zf > zero_frac and layer != EMBEDDINGS:
+            out.append(_anomaly("grad_vanishing", layer, step, ev,
+                                f"layer {layer}: {zf:.0%} of its gradient entries are exactly zero (dead units)"))
+    return out
