@@ -138,6 +138,19 @@ def suggestions(arch: Architecture, setup: TrainSetup, device_memory_bytes: int)
                 dataclasses.replace(setup, method="qlora", lora_r=16, target_modules=("all-linear",)),
             )
         )
+    if not setup.gradient_checkpointing:
+        # The usual fix: checkpointing plus the micro-batch it allows, accumulation keeping the
+        # effective batch.
+        ckpt = dataclasses.replace(setup, gradient_checkpointing=True)
+        best_ckpt = max_micro_batch(arch, ckpt, device_memory_bytes)
+        if best_ckpt is not None and best_ckpt < setup.batch:
+            accum = setup.gradient_accumulation_steps * -(-setup.batch // best_ckpt)
+            candidates.append(
+                (
+                    f"gradient checkpointing + micro-batch {best_ckpt} with gradient_accumulation_steps={accum}",
+                    dataclasses.replace(ckpt, batch=best_ckpt, gradient_accumulation_steps=accum),
+                )
+            )
     if setup.gpus > 1 and setup.zero_stage < 3 and not setup.fsdp:
         candidates.append(
             (f"DeepSpeed ZeRO-3 over {setup.gpus} GPUs", dataclasses.replace(setup, zero_stage=3))

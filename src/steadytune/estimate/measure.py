@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -170,7 +171,12 @@ def build_model(arch: Architecture, setup: TrainSetup, device: str = "cpu", seed
     if setup.method == "qlora":
         _quantize_linears(model, setup, torch)
     if setup.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        # transformers 5 renamed gradient checkpointing to activation checkpointing.
+        enable = getattr(model, "activation_checkpointing_enable", None)
+        if enable is not None:
+            enable({"use_reentrant": False})
+        else:  # pragma: no cover - transformers 4.x
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if setup.method in ("lora", "qlora"):
         try:
             from peft import LoraConfig, get_peft_model
@@ -184,7 +190,10 @@ def build_model(arch: Architecture, setup: TrainSetup, device: str = "cpu", seed
             task_type="CAUSAL_LM",
         )
         # PEFT upcasts bf16/fp16 adapters to fp32 unless asked not to: that is mixed precision.
-        model = get_peft_model(model, lora, autocast_adapter_dtype=setup.mixed_precision)
+        with warnings.catch_warnings():
+            # PEFT still calls transformers' deprecated is_gradient_checkpointing.
+            warnings.simplefilter("ignore", FutureWarning)
+            model = get_peft_model(model, lora, autocast_adapter_dtype=setup.mixed_precision)
     elif setup.method == "freeze":
         model.requires_grad_(False)
         for layer in model.model.layers[-setup.freeze_trainable_layers :]:
@@ -294,8 +303,6 @@ def live_tensor_bytes() -> int:
     import gc
 
     torch = _torch()
-    import warnings
-
     gc.collect()
     seen: dict[int, int] = {}
     with warnings.catch_warnings():

@@ -181,7 +181,15 @@ def estimate_peak(arch: Architecture, setup: TrainSetup) -> MemoryEstimate:
     fwd_scratch = 2 * mlp_width + dequant
     layer_grad_scratch = min(ms.weight_grad_scratch, e * arch.largest_linear_params)
     bwd_scratch = 2 * mlp_width + 2 * residual + layer_grad_scratch + dequant
-    step_scratch = 3 * 4 * counts.largest_trainable_tensor if setup.optimizer == "adafactor" else 0
+    step_scratch = 0
+    if setup.optimizer == "adafactor":
+        step_scratch = 3 * 4 * counts.largest_trainable_tensor
+    elif setup.optimizer == "adamw8bit" and setup.device == "cpu":
+        # bitsandbytes' CPU path dequantizes both states and updates in fp32, one tensor at
+        # a time (measured: 20 bytes per element, 24 for bf16 params); its CUDA kernel is fused.
+        step_scratch = (
+            20 if DTYPE_BYTES[setup.trainable_dtype] == 4 else 24
+        ) * counts.largest_trainable_tensor
 
     persistent = {
         "weights": ms.weights + ms.sharded_gather,
