@@ -1,0 +1,206 @@
+"""``repro``: pack what it takes to replay one step into a ``.tar.gz`` bundle.
+
+A bundle holds the resolved (redacted) config and plan revisions, an
+environment snapshot, the seed and RNG states, the sample ids and hashes of
+every step to replay, a reference to the checkpoint to start from (with the
+sha256 of its manifest), the metrics window and the events around the step,
+and ``replay.py``. Raw samples go in only with ``include_data``, a copy of the
+checkpoint only with ``include_checkpoint``: by default a bundle holds no
+training text and stays small enough to attach to an issue.
+
+The starting point is the newest verified checkpoint *before* the step:
+``checkpoint-N`` already holds step N's update, so replaying step N needs the
+weights as they were after step N-1. Steps between the checkpoint and the step
+are replayed first, with the optimizer and scheduler state of the checkpoint.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from steadytune.checkpoint.manifest import MANIFEST, newest_verified, read_manifest, sha256_file
+from steadytune.config.load import redact
+from steadytune.forensics.envsnap import snapshot
+from steadytune.forensics.inspect import fetch_rows
+from steadytune.forensics.runview import (
+    ForensicsError,
+    anomaly_steps,
+    final_steps,
+    load_run_config,
+    plan_for_attempt,
+)
+from steadytune.records import to_dict
+from steadytune.rundir import RunDir
+from steadytune.telemetry.events import read_events
+
+BUNDLE_VERSION = 1
+WINDOW = 20  # steps of metrics and events kept on each side of the step
+MAX_REPLAY_STEPS = 5000
+
+REPLAY_PY = '''#!/usr/bin/env python3
+"""Replay the step recorded in this bundle and say whether its anomaly reproduces.
+
+    python replay.py [--checkpoint PATH] [--data PATH] [--format json]
+
+Same as `steadytune repro --check <this bundle>`. Needs steadytune with its train extra
+(pip install 'steadytune[train]'). Only replay bundles you trust: checkpoints and RNG
+states are loaded with torch.load.
+"""
+import sys
+from pathlib import Path
+
+try:
+    from steadytune.forensics.replaystep import main
+except ImportError as exc:
+    sys.exit(f"replay.py needs steadytune with the train extra ({exc}); pip install 'steadytune[train]'")
+
+sys.exit(main([str(Path(__file__).resolve().parent), *sys.argv[1:]]))
+'''
+
+
+@dataclass(frozen=True)
+class BundleInfo:
+    path: Path
+    step: int
+    start_step: int
+    checkpoint: str | None
+    steps_to_replay: int
+    bytes: int
+    included_data: bool
+    included_checkpoint: bool
+
+
+def _max_steps(events: list[Any]) -> int | None:
+    for e in reversed(events):
+        if e.name == "train_begin" and e.data.get("max_steps"):
+            return int(e.data["max_steps"])
+    return None
+
+
+def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes, mode: int = 0o644) -> None:
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime, info.mode = len(data), int(time.time()), mode
+    tar.addfile(info, io.BytesIO(data))
+
+
+def _jsonl(items: list[dict[str, Any]]) -> bytes:
+    return "".join(json.dumps(i, separators=(",", ":")) + "\n" for i in items).encode()
+
+
+def _event_lines(run: RunDir, lo: int, hi: int, ts_lo: float, ts_hi: float) -> list[str]:
+    """Raw lines (hash fields intact) of events in the step window, or undated ones in its time span."""
+    out = []
+    try:
+        lines = run.events.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        return out
+    for raw in lines:
+        try:
+            e = json.loads(raw)
+        except ValueError:
+            continue
+        step, ts = e.get("step"), e.get("ts") or 0
+        if (step is not None and lo <= step <= hi) or (step is None and ts_lo <= ts <= ts_hi):
+            out.append(raw)
+    return out
+
+
+def build_bundle(run: RunDir, step: int | None = None, include_data: bool = False, include_checkpoint: bool = False,
+                 out: Path | None = None, window: int = WINDOW) -> BundleInfo:
+    """Write ``RUN/repro/repro-step<N>.tar.gz`` (or ``out``) for ``step`` (default: the last anomaly)."""
+    events = read_events(run.events)
+    if step is None:
+        found = anomaly_steps(run, events)
+        if not found:
+            raise ForensicsError(f"nothing went wrong in {run.root} that I can see; pass --step N")
+        step = found[-1]
+    finals = final_steps(run)
+    if step not in finals:
+        raise ForensicsError(f"step {step} was not recorded in {run.telemetry_dir}; pick a recorded step")
+    cfg = load_run_config(run)
+    verdict, _ = newest_verified(run.checkpoints, max_step=step - 1)
+    start = verdict.step if verdict is not None and verdict.step is not None else 0
+    if verdict is None and cfg.get("method") != "full":
+        note = "no verified checkpoint before the step: LoRA starts from a fresh (random) adapter, comparisons may differ"
+    else:
+        note = ""
+    if step - start > MAX_REPLAY_STEPS:
+        raise ForensicsError(f"the newest checkpoint before step {step} is at step {start}: {step - start} steps to "
+                             f"replay (limit {MAX_REPLAY_STEPS}); save checkpoints more often (train.save_steps)")
+    replay_steps = []
+    for s in range(start + 1, step + 1):
+        recs = finals.get(s)
+        if not recs:
+            raise ForensicsError(f"step {s} (between the checkpoint at {start} and step {step}) was not recorded")
+        rank0 = recs[0]
+        if rank0.batch is None or not rank0.batch.indices:
+            raise ForensicsError(f"step {s} has no batch fingerprint: it cannot be replayed")
+        plan = plan_for_attempt(run, rank0.attempt)
+        replay_steps.append({
+            "step": s, "attempt": rank0.attempt, "rank": rank0.rank, "ranks": len(recs),
+            "indices": list(rank0.batch.indices), "hashes": list(rank0.batch.hashes),
+            "loss": to_dict(rank0).get("loss"), "grad_norm": to_dict(rank0).get("grad_norm"), "skipped": rank0.skipped,
+            "per_device_train_batch_size": plan.per_device_train_batch_size,
+            "gradient_accumulation_steps": plan.gradient_accumulation_steps,
+            "max_seq_length": plan.max_seq_length, "lr_scale": plan.lr_scale,
+        })
+    ckpt = verdict.path if verdict is not None else None
+    at_step = [to_dict(e) for e in events if e.step == step and e.kind in {"anomaly", "action"}]
+    manifest = {
+        "version": BUNDLE_VERSION, "run_id": run.run_id, "run_dir": str(run.root.resolve()), "step": step,
+        "created_ts": time.time(), "method": cfg.get("method"), "seed": (cfg.get("train") or {}).get("seed"),
+        "max_steps": _max_steps(events) or (cfg.get("train") or {}).get("max_steps"),
+        "start_step": start, "notes": [note] if note else [],
+        "checkpoint": None if ckpt is None else {
+            "name": ckpt.name, "step": start, "path": str(ckpt.resolve()),
+            "manifest_sha256": sha256_file(ckpt / MANIFEST), "included": include_checkpoint,
+        },
+        "data": {"path": (cfg.get("data") or {}).get("train_file"), "included": include_data},
+        "events_at_step": at_step, "replay": replay_steps,
+    }
+    lo, hi = step - window, step + window
+    window_recs = [r for s, rs in finals.items() if lo <= s <= hi for r in rs]
+    ts_lo = min((r.ts for r in window_recs), default=0.0) - 1.0
+    ts_hi = max((r.ts for r in window_recs), default=0.0) + 1.0
+    top = f"repro-{run.run_id}-step{step}"
+    out = out or (run.repro / f"repro-step{step}.tar.gz")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkstemp(prefix=".repro-", suffix=".tar.gz", dir=out.parent)[1])
+    try:
+        with tarfile.open(tmp, "w:gz") as tar:
+            _add_bytes(tar, f"{top}/bundle.json", json.dumps(manifest, indent=1).encode())
+            _add_bytes(tar, f"{top}/config.yaml", yaml.safe_dump(redact(cfg), sort_keys=False).encode())
+            if run.plan.exists():
+                _add_bytes(tar, f"{top}/plan.jsonl", run.plan.read_bytes())
+            _add_bytes(tar, f"{top}/environment.json", json.dumps(snapshot(), indent=1).encode())
+            _add_bytes(tar, f"{top}/metrics.jsonl", _jsonl([to_dict(r) for r in window_recs]))
+            _add_bytes(tar, f"{top}/events.jsonl",
+                       "".join(line + "\n" for line in _event_lines(run, lo, hi, ts_lo, ts_hi)).encode())
+            _add_bytes(tar, f"{top}/replay.py", REPLAY_PY.encode(), 0o755)
+            if ckpt is not None:
+                for rng in sorted(ckpt.glob("rng_state*.pth")):
+                    tar.add(rng, f"{top}/rng/{rng.name}")
+                if include_checkpoint:
+                    listed = sorted((read_manifest(ckpt) or {}).get("files", {}))
+                    for rel in [*listed, MANIFEST]:
+                        tar.add(ckpt / rel, f"{top}/checkpoint/{ckpt.name}/{rel}")
+            if include_data:
+                wanted = {i for s in replay_steps for i in s["indices"]}
+                rows, _ = fetch_rows(manifest["data"]["path"], wanted)
+                _add_bytes(tar, f"{top}/data/samples.jsonl",
+                           _jsonl([{"st_sample_id": i, "row": rows[i]} for i in sorted(rows)]))
+        shutil.move(str(tmp), out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return BundleInfo(out, step, start, ckpt.name if ckpt else None, len(replay_steps), out.stat().st_size,
+                      include_data, include_checkpoint)

@@ -1,0 +1,315 @@
+"""``repro --check``: replay a bundle's step and say whether the anomaly reproduces.
+
+Rebuilds the run's model, optimizer and scheduler the way the HF Trainer does
+(the same :mod:`steadytune.train.runner` builders, the Trainer's own optimizer
+factory, its own loaders of ``optimizer.pt`` / ``scheduler.pt`` / ``rng_state.pth``),
+then replays each recorded step from the checkpoint to the step: the recorded
+samples, split into the recorded micro-batches, loss normalised over the step's
+label tokens, gradients clipped, NaN steps skipped as the guard skips them.
+
+Verdict: a NaN/Inf step reproduces when the replay is non-finite again; a finite
+anomaly (spike, collapse) reproduces when loss and grad norm match the record
+within the tolerances; a healthy step reports no anomaly when it matches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import sys
+import tarfile
+import tempfile
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+LOSS_RTOL, LOSS_ATOL = 1e-3, 1e-4
+NORM_RTOL, NORM_ATOL = 1e-2, 1e-4
+
+
+@dataclass
+class StepOutcome:
+    step: int
+    loss: float
+    grad_norm: float
+    recorded_loss: float | None
+    recorded_grad_norm: float | None
+    matches: bool
+
+
+@dataclass
+class ReplayResult:
+    step: int
+    start_step: int
+    checkpoint: str | None
+    verdict: str  # reproduced / not_reproduced / healthy / mismatch
+    message: str
+    anomaly_recorded: bool
+    steps: list[StepOutcome] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict in {"reproduced", "healthy"}
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["steps"] = [{k: (str(v) if isinstance(v, float) and not math.isfinite(v) else v) for k, v in s.items()}
+                      for s in d["steps"]]
+        return d
+
+
+def _f(x: Any) -> float | None:
+    if x is None:
+        return None
+    try:
+        return float(x)  # "nan"/"inf" strings written by records._clean come back as floats
+    except (TypeError, ValueError):
+        return None
+
+
+def close(a: float, b: float | None, rtol: float, atol: float) -> bool:
+    if b is None:
+        return True
+    if not (math.isfinite(a) and math.isfinite(b)):
+        return math.isfinite(a) == math.isfinite(b)
+    return abs(a - b) <= atol + rtol * abs(b)
+
+
+@contextlib.contextmanager
+def opened(bundle: Path) -> Iterator[Path]:
+    """The bundle's folder: as is, or a ``.tar.gz`` unpacked into a temporary folder (safely)."""
+    bundle = Path(bundle)
+    if bundle.is_dir():
+        yield bundle
+        return
+    if not bundle.is_file():
+        raise FileNotFoundError(f"{bundle} does not exist; pass a repro bundle (.tar.gz) or its unpacked folder")
+    with tempfile.TemporaryDirectory(prefix="steadytune-repro-") as tmp:
+        with tarfile.open(bundle, "r:gz") as tar:
+            tar.extractall(tmp, filter="data")  # no absolute paths, no .., no device files
+        tops = [p for p in Path(tmp).iterdir() if (p / "bundle.json").exists()]
+        if not tops:
+            raise ValueError(f"{bundle} holds no bundle.json: not a steadytune repro bundle")
+        yield tops[0]
+
+
+def _checkpoint(folder: Path, meta: dict[str, Any], override: Path | None) -> Path | None:
+    from steadytune.checkpoint.manifest import MANIFEST, sha256_file, verify
+
+    ref = meta.get("checkpoint")
+    if ref is None:
+        return None
+    included = folder / "checkpoint" / ref["name"]
+    path = override or (included if included.is_dir() else Path(ref["path"]))
+    if not (path / MANIFEST).exists():
+        raise FileNotFoundError(f"checkpoint {path} is not there; pass --checkpoint PATH or make the bundle with "
+                                "--include-checkpoint")
+    if sha256_file(path / MANIFEST) != ref["manifest_sha256"]:
+        raise ValueError(f"{path} is not the checkpoint the bundle names (its MANIFEST.json sha256 differs)")
+    v = verify(path)
+    if not v.ok:
+        raise ValueError(f"checkpoint {path} does not verify: {v.reason}")
+    return path
+
+
+def _rows(folder: Path, meta: dict[str, Any], cfg: Any, override: Path | None) -> dict[int, dict[str, Any]]:
+    from steadytune.forensics.inspect import fetch_rows
+
+    wanted = {i for s in meta["replay"] for i in s["indices"]}
+    included = folder / "data" / "samples.jsonl"
+    if override is None and included.exists():
+        rows = {}
+        for line in included.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                obj = json.loads(line)
+                rows[int(obj["st_sample_id"])] = obj["row"]
+        return rows
+    rows, _ = fetch_rows(override or cfg.data.train_file, wanted)
+    return rows
+
+
+def _load_model(cfg: Any, ckpt: Path | None) -> Any:
+    from steadytune.train.runner import load_model
+
+    gc = bool(cfg.train.gradient_checkpointing)
+    if ckpt is None or cfg.method == "full":
+        if ckpt is not None:
+            cfg = cfg.model_copy(deep=True)
+            cfg.model.name_or_path = str(ckpt)
+        return load_model(cfg, gc)
+    # LoRA/QLoRA: the base with a fresh adapter, then the checkpoint's adapter weights (as a Trainer resume does).
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    model = load_model(cfg, gc)
+    set_peft_model_state_dict(model, load_file(str(ckpt / "adapter_model.safetensors")))
+    return model
+
+
+def replay(folder: Path, checkpoint: Path | None = None, data: Path | None = None) -> ReplayResult:
+    """Replay the bundle in ``folder`` (unpacked). Imports torch and transformers."""
+    import dataclasses
+    import warnings
+
+    import torch
+    from transformers import Trainer
+    from transformers.utils import logging as hf_logging
+
+    from steadytune.config.load import load_config
+    from steadytune.forensics.envsnap import differences, snapshot
+    from steadytune.forensics.tokenizer import load_hf_tokenizer
+    from steadytune.records import PlanRevision
+    from steadytune.train.data import DataSpec, _hash_ids, detect_format, encode_row
+    from steadytune.train.runner import Collator, training_arguments
+
+    hf_logging.disable_progress_bar()  # the verdict is the output; loading bars are noise here
+    warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")
+    meta = json.loads((folder / "bundle.json").read_text(encoding="utf-8"))
+    cfg = load_config(folder / "config.yaml", check_paths=False)
+    notes = list(meta.get("notes", []))
+    env_path = folder / "environment.json"
+    if env_path.exists():
+        diff = differences(json.loads(env_path.read_text()), snapshot())
+        if diff:
+            notes.append("environment differs from the run's: " + "; ".join(diff))
+    ckpt = _checkpoint(folder, meta, checkpoint)
+    rows = _rows(folder, meta, cfg, data)
+    tok = load_hf_tokenizer(cfg.model.name_or_path, cfg.model.trust_remote_code)
+    last = meta["replay"][-1]
+    plan = PlanRevision(revision=0, ts=0.0, reason="replay", per_device_train_batch_size=last["per_device_train_batch_size"],
+                        gradient_accumulation_steps=last["gradient_accumulation_steps"], lr_scale=last["lr_scale"],
+                        max_seq_length=last["max_seq_length"])
+    staging = Path(tempfile.mkdtemp(prefix="steadytune-replay-"))
+    args = training_arguments(cfg, plan, staging, has_eval=False)
+    model = _load_model(cfg, ckpt)
+    trainer = Trainer(model=model, args=args, data_collator=Collator(tok.pad_token_id), processing_class=tok)
+    max_steps = int(meta.get("max_steps") or cfg.train.max_steps)
+    if max_steps <= 0:
+        raise ValueError("the bundle does not say how many steps the run had (max_steps); the LR schedule needs it")
+    trainer.create_optimizer_and_scheduler(num_training_steps=max_steps)
+    if ckpt is not None:
+        trainer._load_optimizer_and_scheduler(str(ckpt))  # the Trainer's own resume path
+        trainer._load_rng_state(str(ckpt))
+    else:
+        notes.append("no checkpoint before the step: replayed from the base model with a fresh optimizer")
+    fmt = cfg.data.format if cfg.data.format != "auto" else detect_format([next(iter(rows.values()))], cfg.data.text_field)
+    base_spec = DataSpec(cfg.data.train_file, fmt, cfg.data.text_field, cfg.data.max_seq_length, cfg.data.train_on_prompt)
+    default_bs = cfg.train.per_device_train_batch_size if isinstance(cfg.train.per_device_train_batch_size, int) else 1
+    outcomes: list[StepOutcome] = []
+    model = trainer.model
+    model.zero_grad(set_to_none=True)
+    for entry in meta["replay"]:
+        spec = dataclasses.replace(base_spec, max_seq_length=entry["max_seq_length"] or base_spec.max_seq_length)
+        feats = []
+        for sid, recorded in zip(entry["indices"], entry["hashes"] + [""] * len(entry["indices"]), strict=False):
+            if sid not in rows:
+                raise ValueError(f"sample {sid} of step {entry['step']} is not in the data; pass --data PATH")
+            enc = encode_row(tok, rows[sid], fmt, spec)
+            if recorded and f"{_hash_ids(enc['input_ids']):015x}" != recorded:
+                raise ValueError(f"sample {sid} of step {entry['step']} changed since the run (content hash differs)")
+            feats.append(enc)
+        bs = entry["per_device_train_batch_size"] or default_bs
+        batches = [trainer.data_collator(feats[k:k + bs]) for k in range(0, len(feats), bs)]
+        num_items = trainer._get_num_items_in_batch(batches, args.device)
+        trainer.current_gradient_accumulation_steps = len(batches)
+        loss, bad = 0.0, False
+        for mb in batches:
+            value = float(trainer.training_step(model, mb, num_items))
+            bad |= not math.isfinite(value)
+            loss += value if math.isfinite(value) else 0.0
+        loss = math.nan if bad else loss
+        params = [p for p in model.parameters() if p.grad is not None]
+        if args.max_grad_norm and args.max_grad_norm > 0:
+            norm = float(torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm))
+        else:
+            norm = float(torch.linalg.vector_norm(torch.stack([p.grad.detach().float().norm(2) for p in params]))) \
+                if params else 0.0
+        rec_loss, rec_norm = _f(entry.get("loss")), _f(entry.get("grad_norm"))
+        norm_ok = entry.get("ranks", 1) > 1 or close(norm, rec_norm, NORM_RTOL, NORM_ATOL)  # DDP norms are all-reduced
+        outcomes.append(StepOutcome(entry["step"], loss, norm, rec_loss, rec_norm,
+                                    close(loss, rec_loss, LOSS_RTOL, LOSS_ATOL) and norm_ok))
+        if entry["step"] == meta["step"]:
+            break
+        if not (math.isfinite(loss) and math.isfinite(norm)):
+            model.zero_grad(set_to_none=True)  # the guard's skip: the optimizer then leaves every weight alone
+        trainer.optimizer.step()
+        trainer.lr_scheduler.step()
+        model.zero_grad(set_to_none=True)
+    if any(e.get("ranks", 1) > 1 for e in meta["replay"]):
+        notes.append("multi-rank run: rank 0's batch replayed on one process; grad norms are not compared")
+    return _verdict(meta, ckpt, outcomes, notes)
+
+
+def _verdict(meta: dict[str, Any], ckpt: Path | None, outcomes: list[StepOutcome], notes: list[str]) -> ReplayResult:
+    final = outcomes[-1]
+    rec_bad = any(x is not None and not math.isfinite(x) for x in (final.recorded_loss, final.recorded_grad_norm))
+    rec_bad = rec_bad or bool(meta["replay"][-1].get("skipped"))
+    anomalies = [e.get("name") for e in meta.get("events_at_step", []) if e.get("kind") == "anomaly"]
+    anomaly = rec_bad or bool(anomalies)
+    now_bad = not (math.isfinite(final.loss) and math.isfinite(final.grad_norm))
+    drift = next((o for o in outcomes[:-1] if not o.matches), None)
+    if drift is not None:
+        notes.append(f"the replay drifted from the record first at step {drift.step} (loss {drift.loss:.6g} vs "
+                     f"{drift.recorded_loss}); see docs/forensics.md on determinism")
+    res = ReplayResult(meta["step"], meta["start_step"], ckpt.name if ckpt else None, "", "", anomaly, outcomes, notes)
+    shown = f"loss {final.loss:.6g} (recorded {final.recorded_loss}), grad norm {final.grad_norm:.6g} " \
+            f"(recorded {final.recorded_grad_norm})"
+    if rec_bad:
+        res.verdict = "reproduced" if now_bad else "not_reproduced"
+        res.message = (f"REPRODUCED: the step is non-finite again: {shown}" if now_bad
+                       else f"NOT REPRODUCED: the recorded step was non-finite, the replay is finite: {shown}")
+    elif anomaly:
+        res.verdict = "reproduced" if final.matches else "not_reproduced"
+        what = ", ".join(anomalies)
+        res.message = (f"REPRODUCED ({what}): the replay matches the record within tolerance: {shown}" if final.matches
+                       else f"NOT REPRODUCED ({what}): {shown}")
+    elif now_bad:
+        res.verdict, res.message = "mismatch", f"MISMATCH: a healthy step turned non-finite in the replay: {shown}"
+    else:
+        res.verdict = "healthy" if final.matches else "mismatch"
+        res.message = (f"NO ANOMALY: the step replays healthy and matches the record: {shown}" if final.matches
+                       else f"MISMATCH: the replay differs from the record beyond tolerance: {shown}")
+    return res
+
+
+def check_bundle(bundle: str | Path, checkpoint: Path | None = None, data: Path | None = None) -> ReplayResult:
+    """Replay a bundle (``.tar.gz`` or folder). See the module docstring for the verdicts."""
+    # Deterministic kernels where the backend has them; must be set before CUDA initialises.
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    import torch
+
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    with opened(Path(bundle)) as folder:
+        return replay(folder, checkpoint, data)
+
+
+def render(res: ReplayResult) -> str:
+    lines = [f"replayed steps {res.start_step + 1}-{res.step} from {res.checkpoint or 'the base model'}", "",
+             f"  {'step':>6} {'loss':>12} {'recorded':>12} {'grad norm':>12} {'recorded':>12}  match"]
+    for o in res.steps:
+        lines.append(f"  {o.step:>6} {o.loss:>12.6g} {o.recorded_loss!s:>12.12} {o.grad_norm:>12.6g} "
+                     f"{o.recorded_grad_norm!s:>12.12}  {'yes' if o.matches else 'NO'}")
+    lines += [f"note: {n}" for n in res.notes]
+    lines += ["", f"verdict: {res.message}"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="replay.py", description="replay a steadytune repro bundle")
+    ap.add_argument("bundle", type=Path)
+    ap.add_argument("--checkpoint", type=Path, default=None, help="use this checkpoint folder instead of the bundle's")
+    ap.add_argument("--data", type=Path, default=None, help="use this dataset file instead of the run's")
+    ap.add_argument("--format", choices=("text", "json"), default="text")
+    args = ap.parse_args(argv)
+    try:
+        res = check_bundle(args.bundle, args.checkpoint, args.data)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(res.to_dict(), indent=1) if args.format == "json" else render(res))
+    return 0 if res.ok else 1
