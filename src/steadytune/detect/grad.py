@@ -41,6 +41,7 @@ class GradWatch:
         )
         self._min_jump = math.log(cfg.spike_min_ratio)
         self._explode_jump = math.log(cfg.explosion_ratio)
+        self._vanish_log = math.log(cfg.vanishing_ratio)
         self._bad = 0
         self._finite_run = 0
         self._spike_points = 0
@@ -66,7 +67,7 @@ class GradWatch:
         if g <= 0.0:
             self._vanishing(step, g, None, out)
             return
-        y = t.y(g)
+        y = math.log(g)
         if t.n_level >= _MIN_BASELINE and self._spike(step, g, y, loss_spiking, out):
             return
         t.accept(y)
@@ -74,7 +75,8 @@ class GradWatch:
             lvl = t.level
             if self._established is None or lvl > self._established:
                 self._established = lvl
-        self._vanishing(step, g, y, out)
+        if self._established is not None:
+            self._vanishing(step, g, y, out)
 
     def _nonfinite(self, step: int, g: float, loss_finite: bool, out: list[Finding]) -> None:
         self._bad += 1
@@ -143,7 +145,7 @@ class GradWatch:
         est = self._established
         if est is None:
             return
-        limit = est - math.log(self.cfg.vanishing_ratio)
+        limit = est - self._vanish_log
         t = self.tracker
         low = y is None or (t.n_level > 0 and t.level < limit)
         self._low = self._low + 1 if low else 0

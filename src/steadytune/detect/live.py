@@ -118,6 +118,7 @@ class LiveDetector:
         self.config = config or DetectConfig()
         cfg = self.config
         self._disabled = frozenset(cfg.disabled_kinds)
+        self._enabled = cfg.enabled
         self._signal = _Signal(cfg)
         self._ranks: dict[int, _Rank] = {}
         self._primary: int | None = None
@@ -130,21 +131,30 @@ class LiveDetector:
 
     def observe_step(self, rec: StepRecord) -> list[Transition]:
         """Feed one step record (any rank); returns what was raised or resolved by it."""
-        if not self.config.enabled:
+        if not self._enabled:
             return []
         out: list[Finding] = []
-        if self._primary is None or rec.rank < self._primary:
-            self._primary = rec.rank
-        if rec.rank == self._primary:
+        rank = rec.rank
+        if self._primary is None or rank < self._primary:
+            self._primary = rank
+        if rank == self._primary:
             self.last_step = rec.step
-            self._stall.progress(rec.step, rec.ts, out)
+            if rec.ts:  # imported logs carry no time: no stall to judge
+                self._stall.progress(rec.step, rec.ts, out)
             self._signal.observe(rec, out)
-        self._per_rank(rec, out)
+        if (
+            rec.step_time_s is not None
+            or rec.mem_allocated_bytes is not None
+            or rec.mem_reserved_bytes is not None
+            or rec.mem_peak_bytes is not None
+            or rec.rss_bytes is not None
+        ):
+            self._per_rank(rec, out)
         return self._apply(out) if out else []
 
     def observe_system(self, sample: SystemSample) -> list[Transition]:
         """Feed one system sample (GPUs, RAM, disk)."""
-        if not self.config.enabled:
+        if not self._enabled:
             return []
         out: list[Finding] = []
         if sample.ram_total_bytes:
@@ -156,7 +166,7 @@ class LiveDetector:
         self, now: float, last_heartbeat_ts: float | None, last_step: int | None
     ) -> list[Transition]:
         """Judge stalls and hangs at time ``now`` (the caller's clock; this class has none)."""
-        if not self.config.enabled:
+        if not self._enabled:
             return []
         out: list[Finding] = []
         self._stall.check(now, last_heartbeat_ts, last_step, out)

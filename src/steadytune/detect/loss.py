@@ -72,8 +72,9 @@ class LossWatch:
         new_segment = t.begin(step, self.series.gap_factor)
         if new_segment:
             self._end_spike(out, step)
-        y = t.y(loss)
-        self._collapse(step, loss, y, out)
+        y = math.log(loss) if loss > 1e-12 else -27.6  # log space (as Tracker.y), inlined: hot path
+        if loss <= self.cfg.collapse_small or self._drop_run or rep.on:
+            self._collapse(step, loss, y, out)
         if t.n_level == 0:
             t.accept(y, epoch)
             return LossPoint(step, loss, y, True, False, new_segment)
@@ -199,8 +200,6 @@ class LossWatch:
     def _collapse(self, step: int, loss: float, y: float, out: list[Finding]) -> None:
         """A loss at zero, or one that fell ``collapse_drop`` (log) below its level in one go."""
         cfg, t = self.cfg, self.tracker
-        if loss > cfg.collapse_small and not self._drop_run and not self.rep.on:
-            return
         drop = max(cfg.collapse_drop, cfg.spike_z * t.sigma)
         dropped = t.n_level > 0 and loss <= cfg.collapse_small and (t.level - y) > drop
         self._drop_run = self._drop_run + 1 if dropped else 0

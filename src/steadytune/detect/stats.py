@@ -110,14 +110,6 @@ class Seasonal:
         return best
 
 
-def _push(fifo: deque[float], ordered: list[float], size: int, x: float) -> None:
-    """Append to a bounded window kept both in arrival order and sorted."""
-    if len(fifo) == size:
-        del ordered[bisect_left(ordered, fifo.popleft())]
-    fifo.append(x)
-    insort(ordered, x)
-
-
 def _median(ordered: list[float]) -> float:
     n = len(ordered)
     mid = n // 2
@@ -134,8 +126,8 @@ class Tracker:
     """
 
     __slots__ = (
+        "_iv_count",
         "_iv_fifo",
-        "_iv_sorted",
         "_lv_fifo",
         "_lv_size",
         "_lv_sorted",
@@ -144,6 +136,7 @@ class Tracker:
         "_nz_sorted",
         "_recent_abs",
         "_sigma",
+        "_typical",
         "best_level",
         "floor",
         "last_step",
@@ -178,8 +171,9 @@ class Tracker:
         self._nz_sorted: list[float] = []
         self._nz_size = noise_window
         self._recent_abs = 0.0  # running mean of |Δ| over about the last 8 points
-        self._iv_fifo: deque[float] = deque()
-        self._iv_sorted: list[float] = []
+        self._iv_fifo: deque[int] = deque(maxlen=16)
+        self._iv_count = 0
+        self._typical: int | None = None
         self._sigma: float | None = None
         self.level = 0.0
         self.n_level = 0
@@ -201,12 +195,16 @@ class Tracker:
             self.segment_start = step
             return True
         interval = step - last
-        ivs = self._iv_sorted
-        # The lower quartile of recent intervals is the logging interval even when
-        # the log is a collection of snippets with huge gaps between them.
-        typical = ivs[len(ivs) // 4] if ivs else interval
-        _push(self._iv_fifo, ivs, 16, float(interval))
-        if interval <= 0 or (len(ivs) > 1 and interval > gap_factor * max(typical, 1.0)):
+        ivs = self._iv_fifo
+        ivs.append(interval)
+        typical = self._typical
+        # The lower quartile of recent intervals is the logging interval even when the log
+        # is a collection of snippets with huge gaps between them. Logging intervals rarely
+        # change, so it is re-sorted only every few points, not on each one.
+        self._iv_count += 1
+        if self._iv_count < 16 or self._iv_count % 8 == 0:
+            self._typical = sorted(ivs)[len(ivs) // 4]
+        if interval <= 0 or (typical is not None and interval > gap_factor * max(typical, 1)):
             self._lv_fifo.clear()
             self._lv_sorted.clear()
             self.n_level = 0
@@ -252,16 +250,28 @@ class Tracker:
         return z * self.sigma * math.sqrt(1.0 + 1.0 / max(1, self.n_level))
 
     def accept(self, y: float, epoch: float | None = None) -> None:
+        # The two window updates are written out in full: this runs for every point of every metric.
         self._sigma = None
-        if self.last_y is not None:
-            d = abs(y - self.last_y)
-            _push(self._nz_fifo, self._nz_sorted, self._nz_size, d)
-            n_noise = len(self._nz_sorted)
+        last = self.last_y
+        if last is not None:
+            d = y - last if y > last else last - y
+            fifo, ordered = self._nz_fifo, self._nz_sorted
+            if len(fifo) == self._nz_size:
+                del ordered[bisect_left(ordered, fifo.popleft())]
+            fifo.append(d)
+            insort(ordered, d)
+            n_noise = len(ordered)
             self._recent_abs += (d - self._recent_abs) * (0.125 if n_noise >= 8 else 1.0 / n_noise)
         self.last_y = y
-        _push(self._lv_fifo, self._lv_sorted, self._lv_size, y)
-        self.n_level = n = len(self._lv_sorted)
-        self.level = lvl = _median(self._lv_sorted)
+        fifo, ordered = self._lv_fifo, self._lv_sorted
+        if len(fifo) == self._lv_size:
+            del ordered[bisect_left(ordered, fifo.popleft())]
+        fifo.append(y)
+        insort(ordered, y)
+        n = len(ordered)
+        mid = n // 2
+        self.level = lvl = ordered[mid] if n % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
+        self.n_level = n
         self.n_accepted += 1
         if n == self._lv_size and (self.best_level is None or lvl < self.best_level):
             self.best_level = lvl

@@ -24,7 +24,7 @@ from itertools import pairwise
 from steadytune.detect.base import Finding, Reporter, rounded
 from steadytune.detect.config import EvalConfig, LossConfig
 from steadytune.detect.loss import LossPoint
-from steadytune.detect.stats import SortedWindow, Tracker
+from steadytune.detect.stats import Tracker
 
 _START_POINTS = 8
 _STRIDE = 4  # oscillation is evaluated every few points: a window scan each step is wasted work
@@ -178,7 +178,6 @@ class OscillationWatch:
         self.metric = metric
         self.rep = Reporter(rank)
         self._ys: deque[float] = deque(maxlen=cfg.oscillation_window)
-        self._sorted = SortedWindow(cfg.oscillation_window)
         # The noise estimate, sampled at each evaluation: the oldest is from before the window.
         self._sigmas: deque[float] = deque(maxlen=cfg.oscillation_window // _STRIDE + 1)
         self._count = 0
@@ -186,11 +185,9 @@ class OscillationWatch:
     def observe(self, lp: LossPoint, tracker: Tracker, out: list[Finding]) -> None:
         if lp.new_segment:
             self._ys.clear()
-            self._sorted.clear()
             self._sigmas.clear()
             self._count = 0
         self._ys.append(lp.y)
-        self._sorted.push(lp.y)
         self._count += 1
         if self._count % _STRIDE:
             return
@@ -202,7 +199,9 @@ class OscillationWatch:
         if before is not None and not self.rep.on:
             # The raw spread (IQR) bounds the detrended one: a window no wider than the
             # noise before it cannot hold new swings, and most windows stop here for free.
-            iqr = self._sorted.quantile(0.75) - self._sorted.quantile(0.25)
+            ordered = sorted(self._ys)
+            n = len(ordered)
+            iqr = ordered[(3 * n) // 4] - ordered[n // 4]
             if iqr / 1.349 < cfg.oscillation_growth * before:
                 return
         w = WindowShape(list(self._ys))

@@ -161,48 +161,48 @@ class SeriesBuilder:
             raise UnreadableLog("no logged steps found")
         records: list[StepRecord] = []
         seen: set[str] = set()
+        new = object.__new__
         for step in sorted(self._rows):
             row = self._rows[step]
             seen.update(row)
-            values: dict[str, Any] = {"step": step}
-            extra: dict[str, Any] = {}
-            for name, value in row.items():
-                cast = _FIELDS.get(name)
-                if name == "step":
-                    continue  # rows may repeat their own step column
-                if cast is None:
-                    extra[name] = value
-                elif cast is float:
-                    values[name] = value
-                elif cast is int:
-                    if math.isfinite(value):
-                        values[name] = int(value)
-                else:
-                    values[name] = cast(value)
-            values["extra"] = extra
-            records.append(_record(values))
+            if _PLAIN.issuperset(row):
+                # Only float fields (the usual loss/grad_norm/lr/epoch row): no casting to do.
+                state = {**_DEFAULTS, **row, "step": step, "extra": {}}
+            else:
+                state = {**_DEFAULTS, **_typed(row), "step": step}
+            rec = new(StepRecord)
+            rec.__dict__.update(state)
+            records.append(rec)
         if require and not seen.intersection(require):
             raise UnreadableLog(f"none of the metrics {', '.join(require)} were found")
         metrics = sorted(m for m in seen if m not in {"ts", "skipped", "step"})
         return Series(self.path, self.format, records, metrics=metrics)
 
 
+# Built without the frozen-dataclass ``__init__``: it sets the 20 fields one
+# ``object.__setattr__`` at a time, which costs more than reading the log on 100k-step
+# runs. Filling ``__dict__`` gives the same object (equal, printable, serializable).
 _DEFAULTS: dict[str, Any] = {
     f.name: f.default for f in dataclasses.fields(StepRecord) if f.default is not dataclasses.MISSING
 }
+_DEFAULTS["ts"] = 0.0
+_PLAIN = frozenset(name for name, cast in _FIELDS.items() if cast is float) | {"step"}
 
 
-def _record(values: dict[str, Any]) -> StepRecord:
-    """A StepRecord from already-typed values, without the frozen-dataclass ``__init__``.
-
-    That ``__init__`` sets its 20 fields one ``object.__setattr__`` at a time, which
-    costs more than reading the log for 100k-step runs; filling ``__dict__`` gives the
-    same object (equal, hashable, printable) five times faster. ``values`` must hold
-    ``step`` and a fresh ``extra`` dict.
-    """
-    rec = object.__new__(StepRecord)
-    state = dict(_DEFAULTS)
-    state["ts"] = 0.0
-    state.update(values)
-    rec.__dict__.update(state)
-    return rec
+def _typed(row: dict[str, Any]) -> dict[str, Any]:
+    """StepRecord fields cast to their types, everything else under ``extra``."""
+    values: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    for name, value in row.items():
+        cast = _FIELDS.get(name)
+        if name == "step":
+            continue  # rows may repeat their own step column
+        if cast is None:
+            extra[name] = value
+        elif cast is int:
+            if math.isfinite(value):
+                values[name] = int(value)
+        else:
+            values[name] = cast(value)
+    values["extra"] = extra
+    return values
