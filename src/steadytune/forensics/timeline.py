@@ -1,0 +1,184 @@
+"""``replay``: run the detectors and the policy again over a run's recorded telemetry.
+
+The supervisor feeds a :class:`~steadytune.detect.live.LiveDetector` and a
+:class:`~steadytune.policy.engine.Policy` record by record; this module does
+the same, offline, from ``telemetry/rank-*.jsonl`` and ``system.jsonl``, with
+the supervisor's rules of engagement:
+
+- every step record (eval too) goes to the detector, every system sample too;
+  the policy sees each rank-0 training step and each skipped update;
+- once a rollback or restart is decided, nothing is fed until the next attempt's
+  records arrive (the worker is being stopped); a rollback starts a fresh
+  detector, as the steps after the rollback point are trained again;
+- stalls are judged at each record's timestamp (live: at each poll), so a stall
+  is called when the record after the gap arrives rather than during the gap.
+
+The output is a timeline of anomalies, actions, restarts and alerts. The
+anomaly/resolved part must equal what ``events.jsonl`` recorded live.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from steadytune.detect.live import LiveDetector, Transition
+from steadytune.records import Event, Heartbeat, Record, StepRecord, SystemSample, WorkerExit
+from steadytune.rundir import RunDir
+from steadytune.supervise.progress import RunProgress
+from steadytune.telemetry.events import read_events
+from steadytune.telemetry.stream import iter_records
+
+_RESTARTING = {"rollback", "restart"}
+_FILED = {"anomaly", "resolved", "action", "alert"}
+# Anomalies the supervisor files itself, outside the detectors (facts of the run, not recomputed).
+_SUPERVISOR_ANOMALIES = {"checkpoint_corrupt"}
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One line of the timeline."""
+
+    kind: str  # anomaly / resolved / action / restart / alert
+    name: str
+    step: int | None
+    ts: float | None = None
+    severity: str = "info"
+    message: str = ""
+    source: str = "replay"  # replay: recomputed now; recorded: read from events.jsonl
+
+    @property
+    def key(self) -> tuple[str, str, int | None]:
+        return (self.kind, self.name, self.step)
+
+
+def _merged(run: RunDir) -> Iterator[Record]:
+    """Every rank's records and the system samples, merged by timestamp (each file keeps its order)."""
+    sources: list[Iterator[tuple[float, int, int, Record]]] = []
+
+    def keyed(src: int, records: Iterator[Record]) -> Iterator[tuple[float, int, int, Record]]:
+        for n, r in enumerate(records):
+            yield (float(getattr(r, "ts", 0.0) or 0.0), src, n, r)
+
+    for i, path in enumerate(run.telemetry_files()):
+        sources.append(keyed(i, iter_records(path)))
+    sources.append(keyed(len(sources), iter_records(run.system)))
+    for _, _, _, rec in heapq.merge(*sources, key=lambda t: (t[0], t[1], t[2])):
+        yield rec
+
+
+class Replayer:
+    """A torch-free stand-in for the supervisor's detection and policy loop."""
+
+    def __init__(self, detect: Any = None, policy: Any = None) -> None:
+        from steadytune.policy.engine import Policy
+
+        self.detect_cfg = detect
+        self.detector = LiveDetector(detect)
+        self.policy = Policy(policy)
+        self.progress = RunProgress(max_steps=None)
+        self.entries: list[Entry] = []
+        self.pending: str | None = None
+        self.attempt = 0
+        self.last_beat: float | None = None
+
+    def _transition(self, t: Transition, ts: float) -> None:
+        a = t.anomaly
+        if t.state == "raised":
+            self.entries.append(Entry("anomaly", a.kind, a.start_step, ts, a.severity, a.metric))
+            action = self.policy.on_raised(a, self.progress.step)
+            if action is not None:
+                self._act(action, ts)
+        else:
+            self.policy.on_resolved(a)
+            self.entries.append(Entry("resolved", a.kind, a.end_step, ts, "info", a.metric))
+
+    def _act(self, action: Any, ts: float) -> None:
+        name = "alert_only" if action.name == "alert" else action.name
+        self.entries.append(Entry("action", name, action.step, ts, "warning", action.reason))
+        if action.name in _RESTARTING and self.pending is None:
+            self.pending = action.name
+
+    def feed(self, rec: Record) -> None:
+        ts = float(getattr(rec, "ts", 0.0) or 0.0)
+        attempt = getattr(rec, "attempt", None)
+        if isinstance(rec, (StepRecord, Heartbeat, WorkerExit)) and attempt is not None and attempt > self.attempt:
+            self.attempt = attempt
+            if self.pending == "rollback":
+                self.detector = LiveDetector(self.detect_cfg)  # the rolled-back steps are trained again
+            self.pending = None
+        if isinstance(rec, (StepRecord, Heartbeat)):
+            if self.pending is None and self.last_beat is not None:
+                for t in self.detector.observe_time(ts, self.last_beat, self.progress.step or None):
+                    self._transition(t, ts)
+            self.last_beat = ts
+        if isinstance(rec, StepRecord):
+            self.progress.add(rec)
+            if self.pending is None:
+                for t in self.detector.observe_step(rec):
+                    self._transition(t, ts)
+                if rec.rank == 0 and not rec.extra.get("eval"):
+                    for action in self.policy.on_step(rec.step):
+                        self._act(action, ts)
+        elif isinstance(rec, SystemSample) and self.pending is None:
+            for t in self.detector.observe_system(rec):
+                self._transition(t, ts)
+        elif isinstance(rec, Event):
+            if rec.kind in _FILED:  # the worker's own reports (skip_step, disk_low): facts, filed as they came
+                self.entries.append(Entry(rec.kind, rec.name, rec.step, ts, rec.severity, rec.message, "worker"))
+            if rec.name == "skip_step" and rec.step is not None and self.pending is None:
+                action = self.policy.on_skipped_update(rec.step, int(rec.data.get("consecutive", 1)))
+                if action is not None:
+                    self._act(action, ts)
+        elif isinstance(rec, WorkerExit):
+            self.last_beat = None  # between attempts nobody is expected to beat
+
+
+def _config(run: RunDir) -> tuple[Any, Any]:
+    """The run's detector and policy settings (defaults when the config is missing or older)."""
+    try:
+        from steadytune.config.load import load_config
+
+        cfg = load_config(run.config, check_paths=False)
+        return cfg.detect, cfg.policy
+    except Exception:
+        return None, None
+
+
+def replay_run(run: RunDir) -> list[Entry]:
+    """The timeline the detectors and the policy produce on the recorded telemetry, plus the
+    recorded restarts and alerts (those are facts of the run, not decisions to recompute)."""
+    detect, policy = _config(run)
+    r = Replayer(detect, policy)
+    for rec in _merged(run):
+        r.feed(rec)
+    facts = [e for e in recorded(run) if e.kind in {"restart", "alert"} or e.name in _SUPERVISOR_ANOMALIES]
+    return sorted(r.entries + facts, key=lambda e: e.ts or 0.0)
+
+
+def recorded(run: RunDir) -> list[Entry]:
+    """The same timeline as the supervisor filed it in ``events.jsonl``."""
+    out = []
+    for e in read_events(run.events):
+        kind = e.kind
+        if e.name == "restart" or (e.name == "worker_started" and int(e.data.get("attempt", 0)) > 0):
+            kind = "restart"
+        elif kind not in {"anomaly", "resolved", "action", "alert"}:
+            continue
+        out.append(Entry(kind, e.name, e.step, e.ts, e.severity, e.message, "recorded"))
+    return out
+
+
+def anomaly_keys(entries: list[Entry]) -> list[tuple[str, str, int | None]]:
+    """The comparable core: ``(kind, name, step)`` of every anomaly and resolution, in order."""
+    return [e.key for e in entries if e.kind in {"anomaly", "resolved"}]
+
+
+def first_difference(a: list[Any], b: list[Any]) -> int | None:
+    """Index of the first differing item of two sequences, or None when equal."""
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
