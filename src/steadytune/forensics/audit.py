@@ -75,8 +75,11 @@ def read_anchor(db: Path) -> tuple[Anchor | None, str]:
         con.close()
 
 
-def _classify_link(entry: dict[str, Any], expected_seq: int, prev_hash: str, seen: dict[str, int]) -> tuple[str, str]:
+def _classify_link(entry: dict[str, Any], expected_seq: int, prev_hash: str, seen: dict[str, int],
+                   later: dict[int, int]) -> tuple[str, str]:
     seq = entry.get("seq")
+    if isinstance(seq, int) and seq > expected_seq and expected_seq in later:
+        return "reordered", f"seq {seq} comes where seq {expected_seq} was due; seq {expected_seq} is at line {later[expected_seq]}"
     if isinstance(seq, int) and seq > expected_seq:
         return "deleted", f"seq jumps from {expected_seq - 1} to {seq}: {seq - expected_seq} entr{'y' if seq - expected_seq == 1 else 'ies'} deleted before it"
     if isinstance(seq, int) and seq < expected_seq:
@@ -94,15 +97,21 @@ def verify_chain(path: Path) -> AuditResult:
     except FileNotFoundError:
         return AuditResult(False, problem="unreadable", message=f"{path} does not exist")
     res = AuditResult(True)
-    prev, expected, seen = GENESIS, 0, {}
+    parsed: list[tuple[int, dict[str, Any] | None]] = []
     for lineno, raw in enumerate(raw_lines, 1):
-        if not raw.strip():
-            continue
-        try:
-            entry = json.loads(raw)
-            if not isinstance(entry, dict):
-                raise ValueError("not an object")
-        except ValueError:
+        if raw.strip():
+            try:
+                entry = json.loads(raw)
+            except ValueError:
+                entry = None
+            parsed.append((lineno, entry if isinstance(entry, dict) else None))
+    where: dict[int, int] = {}  # seq -> last line holding it, to tell a reorder from a deletion
+    for lineno, entry in parsed:
+        if entry is not None and isinstance(entry.get("seq"), int):
+            where[entry["seq"]] = lineno
+    prev, expected, seen = GENESIS, 0, {}
+    for lineno, entry in parsed:
+        if entry is None:
             res.torn_lines.append(lineno)
             continue
         if entry_hash(entry) != entry.get("hash"):
@@ -110,7 +119,8 @@ def verify_chain(path: Path) -> AuditResult:
             res.message = f"line {lineno} (seq {entry.get('seq')}) was edited: its hash does not match its content"
             return res
         if entry.get("prev_hash") != prev or entry.get("seq") != expected:
-            problem, why = _classify_link(entry, expected, prev, seen)
+            later = {q: n for q, n in where.items() if n > lineno}
+            problem, why = _classify_link(entry, expected, prev, seen, later)
             res.ok, res.first_bad_line, res.problem = False, lineno, problem
             res.message = f"line {lineno} (seq {entry.get('seq')}) breaks the chain: {why}"
             return res

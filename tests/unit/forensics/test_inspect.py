@@ -1,0 +1,90 @@
+"""inspect_step on a real (tiny) run directory, torch-free."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from steadytune.forensics.inspect import fetch_rows, inspect_step
+from steadytune.forensics.runview import ForensicsError
+
+ROWS = [
+    {"instruction": "the cat sat", "input": "", "output": "on a mat"},
+    {"instruction": "the dog ran", "input": "red", "output": "far away"},
+    {"instruction": " ".join(["the cat sat on a mat"] * 20), "input": "", "output": "ok"},  # prompt > 32 tokens
+    {"instruction": "blue green", "input": "", "output": ""},  # empty answer
+]
+
+
+def test_names_the_sample_whose_labels_were_truncated_away(make_run):
+    run = make_run(ROWS, [(1, [0, 1]), (2, [2, 3])], losses={2: float("nan")})
+    v = inspect_step(run, 2)
+    assert v.verdict == "bad" and v.culprits == [2]
+    bad = v.samples[0]
+    assert [f.check for f in bad.findings][:2] == ["all_labels_masked", "truncated"]
+    assert bad.recorded_hash == bad.current_hash and bad.stats.untruncated > bad.stats.tokens == 32
+    assert [f.check for f in v.samples[1].findings] == ["empty_target"]
+    assert "sample 2" in v.summary and v.summary.startswith("step 2: BAD")
+    assert v.to_dict()["loss"] == "nan"
+
+
+def test_healthy_step(make_run):
+    run = make_run(ROWS, [(1, [0, 1])])
+    v = inspect_step(run, 1)
+    assert v.verdict == "ok" and v.culprits == [] and "nothing wrong" in v.summary
+
+
+def test_text_only_when_asked(make_run):
+    run = make_run(ROWS, [(1, [0, 1])])
+    hidden = json.dumps(inspect_step(run, 1).to_dict())
+    assert "on a mat" not in hidden and "the cat sat" not in hidden
+    shown = inspect_step(run, 1, show_text=True)
+    assert shown.samples[0].text["output"] == "on a mat"
+
+
+def test_changed_dataset_is_caught_by_the_hash(make_run):
+    trained = [dict(r) for r in ROWS]
+    trained[1] = {"instruction": "the dog sat", "input": "", "output": "far away"}
+    run = make_run(ROWS, [(1, [0, 1])], hash_rows=trained)  # the run saw a different row 1
+    v = inspect_step(run, 1)
+    assert v.culprits == [1] and v.samples[1].findings[0].check == "hash_mismatch"
+
+
+def test_missing_row_and_unknown_step(make_run):
+    run = make_run(ROWS, [(1, [0, 1])])
+    lines = (run.parent.parent / "train.jsonl").read_text().splitlines()
+    (run.parent.parent / "train.jsonl").write_text(lines[0] + "\n")  # the dataset shrank
+    v = inspect_step(run, 1)
+    assert v.samples[1].verdict == "missing" and v.culprits == [1]
+    with pytest.raises(ForensicsError, match="step 9 is not in"):
+        inspect_step(run, 9)
+
+
+def test_latest_attempt_wins(make_run):
+    from steadytune.records import BatchFingerprint, StepRecord, to_json
+
+    run = make_run(ROWS, [(1, [0, 1])])
+    with open(run / "telemetry" / "rank-0.jsonl", "a") as f:
+        f.write(to_json(StepRecord(step=1, ts=9.0, attempt=1, batch=BatchFingerprint((2,), ("",)))) + "\n")
+    v = inspect_step(run, 1)
+    assert v.attempt == 1 and [s.sample_id for s in v.samples] == [2]
+
+
+def test_fetch_rows_reads_only_what_it_needs(tmp_path):
+    p = tmp_path / "d.jsonl"
+    p.write_text('{"a": 0}\n\n{"a": 1}\n{"a": 2}\nnot json at all\n')
+    rows, first = fetch_rows(p, {1, 2})
+    assert rows == {1: {"a": 1}, 2: {"a": 2}} and first == {"a": 0}  # blank lines do not count, the bad tail is never read
+
+
+def test_inspect_step_keeps_torch_out_of_the_process(make_run):
+    """The supervisor never imports torch; inspect_step must not drag it in."""
+    run = make_run(ROWS, [(1, [0, 1]), (2, [2, 3])])
+    code = ("import sys; from steadytune.forensics.inspect import inspect_step; "
+            f"v = inspect_step({str(run)!r}, 2); "
+            "assert v.verdict == 'bad', v.summary; "
+            "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'heavy import'")
+    subprocess.run([sys.executable, "-c", code], check=True)
