@@ -83,3 +83,17 @@ def test_cli_measure_reports_both(capsys: pytest.CaptureFixture[str], tmp_path) 
     out, _ = capsys.readouterr()
     assert code == 0
     assert "measured on cpu" in out and "estimated tensor peak" in out
+
+
+def test_cli_measure_refuses_a_model_too_big_for_ram(capsys: pytest.CaptureFixture[str]) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("on a GPU machine the measurement would run on the GPU")
+    from pathlib import Path
+
+    model = Path(__file__).resolve().parents[2] / "examples" / "models" / "llama-3.1-8b"
+    code = main(["estimate", "--model", str(model), "--method", "full", "--measure"])
+    _, err = capsys.readouterr()
+    assert code == 1
+    assert "would need about" in err and "GiB of RAM" in err

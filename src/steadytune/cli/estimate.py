@@ -128,6 +128,12 @@ def _resolve_model(path: str, config_file: str | None) -> str:
     return str(beside) if beside.exists() else path
 
 
+def _available_ram() -> int:
+    import psutil
+
+    return int(psutil.virtual_memory().available)
+
+
 def run(args: argparse.Namespace) -> int:
     from steadytune.estimate import (
         ArchitectureError,
@@ -178,9 +184,16 @@ def run(args: argparse.Namespace) -> int:
     code = 0 if fits is not False else 1
     if args.measure:
         try:
-            from steadytune.estimate.measure import MeasureError, measure_peak
+            from steadytune.estimate.measure import MeasureError, measure_peak, pick_device
 
-            measured = measure_peak(arch, setup)
+            device = pick_device()
+            needed = estimate_peak(arch, dataclasses.replace(setup, device=device)).tensor_bytes
+            if device == "cpu" and needed > 0.8 * _available_ram():
+                raise MeasureError(
+                    f"measuring on CPU would need about {needed / 2**30:.1f} GiB of RAM; "
+                    "use a smaller config (fewer layers, smaller hidden size) or a GPU"
+                )
+            measured = measure_peak(arch, setup, device=device)
             # Compare like with like: a CPU measurement has no CUDA context.
             measured_estimate = estimate_peak(arch, dataclasses.replace(setup, device=measured.device))
         except (MeasureError, ImportError, RuntimeError) as exc:

@@ -110,6 +110,21 @@ def _group_bytes(
     return kept + lora_outputs
 
 
+def _math_sdpa(arch: Architecture, setup: TrainSetup) -> bool:
+    """Whether CUDA SDPA falls back to its math kernel, which keeps the probabilities.
+
+    transformers asks SDPA for native GQA (``enable_gqa``); in fp32 only the math kernel
+    offers it on CUDA (flash needs 16-bit inputs), and the math kernel materialises the
+    attention matrix like eager attention does.
+    """
+    return (
+        setup.device == "cuda"
+        and setup.attn == "sdpa"
+        and precision(setup).compute == 4
+        and arch.num_kv_heads != arch.num_heads
+    )
+
+
 def layer_activations(
     arch: Architecture, setup: TrainSetup, trainable: bool, grad_in: bool
 ) -> LayerActivations:
@@ -153,8 +168,13 @@ def layer_activations(
         setup,
         p,
     )
+    if (grad or attn_has) and arch.qk_norm:
+        # Qwen3 RMS-normalizes q and k per head: fp32 copies and rsqrt, plus the normalized
+        # input when the norm weights train.
+        width = a * d + kv * d
+        attention += 4 * width + 4 * (a + kv) + (e * width if trainable else 0)
     if grad or attn_has:
-        if setup.attn == "eager":
+        if setup.attn == "eager" or _math_sdpa(arch, setup):
             rep = a * d if a != kv else kv * d
             attention += e * (a * d + 2 * rep) + (4 + (e if e != 4 else 0)) * a * setup.seq
         else:

@@ -245,6 +245,11 @@ def _train_steps(model: Any, setup: TrainSetup, device: str, steps: int, mark: A
             optimizer.zero_grad(set_to_none=True)
 
 
+def pick_device() -> str:
+    """``cuda`` when a GPU is visible, else ``cpu``."""
+    return "cuda" if _torch().cuda.is_available() else "cpu"
+
+
 def measure_peak(
     arch: Architecture, setup: TrainSetup, device: str | None = None, steps: int = 2
 ) -> MeasuredPeak:
@@ -259,9 +264,8 @@ def measure_peak(
     Returns:
         The measured peak, the baseline and the per-phase peaks.
     """
-    torch = _torch()
     if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = pick_device()
     if device == "cuda":
         return _measure_cuda(arch, setup, steps)
     return _measure_cpu(arch, setup, steps)

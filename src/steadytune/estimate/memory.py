@@ -202,7 +202,7 @@ def estimate_peak(arch: Architecture, setup: TrainSetup) -> MemoryEstimate:
     bottom_grads = ms.gradients - _layer_gradient_bytes(arch, setup, counts, ms.gradients)
     if setup.method == "full":
         bottom_grads -= (
-            head_grads if arch.tie_word_embeddings else _embedding_gradient_bytes(arch, counts, ms)
+            head_grads if arch.tie_word_embeddings else _embedding_gradient_bytes(arch, counts, ms.gradients)
         )
 
     def moment(copies: float, grads: float, acts: float, logits: float, temp: float) -> dict[str, int]:
@@ -272,9 +272,8 @@ def estimate_peak(arch: Architecture, setup: TrainSetup) -> MemoryEstimate:
     )
 
 
-def _embedding_gradient_bytes(arch: Architecture, counts: ParamCounts, ms: object) -> int:
+def _embedding_gradient_bytes(arch: Architecture, counts: ParamCounts, gradients: int) -> int:
     """Gradient of an untied input embedding, allocated last in backward."""
-    gradients = getattr(ms, "gradients", 0)
     return int(gradients * arch.embedding_params / counts.trainable) if counts.trainable else 0
 
 
