@@ -158,9 +158,11 @@ def model_states(arch: Architecture, setup: TrainSetup) -> ModelStates:
     scratch = e * counts.largest_trainable_tensor if grad_bytes != e else 0
     gather = 0
 
-    if setup.zero_stage and shards > 1:
+    # Under DeepSpeed or FSDP the precision scheme changes even on one device (bf16 model,
+    # fp32 master copy in the optimizer), so their formulas apply for any device count.
+    if setup.zero_stage:
         return _deepspeed(arch, setup, counts, weights, adapters, constants, gradients, states, scratch)
-    if setup.fsdp and shards > 1:
+    if setup.fsdp:
         # FSDP FULL_SHARD keeps every state sharded in its own dtype. The root unit (embedding,
         # LM head) stays gathered through forward and backward; each decoder layer is gathered
         # in the compute dtype, with the next one prefetched.
