@@ -134,9 +134,18 @@ def is_bad(value: float | None) -> bool:
     return value is not None and not math.isfinite(value)
 
 
+# Anomalies of the training signal: the ones a batch, a layer or a replay can explain.
+SIGNAL_KINDS = frozenset({"nan_loss", "nonfinite_grad", "loss_spike", "divergence", "loss_collapse",
+                          "grad_explosion", "grad_spike", "grad_vanishing"})
+
+
 def anomaly_steps(run: RunDir, events: list[Event]) -> list[int]:
-    """Steps something went wrong at: anomalies, skipped updates, then non-finite losses."""
-    found = [e.step for e in events if e.step and (e.kind == "anomaly" or e.name == "skip_step")]
+    """Steps the training signal went wrong at (signal anomalies, skipped updates); else any anomaly;
+    else steps with a non-finite loss."""
+    found = [e.step for e in events if e.step and ((e.kind == "anomaly" and e.name in SIGNAL_KINDS)
+                                                   or e.name == "skip_step")]
+    if not found:
+        found = [e.step for e in events if e.step and e.kind == "anomaly"]
     if not found:
         found = [s for s, recs in final_steps(run).items() if any(r.skipped or is_bad(r.loss) for r in recs)]
     return sorted({int(s) for s in found if s is not None})
