@@ -22,6 +22,8 @@ def register(sub: Any) -> None:
     p.add_argument("run", help="the run directory (runs/<run-id>)")
     p.add_argument("--step", type=int, default=None,
                    help="the optimizer step; default: the last step where something went wrong")
+    p.add_argument("--attempt", type=int, default=None,
+                   help="the worker attempt to read (default: the one running when the step went wrong, else the latest)")
     p.add_argument("--show-text", action="store_true", help="print the raw samples (off: hashes and token counts)")
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.set_defaults(func=main)
@@ -60,18 +62,20 @@ def render(verdict: Any) -> str:
 
 def main(args: argparse.Namespace) -> int:
     from steadytune.forensics.inspect import inspect_step
-    from steadytune.forensics.runview import ForensicsError, anomaly_steps, resolve_run
+    from steadytune.forensics.runview import ForensicsError, anomaly_attempt, anomaly_steps, resolve_run
     from steadytune.telemetry.events import read_events
 
     try:
         run = resolve_run(args.run)
+        events = read_events(run.events)
         step = args.step
         if step is None:
-            found = anomaly_steps(run, read_events(run.events))
+            found = anomaly_steps(run, events)
             if not found:
                 return fail(f"nothing went wrong in {run.root} that I can see; pass --step N", 2)
             step = found[-1]
-        verdict = inspect_step(run, step, show_text=args.show_text, allow_transformers=True)
+        attempt = args.attempt if args.attempt is not None else anomaly_attempt(events, step)
+        verdict = inspect_step(run, step, show_text=args.show_text, allow_transformers=True, attempt=attempt)
     except ForensicsError as exc:
         return fail(str(exc))
     if args.format == "json":

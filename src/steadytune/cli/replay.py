@@ -32,19 +32,20 @@ def _line(e: Any, t0: float) -> str:
 
 def main(args: argparse.Namespace) -> int:
     from steadytune.forensics.runview import ForensicsError, resolve_run
-    from steadytune.forensics.timeline import anomaly_keys, first_difference, recorded, replay_run
+    from steadytune.forensics.timeline import anomaly_keys, first_difference, recorded, replay_run, settings
 
     try:
         run = resolve_run(args.run)
     except ForensicsError as exc:
         return fail(str(exc), 2)
     entries = replay_run(run)
+    notes = settings(run)[2]
     live = recorded(run)
     mine, theirs = anomaly_keys(entries), anomaly_keys(live)
     diff = first_difference(mine, theirs)
     if args.format == "json":
         print(json.dumps({"timeline": [e.__dict__ for e in entries], "matches_live": diff is None,
-                          "first_difference": diff, "replayed": mine, "recorded": theirs}, indent=1, default=list))
+                          "first_difference": diff, "replayed": mine, "recorded": theirs, "notes": notes}, indent=1, default=list))
         return 0 if diff is None else 1
     t0 = min((e.ts for e in entries + live if e.ts), default=time.time())
     print(f"timeline of {run.run_id} (replayed: {len(mine)} anomaly/resolved entries, live: {len(theirs)})")
@@ -52,6 +53,8 @@ def main(args: argparse.Namespace) -> int:
         print(_line(e, t0))
     if not entries:
         print("  (nothing happened)")
+    for note in notes:
+        print(f"note: {note}")
     if diff is None:
         print("\nverdict: the replay equals what happened live")
         return 0

@@ -22,6 +22,8 @@ def register(sub: Any) -> None:
     )
     p.add_argument("run", nargs="?", help="the run directory (runs/<run-id>)")
     p.add_argument("--step", type=int, default=None, help="the step; default: the last one where something went wrong")
+    p.add_argument("--attempt", type=int, default=None,
+                   help="the worker attempt to replay (default: the one running when the step went wrong)")
     p.add_argument("--include-data", action="store_true", help="put the raw samples in the bundle")
     p.add_argument("--include-checkpoint", action="store_true", help="put a copy of the checkpoint in the bundle")
     p.add_argument("-o", "--output", type=Path, default=None, help="bundle path (default RUN/repro/repro-step<N>.tar.gz)")
@@ -48,7 +50,8 @@ def main(args: argparse.Namespace) -> int:
     from steadytune.forensics.runview import ForensicsError, resolve_run
 
     try:
-        info = build_bundle(resolve_run(args.run), args.step, args.include_data, args.include_checkpoint, args.output)
+        info = build_bundle(resolve_run(args.run), args.step, args.include_data, args.include_checkpoint, args.output,
+                            attempt=args.attempt)
     except ForensicsError as exc:
         return fail(str(exc))
     if args.format == "json":

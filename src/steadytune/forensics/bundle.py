@@ -28,12 +28,21 @@ from typing import Any
 
 import yaml
 
-from steadytune.checkpoint.manifest import MANIFEST, newest_verified, read_manifest, sha256_file
+from steadytune.checkpoint.manifest import (
+    MANIFEST,
+    Verdict,
+    checkpoint_step,
+    list_checkpoints,
+    read_manifest,
+    sha256_file,
+    verify,
+)
 from steadytune.config.load import redact
 from steadytune.forensics.envsnap import snapshot
 from steadytune.forensics.inspect import fetch_rows
 from steadytune.forensics.runview import (
     ForensicsError,
+    anomaly_attempt,
     anomaly_steps,
     final_steps,
     load_run_config,
@@ -115,20 +124,42 @@ def _event_lines(run: RunDir, lo: int, hi: int, ts_lo: float, ts_hi: float) -> l
     return out
 
 
+def _start_checkpoint(run: RunDir, step: int, attempt: int | None) -> Verdict | None:
+    """The newest verified checkpoint before ``step`` that ``attempt`` could have seen (a later
+    attempt may have saved over a checkpoint name after a rollback)."""
+    for ckpt in list_checkpoints(run.checkpoints):
+        s = checkpoint_step(ckpt)
+        if s is None or s > step - 1:
+            continue
+        saved_by = (read_manifest(ckpt) or {}).get("attempt")
+        if attempt is not None and isinstance(saved_by, int) and saved_by > attempt:
+            continue
+        v = verify(ckpt)
+        if v.ok:
+            return v
+    return None
+
+
 def build_bundle(run: RunDir, step: int | None = None, include_data: bool = False, include_checkpoint: bool = False,
-                 out: Path | None = None, window: int = WINDOW) -> BundleInfo:
-    """Write ``RUN/repro/repro-step<N>.tar.gz`` (or ``out``) for ``step`` (default: the last anomaly)."""
+                 out: Path | None = None, window: int = WINDOW, attempt: int | None = None) -> BundleInfo:
+    """Write ``RUN/repro/repro-step<N>.tar.gz`` (or ``out``) for ``step`` (default: the last anomaly).
+
+    ``attempt`` picks which recording of a retrained step to replay (default: the attempt
+    running when the step went wrong, else the latest).
+    """
     events = read_events(run.events)
     if step is None:
         found = anomaly_steps(run, events)
         if not found:
             raise ForensicsError(f"nothing went wrong in {run.root} that I can see; pass --step N")
         step = found[-1]
-    finals = final_steps(run)
+    if attempt is None:
+        attempt = anomaly_attempt(events, step)
+    finals = final_steps(run, attempt=attempt)
     if step not in finals:
         raise ForensicsError(f"step {step} was not recorded in {run.telemetry_dir}; pick a recorded step")
     cfg = load_run_config(run)
-    verdict, _ = newest_verified(run.checkpoints, max_step=step - 1)
+    verdict = _start_checkpoint(run, step, attempt)
     start = verdict.step if verdict is not None and verdict.step is not None else 0
     if verdict is None and cfg.get("method") != "full":
         note = "no verified checkpoint before the step: LoRA starts from a fresh (random) adapter, comparisons may differ"

@@ -232,7 +232,7 @@ def _all_hashes_differ(samples: list[SampleVerdict]) -> bool:
 
 
 def inspect_step(run_dir: RunDir | str | Path, step: int, show_text: bool = False, *,
-                 allow_transformers: bool = False) -> BatchVerdict:
+                 allow_transformers: bool = False, attempt: int | None = None) -> BatchVerdict:
     """Reload the samples of ``step`` and judge each one and the batch.
 
     Args:
@@ -241,12 +241,13 @@ def inspect_step(run_dir: RunDir | str | Path, step: int, show_text: bool = Fals
         show_text: put the raw rows into the verdict (off: hashes and token statistics only).
         allow_transformers: load the tokenizer with transformers when the light one cannot
             (chat templates, no ``tokenizer.json``). That imports torch: leave it off in the supervisor.
+        attempt: read the step as this worker attempt recorded it (default: the latest attempt).
 
     Raises:
         ForensicsError: the step is unknown or has no batch fingerprint.
     """
     run = run_dir if isinstance(run_dir, RunDir) else RunDir(Path(run_dir))
-    batch = step_batch(run, step)
+    batch = step_batch(run, step, attempt=attempt)
     cfg = load_run_config(run)
     plan = plan_for_attempt(run, batch.attempt)
     spec = _spec(cfg, plan.max_seq_length)

@@ -160,8 +160,8 @@ def replay(folder: Path, checkpoint: Path | None = None, data: Path | None = Non
     from transformers import Trainer
     from transformers.utils import logging as hf_logging
 
-    from steadytune.config.load import load_config
     from steadytune.forensics.envsnap import differences, snapshot
+    from steadytune.forensics.runview import training_config
     from steadytune.forensics.tokenizer import load_hf_tokenizer
     from steadytune.records import PlanRevision
     from steadytune.train.data import DataSpec, _hash_ids, detect_format, encode_row
@@ -170,7 +170,7 @@ def replay(folder: Path, checkpoint: Path | None = None, data: Path | None = Non
     hf_logging.disable_progress_bar()  # the verdict is the output; loading bars are noise here
     warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")
     meta = json.loads((folder / "bundle.json").read_text(encoding="utf-8"))
-    cfg = load_config(folder / "config.yaml", check_paths=False)
+    cfg = training_config(folder / "config.yaml")
     notes = list(meta.get("notes", []))
     env_path = folder / "environment.json"
     if env_path.exists():

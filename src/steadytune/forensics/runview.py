@@ -34,9 +34,16 @@ def step_records(run: RunDir) -> list[StepRecord]:
     return out
 
 
-def final_steps(run: RunDir, records: list[StepRecord] | None = None) -> dict[int, list[StepRecord]]:
-    """``step -> records of its latest attempt`` (one per rank, rank order)."""
+def final_steps(run: RunDir, records: list[StepRecord] | None = None,
+                attempt: int | None = None) -> dict[int, list[StepRecord]]:
+    """``step -> records of its latest attempt`` (one per rank, rank order).
+
+    With ``attempt``, history as that attempt saw it: attempts after it are ignored
+    (after a rollback-and-skip, the spiking batch lives in the earlier attempt).
+    """
     records = step_records(run) if records is None else records
+    if attempt is not None:
+        records = [r for r in records if r.attempt <= attempt]
     newest: dict[int, int] = {}
     for r in records:
         newest[r.step] = max(newest.get(r.step, r.attempt), r.attempt)
@@ -61,9 +68,14 @@ class StepBatch:
     skipped: bool
 
 
-def step_batch(run: RunDir, step: int, finals: dict[int, list[StepRecord]] | None = None) -> StepBatch:
-    """The recorded batch of ``step`` (latest attempt, all ranks). Raises :class:`ForensicsError`."""
-    finals = final_steps(run) if finals is None else finals
+def step_batch(run: RunDir, step: int, finals: dict[int, list[StepRecord]] | None = None,
+               attempt: int | None = None) -> StepBatch:
+    """The recorded batch of ``step`` (latest attempt, or the newest up to ``attempt``; all ranks).
+
+    Raises:
+        ForensicsError: the step is not recorded or has no batch fingerprint.
+    """
+    finals = final_steps(run, attempt=attempt) if finals is None else finals
     recs = finals.get(step)
     if not recs:
         known = sorted(finals)
@@ -159,3 +171,33 @@ def resolve_run(path: str | Path) -> RunDir:
     if not (root / "config.yaml").exists() and not (root / "events.jsonl").exists():
         raise ForensicsError(f"{root} has no config.yaml or events.jsonl; pass a run directory such as runs/<run-id>")
     return RunDir(root)
+
+
+def anomaly_attempt(events: list[Event], step: int) -> int | None:
+    """The worker attempt that was running when something first went wrong at ``step``."""
+    hits = [e for e in events if e.step == step and (e.kind == "anomaly" or e.name == "skip_step")]
+    if not hits:
+        return None
+    current = None
+    for e in events:
+        if e.name == "worker_started" and e.ts <= hits[0].ts:
+            current = int(e.data.get("attempt", 0))
+    return current
+
+
+# Sections that never change the numbers a replay computes: an older run whose detector or
+# alert settings no longer validate is still replayable without them.
+_NON_TRAINING = ("detect", "policy", "alerts", "dashboard")
+
+
+def training_config(path: Path) -> Any:
+    """A run's config as a validated ``SteadytuneConfig``, tolerating drift in the non-training sections."""
+    from steadytune.config.load import ConfigError, load_config, validate_dict
+
+    try:
+        return load_config(path, check_paths=False)
+    except ConfigError:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        for key in _NON_TRAINING:
+            data.pop(key, None)
+        return validate_dict(data, base=Path(path).resolve().parent, source=str(path), check_paths=False)

@@ -136,21 +136,33 @@ class Replayer:
             self.last_beat = None  # between attempts nobody is expected to beat
 
 
-def _config(run: RunDir) -> tuple[Any, Any]:
-    """The run's detector and policy settings (defaults when the config is missing or older)."""
-    try:
-        from steadytune.config.load import load_config
+def settings(run: RunDir) -> tuple[Any, Any, list[str]]:
+    """The run's detector and policy settings, and notes when some could not be used."""
+    import yaml
 
-        cfg = load_config(run.config, check_paths=False)
-        return cfg.detect, cfg.policy
-    except Exception:
-        return None, None
+    from steadytune.detect.config import DetectConfig
+    from steadytune.policy.config import PolicyConfig
+
+    try:
+        raw = yaml.safe_load(run.config.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError):
+        return None, None, [f"{run.config} is unreadable: default detector and policy settings used"]
+    out: list[Any] = []
+    notes = []
+    for key, model in (("detect", DetectConfig), ("policy", PolicyConfig)):
+        try:
+            out.append(model.model_validate(raw.get(key) or {}))
+        except Exception as exc:  # a run recorded by another version of steadytune
+            out.append(None)
+            notes.append(f"the run's {key}: settings do not validate here ({str(exc).splitlines()[0]}); defaults used, "
+                         "so the replay may differ from live")
+    return out[0], out[1], notes
 
 
 def replay_run(run: RunDir) -> list[Entry]:
     """The timeline the detectors and the policy produce on the recorded telemetry, plus the
     recorded restarts and alerts (those are facts of the run, not decisions to recompute)."""
-    detect, policy = _config(run)
+    detect, policy, _ = settings(run)
     r = Replayer(detect, policy)
     for rec in _merged(run):
         r.feed(rec)
