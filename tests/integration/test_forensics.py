@@ -133,6 +133,7 @@ def test_repro_check_reproduces_the_nan_and_clears_a_healthy_step(nan_run, tmp_p
     rc, res = cli_json("repro", "--check", str(bundle))
     assert rc == 0 and res["verdict"] == "reproduced", res
     assert res["steps"][-1]["step"] == step and res["steps"][-1]["loss"] == "nan"
+    assert [(r["sample_id"], r["tokens"], r["mean_loss"]) for r in res["samples"]] == [(PLANTED, 0, None)]
 
     healthy = next(s for s in range(12, 20) if s != step)
     rc, out = cli("repro", str(run.root), "--step", str(healthy), "-o", str(tmp_path / "healthy.tar.gz"))

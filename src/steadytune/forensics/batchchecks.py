@@ -24,6 +24,8 @@ MAX_RUN = 32
 FLOOD_MIN_TOKENS = 16
 SHORT_TOKENS = 4
 LONG_FACTOR = 8.0
+DOMINANT_SHARE = 0.5  # of a step's trained tokens held by one sample
+DOMINANT_MIN_BATCH = 4
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from steadytune.forensics.batchchecks import (
+    DOMINANT_MIN_BATCH,
+    DOMINANT_SHARE,
     LONG_FACTOR,
     Finding,
     SampleFacts,
@@ -199,16 +201,24 @@ def _check_one(sid: int, recorded: str, row: dict[str, Any] | None, tok: Any, fm
                          text=_shown(row) if show_text else None)
 
 
-def _flag_long(samples: list[SampleVerdict]) -> list[SampleVerdict]:
+def _flag_outliers(samples: list[SampleVerdict]) -> list[SampleVerdict]:
+    """Findings only the batch can show: a sample far longer than the rest, or one that holds most of
+    the trained tokens (the step's loss is a token average, so it is mostly that sample's loss)."""
     lengths = sorted(s.stats.tokens for s in samples if s.stats and s.stats.tokens)
-    if len(lengths) < 3:
-        return samples
-    median = lengths[len(lengths) // 2]
+    median = lengths[len(lengths) // 2] if len(lengths) >= 3 else 0
+    trained = sum(s.stats.trained for s in samples if s.stats)
     out = []
     for s in samples:
+        extra = []
         if s.stats and median and s.stats.tokens > LONG_FACTOR * median:
-            f = Finding("too_long", "warning", f"{s.stats.tokens} tokens, {s.stats.tokens / median:.0f}x the batch median")
-            findings = (*s.findings, f)
+            extra.append(Finding("too_long", "warning", f"{s.stats.tokens} tokens, {s.stats.tokens / median:.0f}x the "
+                                                        "batch median"))
+        if s.stats and trained and len(samples) >= DOMINANT_MIN_BATCH and s.stats.trained / trained > DOMINANT_SHARE:
+            extra.append(Finding("dominates_loss", "warning",
+                                 f"holds {s.stats.trained / trained:.0%} of the step's {trained} trained tokens: the "
+                                 "step's loss is mostly this sample's"))
+        if extra:
+            findings = (*s.findings, *extra)
             s = dataclasses.replace(s, findings=findings, verdict=level_of(findings))
         out.append(s)
     return out
@@ -272,7 +282,7 @@ def inspect_step(run_dir: RunDir | str | Path, step: int, show_text: bool = Fals
         tok = load_hf_tokenizer(model.get("name_or_path", ""), bool(model.get("trust_remote_code")))
         samples = [_check_one(sid, h, rows.get(sid), tok, fmt, spec, vocab, show_text)
                    for sid, h in zip(batch.indices, batch.hashes, strict=True)]
-    samples = _flag_long(samples)
+    samples = _flag_outliers(samples)
     batch_findings = check_batch([s.stats for s in samples if s.stats is not None])
     verdict = level_of([f for s in samples for f in s.findings] + batch_findings)
     notes = []

@@ -51,6 +51,7 @@ class ReplayResult:
     anomaly_recorded: bool
     steps: list[StepOutcome] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    samples: list[dict[str, Any]] = field(default_factory=list)  # the step's loss, sample by sample
 
     @property
     def ok(self) -> bool:
@@ -201,6 +202,7 @@ def replay(folder: Path, checkpoint: Path | None = None, data: Path | None = Non
     base_spec = DataSpec(cfg.data.train_file, fmt, cfg.data.text_field, cfg.data.max_seq_length, cfg.data.train_on_prompt)
     default_bs = cfg.train.per_device_train_batch_size if isinstance(cfg.train.per_device_train_batch_size, int) else 1
     outcomes: list[StepOutcome] = []
+    by_sample: list[dict[str, Any]] = []
     model = trainer.model
     model.zero_grad(set_to_none=True)
     for entry in meta["replay"]:
@@ -234,6 +236,7 @@ def replay(folder: Path, checkpoint: Path | None = None, data: Path | None = Non
         outcomes.append(StepOutcome(entry["step"], loss, norm, rec_loss, rec_norm,
                                     close(loss, rec_loss, LOSS_RTOL, LOSS_ATOL) and norm_ok))
         if entry["step"] == meta["step"]:
+            by_sample = per_sample_loss(model, feats, entry["indices"], args.device)
             break
         if not (math.isfinite(loss) and math.isfinite(norm)):
             model.zero_grad(set_to_none=True)  # the guard's skip: the optimizer then leaves every weight alone
@@ -242,7 +245,35 @@ def replay(folder: Path, checkpoint: Path | None = None, data: Path | None = Non
         model.zero_grad(set_to_none=True)
     if any(e.get("ranks", 1) > 1 for e in meta["replay"]):
         notes.append("multi-rank run: rank 0's batch replayed on one process; grad norms are not compared")
-    return _verdict(meta, ckpt, outcomes, notes)
+    res = _verdict(meta, ckpt, outcomes, notes)
+    res.samples = by_sample
+    return res
+
+
+def per_sample_loss(model: Any, feats: list[dict[str, Any]], ids: list[int], device: Any) -> list[dict[str, Any]]:
+    """Each sample's share of the step's loss: its summed token loss over the step's summed loss.
+
+    The step loss is a token average over the whole batch, so a long or garbled sample can carry
+    most of it; this names which one. One forward per sample, no gradients.
+    """
+    import torch
+
+    was_training = model.training
+    model.eval()  # no dropout: the shares should not depend on a random mask
+    rows = []
+    with torch.no_grad():
+        for sid, f in zip(ids, feats, strict=False):
+            inputs = torch.tensor([f["input_ids"]], device=device)
+            labels = torch.tensor([f["labels"]], device=device)
+            logits = model(input_ids=inputs).logits.float()
+            ce = torch.nn.functional.cross_entropy(logits[0, :-1], labels[0, 1:], ignore_index=-100, reduction="sum")
+            rows.append({"sample_id": int(sid), "tokens": int((labels[0, 1:] != -100).sum()), "loss_sum": float(ce)})
+    model.train(was_training)
+    total = sum(r["loss_sum"] for r in rows if math.isfinite(r["loss_sum"]))
+    for r in rows:
+        r["mean_loss"] = r["loss_sum"] / r["tokens"] if r["tokens"] else None
+        r["share"] = r["loss_sum"] / total if total else None
+    return sorted(rows, key=lambda r: -(r["share"] or 0.0))
 
 
 def _verdict(meta: dict[str, Any], ckpt: Path | None, outcomes: list[StepOutcome], notes: list[str]) -> ReplayResult:
@@ -294,6 +325,13 @@ def render(res: ReplayResult) -> str:
     for o in res.steps:
         lines.append(f"  {o.step:>6} {o.loss:>12.6g} {o.recorded_loss!s:>12.12} {o.grad_norm:>12.6g} "
                      f"{o.recorded_grad_norm!s:>12.12}  {'yes' if o.matches else 'NO'}")
+    if res.samples:
+        lines += ["", f"step {res.step} loss by sample (no dropout):",
+                  f"  {'sample':>8} {'tokens':>7} {'mean loss':>10} {'share':>7}"]
+        for r in res.samples[:10]:
+            mean = "0/0" if r["mean_loss"] is None else f"{r['mean_loss']:.4g}"
+            share = "-" if r["share"] is None else f"{r['share']:.0%}"
+            lines.append(f"  {r['sample_id']:>8} {r['tokens']:>7} {mean:>10} {share:>7}")
     lines += [f"note: {n}" for n in res.notes]
     lines += ["", f"verdict: {res.message}"]
     return "\n".join(lines)

@@ -88,3 +88,12 @@ def test_inspect_step_keeps_torch_out_of_the_process(make_run):
             "assert v.verdict == 'bad', v.summary; "
             "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'heavy import'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_sample_holding_most_trained_tokens_is_named(make_run):
+    rows = [{"instruction": "the cat", "input": "", "output": "ok"} for _ in range(3)]
+    rows.append({"instruction": "the dog", "input": "", "output": " ".join(["red blue green far away"] * 4)})
+    run = make_run(rows, [(1, [0, 1, 2, 3])])
+    v = inspect_step(run, 1)
+    assert v.culprits == [3] and [f.check for f in v.samples[3].findings] == ["dominates_loss"]
+    assert "of the step's" in v.samples[3].findings[0].message
