@@ -29,13 +29,13 @@ class CheckpointKeeper:
         run: RunDir,
         keep_last: int = 3,
         min_free_bytes: int = 256 * 1024**2,
-        slow_save_s: float = 0.0,
+        save_delay: Callable[[int], float] | None = None,
     ) -> None:
         self.run = run
         self.keep_last = keep_last
         self.min_free_bytes = min_free_bytes
         # A test hook for drills: makes the unsafe window of a save long enough to kill in.
-        self.slow_save_s = slow_save_s
+        self.save_delay = save_delay or (lambda step: 0.0)
 
     def needed_bytes(self) -> int:
         """Free space a new checkpoint needs: the last one's size (or the floor) plus the floor."""
@@ -56,9 +56,10 @@ class CheckpointKeeper:
     def publish(self, staged: Path, step: int, extra: dict | None = None,
                 before_manifest: Callable[[Path], None] | None = None) -> Path:
         hook = before_manifest
-        if self.slow_save_s > 0:
+        delay = self.save_delay(step)
+        if delay > 0:
             def hook(path: Path, _inner: Callable[[Path], None] | None = before_manifest) -> None:
-                time.sleep(self.slow_save_s)
+                time.sleep(delay)
                 if _inner:
                     _inner(path)
         final = publish(staged, self.run.checkpoints, step, extra, before_manifest=hook)

@@ -20,7 +20,8 @@ class InjectedCrash(RuntimeError):
 @dataclass(frozen=True)
 class Faults:
     step_sleep_s: float = 0.0  # slow every step down, so a test can act mid-run
-    slow_save_s: float = 0.0  # hold each save in its unsafe window (after rename, before manifest)
+    slow_save_s: float = 0.0  # hold saves in their unsafe window (after rename, before manifest)
+    slow_save_step: int | None = None  # ... only the save of this step (default: every save)
     crash_at_step: int | None = None  # raise once this optimizer step has ended
     nan_at_step: int | None = None  # make this step's loss NaN (a poisoned batch)
     nan_steps: int = 1  # ... for this many steps in a row
@@ -46,6 +47,11 @@ class Faults:
 
     def active(self, attempt: int) -> bool:
         return attempt < self.fault_attempts
+
+    def save_delay(self, step: int, attempt: int) -> float:
+        if not self.active(attempt) or (self.slow_save_step is not None and step != self.slow_save_step):
+            return 0.0
+        return self.slow_save_s
 
     def after_step(self, step: int, attempt: int) -> None:
         if self.step_sleep_s:

@@ -65,7 +65,7 @@ class GuardCallback(TrainerCallback):
     def on_optimizer_step(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         saved = getattr(self, "_lr_saved", None)
         if saved is not None and kw.get("optimizer") is not None:
-            for g, lr in zip(kw["optimizer"].param_groups, saved):
+            for g, lr in zip(kw["optimizer"].param_groups, saved, strict=True):
                 g["lr"] = lr
             self._lr_saved = None
 

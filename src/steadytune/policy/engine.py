@@ -81,6 +81,10 @@ class Policy:
             return None
         return self._act(anomaly, step, f"{anomaly.kind} at step {anomaly.start_step}")
 
+    def forget_open(self) -> None:
+        """The worker restarted: anomalies waiting for confirmation belonged to the old timeline."""
+        self._pending.clear()
+
     def on_resolved(self, anomaly: Anomaly) -> None:
         self._pending.pop((anomaly.kind, anomaly.metric, anomaly.rank), None)
 

@@ -58,6 +58,27 @@ class Observer(Protocol):
     def close(self) -> None: ...
 
 
+def replay_detector(run: RunDir, config: Any, upto_step: int) -> LiveDetector:
+    """A detector fed the run's step records up to ``upto_step``, latest attempt of each step.
+
+    Two passes over each stream keep memory at one int per step: the first finds
+    the latest attempt of every step, the second feeds exactly those records,
+    which appear in step order because each attempt continues its lineage.
+    """
+    from steadytune.telemetry.stream import iter_records
+
+    det = LiveDetector(config)
+    for path in run.telemetry_files():
+        latest: dict[int, int] = {}
+        for rec in iter_records(path):
+            if isinstance(rec, StepRecord) and rec.step <= upto_step and not rec.extra.get("eval"):
+                latest[rec.step] = max(rec.attempt, latest.get(rec.step, -1))
+        for rec in iter_records(path):
+            if isinstance(rec, StepRecord) and latest.get(rec.step) == rec.attempt and not rec.extra.get("eval"):
+                det.observe_step(rec)
+    return det
+
+
 def anomaly_event_data(a: Anomaly) -> dict[str, Any]:
     data = to_dict(a)
     data.pop("type", None)
@@ -117,6 +138,8 @@ class Supervisor:
         self.worker: WorkerProcess | None = None
         self.exits: list[WorkerExit] = []
         self.last_heartbeat: dict[int, float] = {}
+        self.worker_phase = "setup"
+        self.phase_since = clock()
         self.checkpoint_steps: list[int] = []
         self.trouble_steps: list[int] = []  # steps of warnings/criticals, for LAST_GOOD
         self.detector = LiveDetector(cfg.detect)
@@ -208,7 +231,7 @@ class Supervisor:
         """The newest checkpoint that verifies; unusable ones are reported and skipped."""
         verdict, skipped = newest_verified(self.run.checkpoints)
         for bad in skipped:
-            self.emit("anomaly", "checkpoint_corrupt", f"{bad.path.name} skipped for resume: {bad.reason}",
+            self.emit("anomaly", "checkpoint_corrupt", f"{bad.path.name} skipped for resume: {bad.reason}", step=checkpoint_step(bad.path),
                       severity="warning", data={"path": str(bad.path), "reason": bad.reason})
         return str(verdict.path) if verdict else None
 
@@ -221,6 +244,7 @@ class Supervisor:
         self.worker = WorkerProcess(cmd, self.run.logs / f"worker-{plan.attempt}.log", env=env)
         self.state = "running"
         self.last_heartbeat = {0: self.clock()}
+        self.worker_phase, self.phase_since = "setup", self.clock()
         self.emit("lifecycle", "worker_started", f"worker attempt {plan.attempt} started (pid {self.worker.pid})"
                   + (f", resuming from {Path(plan.resume_checkpoint).name}" if plan.resume_checkpoint else ""),
                   data={"pid": self.worker.pid, "attempt": plan.attempt, "cmd": cmd})
@@ -238,7 +262,9 @@ class Supervisor:
             self._last_sample = now
             sample = self.sampler.sample(self.worker.pid if self.worker and self.worker.poll() is None else None)
             self.handle(sample)
-        if self.worker is not None and self.worker.poll() is None and self.pending is None:
+        slow_phase = self.worker_phase != "train" and now - self.phase_since < self.cfg.policy.setup_timeout_s
+        if self.worker is not None and self.worker.poll() is None and self.pending is None and not slow_phase:
+            # Loading, saving and evaluating are judged by setup_timeout_s, not by step pace.
             last_beat = max(self.last_heartbeat.values()) if self.last_heartbeat else None
             for t in self.detector.observe_time(now, last_beat, self.progress.step or None):
                 self.on_transition(t)
@@ -253,6 +279,8 @@ class Supervisor:
         if isinstance(rec, StepRecord):
             self.progress.add(rec)
             self.last_heartbeat[rec.rank] = self.clock()
+            if rec.rank == 0 and rec.attempt == self.attempt and not rec.extra.get("eval"):
+                self.worker_phase = "train"
             if rec.batch is not None and rec.batch.indices:
                 self.samples_by_step.setdefault(rec.step, []).extend(rec.batch.indices)
             if self.pending is None:
@@ -263,6 +291,8 @@ class Supervisor:
                         self.execute(action)
         elif isinstance(rec, Heartbeat):
             self.last_heartbeat[rec.rank] = self.clock()
+            if rec.rank == 0 and rec.attempt == self.attempt and rec.phase != self.worker_phase:
+                self.worker_phase, self.phase_since = rec.phase, self.clock()
         elif isinstance(rec, SystemSample):
             self.system_writer.write(rec)
             if self.pending is None:
@@ -448,7 +478,23 @@ class Supervisor:
                 return self.finish(Decision("stop", "user_interrupt", "stopped on request"), info, t0)
             self.attempt += 1
             self.revise(reason=reason, cause=event, attempt=self.attempt, notes=why, **changes)
+            self.rewind_detection(changes.get("resume_checkpoint"))
             self.start_worker(self.plan)
+
+    def rewind_detection(self, resume: str | None) -> None:
+        """Start detection again from the checkpoint the worker resumes from.
+
+        Open anomalies belong to the abandoned timeline: they are resolved, and the
+        detectors are rebuilt by replaying the kept history up to the resume step
+        (the latest attempt of each step), so baselines survive the restart.
+        """
+        for a in self.detector.open_anomalies():
+            self.emit("resolved", a.kind, f"resolved {a.kind}: cleared by the restart", step=a.end_step,
+                      data={**anomaly_event_data(a), "cleared_by": "restart"})
+        self.policy.forget_open()
+        step = checkpoint_step(Path(resume)) if resume else 0
+        self.detector = replay_detector(self.run, self.cfg.detect, step or 0)
+        self.progress.step = step or 0
 
     def _batch(self) -> int:
         b = self.cfg.train.per_device_train_batch_size
@@ -484,8 +530,6 @@ class Supervisor:
         nxt = rollback_plan(self.plan, self.plan.revision + 1, self.clock(), self.attempt + 1, anomaly.start_step, end,
                             target, path, self.samples_by_step, self.cfg.policy.rollback_lr_scale, None, kind)
         changes = {"resume_checkpoint": nxt.resume_checkpoint, "lr_scale": nxt.lr_scale, "skip_ranges": nxt.skip_ranges}
-        # The steps after the rollback point will be trained again: forget what they fed the detectors.
-        self.detector = LiveDetector(self.cfg.detect)
         self.checkpoint_steps = [s for s in self.checkpoint_steps if s <= target]
         return changes, kind, nxt.notes
 

@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(run.config, check_paths=False)
         faults = Faults.from_env()
         keeper = CheckpointKeeper(run, keep_last=cfg.run.keep_last, min_free_bytes=cfg.run.min_free_disk_bytes,
-                                  slow_save_s=faults.slow_save_s if plan.attempt == 0 else 0.0)
+                                  save_delay=lambda step: faults.save_delay(step, plan.attempt))
         callback = GuardCallback(guard, keeper, run.staging, faults, cfg.policy.checkpoint_every_s)
         signal.signal(signal.SIGTERM, lambda *_: callback.request_stop("SIGTERM"))
         trainer = build_trainer(cfg, plan, guard, [callback], run.staging, faults=faults,

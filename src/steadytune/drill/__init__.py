@@ -1,0 +1,1 @@
+"""Recovery drills: inject real faults into real supervised runs and report what recovered."""

@@ -1,0 +1,71 @@
+"""The drill's catalogue of faults: how each is injected and what recovery looks like.
+
+In-worker faults go through ``$STEADYTUNE_FAULTS`` (see :mod:`steadytune.guard.faults`);
+external ones (kill, corruption) are done to the worker by an actor thread, as an
+operator or the kernel would.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# Drill runs are short: hangs must be called in seconds, not the production minute.
+DRILL_OVERRIDES: dict[str, Any] = {
+    "detect": {"pace": {"heartbeat_timeout_s": 8.0, "stall_min_s": 8.0}},
+    "policy": {"spike_confirm_points": 2},
+    "run": {"restart_backoff_s": 0.5, "keep_last": 10, "good_window_steps": 5},
+    "alerts": {"enabled": False},  # the drill reports for itself; nobody should be paged
+}
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    """One fault of the drill."""
+
+    kind: str
+    at_step: int
+    env: dict[str, Any] = field(default_factory=dict)  # $STEADYTUNE_FAULTS
+    actor: str | None = None  # "kill", "kill_during_save", "corrupt_then_kill"
+    detect: tuple[str, ...] = ()  # event names that count as detecting it
+    act: tuple[str, ...] = ()  # action event names that count as the response
+    in_process: bool = False  # recovered without restarting the worker
+
+
+def catalogue(save_steps: int) -> dict[str, FaultSpec]:
+    """The default faults, placed relative to the checkpoint interval."""
+    s = save_steps
+    return {
+        "nan": FaultSpec("nan", 2 * s + s // 2, {"nan_at_step": 2 * s + s // 2}, detect=("nan_loss", "skip_step"),
+                         act=("skip_step",), in_process=True),
+        "oom": FaultSpec("oom", 2 * s + s // 2, {"oom_at_step": 2 * s + s // 2, "oom_above": 4},
+                         detect=("reduce_microbatch",), act=("reduce_microbatch",), in_process=True),
+        "spike": FaultSpec("spike", 3 * s + 1, {"lr_burst_at_step": 3 * s + 1, "lr_burst_factor": 1000.0,
+                                                 "lr_burst_steps": 3},
+                           detect=("loss_spike", "divergence", "grad_explosion", "grad_spike"), act=("rollback",)),
+        "kill": FaultSpec("kill", 3 * s + s // 2, {"step_sleep_s": 0.02}, actor="kill", detect=("restart",),
+                          act=("restart",)),
+        "kill-during-save": FaultSpec("kill-during-save", 4 * s, {"slow_save_s": 30.0, "slow_save_step": 4 * s},
+                                      actor="kill_during_save", detect=("restart",), act=("restart",)),
+        "hang": FaultSpec("hang", 3 * s + s // 2, {"hang_at_step": 3 * s + s // 2}, detect=("stall",),
+                          act=("restart",)),
+        "corrupt-checkpoint": FaultSpec("corrupt-checkpoint", 3 * s, {"step_sleep_s": 0.02},
+                                        actor="corrupt_then_kill", detect=("checkpoint_corrupt",), act=("restart",)),
+    }
+
+
+def parse_inject(spec: str, save_steps: int) -> list[FaultSpec]:
+    """``nan,kill`` or ``spike@61,hang@70``: a list of faults, each at its default or given step."""
+    known = catalogue(save_steps)
+    out = []
+    for part in (p.strip() for p in spec.split(",") if p.strip()):
+        name, _, at = part.partition("@")
+        if name not in known:
+            raise ValueError(f"unknown fault {name!r}; choose from {', '.join(known)}")
+        base = known[name]
+        if at:
+            step = int(at)
+            env = {k: (step if k.endswith("_at_step") or k == "slow_save_step" else v) for k, v in base.env.items()}
+            base = FaultSpec(base.kind, step, env, base.actor, base.detect, base.act, base.in_process)
+        out.append(base)
+    return out

@@ -1,0 +1,187 @@
+"""Run a recovery drill: a clean reference run, then one supervised run per fault.
+
+Each run is a real supervised run (real worker process, real signals). The
+report is computed afterwards from the run directory alone, so what it says is
+what any reader of the run directory would see.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from steadytune.checkpoint.manifest import verify
+from steadytune.config.load import validate_dict
+from steadytune.drill.faults import DRILL_OVERRIDES, FaultSpec
+from steadytune.records import Event, PlanRevision, StepRecord, from_json
+from steadytune.rundir import RunDir
+from steadytune.supervise.supervisor import RunResult, Supervisor
+from steadytune.telemetry.events import read_events
+from steadytune.telemetry.stream import iter_records
+
+
+@dataclass
+class FaultReport:
+    kind: str
+    at_step: int
+    detected: bool
+    detected_at_step: int | None
+    action: str | None
+    recovered: bool
+    steps_redone: int
+    recovery_seconds: float | None
+    restarts: int
+    final_loss: float | None
+    run_dir: str
+
+
+def deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _steps(run: RunDir) -> list[StepRecord]:
+    return [r for r in iter_records(run.telemetry(0)) if isinstance(r, StepRecord)]
+
+
+def final_loss(run: RunDir) -> float | None:
+    """The eval loss at the last evaluation, else the mean of the last 10 training losses."""
+    recs = _steps(run)
+    evals = [r.eval_loss for r in recs if r.extra.get("eval") and r.eval_loss is not None]
+    if evals:
+        return evals[-1]
+    latest: dict[int, StepRecord] = {}
+    for r in recs:
+        if not r.extra.get("eval"):
+            latest[r.step] = r
+    tail = [latest[s].loss for s in sorted(latest)[-10:] if latest[s].loss is not None and math.isfinite(latest[s].loss)]
+    return sum(tail) / len(tail) if tail else None
+
+
+def weights_finite(run: RunDir) -> bool:
+    from safetensors.torch import load_file
+
+    files = sorted((run.root / "final").glob("*.safetensors"))
+    if not files:
+        return False
+    return all(bool(t.isfinite().all()) for f in files for t in load_file(str(f)).values() if t.is_floating_point())
+
+
+class Actor(threading.Thread):
+    """Does an external fault to the worker at the right moment (kill, corrupt, kill mid-save)."""
+
+    def __init__(self, sup: Supervisor, spec: FaultSpec) -> None:
+        super().__init__(daemon=True, name=f"drill-{spec.kind}")
+        self.sup, self.spec = sup, spec
+        self.done_at: float | None = None
+        self._stop = threading.Event()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _step(self) -> int:
+        return self.sup.progress.step
+
+    def _kill(self) -> None:
+        w = self.sup.worker
+        if w is not None:
+            w.signal_tree(signal.SIGKILL)
+        self.done_at = time.time()
+
+    def run(self) -> None:
+        run, spec = self.sup.run, self.spec
+        target = run.checkpoints / f"checkpoint-{spec.at_step}"
+        while not self._stop.wait(0.01):
+            if self.sup.attempt > 0:
+                return
+            if spec.actor == "kill" and self._step() >= spec.at_step:
+                return self._kill()
+            if spec.actor == "kill_during_save" and target.is_dir() and not (target / "MANIFEST.json").exists():
+                return self._kill()
+            if spec.actor == "corrupt_then_kill" and self._step() > spec.at_step + 2 and verify(target, deep=False).ok:
+                victim = max((p for p in target.rglob("*.safetensors")), key=lambda p: p.stat().st_size)
+                with open(victim, "r+b") as f:
+                    f.seek(victim.stat().st_size // 2)
+                    byte = f.read(1)
+                    f.seek(-1, os.SEEK_CUR)
+                    f.write(bytes([byte[0] ^ 0xFF]))
+                return self._kill()
+
+
+def run_one(base: dict[str, Any], runs_dir: Path, run_id: str, spec: FaultSpec | None) -> tuple[RunResult, float | None]:
+    data = deep_merge(deep_merge(base, DRILL_OVERRIDES), {"run": {"runs_dir": str(runs_dir)}})
+    cfg = validate_dict(data, base=Path.cwd(), source="drill config")
+    env = {"STEADYTUNE_FAULTS": json.dumps(spec.env)} if spec and spec.env else {}
+    old = os.environ.pop("STEADYTUNE_FAULTS", None)
+    sup = Supervisor(cfg, RunDir(runs_dir / run_id), console=None, worker_env=env)
+    actor = Actor(sup, spec) if spec and spec.actor else None
+    if actor:
+        actor.start()
+    try:
+        result = sup.run_to_end()
+    finally:
+        if actor:
+            actor.stop()
+        if old is not None:
+            os.environ["STEADYTUNE_FAULTS"] = old
+    return result, actor.done_at if actor else None
+
+
+def _first(events: list[Event], names: tuple[str, ...], after_ts: float, kinds: tuple[str, ...]) -> Event | None:
+    return next((e for e in events if e.name in names and e.kind in kinds and e.ts >= after_ts), None)
+
+
+def report(spec: FaultSpec, result: RunResult, external_ts: float | None) -> FaultReport:
+    """What happened to one fault, read back from the run directory."""
+    run = result.run
+    events = read_events(run.events)
+    recs = _steps(run)
+    plans = [p for p in (from_json(line) for line in run.plan.read_text().splitlines() if line.strip())
+             if isinstance(p, PlanRevision)]
+    inject_ts = external_ts
+    if inject_ts is None:
+        hit = next((r for r in recs if r.step >= spec.at_step - 1 and r.attempt == 0 and not r.extra.get("eval")), None)
+        inject_ts = hit.ts if hit else 0.0
+    detection = _first(events, spec.detect, inject_ts - 1.0, ("anomaly", "action", "lifecycle"))
+    action = _first(events, spec.act, inject_ts - 1.0, ("action",))
+    # Steps redone: for each restart, how far the previous attempt got past the checkpoint it resumed from.
+    redone = 0
+    recovery: float | None = None
+    starts = {}
+    for plan in plans:  # the first revision of each attempt is the one it started with
+        starts.setdefault(plan.attempt, plan)
+    for attempt, plan in sorted(starts.items()):
+        if attempt == 0:
+            continue
+        prev_max = max((r.step for r in recs if r.attempt == plan.attempt - 1 and not r.extra.get("eval")), default=0)
+        resumed = int(Path(plan.resume_checkpoint).name.split("-")[1]) if plan.resume_checkpoint else 0
+        redone += max(0, prev_max - resumed)
+        first_new = next((r.ts for r in recs if r.attempt == plan.attempt and not r.extra.get("eval")), None)
+        started = external_ts or (action.ts if action else plan.ts)
+        if recovery is None and first_new is not None:
+            recovery = first_new - started
+    if spec.in_process and detection is not None:
+        after = next((r.ts for r in recs if r.step > (detection.step or 0) and not r.extra.get("eval")), None)
+        recovery = (after - detection.ts) if after else None
+    restarts = max((p.attempt for p in plans), default=0)
+    recovered = result.state == "completed" and weights_finite(run)
+    return FaultReport(
+        kind=spec.kind, at_step=spec.at_step, detected=detection is not None,
+        detected_at_step=detection.step if detection else None, action=action.name if action else None,
+        recovered=recovered, steps_redone=redone,
+        recovery_seconds=round(recovery, 2) if recovery is not None else None, restarts=restarts,
+        final_loss=final_loss(run), run_dir=str(run.root),
+    )
+
+
+def as_dict(r: FaultReport) -> dict[str, Any]:
+    return asdict(r)
