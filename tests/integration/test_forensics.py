@@ -163,6 +163,26 @@ def test_replay_equals_what_happened_live(nan_run):
     assert res["replayed"] == res["recorded"]
 
 
+def test_replay_equals_live_across_a_rollback_and_reads_the_attempt_that_spiked(tmp_path, demo_assets):
+    cfg = write_config(tmp_path, demo_assets, train={"max_steps": 60, "save_steps": 10})
+    rc, out = finish(start_run(cfg, "burst", faults={"lr_burst_at_step": 35}))
+    assert rc == 0, out
+    run = run_dir(cfg, "burst")
+    events = read_events(run.events)
+    assert "rollback" in [e.name for e in events if e.kind == "action"], [e.name for e in events]
+    rc, res = cli_json("replay", str(run.root))
+    assert rc == 0 and res["matches_live"], res
+    assert any(k[0] == "resolved" for k in res["recorded"])  # anomalies cleared by the restart, replayed too
+
+    spiked = next(e.step for e in events if e.kind == "anomaly" and e.name in {"loss_spike", "grad_explosion"})
+    attempts = {r.attempt for r in steps(run) if r.step == spiked}
+    assert attempts == {0, 1}  # the step was trained again after the rollback
+    rc, v = cli_json("inspect-batch", str(run.root))
+    assert v["step"] == spiked and v["attempt"] == 0  # the attempt that went wrong, not the retrained one
+    rc, v = cli_json("inspect-batch", str(run.root), "--step", str(spiked), "--attempt", "1")
+    assert v["attempt"] == 1
+
+
 def test_audit_verify_passes_on_the_run_and_fails_on_each_tampering(nan_run, tmp_path):
     run, _ = nan_run
     rc, out = cli("audit", "verify", str(run.root))

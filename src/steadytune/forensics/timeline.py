@@ -7,11 +7,14 @@ the supervisor's rules of engagement:
 
 - every step record (eval too) goes to the detector, every system sample too;
   the policy sees each rank-0 training step and each skipped update;
-- once a rollback or restart is decided, nothing is fed until the next attempt's
-  records arrive (the worker is being stopped); a rollback starts a fresh
-  detector, as the steps after the rollback point are trained again;
+- once a rollback or restart is decided, nothing is fed until the next plan
+  revision (the worker is being stopped);
+- at each restart (a plan revision), open anomalies are resolved as cleared and
+  a fresh detector is rebuilt from the kept history up to the resume checkpoint,
+  as the steps after it are trained again; an operator's resume does not rewind;
 - stalls are judged at each record's timestamp (live: at each poll), so a stall
-  is called when the record after the gap arrives rather than during the gap.
+  is called when the record after the gap arrives rather than during the gap;
+  loading, saving and evaluating phases are left to the setup timeout, as live.
 
 The output is a timeline of anomalies, actions, restarts and alerts. The
 anomaly/resolved part must equal what ``events.jsonl`` recorded live.
@@ -22,10 +25,12 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from steadytune.checkpoint.manifest import checkpoint_step
 from steadytune.detect.live import LiveDetector, Transition
-from steadytune.records import Event, Heartbeat, Record, StepRecord, SystemSample, WorkerExit
+from steadytune.records import Event, Heartbeat, PlanRevision, Record, StepRecord, SystemSample, WorkerExit
 from steadytune.rundir import RunDir
 from steadytune.supervise.progress import RunProgress
 from steadytune.telemetry.events import read_events
@@ -65,6 +70,8 @@ def _merged(run: RunDir) -> Iterator[Record]:
     for i, path in enumerate(run.telemetry_files()):
         sources.append(keyed(i, iter_records(path)))
     sources.append(keyed(len(sources), iter_records(run.system)))
+    # Plan revisions mark the restarts: the supervisor rewinds detection when it writes one.
+    sources.append(keyed(len(sources), (p for p in iter_records(run.plan) if isinstance(p, PlanRevision))))
     for _, _, _, rec in heapq.merge(*sources, key=lambda t: (t[0], t[1], t[2])):
         yield rec
 
@@ -73,16 +80,20 @@ class Replayer:
     """A torch-free stand-in for the supervisor's detection and policy loop."""
 
     def __init__(self, detect: Any = None, policy: Any = None) -> None:
+        from steadytune.policy.config import PolicyConfig
         from steadytune.policy.engine import Policy
 
         self.detect_cfg = detect
         self.detector = LiveDetector(detect)
         self.policy = Policy(policy)
+        self.setup_timeout_s = (policy or PolicyConfig()).setup_timeout_s
         self.progress = RunProgress(max_steps=None)
         self.entries: list[Entry] = []
+        self.history: list[StepRecord] = []  # every training step record so far, as the files hold them
         self.pending: str | None = None
         self.attempt = 0
         self.last_beat: float | None = None
+        self.phase, self.phase_since = "setup", 0.0
 
     def _transition(self, t: Transition, ts: float) -> None:
         a = t.anomaly
@@ -101,27 +112,67 @@ class Replayer:
         if action.name in _RESTARTING and self.pending is None:
             self.pending = action.name
 
+    def restart(self, plan: PlanRevision) -> None:
+        """A new plan revision: the supervisor is about to start the next attempt.
+
+        After a crash or an action (not after an operator's pause) it rewinds detection
+        to the resume checkpoint: open anomalies are resolved as cleared, and a fresh
+        detector is fed the kept history up to the resume step (latest attempt of each step).
+        """
+        self.pending = None
+        self.attempt = max(self.attempt, plan.attempt)
+        self.phase, self.phase_since, self.last_beat = "setup", plan.ts, plan.ts
+        if plan.reason == "resume":
+            return
+        for a in self.detector.open_anomalies():
+            self.entries.append(Entry("resolved", a.kind, a.end_step, plan.ts, "info", "cleared by the restart"))
+        forget = getattr(self.policy, "forget_open", None)
+        if forget is not None:
+            forget()
+        upto = (checkpoint_step(Path(plan.resume_checkpoint)) or 0) if plan.resume_checkpoint else 0
+        det = LiveDetector(self.detect_cfg)
+        for rank in sorted({r.rank for r in self.history}):
+            mine = [r for r in self.history if r.rank == rank]
+            latest: dict[int, int] = {}
+            for r in mine:
+                if r.step <= upto:
+                    latest[r.step] = max(r.attempt, latest.get(r.step, -1))
+            for r in mine:
+                if latest.get(r.step) == r.attempt:
+                    det.observe_step(r)  # rebuilding baselines: transitions are not filed
+        self.detector = det
+        self.progress.step = upto
+
+    def _timed_out_phase(self, ts: float) -> bool:
+        return self.phase != "train" and ts - self.phase_since < self.setup_timeout_s
+
     def feed(self, rec: Record) -> None:
         ts = float(getattr(rec, "ts", 0.0) or 0.0)
-        attempt = getattr(rec, "attempt", None)
-        if isinstance(rec, (StepRecord, Heartbeat, WorkerExit)) and attempt is not None and attempt > self.attempt:
-            self.attempt = attempt
-            if self.pending == "rollback":
-                self.detector = LiveDetector(self.detect_cfg)  # the rolled-back steps are trained again
-            self.pending = None
+        if isinstance(rec, PlanRevision):
+            if rec.attempt > 0:
+                self.restart(rec)
+            return
+        current = getattr(rec, "attempt", None) == self.attempt and getattr(rec, "rank", None) == 0
         if isinstance(rec, (StepRecord, Heartbeat)):
-            if self.pending is None and self.last_beat is not None:
+            if self.pending is None and self.last_beat is not None and not self._timed_out_phase(ts):
                 for t in self.detector.observe_time(ts, self.last_beat, self.progress.step or None):
                     self._transition(t, ts)
             self.last_beat = ts
         if isinstance(rec, StepRecord):
             self.progress.add(rec)
+            if not rec.extra.get("eval"):
+                self.history.append(rec)
+                if current:
+                    self.phase = "train"
             if self.pending is None:
                 for t in self.detector.observe_step(rec):
                     self._transition(t, ts)
                 if rec.rank == 0 and not rec.extra.get("eval"):
                     for action in self.policy.on_step(rec.step):
                         self._act(action, ts)
+        elif isinstance(rec, Heartbeat):
+            if current and rec.phase != self.phase:
+                self.phase, self.phase_since = rec.phase, ts
         elif isinstance(rec, SystemSample) and self.pending is None:
             for t in self.detector.observe_system(rec):
                 self._transition(t, ts)

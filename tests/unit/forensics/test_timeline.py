@@ -27,16 +27,32 @@ def test_worker_reports_are_filed_as_they_came():
     assert [e.key for e in r.entries] == [("action", "skip_step", 4)]
 
 
-def test_after_a_rollback_nothing_is_fed_until_the_next_attempt_and_detection_restarts():
-    from steadytune.detect.live import LiveDetector
+def test_a_restart_clears_open_anomalies_and_rebuilds_detection_from_the_resume_point():
+    from steadytune.records import PlanRevision
 
     r = Replayer()
+    healthy = [3.0 - 0.05 * i + 0.02 * (-1) ** i for i in range(9)]
+    for rec in steps([*healthy, math.nan]):  # step 10 is NaN and the worker dies: nan_loss stays open
+        r.feed(rec)
     r.pending = "rollback"
     first = r.detector
-    r.feed(steps([math.nan])[0])  # the dying worker's last record: ignored
-    assert r.entries == [] and r.detector is first
-    r.feed(steps([2.0], attempt=1, start=5, t0=10.0)[0])
-    assert r.pending is None and r.detector is not first and isinstance(r.detector, LiveDetector)
+    r.feed(steps([math.nan], start=11, t0=10.0)[0])  # the dying worker's last record: not fed
+    assert anomaly_keys(r.entries) == [("anomaly", "nan_loss", 10)] and r.detector is first
+    r.feed(PlanRevision(revision=1, ts=20.0, reason="rollback", attempt=1, resume_checkpoint="/x/checkpoint-4"))
+    assert r.pending is None and r.detector is not first and r.progress.step == 4
+    assert anomaly_keys(r.entries)[-1] == ("resolved", "nan_loss", 10)
+    for rec in steps(healthy[4:], attempt=1, start=5, t0=21.0):  # steps 5.. trained again, healthy
+        r.feed(rec)
+    assert len(anomaly_keys(r.entries)) == 2
+
+
+def test_an_operator_resume_does_not_rewind():
+    from steadytune.records import PlanRevision
+
+    r = Replayer()
+    first = r.detector
+    r.feed(PlanRevision(revision=1, ts=5.0, reason="resume", attempt=1))
+    assert r.detector is first and r.attempt == 1
 
 
 def test_first_difference():
