@@ -182,6 +182,13 @@ def test_replay_equals_live_across_a_rollback_and_reads_the_attempt_that_spiked(
     rc, v = cli_json("inspect-batch", str(run.root), "--step", str(spiked), "--attempt", "1")
     assert v["attempt"] == 1
 
+    # The burst was an LR change outside the schedule: the replay applies the recorded LR and says so.
+    rc, out = cli("repro", str(run.root), "--step", str(spiked))
+    assert rc == 0, out
+    rc, res = cli_json("repro", "--check", str(run.repro / f"repro-step{spiked}.tar.gz"))
+    assert rc == 0 and res["verdict"] == "reproduced", res
+    assert any("changed outside the schedule" in n for n in res["notes"])
+
 
 def test_audit_verify_passes_on_the_run_and_fails_on_each_tampering(nan_run, tmp_path):
     run, _ = nan_run

@@ -181,6 +181,7 @@ def build_bundle(run: RunDir, step: int | None = None, include_data: bool = Fals
             "step": s, "attempt": rank0.attempt, "rank": rank0.rank, "ranks": len(recs),
             "indices": list(rank0.batch.indices), "hashes": list(rank0.batch.hashes),
             "loss": to_dict(rank0).get("loss"), "grad_norm": to_dict(rank0).get("grad_norm"), "skipped": rank0.skipped,
+            "lr": rank0.lr,
             "per_device_train_batch_size": plan.per_device_train_batch_size,
             "gradient_accumulation_steps": plan.gradient_accumulation_steps,
             "max_seq_length": plan.max_seq_length, "lr_scale": plan.lr_scale,

@@ -240,6 +240,7 @@ def replay(folder: Path, checkpoint: Path | None = None, data: Path | None = Non
             break
         if not (math.isfinite(loss) and math.isfinite(norm)):
             model.zero_grad(set_to_none=True)  # the guard's skip: the optimizer then leaves every weight alone
+        _apply_recorded_lr(trainer.optimizer, entry, notes)
         trainer.optimizer.step()
         trainer.lr_scheduler.step()
         model.zero_grad(set_to_none=True)
@@ -248,6 +249,23 @@ def replay(folder: Path, checkpoint: Path | None = None, data: Path | None = Non
     res = _verdict(meta, ckpt, outcomes, notes)
     res.samples = by_sample
     return res
+
+
+def _apply_recorded_lr(optimizer: Any, entry: dict[str, Any], notes: list[str]) -> None:
+    """Update with the LR the run applied, and say so when it is not what the schedule gives.
+
+    The schedule is rebuilt from the config; an LR changed outside it (an operator, an
+    injected fault, a callback) would otherwise make the replay miss the very update that
+    caused the anomaly. The scheduler's next step sets its own value again.
+    """
+    recorded = _f(entry.get("lr"))
+    current = float(optimizer.param_groups[0]["lr"])
+    if recorded is None or not current or close(current, recorded, 1e-6, 1e-12):
+        return
+    notes.append(f"step {entry['step']}: the run applied LR {recorded:.4g} where the schedule gives {current:.4g} "
+                 f"(x{recorded / current:.3g}): the LR was changed outside the schedule; replayed with the run's LR")
+    for group in optimizer.param_groups:
+        group["lr"] = group["lr"] * recorded / current
 
 
 def per_sample_loss(model: Any, feats: list[dict[str, Any]], ids: list[int], device: Any) -> list[dict[str, Any]]:
