@@ -4,6 +4,7 @@ guard decisions back into ``TrainerControl``. No policy lives here.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,9 @@ class GuardCallback(TrainerCallback):
         self.guard.heartbeat(state.global_step)
         self.faults.after_step(state.global_step, self.guard.attempt)
         request = self.guard.poll_control()
+        if request is not None and request.get("command") == "pause" and request.get("args", {}).get("mode") == "hold":
+            self._hold(request, state.global_step)
+            request = None
         if request is None and self._external_stop:
             request = {"command": "stop", "id": f"signal-{self._external_stop}", "issuer": self._external_stop}
             self._external_stop = None
@@ -100,6 +104,25 @@ class GuardCallback(TrainerCallback):
                 self.guard.set_phase("save")
         if control.should_evaluate and not control.should_save:
             self.guard.set_phase("eval")
+
+    def _hold(self, request: dict[str, Any], step: int) -> None:
+        """``pause --hold``: stay in memory at this step boundary until a ``resume`` request."""
+        self.guard.notify("control", "ack_pause", f"worker paused in memory at step {step}",
+                          request_id=request.get("id"), issuer=request.get("issuer"), mode="hold")
+        self.guard.set_phase("paused")
+        while True:
+            time.sleep(0.5)
+            nxt = self.guard.poll_control()
+            if nxt is not None and nxt.get("command") in {"resume", "stop"}:
+                self.guard.notify("control", f"ack_{nxt['command']}", f"worker {nxt['command']}d at step {step}",
+                                  request_id=nxt.get("id"), issuer=nxt.get("issuer"))
+                self.guard.set_phase("train")
+                if nxt["command"] == "stop":
+                    self._external_stop = nxt.get("issuer") or "operator"
+                return
+            if self._external_stop:
+                self.guard.set_phase("train")
+                return
 
     def on_save(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         _barrier()  # every rank has written its RNG state into the staging folder

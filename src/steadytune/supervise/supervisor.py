@@ -140,6 +140,7 @@ class Supervisor:
         self.last_heartbeat: dict[int, float] = {}
         self.worker_phase = "setup"
         self.phase_since = clock()
+        self.attempt_stepped = False  # pace is judged only once this attempt has made a step
         self.checkpoint_steps: list[int] = []
         self.trouble_steps: list[int] = []  # steps of warnings/criticals, for LAST_GOOD
         self.detector = LiveDetector(cfg.detect)
@@ -151,6 +152,8 @@ class Supervisor:
         self.shrink_next_restart = False
         self.last_step_ts: float | None = None
         self.started_ts = clock()
+        self._control_seen: tuple[float, str] | None = None
+        self._resume_requested = False
         self._interrupts = 0
         self._stop_sent_at: float | None = None
         self._last_sample = 0.0
@@ -245,6 +248,7 @@ class Supervisor:
         self.state = "running"
         self.last_heartbeat = {0: self.clock()}
         self.worker_phase, self.phase_since = "setup", self.clock()
+        self.attempt_stepped = False
         self.emit("lifecycle", "worker_started", f"worker attempt {plan.attempt} started (pid {self.worker.pid})"
                   + (f", resuming from {Path(plan.resume_checkpoint).name}" if plan.resume_checkpoint else ""),
                   data={"pid": self.worker.pid, "attempt": plan.attempt, "cmd": cmd})
@@ -262,7 +266,12 @@ class Supervisor:
             self._last_sample = now
             sample = self.sampler.sample(self.worker.pid if self.worker and self.worker.poll() is None else None)
             self.handle(sample)
-        slow_phase = self.worker_phase != "train" and now - self.phase_since < self.cfg.policy.setup_timeout_s
+        self.poll_operator()
+        # Loading (and resuming), saving and evaluating are judged by setup_timeout_s, not by step pace;
+        # a paused worker is not judged at all.
+        slow_phase = self.worker_phase == "paused" or (
+            (self.worker_phase != "train" or not self.attempt_stepped)
+            and now - self.phase_since < self.cfg.policy.setup_timeout_s)
         if self.worker is not None and self.worker.poll() is None and self.pending is None and not slow_phase:
             # Loading, saving and evaluating are judged by setup_timeout_s, not by step pace.
             last_beat = max(self.last_heartbeat.values()) if self.last_heartbeat else None
@@ -280,7 +289,7 @@ class Supervisor:
             self.progress.add(rec)
             self.last_heartbeat[rec.rank] = self.clock()
             if rec.rank == 0 and rec.attempt == self.attempt and not rec.extra.get("eval"):
-                self.worker_phase = "train"
+                self.worker_phase, self.attempt_stepped = "train", True
             if rec.batch is not None and rec.batch.indices:
                 self.samples_by_step.setdefault(rec.step, []).extend(rec.batch.indices)
             if self.pending is None:
@@ -292,7 +301,9 @@ class Supervisor:
         elif isinstance(rec, Heartbeat):
             self.last_heartbeat[rec.rank] = self.clock()
             if rec.rank == 0 and rec.attempt == self.attempt and rec.phase != self.worker_phase:
-                self.worker_phase, self.phase_since = rec.phase, self.clock()
+                self.worker_phase = rec.phase
+                if self.attempt_stepped:  # the setup clock runs from the worker's start until its first step
+                    self.phase_since = self.clock()
         elif isinstance(rec, SystemSample):
             self.system_writer.write(rec)
             if self.pending is None:
@@ -377,6 +388,44 @@ class Supervisor:
             self.emit("action", "stacks_dumped", f"Python stacks of {len(pids)} worker process(es) written to "
                       f"{self.run.stacks}", data={"pids": pids, "dir": str(self.run.stacks)})
 
+    def poll_operator(self) -> None:
+        """File operator requests (``steadytune pause|resume|checkpoint|stop``) and act on ``resume``."""
+        import json
+
+        try:
+            mtime = self.run.control.stat().st_mtime
+            request = json.loads(self.run.control.read_text(encoding="utf-8"))
+        except (FileNotFoundError, ValueError, OSError):
+            return
+        rid = str(request.get("id", ""))
+        if self._control_seen is not None and self._control_seen[1] == rid:
+            return
+        self._control_seen = (mtime, rid)
+        issuer = str(request.get("issuer", "?"))
+        if not issuer.startswith("policy:") and not issuer.startswith("signal"):
+            command = request.get("command", "?")
+            self.emit("control", str(command), f"{command} requested by {issuer}", step=self.progress.step,
+                      data={"request_id": rid, "issuer": issuer, "args": request.get("args", {})})
+        if request.get("command") == "resume" and self.state == "paused":
+            self._resume_requested = True
+
+    def wait_while_paused(self, live: Any = None) -> bool:
+        """The worker checkpointed and exited on ``pause``: hold the run until ``resume`` (True) or a stop."""
+        self.state = "paused"
+        self.worker = None
+        self._resume_requested = False
+        self.write_status(force=True)
+        self.say(f"paused at step {self.progress.step}: the GPU is free; `steadytune resume {self.run.root}` "
+                 "continues from the checkpoint", style="yellow")
+        while not self._resume_requested:
+            if self._interrupts:
+                return False
+            self.pump()
+            if live is not None:
+                live.update(progress_line(self.progress, self.restarts, self.state))
+            time.sleep(self.poll_s)
+        return True
+
     def update_last_good(self) -> None:
         """A checkpoint becomes LAST_GOOD once a window of healthy steps has followed it."""
         window = self.cfg.run.good_window_steps
@@ -455,6 +504,16 @@ class Supervisor:
                 decision = decide(info, history, self.restarts, self.cfg.run.max_restarts,
                                   self.cfg.run.restart_backoff_s, self.cfg.run.restart_backoff_max_s)
                 history.append(info)
+                if decision.classification == "paused" and not self._interrupts:
+                    self.emit("lifecycle", "run_paused", f"run paused at step {info.step}", step=info.step)
+                    if not self.wait_while_paused(live):
+                        return self.finish(Decision("stop", "user_interrupt", "stopped while paused"), info, t0)
+                    self.attempt += 1
+                    event = self.emit("lifecycle", "run_resumed", "run resumed", step=info.step)
+                    self.revise(reason="resume", cause=event, attempt=self.attempt,
+                                resume_checkpoint=self.resume_point(), notes="resumed by an operator")
+                    self.start_worker(self.plan)
+                    continue
                 if decision.action != "restart" or self._interrupts:
                     return self.finish(decision, info, t0)
                 changes, reason, why = self.plan_after_crash(decision)

@@ -1,0 +1,102 @@
+"""``steadytune pause|resume|checkpoint|stop RUN``: operator controls of a live run.
+
+Each request goes through the run's control channel and is acted on at the next
+step boundary; the supervisor records it in ``events.jsonl`` with who issued it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from steadytune.cli._common import add_command, fail
+from steadytune.rundir import RunDir, valid_run_id
+
+HELP = {
+    "pause": ("pause a run at the next step (default --release: checkpoint and free the GPU)",
+              "steadytune pause runs/demo-20261129-101500-ab12 --hold"),
+    "resume": ("resume a paused run", "steadytune resume demo-20261129-101500-ab12"),
+    "checkpoint": ("write a verified checkpoint at the next step", "steadytune checkpoint runs/my-run"),
+    "stop": ("checkpoint, then stop the run", "steadytune stop runs/my-run"),
+}
+
+
+def register(sub: Any) -> None:
+    for command, (text, example) in HELP.items():
+        p = add_command(sub, command, text, example)
+        p.add_argument("run", help="the run directory, or a run id under --runs-dir")
+        p.add_argument("--runs-dir", default="runs", help="where run ids are looked up (default ./runs)")
+        p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the run to act")
+        p.add_argument("--no-wait", action="store_true", help="send the request and return at once")
+        if command == "pause":
+            mode = p.add_mutually_exclusive_group()
+            mode.add_argument("--hold", action="store_true", help="keep the worker in memory for a quick resume")
+            mode.add_argument("--release", action="store_true",
+                              help="checkpoint and exit the worker, freeing the GPU (default)")
+        p.set_defaults(func=main, command_name=command)
+
+
+def resolve_run(text: str, runs_dir: str) -> RunDir | None:
+    path = Path(text)
+    if path.is_dir() and (path / "events.jsonl").exists():
+        return RunDir(path)
+    if valid_run_id(text) and (Path(runs_dir) / text / "events.jsonl").exists():
+        return RunDir(Path(runs_dir) / text)
+    return None
+
+
+def _acked(run: RunDir, request_id: str, since: int) -> dict[str, Any] | None:
+    try:
+        lines = run.events.read_text(encoding="utf-8").splitlines()[since:]
+    except FileNotFoundError:
+        return None
+    for line in lines:
+        try:
+            ev = json.loads(line)
+        except ValueError:
+            continue
+        data = ev.get("data") or {}
+        if data.get("request_id") == request_id and str(ev.get("name", "")).startswith("ack_"):
+            return ev
+        if ev.get("name") in {"run_resumed", "run_paused"} and since:
+            return ev
+    return None
+
+
+def main(args: argparse.Namespace) -> int:
+    from steadytune.supervise.control import send_control
+
+    run = resolve_run(args.run, args.runs_dir)
+    if run is None:
+        return fail(f"no run at {args.run!r} (give a run directory, or a run id under {args.runs_dir})", 2)
+    try:
+        status = json.loads(run.status.read_text())
+    except (FileNotFoundError, ValueError):
+        status = {}
+    state = status.get("state")
+    if state in {"completed", "failed", "stopped"}:
+        return fail(f"run {run.run_id} is {state}; nothing to {args.command_name}")
+    if args.command_name == "resume" and state not in {"paused", "running"}:
+        return fail(f"run {run.run_id} is {state or 'unknown'}, not paused")
+    cmd_args = {}
+    if args.command_name == "pause":
+        cmd_args["mode"] = "hold" if args.hold else "release"
+    issuer = f"{getpass.getuser()}@{socket.gethostname()} (cli)"
+    since = len(run.events.read_text(encoding="utf-8").splitlines()) if run.events.exists() else 0
+    request = send_control(run, args.command_name, issuer=issuer, args=cmd_args)
+    print(f"{args.command_name} sent to {run.run_id} (request {request['id'][:8]})")
+    if args.no_wait:
+        return 0
+    deadline = time.time() + args.timeout
+    while time.time() < deadline:
+        ev = _acked(run, request["id"], since)
+        if ev is not None:
+            print(f"acknowledged: {ev.get('message')}")
+            return 0
+        time.sleep(0.25)
+    return fail(f"no acknowledgement within {args.timeout:.0f}s; is the run's supervisor alive? (state: {state})")

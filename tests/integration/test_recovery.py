@@ -1,0 +1,67 @@
+"""Recovery, end to end: each drill fault in a real supervised run meets its target."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from steadytune.cli.demo import demo_config
+from steadytune.drill.faults import catalogue
+from steadytune.drill.runner import final_loss, report, run_one, weights_finite
+from steadytune.records import StepRecord
+from steadytune.telemetry.events import read_events
+from steadytune.telemetry.stream import iter_records
+
+pytestmark = pytest.mark.slow
+STEPS, SAVE = 80, 20
+
+
+@pytest.fixture(scope="module")
+def base(demo_assets: Path) -> dict:
+    data = demo_config(demo_assets, "runs", STEPS, "full")
+    data["train"].update({"max_steps": STEPS, "save_steps": SAVE, "eval_steps": STEPS, "logging_steps": 10})
+    return data
+
+
+@pytest.fixture(scope="module")
+def clean_loss(base: dict, tmp_path_factory: pytest.TempPathFactory) -> float:
+    result, _ = run_one(base, tmp_path_factory.mktemp("clean"), "clean", None)
+    assert result.state == "completed" and weights_finite(result.run)
+    loss = final_loss(result.run)
+    assert loss is not None
+    return loss
+
+
+FAULTS = ["nan", "oom", "spike", "kill", "kill-during-save", "hang", "corrupt-checkpoint"]
+
+
+@pytest.mark.parametrize("kind", FAULTS)
+def test_fault_is_detected_and_recovered(kind: str, base: dict, clean_loss: float, tmp_path: Path) -> None:
+    spec = catalogue(SAVE)[kind]
+    result, ext = run_one(base, tmp_path, kind, spec)
+    rep = report(spec, result, ext)
+    assert rep.detected, rep
+    assert rep.recovered, rep  # completed, weights finite
+    assert rep.action in spec.act, rep
+    assert abs(rep.final_loss / clean_loss - 1) <= 0.05, (rep.final_loss, clean_loss)
+    limit = 2 * SAVE if kind == "corrupt-checkpoint" else SAVE  # a corrupt newest checkpoint costs one more interval
+    assert rep.steps_redone <= limit, rep
+    steps = [r for r in iter_records(result.run.telemetry(0)) if isinstance(r, StepRecord) and not r.extra.get("eval")]
+    if spec.in_process:
+        assert rep.restarts == 0, rep  # no process restart for a NaN or a plain OOM
+    if kind == "oom":
+        # The effective batch never changed: every step still trained on 8 samples.
+        assert {r.samples for r in steps} == {8}
+        assert any(e.name == "reduce_microbatch" for e in read_events(result.run.events))
+    if kind == "nan":
+        skipped = [r.step for r in steps if r.skipped]
+        assert skipped == [spec.at_step]
+    if kind == "spike":
+        plan = [line for line in result.run.plan.read_text().splitlines() if '"reason":"' in line][-1]
+        assert '"lr_scale":0.5' in plan and '"skip_ranges":[[' in plan
+    if kind == "hang":
+        assert list(result.run.stacks.glob("rank-0-attempt-0.txt"))[0].read_text().strip(), "no stack dump"
+    if kind == "corrupt-checkpoint":
+        names = [e.name for e in read_events(result.run.events)]
+        assert "checkpoint_corrupt" in names
