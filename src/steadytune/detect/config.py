@@ -34,12 +34,13 @@ class SeriesConfig(_Strict):
 class LossConfig(_Strict):
     """nan_loss, loss_spike, divergence, loss_collapse, plateau, oscillation."""
 
-    noise_prior: float = Field(0.12, gt=0, description="log-space noise assumed before it is measured")
+    noise_prior: float = Field(0.16, gt=0, description="log-space noise assumed before it is measured")
     noise_prior_weight: float = Field(1.0, ge=0, description="how many differences the prior is worth")
     noise_floor: float = Field(0.01, ge=0, description="log-space noise never assumed below this")
     spike_z: float = Field(7.0, gt=0, description="robust z-score of a loss spike")
     spike_min_ratio: float = Field(1.25, ge=1, description="a spike is at least this many times the level")
     resolve_z: float = Field(3.0, gt=0, description="a spike is over once the loss is back within this z")
+    suspect_z: float = Field(4.0, gt=0, description="young baseline: points this far up are held back")
     divergence_points: int = Field(3, ge=1, description="a spike still up after this many points diverged")
     divergence_rise: float = Field(0.35, gt=0, description="log-space rise of the level above its best (+3σ)")
     collapse_abs: float = Field(1e-6, ge=0, description="a loss at or below this is zero")
@@ -49,16 +50,13 @@ class LossConfig(_Strict):
     collapse_small: float = Field(0.05, ge=0, description="and the loss it dropped to is below this")
     collapse_points: int = Field(2, ge=1, description="points the collapsed value must persist")
     plateau_min_points: int = Field(30, ge=5, description="logged points before a plateau can be called")
-    plateau_min_steps: int = Field(100, ge=1, description="steps before a plateau can be called")
-    plateau_min_gain: float = Field(0.04, ge=0, description="log-space drop from the start expected by then")
+    plateau_min_steps: int = Field(200, ge=1, description="steps before a plateau can be called")
+    plateau_min_gain: float = Field(0.05, ge=0, description="log-space drop from the start expected by then")
     plateau_trend_t: float = Field(3.0, gt=0, description="a falling trend this significant (t) is learning")
     frozen_points: int = Field(6, ge=2, description="identical loss values in a row: the model is frozen")
     oscillation_window: int = Field(32, ge=8, description="logged points searched for swings")
-    oscillation_ratio: float = Field(2.0, gt=1, description="slow swings: spread over point-to-point noise")
-    oscillation_acf: float = Field(
-        0.6, gt=0, le=1, description="fast swings: -autocorrelation at half period"
-    )
-    oscillation_growth: float = Field(3.0, gt=1, description="spread over the noise before the window")
+    oscillation_ratio: float = Field(2.6, gt=1, description="regularity: largest/smallest lag difference")
+    oscillation_growth: float = Field(2.0, gt=1, description="spread over the noise before the window")
     oscillation_min_amplitude: float = Field(
         0.03, ge=0, description="log-space swing spread never below this"
     )
@@ -92,7 +90,7 @@ class EvalConfig(_Strict):
 
     min_evals: int = Field(4, ge=2)
     rise: float = Field(0.03, ge=0, description="log-space rise of eval loss above its best")
-    rising_evals: int = Field(3, ge=1, description="consecutive evaluations above the best")
+    rising_evals: int = Field(2, ge=1, description="consecutive evaluations above the best")
 
 
 class MemoryConfig(_Strict):
@@ -102,7 +100,7 @@ class MemoryConfig(_Strict):
     window: int = Field(64, ge=8, description="points in the robust trend")
     leak_min_growth: float = Field(0.02, ge=0, description="growth over the window, fraction of the level")
     leak_min_bytes: int = Field(64 << 20, ge=0, description="and at least this many bytes")
-    leak_steadiness: float = Field(0.6, ge=0, le=1, description="share of window quarters that must grow")
+    leak_steadiness: float = Field(0.75, ge=0, le=1, description="share of the window's 8 segments that grow")
     device_total_bytes: int | None = Field(None, ge=1, description="device memory; else from system samples")
     headroom_warning: float = Field(0.93, gt=0, le=1, description="used/total that warns")
     headroom_critical: float = Field(0.98, gt=0, le=1)

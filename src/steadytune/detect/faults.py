@@ -2,7 +2,9 @@
 
 Each injection is sized against the run's own noise (a spike is at least 8
 noise units and 1.5x), because an anomaly smaller than the noise is not one a
-person could see either. :data:`ACCEPT` lists the kinds that count as catching
+person could see either; on fat-tailed shapes (batch size 1, "noisy") the
+noise unit is 1.5 core sigmas, since the tails are part of what the eye sees.
+``benchmarks/detection.py`` also sweeps spike sizes to show where recall ends. :data:`ACCEPT` lists the kinds that count as catching
 each injection, e.g. a vanishing gradient is caught by ``grad_vanishing`` or by
 the ``plateau`` it causes.
 """
@@ -63,9 +65,14 @@ class Fault:
     oom_bytes: int | None = None  # memory_leak: the allocation at which half the headroom is gone
 
 
-def _jump(rng: random.Random, sigma: float, lo: float = 1.5, hi: float = 4.0) -> float:
-    """A multiplicative jump well outside the noise: >= 8 sigma and >= ``lo``."""
-    floor = max(math.log(lo), 8.0 * sigma)
+def _noise(run: Run) -> float:
+    """The run's noise as a person reading the plot sees it: fat-tailed shapes look half again as wide."""
+    return run.sigma * (1.5 if run.shape in ("bs1", "noisy") else 1.0)
+
+
+def _jump(rng: random.Random, run: Run, lo: float = 1.5, hi: float = 4.0) -> float:
+    """A multiplicative jump well outside the noise: >= 8 noise sigmas and >= ``lo``."""
+    floor = max(math.log(lo), 8.0 * _noise(run))
     return math.exp(rng.uniform(floor, max(math.log(hi), 1.5 * floor)))
 
 
@@ -84,7 +91,7 @@ def _nonfinite_grad(rng: random.Random, run: Run, i0: int) -> int:
 
 
 def _loss_spike(rng: random.Random, run: Run, i0: int) -> int:
-    r, k = _jump(rng, run.sigma, 1.5, 6.0), rng.randint(1, 3)
+    r, k = _jump(rng, run, 1.5, 6.0), rng.randint(1, 3)
     for j, i in enumerate(range(i0, min(run.n, i0 + k))):
         run.loss[i] *= r ** (1.0 - 0.3 * j)
     return min(run.n - 1, i0 + k - 1)
@@ -92,7 +99,7 @@ def _loss_spike(rng: random.Random, run: Run, i0: int) -> int:
 
 def _divergence(rng: random.Random, run: Run, i0: int) -> int:
     if rng.random() < 0.5:
-        r = _jump(rng, run.sigma, 1.5, 5.0)
+        r = _jump(rng, run, 1.5, 5.0)
         for i in range(i0, run.n):
             run.loss[i] *= r * (1.0 + 0.01 * (i - i0))
     else:
@@ -130,7 +137,7 @@ def _vanish(rng: random.Random, run: Run, i0: int) -> int:
 
 def _oscillation(rng: random.Random, run: Run, i0: int) -> int:
     period = rng.randint(4, 16)
-    amp = rng.uniform(max(0.1, 4 * run.sigma), max(0.3, 8 * run.sigma))
+    amp = rng.uniform(max(0.1, 4 * _noise(run)), max(0.3, 8 * _noise(run)))
     shape = rng.choice(["sine", "triangle", "saw"])
     level = run.loss[i0]
     for i in range(i0, run.n):
@@ -145,7 +152,7 @@ def _grad_explosion(rng: random.Random, run: Run, i0: int) -> int:
     for i in range(i0, run.n):
         g = run.grad[i]
         run.grad[i] = g * r * 1.2 ** (i - i0) if g is not None else None
-        run.loss[i] *= _jump(rng, run.sigma, 1.5, 3.0) if i == i0 else 1.0 + 0.5 * min(1.0, (i - i0) / 5)
+        run.loss[i] *= _jump(rng, run, 1.5, 3.0) if i == i0 else 1.0 + 0.5 * min(1.0, (i - i0) / 5)
     return run.n - 1
 
 

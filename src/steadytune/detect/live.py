@@ -85,7 +85,7 @@ class _Signal:
             self.grad.observe(rec.step, rec.grad_norm, spiking, finite, out)
         if lp is not None:
             self.plateau.observe(lp, self.loss.tracker.level, self.grad.vanished, out)
-            self.oscillation.observe(lp, self.loss.tracker, out)
+            self.oscillation.observe(lp, out)
         if rec.eval_loss is not None:
             t = self.loss.tracker
             self.overfit.observe(rec.step, rec.eval_loss, t.level if t.n_level else None, out)

@@ -51,6 +51,7 @@ class LossWatch:
         self._spike_base = 0.0
         self._drop_run = 0
         self._climb_points = 0
+        self._suspects: list[int] = []
         self._last_finite: float | None = None
 
     def observe(self, step: int, loss: float, epoch: float | None, out: list[Finding]) -> LossPoint | None:
@@ -93,12 +94,46 @@ class LossWatch:
             if jump > threshold and not self._seasonal(y, epoch):
                 self._start_spike(step, loss, level, threshold, out)
                 return LossPoint(step, loss, y, False, True, False)
+            # One point is no baseline to hold others against: from two up to a full level window.
+            young = 1 < t.n_level < t.level_window
+            if young and jump > t.threshold(self.cfg.suspect_z) and not self._seasonal(y, epoch):
+                return self._suspect(step, loss, y, level, out)
+        self._suspects.clear()
         t.accept(y, epoch)
         # The slow-climb test needs the noise estimate; skip it while the level sits near its best.
         near_best = t.best_level is None or t.level - t.best_level <= self.cfg.divergence_rise
         if self._climb_points or rep.on or not near_best:
             self._slow_climb(step, epoch, out)
         return LossPoint(step, loss, y, True, False, False)
+
+    def _suspect(self, step: int, loss: float, y: float, level: float, out: list[Finding]) -> LossPoint:
+        """A young baseline cannot tell a fat-tailed point from a jump: hold the point back.
+
+        Held points stay out of the level and the noise. A few in a row mean the loss
+        moved up and stayed there: a divergence from the first of them.
+        """
+        self._suspects.append(step)
+        if len(self._suspects) >= self.cfg.divergence_points:
+            self._spike_start, self._spike_points = self._suspects[0], len(self._suspects)
+            self._spike_peak, self._spike_base = loss, level
+            self.rep.report(
+                out,
+                "divergence",
+                self.metric,
+                self._suspects[0],
+                True,
+                evidence={
+                    "value": rounded(loss),
+                    "baseline": rounded(math.exp(level)),
+                    "since_step": self._suspects[0],
+                    "points_up": len(self._suspects),
+                    "threshold_points": self.cfg.divergence_points,
+                    "baseline_points": self.tracker.n_level,
+                },
+            )
+            self._suspects.clear()
+            return LossPoint(step, loss, y, False, True, False)
+        return LossPoint(step, loss, y, False, False, False)
 
     def _seasonal(self, y: float, epoch: float | None) -> bool:
         """True when the previous epoch was this high at the same phase: a healthy sawtooth."""

@@ -5,9 +5,9 @@ A leak is told apart from the allocator and the warm-up by its shape:
 - the first ``warmup_points`` are ignored (optimizer state and the caching
   allocator settle there);
 - allocated memory (not reserved: the caching allocator keeps blocks on
-  purpose) is summarised by the medians of four quarters of a window; a leak
-  grows in most quarters, while a one-off step (an eval, a longer batch, a
-  new buffer) puts most of its growth into one;
+  purpose) is summarised by the medians of eight segments of a window; a leak
+  grows from segment to segment, while a one-off step (an eval, a longer
+  batch, a new buffer) puts its growth into one or two;
 - several windows watch at once, one point apart, 8 apart and 64 apart, so a
   fast leak is caught in tens of steps and a slow one over thousands, in
   constant memory.
@@ -26,7 +26,7 @@ from steadytune.detect.config import MemoryConfig
 from steadytune.detect.stats import SortedWindow
 
 _STRIDES = (1, 8, 64)
-_QUARTERS = 4
+_SEGMENTS = 8
 
 
 def _median(xs: list[float]) -> float:
@@ -40,23 +40,28 @@ def leak_growth(
 ) -> float:
     """Bytes per step a window grows at when its growth looks like a leak, else 0.
 
-    ``points`` are (step, bytes) in step order. The growth must be large
-    (``min_growth`` of the level and ``min_bytes``), spread over most quarters
-    (``steadiness``), and no quarter may hold most of it (a step, not a leak).
+    ``points`` are (step, bytes) in step order, cut into eight segments. The
+    growth from the first segment's median to the last must be large
+    (``min_growth`` of the level and ``min_bytes``); most segment-to-segment
+    steps must rise (``steadiness``), and no single one may hold 40% of it:
+    a one-off allocation rises in one or two steps, a leak in all of them.
+    The rate is that of the second half, so a leak that started inside the
+    window is not averaged down by the flat part before it.
     """
-    q = len(points) // _QUARTERS
+    q = len(points) // _SEGMENTS
     if q < 2:
         return 0.0
-    meds = [_median([v for _, v in points[i * q : (i + 1) * q]]) for i in range(_QUARTERS)]
+    meds = [_median([v for _, v in points[i * q : (i + 1) * q]]) for i in range(_SEGMENTS)]
     growth = meds[-1] - meds[0]
     if growth <= max(min_growth * meds[0], min_bytes):
         return 0.0
     steps = [b - a for a, b in pairwise(meds)]
-    rising = sum(1 for d in steps if d > 0.05 * growth)
-    if rising < steadiness * len(steps) or max(steps) > 0.7 * growth:
+    rising = sum(1 for d in steps if d > 0.02 * growth)
+    if rising < steadiness * len(steps) or max(steps) > 0.4 * growth:
         return 0.0
-    span = points[-1 - q // 2][0] - points[q // 2][0]
-    return growth / span if span > 0 else 0.0
+    half = _SEGMENTS // 2
+    span = points[(_SEGMENTS - 1) * q + q // 2][0] - points[half * q + q // 2][0]
+    return (meds[-1] - meds[half]) / span if span > 0 else 0.0
 
 
 class LeakWatch:

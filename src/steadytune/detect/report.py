@@ -155,7 +155,14 @@ def _panel(ax: Any, r: FileResult, panel: tuple[str, ...]) -> None:
         bad = [x for x, y in zip(xs, ys, strict=True) if not math.isfinite(y)]
         if bad:  # NaN has no height: mark it along the bottom edge
             trans = ax.get_xaxis_transform()
-            ax.scatter(bad, [0.03] * len(bad), transform=trans, marker="x", color="tab:red", label=f"{metric} NaN/Inf")
+            ax.scatter(
+                bad,
+                [0.03] * len(bad),
+                transform=trans,
+                marker="x",
+                color="tab:red",
+                label=f"{metric} NaN/Inf",
+            )
     if positive and panel[0] in ("loss", "grad_norm"):
         ax.set_yscale("log")
     ax.set_title(f"{Path(r.path).name}: {', '.join(panel)}", fontsize=9, loc="left")

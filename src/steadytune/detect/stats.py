@@ -98,14 +98,22 @@ class Seasonal:
         cell[1] += 1
 
     def reference(self, epoch: float) -> float | None:
-        """The highest mean level of the previous epoch near this phase, if any."""
-        if self._prev is None or self._epoch is None or math.floor(epoch) != self._epoch:
+        """The highest mean level of the previous epoch near this phase, if any.
+
+        The point being judged may be the first of a new epoch (not added yet): then
+        the epoch in progress is the previous one.
+        """
+        if self._epoch is None:
+            return None
+        whole = math.floor(epoch)
+        prev = self._prev if whole == self._epoch else (self._cur if whole == self._epoch + 1 else None)
+        if prev is None:
             return None
         b = self._bucket(epoch)
         best: float | None = None
         for i in (b - 1, b, b + 1):
-            if 0 <= i < _EPOCH_BUCKETS and self._prev[i][1]:
-                mean = self._prev[i][0] / self._prev[i][1]
+            if 0 <= i < _EPOCH_BUCKETS and prev[i][1]:
+                mean = prev[i][0] / prev[i][1]
                 best = mean if best is None else max(best, mean)
         return best
 
@@ -217,6 +225,10 @@ class Tracker:
     @property
     def level_full(self) -> bool:
         return self.n_level == self._lv_size
+
+    @property
+    def level_window(self) -> int:
+        return self._lv_size
 
     @property
     def sigma(self) -> float:

@@ -69,8 +69,12 @@ class Run:
     def times(self) -> list[float]:
         """Seconds since the start at which each point is logged (steps between points take time too)."""
         out, ts = [], 0.0
+        base = sorted(self.step_time)[self.n // 2]
         for i in range(self.n):
-            ts += self.step_time[i] * max(1, self.steps[i] - (self.steps[i - 1] if i else 0))
+            # The logged step takes its own time (a slow checkpoint step, say); the unlogged
+            # steps before it take the usual time.
+            gap = max(1, self.steps[i] - (self.steps[i - 1] if i else 0))
+            ts += self.step_time[i] + (gap - 1) * base
             out.append(ts)
         return out
 
@@ -183,7 +187,7 @@ def _dpo_losses(rng: random.Random, n: int) -> list[float]:
     """DPO: exactly ln 2 at first, then -log(sigmoid(margin)) with a widening, rising margin."""
     out = []
     flat = rng.randint(1, 4)
-    mu_end, s_end = rng.uniform(1.5, 4.0), rng.uniform(1.0, 3.0)
+    mu_end, s_end = rng.uniform(1.0, 3.5), rng.uniform(0.7, 1.8)  # margins as wide as a real DPO log shows
     for i in range(n):
         if i < flat:
             out.append(math.log(2.0))

@@ -9,8 +9,8 @@ They look at the shape of the loss over a window rather than at one point:
   gradients have vanished. A flat stretch *after* the loss fell is convergence,
   not a plateau, so it is never flagged from the loss alone;
 - oscillation: new swings, much wider than the noise before them, regular
-  (slow: wide against the point-to-point noise; fast: a negative
-  autocorrelation at half the period) and repeated, without improving;
+  (points half a period apart differ far more than points a period apart)
+  and repeated, without improving;
 - overfitting: eval loss ``rise`` above its best for ``rising_evals`` evaluations
   while the training loss has not risen.
 """
@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from itertools import pairwise
+from functools import lru_cache
 
 from steadytune.detect.base import Finding, Reporter, rounded
 from steadytune.detect.config import EvalConfig, LossConfig
 from steadytune.detect.loss import LossPoint
-from steadytune.detect.stats import Tracker
 
 _START_POINTS = 8
 _STRIDE = 4  # oscillation is evaluated every few points: a window scan each step is wasted work
@@ -119,10 +118,11 @@ class PlateauWatch:
         gain = self._start_level - level
         if not -cfg.divergence_rise < gain < cfg.plateau_min_gain:
             return "", None
-        # Flatness must be shown, not just unproven learning: the fitted change over the whole
-        # span must be known to within the gain we expect (noisy runs need more points).
+        # Flatness must be shown, not just unproven learning: the change fitted over the whole
+        # span, less 1.5 standard errors, must still fall short of the gain we expect. Noisy
+        # runs therefore need more points before a plateau is called.
         change, se, t = self.trend()
-        if change < -cfg.plateau_min_gain or se > cfg.plateau_min_gain or t < -cfg.plateau_trend_t:
+        if change - 1.5 * se < -cfg.plateau_min_gain or se > cfg.plateau_min_gain or t < -cfg.plateau_trend_t:
             return "", None
         return "no_learning", {
             "reason": "no learning since the start",
@@ -161,13 +161,14 @@ class OscillationWatch:
 
     Three tests over the window, all needed:
 
-    - *new and wide*: the spread of the points around their trend line is
-      ``oscillation_growth`` times the noise measured before the window (a
-      run that always had this texture, such as a length-grouped sawtooth, is
-      not sawing because of its LR);
-    - *regular*: slow swings make the spread ``oscillation_ratio`` times the
-      point-to-point noise (the von Neumann ratio idea); fast ones show as a
-      strongly negative autocorrelation at half their period;
+    - *new and wide*: the window's interquartile width is
+      ``oscillation_growth`` times the typical width of the windows before it
+      (a run that always had this texture, such as a length-grouped
+      sawtooth, is not sawing because of its LR);
+    - *regular*: the differences between points k apart (a variogram) vary
+      with k by ``oscillation_ratio`` or more: a swing of period P differs
+      most at P/2 and cancels at P, while noise, however heavy-tailed (DPO),
+      differs alike at every lag;
     - *repeated*: the loss crosses the band of half a spread around the trend at
       least ``oscillation_crossings`` times (two full cycles), without the
       level falling (a staircase or a curve still learning is not judged).
@@ -178,50 +179,56 @@ class OscillationWatch:
         self.metric = metric
         self.rep = Reporter(rank)
         self._ys: deque[float] = deque(maxlen=cfg.oscillation_window)
-        # The noise estimate, sampled at each evaluation: the oldest is from before the window.
-        self._sigmas: deque[float] = deque(maxlen=cfg.oscillation_window // _STRIDE + 1)
+        # The interquartile width of the window at each evaluation, over two windows: the
+        # typical (median) one of those from before the current window is the texture before.
+        self._widths: deque[float] = deque(maxlen=2 * cfg.oscillation_window // _STRIDE + 1)
         self._count = 0
+        self._recent_calls = 0  # bits: the last evaluations that looked like sawing
 
-    def observe(self, lp: LossPoint, tracker: Tracker, out: list[Finding]) -> None:
+    def observe(self, lp: LossPoint, out: list[Finding]) -> None:
         if lp.new_segment:
             self._ys.clear()
-            self._sigmas.clear()
+            self._widths.clear()
             self._count = 0
         self._ys.append(lp.y)
         self._count += 1
-        if self._count % _STRIDE:
+        if self._count % _STRIDE or len(self._ys) < self._ys.maxlen:
             return
-        before = self._sigmas[0] if len(self._sigmas) == self._sigmas.maxlen else None
-        self._sigmas.append(tracker.sigma)
-        if len(self._ys) < self._ys.maxlen:
-            return
+        ordered = sorted(self._ys)
+        n = len(ordered)
+        width = ordered[(3 * n) // 4] - ordered[n // 4]
+        older = len(self._widths) - n // _STRIDE  # widths of windows that ended before this one began
+        before = _median(list(self._widths)[:older]) if older > 0 else None
+        self._widths.append(width)
+        if before is None:
+            return  # swings are judged against the texture before them: none known yet
         cfg = self.cfg
-        if before is not None and not self.rep.on:
-            # The raw spread (IQR) bounds the detrended one: a window no wider than the
-            # noise before it cannot hold new swings, and most windows stop here for free.
-            ordered = sorted(self._ys)
-            n = len(ordered)
-            iqr = ordered[(3 * n) // 4] - ordered[n // 4]
-            if iqr / 1.349 < cfg.oscillation_growth * before:
-                return
+        # Like is compared with like (the same width statistic), so a texture the run always
+        # had is not new; most windows stop at this cheap test.
+        grown = width >= cfg.oscillation_growth * before
+        if not grown and not self.rep.on:
+            self._recent_calls = (self._recent_calls << 1) & 0b111
+            return
         w = WindowShape(list(self._ys))
-        # Cheapest test first: in a healthy window the spread is the noise, so most stop here.
-        grown = before is None or w.spread >= cfg.oscillation_growth * before
         regular = (
             grown
             and w.spread >= cfg.oscillation_min_amplitude
             and not w.falling
+            and w.steady()
             and w.crossings() >= cfg.oscillation_crossings
-            and (w.ratio() >= cfg.oscillation_ratio or w.min_acf() <= -cfg.oscillation_acf)
+            and w.variogram_ratio() >= cfg.oscillation_ratio
         )
         on = self.rep.is_on("oscillation", self.metric)
-        if regular:
+        # Two of the last three evaluations: a swing that saws keeps sawing, a transient does not.
+        self._recent_calls = ((self._recent_calls << 1) | regular) & 0b111
+        if regular and (on or bin(self._recent_calls).count("1") >= 2):
             ev = None
             if not on:
                 ev = {
                     "spread_log": rounded(w.spread, 4),
-                    "noise_before_log": rounded(before, 4),
-                    "spread_over_step_noise": rounded(w.ratio(), 4),
+                    "width_before_log": rounded(before, 4),
+                    "width_log": rounded(width, 4),
+                    "variogram_ratio": rounded(w.variogram_ratio(), 4),
                     "crossings": w.crossings(),
                     "window_points": len(self._ys),
                 }
@@ -230,11 +237,27 @@ class OscillationWatch:
             self.rep.report(out, "oscillation", self.metric, lp.step, False)
 
 
+@lru_cache(maxsize=4)
+def _quadratic_basis(n: int) -> tuple[tuple[float, ...], ...]:
+    """Orthonormal vectors spanning 1, x, x^2 over n points (Gram-Schmidt), for least-squares detrending."""
+    basis: list[list[float]] = []
+    for power in range(3):
+        v = [float(i) ** power for i in range(n)]
+        for q in basis:
+            dot = sum(a * b for a, b in zip(v, q, strict=True))
+            v = [a - dot * b for a, b in zip(v, q, strict=True)]
+        norm = math.sqrt(sum(a * a for a in v))
+        basis.append([a / norm for a in v])
+    return tuple(tuple(q) for q in basis)
+
+
 class WindowShape:
     """Trend-removed shape of a window of log-losses, computed lazily (most windows stop at the spread).
 
-    The trend is a robust line through the medians of the two halves; the
-    spread is the MAD of what is left around it, in noise-sigma units.
+    The trend is a least-squares quadratic, so the bend of a curve that is still
+    learning (or of a DPO loss leaving ln 2) is not taken for a swing; a swing
+    of two or more cycles in the window is left almost whole. The spread is the
+    robust (MAD) width of what remains.
     """
 
     __slots__ = ("falling", "resid", "spread", "ys")
@@ -242,22 +265,38 @@ class WindowShape:
     def __init__(self, ys: list[float]) -> None:
         n = len(ys)
         half = n // 2
-        m1, m2 = _median(ys[:half]), _median(ys[half:])
-        slope = (m2 - m1) / half
-        mid, centre = 0.5 * (m1 + m2), (n - 1) / 2.0
-        resid = [y - (mid + slope * (i - centre)) for i, y in enumerate(ys)]
+        resid = list(ys)
+        for q in _quadratic_basis(n):
+            dot = sum(a * b for a, b in zip(ys, q, strict=True))
+            resid = [r - dot * b for r, b in zip(resid, q, strict=True)]
         med = _median(resid)
         self.ys = ys
         self.resid = [r - med for r in resid]
         self.spread = 1.4826 * _median([abs(r) for r in self.resid])
-        self.falling = m2 < m1 - self.spread
+        self.falling = _median(ys[half:]) < _median(ys[:half]) - 0.5 * self.spread
 
-    def ratio(self) -> float:
-        """Spread over the point-to-point noise: about 1 for independent noise, large for slow swings."""
-        noise = _median([abs(b - a) for a, b in pairwise(self.ys)]) / (0.6745 * math.sqrt(2.0))
-        if noise > 0:
-            return self.spread / noise
-        return math.inf if self.spread > 0 else 0.0
+    def steady(self) -> bool:
+        """The swing fills the window: each half spreads at least half as wide as the other.
+
+        Noise that is still growing (a DPO loss leaving ln 2) spreads unevenly and
+        would make any lag statistic look structured.
+        """
+        half = len(self.resid) // 2
+        a = _median([abs(r) for r in self.resid[:half]])
+        b = _median([abs(r) for r in self.resid[half:]])
+        return min(a, b) >= 0.5 * max(a, b)
+
+    def variogram_ratio(self) -> float:
+        """Largest over smallest median |r[i+k] - r[i]| for lags k = 1..n/4.
+
+        Independent noise differs alike at every lag (ratio near 1); a swing of
+        period P differs most at P/2 and least at P, where it cancels out.
+        """
+        r = self.resid
+        n = len(r)
+        gam = [_median([abs(r[i + k] - r[i]) for i in range(n - k)]) for k in range(1, n // 4 + 1)]
+        low = min(gam)
+        return max(gam) / low if low > 0 else math.inf
 
     def crossings(self) -> int:
         """Alternations across a band of half a spread (a sine's spread is about its amplitude)."""
@@ -270,15 +309,6 @@ class WindowShape:
                     crossings += 1
                 state = side
         return crossings
-
-    def min_acf(self) -> float:
-        """The most negative autocorrelation at lags 1..n/4: a fast periodic swing at half its period."""
-        r = self.resid
-        var = sum(x * x for x in r)
-        if var <= 0:
-            return 0.0
-        n = len(r)
-        return min(sum(r[i] * r[i + lag] for i in range(n - lag)) / var for lag in range(1, n // 4 + 1))
 
 
 class OverfitWatch:
@@ -306,7 +336,10 @@ class OverfitWatch:
             return
         rise = y - self._best
         self._above = self._above + 1 if rise > self.cfg.rise else 0
-        train_ok = train_level is None or self._train_at_best is None or train_level <= self._train_at_best
+        # "Still falling" tolerates the wobble of a converged training loss, not a rise.
+        train_ok = (
+            train_level is None or self._train_at_best is None or train_level <= self._train_at_best + 0.05
+        )
         if self._n >= self.cfg.min_evals and self._above >= self.cfg.rising_evals and train_ok:
             ev = None
             if not self.rep.is_on("overfitting", self.metric):

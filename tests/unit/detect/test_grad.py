@@ -1,0 +1,75 @@
+"""Gradient-norm detectors."""
+
+from __future__ import annotations
+
+import math
+
+from tests.unit.detect.helpers import feed, final, grad_noise, kinds, noisy, raised, records
+
+
+def test_fp16_overflow_skip_is_a_warning_not_a_rollback() -> None:
+    grads = grad_noise(80)
+    grads[0] = grads[1] = grads[5] = math.nan
+    got = final(records(noisy(80, decay=0.05), grads))
+    assert [(a.kind, a.severity, a.start_step, a.end_step) for a in got] == [("nonfinite_grad", "warning", 1, 6)]
+    assert got[0].evidence["loss_finite"] is True
+
+
+def test_nonfinite_grad_with_nonfinite_loss_is_critical() -> None:
+    grads, losses = grad_noise(50), noisy(50, decay=0.05)
+    grads[30], losses[30] = math.inf, math.nan
+    got = {a.kind: a for a in raised(feed(records(losses, grads)))}
+    assert got["nonfinite_grad"].severity == "critical" and got["nan_loss"].start_step == 31
+
+
+def test_burst_of_skips_is_one_episode_raised_and_resolved_once() -> None:
+    grads = grad_noise(60)
+    for i in (20, 21, 23, 24):
+        grads[i] = math.inf
+    ts = feed(records(noisy(60, decay=0.05), grads))
+    assert [(t.state, t.anomaly.kind) for t in ts] == [("raised", "nonfinite_grad"), ("resolved", "nonfinite_grad")]
+    assert ts[1].anomaly.evidence["nonfinite_points"] == 4
+
+
+def test_lone_grad_jump_without_the_loss_is_a_grad_spike() -> None:
+    grads = grad_noise(80)
+    grads[60] *= 30
+    got = raised(feed(records(noisy(80, decay=0.05), grads)))
+    assert [(a.kind, a.start_step, a.severity) for a in got] == [("grad_spike", 61, "warning")]
+
+
+def test_grad_jump_with_the_loss_is_an_explosion() -> None:
+    grads, losses = grad_noise(80), noisy(80, sigma=0.02, decay=0.05)
+    for i in range(60, 80):
+        grads[i] *= 50 * 1.3 ** (i - 60)
+        losses[i] *= 3.0
+    got = {a.kind: a for a in raised(feed(records(losses, grads)))}
+    assert got["grad_explosion"].start_step == 61 and got["grad_explosion"].severity == "critical"
+    assert "clip" in got["grad_explosion"].suggestion
+
+
+def test_heavy_tailed_healthy_grad_norms_are_silent() -> None:
+    grads = grad_noise(3000, sigma=0.35, seed=7)
+    for i in range(0, 3000, 97):
+        grads[i] *= 3.0  # the occasional 3x batch
+    assert kinds(feed(records(noisy(3000, decay=0.002), grads))) == []
+
+
+def test_warmup_grad_norms_falling_fast_are_silent() -> None:
+    grads = [g * (1 + 20 * math.exp(-i / 10)) for i, g in enumerate(grad_noise(200))]
+    assert kinds(feed(records(noisy(200, decay=0.02), grads))) == []
+
+
+def test_vanishing_gradients_are_flagged_and_name_the_cause() -> None:
+    grads = grad_noise(120)
+    for i in range(60, 120):
+        grads[i] *= 1e-4
+    got = raised(feed(records(noisy(120, decay=0.05), grads)))
+    vanish = next(a for a in got if a.kind == "grad_vanishing")
+    assert 60 < vanish.start_step <= 75
+    assert "vanishing" in vanish.cause
+
+
+def test_zero_grad_norm_from_the_start_is_no_vanishing() -> None:
+    # Pipeline engines log 0.0 when they do not compute the norm: no established level to vanish from.
+    assert "grad_vanishing" not in kinds(feed(records(noisy(60, decay=0.05), [0.0] * 60)))

@@ -1,0 +1,89 @@
+"""Throughput, data loader, stragglers and stalls; the time is always passed in."""
+
+from __future__ import annotations
+
+from steadytune.detect import LiveDetector
+from steadytune.records import StepRecord
+from tests.unit.detect.helpers import feed, kinds, noisy, raised, records
+
+
+def _times(n: int, base: float = 0.5, slow_from: int | None = None, factor: float = 3.0) -> list[float]:
+    return [base * (factor if slow_from is not None and i >= slow_from else 1.0) * (1 + 0.03 * (i % 5)) for i in range(n)]
+
+
+def test_lasting_slowdown_is_a_throughput_drop() -> None:
+    n = 100
+    got = raised(feed(records(noisy(n, decay=0.02), step_time_s=_times(n, slow_from=60), tokens=[4096] * n)))
+    drop = next(a for a in got if a.kind == "throughput_drop")
+    assert drop.metric == "tokens_per_s" and 60 < drop.start_step <= 66
+    assert drop.evidence["ratio"] < 0.5
+
+
+def test_one_slow_step_a_checkpoint_save_is_not_a_drop() -> None:
+    n = 100
+    times = _times(n)
+    times[50] *= 20
+    assert kinds(feed(records(noisy(n, decay=0.02), step_time_s=times))) == []
+
+
+def test_waiting_for_data_is_a_dataloader_bottleneck() -> None:
+    n = 60
+    times = _times(n)
+    extra = [{"data_time_s": 0.02 * t} if i < 30 else {"data_time_s": 0.6 * t} for i, t in enumerate(times)]
+    got = raised(feed(records(noisy(n, decay=0.02), step_time_s=times, extra=extra)))
+    assert [(a.kind, a.start_step) for a in got] == [("dataloader_bottleneck", 35)]
+
+
+def _ranks(n: int, slow_rank: int | None, slow_from: int = 0, ranks: int = 4) -> list[StepRecord]:
+    out = []
+    for i in range(n):
+        for r in range(ranks):
+            t = 1.0 + 0.01 * r + 0.005 * (i % 3)
+            if r == slow_rank and i >= slow_from:
+                t *= 2.0
+            out.append(StepRecord(step=i + 1, ts=float(i), rank=r, loss=2.0 - 0.001 * i, step_time_s=t,
+                                  extra={"compute_time_s": t}))
+    return out
+
+
+def test_slow_rank_is_a_straggler_named_by_rank() -> None:
+    got = raised(feed(_ranks(80, slow_rank=2, slow_from=40)))
+    straggler = next(a for a in got if a.kind == "straggler")
+    assert straggler.rank == 2 and straggler.evidence["ratio"] > 1.8
+    # That rank's own throughput fell too; the other ranks are left alone.
+    assert {a.rank for a in got} == {2}
+
+
+def test_even_ranks_are_no_stragglers() -> None:
+    assert kinds(feed(_ranks(80, slow_rank=None))) == []
+
+
+def test_stall_from_time_then_resolved_by_the_next_step() -> None:
+    det = LiveDetector()
+    for i in range(20):
+        assert det.observe_step(StepRecord(step=i + 1, ts=100.0 + i, loss=2.0 - 0.01 * i)) == []
+    assert det.observe_time(200.0, 199.0, 20) == []  # 80 s without a step: fine
+    got = det.observe_time(500.0, 499.0, 20)  # 380 s: over the 300 s floor
+    assert [(t.state, t.anomaly.kind, t.anomaly.metric, t.anomaly.severity) for t in got] == [
+        ("raised", "stall", "step", "critical")
+    ]
+    assert det.observe_time(600.0, 599.0, 20) == []  # raised once, not every tick
+    back = det.observe_step(StepRecord(step=21, ts=610.0, loss=1.8))
+    assert [(t.state, t.anomaly.kind) for t in back] == [("resolved", "stall")]
+
+
+def test_silent_heartbeat_is_a_hang() -> None:
+    det = LiveDetector()
+    det.observe_step(StepRecord(step=1, ts=10.0, loss=2.0))
+    got = det.observe_time(200.0, 50.0, 1)
+    assert [(t.anomaly.kind, t.anomaly.metric) for t in got] == [("stall", "heartbeat")]
+    assert [t.state for t in det.observe_time(210.0, 209.0, 1)] == ["resolved"]
+
+
+def test_stall_limit_grows_with_slow_steps() -> None:
+    det = LiveDetector()
+    for i in range(10):
+        det.observe_step(StepRecord(step=i + 1, ts=i * 200.0, loss=2.0))
+    # Steps take 200 s: waiting 600 s is normal, 1100 s (over 5x) is not.
+    assert det.observe_time(1800.0 + 600.0, None, 10) == []
+    assert [t.anomaly.kind for t in det.observe_time(1800.0 + 1100.0, None, 10)] == ["stall"]

@@ -1,0 +1,55 @@
+"""The incremental statistics under the detectors."""
+
+from __future__ import annotations
+
+import math
+import random
+
+from steadytune.detect.stats import Seasonal, SortedWindow, Tracker
+
+
+def test_sorted_window_median_and_quantile_follow_the_window() -> None:
+    w = SortedWindow(3)
+    for x in (5.0, 1.0, 3.0, 10.0):
+        w.push(x)
+    assert list(w.values) == [1.0, 3.0, 10.0] and w.median() == 3.0 and w.quantile(0.0) == 1.0
+
+
+def _tracker() -> Tracker:
+    return Tracker(8, 64, prior=0.12, prior_weight=1.0, floor=0.01)
+
+
+def test_noise_estimate_matches_gaussian_sigma_and_ignores_the_trend() -> None:
+    rng = random.Random(0)
+    t = _tracker()
+    for i in range(400):
+        t.begin(i + 1, 6.0)
+        t.accept(-0.002 * i + rng.gauss(0, 0.05))
+    assert 0.04 < t.sigma < 0.07
+
+
+def test_prior_dominates_while_few_differences_are_known() -> None:
+    t = _tracker()
+    for i, y in enumerate((1.0, 1.0, 1.0)):
+        t.begin(i + 1, 6.0)
+        t.accept(y)
+    # Two identical differences of zero must not make the next ordinary point look like a 50-sigma one.
+    assert t.sigma > 0.05
+
+
+def test_gap_many_intervals_long_starts_a_new_segment() -> None:
+    t = _tracker()
+    for s in range(10, 200, 10):
+        assert not t.begin(s, 6.0) or s == 10
+        t.accept(1.0)
+    assert t.begin(5000, 6.0) and t.n_level == 0
+    assert t.begin(100, 6.0)  # a step going back (a restart) too
+
+
+def test_seasonal_reference_is_last_epochs_level_at_the_same_phase() -> None:
+    s = Seasonal()
+    for i in range(100):
+        s.add(i / 50, math.log(2.0 - i % 50 / 50))  # falls through each epoch
+    ref = s.reference(2.0)  # the first point of epoch 2, before it is added
+    assert ref is not None and abs(ref - math.log(2.0)) < 0.05
+    assert s.reference(5.0) is None

@@ -1,0 +1,93 @@
+"""Plateau, oscillation and overfitting: shapes over windows, not single points."""
+
+from __future__ import annotations
+
+import math
+
+from steadytune.detect import DetectConfig
+from tests.unit.detect.helpers import feed, kinds, noisy, raised, records
+
+
+def test_no_learning_from_the_start_is_a_plateau() -> None:
+    got = raised(feed(records(noisy(100, level=2.15, sigma=0.05), interval=10)))
+    assert [a.kind for a in got] == ["plateau"]
+    assert got[0].evidence["reason"] == "no learning since the start"
+    # Called only once enough points have shown the flat line, never on the first few.
+    assert got[0].start_step >= 300
+
+
+def test_slow_learning_is_no_plateau() -> None:
+    # 25% over the run, most of it in the first 150 points, under 5% noise.
+    losses = [x * (0.75 + 0.25 * math.exp(-i / 150)) for i, x in enumerate(noisy(600, sigma=0.05))]
+    assert kinds(feed(records(losses))) == []
+
+
+def test_converged_run_flat_after_learning_is_no_plateau() -> None:
+    losses = noisy(1000, sigma=0.02, decay=0.05)
+    assert kinds(feed(records(losses))) == []
+
+
+def test_noisy_flat_start_needs_more_points_before_a_plateau_is_called() -> None:
+    # Under 30% noise 100 points cannot show flatness within 4%: the detector waits.
+    assert kinds(feed(records(noisy(100, sigma=0.3, seed=2)))) == []
+
+
+def test_flat_start_during_lr_warmup_is_not_judged() -> None:
+    lr = [1e-5 * (i + 1) for i in range(100)]
+    assert kinds(feed(records(noisy(100, sigma=0.02), lr=lr))) == []
+
+
+def test_identical_values_are_a_frozen_model() -> None:
+    losses = noisy(40, decay=0.05) + [1.2345] * 10
+    got = raised(feed(records(losses)))
+    assert [a.kind for a in got] == ["plateau"]
+    assert got[0].start_step == 40 + 6 and got[0].evidence["reason"] == "identical loss values"
+
+
+def _saw(n: int, start: int, period: int, amp: float) -> list[float]:
+    losses = noisy(n, sigma=0.01, decay=0.02)
+    level = losses[start]
+    for i in range(start, n):
+        losses[i] = level * math.exp(amp * math.sin(2 * math.pi * (i - start) / period))
+    return losses
+
+
+def test_lr_sawtooth_is_oscillation() -> None:
+    got = raised(feed(records(_saw(300, 150, 8, 0.2))))
+    assert "oscillation" in [a.kind for a in got]
+    osc = next(a for a in got if a.kind == "oscillation")
+    assert 150 < osc.start_step <= 150 + 40
+    assert "LR" in osc.cause
+
+
+def test_fast_zigzag_is_oscillation() -> None:
+    assert "oscillation" in kinds(feed(records(_saw(300, 150, 4, 0.2))))
+
+
+def test_sawtooth_present_from_the_start_is_texture_not_oscillation() -> None:
+    # Length-grouped batches: a regular 5-point saw from step one, the level falling.
+    losses = [
+        2.2 * math.exp(-i / 400) * (1.0 + 0.08 * (2.0 * ((i % 5) / 4) - 1.0)) * x
+        for i, x in enumerate(noisy(1000, level=1.0, sigma=0.02))
+    ]
+    assert kinds(feed(records(losses, interval=10))) == []
+
+
+def test_overfitting_when_eval_rises_while_train_falls() -> None:
+    n = 200
+    losses = noisy(n, sigma=0.01, decay=0.02)
+    evals: list[float | None] = [None] * n
+    for k, i in enumerate(range(9, n, 10)):
+        evals[i] = 1.0 * (1.0 - 0.02 * k) if k < 8 else 0.86 * (1.0 + 0.04 * (k - 7))
+    got = raised(feed(records(losses, eval_loss=evals)))
+    assert [a.kind for a in got] == ["overfitting"]
+    assert got[0].metric == "eval_loss"
+    assert got[0].evidence["evals_above"] >= DetectConfig().eval.rising_evals
+
+
+def test_eval_that_flattens_is_not_overfitting() -> None:
+    n = 200
+    evals: list[float | None] = [None] * n
+    for k, i in enumerate(range(9, n, 10)):
+        evals[i] = 0.8 + 0.2 * math.exp(-k / 4) + 0.002 * (-1) ** k
+    assert kinds(feed(records(noisy(n, sigma=0.01, decay=0.02), eval_loss=evals))) == []
