@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from steadytune.detect.base import Finding
+from steadytune.detect.base import Finding, Reporter
 from steadytune.detect.config import DetectConfig
 from steadytune.detect.grad import GradWatch
 from steadytune.detect.kinds import KINDS
@@ -63,6 +63,23 @@ class _Open:
         )
 
 
+class _GradFlow:
+    """grad_vanishing / grad_explosion per layer, from the gradient flow the guard records."""
+
+    def __init__(self) -> None:
+        self.rep = Reporter(None)
+
+    def observe(self, step: int, flow: dict[str, Any], out: list[Finding]) -> None:
+        from steadytune.forensics.gradflow import check_layers
+
+        now = {(a.kind, a.metric): a for a in check_layers(flow, step)}
+        for (kind, metric), a in now.items():
+            self.rep.report(out, kind, metric, step, True, severity=a.severity, evidence=a.evidence)
+        for kind, metric in list(self.rep.on):
+            if (kind, metric) not in now:
+                self.rep.report(out, kind, metric, step, False)
+
+
 class _Signal:
     """The training-signal detectors of the primary rank."""
 
@@ -72,6 +89,7 @@ class _Signal:
         self.oscillation = OscillationWatch(cfg.loss)
         self.overfit = OverfitWatch(cfg.eval)
         self.grad = GradWatch(cfg.grad, cfg.series)
+        self.flow = _GradFlow()
 
     def observe(self, rec: StepRecord, out: list[Finding]) -> None:
         lp = None
@@ -86,6 +104,9 @@ class _Signal:
         if lp is not None:
             self.plateau.observe(lp, self.loss.tracker.level, self.grad.vanished, out)
             self.oscillation.observe(lp, out)
+        flow = rec.extra.get("gradflow") if rec.extra else None
+        if isinstance(flow, dict):
+            self.flow.observe(rec.step, flow, out)
         if rec.eval_loss is not None:
             t = self.loss.tracker
             self.overfit.observe(rec.step, rec.eval_loss, t.level if t.n_level else None, out)

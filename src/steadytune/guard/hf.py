@@ -13,6 +13,7 @@ from transformers import TrainerCallback
 from steadytune.guard.checkpoints import CheckpointKeeper
 from steadytune.guard.core import Guard
 from steadytune.guard.faults import Faults
+from steadytune.guard.gradflow import DEFAULT_INTERVAL, columns, layer_grad_stats, should_record
 
 
 def _barrier() -> None:
@@ -26,12 +27,14 @@ class GuardCallback(TrainerCallback):
     """Wires a :class:`Guard` and a :class:`CheckpointKeeper` into the HF Trainer loop."""
 
     def __init__(self, guard: Guard, keeper: CheckpointKeeper, staging: Path, faults: Faults | None = None,
-                 checkpoint_every_s: float | None = None) -> None:
+                 checkpoint_every_s: float | None = None, gradflow_every: int = DEFAULT_INTERVAL) -> None:
         self.guard = guard
         self.faults = faults or Faults()
         self.checkpoint_every_s = checkpoint_every_s
         self._last_save_ts = guard.clock()
         self._lr_saved: list[float] | None = None
+        self._gradflow: dict[str, Any] | None = None
+        self.gradflow_every = gradflow_every
         self.keeper = keeper
         self.staging = staging
         self.stop_status: str | None = None  # "stopped" / "paused" once a request ends the run
@@ -58,7 +61,11 @@ class GuardCallback(TrainerCallback):
             self._lr_saved = [g["lr"] for g in optimizer.param_groups]
             for g in optimizer.param_groups:
                 g["lr"] *= burst
+        step = state.global_step + 1
+        # Per-layer gradient flow every few steps: it reads every gradient, so never on every step.
+        flow = columns(layer_grad_stats(kw["model"])) if should_record(step, self.gradflow_every) else None
         ok = self.guard.before_update(kw["model"], optimizer)
+        self._gradflow = flow if ok else None  # a skipped (non-finite) update is the NaN guard's story
         if not ok:
             self.guard.notify("action", "skip_step", f"non-finite loss or gradient at step {state.global_step + 1}: update skipped",
                               severity="warning", step=state.global_step + 1, consecutive=self.guard.consecutive_skips)
@@ -71,7 +78,9 @@ class GuardCallback(TrainerCallback):
             self._lr_saved = None
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-        self.guard.end_step(state.global_step, epoch=state.epoch)
+        self.guard.end_step(state.global_step, epoch=state.epoch,
+                            extra={"gradflow": self._gradflow} if self._gradflow else None)
+        self._gradflow = None
         self.guard.heartbeat(state.global_step)
         self.faults.after_step(state.global_step, self.guard.attempt)
         request = self.guard.poll_control()

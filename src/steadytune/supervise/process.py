@@ -31,16 +31,19 @@ class WorkerProcess:
     """A running worker tree: its pid, its log, and ways to end it."""
 
     def __init__(self, cmd: Sequence[str], log_path: Path, env: dict[str, str] | None = None,
-                 cwd: Path | None = None) -> None:
+                 cwd: Path | None = None, pipe_stdout: bool = False) -> None:
         self.cmd = list(cmd)
         self.log_path = log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
+        # With pipe_stdout the caller reads the output (and writes the log); otherwise it goes to the log.
         self._log = open(log_path, "ab")  # noqa: SIM115 - lives as long as the process
         self.started = time.time()
         self.proc = subprocess.Popen(
-            self.cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env={**os.environ, **(env or {})}, cwd=cwd, start_new_session=True,
+            self.cmd, stdout=subprocess.PIPE if pipe_stdout else self._log, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})}, cwd=cwd, start_new_session=True,
         )
+        if pipe_stdout:
+            self._log.close()
 
     @property
     def pid(self) -> int:

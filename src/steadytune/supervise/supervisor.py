@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -56,6 +57,10 @@ class Observer(Protocol):
     def on_record(self, record: Record) -> None: ...
     def on_event(self, event: Event) -> None: ...
     def close(self) -> None: ...
+
+
+# After these, the supervisor looks at the offending batch by itself (inspect-batch).
+INSPECT_KINDS = frozenset({"nan_loss", "loss_spike", "loss_collapse", "divergence", "grad_explosion"})
 
 
 def replay_detector(run: RunDir, config: Any, upto_step: int) -> LiveDetector:
@@ -153,6 +158,7 @@ class Supervisor:
         self.last_step_ts: float | None = None
         self.started_ts = clock()
         self._control_seen: tuple[float, str] | None = None
+        self._inspections = 0
         self._resume_requested = False
         self._interrupts = 0
         self._stop_sent_at: float | None = None
@@ -329,6 +335,11 @@ class Supervisor:
             # Remember the split, so a later restart starts with it instead of rediscovering the OOM.
             self.revise(reason="oom", cause=filed, micro_batch_split=int(ev.data["micro_batch_split"]),
                         notes=f"in-process OOM split to {ev.data['micro_batch_split']} chunks")
+        if ev.name == "auto_micro_batch" and ev.data.get("per_device_train_batch_size"):
+            # Keep what the auto search found: a restart trains the same shape without searching again.
+            self.revise(reason="auto_micro_batch", cause=filed,
+                        per_device_train_batch_size=int(ev.data["per_device_train_batch_size"]),
+                        gradient_accumulation_steps=int(ev.data["gradient_accumulation_steps"]))
         if ev.name == "skip_step" and ev.step is not None and self.pending is None:
             action = self.policy.on_skipped_update(ev.step, int(ev.data.get("consecutive", 1)))
             if action is not None:
@@ -342,6 +353,9 @@ class Supervisor:
                 self.trouble_steps.append(a.start_step)
             event = self.emit("anomaly", a.kind, format_transition(t), severity=a.severity, step=a.start_step,
                               data=anomaly_event_data(a))
+            if a.kind in INSPECT_KINDS and self._inspections < 10:
+                self._inspections += 1
+                threading.Thread(target=self.inspect_batch, args=(a.start_step, event), daemon=True).start()
             action = self.policy.on_raised(a, self.progress.step)
             if action is not None:
                 self.execute(action, cause=event)
@@ -349,6 +363,18 @@ class Supervisor:
             self.policy.on_resolved(a)
             self.emit("resolved", a.kind, format_transition(t), severity="info", step=a.end_step,
                       data=anomaly_event_data(a))
+
+    def inspect_batch(self, step: int, cause: Event) -> None:
+        """Which samples made the bad step: filed as an event beside the anomaly (no sample text)."""
+        try:
+            from steadytune.forensics.inspect import inspect_step
+
+            verdict = inspect_step(self.run, step)
+        except Exception as exc:  # forensics must never take the supervisor down
+            self.emit("action", "batch_inspected", f"could not inspect the batch of step {step}: {exc}", step=step)
+            return
+        self.emit("action", "batch_inspected", f"batch of step {step}: {verdict.summary}", step=step,
+                  data={**verdict.event_data(), "anomaly_seq": cause.seq})
 
     def execute(self, action: Action, cause: Event | None = None) -> None:
         """Carry out what the policy decided. Restart-type actions stop the worker now."""
