@@ -88,6 +88,22 @@ class TrainConfig(Section):
     gradient_checkpointing: bool = Field(False, description="true or false")
     dataloader_num_workers: int = Field(0, ge=0, description="a non-negative integer")
     use_cpu: bool | None = Field(None, description="true, false, or leave it out to decide from the machine")
+    # per_device_train_batch_size: auto (docs/preflight.md).
+    auto_effective_batch: int | None = Field(
+        None, ge=1, description="the effective batch (micro-batch x accumulation) that auto keeps, e.g. 32; "
+        "leave it out to use the estimate's largest micro-batch x gradient_accumulation_steps")
+    memory_cap_bytes: int | None = Field(
+        None, ge=1, description="the memory auto may use per device, e.g. 2GiB (env STEADYTUNE_MEMORY_CAP); "
+        "leave it out to use free device memory")
+
+    @field_validator("memory_cap_bytes", mode="before")
+    @classmethod
+    def _bytes(cls, v: object) -> object:
+        if isinstance(v, str):
+            from steadytune.estimate.units import parse_bytes
+
+            return parse_bytes(v)
+        return v
 
     @field_validator("per_device_train_batch_size")
     @classmethod
