@@ -26,6 +26,9 @@ def register(sub: Any) -> None:
     p.add_argument("overrides", nargs="*", metavar="key=value", help="override config keys, e.g. train.max_steps=50")
     p.add_argument("--run-id", help="name of the run directory (default: <model>-<date>-<time>-<xxxx>)")
     add_launch_options(p)
+    # The preflight (docs/preflight.md) runs before every `run`.
+    p.add_argument("--skip-check", action="store_true", help="start without the preflight check")
+    p.add_argument("--force", action="store_true", help="start even when the preflight says no-go")
     p.set_defaults(func=main)
 
 
@@ -186,4 +189,10 @@ def main(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(exc.render(), file=sys.stderr)
         return 2
+    if not args.skip_check:  # preflight: a no-go stops here unless --force
+        from steadytune.preflight.gate import preflight_gate
+
+        code = preflight_gate(args.config, args.overrides, force=args.force)
+        if code is not None:
+            return code
     return launch(cfg, run_id=args.run_id, quiet=args.quiet, args=args)
