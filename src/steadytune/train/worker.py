@@ -60,6 +60,12 @@ def main(argv: list[str] | None = None) -> int:
         from steadytune.train.runner import build_trainer
 
         cfg = load_config(run.config, check_paths=False)
+        if cfg.train.per_device_train_batch_size == "auto" and plan.per_device_train_batch_size is None:
+            # auto micro-batch (docs/preflight.md): found once, before the model loads; the supervisor
+            # records it as a plan revision, so a restart trains the same shape without searching again.
+            from steadytune.train.autobatch import apply_auto_micro_batch
+
+            plan = apply_auto_micro_batch(cfg, plan, guard)
         faults = Faults.from_env()
         keeper = CheckpointKeeper(run, keep_last=cfg.run.keep_last, min_free_bytes=cfg.run.min_free_disk_bytes,
                                   save_delay=lambda step: faults.save_delay(step, plan.attempt))
