@@ -180,7 +180,9 @@ def build_dataset(tok: Any, spec: DataSpec, cache: bool = True) -> Any:
     target = data_cache_dir() / cache_key(spec, tok, fmt) if cache else None
     if target is not None and (target / "dataset_info.json").exists():
         try:
-            return datasets.load_from_disk(str(target))
+            ds = datasets.load_from_disk(str(target))
+            _touch(target / CACHE_META)  # last use, for `steadytune cache clean` (least recently used first)
+            return ds
         except Exception:
             shutil.rmtree(target, ignore_errors=True)  # a damaged cache entry is rebuilt, never trusted
     encoded = []
@@ -194,9 +196,32 @@ def build_dataset(tok: Any, spec: DataSpec, cache: bool = True) -> Any:
         tmp = target.parent / f".{target.name}.{os.getpid()}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         ds.save_to_disk(str(tmp))
+        _write_meta(tmp / CACHE_META, target.name, spec, tok, fmt, len(ds))
         try:
             os.replace(tmp, target)
         except OSError:
             shutil.rmtree(tmp, ignore_errors=True)
         ds = datasets.load_from_disk(str(target)) if target.exists() else ds
     return ds
+
+
+# What `steadytune cache ls` shows about an entry; written inside the entry before it is renamed
+# into place, so an entry never exists without it (entries built before it existed have none).
+CACHE_META = "meta.json"
+
+
+def _write_meta(path: Path, key: str, spec: DataSpec, tok: Any, fmt: str, samples: int) -> None:
+    import time
+
+    meta = {"key": key, "source": str(Path(spec.path).resolve()), "format": fmt,
+            "max_seq_length": spec.max_seq_length, "train_on_prompt": spec.train_on_prompt,
+            "tokenizer": str(getattr(tok, "name_or_path", "")), "tokenizer_hash": tokenizer_fingerprint(tok),
+            "samples": samples, "created": time.time()}
+    path.write_text(json.dumps(meta, indent=1), encoding="utf-8")
+
+
+def _touch(path: Path) -> None:
+    try:
+        os.utime(path)
+    except OSError:
+        pass  # no meta (an older entry) or a read-only cache: the entry is still good
