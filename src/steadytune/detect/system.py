@@ -35,6 +35,13 @@ class SystemWatch:
         self._mem_cfg = mem
         self._gpu_mem: dict[int, HeadroomWatch] = {}
         self.gpu_totals: dict[int, int] = {}
+        # Disk the run will still write (checkpoints to come, caches): see set_projected_need.
+        self.projected_need_bytes: int | None = None
+
+    def set_projected_need(self, need_bytes: int | None) -> None:
+        """Tell disk_low how much the run will still write (steadytune.preflight.disk.run_disk_need);
+        free space below it is low even when the share of the disk looks fine."""
+        self.projected_need_bytes = need_bytes
 
     def observe(self, s: SystemSample, step: int, out: list[Finding]) -> None:
         for g in s.gpus:
@@ -94,6 +101,8 @@ class SystemWatch:
         self._disk.append((s.ts, free))
         share = free / total
         absolute = total > 2 * self.cfg.disk_min_free_bytes and free < self.cfg.disk_min_free_bytes
+        need = self.projected_need_bytes
+        absolute = absolute or (need is not None and free < need)  # the coming checkpoints will not fit
         low = share < self.cfg.disk_free_warning or absolute
         if low:
             ev = None
@@ -104,6 +113,8 @@ class SystemWatch:
                     "free_ratio": rounded(share, 4),
                     "threshold_ratio": self.cfg.disk_free_warning,
                 }
+                if need is not None:
+                    ev["projected_need_bytes"] = int(need)
                 t0, f0 = self._disk[0]
                 if s.ts > t0 and f0 > free:
                     ev["projected_seconds_to_full"] = rounded(free / ((f0 - free) / (s.ts - t0)), 4)

@@ -77,12 +77,17 @@ def train_setup(cfg: SteadytuneConfig) -> tuple[TrainSetup | None, Check | None]
     return setup, None
 
 
-def model_file_bytes(cfg: SteadytuneConfig) -> int | None:
+def model_file_bytes(cfg: SteadytuneConfig, patterns: tuple[str, ...] = ("*.safetensors", "*.bin")) -> int | None:
     folder = Path(cfg.model.name_or_path).expanduser()
     if not folder.is_dir():
         return None
-    files = [*folder.glob("*.safetensors"), *folder.glob("*.bin")]
+    files = [f for pattern in patterns for f in folder.glob(pattern)]
     return sum(f.stat().st_size for f in files) or None
+
+
+# Every HF Trainer checkpoint carries a copy of the tokenizer (17 MiB for Llama 3's tokenizer.json).
+TOKENIZER_FILES = ("tokenizer*.json", "tokenizer.model", "special_tokens_map.json", "vocab.*", "merges.txt",
+                   "chat_template.jinja")
 
 
 def version_report(cfg: SteadytuneConfig, facts: HostFacts) -> list[Check]:
@@ -155,7 +160,7 @@ def run_preflight(
                                              t.gradient_accumulation_steps)
         recommendation = recommend(arch, setup, budget.bytes, effective)
         checks.append(ram_check(arch, setup, facts, device, nproc, model_file_bytes(cfg)))
-        ckpt = checkpoint_bytes(arch, setup, cfg.model.dtype)
+        ckpt = checkpoint_bytes(arch, setup, cfg.model.dtype) + (model_file_bytes(cfg, TOKENIZER_FILES) or 0)
         need = disk_needs(ckpt, cfg.run.keep_last, final_model_bytes(arch, setup, cfg.model.dtype),
                           cfg.run.min_free_disk_bytes)
         checks.append(disk_check(facts, need, data.cache_need_bytes, ckpt, cfg.run.keep_last))
