@@ -120,6 +120,7 @@ class _Rank:
         self.host_leak = LeakWatch(cfg.memory, "rss_bytes", rank)
         self.headroom = HeadroomWatch(cfg.memory, "mem_reserved_bytes", rank)
         self.pace = ThroughputWatch(cfg.pace, rank)
+        self.attempt = 0
 
 
 class LiveDetector:
@@ -202,6 +203,10 @@ class LiveDetector:
         r = self._ranks.get(rec.rank)
         if r is None:
             r = self._ranks[rec.rank] = _Rank(cfg, rec.rank)
+        if rec.attempt != r.attempt:
+            # A restarted worker warms up again (and may run on another device): new pace baseline.
+            r.attempt = rec.attempt
+            r.pace = ThroughputWatch(cfg.pace, rec.rank)
         total = cfg.memory.device_total_bytes or self._system.gpu_totals.get(rec.rank)
         if rec.mem_allocated_bytes is not None:
             r.leak.observe(rec.step, float(rec.mem_allocated_bytes), total, rec.step_time_s, out)

@@ -158,7 +158,7 @@ class Supervisor:
         self.last_step_ts: float | None = None
         self.started_ts = clock()
         self._control_seen: tuple[float, str] | None = None
-        self._inspections = 0
+        self._inspected: set[int] = set()
         self._resume_requested = False
         self._interrupts = 0
         self._stop_sent_at: float | None = None
@@ -353,10 +353,12 @@ class Supervisor:
                 self.trouble_steps.append(a.start_step)
             event = self.emit("anomaly", a.kind, format_transition(t), severity=a.severity, step=a.start_step,
                               data=anomaly_event_data(a))
-            if a.kind in INSPECT_KINDS and self._inspections < 10:
-                self._inspections += 1
+            if a.kind in INSPECT_KINDS and a.start_step not in self._inspected and len(self._inspected) < 10:
+                self._inspected.add(a.start_step)
                 threading.Thread(target=self.inspect_batch, args=(a.start_step, event), daemon=True).start()
-            action = self.policy.on_raised(a, self.progress.step)
+            # One incident often raises several anomalies at once (a spike, its gradients, its layers):
+            # once one of them stopped the worker, the others are already being handled.
+            action = self.policy.on_raised(a, self.progress.step) if self.pending is None else None
             if action is not None:
                 self.execute(action, cause=event)
         else:
