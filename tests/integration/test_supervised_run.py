@@ -124,13 +124,13 @@ def test_deterministic_error_is_not_retried(tmp_path: Path, demo_assets: Path) -
 
 def test_crash_mid_run_is_restarted_and_a_repeat_is_deterministic(tmp_path: Path, demo_assets: Path) -> None:
     cfg = write_config(tmp_path, demo_assets, train={"max_steps": 20, "save_steps": 5})
-    rc, out = finish(start_run(cfg, "transient", faults={"crash_at_step": 12, "crash_attempts": 1}))
+    rc, out = finish(start_run(cfg, "transient", faults={"crash_at_step": 12, "fault_attempts": 1}))
     assert rc == 0, out
     run = run_dir(cfg, "transient")
     assert [p.reason for p in plans(run)] == ["start", "python_error"]
     assert Path(plans(run)[1].resume_checkpoint).name == "checkpoint-10"
 
-    rc, out = finish(start_run(cfg, "repeating", faults={"crash_at_step": 12, "crash_attempts": 99}))
+    rc, out = finish(start_run(cfg, "repeating", faults={"crash_at_step": 12, "fault_attempts": 99}))
     assert rc == 1
     run = run_dir(cfg, "repeating")
     assert len(plans(run)) == 2  # one restart, then the same error at the same step: stop
