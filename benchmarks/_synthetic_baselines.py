@@ -31,17 +31,6 @@ from steadytune.records import StepRecord, SystemSample
 
 Alarm = tuple[str | None, str, int]
 
-# Real-log label groups -> steadytune kinds that count as detecting them.
-GROUP_KINDS: dict[str, frozenset[str]] = {
-    "divergence": frozenset({"divergence", "loss_spike"}),
-    "collapse": frozenset({"loss_collapse"}),
-    "plateau": frozenset({"plateau", "grad_vanishing"}),
-    "nan": frozenset({"nan_loss", "nonfinite_grad"}),
-    "spike": frozenset({"loss_spike", "divergence"}),
-    "grad_spike": frozenset({"grad_spike", "grad_explosion"}),
-}
-
-
 class Rolling:
     """Mean and sample standard deviation of the last ``size`` values, in O(1) per value.
 

@@ -41,41 +41,48 @@ import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
-from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _synthetic_baselines import BASELINES, GROUP_KINDS, Alarm, baseline_alarms, records_events
+from _synthetic_baselines import BASELINES, baseline_alarms, records_events
 
 from steadytune.detect import LiveDetector, detect
 from steadytune.detect.faults import ACCEPT, FAULT_KINDS, Fault, fault_runs
+from steadytune.detect.scoring import Alarm as ScoredAlarm
+from steadytune.detect.scoring import FileScore, read_labels, score_file
 from steadytune.detect.synthetic import HEALTHY_SHAPES, Run, base_run, healthy_runs, to_events
 from steadytune.importers import UnreadableLog, load
 
 OURS = "steadytune"
+Alarm = tuple[
+    str | None, str, int, int
+]  # kind (None: a baseline names none), severity, start step, raised at
 SETS = [OURS] + [b.name for b in BASELINES]
 
 
 def our_alarms(events: list[tuple[str, Any]]) -> list[Alarm]:
+    """steadytune's raised anomalies as (kind, severity, start_step, step at which it was raised)."""
     det = LiveDetector()
     out: list[Alarm] = []
     for kind, item in events:
         if kind == "step":
-            ts = det.observe_step(item)
+            ts, at = det.observe_step(item), item.step
         elif kind == "system":
-            ts = det.observe_system(item)
+            ts, at = det.observe_system(item), det.last_step
         else:
-            ts = det.observe_time(*item)
-        out.extend((t.anomaly.kind, t.anomaly.severity, t.anomaly.start_step) for t in ts if t.state == "raised")
+            ts, at = det.observe_time(*item), det.last_step
+        out.extend(
+            (t.anomaly.kind, t.anomaly.severity, t.anomaly.start_step, at) for t in ts if t.state == "raised"
+        )
     return out
 
 
 def all_alarms(events: list[tuple[str, Any]]) -> dict[str, list[Alarm]]:
     res = {OURS: our_alarms(events)}
     for cls in BASELINES:
-        res[cls.name] = baseline_alarms(cls, events)
+        res[cls.name] = [(k, sev, st, st) for k, sev, st in baseline_alarms(cls, events)]
     return res
 
 
@@ -96,7 +103,7 @@ class Tally:
         self.leak_ok = 0
 
     def false_alarms(self, run: Run, alarms: list[Alarm], before: int | None = None) -> None:
-        for kind, severity, step in alarms:
+        for kind, severity, step, _at in alarms:
             if severity == "info" or (before is not None and step >= before):
                 continue
             skipped_step = _index(run, step) in run.skipped
@@ -111,14 +118,14 @@ class Tally:
         self.tries[f.kind] += 1
         self.healthy_points += f.start
         self.false_alarms(run, alarms, before=lo)
-        for kind, severity, step in alarms:
+        for kind, severity, step, at in alarms:
             if severity == "info" or not lo <= step <= hi:
                 continue
             if ours and kind not in ACCEPT[f.kind]:
                 continue
             self.hits[f.kind] += 1
-            i = _index(run, step)
-            self.delays[f.kind].append(i - f.start)
+            i = _index(run, at)  # delay: from the injection to the point that raised the alarm
+            self.delays[f.kind].append(max(0, i - f.start))
             if f.kind == "memory_leak" and f.oom_bytes is not None and (run.mem_alloc[i] or 0) <= f.oom_bytes:
                 self.leak_ok += 1
             break
@@ -139,8 +146,13 @@ def synthetic(seed: int, per_shape: int, per_kind: int) -> dict[str, Tally]:
 
 
 def print_synthetic(t: dict[str, Tally]) -> None:
-    short = {OURS: "steadytune", "llm-foundry KillLossSpike": "foundry", "OLMo-core 6σ": "olmo6σ",
-             "Megatron 10x": "megatron", "naive thresholds": "naive"}
+    short = {
+        OURS: "steadytune",
+        "llm-foundry KillLossSpike": "foundry",
+        "OLMo-core 6σ": "olmo6σ",
+        "Megatron 10x": "megatron",
+        "naive thresholds": "naive",
+    }
     print("\n(a) synthetic suite: recall per kind (median delay in logged steps)")
     print(f"{'kind':24s}" + "".join(f"{short[n]:>18s}" for n in SETS))
     for kind in FAULT_KINDS:
@@ -151,18 +163,29 @@ def print_synthetic(t: dict[str, Tally]) -> None:
             delay = f"({statistics.median(d):g})" if d else ""
             cells.append(f"{hit / tr if tr else 0:.2f} {delay:>7s}")
         print(f"{kind:24s}" + "".join(f"{c:>18s}" for c in cells))
-    print(f"{'false alarms / 10k':24s}" + "".join(
-        f"{1e4 * t[n].fa / max(1, t[n].healthy_points):>18.2f}" for n in SETS))
-    print(f"{'mean recall':24s}" + "".join(
-        f"{statistics.fmean(t[n].hits[k] / max(1, t[n].tries[k]) for k in FAULT_KINDS):>18.3f}" for n in SETS))
+    print(
+        f"{'false alarms / 10k':24s}"
+        + "".join(f"{1e4 * t[n].fa / max(1, t[n].healthy_points):>18.2f}" for n in SETS)
+    )
+    print(
+        f"{'mean recall':24s}"
+        + "".join(
+            f"{statistics.fmean(t[n].hits[k] / max(1, t[n].tries[k]) for k in FAULT_KINDS):>18.3f}"
+            for n in SETS
+        )
+    )
     ours = t[OURS]
-    print(f"healthy logged steps: {ours.healthy_points}; steadytune false alarms by kind: {dict(ours.fa_kinds)}")
+    print(
+        f"healthy logged steps: {ours.healthy_points}; steadytune false alarms by kind: {dict(ours.fa_kinds)}"
+    )
     spikes = ours.delays["loss_spike"]
     nans = ours.delays["nan_loss"]
     leaks = max(1, ours.hits["memory_leak"])
-    print(f"spikes caught within 1 logged step: {sum(1 for d in spikes if d <= 1)}/{ours.tries['loss_spike']}; "
-          f"NaN on the same step: {sum(1 for d in nans if d == 0)}/{ours.tries['nan_loss']}; "
-          f"leaks flagged with >= 50% headroom free: {ours.leak_ok}/{leaks}")
+    print(
+        f"spikes caught within 1 logged step: {sum(1 for d in spikes if d <= 1)}/{ours.tries['loss_spike']}; "
+        f"NaN on the same step: {sum(1 for d in nans if d == 0)}/{ours.tries['nan_loss']}; "
+        f"leaks flagged with >= 50% headroom free: {ours.leak_ok}/{leaks}"
+    )
 
 
 def real_logs_dir() -> Path | None:
@@ -171,32 +194,21 @@ def real_logs_dir() -> Path | None:
     return path.resolve() if (path / "LABELS.tsv").is_file() else None
 
 
-def read_labels(root: Path) -> dict[str, list[dict[str, str]]]:
-    rows: dict[str, list[dict[str, str]]] = defaultdict(list)
-    lines = (root / "LABELS.tsv").read_text(encoding="utf-8").splitlines()
-    header = lines[0].split("\t")
-    for line in lines[1:]:
-        if line.strip():
-            row = dict(zip(header, line.split("\t"), strict=False))
-            rows[row["file"]].append(row)
-    return rows
-
-
-def _real_alarms(series: Any) -> dict[str, list[tuple[str | None, str, int, int]]]:
-    ours = [(a.kind, a.severity, a.start_step, a.end_step) for a in detect(series.records, series.system)]
+def _real_alarms(series: Any) -> dict[str, list[ScoredAlarm]]:
+    ours = [
+        ScoredAlarm(a.kind, a.severity, a.start_step, a.end_step)
+        for a in detect(series.records, series.system)
+    ]
     res = {OURS: ours}
     events = records_events(series.records)
     for cls in BASELINES:
-        res[cls.name] = [(k, s, st, st) for k, s, st in baseline_alarms(cls, events)]
+        res[cls.name] = [ScoredAlarm(None, sev, st, st) for _k, sev, st in baseline_alarms(cls, events)]
     return res
 
 
 def real(root: Path) -> None:
-    labels = read_labels(root)
-    caught: dict[str, int] = Counter()
-    fa: dict[str, int] = Counter()
-    healthy = 0
-    positives = 0
+    labels = read_labels(root / "LABELS.tsv")
+    total = {name: FileScore() for name in SETS}
     detail: list[str] = []
     for file, rows in sorted(labels.items()):
         try:
@@ -204,66 +216,60 @@ def real(root: Path) -> None:
         except UnreadableLog as e:
             detail.append(f"  {file}: UNREADABLE ({e})")
             continue
-        steps = sorted({r.step for r in series.records})
-        gaps = sorted(b - a for a, b in pairwise(steps)) or [1]
-        iv = gaps[len(gaps) // 2]
-        cls = rows[0]["class"]
+        steps = [r.step for r in series.records]
         res = _real_alarms(series)
-        ranges = [(int(r["start"]) - 2 * iv, int(r["end"]) + 2 * iv) for r in rows if r["class"] == "positive"]
-        if cls == "negative":
-            healthy += len(steps)
-        elif cls == "positive":
-            healthy += sum(1 for s in steps if not any(lo <= s <= hi for lo, hi in ranges))
         marks = []
         for name in SETS:
-            alarms = [a for a in res[name] if a[1] != "info"]
-            if cls == "ambiguous":
-                marks.append(f"{len(alarms)} alarms")
-                continue
-            off = [a for a in alarms if not any(lo <= a[2] <= hi for lo, hi in ranges)]
-            fa[name] += len(off)
-            got = 0
-            for r, (lo, hi) in zip([r for r in rows if r["class"] == "positive"], ranges, strict=True):
-                whole = int(r["start"]) > steps[0] or int(r["end"]) < steps[-1]
-                for kind, _sev, start, end in alarms:
-                    spans_file = start <= steps[0] and end >= steps[-1] and whole
-                    if lo <= start <= hi and not spans_file and (name != OURS or kind in GROUP_KINDS[r["group"]]):
-                        got += 1
-                        break
-            caught[name] += got
-            marks.append(f"{got}/{len(ranges)} caught, {len(off)} FA" if ranges else f"{len(off)} FA")
-        positives += len(ranges)
-        detail.append(f"  {file[:44]:44s} {cls:9s} " + " | ".join(marks))
+            sc = score_file(rows, steps, res[name])
+            t = total[name]
+            t.positives, t.caught = t.positives + sc.positives, t.caught + sc.caught
+            t.false_alarms, t.healthy_steps = (
+                t.false_alarms + sc.false_alarms,
+                t.healthy_steps + sc.healthy_steps,
+            )
+            if rows[0].cls == "ambiguous":
+                marks.append(f"{sc.alarms} alarms")
+            elif sc.positives:
+                marks.append(f"{sc.caught}/{sc.positives} caught, {sc.false_alarms} FA")
+            else:
+                marks.append(f"{sc.false_alarms} FA")
+        detail.append(f"  {file[:44]:44s} {rows[0].cls:9s} " + " | ".join(marks))
     print(f"\n(b) real logs ({root}): per file, {' | '.join(SETS)}")
     print("\n".join(detail))
     print(f"{'':24s}" + "".join(f"{n[:17]:>18s}" for n in SETS))
-    print(f"{'positives caught':24s}" + "".join(f"{caught[n]:>15d}/{positives:<2d}" for n in SETS))
-    print(f"{'false alarms':24s}" + "".join(f"{fa[n]:>18d}" for n in SETS))
-    print(f"{'false alarms / 10k':24s}" + "".join(f"{1e4 * fa[n] / max(1, healthy):>18.1f}" for n in SETS))
-    print(f"healthy logged steps in the labelled files: {healthy}")
+    print(
+        f"{'positives caught':24s}"
+        + "".join(f"{total[n].caught:>15d}/{total[n].positives:<2d}" for n in SETS)
+    )
+    print(f"{'false alarms':24s}" + "".join(f"{total[n].false_alarms:>18d}" for n in SETS))
+    print(
+        f"{'false alarms / 10k':24s}"
+        + "".join(f"{1e4 * total[n].false_alarms / max(1, total[n].healthy_steps):>18.1f}" for n in SETS)
+    )
+    print(f"healthy logged steps in the labelled files: {total[OURS].healthy_steps}")
 
 
 def sweep(seed: int, per_size: int) -> None:
-    """Recall of one loss spike by size (noise sigmas, and at least 1.2x)."""
+    """Recall of one loss spike by size (noise sigmas, and at least 1.3x)."""
     import math
 
     rng = random.Random(seed)
-    sizes = (3, 4, 6, 8, 10, 14)
+    sizes = (4, 6, 8, 10, 12, 16)
     hits: dict[str, Counter[int]] = {n: Counter() for n in SETS}
     for k in sizes:
         for _ in range(per_size):
             run = base_run(rng, rng.choice(("smooth", "noisy", "power_law", "warmup", "converged", "bs1")))
             i0 = rng.randint(run.n // 3, 2 * run.n // 3)
-            run.loss[i0] *= max(1.2, math.exp(k * run.sigma))
+            run.loss[i0] *= max(1.3, math.exp(k * run.sigma))
             res = all_alarms(to_events(run))
             for n in SETS:
                 s0 = run.steps[i0]
                 ok = any(
                     abs(st - s0) <= 2 * run.interval and sev != "info" and (n != OURS or kind == "loss_spike")
-                    for kind, sev, st in res[n]
+                    for kind, sev, st, _at in res[n]
                 )
                 hits[n][k] += ok
-    print("\n(c) one loss spike, recall by size in noise sigmas (>= 1.2x)")
+    print("\n(c) one loss spike, recall by size in noise sigmas (>= 1.3x)")
     print(f"{'size':24s}" + "".join(f"{n[:17]:>18s}" for n in SETS))
     for k in sizes:
         print(f"{f'{k} sigma':24s}" + "".join(f"{hits[n][k] / per_size:>18.2f}" for n in SETS))
@@ -280,14 +286,21 @@ def speed() -> None:
         det.observe_step(rec)
         worst = max(worst, time.perf_counter() - a)
     per = (time.process_time() - t0) / len(events)
-    print(f"\n(d) speed: live {per * 1e6:.1f} us/step (worst single step {worst * 1e3:.2f} ms); target < 1 ms")
+    print(
+        f"\n(d) speed: live {per * 1e6:.1f} us/step (worst single step {worst * 1e3:.2f} ms); target < 1 ms"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "trainer_state.json"
         n = 100_000
         big = base_run(rng, "noisy", n=n)
         history = [
-            {"epoch": round(big.epoch[i] or 0.0, 4), "grad_norm": big.grad[i], "learning_rate": big.lr[i],
-             "loss": round(big.loss[i], 4), "step": big.steps[i]}
+            {
+                "epoch": round(big.epoch[i] or 0.0, 4),
+                "grad_norm": big.grad[i],
+                "learning_rate": big.lr[i],
+                "loss": round(big.loss[i], 4),
+                "step": big.steps[i],
+            }
             for i in range(n)
         ]
         path.write_text(json.dumps({"global_step": big.steps[-1], "log_history": history}, indent=2))
@@ -296,15 +309,21 @@ def speed() -> None:
         t1 = time.perf_counter()
         detect(series.records, series.system)
         t2, c2 = time.perf_counter(), time.process_time()
-        print(f"    analyze {n:,} steps (in process): read {t1 - t0:.2f} s + detect {t2 - t1:.2f} s = "
-              f"{t2 - t0:.2f} s wall, {c2 - c0:.2f} s CPU; target < 2 s")
+        print(
+            f"    analyze {n:,} steps (in process): read {t1 - t0:.2f} s + detect {t2 - t1:.2f} s = "
+            f"{t2 - t0:.2f} s wall, {c2 - c0:.2f} s CPU; target < 2 s"
+        )
         import subprocess
 
         exe = Path(sys.executable).with_name("steadytune")
         if exe.exists():
             t0 = time.perf_counter()
-            subprocess.run([str(exe), "analyze", str(path), "--format", "json"], capture_output=True, check=False)
-            print(f"    steadytune analyze (new process, imports included): {time.perf_counter() - t0:.2f} s wall")
+            subprocess.run(
+                [str(exe), "analyze", str(path), "--format", "json"], capture_output=True, check=False
+            )
+            print(
+                f"    steadytune analyze (new process, imports included): {time.perf_counter() - t0:.2f} s wall"
+            )
 
 
 def main() -> int:
@@ -316,8 +335,10 @@ def main() -> int:
     per = args.per_kind or (8 if args.quick else 30)
     t0 = time.perf_counter()
     tallies = synthetic(args.seed, per, per)
-    print(f"synthetic suite: {per} healthy runs per shape x {len(HEALTHY_SHAPES)} shapes, "
-          f"{per} runs per kind x {len(FAULT_KINDS)} kinds, seed {args.seed} ({time.perf_counter() - t0:.0f} s)")
+    print(
+        f"synthetic suite: {per} healthy runs per shape x {len(HEALTHY_SHAPES)} shapes, "
+        f"{per} runs per kind x {len(FAULT_KINDS)} kinds, seed {args.seed} ({time.perf_counter() - t0:.0f} s)"
+    )
     print_synthetic(tallies)
     root = real_logs_dir()
     if root is None:

@@ -253,7 +253,10 @@ class Tracker:
         if n >= 16:
             s = max(s, ordered[int(0.9 * n)] * _Q90_TO_SIGMA)
         if n >= 8:
-            s = max(s, self._recent_abs * _MEAN_ABS_TO_SIGMA)
+            # Believed only when clearly larger: the max of noisy estimates drifts upward.
+            recent = self._recent_abs * _MEAN_ABS_TO_SIGMA
+            if recent > 1.5 * s:
+                s = recent
         var = (self.prior_weight * self.prior_var + n * s * s) / (self.prior_weight + n)
         return max(math.sqrt(var), self.floor)
 

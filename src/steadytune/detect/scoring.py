@@ -1,0 +1,98 @@
+"""Scoring detections against labelled logs (LABELS.tsv), for the benchmark and the tests.
+
+A label row names a file, its class (positive / negative / ambiguous), and for
+a positive one the group of the anomaly and its step range. A positive row is
+*caught* by a warning/critical alarm of a compatible kind that begins inside
+the range widened by two logging intervals; an alarm spanning the whole file
+catches nothing (unless the range itself is the whole file). Any warning or
+critical alarm on a negative file, or on a positive file away from its
+ranges, is a false alarm. Ambiguous files prove nothing either way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import pairwise
+from pathlib import Path
+
+# Label groups -> the anomaly kinds that count as detecting them.
+GROUP_KINDS: dict[str, frozenset[str]] = {
+    "divergence": frozenset({"divergence", "loss_spike"}),
+    "collapse": frozenset({"loss_collapse"}),
+    "plateau": frozenset({"plateau", "grad_vanishing"}),
+    "nan": frozenset({"nan_loss", "nonfinite_grad"}),
+    "spike": frozenset({"loss_spike", "divergence"}),
+    "grad_spike": frozenset({"grad_spike", "grad_explosion"}),
+}
+
+
+@dataclass(frozen=True)
+class Label:
+    file: str
+    cls: str
+    group: str
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class Alarm:
+    """Any detector's alarm: ``kind`` None for detectors that name no kind (any counts)."""
+
+    kind: str | None
+    severity: str
+    start: int
+    end: int
+
+
+@dataclass
+class FileScore:
+    positives: int = 0
+    caught: int = 0
+    false_alarms: int = 0
+    healthy_steps: int = 0
+    alarms: int = 0
+
+
+def read_labels(path: Path) -> dict[str, list[Label]]:
+    """LABELS.tsv rows grouped by file."""
+    out: dict[str, list[Label]] = {}
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    header = lines[0].split("\t")
+    for line in lines[1:]:
+        if not line.strip():
+            continue
+        row = dict(zip(header, line.split("\t"), strict=False))
+        start = int(row["start"]) if row.get("start", "-").lstrip("-").isdigit() else 0
+        end = int(row["end"]) if row.get("end", "-").lstrip("-").isdigit() else 0
+        out.setdefault(row["file"], []).append(Label(row["file"], row["class"], row.get("group", "-"), start, end))
+    return out
+
+
+def logging_interval(steps: list[int]) -> int:
+    gaps = sorted(b - a for a, b in pairwise(sorted(set(steps))))
+    return gaps[len(gaps) // 2] if gaps else 1
+
+
+def score_file(labels: list[Label], steps: list[int], alarms: list[Alarm]) -> FileScore:
+    """How one detector did on one labelled file."""
+    steps = sorted(set(steps))
+    alarms = [a for a in alarms if a.severity in ("warning", "critical")]
+    score = FileScore(alarms=len(alarms))
+    cls = labels[0].cls
+    if cls == "ambiguous" or not steps:
+        return score
+    iv = logging_interval(steps)
+    positives = [lb for lb in labels if lb.cls == "positive"]
+    windows = [(lb.start - 2 * iv, lb.end + 2 * iv) for lb in positives]
+    score.positives = len(positives)
+    score.healthy_steps = sum(1 for s in steps if not any(lo <= s <= hi for lo, hi in windows))
+    score.false_alarms = sum(1 for a in alarms if not any(lo <= a.start <= hi for lo, hi in windows))
+    for lb, (lo, hi) in zip(positives, windows, strict=True):
+        whole_label = lb.start <= steps[0] and lb.end >= steps[-1]
+        for a in alarms:
+            spans_file = a.start <= steps[0] and a.end >= steps[-1] and not whole_label
+            if lo <= a.start <= hi and not spans_file and (a.kind is None or a.kind in GROUP_KINDS[lb.group]):
+                score.caught += 1
+                break
+    return score

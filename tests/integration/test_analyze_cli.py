@@ -1,0 +1,105 @@
+"""``steadytune analyze``: JSON schema, text verdicts, unreadable files, --plot, exit codes."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from steadytune.cli.main import main
+from tests.conftest import STEADYTUNE
+
+FILE_KEYS = {"path", "format", "steps", "metrics", "anomalies"}
+ANOMALY_KEYS = {"kind", "severity", "start_step", "end_step", "metric", "evidence", "cause", "suggestion"}
+
+
+def _state(path: Path, losses: list[float], grads: list[float] | None = None) -> Path:
+    history = []
+    for i, loss in enumerate(losses):
+        entry = {"epoch": i / len(losses), "learning_rate": 1e-4, "loss": loss, "step": 10 * (i + 1)}
+        if grads is not None:
+            entry["grad_norm"] = grads[i]
+        history.append(entry)
+    path.write_text(json.dumps({"global_step": 10 * len(losses), "log_history": history}))
+    return path
+
+
+def _healthy(n: int = 120) -> list[float]:
+    return [2.0 * (0.6 + 0.4 * math.exp(-i / 30)) * (1 + 0.01 * ((i * 7) % 5 - 2)) for i in range(n)]
+
+
+@pytest.fixture
+def spiky(tmp_path: Path) -> Path:
+    losses = _healthy()
+    losses[80] *= 4.0
+    return _state(tmp_path / "trainer_state.json", losses)
+
+
+def test_json_output_has_exactly_the_documented_schema(spiky: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["analyze", str(spiky), "--format", "json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert set(doc) == {"files"}
+    (f,) = doc["files"]
+    assert set(f) == FILE_KEYS
+    assert (f["path"], f["format"], f["steps"]) == (str(spiky), "hf_trainer_state", 120)
+    assert "loss" in f["metrics"]
+    (a,) = f["anomalies"]
+    assert set(a) == ANOMALY_KEYS
+    assert (a["kind"], a["severity"], a["start_step"], a["metric"]) == ("loss_spike", "warning", 810, "loss")
+    assert a["evidence"]["ratio"] > 3 and a["cause"] and a["suggestion"]
+
+
+def test_healthy_file_exits_zero_with_a_verdict(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _state(tmp_path / "ok.json", _healthy())
+    assert main(["analyze", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "ok.json" in out and "healthy" in out
+
+
+def test_unreadable_file_gets_one_line_and_the_others_go_on(
+    spiky: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "notes.txt"
+    bad.write_text("nothing to see\n")
+    assert main(["analyze", str(bad), str(spiky), "--format", "json"]) == 1
+    cap = capsys.readouterr()
+    errors = [line for line in cap.err.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: {bad}: unrecognised format (no step/loss records in a known layout)"]
+    assert [f["path"] for f in json.loads(cap.out)["files"]] == [str(spiky)]
+
+
+def test_text_output_shows_the_table_cause_and_fix(spiky: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["analyze", str(spiky)]) == 1
+    out = capsys.readouterr().out
+    assert "warning: 1 anomaly" in out and "loss_spike" in out and "810" in out and "→" in out
+
+
+def test_plot_writes_a_png(spiky: Path, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "plots" / "anomalies.png"
+    assert main(["analyze", str(spiky), "--plot", str(out), "--format", "json"]) == 1
+    data = out.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+def test_overrides_change_the_verdict(spiky: Path) -> None:
+    assert main(["analyze", str(spiky), "--set", "disabled_kinds=[loss_spike]", "--format", "json"]) == 0
+    assert main(["analyze", str(spiky), "--set", "loss.nonsense=1"]) == 2
+
+
+def test_console_script_on_a_megatron_log(tmp_path: Path) -> None:
+    log = tmp_path / "train.log"
+    lines = [
+        f" iteration {s:8d}/ 1000 | learning rate: 1.0E-04 | lm loss: {2.8 - 0.001 * s + (3.0 if s == 300 else 0.0):E} |"
+        f" grad norm: 1.5 | number of skipped iterations: 0 |"
+        for s in range(10, 500, 10)
+    ]
+    log.write_text("\n".join(lines) + "\n")
+    proc = subprocess.run([STEADYTUNE, "analyze", str(log), "--format", "json"], capture_output=True, text=True)
+    assert proc.returncode == 1, proc.stderr
+    (f,) = json.loads(proc.stdout)["files"]
+    assert f["format"] == "megatron_text"
+    assert [(a["kind"], a["start_step"]) for a in f["anomalies"]] == [("loss_spike", 300)]

@@ -1,0 +1,183 @@
+"""Each importer on a small file of its format, with the hazards real logs have."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from steadytune.importers import UnreadableLog, detect_format, load
+from steadytune.records import StepRecord, SystemSample
+from steadytune.rundir import RunDir
+from steadytune.telemetry.stream import JsonlWriter
+
+
+def _losses(path: Path) -> list[tuple[int, float | None]]:
+    return [(r.step, r.loss) for r in load(path).records]
+
+
+def test_hf_trainer_state_keeps_nan_grad_merges_eval_and_skips_the_summary(tmp_path: Path) -> None:
+    p = tmp_path / "trainer_state.json"
+    p.write_text(
+        '{"global_step": 3, "log_history": ['
+        '{"epoch": 0.1, "grad_norm": NaN, "learning_rate": 1e-4, "loss": 2.5, "step": 1},'
+        '{"epoch": 0.2, "grad_norm": 1.5, "learning_rate": 1e-4, "loss": 2.1, "step": 2},'
+        '{"epoch": 0.2, "eval_loss": 2.3, "eval_runtime": 1.0, "step": 2},'
+        '{"epoch": 0.3, "step": 3, "train_loss": 2.3, "train_runtime": 10.0, "total_flos": 1.0}]}'
+    )
+    s = load(p)
+    assert (s.format, s.steps) == ("hf_trainer_state", 2)
+    first, second = s.records
+    assert math.isnan(first.grad_norm or 0.0) and first.lr == 1e-4 and first.epoch == 0.1
+    assert (second.loss, second.eval_loss, second.extra.get("eval_runtime")) == (2.1, 2.3, 1.0)
+    assert {"loss", "grad_norm", "lr", "eval_loss", "epoch"} <= set(s.metrics)
+
+
+def test_a_checkpoint_directory_stands_for_its_trainer_state(tmp_path: Path) -> None:
+    (tmp_path / "trainer_state.json").write_text('{"log_history": [{"loss": 1.0, "step": 5}]}')
+    assert detect_format(tmp_path) == "hf_trainer_state" and _losses(tmp_path) == [(5, 1.0)]
+
+
+def test_llamafactory_log_skips_torn_lines_and_reads_elapsed_time(tmp_path: Path) -> None:
+    p = tmp_path / "trainer_log.jsonl"
+    p.write_text(
+        '{"current_steps": 10, "total_steps": 30, "loss": 2.2, "lr": 1e-5, "epoch": 0.1, '
+        '"percentage": 33.3, "elapsed_time": "0:00:32", "remaining_time": "0:01:04"}\n'
+        "{not json\n"
+        '{"current_steps": 20, "total_steps": 30, "loss": 2.0, "lr": 2e-5, "epoch": 0.2, '
+        '"elapsed_time": "1 day, 0:01:03"}\n'
+        '{"current_steps": 20, "total_steps": 30, "eval_loss": 2.4, "epoch": 0.2}\n'
+        '{"current_steps": 30, "loss'
+    )
+    s = load(p)
+    assert s.format == "llamafactory_trainer_log"
+    assert [(r.step, r.loss, r.eval_loss, r.ts) for r in s.records] == [
+        (10, 2.2, None, 32.0),
+        (20, 2.0, 2.4, 86463.0),
+    ]
+    assert "percentage" not in s.metrics
+
+
+def test_megatron_text_joins_wrapped_lines_and_keeps_real_nan(tmp_path: Path) -> None:
+    p = tmp_path / "train.log"
+    p.write_text(
+        "noise before\n"
+        " iteration      100/    1000 | consumed samples: 800 | elapsed time per iteration (ms): 250.0 |"
+        " learning rate: 1.0E-04 | global batch size: 8 | lm loss: 3.5E+00 | loss scale: 1.0 |"
+        " grad norm: 2.5 | number of skipped iterations: 0 | number of nan iterations: 0 |\n"
+        "time (ms)\n"
+        " iteration      110/    1000 | consumed samples: 880 | elapsed time per iteration (ms): 251.0 | learning rate:\n"
+        " 1.0E-04 | global batch size: 8 | lm loss: 3.4E+00 | loss scale: 1.0 | grad norm: 2.4 | number of skipped iteratio\n"
+        "ns:   1 | number of nan iterations:   0 |\n"
+        " iteration      120/    1000 | lm loss: nan | grad norm: nan |\n"
+    )
+    s = load(p)
+    a, b, c = s.records
+    assert s.format == "megatron_text"
+    assert (a.step, a.loss, a.grad_norm, a.lr, a.samples, a.step_time_s) == (100, 3.5, 2.5, 1e-4, 8, 0.25)
+    assert (b.step, b.loss, b.skipped) == (110, 3.4, True)
+    assert c.step == 120 and math.isnan(c.loss or 0.0)
+
+
+def test_megatron_golden_values_drop_the_nan_placeholders(tmp_path: Path) -> None:
+    p = tmp_path / "golden.json"
+    doc = {
+        "lm loss": {"start_step": 1, "end_step": 15, "step_interval": 5, "values": {"1": 10.5, "5": 9.0, "10": "nan"}},
+        "mem-allocated-bytes": {"start_step": 1, "end_step": 15, "step_interval": 5, "values": {"1": 1e9, "5": 1e9}},
+    }
+    p.write_text(json.dumps(doc, indent=4))
+    s = load(p)
+    assert s.format == "megatron_golden_values"
+    assert _losses(p) == [(1, 10.5), (5, 9.0)]
+    assert s.records[0].mem_allocated_bytes == 10**9
+
+
+def test_llmc_log(tmp_path: Path) -> None:
+    p = tmp_path / "main.log"
+    p.write_text("s:0 tel:11.0\ns:1 trl:10.9\ns:2 trl:10.1 lr:0.0006 norm:2.5\n")
+    s = load(p)
+    assert s.format == "llmc_log"
+    assert [(r.step, r.loss, r.eval_loss, r.grad_norm) for r in s.records] == [
+        (0, None, 11.0, None),
+        (1, 10.9, None, None),
+        (2, 10.1, None, 2.5),
+    ]
+
+
+def test_wandb_csv_export_drops_run_prefix_and_bands(tmp_path: Path) -> None:
+    p = tmp_path / "export.csv"
+    p.write_text(
+        "Step,run-7 - train/loss,run-7 - train/loss__MIN,run-7 - train/loss__MAX,run-7 - train/grad_norm\n"
+        "1,2.5,2.4,2.6,1.0\n2,,,,1.1\n3,2.2,2.1,2.3,\n"
+    )
+    s = load(p)
+    assert s.format == "csv"
+    assert [(r.step, r.loss, r.grad_norm) for r in s.records] == [(1, 2.5, 1.0), (2, None, 1.1), (3, 2.2, None)]
+    assert not any("__MIN" in m for m in s.metrics)
+
+
+def test_tensorboard_events_file_and_directory(tmp_path: Path) -> None:
+    pytest.importorskip("tensorboard")
+    from tensorboard.compat.proto.event_pb2 import Event
+    from tensorboard.compat.proto.summary_pb2 import Summary
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+    w = EventFileWriter(str(tmp_path))
+    for step in (1, 2, 3):
+        values = [Summary.Value(tag="train/loss", simple_value=3.0 - step), Summary.Value(tag="train/lr", simple_value=1e-4)]
+        w.add_event(Event(step=step, wall_time=float(step), summary=Summary(value=values)))
+    w.close()
+    (events,) = tmp_path.glob("events.out.tfevents*")
+    for path in (tmp_path, events):
+        assert detect_format(path) == "tensorboard"
+        assert _losses(path) == [(1, 2.0), (2, 1.0), (3, 0.0)]
+
+
+def test_steadytune_run_directory_keeps_the_last_record_per_step_and_rank(tmp_path: Path) -> None:
+    run = RunDir(tmp_path / "run").create()
+    with JsonlWriter(run.telemetry(0)) as w0, JsonlWriter(run.telemetry(1)) as w1:
+        for step, loss in ((1, 2.0), (2, 1.9), (2, 1.8), (3, 1.7)):  # step 2 replayed after a restart
+            w0.write(StepRecord(step=step, ts=float(step), loss=loss))
+            w1.write(StepRecord(step=step, ts=float(step), rank=1, loss=loss))
+    with JsonlWriter(run.system) as ws:
+        ws.write(SystemSample(ts=1.0, cpu_ratio=0.5))
+    s = load(run.root)
+    assert s.format == "steadytune_run" and s.steps == 3
+    assert [(r.step, r.rank, r.loss) for r in s.records if r.rank == 0] == [(1, 0, 2.0), (2, 0, 1.8), (3, 0, 1.7)]
+    assert len(s.records) == 6 and len(s.system) == 1
+
+
+def test_interleaved_duplicates_keep_the_last_value_per_step(tmp_path: Path) -> None:
+    p = tmp_path / "log.csv"
+    p.write_text("step,loss,grad_norm\n1,2.0,1.0\n2,1.9,1.0\n1,2.1,\n3,1.8,0.9\n")
+    assert [(r.step, r.loss, r.grad_norm) for r in load(p).records] == [(1, 2.1, 1.0), (2, 1.9, 1.0), (3, 1.8, 0.9)]
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "reason"),
+    [
+        ("empty.json", "", "empty file"),
+        ("blob.bin", b"\x00\x01\x02binary", "binary"),
+        ("other.json", '{"model": "llama", "layers": 32}', "JSON, but neither"),
+        ("notes.txt", "just some words\nno numbers here\n", "unrecognised format"),
+        ("nostep.csv", "a,b\n1,2\n", "unrecognised format"),
+        ("bad.json", "{\n  \"log_history\": [1, 2,\n", "invalid JSON"),
+    ],
+)
+def test_unreadable_files_give_a_one_line_reason(tmp_path: Path, name: str, content: str | bytes, reason: str) -> None:
+    p = tmp_path / name
+    p.write_bytes(content) if isinstance(content, bytes) else p.write_text(content)
+    with pytest.raises(UnreadableLog) as e:
+        load(p)
+    assert reason in str(e.value) and "\n" not in str(e.value)
+
+
+def test_missing_path_and_log_without_loss(tmp_path: Path) -> None:
+    with pytest.raises(UnreadableLog, match="no such file"):
+        load(tmp_path / "nope.json")
+    p = tmp_path / "trainer_state.json"
+    p.write_text('{"log_history": [{"learning_rate": 0.1, "step": 1}]}')
+    with pytest.raises(UnreadableLog, match="none of the metrics"):
+        load(p)
