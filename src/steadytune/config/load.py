@@ -218,17 +218,22 @@ def load_config(path: Path | str, overrides: list[str] | None = None, check_path
 
 
 def absolutize(cfg: SteadytuneConfig, base: Path) -> SteadytuneConfig:
-    """Make the config's file paths absolute, so the worker can run from any folder."""
-    data = cfg.model_dump()
-    data["data"]["train_file"] = str(resolve_path(cfg.data.train_file, base).resolve())
+    """Make the config's file paths absolute, so the worker can run from any folder.
+
+    Done with model copies, not a re-validation, so each section still knows which
+    keys the user set (``--safe-mode`` fills in only the others).
+    """
+    data_upd = {"train_file": str(resolve_path(cfg.data.train_file, base).resolve())}
     if cfg.data.eval_file:
-        data["data"]["eval_file"] = str(resolve_path(cfg.data.eval_file, base).resolve())
+        data_upd["eval_file"] = str(resolve_path(cfg.data.eval_file, base).resolve())
     local = resolve_path(cfg.model.name_or_path, base)
-    if local.exists():
-        data["model"]["name_or_path"] = str(local.resolve())
-    if not Path(cfg.run.runs_dir).is_absolute():
-        data["run"]["runs_dir"] = str(Path(cfg.run.runs_dir).resolve())
-    return SteadytuneConfig.model_validate(data)
+    model_upd = {"name_or_path": str(local.resolve())} if local.exists() else {}
+    run_upd = {} if Path(cfg.run.runs_dir).is_absolute() else {"runs_dir": str(Path(cfg.run.runs_dir).resolve())}
+    return cfg.model_copy(update={
+        "data": cfg.data.model_copy(update=data_upd),
+        "model": cfg.model.model_copy(update=model_upd),
+        "run": cfg.run.model_copy(update=run_upd),
+    })
 
 
 def dump_config(cfg: SteadytuneConfig) -> str:

@@ -106,3 +106,16 @@ def test_oom_escalation_and_smaller_microbatch_keep_the_effective_batch() -> Non
         assert new["per_device_train_batch_size"] * new["gradient_accumulation_steps"] == b * a
         assert new["per_device_train_batch_size"] < b
     assert smaller_microbatch(cur, 1, 4) is None
+
+
+def test_safe_mode_fills_only_what_the_user_left_unset(tmp_path) -> None:
+    from steadytune.config.load import load_config
+    from steadytune.policy.safe_mode import safe_mode
+
+    (tmp_path / "m").mkdir()
+    (tmp_path / "d.jsonl").write_text('{"text": "x"}\n')
+    (tmp_path / "c.yaml").write_text("model: {name_or_path: ./m}\ndata: {train_file: d.jsonl}\n"
+                                     "train: {max_grad_norm: 0.5}\npolicy: {spike_confirm_points: 4}\n")
+    cfg = safe_mode(load_config(tmp_path / "c.yaml"))
+    assert cfg.train.max_grad_norm == 0.5 and cfg.policy.spike_confirm_points == 4  # the user's choices stay
+    assert cfg.policy.checkpoint_every_s == 600 and cfg.policy.max_lr == 5e-3  # the rest of the preset

@@ -1,0 +1,77 @@
+"""Operator controls, --policy observe and --safe-mode, on real supervised runs."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from steadytune.checkpoint.manifest import verify
+from steadytune.telemetry.events import read_events
+
+from .runs import STEADYTUNE, finish, run_dir, start_run, status, steps, wait_for, write_config
+
+pytestmark = pytest.mark.slow
+
+
+def ctl(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([STEADYTUNE, *args], capture_output=True, text=True, timeout=180)
+
+
+def test_checkpoint_pause_resume_stop(tmp_path: Path, demo_assets: Path) -> None:
+    cfg = write_config(tmp_path, demo_assets, train={"max_steps": 400, "save_steps": 200})
+    proc = start_run(cfg, "ops", faults={"step_sleep_s": 0.1}, extra_args=["--skip-check"])
+    run = run_dir(cfg, "ops")
+    wait_for(lambda: len(steps(run)) >= 5, what="step 5")
+
+    out = ctl("checkpoint", str(run.root))
+    assert out.returncode == 0, out.stderr
+    wait_for(lambda: any(verify(p).ok for p in run.checkpoints.glob("checkpoint-*")), what="a checkpoint")
+
+    assert ctl("pause", str(run.root), "--hold").returncode == 0
+    time.sleep(1.0)
+    held = steps(run)[-1].step
+    time.sleep(2.0)
+    assert steps(run)[-1].step == held  # the worker is holding at a step boundary
+    assert ctl("resume", str(run.root)).returncode == 0
+    wait_for(lambda: steps(run)[-1].step > held, what="progress after resume")
+
+    assert ctl("pause", str(run.root)).returncode == 0  # --release: checkpoint and exit the worker
+    wait_for(lambda: status(run).get("state") == "paused", what="paused state")
+    paused_at = status(run)["step"]
+    assert status(run)["worker_pid"] is None
+    assert verify(run.checkpoints / f"checkpoint-{paused_at}").ok
+    assert ctl("resume", str(run.root)).returncode == 0
+    wait_for(lambda: any(r.attempt == 1 for r in steps(run)), what="the resumed worker's first step")
+    assert min(r.step for r in steps(run) if r.attempt == 1) == paused_at + 1
+
+    assert ctl("stop", str(run.root)).returncode == 0
+    rc, out = finish(proc)
+    assert rc == 0, out
+    assert status(run)["state"] == "stopped"
+    controls = [e for e in read_events(run.events) if e.kind == "control" and not e.name.startswith("ack_")]
+    assert [e.name for e in controls] == ["checkpoint", "pause", "resume", "pause", "resume", "stop"]
+    assert all("(cli)" in e.data["issuer"] for e in controls)
+
+
+def test_policy_observe_alerts_but_does_not_act(tmp_path: Path, demo_assets: Path) -> None:
+    cfg = write_config(tmp_path, demo_assets, train={"max_steps": 40, "save_steps": 10, "max_grad_norm": 0.0},
+                       policy={"spike_confirm_points": 1})
+    rc, out = finish(start_run(cfg, "observe", faults={"lr_burst_at_step": 25, "lr_burst_factor": 1000.0},
+                               extra_args=["--policy", "observe", "--skip-check"]))
+    assert rc == 0, out
+    events = read_events(run_dir(cfg, "observe").events)
+    assert any(e.kind == "anomaly" and e.severity in {"warning", "critical"} for e in events)
+    assert any(e.name == "alert_only" and "observe mode" in e.message for e in events)
+    assert not any(e.name in {"rollback", "restart"} for e in events)
+
+
+def test_safe_mode_refuses_a_far_too_high_lr(tmp_path: Path, demo_assets: Path) -> None:
+    cfg = write_config(tmp_path, demo_assets, method="lora", train={"learning_rate": 0.1})
+    proc = subprocess.run([STEADYTUNE, "run", str(cfg), "--safe-mode", "--skip-check"], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "train.learning_rate" in proc.stderr and "policy.max_lr=0.005" in proc.stderr
+    assert not (tmp_path / "runs").exists()
