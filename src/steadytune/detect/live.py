@@ -194,6 +194,10 @@ class LiveDetector:
         self._stall.check(now, last_heartbeat_ts, last_step, out)
         return self._apply(out) if out else []
 
+    def set_projected_disk_need(self, need_bytes: int | None) -> None:
+        """What the run will still write (checkpoints to come): disk_low compares free space with it."""
+        self._system.set_projected_need(need_bytes)
+
     def open_anomalies(self) -> list[Anomaly]:
         """Anomalies raised and not yet resolved, as they stand now."""
         return [o.snapshot() for o in self._open.values()]

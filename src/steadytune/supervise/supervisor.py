@@ -328,6 +328,7 @@ class Supervisor:
             return
         if ev.name == "checkpoint_saved" and ev.step is not None:
             self.checkpoint_steps.append(ev.step)
+            self.update_disk_need(ev.step)
         if ev.severity in {"warning", "critical"} and ev.step is not None:
             self.trouble_steps.append(ev.step)
         filed = self.emit(ev.kind, ev.name, ev.message, severity=ev.severity, step=ev.step, data=ev.data)
@@ -453,6 +454,14 @@ class Supervisor:
                 live.update(progress_line(self.progress, self.restarts, self.state))
             time.sleep(self.poll_s)
         return True
+
+    def update_disk_need(self, step: int) -> None:
+        """Checkpoints still to come, at the size of the newest one, feed the disk_low detector."""
+        from steadytune.preflight.disk import run_disk_need
+
+        need = run_disk_need(self.run.checkpoints, self.cfg.run.keep_last, self.cfg.train.save_steps,
+                             self.progress.max_steps, step)
+        self.detector.set_projected_disk_need(need)
 
     def update_last_good(self) -> None:
         """A checkpoint becomes LAST_GOOD once a window of healthy steps has followed it."""
