@@ -132,23 +132,33 @@ def _encode(tok: Any, spec: Any, rows: list[dict[str, Any]], fmt: str, clean: bo
     return [encode_row(tok, row, fmt, spec) for row in rows], "direct"
 
 
+def count(n: int, singular: str) -> str:
+    """``count(1, "empty sample")`` -> ``"1 empty sample"``; the plural adds an s to the noun."""
+    if n == 1:
+        return f"1 {singular}"
+    head, _, tail = singular.partition(" with ")
+    return f"{n} {head}s" + (f" with {tail}" if tail else "")
+
+
 def _content_checks(found: dict[str, list[int]], n: int) -> list[Check]:
     f = "data"
     out = []
     texts = {
-        "empty": ("empty samples", "remove them: they train on nothing but the template"),
-        "whitespace": ("whitespace-only samples", "remove them or fill them in"),
-        "empty_answer": ("samples with an empty answer", "remove them: they teach the model to answer nothing"),
+        "empty": ("empty sample", "remove them: they train on nothing but the template"),
+        "whitespace": ("whitespace-only sample", "remove them or fill them in"),
+        "empty_answer": ("sample with an empty answer", "remove them: they teach the model to answer nothing"),
     }
     for kind, (what, fix) in texts.items():
         if found[kind]:
-            out.append(warn(f, kind, f"{len(found[kind])} {what} ({show_lines(found[kind])})", fix, lines=found[kind]))
+            out.append(warn(f, kind, f"{count(len(found[kind]), what)} ({show_lines(found[kind])})", fix,
+                            lines=found[kind]))
     if not (found["empty"] or found["whitespace"]):
         out.append(ok(f, "empty", "no empty or whitespace-only samples"))
     dups = found["duplicate"]
     if dups:
         pairs = ", ".join(f"{a} = {b}" for a, b in list(zip(dups, found["duplicate_of"], strict=True))[:5])
-        out.append(warn(f, "duplicates", f"{len(dups)} duplicate samples ({100 * len(dups) / n:.1f}%): lines {pairs}"
+        out.append(warn(f, "duplicates", f"{count(len(dups), 'duplicate sample')} ({100 * len(dups) / n:.1f}%): "
+                        f"line{'s' if len(dups) > 1 else ''} {pairs}"
                         + (" ..." if len(dups) > 5 else ""), "deduplicate: repeats are memorised and skew the loss",
                         lines=dups))
     else:
@@ -180,7 +190,11 @@ def _token_checks(result: DataScan, tok: Any, spec: Any, rows: list[dict[str, An
         text = (f"{len(stats.truncated)} of {stats.samples} samples ({100 * share:.1f}%) exceed max_seq_length {seq} "
                 f"and are truncated ({show_lines([ln for ln, _ in stats.truncated])}; longest {worst[1]} tokens "
                 f"at line {worst[0]})")
-        fix = f"raise data.max_seq_length toward {worst[1]} if memory allows, or shorten those samples"
+        limit = arch.max_position_embeddings if arch is not None else None
+        if limit is not None and worst[1] > limit:
+            fix = f"shorten those samples (the model has {limit} positions), or accept the truncation"
+        else:
+            fix = f"raise data.max_seq_length toward {worst[1]} if memory allows, or shorten those samples"
         # Truncation is a choice for some data (long documents cut to a window), so it never blocks.
         result.checks.append(warn(f, "over_long", text, fix, lines=[ln for ln, _ in stats.truncated], share=share))
     else:
@@ -189,7 +203,8 @@ def _token_checks(result: DataScan, tok: Any, spec: Any, rows: list[dict[str, An
         every = len(stats.all_masked) == stats.samples
         why = ("the prompt fills max_seq_length and the answer is cut off"
                if any(ln in {t[0] for t in stats.truncated} for ln in stats.all_masked) else "no answer tokens")
-        text = (f"{len(stats.all_masked)} samples have every label masked ({show_lines(list(stats.all_masked))}): "
+        text = (f"{count(len(stats.all_masked), 'sample')} with every label masked "
+                f"({show_lines(list(stats.all_masked))}): "
                 f"they carry no loss ({why}); a batch of only such samples has a NaN loss")
         fix = ("shorten their prompts or raise max_seq_length; set data.train_on_prompt: true if prompts should "
                "train too")
@@ -200,7 +215,8 @@ def _token_checks(result: DataScan, tok: Any, spec: Any, rows: list[dict[str, An
         result.checks.append(na(f, "label_vocab", "model vocabulary unknown"))
     elif stats.over_vocab:
         top = max(t for _, t in stats.over_vocab)
-        result.checks.append(fail(f, "label_vocab", f"{len(stats.over_vocab)} samples hold token ids >= the model's "
+        result.checks.append(fail(f, "label_vocab", f"{count(len(stats.over_vocab), 'sample')} with token ids >= the "
+                                  "model's "
                                   f"vocab_size {vocab} (up to {top}; {show_lines([ln for ln, _ in stats.over_vocab])}): "
                                   "the embedding lookup fails (a CUDA device-side assert on GPU)",
                                   "resize the embeddings (model.resize_token_embeddings) or use the model's own "
