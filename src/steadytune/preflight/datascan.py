@@ -20,6 +20,9 @@ from steadytune.estimate import Architecture
 from steadytune.preflight.dataset import content_findings, scan_raw, show_lines, token_stats
 from steadytune.preflight.result import Check, fail, na, ok, warn
 
+# Any of these in a model folder means a tokenizer may load from it.
+TOKENIZER_MARKERS = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model")
+
 
 @dataclass
 class DataScan:
@@ -100,6 +103,12 @@ def scan_data(cfg: SteadytuneConfig, arch: Architecture | None,
     result.checks += _content_checks(content_findings(rows, lines, fmt, d.text_field), len(rows))
 
     if tokenizer_loader is None:
+        return result
+    folder = Path(cfg.model.name_or_path).expanduser()
+    if folder.is_dir() and not any((folder / name).exists() for name in TOKENIZER_MARKERS):
+        # Shapes only (a config.json to plan with): say so without importing transformers.
+        result.checks.append(na("data", "tokenizer", f"no tokenizer files in {folder}; token-level checks skipped",
+                                "put the tokenizer files next to config.json to check lengths and labels"))
         return result
     try:
         tok = tokenizer_loader(cfg.model.name_or_path, cfg.model.trust_remote_code)
@@ -187,7 +196,8 @@ def _token_checks(result: DataScan, tok: Any, spec: Any, rows: list[dict[str, An
     if stats.truncated:
         share = len(stats.truncated) / stats.samples
         worst = max(stats.truncated, key=lambda t: t[1])
-        text = (f"{len(stats.truncated)} of {stats.samples} samples ({100 * share:.1f}%) exceed max_seq_length {seq} "
+        text = (f"{len(stats.truncated)} of {stats.samples} samples ({100 * share:.1f}%) "
+                f"{'exceeds' if len(stats.truncated) == 1 else 'exceed'} max_seq_length {seq} "
                 f"and are truncated ({show_lines([ln for ln, _ in stats.truncated])}; longest {worst[1]} tokens "
                 f"at line {worst[0]})")
         limit = arch.max_position_embeddings if arch is not None else None
