@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from steadytune.estimate import format_bytes
 from steadytune.preflight.result import SYMBOLS, Check, PreflightReport, Recommendation
 
 _STYLES = {"ok": "green", "warn": "yellow", "fail": "bold red", "na": "dim"}
@@ -65,8 +64,3 @@ def print_report(report: PreflightReport, console: Any, only_problems: bool = Fa
     style = "bold green" if report.go else "bold red"
     console.print(verdict_line(report), style=style, highlight=False)
 
-
-def budget_text(rec: Recommendation | None) -> str:
-    if rec is None or rec.budget_bytes is None:
-        return "unknown"
-    return format_bytes(rec.budget_bytes)
