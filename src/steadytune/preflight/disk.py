@@ -3,8 +3,8 @@
 The disk_low detector (:mod:`steadytune.detect.system`) judges free space against a
 share of the disk; a run whose next checkpoints do not fit should raise it earlier, while
 there is still time to act. :func:`projected_need` is the pure rule;
-:func:`run_disk_need` reads a run directory to feed it; its answer is meant for
-``SystemWatch.set_projected_need`` (torch-free, cheap: a few ``stat`` calls per sample).
+:func:`run_disk_need` reads a run directory to feed it; the supervisor calls it after
+every saved checkpoint and hands the answer to the detector (torch-free, a few ``stat`` calls).
 """
 
 from __future__ import annotations
