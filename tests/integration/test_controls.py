@@ -22,7 +22,7 @@ def ctl(*args: str) -> subprocess.CompletedProcess:
 
 def test_checkpoint_pause_resume_stop(tmp_path: Path, demo_assets: Path) -> None:
     cfg = write_config(tmp_path, demo_assets, train={"max_steps": 400, "save_steps": 200})
-    proc = start_run(cfg, "ops", faults={"step_sleep_s": 0.1}, extra_args=["--skip-check"])
+    proc = start_run(cfg, "ops", faults={"step_sleep_s": 0.1})
     run = run_dir(cfg, "ops")
     wait_for(lambda: len(steps(run)) >= 5, what="step 5")
 
@@ -60,7 +60,7 @@ def test_policy_observe_alerts_but_does_not_act(tmp_path: Path, demo_assets: Pat
     cfg = write_config(tmp_path, demo_assets, train={"max_steps": 40, "save_steps": 10, "max_grad_norm": 0.0},
                        policy={"spike_confirm_points": 1})
     rc, out = finish(start_run(cfg, "observe", faults={"lr_burst_at_step": 25, "lr_burst_factor": 1000.0},
-                               extra_args=["--policy", "observe", "--skip-check"]))
+                               extra_args=["--policy", "observe"]))
     assert rc == 0, out
     events = read_events(run_dir(cfg, "observe").events)
     assert any(e.kind == "anomaly" and e.severity in {"warning", "critical"} for e in events)

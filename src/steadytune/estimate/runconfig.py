@@ -83,7 +83,9 @@ def setup_from_config_dict(config: dict[str, Any], **overrides: Any) -> tuple[st
     if data.get("max_seq_length") is not None:
         fields["seq"] = data["max_seq_length"]
     if train.get("per_device_train_batch_size") is not None:
-        fields["batch"] = train["per_device_train_batch_size"]
+        # "auto" is decided at start (train/autobatch.py); estimate one sample, the smallest it can pick.
+        b = train["per_device_train_batch_size"]
+        fields["batch"] = 1 if b == "auto" else b
     if train.get("gradient_accumulation_steps") is not None:
         fields["gradient_accumulation_steps"] = train["gradient_accumulation_steps"]
     if train.get("gradient_checkpointing") is not None:
