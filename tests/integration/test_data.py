@@ -7,7 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from steadytune.train.data import IGNORE_INDEX, SAMPLE_HASH, SAMPLE_ID, DataError, DataSpec, build_dataset, load_rows
+from steadytune.train.data import (
+    IGNORE_INDEX,
+    SAMPLE_HASH,
+    SAMPLE_ID,
+    DataError,
+    DataSpec,
+    build_dataset,
+    load_rows,
+)
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +34,7 @@ def test_instruction_masks_the_prompt(tok, tmp_path: Path) -> None:
     p = write_jsonl(tmp_path / "i.jsonl", [{"instruction": "Add the numbers.", "input": "1 + 2", "output": "3"}])
     ds = build_dataset(tok, DataSpec(str(p)), cache=False)
     row = ds[0]
-    trained = [t for t, lab in zip(row["input_ids"], row["labels"]) if lab != IGNORE_INDEX]
+    trained = [t for t, lab in zip(row["input_ids"], row["labels"], strict=False) if lab != IGNORE_INDEX]
     assert tok.decode(trained).strip() == "3" + tok.eos_token
     assert row[SAMPLE_ID] == 0 and row[SAMPLE_HASH] > 0
 
@@ -35,7 +43,7 @@ def test_messages_train_only_on_assistant_turns(tok, tmp_path: Path) -> None:
     msgs = [{"role": "user", "content": "Say hi"}, {"role": "assistant", "content": "hi there"}]
     p = write_jsonl(tmp_path / "m.jsonl", [{"messages": msgs}])
     row = build_dataset(tok, DataSpec(str(p)), cache=False)[0]
-    trained = tok.decode([t for t, lab in zip(row["input_ids"], row["labels"]) if lab != IGNORE_INDEX])
+    trained = tok.decode([t for t, lab in zip(row["input_ids"], row["labels"], strict=False) if lab != IGNORE_INDEX])
     assert "hi there" in trained and "Say hi" not in trained
 
 
@@ -59,7 +67,7 @@ def test_unknown_columns_and_bad_json_are_explained(tok, tmp_path: Path) -> None
     with pytest.raises(DataError, match="cannot tell the data format"):
         build_dataset(tok, DataSpec(str(write_jsonl(tmp_path / "x.jsonl", [{"foo": 1}]))), cache=False)
     (tmp_path / "broken.jsonl").write_text('{"text": "ok"}\n{"text": \n')
-    with pytest.raises(DataError, match="broken.jsonl:2"):
+    with pytest.raises(DataError, match=r"broken\.jsonl:2"):
         load_rows(tmp_path / "broken.jsonl")
 
 

@@ -61,7 +61,7 @@ def test_fault_is_detected_and_recovered(kind: str, base: dict, clean_loss: floa
         plan = [line for line in result.run.plan.read_text().splitlines() if '"reason":"' in line][-1]
         assert '"lr_scale":0.5' in plan and '"skip_ranges":[[' in plan
     if kind == "hang":
-        assert list(result.run.stacks.glob("rank-0-attempt-0.txt"))[0].read_text().strip(), "no stack dump"
+        assert next(iter(result.run.stacks.glob("rank-0-attempt-0.txt"))).read_text().strip(), "no stack dump"
     if kind == "corrupt-checkpoint":
         names = [e.name for e in read_events(result.run.events)]
         assert "checkpoint_corrupt" in names

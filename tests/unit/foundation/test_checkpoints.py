@@ -111,5 +111,5 @@ def test_pointers_are_names_and_ignore_dangling_or_hostile(tmp_path: Path) -> No
 
 def test_disk_check_names_the_shortfall(tmp_path: Path) -> None:
     ensure_free_space(tmp_path, 10, free=lambda _: 100)
-    with pytest.raises(DiskFullError, match="free disk space or lower run.keep_last"):
+    with pytest.raises(DiskFullError, match=r"free disk space or lower run\.keep_last"):
         ensure_free_space(tmp_path, 200 * 1024**2, free=lambda _: 10 * 1024**2)

@@ -96,7 +96,7 @@ def test_rollback_plan_skips_the_window_and_scales_the_lr() -> None:
 
 def test_oom_escalation_and_smaller_microbatch_keep_the_effective_batch() -> None:
     cur = PlanRevision(revision=0, ts=0, reason="start")
-    change, why = oom_escalation(cur, 512, gradient_checkpointing=False)
+    change, _why = oom_escalation(cur, 512, gradient_checkpointing=False)
     assert change == {"gradient_checkpointing": True}
     gc = PlanRevision(revision=1, ts=0, reason="oom", gradient_checkpointing=True)
     assert oom_escalation(gc, 512, False)[0] == {"max_seq_length": 256}
