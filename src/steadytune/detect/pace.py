@@ -11,7 +11,8 @@
   ``straggler_ratio`` times the median rank, or a rank trailing the leader by
   ``straggler_lag_points`` logging intervals;
 - stall: no new step for ``stall_factor`` times the longest recent interval
-  (and at least ``stall_min_s``), or no heartbeat for ``heartbeat_timeout_s``.
+  (and at least ``stall_min_s``), or no heartbeat (a hang) for
+  max(``hang_floor_s``, ``hang_factor`` x the p95 step interval), or ``heartbeat_timeout_s`` when set.
   The time comes from the caller; nothing here reads a clock.
 """
 
@@ -196,6 +197,13 @@ class StallWatch:
         longest = self._intervals.quantile(1.0) if len(self._intervals) else 0.0
         return max(self.cfg.stall_min_s, self.cfg.stall_factor * longest)
 
+    def hang_limit_s(self) -> float:
+        """Silence that is a hang: a fixed timeout if configured, else scaled to the step pace."""
+        if self.cfg.heartbeat_timeout_s is not None:
+            return self.cfg.heartbeat_timeout_s
+        p95 = self._intervals.quantile(0.95) if len(self._intervals) else 0.0
+        return max(self.cfg.hang_floor_s, self.cfg.hang_factor * p95)
+
     def check(
         self, now: float, heartbeat_ts: float | None, last_step: int | None, out: list[Finding]
     ) -> None:
@@ -204,8 +212,9 @@ class StallWatch:
             self._hinted_step = last_step
             self.progress(last_step, now, out)
         step = self.last_step
-        if heartbeat_ts is not None and now - heartbeat_ts > self.cfg.heartbeat_timeout_s:
-            ev = {"silent_s": rounded(now - heartbeat_ts, 4), "threshold_s": self.cfg.heartbeat_timeout_s}
+        hang_s = self.hang_limit_s()
+        if heartbeat_ts is not None and now - heartbeat_ts > hang_s:
+            ev = {"silent_s": rounded(now - heartbeat_ts, 4), "threshold_s": rounded(hang_s, 4)}
             self.rep.report(out, "stall", "heartbeat", step, True, evidence=ev)
         elif heartbeat_ts is not None:
             self.rep.report(out, "stall", "heartbeat", step, False)

@@ -12,7 +12,7 @@ from typing import Any
 
 # Drill runs are short: hangs must be called in seconds, not the production minute.
 DRILL_OVERRIDES: dict[str, Any] = {
-    "detect": {"pace": {"heartbeat_timeout_s": 8.0, "stall_min_s": 8.0}},
+    "detect": {"pace": {"hang_floor_s": 8.0, "stall_min_s": 8.0}},
     "policy": {"spike_confirm_points": 2},
     "run": {"restart_backoff_s": 0.5, "keep_last": 10, "good_window_steps": 5},
     "alerts": {"enabled": False},  # the drill reports for itself; nobody should be paged
