@@ -24,14 +24,10 @@ from steadytune.config.schema import SteadytuneConfig
 from steadytune.detect.live import LiveDetector, Transition, format_transition
 from steadytune.policy.engine import Action, Policy
 from steadytune.policy.plan import (
-    choose_rollback_checkpoint,
-    oom_escalation,
-    rollback_plan,
     smaller_microbatch,
 )
 from steadytune.policy.restart import Decision, ExitInfo, decide
 from steadytune.records import (
-    Anomaly,
     Event,
     Heartbeat,
     PlanRevision,
@@ -40,12 +36,12 @@ from steadytune.records import (
     SystemSample,
     WorkerExit,
     replace,
-    to_dict,
     to_json,
 )
 from steadytune.rundir import RunDir, atomic_write_text
 from steadytune.supervise.process import WorkerProcess, worker_command
 from steadytune.supervise.progress import RunProgress, progress_line
+from steadytune.supervise.restarts import anomaly_event_data, crash_restart, replay_detector, rollback_restart
 from steadytune.telemetry.events import EventLog
 from steadytune.telemetry.sampler import SystemSampler
 from steadytune.telemetry.stream import JsonlTailer, JsonlWriter
@@ -61,33 +57,6 @@ class Observer(Protocol):
 
 # After these, the supervisor looks at the offending batch by itself (inspect-batch).
 INSPECT_KINDS = frozenset({"nan_loss", "loss_spike", "loss_collapse", "divergence", "grad_explosion"})
-
-
-def replay_detector(run: RunDir, config: Any, upto_step: int) -> LiveDetector:
-    """A detector fed the run's step records up to ``upto_step``, latest attempt of each step.
-
-    Two passes over each stream keep memory at one int per step: the first finds
-    the latest attempt of every step, the second feeds exactly those records,
-    which appear in step order because each attempt continues its lineage.
-    """
-    from steadytune.telemetry.stream import iter_records
-
-    det = LiveDetector(config)
-    for path in run.telemetry_files():
-        latest: dict[int, int] = {}
-        for rec in iter_records(path):
-            if isinstance(rec, StepRecord) and rec.step <= upto_step and not rec.extra.get("eval"):
-                latest[rec.step] = max(rec.attempt, latest.get(rec.step, -1))
-        for rec in iter_records(path):
-            if isinstance(rec, StepRecord) and latest.get(rec.step) == rec.attempt and not rec.extra.get("eval"):
-                det.observe_step(rec)
-    return det
-
-
-def anomaly_event_data(a: Anomaly) -> dict[str, Any]:
-    data = to_dict(a)
-    data.pop("type", None)
-    return data
 
 
 @dataclass
@@ -598,36 +567,22 @@ class Supervisor:
 
     def plan_after_crash(self, decision: Decision) -> tuple[dict[str, Any] | None, str, str]:
         """Resume from the newest verified checkpoint; after an OOM, also change what ran out."""
-        changes: dict[str, Any] = {"resume_checkpoint": self.resume_point()}
-        why = decision.reason
-        if decision.classification == "oom":
-            escalation = oom_escalation(self.plan, self.cfg.data.max_seq_length, self.cfg.train.gradient_checkpointing)
-            if escalation is None:
-                return None, "oom", "out of memory with gradient checkpointing and a short sequence: nothing safe is left"
-            more, why = escalation
-            changes.update(more)
-        return changes, decision.classification, why
+        return crash_restart(self.plan, decision, self.resume_point(), self.cfg)
 
     def plan_after_action(self, action: Action, info: ExitInfo) -> tuple[dict[str, Any] | None, str, str]:
         """The restart plan for a worker the supervisor stopped on purpose."""
-        kind = action.anomaly.kind if action.anomaly else action.name
         if action.name == "restart":
+            kind = action.anomaly.kind if action.anomaly else action.name
             return {"resume_checkpoint": self.resume_point()}, kind, f"{kind}: {action.reason}; resume from the newest verified checkpoint"
-        anomaly = action.anomaly
-        assert anomaly is not None
         verified = [s for p in list_checkpoints(self.run.checkpoints)
                     if (s := checkpoint_step(p)) is not None and verify(p).ok]
-        target = choose_rollback_checkpoint(anomaly.start_step, verified, self.rollback_resumes)
-        if target is None:
-            return None, kind, f"{kind} at step {anomaly.start_step} again and no earlier checkpoint is left to roll back to"
-        self.rollback_resumes.append(target)
-        path = str(self.run.checkpoints / f"checkpoint-{target}") if target else None
-        end = max(anomaly.end_step, self.progress.step)
-        nxt = rollback_plan(self.plan, self.plan.revision + 1, self.clock(), self.attempt + 1, anomaly.start_step, end,
-                            target, path, self.samples_by_step, self.cfg.policy.rollback_lr_scale, None, kind)
-        changes = {"resume_checkpoint": nxt.resume_checkpoint, "lr_scale": nxt.lr_scale, "skip_ranges": nxt.skip_ranges}
-        self.checkpoint_steps = [s for s in self.checkpoint_steps if s <= target]
-        return changes, kind, nxt.notes
+        changes, kind, why, target = rollback_restart(
+            self.plan, action, verified, self.rollback_resumes, self.run.checkpoints, self.progress.step,
+            self.samples_by_step, self.cfg.policy.rollback_lr_scale)
+        if target is not None:
+            self.rollback_resumes.append(target)
+            self.checkpoint_steps = [s for s in self.checkpoint_steps if s <= target]
+        return changes, kind, why
 
     def finish(self, decision: Decision, info: ExitInfo, t0: float) -> RunResult:
         state = {"done": decision.classification, "stop": "stopped" if decision.classification == "user_interrupt" else "failed"}[decision.action]
