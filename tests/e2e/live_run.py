@@ -1,10 +1,11 @@
 """A fake live run: a background thread that writes a run directory the way the supervisor does.
 
-It appends StepRecords (telemetry/rank-0.jsonl), SystemSamples (system.jsonl),
+It appends StepRecords (telemetry/rank-0.jsonl, with per-layer gradient flow
+every ``gradflow_every`` steps), SystemSamples (system.jsonl),
 a plan revision, an anomaly and its resolution (events.jsonl), checkpoints with
 manifests and pointers, and rewrites status.json atomically, so the dashboard,
 /metrics and `top` can be tested against a run that moves, without the real
-supervisor. (A supervisor-driven test will be added once the supervisor lands.)
+supervisor. ``test_live_demo.py`` drives the real supervisor and worker instead.
 """
 
 from __future__ import annotations
@@ -28,12 +29,35 @@ def loss_at(step: int) -> float:
     return 2.5 * math.exp(-step / 400) + 0.6 + 0.05 * math.sin(step / 7)
 
 
-def step_record(step: int, ts: float, attempt: int = 0, rank: int = 0) -> StepRecord:
+LAYERS = ["embeddings", *(f"layers.{i}" for i in range(6)), "final_norm", "lm_head"]
+
+
+def gradflow_at(step: int) -> dict:
+    """Per-layer gradient stats as the worker records them, with a dead, a vanishing and an exploding layer.
+
+    ``lm_head`` explodes where the fake loss spikes (step % 40 == 20), ``layers.1`` is dead
+    (mostly exact zeros) every 60 steps and ``layers.5`` vanishes every 50.
+    """
+    norm = [0.8 * 0.7**i * (1 + 0.2 * math.sin(step / 30 + i)) for i in range(len(LAYERS))]
+    zero = [0.6 if name == "embeddings" else 0.01 for name in LAYERS]
+    if step % 40 == 20:
+        norm[-1] = 250.0
+    if step % 60 == 0:
+        zero[2] = 0.97
+    if step % 50 == 0:
+        norm[6] = 4e-4
+    return {"layers": LAYERS, "norm": norm, "zero_frac": zero, "hist": [[0, 3, 5, 1]] * len(LAYERS),
+            "bins": [-3.0, -2.0, -1.0, 0.0, 1.0]}  # fmt: skip
+
+
+def step_record(step: int, ts: float, attempt: int = 0, rank: int = 0, gradflow_every: int = 0) -> StepRecord:
+    flow = gradflow_every > 0 and (step == 1 or step % gradflow_every == 0)
     return StepRecord(
         step=step, ts=ts, rank=rank, attempt=attempt, loss=loss_at(step), grad_norm=1.0 + 0.3 * math.sin(step / 5),
         lr=2e-4 * min(1.0, step / 50), tokens=8192, step_time_s=0.25, mem_allocated_bytes=int(9.5 * GIB),
         mem_reserved_bytes=int(11 * GIB + (step % 50) * (1 << 24)), mem_peak_bytes=int(12 * GIB),
         eval_loss=loss_at(step) + 0.08 if step % 50 == 0 and step else None,
+        extra={"gradflow": gradflow_at(step)} if flow else {},
     )  # fmt: skip
 
 
@@ -69,13 +93,15 @@ class LiveRun:
 
     def __init__(
         self, runs_dir: Path, run_id: str = "live-run", rate: float = 10.0, max_steps: int = 100000,
-        start_step: int = 0, with_events: bool = True,
+        start_step: int = 0, with_events: bool = True, gradflow_every: int = 10,
     ) -> None:  # fmt: skip
         self.run = RunDir(Path(runs_dir) / run_id).create()
         self.rate = rate
         self.max_steps = max_steps
         self.step = start_step
         self.with_events = with_events
+        # The worker records gradient flow every 50 steps; 10 here so a test sees the heat map grow.
+        self.gradflow_every = gradflow_every
         self.last_checkpoint: str | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"live-run-{run_id}", daemon=True)
@@ -106,7 +132,7 @@ class LiveRun:
 
     def write_step(self) -> StepRecord:
         self.step += 1
-        rec = step_record(self.step, time.time())
+        rec = step_record(self.step, time.time(), gradflow_every=self.gradflow_every)
         self._writer.write(rec)
         self.last_write_ts = rec.ts
         return rec

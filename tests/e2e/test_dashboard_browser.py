@@ -16,6 +16,41 @@ pytestmark = pytest.mark.slow
 
 STEP = "return Number(document.getElementById('step').dataset.step || -1)"
 LOSS_POINTS = "return window.steadytune.charts.loss.pointCount()"
+HEAT_COLUMNS = "return window.steadytune.heatmap.columns.length"
+# Opaque pixels on the heat map canvas: proof the cells were painted, not just received.
+HEAT_PIXELS = """
+const c = document.querySelector('#heatmap canvas');
+const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+let n = 0;
+for (let i = 3; i < d.length; i += 4) if (d[i] > 0) n++;
+return n;
+"""
+# Hover the middle of the cell (row i, column j) and return the tooltip text.
+HOVER_CELL = """
+const h = window.steadytune.heatmap, g = h.geom, c = h.canvas, r = c.getBoundingClientRect();
+const [i, j] = arguments;
+c.dispatchEvent(new MouseEvent('mousemove', {bubbles: true,
+  clientX: r.left + g.L + (j + 0.5) * g.cw, clientY: r.top + g.T + (i + 0.5) * g.ch}));
+return h.tip.style.display === 'block' ? h.tip.innerText : '';
+"""
+
+
+def check_heatmap(b: Browser) -> None:
+    """The gradient-flow heat map is painted, marks flagged layers, grows live and explains a cell on hover."""
+    b.wait_for(f"{HEAT_COLUMNS} >= 3", timeout=10)
+    hm = b.js("const h = window.steadytune.heatmap; return {cells: h.cellCount(), layers: h.layers, f: h.flagged()}")
+    assert hm["cells"] >= 3 * 9 and hm["layers"][0] == "embeddings" and hm["layers"][-1] == "lm_head", hm
+    assert hm["f"]["exploding"] > 0 and hm["f"]["dead"] + hm["f"]["vanishing"] > 0, hm
+    assert b.js(HEAT_PIXELS) > 5_000
+    cols = b.js(HEAT_COLUMNS)
+    b.wait_for(f"{HEAT_COLUMNS} >= {cols + 2}", timeout=10)  # one recording per 10 steps, pushed live
+    # lm_head (last row) explodes at step 20, 60, 100...: hover a column where it did.
+    j = b.js("return window.steadytune.heatmap.columns.findIndex((c) => c.state[c.state.length - 1] === 3)")
+    tip = b.js(HOVER_CELL, len(hm["layers"]) - 1, j)
+    assert "layer: lm_head" in tip and "grad norm: 250" in tip and "zero fraction: 1.0%" in tip, tip
+    assert "exploding" in tip and "step " in tip
+    note = b.js("return document.getElementById('note-gradflow').textContent")
+    assert "recordings" in note and "exploding" in note and "dead/vanishing" in note, note
 
 
 def test_live_run_page_advances_and_screenshot(
@@ -39,14 +74,17 @@ def test_live_run_page_advances_and_screenshot(
         assert "loss_spike" in text and "cause: a batch of unusually long samples" in text
         assert "LAST_GOOD" in text and "verified" in text and "initial" in text
         b.wait_for("return document.getElementById('note-mem').textContent.startsWith('headroom')", timeout=5)
+        check_heatmap(b)
+        b.js("window.steadytune.heatmap.canvas.dispatchEvent(new MouseEvent('mouseleave'))")
         shot = b.screenshot(artifacts / "dashboard.png")
         assert shot.stat().st_size > 20_000
         docs_img = Path(__file__).resolve().parents[2] / "docs" / "img" / "dashboard.png"
         if not docs_img.exists():
             docs_img.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(shot, docs_img)
-        # Dark theme renders too.
+        # The other theme renders too, heat map included.
         b.js("document.getElementById('theme').click()")
+        b.wait_for(f"return (() => {{ {HEAT_PIXELS} }})() > 5000", timeout=5)
         b.screenshot(artifacts / "dashboard-theme-toggled.png")
         # Runs page lists the run with its state and live step.
         b.get(dashboard.url)

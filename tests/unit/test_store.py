@@ -153,3 +153,79 @@ def test_adopt_continues_after_what_another_writer_indexed(tmp_path: Path) -> No
     # Only the new line is read for the adopted file; the unadopted ones are read in full.
     assert store.sync(run) == 1 + 1 + 1
     assert store.step_count() == 51
+
+
+def flow(layers: list[str], norm: list, zero: list | None = None) -> dict:
+    return {"layers": layers, "norm": norm, "zero_frac": zero or [0.0] * len(layers),
+            "hist": [[0, 1]] * len(layers), "bins": [-1.0, 0.0, 1.0]}  # fmt: skip
+
+
+def flow_step(step: int, norm: list, attempt: int = 0, zero: list | None = None) -> StepRecord:
+    return StepRecord(step=step, ts=100.0 + step, attempt=attempt, loss=1.0,
+                      extra={"gradflow": flow(["embeddings", "layers.0", "lm_head"], norm, zero)})  # fmt: skip
+
+
+def test_gradflow_kept_per_step_with_nonfinite_norms(tmp_path: Path) -> None:
+    store = RunStore(tmp_path / "run.db")
+    v0 = store.version
+    store.add_steps([*steps(3), flow_step(3, [0.5, 1e-5, math.inf]), StepRecord(step=4, ts=1.0)])
+    [row] = store.gradflow()
+    assert (row.step, row.attempt, row.layers) == (3, 0, ("embeddings", "layers.0", "lm_head"))
+    assert row.norm[:2] == (0.5, 1e-5) and row.norm[2] == math.inf and row.hist is None
+    # The row carries its step's version, so a live reader gets both from one stamp.
+    step3 = next(r for r in store.steps_since(v0) if r["step"] == 3)
+    assert [r.version for r in store.gradflow_since(v0)] == [step3["version"]]
+    assert store.gradflow_since(step3["version"]) == []
+    full = store.gradflow(hist=True)[0]
+    assert full.hist == ((0, 1),) * 3 and full.bins == (-1.0, 0.0, 1.0)
+    assert store.gradflow(lo=4) == [] and len(store.gradflow(lo=2.5, hi=3.2)) == 1
+
+
+def test_gradflow_round_trip_through_jsonl_and_rebuild(tmp_path: Path) -> None:
+    run = RunDir(tmp_path / "run").create()
+    with JsonlWriter(run.telemetry(0)) as w:
+        w.write(flow_step(1, [math.nan, 2.0, 3.0], zero=[0.1, 0.95, 0.0]))  # NaN travels as "nan"
+        w.write(StepRecord(step=2, ts=1.0, extra={"gradflow": {"layers": ["a"], "norm": [1.0, 2.0]}}))  # malformed
+        w.write(StepRecord(step=3, ts=1.0, extra={"other": 1}))
+    store = open_store(run)
+    assert store.step_count() == 3  # a malformed gradflow extra never costs the step itself
+    [row] = store.gradflow()
+    assert math.isnan(row.norm[0]) and row.norm[1:] == (2.0, 3.0) and row.zero_frac == (0.1, 0.95, 0.0)
+    assert store.rebuild(run) == 3 and len(store.gradflow()) == 1
+
+
+def test_gradflow_latest_attempt_wins(tmp_path: Path) -> None:
+    store = RunStore(tmp_path / "run.db")
+    store.add_steps([flow_step(50, [1.0, 1.0, 1.0]), flow_step(100, [9.0, 9.0, 9.0])])
+    store.add_steps([flow_step(50, [2.0, 2.0, 2.0], attempt=1)])  # restart from 40: 50 recorded again
+    store.add_steps([flow_step(50, [7.0, 7.0, 7.0], attempt=0)])  # a late line of the old attempt
+    store.add_steps([StepRecord(step=100, ts=1.0, attempt=1)])  # redone without a recording (skipped update)
+    assert [(r.step, r.attempt, r.norm[0]) for r in store.gradflow()] == [(50, 1, 2.0)]
+
+
+def test_gradflow_readonly_index_without_the_table(tmp_path: Path) -> None:
+    import sqlite3
+
+    db = tmp_path / "old.db"
+    with sqlite3.connect(db) as c:  # an index from before gradient flow was kept
+        c.execute("CREATE TABLE steps (rank INTEGER, step INTEGER, version INTEGER)")
+        c.execute("CREATE TABLE system (ts REAL, version INTEGER)")
+    store = RunStore(db, readonly=True)
+    assert store.gradflow() == [] and store.gradflow_since(0) == []
+
+
+def test_eval_record_of_a_logged_step_keeps_its_training_metrics(tmp_path: Path) -> None:
+    store = RunStore(tmp_path / "run.db")
+    store.add_steps(steps(3, start=74))
+    v = store.version
+    # The worker logs step 75, then (after evaluating) a record with only the eval loss for the same step.
+    store.add_steps([StepRecord(step=75, ts=500.0, eval_loss=2.5, extra={"eval": True})])
+    by_step = {r[0]: r for r in store.step_series(("loss", "eval_loss"), points=100).rows}
+    assert by_step[75][5] == pytest.approx(1 / 76) and by_step[75][8] == 2.5
+    [changed] = store.steps_since(v)  # re-sent to live pages, now with both
+    assert changed["loss"] == pytest.approx(1 / 76) and changed["eval_loss"] == 2.5 and changed["ts"] == 500.0
+    assert store.latest_values()["tokens_total"] == 300
+    # A later attempt still replaces the row whole.
+    store.add_steps([StepRecord(step=75, ts=600.0, attempt=1, eval_loss=9.0)])
+    row = store.steps_since(changed["version"])[0]
+    assert (row["attempt"], row["loss"], row["eval_loss"]) == (1, None, 9.0)

@@ -9,6 +9,10 @@ Steps: after a restart the worker records the same step again under a later
 ``attempt``; the latest attempt wins, per rank. Every upsert stamps the row with
 a new ``version`` so a live reader can ask for "what changed since version N".
 
+Gradient flow: a step whose ``extra["gradflow"]`` holds per-layer statistics
+(every 50 steps, see ``guard/gradflow.py``) also gets a row in ``gradflow``,
+stamped with its step's version and replaced with it after a restart.
+
 No torch here: the supervisor and the web server import this module.
 """
 
@@ -84,6 +88,13 @@ CREATE TABLE IF NOT EXISTS events (
 );
 CREATE INDEX IF NOT EXISTS events_kind ON events(kind, name);
 CREATE TABLE IF NOT EXISTS plans (revision INTEGER PRIMARY KEY, ts REAL NOT NULL, json TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS gradflow (
+  rank INTEGER NOT NULL, step INTEGER NOT NULL, attempt INTEGER NOT NULL, ts REAL NOT NULL,
+  layers TEXT NOT NULL, norm TEXT NOT NULL, zero_frac TEXT NOT NULL, hist TEXT, bins TEXT,
+  version INTEGER NOT NULL,
+  PRIMARY KEY (rank, step)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS gradflow_version ON gradflow(version);
 """
 
 
@@ -147,6 +158,72 @@ def _num(value: Any) -> float | None:
 
 def _nonfinite(*values: Any) -> int:
     return int(any(isinstance(v, float) and not math.isfinite(v) for v in values))
+
+
+_NONFINITE_TEXT = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+
+def _flow_num(value: Any) -> float | None:
+    """A per-layer number as recorded: a float, or "nan"/"inf" after a JSONL round trip."""
+    if isinstance(value, str):
+        return _NONFINITE_TEXT.get(value.strip().lower())
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _flow_text(values: Sequence[float | None]) -> str:
+    """JSON of per-layer numbers; a NaN/Inf norm is the evidence of an exploding layer, so it is kept as text."""
+    return json.dumps(
+        [v if v is None or math.isfinite(v) else ("nan" if math.isnan(v) else ("inf" if v > 0 else "-inf"))
+         for v in values]
+    )
+
+
+def _flow_columns(flow: Any) -> tuple[str, str, str, str | None, str | None] | None:
+    """The stored columns of a ``gradflow`` extra, or ``None`` when it is not one.
+
+    A malformed extra (a newer or foreign writer) is left out rather than failing the
+    whole batch: the steps still go in.
+    """
+    if not isinstance(flow, dict):
+        return None
+    layers, norm = flow.get("layers"), flow.get("norm")
+    if not isinstance(layers, list) or not isinstance(norm, list) or not layers or len(layers) != len(norm):
+        return None
+    zero = flow.get("zero_frac")
+    if not isinstance(zero, list) or len(zero) != len(layers):
+        zero = [None] * len(layers)
+    hist, bins = flow.get("hist"), flow.get("bins")
+    return (
+        json.dumps([str(x) for x in layers]),
+        _flow_text([_flow_num(v) for v in norm]),
+        _flow_text([_flow_num(v) for v in zero]),
+        json.dumps(hist) if isinstance(hist, list) and len(hist) == len(layers) else None,
+        json.dumps(bins) if isinstance(bins, list) else None,
+    )
+
+
+@dataclass(frozen=True)
+class GradFlow:
+    """The per-layer gradient statistics recorded at one step, layers in forward order.
+
+    ``norm`` is NaN/Inf where a layer's gradient was not finite, ``None`` where unknown.
+    ``hist`` (per layer, counts over the log10 ``bins`` of |grad|) is read only on request.
+    """
+
+    step: int
+    attempt: int
+    ts: float
+    layers: tuple[str, ...]
+    norm: tuple[float | None, ...]
+    zero_frac: tuple[float | None, ...]
+    version: int
+    hist: tuple[tuple[int, ...], ...] | None = None
+    bins: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -254,19 +331,48 @@ class RunStore:
                     )
                 )  # fmt: skip
             cols = ("rank", "step", "attempt", "ts", *STEP_METRICS, "tokens", "nonfinite", "skipped", "version")
-            updates = ", ".join(f"{c}=excluded.{c}" for c in cols[2:])
+            # A later attempt replaces the row. The same attempt adds to it: the eval-only record the
+            # worker writes for a step it already logged must not blank that step's loss.
+            newer = "excluded.attempt > steps.attempt"
+            merged = [f"{c}=CASE WHEN {newer} THEN excluded.{c} ELSE COALESCE(excluded.{c}, steps.{c}) END"
+                      for c in (*STEP_METRICS, "tokens")]  # fmt: skip
+            flags = [f"{c}=CASE WHEN {newer} THEN excluded.{c} ELSE MAX(excluded.{c}, steps.{c}) END"
+                     for c in ("nonfinite", "skipped")]  # fmt: skip
+            updates = ", ".join([*(f"{c}=excluded.{c}" for c in ("attempt", "ts", "version")), *merged, *flags])
             sql = (
                 f"INSERT INTO steps({', '.join(cols)}) VALUES({', '.join('?' * len(cols))}) "
                 f"ON CONFLICT(rank, step) DO UPDATE SET {updates} WHERE excluded.attempt >= steps.attempt"
             )
             with self._db:
                 self._db.executemany(sql, rows)
+                self._add_gradflow(records, [row[-1] for row in rows])
                 by_rank: dict[int, list[int]] = {}
                 for r in records:
                     by_rank.setdefault(r.rank, []).append(r.step)
                 for rank, steps in by_rank.items():
                     self._refresh_rollup(rank, min(steps) // ROLLUP, max(steps) // ROLLUP)
         return len(rows)
+
+    def _add_gradflow(self, records: Sequence[StepRecord], versions: Sequence[int]) -> None:
+        """Upsert the gradient flow of the steps that carry one (in the caller's transaction)."""
+        flows, stale = [], []
+        for r, version in zip(records, versions, strict=True):
+            cols = _flow_columns(r.extra.get("gradflow")) if r.extra else None
+            if cols is not None:
+                flows.append((r.rank, r.step, r.attempt, r.ts, *cols, version))
+            elif r.attempt > 0:
+                # A later attempt redid this step without a recording: the old one no longer applies.
+                stale.append((r.rank, r.step, r.attempt))
+        if flows:
+            cols = ("rank", "step", "attempt", "ts", "layers", "norm", "zero_frac", "hist", "bins", "version")
+            updates = ", ".join(f"{c}=excluded.{c}" for c in cols[2:])
+            self._db.executemany(
+                f"INSERT INTO gradflow({', '.join(cols)}) VALUES({', '.join('?' * len(cols))}) "
+                f"ON CONFLICT(rank, step) DO UPDATE SET {updates} WHERE excluded.attempt >= gradflow.attempt",
+                flows,
+            )
+        if stale:
+            self._db.executemany("DELETE FROM gradflow WHERE rank=? AND step=? AND attempt<?", stale)
 
     def _refresh_rollup(self, rank: int, b_lo: int, b_hi: int) -> None:
         """Recompute the summary buckets ``b_lo..b_hi`` of a rank from the raw steps."""
@@ -424,7 +530,7 @@ class RunStore:
     def rebuild(self, run_dir: RunDir) -> int:
         """Drop the index and build it again from the run's JSONL files."""
         with self._lock, self._db:
-            for table in ("steps", "steps_rollup", "system", "gpu", "events", "plans"):
+            for table in ("steps", "steps_rollup", "system", "gpu", "events", "plans", "gradflow"):
                 self._db.execute(f"DELETE FROM {table}")
             self._db.execute("DELETE FROM meta WHERE key LIKE 'offset:%'")
         return self.sync(run_dir)
@@ -596,6 +702,58 @@ class RunStore:
                 gnames = [d[0] for d in gcur.description]
                 row["gpus"] = [dict(zip(gnames, g, strict=True)) for g in gcur.fetchall()]
         return rows
+
+    def gradflow(
+        self, lo: float | None = None, hi: float | None = None, rank: int = 0, hist: bool = False,
+        limit: int = 200_000,
+    ) -> list[GradFlow]:  # fmt: skip
+        """The gradient-flow recordings of steps in ``[lo, hi]``, oldest first.
+
+        Every 50 steps, a million-step run has 20,000 of them: few enough to read whole
+        (the histograms, the bulk of a row, only when ``hist`` is asked for).
+        """
+        sql = (
+            f"SELECT step, attempt, ts, layers, norm, zero_frac, version{', hist, bins' if hist else ''} "
+            "FROM gradflow WHERE rank=? AND step BETWEEN ? AND ? ORDER BY step LIMIT ?"
+        )
+        lo_ = -(2**62) if lo is None else math.floor(lo)
+        hi_ = 2**62 if hi is None else math.ceil(hi)
+        return self._gradflow_rows(sql, (rank, lo_, hi_, limit), hist)
+
+    def gradflow_since(self, version: int, rank: int = 0, limit: int = 500) -> list[GradFlow]:
+        """Recordings added or replaced after ``version`` (the step versions of :meth:`steps_since`)."""
+        sql = (
+            "SELECT step, attempt, ts, layers, norm, zero_frac, version FROM gradflow "
+            "WHERE rank=? AND version>? ORDER BY version LIMIT ?"
+        )
+        return self._gradflow_rows(sql, (rank, version, limit), False)
+
+    def _gradflow_rows(self, sql: str, params: tuple[Any, ...], hist: bool) -> list[GradFlow]:
+        with self._lock:
+            try:
+                raw = self._db.execute(sql, params).fetchall()
+            except sqlite3.OperationalError:
+                return []  # an index written before gradient flow was kept, opened read-only
+        out = []
+        names: dict[str, tuple[str, ...]] = {}  # the same layer list on every row: parse it once
+
+        def num(v: Any) -> float | None:
+            return v if type(v) is float else _flow_num(v)  # the common case first: 1.4M calls on a long run
+
+        for r in raw:
+            layers = names.get(r[3])
+            if layers is None:
+                layers = names[r[3]] = tuple(json.loads(r[3]))
+            hists = bins = None
+            if hist and r[7] is not None:
+                hists = tuple(tuple(int(x) for x in h) for h in json.loads(r[7]))
+            if hist and r[8] is not None:
+                bins = tuple(float(b) for b in json.loads(r[8]))
+            out.append(GradFlow(
+                step=r[0], attempt=r[1], ts=r[2], layers=layers, norm=tuple(map(num, json.loads(r[4]))),
+                zero_frac=tuple(map(num, json.loads(r[5]))), version=r[6], hist=hists, bins=bins,
+            ))  # fmt: skip
+        return out
 
     def latest_system(self) -> dict[str, Any] | None:
         with self._lock:

@@ -11,6 +11,7 @@ from typing import Any
 
 from steadytune.records import Event, to_dict
 from steadytune.telemetry.store import GPU_METRICS, STEP_METRICS, SYSTEM_METRICS, Series
+from steadytune.web import heatmap
 from steadytune.web.runs import RunEntry, RunsIndex
 
 MAX_POINTS = 4000
@@ -125,3 +126,17 @@ def series(entry: RunEntry, points: int = 1500, lo: float | None = None, hi: flo
         "anomalies": anomalies,
     }
 
+
+def gradflow(entry: RunEntry, points: int = 400, lo: float | None = None, hi: float | None = None) -> dict[str, Any]:
+    """The gradient-flow heat map of one run (layers × recorded steps), see :mod:`.heatmap`."""
+    store = entry.store()
+    version = store.version
+    return clean({"version": version, **heatmap.build(store.gradflow(lo, hi), points)})
+
+
+def gradflow_since(entry: RunEntry, version: int) -> dict[str, Any] | None:
+    """New or replaced recordings since ``version``, one column each, for the live page; None if none."""
+    rows = entry.store().gradflow_since(version)
+    if not rows:
+        return None
+    return clean({"since": max(r.version for r in rows), **heatmap.build(sorted(rows, key=lambda r: r.step), len(rows))})

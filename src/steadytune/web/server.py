@@ -7,6 +7,7 @@ Routes (all GET unless said; the API is read-only without the token):
     /api/runs                  runs (JSON)          /api/stream          runs, live (SSE)
     /api/runs/<id>             one run              /api/runs/<id>/series?points=&lo=&hi=
     /api/runs/<id>/events?after=<seq>               /api/runs/<id>/stream?since=<version>&after=<seq> (SSE)
+    /api/runs/<id>/gradflow?points=&lo=&hi=         gradient-flow heat map (layers × recorded steps)
     /api/auth                  may this client act? /healthz
     POST /api/runs/<id>/control   {"command", "issuer", "confirm": true} with the token in a header
 
@@ -171,6 +172,8 @@ class Handler(BaseHTTPRequestHandler):
                 return self._json(
                     api.series(entry, int(_num(q, "points") or 1500), _num(q, "lo"), _num(q, "hi"))
                 )
+            if what == "gradflow":
+                return self._json(api.gradflow(entry, int(_num(q, "points") or 400), _num(q, "lo"), _num(q, "hi")))
             if what == "events":
                 after = int(_num(q, "after") or -1)
                 return self._json([api.event_dict(e) for e in entry.store().events(after_seq=after, limit=1000)])
@@ -253,10 +256,10 @@ class Handler(BaseHTTPRequestHandler):
             self.app.stopping.wait(1.0)
 
     def _sse_run(self, entry: RunEntry, since: int, after: int) -> None:
-        """Push what changed: status, new/replaced steps, system samples, events, checkpoints, plans."""
+        """Push what changed: status, new/replaced steps, gradient flow, system samples, events, checkpoints, plans."""
         self._sse_open()
         store = entry.store()
-        step_v = sys_v = since
+        step_v = sys_v = flow_v = since
         seq = after
         status_last: dict[str, Any] | None = None
         side_last: Any = None
@@ -272,6 +275,11 @@ class Handler(BaseHTTPRequestHandler):
             if steps:
                 step_v = max(r["version"] for r in steps)
                 self._sse("steps", api.clean(steps))
+                sent = True
+            flow = api.gradflow_since(entry, flow_v)
+            if flow is not None:
+                flow_v = flow.pop("since")
+                self._sse("gradflow", flow)
                 sent = True
             system = store.system_since(sys_v)
             if system:

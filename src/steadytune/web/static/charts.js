@@ -84,6 +84,15 @@
       if (s.length > this.opts.maxPoints * 2) s.compact();
       this.draw();
     }
+    // Fill in the value at an x already drawn (an eval loss logged after its step); false if x is not there.
+    setAt(key, x, y) {
+      const s = this.get(key);
+      const i = s ? nearest(s.x, x) : -1;
+      if (i < 0 || s.x[i] !== x) return false;
+      s.y[i] = y; s.lo[i] = y; s.hi[i] = y;
+      this.draw();
+      return true;
+    }
     draw() {
       if (this.pending) return;
       this.pending = true;

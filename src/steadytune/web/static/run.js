@@ -33,6 +33,13 @@
   card("loss", "Loss", { series: [{ key: "loss", label: "train loss", color: "--c1" },
     { key: "eval_loss", label: "eval loss", color: "--c2", dots: true, band: false }], onZoom: zoom });
   card("grad", "Gradient norm", { series: [{ key: "grad_norm", label: "grad norm", color: "--c5" }], onZoom: zoom });
+  // Gradient flow per layer: full width, right under the run-wide gradient norm it breaks down.
+  const heatBox = el("div", { class: "heatmap", id: "heatmap" });
+  const heatLegend = el("div", { class: "legend", id: "heatmap-legend" });
+  grid.append(el("div", { class: "card wide" },
+    el("h3", {}, "Gradient flow per layer (log10 grad norm)", el("span", { class: "note", id: "note-gradflow" })),
+    heatBox, heatLegend));
+  const heat = new ST.HeatMap(heatBox, heatLegend);
   card("lr", "Learning rate", { series: [{ key: "lr", label: "LR", color: "--c4", band: false }], onZoom: zoom });
   card("tps", "Throughput (tokens/s)", { series: [{ key: "tokens_per_s", label: "tokens/s", color: "--c3" }], onZoom: zoom, yMin: 0 });
   card("mem", "Device memory", { series: [
@@ -50,6 +57,7 @@
     refetch: null, capacity: null, events: [] };
   ST.charts = charts;
   ST.state = state;
+  ST.heatmap = heat;
 
   // rows: [x_first, x_last, count, m1_min, m1_max, m1_mean, ...]
   function columns(series, metric) {
@@ -95,7 +103,35 @@
     setMarkers(data.anomalies);
     Object.values(charts).forEach((c) => c.draw());
     document.getElementById("note-loss").textContent = st.total > st.rows.length ? `${fmt.int(st.total)} steps, ${st.rows.length} buckets` : "";
+    // After the series, so the stream that starts from data.version misses no recording.
+    await loadHeatmap();
     return data.version;
+  }
+
+  // ---- gradient flow --------------------------------------------------------------------
+  const heatPoints = () => Math.max(50, Math.min(2000, Math.floor((heatBox.clientWidth - 120) / 3)));
+  async function loadHeatmap() {
+    const q = state.zoom ? `&lo=${Math.floor(state.zoom[0])}&hi=${Math.ceil(state.zoom[1])}` : "";
+    heat.set(await ST.getJSON(`${base}/gradflow?points=${heatPoints()}${q}`));
+    noteHeatmap();
+  }
+  function noteHeatmap() {
+    const f = heat.flagged(), bits = [];
+    if (heat.total) bits.push(`${fmt.int(heat.total)} recordings${heat.bucket > 1 ? ` in ${heat.columns.length} columns` : ""}`);
+    if (f.exploding) bits.push(`${f.exploding} exploding`);
+    if (f.vanishing + f.dead) bits.push(`${f.vanishing + f.dead} dead/vanishing`);
+    document.getElementById("note-gradflow").textContent = bits.join(" · ");
+  }
+  function onGradflow(data) {
+    if (state.zoom) data.columns = data.columns.filter((c) => c.first <= state.zoom[1]);
+    if (!data.columns.length) return;
+    // Appended when it fits; otherwise (merged columns, new layers, a restart) the whole map is read again.
+    if (!heat.append(data) || heat.columns.length > 2 * heatPoints()) scheduleHeatmapRefetch();
+    noteHeatmap();
+  }
+  function scheduleHeatmapRefetch() {
+    if (state.heatRefetch) return;
+    state.heatRefetch = setTimeout(async () => { state.heatRefetch = null; await loadHeatmap(); }, 1000);
   }
 
   function setCapacity(bytes) {
@@ -201,6 +237,8 @@
       if (r.step <= state.maxStep) {
         // Same step again: a later attempt rewrote history after a restart; redraw from the index.
         if (r.attempt > state.attempt) scheduleRefetch();
+        // Same attempt: the eval loss, logged once evaluation of that step finished.
+        else if (r.eval_loss !== null && r.eval_loss !== undefined && !charts.loss.setAt("eval_loss", r.step, r.eval_loss)) scheduleRefetch();
         state.attempt = Math.max(state.attempt, r.attempt);
         continue;
       }
@@ -250,6 +288,7 @@
     es.onerror = () => dot.classList.remove("on");
     es.addEventListener("status", (e) => renderStatus(JSON.parse(e.data)));
     es.addEventListener("steps", (e) => onSteps(JSON.parse(e.data)));
+    es.addEventListener("gradflow", (e) => onGradflow(JSON.parse(e.data)));
     es.addEventListener("system", (e) => onSystem(JSON.parse(e.data)));
     es.addEventListener("events", (e) => addEvents(JSON.parse(e.data)));
     es.addEventListener("side", (e) => renderSide(JSON.parse(e.data)));

@@ -1,0 +1,146 @@
+"""The real thing: `steadytune demo --dashboard` trains under its supervisor while headless Chromium watches.
+
+No fixture writer here: the supervisor, the worker (a tiny model really training on
+the CPU), the in-process dashboard and the run index are the shipped code. Steps
+are slowed to ~50 ms more each (``STEADYTUNE_FAULTS``) so the page can be seen
+advancing; SIGINT then stops the run the way an operator's Ctrl-C does: the worker
+checkpoints and exits, and the command exits 0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from browser import Browser
+
+pytestmark = pytest.mark.slow
+
+STEADYTUNE = str(Path(sys.executable).parent / "steadytune")
+STEP = "return Number(document.getElementById('step').dataset.step || -1)"
+LOSS_POINTS = "return window.steadytune.charts.loss.pointCount()"
+DASHBOARD_LINE = re.compile(r"^dashboard: (http://127\.0\.0\.1:\d+/)\s*$")
+RUN_LINE = re.compile(r"^run (\S+) → ")
+
+
+class Demo:
+    """The demo command in its own process group, its output collected line by line as it comes."""
+
+    def __init__(self, runs_dir: Path, cache_dir: Path, steps: int = 300) -> None:
+        env = {
+            **os.environ,
+            "HF_HUB_OFFLINE": "1",
+            "STEADYTUNE_CACHE": str(cache_dir),  # the session's demo assets, built once
+            "STEADYTUNE_DATA_CACHE": str(cache_dir / "data"),
+            "STEADYTUNE_FAULTS": json.dumps({"step_sleep_s": 0.05}),
+            "PYTHONUNBUFFERED": "1",  # the URL line must arrive now, not when a pipe buffer fills
+        }
+        cmd = [STEADYTUNE, "demo", "--dashboard", "--port", "0", "--runs-dir", str(runs_dir), "--steps", str(steps),
+               "train.max_grad_norm=1.0"]  # fmt: skip
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                     start_new_session=True)  # fmt: skip
+        self.lines: list[str] = []
+        self._q: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._read, name="demo-stdout", daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+            self._q.put(self.lines[-1])
+
+    def expect(self, pattern: re.Pattern[str], timeout: float) -> re.Match[str]:
+        """The first line (from now on) matching ``pattern``; fails with the output so far."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                line = self._q.get(timeout=0.5)
+            except queue.Empty:
+                if self.proc.poll() is not None and self._q.empty():
+                    break
+                continue
+            m = pattern.search(line)
+            if m:
+                return m
+        pytest.fail(f"no line matching {pattern.pattern!r} (exit code {self.proc.poll()}); output:\n{self.output}")
+
+    @property
+    def output(self) -> str:
+        return "\n".join(self.lines[-60:])
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # only this test's own process group
+            self.proc.wait(10)
+
+
+@pytest.fixture
+def demo(tmp_path: Path, demo_assets: Path, cache_dir: Path) -> Iterator[Demo]:
+    d = Demo(tmp_path / "runs", cache_dir)
+    yield d
+    d.close()
+
+
+def wait_http_ok(url: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.2)
+    pytest.fail(f"{url} did not answer 200 within {timeout:.0f} s")
+
+
+def test_live_demo_dashboard_in_browser(chromium: tuple[str, str], demo: Demo, artifacts: Path) -> None:
+    run_id = demo.expect(RUN_LINE, timeout=120).group(1)
+    url = demo.expect(DASHBOARD_LINE, timeout=30).group(1)
+    # The run becomes visible to the dashboard with its first file (status or events).
+    wait_http_ok(f"{url}api/runs/{run_id}", timeout=60)
+    with Browser(*chromium) as b:
+        b.get(f"{url}run/{run_id}")
+        b.wait_for("return window.steadytune && window.steadytune.ready === true", timeout=60)
+        # Model load and the first optimizer step come first: allow for a busy 2-core machine.
+        b.wait_for(f"return {STEP[7:]} > 0 && {LOSS_POINTS[7:]} > 0", timeout=180)
+        step1, points1 = b.js(STEP), b.js(LOSS_POINTS)
+        # Live, with no reload: the counter and the loss chart advance.
+        b.wait_for(f"return {STEP[7:]} >= {step1 + 5}", timeout=90)
+        b.wait_for(f"return {LOSS_POINTS[7:]} >= {points1 + 5}", timeout=90)
+        step2, points2 = b.js(STEP), b.js(LOSS_POINTS)
+        assert step2 > step1 and points2 > points1, (step1, step2, points1, points2)
+        # The real worker's gradient flow (steps 1, 50, 100) reaches the heat map live.
+        b.wait_for("return window.steadytune.heatmap.columns.length >= 3", timeout=180)
+        layers = b.js("return window.steadytune.heatmap.layers")
+        assert layers[0] == "embeddings" and layers[-1] == "lm_head" and any(n.startswith("layers.") for n in layers)
+        assert b.js("return window.steadytune.heatmap.cellCount()") >= 3 * len(layers)
+        b.wait_for("return document.querySelectorAll('#checkpoints td.mono').length > 0", timeout=60)
+        # The eval at step 75 is logged after that step was drawn: its dot is filled in live.
+        b.wait_for("return window.steadytune.charts.loss.get('eval_loss').y.some((v) => v !== null)", timeout=30)
+        b.js("window.scrollTo(0, 0)")
+        shot = b.screenshot(artifacts / "dashboard-live-demo.png")
+        assert shot.stat().st_size > 20_000
+    # Ctrl-C: the supervisor asks the worker to checkpoint and stop; the command exits 0.
+    demo.proc.send_signal(signal.SIGINT)
+    try:
+        rc = demo.proc.wait(timeout=180)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the demo did not stop within 180 s of SIGINT; output:\n{demo.output}")
+    time.sleep(0.2)  # let the reader thread take the last lines
+    assert rc == 0, demo.output
+    assert re.search(r"^\s*state\s+stopped", "\n".join(demo.lines), re.M), demo.output
+    status = json.loads((Path(demo.proc.args[demo.proc.args.index("--runs-dir") + 1]) / run_id / "status.json").read_text())
+    assert status["state"] == "stopped" and status["step"] >= step2, status
