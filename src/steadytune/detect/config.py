@@ -34,7 +34,7 @@ class SeriesConfig(_Strict):
 class LossConfig(_Strict):
     """nan_loss, loss_spike, divergence, loss_collapse, plateau, oscillation."""
 
-    noise_prior: float = Field(0.16, gt=0, description="log-space noise assumed before it is measured")
+    noise_prior: float = Field(0.17, gt=0, description="log-space noise assumed before it is measured")
     noise_prior_weight: float = Field(1.0, ge=0, description="how many differences the prior is worth")
     noise_floor: float = Field(0.01, ge=0, description="log-space noise never assumed below this")
     spike_z: float = Field(7.0, gt=0, description="robust z-score of a loss spike")
@@ -42,7 +42,9 @@ class LossConfig(_Strict):
     resolve_z: float = Field(3.0, gt=0, description="a spike is over once the loss is back within this z")
     suspect_z: float = Field(4.0, gt=0, description="young baseline: points this far up are held back")
     divergence_points: int = Field(3, ge=1, description="a spike still up after this many points diverged")
-    divergence_rise: float = Field(0.35, gt=0, description="log-space rise of the level above its best (+3σ)")
+    divergence_rise: float = Field(
+        0.35, gt=0, description="log-space rise above the best level (+ spike_z/2 sigmas)"
+    )
     collapse_abs: float = Field(1e-6, ge=0, description="a loss at or below this is zero")
     collapse_drop: float = Field(
         3.0, gt=0, description="log-space sudden drop (3.0 = 20x) that is a collapse"
@@ -55,8 +57,8 @@ class LossConfig(_Strict):
     plateau_trend_t: float = Field(3.0, gt=0, description="a falling trend this significant (t) is learning")
     frozen_points: int = Field(6, ge=2, description="identical loss values in a row: the model is frozen")
     oscillation_window: int = Field(32, ge=8, description="logged points searched for swings")
-    oscillation_ratio: float = Field(2.6, gt=1, description="regularity: largest/smallest lag difference")
-    oscillation_growth: float = Field(2.0, gt=1, description="spread over the noise before the window")
+    oscillation_ratio: float = Field(2.8, gt=1, description="regularity: largest/smallest lag difference")
+    oscillation_growth: float = Field(2.2, gt=1, description="window width over the typical width before it")
     oscillation_min_amplitude: float = Field(
         0.03, ge=0, description="log-space swing spread never below this"
     )
@@ -68,9 +70,9 @@ class GradConfig(_Strict):
     """nonfinite_grad, grad_spike, grad_explosion, grad_vanishing."""
 
     noise_prior: float = Field(0.3, gt=0, description="log-space grad-norm noise before it is measured")
-    noise_prior_weight: float = Field(2.0, ge=0)
-    noise_floor: float = Field(0.05, ge=0)
-    spike_z: float = Field(6.0, gt=0)
+    noise_prior_weight: float = Field(2.0, ge=0, description="how many differences the prior is worth")
+    noise_floor: float = Field(0.05, ge=0, description="log-space noise never assumed below this")
+    spike_z: float = Field(6.0, gt=0, description="robust z-score of a grad-norm spike")
     spike_min_ratio: float = Field(
         8.0, ge=1, description="a grad spike is at least this many times the level"
     )
@@ -81,14 +83,14 @@ class GradConfig(_Strict):
     vanishing_ratio: float = Field(
         100.0, gt=1, description="level this many times below its established level"
     )
-    vanishing_points: int = Field(5, ge=1)
+    vanishing_points: int = Field(5, ge=1, description="points the level must stay that low")
     warmup_points: int = Field(10, ge=0, description="points before the established level is trusted")
 
 
 class EvalConfig(_Strict):
     """overfitting: eval loss rises while the training loss still falls."""
 
-    min_evals: int = Field(4, ge=2)
+    min_evals: int = Field(4, ge=2, description="evaluations before overfitting can be called")
     rise: float = Field(0.03, ge=0, description="log-space rise of eval loss above its best")
     rising_evals: int = Field(2, ge=1, description="consecutive evaluations above the best")
 
@@ -103,37 +105,45 @@ class MemoryConfig(_Strict):
     leak_steadiness: float = Field(0.75, ge=0, le=1, description="share of the window's 8 segments that grow")
     device_total_bytes: int | None = Field(None, ge=1, description="device memory; else from system samples")
     headroom_warning: float = Field(0.93, gt=0, le=1, description="used/total that warns")
-    headroom_critical: float = Field(0.98, gt=0, le=1)
+    headroom_critical: float = Field(0.98, gt=0, le=1, description="used/total that is critical")
 
 
 class PaceConfig(_Strict):
     """throughput_drop, dataloader_bottleneck, straggler, stall."""
 
-    warmup_points: int = Field(5, ge=0)
-    window: int = Field(32, ge=4)
+    warmup_points: int = Field(5, ge=0, description="points before throughput is judged")
+    window: int = Field(32, ge=4, description="points in the throughput baseline (median)")
     throughput_drop: float = Field(0.4, gt=0, lt=1, description="fraction of throughput lost")
     throughput_points: int = Field(5, ge=1, description="consecutive slow points")
     data_wait_ratio: float = Field(0.3, gt=0, lt=1, description="share of step time waiting for data")
-    data_wait_points: int = Field(5, ge=1)
+    data_wait_points: int = Field(5, ge=1, description="consecutive points waiting that long")
     straggler_ratio: float = Field(1.3, gt=1, description="rank step time over the median rank")
-    straggler_points: int = Field(8, ge=1)
+    straggler_points: int = Field(8, ge=1, description="consecutive points a rank must be that slow")
     straggler_lag_points: int = Field(5, ge=1, description="logging intervals a rank may trail the leader")
     stall_factor: float = Field(5.0, gt=1, description="times the longest recent step interval")
     stall_min_s: float = Field(300.0, gt=0, description="never call a stall below this many seconds")
-    heartbeat_timeout_s: float = Field(120.0, gt=0, description="silence of every rank that is a hang")
+    heartbeat_timeout_s: float | None = Field(
+        None,
+        gt=0,
+        description="silence that is a hang; default max(hang_floor_s, hang_factor x p95 step interval)",
+    )
+    hang_floor_s: float = Field(
+        60.0, gt=0, description="never call a hang below this many seconds of silence"
+    )
+    hang_factor: float = Field(10.0, gt=1, description="or this many times the p95 interval between steps")
 
 
 class SystemConfig(_Strict):
     """gpu_thermal, gpu_error, disk_low, host memory headroom."""
 
-    gpu_temp_warning_c: float = 85.0
-    gpu_temp_critical_c: float = 92.0
-    gpu_temp_points: int = Field(2, ge=1)
+    gpu_temp_warning_c: float = Field(85.0, description="GPU temperature that warns (throttling starts)")
+    gpu_temp_critical_c: float = Field(92.0, description="GPU temperature that is critical")
+    gpu_temp_points: int = Field(2, ge=1, description="consecutive samples that hot")
     disk_free_warning: float = Field(0.05, ge=0, le=1, description="free fraction that warns")
-    disk_free_critical: float = Field(0.02, ge=0, le=1)
+    disk_free_critical: float = Field(0.02, ge=0, le=1, description="free fraction that is critical")
     disk_min_free_bytes: int = Field(10 << 30, ge=0, description="warn below this free space too")
-    ram_warning: float = Field(0.93, gt=0, le=1)
-    ram_critical: float = Field(0.98, gt=0, le=1)
+    ram_warning: float = Field(0.93, gt=0, le=1, description="host RAM used/total that warns")
+    ram_critical: float = Field(0.98, gt=0, le=1, description="host RAM used/total that is critical")
 
 
 class DetectConfig(_Strict):

@@ -103,13 +103,14 @@ class _Signal:
             self.grad.observe(rec.step, rec.grad_norm, spiking, finite, out)
         if lp is not None:
             self.plateau.observe(lp, self.loss.tracker.level, self.grad.vanished, out)
-            self.oscillation.observe(lp, out)
+            self.oscillation.observe(lp, out, rec.epoch)
         flow = rec.extra.get("gradflow") if rec.extra else None
         if isinstance(flow, dict):
             self.flow.observe(rec.step, flow, out)
         if rec.eval_loss is not None:
             t = self.loss.tracker
-            self.overfit.observe(rec.step, rec.eval_loss, t.level if t.n_level else None, out)
+            level, noise = (t.level, t.sigma) if t.n_level else (None, 0.0)
+            self.overfit.observe(rec.step, rec.eval_loss, level, out, noise)
 
 
 class _Rank:

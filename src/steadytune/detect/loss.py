@@ -74,8 +74,12 @@ class LossWatch:
         if new_segment:
             self._end_spike(out, step)
         y = math.log(loss) if loss > 1e-12 else -27.6  # log space (as Tracker.y), inlined: hot path
-        if loss <= self.cfg.collapse_small or self._drop_run or rep.on:
-            self._collapse(step, loss, y, out)
+        if (loss <= self.cfg.collapse_small or self._drop_run or rep.on) and self._collapse(
+            step, loss, y, out
+        ):
+            # A collapsed point stays out of the baseline, as a spike does: the collapse lasts
+            # as long as the loss stays down, judged against where it was.
+            return LossPoint(step, loss, y, False, False, new_segment)
         if t.n_level == 0:
             t.accept(y, epoch)
             return LossPoint(step, loss, y, True, False, new_segment)
@@ -91,12 +95,23 @@ class LossWatch:
         # Most points are well inside the minimum jump: the noise estimate is not even needed.
         if jump > self._min_jump:
             threshold = max(t.threshold(self.cfg.spike_z), self._min_jump)
+            young = t.n_level < t.level_window
+            if young:
+                # A few lucky differences must not make one point a spike: a young baseline's
+                # noise is never taken below the prior for a one-point alarm (held points,
+                # below, still use it: three in a row are evidence enough).
+                floor = self.cfg.spike_z * self.cfg.noise_prior * math.sqrt(1.0 + 1.0 / t.n_level)
+                threshold = max(threshold, floor)
             if jump > threshold and not self._seasonal(y, epoch):
                 self._start_spike(step, loss, level, threshold, out)
                 return LossPoint(step, loss, y, False, True, False)
             # One point is no baseline to hold others against: from two up to a full level window.
-            young = 1 < t.n_level < t.level_window
-            if young and jump > t.threshold(self.cfg.suspect_z) and not self._seasonal(y, epoch):
+            if (
+                young
+                and t.n_level > 1
+                and jump > t.threshold(self.cfg.suspect_z)
+                and not self._seasonal(y, epoch)
+            ):
                 return self._suspect(step, loss, y, level, out)
         self._suspects.clear()
         t.accept(y, epoch)
@@ -232,8 +247,11 @@ class LossWatch:
         ):
             self.rep.report(out, "divergence", self.metric, step, False)
 
-    def _collapse(self, step: int, loss: float, y: float, out: list[Finding]) -> None:
-        """A loss at zero, or one that fell ``collapse_drop`` (log) below its level in one go."""
+    def _collapse(self, step: int, loss: float, y: float, out: list[Finding]) -> bool:
+        """A loss at zero, or one that fell ``collapse_drop`` (log) below its level in one go.
+
+        True when this point is (a candidate for) a collapse.
+        """
         cfg, t = self.cfg, self.tracker
         drop = max(cfg.collapse_drop, cfg.spike_z * t.sigma)
         dropped = t.n_level > 0 and loss <= cfg.collapse_small and (t.level - y) > drop
@@ -253,3 +271,4 @@ class LossWatch:
             self.rep.report(out, "loss_collapse", self.metric, step, True, evidence=ev)
         elif not dropped:
             self.rep.report(out, "loss_collapse", self.metric, step, False)
+        return dropped or zero

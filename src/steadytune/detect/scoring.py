@@ -65,7 +65,9 @@ def read_labels(path: Path) -> dict[str, list[Label]]:
         row = dict(zip(header, line.split("\t"), strict=False))
         start = int(row["start"]) if row.get("start", "-").lstrip("-").isdigit() else 0
         end = int(row["end"]) if row.get("end", "-").lstrip("-").isdigit() else 0
-        out.setdefault(row["file"], []).append(Label(row["file"], row["class"], row.get("group", "-"), start, end))
+        out.setdefault(row["file"], []).append(
+            Label(row["file"], row["class"], row.get("group", "-"), start, end)
+        )
     return out
 
 

@@ -75,12 +75,20 @@ def to_log(x: float) -> float:
 
 
 class Seasonal:
-    """Mean level per phase bucket of the current and the previous epoch."""
+    """Mean level per phase bucket of the current and the previous epoch.
 
-    __slots__ = ("_cur", "_epoch", "_prev")
+    Only the first ``fresh`` points of an epoch may be explained by the previous
+    one: that is how long the recent level still holds the end of the last epoch.
+    Later in an epoch a point is judged against the level alone, so a spike in a
+    run whose earlier epochs were higher is still a spike.
+    """
 
-    def __init__(self) -> None:
+    __slots__ = ("_cur", "_epoch", "_n_cur", "_prev", "fresh")
+
+    def __init__(self, fresh: int = 8) -> None:
+        self.fresh = fresh
         self._epoch: int | None = None
+        self._n_cur = 0
         self._cur: list[list[float]] = [[0.0, 0.0] for _ in range(_EPOCH_BUCKETS)]
         self._prev: list[list[float]] | None = None
 
@@ -93,12 +101,14 @@ class Seasonal:
             self._prev = self._cur if self._epoch is not None and whole == self._epoch + 1 else None
             self._cur = [[0.0, 0.0] for _ in range(_EPOCH_BUCKETS)]
             self._epoch = whole
+            self._n_cur = 0
+        self._n_cur += 1
         cell = self._cur[self._bucket(epoch)]
         cell[0] += y
         cell[1] += 1
 
     def reference(self, epoch: float) -> float | None:
-        """The highest mean level of the previous epoch near this phase, if any.
+        """The highest mean level of the previous epoch near this phase, early in an epoch only.
 
         The point being judged may be the first of a new epoch (not added yet): then
         the epoch in progress is the previous one.
@@ -106,7 +116,10 @@ class Seasonal:
         if self._epoch is None:
             return None
         whole = math.floor(epoch)
-        prev = self._prev if whole == self._epoch else (self._cur if whole == self._epoch + 1 else None)
+        if whole == self._epoch:
+            prev = self._prev if self._n_cur < self.fresh else None
+        else:
+            prev = self._cur if whole == self._epoch + 1 else None
         if prev is None:
             return None
         b = self._bucket(epoch)
@@ -134,6 +147,7 @@ class Tracker:
     """
 
     __slots__ = (
+        "_gaps",
         "_iv_count",
         "_iv_fifo",
         "_lv_fifo",
@@ -181,6 +195,7 @@ class Tracker:
         self._recent_abs = 0.0  # running mean of |Δ| over about the last 8 points
         self._iv_fifo: deque[int] = deque(maxlen=16)
         self._iv_count = 0
+        self._gaps: deque[int] = deque(maxlen=3)
         self._typical: int | None = None
         self._sigma: float | None = None
         self.level = 0.0
@@ -190,7 +205,7 @@ class Tracker:
         self.segment_start: int | None = None
         self.best_level: float | None = None
         self.n_accepted = 0
-        self.seasonal = Seasonal()
+        self.seasonal = Seasonal(level_window)
 
     def y(self, x: float) -> float:
         return to_log(x) if self.log else x
@@ -203,16 +218,24 @@ class Tracker:
             self.segment_start = step
             return True
         interval = step - last
-        ivs = self._iv_fifo
-        ivs.append(interval)
         typical = self._typical
-        # The lower quartile of recent intervals is the logging interval even when the log
-        # is a collection of snippets with huge gaps between them. Logging intervals rarely
-        # change, so it is re-sorted only every few points, not on each one.
-        self._iv_count += 1
-        if self._iv_count < 16 or self._iv_count % 8 == 0:
-            self._typical = sorted(ivs)[len(ivs) // 4]
-        if interval <= 0 or (typical is not None and interval > gap_factor * max(typical, 1)):
+        gap = interval <= 0 or (typical is not None and interval > gap_factor * max(typical, 1))
+        # The logging interval is the median of recent intervals that were not gaps, so a log
+        # made of snippets keeps its real interval. Three similar gaps in a row are a new
+        # interval (logging became sparser), not gaps. Sorted only every few points.
+        if gap and interval > 0:
+            self._gaps.append(interval)
+            similar = len(self._gaps) >= 3 and max(self._gaps) <= 2 * min(self._gaps)
+            if similar:
+                self._iv_fifo.extend(self._gaps)
+                self._typical = sorted(self._iv_fifo)[len(self._iv_fifo) // 2]
+        elif not gap:
+            self._gaps.clear()
+            self._iv_fifo.append(interval)
+            self._iv_count += 1
+            if self._iv_count < 16 or self._iv_count % 8 == 0:
+                self._typical = sorted(self._iv_fifo)[len(self._iv_fifo) // 2]
+        if gap:
             self._lv_fifo.clear()
             self._lv_sorted.clear()
             self.n_level = 0

@@ -2,10 +2,10 @@
 
 They look at the shape of the loss over a window rather than at one point:
 
-- plateau: no learning since the start (the level is within ``plateau_min_gain``
-  of where it began, ``plateau_min_points`` points after the LR warm-up ended,
-  and no significant falling trend), a loss
-  that repeats the very same value (a frozen model), or a flat loss while the
+- plateau: no learning since the start (``plateau_min_points`` points after
+  the LR warm-up ended, the level is within ``plateau_min_gain`` of where it
+  began and a least-squares fit over the whole span shows it), a loss that
+  repeats the very same value (a frozen model), or a flat loss while the
   gradients have vanished. A flat stretch *after* the loss fell is convergence,
   not a plateau, so it is never flagged from the loss alone;
 - oscillation: new swings, much wider than the noise before them, regular
@@ -183,13 +183,21 @@ class OscillationWatch:
         # typical (median) one of those from before the current window is the texture before.
         self._widths: deque[float] = deque(maxlen=2 * cfg.oscillation_window // _STRIDE + 1)
         self._count = 0
+        self._epoch: int | None = None
+        self._boundary = -(10**9)  # the point count at the last epoch boundary
         self._recent_calls = 0  # bits: the last evaluations that looked like sawing
 
-    def observe(self, lp: LossPoint, out: list[Finding]) -> None:
+    def observe(self, lp: LossPoint, out: list[Finding], epoch: float | None = None) -> None:
         if lp.new_segment:
             self._ys.clear()
             self._widths.clear()
             self._count = 0
+            self._boundary = -(10**9)
+        if epoch is not None:
+            whole = math.floor(epoch)
+            if self._epoch is not None and whole != self._epoch:
+                self._boundary = self._count  # a staircase step may sit in the window: no detrend models it
+            self._epoch = whole
         self._ys.append(lp.y)
         self._count += 1
         if self._count % _STRIDE or len(self._ys) < self._ys.maxlen:
@@ -200,8 +208,8 @@ class OscillationWatch:
         older = len(self._widths) - n // _STRIDE  # widths of windows that ended before this one began
         before = _median(list(self._widths)[:older]) if older > 0 else None
         self._widths.append(width)
-        if before is None:
-            return  # swings are judged against the texture before them: none known yet
+        if before is None or self._count - self._boundary <= n:
+            return  # judged against the texture before, and never across an epoch boundary
         cfg = self.cfg
         # Like is compared with like (the same width statistic), so a texture the run always
         # had is not new; most windows stop at this cheap test.
@@ -324,7 +332,10 @@ class OverfitWatch:
         self._train_at_best: float | None = None
         self._above = 0
 
-    def observe(self, step: int, value: float, train_level: float | None, out: list[Finding]) -> None:
+    def observe(
+        self, step: int, value: float, train_level: float | None, out: list[Finding], train_noise: float = 0.0
+    ) -> None:
+        """``train_level`` is the training loss level (log space); ``train_noise`` its per-point sigma."""
         if not math.isfinite(value) or value <= 0:
             return
         y = math.log(value)
@@ -336,10 +347,10 @@ class OverfitWatch:
             return
         rise = y - self._best
         self._above = self._above + 1 if rise > self.cfg.rise else 0
-        # "Still falling" tolerates the wobble of a converged training loss, not a rise.
-        train_ok = (
-            train_level is None or self._train_at_best is None or train_level <= self._train_at_best + 0.05
-        )
+        # "Still falling" tolerates the wobble of a converged training level (a median of 8
+        # noisy points moves by about 0.44 sigma), not a rise.
+        slack = 0.05 + 2.0 * 0.44 * train_noise
+        train_ok = train_level is None or self._train_at_best is None or train_level <= self._train_at_best + slack
         if self._n >= self.cfg.min_evals and self._above >= self.cfg.rising_evals and train_ok:
             ev = None
             if not self.rep.is_on("overfitting", self.metric):
