@@ -72,7 +72,7 @@ class GradConfig(_Strict):
     noise_prior: float = Field(0.3, gt=0, description="log-space grad-norm noise before it is measured")
     noise_prior_weight: float = Field(2.0, ge=0, description="how many differences the prior is worth")
     noise_floor: float = Field(0.05, ge=0, description="log-space noise never assumed below this")
-    spike_z: float = Field(6.0, gt=0, description="robust z-score of a grad-norm spike")
+    spike_z: float = Field(5.0, gt=0, description="robust z-score of a grad-norm spike")
     spike_min_ratio: float = Field(
         8.0, ge=1, description="a grad spike is at least this many times the level"
     )

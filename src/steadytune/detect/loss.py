@@ -185,7 +185,8 @@ class LossWatch:
         new_peak = loss > self._spike_peak
         self._spike_peak = max(self._spike_peak, loss)
         ev = {"peak": rounded(self._spike_peak), "points_up": self._spike_points} if new_peak else None
-        self.rep.report(out, "loss_spike", self.metric, step, True, evidence=ev)
+        if self.rep.is_on("loss_spike", self.metric):  # an episode of held points has no spike to extend
+            self.rep.report(out, "loss_spike", self.metric, step, True, evidence=ev)
         if self._spike_points >= self.cfg.divergence_points:
             first = not self.rep.is_on("divergence", self.metric)
             self.rep.report(
