@@ -96,14 +96,14 @@ class Seasonal:
         return min(_EPOCH_BUCKETS - 1, int((epoch - math.floor(epoch)) * _EPOCH_BUCKETS))
 
     def add(self, epoch: float, y: float) -> None:
-        whole = math.floor(epoch)
-        if self._epoch is None or whole != self._epoch:
+        whole = int(epoch) if epoch >= 0 else math.floor(epoch)
+        if whole != self._epoch:
             self._prev = self._cur if self._epoch is not None and whole == self._epoch + 1 else None
             self._cur = [[0.0, 0.0] for _ in range(_EPOCH_BUCKETS)]
             self._epoch = whole
             self._n_cur = 0
         self._n_cur += 1
-        cell = self._cur[self._bucket(epoch)]
+        cell = self._cur[min(_EPOCH_BUCKETS - 1, int((epoch - whole) * _EPOCH_BUCKETS))]
         cell[0] += y
         cell[1] += 1
 

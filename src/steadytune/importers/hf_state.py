@@ -33,5 +33,5 @@ def read(path: Path, data: Any | None = None) -> Series:
         step = entry.get("step")
         if not isinstance(step, int):
             continue
-        b.add_row(step, entry)
+        b.add_numbers(step, entry)
     return b.build(require=("loss", "eval_loss", "grad_norm"))

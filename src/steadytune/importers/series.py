@@ -136,8 +136,17 @@ class SeriesBuilder:
         name = ALIASES.get(metric, metric)
         self._rows.setdefault(step, {})[name] = value
 
+    def add_numbers(self, step: int, row: dict[str, Any]) -> None:
+        """Add the int/float fields of a parsed JSON row as they are (the fast path for big logs)."""
+        numbers = {ALIASES.get(k, k): v for k, v in row.items() if type(v) is float or type(v) is int}
+        target = self._rows.get(step)
+        if target is None:
+            self._rows[step] = numbers
+        else:
+            target.update(numbers)
+
     def add_row(self, step: int, row: dict[str, Any], nan_means_missing: bool = False) -> None:
-        """Add every numeric field of one logged row."""
+        """Add every numeric field of one logged row (strings are parsed)."""
         target = self._rows.get(step)
         if target is None:
             target = self._rows[step] = {}
