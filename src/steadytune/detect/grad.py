@@ -75,7 +75,9 @@ class GradWatch:
             lvl = t.level
             if self._established is None or lvl > self._established:
                 self._established = lvl
-        if self._established is not None:
+        est = self._established
+        # The vanishing test matters only once the level sits far below where it was.
+        if est is not None and (self._low or self.rep.on or t.level < est - self._vanish_log + 2.303):
             self._vanishing(step, g, y, out)
 
     def _nonfinite(self, step: int, g: float, loss_finite: bool, out: list[Finding]) -> None:

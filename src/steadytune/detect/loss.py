@@ -45,6 +45,7 @@ class LossWatch:
         )
         self._min_jump = math.log(cfg.spike_min_ratio)
         self._resolve_jump = math.log(1.0 + (cfg.spike_min_ratio - 1.0) / 2.0)
+        self._rise = cfg.divergence_rise
         self._spike_start: int | None = None
         self._spike_points = 0
         self._spike_peak = 0.0
@@ -113,10 +114,11 @@ class LossWatch:
                 and not self._seasonal(y, epoch)
             ):
                 return self._suspect(step, loss, y, level, out)
-        self._suspects.clear()
+        if self._suspects:
+            self._suspects.clear()
         t.accept(y, epoch)
         # The slow-climb test needs the noise estimate; skip it while the level sits near its best.
-        near_best = t.best_level is None or t.level - t.best_level <= self.cfg.divergence_rise
+        near_best = t.best_level is None or t.level - t.best_level <= self._rise
         if self._climb_points or rep.on or not near_best:
             self._slow_climb(step, epoch, out)
         return LossPoint(step, loss, y, True, False, False)

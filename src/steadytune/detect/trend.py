@@ -54,6 +54,7 @@ class PlateauWatch:
         self._since_warmup = 0  # accepted points since the LR last rose
         self._vanish_level: float | None = None
         self._fit = [0.0] * 6  # n, Σx, Σy, Σxy, Σx², Σy² of (step, log-loss) since the start
+        self._zero_log = math.log(max(cfg.collapse_abs, 1e-12))
 
     def observe_lr(self, lr: float) -> None:
         if math.isfinite(lr):
@@ -113,11 +114,11 @@ class PlateauWatch:
             return "", None
         if lp.step - (self._first_step or 0) < cfg.plateau_min_steps:
             return "", None
-        if level <= math.log(max(cfg.collapse_abs, 1e-12)):
-            return "", None  # a loss at zero is a collapse, reported as such
         gain = self._start_level - level
         if not -cfg.divergence_rise < gain < cfg.plateau_min_gain:
-            return "", None
+            return "", None  # the usual exit: the run has learned (or climbed, a divergence)
+        if level <= self._zero_log:
+            return "", None  # a loss at zero is a collapse, reported as such
         # Flatness must be shown, not just unproven learning: the change fitted over the whole
         # span, less 1.5 standard errors, must still fall short of the gain we expect. Noisy
         # runs therefore need more points before a plateau is called.
