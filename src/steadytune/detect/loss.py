@@ -74,7 +74,7 @@ class LossWatch:
         new_segment = t.begin(step, self.series.gap_factor)
         if new_segment:
             self._end_spike(out, step)
-        y = math.log(loss) if loss > 1e-12 else -27.6  # log space (as Tracker.y), inlined: hot path
+        y = math.log(loss) if loss > 1e-12 else -27.6  # log space; a zero loss lands far down, not at -inf
         if (loss <= self.cfg.collapse_small or self._drop_run or rep.on) and self._collapse(
             step, loss, y, out
         ):

@@ -47,10 +47,6 @@ class SortedWindow:
         self._fifo.append(x)
         insort(self._sorted, x)
 
-    def clear(self) -> None:
-        self._fifo.clear()
-        self._sorted.clear()
-
     def __len__(self) -> int:
         return len(self._fifo)
 
@@ -67,11 +63,6 @@ class SortedWindow:
     def quantile(self, q: float) -> float:
         s = self._sorted
         return s[min(len(s) - 1, int(q * len(s)))]
-
-
-def to_log(x: float) -> float:
-    """Log space for positive metrics; zero maps far down instead of to -inf."""
-    return math.log(x) if x > 1e-12 else -27.6
 
 
 class Seasonal:
@@ -142,7 +133,7 @@ class Tracker:
 
     Call :meth:`begin` with each new step first (it detects gaps), judge the new
     value against :attr:`level` and :meth:`threshold`, then :meth:`accept` it if
-    it is ordinary. Values are in log space when ``log`` is set. This is the hot
+    it is ordinary. Callers pass values in log space. This is the hot
     path of every detector, so windows are plain lists and the level is cached.
     """
 
@@ -164,13 +155,11 @@ class Tracker:
         "last_step",
         "last_y",
         "level",
-        "log",
         "n_accepted",
         "n_level",
         "prior_var",
         "prior_weight",
         "seasonal",
-        "segment_start",
     )
 
     def __init__(
@@ -180,9 +169,7 @@ class Tracker:
         prior: float,
         prior_weight: float,
         floor: float,
-        log: bool = True,
     ) -> None:
-        self.log = log
         self.prior_var = prior * prior
         self.prior_weight = prior_weight
         self.floor = floor
@@ -202,20 +189,15 @@ class Tracker:
         self.n_level = 0
         self.last_y: float | None = None
         self.last_step: int | None = None
-        self.segment_start: int | None = None
         self.best_level: float | None = None
         self.n_accepted = 0
         self.seasonal = Seasonal(level_window)
-
-    def y(self, x: float) -> float:
-        return to_log(x) if self.log else x
 
     def begin(self, step: int, gap_factor: float) -> bool:
         """Note a new step; True when it opens a new segment (gap or restart), which resets the level."""
         last = self.last_step
         self.last_step = step
         if last is None:
-            self.segment_start = step
             return True
         interval = step - last
         typical = self._typical
@@ -241,7 +223,6 @@ class Tracker:
             self.n_level = 0
             self.last_y = None
             self.best_level = None
-            self.segment_start = step
             return True
         return False
 
@@ -315,6 +296,3 @@ class Tracker:
             self.best_level = lvl
         if epoch is not None:
             self.seasonal.add(epoch, y)
-
-    def recent(self) -> deque[float]:
-        return self._lv_fifo
