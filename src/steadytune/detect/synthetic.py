@@ -155,20 +155,8 @@ def base_run(rng: random.Random, shape: str, n: int | None = None) -> Run:
         loss.append(clean * math.exp(_noise(rng, sigma, heavy)))
     if shape == "dpo":
         loss = _dpo_losses(rng, n)
-    g0 = rng.uniform(0.3, 3.0)
-    g_sigma = rng.uniform(0.1, 0.35)
-    grad: list[float | None] = []
-    for i in range(n):
-        warmup_boost = 1.0 + 4.0 * math.exp(-i / max(1.0, warm / 2))
-        g = g0 * warmup_boost * math.exp(rng.gauss(0.0, g_sigma))
-        if rng.random() < 0.01:
-            g *= rng.uniform(1.5, 3.0)  # healthy grad norms have fat tails
-        grad.append(g)
-    step_time = [rng.uniform(0.2, 2.0)] * n
-    base_t = step_time[0]
-    step_time = [
-        base_t * math.exp(rng.gauss(0, 0.05)) * (6.0 if rng.random() < 0.005 else 1.0) for _ in range(n)
-    ]
+    grad = _grad_norms(rng, n, warm)
+    step_time = _step_times(rng, n)
     epoch = [epochs * s / total_steps for s in steps]
     run = Run(shape, steps, loss, grad, lr, epoch, step_time, sigma=sigma)
     if shape == "fp16_skips":
@@ -181,6 +169,25 @@ def base_run(rng: random.Random, shape: str, n: int | None = None) -> Run:
     if shape in ("system", "multirank"):
         run.system = healthy_system(rng, run)
     return run
+
+
+def _grad_norms(rng: random.Random, n: int, warm: int) -> list[float | None]:
+    """High during warm-up, then log-normal with fat tails (the occasional 1.5-3x batch)."""
+    g0 = rng.uniform(0.3, 3.0)
+    g_sigma = rng.uniform(0.1, 0.35)
+    grad: list[float | None] = []
+    for i in range(n):
+        g = g0 * (1.0 + 4.0 * math.exp(-i / max(1.0, warm / 2))) * math.exp(rng.gauss(0.0, g_sigma))
+        if rng.random() < 0.01:
+            g *= rng.uniform(1.5, 3.0)
+        grad.append(g)
+    return grad
+
+
+def _step_times(rng: random.Random, n: int) -> list[float]:
+    """5% jitter around a base time, and now and then a step six times slower (a checkpoint save)."""
+    base = rng.uniform(0.2, 2.0)
+    return [base * math.exp(rng.gauss(0, 0.05)) * (6.0 if rng.random() < 0.005 else 1.0) for _ in range(n)]
 
 
 def _dpo_losses(rng: random.Random, n: int) -> list[float]:
