@@ -30,6 +30,9 @@ def test_checkpoint_pause_resume_stop(tmp_path: Path, demo_assets: Path) -> None
     assert out.returncode == 0, out.stderr
     wait_for(lambda: any(verify(p).ok for p in run.checkpoints.glob("checkpoint-*")), what="a checkpoint")
 
+    snap = ctl("memory-snapshot", str(run.root))
+    assert snap.returncode == 0 and "acknowledged" in snap.stdout  # on CPU the worker says there is nothing to dump
+
     assert ctl("pause", str(run.root), "--hold").returncode == 0
     time.sleep(1.0)
     held = steps(run)[-1].step
@@ -52,7 +55,7 @@ def test_checkpoint_pause_resume_stop(tmp_path: Path, demo_assets: Path) -> None
     assert rc == 0, out
     assert status(run)["state"] == "stopped"
     controls = [e for e in read_events(run.events) if e.kind == "control" and not e.name.startswith("ack_")]
-    assert [e.name for e in controls] == ["checkpoint", "pause", "resume", "pause", "resume", "stop"]
+    assert [e.name for e in controls] == ["checkpoint", "memory_snapshot", "pause", "resume", "pause", "resume", "stop"]
     assert all("(cli)" in e.data["issuer"] for e in controls)
 
 

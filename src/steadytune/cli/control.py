@@ -23,6 +23,8 @@ HELP = {
     "resume": ("resume a paused run", "steadytune resume demo-20261129-101500-ab12"),
     "checkpoint": ("write a verified checkpoint at the next step", "steadytune checkpoint runs/my-run"),
     "stop": ("checkpoint, then stop the run", "steadytune stop runs/my-run"),
+    "memory-snapshot": ("write a CUDA allocator snapshot of the worker (no-op on CPU)",
+                        "steadytune memory-snapshot runs/my-run"),
 }
 
 
@@ -38,7 +40,7 @@ def register(sub: Any) -> None:
             mode.add_argument("--hold", action="store_true", help="keep the worker in memory for a quick resume")
             mode.add_argument("--release", action="store_true",
                               help="checkpoint and exit the worker, freeing the GPU (default)")
-        p.set_defaults(func=main, command_name=command)
+        p.set_defaults(func=main, command_name=command.replace("-", "_"))
 
 
 def resolve_run(text: str, runs_dir: str) -> RunDir | None:

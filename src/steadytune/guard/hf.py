@@ -90,6 +90,9 @@ class GuardCallback(TrainerCallback):
         if request is None and self._external_stop:
             request = {"command": "stop", "id": f"signal-{self._external_stop}", "issuer": self._external_stop}
             self._external_stop = None
+        if request is not None and request.get("command") == "memory_snapshot":
+            self._memory_snapshot(request, state.global_step)
+            request = None
         if request is not None:
             command = request.get("command")
             self.guard.notify("control", f"ack_{command}", f"worker acting on '{command}'",
@@ -113,6 +116,15 @@ class GuardCallback(TrainerCallback):
                 self.guard.set_phase("save")
         if control.should_evaluate and not control.should_save:
             self.guard.set_phase("eval")
+
+    def _memory_snapshot(self, request: dict[str, Any], step: int) -> None:
+        """A CUDA allocator snapshot into ``stacks/`` (a no-op that says so on CPU)."""
+        from steadytune.forensics.memsnap import dump_cuda_snapshot
+
+        path = self.guard.run.stacks / f"memory-rank{self.guard.rank}-step{step}.pickle"
+        result = dump_cuda_snapshot(path)
+        self.guard.notify("control", "ack_memory_snapshot", result.message, request_id=request.get("id"),
+                          issuer=request.get("issuer"), path=str(result.path) if result.written else None)
 
     def _hold(self, request: dict[str, Any], step: int) -> None:
         """``pause --hold``: stay in memory at this step boundary until a ``resume`` request."""

@@ -17,7 +17,7 @@ from typing import Any
 from steadytune.rundir import RunDir, atomic_write_text
 from steadytune.telemetry.events import EventLog
 
-COMMANDS = ("pause", "resume", "checkpoint", "stop")
+COMMANDS = ("pause", "resume", "checkpoint", "stop", "memory_snapshot")
 
 
 def send_control(

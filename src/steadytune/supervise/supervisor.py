@@ -128,6 +128,7 @@ class Supervisor:
         self.started_ts = clock()
         self._control_seen: tuple[float, str] | None = None
         self._inspected: set[int] = set()
+        self._leak_snapshot_pending = False
         self._resume_requested = False
         self._interrupts = 0
         self._stop_sent_at: float | None = None
@@ -301,6 +302,12 @@ class Supervisor:
         if ev.severity in {"warning", "critical"} and ev.step is not None:
             self.trouble_steps.append(ev.step)
         filed = self.emit(ev.kind, ev.name, ev.message, severity=ev.severity, step=ev.step, data=ev.data)
+        if ev.name == "ack_checkpoint" and self._leak_snapshot_pending:
+            # A leak alarm also wants the allocator's view (CUDA only): ask once the checkpoint is taken.
+            self._leak_snapshot_pending = False
+            from steadytune.supervise.control import send_control
+
+            send_control(self.run, "memory_snapshot", issuer="policy:memory_leak", attempt=self.attempt, log=self.events)
         if ev.name == "reduce_microbatch" and ev.data.get("micro_batch_split"):
             # Remember the split, so a later restart starts with it instead of rediscovering the OOM.
             self.revise(reason="oom", cause=filed, micro_batch_split=int(ev.data["micro_batch_split"]),
@@ -365,6 +372,8 @@ class Supervisor:
             # Save what we have now; the next (re)start uses a smaller micro-batch.
             self.shrink_next_restart = True
             send_control(self.run, "checkpoint", issuer="policy:reduce_microbatch", attempt=self.attempt, log=self.events)
+            if action.anomaly is not None and action.anomaly.kind == "memory_leak":
+                self._leak_snapshot_pending = True
         elif action.name in {"rollback", "restart"} and self.worker is not None and self.pending is None:
             self.pending = action
             if action.name == "restart":
