@@ -291,7 +291,7 @@ def speed() -> None:
         worst = max(worst, time.perf_counter() - a)
     per = (time.process_time() - t0) / len(events)
     print(
-        f"\n(d) speed: live {per * 1e6:.1f} us/step (worst single step {worst * 1e3:.2f} ms); target < 1 ms"
+        f"    live {per * 1e6:.1f} us/step (worst single step {worst * 1e3:.2f} ms); target < 1 ms"
     )
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "trainer_state.json"
