@@ -88,15 +88,16 @@ _STYLE = {"critical": "bold red", "warning": "yellow", "info": "dim"}
 
 def render_text(results: list[FileResult], console: Any) -> None:
     """A verdict line per file, a table of its anomalies, then each kind's cause and fix once (rich)."""
+    from rich.markup import escape
     from rich.table import Table
 
     for r in results:
         alarm = "red" if any(a.severity == "critical" for a in r.anomalies) else "yellow"
         style = "red" if r.error else (alarm if r.alarming else "green")
-        head = f"[bold]{r.path}[/bold]"
+        head = f"[bold]{escape(r.path)}[/bold]"  # paths and reasons may hold [brackets]
         if r.error is None:
-            head += f" [dim]({r.format}, {r.steps} steps; {', '.join(r.metrics[:6])})[/dim]"
-        console.print(f"{head}\n  [{style}]{r.verdict}[/{style}]")
+            head += f" [dim]({r.format}, {r.steps} steps; {escape(', '.join(r.metrics[:6]))})[/dim]"
+        console.print(f"{head}\n  [{style}]{escape(r.verdict)}[/{style}]")
         if not r.anomalies:
             continue
         table = Table(pad_edge=False, box=None, header_style="bold")
@@ -105,7 +106,13 @@ def render_text(results: list[FileResult], console: Any) -> None:
         for a in r.anomalies:
             steps = str(a.start_step) if a.start_step == a.end_step else f"{a.start_step}-{a.end_step}"
             metric = a.metric if a.rank is None else f"{a.metric} (rank {a.rank})"
-            table.add_row(f"[{_STYLE[a.severity]}]{a.severity}[/]", a.kind, steps, metric, _evidence_text(a))
+            table.add_row(
+                f"[{_STYLE[a.severity]}]{a.severity}[/]",
+                a.kind,
+                steps,
+                escape(metric),
+                escape(_evidence_text(a)),
+            )
         console.print(table)
         for kind in dict.fromkeys(a.kind for a in r.anomalies):
             a = next(x for x in r.anomalies if x.kind == kind)
