@@ -10,6 +10,10 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The tests run several processes at once (pytest, supervisor, worker, browser) on a small
+# machine: one BLAS/OpenMP thread each keeps them from oversubscribing the cores, which
+# otherwise makes a tiny model's step many times slower.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
