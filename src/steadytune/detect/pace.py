@@ -44,6 +44,7 @@ class ThroughputWatch:
         self._base = SortedWindow(cfg.window)
         self._n = 0
         self._slow = 0
+        self._slow_since: float | None = None
         self._waiting = 0
 
     def observe(self, rec: StepRecord, out: list[Finding]) -> None:
@@ -63,7 +64,13 @@ class ThroughputWatch:
         self._slow = self._slow + 1 if slow else 0
         if not slow:
             self._base.push(value)
-        if self._slow >= self.cfg.throughput_points:
+            self._slow_since = None
+        elif self._slow_since is None:
+            self._slow_since = rec.ts
+        # A slowdown nobody could act on (a few fast steps hit by a save or a neighbour) is noise:
+        # it must also last throughput_min_s of wall time.
+        lasted = rec.ts - (self._slow_since if self._slow_since is not None else rec.ts)
+        if self._slow >= self.cfg.throughput_points and lasted >= self.cfg.throughput_min_s:
             ev = None
             if not self.rep.is_on("throughput_drop", name):
                 ev = {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from steadytune.detect import LiveDetector
+from steadytune.detect.config import DetectConfig, PaceConfig
 from steadytune.records import StepRecord
 from tests.unit.detect.helpers import feed, kinds, noisy, raised, records
 
@@ -13,10 +14,23 @@ def _times(n: int, base: float = 0.5, slow_from: int | None = None, factor: floa
 
 def test_lasting_slowdown_is_a_throughput_drop() -> None:
     n = 100
-    got = raised(feed(records(noisy(n, decay=0.02), step_time_s=_times(n, slow_from=60), tokens=[4096] * n)))
+    cfg = DetectConfig(pace=PaceConfig(throughput_min_s=0))  # the point rule alone
+    got = raised(feed(records(noisy(n, decay=0.02), step_time_s=_times(n, slow_from=60), tokens=[4096] * n), cfg))
     drop = next(a for a in got if a.kind == "throughput_drop")
     assert drop.metric == "tokens_per_s" and 60 < drop.start_step <= 66
     assert drop.evidence["ratio"] < 0.5
+
+
+def test_a_slowdown_must_also_last_in_wall_time() -> None:
+    # The helper's records are 1 s apart: 10 slow points are 10 s, under the 20 s default.
+    n = 100
+    times = _times(n)
+    for i in range(60, 70):
+        times[i] *= 3
+    assert "throughput_drop" not in kinds(feed(records(noisy(n, decay=0.02), step_time_s=times, tokens=[4096] * n)))
+    got = raised(feed(records(noisy(n, decay=0.02), step_time_s=_times(n, slow_from=60), tokens=[4096] * n)))
+    drop = next(a for a in got if a.kind == "throughput_drop")
+    assert 60 + 20 <= drop.start_step <= 60 + 22
 
 
 def test_one_slow_step_a_checkpoint_save_is_not_a_drop() -> None:
