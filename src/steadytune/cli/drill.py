@@ -33,10 +33,7 @@ def register(sub: Any) -> None:
 
 
 def base_config(args: argparse.Namespace) -> dict[str, Any]:
-    import yaml
-
     if args.config is not None:
-        data = yaml.safe_load(args.config.read_text())
         from steadytune.config.load import load_config
 
         data = load_config(args.config).model_dump()  # paths resolved, all errors reported

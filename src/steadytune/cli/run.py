@@ -141,16 +141,9 @@ def start_dashboard_for(cfg: SteadytuneConfig, args: argparse.Namespace | None, 
 
 
 def dashboard_token(cfg: SteadytuneConfig) -> str | None:
-    import os
+    from steadytune.web.security import resolve_token
 
-    d = cfg.dashboard
-    if d.token_env and os.environ.get(d.token_env):
-        return os.environ[d.token_env]
-    if d.token_file:
-        p = Path(d.token_file).expanduser()
-        if p.exists():
-            return p.read_text().strip() or None
-    return None
+    return resolve_token(None, cfg.dashboard.token_env, cfg.dashboard.token_file)
 
 
 def apply_modes(cfg: SteadytuneConfig, args: argparse.Namespace) -> SteadytuneConfig:

@@ -272,13 +272,24 @@ class Guard:
         self.writer.close()
 
 
+_PROCESS: Any = None
+
+
+def _this_process() -> Any:
+    """One psutil handle per process: it is read every step, so it is not rebuilt every step."""
+    global _PROCESS
+    import psutil
+
+    if _PROCESS is None or _PROCESS.pid != os.getpid():
+        _PROCESS = psutil.Process()
+    return _PROCESS
+
+
 def memory_stats() -> dict[str, int | None]:
     """Device memory (CUDA when present) and process RSS; unavailable readings are None."""
     stats: dict[str, int | None] = {"rss_bytes": None}
     try:
-        import psutil
-
-        stats["rss_bytes"] = psutil.Process().memory_info().rss
+        stats["rss_bytes"] = _this_process().memory_info().rss
     except Exception:
         pass
     try:

@@ -80,8 +80,7 @@ class GuardCallback(TrainerCallback):
     def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         self.guard.end_step(state.global_step, epoch=state.epoch,
                             extra={"gradflow": self._gradflow} if self._gradflow else None)
-        self._gradflow = None
-        self.guard.heartbeat(state.global_step)
+        self._gradflow = None  # the step record itself is the loop's heartbeat: no second line per step
         self.faults.after_step(state.global_step, self.guard.attempt)
         request = self.guard.poll_control()
         if request is not None and request.get("command") == "pause" and request.get("args", {}).get("mode") == "hold":
