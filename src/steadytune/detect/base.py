@@ -27,6 +27,7 @@ class Finding:
     rank: int | None = None
     severity: Severity | None = None
     evidence: dict[str, Any] | None = None
+    cause: str | None = None  # replaces the kind's usual cause where a rule knows better
 
 
 def rounded(x: float | None, digits: int = 6) -> float | None:
@@ -62,11 +63,12 @@ class Reporter:
         active: bool,
         severity: Severity | None = None,
         evidence: dict[str, Any] | None = None,
+        cause: str | None = None,
     ) -> None:
         key = (kind, metric)
         if active:
             self.on.add(key)
-            out.append(Finding(kind, metric, step, True, self.rank, severity, evidence))
+            out.append(Finding(kind, metric, step, True, self.rank, severity, evidence, cause))
         elif key in self.on:
             self.on.discard(key)
             out.append(Finding(kind, metric, step, False, self.rank))

@@ -35,10 +35,16 @@ class LossConfig(_Strict):
     """nan_loss, loss_spike, divergence, loss_collapse, plateau, oscillation."""
 
     noise_prior: float = Field(0.17, gt=0, description="log-space noise assumed before it is measured")
-    noise_prior_weight: float = Field(1.0, ge=0, description="how many differences the prior is worth")
+    noise_prior_weight: float = Field(4.0, ge=0, description="how many differences the prior is worth")
     noise_floor: float = Field(0.01, ge=0, description="log-space noise never assumed below this")
     spike_z: float = Field(7.0, gt=0, description="robust z-score of a loss spike")
     spike_min_ratio: float = Field(1.25, ge=1, description="a spike is at least this many times the level")
+    spike_min_ratio_confirmed: float = Field(
+        1.1, ge=1, description="a spike the next point confirms (still up) needs only this ratio"
+    )
+    young_spike_z: float = Field(
+        4.0, gt=0, description="young baseline (< level_window points): prior sigmas for a one-point spike"
+    )
     resolve_z: float = Field(3.0, gt=0, description="a spike is over once the loss is back within this z")
     suspect_z: float = Field(4.0, gt=0, description="young baseline: points this far up are held back")
     divergence_points: int = Field(3, ge=1, description="a spike still up after this many points diverged")
@@ -51,6 +57,19 @@ class LossConfig(_Strict):
     )
     collapse_small: float = Field(0.05, ge=0, description="and the loss it dropped to is below this")
     collapse_points: int = Field(2, ge=1, description="points the collapsed value must persist")
+    collapse_fraction: float = Field(
+        0.01, gt=0, lt=1, description="a level below this share of the initial level has collapsed..."
+    )
+    collapse_memorized: float = Field(
+        0.02, gt=0, description="...when it is also below this loss (nats; perplexity 1.02)"
+    )
+    kl_jump_ratio: float = Field(
+        10.0, gt=1, description="RL/preference runs: a KL this many times its recent level blew up"
+    )
+    early_points: int = Field(10, ge=3, description="points of a run or snippet judged without a baseline")
+    early_rises: int = Field(3, ge=2, description="consecutive rises there that are a divergence...")
+    early_rise: float = Field(0.4, gt=0, description="...when they add up to this log-space rise (1.5x)")
+    early_z: float = Field(3.0, gt=0, description="...and to this many sigmas of a two-point difference")
     plateau_min_points: int = Field(30, ge=5, description="logged points before a plateau can be called")
     plateau_min_steps: int = Field(200, ge=1, description="steps before a plateau can be called")
     plateau_min_gain: float = Field(0.05, ge=0, description="log-space drop from the start expected by then")

@@ -49,6 +49,18 @@ class GradWatch:
         self._low = 0
 
     @property
+    def spike_jump(self) -> float:
+        """The log-space jump over the level that makes a grad-norm spike's minimum ratio."""
+        return self._min_jump
+
+    def jump(self, g: float | None) -> float:
+        """How far (log space) a norm lies above the current level; 0 when it cannot be told."""
+        t = self.tracker
+        if g is None or not (g > 0.0) or math.isinf(g) or t.n_level == 0:
+            return 0.0
+        return math.log(g) - t.level
+
+    @property
     def vanished(self) -> bool:
         return self.rep.is_on("grad_vanishing", self.metric)
 

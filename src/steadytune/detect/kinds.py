@@ -149,6 +149,20 @@ KINDS: dict[str, KindInfo] = {
         "stop at the best checkpoint (load_best_model_at_end), fewer epochs, more data or regularisation",
         "warning",
     ),
+    "reward_collapse": KindInfo(
+        "reward collapsed",
+        "an RL or preference run gave back everything its reward had gained: the policy drifted into "
+        "degenerate outputs (reward hacking undone, a too-high LR, or a too-small KL penalty)",
+        "roll back to the checkpoint at the best reward, lower the LR, raise the KL coefficient (beta)",
+        "warning",
+    ),
+    "kl_blowup": KindInfo(
+        "KL divergence blew up",
+        "the policy jumped away from the reference model in a few steps: an unstable update, a too-high "
+        "LR or a too-small KL penalty",
+        "lower the LR, raise beta, clip gradients; roll back if the reward falls with it",
+        "warning",
+    ),
 }
 
 ALL_KINDS: tuple[str, ...] = tuple(KINDS)

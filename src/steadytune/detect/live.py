@@ -19,10 +19,12 @@ from typing import Any, Literal
 
 from steadytune.detect.base import Finding, Reporter
 from steadytune.detect.config import DetectConfig
+from steadytune.detect.early import FallCollapseWatch, ShortRiseWatch
 from steadytune.detect.grad import GradWatch
 from steadytune.detect.kinds import KINDS
 from steadytune.detect.loss import LossWatch
 from steadytune.detect.memory import HeadroomWatch, LeakWatch
+from steadytune.detect.objective import ObjectiveWatch, is_preference_or_rl
 from steadytune.detect.pace import StallWatch, StragglerWatch, ThroughputWatch
 from steadytune.detect.system import SystemWatch
 from steadytune.detect.trend import OscillationWatch, OverfitWatch, PlateauWatch
@@ -90,19 +92,43 @@ class _Signal:
         self.overfit = OverfitWatch(cfg.eval)
         self.grad = GradWatch(cfg.grad, cfg.series)
         self.flow = _GradFlow()
+        self.short_rise = ShortRiseWatch(cfg.loss)
+        self.fall = FallCollapseWatch(cfg.loss, cfg.eval)
+        self._prev_g_jump = 0.0
+        self.objective = ObjectiveWatch(cfg.loss, cfg.series)
+        self.preference: bool | None = None  # decided by the first record that carries extra fields
 
     def observe(self, rec: StepRecord, out: list[Finding]) -> None:
         lp = None
         if rec.lr is not None:
             self.plateau.observe_lr(rec.lr)
-        if rec.loss is not None:
-            lp = self.loss.observe(rec.step, rec.loss, rec.epoch, out)
+        g_jump = self.grad.jump(rec.grad_norm)
+        corroborated = max(g_jump, self._prev_g_jump) >= self.grad.spike_jump
+        self._prev_g_jump = g_jump
+        if self.preference is None and rec.extra:
+            self.preference = is_preference_or_rl(rec.extra)
+        if self.preference:
+            # The loss of an RL/preference objective is judged only for NaN/Inf; its own signals
+            # (reward, KL) and the gradient norm carry the rest.
+            if rec.loss is not None and not math.isfinite(rec.loss):
+                self.loss.observe(rec.step, rec.loss, rec.epoch, out)
+            elif rec.loss is not None and self.loss.rep.on:
+                self.loss.rep.report(out, "nan_loss", self.loss.metric, rec.step, False)
+            if rec.extra:
+                self.objective.observe(rec.step, rec.extra, out)
+        elif rec.loss is not None:
+            lp = self.loss.observe(rec.step, rec.loss, rec.epoch, out, corroborated)
         if rec.grad_norm is not None and not (rec.skipped and math.isfinite(rec.grad_norm)):
             spiking = lp is not None and lp.in_spike
             finite = rec.loss is None or math.isfinite(rec.loss)
             self.grad.observe(rec.step, rec.grad_norm, spiking, finite, out)
+        if rec.eval_loss is not None:
+            self.fall.observe_eval(rec.eval_loss)
         if lp is not None:
-            self.plateau.observe(lp, self.loss.tracker.level, self.grad.vanished, out)
+            t = self.loss.tracker
+            self.short_rise.observe(lp, t.sigma, out)
+            self.fall.observe(lp, t.level, t.level_full, rec.epoch, out)
+            self.plateau.observe(lp, t.level, self.grad.vanished, out)
             self.oscillation.observe(lp, out, rec.epoch)
         flow = rec.extra.get("gradflow") if rec.extra else None
         if isinstance(flow, dict):
@@ -241,7 +267,7 @@ class LiveDetector:
                         f.step,
                         f.metric,
                         dict(f.evidence or {}),
-                        info.cause,
+                        f.cause or info.cause,
                         info.suggestion,
                         f.rank,
                     )

@@ -44,6 +44,8 @@ class LossWatch:
             series.level_window, series.noise_window, cfg.noise_prior, cfg.noise_prior_weight, cfg.noise_floor
         )
         self._min_jump = math.log(cfg.spike_min_ratio)
+        self._small_jump = math.log(cfg.spike_min_ratio_confirmed)
+        self._pending: tuple[int, float, float, float] | None = None
         self._resolve_jump = math.log(1.0 + (cfg.spike_min_ratio - 1.0) / 2.0)
         self._rise = cfg.divergence_rise
         self._spike_start: int | None = None
@@ -55,7 +57,10 @@ class LossWatch:
         self._suspects: list[int] = []
         self._last_finite: float | None = None
 
-    def observe(self, step: int, loss: float, epoch: float | None, out: list[Finding]) -> LossPoint | None:
+    def observe(
+        self, step: int, loss: float, epoch: float | None, out: list[Finding], corroborated: bool = False
+    ) -> LossPoint | None:
+        """Judge one loss value; ``corroborated``: the grad norm jumped past its own spike ratio here."""
         rep, m = self.rep, self.metric
         if not math.isfinite(loss):
             rep.report(
@@ -74,6 +79,7 @@ class LossWatch:
         new_segment = t.begin(step, self.series.gap_factor)
         if new_segment:
             self._end_spike(out, step)
+            self._pending = None
         y = math.log(loss) if loss > 1e-12 else -27.6  # log space; a zero loss lands far down, not at -inf
         if (loss <= self.cfg.collapse_small or self._drop_run or rep.on) and self._collapse(
             step, loss, y, out
@@ -86,6 +92,16 @@ class LossWatch:
             return LossPoint(step, loss, y, True, False, new_segment)
         level = t.level
         jump = y - level
+        if self._pending is not None:
+            held = self._pending
+            self._pending = None
+            # The point after a small jump decides it: a data outlier moves one batch's loss,
+            # an instability moves the weights, so the next batch is up as well.
+            if jump > t.threshold(self.cfg.resolve_z):
+                p_step, p_loss, p_level, p_threshold = held
+                self._start_spike(p_step, p_loss, p_level, p_threshold, out)
+                self._continue_spike(step, loss, y, out)
+                return LossPoint(step, loss, y, False, True, False)
         if self._spike_start is not None:
             back = max(t.threshold(self.cfg.resolve_z), self._resolve_jump)
             if jump <= back or self._seasonal(y, epoch):
@@ -94,18 +110,23 @@ class LossWatch:
                 self._continue_spike(step, loss, y, out)
                 return LossPoint(step, loss, y, False, True, False)
         # Most points are well inside the minimum jump: the noise estimate is not even needed.
-        if jump > self._min_jump:
-            threshold = max(t.threshold(self.cfg.spike_z), self._min_jump)
+        if jump > self._small_jump:
+            threshold = max(t.threshold(self.cfg.spike_z), self._small_jump)
             young = t.n_level < t.level_window
             if young:
                 # A few lucky differences must not make one point a spike: a young baseline's
                 # noise is never taken below the prior for a one-point alarm (held points,
-                # below, still use it: three in a row are evidence enough).
-                floor = self.cfg.spike_z * self.cfg.noise_prior * math.sqrt(1.0 + 1.0 / t.n_level)
-                threshold = max(threshold, floor)
+                # below, still use it: three in a row are evidence enough). A grad norm that
+                # spiked with it is the second witness that a short baseline lacks.
+                floor = self.cfg.young_spike_z * self.cfg.noise_prior * math.sqrt(1.0 + 1.0 / t.n_level)
+                threshold = self._min_jump if corroborated else max(threshold, floor)
             if jump > threshold and not self._seasonal(y, epoch):
-                self._start_spike(step, loss, level, threshold, out)
-                return LossPoint(step, loss, y, False, True, False)
+                if jump > self._min_jump:
+                    self._start_spike(step, loss, level, threshold, out)
+                    return LossPoint(step, loss, y, False, True, False)
+                if not young:
+                    self._pending = (step, loss, level, threshold)
+                    return LossPoint(step, loss, y, False, False, False)
             # One point is no baseline to hold others against: from two up to a full level window.
             if (
                 young

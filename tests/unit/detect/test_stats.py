@@ -16,7 +16,8 @@ def test_sorted_window_median_and_quantile_follow_the_window() -> None:
 
 
 def _tracker() -> Tracker:
-    return Tracker(8, 64, prior=0.12, prior_weight=1.0, floor=0.01)
+    # Shrinkage is geometric (log space): a prior worth four differences.
+    return Tracker(8, 64, prior=0.12, prior_weight=4.0, floor=0.01)
 
 
 def test_noise_estimate_matches_gaussian_sigma_and_ignores_the_trend() -> None:

@@ -1,0 +1,135 @@
+"""Rules that need no baseline window: a short run that climbs, a loss that falls to almost nothing.
+
+- **divergence in a short stretch.** The first ``early_points`` points of a run (or
+  of a snippet of a gappy log) have no level to compare with, so the spike rules
+  are blind there. A loss that rises from its first point ``early_rises`` times in a row, by
+  ``early_rise`` in log space in all (1.5x) and by ``early_z`` times the noise of
+  a difference, is climbing away: healthy fine-tunes and pretraining runs fall
+  from their first point, and noise does not rise several points in a row that far.
+- **collapse by falling.** A training loss whose level sinks below
+  ``collapse_fraction`` of the run's initial level *and* below
+  ``collapse_memorized`` nats (per-token perplexity 1.02) predicts the training
+  tokens almost surely: memorization over many epochs, or a data/label bug (labels
+  leaking into inputs, a constant target). When the run evaluates, the eval loss
+  is the judge: still near its best, the model generalizes, so nothing is raised.
+"""
+
+from __future__ import annotations
+
+import math
+
+from steadytune.detect.base import Finding, Reporter, rounded
+from steadytune.detect.config import EvalConfig, LossConfig
+from steadytune.detect.loss import LossPoint
+
+
+class ShortRiseWatch:
+    """Divergence from consecutive rises at the start of a run or of a snippet."""
+
+    def __init__(self, cfg: LossConfig, metric: str = "loss", rank: int | None = None) -> None:
+        self.cfg = cfg
+        self.metric = metric
+        self.rep = Reporter(rank)
+        self._seen = 0  # points in the current segment
+        self._run_start: tuple[int, float] | None = None  # first point of the current run of rises
+        self._rises = 0
+        self._last: float | None = None
+
+    def observe(self, lp: LossPoint, sigma: float, out: list[Finding]) -> None:
+        """``sigma``: the loss noise per point so far (log space, shrunk towards its prior)."""
+        if lp.new_segment:
+            self._seen, self._rises, self._last, self._run_start = 0, 0, None, None
+        self._seen += 1
+        last, self._last = self._last, lp.y
+        if last is None or lp.y <= last:
+            self._rises, self._run_start = 0, (lp.step, lp.y)
+            if self.rep.on and last is not None:
+                self.rep.report(out, "divergence", self.metric, lp.step, False)
+            return
+        self._rises += 1
+        # Only a climb from the first point of the run (or snippet) counts: a rise that begins
+        # later has a baseline before it, and the spike and divergence rules judge it.
+        if self._run_start is None or self._seen != self._rises + 1 or self._seen > self.cfg.early_points:
+            return
+        start_step, start_y = self._run_start
+        rise = lp.y - start_y
+        # The end-to-end rise must also stand out of the noise of two points (sqrt 2 sigma).
+        needed = max(self.cfg.early_rise, self.cfg.early_z * math.sqrt(2.0) * sigma)
+        if self._rises >= self.cfg.early_rises and rise >= needed:
+            first = not self.rep.on
+            ev = None
+            if first:
+                ev = {
+                    "value": rounded(lp.loss),
+                    "first": rounded(math.exp(start_y)),
+                    "rise_ratio": rounded(math.exp(rise), 4),
+                    "rises": self._rises,
+                    "threshold_ratio": rounded(math.exp(self.cfg.early_rise), 4),
+                    "threshold_rises": self.cfg.early_rises,
+                }
+            self.rep.report(out, "divergence", self.metric, start_step, True, evidence=ev)
+
+
+class FallCollapseWatch:
+    """loss_collapse from a level that sank to a tiny fraction of where the run began."""
+
+    def __init__(self, cfg: LossConfig, ecfg: EvalConfig, metric: str = "loss", rank: int | None = None):
+        self.cfg = cfg
+        self.ecfg = ecfg
+        self.metric = metric
+        self.rep = Reporter(rank)
+        self._initial: float | None = None
+        self._eval_best: float | None = None
+        self._eval_last: float | None = None
+        self._limit = math.log(max(cfg.collapse_memorized, 1e-12))
+
+    def observe_eval(self, value: float) -> None:
+        if math.isfinite(value) and value > 0:
+            y = math.log(value)
+            self._eval_last = y
+            self._eval_best = y if self._eval_best is None else min(self._eval_best, y)
+
+    def _eval_healthy(self) -> bool:
+        if self._eval_last is None or self._eval_best is None:
+            return False
+        return self._eval_last - self._eval_best <= self.ecfg.rise
+
+    def _cause(self, epoch: float | None) -> str:
+        seen = f" after {epoch:.3g} epochs" if epoch else ""
+        if self._eval_last is not None:
+            return (
+                f"the training loss fell to almost nothing{seen} while the eval loss rose above its best: "
+                "the model memorizes the training set"
+            )
+        return (
+            f"the training loss fell to almost nothing{seen}: the model memorizes the training set, or a "
+            "data/label bug makes the target trivial (labels leaking into the inputs); no eval loss to tell"
+        )
+
+    def observe(
+        self, lp: LossPoint, level: float, level_full: bool, epoch: float | None, out: list[Finding]
+    ) -> None:
+        if not lp.accepted or not level_full:
+            return
+        if self._initial is None:
+            self._initial = level  # the first full level of the run: where training began
+            return
+        low = level < self._initial + math.log(self.cfg.collapse_fraction) and level < self._limit
+        if low and not self._eval_healthy():
+            ev = None
+            if not self.rep.on:
+                ev = {
+                    "level": rounded(math.exp(level)),
+                    "initial_level": rounded(math.exp(self._initial)),
+                    "fraction": rounded(math.exp(level - self._initial), 4),
+                    "threshold_fraction": self.cfg.collapse_fraction,
+                    "threshold_loss": self.cfg.collapse_memorized,
+                    "epoch": rounded(epoch, 4),
+                    "eval_loss": rounded(math.exp(self._eval_last)) if self._eval_last is not None else None,
+                    "eval_best": rounded(math.exp(self._eval_best)) if self._eval_best is not None else None,
+                }
+            self.rep.report(
+                out, "loss_collapse", self.metric, lp.step, True, "warning", ev, self._cause(epoch)
+            )
+        elif self.rep.on and (level > self._limit + 0.5 or self._eval_healthy()):
+            self.rep.report(out, "loss_collapse", self.metric, lp.step, False)
