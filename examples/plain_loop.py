@@ -30,7 +30,8 @@ def main(run_dir: str = "runs/plain-loop", steps: int = 60) -> None:
             loss = loss * float("nan")  # a poisoned batch
         loss.backward()
         guard.add_microbatch(loss, tokens=32, sample_ids=ids.tolist())
-        if guard.before_update(model, optimizer):  # False: non-finite, the update is skipped
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # returns the norm before clipping
+        if guard.before_update(model, optimizer, grad_norm=norm):  # False: non-finite, the update is skipped
             optimizer.step()
         optimizer.zero_grad()
         guard.end_step(step)

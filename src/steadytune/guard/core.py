@@ -13,11 +13,16 @@ Use it from any loop::
         loss = model(**batch).loss
         loss.backward()
         guard.add_microbatch(loss, tokens=int(batch["attention_mask"].sum()), sample_ids=batch_ids)
-        if guard.before_update(model, optimizer):   # False: non-finite, update skipped
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # the norm before clipping
+        if guard.before_update(model, optimizer, grad_norm=norm):   # False: non-finite, update skipped
             optimizer.step()
         optimizer.zero_grad()
         guard.end_step(step)
     guard.close()
+
+Without ``grad_norm`` the guard takes the norm of the gradients as they are when
+``before_update`` runs: call it before clipping then, or the record shows the
+clipped norm and hides every spike behind ``max_norm``.
 """
 
 from __future__ import annotations
@@ -95,7 +100,7 @@ class Guard:
         self._ids: list[int] = []
         self._hashes: list[str] = []
         self._grad_norm: float | None = None
-        self._pending_norm: float | None = None
+        self._pending_norm: Any = None  # a float, or the framework's tensor until it is read
         self._lr: float | None = None
         self._skipped = False
 
@@ -139,18 +144,32 @@ class Guard:
         return float(torch.linalg.vector_norm(torch.stack(norms), 2).item())
 
     def observe_grad_norm(self, norm: Any) -> None:
-        """A grad norm the framework already computed (e.g. while clipping), to avoid a second pass."""
-        self._pending_norm = _as_float(norm)
+        """The total norm the framework computed while clipping (before clipping scaled the
+        gradients): recorded instead of a second pass over already-clipped gradients.
+        A tensor is kept as it is and read on the host only when the step needs it.
+        """
+        self._pending_norm = norm
 
-    def before_update(self, model: Any, optimizer: Any = None, grad_norm: float | None = None) -> bool:
+    def observed_grad_norm(self) -> float | None:
+        """The norm passed to :meth:`observe_grad_norm` this step, as a float (None if none was)."""
+        if self._pending_norm is not None and not isinstance(self._pending_norm, float):
+            self._pending_norm = _as_float(self._pending_norm)
+        return self._pending_norm
+
+    def before_update(self, model: Any, optimizer: Any = None, grad_norm: Any = None) -> bool:
         """Decide whether the optimizer may step. On a non-finite loss or gradient,
         drop the gradients so the step leaves the weights bit-identical, and return False.
+
+        ``grad_norm`` (a float or a 0-d tensor, e.g. what ``clip_grad_norm_`` returned) is the
+        norm to record; without it, the one observed this step, else the gradients' own.
         """
         if optimizer is not None and getattr(optimizer, "param_groups", None):
             self._lr = float(optimizer.param_groups[0]["lr"])
-        if grad_norm is None:
-            grad_norm = self._pending_norm
-        norm = grad_norm if grad_norm is not None else self.grad_norm(model)
+        # Reading the norm on the host is a device sync, but one the NaN guard cannot do without:
+        # it must decide before optimizer.step() whether the update may touch the weights.
+        norm = _as_float(grad_norm) if grad_norm is not None else self.observed_grad_norm()
+        if norm is None:
+            norm = self.grad_norm(model)
         self._grad_norm = norm
         bad = self._loss_nonfinite or not math.isfinite(norm)
         if bad and self.nan_guard:

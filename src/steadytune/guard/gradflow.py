@@ -1,9 +1,12 @@
 """Gradient flow per layer: norm, share of exact zeros, and a coarse log10 histogram.
 
 Called every N optimizer steps (``DEFAULT_INTERVAL``), after backward and before
-the optimizer step, so the gradients are the ones about to be applied (before
-clipping scales them). Everything is computed on the gradients' device and
-copied to the host once, in a single sync, at the end.
+the optimizer step. The statistics are of the gradients before clipping scaled
+them: the HF Trainer clips before its last hook ahead of the optimizer step, so
+the adapter passes ``scale=unclip_scale(norm, max_grad_norm)`` with the norm
+clipping computed, and the clipped gradients are scaled back. Everything is
+computed on the gradients' device and copied to the host once, in a single
+sync, at the end.
 
 The result is small and plain so it can ride in ``StepRecord.extra["gradflow"]``
 (see :func:`columns`) and feed the dashboard heat map and
@@ -34,12 +37,27 @@ def should_record(step: int, interval: int = DEFAULT_INTERVAL) -> bool:
     return interval > 0 and (step == 1 or step % interval == 0)
 
 
-def layer_grad_stats(model: Any, bins: Sequence[float] = DEFAULT_BINS) -> dict[str, dict[str, Any]]:
+def unclip_scale(pre_clip_norm: float | None, max_norm: float) -> float:
+    """The factor that undoes ``clip_grad_norm_(params, max_norm)`` given the total norm it returned.
+
+    torch (``clip_grads_with_norm_``, FSDP's ``clip_grad_norm_``) multiplies every gradient by
+    ``min(1, max_norm / (norm + 1e-6))``; this is its inverse. 1.0 when clipping is off, left the
+    gradients alone, or the norm is unknown or non-finite.
+    """
+    if pre_clip_norm is None or max_norm <= 0 or not math.isfinite(pre_clip_norm):
+        return 1.0
+    return max(1.0, (pre_clip_norm + 1e-6) / max_norm)
+
+
+def layer_grad_stats(
+    model: Any, bins: Sequence[float] = DEFAULT_BINS, scale: float = 1.0
+) -> dict[str, dict[str, Any]]:
     """Per-layer gradient statistics, layers in forward order.
 
     Args:
         model: any ``torch.nn.Module`` (PEFT, DDP and compiled wrappers are fine).
         bins: increasing log10 edges of the |grad| histogram.
+        scale: the statistics are of ``grad * scale`` (see :func:`unclip_scale`).
 
     Returns:
         ``{layer: {"norm": float, "zero_frac": float, "numel": int, "nonfinite": int, "hist": [int, ...]}}``;
@@ -68,7 +86,10 @@ def layer_grad_stats(model: Any, bins: Sequence[float] = DEFAULT_BINS) -> dict[s
         zeros.append(z)
         # Clamping puts out-of-range magnitudes in the edge bins; zeros land in the first bin and are
         # taken out again; NaN stays NaN and histc skips it.
-        logs = g.abs().clamp_(10.0 ** lo, 10.0 ** hi).log10_()
+        mag = g.abs()
+        if scale != 1.0:
+            mag.mul_(scale)
+        logs = mag.clamp_(10.0 ** lo, 10.0 ** hi).log10_()
         h = torch.histc(logs, bins=nbins, min=lo, max=hi)
         h[0] -= z
         hists.append(h)
@@ -95,7 +116,7 @@ def layer_grad_stats(model: Any, bins: Sequence[float] = DEFAULT_BINS) -> dict[s
     out: dict[str, dict[str, Any]] = {}
     for layer in sorted(acc, key=lambda k: keys[k]):
         a = acc[layer]
-        norm = math.nan if a["nonfinite"] else math.sqrt(a["sumsq"])
+        norm = math.nan if a["nonfinite"] else math.sqrt(a["sumsq"]) * scale
         out[layer] = {"norm": norm, "zero_frac": a["zeros"] / max(a["numel"], 1), "numel": a["numel"],
                       "nonfinite": a["nonfinite"], "hist": [int(x) for x in a["hist"]]}
     return out

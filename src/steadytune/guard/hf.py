@@ -4,16 +4,17 @@ guard decisions back into ``TrainerControl``. No policy lives here.
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from transformers import TrainerCallback
+from transformers import Trainer, TrainerCallback
 
 from steadytune.guard.checkpoints import CheckpointKeeper
 from steadytune.guard.core import Guard
 from steadytune.guard.faults import Faults
-from steadytune.guard.gradflow import DEFAULT_INTERVAL, columns, layer_grad_stats, should_record
+from steadytune.guard.gradflow import DEFAULT_INTERVAL, columns, layer_grad_stats, should_record, unclip_scale
 
 
 def _barrier() -> None:
@@ -23,8 +24,23 @@ def _barrier() -> None:
         dist.barrier()
 
 
+def _calling_trainer(callback: TrainerCallback) -> Trainer | None:
+    """The Trainer whose loop is calling ``callback``: HF hands callbacks no reference to it."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        obj = frame.f_locals.get("self")
+        if isinstance(obj, Trainer) and any(cb is callback for cb in obj.callback_handler.callbacks):
+            return obj
+        frame = frame.f_back
+    return None
+
+
 class GuardCallback(TrainerCallback):
-    """Wires a :class:`Guard` and a :class:`CheckpointKeeper` into the HF Trainer loop."""
+    """Wires a :class:`Guard` and a :class:`CheckpointKeeper` into the HF Trainer loop.
+
+    Add it to any ``Trainer`` (``callbacks=[...]``): it binds itself to that trainer when
+    training begins (see :meth:`bind`).
+    """
 
     def __init__(self, guard: Guard, keeper: CheckpointKeeper, staging: Path, faults: Faults | None = None,
                  checkpoint_every_s: float | None = None, gradflow_every: int = DEFAULT_INTERVAL) -> None:
@@ -39,12 +55,46 @@ class GuardCallback(TrainerCallback):
         self.staging = staging
         self.stop_status: str | None = None  # "stopped" / "paused" once a request ends the run
         self._external_stop: str | None = None
+        self._bound = False  # whether some trainer's clipping reports its norm to the guard
+
+    def bind(self, trainer: Trainer) -> bool:
+        """Let the guard see the gradient norm the trainer's clipping computes.
+
+        HF clips right after the last backward and only then calls ``on_pre_optimizer_step``
+        (its docstring: "after gradient clipping"); no callback hook runs in between. A callback
+        alone would read clipped gradients, so a norm of at most ``max_grad_norm`` that hides
+        every spike. ``Trainer._clip_grad_norm`` returns the norm before clipping (and is what
+        HF logs as ``grad_norm``): wrapping it on this instance hands that tensor to the guard
+        with no second pass over the gradients. Idempotent; False when the trainer has no
+        ``_clip_grad_norm`` (the guard then records clipped norms).
+        """
+        clip = getattr(trainer, "_clip_grad_norm", None)
+        if clip is None:
+            return False
+        if getattr(clip, "steadytune_guard", None) is self.guard:
+            self._bound = True
+            return True
+
+        def clip_and_observe(model: Any) -> Any:
+            norm = clip(model)
+            self.guard.observe_grad_norm(norm)
+            return norm
+
+        clip_and_observe.steadytune_guard = self.guard  # type: ignore[attr-defined]
+        trainer._clip_grad_norm = clip_and_observe  # type: ignore[method-assign]
+        self._bound = True
+        return True
 
     def request_stop(self, why: str) -> None:
         """Called from a signal handler: act at the next step boundary, never mid-step."""
         self._external_stop = why
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        trainer = _calling_trainer(self)
+        bound = self.bind(trainer) if trainer is not None else self._bound
+        if (args.max_grad_norm or 0) > 0 and not bound:
+            self.guard.notify("lifecycle", "grad_norm_after_clipping", "the trainer's clipping could not be "
+                              "observed: grad_norm and gradient flow are recorded after clipping", severity="warning")
         self.guard.last_step = state.global_step
         self._last_save_ts = self.guard.clock()
         self.guard.notify("lifecycle", "train_begin", f"training from step {state.global_step} to {state.max_steps}",
@@ -63,7 +113,13 @@ class GuardCallback(TrainerCallback):
                 g["lr"] *= burst
         step = state.global_step + 1
         # Per-layer gradient flow every few steps: it reads every gradient, so never on every step.
-        flow = columns(layer_grad_stats(kw["model"])) if should_record(step, self.gradflow_every) else None
+        # The gradients are already clipped here; the norm clipping computed scales them back. That
+        # is also right under fp16, where only clipping unscales the loss-scaled gradients, so they
+        # could not be read earlier. Its host read costs nothing extra: the NaN guard needs it anyway.
+        flow = None
+        if should_record(step, self.gradflow_every):
+            scale = unclip_scale(self.guard.observed_grad_norm(), args.max_grad_norm or 0.0)
+            flow = columns(layer_grad_stats(kw["model"], scale=scale))
         ok = self.guard.before_update(kw["model"], optimizer)
         self._gradflow = flow if ok else None  # a skipped (non-finite) update is the NaN guard's story
         if not ok:

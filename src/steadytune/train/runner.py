@@ -19,6 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingA
 from steadytune.config.schema import SteadytuneConfig
 from steadytune.guard.core import Guard
 from steadytune.guard.faults import Faults
+from steadytune.guard.hf import GuardCallback
 from steadytune.policy.restart import is_oom_message
 from steadytune.records import PlanRevision
 from steadytune.train.data import IGNORE_INDEX, SAMPLE_HASH, SAMPLE_ID, DataSpec, build_dataset
@@ -174,12 +175,6 @@ class GuardedTrainer(Trainer):
         for prev_inputs, prev_n in self._st_step_inputs[:-1]:
             self._run_chunks(model, prev_inputs, prev_n, self.st_split)
 
-    def _clip_grad_norm(self, model: Any) -> Any:
-        # The Trainer already computes the pre-clip norm here; reuse it instead of a second pass.
-        norm = super()._clip_grad_norm(model)
-        self.st_guard.observe_grad_norm(norm)
-        return norm
-
 
 def load_tokenizer(cfg: SteadytuneConfig) -> Any:
     tok = AutoTokenizer.from_pretrained(cfg.model.name_or_path, trust_remote_code=cfg.model.trust_remote_code)
@@ -280,7 +275,7 @@ def build_trainer(cfg: SteadytuneConfig, plan: PlanRevision, guard: Guard, callb
     skip = {i for a, b in plan.skip_ranges for i in range(a, b + 1)}
     args = training_arguments(cfg, plan, staging, eval_ds is not None)
     model = load_model(cfg, args.gradient_checkpointing)
-    return GuardedTrainer(
+    trainer = GuardedTrainer(
         model=model,
         args=args,
         train_dataset=train_ds,
@@ -294,3 +289,7 @@ def build_trainer(cfg: SteadytuneConfig, plan: PlanRevision, guard: Guard, callb
         max_split=max_split,
         skip_ids=skip,
     )
+    for cb in callbacks:
+        if isinstance(cb, GuardCallback):
+            cb.bind(trainer)  # the guard records the norm clipping computes (on_train_begin would find it too)
+    return trainer

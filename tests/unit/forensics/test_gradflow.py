@@ -9,7 +9,13 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from steadytune.forensics.gradflow import check_layers  # noqa: E402
-from steadytune.guard.gradflow import DEFAULT_BINS, columns, layer_grad_stats, should_record  # noqa: E402
+from steadytune.guard.gradflow import (  # noqa: E402
+    DEFAULT_BINS,
+    columns,
+    layer_grad_stats,
+    should_record,
+    unclip_scale,
+)
 
 
 class Tiny(torch.nn.Module):
@@ -76,3 +82,22 @@ def test_check_layers_flags_dead_vanishing_and_exploding():
 def test_should_record():
     assert [s for s in range(1, 201) if should_record(s, 50)] == [1, 50, 100, 150, 200]
     assert not should_record(50, 0)
+
+
+def test_clipped_gradients_scaled_back_give_the_pre_clip_stats():
+    m = with_grads({"model.layers.0.weight": 3.0, "lm_head.weight": 0.02, "model.layers.1.bias": 0.0})
+    before = layer_grad_stats(m)
+    norm = torch.nn.utils.clip_grad_norm_(m.parameters(), 0.5)
+    assert float(norm) > 10 * 0.5  # clipping engaged
+    clipped = layer_grad_stats(m)
+    after = layer_grad_stats(m, scale=unclip_scale(float(norm), 0.5))
+    for layer, ref in before.items():
+        assert after[layer]["norm"] == pytest.approx(ref["norm"], rel=1e-5), layer
+        assert after[layer]["hist"] == ref["hist"] and after[layer]["zero_frac"] == ref["zero_frac"], layer
+    assert clipped["layers.0"]["norm"] < before["layers.0"]["norm"] / 10
+
+
+def test_unclip_scale_is_one_when_clipping_left_the_gradients_alone():
+    assert unclip_scale(0.3, 1.0) == 1.0
+    assert unclip_scale(None, 1.0) == unclip_scale(5.0, 0.0) == unclip_scale(float("nan"), 1.0) == 1.0
+    assert unclip_scale(5.0, 1.0) == pytest.approx(5.0)
