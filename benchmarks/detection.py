@@ -112,7 +112,7 @@ class Tally:
             self.fa += 1
             self.fa_kinds[kind or "alarm"] += 1
 
-    def fault(self, f: Fault, alarms: list[Alarm], ours: bool) -> None:
+    def fault(self, f: Fault, alarms: list[Alarm], ours: bool, within: int = 5) -> None:
         run, iv = f.run, f.run.interval
         lo, hi = run.steps[f.start] - 2 * iv, run.steps[f.end] + 2 * iv
         self.tries[f.kind] += 1
@@ -123,12 +123,17 @@ class Tally:
                 continue
             if ours and kind not in ACCEPT[f.kind]:
                 continue
-            self.hits[f.kind] += 1
             i = _index(run, at)  # delay: from the injection to the point that raised the alarm
+            if i - f.start > within:
+                continue  # raised too late to act on: not a detection
+            self.hits[f.kind] += 1
             self.delays[f.kind].append(max(0, i - f.start))
             if f.kind == "memory_leak" and f.oom_bytes is not None and (run.mem_alloc[i] or 0) <= f.oom_bytes:
                 self.leak_ok += 1
             break
+
+
+WITHIN = 5  # a detection counts only when raised within this many logged points of the injection
 
 
 def synthetic(seed: int, per_shape: int, per_kind: int) -> dict[str, Tally]:
@@ -141,8 +146,30 @@ def synthetic(seed: int, per_shape: int, per_kind: int) -> dict[str, Tally]:
     for f in fault_runs(seed + 1, per_kind):
         res = all_alarms(to_events(f.run))
         for name in SETS:
-            tallies[name].fault(f, res[name], ours=name == OURS)
+            tallies[name].fault(f, res[name], ours=name == OURS, within=WITHIN)
     return tallies
+
+
+def _spread(xs: list[float], fmt: str) -> str:
+    if len(xs) == 1:
+        return format(xs[0], fmt)
+    return f"{format(statistics.fmean(xs), fmt)} [{format(min(xs), fmt)}-{format(max(xs), fmt)}]"
+
+
+def print_seeds(runs: list[dict[str, Tally]], seeds: list[int]) -> None:
+    """Mean recall and false alarms over the seeds, with their range."""
+    print(
+        f"\n(a') over seeds {seeds}: mean [min-max]; a catch is raised within {WITHIN} logged points "
+        "of the injection, false alarms count on healthy runs and before each injection"
+    )
+    print(f"{'':24s}" + "".join(f"{n[:21]:>24s}" for n in SETS))
+    recall = {
+        n: [statistics.fmean(t[n].hits[k] / max(1, t[n].tries[k]) for k in FAULT_KINDS) for t in runs]
+        for n in SETS
+    }
+    fa = {n: [1e4 * t[n].fa / max(1, t[n].healthy_points) for t in runs] for n in SETS}
+    print(f"{'mean recall':24s}" + "".join(f"{_spread(recall[n], '.3f'):>24s}" for n in SETS))
+    print(f"{'false alarms / 10k':24s}" + "".join(f"{_spread(fa[n], '.2f'):>24s}" for n in SETS))
 
 
 def print_synthetic(t: dict[str, Tally]) -> None:
@@ -189,44 +216,117 @@ def print_synthetic(t: dict[str, Tally]) -> None:
 
 
 def real_logs_dir() -> Path | None:
+    """The labelled real logs: $STEADYTUNE_REAL_LOGS, ../shared, or the copy vendored with the tests."""
     env = os.environ.get("STEADYTUNE_REAL_LOGS")
     path = Path(env) if env else Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "real-logs"
-    return path.resolve() if (path / "LABELS.tsv").is_file() else None
+    if (path / "LABELS.tsv").is_file():
+        return path.resolve()
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests.realdata import materialize
+
+    return materialize(Path(tempfile.mkdtemp(prefix="steadytune-real-logs-")))
 
 
-def _real_alarms(series: Any) -> dict[str, list[ScoredAlarm]]:
-    ours = [
+# The thresholds that are tuned on data, with the values the leave-one-out search may pick.
+# Everything else is fixed a priori (docs/detectors.md says why), so it needs no held-out choice.
+TUNED: dict[str, tuple[float, ...]] = {
+    "loss.spike_z": (6.0, 7.0, 8.0),
+    "loss.spike_min_ratio_confirmed": (1.1, 1.2),
+    "loss.young_spike_z": (3.0, 4.0, 5.0),
+    "grad.spike_min_ratio": (5.0, 8.0),
+}
+FA_WEIGHT = 2  # selection objective on the training files: caught - FA_WEIGHT * false alarms
+
+
+def _grid() -> list[dict[str, float]]:
+    import itertools
+
+    keys = list(TUNED)
+    return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*TUNED.values())]
+
+
+def _config(point: dict[str, float]) -> Any:
+    from steadytune.detect import DetectConfig
+
+    tree: dict[str, dict[str, float]] = {}
+    for key, value in point.items():
+        section, name = key.split(".")
+        tree.setdefault(section, {})[name] = value
+    return DetectConfig.model_validate(tree)
+
+
+def _score(rows: list[Any], series: Any, alarms: list[ScoredAlarm]) -> FileScore:
+    return score_file(rows, [r.step for r in series.records], alarms)
+
+
+def _ours(series: Any, config: Any = None) -> list[ScoredAlarm]:
+    return [
         ScoredAlarm(a.kind, a.severity, a.start_step, a.end_step)
-        for a in detect(series.records, series.system)
+        for a in detect(series.records, series.system, config)
     ]
-    res = {OURS: ours}
-    events = records_events(series.records)
-    for cls in BASELINES:
-        res[cls.name] = [ScoredAlarm(None, sev, st, st) for _k, sev, st in baseline_alarms(cls, events)]
-    return res
 
 
-def real(root: Path) -> None:
+def _add(total: FileScore, sc: FileScore) -> None:
+    total.positives += sc.positives
+    total.caught += sc.caught
+    total.false_alarms += sc.false_alarms
+    total.healthy_steps += sc.healthy_steps
+
+
+def leave_one_out(
+    labels: dict[str, list[Any]], loaded: dict[str, Any]
+) -> tuple[FileScore, dict[str, FileScore], dict[str, dict[str, float]], FileScore]:
+    """steadytune scored with, for each file, the tuned thresholds chosen on all the other files.
+
+    Returns the leave-one-out total, the per-file scores, the choice made for each
+    file, and the best in-sample total (the grid point chosen on every file at once,
+    which is what an unheld tuning would report).
+    """
+    from steadytune.detect import DetectConfig
+
+    grid = _grid()
+    default = {k: float(DetectConfig().model_dump()[k.split(".")[0]][k.split(".")[1]]) for k in TUNED}
+    scores: list[dict[str, FileScore]] = []
+    for point in grid:
+        cfg = _config(point)
+        scores.append({f: _score(labels[f], s, _ours(s, cfg)) for f, s in loaded.items()})
+
+    def objective(i: int, files: list[str]) -> tuple[float, bool]:
+        got = sum(scores[i][f].caught - FA_WEIGHT * scores[i][f].false_alarms for f in files)
+        return got, grid[i] == default  # ties go to the a-priori defaults
+
+    files = [f for f in loaded if labels[f][0].cls != "ambiguous"]
+    total, per_file, chosen = FileScore(), {}, {}
+    for held in files:
+        best = max(range(len(grid)), key=lambda i: objective(i, [f for f in files if f != held]))
+        per_file[held], chosen[held] = scores[best][held], grid[best]
+        _add(total, scores[best][held])
+    oracle = max(range(len(grid)), key=lambda i: objective(i, files))
+    in_best = FileScore()
+    for f in files:
+        _add(in_best, scores[oracle][f])
+    return total, per_file, chosen, in_best
+
+
+def real(root: Path) -> FileScore:
     labels = read_labels(root / "LABELS.tsv")
     total = {name: FileScore() for name in SETS}
     detail: list[str] = []
+    loaded: dict[str, Any] = {}
     for file, rows in sorted(labels.items()):
         try:
-            series = load(root / file)
+            series = loaded[file] = load(root / file)
         except UnreadableLog as e:
             detail.append(f"  {file}: UNREADABLE ({e})")
             continue
-        steps = [r.step for r in series.records]
-        res = _real_alarms(series)
+        events = records_events(series.records)
+        res = {OURS: _ours(series)}
+        for cls in BASELINES:
+            res[cls.name] = [ScoredAlarm(None, sev, st, st) for _k, sev, st in baseline_alarms(cls, events)]
         marks = []
         for name in SETS:
-            sc = score_file(rows, steps, res[name])
-            t = total[name]
-            t.positives, t.caught = t.positives + sc.positives, t.caught + sc.caught
-            t.false_alarms, t.healthy_steps = (
-                t.false_alarms + sc.false_alarms,
-                t.healthy_steps + sc.healthy_steps,
-            )
+            sc = _score(rows, series, res[name])
+            _add(total[name], sc)
             if rows[0].cls == "ambiguous":
                 marks.append(f"{sc.alarms} alarms")
             elif sc.positives:
@@ -234,19 +334,48 @@ def real(root: Path) -> None:
             else:
                 marks.append(f"{sc.false_alarms} FA")
         detail.append(f"  {file[:44]:44s} {rows[0].cls:9s} " + " | ".join(marks))
-    print(f"\n(b) real logs ({root}): per file, {' | '.join(SETS)}")
+    loo, per_file, chosen, in_best = leave_one_out(labels, loaded)
+    negatives = [f for f in per_file if labels[f][0].cls == "negative"]
+    loo_fa_healthy = sum(per_file[f].false_alarms for f in negatives)
+    print(f"\n(b) real logs ({root}): per file, in-sample defaults, {' | '.join(SETS)}")
     print("\n".join(detail))
-    print(f"{'':24s}" + "".join(f"{n[:17]:>18s}" for n in SETS))
-    print(
-        f"{'positives caught':24s}"
-        + "".join(f"{total[n].caught:>15d}/{total[n].positives:<2d}" for n in SETS)
+    print(f"{'':28s}" + "".join(f"{n[:17]:>18s}" for n in SETS))
+
+    def row(label: str, cells: list[str]) -> None:
+        print(f"{label:28s}" + "".join(f"{c:>18s}" for c in cells))
+
+    # Baselines have no tuned thresholds (their published rules), so their held-out figure is their figure.
+    row(
+        "recall, leave-one-out",
+        [f"{loo.caught}/{loo.positives}"] + [f"{total[n].caught}/{total[n].positives}" for n in SETS[1:]],
     )
-    print(f"{'false alarms':24s}" + "".join(f"{total[n].false_alarms:>18d}" for n in SETS))
-    print(
-        f"{'false alarms / 10k':24s}"
-        + "".join(f"{1e4 * total[n].false_alarms / max(1, total[n].healthy_steps):>18.1f}" for n in SETS)
+    row(
+        "false alarms, leave-one-out",
+        [str(loo.false_alarms)] + [str(total[n].false_alarms) for n in SETS[1:]],
+    )
+    row("  of them on healthy files", [str(loo_fa_healthy)] + ["" for _ in SETS[1:]])
+    row("recall, in-sample defaults", [f"{total[n].caught}/{total[n].positives}" for n in SETS])
+    row("false alarms, in-sample", [str(total[n].false_alarms) for n in SETS])
+    row("recall, in-sample best grid", [f"{in_best.caught}/{in_best.positives}"] + ["" for _ in SETS[1:]])
+    row(
+        "false alarms / 10k, in-sample",
+        [f"{1e4 * total[n].false_alarms / max(1, total[n].healthy_steps):.1f}" for n in SETS],
     )
     print(f"healthy logged steps in the labelled files: {total[OURS].healthy_steps}")
+    grid = _grid()
+    print(
+        f"leave-one-out: {len(grid)} grid points over {', '.join(TUNED)}; for each held-out file the point "
+        f"with the most (caught - {FA_WEIGHT} x false alarms) on the other {len(per_file) - 1} labelled files"
+    )
+    moved = {f: c for f, c in chosen.items() if per_file[f].caught or per_file[f].false_alarms or True}
+    changed = Counter(tuple(sorted(c.items())) for c in moved.values())
+    for point, n in changed.most_common(3):
+        print(f"  chosen for {n} files: " + ", ".join(f"{k}={v:g}" for k, v in point))
+    missed = [f"{f} {sc.caught}/{sc.positives}" for f, sc in per_file.items() if sc.caught < sc.positives]
+    fas = [f"{f} {sc.false_alarms}" for f, sc in per_file.items() if sc.false_alarms]
+    print(f"  held-out misses: {', '.join(missed) or 'none'}")
+    print(f"  held-out false alarms: {', '.join(fas) or 'none'}")
+    return loo
 
 
 def sweep(seed: int, per_size: int) -> None:
@@ -279,7 +408,9 @@ def speed() -> None:
     # A fixed pure-Python loop, so figures from different machines can be compared.
     t0 = time.process_time()
     sum(i * i for i in range(10**7))
-    print(f"\n(d) speed (reference loop of 10^7 multiply-adds: {time.process_time() - t0:.2f} s CPU on this machine)")
+    print(
+        f"\n(d) speed (reference loop of 10^7 multiply-adds: {time.process_time() - t0:.2f} s CPU on this machine)"
+    )
     rng = random.Random(7)
     run = base_run(rng, "noisy", n=20000)
     events = [e for e in to_events(run) if e[0] == "step"]
@@ -290,9 +421,7 @@ def speed() -> None:
         det.observe_step(rec)
         worst = max(worst, time.perf_counter() - a)
     per = (time.process_time() - t0) / len(events)
-    print(
-        f"    live {per * 1e6:.1f} us/step (worst single step {worst * 1e3:.2f} ms); target < 1 ms"
-    )
+    print(f"    live {per * 1e6:.1f} us/step (worst single step {worst * 1e3:.2f} ms); target < 1 ms")
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "trainer_state.json"
         n = 100_000
@@ -335,15 +464,27 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="a small suite (about a minute)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--per-kind", type=int, default=None, help="runs per healthy shape and per anomaly kind")
+    ap.add_argument("--seeds", type=int, default=None, help="synthetic seeds (default 3; --quick 2)")
+    ap.add_argument(
+        "--real-only", action="store_true", help="only the real logs: in-sample and leave-one-out"
+    )
     args = ap.parse_args()
-    per = args.per_kind or (8 if args.quick else 30)
+    if args.real_only:
+        root = real_logs_dir()
+        assert root is not None
+        real(root)
+        return 0
+    per = args.per_kind or (8 if args.quick else 20)
+    seeds = [args.seed + 10 * i for i in range(args.seeds or (2 if args.quick else 3))]
     t0 = time.perf_counter()
-    tallies = synthetic(args.seed, per, per)
+    runs = [synthetic(seed, per, per) for seed in seeds]
     print(
         f"synthetic suite: {per} healthy runs per shape x {len(HEALTHY_SHAPES)} shapes, "
-        f"{per} runs per kind x {len(FAULT_KINDS)} kinds, seed {args.seed} ({time.perf_counter() - t0:.0f} s)"
+        f"{per} runs per kind x {len(FAULT_KINDS)} kinds, seeds {seeds} ({time.perf_counter() - t0:.0f} s)"
     )
-    print_synthetic(tallies)
+    print(f"\n(a) seed {seeds[0]} in detail")
+    print_synthetic(runs[0])
+    print_seeds(runs, seeds)
     root = real_logs_dir()
     if root is None:
         print("\n(b) real logs: not found (set STEADYTUNE_REAL_LOGS); skipped")
