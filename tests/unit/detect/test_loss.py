@@ -51,6 +51,30 @@ def test_spike_that_stays_up_becomes_divergence() -> None:
     assert got[1].severity == "critical"
 
 
+# "length" here is the healthy points before the jump. One point is no baseline for a 3x jump (the
+# young-baseline floor is 5.4x: which of the two points is the odd one?), so 3x starts at 10 points;
+# a 7x jump is caught even after a single point.
+JUMPS = [
+    pytest.param(*p.values, ratio, id=f"{p.id}-x{ratio:g}")
+    for ratio in (3.0, 7.0)
+    for p in shapes.grid(lengths=(10, 100) if ratio < 5.4 else (1, 10, 100))
+]
+
+
+@pytest.mark.parametrize("frozen", [True, False])
+@pytest.mark.parametrize(shapes.GRID + ", ratio", JUMPS)
+def test_jump_that_stays_up_is_a_spike_then_divergence(
+    scale: float, noise: float, length: int, seed: int, ratio: float, frozen: bool
+) -> None:
+    # The loss jumps ratio-x at one step and stays there (frozen at one value, or noisy at the new level).
+    losses = shapes.jump_and_stay(length, 10, scale, noise, seed, ratio, frozen)
+    got = raised(feed(records(losses)))
+    jump = length + 1
+    assert [a.kind for a in got] == ["loss_spike", "divergence"]
+    assert got[0].start_step == jump and jump <= got[1].start_step <= jump + 2
+    assert got[1].severity == "critical"
+
+
 def test_slow_climb_is_divergence() -> None:
     losses = noisy(200, sigma=0.02, decay=0.03)
     for i in range(100, 200):
