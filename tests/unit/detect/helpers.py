@@ -64,12 +64,15 @@ def kinds(transitions: Iterable[Transition]) -> list[str]:
     return [a.kind for a in raised(transitions)]
 
 
+def severe(transitions: Iterable[Transition]) -> list[tuple[str, int, str]]:
+    """(kind, start_step, severity) of every warning or critical anomaly raised: [] on a healthy run."""
+    return [(a.kind, a.start_step, a.severity) for a in raised(transitions)]
+
+
 def noisy(n: int, level: float = 2.0, sigma: float = 0.03, seed: int = 0, decay: float = 0.0) -> list[float]:
     """A loss around ``level`` with log-normal noise, optionally decaying towards half of it."""
     rng = random.Random(seed)
-    return [
-        (level * (0.5 + 0.5 * math.exp(-decay * i))) * math.exp(rng.gauss(0.0, sigma)) for i in range(n)
-    ]
+    return [(level * (0.5 + 0.5 * math.exp(-decay * i))) * math.exp(rng.gauss(0.0, sigma)) for i in range(n)]
 
 
 def grad_noise(n: int, level: float = 1.0, sigma: float = 0.2, seed: int = 1) -> list[float]:

@@ -4,14 +4,30 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
+from tests.unit.detect import shapes
 from tests.unit.detect.helpers import feed, final, grad_noise, kinds, noisy, raised, records
 
 
-def test_fp16_overflow_skip_is_a_warning_not_a_rollback() -> None:
-    grads = grad_noise(80)
-    grads[0] = grads[1] = grads[5] = math.nan
-    got = final(records(noisy(80, decay=0.05), grads))
-    assert [(a.kind, a.severity, a.start_step, a.end_step) for a in got] == [("nonfinite_grad", "warning", 1, 6)]
+# The grad norm's level is the grid's scale; its log noise is 0.05 + 2x the loss noise (0.06, 0.11,
+# 0.25): gradient norms are noisier than the loss they come from.
+@pytest.mark.parametrize("where", ["start", "middle"])
+@pytest.mark.parametrize(shapes.GRID, shapes.grid())
+def test_fp16_overflow_skip_is_a_warning_not_a_rollback(
+    scale: float, noise: float, length: int, seed: int, where: str
+) -> None:
+    # A burst of 2-4 NaN/Inf norms with a finite loss: steps the fp16 loss scaler skipped.
+    skips = shapes.fp16_skips(length, seed, where)
+    grads = shapes.grad_norms(length, scale, 0.05 + 2 * noise, seed)
+    rng = shapes.rng_for(seed, "nonfinite")
+    for i in skips:
+        grads[i] = rng.choice((math.nan, math.inf))
+    got = final(records(shapes.learning(length, scale, noise, seed), grads))
+    first, last = skips[0] + 1, skips[-1] + 1
+    assert [(a.kind, a.severity, a.start_step, a.end_step) for a in got] == [
+        ("nonfinite_grad", "warning", first, last)
+    ]
     assert got[0].evidence["loss_finite"] is True
 
 
@@ -27,7 +43,10 @@ def test_burst_of_skips_is_one_episode_raised_and_resolved_once() -> None:
     for i in (20, 21, 23, 24):
         grads[i] = math.inf
     ts = feed(records(noisy(60, decay=0.05), grads))
-    assert [(t.state, t.anomaly.kind) for t in ts] == [("raised", "nonfinite_grad"), ("resolved", "nonfinite_grad")]
+    assert [(t.state, t.anomaly.kind) for t in ts] == [
+        ("raised", "nonfinite_grad"),
+        ("resolved", "nonfinite_grad"),
+    ]
     assert ts[1].anomaly.evidence["nonfinite_points"] == 4
 
 

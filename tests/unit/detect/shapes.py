@@ -1,0 +1,221 @@
+"""Seeded generators of the loss and grad-norm shapes the detector tests assert on.
+
+The unit tests must not copy a development log's numbers (that would make the
+detectors look good on exactly the data they were tuned on): a behaviour seen in
+a real log is written here as a *shape*, drawn from a seed and stretched over a
+grid of loss scale, log-space noise and length, so a rule that holds only at the
+one scale, noise and length of a particular file fails here.
+
+Every generator works in log space (multiplicative noise), returns plain lists
+and is a pure function of its arguments.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from collections.abc import Callable
+
+import pytest
+
+SCALES = (0.3, 2.0, 11.0)  # a fine-tuning loss, a mid-run LM loss, a fresh LM's loss at init
+NOISES = (0.005, 0.03, 0.1)  # log-space sigma per logged point: smooth, typical, a small-batch run
+LENGTHS = (12, 120, 1200)  # logged points
+SEEDS = (0, 1, 2)
+
+
+Case = Callable[[float, float, int, int], object]
+
+
+def grid(
+    scales: tuple[float, ...] = SCALES,
+    noises: tuple[float, ...] = NOISES,
+    lengths: tuple[int, ...] = LENGTHS,
+    seeds: tuple[int, ...] = SEEDS,
+    skip: Case | None = None,
+    xfail: Case | None = None,
+) -> list:
+    """``pytest.param(scale, noise, length, seed)`` over the grid, ids like ``s2.0-n0.03-l120-r1``.
+
+    ``skip(scale, noise, length, seed)`` true drops a combination: a test that
+    restricts its grid says why next to it. ``xfail(...)`` returning a reason marks
+    a combination the current detectors get wrong (strict: it must keep failing
+    until they are fixed, then the mark goes).
+    """
+    out = []
+    for scale, noise, length, seed in itertools.product(scales, noises, lengths, seeds):
+        if skip is not None and skip(scale, noise, length, seed):
+            continue
+        reason = xfail(scale, noise, length, seed) if xfail is not None else None
+        marks = [pytest.mark.xfail(strict=True, reason=str(reason))] if reason else []
+        out.append(
+            pytest.param(scale, noise, length, seed, id=f"s{scale}-n{noise}-l{length}-r{seed}", marks=marks)
+        )
+    return out
+
+
+GRID = "scale, noise, length, seed"
+
+
+def rng_for(seed: int, stream: str) -> random.Random:
+    """Independent streams per seed (loss noise, grad noise, positions) that do not shift each other."""
+    return random.Random(f"{stream}:{seed}")
+
+
+def _jitter(rng: random.Random, sigma: float) -> float:
+    return math.exp(rng.gauss(0.0, sigma)) if sigma > 0 else 1.0
+
+
+def learning(n: int, scale: float, noise: float, seed: int, fall: float = 0.4) -> list[float]:
+    """A healthy curve: from ``scale`` down by ``fall`` in log space, fast at first, with noise.
+
+    The fall is spread over the run whatever its length (``1 - e^-3t`` in the run's
+    fraction ``t``), so a short run falls as far as a long one, only in fewer points.
+    """
+    rng = rng_for(seed, "loss")
+    out = []
+    for i in range(n):
+        t = i / max(1, n - 1)
+        drop = fall * (1.0 - math.exp(-3.0 * t)) / (1.0 - math.exp(-3.0))
+        out.append(scale * math.exp(-drop) * _jitter(rng, noise))
+    return out
+
+
+def flat(n: int, scale: float, noise: float, seed: int) -> list[float]:
+    """No learning at all: the loss stays at ``scale``, noise only."""
+    rng = rng_for(seed, "loss")
+    return [scale * _jitter(rng, noise) for _ in range(n)]
+
+
+def high_first(n: int, scale: float, noise: float, seed: int, ratio: float) -> list[float]:
+    """A first logged loss ``ratio`` times the settled one, gone within two or three points, then learning.
+
+    (A model whose head starts far off: the first logging interval averages the
+    steps before it settles.) The excess decays by a factor of ~7 per point.
+    """
+    base = learning(n, scale, noise, seed)
+    excess = math.log(ratio)
+    return [x * math.exp(excess * 0.15**i) for i, x in enumerate(base)]
+
+
+def fp16_skips(n: int, seed: int, where: str) -> list[int]:
+    """Indices of a burst of overflow-skipped steps: 2-4 of them, 1-3 points apart.
+
+    ``where="start"`` puts the first at index 0 (the loss scaler calibrating, the
+    usual place); ``"middle"`` halfway through the run (the scaler growing back).
+    The gaps are shorter than the five finite norms that end an episode, so the
+    burst is one episode.
+    """
+    rng = rng_for(seed, "skips")
+    first = 0 if where == "start" else n // 2
+    out = [first]
+    for _ in range(rng.randint(1, 3)):
+        out.append(out[-1] + rng.randint(1, 4))
+    return [i for i in out if i < n]
+
+
+def grad_norms(n: int, level: float, sigma: float, seed: int) -> list[float]:
+    """Healthy gradient norms: log-normal around ``level``."""
+    rng = rng_for(seed, "grad")
+    return [level * _jitter(rng, sigma) for _ in range(n)]
+
+
+def texture_saw(n: int, scale: float, noise: float, seed: int, period: int, amplitude: float) -> list[float]:
+    """A learning curve with a regular saw from the very first point (length-grouped or fixed-order batches).
+
+    Each period the loss ramps down by ``2 * amplitude`` (log) and jumps back, the
+    whole run long: a texture the run always had, not a swing that began.
+    """
+    base = learning(n, scale, noise, seed)
+    return [x * math.exp(amplitude * (1.0 - 2.0 * (i % period) / (period - 1))) for i, x in enumerate(base)]
+
+
+def staircase(
+    n: int,
+    scale: float,
+    noise: float,
+    seed: int,
+    epochs: int,
+    per_epoch: float = 0.7,
+    within: float = 0.05,
+    initial: float = 0.25,
+) -> tuple[list[float], list[float]]:
+    """Multi-epoch fine-tuning: a level that drops ``per_epoch`` times at each epoch boundary.
+
+    The run opens with the fast fall every fine-tuning run has (``initial`` in log,
+    over the first 2% of the run); after it, within an epoch the loss falls only
+    by ``within`` (log), and at a boundary the model meets data it has already
+    seen and the level steps down. Returns the losses and the epoch of each point
+    (fractional, as trainers log it).
+    """
+    rng = rng_for(seed, "loss")
+    tau = max(1.0, 0.02 * n)
+    losses, epoch_of = [], []
+    for i in range(n):
+        e = i * epochs / n
+        whole = int(e)
+        level = scale * per_epoch**whole * math.exp(-within * (e - whole) + initial * math.exp(-i / tau))
+        losses.append(level * _jitter(rng, noise))
+        epoch_of.append(e)
+    return losses, epoch_of
+
+
+def epoch_sawtooth(
+    n: int, scale: float, noise: float, seed: int, epochs: int, rise: float = 1.5, per_epoch: float = 0.9
+) -> tuple[list[float], list[float]]:
+    """Data in a fixed order: the loss falls ``rise`` times through each epoch and jumps back up at the boundary.
+
+    Each epoch starts ``per_epoch`` times lower than the one before. Returns the
+    losses and the epoch of each point.
+    """
+    rng = rng_for(seed, "loss")
+    losses, epoch_of = [], []
+    for i in range(n):
+        e = i * epochs / n
+        whole = int(e)
+        phase = e - whole
+        level = scale * per_epoch**whole * rise ** (1.0 - phase) / rise
+        losses.append(level * _jitter(rng, noise))
+        epoch_of.append(e)
+    return losses, epoch_of
+
+
+def epoch_starts(n: int, epochs: int) -> list[int]:
+    """Indices of the first point of each epoch after the first (the points the saw jumps at)."""
+    return [i for i in range(1, n) if int(i * epochs / n) != int((i - 1) * epochs / n)]
+
+
+def dpo(n: int, seed: int, spread: float, ramp: float = 0.3, min_ramp: int = 30) -> list[float]:
+    """A DPO loss: ``log(1 + e^-margin)``, ln 2 while the policy equals the reference, then noisy.
+
+    The reward margin's mean grows to 3 and its spread to ``spread`` over the
+    first ``ramp`` of the run (and never fewer than ``min_ramp`` logged points);
+    per-batch margins are drawn around them, so the loss leaves ln 2 and spreads
+    out over an order of magnitude and more.
+    """
+    rng = rng_for(seed, "dpo")
+    steps = max(float(min_ramp), ramp * n)
+    out = []
+    for i in range(n):
+        t = min(1.0, i / steps)
+        margin = rng.gauss(3.0 * t, 0.05 + spread * t) if i else 0.0
+        out.append(math.log1p(math.exp(-margin)))
+    return out
+
+
+def jump_and_stay(
+    n_before: int, n_after: int, scale: float, noise: float, seed: int, ratio: float, frozen: bool
+) -> list[float]:
+    """A healthy start, then one step ``ratio`` times up, and the loss stays there.
+
+    ``frozen``: every later point repeats the same value (the weights stopped
+    changing: a blown-up optimizer state, an LR so high that the update is
+    NaN-clipped to nothing); otherwise the loss wanders at the new level with the
+    same noise.
+    """
+    before = learning(n_before, scale, noise, seed, fall=0.1)
+    rng = rng_for(seed, "after")
+    up = before[-1] * ratio
+    after = [up] * n_after if frozen else [up * _jitter(rng, noise) for _ in range(n_after)]
+    return before + after
