@@ -134,7 +134,9 @@ class PaceConfig(_Strict):
     window: int = Field(32, ge=4, description="points in the throughput baseline (median)")
     throughput_drop: float = Field(0.4, gt=0, lt=1, description="fraction of throughput lost")
     throughput_points: int = Field(5, ge=1, description="consecutive slow points")
-    throughput_min_s: float = Field(20.0, ge=0, description="and the slowdown lasted at least this many seconds")
+    throughput_min_s: float = Field(
+        20.0, ge=0, description="and the slowdown lasted at least this many seconds"
+    )
     data_wait_ratio: float = Field(0.3, gt=0, lt=1, description="share of step time waiting for data")
     data_wait_points: int = Field(5, ge=1, description="consecutive points waiting that long")
     straggler_ratio: float = Field(1.3, gt=1, description="rank step time over the median rank")

@@ -34,9 +34,17 @@ class ShortRiseWatch:
         self._run_start: tuple[int, float] | None = None  # first point of the current run of rises
         self._rises = 0
         self._last: float | None = None
+        self._first_rise = 0
 
-    def observe(self, lp: LossPoint, sigma: float, out: list[Finding]) -> None:
-        """``sigma``: the loss noise per point so far (log space, shrunk towards its prior)."""
+    def observe(self, lp: LossPoint, sigma: float, out: list[Finding], held: bool = False) -> None:
+        """``sigma``: the loss noise so far (log space); ``held``: the loss watch already holds this climb.
+
+        One anomaly per climb: while the spike rules hold a divergence of the same loss,
+        this rule neither raises nor resolves one (the two would flap the same kind).
+        """
+        if held:
+            self.rep.on.clear()  # handed over: the loss watch resolves it
+            out = []
         if lp.new_segment:
             self._seen, self._rises, self._last, self._run_start = 0, 0, None, None
         self._seen += 1
@@ -47,11 +55,13 @@ class ShortRiseWatch:
                 self.rep.report(out, "divergence", self.metric, lp.step, False)
             return
         self._rises += 1
+        if self._rises == 1:
+            self._first_rise = lp.step  # the climb is dated from its first point above the start
         # Only a climb from the first point of the run (or snippet) counts: a rise that begins
         # later has a baseline before it, and the spike and divergence rules judge it.
         if self._run_start is None or self._seen != self._rises + 1 or self._seen > self.cfg.early_points:
             return
-        start_step, start_y = self._run_start
+        start_y = self._run_start[1]
         rise = lp.y - start_y
         # The end-to-end rise must also stand out of the noise of two points (sqrt 2 sigma).
         needed = max(self.cfg.early_rise, self.cfg.early_z * math.sqrt(2.0) * sigma)
@@ -67,7 +77,7 @@ class ShortRiseWatch:
                     "threshold_ratio": rounded(math.exp(self.cfg.early_rise), 4),
                     "threshold_rises": self.cfg.early_rises,
                 }
-            self.rep.report(out, "divergence", self.metric, start_step, True, evidence=ev)
+            self.rep.report(out, "divergence", self.metric, self._first_rise, True, evidence=ev)
 
 
 class FallCollapseWatch:

@@ -126,7 +126,8 @@ class _Signal:
             self.fall.observe_eval(rec.eval_loss)
         if lp is not None:
             t = self.loss.tracker
-            self.short_rise.observe(lp, t.sigma, out)
+            held = lp.in_spike or self.loss.rep.is_on("divergence", self.loss.metric)
+            self.short_rise.observe(lp, t.sigma, out, held)
             self.fall.observe(lp, t.level, t.level_full, rec.epoch, out)
             self.plateau.observe(lp, t.level, self.grad.vanished, out)
             self.oscillation.observe(lp, out, rec.epoch)

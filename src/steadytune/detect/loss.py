@@ -46,7 +46,10 @@ class LossWatch:
         self._min_jump = math.log(cfg.spike_min_ratio)
         self._small_jump = math.log(cfg.spike_min_ratio_confirmed)
         self._pending: tuple[int, float, float, float] | None = None
-        self._resolve_jump = math.log(1.0 + (cfg.spike_min_ratio - 1.0) / 2.0)
+        # Half the smallest spike: a spike ends below it, so no point can end one and start the next.
+        self._resolve_jump = math.log(
+            1.0 + (min(cfg.spike_min_ratio, cfg.spike_min_ratio_confirmed) - 1.0) / 2.0
+        )
         self._rise = cfg.divergence_rise
         self._spike_start: int | None = None
         self._spike_points = 0

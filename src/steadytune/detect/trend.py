@@ -351,7 +351,9 @@ class OverfitWatch:
         # "Still falling" tolerates the wobble of a converged training level (a median of 8
         # noisy points moves by about 0.44 sigma), not a rise.
         slack = 0.05 + 2.0 * 0.44 * train_noise
-        train_ok = train_level is None or self._train_at_best is None or train_level <= self._train_at_best + slack
+        train_ok = (
+            train_level is None or self._train_at_best is None or train_level <= self._train_at_best + slack
+        )
         if self._n >= self.cfg.min_evals and self._above >= self.cfg.rising_evals and train_ok:
             ev = None
             if not self.rep.is_on("overfitting", self.metric):

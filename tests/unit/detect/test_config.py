@@ -23,10 +23,28 @@ def test_unknown_keys_and_bad_values_are_errors(bad: dict) -> None:
 
 def test_every_kind_of_the_issue_has_words() -> None:
     expected = {
-        "nan_loss", "nonfinite_grad", "loss_spike", "divergence", "loss_collapse", "plateau", "oscillation",
-        "grad_explosion", "grad_vanishing", "grad_spike", "memory_leak", "memory_headroom", "throughput_drop",
-        "stall", "straggler", "gpu_thermal", "gpu_error", "dataloader_bottleneck", "disk_low", "overfitting",
-        "reward_collapse", "kl_blowup",
+        "nan_loss",
+        "nonfinite_grad",
+        "loss_spike",
+        "divergence",
+        "loss_collapse",
+        "plateau",
+        "oscillation",
+        "grad_explosion",
+        "grad_vanishing",
+        "grad_spike",
+        "memory_leak",
+        "memory_headroom",
+        "throughput_drop",
+        "stall",
+        "straggler",
+        "gpu_thermal",
+        "gpu_error",
+        "dataloader_bottleneck",
+        "disk_low",
+        "overfitting",
+        "reward_collapse",
+        "kl_blowup",
     }
     assert set(ALL_KINDS) == expected
     for info in KINDS.values():

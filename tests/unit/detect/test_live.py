@@ -39,7 +39,9 @@ def test_a_long_anomaly_adds_no_transitions_while_it_lasts() -> None:
 
 
 def test_format_transition_says_what_where_cause_and_fix() -> None:
-    a = Anomaly("loss_spike", "warning", 61, 61, "loss", {"ratio": 3.1}, "a vertical jump", "clip and lower the LR")
+    a = Anomaly(
+        "loss_spike", "warning", 61, 61, "loss", {"ratio": 3.1}, "a vertical jump", "clip and lower the LR"
+    )
     line = format_transition(Transition("raised", a))
     assert line.startswith("WARNING loss_spike at step 61")
     assert "ratio=3.1" in line and "a vertical jump" in line and "clip and lower the LR" in line
@@ -54,7 +56,9 @@ def test_disabled_kinds_and_disabled_detection() -> None:
 
 
 def test_thresholds_come_from_the_config() -> None:
-    strict = DetectConfig.model_validate({"loss": {"spike_z": 60.0, "spike_min_ratio": 10.0, "divergence_points": 50}})
+    strict = DetectConfig.model_validate(
+        {"loss": {"spike_z": 60.0, "spike_min_ratio": 10.0, "divergence_points": 50}}
+    )
     assert kinds(feed(_spiky(), strict)) == []
 
 

@@ -48,5 +48,7 @@ def test_warmup_and_a_one_off_step_are_not_leaks() -> None:
 
 def test_reserved_close_to_total_is_headroom_warning() -> None:
     reserved = [int(60 * GIB)] * 50 + [int(78.9 * GIB)] * 10
-    got = raised(feed(records([1.0 + 0.01 * (i % 3) for i in range(60)], mem_reserved_bytes=reserved), _cfg()))
+    got = raised(
+        feed(records([1.0 + 0.01 * (i % 3) for i in range(60)], mem_reserved_bytes=reserved), _cfg())
+    )
     assert [(a.kind, a.start_step, a.severity) for a in got] == [("memory_headroom", 51, "critical")]

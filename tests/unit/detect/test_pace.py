@@ -9,13 +9,18 @@ from tests.unit.detect.helpers import feed, kinds, noisy, raised, records
 
 
 def _times(n: int, base: float = 0.5, slow_from: int | None = None, factor: float = 3.0) -> list[float]:
-    return [base * (factor if slow_from is not None and i >= slow_from else 1.0) * (1 + 0.03 * (i % 5)) for i in range(n)]
+    return [
+        base * (factor if slow_from is not None and i >= slow_from else 1.0) * (1 + 0.03 * (i % 5))
+        for i in range(n)
+    ]
 
 
 def test_lasting_slowdown_is_a_throughput_drop() -> None:
     n = 100
     cfg = DetectConfig(pace=PaceConfig(throughput_min_s=0))  # the point rule alone
-    got = raised(feed(records(noisy(n, decay=0.02), step_time_s=_times(n, slow_from=60), tokens=[4096] * n), cfg))
+    got = raised(
+        feed(records(noisy(n, decay=0.02), step_time_s=_times(n, slow_from=60), tokens=[4096] * n), cfg)
+    )
     drop = next(a for a in got if a.kind == "throughput_drop")
     assert drop.metric == "tokens_per_s" and 60 < drop.start_step <= 66
     assert drop.evidence["ratio"] < 0.5
@@ -27,7 +32,9 @@ def test_a_slowdown_must_also_last_in_wall_time() -> None:
     times = _times(n)
     for i in range(60, 70):
         times[i] *= 3
-    assert "throughput_drop" not in kinds(feed(records(noisy(n, decay=0.02), step_time_s=times, tokens=[4096] * n)))
+    assert "throughput_drop" not in kinds(
+        feed(records(noisy(n, decay=0.02), step_time_s=times, tokens=[4096] * n))
+    )
     got = raised(feed(records(noisy(n, decay=0.02), step_time_s=_times(n, slow_from=60), tokens=[4096] * n)))
     drop = next(a for a in got if a.kind == "throughput_drop")
     assert 60 + 20 <= drop.start_step <= 60 + 22
@@ -55,8 +62,16 @@ def _ranks(n: int, slow_rank: int | None, slow_from: int = 0, ranks: int = 4) ->
             t = 1.0 + 0.01 * r + 0.005 * (i % 3)
             if r == slow_rank and i >= slow_from:
                 t *= 2.0
-            out.append(StepRecord(step=i + 1, ts=float(i), rank=r, loss=2.0 - 0.001 * i, step_time_s=t,
-                                  extra={"compute_time_s": t}))
+            out.append(
+                StepRecord(
+                    step=i + 1,
+                    ts=float(i),
+                    rank=r,
+                    loss=2.0 - 0.001 * i,
+                    step_time_s=t,
+                    extra={"compute_time_s": t},
+                )
+            )
     return out
 
 

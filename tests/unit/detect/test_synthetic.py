@@ -42,5 +42,9 @@ def test_each_injected_kind_is_caught_where_it_was_put(kind: str) -> None:
     for _ in range(2):
         f = make_fault(rng, kind)
         lo = f.run.steps[f.start] - 2 * f.run.interval
-        hits = [a for a, _ in replay(f.run) if a.kind in ACCEPT[kind] and a.start_step >= lo and a.severity != "info"]
+        hits = [
+            a
+            for a, _ in replay(f.run)
+            if a.kind in ACCEPT[kind] and a.start_step >= lo and a.severity != "info"
+        ]
         assert hits, f"{kind} injected at step {f.run.steps[f.start]} ({f.note}) was missed"

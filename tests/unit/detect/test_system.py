@@ -16,8 +16,12 @@ def _sample(ts: float, temp: float = 70.0, ecc: int = 0, free: float = 0.5, ram:
         disk_free_bytes=int(free * 1000 * GIB),
         disk_total_bytes=1000 * GIB,
         gpus=(
-            GpuSample(index=0, temperature_c=70.0, ecc_errors=0, mem_used_bytes=40 * GIB, mem_total_bytes=80 * GIB),
-            GpuSample(index=1, temperature_c=temp, ecc_errors=ecc, mem_used_bytes=40 * GIB, mem_total_bytes=80 * GIB),
+            GpuSample(
+                index=0, temperature_c=70.0, ecc_errors=0, mem_used_bytes=40 * GIB, mem_total_bytes=80 * GIB
+            ),
+            GpuSample(
+                index=1, temperature_c=temp, ecc_errors=ecc, mem_used_bytes=40 * GIB, mem_total_bytes=80 * GIB
+            ),
         ),
     )
 
@@ -27,7 +31,9 @@ def _run(samples: list[SystemSample]) -> list[tuple[str, str, str, str]]:
     det.observe_step(StepRecord(step=7, ts=0.0, loss=2.0))
     out = []
     for s in samples:
-        out += [(t.state, t.anomaly.kind, t.anomaly.metric, t.anomaly.severity) for t in det.observe_system(s)]
+        out += [
+            (t.state, t.anomaly.kind, t.anomaly.metric, t.anomaly.severity) for t in det.observe_system(s)
+        ]
     return out
 
 
