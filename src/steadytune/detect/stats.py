@@ -122,6 +122,26 @@ class Seasonal:
         return best
 
 
+def _chi2_upper_factor(k: int) -> float:
+    """sqrt(k / chi2_k(0.16)): how much a noise estimate from k differences may understate sigma.
+
+    Wilson-Hilferty's cube-root normal approximation of the chi-square quantile.
+    """
+    if k <= 0:
+        return 1.0
+    a = 2.0 / (9.0 * k)
+    q = k * max(1.0 - a - _UPPER_Z * math.sqrt(a), 0.05) ** 3
+    return math.sqrt(k / q)
+
+
+_UPPER_Z = 1.0  # one standard error up: the 84% one-sided bound
+_UPPER = tuple(_chi2_upper_factor(k) for k in range(257))
+
+
+def _upper(k: int) -> float:
+    return _UPPER[k] if k < len(_UPPER) else _chi2_upper_factor(k)
+
+
 def _median(ordered: list[float]) -> float:
     n = len(ordered)
     mid = n // 2
@@ -269,9 +289,18 @@ class Tracker:
         log_var = (w * math.log(self.prior_var) + n * 2.0 * math.log(s)) / (w + n)
         return max(math.exp(0.5 * log_var), self.floor)
 
+    @property
+    def sigma_upper(self) -> float:
+        """The noise, one standard error up: an estimate from few differences may understate it.
+
+        Thresholds use this, so a lucky quiet start cannot make ordinary noise a spike; with
+        a full noise window it is within 10% of :attr:`sigma`.
+        """
+        return self.sigma * _upper(len(self._nz_fifo))
+
     def threshold(self, z: float) -> float:
         """How far above the level a point must lie to be z sigmas out (prediction interval)."""
-        return z * self.sigma * math.sqrt(1.0 + 1.0 / max(1, self.n_level))
+        return z * self.sigma_upper * math.sqrt(1.0 + 1.0 / max(1, self.n_level))
 
     def accept(self, y: float, epoch: float | None = None) -> None:
         # The two window updates are written out in full: this runs for every point of every metric.

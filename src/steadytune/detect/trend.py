@@ -150,11 +150,23 @@ class PlateauWatch:
         t = slope / se if se > 0 else (0.0 if slope == 0 else math.copysign(math.inf, slope))
         return slope * span, se * span, t
 
+    def _noise(self) -> float:
+        """Per-point scatter of log-loss around the fitted line (0 until three points)."""
+        n, sx, sy, sxy, sxx, syy = self._fit
+        if n < 3:
+            return 0.0
+        vxx, vxy, vyy = sxx - sx * sx / n, sxy - sx * sy / n, syy - sy * sy / n
+        slope = vxy / vxx if vxx > 0 else 0.0
+        return math.sqrt(max(vyy - slope * vxy, 0.0) / (n - 2))
+
     def _cleared(self, lp: LossPoint) -> bool:
         if self._start_level is None:
             return self._same < self.cfg.frozen_points
         gain = self._start_level - self._level
-        return self._same < self.cfg.frozen_points and gain >= 2 * self.cfg.plateau_min_gain
+        # Two medians of 8 noisy points differ by about 0.63 sigma by chance: a gain of four of
+        # those is learning, not a dip of the noise (which would flap the plateau on and off).
+        needed = 2 * self.cfg.plateau_min_gain + 4.0 * 0.63 * self._noise()
+        return self._same < self.cfg.frozen_points and gain >= needed
 
 
 class OscillationWatch:
