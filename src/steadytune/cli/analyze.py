@@ -21,7 +21,9 @@ from typing import Any
 
 from steadytune.cli._common import add_command, fail
 
-EXAMPLE = "steadytune analyze output/trainer_state.json runs/2024-06-01-lora --format json --plot anomalies.png"
+EXAMPLE = (
+    "steadytune analyze output/trainer_state.json runs/2024-06-01-lora --format json --plot anomalies.png"
+)
 
 
 def register(sub: Any) -> None:
@@ -53,9 +55,11 @@ def register(sub: Any) -> None:
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:
     """``["loss.spike_z=8", "enabled=false"]`` -> nested dict for :class:`DetectConfig`."""
+    tree: dict[str, Any] = {}
+    if not items:
+        return tree
     import yaml
 
-    tree: dict[str, Any] = {}
     for item in items:
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
