@@ -163,6 +163,10 @@ class SeriesBuilder:
                     continue
             target[ALIASES.get(key, key)] = x
 
+    def discard(self, step: int) -> None:
+        """Forget what was added for ``step`` (another rank's line is to replace it)."""
+        self._rows.pop(step, None)
+
     def __len__(self) -> int:
         return len(self._rows)
 
