@@ -48,7 +48,7 @@ from steadytune.importers import (
     tensorboard,
     text_log,
 )
-from steadytune.importers.series import Series, SeriesBuilder, UnreadableLog, parse_number
+from steadytune.importers.series import Series, SeriesBuilder, UnreadableLog, no_gc, parse_number
 
 __all__ = ["FORMATS", "Series", "SeriesBuilder", "UnreadableLog", "detect_format", "load", "parse_number"]
 
@@ -192,7 +192,11 @@ def _sniff(path: Path) -> tuple[str, Any]:
 
 def load(path: Path | str, fmt: str | None = None) -> Series:
     """Read a log into a :class:`Series`; ``fmt`` skips detection. Raises :class:`UnreadableLog`."""
-    path = Path(path)
+    with no_gc():
+        return _load(Path(path), fmt)
+
+
+def _load(path: Path, fmt: str | None) -> Series:
     data = None
     if fmt is None:
         fmt, data = _sniff(path)
