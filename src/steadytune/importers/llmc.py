@@ -2,14 +2,14 @@
 
 ``main.log`` (``-o DIR``), one ``s:N key:value...`` line per event::
 
-    s:0 tel:11.0092                              tel = val loss
-    s:1 trl:10.9598 lr:0.000002 norm:15.24       trl = train loss; lr, norm optional
+    s:0 tel:11.0031                              tel = val loss
+    s:1 trl:10.9512 lr:0.000003 norm:14.80       trl = train loss; lr, norm optional
     s:500 eval:0.2710                            eval = HellaSwag accuracy
 
 stdout (``FORMAT_STDOUT``)::
 
     step    1/18865 | train loss 11.009955 | norm 15.4012 | lr 1.00e-06 | 417.00 ms | -100.0% bf16 MFU | 19644 tok/s
-    step   2/18865 | loss 10.9598 (+0.00z)| norm 15.2400 (+0.00z)| lr 2.00e-06 | 410.10 ms | 41.5% bf16 MFU | ...
+    step   2/18865 | loss 10.951200 (+0.00z)| norm 14.8000 (+0.00z)| lr 2.00e-06 | 410.10 ms | 41.5% bf16 MFU | ...
     val loss 4.502094
     HellaSwag: 2710/10042 = 0.269867
 
