@@ -44,6 +44,19 @@ _PART = re.compile(
     r"^\s*(?:(?P<key>train loss|loss|norm|lr)\s+(?P<value>" + _NUM + r")"
     r"|(?P<ms>" + _NUM + r")\s*ms|(?P<mfu>" + _NUM + r")%\s*\w*\s*MFU|(?P<tps>" + _NUM + r")\s*tok/s)"
 )
+# The whole line as train_gpt2cu prints it: one match instead of one per column.
+_FULL_CU = re.compile(
+    r"^step\s+(\d+)\s*/\s*\d+\s*\|\s*(?:train )?loss\s+(" + _NUM + r")(?:\s*\([^)|]*\))?\s*\|"
+    r"\s*norm\s+("
+    + _NUM
+    + r")(?:\s*\([^)|]*\))?\s*\|\s*lr\s+("
+    + _NUM
+    + r")\s*\|\s*("
+    + _NUM
+    + r")\s*ms\s*\|"
+    r"\s*(" + _NUM + r")%\s*\w*\s*MFU\s*\|\s*(" + _NUM + r")\s*tok/s\s*$"
+)
+_MS = re.compile(r"\|\s*[\d.]+\s*ms\b")
 _PART_NAMES = {"train loss": "loss", "loss": "loss", "norm": "grad_norm", "lr": "lr"}
 
 
@@ -52,9 +65,10 @@ def sniff(head: str) -> bool:
 
 
 def sniff_stdout(head: str) -> bool:
+    """A ``step N/M | ... loss X | ... | T ms |`` line (the milliseconds column is llm.c's mark)."""
     for line in head.splitlines():
         text = strip_prefix(line)[1]
-        if (STEP_CU.match(text) and "loss" in text) or STEP_C.match(text):
+        if (STEP_CU.match(text) and "loss" in text and _MS.search(text)) or STEP_C.match(text):
             return True
     return False
 
@@ -76,6 +90,15 @@ def read(path: Path) -> Series:
 
 def parse_step_cu(text: str) -> tuple[int, dict[str, float]] | None:
     """Step and fields of a ``train_gpt2cu`` ``step N/M | ...`` line."""
+    full = _FULL_CU.match(text)
+    if full is not None:
+        step, loss, norm, lr, ms, mfu, tps = full.groups()
+        fields = {"loss": float(loss), "grad_norm": float(norm), "lr": float(lr)}
+        fields["step_time_s"] = float(ms) / 1000.0
+        if float(mfu) >= 0:
+            fields["mfu_percent"] = float(mfu)
+        fields["tokens_per_s"] = float(tps)
+        return int(step), fields
     m = STEP_CU.match(text)
     if m is None:
         return None
@@ -114,8 +137,7 @@ def read_stdout(path: Path) -> Series:
             if parsed is not None:
                 last = parsed[0]
                 if ranks.accept(last, rank):
-                    for key, value in parsed[1].items():
-                        b.add(last, key, value)
+                    b.add_numbers(last, parsed[1])
                 continue
             v = VAL.match(text) or HELLA.match(text)
             if v is None:

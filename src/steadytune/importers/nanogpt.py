@@ -44,6 +44,11 @@ _PART_NAMES = {
     "dt": "step_time_s",
     "tok/sec": "tokens_per_s",
 }
+# The whole line as train_gpt2.py prints it: one match instead of one per column.
+_FULL = re.compile(
+    r"^step\s+(\d+)\s*\|\s*loss:\s*(" + _NUM + r")\s*\|\s*lr\s+(" + _NUM + r")\s*\|\s*norm:\s*(" + _NUM + r")"
+    r"\s*\|\s*dt:\s*(" + _NUM + r")ms\s*\|\s*tok/sec:\s*(" + _NUM + r")\s*$"
+)
 VAL = re.compile(r"^validation loss:\s*(" + _NUM + r")")
 HELLA = re.compile(r"^HellaSwag accuracy:\s*\d+\s*/\s*\d+\s*=\s*(" + _NUM + r")")
 
@@ -73,6 +78,16 @@ def read(path: Path) -> Series:
 
 def parse_step(text: str) -> tuple[int, dict[str, float]] | None:
     """Step and fields of a ``step N | loss: X | lr Y | norm: Z | dt: Tms | tok/sec: R`` line."""
+    full = _FULL.match(text)
+    if full is not None:
+        step, loss, lr, norm, ms, tps = full.groups()
+        return int(step), {
+            "loss": float(loss),
+            "lr": float(lr),
+            "grad_norm": float(norm),
+            "step_time_s": float(ms) / 1000.0,
+            "tokens_per_s": float(tps),
+        }
     m = STEP.match(text)
     if m is None:
         return None
@@ -99,8 +114,7 @@ def read_stdout(path: Path) -> Series:
             if parsed is not None:
                 last = parsed[0]
                 if ranks.accept(last, rank):
-                    for key, value in parsed[1].items():
-                        b.add(last, key, value)
+                    b.add_numbers(last, parsed[1])
                 continue
             v = VAL.match(text) or HELLA.match(text)
             step = last + 1 if last is not None else 0

@@ -72,11 +72,15 @@ _METRIC = re.compile(
     r"\s*(?:[:=]\s*|\s+)(?:tensor\(|\[)?\s*(?P<num>" + _NUM + r")",
     re.I,
 )
+_DECIMAL = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
 _TIME = re.compile(
     r"(?<![\w/.-])(?:dt|time|step[ _-]?time|iter(?:ation)?[ _-]?time)\s*(?:[:=]\s*|\s+)"
-    r"(?P<num>\d+(?:\.\d*)?)\s*(?P<unit>ms|s|sec)\b",
+    r"(?P<num>" + _DECIMAL + r")\s*(?P<unit>ms|s|sec)\b",
     re.I,
 )
+# A line's numbers; what is left, with each number replaced by "#", is its template.
+_TOKEN = re.compile("(" + _DECIMAL + ")")
+_MAX_LAYOUTS = 4096
 
 
 class Line(NamedTuple):
@@ -88,35 +92,115 @@ class Line(NamedTuple):
     fields: dict[str, float]
 
 
-def find_step(text: str) -> tuple[int, int | None] | None:
-    """The step a (prefix-stripped) line names and the ``M`` of ``N/M`` if written so; None if none."""
+def _find_step(text: str) -> re.Match[str] | None:
     m = _STEP.search(text)
     if m is None:
         m = next((b for b in _BRACKET.finditer(text) if not _AFTER_EPOCH.search(text, 0, b.start())), None)
+    return m
+
+
+def find_step(text: str) -> tuple[int, int | None] | None:
+    """The step a (prefix-stripped) line names and the ``M`` of ``N/M`` if written so; None if none."""
+    m = _find_step(text)
     if m is None:
         return None
     return int(m.group(1)), int(m.group(2)) if m.group(2) else None
 
 
+class _Layout(NamedTuple):
+    """Where, among a template's numbers, the step, ``M`` and each field are (and a divisor)."""
+
+    step: int
+    total: int | None
+    fields: tuple[tuple[str, int, float], ...]
+
+
+# template -> layout, or None where the numbers do not line up with what the rules read
+_LAYOUTS: dict[str, _Layout | None] = {}
+
+
 def parse_line(line: str) -> Line | None:
-    """The record a line holds; None unless it has both a step and a loss."""
+    """The record a line holds; None unless it has both a step and a loss.
+
+    A script prints its lines from a few templates; once a template was read by the
+    rules, its other lines are read by position (the same numbers in the same
+    places), several times faster.
+    """
     if "loss" not in line.lower():
         return None
     rank, text = strip_prefix(line)
+    parts = _TOKEN.split(text)
+    template = "#".join(parts[0::2])
+    layout = _LAYOUTS.get(template)
+    if layout is not None:
+        tokens = parts[1::2]
+        try:
+            step = int(tokens[layout.step])
+            total = None if layout.total is None else int(tokens[layout.total])
+        except ValueError:  # "step 1.5": not a step after all
+            pass
+        else:
+            return Line(rank, step, total, {name: float(tokens[i]) / div for name, i, div in layout.fields})
+    parsed = _parse_text(text)
+    if template not in _LAYOUTS and len(_LAYOUTS) < _MAX_LAYOUTS:
+        _LAYOUTS[template] = None if parsed is None else _layout(parts, *parsed)
+    if parsed is None:
+        return None
+    return Line(rank, parsed[0][0], parsed[1][0] if parsed[1] else None, parsed[2])
+
+
+Span = tuple[int, int]
+
+
+def _parse_text(
+    text: str,
+) -> tuple[tuple[int, Span], tuple[int, Span] | None, dict[str, float], dict[str, tuple[Span, float]]] | None:
+    """The rules: step, ``M``, fields, and where each number was (with its divisor)."""
     fields: dict[str, float] = {}
+    spans: dict[str, tuple[Span, float]] = {}
     for m in _METRIC.finditer(text):
         value = parse_number(m.group("num"))
-        if value is not None:
-            fields.setdefault(_name(m), value)
+        name = _name(m)
+        if value is not None and name not in fields:
+            fields[name] = value
+            spans[name] = m.span("num"), 1.0
     if "loss" not in fields and "eval_loss" not in fields:
         return None
-    found = find_step(text)
+    found = _find_step(text)
     if found is None:
         return None
     t = _TIME.search(text)
     if t:
-        fields["step_time_s"] = float(t.group("num")) / (1000.0 if t.group("unit").lower() == "ms" else 1.0)
-    return Line(rank, found[0], found[1], fields)
+        div = 1000.0 if t.group("unit").lower() == "ms" else 1.0
+        fields["step_time_s"] = float(t.group("num")) / div
+        spans["step_time_s"] = t.span("num"), div
+    step = int(found.group(1)), found.span(1)
+    total = (int(found.group(2)), found.span(2)) if found.group(2) else None
+    return step, total, fields, spans
+
+
+def _layout(
+    parts: list[str],
+    step: tuple[int, Span],
+    total: tuple[int, Span] | None,
+    fields: dict[str, float],
+    spans: dict[str, tuple[Span, float]],
+) -> _Layout | None:
+    """The positions of the rules' numbers among the template's, if each is one whole number."""
+    index: dict[Span, int] = {}
+    pos = 0
+    for i, part in enumerate(parts):
+        if i % 2:
+            index[pos, pos + len(part)] = i // 2
+        pos += len(part)
+    try:
+        return _Layout(
+            index[step[1]],
+            None if total is None else index[total[1]],
+            tuple((name, index[span], div) for name, (span, div) in spans.items()),
+        )
+    except KeyError:
+        return None
 
 
 def _name(m: re.Match[str]) -> str:
@@ -188,8 +272,7 @@ def read(path: Path) -> Series:
     ranks = LowestRank(b)
     for line in _epoch_steps(lines):
         if ranks.accept(line.step, line.rank):
-            for key, value in line.fields.items():
-                b.add(line.step, key, value)
+            b.add_numbers(line.step, line.fields)
     if len(b) < MIN_RECORDS:
         raise UnreadableLog(f"fewer than {MIN_RECORDS} steps with a loss; looked for lines with {LOOKED_FOR}")
     return b.build(require=("loss", "eval_loss"))

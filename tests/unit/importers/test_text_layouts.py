@@ -363,3 +363,26 @@ def test_jsonl_without_a_step_and_loss_says_so(tmp_path: Path) -> None:
     )
     with pytest.raises(UnreadableLog, match="JSON lines, but no object with a step"):
         load(p)
+
+
+def test_lines_read_by_template_match_the_rules(monkeypatch: pytest.MonkeyPatch) -> None:
+    from steadytune.importers import text_log
+
+    rng = random.Random(14)
+    lines = []
+    for s in range(200):
+        x = rng.choice([f"{rng.random():.4f}", f"{rng.random():.2e}", str(rng.randint(0, 9)), "-1.5", "nan"])
+        step = rng.choice([str(s), f"{s}.5", f"{s}."])
+        lines += [
+            f"step {step} | loss {x} | grad_norm {x} | time {x}ms",
+            f"Epoch [1/3], Step [{step}/500], Loss: {x}",
+            f"iter {step}: loss {x}, lr {x}",
+        ]
+    monkeypatch.setattr(text_log, "_LAYOUTS", {})
+    cached = [text_log.parse_line(line) for line in lines]
+    assert text_log._LAYOUTS  # templates were learnt
+    by_rules = []
+    for line in lines:
+        text_log._LAYOUTS.clear()
+        by_rules.append(text_log.parse_line(line))
+    assert [repr(c) for c in cached] == [repr(r) for r in by_rules]  # repr: nan == nan
