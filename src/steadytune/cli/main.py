@@ -28,8 +28,16 @@ def _modules() -> list[str]:
 
 
 def command_word(argv: Sequence[str]) -> str | None:
-    """The subcommand named in ``argv`` (its first word that is not an option), if any."""
-    return next((a for a in argv if not a.startswith("-")), None)
+    """The subcommand named in ``argv`` (its first word that is not an option), if any.
+
+    None when the top-level help is asked for first (``steadytune -h analyze``): it lists every command.
+    """
+    for arg in argv:
+        if arg in ("-h", "--help"):
+            return None
+        if not arg.startswith("-"):
+            return arg
+    return None
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:

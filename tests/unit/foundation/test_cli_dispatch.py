@@ -13,7 +13,9 @@ from steadytune.cli.main import build_parser, command_word
 def test_command_word_is_the_first_word_that_is_not_an_option() -> None:
     assert command_word(["--version"]) is None
     assert command_word(["analyze", "a.json", "--format", "json"]) == "analyze"
-    assert command_word(["-h", "diff-ckpt"]) == "diff-ckpt"
+    assert command_word(["--version", "diff-ckpt"]) == "diff-ckpt"
+    assert command_word(["-h", "diff-ckpt"]) is None  # the top-level help lists every command
+    assert command_word(["diff-ckpt", "-h"]) == "diff-ckpt"
 
 
 def test_analyze_imports_neither_the_run_config_nor_the_other_commands() -> None:
