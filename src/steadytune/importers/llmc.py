@@ -61,7 +61,8 @@ _PART_NAMES = {"train loss": "loss", "loss": "loss", "norm": "grad_norm", "lr": 
 
 
 def sniff(head: str) -> bool:
-    return any(LINE.match(line) and ("trl:" in line or "tel:" in line) for line in head.splitlines()[:50])
+    lines = (strip_prefix(line)[1] for line in head.splitlines()[:50])
+    return any(LINE.match(text) and ("trl:" in text or "tel:" in text) for text in lines)
 
 
 def sniff_stdout(head: str) -> bool:
@@ -75,10 +76,12 @@ def sniff_stdout(head: str) -> bool:
 
 def read(path: Path) -> Series:
     b = SeriesBuilder(str(path), FORMAT)
+    ranks = LowestRank(b)
     with open(path, encoding="utf-8", errors="replace") as f:
         for line in f:
-            m = LINE.match(line.strip())
-            if not m:
+            rank, text = strip_prefix(line)
+            m = LINE.match(text)
+            if not m or not ranks.accept(int(m.group(1)), rank):
                 continue
             step = int(m.group(1))
             for key, raw in _PAIR.findall(m.group(2)):
