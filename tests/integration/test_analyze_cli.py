@@ -38,10 +38,12 @@ def spiky(tmp_path: Path) -> Path:
     return _state(tmp_path / "trainer_state.json", losses)
 
 
-def test_json_output_has_exactly_the_documented_schema(spiky: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_json_output_has_exactly_the_documented_schema(
+    spiky: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["analyze", str(spiky), "--format", "json"]) == 1
     doc = json.loads(capsys.readouterr().out)
-    assert set(doc) == {"files"}
+    assert set(doc) == {"files", "unreadable"} and doc["unreadable"] == []
     (f,) = doc["files"]
     assert set(f) == FILE_KEYS
     assert (f["path"], f["format"], f["steps"]) == (str(spiky), "hf_trainer_state", 120)
@@ -67,8 +69,37 @@ def test_unreadable_file_gets_one_line_and_the_others_go_on(
     assert main(["analyze", str(bad), str(spiky), "--format", "json"]) == 1
     cap = capsys.readouterr()
     errors = [line for line in cap.err.splitlines() if line.startswith("error:")]
-    assert errors == [f"error: {bad}: unrecognised format (no step/loss records in a known layout)"]
-    assert [f["path"] for f in json.loads(cap.out)["files"]] == [str(spiky)]
+    assert len(errors) == 1 and errors[0].startswith(
+        f"error: {bad}: unrecognised format: no line with a step"
+    )
+    assert "formats tried:" in errors[0]
+    doc = json.loads(cap.out)
+    assert [f["path"] for f in doc["files"]] == [str(spiky)]
+    assert doc["unreadable"] == [{"path": str(bad), "error": errors[0].split(": ", 2)[2]}]
+
+
+def test_a_folder_of_logs_gives_each_file_a_verdict_or_a_reason(
+    spiky: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "logs"
+    folder.mkdir()
+    (folder / "train.log").write_text(
+        "".join(f"[rank0]: step {s} | loss {2.0 - s / 100:.3f}\n" for s in range(50))
+    )
+    (folder / "README.md").write_text("# My run\nThe loss went down.\n")
+    (folder / "empty.txt").write_text("")
+    (folder / "ckpt").mkdir()
+    (folder / "ckpt" / "trainer_state.json").write_text(spiky.read_text())
+    (folder / "not-a-log").mkdir()  # a subfolder that is no log is not descended into
+    assert main(["analyze", str(folder), "--format", "json"]) == 1
+    cap = capsys.readouterr()
+    doc = json.loads(cap.out)
+    assert [(Path(f["path"]).name, f["format"]) for f in doc["files"]] == [
+        ("ckpt", "hf_trainer_state"),
+        ("train.log", "text_log"),
+    ]
+    assert sorted(Path(u["path"]).name for u in doc["unreadable"]) == ["README.md", "empty.txt"]
+    assert len([line for line in cap.err.splitlines() if line.startswith("error:")]) == 2
 
 
 def test_text_output_shows_the_table_cause_and_fix(spiky: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -98,7 +129,9 @@ def test_console_script_on_a_megatron_log(tmp_path: Path) -> None:
         for s in range(10, 500, 10)
     ]
     log.write_text("\n".join(lines) + "\n")
-    proc = subprocess.run([STEADYTUNE, "analyze", str(log), "--format", "json"], capture_output=True, text=True)
+    proc = subprocess.run(
+        [STEADYTUNE, "analyze", str(log), "--format", "json"], capture_output=True, text=True
+    )
     assert proc.returncode == 1, proc.stderr
     (f,) = json.loads(proc.stdout)["files"]
     assert f["format"] == "megatron_text"

@@ -2,9 +2,11 @@
 
 Each path is read by the importer its content calls for (HF trainer_state.json,
 LLaMA-Factory trainer_log.jsonl, a steadytune run directory, CSV, TensorBoard,
-Megatron text logs and golden values, llm.c logs) and replayed through the
-live detectors. A file that cannot be read gets a one-line reason and the
-others go on.
+Megatron text logs and golden values, llm.c and build-nanoGPT logs, JSON lines,
+any text log with step and loss lines) and replayed through the live detectors.
+A folder that is not itself a log (a run directory, a checkpoint, TensorBoard
+events) stands for the files in it. A file that cannot be read gets a one-line
+reason, on stderr and under ``unreadable`` in the JSON, and the others go on.
 
 Exit codes: 0 every file was read and none has a warning or critical anomaly;
 1 a file was unreadable or has a warning/critical anomaly (info notes do not
@@ -21,7 +23,9 @@ from typing import Any
 
 from steadytune.cli._common import add_command, fail
 
-EXAMPLE = "steadytune analyze output/trainer_state.json runs/2024-06-01-lora --format json --plot anomalies.png"
+EXAMPLE = (
+    "steadytune analyze output/trainer_state.json runs/2024-06-01-lora --format json --plot anomalies.png"
+)
 
 
 def register(sub: Any) -> None:
@@ -34,11 +38,14 @@ def register(sub: Any) -> None:
             "Detect NaN, spikes, divergence, collapse, plateaus, oscillation, gradient and memory "
             "trouble in training logs: HF trainer_state.json, LLaMA-Factory trainer_log.jsonl, "
             "steadytune run directories, CSV (W&B export), TensorBoard event files, Megatron/DeepSpeed "
-            "text logs, Megatron golden values, llm.c logs. Exit code 0 when every file is readable "
-            "and healthy, 1 when one is unreadable or has a warning/critical anomaly."
+            "text logs, Megatron golden values, llm.c main.log and stdout, build-nanoGPT log.txt and "
+            "stdout, JSON lines with a step and a loss, and any text log whose lines name a step and a "
+            "loss (torchrun rank and logger prefixes are stripped). A folder that is not a log itself "
+            "stands for the files in it. Exit code 0 when every file is readable and healthy, 1 when "
+            "one is unreadable or has a warning/critical anomaly."
         ),
     )
-    p.add_argument("paths", nargs="+", metavar="PATH", help="log files or run directories")
+    p.add_argument("paths", nargs="+", metavar="PATH", help="log files, run directories or folders of logs")
     p.add_argument("--format", choices=("text", "json"), default="text", help="output format (default text)")
     p.add_argument("--plot", metavar="OUT.png", help="write a PNG of the series with each anomaly marked")
     p.add_argument(
@@ -53,9 +60,11 @@ def register(sub: Any) -> None:
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:
     """``["loss.spike_z=8", "enabled=false"]`` -> nested dict for :class:`DetectConfig`."""
+    tree: dict[str, Any] = {}
+    if not items:
+        return tree
     import yaml
 
-    tree: dict[str, Any] = {}
     for item in items:
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
@@ -66,6 +75,37 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
             node = node.setdefault(part, {})
         node[parts[-1]] = yaml.safe_load(raw)
     return tree
+
+
+def expand(paths: list[str]) -> list[str]:
+    """The paths, each folder that is not itself a log replaced by what is in it (sorted).
+
+    In a folder, every file is taken (hidden ones aside), so each gets a verdict or
+    a reason; a subfolder only when it is a log itself (a checkpoint, a run).
+    """
+    from steadytune.importers import UnreadableLog, detect_format
+
+    def is_log(path: Path) -> bool:
+        try:
+            detect_format(path)
+        except UnreadableLog:
+            return False
+        return True
+
+    out: list[str] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir() and not is_log(path):
+            inside = [
+                str(c)
+                for c in sorted(path.iterdir())
+                if not c.name.startswith(".") and (c.is_file() or (c.is_dir() and is_log(c)))
+            ]
+            if inside:
+                out.extend(inside)
+                continue
+        out.append(raw)
+    return out
 
 
 def analyze_path(path: str, config: Any) -> Any:
@@ -93,14 +133,17 @@ def run(args: argparse.Namespace) -> int:
         config = DetectConfig.model_validate(parse_overrides(args.set))
     except (ValueError, ValidationError) as e:
         return fail(f"invalid --set: {str(e).splitlines()[0]}", code=2)
-    results = [analyze_path(p, config) for p in args.paths]
+    results = [analyze_path(p, config) for p in expand(args.paths)]
     for r in results:
         if r.error is not None:
             print(f"error: {r.path}: {r.error}", file=sys.stderr)
     if args.format == "json":
         from steadytune.detect.report import file_json
 
-        doc = {"files": [file_json(r) for r in results if r.error is None]}
+        doc = {
+            "files": [file_json(r) for r in results if r.error is None],
+            "unreadable": [{"path": r.path, "error": r.error} for r in results if r.error is not None],
+        }
         print(json.dumps(doc, indent=2))
     else:
         from rich.console import Console

@@ -22,7 +22,32 @@ exit codes: 0 ok, 1 failure, 2 usage error
 """
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _modules() -> list[str]:
+    names = sorted(info.name for info in pkgutil.iter_modules(cli_pkg.__path__))
+    return [n for n in names if n != "main" and not n.startswith("_")]
+
+
+def command_word(argv: Sequence[str]) -> str | None:
+    """The subcommand named in ``argv`` (its first word that is not an option), if any.
+
+    None when the top-level help is asked for first (``steadytune -h analyze``): it lists every command.
+    """
+    for arg in argv:
+        if arg in ("-h", "--help"):
+            return None
+        if not arg.startswith("-"):
+            return arg
+    return None
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The full parser, or, given the subcommand about to run, one that imports only its module.
+
+    Importing every subcommand module costs more than some commands take to run
+    (``run`` pulls in the config schema, others the web side), so ``main`` asks
+    for the one it needs; an unknown word, ``--help`` or a module that does not
+    register that name fall back to all of them.
+    """
     parser = argparse.ArgumentParser(
         prog="steadytune",
         description="Keeps LLM fine-tuning runs, and the servers they run on, steady.",
@@ -31,18 +56,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"steadytune {steadytune.__version__}")
     sub = parser.add_subparsers(dest="command", metavar="<command>")
-    for info in sorted(pkgutil.iter_modules(cli_pkg.__path__), key=lambda m: m.name):
-        if info.name in {"main"} or info.name.startswith("_"):
-            continue
-        module = importlib.import_module(f"steadytune.cli.{info.name}")
-        register = getattr(module, "register", None)
-        if register is not None:
-            register(sub)
+    modules = _modules()
+    wanted = command.replace("-", "_") if command else None
+    if wanted in modules:
+        _register(sub, wanted)
+        if command in sub.choices:
+            return parser
+        return build_parser()  # the module is named otherwise than its command
+    for name in modules:
+        _register(sub, name)
     return parser
 
 
+def _register(sub: argparse._SubParsersAction, name: str) -> None:
+    module = importlib.import_module(f"steadytune.cli.{name}")
+    register = getattr(module, "register", None)
+    if register is not None:
+        register(sub)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    if argv is None:
+        argv = sys.argv[1:]
+    parser = build_parser(command_word(argv))
     args, extra = parser.parse_known_args(argv)
     if extra:
         # `key=value` overrides may come after options (`run cfg.yaml --quiet a.b=1`).

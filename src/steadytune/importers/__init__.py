@@ -2,29 +2,53 @@
 
 :func:`detect_format` looks at a path's content (not only its name) and names
 its format; :func:`load` reads it into a :class:`Series` of step records.
-Formats: HF ``trainer_state.json``, LLaMA-Factory ``trainer_log.jsonl``, a
-steadytune run directory, CSV with a step column (W&B export), TensorBoard
-event files, Megatron/DeepSpeed text logs, Megatron golden-values JSON, and
-llm.c ``s:N trl:X`` logs.
+Formats, in the order they are tried (a file is the first one it fits):
+
+- ``steadytune_run``: a steadytune run directory;
+- ``tensorboard``: TensorBoard event files, or a directory of them;
+- ``hf_trainer_state``: HF ``trainer_state.json`` (or a checkpoint directory);
+- ``llamafactory_trainer_log``: LLaMA-Factory ``trainer_log.jsonl``;
+- ``megatron_golden_values``: Megatron golden-values JSON;
+- ``jsonl_log``: JSON lines with a step and a loss, typed (``{"type": "eval", ...}``) or not;
+- ``megatron_text``: Megatron/DeepSpeed ``iteration N/ M | lm loss: X |`` lines;
+- ``llmc_log``: llm.c ``main.log``, ``s:N trl:X`` / ``s:N tel:X``;
+- ``llmc_stdout``: llm.c's ``step N/M | train loss X | norm Y | lr Z | T ms`` and ``val loss X``;
+- ``nanogpt_log``: build-nanoGPT ``log.txt``, ``N train X`` / ``N val X`` / ``N hella Y``;
+- ``nanogpt_stdout``: build-nanoGPT's ``step N | loss: X | lr Y | norm: Z | dt: Tms`` and
+  ``validation loss: X``;
+- ``csv``: CSV/TSV with a step column (W&B export);
+- ``text_log``: any text whose lines name a step and a loss (``step 10 | loss 2.3``,
+  ``iter 10: loss=2.3``, ``Step [10/500], Loss: 2.3``), by the rules in
+  :mod:`~steadytune.importers.text_log`.
+
+Text layouts are matched after launcher and logger prefixes are stripped
+(``[rank0]:``, ``0:``, ``2024-05-01 12:00:00,123 - INFO -``: see
+:mod:`~steadytune.importers.prefix`); with several ranks the lowest one is kept.
+A file that fits none raises :class:`UnreadableLog` with a one-line reason that
+says what was looked for.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 from steadytune.importers import (
     csv_log,
     hf_state,
+    jsonl_log,
     llamafactory,
     llmc,
     megatron_golden,
     megatron_text,
+    nanogpt,
     rundir,
     tensorboard,
+    text_log,
 )
-from steadytune.importers.series import Series, SeriesBuilder, UnreadableLog, parse_number
+from steadytune.importers.series import Series, SeriesBuilder, UnreadableLog, no_gc, parse_number
 
 __all__ = ["FORMATS", "Series", "SeriesBuilder", "UnreadableLog", "detect_format", "load", "parse_number"]
 
@@ -36,10 +60,28 @@ FORMATS: tuple[str, ...] = (
     tensorboard.FORMAT,
     megatron_text.FORMAT,
     megatron_golden.FORMAT,
+    jsonl_log.FORMAT,
     llmc.FORMAT,
+    llmc.FORMAT_STDOUT,
+    nanogpt.FORMAT,
+    nanogpt.FORMAT_STDOUT,
+    text_log.FORMAT,
+)
+
+# Text layouts, most specific first; the generic text log comes last.
+_TEXT_SNIFFERS = (
+    (megatron_text.FORMAT, megatron_text.sniff),
+    (llmc.FORMAT, llmc.sniff),
+    (llmc.FORMAT_STDOUT, llmc.sniff_stdout),
+    (nanogpt.FORMAT, nanogpt.sniff),
+    (nanogpt.FORMAT_STDOUT, nanogpt.sniff_stdout),
+    (csv_log.FORMAT, csv_log.sniff),
+    (text_log.FORMAT, text_log.sniff),
 )
 
 _HEAD_BYTES = 64 << 10
+# Lines only source code starts with: the reason given when such a file is not a log either.
+_SOURCE = re.compile(r"^(?:from [\w.]+ import |import [\w.]+\s*$|def \w+\(|class \w+[(:])", re.MULTILINE)
 _DIR_FILES = ("trainer_state.json", "trainer_log.jsonl")
 
 
@@ -49,6 +91,17 @@ def _head(path: Path) -> str:
     if b"\x00" in raw[:4096]:
         raise UnreadableLog("binary file, not a text log")
     return raw.decode("utf-8", errors="replace")
+
+
+def _tail(path: Path) -> str:
+    """The last ``_HEAD_BYTES`` of a file longer than that, from its first whole line ("" if shorter)."""
+    with open(path, "rb") as f:
+        size = f.seek(0, 2)
+        if size <= _HEAD_BYTES:
+            return ""
+        f.seek(size - _HEAD_BYTES)
+        raw = f.read()
+    return raw[raw.find(b"\n") + 1 :].decode("utf-8", errors="replace")
 
 
 def _first_json_line(head: str) -> Any:
@@ -108,23 +161,42 @@ def _sniff(path: Path) -> tuple[str, Any]:
         fmt = _json_format(first)
         if fmt:
             return fmt, first
+        if jsonl_log.sniff(head):
+            return jsonl_log.FORMAT, None
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except ValueError as e:
+            if first is not None:  # the first line parsed: JSON lines, none of them a record
+                raise UnreadableLog(f"JSON lines, but no object with {jsonl_log.LOOKED_FOR}") from e
             raise UnreadableLog(f"invalid JSON: {e}") from e
         fmt = _json_format(data)
         if fmt:
             return fmt, data
-        raise UnreadableLog("JSON, but neither a trainer_state.json, a trainer_log.jsonl nor golden values")
-    for module in (megatron_text, llmc, csv_log):
-        if module.sniff(head):
-            return module.FORMAT, None
-    raise UnreadableLog("unrecognised format (no step/loss records in a known layout)")
+        raise UnreadableLog(
+            "JSON, but neither a trainer_state.json (log_history), Megatron golden values "
+            "({metric: {values}}), a trainer_log.jsonl (current_steps) nor JSON lines with a step and a loss"
+        )
+    for fmt, sniff in _TEXT_SNIFFERS:
+        if sniff(head):
+            return fmt, None
+    tail = _tail(path)
+    if tail:  # a long preamble (a code dump, a config, pip freeze) before the first step
+        for fmt, sniff in _TEXT_SNIFFERS:
+            if fmt != csv_log.FORMAT and sniff(tail):
+                return fmt, None
+    if len(_SOURCE.findall(head)) >= 2:
+        raise UnreadableLog("Python source, not a log")
+    tried = ", ".join(fmt for fmt, _ in _TEXT_SNIFFERS)
+    raise UnreadableLog(f"unrecognised format: {text_log.why_not(head)}; text formats tried: {tried}")
 
 
 def load(path: Path | str, fmt: str | None = None) -> Series:
     """Read a log into a :class:`Series`; ``fmt`` skips detection. Raises :class:`UnreadableLog`."""
-    path = Path(path)
+    with no_gc():
+        return _load(Path(path), fmt)
+
+
+def _load(path: Path, fmt: str | None) -> Series:
     data = None
     if fmt is None:
         fmt, data = _sniff(path)
@@ -142,7 +214,12 @@ def load(path: Path | str, fmt: str | None = None) -> Series:
         tensorboard.FORMAT: tensorboard.read,
         megatron_text.FORMAT: megatron_text.read,
         megatron_golden.FORMAT: megatron_golden.read,
+        jsonl_log.FORMAT: jsonl_log.read,
         llmc.FORMAT: llmc.read,
+        llmc.FORMAT_STDOUT: llmc.read_stdout,
+        nanogpt.FORMAT: nanogpt.read,
+        nanogpt.FORMAT_STDOUT: nanogpt.read_stdout,
+        text_log.FORMAT: text_log.read,
     }
     reader = readers.get(fmt)
     if reader is None:

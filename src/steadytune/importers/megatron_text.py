@@ -4,7 +4,10 @@ Logs copied from terminals wrap long lines, so a line that does not end with
 "|" is continued by the next ones (joined without a separator: the wrap cut
 words in half). Everything else in the file (tracebacks, checkpoint messages,
 "time (ms)" tables) is ignored. Here "nan" is a real NaN: Megatron prints it
-for a non-finite loss.
+for a non-finite loss. An iteration line needs one ``| key: value |`` field to
+count (``iteration 10/100 | loss 2.3`` is left to the generic text reader).
+Launcher prefixes (``[rank7]:``, timestamps) are tolerated; when several ranks
+print the same iteration, the lowest rank's line is kept.
 """
 
 from __future__ import annotations
@@ -12,16 +15,18 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from steadytune.importers.prefix import LowestRank, strip_prefix
 from steadytune.importers.series import Series, SeriesBuilder, UnreadableLog, parse_number
 
 FORMAT = "megatron_text"
 ITERATION = re.compile(r"iteration\s+(\d+)\s*/\s*(\d+)\s*\|")
+_HAS_FIELD = re.compile(r"iteration\s+\d+\s*/\s*\d+\s*\|\s*[A-Za-z][^:|]*:\s*\S")
 _FIELD = re.compile(r"^\s*([A-Za-z][^:|]*?)\s*:\s*(\S+)\s*$")
 _MAX_CONTINUATION = 4
 
 
 def sniff(head: str) -> bool:
-    return bool(ITERATION.search(head))
+    return bool(_HAS_FIELD.search(head))
 
 
 def logical_lines(lines: list[str]) -> list[str]:
@@ -63,6 +68,7 @@ def parse_line(line: str) -> tuple[int, dict[str, float]] | None:
 
 def read(path: Path) -> Series:
     b = SeriesBuilder(str(path), FORMAT)
+    ranks = LowestRank(b)
     with open(path, encoding="utf-8", errors="replace") as f:
         lines = f.readlines()
     for line in logical_lines(lines):
@@ -70,6 +76,8 @@ def read(path: Path) -> Series:
         if parsed is None:
             continue
         step, fields = parsed
+        if not ranks.accept(step, strip_prefix(line)[0]):
+            continue
         ms = fields.pop("elapsed time per iteration (ms)", None)
         if ms is not None:
             b.add(step, "step_time_s", ms / 1000.0)
