@@ -56,8 +56,9 @@ def in_window(step: int, key: str, length: int) -> bool:
 class FaultyTrainer(Trainer):
     """A Trainer with the in-process faults: a NaN loss, an out-of-memory error, a slow save."""
 
-    def compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool = False,
-                     num_items_in_batch: Any = None) -> Any:
+    def compute_loss(
+        self, model: Any, inputs: dict[str, Any], return_outputs: bool = False, num_items_in_batch: Any = None
+    ) -> Any:
         step = self.state.global_step + 1
         if model.training:
             oom_at = FAULTS.get("oom_at_step")
@@ -66,7 +67,9 @@ class FaultyTrainer(Trainer):
                 raise torch.OutOfMemoryError(
                     f"CUDA out of memory. Tried to allocate 2.00 GiB (injected: {size} samples)"
                 )
-        out = super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
+        out = super().compute_loss(
+            model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
+        )
         if model.training and in_window(step, "nan_at_step", FAULTS.get("nan_steps", 1)):
             return (out[0] * float("nan"), out[1]) if return_outputs else out * float("nan")
         return out
@@ -90,7 +93,9 @@ class Faults(TrainerCallback):
         self.log.write(ev="begin", step=state.global_step, batch=state.train_batch_size)
 
     def on_pre_optimizer_step(self, args, state, control, optimizer=None, **kw):
-        if optimizer is not None and in_window(state.global_step + 1, "lr_burst_at_step", FAULTS.get("lr_burst_steps", 3)):
+        if optimizer is not None and in_window(
+            state.global_step + 1, "lr_burst_at_step", FAULTS.get("lr_burst_steps", 3)
+        ):
             # The scheduler sets the LR again after this step, so the burst lasts one step per call.
             for group in optimizer.param_groups:
                 group["lr"] *= float(FAULTS.get("lr_burst_factor", 1000.0))
@@ -124,17 +129,40 @@ def main() -> None:
     ds = ds.remove_columns([c for c in (SAMPLE_ID, SAMPLE_HASH) if c in ds.column_names])
     model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32, attn_implementation="sdpa")
     args = TrainingArguments(
-        output_dir=a.output_dir, max_steps=a.max_steps, per_device_train_batch_size=8,
-        gradient_accumulation_steps=1, learning_rate=2e-3, lr_scheduler_type="cosine",
-        warmup_steps=a.warmup_steps, weight_decay=0.0, max_grad_norm=1.0, optim="adamw_torch", seed=42,
-        logging_steps=10, save_strategy="steps", save_steps=a.save_steps, save_total_limit=2,
-        auto_find_batch_size=True, remove_unused_columns=False, report_to=[], disable_tqdm=True, use_cpu=True,
+        output_dir=a.output_dir,
+        max_steps=a.max_steps,
+        per_device_train_batch_size=8,
+        gradient_accumulation_steps=1,
+        learning_rate=2e-3,
+        lr_scheduler_type="cosine",
+        warmup_steps=a.warmup_steps,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        optim="adamw_torch",
+        seed=42,
+        logging_steps=10,
+        save_strategy="steps",
+        save_steps=a.save_steps,
+        save_total_limit=2,
+        auto_find_batch_size=True,
+        remove_unused_columns=False,
+        report_to=[],
+        disable_tqdm=True,
+        use_cpu=True,
     )
-    trainer = FaultyTrainer(model=model, args=args, train_dataset=ds, data_collator=Collator(tok.pad_token_id),
-                            processing_class=tok, callbacks=[Faults(log)])
+    trainer = FaultyTrainer(
+        model=model,
+        args=args,
+        train_dataset=ds,
+        data_collator=Collator(tok.pad_token_id),
+        processing_class=tok,
+        callbacks=[Faults(log)],
+    )
     resume = get_last_checkpoint(a.output_dir) if Path(a.output_dir).is_dir() else None
     log.write(ev="start", resume=resume)
-    trainer.train(resume_from_checkpoint=resume)  # what resume_from_checkpoint=True does, minus its error on none
+    trainer.train(
+        resume_from_checkpoint=resume
+    )  # what resume_from_checkpoint=True does, minus its error on none
     trainer.save_model(str(Path(a.output_dir) / "final"))
     log.write(ev="done", step=trainer.state.global_step)
 

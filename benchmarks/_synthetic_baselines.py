@@ -31,6 +31,7 @@ from steadytune.records import StepRecord, SystemSample
 
 Alarm = tuple[str | None, str, int]
 
+
 class Rolling:
     """Mean and sample standard deviation of the last ``size`` values, in O(1) per value.
 
@@ -106,7 +107,9 @@ class _Episodes:
 class KillLossSpike(_Baseline):
     name = "llm-foundry KillLossSpike"
 
-    def __init__(self, patience: int = 4, multiplier: float = 2.0, window: int = 100, cap: float = 10.0) -> None:
+    def __init__(
+        self, patience: int = 4, multiplier: float = 2.0, window: int = 100, cap: float = 10.0
+    ) -> None:
         self.patience, self.multiplier, self.cap, self.size = patience, multiplier, cap, window
         self.window = Rolling(window)
         self.high: deque[bool] = deque(maxlen=window)

@@ -163,7 +163,12 @@ def make_big_run(runs: Path, steps: int) -> None:
                 for s in range(lo, min(steps, lo + batch))
             ]  # fmt: skip
             store.add_steps(recs)
-            f.write("".join(json.dumps({"type": "step", "step": r.step, "ts": r.ts, "loss": r.loss}) + "\n" for r in recs))
+            f.write(
+                "".join(
+                    json.dumps({"type": "step", "step": r.step, "ts": r.ts, "loss": r.loss}) + "\n"
+                    for r in recs
+                )
+            )
     store.close()
     atomic_write_text(run.status, json.dumps({"run_id": "big", "state": "completed", "step": steps - 1,
                                               "max_steps": steps, "updated_ts": time.time()}))  # fmt: skip
@@ -194,7 +199,9 @@ def bench_big(tmp: Path, steps: int, chromium: tuple[str | None, str | None]) ->
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="fewer samples, a 200,000-step run")
     args = parser.parse_args()
     chromium = find_chromium()
@@ -208,11 +215,39 @@ def main() -> int:
     print(f"steadytune dashboard benchmark ({os.cpu_count()} CPU cores)")
     print(row("/metrics scrape, 10 live runs (median)", f"{med * 1000:.1f} ms", "< 50 ms", med < 0.05))
     print(row("/metrics scrape, 10 live runs (p95)", f"{p95 * 1000:.1f} ms", "< 50 ms", p95 < 0.05))
-    print(row("/metrics scrape, 10 live runs (worst of the sample)", f"{worst * 1000:.1f} ms", "< 50 ms", worst < 0.05))
-    print(row(f"record-to-screen p50 ({live['how']})", f"{float(live['p50']) * 1000:.0f} ms", "< 1 s", float(live["p50"]) < 1))
-    print(row(f"record-to-screen p95 ({live['how']})", f"{float(live['p95']) * 1000:.0f} ms", "< 1 s", float(live["p95"]) < 1))
+    print(
+        row(
+            "/metrics scrape, 10 live runs (worst of the sample)",
+            f"{worst * 1000:.1f} ms",
+            "< 50 ms",
+            worst < 0.05,
+        )
+    )
+    print(
+        row(
+            f"record-to-screen p50 ({live['how']})",
+            f"{float(live['p50']) * 1000:.0f} ms",
+            "< 1 s",
+            float(live["p50"]) < 1,
+        )
+    )
+    print(
+        row(
+            f"record-to-screen p95 ({live['how']})",
+            f"{float(live['p95']) * 1000:.0f} ms",
+            "< 1 s",
+            float(live["p95"]) < 1,
+        )
+    )
     print(row(f"run page load, {steps:,} steps ({how})", f"{load:.2f} s", "< 2 s", load < 2))
-    print(row("dashboard server CPU, one run page open", f"{float(live['cpu']) * 100:.1f}% core", "< 5%", float(live["cpu"]) < 0.05))
+    print(
+        row(
+            "dashboard server CPU, one run page open",
+            f"{float(live['cpu']) * 100:.1f}% core",
+            "< 5%",
+            float(live["cpu"]) < 0.05,
+        )
+    )
     return 0
 
 

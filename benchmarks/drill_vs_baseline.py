@@ -106,9 +106,13 @@ def last_error(log: Path, work_dir: Path) -> str:
     except OSError:
         return ""
     pat = re.compile(r"^(\w+\.)*\w*(Error|Exception|Interrupt)\b:?")
-    hits = [ln for ln in (re.sub(r"^\[rank\d+\]:\s*", "", raw).strip() for raw in lines)
-            if pat.match(ln) and "ChildFailedError" not in ln]
+    hits = [
+        ln
+        for ln in (re.sub(r"^\[rank\d+\]:\s*", "", raw).strip() for raw in lines)
+        if pat.match(ln) and "ChildFailedError" not in ln
+    ]
     return hits[-1].replace(f"{work_dir}/", "")[:120] if hits else ""
+
 
 # --------------------------------------------------------------------------- evaluation
 
@@ -131,11 +135,13 @@ class Evaluator:
         tok = AutoTokenizer.from_pretrained(str(assets / "model"))
         if tok.pad_token_id is None:
             tok.pad_token = tok.eos_token
-        ds = build_dataset(tok, DataSpec(str(assets / "eval.jsonl"), "instruction", max_seq_length=max_seq_length))
+        ds = build_dataset(
+            tok, DataSpec(str(assets / "eval.jsonl"), "instruction", max_seq_length=max_seq_length)
+        )
         ds = ds.remove_columns([c for c in (SAMPLE_ID, SAMPLE_HASH) if c in ds.column_names])
         collate = Collator(tok.pad_token_id)
         rows = [ds[i] for i in range(len(ds))]
-        self.batches = [collate(rows[i:i + 8]) for i in range(0, len(rows), 8)]
+        self.batches = [collate(rows[i : i + 8]) for i in range(0, len(rows), 8)]
 
     def __call__(self, final_dir: Path) -> tuple[bool | None, float | None]:
         import torch
@@ -146,8 +152,12 @@ class Evaluator:
         if not files:
             return None, None
         try:
-            finite = all(bool(t.isfinite().all()) for f in files for t in load_file(str(f)).values()
-                         if t.is_floating_point())
+            finite = all(
+                bool(t.isfinite().all())
+                for f in files
+                for t in load_file(str(f)).values()
+                if t.is_floating_point()
+            )
             model = AutoModelForCausalLM.from_pretrained(str(final_dir), dtype=torch.float32)
         except Exception:
             return False, None  # unreadable weights: neither finite nor usable
@@ -195,12 +205,31 @@ def max_step(run_dir: Path) -> int:
 def run_steadytune(kind: str, a: argparse.Namespace, limit: float, evaluate: Evaluator) -> Outcome:
     out_json = a.work_dir / f"steadytune-{kind}.json"
     log = a.work_dir / f"steadytune-{kind}.log"
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--st-one", kind, "--steps", str(a.steps),
-           "--save-steps", str(a.save_steps), "--work-dir", str(a.work_dir), "--out", str(out_json)]
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--st-one",
+        kind,
+        "--steps",
+        str(a.steps),
+        "--save-steps",
+        str(a.save_steps),
+        "--work-dir",
+        str(a.work_dir),
+        "--out",
+        str(out_json),
+    ]
     t0 = time.time()
     with open(log, "w") as lf:
-        proc = subprocess.Popen(cmd, stdout=lf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, env=child_env(), cwd=str(HERE.parent))
+        proc = subprocess.Popen(
+            cmd,
+            stdout=lf,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env=child_env(),
+            cwd=str(HERE.parent),
+        )
         try:
             rc = proc.wait(timeout=limit)
             timed_out = False
@@ -216,17 +245,33 @@ def run_steadytune(kind: str, a: argparse.Namespace, limit: float, evaluate: Eva
     rep = data.get("report") or {}
     finite, loss = evaluate(run_dir / "final")
     state = data.get("state")
-    why = "" if state == "completed" else (
-        f"timed out after {limit:.0f}s" if timed_out else f"state {state}" if state else
-        f"exit {rc}: {last_error(log, a.work_dir)}")
+    why = (
+        ""
+        if state == "completed"
+        else (
+            f"timed out after {limit:.0f}s"
+            if timed_out
+            else f"state {state}"
+            if state
+            else f"exit {rc}: {last_error(log, a.work_dir)}"
+        )
+    )
     note = ""
     if rep:
         detected = f"detected at step {rep['detected_at_step']}" if rep["detected"] else "NOT detected"
         secs = rep.get("recovery_seconds")
         rec = f", back in {secs}s" if secs is not None and secs > 0 else ""
         note = f"{detected}; action {rep['action'] or '-'}; restarts {rep['restarts']}{rec}"
-    return Outcome(state == "completed", why, finite, loss, rep.get("steps_redone", 0 if not rep else None),
-                   max_step(run_dir), seconds, note)
+    return Outcome(
+        state == "completed",
+        why,
+        finite,
+        loss,
+        rep.get("steps_redone", 0 if not rep else None),
+        max_step(run_dir),
+        seconds,
+        note,
+    )
 
 
 # --------------------------------------------------------------------------- baseline side
@@ -258,8 +303,11 @@ class BaselineActor:
         if kind == "kill" and step0 >= at:
             self.what = f"SIGKILL at step {step0}"
             self._kill(pid0)
-        elif kind == "kill_during_save" and (target / "model.safetensors").exists() \
-                and not (target / "trainer_state.json").exists():
+        elif (
+            kind == "kill_during_save"
+            and (target / "model.safetensors").exists()
+            and not (target / "trainer_state.json").exists()
+        ):
             time.sleep(1.0)  # inside the slow window: weights written, trainer_state.json not yet
             if not (target / "trainer_state.json").exists():
                 self.what = f"SIGKILL while saving {target.name} (no trainer_state.json yet)"
@@ -342,10 +390,29 @@ def run_baseline(kind: str, a: argparse.Namespace, limit: float, evaluate: Evalu
     out_dir.mkdir(parents=True, exist_ok=True)
     events_path = a.work_dir / "baseline" / f"{kind}.events.jsonl"
     log = a.work_dir / "baseline" / f"{kind}.log"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1", "--max-restarts=3",
-           str(BASELINE_SCRIPT), "--model", str(a.assets / "model"), "--train", str(a.assets / "train.jsonl"),
-           "--output_dir", str(out_dir), "--bench_log", str(events_path), "--max_steps", str(a.steps),
-           "--save_steps", str(a.save_steps), "--warmup_steps", str(max(1, a.steps // 10))]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=1",
+        "--max-restarts=3",
+        str(BASELINE_SCRIPT),
+        "--model",
+        str(a.assets / "model"),
+        "--train",
+        str(a.assets / "train.jsonl"),
+        "--output_dir",
+        str(out_dir),
+        "--bench_log",
+        str(events_path),
+        "--max_steps",
+        str(a.steps),
+        "--save_steps",
+        str(a.save_steps),
+        "--warmup_steps",
+        str(max(1, a.steps // 10)),
+    ]
     env = child_env(BASELINE_FAULTS=json.dumps(spec.env) if spec else "")
     actor = BaselineActor(spec, out_dir)
     events: list[dict[str, Any]] = []
@@ -353,8 +420,15 @@ def run_baseline(kind: str, a: argparse.Namespace, limit: float, evaluate: Evalu
     t0 = time.time()
     timed_out = False
     with open(log, "w") as lf:
-        proc = subprocess.Popen(cmd, stdout=lf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, env=env, cwd=str(HERE.parent))
+        proc = subprocess.Popen(
+            cmd,
+            stdout=lf,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env=env,
+            cwd=str(HERE.parent),
+        )
         try:
             while proc.poll() is None:
                 if time.time() - t0 > limit:
@@ -399,8 +473,11 @@ def run_baseline(kind: str, a: argparse.Namespace, limit: float, evaluate: Evalu
         notes.append("resumed from " + ", ".join(Path(r).name for r in resumes))
     batches = [ev["batch"] for ev in events if ev["ev"] == "begin"]
     if len(set(batches)) > 1:
-        notes.append("auto_find_batch_size: batch " + "->".join(str(b) for b in batches)
-                     + ", each retry from step 0 with the weights it had")
+        notes.append(
+            "auto_find_batch_size: batch "
+            + "->".join(str(b) for b in batches)
+            + ", each retry from step 0 with the weights it had"
+        )
     trained = sum(1 for ev in events if ev["ev"] == "step")
     if trained != a.steps:
         notes.append(f"{trained} optimizer steps trained in all")
@@ -431,15 +508,21 @@ def fmt_redone(o: Outcome, steps: int) -> str:
 
 
 def render(rows: list[tuple[str, Outcome | None, Outcome | None]], steps: int) -> str:
-    cols = [("survived", lambda o: fmt_bool(o.survived)), ("weights finite", lambda o: fmt_bool(o.finite)),
-            ("eval loss", lambda o: fmt_loss(o.loss)), ("steps redone", lambda o: fmt_redone(o, steps)),
-            ("wall s", lambda o: f"{o.seconds:.0f}")]
+    cols = [
+        ("survived", lambda o: fmt_bool(o.survived)),
+        ("weights finite", lambda o: fmt_bool(o.finite)),
+        ("eval loss", lambda o: fmt_loss(o.loss)),
+        ("steps redone", lambda o: fmt_redone(o, steps)),
+        ("wall s", lambda o: f"{o.seconds:.0f}"),
+    ]
     w0, w = 22, 11
     top = " " * w0 + "".join(f"| {name:<{2 * w}}" for name, _ in cols)
     sub = f"{'fault':<{w0}}" + "".join(f"| {'steadytune':<{w}}{'baseline':<{w}}" for _ in cols)
     lines = [top, sub, "-" * len(sub)]
     for label, st, bl in rows:
-        cells = "".join(f"| {(fn(st) if st else 'n/a'):<{w}}{(fn(bl) if bl else 'n/a'):<{w}}" for _, fn in cols)
+        cells = "".join(
+            f"| {(fn(st) if st else 'n/a'):<{w}}{(fn(bl) if bl else 'n/a'):<{w}}" for _, fn in cols
+        )
         lines.append(f"{label:<{w0}}{cells}")
     return "\n".join(lines)
 
@@ -461,12 +544,16 @@ wall s          wall-clock seconds of the run, process start-up included"""
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--faults", default=",".join(ALL_FAULTS), help=f"comma-separated, from {', '.join(ALL_FAULTS)}")
+    p.add_argument(
+        "--faults", default=",".join(ALL_FAULTS), help=f"comma-separated, from {', '.join(ALL_FAULTS)}"
+    )
     p.add_argument("--steps", type=int, default=80, help="max_steps of every run (default 80)")
     p.add_argument("--save-steps", type=int, default=None, help="checkpoint interval (default steps/4)")
     p.add_argument("--side", choices=("both", "steadytune", "baseline"), default="both")
     p.add_argument("--work-dir", type=Path, default=None, help="where the runs go (default: a temp folder)")
-    p.add_argument("--keep", action="store_true", help="keep the work folder (kept anyway if --work-dir is given)")
+    p.add_argument(
+        "--keep", action="store_true", help="keep the work folder (kept anyway if --work-dir is given)"
+    )
     p.add_argument("--json", type=Path, default=None, help="also write the results as JSON here")
     p.add_argument("--st-one", default=None, help=argparse.SUPPRESS)  # internal: one steadytune run
     p.add_argument("--out", default=None, help=argparse.SUPPRESS)
@@ -486,7 +573,9 @@ def main(argv: list[str] | None = None) -> int:
     specs = catalogue(a.save_steps)
     late = [f for f in faults if specs[f].at_step > a.steps]
     if late:
-        p.error(f"fault(s) {', '.join(late)} fall after --steps {a.steps}; raise --steps or lower --save-steps")
+        p.error(
+            f"fault(s) {', '.join(late)} fall after --steps {a.steps}; raise --steps or lower --save-steps"
+        )
     a.assets = ensure_demo_assets()
     keep = a.keep or a.work_dir is not None
     a.work_dir = (a.work_dir or Path(tempfile.mkdtemp(prefix="drill-vs-baseline-"))).resolve()
@@ -508,7 +597,9 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     o = fn(kind, a, limit, evaluate)
                 except Exception as exc:  # a broken run must not end the benchmark
-                    o = Outcome(False, f"benchmark error: {type(exc).__name__}: {exc}"[:110], None, None, None, 0, 0.0)
+                    o = Outcome(
+                        False, f"benchmark error: {type(exc).__name__}: {exc}"[:110], None, None, None, 0, 0.0
+                    )
                 results[side][kind] = o
                 if kind == "clean":
                     limits[side] = max(MIN_LIMIT_S, 3 * o.seconds)
@@ -538,8 +629,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {kind:<19}{side:<11}{text}")
     print(f"\ntotal {total:.0f}s" + ("" if not keep else f"; runs kept in {a.work_dir}"))
     if a.json:
-        a.json.write_text(json.dumps({side: {k: asdict(o) for k, o in r.items()} for side, r in results.items()},
-                                     indent=1))
+        a.json.write_text(
+            json.dumps({side: {k: asdict(o) for k, o in r.items()} for side, r in results.items()}, indent=1)
+        )
     return 0
 
 

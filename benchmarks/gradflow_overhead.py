@@ -83,8 +83,10 @@ def main() -> int:
     layers = len(stats)
     params = sum(p.numel() for p in model.parameters())
     size = len(json.dumps(columns(stats)))
-    print(f"model {model_dir} ({params / 1e6:.2f} M parameters, {layers} layers), batch {args.batch}, "
-          f"{args.steps} timed steps, torch {torch.__version__} on {device}")
+    print(
+        f"model {model_dir} ({params / 1e6:.2f} M parameters, {layers} layers), batch {args.batch}, "
+        f"{args.steps} timed steps, torch {torch.__version__} on {device}"
+    )
     print(f"{'figure':<44} {'measured':>12} {'target':>12}")
     print(f"{'optimizer step (median)':<44} {step * 1e3:>10.2f}ms {'-':>12}")
     print(f"{'layer_grad_stats call (median)':<44} {cost * 1e3:>10.2f}ms {'-':>12}")

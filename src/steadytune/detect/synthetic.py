@@ -159,6 +159,12 @@ def base_run(rng: random.Random, shape: str, n: int | None = None) -> Run:
     step_time = _step_times(rng, n)
     epoch = [epochs * s / total_steps for s in steps]
     run = Run(shape, steps, loss, grad, lr, epoch, step_time, sigma=sigma)
+    if shape == "dpo":
+        # A DPO trainer logs its reward margin beside the loss (TRL: rewards/margins).
+        run.extra = {
+            i: {"rewards/margins": -math.log(math.expm1(x)) if x > 1e-12 else 30.0}
+            for i, x in enumerate(loss)
+        }
     if shape == "fp16_skips":
         _fp16(rng, run)
     _memory(rng, run)

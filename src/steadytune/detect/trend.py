@@ -172,7 +172,7 @@ class PlateauWatch:
 class OscillationWatch:
     """Swings that are new, wide and regular: the LR saws the loss up and down.
 
-    Three tests over the window, all needed:
+    Four tests over the window, all needed:
 
     - *new and wide*: the window's interquartile width is
       ``oscillation_growth`` times the typical width of the windows before it
@@ -182,6 +182,8 @@ class OscillationWatch:
       with k by ``oscillation_ratio`` or more: a swing of period P differs
       most at P/2 and cancels at P, while noise, however heavy-tailed (DPO),
       differs alike at every lag;
+    - *symmetric*: the swing reaches as far below the trend as above it (within 2x);
+      outlier batches stick out upwards only;
     - *repeated*: the loss crosses the band of half a spread around the trend at
       least ``oscillation_crossings`` times (two full cycles), without the
       level falling (a staircase or a curve still learning is not judged).
@@ -236,6 +238,7 @@ class OscillationWatch:
             and w.spread >= cfg.oscillation_min_amplitude
             and not w.falling
             and w.steady()
+            and w.symmetric()
             and w.crossings() >= cfg.oscillation_crossings
             and w.variogram_ratio() >= cfg.oscillation_ratio
         )
@@ -306,6 +309,17 @@ class WindowShape:
         a = _median([abs(r) for r in self.resid[:half]])
         b = _median([abs(r) for r in self.resid[half:]])
         return min(a, b) >= 0.5 * max(a, b)
+
+    def symmetric(self) -> bool:
+        """A swing goes as far down as up; a few bad batches stick out on one side only.
+
+        Per-step losses with outliers (some batches 2-3x the rest) fill a window with
+        jumps that a lag statistic may find regular; they spread the upper tail alone.
+        """
+        r = sorted(self.resid)
+        n = len(r)
+        up, down = r[(85 * n) // 100] - r[n // 2], r[n // 2] - r[(15 * n) // 100]
+        return min(up, down) >= 0.5 * max(up, down)
 
     def variogram_ratio(self) -> float:
         """Largest over smallest median |r[i+k] - r[i]| for lags k = 1..n/4.
