@@ -150,7 +150,9 @@ class NotifyOn(_Model):
 
 
 class RetryConfig(_Model):
-    attempts: int = Field(5, ge=1, le=50, description="Tries per sink before the alert is marked undelivered.")
+    attempts: int = Field(
+        5, ge=1, le=50, description="Tries per sink before the alert is marked undelivered."
+    )
     backoff_s: float = Field(2.0, gt=0)
     max_backoff_s: float = Field(300.0, gt=0)
 
@@ -160,10 +162,14 @@ class AlertsConfig(_Model):
 
     enabled: bool = True
     min_severity: Severity = "warning"
-    dedup_window_s: float = Field(600.0, ge=0, description="Same run, kind and metric inside this window: once.")
+    dedup_window_s: float = Field(
+        600.0, ge=0, description="Same run, kind and metric inside this window: once."
+    )
     rate_limit_per_hour: int = Field(30, ge=1, description="Per sink; critical alerts may borrow 50% more.")
     send_resolved: bool = True
-    include_actions: bool = Field(False, description="Also alert on recovery actions (rollback, restart plan).")
+    include_actions: bool = Field(
+        False, description="Also alert on recovery actions (rollback, restart plan)."
+    )
     notify_on: NotifyOn = NotifyOn()
     retry: RetryConfig = RetryConfig()
     dashboard_url: str | None = Field(None, description="Linked from every alert when set.")

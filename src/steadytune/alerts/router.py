@@ -91,8 +91,12 @@ class AlertRouter:
         self.redactor = redactor or Redactor()
         if base_dir is None and event_log is not None:
             base_dir = event_log.path.parent
-        self.sinks: list[Sink] = sinks if sinks is not None else build_sinks(config, self.redactor, base_dir, environ)
-        self._limiters = [RateLimiter(s.rate_limit_per_hour or config.rate_limit_per_hour) for s in self.sinks]
+        self.sinks: list[Sink] = (
+            sinks if sinks is not None else build_sinks(config, self.redactor, base_dir, environ)
+        )
+        self._limiters = [
+            RateLimiter(s.rate_limit_per_hour or config.rate_limit_per_hour) for s in self.sinks
+        ]
         self._dedup = Deduper(config.dedup_window_s)
         self._inbox: queue.SimpleQueue[Event] = queue.SimpleQueue()
         self._pending: list[_Delivery] = []
@@ -162,7 +166,9 @@ class AlertRouter:
                 try:
                     self._route(event)
                 except Exception as exc:  # routing must never kill the thread
-                    print(f"steadytune alerts: cannot route event: {self.redactor(str(exc))}", file=sys.stderr)
+                    print(
+                        f"steadytune alerts: cannot route event: {self.redactor(str(exc))}", file=sys.stderr
+                    )
             tried = 0
             now = self.clock()
             while self._pending and (self._pending[0].due <= now or self._closing):
@@ -250,7 +256,9 @@ class AlertRouter:
         try:
             sink.send(alert)
         except Exception as exc:
-            reason = self.redactor.redact(str(exc) if isinstance(exc, DeliveryError) else f"{type(exc).__name__}: {exc}")
+            reason = self.redactor.redact(
+                str(exc) if isinstance(exc, DeliveryError) else f"{type(exc).__name__}: {exc}"
+            )
             if d.attempt >= self.config.retry.attempts or final:
                 self._settle(d, reason)
                 return
@@ -283,7 +291,11 @@ class AlertRouter:
             "delivered": o.delivered, "undelivered": o.undelivered, "held_back": o.held_back,
             "attempts": o.attempts,
         }  # fmt: skip
-        state = "undelivered" if o.undelivered and not o.delivered else ("partial" if o.undelivered else "delivered")
+        state = (
+            "undelivered"
+            if o.undelivered and not o.delivered
+            else ("partial" if o.undelivered else "delivered")
+        )
         if not o.delivered and not o.undelivered:
             state = "held back"
         data["status"] = state

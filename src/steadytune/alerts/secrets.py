@@ -29,14 +29,18 @@ def resolve_secret(
     if env:
         value = environ.get(env)
         if not value:
-            raise SecretError(f"{key}_env: environment variable {env} is not set; export {env}=... before starting")
+            raise SecretError(
+                f"{key}_env: environment variable {env} is not set; export {env}=... before starting"
+            )
         return value.strip()
     if file:
         path = Path(file).expanduser()
         try:
             value = path.read_text(encoding="utf-8").strip()
         except OSError as exc:
-            raise SecretError(f"{key}_file: cannot read {path}: {exc.strerror}; create it (mode 600)") from exc
+            raise SecretError(
+                f"{key}_file: cannot read {path}: {exc.strerror}; create it (mode 600)"
+            ) from exc
         if not value:
             raise SecretError(f"{key}_file: {path} is empty")
         return value

@@ -161,7 +161,10 @@ class CommandAlertSink(_Base):
 
 
 def build_sinks(
-    config: cfg.AlertsConfig, redactor: Redactor, base_dir: Path | None = None, environ: dict[str, str] | None = None
+    config: cfg.AlertsConfig,
+    redactor: Redactor,
+    base_dir: Path | None = None,
+    environ: dict[str, str] | None = None,
 ) -> list[Sink]:
     """Turn sink configs into sinks, reading their secrets now (errors name the key)."""
     sinks: list[Sink] = []

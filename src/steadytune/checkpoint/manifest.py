@@ -39,7 +39,11 @@ def checkpoint_step(path: Path) -> int | None:
 
 
 def _files(ckpt: Path) -> list[Path]:
-    return sorted(p for p in ckpt.rglob("*") if p.is_file() and p.name != MANIFEST and not p.name.startswith(".manifest"))
+    return sorted(
+        p
+        for p in ckpt.rglob("*")
+        if p.is_file() and p.name != MANIFEST and not p.name.startswith(".manifest")
+    )
 
 
 def fsync_tree(root: Path) -> None:
@@ -110,7 +114,9 @@ def verify(ckpt: Path, deep: bool = True) -> Verdict:
             return Verdict(ckpt, False, f"{rel} is missing", step)
         size = p.stat().st_size
         if size != meta.get("size"):
-            return Verdict(ckpt, False, f"{rel} has {size} bytes, manifest says {meta.get('size')} (truncated?)", step)
+            return Verdict(
+                ckpt, False, f"{rel} has {size} bytes, manifest says {meta.get('size')} (truncated?)", step
+            )
         if deep and sha256_file(p) != meta.get("sha256"):
             return Verdict(ckpt, False, f"{rel} sha256 mismatch (corrupted)", step)
     return Verdict(ckpt, True, "", step, int(manifest.get("total_bytes", 0)))
@@ -124,7 +130,9 @@ def list_checkpoints(root: Path) -> list[Path]:
     return sorted(found, key=lambda p: checkpoint_step(p) or 0, reverse=True)
 
 
-def newest_verified(root: Path, max_step: int | None = None, deep: bool = True) -> tuple[Verdict | None, list[Verdict]]:
+def newest_verified(
+    root: Path, max_step: int | None = None, deep: bool = True
+) -> tuple[Verdict | None, list[Verdict]]:
     """The newest checkpoint that verifies (at or before ``max_step``), and those skipped on the way."""
     skipped: list[Verdict] = []
     for ckpt in list_checkpoints(root):

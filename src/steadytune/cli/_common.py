@@ -7,7 +7,9 @@ import sys
 from typing import Any
 
 
-def add_command(sub: Any, name: str, help: str, example: str, description: str | None = None) -> argparse.ArgumentParser:
+def add_command(
+    sub: Any, name: str, help: str, example: str, description: str | None = None
+) -> argparse.ArgumentParser:
     """Add a subcommand parser whose ``--help`` ends with a runnable example."""
     return sub.add_parser(
         name,

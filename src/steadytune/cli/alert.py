@@ -11,12 +11,18 @@ from steadytune.cli._common import add_command, fail
 
 
 def register(sub: Any) -> None:
-    p = add_command(sub, "alert", "alert tools: test the configured sinks", "steadytune alert test config.yaml")
+    p = add_command(
+        sub, "alert", "alert tools: test the configured sinks", "steadytune alert test config.yaml"
+    )
     verbs = p.add_subparsers(dest="alert_command", metavar="<verb>")
     t = verbs.add_parser("test", help="send a test alert through every sink of CONFIG's `alerts:` section")
-    t.add_argument("config", type=Path, help="a steadytune config (its `alerts:` section) or an alerts-only YAML")
+    t.add_argument(
+        "config", type=Path, help="a steadytune config (its `alerts:` section) or an alerts-only YAML"
+    )
     t.add_argument("--run-id", default="alert-test", help="run id shown in the test alert")
-    t.add_argument("--show-config", action="store_true", help="print the alerts config (secrets as references)")
+    t.add_argument(
+        "--show-config", action="store_true", help="print the alerts config (secrets as references)"
+    )
     t.set_defaults(func=run_test)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 

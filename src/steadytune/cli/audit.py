@@ -10,11 +10,17 @@ from steadytune.cli._common import add_command, fail
 
 
 def register(sub: Any) -> None:
-    p = add_command(sub, "audit", "check a run's audit trail (hash-chained events.jsonl)",
-                    "steadytune audit verify runs/my-run")
+    p = add_command(
+        sub,
+        "audit",
+        "check a run's audit trail (hash-chained events.jsonl)",
+        "steadytune audit verify runs/my-run",
+    )
     inner = p.add_subparsers(dest="audit_command", metavar="<check>")
     v = add_command(
-        inner, "verify", "verify the hash chain of events.jsonl and that its tail was not cut off",
+        inner,
+        "verify",
+        "verify the hash chain of events.jsonl and that its tail was not cut off",
         "steadytune audit verify runs/my-run --format json",
         description="Walk the hash chain of RUN/events.jsonl: reports OK, or the first line where the chain "
         "breaks (edited, deleted or reordered). Truncation is checked against the last entry run.db recorded. "
@@ -64,17 +70,28 @@ def verify_main(args: argparse.Namespace) -> int:
     secrets = unredacted_secrets(run.config.read_text(encoding="utf-8")) if run.config.exists() else []
     ok = res.ok and not secrets
     if args.format == "json":
-        print(json.dumps({**res.to_dict(), "ok": ok, "chain_ok": res.ok, "unredacted_secrets": secrets}, indent=1))
+        print(
+            json.dumps(
+                {**res.to_dict(), "ok": ok, "chain_ok": res.ok, "unredacted_secrets": secrets}, indent=1
+            )
+        )
         return 0 if ok else 1
     if res.ok:
-        print(f"chain: OK — {res.entries} entries, seq 0-{res.last_seq}, last hash {str(res.last_hash)[:16]}…")
+        print(
+            f"chain: OK — {res.entries} entries, seq 0-{res.last_seq}, last hash {str(res.last_hash)[:16]}…"
+        )
     else:
         print(f"chain: FAILED — {res.problem}: {res.message}")
     if res.torn_lines:
-        print(f"note: torn line(s) {', '.join(map(str, res.torn_lines))} skipped (a crash mid-write, not tampering)")
+        print(
+            f"note: torn line(s) {', '.join(map(str, res.torn_lines))} skipped (a crash mid-write, not tampering)"
+        )
     if res.ok:
         print(f"tail: {'OK — ' if res.truncation_checked else 'not checked — '}{res.truncation_note}")
-    print("secrets: OK — no secret stored in clear in config.yaml" if not secrets
-          else f"secrets: FAILED — stored in clear in config.yaml: {', '.join(secrets)}")
+    print(
+        "secrets: OK — no secret stored in clear in config.yaml"
+        if not secrets
+        else f"secrets: FAILED — stored in clear in config.yaml: {', '.join(secrets)}"
+    )
     print("verdict: OK" if ok else "verdict: FAILED")
     return 0 if ok else 1

@@ -27,14 +27,21 @@ exit codes: 0 ok, 2 usage error
 
 
 def register(sub: Any) -> None:
-    p = add_command(sub, "cache", "list or clean the tokenized-data cache",
-                    "steadytune cache clean --max-size 10GiB --older-than 30d", DESCRIPTION)
+    p = add_command(
+        sub,
+        "cache",
+        "list or clean the tokenized-data cache",
+        "steadytune cache clean --max-size 10GiB --older-than 30d",
+        DESCRIPTION,
+    )
     verbs = p.add_subparsers(dest="verb", metavar="{ls,clean}")
     ls = verbs.add_parser("ls", help="list cache entries: key, size, age, last use, source file")
     ls.add_argument("--format", choices=["text", "json"], default="text")
     clean = verbs.add_parser("clean", help="remove entries by age and/or total size")
     clean.add_argument("--max-size", dest="max_size", help="keep the cache at or under this size, e.g. 10GiB")
-    clean.add_argument("--older-than", dest="older_than", help="remove entries unused for longer, e.g. 30d, 12h")
+    clean.add_argument(
+        "--older-than", dest="older_than", help="remove entries unused for longer, e.g. 30d, 12h"
+    )
     clean.add_argument("--dry-run", action="store_true", help="say what would be removed, remove nothing")
     clean.add_argument("--format", choices=["text", "json"], default="text")
     p.set_defaults(func=main, parser=p)
@@ -47,9 +54,18 @@ def cache_dir() -> Path:
 
 
 def _row(e: Any, now: float) -> dict[str, Any]:
-    return {"key": e.key, "path": str(e.path), "size_bytes": e.size_bytes, "age_s": round(now - e.created, 1),
-            "last_used_s": round(now - e.last_used, 1), "source": e.source, "samples": e.samples,
-            "max_seq_length": e.max_seq_length, "tokenizer": e.tokenizer, "partial": e.partial}
+    return {
+        "key": e.key,
+        "path": str(e.path),
+        "size_bytes": e.size_bytes,
+        "age_s": round(now - e.created, 1),
+        "last_used_s": round(now - e.last_used, 1),
+        "source": e.source,
+        "samples": e.samples,
+        "max_seq_length": e.max_seq_length,
+        "tokenizer": e.tokenizer,
+        "partial": e.partial,
+    }
 
 
 def _print_table(entries: list[Any], now: float, title: str) -> None:
@@ -63,9 +79,15 @@ def _print_table(entries: list[Any], now: float, title: str) -> None:
     for col in ("key", "size", "age", "last used", "samples", "seq", "source"):
         table.add_column(col, overflow="fold")
     for e in entries:
-        table.add_row(e.key + (" (partial)" if e.partial else ""), format_bytes(e.size_bytes), format_age(now - e.created),
-                      format_age(now - e.last_used), str(e.samples or "?"), str(e.max_seq_length or "?"),
-                      e.source or "? (built before meta.json)")
+        table.add_row(
+            e.key + (" (partial)" if e.partial else ""),
+            format_bytes(e.size_bytes),
+            format_age(now - e.created),
+            format_age(now - e.last_used),
+            str(e.samples or "?"),
+            str(e.max_seq_length or "?"),
+            e.source or "? (built before meta.json)",
+        )
     console = Console(highlight=False)
     if not console.is_terminal:
         console = Console(highlight=False, width=160)
@@ -85,7 +107,11 @@ def main(args: argparse.Namespace) -> int:
     if args.verb == "ls":
         total = sum(e.size_bytes for e in entries)
         if args.format == "json":
-            print(json.dumps({"dir": str(where), "total_bytes": total, "entries": [_row(e, now) for e in entries]}))
+            print(
+                json.dumps(
+                    {"dir": str(where), "total_bytes": total, "entries": [_row(e, now) for e in entries]}
+                )
+            )
         else:
             _print_table(entries, now, f"{where}: {len(entries)} entries, {format_bytes(total)}")
         return 0
@@ -100,13 +126,26 @@ def main(args: argparse.Namespace) -> int:
     freed = 0 if args.dry_run else cache.remove(doomed)
     left = sum(e.size_bytes for e in entries) - sum(e.size_bytes for e in doomed)
     if args.format == "json":
-        print(json.dumps({"dir": str(where), "dry_run": args.dry_run, "removed": [_row(e, now) for e in doomed],
-                          "freed_bytes": freed, "remaining_bytes": left}))
+        print(
+            json.dumps(
+                {
+                    "dir": str(where),
+                    "dry_run": args.dry_run,
+                    "removed": [_row(e, now) for e in doomed],
+                    "freed_bytes": freed,
+                    "remaining_bytes": left,
+                }
+            )
+        )
         return 0
     verb = "would remove" if args.dry_run else "removed"
     for e in doomed:
-        print(f"{verb} {e.key} ({format_bytes(e.size_bytes)}, last used {cache.format_age(now - e.last_used)} ago, "
-              f"{e.source or 'source unknown'})")
+        print(
+            f"{verb} {e.key} ({format_bytes(e.size_bytes)}, last used {cache.format_age(now - e.last_used)} ago, "
+            f"{e.source or 'source unknown'})"
+        )
     size = sum(e.size_bytes for e in doomed)
-    print(f"{verb} {len(doomed)} of {len(entries)} entries, {format_bytes(size)}; {format_bytes(left)} left in {where}")
+    print(
+        f"{verb} {len(doomed)} of {len(entries)} entries, {format_bytes(size)}; {format_bytes(left)} left in {where}"
+    )
     return 0

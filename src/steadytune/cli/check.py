@@ -39,11 +39,16 @@ exit codes: 0 go (warnings allowed), 1 no-go, 2 usage or config error
 def register(sub: Any) -> None:
     p = add_command(sub, "check", "preflight: go / no-go before a run starts", EXAMPLE, DESCRIPTION)
     p.add_argument("config", type=Path, help="the YAML run config")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="override config keys, e.g. train.max_steps=50")
+    p.add_argument(
+        "overrides", nargs="*", metavar="key=value", help="override config keys, e.g. train.max_steps=50"
+    )
     p.add_argument("--format", choices=["text", "json"], default="text")
     p.add_argument("--headroom", default="1GiB", help="memory to keep free on each device (default 1GiB)")
-    p.add_argument("--device-memory", dest="device_memory",
-                   help="plan for GPUs with this much free memory (e.g. 80GiB) instead of this machine's")
+    p.add_argument(
+        "--device-memory",
+        dest="device_memory",
+        help="plan for GPUs with this much free memory (e.g. 80GiB) instead of this machine's",
+    )
     p.add_argument("--no-data", dest="scan", action="store_false", help="skip the dataset scan")
     p.set_defaults(func=main)
 
@@ -82,12 +87,25 @@ def main(args: argparse.Namespace) -> int:
         cfg, issues = load(args.config, args.overrides)
     except ConfigError as exc:
         if args.format == "json":
-            print(json.dumps({"verdict": "config-error", "go": False,
-                              "issues": [{"key": i.key, "problem": i.problem, "fix": i.fix} for i in exc.issues]}))
+            print(
+                json.dumps(
+                    {
+                        "verdict": "config-error",
+                        "go": False,
+                        "issues": [{"key": i.key, "problem": i.problem, "fix": i.fix} for i in exc.issues],
+                    }
+                )
+            )
         print(exc.render(), file=sys.stderr)
         return 2
-    report = run_preflight(cfg, config_path=str(args.config), config_issues=issues, headroom=headroom,
-                           device_memory=device_memory, scan=args.scan)
+    report = run_preflight(
+        cfg,
+        config_path=str(args.config),
+        config_issues=issues,
+        headroom=headroom,
+        device_memory=device_memory,
+        scan=args.scan,
+    )
     if args.format == "json":
         print(json.dumps(to_json(report)))
     else:

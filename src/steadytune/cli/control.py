@@ -18,13 +18,17 @@ from steadytune.cli._common import add_command, fail
 from steadytune.rundir import RunDir, valid_run_id
 
 HELP = {
-    "pause": ("pause a run at the next step (default --release: checkpoint and free the GPU)",
-              "steadytune pause runs/demo-20261129-101500-ab12 --hold"),
+    "pause": (
+        "pause a run at the next step (default --release: checkpoint and free the GPU)",
+        "steadytune pause runs/demo-20261129-101500-ab12 --hold",
+    ),
     "resume": ("resume a paused run", "steadytune resume demo-20261129-101500-ab12"),
     "checkpoint": ("write a verified checkpoint at the next step", "steadytune checkpoint runs/my-run"),
     "stop": ("checkpoint, then stop the run", "steadytune stop runs/my-run"),
-    "memory-snapshot": ("write a CUDA allocator snapshot of the worker (no-op on CPU)",
-                        "steadytune memory-snapshot runs/my-run"),
+    "memory-snapshot": (
+        "write a CUDA allocator snapshot of the worker (no-op on CPU)",
+        "steadytune memory-snapshot runs/my-run",
+    ),
 }
 
 
@@ -37,9 +41,14 @@ def register(sub: Any) -> None:
         p.add_argument("--no-wait", action="store_true", help="send the request and return at once")
         if command == "pause":
             mode = p.add_mutually_exclusive_group()
-            mode.add_argument("--hold", action="store_true", help="keep the worker in memory for a quick resume")
-            mode.add_argument("--release", action="store_true",
-                              help="checkpoint and exit the worker, freeing the GPU (default)")
+            mode.add_argument(
+                "--hold", action="store_true", help="keep the worker in memory for a quick resume"
+            )
+            mode.add_argument(
+                "--release",
+                action="store_true",
+                help="checkpoint and exit the worker, freeing the GPU (default)",
+            )
         p.set_defaults(func=main, command_name=command.replace("-", "_"))
 
 
@@ -101,4 +110,6 @@ def main(args: argparse.Namespace) -> int:
             print(f"acknowledged: {ev.get('message')}")
             return 0
         time.sleep(0.25)
-    return fail(f"no acknowledgement within {args.timeout:.0f}s; is the run's supervisor alive? (state: {state})")
+    return fail(
+        f"no acknowledgement within {args.timeout:.0f}s; is the run's supervisor alive? (state: {state})"
+    )

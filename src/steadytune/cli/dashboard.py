@@ -16,7 +16,9 @@ EXAMPLE = """steadytune dashboard runs/ --port 7860
 def register(sub: Any) -> None:
     p = add_command(sub, "dashboard", "serve the live web dashboard and /metrics", EXAMPLE)
     p.add_argument("runs_dir", nargs="?", default="runs", type=Path, help="runs directory (default: ./runs)")
-    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1; others need a token)")
+    p.add_argument(
+        "--host", default="127.0.0.1", help="bind address (default 127.0.0.1; others need a token)"
+    )
     p.add_argument("--port", type=int, default=7860, help="port (default 7860; 0 picks a free one)")
     p.add_argument(
         "--token", default=None,
@@ -39,7 +41,9 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
     except OSError as exc:
         return fail(f"cannot listen on {args.host}:{args.port}: {exc.strerror}; pick another --port", 1)
     controls = "on (token set)" if token else "off (read-only; set STEADYTUNE_DASHBOARD_TOKEN to enable)"
-    print(f"steadytune dashboard: {handle.url}   metrics: {handle.url}metrics   operator controls: {controls}")
+    print(
+        f"steadytune dashboard: {handle.url}   metrics: {handle.url}metrics   operator controls: {controls}"
+    )
     print("Ctrl-C to stop", flush=True)
     try:
         (stop or threading.Event()).wait()

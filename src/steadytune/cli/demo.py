@@ -13,7 +13,9 @@ from steadytune.cli.run import add_launch_options
 
 def register(sub: Any) -> None:
     p = add_command(
-        sub, "demo", "fine-tune a tiny built-in model under supervision (offline, ~1 minute on 2 CPU cores)",
+        sub,
+        "demo",
+        "fine-tune a tiny built-in model under supervision (offline, ~1 minute on 2 CPU cores)",
         "steadytune demo --runs-dir runs",
         description="Builds (once, cached) a tiny Llama-architecture model, a BPE tokenizer and an instruction "
         "dataset, then runs a supervised fine-tune through the same path as `steadytune run`.",
@@ -22,7 +24,9 @@ def register(sub: Any) -> None:
     p.add_argument("--steps", type=int, default=200, help="optimizer steps (default 200)")
     p.add_argument("--method", choices=["full", "lora", "qlora"], default="full")
     p.add_argument("--print-config", action="store_true", help="print the demo config as YAML and exit")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="override config keys, e.g. train.learning_rate=1")
+    p.add_argument(
+        "overrides", nargs="*", metavar="key=value", help="override config keys, e.g. train.learning_rate=1"
+    )
     add_launch_options(p)
     p.set_defaults(func=main)
 
@@ -33,12 +37,24 @@ def demo_config(assets: Path, runs_dir: str, steps: int, method: str) -> dict[st
         "model": {"name_or_path": str(assets / "model"), "dtype": "float32"},
         "method": method,
         "lora": {"r": 16, "lora_alpha": 32, "lora_dropout": 0.0, "target_modules": "all-linear"},
-        "data": {"train_file": str(assets / "train.jsonl"), "eval_file": str(assets / "eval.jsonl"),
-                 "format": "instruction", "max_seq_length": 128},
-        "train": {"learning_rate": 2e-3 if method == "full" else 1e-2, "per_device_train_batch_size": 8,
-                  "gradient_accumulation_steps": 1, "max_steps": steps, "save_steps": max(1, steps // 4),
-                  "eval_steps": max(1, steps // 4), "warmup_steps": max(1, steps // 10),
-                  "lr_scheduler_type": "cosine", "logging_steps": 10, "seed": 42},
+        "data": {
+            "train_file": str(assets / "train.jsonl"),
+            "eval_file": str(assets / "eval.jsonl"),
+            "format": "instruction",
+            "max_seq_length": 128,
+        },
+        "train": {
+            "learning_rate": 2e-3 if method == "full" else 1e-2,
+            "per_device_train_batch_size": 8,
+            "gradient_accumulation_steps": 1,
+            "max_steps": steps,
+            "save_steps": max(1, steps // 4),
+            "eval_steps": max(1, steps // 4),
+            "warmup_steps": max(1, steps // 10),
+            "lr_scheduler_type": "cosine",
+            "logging_steps": 10,
+            "seed": 42,
+        },
         "run": {"runs_dir": runs_dir, "name": "demo", "keep_last": 2},
     }
 
@@ -54,7 +70,9 @@ def main(args: argparse.Namespace) -> int:
 
     print("preparing the demo model, tokenizer and dataset (cached after the first time)...", flush=True)
     assets = ensure_demo_assets()
-    data = apply_overrides(demo_config(assets, str(Path(args.runs_dir).resolve()), args.steps, args.method), args.overrides)
+    data = apply_overrides(
+        demo_config(assets, str(Path(args.runs_dir).resolve()), args.steps, args.method), args.overrides
+    )
     if args.print_config:
         print(yaml.safe_dump(data, sort_keys=False))
         return 0

@@ -15,7 +15,9 @@ from steadytune.cli._common import add_command
 
 def register(sub: Any) -> None:
     p = add_command(
-        sub, "drill", "inject faults into real supervised runs and report detection and recovery",
+        sub,
+        "drill",
+        "inject faults into real supervised runs and report detection and recovery",
         "steadytune drill --inject nan,oom,spike,kill",
         description="Runs a clean reference, then one supervised run per fault (nan, oom, spike, kill, "
         "kill-during-save, hang, corrupt-checkpoint by default) on the demo model or CONFIG, and reports for each: "
@@ -23,11 +25,16 @@ def register(sub: Any) -> None:
         "against the clean run.",
     )
     p.add_argument("config", nargs="?", type=Path, help="a run config (default: the built-in demo)")
-    p.add_argument("--inject", default="nan,oom,spike,kill,kill-during-save,hang,corrupt-checkpoint",
-                   help="comma-separated faults, each optionally @STEP (e.g. spike@61,kill)")
+    p.add_argument(
+        "--inject",
+        default="nan,oom,spike,kill,kill-during-save,hang,corrupt-checkpoint",
+        help="comma-separated faults, each optionally @STEP (e.g. spike@61,kill)",
+    )
     p.add_argument("--steps", type=int, default=120, help="max_steps of each drill run (default 120)")
     p.add_argument("--save-steps", type=int, default=20, help="checkpoint interval (default 20)")
-    p.add_argument("--runs-dir", type=Path, default=None, help="where the drill's runs go (default: a temp folder)")
+    p.add_argument(
+        "--runs-dir", type=Path, default=None, help="where the drill's runs go (default: a temp folder)"
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=main)
 
@@ -42,8 +49,14 @@ def base_config(args: argparse.Namespace) -> dict[str, Any]:
         from steadytune.train.assets import ensure_demo_assets
 
         data = demo_config(ensure_demo_assets(), "runs", args.steps, "full")
-    data.setdefault("train", {}).update({"max_steps": args.steps, "save_steps": args.save_steps,
-                                         "eval_steps": args.steps, "logging_steps": 10})
+    data.setdefault("train", {}).update(
+        {
+            "max_steps": args.steps,
+            "save_steps": args.save_steps,
+            "eval_steps": args.steps,
+            "logging_steps": 10,
+        }
+    )
     data.setdefault("run", {})["name"] = "drill"
     return data
 
@@ -63,9 +76,13 @@ def render(report: dict[str, Any]) -> str:
     lines.append(f"clean run final loss {clean:.4f}" if clean is not None else "clean run: no final loss")
     for f in report["faults"]:
         if f["final_loss"] is not None and clean:
-            lines.append(f"  {f['kind']:<19} final loss {f['final_loss']:.4f} ({100 * (f['final_loss'] / clean - 1):+.1f}%)")
-    lines.append(f"completed: {'yes' if report['completed'] else 'NO'}   weights finite: "
-                 f"{'yes' if report['weights_finite'] else 'NO'}")
+            lines.append(
+                f"  {f['kind']:<19} final loss {f['final_loss']:.4f} ({100 * (f['final_loss'] / clean - 1):+.1f}%)"
+            )
+    lines.append(
+        f"completed: {'yes' if report['completed'] else 'NO'}   weights finite: "
+        f"{'yes' if report['weights_finite'] else 'NO'}"
+    )
     return "\n".join(lines)
 
 

@@ -12,7 +12,9 @@ from steadytune.cli._common import add_command, fail
 
 def register(sub: Any) -> None:
     p = add_command(
-        sub, "inspect-batch", "reload the samples of one step and check each of them",
+        sub,
+        "inspect-batch",
+        "reload the samples of one step and check each of them",
         "steadytune inspect-batch runs/my-run --step 120 --format json",
         description="Reload exactly the samples of a step (by the recorded ids and content hashes) and check "
         "them: empty inputs, all labels masked, ids outside the vocabulary, NaN features, truncation, floods of "
@@ -20,11 +22,21 @@ def register(sub: Any) -> None:
         "shown only with --show-text.",
     )
     p.add_argument("run", help="the run directory (runs/<run-id>)")
-    p.add_argument("--step", type=int, default=None,
-                   help="the optimizer step; default: the last step where something went wrong")
-    p.add_argument("--attempt", type=int, default=None,
-                   help="the worker attempt to read (default: the one running when the step went wrong, else the latest)")
-    p.add_argument("--show-text", action="store_true", help="print the raw samples (off: hashes and token counts)")
+    p.add_argument(
+        "--step",
+        type=int,
+        default=None,
+        help="the optimizer step; default: the last step where something went wrong",
+    )
+    p.add_argument(
+        "--attempt",
+        type=int,
+        default=None,
+        help="the worker attempt to read (default: the one running when the step went wrong, else the latest)",
+    )
+    p.add_argument(
+        "--show-text", action="store_true", help="print the raw samples (off: hashes and token counts)"
+    )
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.set_defaults(func=main)
 
@@ -36,17 +48,28 @@ def _num(x: float | None) -> str:
 
 
 def render(verdict: Any) -> str:
-    lines = [f"run {verdict.run_id}  step {verdict.step} (attempt {verdict.attempt})  loss {_num(verdict.loss)}  "
-             f"grad_norm {_num(verdict.grad_norm)}" + ("  update skipped" if verdict.skipped else ""),
-             f"dataset {verdict.dataset}", ""]
+    lines = [
+        f"run {verdict.run_id}  step {verdict.step} (attempt {verdict.attempt})  loss {_num(verdict.loss)}  "
+        f"grad_norm {_num(verdict.grad_norm)}" + ("  update skipped" if verdict.skipped else ""),
+        f"dataset {verdict.dataset}",
+        "",
+    ]
     if verdict.samples:
-        lines.append(f"  {'sample':>8}  {'verdict':<8} {'tokens':>6} {'trained':>7} {'hash':<16} {'now':<4} findings")
+        lines.append(
+            f"  {'sample':>8}  {'verdict':<8} {'tokens':>6} {'trained':>7} {'hash':<16} {'now':<4} findings"
+        )
     for s in verdict.samples:
         st = s.stats
-        same = "-" if not (s.recorded_hash and s.current_hash) else ("same" if s.recorded_hash == s.current_hash else "DIFF")
-        lines.append(f"  {s.sample_id:>8}  {s.verdict.upper():<8} {st.tokens if st else '-':>6} "
-                     f"{st.trained if st else '-':>7} {s.recorded_hash or '-':<16} {same:<4} "
-                     + ("; ".join(f.check for f in s.findings) or "-"))
+        same = (
+            "-"
+            if not (s.recorded_hash and s.current_hash)
+            else ("same" if s.recorded_hash == s.current_hash else "DIFF")
+        )
+        lines.append(
+            f"  {s.sample_id:>8}  {s.verdict.upper():<8} {st.tokens if st else '-':>6} "
+            f"{st.trained if st else '-':>7} {s.recorded_hash or '-':<16} {same:<4} "
+            + ("; ".join(f.check for f in s.findings) or "-")
+        )
         for f in s.findings:
             lines.append(f"  {'':>8}    {f.level}: {f.check}: {f.message}")
         if s.text is not None:

@@ -15,7 +15,9 @@ MIB = 1024**2
 
 def register(sub: Any) -> None:
     p = add_command(
-        sub, "mem-profile", "sample a process tree's memory and project when it runs out",
+        sub,
+        "mem-profile",
+        "sample a process tree's memory and project when it runs out",
         "steadytune mem-profile --pid 4242 --seconds 120 --interval 1 --plot mem.png",
         description="Sample RSS and USS of a process and its children (and, with NVML, their GPU memory), report "
         "a robust growth rate (Theil–Sen slope) and a projection to OOM against the available RAM / GPU total. "
@@ -25,7 +27,9 @@ def register(sub: Any) -> None:
     p.add_argument("--pid", type=int, required=True, help="the process to watch (its children are included)")
     p.add_argument("--seconds", type=float, default=60.0, help="how long to sample (default 60)")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between samples (default 1)")
-    p.add_argument("--plot", type=Path, default=None, metavar="OUT.png", help="write a chart (needs matplotlib)")
+    p.add_argument(
+        "--plot", type=Path, default=None, metavar="OUT.png", help="write a chart (needs matplotlib)"
+    )
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.set_defaults(func=main)
 
@@ -61,22 +65,33 @@ def _eta(s: float | None) -> str:
 
 
 def render(rep: Any) -> str:
-    lines = [f"pid {rep.pid}: {rep.samples} samples over {rep.duration_s:.1f} s", "",
-             f"  {'series':<6} {'first':>13} {'last':>13} {'peak':>13} {'slope':>14} {'trend':>6}  to OOM"]
+    lines = [
+        f"pid {rep.pid}: {rep.samples} samples over {rep.duration_s:.1f} s",
+        "",
+        f"  {'series':<6} {'first':>13} {'last':>13} {'peak':>13} {'slope':>14} {'trend':>6}  to OOM",
+    ]
     for s in rep.series:
-        lines.append(f"  {s.name:<6} {_mib(s.first):>13} {_mib(s.last):>13} {_mib(s.peak):>13} "
-                     f"{s.slope_bps * 60 / MIB:>+9.2f} MiB/min {s.agreement:>5.0%}  {_eta(s.eta_s)}"
-                     + ("  <-- growing" if s.growing else ""))
+        lines.append(
+            f"  {s.name:<6} {_mib(s.first):>13} {_mib(s.last):>13} {_mib(s.peak):>13} "
+            f"{s.slope_bps * 60 / MIB:>+9.2f} MiB/min {s.agreement:>5.0%}  {_eta(s.eta_s)}"
+            + ("  <-- growing" if s.growing else "")
+        )
     if rep.allocator:
         lines += ["", f"torch allocator (step records, steps {rep.allocator['steps']}):"]
         for key in ("mem_allocated_bytes", "mem_reserved_bytes", "mem_peak_bytes"):
             a = rep.allocator.get(key)
             if a:
-                lines.append(f"  {key:<22} last {_mib(a['last'])}, max {_mib(a['max'])}, "
-                             f"{a['slope_bytes_per_step'] / MIB:+.3f} MiB/step")
+                lines.append(
+                    f"  {key:<22} last {_mib(a['last'])}, max {_mib(a['max'])}, "
+                    f"{a['slope_bytes_per_step'] / MIB:+.3f} MiB/step"
+                )
     lines += [f"note: {n}" for n in rep.notes]
-    lines += ["", "verdict: LEAK SUSPECTED — memory grows steadily" if rep.leak_suspected
-              else "verdict: no steady growth"]
+    lines += [
+        "",
+        "verdict: LEAK SUSPECTED — memory grows steadily"
+        if rep.leak_suspected
+        else "verdict: no steady growth",
+    ]
     return "\n".join(lines)
 
 
@@ -93,8 +108,13 @@ def plot(samples: list[Any], rep: Any, out: Path) -> None:
         slope = s.slope_bps / MIB
         icpt = sorted(y - slope * t for t, y in zip(ts, ys, strict=True))[len(ys) // 2]  # Theil–Sen intercept
         (line,) = ax.plot(ts, ys, label=f"{s.name} ({s.slope_bps * 60 / MIB:+.1f} MiB/min)")
-        ax.plot([ts[0], ts[-1]], [icpt + slope * ts[0], icpt + slope * ts[-1]], "--", linewidth=0.8,
-                color=line.get_color())
+        ax.plot(
+            [ts[0], ts[-1]],
+            [icpt + slope * ts[0], icpt + slope * ts[-1]],
+            "--",
+            linewidth=0.8,
+            color=line.get_color(),
+        )
     ax.set_xlabel("seconds")
     ax.set_ylabel("MiB")
     ax.set_title(f"pid {rep.pid}" + (" — leak suspected" if rep.leak_suspected else ""))
@@ -121,8 +141,12 @@ def main(args: argparse.Namespace) -> int:
 
     def show(s: Any) -> None:
         if live:
-            print(f"\r{s.ts:6.1f}s  rss {_mib(s.rss)}  uss {_mib(s.uss)}  gpu {_mib(s.gpu)}   ", end="",
-                  file=sys.stderr, flush=True)
+            print(
+                f"\r{s.ts:6.1f}s  rss {_mib(s.rss)}  uss {_mib(s.uss)}  gpu {_mib(s.gpu)}   ",
+                end="",
+                file=sys.stderr,
+                flush=True,
+            )
 
     samples = profile(sampler, args.seconds, args.interval, on_sample=show, alive=proc.is_running)
     if live:
@@ -143,9 +167,20 @@ def main(args: argparse.Namespace) -> int:
         except ImportError:
             return fail("--plot needs matplotlib: pip install 'steadytune[plot]'")
     if args.format == "json":
-        print(json.dumps({"pid": rep.pid, "samples": rep.samples, "duration_s": rep.duration_s,
-                          "leak_suspected": rep.leak_suspected, "series": [s.__dict__ for s in rep.series],
-                          "allocator": rep.allocator, "notes": rep.notes}, indent=1))
+        print(
+            json.dumps(
+                {
+                    "pid": rep.pid,
+                    "samples": rep.samples,
+                    "duration_s": rep.duration_s,
+                    "leak_suspected": rep.leak_suspected,
+                    "series": [s.__dict__ for s in rep.series],
+                    "allocator": rep.allocator,
+                    "notes": rep.notes,
+                },
+                indent=1,
+            )
+        )
     else:
         print(render(rep))
         if args.plot:

@@ -12,7 +12,9 @@ from steadytune.cli._common import add_command, fail
 
 def register(sub: Any) -> None:
     p = add_command(
-        sub, "replay", "re-run detection and policy over a run's telemetry and print the timeline",
+        sub,
+        "replay",
+        "re-run detection and policy over a run's telemetry and print the timeline",
         "steadytune replay runs/my-run",
         description="Feed the recorded step records and system samples through the live detectors and the policy, "
         "as the supervisor did, and print the timeline: anomalies, actions, restarts, alerts. Then compare the "
@@ -44,8 +46,20 @@ def main(args: argparse.Namespace) -> int:
     mine, theirs = anomaly_keys(entries), anomaly_keys(live)
     diff = first_difference(mine, theirs)
     if args.format == "json":
-        print(json.dumps({"timeline": [e.__dict__ for e in entries], "matches_live": diff is None,
-                          "first_difference": diff, "replayed": mine, "recorded": theirs, "notes": notes}, indent=1, default=list))
+        print(
+            json.dumps(
+                {
+                    "timeline": [e.__dict__ for e in entries],
+                    "matches_live": diff is None,
+                    "first_difference": diff,
+                    "replayed": mine,
+                    "recorded": theirs,
+                    "notes": notes,
+                },
+                indent=1,
+                default=list,
+            )
+        )
         return 0 if diff is None else 1
     t0 = min((e.ts for e in entries + live if e.ts), default=time.time())
     print(f"timeline of {run.run_id} (replayed: {len(mine)} anomaly/resolved entries, live: {len(theirs)})")
@@ -60,6 +74,8 @@ def main(args: argparse.Namespace) -> int:
         return 0
     got = mine[diff] if diff < len(mine) else "(nothing)"
     want = theirs[diff] if diff < len(theirs) else "(nothing)"
-    print(f"\nverdict: DIFFERS from live at entry {diff + 1}: replay {got}, live {want} "
-          "(different detect: settings, or a live-only timing effect; see docs/forensics.md)")
+    print(
+        f"\nverdict: DIFFERS from live at entry {diff + 1}: replay {got}, live {want} "
+        "(different detect: settings, or a live-only timing effect; see docs/forensics.md)"
+    )
     return 1

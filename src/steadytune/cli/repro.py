@@ -11,7 +11,9 @@ from steadytune.cli._common import add_command, fail
 
 def register(sub: Any) -> None:
     p = add_command(
-        sub, "repro", "pack a step into a repro bundle, or replay a bundle (--check)",
+        sub,
+        "repro",
+        "pack a step into a repro bundle, or replay a bundle (--check)",
         "steadytune repro runs/my-run --step 120 && steadytune repro --check runs/my-run/repro/repro-step120.tar.gz",
         description="Write a .tar.gz with the resolved config and plan revisions, an environment snapshot, seed "
         "and RNG states, the sample ids of the step's batch (raw samples only with --include-data), the "
@@ -21,12 +23,22 @@ def register(sub: Any) -> None:
         "(exit 0: reproduced, or a healthy step matched; 1: not).",
     )
     p.add_argument("run", nargs="?", help="the run directory (runs/<run-id>)")
-    p.add_argument("--step", type=int, default=None, help="the step; default: the last one where something went wrong")
-    p.add_argument("--attempt", type=int, default=None,
-                   help="the worker attempt to replay (default: the one running when the step went wrong)")
+    p.add_argument(
+        "--step", type=int, default=None, help="the step; default: the last one where something went wrong"
+    )
+    p.add_argument(
+        "--attempt",
+        type=int,
+        default=None,
+        help="the worker attempt to replay (default: the one running when the step went wrong)",
+    )
     p.add_argument("--include-data", action="store_true", help="put the raw samples in the bundle")
-    p.add_argument("--include-checkpoint", action="store_true", help="put a copy of the checkpoint in the bundle")
-    p.add_argument("-o", "--output", type=Path, default=None, help="bundle path (default RUN/repro/repro-step<N>.tar.gz)")
+    p.add_argument(
+        "--include-checkpoint", action="store_true", help="put a copy of the checkpoint in the bundle"
+    )
+    p.add_argument(
+        "-o", "--output", type=Path, default=None, help="bundle path (default RUN/repro/repro-step<N>.tar.gz)"
+    )
     p.add_argument("--check", type=Path, default=None, metavar="BUNDLE", help="replay this bundle instead")
     p.add_argument("--checkpoint", type=Path, default=None, help="with --check: use this checkpoint folder")
     p.add_argument("--data", type=Path, default=None, help="with --check: use this dataset file")
@@ -50,8 +62,14 @@ def main(args: argparse.Namespace) -> int:
     from steadytune.forensics.runview import ForensicsError, resolve_run
 
     try:
-        info = build_bundle(resolve_run(args.run), args.step, args.include_data, args.include_checkpoint, args.output,
-                            attempt=args.attempt)
+        info = build_bundle(
+            resolve_run(args.run),
+            args.step,
+            args.include_data,
+            args.include_checkpoint,
+            args.output,
+            attempt=args.attempt,
+        )
     except ForensicsError as exc:
         return fail(str(exc))
     if args.format == "json":
@@ -59,10 +77,18 @@ def main(args: argparse.Namespace) -> int:
 
         print(json.dumps({**info.__dict__, "path": str(info.path)}, indent=1))
         return 0
-    start = f"{info.checkpoint} (step {info.start_step})" if info.checkpoint else "the base model (no checkpoint before it)"
+    start = (
+        f"{info.checkpoint} (step {info.start_step})"
+        if info.checkpoint
+        else "the base model (no checkpoint before it)"
+    )
     print(f"wrote {info.path} ({info.bytes / 1024:,.0f} KiB)")
     print(f"  step {info.step}: replays {info.steps_to_replay} step(s) from {start}")
-    print(f"  raw samples: {'included' if info.included_data else 'not included (ids and hashes only; --include-data)'}")
-    print(f"  checkpoint: {'copied in' if info.included_checkpoint else 'referenced by path + manifest sha256 (--include-checkpoint)'}")
+    print(
+        f"  raw samples: {'included' if info.included_data else 'not included (ids and hashes only; --include-data)'}"
+    )
+    print(
+        f"  checkpoint: {'copied in' if info.included_checkpoint else 'referenced by path + manifest sha256 (--include-checkpoint)'}"
+    )
     print(f"check it: steadytune repro --check {info.path}")
     return 0

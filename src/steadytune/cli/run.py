@@ -17,13 +17,17 @@ from steadytune.rundir import RunDir
 
 def register(sub: Any) -> None:
     p = add_command(
-        sub, "run", "fine-tune a model under supervision",
+        sub,
+        "run",
+        "fine-tune a model under supervision",
         "steadytune run examples/lora.yaml train.max_steps=100 train.learning_rate=1e-4",
         description="Fine-tune a Hugging Face causal LM (full, LoRA or QLoRA) under a supervisor that watches it, "
         "checkpoints it safely and restarts it from the newest verified checkpoint when it dies.",
     )
     p.add_argument("config", type=Path, help="the YAML config (see examples/)")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="override config keys, e.g. train.max_steps=50")
+    p.add_argument(
+        "overrides", nargs="*", metavar="key=value", help="override config keys, e.g. train.max_steps=50"
+    )
     p.add_argument("--run-id", help="name of the run directory (default: <model>-<date>-<time>-<xxxx>)")
     add_launch_options(p)
     # The preflight (docs/preflight.md) runs before every `run`.
@@ -35,15 +39,25 @@ def register(sub: Any) -> None:
 def add_launch_options(p: argparse.ArgumentParser) -> None:
     """Options shared by `run` and `demo`."""
     p.add_argument("--quiet", action="store_true", help="no live progress line")
-    p.add_argument("--dashboard", action="store_true",
-                   help="serve the live dashboard while the run goes (URL printed at start)")
+    p.add_argument(
+        "--dashboard",
+        action="store_true",
+        help="serve the live dashboard while the run goes (URL printed at start)",
+    )
     p.add_argument("--host", default=None, help="dashboard address (default 127.0.0.1; others need a token)")
     p.add_argument("--port", type=int, default=None, help="dashboard port (default 7860; 0 picks a free one)")
-    p.add_argument("--policy", choices=["act", "observe"], default=None,
-                   help="observe: detect and alert, but take no automatic action")
-    p.add_argument("--safe-mode", action="store_true",
-                   help="first run on new data or a new model: clipping, NaN guard, time-bounded checkpoints, "
-                        "rollback on the first confirmed spike, LR sanity check (docs/recovery.md)")
+    p.add_argument(
+        "--policy",
+        choices=["act", "observe"],
+        default=None,
+        help="observe: detect and alert, but take no automatic action",
+    )
+    p.add_argument(
+        "--safe-mode",
+        action="store_true",
+        help="first run on new data or a new model: clipping, NaN guard, time-bounded checkpoints, "
+        "rollback on the first confirmed spike, LR sanity check (docs/recovery.md)",
+    )
 
 
 def print_summary(console: Any, result: Any) -> None:
@@ -53,7 +67,11 @@ def print_summary(console: Any, result: Any) -> None:
     loss = "-"
     if p.first_loss is not None and p.last_loss is not None:
         drop = 100 * (1 - p.last_loss / p.first_loss) if p.first_loss else 0.0
-        loss = f"{p.first_loss:.4f} → {p.last_loss:.4f} ({drop:+.0f}% lower)" if drop >= 0 else f"{p.first_loss:.4f} → {p.last_loss:.4f}"
+        loss = (
+            f"{p.first_loss:.4f} → {p.last_loss:.4f} ({drop:+.0f}% lower)"
+            if drop >= 0
+            else f"{p.first_loss:.4f} → {p.last_loss:.4f}"
+        )
     rows = [
         ("state", f"{result.state} — {result.reason}"),
         ("steps", f"{p.step}" + (f"/{p.max_steps}" if p.max_steps else "")),
@@ -79,8 +97,13 @@ def print_summary(console: Any, result: Any) -> None:
         console.print(f"  the trained model/adapter is in {final}", highlight=False)
 
 
-def launch(cfg: SteadytuneConfig, run_id: str | None = None, quiet: bool = False,
-           worker_env: dict[str, str] | None = None, args: argparse.Namespace | None = None) -> int:
+def launch(
+    cfg: SteadytuneConfig,
+    run_id: str | None = None,
+    quiet: bool = False,
+    worker_env: dict[str, str] | None = None,
+    args: argparse.Namespace | None = None,
+) -> int:
     """Create the run directory and supervise the job to its end. Shared by ``run`` and ``demo``."""
     from rich.console import Console
 
@@ -124,7 +147,7 @@ def start_dashboard_for(cfg: SteadytuneConfig, args: argparse.Namespace | None, 
     from steadytune.web.server import start_dashboard
 
     host = (getattr(args, "host", None) if args else None) or cfg.dashboard.host
-    port = (getattr(args, "port", None) if args else None)
+    port = getattr(args, "port", None) if args else None
     port = cfg.dashboard.port if port is None else port
     token = dashboard_token(cfg)
     try:
@@ -133,8 +156,11 @@ def start_dashboard_for(cfg: SteadytuneConfig, args: argparse.Namespace | None, 
         console.print(f"error: {exc}", style="red", markup=False)
         return None
     except OSError as exc:
-        console.print(f"error: cannot serve the dashboard on {host}:{port}: {exc}; pick another --port", style="red",
-                      markup=False)
+        console.print(
+            f"error: cannot serve the dashboard on {host}:{port}: {exc}; pick another --port",
+            style="red",
+            markup=False,
+        )
         return None
     console.print(f"dashboard: {handle.url}", highlight=False, markup=False)
     return handle

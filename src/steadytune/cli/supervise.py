@@ -13,21 +13,37 @@ from steadytune.rundir import RunDir, valid_run_id
 
 def register(sub: Any) -> None:
     p = add_command(
-        sub, "supervise", "supervise a training command that steadytune does not run itself",
+        sub,
+        "supervise",
+        "supervise a training command that steadytune does not run itself",
         'steadytune supervise --output-dir out --resume-arg "--resume_from_checkpoint {checkpoint}" -- '
         "python train.py --output_dir out",
         description="Runs CMD, follows its progress (HF log dicts on stdout, trainer_log.jsonl / trainer_state.json "
         "in --output-dir), samples the system, runs the detectors and alerts, and when the job dies or stops "
         "making progress restarts it with --resume-arg pointing at the newest complete checkpoint.",
     )
-    p.add_argument("--output-dir", type=Path, help="the job's output folder (its checkpoint-N folders live here)")
-    p.add_argument("--resume-arg", help='appended on restart; {checkpoint} is replaced, e.g. "--resume_from_checkpoint {checkpoint}"')
-    p.add_argument("--runs-dir", type=Path, default=Path("runs"), help="where the run directory goes (default ./runs)")
+    p.add_argument(
+        "--output-dir", type=Path, help="the job's output folder (its checkpoint-N folders live here)"
+    )
+    p.add_argument(
+        "--resume-arg",
+        help='appended on restart; {checkpoint} is replaced, e.g. "--resume_from_checkpoint {checkpoint}"',
+    )
+    p.add_argument(
+        "--runs-dir", type=Path, default=Path("runs"), help="where the run directory goes (default ./runs)"
+    )
     p.add_argument("--run-id", help="name of the run directory")
     p.add_argument("--max-restarts", type=int, default=3)
     p.add_argument("--hang-floor", type=float, default=60.0, help="never call a hang below this many seconds")
-    p.add_argument("--hang-factor", type=float, default=10.0, help="or this many times the p95 interval between log lines")
-    p.add_argument("--setup-timeout", type=float, default=1800.0, help="seconds allowed before the first progress")
+    p.add_argument(
+        "--hang-factor",
+        type=float,
+        default=10.0,
+        help="or this many times the p95 interval between log lines",
+    )
+    p.add_argument(
+        "--setup-timeout", type=float, default=1800.0, help="seconds allowed before the first progress"
+    )
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="the command, after --")
     p.set_defaults(func=main)
 
@@ -43,7 +59,13 @@ def main(args: argparse.Namespace) -> int:
         return fail(f"invalid run id {rid!r}: letters, digits, '.', '_' and '-' only", 2)
     run = RunDir(args.runs_dir.resolve() / rid)
     print(f"run {rid} → {run.root}")
-    opts = ExternalOptions(command=cmd, output_dir=args.output_dir.resolve() if args.output_dir else None,
-                           resume_arg=args.resume_arg, max_restarts=args.max_restarts, hang_floor_s=args.hang_floor,
-                           hang_factor=args.hang_factor, setup_timeout_s=args.setup_timeout)
+    opts = ExternalOptions(
+        command=cmd,
+        output_dir=args.output_dir.resolve() if args.output_dir else None,
+        resume_arg=args.resume_arg,
+        max_restarts=args.max_restarts,
+        hang_floor_s=args.hang_floor,
+        hang_factor=args.hang_factor,
+        setup_timeout_s=args.setup_timeout,
+    )
     return run_external(opts, run)

@@ -12,8 +12,12 @@ from steadytune.config import ConfigError, load_config
 
 
 def register(sub: Any) -> None:
-    p = add_command(sub, "validate", "check a config and report every problem at once",
-                    "steadytune validate examples/lora.yaml train.max_steps=10")
+    p = add_command(
+        sub,
+        "validate",
+        "check a config and report every problem at once",
+        "steadytune validate examples/lora.yaml train.max_steps=10",
+    )
     p.add_argument("config", type=Path)
     p.add_argument("overrides", nargs="*", metavar="key=value")
     p.set_defaults(func=main)
@@ -26,5 +30,7 @@ def main(args: argparse.Namespace) -> int:
         print(exc.render(), file=sys.stderr)
         return 1
     steps = cfg.train.max_steps if cfg.train.max_steps > 0 else f"{cfg.train.num_train_epochs:g} epoch(s)"
-    print(f"{args.config}: OK — {cfg.method} on {cfg.model.name_or_path}, data {cfg.data.train_file}, {steps}")
+    print(
+        f"{args.config}: OK — {cfg.method} on {cfg.model.name_or_path}, data {cfg.data.train_file}, {steps}"
+    )
     return 0

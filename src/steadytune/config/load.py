@@ -68,7 +68,9 @@ def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
 
 def _lookup(data: Any, loc: tuple[Any, ...]) -> Any:
     for part in loc:
-        if (isinstance(data, dict) and part in data) or (isinstance(data, list) and isinstance(part, int) and part < len(data)):
+        if (isinstance(data, dict) and part in data) or (
+            isinstance(data, list) and isinstance(part, int) and part < len(data)
+        ):
             data = data[part]
         else:
             return _MISSING
@@ -77,7 +79,11 @@ def _lookup(data: Any, loc: tuple[Any, ...]) -> Any:
 
 def _issue_from_error(err: dict[str, Any], raw: dict[str, Any]) -> ConfigIssue:
     # Union and literal branches append their type to loc (e.g. ('int',)); keep real keys only.
-    loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and ("[" in p or p in {"int", "str", "float", "bool", "list", "literal"})))
+    loc = tuple(
+        p
+        for p in err["loc"]
+        if not (isinstance(p, str) and ("[" in p or p in {"int", "str", "float", "bool", "list", "literal"}))
+    )
     key = ".".join(str(p) for p in loc) or "(top level)"
     value = _lookup(raw, loc)
     owner = _model_at(loc) if loc else SteadytuneConfig
@@ -103,7 +109,9 @@ def _issue_from_error(err: dict[str, Any], raw: dict[str, Any]) -> ConfigIssue:
         return ConfigIssue(key, value, "unknown key", fix)
     if etype == "missing":
         desc = _field_description(owner, field_name)
-        return ConfigIssue(key, _MISSING, "required key is missing", f"add '{key}': {desc}" if desc else f"add '{key}'")
+        return ConfigIssue(
+            key, _MISSING, "required key is missing", f"add '{key}': {desc}" if desc else f"add '{key}'"
+        )
     desc = _field_description(owner, field_name)
     problem = err["msg"].removeprefix("Value error, ")
     return ConfigIssue(key, value, problem, f"use {desc}" if desc else "correct the value")
@@ -118,7 +126,14 @@ def _field_description(owner: type[BaseModel] | None, name: str) -> str:
 def parse_override(text: str) -> tuple[list[str], Any]:
     """``train.max_steps=50`` -> (['train', 'max_steps'], 50). Values are YAML scalars/lists."""
     if "=" not in text:
-        raise ConfigError([ConfigIssue(text, text, "an override must look like key=value", "write e.g. train.max_steps=50")], "overrides")
+        raise ConfigError(
+            [
+                ConfigIssue(
+                    text, text, "an override must look like key=value", "write e.g. train.max_steps=50"
+                )
+            ],
+            "overrides",
+        )
     key, _, value = text.partition("=")
     return key.strip().split("."), yaml.safe_load(value) if value.strip() else None
 
@@ -130,7 +145,9 @@ def _resolve_short_key(path: list[str]) -> list[str]:
     owners = [
         sec
         for sec, f in SteadytuneConfig.model_fields.items()
-        if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel) and path[0] in f.annotation.model_fields
+        if isinstance(f.annotation, type)
+        and issubclass(f.annotation, BaseModel)
+        and path[0] in f.annotation.model_fields
     ]
     return [owners[0], path[0]] if len(owners) == 1 else path
 
@@ -152,6 +169,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 
 def _cross_issues(data: dict[str, Any], base: Path) -> list[ConfigIssue]:
     """Checks that span keys or touch the disk, run on the raw dict so they add to field errors."""
+
     def get(*keys: str) -> Any:
         v = _lookup(data, keys)
         return None if v is _MISSING else v
@@ -160,19 +178,36 @@ def _cross_issues(data: dict[str, Any], base: Path) -> list[ConfigIssue]:
     for key in ("train_file", "eval_file"):
         value = get("data", key)
         if isinstance(value, str) and value and not resolve_path(value, base).exists():
-            issues.append(ConfigIssue(f"data.{key}", value, "file not found",
-                                      f"point it at an existing file (relative paths start at {base})"))
+            issues.append(
+                ConfigIssue(
+                    f"data.{key}",
+                    value,
+                    "file not found",
+                    f"point it at an existing file (relative paths start at {base})",
+                )
+            )
     model_path = get("model", "name_or_path")
     if isinstance(model_path, str):
         looks_local = model_path.startswith((".", "/", "~")) or model_path.count("/") > 1
         if looks_local and not resolve_path(model_path, base).exists():
-            issues.append(ConfigIssue("model.name_or_path", model_path, "folder not found",
-                                      "point it at a folder with config.json, or use a hub id"))
+            issues.append(
+                ConfigIssue(
+                    "model.name_or_path",
+                    model_path,
+                    "folder not found",
+                    "point it at a folder with config.json, or use a hub id",
+                )
+            )
     save_steps, max_steps = get("train", "save_steps"), get("train", "max_steps")
     if isinstance(save_steps, int) and isinstance(max_steps, int) and 0 < max_steps < save_steps:
-        issues.append(ConfigIssue("train.save_steps", save_steps,
-                                  f"no checkpoint would be saved before the end (max_steps={max_steps})",
-                                  "set save_steps at or below max_steps so a crash can resume"))
+        issues.append(
+            ConfigIssue(
+                "train.save_steps",
+                save_steps,
+                f"no checkpoint would be saved before the end (max_steps={max_steps})",
+                "set save_steps at or below max_steps so a crash can resume",
+            )
+        )
     if get("train", "bf16") is True and get("train", "fp16") is True:
         issues.append(ConfigIssue("train.fp16", True, "bf16 and fp16 are both true", "choose one of them"))
     return issues
@@ -183,10 +218,22 @@ def resolve_path(value: str, base: Path) -> Path:
     return p if p.is_absolute() else (base / p)
 
 
-def validate_dict(data: Any, base: Path, source: str = "config", check_paths: bool = True) -> SteadytuneConfig:
+def validate_dict(
+    data: Any, base: Path, source: str = "config", check_paths: bool = True
+) -> SteadytuneConfig:
     """Validate a raw dict; raise :class:`ConfigError` with every problem found."""
     if not isinstance(data, dict):
-        raise ConfigError([ConfigIssue("(top level)", data, "the config must be a mapping of keys", "start from examples/lora.yaml")], source)
+        raise ConfigError(
+            [
+                ConfigIssue(
+                    "(top level)",
+                    data,
+                    "the config must be a mapping of keys",
+                    "start from examples/lora.yaml",
+                )
+            ],
+            source,
+        )
     issues: list[ConfigIssue] = []
     cfg = None
     try:
@@ -201,17 +248,39 @@ def validate_dict(data: Any, base: Path, source: str = "config", check_paths: bo
     return cfg
 
 
-def load_config(path: Path | str, overrides: list[str] | None = None, check_paths: bool = True) -> SteadytuneConfig:
+def load_config(
+    path: Path | str, overrides: list[str] | None = None, check_paths: bool = True
+) -> SteadytuneConfig:
     """Read, override and validate a config file. Relative data/model paths resolve against its folder."""
     path = Path(path)
     if not path.exists():
-        raise ConfigError([ConfigIssue("(file)", str(path), "config file not found", "pass the path of a YAML config, e.g. examples/lora.yaml")], str(path))
+        raise ConfigError(
+            [
+                ConfigIssue(
+                    "(file)",
+                    str(path),
+                    "config file not found",
+                    "pass the path of a YAML config, e.g. examples/lora.yaml",
+                )
+            ],
+            str(path),
+        )
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown place"
-        raise ConfigError([ConfigIssue("(yaml)", where, f"not valid YAML: {getattr(exc, 'problem', exc)}", "fix the YAML syntax at that place")], str(path)) from None
+        raise ConfigError(
+            [
+                ConfigIssue(
+                    "(yaml)",
+                    where,
+                    f"not valid YAML: {getattr(exc, 'problem', exc)}",
+                    "fix the YAML syntax at that place",
+                )
+            ],
+            str(path),
+        ) from None
     data = apply_overrides(data, overrides or [])
     cfg = validate_dict(data, base=path.resolve().parent, source=str(path), check_paths=check_paths)
     return absolutize(cfg, path.resolve().parent)
@@ -228,12 +297,16 @@ def absolutize(cfg: SteadytuneConfig, base: Path) -> SteadytuneConfig:
         data_upd["eval_file"] = str(resolve_path(cfg.data.eval_file, base).resolve())
     local = resolve_path(cfg.model.name_or_path, base)
     model_upd = {"name_or_path": str(local.resolve())} if local.exists() else {}
-    run_upd = {} if Path(cfg.run.runs_dir).is_absolute() else {"runs_dir": str(Path(cfg.run.runs_dir).resolve())}
-    return cfg.model_copy(update={
-        "data": cfg.data.model_copy(update=data_upd),
-        "model": cfg.model.model_copy(update=model_upd),
-        "run": cfg.run.model_copy(update=run_upd),
-    })
+    run_upd = (
+        {} if Path(cfg.run.runs_dir).is_absolute() else {"runs_dir": str(Path(cfg.run.runs_dir).resolve())}
+    )
+    return cfg.model_copy(
+        update={
+            "data": cfg.data.model_copy(update=data_upd),
+            "model": cfg.model.model_copy(update=model_upd),
+            "run": cfg.run.model_copy(update=run_upd),
+        }
+    )
 
 
 def dump_config(cfg: SteadytuneConfig) -> str:

@@ -90,11 +90,17 @@ class TrainConfig(Section):
     use_cpu: bool | None = Field(None, description="true, false, or leave it out to decide from the machine")
     # per_device_train_batch_size: auto (docs/preflight.md).
     auto_effective_batch: int | None = Field(
-        None, ge=1, description="the effective batch (micro-batch x accumulation) that auto keeps, e.g. 32; "
-        "leave it out to use the estimate's largest micro-batch x gradient_accumulation_steps")
+        None,
+        ge=1,
+        description="the effective batch (micro-batch x accumulation) that auto keeps, e.g. 32; "
+        "leave it out to use the estimate's largest micro-batch x gradient_accumulation_steps",
+    )
     memory_cap_bytes: int | None = Field(
-        None, ge=1, description="the memory auto may use per device, e.g. 2GiB (env STEADYTUNE_MEMORY_CAP); "
-        "leave it out to use free device memory")
+        None,
+        ge=1,
+        description="the memory auto may use per device, e.g. 2GiB (env STEADYTUNE_MEMORY_CAP); "
+        "leave it out to use free device memory",
+    )
 
     @field_validator("memory_cap_bytes", mode="before")
     @classmethod
@@ -115,12 +121,19 @@ class TrainConfig(Section):
 
 class RunConfig(Section):
     runs_dir: str = Field("runs", description="the folder that holds run directories")
-    name: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
-                             description="letters, digits, '.', '_' and '-' only")
+    name: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
+        description="letters, digits, '.', '_' and '-' only",
+    )
     nproc_per_node: int = Field(1, ge=1, le=64, description="processes per node; >1 launches torchrun")
     max_restarts: int = Field(3, ge=0, le=100, description="a non-negative integer")
-    restart_backoff_s: float = Field(1.0, ge=0, description="seconds before the first restart; doubles each time")
-    restart_backoff_max_s: float = Field(60.0, ge=0, description="the longest wait between restarts, in seconds")
+    restart_backoff_s: float = Field(
+        1.0, ge=0, description="seconds before the first restart; doubles each time"
+    )
+    restart_backoff_max_s: float = Field(
+        60.0, ge=0, description="the longest wait between restarts, in seconds"
+    )
     keep_last: int = Field(3, ge=1, description="how many recent checkpoints to keep (LAST_GOOD is kept too)")
     min_free_disk_bytes: int = Field(
         256 * 1024**2, ge=0, description="refuse to save a checkpoint with less free disk than this"
@@ -140,7 +153,13 @@ class SteadytuneConfig(Section):
     data: DataConfig
     train: TrainConfig = Field(default_factory=TrainConfig)
     run: RunConfig = Field(default_factory=RunConfig)
-    detect: DetectConfig = Field(default_factory=DetectConfig, description="detector thresholds (docs/detectors.md)")
-    policy: PolicyConfig = Field(default_factory=PolicyConfig, description="per-anomaly actions and budgets (docs/recovery.md)")
+    detect: DetectConfig = Field(
+        default_factory=DetectConfig, description="detector thresholds (docs/detectors.md)"
+    )
+    policy: PolicyConfig = Field(
+        default_factory=PolicyConfig, description="per-anomaly actions and budgets (docs/recovery.md)"
+    )
     alerts: AlertsConfig = Field(default_factory=AlertsConfig, description="alert sinks (docs/alerts.md)")
-    dashboard: DashboardConfig = Field(default_factory=DashboardConfig, description="dashboard settings (docs/dashboard.md)")
+    dashboard: DashboardConfig = Field(
+        default_factory=DashboardConfig, description="dashboard settings (docs/dashboard.md)"
+    )

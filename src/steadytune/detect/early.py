@@ -6,6 +6,8 @@
   ``early_rise`` in log space in all (1.5x) and by ``early_z`` times the noise of
   a difference, is climbing away: healthy fine-tunes and pretraining runs fall
   from their first point, and noise does not rise several points in a row that far.
+  The noise is the smaller of the prior and the scatter of the climb's own steps:
+  a climb by steady steps is not noise, however large the steps.
 - **collapse by falling.** A training loss whose level sinks below
   ``collapse_fraction`` of the run's initial level *and* below
   ``collapse_memorized`` nats (per-token perplexity 1.02) predicts the training
@@ -21,6 +23,7 @@ import math
 from steadytune.detect.base import Finding, Reporter, rounded
 from steadytune.detect.config import EvalConfig, LossConfig
 from steadytune.detect.loss import LossPoint
+from steadytune.detect.stats import upper_factor
 
 
 class ShortRiseWatch:
@@ -35,9 +38,10 @@ class ShortRiseWatch:
         self._rises = 0
         self._last: float | None = None
         self._first_rise = 0
+        self._steps: list[float] = []  # the log-space increments of the current climb
 
-    def observe(self, lp: LossPoint, sigma: float, out: list[Finding], held: bool = False) -> None:
-        """``sigma``: the loss noise so far (log space); ``held``: the loss watch already holds this climb.
+    def observe(self, lp: LossPoint, out: list[Finding], held: bool = False) -> None:
+        """Judge one accepted or held loss point; ``held``: the loss watch already holds this climb.
 
         One anomaly per climb: while the spike rules hold a divergence of the same loss,
         this rule neither raises nor resolves one (the two would flap the same kind).
@@ -51,10 +55,12 @@ class ShortRiseWatch:
         last, self._last = self._last, lp.y
         if last is None or lp.y <= last:
             self._rises, self._run_start = 0, (lp.step, lp.y)
+            self._steps.clear()
             if self.rep.on and last is not None:
                 self.rep.report(out, "divergence", self.metric, lp.step, False)
             return
         self._rises += 1
+        self._steps.append(lp.y - last)
         if self._rises == 1:
             self._first_rise = lp.step  # the climb is dated from its first point above the start
         # Only a climb from the first point of the run (or snippet) counts: a rise that begins
@@ -63,7 +69,11 @@ class ShortRiseWatch:
             return
         start_y = self._run_start[1]
         rise = lp.y - start_y
-        # The end-to-end rise must also stand out of the noise of two points (sqrt 2 sigma).
+        # The end-to-end rise must stand out of the noise of two points (sqrt 2 sigma), for a
+        # noise that explains the climb least badly: the prior's, or the scatter of the climb's
+        # own increments (a steady climb rises by similar steps; noise rises by random ones).
+        # Each is taken one standard error up, as few points are known.
+        sigma = min(self.cfg.noise_prior, _increment_noise(self._steps)) * upper_factor(self._rises)
         needed = max(self.cfg.early_rise, self.cfg.early_z * math.sqrt(2.0) * sigma)
         if self._rises >= self.cfg.early_rises and rise >= needed:
             first = not self.rep.on
@@ -78,6 +88,14 @@ class ShortRiseWatch:
                     "threshold_rises": self.cfg.early_rises,
                 }
             self.rep.report(out, "divergence", self.metric, self._first_rise, True, evidence=ev)
+
+
+def _increment_noise(steps: list[float]) -> float:
+    """Per-point noise implied by the scatter of successive increments (var of a difference is 2 sigma^2)."""
+    n = len(steps)
+    mean = sum(steps) / n
+    var = sum((d - mean) ** 2 for d in steps) / max(1, n - 1)
+    return math.sqrt(var / 2.0)
 
 
 class FallCollapseWatch:

@@ -127,7 +127,7 @@ class _Signal:
         if lp is not None:
             t = self.loss.tracker
             held = lp.in_spike or self.loss.rep.is_on("divergence", self.loss.metric)
-            self.short_rise.observe(lp, t.sigma_upper, out, held)
+            self.short_rise.observe(lp, out, held)
             self.fall.observe(lp, t.level, t.level_full, rec.epoch, out)
             self.plateau.observe(lp, t.level, self.grad.vanished, out)
             self.oscillation.observe(lp, out, rec.epoch)

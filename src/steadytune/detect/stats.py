@@ -138,7 +138,8 @@ _UPPER_Z = 1.0  # one standard error up: the 84% one-sided bound
 _UPPER = tuple(_chi2_upper_factor(k) for k in range(257))
 
 
-def _upper(k: int) -> float:
+def upper_factor(k: int) -> float:
+    """How far (x) to raise a noise estimate from ``k`` differences to its one-standard-error bound."""
     return _UPPER[k] if k < len(_UPPER) else _chi2_upper_factor(k)
 
 
@@ -296,7 +297,7 @@ class Tracker:
         Thresholds use this, so a lucky quiet start cannot make ordinary noise a spike; with
         a full noise window it is within 10% of :attr:`sigma`.
         """
-        return self.sigma * _upper(len(self._nz_fifo))
+        return self.sigma * upper_factor(len(self._nz_fifo))
 
     def threshold(self, z: float) -> float:
         """How far above the level a point must lie to be z sigmas out (prediction interval)."""

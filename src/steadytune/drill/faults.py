@@ -36,21 +36,56 @@ def catalogue(save_steps: int) -> dict[str, FaultSpec]:
     """The default faults, placed relative to the checkpoint interval."""
     s = save_steps
     return {
-        "nan": FaultSpec("nan", 2 * s + s // 2, {"nan_at_step": 2 * s + s // 2}, detect=("nan_loss", "skip_step"),
-                         act=("skip_step",), in_process=True),
-        "oom": FaultSpec("oom", 2 * s + s // 2, {"oom_at_step": 2 * s + s // 2, "oom_above": 4},
-                         detect=("reduce_microbatch",), act=("reduce_microbatch",), in_process=True),
-        "spike": FaultSpec("spike", 3 * s + 1, {"lr_burst_at_step": 3 * s + 1, "lr_burst_factor": 1000.0,
-                                                 "lr_burst_steps": 3},
-                           detect=("loss_spike", "divergence", "grad_explosion", "grad_spike"), act=("rollback",)),
-        "kill": FaultSpec("kill", 3 * s + s // 2, {"step_sleep_s": 0.02}, actor="kill", detect=("restart",),
-                          act=("restart",)),
-        "kill-during-save": FaultSpec("kill-during-save", 4 * s, {"slow_save_s": 30.0, "slow_save_step": 4 * s},
-                                      actor="kill_during_save", detect=("restart",), act=("restart",)),
-        "hang": FaultSpec("hang", 3 * s + s // 2, {"hang_at_step": 3 * s + s // 2}, detect=("stall",),
-                          act=("restart",)),
-        "corrupt-checkpoint": FaultSpec("corrupt-checkpoint", 3 * s, {"step_sleep_s": 0.02},
-                                        actor="corrupt_then_kill", detect=("checkpoint_corrupt",), act=("restart",)),
+        "nan": FaultSpec(
+            "nan",
+            2 * s + s // 2,
+            {"nan_at_step": 2 * s + s // 2},
+            detect=("nan_loss", "skip_step"),
+            act=("skip_step",),
+            in_process=True,
+        ),
+        "oom": FaultSpec(
+            "oom",
+            2 * s + s // 2,
+            {"oom_at_step": 2 * s + s // 2, "oom_above": 4},
+            detect=("reduce_microbatch",),
+            act=("reduce_microbatch",),
+            in_process=True,
+        ),
+        "spike": FaultSpec(
+            "spike",
+            3 * s + 1,
+            {"lr_burst_at_step": 3 * s + 1, "lr_burst_factor": 1000.0, "lr_burst_steps": 3},
+            detect=("loss_spike", "divergence", "grad_explosion", "grad_spike"),
+            act=("rollback",),
+        ),
+        "kill": FaultSpec(
+            "kill",
+            3 * s + s // 2,
+            {"step_sleep_s": 0.02},
+            actor="kill",
+            detect=("restart",),
+            act=("restart",),
+        ),
+        "kill-during-save": FaultSpec(
+            "kill-during-save",
+            4 * s,
+            {"slow_save_s": 30.0, "slow_save_step": 4 * s},
+            actor="kill_during_save",
+            detect=("restart",),
+            act=("restart",),
+        ),
+        "hang": FaultSpec(
+            "hang", 3 * s + s // 2, {"hang_at_step": 3 * s + s // 2}, detect=("stall",), act=("restart",)
+        ),
+        "corrupt-checkpoint": FaultSpec(
+            "corrupt-checkpoint",
+            3 * s,
+            {"step_sleep_s": 0.02},
+            actor="corrupt_then_kill",
+            detect=("checkpoint_corrupt",),
+            act=("restart",),
+        ),
     }
 
 
@@ -65,7 +100,10 @@ def parse_inject(spec: str, save_steps: int) -> list[FaultSpec]:
         base = known[name]
         if at:
             step = int(at)
-            env = {k: (step if k.endswith("_at_step") or k == "slow_save_step" else v) for k, v in base.env.items()}
+            env = {
+                k: (step if k.endswith("_at_step") or k == "slow_save_step" else v)
+                for k, v in base.env.items()
+            }
             base = FaultSpec(base.kind, step, env, base.actor, base.detect, base.act, base.in_process)
         out.append(base)
     return out

@@ -63,7 +63,11 @@ def final_loss(run: RunDir) -> float | None:
     for r in recs:
         if not r.extra.get("eval"):
             latest[r.step] = r
-    tail = [latest[s].loss for s in sorted(latest)[-10:] if latest[s].loss is not None and math.isfinite(latest[s].loss)]
+    tail = [
+        latest[s].loss
+        for s in sorted(latest)[-10:]
+        if latest[s].loss is not None and math.isfinite(latest[s].loss)
+    ]
     return sum(tail) / len(tail) if tail else None
 
 
@@ -73,7 +77,9 @@ def weights_finite(run: RunDir) -> bool:
     files = sorted((run.root / "final").glob("*.safetensors"))
     if not files:
         return False
-    return all(bool(t.isfinite().all()) for f in files for t in load_file(str(f)).values() if t.is_floating_point())
+    return all(
+        bool(t.isfinite().all()) for f in files for t in load_file(str(f)).values() if t.is_floating_point()
+    )
 
 
 class Actor(threading.Thread):
@@ -105,9 +111,17 @@ class Actor(threading.Thread):
                 return
             if spec.actor == "kill" and self._step() >= spec.at_step:
                 return self._kill()
-            if spec.actor == "kill_during_save" and target.is_dir() and not (target / "MANIFEST.json").exists():
+            if (
+                spec.actor == "kill_during_save"
+                and target.is_dir()
+                and not (target / "MANIFEST.json").exists()
+            ):
                 return self._kill()
-            if spec.actor == "corrupt_then_kill" and self._step() > spec.at_step + 2 and verify(target, deep=False).ok:
+            if (
+                spec.actor == "corrupt_then_kill"
+                and self._step() > spec.at_step + 2
+                and verify(target, deep=False).ok
+            ):
                 victim = max((p for p in target.rglob("*.safetensors")), key=lambda p: p.stat().st_size)
                 with open(victim, "r+b") as f:
                     f.seek(victim.stat().st_size // 2)
@@ -117,7 +131,9 @@ class Actor(threading.Thread):
                 return self._kill()
 
 
-def run_one(base: dict[str, Any], runs_dir: Path, run_id: str, spec: FaultSpec | None) -> tuple[RunResult, float | None]:
+def run_one(
+    base: dict[str, Any], runs_dir: Path, run_id: str, spec: FaultSpec | None
+) -> tuple[RunResult, float | None]:
     data = deep_merge(deep_merge(base, DRILL_OVERRIDES), {"run": {"runs_dir": str(runs_dir)}})
     cfg = validate_dict(data, base=Path.cwd(), source="drill config")
     env = {"STEADYTUNE_FAULTS": json.dumps(spec.env)} if spec and spec.env else {}
@@ -136,7 +152,9 @@ def run_one(base: dict[str, Any], runs_dir: Path, run_id: str, spec: FaultSpec |
     return result, actor.done_at if actor else None
 
 
-def _first(events: list[Event], names: tuple[str, ...], after_ts: float, kinds: tuple[str, ...]) -> Event | None:
+def _first(
+    events: list[Event], names: tuple[str, ...], after_ts: float, kinds: tuple[str, ...]
+) -> Event | None:
     return next((e for e in events if e.name in names and e.kind in kinds and e.ts >= after_ts), None)
 
 
@@ -145,11 +163,17 @@ def report(spec: FaultSpec, result: RunResult, external_ts: float | None) -> Fau
     run = result.run
     events = read_events(run.events)
     recs = _steps(run)
-    plans = [p for p in (from_json(line) for line in run.plan.read_text().splitlines() if line.strip())
-             if isinstance(p, PlanRevision)]
+    plans = [
+        p
+        for p in (from_json(line) for line in run.plan.read_text().splitlines() if line.strip())
+        if isinstance(p, PlanRevision)
+    ]
     inject_ts = external_ts
     if inject_ts is None:
-        hit = next((r for r in recs if r.step >= spec.at_step - 1 and r.attempt == 0 and not r.extra.get("eval")), None)
+        hit = next(
+            (r for r in recs if r.step >= spec.at_step - 1 and r.attempt == 0 and not r.extra.get("eval")),
+            None,
+        )
         inject_ts = hit.ts if hit else 0.0
     detection = _first(events, spec.detect, inject_ts - 1.0, ("anomaly", "action", "lifecycle"))
     action = _first(events, spec.act, inject_ts - 1.0, ("action",))
@@ -162,7 +186,9 @@ def report(spec: FaultSpec, result: RunResult, external_ts: float | None) -> Fau
     for attempt, plan in sorted(starts.items()):
         if attempt == 0:
             continue
-        prev_max = max((r.step for r in recs if r.attempt == plan.attempt - 1 and not r.extra.get("eval")), default=0)
+        prev_max = max(
+            (r.step for r in recs if r.attempt == plan.attempt - 1 and not r.extra.get("eval")), default=0
+        )
         resumed = int(Path(plan.resume_checkpoint).name.split("-")[1]) if plan.resume_checkpoint else 0
         redone += max(0, prev_max - resumed)
         first_new = next((r.ts for r in recs if r.attempt == plan.attempt and not r.extra.get("eval")), None)
@@ -175,11 +201,17 @@ def report(spec: FaultSpec, result: RunResult, external_ts: float | None) -> Fau
     restarts = max((p.attempt for p in plans), default=0)
     recovered = result.state == "completed" and weights_finite(run)
     return FaultReport(
-        kind=spec.kind, at_step=spec.at_step, detected=detection is not None,
-        detected_at_step=detection.step if detection else None, action=action.name if action else None,
-        recovered=recovered, steps_redone=redone,
-        recovery_seconds=round(recovery, 2) if recovery is not None else None, restarts=restarts,
-        final_loss=final_loss(run), run_dir=str(run.root),
+        kind=spec.kind,
+        at_step=spec.at_step,
+        detected=detection is not None,
+        detected_at_step=detection.step if detection else None,
+        action=action.name if action else None,
+        recovered=recovered,
+        steps_redone=redone,
+        recovery_seconds=round(recovery, 2) if recovery is not None else None,
+        restarts=restarts,
+        final_loss=final_loss(run),
+        run_dir=str(run.root),
     )
 
 

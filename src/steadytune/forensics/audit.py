@@ -60,7 +60,9 @@ def read_anchor(db: Path) -> tuple[Anchor | None, str]:
     except sqlite3.Error as exc:
         return None, f"{db.name} cannot be opened ({exc}); truncation cannot be checked"
     try:
-        meta = dict(con.execute("SELECT key, value FROM meta WHERE key IN ('last_event_hash', 'last_event_seq')"))
+        meta = dict(
+            con.execute("SELECT key, value FROM meta WHERE key IN ('last_event_hash', 'last_event_seq')")
+        )
         if "last_event_hash" in meta and "last_event_seq" in meta:
             return Anchor(int(meta["last_event_seq"]), str(meta["last_event_hash"]), "run.db meta"), ""
         row = con.execute("SELECT seq, json FROM events ORDER BY seq DESC LIMIT 1").fetchone()
@@ -75,19 +77,32 @@ def read_anchor(db: Path) -> tuple[Anchor | None, str]:
         con.close()
 
 
-def _classify_link(entry: dict[str, Any], expected_seq: int, prev_hash: str, seen: dict[str, int],
-                   later: dict[int, int]) -> tuple[str, str]:
+def _classify_link(
+    entry: dict[str, Any], expected_seq: int, prev_hash: str, seen: dict[str, int], later: dict[int, int]
+) -> tuple[str, str]:
     seq = entry.get("seq")
     if isinstance(seq, int) and seq > expected_seq and expected_seq in later:
-        return "reordered", f"seq {seq} comes where seq {expected_seq} was due; seq {expected_seq} is at line {later[expected_seq]}"
+        return (
+            "reordered",
+            f"seq {seq} comes where seq {expected_seq} was due; seq {expected_seq} is at line {later[expected_seq]}",
+        )
     if isinstance(seq, int) and seq > expected_seq:
-        return "deleted", f"seq jumps from {expected_seq - 1} to {seq}: {seq - expected_seq} entr{'y' if seq - expected_seq == 1 else 'ies'} deleted before it"
+        return (
+            "deleted",
+            f"seq jumps from {expected_seq - 1} to {seq}: {seq - expected_seq} entr{'y' if seq - expected_seq == 1 else 'ies'} deleted before it",
+        )
     if isinstance(seq, int) and seq < expected_seq:
-        return "reordered", f"seq {seq} comes after seq {expected_seq - 1}: lines were reordered or duplicated"
+        return (
+            "reordered",
+            f"seq {seq} comes after seq {expected_seq - 1}: lines were reordered or duplicated",
+        )
     back = seen.get(str(entry.get("prev_hash")))
     if back is not None:
         return "reordered", f"its prev_hash points at line {back}, not at the line before it"
-    return "deleted", f"its prev_hash {str(entry.get('prev_hash'))[:12]}… matches no earlier entry (expected {prev_hash[:12]}…)"
+    return (
+        "deleted",
+        f"its prev_hash {str(entry.get('prev_hash'))[:12]}… matches no earlier entry (expected {prev_hash[:12]}…)",
+    )
 
 
 def verify_chain(path: Path) -> AuditResult:
@@ -116,7 +131,9 @@ def verify_chain(path: Path) -> AuditResult:
             continue
         if entry_hash(entry) != entry.get("hash"):
             res.ok, res.first_bad_line, res.problem = False, lineno, "edited"
-            res.message = f"line {lineno} (seq {entry.get('seq')}) was edited: its hash does not match its content"
+            res.message = (
+                f"line {lineno} (seq {entry.get('seq')}) was edited: its hash does not match its content"
+            )
             return res
         if entry.get("prev_hash") != prev or entry.get("seq") != expected:
             later = {q: n for q, n in where.items() if n > lineno}
@@ -145,13 +162,17 @@ def verify_run(run: RunDir) -> AuditResult:
     if last < anchor.seq:
         res.ok, res.problem = False, "truncated"
         res.first_bad_line = None
-        res.message = (f"the log ends at seq {last} but {anchor.source} recorded seq {anchor.seq}: "
-                       f"{anchor.seq - last} entr{'y' if anchor.seq - last == 1 else 'ies'} cut off the end")
+        res.message = (
+            f"the log ends at seq {last} but {anchor.source} recorded seq {anchor.seq}: "
+            f"{anchor.seq - last} entr{'y' if anchor.seq - last == 1 else 'ies'} cut off the end"
+        )
         return res
     found = _hash_at(run.events, anchor.seq)
     if found != anchor.hash:
         res.ok, res.problem = False, "truncated"
-        res.message = f"seq {anchor.seq} in the log is not the entry {anchor.source} recorded (its tail was replaced)"
+        res.message = (
+            f"seq {anchor.seq} in the log is not the entry {anchor.source} recorded (its tail was replaced)"
+        )
         return res
     res.truncation_note = f"the log reaches the last entry {anchor.source} recorded (seq {anchor.seq})"
     return res

@@ -124,9 +124,14 @@ def check_sample(f: SampleFacts) -> tuple[list[Finding], TokenStats]:
     ids, labels = list(f.input_ids), list(f.labels)
     content = [i for i in ids if i not in f.special_ids]
     if f.recorded_hash and f.current_hash and f.recorded_hash != f.current_hash:
-        out.append(Finding("hash_mismatch", "critical",
-                           f"content hash {f.current_hash} != recorded {f.recorded_hash}: the dataset changed since the "
-                           "run, so this is not the sample that was trained"))
+        out.append(
+            Finding(
+                "hash_mismatch",
+                "critical",
+                f"content hash {f.current_hash} != recorded {f.recorded_hash}: the dataset changed since the "
+                "run, so this is not the sample that was trained",
+            )
+        )
     if not ids:
         out.append(Finding("empty_input", "critical", "no input tokens at all"))
     elif not content:
@@ -135,35 +140,75 @@ def check_sample(f: SampleFacts) -> tuple[list[Finding], TokenStats]:
         out.append(Finding("all_padding", "critical", "every input token is padding"))
     if ids and st.trained == 0:
         why = " (the answer was cut off by truncation)" if (f.untruncated_len or 0) > len(ids) else ""
-        out.append(Finding("all_labels_masked", "critical",
-                           f"every label is {IGNORE_INDEX}{why}: nothing to learn; alone in a batch the loss is 0/0 = NaN"))
+        out.append(
+            Finding(
+                "all_labels_masked",
+                "critical",
+                f"every label is {IGNORE_INDEX}{why}: nothing to learn; alone in a batch the loss is 0/0 = NaN",
+            )
+        )
     elif st.trained and all(x in f.special_ids for x in labels[1:] if x != IGNORE_INDEX):
         out.append(Finding("empty_target", "warning", "only special tokens are trained (an empty answer)"))
     bad_labels = [x for x in labels if x != IGNORE_INDEX and not 0 <= x < f.vocab_size]
     if bad_labels:
-        out.append(Finding("label_out_of_vocab", "critical",
-                           f"{len(bad_labels)} label id(s) outside the vocabulary [0, {f.vocab_size}) such as {bad_labels[0]}"))
+        out.append(
+            Finding(
+                "label_out_of_vocab",
+                "critical",
+                f"{len(bad_labels)} label id(s) outside the vocabulary [0, {f.vocab_size}) such as {bad_labels[0]}",
+            )
+        )
     bad_ids = [x for x in ids if not 0 <= x < f.vocab_size]
     if bad_ids:
-        out.append(Finding("input_out_of_vocab", "critical",
-                           f"{len(bad_ids)} input id(s) outside the vocabulary [0, {f.vocab_size}) such as {bad_ids[0]}"))
+        out.append(
+            Finding(
+                "input_out_of_vocab",
+                "critical",
+                f"{len(bad_ids)} input id(s) outside the vocabulary [0, {f.vocab_size}) such as {bad_ids[0]}",
+            )
+        )
     nonfinite = [x for x in f.raw_floats if not math.isfinite(x)]
     if nonfinite:
-        out.append(Finding("nonfinite_input", "critical", f"{len(nonfinite)} non-finite float value(s) ({nonfinite[0]})"))
+        out.append(
+            Finding(
+                "nonfinite_input", "critical", f"{len(nonfinite)} non-finite float value(s) ({nonfinite[0]})"
+            )
+        )
     if f.untruncated_len is not None and f.max_seq_length and f.untruncated_len > len(ids):
-        out.append(Finding("truncated", "warning",
-                           f"truncated from {f.untruncated_len} to {len(ids)} tokens (max_seq_length {f.max_seq_length})"))
+        out.append(
+            Finding(
+                "truncated",
+                "warning",
+                f"truncated from {f.untruncated_len} to {len(ids)} tokens (max_seq_length {f.max_seq_length})",
+            )
+        )
     if ids and len(content) < SHORT_TOKENS and content:
         out.append(Finding("too_short", "warning", f"only {len(content)} content token(s)"))
     if len(ids) >= FLOOD_MIN_TOKENS:
         if st.special / len(ids) > SPECIAL_SHARE:
-            out.append(Finding("special_flood", "warning", f"{st.special / len(ids):.0%} of the tokens are special tokens"))
+            out.append(
+                Finding(
+                    "special_flood",
+                    "warning",
+                    f"{st.special / len(ids):.0%} of the tokens are special tokens",
+                )
+            )
         if st.top_share > REPEAT_SHARE or st.longest_run >= MAX_RUN:
-            out.append(Finding("repeat_flood", "warning",
-                               f"one token is {st.top_share:.0%} of the sample, longest run {st.longest_run}"))
+            out.append(
+                Finding(
+                    "repeat_flood",
+                    "warning",
+                    f"one token is {st.top_share:.0%} of the sample, longest run {st.longest_run}",
+                )
+            )
     if f.unk_id is not None and f.unk_id in ids:
-        out.append(Finding("encoding_error", "warning",
-                           f"{ids.count(f.unk_id)} unknown token(s): text the tokenizer cannot represent"))
+        out.append(
+            Finding(
+                "encoding_error",
+                "warning",
+                f"{ids.count(f.unk_id)} unknown token(s): text the tokenizer cannot represent",
+            )
+        )
     text_issue = _bad_text(f.raw_texts)
     if text_issue:
         out.append(Finding("encoding_error", "warning", text_issue))
@@ -175,15 +220,25 @@ def check_batch(stats: list[TokenStats]) -> list[Finding]:
     """Findings that only show across the batch: no trained token at all, length outliers."""
     out: list[Finding] = []
     if stats and sum(s.trained for s in stats) == 0:
-        out.append(Finding("batch_no_trained_tokens", "critical",
-                           "no sample of this step has a trained token: the mean loss is 0/0 = NaN"))
+        out.append(
+            Finding(
+                "batch_no_trained_tokens",
+                "critical",
+                "no sample of this step has a trained token: the mean loss is 0/0 = NaN",
+            )
+        )
     lengths = sorted(s.tokens for s in stats if s.tokens)
     if len(lengths) >= 3:
         median = lengths[len(lengths) // 2]
         longest = lengths[-1]
         if median and longest > LONG_FACTOR * median:
-            out.append(Finding("length_outlier", "warning",
-                               f"the longest sample has {longest} tokens, {longest / median:.0f}x the median {median}"))
+            out.append(
+                Finding(
+                    "length_outlier",
+                    "warning",
+                    f"the longest sample has {longest} tokens, {longest / median:.0f}x the median {median}",
+                )
+            )
     return out
 
 

@@ -140,8 +140,15 @@ def _start_checkpoint(run: RunDir, step: int, attempt: int | None) -> Verdict | 
     return None
 
 
-def build_bundle(run: RunDir, step: int | None = None, include_data: bool = False, include_checkpoint: bool = False,
-                 out: Path | None = None, window: int = WINDOW, attempt: int | None = None) -> BundleInfo:
+def build_bundle(
+    run: RunDir,
+    step: int | None = None,
+    include_data: bool = False,
+    include_checkpoint: bool = False,
+    out: Path | None = None,
+    window: int = WINDOW,
+    attempt: int | None = None,
+) -> BundleInfo:
     """Write ``RUN/repro/repro-step<N>.tar.gz`` (or ``out``) for ``step`` (default: the last anomaly).
 
     ``attempt`` picks which recording of a retrained step to replay (default: the attempt
@@ -166,39 +173,64 @@ def build_bundle(run: RunDir, step: int | None = None, include_data: bool = Fals
     else:
         note = ""
     if step - start > MAX_REPLAY_STEPS:
-        raise ForensicsError(f"the newest checkpoint before step {step} is at step {start}: {step - start} steps to "
-                             f"replay (limit {MAX_REPLAY_STEPS}); save checkpoints more often (train.save_steps)")
+        raise ForensicsError(
+            f"the newest checkpoint before step {step} is at step {start}: {step - start} steps to "
+            f"replay (limit {MAX_REPLAY_STEPS}); save checkpoints more often (train.save_steps)"
+        )
     replay_steps = []
     for s in range(start + 1, step + 1):
         recs = finals.get(s)
         if not recs:
-            raise ForensicsError(f"step {s} (between the checkpoint at {start} and step {step}) was not recorded")
+            raise ForensicsError(
+                f"step {s} (between the checkpoint at {start} and step {step}) was not recorded"
+            )
         rank0 = recs[0]
         if rank0.batch is None or not rank0.batch.indices:
             raise ForensicsError(f"step {s} has no batch fingerprint: it cannot be replayed")
         plan = plan_for_attempt(run, rank0.attempt)
-        replay_steps.append({
-            "step": s, "attempt": rank0.attempt, "rank": rank0.rank, "ranks": len(recs),
-            "indices": list(rank0.batch.indices), "hashes": list(rank0.batch.hashes),
-            "loss": to_dict(rank0).get("loss"), "grad_norm": to_dict(rank0).get("grad_norm"), "skipped": rank0.skipped,
-            "lr": rank0.lr,
-            "per_device_train_batch_size": plan.per_device_train_batch_size,
-            "gradient_accumulation_steps": plan.gradient_accumulation_steps,
-            "max_seq_length": plan.max_seq_length, "lr_scale": plan.lr_scale,
-        })
+        replay_steps.append(
+            {
+                "step": s,
+                "attempt": rank0.attempt,
+                "rank": rank0.rank,
+                "ranks": len(recs),
+                "indices": list(rank0.batch.indices),
+                "hashes": list(rank0.batch.hashes),
+                "loss": to_dict(rank0).get("loss"),
+                "grad_norm": to_dict(rank0).get("grad_norm"),
+                "skipped": rank0.skipped,
+                "lr": rank0.lr,
+                "per_device_train_batch_size": plan.per_device_train_batch_size,
+                "gradient_accumulation_steps": plan.gradient_accumulation_steps,
+                "max_seq_length": plan.max_seq_length,
+                "lr_scale": plan.lr_scale,
+            }
+        )
     ckpt = verdict.path if verdict is not None else None
     at_step = [to_dict(e) for e in events if e.step == step and e.kind in {"anomaly", "action"}]
     manifest = {
-        "version": BUNDLE_VERSION, "run_id": run.run_id, "run_dir": str(run.root.resolve()), "step": step,
-        "created_ts": time.time(), "method": cfg.get("method"), "seed": (cfg.get("train") or {}).get("seed"),
+        "version": BUNDLE_VERSION,
+        "run_id": run.run_id,
+        "run_dir": str(run.root.resolve()),
+        "step": step,
+        "created_ts": time.time(),
+        "method": cfg.get("method"),
+        "seed": (cfg.get("train") or {}).get("seed"),
         "max_steps": _max_steps(events) or (cfg.get("train") or {}).get("max_steps"),
-        "start_step": start, "notes": [note] if note else [],
-        "checkpoint": None if ckpt is None else {
-            "name": ckpt.name, "step": start, "path": str(ckpt.resolve()),
-            "manifest_sha256": sha256_file(ckpt / MANIFEST), "included": include_checkpoint,
+        "start_step": start,
+        "notes": [note] if note else [],
+        "checkpoint": None
+        if ckpt is None
+        else {
+            "name": ckpt.name,
+            "step": start,
+            "path": str(ckpt.resolve()),
+            "manifest_sha256": sha256_file(ckpt / MANIFEST),
+            "included": include_checkpoint,
         },
         "data": {"path": (cfg.get("data") or {}).get("train_file"), "included": include_data},
-        "events_at_step": at_step, "replay": replay_steps,
+        "events_at_step": at_step,
+        "replay": replay_steps,
     }
     lo, hi = step - window, step + window
     window_recs = [r for s, rs in finals.items() if lo <= s <= hi for r in rs]
@@ -216,8 +248,11 @@ def build_bundle(run: RunDir, step: int | None = None, include_data: bool = Fals
                 _add_bytes(tar, f"{top}/plan.jsonl", run.plan.read_bytes())
             _add_bytes(tar, f"{top}/environment.json", json.dumps(snapshot(), indent=1).encode())
             _add_bytes(tar, f"{top}/metrics.jsonl", _jsonl([to_dict(r) for r in window_recs]))
-            _add_bytes(tar, f"{top}/events.jsonl",
-                       "".join(line + "\n" for line in _event_lines(run, lo, hi, ts_lo, ts_hi)).encode())
+            _add_bytes(
+                tar,
+                f"{top}/events.jsonl",
+                "".join(line + "\n" for line in _event_lines(run, lo, hi, ts_lo, ts_hi)).encode(),
+            )
             _add_bytes(tar, f"{top}/replay.py", REPLAY_PY.encode(), 0o755)
             if ckpt is not None:
                 for rng in sorted(ckpt.glob("rng_state*.pth")):
@@ -229,10 +264,21 @@ def build_bundle(run: RunDir, step: int | None = None, include_data: bool = Fals
             if include_data:
                 wanted = {i for s in replay_steps for i in s["indices"]}
                 rows, _ = fetch_rows(manifest["data"]["path"], wanted)
-                _add_bytes(tar, f"{top}/data/samples.jsonl",
-                           _jsonl([{"st_sample_id": i, "row": rows[i]} for i in sorted(rows)]))
+                _add_bytes(
+                    tar,
+                    f"{top}/data/samples.jsonl",
+                    _jsonl([{"st_sample_id": i, "row": rows[i]} for i in sorted(rows)]),
+                )
         shutil.move(str(tmp), out)
     finally:
         tmp.unlink(missing_ok=True)
-    return BundleInfo(out, step, start, ckpt.name if ckpt else None, len(replay_steps), out.stat().st_size,
-                      include_data, include_checkpoint)
+    return BundleInfo(
+        out,
+        step,
+        start,
+        ckpt.name if ckpt else None,
+        len(replay_steps),
+        out.stat().st_size,
+        include_data,
+        include_checkpoint,
+    )

@@ -84,9 +84,14 @@ class CheckpointDiff:
             return {k: (str(v) if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}
 
         tensors = [t for _, t in self.top(top)] if top else self.tensors
-        return {"a": self.a, "b": self.b, "problem_layer": self.problem_layer, "reason": self.reason,
-                "layers": [clean(asdict(x)) for x in self.layers],
-                "tensors": [clean({**asdict(t), "shape": list(t.shape)}) for t in tensors]}
+        return {
+            "a": self.a,
+            "b": self.b,
+            "problem_layer": self.problem_layer,
+            "reason": self.reason,
+            "layers": [clean(asdict(x)) for x in self.layers],
+            "tensors": [clean({**asdict(t), "shape": list(t.shape)}) for t in tensors],
+        }
 
 
 def _stats(ref: TensorRef, chunk: int) -> tuple[float, int, int]:
@@ -150,7 +155,11 @@ def _robust_z(values: list[float]) -> list[float | None]:
     finite = sorted(v for v in values if math.isfinite(v))
     if len(finite) < 3:
         return [None] * len(values)
-    med = finite[len(finite) // 2] if len(finite) % 2 else (finite[len(finite) // 2 - 1] + finite[len(finite) // 2]) / 2
+    med = (
+        finite[len(finite) // 2]
+        if len(finite) % 2
+        else (finite[len(finite) // 2 - 1] + finite[len(finite) // 2]) / 2
+    )
     dev = sorted(abs(v - med) for v in finite)
     mad = dev[len(dev) // 2]
     scale = max(1.4826 * mad, MAD_FLOOR)
@@ -168,9 +177,9 @@ def summarize_layers(tensors: list[TensorDiff]) -> list[LayerDiff]:
         lay = layers.setdefault(name, LayerDiff(name))
         acc = sq.setdefault(name, [0.0, 0.0, 0.0])
         lay.tensors += 1
-        acc[0] += t.norm_a ** 2
-        acc[1] += t.norm_b ** 2
-        acc[2] += t.l2_change ** 2
+        acc[0] += t.norm_a**2
+        acc[1] += t.norm_b**2
+        acc[2] += t.l2_change**2
         lay.max_abs = max(lay.max_abs, t.max_abs)
         lay.nonfinite_a += t.nan_a + t.inf_a
         lay.nonfinite_b += t.nonfinite_b
@@ -190,21 +199,32 @@ def find_problem(layers: list[LayerDiff], tensors: list[TensorDiff]) -> tuple[st
     for lay in layers:
         if lay.nonfinite_b:
             worst = max((t for t in tensors if t.layer == lay.name), key=lambda t: t.nonfinite_b)
-            return lay.name, (f"{lay.nonfinite_b} non-finite value(s) in B, e.g. {worst.nan_b} NaN / {worst.inf_b} Inf "
-                              f"in {worst.name}; every layer before it is finite")
+            return lay.name, (
+                f"{lay.nonfinite_b} non-finite value(s) in B, e.g. {worst.nan_b} NaN / {worst.inf_b} Inf "
+                f"in {worst.name}; every layer before it is finite"
+            )
     for lay in layers:
         if lay.z is not None and lay.z > OUTLIER_Z:
-            return lay.name, (f"relative change {lay.rel_change:.3g} is an outlier (robust z {lay.z:.1f} > {OUTLIER_Z}) "
-                              "against the other layers")
+            return lay.name, (
+                f"relative change {lay.rel_change:.3g} is an outlier (robust z {lay.z:.1f} > {OUTLIER_Z}) "
+                "against the other layers"
+            )
     changed = [x for x in layers if x.rel_change > 0]
     if not changed:
         return None, "no tensor changed"
     most = max(changed, key=lambda x: x.rel_change)
-    return None, f"no problem layer: changes are even across layers (largest: {most.name}, relative {most.rel_change:.3g})"
+    return (
+        None,
+        f"no problem layer: changes are even across layers (largest: {most.name}, relative {most.rel_change:.3g})",
+    )
 
 
-def diff_checkpoints(a: str | Path, b: str | Path, chunk: int = DEFAULT_CHUNK,
-                     progress: Callable[[int, int], None] | None = None) -> CheckpointDiff:
+def diff_checkpoints(
+    a: str | Path,
+    b: str | Path,
+    chunk: int = DEFAULT_CHUNK,
+    progress: Callable[[int, int], None] | None = None,
+) -> CheckpointDiff:
     """Stream-compare two checkpoints (folders of ``*.safetensors`` or single files)."""
     ia, ib = tensor_index(Path(a)), tensor_index(Path(b))
     total = sum((r.end - r.start) for r in ia.values()) + sum((r.end - r.start) for r in ib.values())

@@ -12,8 +12,19 @@ import platform
 import sys
 from typing import Any
 
-KEY_PACKAGES = ("torch", "transformers", "peft", "trl", "accelerate", "datasets", "tokenizers", "safetensors",
-                "bitsandbytes", "numpy", "steadytune")
+KEY_PACKAGES = (
+    "torch",
+    "transformers",
+    "peft",
+    "trl",
+    "accelerate",
+    "datasets",
+    "tokenizers",
+    "safetensors",
+    "bitsandbytes",
+    "numpy",
+    "steadytune",
+)
 
 
 def packages() -> list[str]:
@@ -40,13 +51,18 @@ def torch_details() -> dict[str, Any]:
     except ImportError:
         return {"torch": None}
     out: dict[str, Any] = {
-        "torch": torch.__version__, "cuda_build": torch.version.cuda, "cuda_available": torch.cuda.is_available(),
+        "torch": torch.__version__,
+        "cuda_build": torch.version.cuda,
+        "cuda_available": torch.cuda.is_available(),
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-        "threads": torch.get_num_threads(), "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+        "threads": torch.get_num_threads(),
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
     }
     if torch.cuda.is_available():
         out["devices"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-        out["capabilities"] = [list(torch.cuda.get_device_capability(i)) for i in range(torch.cuda.device_count())]
+        out["capabilities"] = [
+            list(torch.cuda.get_device_capability(i)) for i in range(torch.cuda.device_count())
+        ]
     return out
 
 
@@ -59,6 +75,7 @@ def nvml_details() -> dict[str, Any]:
     except Exception:
         return {}
     try:
+
         def text(x: Any) -> str:
             return x.decode() if isinstance(x, bytes) else str(x)
 
@@ -76,13 +93,27 @@ def nvml_details() -> dict[str, Any]:
 
 def snapshot(with_torch: bool = True) -> dict[str, Any]:
     """Everything above in one JSON-ready dict. ``with_torch=False`` keeps torch out of this process."""
-    env_keys = ("CUDA_VISIBLE_DEVICES", "CUBLAS_WORKSPACE_CONFIG", "OMP_NUM_THREADS", "PYTORCH_CUDA_ALLOC_CONF",
-                "NCCL_ALGO", "TOKENIZERS_PARALLELISM")
+    env_keys = (
+        "CUDA_VISIBLE_DEVICES",
+        "CUBLAS_WORKSPACE_CONFIG",
+        "OMP_NUM_THREADS",
+        "PYTORCH_CUDA_ALLOC_CONF",
+        "NCCL_ALGO",
+        "TOKENIZERS_PARALLELISM",
+    )
     return {
-        "python": {"version": sys.version.split()[0], "implementation": platform.python_implementation(),
-                   "executable": sys.executable},
-        "os": {"system": platform.system(), "release": platform.release(), "machine": platform.machine(),
-               "platform": platform.platform(), "cpus": os.cpu_count()},
+        "python": {
+            "version": sys.version.split()[0],
+            "implementation": platform.python_implementation(),
+            "executable": sys.executable,
+        },
+        "os": {
+            "system": platform.system(),
+            "release": platform.release(),
+            "machine": platform.machine(),
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+        },
         "key_packages": {n: _version(n) for n in KEY_PACKAGES},
         "torch": torch_details() if with_torch else {"torch": _version("torch")},
         "nvml": nvml_details(),
@@ -103,5 +134,7 @@ def differences(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
         if key in rt and rt.get(key) != ct.get(key):
             out.append(f"torch {key} {rt.get(key)} -> {ct.get(key)}")
     if (recorded.get("nvml") or {}).get("driver") != (current.get("nvml") or {}).get("driver"):
-        out.append(f"driver {(recorded.get('nvml') or {}).get('driver')} -> {(current.get('nvml') or {}).get('driver')}")
+        out.append(
+            f"driver {(recorded.get('nvml') or {}).get('driver')} -> {(current.get('nvml') or {}).get('driver')}"
+        )
     return out

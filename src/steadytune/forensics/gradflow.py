@@ -27,19 +27,34 @@ def as_rows(stats: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Accept both shapes: ``{layer: {...}}`` or ``{"layers": [...], "norm": [...], ...}``."""
     if isinstance(stats.get("layers"), list):
         cols = stats
-        return {name: {"norm": cols["norm"][i], "zero_frac": cols["zero_frac"][i]}
-                for i, name in enumerate(cols["layers"])}
+        return {
+            name: {"norm": cols["norm"][i], "zero_frac": cols["zero_frac"][i]}
+            for i, name in enumerate(cols["layers"])
+        }
     return stats
 
 
 def _anomaly(kind: str, layer: str, step: int, evidence: dict[str, Any], cause: str) -> Anomaly:
     info = KINDS[kind]
-    return Anomaly(kind=kind, severity=info.severity, start_step=step, end_step=step, metric=f"grad_norm/{layer}",
-                   evidence={"layer": layer, **evidence}, cause=cause, suggestion=info.suggestion)
+    return Anomaly(
+        kind=kind,
+        severity=info.severity,
+        start_step=step,
+        end_step=step,
+        metric=f"grad_norm/{layer}",
+        evidence={"layer": layer, **evidence},
+        cause=cause,
+        suggestion=info.suggestion,
+    )
 
 
-def check_layers(stats: dict[str, Any], step: int = 0, vanish: float = VANISH_NORM, explode: float = EXPLODE_NORM,
-                 zero_frac: float = ZERO_FRAC) -> list[Anomaly]:
+def check_layers(
+    stats: dict[str, Any],
+    step: int = 0,
+    vanish: float = VANISH_NORM,
+    explode: float = EXPLODE_NORM,
+    zero_frac: float = ZERO_FRAC,
+) -> list[Anomaly]:
     """One anomaly per dead/vanishing (``grad_vanishing``) or exploding (``grad_explosion``) layer.
 
     Args:
@@ -55,12 +70,33 @@ def check_layers(stats: dict[str, Any], step: int = 0, vanish: float = VANISH_NO
         zf = float(row.get("zero_frac", 0.0))
         ev = {"norm": norm if math.isfinite(norm) else str(norm), "zero_frac": round(zf, 4)}
         if not math.isfinite(norm) or norm > explode:
-            out.append(_anomaly("grad_explosion", layer, step, ev,
-                                f"layer {layer}: gradient norm {norm:.3g} exceeds {explode:g}"))
+            out.append(
+                _anomaly(
+                    "grad_explosion",
+                    layer,
+                    step,
+                    ev,
+                    f"layer {layer}: gradient norm {norm:.3g} exceeds {explode:g}",
+                )
+            )
         elif norm < vanish:
-            out.append(_anomaly("grad_vanishing", layer, step, ev,
-                                f"layer {layer}: gradient norm {norm:.3g} is below {vanish:g} (vanishing)"))
+            out.append(
+                _anomaly(
+                    "grad_vanishing",
+                    layer,
+                    step,
+                    ev,
+                    f"layer {layer}: gradient norm {norm:.3g} is below {vanish:g} (vanishing)",
+                )
+            )
         elif zf > zero_frac and layer != EMBEDDINGS:
-            out.append(_anomaly("grad_vanishing", layer, step, ev,
-                                f"layer {layer}: {zf:.0%} of its gradient entries are exactly zero (dead units)"))
+            out.append(
+                _anomaly(
+                    "grad_vanishing",
+                    layer,
+                    step,
+                    ev,
+                    f"layer {layer}: {zf:.0%} of its gradient entries are exactly zero (dead units)",
+                )
+            )
     return out

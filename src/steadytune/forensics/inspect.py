@@ -60,10 +60,13 @@ class SampleVerdict:
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
-            "sample_id": self.sample_id, "verdict": self.verdict,
+            "sample_id": self.sample_id,
+            "verdict": self.verdict,
             "findings": [f.to_dict() for f in self.findings],
             "stats": self.stats.to_dict() if self.stats else None,
-            "recorded_hash": self.recorded_hash, "current_hash": self.current_hash, "row_sha256": self.row_sha256,
+            "recorded_hash": self.recorded_hash,
+            "current_hash": self.current_hash,
+            "row_sha256": self.row_sha256,
         }
         if self.text is not None:
             out["text"] = self.text
@@ -95,23 +98,40 @@ class BatchVerdict:
 
     def to_dict(self) -> dict[str, Any]:
         loss = self.loss if self.loss is None or math.isfinite(self.loss) else str(self.loss)
-        norm = self.grad_norm if self.grad_norm is None or math.isfinite(self.grad_norm) else str(self.grad_norm)
+        norm = (
+            self.grad_norm if self.grad_norm is None or math.isfinite(self.grad_norm) else str(self.grad_norm)
+        )
         return {
-            "run_id": self.run_id, "step": self.step, "attempt": self.attempt, "verdict": self.verdict,
-            "summary": self.summary, "culprits": self.culprits, "loss": loss, "grad_norm": norm,
-            "skipped": self.skipped, "dataset": self.dataset, "notes": list(self.notes),
-            "findings": [f.to_dict() for f in self.findings], "samples": [s.to_dict() for s in self.samples],
+            "run_id": self.run_id,
+            "step": self.step,
+            "attempt": self.attempt,
+            "verdict": self.verdict,
+            "summary": self.summary,
+            "culprits": self.culprits,
+            "loss": loss,
+            "grad_norm": norm,
+            "skipped": self.skipped,
+            "dataset": self.dataset,
+            "notes": list(self.notes),
+            "findings": [f.to_dict() for f in self.findings],
+            "samples": [s.to_dict() for s in self.samples],
         }
 
     def event_data(self) -> dict[str, Any]:
         """A compact, text-free form to attach to an event (``Event.data``)."""
         return {
-            "verdict": self.verdict, "summary": self.summary, "culprits": self.culprits[:16],
-            "checks": sorted({f.check for s in self.samples for f in s.findings} | {f.check for f in self.findings}),
+            "verdict": self.verdict,
+            "summary": self.summary,
+            "culprits": self.culprits[:16],
+            "checks": sorted(
+                {f.check for s in self.samples for f in s.findings} | {f.check for f in self.findings}
+            ),
         }
 
 
-def fetch_rows(path: str | Path, indices: set[int]) -> tuple[dict[int, dict[str, Any]], dict[str, Any] | None]:
+def fetch_rows(
+    path: str | Path, indices: set[int]
+) -> tuple[dict[int, dict[str, Any]], dict[str, Any] | None]:
     """Rows ``indices`` of a dataset file (row id = position among non-blank rows) and its first row.
 
     JSONL is scanned line by line and only the wanted lines are parsed, so a
@@ -160,25 +180,44 @@ def _texts_and_floats(obj: Any, texts: list[str], floats: list[float]) -> None:
 
 
 def _shown(row: dict[str, Any]) -> dict[str, Any]:
-    return {k: (v[:TEXT_LIMIT] + "…" if isinstance(v, str) and len(v) > TEXT_LIMIT else v) for k, v in row.items()}
+    return {
+        k: (v[:TEXT_LIMIT] + "…" if isinstance(v, str) and len(v) > TEXT_LIMIT else v) for k, v in row.items()
+    }
 
 
 def _spec(cfg: dict[str, Any], max_seq_length: int | None) -> DataSpec:
     d = cfg.get("data") or {}
-    return DataSpec(str(d.get("train_file", "")), d.get("format") or "auto", d.get("text_field") or "text",
-                    int(max_seq_length or d.get("max_seq_length") or 512), bool(d.get("train_on_prompt", False)),
-                    d.get("max_samples"))
+    return DataSpec(
+        str(d.get("train_file", "")),
+        d.get("format") or "auto",
+        d.get("text_field") or "text",
+        int(max_seq_length or d.get("max_seq_length") or 512),
+        bool(d.get("train_on_prompt", False)),
+        d.get("max_samples"),
+    )
 
 
-def _check_one(sid: int, recorded: str, row: dict[str, Any] | None, tok: Any, fmt: str, spec: DataSpec,
-               vocab: int, show_text: bool) -> SampleVerdict:
+def _check_one(
+    sid: int,
+    recorded: str,
+    row: dict[str, Any] | None,
+    tok: Any,
+    fmt: str,
+    spec: DataSpec,
+    vocab: int,
+    show_text: bool,
+) -> SampleVerdict:
     if row is None:
-        f = Finding("missing_row", "critical", f"row {sid} is not in {spec.path} any more: the dataset shrank")
+        f = Finding(
+            "missing_row", "critical", f"row {sid} is not in {spec.path} any more: the dataset shrank"
+        )
         return SampleVerdict(sid, "missing", (f,), None, recorded, "")
     if spec.max_samples and sid >= spec.max_samples:
         f = Finding("missing_row", "critical", f"row {sid} is past data.max_samples={spec.max_samples}")
         return SampleVerdict(sid, "missing", (f,), None, recorded, "")
-    row_sha = hashlib.sha256(json.dumps(row, sort_keys=True, default=str).encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    row_sha = hashlib.sha256(
+        json.dumps(row, sort_keys=True, default=str).encode("utf-8", "surrogatepass")
+    ).hexdigest()[:16]
     texts: list[str] = []
     floats: list[float] = []
     _texts_and_floats(row, texts, floats)
@@ -187,18 +226,36 @@ def _check_one(sid: int, recorded: str, row: dict[str, Any] | None, tok: Any, fm
         full = encode_row(tok, row, fmt, dataclasses.replace(spec, max_seq_length=1 << 30))
     except Exception as exc:  # the runner would have failed on this row the same way
         f = Finding("encoding_error", "critical", f"encoding failed: {type(exc).__name__}: {exc}")
-        return SampleVerdict(sid, "bad", (f,), None, recorded, "", row_sha, text=_shown(row) if show_text else None)
+        return SampleVerdict(
+            sid, "bad", (f,), None, recorded, "", row_sha, text=_shown(row) if show_text else None
+        )
     current = f"{_hash_ids(enc['input_ids']):015x}"
     specials = frozenset(getattr(tok, "all_special_ids", []) or [])
     facts = SampleFacts(
-        input_ids=enc["input_ids"], labels=enc["labels"], vocab_size=vocab, special_ids=specials,
-        pad_id=getattr(tok, "pad_token_id", None), unk_id=getattr(tok, "unk_token_id", None),
-        max_seq_length=spec.max_seq_length, untruncated_len=len(full["input_ids"]), raw_texts=tuple(texts),
-        raw_floats=tuple(floats), recorded_hash=recorded, current_hash=current,
+        input_ids=enc["input_ids"],
+        labels=enc["labels"],
+        vocab_size=vocab,
+        special_ids=specials,
+        pad_id=getattr(tok, "pad_token_id", None),
+        unk_id=getattr(tok, "unk_token_id", None),
+        max_seq_length=spec.max_seq_length,
+        untruncated_len=len(full["input_ids"]),
+        raw_texts=tuple(texts),
+        raw_floats=tuple(floats),
+        recorded_hash=recorded,
+        current_hash=current,
     )
     findings, stats = check_sample(facts)
-    return SampleVerdict(sid, level_of(findings), tuple(findings), stats, recorded, current, row_sha,
-                         text=_shown(row) if show_text else None)
+    return SampleVerdict(
+        sid,
+        level_of(findings),
+        tuple(findings),
+        stats,
+        recorded,
+        current,
+        row_sha,
+        text=_shown(row) if show_text else None,
+    )
 
 
 def _flag_outliers(samples: list[SampleVerdict]) -> list[SampleVerdict]:
@@ -211,12 +268,27 @@ def _flag_outliers(samples: list[SampleVerdict]) -> list[SampleVerdict]:
     for s in samples:
         extra = []
         if s.stats and median and s.stats.tokens > LONG_FACTOR * median:
-            extra.append(Finding("too_long", "warning", f"{s.stats.tokens} tokens, {s.stats.tokens / median:.0f}x the "
-                                                        "batch median"))
-        if s.stats and trained and len(samples) >= DOMINANT_MIN_BATCH and s.stats.trained / trained > DOMINANT_SHARE:
-            extra.append(Finding("dominates_loss", "warning",
-                                 f"holds {s.stats.trained / trained:.0%} of the step's {trained} trained tokens: the "
-                                 "step's loss is mostly this sample's"))
+            extra.append(
+                Finding(
+                    "too_long",
+                    "warning",
+                    f"{s.stats.tokens} tokens, {s.stats.tokens / median:.0f}x the batch median",
+                )
+            )
+        if (
+            s.stats
+            and trained
+            and len(samples) >= DOMINANT_MIN_BATCH
+            and s.stats.trained / trained > DOMINANT_SHARE
+        ):
+            extra.append(
+                Finding(
+                    "dominates_loss",
+                    "warning",
+                    f"holds {s.stats.trained / trained:.0%} of the step's {trained} trained tokens: the "
+                    "step's loss is mostly this sample's",
+                )
+            )
         if extra:
             findings = (*s.findings, *extra)
             s = dataclasses.replace(s, findings=findings, verdict=level_of(findings))
@@ -226,7 +298,9 @@ def _flag_outliers(samples: list[SampleVerdict]) -> list[SampleVerdict]:
 
 def _summary(step: int, verdict: str, samples: list[SampleVerdict], batch: list[Finding]) -> str:
     head = f"step {step}: {verdict.upper()}"
-    named = [s for s in samples if s.verdict in {"bad", "missing"}] or [s for s in samples if s.verdict == "suspect"]
+    named = [s for s in samples if s.verdict in {"bad", "missing"}] or [
+        s for s in samples if s.verdict == "suspect"
+    ]
     parts = [f"sample {s.sample_id} ({'; '.join(f.check for f in s.findings)})" for s in named[:5]]
     if len(named) > 5:
         parts.append(f"and {len(named) - 5} more")
@@ -237,12 +311,19 @@ def _summary(step: int, verdict: str, samples: list[SampleVerdict], batch: list[
 
 
 def _all_hashes_differ(samples: list[SampleVerdict]) -> bool:
-    return bool(samples) and all(s.recorded_hash and s.current_hash and s.recorded_hash != s.current_hash
-                                 for s in samples)
+    return bool(samples) and all(
+        s.recorded_hash and s.current_hash and s.recorded_hash != s.current_hash for s in samples
+    )
 
 
-def inspect_step(run_dir: RunDir | str | Path, step: int, show_text: bool = False, *,
-                 allow_transformers: bool = False, attempt: int | None = None) -> BatchVerdict:
+def inspect_step(
+    run_dir: RunDir | str | Path,
+    step: int,
+    show_text: bool = False,
+    *,
+    allow_transformers: bool = False,
+    attempt: int | None = None,
+) -> BatchVerdict:
     """Reload the samples of ``step`` and judge each one and the batch.
 
     Args:
@@ -261,32 +342,59 @@ def inspect_step(run_dir: RunDir | str | Path, step: int, show_text: bool = Fals
     cfg = load_run_config(run)
     plan = plan_for_attempt(run, batch.attempt)
     spec = _spec(cfg, plan.max_seq_length)
-    base = BatchVerdict(run.run_id, step, batch.attempt, "unknown", "", loss=batch.loss, grad_norm=batch.grad_norm,
-                        skipped=batch.skipped, dataset=spec.path)
+    base = BatchVerdict(
+        run.run_id,
+        step,
+        batch.attempt,
+        "unknown",
+        "",
+        loss=batch.loss,
+        grad_norm=batch.grad_norm,
+        skipped=batch.skipped,
+        dataset=spec.path,
+    )
     try:
         rows, first = fetch_rows(spec.path, set(batch.indices))
-        fmt = spec.format if spec.format != "auto" else detect_format([first] if first else [], spec.text_field)
+        fmt = (
+            spec.format if spec.format != "auto" else detect_format([first] if first else [], spec.text_field)
+        )
     except DataError as exc:
-        return dataclasses.replace(base, summary=f"step {step}: cannot read the dataset: {exc}", notes=(str(exc),))
-    model = (cfg.get("model") or {})
+        return dataclasses.replace(
+            base, summary=f"step {step}: cannot read the dataset: {exc}", notes=(str(exc),)
+        )
+    model = cfg.get("model") or {}
     try:
-        tok = load_tokenizer(model.get("name_or_path", ""), needs_chat_template=fmt == "messages",
-                             allow_transformers=allow_transformers, trust_remote_code=bool(model.get("trust_remote_code")))
+        tok = load_tokenizer(
+            model.get("name_or_path", ""),
+            needs_chat_template=fmt == "messages",
+            allow_transformers=allow_transformers,
+            trust_remote_code=bool(model.get("trust_remote_code")),
+        )
     except (TokenizerUnavailable, OSError, ValueError) as exc:
         return dataclasses.replace(base, summary=f"step {step}: not checked: {exc}", notes=(str(exc),))
     vocab = vocab_size(model.get("name_or_path", ""), tok)
-    samples = [_check_one(sid, h, rows.get(sid), tok, fmt, spec, vocab, show_text)
-               for sid, h in zip(batch.indices, batch.hashes, strict=True)]
+    samples = [
+        _check_one(sid, h, rows.get(sid), tok, fmt, spec, vocab, show_text)
+        for sid, h in zip(batch.indices, batch.hashes, strict=True)
+    ]
     if allow_transformers and isinstance(tok, LightTokenizer) and _all_hashes_differ(samples):
         # The light tokenizer may normalise differently from transformers' wrapper: ask the real one.
         tok = load_hf_tokenizer(model.get("name_or_path", ""), bool(model.get("trust_remote_code")))
-        samples = [_check_one(sid, h, rows.get(sid), tok, fmt, spec, vocab, show_text)
-                   for sid, h in zip(batch.indices, batch.hashes, strict=True)]
+        samples = [
+            _check_one(sid, h, rows.get(sid), tok, fmt, spec, vocab, show_text)
+            for sid, h in zip(batch.indices, batch.hashes, strict=True)
+        ]
     samples = _flag_outliers(samples)
     batch_findings = check_batch([s.stats for s in samples if s.stats is not None])
     verdict = level_of([f for s in samples for f in s.findings] + batch_findings)
     notes = []
     if _all_hashes_differ(samples):
         notes.append("every hash differs: the dataset, the tokenizer or max_seq_length changed since the run")
-    return dataclasses.replace(base, verdict=verdict, summary=_summary(step, verdict, samples, batch_findings),
-                               samples=tuple(samples), findings=tuple(batch_findings), notes=tuple(notes))
+    return dataclasses.replace(
+        base,
+        verdict=verdict,
+        summary=_summary(step, verdict, samples, batch_findings),
+        samples=tuple(samples),
+        findings=tuple(batch_findings),
+        notes=tuple(notes),
+    )

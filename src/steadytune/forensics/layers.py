@@ -13,9 +13,19 @@ import re
 from collections.abc import Iterable
 
 _PREFIXES = ("base_model.model.", "module.", "_orig_mod.")
-_BLOCK = re.compile(r"^(?P<stack>(?:[A-Za-z_]\w*\.)*?(?:layers|layer|h|blocks|block))\.(?P<index>\d+)(?:\.|$)")
-_EMBED = ("embed_tokens", "wte", "wpe", "word_embeddings", "position_embeddings", "embed_in", "tok_embeddings",
-          "embeddings")
+_BLOCK = re.compile(
+    r"^(?P<stack>(?:[A-Za-z_]\w*\.)*?(?:layers|layer|h|blocks|block))\.(?P<index>\d+)(?:\.|$)"
+)
+_EMBED = (
+    "embed_tokens",
+    "wte",
+    "wpe",
+    "word_embeddings",
+    "position_embeddings",
+    "embed_in",
+    "tok_embeddings",
+    "embeddings",
+)
 _HEAD = ("lm_head", "embed_out", "output", "score")
 _FINAL_NORM = ("norm", "ln_f", "final_layernorm", "final_layer_norm", "final_norm")
 
@@ -28,17 +38,17 @@ def strip_prefixes(name: str) -> str:
         changed = False
         for p in _PREFIXES:
             if name.startswith(p):
-                name, changed = name[len(p):], True
+                name, changed = name[len(p) :], True
     return name
 
 
 def layer_of(name: str) -> tuple[str, tuple[int, int, str]]:
     """``(layer name, sort key)`` of a parameter; sorting by the key gives forward order."""
     bare = strip_prefixes(name)
-    inner = bare[len("model."):] if bare.startswith("model.") else bare
+    inner = bare[len("model.") :] if bare.startswith("model.") else bare
     for prefix in ("transformer.", "gpt_neox.", "decoder.", "language_model.model.", "language_model."):
-        if inner.startswith(prefix) and _BLOCK.match(inner[len(prefix):]):
-            inner = inner[len(prefix):]
+        if inner.startswith(prefix) and _BLOCK.match(inner[len(prefix) :]):
+            inner = inner[len(prefix) :]
             break
     m = _BLOCK.match(inner)
     if m:

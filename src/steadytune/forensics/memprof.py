@@ -80,14 +80,20 @@ def judge(name: str, ts: Sequence[float], values: Sequence[int], limit: int | No
     duration = ts[-1] - ts[0] if len(ts) > 1 else 0.0
     rise = slope * duration
     typical = sorted(values)[len(values) // 2] if values else 0
-    growing = slope > 0 and agree >= MIN_AGREEMENT and rise >= max(MIN_GROWTH_BYTES, MIN_GROWTH_SHARE * typical)
+    growing = (
+        slope > 0 and agree >= MIN_AGREEMENT and rise >= max(MIN_GROWTH_BYTES, MIN_GROWTH_SHARE * typical)
+    )
     eta = None
     if slope > 0 and limit is not None:
         eta = max(0.0, (limit - values[-1]) / slope)
-    return SeriesReport(name, int(values[0]), int(values[-1]), int(max(values)), slope, agree, limit, eta, growing)
+    return SeriesReport(
+        name, int(values[0]), int(values[-1]), int(max(values)), slope, agree, limit, eta, growing
+    )
 
 
-def analyze(pid: int, samples: Sequence[MemSample], ram_available: int | None, gpu_total: int | None) -> MemReport:
+def analyze(
+    pid: int, samples: Sequence[MemSample], ram_available: int | None, gpu_total: int | None
+) -> MemReport:
     """Judge each series: RSS and USS against the RAM still available, GPU against its total."""
     rep = MemReport(pid, len(samples), samples[-1].ts - samples[0].ts if samples else 0.0)
     if len(samples) < 3:
@@ -170,9 +176,15 @@ class TreeSampler:
         return MemSample(now, rss, uss if uss_ok else None, self._gpu(pids), len(pids))
 
 
-def profile(sampler: Any, seconds: float, interval: float, clock: Callable[[], float] = time.monotonic,
-            sleep: Callable[[float], None] = time.sleep, on_sample: Callable[[MemSample], None] | None = None,
-            alive: Callable[[], bool] = lambda: True) -> list[MemSample]:
+def profile(
+    sampler: Any,
+    seconds: float,
+    interval: float,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+    on_sample: Callable[[MemSample], None] | None = None,
+    alive: Callable[[], bool] = lambda: True,
+) -> list[MemSample]:
     """Sample every ``interval`` seconds for ``seconds`` (or until ``alive()`` turns false)."""
     samples: list[MemSample] = []
     start = clock()
@@ -202,5 +214,10 @@ def allocator_report(steps: Sequence[Any]) -> dict[str, Any] | None:
         ys = [getattr(s, key) for s in rows]
         if all(y is not None for y in ys):
             slope, agree = theil_sen(xs, ys)
-            out[key] = {"last": ys[-1], "max": max(ys), "slope_bytes_per_step": slope, "agreement": round(agree, 3)}
+            out[key] = {
+                "last": ys[-1],
+                "max": max(ys),
+                "slope_bytes_per_step": slope,
+                "agreement": round(agree, 3),
+            }
     return out

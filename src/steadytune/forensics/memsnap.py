@@ -48,8 +48,12 @@ def dump_cuda_snapshot(path: str | Path) -> SnapshotResult:
     """
     torch = _cuda()
     if torch is None:
-        return SnapshotResult(False, None, "no CUDA device in this process: a CUDA memory snapshot needs a GPU run "
-                                           "(RSS/USS from mem-profile cover CPU memory)")
+        return SnapshotResult(
+            False,
+            None,
+            "no CUDA device in this process: a CUDA memory snapshot needs a GPU run "
+            "(RSS/USS from mem-profile cover CPU memory)",
+        )
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     snapshot = torch.cuda.memory._snapshot()  # type: ignore[attr-defined]
@@ -59,5 +63,9 @@ def dump_cuda_snapshot(path: str | Path) -> SnapshotResult:
     tmp.replace(path)
     segments = len(snapshot.get("segments", []))
     reserved = sum(s.get("total_size", 0) for s in snapshot.get("segments", []))
-    return SnapshotResult(True, path, f"wrote {path} ({segments} segments, {reserved / 1024**2:.0f} MiB reserved); "
-                                      "open it at https://pytorch.org/memory_viz")
+    return SnapshotResult(
+        True,
+        path,
+        f"wrote {path} ({segments} segments, {reserved / 1024**2:.0f} MiB reserved); "
+        "open it at https://pytorch.org/memory_viz",
+    )

@@ -59,8 +59,10 @@ class ReplayResult:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        d["steps"] = [{k: (str(v) if isinstance(v, float) and not math.isfinite(v) else v) for k, v in s.items()}
-                      for s in d["steps"]]
+        d["steps"] = [
+            {k: (str(v) if isinstance(v, float) and not math.isfinite(v) else v) for k, v in s.items()}
+            for s in d["steps"]
+        ]
         return d
 
 
@@ -89,7 +91,9 @@ def opened(bundle: Path) -> Iterator[Path]:
         yield bundle
         return
     if not bundle.is_file():
-        raise FileNotFoundError(f"{bundle} does not exist; pass a repro bundle (.tar.gz) or its unpacked folder")
+        raise FileNotFoundError(
+            f"{bundle} does not exist; pass a repro bundle (.tar.gz) or its unpacked folder"
+        )
     with tempfile.TemporaryDirectory(prefix="steadytune-repro-") as tmp:
         with tarfile.open(bundle, "r:gz") as tar:
             tar.extractall(tmp, filter="data")  # no absolute paths, no .., no device files
@@ -108,8 +112,10 @@ def _checkpoint(folder: Path, meta: dict[str, Any], override: Path | None) -> Pa
     included = folder / "checkpoint" / ref["name"]
     path = override or (included if included.is_dir() else Path(ref["path"]))
     if not (path / MANIFEST).exists():
-        raise FileNotFoundError(f"checkpoint {path} is not there; pass --checkpoint PATH or make the bundle with "
-                                "--include-checkpoint")
+        raise FileNotFoundError(
+            f"checkpoint {path} is not there; pass --checkpoint PATH or make the bundle with "
+            "--include-checkpoint"
+        )
     if sha256_file(path / MANIFEST) != ref["manifest_sha256"]:
         raise ValueError(f"{path} is not the checkpoint the bundle names (its MANIFEST.json sha256 differs)")
     v = verify(path)
@@ -182,41 +188,63 @@ def replay(folder: Path, checkpoint: Path | None = None, data: Path | None = Non
     rows = _rows(folder, meta, cfg, data)
     tok = load_hf_tokenizer(cfg.model.name_or_path, cfg.model.trust_remote_code)
     last = meta["replay"][-1]
-    plan = PlanRevision(revision=0, ts=0.0, reason="replay", per_device_train_batch_size=last["per_device_train_batch_size"],
-                        gradient_accumulation_steps=last["gradient_accumulation_steps"], lr_scale=last["lr_scale"],
-                        max_seq_length=last["max_seq_length"])
+    plan = PlanRevision(
+        revision=0,
+        ts=0.0,
+        reason="replay",
+        per_device_train_batch_size=last["per_device_train_batch_size"],
+        gradient_accumulation_steps=last["gradient_accumulation_steps"],
+        lr_scale=last["lr_scale"],
+        max_seq_length=last["max_seq_length"],
+    )
     staging = Path(tempfile.mkdtemp(prefix="steadytune-replay-"))
     args = training_arguments(cfg, plan, staging, has_eval=False)
     model = _load_model(cfg, ckpt)
     trainer = Trainer(model=model, args=args, data_collator=Collator(tok.pad_token_id), processing_class=tok)
     max_steps = int(meta.get("max_steps") or cfg.train.max_steps)
     if max_steps <= 0:
-        raise ValueError("the bundle does not say how many steps the run had (max_steps); the LR schedule needs it")
+        raise ValueError(
+            "the bundle does not say how many steps the run had (max_steps); the LR schedule needs it"
+        )
     trainer.create_optimizer_and_scheduler(num_training_steps=max_steps)
     if ckpt is not None:
         trainer._load_optimizer_and_scheduler(str(ckpt))  # the Trainer's own resume path
         trainer._load_rng_state(str(ckpt))
     else:
         notes.append("no checkpoint before the step: replayed from the base model with a fresh optimizer")
-    fmt = cfg.data.format if cfg.data.format != "auto" else detect_format([next(iter(rows.values()))], cfg.data.text_field)
-    base_spec = DataSpec(cfg.data.train_file, fmt, cfg.data.text_field, cfg.data.max_seq_length, cfg.data.train_on_prompt)
-    default_bs = cfg.train.per_device_train_batch_size if isinstance(cfg.train.per_device_train_batch_size, int) else 1
+    fmt = (
+        cfg.data.format
+        if cfg.data.format != "auto"
+        else detect_format([next(iter(rows.values()))], cfg.data.text_field)
+    )
+    base_spec = DataSpec(
+        cfg.data.train_file, fmt, cfg.data.text_field, cfg.data.max_seq_length, cfg.data.train_on_prompt
+    )
+    default_bs = (
+        cfg.train.per_device_train_batch_size if isinstance(cfg.train.per_device_train_batch_size, int) else 1
+    )
     outcomes: list[StepOutcome] = []
     by_sample: list[dict[str, Any]] = []
     model = trainer.model
     model.zero_grad(set_to_none=True)
     for entry in meta["replay"]:
-        spec = dataclasses.replace(base_spec, max_seq_length=entry["max_seq_length"] or base_spec.max_seq_length)
+        spec = dataclasses.replace(
+            base_spec, max_seq_length=entry["max_seq_length"] or base_spec.max_seq_length
+        )
         feats = []
-        for sid, recorded in zip(entry["indices"], entry["hashes"] + [""] * len(entry["indices"]), strict=False):
+        for sid, recorded in zip(
+            entry["indices"], entry["hashes"] + [""] * len(entry["indices"]), strict=False
+        ):
             if sid not in rows:
                 raise ValueError(f"sample {sid} of step {entry['step']} is not in the data; pass --data PATH")
             enc = encode_row(tok, rows[sid], fmt, spec)
             if recorded and f"{_hash_ids(enc['input_ids']):015x}" != recorded:
-                raise ValueError(f"sample {sid} of step {entry['step']} changed since the run (content hash differs)")
+                raise ValueError(
+                    f"sample {sid} of step {entry['step']} changed since the run (content hash differs)"
+                )
             feats.append(enc)
         bs = entry["per_device_train_batch_size"] or default_bs
-        batches = [trainer.data_collator(feats[k:k + bs]) for k in range(0, len(feats), bs)]
+        batches = [trainer.data_collator(feats[k : k + bs]) for k in range(0, len(feats), bs)]
         num_items = trainer._get_num_items_in_batch(batches, args.device)
         trainer.current_gradient_accumulation_steps = len(batches)
         loss, bad = 0.0, False
@@ -229,17 +257,34 @@ def replay(folder: Path, checkpoint: Path | None = None, data: Path | None = Non
         if args.max_grad_norm and args.max_grad_norm > 0:
             norm = float(torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm))
         else:
-            norm = float(torch.linalg.vector_norm(torch.stack([p.grad.detach().float().norm(2) for p in params]))) \
-                if params else 0.0
+            norm = (
+                float(
+                    torch.linalg.vector_norm(torch.stack([p.grad.detach().float().norm(2) for p in params]))
+                )
+                if params
+                else 0.0
+            )
         rec_loss, rec_norm = _f(entry.get("loss")), _f(entry.get("grad_norm"))
-        norm_ok = entry.get("ranks", 1) > 1 or close(norm, rec_norm, NORM_RTOL, NORM_ATOL)  # DDP norms are all-reduced
-        outcomes.append(StepOutcome(entry["step"], loss, norm, rec_loss, rec_norm,
-                                    close(loss, rec_loss, LOSS_RTOL, LOSS_ATOL) and norm_ok))
+        norm_ok = entry.get("ranks", 1) > 1 or close(
+            norm, rec_norm, NORM_RTOL, NORM_ATOL
+        )  # DDP norms are all-reduced
+        outcomes.append(
+            StepOutcome(
+                entry["step"],
+                loss,
+                norm,
+                rec_loss,
+                rec_norm,
+                close(loss, rec_loss, LOSS_RTOL, LOSS_ATOL) and norm_ok,
+            )
+        )
         if entry["step"] == meta["step"]:
             by_sample = per_sample_loss(model, feats, entry["indices"], args.device)
             break
         if not (math.isfinite(loss) and math.isfinite(norm)):
-            model.zero_grad(set_to_none=True)  # the guard's skip: the optimizer then leaves every weight alone
+            model.zero_grad(
+                set_to_none=True
+            )  # the guard's skip: the optimizer then leaves every weight alone
         _apply_recorded_lr(trainer.optimizer, entry, notes)
         trainer.optimizer.step()
         trainer.lr_scheduler.step()
@@ -262,13 +307,17 @@ def _apply_recorded_lr(optimizer: Any, entry: dict[str, Any], notes: list[str]) 
     current = float(optimizer.param_groups[0]["lr"])
     if recorded is None or not current or close(current, recorded, 1e-6, 1e-12):
         return
-    notes.append(f"step {entry['step']}: the run applied LR {recorded:.4g} where the schedule gives {current:.4g} "
-                 f"(x{recorded / current:.3g}): the LR was changed outside the schedule; replayed with the run's LR")
+    notes.append(
+        f"step {entry['step']}: the run applied LR {recorded:.4g} where the schedule gives {current:.4g} "
+        f"(x{recorded / current:.3g}): the LR was changed outside the schedule; replayed with the run's LR"
+    )
     for group in optimizer.param_groups:
         group["lr"] = group["lr"] * recorded / current
 
 
-def per_sample_loss(model: Any, feats: list[dict[str, Any]], ids: list[int], device: Any) -> list[dict[str, Any]]:
+def per_sample_loss(
+    model: Any, feats: list[dict[str, Any]], ids: list[int], device: Any
+) -> list[dict[str, Any]]:
     """Each sample's share of the step's loss: its summed token loss over the step's summed loss.
 
     The step loss is a token average over the whole batch, so a long or garbled sample can carry
@@ -284,8 +333,12 @@ def per_sample_loss(model: Any, feats: list[dict[str, Any]], ids: list[int], dev
             inputs = torch.tensor([f["input_ids"]], device=device)
             labels = torch.tensor([f["labels"]], device=device)
             logits = model(input_ids=inputs).logits.float()
-            ce = torch.nn.functional.cross_entropy(logits[0, :-1], labels[0, 1:], ignore_index=-100, reduction="sum")
-            rows.append({"sample_id": int(sid), "tokens": int((labels[0, 1:] != -100).sum()), "loss_sum": float(ce)})
+            ce = torch.nn.functional.cross_entropy(
+                logits[0, :-1], labels[0, 1:], ignore_index=-100, reduction="sum"
+            )
+            rows.append(
+                {"sample_id": int(sid), "tokens": int((labels[0, 1:] != -100).sum()), "loss_sum": float(ce)}
+            )
     model.train(was_training)
     total = sum(r["loss_sum"] for r in rows if math.isfinite(r["loss_sum"]))
     for r in rows:
@@ -294,39 +347,63 @@ def per_sample_loss(model: Any, feats: list[dict[str, Any]], ids: list[int], dev
     return sorted(rows, key=lambda r: -(r["share"] or 0.0))
 
 
-def _verdict(meta: dict[str, Any], ckpt: Path | None, outcomes: list[StepOutcome], notes: list[str]) -> ReplayResult:
+def _verdict(
+    meta: dict[str, Any], ckpt: Path | None, outcomes: list[StepOutcome], notes: list[str]
+) -> ReplayResult:
     final = outcomes[-1]
-    rec_bad = any(x is not None and not math.isfinite(x) for x in (final.recorded_loss, final.recorded_grad_norm))
+    rec_bad = any(
+        x is not None and not math.isfinite(x) for x in (final.recorded_loss, final.recorded_grad_norm)
+    )
     rec_bad = rec_bad or bool(meta["replay"][-1].get("skipped"))
     anomalies = [e.get("name") for e in meta.get("events_at_step", []) if e.get("kind") == "anomaly"]
     anomaly = rec_bad or bool(anomalies)
     now_bad = not (math.isfinite(final.loss) and math.isfinite(final.grad_norm))
     drift = next((o for o in outcomes[:-1] if not o.matches), None)
     if drift is not None:
-        notes.append(f"the replay drifted from the record first at step {drift.step} (loss {drift.loss:.6g} vs "
-                     f"{drift.recorded_loss}); see docs/forensics.md on determinism")
-    res = ReplayResult(meta["step"], meta["start_step"], ckpt.name if ckpt else None, "", "", anomaly, outcomes, notes)
-    shown = f"loss {final.loss:.6g} (recorded {final.recorded_loss}), grad norm {final.grad_norm:.6g} " \
-            f"(recorded {final.recorded_grad_norm})"
+        notes.append(
+            f"the replay drifted from the record first at step {drift.step} (loss {drift.loss:.6g} vs "
+            f"{drift.recorded_loss}); see docs/forensics.md on determinism"
+        )
+    res = ReplayResult(
+        meta["step"], meta["start_step"], ckpt.name if ckpt else None, "", "", anomaly, outcomes, notes
+    )
+    shown = (
+        f"loss {final.loss:.6g} (recorded {final.recorded_loss}), grad norm {final.grad_norm:.6g} "
+        f"(recorded {final.recorded_grad_norm})"
+    )
     if rec_bad:
         res.verdict = "reproduced" if now_bad else "not_reproduced"
-        res.message = (f"REPRODUCED: the step is non-finite again: {shown}" if now_bad
-                       else f"NOT REPRODUCED: the recorded step was non-finite, the replay is finite: {shown}")
+        res.message = (
+            f"REPRODUCED: the step is non-finite again: {shown}"
+            if now_bad
+            else f"NOT REPRODUCED: the recorded step was non-finite, the replay is finite: {shown}"
+        )
     elif anomaly:
         res.verdict = "reproduced" if final.matches else "not_reproduced"
         what = ", ".join(anomalies)
-        res.message = (f"REPRODUCED ({what}): the replay matches the record within tolerance: {shown}" if final.matches
-                       else f"NOT REPRODUCED ({what}): {shown}")
+        res.message = (
+            f"REPRODUCED ({what}): the replay matches the record within tolerance: {shown}"
+            if final.matches
+            else f"NOT REPRODUCED ({what}): {shown}"
+        )
     elif now_bad:
-        res.verdict, res.message = "mismatch", f"MISMATCH: a healthy step turned non-finite in the replay: {shown}"
+        res.verdict, res.message = (
+            "mismatch",
+            f"MISMATCH: a healthy step turned non-finite in the replay: {shown}",
+        )
     else:
         res.verdict = "healthy" if final.matches else "mismatch"
-        res.message = (f"NO ANOMALY: the step replays healthy and matches the record: {shown}" if final.matches
-                       else f"MISMATCH: the replay differs from the record beyond tolerance: {shown}")
+        res.message = (
+            f"NO ANOMALY: the step replays healthy and matches the record: {shown}"
+            if final.matches
+            else f"MISMATCH: the replay differs from the record beyond tolerance: {shown}"
+        )
     return res
 
 
-def check_bundle(bundle: str | Path, checkpoint: Path | None = None, data: Path | None = None) -> ReplayResult:
+def check_bundle(
+    bundle: str | Path, checkpoint: Path | None = None, data: Path | None = None
+) -> ReplayResult:
     """Replay a bundle (``.tar.gz`` or folder). See the module docstring for the verdicts."""
     # Deterministic kernels where the backend has them; must be set before CUDA initialises.
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -338,14 +415,22 @@ def check_bundle(bundle: str | Path, checkpoint: Path | None = None, data: Path 
 
 
 def render(res: ReplayResult) -> str:
-    lines = [f"replayed steps {res.start_step + 1}-{res.step} from {res.checkpoint or 'the base model'}", "",
-             f"  {'step':>6} {'loss':>12} {'recorded':>12} {'grad norm':>12} {'recorded':>12}  match"]
+    lines = [
+        f"replayed steps {res.start_step + 1}-{res.step} from {res.checkpoint or 'the base model'}",
+        "",
+        f"  {'step':>6} {'loss':>12} {'recorded':>12} {'grad norm':>12} {'recorded':>12}  match",
+    ]
     for o in res.steps:
-        lines.append(f"  {o.step:>6} {o.loss:>12.6g} {o.recorded_loss!s:>12.12} {o.grad_norm:>12.6g} "
-                     f"{o.recorded_grad_norm!s:>12.12}  {'yes' if o.matches else 'NO'}")
+        lines.append(
+            f"  {o.step:>6} {o.loss:>12.6g} {o.recorded_loss!s:>12.12} {o.grad_norm:>12.6g} "
+            f"{o.recorded_grad_norm!s:>12.12}  {'yes' if o.matches else 'NO'}"
+        )
     if res.samples:
-        lines += ["", f"step {res.step} loss by sample (no dropout):",
-                  f"  {'sample':>8} {'tokens':>7} {'mean loss':>10} {'share':>7}"]
+        lines += [
+            "",
+            f"step {res.step} loss by sample (no dropout):",
+            f"  {'sample':>8} {'tokens':>7} {'mean loss':>10} {'share':>7}",
+        ]
         for r in res.samples[:10]:
             mean = "0/0" if r["mean_loss"] is None else f"{r['mean_loss']:.4g}"
             share = "-" if r["share"] is None else f"{r['share']:.0%}"
@@ -358,7 +443,9 @@ def render(res: ReplayResult) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="replay.py", description="replay a steadytune repro bundle")
     ap.add_argument("bundle", type=Path)
-    ap.add_argument("--checkpoint", type=Path, default=None, help="use this checkpoint folder instead of the bundle's")
+    ap.add_argument(
+        "--checkpoint", type=Path, default=None, help="use this checkpoint folder instead of the bundle's"
+    )
     ap.add_argument("--data", type=Path, default=None, help="use this dataset file instead of the run's")
     ap.add_argument("--format", choices=("text", "json"), default="text")
     args = ap.parse_args(argv)

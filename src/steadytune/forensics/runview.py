@@ -34,8 +34,9 @@ def step_records(run: RunDir) -> list[StepRecord]:
     return out
 
 
-def final_steps(run: RunDir, records: list[StepRecord] | None = None,
-                attempt: int | None = None) -> dict[int, list[StepRecord]]:
+def final_steps(
+    run: RunDir, records: list[StepRecord] | None = None, attempt: int | None = None
+) -> dict[int, list[StepRecord]]:
     """``step -> records of its latest attempt`` (one per rank, rank order).
 
     With ``attempt``, history as that attempt saw it: attempts after it are ignored
@@ -68,8 +69,9 @@ class StepBatch:
     skipped: bool
 
 
-def step_batch(run: RunDir, step: int, finals: dict[int, list[StepRecord]] | None = None,
-               attempt: int | None = None) -> StepBatch:
+def step_batch(
+    run: RunDir, step: int, finals: dict[int, list[StepRecord]] | None = None, attempt: int | None = None
+) -> StepBatch:
     """The recorded batch of ``step`` (latest attempt, or the newest up to ``attempt``; all ranks).
 
     Raises:
@@ -80,7 +82,9 @@ def step_batch(run: RunDir, step: int, finals: dict[int, list[StepRecord]] | Non
     if not recs:
         known = sorted(finals)
         span = f"steps {known[0]}-{known[-1]}" if known else "no steps at all"
-        raise ForensicsError(f"step {step} is not in {run.telemetry_dir} (it holds {span}); pick a recorded step")
+        raise ForensicsError(
+            f"step {step} is not in {run.telemetry_dir} (it holds {span}); pick a recorded step"
+        )
     with_batch = [r for r in recs if r.batch is not None and r.batch.indices]
     if not with_batch:
         raise ForensicsError(
@@ -147,15 +151,28 @@ def is_bad(value: float | None) -> bool:
 
 
 # Anomalies of the training signal: the ones a batch, a layer or a replay can explain.
-SIGNAL_KINDS = frozenset({"nan_loss", "nonfinite_grad", "loss_spike", "divergence", "loss_collapse",
-                          "grad_explosion", "grad_spike", "grad_vanishing"})
+SIGNAL_KINDS = frozenset(
+    {
+        "nan_loss",
+        "nonfinite_grad",
+        "loss_spike",
+        "divergence",
+        "loss_collapse",
+        "grad_explosion",
+        "grad_spike",
+        "grad_vanishing",
+    }
+)
 
 
 def anomaly_steps(run: RunDir, events: list[Event]) -> list[int]:
     """Steps the training signal went wrong at (signal anomalies, skipped updates); else any anomaly;
     else steps with a non-finite loss."""
-    found = [e.step for e in events if e.step and ((e.kind == "anomaly" and e.name in SIGNAL_KINDS)
-                                                   or e.name == "skip_step")]
+    found = [
+        e.step
+        for e in events
+        if e.step and ((e.kind == "anomaly" and e.name in SIGNAL_KINDS) or e.name == "skip_step")
+    ]
     if not found:
         found = [e.step for e in events if e.step and e.kind == "anomaly"]
     if not found:
@@ -169,7 +186,9 @@ def resolve_run(path: str | Path) -> RunDir:
     if not root.is_dir():
         raise ForensicsError(f"{root} is not a directory; pass a run directory such as runs/<run-id>")
     if not (root / "config.yaml").exists() and not (root / "events.jsonl").exists():
-        raise ForensicsError(f"{root} has no config.yaml or events.jsonl; pass a run directory such as runs/<run-id>")
+        raise ForensicsError(
+            f"{root} has no config.yaml or events.jsonl; pass a run directory such as runs/<run-id>"
+        )
     return RunDir(root)
 
 

@@ -125,7 +125,9 @@ class Replayer:
         if plan.reason == "resume":
             return
         for a in self.detector.open_anomalies():
-            self.entries.append(Entry("resolved", a.kind, a.end_step, plan.ts, "info", "cleared by the restart"))
+            self.entries.append(
+                Entry("resolved", a.kind, a.end_step, plan.ts, "info", "cleared by the restart")
+            )
         forget = getattr(self.policy, "forget_open", None)
         if forget is not None:
             forget()
@@ -177,8 +179,12 @@ class Replayer:
             for t in self.detector.observe_system(rec):
                 self._transition(t, ts)
         elif isinstance(rec, Event):
-            if rec.kind in _FILED:  # the worker's own reports (skip_step, disk_low): facts, filed as they came
-                self.entries.append(Entry(rec.kind, rec.name, rec.step, ts, rec.severity, rec.message, "worker"))
+            if (
+                rec.kind in _FILED
+            ):  # the worker's own reports (skip_step, disk_low): facts, filed as they came
+                self.entries.append(
+                    Entry(rec.kind, rec.name, rec.step, ts, rec.severity, rec.message, "worker")
+                )
             if rec.name == "skip_step" and rec.step is not None and self.pending is None:
                 action = self.policy.on_skipped_update(rec.step, int(rec.data.get("consecutive", 1)))
                 if action is not None:
@@ -205,8 +211,10 @@ def settings(run: RunDir) -> tuple[Any, Any, list[str]]:
             out.append(model.model_validate(raw.get(key) or {}))
         except Exception as exc:  # a run recorded by another version of steadytune
             out.append(None)
-            notes.append(f"the run's {key}: settings do not validate here ({str(exc).splitlines()[0]}); defaults used, "
-                         "so the replay may differ from live")
+            notes.append(
+                f"the run's {key}: settings do not validate here ({str(exc).splitlines()[0]}); defaults used, "
+                "so the replay may differ from live"
+            )
     return out[0], out[1], notes
 
 

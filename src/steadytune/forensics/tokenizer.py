@@ -51,9 +51,15 @@ class LightTokenizer:
         self.pad_token_id = self._id(_token_text(cfg.get("pad_token")))
         if self.pad_token_id is None:
             self.pad_token_id = self.eos_token_id  # what the runner does (train/runner.py load_tokenizer)
-        decoder = self._tok.get_added_tokens_decoder() if hasattr(self._tok, "get_added_tokens_decoder") else {}
+        decoder = (
+            self._tok.get_added_tokens_decoder() if hasattr(self._tok, "get_added_tokens_decoder") else {}
+        )
         added = [int(i) for i, t in decoder.items() if getattr(t, "special", False)]
-        ids = {i for i in (self.bos_token_id, self.eos_token_id, self.unk_token_id, self.pad_token_id) if i is not None}
+        ids = {
+            i
+            for i in (self.bos_token_id, self.eos_token_id, self.unk_token_id, self.pad_token_id)
+            if i is not None
+        }
         self.all_special_ids = sorted(ids | set(added))
 
     def _id(self, token: str | None) -> int | None:
@@ -75,8 +81,12 @@ class LightTokenizer:
         return str(self._tok.decode(ids, skip_special_tokens=skip_special_tokens))
 
 
-def load_tokenizer(folder: str | Path, needs_chat_template: bool = False, allow_transformers: bool = False,
-                   trust_remote_code: bool = False) -> Any:
+def load_tokenizer(
+    folder: str | Path,
+    needs_chat_template: bool = False,
+    allow_transformers: bool = False,
+    trust_remote_code: bool = False,
+) -> Any:
     """The run's tokenizer: the light one when it suffices, else transformers (if allowed).
 
     Raises:
@@ -90,11 +100,12 @@ def load_tokenizer(folder: str | Path, needs_chat_template: bool = False, allow_
         except Exception as exc:  # a tokenizer.json the Rust library rejects: let transformers try
             reason = f"tokenizers could not read {folder / 'tokenizer.json'}: {exc}"
     else:
-        reason = ("the data uses a chat template" if needs_chat_template
-                  else f"{folder} has no tokenizer.json")
+        reason = "the data uses a chat template" if needs_chat_template else f"{folder} has no tokenizer.json"
     if not allow_transformers:
-        raise TokenizerUnavailable(f"{reason}; loading it needs transformers (and torch), "
-                                   "which this process must not import; run `steadytune inspect-batch` instead")
+        raise TokenizerUnavailable(
+            f"{reason}; loading it needs transformers (and torch), "
+            "which this process must not import; run `steadytune inspect-batch` instead"
+        )
     return load_hf_tokenizer(folder, trust_remote_code)
 
 

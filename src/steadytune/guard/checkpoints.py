@@ -53,15 +53,22 @@ class CheckpointKeeper:
             return str(exc)
         return None
 
-    def publish(self, staged: Path, step: int, extra: dict | None = None,
-                before_manifest: Callable[[Path], None] | None = None) -> Path:
+    def publish(
+        self,
+        staged: Path,
+        step: int,
+        extra: dict | None = None,
+        before_manifest: Callable[[Path], None] | None = None,
+    ) -> Path:
         hook = before_manifest
         delay = self.save_delay(step)
         if delay > 0:
+
             def hook(path: Path, _inner: Callable[[Path], None] | None = before_manifest) -> None:
                 time.sleep(delay)
                 if _inner:
                     _inner(path)
+
         final = publish(staged, self.run.checkpoints, step, extra, before_manifest=hook)
         write_pointer(self.run.latest_pointer, final)
         protect = {p for p in (read_pointer(self.run.last_good_pointer), final) if p is not None}

@@ -222,12 +222,28 @@ class Guard:
         return record
 
     def record_eval(self, step: int, eval_loss: float) -> None:
-        self.writer.write(StepRecord(step=step, ts=self.clock(), rank=self.rank, attempt=self.attempt,
-                                     eval_loss=float(eval_loss), extra={"eval": True}))
+        self.writer.write(
+            StepRecord(
+                step=step,
+                ts=self.clock(),
+                rank=self.rank,
+                attempt=self.attempt,
+                eval_loss=float(eval_loss),
+                extra={"eval": True},
+            )
+        )
 
     def heartbeat(self, step: int | None = None, phase: str | None = None) -> None:
-        self.writer.write(Heartbeat(ts=self.clock(), rank=self.rank, step=self.last_step if step is None else step,
-                                    pid=os.getpid(), attempt=self.attempt, phase=phase or self.phase))
+        self.writer.write(
+            Heartbeat(
+                ts=self.clock(),
+                rank=self.rank,
+                step=self.last_step if step is None else step,
+                pid=os.getpid(),
+                attempt=self.attempt,
+                phase=phase or self.phase,
+            )
+        )
 
     def set_phase(self, phase: str) -> None:
         """``setup``/``save``/``eval`` are slow but alive; ``train`` proves life step by step."""
@@ -251,12 +267,27 @@ class Guard:
 
         threading.Thread(target=beat, name="steadytune-heartbeat", daemon=True).start()
 
-    def notify(self, kind: str, name: str, message: str = "", severity: str = "info",
-               step: int | None = None, **data: Any) -> None:
+    def notify(
+        self,
+        kind: str,
+        name: str,
+        message: str = "",
+        severity: str = "info",
+        step: int | None = None,
+        **data: Any,
+    ) -> None:
         """Tell the supervisor something happened here (it files it in ``events.jsonl``)."""
-        self.writer.write(Event(ts=self.clock(), kind=kind, name=name, message=message,  # type: ignore[arg-type]
-                                severity=severity, step=self.last_step if step is None else step,  # type: ignore[arg-type]
-                                data={"rank": self.rank, "attempt": self.attempt, **data}))
+        self.writer.write(
+            Event(
+                ts=self.clock(),
+                kind=kind,
+                name=name,
+                message=message,  # type: ignore[arg-type]
+                severity=severity,
+                step=self.last_step if step is None else step,  # type: ignore[arg-type]
+                data={"rank": self.rank, "attempt": self.attempt, **data},
+            )
+        )
 
     # -- control channel ---------------------------------------------------
     def poll_control(self) -> dict[str, Any] | None:
@@ -283,10 +314,18 @@ class Guard:
         """Write the worker's last words and close the stream."""
         if self._beating is not None:
             self._beating.set()
-        self.writer.write(WorkerExit(ts=self.clock(), rank=self.rank, attempt=self.attempt, step=self.last_step,
-                                     status=status,  # type: ignore[arg-type]
-                                     error_type=type(error).__name__ if error else None,
-                                     error_message=str(error)[:2000] if error else None, **fields))
+        self.writer.write(
+            WorkerExit(
+                ts=self.clock(),
+                rank=self.rank,
+                attempt=self.attempt,
+                step=self.last_step,
+                status=status,  # type: ignore[arg-type]
+                error_type=type(error).__name__ if error else None,
+                error_message=str(error)[:2000] if error else None,
+                **fields,
+            )
+        )
         self.writer.sync()
         self.writer.close()
 

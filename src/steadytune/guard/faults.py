@@ -25,7 +25,9 @@ class Faults:
     crash_at_step: int | None = None  # raise once this optimizer step has ended
     nan_at_step: int | None = None  # make this step's loss NaN (a poisoned batch)
     nan_steps: int = 1  # ... for this many steps in a row
-    oom_at_step: int | None = None  # from this step on, a forward over more than oom_above samples runs out of memory
+    oom_at_step: int | None = (
+        None  # from this step on, a forward over more than oom_above samples runs out of memory
+    )
     oom_above: int = 1
     lr_burst_at_step: int | None = None  # multiply the LR for a few steps: a spike that diverges
     lr_burst_factor: float = 1000.0
@@ -66,17 +68,28 @@ class Faults:
 
     def poison(self, step: int, attempt: int) -> bool:
         """Whether optimizer step ``step`` (1-based) gets a NaN loss."""
-        return (self.active(attempt) and self.nan_at_step is not None
-                and self.nan_at_step <= step < self.nan_at_step + self.nan_steps)
+        return (
+            self.active(attempt)
+            and self.nan_at_step is not None
+            and self.nan_at_step <= step < self.nan_at_step + self.nan_steps
+        )
 
     def lr_factor(self, step: int, attempt: int) -> float:
-        if (self.active(attempt) and self.lr_burst_at_step is not None
-                and self.lr_burst_at_step <= step < self.lr_burst_at_step + self.lr_burst_steps):
+        if (
+            self.active(attempt)
+            and self.lr_burst_at_step is not None
+            and self.lr_burst_at_step <= step < self.lr_burst_at_step + self.lr_burst_steps
+        ):
             return self.lr_burst_factor
         return 1.0
 
     def check_oom(self, step: int, attempt: int, batch_size: int) -> None:
-        if self.active(attempt) and self.oom_at_step is not None and step >= self.oom_at_step and batch_size > self.oom_above:
+        if (
+            self.active(attempt)
+            and self.oom_at_step is not None
+            and step >= self.oom_at_step
+            and batch_size > self.oom_above
+        ):
             import torch
 
             raise torch.OutOfMemoryError(

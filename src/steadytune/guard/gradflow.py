@@ -89,36 +89,47 @@ def layer_grad_stats(
         mag = g.abs()
         if scale != 1.0:
             mag.mul_(scale)
-        logs = mag.clamp_(10.0 ** lo, 10.0 ** hi).log10_()
+        logs = mag.clamp_(10.0**lo, 10.0**hi).log10_()
         h = torch.histc(logs, bins=nbins, min=lo, max=hi)
         h[0] -= z
         hists.append(h)
     if not names:
         return {}
     # One device-to-host copy for everything: this is the only sync point.
-    packed = torch.cat([torch.stack(sumsq), torch.stack(zeros).float(), torch.stack(hists).flatten()]).cpu().tolist()
+    packed = (
+        torch.cat([torch.stack(sumsq), torch.stack(zeros).float(), torch.stack(hists).flatten()])
+        .cpu()
+        .tolist()
+    )
     n = len(names)
-    sq_l, zero_l, hist_flat = packed[:n], packed[n:2 * n], packed[2 * n:]
+    sq_l, zero_l, hist_flat = packed[:n], packed[n : 2 * n], packed[2 * n :]
     acc: dict[str, dict[str, Any]] = {}
     keys: dict[str, tuple[int, int, str]] = {}
     for i, name in enumerate(names):
         layer, key = _layer(name)
         keys.setdefault(layer, key)
-        a = acc.setdefault(layer, {"sumsq": 0.0, "zeros": 0.0, "numel": 0, "nonfinite": 0, "hist": [0.0] * nbins})
+        a = acc.setdefault(
+            layer, {"sumsq": 0.0, "zeros": 0.0, "numel": 0, "nonfinite": 0, "hist": [0.0] * nbins}
+        )
         if math.isfinite(sq_l[i]):
             a["sumsq"] += sq_l[i]
         else:
             a["nonfinite"] += 1
         a["zeros"] += zero_l[i]
         a["numel"] += numels[i]
-        row = hist_flat[i * nbins:(i + 1) * nbins]
+        row = hist_flat[i * nbins : (i + 1) * nbins]
         a["hist"] = [x + y for x, y in zip(a["hist"], row, strict=True)]
     out: dict[str, dict[str, Any]] = {}
     for layer in sorted(acc, key=lambda k: keys[k]):
         a = acc[layer]
         norm = math.nan if a["nonfinite"] else math.sqrt(a["sumsq"]) * scale
-        out[layer] = {"norm": norm, "zero_frac": a["zeros"] / max(a["numel"], 1), "numel": a["numel"],
-                      "nonfinite": a["nonfinite"], "hist": [int(x) for x in a["hist"]]}
+        out[layer] = {
+            "norm": norm,
+            "zero_frac": a["zeros"] / max(a["numel"], 1),
+            "numel": a["numel"],
+            "nonfinite": a["nonfinite"],
+            "hist": [int(x) for x in a["hist"]],
+        }
     return out
 
 

@@ -42,8 +42,15 @@ class GuardCallback(TrainerCallback):
     training begins (see :meth:`bind`).
     """
 
-    def __init__(self, guard: Guard, keeper: CheckpointKeeper, staging: Path, faults: Faults | None = None,
-                 checkpoint_every_s: float | None = None, gradflow_every: int = DEFAULT_INTERVAL) -> None:
+    def __init__(
+        self,
+        guard: Guard,
+        keeper: CheckpointKeeper,
+        staging: Path,
+        faults: Faults | None = None,
+        checkpoint_every_s: float | None = None,
+        gradflow_every: int = DEFAULT_INTERVAL,
+    ) -> None:
         self.guard = guard
         self.faults = faults or Faults()
         self.checkpoint_every_s = checkpoint_every_s
@@ -93,12 +100,22 @@ class GuardCallback(TrainerCallback):
         trainer = _calling_trainer(self)
         bound = self.bind(trainer) if trainer is not None else self._bound
         if (args.max_grad_norm or 0) > 0 and not bound:
-            self.guard.notify("lifecycle", "grad_norm_after_clipping", "the trainer's clipping could not be "
-                              "observed: grad_norm and gradient flow are recorded after clipping", severity="warning")
+            self.guard.notify(
+                "lifecycle",
+                "grad_norm_after_clipping",
+                "the trainer's clipping could not be "
+                "observed: grad_norm and gradient flow are recorded after clipping",
+                severity="warning",
+            )
         self.guard.last_step = state.global_step
         self._last_save_ts = self.guard.clock()
-        self.guard.notify("lifecycle", "train_begin", f"training from step {state.global_step} to {state.max_steps}",
-                          max_steps=state.max_steps, start_step=state.global_step)
+        self.guard.notify(
+            "lifecycle",
+            "train_begin",
+            f"training from step {state.global_step} to {state.max_steps}",
+            max_steps=state.max_steps,
+            start_step=state.global_step,
+        )
         self.guard.set_phase("train")
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
@@ -123,8 +140,14 @@ class GuardCallback(TrainerCallback):
         ok = self.guard.before_update(kw["model"], optimizer)
         self._gradflow = flow if ok else None  # a skipped (non-finite) update is the NaN guard's story
         if not ok:
-            self.guard.notify("action", "skip_step", f"non-finite loss or gradient at step {state.global_step + 1}: update skipped",
-                              severity="warning", step=state.global_step + 1, consecutive=self.guard.consecutive_skips)
+            self.guard.notify(
+                "action",
+                "skip_step",
+                f"non-finite loss or gradient at step {state.global_step + 1}: update skipped",
+                severity="warning",
+                step=state.global_step + 1,
+                consecutive=self.guard.consecutive_skips,
+            )
 
     def on_optimizer_step(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         saved = getattr(self, "_lr_saved", None)
@@ -134,24 +157,40 @@ class GuardCallback(TrainerCallback):
             self._lr_saved = None
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-        self.guard.end_step(state.global_step, epoch=state.epoch,
-                            extra={"gradflow": self._gradflow} if self._gradflow else None)
+        self.guard.end_step(
+            state.global_step,
+            epoch=state.epoch,
+            extra={"gradflow": self._gradflow} if self._gradflow else None,
+        )
         self._gradflow = None  # the step record itself is the loop's heartbeat: no second line per step
         self.faults.after_step(state.global_step, self.guard.attempt)
         request = self.guard.poll_control()
-        if request is not None and request.get("command") == "pause" and request.get("args", {}).get("mode") == "hold":
+        if (
+            request is not None
+            and request.get("command") == "pause"
+            and request.get("args", {}).get("mode") == "hold"
+        ):
             self._hold(request, state.global_step)
             request = None
         if request is None and self._external_stop:
-            request = {"command": "stop", "id": f"signal-{self._external_stop}", "issuer": self._external_stop}
+            request = {
+                "command": "stop",
+                "id": f"signal-{self._external_stop}",
+                "issuer": self._external_stop,
+            }
             self._external_stop = None
         if request is not None and request.get("command") == "memory_snapshot":
             self._memory_snapshot(request, state.global_step)
             request = None
         if request is not None:
             command = request.get("command")
-            self.guard.notify("control", f"ack_{command}", f"worker acting on '{command}'",
-                              request_id=request.get("id"), issuer=request.get("issuer"))
+            self.guard.notify(
+                "control",
+                f"ack_{command}",
+                f"worker acting on '{command}'",
+                request_id=request.get("id"),
+                issuer=request.get("issuer"),
+            )
             if command in {"checkpoint", "stop", "pause"}:
                 control.should_save = True
             if command in {"stop", "pause"}:
@@ -165,8 +204,12 @@ class GuardCallback(TrainerCallback):
             reason = self.keeper.check_disk()
             if reason is not None:
                 control.should_save = False
-                self.guard.notify("anomaly", "disk_low", f"checkpoint at step {state.global_step} skipped: {reason}",
-                                  severity="critical")
+                self.guard.notify(
+                    "anomaly",
+                    "disk_low",
+                    f"checkpoint at step {state.global_step} skipped: {reason}",
+                    severity="critical",
+                )
             else:
                 self.guard.set_phase("save")
         if control.should_evaluate and not control.should_save:
@@ -178,20 +221,37 @@ class GuardCallback(TrainerCallback):
 
         path = self.guard.run.stacks / f"memory-rank{self.guard.rank}-step{step}.pickle"
         result = dump_cuda_snapshot(path)
-        self.guard.notify("control", "ack_memory_snapshot", result.message, request_id=request.get("id"),
-                          issuer=request.get("issuer"), path=str(result.path) if result.written else None)
+        self.guard.notify(
+            "control",
+            "ack_memory_snapshot",
+            result.message,
+            request_id=request.get("id"),
+            issuer=request.get("issuer"),
+            path=str(result.path) if result.written else None,
+        )
 
     def _hold(self, request: dict[str, Any], step: int) -> None:
         """``pause --hold``: stay in memory at this step boundary until a ``resume`` request."""
-        self.guard.notify("control", "ack_pause", f"worker paused in memory at step {step}",
-                          request_id=request.get("id"), issuer=request.get("issuer"), mode="hold")
+        self.guard.notify(
+            "control",
+            "ack_pause",
+            f"worker paused in memory at step {step}",
+            request_id=request.get("id"),
+            issuer=request.get("issuer"),
+            mode="hold",
+        )
         self.guard.set_phase("paused")
         while True:
             time.sleep(0.5)
             nxt = self.guard.poll_control()
             if nxt is not None and nxt.get("command") in {"resume", "stop"}:
-                self.guard.notify("control", f"ack_{nxt['command']}", f"worker {nxt['command']}d at step {step}",
-                                  request_id=nxt.get("id"), issuer=nxt.get("issuer"))
+                self.guard.notify(
+                    "control",
+                    f"ack_{nxt['command']}",
+                    f"worker {nxt['command']}d at step {step}",
+                    request_id=nxt.get("id"),
+                    issuer=nxt.get("issuer"),
+                )
                 self.guard.set_phase("train")
                 if nxt["command"] == "stop":
                     self._external_stop = nxt.get("issuer") or "operator"
@@ -205,16 +265,25 @@ class GuardCallback(TrainerCallback):
         if state.is_world_process_zero:
             staged = self.staging / f"checkpoint-{state.global_step}"
             if staged.is_dir():
-                final = self.keeper.publish(staged, state.global_step,
-                                            extra={"attempt": self.guard.attempt, "format": "hf-trainer"})
+                final = self.keeper.publish(
+                    staged, state.global_step, extra={"attempt": self.guard.attempt, "format": "hf-trainer"}
+                )
                 size = sum(p.stat().st_size for p in final.rglob("*") if p.is_file())
-                self.guard.notify("lifecycle", "checkpoint_saved", f"saved {final.name}", step=state.global_step,
-                                  path=str(final), bytes=size)
+                self.guard.notify(
+                    "lifecycle",
+                    "checkpoint_saved",
+                    f"saved {final.name}",
+                    step=state.global_step,
+                    path=str(final),
+                    bytes=size,
+                )
         _barrier()
         self._last_save_ts = self.guard.clock()
         self.guard.set_phase("eval" if control.should_evaluate else "train")
 
-    def on_evaluate(self, args: Any, state: Any, control: Any, metrics: dict | None = None, **kw: Any) -> None:
+    def on_evaluate(
+        self, args: Any, state: Any, control: Any, metrics: dict | None = None, **kw: Any
+    ) -> None:
         if metrics and "eval_loss" in metrics:
             self.guard.record_eval(state.global_step, metrics["eval_loss"])
         self.guard.set_phase("train")

@@ -10,15 +10,30 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-ActionName = Literal["alert", "checkpoint", "skip_step", "rollback", "restart", "reduce_microbatch", "pause", "stop"]
-ACTIONS: tuple[str, ...] = ("alert", "checkpoint", "skip_step", "rollback", "restart", "reduce_microbatch", "pause", "stop")
+ActionName = Literal[
+    "alert", "checkpoint", "skip_step", "rollback", "restart", "reduce_microbatch", "pause", "stop"
+]
+ACTIONS: tuple[str, ...] = (
+    "alert",
+    "checkpoint",
+    "skip_step",
+    "rollback",
+    "restart",
+    "reduce_microbatch",
+    "pause",
+    "stop",
+)
 
 
 class Rule(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    action: ActionName = Field(description="alert, checkpoint, skip_step, rollback, restart, reduce_microbatch, pause or stop")
-    budget: int | None = Field(None, ge=0, description="how many times per run; leave out for the action's default")
+    action: ActionName = Field(
+        description="alert, checkpoint, skip_step, rollback, restart, reduce_microbatch, pause or stop"
+    )
+    budget: int | None = Field(
+        None, ge=0, description="how many times per run; leave out for the action's default"
+    )
     min_severity: Literal["info", "warning", "critical"] = Field(
         "warning", description="act only on anomalies at least this severe"
     )
@@ -47,17 +62,29 @@ class PolicyConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     mode: Literal["act", "observe"] = Field("act", description="act, or observe (only alert)")
-    rules: dict[str, Rule] = Field(default_factory=default_rules, description="per anomaly kind: {action, budget}")
+    rules: dict[str, Rule] = Field(
+        default_factory=default_rules, description="per anomaly kind: {action, budget}"
+    )
     max_rollbacks: int = Field(3, ge=0, description="rollbacks per run")
     rollback_lr_scale: float = Field(0.5, gt=0, le=1, description="LR multiplier applied at each rollback")
     spike_confirm_points: int = Field(
         3, ge=1, description="logged points a loss spike must persist before a rollback (1 = act at once)"
     )
-    nan_rollback_after: int = Field(3, ge=1, description="consecutive skipped (non-finite) updates that escalate to a rollback")
-    hang_floor_s: float = Field(60.0, gt=0, description="never call a hang below this many seconds of silence")
-    hang_factor: float = Field(10.0, gt=1, description="or this many times the p95 step time, whichever is longer")
-    setup_timeout_s: float = Field(1800.0, gt=0, description="time allowed to load the model and data before the first step")
-    max_microbatch_split: int = Field(16, ge=1, description="the most chunks an OOM may split a micro-batch into")
+    nan_rollback_after: int = Field(
+        3, ge=1, description="consecutive skipped (non-finite) updates that escalate to a rollback"
+    )
+    hang_floor_s: float = Field(
+        60.0, gt=0, description="never call a hang below this many seconds of silence"
+    )
+    hang_factor: float = Field(
+        10.0, gt=1, description="or this many times the p95 step time, whichever is longer"
+    )
+    setup_timeout_s: float = Field(
+        1800.0, gt=0, description="time allowed to load the model and data before the first step"
+    )
+    max_microbatch_split: int = Field(
+        16, ge=1, description="the most chunks an OOM may split a micro-batch into"
+    )
     checkpoint_every_s: float | None = Field(
         None, gt=0, description="also checkpoint when this many seconds passed since the last save"
     )
@@ -75,7 +102,10 @@ class PolicyConfig(BaseModel):
         if unknown:
             import difflib
 
-            hints = [f"{k} (did you mean {m[0]}?)" if (m := difflib.get_close_matches(k, KINDS, 1)) else k for k in unknown]
+            hints = [
+                f"{k} (did you mean {m[0]}?)" if (m := difflib.get_close_matches(k, KINDS, 1)) else k
+                for k in unknown
+            ]
             raise ValueError(f"unknown anomaly kind(s): {', '.join(hints)}")
         return {**default_rules(), **value}
 

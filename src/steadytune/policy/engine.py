@@ -66,8 +66,13 @@ class Policy:
         if self.config.mode == "observe":
             return Action("alert", f"observe mode: would {rule.action} ({why})", step, anomaly)
         if not self._spend(rule.action, rule.budget):
-            return Action("alert", f"{rule.action} budget spent; only alerting ({why})", step, anomaly,
-                          {"budget_spent": rule.action})
+            return Action(
+                "alert",
+                f"{rule.action} budget spent; only alerting ({why})",
+                step,
+                anomaly,
+                {"budget_spent": rule.action},
+            )
         return Action(rule.action, why, step, anomaly)
 
     def on_raised(self, anomaly: Anomaly, step: int) -> Action | None:
@@ -94,8 +99,12 @@ class Policy:
         for key, anomaly in list(self._pending.items()):
             if step - anomaly.start_step + 1 >= self.config.spike_confirm_points:
                 del self._pending[key]
-                action = self._act(anomaly, step, f"{anomaly.kind} from step {anomaly.start_step} persisted "
-                                                  f"{step - anomaly.start_step + 1} steps")
+                action = self._act(
+                    anomaly,
+                    step,
+                    f"{anomaly.kind} from step {anomaly.start_step} persisted "
+                    f"{step - anomaly.start_step + 1} steps",
+                )
                 if action:
                     out.append(action)
         return out
@@ -104,17 +113,29 @@ class Policy:
         """The worker skipped a non-finite update; too many in a row escalate to a rollback."""
         if consecutive < self.config.nan_rollback_after:
             return None
-        anomaly = Anomaly("nan_loss", "critical", step - consecutive + 1, step, "loss",
-                          {"consecutive_skips": consecutive, "threshold": self.config.nan_rollback_after},
-                          "the update was non-finite several steps in a row: the weights or the data are bad",
-                          "roll back to the last good checkpoint and skip the data window")
+        anomaly = Anomaly(
+            "nan_loss",
+            "critical",
+            step - consecutive + 1,
+            step,
+            "loss",
+            {"consecutive_skips": consecutive, "threshold": self.config.nan_rollback_after},
+            "the update was non-finite several steps in a row: the weights or the data are bad",
+            "roll back to the last good checkpoint and skip the data window",
+        )
         key = ("nan_escalation", step - consecutive + 1)
         if key in self._acted:
             return None
         self._acted.add(key)
         if self.config.mode == "observe":
-            return Action("alert", f"observe mode: would roll back after {consecutive} skipped updates", step, anomaly)
+            return Action(
+                "alert", f"observe mode: would roll back after {consecutive} skipped updates", step, anomaly
+            )
         if not self._spend("rollback", None):
-            return Action("stop", f"{consecutive} non-finite updates in a row and the rollback budget is spent",
-                          step, anomaly)
+            return Action(
+                "stop",
+                f"{consecutive} non-finite updates in a row and the rollback budget is spent",
+                step,
+                anomaly,
+            )
         return Action("rollback", f"{consecutive} non-finite updates in a row", step, anomaly)

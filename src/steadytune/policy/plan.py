@@ -68,25 +68,35 @@ def rollback_plan(
     window = [i for s, ids in samples_by_step.items() if checkpoint_step < s <= anomaly_end for i in ids]
     return replace(
         current,
-        revision=revision, ts=ts, attempt=attempt, reason=reason, cause_event_seq=cause_event_seq,
+        revision=revision,
+        ts=ts,
+        attempt=attempt,
+        reason=reason,
+        cause_event_seq=cause_event_seq,
         resume_checkpoint=checkpoint_path,
         lr_scale=current.lr_scale * lr_scale,
         skip_ranges=merge_ranges(current.skip_ranges, to_ranges(window)),
         notes=f"rollback to step {checkpoint_step}; skipped {len(set(window))} samples of steps "
-              f"{checkpoint_step + 1}..{anomaly_end}; LR x{current.lr_scale * lr_scale:g}",
+        f"{checkpoint_step + 1}..{anomaly_end}; LR x{current.lr_scale * lr_scale:g}",
     )
 
 
-def oom_escalation(current: PlanRevision, seq_len: int, gradient_checkpointing: bool) -> tuple[dict, str] | None:
+def oom_escalation(
+    current: PlanRevision, seq_len: int, gradient_checkpointing: bool
+) -> tuple[dict, str] | None:
     """What to change after an OOM the in-process split could not absorb.
 
     First gradient checkpointing, then half the sequence length (never below 64).
     """
     if not (current.gradient_checkpointing or gradient_checkpointing):
-        return {"gradient_checkpointing": True}, "OOM past the split limit: restart with gradient checkpointing"
+        return {
+            "gradient_checkpointing": True
+        }, "OOM past the split limit: restart with gradient checkpointing"
     seq = current.max_seq_length or seq_len
     if seq // 2 >= 64:
-        return {"max_seq_length": seq // 2}, f"OOM even with gradient checkpointing: restart with max_seq_length {seq // 2}"
+        return {
+            "max_seq_length": seq // 2
+        }, f"OOM even with gradient checkpointing: restart with max_seq_length {seq // 2}"
     return None
 
 

@@ -13,10 +13,28 @@ from dataclasses import dataclass
 
 # Messages that identify a crash's cause, checked in order against the stderr tail.
 _CLASSIFIERS: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("oom", re.compile(r"CUDA out of memory|OutOfMemoryError|HIP out of memory|DefaultCPUAllocator: can't allocate memory"
-                        r"|CUBLAS_STATUS_ALLOC_FAILED|cuDNN error: CUDNN_STATUS_NOT_SUPPORTED|SplitExhausted", re.I)),
-    ("collective_timeout", re.compile(r"NCCL.*(timeout|Timeout|watchdog)|Watchdog caught collective operation timeout|ProcessGroupGloo.*timed? ?out|Connection closed by peer|gloo.*Timed out", re.I)),
-    ("cuda_error", re.compile(r"CUDA error|cudaError|device-side assert|illegal memory access|CUBLAS_STATUS|cuDNN error|NCCL error", re.I)),
+    (
+        "oom",
+        re.compile(
+            r"CUDA out of memory|OutOfMemoryError|HIP out of memory|DefaultCPUAllocator: can't allocate memory"
+            r"|CUBLAS_STATUS_ALLOC_FAILED|cuDNN error: CUDNN_STATUS_NOT_SUPPORTED|SplitExhausted",
+            re.I,
+        ),
+    ),
+    (
+        "collective_timeout",
+        re.compile(
+            r"NCCL.*(timeout|Timeout|watchdog)|Watchdog caught collective operation timeout|ProcessGroupGloo.*timed? ?out|Connection closed by peer|gloo.*Timed out",
+            re.I,
+        ),
+    ),
+    (
+        "cuda_error",
+        re.compile(
+            r"CUDA error|cudaError|device-side assert|illegal memory access|CUBLAS_STATUS|cuDNN error|NCCL error",
+            re.I,
+        ),
+    ),
 )
 
 
@@ -74,7 +92,11 @@ def classify(info: ExitInfo) -> str:
         # SIGKILL with no last words: the kernel OOM killer, or someone's kill -9.
         return "killed"
     if sig is not None:
-        return f"signal_{_signal.Signals(sig).name}" if sig in _signal.Signals._value2member_map_ else f"signal_{sig}"
+        return (
+            f"signal_{_signal.Signals(sig).name}"
+            if sig in _signal.Signals._value2member_map_
+            else f"signal_{sig}"
+        )
     if info.error_type:
         return "python_error"
     return "exit_nonzero"
@@ -82,7 +104,7 @@ def classify(info: ExitInfo) -> str:
 
 def backoff(restarts_used: int, base_s: float, max_s: float) -> float:
     """Exponential backoff: base, 2·base, 4·base, ... capped at ``max_s``."""
-    return min(max_s, base_s * (2 ** restarts_used)) if base_s > 0 else 0.0
+    return min(max_s, base_s * (2**restarts_used)) if base_s > 0 else 0.0
 
 
 def decide(
@@ -101,18 +123,24 @@ def decide(
         return Decision("stop", kind, "stopped on request")
     if info.deterministic:
         return Decision(
-            "stop", "deterministic",
+            "stop",
+            "deterministic",
             f"{info.error_type or 'error'} before the first step of the attempt: {info.error_message or 'see the worker log'}; "
             "a restart would fail the same way, so fix the input and run again",
         )
     repeat = [p for p in previous if p.error_type and p.error_type == info.error_type and p.step == info.step]
     if info.error_type and repeat:
         return Decision(
-            "stop", "deterministic",
+            "stop",
+            "deterministic",
             f"{info.error_type} at step {info.step} twice in a row: {info.error_message or ''}; "
             "this is not transient, so steadytune stops instead of looping",
         )
     if restarts_used >= max_restarts:
         return Decision("stop", kind, f"{kind} and the restart budget ({max_restarts}) is spent")
-    return Decision("restart", kind, f"{kind} at step {info.step}; restart {restarts_used + 1}/{max_restarts}",
-                    backoff(restarts_used, backoff_s, backoff_max_s))
+    return Decision(
+        "restart",
+        kind,
+        f"{kind} at step {info.step}; restart {restarts_used + 1}/{max_restarts}",
+        backoff(restarts_used, backoff_s, backoff_max_s),
+    )

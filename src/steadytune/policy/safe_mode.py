@@ -36,7 +36,9 @@ def safe_mode(cfg: SteadytuneConfig) -> SteadytuneConfig:
         p_upd["spike_confirm_points"] = 2
     if _unset(policy, "max_lr"):
         p_upd["max_lr"] = MAX_LR[cfg.method]
-    return cfg.model_copy(update={"train": train.model_copy(update=t_upd), "policy": policy.model_copy(update=p_upd)})
+    return cfg.model_copy(
+        update={"train": train.model_copy(update=t_upd), "policy": policy.model_copy(update=p_upd)}
+    )
 
 
 def check_lr(cfg: SteadytuneConfig) -> None:
@@ -44,8 +46,14 @@ def check_lr(cfg: SteadytuneConfig) -> None:
     limit = cfg.policy.max_lr
     lr = cfg.train.learning_rate
     if limit is not None and lr > limit:
-        raise ConfigError([ConfigIssue(
-            "train.learning_rate", lr,
-            f"far above the usual range for {cfg.method} ({USUAL_LR[cfg.method]}); the limit is policy.max_lr={limit:g}",
-            "lower the learning rate, or raise policy.max_lr if you mean it",
-        )], "safe mode")
+        raise ConfigError(
+            [
+                ConfigIssue(
+                    "train.learning_rate",
+                    lr,
+                    f"far above the usual range for {cfg.method} ({USUAL_LR[cfg.method]}); the limit is policy.max_lr={limit:g}",
+                    "lower the learning rate, or raise policy.max_lr if you mean it",
+                )
+            ],
+            "safe mode",
+        )

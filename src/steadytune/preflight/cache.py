@@ -32,7 +32,9 @@ def parse_duration(text: str) -> float:
     """
     m = _DURATION.match(str(text))
     if m is None:
-        raise ValueError(f"cannot read {text!r} as a duration; write a number with s, m, h, d or w, e.g. 7d or 12h")
+        raise ValueError(
+            f"cannot read {text!r} as a duration; write a number with s, m, h, d or w, e.g. 7d or 12h"
+        )
     return float(m.group(1)) * _SECONDS[m.group(2).lower()]
 
 
@@ -106,8 +108,9 @@ def list_entries(cache_dir: Path) -> list[CacheEntry]:
     return sorted(out, key=lambda e: e.last_used)
 
 
-def select_for_removal(entries: list[CacheEntry], now: float, max_size: int | None = None,
-                       older_than: float | None = None) -> list[CacheEntry]:
+def select_for_removal(
+    entries: list[CacheEntry], now: float, max_size: int | None = None, older_than: float | None = None
+) -> list[CacheEntry]:
     """What ``cache clean`` removes: entries unused for longer than ``older_than`` seconds, then
     the least recently used until the rest fits in ``max_size`` bytes. Partial builds older than
     an hour always go (younger ones may still be writing).

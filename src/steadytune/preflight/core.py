@@ -54,30 +54,41 @@ def preflight_paths(cfg: SteadytuneConfig) -> dict[str, Path]:
 def model_architecture(cfg: SteadytuneConfig) -> tuple[Architecture | None, Check]:
     path = Path(cfg.model.name_or_path).expanduser()
     if not (path / "config.json").is_file() and not (path.is_file() and path.suffix == ".json"):
-        return None, na("memory", "model", f"{cfg.model.name_or_path} is not a local folder with config.json: "
-                        "memory checks skipped", "download the model (or just its config.json) and point "
-                        "model.name_or_path at the folder")
+        return None, na(
+            "memory",
+            "model",
+            f"{cfg.model.name_or_path} is not a local folder with config.json: memory checks skipped",
+            "download the model (or just its config.json) and point model.name_or_path at the folder",
+        )
     try:
         arch = load_architecture(path)
     except ArchitectureError as exc:
         return None, na("memory", "model", str(exc))
     n = arch.total_params
     size = f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.2f} M"
-    return arch, ok("memory", "model", f"{arch.model_type or 'decoder'} {size} params, "
-                    f"{arch.num_layers} layers, vocab {arch.vocab_size}, max positions {arch.max_position_embeddings}")
+    return arch, ok(
+        "memory",
+        "model",
+        f"{arch.model_type or 'decoder'} {size} params, "
+        f"{arch.num_layers} layers, vocab {arch.vocab_size}, max positions {arch.max_position_embeddings}",
+    )
 
 
 def train_setup(cfg: SteadytuneConfig) -> tuple[TrainSetup | None, Check | None]:
     """The estimator's view of the config; an ``auto`` micro-batch is estimated at 1."""
     auto = not isinstance(cfg.train.per_device_train_batch_size, int)
     try:
-        _, setup = setup_from_config_dict(cfg.model_dump(), batch=1 if auto else None, gpus=cfg.run.nproc_per_node)
+        _, setup = setup_from_config_dict(
+            cfg.model_dump(), batch=1 if auto else None, gpus=cfg.run.nproc_per_node
+        )
     except SetupError as exc:
         return None, na("memory", "estimate", str(exc), "fix the config values it names")
     return setup, None
 
 
-def model_file_bytes(cfg: SteadytuneConfig, patterns: tuple[str, ...] = ("*.safetensors", "*.bin")) -> int | None:
+def model_file_bytes(
+    cfg: SteadytuneConfig, patterns: tuple[str, ...] = ("*.safetensors", "*.bin")
+) -> int | None:
     folder = Path(cfg.model.name_or_path).expanduser()
     if not folder.is_dir():
         return None
@@ -86,23 +97,43 @@ def model_file_bytes(cfg: SteadytuneConfig, patterns: tuple[str, ...] = ("*.safe
 
 
 # Every HF Trainer checkpoint carries a copy of the tokenizer (17 MiB for Llama 3's tokenizer.json).
-TOKENIZER_FILES = ("tokenizer*.json", "tokenizer.model", "special_tokens_map.json", "vocab.*", "merges.txt",
-                   "chat_template.jinja")
+TOKENIZER_FILES = (
+    "tokenizer*.json",
+    "tokenizer.model",
+    "special_tokens_map.json",
+    "vocab.*",
+    "merges.txt",
+    "chat_template.jinja",
+)
 
 
 def version_report(cfg: SteadytuneConfig, facts: HostFacts) -> list[Check]:
     installed = v.installed_versions()
-    extra = v.installed_versions(("flash_attn", "flash-attn")) if cfg.model.attn_implementation == "flash_attention_2" else {}
+    extra = (
+        v.installed_versions(("flash_attn", "flash-attn"))
+        if cfg.model.attn_implementation == "flash_attention_2"
+        else {}
+    )
     if extra:
         extra = {"flash_attn": extra.get("flash_attn") or extra.get("flash-attn")}
-    return v.version_checks(cfg.method, cfg.model.attn_implementation, installed, facts.driver, v.torch_cuda_build(),
-                            v.transformers_minimums(), v.declared_conflicts(), extra)
+    return v.version_checks(
+        cfg.method,
+        cfg.model.attn_implementation,
+        installed,
+        facts.driver,
+        v.torch_cuda_build(),
+        v.transformers_minimums(),
+        v.declared_conflicts(),
+        extra,
+    )
 
 
 def issue_checks(issues: Sequence[ConfigIssue]) -> list[Check]:
     """Config problems found by the loader's cross-key checks (missing files, save_steps past the end, ...)."""
-    return [fail("config", "config_" + i.key.replace(".", "_"), f"{i.key}: {i.problem} (got {i.value!r})", i.fix)
-            for i in issues]
+    return [
+        fail("config", "config_" + i.key.replace(".", "_"), f"{i.key}: {i.problem} (got {i.value!r})", i.fix)
+        for i in issues
+    ]
 
 
 def run_preflight(
@@ -156,13 +187,18 @@ def run_preflight(
         if isinstance(t.per_device_train_batch_size, int):
             effective = t.per_device_train_batch_size * t.gradient_accumulation_steps
         else:
-            effective = auto_effective_batch(arch, setup, budget.bytes, t.auto_effective_batch,
-                                             t.gradient_accumulation_steps)
+            effective = auto_effective_batch(
+                arch, setup, budget.bytes, t.auto_effective_batch, t.gradient_accumulation_steps
+            )
         recommendation = recommend(arch, setup, budget.bytes, effective)
         checks.append(ram_check(arch, setup, facts, device, nproc, model_file_bytes(cfg)))
         ckpt = checkpoint_bytes(arch, setup, cfg.model.dtype) + (model_file_bytes(cfg, TOKENIZER_FILES) or 0)
-        need = disk_needs(ckpt, cfg.run.keep_last, final_model_bytes(arch, setup, cfg.model.dtype),
-                          cfg.run.min_free_disk_bytes)
+        need = disk_needs(
+            ckpt,
+            cfg.run.keep_last,
+            final_model_bytes(arch, setup, cfg.model.dtype),
+            cfg.run.min_free_disk_bytes,
+        )
         checks.append(disk_check(facts, need, data.cache_need_bytes, ckpt, cfg.run.keep_last))
     else:
         checks.append(na("memory", "device_memory", "no estimate without the model's config.json"))
@@ -181,5 +217,7 @@ def run_preflight(
 
 
 def _with_estimate_note(rec: Recommendation) -> Recommendation:
-    note = f"estimated peak {format_bytes(rec.peak_bytes or 0)} of {format_bytes(rec.budget_bytes or 0)} usable"
+    note = (
+        f"estimated peak {format_bytes(rec.peak_bytes or 0)} of {format_bytes(rec.budget_bytes or 0)} usable"
+    )
     return dataclasses.replace(rec, notes=(*rec.notes, note))

@@ -89,7 +89,9 @@ def scan_raw(path: str | Path) -> RawScan:
                 scan.bad_json.append((getattr(exc, "lineno", 0), str(exc)))
                 return scan
             if isinstance(parsed, dict):
-                parsed = next((parsed[k] for k in ("data", "rows", "train") if isinstance(parsed.get(k), list)), parsed)
+                parsed = next(
+                    (parsed[k] for k in ("data", "rows", "train") if isinstance(parsed.get(k), list)), parsed
+                )
             if not isinstance(parsed, list):
                 scan.error = f"{p}: expected a JSON list of objects"
                 return scan
@@ -118,18 +120,27 @@ def _parts(row: dict[str, Any], fmt: str, text_field: str) -> tuple[list[str], s
         return [str(row.get("instruction") or ""), str(row.get("input") or ""), answer], answer
     messages = row.get("messages") or []
     texts = [str(m.get("content") or "") for m in messages if isinstance(m, dict)]
-    answers = [str(m.get("content") or "") for m in messages if isinstance(m, dict) and m.get("role") == "assistant"]
+    answers = [
+        str(m.get("content") or "") for m in messages if isinstance(m, dict) and m.get("role") == "assistant"
+    ]
     return texts, " ".join(answers)
 
 
-def content_findings(rows: list[dict[str, Any]], lines: list[int], fmt: str, text_field: str = "text"
-                     ) -> dict[str, list[int]]:
+def content_findings(
+    rows: list[dict[str, Any]], lines: list[int], fmt: str, text_field: str = "text"
+) -> dict[str, list[int]]:
     """Line numbers of empty, whitespace-only, empty-answer and duplicate samples.
 
     ``duplicate`` lists each repeat (not its first occurrence); ``duplicate_of`` the
     first occurrence of each repeat, in the same order.
     """
-    out: dict[str, list[int]] = {"empty": [], "whitespace": [], "empty_answer": [], "duplicate": [], "duplicate_of": []}
+    out: dict[str, list[int]] = {
+        "empty": [],
+        "whitespace": [],
+        "empty_answer": [],
+        "duplicate": [],
+        "duplicate_of": [],
+    }
     first: dict[str, int] = {}
     for row, line in zip(rows, lines, strict=True):
         texts, answer = _parts(row, fmt, text_field)
@@ -163,8 +174,13 @@ class TokenStats:
     longest_untruncated: int = 0
 
 
-def token_stats(encoded: list[dict[str, list[int]]], lines: list[int], max_seq_length: int,
-                vocab_size: int | None, true_length: Callable[[int], int] | None = None) -> TokenStats:
+def token_stats(
+    encoded: list[dict[str, list[int]]],
+    lines: list[int],
+    max_seq_length: int,
+    vocab_size: int | None,
+    true_length: Callable[[int], int] | None = None,
+) -> TokenStats:
     """Summarize tokenized samples.
 
     Args:
@@ -193,8 +209,16 @@ def token_stats(encoded: list[dict[str, list[int]]], lines: list[int], max_seq_l
                 over.append((line, top))
     ordered = sorted(lengths)
     p95 = ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))] if ordered else 0
-    return TokenStats(len(encoded), sum(lengths), max(lengths, default=0), p95, tuple(truncated), tuple(masked),
-                      tuple(over), longest_raw)
+    return TokenStats(
+        len(encoded),
+        sum(lengths),
+        max(lengths, default=0),
+        p95,
+        tuple(truncated),
+        tuple(masked),
+        tuple(over),
+        longest_raw,
+    )
 
 
 def show_lines(lines: list[int] | tuple[int, ...], limit: int = 5) -> str:

@@ -12,8 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def projected_need(checkpoint_bytes: int, saves_remaining: int, keep_last: int, existing: int,
-                   final_bytes: int = 0) -> int:
+def projected_need(
+    checkpoint_bytes: int, saves_remaining: int, keep_last: int, existing: int, final_bytes: int = 0
+) -> int:
     """Bytes the run will still add to its disk at the worst moment.
 
     Retention keeps ``keep_last`` checkpoints plus LAST_GOOD, and a new checkpoint is
@@ -43,15 +44,23 @@ def folder_bytes(path: Path) -> int:
     return total
 
 
-def run_disk_need(checkpoints_dir: Path, keep_last: int, save_steps: int, max_steps: int | None, step: int,
-                  estimated_checkpoint_bytes: int | None = None) -> int | None:
+def run_disk_need(
+    checkpoints_dir: Path,
+    keep_last: int,
+    save_steps: int,
+    max_steps: int | None,
+    step: int,
+    estimated_checkpoint_bytes: int | None = None,
+) -> int | None:
     """What :func:`projected_need` says for a live run directory.
 
     The checkpoint size is the newest checkpoint's on disk, or the estimate before the first
     one exists. None when neither is known or the run length is unknown.
     """
-    found = sorted((p for p in checkpoints_dir.glob("checkpoint-*") if p.is_dir()),
-                   key=lambda p: int(p.name.rsplit("-", 1)[-1]) if p.name.rsplit("-", 1)[-1].isdigit() else -1)
+    found = sorted(
+        (p for p in checkpoints_dir.glob("checkpoint-*") if p.is_dir()),
+        key=lambda p: int(p.name.rsplit("-", 1)[-1]) if p.name.rsplit("-", 1)[-1].isdigit() else -1,
+    )
     size = folder_bytes(found[-1]) if found else estimated_checkpoint_bytes
     if size is None or not max_steps or max_steps < 0 or save_steps <= 0:
         return None

@@ -19,7 +19,9 @@ from steadytune.preflight.render import print_report
 from steadytune.preflight.result import from_json
 
 
-def preflight_gate(config: Path, overrides: list[str], force: bool = False, console: Any = None) -> int | None:
+def preflight_gate(
+    config: Path, overrides: list[str], force: bool = False, console: Any = None
+) -> int | None:
     """Run the preflight for ``run``; None means start the run, an int is the exit code to stop with.
 
     Args:
@@ -42,11 +44,15 @@ def preflight_gate(config: Path, overrides: list[str], force: bool = False, cons
         report = None
     if report is None:
         tail = (proc.stderr or proc.stdout).strip()[-2000:]
-        console.print(f"preflight could not run (exit {proc.returncode}):\n{tail}", markup=False, highlight=False)
+        console.print(
+            f"preflight could not run (exit {proc.returncode}):\n{tail}", markup=False, highlight=False
+        )
         if force:
             console.print("starting anyway (--force)", style="yellow")
             return None
-        console.print("the run was not started; pass --skip-check to start without the preflight", style="red")
+        console.print(
+            "the run was not started; pass --skip-check to start without the preflight", style="red"
+        )
         return 1
     print_report(report, console, only_problems=True)
     if report.go:
@@ -54,6 +60,11 @@ def preflight_gate(config: Path, overrides: list[str], force: bool = False, cons
     if force:
         console.print("no-go overridden by --force: starting anyway", style="yellow")
         return None
-    console.print(f"the run was not started: fix the ✗ above (details: steadytune check {config}), or pass --force "
-                  "to start anyway", style="red", markup=False, highlight=False)
+    console.print(
+        f"the run was not started: fix the ✗ above (details: steadytune check {config}), or pass --force "
+        "to start anyway",
+        style="red",
+        markup=False,
+        highlight=False,
+    )
     return 1

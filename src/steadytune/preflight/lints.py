@@ -26,14 +26,23 @@ def lr_lint(cfg: SteadytuneConfig) -> Check:
     lr, method = cfg.train.learning_rate, cfg.method
     usual = USUAL_LR[method]
     if lr > MAX_LR[method]:
-        return warn("config", "learning_rate",
-                    f"learning_rate={lr:g} is far above the usual range for {method} ({usual}): expect loss "
-                    "spikes or divergence", f"use a value in {usual} (the tiny demo model is the exception)",
-                    learning_rate=lr)
+        return warn(
+            "config",
+            "learning_rate",
+            f"learning_rate={lr:g} is far above the usual range for {method} ({usual}): expect loss "
+            "spikes or divergence",
+            f"use a value in {usual} (the tiny demo model is the exception)",
+            learning_rate=lr,
+        )
     if lr < LOW_LR[method] / 100:
-        return warn("config", "learning_rate",
-                    f"learning_rate={lr:g} is far below the usual range for {method} ({usual}): the weights will "
-                    "barely move", f"use a value in {usual}", learning_rate=lr)
+        return warn(
+            "config",
+            "learning_rate",
+            f"learning_rate={lr:g} is far below the usual range for {method} ({usual}): the weights will "
+            "barely move",
+            f"use a value in {usual}",
+            learning_rate=lr,
+        )
     return ok("config", "learning_rate", f"learning_rate={lr:g} (usual for {method}: {usual})")
 
 
@@ -44,25 +53,50 @@ def lora_lints(cfg: SteadytuneConfig, arch: Architecture | None) -> list[Check]:
     scale = lo.lora_alpha / lo.r
     out: list[Check] = []
     if not LORA_SCALE_RANGE[0] <= scale <= LORA_SCALE_RANGE[1]:
-        effect = "the adapters will learn very slowly" if scale < 1 else "the updates are amplified and unstable"
-        out.append(warn("config", "lora_alpha",
-                        f"lora_alpha/r = {lo.lora_alpha:g}/{lo.r} = {scale:.3g}: {effect}",
-                        f"set lora.lora_alpha to r or 2 x r ({lo.r} or {2 * lo.r})", scale=scale))
+        effect = (
+            "the adapters will learn very slowly" if scale < 1 else "the updates are amplified and unstable"
+        )
+        out.append(
+            warn(
+                "config",
+                "lora_alpha",
+                f"lora_alpha/r = {lo.lora_alpha:g}/{lo.r} = {scale:.3g}: {effect}",
+                f"set lora.lora_alpha to r or 2 x r ({lo.r} or {2 * lo.r})",
+                scale=scale,
+            )
+        )
     limit = LORA_R_USUAL_MAX
     if arch is not None:
         limit = min(limit, arch.hidden_size // 2)
     if lo.r > limit:
-        out.append(warn("config", "lora_r",
-                        f"r={lo.r} is beyond the usual 8-{limit}"
-                        + (f" for hidden size {arch.hidden_size}" if arch is not None else "")
-                        + ": the adapter costs memory and time without a gain in quality",
-                        "use r between 8 and 64; raise it only if a smaller r underfits", r=lo.r))
+        out.append(
+            warn(
+                "config",
+                "lora_r",
+                f"r={lo.r} is beyond the usual 8-{limit}"
+                + (f" for hidden size {arch.hidden_size}" if arch is not None else "")
+                + ": the adapter costs memory and time without a gain in quality",
+                "use r between 8 and 64; raise it only if a smaller r underfits",
+                r=lo.r,
+            )
+        )
     if lo.lora_dropout > LORA_DROPOUT_MAX:
-        out.append(warn("config", "lora_dropout", f"lora_dropout={lo.lora_dropout:g} drops most of the adapter input",
-                        "use 0.0-0.1"))
+        out.append(
+            warn(
+                "config",
+                "lora_dropout",
+                f"lora_dropout={lo.lora_dropout:g} drops most of the adapter input",
+                "use 0.0-0.1",
+            )
+        )
     if not out:
-        out.append(ok("config", "lora", f"r={lo.r}, lora_alpha={lo.lora_alpha:g} (scale {scale:.3g}), "
-                      f"dropout {lo.lora_dropout:g}"))
+        out.append(
+            ok(
+                "config",
+                "lora",
+                f"r={lo.r}, lora_alpha={lo.lora_alpha:g} (scale {scale:.3g}), dropout {lo.lora_dropout:g}",
+            )
+        )
     return out
 
 
@@ -72,10 +106,14 @@ def seq_lint(cfg: SteadytuneConfig, arch: Architecture | None) -> Check:
         return ok("config", "max_seq_length", f"max_seq_length={seq} (model limits unknown)")
     limit = arch.max_position_embeddings
     if seq > limit:
-        return warn("config", "max_seq_length",
-                    f"max_seq_length={seq} is beyond the model's max_position_embeddings={limit}: positions past "
-                    "it were never trained",
-                    f"set data.max_seq_length to {limit} or less (or configure RoPE scaling)", limit=limit)
+        return warn(
+            "config",
+            "max_seq_length",
+            f"max_seq_length={seq} is beyond the model's max_position_embeddings={limit}: positions past "
+            "it were never trained",
+            f"set data.max_seq_length to {limit} or less (or configure RoPE scaling)",
+            limit=limit,
+        )
     return ok("config", "max_seq_length", f"max_seq_length={seq} (model supports {limit})")
 
 
@@ -95,25 +133,55 @@ def schedule_lints(cfg: SteadytuneConfig, samples: int | None) -> list[Check]:
     t = cfg.train
     steps = total_steps(cfg, samples)
     if steps is None:
-        return [ok("config", "save_steps", f"save_steps={t.save_steps} (run length unknown until the data is read)")]
+        return [
+            ok(
+                "config",
+                "save_steps",
+                f"save_steps={t.save_steps} (run length unknown until the data is read)",
+            )
+        ]
     out: list[Check] = []
     if t.save_steps > steps:
-        out.append(fail("config", "save_steps",
-                        f"save_steps={t.save_steps} > {steps} steps in the run: no checkpoint before the end, so a "
-                        "crash restarts from zero", f"set train.save_steps to {max(1, steps // 4)} or less",
-                        steps=steps))
+        out.append(
+            fail(
+                "config",
+                "save_steps",
+                f"save_steps={t.save_steps} > {steps} steps in the run: no checkpoint before the end, so a "
+                "crash restarts from zero",
+                f"set train.save_steps to {max(1, steps // 4)} or less",
+                steps=steps,
+            )
+        )
     elif steps // t.save_steps > MANY_CHECKPOINTS:
-        out.append(warn("config", "save_steps",
-                        f"save_steps={t.save_steps} writes {steps // t.save_steps} checkpoints in {steps} steps",
-                        f"save every {max(1, steps // 20)} steps or so", steps=steps))
+        out.append(
+            warn(
+                "config",
+                "save_steps",
+                f"save_steps={t.save_steps} writes {steps // t.save_steps} checkpoints in {steps} steps",
+                f"save every {max(1, steps // 20)} steps or so",
+                steps=steps,
+            )
+        )
     else:
         out.append(ok("config", "save_steps", f"a checkpoint every {t.save_steps} of {steps} steps"))
     if t.warmup_steps >= steps:
-        out.append(warn("config", "warmup_steps", f"warmup_steps={t.warmup_steps} >= {steps} steps: the LR never "
-                        "reaches its peak", f"use about {max(1, steps // 10)}"))
+        out.append(
+            warn(
+                "config",
+                "warmup_steps",
+                f"warmup_steps={t.warmup_steps} >= {steps} steps: the LR never reaches its peak",
+                f"use about {max(1, steps // 10)}",
+            )
+        )
     if t.eval_steps is not None and cfg.data.eval_file and t.eval_steps > steps:
-        out.append(warn("config", "eval_steps", f"eval_steps={t.eval_steps} > {steps} steps: never evaluated",
-                        f"set train.eval_steps to {max(1, steps // 4)} or less"))
+        out.append(
+            warn(
+                "config",
+                "eval_steps",
+                f"eval_steps={t.eval_steps} > {steps} steps: never evaluated",
+                f"set train.eval_steps to {max(1, steps // 4)} or less",
+            )
+        )
     return out
 
 
@@ -123,33 +191,62 @@ def batch_lint(cfg: SteadytuneConfig, samples: int | None, fits_micro_batch: int
     n = cfg.run.nproc_per_node
     if not isinstance(t.per_device_train_batch_size, int):
         target = t.auto_effective_batch
-        return ok("config", "batch", "per_device_train_batch_size: auto (found at start, keeping effective batch "
-                  + (f"{target})" if target else "= estimate x gradient_accumulation_steps)"))
+        return ok(
+            "config",
+            "batch",
+            "per_device_train_batch_size: auto (found at start, keeping effective batch "
+            + (f"{target})" if target else "= estimate x gradient_accumulation_steps)"),
+        )
     b, a = t.per_device_train_batch_size, t.gradient_accumulation_steps
     eff = b * a * n
-    text = f"effective batch {eff} = micro-batch {b} x accumulation {a}" + (f" x {n} processes" if n > 1 else "")
+    text = f"effective batch {eff} = micro-batch {b} x accumulation {a}" + (
+        f" x {n} processes" if n > 1 else ""
+    )
     if samples is not None and eff > samples:
-        return warn("config", "batch", text + f" > {samples} samples: one step needs more than the whole dataset",
-                    "lower gradient_accumulation_steps or per_device_train_batch_size", effective_batch=eff)
+        return warn(
+            "config",
+            "batch",
+            text + f" > {samples} samples: one step needs more than the whole dataset",
+            "lower gradient_accumulation_steps or per_device_train_batch_size",
+            effective_batch=eff,
+        )
     if a > 1 and fits_micro_batch is not None and fits_micro_batch > b and (b * a) % fits_micro_batch == 0:
-        return warn("config", "batch", text + f"; micro-batch {fits_micro_batch} fits, so fewer, larger micro-batches "
-                    "give the same update faster",
-                    f"per_device_train_batch_size: {fits_micro_batch}, gradient_accumulation_steps: "
-                    f"{b * a // fits_micro_batch}", effective_batch=eff)
+        return warn(
+            "config",
+            "batch",
+            text + f"; micro-batch {fits_micro_batch} fits, so fewer, larger micro-batches "
+            "give the same update faster",
+            f"per_device_train_batch_size: {fits_micro_batch}, gradient_accumulation_steps: "
+            f"{b * a // fits_micro_batch}",
+            effective_batch=eff,
+        )
     return ok("config", "batch", text, effective_batch=eff)
 
 
 def clipping_lint(cfg: SteadytuneConfig) -> Check | None:
     if cfg.train.max_grad_norm == 0:
-        return warn("config", "max_grad_norm", "gradient clipping is off (max_grad_norm=0): one bad batch can "
-                    "blow the weights up", "set train.max_grad_norm: 1.0")
+        return warn(
+            "config",
+            "max_grad_norm",
+            "gradient clipping is off (max_grad_norm=0): one bad batch can blow the weights up",
+            "set train.max_grad_norm: 1.0",
+        )
     return None
 
 
-def config_lints(cfg: SteadytuneConfig, arch: Architecture | None, samples: int | None = None,
-                 fits_micro_batch: int | None = None) -> list[Check]:
+def config_lints(
+    cfg: SteadytuneConfig,
+    arch: Architecture | None,
+    samples: int | None = None,
+    fits_micro_batch: int | None = None,
+) -> list[Check]:
     """Every lint, in the order they are shown."""
-    out = [lr_lint(cfg), *lora_lints(cfg, arch), seq_lint(cfg, arch), *schedule_lints(cfg, samples),
-           batch_lint(cfg, samples, fits_micro_batch)]
+    out = [
+        lr_lint(cfg),
+        *lora_lints(cfg, arch),
+        seq_lint(cfg, arch),
+        *schedule_lints(cfg, samples),
+        batch_lint(cfg, samples, fits_micro_batch),
+    ]
     clip = clipping_lint(cfg)
     return out + ([clip] if clip else [])

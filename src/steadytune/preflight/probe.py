@@ -143,13 +143,22 @@ def read_nvml() -> tuple[bool, tuple[GpuInfo, ...], Driver]:
         listed = None
         if procs is not None:
             listed = tuple(
-                GpuProcess(int(p.pid), int(p.usedGpuMemory) if isinstance(p.usedGpuMemory, int) else None,
-                           _process_name(int(p.pid)))
+                GpuProcess(
+                    int(p.pid),
+                    int(p.usedGpuMemory) if isinstance(p.usedGpuMemory, int) else None,
+                    _process_name(int(p.pid)),
+                )
                 for p in procs
             )
-        gpus.append(GpuInfo(i, _text(_read(lambda h=h: nv.nvmlDeviceGetName(h))) or "",
-                            int(mem.free) if mem is not None else None,
-                            int(mem.total) if mem is not None else None, listed))
+        gpus.append(
+            GpuInfo(
+                i,
+                _text(_read(lambda h=h: nv.nvmlDeviceGetName(h))) or "",
+                int(mem.free) if mem is not None else None,
+                int(mem.total) if mem is not None else None,
+                listed,
+            )
+        )
     cuda = _read(nv.nvmlSystemGetCudaDriverVersion)  # e.g. 12040 for 12.4
     driver = Driver(
         driver_version=_text(_read(nv.nvmlSystemGetDriverVersion)),

@@ -31,8 +31,9 @@ def largest_divisor_at_most(n: int, limit: int) -> int | None:
 AUTO_MICRO_BATCH_LIMIT = 64
 
 
-def auto_effective_batch(arch: Architecture, setup: TrainSetup, budget: int | None, configured: int | None,
-                         accumulation: int) -> int:
+def auto_effective_batch(
+    arch: Architecture, setup: TrainSetup, budget: int | None, configured: int | None, accumulation: int
+) -> int:
     """The effective batch an ``auto`` micro-batch keeps (see docs/preflight.md).
 
     ``train.auto_effective_batch`` when set; otherwise the estimate's largest micro-batch
@@ -45,7 +46,9 @@ def auto_effective_batch(arch: Architecture, setup: TrainSetup, budget: int | No
     return min(AUTO_MICRO_BATCH_LIMIT, max(1, best or 1)) * accumulation
 
 
-def recommend(arch: Architecture, setup: TrainSetup, budget: int | None, effective_batch: int) -> Recommendation:
+def recommend(
+    arch: Architecture, setup: TrainSetup, budget: int | None, effective_batch: int
+) -> Recommendation:
     """The micro-batch, accumulation, sequence length and checkpointing that fit ``budget``.
 
     Args:
@@ -59,16 +62,25 @@ def recommend(arch: Architecture, setup: TrainSetup, budget: int | None, effecti
     if seq < setup.seq:
         notes.append(f"max_seq_length {setup.seq} is beyond the model's max_position_embeddings {seq}")
     if budget is None or budget <= 0:
-        return Recommendation(None, None, seq, None, effective_batch, None, budget,
-                              ("device memory unknown: no micro-batch recommended",))
+        return Recommendation(
+            None,
+            None,
+            seq,
+            None,
+            effective_batch,
+            None,
+            budget,
+            ("device memory unknown: no micro-batch recommended",),
+        )
     base = dataclasses.replace(setup, seq=seq, batch=1, gradient_accumulation_steps=1)
 
     def best(ckpt: bool) -> int | None:
         # Accumulation keeps gradients alive between micro-batches, so each candidate is
         # estimated with the accumulation it would run with.
         for b in reversed(divisors(effective_batch)):
-            s = dataclasses.replace(base, batch=b, gradient_accumulation_steps=effective_batch // b,
-                                    gradient_checkpointing=ckpt)
+            s = dataclasses.replace(
+                base, batch=b, gradient_accumulation_steps=effective_batch // b, gradient_checkpointing=ckpt
+            )
             if estimate_peak(arch, s).peak_bytes <= budget:
                 return b
         return None
@@ -88,15 +100,30 @@ def recommend(arch: Architecture, setup: TrainSetup, budget: int | None, effecti
             notes.append(f"gradient checkpointing needed: no micro-batch fits without it, {on} fits with it")
         else:
             ckpt, batch = True, 1
-            one = dataclasses.replace(base, gradient_checkpointing=True, gradient_accumulation_steps=effective_batch)
+            one = dataclasses.replace(
+                base, gradient_checkpointing=True, gradient_accumulation_steps=effective_batch
+            )
             fit_seq = max_seq_len(arch, one, budget, cap=seq)
             if fit_seq is None:
-                return Recommendation(None, None, None, True, effective_batch, None, budget,
-                                      (*notes, "not even one token fits: use a smaller model, LoRA/QLoRA, or more memory"))
-            notes.append(f"even micro-batch 1 at seq {seq} does not fit; seq {fit_seq} does, with checkpointing")
+                return Recommendation(
+                    None,
+                    None,
+                    None,
+                    True,
+                    effective_batch,
+                    None,
+                    budget,
+                    (*notes, "not even one token fits: use a smaller model, LoRA/QLoRA, or more memory"),
+                )
+            notes.append(
+                f"even micro-batch 1 at seq {seq} does not fit; seq {fit_seq} does, with checkpointing"
+            )
             seq = fit_seq
     accum = effective_batch // batch
     notes.append(f"effective batch {effective_batch} = micro-batch {batch} x accumulation {accum}")
-    final = dataclasses.replace(base, batch=batch, gradient_accumulation_steps=accum, gradient_checkpointing=ckpt, seq=seq)
-    return Recommendation(batch, accum, seq, ckpt, effective_batch, estimate_peak(arch, final).peak_bytes, budget,
-                          tuple(notes))
+    final = dataclasses.replace(
+        base, batch=batch, gradient_accumulation_steps=accum, gradient_checkpointing=ckpt, seq=seq
+    )
+    return Recommendation(
+        batch, accum, seq, ckpt, effective_batch, estimate_peak(arch, final).peak_bytes, budget, tuple(notes)
+    )

@@ -20,8 +20,12 @@ def _table(checks: list[Check], title: str | None = None) -> Any:
     table.add_column("fix", overflow="fold")
     for c in checks:
         style = _STYLES[c.status]
-        table.add_row(Text(SYMBOLS[c.status], style=style), Text(f"{c.family}/{c.name}", style=style),
-                      Text(c.reason), Text(c.fix, style="cyan"))
+        table.add_row(
+            Text(SYMBOLS[c.status], style=style),
+            Text(f"{c.family}/{c.name}", style=style),
+            Text(c.reason),
+            Text(c.fix, style="cyan"),
+        )
     return table
 
 
@@ -63,4 +67,3 @@ def print_report(report: PreflightReport, console: Any, only_problems: bool = Fa
             console.print(line, highlight=False, markup=False)
     style = "bold green" if report.go else "bold red"
     console.print(verdict_line(report), style=style, highlight=False)
-

@@ -67,54 +67,93 @@ def memory_check(
             return na(f, "device_memory", "free RAM unknown"), Budget("cpu", None)
         need = nproc * (peak + PROCESS_OVERHEAD_BYTES)
         budget = (facts.ram_available_bytes - headroom) // max(1, nproc) - PROCESS_OVERHEAD_BYTES
-        text = (f"CPU-only: no GPU, so the CPU estimate {format_bytes(peak)}"
-                f"{f' x {nproc} processes' if nproc > 1 else ''} (+{format_bytes(PROCESS_OVERHEAD_BYTES)} per "
-                f"process) is compared with free RAM {format_bytes(facts.ram_available_bytes)} (headroom {hr})")
-        data = {"peak_bytes": peak, "need_bytes": need, "free_bytes": facts.ram_available_bytes,
-                "headroom_bytes": headroom, "device": "cpu"}
+        text = (
+            f"CPU-only: no GPU, so the CPU estimate {format_bytes(peak)}"
+            f"{f' x {nproc} processes' if nproc > 1 else ''} (+{format_bytes(PROCESS_OVERHEAD_BYTES)} per "
+            f"process) is compared with free RAM {format_bytes(facts.ram_available_bytes)} (headroom {hr})"
+        )
+        data = {
+            "peak_bytes": peak,
+            "need_bytes": need,
+            "free_bytes": facts.ram_available_bytes,
+            "headroom_bytes": headroom,
+            "device": "cpu",
+        }
         b = Budget("cpu", budget, nproc, "free RAM")
         if need + headroom > facts.ram_available_bytes:
-            return fail(f, "device_memory", text + ": does not fit",
-                        "use the recommendation below, a smaller model or method (LoRA/QLoRA), or a GPU", **data), b
+            return fail(
+                f,
+                "device_memory",
+                text + ": does not fit",
+                "use the recommendation below, a smaller model or method (LoRA/QLoRA), or a GPU",
+                **data,
+            ), b
         return ok(f, "device_memory", text + ": fits", **data), b
 
     if device_memory is not None:
-        gpus: tuple[GpuInfo, ...] = tuple(GpuInfo(i, "planned", device_memory, device_memory) for i in range(nproc))
+        gpus: tuple[GpuInfo, ...] = tuple(
+            GpuInfo(i, "planned", device_memory, device_memory) for i in range(nproc)
+        )
         source = f"--device-memory {format_bytes(device_memory)}"
     else:
         gpus = visible if visible is not None else facts.visible_gpus()
         source = "free memory (NVML)"
     if not gpus:
-        return na(f, "device_memory", f"GPUs present but their memory cannot be read; estimated peak "
-                  f"{format_bytes(peak)} per GPU", "pip install nvidia-ml-py (steadytune[gpu]) or pass "
-                  "--device-memory", peak_bytes=peak), Budget("cuda", None, nproc)
+        return na(
+            f,
+            "device_memory",
+            f"GPUs present but their memory cannot be read; estimated peak {format_bytes(peak)} per GPU",
+            "pip install nvidia-ml-py (steadytune[gpu]) or pass --device-memory",
+            peak_bytes=peak,
+        ), Budget("cuda", None, nproc)
     if len(gpus) < nproc:
-        return fail(f, "device_memory", f"run.nproc_per_node={nproc} but {len(gpus)} GPU(s) visible",
-                    f"set run.nproc_per_node to {len(gpus)} or make more GPUs visible (CUDA_VISIBLE_DEVICES)",
-                    peak_bytes=peak), Budget("cuda", None, nproc)
+        return fail(
+            f,
+            "device_memory",
+            f"run.nproc_per_node={nproc} but {len(gpus)} GPU(s) visible",
+            f"set run.nproc_per_node to {len(gpus)} or make more GPUs visible (CUDA_VISIBLE_DEVICES)",
+            peak_bytes=peak,
+        ), Budget("cuda", None, nproc)
     used = gpus[:nproc]
     short = [g for g in used if g.free_bytes is None or g.free_bytes < peak + headroom]
     free = [g.free_bytes for g in used if g.free_bytes is not None]
     budget = min(free) - headroom if free else None
     b = Budget("cuda", budget, nproc, source)
-    each = ", ".join(f"GPU {g.index} {format_bytes(g.free_bytes) if g.free_bytes is not None else 'N/A'}" for g in used)
+    each = ", ".join(
+        f"GPU {g.index} {format_bytes(g.free_bytes) if g.free_bytes is not None else 'N/A'}" for g in used
+    )
     text = f"estimated peak {format_bytes(peak)} + headroom {hr} per GPU; {source}: {each}"
     data = {"peak_bytes": peak, "headroom_bytes": headroom, "free_bytes": free, "device": "cuda"}
     if short:
-        return fail(f, "device_memory", text + f": GPU {', '.join(str(g.index) for g in short)} too small",
-                    "use the recommendation below, free the GPU, or pick another (CUDA_VISIBLE_DEVICES)", **data), b
+        return fail(
+            f,
+            "device_memory",
+            text + f": GPU {', '.join(str(g.index) for g in short)} too small",
+            "use the recommendation below, free the GPU, or pick another (CUDA_VISIBLE_DEVICES)",
+            **data,
+        ), b
     return ok(f, "device_memory", text + ": fits", **data), b
 
 
-def ram_check(arch: Architecture, setup: TrainSetup, facts: HostFacts, device: str, nproc: int,
-              model_file_bytes: int | None) -> Check:
+def ram_check(
+    arch: Architecture,
+    setup: TrainSetup,
+    facts: HostFacts,
+    device: str,
+    nproc: int,
+    model_file_bytes: int | None,
+) -> Check:
     """Host RAM for loading the weights when training on GPUs (on CPU the memory check covers it)."""
     f = "memory"
     if facts.ram_available_bytes is None:
         return na(f, "ram", "free RAM unknown")
     avail = format_bytes(facts.ram_available_bytes)
     if device == "cpu":
-        return ok(f, "ram", f"{avail} free of {format_bytes(facts.ram_total_bytes or 0)} (judged with the memory check)")
+        return ok(
+            f,
+            "ram",
+            f"{avail} free of {format_bytes(facts.ram_total_bytes or 0)} (judged with the memory check)",
+        )
     # transformers loads shard by shard, but a single-file checkpoint passes through RAM whole.
     weights = model_file_bytes or estimate_peak(arch, setup).breakdown.get("weights", 0)
     need = nproc * (weights + PROCESS_OVERHEAD_BYTES)
@@ -164,8 +203,10 @@ def disk_check(facts: HostFacts, runs_need: int, cache_need: int, ckpt: int, kee
     runs, cache = facts.disks.get("runs_dir"), facts.disks.get("data_cache")
     if runs is None or runs.free_bytes is None:
         return na(f, "disk", "free disk of the runs folder unknown")
-    text = (f"checkpoint ~{format_bytes(ckpt)} x (keep_last {keep_last} + 1) + final model + floor = "
-            f"{format_bytes(runs_need)}")
+    text = (
+        f"checkpoint ~{format_bytes(ckpt)} x (keep_last {keep_last} + 1) + final model + floor = "
+        f"{format_bytes(runs_need)}"
+    )
     shared = cache is not None and cache.device is not None and cache.device == runs.device
     need_runs = runs_need + (cache_need if shared else 0)
     if cache_need:
@@ -175,8 +216,13 @@ def disk_check(facts: HostFacts, runs_need: int, cache_need: int, ckpt: int, kee
     if need_runs > runs.free_bytes:
         return fail(f, "disk", text, "free disk, lower run.keep_last, or move run.runs_dir", **data)
     if not shared and cache is not None and cache.free_bytes is not None and cache_need > cache.free_bytes:
-        return fail(f, "disk", text + f"; the cache disk has {format_bytes(cache.free_bytes)}",
-                    "steadytune cache clean --max-size ..., or set STEADYTUNE_DATA_CACHE elsewhere", **data)
+        return fail(
+            f,
+            "disk",
+            text + f"; the cache disk has {format_bytes(cache.free_bytes)}",
+            "steadytune cache clean --max-size ..., or set STEADYTUNE_DATA_CACHE elsewhere",
+            **data,
+        )
     return ok(f, "disk", text, **data)
 
 
@@ -185,7 +231,9 @@ def gpu_process_check(facts: HostFacts, device: str, visible: tuple[GpuInfo, ...
     if device != "cuda":
         return na(f, "gpu_processes", "no GPU in use")
     if not facts.nvml:
-        return na(f, "gpu_processes", "N/A: NVML unavailable", "pip install nvidia-ml-py to see other GPU users")
+        return na(
+            f, "gpu_processes", "N/A: NVML unavailable", "pip install nvidia-ml-py to see other GPU users"
+        )
     used = visible[:nproc]
     if any(g.processes is None for g in used):
         return na(f, "gpu_processes", "NVML cannot list the processes on these GPUs")
@@ -196,9 +244,13 @@ def gpu_process_check(facts: HostFacts, device: str, visible: tuple[GpuInfo, ...
         f"GPU {i}: pid {p.pid} {p.name} {format_bytes(p.used_bytes) if p.used_bytes else ''}".strip()
         for i, p in others
     )
-    return warn(f, "gpu_processes", f"other processes hold GPU memory ({listed})",
-                "stop them, or pick free GPUs with CUDA_VISIBLE_DEVICES; they may grow and OOM this run",
-                pids=[p.pid for _, p in others])
+    return warn(
+        f,
+        "gpu_processes",
+        f"other processes hold GPU memory ({listed})",
+        "stop them, or pick free GPUs with CUDA_VISIBLE_DEVICES; they may grow and OOM this run",
+        pids=[p.pid for _, p in others],
+    )
 
 
 def writable_checks(facts: HostFacts) -> list[Check]:
@@ -208,6 +260,12 @@ def writable_checks(facts: HostFacts) -> list[Check]:
         if reason is None:
             out.append(ok("system", f"writable_{label}", f"{label} {path} is writable"))
         else:
-            out.append(fail("system", f"writable_{label}", f"{label} {path}: {reason}",
-                            f"fix the permissions or point {label} somewhere writable"))
+            out.append(
+                fail(
+                    "system",
+                    f"writable_{label}",
+                    f"{label} {path}: {reason}",
+                    f"fix the permissions or point {label} somewhere writable",
+                )
+            )
     return out

@@ -48,13 +48,23 @@ class KnownBad:
 
 KNOWN_BAD: tuple[KnownBad, ...] = (
     KnownBad(
-        "torch", None, "2.3", "numpy", "2", None,
+        "torch",
+        None,
+        "2.3",
+        "numpy",
+        "2",
+        None,
         "torch wheels before 2.3 were compiled against NumPy 1.x; under NumPy 2 importing them fails with "
         "'A module that was compiled using NumPy 1.x cannot be run in NumPy 2'",
         "pip install 'numpy<2', or upgrade torch to 2.3 or newer",
     ),
     KnownBad(
-        "datasets", None, "2.14.6", "fsspec", "2023.10.0", None,
+        "datasets",
+        None,
+        "2.14.6",
+        "fsspec",
+        "2023.10.0",
+        None,
         "datasets before 2.14.6 builds glob patterns that fsspec 2023.10 rejects: loading any data file fails "
         "with \"Invalid pattern: '**' can only be an entire path component\"",
         "pip install -U 'datasets>=2.14.6'",
@@ -201,13 +211,21 @@ def version_checks(
     everything = {**versions, **(extra or {})}
     missing = [p for p in needed if not everything.get(p)]
     if missing:
-        out.append(fail(f, "required_packages", f"method {method} needs {', '.join(missing)}, not installed",
-                        "pip install 'steadytune[train]'" + (" flash-attn" if "flash_attn" in missing else "")))
+        out.append(
+            fail(
+                f,
+                "required_packages",
+                f"method {method} needs {', '.join(missing)}, not installed",
+                "pip install 'steadytune[train]'" + (" flash-attn" if "flash_attn" in missing else ""),
+            )
+        )
 
     for rule in KNOWN_BAD:
         a, b = everything.get(rule.package), everything.get(rule.other)
         if a and b and in_range(a, rule.low, rule.high) and in_range(b, rule.other_low, rule.other_high):
-            out.append(fail(f, "known_bad", f"{rule.package} {a} with {rule.other} {b}: {rule.reason}", rule.fix))
+            out.append(
+                fail(f, "known_bad", f"{rule.package} {a} with {rule.other} {b}: {rule.reason}", rule.fix)
+            )
 
     for package, (minimum, when) in minimums.items():
         have = versions.get(package)
@@ -215,17 +233,30 @@ def version_checks(
             continue
         tv = versions.get("transformers")
         if when == "all" or (when == "qlora" and method == "qlora"):
-            out.append(fail(f, "transformers_minimum", f"transformers {tv} refuses {package} {have} (needs >= {minimum})",
-                            f"pip install -U '{package}>={minimum}'"))
+            out.append(
+                fail(
+                    f,
+                    "transformers_minimum",
+                    f"transformers {tv} refuses {package} {have} (needs >= {minimum})",
+                    f"pip install -U '{package}>={minimum}'",
+                )
+            )
         elif when == "lora" and method in ("lora", "qlora"):
             # steadytune's LoRA path calls peft directly, so training works; transformers' own
             # adapter API (model.load_adapter / add_adapter) on the result does not.
-            out.append(warn(f, "transformers_minimum",
-                            f"transformers {tv} wants {package} >= {minimum} for model.load_adapter/add_adapter; "
-                            f"installed {have}. Training works, loading the adapter through transformers fails",
-                            f"pip install -U '{package}>={minimum}'"))
+            out.append(
+                warn(
+                    f,
+                    "transformers_minimum",
+                    f"transformers {tv} wants {package} >= {minimum} for model.load_adapter/add_adapter; "
+                    f"installed {have}. Training works, loading the adapter through transformers fails",
+                    f"pip install -U '{package}>={minimum}'",
+                )
+            )
     for text in conflicts:
-        out.append(warn(f, "declared_requirement", text, "reinstall so the declared requirements hold (pip check)"))
+        out.append(
+            warn(f, "declared_requirement", text, "reinstall so the declared requirements hold (pip check)")
+        )
 
     out.append(_driver_check(driver, torch_cuda))
     return out
@@ -235,24 +266,40 @@ def _driver_check(driver: Driver, torch_cuda: str | None) -> Check:
     f = "versions"
     if driver.driver_version is None:
         if torch_cuda:
-            return na(f, "driver", f"torch is built for CUDA {torch_cuda}; no NVIDIA driver readable (NVML)",
-                      "install nvidia-ml-py to check the driver (steadytune[gpu])")
+            return na(
+                f,
+                "driver",
+                f"torch is built for CUDA {torch_cuda}; no NVIDIA driver readable (NVML)",
+                "install nvidia-ml-py to check the driver (steadytune[gpu])",
+            )
         return na(f, "driver", "no NVIDIA driver (CPU-only machine)")
     if torch_cuda is None:
         if driver.gpu_count:
-            return warn(f, "driver", f"{driver.gpu_count} GPU(s) with driver {driver.driver_version}, but torch is a "
-                        "CPU build: the run would train on the CPU",
-                        "install a CUDA build of torch (https://pytorch.org/get-started/locally/)")
+            return warn(
+                f,
+                "driver",
+                f"{driver.gpu_count} GPU(s) with driver {driver.driver_version}, but torch is a "
+                "CPU build: the run would train on the CPU",
+                "install a CUDA build of torch (https://pytorch.org/get-started/locally/)",
+            )
         return ok(f, "driver", f"driver {driver.driver_version}; torch is a CPU build")
     have = parse_version(driver.cuda_driver_version or "0")
     need = parse_version(torch_cuda)
     text = f"driver {driver.driver_version} supports CUDA {driver.cuda_driver_version}; torch built for CUDA {torch_cuda}"
     if have[:1] < need[:1]:
-        return fail(f, "driver", text + ": the driver is too old for this major CUDA version",
-                    f"upgrade the NVIDIA driver to one that supports CUDA {torch_cuda}, or install a torch "
-                    f"build for CUDA {driver.cuda_driver_version}")
+        return fail(
+            f,
+            "driver",
+            text + ": the driver is too old for this major CUDA version",
+            f"upgrade the NVIDIA driver to one that supports CUDA {torch_cuda}, or install a torch "
+            f"build for CUDA {driver.cuda_driver_version}",
+        )
     if have[:2] < need[:2]:
         # CUDA minor-version compatibility runs most kernels; JIT-compiled PTX may still fail.
-        return warn(f, "driver", text + ": runs under minor-version compatibility; PTX JIT kernels may fail",
-                    f"upgrade the driver to one that supports CUDA {torch_cuda}")
+        return warn(
+            f,
+            "driver",
+            text + ": runs under minor-version compatibility; PTX JIT kernels may fail",
+            f"upgrade the driver to one that supports CUDA {torch_cuda}",
+        )
     return ok(f, "driver", text)

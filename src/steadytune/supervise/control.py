@@ -31,10 +31,21 @@ def send_control(
     """Write a control request for the worker of ``run`` and record it as an event."""
     if command not in COMMANDS:
         raise ValueError(f"unknown control command {command!r}; expected one of {', '.join(COMMANDS)}")
-    request = {"id": uuid.uuid4().hex, "command": command, "issuer": issuer, "ts": time.time(), "args": args or {}}
+    request = {
+        "id": uuid.uuid4().hex,
+        "command": command,
+        "issuer": issuer,
+        "ts": time.time(),
+        "args": args or {},
+    }
     if attempt is not None:
         request["attempt"] = attempt
     atomic_write_text(run.control, json.dumps(request))
     if log is not None:
-        log.emit("control", command, f"{command} requested by {issuer}", data={"request_id": request["id"], "issuer": issuer})
+        log.emit(
+            "control",
+            command,
+            f"{command} requested by {issuer}",
+            data={"request_id": request["id"], "issuer": issuer},
+        )
     return request

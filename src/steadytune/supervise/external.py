@@ -116,8 +116,14 @@ class ExternalOptions:
 class ExternalSupervisor:
     """Runs, watches and restarts an arbitrary training command."""
 
-    def __init__(self, opts: ExternalOptions, run: RunDir, detector: LiveDetector | None = None,
-                 say: Callable[[str], None] = print, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        opts: ExternalOptions,
+        run: RunDir,
+        detector: LiveDetector | None = None,
+        say: Callable[[str], None] = print,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.opts, self.run, self.say, self.clock = opts, run.create(), say, clock
         self.events = EventLog(run.events, run.run_id, clock=clock)
         self.detector = detector or LiveDetector()
@@ -130,16 +136,25 @@ class ExternalSupervisor:
         self._last_progress: float | None = None
         self._intervals: list[float] = []
         self._log_step = 0
-        self._log_every = 1  # HF prints a dict every logging_steps; learnt from a checkpoint's trainer_state.json
+        self._log_every = (
+            1  # HF prints a dict every logging_steps; learnt from a checkpoint's trainer_state.json
+        )
         self._log_offset = 0
 
     # -- progress ---------------------------------------------------------------
     def record(self, step: int, values: dict[str, float]) -> None:
         now = self.clock()
-        rec = StepRecord(step=step, ts=now, attempt=self.attempt, loss=values.get("loss"),
-                         grad_norm=values.get("grad_norm"), lr=values.get("learning_rate", values.get("lr")),
-                         epoch=values.get("epoch"), eval_loss=values.get("eval_loss"),
-                         extra={"eval": True} if "eval_loss" in values and "loss" not in values else {})
+        rec = StepRecord(
+            step=step,
+            ts=now,
+            attempt=self.attempt,
+            loss=values.get("loss"),
+            grad_norm=values.get("grad_norm"),
+            lr=values.get("learning_rate", values.get("lr")),
+            epoch=values.get("epoch"),
+            eval_loss=values.get("eval_loss"),
+            extra={"eval": True} if "eval_loss" in values and "loss" not in values else {},
+        )
         with self._lock:
             if self._last_progress is not None:
                 self._intervals = [*self._intervals[-63:], now - self._last_progress]
@@ -148,14 +163,21 @@ class ExternalSupervisor:
             self.progress.add(rec)
             for t in self.detector.observe_step(rec):
                 a = t.anomaly
-                self.events.emit("anomaly" if t.state == "raised" else "resolved", a.kind, format_transition(t),
-                                 severity=a.severity if t.state == "raised" else "info", step=a.start_step,
-                                 data={k: v for k, v in to_dict(a).items() if k != "type"})
+                self.events.emit(
+                    "anomaly" if t.state == "raised" else "resolved",
+                    a.kind,
+                    format_transition(t),
+                    severity=a.severity if t.state == "raised" else "info",
+                    step=a.start_step,
+                    data={k: v for k, v in to_dict(a).items() if k != "type"},
+                )
                 self.say(format_transition(t))
 
     def on_stdout(self, line: str) -> None:
         values = parse_log_line(line)
-        if values is not None and not (self.opts.output_dir and (self.opts.output_dir / "trainer_log.jsonl").exists()):
+        if values is not None and not (
+            self.opts.output_dir and (self.opts.output_dir / "trainer_log.jsonl").exists()
+        ):
             self._log_step += self._log_every
             self.record(self._log_step, values)
 
@@ -180,7 +202,9 @@ class ExternalSupervisor:
             except ValueError:
                 continue
             step = row.get("current_steps")
-            values = {k: float(v) for k, v in row.items() if isinstance(v, (int, float)) and k != "current_steps"}
+            values = {
+                k: float(v) for k, v in row.items() if isinstance(v, (int, float)) and k != "current_steps"
+            }
             if isinstance(step, int):
                 self.record(step, values)
 
@@ -202,7 +226,11 @@ class ExternalSupervisor:
 
     def hung(self, started: float) -> float | None:
         """Seconds without progress, if that is past the limit."""
-        last = self._last_progress if self._last_progress is not None and self._last_progress >= started else None
+        last = (
+            self._last_progress
+            if self._last_progress is not None and self._last_progress >= started
+            else None
+        )
         idle = self.clock() - (last if last is not None else started)
         limit = self.hang_limit() if last is not None else self.opts.setup_timeout_s
         return idle if idle > limit else None
@@ -234,15 +262,27 @@ class ExternalSupervisor:
         restarts = 0
         while True:
             cmd = self.command_for(checkpoint)
-            plan = PlanRevision(revision=self.attempt, ts=self.clock(), reason="start" if not self.attempt else "restart",
-                                attempt=self.attempt, resume_checkpoint=str(checkpoint) if checkpoint else None)
+            plan = PlanRevision(
+                revision=self.attempt,
+                ts=self.clock(),
+                reason="start" if not self.attempt else "restart",
+                attempt=self.attempt,
+                resume_checkpoint=str(checkpoint) if checkpoint else None,
+            )
             with open(self.run.plan, "a") as f:
                 f.write(to_json(plan) + "\n")
-            proc = WorkerProcess(cmd, self.run.logs / f"worker-{self.attempt}.log",
-                                 env={"STEADYTUNE_ATTEMPT": str(self.attempt), "PYTHONUNBUFFERED": "1"},
-                                 pipe_stdout=True)
-            self.events.emit("lifecycle", "worker_started", f"attempt {self.attempt}: {' '.join(cmd)}",
-                             data={"pid": proc.pid, "cmd": cmd})
+            proc = WorkerProcess(
+                cmd,
+                self.run.logs / f"worker-{self.attempt}.log",
+                env={"STEADYTUNE_ATTEMPT": str(self.attempt), "PYTHONUNBUFFERED": "1"},
+                pipe_stdout=True,
+            )
+            self.events.emit(
+                "lifecycle",
+                "worker_started",
+                f"attempt {self.attempt}: {' '.join(cmd)}",
+                data={"pid": proc.pid, "cmd": cmd},
+            )
             reader = self._pipe(proc)
             started, hung_for = self.clock(), None
             last_sample = 0.0
@@ -255,9 +295,17 @@ class ExternalSupervisor:
                 self.write_status("running", proc.pid)
                 hung_for = self.hung(started)
                 if hung_for is not None:
-                    self.events.emit("anomaly", "stall", f"no progress for {hung_for:.0f}s: killing the job",
-                                     severity="critical", step=self.progress.step,
-                                     data={"seconds_without_progress": round(hung_for, 1), "limit_s": round(self.hang_limit(), 1)})
+                    self.events.emit(
+                        "anomaly",
+                        "stall",
+                        f"no progress for {hung_for:.0f}s: killing the job",
+                        severity="critical",
+                        step=self.progress.step,
+                        data={
+                            "seconds_without_progress": round(hung_for, 1),
+                            "limit_s": round(self.hang_limit(), 1),
+                        },
+                    )
                     self.say(f"no progress for {hung_for:.0f}s: the job is hung; restarting it")
                     proc.kill()
                     break
@@ -267,16 +315,25 @@ class ExternalSupervisor:
             rc = proc.poll()
             tail = proc.log_tail()
             made_progress = self._last_progress is not None and self._last_progress >= started
-            info = ExitInfo(returncode=rc, status="completed" if rc == 0 else None, step=self.progress.step,
-                            stderr_tail=tail, hung=hung_for is not None,
-                            error_type=_last_exception(tail) if rc else None,
-                            deterministic=bool(rc) and not made_progress and hung_for is None)
+            info = ExitInfo(
+                returncode=rc,
+                status="completed" if rc == 0 else None,
+                step=self.progress.step,
+                stderr_tail=tail,
+                hung=hung_for is not None,
+                error_type=_last_exception(tail) if rc else None,
+                deterministic=bool(rc) and not made_progress and hung_for is None,
+            )
             decision = decide(info, history, restarts, self.opts.max_restarts, self.opts.backoff_s)
             history.append(info)
             if decision.action != "restart":
                 state = "completed" if decision.action == "done" else "failed"
-                self.events.emit("lifecycle", f"run_{state}", f"run {state}: {decision.reason}",
-                                 severity="info" if state == "completed" else "critical")
+                self.events.emit(
+                    "lifecycle",
+                    f"run_{state}",
+                    f"run {state}: {decision.reason}",
+                    severity="info" if state == "completed" else "critical",
+                )
                 self.write_status(state, None)
                 self.say(f"{state}: {decision.reason}")
                 return 0 if state == "completed" else 1
@@ -286,12 +343,24 @@ class ExternalSupervisor:
                 if checkpoint is not None:
                     self._resume_counter(checkpoint)
                 for bad, reason in skipped:
-                    self.events.emit("anomaly", "checkpoint_corrupt", f"{bad.name} skipped for resume: {reason}",
-                                     severity="warning", step=checkpoint_step(bad))
-            self.events.emit("action", "restart", f"{decision.reason}; resuming from "
-                             f"{checkpoint.name if checkpoint else 'the start'}", severity="warning",
-                             step=self.progress.step, data={"classification": decision.classification})
-            self.say(f"restarting ({decision.classification}) from {checkpoint.name if checkpoint else 'the start'}")
+                    self.events.emit(
+                        "anomaly",
+                        "checkpoint_corrupt",
+                        f"{bad.name} skipped for resume: {reason}",
+                        severity="warning",
+                        step=checkpoint_step(bad),
+                    )
+            self.events.emit(
+                "action",
+                "restart",
+                f"{decision.reason}; resuming from {checkpoint.name if checkpoint else 'the start'}",
+                severity="warning",
+                step=self.progress.step,
+                data={"classification": decision.classification},
+            )
+            self.say(
+                f"restarting ({decision.classification}) from {checkpoint.name if checkpoint else 'the start'}"
+            )
             time.sleep(decision.delay_s)
             restarts += 1
             self.attempt += 1
@@ -303,11 +372,26 @@ class ExternalSupervisor:
             return
         self._status_ts = now
         p = self.progress
-        atomic_write_text(self.run.status, json.dumps({
-            "run_id": self.run.run_id, "state": state, "step": p.step, "max_steps": None, "loss": p.last_loss,
-            "tokens_per_s": None, "eta_s": None, "attempt": self.attempt, "restarts": self.attempt,
-            "last_checkpoint": None, "worker_pid": pid, "updated_ts": self.clock(), "external": True,
-        }))
+        atomic_write_text(
+            self.run.status,
+            json.dumps(
+                {
+                    "run_id": self.run.run_id,
+                    "state": state,
+                    "step": p.step,
+                    "max_steps": None,
+                    "loss": p.last_loss,
+                    "tokens_per_s": None,
+                    "eta_s": None,
+                    "attempt": self.attempt,
+                    "restarts": self.attempt,
+                    "last_checkpoint": None,
+                    "worker_pid": pid,
+                    "updated_ts": self.clock(),
+                    "external": True,
+                }
+            ),
+        )
 
 
 def _last_exception(tail: str) -> str | None:
@@ -322,5 +406,11 @@ def run_external(opts: ExternalOptions, run: RunDir, say: Callable[[str], None] 
     return ExternalSupervisor(opts, run, say=say).run_to_end()
 
 
-__all__ = ["ExternalOptions", "ExternalSupervisor", "check_external_checkpoint", "newest_complete",
-           "parse_log_line", "run_external"]
+__all__ = [
+    "ExternalOptions",
+    "ExternalSupervisor",
+    "check_external_checkpoint",
+    "newest_complete",
+    "parse_log_line",
+    "run_external",
+]

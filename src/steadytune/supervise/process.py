@@ -23,15 +23,28 @@ def worker_command(run_root: Path, nproc_per_node: int = 1, python: str = sys.ex
     if nproc_per_node <= 1:
         return [python, *module]
     # torch.distributed.run is torchrun; calling it as a module keeps the supervisor torch-free.
-    return [python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc_per_node}",
-            "--max_restarts=0", *module]
+    return [
+        python,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc_per_node}",
+        "--max_restarts=0",
+        *module,
+    ]
 
 
 class WorkerProcess:
     """A running worker tree: its pid, its log, and ways to end it."""
 
-    def __init__(self, cmd: Sequence[str], log_path: Path, env: dict[str, str] | None = None,
-                 cwd: Path | None = None, pipe_stdout: bool = False) -> None:
+    def __init__(
+        self,
+        cmd: Sequence[str],
+        log_path: Path,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+        pipe_stdout: bool = False,
+    ) -> None:
         self.cmd = list(cmd)
         self.log_path = log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -39,8 +52,13 @@ class WorkerProcess:
         self._log = open(log_path, "ab")  # noqa: SIM115 - lives as long as the process
         self.started = time.time()
         self.proc = subprocess.Popen(
-            self.cmd, stdout=subprocess.PIPE if pipe_stdout else self._log, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})}, cwd=cwd, start_new_session=True,
+            self.cmd,
+            stdout=subprocess.PIPE if pipe_stdout else self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, **(env or {})},
+            cwd=cwd,
+            start_new_session=True,
         )
         if pipe_stdout:
             self._log.close()

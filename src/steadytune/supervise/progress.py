@@ -89,8 +89,13 @@ def progress_line(p: RunProgress, attempt: int = 0, state: str = "running") -> s
     pct = f" {100 * p.step / p.max_steps:3.0f}%" if p.max_steps else ""
     loss = f"{p.last_loss:.4f}" if p.last_loss is not None else "-"
     tps = f"{p.tokens_per_s:,.0f}" if p.tokens_per_s else "-"
-    parts = [f"step {p.step}{total}{pct}", f"loss {loss}", f"tok/s {tps}", f"ETA {human_seconds(p.eta_s)}",
-             f"mem {human_bytes(p.mem_bytes)}"]
+    parts = [
+        f"step {p.step}{total}{pct}",
+        f"loss {loss}",
+        f"tok/s {tps}",
+        f"ETA {human_seconds(p.eta_s)}",
+        f"mem {human_bytes(p.mem_bytes)}",
+    ]
     if p.last_eval_loss is not None:
         parts.insert(2, f"eval {p.last_eval_loss:.4f}")
     if attempt:

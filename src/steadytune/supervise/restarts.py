@@ -34,7 +34,11 @@ def replay_detector(run: RunDir, config: Any, upto_step: int) -> LiveDetector:
             if isinstance(rec, StepRecord) and rec.step <= upto_step and not rec.extra.get("eval"):
                 latest[rec.step] = max(rec.attempt, latest.get(rec.step, -1))
         for rec in iter_records(path):
-            if isinstance(rec, StepRecord) and latest.get(rec.step) == rec.attempt and not rec.extra.get("eval"):
+            if (
+                isinstance(rec, StepRecord)
+                and latest.get(rec.step) == rec.attempt
+                and not rec.extra.get("eval")
+            ):
                 det.observe_step(rec)
     return det
 
@@ -45,23 +49,34 @@ def anomaly_event_data(a: Anomaly) -> dict[str, Any]:
     return data
 
 
-def crash_restart(plan: PlanRevision, decision: Decision, resume: str | None,
-                  cfg: SteadytuneConfig) -> tuple[dict[str, Any] | None, str, str]:
+def crash_restart(
+    plan: PlanRevision, decision: Decision, resume: str | None, cfg: SteadytuneConfig
+) -> tuple[dict[str, Any] | None, str, str]:
     """Changes for a restart after a crash: resume point, and after an OOM what ran out."""
     changes: dict[str, Any] = {"resume_checkpoint": resume}
     why = decision.reason
     if decision.classification == "oom":
         escalation = oom_escalation(plan, cfg.data.max_seq_length, cfg.train.gradient_checkpointing)
         if escalation is None:
-            return None, "oom", "out of memory with gradient checkpointing and a short sequence: nothing safe is left"
+            return (
+                None,
+                "oom",
+                "out of memory with gradient checkpointing and a short sequence: nothing safe is left",
+            )
         more, why = escalation
         changes.update(more)
     return changes, decision.classification, why
 
 
 def rollback_restart(
-    plan: PlanRevision, action: Action, verified_steps: list[int], previous_resumes: list[int | None],
-    checkpoints: Path, current_step: int, samples_by_step: dict[int, list[int]], lr_scale: float,
+    plan: PlanRevision,
+    action: Action,
+    verified_steps: list[int],
+    previous_resumes: list[int | None],
+    checkpoints: Path,
+    current_step: int,
+    samples_by_step: dict[int, list[int]],
+    lr_scale: float,
 ) -> tuple[dict[str, Any] | None, str, str, int | None]:
     """Changes for a rollback: an earlier checkpoint, the data window skipped, a lower LR."""
     anomaly = action.anomaly
@@ -69,10 +84,31 @@ def rollback_restart(
     kind = anomaly.kind
     target = choose_rollback_checkpoint(anomaly.start_step, verified_steps, previous_resumes)
     if target is None:
-        return None, kind, f"{kind} at step {anomaly.start_step} again and no earlier checkpoint is left to roll back to", None
+        return (
+            None,
+            kind,
+            f"{kind} at step {anomaly.start_step} again and no earlier checkpoint is left to roll back to",
+            None,
+        )
     path = str(checkpoints / f"checkpoint-{target}") if target else None
     end = max(anomaly.end_step, current_step)
-    nxt = rollback_plan(plan, plan.revision + 1, plan.ts, plan.attempt + 1, anomaly.start_step, end,
-                        target, path, samples_by_step, lr_scale, None, kind)
-    changes = {"resume_checkpoint": nxt.resume_checkpoint, "lr_scale": nxt.lr_scale, "skip_ranges": nxt.skip_ranges}
+    nxt = rollback_plan(
+        plan,
+        plan.revision + 1,
+        plan.ts,
+        plan.attempt + 1,
+        anomaly.start_step,
+        end,
+        target,
+        path,
+        samples_by_step,
+        lr_scale,
+        None,
+        kind,
+    )
+    changes = {
+        "resume_checkpoint": nxt.resume_checkpoint,
+        "lr_scale": nxt.lr_scale,
+        "skip_ranges": nxt.skip_ranges,
+    }
     return changes, kind, nxt.notes, target

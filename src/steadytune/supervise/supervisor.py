@@ -101,8 +101,9 @@ class Supervisor:
         self.stop_grace_s = stop_grace_s
         self.sampler = sampler or SystemSampler(self.run.root, clock=clock)
         self.events = EventLog(self.run.events, self.run.run_id, clock=clock, on_append=self._fan_event)
-        self.observers: list[Observer] = (list(self._observers_arg) if self._observers_arg is not None
-                                          else self.default_observers())
+        self.observers: list[Observer] = (
+            list(self._observers_arg) if self._observers_arg is not None else self.default_observers()
+        )
         self.progress = RunProgress(max_steps=cfg.train.max_steps if cfg.train.max_steps > 0 else None)
         self.system_writer = JsonlWriter(self.run.system)
         self.tailers: dict[Path, JsonlTailer] = {}
@@ -147,7 +148,9 @@ class Supervisor:
             # The supervisor already prints every event on its console: a console sink would say it twice.
             alerts = alerts.model_copy(update={"sinks": [s for s in alerts.sinks if s.type != "console"]})
         if alerts.enabled and alerts.sinks:
-            out.append(AlertObserver(AlertRouter(alerts, self.events, clock=self.clock, run_id=self.run.run_id)))
+            out.append(
+                AlertObserver(AlertRouter(alerts, self.events, clock=self.clock, run_id=self.run.run_id))
+            )
         return out
 
     # -- outputs -------------------------------------------------------------
@@ -173,13 +176,22 @@ class Supervisor:
         self._last_status = now
         latest = read_pointer(self.run.latest_pointer)
         status = {
-            "run_id": self.run.run_id, "state": self.state, "step": self.progress.step,
-            "max_steps": self.progress.max_steps, "loss": self.progress.last_loss,
-            "eval_loss": self.progress.last_eval_loss, "tokens_per_s": self.progress.tokens_per_s,
-            "eta_s": self.progress.eta_s, "attempt": self.attempt, "restarts": self.restarts,
-            "last_checkpoint": latest.name if latest else None, "supervisor_pid": os.getpid(),
-            "worker_pid": self.worker.pid if self.worker else None, "updated_ts": now,
-            "dashboard_url": self.dashboard_url, "started_ts": self.started_ts,
+            "run_id": self.run.run_id,
+            "state": self.state,
+            "step": self.progress.step,
+            "max_steps": self.progress.max_steps,
+            "loss": self.progress.last_loss,
+            "eval_loss": self.progress.last_eval_loss,
+            "tokens_per_s": self.progress.tokens_per_s,
+            "eta_s": self.progress.eta_s,
+            "attempt": self.attempt,
+            "restarts": self.restarts,
+            "last_checkpoint": latest.name if latest else None,
+            "supervisor_pid": os.getpid(),
+            "worker_pid": self.worker.pid if self.worker else None,
+            "updated_ts": now,
+            "dashboard_url": self.dashboard_url,
+            "started_ts": self.started_ts,
         }
         import json
 
@@ -189,7 +201,9 @@ class Supervisor:
     def prepare(self) -> None:
         atomic_write_text(self.run.config, dump_config(self.cfg))
         self.started_ts = self.clock()
-        self.emit("lifecycle", "run_started", f"run {self.run.run_id} started", data={"method": self.cfg.method})
+        self.emit(
+            "lifecycle", "run_started", f"run {self.run.run_id} started", data={"method": self.cfg.method}
+        )
 
     def write_plan(self, plan: PlanRevision) -> None:
         with open(self.run.plan, "a", encoding="utf-8") as f:
@@ -201,8 +215,14 @@ class Supervisor:
 
     def revise(self, reason: str, cause: Event | None = None, **changes: Any) -> PlanRevision:
         """Write the next plan revision, inheriting everything the last one said."""
-        self.plan = replace(self.plan, revision=self.plan.revision + 1, ts=self.clock(), reason=reason,
-                            cause_event_seq=cause.seq if cause else None, **changes)
+        self.plan = replace(
+            self.plan,
+            revision=self.plan.revision + 1,
+            ts=self.clock(),
+            reason=reason,
+            cause_event_seq=cause.seq if cause else None,
+            **changes,
+        )
         self.write_plan(self.plan)
         return self.plan
 
@@ -210,24 +230,38 @@ class Supervisor:
         """The newest checkpoint that verifies; unusable ones are reported and skipped."""
         verdict, skipped = newest_verified(self.run.checkpoints)
         for bad in skipped:
-            self.emit("anomaly", "checkpoint_corrupt", f"{bad.path.name} skipped for resume: {bad.reason}", step=checkpoint_step(bad.path),
-                      severity="warning", data={"path": str(bad.path), "reason": bad.reason})
+            self.emit(
+                "anomaly",
+                "checkpoint_corrupt",
+                f"{bad.path.name} skipped for resume: {bad.reason}",
+                step=checkpoint_step(bad.path),
+                severity="warning",
+                data={"path": str(bad.path), "reason": bad.reason},
+            )
         return str(verdict.path) if verdict else None
 
     def start_worker(self, plan: PlanRevision) -> None:
         clean_staging(self.run.staging)
         self.run.control.unlink(missing_ok=True)
         cmd = worker_command(self.run.root, self.cfg.run.nproc_per_node)
-        env = {**self.worker_env, "STEADYTUNE_ATTEMPT": str(plan.attempt), "PYTHONUNBUFFERED": "1",
-               "TOKENIZERS_PARALLELISM": "false"}
+        env = {
+            **self.worker_env,
+            "STEADYTUNE_ATTEMPT": str(plan.attempt),
+            "PYTHONUNBUFFERED": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+        }
         self.worker = WorkerProcess(cmd, self.run.logs / f"worker-{plan.attempt}.log", env=env)
         self.state = "running"
         self.last_heartbeat = {0: self.clock()}
         self.worker_phase, self.phase_since = "setup", self.clock()
         self.attempt_stepped = False
-        self.emit("lifecycle", "worker_started", f"worker attempt {plan.attempt} started (pid {self.worker.pid})"
-                  + (f", resuming from {Path(plan.resume_checkpoint).name}" if plan.resume_checkpoint else ""),
-                  data={"pid": self.worker.pid, "attempt": plan.attempt, "cmd": cmd})
+        self.emit(
+            "lifecycle",
+            "worker_started",
+            f"worker attempt {plan.attempt} started (pid {self.worker.pid})"
+            + (f", resuming from {Path(plan.resume_checkpoint).name}" if plan.resume_checkpoint else ""),
+            data={"pid": self.worker.pid, "attempt": plan.attempt, "cmd": cmd},
+        )
 
     def pump(self) -> None:
         """Read everything new from the worker's streams and act on it."""
@@ -240,14 +274,17 @@ class Supervisor:
         now = self.clock()
         if now - self._last_sample >= self.cfg.run.sample_interval_s:
             self._last_sample = now
-            sample = self.sampler.sample(self.worker.pid if self.worker and self.worker.poll() is None else None)
+            sample = self.sampler.sample(
+                self.worker.pid if self.worker and self.worker.poll() is None else None
+            )
             self.handle(sample)
         self.poll_operator()
         # Loading (and resuming), saving and evaluating are judged by setup_timeout_s, not by step pace;
         # a paused worker is not judged at all.
         slow_phase = self.worker_phase == "paused" or (
             (self.worker_phase != "train" or not self.attempt_stepped)
-            and now - self.phase_since < self.cfg.policy.setup_timeout_s)
+            and now - self.phase_since < self.cfg.policy.setup_timeout_s
+        )
         if self.worker is not None and self.worker.poll() is None and self.pending is None and not slow_phase:
             # Loading, saving and evaluating are judged by setup_timeout_s, not by step pace.
             last_beat = max(self.last_heartbeat.values()) if self.last_heartbeat else None
@@ -307,16 +344,29 @@ class Supervisor:
             self._leak_snapshot_pending = False
             from steadytune.supervise.control import send_control
 
-            send_control(self.run, "memory_snapshot", issuer="policy:memory_leak", attempt=self.attempt, log=self.events)
+            send_control(
+                self.run,
+                "memory_snapshot",
+                issuer="policy:memory_leak",
+                attempt=self.attempt,
+                log=self.events,
+            )
         if ev.name == "reduce_microbatch" and ev.data.get("micro_batch_split"):
             # Remember the split, so a later restart starts with it instead of rediscovering the OOM.
-            self.revise(reason="oom", cause=filed, micro_batch_split=int(ev.data["micro_batch_split"]),
-                        notes=f"in-process OOM split to {ev.data['micro_batch_split']} chunks")
+            self.revise(
+                reason="oom",
+                cause=filed,
+                micro_batch_split=int(ev.data["micro_batch_split"]),
+                notes=f"in-process OOM split to {ev.data['micro_batch_split']} chunks",
+            )
         if ev.name == "auto_micro_batch" and ev.data.get("per_device_train_batch_size"):
             # Keep what the auto search found: a restart trains the same shape without searching again.
-            self.revise(reason="auto_micro_batch", cause=filed,
-                        per_device_train_batch_size=int(ev.data["per_device_train_batch_size"]),
-                        gradient_accumulation_steps=int(ev.data["gradient_accumulation_steps"]))
+            self.revise(
+                reason="auto_micro_batch",
+                cause=filed,
+                per_device_train_batch_size=int(ev.data["per_device_train_batch_size"]),
+                gradient_accumulation_steps=int(ev.data["gradient_accumulation_steps"]),
+            )
         if ev.name == "skip_step" and ev.step is not None and self.pending is None:
             action = self.policy.on_skipped_update(ev.step, int(ev.data.get("consecutive", 1)))
             if action is not None:
@@ -328,8 +378,14 @@ class Supervisor:
         if t.state == "raised":
             if a.severity in {"warning", "critical"}:
                 self.trouble_steps.append(a.start_step)
-            event = self.emit("anomaly", a.kind, format_transition(t), severity=a.severity, step=a.start_step,
-                              data=anomaly_event_data(a))
+            event = self.emit(
+                "anomaly",
+                a.kind,
+                format_transition(t),
+                severity=a.severity,
+                step=a.start_step,
+                data=anomaly_event_data(a),
+            )
             if a.kind in INSPECT_KINDS and a.start_step not in self._inspected and len(self._inspected) < 10:
                 self._inspected.add(a.start_step)
                 threading.Thread(target=self.inspect_batch, args=(a.start_step, event), daemon=True).start()
@@ -340,8 +396,14 @@ class Supervisor:
                 self.execute(action, cause=event)
         else:
             self.policy.on_resolved(a)
-            self.emit("resolved", a.kind, format_transition(t), severity="info", step=a.end_step,
-                      data=anomaly_event_data(a))
+            self.emit(
+                "resolved",
+                a.kind,
+                format_transition(t),
+                severity="info",
+                step=a.end_step,
+                data=anomaly_event_data(a),
+            )
 
     def inspect_batch(self, step: int, cause: Event) -> None:
         """Which samples made the bad step: filed as an event beside the anomaly (no sample text)."""
@@ -350,28 +412,54 @@ class Supervisor:
 
             verdict = inspect_step(self.run, step)
         except Exception as exc:  # forensics must never take the supervisor down
-            self.emit("action", "batch_inspected", f"could not inspect the batch of step {step}: {exc}", step=step)
+            self.emit(
+                "action", "batch_inspected", f"could not inspect the batch of step {step}: {exc}", step=step
+            )
             return
-        self.emit("action", "batch_inspected", f"batch of step {step}: {verdict.summary}", step=step,
-                  data={**verdict.event_data(), "anomaly_seq": cause.seq})
+        self.emit(
+            "action",
+            "batch_inspected",
+            f"batch of step {step}: {verdict.summary}",
+            step=step,
+            data={**verdict.event_data(), "anomaly_seq": cause.seq},
+        )
 
     def execute(self, action: Action, cause: Event | None = None) -> None:
         """Carry out what the policy decided. Restart-type actions stop the worker now."""
         step = action.step
         if action.name == "alert":
-            self.emit("action", "alert_only", action.reason, severity="warning", step=step, data=action.params)
+            self.emit(
+                "action", "alert_only", action.reason, severity="warning", step=step, data=action.params
+            )
             return
-        self.emit("action", action.name, f"{action.name}: {action.reason}", severity="warning", step=step,
-                  data={"anomaly": action.anomaly.kind if action.anomaly else None, **action.params})
+        self.emit(
+            "action",
+            action.name,
+            f"{action.name}: {action.reason}",
+            severity="warning",
+            step=step,
+            data={"anomaly": action.anomaly.kind if action.anomaly else None, **action.params},
+        )
         from steadytune.supervise.control import send_control
 
         if action.name in {"checkpoint", "pause", "stop"}:
-            send_control(self.run, action.name, issuer=f"policy:{action.anomaly.kind if action.anomaly else '-'}",
-                         attempt=self.attempt, log=self.events)
+            send_control(
+                self.run,
+                action.name,
+                issuer=f"policy:{action.anomaly.kind if action.anomaly else '-'}",
+                attempt=self.attempt,
+                log=self.events,
+            )
         elif action.name == "reduce_microbatch":
             # Save what we have now; the next (re)start uses a smaller micro-batch.
             self.shrink_next_restart = True
-            send_control(self.run, "checkpoint", issuer="policy:reduce_microbatch", attempt=self.attempt, log=self.events)
+            send_control(
+                self.run,
+                "checkpoint",
+                issuer="policy:reduce_microbatch",
+                attempt=self.attempt,
+                log=self.events,
+            )
             if action.anomaly is not None and action.anomaly.kind == "memory_leak":
                 self._leak_snapshot_pending = True
         elif action.name in {"rollback", "restart"} and self.worker is not None and self.pending is None:
@@ -392,8 +480,12 @@ class Supervisor:
                 continue
         if pids:
             time.sleep(1.0)  # faulthandler writes from a signal handler: give it a moment
-            self.emit("action", "stacks_dumped", f"Python stacks of {len(pids)} worker process(es) written to "
-                      f"{self.run.stacks}", data={"pids": pids, "dir": str(self.run.stacks)})
+            self.emit(
+                "action",
+                "stacks_dumped",
+                f"Python stacks of {len(pids)} worker process(es) written to {self.run.stacks}",
+                data={"pids": pids, "dir": str(self.run.stacks)},
+            )
 
     def poll_operator(self) -> None:
         """File operator requests (``steadytune pause|resume|checkpoint|stop``) and act on ``resume``."""
@@ -411,8 +503,13 @@ class Supervisor:
         issuer = str(request.get("issuer", "?"))
         if not issuer.startswith("policy:") and not issuer.startswith("signal"):
             command = request.get("command", "?")
-            self.emit("control", str(command), f"{command} requested by {issuer}", step=self.progress.step,
-                      data={"request_id": rid, "issuer": issuer, "args": request.get("args", {})})
+            self.emit(
+                "control",
+                str(command),
+                f"{command} requested by {issuer}",
+                step=self.progress.step,
+                data={"request_id": rid, "issuer": issuer, "args": request.get("args", {})},
+            )
         if request.get("command") == "resume" and self.state == "paused":
             self._resume_requested = True
 
@@ -422,8 +519,11 @@ class Supervisor:
         self.worker = None
         self._resume_requested = False
         self.write_status(force=True)
-        self.say(f"paused at step {self.progress.step}: the GPU is free; `steadytune resume {self.run.root}` "
-                 "continues from the checkpoint", style="yellow")
+        self.say(
+            f"paused at step {self.progress.step}: the GPU is free; `steadytune resume {self.run.root}` "
+            "continues from the checkpoint",
+            style="yellow",
+        )
         while not self._resume_requested:
             if self._interrupts:
                 return False
@@ -437,8 +537,13 @@ class Supervisor:
         """Checkpoints still to come, at the size of the newest one, feed the disk_low detector."""
         from steadytune.preflight.disk import run_disk_need
 
-        need = run_disk_need(self.run.checkpoints, self.cfg.run.keep_last, self.cfg.train.save_steps,
-                             self.progress.max_steps, step)
+        need = run_disk_need(
+            self.run.checkpoints,
+            self.cfg.run.keep_last,
+            self.cfg.train.save_steps,
+            self.progress.max_steps,
+            step,
+        )
         self.detector.set_projected_disk_need(need)
 
     def update_last_good(self) -> None:
@@ -467,8 +572,10 @@ class Supervisor:
 
     def request_stop(self, issuer: str) -> None:
         self.state = "stopping"
-        self.say("stopping: the worker will checkpoint at the next step and exit (Ctrl-C again to kill)",
-                 style="yellow")
+        self.say(
+            "stopping: the worker will checkpoint at the next step and exit (Ctrl-C again to kill)",
+            style="yellow",
+        )
         from steadytune.supervise.control import send_control
 
         send_control(self.run, "stop", issuer=issuer, attempt=self.attempt, log=self.events)
@@ -495,10 +602,15 @@ class Supervisor:
         mine = [e for e in self.exits[exits_before:] if e.attempt == self.attempt]
         last = next((e for e in mine if e.status == "error"), mine[-1] if mine else None)
         return ExitInfo(
-            returncode=rc, status=last.status if last else None,
-            error_type=last.error_type if last else None, error_message=last.error_message if last else None,
-            step=last.step if last else self.progress.step, deterministic=bool(last and last.deterministic),
-            stderr_tail=self.worker.log_tail(), interrupted=self._stop_sent_at is not None and not (last and last.status in {"stopped", "paused", "completed"}),
+            returncode=rc,
+            status=last.status if last else None,
+            error_type=last.error_type if last else None,
+            error_message=last.error_message if last else None,
+            step=last.step if last else self.progress.step,
+            deterministic=bool(last and last.deterministic),
+            stderr_tail=self.worker.log_tail(),
+            interrupted=self._stop_sent_at is not None
+            and not (last and last.status in {"stopped", "paused", "completed"}),
         )
 
     def run_to_end(self, live: Any = None) -> RunResult:
@@ -516,17 +628,30 @@ class Supervisor:
                     return self.finish(Decision("stop", action.name, why), info, t0)
                 delay = 0.0
             else:
-                decision = decide(info, history, self.restarts, self.cfg.run.max_restarts,
-                                  self.cfg.run.restart_backoff_s, self.cfg.run.restart_backoff_max_s)
+                decision = decide(
+                    info,
+                    history,
+                    self.restarts,
+                    self.cfg.run.max_restarts,
+                    self.cfg.run.restart_backoff_s,
+                    self.cfg.run.restart_backoff_max_s,
+                )
                 history.append(info)
                 if decision.classification == "paused" and not self._interrupts:
                     self.emit("lifecycle", "run_paused", f"run paused at step {info.step}", step=info.step)
                     if not self.wait_while_paused(live):
-                        return self.finish(Decision("stop", "user_interrupt", "stopped while paused"), info, t0)
+                        return self.finish(
+                            Decision("stop", "user_interrupt", "stopped while paused"), info, t0
+                        )
                     self.attempt += 1
                     event = self.emit("lifecycle", "run_resumed", "run resumed", step=info.step)
-                    self.revise(reason="resume", cause=event, attempt=self.attempt,
-                                resume_checkpoint=self.resume_point(), notes="resumed by an operator")
+                    self.revise(
+                        reason="resume",
+                        cause=event,
+                        attempt=self.attempt,
+                        resume_checkpoint=self.resume_point(),
+                        notes="resumed by an operator",
+                    )
                     self.start_worker(self.plan)
                     continue
                 if decision.action != "restart" or self._interrupts:
@@ -538,13 +663,23 @@ class Supervisor:
                 self.restarts += 1
             if self.shrink_next_restart:
                 self.shrink_next_restart = False
-                smaller = smaller_microbatch(self.plan, self._batch(), self.cfg.train.gradient_accumulation_steps)
+                smaller = smaller_microbatch(
+                    self.plan, self._batch(), self.cfg.train.gradient_accumulation_steps
+                )
                 if smaller:
                     changes.update(smaller)
-                    why += f"; micro-batch {smaller['per_device_train_batch_size']} x accumulation " \
-                           f"{smaller['gradient_accumulation_steps']} (same effective batch)"
-            event = self.emit("action", "restart", f"restarting the worker: {why}" + (f" in {delay:.0f}s" if delay else ""),
-                              severity="warning", step=info.step, data={"classification": reason, "returncode": info.returncode})
+                    why += (
+                        f"; micro-batch {smaller['per_device_train_batch_size']} x accumulation "
+                        f"{smaller['gradient_accumulation_steps']} (same effective batch)"
+                    )
+            event = self.emit(
+                "action",
+                "restart",
+                f"restarting the worker: {why}" + (f" in {delay:.0f}s" if delay else ""),
+                severity="warning",
+                step=info.step,
+                data={"classification": reason, "returncode": info.returncode},
+            )
             self.state = "restarting"
             self.write_status(force=True)
             time.sleep(delay)
@@ -563,8 +698,13 @@ class Supervisor:
         (the latest attempt of each step), so baselines survive the restart.
         """
         for a in self.detector.open_anomalies():
-            self.emit("resolved", a.kind, f"resolved {a.kind}: cleared by the restart", step=a.end_step,
-                      data={**anomaly_event_data(a), "cleared_by": "restart"})
+            self.emit(
+                "resolved",
+                a.kind,
+                f"resolved {a.kind}: cleared by the restart",
+                step=a.end_step,
+                data={**anomaly_event_data(a), "cleared_by": "restart"},
+            )
         self.policy.forget_open()
         step = checkpoint_step(Path(resume)) if resume else 0
         self.detector = replay_detector(self.run, self.cfg.detect, step or 0)
@@ -582,28 +722,53 @@ class Supervisor:
         """The restart plan for a worker the supervisor stopped on purpose."""
         if action.name == "restart":
             kind = action.anomaly.kind if action.anomaly else action.name
-            return {"resume_checkpoint": self.resume_point()}, kind, f"{kind}: {action.reason}; resume from the newest verified checkpoint"
-        verified = [s for p in list_checkpoints(self.run.checkpoints)
-                    if (s := checkpoint_step(p)) is not None and verify(p).ok]
+            return (
+                {"resume_checkpoint": self.resume_point()},
+                kind,
+                f"{kind}: {action.reason}; resume from the newest verified checkpoint",
+            )
+        verified = [
+            s
+            for p in list_checkpoints(self.run.checkpoints)
+            if (s := checkpoint_step(p)) is not None and verify(p).ok
+        ]
         changes, kind, why, target = rollback_restart(
-            self.plan, action, verified, self.rollback_resumes, self.run.checkpoints, self.progress.step,
-            self.samples_by_step, self.cfg.policy.rollback_lr_scale)
+            self.plan,
+            action,
+            verified,
+            self.rollback_resumes,
+            self.run.checkpoints,
+            self.progress.step,
+            self.samples_by_step,
+            self.cfg.policy.rollback_lr_scale,
+        )
         if target is not None:
             self.rollback_resumes.append(target)
             self.checkpoint_steps = [s for s in self.checkpoint_steps if s <= target]
         return changes, kind, why
 
     def finish(self, decision: Decision, info: ExitInfo, t0: float) -> RunResult:
-        state = {"done": decision.classification, "stop": "stopped" if decision.classification == "user_interrupt" else "failed"}[decision.action]
+        state = {
+            "done": decision.classification,
+            "stop": "stopped" if decision.classification == "user_interrupt" else "failed",
+        }[decision.action]
         if state == "completed":
             self.update_last_good()
         self.state = state
         severity = "info" if state in {"completed", "stopped", "paused"} else "critical"
-        self.emit("lifecycle", f"run_{state}", f"run {state}: {decision.reason}", severity=severity, step=info.step,
-                  data={"classification": decision.classification})
+        self.emit(
+            "lifecycle",
+            f"run_{state}",
+            f"run {state}: {decision.reason}",
+            severity=severity,
+            step=info.step,
+            data={"classification": decision.classification},
+        )
         self.write_status(force=True)
         self.system_writer.close()
         for obs in self.observers:
             obs.close()
         ckpts = sorted(p.name for p in self.run.checkpoints.glob("checkpoint-*"))
-        return RunResult(self.run, state, decision.reason, self.progress, self.restarts, ckpts, self.clock() - t0)
+        return RunResult(
+            self.run, state, decision.reason, self.progress, self.restarts, ckpts, self.clock() - t0
+        )

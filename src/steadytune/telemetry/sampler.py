@@ -54,7 +54,11 @@ class Nvml:
             util = self._read(lambda h=h: nv.nvmlDeviceGetUtilizationRates(h))
             name = self._read(lambda h=h: nv.nvmlDeviceGetName(h))
             power = self._read(lambda h=h: nv.nvmlDeviceGetPowerUsage(h))
-            ecc = self._read(lambda h=h: nv.nvmlDeviceGetTotalEccErrors(h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC))
+            ecc = self._read(
+                lambda h=h: nv.nvmlDeviceGetTotalEccErrors(
+                    h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC
+                )
+            )
             out.append(
                 GpuSample(
                     index=i,
@@ -62,7 +66,9 @@ class Nvml:
                     util_ratio=util.gpu / 100.0 if util is not None else None,
                     mem_used_bytes=int(mem.used) if mem is not None else None,
                     mem_total_bytes=int(mem.total) if mem is not None else None,
-                    temperature_c=self._read(lambda h=h: float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU))),
+                    temperature_c=self._read(
+                        lambda h=h: float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU))
+                    ),
                     power_w=power / 1000.0 if power is not None else None,
                     ecc_errors=int(ecc) if ecc is not None else None,
                 )
@@ -73,7 +79,9 @@ class Nvml:
 class SystemSampler:
     """Takes :class:`SystemSample` readings for a run directory and a worker process tree."""
 
-    def __init__(self, disk_path: Path, clock: Callable[[], float] = time.time, nvml: Nvml | None = None) -> None:
+    def __init__(
+        self, disk_path: Path, clock: Callable[[], float] = time.time, nvml: Nvml | None = None
+    ) -> None:
         self.disk_path = disk_path
         self.clock = clock
         self.nvml = nvml if nvml is not None else Nvml()

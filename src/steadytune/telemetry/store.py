@@ -178,8 +178,10 @@ def _flow_num(value: Any) -> float | None:
 def _flow_text(values: Sequence[float | None]) -> str:
     """JSON of per-layer numbers; a NaN/Inf norm is the evidence of an exploding layer, so it is kept as text."""
     return json.dumps(
-        [v if v is None or math.isfinite(v) else ("nan" if math.isnan(v) else ("inf" if v > 0 else "-inf"))
-         for v in values]
+        [
+            v if v is None or math.isfinite(v) else ("nan" if math.isnan(v) else ("inf" if v > 0 else "-inf"))
+            for v in values
+        ]
     )
 
 
@@ -330,7 +332,17 @@ class RunStore:
                         self._next_version(),
                     )
                 )  # fmt: skip
-            cols = ("rank", "step", "attempt", "ts", *STEP_METRICS, "tokens", "nonfinite", "skipped", "version")
+            cols = (
+                "rank",
+                "step",
+                "attempt",
+                "ts",
+                *STEP_METRICS,
+                "tokens",
+                "nonfinite",
+                "skipped",
+                "version",
+            )
             # A later attempt replaces the row. The same attempt adds to it: the eval-only record the
             # worker writes for a step it already logged must not blank that step's loss.
             newer = "excluded.attempt > steps.attempt"
@@ -338,7 +350,9 @@ class RunStore:
                       for c in (*STEP_METRICS, "tokens")]  # fmt: skip
             flags = [f"{c}=CASE WHEN {newer} THEN excluded.{c} ELSE MAX(excluded.{c}, steps.{c}) END"
                      for c in ("nonfinite", "skipped")]  # fmt: skip
-            updates = ", ".join([*(f"{c}=excluded.{c}" for c in ("attempt", "ts", "version")), *merged, *flags])
+            updates = ", ".join(
+                [*(f"{c}=excluded.{c}" for c in ("attempt", "ts", "version")), *merged, *flags]
+            )
             sql = (
                 f"INSERT INTO steps({', '.join(cols)}) VALUES({', '.join('?' * len(cols))}) "
                 f"ON CONFLICT(rank, step) DO UPDATE SET {updates} WHERE excluded.attempt >= steps.attempt"
@@ -399,10 +413,12 @@ class RunStore:
             gcols = ("ts", "idx", "name", *GPU_METRICS)
             with self._db:
                 self._db.executemany(
-                    f"INSERT OR REPLACE INTO system({', '.join(cols)}) VALUES({', '.join('?' * len(cols))})", rows
+                    f"INSERT OR REPLACE INTO system({', '.join(cols)}) VALUES({', '.join('?' * len(cols))})",
+                    rows,
                 )
                 self._db.executemany(
-                    f"INSERT OR REPLACE INTO gpu({', '.join(gcols)}) VALUES({', '.join('?' * len(gcols))})", gpus
+                    f"INSERT OR REPLACE INTO gpu({', '.join(gcols)}) VALUES({', '.join('?' * len(gcols))})",
+                    gpus,
                 )
         return len(rows)
 
@@ -514,7 +530,8 @@ class RunStore:
         with self._lock:
             if isinstance(rec, StepRecord):
                 row = self._db.execute(
-                    "SELECT 1 FROM steps WHERE rank=? AND step=? AND attempt>=?", (rec.rank, rec.step, rec.attempt)
+                    "SELECT 1 FROM steps WHERE rank=? AND step=? AND attempt>=?",
+                    (rec.rank, rec.step, rec.attempt),
                 ).fetchone()
             elif isinstance(rec, SystemSample):
                 row = self._db.execute("SELECT 1 FROM system WHERE ts=?", (rec.ts,)).fetchone()
@@ -543,7 +560,9 @@ class RunStore:
 
     def step_range(self, rank: int = 0) -> tuple[int | None, int | None]:
         with self._lock:
-            lo, hi = self._db.execute("SELECT MIN(step), MAX(step) FROM steps WHERE rank=?", (rank,)).fetchone()
+            lo, hi = self._db.execute(
+                "SELECT MIN(step), MAX(step) FROM steps WHERE rank=?", (rank,)
+            ).fetchone()
         return lo, hi
 
     def latest_step(self, rank: int = 0) -> dict[str, Any] | None:
@@ -581,7 +600,8 @@ class RunStore:
                 if row is not None:
                     out[m] = row[0]
             agg = self._db.execute(
-                "SELECT COALESCE(SUM(nonfinite), 0), COALESCE(SUM(tokens), 0) FROM steps_rollup WHERE rank=?", (rank,)
+                "SELECT COALESCE(SUM(nonfinite), 0), COALESCE(SUM(tokens), 0) FROM steps_rollup WHERE rank=?",
+                (rank,),
             ).fetchone()
         out.update(
             step=latest["step"], ts=latest["ts"], attempt=latest["attempt"],
@@ -604,7 +624,11 @@ class RunStore:
         return self._series("steps", "step", tuple(metrics), points, lo, hi, "rank=?", (rank,))
 
     def system_series(
-        self, metrics: Sequence[str] = SYSTEM_METRICS, points: int = 1000, lo: float | None = None, hi: float | None = None
+        self,
+        metrics: Sequence[str] = SYSTEM_METRICS,
+        points: int = 1000,
+        lo: float | None = None,
+        hi: float | None = None,
     ) -> Series:
         bad = [m for m in metrics if m not in SYSTEM_METRICS]
         if bad:
@@ -632,7 +656,9 @@ class RunStore:
         version = self.version
         with self._lock:
             if lo is None or hi is None:
-                dlo, dhi = self._db.execute(f"SELECT MIN({x}), MAX({x}) FROM {table} WHERE {where}", params).fetchone()
+                dlo, dhi = self._db.execute(
+                    f"SELECT MIN({x}), MAX({x}) FROM {table} WHERE {where}", params
+                ).fetchone()
                 lo = dlo if lo is None else lo
                 hi = dhi if hi is None else hi
             if lo is None or hi is None:
@@ -660,7 +686,9 @@ class RunStore:
             width = (hi - lo) / points or 1.0
             if table == "steps" and width >= ROLLUP:
                 # Coarse view: merge summary buckets instead of touching raw rows.
-                aggs = ", ".join(f"MIN({m}_min), MAX({m}_max), SUM({m}_sum) / NULLIF(SUM({m}_n), 0)" for m in metrics)
+                aggs = ", ".join(
+                    f"MIN({m}_min), MAX({m}_max), SUM({m}_sum) / NULLIF(SUM({m}_n), 0)" for m in metrics
+                )
                 sql = (
                     f"SELECT MIN(first), MAX(last), SUM(n), {aggs} FROM steps_rollup "
                     "WHERE rank=? AND last >= ? AND first <= ? GROUP BY CAST((first - ?) / ? AS INTEGER) ORDER BY 1"
@@ -757,7 +785,9 @@ class RunStore:
 
     def latest_system(self) -> dict[str, Any] | None:
         with self._lock:
-            cur = self._db.execute(f"SELECT ts, {', '.join(SYSTEM_METRICS)} FROM system ORDER BY ts DESC LIMIT 1")
+            cur = self._db.execute(
+                f"SELECT ts, {', '.join(SYSTEM_METRICS)} FROM system ORDER BY ts DESC LIMIT 1"
+            )
             row = cur.fetchone()
             if row is None:
                 return None

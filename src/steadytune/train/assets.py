@@ -23,9 +23,18 @@ _WORDS = (
 ).split()
 
 _FACTS = {
-    "France": "Paris", "Japan": "Tokyo", "Italy": "Rome", "Spain": "Madrid",
-    "Egypt": "Cairo", "Peru": "Lima", "Kenya": "Nairobi", "Norway": "Oslo",
-    "Chile": "Santiago", "Canada": "Ottawa", "Greece": "Athens", "Cuba": "Havana",
+    "France": "Paris",
+    "Japan": "Tokyo",
+    "Italy": "Rome",
+    "Spain": "Madrid",
+    "Egypt": "Cairo",
+    "Peru": "Lima",
+    "Kenya": "Nairobi",
+    "Norway": "Oslo",
+    "Chile": "Santiago",
+    "Canada": "Ottawa",
+    "Greece": "Athens",
+    "Cuba": "Havana",
 }
 
 
@@ -72,7 +81,9 @@ def _write_jsonl(path: Path, rows: list[dict[str, str]]) -> None:
 
 
 def _render_for_tokenizer(row: dict[str, str]) -> str:
-    return f"### Instruction:\n{row['instruction']}\n### Input:\n{row['input']}\n### Response:\n{row['output']}"
+    return (
+        f"### Instruction:\n{row['instruction']}\n### Input:\n{row['input']}\n### Response:\n{row['output']}"
+    )
 
 
 def build_tokenizer(texts: list[str], out_dir: Path, vocab_size: int = 512) -> None:
@@ -91,9 +102,7 @@ def build_tokenizer(texts: list[str], out_dir: Path, vocab_size: int = 512) -> N
         show_progress=False,
     )
     tok.train_from_iterator(texts, trainer=trainer)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>"
-    )
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
     # A chat template lets the `messages` data format work on the demo model too.
     fast.chat_template = (
         "{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}"

@@ -63,16 +63,22 @@ class AutoBatch:
     probes: tuple[Probe, ...]
 
     def message(self) -> str:
-        tried = ", ".join(f"{p.batch}: {format_bytes(p.peak_bytes) if p.peak_bytes is not None else 'OOM'}"
-                          f" {'fits' if p.fits else 'too big'}" for p in self.probes)
-        return (f"auto micro-batch {self.per_device_train_batch_size} x accumulation "
-                f"{self.gradient_accumulation_steps} = effective batch {self.effective_batch} under "
-                f"{format_bytes(self.cap_bytes)} (estimate: {self.estimated_batch}; measured at seq {self.seq}: "
-                f"{tried or 'estimate only'})")
+        tried = ", ".join(
+            f"{p.batch}: {format_bytes(p.peak_bytes) if p.peak_bytes is not None else 'OOM'}"
+            f" {'fits' if p.fits else 'too big'}"
+            for p in self.probes
+        )
+        return (
+            f"auto micro-batch {self.per_device_train_batch_size} x accumulation "
+            f"{self.gradient_accumulation_steps} = effective batch {self.effective_batch} under "
+            f"{format_bytes(self.cap_bytes)} (estimate: {self.estimated_batch}; measured at seq {self.seq}: "
+            f"{tried or 'estimate only'})"
+        )
 
 
-def gallop_search(candidates: list[int], start: int, fits: Callable[[int], bool],
-                  max_probes: int = MAX_PROBES) -> tuple[int | None, list[tuple[int, bool]]]:
+def gallop_search(
+    candidates: list[int], start: int, fits: Callable[[int], bool], max_probes: int = MAX_PROBES
+) -> tuple[int | None, list[tuple[int, bool]]]:
     """The largest candidate that fits, probing as few as possible near ``start``.
 
     Args:
@@ -113,8 +119,14 @@ def memory_cap(configured: int | None, env: dict[str, str] | None = None) -> int
     return parse_bytes(text) if text else configured
 
 
-def choose(arch: Architecture, setup: TrainSetup, cap: int, target_effective: int | None,
-           measure: Callable[[int], int | None] | None, max_probes: int = MAX_PROBES) -> AutoBatch:
+def choose(
+    arch: Architecture,
+    setup: TrainSetup,
+    cap: int,
+    target_effective: int | None,
+    measure: Callable[[int], int | None] | None,
+    max_probes: int = MAX_PROBES,
+) -> AutoBatch:
     """Pick the micro-batch and accumulation (pure given ``measure``).
 
     Args:
@@ -131,7 +143,9 @@ def choose(arch: Architecture, setup: TrainSetup, cap: int, target_effective: in
     """
     base = dataclasses.replace(setup, batch=1, gradient_accumulation_steps=1)
     estimated = max_micro_batch(arch, base, cap)
-    effective = auto_effective_batch(arch, base, cap, target_effective, max(1, setup.gradient_accumulation_steps))
+    effective = auto_effective_batch(
+        arch, base, cap, target_effective, max(1, setup.gradient_accumulation_steps)
+    )
     candidates = divisors(effective)
     cuda = setup.device == "cuda"
 
@@ -160,11 +174,14 @@ def choose(arch: Architecture, setup: TrainSetup, cap: int, target_effective: in
 
     best, _ = gallop_search(candidates, estimated or 1, fits, max_probes)
     if best is None:
-        tried = ", ".join(f"{p.batch}: {format_bytes(p.peak_bytes) if p.peak_bytes else 'OOM'}" for p in probes)
+        tried = ", ".join(
+            f"{p.batch}: {format_bytes(p.peak_bytes) if p.peak_bytes else 'OOM'}" for p in probes
+        )
         raise AutoBatchError(
             f"per_device_train_batch_size: auto found no micro-batch that fits {format_bytes(cap)} at seq {setup.seq} "
             f"({tried or 'estimate'}); turn on train.gradient_checkpointing, lower data.max_seq_length, use "
-            "LoRA/QLoRA, or raise the cap")
+            "LoRA/QLoRA, or raise the cap"
+        )
     return AutoBatch(best, effective // best, effective, estimated, cap, setup.seq, tuple(probes))
 
 
@@ -177,8 +194,9 @@ def _measure_with(arch: Architecture, setup: TrainSetup) -> Callable[[int], int 
         import torch
 
         try:
-            return measure_peak(arch, dataclasses.replace(setup, batch=b, gradient_accumulation_steps=1),
-                                device=setup.device).peak_bytes
+            return measure_peak(
+                arch, dataclasses.replace(setup, batch=b, gradient_accumulation_steps=1), device=setup.device
+            ).peak_bytes
         except Exception as exc:
             if isinstance(exc, torch.OutOfMemoryError) or is_oom_message(f"{type(exc).__name__}: {exc}"):
                 return None
@@ -200,8 +218,10 @@ def longest_sample(cfg: Any) -> int:
 
     d = cfg.data
     tok = load_tokenizer(cfg.model.name_or_path, cfg.model.trust_remote_code)
-    ds = build_dataset(tok, DataSpec(d.train_file, d.format, d.text_field, d.max_seq_length, d.train_on_prompt,
-                                     d.max_samples))
+    ds = build_dataset(
+        tok,
+        DataSpec(d.train_file, d.format, d.text_field, d.max_seq_length, d.train_on_prompt, d.max_samples),
+    )
     lengths = pc.list_value_length(ds.data.column("input_ids"))
     return int(pc.max(lengths).as_py() or d.max_seq_length)
 
@@ -246,11 +266,21 @@ def apply_auto_micro_batch(cfg: Any, plan: Any, guard: Any) -> Any:
     """
     found = find_micro_batch(cfg, world_size=int(os.environ.get("WORLD_SIZE", "1")))
     if guard.rank == 0:
-        guard.notify("action", "auto_micro_batch", found.message(), severity="info",
-                     per_device_train_batch_size=found.per_device_train_batch_size,
-                     gradient_accumulation_steps=found.gradient_accumulation_steps,
-                     effective_batch=found.effective_batch, estimated_batch=found.estimated_batch,
-                     cap_bytes=found.cap_bytes, seq=found.seq,
-                     probes=[[p.batch, p.peak_bytes, p.fits] for p in found.probes])
-    return dataclasses.replace(plan, per_device_train_batch_size=found.per_device_train_batch_size,
-                               gradient_accumulation_steps=found.gradient_accumulation_steps)
+        guard.notify(
+            "action",
+            "auto_micro_batch",
+            found.message(),
+            severity="info",
+            per_device_train_batch_size=found.per_device_train_batch_size,
+            gradient_accumulation_steps=found.gradient_accumulation_steps,
+            effective_batch=found.effective_batch,
+            estimated_batch=found.estimated_batch,
+            cap_bytes=found.cap_bytes,
+            seq=found.seq,
+            probes=[[p.batch, p.peak_bytes, p.fits] for p in found.probes],
+        )
+    return dataclasses.replace(
+        plan,
+        per_device_train_batch_size=found.per_device_train_batch_size,
+        gradient_accumulation_steps=found.gradient_accumulation_steps,
+    )

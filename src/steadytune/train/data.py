@@ -51,7 +51,9 @@ def load_rows(path: str | Path) -> list[dict[str, Any]]:
                     try:
                         rows.append(json.loads(line))
                     except ValueError as exc:
-                        raise DataError(f"{path}:{n}: not valid JSON ({exc.msg}); fix or remove that line") from None
+                        raise DataError(
+                            f"{path}:{n}: not valid JSON ({exc.msg}); fix or remove that line"
+                        ) from None
         return rows
     if suffix == ".json":
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -106,14 +108,16 @@ def _encode_pair(tok: Any, prompt: str, answer: str, spec: DataSpec) -> dict[str
 
 def _encode_messages(tok: Any, messages: list[dict[str, str]], spec: DataSpec) -> dict[str, list[int]]:
     if not getattr(tok, "chat_template", None):
-        raise DataError("the messages format needs a tokenizer with a chat template; use format text or instruction")
+        raise DataError(
+            "the messages format needs a tokenizer with a chat template; use format text or instruction"
+        )
     ids: list[int] = []
     labels: list[int] = []
     for i, msg in enumerate(messages):
         rendered = tok.apply_chat_template(messages[: i + 1], tokenize=True, add_generation_prompt=False)
         # transformers 5 returns a BatchEncoding (a mapping); older versions a plain list.
         rendered = list(rendered if isinstance(rendered, list) else rendered["input_ids"])
-        new = rendered[len(ids):]
+        new = rendered[len(ids) :]
         ids.extend(new)
         train_this = msg.get("role") == "assistant" or spec.train_on_prompt
         labels.extend(new if train_this else [IGNORE_INDEX] * len(new))
@@ -142,7 +146,9 @@ def encode_row(tok: Any, row: dict[str, Any], fmt: str, spec: DataSpec) -> dict[
 
 def tokenizer_fingerprint(tok: Any) -> str:
     vocab = json.dumps(sorted(tok.get_vocab().items()))
-    extra = json.dumps([tok.bos_token_id, tok.eos_token_id, tok.pad_token_id, getattr(tok, "chat_template", None)])
+    extra = json.dumps(
+        [tok.bos_token_id, tok.eos_token_id, tok.pad_token_id, getattr(tok, "chat_template", None)]
+    )
     return hashlib.sha256((vocab + extra).encode()).hexdigest()[:16]
 
 
@@ -151,8 +157,19 @@ def cache_key(spec: DataSpec, tok: Any, fmt: str) -> str:
     with open(spec.path, "rb") as f:
         while block := f.read(1 << 20):
             h.update(block)
-    h.update(json.dumps([fmt, spec.text_field, spec.max_seq_length, spec.train_on_prompt, spec.max_samples,
-                         PROMPT_TEMPLATE, tokenizer_fingerprint(tok)]).encode())
+    h.update(
+        json.dumps(
+            [
+                fmt,
+                spec.text_field,
+                spec.max_seq_length,
+                spec.train_on_prompt,
+                spec.max_samples,
+                PROMPT_TEMPLATE,
+                tokenizer_fingerprint(tok),
+            ]
+        ).encode()
+    )
     return h.hexdigest()[:24]
 
 
@@ -213,10 +230,17 @@ CACHE_META = "meta.json"
 def _write_meta(path: Path, key: str, spec: DataSpec, tok: Any, fmt: str, samples: int) -> None:
     import time
 
-    meta = {"key": key, "source": str(Path(spec.path).resolve()), "format": fmt,
-            "max_seq_length": spec.max_seq_length, "train_on_prompt": spec.train_on_prompt,
-            "tokenizer": str(getattr(tok, "name_or_path", "")), "tokenizer_hash": tokenizer_fingerprint(tok),
-            "samples": samples, "created": time.time()}
+    meta = {
+        "key": key,
+        "source": str(Path(spec.path).resolve()),
+        "format": fmt,
+        "max_seq_length": spec.max_seq_length,
+        "train_on_prompt": spec.train_on_prompt,
+        "tokenizer": str(getattr(tok, "name_or_path", "")),
+        "tokenizer_hash": tokenizer_fingerprint(tok),
+        "samples": samples,
+        "created": time.time(),
+    }
     path.write_text(json.dumps(meta, indent=1), encoding="utf-8")
 
 

@@ -81,8 +81,16 @@ class GuardedTrainer(Trainer):
     optimizer step are redone, so the update and the effective batch are unchanged.
     """
 
-    def __init__(self, *args: Any, guard: Guard, faults: Faults | None = None, split: int = 1,
-                 max_split: int = 16, skip_ids: set[int] | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        guard: Guard,
+        faults: Faults | None = None,
+        split: int = 1,
+        max_split: int = 16,
+        skip_ids: set[int] | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.st_guard = guard
         self.st_faults = faults or Faults()
@@ -98,22 +106,36 @@ class GuardedTrainer(Trainer):
             return super()._get_train_sampler(train_dataset)
         return SkipSampler(ds[SAMPLE_ID], seed=self.args.seed, skip=self.st_skip)
 
-    def compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool = False,
-                     num_items_in_batch: Any = None) -> Any:
-        out = super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
+    def compute_loss(
+        self, model: Any, inputs: dict[str, Any], return_outputs: bool = False, num_items_in_batch: Any = None
+    ) -> Any:
+        out = super().compute_loss(
+            model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
+        )
         if self.st_faults.poison(self.state.global_step + 1, self.st_guard.attempt):
             return (out[0] * float("nan"), out[1]) if return_outputs else out * float("nan")
         return out
 
-    def _run_chunks(self, model: Any, inputs: dict[str, Any], num_items_in_batch: Any, split: int) -> torch.Tensor:
+    def _run_chunks(
+        self, model: Any, inputs: dict[str, Any], num_items_in_batch: Any, split: int
+    ) -> torch.Tensor:
         """One micro-batch as ``split`` chunks whose losses and gradients sum to the unsplit ones."""
         size = int(inputs["input_ids"].shape[0])
         self.st_faults.check_oom(self.state.global_step + 1, self.st_guard.attempt, -(-size // split))
         if split <= 1:
             return super().training_step(model, inputs, num_items_in_batch)
         pieces = [c for c in range(split) if c < size]
-        chunks = [{k: (v.tensor_split(len(pieces))[c] if torch.is_tensor(v) and v.dim() and v.shape[0] == size else v)
-                   for k, v in inputs.items()} for c in pieces]
+        chunks = [
+            {
+                k: (
+                    v.tensor_split(len(pieces))[c]
+                    if torch.is_tensor(v) and v.dim() and v.shape[0] == size
+                    else v
+                )
+                for k, v in inputs.items()
+            }
+            for c in pieces
+        ]
         total = max(1, _label_tokens(inputs))
         saved_ga = getattr(self, "current_gradient_accumulation_steps", self.args.gradient_accumulation_steps)
         loss_sum = None
@@ -132,7 +154,9 @@ class GuardedTrainer(Trainer):
             self.current_gradient_accumulation_steps = saved_ga
         return loss_sum
 
-    def training_step(self, model: Any, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
+    def training_step(
+        self, model: Any, inputs: dict[str, Any], num_items_in_batch: Any = None
+    ) -> torch.Tensor:
         ids = inputs.pop(SAMPLE_ID, None)
         hashes = inputs.pop(SAMPLE_HASH, None)
         tokens = int(inputs["attention_mask"].sum()) if "attention_mask" in inputs else None
@@ -168,10 +192,16 @@ class GuardedTrainer(Trainer):
         model.zero_grad(set_to_none=True)
         self.st_split = new_split
         step = self.state.global_step + 1
-        self.st_guard.notify("action", "reduce_microbatch",
-                             f"out of memory at step {step}: micro-batch split into {new_split} chunks, "
-                             "same batch and effective batch", severity="warning", step=step,
-                             micro_batch_split=new_split, error=str(exc)[:300])
+        self.st_guard.notify(
+            "action",
+            "reduce_microbatch",
+            f"out of memory at step {step}: micro-batch split into {new_split} chunks, "
+            "same batch and effective batch",
+            severity="warning",
+            step=step,
+            micro_batch_split=new_split,
+            error=str(exc)[:300],
+        )
         for prev_inputs, prev_n in self._st_step_inputs[:-1]:
             self._run_chunks(model, prev_inputs, prev_n, self.st_split)
 
@@ -220,10 +250,14 @@ def load_model(cfg: SteadytuneConfig, gradient_checkpointing: bool) -> Any:
     return get_peft_model(model, peft_cfg)
 
 
-def training_arguments(cfg: SteadytuneConfig, plan: PlanRevision, staging: Path, has_eval: bool) -> TrainingArguments:
+def training_arguments(
+    cfg: SteadytuneConfig, plan: PlanRevision, staging: Path, has_eval: bool
+) -> TrainingArguments:
     """Map the config (HF names) plus the plan's revisions onto ``TrainingArguments``."""
     t = cfg.train
-    batch = plan.per_device_train_batch_size or (t.per_device_train_batch_size if isinstance(t.per_device_train_batch_size, int) else 1)
+    batch = plan.per_device_train_batch_size or (
+        t.per_device_train_batch_size if isinstance(t.per_device_train_batch_size, int) else 1
+    )
     accum = plan.gradient_accumulation_steps or t.gradient_accumulation_steps
     use_cpu = t.use_cpu if t.use_cpu is not None else not torch.cuda.is_available()
     gc = plan.gradient_checkpointing if plan.gradient_checkpointing is not None else t.gradient_checkpointing
@@ -261,16 +295,35 @@ def training_arguments(cfg: SteadytuneConfig, plan: PlanRevision, staging: Path,
     )
 
 
-def build_trainer(cfg: SteadytuneConfig, plan: PlanRevision, guard: Guard, callbacks: list[Any], staging: Path,
-                  faults: Faults | None = None, max_split: int = 16) -> GuardedTrainer:
+def build_trainer(
+    cfg: SteadytuneConfig,
+    plan: PlanRevision,
+    guard: Guard,
+    callbacks: list[Any],
+    staging: Path,
+    faults: Faults | None = None,
+    max_split: int = 16,
+) -> GuardedTrainer:
     tok = load_tokenizer(cfg)
-    spec = DataSpec(cfg.data.train_file, cfg.data.format, cfg.data.text_field, plan.max_seq_length or cfg.data.max_seq_length,
-                    cfg.data.train_on_prompt, cfg.data.max_samples)
+    spec = DataSpec(
+        cfg.data.train_file,
+        cfg.data.format,
+        cfg.data.text_field,
+        plan.max_seq_length or cfg.data.max_seq_length,
+        cfg.data.train_on_prompt,
+        cfg.data.max_samples,
+    )
     train_ds = build_dataset(tok, spec)
     eval_ds = None
     if cfg.data.eval_file:
-        eval_spec = DataSpec(cfg.data.eval_file, cfg.data.format, cfg.data.text_field, spec.max_seq_length,
-                             cfg.data.train_on_prompt, None)
+        eval_spec = DataSpec(
+            cfg.data.eval_file,
+            cfg.data.format,
+            cfg.data.text_field,
+            spec.max_seq_length,
+            cfg.data.train_on_prompt,
+            None,
+        )
         eval_ds = build_dataset(tok, eval_spec)
     skip = {i for a, b in plan.skip_ranges for i in range(a, b + 1)}
     args = training_arguments(cfg, plan, staging, eval_ds is not None)
@@ -291,5 +344,7 @@ def build_trainer(cfg: SteadytuneConfig, plan: PlanRevision, guard: Guard, callb
     )
     for cb in callbacks:
         if isinstance(cb, GuardCallback):
-            cb.bind(trainer)  # the guard records the norm clipping computes (on_train_begin would find it too)
+            cb.bind(
+                trainer
+            )  # the guard records the norm clipping computes (on_train_begin would find it too)
     return trainer

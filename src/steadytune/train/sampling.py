@@ -16,7 +16,9 @@ from torch.utils.data import Sampler
 
 
 class SkipSampler(Sampler[int]):
-    def __init__(self, sample_ids: Sequence[int], seed: int, skip: set[int] | None = None, shuffle: bool = True) -> None:
+    def __init__(
+        self, sample_ids: Sequence[int], seed: int, skip: set[int] | None = None, shuffle: bool = True
+    ) -> None:
         self.sample_ids = list(sample_ids)
         self.seed = seed
         self.skip = skip or set()

@@ -67,12 +67,23 @@ def main(argv: list[str] | None = None) -> int:
 
             plan = apply_auto_micro_batch(cfg, plan, guard)
         faults = Faults.from_env()
-        keeper = CheckpointKeeper(run, keep_last=cfg.run.keep_last, min_free_bytes=cfg.run.min_free_disk_bytes,
-                                  save_delay=lambda step: faults.save_delay(step, plan.attempt))
+        keeper = CheckpointKeeper(
+            run,
+            keep_last=cfg.run.keep_last,
+            min_free_bytes=cfg.run.min_free_disk_bytes,
+            save_delay=lambda step: faults.save_delay(step, plan.attempt),
+        )
         callback = GuardCallback(guard, keeper, run.staging, faults, cfg.policy.checkpoint_every_s)
         signal.signal(signal.SIGTERM, lambda *_: callback.request_stop("SIGTERM"))
-        trainer = build_trainer(cfg, plan, guard, [callback], run.staging, faults=faults,
-                                max_split=cfg.policy.max_microbatch_split)
+        trainer = build_trainer(
+            cfg,
+            plan,
+            guard,
+            [callback],
+            run.staging,
+            faults=faults,
+            max_split=cfg.policy.max_microbatch_split,
+        )
         resume = plan.resume_checkpoint
         trainer.train(resume_from_checkpoint=resume)
         status = callback.stop_status or "completed"

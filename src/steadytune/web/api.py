@@ -104,7 +104,9 @@ def _series_dict(s: Series) -> dict[str, Any]:
     return {"metrics": list(s.metrics), "rows": clean(s.rows), "lo": s.lo, "hi": s.hi, "total": s.total}
 
 
-def series(entry: RunEntry, points: int = 1500, lo: float | None = None, hi: float | None = None) -> dict[str, Any]:
+def series(
+    entry: RunEntry, points: int = 1500, lo: float | None = None, hi: float | None = None
+) -> dict[str, Any]:
     """Downsampled charts of one run: steps (x = step), system and GPUs (x = unix time)."""
     store = entry.store()
     points = max(10, min(int(points), MAX_POINTS))
@@ -127,7 +129,9 @@ def series(entry: RunEntry, points: int = 1500, lo: float | None = None, hi: flo
     }
 
 
-def gradflow(entry: RunEntry, points: int = 400, lo: float | None = None, hi: float | None = None) -> dict[str, Any]:
+def gradflow(
+    entry: RunEntry, points: int = 400, lo: float | None = None, hi: float | None = None
+) -> dict[str, Any]:
     """The gradient-flow heat map of one run (layers × recorded steps), see :mod:`.heatmap`."""
     store = entry.store()
     version = store.version
@@ -139,4 +143,9 @@ def gradflow_since(entry: RunEntry, version: int) -> dict[str, Any] | None:
     rows = entry.store().gradflow_since(version)
     if not rows:
         return None
-    return clean({"since": max(r.version for r in rows), **heatmap.build(sorted(rows, key=lambda r: r.step), len(rows))})
+    return clean(
+        {
+            "since": max(r.version for r in rows),
+            **heatmap.build(sorted(rows, key=lambda r: r.step), len(rows)),
+        }
+    )

@@ -48,7 +48,13 @@ def write_control_request(
     clock: Callable[[], float] = time.time,
 ) -> dict[str, Any]:  # fmt: skip
     """The fallback: ``control.json`` written atomically, and a ``control`` event appended."""
-    request = {"id": uuid.uuid4().hex, "command": command, "issuer": issuer, "ts": clock(), "args": args or {}}
+    request = {
+        "id": uuid.uuid4().hex,
+        "command": command,
+        "issuer": issuer,
+        "ts": clock(),
+        "args": args or {},
+    }
     atomic_write_text(run_dir.control, json.dumps(request, indent=1))
     log = EventLog(run_dir.events, run_id=run_dir.run_id, clock=clock)
     log.append(

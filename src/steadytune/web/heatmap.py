@@ -86,12 +86,20 @@ def _column(bucket: Sequence[GradFlow], layers: list[str]) -> dict[str, Any]:
             zf = sum(zfs) / len(zfs) if zfs else None
         else:
             # The most extreme flagged recording stands for the bucket.
-            norm, zf, _ = max((c for c in known if c[2] == worst), key=lambda c: (_severity(c[0]), c[1] or 0.0))
+            norm, zf, _ = max(
+                (c for c in known if c[2] == worst), key=lambda c: (_severity(c[0]), c[1] or 0.0)
+            )
         norms.append(_norm_json(norm))
         zeros.append(zf)
         states.append(worst)
-    return {"first": bucket[0].step, "last": bucket[-1].step, "n": len(bucket), "norm": norms, "zero_frac": zeros,
-            "state": states}
+    return {
+        "first": bucket[0].step,
+        "last": bucket[-1].step,
+        "n": len(bucket),
+        "norm": norms,
+        "zero_frac": zeros,
+        "state": states,
+    }
 
 
 def build(rows: Sequence[GradFlow], points: int = 400) -> dict[str, Any]:

@@ -215,6 +215,8 @@ def render_metrics(index: RunsIndex, now: Callable[[], float]) -> str:
             _run_families(f, entry, now())
         except Exception:  # a half-written run must not take the whole scrape down
             continue
-    scrape = Family("steadytune_dashboard_scrape_duration_seconds", "gauge", "Time spent rendering this page.")
+    scrape = Family(
+        "steadytune_dashboard_scrape_duration_seconds", "gauge", "Time spent rendering this page."
+    )
     scrape.add(time.perf_counter() - t0)
     return render([*f.by_name.values(), scrape])

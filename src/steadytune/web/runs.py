@@ -63,7 +63,13 @@ def checkpoint_info(ckpt_dir: Path) -> dict[str, Any]:
     sha256 check belongs to the checkpoint module and is too slow for a page.
     """
     manifest = read_json(ckpt_dir / "MANIFEST.json")
-    info: dict[str, Any] = {"name": ckpt_dir.name, "verified": False, "step": None, "ts": None, "size_bytes": None}
+    info: dict[str, Any] = {
+        "name": ckpt_dir.name,
+        "verified": False,
+        "step": None,
+        "ts": None,
+        "size_bytes": None,
+    }
     if manifest is None:
         info["problem"] = "no valid MANIFEST.json"
         return info
@@ -172,7 +178,9 @@ class RunEntry:
         last_good = read_pointer(self.dir.last_good_pointer)
         items = []
         try:
-            dirs = sorted((p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")), key=lambda p: p.name)
+            dirs = sorted(
+                (p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")), key=lambda p: p.name
+            )
         except OSError:
             dirs = []
         for d in dirs:
@@ -207,7 +215,9 @@ def looks_like_run(path: Path) -> bool:
 class RunsIndex:
     """Every run under ``runs_dir``; run ids are validated before any path is built."""
 
-    def __init__(self, runs_dir: Path, clock: Callable[[], float] = time.time, cache_dir: Path | None = None) -> None:
+    def __init__(
+        self, runs_dir: Path, clock: Callable[[], float] = time.time, cache_dir: Path | None = None
+    ) -> None:
         self.runs_dir = Path(runs_dir)
         self.clock = clock
         self._own_cache = cache_dir is None

@@ -85,7 +85,9 @@ class Handler(BaseHTTPRequestHandler):
 
     # ---- plumbing -------------------------------------------------------------------
 
-    def _headers(self, status: int, ctype: str, length: int | None, extra: dict[str, str] | None = None) -> None:
+    def _headers(
+        self, status: int, ctype: str, length: int | None, extra: dict[str, str] | None = None
+    ) -> None:
         self.send_response(status)
         self.send_header("Content-Type", ctype)
         if length is not None:
@@ -160,7 +162,9 @@ class Handler(BaseHTTPRequestHandler):
         if parts[1:] == ["stream"]:
             return self._sse_runs()
         if parts[1:] == ["auth"]:
-            return self._json({"controls": bool(app.token), "authorized": token_ok(app.token, bearer(self.headers))})
+            return self._json(
+                {"controls": bool(app.token), "authorized": token_ok(app.token, bearer(self.headers))}
+            )
         if parts[1] == "runs" and len(parts) in (3, 4):
             entry = self._run(parts[2])
             if entry is None:
@@ -173,10 +177,14 @@ class Handler(BaseHTTPRequestHandler):
                     api.series(entry, int(_num(q, "points") or 1500), _num(q, "lo"), _num(q, "hi"))
                 )
             if what == "gradflow":
-                return self._json(api.gradflow(entry, int(_num(q, "points") or 400), _num(q, "lo"), _num(q, "hi")))
+                return self._json(
+                    api.gradflow(entry, int(_num(q, "points") or 400), _num(q, "lo"), _num(q, "hi"))
+                )
             if what == "events":
                 after = int(_num(q, "after") or -1)
-                return self._json([api.event_dict(e) for e in entry.store().events(after_seq=after, limit=1000)])
+                return self._json(
+                    [api.event_dict(e) for e in entry.store().events(after_seq=after, limit=1000)]
+                )
             if what == "stream":
                 return self._sse_run(entry, int(_num(q, "since") or 0), int(_num(q, "after") or -1))
         return self._not_found()
@@ -204,7 +212,9 @@ class Handler(BaseHTTPRequestHandler):
             if entry is None:
                 return self._not_found()
             if not self.app.token:
-                return self._error(403, "operator controls are off: start the dashboard with a token to enable them")
+                return self._error(
+                    403, "operator controls are off: start the dashboard with a token to enable them"
+                )
             if not token_ok(self.app.token, bearer(self.headers)):
                 return self._error(401, "a valid token is required in the X-Steadytune-Token header")
             length = int(self.headers.get("Content-Length") or 0)
@@ -366,7 +376,9 @@ def start_dashboard(
     app = DashboardApp(index=index, host=host, port=port, token=token, clock=clock, poll_s=poll_s)
     server = _Server((host.strip("[]"), port), make_handler(app), family)
     app.port = server.server_address[1]
-    serve = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.25}, name="steadytune-dashboard", daemon=True)
+    serve = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.25}, name="steadytune-dashboard", daemon=True
+    )
     indexer = threading.Thread(target=app.indexer, name="steadytune-indexer", daemon=True)
     serve.start()
     indexer.start()
@@ -374,7 +386,9 @@ def start_dashboard(
     if ":" in shown and not shown.startswith("["):
         shown = f"[{shown}]"
     url = f"http://{shown}:{app.port}/"
-    return DashboardHandle(url=url, host=host, port=app.port, app=app, _server=server, _threads=[serve, indexer])
+    return DashboardHandle(
+        url=url, host=host, port=app.port, app=app, _server=server, _threads=[serve, indexer]
+    )
 
 
 __all__ = ["DashboardHandle", "start_dashboard"]

@@ -168,7 +168,13 @@ def frame(gpus: list[GpuRow] | None, runs: list[RunRow], runs_dir: Path) -> Grou
     r = Table(title=f"Runs in {runs_dir}", title_justify="left", expand=True)
     for col in ("run", "state", "step", "loss", "tokens/s", "latest anomaly", "loss trend"):
         r.add_column(col, justify="right" if col in ("step", "loss", "tokens/s") else "left")
-    colors = {"running": "green", "failed": "red", "restarting": "yellow", "paused": "yellow", "completed": "blue"}
+    colors = {
+        "running": "green",
+        "failed": "red",
+        "restarting": "yellow",
+        "paused": "yellow",
+        "completed": "blue",
+    }
     for run in runs:
         step = NA if run.step is None else (f"{run.step}/{run.max_steps}" if run.max_steps else str(run.step))
         r.add_row(

@@ -1,0 +1,97 @@
+"""Rules without a baseline window (detect/early.py), on generated shapes over scale, noise and seed."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from steadytune.detect import DetectConfig
+from tests.unit.detect import shapes
+from tests.unit.detect.helpers import feed, raised, records, severe
+
+SCALES, SEEDS = shapes.SCALES, shapes.SEEDS
+
+
+def _climb(n: int, scale: float, noise: float, seed: int, per_point: float) -> list[float]:
+    """A run that climbs from its first point: each logged loss ``per_point`` (log) above the last."""
+    rng = shapes.rng_for(seed, "climb")
+    return [scale * math.exp(per_point * i + rng.gauss(0.0, noise)) for i in range(n)]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("noise", (0.005, 0.03))
+@pytest.mark.parametrize("scale", SCALES)
+@pytest.mark.parametrize("n", (4, 6, 10))
+def test_a_short_run_that_climbs_from_its_first_point_diverged(n: int, scale: float, noise: float, seed: int):
+    # Tripling within the first points (an LR far too high): no baseline window is needed.
+    losses = _climb(n, scale, noise, seed, per_point=math.log(3.0) / 3)
+    got = raised(feed(records(losses, interval=10)))
+    assert [a.kind for a in got][:1] in (["divergence"], ["loss_spike"])
+    assert any(a.kind == "divergence" and a.severity == "critical" and a.start_step <= 40 for a in got)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("scale", SCALES)
+def test_a_slight_warmup_rise_is_not_a_divergence(scale: float, seed: int) -> None:
+    # Warm-up can lift the first losses a little (10-20% over a few points): far short of a climb.
+    warm = _climb(4, scale, 0.01, seed, per_point=0.05)
+    losses = warm + shapes.learning(60, warm[-1], 0.02, seed)
+    assert severe(feed(records(losses))) == []
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("noise", (0.2, 0.3, 0.4))
+def test_noisy_small_batch_starts_do_not_climb(noise: float, seed: int) -> None:
+    # Three rises in a row happen by chance at batch size 1; their size is judged against the noise.
+    for offset in range(20):
+        losses = shapes.learning(40, 2.0, noise, 100 * seed + offset)
+        assert [k for k, _s, _v in severe(feed(records(losses)))] == [], (noise, seed, offset)
+
+
+def _memorizing(n: int, scale: float, seed: int, floor: float) -> list[float]:
+    """A loss that falls smoothly from ``scale`` to ``floor`` x scale over the run (many epochs)."""
+    rng = shapes.rng_for(seed, "memorize")
+    return [
+        scale * (floor + (1.0 - floor) * math.exp(-8.0 * i / n)) * math.exp(rng.gauss(0, 0.05))
+        for i in range(n)
+    ]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("scale", SCALES)
+def test_a_loss_fallen_to_almost_nothing_is_a_collapse_warning(scale: float, seed: int) -> None:
+    floor = 0.002 / scale * 0.5  # ends near 0.001 nats, far under 1% of the start
+    n = 300
+    got = [
+        a
+        for a in raised(feed(records(_memorizing(n, scale, seed, floor), interval=10)))
+        if a.kind != "plateau"
+    ]
+    assert [a.kind for a in got] == ["loss_collapse"]
+    assert got[0].severity == "warning" and "memoriz" in got[0].cause
+    cfg = DetectConfig().loss
+    assert got[0].evidence["level"] < min(cfg.collapse_memorized, cfg.collapse_fraction * scale)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("scale", SCALES)
+def test_a_low_loss_that_is_not_a_tiny_fraction_is_healthy(scale: float, seed: int) -> None:
+    # Long multi-epoch runs settle at 2-5% of their first loss (and above 0.05 nats): learning, not collapse.
+    floor = max(0.03, 0.06 / scale)
+    losses = _memorizing(300, scale, seed, floor)
+    assert [k for k, _s, _v in severe(feed(records(losses, interval=10)))] == []
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_healthy_eval_loss_says_memorizing_is_not_a_collapse(seed: int) -> None:
+    n = 300
+    losses = _memorizing(n, 2.0, seed, 0.0005)
+    evals = [1.2 if i % 25 == 0 else None for i in range(n)]  # flat, at its best: it generalizes
+    recs = records(losses, interval=10, eval_loss=evals)
+    assert [k for k, _s, _v in severe(feed(recs)) if k == "loss_collapse"] == []
+    rising = [1.2 + 0.05 * (i // 25) if i % 25 == 0 else None for i in range(n)]
+    got = [
+        a for a in raised(feed(records(losses, interval=10, eval_loss=rising))) if a.kind == "loss_collapse"
+    ]
+    assert got and "eval loss rose" in got[0].cause
