@@ -21,11 +21,15 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_parse_hf_log_lines() -> None:
-    assert parse_log_line("{'loss': '4.561', 'grad_norm': '1.814', 'learning_rate': '0.002139', 'epoch': '0.06'}") == {
-        "loss": 4.561, "grad_norm": 1.814, "learning_rate": 0.002139, "epoch": 0.06}
+    assert parse_log_line(
+        "{'loss': '4.561', 'grad_norm': '1.814', 'learning_rate': '0.002139', 'epoch': '0.06'}"
+    ) == {"loss": 4.561, "grad_norm": 1.814, "learning_rate": 0.002139, "epoch": 0.06}
     assert parse_log_line("{'loss': 2.5, 'epoch': 1.0}\n") == {"loss": 2.5, "epoch": 1.0}
     assert parse_log_line("Saving model checkpoint to out/checkpoint-10") is None
-    assert parse_log_line("{'train_runtime': '1.0', 'train_loss': '4.8'}") == {"train_runtime": 1.0, "train_loss": 4.8}
+    assert parse_log_line("{'train_runtime': '1.0', 'train_loss': '4.8'}") == {
+        "train_runtime": 1.0,
+        "train_loss": 4.8,
+    }
 
 
 def test_external_checkpoint_checks(tmp_path: Path) -> None:
@@ -43,16 +47,42 @@ def test_external_checkpoint_checks(tmp_path: Path) -> None:
 
 def test_supervise_survives_sigkill_and_hang(tmp_path: Path, demo_assets: Path) -> None:
     out = tmp_path / "out"
-    cmd = [STEADYTUNE, "supervise", "--output-dir", str(out), "--resume-arg", "--resume_from_checkpoint {checkpoint}",
-           "--hang-floor", "8", "--runs-dir", str(tmp_path / "runs"), "--run-id", "ext", "--",
-           sys.executable, str(REPO / "examples" / "hf_trainer_script.py"), "--output_dir", str(out),
-           "--model", str(demo_assets / "model"), "--data", str(demo_assets / "train.jsonl"),
-           "--max_steps", "50", "--save_steps", "10", "--step_sleep", "0.05"]
+    cmd = [
+        STEADYTUNE,
+        "supervise",
+        "--output-dir",
+        str(out),
+        "--resume-arg",
+        "--resume_from_checkpoint {checkpoint}",
+        "--hang-floor",
+        "8",
+        "--runs-dir",
+        str(tmp_path / "runs"),
+        "--run-id",
+        "ext",
+        "--",
+        sys.executable,
+        str(REPO / "examples" / "hf_trainer_script.py"),
+        "--output_dir",
+        str(out),
+        "--model",
+        str(demo_assets / "model"),
+        "--data",
+        str(demo_assets / "train.jsonl"),
+        "--max_steps",
+        "50",
+        "--save_steps",
+        "10",
+        "--step_sleep",
+        "0.05",
+    ]
     # We kill the first attempt; the second one hangs at step 35; the third completes.
     env = {**os.environ, "HANG_AT_STEP": "35", "HANG_ON_ATTEMPT": "1"}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     run = tmp_path / "runs" / "ext"
-    wait_for(lambda: (out / "checkpoint-20" / "trainer_state.json").exists(), timeout=180, what="checkpoint-20")
+    wait_for(
+        lambda: (out / "checkpoint-20" / "trainer_state.json").exists(), timeout=180, what="checkpoint-20"
+    )
     status = json.loads((run / "status.json").read_text())
     os.killpg(status["worker_pid"], signal.SIGKILL)
     stdout, _ = proc.communicate(timeout=400)
@@ -65,3 +95,108 @@ def test_supervise_survives_sigkill_and_hang(tmp_path: Path, demo_assets: Path) 
     assert events[-1].name == "run_completed"
     state = json.loads((out / "checkpoint-50" / "trainer_state.json").read_text())
     assert state["global_step"] == 50
+
+
+LAUNCHER = """
+import subprocess, sys, time
+# Like `trl sft` or `accelerate launch`: the trainer is a child process; the launcher waits on it.
+child = subprocess.Popen(sys.argv[1:])
+with open(sys.argv[sys.argv.index("--output_dir") + 1] + ".children", "a") as f:
+    f.write(f"{child.pid}\\n")
+sys.exit(child.wait())
+"""
+
+
+def _job(tmp_path: Path, demo_assets: Path, out: Path, steps: int, sleep: float) -> list[str]:
+    return [
+        sys.executable,
+        str(REPO / "examples" / "hf_trainer_script.py"),
+        "--output_dir",
+        str(out),
+        "--model",
+        str(demo_assets / "model"),
+        "--data",
+        str(demo_assets / "train.jsonl"),
+        "--max_steps",
+        str(steps),
+        "--save_steps",
+        "10",
+        "--step_sleep",
+        str(sleep),
+    ]
+
+
+def test_a_killed_launcher_never_leaves_a_second_trainer(tmp_path: Path, demo_assets: Path) -> None:
+    import psutil
+
+    out = tmp_path / "out"
+    launcher = tmp_path / "launch.py"
+    launcher.write_text(LAUNCHER)
+    cmd = [
+        STEADYTUNE,
+        "supervise",
+        "--output-dir",
+        str(out),
+        "--resume-arg",
+        "--resume_from_checkpoint {checkpoint}",
+        "--runs-dir",
+        str(tmp_path / "runs"),
+        "--run-id",
+        "ext",
+        "--",
+        sys.executable,
+        str(launcher),
+        *_job(tmp_path, demo_assets, out, 40, 0.05),
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    run = tmp_path / "runs" / "ext"
+    children = Path(str(out) + ".children")
+    wait_for(
+        lambda: (out / "checkpoint-10" / "trainer_state.json").exists(), timeout=180, what="checkpoint-10"
+    )
+    first_trainer = int(children.read_text().split()[0])
+    os.kill(json.loads((run / "status.json").read_text())["worker_pid"], signal.SIGKILL)  # the launcher only
+    stdout, _ = proc.communicate(timeout=400)
+    assert proc.returncode == 0, stdout
+    events = read_events(run / "events.jsonl")
+    names = [e.name for e in events]
+    killed = next(e for e in events if e.name == "tree_killed")
+    assert first_trainer in killed.data["pids"]
+    # The orphaned trainer went before the next attempt started, and is gone for good.
+    assert names.index("tree_killed") < names.index("restart") < len(names) - 1
+    assert not psutil.pid_exists(first_trainer)
+    assert len(children.read_text().split()) == 2
+    assert json.loads((out / "checkpoint-40" / "trainer_state.json").read_text())["global_step"] == 40
+
+
+def test_sigterm_to_the_supervisor_stops_the_job_and_says_so(tmp_path: Path, demo_assets: Path) -> None:
+    import psutil
+
+    out = tmp_path / "out"
+    cmd = [
+        STEADYTUNE,
+        "supervise",
+        "--output-dir",
+        str(out),
+        "--stop-grace",
+        "20",
+        "--runs-dir",
+        str(tmp_path / "runs"),
+        "--run-id",
+        "ext",
+        "--",
+        *_job(tmp_path, demo_assets, out, 400, 0.05),
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    run = tmp_path / "runs" / "ext"
+    wait_for(lambda: (out / "checkpoint-10").exists(), timeout=180, what="checkpoint-10")
+    worker = json.loads((run / "status.json").read_text())["worker_pid"]
+    proc.send_signal(signal.SIGTERM)
+    stdout, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, stdout
+    status = json.loads((run / "status.json").read_text())
+    assert status["state"] == "stopped" and status["worker_pid"] is None
+    events = read_events(run / "events.jsonl")
+    assert [e.name for e in events][-2:] == ["stop_requested", "run_stopped"]
+    assert events[-1].data["signal"] == "SIGTERM"
+    assert not psutil.pid_exists(worker)

@@ -44,6 +44,12 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--setup-timeout", type=float, default=1800.0, help="seconds allowed before the first progress"
     )
+    p.add_argument(
+        "--stop-grace",
+        type=float,
+        default=30.0,
+        help="on SIGTERM/Ctrl-C: seconds the job gets to save and exit before it is killed (default 30)",
+    )
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="the command, after --")
     p.set_defaults(func=main)
 
@@ -67,5 +73,6 @@ def main(args: argparse.Namespace) -> int:
         hang_floor_s=args.hang_floor,
         hang_factor=args.hang_factor,
         setup_timeout_s=args.setup_timeout,
+        stop_grace_s=args.stop_grace,
     )
     return run_external(opts, run)

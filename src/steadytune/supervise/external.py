@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import json
 import re
+import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -30,13 +31,32 @@ from steadytune.telemetry.events import EventLog
 from steadytune.telemetry.sampler import SystemSampler
 from steadytune.telemetry.stream import JsonlWriter
 
-_LOG_DICT = re.compile(r"^\s*(\{.*'(?:loss|train_loss|eval_loss)'.*\})\s*$")
+_LOG_DICT = re.compile(r"(\{[^{}]*'(?:loss|train_loss|eval_loss)'[^{}]*\})\s*$")
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+# The Trainer's own progress bar has no description: "  25%|██▌       | 5/20 [00:00<00:00, 17.94it/s]".
+_TRAIN_BAR = re.compile(r"^\s*\d{1,3}%\|[^|]*\|\s*(\d+)/(\d+)\s*\[[^\]]*(?:it/s|s/it)")
 _WEIGHTS = ("model.safetensors", "adapter_model.safetensors", "pytorch_model.bin", "adapter_model.bin")
 
 
+def _segments(line: str) -> list[str]:
+    """What a terminal would show of each carriage-return-separated part, escape codes removed.
+
+    A tqdm bar rewrites its line with ``\r`` and no newline, so when stdout and stderr
+    share a pipe the next log dict lands at the end of the bar's line.
+    """
+    return [_ANSI.sub("", part) for part in line.replace("\r\n", "\n").split("\r")]
+
+
 def parse_log_line(line: str) -> dict[str, float] | None:
-    """An HF Trainer log dict printed on stdout, with numbers (v5 prints them as strings)."""
-    m = _LOG_DICT.match(line)
+    """An HF Trainer log dict printed on stdout, with numbers (v5 prints them as strings).
+
+    The dict may follow a progress bar on the same line (``...17.94it/s]\r{'loss': ...}``).
+    """
+    m = None
+    for part in reversed(_segments(line)):
+        m = _LOG_DICT.search(part)
+        if m:
+            break
     if not m:
         return None
     try:
@@ -52,16 +72,57 @@ def parse_log_line(line: str) -> dict[str, float] | None:
     return out or None
 
 
-def _safetensors_header_ok(path: Path) -> bool:
+def is_summary(values: dict[str, float]) -> bool:
+    """The Trainer's closing line (train_runtime, train_loss): a summary, not an optimizer step."""
+    return "train_runtime" in values or ("train_loss" in values and "loss" not in values)
+
+
+def train_bar(line: str) -> tuple[int, int] | None:
+    """(steps done, total steps) from the last reading of the Trainer's progress bar in a line."""
+    for part in reversed(_segments(line)):
+        m = _TRAIN_BAR.match(part)
+        if m:
+            return int(m.group(1)), int(m.group(2))
+    return None
+
+
+def safetensors_problem(path: Path) -> str | None:
+    """Why a safetensors file is not whole, or None: its header must parse and its size must be
+    exactly the header plus the end of the last tensor (a save killed midway leaves it short)."""
     try:
+        size = path.stat().st_size
         with open(path, "rb") as f:
             n = int.from_bytes(f.read(8), "little")
-            if n <= 0 or n > path.stat().st_size - 8:
-                return False
-            json.loads(f.read(n))
-        return True
-    except (OSError, ValueError):
-        return False
+            if n <= 0 or n > size - 8:
+                return f"{path.name}: header length {n} does not fit in {size} bytes"
+            header = json.loads(f.read(n))
+    except (OSError, ValueError) as e:
+        return f"{path.name}: unreadable header ({type(e).__name__})"
+    ends = [
+        int(t["data_offsets"][1])
+        for k, t in header.items()
+        if k != "__metadata__" and isinstance(t, dict) and "data_offsets" in t
+    ]
+    expected = 8 + n + max(ends, default=0)
+    if size != expected:
+        return f"{path.name}: {size} bytes, the header describes {expected} (the file was cut short)"
+    return None
+
+
+def _shards(ckpt: Path) -> tuple[list[Path], str | None]:
+    """The shard files an index (``*.safetensors.index.json``) names, and a problem if one is missing."""
+    files: list[Path] = []
+    for index in ckpt.glob("*.safetensors.index.json"):
+        try:
+            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (OSError, ValueError, KeyError, AttributeError):
+            return [], f"{index.name} unreadable"
+        for name in names:
+            shard = ckpt / name
+            if Path(name).name != name or not shard.is_file():
+                return [], f"{index.name} names {name}, which is missing"
+            files.append(shard)
+    return files, None
 
 
 def check_external_checkpoint(ckpt: Path) -> tuple[bool, str]:
@@ -82,12 +143,17 @@ def check_external_checkpoint(ckpt: Path) -> tuple[bool, str]:
     if step is not None and state.get("global_step") not in (None, step):
         return False, f"trainer_state.json says step {state.get('global_step')}, folder says {step}"
     weights = [ckpt / w for w in _WEIGHTS if (ckpt / w).exists()]
-    shards = list(ckpt.glob("model-*-of-*.safetensors"))
+    shards, problem = _shards(ckpt)
+    if problem:
+        return False, problem
+    shards += [p for p in ckpt.glob("model-*-of-*.safetensors") if p not in shards]
     if not weights and not shards:
         return False, "no model or adapter weights"
     for w in [*weights, *shards]:
-        if w.stat().st_size == 0 or (w.suffix == ".safetensors" and not _safetensors_header_ok(w)):
-            return False, f"{w.name} is empty or truncated"
+        if w.stat().st_size == 0:
+            return False, f"{w.name} is empty"
+        if w.suffix == ".safetensors" and (why := safetensors_problem(w)):
+            return False, why
     return True, ""
 
 
@@ -111,6 +177,7 @@ class ExternalOptions:
     hang_factor: float = 10.0
     setup_timeout_s: float = 1800.0
     backoff_s: float = 1.0
+    stop_grace_s: float = 30.0  # after SIGTERM/SIGINT: how long the job may take to save and exit
 
 
 class ExternalSupervisor:
@@ -140,10 +207,70 @@ class ExternalSupervisor:
             1  # HF prints a dict every logging_steps; learnt from a checkpoint's trainer_state.json
         )
         self._log_offset = 0
+        self._last_logged_step = 0
+        self._stop_signal: int | None = None
+
+    # -- stopping ---------------------------------------------------------------
+    def request_stop(self, signum: int) -> None:
+        """SIGTERM/SIGINT to the supervisor: the first stops the job gracefully, a second kills it."""
+        if self._stop_signal is not None:
+            self._stop_now = True
+        self._stop_signal = signum
+
+    def install_signal_handlers(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda signum, _frame: self.request_stop(signum))
+
+    def _stop(self, proc: WorkerProcess, tree: _Tree, reader: threading.Thread) -> int:
+        signum = self._stop_signal or signal.SIGTERM
+        name = signal.Signals(signum).name
+        self.events.emit(
+            "lifecycle",
+            "stop_requested",
+            f"{name} received: asking the job to stop (it has {self.opts.stop_grace_s:.0f}s to save and exit)",
+            severity="warning",
+            step=self.progress.step,
+        )
+        self.say(f"{name}: stopping the job (a second signal kills it)")
+        # The job's own SIGTERM handling (HF's checkpoint-on-SIGTERM where enabled) gets its chance.
+        proc.signal_tree(signal.SIGTERM)
+        deadline = self.clock() + self.opts.stop_grace_s
+        while proc.poll() is None and self.clock() < deadline and not getattr(self, "_stop_now", False):
+            self.poll_files()
+            time.sleep(0.2)
+        graceful = proc.poll() is not None
+        left = tree.reap()
+        reader.join(timeout=5)
+        self.poll_files()
+        how = "exited by itself" if graceful else "killed after the grace period"
+        self.events.emit(
+            "lifecycle",
+            "run_stopped",
+            f"run stopped by {name} at step {self.progress.step}: the job {how}",
+            severity="warning",
+            step=self.progress.step,
+            data={"signal": name, "graceful": graceful, "killed_pids": left},
+        )
+        self.write_status("stopped", None)
+        self.say(f"stopped at step {self.progress.step} ({how})")
+        return 128 + signum
 
     # -- progress ---------------------------------------------------------------
     def record(self, step: int, values: dict[str, float]) -> None:
         now = self.clock()
+        total = values.get("total_steps")  # LLaMA-Factory's trainer_log.jsonl says how far it goes
+        if total and total > 0:
+            self.progress.max_steps = int(total)
+        # Logs come every few steps: per-step time and tokens are the interval's, shared out.
+        steps_since = step - self._last_logged_step if step > self._last_logged_step else 0
+        step_time = None
+        if steps_since and self._last_progress is not None and "loss" in values:
+            step_time = (now - self._last_progress) / steps_since
+        tokens = _interval_tokens(self, values.get("num_tokens")) if "loss" in values else None
+        if tokens is not None and steps_since:
+            tokens //= steps_since
+        if "loss" in values:
+            self._last_logged_step = max(self._last_logged_step, step)
         rec = StepRecord(
             step=step,
             ts=now,
@@ -153,6 +280,8 @@ class ExternalSupervisor:
             lr=values.get("learning_rate", values.get("lr")),
             epoch=values.get("epoch"),
             eval_loss=values.get("eval_loss"),
+            tokens=tokens or None,
+            step_time_s=step_time,
             extra={"eval": True} if "eval_loss" in values and "loss" not in values else {},
         )
         with self._lock:
@@ -174,7 +303,12 @@ class ExternalSupervisor:
                 self.say(format_transition(t))
 
     def on_stdout(self, line: str) -> None:
+        bar = train_bar(line)
+        if bar is not None and bar[1] > 0:
+            self.progress.max_steps = bar[1]
         values = parse_log_line(line)
+        if values is not None and is_summary(values):
+            return
         if values is not None and not (
             self.opts.output_dir and (self.opts.output_dir / "trainer_log.jsonl").exists()
         ):
@@ -216,6 +350,8 @@ class ExternalSupervisor:
             state = {}
         self._log_every = int(state.get("logging_steps") or 1)
         self._log_step = int(state.get("global_step") or checkpoint_step(checkpoint) or 0)
+        self._last_logged_step = self._log_step
+        self._tokens_seen = None  # a new process counts its tokens from zero
 
     # -- hangs ----------------------------------------------------------------
     def hang_limit(self) -> float:
@@ -286,11 +422,15 @@ class ExternalSupervisor:
             reader = self._pipe(proc)
             started, hung_for = self.clock(), None
             last_sample = 0.0
+            tree = _Tree(proc)
             while proc.poll() is None:
+                if self._stop_signal is not None:
+                    return self._stop(proc, tree, reader)
                 self.poll_files()
                 now = self.clock()
                 if now - last_sample > 2.0:
                     last_sample = now
+                    tree.note()
                     self.system.write(self.sampler.sample(proc.pid))
                 self.write_status("running", proc.pid)
                 hung_for = self.hung(started)
@@ -310,10 +450,24 @@ class ExternalSupervisor:
                     proc.kill()
                     break
                 time.sleep(0.2)
+            # The command's whole tree goes before anything restarts: a launcher (trl, accelerate,
+            # torchrun) that died leaves its trainer running, and two trainers on one output folder
+            # overwrite each other's checkpoints.
+            left = tree.reap()
+            if left:
+                self.events.emit(
+                    "action",
+                    "tree_killed",
+                    f"killed {len(left)} process(es) the command left behind: {', '.join(map(str, left))}",
+                    severity="warning",
+                    step=self.progress.step,
+                    data={"pids": left},
+                )
             reader.join(timeout=5)
             self.poll_files()
             rc = proc.poll()
             tail = proc.log_tail()
+            exc = last_exception(tail) if rc else None
             made_progress = self._last_progress is not None and self._last_progress >= started
             info = ExitInfo(
                 returncode=rc,
@@ -321,21 +475,32 @@ class ExternalSupervisor:
                 step=self.progress.step,
                 stderr_tail=tail,
                 hung=hung_for is not None,
-                error_type=_last_exception(tail) if rc else None,
+                error_type=exc[0] if exc else None,
+                error_message=exc[1] if exc else None,
                 deterministic=bool(rc) and not made_progress and hung_for is None,
             )
             decision = decide(info, history, restarts, self.opts.max_restarts, self.opts.backoff_s)
             history.append(info)
             if decision.action != "restart":
                 state = "completed" if decision.action == "done" else "failed"
+                detail = ""
+                if state == "failed":
+                    # The cause itself, where to read more, and how the log ends: a stop that
+                    # says only "see the log" sends the user digging.
+                    detail = f"\n  log: {proc.log_path}\n" + "\n".join(
+                        f"  | {ln}" for ln in _last_lines(tail)
+                    )
                 self.events.emit(
                     "lifecycle",
                     f"run_{state}",
                     f"run {state}: {decision.reason}",
                     severity="info" if state == "completed" else "critical",
+                    data={"log": str(proc.log_path), "last_lines": _last_lines(tail)}
+                    if state == "failed"
+                    else {},
                 )
                 self.write_status(state, None)
-                self.say(f"{state}: {decision.reason}")
+                self.say(f"{state}: {decision.reason}{detail}")
                 return 0 if state == "completed" else 1
             checkpoint = None
             if self.opts.output_dir is not None:
@@ -366,6 +531,12 @@ class ExternalSupervisor:
             self.attempt += 1
             self._intervals.clear()
 
+    def _last_checkpoint(self) -> str | None:
+        if self.opts.output_dir is None:
+            return None
+        found = list_checkpoints(self.opts.output_dir)
+        return found[0].name if found else None
+
     def write_status(self, state: str, pid: int | None) -> None:
         now = self.clock()
         if state == "running" and now - getattr(self, "_status_ts", 0.0) < 1.0:
@@ -379,13 +550,13 @@ class ExternalSupervisor:
                     "run_id": self.run.run_id,
                     "state": state,
                     "step": p.step,
-                    "max_steps": None,
+                    "max_steps": p.max_steps,
                     "loss": p.last_loss,
-                    "tokens_per_s": None,
-                    "eta_s": None,
+                    "tokens_per_s": p.tokens_per_s,
+                    "eta_s": p.eta_s,
                     "attempt": self.attempt,
                     "restarts": self.attempt,
-                    "last_checkpoint": None,
+                    "last_checkpoint": self._last_checkpoint(),
                     "worker_pid": pid,
                     "updated_ts": self.clock(),
                     "external": True,
@@ -394,22 +565,83 @@ class ExternalSupervisor:
         )
 
 
-def _last_exception(tail: str) -> str | None:
-    for line in reversed(tail.splitlines()):
-        m = re.match(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt)):", line.strip())
+class _Tree:
+    """Every process the command started, remembered while it runs, so none outlives it."""
+
+    def __init__(self, proc: WorkerProcess) -> None:
+        self.proc = proc
+        self.seen: set[int] = {proc.pid}
+
+    def note(self) -> None:
+        self.seen.update(self.proc.tree_pids())
+
+    def reap(self, timeout: float = 10.0) -> list[int]:
+        """Kill the command's process group and anything seen in its tree; the pids that were still alive."""
+        import psutil
+
+        self.note()
+        alive = []
+        for pid in sorted(self.seen - {self.proc.pid}):
+            try:
+                alive.append(psutil.Process(pid))
+            except psutil.Error:
+                continue
+        self.proc.signal_tree(signal.SIGKILL)  # the session: the command and whatever stayed in it
+        for p in alive:
+            try:
+                p.kill()  # and those that left the session (setsid) but were its children
+            except psutil.Error:
+                pass
+        psutil.wait_procs(alive, timeout=timeout)
+        self.proc.wait(timeout)
+        return [p.pid for p in alive]
+
+
+def _interval_tokens(sup: ExternalSupervisor, total: float | None) -> int | None:
+    """Tokens trained since the last record, from a cumulative count (TRL's num_tokens)."""
+    if total is None:
+        return None
+    prev = getattr(sup, "_tokens_seen", None)
+    sup._tokens_seen = total
+    if prev is None or total < prev:
+        return None
+    return int(total - prev) or None
+
+
+# Launchers re-raise their child's failure as their own: the child's error is the cause.
+_WRAPPERS = frozenset({"CalledProcessError", "ChildFailedError", "ProcessRaisedException"})
+_EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt))(?::\s*(.*))?$")
+
+
+def last_exception(tail: str) -> tuple[str, str] | None:
+    """(type, message) of the error a log ends with, looking through launcher wrappers."""
+    found: list[tuple[str, str]] = []
+    for line in tail.splitlines():
+        m = _EXC_LINE.match(line.strip())
         if m:
-            return m.group(1).rsplit(".", 1)[-1]
-    return None
+            found.append((m.group(1).rsplit(".", 1)[-1], (m.group(2) or "").strip()))
+    for name, message in reversed(found):
+        if name not in _WRAPPERS:
+            return name, message[:300]
+    return found[-1] if found else None
+
+
+def _last_lines(tail: str, n: int = 5) -> list[str]:
+    lines = [ln.rstrip() for ln in tail.replace("\r", "\n").splitlines() if ln.strip()]
+    return lines[-n:]
 
 
 def run_external(opts: ExternalOptions, run: RunDir, say: Callable[[str], None] = print) -> int:
-    return ExternalSupervisor(opts, run, say=say).run_to_end()
+    sup = ExternalSupervisor(opts, run, say=say)
+    sup.install_signal_handlers()
+    return sup.run_to_end()
 
 
 __all__ = [
     "ExternalOptions",
     "ExternalSupervisor",
     "check_external_checkpoint",
+    "last_exception",
     "newest_complete",
     "parse_log_line",
     "run_external",

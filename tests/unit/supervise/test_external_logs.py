@@ -1,0 +1,134 @@
+"""What `supervise` reads from a tool it does not run: log dicts, progress bars, checkpoints."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+
+from steadytune.supervise.external import (
+    check_external_checkpoint,
+    is_summary,
+    last_exception,
+    parse_log_line,
+    safetensors_problem,
+    train_bar,
+)
+
+# `trl sft` (TRL 1.16, transformers 5.24) with stdout and stderr in one pipe: the bar rewrites
+# its line with carriage returns, and the log dict lands at the end of it.
+TRL_LINE = (
+    "  5%|\u258c         | 1/20 [00:00<00:02,  6.96it/s]\r 20%|\u2588\u2588        | 4/20 "
+    "[00:00<00:01, 12.03it/s]\r                                              \r{'loss': '6.215', "
+    "'grad_norm': '6.335', 'learning_rate': '1.6e-05', 'entropy': '6.213', 'mean_token_accuracy': "
+    "'0', 'num_tokens': '580', 'epoch': '0.05'}\n"
+)
+TRL_SUMMARY = (
+    "\r                                               \r{'train_runtime': '1.288', "
+    "'train_samples_per_second': '62.12', 'train_steps_per_second': '15.53', 'train_loss': '6.15', "
+    "'epoch': '0.2'}\n"
+)
+
+
+def test_a_log_dict_after_a_progress_bar_is_read() -> None:
+    values = parse_log_line(TRL_LINE)
+    assert values is not None
+    assert values["loss"] == 6.215 and values["grad_norm"] == 6.335 and values["learning_rate"] == 1.6e-05
+    assert values["num_tokens"] == 580 and values["epoch"] == 0.05
+
+
+def test_escape_codes_and_plain_lines() -> None:
+    assert parse_log_line("\x1b[32m{'loss': 2.5, 'epoch': 1.0}\x1b[0m\n") == {"loss": 2.5, "epoch": 1.0}
+    assert parse_log_line("Saving model checkpoint to out/checkpoint-10") is None
+    assert parse_log_line(" 45%|████▌     | 9/20 [00:01<00:01,  8.1it/s]") is None
+
+
+def test_the_closing_summary_is_not_a_step() -> None:
+    values = parse_log_line(TRL_SUMMARY)
+    assert values is not None and is_summary(values)
+    assert not is_summary(parse_log_line(TRL_LINE) or {})
+    assert not is_summary({"eval_loss": 1.2, "epoch": 1.0})
+
+
+def test_the_trainer_bar_gives_the_total_steps_and_other_bars_do_not() -> None:
+    assert train_bar(TRL_LINE) == (4, 20)
+    assert (
+        train_bar("Tokenizing train dataset: 100%|██████████| 400/400 [00:00<00:00, 4128.33 examples/s]")
+        is None
+    )
+    assert train_bar("Loading weights: 100%|██████████| 21/21 [00:00<00:00, 13577.98it/s]") is None
+    assert train_bar("plain text") is None
+
+
+def _safetensors(path: Path, tensors: dict[str, int]) -> None:
+    """A real safetensors file: an 8-byte header length, the JSON header, then the tensor bytes."""
+    header, offset = {}, 0
+    for name, n in tensors.items():
+        header[name] = {"dtype": "F32", "shape": [n], "data_offsets": [offset, offset + 4 * n]}
+        offset += 4 * n
+    raw = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(offset))
+
+
+def _checkpoint(root: Path, step: int, weights: str = "model.safetensors") -> Path:
+    ck = root / f"checkpoint-{step}"
+    ck.mkdir(parents=True)
+    (ck / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    _safetensors(ck / weights, {"a": 1000, "b": 24})
+    return ck
+
+
+def test_a_whole_safetensors_file_passes(tmp_path: Path) -> None:
+    ck = _checkpoint(tmp_path, 10)
+    assert safetensors_problem(ck / "model.safetensors") is None
+    assert check_external_checkpoint(ck) == (True, "")
+
+
+@pytest.mark.parametrize("cut", [1, 100, 4000])
+def test_a_file_cut_short_with_its_header_intact_is_incomplete(tmp_path: Path, cut: int) -> None:
+    ck = _checkpoint(tmp_path, 10)
+    w = ck / "model.safetensors"
+    data = w.read_bytes()
+    w.write_bytes(data[:-cut])
+    ok, why = check_external_checkpoint(ck)
+    assert not ok and "cut short" in why and "model.safetensors" in why
+
+
+def test_a_shard_the_index_names_must_exist_and_be_whole(tmp_path: Path) -> None:
+    ck = tmp_path / "checkpoint-20"
+    ck.mkdir()
+    (ck / "trainer_state.json").write_text(json.dumps({"global_step": 20}))
+    names = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+    (ck / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"a": names[0], "b": names[1]}})
+    )
+    _safetensors(ck / names[0], {"a": 10})
+    ok, why = check_external_checkpoint(ck)
+    assert not ok and names[1] in why
+    _safetensors(ck / names[1], {"b": 10})
+    assert check_external_checkpoint(ck) == (True, "")
+    (ck / names[1]).write_bytes((ck / names[1]).read_bytes()[:-8])
+    ok, why = check_external_checkpoint(ck)
+    assert not ok and names[1] in why
+
+
+def test_the_cause_is_found_behind_a_launcher_wrapper() -> None:
+    tail = (
+        "Traceback (most recent call last):\n"
+        '  File "sft.py", line 10, in <module>\n'
+        "safetensors_rust.SafetensorError: Error while deserializing header: incomplete metadata\n"
+        "Traceback (most recent call last):\n"
+        '  File "launch.py", line 999, in simple_launcher\n'
+        "subprocess.CalledProcessError: Command '['python', 'sft.py']' returned non-zero exit status 1.\n"
+    )
+    assert last_exception(tail) == (
+        "SafetensorError",
+        "Error while deserializing header: incomplete metadata",
+    )
+    assert last_exception("ValueError: bad value for learning_rate\n") == (
+        "ValueError",
+        "bad value for learning_rate",
+    )
+    assert last_exception("all good\n") is None
