@@ -40,6 +40,8 @@ def main() -> None:
     p.add_argument("--save_steps", type=int, default=10)
     p.add_argument("--step_sleep", type=float, default=0.0)
     p.add_argument("--resume_from_checkpoint", default=None)
+    p.add_argument("--learning_rate", type=float, default=2e-3)
+    p.add_argument("--logging_steps", type=int, default=1)
     a = p.parse_args()
     tok = AutoTokenizer.from_pretrained(a.model)
     with open(a.data) as f:
@@ -61,9 +63,10 @@ def main() -> None:
         def on_step_end(self, args, state, control, **kw):
             time.sleep(a.step_sleep)
 
+    # The progress bar stays on, as in users' scripts: its output shares the pipe with the log dicts.
     args = TrainingArguments(output_dir=a.output_dir, max_steps=a.max_steps, save_steps=a.save_steps,
-                             per_device_train_batch_size=8, learning_rate=2e-3, logging_steps=1, report_to=[],
-                             use_cpu=True, disable_tqdm=True, save_total_limit=3)
+                             per_device_train_batch_size=8, learning_rate=a.learning_rate,
+                             logging_steps=a.logging_steps, report_to=[], use_cpu=True, save_total_limit=3)
     model = AutoModelForCausalLM.from_pretrained(a.model)
     trainer = Trainer(model=model, args=args, train_dataset=data, data_collator=collate,
                       callbacks=[HangOnce(int(os.environ.get("HANG_AT_STEP", "0")) or None), Slow()])

@@ -200,3 +200,69 @@ def test_sigterm_to_the_supervisor_stops_the_job_and_says_so(tmp_path: Path, dem
     assert [e.name for e in events][-2:] == ["stop_requested", "run_stopped"]
     assert events[-1].data["signal"] == "SIGTERM"
     assert not psutil.pid_exists(worker)
+
+
+def test_lr_far_too_high_is_rolled_back_with_a_lower_lr_and_alerted(
+    tmp_path: Path, demo_assets: Path
+) -> None:
+    import torch
+    from safetensors.torch import load_file
+
+    from tests.servers import Hook
+
+    hook = Hook()
+    try:
+        cfg = tmp_path / "supervise.yaml"
+        cfg.write_text(
+            "policy:\n  rollback_lr_scale: 0.001\n"
+            "alerts:\n  sinks:\n    - type: webhook\n      format: generic\n      url_env: TEST_HOOK_URL\n"
+        )
+        out = tmp_path / "out"
+        cmd = [
+            STEADYTUNE,
+            "supervise",
+            "--config",
+            str(cfg),
+            "--preset",
+            "hf",
+            "--base-lr",
+            "3.0",
+            "--output-dir",
+            str(out),
+            "--runs-dir",
+            str(tmp_path / "runs"),
+            "--run-id",
+            "ext",
+            "--",
+            *_job(tmp_path, demo_assets, out, 40, 0.0),
+            "--learning_rate",
+            "3.0",
+        ]
+        env = {**os.environ, "TEST_HOOK_URL": hook.url}
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+        assert done.returncode == 0, done.stdout + done.stderr
+        run = tmp_path / "runs" / "ext"
+        events = read_events(run / "events.jsonl")
+        names = [e.name for e in events]
+        first_bad = next(
+            e for e in events if e.kind == "anomaly" and e.name in ("loss_spike", "divergence", "nan_loss")
+        )
+        rollback = next(e for e in events if e.name == "rollback")
+        assert names.index(first_bad.name) < names.index("rollback")
+        assert rollback.data["lr_scale"] == pytest.approx(0.001) and rollback.data["lr"] == pytest.approx(
+            0.003
+        )
+        restarted = [e for e in events if e.name == "worker_started"][-1]
+        assert restarted.data["cmd"][-2:] == ["--learning_rate", "0.003"]
+        assert names[-1] == "run_completed"
+        # The alert reached the local webhook while the run went on.
+        wait_for(
+            lambda: any(first_bad.name in json.dumps(b) for b in hook.bodies),
+            timeout=30,
+            what="webhook alert",
+        )
+        final = load_file(str(out / "checkpoint-40" / "model.safetensors"))
+        assert all(torch.isfinite(t).all() for t in final.values())
+        assert json.loads((run / "status.json").read_text())["state"] == "completed"
+    finally:
+        hook.close()

@@ -286,6 +286,43 @@ def load_config(
     return absolutize(cfg, path.resolve().parent)
 
 
+# `supervise --config` takes the same file as `run`; a file made only for supervising may leave
+# out what steadytune would need to train by itself.
+_SUPERVISE_PLACEHOLDERS = {
+    "model": {"name_or_path": "(the supervised command's)"},
+    "data": {"train_file": "(the supervised command's)"},
+}
+
+
+def load_supervise_config(path: Path | str, overrides: list[str] | None = None) -> SteadytuneConfig:
+    """A config for ``supervise``: its detect, policy, alerts, run and dashboard sections apply.
+
+    ``model`` and ``data`` may be left out (the command brings its own); when present they
+    are validated as for ``run``, so one file serves both.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(
+            [ConfigIssue("(file)", str(path), "config file not found", "pass the path of a YAML config")],
+            str(path),
+        )
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(
+            [ConfigIssue("(yaml)", str(path), f"not valid YAML: {exc}", "fix the YAML syntax")], str(path)
+        ) from None
+    if not isinstance(data, dict):
+        raise ConfigError(
+            [ConfigIssue("(file)", str(path), "not a mapping", "write sections such as detect:, alerts:")],
+            str(path),
+        )
+    data = apply_overrides(data, overrides or [])
+    for key, value in _SUPERVISE_PLACEHOLDERS.items():
+        data.setdefault(key, value)
+    return validate_dict(data, base=path.resolve().parent, source=str(path), check_paths=False)
+
+
 def absolutize(cfg: SteadytuneConfig, base: Path) -> SteadytuneConfig:
     """Make the config's file paths absolute, so the worker can run from any folder.
 

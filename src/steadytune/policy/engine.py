@@ -75,6 +75,14 @@ class Policy:
             )
         return Action(rule.action, why, step, anomaly)
 
+    def instead(self, anomaly: Anomaly, step: int, name: str, why: str) -> Action | None:
+        """``name`` in place of the rule's action (which the run cannot carry out), within budget."""
+        if self.config.mode == "observe":
+            return Action("alert", f"observe mode: would {name} ({why})", step, anomaly)
+        if not self._spend(name, None):
+            return Action("alert", f"{name} budget spent; only alerting ({why})", step, anomaly)
+        return Action(name, f"{anomaly.kind} at step {anomaly.start_step}: {why}", step, anomaly)
+
     def on_raised(self, anomaly: Anomaly, step: int) -> Action | None:
         """A detector just raised ``anomaly``; ``step`` is the newest step seen."""
         rule = self.config.rule(anomaly.kind)

@@ -19,11 +19,17 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from steadytune.alerts.config import AlertsConfig
 from steadytune.checkpoint.manifest import MANIFEST, checkpoint_step, list_checkpoints, verify
+from steadytune.detect.config import DetectConfig
 from steadytune.detect.live import LiveDetector, format_transition
+from steadytune.policy.config import PolicyConfig
+from steadytune.policy.engine import Action, Policy
+from steadytune.policy.plan import choose_rollback_checkpoint
 from steadytune.policy.restart import ExitInfo, decide
-from steadytune.records import PlanRevision, StepRecord, to_dict, to_json
+from steadytune.records import Anomaly, PlanRevision, StepRecord, to_dict, to_json
 from steadytune.rundir import RunDir, atomic_write_text
 from steadytune.supervise.process import WorkerProcess
 from steadytune.supervise.progress import RunProgress
@@ -178,6 +184,20 @@ class ExternalOptions:
     setup_timeout_s: float = 1800.0
     backoff_s: float = 1.0
     stop_grace_s: float = 30.0  # after SIGTERM/SIGINT: how long the job may take to save and exit
+    lr_arg: str | None = None  # e.g. "--learning_rate {lr}": how a rollback lowers the job's LR
+    base_lr: float | None = None  # the job's configured LR, which a rollback scales
+
+
+# How each tool takes a resume checkpoint and a learning rate on its command line.
+PRESETS: dict[str, dict[str, str]] = {
+    # llamafactory-cli train my.yaml key=value ...: after a YAML file, overrides are key=value
+    "llamafactory": {"resume_arg": "resume_from_checkpoint={checkpoint}", "lr_arg": "learning_rate={lr}"},
+    # trl sft / HF example scripts: HfArgumentParser flags
+    "trl": {"resume_arg": "--resume_from_checkpoint {checkpoint}", "lr_arg": "--learning_rate {lr}"},
+    "hf": {"resume_arg": "--resume_from_checkpoint {checkpoint}", "lr_arg": "--learning_rate {lr}"},
+}
+# Actions an external command can be given: it is stopped and restarted, nothing in between.
+_EXTERNAL_ACTIONS = frozenset({"rollback", "restart", "stop", "pause"})
 
 
 class ExternalSupervisor:
@@ -190,10 +210,20 @@ class ExternalSupervisor:
         detector: LiveDetector | None = None,
         say: Callable[[str], None] = print,
         clock: Callable[[], float] = time.time,
+        detect: DetectConfig | None = None,
+        policy: PolicyConfig | None = None,
+        alerts: AlertsConfig | None = None,
+        observers: list[Any] | None = None,
     ) -> None:
         self.opts, self.run, self.say, self.clock = opts, run.create(), say, clock
-        self.events = EventLog(run.events, run.run_id, clock=clock)
-        self.detector = detector or LiveDetector()
+        self.observers: list[Any] = []
+        self.events = EventLog(run.events, run.run_id, clock=clock, on_append=self._fan_event)
+        self.observers = observers if observers is not None else self._default_observers(alerts)
+        self.detector = detector or LiveDetector(detect)
+        self.policy = Policy(policy)
+        self.action: Action | None = None  # what the policy asked for; carried out between attempts
+        self.lr_scale = 1.0
+        self.resumes: list[int | None] = []
         self.telemetry = JsonlWriter(run.telemetry(0))
         self.system = JsonlWriter(run.system)
         self.sampler = SystemSampler(run.root, clock=clock)
@@ -209,6 +239,52 @@ class ExternalSupervisor:
         self._log_offset = 0
         self._last_logged_step = 0
         self._stop_signal: int | None = None
+
+    def _default_observers(self, alerts: AlertsConfig | None) -> list[Any]:
+        """run.db (the dashboard and /metrics read it) and the alert router: as for a native run."""
+        from steadytune.alerts.router import AlertRouter
+        from steadytune.supervise.observers import AlertObserver, StoreObserver
+
+        out: list[Any] = [StoreObserver(self.run)]
+        if alerts is not None:
+            # Every event is already printed on the console: a console sink would say it twice.
+            alerts = alerts.model_copy(update={"sinks": [s for s in alerts.sinks if s.type != "console"]})
+        if alerts is not None and alerts.enabled and alerts.sinks:
+            out.append(
+                AlertObserver(AlertRouter(alerts, self.events, clock=self.clock, run_id=self.run.run_id))
+            )
+        return out
+
+    def _fan_event(self, event: Any) -> None:
+        for obs in self.observers:
+            obs.on_event(event)
+
+    def _flush(self) -> None:
+        for obs in self.observers:
+            flush = getattr(obs, "flush", None)
+            if flush is not None:
+                flush()
+
+    def close(self) -> None:
+        for obs in self.observers:
+            try:
+                obs.close()
+            except Exception as e:
+                self.say(f"observer {type(obs).__name__} failed to close: {e}")
+
+    # -- policy -----------------------------------------------------------------
+    def _consider(self, action: Action | None) -> None:
+        if action is None:
+            return
+        if action.name in _EXTERNAL_ACTIONS and self.action is None:
+            self.action = action  # one incident, one action: later ones are recorded only
+            return
+        why = action.reason
+        if action.name not in _EXTERNAL_ACTIONS and action.name != "alert":
+            why = f"{action.name} is not available for a command steadytune does not run ({why})"
+        self.events.emit(
+            "action", "alert_only", why, severity="warning", step=action.step, data=dict(action.params)
+        )
 
     # -- stopping ---------------------------------------------------------------
     def request_stop(self, signum: int) -> None:
@@ -285,11 +361,15 @@ class ExternalSupervisor:
             extra={"eval": True} if "eval_loss" in values and "loss" not in values else {},
         )
         with self._lock:
+            if self.action is not None and self.action.name in _EXTERNAL_ACTIONS:
+                return  # the job is being stopped for an action: what it still prints is not counted
             if self._last_progress is not None:
                 self._intervals = [*self._intervals[-63:], now - self._last_progress]
             self._last_progress = now
             self.telemetry.write(rec)
             self.progress.add(rec)
+            for obs in self.observers:
+                obs.on_record(rec)
             for t in self.detector.observe_step(rec):
                 a = t.anomaly
                 self.events.emit(
@@ -301,6 +381,17 @@ class ExternalSupervisor:
                     data={k: v for k, v in to_dict(a).items() if k != "type"},
                 )
                 self.say(format_transition(t))
+                if t.state == "raised":
+                    act = self.policy.on_raised(a, step)
+                    if act is None and self.policy.config.rule(a.kind).action == "skip_step":
+                        # The guard skips a NaN update inside a native worker; an external command
+                        # has already applied it, so the weights must come from a checkpoint.
+                        act = self.policy.instead(a, step, "rollback", "the update cannot be skipped outside")
+                    self._consider(act)
+                else:
+                    self.policy.on_resolved(a)
+            for action in self.policy.on_step(step):
+                self._consider(action)
 
     def on_stdout(self, line: str) -> None:
         bar = train_bar(line)
@@ -376,6 +467,9 @@ class ExternalSupervisor:
         cmd = list(self.opts.command)
         if checkpoint is not None and self.opts.resume_arg:
             cmd += [part.replace("{checkpoint}", str(checkpoint)) for part in self.opts.resume_arg.split()]
+        lr = self._scaled_lr()
+        if self.lr_scale != 1.0 and lr is not None and self.opts.lr_arg:
+            cmd += [part.replace("{lr}", f"{lr:.6g}") for part in self.opts.lr_arg.split()]
         return cmd
 
     def _pipe(self, proc: WorkerProcess) -> threading.Thread:
@@ -392,18 +486,98 @@ class ExternalSupervisor:
         return t
 
     def run_to_end(self) -> int:
+        try:
+            return self._run()
+        finally:
+            self.write_status(self._final_state, None)
+            self.close()
+
+    _final_state = "failed"
+
+    def _finish(self, state: str, reason: str, proc: WorkerProcess | None = None, tail: str = "") -> int:
+        detail, data = "", {}
+        if state == "failed" and proc is not None:
+            # The cause itself, where to read more, and how the log ends: a stop that
+            # says only "see the log" sends the user digging.
+            data = {"log": str(proc.log_path), "last_lines": _last_lines(tail)}
+            detail = f"\n  log: {proc.log_path}\n" + "\n".join(f"  | {ln}" for ln in _last_lines(tail))
+        self.events.emit(
+            "lifecycle",
+            f"run_{state}",
+            f"run {state}: {reason}",
+            severity="info" if state == "completed" else ("warning" if state == "stopped" else "critical"),
+            step=self.progress.step,
+            data=data,
+        )
+        self._final_state = state
+        self.write_status(state, None)
+        self.say(f"{state}: {reason}{detail}")
+        return 0 if state == "completed" else 1
+
+    def _complete_checkpoints(self, before: int | None = None) -> list[tuple[Path, int]]:
+        """Checkpoints another tool wrote that are whole, newest first (a bad one is reported once)."""
+        if self.opts.output_dir is None:
+            return []
+        out = []
+        for ckpt in list_checkpoints(self.opts.output_dir):
+            step = checkpoint_step(ckpt) or 0
+            if before is not None and step >= before:
+                continue
+            ok, reason = check_external_checkpoint(ckpt)
+            if ok and ckpt not in self._bad:
+                out.append((ckpt, step))
+            elif not ok and ckpt not in self._reported:
+                self._reported.add(ckpt)
+                self.events.emit(
+                    "anomaly",
+                    "checkpoint_corrupt",
+                    f"{ckpt.name} skipped for resume: {reason}",
+                    severity="warning",
+                    step=step,
+                )
+        return out
+
+    _bad: set[Path] = set()
+    _reported: set[Path] = set()
+
+    def _nonfinite_end(self) -> Anomaly | None:
+        """The open NaN/Inf anomaly a run ended with: its weights are not usable."""
+        for a in self.detector.open_anomalies():
+            if a.kind == "nan_loss" or (a.kind == "nonfinite_grad" and a.severity == "critical"):
+                return a
+        return None
+
+    def _rollback(self, action: Action) -> tuple[Path | None, str] | None:
+        """Where a rollback resumes (None: from the start) and what it changed; None: nowhere left."""
+        anomaly = action.anomaly
+        start = anomaly.start_step if anomaly is not None else action.step
+        complete = {step: ckpt for ckpt, step in self._complete_checkpoints(before=start)}
+        target = choose_rollback_checkpoint(start, sorted(complete), self.resumes)
+        if target is None:
+            return None
+        self.resumes.append(target)
+        self.lr_scale *= self.policy.config.rollback_lr_scale
+        lr_note = f"LR x{self.lr_scale:g}"
+        if not (self.opts.lr_arg and self.opts.base_lr):
+            lr_note = "LR unchanged (give --lr-arg and --base-lr, or --preset, to lower it)"
+        return complete.get(target), lr_note
+
+    def _run(self) -> int:
         self.events.emit("lifecycle", "run_started", f"supervising: {' '.join(self.opts.command)}")
+        self._bad, self._reported = set(), set()
         history: list[ExitInfo] = []
         checkpoint: Path | None = None
         restarts = 0
+        reason = "start"
         while True:
             cmd = self.command_for(checkpoint)
             plan = PlanRevision(
                 revision=self.attempt,
                 ts=self.clock(),
-                reason="start" if not self.attempt else "restart",
+                reason=reason,
                 attempt=self.attempt,
                 resume_checkpoint=str(checkpoint) if checkpoint else None,
+                lr_scale=self.lr_scale,
             )
             with open(self.run.plan, "a") as f:
                 f.write(to_json(plan) + "\n")
@@ -423,8 +597,9 @@ class ExternalSupervisor:
             started, hung_for = self.clock(), None
             last_sample = 0.0
             tree = _Tree(proc)
-            while proc.poll() is None:
+            while proc.poll() is None and self.action is None:
                 if self._stop_signal is not None:
+                    self._final_state = "stopped"
                     return self._stop(proc, tree, reader)
                 self.poll_files()
                 now = self.clock()
@@ -432,6 +607,7 @@ class ExternalSupervisor:
                     last_sample = now
                     tree.note()
                     self.system.write(self.sampler.sample(proc.pid))
+                self._flush()
                 self.write_status("running", proc.pid)
                 hung_for = self.hung(started)
                 if hung_for is not None:
@@ -447,7 +623,6 @@ class ExternalSupervisor:
                         },
                     )
                     self.say(f"no progress for {hung_for:.0f}s: the job is hung; restarting it")
-                    proc.kill()
                     break
                 time.sleep(0.2)
             # The command's whole tree goes before anything restarts: a launcher (trl, accelerate,
@@ -464,9 +639,57 @@ class ExternalSupervisor:
                     data={"pids": left},
                 )
             reader.join(timeout=5)
-            self.poll_files()
+            action, self.action = self.action, None
+            if action is None:
+                self.poll_files()
+            self._flush()
             rc = proc.poll()
             tail = proc.log_tail()
+            if action is None and rc == 0 and (bad := self._nonfinite_end()) is not None:
+                # A run whose loss ended NaN/Inf holds unusable weights: it is never "completed".
+                action = self.policy.instead(bad, self.progress.step, "rollback", "the run ended non-finite")
+                if action is None or action.name != "rollback":
+                    return self._finish(
+                        "failed",
+                        f"the run ended with a non-finite loss ({bad.kind} from step {bad.start_step}) "
+                        "and no rollback is allowed: its final weights are not usable",
+                        proc,
+                        tail,
+                    )
+            if action is not None:
+                if action.name in ("stop", "pause"):
+                    return self._finish("stopped", f"{action.name}: {action.reason}")
+                where = self._rollback(action) if action.name == "rollback" else (None, "restart")
+                if action.name == "restart":
+                    found = self._complete_checkpoints()
+                    where = (found[0][0] if found else None, "restart")
+                if where is None:
+                    return self._finish(
+                        "failed",
+                        f"{action.reason}; no earlier checkpoint is left to roll back to",
+                        proc,
+                        tail,
+                    )
+                checkpoint, note = where
+                self._restart_detection(checkpoint)
+                self.events.emit(
+                    "action",
+                    action.name,
+                    f"{action.reason}: {action.name} to {checkpoint.name if checkpoint else 'the start'}, {note}",
+                    severity="warning",
+                    step=action.step,
+                    data={
+                        "checkpoint": checkpoint.name if checkpoint else None,
+                        "lr_scale": self.lr_scale,
+                        "lr": self._scaled_lr(),
+                        **dict(action.params),
+                    },
+                )
+                self.say(f"{action.name}: to {checkpoint.name if checkpoint else 'the start'} ({note})")
+                reason = action.name
+                self.attempt += 1
+                self._intervals.clear()
+                continue
             exc = last_exception(tail) if rc else None
             made_progress = self._last_progress is not None and self._last_progress >= started
             info = ExitInfo(
@@ -479,57 +702,70 @@ class ExternalSupervisor:
                 error_message=exc[1] if exc else None,
                 deterministic=bool(rc) and not made_progress and hung_for is None,
             )
+            resume_failed = (
+                info.deterministic and checkpoint is not None and restarts < self.opts.max_restarts
+            )
             decision = decide(info, history, restarts, self.opts.max_restarts, self.opts.backoff_s)
             history.append(info)
-            if decision.action != "restart":
-                state = "completed" if decision.action == "done" else "failed"
-                detail = ""
-                if state == "failed":
-                    # The cause itself, where to read more, and how the log ends: a stop that
-                    # says only "see the log" sends the user digging.
-                    detail = f"\n  log: {proc.log_path}\n" + "\n".join(
-                        f"  | {ln}" for ln in _last_lines(tail)
-                    )
+            if resume_failed and checkpoint is not None:
+                # It died loading the checkpoint before any step: that checkpoint is the suspect,
+                # not the code. The next older whole one gets its chance.
+                self._bad.add(checkpoint)
                 self.events.emit(
-                    "lifecycle",
-                    f"run_{state}",
-                    f"run {state}: {decision.reason}",
-                    severity="info" if state == "completed" else "critical",
-                    data={"log": str(proc.log_path), "last_lines": _last_lines(tail)}
-                    if state == "failed"
-                    else {},
+                    "anomaly",
+                    "resume_failed",
+                    f"resuming from {checkpoint.name} failed before the first step "
+                    f"({info.error_type or 'exit ' + str(rc)}: {info.error_message or ''}); "
+                    "falling back to an older checkpoint",
+                    severity="warning",
+                    step=checkpoint_step(checkpoint),
+                    data={"checkpoint": checkpoint.name, "error": info.error_message},
                 )
-                self.write_status(state, None)
-                self.say(f"{state}: {decision.reason}{detail}")
-                return 0 if state == "completed" else 1
-            checkpoint = None
-            if self.opts.output_dir is not None:
-                checkpoint, skipped = newest_complete(self.opts.output_dir)
-                if checkpoint is not None:
-                    self._resume_counter(checkpoint)
-                for bad, reason in skipped:
-                    self.events.emit(
-                        "anomaly",
-                        "checkpoint_corrupt",
-                        f"{bad.name} skipped for resume: {reason}",
-                        severity="warning",
-                        step=checkpoint_step(bad),
-                    )
+            elif decision.action != "restart":
+                state = "completed" if decision.action == "done" else "failed"
+                return self._finish(state, decision.reason, proc, tail)
+            found = self._complete_checkpoints()
+            checkpoint = found[0][0] if found else None
+            self._restart_detection(checkpoint)
+            why = "resume failed" if resume_failed else decision.reason
             self.events.emit(
                 "action",
                 "restart",
-                f"{decision.reason}; resuming from {checkpoint.name if checkpoint else 'the start'}",
+                f"{why}; resuming from {checkpoint.name if checkpoint else 'the start'}",
                 severity="warning",
                 step=self.progress.step,
-                data={"classification": decision.classification},
+                data={"classification": "resume_failed" if resume_failed else decision.classification},
             )
-            self.say(
-                f"restarting ({decision.classification}) from {checkpoint.name if checkpoint else 'the start'}"
-            )
+            self.say(f"restarting ({why}) from {checkpoint.name if checkpoint else 'the start'}")
             time.sleep(decision.delay_s)
+            reason = "restart"
             restarts += 1
             self.attempt += 1
             self._intervals.clear()
+
+    def _restart_detection(self, checkpoint: Path | None) -> None:
+        """The abandoned timeline's anomalies end here; detection resumes from the checkpoint's history."""
+        from steadytune.supervise.restarts import replay_detector
+
+        step = checkpoint_step(checkpoint) if checkpoint is not None else 0
+        for a in self.detector.open_anomalies():
+            self.events.emit(
+                "resolved",
+                a.kind,
+                f"{a.kind} cleared by the restart",
+                step=a.start_step,
+                data={"metric": a.metric},
+            )
+        self.policy.forget_open()
+        self.detector = replay_detector(self.run, self.detector.config, step or 0)
+        if checkpoint is not None:
+            self._resume_counter(checkpoint)
+        else:
+            self._log_step = self._last_logged_step = 0
+            self._tokens_seen = None
+
+    def _scaled_lr(self) -> float | None:
+        return self.opts.base_lr * self.lr_scale if self.opts.base_lr else None
 
     def _last_checkpoint(self) -> str | None:
         if self.opts.output_dir is None:
@@ -631,8 +867,12 @@ def _last_lines(tail: str, n: int = 5) -> list[str]:
     return lines[-n:]
 
 
-def run_external(opts: ExternalOptions, run: RunDir, say: Callable[[str], None] = print) -> int:
-    sup = ExternalSupervisor(opts, run, say=say)
+def run_external(
+    opts: ExternalOptions, run: RunDir, say: Callable[[str], None] = print, config: Any = None
+) -> int:
+    """Supervise ``opts.command`` to its end; ``config`` (a SteadytuneConfig) gives detect/policy/alerts."""
+    kw = {} if config is None else {"detect": config.detect, "policy": config.policy, "alerts": config.alerts}
+    sup = ExternalSupervisor(opts, run, say=say, **kw)
     sup.install_signal_handlers()
     return sup.run_to_end()
 
