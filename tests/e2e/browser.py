@@ -65,7 +65,11 @@ class Browser:
                     "browserName": "chrome",
                     "goog:chromeOptions": {
                         "binary": chrome,
-                        "args": [*flags, f"--window-size={width},{height}", f"--user-data-dir={self.profile}"],
+                        "args": [
+                            *flags,
+                            f"--window-size={width},{height}",
+                            f"--user-data-dir={self.profile}",
+                        ],
                     },
                 }
             }

@@ -202,7 +202,11 @@ def test_undeliverable_alert_is_marked_in_events(tmp_path: Path, monkeypatch: py
 
 
 def test_alert_test_command_sends_through_every_sink(
-    hook: Hook, smtp: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    hook: Hook,
+    smtp: dict,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     import yaml
 
@@ -219,9 +223,13 @@ def test_alert_test_command_sends_through_every_sink(
     assert "TEST_SLACK_HOOK" in out.out  # the config dump names the reference, not the value
 
 
-def test_clear_secret_in_yaml_is_refused_by_alert_test(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_clear_secret_in_yaml_is_refused_by_alert_test(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     cfg = tmp_path / "config.yaml"
-    cfg.write_text("alerts:\n  sinks:\n    - type: webhook\n      url: https://hooks.slack.com/services/T/B/clearSECRET\n")
+    cfg.write_text(
+        "alerts:\n  sinks:\n    - type: webhook\n      url: https://hooks.slack.com/services/T/B/clearSECRET\n"
+    )
     assert main(["alert", "test", str(cfg)]) == 2
     err = capsys.readouterr().err
     assert "alerts.sinks.0.webhook" in err and "url_env: NAME" in err and "clearSECRET" not in err

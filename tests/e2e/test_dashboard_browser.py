@@ -38,7 +38,9 @@ return h.tip.style.display === 'block' ? h.tip.innerText : '';
 def check_heatmap(b: Browser) -> None:
     """The gradient-flow heat map is painted, marks flagged layers, grows live and explains a cell on hover."""
     b.wait_for(f"{HEAT_COLUMNS} >= 3", timeout=10)
-    hm = b.js("const h = window.steadytune.heatmap; return {cells: h.cellCount(), layers: h.layers, f: h.flagged()}")
+    hm = b.js(
+        "const h = window.steadytune.heatmap; return {cells: h.cellCount(), layers: h.layers, f: h.flagged()}"
+    )
     assert hm["cells"] >= 3 * 9 and hm["layers"][0] == "embeddings" and hm["layers"][-1] == "lm_head", hm
     assert hm["f"]["exploding"] > 0 and hm["f"]["dead"] + hm["f"]["vanishing"] > 0, hm
     assert b.js(HEAT_PIXELS) > 5_000

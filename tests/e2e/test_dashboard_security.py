@@ -45,7 +45,10 @@ def test_non_loopback_bind_without_token_is_refused(runs_dir: Path) -> None:
         capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"},
     )  # fmt: skip
     assert cli.returncode == 2
-    assert "refusing to serve the dashboard on 0.0.0.0" in cli.stderr and "STEADYTUNE_DASHBOARD_TOKEN" in cli.stderr
+    assert (
+        "refusing to serve the dashboard on 0.0.0.0" in cli.stderr
+        and "STEADYTUNE_DASHBOARD_TOKEN" in cli.stderr
+    )
 
 
 @pytest.mark.parametrize(
@@ -66,12 +69,22 @@ def test_read_api_open_controls_need_the_token_in_a_header(secured: DashboardHan
     assert request(secured, "POST", "/api/runs/live-run/control", cmd)[0] == 401
     status, _, _ = request(secured, "POST", "/api/runs/live-run/control", cmd, {"Cookie": f"token={TOKEN}"})
     assert status == 401  # a cookie is never enough: the browser would send it cross-site
-    assert request(secured, "POST", "/api/runs/live-run/control", cmd, {"X-Steadytune-Token": "wrong"})[0] == 401
+    assert (
+        request(secured, "POST", "/api/runs/live-run/control", cmd, {"X-Steadytune-Token": "wrong"})[0] == 401
+    )
     unconfirmed = {"command": "stop", "issuer": "alice"}
-    assert request(secured, "POST", "/api/runs/live-run/control", unconfirmed, {"X-Steadytune-Token": TOKEN})[0] == 400
+    assert (
+        request(secured, "POST", "/api/runs/live-run/control", unconfirmed, {"X-Steadytune-Token": TOKEN})[0]
+        == 400
+    )
     anonymous = {"command": "stop", "confirm": True}
-    assert request(secured, "POST", "/api/runs/live-run/control", anonymous, {"X-Steadytune-Token": TOKEN})[0] == 400
-    status, _, body = request(secured, "POST", "/api/runs/live-run/control", cmd, {"X-Steadytune-Token": TOKEN})
+    assert (
+        request(secured, "POST", "/api/runs/live-run/control", anonymous, {"X-Steadytune-Token": TOKEN})[0]
+        == 400
+    )
+    status, _, body = request(
+        secured, "POST", "/api/runs/live-run/control", cmd, {"X-Steadytune-Token": TOKEN}
+    )
     assert status == 200, body
     req = json.loads((runs_dir / "live-run" / "control.json").read_text())
     assert req["command"] == "pause" and req["issuer"] == "alice (dashboard, 127.0.0.1)"
@@ -81,7 +94,9 @@ def test_read_api_open_controls_need_the_token_in_a_header(secured: DashboardHan
 
 def test_no_token_means_no_controls(dashboard: DashboardHandle, live_run: LiveRun) -> None:
     cmd = {"command": "stop", "issuer": "mallory", "confirm": True}
-    status, _, body = request(dashboard, "POST", "/api/runs/live-run/control", cmd, {"X-Steadytune-Token": "x" * 20})
+    status, _, body = request(
+        dashboard, "POST", "/api/runs/live-run/control", cmd, {"X-Steadytune-Token": "x" * 20}
+    )
     assert status == 403 and b"controls are off" in body
 
 

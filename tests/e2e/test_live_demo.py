@@ -74,7 +74,9 @@ class Demo:
             m = pattern.search(line)
             if m:
                 return m
-        pytest.fail(f"no line matching {pattern.pattern!r} (exit code {self.proc.poll()}); output:\n{self.output}")
+        pytest.fail(
+            f"no line matching {pattern.pattern!r} (exit code {self.proc.poll()}); output:\n{self.output}"
+        )
 
     @property
     def output(self) -> str:
@@ -125,11 +127,17 @@ def test_live_demo_dashboard_in_browser(chromium: tuple[str, str], demo: Demo, a
         # The real worker's gradient flow (steps 1, 50, 100) reaches the heat map live.
         b.wait_for("return window.steadytune.heatmap.columns.length >= 3", timeout=180)
         layers = b.js("return window.steadytune.heatmap.layers")
-        assert layers[0] == "embeddings" and layers[-1] == "lm_head" and any(n.startswith("layers.") for n in layers)
+        assert (
+            layers[0] == "embeddings"
+            and layers[-1] == "lm_head"
+            and any(n.startswith("layers.") for n in layers)
+        )
         assert b.js("return window.steadytune.heatmap.cellCount()") >= 3 * len(layers)
         b.wait_for("return document.querySelectorAll('#checkpoints td.mono').length > 0", timeout=60)
         # The eval at step 75 is logged after that step was drawn: its dot is filled in live.
-        b.wait_for("return window.steadytune.charts.loss.get('eval_loss').y.some((v) => v !== null)", timeout=30)
+        b.wait_for(
+            "return window.steadytune.charts.loss.get('eval_loss').y.some((v) => v !== null)", timeout=30
+        )
         b.js("window.scrollTo(0, 0)")
         shot = b.screenshot(artifacts / "dashboard-live-demo.png")
         assert shot.stat().st_size > 20_000
@@ -142,5 +150,7 @@ def test_live_demo_dashboard_in_browser(chromium: tuple[str, str], demo: Demo, a
     time.sleep(0.2)  # let the reader thread take the last lines
     assert rc == 0, demo.output
     assert re.search(r"^\s*state\s+stopped", "\n".join(demo.lines), re.M), demo.output
-    status = json.loads((Path(demo.proc.args[demo.proc.args.index("--runs-dir") + 1]) / run_id / "status.json").read_text())
+    status = json.loads(
+        (Path(demo.proc.args[demo.proc.args.index("--runs-dir") + 1]) / run_id / "status.json").read_text()
+    )
     assert status["state"] == "stopped" and status["step"] >= step2, status

@@ -45,7 +45,11 @@ def _query(port: int, expr: str) -> list[dict]:
 
 
 def test_prometheus_scrapes_the_runs_loss(
-    prometheus_bins: tuple[str, str], runs_dir: Path, live_run: LiveRun, dashboard: DashboardHandle, tmp_path: Path
+    prometheus_bins: tuple[str, str],
+    runs_dir: Path,
+    live_run: LiveRun,
+    dashboard: DashboardHandle,
+    tmp_path: Path,
 ) -> None:
     prometheus, _ = prometheus_bins
     _finished_run(runs_dir)
@@ -101,10 +105,16 @@ def test_promtool_check_metrics_on_the_exposition(
 
 def test_promtool_rules_check_and_unit_tests(prometheus_bins: tuple[str, str]) -> None:
     _, promtool = prometheus_bins
-    check = subprocess.run([promtool, "check", "rules", "alerts.yml"], cwd=RULES, capture_output=True, text=True)
+    check = subprocess.run(
+        [promtool, "check", "rules", "alerts.yml"], cwd=RULES, capture_output=True, text=True
+    )
     assert check.returncode == 0, check.stdout + check.stderr
     assert "SUCCESS: 9 rules found" in check.stdout
-    test = subprocess.run([promtool, "test", "rules", "alerts_test.yml"], cwd=RULES, capture_output=True, text=True)
+    test = subprocess.run(
+        [promtool, "test", "rules", "alerts_test.yml"], cwd=RULES, capture_output=True, text=True
+    )
     assert test.returncode == 0, test.stdout + test.stderr
-    conf = subprocess.run([promtool, "check", "config", "prometheus.yml"], cwd=RULES, capture_output=True, text=True)
+    conf = subprocess.run(
+        [promtool, "check", "config", "prometheus.yml"], cwd=RULES, capture_output=True, text=True
+    )
     assert conf.returncode == 0, conf.stdout + conf.stderr

@@ -26,9 +26,20 @@ def write_config(tmp: Path, assets: Path, **sections: dict[str, Any]) -> Path:
         "model": {"name_or_path": str(assets / "model")},
         "method": "full",
         "data": {"train_file": str(assets / "train.jsonl"), "max_seq_length": 96},
-        "train": {"learning_rate": 3e-3, "per_device_train_batch_size": 4, "max_steps": 30, "save_steps": 10,
-                  "warmup_steps": 2, "logging_steps": 10},
-        "run": {"runs_dir": str(tmp / "runs"), "restart_backoff_s": 0.2, "keep_last": 5, "good_window_steps": 3},
+        "train": {
+            "learning_rate": 3e-3,
+            "per_device_train_batch_size": 4,
+            "max_steps": 30,
+            "save_steps": 10,
+            "warmup_steps": 2,
+            "logging_steps": 10,
+        },
+        "run": {
+            "runs_dir": str(tmp / "runs"),
+            "restart_backoff_s": 0.2,
+            "keep_last": 5,
+            "good_window_steps": 3,
+        },
     }
     for key, value in sections.items():
         if isinstance(value, dict) and isinstance(cfg.get(key), dict):
@@ -40,8 +51,13 @@ def write_config(tmp: Path, assets: Path, **sections: dict[str, Any]) -> Path:
     return path
 
 
-def start_run(config: Path, run_id: str, faults: dict | None = None, extra_args: list[str] | None = None,
-              check: bool = False) -> subprocess.Popen:
+def start_run(
+    config: Path,
+    run_id: str,
+    faults: dict | None = None,
+    extra_args: list[str] | None = None,
+    check: bool = False,
+) -> subprocess.Popen:
     """`steadytune run` as a real process. The preflight is skipped unless asked for: these tests
     are about the supervisor, and test_check.py covers the preflight."""
     env = {**os.environ}
@@ -49,9 +65,14 @@ def start_run(config: Path, run_id: str, faults: dict | None = None, extra_args:
         extra_args = ["--skip-check", *(extra_args or [])]
     if faults:
         env["STEADYTUNE_FAULTS"] = json.dumps(faults)
-    return subprocess.Popen([STEADYTUNE, "run", str(config), "--run-id", run_id, "--quiet", *(extra_args or [])],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            cwd=config.parent)
+    return subprocess.Popen(
+        [STEADYTUNE, "run", str(config), "--run-id", run_id, "--quiet", *(extra_args or [])],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=config.parent,
+    )
 
 
 def finish(proc: subprocess.Popen, timeout: float = 240) -> tuple[int, str]:
@@ -71,7 +92,9 @@ def status(run: RunDir) -> dict[str, Any]:
 
 
 def steps(run: RunDir, rank: int = 0) -> list[StepRecord]:
-    return [r for r in iter_records(run.telemetry(rank)) if isinstance(r, StepRecord) and not r.extra.get("eval")]
+    return [
+        r for r in iter_records(run.telemetry(rank)) if isinstance(r, StepRecord) and not r.extra.get("eval")
+    ]
 
 
 def wait_for(predicate: Any, timeout: float = 120, what: str = "condition") -> Any:

@@ -25,8 +25,13 @@ WORDS = ["apple", "river", "stone", "cloud"]
 
 
 def check(config: Path, *args: str) -> tuple[int, dict[str, Any]]:
-    proc = subprocess.run([STEADYTUNE, "check", str(config), *args, "--format", "json"], capture_output=True,
-                          text=True, timeout=300, cwd=config.parent)
+    proc = subprocess.run(
+        [STEADYTUNE, "check", str(config), *args, "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=config.parent,
+    )
     assert proc.stdout.strip(), proc.stderr
     return proc.returncode, json.loads(proc.stdout)
 
@@ -51,13 +56,16 @@ def test_demo_config_is_a_go_and_warms_the_shared_data_cache(tmp_path: Path, dem
     rec = report["recommendation"]
     assert rec["per_device_train_batch_size"] * rec["gradient_accumulation_steps"] == 8
     # The scan tokenized through the run's cache: the entry is there for the run, with its meta.json.
-    proc = subprocess.run([STEADYTUNE, "cache", "ls", "--format", "json"], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [STEADYTUNE, "cache", "ls", "--format", "json"], capture_output=True, text=True, timeout=60
+    )
     sources = [e["source"] for e in json.loads(proc.stdout)["entries"]]
     assert str((demo_assets / "train.jsonl").resolve()) in sources
 
 
 def broken_rows() -> tuple[list[bytes], dict[str, int]]:
     """A dataset with one of each defect, and the line of each."""
+
     def row(instruction: str, output: str, inp: str = "") -> bytes:
         return json.dumps({"instruction": instruction, "input": inp, "output": output}).encode()
 
@@ -75,19 +83,33 @@ def broken_rows() -> tuple[list[bytes], dict[str, int]]:
 
 
 @pytest.fixture(scope="module")
-def broken(tmp_path_factory: pytest.TempPathFactory, demo_assets: Path) -> tuple[int, dict[str, Any], dict, Path]:
+def broken(
+    tmp_path_factory: pytest.TempPathFactory, demo_assets: Path
+) -> tuple[int, dict[str, Any], dict, Path]:
     tmp = tmp_path_factory.mktemp("broken")
     raw, at = broken_rows()
     data = tmp / "broken.jsonl"
     data.write_bytes(b"\n".join(raw) + b"\n")
-    config = write_yaml(tmp / "broken.yaml", {
-        "model": {"name_or_path": str(demo_assets / "model")},
-        "method": "lora",
-        "lora": {"r": 512, "lora_alpha": 1},
-        "data": {"train_file": str(data), "format": "instruction", "max_seq_length": 300},  # model: 256 positions
-        "train": {"learning_rate": 1.0, "per_device_train_batch_size": 2, "max_steps": 10, "save_steps": 50},
-        "run": {"runs_dir": str(tmp / "runs")},
-    })
+    config = write_yaml(
+        tmp / "broken.yaml",
+        {
+            "model": {"name_or_path": str(demo_assets / "model")},
+            "method": "lora",
+            "lora": {"r": 512, "lora_alpha": 1},
+            "data": {
+                "train_file": str(data),
+                "format": "instruction",
+                "max_seq_length": 300,
+            },  # model: 256 positions
+            "train": {
+                "learning_rate": 1.0,
+                "per_device_train_batch_size": 2,
+                "max_steps": 10,
+                "save_steps": 50,
+            },
+            "run": {"runs_dir": str(tmp / "runs")},
+        },
+    )
     code, report = check(config)
     return code, report, at, data
 
@@ -142,7 +164,11 @@ def small_vocab_model(tmp: Path, assets: Path, vocab: int | None = None, chat_te
     """The demo tokenizer next to a config.json that differs (no weights: check needs none)."""
     model = tmp / f"model-{vocab}-{chat_template}"
     model.mkdir()
-    for name in ("tokenizer.json", "tokenizer_config.json", *(("chat_template.jinja",) if chat_template else ())):
+    for name in (
+        "tokenizer.json",
+        "tokenizer_config.json",
+        *(("chat_template.jinja",) if chat_template else ()),
+    ):
         shutil.copy(assets / "model" / name, model / name)
     config = json.loads((assets / "model" / "config.json").read_text())
     if vocab is not None:
@@ -151,23 +177,40 @@ def small_vocab_model(tmp: Path, assets: Path, vocab: int | None = None, chat_te
     return model
 
 
-def test_token_ids_beyond_the_vocabulary_and_a_missing_chat_template(tmp_path: Path, demo_assets: Path) -> None:
-    base = {"method": "full", "train": {"learning_rate": 1e-5, "max_steps": 20, "save_steps": 10},
-            "run": {"runs_dir": str(tmp_path / "runs")}}
+def test_token_ids_beyond_the_vocabulary_and_a_missing_chat_template(
+    tmp_path: Path, demo_assets: Path
+) -> None:
+    base = {
+        "method": "full",
+        "train": {"learning_rate": 1e-5, "max_steps": 20, "save_steps": 10},
+        "run": {"runs_dir": str(tmp_path / "runs")},
+    }
     small = small_vocab_model(tmp_path, demo_assets, vocab=300)
-    config = write_yaml(tmp_path / "vocab.yaml", {**base, "model": {"name_or_path": str(small)},
-                                                  "data": {"train_file": str(demo_assets / "eval.jsonl")}})
+    config = write_yaml(
+        tmp_path / "vocab.yaml",
+        {
+            **base,
+            "model": {"name_or_path": str(small)},
+            "data": {"train_file": str(demo_assets / "eval.jsonl")},
+        },
+    )
     code, report = check(config)
     found = named(report, "label_vocab")
     assert code == 1 and found["status"] == "fail" and "vocab_size 300" in found["reason"]
     assert found["data"]["max_id"] >= 300
 
     chats = tmp_path / "chats.jsonl"
-    chats.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"},
-                                              {"role": "assistant", "content": "hello"}]}) + "\n")
+    chats.write_text(
+        json.dumps(
+            {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
+        )
+        + "\n"
+    )
     plain = small_vocab_model(tmp_path, demo_assets, chat_template=False)
-    config = write_yaml(tmp_path / "chat.yaml", {**base, "model": {"name_or_path": str(plain)},
-                                                 "data": {"train_file": str(chats)}})
+    config = write_yaml(
+        tmp_path / "chat.yaml",
+        {**base, "model": {"name_or_path": str(plain)}, "data": {"train_file": str(chats)}},
+    )
     code, report = check(config)
     template = named(report, "chat_template")
     assert code == 1 and template["status"] == "fail" and "no chat template" in template["reason"]
@@ -175,14 +218,27 @@ def test_token_ids_beyond_the_vocabulary_and_a_missing_chat_template(tmp_path: P
 
 def test_run_does_not_start_on_a_no_go(tmp_path: Path, demo_assets: Path) -> None:
     data = tmp_path / "latin1.jsonl"
-    data.write_bytes((demo_assets / "train.jsonl").read_bytes()[:2000].rsplit(b"\n", 1)[0] + b"\n"
-                     + b'{"instruction": "caf\xe9", "input": "", "output": "x"}\n')
-    config = write_yaml(tmp_path / "run.yaml", {
-        "model": {"name_or_path": str(demo_assets / "model")}, "method": "full",
-        "data": {"train_file": str(data)}, "train": {"max_steps": 4, "save_steps": 2, "learning_rate": 1e-4},
-        "run": {"runs_dir": str(tmp_path / "runs")}})
-    proc = subprocess.run([STEADYTUNE, "run", str(config), "--run-id", "stopped", "--quiet"], capture_output=True,
-                          text=True, timeout=300)
+    data.write_bytes(
+        (demo_assets / "train.jsonl").read_bytes()[:2000].rsplit(b"\n", 1)[0]
+        + b"\n"
+        + b'{"instruction": "caf\xe9", "input": "", "output": "x"}\n'
+    )
+    config = write_yaml(
+        tmp_path / "run.yaml",
+        {
+            "model": {"name_or_path": str(demo_assets / "model")},
+            "method": "full",
+            "data": {"train_file": str(data)},
+            "train": {"max_steps": 4, "save_steps": 2, "learning_rate": 1e-4},
+            "run": {"runs_dir": str(tmp_path / "runs")},
+        },
+    )
+    proc = subprocess.run(
+        [STEADYTUNE, "run", str(config), "--run-id", "stopped", "--quiet"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "data/utf8" in proc.stdout and "not started" in proc.stdout
     assert not (tmp_path / "runs" / "stopped").exists()

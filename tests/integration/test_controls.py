@@ -31,7 +31,9 @@ def test_checkpoint_pause_resume_stop(tmp_path: Path, demo_assets: Path) -> None
     wait_for(lambda: any(verify(p).ok for p in run.checkpoints.glob("checkpoint-*")), what="a checkpoint")
 
     snap = ctl("memory-snapshot", str(run.root))
-    assert snap.returncode == 0 and "acknowledged" in snap.stdout  # on CPU the worker says there is nothing to dump
+    assert (
+        snap.returncode == 0 and "acknowledged" in snap.stdout
+    )  # on CPU the worker says there is nothing to dump
 
     assert ctl("pause", str(run.root), "--hold").returncode == 0
     time.sleep(1.0)
@@ -55,15 +57,33 @@ def test_checkpoint_pause_resume_stop(tmp_path: Path, demo_assets: Path) -> None
     assert rc == 0, out
     assert status(run)["state"] == "stopped"
     controls = [e for e in read_events(run.events) if e.kind == "control" and not e.name.startswith("ack_")]
-    assert [e.name for e in controls] == ["checkpoint", "memory_snapshot", "pause", "resume", "pause", "resume", "stop"]
+    assert [e.name for e in controls] == [
+        "checkpoint",
+        "memory_snapshot",
+        "pause",
+        "resume",
+        "pause",
+        "resume",
+        "stop",
+    ]
     assert all("(cli)" in e.data["issuer"] for e in controls)
 
 
 def test_policy_observe_alerts_but_does_not_act(tmp_path: Path, demo_assets: Path) -> None:
-    cfg = write_config(tmp_path, demo_assets, train={"max_steps": 40, "save_steps": 10, "max_grad_norm": 0.0},
-                       policy={"spike_confirm_points": 1})
-    rc, out = finish(start_run(cfg, "observe", faults={"lr_burst_at_step": 25, "lr_burst_factor": 1000.0},
-                               extra_args=["--policy", "observe"]))
+    cfg = write_config(
+        tmp_path,
+        demo_assets,
+        train={"max_steps": 40, "save_steps": 10, "max_grad_norm": 0.0},
+        policy={"spike_confirm_points": 1},
+    )
+    rc, out = finish(
+        start_run(
+            cfg,
+            "observe",
+            faults={"lr_burst_at_step": 25, "lr_burst_factor": 1000.0},
+            extra_args=["--policy", "observe"],
+        )
+    )
     assert rc == 0, out
     events = read_events(run_dir(cfg, "observe").events)
     assert any(e.kind == "anomaly" and e.severity in {"warning", "critical"} for e in events)
@@ -73,8 +93,12 @@ def test_policy_observe_alerts_but_does_not_act(tmp_path: Path, demo_assets: Pat
 
 def test_safe_mode_refuses_a_far_too_high_lr(tmp_path: Path, demo_assets: Path) -> None:
     cfg = write_config(tmp_path, demo_assets, method="lora", train={"learning_rate": 0.1})
-    proc = subprocess.run([STEADYTUNE, "run", str(cfg), "--safe-mode", "--skip-check"], capture_output=True,
-                          text=True, timeout=60)
+    proc = subprocess.run(
+        [STEADYTUNE, "run", str(cfg), "--safe-mode", "--skip-check"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert "train.learning_rate" in proc.stderr and "policy.max_lr=0.005" in proc.stderr
     assert not (tmp_path / "runs").exists()

@@ -31,7 +31,9 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
 
 
 def test_instruction_masks_the_prompt(tok, tmp_path: Path) -> None:
-    p = write_jsonl(tmp_path / "i.jsonl", [{"instruction": "Add the numbers.", "input": "1 + 2", "output": "3"}])
+    p = write_jsonl(
+        tmp_path / "i.jsonl", [{"instruction": "Add the numbers.", "input": "1 + 2", "output": "3"}]
+    )
     ds = build_dataset(tok, DataSpec(str(p)), cache=False)
     row = ds[0]
     trained = [t for t, lab in zip(row["input_ids"], row["labels"], strict=False) if lab != IGNORE_INDEX]
@@ -43,14 +45,18 @@ def test_messages_train_only_on_assistant_turns(tok, tmp_path: Path) -> None:
     msgs = [{"role": "user", "content": "Say hi"}, {"role": "assistant", "content": "hi there"}]
     p = write_jsonl(tmp_path / "m.jsonl", [{"messages": msgs}])
     row = build_dataset(tok, DataSpec(str(p)), cache=False)[0]
-    trained = tok.decode([t for t, lab in zip(row["input_ids"], row["labels"], strict=False) if lab != IGNORE_INDEX])
+    trained = tok.decode(
+        [t for t, lab in zip(row["input_ids"], row["labels"], strict=False) if lab != IGNORE_INDEX]
+    )
     assert "hi there" in trained and "Say hi" not in trained
 
 
 def test_text_csv_and_parquet(tok, tmp_path: Path) -> None:
     import datasets
 
-    datasets.Dataset.from_list([{"text": "hello world"}, {"text": "green light"}]).to_parquet(str(tmp_path / "t.parquet"))
+    datasets.Dataset.from_list([{"text": "hello world"}, {"text": "green light"}]).to_parquet(
+        str(tmp_path / "t.parquet")
+    )
     (tmp_path / "t.csv").write_text("text\nhello world\ngreen light\n")
     for name in ("t.parquet", "t.csv"):
         ds = build_dataset(tok, DataSpec(str(tmp_path / name)), cache=False)
@@ -71,7 +77,9 @@ def test_unknown_columns_and_bad_json_are_explained(tok, tmp_path: Path) -> None
         load_rows(tmp_path / "broken.jsonl")
 
 
-def test_cache_is_reused_and_invalidated_by_content(tok, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cache_is_reused_and_invalidated_by_content(
+    tok, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("STEADYTUNE_DATA_CACHE", str(tmp_path / "cache"))
     p = write_jsonl(tmp_path / "c.jsonl", [{"text": "alpha"}])
     build_dataset(tok, DataSpec(str(p)))
@@ -81,4 +89,6 @@ def test_cache_is_reused_and_invalidated_by_content(tok, tmp_path: Path, monkeyp
     assert list((tmp_path / "cache").iterdir()) == entries  # same key: reused
     write_jsonl(p, [{"text": "beta"}])
     ds = build_dataset(tok, DataSpec(str(p)))
-    assert len(list((tmp_path / "cache").iterdir())) == 2 and tok.decode(ds[0]["input_ids"]).count("beta") == 1
+    assert (
+        len(list((tmp_path / "cache").iterdir())) == 2 and tok.decode(ds[0]["input_ids"]).count("beta") == 1
+    )

@@ -34,7 +34,9 @@ def cli(*args: str, cwd: Path | None = None) -> tuple[int, str]:
 
 
 def cli_json(*args: str) -> tuple[int, dict]:
-    proc = subprocess.run([STEADYTUNE, *args, "--format", "json"], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [STEADYTUNE, *args, "--format", "json"], capture_output=True, text=True, timeout=600
+    )
     assert proc.stdout.strip(), proc.stderr
     return proc.returncode, json.loads(proc.stdout)
 
@@ -46,8 +48,12 @@ def nan_run(tmp_path_factory: pytest.TempPathFactory, demo_assets: Path) -> tupl
     rows.insert(PLANTED, {"instruction": PLANTED_TEXT, "input": "", "output": "Done."})
     data = tmp / "train.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    cfg = write_config(tmp, demo_assets, data={"train_file": str(data), "max_seq_length": 96},
-                       train={"per_device_train_batch_size": 1, "max_steps": len(rows), "save_steps": 10})
+    cfg = write_config(
+        tmp,
+        demo_assets,
+        data={"train_file": str(data), "max_seq_length": 96},
+        train={"per_device_train_batch_size": 1, "max_steps": len(rows), "save_steps": 10},
+    )
     rc, out = finish(start_run(cfg, "planted"))
     assert rc == 0, out
     run = run_dir(cfg, "planted")
@@ -95,7 +101,12 @@ def test_inspect_batch_sees_that_the_dataset_changed(nan_run, tmp_path):
     cfg["data"]["train_file"] = str(tmp_path / "edited.jsonl")
     copy.config.write_text(yaml.safe_dump(cfg))
     rc, v = cli_json("inspect-batch", str(copy.root), "--step", str(healthy.step))
-    assert rc == 0 and v["verdict"] == "bad" and v["culprits"] == [sid] and v["samples"][0]["findings"][0]["check"] == "hash_mismatch"
+    assert (
+        rc == 0
+        and v["verdict"] == "bad"
+        and v["culprits"] == [sid]
+        and v["samples"][0]["findings"][0]["check"] == "hash_mismatch"
+    )
 
 
 def test_diff_ckpt_names_the_layer_with_a_planted_nan(nan_run, tmp_path):
@@ -123,10 +134,20 @@ def test_repro_check_reproduces_the_nan_and_clears_a_healthy_step(nan_run, tmp_p
     bundle = run.repro / f"repro-step{step}.tar.gz"
     assert rc == 0 and str(bundle) in out
     with tarfile.open(bundle) as tar:
-        names = {Path(n).relative_to(Path(n).parts[0]).as_posix() for n in tar.getnames() if len(Path(n).parts) > 1}
+        names = {
+            Path(n).relative_to(Path(n).parts[0]).as_posix() for n in tar.getnames() if len(Path(n).parts) > 1
+        }
         blob = b"".join(tar.extractfile(m).read() for m in tar.getmembers() if m.isfile())
-    assert {"bundle.json", "config.yaml", "plan.jsonl", "environment.json", "metrics.jsonl", "events.jsonl",
-            "replay.py", "rng/rng_state.pth"} <= names
+    assert {
+        "bundle.json",
+        "config.yaml",
+        "plan.jsonl",
+        "environment.json",
+        "metrics.jsonl",
+        "events.jsonl",
+        "replay.py",
+        "rng/rng_state.pth",
+    } <= names
     assert not any(n.startswith(("data/", "checkpoint/")) for n in names)
     assert b"Summarise" not in blob  # ids and hashes, never the text, unless asked
 
@@ -145,13 +166,17 @@ def test_repro_check_reproduces_the_nan_and_clears_a_healthy_step(nan_run, tmp_p
 def test_self_contained_bundle_replays_with_its_own_replay_py(nan_run, tmp_path):
     run, step = nan_run
     out = tmp_path / "full.tar.gz"
-    rc, text = cli("repro", str(run.root), "--step", str(step), "--include-data", "--include-checkpoint", "-o", str(out))
+    rc, text = cli(
+        "repro", str(run.root), "--step", str(step), "--include-data", "--include-checkpoint", "-o", str(out)
+    )
     assert rc == 0, text
     with tarfile.open(out) as tar:
         tar.extractall(tmp_path / "x", filter="data")
     folder = next((tmp_path / "x").iterdir())
     assert (folder / "data" / "samples.jsonl").exists() and any((folder / "checkpoint").iterdir())
-    proc = subprocess.run([sys.executable, str(folder / "replay.py")], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, str(folder / "replay.py")], capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0 and "REPRODUCED" in proc.stdout, proc.stdout + proc.stderr
 
 
@@ -174,7 +199,9 @@ def test_replay_equals_live_across_a_rollback_and_reads_the_attempt_that_spiked(
     assert rc == 0 and res["matches_live"], res
     assert any(k[0] == "resolved" for k in res["recorded"])  # anomalies cleared by the restart, replayed too
 
-    spiked = next(e.step for e in events if e.kind == "anomaly" and e.name in {"loss_spike", "grad_explosion"})
+    spiked = next(
+        e.step for e in events if e.kind == "anomaly" and e.name in {"loss_spike", "grad_explosion"}
+    )
     attempts = {r.attempt for r in steps(run) if r.step == spiked}
     assert attempts == {0, 1}  # the step was trained again after the rollback
     rc, v = cli_json("inspect-batch", str(run.root))
@@ -221,20 +248,29 @@ def test_diff_ckpt_streams_two_200mb_checkpoints_in_bounded_memory(tmp_path):
 
     for name, seed in (("a", 0), ("b", 1)):
         rng = np.random.default_rng(seed)
-        save_file({f"model.layers.{i}.mlp.up_proj.weight": rng.standard_normal((2500, 2500), dtype=np.float32)
-                   for i in range(8)}, str(tmp_path / f"{name}.safetensors"))
+        save_file(
+            {
+                f"model.layers.{i}.mlp.up_proj.weight": rng.standard_normal((2500, 2500), dtype=np.float32)
+                for i in range(8)
+            },
+            str(tmp_path / f"{name}.safetensors"),
+        )
     total = sum((tmp_path / f"{n}.safetensors").stat().st_size for n in "ab")
     assert total >= 400_000_000  # 2 x 200 MB
     # VmHWM is the peak RSS of this process image; ru_maxrss would also count the forked pytest parent.
-    code = ("import re, sys; from steadytune.cli.main import main; "
-            f"rc = main(['diff-ckpt', {str(tmp_path / 'a.safetensors')!r}, {str(tmp_path / 'b.safetensors')!r}]); "
-            "hwm = re.search(r'VmHWM:\\s+(\\d+) kB', open('/proc/self/status').read()).group(1); "
-            "print('PEAK_KB', hwm); sys.exit(rc)")
+    code = (
+        "import re, sys; from steadytune.cli.main import main; "
+        f"rc = main(['diff-ckpt', {str(tmp_path / 'a.safetensors')!r}, {str(tmp_path / 'b.safetensors')!r}]); "
+        "hwm = re.search(r'VmHWM:\\s+(\\d+) kB', open('/proc/self/status').read()).group(1); "
+        "print('PEAK_KB', hwm); sys.exit(rc)"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     peak = int(proc.stdout.split("PEAK_KB")[1].split()[0]) * 1024
     assert "layers.7" in proc.stdout
-    assert peak < 0.35 * total, f"peak RSS {peak / 1024**2:.0f} MiB for {total / 1024**2:.0f} MiB of checkpoints"
+    assert peak < 0.35 * total, (
+        f"peak RSS {peak / 1024**2:.0f} MiB for {total / 1024**2:.0f} MiB of checkpoints"
+    )
 
 
 LEAKER = """
@@ -260,8 +296,24 @@ def test_mem_profile_flags_a_deliberate_leak(program, leaks, tmp_path):
     try:
         assert child.stdout.readline().strip() == "ready"
         plot = tmp_path / "mem.png"
-        proc = subprocess.run([STEADYTUNE, "mem-profile", "--pid", str(child.pid), "--seconds", "3", "--interval",
-                               "0.1", "--plot", str(plot), "--format", "json"], capture_output=True, text=True)
+        proc = subprocess.run(
+            [
+                STEADYTUNE,
+                "mem-profile",
+                "--pid",
+                str(child.pid),
+                "--seconds",
+                "3",
+                "--interval",
+                "0.1",
+                "--plot",
+                str(plot),
+                "--format",
+                "json",
+            ],
+            capture_output=True,
+            text=True,
+        )
         rep = json.loads(proc.stdout)
         assert rep["leak_suspected"] is leaks and proc.returncode == (1 if leaks else 0)
         rss = next(s for s in rep["series"] if s["name"] == "rss")

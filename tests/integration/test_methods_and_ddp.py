@@ -22,16 +22,30 @@ REPO = Path(__file__).resolve().parents[2]
 
 def run_example(name: str, tmp_path: Path, assets: Path, *overrides: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [STEADYTUNE, "run", str(REPO / "examples" / name), "--run-id", name.split(".")[0], "--quiet",
-         f"model.name_or_path={assets / 'model'}", f"data.train_file={assets / 'train.jsonl'}",
-         f"data.eval_file={assets / 'eval.jsonl'}", f"run.runs_dir={tmp_path / 'runs'}", *overrides],
-        capture_output=True, text=True, timeout=300,
+        [
+            STEADYTUNE,
+            "run",
+            str(REPO / "examples" / name),
+            "--run-id",
+            name.split(".")[0],
+            "--quiet",
+            f"model.name_or_path={assets / 'model'}",
+            f"data.train_file={assets / 'train.jsonl'}",
+            f"data.eval_file={assets / 'eval.jsonl'}",
+            f"run.runs_dir={tmp_path / 'runs'}",
+            *overrides,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 
 @pytest.mark.parametrize("example", ["lora.yaml", "qlora.yaml"])
 def test_example_config_completes(example: str, tmp_path: Path, demo_assets: Path) -> None:
-    proc = run_example(example, tmp_path, demo_assets, "train.max_steps=12", "train.save_steps=6", "train.eval_steps=6")
+    proc = run_example(
+        example, tmp_path, demo_assets, "train.max_steps=12", "train.save_steps=6", "train.eval_steps=6"
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     run = run_dir(tmp_path / "x.yaml", example.split(".")[0])
     records = steps(run)
@@ -49,19 +63,35 @@ def test_example_config_completes(example: str, tmp_path: Path, demo_assets: Pat
 def test_validate_accepts_the_examples(demo_assets: Path) -> None:
     for example in ("lora.yaml", "qlora.yaml", "full.yaml", "ddp.yaml"):
         proc = subprocess.run(
-            [STEADYTUNE, "validate", str(REPO / "examples" / example), f"model.name_or_path={demo_assets / 'model'}",
-             f"data.train_file={demo_assets / 'train.jsonl'}", f"data.eval_file={demo_assets / 'eval.jsonl'}"],
-            capture_output=True, text=True,
+            [
+                STEADYTUNE,
+                "validate",
+                str(REPO / "examples" / example),
+                f"model.name_or_path={demo_assets / 'model'}",
+                f"data.train_file={demo_assets / 'train.jsonl'}",
+                f"data.eval_file={demo_assets / 'eval.jsonl'}",
+            ],
+            capture_output=True,
+            text=True,
         )
         assert proc.returncode == 0, (example, proc.stderr)
         assert "OK" in proc.stdout
 
 
 def test_torchrun_two_processes_write_both_ranks(tmp_path: Path, demo_assets: Path) -> None:
-    cfg = write_config(tmp_path, demo_assets, train={"max_steps": 8, "save_steps": 4, "per_device_train_batch_size": 2},
-                       run={"nproc_per_node": 2})
-    proc = subprocess.run([STEADYTUNE, "run", str(cfg), "--run-id", "ddp", "--quiet"], capture_output=True, text=True,
-                          timeout=300, cwd=tmp_path)
+    cfg = write_config(
+        tmp_path,
+        demo_assets,
+        train={"max_steps": 8, "save_steps": 4, "per_device_train_batch_size": 2},
+        run={"nproc_per_node": 2},
+    )
+    proc = subprocess.run(
+        [STEADYTUNE, "run", str(cfg), "--run-id", "ddp", "--quiet"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     run = run_dir(cfg, "ddp")
     for rank in (0, 1):
@@ -77,10 +107,16 @@ def test_torchrun_two_processes_write_both_ranks(tmp_path: Path, demo_assets: Pa
 
 
 def test_plain_loop_guard_skips_the_nan_update(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, str(REPO / "examples" / "plain_loop.py"), str(tmp_path / "loop")],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "plain_loop.py"), str(tmp_path / "loop")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
-    recs = [r for r in iter_records(tmp_path / "loop" / "telemetry" / "rank-0.jsonl") if isinstance(r, StepRecord)]
+    recs = [
+        r for r in iter_records(tmp_path / "loop" / "telemetry" / "rank-0.jsonl") if isinstance(r, StepRecord)
+    ]
     assert len(recs) == 60
     assert [r.step for r in recs if r.skipped] == [30]
 

@@ -15,12 +15,16 @@ from steadytune.train.runner import SplitExhausted, build_trainer
 
 
 def make_trainer(tmp_path: Path, assets: Path, faults: Faults | None = None, method: str = "full"):
-    cfg = validate_dict({
-        "model": {"name_or_path": str(assets / "model")}, "method": method,
-        "data": {"train_file": str(assets / "train.jsonl"), "max_seq_length": 64},
-        "train": {"per_device_train_batch_size": 8, "max_steps": 4, "max_grad_norm": 0.0},
-        "run": {"runs_dir": str(tmp_path)},
-    }, base=tmp_path)
+    cfg = validate_dict(
+        {
+            "model": {"name_or_path": str(assets / "model")},
+            "method": method,
+            "data": {"train_file": str(assets / "train.jsonl"), "max_seq_length": 64},
+            "train": {"per_device_train_batch_size": 8, "max_steps": 4, "max_grad_norm": 0.0},
+            "run": {"runs_dir": str(tmp_path)},
+        },
+        base=tmp_path,
+    )
     guard = Guard(tmp_path / "run")
     plan = PlanRevision(revision=0, ts=0, reason="start")
     trainer = build_trainer(cfg, plan, guard, [], tmp_path / "staging", faults=faults)
@@ -50,7 +54,9 @@ def test_split_gradients_equal_unsplit(tmp_path: Path, demo_assets: Path, use_nu
         got = grads_for(trainer, batch, split, num_items)
         assert got.keys() == ref.keys()
         for name in ref:
-            torch.testing.assert_close(got[name], ref[name], rtol=1e-5, atol=1e-6, msg=f"{name} split={split}")
+            torch.testing.assert_close(
+                got[name], ref[name], rtol=1e-5, atol=1e-6, msg=f"{name} split={split}"
+            )
 
 
 def test_injected_oom_splits_the_same_batch_and_records_it(tmp_path: Path, demo_assets: Path) -> None:

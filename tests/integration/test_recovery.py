@@ -45,9 +45,15 @@ def test_fault_is_detected_and_recovered(kind: str, base: dict, clean_loss: floa
     assert rep.recovered, rep  # completed, weights finite
     assert rep.action in spec.act, rep
     assert abs(rep.final_loss / clean_loss - 1) <= 0.05, (rep.final_loss, clean_loss)
-    limit = 2 * SAVE if kind == "corrupt-checkpoint" else SAVE  # a corrupt newest checkpoint costs one more interval
+    limit = (
+        2 * SAVE if kind == "corrupt-checkpoint" else SAVE
+    )  # a corrupt newest checkpoint costs one more interval
     assert rep.steps_redone <= limit, rep
-    steps = [r for r in iter_records(result.run.telemetry(0)) if isinstance(r, StepRecord) and not r.extra.get("eval")]
+    steps = [
+        r
+        for r in iter_records(result.run.telemetry(0))
+        if isinstance(r, StepRecord) and not r.extra.get("eval")
+    ]
     if spec.in_process:
         assert rep.restarts == 0, rep  # no process restart for a NaN or a plain OOM
     if kind == "oom":

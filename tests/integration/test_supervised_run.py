@@ -82,12 +82,16 @@ def test_sigkill_during_save_never_resumes_the_partial_checkpoint(tmp_path: Path
     run = run_dir(cfg, "torn")
     # The slow hook holds the first save in its unsafe window: checkpoint-10 is the torn one.
     torn = run.checkpoints / "checkpoint-10"
-    wait_for(lambda: torn.is_dir() and not (torn / "MANIFEST.json").exists(), what="a save in its unsafe window")
+    wait_for(
+        lambda: torn.is_dir() and not (torn / "MANIFEST.json").exists(), what="a save in its unsafe window"
+    )
     kill_worker(run, signal.SIGKILL)
     rc, out = finish(proc)
     assert rc == 0, out
     second = plans(run)[1]
-    assert second.resume_checkpoint is None  # no verified checkpoint existed: start over, not from the torn one
+    assert (
+        second.resume_checkpoint is None
+    )  # no verified checkpoint existed: start over, not from the torn one
     skipped = [e for e in read_events(run.events) if e.name == "checkpoint_corrupt"]
     assert skipped and "MANIFEST" in skipped[0].message
     assert step_numbers_latest_attempt_wins(run) == list(range(1, 31))
@@ -98,8 +102,11 @@ def test_sigkill_during_second_save_resumes_from_the_first(tmp_path: Path, demo_
     proc = start_run(cfg, "torn2", faults={"slow_save_s": 4, "step_sleep_s": 0.05})
     run = run_dir(cfg, "torn2")
     torn = run.checkpoints / "checkpoint-20"
-    wait_for(lambda: torn.is_dir() and not (torn / "MANIFEST.json").exists(), timeout=180,
-             what="the second save in its unsafe window")
+    wait_for(
+        lambda: torn.is_dir() and not (torn / "MANIFEST.json").exists(),
+        timeout=180,
+        what="the second save in its unsafe window",
+    )
     assert verify(run.checkpoints / "checkpoint-10").ok
     kill_worker(run, signal.SIGKILL)
     rc, out = finish(proc)

@@ -14,9 +14,13 @@ from steadytune.telemetry.store import ROLLUP, RunStore, open_store
 from steadytune.telemetry.stream import JsonlWriter
 
 
-def steps(n: int, attempt: int = 0, rank: int = 0, start: int = 0, loss=lambda s: 1.0 / (1 + s)) -> list[StepRecord]:
+def steps(
+    n: int, attempt: int = 0, rank: int = 0, start: int = 0, loss=lambda s: 1.0 / (1 + s)
+) -> list[StepRecord]:
     return [
-        StepRecord(step=s, ts=100.0 + s, rank=rank, attempt=attempt, loss=loss(s), tokens=100, step_time_s=0.5)
+        StepRecord(
+            step=s, ts=100.0 + s, rank=rank, attempt=attempt, loss=loss(s), tokens=100, step_time_s=0.5
+        )
         for s in range(start, start + n)
     ]
 
@@ -29,7 +33,13 @@ def test_latest_attempt_wins_per_rank(tmp_path: Path) -> None:
     store.add_steps(steps(2, attempt=0, start=5, loss=lambda s: -1.0))  # a late line of the old attempt
     s = store.step_series(("loss",), points=100)
     by_step = {r[0]: r[5] for r in s.rows}
-    assert [by_step[i] for i in (4, 5, 6, 7, 8)] == [pytest.approx(0.2), 42.0, 42.0, 42.0, pytest.approx(1 / 9)]
+    assert [by_step[i] for i in (4, 5, 6, 7, 8)] == [
+        pytest.approx(0.2),
+        42.0,
+        42.0,
+        42.0,
+        pytest.approx(1 / 9),
+    ]
     assert store.step_series(("loss",), rank=1).rows[0][5] == 9.0
     assert store.latest_step()["attempt"] == 0 and store.latest_step()["step"] == 9
 
@@ -81,7 +91,9 @@ def test_rollup_series_matches_raw_min_max(tmp_path: Path) -> None:
 
 def test_system_gpu_events_plans_meta(tmp_path: Path) -> None:
     store = RunStore(tmp_path / "run.db")
-    gpu = GpuSample(index=0, name="A", util_ratio=0.5, mem_used_bytes=1, mem_total_bytes=4, temperature_c=60, power_w=200)
+    gpu = GpuSample(
+        index=0, name="A", util_ratio=0.5, mem_used_bytes=1, mem_total_bytes=4, temperature_c=60, power_w=200
+    )
     store.add_system([SystemSample(ts=float(t), cpu_ratio=0.1 * t, gpus=(gpu,)) for t in range(5)])
     assert store.latest_system()["gpus"][0]["temperature_c"] == 60
     assert store.gpu_indices() == [0]
@@ -92,7 +104,9 @@ def test_system_gpu_events_plans_meta(tmp_path: Path) -> None:
     assert store.event_counts("anomaly") == [("loss_spike", "warning", 2)]
     assert [e.seq for e in store.events(after_seq=0)] == [1, 2]
     assert [e.seq for e in store.events(limit=1, newest=True)] == [2]
-    store.add_plans([PlanRevision(revision=0, ts=1, reason="initial"), PlanRevision(revision=1, ts=2, reason="oom")])
+    store.add_plans(
+        [PlanRevision(revision=0, ts=1, reason="initial"), PlanRevision(revision=1, ts=2, reason="oom")]
+    )
     assert [p.reason for p in store.plans()] == ["initial", "oom"]
     store.set_meta("last_event_hash", "abc")
     assert store.get_meta("last_event_hash") == "abc" and store.get_meta("nope", "d") == "d"
@@ -185,7 +199,9 @@ def test_gradflow_round_trip_through_jsonl_and_rebuild(tmp_path: Path) -> None:
     run = RunDir(tmp_path / "run").create()
     with JsonlWriter(run.telemetry(0)) as w:
         w.write(flow_step(1, [math.nan, 2.0, 3.0], zero=[0.1, 0.95, 0.0]))  # NaN travels as "nan"
-        w.write(StepRecord(step=2, ts=1.0, extra={"gradflow": {"layers": ["a"], "norm": [1.0, 2.0]}}))  # malformed
+        w.write(
+            StepRecord(step=2, ts=1.0, extra={"gradflow": {"layers": ["a"], "norm": [1.0, 2.0]}})
+        )  # malformed
         w.write(StepRecord(step=3, ts=1.0, extra={"other": 1}))
     store = open_store(run)
     assert store.step_count() == 3  # a malformed gradflow extra never costs the step itself

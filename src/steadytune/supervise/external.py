@@ -78,6 +78,34 @@ def parse_log_line(line: str) -> dict[str, float] | None:
     return out or None
 
 
+_LOGGING_FLAG = re.compile(r"^--?logging[_-]steps(?:=(\d+))?$")
+_LOGGING_KV = re.compile(r"^logging_steps=(\d+)$")
+_LOGGING_YAML = re.compile(r"^\s*logging_steps\s*:\s*(\d+)\s*$", re.MULTILINE)
+
+
+def logging_steps_from(command: Sequence[str]) -> int | None:
+    """The logging interval a training command sets: ``--logging_steps N``, ``logging_steps=N``
+    (LLaMA-Factory overrides), or ``logging_steps: N`` in a YAML config it names."""
+    found = None
+    for i, part in enumerate(command):
+        m = _LOGGING_FLAG.match(part)
+        if m:
+            value = m.group(1) or (command[i + 1] if i + 1 < len(command) else "")
+            found = int(value) if value.isdigit() else found
+            continue
+        m = _LOGGING_KV.match(part)
+        if m:
+            found = int(m.group(1))
+        elif found is None and part.endswith((".yaml", ".yml")):
+            try:
+                ym = _LOGGING_YAML.search(Path(part).read_text(encoding="utf-8", errors="replace"))
+            except OSError:
+                ym = None
+            if ym:
+                found = int(ym.group(1))
+    return found if found and found > 0 else None
+
+
 def is_summary(values: dict[str, float]) -> bool:
     """The Trainer's closing line (train_runtime, train_loss): a summary, not an optimizer step."""
     return "train_runtime" in values or ("train_loss" in values and "loss" not in values)
@@ -233,9 +261,10 @@ class ExternalSupervisor:
         self._last_progress: float | None = None
         self._intervals: list[float] = []
         self._log_step = 0
-        self._log_every = (
-            1  # HF prints a dict every logging_steps; learnt from a checkpoint's trainer_state.json
-        )
+        # HF prints a dict every logging_steps: read from the command (or its YAML), later from a
+        # checkpoint's trainer_state.json; unknown, the progress bar's count stands in.
+        self._log_every: int | None = logging_steps_from(opts.command)
+        self._bar_step: int | None = None
         self._log_offset = 0
         self._last_logged_step = 0
         self._stop_signal: int | None = None
@@ -397,13 +426,19 @@ class ExternalSupervisor:
         bar = train_bar(line)
         if bar is not None and bar[1] > 0:
             self.progress.max_steps = bar[1]
+            self._bar_step = bar[0]
         values = parse_log_line(line)
         if values is not None and is_summary(values):
             return
         if values is not None and not (
             self.opts.output_dir and (self.opts.output_dir / "trainer_log.jsonl").exists()
         ):
-            self._log_step += self._log_every
+            if "loss" not in values:
+                pass  # an evaluation: it belongs to the step just logged
+            elif self._log_every is not None:
+                self._log_step += self._log_every
+            else:  # the bar counts steps done; the dict belongs to the step being logged
+                self._log_step = max(self._log_step + 1, (self._bar_step or 0) + 1)
             self.record(self._log_step, values)
 
     def poll_files(self) -> None:
@@ -439,7 +474,7 @@ class ExternalSupervisor:
             state = json.loads((checkpoint / "trainer_state.json").read_text())
         except (OSError, ValueError):
             state = {}
-        self._log_every = int(state.get("logging_steps") or 1)
+        self._log_every = int(state.get("logging_steps") or 0) or self._log_every
         self._log_step = int(state.get("global_step") or checkpoint_step(checkpoint) or 0)
         self._last_logged_step = self._log_step
         self._tokens_seen = None  # a new process counts its tokens from zero

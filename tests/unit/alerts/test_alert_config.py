@@ -36,7 +36,11 @@ def test_clear_webhook_url_is_rejected_naming_key_and_fix() -> None:
 def test_clear_password_is_rejected() -> None:
     with pytest.raises(ValidationError, match="password_env: NAME"):
         AlertsConfig.model_validate(
-            {"sinks": [{"type": "email", "host": "h", "sender": "a@b", "to": ["c@d"], "password": "hunter22"}]}
+            {
+                "sinks": [
+                    {"type": "email", "host": "h", "sender": "a@b", "to": ["c@d"], "password": "hunter22"}
+                ]
+            }
         )
 
 
@@ -108,7 +112,9 @@ def test_console_and_jsonl_sinks(tmp_path: Path) -> None:
     buf = io.StringIO()
     console = ConsoleAlertSink(conf.sinks[0], Redactor(), stream=buf)  # type: ignore[arg-type]
     console.send(_alert())
-    assert "[steadytune critical] CRITICAL loss_spike" in buf.getvalue() and "fix: roll back" in buf.getvalue()
+    assert (
+        "[steadytune critical] CRITICAL loss_spike" in buf.getvalue() and "fix: roll back" in buf.getvalue()
+    )
     jsonl = JsonlAlertSink(conf.sinks[1], Redactor(), base_dir=tmp_path)  # type: ignore[arg-type]
     jsonl.send(_alert())
     assert json.loads((tmp_path / "a.jsonl").read_text())["name"] == "loss_spike"
@@ -117,7 +123,9 @@ def test_console_and_jsonl_sinks(tmp_path: Path) -> None:
 def test_command_sink_gets_json_on_stdin_and_reports_failure(tmp_path: Path) -> None:
     out = tmp_path / "got.json"
     script = f"import sys; open({str(out)!r}, 'w').write(sys.stdin.read())"
-    conf = AlertsConfig.model_validate({"sinks": [{"type": "command", "argv": [sys.executable, "-c", script]}]})
+    conf = AlertsConfig.model_validate(
+        {"sinks": [{"type": "command", "argv": [sys.executable, "-c", script]}]}
+    )
     CommandAlertSink(conf.sinks[0], Redactor()).send(_alert())  # type: ignore[arg-type]
     assert json.loads(out.read_text())["cause"] == "bad batch"
     bad = AlertsConfig.model_validate(

@@ -26,7 +26,9 @@ class Clock:
 
 
 class FakeSink:
-    def __init__(self, name: str = "fake", min_severity: str | None = None, fail: int = 0, per_hour: int | None = None):
+    def __init__(
+        self, name: str = "fake", min_severity: str | None = None, fail: int = 0, per_hour: int | None = None
+    ):
         self.name = name
         self.min_severity = min_severity
         self.rate_limit_per_hour = per_hour
@@ -41,7 +43,9 @@ class FakeSink:
         self.sent.append(alert)
 
 
-def anomaly(name: str = "loss_spike", severity: str = "warning", metric: str = "loss", step: int = 10) -> Event:
+def anomaly(
+    name: str = "loss_spike", severity: str = "warning", metric: str = "loss", step: int = 10
+) -> Event:
     return Event(
         ts=0.0, kind="anomaly", name=name, severity=severity, step=step,  # type: ignore[arg-type]
         message=f"{name} at {step}", data={"metric": metric, "cause": "bad batch", "suggestion": "roll back"},
@@ -165,7 +169,11 @@ def test_retry_with_exponential_backoff_then_delivered(tmp_path: Path) -> None:
     router.pump()
     assert len(sink.sent) == 1 and router.next_due() is None
     (event,) = read_events(log.path)
-    assert event.kind == "alert" and event.data["delivered"] == ["fake"] and event.data["attempts"] == {"fake": 3}
+    assert (
+        event.kind == "alert"
+        and event.data["delivered"] == ["fake"]
+        and event.data["attempts"] == {"fake": 3}
+    )
 
 
 def test_undeliverable_alert_is_recorded_undelivered(tmp_path: Path) -> None:

@@ -70,9 +70,14 @@ def test_choose_treats_oom_as_too_big() -> None:
 
 
 def test_choose_without_measurement_trusts_the_estimate() -> None:
-    cap = estimate_peak(DEMO, TrainSetup(**{**SETUP.__dict__, "batch": 4, "gradient_accumulation_steps": 4})).peak_bytes
+    cap = estimate_peak(
+        DEMO, TrainSetup(**{**SETUP.__dict__, "batch": 4, "gradient_accumulation_steps": 4})
+    ).peak_bytes
     found = choose(DEMO, SETUP, cap=cap, target_effective=16, measure=None)
-    assert (found.per_device_train_batch_size, found.gradient_accumulation_steps) == (4, 4) and found.probes == ()
+    assert (found.per_device_train_batch_size, found.gradient_accumulation_steps) == (
+        4,
+        4,
+    ) and found.probes == ()
 
 
 def test_choose_fails_with_the_fix_when_nothing_fits() -> None:

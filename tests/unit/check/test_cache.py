@@ -19,8 +19,18 @@ def entry(key: str, size: int, last_used_days_ago: float, partial: bool = False)
     return CacheEntry(key, Path("/x") / key, size, t, t, partial=partial)
 
 
-@pytest.mark.parametrize("text, seconds", [("30s", 30), ("15m", 900), ("12h", 43200), ("7d", 604800),
-                                           ("2w", 1209600), ("1.5h", 5400), (" 3D ", 259200)])
+@pytest.mark.parametrize(
+    "text, seconds",
+    [
+        ("30s", 30),
+        ("15m", 900),
+        ("12h", 43200),
+        ("7d", 604800),
+        ("2w", 1209600),
+        ("1.5h", 5400),
+        (" 3D ", 259200),
+    ],
+)
 def test_parse_duration(text: str, seconds: float) -> None:
     assert parse_duration(text) == seconds
 
@@ -44,8 +54,13 @@ def test_max_size_removes_least_recently_used_until_under() -> None:
 
 
 def test_both_limits_and_partial_builds() -> None:
-    entries = [entry("ancient", 5, 100), entry("big", 100, 2), entry("small", 10, 1),
-               entry("crashed", 7, 1, partial=True), entry("building", 7, 0.0001, partial=True)]
+    entries = [
+        entry("ancient", 5, 100),
+        entry("big", 100, 2),
+        entry("small", 10, 1),
+        entry("crashed", 7, 1, partial=True),
+        entry("building", 7, 0.0001, partial=True),
+    ]
     doomed = select_for_removal(entries, NOW, max_size=20, older_than=30 * DAY)
     # "building" (younger than an hour) may still be writing; it is kept and not counted against max_size.
     assert [e.key for e in doomed] == ["ancient", "crashed", "big"]
@@ -56,8 +71,16 @@ def test_list_and_remove_real_folders(tmp_path: Path) -> None:
     for folder, meta_age in ((old, 3 * DAY), (new, 60)):
         folder.mkdir()
         (folder / "data-00000-of-00001.arrow").write_bytes(b"x" * 1000)
-        (folder / "meta.json").write_text(json.dumps({"source": f"/data/{folder.name}.jsonl", "samples": 5,
-                                                      "created": NOW - meta_age, "max_seq_length": 64}))
+        (folder / "meta.json").write_text(
+            json.dumps(
+                {
+                    "source": f"/data/{folder.name}.jsonl",
+                    "samples": 5,
+                    "created": NOW - meta_age,
+                    "max_seq_length": 64,
+                }
+            )
+        )
         t = os.path.getmtime(folder / "meta.json") - meta_age
         os.utime(folder / "meta.json", (t, t))
     (tmp_path / ".ccc.123.tmp").mkdir()

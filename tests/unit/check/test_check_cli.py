@@ -23,8 +23,9 @@ def check_json(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dic
     return code, json.loads(capsys.readouterr().out)
 
 
-def test_8b_example_plans_for_80gib_as_go_and_24gib_as_no_go(capsys: pytest.CaptureFixture[str],
-                                                              tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_8b_example_plans_for_80gib_as_go_and_24gib_as_no_go(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("STEADYTUNE_CACHE", str(tmp_path))
     monkeypatch.chdir(tmp_path)  # runs_dir: runs, relative to the working directory
     had_torch = "torch" in sys.modules
@@ -43,12 +44,20 @@ def test_8b_example_plans_for_80gib_as_go_and_24gib_as_no_go(capsys: pytest.Capt
     assert ("torch" in sys.modules) == had_torch  # the estimate and checks stay torch-free
 
 
-def test_config_errors_exit_2_and_cross_key_problems_are_failed_checks(capsys: pytest.CaptureFixture[str],
-                                                                       tmp_path: Path) -> None:
+def test_config_errors_exit_2_and_cross_key_problems_are_failed_checks(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     code, out = check_json(capsys, EXAMPLE, "train.learning_rate=-1", "--no-data")
     assert code == 2 and out["verdict"] == "config-error" and out["issues"][0]["key"] == "train.learning_rate"
-    code, report = check_json(capsys, EXAMPLE, "train.save_steps=500", f"run.runs_dir={tmp_path}",
-                              "--device-memory", "80GiB", "--no-data")
+    code, report = check_json(
+        capsys,
+        EXAMPLE,
+        "train.save_steps=500",
+        f"run.runs_dir={tmp_path}",
+        "--device-memory",
+        "80GiB",
+        "--no-data",
+    )
     assert code == 1
     failed = [c for c in report["checks"] if c["status"] == "fail"]
     assert [c["name"] for c in failed] == ["config_train_save_steps"]
@@ -60,8 +69,9 @@ def test_bad_option_values_are_usage_errors(capsys: pytest.CaptureFixture[str]) 
     assert "memory size" in capsys.readouterr().err
 
 
-def test_text_output_has_the_table_the_recommendation_and_the_verdict(capsys: pytest.CaptureFixture[str],
-                                                                      tmp_path: Path) -> None:
+def test_text_output_has_the_table_the_recommendation_and_the_verdict(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     code = main(["check", EXAMPLE, f"run.runs_dir={tmp_path}", "--device-memory", "24GiB", "--no-data"])
     out = capsys.readouterr().out
     assert code == 1
@@ -73,12 +83,17 @@ def test_preflight_on_a_fake_gpu_host(tmp_path: Path) -> None:
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text((REPO / "examples/models/llama-3.2-3b/config.json").read_text())
-    cfg = make_config(tmp_path, data={"max_seq_length": 1024},
-                      train={"bf16": True, "per_device_train_batch_size": 2, "gradient_accumulation_steps": 2},
-                      model={"dtype": "bfloat16"})
+    cfg = make_config(
+        tmp_path,
+        data={"max_seq_length": 1024},
+        train={"bf16": True, "per_device_train_batch_size": 2, "gradient_accumulation_steps": 2},
+        model={"dtype": "bfloat16"},
+    )
     gpus = (GpuInfo(0, "L4", 22 * GiB, 24 * GiB, ()),)
     report = run_preflight(cfg, facts=host(gpus=gpus), scan=False, env={})
     assert report.device == "cuda" and report.go
     assert report.find("gpu_processes")[0].status == "ok"
-    small = run_preflight(cfg, facts=host(gpus=(GpuInfo(0, "T4", 6 * GiB, 16 * GiB, ()),)), scan=False, env={})
+    small = run_preflight(
+        cfg, facts=host(gpus=(GpuInfo(0, "T4", 6 * GiB, 16 * GiB, ()),)), scan=False, env={}
+    )
     assert not small.go and small.find("device_memory")[0].status == "fail"

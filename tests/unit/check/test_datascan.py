@@ -57,7 +57,13 @@ def test_max_samples_limits_the_scan_to_what_trains(tmp_path: Path) -> None:
     assert scan.samples == 2 and names(scan)["empty"] == "ok"
 
 
-@pytest.mark.parametrize("n, noun, text", [(1, "empty sample", "1 empty sample"), (3, "empty sample", "3 empty samples"),
-                                           (2, "sample with an empty answer", "2 samples with an empty answer")])
+@pytest.mark.parametrize(
+    "n, noun, text",
+    [
+        (1, "empty sample", "1 empty sample"),
+        (3, "empty sample", "3 empty samples"),
+        (2, "sample with an empty answer", "2 samples with an empty answer"),
+    ],
+)
 def test_count(n: int, noun: str, text: str) -> None:
     assert count(n, noun) == text

@@ -54,7 +54,10 @@ def test_content_findings_per_format() -> None:
     found = content_findings(rows, [10, 11, 12, 13, 14], "instruction")
     assert found["empty"] == [11] and found["whitespace"] == [12] and found["empty_answer"] == [14]
     assert found["duplicate"] == [13] and found["duplicate_of"] == [10]
-    chats = [{"messages": [{"role": "user", "content": "hi"}]}, {"messages": [{"role": "user", "content": ""}]}]
+    chats = [
+        {"messages": [{"role": "user", "content": "hi"}]},
+        {"messages": [{"role": "user", "content": ""}]},
+    ]
     found = content_findings(chats, [1, 2], "messages")
     assert found["empty_answer"] == [1] and found["empty"] == [2]
     texts = [{"text": "a"}, {"text": ""}, {"text": " \n"}]
@@ -72,7 +75,9 @@ def test_token_stats_truncation_masking_and_vocabulary() -> None:
         {"input_ids": [1, 5, 6, 7, 8, 9], "labels": [m, 5, 6, 7, 8, 9]},  # exactly fits (untruncated 6)
     ]
     true = {1: 40, 4: 6}
-    stats = token_stats(encoded, [1, 2, 3, 4, 5], max_seq_length=6, vocab_size=512, true_length=true.__getitem__)
+    stats = token_stats(
+        encoded, [1, 2, 3, 4, 5], max_seq_length=6, vocab_size=512, true_length=true.__getitem__
+    )
     assert stats.truncated == ((2, 40),)
     assert stats.all_masked == (2, 3)
     assert stats.over_vocab == ((4, 600),)

@@ -16,7 +16,9 @@ GiB = 1 << 30
 def test_projected_need() -> None:
     assert projected_need(10, saves_remaining=0, keep_last=3, existing=2, final_bytes=5) == 5
     assert projected_need(10, saves_remaining=1, keep_last=3, existing=0) == 10
-    assert projected_need(10, saves_remaining=50, keep_last=3, existing=0) == 50  # at most keep_last + 2 at once
+    assert (
+        projected_need(10, saves_remaining=50, keep_last=3, existing=0) == 50
+    )  # at most keep_last + 2 at once
     assert projected_need(10, saves_remaining=50, keep_last=3, existing=5) == 0
     assert projected_need(10, saves_remaining=50, keep_last=3, existing=4) == 10
 
@@ -47,7 +49,9 @@ def test_verdict_and_json_round_trip() -> None:
     checks = (Check("memory", "device_memory", "ok", "fits"), Check("data", "utf8", "warn", "w", "fix it"))
     rec = Recommendation(4, 2, 128, False, 8, 100, 200, ("why",))
     report = PreflightReport(checks, rec, "cpu", "x.yaml")
-    assert report.go and report.verdict == "go" and report.counts() == {"ok": 1, "warn": 1, "fail": 0, "na": 0}
+    assert (
+        report.go and report.verdict == "go" and report.counts() == {"ok": 1, "warn": 1, "fail": 0, "na": 0}
+    )
     again = from_json(to_json(report))
     assert again == report
     failing = PreflightReport((*checks, Check("data", "utf8", "fail", "bad", "fix")))

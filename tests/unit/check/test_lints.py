@@ -24,8 +24,10 @@ def test_learning_rate_far_from_the_usual_range(tmp_path: Path) -> None:
     assert high.status == "warn" and "learning_rate=1" in high.reason and "1e-4 to 5e-4" in high.fix
     low = named(config_lints(make_config(tmp_path, train={"learning_rate": 1e-8}), DEMO), "learning_rate")
     assert low.status == "warn" and "barely move" in low.reason
-    full = named(config_lints(make_config(tmp_path, method="full", train={"learning_rate": 5e-3}), DEMO),
-                 "learning_rate")
+    full = named(
+        config_lints(make_config(tmp_path, method="full", train={"learning_rate": 5e-3}), DEMO),
+        "learning_rate",
+    )
     assert full.status == "warn" and "full" in full.reason
 
 
@@ -36,7 +38,9 @@ def test_lora_rank_and_alpha(tmp_path: Path) -> None:
     assert rank.status == "warn" and "r=512" in rank.reason and "hidden size 128" in rank.reason
     drop = config_lints(make_config(tmp_path, lora={"lora_dropout": 0.5}), DEMO)
     assert named(drop, "lora_dropout").status == "warn"
-    assert not [c for c in config_lints(make_config(tmp_path, method="full"), DEMO) if c.name.startswith("lora")]
+    assert not [
+        c for c in config_lints(make_config(tmp_path, method="full"), DEMO) if c.name.startswith("lora")
+    ]
 
 
 def test_sequence_beyond_max_position_embeddings(tmp_path: Path) -> None:
@@ -45,14 +49,25 @@ def test_sequence_beyond_max_position_embeddings(tmp_path: Path) -> None:
 
 
 def test_save_steps_against_the_run_length(tmp_path: Path) -> None:
-    late = named(config_lints(make_config(tmp_path, train={"max_steps": 10, "save_steps": 50}), DEMO), "save_steps")
+    late = named(
+        config_lints(make_config(tmp_path, train={"max_steps": 10, "save_steps": 50}), DEMO), "save_steps"
+    )
     assert late.status == "fail" and "no checkpoint before the end" in late.reason
-    many = named(config_lints(make_config(tmp_path, train={"max_steps": 10_000, "save_steps": 5}), DEMO),
-                 "save_steps")
+    many = named(
+        config_lints(make_config(tmp_path, train={"max_steps": 10_000, "save_steps": 5}), DEMO), "save_steps"
+    )
     assert many.status == "warn" and "2000 checkpoints" in many.reason
     # Epoch-based runs: the length comes from the dataset size.
-    cfg = make_config(tmp_path, train={"max_steps": -1, "num_train_epochs": 2, "save_steps": 100,
-                                       "per_device_train_batch_size": 8, "gradient_accumulation_steps": 2})
+    cfg = make_config(
+        tmp_path,
+        train={
+            "max_steps": -1,
+            "num_train_epochs": 2,
+            "save_steps": 100,
+            "per_device_train_batch_size": 8,
+            "gradient_accumulation_steps": 2,
+        },
+    )
     assert total_steps(cfg, samples=480) == 60
     assert named(config_lints(cfg, DEMO, samples=480), "save_steps").status == "fail"
     assert named(config_lints(cfg, DEMO, samples=None), "save_steps").status == "ok"
@@ -61,7 +76,10 @@ def test_save_steps_against_the_run_length(tmp_path: Path) -> None:
 def test_gradient_accumulation_against_batch(tmp_path: Path) -> None:
     cfg = make_config(tmp_path, train={"per_device_train_batch_size": 2, "gradient_accumulation_steps": 8})
     bigger = named(config_lints(cfg, DEMO, samples=1000, fits_micro_batch=8), "batch")
-    assert bigger.status == "warn" and "per_device_train_batch_size: 8, gradient_accumulation_steps: 2" in bigger.fix
+    assert (
+        bigger.status == "warn"
+        and "per_device_train_batch_size: 8, gradient_accumulation_steps: 2" in bigger.fix
+    )
     whole = named(config_lints(cfg, DEMO, samples=10), "batch")
     assert whole.status == "warn" and "whole dataset" in whole.reason
     auto = make_config(tmp_path, train={"per_device_train_batch_size": "auto", "auto_effective_batch": 32})

@@ -17,9 +17,18 @@ from steadytune.preflight.recommend import (
 
 from .conftest import GiB
 
-LLAMA8B = load_architecture(__import__("pathlib").Path(__file__).resolve().parents[3] / "examples/models/llama-3.1-8b")
-LORA = TrainSetup(method="lora", dtype="bf16", target_modules=("all-linear",), lora_r=16, batch=2, seq=2048,
-                  gradient_accumulation_steps=8)
+LLAMA8B = load_architecture(
+    __import__("pathlib").Path(__file__).resolve().parents[3] / "examples/models/llama-3.1-8b"
+)
+LORA = TrainSetup(
+    method="lora",
+    dtype="bf16",
+    target_modules=("all-linear",),
+    lora_r=16,
+    batch=2,
+    seq=2048,
+    gradient_accumulation_steps=8,
+)
 
 
 def test_divisors() -> None:
@@ -35,9 +44,13 @@ def test_effective_batch_is_kept_and_the_shape_fits(memory: int) -> None:
     if rec.per_device_train_batch_size is None:
         return
     assert rec.per_device_train_batch_size * rec.gradient_accumulation_steps == 16
-    shape = dataclasses.replace(LORA, batch=rec.per_device_train_batch_size, seq=rec.max_seq_length,
-                                gradient_accumulation_steps=rec.gradient_accumulation_steps,
-                                gradient_checkpointing=rec.gradient_checkpointing)
+    shape = dataclasses.replace(
+        LORA,
+        batch=rec.per_device_train_batch_size,
+        seq=rec.max_seq_length,
+        gradient_accumulation_steps=rec.gradient_accumulation_steps,
+        gradient_checkpointing=rec.gradient_checkpointing,
+    )
     assert estimate_peak(LLAMA8B, shape).peak_bytes == rec.peak_bytes <= memory * GiB
 
 

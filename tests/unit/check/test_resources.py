@@ -79,11 +79,16 @@ def test_checkpoint_size_is_weights_plus_optimizer_states() -> None:
     assert checkpoint_bytes(DEMO, FULL, "bfloat16") == 2 * p + 8 * p + CHECKPOINT_SMALL_FILES_BYTES
     lora = TrainSetup(method="lora", lora_r=8, target_modules=("q_proj", "v_proj"))
     adapter = 2 * 8 * ((128 + 128) + (128 + 64))  # two layers, q (128->128) and v (128->64)
-    assert checkpoint_bytes(DEMO, lora, "bfloat16") == 4 * adapter + 8 * adapter + CHECKPOINT_SMALL_FILES_BYTES
+    assert (
+        checkpoint_bytes(DEMO, lora, "bfloat16") == 4 * adapter + 8 * adapter + CHECKPOINT_SMALL_FILES_BYTES
+    )
 
 
 def test_disk_needs_keep_last_plus_last_good() -> None:
-    assert disk_needs(100 * MiB, keep_last=3, final=50 * MiB, min_free=256 * MiB) == 400 * MiB + 50 * MiB + 256 * MiB
+    assert (
+        disk_needs(100 * MiB, keep_last=3, final=50 * MiB, min_free=256 * MiB)
+        == 400 * MiB + 50 * MiB + 256 * MiB
+    )
 
 
 def test_disk_check_adds_the_cache_when_it_shares_the_disk() -> None:

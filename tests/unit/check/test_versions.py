@@ -16,13 +16,26 @@ from steadytune.preflight.versions import (
     version_checks,
 )
 
-GOOD = {"torch": "2.5.1", "transformers": "5.0.0", "peft": "0.22.0", "bitsandbytes": "0.47.0",
-        "accelerate": "1.2.0", "datasets": "3.0.0", "numpy": "2.1.0"}
+GOOD = {
+    "torch": "2.5.1",
+    "transformers": "5.0.0",
+    "peft": "0.22.0",
+    "bitsandbytes": "0.47.0",
+    "accelerate": "1.2.0",
+    "datasets": "3.0.0",
+    "numpy": "2.1.0",
+}
 MINIMUMS = {"accelerate": ("1.1.0", "all"), "bitsandbytes": ("0.46.1", "qlora"), "peft": ("0.22.0", "lora")}
 
 
-def checks(method: str = "lora", versions: dict | None = None, driver: Driver | None = None,
-           cuda: str | None = None, attn: str = "sdpa", extra: dict | None = None):
+def checks(
+    method: str = "lora",
+    versions: dict | None = None,
+    driver: Driver | None = None,
+    cuda: str | None = None,
+    attn: str = "sdpa",
+    extra: dict | None = None,
+):
     return version_checks(method, attn, versions or GOOD, driver or Driver(), cuda, MINIMUMS, [], extra)
 
 
@@ -30,8 +43,16 @@ def by_name(found, name):
     return [c for c in found if c.name == name]
 
 
-@pytest.mark.parametrize("text, parsed", [("2.13.0+cpu", (2, 13, 0)), ("0.22.0.dev0", (0, 22, 0)),
-                                          ("2.4.0rc1", (2, 4, 0)), ("12.4", (12, 4)), ("2023.10.0", (2023, 10, 0))])
+@pytest.mark.parametrize(
+    "text, parsed",
+    [
+        ("2.13.0+cpu", (2, 13, 0)),
+        ("0.22.0.dev0", (0, 22, 0)),
+        ("2.4.0rc1", (2, 4, 0)),
+        ("12.4", (12, 4)),
+        ("2023.10.0", (2023, 10, 0)),
+    ],
+)
 def test_parse_version(text: str, parsed: tuple) -> None:
     assert parse_version(text) == parsed
 
@@ -60,7 +81,9 @@ def test_old_torch_with_numpy_2_is_a_no_go() -> None:
 
 
 def test_old_datasets_with_new_fsspec_is_a_no_go() -> None:
-    found = by_name(checks(extra={"fsspec": "2023.10.0"}, versions={**GOOD, "datasets": "2.14.5"}), "known_bad")
+    found = by_name(
+        checks(extra={"fsspec": "2023.10.0"}, versions={**GOOD, "datasets": "2.14.5"}), "known_bad"
+    )
     assert found and "Invalid pattern" in found[0].reason
 
 

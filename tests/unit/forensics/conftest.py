@@ -29,8 +29,9 @@ def tiny_model(tmp_path: Path) -> Path:
     folder = tmp_path / "model"
     folder.mkdir()
     tok.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps(
-        {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>"}))
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps({"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>"})
+    )
     (folder / "config.json").write_text(json.dumps({"vocab_size": len(vocab), "model_type": "llama"}))
     return folder
 
@@ -40,8 +41,13 @@ def make_run(tmp_path: Path, tiny_model: Path) -> Callable[..., Path]:
     """``make_run(rows, steps)``: a run directory whose dataset is ``rows`` and whose telemetry has
     one step record per ``(step, indices)``; hashes are computed as the guard records them."""
 
-    def build(rows: list[dict[str, Any]], steps: list[tuple[int, list[int]]], max_seq_length: int = 32,
-              hash_rows: list[dict[str, Any]] | None = None, losses: dict[int, float] | None = None) -> Path:
+    def build(
+        rows: list[dict[str, Any]],
+        steps: list[tuple[int, list[int]]],
+        max_seq_length: int = 32,
+        hash_rows: list[dict[str, Any]] | None = None,
+        losses: dict[int, float] | None = None,
+    ) -> Path:
         from steadytune.forensics.tokenizer import LightTokenizer
         from steadytune.train.data import DataSpec, _hash_ids, encode_row
 
@@ -49,20 +55,35 @@ def make_run(tmp_path: Path, tiny_model: Path) -> Callable[..., Path]:
         data.write_text("".join(json.dumps(r) + "\n" for r in rows))
         run = tmp_path / "runs" / "r1"
         (run / "telemetry").mkdir(parents=True)
-        cfg = {"model": {"name_or_path": str(tiny_model)}, "method": "full",
-               "data": {"train_file": str(data), "format": "instruction", "max_seq_length": max_seq_length},
-               "train": {"per_device_train_batch_size": 2}}
+        cfg = {
+            "model": {"name_or_path": str(tiny_model)},
+            "method": "full",
+            "data": {"train_file": str(data), "format": "instruction", "max_seq_length": max_seq_length},
+            "train": {"per_device_train_batch_size": 2},
+        }
         (run / "config.yaml").write_text(yaml.safe_dump(cfg))
         tok = LightTokenizer(tiny_model)
         spec = DataSpec(str(data), "instruction", max_seq_length=max_seq_length)
         source = hash_rows or rows
         with open(run / "telemetry" / "rank-0.jsonl", "w") as f:
             for step, ids in steps:
-                hashes = tuple(f"{_hash_ids(encode_row(tok, source[i], 'instruction', spec)['input_ids']):015x}"
-                               for i in ids)
+                hashes = tuple(
+                    f"{_hash_ids(encode_row(tok, source[i], 'instruction', spec)['input_ids']):015x}"
+                    for i in ids
+                )
                 loss = (losses or {}).get(step, 1.0)
-                f.write(to_json(StepRecord(step=step, ts=float(step), loss=loss, grad_norm=1.0,
-                                           batch=BatchFingerprint(tuple(ids), hashes))) + "\n")
+                f.write(
+                    to_json(
+                        StepRecord(
+                            step=step,
+                            ts=float(step),
+                            loss=loss,
+                            grad_norm=1.0,
+                            batch=BatchFingerprint(tuple(ids), hashes),
+                        )
+                    )
+                    + "\n"
+                )
         return run
 
     return build

@@ -33,7 +33,9 @@ def put(run: RunDir, rows: list[str]) -> None:
 def anchor(run: RunDir, seq: int, digest: str) -> None:
     con = sqlite3.connect(run.db)
     con.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-    con.executemany("INSERT INTO meta VALUES (?, ?)", [("last_event_seq", str(seq)), ("last_event_hash", digest)])
+    con.executemany(
+        "INSERT INTO meta VALUES (?, ?)", [("last_event_seq", str(seq)), ("last_event_hash", digest)]
+    )
     con.commit()
     con.close()
 

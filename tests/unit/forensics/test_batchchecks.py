@@ -16,8 +16,15 @@ SPECIAL = frozenset({0, 1, 2})
 
 
 def facts(ids, labels=None, **kw):
-    return SampleFacts(input_ids=ids, labels=ids if labels is None else labels, vocab_size=100, special_ids=SPECIAL,
-                       pad_id=0, unk_id=3, **kw)
+    return SampleFacts(
+        input_ids=ids,
+        labels=ids if labels is None else labels,
+        vocab_size=100,
+        special_ids=SPECIAL,
+        pad_id=0,
+        unk_id=3,
+        **kw,
+    )
 
 
 def checks(f):

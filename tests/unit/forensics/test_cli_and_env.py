@@ -7,7 +7,15 @@ import pytest
 from steadytune.cli.main import build_parser
 from steadytune.forensics.envsnap import differences, snapshot
 
-COMMANDS = [["inspect-batch"], ["diff-ckpt"], ["repro"], ["mem-profile"], ["replay"], ["audit"], ["audit", "verify"]]
+COMMANDS = [
+    ["inspect-batch"],
+    ["diff-ckpt"],
+    ["repro"],
+    ["mem-profile"],
+    ["replay"],
+    ["audit"],
+    ["audit", "verify"],
+]
 
 
 @pytest.mark.parametrize("argv", COMMANDS, ids=" ".join)

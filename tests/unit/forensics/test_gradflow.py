@@ -66,16 +66,28 @@ def test_columns_shape_for_storage():
 
 
 def test_check_layers_flags_dead_vanishing_and_exploding():
-    stats = {"embeddings": {"norm": 1.0, "zero_frac": 0.99}, "layers.0": {"norm": 1.0, "zero_frac": 0.1},
-             "layers.1": {"norm": 1e-5, "zero_frac": 0.1}, "layers.2": {"norm": 0.5, "zero_frac": 0.95},
-             "layers.3": {"norm": 500.0, "zero_frac": 0.0}, "lm_head": {"norm": float("nan"), "zero_frac": 0.0}}
+    stats = {
+        "embeddings": {"norm": 1.0, "zero_frac": 0.99},
+        "layers.0": {"norm": 1.0, "zero_frac": 0.1},
+        "layers.1": {"norm": 1e-5, "zero_frac": 0.1},
+        "layers.2": {"norm": 0.5, "zero_frac": 0.95},
+        "layers.3": {"norm": 500.0, "zero_frac": 0.0},
+        "lm_head": {"norm": float("nan"), "zero_frac": 0.0},
+    }
     found = check_layers(stats, step=40)
     got = [(a.kind, a.metric) for a in found]
-    assert got == [("grad_vanishing", "grad_norm/layers.1"), ("grad_vanishing", "grad_norm/layers.2"),
-                   ("grad_explosion", "grad_norm/layers.3"), ("grad_explosion", "grad_norm/lm_head")]
+    assert got == [
+        ("grad_vanishing", "grad_norm/layers.1"),
+        ("grad_vanishing", "grad_norm/layers.2"),
+        ("grad_explosion", "grad_norm/layers.3"),
+        ("grad_explosion", "grad_norm/lm_head"),
+    ]
     assert all(a.start_step == 40 for a in found) and "dead units" in found[1].cause
-    cols = {"layers": list(stats), "norm": [s["norm"] for s in stats.values()],
-            "zero_frac": [s["zero_frac"] for s in stats.values()]}
+    cols = {
+        "layers": list(stats),
+        "norm": [s["norm"] for s in stats.values()],
+        "zero_frac": [s["zero_frac"] for s in stats.values()],
+    }
     assert [(a.kind, a.metric) for a in check_layers(cols, step=40)] == got  # the stored shape works too
 
 

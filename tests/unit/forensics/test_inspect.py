@@ -14,7 +14,11 @@ from steadytune.forensics.runview import ForensicsError
 ROWS = [
     {"instruction": "the cat sat", "input": "", "output": "on a mat"},
     {"instruction": "the dog ran", "input": "red", "output": "far away"},
-    {"instruction": " ".join(["the cat sat on a mat"] * 20), "input": "", "output": "ok"},  # prompt > 32 tokens
+    {
+        "instruction": " ".join(["the cat sat on a mat"] * 20),
+        "input": "",
+        "output": "ok",
+    },  # prompt > 32 tokens
     {"instruction": "blue green", "input": "", "output": ""},  # empty answer
 ]
 
@@ -77,16 +81,20 @@ def test_fetch_rows_reads_only_what_it_needs(tmp_path):
     p = tmp_path / "d.jsonl"
     p.write_text('{"a": 0}\n\n{"a": 1}\n{"a": 2}\nnot json at all\n')
     rows, first = fetch_rows(p, {1, 2})
-    assert rows == {1: {"a": 1}, 2: {"a": 2}} and first == {"a": 0}  # blank lines do not count, the bad tail is never read
+    assert rows == {1: {"a": 1}, 2: {"a": 2}} and first == {
+        "a": 0
+    }  # blank lines do not count, the bad tail is never read
 
 
 def test_inspect_step_keeps_torch_out_of_the_process(make_run):
     """The supervisor never imports torch; inspect_step must not drag it in."""
     run = make_run(ROWS, [(1, [0, 1]), (2, [2, 3])])
-    code = ("import sys; from steadytune.forensics.inspect import inspect_step; "
-            f"v = inspect_step({str(run)!r}, 2); "
-            "assert v.verdict == 'bad', v.summary; "
-            "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'heavy import'")
+    code = (
+        "import sys; from steadytune.forensics.inspect import inspect_step; "
+        f"v = inspect_step({str(run)!r}, 2); "
+        "assert v.verdict == 'bad', v.summary; "
+        "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'heavy import'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

@@ -79,7 +79,10 @@ class FakeNvml:
         return i
 
     def nvmlDeviceGetComputeRunningProcesses(self, h):
-        return [type("P", (), {"pid": 2, "usedGpuMemory": 300})(), type("P", (), {"pid": 99, "usedGpuMemory": 5})()]
+        return [
+            type("P", (), {"pid": 2, "usedGpuMemory": 300})(),
+            type("P", (), {"pid": 99, "usedGpuMemory": 5})(),
+        ]
 
     def nvmlDeviceGetMemoryInfo(self, h):
         return type("I", (), {"total": 1000})()
@@ -108,8 +111,12 @@ def test_profile_loop_with_a_fake_clock():
 
 
 def test_allocator_report_from_step_records():
-    steps = [StepRecord(step=i, ts=0.0, mem_allocated_bytes=1000 + 10 * i, mem_reserved_bytes=4000,
-                        mem_peak_bytes=5000) for i in range(1, 11)]
+    steps = [
+        StepRecord(
+            step=i, ts=0.0, mem_allocated_bytes=1000 + 10 * i, mem_reserved_bytes=4000, mem_peak_bytes=5000
+        )
+        for i in range(1, 11)
+    ]
     rep = allocator_report(steps)
     assert rep["mem_allocated_bytes"]["slope_bytes_per_step"] == 10.0 and rep["steps"] == "1-10"
     assert allocator_report([StepRecord(step=1, ts=0.0)]) is None

@@ -18,14 +18,19 @@ from steadytune.forensics.stread import (
 
 def test_round_trip_in_chunks(tmp_path):
     rng = np.random.default_rng(0)
-    tensors = {"b": rng.standard_normal((7, 5)).astype(np.float16), "a": rng.standard_normal(13).astype(np.float32),
-               "i": np.arange(6, dtype=np.int64).reshape(2, 3)}
+    tensors = {
+        "b": rng.standard_normal((7, 5)).astype(np.float16),
+        "a": rng.standard_normal(13).astype(np.float32),
+        "i": np.arange(6, dtype=np.int64).reshape(2, 3),
+    }
     path = tmp_path / "m.safetensors"
     save_file(tensors, str(path))
     refs = read_header(path)
     assert set(refs) == {"a", "b", "i"}
     for name, arr in tensors.items():
-        np.testing.assert_array_equal(read_tensor(refs[name]), arr.astype(np.float64 if name == "i" else np.float32))
+        np.testing.assert_array_equal(
+            read_tensor(refs[name]), arr.astype(np.float64 if name == "i" else np.float32)
+        )
     chunks = list(iter_chunks(refs["b"], chunk=4))
     assert [len(c) for c in chunks] == [4] * 8 + [3]
 

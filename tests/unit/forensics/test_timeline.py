@@ -9,8 +9,12 @@ from steadytune.records import Event, StepRecord
 
 
 def steps(losses, attempt=0, start=1, t0=0.0):
-    return [StepRecord(step=start + i, ts=t0 + i, attempt=attempt, loss=v, grad_norm=1.0, step_time_s=1.0, tokens=100)
-            for i, v in enumerate(losses)]
+    return [
+        StepRecord(
+            step=start + i, ts=t0 + i, attempt=attempt, loss=v, grad_norm=1.0, step_time_s=1.0, tokens=100
+        )
+        for i, v in enumerate(losses)
+    ]
 
 
 def test_nan_loss_is_raised_and_resolved_like_live():
@@ -23,7 +27,9 @@ def test_nan_loss_is_raised_and_resolved_like_live():
 
 def test_worker_reports_are_filed_as_they_came():
     r = Replayer()
-    r.feed(Event(ts=1.0, kind="action", name="skip_step", step=4, severity="warning", data={"consecutive": 1}))
+    r.feed(
+        Event(ts=1.0, kind="action", name="skip_step", step=4, severity="warning", data={"consecutive": 1})
+    )
     assert [e.key for e in r.entries] == [("action", "skip_step", 4)]
 
 
@@ -38,7 +44,9 @@ def test_a_restart_clears_open_anomalies_and_rebuilds_detection_from_the_resume_
     first = r.detector
     r.feed(steps([math.nan], start=11, t0=10.0)[0])  # the dying worker's last record: not fed
     assert anomaly_keys(r.entries) == [("anomaly", "nan_loss", 10)] and r.detector is first
-    r.feed(PlanRevision(revision=1, ts=20.0, reason="rollback", attempt=1, resume_checkpoint="/x/checkpoint-4"))
+    r.feed(
+        PlanRevision(revision=1, ts=20.0, reason="rollback", attempt=1, resume_checkpoint="/x/checkpoint-4")
+    )
     assert r.pending is None and r.detector is not first and r.progress.step == 4
     assert anomaly_keys(r.entries)[-1] == ("resolved", "nan_loss", 10)
     for rec in steps(healthy[4:], attempt=1, start=5, t0=21.0):  # steps 5.. trained again, healthy

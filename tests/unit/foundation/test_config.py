@@ -49,7 +49,11 @@ BROKEN = [
     ({"train": {"learning_rate": "fast"}}, "train.learning_rate", ["'fast'", "positive number"]),
     ({"train": {"learning_rate": -1}}, "train.learning_rate", ["-1", "greater than 0"]),
     ({"train": {"per_device_train_batch_size": 0}}, "train.per_device_train_batch_size", ["0", '"auto"']),
-    ({"train": {"per_device_train_batch_size": "big"}}, "train.per_device_train_batch_size", ["'big'", '"auto"']),
+    (
+        {"train": {"per_device_train_batch_size": "big"}},
+        "train.per_device_train_batch_size",
+        ["'big'", '"auto"'],
+    ),
     ({"train": {"lerning_rate": 1e-4}}, "train.lerning_rate", ["did you mean 'train.learning_rate'"]),
     ({"metod": "lora"}, "metod", ["did you mean 'method'"]),
     ({"method": "qlora4"}, "method", ["'qlora4'", "full, lora or qlora"]),
@@ -76,10 +80,20 @@ def test_each_broken_config_is_named_precisely(files: Path, patch: dict, key: st
 
 
 def test_all_errors_are_reported_at_once(files: Path) -> None:
-    data = {"model": {"name_or_path": "./x-missing"}, "metod": "lora",
-            "data": {"train_file": "missing.jsonl"}, "train": {"learning_rate": "abc", "max_step": 3}}
+    data = {
+        "model": {"name_or_path": "./x-missing"},
+        "metod": "lora",
+        "data": {"train_file": "missing.jsonl"},
+        "train": {"learning_rate": "abc", "max_step": 3},
+    }
     found = issues(write(files, data))
-    assert set(found) == {"model.name_or_path", "metod", "data.train_file", "train.learning_rate", "train.max_step"}
+    assert set(found) == {
+        "model.name_or_path",
+        "metod",
+        "data.train_file",
+        "train.learning_rate",
+        "train.max_step",
+    }
 
 
 def test_missing_sections_and_bad_yaml(files: Path) -> None:
@@ -92,7 +106,10 @@ def test_missing_sections_and_bad_yaml(files: Path) -> None:
 
 
 def test_overrides_short_and_long_keys(files: Path) -> None:
-    cfg = load_config(write(files, base()), ["max_steps=7", "train.learning_rate=1e-3", "lora.target_modules=[q_proj,v_proj]"])
+    cfg = load_config(
+        write(files, base()),
+        ["max_steps=7", "train.learning_rate=1e-3", "lora.target_modules=[q_proj,v_proj]"],
+    )
     assert cfg.train.max_steps == 7 and cfg.train.learning_rate == 1e-3
     assert cfg.lora.target_modules == ["q_proj", "v_proj"]
     assert apply_overrides({"a": {"b": 1}}, ["a.c=2"]) == {"a": {"b": 1, "c": 2}}
@@ -101,8 +118,12 @@ def test_overrides_short_and_long_keys(files: Path) -> None:
 
 
 def test_secrets_are_redacted_in_dumps() -> None:
-    data = {"alerts": {"webhook_url": "https://hooks.example/secret", "smtp": {"password": "hunter2",
-                                                                                "password_env": "SMTP_PASS"}}}
+    data = {
+        "alerts": {
+            "webhook_url": "https://hooks.example/secret",
+            "smtp": {"password": "hunter2", "password_env": "SMTP_PASS"},
+        }
+    }
     red = redact(data)
     assert red["alerts"]["webhook_url"] == "***" and red["alerts"]["smtp"]["password"] == "***"
     assert red["alerts"]["smtp"]["password_env"] == "SMTP_PASS"
@@ -115,13 +136,21 @@ def test_dump_round_trips(files: Path) -> None:
 
 
 def test_validate_cli_names_everything_without_a_traceback(files: Path) -> None:
-    path = write(files, {"model": {"name_or_path": "./model"}, "data": {"train_file": "train.jsonl"},
-                         "train": {"learning_rate": "abc", "max_stp": 10}})
+    path = write(
+        files,
+        {
+            "model": {"name_or_path": "./model"},
+            "data": {"train_file": "train.jsonl"},
+            "train": {"learning_rate": "abc", "max_stp": 10},
+        },
+    )
     proc = subprocess.run([STEADYTUNE, "validate", str(path)], capture_output=True, text=True)
     assert proc.returncode == 1
     assert "Traceback" not in proc.stderr + proc.stdout
     assert "train.learning_rate" in proc.stderr and "'abc'" in proc.stderr
     assert "did you mean 'train.max_steps'" in proc.stderr
     assert "2 problems" in proc.stderr
-    ok = subprocess.run([STEADYTUNE, "validate", str(write(files, base(), "ok.yaml"))], capture_output=True, text=True)
+    ok = subprocess.run(
+        [STEADYTUNE, "validate", str(write(files, base(), "ok.yaml"))], capture_output=True, text=True
+    )
     assert ok.returncode == 0 and "OK" in ok.stdout

@@ -54,7 +54,9 @@ def test_severity_floor_and_alert_only_kinds() -> None:
     assert pol.on_raised(anomaly("divergence", 5, "warning"), 5) is None  # rule wants critical
     assert pol.on_raised(anomaly("plateau", 5), 5) is None
     assert pol.on_raised(anomaly("stall", 5), 5).name == "restart"
-    assert pol.on_raised(anomaly("memory_leak", 7, metric="mem_allocated_bytes"), 7).name == "reduce_microbatch"
+    assert (
+        pol.on_raised(anomaly("memory_leak", 7, metric="mem_allocated_bytes"), 7).name == "reduce_microbatch"
+    )
 
 
 def test_rules_from_config_merge_over_defaults() -> None:
@@ -87,9 +89,20 @@ def test_rollback_goes_further_back_when_the_trouble_repeats() -> None:
 def test_rollback_plan_skips_the_window_and_scales_the_lr() -> None:
     cur = PlanRevision(revision=1, ts=0, reason="start", lr_scale=1.0, skip_ranges=((100, 101),))
     samples = {19: [1, 2], 21: [5, 6], 22: [7, 8], 30: [50]}
-    plan = rollback_plan(cur, 2, 1.0, 1, anomaly_start=22, anomaly_end=22, checkpoint_step=20,
-                         checkpoint_path="/r/checkpoint-20", samples_by_step=samples, lr_scale=0.5,
-                         cause_event_seq=9, reason="loss_spike")
+    plan = rollback_plan(
+        cur,
+        2,
+        1.0,
+        1,
+        anomaly_start=22,
+        anomaly_end=22,
+        checkpoint_step=20,
+        checkpoint_path="/r/checkpoint-20",
+        samples_by_step=samples,
+        lr_scale=0.5,
+        cause_event_seq=9,
+        reason="loss_spike",
+    )
     assert plan.skip_ranges == ((5, 8), (100, 101)) and plan.lr_scale == 0.5
     assert plan.resume_checkpoint == "/r/checkpoint-20" and plan.cause_event_seq == 9 and plan.revision == 2
 
@@ -100,7 +113,14 @@ def test_oom_escalation_and_smaller_microbatch_keep_the_effective_batch() -> Non
     assert change == {"gradient_checkpointing": True}
     gc = PlanRevision(revision=1, ts=0, reason="oom", gradient_checkpointing=True)
     assert oom_escalation(gc, 512, False)[0] == {"max_seq_length": 256}
-    assert oom_escalation(PlanRevision(revision=1, ts=0, reason="oom", gradient_checkpointing=True, max_seq_length=100), 512, False) is None
+    assert (
+        oom_escalation(
+            PlanRevision(revision=1, ts=0, reason="oom", gradient_checkpointing=True, max_seq_length=100),
+            512,
+            False,
+        )
+        is None
+    )
     for b, a in ((8, 1), (6, 2), (3, 4)):
         new = smaller_microbatch(cur, b, a)
         assert new["per_device_train_batch_size"] * new["gradient_accumulation_steps"] == b * a
@@ -114,8 +134,10 @@ def test_safe_mode_fills_only_what_the_user_left_unset(tmp_path) -> None:
 
     (tmp_path / "m").mkdir()
     (tmp_path / "d.jsonl").write_text('{"text": "x"}\n')
-    (tmp_path / "c.yaml").write_text("model: {name_or_path: ./m}\ndata: {train_file: d.jsonl}\n"
-                                     "train: {max_grad_norm: 0.5}\npolicy: {spike_confirm_points: 4}\n")
+    (tmp_path / "c.yaml").write_text(
+        "model: {name_or_path: ./m}\ndata: {train_file: d.jsonl}\n"
+        "train: {max_grad_norm: 0.5}\npolicy: {spike_confirm_points: 4}\n"
+    )
     cfg = safe_mode(load_config(tmp_path / "c.yaml"))
     assert cfg.train.max_grad_norm == 0.5 and cfg.policy.spike_confirm_points == 4  # the user's choices stay
     assert cfg.policy.checkpoint_every_s == 600 and cfg.policy.max_lr == 5e-3  # the rest of the preset

@@ -18,8 +18,15 @@ from steadytune.records import (
 
 
 def test_step_record_round_trip_keeps_nan_and_inf() -> None:
-    rec = StepRecord(step=3, ts=1.5, loss=math.nan, grad_norm=math.inf, lr=1e-4,
-                     batch=BatchFingerprint((1, 2), ("ab", "cd")), extra={"x": 1})
+    rec = StepRecord(
+        step=3,
+        ts=1.5,
+        loss=math.nan,
+        grad_norm=math.inf,
+        lr=1e-4,
+        batch=BatchFingerprint((1, 2), ("ab", "cd")),
+        extra={"x": 1},
+    )
     back = from_json(to_json(rec))
     assert isinstance(back, StepRecord)
     assert math.isnan(back.loss) and back.grad_norm == math.inf

@@ -9,9 +9,22 @@ def test_classification_table() -> None:
     assert classify(ExitInfo(0, status="completed")) == "completed"
     assert classify(ExitInfo(-signal.SIGKILL)) == "killed"
     assert classify(ExitInfo(137)) == "killed"  # torchrun / shells: 128 + 9
-    assert classify(ExitInfo(1, status="error", error_type="OutOfMemoryError", error_message="CUDA out of memory.")) == "oom"
-    assert classify(ExitInfo(1, stderr_tail="RuntimeError: CUDA error: an illegal memory access was encountered")) == "cuda_error"
-    assert classify(ExitInfo(1, stderr_tail="[Rank 0] Watchdog caught collective operation timeout")) == "collective_timeout"
+    assert (
+        classify(
+            ExitInfo(1, status="error", error_type="OutOfMemoryError", error_message="CUDA out of memory.")
+        )
+        == "oom"
+    )
+    assert (
+        classify(
+            ExitInfo(1, stderr_tail="RuntimeError: CUDA error: an illegal memory access was encountered")
+        )
+        == "cuda_error"
+    )
+    assert (
+        classify(ExitInfo(1, stderr_tail="[Rank 0] Watchdog caught collective operation timeout"))
+        == "collective_timeout"
+    )
     assert classify(ExitInfo(1, status="error", error_type="RuntimeError")) == "python_error"
     assert classify(ExitInfo(-signal.SIGSEGV)) == "signal_SIGSEGV"
     assert classify(ExitInfo(-signal.SIGTERM, interrupted=True)) == "user_interrupt"
@@ -31,7 +44,9 @@ def test_restart_until_the_budget_is_spent() -> None:
 
 
 def test_deterministic_errors_stop_at_once() -> None:
-    setup = ExitInfo(1, status="error", error_type="DataError", error_message="bad column", deterministic=True)
+    setup = ExitInfo(
+        1, status="error", error_type="DataError", error_message="bad column", deterministic=True
+    )
     d = decide(setup, [], 0, 3)
     assert d.action == "stop" and d.classification == "deterministic" and "bad column" in d.reason
 

@@ -19,7 +19,7 @@ def test_tailer_reads_only_complete_lines(tmp_path: Path) -> None:
     got = tail.read()
     assert [r.step for r in got] == [1]
     with open(path, "a") as f:
-        f.write(':2.0}\n')
+        f.write(":2.0}\n")
     w.write(Heartbeat(ts=3.0, step=2))
     got = tail.read()
     assert [type(r).__name__ for r in got] == ["StepRecord", "Heartbeat"]

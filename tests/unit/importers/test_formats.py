@@ -84,8 +84,18 @@ def test_megatron_text_joins_wrapped_lines_and_keeps_real_nan(tmp_path: Path) ->
 def test_megatron_golden_values_drop_the_nan_placeholders(tmp_path: Path) -> None:
     p = tmp_path / "golden.json"
     doc = {
-        "lm loss": {"start_step": 1, "end_step": 15, "step_interval": 5, "values": {"1": 10.5, "5": 9.0, "10": "nan"}},
-        "mem-allocated-bytes": {"start_step": 1, "end_step": 15, "step_interval": 5, "values": {"1": 1e9, "5": 1e9}},
+        "lm loss": {
+            "start_step": 1,
+            "end_step": 15,
+            "step_interval": 5,
+            "values": {"1": 10.5, "5": 9.0, "10": "nan"},
+        },
+        "mem-allocated-bytes": {
+            "start_step": 1,
+            "end_step": 15,
+            "step_interval": 5,
+            "values": {"1": 1e9, "5": 1e9},
+        },
     }
     p.write_text(json.dumps(doc, indent=4))
     s = load(p)
@@ -114,7 +124,11 @@ def test_wandb_csv_export_drops_run_prefix_and_bands(tmp_path: Path) -> None:
     )
     s = load(p)
     assert s.format == "csv"
-    assert [(r.step, r.loss, r.grad_norm) for r in s.records] == [(1, 2.5, 1.0), (2, None, 1.1), (3, 2.2, None)]
+    assert [(r.step, r.loss, r.grad_norm) for r in s.records] == [
+        (1, 2.5, 1.0),
+        (2, None, 1.1),
+        (3, 2.2, None),
+    ]
     assert not any("__MIN" in m for m in s.metrics)
 
 
@@ -126,7 +140,10 @@ def test_tensorboard_events_file_and_directory(tmp_path: Path) -> None:
 
     w = EventFileWriter(str(tmp_path))
     for step in (1, 2, 3):
-        values = [Summary.Value(tag="train/loss", simple_value=3.0 - step), Summary.Value(tag="train/lr", simple_value=1e-4)]
+        values = [
+            Summary.Value(tag="train/loss", simple_value=3.0 - step),
+            Summary.Value(tag="train/lr", simple_value=1e-4),
+        ]
         w.add_event(Event(step=step, wall_time=float(step), summary=Summary(value=values)))
     w.close()
     (events,) = tmp_path.glob("events.out.tfevents*")
@@ -145,14 +162,22 @@ def test_steadytune_run_directory_keeps_the_last_record_per_step_and_rank(tmp_pa
         ws.write(SystemSample(ts=1.0, cpu_ratio=0.5))
     s = load(run.root)
     assert s.format == "steadytune_run" and s.steps == 3
-    assert [(r.step, r.rank, r.loss) for r in s.records if r.rank == 0] == [(1, 0, 2.0), (2, 0, 1.8), (3, 0, 1.7)]
+    assert [(r.step, r.rank, r.loss) for r in s.records if r.rank == 0] == [
+        (1, 0, 2.0),
+        (2, 0, 1.8),
+        (3, 0, 1.7),
+    ]
     assert len(s.records) == 6 and len(s.system) == 1
 
 
 def test_interleaved_duplicates_keep_the_last_value_per_step(tmp_path: Path) -> None:
     p = tmp_path / "log.csv"
     p.write_text("step,loss,grad_norm\n1,2.0,1.0\n2,1.9,1.0\n1,2.1,\n3,1.8,0.9\n")
-    assert [(r.step, r.loss, r.grad_norm) for r in load(p).records] == [(1, 2.1, 1.0), (2, 1.9, 1.0), (3, 1.8, 0.9)]
+    assert [(r.step, r.loss, r.grad_norm) for r in load(p).records] == [
+        (1, 2.1, 1.0),
+        (2, 1.9, 1.0),
+        (3, 1.8, 0.9),
+    ]
 
 
 @pytest.mark.parametrize(
@@ -163,10 +188,12 @@ def test_interleaved_duplicates_keep_the_last_value_per_step(tmp_path: Path) -> 
         ("other.json", '{"model": "llama", "layers": 32}', "JSON, but neither"),
         ("notes.txt", "just some words\nno numbers here\n", "unrecognised format"),
         ("nostep.csv", "a,b\n1,2\n", "unrecognised format"),
-        ("bad.json", "{\n  \"log_history\": [1, 2,\n", "invalid JSON"),
+        ("bad.json", '{\n  "log_history": [1, 2,\n', "invalid JSON"),
     ],
 )
-def test_unreadable_files_give_a_one_line_reason(tmp_path: Path, name: str, content: str | bytes, reason: str) -> None:
+def test_unreadable_files_give_a_one_line_reason(
+    tmp_path: Path, name: str, content: str | bytes, reason: str
+) -> None:
     p = tmp_path / name
     p.write_bytes(content) if isinstance(content, bytes) else p.write_text(content)
     with pytest.raises(UnreadableLog) as e:

@@ -132,3 +132,15 @@ def test_the_cause_is_found_behind_a_launcher_wrapper() -> None:
         "bad value for learning_rate",
     )
     assert last_exception("all good\n") is None
+
+
+def test_the_logging_interval_is_read_from_the_command(tmp_path: Path) -> None:
+    from steadytune.supervise.external import logging_steps_from
+
+    assert logging_steps_from(["trl", "sft", "--logging_steps", "5"]) == 5
+    assert logging_steps_from(["python", "train.py", "--logging-steps=20"]) == 20
+    cfg = tmp_path / "sft.yaml"
+    cfg.write_text("model_name_or_path: m\nlogging_steps: 7\nsave_steps: 50\n")
+    assert logging_steps_from(["llamafactory-cli", "train", str(cfg)]) == 7
+    assert logging_steps_from(["llamafactory-cli", "train", str(cfg), "logging_steps=3"]) == 3
+    assert logging_steps_from(["python", "train.py"]) is None

@@ -19,7 +19,11 @@ SAMPLE = re.compile(r'^(steadytune_[a-z_]+)(\{([a-z_]+="([^"\\]|\\.)*",?)*\})? (
 
 def test_value_and_label_formatting() -> None:
     assert format_value(3.0) == "3" and format_value(0.25) == "0.25"
-    assert format_value(math.nan) == "NaN" and format_value(math.inf) == "+Inf" and format_value(-math.inf) == "-Inf"
+    assert (
+        format_value(math.nan) == "NaN"
+        and format_value(math.inf) == "+Inf"
+        and format_value(-math.inf) == "-Inf"
+    )
     assert escape_label('a"b\\c\nd') == 'a\\"b\\\\c\\nd'
 
 
@@ -38,7 +42,15 @@ def _run(tmp_path: Path, now: float) -> RunDir:
         for s in range(10):
             w.write(StepRecord(step=s, ts=now - 10 + s, loss=2.0 - s * 0.1, grad_norm=1.5, lr=1e-4, tokens=1000,
                                step_time_s=0.5, mem_allocated_bytes=100, mem_reserved_bytes=200, mem_peak_bytes=300))  # fmt: skip
-    gpu = GpuSample(index=0, name="H100", util_ratio=0.9, mem_used_bytes=75, mem_total_bytes=100, temperature_c=70, power_w=500)
+    gpu = GpuSample(
+        index=0,
+        name="H100",
+        util_ratio=0.9,
+        mem_used_bytes=75,
+        mem_total_bytes=100,
+        temperature_c=70,
+        power_w=500,
+    )
     with JsonlWriter(run.system) as w:
         w.write(SystemSample(ts=now, cpu_ratio=0.4, ram_used_bytes=10, ram_total_bytes=20, disk_free_bytes=5,
                              disk_total_bytes=9, gpus=(gpu,)))  # fmt: skip
@@ -47,13 +59,20 @@ def _run(tmp_path: Path, now: float) -> RunDir:
         w.write(PlanRevision(revision=1, ts=now, reason="oom", attempt=1))
         w.write(PlanRevision(revision=2, ts=now, reason="oom", attempt=2))
     log = EventLog(run.events, run_id="r1")
-    log.append(Event(ts=now, kind="anomaly", name="loss_spike", severity="warning", step=3, data={"metric": "loss"}))
+    log.append(
+        Event(ts=now, kind="anomaly", name="loss_spike", severity="warning", step=3, data={"metric": "loss"})
+    )
     log.append(Event(ts=now, kind="resolved", name="loss_spike", step=5, data={"metric": "loss"}))
-    log.append(Event(ts=now, kind="anomaly", name="divergence", severity="critical", step=8, data={"metric": "loss"}))
+    log.append(
+        Event(ts=now, kind="anomaly", name="divergence", severity="critical", step=8, data={"metric": "loss"})
+    )
     ck = run.checkpoints / "checkpoint-5"
     ck.mkdir(parents=True)
     (ck / "w.bin").write_bytes(b"abc")
-    atomic_write_text(ck / "MANIFEST.json", json.dumps({"step": 5, "ts": now - 120, "files": [{"path": "w.bin", "size": 3}]}))
+    atomic_write_text(
+        ck / "MANIFEST.json",
+        json.dumps({"step": 5, "ts": now - 120, "files": [{"path": "w.bin", "size": 3}]}),
+    )
     atomic_write_text(run.latest_pointer, "checkpoint-5")
     atomic_write_text(run.status, json.dumps({"run_id": "r1", "state": "running", "step": 9, "max_steps": 100,
                                               "restarts": 2, "attempt": 2, "updated_ts": now, "eta_s": 45.5}))  # fmt: skip
@@ -68,7 +87,11 @@ def test_render_metrics_from_a_run(tmp_path: Path) -> None:
     text = render_metrics(index, lambda: now)
     lines = text.splitlines()
     for line in lines:
-        assert line.startswith("# HELP steadytune_") or line.startswith("# TYPE steadytune_") or SAMPLE.match(line), line
+        assert (
+            line.startswith("# HELP steadytune_")
+            or line.startswith("# TYPE steadytune_")
+            or SAMPLE.match(line)
+        ), line
     expect = {
         'steadytune_run_state{run="r1",state="running"} 1',
         'steadytune_run_state{run="r1",state="failed"} 0',
@@ -91,7 +114,9 @@ def test_render_metrics_from_a_run(tmp_path: Path) -> None:
         'steadytune_checkpoints_verified{run="r1"} 1',
     }
     assert expect <= set(lines), expect - set(lines)
-    assert 'kind="loss_spike"' not in "".join(ln for ln in lines if ln.startswith("steadytune_anomalies_active"))
+    assert 'kind="loss_spike"' not in "".join(
+        ln for ln in lines if ln.startswith("steadytune_anomalies_active")
+    )
     assert any(ln.startswith('steadytune_loss{run="r1"} 1.1') for ln in lines)
     # Every family is typed once, counters end in _total, each name carries the steadytune_ prefix.
     types = [ln.split()[2:] for ln in lines if ln.startswith("# TYPE")]

@@ -21,7 +21,9 @@ from steadytune.web.runs import RunsIndex
 LAYERS = ("embeddings", "layers.0", "layers.1", "lm_head")
 
 
-def row(step: int, norm: list[float], zero: list[float] | None = None, layers: tuple[str, ...] = LAYERS) -> GradFlow:
+def row(
+    step: int, norm: list[float], zero: list[float] | None = None, layers: tuple[str, ...] = LAYERS
+) -> GradFlow:
     return GradFlow(step=step, attempt=0, ts=float(step), layers=layers, norm=tuple(norm),
                     zero_frac=tuple(zero or [0.0] * len(layers)), version=step)  # fmt: skip
 
@@ -66,7 +68,9 @@ def test_buckets_keep_the_worst_cell_and_average_the_healthy_ones() -> None:
 
 
 def test_layers_missing_from_a_recording_are_empty_cells() -> None:
-    hm = build([row(1, [1.0, 1.0], layers=("layers.0", "lm_head")), row(2, [1.0, 1.0, 1.0], layers=LAYERS[1:])])
+    hm = build(
+        [row(1, [1.0, 1.0], layers=("layers.0", "lm_head")), row(2, [1.0, 1.0, 1.0], layers=LAYERS[1:])]
+    )
     assert hm["layers"] == ["layers.0", "lm_head", "layers.1"]
     assert hm["columns"][0]["norm"][2] is None and hm["columns"][0]["state"][2] is None
     assert build([])["columns"] == [] and build([])["layers"] == []
@@ -78,8 +82,15 @@ def _run_with_gradflow(runs: Path) -> RunDir:
         for s in range(1, 121):
             extra = {}
             if s == 1 or s % 50 == 0:
-                extra = {"gradflow": {"layers": list(LAYERS), "norm": [0.5, 1.0, 1e-5 if s == 100 else 0.1, "inf"],
-                                      "zero_frac": [0.98, 0.0, 0.0, 0.0], "hist": [[1]] * 4, "bins": [0.0, 1.0]}}
+                extra = {
+                    "gradflow": {
+                        "layers": list(LAYERS),
+                        "norm": [0.5, 1.0, 1e-5 if s == 100 else 0.1, "inf"],
+                        "zero_frac": [0.98, 0.0, 0.0, 0.0],
+                        "hist": [[1]] * 4,
+                        "bins": [0.0, 1.0],
+                    }
+                }
             w.write(StepRecord(step=s, ts=float(s), loss=1.0, extra=extra))
     return run
 
@@ -94,7 +105,10 @@ def test_api_serves_the_heat_map_and_live_increments(tmp_path: Path) -> None:
         entry.refresh()  # no supervisor: the dashboard indexes the JSONL itself
         hm = api.gradflow(entry)
         assert [c["first"] for c in hm["columns"]] == [1, 50, 100]
-        assert hm["columns"][2]["state"] == [OK, OK, VANISHING, EXPLODING] and hm["columns"][0]["norm"][3] == "inf"
+        assert (
+            hm["columns"][2]["state"] == [OK, OK, VANISHING, EXPLODING]
+            and hm["columns"][0]["norm"][3] == "inf"
+        )
         assert hm["version"] >= max(r.version for r in entry.store().gradflow())
         assert [c["first"] for c in api.gradflow(entry, lo=40, hi=100)["columns"]] == [50, 100]
         assert len(api.gradflow(entry, points=1)["columns"]) == 1
@@ -109,4 +123,9 @@ def test_api_serves_the_heat_map_and_live_increments(tmp_path: Path) -> None:
 
 
 def test_states_are_named_in_code_order() -> None:
-    assert [heatmap.STATES[k] for k in (OK, VANISHING, DEAD, EXPLODING)] == ["ok", "vanishing", "dead", "exploding"]
+    assert [heatmap.STATES[k] for k in (OK, VANISHING, DEAD, EXPLODING)] == [
+        "ok",
+        "vanishing",
+        "dead",
+        "exploding",
+    ]

@@ -21,16 +21,22 @@ class FakeNvml:
     def nvmlShutdown(self) -> None: ...
     def nvmlDeviceGetCount(self) -> int:
         return 1
+
     def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
         return i
+
     def nvmlDeviceGetName(self, h: int) -> bytes:
         return b"NVIDIA H100"
+
     def nvmlDeviceGetMemoryInfo(self, h: int) -> SimpleNamespace:
         return SimpleNamespace(used=40 << 30, total=80 << 30)
+
     def nvmlDeviceGetUtilizationRates(self, h: int) -> SimpleNamespace:
         return SimpleNamespace(gpu=87)
+
     def nvmlDeviceGetTemperature(self, h: int, sensor: int) -> int:
         return 71
+
     def nvmlDeviceGetPowerUsage(self, h: int) -> int:
         raise RuntimeError("not supported")  # a missing reading is N/A, not a crash
 
@@ -40,7 +46,9 @@ def _runs(tmp_path: Path) -> Path:
     with JsonlWriter(run.telemetry(0)) as w:
         for s in range(30):
             w.write(StepRecord(step=s, ts=float(s), loss=3.0 - s * 0.05, tokens=4000, step_time_s=0.5))
-    EventLog(run.events, run_id="r1").append(Event(ts=1.0, kind="anomaly", name="loss_spike", severity="warning", step=12))
+    EventLog(run.events, run_id="r1").append(
+        Event(ts=1.0, kind="anomaly", name="loss_spike", severity="warning", step=12)
+    )
     atomic_write_text(run.status, json.dumps({"state": "running", "step": 29, "max_steps": 100}))
     return tmp_path / "runs"
 

@@ -34,7 +34,9 @@ def test_loopback_detection() -> None:
 def test_non_loopback_bind_needs_a_token_and_says_why() -> None:
     check_bind("127.0.0.1", None)
     check_bind("0.0.0.0", TOKEN)
-    with pytest.raises(BindRefused, match=r"refusing to serve the dashboard on 0\.0\.0\.0.*STEADYTUNE_DASHBOARD_TOKEN"):
+    with pytest.raises(
+        BindRefused, match=r"refusing to serve the dashboard on 0\.0\.0\.0.*STEADYTUNE_DASHBOARD_TOKEN"
+    ):
         check_bind("0.0.0.0", None)
     with pytest.raises(BindRefused, match="at least 16"):
         check_bind("127.0.0.1", "short")
@@ -91,7 +93,11 @@ def test_control_fallback_writes_request_and_event(tmp_path: Path, monkeypatch: 
     run = RunDir(tmp_path / "r").create()
     result = control.send(run, "pause", "alice (dashboard, 127.0.0.1)", sender=None)
     req = json.loads(run.control.read_text())
-    assert req["command"] == "pause" and req["issuer"] == "alice (dashboard, 127.0.0.1)" and req["id"] == result["id"]
+    assert (
+        req["command"] == "pause"
+        and req["issuer"] == "alice (dashboard, 127.0.0.1)"
+        and req["id"] == result["id"]
+    )
     (event,) = read_events(run.events)
     assert event.kind == "control" and event.name == "pause" and event.data["issuer"].startswith("alice")
     with pytest.raises(control.ControlError, match="unknown command"):
@@ -104,7 +110,9 @@ def test_control_prefers_the_supervisor_module(tmp_path: Path) -> None:
     run = RunDir(tmp_path / "r").create()
     calls = []
     result = control.send(run, "checkpoint", "bob", sender=lambda *a: calls.append(a) or {"id": "x1"})
-    assert calls == [(run, "checkpoint", "bob", None)] and result["via"] == "supervisor" and result["id"] == "x1"
+    assert (
+        calls == [(run, "checkpoint", "bob", None)] and result["via"] == "supervisor" and result["id"] == "x1"
+    )
     assert not run.control.exists()
 
 
@@ -112,4 +120,8 @@ def test_control_through_the_real_supervisor_module(tmp_path: Path) -> None:
     run = RunDir(tmp_path / "r").create()
     result = control.send(run, "stop", "carol (dashboard, 127.0.0.1)")
     req = json.loads(run.control.read_text())
-    assert (req["command"], req["issuer"], req["id"]) == ("stop", "carol (dashboard, 127.0.0.1)", result["id"])
+    assert (req["command"], req["issuer"], req["id"]) == (
+        "stop",
+        "carol (dashboard, 127.0.0.1)",
+        result["id"],
+    )

@@ -1,0 +1,79 @@
+"""Real third-party training CLIs, each in a virtualenv of its own, built once and reused.
+
+The tests install the tools the way a user does, from the package index, so a clean
+machine proves them from nothing. torch is pinned first (and by a constraints file
+for every later install): an unpinned torch, or a package that depends on
+torchvision/torchaudio, would pull a multi-GB CUDA build. A venv is reused while its
+requirements are unchanged (``.cache/tool-venvs/<name>-<hash>`` in the repository, or
+``$STEADYTUNE_TOOL_VENVS``); ``.ready`` is written last, so a half-built venv is rebuilt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+TORCH = "torch==2.13.0"
+
+TOOLS: dict[str, dict[str, list[str]]] = {
+    "trl": {"install": ["trl==1.16.0", "datasets", "peft"], "no_deps": []},
+    # LLaMA-Factory pins torchvision/torchaudio/av/gradio for its web UI and vision models; the CLI's
+    # text training path needs none of them, so it goes in without its deps and these are added.
+    "llamafactory": {
+        "no_deps": ["llamafactory==0.9.5"],
+        "install": [
+            "transformers>=4.55,<=5.6.0",
+            "trl>=0.18,<=0.24",
+            "peft>=0.18,<=0.18.1",
+            "datasets>=2.16,<=4.0.0",
+            "accelerate>=1.3,<=1.11.0",
+            "einops",
+            "fire",
+            "omegaconf",
+            "pandas",
+            "protobuf",
+            "pydantic",
+            "pyyaml",
+            "safetensors",
+            "scipy",
+            "sentencepiece",
+            "tiktoken",
+            "tyro<0.9.0",
+            "packaging",
+            "numpy",
+            "matplotlib",
+        ],
+    },
+}
+
+
+def _root() -> Path:
+    return Path(os.environ.get("STEADYTUNE_TOOL_VENVS") or REPO / ".cache" / "tool-venvs")
+
+
+def tool_venv(name: str) -> Path:
+    """The bin/ folder of a venv with tool ``name`` installed (built on first use)."""
+    spec = TOOLS[name]
+    key = hashlib.sha256(repr((sys.version_info[:2], TORCH, spec)).encode()).hexdigest()[:12]
+    venv = _root() / f"{name}-{key}"
+    bin_dir = venv / "bin"
+    if (venv / ".ready").exists():
+        return bin_dir
+    if venv.exists():
+        shutil.rmtree(venv)
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    pip = [str(bin_dir / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    constraints = venv / "constraints.txt"
+    constraints.write_text(TORCH + "\n")
+    subprocess.run([*pip, TORCH], check=True)
+    if spec["no_deps"]:
+        subprocess.run([*pip, "--no-deps", *spec["no_deps"]], check=True)
+    subprocess.run([*pip, "-c", str(constraints), *spec["install"]], check=True)
+    (venv / ".ready").write_text("ok\n")
+    return bin_dir
