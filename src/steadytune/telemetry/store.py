@@ -23,7 +23,7 @@ import math
 import sqlite3
 import threading
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -432,6 +432,7 @@ class RunStore:
                 if seq is None:
                     row = self._db.execute("SELECT COALESCE(MAX(seq), -1) + 1 FROM events").fetchone()
                     seq = int(row[0])
+                    e = replace(e, seq=seq)  # readers see the seq it is filed under
                 self._db.execute(
                     "INSERT OR REPLACE INTO events(seq, ts, kind, name, severity, step, message, json) "
                     "VALUES(?, ?, ?, ?, ?, ?, ?, ?)",
@@ -476,7 +477,11 @@ class RunStore:
         """
         total = 0
         files = [*run_dir.telemetry_files(), run_dir.system, run_dir.events, run_dir.plan]
+        # A worker's notices (events in telemetry/) are filed by its supervisor in events.jsonl,
+        # with their seq: index the filed copy only, or each would show twice, the second without a seq.
+        filed = run_dir.events.exists()
         for path in files:
+            notices = path.parent == run_dir.telemetry_dir
             key = f"offset:{path.relative_to(run_dir.root).as_posix()}"
             start = int(self.get_meta(key, "0") or 0)
             try:
@@ -493,9 +498,11 @@ class RunStore:
                 recs = []
                 for d in dicts:
                     try:
-                        recs.append(from_dict(d))
+                        rec = from_dict(d)
                     except (ValueError, TypeError):
                         continue
+                    if not (filed and notices and isinstance(rec, Event)):
+                        recs.append(rec)
                 self.add(recs)
                 total += len(recs)
             self.set_meta(key, str(offset))
@@ -804,7 +811,7 @@ class RunStore:
         self, after_seq: int = -1, kinds: Sequence[str] | None = None, limit: int = 500, newest: bool = False
     ) -> list[Event]:
         """Events with ``seq > after_seq`` in order; ``newest`` takes the last ``limit`` instead."""
-        sql = "SELECT json FROM events WHERE seq>?"
+        sql = "SELECT seq, json FROM events WHERE seq>?"
         params: list[Any] = [after_seq]
         if kinds:
             sql += f" AND kind IN ({', '.join('?' * len(kinds))})"
@@ -812,14 +819,15 @@ class RunStore:
         sql += f" ORDER BY seq {'DESC' if newest else 'ASC'} LIMIT ?"
         params.append(limit)
         with self._lock:
-            raw = [r[0] for r in self._db.execute(sql, params)]
+            raw = list(self._db.execute(sql, params))
         if newest:
             raw.reverse()
         out: list[Event] = []
-        for text in raw:
+        for seq, text in raw:
             rec = from_dict(json.loads(text))
             if isinstance(rec, Event):
-                out.append(rec)
+                # An index filled before seqs were kept in the JSON: the row's seq is the event's.
+                out.append(rec if rec.seq == seq else replace(rec, seq=seq))
         return out
 
     def last_event_seq(self) -> int:

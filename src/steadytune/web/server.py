@@ -298,7 +298,8 @@ class Handler(BaseHTTPRequestHandler):
                 sent = True
             events = store.events(after_seq=seq, limit=500)
             if events:
-                seq = max(e.seq or seq for e in events)
+                # Every indexed event has its seq: the next poll asks only for later ones.
+                seq = max(seq, *(e.seq for e in events if e.seq is not None))
                 self._sse("events", [api.event_dict(e) for e in events])
                 sent = True
             if time.monotonic() - side_at > 2.0:

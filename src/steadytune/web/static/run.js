@@ -192,7 +192,8 @@
   function addEvents(events) {
     const list = document.getElementById("events");
     for (const e of events) {
-      if (e.seq !== undefined && e.seq <= state.lastSeq) continue;
+      // Every event has its seq (the server sees to it): each is shown once, however often it is sent.
+      if (typeof e.seq === "number" && e.seq <= state.lastSeq) continue;
       state.lastSeq = Math.max(state.lastSeq, e.seq ?? state.lastSeq);
       state.events.push(e);
       list.prepend(eventItem(e));
