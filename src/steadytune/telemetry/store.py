@@ -98,8 +98,41 @@ CREATE INDEX IF NOT EXISTS gradflow_version ON gradflow(version);
 """
 
 
-def _read_lines(path: Path, offset: int, max_bytes: int) -> tuple[list[dict[str, Any]], int]:
-    """Complete JSON lines from ``offset``, at most about ``max_bytes``; a torn tail is left."""
+# Records nest a few levels (a step's extra.gradflow.hist rows sit 5 deep); deeper is no record of ours,
+# and would blow the stack of whatever walks it next (to_dict, json.dumps, the web's clean()).
+MAX_JSON_DEPTH = 64
+
+
+def within_depth(obj: Any, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether a parsed JSON value nests at most ``limit`` lists/objects deep (walked without recursion)."""
+    stack = [(obj, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict):
+            children: Iterable[Any] = value.values()
+        elif isinstance(value, list):
+            children = value
+        else:
+            continue
+        if depth > limit:
+            return False
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+    return True
+
+
+def _parse_line(raw: bytes) -> Any:
+    """One JSONL line; ValueError or RecursionError if it is not JSON or nests too deep."""
+    value = json.loads(raw)
+    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and not within_depth(value):
+        raise ValueError(f"nested deeper than {MAX_JSON_DEPTH}")
+    return value
+
+
+def _read_lines(path: Path, offset: int, max_bytes: int) -> tuple[list[dict[str, Any]], int, int]:
+    """Complete JSON lines from ``offset``, at most about ``max_bytes``; a torn tail is left.
+
+    Returns (the parsed lines, the offset after them, how many lines could not be read).
+    """
     try:
         with open(path, "rb") as f:
             f.seek(offset)
@@ -111,18 +144,19 @@ def _read_lines(path: Path, offset: int, max_bytes: int) -> tuple[list[dict[str,
                     break
                 chunk += more
     except FileNotFoundError:
-        return [], offset
+        return [], offset, 0
     end = chunk.rfind(b"\n")
     if end < 0:
-        return [], offset
+        return [], offset, 0
     out: list[dict[str, Any]] = []
+    bad = 0
     for raw in chunk[: end + 1].splitlines():
         if raw.strip():
             try:
-                out.append(json.loads(raw))
-            except ValueError:
-                continue
-    return out, offset + end + 1
+                out.append(_parse_line(raw))
+            except (ValueError, RecursionError):  # RecursionError: nested too deep for the parser itself
+                bad += 1
+    return out, offset + end + 1, bad
 
 
 def _last_line(path: Path, block: int = 1 << 16) -> tuple[int, dict[str, Any] | None]:
@@ -140,8 +174,8 @@ def _last_line(path: Path, block: int = 1 << 16) -> tuple[int, dict[str, Any] | 
         return 0, None
     start = tail.rfind(b"\n", 0, end) + 1
     try:
-        return size - len(tail) + end + 1, json.loads(tail[start:end])
-    except ValueError:
+        return size - len(tail) + end + 1, _parse_line(tail[start:end])
+    except (ValueError, RecursionError):
         return 0, None
 
 
@@ -268,6 +302,8 @@ class RunStore:
                 self.set_meta("schema", SCHEMA_VERSION)
         self._db.execute("PRAGMA busy_timeout=5000")
         self._version = self._max_version()
+        # Lines of the JSONL that sync() skipped: not JSON, nested too deep, or not a record.
+        self.unreadable_lines = 0
 
     # ---- housekeeping -------------------------------------------------------------
 
@@ -491,7 +527,7 @@ class RunStore:
                 continue
             offset = start
             while True:
-                dicts, offset_next = _read_lines(path, offset, chunk_bytes)
+                dicts, offset_next, bad = _read_lines(path, offset, chunk_bytes)
                 if offset_next == offset:
                     break
                 offset = offset_next
@@ -499,10 +535,12 @@ class RunStore:
                 for d in dicts:
                     try:
                         rec = from_dict(d)
-                    except (ValueError, TypeError):
+                    except (ValueError, TypeError, AttributeError, RecursionError):
+                        bad += 1
                         continue
                     if not (filed and notices and isinstance(rec, Event)):
                         recs.append(rec)
+                self.unreadable_lines += bad
                 self.add(recs)
                 total += len(recs)
             self.set_meta(key, str(offset))

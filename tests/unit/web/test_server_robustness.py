@@ -1,4 +1,4 @@
-"""The dashboard's live stream sends each event once.
+"""The dashboard survives what a run directory may hold, and its live stream sends each event once.
 
 The server runs on 127.0.0.1 with a free port, a short poll interval and a
 bounded read of each stream.
@@ -21,6 +21,10 @@ from steadytune.telemetry.events import EventLog
 from steadytune.telemetry.store import RunStore
 from steadytune.telemetry.stream import JsonlWriter
 from steadytune.web.server import DashboardHandle, start_dashboard
+
+DEEP = "[" * 100_000  # one line of nothing but open brackets: json.loads raises RecursionError
+# Parseable, but too deep for what walks it next (to_dict, json.dumps, the API's clean()).
+NESTED = "[" * 900 + "]" * 900
 
 
 def get(handle: DashboardHandle, path: str) -> tuple[int, bytes]:
@@ -143,3 +147,42 @@ def test_worker_notices_are_the_events_of_a_run_without_an_event_log(serve, tmp_
     frames = read_sse(handle, "/api/runs/bare/stream?since=0&after=-1", seconds=0.6)
     sent = [e for name, data in frames if name == "events" for e in data]
     assert [(e.get("seq"), e["name"]) for e in sent] == [(0, "loss_spike"), (1, "checkpoint_saved")]
+
+
+def test_a_deeply_nested_line_is_skipped_and_counted(serve, tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    run = RunDir(runs / "deep").create()
+    with open(run.telemetry(0), "w") as f:
+        f.write(json.dumps({"type": "step", "step": 0, "ts": 1.0, "loss": 1.0}) + "\n")
+        f.write(DEEP + "\n")
+        f.write('{"type": "step", "step": 5, "ts": 1.5, "loss": 1.0, "extra": {"x": ' + NESTED + "}}\n")
+        f.write(json.dumps({"type": "step", "step": 1, "ts": 2.0, "loss": 0.9}) + "\n")
+    with open(run.events, "w") as f:
+        f.write(DEEP + "\n")
+    atomic_write_text(run.status, '{"state": "running", "x": ' + NESTED + "}")
+    handle = serve(runs)
+    status, body = get(handle, "/api/runs/deep")
+    assert status == 200, body[:300]
+    entry = handle.app.index.get("deep")
+    deadline = time.monotonic() + 5
+    while entry.store().step_count() < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert entry.store().step_count() == 2  # the lines around it are indexed
+    detail = json.loads(get(handle, "/api/runs/deep")[1])
+    assert detail["unreadable_lines"] == 3  # two in telemetry/rank-0.jsonl, one in events.jsonl
+    status, body = get(handle, "/api/runs/deep/series?points=100")
+    assert status == 200 and json.loads(body)["steps"]["total"] == 2
+    assert get(handle, "/api/runs")[0] == 200
+    assert get(handle, "/metrics")[0] == 200
+
+
+def test_a_deep_last_line_does_not_stop_adopting_the_supervisors_index(serve, tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    run, filed = finished_run(runs, "tail")
+    supervisor_index(run, filed)
+    with open(run.events, "a") as f:
+        f.write(DEEP + "\n")
+    handle = serve(runs)
+    status, body = get(handle, "/api/runs/tail")
+    assert status == 200, body[:300]
+    assert [e["seq"] for e in json.loads(body)["events"]] == [e.seq for e in filed]
