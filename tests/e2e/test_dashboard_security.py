@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -94,3 +96,57 @@ def test_no_cors_and_no_dns_rebinding(secured: DashboardHandle) -> None:
     assert headers["X-Frame-Options"] == "DENY" and "default-src 'self'" in headers["Content-Security-Policy"]
     status, _, _ = request(secured, "GET", "/api/runs", headers={"Host": "evil.example:80"})
     assert status == 403
+
+
+def read_all(sock: socket.socket, timeout: float) -> tuple[bytes, bool]:
+    """What the server sends until it closes the socket, and whether it did within ``timeout``."""
+    sock.settimeout(0.05)
+    data, deadline = b"", time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            chunk = sock.recv(4096)
+        except TimeoutError:
+            continue
+        except ConnectionResetError:
+            return data, True
+        if not chunk:
+            return data, True
+        data += chunk
+    return data, False
+
+
+# ---- malformed input: 400 naming the parameter, never a dropped connection -----------------------
+
+@pytest.mark.parametrize(
+    ("path", "param"),
+    [("/api/runs/live-run/series?points=inf", "points"), ("/api/runs/live-run/series?points=nan", "points"),
+     ("/api/runs/live-run/gradflow?points=inf", "points"), ("/api/runs/live-run/series?lo=nan", "lo"),
+     ("/api/runs/live-run/series?hi=-inf", "hi"), ("/api/runs/live-run/events?after=inf", "after"),
+     ("/api/runs/live-run/events?after=1e400", "after"), ("/api/runs/live-run/events?after=abc", "after"),
+     ("/api/runs/live-run/events?after=99999999999999999999999", "after"),
+     ("/api/runs/live-run/stream?since=nan", "since"), ("/api/runs/live-run/stream?after=inf", "after")],
+)  # fmt: skip
+def test_malformed_query_values_get_400_naming_them(
+    secured: DashboardHandle, capfd: pytest.CaptureFixture[str], path: str, param: str
+) -> None:
+    status, headers, body = request(secured, "GET", path)
+    assert status == 400 and headers["Content-Type"] == "application/json", (path, body[:200])
+    error = json.loads(body)
+    assert error["param"] == param and param in error["error"]
+    assert "Traceback" not in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("length", ["abc", "-5", "1e3", ""])
+def test_malformed_content_length_gets_400(secured: DashboardHandle, capfd: pytest.CaptureFixture[str],
+                                           length: str) -> None:  # fmt: skip
+    sock = socket.create_connection(("127.0.0.1", secured.port), timeout=5)
+    sock.sendall(
+        f"POST /api/runs/live-run/control HTTP/1.1\r\nHost: 127.0.0.1:{secured.port}\r\n"
+        f"X-Steadytune-Token: {TOKEN}\r\nContent-Length: {length}\r\nConnection: close\r\n\r\n{{}}".encode()
+    )
+    data = read_all(sock, timeout=5)[0]
+    sock.close()
+    assert data.startswith(b"HTTP/1.1 400"), data[:200]
+    body = json.loads(data.partition(b"\r\n\r\n")[2])
+    assert "Content-Length" in body["error"] and body["param"] == "Content-Length"
+    assert "Traceback" not in capfd.readouterr().err

@@ -18,6 +18,7 @@ indexer thread that tails the runs that have no live supervisor.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import socket
 import threading
@@ -31,8 +32,12 @@ from typing import Any
 
 from steadytune.web import api, control
 from steadytune.web.metrics import render_metrics
+from steadytune.web.params import BadParam, content_length, query_float, query_int
 from steadytune.web.runs import RunEntry, RunsIndex
 from steadytune.web.security import bearer, check_bind, host_allowed, is_loopback, token_ok
+
+log = logging.getLogger(__name__)
+MAX_BODY = 4096
 
 STATIC_DIR = Path(__file__).parent / "static"
 _STATIC_NAME = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]*$")
@@ -88,6 +93,7 @@ class Handler(BaseHTTPRequestHandler):
     def _headers(
         self, status: int, ctype: str, length: int | None, extra: dict[str, str] | None = None
     ) -> None:
+        self._responded = True
         self.send_response(status)
         self.send_header("Content-Type", ctype)
         if length is not None:
@@ -97,17 +103,32 @@ class Handler(BaseHTTPRequestHandler):
             self.send_header(k, v)
         self.end_headers()
 
-    def _send(self, status: int, body: bytes, ctype: str) -> None:
-        self._headers(status, ctype, len(body))
+    def _send(self, status: int, body: bytes, ctype: str, extra: dict[str, str] | None = None) -> None:
+        self._headers(status, ctype, len(body), extra)
         if self.command != "HEAD":
             self.wfile.write(body)
 
-    def _json(self, obj: Any, status: int = 200) -> None:
+    def _json(self, obj: Any, status: int = 200, extra: dict[str, str] | None = None) -> None:
         body = json.dumps(obj, separators=(",", ":"), allow_nan=False).encode("utf-8")
-        self._send(status, body, "application/json")
+        self._send(status, body, "application/json", extra)
 
-    def _error(self, status: int, message: str) -> None:
-        self._json({"error": message}, status)
+    def _error(self, status: int, message: str, extra: dict[str, str] | None = None, **fields: Any) -> None:
+        self._json({"error": message, **fields}, status, extra)
+
+    def _bad_param(self, exc: BadParam) -> None:
+        self.close_connection = True  # what follows a bad Content-Length cannot be trusted
+        self._error(400, str(exc), param=exc.param)
+
+    def _failed(self, exc: BaseException) -> None:
+        """An unexpected error: one line in the log, a 500 if nothing was sent yet, never a traceback."""
+        log.warning("dashboard: %s %s failed: %s: %s", self.command, self.path[:200], type(exc).__name__, exc)
+        log.debug("dashboard request failure", exc_info=exc)
+        self.close_connection = True
+        if not getattr(self, "_responded", False):
+            try:
+                self._error(500, f"internal error ({type(exc).__name__}); the dashboard keeps running")
+            except OSError:
+                pass
 
     def _not_found(self) -> None:
         self._error(404, "not found")
@@ -138,8 +159,12 @@ class Handler(BaseHTTPRequestHandler):
             query = urllib.parse.parse_qs(url.query)
             parts = [p for p in url.path.split("/") if p]
             self._route_get(parts, query)
-        except (BrokenPipeError, ConnectionResetError):
-            pass
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):
+            self.close_connection = True
+        except BadParam as exc:
+            self._bad_param(exc)
+        except Exception as exc:
+            self._failed(exc)
 
     def _route_get(self, parts: list[str], q: dict[str, list[str]]) -> None:
         app = self.app
@@ -173,20 +198,19 @@ class Handler(BaseHTTPRequestHandler):
             if what == "":
                 return self._json(api.run_detail(entry))
             if what == "series":
-                return self._json(
-                    api.series(entry, int(_num(q, "points") or 1500), _num(q, "lo"), _num(q, "hi"))
-                )
+                points = query_int(q, "points", 1500, lo=10, hi=api.MAX_POINTS)
+                return self._json(api.series(entry, points, query_float(q, "lo"), query_float(q, "hi")))
             if what == "gradflow":
-                return self._json(
-                    api.gradflow(entry, int(_num(q, "points") or 400), _num(q, "lo"), _num(q, "hi"))
-                )
+                points = query_int(q, "points", 400, lo=10, hi=api.MAX_POINTS)
+                return self._json(api.gradflow(entry, points, query_float(q, "lo"), query_float(q, "hi")))
             if what == "events":
-                after = int(_num(q, "after") or -1)
+                after = query_int(q, "after", -1, lo=-1)
                 return self._json(
                     [api.event_dict(e) for e in entry.store().events(after_seq=after, limit=1000)]
                 )
             if what == "stream":
-                return self._sse_run(entry, int(_num(q, "since") or 0), int(_num(q, "after") or -1))
+                since, after = query_int(q, "since", 0, lo=0), query_int(q, "after", -1, lo=-1)
+                return self._sse_run(entry, since, after)
         return self._not_found()
 
     def _static(self, name: str) -> None:
@@ -203,39 +227,50 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         try:
-            if not self._guard():
-                return
-            parts = [p for p in urllib.parse.urlsplit(self.path).path.split("/") if p]
-            if len(parts) != 4 or parts[:2] != ["api", "runs"] or parts[3] != "control":
-                return self._not_found()
-            entry = self._run(parts[2])
-            if entry is None:
-                return self._not_found()
-            if not self.app.token:
-                return self._error(
-                    403, "operator controls are off: start the dashboard with a token to enable them"
-                )
-            if not token_ok(self.app.token, bearer(self.headers)):
-                return self._error(401, "a valid token is required in the X-Steadytune-Token header")
-            length = int(self.headers.get("Content-Length") or 0)
-            if length <= 0 or length > 4096:
-                return self._error(400, "send a JSON body of at most 4 KiB")
-            try:
-                body = json.loads(self.rfile.read(length))
-            except ValueError:
-                return self._error(400, "the body is not JSON")
-            if not isinstance(body, dict) or body.get("confirm") is not True:
-                return self._error(400, 'confirm the request with "confirm": true')
-            issuer = f"{body.get('issuer', '')} (dashboard, {self.client_address[0]})"
-            if not str(body.get("issuer", "")).strip():
-                return self._error(400, "say who you are: the issuer name is required and is recorded")
-            try:
-                result = control.send(entry.dir, str(body.get("command")), issuer, body.get("args") or None)
-            except control.ControlError as exc:
-                return self._error(400, str(exc))
-            self._json({"ok": True, **result})
-        except (BrokenPipeError, ConnectionResetError):
-            pass
+            self._post()
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):
+            self.close_connection = True
+        except BadParam as exc:
+            self._bad_param(exc)
+        except Exception as exc:
+            self._failed(exc)
+
+    def _post(self) -> None:
+        asked_close = self.close_connection
+        self.close_connection = True  # until the body is read: what follows it is not a request to parse
+        if not self._guard():
+            return
+        parts = [p for p in urllib.parse.urlsplit(self.path).path.split("/") if p]
+        if len(parts) != 4 or parts[:2] != ["api", "runs"] or parts[3] != "control":
+            return self._not_found()
+        entry = self._run(parts[2])
+        if entry is None:
+            return self._not_found()
+        if not self.app.token:
+            return self._error(
+                403, "operator controls are off: start the dashboard with a token to enable them"
+            )
+        if not token_ok(self.app.token, bearer(self.headers)):
+            return self._error(401, "a valid token is required in the X-Steadytune-Token header")
+        length = content_length(self.headers)
+        if length <= 0 or length > MAX_BODY:
+            return self._error(400, "send a JSON body of at most 4 KiB")
+        raw = self.rfile.read(length)
+        self.close_connection = asked_close or len(raw) < length
+        try:
+            body = json.loads(raw)
+        except (ValueError, RecursionError):
+            return self._error(400, "the body is not JSON")
+        if not isinstance(body, dict) or body.get("confirm") is not True:
+            return self._error(400, 'confirm the request with "confirm": true')
+        issuer = f"{body.get('issuer', '')} (dashboard, {self.client_address[0]})"
+        if not str(body.get("issuer", "")).strip():
+            return self._error(400, "say who you are: the issuer name is required and is recorded")
+        try:
+            result = control.send(entry.dir, str(body.get("command")), issuer, body.get("args") or None)
+        except control.ControlError as exc:
+            return self._error(400, str(exc))
+        self._json({"ok": True, **result})
 
     # ---- live updates (Server-Sent Events) ----------------------------------------------
 
@@ -318,13 +353,6 @@ class Handler(BaseHTTPRequestHandler):
             self.app.stopping.wait(self.app.poll_s)
 
 
-def _num(q: dict[str, list[str]], key: str) -> float | None:
-    try:
-        return float(q[key][0])
-    except (KeyError, IndexError, ValueError):
-        return None
-
-
 def make_handler(app: DashboardApp) -> type[Handler]:
     return type("DashboardHandler", (Handler,), {"app": app})
 
@@ -336,6 +364,11 @@ class _Server(ThreadingHTTPServer):
     def __init__(self, addr: tuple[str, int], handler: type[Handler], family: int) -> None:
         self.address_family = family
         super().__init__(addr, handler)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # socketserver prints a traceback on stderr, the supervisor's console: one log line instead.
+        log.warning("dashboard: a connection from %s failed", client_address[0] if client_address else "?")
+        log.debug("dashboard connection failure", exc_info=True)
 
 
 @dataclass

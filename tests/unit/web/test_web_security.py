@@ -12,6 +12,7 @@ from steadytune.rundir import RunDir
 from steadytune.telemetry.events import read_events
 from steadytune.web import control
 from steadytune.web.config import DashboardConfig
+from steadytune.web.params import BadParam, content_length, query_float, query_int
 from steadytune.web.runs import RunsIndex
 from steadytune.web.security import (
     BindRefused,
@@ -64,6 +65,34 @@ def test_host_header_on_loopback_only_loopback_names() -> None:
     assert not host_allowed("evil.example:7860", "127.0.0.1", 7860)
     assert not host_allowed(None, "127.0.0.1", 7860)
     assert host_allowed("gpu-box:7860", "0.0.0.0", 7860)
+
+
+@pytest.mark.parametrize(
+    ("q", "message"),
+    [({"points": ["inf"]}, "points"), ({"points": ["nan"]}, "points"), ({"points": ["1e400"]}, "points"),
+     ({"points": ["abc"]}, "points"), ({"points": ["12.5"]}, "points"), ({"points": [str(2**70)]}, "points"),
+     ({"points": [""]}, "points")],
+)  # fmt: skip
+def test_query_int_rejects_what_is_not_an_integer(q: dict, message: str) -> None:
+    with pytest.raises(BadParam, match=message) as info:
+        query_int(q, "points", 1500)
+    assert info.value.param == "points"
+
+
+def test_query_numbers_parse_and_clamp() -> None:
+    assert query_int({}, "points", 1500) == 1500
+    assert query_int({"points": ["400"]}, "points", 1500) == 400
+    assert query_int({"points": ["400.0"]}, "points", 1500) == 400
+    assert query_int({"after": ["-1"]}, "after", -1) == -1
+    assert query_int({"points": ["999999"]}, "points", 10, hi=4000) == 4000
+    assert query_float({}, "lo") is None and query_float({"lo": ["12.5"]}, "lo") == 12.5
+    for bad in ("nan", "inf", "-inf", "x", "1e400"):
+        with pytest.raises(BadParam, match="lo"):
+            query_float({"lo": [bad]}, "lo")
+    assert content_length({"Content-Length": "12"}) == 12 and content_length({}) == 0
+    for bad in ("abc", "-5", "1e3", "", " 1 2", "9" * 30):
+        with pytest.raises(BadParam, match="Content-Length"):
+            content_length({"Content-Length": bad})
 
 
 def test_dashboard_config_rejects_clear_token() -> None:
