@@ -7,9 +7,11 @@ import json
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from live_run import LiveRun
@@ -98,6 +100,33 @@ def test_no_cors_and_no_dns_rebinding(secured: DashboardHandle) -> None:
     assert status == 403
 
 
+# ---- timeouts and caps -----------------------------------------------------------------------
+
+
+def handler_threads() -> int:
+    return sum("process_request_thread" in t.name for t in threading.enumerate())
+
+
+def wait_for(cond: Callable[[], Any], timeout: float, every: float = 0.02) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(every)
+    return cond()
+
+
+def stream_status(handle: DashboardHandle, path: str, headers: dict | None = None) -> tuple[int, dict]:
+    """The status and headers of a stream (or of its refusal), without reading the stream."""
+    conn = http.client.HTTPConnection("127.0.0.1", handle.port, timeout=10)
+    conn.request("GET", path, headers=headers or {})
+    resp = conn.getresponse()
+    out = resp.status, dict(resp.getheaders())
+    conn.close()
+    return out
+
+
 def read_all(sock: socket.socket, timeout: float) -> tuple[bytes, bool]:
     """What the server sends until it closes the socket, and whether it did within ``timeout``."""
     sock.settimeout(0.05)
@@ -113,6 +142,71 @@ def read_all(sock: socket.socket, timeout: float) -> tuple[bytes, bool]:
             return data, True
         data += chunk
     return data, False
+
+
+def test_idle_sockets_are_capped_and_closed_after_the_timeout(runs_dir: Path) -> None:
+    handle = start_dashboard(runs_dir, host="127.0.0.1", port=0, request_timeout_s=0.5, max_connections=4)
+    try:
+        base = handler_threads()
+        socks = [socket.create_connection(("127.0.0.1", handle.port), timeout=5) for _ in range(14)]
+        peak, until = 0, time.monotonic() + 0.3
+        while time.monotonic() < until:
+            peak = max(peak, handler_threads() - base)
+            time.sleep(0.01)
+        assert peak <= 4, f"{peak} handler threads for 14 idle sockets, cap 4"
+        results = [read_all(s, timeout=5) for s in socks]
+        assert all(closed for _, closed in results), "an idle socket was still open 5 s after a 0.5 s timeout"
+        refused = [data for data, _ in results if data]
+        assert len(refused) >= 10 and all(d.startswith(b"HTTP/1.1 503") and b"Retry-After:" in d for d in refused)
+        assert wait_for(lambda: handler_threads() <= base, 5)
+        for s in socks:
+            s.close()
+        assert request(handle, "GET", "/healthz")[0] == 200  # and it still serves
+    finally:
+        handle.stop()
+
+
+def test_a_request_trickled_a_byte_at_a_time_is_cut_at_the_deadline(runs_dir: Path) -> None:
+    handle = start_dashboard(runs_dir, host="127.0.0.1", port=0, request_timeout_s=0.5)
+    try:
+        sock = socket.create_connection(("127.0.0.1", handle.port), timeout=5)
+        start, sent = time.monotonic(), 0
+        line = f"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1:{handle.port}\r\n" + "X-Slow: " + "a" * 200
+        try:
+            for ch in line:  # each byte well inside the timeout, the whole request far beyond it
+                sock.sendall(ch.encode())
+                sent += 1
+                time.sleep(0.05)
+                if time.monotonic() - start > 5:
+                    break
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        _, closed = read_all(sock, timeout=1)
+        assert closed and time.monotonic() - start < 3, f"still open after {time.monotonic() - start:.1f} s"
+        assert sent < len(line)
+        sock.close()
+    finally:
+        handle.stop()
+
+
+def test_streams_are_capped_with_retry_after(runs_dir: Path, live_run: LiveRun) -> None:
+    handle = start_dashboard(runs_dir, host="127.0.0.1", port=0, max_streams=2, poll_s=0.05)
+    try:
+        conns = []
+        for _ in range(2):
+            conn = http.client.HTTPConnection("127.0.0.1", handle.port, timeout=10)
+            conn.request("GET", "/api/runs/live-run/stream")
+            assert conn.getresponse().status == 200
+            conns.append(conn)
+        status, headers = stream_status(handle, "/api/stream")
+        assert status == 503 and int(headers["Retry-After"]) > 0
+        assert request(handle, "GET", "/api/runs/live-run")[0] == 200  # other requests are still served
+        conns.pop().close()  # a viewer leaves: its slot frees without waiting for a keep-alive
+        assert wait_for(lambda: stream_status(handle, "/api/stream")[0] == 200, 5, every=0.1)
+        for c in conns:
+            c.close()
+    finally:
+        handle.stop()
 
 
 # ---- malformed input: 400 naming the parameter, never a dropped connection -----------------------

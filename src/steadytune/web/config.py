@@ -20,6 +20,9 @@ class DashboardConfig(BaseModel):
           host: 127.0.0.1
           port: 7860
           token_env: STEADYTUNE_DASHBOARD_TOKEN
+          request_timeout_s: 10
+          max_connections: 64
+          max_streams: 16
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -30,6 +33,25 @@ class DashboardConfig(BaseModel):
     token_env: str | None = Field(DEFAULT_TOKEN_ENV, description="Env var holding the operator token.")
     token_file: Path | None = Field(None, description="File holding the operator token (mode 600).")
     public_url: str | None = Field(None, description="URL to put in alerts when behind a proxy.")
+    request_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        le=300,
+        description="Seconds a client has to send a whole request; also the socket timeout.",
+    )
+    max_connections: int = Field(64, ge=2, le=4096, description="Connections served at once; more get 503.")
+    max_streams: int = Field(
+        16, ge=1, le=4096, description="Live streams (SSE) at once, within max_connections; more get 503."
+    )
+
+    @model_validator(mode="after")
+    def _streams_leave_room(self) -> DashboardConfig:
+        if self.max_streams >= self.max_connections:
+            raise ValueError(
+                f"max_streams ({self.max_streams}) must be below max_connections ({self.max_connections}): "
+                "the pages need connections of their own to load"
+            )
+        return self
 
     @model_validator(mode="before")
     @classmethod

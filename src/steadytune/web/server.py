@@ -11,8 +11,10 @@ Routes (all GET unless said; the API is read-only without the token):
     /api/auth                  may this client act? /healthz
     POST /api/runs/<id>/control   {"command", "issuer", "confirm": true} with the token in a header
 
-The supervisor stays light: no framework, one thread per connection, one
-indexer thread that tails the runs that have no live supervisor.
+The supervisor stays light: no framework, one thread per connection (at most
+``max_connections``, of which ``max_streams`` live streams; beyond, 503 with
+``Retry-After``), every request read within ``request_timeout_s``, one indexer
+thread that tails the runs that have no live supervisor.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import select
 import socket
 import threading
 import time
@@ -37,6 +40,7 @@ from steadytune.web.runs import RunEntry, RunsIndex
 from steadytune.web.security import bearer, check_bind, host_allowed, is_loopback, token_ok
 
 log = logging.getLogger(__name__)
+RETRY_AFTER_S = 5
 MAX_BODY = 4096
 
 STATIC_DIR = Path(__file__).parent / "static"
@@ -71,6 +75,11 @@ class DashboardApp:
     clock: Callable[[], float] = time.time
     poll_s: float = 0.25
     stopping: threading.Event = field(default_factory=threading.Event)
+    max_streams: int = 16
+    streams: threading.BoundedSemaphore = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.streams = threading.BoundedSemaphore(self.max_streams)
 
     def indexer(self, interval_s: float = 0.2) -> None:
         """Keep the indexes of supervisor-less runs fresh, off the request path."""
@@ -89,6 +98,15 @@ class Handler(BaseHTTPRequestHandler):
         return
 
     # ---- plumbing -------------------------------------------------------------------
+
+    def handle_one_request(self) -> None:
+        # The whole request (line, headers, body) must arrive within request_timeout_s:
+        # the socket timeout alone would let a client trickle one byte at a time forever.
+        self.server.expect(self.connection)  # type: ignore[attr-defined]
+        super().handle_one_request()
+
+    def _request_read(self) -> None:
+        self.server.forget(self.connection)  # type: ignore[attr-defined]
 
     def _headers(
         self, status: int, ctype: str, length: int | None, extra: dict[str, str] | None = None
@@ -142,6 +160,7 @@ class Handler(BaseHTTPRequestHandler):
         self.do_GET()
 
     def do_OPTIONS(self) -> None:
+        self._request_read()
         # No CORS: a preflight is refused, so other origins cannot send the token header.
         self._error(405, "CORS is not enabled")
 
@@ -152,6 +171,7 @@ class Handler(BaseHTTPRequestHandler):
         return True
 
     def do_GET(self) -> None:
+        self._request_read()
         try:
             if not self._guard():
                 return
@@ -185,7 +205,7 @@ class Handler(BaseHTTPRequestHandler):
         if parts[1:] == ["runs"]:
             return self._json(api.runs_list(app.index))
         if parts[1:] == ["stream"]:
-            return self._sse_runs()
+            return self._stream(self._sse_runs)
         if parts[1:] == ["auth"]:
             return self._json(
                 {"controls": bool(app.token), "authorized": token_ok(app.token, bearer(self.headers))}
@@ -210,7 +230,7 @@ class Handler(BaseHTTPRequestHandler):
                 )
             if what == "stream":
                 since, after = query_int(q, "since", 0, lo=0), query_int(q, "after", -1, lo=-1)
-                return self._sse_run(entry, since, after)
+                return self._stream(lambda: self._sse_run(entry, since, after))
         return self._not_found()
 
     def _static(self, name: str) -> None:
@@ -238,41 +258,74 @@ class Handler(BaseHTTPRequestHandler):
     def _post(self) -> None:
         asked_close = self.close_connection
         self.close_connection = True  # until the body is read: what follows it is not a request to parse
-        if not self._guard():
-            return
-        parts = [p for p in urllib.parse.urlsplit(self.path).path.split("/") if p]
-        if len(parts) != 4 or parts[:2] != ["api", "runs"] or parts[3] != "control":
-            return self._not_found()
-        entry = self._run(parts[2])
-        if entry is None:
-            return self._not_found()
-        if not self.app.token:
-            return self._error(
-                403, "operator controls are off: start the dashboard with a token to enable them"
-            )
-        if not token_ok(self.app.token, bearer(self.headers)):
-            return self._error(401, "a valid token is required in the X-Steadytune-Token header")
-        length = content_length(self.headers)
-        if length <= 0 or length > MAX_BODY:
-            return self._error(400, "send a JSON body of at most 4 KiB")
-        raw = self.rfile.read(length)
-        self.close_connection = asked_close or len(raw) < length
         try:
-            body = json.loads(raw)
-        except (ValueError, RecursionError):
-            return self._error(400, "the body is not JSON")
-        if not isinstance(body, dict) or body.get("confirm") is not True:
-            return self._error(400, 'confirm the request with "confirm": true')
-        issuer = f"{body.get('issuer', '')} (dashboard, {self.client_address[0]})"
-        if not str(body.get("issuer", "")).strip():
-            return self._error(400, "say who you are: the issuer name is required and is recorded")
-        try:
-            result = control.send(entry.dir, str(body.get("command")), issuer, body.get("args") or None)
-        except control.ControlError as exc:
-            return self._error(400, str(exc))
-        self._json({"ok": True, **result})
+            if not self._guard():
+                return
+            parts = [p for p in urllib.parse.urlsplit(self.path).path.split("/") if p]
+            if len(parts) != 4 or parts[:2] != ["api", "runs"] or parts[3] != "control":
+                return self._not_found()
+            entry = self._run(parts[2])
+            if entry is None:
+                return self._not_found()
+            if not self.app.token:
+                return self._error(
+                    403, "operator controls are off: start the dashboard with a token to enable them"
+                )
+            if not token_ok(self.app.token, bearer(self.headers)):
+                return self._error(401, "a valid token is required in the X-Steadytune-Token header")
+            length = content_length(self.headers)
+            if length <= 0 or length > MAX_BODY:
+                return self._error(400, "send a JSON body of at most 4 KiB")
+            raw = self.rfile.read(length)
+            self._request_read()
+            self.close_connection = asked_close or len(raw) < length
+            try:
+                body = json.loads(raw)
+            except (ValueError, RecursionError):
+                return self._error(400, "the body is not JSON")
+            if not isinstance(body, dict) or body.get("confirm") is not True:
+                return self._error(400, 'confirm the request with "confirm": true')
+            issuer = f"{body.get('issuer', '')} (dashboard, {self.client_address[0]})"
+            if not str(body.get("issuer", "")).strip():
+                return self._error(400, "say who you are: the issuer name is required and is recorded")
+            try:
+                result = control.send(entry.dir, str(body.get("command")), issuer, body.get("args") or None)
+            except control.ControlError as exc:
+                return self._error(400, str(exc))
+            self._json({"ok": True, **result})
+        finally:
+            self._request_read()
 
     # ---- live updates (Server-Sent Events) ----------------------------------------------
+
+    def _stream(self, body: Callable[[], None]) -> None:
+        """Run one live stream, if a slot is free (at most ``max_streams`` at once)."""
+        if not self.app.streams.acquire(blocking=False):
+            return self._error(
+                503,
+                f"too many live streams ({self.app.max_streams}); retry in a few seconds",
+                {"Retry-After": str(RETRY_AFTER_S)},
+            )
+        try:
+            body()
+        finally:
+            self.app.streams.release()
+
+    def _client_gone(self) -> bool:
+        """The viewer closed its end: stop now rather than at the next write (up to 15 s away)."""
+        try:
+            if hasattr(select, "poll"):
+                poller = select.poll()
+                poller.register(self.connection, select.POLLIN)
+                if not poller.poll(0):
+                    return False
+            elif not select.select([self.connection], [], [], 0)[0]:
+                return False
+            return not self.connection.recv(1, socket.MSG_PEEK)
+        except BlockingIOError:
+            return False
+        except (OSError, ValueError):
+            return True
 
     def _sse_open(self) -> None:
         self._headers(200, "text/event-stream", None, {"Connection": "close", "X-Accel-Buffering": "no"})
@@ -288,7 +341,7 @@ class Handler(BaseHTTPRequestHandler):
         self._sse_open()
         last = None
         beat = time.monotonic()
-        while not self.app.stopping.is_set():
+        while not self.app.stopping.is_set() and not self._client_gone():
             rows = api.runs_list(self.app.index)
             if rows != last:
                 self._sse("runs", rows)
@@ -310,7 +363,7 @@ class Handler(BaseHTTPRequestHandler):
         side_last: Any = None
         side_at = 0.0
         beat = time.monotonic()
-        while not self.app.stopping.is_set():
+        while not self.app.stopping.is_set() and not self._client_gone():
             sent = False
             status = entry.status()
             if status != status_last:
@@ -353,22 +406,93 @@ class Handler(BaseHTTPRequestHandler):
             self.app.stopping.wait(self.app.poll_s)
 
 
-def make_handler(app: DashboardApp) -> type[Handler]:
-    return type("DashboardHandler", (Handler,), {"app": app})
+def make_handler(app: DashboardApp, request_timeout_s: float = 10.0) -> type[Handler]:
+    # ``timeout`` is the socket timeout of each connection (StreamRequestHandler.setup).
+    return type("DashboardHandler", (Handler,), {"app": app, "timeout": request_timeout_s})
 
 
 class _Server(ThreadingHTTPServer):
+    """One thread per connection, at most ``max_connections``; requests read within a deadline."""
+
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 64
 
-    def __init__(self, addr: tuple[str, int], handler: type[Handler], family: int) -> None:
+    def __init__(
+        self,
+        addr: tuple[str, int],
+        handler: type[Handler],
+        family: int,
+        max_connections: int = 64,
+        request_timeout_s: float = 10.0,
+    ) -> None:
         self.address_family = family
+        self.request_timeout_s = request_timeout_s
+        self._slots = threading.BoundedSemaphore(max_connections)
+        self._deadlines: dict[socket.socket, float] = {}
+        self._deadlines_lock = threading.Lock()
         super().__init__(addr, handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self._refuse(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.forget(request)
+            self._slots.release()
+
+    def _refuse(self, request: socket.socket) -> None:
+        """503 at once, from the accepting thread, and close: no thread for a connection over the cap."""
+        body = b'{"error":"too many connections to the dashboard; retry in a few seconds"}'
+        head = (
+            "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nRetry-After: {RETRY_AFTER_S}\r\nConnection: close\r\n\r\n"
+        )
+        try:
+            request.settimeout(0.5)  # a few hundred bytes into an empty send buffer: never blocks for long
+            request.sendall(head.encode("ascii") + body)
+        except OSError:
+            pass
+        self.shutdown_request(request)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # socketserver prints a traceback on stderr, the supervisor's console: one log line instead.
         log.warning("dashboard: a connection from %s failed", client_address[0] if client_address else "?")
         log.debug("dashboard connection failure", exc_info=True)
+
+    # ---- the request deadline -----------------------------------------------------------
+
+    def expect(self, conn: socket.socket) -> None:
+        with self._deadlines_lock:
+            self._deadlines[conn] = time.monotonic() + self.request_timeout_s
+
+    def forget(self, conn: socket.socket) -> None:
+        with self._deadlines_lock:
+            self._deadlines.pop(conn, None)
+
+    def reap(self, stopping: threading.Event) -> None:
+        """Cut the connections whose request is not in by its deadline."""
+        every = min(0.5, max(0.02, self.request_timeout_s / 5))
+        while not stopping.wait(every):
+            now = time.monotonic()
+            with self._deadlines_lock:
+                late = [c for c, t in self._deadlines.items() if t <= now]
+                for c in late:
+                    del self._deadlines[c]
+            for c in late:
+                try:
+                    c.shutdown(socket.SHUT_RDWR)  # the handler's read returns at once and it ends
+                except OSError:
+                    pass
 
 
 @dataclass
@@ -398,30 +522,47 @@ def start_dashboard(
     token: str | None = None,
     clock: Callable[[], float] = time.time,
     poll_s: float = 0.25,
+    *,
+    request_timeout_s: float = 10.0,
+    max_connections: int = 64,
+    max_streams: int = 16,
 ) -> DashboardHandle:
     """Serve the dashboard of every run under ``runs_dir`` from a background thread.
+
+    ``request_timeout_s``, ``max_connections``, ``max_streams``: see DashboardConfig.
 
     Raises :class:`steadytune.web.security.BindRefused` for a non-loopback ``host``
     without a token, and ``OSError`` when the port is taken.
     """
     check_bind(host, token)
+    max_streams = max(1, min(max_streams, max_connections - 1))
     family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
     index = RunsIndex(Path(runs_dir), clock=clock)
-    app = DashboardApp(index=index, host=host, port=port, token=token, clock=clock, poll_s=poll_s)
-    server = _Server((host.strip("[]"), port), make_handler(app), family)
+    app = DashboardApp(
+        index=index, host=host, port=port, token=token, clock=clock, poll_s=poll_s, max_streams=max_streams
+    )
+    server = _Server(
+        (host.strip("[]"), port),
+        make_handler(app, request_timeout_s),
+        family,
+        max_connections,
+        request_timeout_s,
+    )
     app.port = server.server_address[1]
     serve = threading.Thread(
         target=server.serve_forever, kwargs={"poll_interval": 0.25}, name="steadytune-dashboard", daemon=True
     )
     indexer = threading.Thread(target=app.indexer, name="steadytune-indexer", daemon=True)
+    reaper = threading.Thread(target=server.reap, args=(app.stopping,), name="steadytune-reaper", daemon=True)
     serve.start()
     indexer.start()
+    reaper.start()
     shown = host if is_loopback(host) or host not in ("0.0.0.0", "::") else socket.getfqdn()
     if ":" in shown and not shown.startswith("["):
         shown = f"[{shown}]"
     url = f"http://{shown}:{app.port}/"
     return DashboardHandle(
-        url=url, host=host, port=app.port, app=app, _server=server, _threads=[serve, indexer]
+        url=url, host=host, port=app.port, app=app, _server=server, _threads=[serve, indexer, reaper]
     )
 
 

@@ -142,3 +142,12 @@ def test_control_through_the_real_supervisor_module(tmp_path: Path) -> None:
     result = control.send(run, "stop", "carol (dashboard, 127.0.0.1)")
     req = json.loads(run.control.read_text())
     assert (req["command"], req["issuer"], req["id"]) == ("stop", "carol (dashboard, 127.0.0.1)", result["id"])
+
+
+def test_dashboard_config_limits() -> None:
+    cfg = DashboardConfig()
+    assert (cfg.request_timeout_s, cfg.max_connections, cfg.max_streams) == (10.0, 64, 16)
+    with pytest.raises(ValidationError, match="max_streams"):
+        DashboardConfig(max_connections=8, max_streams=8)
+    with pytest.raises(ValidationError):
+        DashboardConfig(request_timeout_s=0)
