@@ -80,7 +80,7 @@ def test_read_api_open_controls_need_the_token_in_a_header(secured: DashboardHan
     req = json.loads((runs_dir / "live-run" / "control.json").read_text())
     assert req["command"] == "pause" and req["issuer"] == "alice (dashboard, 127.0.0.1)"
     status, _, body = request(secured, "GET", "/api/auth", headers={"X-Steadytune-Token": TOKEN})
-    assert json.loads(body) == {"controls": True, "authorized": True}
+    assert json.loads(body) == {"controls": True, "authorized": True, "reads": "open"}
 
 
 def test_no_token_means_no_controls(dashboard: DashboardHandle, live_run: LiveRun) -> None:
@@ -98,6 +98,64 @@ def test_no_cors_and_no_dns_rebinding(secured: DashboardHandle) -> None:
     assert headers["X-Frame-Options"] == "DENY" and "default-src 'self'" in headers["Content-Security-Policy"]
     status, _, _ = request(secured, "GET", "/api/runs", headers={"Host": "evil.example:80"})
     assert status == 403
+
+
+# ---- off loopback: reads need the token, Host is checked --------------------------------------
+
+PUBLIC_URL = "https://dash.example/steadytune/"
+READS = ["/api/runs", "/api/runs/live-run", "/api/runs/live-run/series?points=50", "/api/runs/live-run/events",
+         "/api/runs/live-run/gradflow", "/metrics"]  # fmt: skip
+STREAMS = ["/api/stream", "/api/runs/live-run/stream"]
+
+
+@pytest.fixture
+def exposed(runs_dir: Path, live_run: LiveRun) -> Iterator[DashboardHandle]:
+    # Bound to 127.0.0.1 but classified as reachable from other machines, as 0.0.0.0 would be.
+    handle = start_dashboard(runs_dir, host="127.0.0.1", port=0, token=TOKEN, exposed=True, public_url=PUBLIC_URL)
+    yield handle
+    handle.stop()
+
+
+def test_off_loopback_every_read_needs_the_token(exposed: DashboardHandle) -> None:
+    for path in READS:
+        status, headers, body = request(exposed, "GET", path)
+        assert status == 401, (path, body[:200])
+        assert headers["WWW-Authenticate"].startswith("Bearer") and b"token" in body
+        assert request(exposed, "GET", path, headers={"X-Steadytune-Token": "wrong-token-0123456789"})[0] == 401
+        assert request(exposed, "GET", path, headers={"Cookie": f"token={TOKEN}"})[0] == 401
+        assert request(exposed, "GET", path, headers={"X-Steadytune-Token": TOKEN})[0] == 200, path
+        assert request(exposed, "GET", path, headers={"Authorization": f"Bearer {TOKEN}"})[0] == 200, path
+    for path in STREAMS:
+        assert stream_status(exposed, path)[0] == 401
+        assert stream_status(exposed, path, {"Authorization": f"Bearer {TOKEN}"})[0] == 200
+    # The pages themselves hold no data: they load, then ask for the token.
+    for path in ["/", "/run/live-run", "/static/common.js", "/healthz"]:
+        assert request(exposed, "GET", path)[0] == 200, path
+    status, _, body = request(exposed, "GET", "/api/auth")
+    assert status == 200 and json.loads(body) == {"controls": True, "authorized": False, "reads": "token"}
+
+
+def test_off_loopback_host_must_be_ours(exposed: DashboardHandle) -> None:
+    auth = {"X-Steadytune-Token": TOKEN}
+    for host in ("evil.example", f"evil.example:{exposed.port}", "dash.example.evil.example", "", "a b"):
+        status, _, body = request(exposed, "GET", "/api/runs", headers={**auth, "Host": host})
+        assert status == 403 and b"public_url" in body, host
+    for host in ("dash.example", "DASH.example:443", f"127.0.0.1:{exposed.port}", f"localhost:{exposed.port}"):
+        assert request(exposed, "GET", "/api/runs", headers={**auth, "Host": host})[0] == 200, host
+
+
+def test_on_loopback_reads_stay_open(dashboard: DashboardHandle, live_run: LiveRun) -> None:
+    for path in READS:
+        assert request(dashboard, "GET", path)[0] == 200, path
+    body = request(dashboard, "GET", "/api/auth")[2]
+    assert json.loads(body) == {"controls": False, "authorized": False, "reads": "open"}
+
+
+def test_exposed_without_a_token_is_refused(runs_dir: Path) -> None:
+    with pytest.raises(BindRefused, match="no token is set"):
+        start_dashboard(runs_dir, host="127.0.0.1", port=0, exposed=True)
+    with pytest.raises(BindRefused, match="public_url"):
+        start_dashboard(runs_dir, host="127.0.0.1", port=0, public_url=PUBLIC_URL)
 
 
 # ---- timeouts and caps -----------------------------------------------------------------------

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 DEFAULT_TOKEN_ENV = "STEADYTUNE_DASHBOARD_TOKEN"
 
@@ -20,6 +21,7 @@ class DashboardConfig(BaseModel):
           host: 127.0.0.1
           port: 7860
           token_env: STEADYTUNE_DASHBOARD_TOKEN
+          public_url: https://gpu-box.example/steadytune/   # behind a reverse proxy
           request_timeout_s: 10
           max_connections: 64
           max_streams: 16
@@ -32,7 +34,11 @@ class DashboardConfig(BaseModel):
     port: int = Field(7860, ge=0, le=65535, description="0 picks a free port.")
     token_env: str | None = Field(DEFAULT_TOKEN_ENV, description="Env var holding the operator token.")
     token_file: Path | None = Field(None, description="File holding the operator token (mode 600).")
-    public_url: str | None = Field(None, description="URL to put in alerts when behind a proxy.")
+    public_url: str | None = Field(
+        None,
+        description="The URL the dashboard is reached at behind a reverse proxy: its host is accepted in "
+        "Host headers, and reads then need the token.",
+    )
     request_timeout_s: float = Field(
         10.0,
         gt=0,
@@ -43,6 +49,16 @@ class DashboardConfig(BaseModel):
     max_streams: int = Field(
         16, ge=1, le=4096, description="Live streams (SSE) at once, within max_connections; more get 503."
     )
+
+    @field_validator("public_url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        parts = urllib.parse.urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"public_url {value!r} must be an http:// or https:// URL with a host name")
+        return value
 
     @model_validator(mode="after")
     def _streams_leave_room(self) -> DashboardConfig:

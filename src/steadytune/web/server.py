@@ -1,6 +1,8 @@
 """The dashboard server: stdlib ``ThreadingHTTPServer`` in a background thread.
 
-Routes (all GET unless said; the API is read-only without the token):
+Routes (all GET unless said; the API is read-only without the token). Served to
+other machines (bound off loopback, or behind a proxy at ``public_url``), every
+route but the pages, ``/static``, ``/healthz`` and ``/api/auth`` needs the token:
 
     /                          runs page            /run/<id>            run page
     /static/<file>             assets               /metrics             Prometheus exposition
@@ -33,11 +35,21 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from steadytune.rundir import valid_run_id
 from steadytune.web import api, control
 from steadytune.web.metrics import render_metrics
 from steadytune.web.params import BadParam, content_length, query_float, query_int
 from steadytune.web.runs import RunEntry, RunsIndex
-from steadytune.web.security import bearer, check_bind, host_allowed, is_loopback, token_ok
+from steadytune.web.security import (
+    TOKEN_HEADER,
+    bearer,
+    check_bind,
+    host_allowed,
+    is_loopback,
+    machine_names,
+    reads_need_token,
+    token_ok,
+)
 
 log = logging.getLogger(__name__)
 RETRY_AFTER_S = 5
@@ -75,6 +87,10 @@ class DashboardApp:
     clock: Callable[[], float] = time.time
     poll_s: float = 0.25
     stopping: threading.Event = field(default_factory=threading.Event)
+    # Reachable from other machines: reads need the token too (see security.reads_need_token).
+    exposed: bool = False
+    public_url: str | None = None
+    machine_names: frozenset[str] = frozenset()
     max_streams: int = 16
     streams: threading.BoundedSemaphore = field(init=False)
 
@@ -165,10 +181,26 @@ class Handler(BaseHTTPRequestHandler):
         self._error(405, "CORS is not enabled")
 
     def _guard(self) -> bool:
-        if not host_allowed(self.headers.get("Host"), self.app.host, self.app.port):
-            self._error(403, "this dashboard only answers to loopback host names")
+        app = self.app
+        if not host_allowed(self.headers.get("Host"), app.host, app.port, app.public_url, app.machine_names):
+            self._error(
+                403,
+                "this dashboard does not answer to that Host name (DNS rebinding); use its address or a "
+                "loopback name, or set dashboard.public_url to the URL you reach it by",
+            )
             return False
         return True
+
+    def _may_read(self) -> bool:
+        return not self.app.exposed or token_ok(self.app.token, bearer(self.headers))
+
+    def _unauthorized(self) -> None:
+        self._error(
+            401,
+            f"this dashboard is reachable from other machines: send the token in the {TOKEN_HEADER} header "
+            "or as Authorization: Bearer",
+            {"WWW-Authenticate": 'Bearer realm="steadytune"'},
+        )
 
     def do_GET(self) -> None:
         self._request_read()
@@ -194,22 +226,31 @@ class Handler(BaseHTTPRequestHandler):
         if head == "static" and len(parts) == 2:
             return self._static(parts[1])
         if head == "run" and len(parts) == 2:
+            if not self._may_read():  # the page holds no data; do not tell which runs exist
+                ok = valid_run_id(urllib.parse.unquote(parts[1]))
+                return self._static("run.html") if ok else self._not_found()
             return self._static("run.html") if self._run(parts[1]) else self._not_found()
+        if head == "healthz":
+            return self._json({"ok": True})
+        if parts == ["api", "auth"]:
+            return self._json(
+                {
+                    "controls": bool(app.token),
+                    "authorized": token_ok(app.token, bearer(self.headers)),
+                    "reads": "token" if app.exposed else "open",
+                }
+            )
+        if not self._may_read():
+            return self._unauthorized()
         if head == "metrics" and len(parts) == 1:
             text = render_metrics(app.index, app.clock)
             return self._send(200, text.encode("utf-8"), "text/plain; version=0.0.4; charset=utf-8")
-        if head == "healthz":
-            return self._json({"ok": True})
         if head != "api" or len(parts) < 2:
             return self._not_found()
         if parts[1:] == ["runs"]:
             return self._json(api.runs_list(app.index))
         if parts[1:] == ["stream"]:
             return self._stream(self._sse_runs)
-        if parts[1:] == ["auth"]:
-            return self._json(
-                {"controls": bool(app.token), "authorized": token_ok(app.token, bearer(self.headers))}
-            )
         if parts[1] == "runs" and len(parts) in (3, 4):
             entry = self._run(parts[2])
             if entry is None:
@@ -523,24 +564,34 @@ def start_dashboard(
     clock: Callable[[], float] = time.time,
     poll_s: float = 0.25,
     *,
+    public_url: str | None = None,
     request_timeout_s: float = 10.0,
     max_connections: int = 64,
     max_streams: int = 16,
+    exposed: bool | None = None,
 ) -> DashboardHandle:
     """Serve the dashboard of every run under ``runs_dir`` from a background thread.
 
+    ``public_url``: the URL it is reached at behind a reverse proxy (its host is
+    accepted in Host headers). Bound off loopback or given a ``public_url``, the
+    dashboard is *exposed*: every read needs the token; ``exposed`` overrides that
+    judgement (tests, or a loopback port forwarded to the network).
     ``request_timeout_s``, ``max_connections``, ``max_streams``: see DashboardConfig.
 
-    Raises :class:`steadytune.web.security.BindRefused` for a non-loopback ``host``
-    without a token, and ``OSError`` when the port is taken.
+    Raises :class:`steadytune.web.security.BindRefused` when exposed without a
+    token, and ``OSError`` when the port is taken.
     """
-    check_bind(host, token)
+    if exposed is None:
+        exposed = reads_need_token(host, public_url)
+    check_bind(host, token, public_url=public_url, exposed=exposed)
     max_streams = max(1, min(max_streams, max_connections - 1))
     family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
     index = RunsIndex(Path(runs_dir), clock=clock)
     app = DashboardApp(
-        index=index, host=host, port=port, token=token, clock=clock, poll_s=poll_s, max_streams=max_streams
-    )
+        index=index, host=host, port=port, token=token, clock=clock, poll_s=poll_s, exposed=exposed,
+        public_url=public_url, machine_names=machine_names() if not is_loopback(host) else frozenset(),
+        max_streams=max_streams,
+    )  # fmt: skip
     server = _Server(
         (host.strip("[]"), port),
         make_handler(app, request_timeout_s),
