@@ -102,7 +102,7 @@ def test_no_cors_and_no_dns_rebinding(secured: DashboardHandle) -> None:
 
 # ---- off loopback: reads need the token, Host is checked --------------------------------------
 
-PUBLIC_URL = "https://dash.example/steadytune/"
+PUBLIC_URL = "https://dash.example/"
 READS = ["/api/runs", "/api/runs/live-run", "/api/runs/live-run/series?points=50", "/api/runs/live-run/events",
          "/api/runs/live-run/gradflow", "/metrics"]  # fmt: skip
 STREAMS = ["/api/stream", "/api/runs/live-run/stream"]

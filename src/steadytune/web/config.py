@@ -21,7 +21,7 @@ class DashboardConfig(BaseModel):
           host: 127.0.0.1
           port: 7860
           token_env: STEADYTUNE_DASHBOARD_TOKEN
-          public_url: https://gpu-box.example/steadytune/   # behind a reverse proxy
+          public_url: https://steadytune.gpu-box.example/   # behind a reverse proxy, at the root of its host
           request_timeout_s: 10
           max_connections: 64
           max_streams: 16
@@ -58,6 +58,11 @@ class DashboardConfig(BaseModel):
         parts = urllib.parse.urlsplit(value)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"public_url {value!r} must be an http:// or https:// URL with a host name")
+        if parts.path not in ("", "/") or parts.query or parts.fragment:
+            raise ValueError(
+                f"public_url {value!r} has a path: the dashboard is served at the root of its host "
+                "(its pages use absolute paths), e.g. https://steadytune.gpu-box.example/"
+            )
         return value
 
     @model_validator(mode="after")
