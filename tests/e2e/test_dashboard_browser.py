@@ -10,7 +10,7 @@ import pytest
 from browser import Browser
 from live_run import LiveRun
 
-from steadytune.web.server import DashboardHandle
+from steadytune.web.server import DashboardHandle, start_dashboard
 
 pytestmark = pytest.mark.slow
 
@@ -94,3 +94,31 @@ def test_live_run_page_advances_and_screenshot(
         row = b.js("return document.querySelector('#runs tbody tr').innerText")
         assert "live-run" in row and "running" in row
         b.screenshot(artifacts / "runs.png")
+
+
+def test_exposed_dashboard_asks_for_the_token_then_goes_live(
+    chromium: tuple[str, str], live_run: LiveRun, runs_dir: Path
+) -> None:
+    """Reachable from other machines, the pages load, ask for the token, then read and stream with it."""
+    token = "browser-read-token-0123456789"
+    handle = start_dashboard(runs_dir, host="127.0.0.1", port=0, token=token, exposed=True)
+    try:
+        with Browser(*chromium) as b:
+            b.get(f"http://127.0.0.1:{handle.port}/run/live-run")
+            b.wait_for("return !!document.getElementById('token-gate')", timeout=15)
+            assert b.js("return window.steadytune.ready === true") is not True
+            b.js(
+                "document.getElementById('gate-token').value = arguments[0];"
+                "document.getElementById('token-gate').requestSubmit()",
+                token,
+            )
+            b.wait_for("return window.steadytune && window.steadytune.ready === true", timeout=30)
+            step = b.wait_for(f"return {STEP[7:]} > 0 && {STEP[7:]}", timeout=10)
+            b.wait_for(f"return {STEP[7:]} >= {step + 3}", timeout=10)  # the stream carries the token too
+            assert not b.js("return !!document.getElementById('token-gate')")
+            b.get(f"http://127.0.0.1:{handle.port}/")  # the tab keeps the token: no second prompt
+            b.wait_for("return document.querySelectorAll('#runs tbody tr[data-run=\"live-run\"]').length === 1")
+            b.wait_for("return document.getElementById('live').classList.contains('on')", timeout=10)
+            assert not b.js("return !!document.getElementById('token-gate')")
+    finally:
+        handle.stop()

@@ -21,6 +21,10 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--port", type=int, default=7860, help="port (default 7860; 0 picks a free one)")
     p.add_argument(
+        "--public-url", default=None,
+        help="the URL it is reached at behind a reverse proxy (its Host is accepted; reads then need the token)",
+    )  # fmt: skip
+    p.add_argument(
         "--token", default=None,
         help="operator token (prefer env STEADYTUNE_DASHBOARD_TOKEN: a flag shows in `ps`)",
     )  # fmt: skip
@@ -28,6 +32,9 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
+    from pydantic import ValidationError
+
+    from steadytune.web.config import DashboardConfig
     from steadytune.web.security import BindRefused, resolve_token
     from steadytune.web.server import start_dashboard
 
@@ -35,12 +42,21 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
         return fail(f"runs directory {args.runs_dir} does not exist; pass the folder that holds your runs", 2)
     try:
         token = resolve_token(args.token)
-        handle = start_dashboard(args.runs_dir, host=args.host, port=args.port, token=token)
+        public_url = getattr(args, "public_url", None)
+        if public_url:
+            DashboardConfig(public_url=public_url)  # the same check as in a config file
+        handle = start_dashboard(
+            args.runs_dir, host=args.host, port=args.port, token=token, public_url=public_url
+        )
     except BindRefused as exc:
         return fail(str(exc), 2)
+    except ValidationError as exc:
+        return fail(f"--public-url: {exc.errors()[0]['msg']}", 2)
     except OSError as exc:
         return fail(f"cannot listen on {args.host}:{args.port}: {exc.strerror}; pick another --port", 1)
     controls = "on (token set)" if token else "off (read-only; set STEADYTUNE_DASHBOARD_TOKEN to enable)"
+    if handle.app.exposed:
+        controls += "; reads need the token too (reachable from other machines)"
     print(
         f"steadytune dashboard: {handle.url}   metrics: {handle.url}metrics   operator controls: {controls}"
     )

@@ -122,7 +122,7 @@ def launch(
         dashboard = start_dashboard_for(cfg, args, console)
         if dashboard is None:
             return 2
-        sup.dashboard_url = dashboard.url
+        sup.dashboard_url = cfg.dashboard.public_url or dashboard.url  # what alerts link to
     previous = {s: signal.signal(s, sup.on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         if quiet or not console.is_terminal:
@@ -151,7 +151,11 @@ def start_dashboard_for(cfg: SteadytuneConfig, args: argparse.Namespace | None, 
     port = cfg.dashboard.port if port is None else port
     token = dashboard_token(cfg)
     try:
-        handle = start_dashboard(Path(cfg.run.runs_dir), host=host, port=port, token=token)
+        d = cfg.dashboard
+        handle = start_dashboard(
+            Path(cfg.run.runs_dir), host=host, port=port, token=token, public_url=d.public_url,
+            request_timeout_s=d.request_timeout_s, max_connections=d.max_connections, max_streams=d.max_streams,
+        )  # fmt: skip
     except BindRefused as exc:
         console.print(f"error: {exc}", style="red", markup=False)
         return None

@@ -23,7 +23,7 @@ import math
 import sqlite3
 import threading
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -98,8 +98,41 @@ CREATE INDEX IF NOT EXISTS gradflow_version ON gradflow(version);
 """
 
 
-def _read_lines(path: Path, offset: int, max_bytes: int) -> tuple[list[dict[str, Any]], int]:
-    """Complete JSON lines from ``offset``, at most about ``max_bytes``; a torn tail is left."""
+# Records nest a few levels (a step's extra.gradflow.hist rows sit 5 deep); deeper is no record of ours,
+# and would blow the stack of whatever walks it next (to_dict, json.dumps, the web's clean()).
+MAX_JSON_DEPTH = 64
+
+
+def within_depth(obj: Any, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether a parsed JSON value nests at most ``limit`` lists/objects deep (walked without recursion)."""
+    stack = [(obj, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict):
+            children: Iterable[Any] = value.values()
+        elif isinstance(value, list):
+            children = value
+        else:
+            continue
+        if depth > limit:
+            return False
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+    return True
+
+
+def _parse_line(raw: bytes) -> Any:
+    """One JSONL line; ValueError or RecursionError if it is not JSON or nests too deep."""
+    value = json.loads(raw)
+    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and not within_depth(value):
+        raise ValueError(f"nested deeper than {MAX_JSON_DEPTH}")
+    return value
+
+
+def _read_lines(path: Path, offset: int, max_bytes: int) -> tuple[list[dict[str, Any]], int, int]:
+    """Complete JSON lines from ``offset``, at most about ``max_bytes``; a torn tail is left.
+
+    Returns (the parsed lines, the offset after them, how many lines could not be read).
+    """
     try:
         with open(path, "rb") as f:
             f.seek(offset)
@@ -111,18 +144,19 @@ def _read_lines(path: Path, offset: int, max_bytes: int) -> tuple[list[dict[str,
                     break
                 chunk += more
     except FileNotFoundError:
-        return [], offset
+        return [], offset, 0
     end = chunk.rfind(b"\n")
     if end < 0:
-        return [], offset
+        return [], offset, 0
     out: list[dict[str, Any]] = []
+    bad = 0
     for raw in chunk[: end + 1].splitlines():
         if raw.strip():
             try:
-                out.append(json.loads(raw))
-            except ValueError:
-                continue
-    return out, offset + end + 1
+                out.append(_parse_line(raw))
+            except (ValueError, RecursionError):  # RecursionError: nested too deep for the parser itself
+                bad += 1
+    return out, offset + end + 1, bad
 
 
 def _last_line(path: Path, block: int = 1 << 16) -> tuple[int, dict[str, Any] | None]:
@@ -140,8 +174,8 @@ def _last_line(path: Path, block: int = 1 << 16) -> tuple[int, dict[str, Any] | 
         return 0, None
     start = tail.rfind(b"\n", 0, end) + 1
     try:
-        return size - len(tail) + end + 1, json.loads(tail[start:end])
-    except ValueError:
+        return size - len(tail) + end + 1, _parse_line(tail[start:end])
+    except (ValueError, RecursionError):
         return 0, None
 
 
@@ -268,6 +302,8 @@ class RunStore:
                 self.set_meta("schema", SCHEMA_VERSION)
         self._db.execute("PRAGMA busy_timeout=5000")
         self._version = self._max_version()
+        # Lines of the JSONL that sync() skipped: not JSON, nested too deep, or not a record.
+        self.unreadable_lines = 0
 
     # ---- housekeeping -------------------------------------------------------------
 
@@ -432,6 +468,7 @@ class RunStore:
                 if seq is None:
                     row = self._db.execute("SELECT COALESCE(MAX(seq), -1) + 1 FROM events").fetchone()
                     seq = int(row[0])
+                    e = replace(e, seq=seq)  # readers see the seq it is filed under
                 self._db.execute(
                     "INSERT OR REPLACE INTO events(seq, ts, kind, name, severity, step, message, json) "
                     "VALUES(?, ?, ?, ?, ?, ?, ?, ?)",
@@ -476,7 +513,11 @@ class RunStore:
         """
         total = 0
         files = [*run_dir.telemetry_files(), run_dir.system, run_dir.events, run_dir.plan]
+        # A worker's notices (events in telemetry/) are filed by its supervisor in events.jsonl,
+        # with their seq: index the filed copy only, or each would show twice, the second without a seq.
+        filed = run_dir.events.exists()
         for path in files:
+            notices = path.parent == run_dir.telemetry_dir
             key = f"offset:{path.relative_to(run_dir.root).as_posix()}"
             start = int(self.get_meta(key, "0") or 0)
             try:
@@ -486,16 +527,20 @@ class RunStore:
                 continue
             offset = start
             while True:
-                dicts, offset_next = _read_lines(path, offset, chunk_bytes)
+                dicts, offset_next, bad = _read_lines(path, offset, chunk_bytes)
                 if offset_next == offset:
                     break
                 offset = offset_next
                 recs = []
                 for d in dicts:
                     try:
-                        recs.append(from_dict(d))
-                    except (ValueError, TypeError):
+                        rec = from_dict(d)
+                    except (ValueError, TypeError, AttributeError, RecursionError):
+                        bad += 1
                         continue
+                    if not (filed and notices and isinstance(rec, Event)):
+                        recs.append(rec)
+                self.unreadable_lines += bad
                 self.add(recs)
                 total += len(recs)
             self.set_meta(key, str(offset))
@@ -804,7 +849,7 @@ class RunStore:
         self, after_seq: int = -1, kinds: Sequence[str] | None = None, limit: int = 500, newest: bool = False
     ) -> list[Event]:
         """Events with ``seq > after_seq`` in order; ``newest`` takes the last ``limit`` instead."""
-        sql = "SELECT json FROM events WHERE seq>?"
+        sql = "SELECT seq, json FROM events WHERE seq>?"
         params: list[Any] = [after_seq]
         if kinds:
             sql += f" AND kind IN ({', '.join('?' * len(kinds))})"
@@ -812,14 +857,15 @@ class RunStore:
         sql += f" ORDER BY seq {'DESC' if newest else 'ASC'} LIMIT ?"
         params.append(limit)
         with self._lock:
-            raw = [r[0] for r in self._db.execute(sql, params)]
+            raw = list(self._db.execute(sql, params))
         if newest:
             raw.reverse()
         out: list[Event] = []
-        for text in raw:
+        for seq, text in raw:
             rec = from_dict(json.loads(text))
             if isinstance(rec, Event):
-                out.append(rec)
+                # An index filled before seqs were kept in the JSON: the row's seq is the event's.
+                out.append(rec if rec.seq == seq else replace(rec, seq=seq))
         return out
 
     def last_event_seq(self) -> int:

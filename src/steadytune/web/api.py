@@ -96,6 +96,7 @@ def run_detail(entry: RunEntry, events: int = 300) -> dict[str, Any]:
             "gpus": store.gpu_indices(),
             "version": store.version,
             "last_seq": store.last_event_seq(),
+            "unreadable_lines": store.unreadable_lines,
         }
     )
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from steadytune.rundir import RunDir, valid_run_id
-from steadytune.telemetry.store import RunStore
+from steadytune.telemetry.store import RunStore, within_depth
 
 LIVE_STATES = {"starting", "running", "restarting", "paused"}
 # A supervisor that has not rewritten status.json for this long is presumed gone.
@@ -30,9 +30,10 @@ STALE_STATUS_S = 15.0
 def read_json(path: Path) -> dict[str, Any] | None:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: nested too deep to parse
         return None
-    return data if isinstance(data, dict) else None
+    # Nested too deep for the handlers that walk it (clean(), json.dumps): as good as unreadable.
+    return data if isinstance(data, dict) and within_depth(data) else None
 
 
 def read_pointer(path: Path) -> str | None:

@@ -1,6 +1,8 @@
 """The dashboard server: stdlib ``ThreadingHTTPServer`` in a background thread.
 
-Routes (all GET unless said; the API is read-only without the token):
+Routes (all GET unless said; the API is read-only without the token). Served to
+other machines (bound off loopback, or behind a proxy at ``public_url``), every
+route but the pages, ``/static``, ``/healthz`` and ``/api/auth`` needs the token:
 
     /                          runs page            /run/<id>            run page
     /static/<file>             assets               /metrics             Prometheus exposition
@@ -11,14 +13,18 @@ Routes (all GET unless said; the API is read-only without the token):
     /api/auth                  may this client act? /healthz
     POST /api/runs/<id>/control   {"command", "issuer", "confirm": true} with the token in a header
 
-The supervisor stays light: no framework, one thread per connection, one
-indexer thread that tails the runs that have no live supervisor.
+The supervisor stays light: no framework, one thread per connection (at most
+``max_connections``, of which ``max_streams`` live streams; beyond, 503 with
+``Retry-After``), every request read within ``request_timeout_s``, one indexer
+thread that tails the runs that have no live supervisor.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import re
+import select
 import socket
 import threading
 import time
@@ -29,10 +35,25 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from steadytune.rundir import valid_run_id
 from steadytune.web import api, control
 from steadytune.web.metrics import render_metrics
+from steadytune.web.params import BadParam, content_length, query_float, query_int
 from steadytune.web.runs import RunEntry, RunsIndex
-from steadytune.web.security import bearer, check_bind, host_allowed, is_loopback, token_ok
+from steadytune.web.security import (
+    TOKEN_HEADER,
+    bearer,
+    check_bind,
+    host_allowed,
+    is_loopback,
+    machine_names,
+    reads_need_token,
+    token_ok,
+)
+
+log = logging.getLogger(__name__)
+RETRY_AFTER_S = 5
+MAX_BODY = 4096
 
 STATIC_DIR = Path(__file__).parent / "static"
 _STATIC_NAME = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]*$")
@@ -66,6 +87,15 @@ class DashboardApp:
     clock: Callable[[], float] = time.time
     poll_s: float = 0.25
     stopping: threading.Event = field(default_factory=threading.Event)
+    # Reachable from other machines: reads need the token too (see security.reads_need_token).
+    exposed: bool = False
+    public_url: str | None = None
+    machine_names: frozenset[str] = frozenset()
+    max_streams: int = 16
+    streams: threading.BoundedSemaphore = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.streams = threading.BoundedSemaphore(self.max_streams)
 
     def indexer(self, interval_s: float = 0.2) -> None:
         """Keep the indexes of supervisor-less runs fresh, off the request path."""
@@ -85,9 +115,19 @@ class Handler(BaseHTTPRequestHandler):
 
     # ---- plumbing -------------------------------------------------------------------
 
+    def handle_one_request(self) -> None:
+        # The whole request (line, headers, body) must arrive within request_timeout_s:
+        # the socket timeout alone would let a client trickle one byte at a time forever.
+        self.server.expect(self.connection)  # type: ignore[attr-defined]
+        super().handle_one_request()
+
+    def _request_read(self) -> None:
+        self.server.forget(self.connection)  # type: ignore[attr-defined]
+
     def _headers(
         self, status: int, ctype: str, length: int | None, extra: dict[str, str] | None = None
     ) -> None:
+        self._responded = True
         self.send_response(status)
         self.send_header("Content-Type", ctype)
         if length is not None:
@@ -97,17 +137,32 @@ class Handler(BaseHTTPRequestHandler):
             self.send_header(k, v)
         self.end_headers()
 
-    def _send(self, status: int, body: bytes, ctype: str) -> None:
-        self._headers(status, ctype, len(body))
+    def _send(self, status: int, body: bytes, ctype: str, extra: dict[str, str] | None = None) -> None:
+        self._headers(status, ctype, len(body), extra)
         if self.command != "HEAD":
             self.wfile.write(body)
 
-    def _json(self, obj: Any, status: int = 200) -> None:
+    def _json(self, obj: Any, status: int = 200, extra: dict[str, str] | None = None) -> None:
         body = json.dumps(obj, separators=(",", ":"), allow_nan=False).encode("utf-8")
-        self._send(status, body, "application/json")
+        self._send(status, body, "application/json", extra)
 
-    def _error(self, status: int, message: str) -> None:
-        self._json({"error": message}, status)
+    def _error(self, status: int, message: str, extra: dict[str, str] | None = None, **fields: Any) -> None:
+        self._json({"error": message, **fields}, status, extra)
+
+    def _bad_param(self, exc: BadParam) -> None:
+        self.close_connection = True  # what follows a bad Content-Length cannot be trusted
+        self._error(400, str(exc), param=exc.param)
+
+    def _failed(self, exc: BaseException) -> None:
+        """An unexpected error: one line in the log, a 500 if nothing was sent yet, never a traceback."""
+        log.warning("dashboard: %s %s failed: %s: %s", self.command, self.path[:200], type(exc).__name__, exc)
+        log.debug("dashboard request failure", exc_info=exc)
+        self.close_connection = True
+        if not getattr(self, "_responded", False):
+            try:
+                self._error(500, f"internal error ({type(exc).__name__}); the dashboard keeps running")
+            except OSError:
+                pass
 
     def _not_found(self) -> None:
         self._error(404, "not found")
@@ -121,16 +176,34 @@ class Handler(BaseHTTPRequestHandler):
         self.do_GET()
 
     def do_OPTIONS(self) -> None:
+        self._request_read()
         # No CORS: a preflight is refused, so other origins cannot send the token header.
         self._error(405, "CORS is not enabled")
 
     def _guard(self) -> bool:
-        if not host_allowed(self.headers.get("Host"), self.app.host, self.app.port):
-            self._error(403, "this dashboard only answers to loopback host names")
+        app = self.app
+        if not host_allowed(self.headers.get("Host"), app.host, app.port, app.public_url, app.machine_names):
+            self._error(
+                403,
+                "this dashboard does not answer to that Host name (DNS rebinding); use its address or a "
+                "loopback name, or set dashboard.public_url to the URL you reach it by",
+            )
             return False
         return True
 
+    def _may_read(self) -> bool:
+        return not self.app.exposed or token_ok(self.app.token, bearer(self.headers))
+
+    def _unauthorized(self) -> None:
+        self._error(
+            401,
+            f"this dashboard is reachable from other machines: send the token in the {TOKEN_HEADER} header "
+            "or as Authorization: Bearer",
+            {"WWW-Authenticate": 'Bearer realm="steadytune"'},
+        )
+
     def do_GET(self) -> None:
+        self._request_read()
         try:
             if not self._guard():
                 return
@@ -138,8 +211,12 @@ class Handler(BaseHTTPRequestHandler):
             query = urllib.parse.parse_qs(url.query)
             parts = [p for p in url.path.split("/") if p]
             self._route_get(parts, query)
-        except (BrokenPipeError, ConnectionResetError):
-            pass
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):
+            self.close_connection = True
+        except BadParam as exc:
+            self._bad_param(exc)
+        except Exception as exc:
+            self._failed(exc)
 
     def _route_get(self, parts: list[str], q: dict[str, list[str]]) -> None:
         app = self.app
@@ -149,22 +226,31 @@ class Handler(BaseHTTPRequestHandler):
         if head == "static" and len(parts) == 2:
             return self._static(parts[1])
         if head == "run" and len(parts) == 2:
+            if not self._may_read():  # the page holds no data; do not tell which runs exist
+                ok = valid_run_id(urllib.parse.unquote(parts[1]))
+                return self._static("run.html") if ok else self._not_found()
             return self._static("run.html") if self._run(parts[1]) else self._not_found()
+        if head == "healthz":
+            return self._json({"ok": True})
+        if parts == ["api", "auth"]:
+            return self._json(
+                {
+                    "controls": bool(app.token),
+                    "authorized": token_ok(app.token, bearer(self.headers)),
+                    "reads": "token" if app.exposed else "open",
+                }
+            )
+        if not self._may_read():
+            return self._unauthorized()
         if head == "metrics" and len(parts) == 1:
             text = render_metrics(app.index, app.clock)
             return self._send(200, text.encode("utf-8"), "text/plain; version=0.0.4; charset=utf-8")
-        if head == "healthz":
-            return self._json({"ok": True})
         if head != "api" or len(parts) < 2:
             return self._not_found()
         if parts[1:] == ["runs"]:
             return self._json(api.runs_list(app.index))
         if parts[1:] == ["stream"]:
-            return self._sse_runs()
-        if parts[1:] == ["auth"]:
-            return self._json(
-                {"controls": bool(app.token), "authorized": token_ok(app.token, bearer(self.headers))}
-            )
+            return self._stream(self._sse_runs)
         if parts[1] == "runs" and len(parts) in (3, 4):
             entry = self._run(parts[2])
             if entry is None:
@@ -173,20 +259,19 @@ class Handler(BaseHTTPRequestHandler):
             if what == "":
                 return self._json(api.run_detail(entry))
             if what == "series":
-                return self._json(
-                    api.series(entry, int(_num(q, "points") or 1500), _num(q, "lo"), _num(q, "hi"))
-                )
+                points = query_int(q, "points", 1500, lo=10, hi=api.MAX_POINTS)
+                return self._json(api.series(entry, points, query_float(q, "lo"), query_float(q, "hi")))
             if what == "gradflow":
-                return self._json(
-                    api.gradflow(entry, int(_num(q, "points") or 400), _num(q, "lo"), _num(q, "hi"))
-                )
+                points = query_int(q, "points", 400, lo=10, hi=api.MAX_POINTS)
+                return self._json(api.gradflow(entry, points, query_float(q, "lo"), query_float(q, "hi")))
             if what == "events":
-                after = int(_num(q, "after") or -1)
+                after = query_int(q, "after", -1, lo=-1)
                 return self._json(
                     [api.event_dict(e) for e in entry.store().events(after_seq=after, limit=1000)]
                 )
             if what == "stream":
-                return self._sse_run(entry, int(_num(q, "since") or 0), int(_num(q, "after") or -1))
+                since, after = query_int(q, "since", 0, lo=0), query_int(q, "after", -1, lo=-1)
+                return self._stream(lambda: self._sse_run(entry, since, after))
         return self._not_found()
 
     def _static(self, name: str) -> None:
@@ -203,6 +288,18 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         try:
+            self._post()
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):
+            self.close_connection = True
+        except BadParam as exc:
+            self._bad_param(exc)
+        except Exception as exc:
+            self._failed(exc)
+
+    def _post(self) -> None:
+        asked_close = self.close_connection
+        self.close_connection = True  # until the body is read: what follows it is not a request to parse
+        try:
             if not self._guard():
                 return
             parts = [p for p in urllib.parse.urlsplit(self.path).path.split("/") if p]
@@ -217,12 +314,15 @@ class Handler(BaseHTTPRequestHandler):
                 )
             if not token_ok(self.app.token, bearer(self.headers)):
                 return self._error(401, "a valid token is required in the X-Steadytune-Token header")
-            length = int(self.headers.get("Content-Length") or 0)
-            if length <= 0 or length > 4096:
+            length = content_length(self.headers)
+            if length <= 0 or length > MAX_BODY:
                 return self._error(400, "send a JSON body of at most 4 KiB")
+            raw = self.rfile.read(length)
+            self._request_read()
+            self.close_connection = asked_close or len(raw) < length
             try:
-                body = json.loads(self.rfile.read(length))
-            except ValueError:
+                body = json.loads(raw)
+            except (ValueError, RecursionError):
                 return self._error(400, "the body is not JSON")
             if not isinstance(body, dict) or body.get("confirm") is not True:
                 return self._error(400, 'confirm the request with "confirm": true')
@@ -234,10 +334,39 @@ class Handler(BaseHTTPRequestHandler):
             except control.ControlError as exc:
                 return self._error(400, str(exc))
             self._json({"ok": True, **result})
-        except (BrokenPipeError, ConnectionResetError):
-            pass
+        finally:
+            self._request_read()
 
     # ---- live updates (Server-Sent Events) ----------------------------------------------
+
+    def _stream(self, body: Callable[[], None]) -> None:
+        """Run one live stream, if a slot is free (at most ``max_streams`` at once)."""
+        if not self.app.streams.acquire(blocking=False):
+            return self._error(
+                503,
+                f"too many live streams ({self.app.max_streams}); retry in a few seconds",
+                {"Retry-After": str(RETRY_AFTER_S)},
+            )
+        try:
+            body()
+        finally:
+            self.app.streams.release()
+
+    def _client_gone(self) -> bool:
+        """The viewer closed its end: stop now rather than at the next write (up to 15 s away)."""
+        try:
+            if hasattr(select, "poll"):
+                poller = select.poll()
+                poller.register(self.connection, select.POLLIN)
+                if not poller.poll(0):
+                    return False
+            elif not select.select([self.connection], [], [], 0)[0]:
+                return False
+            return not self.connection.recv(1, socket.MSG_PEEK)
+        except BlockingIOError:
+            return False
+        except (OSError, ValueError):
+            return True
 
     def _sse_open(self) -> None:
         self._headers(200, "text/event-stream", None, {"Connection": "close", "X-Accel-Buffering": "no"})
@@ -253,7 +382,7 @@ class Handler(BaseHTTPRequestHandler):
         self._sse_open()
         last = None
         beat = time.monotonic()
-        while not self.app.stopping.is_set():
+        while not self.app.stopping.is_set() and not self._client_gone():
             rows = api.runs_list(self.app.index)
             if rows != last:
                 self._sse("runs", rows)
@@ -275,7 +404,7 @@ class Handler(BaseHTTPRequestHandler):
         side_last: Any = None
         side_at = 0.0
         beat = time.monotonic()
-        while not self.app.stopping.is_set():
+        while not self.app.stopping.is_set() and not self._client_gone():
             sent = False
             status = entry.status()
             if status != status_last:
@@ -298,7 +427,8 @@ class Handler(BaseHTTPRequestHandler):
                 sent = True
             events = store.events(after_seq=seq, limit=500)
             if events:
-                seq = max(e.seq or seq for e in events)
+                # Every indexed event has its seq: the next poll asks only for later ones.
+                seq = max(seq, *(e.seq for e in events if e.seq is not None))
                 self._sse("events", [api.event_dict(e) for e in events])
                 sent = True
             if time.monotonic() - side_at > 2.0:
@@ -317,24 +447,93 @@ class Handler(BaseHTTPRequestHandler):
             self.app.stopping.wait(self.app.poll_s)
 
 
-def _num(q: dict[str, list[str]], key: str) -> float | None:
-    try:
-        return float(q[key][0])
-    except (KeyError, IndexError, ValueError):
-        return None
-
-
-def make_handler(app: DashboardApp) -> type[Handler]:
-    return type("DashboardHandler", (Handler,), {"app": app})
+def make_handler(app: DashboardApp, request_timeout_s: float = 10.0) -> type[Handler]:
+    # ``timeout`` is the socket timeout of each connection (StreamRequestHandler.setup).
+    return type("DashboardHandler", (Handler,), {"app": app, "timeout": request_timeout_s})
 
 
 class _Server(ThreadingHTTPServer):
+    """One thread per connection, at most ``max_connections``; requests read within a deadline."""
+
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 64
 
-    def __init__(self, addr: tuple[str, int], handler: type[Handler], family: int) -> None:
+    def __init__(
+        self,
+        addr: tuple[str, int],
+        handler: type[Handler],
+        family: int,
+        max_connections: int = 64,
+        request_timeout_s: float = 10.0,
+    ) -> None:
         self.address_family = family
+        self.request_timeout_s = request_timeout_s
+        self._slots = threading.BoundedSemaphore(max_connections)
+        self._deadlines: dict[socket.socket, float] = {}
+        self._deadlines_lock = threading.Lock()
         super().__init__(addr, handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self._refuse(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.forget(request)
+            self._slots.release()
+
+    def _refuse(self, request: socket.socket) -> None:
+        """503 at once, from the accepting thread, and close: no thread for a connection over the cap."""
+        body = b'{"error":"too many connections to the dashboard; retry in a few seconds"}'
+        head = (
+            "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nRetry-After: {RETRY_AFTER_S}\r\nConnection: close\r\n\r\n"
+        )
+        try:
+            request.settimeout(0.5)  # a few hundred bytes into an empty send buffer: never blocks for long
+            request.sendall(head.encode("ascii") + body)
+        except OSError:
+            pass
+        self.shutdown_request(request)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # socketserver prints a traceback on stderr, the supervisor's console: one log line instead.
+        log.warning("dashboard: a connection from %s failed", client_address[0] if client_address else "?")
+        log.debug("dashboard connection failure", exc_info=True)
+
+    # ---- the request deadline -----------------------------------------------------------
+
+    def expect(self, conn: socket.socket) -> None:
+        with self._deadlines_lock:
+            self._deadlines[conn] = time.monotonic() + self.request_timeout_s
+
+    def forget(self, conn: socket.socket) -> None:
+        with self._deadlines_lock:
+            self._deadlines.pop(conn, None)
+
+    def reap(self, stopping: threading.Event) -> None:
+        """Cut the connections whose request is not in by its deadline."""
+        every = min(0.5, max(0.02, self.request_timeout_s / 5))
+        while not stopping.wait(every):
+            now = time.monotonic()
+            with self._deadlines_lock:
+                late = [c for c, t in self._deadlines.items() if t <= now]
+                for c in late:
+                    del self._deadlines[c]
+            for c in late:
+                try:
+                    c.shutdown(socket.SHUT_RDWR)  # the handler's read returns at once and it ends
+                except OSError:
+                    pass
 
 
 @dataclass
@@ -364,30 +563,57 @@ def start_dashboard(
     token: str | None = None,
     clock: Callable[[], float] = time.time,
     poll_s: float = 0.25,
+    *,
+    public_url: str | None = None,
+    request_timeout_s: float = 10.0,
+    max_connections: int = 64,
+    max_streams: int = 16,
+    exposed: bool | None = None,
 ) -> DashboardHandle:
     """Serve the dashboard of every run under ``runs_dir`` from a background thread.
 
-    Raises :class:`steadytune.web.security.BindRefused` for a non-loopback ``host``
-    without a token, and ``OSError`` when the port is taken.
+    ``public_url``: the URL it is reached at behind a reverse proxy (its host is
+    accepted in Host headers). Bound off loopback or given a ``public_url``, the
+    dashboard is *exposed*: every read needs the token; ``exposed`` overrides that
+    judgement (tests, or a loopback port forwarded to the network).
+    ``request_timeout_s``, ``max_connections``, ``max_streams``: see DashboardConfig.
+
+    Raises :class:`steadytune.web.security.BindRefused` when exposed without a
+    token, and ``OSError`` when the port is taken.
     """
-    check_bind(host, token)
+    if exposed is None:
+        exposed = reads_need_token(host, public_url)
+    check_bind(host, token, public_url=public_url, exposed=exposed)
+    max_streams = max(1, min(max_streams, max_connections - 1))
     family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
     index = RunsIndex(Path(runs_dir), clock=clock)
-    app = DashboardApp(index=index, host=host, port=port, token=token, clock=clock, poll_s=poll_s)
-    server = _Server((host.strip("[]"), port), make_handler(app), family)
+    app = DashboardApp(
+        index=index, host=host, port=port, token=token, clock=clock, poll_s=poll_s, exposed=exposed,
+        public_url=public_url, machine_names=machine_names() if not is_loopback(host) else frozenset(),
+        max_streams=max_streams,
+    )  # fmt: skip
+    server = _Server(
+        (host.strip("[]"), port),
+        make_handler(app, request_timeout_s),
+        family,
+        max_connections,
+        request_timeout_s,
+    )
     app.port = server.server_address[1]
     serve = threading.Thread(
         target=server.serve_forever, kwargs={"poll_interval": 0.25}, name="steadytune-dashboard", daemon=True
     )
     indexer = threading.Thread(target=app.indexer, name="steadytune-indexer", daemon=True)
+    reaper = threading.Thread(target=server.reap, args=(app.stopping,), name="steadytune-reaper", daemon=True)
     serve.start()
     indexer.start()
+    reaper.start()
     shown = host if is_loopback(host) or host not in ("0.0.0.0", "::") else socket.getfqdn()
     if ":" in shown and not shown.startswith("["):
         shown = f"[{shown}]"
     url = f"http://{shown}:{app.port}/"
     return DashboardHandle(
-        url=url, host=host, port=app.port, app=app, _server=server, _threads=[serve, indexer]
+        url=url, host=host, port=app.port, app=app, _server=server, _threads=[serve, indexer, reaper]
     )
 
 

@@ -12,6 +12,7 @@ from steadytune.rundir import RunDir
 from steadytune.telemetry.events import read_events
 from steadytune.web import control
 from steadytune.web.config import DashboardConfig
+from steadytune.web.params import BadParam, content_length, query_float, query_int
 from steadytune.web.runs import RunsIndex
 from steadytune.web.security import (
     BindRefused,
@@ -19,6 +20,7 @@ from steadytune.web.security import (
     check_bind,
     host_allowed,
     is_loopback,
+    reads_need_token,
     resolve_token,
     token_ok,
 )
@@ -65,7 +67,80 @@ def test_host_header_on_loopback_only_loopback_names() -> None:
     assert host_allowed("[::1]:7860", "::1", 7860)
     assert not host_allowed("evil.example:7860", "127.0.0.1", 7860)
     assert not host_allowed(None, "127.0.0.1", 7860)
-    assert host_allowed("gpu-box:7860", "0.0.0.0", 7860)
+    assert host_allowed("localhost:9000", "127.0.0.1", 7860)  # an SSH tunnel on another local port
+    assert not host_allowed("gpu-box:7860", "127.0.0.1", 7860, machine_names=("gpu-box",))
+
+
+def test_host_header_off_loopback_our_names_addresses_or_public_url() -> None:
+    names = ("gpu-box", "gpu-box.lab.example")
+    assert host_allowed("gpu-box:7860", "0.0.0.0", 7860, machine_names=names)
+    assert host_allowed("GPU-BOX.lab.example.:7860", "0.0.0.0", 7860, machine_names=names)
+    assert host_allowed("10.0.0.7:7860", "0.0.0.0", 7860)  # an address, not a name: nothing to rebind
+    assert host_allowed("[fe80::1]:7860", "::", 7860)
+    assert host_allowed("localhost:7860", "0.0.0.0", 7860)
+    assert host_allowed("box.lab.example", "box.lab.example", 7860)  # bound by name
+    assert not host_allowed("gpu-box:7860", "0.0.0.0", 7860)  # not one of this machine's names
+    assert not host_allowed("evil.example:7860", "0.0.0.0", 7860, machine_names=names)
+    assert not host_allowed("gpu-box.evil.example", "0.0.0.0", 7860, machine_names=names)
+    public = "https://dash.example/"
+    assert host_allowed("dash.example", "127.0.0.1", 7860, public_url=public)  # behind a proxy on loopback
+    assert host_allowed("dash.example:443", "0.0.0.0", 7860, public_url=public)
+    assert not host_allowed("evil.example", "127.0.0.1", 7860, public_url=public)
+    for bad in ("", "a b", "x@gpu-box", "gpu-box:80:80", "[::1", "gpu-box:http", "gpu-box/x", "gpu-box:99999"):
+        assert not host_allowed(bad, "0.0.0.0", 7860, machine_names=names), bad
+
+
+def test_reads_need_the_token_when_reachable_from_other_machines() -> None:
+    assert not reads_need_token("127.0.0.1") and not reads_need_token("::1")
+    assert reads_need_token("0.0.0.0") and reads_need_token("10.0.0.2") and reads_need_token("::")
+    assert reads_need_token("127.0.0.1", public_url="https://dash.example/")  # behind a proxy
+    check_bind("127.0.0.1", TOKEN, public_url="https://dash.example/")
+    with pytest.raises(BindRefused, match="public_url"):
+        check_bind("127.0.0.1", None, public_url="https://dash.example/")
+    with pytest.raises(BindRefused, match="no token is set"):
+        check_bind("127.0.0.1", None, exposed=True)
+
+
+@pytest.mark.parametrize(
+    ("q", "message"),
+    [({"points": ["inf"]}, "points"), ({"points": ["nan"]}, "points"), ({"points": ["1e400"]}, "points"),
+     ({"points": ["abc"]}, "points"), ({"points": ["12.5"]}, "points"), ({"points": [str(2**70)]}, "points"),
+     ({"points": [""]}, "points")],
+)  # fmt: skip
+def test_query_int_rejects_what_is_not_an_integer(q: dict, message: str) -> None:
+    with pytest.raises(BadParam, match=message) as info:
+        query_int(q, "points", 1500)
+    assert info.value.param == "points"
+
+
+def test_query_numbers_parse_and_clamp() -> None:
+    assert query_int({}, "points", 1500) == 1500
+    assert query_int({"points": ["400"]}, "points", 1500) == 400
+    assert query_int({"points": ["400.0"]}, "points", 1500) == 400
+    assert query_int({"after": ["-1"]}, "after", -1) == -1
+    assert query_int({"points": ["999999"]}, "points", 10, hi=4000) == 4000
+    assert query_float({}, "lo") is None and query_float({"lo": ["12.5"]}, "lo") == 12.5
+    for bad in ("nan", "inf", "-inf", "x", "1e400"):
+        with pytest.raises(BadParam, match="lo"):
+            query_float({"lo": [bad]}, "lo")
+    assert content_length({"Content-Length": "12"}) == 12 and content_length({}) == 0
+    for bad in ("abc", "-5", "1e3", "", " 1 2", "9" * 30):
+        with pytest.raises(BadParam, match="Content-Length"):
+            content_length({"Content-Length": bad})
+
+
+def test_dashboard_config_limits_and_public_url() -> None:
+    cfg = DashboardConfig()
+    assert (cfg.request_timeout_s, cfg.max_connections, cfg.max_streams, cfg.public_url) == (10.0, 64, 16, None)
+    assert DashboardConfig(public_url="https://dash.example/").public_url == "https://dash.example/"
+    assert DashboardConfig(public_url="http://dash.example:8080").public_url == "http://dash.example:8080"
+    for bad in ("dash.example", "ftp://dash.example/", "https:///x", "javascript:alert(1)", "https://dash.example/st/"):
+        with pytest.raises(ValidationError, match="public_url"):
+            DashboardConfig(public_url=bad)
+    with pytest.raises(ValidationError, match="max_streams"):
+        DashboardConfig(max_connections=8, max_streams=8)
+    with pytest.raises(ValidationError):
+        DashboardConfig(request_timeout_s=0)
 
 
 def test_dashboard_config_rejects_clear_token() -> None:

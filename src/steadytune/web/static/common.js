@@ -42,10 +42,75 @@ ST.token = {
   set(t) { if (t) sessionStorage.setItem("steadytune-token", t); else sessionStorage.removeItem("steadytune-token"); },
 };
 
+// Served to other machines, every read needs the token: in a header, like the controls, never a cookie.
+ST.authHeaders = function (headers) {
+  const t = ST.token.get();
+  return t ? Object.assign({}, headers, { "X-Steadytune-Token": t }) : headers;
+};
+
+// Asked once per tab (the token stays in its session storage), then the page starts again.
+ST.askToken = function () {
+  if (document.getElementById("token-gate")) return;
+  const input = ST.el("input", { type: "password", id: "gate-token", placeholder: "dashboard token", autocomplete: "off", size: "24" });
+  const form = ST.el("form", { class: "token-gate", id: "token-gate" },
+    ST.el("span", { text: "This dashboard is reachable from other machines: enter its token to see the runs." }),
+    input, ST.el("button", { type: "submit", text: "open" }));
+  form.addEventListener("submit", (e) => { e.preventDefault(); ST.token.set(input.value.trim()); location.reload(); });
+  (document.querySelector("main") || document.body).prepend(form);
+  input.focus();
+};
+
 ST.getJSON = async function (url) {
-  const r = await fetch(url, { headers: { Accept: "application/json" }, cache: "no-store" });
+  const r = await fetch(url, { headers: ST.authHeaders({ Accept: "application/json" }), cache: "no-store" });
+  if (r.status === 401) { ST.askToken(); throw new Error("this dashboard needs its token"); }
   if (!r.ok) throw new Error(`${url}: HTTP ${r.status}`);
   return r.json();
+};
+
+// Server-Sent Events read with fetch, because EventSource cannot send the token header.
+// url: a string, or a function called at each (re)connection; on: {event name: fn(data)};
+// live(bool): connected or not. Reconnects after the server's `retry:` (or its Retry-After on 503).
+ST.stream = function (url, on, live) {
+  let stopped = false, ctrl = null, retry = 1000;
+  const dispatch = (frame) => {
+    let name = "message";
+    const data = [];
+    for (const line of frame.split("\n")) {
+      if (line.startsWith("event:")) name = line.slice(6).trim();
+      else if (line.startsWith("data:")) data.push(line.slice(5).replace(/^ /, ""));
+      else if (line.startsWith("retry:")) retry = Number(line.slice(6)) || retry;
+    }
+    if (!data.length || !on[name]) return;
+    try { on[name](JSON.parse(data.join("\n"))); } catch (err) { console.error(`stream ${name}:`, err); }
+  };
+  (async function run() {
+    while (!stopped) {
+      let wait = retry;
+      ctrl = new AbortController();
+      try {
+        const r = await fetch(typeof url === "function" ? url() : url,
+          { headers: ST.authHeaders({ Accept: "text/event-stream" }), cache: "no-store", signal: ctrl.signal });
+        if (r.status === 401) { live(false); ST.askToken(); return; }
+        if (r.status === 503) wait = 1000 * (Number(r.headers.get("Retry-After")) || 5);
+        if (!r.ok || !r.body) throw new Error(`HTTP ${r.status}`);
+        live(true);
+        const reader = r.body.getReader(), dec = new TextDecoder();
+        let buf = "";
+        for (;;) {
+          const { value, done } = await reader.read();
+          if (done) break;
+          buf += dec.decode(value, { stream: true });
+          let i;
+          while ((i = buf.indexOf("\n\n")) >= 0) { dispatch(buf.slice(0, i)); buf = buf.slice(i + 2); }
+        }
+      } catch (err) {
+        if (stopped) return;
+      }
+      live(false);
+      await new Promise((res) => setTimeout(res, wait));
+    }
+  })();
+  return { close() { stopped = true; if (ctrl) ctrl.abort(); } };
 };
 
 ST.postJSON = async function (url, body) {

@@ -192,7 +192,8 @@
   function addEvents(events) {
     const list = document.getElementById("events");
     for (const e of events) {
-      if (e.seq !== undefined && e.seq <= state.lastSeq) continue;
+      // Every event has its seq (the server sees to it): each is shown once, however often it is sent.
+      if (typeof e.seq === "number" && e.seq <= state.lastSeq) continue;
       state.lastSeq = Math.max(state.lastSeq, e.seq ?? state.lastSeq);
       state.events.push(e);
       list.prepend(eventItem(e));
@@ -281,22 +282,16 @@
     state.refetch = setTimeout(async () => { state.refetch = null; state.maxStep = -1; await loadSeries(); }, 500);
   }
   function connect() {
-    const es = new EventSource(`${base}/stream?since=${state.version}&after=${state.lastSeq}`);
-    state.es = es;
     const dot = document.getElementById("live");
-    es.onopen = () => dot.classList.add("on");
-    es.onerror = () => dot.classList.remove("on");
-    es.addEventListener("status", (e) => renderStatus(JSON.parse(e.data)));
-    es.addEventListener("steps", (e) => onSteps(JSON.parse(e.data)));
-    es.addEventListener("gradflow", (e) => onGradflow(JSON.parse(e.data)));
-    es.addEventListener("system", (e) => onSystem(JSON.parse(e.data)));
-    es.addEventListener("events", (e) => addEvents(JSON.parse(e.data)));
-    es.addEventListener("side", (e) => renderSide(JSON.parse(e.data)));
+    // A reconnection asks for what came after what this page already has.
+    state.es = ST.stream(() => `${base}/stream?since=${state.version}&after=${state.lastSeq}`, {
+      status: renderStatus, steps: onSteps, gradflow: onGradflow, system: onSystem, events: addEvents, side: renderSide,
+    }, (on) => dot.classList.toggle("on", on));
   }
 
   // ---- operator controls ----------------------------------------------------------------
   async function initControls() {
-    const auth = await fetch("/api/auth", { headers: { "X-Steadytune-Token": ST.token.get() } }).then((r) => r.json());
+    const auth = await ST.getJSON("/api/auth");
     const box = document.getElementById("controls");
     if (!auth.controls) return; // no token configured: read-only dashboard
     box.classList.remove("hidden");

@@ -31,9 +31,6 @@
   }
 
   ST.getJSON("/api/runs").then(render).catch(() => {});
-  const es = new EventSource("/api/stream");
   const dot = document.getElementById("live");
-  es.addEventListener("runs", (e) => render(JSON.parse(e.data)));
-  es.onopen = () => dot.classList.add("on");
-  es.onerror = () => dot.classList.remove("on");
+  ST.stream("/api/stream", { runs: render }, (on) => dot.classList.toggle("on", on));
 })();

@@ -1,0 +1,188 @@
+"""The dashboard survives what a run directory may hold, and its live stream sends each event once.
+
+The server runs on 127.0.0.1 with a free port, a short poll interval and a
+bounded read of each stream.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from steadytune.records import Event, StepRecord, WorkerExit
+from steadytune.rundir import RunDir, atomic_write_text
+from steadytune.telemetry.events import EventLog
+from steadytune.telemetry.store import RunStore
+from steadytune.telemetry.stream import JsonlWriter
+from steadytune.web.server import DashboardHandle, start_dashboard
+
+DEEP = "[" * 100_000  # one line of nothing but open brackets: json.loads raises RecursionError
+# Parseable, but too deep for what walks it next (to_dict, json.dumps, the API's clean()).
+NESTED = "[" * 900 + "]" * 900
+
+
+def get(handle: DashboardHandle, path: str) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", handle.port, timeout=10)
+    try:
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
+def read_sse(handle: DashboardHandle, path: str, seconds: float) -> list[tuple[str, object]]:
+    """Every (event, data) of a stream read for ``seconds``."""
+    sock = socket.create_connection(("127.0.0.1", handle.port), timeout=5)
+    sock.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{handle.port}\r\n\r\n".encode())
+    sock.settimeout(0.1)
+    buf = b""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            chunk = sock.recv(65536)
+        except TimeoutError:
+            continue
+        if not chunk:
+            break
+        buf += chunk
+    sock.close()
+    head, _, body = buf.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), head[:200]
+    out = []
+    for frame in body.decode().split("\n\n"):
+        lines = dict(line.split(": ", 1) for line in frame.split("\n") if ": " in line and line[0] != ":")
+        if "event" in lines:
+            out.append((lines["event"], json.loads(lines["data"])))
+    return out
+
+
+@pytest.fixture
+def serve(tmp_path: Path) -> Iterator:
+    handles: list[DashboardHandle] = []
+
+    def start(runs: Path) -> DashboardHandle:
+        handles.append(start_dashboard(runs, host="127.0.0.1", port=0, poll_s=0.05))
+        return handles[-1]
+
+    yield start
+    for h in handles:
+        h.stop()
+
+
+def finished_run(runs: Path, run_id: str = "done") -> tuple[RunDir, list[Event]]:
+    """A run as the supervisor leaves it: the worker's notices in telemetry/ (no seq), filed in events.jsonl."""
+    run = RunDir(runs / run_id).create()
+    log = EventLog(run.events, run_id=run_id)
+    filed = [log.emit("lifecycle", "started", "run started")]
+    with JsonlWriter(run.telemetry(0)) as w:
+        w.write(Event(ts=10.0, kind="lifecycle", name="train_begin", data={"max_steps": 4}))
+        for s in range(4):
+            w.write(StepRecord(step=s, ts=11.0 + s, loss=2.0 - s / 10))
+            if s == 2:
+                notice = Event(ts=13.5, kind="action", name="checkpoint_saved", step=2, data={"rank": 0})
+                w.write(notice)
+                filed.append(log.append(notice))
+        w.write(WorkerExit(ts=20.0, step=3))
+    filed.append(log.emit("lifecycle", "completed", "run completed"))
+    status = {"run_id": run_id, "state": "completed", "step": 3, "max_steps": 4, "updated_ts": 1000.0}
+    atomic_write_text(run.status, json.dumps(status))
+    return run, filed
+
+
+def supervisor_index(run: RunDir, filed: list[Event]) -> None:
+    """The index the supervisor leaves: its steps and the events it filed (the worker's own copies never)."""
+    store = RunStore(run.db)
+    store.add_steps([StepRecord(step=s, ts=11.0 + s, loss=2.0 - s / 10) for s in range(4)])
+    store.add_events(filed)
+    store.close()
+
+
+@pytest.mark.parametrize("indexed_by", ["dashboard", "supervisor"])
+def test_finished_run_stream_sends_each_event_once(serve, tmp_path: Path, indexed_by: str) -> None:
+    runs = tmp_path / "runs"
+    run, filed = finished_run(runs)
+    if indexed_by == "supervisor":
+        supervisor_index(run, filed)
+    handle = serve(runs)
+    status, _ = get(
+        handle, "/api/runs/done"
+    )  # the first request opens (and for a finished run, syncs) the index
+    assert status == 200
+    deadline = time.monotonic() + 5
+    while handle.app.index.get("done").store().step_count() < 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    frames = read_sse(handle, "/api/runs/done/stream?since=0&after=-1", seconds=1.0)  # ~20 polls
+    sent = [e for name, data in frames if name == "events" for e in data]
+    assert all(isinstance(e.get("seq"), int) for e in sent), sent
+    keys = [(e["kind"], e["name"], e["ts"]) for e in sent]
+    assert len(keys) == len(set(keys)), f"an event was sent more than once: {keys}"
+    # The worker's notices were filed by the supervisor: each shows once, as filed (with its seq).
+    assert sorted(e["seq"] for e in sent) == [e.seq for e in filed]
+    # The page's first load and the stream agree on seqs: nothing the stream sends after last_seq is old.
+    status, body = get(handle, "/api/runs/done")
+    detail = json.loads(body)
+    assert [e["seq"] for e in detail["events"]] == [e.seq for e in filed] and detail["last_seq"] == filed[
+        -1
+    ].seq
+    status, body = get(handle, f"/api/runs/done/events?after={filed[-1].seq}")
+    assert json.loads(body) == []
+
+
+def test_worker_notices_are_the_events_of_a_run_without_an_event_log(serve, tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    run = RunDir(runs / "bare").create()
+    with JsonlWriter(run.telemetry(0)) as w:
+        w.write(StepRecord(step=0, ts=1.0, loss=1.0))
+        w.write(Event(ts=2.0, kind="anomaly", name="loss_spike", severity="warning", step=0))
+        w.write(Event(ts=3.0, kind="action", name="checkpoint_saved", step=0))
+    handle = serve(runs)
+    get(handle, "/api/runs/bare")
+    frames = read_sse(handle, "/api/runs/bare/stream?since=0&after=-1", seconds=0.6)
+    sent = [e for name, data in frames if name == "events" for e in data]
+    assert [(e.get("seq"), e["name"]) for e in sent] == [(0, "loss_spike"), (1, "checkpoint_saved")]
+
+
+def test_a_deeply_nested_line_is_skipped_and_counted(serve, tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    run = RunDir(runs / "deep").create()
+    with open(run.telemetry(0), "w") as f:
+        f.write(json.dumps({"type": "step", "step": 0, "ts": 1.0, "loss": 1.0}) + "\n")
+        f.write(DEEP + "\n")
+        f.write('{"type": "step", "step": 5, "ts": 1.5, "loss": 1.0, "extra": {"x": ' + NESTED + "}}\n")
+        f.write(json.dumps({"type": "step", "step": 1, "ts": 2.0, "loss": 0.9}) + "\n")
+    with open(run.events, "w") as f:
+        f.write(DEEP + "\n")
+    atomic_write_text(run.status, '{"state": "running", "x": ' + NESTED + "}")
+    handle = serve(runs)
+    status, body = get(handle, "/api/runs/deep")
+    assert status == 200, body[:300]
+    entry = handle.app.index.get("deep")
+    deadline = time.monotonic() + 5
+    while entry.store().step_count() < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert entry.store().step_count() == 2  # the lines around it are indexed
+    detail = json.loads(get(handle, "/api/runs/deep")[1])
+    assert detail["unreadable_lines"] == 3  # two in telemetry/rank-0.jsonl, one in events.jsonl
+    status, body = get(handle, "/api/runs/deep/series?points=100")
+    assert status == 200 and json.loads(body)["steps"]["total"] == 2
+    assert get(handle, "/api/runs")[0] == 200
+    assert get(handle, "/metrics")[0] == 200
+
+
+def test_a_deep_last_line_does_not_stop_adopting_the_supervisors_index(serve, tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    run, filed = finished_run(runs, "tail")
+    supervisor_index(run, filed)
+    with open(run.events, "a") as f:
+        f.write(DEEP + "\n")
+    handle = serve(runs)
+    status, body = get(handle, "/api/runs/tail")
+    assert status == 200, body[:300]
+    assert [e["seq"] for e in json.loads(body)["events"]] == [e.seq for e in filed]
