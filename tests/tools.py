@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 TORCH = "torch==2.13.0"
 
 TOOLS: dict[str, dict[str, list[str]]] = {
-    "trl": {"install": ["trl==1.16.0", "datasets", "peft"], "no_deps": []},
+    "trl": {"install": ["trl==1.16.0", "datasets", "peft"], "no_deps": [], "stubs": []},
     # LLaMA-Factory pins torchvision/torchaudio/av/gradio for its web UI and vision models; the CLI's
     # text training path needs none of them, so it goes in without its deps and these are added.
     "llamafactory": {
@@ -48,8 +48,12 @@ TOOLS: dict[str, dict[str, list[str]]] = {
             "numpy",
             "matplotlib",
         ],
+        # llamafactory.data.mm_plugin imports torchaudio at module level for audio inputs; text SFT
+        # never calls it. An empty package stands in, instead of a multi-GB torch/torchaudio pair.
+        "stubs": ["torchaudio"],
     },
 }
+_STUB = '''"""Not installed: this venv trains text only (see tests/tools.py)."""\n'''
 
 
 def _root() -> Path:
@@ -75,5 +79,14 @@ def tool_venv(name: str) -> Path:
     if spec["no_deps"]:
         subprocess.run([*pip, "--no-deps", *spec["no_deps"]], check=True)
     subprocess.run([*pip, "-c", str(constraints), *spec["install"]], check=True)
+    site = subprocess.run(
+        [str(bin_dir / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    for name in spec["stubs"]:
+        (Path(site) / name).mkdir(exist_ok=True)
+        (Path(site) / name / "__init__.py").write_text(_STUB)
     (venv / ".ready").write_text("ok\n")
     return bin_dir

@@ -119,3 +119,77 @@ def test_trl_sft_survives_a_killed_trainer_or_launcher(
     status = json.loads((run / "status.json").read_text())
     assert status["state"] == "completed" and status["max_steps"] == steps and status["step"] == steps
     assert status["tokens_per_s"] and status["last_checkpoint"] == f"checkpoint-{steps}"
+
+
+@pytest.fixture(scope="module")
+def lf_bin() -> Path:
+    return tool_venv("llamafactory")
+
+
+def _lf_config(demo_assets: Path, tmp: Path, steps: int) -> Path:
+    """An SFT YAML as LLaMA-Factory users write them, on the demo model and data."""
+    data = tmp / "data"
+    data.mkdir()
+    with open(demo_assets / "train.jsonl") as f:
+        rows = [json.loads(line) for line in list(f)[:400]]
+    (data / "demo.json").write_text(json.dumps(rows))
+    columns = {"prompt": "instruction", "query": "input", "response": "output"}
+    (data / "dataset_info.json").write_text(
+        json.dumps({"demo": {"file_name": "demo.json", "columns": columns}})
+    )
+    cfg = tmp / "sft.yaml"
+    cfg.write_text(
+        f"model_name_or_path: {demo_assets / 'model'}\nstage: sft\ndo_train: true\nfinetuning_type: lora\n"
+        f"lora_target: all\ndataset: demo\ndataset_dir: {data}\ntemplate: default\ncutoff_len: 64\n"
+        f"output_dir: {tmp / 'out'}\nlogging_steps: 5\nsave_steps: 50\nmax_steps: {steps}\n"
+        "per_device_train_batch_size: 4\nlearning_rate: 1.0e-4\nreport_to: none\nuse_cpu: true\n"
+    )
+    return cfg
+
+
+def test_llamafactory_survives_a_killed_trainer_and_a_truncated_checkpoint(
+    tmp_path: Path, demo_assets: Path, lf_bin: Path
+) -> None:
+    steps = 400
+    cfg = _lf_config(demo_assets, tmp_path, steps)
+    out = tmp_path / "out"
+    cmd = [STEADYTUNE, "supervise", "--preset", "llamafactory", "--output-dir", str(out),
+           "--runs-dir", str(tmp_path / "runs"), "--run-id", "lf", "--", str(lf_bin / "llamafactory-cli"),
+           "train", str(cfg)]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    run = tmp_path / "runs" / "lf"
+    try:
+        wait_for(
+            lambda: (out / "checkpoint-100" / "trainer_state.json").exists(),
+            timeout=300,
+            what="checkpoint-100",
+        )
+        worker = json.loads((run / "status.json").read_text())["worker_pid"]
+        group = os.getpgid(worker)
+        os.killpg(group, signal.SIGSTOP)  # freeze it, so the newest checkpoint is the one we cut
+        newest = max(out.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+        weights = newest / "adapter_model.safetensors"
+        weights.write_bytes(weights.read_bytes()[:-100])  # header intact, the file cut short
+        os.killpg(group, signal.SIGKILL)
+        stdout, _ = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, stdout
+    events = read_events(run / "events.jsonl")
+    corrupt = [e for e in events if e.name == "checkpoint_corrupt"]
+    assert corrupt and newest.name in corrupt[0].message and "cut short" in corrupt[0].message
+    restart = next(e for e in events if e.name == "restart")
+    older = int(newest.name.split("-")[1]) - 50
+    assert f"resuming from checkpoint-{older}" in restart.message
+    resumed = [e for e in events if e.name == "worker_started"][1]
+    assert resumed.data["cmd"][-1] == f"resume_from_checkpoint={out / f'checkpoint-{older}'}"
+    assert events[-1].name == "run_completed"
+    recs = _steps(run)
+    second = [r for r in recs if r.attempt == 1]
+    assert second[0].step == older + 5 and second[-1].step == steps
+    # trainer_log.jsonl gives the steps; the dict printed for the same step adds the grad norm.
+    assert all(r.grad_norm is not None for r in recs)
+    status = json.loads((run / "status.json").read_text())
+    assert status["max_steps"] == steps and status["state"] == "completed"

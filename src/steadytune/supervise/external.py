@@ -265,6 +265,9 @@ class ExternalSupervisor:
         # checkpoint's trainer_state.json; unknown, the progress bar's count stands in.
         self._log_every: int | None = logging_steps_from(opts.command)
         self._bar_step: int | None = None
+        self._printed: dict[int, dict[str, float]] = {}
+        self._rows: dict[int, dict[str, float]] = {}  # trainer_log.jsonl rows waiting for their dict
+        self._recorded: set[int] = set()  # steps recorded in this attempt
         self._log_offset = 0
         self._last_logged_step = 0
         self._stop_signal: int | None = None
@@ -347,6 +350,7 @@ class ExternalSupervisor:
         left = tree.reap()
         reader.join(timeout=5)
         self.poll_files()
+        self._drain_log_rows()
         how = "exited by itself" if graceful else "killed after the grace period"
         self.events.emit(
             "lifecycle",
@@ -363,6 +367,9 @@ class ExternalSupervisor:
     # -- progress ---------------------------------------------------------------
     def record(self, step: int, values: dict[str, float]) -> None:
         now = self.clock()
+        printed = self._printed.pop(step, None)
+        if printed:
+            values = {**{k: v for k, v in printed.items() if k in ("grad_norm", "num_tokens")}, **values}
         total = values.get("total_steps")  # LLaMA-Factory's trainer_log.jsonl says how far it goes
         if total and total > 0:
             self.progress.max_steps = int(total)
@@ -396,6 +403,8 @@ class ExternalSupervisor:
                 self._intervals = [*self._intervals[-63:], now - self._last_progress]
             self._last_progress = now
             self.telemetry.write(rec)
+            if "loss" in values:
+                self._recorded.add(step)
             self.progress.add(rec)
             for obs in self.observers:
                 obs.on_record(rec)
@@ -430,9 +439,15 @@ class ExternalSupervisor:
         values = parse_log_line(line)
         if values is not None and is_summary(values):
             return
-        if values is not None and not (
-            self.opts.output_dir and (self.opts.output_dir / "trainer_log.jsonl").exists()
-        ):
+        jsonl = self.opts.output_dir is not None and (self.opts.output_dir / "trainer_log.jsonl").exists()
+        if values is not None and jsonl and "loss" in values and self._log_every is not None:
+            # LLaMA-Factory's trainer_log.jsonl has the real steps but no grad norm; the dict it
+            # printed for the same step has it, and joins the record when the file catches up.
+            self._log_step += self._log_every
+            self._printed[self._log_step] = values
+            while len(self._printed) > 256:
+                del self._printed[next(iter(self._printed))]
+        elif values is not None and not jsonl:
             if "loss" not in values:
                 pass  # an evaluation: it belongs to the step just logged
             elif self._log_every is not None:
@@ -466,7 +481,27 @@ class ExternalSupervisor:
                 k: float(v) for k, v in row.items() if isinstance(v, (int, float)) and k != "current_steps"
             }
             if isinstance(step, int):
-                self.record(step, values)
+                self._from_log_file(step, values)
+
+    def _from_log_file(self, step: int, values: dict[str, float]) -> None:
+        """A trainer_log.jsonl row: recorded once the dict printed for its step has joined it.
+
+        The file and stdout race each other; a row waits until its printed dict has come,
+        or a later row has (then none will), or the attempt ends (:meth:`_drain_log_rows`).
+        """
+        self._rows[step] = values
+        for s in sorted(self._rows):
+            if s in self._printed or s < step:
+                self._record_row(s, self._rows.pop(s))
+
+    def _drain_log_rows(self) -> None:
+        for s in sorted(self._rows):
+            self._record_row(s, self._rows.pop(s))
+
+    def _record_row(self, step: int, values: dict[str, float]) -> None:
+        if step in self._recorded:
+            return  # recorded from stdout before the file existed
+        self.record(step, values)
 
     def _resume_counter(self, checkpoint: Path) -> None:
         """After a resume, stdout log lines count from the checkpoint's step again."""
@@ -677,6 +712,8 @@ class ExternalSupervisor:
             action, self.action = self.action, None
             if action is None:
                 self.poll_files()
+                self._drain_log_rows()
+            self._rows.clear()
             self._flush()
             rc = proc.poll()
             tail = proc.log_tail()
@@ -792,6 +829,8 @@ class ExternalSupervisor:
                 data={"metric": a.metric},
             )
         self.policy.forget_open()
+        self._recorded.clear()
+        self._printed.clear()
         self.detector = replay_detector(self.run, self.detector.config, step or 0)
         if checkpoint is not None:
             self._resume_counter(checkpoint)
