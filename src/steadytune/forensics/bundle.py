@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shutil
 import tarfile
 import tempfile
@@ -100,6 +101,14 @@ def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes, mode: int = 0o644) 
     info = tarfile.TarInfo(name)
     info.size, info.mtime, info.mode = len(data), int(time.time()), mode
     tar.addfile(info, io.BytesIO(data))
+
+
+def _add_file(tar: tarfile.TarFile, path: Path, name: str) -> None:
+    """``path``'s bytes as a regular member (a symlink is followed, never stored as a link)."""
+    with open(path, "rb") as f:
+        info = tarfile.TarInfo(name)
+        info.size, info.mtime, info.mode = os.fstat(f.fileno()).st_size, int(time.time()), 0o644
+        tar.addfile(info, f)
 
 
 def _jsonl(items: list[dict[str, Any]]) -> bytes:
@@ -255,12 +264,14 @@ def build_bundle(
             )
             _add_bytes(tar, f"{top}/replay.py", REPLAY_PY.encode(), 0o755)
             if ckpt is not None:
-                for rng in sorted(ckpt.glob("rng_state*.pth")):
-                    tar.add(rng, f"{top}/rng/{rng.name}")
+                # Only what the (validated) manifest lists: never a file outside the checkpoint.
+                listed = sorted((read_manifest(ckpt) or {}).get("files", {}))
+                for rel in listed:
+                    if "/" not in rel and rel.startswith("rng_state") and rel.endswith(".pth"):
+                        _add_file(tar, ckpt / rel, f"{top}/rng/{rel}")
                 if include_checkpoint:
-                    listed = sorted((read_manifest(ckpt) or {}).get("files", {}))
                     for rel in [*listed, MANIFEST]:
-                        tar.add(ckpt / rel, f"{top}/checkpoint/{ckpt.name}/{rel}")
+                        _add_file(tar, ckpt / rel, f"{top}/checkpoint/{ckpt.name}/{rel}")
             if include_data:
                 wanted = {i for s in replay_steps for i in s["indices"]}
                 rows, _ = fetch_rows(manifest["data"]["path"], wanted)
