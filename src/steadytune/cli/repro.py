@@ -42,6 +42,13 @@ def register(sub: Any) -> None:
     p.add_argument("--check", type=Path, default=None, metavar="BUNDLE", help="replay this bundle instead")
     p.add_argument("--checkpoint", type=Path, default=None, help="with --check: use this checkpoint folder")
     p.add_argument("--data", type=Path, default=None, help="with --check: use this dataset file")
+    p.add_argument("--model", type=Path, default=None, help="with --check: use this model folder")
+    p.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="with --check: allow model.trust_remote_code: true from the bundle's config, which runs the "
+        "model's own Python code (off by default: only for a bundle and a model you trust)",
+    )
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.set_defaults(func=main)
 
@@ -55,6 +62,10 @@ def main(args: argparse.Namespace) -> int:
             argv += ["--checkpoint", str(args.checkpoint)]
         if args.data:
             argv += ["--data", str(args.data)]
+        if args.model:
+            argv += ["--model", str(args.model)]
+        if args.trust_remote_code:
+            argv.append("--trust-remote-code")
         return replay_main(argv)
     if not args.run:
         return fail("pass a run directory to bundle, or --check BUNDLE to replay one", 2)

@@ -63,8 +63,9 @@ REPLAY_PY = '''#!/usr/bin/env python3
     python replay.py [--checkpoint PATH] [--data PATH] [--format json]
 
 Same as `steadytune repro --check <this bundle>`. Needs steadytune with its train extra
-(pip install 'steadytune[train]'). Only replay bundles you trust: checkpoints and RNG
-states are loaded with torch.load.
+(pip install 'steadytune[train]'). This file is code that came with the bundle: run it
+only on a bundle you made yourself; for anyone else's, use `steadytune repro --check`,
+which runs nothing shipped in a bundle.
 """
 import sys
 from pathlib import Path

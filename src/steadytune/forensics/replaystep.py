@@ -103,14 +103,81 @@ def opened(bundle: Path) -> Iterator[Path]:
         yield tops[0]
 
 
+class UnsafeBundle(ValueError):
+    """A bundle that asks for something ``repro --check`` does not do for a stranger's file."""
+
+
+def _inside(path: Path, root: Path) -> bool:
+    try:
+        Path(os.path.realpath(path)).relative_to(os.path.realpath(root))
+    except ValueError:
+        return False
+    return True
+
+
+def included_checkpoint(folder: Path, meta: dict[str, Any]) -> Path | None:
+    """The folder of the checkpoint copied into the bundle (``checkpoint/<name>``), if any."""
+    ref = meta.get("checkpoint")
+    if not isinstance(ref, dict):
+        return None
+    name = ref.get("name")
+    if not isinstance(name, str) or not name or "/" in name or "\\" in name or name in (".", ".."):
+        raise UnsafeBundle(f"bundle.json names the checkpoint {name!r}, which is not a folder name")
+    path = folder / "checkpoint" / name
+    return path if path.is_dir() and _inside(path, folder) else None
+
+
+def guard_code(folder: Path, meta: dict[str, Any], cfg: Any, trust_remote_code: bool = False) -> None:
+    """Refuse what would run code that came with the bundle; set ``cfg.model.trust_remote_code``.
+
+    A bundle is meant to be attached to a bug report, so its config is not trusted:
+    ``trust_remote_code`` stays off unless the person checking asks for it, and a
+    model path inside the bundle (a relative path resolves against its folder) is
+    accepted only for the checkpoint the bundle includes. Torch-free.
+
+    Raises:
+        UnsafeBundle: with what was refused and how to proceed.
+    """
+    if cfg.model.trust_remote_code and not trust_remote_code:
+        raise UnsafeBundle(
+            "the bundle's config.yaml sets model.trust_remote_code: true, which lets the model folder "
+            "run its own Python code; repro --check does not do that for a bundle unless you pass "
+            "--trust-remote-code (only for a bundle and a model you trust)"
+        )
+    cfg.model.trust_remote_code = bool(trust_remote_code and cfg.model.trust_remote_code)
+    model = Path(cfg.model.name_or_path).expanduser()
+    if model.exists() and _inside(model, folder):
+        allowed = included_checkpoint(folder, meta)
+        if allowed is None or os.path.realpath(model) != os.path.realpath(allowed):
+            raise UnsafeBundle(
+                f"the bundle's config.yaml points model.name_or_path at {cfg.model.name_or_path!r}, a folder "
+                "inside the bundle; a bundle carries no model (only its included checkpoint is loaded from "
+                "it): pass --model PATH to use a model folder of your own"
+            )
+
+
+def prepare(folder: Path, model: Path | None = None, trust_remote_code: bool = False) -> tuple[Any, Any]:
+    """``(bundle.json, validated config)`` of an unpacked bundle, checked by :func:`guard_code`. Torch-free."""
+    from steadytune.forensics.runview import training_config
+
+    meta = json.loads((folder / "bundle.json").read_text(encoding="utf-8"))
+    if not isinstance(meta, dict) or not isinstance(meta.get("replay"), list) or not meta["replay"]:
+        raise ValueError("bundle.json lists no step to replay: not a steadytune repro bundle")
+    cfg = training_config(folder / "config.yaml")
+    if model is not None:
+        cfg.model.name_or_path = str(Path(model).expanduser().resolve())  # the user's own choice
+    guard_code(folder, meta, cfg, trust_remote_code)
+    return meta, cfg
+
+
 def _checkpoint(folder: Path, meta: dict[str, Any], override: Path | None) -> Path | None:
     from steadytune.checkpoint.manifest import MANIFEST, sha256_file, verify
 
     ref = meta.get("checkpoint")
     if ref is None:
         return None
-    included = folder / "checkpoint" / ref["name"]
-    path = override or (included if included.is_dir() else Path(ref["path"]))
+    included = included_checkpoint(folder, meta)
+    path = override or included or Path(ref["path"])
     if not (path / MANIFEST).exists():
         raise FileNotFoundError(
             f"checkpoint {path} is not there; pass --checkpoint PATH or make the bundle with "
@@ -158,8 +225,16 @@ def _load_model(cfg: Any, ckpt: Path | None) -> Any:
     return model
 
 
-def replay(folder: Path, checkpoint: Path | None = None, data: Path | None = None) -> ReplayResult:
-    """Replay the bundle in ``folder`` (unpacked). Imports torch and transformers."""
+def replay(
+    folder: Path,
+    checkpoint: Path | None = None,
+    data: Path | None = None,
+    model: Path | None = None,
+    trust_remote_code: bool = False,
+) -> ReplayResult:
+    """Replay the bundle in ``folder`` (unpacked). Imports torch and transformers, once the bundle
+    passed :func:`guard_code` (``model`` replaces the config's model path)."""
+    meta, cfg = prepare(folder, model, trust_remote_code)
     import dataclasses
     import warnings
 
@@ -168,7 +243,6 @@ def replay(folder: Path, checkpoint: Path | None = None, data: Path | None = Non
     from transformers.utils import logging as hf_logging
 
     from steadytune.forensics.envsnap import differences, snapshot
-    from steadytune.forensics.runview import training_config
     from steadytune.forensics.tokenizer import load_hf_tokenizer
     from steadytune.records import PlanRevision
     from steadytune.train.data import DataSpec, _hash_ids, detect_format, encode_row
@@ -176,8 +250,7 @@ def replay(folder: Path, checkpoint: Path | None = None, data: Path | None = Non
 
     hf_logging.disable_progress_bar()  # the verdict is the output; loading bars are noise here
     warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")
-    meta = json.loads((folder / "bundle.json").read_text(encoding="utf-8"))
-    cfg = training_config(folder / "config.yaml")
+    torch.use_deterministic_algorithms(True, warn_only=True)
     notes = list(meta.get("notes", []))
     env_path = folder / "environment.json"
     if env_path.exists():
@@ -402,16 +475,20 @@ def _verdict(
 
 
 def check_bundle(
-    bundle: str | Path, checkpoint: Path | None = None, data: Path | None = None
+    bundle: str | Path,
+    checkpoint: Path | None = None,
+    data: Path | None = None,
+    model: Path | None = None,
+    trust_remote_code: bool = False,
 ) -> ReplayResult:
-    """Replay a bundle (``.tar.gz`` or folder). See the module docstring for the verdicts."""
+    """Replay a bundle (``.tar.gz`` or folder). See the module docstring for the verdicts.
+
+    Nothing shipped in the bundle runs as code: see :func:`guard_code`.
+    """
     # Deterministic kernels where the backend has them; must be set before CUDA initialises.
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    import torch
-
-    torch.use_deterministic_algorithms(True, warn_only=True)
     with opened(Path(bundle)) as folder:
-        return replay(folder, checkpoint, data)
+        return replay(folder, checkpoint, data, model, trust_remote_code)
 
 
 def render(res: ReplayResult) -> str:
@@ -447,10 +524,17 @@ def main(argv: list[str] | None = None) -> int:
         "--checkpoint", type=Path, default=None, help="use this checkpoint folder instead of the bundle's"
     )
     ap.add_argument("--data", type=Path, default=None, help="use this dataset file instead of the run's")
+    ap.add_argument("--model", type=Path, default=None, help="use this model folder instead of the run's")
+    ap.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="allow model.trust_remote_code: true from the bundle's config (runs the model's own Python "
+        "code: only for a bundle and a model you trust)",
+    )
     ap.add_argument("--format", choices=("text", "json"), default="text")
     args = ap.parse_args(argv)
     try:
-        res = check_bundle(args.bundle, args.checkpoint, args.data)
+        res = check_bundle(args.bundle, args.checkpoint, args.data, args.model, args.trust_remote_code)
     except (FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
