@@ -49,6 +49,9 @@ def register(sub: Any) -> None:
         help="with --check: allow model.trust_remote_code: true from the bundle's config, which runs the "
         "model's own Python code (off by default: only for a bundle and a model you trust)",
     )
+    from steadytune.forensics.replaystep import add_limit_flags
+
+    add_limit_flags(p)  # with --check
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.set_defaults(func=main)
 
@@ -66,6 +69,8 @@ def main(args: argparse.Namespace) -> int:
             argv += ["--model", str(args.model)]
         if args.trust_remote_code:
             argv.append("--trust-remote-code")
+        argv += ["--max-unpacked-bytes", str(args.max_unpacked_bytes), "--max-member-bytes"]
+        argv += [str(args.max_member_bytes), "--max-members", str(args.max_members)]
         return replay_main(argv)
     if not args.run:
         return fail("pass a run directory to bundle, or --check BUNDLE to replay one", 2)
