@@ -22,7 +22,12 @@ def register(sub: Any) -> None:
         "the step, replay up to the step on the recorded batches, and say whether the anomaly reproduces "
         "(exit 0: reproduced, or a healthy step matched; 1: not).",
     )
-    p.add_argument("run", nargs="?", help="the run directory (runs/<run-id>)")
+    p.add_argument(
+        "run",
+        nargs="?",
+        help="the run directory (runs/<run-id>); with --check, the run the bundle came from, to find the "
+        "checkpoint, model and data its redacted paths name (found by itself when the bundle is still in it)",
+    )
     p.add_argument(
         "--step", type=int, default=None, help="the step; default: the last one where something went wrong"
     )
@@ -38,6 +43,13 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "-o", "--output", type=Path, default=None, help="bundle path (default RUN/repro/repro-step<N>.tar.gz)"
+    )
+    p.add_argument(
+        "--redact-paths",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="write paths relative to the run, ~ for the home directory and <abs>/<name> elsewhere, and no "
+        "user or host name (default; --no-redact-paths keeps them, for a bundle that stays on this machine)",
     )
     p.add_argument("--check", type=Path, default=None, metavar="BUNDLE", help="replay this bundle instead")
     p.add_argument("--checkpoint", type=Path, default=None, help="with --check: use this checkpoint folder")
@@ -67,6 +79,8 @@ def main(args: argparse.Namespace) -> int:
             argv += ["--data", str(args.data)]
         if args.model:
             argv += ["--model", str(args.model)]
+        if args.run:
+            argv += ["--run", str(args.run)]
         if args.trust_remote_code:
             argv.append("--trust-remote-code")
         argv += ["--max-unpacked-bytes", str(args.max_unpacked_bytes), "--max-member-bytes"]
@@ -85,6 +99,7 @@ def main(args: argparse.Namespace) -> int:
             args.include_checkpoint,
             args.output,
             attempt=args.attempt,
+            redact_paths=args.redact_paths,
         )
     except ForensicsError as exc:
         return fail(str(exc))
@@ -106,5 +121,10 @@ def main(args: argparse.Namespace) -> int:
     print(
         f"  checkpoint: {'copied in' if info.included_checkpoint else 'referenced by path + manifest sha256 (--include-checkpoint)'}"
     )
+    print(
+        f"  paths: {'redacted (--no-redact-paths keeps them)' if args.redact_paths else 'kept as they are'}"
+    )
+    for note in info.notes:
+        print(f"  note: {note}")
     print(f"check it: steadytune repro --check {info.path}")
     return 0

@@ -27,8 +27,10 @@ import tempfile
 import zlib
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
+
+import yaml
 
 LOSS_RTOL, LOSS_ATOL = 1e-3, 1e-4
 NORM_RTOL, NORM_ATOL = 1e-2, 1e-4
@@ -271,28 +273,121 @@ def guard_code(folder: Path, meta: dict[str, Any], cfg: Any, trust_remote_code: 
             )
 
 
-def prepare(folder: Path, model: Path | None = None, trust_remote_code: bool = False) -> tuple[Any, Any]:
-    """``(bundle.json, validated config)`` of an unpacked bundle, checked by :func:`guard_code`. Torch-free."""
+REDACTED = "<abs>"  # what a redacted bundle writes for an absolute path outside the run and home
+
+
+def _redacted(value: Any) -> bool:
+    return isinstance(value, str) and REDACTED in value
+
+
+def _shown(value: str) -> str:
+    """A redacted path as the bundle wrote it (the config loader put the bundle's folder before it)."""
+    return value[value.index(REDACTED) :] if REDACTED in value else value
+
+
+def locate_run(meta: dict[str, Any], bundle: Path | None, run: Path | None) -> Path | None:
+    """The run directory a bundle came from: ``run`` when given, else the folder the bundle still
+    sits in (``bundle.json`` says where in its run it was written), when that folder is named
+    after the bundle's run and has a ``config.yaml``."""
+    if run is not None:
+        return Path(run)
+    rel = meta.get("bundle_in_run")
+    if bundle is None or not isinstance(rel, str) or not rel:
+        return None
+    parts = PurePosixPath(rel).parts
+    if PurePosixPath(rel).is_absolute() or ".." in parts:
+        return None
+    here = Path(os.path.abspath(bundle)).parts
+    if len(here) <= len(parts) or tuple(here[-len(parts) :]) != parts:
+        return None
+    root = Path(*here[: -len(parts)])
+    return root if root.name == meta.get("run_id") and (root / "config.yaml").is_file() else None
+
+
+def _run_paths(run: Path | None) -> dict[str, Any]:
+    """The model and data paths of the run's own (unredacted) config, where there is one."""
+    if run is None:
+        return {}
+    try:
+        data = yaml.safe_load((Path(run) / "config.yaml").read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    model, dataset = data.get("model") or {}, data.get("data") or {}
+    return {
+        "model": model.get("name_or_path") if isinstance(model, dict) else None,
+        "data": dataset.get("train_file") if isinstance(dataset, dict) else None,
+    }
+
+
+_ELSEWHERE = "or check the bundle next to its run: steadytune repro --check BUNDLE RUN"
+
+
+def prepare(
+    folder: Path,
+    model: Path | None = None,
+    trust_remote_code: bool = False,
+    run: Path | None = None,
+    data: Path | None = None,
+) -> tuple[Any, Any]:
+    """``(bundle.json, validated config)`` of an unpacked bundle, checked by :func:`guard_code`. Torch-free.
+
+    Paths a bundle redacted are taken from ``model``, the bundle's included checkpoint
+    (a full fine-tune's holds the model and tokenizer) or the config of ``run``; a
+    redacted path nothing replaces is an error that says what to pass.
+    """
     from steadytune.forensics.runview import training_config
 
     meta = json.loads((folder / "bundle.json").read_text(encoding="utf-8"))
     if not isinstance(meta, dict) or not isinstance(meta.get("replay"), list) or not meta["replay"]:
         raise ValueError("bundle.json lists no step to replay: not a steadytune repro bundle")
     cfg = training_config(folder / "config.yaml")
+    theirs = _run_paths(run)
     if model is not None:
         cfg.model.name_or_path = str(Path(model).expanduser().resolve())  # the user's own choice
+    elif _redacted(cfg.model.name_or_path):
+        included = included_checkpoint(folder, meta)
+        if theirs.get("model"):
+            cfg.model.name_or_path = str(theirs["model"])
+        elif included is not None and cfg.method == "full":
+            cfg.model.name_or_path = str(included)
+        else:
+            raise ValueError(
+                f"the bundle's model path is redacted ({_shown(cfg.model.name_or_path)}): pass --model PATH, "
+                + _ELSEWHERE
+            )
+    if data is None and not (folder / "data" / "samples.jsonl").exists() and _redacted(cfg.data.train_file):
+        if not theirs.get("data"):
+            raise ValueError(
+                f"the bundle's dataset path is redacted ({_shown(cfg.data.train_file)}): pass --data PATH, "
+                + _ELSEWHERE
+            )
+        cfg.data.train_file = str(theirs["data"])
     guard_code(folder, meta, cfg, trust_remote_code)
     return meta, cfg
 
 
-def _checkpoint(folder: Path, meta: dict[str, Any], override: Path | None) -> Path | None:
+def resolve_checkpoint(
+    folder: Path, meta: dict[str, Any], override: Path | None, run: Path | None = None
+) -> Path | None:
+    """The checkpoint to start from: ``override``, the bundle's copy, or the one it names (a
+    redacted bundle names it relative to its run), checked against the recorded manifest hash."""
     from steadytune.checkpoint.manifest import MANIFEST, sha256_file, verify
 
     ref = meta.get("checkpoint")
     if ref is None:
         return None
-    included = included_checkpoint(folder, meta)
-    path = override or included or Path(ref["path"])
+    path = override or included_checkpoint(folder, meta)
+    if path is None:
+        named = str(ref.get("path") or "")
+        relative = not named.startswith("/") and ".." not in PurePosixPath(named).parts
+        if _redacted(named) or not named or (relative and run is None):
+            raise FileNotFoundError(
+                f"the bundle names its checkpoint relative to its run ({named or ref.get('name')}): pass "
+                "--checkpoint PATH, " + _ELSEWHERE + ", or make the bundle with --include-checkpoint"
+            )
+        path = Path(named) if not relative else Path(run) / named  # type: ignore[arg-type]
     if not (path / MANIFEST).exists():
         raise FileNotFoundError(
             f"checkpoint {path} is not there; pass --checkpoint PATH or make the bundle with "
@@ -318,7 +413,10 @@ def _rows(folder: Path, meta: dict[str, Any], cfg: Any, override: Path | None) -
                 obj = json.loads(line)
                 rows[int(obj["st_sample_id"])] = obj["row"]
         return rows
-    rows, _ = fetch_rows(override or cfg.data.train_file, wanted)
+    path = override or cfg.data.train_file
+    if _redacted(str(path)):
+        raise ValueError(f"the bundle's dataset path is redacted ({_shown(str(path))}): pass --data PATH")
+    rows, _ = fetch_rows(path, wanted)
     return rows
 
 
@@ -346,10 +444,12 @@ def replay(
     data: Path | None = None,
     model: Path | None = None,
     trust_remote_code: bool = False,
+    run: Path | None = None,
 ) -> ReplayResult:
     """Replay the bundle in ``folder`` (unpacked). Imports torch and transformers, once the bundle
-    passed :func:`guard_code` (``model`` replaces the config's model path)."""
-    meta, cfg = prepare(folder, model, trust_remote_code)
+    passed :func:`guard_code` (``model`` replaces the config's model path; ``run`` is the run the
+    bundle came from, for the paths it redacted)."""
+    meta, cfg = prepare(folder, model, trust_remote_code, run, data)
     import dataclasses
     import warnings
 
@@ -372,7 +472,7 @@ def replay(
         diff = differences(json.loads(env_path.read_text()), snapshot())
         if diff:
             notes.append("environment differs from the run's: " + "; ".join(diff))
-    ckpt = _checkpoint(folder, meta, checkpoint)
+    ckpt = resolve_checkpoint(folder, meta, checkpoint, run)
     rows = _rows(folder, meta, cfg, data)
     tok = load_hf_tokenizer(cfg.model.name_or_path, cfg.model.trust_remote_code)
     last = meta["replay"][-1]
@@ -596,6 +696,7 @@ def check_bundle(
     model: Path | None = None,
     trust_remote_code: bool = False,
     limits: UnpackLimits | None = None,
+    run: Path | None = None,
 ) -> ReplayResult:
     """Replay a bundle (``.tar.gz`` or folder). See the module docstring for the verdicts.
 
@@ -605,7 +706,12 @@ def check_bundle(
     # Deterministic kernels where the backend has them; must be set before CUDA initialises.
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     with opened(Path(bundle), limits) as folder:
-        return replay(folder, checkpoint, data, model, trust_remote_code)
+        try:
+            meta = json.loads((folder / "bundle.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            meta = {}
+        found = locate_run(meta if isinstance(meta, dict) else {}, Path(bundle), run)
+        return replay(folder, checkpoint, data, model, trust_remote_code, found)
 
 
 def render(res: ReplayResult) -> str:
@@ -675,6 +781,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", type=Path, default=None, help="use this dataset file instead of the run's")
     ap.add_argument("--model", type=Path, default=None, help="use this model folder instead of the run's")
     ap.add_argument(
+        "--run",
+        type=Path,
+        default=None,
+        help="the run the bundle came from, for the checkpoint, model and data its redacted paths name",
+    )
+    ap.add_argument(
         "--trust-remote-code",
         action="store_true",
         help="allow model.trust_remote_code: true from the bundle's config (runs the model's own Python "
@@ -686,7 +798,7 @@ def main(argv: list[str] | None = None) -> int:
     limits = UnpackLimits(args.max_unpacked_bytes, args.max_member_bytes, args.max_members)
     try:
         res = check_bundle(
-            args.bundle, args.checkpoint, args.data, args.model, args.trust_remote_code, limits
+            args.bundle, args.checkpoint, args.data, args.model, args.trust_remote_code, limits, args.run
         )
     except (FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
