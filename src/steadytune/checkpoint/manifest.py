@@ -104,7 +104,8 @@ class Manifest:
         return self.data.get("step")
 
 
-def _inside(path: Path, root: Path) -> bool:
+def inside(path: Path, root: Path) -> bool:
+    """Whether ``path`` resolves (symlinks followed) to ``root`` or below it."""
     try:
         Path(os.path.realpath(path)).relative_to(os.path.realpath(root))
     except ValueError:
@@ -127,7 +128,7 @@ def check_member(ckpt: Path, rel: Any) -> Path:
     if PurePosixPath(rel).is_absolute() or ".." in parts or not parts or parts == (".",):
         raise ManifestError(f"MANIFEST.json names {rel}, a path outside the checkpoint")
     path = ckpt / rel
-    if not _inside(path, ckpt):
+    if not inside(path, ckpt):
         raise ManifestError(f"MANIFEST.json names {rel}, which leads outside the checkpoint (a symlink)")
     return path
 
@@ -158,11 +159,11 @@ def load_manifest(ckpt: Path) -> Manifest:
     path = ckpt / MANIFEST
     if not path.exists():
         raise ManifestError("no MANIFEST.json (save did not finish)")
-    if not _inside(path, ckpt):
+    if not inside(path, ckpt):
         raise ManifestError("MANIFEST.json leads outside the checkpoint (a symlink)")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, OSError):
+    except (ValueError, OSError, RecursionError):  # RecursionError: nested too deep to parse
         raise ManifestError("MANIFEST.json is unreadable") from None
     if not isinstance(data, dict):
         raise ManifestError("MANIFEST.json is unreadable (not an object)")

@@ -224,16 +224,10 @@ class UnsafeBundle(ValueError):
     """A bundle that asks for something ``repro --check`` does not do for a stranger's file."""
 
 
-def _inside(path: Path, root: Path) -> bool:
-    try:
-        Path(os.path.realpath(path)).relative_to(os.path.realpath(root))
-    except ValueError:
-        return False
-    return True
-
-
 def included_checkpoint(folder: Path, meta: dict[str, Any]) -> Path | None:
     """The folder of the checkpoint copied into the bundle (``checkpoint/<name>``), if any."""
+    from steadytune.checkpoint.manifest import inside
+
     ref = meta.get("checkpoint")
     if not isinstance(ref, dict):
         return None
@@ -241,7 +235,7 @@ def included_checkpoint(folder: Path, meta: dict[str, Any]) -> Path | None:
     if not isinstance(name, str) or not name or "/" in name or "\\" in name or name in (".", ".."):
         raise UnsafeBundle(f"bundle.json names the checkpoint {name!r}, which is not a folder name")
     path = folder / "checkpoint" / name
-    return path if path.is_dir() and _inside(path, folder) else None
+    return path if path.is_dir() and inside(path, folder) else None
 
 
 def guard_code(folder: Path, meta: dict[str, Any], cfg: Any, trust_remote_code: bool = False) -> None:
@@ -261,9 +255,11 @@ def guard_code(folder: Path, meta: dict[str, Any], cfg: Any, trust_remote_code: 
             "run its own Python code; repro --check does not do that for a bundle unless you pass "
             "--trust-remote-code (only for a bundle and a model you trust)"
         )
+    from steadytune.checkpoint.manifest import inside
+
     cfg.model.trust_remote_code = bool(trust_remote_code and cfg.model.trust_remote_code)
     model = Path(cfg.model.name_or_path).expanduser()
-    if model.exists() and _inside(model, folder):
+    if model.exists() and inside(model, folder):
         allowed = included_checkpoint(folder, meta)
         if allowed is None or os.path.realpath(model) != os.path.realpath(allowed):
             raise UnsafeBundle(
@@ -800,7 +796,7 @@ def main(argv: list[str] | None = None) -> int:
         res = check_bundle(
             args.bundle, args.checkpoint, args.data, args.model, args.trust_remote_code, limits, args.run
         )
-    except (FileNotFoundError, ValueError) as exc:
+    except (FileNotFoundError, ValueError) as exc:  # UnsafeBundle is a ValueError
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print(json.dumps(res.to_dict(), indent=1) if args.format == "json" else render(res))

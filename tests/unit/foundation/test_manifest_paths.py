@@ -126,3 +126,10 @@ def test_the_dashboards_list_shape_goes_through_the_same_checks(tmp_path: Path, 
     )
     info = checkpoint_info(ckpt)
     assert info["verified"] is False and "outside the checkpoint" in info["problem"]
+
+
+def test_a_manifest_nested_too_deep_to_parse_is_invalid_not_a_crash(tmp_path: Path) -> None:
+    ckpt = _ckpt(tmp_path)
+    (ckpt / MANIFEST).write_text('{"files": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    assert not verify(ckpt).ok and "unreadable" in verify(ckpt).reason
+    assert checkpoint_info(ckpt)["verified"] is False
