@@ -90,6 +90,8 @@ def test_a_bundle_names_no_absolute_path_home_or_user(run: RunDir, tmp_path: Pat
         text = blob.decode("utf-8", "replace")
         for bad in forbidden(tmp_path):
             assert bad not in text, f"{name} names {bad}"
+    with tarfile.open(info.path) as tar:  # nor do the tar headers (owner names of copied files)
+        assert {(m.uname, m.gname) for m in tar.getmembers()} == {("", "")}
     top = next(iter(files)).split("/", 1)[0]
     meta = json.loads(files[f"{top}/bundle.json"])
     assert meta["checkpoint"]["path"] == "checkpoints/checkpoint-2"  # relative to the run
