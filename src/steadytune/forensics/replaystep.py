@@ -32,6 +32,8 @@ from typing import Any
 
 import yaml
 
+from steadytune.checkpoint.manifest import inside
+
 LOSS_RTOL, LOSS_ATOL = 1e-3, 1e-4
 NORM_RTOL, NORM_ATOL = 1e-2, 1e-4
 
@@ -226,8 +228,6 @@ class UnsafeBundle(ValueError):
 
 def included_checkpoint(folder: Path, meta: dict[str, Any]) -> Path | None:
     """The folder of the checkpoint copied into the bundle (``checkpoint/<name>``), if any."""
-    from steadytune.checkpoint.manifest import inside
-
     ref = meta.get("checkpoint")
     if not isinstance(ref, dict):
         return None
@@ -255,8 +255,6 @@ def guard_code(folder: Path, meta: dict[str, Any], cfg: Any, trust_remote_code: 
             "run its own Python code; repro --check does not do that for a bundle unless you pass "
             "--trust-remote-code (only for a bundle and a model you trust)"
         )
-    from steadytune.checkpoint.manifest import inside
-
     cfg.model.trust_remote_code = bool(trust_remote_code and cfg.model.trust_remote_code)
     model = Path(cfg.model.name_or_path).expanduser()
     if model.exists() and inside(model, folder):
@@ -377,13 +375,15 @@ def resolve_checkpoint(
     path = override or included_checkpoint(folder, meta)
     if path is None:
         named = str(ref.get("path") or "")
-        relative = not named.startswith("/") and ".." not in PurePosixPath(named).parts
-        if _redacted(named) or not named or (relative and run is None):
+        if named.startswith("/"):
+            path = Path(named)  # an unredacted bundle
+        elif run is None or not named or _redacted(named) or ".." in PurePosixPath(named).parts:
             raise FileNotFoundError(
                 f"the bundle names its checkpoint relative to its run ({named or ref.get('name')}): pass "
                 "--checkpoint PATH, " + _ELSEWHERE + ", or make the bundle with --include-checkpoint"
             )
-        path = Path(named) if not relative else Path(run) / named  # type: ignore[arg-type]
+        else:
+            path = Path(run) / named
     if not (path / MANIFEST).exists():
         raise FileNotFoundError(
             f"checkpoint {path} is not there; pass --checkpoint PATH or make the bundle with "
