@@ -55,6 +55,9 @@ def run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tiny_model: Path) -> Ru
     ckpt.mkdir()
     (ckpt / "rng_state.pth").write_bytes(b"\x80rng")
     (ckpt / "model.safetensors").write_bytes(b"w" * 32)
+    (ckpt / "trainer_state.json").write_text(
+        json.dumps({"best_model_checkpoint": str(ckpt), "global_step": 2})
+    )
     write_manifest(ckpt, 2, {"attempt": 0})
     with JsonlWriter(run.plan) as w:
         w.write(PlanRevision(revision=0, ts=0.0, reason="initial"))
@@ -117,6 +120,13 @@ def test_no_redact_paths_keeps_them(run: RunDir, tmp_path: Path) -> None:
     info = build_bundle(run, step=4, out=tmp_path / "raw.tar.gz", redact_paths=False)
     blob = b"".join(members(info.path).values()).decode("utf-8", "replace")
     assert str(run.root.resolve()) in blob and str(Path.home()) in blob  # the fixture does name them
+
+
+def test_a_copied_checkpoint_stays_byte_for_byte_and_the_maker_is_told(run: RunDir, tmp_path: Path) -> None:
+    info = build_bundle(run, step=4, include_checkpoint=True, out=tmp_path / "full.tar.gz")
+    copied = next(b for n, b in members(info.path).items() if n.endswith("checkpoint-2/trainer_state.json"))
+    assert copied == (run.checkpoints / "checkpoint-2" / "trainer_state.json").read_bytes()  # sha256 holds
+    assert len(info.notes) == 1 and "trainer_state.json" in info.notes[0] and "unchanged" in info.notes[0]
 
 
 def test_a_redacted_bundle_checked_next_to_its_run_finds_what_it_names(run: RunDir, tmp_path: Path) -> None:
