@@ -159,7 +159,8 @@ def test_repro_check_reproduces_the_nan_and_clears_a_healthy_step(nan_run, tmp_p
     healthy = next(s for s in range(12, 20) if s != step)
     rc, out = cli("repro", str(run.root), "--step", str(healthy), "-o", str(tmp_path / "healthy.tar.gz"))
     assert rc == 0, out
-    rc, res = cli_json("repro", "--check", str(tmp_path / "healthy.tar.gz"))
+    # Written outside its run, a bundle (paths redacted by default) is checked with the run named.
+    rc, res = cli_json("repro", "--check", str(tmp_path / "healthy.tar.gz"), str(run.root))
     assert rc == 0 and res["verdict"] == "healthy" and all(s["matches"] for s in res["steps"]), res
 
 

@@ -3,6 +3,11 @@
 A checkpoint directory without a valid ``MANIFEST.json`` does not exist for
 resume. The manifest lists every file with its size and sha256, so a truncated
 or bit-flipped file is caught before a worker loads it.
+
+Every reader of a manifest goes through :func:`load_manifest`, which accepts
+only plain relative paths that stay inside the checkpoint folder (no absolute
+path, no ``..``, no symlink leading out): a manifest naming any other file is
+invalid, so nothing (resume, repro bundle, dashboard) reads or reports it.
 """
 
 from __future__ import annotations
@@ -12,8 +17,8 @@ import json
 import os
 import re
 import time
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
 from steadytune.rundir import atomic_write_text, fsync_dir
@@ -83,32 +88,118 @@ class Verdict:
     total_bytes: int = 0
 
 
-def read_manifest(ckpt: Path) -> dict[str, Any] | None:
+class ManifestError(ValueError):
+    """A MANIFEST.json that is missing, unreadable, malformed or names a file outside its checkpoint."""
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A validated manifest: ``files`` maps each relative path to its ``size`` and ``sha256``."""
+
+    data: dict[str, Any]
+    files: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def step(self) -> Any:
+        return self.data.get("step")
+
+
+def inside(path: Path, root: Path) -> bool:
+    """Whether ``path`` resolves (symlinks followed) to ``root`` or below it."""
     try:
-        data = json.loads((ckpt / MANIFEST).read_text(encoding="utf-8"))
-    except (FileNotFoundError, ValueError, OSError):
+        Path(os.path.realpath(path)).relative_to(os.path.realpath(root))
+    except ValueError:
+        return False
+    return True
+
+
+def check_member(ckpt: Path, rel: Any) -> Path:
+    """``ckpt / rel`` if ``rel`` is a plain relative path that stays inside ``ckpt``.
+
+    Raises:
+        ManifestError: an empty, absolute, ``..`` or oddly written name, or one that a
+            symlink leads out of the checkpoint.
+    """
+    if not isinstance(rel, str) or not rel or "\x00" in rel:
+        raise ManifestError(f"MANIFEST.json lists a file with no usable name ({rel!r})")
+    if "\\" in rel or PureWindowsPath(rel).drive:
+        raise ManifestError(f"MANIFEST.json names {rel!r}, not a plain relative path")
+    parts = PurePosixPath(rel).parts
+    if PurePosixPath(rel).is_absolute() or ".." in parts or not parts or parts == (".",):
+        raise ManifestError(f"MANIFEST.json names {rel}, a path outside the checkpoint")
+    path = ckpt / rel
+    if not inside(path, ckpt):
+        raise ManifestError(f"MANIFEST.json names {rel}, which leads outside the checkpoint (a symlink)")
+    return path
+
+
+def _entries(files: Any) -> dict[str, dict[str, Any]]:
+    """``{rel: meta}`` from the dict shape steadytune writes or the ``[{"path", "size"}]`` list shape."""
+    if isinstance(files, dict):
+        items = list(files.items())
+    elif isinstance(files, list):
+        items = [(f.get("path"), f) if isinstance(f, dict) else (None, f) for f in files]
+    else:
+        raise ManifestError("MANIFEST.json is unreadable (no file list)")
+    out: dict[str, dict[str, Any]] = {}
+    for rel, meta in items:
+        if not isinstance(meta, dict):
+            raise ManifestError(f"MANIFEST.json is malformed: the entry of {rel!r} is not an object")
+        out[rel] = {k: v for k, v in meta.items() if k != "path"}
+    return out
+
+
+def load_manifest(ckpt: Path) -> Manifest:
+    """The manifest of ``ckpt``, validated: the one way to read a MANIFEST.json.
+
+    Raises:
+        ManifestError: the reason it cannot be used (the message says what is wrong).
+    """
+    ckpt = Path(ckpt)
+    path = ckpt / MANIFEST
+    if not path.exists():
+        raise ManifestError("no MANIFEST.json (save did not finish)")
+    if not inside(path, ckpt):
+        raise ManifestError("MANIFEST.json leads outside the checkpoint (a symlink)")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, OSError, RecursionError):  # RecursionError: nested too deep to parse
+        raise ManifestError("MANIFEST.json is unreadable") from None
+    if not isinstance(data, dict):
+        raise ManifestError("MANIFEST.json is unreadable (not an object)")
+    files = _entries(data.get("files"))
+    for rel in files:
+        check_member(ckpt, rel)
+    return Manifest(data, files)
+
+
+def read_manifest(ckpt: Path) -> dict[str, Any] | None:
+    """The validated manifest as a dict (``files`` in the ``{rel: meta}`` shape), or None."""
+    try:
+        m = load_manifest(ckpt)
+    except ManifestError:
         return None
-    return data if isinstance(data, dict) and isinstance(data.get("files"), dict) else None
+    return {**m.data, "files": m.files}
 
 
 def verify(ckpt: Path, deep: bool = True) -> Verdict:
     """Check ``ckpt`` against its manifest: presence, sizes and (``deep``) sha256 of every file.
 
     Files present but not listed are tolerated (a reader may add caches); files
-    listed but missing, short, long or changed are not.
+    listed but missing, short, long or changed are not, and neither is a manifest
+    that names a path outside the checkpoint.
     """
     ckpt = Path(ckpt)
     if not ckpt.is_dir():
         return Verdict(ckpt, False, "not a directory")
-    if not (ckpt / MANIFEST).exists():
-        return Verdict(ckpt, False, "no MANIFEST.json (save did not finish)")
-    manifest = read_manifest(ckpt)
-    if manifest is None:
-        return Verdict(ckpt, False, "MANIFEST.json is unreadable")
-    step = manifest.get("step")
-    if not manifest["files"]:
+    try:
+        manifest = load_manifest(ckpt)
+    except ManifestError as exc:
+        return Verdict(ckpt, False, str(exc))
+    step = manifest.step
+    if not manifest.files:
         return Verdict(ckpt, False, "MANIFEST.json lists no files", step)
-    for rel, meta in manifest["files"].items():
+    for rel, meta in manifest.files.items():
         p = ckpt / rel
         if not p.is_file():
             return Verdict(ckpt, False, f"{rel} is missing", step)
@@ -119,7 +210,7 @@ def verify(ckpt: Path, deep: bool = True) -> Verdict:
             )
         if deep and sha256_file(p) != meta.get("sha256"):
             return Verdict(ckpt, False, f"{rel} sha256 mismatch (corrupted)", step)
-    return Verdict(ckpt, True, "", step, int(manifest.get("total_bytes", 0)))
+    return Verdict(ckpt, True, "", step, int(manifest.data.get("total_bytes", 0)))
 
 
 def list_checkpoints(root: Path) -> list[Path]:

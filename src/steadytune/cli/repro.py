@@ -22,7 +22,12 @@ def register(sub: Any) -> None:
         "the step, replay up to the step on the recorded batches, and say whether the anomaly reproduces "
         "(exit 0: reproduced, or a healthy step matched; 1: not).",
     )
-    p.add_argument("run", nargs="?", help="the run directory (runs/<run-id>)")
+    p.add_argument(
+        "run",
+        nargs="?",
+        help="the run directory (runs/<run-id>); with --check, the run the bundle came from, to find the "
+        "checkpoint, model and data its redacted paths name (found by itself when the bundle is still in it)",
+    )
     p.add_argument(
         "--step", type=int, default=None, help="the step; default: the last one where something went wrong"
     )
@@ -39,9 +44,26 @@ def register(sub: Any) -> None:
     p.add_argument(
         "-o", "--output", type=Path, default=None, help="bundle path (default RUN/repro/repro-step<N>.tar.gz)"
     )
+    p.add_argument(
+        "--redact-paths",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="write paths relative to the run, ~ for the home directory and <abs>/<name> elsewhere, and no "
+        "user or host name (default; --no-redact-paths keeps them, for a bundle that stays on this machine)",
+    )
     p.add_argument("--check", type=Path, default=None, metavar="BUNDLE", help="replay this bundle instead")
     p.add_argument("--checkpoint", type=Path, default=None, help="with --check: use this checkpoint folder")
     p.add_argument("--data", type=Path, default=None, help="with --check: use this dataset file")
+    p.add_argument("--model", type=Path, default=None, help="with --check: use this model folder")
+    p.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="with --check: allow model.trust_remote_code: true from the bundle's config, which runs the "
+        "model's own Python code (off by default: only for a bundle and a model you trust)",
+    )
+    from steadytune.forensics.replaystep import add_limit_flags
+
+    add_limit_flags(p)  # with --check
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.set_defaults(func=main)
 
@@ -55,6 +77,14 @@ def main(args: argparse.Namespace) -> int:
             argv += ["--checkpoint", str(args.checkpoint)]
         if args.data:
             argv += ["--data", str(args.data)]
+        if args.model:
+            argv += ["--model", str(args.model)]
+        if args.run:
+            argv += ["--run", str(args.run)]
+        if args.trust_remote_code:
+            argv.append("--trust-remote-code")
+        argv += ["--max-unpacked-bytes", str(args.max_unpacked_bytes), "--max-member-bytes"]
+        argv += [str(args.max_member_bytes), "--max-members", str(args.max_members)]
         return replay_main(argv)
     if not args.run:
         return fail("pass a run directory to bundle, or --check BUNDLE to replay one", 2)
@@ -69,6 +99,7 @@ def main(args: argparse.Namespace) -> int:
             args.include_checkpoint,
             args.output,
             attempt=args.attempt,
+            redact_paths=args.redact_paths,
         )
     except ForensicsError as exc:
         return fail(str(exc))
@@ -90,5 +121,10 @@ def main(args: argparse.Namespace) -> int:
     print(
         f"  checkpoint: {'copied in' if info.included_checkpoint else 'referenced by path + manifest sha256 (--include-checkpoint)'}"
     )
+    print(
+        f"  paths: {'redacted (--no-redact-paths keeps them)' if args.redact_paths else 'kept as they are'}"
+    )
+    for note in info.notes:
+        print(f"  note: {note}")
     print(f"check it: steadytune repro --check {info.path}")
     return 0

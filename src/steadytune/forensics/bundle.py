@@ -6,7 +6,11 @@ every step to replay, a reference to the checkpoint to start from (with the
 sha256 of its manifest), the metrics window and the events around the step,
 and ``replay.py``. Raw samples go in only with ``include_data``, a copy of the
 checkpoint only with ``include_checkpoint``: by default a bundle holds no
-training text and stays small enough to attach to an issue.
+training text and stays small enough to attach to an issue. Paths are redacted
+by default (``redact_paths``, see :mod:`steadytune.forensics.pathredact`): relative
+to the run directory inside it, ``~`` for the home directory, ``<abs>/<name>``
+elsewhere; no user or host name. A copied checkpoint stays byte for byte (its
+files are checked against their sha256).
 
 The starting point is the newest verified checkpoint *before* the step:
 ``checkpoint-N`` already holds step N's update, so replaying step N needs the
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shutil
 import tarfile
 import tempfile
@@ -40,6 +45,7 @@ from steadytune.checkpoint.manifest import (
 from steadytune.config.load import redact
 from steadytune.forensics.envsnap import snapshot
 from steadytune.forensics.inspect import fetch_rows
+from steadytune.forensics.pathredact import PathRedactor
 from steadytune.forensics.runview import (
     ForensicsError,
     anomaly_attempt,
@@ -59,11 +65,12 @@ MAX_REPLAY_STEPS = 5000
 REPLAY_PY = '''#!/usr/bin/env python3
 """Replay the step recorded in this bundle and say whether its anomaly reproduces.
 
-    python replay.py [--checkpoint PATH] [--data PATH] [--format json]
+    python replay.py [--checkpoint PATH] [--data PATH] [--model PATH] [--run RUN] [--format json]
 
 Same as `steadytune repro --check <this bundle>`. Needs steadytune with its train extra
-(pip install 'steadytune[train]'). Only replay bundles you trust: checkpoints and RNG
-states are loaded with torch.load.
+(pip install 'steadytune[train]'). This file is code that came with the bundle: run it
+only on a bundle you made yourself; for anyone else's, use `steadytune repro --check`,
+which runs nothing shipped in a bundle.
 """
 import sys
 from pathlib import Path
@@ -87,6 +94,7 @@ class BundleInfo:
     bytes: int
     included_data: bool
     included_checkpoint: bool
+    notes: tuple[str, ...] = ()
 
 
 def _max_steps(events: list[Any]) -> int | None:
@@ -102,8 +110,49 @@ def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes, mode: int = 0o644) 
     tar.addfile(info, io.BytesIO(data))
 
 
+def _add_file(tar: tarfile.TarFile, path: Path, name: str) -> None:
+    """``path``'s bytes as a regular member (a symlink is followed, never stored as a link)."""
+    with open(path, "rb") as f:
+        info = tarfile.TarInfo(name)
+        info.size, info.mtime, info.mode = os.fstat(f.fileno()).st_size, int(time.time()), 0o644
+        tar.addfile(info, f)
+
+
 def _jsonl(items: list[dict[str, Any]]) -> bytes:
     return "".join(json.dumps(i, separators=(",", ":")) + "\n" for i in items).encode()
+
+
+def _jsonl_lines(lines: list[str], redactor: PathRedactor | None) -> bytes:
+    """JSONL lines as they are, or with their paths and identities redacted (then re-serialised)."""
+    out = []
+    for line in lines:
+        if redactor is not None and line.strip():
+            try:
+                line = json.dumps(redactor.value(json.loads(line)), separators=(",", ":"))
+            except ValueError:
+                line = redactor.text(line)
+        out.append(line + "\n")
+    return "".join(out).encode()
+
+
+_TEXT_SUFFIXES = {".json", ".txt", ".yaml", ".yml", ".jinja", ".md", ".model_card", ".csv", ".py"}
+
+
+def _copied_paths_note(ckpt: Path, listed: list[str], redactor: PathRedactor) -> str | None:
+    """A note when text files of a copied checkpoint name the run or home directory."""
+    named = []
+    for rel in listed:
+        p = ckpt / rel
+        if p.suffix.lower() not in _TEXT_SUFFIXES or p.stat().st_size > 16 * 1024**2:
+            continue
+        if redactor.names(p.read_text(encoding="utf-8", errors="replace")):
+            named.append(rel)
+    if not named:
+        return None
+    return (
+        f"the copied checkpoint's {', '.join(named)} name absolute paths (the run or home directory): "
+        "checkpoint files are copied unchanged, since --check verifies their sha256"
+    )
 
 
 def _event_lines(run: RunDir, lo: int, hi: int, ts_lo: float, ts_hi: float) -> list[str]:
@@ -148,12 +197,19 @@ def build_bundle(
     out: Path | None = None,
     window: int = WINDOW,
     attempt: int | None = None,
+    redact_paths: bool = True,
 ) -> BundleInfo:
     """Write ``RUN/repro/repro-step<N>.tar.gz`` (or ``out``) for ``step`` (default: the last anomaly).
 
     ``attempt`` picks which recording of a retrained step to replay (default: the attempt
-    running when the step went wrong, else the latest).
+    running when the step went wrong, else the latest). ``redact_paths`` (default) keeps
+    absolute paths, the home directory and user and host names out of the bundle.
     """
+    redactor = PathRedactor(run.root) if redact_paths else None
+
+    def clean(obj: Any) -> Any:
+        return redactor.value(obj) if redactor is not None else obj
+
     events = read_events(run.events)
     if step is None:
         found = anomaly_steps(run, events)
@@ -232,6 +288,12 @@ def build_bundle(
         "events_at_step": at_step,
         "replay": replay_steps,
     }
+    data_path = manifest["data"]["path"]
+    if redactor is not None:
+        manifest = clean(manifest)
+        if ckpt is not None:
+            manifest["checkpoint"]["path"] = ckpt.relative_to(run.root).as_posix()  # even via a symlink
+    manifest["paths_redacted"] = redactor is not None
     lo, hi = step - window, step + window
     window_recs = [r for s, rs in finals.items() if lo <= s <= hi for r in rs]
     ts_lo = min((r.ts for r in window_recs), default=0.0) - 1.0
@@ -239,31 +301,39 @@ def build_bundle(
     top = f"repro-{run.run_id}-step{step}"
     out = out or (run.repro / f"repro-step{step}.tar.gz")
     out.parent.mkdir(parents=True, exist_ok=True)
+    try:  # where the bundle sits in its run, so --check finds the run again from the bundle's path
+        manifest["bundle_in_run"] = out.resolve().relative_to(run.root.resolve()).as_posix()
+    except ValueError:
+        manifest["bundle_in_run"] = None
+    notes: list[str] = []
     tmp = Path(tempfile.mkstemp(prefix=".repro-", suffix=".tar.gz", dir=out.parent)[1])
     try:
         with tarfile.open(tmp, "w:gz") as tar:
             _add_bytes(tar, f"{top}/bundle.json", json.dumps(manifest, indent=1).encode())
-            _add_bytes(tar, f"{top}/config.yaml", yaml.safe_dump(redact(cfg), sort_keys=False).encode())
+            config = yaml.safe_dump(clean(redact(cfg)), sort_keys=False)
+            _add_bytes(tar, f"{top}/config.yaml", config.encode())
             if run.plan.exists():
-                _add_bytes(tar, f"{top}/plan.jsonl", run.plan.read_bytes())
-            _add_bytes(tar, f"{top}/environment.json", json.dumps(snapshot(), indent=1).encode())
-            _add_bytes(tar, f"{top}/metrics.jsonl", _jsonl([to_dict(r) for r in window_recs]))
-            _add_bytes(
-                tar,
-                f"{top}/events.jsonl",
-                "".join(line + "\n" for line in _event_lines(run, lo, hi, ts_lo, ts_hi)).encode(),
-            )
+                plan = run.plan.read_text(encoding="utf-8").splitlines()
+                _add_bytes(tar, f"{top}/plan.jsonl", _jsonl_lines(plan, redactor))
+            _add_bytes(tar, f"{top}/environment.json", json.dumps(clean(snapshot()), indent=1).encode())
+            _add_bytes(tar, f"{top}/metrics.jsonl", _jsonl([clean(to_dict(r)) for r in window_recs]))
+            events_lines = _event_lines(run, lo, hi, ts_lo, ts_hi)
+            _add_bytes(tar, f"{top}/events.jsonl", _jsonl_lines(events_lines, redactor))
             _add_bytes(tar, f"{top}/replay.py", REPLAY_PY.encode(), 0o755)
             if ckpt is not None:
-                for rng in sorted(ckpt.glob("rng_state*.pth")):
-                    tar.add(rng, f"{top}/rng/{rng.name}")
+                # Only what the (validated) manifest lists: never a file outside the checkpoint.
+                listed = sorted((read_manifest(ckpt) or {}).get("files", {}))
+                for rel in listed:
+                    if "/" not in rel and rel.startswith("rng_state") and rel.endswith(".pth"):
+                        _add_file(tar, ckpt / rel, f"{top}/rng/{rel}")
                 if include_checkpoint:
-                    listed = sorted((read_manifest(ckpt) or {}).get("files", {}))
                     for rel in [*listed, MANIFEST]:
-                        tar.add(ckpt / rel, f"{top}/checkpoint/{ckpt.name}/{rel}")
+                        _add_file(tar, ckpt / rel, f"{top}/checkpoint/{ckpt.name}/{rel}")
+                    note = _copied_paths_note(ckpt, listed, redactor) if redactor is not None else None
+                    notes += [note] if note else []
             if include_data:
                 wanted = {i for s in replay_steps for i in s["indices"]}
-                rows, _ = fetch_rows(manifest["data"]["path"], wanted)
+                rows, _ = fetch_rows(data_path, wanted)
                 _add_bytes(
                     tar,
                     f"{top}/data/samples.jsonl",
@@ -281,4 +351,5 @@ def build_bundle(
         out.stat().st_size,
         include_data,
         include_checkpoint,
+        tuple(notes),
     )

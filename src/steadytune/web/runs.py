@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from steadytune.checkpoint.manifest import MANIFEST, ManifestError, load_manifest
 from steadytune.rundir import RunDir, valid_run_id
 from steadytune.telemetry.store import RunStore, within_depth
 
@@ -44,26 +45,14 @@ def read_pointer(path: Path) -> str | None:
     return text or None
 
 
-def _manifest_files(manifest: dict[str, Any]) -> list[tuple[str, int | None]]:
-    files = manifest.get("files")
-    out: list[tuple[str, int | None]] = []
-    if isinstance(files, list):
-        for f in files:
-            if isinstance(f, dict) and "path" in f:
-                out.append((str(f["path"]), f.get("size")))
-    elif isinstance(files, dict):
-        for name, meta in files.items():
-            out.append((str(name), meta.get("size") if isinstance(meta, dict) else None))
-    return out
-
-
 def checkpoint_info(ckpt_dir: Path) -> dict[str, Any]:
     """What the dashboard says about one checkpoint; ``verified`` = manifest matches the files.
 
     The check is manifest-present + every listed file present with its size; the
-    sha256 check belongs to the checkpoint module and is too slow for a page.
+    sha256 check belongs to the checkpoint module and is too slow for a page. The
+    manifest is read by the checkpoint module's validating reader: one that names a
+    file outside the checkpoint is invalid, and no size of such a file is reported.
     """
-    manifest = read_json(ckpt_dir / "MANIFEST.json")
     info: dict[str, Any] = {
         "name": ckpt_dir.name,
         "verified": False,
@@ -71,30 +60,37 @@ def checkpoint_info(ckpt_dir: Path) -> dict[str, Any]:
         "ts": None,
         "size_bytes": None,
     }
-    if manifest is None:
-        info["problem"] = "no valid MANIFEST.json"
+    try:
+        manifest = load_manifest(ckpt_dir)
+    except ManifestError as exc:
+        info["problem"] = str(exc)
         return info
-    info["step"] = manifest.get("step")
-    info["ts"] = manifest.get("ts") or manifest.get("created_ts") or manifest.get("created")
+    data = manifest.data
+    info["step"] = data.get("step")
+    info["ts"] = data.get("ts") or data.get("created_ts") or data.get("created")
     if info["ts"] is None:
         try:
-            info["ts"] = (ckpt_dir / "MANIFEST.json").stat().st_mtime
+            info["ts"] = (ckpt_dir / MANIFEST).stat().st_mtime
         except OSError:
             pass
     total = 0
-    for rel, size in _manifest_files(manifest):
-        path = ckpt_dir / rel
+    for rel, meta in manifest.files.items():
         try:
-            actual = path.stat().st_size
+            size = None if meta.get("size") is None else int(meta["size"])
+        except (TypeError, ValueError):
+            info["problem"] = f"MANIFEST.json is malformed: the size of {rel} is not a number"
+            return info
+        try:
+            actual = (ckpt_dir / rel).stat().st_size
         except OSError:
             info["problem"] = f"missing {rel}"
             return info
-        if size is not None and int(size) != actual:
+        if size is not None and size != actual:
             info["problem"] = f"size of {rel} is {actual}, manifest says {size}"
             return info
         total += actual
     info["size_bytes"] = total
-    info["verified"] = bool(manifest.get("verified", True))
+    info["verified"] = bool(data.get("verified", True))
     return info
 
 
@@ -186,7 +182,7 @@ class RunEntry:
             dirs = []
         for d in dirs:
             try:
-                mtime = (d / "MANIFEST.json").stat().st_mtime
+                mtime = (d / MANIFEST).stat().st_mtime
             except OSError:
                 mtime = -1.0
             cached = self._ckpt_cache.get(d.name)
