@@ -27,6 +27,7 @@ from steadytune.rundir import RunDir, atomic_write_text
 from steadytune.supervise.process import WorkerProcess
 from steadytune.supervise.progress import RunProgress
 from steadytune.telemetry.events import EventLog
+from steadytune.telemetry.jsonl import JsonlReader
 from steadytune.telemetry.sampler import SystemSampler
 from steadytune.telemetry.stream import JsonlWriter
 
@@ -139,7 +140,7 @@ class ExternalSupervisor:
         self._log_every = (
             1  # HF prints a dict every logging_steps; learnt from a checkpoint's trainer_state.json
         )
-        self._log_offset = 0
+        self._log_reader: JsonlReader | None = None
 
     # -- progress ---------------------------------------------------------------
     def record(self, step: int, values: dict[str, float]) -> None:
@@ -185,22 +186,9 @@ class ExternalSupervisor:
         """LLaMA-Factory's trainer_log.jsonl carries real step numbers: prefer it when present."""
         if self.opts.output_dir is None:
             return
-        path = self.opts.output_dir / "trainer_log.jsonl"
-        try:
-            with open(path, "rb") as f:
-                f.seek(self._log_offset)
-                chunk = f.read()
-        except FileNotFoundError:
-            return
-        end = chunk.rfind(b"\n")
-        if end < 0:
-            return
-        self._log_offset += end + 1
-        for raw in chunk[: end + 1].splitlines():
-            try:
-                row = json.loads(raw)
-            except ValueError:
-                continue
+        if self._log_reader is None:
+            self._log_reader = JsonlReader(self.opts.output_dir / "trainer_log.jsonl")
+        for row in self._log_reader.dicts():
             step = row.get("current_steps")
             values = {
                 k: float(v) for k, v in row.items() if isinstance(v, (int, float)) and k != "current_steps"

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from steadytune.records import Event, from_dict, replace, to_dict
+from steadytune.telemetry.jsonl import JsonlReader, last_line
 
 GENESIS = "0" * 64
 
@@ -37,26 +38,8 @@ def _user() -> str:
         return str(os.getuid())
 
 
-def _last_entry(path: Path) -> dict[str, Any] | None:
-    """The last complete entry of an existing log, to continue its chain after a restart."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            block = min(size, 1 << 16)
-            f.seek(size - block)
-            tail = f.read()
-    except FileNotFoundError:
-        return None
-    for raw in reversed(tail.splitlines()):
-        raw = raw.strip()
-        if not raw:
-            continue
-        try:
-            return json.loads(raw)
-        except ValueError:
-            continue
-    return None
+def _is_entry(d: dict[str, Any]) -> bool:
+    return isinstance(d.get("hash"), str) and bool(d["hash"]) and isinstance(d.get("seq"), int)
 
 
 class EventLog:
@@ -78,8 +61,9 @@ class EventLog:
         self._lock = threading.Lock()
         self._host = socket.gethostname()
         self._user = _user()
-        last = _last_entry(self.path)
-        if last is not None and str(last.get("hash", "")) and last.get("seq") is not None:
+        # The last entry (a last line that lacks only its newline included), to continue its chain.
+        _, last = last_line(self.path, torn=True, accept=_is_entry)
+        if last is not None:
             self._prev, self._seq = str(last["hash"]), int(last["seq"]) + 1
         else:
             self._prev, self._seq = GENESIS, 0
@@ -136,20 +120,13 @@ class EventLog:
 
 
 def read_events(path: Path) -> list[Event]:
-    """All complete events of a log, in order (a torn last line is skipped)."""
+    """All events of a log, in order (torn, unparseable and over-long lines are skipped)."""
     out: list[Event] = []
-    try:
-        with open(path, encoding="utf-8") as f:
-            for raw in f:
-                raw = raw.strip()
-                if not raw:
-                    continue
-                try:
-                    rec = from_dict(json.loads(raw))
-                except (ValueError, TypeError):
-                    continue
-                if isinstance(rec, Event):
-                    out.append(rec)
-    except FileNotFoundError:
-        pass
+    for d in JsonlReader(path).dicts(final=True):
+        try:
+            rec = from_dict(d)
+        except (ValueError, TypeError):
+            continue
+        if isinstance(rec, Event):
+            out.append(rec)
     return out

@@ -29,6 +29,7 @@ from typing import Any
 
 from steadytune.records import Event, PlanRevision, StepRecord, SystemSample, from_dict, to_dict
 from steadytune.rundir import RunDir
+from steadytune.telemetry.jsonl import JsonlReader, last_line
 
 SCHEMA_VERSION = "1"
 # Steps are also kept summarized in buckets of this many steps, so a chart of a
@@ -96,53 +97,6 @@ CREATE TABLE IF NOT EXISTS gradflow (
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS gradflow_version ON gradflow(version);
 """
-
-
-def _read_lines(path: Path, offset: int, max_bytes: int) -> tuple[list[dict[str, Any]], int]:
-    """Complete JSON lines from ``offset``, at most about ``max_bytes``; a torn tail is left."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            chunk = f.read(max_bytes)
-            # A line longer than the chunk: keep reading until its newline (or EOF).
-            while chunk and b"\n" not in chunk[-max_bytes:]:
-                more = f.read(max_bytes)
-                if not more:
-                    break
-                chunk += more
-    except FileNotFoundError:
-        return [], offset
-    end = chunk.rfind(b"\n")
-    if end < 0:
-        return [], offset
-    out: list[dict[str, Any]] = []
-    for raw in chunk[: end + 1].splitlines():
-        if raw.strip():
-            try:
-                out.append(json.loads(raw))
-            except ValueError:
-                continue
-    return out, offset + end + 1
-
-
-def _last_line(path: Path, block: int = 1 << 16) -> tuple[int, dict[str, Any] | None]:
-    """(offset just past the last complete line, that line parsed) of a JSONL file."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, 2)
-            size = f.tell()
-            f.seek(max(0, size - block))
-            tail = f.read()
-    except OSError:
-        return 0, None
-    end = tail.rfind(b"\n")
-    if end < 0:
-        return 0, None
-    start = tail.rfind(b"\n", 0, end) + 1
-    try:
-        return size - len(tail) + end + 1, json.loads(tail[start:end])
-    except ValueError:
-        return 0, None
 
 
 def _num(value: Any) -> float | None:
@@ -484,12 +438,12 @@ class RunStore:
                     start = 0  # the file was replaced (rotated or rewritten): read it again
             except FileNotFoundError:
                 continue
-            offset = start
+            reader = JsonlReader(path, start)
             while True:
-                dicts, offset_next = _read_lines(path, offset, chunk_bytes)
-                if offset_next == offset:
+                offset = reader.offset
+                dicts = reader.read_dicts(max_bytes=chunk_bytes)
+                if reader.offset == offset:
                     break
-                offset = offset_next
                 recs = []
                 for d in dicts:
                     try:
@@ -498,7 +452,7 @@ class RunStore:
                         continue
                 self.add(recs)
                 total += len(recs)
-            self.set_meta(key, str(offset))
+            self.set_meta(key, str(reader.offset))
         return total
 
     def adopt(self, run_dir: RunDir) -> list[str]:
@@ -515,7 +469,7 @@ class RunStore:
             key = f"offset:{path.relative_to(run_dir.root).as_posix()}"
             if self.get_meta(key) is not None:
                 continue
-            end, last = _last_line(path)
+            end, last = last_line(path)
             if last is None or not self._has(last):
                 continue
             self.set_meta(key, str(end))
