@@ -86,6 +86,10 @@ def verify_main(args: argparse.Namespace) -> int:
         print(
             f"note: torn line(s) {', '.join(map(str, res.torn_lines))} skipped (a crash mid-write, not tampering)"
         )
+    if res.long_lines:
+        print(
+            f"note: line(s) {', '.join(map(str, res.long_lines))} skipped unread: longer than the reader's bound"
+        )
     if res.ok:
         print(f"tail: {'OK — ' if res.truncation_checked else 'not checked — '}{res.truncation_note}")
     print(

@@ -10,19 +10,23 @@ hash and seq it saw (``meta`` keys ``last_event_hash`` / ``last_event_seq`` in
 ``run.db``; else its ``events`` table) and the log must still reach them.
 
 A torn line (a crash mid-write) is not tampering: the writer continues the
-chain from the last complete entry, so it is reported and skipped.
+chain from the last complete entry, so it is reported and skipped; so is a line
+too long or nested too deep to read (see :mod:`steadytune.telemetry.jsonl`). Either
+is harmless only if the chain goes on unbroken after it.
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from steadytune.rundir import RunDir
 from steadytune.telemetry.events import GENESIS, entry_hash
+from steadytune.telemetry.jsonl import JsonlReader, Skipped
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,7 @@ class AuditResult:
     problem: str = ""  # edited / deleted / reordered / truncated / unreadable
     message: str = ""
     torn_lines: list[int] = field(default_factory=list)
+    long_lines: list[int] = field(default_factory=list)  # over the reader's line-length bound
     truncation_checked: bool = False
     truncation_note: str = ""
     last_seq: int | None = None
@@ -105,31 +110,36 @@ def _classify_link(
     )
 
 
+def _entries(path: Path) -> Iterator[tuple[int, dict[str, Any] | Skipped]]:
+    """``(line number, entry)`` of each non-blank line; an unreadable one is a :class:`Skipped`."""
+    for lineno, value in JsonlReader(path).values(final=True):
+        yield lineno, value if isinstance(value, (dict, Skipped)) else Skipped.BAD
+
+
 def verify_chain(path: Path) -> AuditResult:
     """Walk the hash chain of one event log; stop at the first break."""
-    try:
-        raw_lines = Path(path).read_bytes().split(b"\n")
-    except FileNotFoundError:
+    if not Path(path).is_file():
         return AuditResult(False, problem="unreadable", message=f"{path} does not exist")
     res = AuditResult(True)
-    parsed: list[tuple[int, dict[str, Any] | None]] = []
-    for lineno, raw in enumerate(raw_lines, 1):
-        if raw.strip():
-            try:
-                entry = json.loads(raw)
-            except ValueError:
-                entry = None
-            parsed.append((lineno, entry if isinstance(entry, dict) else None))
     where: dict[int, int] = {}  # seq -> last line holding it, to tell a reorder from a deletion
-    for lineno, entry in parsed:
-        if entry is not None and isinstance(entry.get("seq"), int):
+    for lineno, entry in _entries(path):
+        if isinstance(entry, dict) and isinstance(entry.get("seq"), int):
             where[entry["seq"]] = lineno
     prev, expected, seen = GENESIS, 0, {}
-    for lineno, entry in parsed:
-        if entry is None:
+    for lineno, entry in _entries(path):
+        digest = None
+        if isinstance(entry, dict):
+            try:
+                digest = entry_hash(entry)
+            except (RecursionError, TypeError, ValueError):
+                entry = Skipped.BAD  # parsed, but nested too deep to hash
+        if entry is Skipped.TOO_LONG:
+            res.long_lines.append(lineno)
+            continue
+        if not isinstance(entry, dict):
             res.torn_lines.append(lineno)
             continue
-        if entry_hash(entry) != entry.get("hash"):
+        if digest != entry.get("hash"):
             res.ok, res.first_bad_line, res.problem = False, lineno, "edited"
             res.message = (
                 f"line {lineno} (seq {entry.get('seq')}) was edited: its hash does not match its content"
@@ -179,12 +189,7 @@ def verify_run(run: RunDir) -> AuditResult:
 
 
 def _hash_at(path: Path, seq: int) -> str | None:
-    with open(path, "rb") as f:
-        for raw in f:
-            try:
-                entry = json.loads(raw)
-            except ValueError:
-                continue
-            if isinstance(entry, dict) and entry.get("seq") == seq:
-                return entry.get("hash")
+    for _, entry in _entries(path):
+        if isinstance(entry, dict) and entry.get("seq") == seq:
+            return entry.get("hash")
     return None

@@ -112,3 +112,14 @@ def test_torn_line_from_a_crash_is_not_tampering(run):
     log.emit("lifecycle", "after_crash")
     res = verify_chain(run.events)
     assert res.ok and res.torn_lines == [4] and res.entries == 4
+
+
+def test_nested_and_over_long_lines_are_skipped_not_a_crash(run, monkeypatch):
+    from steadytune.telemetry import jsonl
+
+    monkeypatch.setattr(jsonl, "MAX_LINE_BYTES", 4096)
+    rows = lines(run)
+    put(run, [*rows[:2], "[" * 100_000, "[" * 3000, *rows[2:], "x" * 10_000])
+    res = verify_run(run)
+    assert res.ok and res.entries == 6
+    assert (res.torn_lines, res.long_lines) == ([4], [3, 9])
