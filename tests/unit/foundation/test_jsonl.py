@@ -263,3 +263,20 @@ def test_store_adopt_passes_over_a_nested_last_line(tmp_path: Path) -> None:
         store.add_steps([StepRecord(step=0, ts=0.0, loss=1.0)])
         assert store.adopt(run) == ["telemetry/rank-0.jsonl"]
         assert store.get_meta("offset:telemetry/rank-0.jsonl") == str(len(step_line(0)))
+
+
+def test_control_ack_and_repro_bundle_pass_over_a_nested_event_line(tmp_path: Path) -> None:
+    from steadytune.cli.control import _acked, _events_end
+    from steadytune.forensics.bundle import _event_lines
+    from steadytune.rundir import RunDir
+    from steadytune.telemetry.events import EventLog
+
+    run = RunDir(tmp_path / "r").create()
+    log = EventLog(run.events, run.run_id, clock=lambda: 10.0)
+    log.emit("lifecycle", "run_started", step=1)
+    since = _events_end(run)
+    append(run.events, NESTED + b"\n")
+    log.emit("control", "ack_pause", data={"request_id": "req-1"}, step=2)
+    assert _acked(run, "req-1", since)["name"] == "ack_pause"
+    got = [json.loads(line)["name"] for line in _event_lines(run, 0, 5, 0.0, 100.0)]
+    assert got == ["run_started", "ack_pause"]
