@@ -154,7 +154,7 @@ class EventLog:
 
     def _anchor(self, event: Event) -> None:
         """Pin the log's new head outside the run folder; a failure is logged, never fatal."""
-        if self.audit is None or self._anchor_failed:
+        if self.audit is None:
             return
         try:
             if self._genesis is None:
@@ -162,9 +162,10 @@ class EventLog:
             self.audit.write_anchor(
                 self.run_id, self._genesis, int(event.seq or 0), str(event.hash), self.path
             )
-        except OSError as exc:
+        except OSError as exc:  # tried again at the next append; said once
+            if not self._anchor_failed:
+                log.warning("events.jsonl of %s: cannot anchor seq %s: %s", self.run_id, event.seq, exc)
             self._anchor_failed = True
-            log.warning("events.jsonl of %s is not anchored from seq %s on: %s", self.run_id, event.seq, exc)
 
     def emit(self, kind: str, name: str, message: str = "", **fields: Any) -> Event:
         """Shorthand: build an :class:`Event` and append it."""

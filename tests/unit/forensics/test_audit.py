@@ -262,3 +262,22 @@ def test_cli_verify(run, trust, capsys, monkeypatch):
     assert "tail: not checked" in capsys.readouterr().out
     monkeypatch.setenv("STEADYTUNE_AUDIT_DIR", str(run.root / "nowhere"))
     assert main(["audit", "verify", str(run.root), "--audit-dir", str(trust.directory), "--allow-unanchored"]) == 0
+
+
+def test_an_anchor_that_cannot_be_written_does_not_stop_the_log(tmp_path, trust, caplog):
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the audit directory should be")
+    run = RunDir(tmp_path / "r2").create()
+    log = EventLog(run.events, run.run_id, audit=AuditTrust(blocked, trust.key))
+    log.emit("lifecycle", "run_started")
+    log.emit("lifecycle", "worker_started")
+    assert [e.seq for e in log_entries(run)] == [0, 1]
+    assert sum("cannot anchor" in r.getMessage() for r in caplog.records) == 1  # said once
+    res = verify_run(run, trust)
+    assert (res.ok, res.problem) == (False, "unanchored")
+
+
+def log_entries(run: RunDir):
+    from steadytune.telemetry.events import read_events
+
+    return read_events(run.events)
