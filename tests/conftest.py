@@ -20,6 +20,17 @@ BIN = Path(sys.executable).parent
 STEADYTUNE = str(BIN / "steadytune")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def audit_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The audit key and anchors of every run the tests write: never the user's ~/.config/steadytune.
+
+    Set in the environment, so the supervisors and CLIs the tests start use it too.
+    """
+    d = tmp_path_factory.mktemp("steadytune-audit")
+    os.environ["STEADYTUNE_AUDIT_DIR"] = str(d)
+    return d
+
+
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One cache per test session, so tests never touch the user's ~/.cache."""

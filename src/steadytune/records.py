@@ -146,8 +146,8 @@ class Event:
     """An entry of ``events.jsonl``: an anomaly, action, alert, lifecycle or control.
 
     ``name`` is the anomaly kind, action name or lifecycle phase. The audit
-    fields (``seq``, ``prev_hash``, ``hash``, ``run_id``, ``host``, ``user``,
-    ``pid``) are filled in by the event log when the event is appended.
+    fields (``seq``, ``prev_hash``, ``hash``, ``mac``, ``run_id``, ``host``,
+    ``user``, ``pid``) are filled in by the event log when the event is appended.
     """
 
     ts: float
@@ -164,6 +164,7 @@ class Event:
     pid: int | None = None
     prev_hash: str | None = None
     hash: str | None = None
+    mac: str | None = None  # HMAC of ``hash`` with the audit key (see telemetry/attest.py)
 
 
 @dataclass(frozen=True)

@@ -259,7 +259,8 @@ class AlertRouter:
             reason = self.redactor.redact(
                 str(exc) if isinstance(exc, DeliveryError) else f"{type(exc).__name__}: {exc}"
             )
-            if d.attempt >= self.config.retry.attempts or final:
+            permanent = isinstance(exc, DeliveryError) and exc.permanent
+            if d.attempt >= self.config.retry.attempts or final or permanent:
                 self._settle(d, reason)
                 return
             delay = backoff_delay(d.attempt, self.config.retry.backoff_s, self.config.retry.max_backoff_s)

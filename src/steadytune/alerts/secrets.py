@@ -2,7 +2,8 @@
 
 A config names *where* a secret lives (``url_env: SLACK_WEBHOOK_URL`` or
 ``password_file: /run/secrets/smtp``); :func:`resolve_secret` reads it at the
-last moment, and every resolved value is registered with a :class:`Redactor`
+last moment (a file the group or other users may read is refused: mode 600, see
+:mod:`steadytune.secretfile`), and every resolved value is registered with a :class:`Redactor`
 so that no log line, config dump, event or page can carry it.
 """
 
@@ -13,6 +14,8 @@ import threading
 import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
+
+from steadytune.secretfile import InsecureSecretFile, read_secret_file
 
 MASK = "***"
 
@@ -36,11 +39,15 @@ def resolve_secret(
     if file:
         path = Path(file).expanduser()
         try:
-            value = path.read_text(encoding="utf-8").strip()
+            value = read_secret_file(path)
+        except InsecureSecretFile as exc:
+            raise SecretError(f"{key}_file: {exc}") from None
         except OSError as exc:
             raise SecretError(
                 f"{key}_file: cannot read {path}: {exc.strerror}; create it (mode 600)"
             ) from exc
+        except UnicodeDecodeError:
+            raise SecretError(f"{key}_file: {path} is not UTF-8 text") from None
         if not value:
             raise SecretError(f"{key}_file: {path} is empty")
         return value

@@ -8,12 +8,14 @@ resolved secrets but never print them: every error text passes the redactor.
 from __future__ import annotations
 
 import json
+import re
 import smtplib
 import ssl
 import subprocess
 import sys
 import threading
 import urllib.error
+import urllib.parse
 import urllib.request
 from email.message import EmailMessage
 from pathlib import Path
@@ -21,11 +23,19 @@ from typing import IO, Protocol
 
 from steadytune.alerts import config as cfg
 from steadytune.alerts.message import PAYLOADS, Alert
-from steadytune.alerts.secrets import Redactor, redact_url, resolve_secret
+from steadytune.alerts.secrets import Redactor, SecretError, redact_url, resolve_secret
 
 
 class DeliveryError(RuntimeError):
-    """A sink could not deliver; the message is already redacted."""
+    """A sink could not deliver; the message is already redacted.
+
+    ``permanent``: trying again cannot help (the configuration is wrong, e.g. the
+    webhook redirects), so the router records the alert undelivered at once.
+    """
+
+    def __init__(self, message: str, permanent: bool = False) -> None:
+        super().__init__(message)
+        self.permanent = permanent
 
 
 class Sink(Protocol):
@@ -43,8 +53,8 @@ class _Base:
         self.rate_limit_per_hour = conf.rate_limit_per_hour
         self.redact = redactor
 
-    def _fail(self, what: str, exc: BaseException | str) -> DeliveryError:
-        return DeliveryError(self.redact(f"{self.name}: {what}: {exc}"))
+    def _fail(self, what: str, exc: BaseException | str, permanent: bool = False) -> DeliveryError:
+        return DeliveryError(self.redact(f"{self.name}: {what}: {exc}"), permanent=permanent)
 
 
 class ConsoleAlertSink(_Base):
@@ -76,13 +86,37 @@ class JsonlAlertSink(_Base):
             raise self._fail(f"cannot append to {self.path}", exc) from None
 
 
+WEBHOOK_SCHEMES = ("http", "https")
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """Redirects are not followed: urllib would turn the POST into a GET (the alert lost but
+    counted delivered) or go to another scheme (``ftp:``), or another host the URL never named."""
+
+    def redirect_request(self, *args: object, **kwargs: object) -> None:
+        return None  # the 3xx then surfaces as an HTTPError
+
+
+def check_webhook_url(url: str) -> None:
+    """Refuse a webhook URL that is not http(s); the message never carries the URL (a secret)."""
+    scheme = urllib.parse.urlsplit(url).scheme.lower()
+    if scheme not in WEBHOOK_SCHEMES or "://" not in url:
+        raise SecretError(
+            f"url: a webhook URL must start with http:// or https:// (this one's scheme is {scheme or 'missing'!r})"
+        )
+
+
 class WebhookAlertSink(_Base):
+    """POSTs the alert as JSON to one http(s) URL; a redirect is a (permanent) failure, never followed."""
+
     def __init__(self, conf: cfg.WebhookSink, redactor: Redactor, url: str) -> None:
         super().__init__(conf, redactor)
+        redactor.add(url)
+        check_webhook_url(url)
         self.url = url
         self.format = conf.format
         self.timeout_s = conf.timeout_s
-        redactor.add(url)
+        self._opener = urllib.request.build_opener(_NoRedirect)
 
     def describe(self) -> str:
         return f"{self.format} webhook {redact_url(self.url)}"
@@ -94,13 +128,29 @@ class WebhookAlertSink(_Base):
             headers={"Content-Type": "application/json", "User-Agent": "steadytune-alerts"},
         )  # fmt: skip
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+            with self._opener.open(req, timeout=self.timeout_s) as resp:
                 resp.read(4096)
         except urllib.error.HTTPError as exc:
+            if 300 <= exc.code < 400:
+                where = exc.headers.get("Location") if exc.headers else None
+                raise self._fail(
+                    f"POST {redact_url(self.url)} answered",
+                    f"HTTP {exc.code}, a redirect to {redact_url(where) if where else 'nowhere'}; "
+                    "redirects are not followed: set the webhook URL to where it should go",
+                    permanent=True,
+                ) from None
             raise self._fail(f"POST {redact_url(self.url)} answered", f"HTTP {exc.code}") from None
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
             raise self._fail(f"POST {redact_url(self.url)} failed", reason) from None
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
+
+
+def one_line(value: str) -> str:
+    """A header value without CR, LF or other control characters (each run becomes one space)."""
+    return _CONTROL.sub(" ", value).strip()
 
 
 class EmailAlertSink(_Base):
@@ -120,9 +170,11 @@ class EmailAlertSink(_Base):
     def send(self, alert: Alert) -> None:
         c = self.conf
         msg = EmailMessage()
-        msg["Subject"] = f"{c.subject_prefix} {alert.title}".strip()
-        msg["From"] = c.sender
-        msg["To"] = ", ".join(c.to)
+        # A CR or LF in a header would start a new header (a Bcc: of the alert's choosing);
+        # the email package refuses it, which failed every retry and lost the alert.
+        msg["Subject"] = one_line(f"{c.subject_prefix} {alert.title}")
+        msg["From"] = one_line(c.sender)
+        msg["To"] = one_line(", ".join(c.to))
         msg.set_content(alert.text())
         try:
             if c.security == "ssl":

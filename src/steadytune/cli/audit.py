@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any
 
 from steadytune.cli._common import add_command, fail
@@ -22,11 +23,30 @@ def register(sub: Any) -> None:
         "verify",
         "verify the hash chain of events.jsonl and that its tail was not cut off",
         "steadytune audit verify runs/my-run --format json",
-        description="Walk the hash chain of RUN/events.jsonl: reports OK, or the first line where the chain "
-        "breaks (edited, deleted or reordered). Truncation is checked against the last entry run.db recorded. "
-        "Also checks that config.yaml holds no unredacted secret. Exit code 1 when anything fails.",
+        description="Walk the hash chain of RUN/events.jsonl and check each entry's MAC with the audit key: "
+        "reports OK, or the first line where it breaks (edited, deleted, reordered, forged, unsigned). "
+        "Truncation is checked against the log's anchor (and the last entry run.db recorded). The key and "
+        "the anchors live outside the run folder, in --audit-dir. Also checks that config.yaml holds no "
+        "unredacted secret. Exit code 1 when anything fails.",
     )
     v.add_argument("run", help="the run directory (runs/<run-id>)")
+    v.add_argument(
+        "--audit-dir",
+        type=Path,
+        help="where the audit key and the anchors are (default: $STEADYTUNE_AUDIT_DIR, else ~/.config/steadytune)",
+    )
+    v.add_argument(
+        "--allow-unanchored",
+        action="store_true",
+        help="accept a log without an anchor (written on another machine, or before anchors existed): "
+        "its tail is then not checked",
+    )
+    v.add_argument(
+        "--allow-unkeyed",
+        action="store_true",
+        help="accept entries without a MAC, or no key to check them with: only the bare chain is then "
+        "checked, which anyone who can write the run folder can recompute",
+    )
     v.add_argument("--format", choices=("text", "json"), default="text")
     v.set_defaults(func=verify_main)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
@@ -58,15 +78,23 @@ def unredacted_secrets(config_text: str) -> list[str]:
     return found
 
 
+_WHERE = {"forged": "key", "unsigned": "key", "no key": "key", "truncated": "tail", "unanchored": "tail"}
+
+
 def verify_main(args: argparse.Namespace) -> int:
     from steadytune.forensics.audit import verify_run
     from steadytune.forensics.runview import ForensicsError, resolve_run
+    from steadytune.telemetry.attest import AuditKeyError, AuditTrust
 
     try:
         run = resolve_run(args.run)
     except ForensicsError as exc:
         return fail(str(exc), 2)
-    res = verify_run(run)
+    try:
+        trust = AuditTrust.open(args.audit_dir)
+    except AuditKeyError as exc:
+        return fail(str(exc), 2)
+    res = verify_run(run, trust, allow_unkeyed=args.allow_unkeyed, allow_unanchored=args.allow_unanchored)
     secrets = unredacted_secrets(run.config.read_text(encoding="utf-8")) if run.config.exists() else []
     ok = res.ok and not secrets
     if args.format == "json":
@@ -80,14 +108,33 @@ def verify_main(args: argparse.Namespace) -> int:
         print(
             f"chain: OK — {res.entries} entries, seq 0-{res.last_seq}, last hash {str(res.last_hash)[:16]}…"
         )
+        if res.keyed:
+            signed = res.entries - res.unsigned_entries
+            print(
+                f"key: OK — {signed} entr{'y' if signed == 1 else 'ies'} signed with key {res.key_id} "
+                f"({res.key_path})"
+                + (
+                    f"; {res.unsigned_entries} unsigned, accepted (--allow-unkeyed)"
+                    if res.unsigned_entries
+                    else ""
+                )
+            )
+        else:
+            print(f"key: not checked — no audit key at {res.key_path} (accepted: --allow-unkeyed)")
     else:
-        print(f"chain: FAILED — {res.problem}: {res.message}")
+        print(f"{_WHERE.get(res.problem, 'chain')}: FAILED — {res.problem}: {res.message}")
     if res.torn_lines:
         print(
             f"note: torn line(s) {', '.join(map(str, res.torn_lines))} skipped (a crash mid-write, not tampering)"
         )
+    if res.long_lines:
+        print(
+            f"note: line(s) {', '.join(map(str, res.long_lines))} skipped unread: longer than the reader's bound"
+        )
     if res.ok:
         print(f"tail: {'OK — ' if res.truncation_checked else 'not checked — '}{res.truncation_note}")
+        if res.store_checked:
+            print(f"run.db: OK — {res.store_note}")
     print(
         "secrets: OK — no secret stored in clear in config.yaml"
         if not secrets

@@ -16,6 +16,7 @@ from typing import Any
 
 from steadytune.cli._common import add_command, fail
 from steadytune.rundir import RunDir, valid_run_id
+from steadytune.telemetry.jsonl import JsonlReader
 
 HELP = {
     "pause": (
@@ -61,17 +62,20 @@ def resolve_run(text: str, runs_dir: str) -> RunDir | None:
     return None
 
 
-def _acked(run: RunDir, request_id: str, since: int) -> dict[str, Any] | None:
+def _events_end(run: RunDir) -> int:
+    """Where ``events.jsonl`` ends now: an acknowledgement is looked for after it."""
     try:
-        lines = run.events.read_text(encoding="utf-8").splitlines()[since:]
+        return run.events.stat().st_size
     except FileNotFoundError:
-        return None
-    for line in lines:
-        try:
-            ev = json.loads(line)
-        except ValueError:
-            continue
+        return 0
+
+
+def _acked(run: RunDir, request_id: str, since: int) -> dict[str, Any] | None:
+    """The event acknowledging ``request_id`` among those appended after byte ``since``."""
+    for ev in JsonlReader(run.events, since).dicts(final=True):
         data = ev.get("data") or {}
+        if not isinstance(data, dict):
+            continue
         if data.get("request_id") == request_id and str(ev.get("name", "")).startswith("ack_"):
             return ev
         if ev.get("name") in {"run_resumed", "run_paused"} and since:
@@ -98,7 +102,7 @@ def main(args: argparse.Namespace) -> int:
     if args.command_name == "pause":
         cmd_args["mode"] = "hold" if args.hold else "release"
     issuer = f"{getpass.getuser()}@{socket.gethostname()} (cli)"
-    since = len(run.events.read_text(encoding="utf-8").splitlines()) if run.events.exists() else 0
+    since = _events_end(run)
     request = send_control(run, args.command_name, issuer=issuer, args=cmd_args)
     print(f"{args.command_name} sent to {run.run_id} (request {request['id'][:8]})")
     if args.no_wait:

@@ -57,6 +57,7 @@ from steadytune.forensics.runview import (
 from steadytune.records import to_dict
 from steadytune.rundir import RunDir
 from steadytune.telemetry.events import read_events
+from steadytune.telemetry.jsonl import JsonlReader, parse_line
 
 BUNDLE_VERSION = 1
 WINDOW = 20  # steps of metrics and events kept on each side of the step
@@ -158,18 +159,15 @@ def _copied_paths_note(ckpt: Path, listed: list[str], redactor: PathRedactor) ->
 def _event_lines(run: RunDir, lo: int, hi: int, ts_lo: float, ts_hi: float) -> list[str]:
     """Raw lines (hash fields intact) of events in the step window, or undated ones in its time span."""
     out = []
-    try:
-        lines = run.events.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        return out
-    for raw in lines:
-        try:
-            e = json.loads(raw)
-        except ValueError:
+    for raw in JsonlReader(run.events).raw_lines(final=True):
+        e = parse_line(raw) if raw else None
+        if not isinstance(e, dict):
             continue
         step, ts = e.get("step"), e.get("ts") or 0
+        if not isinstance(ts, (int, float)) or (step is not None and not isinstance(step, int)):
+            continue
         if (step is not None and lo <= step <= hi) or (step is None and ts_lo <= ts <= ts_hi):
-            out.append(raw)
+            out.append(raw.decode("utf-8", "replace"))
     return out
 
 

@@ -34,6 +34,7 @@ from steadytune.rundir import RunDir, atomic_write_text
 from steadytune.supervise.process import WorkerProcess
 from steadytune.supervise.progress import RunProgress
 from steadytune.telemetry.events import EventLog
+from steadytune.telemetry.jsonl import JsonlReader
 from steadytune.telemetry.sampler import SystemSampler
 from steadytune.telemetry.stream import JsonlWriter
 
@@ -268,7 +269,8 @@ class ExternalSupervisor:
         self._printed: dict[int, dict[str, float]] = {}
         self._rows: dict[int, dict[str, float]] = {}  # trainer_log.jsonl rows waiting for their dict
         self._recorded: set[int] = set()  # steps recorded in this attempt
-        self._log_offset = 0
+        self._dicts_seen = False  # the tool prints log dicts beside its trainer_log.jsonl
+        self._log_reader: JsonlReader | None = None
         self._last_logged_step = 0
         self._stop_signal: int | None = None
 
@@ -445,6 +447,7 @@ class ExternalSupervisor:
             # printed for the same step has it, and joins the record when the file catches up.
             self._log_step += self._log_every
             self._printed[self._log_step] = values
+            self._dicts_seen = True
             while len(self._printed) > 256:
                 del self._printed[next(iter(self._printed))]
         elif values is not None and not jsonl:
@@ -460,26 +463,16 @@ class ExternalSupervisor:
         """LLaMA-Factory's trainer_log.jsonl carries real step numbers: prefer it when present."""
         if self.opts.output_dir is None:
             return
-        path = self.opts.output_dir / "trainer_log.jsonl"
-        try:
-            with open(path, "rb") as f:
-                f.seek(self._log_offset)
-                chunk = f.read()
-        except FileNotFoundError:
-            return
-        end = chunk.rfind(b"\n")
-        if end < 0:
-            return
-        self._log_offset += end + 1
-        for raw in chunk[: end + 1].splitlines():
-            try:
-                row = json.loads(raw)
-            except ValueError:
-                continue
+        if self._log_reader is None:
+            self._log_reader = JsonlReader(self.opts.output_dir / "trainer_log.jsonl")
+        for row in self._log_reader.dicts():
             step = row.get("current_steps")
             values = {
-                k: float(v) for k, v in row.items() if isinstance(v, (int, float)) and k != "current_steps"
+                k: _number(v)
+                for k, v in row.items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "current_steps"
             }
+            values = {k: v for k, v in values.items() if v is not None}
             if isinstance(step, int):
                 self._from_log_file(step, values)
 
@@ -490,6 +483,9 @@ class ExternalSupervisor:
         or a later row has (then none will), or the attempt ends (:meth:`_drain_log_rows`).
         """
         self._rows[step] = values
+        if not self._dicts_seen:  # the tool prints no log dicts: nothing to wait for
+            self._drain_log_rows()
+            return
         for s in sorted(self._rows):
             if s in self._printed or s < step:
                 self._record_row(s, self._rows.pop(s))
@@ -873,6 +869,14 @@ class ExternalSupervisor:
                 }
             ),
         )
+
+
+def _number(v: float) -> float | None:
+    """A JSON number as a float; one too large for a float (``1e400`` as an int) is not a value."""
+    try:
+        return float(v)
+    except OverflowError:
+        return None
 
 
 class _Tree:

@@ -29,6 +29,7 @@ from typing import Any
 
 from steadytune.records import Event, PlanRevision, StepRecord, SystemSample, from_dict, to_dict
 from steadytune.rundir import RunDir
+from steadytune.telemetry.jsonl import JsonlReader, last_line
 
 SCHEMA_VERSION = "1"
 # Steps are also kept summarized in buckets of this many steps, so a chart of a
@@ -96,87 +97,6 @@ CREATE TABLE IF NOT EXISTS gradflow (
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS gradflow_version ON gradflow(version);
 """
-
-
-# Records nest a few levels (a step's extra.gradflow.hist rows sit 5 deep); deeper is no record of ours,
-# and would blow the stack of whatever walks it next (to_dict, json.dumps, the web's clean()).
-MAX_JSON_DEPTH = 64
-
-
-def within_depth(obj: Any, limit: int = MAX_JSON_DEPTH) -> bool:
-    """Whether a parsed JSON value nests at most ``limit`` lists/objects deep (walked without recursion)."""
-    stack = [(obj, 1)]
-    while stack:
-        value, depth = stack.pop()
-        if isinstance(value, dict):
-            children: Iterable[Any] = value.values()
-        elif isinstance(value, list):
-            children = value
-        else:
-            continue
-        if depth > limit:
-            return False
-        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
-    return True
-
-
-def _parse_line(raw: bytes) -> Any:
-    """One JSONL line; ValueError or RecursionError if it is not JSON or nests too deep."""
-    value = json.loads(raw)
-    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and not within_depth(value):
-        raise ValueError(f"nested deeper than {MAX_JSON_DEPTH}")
-    return value
-
-
-def _read_lines(path: Path, offset: int, max_bytes: int) -> tuple[list[dict[str, Any]], int, int]:
-    """Complete JSON lines from ``offset``, at most about ``max_bytes``; a torn tail is left.
-
-    Returns (the parsed lines, the offset after them, how many lines could not be read).
-    """
-    try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            chunk = f.read(max_bytes)
-            # A line longer than the chunk: keep reading until its newline (or EOF).
-            while chunk and b"\n" not in chunk[-max_bytes:]:
-                more = f.read(max_bytes)
-                if not more:
-                    break
-                chunk += more
-    except FileNotFoundError:
-        return [], offset, 0
-    end = chunk.rfind(b"\n")
-    if end < 0:
-        return [], offset, 0
-    out: list[dict[str, Any]] = []
-    bad = 0
-    for raw in chunk[: end + 1].splitlines():
-        if raw.strip():
-            try:
-                out.append(_parse_line(raw))
-            except (ValueError, RecursionError):  # RecursionError: nested too deep for the parser itself
-                bad += 1
-    return out, offset + end + 1, bad
-
-
-def _last_line(path: Path, block: int = 1 << 16) -> tuple[int, dict[str, Any] | None]:
-    """(offset just past the last complete line, that line parsed) of a JSONL file."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, 2)
-            size = f.tell()
-            f.seek(max(0, size - block))
-            tail = f.read()
-    except OSError:
-        return 0, None
-    end = tail.rfind(b"\n")
-    if end < 0:
-        return 0, None
-    start = tail.rfind(b"\n", 0, end) + 1
-    try:
-        return size - len(tail) + end + 1, _parse_line(tail[start:end])
-    except (ValueError, RecursionError):
-        return 0, None
 
 
 def _num(value: Any) -> float | None:
@@ -525,12 +445,14 @@ class RunStore:
                     start = 0  # the file was replaced (rotated or rewritten): read it again
             except FileNotFoundError:
                 continue
-            offset = start
+            reader = JsonlReader(path, start)
             while True:
-                dicts, offset_next, bad = _read_lines(path, offset, chunk_bytes)
-                if offset_next == offset:
+                offset = reader.offset
+                skipped = reader.bad_lines + reader.long_lines
+                dicts = reader.read_dicts(max_bytes=chunk_bytes)
+                bad = reader.bad_lines + reader.long_lines - skipped
+                if reader.offset == offset:
                     break
-                offset = offset_next
                 recs = []
                 for d in dicts:
                     try:
@@ -543,7 +465,7 @@ class RunStore:
                 self.unreadable_lines += bad
                 self.add(recs)
                 total += len(recs)
-            self.set_meta(key, str(offset))
+            self.set_meta(key, str(reader.offset))
         return total
 
     def adopt(self, run_dir: RunDir) -> list[str]:
@@ -560,7 +482,7 @@ class RunStore:
             key = f"offset:{path.relative_to(run_dir.root).as_posix()}"
             if self.get_meta(key) is not None:
                 continue
-            end, last = _last_line(path)
+            end, last = last_line(path)
             if last is None or not self._has(last):
                 continue
             self.set_meta(key, str(end))

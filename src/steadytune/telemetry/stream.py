@@ -2,6 +2,7 @@
 
 A line is only trusted once its newline is on disk: a crash mid-write leaves a
 partial last line, which the tailer leaves alone until it is completed (or forever).
+The reading itself is :mod:`steadytune.telemetry.jsonl`'s.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from steadytune.records import Record, from_dict, to_json
+from steadytune.telemetry.jsonl import JsonlReader
 
 
 class JsonlWriter:
@@ -62,47 +64,26 @@ class JsonlWriter:
         self.close()
 
 
-class JsonlTailer:
-    """Reads new complete lines from a file that another process appends to."""
+class JsonlTailer(JsonlReader):
+    """Reads the records of new complete lines from a file that another process appends to.
 
-    def __init__(self, path: Path, offset: int = 0) -> None:
-        self.path = Path(path)
-        self.offset = offset
-        self.bad_lines = 0
+    The reading (torn last line, line-length bound, unparseable lines) is
+    :class:`~steadytune.telemetry.jsonl.JsonlReader`'s; a line that parses but is no
+    known record also counts in ``bad_lines``.
+    """
 
-    def read_dicts(self) -> list[dict[str, Any]]:
-        """The dicts of all complete lines appended since the last call."""
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                chunk = f.read()
-        except FileNotFoundError:
-            return []
-        end = chunk.rfind(b"\n")
-        if end < 0:
-            return []
-        self.offset += end + 1
-        out: list[dict[str, Any]] = []
-        for raw in chunk[: end + 1].splitlines():
-            if not raw.strip():
-                continue
+    def records(self) -> Iterator[Record]:
+        for d in self.dicts():
             try:
-                out.append(json.loads(raw))
-            except ValueError:
+                yield from_dict(d)
+            except (ValueError, TypeError):
                 self.bad_lines += 1
-        return out
 
     def read(self) -> list[Record]:
         """The records of all complete lines appended since the last call."""
-        out: list[Record] = []
-        for d in self.read_dicts():
-            try:
-                out.append(from_dict(d))
-            except (ValueError, TypeError):
-                self.bad_lines += 1
-        return out
+        return list(self.records())
 
 
 def iter_records(path: Path) -> Iterator[Record]:
     """Every complete, parseable record of a JSONL file (a torn last line is skipped)."""
-    yield from JsonlTailer(path).read()
+    yield from JsonlTailer(path).records()

@@ -21,7 +21,8 @@ from typing import Any
 
 from steadytune.checkpoint.manifest import MANIFEST, ManifestError, load_manifest
 from steadytune.rundir import RunDir, valid_run_id
-from steadytune.telemetry.store import RunStore, within_depth
+from steadytune.telemetry.jsonl import within_depth
+from steadytune.telemetry.store import RunStore
 
 LIVE_STATES = {"starting", "running", "restarting", "paused"}
 # A supervisor that has not rewritten status.json for this long is presumed gone.

@@ -11,6 +11,7 @@ import urllib.parse
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from steadytune.secretfile import InsecureSecretFile, read_secret_file
 from steadytune.web.config import DEFAULT_TOKEN_ENV
 
 TOKEN_HEADER = "X-Steadytune-Token"
@@ -36,7 +37,10 @@ def resolve_token(
     token_file: Path | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> str | None:
-    """The operator token: ``--token``, else the env var, else the file; ``None`` if none."""
+    """The operator token: ``--token``, else the env var, else the file; ``None`` if none.
+
+    A ``token_file`` the group or other users may read is refused (``chmod 600`` it).
+    """
     environ = os.environ if environ is None else environ
     if cli_token:
         return cli_token.strip()
@@ -44,9 +48,13 @@ def resolve_token(
         return environ[token_env].strip()
     if token_file is not None:
         try:
-            return Path(token_file).expanduser().read_text(encoding="utf-8").strip() or None
+            return read_secret_file(token_file) or None
+        except InsecureSecretFile as exc:
+            raise BindRefused(f"token_file: {exc}") from None
         except OSError as exc:
             raise BindRefused(f"cannot read token_file {token_file}: {exc.strerror}") from exc
+        except UnicodeDecodeError:
+            raise BindRefused(f"token_file {token_file} is not UTF-8 text") from None
     return None
 
 

@@ -7,8 +7,6 @@ reading that is unavailable is shown as N/A, never raised.
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from steadytune.rundir import RunDir, valid_run_id
+from steadytune.telemetry.jsonl import tail_dicts
 from steadytune.web.downsample import sparkline
 from steadytune.web.runs import looks_like_run, read_json
 
@@ -89,29 +88,6 @@ def read_gpus(nvml: Any = None) -> list[GpuRow] | None:
     finally:
         _nvml_value(nvml.nvmlShutdown)
     return rows
-
-
-def tail_dicts(path: Path, max_bytes: int = 65536) -> list[dict[str, Any]]:
-    """The complete JSON lines in the last ``max_bytes`` of a file."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - max_bytes))
-            chunk = f.read()
-    except OSError:
-        return []
-    lines = chunk.split(b"\n")
-    if size > max_bytes:
-        lines = lines[1:]  # the first line is probably cut
-    out = []
-    for raw in lines:
-        if raw.strip():
-            try:
-                out.append(json.loads(raw))
-            except ValueError:
-                continue
-    return out
 
 
 def read_run(root: Path) -> RunRow:

@@ -58,6 +58,7 @@ def test_secrets_resolve_from_env_and_file(tmp_path: Path) -> None:
     assert resolve_secret("url", "HOOK", None, {"HOOK": HOOK}) == HOOK
     secret = tmp_path / "pw"
     secret.write_text("s3cret-pass\n")
+    secret.chmod(0o600)
     assert resolve_secret("password", None, secret, {}) == "s3cret-pass"
     with pytest.raises(SecretError, match="url_env: environment variable NOPE is not set"):
         resolve_secret("url", "NOPE", None, {})
@@ -133,3 +134,19 @@ def test_command_sink_gets_json_on_stdin_and_reports_failure(tmp_path: Path) -> 
     )
     with pytest.raises(DeliveryError, match="exited 1: nope"):
         CommandAlertSink(bad.sinks[0], Redactor()).send(_alert())  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o660])
+@pytest.mark.parametrize("key", ["password", "url"])
+def test_a_secret_file_others_may_read_is_refused(tmp_path: Path, mode: int, key: str) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text("s3cret-pass\n")
+    secret.chmod(mode)
+    with pytest.raises(SecretError) as exc:
+        resolve_secret(key, None, secret, {})
+    message = str(exc.value)
+    assert f"{key}_file" in message and str(secret) in message and f"{mode:o}" in message
+    assert f"chmod 600 {secret}" in message
+    assert "s3cret" not in message
+    secret.chmod(0o400)  # owner-only, read-only: fine
+    assert resolve_secret(key, None, secret, {}) == "s3cret-pass"

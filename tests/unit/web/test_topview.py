@@ -73,3 +73,13 @@ def test_top_once_cli(tmp_path: Path, capsys) -> None:
     assert main(["top", str(_runs(tmp_path)), "--once"]) == 0
     out = capsys.readouterr().out
     assert "r1" in out and "running" in out and "GPUs" in out
+
+
+def test_a_nested_line_in_a_tail_is_skipped_not_a_crash(tmp_path: Path) -> None:
+    runs_dir = _runs(tmp_path)
+    run = RunDir(runs_dir / "r1")
+    for path in (run.telemetry(0), run.events):
+        with open(path, "a") as f:
+            f.write("[" * 30_000 + "\n")
+    (row,) = scan_runs(runs_dir)
+    assert (row.step, row.anomaly) == (29, "warning loss_spike @ 12")

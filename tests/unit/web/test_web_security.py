@@ -49,6 +49,7 @@ def test_token_sources_and_comparison(tmp_path: Path) -> None:
     assert resolve_token(None, environ={"STEADYTUNE_DASHBOARD_TOKEN": "env"}) == "env"
     f = tmp_path / "tok"
     f.write_text("from-file\n")
+    f.chmod(0o600)
     assert resolve_token(None, token_env=None, token_file=f, environ={}) == "from-file"
     assert resolve_token(None, environ={}) is None
     assert token_ok(TOKEN, TOKEN) and not token_ok(TOKEN, TOKEN + "x") and not token_ok(None, None)
@@ -195,8 +196,14 @@ def test_control_through_the_real_supervisor_module(tmp_path: Path) -> None:
     run = RunDir(tmp_path / "r").create()
     result = control.send(run, "stop", "carol (dashboard, 127.0.0.1)")
     req = json.loads(run.control.read_text())
-    assert (req["command"], req["issuer"], req["id"]) == (
-        "stop",
-        "carol (dashboard, 127.0.0.1)",
-        result["id"],
-    )
+    assert (req["command"], req["issuer"], req["id"]) == ("stop", "carol (dashboard, 127.0.0.1)", result["id"])
+
+
+def test_a_token_file_others_may_read_is_refused(tmp_path: Path) -> None:
+    f = tmp_path / "tok"
+    f.write_text(TOKEN + "\n")
+    f.chmod(0o644)
+    with pytest.raises(BindRefused) as exc:
+        resolve_token(None, token_env=None, token_file=f, environ={})
+    assert str(f) in str(exc.value) and "644" in str(exc.value) and f"chmod 600 {f}" in str(exc.value)
+    assert TOKEN not in str(exc.value)

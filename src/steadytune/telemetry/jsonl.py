@@ -1,0 +1,275 @@
+"""Reading JSONL that another process appends to: the one reader every part of steadytune uses.
+
+- **Incremental.** :class:`JsonlReader` keeps a byte offset. A line counts once its
+  newline is on disk: a torn last line (a writer that died mid-line, or one still
+  writing) is left where it is and read by a later call once it is complete.
+- **Bounded.** A line longer than ``max_line_bytes`` (default :data:`MAX_LINE_BYTES`,
+  16 MiB) is skipped and counted in ``long_lines``. It is never held in memory whole:
+  the file is read in chunks, and the part of a line seen so far is dropped once it
+  passes the bound, whether or not its newline ever comes.
+- **Defensive.** A line that is not JSON, is JSON but not an object, or is nested
+  too deep for the parser (``[[[[…``, which raises ``RecursionError``) is skipped and
+  counted in ``bad_lines``.
+- :func:`last_line` reads backwards from the end, for "where did this file stop".
+
+Torch-free: the supervisor and the web server import it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from enum import Enum
+from pathlib import Path
+from typing import IO, Any
+
+MAX_LINE_BYTES = 16 << 20
+CHUNK_BYTES = 1 << 20
+BACK_BLOCK_BYTES = 1 << 16
+
+
+class Skipped(Enum):
+    """Stands in for the value of a line that was skipped."""
+
+    BAD = "bad"  # not JSON, or nested too deep to parse
+    TOO_LONG = "too long"  # over the line-length bound, never read whole
+
+
+# Records nest a few levels (a step's extra.gradflow.hist rows sit 5 deep); deeper is no record of
+# ours, and would blow the stack of whatever walks it next (to_dict, json.dumps, the web's clean()).
+MAX_JSON_DEPTH = 64
+
+
+def within_depth(obj: Any, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether a parsed JSON value nests at most ``limit`` lists/objects deep (walked without recursion)."""
+    stack = [(obj, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict):
+            children: Any = value.values()
+        elif isinstance(value, list):
+            children = value
+        else:
+            continue
+        if depth > limit:
+            return False
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+    return True
+
+
+def parse_line(raw: bytes) -> Any:
+    """The JSON value of one line, or :attr:`Skipped.BAD` (not JSON, or nested past MAX_JSON_DEPTH)."""
+    try:
+        value = json.loads(raw)
+    except (ValueError, RecursionError):  # ValueError covers bad UTF-8 too
+        return Skipped.BAD
+    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and not within_depth(value):
+        return Skipped.BAD
+    return value
+
+
+class JsonlReader:
+    """Reads the complete lines appended to a file since the last call.
+
+    ``offset`` is the byte offset of the first line not read yet: save it and pass it
+    back (as :meth:`RunStore.sync` does) to continue in another process. An offset
+    inside a line (saved while skipping an over-long one) is fine: the rest of that
+    line is skipped. ``lines`` counts the lines consumed, blank ones included, so it
+    is the 1-based line number of the last line read when the reader started at 0.
+    """
+
+    def __init__(
+        self,
+        path: Path | str,
+        offset: int = 0,
+        *,
+        max_line_bytes: int | None = None,
+        chunk_bytes: int | None = None,
+    ) -> None:
+        self.path = Path(path)
+        self.offset = offset
+        self.max_line_bytes = MAX_LINE_BYTES if max_line_bytes is None else max_line_bytes
+        # Chunks much larger than the bound would only make a skipped line cost more memory.
+        self.chunk_bytes = chunk_bytes or max(4096, min(CHUNK_BYTES, self.max_line_bytes))
+        self.lines = 0
+        self.bad_lines = 0
+        self.long_lines = 0
+        self._skipping: bool | None = None  # inside an over-long line; None: not known yet
+
+    def raw_lines(self, max_bytes: int | None = None, final: bool = False) -> Iterator[bytes | None]:
+        """Each complete line's bytes (without its newline); ``None`` for a line over the bound.
+
+        ``max_bytes`` is a soft budget: no new chunk is read once that much was read and
+        some progress made (a line longer than the budget is still read whole).
+        ``final``: the file is finished, so an unterminated last line counts as a line.
+        """
+        try:
+            f = open(self.path, "rb")  # noqa: SIM115 - closed below; a generator holds it
+        except FileNotFoundError:
+            return
+        with f:
+            if self._skipping is None:
+                self._skipping = False
+                if self.offset > 0:
+                    f.seek(self.offset - 1)
+                    self._skipping = f.read(1) not in (b"\n", b"")
+            f.seek(self.offset)
+            start, read, eof = self.offset, 0, False
+            buf = bytearray()  # the part read so far of the line starting at self.offset
+            while max_bytes is None or read < max_bytes or self.offset == start:
+                data = f.read(self.chunk_bytes)
+                if not data:
+                    eof = True
+                    break
+                read += len(data)
+                pos = 0
+                while pos < len(data):
+                    nl = data.find(b"\n", pos)
+                    if nl < 0:  # the line goes on past this chunk
+                        if self._skipping:
+                            self.offset += len(data) - pos
+                        else:
+                            buf += data[pos:]
+                            if len(buf) > self.max_line_bytes:
+                                self.offset += len(buf)
+                                buf.clear()
+                                self._skipping = True
+                        break
+                    size = len(buf) + nl - pos
+                    self.offset += size + 1
+                    self.lines += 1
+                    if self._skipping or size > self.max_line_bytes:
+                        self._skipping = False
+                        buf.clear()
+                        pos = nl + 1
+                        self.long_lines += 1
+                        yield None
+                        continue
+                    if buf:
+                        line = bytes(buf) + data[pos:nl]
+                        buf.clear()
+                    else:
+                        line = data[pos:nl]
+                    pos = nl + 1
+                    yield line
+            if final and eof and (buf or self._skipping):
+                self.offset += len(buf)
+                self.lines += 1
+                if self._skipping:
+                    self._skipping = False
+                    self.long_lines += 1
+                    yield None
+                else:
+                    yield bytes(buf)
+
+    def values(self, max_bytes: int | None = None, final: bool = False) -> Iterator[tuple[int, Any]]:
+        """``(line number, value)`` of each non-blank line; a skipped one's value is a :class:`Skipped`."""
+        for raw in self.raw_lines(max_bytes, final):
+            if raw is None:
+                yield self.lines, Skipped.TOO_LONG
+                continue
+            if not raw.strip():
+                continue
+            value = parse_line(raw)
+            if value is Skipped.BAD:
+                self.bad_lines += 1
+            yield self.lines, value
+
+    def dicts(self, max_bytes: int | None = None, final: bool = False) -> Iterator[dict[str, Any]]:
+        """The JSON objects among the new lines; anything else is skipped and counted."""
+        for _, value in self.values(max_bytes, final):
+            if isinstance(value, dict):
+                yield value
+            elif not isinstance(value, Skipped):
+                self.bad_lines += 1  # JSON, but not an object
+
+    def read_dicts(self, max_bytes: int | None = None) -> list[dict[str, Any]]:
+        """The JSON objects of all complete lines appended since the last call."""
+        return list(self.dicts(max_bytes))
+
+
+def _backwards(f: IO[bytes], size: int, block: int, limit: int) -> Iterator[tuple[int, bytes | None, bool]]:
+    """``(offset just past the line, its bytes or None if over limit, ends with a newline)``, last first."""
+    pos = end = size
+    terminated = False  # the segment after the last newline has none
+    parts: list[bytes] = []  # the current line's bytes seen so far, right to left
+    length, too_long = 0, False
+    while pos > 0:
+        n = min(block, pos)
+        pos -= n
+        f.seek(pos)
+        data = f.read(n)
+        i = len(data)
+        while True:
+            nl = data.rfind(b"\n", 0, i)
+            if nl < 0:
+                if not too_long:
+                    parts.append(data[:i])
+                    length += i
+                    if length > limit:
+                        parts, too_long = [], True
+                break
+            seg = data[nl + 1 : i]
+            if too_long or length + len(seg) > limit:
+                yield end + terminated, None, terminated
+            else:
+                yield end + terminated, seg + b"".join(reversed(parts)), terminated
+            parts, length, too_long = [], 0, False
+            end, terminated, i = pos + nl, True, nl
+    yield end + terminated, (None if too_long else b"".join(reversed(parts))), terminated
+
+
+def last_line(
+    path: Path | str,
+    *,
+    torn: bool = False,
+    accept: Callable[[dict[str, Any]], bool] | None = None,
+    max_line_bytes: int | None = None,
+    block: int = BACK_BLOCK_BYTES,
+) -> tuple[int, dict[str, Any] | None]:
+    """``(offset just past it, its value)`` of the last line of ``path`` that is a JSON object.
+
+    Reads backwards from the end, block by block, passing over blank, unparseable and
+    over-long lines (never held whole), and objects ``accept`` turns down. Only lines
+    that end with a newline count, unless ``torn`` (then an unterminated last line
+    counts too, if it parses). ``(0, None)`` when there is none or the file cannot be read.
+    """
+    limit = MAX_LINE_BYTES if max_line_bytes is None else max_line_bytes
+    try:
+        f = open(path, "rb")  # noqa: SIM115
+    except OSError:
+        return 0, None
+    with f:
+        size = f.seek(0, 2)
+        for end, raw, terminated in _backwards(f, size, block, limit):
+            if raw is None or not raw.strip() or not (terminated or torn):
+                continue
+            value = parse_line(raw)
+            if isinstance(value, dict) and (accept is None or accept(value)):
+                return end, value
+    return 0, None
+
+
+def tail_dicts(path: Path | str, max_bytes: int = BACK_BLOCK_BYTES) -> list[dict[str, Any]]:
+    """The JSON objects of the lines wholly inside the last ``max_bytes`` of a file, in order.
+
+    For a glance at a file's end (the runs overview): an unterminated last line is
+    included if it parses; unparseable lines are passed over.
+    """
+    out: list[dict[str, Any]] = []
+    try:
+        f = open(path, "rb")  # noqa: SIM115
+    except OSError:
+        return out
+    with f:
+        size = f.seek(0, 2)
+        for end, raw, terminated in _backwards(f, size, BACK_BLOCK_BYTES, max_bytes):
+            if raw is None:
+                break
+            start = end - terminated - len(raw)
+            if start < size - max_bytes:
+                break
+            value = parse_line(raw) if raw.strip() else None
+            if isinstance(value, dict):
+                out.append(value)
+    return out[::-1]
