@@ -327,6 +327,14 @@ class Ctx:
     def env(self) -> dict[str, str]:
         return dict(os.environ)
 
+    def save(self, check: Check) -> None:
+        """Write a check's result now (child_main writes it again when the step ends)."""
+        path = self.work / "results" / f"{check.name}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(check.to_dict(), indent=1, default=str))
+        tmp.replace(path)
+
 
 def say(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
@@ -944,7 +952,7 @@ def step_estimator(ctx: Ctx, check: Check) -> None:
                 }
             )
             continue
-        if ctx.left() < 25:
+        if ctx.left() < (45 if model == "3B" else 25):
             rows.append({"case": key, "status": "skipped", "reason": "time budget spent"})
             continue
         argv = [
@@ -999,6 +1007,15 @@ def step_estimator(ctx: Ctx, check: Check) -> None:
         say(
             f"estimate {key}: estimated {estimated / GiB:.2f} GiB, measured {measured / GiB:.2f} GiB ({error:+.1f}%)"
         )
+        # What was measured so far survives a kill at the time limit, marked as cut short.
+        partial = Check(check.name)
+        judge_estimates(ctx, partial, rows, device)
+        partial.expect("the step ran to its end", False, f"cut short after {len(rows)} of {len(cases)} cases")
+        ctx.save(partial)
+    judge_estimates(ctx, check, rows, device)
+
+
+def judge_estimates(ctx: Ctx, check: Check, rows: list[dict[str, Any]], device: str) -> None:
     check.figures["cases"] = rows
     measured_rows = [r for r in rows if r["status"] == "measured"]
     failed = [r for r in rows if r["status"] == "fail"]
