@@ -158,7 +158,7 @@ class Parent:
         if os.environ.get("PYTHONPATH"):
             paths.append(os.environ["PYTHONPATH"])
         cache = Path(os.environ.get("STEADYTUNE_CACHE") or self.work / "cache")
-        return {
+        env = {
             **os.environ,
             MARKER: self.token,
             "PYTHONPATH": os.pathsep.join(paths),
@@ -168,6 +168,9 @@ class Parent:
             "STEADYTUNE_CACHE": str(cache),
             "STEADYTUNE_DATA_CACHE": os.environ.get("STEADYTUNE_DATA_CACHE") or str(self.work / "data-cache"),
         }
+        if self.dry:
+            env["CUDA_VISIBLE_DEVICES"] = ""  # a dry run is a CPU run, on a GPU machine too
+        return env
 
     def cleanup(self) -> None:
         if self._cleaned:
