@@ -9,7 +9,7 @@ export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast lint bench clean
+.PHONY: demo test test-fast lint bench gpu-check gpu-check-dry gpu-wheels clean
 
 $(VENV): $(VENV)/.installed
 
@@ -33,8 +33,24 @@ test-fast: $(VENV)
 lint: $(VENV)
 	$(BIN)/ruff check src tests benchmarks
 
+# Helpers (_*.py) are not benchmarks; gpu_check.py needs a GPU and has its own targets.
 bench: $(VENV)
-	for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+	for b in benchmarks/*.py; do \
+	  case $$b in */_*|*/gpu_check.py) continue;; esac; \
+	  echo "== $$b"; $(BIN)/python $$b || exit 1; \
+	done
+
+# Every CUDA path on a real GPU, < 8 minutes (benchmarks/README.md). On a machine without this
+# .venv: python3 benchmarks/gpu_check.py --wheels gpu-wheels --out gpu-check
+gpu-check: $(VENV)
+	$(BIN)/python benchmarks/gpu_check.py --out gpu-check
+
+gpu-check-dry: $(VENV)
+	$(BIN)/python benchmarks/gpu_check.py --dry-run --out gpu-check-dry
+
+# Set PYVER to the GPU machine's Python (python3 -V there); WITH_BNB=1 adds bitsandbytes (large).
+gpu-wheels: $(VENV)
+	PYTHON=$(BIN)/python benchmarks/gpu_wheels.sh gpu-wheels
 
 clean:
 	rm -rf $(VENV) .pytest_cache test-artifacts

@@ -45,3 +45,24 @@ def demo_assets(cache_dir: Path) -> Path:
     from steadytune.train.assets import ensure_demo_assets
 
     return ensure_demo_assets(cache_dir)
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``gpu`` need a CUDA device: without one they are skipped, never failed.
+
+    torch is imported only when such a test was collected, so torch-free runs stay torch-free.
+    """
+    gpu = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu or _cuda_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (marker gpu)")
+    for item in gpu:
+        item.add_marker(skip)

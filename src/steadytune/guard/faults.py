@@ -17,6 +17,18 @@ class InjectedCrash(RuntimeError):
     """Raised by the ``crash_at_step`` fault."""
 
 
+_HOARD: list[object] = []  # what the leak fault keeps alive, for the life of the process
+
+
+def _leak(mib: float) -> None:
+    """Allocate ``mib`` MiB and never free it: device memory under CUDA, host memory otherwise."""
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    # ones, not empty: every page is written, so a host leak shows in RSS too.
+    _HOARD.append(torch.ones(int(mib * 2**20) // 4, dtype=torch.float32, device=device))
+
+
 @dataclass(frozen=True)
 class Faults:
     step_sleep_s: float = 0.0  # slow every step down, so a test can act mid-run
@@ -33,6 +45,7 @@ class Faults:
     lr_burst_factor: float = 1000.0
     lr_burst_steps: int = 3
     hang_at_step: int | None = None  # stop making progress after this step (the process stays alive)
+    leak_mib_per_step: float = 0.0  # keep this many MiB of tensors alive after every step (on the GPU if any)
     fault_attempts: int = 1  # faults fire while attempt < fault_attempts (1: first attempt only)
 
     @classmethod
@@ -60,6 +73,8 @@ class Faults:
             time.sleep(self.step_sleep_s)
         if not self.active(attempt):
             return
+        if self.leak_mib_per_step > 0:
+            _leak(self.leak_mib_per_step)
         if self.crash_at_step is not None and step == self.crash_at_step:
             raise InjectedCrash(f"injected crash at step {step}")
         if self.hang_at_step is not None and step == self.hang_at_step:

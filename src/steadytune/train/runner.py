@@ -170,7 +170,11 @@ class GuardedTrainer(Trainer):
             except Exception as exc:
                 if not is_oom(exc):
                     raise
-                self._recover_from_oom(model, inputs, exc)
+                # Only the text leaves this block: the exception's traceback holds the frames of the
+                # failed forward/backward, and with them its tensors, until the block ends. Recovering
+                # inside it would retry with that memory still taken (PyTorch's FAQ on OOM says so too).
+                error = f"{type(exc).__name__}: {exc}"
+            self._recover_from_oom(model, inputs, error)
         self.st_guard.add_microbatch(
             loss,
             tokens=tokens,
@@ -179,13 +183,13 @@ class GuardedTrainer(Trainer):
         )
         return loss
 
-    def _recover_from_oom(self, model: Any, inputs: dict[str, Any], exc: BaseException) -> None:
+    def _recover_from_oom(self, model: Any, inputs: dict[str, Any], error: str) -> None:
         size = int(inputs["input_ids"].shape[0])
         new_split = self.st_split * 2
         if new_split > self.st_max_split or self.st_split >= size:
             raise SplitExhausted(
-                f"out of memory even with the micro-batch split into {self.st_split} chunks: {exc}"
-            ) from exc
+                f"out of memory even with the micro-batch split into {self.st_split} chunks: {error}"
+            )
         free_memory()
         # The failed micro-batch may have left partial gradients: redo the whole step's
         # micro-batches so far, all split, so the update still equals the unsplit one.
@@ -200,7 +204,7 @@ class GuardedTrainer(Trainer):
             severity="warning",
             step=step,
             micro_batch_split=new_split,
-            error=str(exc)[:300],
+            error=error[:300],
         )
         for prev_inputs, prev_n in self._st_step_inputs[:-1]:
             self._run_chunks(model, prev_inputs, prev_n, self.st_split)

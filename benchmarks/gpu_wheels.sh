@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Download the wheels benchmarks/gpu_check.py needs on a GPU machine whose Python has torch,
+# transformers, peft, accelerate, nvidia-ml-py, psutil, rich, pyyaml (and pyarrow, pandas, xxhash,
+# fsspec for datasets) but not steadytune's other needs. Carry the folder there, then:
+#
+#     python benchmarks/gpu_check.py --wheels gpu-wheels --out gpu-check
+#
+# usage: benchmarks/gpu_wheels.sh [DIR]          (default DIR: gpu-wheels)
+#   PYVER=3.12     the GPU machine's Python (python3 -V there); pydantic-core and multiprocess
+#                  are built per Python version. Default: this Python's.
+#   PLATFORM=...   its platform tags (default: manylinux x86_64)
+#   WITH_BNB=1     also bitsandbytes, for the QLoRA rows of check 3 (a large binary wheel: leave it
+#                  out when the folder must stay small; the QLoRA rows are then reported as skipped)
+#   PYTHON=python3 the Python whose installed versions are pinned (the ones this checkout was tested
+#                  with); a package it lacks is fetched at its newest version.
+#
+# Only pure-Python wheels, plus pydantic-core (binary), and --no-deps: nothing else is pulled in.
+set -euo pipefail
+
+DIR=${1:-gpu-wheels}
+PYTHON=${PYTHON:-python3}
+PYVER=${PYVER:-$("$PYTHON" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')}
+PLATFORM=${PLATFORM:-"manylinux_2_28_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64"}
+
+# pydantic: the config; datasets (+ dill, multiprocess): the built-in runner's data path.
+PACKAGES="pydantic pydantic-core annotated-types typing-inspection typing-extensions datasets dill multiprocess"
+if [ "${WITH_BNB:-0}" = 1 ]; then
+    PACKAGES="$PACKAGES bitsandbytes"
+fi
+
+platform_args=()
+for p in $PLATFORM; do
+    platform_args+=(--platform "$p")
+done
+
+mkdir -p "$DIR"
+for name in $PACKAGES; do
+    version=$("$PYTHON" -c 'import importlib.metadata as m, sys
+try:
+    print(m.version(sys.argv[1]))
+except m.PackageNotFoundError:
+    pass' "$name")
+    spec=$name${version:+==$version}
+    echo "== $spec (Python $PYVER)"
+    "$PYTHON" -m pip download --quiet --no-deps --only-binary=:all: --python-version "$PYVER" \
+        --implementation cp "${platform_args[@]}" -d "$DIR" "$spec"
+done
+du -sh "$DIR"
+ls -1 "$DIR"
