@@ -125,17 +125,38 @@ def _field_description(owner: type[BaseModel] | None, name: str) -> str:
 
 def parse_override(text: str) -> tuple[list[str], Any]:
     """``train.max_steps=50`` -> (['train', 'max_steps'], 50). Values are YAML scalars/lists."""
-    if "=" not in text:
+    key, eq, value = text.partition("=")
+    parts = key.strip().split(".")
+    if not eq or not all(part.strip() for part in parts):
         raise ConfigError(
             [
                 ConfigIssue(
-                    text, text, "an override must look like key=value", "write e.g. train.max_steps=50"
+                    key.strip() or "(override)",
+                    text,
+                    "an override must look like key=value, with a dotted key such as train.max_steps",
+                    "write e.g. train.max_steps=50",
                 )
             ],
             "overrides",
         )
-    key, _, value = text.partition("=")
-    return key.strip().split("."), yaml.safe_load(value) if value.strip() else None
+    if not value.strip():
+        return parts, None
+    try:
+        return parts, yaml.safe_load(value)
+    except yaml.YAMLError as e:
+        # A value YAML cannot read (``x=@``, ``x=[``, a python tag) is the user's typo: name it.
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(
+            [
+                ConfigIssue(
+                    key.strip(),
+                    value,
+                    f"the value is not valid YAML ({problem})",
+                    f"quote it as a string, e.g. {key.strip()}='{value}', or write a number, true/false or [a, b]",
+                )
+            ],
+            "overrides",
+        ) from None
 
 
 def _resolve_short_key(path: list[str]) -> list[str]:
