@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from steadytune.supervise.external import check_external_checkpoint, parse_log_line
+from steadytune.checkpoint.external import check_external_checkpoint
+from steadytune.supervise.logparse import parse_log_line
 from steadytune.telemetry.events import read_events
 
 from .runs import STEADYTUNE, wait_for

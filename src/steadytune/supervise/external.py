@@ -10,9 +10,7 @@ argument pointing at the newest checkpoint that is complete.
 
 from __future__ import annotations
 
-import ast
 import json
-import re
 import signal
 import threading
 import time
@@ -22,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from steadytune.alerts.config import AlertsConfig
-from steadytune.checkpoint.manifest import MANIFEST, checkpoint_step, list_checkpoints, verify
+from steadytune.checkpoint.external import check_external_checkpoint, newest_complete
+from steadytune.checkpoint.manifest import checkpoint_step, list_checkpoints
 from steadytune.detect.config import DetectConfig
 from steadytune.detect.live import LiveDetector, format_transition
 from steadytune.policy.config import PolicyConfig
@@ -31,175 +30,21 @@ from steadytune.policy.plan import choose_rollback_checkpoint
 from steadytune.policy.restart import ExitInfo, decide
 from steadytune.records import Anomaly, PlanRevision, StepRecord, to_dict, to_json
 from steadytune.rundir import RunDir, atomic_write_text
-from steadytune.supervise.process import WorkerProcess
+from steadytune.supervise.logparse import (
+    as_number,
+    is_summary,
+    last_exception,
+    last_lines,
+    logging_steps_from,
+    parse_log_line,
+    train_bar,
+)
+from steadytune.supervise.process import ProcessTree, WorkerProcess
 from steadytune.supervise.progress import RunProgress
 from steadytune.telemetry.events import EventLog
 from steadytune.telemetry.jsonl import JsonlReader
 from steadytune.telemetry.sampler import SystemSampler
 from steadytune.telemetry.stream import JsonlWriter
-
-_LOG_DICT = re.compile(r"(\{[^{}]*'(?:loss|train_loss|eval_loss)'[^{}]*\})\s*$")
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
-# The Trainer's own progress bar has no description: "  25%|██▌       | 5/20 [00:00<00:00, 17.94it/s]".
-_TRAIN_BAR = re.compile(r"^\s*\d{1,3}%\|[^|]*\|\s*(\d+)/(\d+)\s*\[[^\]]*(?:it/s|s/it)")
-_WEIGHTS = ("model.safetensors", "adapter_model.safetensors", "pytorch_model.bin", "adapter_model.bin")
-
-
-def _segments(line: str) -> list[str]:
-    """What a terminal would show of each carriage-return-separated part, escape codes removed.
-
-    A tqdm bar rewrites its line with ``\r`` and no newline, so when stdout and stderr
-    share a pipe the next log dict lands at the end of the bar's line.
-    """
-    return [_ANSI.sub("", part) for part in line.replace("\r\n", "\n").split("\r")]
-
-
-def parse_log_line(line: str) -> dict[str, float] | None:
-    """An HF Trainer log dict printed on stdout, with numbers (v5 prints them as strings).
-
-    The dict may follow a progress bar on the same line (``...17.94it/s]\r{'loss': ...}``).
-    """
-    m = None
-    for part in reversed(_segments(line)):
-        m = _LOG_DICT.search(part)
-        if m:
-            break
-    if not m:
-        return None
-    try:
-        raw = ast.literal_eval(m.group(1))
-    except (ValueError, SyntaxError):
-        return None
-    out = {}
-    for k, v in raw.items():
-        try:
-            out[str(k)] = float(v)
-        except (TypeError, ValueError):
-            continue
-    return out or None
-
-
-_LOGGING_FLAG = re.compile(r"^--?logging[_-]steps(?:=(\d+))?$")
-_LOGGING_KV = re.compile(r"^logging_steps=(\d+)$")
-_LOGGING_YAML = re.compile(r"^\s*logging_steps\s*:\s*(\d+)\s*$", re.MULTILINE)
-
-
-def logging_steps_from(command: Sequence[str]) -> int | None:
-    """The logging interval a training command sets: ``--logging_steps N``, ``logging_steps=N``
-    (LLaMA-Factory overrides), or ``logging_steps: N`` in a YAML config it names."""
-    found = None
-    for i, part in enumerate(command):
-        m = _LOGGING_FLAG.match(part)
-        if m:
-            value = m.group(1) or (command[i + 1] if i + 1 < len(command) else "")
-            found = int(value) if value.isdigit() else found
-            continue
-        m = _LOGGING_KV.match(part)
-        if m:
-            found = int(m.group(1))
-        elif found is None and part.endswith((".yaml", ".yml")):
-            try:
-                ym = _LOGGING_YAML.search(Path(part).read_text(encoding="utf-8", errors="replace"))
-            except OSError:
-                ym = None
-            if ym:
-                found = int(ym.group(1))
-    return found if found and found > 0 else None
-
-
-def is_summary(values: dict[str, float]) -> bool:
-    """The Trainer's closing line (train_runtime, train_loss): a summary, not an optimizer step."""
-    return "train_runtime" in values or ("train_loss" in values and "loss" not in values)
-
-
-def train_bar(line: str) -> tuple[int, int] | None:
-    """(steps done, total steps) from the last reading of the Trainer's progress bar in a line."""
-    for part in reversed(_segments(line)):
-        m = _TRAIN_BAR.match(part)
-        if m:
-            return int(m.group(1)), int(m.group(2))
-    return None
-
-
-def safetensors_problem(path: Path) -> str | None:
-    """Why a safetensors file is not whole, or None: its header must parse and its size must be
-    exactly the header plus the end of the last tensor (a save killed midway leaves it short)."""
-    try:
-        size = path.stat().st_size
-        with open(path, "rb") as f:
-            n = int.from_bytes(f.read(8), "little")
-            if n <= 0 or n > size - 8:
-                return f"{path.name}: header length {n} does not fit in {size} bytes"
-            header = json.loads(f.read(n))
-    except (OSError, ValueError) as e:
-        return f"{path.name}: unreadable header ({type(e).__name__})"
-    ends = [
-        int(t["data_offsets"][1])
-        for k, t in header.items()
-        if k != "__metadata__" and isinstance(t, dict) and "data_offsets" in t
-    ]
-    expected = 8 + n + max(ends, default=0)
-    if size != expected:
-        return f"{path.name}: {size} bytes, the header describes {expected} (the file was cut short)"
-    return None
-
-
-def _shards(ckpt: Path) -> tuple[list[Path], str | None]:
-    """The shard files an index (``*.safetensors.index.json``) names, and a problem if one is missing."""
-    files: list[Path] = []
-    for index in ckpt.glob("*.safetensors.index.json"):
-        try:
-            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (OSError, ValueError, KeyError, AttributeError):
-            return [], f"{index.name} unreadable"
-        for name in names:
-            shard = ckpt / name
-            if Path(name).name != name or not shard.is_file():
-                return [], f"{index.name} names {name}, which is missing"
-            files.append(shard)
-    return files, None
-
-
-def check_external_checkpoint(ckpt: Path) -> tuple[bool, str]:
-    """Whether a checkpoint another tool wrote is complete enough to resume from.
-
-    With a steadytune manifest, the manifest decides. Otherwise: trainer_state.json
-    parses and names this step, and the weights file is there, non-empty and (for
-    safetensors) has a readable header — the checks that catch a save killed midway.
-    """
-    if (ckpt / MANIFEST).exists():
-        v = verify(ckpt)
-        return v.ok, v.reason
-    try:
-        state = json.loads((ckpt / "trainer_state.json").read_text())
-    except (OSError, ValueError):
-        return False, "trainer_state.json missing or unreadable (save did not finish)"
-    step = checkpoint_step(ckpt)
-    if step is not None and state.get("global_step") not in (None, step):
-        return False, f"trainer_state.json says step {state.get('global_step')}, folder says {step}"
-    weights = [ckpt / w for w in _WEIGHTS if (ckpt / w).exists()]
-    shards, problem = _shards(ckpt)
-    if problem:
-        return False, problem
-    shards += [p for p in ckpt.glob("model-*-of-*.safetensors") if p not in shards]
-    if not weights and not shards:
-        return False, "no model or adapter weights"
-    for w in [*weights, *shards]:
-        if w.stat().st_size == 0:
-            return False, f"{w.name} is empty"
-        if w.suffix == ".safetensors" and (why := safetensors_problem(w)):
-            return False, why
-    return True, ""
-
-
-def newest_complete(output_dir: Path) -> tuple[Path | None, list[tuple[Path, str]]]:
-    skipped = []
-    for ckpt in list_checkpoints(output_dir):
-        ok, reason = check_external_checkpoint(ckpt)
-        if ok:
-            return ckpt, skipped
-        skipped.append((ckpt, reason))
-    return None, skipped
 
 
 @dataclass
@@ -331,7 +176,7 @@ class ExternalSupervisor:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda signum, _frame: self.request_stop(signum))
 
-    def _stop(self, proc: WorkerProcess, tree: _Tree, reader: threading.Thread) -> int:
+    def _stop(self, proc: WorkerProcess, tree: ProcessTree, reader: threading.Thread) -> int:
         signum = self._stop_signal or signal.SIGTERM
         name = signal.Signals(signum).name
         self.events.emit(
@@ -468,7 +313,7 @@ class ExternalSupervisor:
         for row in self._log_reader.dicts():
             step = row.get("current_steps")
             values = {
-                k: _number(v)
+                k: as_number(v)
                 for k, v in row.items()
                 if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "current_steps"
             }
@@ -565,8 +410,8 @@ class ExternalSupervisor:
         if state == "failed" and proc is not None:
             # The cause itself, where to read more, and how the log ends: a stop that
             # says only "see the log" sends the user digging.
-            data = {"log": str(proc.log_path), "last_lines": _last_lines(tail)}
-            detail = f"\n  log: {proc.log_path}\n" + "\n".join(f"  | {ln}" for ln in _last_lines(tail))
+            data = {"log": str(proc.log_path), "last_lines": last_lines(tail)}
+            detail = f"\n  log: {proc.log_path}\n" + "\n".join(f"  | {ln}" for ln in last_lines(tail))
         self.events.emit(
             "lifecycle",
             f"run_{state}",
@@ -662,7 +507,7 @@ class ExternalSupervisor:
             reader = self._pipe(proc)
             started, hung_for = self.clock(), None
             last_sample = 0.0
-            tree = _Tree(proc)
+            tree = ProcessTree(proc)
             while proc.poll() is None and self.action is None:
                 if self._stop_signal is not None:
                     self._final_state = "stopped"
@@ -871,46 +716,6 @@ class ExternalSupervisor:
         )
 
 
-def _number(v: float) -> float | None:
-    """A JSON number as a float; one too large for a float (``1e400`` as an int) is not a value."""
-    try:
-        return float(v)
-    except OverflowError:
-        return None
-
-
-class _Tree:
-    """Every process the command started, remembered while it runs, so none outlives it."""
-
-    def __init__(self, proc: WorkerProcess) -> None:
-        self.proc = proc
-        self.seen: set[int] = {proc.pid}
-
-    def note(self) -> None:
-        self.seen.update(self.proc.tree_pids())
-
-    def reap(self, timeout: float = 10.0) -> list[int]:
-        """Kill the command's process group and anything seen in its tree; the pids that were still alive."""
-        import psutil
-
-        self.note()
-        alive = []
-        for pid in sorted(self.seen - {self.proc.pid}):
-            try:
-                alive.append(psutil.Process(pid))
-            except psutil.Error:
-                continue
-        self.proc.signal_tree(signal.SIGKILL)  # the session: the command and whatever stayed in it
-        for p in alive:
-            try:
-                p.kill()  # and those that left the session (setsid) but were its children
-            except psutil.Error:
-                pass
-        psutil.wait_procs(alive, timeout=timeout)
-        self.proc.wait(timeout)
-        return [p.pid for p in alive]
-
-
 def _interval_tokens(sup: ExternalSupervisor, total: float | None) -> int | None:
     """Tokens trained since the last record, from a cumulative count (TRL's num_tokens)."""
     if total is None:
@@ -923,28 +728,6 @@ def _interval_tokens(sup: ExternalSupervisor, total: float | None) -> int | None
 
 
 # Launchers re-raise their child's failure as their own: the child's error is the cause.
-_WRAPPERS = frozenset({"CalledProcessError", "ChildFailedError", "ProcessRaisedException"})
-_EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt))(?::\s*(.*))?$")
-
-
-def last_exception(tail: str) -> tuple[str, str] | None:
-    """(type, message) of the error a log ends with, looking through launcher wrappers."""
-    found: list[tuple[str, str]] = []
-    for line in tail.splitlines():
-        m = _EXC_LINE.match(line.strip())
-        if m:
-            found.append((m.group(1).rsplit(".", 1)[-1], (m.group(2) or "").strip()))
-    for name, message in reversed(found):
-        if name not in _WRAPPERS:
-            return name, message[:300]
-    return found[-1] if found else None
-
-
-def _last_lines(tail: str, n: int = 5) -> list[str]:
-    lines = [ln.rstrip() for ln in tail.replace("\r", "\n").splitlines() if ln.strip()]
-    return lines[-n:]
-
-
 def run_external(
     opts: ExternalOptions, run: RunDir, say: Callable[[str], None] = print, config: Any = None
 ) -> int:

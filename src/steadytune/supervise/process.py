@@ -125,3 +125,35 @@ class WorkerProcess:
                 return f.read().decode("utf-8", "replace")
         except OSError:
             return ""
+
+
+class ProcessTree:
+    """Every process the command started, remembered while it runs, so none outlives it."""
+
+    def __init__(self, proc: WorkerProcess) -> None:
+        self.proc = proc
+        self.seen: set[int] = {proc.pid}
+
+    def note(self) -> None:
+        self.seen.update(self.proc.tree_pids())
+
+    def reap(self, timeout: float = 10.0) -> list[int]:
+        """Kill the command's process group and anything seen in its tree; the pids that were still alive."""
+        import psutil
+
+        self.note()
+        alive = []
+        for pid in sorted(self.seen - {self.proc.pid}):
+            try:
+                alive.append(psutil.Process(pid))
+            except psutil.Error:
+                continue
+        self.proc.signal_tree(signal.SIGKILL)  # the session: the command and whatever stayed in it
+        for p in alive:
+            try:
+                p.kill()  # and those that left the session (setsid) but were its children
+            except psutil.Error:
+                pass
+        psutil.wait_procs(alive, timeout=timeout)
+        self.proc.wait(timeout)
+        return [p.pid for p in alive]

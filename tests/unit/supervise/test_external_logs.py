@@ -8,14 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from steadytune.supervise.external import (
-    check_external_checkpoint,
-    is_summary,
-    last_exception,
-    parse_log_line,
-    safetensors_problem,
-    train_bar,
-)
+from steadytune.checkpoint.external import check_external_checkpoint, safetensors_problem
+from steadytune.supervise.logparse import is_summary, last_exception, parse_log_line, train_bar
 
 # `trl sft` (TRL 1.16, transformers 5.24) with stdout and stderr in one pipe: the bar rewrites
 # its line with carriage returns, and the log dict lands at the end of it.
@@ -135,7 +129,7 @@ def test_the_cause_is_found_behind_a_launcher_wrapper() -> None:
 
 
 def test_the_logging_interval_is_read_from_the_command(tmp_path: Path) -> None:
-    from steadytune.supervise.external import logging_steps_from
+    from steadytune.supervise.logparse import logging_steps_from
 
     assert logging_steps_from(["trl", "sft", "--logging_steps", "5"]) == 5
     assert logging_steps_from(["python", "train.py", "--logging-steps=20"]) == 20
