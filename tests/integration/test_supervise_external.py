@@ -267,3 +267,27 @@ def test_lr_far_too_high_is_rolled_back_with_a_lower_lr_and_alerted(
         assert json.loads((run / "status.json").read_text())["state"] == "completed"
     finally:
         hook.close()
+
+
+def test_a_stopped_trainer_is_a_hang_its_stacks_are_dumped_and_it_restarts(
+    tmp_path: Path, demo_assets: Path
+) -> None:
+    out = tmp_path / "out"
+    cmd = [STEADYTUNE, "supervise", "--preset", "hf", "--output-dir", str(out), "--hang-floor", "6",
+           "--runs-dir", str(tmp_path / "runs"), "--run-id", "ext", "--", *_job(tmp_path, demo_assets, out, 60, 0.05)]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    run = tmp_path / "runs" / "ext"
+    wait_for(
+        lambda: (out / "checkpoint-20" / "trainer_state.json").exists(), timeout=180, what="checkpoint-20"
+    )
+    os.kill(json.loads((run / "status.json").read_text())["worker_pid"], signal.SIGSTOP)
+    stdout, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stdout
+    events = read_events(run / "events.jsonl")
+    names = [e.name for e in events]
+    assert names.index("stall") < names.index("stacks_dumped") < names.index("restart")
+    dump = Path(next(e for e in events if e.name == "stacks_dumped").data["file"])
+    text = dump.read_text()
+    assert "Fatal Python error" in text and "transformers/trainer.py" in text
+    assert next(e for e in events if e.name == "restart").data["classification"] == "hang"
+    assert names[-1] == "run_completed"

@@ -11,6 +11,7 @@ argument pointing at the newest checkpoint that is complete.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import threading
 import time
@@ -495,7 +496,13 @@ class ExternalSupervisor:
             proc = WorkerProcess(
                 cmd,
                 self.run.logs / f"worker-{self.attempt}.log",
-                env={"STEADYTUNE_ATTEMPT": str(self.attempt), "PYTHONUNBUFFERED": "1"},
+                # PYTHONFAULTHANDLER: a Python trainer prints every thread's stack on SIGABRT,
+                # which is how a hung one shows where it hangs.
+                env={
+                    "STEADYTUNE_ATTEMPT": str(self.attempt),
+                    "PYTHONUNBUFFERED": "1",
+                    "PYTHONFAULTHANDLER": "1",
+                },
                 pipe_stdout=True,
             )
             self.events.emit(
@@ -534,6 +541,7 @@ class ExternalSupervisor:
                         },
                     )
                     self.say(f"no progress for {hung_for:.0f}s: the job is hung; restarting it")
+                    self._dump_stacks(proc, tree)
                     break
                 time.sleep(0.2)
             # The command's whole tree goes before anything restarts: a launcher (trl, accelerate,
@@ -655,6 +663,52 @@ class ExternalSupervisor:
             restarts += 1
             self.attempt += 1
             self._intervals.clear()
+
+    def _dump_stacks(self, proc: WorkerProcess, tree: ProcessTree) -> None:
+        """The Python stacks of a hung command, into ``stacks/``, before it is killed.
+
+        Every Python process of the tree gets SIGCONT (a stopped one cannot answer) and then
+        SIGABRT, on which faulthandler (enabled by PYTHONFAULTHANDLER) prints all threads.
+        """
+        import psutil
+
+        tree.note()
+        pids = []
+        for pid in sorted(tree.seen):
+            try:
+                if "python" in psutil.Process(pid).name().lower():
+                    pids.append(pid)
+            except psutil.Error:
+                continue
+        start = proc.log_path.stat().st_size if proc.log_path.exists() else 0
+        for pid in pids:
+            for sig in (signal.SIGCONT, signal.SIGABRT):
+                try:
+                    os.kill(pid, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        deadline = self.clock() + 5.0
+        while self.clock() < deadline and any(psutil.pid_exists(p) for p in pids):
+            time.sleep(0.1)
+        time.sleep(0.5)  # the pipe's last lines reach the log
+        try:
+            with open(proc.log_path, "rb") as f:
+                f.seek(start)
+                text = f.read().decode("utf-8", "replace")
+        except OSError:
+            text = ""
+        if "Fatal Python error" not in text and 'File "' not in text:
+            return
+        self.run.stacks.mkdir(parents=True, exist_ok=True)
+        out = self.run.stacks / f"attempt-{self.attempt}.txt"
+        out.write_text(text)
+        self.events.emit(
+            "action",
+            "stacks_dumped",
+            f"Python stacks of {len(pids)} process(es) of the hung job written to {out}",
+            step=self.progress.step,
+            data={"pids": pids, "file": str(out)},
+        )
 
     def _restart_detection(self, checkpoint: Path | None) -> None:
         """The abandoned timeline's anomalies end here; detection resumes from the checkpoint's history."""
