@@ -116,6 +116,7 @@ class ExternalSupervisor:
         self._rows: dict[int, dict[str, float]] = {}  # trainer_log.jsonl rows waiting for their dict
         self._recorded: set[int] = set()  # steps recorded in this attempt
         self._dicts_seen = False  # the tool prints log dicts beside its trainer_log.jsonl
+        self._expect: dict[str, float] | None = None  # what the first record after a resume should show
         self._log_reader: JsonlReader | None = None
         self._last_logged_step = 0
         self._stop_signal: int | None = None
@@ -253,6 +254,9 @@ class ExternalSupervisor:
             self.telemetry.write(rec)
             if "loss" in values:
                 self._recorded.add(step)
+                if self._expect is not None:
+                    self._check_resume(step, values, self._expect)
+                    self._expect = None
             self.progress.add(rec)
             for obs in self.observers:
                 obs.on_record(rec)
@@ -664,6 +668,37 @@ class ExternalSupervisor:
             self.attempt += 1
             self._intervals.clear()
 
+    def _check_resume(self, step: int, values: dict[str, float], expect: dict[str, float]) -> None:
+        """The first record after a resume continues the checkpoint: its epoch, its step, its loss.
+
+        A tool that ignored the resume argument starts over from epoch 0; one that resumed
+        from elsewhere jumps; either way the run is not what the plan says.
+        """
+        problems = []
+        epoch, exp_epoch = values.get("epoch"), expect.get("epoch")
+        if epoch is not None and exp_epoch and epoch < 0.5 * exp_epoch:
+            problems.append(
+                f"epoch {epoch:g} where checkpoint-{int(expect['step'])} was at epoch {exp_epoch:g}"
+            )
+        if self._step_source_is_real() and step <= expect["step"]:
+            problems.append(f"step {step}, not after the checkpoint's step {int(expect['step'])}")
+        loss, exp_loss = values.get("loss"), expect.get("loss")
+        if loss is not None and exp_loss and loss > 2.5 * exp_loss and loss - exp_loss > 0.5:
+            problems.append(f"loss {loss:.4g} where the curve was at {exp_loss:.4g}: it does not continue")
+        if problems:
+            self.events.emit(
+                "anomaly",
+                "resume_mismatch",
+                f"the run did not resume from checkpoint-{int(expect['step'])}: " + "; ".join(problems),
+                severity="critical" if len(problems) > 1 or "epoch" in problems[0] else "warning",
+                step=step,
+                data={"expected": expect, "got": {"step": step, **values}},
+            )
+
+    def _step_source_is_real(self) -> bool:
+        """Steps come from the tool's own counter (trainer_log.jsonl), not from counting its log lines."""
+        return self.opts.output_dir is not None and (self.opts.output_dir / "trainer_log.jsonl").exists()
+
     def _dump_stacks(self, proc: WorkerProcess, tree: ProcessTree) -> None:
         """The Python stacks of a hung command, into ``stacks/``, before it is killed.
 
@@ -727,6 +762,7 @@ class ExternalSupervisor:
         self._recorded.clear()
         self._printed.clear()
         self.detector = replay_detector(self.run, self.detector.config, step or 0)
+        self._expect = resume_expectation(checkpoint) if checkpoint is not None else None
         if checkpoint is not None:
             self._resume_counter(checkpoint)
         else:
@@ -782,6 +818,24 @@ def _interval_tokens(sup: ExternalSupervisor, total: float | None) -> int | None
 
 
 # Launchers re-raise their child's failure as their own: the child's error is the cause.
+def resume_expectation(checkpoint: Path) -> dict[str, float] | None:
+    """Step, epoch, loss and LR of the last log entry a checkpoint's trainer_state.json holds."""
+    try:
+        state = json.loads((checkpoint / "trainer_state.json").read_text())
+    except (OSError, ValueError):
+        return None
+    step = state.get("global_step") or checkpoint_step(checkpoint)
+    logged = [e for e in state.get("log_history") or [] if isinstance(e, dict) and "loss" in e]
+    last = logged[-1] if logged else {}
+    out = {
+        "step": float(step or 0),
+        "epoch": state.get("epoch") or last.get("epoch"),
+        "loss": last.get("loss"),
+    }
+    out["lr"] = last.get("learning_rate")
+    return {k: float(v) for k, v in out.items() if isinstance(v, (int, float))}
+
+
 def run_external(
     opts: ExternalOptions, run: RunDir, say: Callable[[str], None] = print, config: Any = None
 ) -> int:

@@ -10,6 +10,7 @@ import pytest
 
 from steadytune.checkpoint.external import check_external_checkpoint, safetensors_problem
 from steadytune.supervise.logparse import is_summary, last_exception, parse_log_line, train_bar
+from steadytune.telemetry.stream import iter_records
 
 # `trl sft` (TRL 1.16, transformers 5.24) with stdout and stderr in one pipe: the bar rewrites
 # its line with carriage returns, and the log dict lands at the end of it.
@@ -138,3 +139,47 @@ def test_the_logging_interval_is_read_from_the_command(tmp_path: Path) -> None:
     assert logging_steps_from(["llamafactory-cli", "train", str(cfg)]) == 7
     assert logging_steps_from(["llamafactory-cli", "train", str(cfg), "logging_steps=3"]) == 3
     assert logging_steps_from(["python", "train.py"]) is None
+
+
+def _supervisor(tmp_path: Path):
+    from steadytune.rundir import RunDir
+    from steadytune.supervise.external import ExternalOptions, ExternalSupervisor
+
+    opts = ExternalOptions(
+        command=["python", "train.py", "--logging_steps", "10"], output_dir=tmp_path / "out"
+    )
+    return ExternalSupervisor(opts, RunDir(tmp_path / "run"), say=lambda s: None, observers=[])
+
+
+def _resumable(tmp_path: Path) -> Path:
+    ck = tmp_path / "out" / "checkpoint-40"
+    ck.mkdir(parents=True)
+    history = [
+        {"step": s, "loss": 2.0 - s / 100, "epoch": s / 20, "learning_rate": 1e-4} for s in (10, 20, 30, 40)
+    ]
+    (ck / "trainer_state.json").write_text(
+        json.dumps({"global_step": 40, "epoch": 2.0, "log_history": history})
+    )
+    return ck
+
+
+@pytest.mark.parametrize(
+    "first, mismatch",
+    [
+        ({"loss": 1.58, "epoch": 2.5}, None),  # continues: epoch and loss follow the checkpoint
+        ({"loss": 6.9, "epoch": 0.5}, "critical"),  # started over: epoch 0.5, the untrained loss
+        ({"loss": 4.2, "epoch": 2.5}, "warning"),  # the right place, but the curve jumped
+    ],
+)
+def test_the_first_record_after_a_resume_must_continue_the_checkpoint(
+    tmp_path: Path, first: dict, mismatch: str | None
+) -> None:
+    from steadytune.telemetry.events import read_events
+
+    sup = _supervisor(tmp_path)
+    sup._restart_detection(_resumable(tmp_path))
+    sup.on_stdout(repr({k: str(v) for k, v in first.items()}) + "\n")
+    found = [e for e in read_events(sup.run.events) if e.name == "resume_mismatch"]
+    assert [e.severity for e in found] == ([mismatch] if mismatch else [])
+    recs = [r.step for r in iter_records(sup.run.telemetry(0)) if getattr(r, "loss", None) is not None]
+    assert recs == [50]  # counted on from the checkpoint's step by its logging interval
