@@ -1,6 +1,6 @@
 """Soak: a real supervised run with its dashboard under load, beside the same run without it.
 
-    python benchmarks/soak.py [--steps 600] [--sse 50] [--idle 200] [--scrape-hz 10]
+    python benchmarks/soak.py [--steps 600] [--sse 50] [--idle 200] [--scrape-hz 10] [--no-disk-full]
 
 Runs the demo fine-tune twice through `steadytune run --dashboard` (the dashboard
 serves from inside the supervisor): once alone, once while, on loopback only,
@@ -18,6 +18,12 @@ with the run (and after ``--max-s`` at the latest). Printed side by side:
 
 The dashboard limits are raised here (max_streams 64, max_connections 320) so that
 the whole load is admitted; with the defaults (16 / 64) the excess is refused at once.
+
+A second scenario fills the disk: the run directory sits on a small tmpfs, and once
+the first checkpoint is there a file takes all but a few MiB. The next save must be
+refused with a clear event, no checkpoint without its manifest may be trusted (or
+pointed to), and the run goes on, pauses or stops as ``policy.rules.disk_low`` says
+(here: the default, alert, and stop). It needs root for the mount, else it says why.
 """
 
 from __future__ import annotations
@@ -211,6 +217,65 @@ def _lost(run: Path) -> tuple[int, int, int, int]:
     return steps, db_steps, events, db_events
 
 
+def _disk_full(assets: Path, tmp: Path, steps: int, action: str) -> str:
+    """One run on a tmpfs that fills after its first checkpoint; a line saying what happened."""
+    mnt = tmp / f"small-{action}"
+    mnt.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(mnt)], capture_output=True, text=True
+    )
+    if mounted.returncode != 0:
+        return f"skipped: cannot mount a tmpfs here ({mounted.stderr.strip() or mounted.returncode})"
+    try:
+        cfg = _config(assets, mnt / "runs", steps)
+        cfg["train"].update({"save_steps": max(5, steps // 6), "logging_steps": 1})
+        cfg["dashboard"] = {"enabled": False}
+        cfg["run"]["min_free_disk_bytes"] = 16 << 20
+        if action != "alert":
+            cfg["policy"] = {"rules": {"disk_low": {"action": action}}}
+        cfg_path = tmp / f"disk-{action}.yaml"
+        cfg_path.write_text(yaml.safe_dump(cfg))
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+        exe = Path(sys.executable).with_name("steadytune")
+        proc = subprocess.Popen([str(exe), "run", str(cfg_path), "--skip-check"], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, env=env)  # fmt: skip
+        deadline = time.monotonic() + 300
+        filled = False
+        while proc.poll() is None and time.monotonic() < deadline:
+            ckpts = list((mnt / "runs").glob("*/checkpoints/checkpoint-*/MANIFEST.json"))
+            if ckpts and not filled:
+                free = os.statvfs(mnt).f_bavail * os.statvfs(mnt).f_frsize
+                with open(mnt / "filler", "wb") as f:
+                    f.truncate(0)
+                    f.write(b"\0" * max(0, free - (4 << 20)))  # leave 4 MiB: less than a save needs
+                filled = True
+            time.sleep(0.2)
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+        run = next((mnt / "runs").glob("*/events.jsonl")).parent
+        events = [
+            json.loads(line) for line in (run / "events.jsonl").read_text().splitlines() if line.strip()
+        ]
+        refused = [e for e in events if e.get("name") == "disk_low"]
+        ckpts = sorted((run / "checkpoints").glob("checkpoint-*"))
+        untrusted = [c.name for c in ckpts if not (c / "MANIFEST.json").exists()]
+        latest = (
+            (run / "checkpoints" / "LATEST").read_text().strip()
+            if (run / "checkpoints" / "LATEST").exists()
+            else None
+        )
+        status = json.loads((run / "status.json").read_text())
+        msg = refused[0]["message"] if refused else "no disk_low event"
+        return (
+            f"policy {action}: {len(refused)} save(s) refused ({msg[:90]}); checkpoints {[c.name for c in ckpts]}, "
+            f"without manifest {untrusted or 'none'}, LATEST -> {latest}; run {status.get('state')} at step "
+            f"{status.get('step')}, exit {proc.returncode}"
+        )
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=600)
@@ -218,6 +283,7 @@ def main() -> int:
     ap.add_argument("--idle", type=int, default=200)
     ap.add_argument("--scrape-hz", type=float, default=10.0)
     ap.add_argument("--max-s", type=float, default=300.0, help="stop a run (and its load) after this long")
+    ap.add_argument("--no-disk-full", action="store_true", help="skip the full-disk scenario")
     args = ap.parse_args()
     sys.path.insert(0, str(REPO / "src"))
     from steadytune.train.assets import ensure_demo_assets
@@ -264,6 +330,10 @@ def main() -> int:
             seen = [len(s) for s, st in zip(ld.stream_events, ld.stream_status, strict=False) if st == 200]
             if seen:
                 print(f"events seen by each served stream: min {min(seen)}, max {max(seen)} of {events}")
+        if not args.no_disk_full:
+            print("\ndisk full during the run (tmpfs of 48 MiB, filled after the first checkpoint):")
+            for action in ("alert", "stop"):
+                print("  " + _disk_full(assets, tmp_path, 120, action))
     return 0
 
 
