@@ -6,14 +6,13 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
-import threading
 import time
 import urllib.request
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from tests.servers import Hook
 
 from conftest import require
 from steadytune.alerts.config import AlertsConfig
@@ -30,45 +29,9 @@ HOOK_SECRET = "T0000/B0000/XyZwebhookSECRET123"
 SMTP_PASSWORD = "correct-horse-SMTP-secret-77"
 
 
-class Hook:
-    """A local webhook receiver that records JSON bodies."""
-
-    def __init__(self) -> None:
-        self.bodies: list[dict] = []
-        self.paths: list[str] = []
-        self.fail_first = 0
-        hook = self
-
-        class H(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                if hook.fail_first > 0:
-                    hook.fail_first -= 1
-                    self.send_response(503)
-                    self.end_headers()
-                    return
-                hook.paths.append(self.path)
-                hook.bodies.append(json.loads(body))
-                self.send_response(200)
-                self.send_header("Content-Length", "2")
-                self.end_headers()
-                self.wfile.write(b"ok")
-
-            def log_message(self, *a: object) -> None:
-                return
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/services/{HOOK_SECRET}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @pytest.fixture
 def hook() -> Iterator[Hook]:
-    h = Hook()
+    h = Hook(path=f"/services/{HOOK_SECRET}")
     yield h
     h.close()
 
