@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,10 @@ import yaml
 from steadytune.records import StepRecord
 from steadytune.rundir import RunDir
 from steadytune.telemetry.stream import iter_records
+from tests.waiting import wait_for
+
+__all__ = ["STEADYTUNE", "finish", "kill_worker", "run_dir", "start_run", "status", "steps", "wait_for",
+           "write_config"]  # fmt: skip
 
 STEADYTUNE = str(Path(sys.executable).parent / "steadytune")
 
@@ -72,16 +75,6 @@ def status(run: RunDir) -> dict[str, Any]:
 
 def steps(run: RunDir, rank: int = 0) -> list[StepRecord]:
     return [r for r in iter_records(run.telemetry(rank)) if isinstance(r, StepRecord) and not r.extra.get("eval")]
-
-
-def wait_for(predicate: Any, timeout: float = 120, what: str = "condition") -> Any:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def kill_worker(run: RunDir, sig: int = signal.SIGKILL) -> int:
