@@ -17,7 +17,7 @@ from steadytune.rundir import RunDir
 from steadytune.telemetry.stream import iter_records
 from tests.waiting import wait_for
 
-__all__ = ["STEADYTUNE", "finish", "kill_worker", "run_dir", "start_run", "status", "steps", "wait_for",
+__all__ = ["STEADYTUNE", "finish", "kill_worker", "run_dir", "running", "start_run", "status", "steps", "wait_for",
            "write_config"]  # fmt: skip
 
 STEADYTUNE = str(Path(sys.executable).parent / "steadytune")
@@ -60,6 +60,14 @@ def start_run(config: Path, run_id: str, faults: dict | None = None, extra_args:
 def finish(proc: subprocess.Popen, timeout: float = 240) -> tuple[int, str]:
     out, _ = proc.communicate(timeout=timeout)
     return proc.returncode, out
+
+
+def running(proc: subprocess.Popen) -> bool:
+    """True while ``proc`` runs; once it has ended, fails with its output (a wait for it is over)."""
+    if proc.poll() is None:
+        return True
+    out = proc.stdout.read() if proc.stdout else ""
+    raise AssertionError(f"the run exited ({proc.returncode}) while the test waited on it:\n{out[-3000:]}")
 
 
 def run_dir(config: Path, run_id: str) -> RunDir:
