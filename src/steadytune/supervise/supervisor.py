@@ -754,9 +754,10 @@ class Supervisor:
             "done": decision.classification,
             "stop": "stopped" if decision.classification == "user_interrupt" else "failed",
         }[decision.action]
+        # Set before update_last_good: a completed run's last checkpoint needs no healthy window after it.
+        self.state = state
         if state == "completed":
             self.update_last_good()
-        self.state = state
         severity = "info" if state in {"completed", "stopped", "paused"} else "critical"
         self.emit(
             "lifecycle",

@@ -13,7 +13,7 @@ import pytest
 from steadytune.checkpoint.store import read_pointer, write_pointer
 from steadytune.config.load import validate_dict
 from steadytune.detect.live import Transition
-from steadytune.policy.restart import decide
+from steadytune.policy.restart import Decision, ExitInfo, decide
 from steadytune.records import Anomaly, StepRecord
 from steadytune.rundir import RunDir
 from steadytune.supervise.process import WorkerProcess
@@ -84,8 +84,10 @@ def test_last_good_on_completion_and_never_a_missing_directory(tmp_path: Path) -
     sup.update_last_good()
     assert read_pointer(sup.run.last_good_pointer).name == "checkpoint-10"
     checkpoint(sup, 25)
-    sup.state = "completed"  # the last checkpoint of a completed run needs no window after it
-    sup.update_last_good()
+    # The run completes at step 25: its last checkpoint needs no window after it.
+    sup.finish(
+        Decision("done", "completed", "worker completed at step 25"), ExitInfo(0, "completed", step=25), 0.0
+    )
     assert read_pointer(sup.run.last_good_pointer).name == "checkpoint-25"
 
 
