@@ -97,9 +97,9 @@ def test_rollback_skips_its_samples_for_good_and_keeps_the_order(tmp_path: Path,
 
 MULTI_EPOCH_BUG = (
     "the HF Trainer places a resumed run by global_step // len(dataloader), and the skip list shortens the "
-    "epoch: resuming from step 16 of 12-step epochs after 24 skips (6-step epochs) lands in epoch 2 instead "
-    "of 4 batches into epoch 1, so the rest of epoch 1, never skipped, is silently never trained (a fix in "
-    "the sampler/resume is a separate change)"
+    "epoch: a resume from step 16 (4 batches into the second 12-step epoch) is placed by the shorter epoch, "
+    "too far into epoch 1 or in epoch 2 (24 skips: 6-step epochs, 16 = 2 x 6 + 4), so samples of epoch 1 "
+    "that were never skipped are silently never trained (fixing the sampler/resume is a separate change)"
 )
 
 
