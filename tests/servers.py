@@ -14,11 +14,17 @@ class Hook:
         self.bodies: list[dict] = []
         self.paths: list[str] = []
         self.fail_first = 0
+        self.release = threading.Event()  # cleared: every POST is held until the test sets it
+        self.release.set()
+        self.held = threading.Event()  # set once a POST is waiting on ``release``
         hook = self
 
         class H(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
+                if not hook.release.is_set():
+                    hook.held.set()
+                    hook.release.wait(60)
                 if hook.fail_first > 0:
                     hook.fail_first -= 1
                     self.send_response(503)

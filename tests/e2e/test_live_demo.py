@@ -53,7 +53,8 @@ class Demo:
                                      start_new_session=True)  # fmt: skip
         self.lines: list[str] = []
         self._q: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=self._read, name="demo-stdout", daemon=True).start()
+        self.reader = threading.Thread(target=self._read, name="demo-stdout", daemon=True)
+        self.reader.start()
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
@@ -147,7 +148,8 @@ def test_live_demo_dashboard_in_browser(chromium: tuple[str, str], demo: Demo, a
         rc = demo.proc.wait(timeout=180)
     except subprocess.TimeoutExpired:
         pytest.fail(f"the demo did not stop within 180 s of SIGINT; output:\n{demo.output}")
-    time.sleep(0.2)  # let the reader thread take the last lines
+    demo.reader.join(30)  # the output ends with the process: the reader has taken the last lines
+    assert not demo.reader.is_alive(), demo.output
     assert rc == 0, demo.output
     assert re.search(r"^\s*state\s+stopped", "\n".join(demo.lines), re.M), demo.output
     status = json.loads(

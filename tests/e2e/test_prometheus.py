@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from live_run import LiveRun
+from tests.waiting import wait_for
 
 from steadytune.records import StepRecord
 from steadytune.rundir import RunDir, atomic_write_text
@@ -38,6 +39,11 @@ def _finished_run(runs_dir: Path) -> None:
                                               "max_steps": 19, "updated_ts": time.time()}))  # fmt: skip
 
 
+def _metrics(dashboard: DashboardHandle) -> bytes:
+    with urllib.request.urlopen(dashboard.url + "metrics", timeout=5) as r:
+        return r.read()
+
+
 def _query(port: int, expr: str) -> list[dict]:
     url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
     with urllib.request.urlopen(url, timeout=5) as r:
@@ -53,7 +59,9 @@ def test_prometheus_scrapes_the_runs_loss(
 ) -> None:
     prometheus, _ = prometheus_bins
     _finished_run(runs_dir)
-    time.sleep(1.5)
+    # Both runs are on the exposition before Prometheus starts scraping it.
+    wait_for(lambda: b'steadytune_loss{run="done-run"}' in _metrics(dashboard) and live_run.step > 0,
+             timeout=60, what="both runs on /metrics")  # fmt: skip
     port = _free_port()
     config = tmp_path / "prometheus.yml"
     config.write_text(
@@ -68,17 +76,14 @@ def test_prometheus_scrapes_the_runs_loss(
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 60
-        result: list[dict] = []
-        while time.monotonic() < deadline:
+
+        def stored() -> list[dict]:
             try:
-                result = _query(port, 'steadytune_loss{run="done-run"}')
-                if result:
-                    break
-            except OSError:
-                pass
-            time.sleep(0.5)
-        assert result, "Prometheus never stored steadytune_loss for done-run"
+                return _query(port, 'steadytune_loss{run="done-run"}')
+            except OSError:  # Prometheus is still starting
+                return []
+
+        result = wait_for(stored, timeout=60, interval=0.5, what="Prometheus to store steadytune_loss for done-run")
         assert float(result[0]["value"][1]) == pytest.approx(0.69)
         live = _query(port, 'steadytune_step{run="live-run"}')
         assert live and float(live[0]["value"][1]) > 0
@@ -93,11 +98,16 @@ def test_promtool_check_metrics_on_the_exposition(
     prometheus_bins: tuple[str, str], live_run: LiveRun, dashboard: DashboardHandle
 ) -> None:
     _, promtool = prometheus_bins
-    time.sleep(2.5)  # a system sample, an anomaly and its resolution
-    with urllib.request.urlopen(dashboard.url + "metrics", timeout=5) as r:
-        assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
-        text = r.read()
-    assert b"steadytune_gpu_temperature_celsius" in text and b"steadytune_anomalies_total" in text
+    # A system sample (every 10 steps), an anomaly (step 20) and its resolution (step 30).
+    wait_for(lambda: live_run.step > 30, timeout=60, what="the live run past step 30")
+
+    def exposition() -> bytes | None:
+        with urllib.request.urlopen(dashboard.url + "metrics", timeout=5) as r:
+            assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+            text = r.read()
+        return text if b"steadytune_gpu_temperature_celsius" in text and b"steadytune_anomalies_total" in text else None
+
+    text = wait_for(exposition, timeout=60, what="the system sample and the anomaly on /metrics")
     check = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, timeout=30)
     assert check.returncode == 0, check.stdout.decode() + check.stderr.decode()
     assert check.stdout.strip() == b"" and check.stderr.strip() == b"", "promtool lint findings"

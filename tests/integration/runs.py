@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,10 @@ import yaml
 from steadytune.records import StepRecord
 from steadytune.rundir import RunDir
 from steadytune.telemetry.stream import iter_records
+from tests.waiting import wait_for
+
+__all__ = ["STEADYTUNE", "finish", "kill_worker", "run_dir", "running", "start_run", "status", "steps", "wait_for",
+           "write_config"]  # fmt: skip
 
 STEADYTUNE = str(Path(sys.executable).parent / "steadytune")
 
@@ -80,6 +83,14 @@ def finish(proc: subprocess.Popen, timeout: float = 240) -> tuple[int, str]:
     return proc.returncode, out
 
 
+def running(proc: subprocess.Popen) -> bool:
+    """True while ``proc`` runs; once it has ended, fails with its output (a wait for it is over)."""
+    if proc.poll() is None:
+        return True
+    out = proc.stdout.read() if proc.stdout else ""
+    raise AssertionError(f"the run exited ({proc.returncode}) while the test waited on it:\n{out[-3000:]}")
+
+
 def run_dir(config: Path, run_id: str) -> RunDir:
     return RunDir(config.parent / "runs" / run_id)
 
@@ -95,16 +106,6 @@ def steps(run: RunDir, rank: int = 0) -> list[StepRecord]:
     return [
         r for r in iter_records(run.telemetry(rank)) if isinstance(r, StepRecord) and not r.extra.get("eval")
     ]
-
-
-def wait_for(predicate: Any, timeout: float = 120, what: str = "condition") -> Any:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def kill_worker(run: RunDir, sig: int = signal.SIGKILL) -> int:

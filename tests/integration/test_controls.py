@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
 from steadytune.checkpoint.manifest import verify
+from steadytune.records import Heartbeat
 from steadytune.telemetry.events import read_events
+from steadytune.telemetry.stream import iter_records
 
 from .runs import STEADYTUNE, finish, run_dir, start_run, status, steps, wait_for, write_config
 
@@ -18,6 +19,10 @@ pytestmark = pytest.mark.slow
 
 def ctl(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([STEADYTUNE, *args], capture_output=True, text=True, timeout=180)
+
+
+def paused_beats(run) -> list[Heartbeat]:
+    return [r for r in iter_records(run.telemetry(0)) if isinstance(r, Heartbeat) and r.phase == "paused"]
 
 
 def test_checkpoint_pause_resume_stop(tmp_path: Path, demo_assets: Path) -> None:
@@ -36,9 +41,11 @@ def test_checkpoint_pause_resume_stop(tmp_path: Path, demo_assets: Path) -> None
     )  # on CPU the worker says there is nothing to dump
 
     assert ctl("pause", str(run.root), "--hold").returncode == 0
-    time.sleep(1.0)
+    beats = wait_for(lambda: paused_beats(run), what="the worker holding in memory")
     held = steps(run)[-1].step
-    time.sleep(2.0)
+    assert beats[0].step == held
+    # The next periodic heartbeat (every 5 s) comes from the same, still-holding worker: alive, no step since.
+    wait_for(lambda: len(paused_beats(run)) >= 2, timeout=60, what="a second heartbeat while held")
     assert steps(run)[-1].step == held  # the worker is holding at a step boundary
     assert ctl("resume", str(run.root)).returncode == 0
     wait_for(lambda: steps(run)[-1].step > held, what="progress after resume")

@@ -33,6 +33,59 @@ def clean_loss(base: dict, tmp_path_factory: pytest.TempPathFactory) -> float:
     return loss
 
 
+def check_detection_then_action(kind: str, spec, events: list) -> None:
+    """What noticed the fault and what was done about it, as separate events: the detection at the step the
+    fault shows, then the action, once (the drill's report counts an action as a detection too)."""
+    at = spec.at_step
+    anomalies = [e for e in events if e.kind == "anomaly" and e.severity in {"warning", "critical"}]
+    acts = [e for e in events if e.kind == "action"]
+    decided = [e for e in acts if e.name in spec.act and e.data.get("anomaly")]  # the policy acting on one
+    restarts = [e for e in acts if e.name == "restart" and "classification" in e.data]  # a worker restarted
+    if kind == "nan":
+        # The guard skips the update in the worker as the step happens; the supervisor's detector then
+        # raises on that step's record. Both name the poisoned step; nothing is restarted.
+        (nan,) = [e for e in anomalies if e.name == "nan_loss"]
+        (skip,) = [e for e in acts if e.name == "skip_step"]
+        assert nan.step == skip.step == at and not restarts
+        return
+    if kind == "oom":
+        # The out-of-memory error itself is the detection: the action records it, at the step it hit.
+        (split,) = [e for e in acts if e.name == "reduce_microbatch"]
+        assert (
+            split.step == at
+            and "out of memory" in split.data["error"]
+            and split.data["micro_batch_split"] == 2
+        )
+        assert not anomalies and not restarts
+        return
+    (restart,) = restarts  # one restart for one fault
+    if kind == "kill":
+        # A SIGKILL leaves no anomaly: the supervisor sees the worker die and restarts it.
+        assert restart.data == {"classification": "killed", "returncode": -9} and at <= restart.step <= at + 5
+        assert not anomalies and not decided
+        return
+    expected = {
+        "spike": (
+            {"loss_spike", "divergence", "grad_explosion", "grad_spike"},
+            at + 1,
+        ),  # the first loss after
+        "hang": ({"stall"}, at),  # the last step the hung worker finished
+        "kill-during-save": ({"checkpoint_corrupt"}, at),  # the torn checkpoint's step
+        "corrupt-checkpoint": ({"checkpoint_corrupt"}, at),
+    }
+    names, step = expected[kind]
+    first = next(e for e in anomalies if e.name in names)
+    assert first.step == step, (first.name, first.step, step)
+    if kind in {
+        "spike",
+        "hang",
+    }:  # the supervisor stops the worker on purpose: one decision, after the anomaly
+        assert [e.name for e in decided] == list(spec.act), [(e.name, e.step, e.message) for e in decided]
+        assert first.seq < decided[0].seq < restart.seq and decided[0].step >= first.step
+    else:  # a crash: the bad checkpoint is found while planning the restart, and skipped
+        assert not decided and first.seq < restart.seq
+
+
 FAULTS = ["nan", "oom", "spike", "kill", "kill-during-save", "hang", "corrupt-checkpoint"]
 
 
@@ -54,6 +107,7 @@ def test_fault_is_detected_and_recovered(kind: str, base: dict, clean_loss: floa
         for r in iter_records(result.run.telemetry(0))
         if isinstance(r, StepRecord) and not r.extra.get("eval")
     ]
+    check_detection_then_action(kind, spec, read_events(result.run.events))
     if spec.in_process:
         assert rep.restarts == 0, rep  # no process restart for a NaN or a plain OOM
     if kind == "oom":

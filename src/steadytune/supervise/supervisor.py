@@ -308,9 +308,11 @@ class Supervisor:
             if self.pending is None:
                 for t in self.detector.observe_step(rec):
                     self.on_transition(t)
-                if rec.rank == 0 and not rec.extra.get("eval"):
-                    for action in self.policy.on_step(rec.step):
-                        self.execute(action)
+            # An anomaly of this very record may have stopped the worker (a gradient explosion beside a
+            # spike that persisted): a spike confirmed now belongs to that incident, not to a second one.
+            if self.pending is None and rec.rank == 0 and not rec.extra.get("eval"):
+                for action in self.policy.on_step(rec.step):
+                    self.execute(action)
         elif isinstance(rec, Heartbeat):
             self.last_heartbeat[rec.rank] = self.clock()
             if rec.rank == 0 and rec.attempt == self.attempt and rec.phase != self.worker_phase:
@@ -752,9 +754,10 @@ class Supervisor:
             "done": decision.classification,
             "stop": "stopped" if decision.classification == "user_interrupt" else "failed",
         }[decision.action]
+        # Set before update_last_good: a completed run's last checkpoint needs no healthy window after it.
+        self.state = state
         if state == "completed":
             self.update_last_good()
-        self.state = state
         severity = "info" if state in {"completed", "stopped", "paused"} else "critical"
         self.emit(
             "lifecycle",

@@ -51,15 +51,29 @@ def fake_measure(per_sample: int, base: int, oom_above: int | None = None):
     return measure, calls
 
 
+def demo_params() -> int:
+    """The demo model's parameters, counted from its shapes (untied head, no biases)."""
+    h, v, i = DEMO.hidden_size, DEMO.vocab_size, DEMO.intermediate_size
+    q, kv = DEMO.num_heads * DEMO.head_dim, DEMO.num_kv_heads * DEMO.head_dim
+    layer = h * q + 2 * h * kv + q * h + 3 * h * i + 2 * h  # attention, MLP, two norms
+    return v * h + DEMO.num_layers * layer + h + v * h  # embeddings, layers, final norm, lm_head
+
+
 def test_choose_keeps_the_effective_batch_and_reports_its_probes() -> None:
     measure, calls = fake_measure(per_sample=MiB, base=6 * MiB)
     found = choose(DEMO, SETUP, cap=20 * MiB, target_effective=32, measure=measure)
-    assert found.per_device_train_batch_size * found.gradient_accumulation_steps == 32
-    assert found.per_device_train_batch_size == 8 and found.gradient_accumulation_steps == 4
-    assert [p.batch for p in found.probes] == calls and found.probes[-1].fits in (True, False)
-    assert all(p.fits == (p.peak_bytes <= 20 * MiB) for p in found.probes)
-    # The measured step zeroes its gradients; accumulation keeps them, so the estimate's difference is added.
-    assert found.probes[0].peak_bytes >= 6 * MiB + MiB * found.probes[0].batch
+    assert (found.per_device_train_batch_size, found.gradient_accumulation_steps) == (8, 4)
+    # The estimate picks the start: the largest divisor of 32 at most the estimated batch.
+    assert 8 <= found.estimated_batch < 16
+    # The measured step zeroes its gradients; accumulating keeps them alive (fp32, one per parameter),
+    # so that much is added to each measurement: 8 fits (15.6 MiB), 16 does not (23.6 MiB), and 8 and
+    # 16 are neighbours among the divisors of 32, so the search ends after those two probes.
+    grads = 4 * demo_params()
+    assert calls == [8, 16]
+    assert [(p.batch, p.peak_bytes, p.fits) for p in found.probes] == [
+        (8, 6 * MiB + 8 * MiB + grads, True),
+        (16, 6 * MiB + 16 * MiB + grads, False),
+    ]
 
 
 def test_choose_treats_oom_as_too_big() -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +10,7 @@ import pytest
 from steadytune.cli.main import main
 from steadytune.preflight import run_preflight
 from steadytune.preflight.probe import GpuInfo
+from tests.fresh import fresh_imports
 
 from .conftest import GiB, host, make_config
 
@@ -28,7 +28,6 @@ def test_8b_example_plans_for_80gib_as_go_and_24gib_as_no_go(
 ) -> None:
     monkeypatch.setenv("STEADYTUNE_CACHE", str(tmp_path))
     monkeypatch.chdir(tmp_path)  # runs_dir: runs, relative to the working directory
-    had_torch = "torch" in sys.modules
     code, report = check_json(capsys, EXAMPLE, "--device-memory", "80GiB", "--no-data")
     assert code == 0 and report["verdict"] == "go" and report["device"] == "cuda"
     assert set(report) == {"verdict", "go", "device", "config", "counts", "checks", "recommendation"}
@@ -41,7 +40,17 @@ def test_8b_example_plans_for_80gib_as_go_and_24gib_as_no_go(
     rec = report["recommendation"]
     assert rec["gradient_checkpointing"] is True
     assert rec["per_device_train_batch_size"] * rec["gradient_accumulation_steps"] == 16
-    assert ("torch" in sys.modules) == had_torch  # the estimate and checks stay torch-free
+
+
+def test_the_check_stays_torch_free(tmp_path: Path) -> None:
+    """The estimate and every check without the data scan, in a fresh interpreter (see tests/fresh.py)."""
+    code = (
+        f"import os\nos.chdir({str(tmp_path)!r})\nos.environ['STEADYTUNE_CACHE'] = {str(tmp_path)!r}\n"
+        "from steadytune.cli.main import main\n"
+        f"assert main(['check', {EXAMPLE!r}, '--device-memory', '80GiB', '--no-data', '--format', 'json']) == 0\n"
+        f"assert main(['check', {EXAMPLE!r}, '--device-memory', '24GiB', '--no-data']) == 1\n"
+    )
+    assert fresh_imports(code) == []
 
 
 def test_config_errors_exit_2_and_cross_key_problems_are_failed_checks(

@@ -38,20 +38,35 @@ def test_divisors() -> None:
     assert largest_divisor_at_most(12, 5) == 4 and largest_divisor_at_most(7, 6) == 1
 
 
-@pytest.mark.parametrize("memory", [16, 24, 40, 80, 141])
+def peak(batch: int, seq: int = 2048, ckpt: bool = False) -> int:
+    """The estimated peak of one shape of LORA at effective batch 16."""
+    shape = dataclasses.replace(LORA, batch=batch, seq=seq, gradient_accumulation_steps=16 // batch,
+                                gradient_checkpointing=ckpt)  # fmt: skip
+    return estimate_peak(LLAMA8B, shape).peak_bytes
+
+
+# memory (GiB) -> (micro-batch, accumulation, checkpointing); None: not even one token fits.
+EXPECTED = {16: None, 24: (1, 16, True), 40: (1, 16, False), 80: (2, 8, False), 141: (4, 4, False)}
+
+
+@pytest.mark.parametrize("memory", sorted(EXPECTED))
 def test_effective_batch_is_kept_and_the_shape_fits(memory: int) -> None:
-    rec = recommend(LLAMA8B, LORA, memory * GiB, 16)
-    if rec.per_device_train_batch_size is None:
+    budget = memory * GiB
+    rec = recommend(LLAMA8B, LORA, budget, 16)
+    expected = EXPECTED[memory]
+    if expected is None:
+        assert peak(1, seq=1, ckpt=True) > budget  # the smallest shape there is does not fit
+        assert (rec.per_device_train_batch_size, rec.max_seq_length) == (None, None)
+        assert "not even one token fits" in rec.notes[-1]
         return
-    assert rec.per_device_train_batch_size * rec.gradient_accumulation_steps == 16
-    shape = dataclasses.replace(
-        LORA,
-        batch=rec.per_device_train_batch_size,
-        seq=rec.max_seq_length,
-        gradient_accumulation_steps=rec.gradient_accumulation_steps,
-        gradient_checkpointing=rec.gradient_checkpointing,
-    )
-    assert estimate_peak(LLAMA8B, shape).peak_bytes == rec.peak_bytes <= memory * GiB
+    batch, accum, ckpt = expected
+    assert (rec.per_device_train_batch_size, rec.gradient_accumulation_steps, rec.gradient_checkpointing) == expected
+    assert rec.max_seq_length == 2048 and batch * accum == 16
+    assert rec.peak_bytes == peak(batch, ckpt=ckpt) <= budget
+    # The largest that fits: the next divisor of 16 does not, and checkpointing only when nothing fits without.
+    bigger = [d for d in (1, 2, 4, 8, 16) if d > batch]
+    assert not bigger or peak(bigger[0], ckpt=ckpt) > budget
+    assert not ckpt or peak(1) > budget
 
 
 def test_checkpointing_only_when_nothing_fits_without_it() -> None:
@@ -64,8 +79,15 @@ def test_checkpointing_only_when_nothing_fits_without_it() -> None:
 
 
 def test_too_small_lowers_the_sequence_length_and_nothing_fits_says_so() -> None:
-    small = recommend(LLAMA8B, LORA, 17 * GiB, 16)
-    assert small.per_device_train_batch_size == 1 and small.max_seq_length < 2048
+    budget = 17 * GiB
+    assert peak(1, ckpt=True) > budget  # micro-batch 1 at the configured 2048 does not fit
+    small = recommend(LLAMA8B, LORA, budget, 16)
+    assert (small.per_device_train_batch_size, small.gradient_accumulation_steps) == (1, 16)
+    assert small.gradient_checkpointing is True
+    # The longest sequence that fits, not just any shorter one: one token more would not.
+    seq = small.max_seq_length
+    assert peak(1, seq, ckpt=True) <= budget < peak(1, seq + 1, ckpt=True)
+    assert small.peak_bytes == peak(1, seq, ckpt=True)
     none = recommend(LLAMA8B, LORA, 4 * GiB, 16)
     assert none.per_device_train_batch_size is None and "not even one token" in none.notes[-1]
 

@@ -9,12 +9,10 @@ from steadytune.preflight.versions import (
     Driver,
     declared_conflicts,
     in_range,
-    installed_versions,
     parse_version,
-    torch_cuda_build,
-    transformers_minimums,
     version_checks,
 )
+from tests.fresh import fresh_imports
 
 GOOD = {
     "torch": "2.5.1",
@@ -129,13 +127,12 @@ def test_declared_conflicts_reads_requirements_without_extras() -> None:
 
 
 def test_readers_work_on_this_environment_without_importing_torch() -> None:
-    import sys
-
-    had_torch = "torch" in sys.modules
-    versions = installed_versions()
-    assert versions["numpy"]
-    torch_cuda_build()
-    minimums = transformers_minimums()
-    if versions.get("transformers"):
-        assert "accelerate" in minimums
-    assert ("torch" in sys.modules) == had_torch
+    code = (
+        "from steadytune.preflight.versions import installed_versions, torch_cuda_build, transformers_minimums\n"
+        "versions = installed_versions()\n"
+        "assert versions['numpy']\n"
+        "torch_cuda_build()\n"
+        "minimums = transformers_minimums()\n"
+        "assert not versions.get('transformers') or 'accelerate' in minimums, minimums\n"
+    )
+    assert fresh_imports(code) == []  # a fresh interpreter: see tests/fresh.py

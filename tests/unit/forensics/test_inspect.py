@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from steadytune.forensics.inspect import fetch_rows, inspect_step
 from steadytune.forensics.runview import ForensicsError
+from tests.fresh import fresh_imports
 
 ROWS = [
     {"instruction": "the cat sat", "input": "", "output": "on a mat"},
@@ -87,15 +86,64 @@ def test_fetch_rows_reads_only_what_it_needs(tmp_path):
 
 
 def test_inspect_step_keeps_torch_out_of_the_process(make_run):
-    """The supervisor never imports torch; inspect_step must not drag it in."""
+    """The supervisor never imports torch; inspect_step must not drag it in (a fresh interpreter)."""
     run = make_run(ROWS, [(1, [0, 1]), (2, [2, 3])])
-    code = (
-        "import sys; from steadytune.forensics.inspect import inspect_step; "
-        f"v = inspect_step({str(run)!r}, 2); "
-        "assert v.verdict == 'bad', v.summary; "
-        "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'heavy import'"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True)
+    code = ("from steadytune.forensics.inspect import inspect_step\n"
+            f"v = inspect_step({str(run)!r}, 2)\n"
+            "assert v.verdict == 'bad', v.summary\n")
+    assert fresh_imports(code) == []
+
+
+class HeavyImport(AssertionError):
+    """The supervisor process imported a module it must not (only this failure is the expected one)."""
+
+
+SUPERVISOR_INSPECTS = """
+from pathlib import Path
+
+from steadytune.config.load import load_config
+from steadytune.rundir import RunDir
+from steadytune.supervise.supervisor import Supervisor
+from steadytune.telemetry.events import read_events
+
+run = RunDir(Path({run!r}))
+sup = Supervisor(load_config(run.config, check_paths=False), run, observers=[])
+cause = sup.emit("anomaly", "nan_loss", "nan at step 2", severity="critical", step=2)
+sup.inspect_batch(2, cause)  # what the supervisor's background thread runs after a NaN or a spike
+(done,) = [e for e in read_events(run.events) if e.name == "batch_inspected"]
+assert done.data.get("verdict") == "bad" and done.data["anomaly_seq"] == cause.seq, done
+"""
+
+
+@pytest.mark.parametrize(
+    "data_format",
+    [
+        "jsonl",
+        pytest.param("csv", marks=pytest.mark.xfail(
+            strict=True, raises=HeavyImport,
+            reason="train/data.py reads .csv/.parquet with `datasets` (pyarrow, pandas) inside the supervisor; "
+                   "a torch-free reader for them is a separate refactor")),
+    ],
+)  # fmt: skip
+def test_the_supervisors_inspect_batch_stays_torch_and_datasets_free(make_run, data_format):
+    """Supervisor.inspect_batch, the path a NaN or a spike takes in the supervisor process."""
+    import csv
+
+    import yaml
+
+    run = make_run(ROWS, [(1, [0, 1]), (2, [2, 3])])
+    if data_format == "csv":
+        cfg = yaml.safe_load((run / "config.yaml").read_text())
+        path = run.parent.parent / "train.csv"
+        with open(path, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=["instruction", "input", "output"])
+            w.writeheader()
+            w.writerows(ROWS)
+        cfg["data"]["train_file"] = str(path)
+        (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+    heavy = fresh_imports(SUPERVISOR_INSPECTS.format(run=str(run)))
+    if heavy:
+        raise HeavyImport(f"the supervisor's inspect-batch imported {heavy}")
 
 
 def test_a_sample_holding_most_trained_tokens_is_named(make_run):

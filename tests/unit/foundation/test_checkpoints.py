@@ -113,3 +113,32 @@ def test_disk_check_names_the_shortfall(tmp_path: Path) -> None:
     ensure_free_space(tmp_path, 10, free=lambda _: 100)
     with pytest.raises(DiskFullError, match=r"free disk space or lower run\.keep_last"):
         ensure_free_space(tmp_path, 200 * 1024**2, free=lambda _: 10 * 1024**2)
+
+
+def test_the_keeper_deletes_old_checkpoints_but_never_last_good(tmp_path: Path) -> None:
+    from steadytune.guard.checkpoints import CheckpointKeeper
+    from steadytune.rundir import RunDir
+
+    run = RunDir(tmp_path / "run").create()
+    keeper = CheckpointKeeper(run, keep_last=1, min_free_bytes=0)
+
+    def save(step: int) -> Path:
+        staged = run.staging / f"checkpoint-{step}"
+        staged.mkdir(parents=True)
+        (staged / "model.safetensors").write_bytes(bytes(range(256)) * 4)
+        return keeper.publish(staged, step)
+
+    def on_disk() -> list[str]:
+        return sorted(p.name for p in run.checkpoints.glob("checkpoint-*"))
+
+    first = save(5)
+    write_pointer(run.last_good_pointer, first)  # the supervisor found checkpoint-5 good
+    save(10)
+    assert on_disk() == ["checkpoint-10", "checkpoint-5"]
+    save(15)
+    assert on_disk() == ["checkpoint-15", "checkpoint-5"]  # 10 is gone from the disk, LAST_GOOD stays
+    assert not (run.checkpoints / "checkpoint-10").exists() and verify(first).ok
+    write_pointer(run.last_good_pointer, run.checkpoints / "checkpoint-15")
+    save(20)
+    assert on_disk() == ["checkpoint-15", "checkpoint-20"]
+    assert read_pointer(run.latest_pointer).name == "checkpoint-20"

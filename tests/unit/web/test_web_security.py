@@ -183,13 +183,25 @@ def test_control_fallback_writes_request_and_event(tmp_path: Path, monkeypatch: 
 
 
 def test_control_prefers_the_supervisor_module(tmp_path: Path) -> None:
+    """With no sender given, the request goes through steadytune.supervise.control, not the fallback."""
+    from steadytune.supervise.control import send_control
+
+    assert control._supervisor_send() is send_control
+    run = RunDir(tmp_path / "r").create()
+    result = control.send(run, "checkpoint", "bob (dashboard, 127.0.0.1)")
+    req = json.loads(run.control.read_text())
+    assert result["via"] == "supervisor" and result["id"] == req["id"] and len(req["id"]) == 32
+    assert (req["command"], req["issuer"]) == ("checkpoint", "bob (dashboard, 127.0.0.1)")
+    # The supervisor files the request itself when it picks it up (one writer per event log); the
+    # fallback would have appended a dashboard event here.
+    assert not run.events.exists() or read_events(run.events) == []
+
+
+def test_a_sender_only_ever_sees_a_cleaned_issuer(tmp_path: Path) -> None:
     run = RunDir(tmp_path / "r").create()
     calls = []
-    result = control.send(run, "checkpoint", "bob", sender=lambda *a: calls.append(a) or {"id": "x1"})
-    assert (
-        calls == [(run, "checkpoint", "bob", None)] and result["via"] == "supervisor" and result["id"] == "x1"
-    )
-    assert not run.control.exists()
+    control.send(run, "stop", "<b>eve</b>;rm -rf /\n", sender=lambda *a: calls.append(a) or {"id": "x1"})
+    assert calls == [(run, "stop", "bevebrm -rf", None)]  # no markup, no ';', '/' or newline reaches it
 
 
 def test_control_through_the_real_supervisor_module(tmp_path: Path) -> None:

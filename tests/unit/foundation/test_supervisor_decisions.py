@@ -1,0 +1,194 @@
+"""The supervisor's own decisions, on a real Supervisor object: LAST_GOOD, one action per incident, and the
+stop escalation (Ctrl-C twice, a worker that ignores stop) against real processes that ignore SIGTERM."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from steadytune.checkpoint.store import read_pointer, write_pointer
+from steadytune.config.load import validate_dict
+from steadytune.detect.live import Transition
+from steadytune.policy.restart import Decision, ExitInfo, decide
+from steadytune.records import Anomaly, StepRecord
+from steadytune.rundir import RunDir
+from steadytune.supervise.process import WorkerProcess
+from steadytune.supervise.supervisor import Supervisor
+from steadytune.telemetry.events import read_events
+from tests.waiting import wait_for
+
+
+def supervisor(tmp_path: Path, **sections: dict) -> Supervisor:
+    data: dict = {
+        "model": {"name_or_path": str(tmp_path / "model")},
+        "method": "full",
+        "data": {"train_file": str(tmp_path / "train.jsonl")},
+        "train": {"learning_rate": 1e-4, "max_steps": 100, "save_steps": 10},
+        "run": {"runs_dir": str(tmp_path / "runs"), "good_window_steps": 3},
+    }
+    for key, value in sections.items():
+        data[key] = {**data.get(key, {}), **value}
+    cfg = validate_dict(data, base=tmp_path, check_paths=False)
+    return Supervisor(cfg, RunDir(tmp_path / "runs" / "r"), observers=[], poll_s=0.05)
+
+
+def step(sup: Supervisor, n: int) -> None:
+    sup.handle(StepRecord(step=n, ts=float(n), loss=1.0, grad_norm=1.0))
+
+
+def checkpoint(sup: Supervisor, n: int) -> None:
+    (sup.run.checkpoints / f"checkpoint-{n}").mkdir(parents=True)
+    sup.checkpoint_steps.append(n)
+
+
+# -- LAST_GOOD ----------------------------------------------------------------
+
+
+def test_last_good_waits_for_a_healthy_window_and_skips_a_checkpoint_trouble_followed(tmp_path: Path) -> None:
+    sup = supervisor(tmp_path)  # good_window_steps: 3
+    checkpoint(sup, 10)
+    for n in range(1, 13):
+        step(sup, n)
+    sup.update_last_good()
+    assert read_pointer(sup.run.last_good_pointer) is None  # step 12: the window after 10 is not over
+    step(sup, 13)
+    sup.update_last_good()
+    assert read_pointer(sup.run.last_good_pointer).name == "checkpoint-10"
+
+    checkpoint(sup, 20)
+    sup.trouble_steps.append(22)  # e.g. a NaN two steps after checkpoint-20
+    for n in range(14, 30):
+        step(sup, n)
+        sup.update_last_good()
+    assert read_pointer(sup.run.last_good_pointer).name == "checkpoint-10"  # never 20
+
+    checkpoint(sup, 30)
+    sup.trouble_steps.append(30)  # trouble at the checkpoint's own step came before it: not after
+    sup.trouble_steps.append(34)  # and after the window it says nothing about the checkpoint
+    for n in range(30, 34):
+        step(sup, n)
+    sup.update_last_good()
+    assert read_pointer(sup.run.last_good_pointer).name == "checkpoint-30"
+
+
+def test_last_good_on_completion_and_never_a_missing_directory(tmp_path: Path) -> None:
+    sup = supervisor(tmp_path)
+    checkpoint(sup, 10)
+    sup.checkpoint_steps.append(20)  # announced, but its directory is gone (retention, or a torn save)
+    for n in range(1, 25):
+        step(sup, n)
+    sup.update_last_good()
+    assert read_pointer(sup.run.last_good_pointer).name == "checkpoint-10"
+    checkpoint(sup, 25)
+    # The run completes at step 25: its last checkpoint needs no window after it.
+    sup.finish(
+        Decision("done", "completed", "worker completed at step 25"), ExitInfo(0, "completed", step=25), 0.0
+    )
+    assert read_pointer(sup.run.last_good_pointer).name == "checkpoint-25"
+
+
+def test_an_older_pointer_is_not_moved_back(tmp_path: Path) -> None:
+    sup = supervisor(tmp_path)
+    checkpoint(sup, 10)
+    checkpoint(sup, 20)
+    write_pointer(sup.run.last_good_pointer, sup.run.checkpoints / "checkpoint-20")
+    for n in range(1, 30):
+        step(sup, n)
+    sup.update_last_good()
+    assert read_pointer(sup.run.last_good_pointer).name == "checkpoint-20"
+
+
+# -- one incident, one action -------------------------------------------------
+
+
+class FakeWorker:
+    pid = 4242
+
+    def __init__(self) -> None:
+        self.signals: list[int] = []
+
+    def signal_tree(self, sig: int) -> None:
+        self.signals.append(sig)
+
+    def poll(self) -> None:
+        return None
+
+    def python_pids(self) -> list[int]:
+        return []
+
+
+def test_a_spike_confirmed_on_the_record_that_stopped_the_worker_is_not_a_second_rollback(
+    tmp_path: Path,
+) -> None:
+    """A gradient explosion and a persisting loss spike on one record: one rollback, one budget spent."""
+    sup = supervisor(tmp_path, policy={"spike_confirm_points": 2})
+    sup.worker = FakeWorker()
+    spike = Anomaly("loss_spike", "warning", 62, 62, "loss")
+    explosion = Anomaly("grad_explosion", "critical", 63, 63, "grad_norm")
+    assert sup.policy.on_raised(spike, 62) is None  # waits to be confirmed at step 63
+    sup.detector.observe_step = lambda rec: [Transition("raised", explosion)] if rec.step == 63 else []
+    step(sup, 63)
+    rollbacks = [e for e in read_events(sup.run.events) if e.kind == "action" and e.name == "rollback"]
+    assert [(e.step, e.data["anomaly"]) for e in rollbacks] == [(63, "grad_explosion")]
+    assert sup.worker.signals == [signal.SIGKILL] and sup.pending is not None
+    assert sup.policy.used["rollback"] == 1
+
+
+# -- stopping: real processes that ignore SIGTERM ------------------------------
+
+STUBBORN = (
+    "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('ready', flush=True)\n"
+    + ("while True:\n    time.sleep(0.1)\n")
+)
+
+
+@pytest.fixture
+def started() -> Iterator[list[WorkerProcess]]:
+    """The processes a test started; any still alive afterwards (a failed test) are killed."""
+    procs: list[WorkerProcess] = []
+    yield procs
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def stubborn(sup: Supervisor, started: list[WorkerProcess]) -> WorkerProcess:
+    worker = WorkerProcess([sys.executable, "-c", STUBBORN], sup.run.logs / "worker-0.log")
+    started.append(worker)
+    wait_for(lambda: "ready" in worker.log_tail(), timeout=60, what="the stubborn worker to start")
+    sup.worker = worker
+    return worker
+
+
+def test_a_second_ctrl_c_kills_a_worker_the_first_could_not_stop(tmp_path: Path, started: list) -> None:
+    sup = supervisor(tmp_path)
+    sup.stop_grace_s = 3600.0  # only the second Ctrl-C can end this worker
+    worker = stubborn(sup, started)
+    sup.on_signal(signal.SIGINT)
+    assert (
+        sup.state == "stopping" and worker.poll() is None
+    )  # asked to stop (control file + SIGTERM): ignored
+    (stop,) = [e for e in read_events(sup.run.events) if e.kind == "control" and e.name == "stop"]
+    assert stop.data["issuer"] == "signal SIGINT"
+    sup.on_signal(signal.SIGINT)
+    info = sup.supervise_attempt()
+    assert info.returncode == -signal.SIGKILL and info.interrupted
+    decision = decide(info, [], 0, 3)
+    assert (decision.action, decision.classification) == ("stop", "user_interrupt")  # no restart after Ctrl-C
+
+
+def test_a_worker_that_ignores_stop_is_killed_after_the_grace_period(tmp_path: Path, started: list) -> None:
+    sup = supervisor(tmp_path)
+    sup.stop_grace_s = 1.0
+    said: list[str] = []
+    sup.say = lambda text, style=None: said.append(text)
+    worker = stubborn(sup, started)
+    sup.request_stop("operator")
+    info = sup.supervise_attempt()  # returns only once the worker is gone
+    assert worker.poll() == info.returncode == -signal.SIGKILL and info.interrupted
+    assert "worker did not stop in time: killing it" in said
+    assert decide(info, [], 0, 3).classification == "user_interrupt"
