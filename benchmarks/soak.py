@@ -66,6 +66,8 @@ class Load:
     def __init__(self, host: str, port: int, run_id: str, sse: int, idle: int, hz: float) -> None:
         self.host, self.port, self.run_id = host, port, run_id
         self.stop = threading.Event()
+        self.scraping = threading.Event()
+        self.scraping.set()
         self.stream_status: list[int] = []
         self.stream_events: list[set[int]] = [set() for _ in range(sse)]
         self.idle_closed: list[float] = []
@@ -130,7 +132,7 @@ class Load:
             conn.close()
 
     def _scrape(self, hz: float) -> None:
-        while not self.stop.is_set():
+        while not self.stop.is_set() and self.scraping.is_set():
             t0 = time.perf_counter()
             try:
                 conn = http.client.HTTPConnection(self.host, self.port, timeout=10)
@@ -179,10 +181,13 @@ def _run(cfg_path: Path, run_id: str, load: dict[str, Any] | None, max_s: float)
                 attached = Load(host, int(port), run_dir.name, **load)
                 attached.start()
         time.sleep(0.2)
+    if attached is not None:
+        attached.scraping.clear()
     if proc.poll() is None:
         proc.kill()
     proc.communicate()
     if attached is not None:
+        attached.scraping.clear()  # the dashboard went with the run: scrapes after it are not failures
         time.sleep(1.0)  # the streams catch up with the last events
         attached.close()
     assert run_dir is not None, "the run directory never appeared"
@@ -200,12 +205,17 @@ def _step_times(run: Path) -> list[float]:
 
 
 def _lost(run: Path) -> tuple[int, int, int, int]:
-    """(steps in the JSONL, steps in run.db, events in the JSONL, events in run.db)."""
-    steps = sum(
-        1
-        for p in (run / "telemetry").glob("rank-*.jsonl")
-        for line in p.read_text().splitlines()
-        if json.loads(line).get("type") == "step"
+    """(distinct (rank, step) in the JSONL, steps in run.db, events in the JSONL, events in run.db).
+
+    A rollback or restart trains some steps again: run.db keeps the latest attempt of each.
+    """
+    steps = len(
+        {
+            (d.get("rank", 0), d["step"])
+            for p in (run / "telemetry").glob("rank-*.jsonl")
+            for d in (json.loads(line) for line in p.read_text().splitlines())
+            if d.get("type") == "step" and not (d.get("extra") or {}).get("eval")
+        }
     )
     events = sum(1 for line in (run / "events.jsonl").read_text().splitlines() if line.strip())
     db = sqlite3.connect(run / "run.db")

@@ -110,10 +110,14 @@ def test_anomaly_reaches_slack_and_email_and_no_secret_leaks(
                      data={"metric": "loss", "cause": "a batch of very long samples",
                            "suggestion": "roll back to LAST_GOOD and skip the window"}))  # fmt: skip
     # Appending (and so training) does not wait for delivery: it returned while the webhook holds the alert.
-    assert hook.bodies == [] and [json.loads(x)["kind"] for x in run.events.read_text().splitlines()] == ["anomaly"]
+    assert hook.bodies == [] and [json.loads(x)["kind"] for x in run.events.read_text().splitlines()] == [
+        "anomaly"
+    ]
     wait_for(hook.held.is_set, timeout=30, what="the webhook to receive the alert")
     hook.release.set()
-    wait_for(lambda: hook.bodies and smtp["messages"], timeout=60, what="delivery to the webhook and by e-mail")
+    wait_for(
+        lambda: hook.bodies and smtp["messages"], timeout=60, what="delivery to the webhook and by e-mail"
+    )
     router.close(timeout=10)
 
     (slack,) = hook.bodies
@@ -196,3 +200,94 @@ def test_clear_secret_in_yaml_is_refused_by_alert_test(
     assert main(["alert", "test", str(cfg)]) == 2
     err = capsys.readouterr().err
     assert "alerts.sinks.0.webhook" in err and "url_env: NAME" in err and "clearSECRET" not in err
+
+
+def test_a_real_run_alerts_by_webhook_and_email_while_prometheus_scrapes_it(
+    hook: Hook, smtp: dict, tmp_path: Path, demo_assets: Path, prometheus_bins: tuple[str, str]
+) -> None:
+    """A real supervised run (no stand-in): an LR far too high raises real anomalies, the alert
+    router delivers them to the local webhook and SMTP server, and a real Prometheus scrapes the
+    dashboard the supervisor serves, whose exposition promtool accepts."""
+    import os
+
+    import yaml
+
+    from steadytune.cli.demo import demo_config
+
+    prometheus, promtool = prometheus_bins
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    cfg = demo_config(demo_assets, str(tmp_path / "runs"), 300, "lora")
+    cfg["train"].update({"learning_rate": 0.3, "max_grad_norm": 0.0, "logging_steps": 1})
+    cfg["run"]["name"] = "alarming"
+    alerts = _config(hook, smtp)
+    alerts["sinks"] = [s for s in alerts["sinks"] if s["type"] != "console"]
+    cfg["alerts"] = alerts
+    cfg_path = tmp_path / "run.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    env = {
+        **os.environ,
+        "TEST_SLACK_HOOK": hook.url,
+        "TEST_SMTP_PASSWORD": SMTP_PASSWORD,
+        "OMP_NUM_THREADS": "1",
+    }
+    exe = str(Path(__import__("sys").executable).with_name("steadytune"))
+    console = open(tmp_path / "console.txt", "w")  # noqa: SIM115 - a file, not a pipe nobody drains
+    run = subprocess.Popen([exe, "run", str(cfg_path), "--skip-check", "--dashboard", "--port", str(port)],
+                           stdout=console, stderr=subprocess.STDOUT, env=env)  # fmt: skip
+    prom_port = port + 1 if port < 65000 else port - 1
+    scrape = tmp_path / "prometheus.yml"
+    scrape.write_text(
+        "global: {scrape_interval: 1s}\nscrape_configs:\n  - job_name: steadytune\n"
+        f"    static_configs: [{{targets: ['127.0.0.1:{port}']}}]\n"
+    )
+    prom = subprocess.Popen(
+        [prometheus, f"--config.file={scrape}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+         f"--web.listen-address=127.0.0.1:{prom_port}", "--log.level=warn"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        run_dir = wait_for(
+            lambda: next((tmp_path / "runs").glob("alarming-*"), None), timeout=120, what="the run"
+        )
+
+        def exposition() -> bytes | None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                    text = r.read()
+            except OSError:
+                return None
+            return text if f'steadytune_step{{run="{run_dir.name}"}}'.encode() in text else None
+
+        text = wait_for(exposition, timeout=180, what="the live run on /metrics")
+        check = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, timeout=30)
+        assert check.returncode == 0, check.stdout.decode() + check.stderr.decode()
+
+        def stored() -> list:
+            url = f"http://127.0.0.1:{prom_port}/api/v1/query?query=steadytune_step"
+            try:
+                with urllib.request.urlopen(url, timeout=5) as r:
+                    result = json.loads(r.read())["data"]["result"]
+            except OSError:
+                return []
+            return [x for x in result if x["metric"].get("run") == run_dir.name and float(x["value"][1]) > 0]
+
+        wait_for(stored, timeout=120, interval=0.5, what="Prometheus to store the live run's step")
+        run.wait(timeout=600)
+    finally:
+        if run.poll() is None:
+            run.kill()
+        prom.terminate()
+        prom.wait(10)
+        console.close()
+    out = (tmp_path / "console.txt").read_text()
+    events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
+    anomalies = [e for e in events if e["kind"] == "anomaly" and e["severity"] in ("warning", "critical")]
+    assert anomalies, out
+    wait_for(lambda: hook.bodies and smtp["messages"], timeout=60, what="the alerts to arrive")
+    first = anomalies[0]["name"]
+    assert any(first in json.dumps(b) for b in hook.bodies)
+    assert any(f"{first} in {run_dir.name}" in m for m in smtp["messages"])
+    delivered = [e for e in events if e["kind"] == "alert" and e["data"].get("status") == "delivered"]
+    assert delivered and all(set(e["data"]["delivered"]) == {"webhook", "email"} for e in delivered[:1])

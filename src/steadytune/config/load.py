@@ -369,7 +369,18 @@ def absolutize(cfg: SteadytuneConfig, base: Path) -> SteadytuneConfig:
 
 def dump_config(cfg: SteadytuneConfig) -> str:
     """The resolved config as YAML, secrets redacted (see :func:`redact`)."""
-    return yaml.safe_dump(redact(cfg.model_dump()), sort_keys=False)
+    return yaml.safe_dump(redact(_plain(cfg.model_dump())), sort_keys=False)
+
+
+def _plain(obj: Any) -> Any:
+    """What YAML's safe dumper can write: paths as strings, tuples as lists (e.g. an e-mail sink's ca_file)."""
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
 
 
 SECRET_MARKERS = ("password", "token", "secret", "webhook_url", "api_key")

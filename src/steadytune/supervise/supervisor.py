@@ -28,6 +28,7 @@ from steadytune.policy.plan import (
 )
 from steadytune.policy.restart import Decision, ExitInfo, decide
 from steadytune.records import (
+    Anomaly,
     Event,
     Heartbeat,
     PlanRevision,
@@ -369,6 +370,16 @@ class Supervisor:
                 per_device_train_batch_size=int(ev.data["per_device_train_batch_size"]),
                 gradient_accumulation_steps=int(ev.data["gradient_accumulation_steps"]),
             )
+        if ev.kind == "anomaly" and ev.severity in {"warning", "critical"} and self.pending is None:
+            # What the worker itself found (a save refused for lack of disk) meets the same policy
+            # as what the detectors find: `policy.rules.disk_low.action: stop` must stop the run.
+            step = ev.step if ev.step is not None else self.progress.step
+            found = Anomaly(
+                ev.name, ev.severity, step, step, str(ev.data.get("metric", ev.name)), dict(ev.data)
+            )
+            action = self.policy.on_raised(found, self.progress.step)
+            if action is not None:
+                self.execute(action, cause=filed)
         if ev.name == "skip_step" and ev.step is not None and self.pending is None:
             action = self.policy.on_skipped_update(ev.step, int(ev.data.get("consecutive", 1)))
             if action is not None:

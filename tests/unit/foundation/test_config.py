@@ -154,3 +154,16 @@ def test_validate_cli_names_everything_without_a_traceback(files: Path) -> None:
         [STEADYTUNE, "validate", str(write(files, base(), "ok.yaml"))], capture_output=True, text=True
     )
     assert ok.returncode == 0 and "OK" in ok.stdout
+
+
+def test_a_config_with_path_fields_dumps_and_reloads(tmp_path) -> None:
+    """An e-mail sink's ca_file is a Path: dumping the resolved config (which every run does) crashed."""
+    from steadytune.config.load import dump_config, load_config, validate_dict
+
+    sink = {"type": "email", "host": "127.0.0.1", "port": 25, "security": "none", "sender": "a@b",
+            "to": ["c@d"], "ca_file": str(tmp_path / "ca.pem")}  # fmt: skip
+    data = {"model": {"name_or_path": "m"}, "data": {"train_file": "t.jsonl"}, "alerts": {"sinks": [sink]}}
+    cfg = validate_dict(data, base=tmp_path, check_paths=False)
+    (tmp_path / "c.yaml").write_text(dump_config(cfg))
+    again = load_config(tmp_path / "c.yaml", check_paths=False)
+    assert str(again.alerts.sinks[0].ca_file) == sink["ca_file"]

@@ -192,3 +192,23 @@ def test_a_worker_that_ignores_stop_is_killed_after_the_grace_period(tmp_path: P
     assert worker.poll() == info.returncode == -signal.SIGKILL and info.interrupted
     assert "worker did not stop in time: killing it" in said
     assert decide(info, [], 0, 3).classification == "user_interrupt"
+
+
+# -- what the worker finds meets the policy ----------------------------------
+
+
+@pytest.mark.parametrize("action", ["alert", "stop", "pause"])
+def test_a_save_the_worker_refused_for_lack_of_disk_is_acted_on_as_configured(
+    tmp_path: Path, action: str
+) -> None:
+    from steadytune.records import Event
+
+    policy = {"rules": {"disk_low": {"action": action}}} if action != "alert" else {}
+    sup = supervisor(tmp_path, policy=policy)
+    done: list = []
+    sup.execute = lambda a, cause=None: done.append(a)  # type: ignore[method-assign]
+    step(sup, 40)
+    sup.handle(Event(ts=41.0, kind="anomaly", name="disk_low", severity="critical", step=40,
+                     message="checkpoint at step 40 skipped: only 4 MiB free"))  # fmt: skip
+    assert [a.name for a in done] == ([] if action == "alert" else [action])
+    assert [e.name for e in read_events(sup.run.events)][-1] == "disk_low"
