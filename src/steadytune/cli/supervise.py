@@ -16,11 +16,15 @@ def register(sub: Any) -> None:
         sub,
         "supervise",
         "supervise a training command that steadytune does not run itself",
-        'steadytune supervise --output-dir out --resume-arg "--resume_from_checkpoint {checkpoint}" -- '
-        "python train.py --output_dir out",
+        "steadytune supervise --config my.yaml --preset llamafactory --output-dir saves/sft -- "
+        "llamafactory-cli train sft.yaml\n  "
+        "steadytune supervise --preset trl --output-dir out -- trl sft --model_name_or_path M "
+        "--dataset_name D --output_dir out",
         description="Runs CMD, follows its progress (HF log dicts on stdout, trainer_log.jsonl / trainer_state.json "
-        "in --output-dir), samples the system, runs the detectors and alerts, and when the job dies or stops "
-        "making progress restarts it with --resume-arg pointing at the newest complete checkpoint.",
+        "in --output-dir), samples the system, runs the detectors, the policy and the alerts of --config, and "
+        "when the job dies, hangs or diverges kills its whole process tree and restarts it from the newest "
+        "whole checkpoint (--preset or --resume-arg says how), with a lower LR after a rollback. "
+        "SIGTERM/Ctrl-C stops it cleanly. See docs/recovery.md.",
     )
     p.add_argument(
         "--config",
