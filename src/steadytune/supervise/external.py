@@ -99,6 +99,8 @@ class ExternalSupervisor:
         self.action: Action | None = None  # what the policy asked for; carried out between attempts
         self.lr_scale = 1.0
         self.resumes: list[int | None] = []
+        self._bad: set[Path] = set()  # checkpoints a resume failed to load
+        self._reported: set[Path] = set()  # incomplete checkpoints already reported
         self.telemetry = JsonlWriter(run.telemetry(0))
         self.system = JsonlWriter(run.system)
         self.sampler = SystemSampler(run.root, clock=clock)
@@ -453,9 +455,6 @@ class ExternalSupervisor:
                 )
         return out
 
-    _bad: set[Path] = set()
-    _reported: set[Path] = set()
-
     def _nonfinite_end(self) -> Anomaly | None:
         """The open NaN/Inf anomaly a run ended with: its weights are not usable."""
         for a in self.detector.open_anomalies():
@@ -480,7 +479,6 @@ class ExternalSupervisor:
 
     def _run(self) -> int:
         self.events.emit("lifecycle", "run_started", f"supervising: {' '.join(self.opts.command)}")
-        self._bad, self._reported = set(), set()
         history: list[ExitInfo] = []
         checkpoint: Path | None = None
         restarts = 0
