@@ -62,20 +62,7 @@ def test_supervise_survives_sigkill_and_hang(tmp_path: Path, demo_assets: Path) 
         "--run-id",
         "ext",
         "--",
-        sys.executable,
-        str(REPO / "examples" / "hf_trainer_script.py"),
-        "--output_dir",
-        str(out),
-        "--model",
-        str(demo_assets / "model"),
-        "--data",
-        str(demo_assets / "train.jsonl"),
-        "--max_steps",
-        "50",
-        "--save_steps",
-        "10",
-        "--step_sleep",
-        "0.05",
+        *_job(tmp_path, demo_assets, out, 50, 0.05),
     ]
     # We kill the first attempt; the second one hangs at step 35; the third completes.
     env = {**os.environ, "HANG_AT_STEP": "35", "HANG_ON_ATTEMPT": "1"}

@@ -118,6 +118,7 @@ class ExternalSupervisor:
         self._rows: dict[int, dict[str, float]] = {}  # trainer_log.jsonl rows waiting for their dict
         self._recorded: set[int] = set()  # steps recorded in this attempt
         self._dicts_seen = False  # the tool prints log dicts beside its trainer_log.jsonl
+        self._tokens_seen: float | None = None  # the tool's cumulative token count at the last record
         self._expect: dict[str, float] | None = None  # what the first record after a resume should show
         self._log_reader: JsonlReader | None = None
         self._last_logged_step = 0
@@ -229,7 +230,7 @@ class ExternalSupervisor:
         step_time = None
         if steps_since and self._last_progress is not None and "loss" in values:
             step_time = (now - self._last_progress) / steps_since
-        tokens = _interval_tokens(self, values.get("num_tokens")) if "loss" in values else None
+        tokens = self._interval_tokens(values.get("num_tokens")) if "loss" in values else None
         if tokens is not None and steps_since:
             tokens //= steps_since
         if "loss" in values:
@@ -327,6 +328,15 @@ class ExternalSupervisor:
             values = {k: v for k, v in values.items() if v is not None}
             if isinstance(step, int):
                 self._from_log_file(step, values)
+
+    def _interval_tokens(self, total: float | None) -> int | None:
+        """Tokens trained since the last record, from a cumulative count (TRL's num_tokens)."""
+        if total is None:
+            return None
+        prev, self._tokens_seen = self._tokens_seen, total
+        if prev is None or total < prev:
+            return None
+        return int(total - prev) or None
 
     def _from_log_file(self, step: int, values: dict[str, float]) -> None:
         """A trainer_log.jsonl row: recorded once the dict printed for its step has joined it.
@@ -804,18 +814,6 @@ class ExternalSupervisor:
         )
 
 
-def _interval_tokens(sup: ExternalSupervisor, total: float | None) -> int | None:
-    """Tokens trained since the last record, from a cumulative count (TRL's num_tokens)."""
-    if total is None:
-        return None
-    prev = getattr(sup, "_tokens_seen", None)
-    sup._tokens_seen = total
-    if prev is None or total < prev:
-        return None
-    return int(total - prev) or None
-
-
-# Launchers re-raise their child's failure as their own: the child's error is the cause.
 def resume_expectation(checkpoint: Path) -> dict[str, float] | None:
     """Step, epoch, loss and LR of the last log entry a checkpoint's trainer_state.json holds."""
     try:
