@@ -62,7 +62,8 @@ def catalogue(save_steps: int) -> dict[str, FaultSpec]:
         "kill": FaultSpec(
             "kill",
             3 * s + s // 2,
-            {"step_sleep_s": 0.02},
+            # The worker waits at the step, so the kill lands on it however late the supervisor reads.
+            {"step_sleep_s": 0.02, "hold_at_step": 3 * s + s // 2, "hold_s": 30.0},
             actor="kill",
             detect=("restart",),
             act=("restart",),

@@ -45,6 +45,8 @@ class Faults:
     lr_burst_factor: float = 1000.0
     lr_burst_steps: int = 3
     hang_at_step: int | None = None  # stop making progress after this step (the process stays alive)
+    hold_at_step: int | None = None  # pause after this step's record, so an outside actor acts on exactly it
+    hold_s: float = 0.0  # ... for this long, then go on (the actor may be late or absent)
     leak_mib_per_step: float = 0.0  # keep this many MiB of tensors alive after every step (on the GPU if any)
     fault_attempts: int = 1  # faults fire while attempt < fault_attempts (1: first attempt only)
 
@@ -77,6 +79,8 @@ class Faults:
             _leak(self.leak_mib_per_step)
         if self.crash_at_step is not None and step == self.crash_at_step:
             raise InjectedCrash(f"injected crash at step {step}")
+        if self.hold_at_step is not None and step == self.hold_at_step:
+            time.sleep(self.hold_s)
         if self.hang_at_step is not None and step == self.hang_at_step:
             while True:  # a hung collective: alive, silent, going nowhere
                 time.sleep(3600)
