@@ -76,8 +76,8 @@ def test_supervise_survives_sigkill_and_hang(tmp_path: Path, demo_assets: Path) 
     stdout, _ = proc.communicate(timeout=400)
     assert proc.returncode == 0, stdout
     events = read_events(run / "events.jsonl")
-    restarts = [e for e in events if e.name == "restart"]
-    assert [e.data["classification"] for e in restarts] == ["killed", "hang"]
+    restarts = [e for e in events if e.name == "restart" and "classification" in e.data]
+    assert [e.data["classification"] for e in restarts] == ["killed", "stall"]
     assert any(e.name == "stall" for e in events)
     assert all("resuming from checkpoint-" in e.message for e in restarts)
     assert events[-1].name == "run_completed"
@@ -237,9 +237,8 @@ def test_lr_far_too_high_is_rolled_back_with_a_lower_lr_and_alerted(
         )
         rollback = next(e for e in events if e.name == "rollback")
         assert names.index(first_bad.name) < names.index("rollback")
-        assert rollback.data["lr_scale"] == pytest.approx(0.001) and rollback.data["lr"] == pytest.approx(
-            0.003
-        )
+        restart = next(e for e in events if e.name == "restart" and e.seq > rollback.seq)
+        assert restart.data["lr_scale"] == pytest.approx(0.001)
         restarted = [e for e in events if e.name == "worker_started"][-1]
         assert restarted.data["cmd"][-2:] == ["--learning_rate", "0.003"]
         assert names[-1] == "run_completed"
@@ -272,9 +271,11 @@ def test_a_stopped_trainer_is_a_hang_its_stacks_are_dumped_and_it_restarts(
     assert proc.returncode == 0, stdout
     events = read_events(run / "events.jsonl")
     names = [e.name for e in events]
-    assert names.index("stall") < names.index("stacks_dumped") < names.index("restart")
+    restarted = next(i for i, e in enumerate(events) if e.name == "restart" and "classification" in e.data)
+    assert names.index("stall") < names.index("stacks_dumped") < restarted
     dump = Path(next(e for e in events if e.name == "stacks_dumped").data["file"])
     text = dump.read_text()
     assert "Fatal Python error" in text and "transformers/trainer.py" in text
-    assert next(e for e in events if e.name == "restart").data["classification"] == "hang"
+    restart = next(e for e in events if e.name == "restart" and "classification" in e.data)
+    assert restart.data["classification"] == "stall"
     assert names[-1] == "run_completed"

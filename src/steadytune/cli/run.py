@@ -103,8 +103,16 @@ def launch(
     quiet: bool = False,
     worker_env: dict[str, str] | None = None,
     args: argparse.Namespace | None = None,
+    source: Any = None,
+    stop_grace_s: float | None = None,
 ) -> int:
-    """Create the run directory and supervise the job to its end. Shared by ``run`` and ``demo``."""
+    """Create the run directory and supervise the job to its end. Shared by ``run``, ``demo`` and ``supervise``.
+
+    ``source`` (a :class:`~steadytune.supervise.source.WorkerSource` factory taking the RunDir)
+    replaces steadytune's own worker with, e.g., a command it watches. A run stopped by a
+    signal exits 0 under ``run`` (its state is saved), and 128 + the signal under a command's
+    supervisor, as the command itself would have.
+    """
     from rich.console import Console
 
     from steadytune.supervise.supervisor import Supervisor, new_run_id
@@ -115,7 +123,10 @@ def launch(
     if (run.root / "events.jsonl").exists():
         console.print(f"error: run directory {run.root} already exists; pick another --run-id", style="red")
         return 2
-    sup = Supervisor(cfg, run, console=console, worker_env=worker_env)
+    extra: dict[str, Any] = {} if stop_grace_s is None else {"stop_grace_s": stop_grace_s}
+    sup = Supervisor(
+        cfg, run, console=console, worker_env=worker_env, source=source(run) if source else None, **extra
+    )
     console.print(f"run {rid} → {run.root}", highlight=False, markup=False)
     dashboard = None
     if (args is not None and getattr(args, "dashboard", False)) or cfg.dashboard.enabled:
@@ -138,6 +149,10 @@ def launch(
         if dashboard is not None:
             dashboard.stop()
     print_summary(console, result)
+    if source is not None:
+        if result.state == "stopped" and sup.stop_signal is not None:
+            return 128 + sup.stop_signal
+        return 0 if result.state == "completed" else 1
     return 0 if result.state in {"completed", "stopped", "paused"} else 1
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from steadytune.cli._common import add_command, fail
+from steadytune.cli.run import add_launch_options
 from steadytune.rundir import RunDir, valid_run_id
 
 
@@ -62,16 +63,32 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--max-restarts", type=int, default=None, help="crash restarts (default run.max_restarts, 3)"
     )
-    p.add_argument("--hang-floor", type=float, default=60.0, help="never call a hang below this many seconds")
+    p.add_argument(
+        "--hang-floor",
+        type=float,
+        default=None,
+        help="never call a hang below this many seconds of silence (detect.pace.hang_floor_s, 60)",
+    )
     p.add_argument(
         "--hang-factor",
         type=float,
-        default=10.0,
-        help="or this many times the p95 interval between log lines",
+        default=None,
+        help="or this many times the p95 interval between steps (detect.pace.hang_factor, 10)",
     )
     p.add_argument(
-        "--setup-timeout", type=float, default=1800.0, help="seconds allowed before the first progress"
+        "--setup-timeout",
+        type=float,
+        default=None,
+        help="seconds allowed before the first step (policy.setup_timeout_s, 1800)",
     )
+    p.add_argument(
+        "--inject",
+        action="store_true",
+        help="give an HF Trainer-based tool (LLaMA-Factory, TRL, axolotl, HF scripts) steadytune's guard "
+        "in-process: step records with grad norm and batch fingerprints, the NaN skip before the update, "
+        "and control requests (checkpoint, pause, stop); see docs/inject.md",
+    )
+    add_launch_options(p)
     p.add_argument(
         "--stop-grace",
         type=float,
@@ -85,8 +102,25 @@ def register(sub: Any) -> None:
 PRESET_NAMES = ("hf", "llamafactory", "trl")
 
 
+def flag_overrides(args: argparse.Namespace) -> list[str]:
+    """The command-line flags as config overrides: a flag beats the config file."""
+    out = [f"run.runs_dir={args.runs_dir.resolve()}"]
+    for flag, key in (
+        ("max_restarts", "run.max_restarts"),
+        ("hang_floor", "detect.pace.hang_floor_s"),
+        ("hang_factor", "detect.pace.hang_factor"),
+        ("setup_timeout", "policy.setup_timeout_s"),
+    ):
+        if getattr(args, flag) is not None:
+            out.append(f"{key}={getattr(args, flag)}")
+    return out
+
+
 def main(args: argparse.Namespace) -> int:
-    from steadytune.supervise.external import PRESETS, ExternalOptions, run_external
+    from steadytune.cli.run import apply_modes, launch
+    from steadytune.config import ConfigError
+    from steadytune.config.load import load_supervise_config
+    from steadytune.supervise.command import PRESETS, CommandOptions, CommandSource
 
     cmd = args.cmd[1:] if args.cmd and args.cmd[0] == "--" else args.cmd
     if not cmd:
@@ -94,35 +128,28 @@ def main(args: argparse.Namespace) -> int:
     rid = args.run_id or f"{Path(cmd[0]).name}-{time.strftime('%Y%m%d-%H%M%S')}"
     if not valid_run_id(rid):
         return fail(f"invalid run id {rid!r}: letters, digits, '.', '_' and '-' only", 2)
-    cfg = None
-    if args.config is not None or args.set:
-        from steadytune.config import ConfigError
-        from steadytune.config.load import load_supervise_config
-
-        if args.config is None:
-            return fail("--set needs --config", 2)
-        try:
-            cfg = load_supervise_config(args.config, args.set)
-        except ConfigError as e:
-            return fail(str(e), 2)
+    try:
+        cfg = load_supervise_config(args.config, [*args.set, *flag_overrides(args)])
+        cfg = apply_modes(cfg, args)
+    except ConfigError as e:
+        return fail(e.render(), 2)
     preset = PRESETS.get(args.preset or "", {})
     base_lr = args.base_lr
-    if base_lr is None and cfg is not None and "learning_rate" in cfg.train.model_fields_set:
+    if base_lr is None and "learning_rate" in cfg.train.model_fields_set:
         base_lr = cfg.train.learning_rate
-    run = RunDir(args.runs_dir.resolve() / rid)
-    print(f"run {rid} → {run.root}")
-    opts = ExternalOptions(
+    opts = CommandOptions(
         command=cmd,
         output_dir=args.output_dir.resolve() if args.output_dir else None,
         resume_arg=args.resume_arg or preset.get("resume_arg"),
         lr_arg=args.lr_arg or preset.get("lr_arg"),
         base_lr=base_lr,
-        max_restarts=args.max_restarts
-        if args.max_restarts is not None
-        else (cfg.run.max_restarts if cfg else 3),
-        hang_floor_s=args.hang_floor,
-        hang_factor=args.hang_factor,
-        setup_timeout_s=args.setup_timeout,
+        inject=args.inject,
+    )
+    return launch(
+        cfg,
+        run_id=rid,
+        quiet=args.quiet,
+        args=args,
+        source=lambda run: CommandSource(opts, run),
         stop_grace_s=args.stop_grace,
     )
-    return run_external(opts, run, config=cfg)

@@ -315,12 +315,18 @@ _SUPERVISE_PLACEHOLDERS = {
 }
 
 
-def load_supervise_config(path: Path | str, overrides: list[str] | None = None) -> SteadytuneConfig:
+def load_supervise_config(path: Path | str | None, overrides: list[str] | None = None) -> SteadytuneConfig:
     """A config for ``supervise``: its detect, policy, alerts, run and dashboard sections apply.
 
     ``model`` and ``data`` may be left out (the command brings its own); when present they
-    are validated as for ``run``, so one file serves both.
+    are validated as for ``run``, so one file serves both. Without a file, the defaults
+    (with ``overrides``) apply.
     """
+    if path is None:
+        data = apply_overrides({}, overrides or [])
+        for key, value in _SUPERVISE_PLACEHOLDERS.items():
+            data.setdefault(key, value)
+        return validate_dict(data, base=Path.cwd(), source="supervise flags", check_paths=False)
     path = Path(path)
     if not path.exists():
         raise ConfigError(

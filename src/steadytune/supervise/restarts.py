@@ -112,3 +112,46 @@ def rollback_restart(
         "skip_ranges": nxt.skip_ranges,
     }
     return changes, kind, nxt.notes, target
+
+
+def resume_expectation(checkpoint: Path) -> dict[str, float] | None:
+    """Step, epoch, loss and LR of the last log entry a checkpoint's ``trainer_state.json`` holds."""
+    import json
+
+    from steadytune.checkpoint.manifest import checkpoint_step
+
+    try:
+        state = json.loads((checkpoint / "trainer_state.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(state, dict):
+        return None
+    step = state.get("global_step") or checkpoint_step(checkpoint)
+    logged = [e for e in state.get("log_history") or [] if isinstance(e, dict) and "loss" in e]
+    last = logged[-1] if logged else {}
+    out = {
+        "step": step or 0,
+        "epoch": state.get("epoch") or last.get("epoch"),
+        "loss": last.get("loss"),
+        "lr": last.get("learning_rate"),
+    }
+    return {k: float(v) for k, v in out.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def resume_problems(rec: StepRecord, expect: dict[str, float], steps_are_real: bool) -> list[str]:
+    """How the first step record after a resume fails to continue the checkpoint (empty: it does).
+
+    A tool that ignored the resume argument starts over from epoch 0; one that resumed
+    from elsewhere jumps; either way the run is not what the plan says.
+    """
+    problems = []
+    exp_step = int(expect.get("step", 0))
+    exp_epoch = expect.get("epoch")
+    if rec.epoch is not None and exp_epoch and rec.epoch < 0.5 * exp_epoch:
+        problems.append(f"epoch {rec.epoch:g} where checkpoint-{exp_step} was at epoch {exp_epoch:g}")
+    if steps_are_real and rec.step <= exp_step:
+        problems.append(f"step {rec.step}, not after the checkpoint's step {exp_step}")
+    loss, exp_loss = rec.loss, expect.get("loss")
+    if loss is not None and exp_loss and loss > 2.5 * exp_loss and loss - exp_loss > 0.5:
+        problems.append(f"loss {loss:.4g} where the curve was at {exp_loss:.4g}: it does not continue")
+    return problems

@@ -1,8 +1,12 @@
 """The supervisor: the parent process of a run. It never imports torch.
 
-It starts the worker, tails its per-rank streams, samples the system, files
-events, keeps ``status.json`` fresh, and when the worker dies restarts it from
-the newest *verified* checkpoint with a new plan revision, within a budget.
+One supervisor serves ``run`` and ``supervise``: a :mod:`source <steadytune.supervise.source>`
+starts each attempt (steadytune's own worker, or a command it watches) and makes its
+progress appear in the per-rank streams. The supervisor tails them, samples the
+system, runs the detectors and the policy, files events, keeps ``status.json``
+fresh, and when the worker dies, hangs or diverges stops its whole process tree and
+restarts it from the newest *verified* checkpoint with a new plan revision, within
+a budget.
 """
 
 from __future__ import annotations
@@ -17,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from steadytune.checkpoint.manifest import checkpoint_step, list_checkpoints, newest_verified, verify
-from steadytune.checkpoint.store import clean_staging, read_pointer, write_pointer
+from steadytune.checkpoint.manifest import checkpoint_step
+from steadytune.checkpoint.store import read_pointer, write_pointer
 from steadytune.config.load import dump_config
 from steadytune.config.schema import SteadytuneConfig
 from steadytune.detect.live import LiveDetector, Transition, format_transition
@@ -40,9 +44,18 @@ from steadytune.records import (
     to_json,
 )
 from steadytune.rundir import RunDir, atomic_write_text
-from steadytune.supervise.process import WorkerProcess, worker_command
+from steadytune.supervise.logparse import last_exception, last_lines
+from steadytune.supervise.process import ProcessTree, WorkerProcess
 from steadytune.supervise.progress import RunProgress, progress_line
-from steadytune.supervise.restarts import anomaly_event_data, crash_restart, replay_detector, rollback_restart
+from steadytune.supervise.restarts import (
+    anomaly_event_data,
+    crash_restart,
+    replay_detector,
+    resume_expectation,
+    resume_problems,
+    rollback_restart,
+)
+from steadytune.supervise.source import CONTROL, DATA, LR, PLAN, SKIP_STEP, NativeSource, WorkerSource
 from steadytune.telemetry.events import EventLog
 from steadytune.telemetry.sampler import SystemSampler
 from steadytune.telemetry.stream import JsonlTailer, JsonlWriter
@@ -91,13 +104,14 @@ class Supervisor:
         worker_env: dict[str, str] | None = None,
         observers: list[Observer] | None = None,
         stop_grace_s: float = 120.0,
+        source: WorkerSource | None = None,
     ) -> None:
         self.cfg = cfg
         self.run = run.create()
         self.console = console
         self.clock = clock
         self.poll_s = poll_s
-        self.worker_env = dict(worker_env or {})
+        self.source: WorkerSource = source or NativeSource(self.run, cfg.run.nproc_per_node, worker_env)
         self._observers_arg = observers
         self.stop_grace_s = stop_grace_s
         self.sampler = sampler or SystemSampler(self.run.root, clock=clock)
@@ -112,6 +126,7 @@ class Supervisor:
         self.attempt = 0
         self.restarts = 0
         self.worker: WorkerProcess | None = None
+        self.tree: ProcessTree | None = None
         self.exits: list[WorkerExit] = []
         self.last_heartbeat: dict[int, float] = {}
         self.worker_phase = "setup"
@@ -133,7 +148,11 @@ class Supervisor:
         self._leak_snapshot_pending = False
         self._resume_requested = False
         self._interrupts = 0
+        self.stop_signal: int | None = None
         self._stop_sent_at: float | None = None
+        self._bad_checkpoints: set[Path] = set()  # a resume from these failed before its first step
+        self._reported: set[Path] = set()  # unusable checkpoints already reported
+        self._expect: dict[str, float] | None = None  # what the first record after a resume should show
         self._last_sample = 0.0
         self._last_status = 0.0
         self.dashboard_url: str | None = None
@@ -175,7 +194,6 @@ class Supervisor:
         if not force and now - self._last_status < 1.0:
             return
         self._last_status = now
-        latest = read_pointer(self.run.latest_pointer)
         status = {
             "run_id": self.run.run_id,
             "state": self.state,
@@ -187,9 +205,10 @@ class Supervisor:
             "eta_s": self.progress.eta_s,
             "attempt": self.attempt,
             "restarts": self.restarts,
-            "last_checkpoint": latest.name if latest else None,
+            "last_checkpoint": self.source.latest_checkpoint(),
             "supervisor_pid": os.getpid(),
-            "worker_pid": self.worker.pid if self.worker else None,
+            "worker_pid": self.worker.pid if self.worker and self.worker.poll() is None else None,
+            "source": self.source.label,
             "updated_ts": now,
             "dashboard_url": self.dashboard_url,
             "started_ts": self.started_ts,
@@ -202,8 +221,12 @@ class Supervisor:
     def prepare(self) -> None:
         atomic_write_text(self.run.config, dump_config(self.cfg))
         self.started_ts = self.clock()
+        what = "" if PLAN in self.source.abilities else f": supervising {self.source.describe()}"
         self.emit(
-            "lifecycle", "run_started", f"run {self.run.run_id} started", data={"method": self.cfg.method}
+            "lifecycle",
+            "run_started",
+            f"run {self.run.run_id} started{what}",
+            data={"method": self.cfg.method, "source": self.source.label},
         )
 
     def write_plan(self, plan: PlanRevision) -> None:
@@ -227,45 +250,58 @@ class Supervisor:
         self.write_plan(self.plan)
         return self.plan
 
+    def usable_checkpoints(self, before: int | None = None) -> list[tuple[Path, int]]:
+        """Checkpoints the source can resume from, newest first; unusable ones are reported once."""
+        out = []
+        for path in self.source.checkpoints():
+            step = checkpoint_step(path) or 0
+            if (before is not None and step >= before) or path in self._bad_checkpoints:
+                continue
+            problem = self.source.problem(path)
+            if problem is None:
+                out.append((path, step))
+                if before is None:
+                    break  # the newest whole one is all a resume needs; older ones are not read
+            elif path not in self._reported:
+                self._reported.add(path)
+                self.emit(
+                    "anomaly",
+                    "checkpoint_corrupt",
+                    f"{path.name} skipped for resume: {problem}",
+                    step=step,
+                    severity="warning",
+                    data={"path": str(path), "reason": problem},
+                )
+        return out
+
     def resume_point(self) -> str | None:
         """The newest checkpoint that verifies; unusable ones are reported and skipped."""
-        verdict, skipped = newest_verified(self.run.checkpoints)
-        for bad in skipped:
-            self.emit(
-                "anomaly",
-                "checkpoint_corrupt",
-                f"{bad.path.name} skipped for resume: {bad.reason}",
-                step=checkpoint_step(bad.path),
-                severity="warning",
-                data={"path": str(bad.path), "reason": bad.reason},
-            )
-        return str(verdict.path) if verdict else None
+        found = self.usable_checkpoints()
+        return str(found[0][0]) if found else None
 
     def start_worker(self, plan: PlanRevision) -> None:
-        clean_staging(self.run.staging)
         self.run.control.unlink(missing_ok=True)
-        cmd = worker_command(self.run.root, self.cfg.run.nproc_per_node)
-        env = {
-            **self.worker_env,
-            "STEADYTUNE_ATTEMPT": str(plan.attempt),
-            "PYTHONUNBUFFERED": "1",
-            "TOKENIZERS_PARALLELISM": "false",
-        }
-        self.worker = WorkerProcess(cmd, self.run.logs / f"worker-{plan.attempt}.log", env=env)
+        self.worker = self.source.start(plan, self.run.logs / f"worker-{plan.attempt}.log")
+        self.tree = ProcessTree(self.worker)
+        cmd = self.worker.cmd
         self.state = "running"
         self.last_heartbeat = {0: self.clock()}
         self.worker_phase, self.phase_since = "setup", self.clock()
         self.attempt_stepped = False
+        resume = Path(plan.resume_checkpoint) if plan.resume_checkpoint else None
+        self._expect = resume_expectation(resume) if resume is not None else None
         self.emit(
             "lifecycle",
             "worker_started",
-            f"worker attempt {plan.attempt} started (pid {self.worker.pid})"
-            + (f", resuming from {Path(plan.resume_checkpoint).name}" if plan.resume_checkpoint else ""),
+            f"{self.source.label} attempt {plan.attempt} started (pid {self.worker.pid})"
+            + (f", resuming from {resume.name}" if resume else "")
+            + ("" if PLAN in self.source.abilities else f": {' '.join(cmd)}"),
             data={"pid": self.worker.pid, "attempt": plan.attempt, "cmd": cmd},
         )
 
     def pump(self) -> None:
         """Read everything new from the worker's streams and act on it."""
+        self.source.poll()
         for path in self.run.telemetry_files():
             tailer = self.tailers.get(path)
             if tailer is None:
@@ -275,6 +311,8 @@ class Supervisor:
         now = self.clock()
         if now - self._last_sample >= self.cfg.run.sample_interval_s:
             self._last_sample = now
+            if self.tree is not None:
+                self.tree.note()  # every process the attempt started, so none outlives it
             sample = self.sampler.sample(
                 self.worker.pid if self.worker and self.worker.poll() is None else None
             )
@@ -304,6 +342,9 @@ class Supervisor:
             self.last_heartbeat[rec.rank] = self.clock()
             if rec.rank == 0 and rec.attempt == self.attempt and not rec.extra.get("eval"):
                 self.worker_phase, self.attempt_stepped = "train", True
+                if self._expect is not None and rec.loss is not None:
+                    self.check_resume(rec, self._expect)
+                    self._expect = None
             if rec.batch is not None and rec.batch.indices:
                 self.samples_by_step.setdefault(rec.step, []).extend(rec.batch.indices)
             if self.pending is None:
@@ -331,6 +372,19 @@ class Supervisor:
             self.on_worker_event(rec)
         for obs in self.observers:
             obs.on_record(rec)
+
+    def check_resume(self, rec: StepRecord, expect: dict[str, float]) -> None:
+        """The first step after a resume continues the checkpoint: its epoch, its step, its loss."""
+        problems = resume_problems(rec, expect, self.source.steps_are_real())
+        if problems:
+            self.emit(
+                "anomaly",
+                "resume_mismatch",
+                f"the run did not resume from checkpoint-{int(expect['step'])}: " + "; ".join(problems),
+                severity="critical" if len(problems) > 1 or "epoch" in problems[0] else "warning",
+                step=rec.step,
+                data={"expected": expect, "got": {"step": rec.step, "epoch": rec.epoch, "loss": rec.loss}},
+            )
 
     def on_worker_event(self, ev: Event) -> None:
         if ev.name == "train_begin" and ev.data.get("max_steps"):
@@ -399,12 +453,28 @@ class Supervisor:
                 step=a.start_step,
                 data=anomaly_event_data(a),
             )
-            if a.kind in INSPECT_KINDS and a.start_step not in self._inspected and len(self._inspected) < 10:
+            if (
+                DATA in self.source.abilities
+                and a.kind in INSPECT_KINDS
+                and a.start_step not in self._inspected
+                and len(self._inspected) < 10
+            ):
                 self._inspected.add(a.start_step)
                 threading.Thread(target=self.inspect_batch, args=(a.start_step, event), daemon=True).start()
             # One incident often raises several anomalies at once (a spike, its gradients, its layers):
             # once one of them stopped the worker, the others are already being handled.
             action = self.policy.on_raised(a, self.progress.step) if self.pending is None else None
+            if (
+                action is None
+                and self.pending is None
+                and SKIP_STEP not in self.source.abilities
+                and self.policy.config.rule(a.kind).action == "skip_step"
+            ):
+                # The guard skips a NaN update inside the worker; a job without it has applied the
+                # update already, so the weights must come from a checkpoint.
+                action = self.policy.instead(
+                    a, self.progress.step, "rollback", f"the {self.source.label} cannot skip the update"
+                )
             if action is not None:
                 self.execute(action, cause=event)
         else:
@@ -440,10 +510,26 @@ class Supervisor:
     def execute(self, action: Action, cause: Event | None = None) -> None:
         """Carry out what the policy decided. Restart-type actions stop the worker now."""
         step = action.step
-        if action.name == "alert":
+        unable = self.unable(action.name)
+        if action.name == "alert" or unable:
+            why = action.reason if not unable else f"{action.name} is not available: {unable} ({action.reason})"
+            self.emit("action", "alert_only", why, severity="warning", step=step, data=action.params)
+            return
+        if action.name in {"pause", "stop"} and CONTROL not in self.source.abilities:
+            # A job that takes no requests is stopped from outside: what it saved is what there is.
             self.emit(
-                "action", "alert_only", action.reason, severity="warning", step=step, data=action.params
+                "action",
+                action.name,
+                f"{action.name}: {action.reason}; the {self.source.label} takes no requests, so it is "
+                "stopped (its newest checkpoint stays)",
+                severity="warning",
+                step=step,
+                data={"anomaly": action.anomaly.kind if action.anomaly else None, **action.params},
             )
+            if self.worker is not None and self.pending is None:
+                self.pending = action
+                self.worker.signal_tree(signal.SIGTERM)
+                self._stop_sent_at = self.clock()
             return
         self.emit(
             "action",
@@ -481,23 +567,29 @@ class Supervisor:
                 self.dump_stacks()
             self.worker.signal_tree(signal.SIGKILL)
 
+    def unable(self, action: str) -> str | None:
+        """Why this run's source cannot carry out ``action`` (None: it can)."""
+        label = self.source.label
+        if action in {"checkpoint", "memory_snapshot"} and CONTROL not in self.source.abilities:
+            return f"the {label} takes no control requests (supervise --inject gives an HF-based tool them)"
+        if action == "reduce_microbatch" and PLAN not in self.source.abilities:
+            return f"the {label}'s batch shape is its own"
+        return None
+
     def dump_stacks(self) -> None:
-        """Ask every worker rank for its Python stacks (faulthandler on SIGUSR1) before killing it."""
-        if self.worker is None:
+        """The Python stacks of every process of the attempt, into ``stacks/``, before it is killed."""
+        if self.worker is None or self.tree is None:
             return
-        pids = self.worker.python_pids()
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGUSR1)
-            except (ProcessLookupError, PermissionError):
-                continue
+        out = self.run.stacks / f"attempt-{self.attempt}.txt"
+        pids = self.source.dump_stacks(self.tree, self.worker, out)
         if pids:
-            time.sleep(1.0)  # faulthandler writes from a signal handler: give it a moment
+            where = out if out.exists() else self.run.stacks
             self.emit(
                 "action",
                 "stacks_dumped",
-                f"Python stacks of {len(pids)} worker process(es) written to {self.run.stacks}",
-                data={"pids": pids, "dir": str(self.run.stacks)},
+                f"Python stacks of {len(pids)} {self.source.label} process(es) written to {where}",
+                step=self.progress.step,
+                data={"pids": pids, "dir": str(self.run.stacks), "file": str(where)},
             )
 
     def poll_operator(self) -> None:
@@ -578,6 +670,7 @@ class Supervisor:
     def on_signal(self, signum: int, _frame: Any = None) -> None:
         self._interrupts += 1
         if self._interrupts == 1:
+            self.stop_signal = signum
             self.request_stop(f"signal {signal.Signals(signum).name}")
         elif self.worker is not None:
             self.say("second interrupt: killing the worker now", style="bold red")
@@ -585,13 +678,22 @@ class Supervisor:
 
     def request_stop(self, issuer: str) -> None:
         self.state = "stopping"
-        self.say(
-            "stopping: the worker will checkpoint at the next step and exit (Ctrl-C again to kill)",
-            style="yellow",
-        )
-        from steadytune.supervise.control import send_control
+        label = self.source.label
+        if CONTROL in self.source.abilities:
+            from steadytune.supervise.control import send_control
 
-        send_control(self.run, "stop", issuer=issuer, attempt=self.attempt, log=self.events)
+            send_control(self.run, "stop", issuer=issuer, attempt=self.attempt, log=self.events)
+            how = f"the {label} will checkpoint at the next step and exit"
+        else:
+            how = f"the {label} gets SIGTERM (its own handling may save) and {self.stop_grace_s:.0f}s to exit"
+        self.emit(
+            "lifecycle",
+            "stop_requested",
+            f"{issuer}: stopping; {how} (a second signal kills it)",
+            severity="warning",
+            step=self.progress.step,
+            data={"issuer": issuer, "grace_s": self.stop_grace_s},
+        )
         if self.worker is not None:
             self.worker.signal_tree(signal.SIGTERM)
         self._stop_sent_at = self.clock()
@@ -608,23 +710,53 @@ class Supervisor:
             if rc is not None:
                 break
             if self._stop_sent_at is not None and self.clock() - self._stop_sent_at > self.stop_grace_s:
-                self.say("worker did not stop in time: killing it", style="bold red")
+                self.say(f"the {self.source.label} did not stop in time: killing it", style="bold red")
                 self.worker.kill()
             time.sleep(self.poll_s)
+        self.reap()
+        self.source.settle()
         self.pump()  # the last words arrive after the exit
         mine = [e for e in self.exits[exits_before:] if e.attempt == self.attempt]
         last = next((e for e in mine if e.status == "error"), mine[-1] if mine else None)
+        tail = self.worker.log_tail()
+        found = last_exception(tail) if last is None and rc else None
+        status = last.status if last else None
+        if last is None and rc == 0 and PLAN not in self.source.abilities:
+            # A job's own exit status is all it says; asked to stop, a clean exit is a stop.
+            status = "stopped" if self._stop_sent_at is not None else "completed"
+        stopping = self._stop_sent_at is not None or (self.pending is not None and self.pending.name == "stop")
         return ExitInfo(
             returncode=rc,
-            status=last.status if last else None,
-            error_type=last.error_type if last else None,
-            error_message=last.error_message if last else None,
+            status=status,
+            error_type=last.error_type if last else (found[0] if found else None),
+            error_message=last.error_message if last else (found[1] if found else None),
             step=last.step if last else self.progress.step,
-            deterministic=bool(last and last.deterministic),
-            stderr_tail=self.worker.log_tail(),
+            # Without last words, an error exit (not a signal) before any step would fail the same way again.
+            deterministic=bool(last and last.deterministic)
+            or (last is None and rc is not None and rc > 0 and not self.attempt_stepped and not stopping),
+            stderr_tail=tail,
             interrupted=self._stop_sent_at is not None
             and not (last and last.status in {"stopped", "paused", "completed"}),
         )
+
+    def reap(self) -> None:
+        """The attempt's whole tree goes before anything restarts.
+
+        A launcher (trl, accelerate, torchrun) that died leaves its trainer running, and two
+        trainers on one output folder overwrite each other's checkpoints.
+        """
+        if self.tree is None:
+            return
+        left = self.tree.reap()
+        if left:
+            self.emit(
+                "action",
+                "tree_killed",
+                f"killed {len(left)} process(es) the {self.source.label} left behind: {', '.join(map(str, left))}",
+                severity="warning",
+                step=self.progress.step,
+                data={"pids": left},
+            )
 
     def run_to_end(self, live: Any = None) -> RunResult:
         t0 = self.clock()
@@ -634,8 +766,20 @@ class Supervisor:
         self.start_worker(self.plan)
         while True:
             info = self.supervise_attempt(live)
+            if self.pending is None and not self._interrupts and (bad := self.nonfinite_end(info)):
+                # A run whose loss ended NaN/Inf holds unusable weights: it is never "completed".
+                action = self.policy.instead(bad, self.progress.step, "rollback", "the run ended non-finite")
+                if action is None or action.name != "rollback":
+                    why = (
+                        f"the run ended with a non-finite loss ({bad.kind} from step {bad.start_step}) and no "
+                        "rollback is allowed: its final weights are not usable"
+                    )
+                    return self.finish(Decision("stop", "nonfinite", why), info, t0)
+                self.execute(action)
             if self.pending is not None and not self._interrupts:
                 action, self.pending = self.pending, None
+                if action.name in {"stop", "pause"}:  # a job stopped from outside, on the policy's word
+                    return self.finish(Decision("done", "stopped", f"{action.name}: {action.reason}"), info, t0)
                 changes, reason, why = self.plan_after_action(action, info)
                 if changes is None:
                     return self.finish(Decision("stop", action.name, why), info, t0)
@@ -667,7 +811,10 @@ class Supervisor:
                     )
                     self.start_worker(self.plan)
                     continue
-                if decision.action != "restart" or self._interrupts:
+                failed_resume = self.failed_resume(info, decision)
+                if failed_resume is not None:
+                    decision = failed_resume
+                elif decision.action != "restart" or self._interrupts:
                     return self.finish(decision, info, t0)
                 changes, reason, why = self.plan_after_crash(decision)
                 if changes is None:
@@ -688,10 +835,14 @@ class Supervisor:
             event = self.emit(
                 "action",
                 "restart",
-                f"restarting the worker: {why}" + (f" in {delay:.0f}s" if delay else ""),
+                f"restarting the {self.source.label}: {why}" + (f" in {delay:.0f}s" if delay else ""),
                 severity="warning",
                 step=info.step,
-                data={"classification": reason, "returncode": info.returncode},
+                data={
+                    "classification": reason,
+                    "returncode": info.returncode,
+                    **{k: changes[k] for k in ("resume_checkpoint", "lr_scale") if changes.get(k) is not None},
+                },
             )
             self.state = "restarting"
             self.write_status(force=True)
@@ -702,6 +853,37 @@ class Supervisor:
             self.revise(reason=reason, cause=event, attempt=self.attempt, notes=why, **changes)
             self.rewind_detection(changes.get("resume_checkpoint"))
             self.start_worker(self.plan)
+
+    def nonfinite_end(self, info: ExitInfo) -> Anomaly | None:
+        """The open NaN/Inf anomaly a completed attempt ended with, where no guard kept it from the weights."""
+        if info.status != "completed" or SKIP_STEP in self.source.abilities:
+            return None
+        for a in self.detector.open_anomalies():
+            if a.kind == "nan_loss" or (a.kind == "nonfinite_grad" and a.severity == "critical"):
+                return a
+        return None
+
+    def failed_resume(self, info: ExitInfo, decision: Decision) -> Decision | None:
+        """An attempt that died loading its checkpoint, before any step: that checkpoint is the suspect.
+
+        The next older whole one gets its chance (a restart, from the budget), with an event.
+        """
+        resume = self.plan.resume_checkpoint
+        if not (info.deterministic and resume and self.restarts < self.cfg.run.max_restarts):
+            return None
+        path = Path(resume)
+        self._bad_checkpoints.add(path)
+        self.emit(
+            "anomaly",
+            "resume_failed",
+            f"resuming from {path.name} failed before the first step "
+            f"({info.error_type or f'exit {info.returncode}'}: {info.error_message or ''}); "
+            "falling back to an older checkpoint",
+            severity="warning",
+            step=checkpoint_step(path),
+            data={"checkpoint": path.name, "error": info.error_message},
+        )
+        return Decision("restart", "resume_failed", f"resume from {path.name} failed", 0.0)
 
     def rewind_detection(self, resume: str | None) -> None:
         """Start detection again from the checkpoint the worker resumes from.
@@ -729,28 +911,31 @@ class Supervisor:
 
     def plan_after_crash(self, decision: Decision) -> tuple[dict[str, Any] | None, str, str]:
         """Resume from the newest verified checkpoint; after an OOM, also change what ran out."""
-        return crash_restart(self.plan, decision, self.resume_point(), self.cfg)
+        resume = self.resume_point()
+        where = f"; resuming from {Path(resume).name if resume else 'the start'}"
+        if PLAN not in self.source.abilities:  # a job's shape is its own: resume it as it was
+            return {"resume_checkpoint": resume}, decision.classification, decision.reason + where
+        changes, kind, why = crash_restart(self.plan, decision, resume, self.cfg)
+        return changes, kind, why + where
 
     def plan_after_action(self, action: Action, info: ExitInfo) -> tuple[dict[str, Any] | None, str, str]:
         """The restart plan for a worker the supervisor stopped on purpose."""
         if action.name == "restart":
             kind = action.anomaly.kind if action.anomaly else action.name
+            resume = self.resume_point()
             return (
-                {"resume_checkpoint": self.resume_point()},
+                {"resume_checkpoint": resume},
                 kind,
-                f"{kind}: {action.reason}; resume from the newest verified checkpoint",
+                f"{kind}: {action.reason}; resuming from {Path(resume).name if resume else 'the start'}",
             )
-        verified = [
-            s
-            for p in list_checkpoints(self.run.checkpoints)
-            if (s := checkpoint_step(p)) is not None and verify(p).ok
-        ]
+        start = action.anomaly.start_step if action.anomaly is not None else action.step
+        verified = {step: path for path, step in self.usable_checkpoints(before=start)}
         changes, kind, why, target = rollback_restart(
             self.plan,
             action,
-            verified,
+            sorted(verified),
             self.rollback_resumes,
-            self.run.checkpoints,
+            self.source.checkpoint_root or self.run.checkpoints,
             self.progress.step,
             self.samples_by_step,
             self.cfg.policy.rollback_lr_scale,
@@ -758,6 +943,10 @@ class Supervisor:
         if target is not None:
             self.rollback_resumes.append(target)
             self.checkpoint_steps = [s for s in self.checkpoint_steps if s <= target]
+            if target in verified and changes is not None:
+                changes["resume_checkpoint"] = str(verified[target])
+            if LR not in self.source.abilities:
+                why += "; the LR is unchanged (give --lr-arg and --base-lr, or --preset, to lower it)"
         return changes, kind, why
 
     def finish(self, decision: Decision, info: ExitInfo, t0: float) -> RunResult:
@@ -770,19 +959,31 @@ class Supervisor:
         if state == "completed":
             self.update_last_good()
         severity = "info" if state in {"completed", "stopped", "paused"} else "critical"
+        data: dict[str, Any] = {"classification": decision.classification}
+        detail = ""
+        if state == "failed" and self.worker is not None:
+            # The cause itself, where to read more, and how the log ends: a stop that says only
+            # "see the log" sends the user digging.
+            lines = last_lines(info.stderr_tail)
+            data.update(log=str(self.worker.log_path), last_lines=lines)
+            detail = f"\n  log: {self.worker.log_path}" + "".join(f"\n  | {ln}" for ln in lines)
+        if state == "stopped" and self.stop_signal is not None:
+            data["signal"] = signal.Signals(self.stop_signal).name
         self.emit(
             "lifecycle",
             f"run_{state}",
             f"run {state}: {decision.reason}",
             severity=severity,
             step=info.step,
-            data={"classification": decision.classification},
+            data=data,
         )
+        if detail:
+            self.say(detail.lstrip("\n"))
         self.write_status(force=True)
         self.system_writer.close()
         for obs in self.observers:
             obs.close()
-        ckpts = sorted(p.name for p in self.run.checkpoints.glob("checkpoint-*"))
+        ckpts = [p.name for p in reversed(self.source.checkpoints())]  # in step order
         return RunResult(
             self.run, state, decision.reason, self.progress, self.restarts, ckpts, self.clock() - t0
         )

@@ -187,7 +187,8 @@ def _store_sync(path: Path) -> Callable[[], list[int]]:
 
 def _poll_files(path: Path) -> Callable[[], list[int]]:
     from steadytune.rundir import RunDir
-    from steadytune.supervise.external import ExternalOptions, ExternalSupervisor
+    from steadytune.supervise.log_adapter import LogAdapter
+    from steadytune.telemetry.stream import JsonlWriter
     from steadytune.telemetry.stream import iter_records
 
     out = path.parent.parent / "out"
@@ -200,11 +201,12 @@ def _poll_files(path: Path) -> Callable[[], list[int]]:
             dst.write(line)
         del line
     run = RunDir(path.parent.parent / "ext")
-    sup = ExternalSupervisor(ExternalOptions(command=["true"], output_dir=out), run, say=lambda s: None)
+    writer = JsonlWriter(run.telemetry(0))
+    adapter = LogAdapter(writer, ["true"], out, clock=lambda: 0.0)
 
     def read() -> list[int]:
-        sup.poll_files()
-        sup.telemetry.close()
+        adapter.poll_files()
+        writer.close()
         return [r.step for r in iter_records(run.telemetry(0))]
 
     return read
@@ -217,7 +219,7 @@ def rank_file(tmp_path: Path) -> Path:
 
 
 CONSUMERS = {"JsonlTailer": _tailer, "iter_records": _iter_records, "RunStore.sync": _store_sync,
-             "ExternalSupervisor.poll_files": _poll_files}  # fmt: skip
+             "LogAdapter.poll_files": _poll_files}  # fmt: skip
 
 
 @pytest.mark.parametrize("consumer", CONSUMERS.values(), ids=CONSUMERS.keys())

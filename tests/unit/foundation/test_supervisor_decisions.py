@@ -190,7 +190,7 @@ def test_a_worker_that_ignores_stop_is_killed_after_the_grace_period(tmp_path: P
     sup.request_stop("operator")
     info = sup.supervise_attempt()  # returns only once the worker is gone
     assert worker.poll() == info.returncode == -signal.SIGKILL and info.interrupted
-    assert "worker did not stop in time: killing it" in said
+    assert "the worker did not stop in time: killing it" in said
     assert decide(info, [], 0, 3).classification == "user_interrupt"
 
 

@@ -11,7 +11,7 @@ from tests.fresh import fresh_imports
 TORCH_FREE = [
     "steadytune.records", "steadytune.config", "steadytune.telemetry.store", "steadytune.telemetry.events",
     "steadytune.telemetry.sampler", "steadytune.detect.live", "steadytune.policy.engine", "steadytune.policy.plan",
-    "steadytune.supervise.supervisor", "steadytune.supervise.external", "steadytune.alerts.router",
+    "steadytune.supervise.supervisor", "steadytune.supervise.command", "steadytune.supervise.log_adapter", "steadytune.alerts.router",
     "steadytune.web.server", "steadytune.checkpoint.store", "steadytune.estimate", "steadytune.cli.main",
     "steadytune.preflight", "steadytune.forensics.inspect",
 ]  # fmt: skip

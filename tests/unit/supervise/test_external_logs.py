@@ -141,14 +141,20 @@ def test_the_logging_interval_is_read_from_the_command(tmp_path: Path) -> None:
     assert logging_steps_from(["python", "train.py"]) is None
 
 
-def _supervisor(tmp_path: Path):
+def _adapter(tmp_path: Path):
     from steadytune.rundir import RunDir
-    from steadytune.supervise.external import ExternalOptions, ExternalSupervisor
+    from steadytune.supervise.log_adapter import LogAdapter
+    from steadytune.telemetry.stream import JsonlWriter
 
-    opts = ExternalOptions(
-        command=["python", "train.py", "--logging_steps", "10"], output_dir=tmp_path / "out"
+    run = RunDir(tmp_path / "run").create()
+    writer = JsonlWriter(run.telemetry(0))
+    return (
+        run,
+        writer,
+        LogAdapter(
+            writer, ["python", "train.py", "--logging_steps", "10"], tmp_path / "out", clock=lambda: 0.0
+        ),
     )
-    return ExternalSupervisor(opts, RunDir(tmp_path / "run"), say=lambda s: None, observers=[])
 
 
 def _resumable(tmp_path: Path) -> Path:
@@ -163,23 +169,34 @@ def _resumable(tmp_path: Path) -> Path:
     return ck
 
 
+def test_after_a_resume_the_log_lines_count_on_from_the_checkpoints_step(tmp_path: Path) -> None:
+    run, writer, adapter = _adapter(tmp_path)
+    adapter.begin(1, _resumable(tmp_path))
+    adapter.on_stdout("{'loss': '1.58', 'epoch': '2.5'}\n")
+    writer.close()
+    recs = [r for r in iter_records(run.telemetry(0)) if getattr(r, "loss", None) is not None]
+    assert [(r.step, r.attempt) for r in recs] == [(50, 1)]  # counted on by its logging interval
+
+
 @pytest.mark.parametrize(
     "first, mismatch",
     [
-        ({"loss": 1.58, "epoch": 2.5}, None),  # continues: epoch and loss follow the checkpoint
-        ({"loss": 6.9, "epoch": 0.5}, "critical"),  # started over: epoch 0.5, the untrained loss
-        ({"loss": 4.2, "epoch": 2.5}, "warning"),  # the right place, but the curve jumped
+        ({"loss": 1.58, "epoch": 2.5}, []),  # continues: epoch and loss follow the checkpoint
+        ({"loss": 6.9, "epoch": 0.5}, ["epoch", "loss"]),  # started over: epoch 0.5, the untrained loss
+        ({"loss": 4.2, "epoch": 2.5}, ["loss"]),  # the right place, but the curve jumped
+        ({"loss": 1.58, "epoch": 2.5, "step": 40}, ["step"]),  # the step did not move on
     ],
 )
 def test_the_first_record_after_a_resume_must_continue_the_checkpoint(
-    tmp_path: Path, first: dict, mismatch: str | None
+    tmp_path: Path, first: dict, mismatch: list[str]
 ) -> None:
-    from steadytune.telemetry.events import read_events
+    from steadytune.records import StepRecord
+    from steadytune.supervise.restarts import resume_expectation, resume_problems
 
-    sup = _supervisor(tmp_path)
-    sup._restart_detection(_resumable(tmp_path))
-    sup.on_stdout(repr({k: str(v) for k, v in first.items()}) + "\n")
-    found = [e for e in read_events(sup.run.events) if e.name == "resume_mismatch"]
-    assert [e.severity for e in found] == ([mismatch] if mismatch else [])
-    recs = [r.step for r in iter_records(sup.run.telemetry(0)) if getattr(r, "loss", None) is not None]
-    assert recs == [50]  # counted on from the checkpoint's step by its logging interval
+    expect = resume_expectation(_resumable(tmp_path))
+    assert expect == {"step": 40.0, "epoch": 2.0, "loss": 1.6, "lr": 1e-4}
+    rec = StepRecord(step=first.get("step", 50), ts=0.0, loss=first["loss"], epoch=first["epoch"])
+    problems = resume_problems(rec, expect, steps_are_real=True)
+    assert [p.split()[0] for p in problems] == mismatch
+    # Counted steps (from log lines, not the trainer's counter) say nothing about where it resumed.
+    assert not any(p.startswith("step") for p in resume_problems(rec, expect, steps_are_real=False))

@@ -1,0 +1,192 @@
+"""A command steadytune does not run itself (``steadytune supervise -- CMD``), as a worker source.
+
+The command runs in its own session; its output goes to ``logs/worker-N.log`` and
+through the :class:`~steadytune.supervise.log_adapter.LogAdapter` into the run's
+telemetry. A restart appends the tool's resume argument (``--preset`` or
+``--resume-arg``) pointing at the newest checkpoint that is whole, and after a
+rollback its LR argument with the lowered rate. With ``inject`` the tool's own HF
+``Trainer`` gets steadytune's guard (:mod:`steadytune.inject`), which writes the
+records itself and answers control requests, as a native worker does.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from steadytune.checkpoint.external import check_external_checkpoint
+from steadytune.checkpoint.manifest import list_checkpoints
+from steadytune.records import Event, PlanRevision
+from steadytune.rundir import RunDir
+from steadytune.supervise.log_adapter import LogAdapter
+from steadytune.supervise.process import ProcessTree, WorkerProcess
+from steadytune.supervise.source import CONTROL, LR, SKIP_STEP
+from steadytune.telemetry.stream import JsonlWriter
+
+# How each tool takes a resume checkpoint and a learning rate on its command line.
+PRESETS: dict[str, dict[str, str]] = {
+    # llamafactory-cli train my.yaml key=value ...: after a YAML file, overrides are key=value
+    "llamafactory": {"resume_arg": "resume_from_checkpoint={checkpoint}", "lr_arg": "learning_rate={lr}"},
+    # trl sft / HF example scripts: HfArgumentParser flags
+    "trl": {"resume_arg": "--resume_from_checkpoint {checkpoint}", "lr_arg": "--learning_rate {lr}"},
+    "hf": {"resume_arg": "--resume_from_checkpoint {checkpoint}", "lr_arg": "--learning_rate {lr}"},
+}
+# What the injected guard prints when it could not attach (see steadytune.inject).
+INJECT_FAILED = "steadytune: guard not injected"
+
+
+@dataclass
+class CommandOptions:
+    command: Sequence[str]
+    output_dir: Path | None = None
+    resume_arg: str | None = None  # e.g. "--resume_from_checkpoint {checkpoint}"
+    lr_arg: str | None = None  # e.g. "--learning_rate {lr}": how a rollback lowers the job's LR
+    base_lr: float | None = None  # the job's configured LR, which a rollback scales
+    inject: bool = False  # give the tool's HF Trainer the guard (records, NaN skip, control)
+
+
+class CommandSource:
+    """Starts, reads and resumes an arbitrary training command."""
+
+    label = "job"
+
+    def __init__(self, opts: CommandOptions, run: RunDir, clock: Callable[[], float] = time.time) -> None:
+        self.opts, self.run = opts, run
+        self.checkpoint_root = opts.output_dir
+        self.writer = JsonlWriter(run.telemetry(0))
+        self.adapter = LogAdapter(self.writer, opts.command, opts.output_dir, clock)
+        self.injected = opts.inject
+        self._reader: threading.Thread | None = None
+
+    @property
+    def abilities(self) -> frozenset[str]:
+        out = {LR} if self.opts.lr_arg and self.opts.base_lr else set()
+        if self.injected:
+            out |= {CONTROL, SKIP_STEP}
+        return frozenset(out)
+
+    # -- starting ---------------------------------------------------------------
+    def command_for(self, plan: PlanRevision) -> list[str]:
+        cmd = list(self.opts.command)
+        if plan.resume_checkpoint and self.opts.resume_arg:
+            cmd += [p.replace("{checkpoint}", plan.resume_checkpoint) for p in self.opts.resume_arg.split()]
+        scale = plan.lr_scale if plan.lr_scale is not None else 1.0
+        if scale != 1.0 and self.opts.base_lr and self.opts.lr_arg:
+            lr = self.opts.base_lr * scale
+            cmd += [p.replace("{lr}", f"{lr:.6g}") for p in self.opts.lr_arg.split()]
+        return cmd
+
+    def start(self, plan: PlanRevision, log_path: Path) -> WorkerProcess:
+        # PYTHONFAULTHANDLER: a Python trainer prints every thread's stack on SIGABRT, which is
+        # how a hung one shows where it hangs.
+        env = {"STEADYTUNE_ATTEMPT": str(plan.attempt), "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"}
+        if self.opts.inject:
+            from steadytune.inject import inject_env
+
+            env.update(inject_env(self.run.root, plan.attempt, {**os.environ, **env}))
+        self.injected = self.opts.inject
+        self.adapter.records = not self.injected
+        resume = Path(plan.resume_checkpoint) if plan.resume_checkpoint else None
+        self.adapter.begin(plan.attempt, resume)
+        proc = WorkerProcess(self.command_for(plan), log_path, env=env, pipe_stdout=True)
+        self._reader = threading.Thread(target=self._pipe, args=(proc,), daemon=True)
+        self._reader.start()
+        return proc
+
+    def _pipe(self, proc: WorkerProcess) -> None:
+        assert proc.proc.stdout is not None
+        with open(proc.log_path, "ab") as log:
+            for raw in iter(proc.proc.stdout.readline, b""):
+                log.write(raw)
+                log.flush()
+                line = raw.decode("utf-8", "replace")
+                if self.injected and line.startswith(INJECT_FAILED):
+                    self._inject_failed(line.strip())
+                self.adapter.on_stdout(line)
+
+    def _inject_failed(self, line: str) -> None:
+        """The guard could not attach: the log adapter takes over, with what that loses."""
+        self.injected = False
+        self.adapter.records = True
+        self.writer.write(
+            Event(
+                ts=time.time(),
+                kind="lifecycle",
+                name="inject_failed",
+                message=f"{line}; progress is read from the job's log instead (no NaN skip before the "
+                "update, no batch fingerprints, no control requests)",
+                severity="warning",
+            )
+        )
+
+    def poll(self) -> None:
+        self.adapter.poll_files()
+
+    def settle(self) -> None:
+        if self._reader is not None:
+            self._reader.join(timeout=5)
+        self.adapter.poll_files()
+        self.adapter.drain()
+
+    # -- checkpoints --------------------------------------------------------------
+    def checkpoints(self) -> list[Path]:
+        return list_checkpoints(self.opts.output_dir) if self.opts.output_dir else []
+
+    def problem(self, checkpoint: Path) -> str | None:
+        ok, reason = check_external_checkpoint(checkpoint)
+        return None if ok else reason
+
+    def latest_checkpoint(self) -> str | None:
+        found = self.checkpoints()
+        return found[0].name if found else None
+
+    def steps_are_real(self) -> bool:
+        return self.injected or self.adapter.steps_are_real()
+
+    def describe(self) -> str:
+        return " ".join(self.opts.command)
+
+    # -- stacks -------------------------------------------------------------------
+    def dump_stacks(self, tree: ProcessTree, proc: WorkerProcess, out: Path) -> list[int]:
+        """The Python stacks of a hung command, into ``out``, before it is killed.
+
+        Every Python process of the tree gets SIGCONT (a stopped one cannot answer) and then
+        SIGABRT, on which faulthandler (enabled by PYTHONFAULTHANDLER) prints all threads.
+        """
+        import psutil
+
+        tree.note()
+        pids = []
+        for pid in sorted(tree.seen):
+            try:
+                if "python" in psutil.Process(pid).name().lower():
+                    pids.append(pid)
+            except psutil.Error:
+                continue
+        start = proc.log_path.stat().st_size if proc.log_path.exists() else 0
+        for pid in pids:
+            for sig in (signal.SIGCONT, signal.SIGABRT):
+                try:
+                    os.kill(pid, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline and any(psutil.pid_exists(p) for p in pids):
+            time.sleep(0.1)
+        time.sleep(0.5)  # the pipe's last lines reach the log
+        try:
+            with open(proc.log_path, "rb") as f:
+                f.seek(start)
+                text = f.read().decode("utf-8", "replace")
+        except OSError:
+            text = ""
+        if "Fatal Python error" not in text and 'File "' not in text:
+            return []
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+        return pids

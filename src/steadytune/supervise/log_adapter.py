@@ -1,0 +1,226 @@
+"""Turns what a tool prints and writes into the run's telemetry, as a native worker would.
+
+A command steadytune does not run writes no step records. What it does write:
+HF-style log dicts on stdout (``{'loss': 1.2, 'grad_norm': 3.4, 'learning_rate': 2e-05,
+'epoch': 0.5}``, TRL's with string numbers and a tqdm bar on the same line),
+LLaMA-Factory's ``trainer_log.jsonl`` with real step numbers, and the
+``trainer_state.json`` of each checkpoint. The adapter translates those into
+``StepRecord``\\s, ``Heartbeat``\\s and a ``train_begin`` event in
+``telemetry/rank-0.jsonl``; the supervisor then reads that stream exactly as it
+reads a native worker's. The adapter decides nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from steadytune.checkpoint.manifest import checkpoint_step
+from steadytune.records import Event, Heartbeat, StepRecord
+from steadytune.supervise.logparse import as_number, is_summary, logging_steps_from, parse_log_line, train_bar
+from steadytune.telemetry.jsonl import JsonlReader
+from steadytune.telemetry.stream import JsonlWriter
+
+HEARTBEAT_EVERY_S = 1.0  # output is proof of life; more than one beat a second says nothing new
+
+
+class LogAdapter:
+    """One attempt's translation of a command's output into step records (rank 0)."""
+
+    def __init__(
+        self,
+        writer: JsonlWriter,
+        command: Sequence[str],
+        output_dir: Path | None,
+        clock: Callable[[], float],
+    ) -> None:
+        self.writer, self.output_dir, self.clock = writer, output_dir, clock
+        self.attempt = 0
+        self.records = True  # False while an injected guard writes the records itself
+        self._lock = threading.Lock()
+        # HF prints a dict every logging_steps: read from the command (or its YAML), later from a
+        # checkpoint's trainer_state.json; unknown, the progress bar's count stands in.
+        self._log_every: int | None = logging_steps_from(command)
+        self._log_step = 0
+        self._last_logged_step = 0
+        self._last_record_ts: float | None = None
+        self._last_beat = 0.0
+        self._bar_step: int | None = None
+        self._max_steps: int | None = None
+        self._printed: dict[int, dict[str, float]] = {}
+        self._rows: dict[int, dict[str, float]] = {}  # trainer_log.jsonl rows waiting for their dict
+        self._recorded: set[int] = set()  # steps recorded in this attempt
+        self._dicts_seen = False  # the tool prints log dicts beside its trainer_log.jsonl
+        self._tokens_seen: float | None = None  # the tool's cumulative token count at the last record
+        self._log_reader: JsonlReader | None = None
+        self.last_line = ""
+
+    # -- attempts -------------------------------------------------------------
+    def begin(self, attempt: int, checkpoint: Path | None) -> None:
+        """A new attempt: counters continue from the checkpoint it resumes (or start over)."""
+        with self._lock:
+            self.attempt = attempt
+            self._recorded.clear()
+            self._printed.clear()
+            self._rows.clear()
+            self._last_record_ts = None
+            self._tokens_seen = None  # a new process counts its tokens from zero
+            self._max_steps = None
+            if checkpoint is None:
+                self._log_step = self._last_logged_step = 0
+                return
+            try:
+                state = json.loads((checkpoint / "trainer_state.json").read_text())
+            except (OSError, ValueError):
+                state = {}
+            self._log_every = int(state.get("logging_steps") or 0) or self._log_every
+            self._log_step = int(state.get("global_step") or checkpoint_step(checkpoint) or 0)
+            self._last_logged_step = self._log_step
+
+    def steps_are_real(self) -> bool:
+        """Steps come from the tool's own counter (trainer_log.jsonl), not from counting its log lines."""
+        return self.output_dir is not None and (self.output_dir / "trainer_log.jsonl").exists()
+
+    # -- stdout ---------------------------------------------------------------
+    def on_stdout(self, line: str) -> None:
+        self.last_line = line
+        self._beat()
+        bar = train_bar(line)
+        if bar is not None and bar[1] > 0:
+            self._total(bar[1])
+            self._bar_step = bar[0]
+        values = parse_log_line(line)
+        if values is None or is_summary(values):
+            return
+        if self.steps_are_real() and "loss" in values and self._log_every is not None:
+            # LLaMA-Factory's trainer_log.jsonl has the real steps but no grad norm; the dict it
+            # printed for the same step has it, and joins the record when the file catches up.
+            with self._lock:
+                self._log_step += self._log_every
+                self._printed[self._log_step] = values
+                self._dicts_seen = True
+                while len(self._printed) > 256:
+                    del self._printed[next(iter(self._printed))]
+            return
+        if self.steps_are_real():
+            return
+        if "loss" not in values:
+            pass  # an evaluation: it belongs to the step just logged
+        elif self._log_every is not None:
+            self._log_step += self._log_every
+        else:  # the bar counts steps done; the dict belongs to the step being logged
+            self._log_step = max(self._log_step + 1, (self._bar_step or 0) + 1)
+        self.record(self._log_step, values)
+
+    def _beat(self) -> None:
+        now = self.clock()
+        if now - self._last_beat < HEARTBEAT_EVERY_S or not self.records:
+            return
+        self._last_beat = now
+        phase = "train" if self._last_record_ts is not None else "setup"
+        self.writer.write(Heartbeat(ts=now, step=self._last_logged_step, attempt=self.attempt, phase=phase))
+
+    def _total(self, total: int) -> None:
+        if total != self._max_steps and self.records:
+            self._max_steps = total
+            self.writer.write(
+                Event(
+                    ts=self.clock(),
+                    kind="lifecycle",
+                    name="train_begin",
+                    message=f"the job trains to step {total}",
+                    data={"max_steps": total, "attempt": self.attempt},
+                )
+            )
+
+    # -- files ----------------------------------------------------------------
+    def poll_files(self) -> None:
+        """LLaMA-Factory's trainer_log.jsonl carries real step numbers: prefer it when present."""
+        if self.output_dir is None:
+            return
+        if self._log_reader is None:
+            self._log_reader = JsonlReader(self.output_dir / "trainer_log.jsonl")
+        for row in self._log_reader.dicts():
+            step = row.get("current_steps")
+            values = {
+                k: as_number(v)
+                for k, v in row.items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "current_steps"
+            }
+            values = {k: v for k, v in values.items() if v is not None}
+            if isinstance(step, int):
+                self._from_log_file(step, values)
+
+    def _from_log_file(self, step: int, values: dict[str, float]) -> None:
+        """A trainer_log.jsonl row: recorded once the dict printed for its step has joined it.
+
+        The file and stdout race each other; a row waits until its printed dict has come,
+        or a later row has (then none will), or the attempt ends (:meth:`drain`).
+        """
+        self._rows[step] = values
+        if not self._dicts_seen:  # the tool prints no log dicts: nothing to wait for
+            self.drain()
+            return
+        for s in sorted(self._rows):
+            if s in self._printed or s < step:
+                self._record_row(s, self._rows.pop(s))
+
+    def drain(self) -> None:
+        """Record every row still waiting for its printed dict (the attempt ended)."""
+        for s in sorted(self._rows):
+            self._record_row(s, self._rows.pop(s))
+
+    def _record_row(self, step: int, values: dict[str, float]) -> None:
+        if step not in self._recorded:  # recorded from stdout before the file existed
+            self.record(step, values)
+
+    # -- records --------------------------------------------------------------
+    def _interval_tokens(self, total: float | None) -> int | None:
+        """Tokens trained since the last record, from a cumulative count (TRL's num_tokens)."""
+        if total is None:
+            return None
+        prev, self._tokens_seen = self._tokens_seen, total
+        if prev is None or total < prev:
+            return None
+        return int(total - prev) or None
+
+    def record(self, step: int, values: dict[str, float]) -> None:
+        with self._lock:
+            now = self.clock()
+            printed = self._printed.pop(step, None)
+            if printed:
+                values = {**{k: v for k, v in printed.items() if k in ("grad_norm", "num_tokens")}, **values}
+            total = values.get("total_steps")  # LLaMA-Factory's trainer_log.jsonl says how far it goes
+            if total and total > 0:
+                self._total(int(total))
+            # Logs come every few steps: per-step time and tokens are the interval's, shared out.
+            steps_since = step - self._last_logged_step if step > self._last_logged_step else 0
+            step_time = None
+            if steps_since and self._last_record_ts is not None and "loss" in values:
+                step_time = (now - self._last_record_ts) / steps_since
+            tokens = self._interval_tokens(values.get("num_tokens")) if "loss" in values else None
+            if tokens is not None and steps_since:
+                tokens //= steps_since
+            if "loss" in values:
+                self._last_logged_step = max(self._last_logged_step, step)
+                self._recorded.add(step)
+                self._last_record_ts = now
+            if not self.records:
+                return
+            self.writer.write(
+                StepRecord(
+                    step=step,
+                    ts=now,
+                    attempt=self.attempt,
+                    loss=values.get("loss"),
+                    grad_norm=values.get("grad_norm"),
+                    lr=values.get("learning_rate", values.get("lr")),
+                    epoch=values.get("epoch"),
+                    eval_loss=values.get("eval_loss"),
+                    tokens=tokens or None,
+                    step_time_s=step_time,
+                    extra={"eval": True} if "eval_loss" in values and "loss" not in values else {},
+                )
+            )

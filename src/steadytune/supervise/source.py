@@ -1,0 +1,128 @@
+"""Where a supervised run's worker comes from: the one thing that differs between ``run`` and ``supervise``.
+
+The :class:`~steadytune.supervise.supervisor.Supervisor` does everything else once:
+detectors, system sampling, policy and budgets, alerts, ``run.db``, status, events,
+plan revisions, stack dumps, operator controls, restarts. A source starts an
+attempt for a plan, makes its progress appear as records in ``telemetry/rank-N.jsonl``
+and says which checkpoints it could resume from. What a source can do is a set of
+*abilities*; the supervisor asks for an action only where the source has the
+ability for it, and says so when it has not.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Protocol
+
+from steadytune.checkpoint.manifest import list_checkpoints, verify
+from steadytune.checkpoint.store import clean_staging, read_pointer
+from steadytune.records import PlanRevision
+from steadytune.rundir import RunDir
+from steadytune.supervise.process import ProcessTree, WorkerProcess, worker_command
+
+# Abilities a source may have.
+PLAN = "plan"  # the worker reads the whole plan: batch shape, micro-batch split, skip list, OOM changes
+CONTROL = "control"  # it answers control requests (checkpoint now, pause, stop) in-process
+SKIP_STEP = "skip_step"  # a non-finite update is skipped before it reaches the weights
+LR = "lr"  # a rollback's lower learning rate reaches the optimizer
+DATA = "data"  # the supervisor knows the data, so it can inspect a bad step's batch
+
+
+class WorkerSource(Protocol):
+    """Starts attempts of one run and tells the supervisor what it can resume from."""
+
+    label: str  # "worker" (steadytune's own) or "job" (a command it watches)
+    abilities: frozenset[str]
+    checkpoint_root: Path | None  # where its checkpoint-N folders are
+
+    def start(self, plan: PlanRevision, log_path: Path) -> WorkerProcess:
+        """Start the attempt ``plan`` describes (resume point, LR scale, shape)."""
+        ...
+
+    def poll(self) -> None:
+        """Translate whatever the attempt wrote besides its record stream (called every tick)."""
+        ...
+
+    def settle(self) -> None:
+        """The attempt has exited: let its last output reach the record stream."""
+        ...
+
+    def checkpoints(self) -> list[Path]:
+        """Every checkpoint folder, newest step first."""
+        ...
+
+    def problem(self, checkpoint: Path) -> str | None:
+        """Why ``checkpoint`` cannot be resumed from; None when it is whole."""
+        ...
+
+    def latest_checkpoint(self) -> str | None: ...
+
+    def dump_stacks(self, tree: ProcessTree, proc: WorkerProcess, out: Path) -> list[int]:
+        """Write the Python stacks of the attempt's processes to ``out``; the pids asked."""
+        ...
+
+    def steps_are_real(self) -> bool:
+        """Step numbers come from the trainer's own counter (else they are counted from log lines)."""
+        ...
+
+    def describe(self) -> str: ...
+
+
+class NativeSource:
+    """steadytune's own worker (``train/worker.py`` with the guard inside): every ability."""
+
+    label = "worker"
+    abilities = frozenset({PLAN, CONTROL, SKIP_STEP, LR, DATA})
+
+    def __init__(self, run: RunDir, nproc_per_node: int = 1, env: dict[str, str] | None = None) -> None:
+        self.run, self.nproc, self.env = run, nproc_per_node, dict(env or {})
+        self.checkpoint_root = run.checkpoints
+
+    def start(self, plan: PlanRevision, log_path: Path) -> WorkerProcess:
+        clean_staging(self.run.staging)
+        env = {
+            **self.env,
+            "STEADYTUNE_ATTEMPT": str(plan.attempt),
+            "PYTHONUNBUFFERED": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+        }
+        return WorkerProcess(worker_command(self.run.root, self.nproc), log_path, env=env)
+
+    def poll(self) -> None:
+        return None
+
+    def settle(self) -> None:
+        return None
+
+    def checkpoints(self) -> list[Path]:
+        return list_checkpoints(self.run.checkpoints)
+
+    def problem(self, checkpoint: Path) -> str | None:
+        verdict = verify(checkpoint)  # the manifest: every file there, its size and sha256
+        return None if verdict.ok else verdict.reason
+
+    def latest_checkpoint(self) -> str | None:
+        latest = read_pointer(self.run.latest_pointer)
+        return latest.name if latest else None
+
+    def dump_stacks(self, tree: ProcessTree, proc: WorkerProcess, out: Path) -> list[int]:
+        """Every rank has faulthandler on SIGUSR1 and writes its own stacks under ``stacks/``."""
+        pids = proc.python_pids()
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGUSR1)
+            except (ProcessLookupError, PermissionError):
+                continue
+        if pids:
+            time.sleep(1.0)  # faulthandler writes from a signal handler: give it a moment
+        return pids
+
+    def steps_are_real(self) -> bool:
+        return True
+
+    def describe(self) -> str:
+        return f"{sys.executable} -m steadytune.train.worker"
