@@ -51,7 +51,9 @@ class InjectedCallback(GuardCallback):
         self.off = True
         warn("guard switched off", exc)
         try:
-            self.guard.notify("lifecycle", "guard_off", f"injected guard switched off: {exc}", severity="warning")
+            self.guard.notify(
+                "lifecycle", "guard_off", f"injected guard switched off: {exc}", severity="warning"
+            )
         except Exception:
             pass
 
@@ -209,7 +211,11 @@ def install(trainer_cls: type[Trainer], environ: dict[str, str] | None = None) -
     def compute_loss_(self: Trainer, model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
         out = compute_loss(self, model, inputs, *args, **kwargs)
         cb = _callback(self)
-        if cb is not None and model.training and cb.faults.poison(self.state.global_step + 1, cb.guard.attempt):
+        if (
+            cb is not None
+            and model.training
+            and cb.faults.poison(self.state.global_step + 1, cb.guard.attempt)
+        ):
             return (out[0] * float("nan"), *out[1:]) if isinstance(out, tuple) else out * float("nan")
         return out
 
