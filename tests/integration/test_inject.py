@@ -199,3 +199,66 @@ def test_the_guard_needs_nothing_but_torch_and_transformers(tmp_path: Path, demo
     loaded = next(x for x in done.stdout.splitlines() if x.startswith("@@steadytune-modules"))
     assert "steadytune.config" not in loaded and "steadytune.supervise" not in loaded
     assert _exit(run).status == "completed"
+
+
+def _trl_data(demo_assets: Path, folder: Path) -> Path:
+    """The demo set as TRL's prompt/completion conversations."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(demo_assets / "train.jsonl") as fin, open(folder / "train.jsonl", "w") as fout:
+        for line in list(fin)[:200]:
+            r = json.loads(line)
+            prompt = [{"role": "user", "content": f"{r['instruction']} {r['input']}"}]
+            completion = [{"role": "assistant", "content": r["output"]}]
+            fout.write(json.dumps({"prompt": prompt, "completion": completion}) + "\n")
+    return folder
+
+
+def _assert_guarded_steps(run: Path, steps: int, trainer: str) -> None:
+    recs = _steps(run)
+    assert [r.step for r in recs] == list(range(1, steps + 1))
+    assert all(r.grad_norm is not None and math.isfinite(r.grad_norm) and r.batch and r.loss for r in recs)
+    assert trainer in _events(run, "guard_injected")[0].message
+    assert _events(run, "train_begin")[0].data["max_steps"] == steps
+    assert _exit(run).status == "completed"
+
+
+def test_the_trl_cli_trains_with_the_guard(tmp_path: Path, demo_assets: Path) -> None:
+    trl = tool_venv("trl") / "trl"
+    run, out, steps = tmp_path / "run", tmp_path / "out", 6
+    cmd = [str(trl), "sft", "--model_name_or_path", str(demo_assets / "model"),
+           "--dataset_name", str(_trl_data(demo_assets, tmp_path / "data")), "--dataset_train_split", "train",
+           "--output_dir", str(out), "--max_steps", str(steps), "--save_steps", "3", "--logging_steps", "3",
+           "--per_device_train_batch_size", "4", "--learning_rate", "1e-4", "--report_to", "none",
+           "--use_cpu", "true"]  # fmt: skip
+    done = subprocess.run(cmd, env=_env(run), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "steadytune:" not in done.stderr
+    _assert_guarded_steps(run, steps, "SFTTrainer")
+    saved = [e.data["path"] for e in _events(run, "checkpoint_saved")]
+    assert saved == [str(out.resolve() / f"checkpoint-{s}") for s in (3, 6)]
+
+
+def test_the_llamafactory_cli_trains_with_the_guard(tmp_path: Path, demo_assets: Path) -> None:
+    cli = tool_venv("llamafactory") / "llamafactory-cli"
+    run, steps = tmp_path / "run", 6
+    data = tmp_path / "data"
+    data.mkdir()
+    with open(demo_assets / "train.jsonl") as f:
+        (data / "demo.json").write_text(json.dumps([json.loads(line) for line in list(f)[:200]]))
+    columns = {"prompt": "instruction", "query": "input", "response": "output"}
+    (data / "dataset_info.json").write_text(
+        json.dumps({"demo": {"file_name": "demo.json", "columns": columns}})
+    )
+    cfg = tmp_path / "sft.yaml"
+    cfg.write_text(
+        f"model_name_or_path: {demo_assets / 'model'}\nstage: sft\ndo_train: true\nfinetuning_type: lora\n"
+        f"lora_target: all\ndataset: demo\ndataset_dir: {data}\ntemplate: default\ncutoff_len: 64\n"
+        f"output_dir: {tmp_path / 'out'}\nlogging_steps: 3\nsave_steps: 3\nmax_steps: {steps}\n"
+        "per_device_train_batch_size: 4\nlearning_rate: 1.0e-4\nreport_to: none\nuse_cpu: true\n"
+    )
+    done = subprocess.run(
+        [str(cli), "train", str(cfg)], env=_env(run), capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "steadytune:" not in done.stderr
+    _assert_guarded_steps(run, steps, "CustomSeq2SeqTrainer")
