@@ -132,7 +132,10 @@ class Guard:
             self._ids.extend(ids)
             self._samples += len(ids)
         if sample_hashes is not None:
-            self._hashes.extend(h if isinstance(h, str) else f"{int(h):015x}" for h in sample_hashes)
+            hashes = [h if isinstance(h, str) else f"{int(h):015x}" for h in sample_hashes]
+            self._hashes.extend(hashes)
+            if sample_ids is None:
+                self._samples += len(hashes)
 
     def grad_norm(self, model: Any) -> float:
         """Total L2 norm of the gradients (non-finite if any gradient is)."""
@@ -211,7 +214,8 @@ class Guard:
             step_time_s=(now - self._t0) if self._t0 is not None else None,
             epoch=epoch,
             skipped=self._skipped,
-            batch=BatchFingerprint(tuple(self._ids), tuple(self._hashes)) if self._ids else None,
+            # Hashes without row ids: a trainer that is not ours tells what it trained on, not where from.
+            batch=BatchFingerprint(tuple(self._ids), tuple(self._hashes)) if self._ids or self._hashes else None,
             extra=extra or {},
             **memory_stats(),
         )

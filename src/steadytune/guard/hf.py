@@ -40,16 +40,22 @@ class GuardCallback(TrainerCallback):
 
     Add it to any ``Trainer`` (``callbacks=[...]``): it binds itself to that trainer when
     training begins (see :meth:`bind`).
+
+    Without a keeper the checkpoints stay where the trainer writes them (its ``output_dir``):
+    they are reported, not published, and the trainer's own save schedule is left alone
+    (``final_checkpoint=False`` also leaves the end of training to it). That is how the guard
+    rides in a tool's trainer (:mod:`steadytune.inject`).
     """
 
     def __init__(
         self,
         guard: Guard,
-        keeper: CheckpointKeeper,
-        staging: Path,
+        keeper: CheckpointKeeper | None,
+        staging: Path | None,
         faults: Faults | None = None,
         checkpoint_every_s: float | None = None,
         gradflow_every: int = DEFAULT_INTERVAL,
+        final_checkpoint: bool = True,
     ) -> None:
         self.guard = guard
         self.faults = faults or Faults()
@@ -60,6 +66,7 @@ class GuardCallback(TrainerCallback):
         self.gradflow_every = gradflow_every
         self.keeper = keeper
         self.staging = staging
+        self.final_checkpoint = final_checkpoint
         self.stop_status: str | None = None  # "stopped" / "paused" once a request ends the run
         self._external_stop: str | None = None
         self._bound = False  # whether some trainer's clipping reports its norm to the guard
@@ -196,12 +203,12 @@ class GuardCallback(TrainerCallback):
             if command in {"stop", "pause"}:
                 control.should_training_stop = True
                 self.stop_status = "paused" if command == "pause" else "stopped"
-        if state.global_step >= state.max_steps > 0:
+        if self.final_checkpoint and state.global_step >= state.max_steps > 0:
             control.should_save = True  # always end on a verified checkpoint
         if self.checkpoint_every_s and self.guard.clock() - self._last_save_ts >= self.checkpoint_every_s:
             control.should_save = True  # bound the work a crash can lose, in time, not only in steps
         if control.should_save:
-            reason = self.keeper.check_disk()
+            reason = self.keeper.check_disk() if self.keeper is not None else None
             if reason is not None:
                 control.should_save = False
                 self.guard.notify(
@@ -263,11 +270,13 @@ class GuardCallback(TrainerCallback):
     def on_save(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         _barrier()  # every rank has written its RNG state into the staging folder
         if state.is_world_process_zero:
-            staged = self.staging / f"checkpoint-{state.global_step}"
+            staged = (self.staging or Path(args.output_dir)) / f"checkpoint-{state.global_step}"
             if staged.is_dir():
-                final = self.keeper.publish(
-                    staged, state.global_step, extra={"attempt": self.guard.attempt, "format": "hf-trainer"}
-                )
+                final = staged.resolve()  # the supervisor reading the path may run elsewhere
+                if self.keeper is not None:
+                    final = self.keeper.publish(
+                        staged, state.global_step, extra={"attempt": self.guard.attempt, "format": "hf-trainer"}
+                    )
                 size = sum(p.stat().st_size for p in final.rglob("*") if p.is_file())
                 self.guard.notify(
                     "lifecycle",

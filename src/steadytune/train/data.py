@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from steadytune.guard.fingerprint import sample_hash as _hash_ids
+
 IGNORE_INDEX = -100
 SAMPLE_ID = "st_sample_id"
 SAMPLE_HASH = "st_sample_hash"
@@ -87,11 +89,6 @@ def detect_format(rows: list[dict[str, Any]], text_field: str = "text") -> str:
         f"cannot tell the data format from the columns {sorted(keys)}; expected '{text_field}', "
         "'instruction'/'input'/'output' or 'messages' (or set data.format and data.text_field)"
     )
-
-
-def _hash_ids(ids: list[int]) -> int:
-    digest = hashlib.blake2b(json.dumps(ids).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") >> 4  # fits in a signed int64 tensor
 
 
 def _encode_pair(tok: Any, prompt: str, answer: str, spec: DataSpec) -> dict[str, list[int]]:

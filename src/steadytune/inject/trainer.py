@@ -1,0 +1,235 @@
+"""The guard inside a tool's own HF ``Trainer`` (LLaMA-Factory, TRL, axolotl, plain scripts).
+
+:func:`install` wraps four methods of ``transformers.Trainer`` itself, so every
+subclass that calls ``super()`` carries the guard without knowing it:
+
+- ``__init__``: the trainer gets a :class:`~steadytune.guard.hf.GuardCallback` (the one
+  the built-in runner uses) bound to its clipping, so records hold the norm before clipping;
+- ``training_step``: each micro-batch's loss, tokens and content hashes go to the guard;
+- ``compute_loss``: the ``nan_at_step`` drill fault poisons the loss, as in the built-in runner;
+- ``train``: the guard's last words (:class:`~steadytune.records.WorkerExit`) when it returns or raises.
+
+The callback is the same adapter as in a native run, with no keeper: checkpoints stay
+in the tool's ``output_dir`` and the tool's save schedule is its own. Whatever fails in
+the guard switches the guard off with one line on stderr; the tool's training goes on.
+Only the drill faults (``$STEADYTUNE_FAULTS``) are let through, as they are meant to be.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import functools
+import os
+import signal
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import Trainer
+
+from steadytune.guard.core import Guard
+from steadytune.guard.faults import Faults, InjectedCrash
+from steadytune.guard.fingerprint import batch_hashes
+from steadytune.guard.hf import GuardCallback
+from steadytune.inject.env import RUN_ENV
+from steadytune.inject.patch import warn
+from steadytune.rundir import RunDir
+
+_CALLBACK = "_steadytune_callback"  # the trainer instance's InjectedCallback
+_MARK = "_steadytune_injected"  # set on the patched Trainer class
+# Raised on purpose by drills, or real: never swallowed by the guard's own safety net.
+_PASS_THROUGH: tuple[type[BaseException], ...] = (InjectedCrash, torch.OutOfMemoryError)
+
+
+class InjectedCallback(GuardCallback):
+    """:class:`GuardCallback` that turns itself off, rather than stop the tool, when it fails."""
+
+    off = False
+
+    def switch_off(self, exc: BaseException) -> None:
+        self.off = True
+        warn("guard switched off", exc)
+        try:
+            self.guard.notify(
+                "lifecycle", "guard_off", f"injected guard switched off: {exc}", severity="warning"
+            )
+        except Exception:
+            pass
+
+
+def _safe(method: Any) -> Any:
+    @functools.wraps(method)
+    def event(self: InjectedCallback, *args: Any, **kwargs: Any) -> Any:
+        if self.off:
+            return None
+        try:
+            return method(self, *args, **kwargs)
+        except _PASS_THROUGH:
+            raise
+        except Exception as exc:
+            self.switch_off(exc)
+            return None
+
+    return event
+
+
+for _name, _method in list(vars(GuardCallback).items()):
+    if _name.startswith("on_") and callable(_method):
+        setattr(InjectedCallback, _name, _safe(_method))
+
+
+class Injection:
+    """This process's guard: opened by the first trainer, closed when its ``train()`` ends."""
+
+    def __init__(self, run_root: Path, faults: Faults) -> None:
+        self.run = RunDir(run_root)
+        self.faults = faults
+        self.guard: Guard | None = None
+        self._stacks: Any = None
+
+    def open_guard(self) -> Guard:
+        if self.guard is None:
+            self.guard = Guard(self.run.root)  # rank and attempt from $RANK and $STEADYTUNE_ATTEMPT
+            self.guard.start_heartbeats()
+            self._dump_stacks_on_sigusr1(self.guard)
+        return self.guard
+
+    def _dump_stacks_on_sigusr1(self, guard: Guard) -> None:
+        # As in a native worker: the supervisor asks a hung trainer for its stacks with SIGUSR1.
+        # Only when the tool has no handler of its own (the default action would kill it).
+        if self._stacks is not None or signal.getsignal(signal.SIGUSR1) is not signal.SIG_DFL:
+            return
+        self.run.stacks.mkdir(parents=True, exist_ok=True)
+        path = self.run.stacks / f"rank-{guard.rank}-attempt-{guard.attempt}.txt"
+        self._stacks = open(path, "a")  # noqa: SIM115  (open for the life of the process)
+        faulthandler.register(signal.SIGUSR1, file=self._stacks, all_threads=True)
+
+    def attach(self, trainer: Trainer) -> None:
+        if trainer.__dict__.get(_CALLBACK) is not None:
+            return  # a subclass's __init__ chain reached Trainer.__init__ twice
+        guard = self.open_guard()
+        callback = InjectedCallback(guard, None, None, self.faults, final_checkpoint=False)
+        trainer.add_callback(callback)
+        callback.bind(trainer)
+        trainer.__dict__[_CALLBACK] = callback
+        guard.notify(
+            "lifecycle",
+            "guard_injected",
+            f"guard injected into {type(trainer).__module__}.{type(trainer).__qualname__}",
+            trainer=f"{type(trainer).__module__}.{type(trainer).__qualname__}",
+            output_dir=str(Path(trainer.args.output_dir).resolve()),
+        )
+
+    def begin(self, callback: InjectedCallback) -> None:
+        callback.guard = self.open_guard()  # a second train() gets a fresh stream writer
+        callback.stop_status = None
+
+    def finish(self, callback: InjectedCallback, error: BaseException | None) -> None:
+        guard, self.guard = self.guard, None
+        if guard is None:
+            return
+        if error is None:
+            guard.close(callback.stop_status or "completed")
+        elif isinstance(error, KeyboardInterrupt):
+            guard.close("stopped")
+        else:
+            tail = "".join(traceback.format_exception(error))[-4000:]
+            # As in a native worker: failing before one step of this attempt means the inputs are at fault.
+            guard.close("error", error, traceback_tail=tail, deterministic=guard.steps_this_attempt == 0)
+
+
+def _callback(trainer: Trainer) -> InjectedCallback | None:
+    cb = trainer.__dict__.get(_CALLBACK)
+    return cb if cb is not None and not cb.off else None
+
+
+def install(trainer_cls: type[Trainer], environ: dict[str, str] | None = None) -> None:
+    """Patch ``trainer_cls`` (``transformers.Trainer``) to carry the guard. Idempotent.
+
+    Raises on a bad ``$STEADYTUNE_FAULTS`` or a missing ``$STEADYTUNE_INJECT_RUN`` before
+    anything is patched, so a failure leaves the class as it was.
+    """
+    env = os.environ if environ is None else environ
+    if trainer_cls.__dict__.get(_MARK):
+        return
+    if not env.get(RUN_ENV):
+        raise ValueError(f"${RUN_ENV} is not set: no run directory to write the guard's telemetry to")
+    injection = Injection(Path(env[RUN_ENV]), Faults.from_env(dict(env)))
+    init, train = trainer_cls.__init__, trainer_cls.train
+    training_step, compute_loss = trainer_cls.training_step, trainer_cls.compute_loss
+
+    @functools.wraps(init)
+    def __init__(self: Trainer, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        try:
+            injection.attach(self)
+        except Exception as exc:
+            warn("guard not injected", exc)
+
+    @functools.wraps(train)
+    def train_(self: Trainer, *args: Any, **kwargs: Any) -> Any:
+        cb = _callback(self)
+        if cb is not None:
+            try:
+                injection.begin(cb)
+            except Exception as exc:
+                cb.switch_off(exc)
+                cb = None
+        try:
+            result = train(self, *args, **kwargs)
+        except BaseException as exc:
+            _finish(injection, cb, exc)
+            raise
+        _finish(injection, cb, None)
+        return result
+
+    @functools.wraps(training_step)
+    def training_step_(self: Trainer, model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        cb = _callback(self)
+        if cb is None:
+            return training_step(self, model, inputs, *args, **kwargs)
+        ids = mask = None
+        try:
+            ids, mask = inputs.get("input_ids"), inputs.get("attention_mask")
+            rows = int(ids.shape[0]) if ids is not None else 0
+        except Exception:
+            rows = 0
+        cb.faults.check_oom(self.state.global_step + 1, cb.guard.attempt, rows)
+        loss = training_step(self, model, inputs, *args, **kwargs)
+        try:
+            cb.guard.add_microbatch(
+                loss,
+                tokens=int(mask.sum()) if mask is not None else None,
+                sample_hashes=batch_hashes(ids, mask) if ids is not None else None,
+            )
+        except Exception as exc:
+            cb.switch_off(exc)
+        return loss
+
+    @functools.wraps(compute_loss)
+    def compute_loss_(self: Trainer, model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        out = compute_loss(self, model, inputs, *args, **kwargs)
+        cb = _callback(self)
+        if (
+            cb is not None
+            and model.training
+            and cb.faults.poison(self.state.global_step + 1, cb.guard.attempt)
+        ):
+            return (out[0] * float("nan"), *out[1:]) if isinstance(out, tuple) else out * float("nan")
+        return out
+
+    trainer_cls.__init__ = __init__  # type: ignore[method-assign]
+    trainer_cls.train = train_  # type: ignore[method-assign]
+    trainer_cls.training_step = training_step_  # type: ignore[method-assign]
+    trainer_cls.compute_loss = compute_loss_  # type: ignore[method-assign]
+    setattr(trainer_cls, _MARK, True)
+
+
+def _finish(injection: Injection, cb: InjectedCallback | None, error: BaseException | None) -> None:
+    if cb is None:
+        return
+    try:
+        injection.finish(cb, error)
+    except Exception as exc:
+        warn("guard switched off", exc)
