@@ -694,7 +694,9 @@ class Supervisor:
             step=self.progress.step,
             data={"issuer": issuer, "grace_s": self.stop_grace_s},
         )
-        if self.worker is not None:
+        if self.worker is not None and (PLAN in self.source.abilities or CONTROL not in self.source.abilities):
+            # steadytune's worker takes SIGTERM as "stop"; a job without the guard gets its own chance
+            # to save. An injected trainer would die of it, so it gets the request alone.
             self.worker.signal_tree(signal.SIGTERM)
         self._stop_sent_at = self.clock()
 
