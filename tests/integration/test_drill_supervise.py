@@ -100,3 +100,27 @@ def test_every_outside_fault_is_detected_and_recovered_under_the_native_table(
     stop = _run_of(runs, "sigterm")
     assert json.loads((stop / "status.json").read_text())["state"] == "stopped"
     assert [e.name for e in read_events(stop / "events.jsonl")][-2:] == ["stop_requested", "run_stopped"]
+
+
+# A job that prints five HF log dicts and ends, whatever its arguments.
+SHORT_JOB = "import time\nfor i in range(5):\n    print({'loss': 2.0 - i / 10, 'epoch': i / 5}, flush=True)\n    time.sleep(0.1)\n"
+
+
+def test_a_fault_that_never_came_is_not_recovered_and_the_drill_fails(tmp_path: Path) -> None:
+    job = tmp_path / "job.py"
+    job.write_text(SHORT_JOB)
+    cmd = [STEADYTUNE, "drill", "--supervise", "--faults", "kill@50", "--runs-dir", str(tmp_path / "runs"),
+           "--json", "--", sys.executable, str(job), "--output_dir", "{output_dir}"]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stdout + done.stderr
+    (fault,) = json.loads(done.stdout)["faults"]
+    assert fault["kind"] == "kill" and not fault["detected"] and not fault["recovered"]
+
+
+def test_a_command_that_fails_by_itself_is_not_drilled(tmp_path: Path) -> None:
+    cmd = [STEADYTUNE, "drill", "--supervise", "--runs-dir", str(tmp_path / "runs"), "--base-lr", "1e-3", "--",
+           sys.executable, "-c", "import sys; sys.exit(3)", "--output_dir", "{output_dir}"]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1
+    assert "the clean run of the command ended failed" in done.stderr and "no fault was run" in done.stderr
+    assert [p.name.split("-")[0] for p in (tmp_path / "runs").iterdir() if p.is_dir()] == ["clean"]
