@@ -251,11 +251,25 @@ def supervise_job(args: argparse.Namespace) -> tuple[Any, list[Any], Path]:
     except ValueError as exc:
         problems.append(str(exc))
     save = args.save_steps or int_value(cmd, "save_steps") or 20
+    requested = [w.strip() for w in (args.inject or external.DEFAULT_FAULTS).split(",") if w.strip()]
+    inside = sorted(
+        {w.partition("@")[0] for w in requested}
+        & (set(NATIVE_FAULTS.split(",")) - set(external.catalogue(save)))
+    )
+    if inside:
+        problems.append(
+            f"{', '.join(inside)}: done through a hook inside a process steadytune runs, which a command it "
+            "does not run has none of; drill those with `steadytune drill` (native), or leave them out "
+            "(truncated is the outside form of kill-during-save and corrupt-checkpoint)"
+        )
+    requested = [w for w in requested if w.partition("@")[0] not in inside]
     try:
-        faults = parse_inject(args.inject or external.DEFAULT_FAULTS, save, external.catalogue(save))
+        faults = parse_inject(",".join(requested), save, external.catalogue(save))
     except ValueError as exc:
         problems.append(str(exc))
         faults = []
+    if not requested:
+        problems.append(f"no fault to drill: give --faults, e.g. --faults {external.DEFAULT_FAULTS}")
     max_steps = int_value(cmd, "max_steps")
     late = [f"{f.kind}@{f.at_step}" for f in faults if max_steps is not None and f.at_step >= max_steps]
     if late:

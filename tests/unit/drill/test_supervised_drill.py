@@ -199,3 +199,15 @@ def test_a_fault_that_never_happened_or_a_job_left_running_is_not_recovered(tmp_
     assert external.usable(external.catalogue(10)["sigterm"], clean_stop)
     killed_instead = external.Outcome(run, tmp_path / "out", "stopped", -9, fault_ts=1.0)
     assert not external.usable(external.catalogue(10)["sigterm"], killed_instead)
+
+
+def test_faults_that_need_a_hook_inside_the_job_are_refused_with_the_way_out(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    rc = cli(["drill", "--supervise", "--faults", "nan,kill,oom@30", "--runs-dir", str(tmp_path), "--",
+              "python", "t.py", "--output_dir", "{output_dir}"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert rc == 2 and "1 problem(s)" in err
+    assert "nan, oom: done through a hook inside" in err and "`steadytune drill` (native)" in err
+    assert cli(["drill", "--supervise", "--faults", ",", "--", "t.py", "--output_dir", "{output_dir}"]) == 2
+    assert "no fault to drill" in capsys.readouterr().err
