@@ -135,15 +135,12 @@ def render(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def as_dict(r: Any) -> dict[str, Any]:
-    from steadytune.drill.runner import as_dict as _as_dict
-
-    return _as_dict(r)
-
-
 def _summary(
     reports: list[Any], clean_ok: bool, clean_loss: float | None, clean_finite: bool
 ) -> dict[str, Any]:
+    """The drill's JSON: the same shape for a native and a supervised drill."""
+    from steadytune.drill.runner import as_dict
+
     return {
         "faults": [as_dict(r) for r in reports],
         "completed": all(r.recovered for r in reports) and clean_ok,
