@@ -1,4 +1,4 @@
-"""``steadytune drill [CONFIG] [--inject SPEC] [--json]``: prove recovery with real faults."""
+"""``steadytune drill [CONFIG] [--inject SPEC]`` and ``drill --supervise -- CMD``: prove recovery with real faults."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from steadytune.cli._common import add_command
+from steadytune.cli._common import add_command, fail
+
+NATIVE_FAULTS = "nan,oom,spike,kill,kill-during-save,hang,corrupt-checkpoint"
 
 
 def register(sub: Any) -> None:
@@ -18,24 +20,71 @@ def register(sub: Any) -> None:
         sub,
         "drill",
         "inject faults into real supervised runs and report detection and recovery",
-        "steadytune drill --inject nan,oom,spike,kill",
+        "steadytune drill --inject nan,oom,spike,kill\n  "
+        "steadytune drill --supervise --faults kill,truncated,hang,lr,sigterm -- \\\n"
+        "      python examples/hf_trainer_script.py --output_dir {output_dir} --model M --data train.jsonl \\\n"
+        "      --max_steps 40 --save_steps 10 --learning_rate 2e-3 --step_sleep 0.05",
         description="Runs a clean reference, then one supervised run per fault (nan, oom, spike, kill, "
         "kill-during-save, hang, corrupt-checkpoint by default) on the demo model or CONFIG, and reports for each: "
         "detected, at which step, the action, recovered, steps redone, time to recover; and the final loss "
-        "against the clean run.",
+        "against the clean run. With --supervise it drills a command steadytune does not run instead: each run "
+        "is `steadytune supervise -- CMD`, and the faults (kill, truncated, hang, lr, sigterm) are done to its "
+        "real processes from outside. CMD gets a fresh output folder per run: write {output_dir} where it takes "
+        "one, or the drill replaces its --output_dir value. See docs/recovery.md.",
     )
-    p.add_argument("config", nargs="?", type=Path, help="a run config (default: the built-in demo)")
+    p.add_argument(
+        "words",
+        nargs="*",
+        metavar="CONFIG | -- CMD",
+        help="a run config (default: the built-in demo); with --supervise, the command, after --",
+    )
     p.add_argument(
         "--inject",
-        default="nan,oom,spike,kill,kill-during-save,hang,corrupt-checkpoint",
-        help="comma-separated faults, each optionally @STEP (e.g. spike@61,kill)",
+        "--faults",
+        dest="inject",
+        default=None,
+        help="comma-separated faults, each optionally @STEP (e.g. spike@61,kill); default: all of them",
     )
     p.add_argument("--steps", type=int, default=120, help="max_steps of each drill run (default 120)")
-    p.add_argument("--save-steps", type=int, default=20, help="checkpoint interval (default 20)")
+    p.add_argument(
+        "--save-steps",
+        type=int,
+        default=None,
+        help="checkpoint interval (default 20; with --supervise, the command's --save_steps), "
+        "which places the faults",
+    )
     p.add_argument(
         "--runs-dir", type=Path, default=None, help="where the drill's runs go (default: a temp folder)"
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    ext = p.add_argument_group("drilling a command steadytune does not run")
+    ext.add_argument(
+        "--supervise", action="store_true", help="drill `steadytune supervise -- CMD` instead of a native run"
+    )
+    ext.add_argument("--config", type=Path, help="the config supervise gets (its detect:, policy:, alerts:)")
+    ext.add_argument(
+        "--preset",
+        choices=("hf", "llamafactory", "trl"),
+        default="hf",
+        help="how the command takes a resume checkpoint and an LR (default hf: --flags)",
+    )
+    ext.add_argument("--resume-arg", help="as for supervise; overrides the preset's")
+    ext.add_argument("--lr-arg", help="as for supervise; overrides the preset's")
+    ext.add_argument(
+        "--base-lr",
+        type=float,
+        help="the command's learning rate, which the lr fault multiplies by 1000 (default: its "
+        "--learning_rate / learning_rate= value)",
+    )
+    ext.add_argument(
+        "--hang-floor", type=float, default=8.0, help="supervise's --hang-floor in the drill (default 8 s)"
+    )
+    ext.add_argument(
+        "--timeout",
+        type=float,
+        default=900.0,
+        help="seconds one run may take before the drill stops it and counts it failed (default 900)",
+    )
     p.set_defaults(func=main)
 
 
@@ -86,14 +135,43 @@ def render(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _summary(
+    reports: list[Any], clean_ok: bool, clean_loss: float | None, clean_finite: bool
+) -> dict[str, Any]:
+    """The drill's JSON: the same shape for a native and a supervised drill."""
+    from steadytune.drill.runner import as_dict
+
+    return {
+        "faults": [as_dict(r) for r in reports],
+        "completed": all(r.recovered for r in reports) and clean_ok,
+        "final_loss": reports[-1].final_loss if reports else clean_loss,
+        "clean_final_loss": clean_loss,
+        "weights_finite": clean_finite and all(r.recovered for r in reports),
+    }
+
+
+def _finish(out: dict[str, Any], args: argparse.Namespace) -> int:
+    print(json.dumps(out, indent=1) if args.json else render(out))
+    ok = out["completed"] and all(f["detected"] for f in out["faults"])
+    return 0 if ok else 1
+
+
 def main(args: argparse.Namespace) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if args.supervise:
+        return main_supervise(args)
     from steadytune.config import ConfigError
     from steadytune.drill.faults import parse_inject
-    from steadytune.drill.runner import as_dict, final_loss, report, run_one, weights_finite
+    from steadytune.drill.runner import final_loss, report, run_one, weights_finite
 
+    if len(args.words) > 1:
+        return fail(
+            f"one config at most, got {' '.join(args.words)}; to drill a command, use --supervise -- CMD", 2
+        )
+    args.config = Path(args.words[0]) if args.words else None
+    args.save_steps = args.save_steps or 20
     try:
-        faults = parse_inject(args.inject, args.save_steps)
+        faults = parse_inject(args.inject or NATIVE_FAULTS, args.save_steps)
         base = base_config(args)
     except (ValueError, ConfigError) as exc:
         print(f"error: {exc}")
@@ -104,19 +182,134 @@ def main(args: argparse.Namespace) -> int:
     say(f"drill runs in {runs_dir}")
     say("clean reference run ...")
     clean, _ = run_one(base, runs_dir, f"clean-{stamp}", None)
-    clean_loss = final_loss(clean.run)
     reports = []
     for spec in faults:
         say(f"fault {spec.kind} at step {spec.at_step} ...")
         result, ext_ts = run_one(base, runs_dir, f"{spec.kind}-{stamp}", spec)
         reports.append(report(spec, result, ext_ts))
-    out = {
-        "faults": [{k: v for k, v in as_dict(r).items()} for r in reports],
-        "completed": all(r.recovered for r in reports) and clean.state == "completed",
-        "final_loss": reports[-1].final_loss if reports else clean_loss,
-        "clean_final_loss": clean_loss,
-        "weights_finite": weights_finite(clean.run) and all(r.recovered for r in reports),
-    }
-    print(json.dumps(out, indent=1) if args.json else render(out))
-    ok = out["completed"] and all(r.detected for r in reports)
-    return 0 if ok else 1
+    out = _summary(reports, clean.state == "completed", final_loss(clean.run), weights_finite(clean.run))
+    return _finish(out, args)
+
+
+def main_supervise(args: argparse.Namespace) -> int:
+    """``drill --supervise -- CMD``: each run is ``steadytune supervise`` in a subprocess; faults from outside."""
+    from steadytune.drill import external
+    from steadytune.drill.runner import final_loss
+
+    try:
+        job, faults, runs_dir = supervise_job(args)
+    except ValueError as exc:
+        return fail(str(exc), 2)
+    stamp = time.strftime("%H%M%S")
+    say = (lambda *a: None) if args.json else print
+    say(f"drill runs in {runs_dir}")
+    say("clean reference run ...")
+    clean = external.run_one(job, runs_dir, f"clean-{stamp}", None)
+    if clean.state != "completed":
+        # Faults prove nothing about a command that fails on its own: say so before spending the time.
+        return fail(
+            f"the clean run of the command ended {clean.state} (exit {clean.returncode}), so no fault was run; "
+            f"its output is in {clean.console}",
+            1,
+        )
+    reports = []
+    for spec in faults:
+        say(f"fault {spec.kind} at step {spec.at_step} ...")
+        outcome = external.run_one(job, runs_dir, f"{spec.kind}-{stamp}", spec)
+        if outcome.note:
+            say(f"  {outcome.note}")
+        if outcome.left_running:
+            say(f"  still running after supervise exited (now killed): {outcome.left_running}")
+        reports.append(external.report(spec, outcome))
+    out = _summary(reports, True, final_loss(clean.run), external.usable(None, clean))
+    return _finish(out, args)
+
+
+def supervise_job(args: argparse.Namespace) -> tuple[Any, list[Any], Path]:
+    """The job, its faults and the runs folder of ``drill --supervise``; every problem at once.
+
+    Raises:
+        ValueError: what is wrong with the command or the options, each with its fix.
+    """
+    from steadytune.drill import external
+    from steadytune.drill.command import SuperviseLine, float_value, int_value, with_output_dir
+    from steadytune.drill.faults import parse_inject
+    from steadytune.supervise.external import PRESETS
+
+    cmd = list(args.words)
+    if not cmd:
+        raise ValueError(
+            "give the command to drill after --, e.g. steadytune drill --supervise -- "
+            "python train.py --output_dir {output_dir}"
+        )
+    problems = []
+    try:
+        with_output_dir(cmd, Path("out"))
+    except ValueError as exc:
+        problems.append(str(exc))
+    save = args.save_steps or int_value(cmd, "save_steps") or 20
+    requested = [w.strip() for w in (args.inject or external.DEFAULT_FAULTS).split(",") if w.strip()]
+    inside = sorted(
+        {w.partition("@")[0] for w in requested}
+        & (set(NATIVE_FAULTS.split(",")) - set(external.catalogue(save)))
+    )
+    if inside:
+        problems.append(
+            f"{', '.join(inside)}: done through a hook inside a process steadytune runs, which a command it "
+            "does not run has none of; drill those with `steadytune drill` (native), or leave them out "
+            "(truncated is the outside form of kill-during-save and corrupt-checkpoint)"
+        )
+    requested = [w for w in requested if w.partition("@")[0] not in inside]
+    try:
+        faults = parse_inject(",".join(requested), save, external.catalogue(save))
+    except ValueError as exc:
+        problems.append(str(exc))
+        faults = []
+    if not requested:
+        problems.append(f"no fault to drill: give --faults, e.g. --faults {external.DEFAULT_FAULTS}")
+    max_steps = int_value(cmd, "max_steps")
+    late = [f"{f.kind}@{f.at_step}" for f in faults if max_steps is not None and f.at_step >= max_steps]
+    if late:
+        problems.append(
+            f"the command stops at --max_steps {max_steps}, before fault(s) {', '.join(late)} (placed from "
+            f"save_steps {save}): give more steps, or place them with @STEP"
+        )
+    base_lr = args.base_lr or float_value(cmd, "learning_rate")
+    if base_lr is None and any(f.kind == "lr" for f in faults):
+        problems.append(
+            "the lr fault starts the command at 1000x its learning rate, which the command does not name: "
+            "give --base-lr, or --learning_rate in the command"
+        )
+    if args.config is not None and not args.config.is_file():
+        problems.append(f"--config {args.config}: no such file; give a steadytune config, or leave it out")
+    if problems:
+        raise ValueError("\n  - ".join([f"{len(problems)} problem(s) with the drill:", *problems]))
+    runs_dir = (args.runs_dir or Path(tempfile.mkdtemp(prefix="steadytune-drill-"))).resolve()
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    overrides = external.drill_overrides()
+    if args.config is not None:
+        config, sets = args.config.resolve(), tuple(f"{k}={json.dumps(v)}" for k, v in overrides.items())
+    else:  # supervise takes --set only over a file: the drill's own file holds them
+        config, sets = runs_dir / "drill-supervise.yaml", ()
+        config.write_text(json.dumps(nested(overrides), indent=1) + "\n")  # JSON is YAML
+    preset = PRESETS[args.preset]
+    line = SuperviseLine(
+        resume_arg=args.resume_arg or preset["resume_arg"],
+        lr_arg=args.lr_arg or preset["lr_arg"],
+        hang_floor_s=args.hang_floor,
+        config=config,
+        overrides=sets,
+    )
+    return external.Job(tuple(cmd), line, base_lr, args.timeout), faults, runs_dir
+
+
+def nested(flat: dict[str, Any]) -> dict[str, Any]:
+    """``{"policy.x": 1}`` → ``{"policy": {"x": 1}}``."""
+    out: dict[str, Any] = {}
+    for key, value in flat.items():
+        *parents, last = key.split(".")
+        node = out
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = value
+    return out

@@ -7,7 +7,7 @@ operator or the kernel would.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 # Drill runs are short: hangs must be called in seconds, not the production minute.
@@ -26,10 +26,13 @@ class FaultSpec:
     kind: str
     at_step: int
     env: dict[str, Any] = field(default_factory=dict)  # $STEADYTUNE_FAULTS
-    actor: str | None = None  # "kill", "kill_during_save", "corrupt_then_kill"
+    actor: str | None = None  # "kill", "kill_during_save", "corrupt_then_kill"; see drill.external for more
     detect: tuple[str, ...] = ()  # event names that count as detecting it
     act: tuple[str, ...] = ()  # action event names that count as the response
     in_process: bool = False  # recovered without restarting the worker
+    # The event kinds the response may have: a clean stop is a lifecycle event, not an action.
+    act_kinds: tuple[str, ...] = ("action",)
+    expect_state: str = "completed"  # the run's end state that counts as recovered
 
 
 def catalogue(save_steps: int) -> dict[str, FaultSpec]:
@@ -90,9 +93,12 @@ def catalogue(save_steps: int) -> dict[str, FaultSpec]:
     }
 
 
-def parse_inject(spec: str, save_steps: int) -> list[FaultSpec]:
-    """``nan,kill`` or ``spike@61,hang@70``: a list of faults, each at its default or given step."""
-    known = catalogue(save_steps)
+def parse_inject(spec: str, save_steps: int, known: dict[str, FaultSpec] | None = None) -> list[FaultSpec]:
+    """``nan,kill`` or ``spike@61,hang@70``: a list of faults, each at its default or given step.
+
+    ``known`` is the catalogue to choose from (default: the native drill's).
+    """
+    known = catalogue(save_steps) if known is None else known
     out = []
     for part in (p.strip() for p in spec.split(",") if p.strip()):
         name, _, at = part.partition("@")
@@ -100,11 +106,13 @@ def parse_inject(spec: str, save_steps: int) -> list[FaultSpec]:
             raise ValueError(f"unknown fault {name!r}; choose from {', '.join(known)}")
         base = known[name]
         if at:
+            if not at.isdigit():
+                raise ValueError(f"fault {part!r}: the step after @ must be a whole number, e.g. {name}@30")
             step = int(at)
             env = {
                 k: (step if k.endswith("_at_step") or k == "slow_save_step" else v)
                 for k, v in base.env.items()
             }
-            base = FaultSpec(base.kind, step, env, base.actor, base.detect, base.act, base.in_process)
+            base = replace(base, at_step=step, env=env)
         out.append(base)
     return out

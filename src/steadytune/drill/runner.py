@@ -71,15 +71,21 @@ def final_loss(run: RunDir) -> float | None:
     return sum(tail) / len(tail) if tail else None
 
 
-def weights_finite(run: RunDir) -> bool:
+def finite_weights(folder: Path) -> bool:
+    """Whether ``folder`` holds safetensors weights and every floating-point tensor in them is finite."""
     from safetensors.torch import load_file
 
-    files = sorted((run.root / "final").glob("*.safetensors"))
+    files = sorted(folder.glob("*.safetensors"))
     if not files:
         return False
     return all(
         bool(t.isfinite().all()) for f in files for t in load_file(str(f)).values() if t.is_floating_point()
     )
+
+
+def weights_finite(run: RunDir) -> bool:
+    """Whether a native run's final weights (``final/``) are there and finite."""
+    return finite_weights(run.root / "final")
 
 
 class Actor(threading.Thread):
@@ -152,6 +158,11 @@ def run_one(
     return result, actor.done_at if actor else None
 
 
+def _lines(path: Path) -> list[str]:
+    """The non-empty lines of a file that a run which never started may not have written."""
+    return [ln for ln in path.read_text().splitlines() if ln.strip()] if path.exists() else []
+
+
 def _first(
     events: list[Event], names: tuple[str, ...], after_ts: float, kinds: tuple[str, ...]
 ) -> Event | None:
@@ -159,15 +170,22 @@ def _first(
 
 
 def report(spec: FaultSpec, result: RunResult, external_ts: float | None) -> FaultReport:
-    """What happened to one fault, read back from the run directory."""
-    run = result.run
+    """What happened to one fault of a native run, read back from the run directory."""
+    return report_run(spec, result.run, result.state, external_ts, weights_finite(result.run))
+
+
+def report_run(
+    spec: FaultSpec, run: RunDir, state: str, external_ts: float | None, weights_ok: bool
+) -> FaultReport:
+    """What happened to one fault, read back from the run directory alone.
+
+    Any supervisor that writes a run directory can be reported on: ``state`` is how the run
+    ended, ``external_ts`` when an outside actor did the fault (None: the fault shows in the
+    telemetry at ``spec.at_step``), ``weights_ok`` whether what the run left is usable.
+    """
     events = read_events(run.events)
     recs = _steps(run)
-    plans = [
-        p
-        for p in (from_json(line) for line in run.plan.read_text().splitlines() if line.strip())
-        if isinstance(p, PlanRevision)
-    ]
+    plans = [p for p in (from_json(line) for line in _lines(run.plan)) if isinstance(p, PlanRevision)]
     inject_ts = external_ts
     if inject_ts is None:
         hit = next(
@@ -176,7 +194,7 @@ def report(spec: FaultSpec, result: RunResult, external_ts: float | None) -> Fau
         )
         inject_ts = hit.ts if hit else 0.0
     detection = _first(events, spec.detect, inject_ts - 1.0, ("anomaly", "action", "lifecycle"))
-    action = _first(events, spec.act, inject_ts - 1.0, ("action",))
+    action = _first(events, spec.act, inject_ts - 1.0, spec.act_kinds)
     # Steps redone: for each restart, how far the previous attempt got past the checkpoint it resumed from.
     redone = 0
     recovery: float | None = None
@@ -198,8 +216,10 @@ def report(spec: FaultSpec, result: RunResult, external_ts: float | None) -> Fau
     if spec.in_process and detection is not None:
         after = next((r.ts for r in recs if r.step > (detection.step or 0) and not r.extra.get("eval")), None)
         recovery = (after - detection.ts) if after else None
+    if spec.expect_state != "completed" and action is not None:
+        recovery = action.ts - inject_ts  # the answer is the action itself (a clean stop): how long it took
     restarts = max((p.attempt for p in plans), default=0)
-    recovered = result.state == "completed" and weights_finite(run)
+    recovered = state == spec.expect_state and weights_ok
     return FaultReport(
         kind=spec.kind,
         at_step=spec.at_step,
@@ -210,7 +230,8 @@ def report(spec: FaultSpec, result: RunResult, external_ts: float | None) -> Fau
         steps_redone=redone,
         recovery_seconds=round(recovery, 2) if recovery is not None else None,
         restarts=restarts,
-        final_loss=final_loss(run),
+        # A stopped run's loss is where it stopped, not an end to set against the clean run's.
+        final_loss=final_loss(run) if spec.expect_state == "completed" else None,
         run_dir=str(run.root),
     )
 

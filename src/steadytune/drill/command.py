@@ -1,0 +1,117 @@
+"""Shaping the command a supervised drill runs: its output folder, its LR, the supervise line.
+
+Pure functions of argument lists, so each is tested on its own without starting anything.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+OUTPUT_DIR_HELP = (
+    "write {output_dir} where the command takes its output folder (e.g. --output_dir {output_dir}), "
+    "or pass it as --output_dir X / output_dir=X: the drill gives each fault run a folder of its own"
+)
+
+
+def _spellings(key: str) -> tuple[str, ...]:
+    """``--learning_rate`` and ``--learning-rate``: HfArgumentParser takes both."""
+    return (f"--{key}", f"--{key.replace('_', '-')}")
+
+
+def flag_value(cmd: Sequence[str], key: str) -> str | None:
+    """The last value the command gives ``key``: ``--key V``, ``--key=V`` or (LLaMA-Factory) ``key=V``."""
+    found = None
+    flags = _spellings(key)
+    for i, word in enumerate(cmd):
+        if word in flags and i + 1 < len(cmd):
+            found = cmd[i + 1]
+        for prefix in (*(f + "=" for f in flags), f"{key}="):
+            if word.startswith(prefix):
+                found = word[len(prefix) :]
+    return found
+
+
+def with_output_dir(cmd: Sequence[str], out: Path) -> list[str]:
+    """The command with its output folder set to ``out``.
+
+    ``{output_dir}`` anywhere in a word is replaced; otherwise the value of
+    ``--output_dir``/``--output-dir``/``output_dir=`` is.
+
+    Raises:
+        ValueError: the command names no output folder the drill could set.
+    """
+    if any("{output_dir}" in w for w in cmd):
+        return [w.replace("{output_dir}", str(out)) for w in cmd]
+    flags = _spellings("output_dir")
+    words, hit = list(cmd), False
+    for i, word in enumerate(words):
+        if word in flags and i + 1 < len(words):
+            words[i + 1], hit = str(out), True
+        for prefix in (*(f + "=" for f in flags), "output_dir="):
+            if word.startswith(prefix):
+                words[i], hit = prefix + str(out), True
+    if not hit:
+        raise ValueError(f"the command names no output folder: {OUTPUT_DIR_HELP}")
+    return words
+
+
+def int_value(cmd: Sequence[str], key: str) -> int | None:
+    """``key``'s value in the command as a whole number, or None when it is absent or not one."""
+    value = flag_value(cmd, key)
+    return int(value) if value is not None and value.isdigit() else None
+
+
+def float_value(cmd: Sequence[str], key: str) -> float | None:
+    """``key``'s value in the command as a number, or None when it is absent or not one."""
+    value = flag_value(cmd, key)
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def filled(template: str, **values: object) -> list[str]:
+    """``"--learning_rate {lr}"`` → ``["--learning_rate", "3"]``: how supervise reads its templates too."""
+    out = []
+    for part in template.split():
+        for key, value in values.items():
+            part = part.replace("{" + key + "}", str(value))
+        out.append(part)
+    return out
+
+
+@dataclass(frozen=True)
+class SuperviseLine:
+    """What the drill passes to ``steadytune supervise``, beside the job's command."""
+
+    resume_arg: str
+    lr_arg: str
+    hang_floor_s: float
+    config: Path | None = None  # the user's config; the drill's overrides go on top as --set
+    overrides: tuple[str, ...] = ()
+    python: str = field(default=sys.executable)
+
+
+def supervise_argv(
+    line: SuperviseLine,
+    job: Sequence[str],
+    output_dir: Path,
+    runs_dir: Path,
+    run_id: str,
+    base_lr: float | None = None,
+) -> list[str]:
+    """The ``steadytune supervise`` command line of one drill run (``base_lr``: the job's first LR)."""
+    argv = [line.python, "-m", "steadytune.cli.main", "supervise"]
+    if line.config is not None:
+        argv += ["--config", str(line.config)]
+    for item in line.overrides:
+        argv += ["--set", item]
+    argv += ["--resume-arg", line.resume_arg, "--lr-arg", line.lr_arg]
+    if base_lr is not None:
+        argv += ["--base-lr", f"{base_lr:g}"]
+    argv += ["--hang-floor", f"{line.hang_floor_s:g}", "--output-dir", str(output_dir)]
+    argv += ["--runs-dir", str(runs_dir), "--run-id", run_id, "--", *job]
+    return argv

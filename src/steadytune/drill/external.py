@@ -1,0 +1,328 @@
+"""The drill for a command steadytune does not run: ``steadytune drill --supervise -- CMD``.
+
+Each fault run is ``steadytune supervise -- CMD`` in a subprocess, a black box: the
+faults are done from outside to the real processes (a signal, a cut file), at the
+moment the run directory shows, and the report is read back from the run directory
+and the job's output folder alone, as for the native drill. Faults that need a hook
+inside the job (NaN, OOM) are not here: a command steadytune does not run has none.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from steadytune.checkpoint.external import check_external_checkpoint
+from steadytune.checkpoint.manifest import list_checkpoints
+from steadytune.drill.command import SuperviseLine, filled, supervise_argv, with_output_dir
+from steadytune.drill.faults import FaultSpec
+from steadytune.drill.runner import FaultReport, finite_weights, report_run
+from steadytune.rundir import RunDir
+from steadytune.telemetry.jsonl import JsonlReader
+
+# The lr fault starts the job at this many times its own LR (as the native spike bursts it);
+# the drill's rollback scale undoes exactly that, so the rolled-back run trains at the job's LR.
+LR_FAULT_FACTOR = 1000.0
+DEFAULT_FAULTS = "kill,truncated,hang,lr,sigterm"
+
+
+def catalogue(save_steps: int) -> dict[str, FaultSpec]:
+    """The faults done from outside, placed relative to the job's checkpoint interval."""
+    s = save_steps
+    return {
+        "kill": FaultSpec("kill", 2 * s + s // 2, actor="kill", detect=("restart",), act=("restart",)),
+        # The newest checkpoint's weights are cut short, then the trainer is killed: the resume
+        # must skip it for the one before.
+        "truncated": FaultSpec(
+            "truncated", 2 * s, actor="truncate_then_kill", detect=("checkpoint_corrupt",), act=("restart",)
+        ),
+        "hang": FaultSpec("hang", 2 * s + s // 2, actor="stop", detect=("stall",), act=("restart",)),
+        "lr": FaultSpec(
+            "lr",
+            1,
+            detect=("loss_spike", "divergence", "grad_explosion", "grad_spike", "nan_loss"),
+            act=("rollback",),
+        ),
+        "sigterm": FaultSpec(
+            "sigterm",
+            2 * s + s // 2,
+            actor="sigterm",
+            detect=("stop_requested",),
+            act=("run_stopped",),
+            act_kinds=("lifecycle",),
+            expect_state="stopped",
+        ),
+    }
+
+
+def drill_overrides() -> dict[str, object]:
+    """The drill's policy over the user's: no paging, spikes confirmed fast, a rollback undoes the lr fault."""
+    return {
+        "policy.spike_confirm_points": 2,
+        "policy.rollback_lr_scale": 1.0 / LR_FAULT_FACTOR,
+        "alerts.enabled": False,
+    }
+
+
+@dataclass(frozen=True)
+class Job:
+    """The command under drill and how ``steadytune supervise`` is to run it."""
+
+    command: tuple[str, ...]  # with {output_dir} or an --output_dir value the drill replaces
+    line: SuperviseLine
+    base_lr: float | None = None  # the job's own LR (the lr fault needs it)
+    timeout_s: float = 900.0  # a fault run still going after this is stopped and counts as failed
+
+
+@dataclass
+class Outcome:
+    """How one supervised drill run ended, as seen from outside."""
+
+    run: RunDir
+    output_dir: Path
+    state: str  # status.json's final state; "timeout" or "not started" when it has none
+    returncode: int | None
+    fault_ts: float | None  # when the outside actor did the fault
+    note: str = ""  # what the actor did, in words
+    cut: str | None = None  # the checkpoint whose weights the actor cut short
+    left_running: list[int] = field(default_factory=list)  # pids of the job still alive after supervise
+    console: Path | None = None
+
+
+def trainer_pid(root: int) -> int:
+    """The trainer of a job's process tree: its deepest Python process (a launcher's child), else the root.
+
+    ``python train.py`` is its own trainer; ``trl sft`` or ``accelerate launch`` start one as a child.
+    """
+    try:
+        proc = psutil.Process(root)
+        tree = [proc, *proc.children(recursive=True)]
+    except psutil.Error:
+        return root
+    best, best_depth = root, -1
+    for p in tree:
+        try:
+            if "python" not in p.name().lower():
+                continue
+            depth, q = 0, p
+            while q is not None and q.pid != root:
+                q, depth = q.parent(), depth + 1
+        except psutil.Error:
+            continue
+        if depth > best_depth:
+            best, best_depth = p.pid, depth
+    return best
+
+
+class Watch:
+    """What a supervised run's directory says so far: the first attempt's pid and step, incrementally."""
+
+    def __init__(self, run: RunDir) -> None:
+        self._events = JsonlReader(run.events)
+        self._steps = JsonlReader(run.telemetry(0))
+        self.worker_pids: list[int] = []  # one per attempt, from its worker_started event
+        self.step = 0  # the newest training step of the first attempt
+
+    def poll(self) -> None:
+        for e in self._events.dicts():
+            if e.get("name") == "worker_started" and isinstance((e.get("data") or {}).get("pid"), int):
+                self.worker_pids.append(e["data"]["pid"])
+        for r in self._steps.dicts():
+            extra = r.get("extra") or {}
+            if r.get("type") == "step" and r.get("attempt") == 0 and not extra.get("eval"):
+                self.step = max(self.step, int(r.get("step") or 0))
+
+    @property
+    def first_attempt(self) -> bool:
+        return len(self.worker_pids) == 1
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def truncate_newest(output_dir: Path) -> tuple[str, str]:
+    """Cut the newest checkpoint's largest weights file to half its length, as a full disk would.
+
+    Returns the checkpoint's name and what was done, in words.
+    """
+    newest = list_checkpoints(output_dir)[0]
+    weights = list(newest.glob("*.safetensors")) or [p for p in newest.rglob("*") if p.is_file()]
+    victim = max(weights, key=lambda p: p.stat().st_size)
+    size = victim.stat().st_size
+    os.truncate(victim, size // 2)
+    return newest.name, f"cut {newest.name}/{victim.name} from {size} to {size // 2} bytes"
+
+
+class Actor(threading.Thread):
+    """Does one fault to the first attempt of a supervised run, at its step, from outside."""
+
+    def __init__(self, spec: FaultSpec, run: RunDir, output_dir: Path, supervisor: subprocess.Popen) -> None:
+        super().__init__(daemon=True, name=f"drill-{spec.kind}")
+        self.spec, self.output_dir, self.supervisor = spec, output_dir, supervisor
+        self.watch = Watch(run)
+        self.done_at: float | None = None
+        self.note = ""
+        self.cut: str | None = None
+        self.trainers: list[int] = []
+        self._halt = threading.Event()
+
+    def stop(self) -> None:
+        self._halt.set()
+
+    def _due(self) -> bool:
+        spec, step = self.spec, self.watch.step
+        if spec.actor == "truncate_then_kill":
+            # The checkpoint at the fault's step is whole and the trainer has gone past it.
+            ckpt = self.output_dir / f"checkpoint-{spec.at_step}"
+            return step >= spec.at_step + 2 and check_external_checkpoint(ckpt)[0]
+        return step >= spec.at_step
+
+    def run(self) -> None:
+        while not self._halt.wait(0.05):
+            self.watch.poll()
+            if len(self.watch.worker_pids) > 1 or self.supervisor.poll() is not None:
+                return  # the first attempt ended before the fault's step: nothing was done
+            if not self.watch.first_attempt or not self._due():
+                continue
+            self._act()
+            self.done_at = time.time()
+            return
+
+    def _act(self) -> None:
+        actor = self.spec.actor
+        if actor == "sigterm":
+            self.supervisor.send_signal(signal.SIGTERM)
+            self.note = f"SIGTERM to steadytune supervise (pid {self.supervisor.pid})"
+            return
+        pid = trainer_pid(self.watch.worker_pids[0])
+        self.trainers.append(pid)
+        if actor == "stop":
+            _signal(pid, signal.SIGSTOP)
+            self.note = f"SIGSTOP to the trainer (pid {pid})"
+        elif actor == "kill":
+            _signal(pid, signal.SIGKILL)
+            self.note = f"SIGKILL to the trainer (pid {pid})"
+        elif actor == "truncate_then_kill":
+            _signal(pid, signal.SIGSTOP)  # frozen, it cannot start the next save while its newest is cut
+            self.cut, what = truncate_newest(self.output_dir)
+            self.note = f"{what}, then SIGKILL to the trainer (pid {pid})"
+            _signal(pid, signal.SIGKILL)
+
+
+def alive(pids: Sequence[int]) -> list[int]:
+    """The pids that still run (a zombie waiting for its parent does not)."""
+    out = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.Error:
+            continue
+    return out
+
+
+def _end(proc: subprocess.Popen, grace_s: float = 60.0) -> int | None:
+    """Stop a supervise that ran past its time as a user would: SIGTERM (it stops the job), then SIGKILL."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()
+
+
+def run_one(job: Job, runs_dir: Path, run_id: str, spec: FaultSpec | None) -> Outcome:
+    """One ``steadytune supervise`` run of the job, with ``spec`` done to it from outside (None: clean)."""
+    out = runs_dir / "outputs" / run_id
+    command = with_output_dir(job.command, out)
+    base_lr = job.base_lr
+    if spec is not None and spec.kind == "lr":
+        assert job.base_lr is not None, "the lr fault needs the job's LR"
+        base_lr = job.base_lr * LR_FAULT_FACTOR
+        command += filled(job.line.lr_arg, lr=f"{base_lr:g}")  # the first attempt's LR; a rollback lowers it
+    argv = supervise_argv(job.line, command, out, runs_dir, run_id, base_lr)
+    run = RunDir(runs_dir / run_id)
+    console = runs_dir / f"{run_id}.console.txt"
+    with open(console, "wb") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    actor = Actor(spec, run, out, proc) if spec is not None and spec.actor else None
+    if actor:
+        actor.start()
+    try:
+        rc: int | None = proc.wait(job.timeout_s)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        rc, timed_out = _end(proc), True
+    finally:
+        if actor:
+            actor.stop()
+            actor.join(5)
+    watch = Watch(run)
+    watch.poll()
+    # Whatever of the job outlived its supervisor is reported, then ended: the next fault needs the cores.
+    left = alive([*watch.worker_pids, *(actor.trainers if actor else [])])
+    for pid in left:
+        _signal(pid, signal.SIGKILL)
+    return Outcome(
+        run=run,
+        output_dir=out,
+        state="timeout" if timed_out else _final_state(run),
+        returncode=rc,
+        fault_ts=actor.done_at if actor else None,
+        note=actor.note if actor else "",
+        cut=actor.cut if actor else None,
+        left_running=left,
+        console=console,
+    )
+
+
+def _final_state(run: RunDir) -> str:
+    try:
+        return str(json.loads(run.status.read_text()).get("state"))
+    except (OSError, ValueError):
+        return "not started"
+
+
+def final_weights(output_dir: Path) -> Path:
+    """Where a job's last weights are: the output folder when it saved a model there, else its newest checkpoint."""
+    if any(output_dir.glob("*.safetensors")):
+        return output_dir
+    found = list_checkpoints(output_dir)
+    return found[0] if found else output_dir
+
+
+def usable(spec: FaultSpec | None, outcome: Outcome) -> bool:
+    """Whether the run ended as recovery requires, beyond its end state (which the report checks)."""
+    if outcome.left_running:
+        return False  # a supervisor that leaves the job running has not handled anything
+    if spec is not None and spec.actor and outcome.fault_ts is None:
+        return False  # the fault never happened: nothing was proven
+    if spec is not None and spec.expect_state == "stopped":
+        return outcome.returncode == 128 + signal.SIGTERM
+    if spec is not None and spec.kind == "truncated":
+        resumed = [p for p in _plans(outcome.run) if p.get("attempt") == 1]
+        if not resumed or Path(str(resumed[0].get("resume_checkpoint"))).name == outcome.cut:
+            return False  # the cut checkpoint was resumed, or nothing was
+    return finite_weights(final_weights(outcome.output_dir))
+
+
+def _plans(run: RunDir) -> list[dict]:
+    return JsonlReader(run.plan).read_dicts() if run.plan.exists() else []
+
+
+def report(spec: FaultSpec, outcome: Outcome) -> FaultReport:
+    """The native drill's report of one fault, from the run directory and the job's output folder."""
+    return report_run(spec, outcome.run, outcome.state, outcome.fault_ts, usable(spec, outcome))
