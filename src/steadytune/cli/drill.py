@@ -234,7 +234,7 @@ def supervise_job(args: argparse.Namespace) -> tuple[Any, list[Any], Path]:
     from steadytune.drill import external
     from steadytune.drill.command import SuperviseLine, float_value, int_value, with_output_dir
     from steadytune.drill.faults import parse_inject
-    from steadytune.supervise.external import PRESETS
+    from steadytune.supervise.command import PRESETS
 
     cmd = list(args.words)
     if not cmd:

@@ -110,8 +110,10 @@ class LogAdapter:
             pass  # an evaluation: it belongs to the step just logged
         elif self._log_every is not None:
             self._log_step += self._log_every
-        else:  # the bar counts steps done; the dict belongs to the step being logged
-            self._log_step = max(self._log_step + 1, (self._bar_step or 0) + 1)
+        else:
+            # The HF Trainer moves its bar on at the step's end and prints the step's dict after:
+            # a bar redrawn in between shows the step itself, a stale one an earlier count.
+            self._log_step = max(self._log_step + 1, self._bar_step or 0)
         self.record(self._log_step, values)
 
     def _beat(self) -> None:
