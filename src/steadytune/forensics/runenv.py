@@ -18,7 +18,8 @@ script under it (:func:`write_command_env`). The document (``version`` 1)::
     {"version": 1, "ts": ..., "written_by": "supervisor" | "supervise",
      "python": {...}, "os": {...}, "key_packages": {...}, "packages": ["name==version", ...],
      "local_packages": {...}, "torch": {...}, "nvml": {"driver": ..., "gpus": [...]},
-     "env": {...}, "git": {...} | null, "command": {...}   (supervise only)}
+     "env": {...}, "git": {...} | null,
+     "command": {"interpreter": ..., <the same readings, of the command's Python>}   (supervise only)}
 """
 
 from __future__ import annotations
@@ -170,9 +171,9 @@ def write_command_env(run: RunDir, command: Sequence[str], cwd: Path | None = No
     python = command_python(command, cwd)
     if python is None:
         env["command"] = {
-            "python": None,
+            "interpreter": None,
             "error": "the command's Python interpreter could not be told from it",
         }
     else:
-        env["command"] = {"python": python, **snapshot_of(python)}
+        env["command"] = {**snapshot_of(python), "interpreter": python}
     return write_env(run, env)
