@@ -10,6 +10,10 @@ FROM ${BASE_IMAGE}
 # so the later install keeps it instead of pulling another build from PyPI.
 ARG TORCH_VERSION=2.13.0
 ARG TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cu126"
+# Extra pip options for every install (a mirror: --index-url ...), and a CA bundle for a TLS-inspecting proxy
+# (a path inside the build, e.g. mounted with podman build -v); pip reads PIP_CERT, its build subprocesses too.
+ARG PIP_ARGS=""
+ARG PIP_CERT=""
 ARG EXTRAS=train,gpu,plot
 ARG UID=1000
 
@@ -28,11 +32,11 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 
 RUN python3 -m venv /opt/steadytune \
- && pip install ${TORCH_PIP_ARGS} "torch==${TORCH_VERSION}"
+ && pip install ${PIP_ARGS} ${TORCH_PIP_ARGS} "torch==${TORCH_VERSION}"
 
 COPY pyproject.toml README.md /opt/steadytune-src/
 COPY src /opt/steadytune-src/src
-RUN pip install "/opt/steadytune-src[${EXTRAS}]" \
+RUN pip install ${PIP_ARGS} "/opt/steadytune-src[${EXTRAS}]" \
  && python -c "import torch, steadytune; print('torch', torch.__version__, 'steadytune', steadytune.__version__)"
 
 # A non-root user owns the runs folder and the caches; mount the host's runs directory on /runs.

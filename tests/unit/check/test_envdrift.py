@@ -27,7 +27,9 @@ def past_run(runs: Path, run_id: str, config_text: str, state: str, when: float,
 
 def with_version(env: dict, name: str, version: str) -> dict:
     out = copy.deepcopy(env)
-    out["packages"] = [p for p in out["packages"] if p.split("==")[0].lower() != name] + [f"{name}=={version}"]
+    out["packages"] = [p for p in out["packages"] if p.split("==")[0].lower() != name] + [
+        f"{name}=={version}"
+    ]
     return out
 
 
@@ -64,6 +66,8 @@ def test_a_change_is_a_warning_naming_each_package_against_the_newest_completed_
 def test_a_named_config_matches_by_its_run_name(tmp_path: Path) -> None:
     cfg = make_config(tmp_path, run={"name": "llama-sft"})
     edited = make_config(tmp_path, run={"name": "llama-sft"}, train={"max_steps": 500})
-    past_run(tmp_path / "runs", "a", dump_config(edited), "completed", 5.0, with_version(NOW, "zzz-extra", "1"))
+    past_run(
+        tmp_path / "runs", "a", dump_config(edited), "completed", 5.0, with_version(NOW, "zzz-extra", "1")
+    )
     c = environment_check(cfg, current=lambda: NOW)
     assert c.status == "warn" and "-zzz-extra 1" in c.reason

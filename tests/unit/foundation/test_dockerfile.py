@@ -13,7 +13,9 @@ REPO = Path(__file__).resolve().parents[3]
 def instructions() -> list[tuple[str, str]]:
     """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
     text = (REPO / "Dockerfile").read_text()
-    text = re.sub(r"\\\n", " ", "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#")))
+    text = re.sub(
+        r"\\\n", " ", "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+    )
     out = []
     for line in text.splitlines():
         if line.strip():
@@ -30,8 +32,12 @@ def test_every_copied_path_exists_and_is_not_docker_ignored() -> None:
         *sources, _dest = [w for w in shlex.split(args) if not w.startswith("--")]
         for src in sources:
             assert (REPO / src).exists(), f"COPY {src}: no such path in the repository"
-            assert f"!{src.rstrip('/')}/" in ignore or f"!{src}" in ignore, f"{src} is excluded by .dockerignore"
-            tracked = subprocess.run(["git", "ls-files", src], cwd=REPO, capture_output=True, text=True).stdout
+            assert f"!{src.rstrip('/')}/" in ignore or f"!{src}" in ignore, (
+                f"{src} is excluded by .dockerignore"
+            )
+            tracked = subprocess.run(
+                ["git", "ls-files", src], cwd=REPO, capture_output=True, text=True
+            ).stdout
             assert tracked.strip(), f"{src} is not tracked by git: a fresh clone could not build the image"
 
 
@@ -47,7 +53,9 @@ def test_entrypoint_user_healthcheck_and_pinned_torch() -> None:
     assert "/healthz" in health and "CMD" in health
     user = [a for w, a in ins if w == "USER"]
     assert user and user[-1] not in ("root", "0")
-    assert words.index("USER") > max(i for i, w in enumerate(words) if w == "RUN" and "pip install" in ins[i][1])
+    assert words.index("USER") > max(
+        i for i, w in enumerate(words) if w == "RUN" and "pip install" in ins[i][1]
+    )
     torch = next(a for w, a in ins if w == "ARG" and a.startswith("TORCH_VERSION="))
     assert re.fullmatch(r"TORCH_VERSION=\d+\.\d+\.\d+", torch)
     pyproject = (REPO / "pyproject.toml").read_text()
