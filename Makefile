@@ -57,8 +57,9 @@ gpu-wheels: $(VENV)
 CONTAINER  ?= docker
 IMAGE      ?= steadytune:$(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' src/steadytune/__init__.py)
 IMAGE_ARGS ?=
+# podman writes OCI images by default, which drop HEALTHCHECK; the docker format keeps it.
 image:
-	$(CONTAINER) build -t $(IMAGE) $(IMAGE_ARGS) .
+	$(CONTAINER) build $(if $(findstring podman,$(CONTAINER)),--format docker) -t $(IMAGE) $(IMAGE_ARGS) .
 
 clean:
 	rm -rf $(VENV) .pytest_cache test-artifacts
