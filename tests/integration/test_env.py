@@ -18,13 +18,13 @@ import pytest
 
 from steadytune.alerts.secrets import MASK
 from steadytune.rundir import RunDir
+from tests.tools import tool_venv
 
 from .runs import write_config
 
 pytestmark = pytest.mark.slow
 
 WT = Path(__file__).resolve().parents[2]
-TOOL_VENVS = Path(os.environ.get("STEADYTUNE_TOOL_VENVS") or WT / ".cache" / "tool-venvs")
 SECRET = "hf_" + "Zz9Yy8Xx7Ww6Vv5Uu4Tt3Ss2"
 
 
@@ -59,10 +59,7 @@ def steadytune(python: str, *args: str, cwd: Path, timeout: float = 300) -> subp
 def test_two_real_runs_record_their_environment_and_env_diff_check_and_export_use_it(
     tmp_path: Path, demo_assets: Path
 ) -> None:
-    lf = sorted(TOOL_VENVS.glob("llamafactory-*/bin/python"))
-    if not lf or not (Path(lf[0]).parents[1] / ".ready").exists():
-        pytest.skip("the LLaMA-Factory tool venv is not built (tests/tools.py; STEADYTUNE_TOOL_VENVS)")
-    other = str(lf[0])
+    other = str(tool_venv("llamafactory") / "python")  # built once and reused (tests/tools.py)
     project = tmp_path / "project"
     project.mkdir()
     config = write_config(

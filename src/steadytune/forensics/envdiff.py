@@ -37,7 +37,7 @@ def normalize(name: str) -> str:
 def trained_env(env: dict[str, Any]) -> dict[str, Any]:
     """The part of ``env`` that describes the training process's interpreter."""
     cmd = env.get("command")
-    if isinstance(cmd, dict) and cmd.get("packages"):
+    if isinstance(cmd, dict) and isinstance(cmd.get("packages"), list):  # read (a bare venv has none)
         return cmd
     return env
 

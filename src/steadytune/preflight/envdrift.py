@@ -65,7 +65,10 @@ def last_completed_run(runs_dir: Path, name: str | None, digest: str) -> RunDir 
         state, when = _state(run)
         if state != "completed":
             continue
-        text = run.config.read_text(encoding="utf-8", errors="replace")
+        try:
+            text = run.config.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue  # a run this user may not read is no baseline
         same = _run_name(text) == name if name else config_hash(text) == digest
         if same and (best is None or when > best[0]):
             best = (when, run)

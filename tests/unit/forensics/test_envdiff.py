@@ -5,11 +5,10 @@ from __future__ import annotations
 import copy
 import importlib.metadata
 import json
-import subprocess
 import sys
+import venv
 from pathlib import Path
 
-import pytest
 from packaging.requirements import Requirement
 
 from steadytune.cli.main import main
@@ -23,8 +22,6 @@ from steadytune.forensics.runenv import (
     write_run_env,
 )
 from steadytune.rundir import RunDir
-
-TOOL_VENVS = Path("/work/main/.cache/tool-venvs")
 
 
 def this_env() -> dict:
@@ -95,28 +92,27 @@ def test_the_interpreter_of_a_command(tmp_path: Path) -> None:
     assert command_python([]) is None
 
 
-@pytest.mark.skipif(not TOOL_VENVS.is_dir(), reason="no tool venvs built (tests/tools.py)")
 def test_a_supervised_commands_own_interpreter_is_read(tmp_path: Path, capsys) -> None:
-    pythons = sorted(TOOL_VENVS.glob("trl-*/bin/python"))
-    if not pythons:
-        pytest.skip("no TRL venv built")
-    python = str(pythons[0])
-    # The venv's own record of what is in it, read without the collector: its dist-info folders.
-    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
-    trl = next(Path(site).glob("trl-*.dist-info")).name.removesuffix(".dist-info").split("-")[1]
+    # A bare venv is another interpreter with no packages at all: what it reports is its own, not ours.
+    venv.create(tmp_path / "venv", with_pip=False, symlinks=True)
+    python = str(tmp_path / "venv" / "bin" / "python")
     a, b = RunDir(tmp_path / "a").create(), RunDir(tmp_path / "b").create()
     for run in (a, b):
         run.config.write_text("model: {}\n")
     write_run_env(a)
-    write_command_env(b, [python, "-m", "trl", "sft"], cwd=tmp_path)
+    write_command_env(b, [python, "train.py"], cwd=tmp_path)
     env_b = read_run_env(b)
-    assert env_b["command"]["interpreter"] == python and f"trl=={trl}" in env_b["command"]["packages"]
-    assert "steadytune" not in {p.split("==")[0] for p in env_b["command"]["packages"]}
+    assert env_b["written_by"] == "supervise" and env_b["command"]["interpreter"] == python
+    assert env_b["command"]["packages"] == [] and env_b["command"]["python"]["executable"] == python
+    assert env_b["packages"] == read_run_env(a)["packages"]  # the supervisor's own, kept beside it
     assert main(["env", "diff", str(a.root), str(b.root), "--format", "json"]) == 0
     d = json.loads(capsys.readouterr().out)
-    assert "steadytune" in d["packages"]["removed"]  # installed here, not in the tool's venv
-    assert not d["same"]
+    assert "PyYAML" in d["packages"]["removed"] and d["packages"]["added"] == {}
+    write_command_env(b, ["bash", "run.sh"], cwd=tmp_path)
+    assert read_run_env(b)["command"] == {
+        "interpreter": None,
+        "error": "the command's Python interpreter could not be told from it",
+    }
 
 
 def test_env_cli_errors_name_the_fix(tmp_path: Path, capsys) -> None:
