@@ -72,8 +72,15 @@ def write_env(run: RunDir, env: dict[str, Any]) -> Path:
 
 
 def write_run_env(run: RunDir, sources: Sequence[Path] = ()) -> Path:
-    """The supervisor's half of ``env.json``; called once, when a run starts."""
-    return write_env(run, {**run_env(sources), "written_by": "supervisor"})
+    """The supervisor's half of ``env.json``; called once, when a run starts.
+
+    A reading that fails is recorded as ``error``: the record must never stop the run.
+    """
+    try:
+        env = run_env(sources)
+    except Exception as exc:
+        env = {"version": ENV_VERSION, "ts": time.time(), "error": f"{type(exc).__name__}: {exc}"}
+    return write_env(run, {**env, "written_by": "supervisor"})
 
 
 def read_run_env(run: RunDir) -> dict[str, Any]:
