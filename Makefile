@@ -1,6 +1,7 @@
 # steadytune — two commands on a fresh machine:
 #   make demo   builds .venv (if missing), then fine-tunes a tiny built-in model under supervision
 #   make test   builds .venv (if missing), then runs the whole test suite
+# and one for servers: make image   builds the container image (docs/docker.md)
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -9,7 +10,7 @@ export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast lint bench gpu-check gpu-check-dry gpu-wheels clean
+.PHONY: demo test test-fast lint bench gpu-check gpu-check-dry gpu-wheels image clean
 
 $(VENV): $(VENV)/.installed
 
@@ -51,6 +52,14 @@ gpu-check-dry: $(VENV)
 # Set PYVER to the GPU machine's Python (python3 -V there); WITH_BNB=1 adds bitsandbytes (large).
 gpu-wheels: $(VENV)
 	PYTHON=$(BIN)/python benchmarks/gpu_wheels.sh gpu-wheels
+
+# The container image (Dockerfile). CONTAINER=podman works too; IMAGE_ARGS passes --build-arg ... (docs/docker.md).
+CONTAINER  ?= docker
+IMAGE      ?= steadytune:$(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' src/steadytune/__init__.py)
+IMAGE_ARGS ?=
+# podman writes OCI images by default, which drop HEALTHCHECK; the docker format keeps it.
+image:
+	$(CONTAINER) build $(if $(findstring podman,$(CONTAINER)),--format docker) -t $(IMAGE) $(IMAGE_ARGS) .
 
 clean:
 	rm -rf $(VENV) .pytest_cache test-artifacts

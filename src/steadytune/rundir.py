@@ -34,6 +34,11 @@ class RunDir:
         return self.root / "config.yaml"
 
     @property
+    def env(self) -> Path:
+        """The environment the run started in (Python, packages, torch/CUDA, GPUs, git)."""
+        return self.root / "env.json"
+
+    @property
     def plan(self) -> Path:
         return self.root / "plan.jsonl"
 

@@ -7,4 +7,6 @@
 - :mod:`.gradflow` — dead, vanishing and exploding layers from recorded gradient flow
 - :mod:`.timeline` — detectors and policy replayed over recorded telemetry
 - :mod:`.audit` — the hash chain of ``events.jsonl``
+- :mod:`.envsnap` / :mod:`.runenv` / :mod:`.envdiff` / :mod:`.gitstate` — the environment a run started in
+  (``env.json``): recorded, compared, exported as pinned requirements; the git state of the working tree
 """

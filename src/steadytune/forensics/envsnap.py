@@ -2,15 +2,32 @@
 
 A reading that is unavailable is ``None``, never an exception: a bundle made on
 a CPU box says so instead of failing.
+
+This file imports only the standard library (torch lazily, when asked), so it also
+runs as a script under any other interpreter: ``python envsnap.py [--no-torch]``
+prints that interpreter's snapshot as JSON (see :func:`snapshot_of`). That is how a
+supervised command's own Python is read, even where steadytune is not installed.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
 import platform
+import shutil
+import subprocess
 import sys
+from collections.abc import Sequence
 from typing import Any
+
+if (
+    __name__ == "__main__"
+    and sys.path
+    and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__))
+):
+    # Run as a script, this folder comes first on sys.path, and its inspect.py would shadow the stdlib's.
+    del sys.path[0]
 
 KEY_PACKAGES = (
     "torch",
@@ -37,6 +54,31 @@ def packages() -> list[str]:
     return [seen[k] for k in sorted(seen)]
 
 
+def local_packages() -> dict[str, str]:
+    """Distributions installed from a folder or a VCS, not from an index: ``name -> source``.
+
+    A pinned ``name==version`` of these cannot be installed again from PyPI, so an
+    export says so instead of writing a line that fails (PEP 610 ``direct_url.json``).
+    """
+    out: dict[str, str] = {}
+    for dist in importlib.metadata.distributions():
+        name = dist.metadata.get("Name")
+        raw = dist.read_text("direct_url.json")
+        if not name or not raw or name.lower() in out:
+            continue
+        try:
+            info = json.loads(raw)
+        except ValueError:
+            continue
+        url = str(info.get("url", ""))
+        if "vcs_info" in info:
+            out[name.lower()] = f"vcs {info['vcs_info'].get('vcs', '')} {url}".strip()
+        elif url.startswith("file:"):
+            editable = (info.get("dir_info") or {}).get("editable")
+            out[name.lower()] = ("editable " if editable else "local ") + url
+    return out
+
+
 def _version(name: str) -> str | None:
     try:
         return importlib.metadata.version(name)
@@ -55,6 +97,7 @@ def torch_details() -> dict[str, Any]:
         "cuda_build": torch.version.cuda,
         "cuda_available": torch.cuda.is_available(),
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "nccl": _nccl_version(torch),
         "threads": torch.get_num_threads(),
         "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
     }
@@ -66,14 +109,42 @@ def torch_details() -> dict[str, Any]:
     return out
 
 
+def _nccl_version(torch: Any) -> str | None:
+    # A CPU build has no NCCL at all (torch.cuda.nccl.version() raises there).
+    try:
+        v = torch.cuda.nccl.version()
+    except Exception:
+        return None
+    return ".".join(str(x) for x in v) if isinstance(v, tuple) else str(v)
+
+
+def nvidia_smi_details(timeout_s: float = 10.0) -> dict[str, Any]:
+    """Driver version and GPU names from ``nvidia-smi``, for a machine without pynvml; empty without one."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return {}
+    try:
+        out = subprocess.run(
+            [exe, "--query-gpu=name,driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=timeout_s, check=True,
+        ).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    rows = [[c.strip() for c in line.split(",")] for line in out.splitlines() if line.strip()]
+    rows = [r for r in rows if len(r) == 2]
+    if not rows:
+        return {}
+    return {"driver": rows[0][1], "gpus": [r[0] for r in rows], "source": "nvidia-smi"}
+
+
 def nvml_details() -> dict[str, Any]:
-    """Driver version and GPU names from NVML (no torch needed); empty without a GPU."""
+    """Driver version and GPU names from NVML (no torch needed), else nvidia-smi; empty without a GPU."""
     try:
         import pynvml
 
         pynvml.nvmlInit()
     except Exception:
-        return {}
+        return nvidia_smi_details()
     try:
 
         def text(x: Any) -> str:
@@ -119,7 +190,32 @@ def snapshot(with_torch: bool = True) -> dict[str, Any]:
         "nvml": nvml_details(),
         "env": {k: os.environ[k] for k in env_keys if k in os.environ},
         "packages": packages(),
+        "local_packages": local_packages(),
     }
+
+
+def snapshot_of(python: str, with_torch: bool = True, timeout_s: float = 120.0) -> dict[str, Any]:
+    """The snapshot of another interpreter, taken by running this file under it.
+
+    Returns:
+        Its :func:`snapshot`, or ``{"error": ...}`` saying why it could not be read
+        (no such interpreter, too old, it timed out): never an exception.
+    """
+    cmd = [python, os.path.abspath(__file__), *([] if with_torch else ["--no-torch"])]
+    try:
+        done = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        return {"error": f"cannot run {python}: {exc}"}
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+        return {"error": f"{python} exited {done.returncode}: {tail[0][:300]}"}
+    try:
+        data = json.loads(done.stdout)
+    except ValueError:
+        return {"error": f"{python} did not print a JSON snapshot"}
+    return data if isinstance(data, dict) else {"error": f"{python} did not print a JSON object"}
 
 
 def differences(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
@@ -138,3 +234,14 @@ def differences(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
             f"driver {(recorded.get('nvml') or {}).get('driver')} -> {(current.get('nvml') or {}).get('driver')}"
         )
     return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    json.dump(snapshot(with_torch="--no-torch" not in args), sys.stdout, indent=1, default=str)
+    sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

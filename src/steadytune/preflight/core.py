@@ -25,6 +25,7 @@ from steadytune.estimate import (
 from steadytune.estimate.runconfig import setup_from_config_dict
 from steadytune.preflight import versions as v
 from steadytune.preflight.datascan import DataScan, load_tokenizer, scan_data
+from steadytune.preflight.envdrift import environment_check
 from steadytune.preflight.lints import config_lints
 from steadytune.preflight.probe import HostFacts, probe_host
 from steadytune.preflight.recommend import auto_effective_batch, recommend
@@ -205,6 +206,7 @@ def run_preflight(
     checks.append(gpu_process_check(facts, device, visible, nproc))
     checks += writable_checks(facts)
     checks += version_report(cfg, facts)
+    checks.append(environment_check(cfg))  # vs env.json of the last completed run of this config
     fits = recommendation.per_device_train_batch_size if recommendation else None
     lints = config_lints(cfg, arch, data.samples, fits)
     # A save_steps problem the loader already reported is not reported twice.

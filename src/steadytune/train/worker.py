@@ -54,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     guard = Guard(run.root, rank=rank, attempt=plan.attempt)
     guard.start_heartbeats()
     try:
+        from steadytune.forensics.runenv import add_worker_details
+
+        add_worker_details(run, rank, plan.attempt)  # torch's readings into env.json (docs/run-directory.md)
         from steadytune.guard.checkpoints import CheckpointKeeper
         from steadytune.guard.faults import Faults
         from steadytune.guard.hf import GuardCallback
