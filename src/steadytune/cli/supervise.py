@@ -9,7 +9,7 @@ from typing import Any
 
 from steadytune.cli._common import add_command, fail
 from steadytune.cli.run import add_launch_options
-from steadytune.rundir import RunDir, valid_run_id
+from steadytune.rundir import valid_run_id
 
 
 def register(sub: Any) -> None:

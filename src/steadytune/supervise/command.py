@@ -151,6 +151,12 @@ class CommandSource:
     def describe(self) -> str:
         return " ".join(self.opts.command)
 
+    def write_env(self, sources: list[Path]) -> None:
+        """The supervisor's environment and the command's interpreter's (read before the command starts)."""
+        from steadytune.forensics.runenv import write_command_env
+
+        write_command_env(self.run, self.opts.command)
+
     # -- stacks -------------------------------------------------------------------
     def dump_stacks(self, tree: ProcessTree, proc: WorkerProcess, out: Path) -> list[int]:
         """The Python stacks of a hung command, into ``out``, before it is killed.

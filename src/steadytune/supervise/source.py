@@ -71,6 +71,10 @@ class WorkerSource(Protocol):
 
     def describe(self) -> str: ...
 
+    def write_env(self, sources: list[Path]) -> None:
+        """Record the run's environment in ``env.json`` (``sources``: where the user's git tree may be)."""
+        ...
+
 
 class NativeSource:
     """steadytune's own worker (``train/worker.py`` with the guard inside): every ability."""
@@ -126,3 +130,8 @@ class NativeSource:
 
     def describe(self) -> str:
         return f"{sys.executable} -m steadytune.train.worker"
+
+    def write_env(self, sources: list[Path]) -> None:
+        from steadytune.forensics.runenv import write_run_env
+
+        write_run_env(self.run, sources)  # the worker adds torch's readings (same interpreter)

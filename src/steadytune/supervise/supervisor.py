@@ -26,7 +26,7 @@ from steadytune.checkpoint.store import read_pointer, write_pointer
 from steadytune.config.load import dump_config
 from steadytune.config.schema import SteadytuneConfig
 from steadytune.detect.live import LiveDetector, Transition, format_transition
-from steadytune.forensics.runenv import config_sources, write_run_env
+from steadytune.forensics.runenv import config_sources
 from steadytune.policy.engine import Action, Policy
 from steadytune.policy.plan import (
     smaller_microbatch,
@@ -221,7 +221,7 @@ class Supervisor:
     # -- the run -------------------------------------------------------------
     def prepare(self) -> None:
         atomic_write_text(self.run.config, dump_config(self.cfg))
-        write_run_env(self.run, config_sources(self.cfg))  # env.json; the worker adds torch's readings
+        self.source.write_env(config_sources(self.cfg))  # env.json
         self.started_ts = self.clock()
         what = "" if PLAN in self.source.abilities else f": supervising {self.source.describe()}"
         self.emit(

@@ -188,8 +188,7 @@ def _store_sync(path: Path) -> Callable[[], list[int]]:
 def _poll_files(path: Path) -> Callable[[], list[int]]:
     from steadytune.rundir import RunDir
     from steadytune.supervise.log_adapter import LogAdapter
-    from steadytune.telemetry.stream import JsonlWriter
-    from steadytune.telemetry.stream import iter_records
+    from steadytune.telemetry.stream import JsonlWriter, iter_records
 
     out = path.parent.parent / "out"
     out.mkdir()
