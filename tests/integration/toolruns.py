@@ -1,0 +1,264 @@
+"""The real TRL and LLaMA-Factory CLIs on the demo model, run under `steadytune supervise`.
+
+A :class:`ToolJob` is one tool's command line for a small SFT job (its own flags, or its
+own YAML); :func:`supervise` starts `steadytune supervise` around it as a real process
+and hands back a :class:`Supervised` that reads the run directory. Whatever a test
+leaves running — the supervisor, the tool's launcher, its trainer, in a session of
+their own — is killed when the test ends, pass or fail: an orphaned trainer would
+slow every later test on a small machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from steadytune.records import Event, StepRecord
+from steadytune.telemetry.events import read_events
+from steadytune.telemetry.stream import iter_records
+from tests.tools import tool_venv
+
+from .runs import STEADYTUNE, wait_for
+
+TOOLS = ("trl", "llamafactory")
+
+
+@dataclass
+class ToolJob:
+    """One tool's training command, the folder it writes checkpoints to, and its LR."""
+
+    tool: str  # also the `supervise --preset` that knows its flags
+    cmd: list[str]
+    out: Path
+    lr: float
+    weights_file: str  # the weights a checkpoint holds: the full model, or the LoRA adapter
+
+    def trainer(self, worker_pid: int) -> psutil.Process | None:
+        """The process that trains: `trl sft` runs trl/scripts/sft.py as a child through accelerate;
+        `llamafactory-cli train` on one device trains in its own process."""
+        try:
+            root = psutil.Process(worker_pid)
+            if self.tool == "llamafactory":
+                return root
+            return next((p for p in root.children(recursive=True) if "sft.py" in " ".join(p.cmdline())), None)
+        except psutil.Error:
+            return None
+
+    def checkpoint(self, step: int) -> Path:
+        return self.out / f"checkpoint-{step}"
+
+    def checkpoints(self) -> list[int]:
+        """Steps of the checkpoints in the output folder, oldest first."""
+        return sorted(int(p.name.split("-")[1]) for p in self.out.glob("checkpoint-*"))
+
+
+def sft_data(demo_assets: Path, folder: Path, rows: int = 400) -> Path:
+    """The demo set as TRL's prompt/completion conversations."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(demo_assets / "train.jsonl") as fin, open(folder / "train.jsonl", "w") as fout:
+        for line in list(fin)[:rows]:
+            r = json.loads(line)
+            fout.write(
+                json.dumps(
+                    {
+                        "prompt": [{"role": "user", "content": f"{r['instruction']} {r['input']}"}],
+                        "completion": [{"role": "assistant", "content": r["output"]}],
+                    }
+                )
+                + "\n"
+            )
+    return folder
+
+
+def trl_job(
+    demo_assets: Path,
+    tmp: Path,
+    steps: int,
+    save_steps: int = 50,
+    logging_steps: int = 5,
+    lr: float = 1e-4,
+    **extra: Any,
+) -> ToolJob:
+    """`trl sft` as its users call it, full fine-tuning; ``extra`` are more of its --flags."""
+    out = tmp / "out"
+    data = sft_data(demo_assets, tmp / "data")
+    flags = {"max_steps": steps, "save_steps": save_steps, "logging_steps": logging_steps,
+             "per_device_train_batch_size": 4, "learning_rate": lr, "report_to": "none", "use_cpu": "true",
+             "save_total_limit": 3, **extra}  # fmt: skip
+    cmd = [str(tool_venv("trl") / "trl"), "sft", "--model_name_or_path", str(demo_assets / "model"),
+           "--dataset_name", str(data), "--dataset_train_split", "train", "--output_dir", str(out)]  # fmt: skip
+    for key, value in flags.items():
+        cmd += [f"--{key}", str(value)]
+    return ToolJob("trl", cmd, out, lr, "model.safetensors")
+
+
+def lf_job(
+    demo_assets: Path,
+    tmp: Path,
+    steps: int,
+    save_steps: int = 50,
+    logging_steps: int = 5,
+    lr: float = 1e-4,
+    **extra: Any,
+) -> ToolJob:
+    """`llamafactory-cli train sft.yaml`, LoRA, with a YAML as its users write them; ``extra`` are
+    more of its keys."""
+    data = tmp / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    with open(demo_assets / "train.jsonl") as f:
+        rows = [json.loads(line) for line in list(f)[:400]]
+    (data / "demo.json").write_text(json.dumps(rows))
+    columns = {"prompt": "instruction", "query": "input", "response": "output"}
+    (data / "dataset_info.json").write_text(
+        json.dumps({"demo": {"file_name": "demo.json", "columns": columns}})
+    )
+    out = tmp / "out"
+    keys = {"model_name_or_path": demo_assets / "model", "stage": "sft", "do_train": "true",
+            "finetuning_type": "lora", "lora_target": "all", "dataset": "demo", "dataset_dir": data,
+            "template": "default", "cutoff_len": 64, "output_dir": out, "logging_steps": logging_steps,
+            "save_steps": save_steps, "max_steps": steps, "per_device_train_batch_size": 4,
+            "learning_rate": f"{lr:e}", "report_to": "none", "use_cpu": "true", **extra}  # fmt: skip
+    cfg = tmp / "sft.yaml"
+    cfg.write_text("".join(f"{k}: {v}\n" for k, v in keys.items()))
+    cmd = [str(tool_venv("llamafactory") / "llamafactory-cli"), "train", str(cfg)]
+    return ToolJob("llamafactory", cmd, out, lr, "adapter_model.safetensors")
+
+
+def tool_job(tool: str, demo_assets: Path, tmp: Path, steps: int, **kw: Any) -> ToolJob:
+    return (trl_job if tool == "trl" else lf_job)(demo_assets, tmp, steps, **kw)
+
+
+@dataclass
+class Supervised:
+    """A `steadytune supervise` process around a tool's job, and what its run directory says."""
+
+    proc: subprocess.Popen
+    run: Path
+    job: ToolJob
+    stdout: str = ""
+    pids: set[int] = field(default_factory=set)  # every process of its tree the test has seen
+
+    def events(self) -> list[Event]:
+        return read_events(self.run / "events.jsonl")
+
+    def named(self, name: str) -> list[Event]:
+        return [e for e in self.events() if e.name == name]
+
+    def status(self) -> dict[str, Any]:
+        try:
+            return json.loads((self.run / "status.json").read_text())
+        except (FileNotFoundError, ValueError):
+            return {}
+
+    def steps(self) -> list[StepRecord]:
+        return [
+            r
+            for r in iter_records(self.run / "telemetry" / "rank-0.jsonl")
+            if isinstance(r, StepRecord) and r.loss is not None
+        ]
+
+    def worker(self) -> int:
+        """The pid of the tool's command (its launcher), once the supervisor has started it."""
+        return wait_for(
+            lambda: self.alive() and self.status().get("worker_pid"), timeout=120, what="worker pid"
+        )
+
+    def trainer(self) -> psutil.Process:
+        found = wait_for(lambda: self.job.trainer(self.worker()), timeout=120, what="the trainer process")
+        self.note()
+        return found
+
+    def wait_checkpoint(self, step: int, timeout: float = 300) -> Path:
+        """The job's checkpoint-``step``, once its trainer_state.json (written last but one) is there."""
+        ckpt = self.job.checkpoint(step)
+        wait_for(
+            lambda: self.alive() and (ckpt / "trainer_state.json").exists(), timeout=timeout, what=ckpt.name
+        )
+        self.note()
+        return ckpt
+
+    def note(self) -> None:
+        """Remember the tree's pids now, to prove later that none outlived the run."""
+        try:
+            self.pids.update(p.pid for p in psutil.Process(self.proc.pid).children(recursive=True))
+        except psutil.Error:
+            pass
+
+    def alive(self) -> bool:
+        """True while the supervisor runs; once it has ended, fails with its output."""
+        if self.proc.poll() is None:
+            return True
+        out = self.proc.stdout.read() if self.proc.stdout else ""
+        raise AssertionError(
+            f"supervise exited ({self.proc.returncode}) while the test waited:\n{out[-4000:]}"
+        )
+
+    def finish(self, timeout: float = 600) -> int:
+        self.stdout, _ = self.proc.communicate(timeout=timeout)
+        return self.proc.returncode
+
+    def survivors(self) -> list[int]:
+        """Pids of the tree, as noted, that still run (zombies are dead: they only wait to be reaped)."""
+        left = []
+        for pid in sorted(self.pids):
+            try:
+                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                    left.append(pid)
+            except psutil.Error:
+                continue
+        return left
+
+
+@contextmanager
+def supervise(job: ToolJob, tmp: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[Supervised]:
+    """`steadytune supervise --preset TOOL --output-dir OUT ARGS -- JOB` as a real process."""
+    cmd = [STEADYTUNE, "supervise", "--preset", job.tool, "--output-dir", str(job.out),
+           "--runs-dir", str(tmp / "runs"), "--run-id", job.tool, *args, "--", *job.cmd]  # fmt: skip
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", **(env or {})}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=full_env)
+    sup = Supervised(proc, tmp / "runs" / job.tool, job)
+    try:
+        yield sup
+    finally:
+        _kill_all(sup)
+
+
+def _kill_all(sup: Supervised) -> None:
+    sup.note()
+    if sup.proc.poll() is None:
+        sup.proc.kill()
+        sup.proc.communicate(timeout=30)
+    for pid in sup.survivors():
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def alerts_config(tmp: Path, url_env: str, **policy: Any) -> Path:
+    """A supervise --config whose alerts go to a generic webhook at $``url_env``; ``policy`` keys added."""
+    lines = ["policy:\n", *(f"  {k}: {v}\n" for k, v in policy.items())] if policy else []
+    lines += [
+        "alerts:\n  sinks:\n",
+        f"    - type: webhook\n      format: generic\n      url_env: {url_env}\n",
+    ]
+    cfg = tmp / "supervise.yaml"
+    cfg.write_text("".join(lines))
+    return cfg
+
+
+def all_finite(path: Path) -> bool:
+    """Every tensor of a safetensors file is finite (torch only here, in the test process)."""
+    import torch
+    from safetensors.torch import load_file
+
+    return all(bool(torch.isfinite(t).all()) for t in load_file(str(path)).values())
