@@ -296,3 +296,31 @@ class GuardCallback(TrainerCallback):
         if metrics and "eval_loss" in metrics:
             self.guard.record_eval(state.global_step, metrics["eval_loss"])
         self.guard.set_phase("train")
+
+
+def load_keeping_this_runs_lr(trainer: Any, load: Any, checkpoint: str | None) -> list[float] | None:
+    """Resume the checkpoint's optimizer and scheduler, but at the learning rate this run was given.
+
+    The HF Trainer builds a fresh optimizer and scheduler at ``args.learning_rate`` and then
+    loads the checkpoint's ``optimizer.pt`` and ``scheduler.pt`` over them: their base LR is
+    the one the checkpoint was trained at, so a rollback's lower LR would be silently undone.
+    The schedule's position and the optimizer's moments are kept; only the base LR of each
+    parameter group is the fresh one. Returns the base LRs that were replaced (None: none).
+    """
+    opt = getattr(trainer, "optimizer", None)
+    fresh = [g.get("initial_lr", g.get("lr")) for g in opt.param_groups] if opt is not None else None
+    load(checkpoint)
+    sched = getattr(trainer, "lr_scheduler", None)
+    sched = getattr(sched, "scheduler", sched)  # accelerate wraps it
+    saved = list(getattr(sched, "base_lrs", None) or [])
+    if checkpoint is None or opt is None or not fresh or len(saved) != len(fresh) or saved == fresh:
+        return None
+    if any(new is None or not old for new, old in zip(fresh, saved, strict=True)):
+        return None
+    for group, new, old in zip(opt.param_groups, fresh, saved, strict=True):
+        group["lr"] = group["lr"] * new / old
+        group["initial_lr"] = new
+    sched.base_lrs = list(fresh)
+    if hasattr(sched, "_last_lr"):
+        sched._last_lr = [g["lr"] for g in opt.param_groups]
+    return saved

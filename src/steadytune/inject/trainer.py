@@ -31,7 +31,7 @@ from transformers import Trainer
 from steadytune.guard.core import Guard
 from steadytune.guard.faults import Faults, InjectedCrash
 from steadytune.guard.fingerprint import batch_hashes
-from steadytune.guard.hf import GuardCallback
+from steadytune.guard.hf import GuardCallback, load_keeping_this_runs_lr
 from steadytune.inject.env import RUN_ENV
 from steadytune.inject.patch import warn
 from steadytune.rundir import RunDir
@@ -157,6 +157,7 @@ def install(trainer_cls: type[Trainer], environ: dict[str, str] | None = None) -
         raise ValueError(f"${RUN_ENV} is not set: no run directory to write the guard's telemetry to")
     injection = Injection(Path(env[RUN_ENV]), Faults.from_env(dict(env)))
     init, train = trainer_cls.__init__, trainer_cls.train
+    load_state = trainer_cls._load_optimizer_and_scheduler
     training_step, compute_loss = trainer_cls.training_step, trainer_cls.compute_loss
 
     @functools.wraps(init)
@@ -219,6 +220,14 @@ def install(trainer_cls: type[Trainer], environ: dict[str, str] | None = None) -
             return (out[0] * float("nan"), *out[1:]) if isinstance(out, tuple) else out * float("nan")
         return out
 
+    @functools.wraps(load_state)
+    def load_state_(self: Trainer, checkpoint: str | None) -> None:
+        # A rollback's lower LR (the tool's own LR argument) must survive the checkpoint's scheduler.
+        if _callback(self) is None:
+            return load_state(self, checkpoint)
+        load_keeping_this_runs_lr(self, lambda c: load_state(self, c), checkpoint)
+
+    trainer_cls._load_optimizer_and_scheduler = load_state_  # type: ignore[method-assign]
     trainer_cls.__init__ = __init__  # type: ignore[method-assign]
     trainer_cls.train = train_  # type: ignore[method-assign]
     trainer_cls.training_step = training_step_  # type: ignore[method-assign]

@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingA
 from steadytune.config.schema import SteadytuneConfig
 from steadytune.guard.core import Guard
 from steadytune.guard.faults import Faults
-from steadytune.guard.hf import GuardCallback
+from steadytune.guard.hf import GuardCallback, load_keeping_this_runs_lr
 from steadytune.policy.restart import is_oom_message
 from steadytune.records import PlanRevision
 from steadytune.train.data import IGNORE_INDEX, SAMPLE_HASH, SAMPLE_ID, DataSpec, build_dataset
@@ -99,6 +99,10 @@ class GuardedTrainer(Trainer):
         self.st_skip = skip_ids or set()
         self._st_step_inputs: list[tuple[dict[str, Any], Any]] = []
         self._st_step_of_inputs = -1
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        # A rollback resumes at the plan's lower LR, not at the checkpoint's.
+        load_keeping_this_runs_lr(self, super()._load_optimizer_and_scheduler, checkpoint)
 
     def _get_train_sampler(self, train_dataset: Any = None) -> Any:
         ds = train_dataset if train_dataset is not None else self.train_dataset
