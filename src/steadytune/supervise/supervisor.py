@@ -42,7 +42,13 @@ from steadytune.records import (
 from steadytune.rundir import RunDir, atomic_write_text
 from steadytune.supervise.process import WorkerProcess, worker_command
 from steadytune.supervise.progress import RunProgress, progress_line
-from steadytune.supervise.restarts import anomaly_event_data, crash_restart, replay_detector, rollback_restart
+from steadytune.supervise.restarts import (
+    anomaly_event_data,
+    crash_restart,
+    first_plan,
+    replay_detector,
+    rollback_restart,
+)
 from steadytune.telemetry.events import EventLog
 from steadytune.telemetry.sampler import SystemSampler
 from steadytune.telemetry.stream import JsonlTailer, JsonlWriter
@@ -121,7 +127,7 @@ class Supervisor:
         self.trouble_steps: list[int] = []  # steps of warnings/criticals, for LAST_GOOD
         self.detector = LiveDetector(cfg.detect)
         self.policy = Policy(cfg.policy)
-        self.plan = PlanRevision(revision=0, ts=clock(), reason="start", attempt=0)
+        self.plan = first_plan(cfg, clock())
         self.pending: Action | None = None  # an action that stopped the worker on purpose
         self.samples_by_step: dict[int, list[int]] = {}  # for rollback-and-skip
         self.rollback_resumes: list[int | None] = []

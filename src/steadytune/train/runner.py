@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
 
+from steadytune.config.layerwise import groups_of
 from steadytune.config.schema import SteadytuneConfig
 from steadytune.guard.core import Guard
 from steadytune.guard.faults import Faults
@@ -23,6 +24,7 @@ from steadytune.guard.hf import GuardCallback
 from steadytune.policy.restart import is_oom_message
 from steadytune.records import PlanRevision
 from steadytune.train.data import IGNORE_INDEX, SAMPLE_HASH, SAMPLE_ID, DataSpec, build_dataset
+from steadytune.train.optim import LrPlan, param_groups, restore_planned_lrs
 from steadytune.train.sampling import SkipSampler
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -89,8 +91,11 @@ class GuardedTrainer(Trainer):
         split: int = 1,
         max_split: int = 16,
         skip_ids: set[int] | None = None,
+        lr_plan: LrPlan | None = None,
         **kwargs: Any,
     ) -> None:
+        self.st_lr_plan = lr_plan
+        self._st_planned_lrs: list[float] = []
         super().__init__(*args, **kwargs)
         self.st_guard = guard
         self.st_faults = faults or Faults()
@@ -99,6 +104,29 @@ class GuardedTrainer(Trainer):
         self.st_skip = skip_ids or set()
         self._st_step_inputs: list[tuple[dict[str, Any], Any]] = []
         self._st_step_of_inputs = -1
+
+    def create_optimizer(self, model: Any = None) -> Any:
+        """The HF optimizer, with one param group per configured LR group when there are any."""
+        plan = self.st_lr_plan
+        if self.optimizer is None and plan is not None and plan.grouped:
+            opt_model = self.model if model is None else model
+            cls, kwargs = self.get_optimizer_cls_and_kwargs(self.args, opt_model)
+            if {"params", "model", "optimizer_dict"} & set(kwargs):
+                raise ValueError(
+                    f"train.optim={self.args.optim!r} builds its own parameter groups, so train.lr_groups, "
+                    "loraplus_lr_ratio and layer_decay cannot apply; use adamw_torch or remove them"
+                )
+            decay = set(self.get_decay_parameter_names(opt_model))
+            groups = param_groups(opt_model.named_parameters(), plan, decay, self.args.weight_decay)
+            self.optimizer = cls(groups, **kwargs)
+        optimizer = super().create_optimizer(model)
+        self._st_planned_lrs = [g["lr"] for g in optimizer.param_groups]
+        return optimizer
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is not None and self._st_planned_lrs:
+            restore_planned_lrs(self.optimizer, self.lr_scheduler, self._st_planned_lrs)
 
     def _get_train_sampler(self, train_dataset: Any = None) -> Any:
         ds = train_dataset if train_dataset is not None else self.train_dataset
@@ -249,6 +277,8 @@ def load_model(cfg: SteadytuneConfig, gradient_checkpointing: bool) -> Any:
         lora_dropout=lora.lora_dropout,
         target_modules=lora.target_modules,
         bias=lora.bias,
+        rank_pattern=dict(lora.rank_pattern),
+        alpha_pattern=dict(lora.alpha_pattern),
         task_type="CAUSAL_LM",
     )
     return get_peft_model(model, peft_cfg)
@@ -299,6 +329,12 @@ def training_arguments(
     )
 
 
+def lr_plan(cfg: SteadytuneConfig, plan: PlanRevision, base_lr: float) -> LrPlan:
+    """The optimizer's groups: the config's, at the LRs the plan revision recorded."""
+    t = cfg.train
+    return LrPlan(base_lr, groups_of(t), t.loraplus_lr_ratio, t.layer_decay, dict(plan.lr_groups))
+
+
 def build_trainer(
     cfg: SteadytuneConfig,
     plan: PlanRevision,
@@ -345,6 +381,7 @@ def build_trainer(
         split=plan.micro_batch_split,
         max_split=max_split,
         skip_ids=skip,
+        lr_plan=lr_plan(cfg, plan, args.learning_rate),
     )
     for cb in callbacks:
         if isinstance(cb, GuardCallback):

@@ -1,0 +1,78 @@
+"""Optimizer parameter groups for per-group LRs, and the planned LRs kept across a resume.
+
+Which parameter gets which LR is decided by :mod:`steadytune.config.layerwise` (pure,
+shared with ``check`` and the supervisor); this module only turns that into the
+``param_groups`` of a torch optimizer, keeping the HF Trainer's split into weights
+with and without weight decay.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from steadytune.config.layerwise import LrGroup, assign_groups
+
+# Each optimizer group carries its label and its LR relative to the run's base LR, so the
+# guard can report the base LR as scheduled whatever group comes first.
+NAME_KEY = "name"
+FACTOR_KEY = "lr_factor"
+
+
+@dataclass(frozen=True)
+class LrPlan:
+    """What the optimizer's groups are built from: the config's groups and the plan's LRs."""
+
+    base_lr: float
+    groups: Sequence[LrGroup] = ()
+    loraplus_ratio: float | None = None
+    layer_decay: float | None = None
+    planned: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def grouped(self) -> bool:
+        return bool(self.groups) or self.loraplus_ratio is not None or self.layer_decay is not None
+
+
+def param_groups(
+    named: Iterable[tuple[str, Any]], plan: LrPlan, decay_names: set[str], weight_decay: float
+) -> list[dict[str, Any]]:
+    """``param_groups`` for a torch optimizer: one per (LR group, with/without weight decay)."""
+    params = {n: p for n, p in named if p.requires_grad}
+    assigned = assign_groups(
+        list(params), plan.base_lr, plan.groups, plan.loraplus_ratio, plan.layer_decay, plan.planned
+    )
+    out: list[dict[str, Any]] = []
+    for label, (lr, names) in assigned.items():
+        for decays in (True, False):
+            chosen = [params[n] for n in names if (n in decay_names) == decays]
+            if chosen:
+                out.append(
+                    {
+                        "params": chosen,
+                        "lr": lr,
+                        "weight_decay": weight_decay if decays else 0.0,
+                        NAME_KEY: label,
+                        FACTOR_KEY: lr / plan.base_lr,
+                    }
+                )
+    return out
+
+
+def restore_planned_lrs(optimizer: Any, scheduler: Any, wanted: Sequence[float]) -> None:
+    """Put the planned LRs back after a resume loaded the checkpoint's optimizer and scheduler.
+
+    Loading restores every group's ``lr`` and ``initial_lr`` and the scheduler's ``base_lrs``
+    as they were saved, which would undo a rollback's lower LR. The schedule's position is
+    kept: each group's current LR keeps its ratio to its initial LR.
+    """
+    for i, (group, lr) in enumerate(zip(optimizer.param_groups, wanted, strict=True)):
+        start = group.get("initial_lr") or lr
+        progress = group["lr"] / start if start else 1.0
+        group["initial_lr"] = lr
+        group["lr"] = lr * progress
+        if scheduler is not None and hasattr(scheduler, "base_lrs"):
+            scheduler.base_lrs[i] = lr
+    if scheduler is not None and hasattr(scheduler, "_last_lr"):
+        scheduler._last_lr = [g["lr"] for g in optimizer.param_groups]
