@@ -16,6 +16,8 @@ from transformers import TrainerCallback
 
 from steadytune.config.load import validate_dict
 from steadytune.config.schema import SteadytuneConfig
+from steadytune.estimate import TrainSetup, load_architecture
+from steadytune.estimate.states import param_counts
 from steadytune.guard.checkpoints import CheckpointKeeper
 from steadytune.guard.core import Guard
 from steadytune.guard.hf import GuardCallback
@@ -107,6 +109,12 @@ def test_two_groups_train_at_their_lrs_and_a_rollback_lowers_both(tmp_path: Path
     shapes = {n: tuple(p.shape) for n, p in first.model.named_parameters() if "lora_A" in n}
     assert {s for n, s in shapes.items() if "o_proj" in n} == {(2, 128)}
     assert {s[0] for n, s in shapes.items() if "o_proj" not in n} == {4}
+    # The estimator counts the same adapter from the shapes alone.
+    setup = TrainSetup(
+        method="lora", lora_r=4, target_modules=("all-linear",), lora_rank_pattern=(("o_proj", 2),)
+    )
+    trainable = sum(p.numel() for p in first.model.parameters() if p.requires_grad)
+    assert param_counts(load_architecture(demo_assets / "model"), setup).adapter == trainable
 
     checkpoint = run.checkpoints / "checkpoint-2"
     assert checkpoint.is_dir()

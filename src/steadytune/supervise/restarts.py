@@ -9,9 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from steadytune.config.layerwise import planned_group_lrs
 from steadytune.config.schema import SteadytuneConfig
 from steadytune.detect.live import LiveDetector
+from steadytune.layerwise import planned_group_lrs
 from steadytune.policy.engine import Action
 from steadytune.policy.plan import choose_rollback_checkpoint, oom_escalation, rollback_plan
 from steadytune.policy.restart import Decision

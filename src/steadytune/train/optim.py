@@ -1,6 +1,6 @@
 """Optimizer parameter groups for per-group LRs, and the planned LRs kept across a resume.
 
-Which parameter gets which LR is decided by :mod:`steadytune.config.layerwise` (pure,
+Which parameter gets which LR is decided by :mod:`steadytune.layerwise` (pure,
 shared with ``check`` and the supervisor); this module only turns that into the
 ``param_groups`` of a torch optimizer, keeping the HF Trainer's split into weights
 with and without weight decay.
@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from steadytune.config.layerwise import LrGroup, assign_groups
+from steadytune.layerwise import LrGroup, assign_groups
 
 # Each optimizer group carries its label and its LR relative to the run's base LR, so the
 # guard can report the base LR as scheduled whatever group comes first.

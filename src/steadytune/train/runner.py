@@ -16,11 +16,11 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
 
-from steadytune.config.layerwise import groups_of
 from steadytune.config.schema import SteadytuneConfig
 from steadytune.guard.core import Guard
 from steadytune.guard.faults import Faults
 from steadytune.guard.hf import GuardCallback
+from steadytune.layerwise import groups_of
 from steadytune.policy.restart import is_oom_message
 from steadytune.records import PlanRevision
 from steadytune.train.data import IGNORE_INDEX, SAMPLE_HASH, SAMPLE_ID, DataSpec, build_dataset

@@ -22,9 +22,12 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from steadytune.config.schema import TrainConfig
 from steadytune.forensics.layers import EMBEDDINGS, layer_of
+
+if TYPE_CHECKING:  # the estimator imports this module and needs none of the config's models
+    from steadytune.config.schema import TrainConfig
 
 DEFAULT_GROUP = "default"
 LORA_B_SUFFIX = ".lora_B"
