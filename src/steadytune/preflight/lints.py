@@ -281,7 +281,8 @@ def small_data_lints(cfg: SteadytuneConfig, arch: Architecture | None, samples: 
             warn(
                 "config",
                 "lora_r_small_data",
-                f"r={top} on a small dataset of {samples} samples{size}: a high rank on little data "
+                (f"r={top}" if top == lo.r else f"a rank of {top} (rank_pattern)")
+                + f" on a small dataset of {samples} samples{size}: a high rank on little data "
                 "fits the samples rather than the task (overfitting risk)",
                 f"use r 8-{HIGH_R // 2} at this size, raise it with more data, and watch the eval loss",
                 samples=samples,
