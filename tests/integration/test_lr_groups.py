@@ -163,3 +163,50 @@ def test_a_rollback_lowers_the_lr_of_a_single_group_run_too(tmp_path: Path, demo
     plan1 = rollback_plan(plan0, 1, 1.0, 1, 3, 4, 2, str(checkpoint), {}, 0.5, None, "loss_spike")
     second, _ = train(cfg, run, plan1, resume=str(checkpoint))
     assert [lr for rows in second.steps.values() for _, lr, _ in rows] == pytest.approx([LR / 2] * 4)
+
+
+# The short sleep per step lets the supervisor act on the spike long before the run's end, even under load.
+BURST = {"lr_burst_at_step": 21, "lr_burst_factor": 1000.0, "step_sleep_s": 0.1}
+
+
+@pytest.mark.slow
+def test_a_supervised_spike_rollback_halves_every_group(tmp_path: Path, demo_assets: Path) -> None:
+    """`steadytune run` end to end: an LR burst spikes the gradients, the supervisor rolls back, and the
+    restarted worker's optimizer holds every group at half its LR, as the plan revision records."""
+    from steadytune.records import from_json
+    from steadytune.telemetry.events import read_events
+
+    from .runs import finish, run_dir, start_run, write_config
+
+    cfg = write_config(
+        tmp_path,
+        demo_assets,
+        # A full fine-tune, as in test_rollback_skip: its LR burst spikes reliably (a LoRA adapter's
+        # response to one varies from run to run); the grouped LoRA runs are the tests above.
+        train={
+            "learning_rate": 3e-3,
+            "max_steps": 40,
+            "max_grad_norm": 0.0,
+            "lr_scheduler_type": "constant",
+            "warmup_steps": 0,
+            "lr_groups": [
+                {"match": "self_attn", "lr_scale": 2.0, "name": "attn"},
+                {"match": r"\.mlp\.", "lr_scale": 0.5, "name": "mlp"},
+            ],
+        },
+        policy={"spike_confirm_points": 1},
+    )
+    rc, out = finish(start_run(cfg, "groups", faults=BURST))
+    assert rc == 0, out
+    run = run_dir(cfg, "groups")
+    plans = [from_json(line) for line in run.plan.read_text().splitlines() if line.strip()]
+    assert dict(plans[0].lr_groups) == pytest.approx({"default": 3e-3, "attn": 6e-3, "mlp": 1.5e-3})
+    rollback = next(p for p in plans if p.skip_ranges)
+    assert rollback.lr_scale == 0.5
+    assert dict(rollback.lr_groups) == pytest.approx({"default": 1.5e-3, "attn": 3e-3, "mlp": 7.5e-4})
+    reported = {
+        e.data["attempt"]: e.data["groups"] for e in read_events(run.events) if e.name == "optimizer_groups"
+    }
+    # Embeddings, norms and the head match neither entry: they train in the default group.
+    assert reported[0] == pytest.approx({"default": 3e-3, "attn": 6e-3, "mlp": 1.5e-3})
+    assert reported[rollback.attempt] == pytest.approx({"default": 1.5e-3, "attn": 3e-3, "mlp": 7.5e-4})

@@ -60,6 +60,11 @@ def param_groups(
     return out
 
 
+def group_summary(groups: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """``{label: planned LR}`` of an optimizer's groups (the two weight-decay halves share one)."""
+    return {str(g.get(NAME_KEY, "default")): float(g.get("initial_lr", g["lr"])) for g in groups}
+
+
 def restore_planned_lrs(optimizer: Any, scheduler: Any, wanted: Sequence[float]) -> None:
     """Put the planned LRs back after a resume loaded the checkpoint's optimizer and scheduler.
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
+from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainerCallback, TrainingArguments
 
 from steadytune.config.schema import SteadytuneConfig
 from steadytune.guard.core import Guard
@@ -24,7 +24,7 @@ from steadytune.layerwise import groups_of
 from steadytune.policy.restart import is_oom_message
 from steadytune.records import PlanRevision
 from steadytune.train.data import IGNORE_INDEX, SAMPLE_HASH, SAMPLE_ID, DataSpec, build_dataset
-from steadytune.train.optim import LrPlan, param_groups, restore_planned_lrs
+from steadytune.train.optim import LrPlan, group_summary, param_groups, restore_planned_lrs
 from steadytune.train.sampling import SkipSampler
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -238,6 +238,28 @@ class GuardedTrainer(Trainer):
             self._run_chunks(model, prev_inputs, prev_n, self.st_split)
 
 
+class OptimizerGroupsReport(TrainerCallback):
+    """Files each optimizer group's planned LR as an event once training begins (after any resume),
+    so ``events.jsonl`` says which LRs a run actually trained with, attempt by attempt."""
+
+    def __init__(self, guard: Guard) -> None:
+        self.guard = guard
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        optimizer = kw.get("optimizer")
+        if optimizer is None:
+            return
+        groups = group_summary(optimizer.param_groups)
+        self.guard.notify(
+            "lifecycle",
+            "optimizer_groups",
+            "optimizer groups: " + ", ".join(f"{name} {lr:.3g}" for name, lr in groups.items()),
+            step=state.global_step,
+            attempt=self.guard.attempt,
+            groups=groups,
+        )
+
+
 def load_tokenizer(cfg: SteadytuneConfig) -> Any:
     tok = AutoTokenizer.from_pretrained(cfg.model.name_or_path, trust_remote_code=cfg.model.trust_remote_code)
     if tok.pad_token_id is None:
@@ -368,6 +390,9 @@ def build_trainer(
     skip = {i for a, b in plan.skip_ranges for i in range(a, b + 1)}
     args = training_arguments(cfg, plan, staging, eval_ds is not None)
     model = load_model(cfg, args.gradient_checkpointing)
+    groups = lr_plan(cfg, plan, args.learning_rate)
+    if groups.grouped:
+        callbacks = [*callbacks, OptimizerGroupsReport(guard)]
     trainer = GuardedTrainer(
         model=model,
         args=args,
@@ -381,7 +406,7 @@ def build_trainer(
         split=plan.micro_batch_split,
         max_split=max_split,
         skip_ids=skip,
-        lr_plan=lr_plan(cfg, plan, args.learning_rate),
+        lr_plan=groups,
     )
     for cb in callbacks:
         if isinstance(cb, GuardCallback):

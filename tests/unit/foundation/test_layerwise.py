@@ -130,3 +130,35 @@ def test_group_names_must_be_distinct(tmp_path: Path) -> None:
     groups = [{"match": "a", "lr_scale": 2, "name": "x"}, {"match": "b", "lr_scale": 3, "name": "x"}]
     with pytest.raises(ConfigError, match="two groups are labelled 'x'"):
         validate_dict(base(tmp_path, lr_groups=groups), tmp_path, check_paths=False)
+
+
+def test_the_supervisors_rollback_changes_carry_every_groups_lower_lr(tmp_path: Path) -> None:
+    from steadytune.policy.engine import Action
+    from steadytune.records import Anomaly, replace
+    from steadytune.supervise.restarts import first_plan, rollback_restart
+
+    cfg = validate_dict(
+        base(tmp_path, learning_rate=1e-3, lr_groups=[{"match": "attn", "lr_scale": 2, "name": "attn"}]),
+        tmp_path,
+        check_paths=False,
+    )
+    plan = first_plan(cfg, 5.0)
+    assert plan.lr_groups == (("default", 1e-3), ("attn", 2e-3)) and plan.revision == 0
+    spike = Anomaly("loss_spike", "critical", 25, 26, "loss")
+    changes, kind, why, target = rollback_restart(
+        plan, Action("rollback", "spike", 26, spike), [10, 20], [], tmp_path, 26, {}, 0.5
+    )
+    assert kind == "loss_spike" and target == 20 and "LR x0.5" in why
+    assert changes["lr_groups"] == (("default", 5e-4), ("attn", 1e-3)) and changes["lr_scale"] == 0.5
+    # The supervisor's revise() applies the changes; a second rollback halves every group again.
+    again, *_ = rollback_restart(
+        replace(plan, **changes),
+        Action("rollback", "spike", 30, spike),
+        [10, 20],
+        [20],
+        tmp_path,
+        30,
+        {},
+        0.5,
+    )
+    assert again["lr_groups"] == (("default", 2.5e-4), ("attn", 5e-4))
