@@ -211,12 +211,13 @@ class TrainConfig(Section):
     @classmethod
     def _unique_groups(cls, v: list[LrGroupConfig]) -> list[LrGroupConfig]:
         labels = [g.label for g in v]
-        taken = {"default", *(f"{label}.lora_B" for label in labels)}
-        clash = next((label for i, label in enumerate(labels) if label in taken or label in labels[:i]), None)
-        if clash is not None:
-            raise ValueError(
-                f"two groups are labelled {clash!r} (or it is a reserved name); give each a distinct name"
-            )
+        # 'default' holds what no entry matches, and '<label>.lora_B' is each group's LoRA+ half.
+        reserved = {"default", *(f"{label}.lora_B" for label in labels)}
+        for i, label in enumerate(labels):
+            if label in labels[:i]:
+                raise ValueError(f"two groups are labelled {label!r}; give each a distinct name")
+            if label in reserved:
+                raise ValueError(f"the label {label!r} is reserved; give the group another name")
         return v
 
 

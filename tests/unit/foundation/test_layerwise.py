@@ -130,6 +130,8 @@ def test_group_names_must_be_distinct(tmp_path: Path) -> None:
     groups = [{"match": "a", "lr_scale": 2, "name": "x"}, {"match": "b", "lr_scale": 3, "name": "x"}]
     with pytest.raises(ConfigError, match="two groups are labelled 'x'"):
         validate_dict(base(tmp_path, lr_groups=groups), tmp_path, check_paths=False)
+    with pytest.raises(ConfigError, match="the label 'default' is reserved"):
+        validate_dict(base(tmp_path, lr_groups=[{"match": "a", "lr_scale": 2, "name": "default"}]), tmp_path)
 
 
 def test_the_supervisors_rollback_changes_carry_every_groups_lower_lr(tmp_path: Path) -> None:
