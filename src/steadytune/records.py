@@ -180,6 +180,9 @@ class PlanRevision:
     gradient_accumulation_steps: int | None = None
     micro_batch_split: int = 1
     lr_scale: float = 1.0
+    # The effective LR of each configured optimizer group (train.lr_groups, LoRA+), before
+    # layer decay, rollbacks included; empty when the run has one group.
+    lr_groups: tuple[tuple[str, float], ...] = ()
     skip_ranges: tuple[tuple[int, int], ...] = ()
     resume_checkpoint: str | None = None
     gradient_checkpointing: bool | None = None
@@ -258,6 +261,8 @@ def _build(cls: type, data: dict[str, Any]) -> Any:
             value = tuple(_build(GpuSample, g) for g in value)
         elif cls is PlanRevision and key == "skip_ranges":
             value = tuple((int(a), int(b)) for a, b in value)
+        elif cls is PlanRevision and key == "lr_groups":
+            value = tuple((str(n), float(lr)) for n, lr in value)
         kwargs[key] = value
     return cls(**kwargs)
 

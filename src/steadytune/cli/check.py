@@ -18,7 +18,9 @@ Check a run before it starts: free device memory against the estimated peak plus
 headroom (free RAM with the CPU estimate on a CPU-only machine), RAM, disk for
 checkpoints and caches, driver/CUDA/package versions and known-bad combinations, other
 processes on the GPUs, writable folders; config lints (learning rate, LoRA r/alpha/
-dropout, sequence length, save_steps, gradient accumulation); and a dataset scan with
+dropout, ranks beyond a matrix's size, lr_groups that match nothing or overlap, weight
+decay 0 on a full fine-tune, no dropout or a high r on a small dataset, sequence length,
+save_steps, gradient accumulation); and a dataset scan with
 the model's tokenizer (empty, whitespace-only and duplicate samples, truncation, samples
 whose labels are all masked, token ids beyond the vocabulary, invalid UTF-8, a missing
 chat template). It ends with the micro-batch, gradient accumulation (same effective

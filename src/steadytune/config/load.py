@@ -8,6 +8,7 @@ carries the list of :class:`ConfigIssue` and renders them.
 from __future__ import annotations
 
 import difflib
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,13 +55,19 @@ class ConfigError(Exception):
 def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
     """The pydantic model that owns the field at ``loc`` (for suggestions and fix texts)."""
     model: type[BaseModel] = SteadytuneConfig
-    for part in loc[:-1]:
-        field = model.model_fields.get(str(part))
+    parts = list(loc[:-1])
+    while parts:
+        field = model.model_fields.get(str(parts.pop(0)))
         if field is None:
             return None
         ann = field.annotation
+        # A list of sections (train.lr_groups): the index names an item, whose fields own the fix texts.
+        item = typing.get_args(ann)[0] if typing.get_origin(ann) is list else None
         if isinstance(ann, type) and issubclass(ann, BaseModel):
             model = ann
+        elif isinstance(item, type) and issubclass(item, BaseModel) and parts and isinstance(parts[0], int):
+            parts.pop(0)
+            model = item
         else:
             return None
     return model
@@ -227,6 +234,15 @@ def _cross_issues(data: dict[str, Any], base: Path) -> list[ConfigIssue]:
                 save_steps,
                 f"no checkpoint would be saved before the end (max_steps={max_steps})",
                 "set save_steps at or below max_steps so a crash can resume",
+            )
+        )
+    if get("train", "loraplus_lr_ratio") is not None and get("method") == "full":
+        issues.append(
+            ConfigIssue(
+                "train.loraplus_lr_ratio",
+                get("train", "loraplus_lr_ratio"),
+                "LoRA+ scales the LoRA B matrices, and a full fine-tune has none",
+                "use method: lora or qlora, or remove train.loraplus_lr_ratio",
             )
         )
     if get("train", "bf16") is True and get("train", "fp16") is True:

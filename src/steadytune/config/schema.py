@@ -7,6 +7,7 @@ validation errors, so keep them short and concrete.
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -19,6 +20,33 @@ from steadytune.web.config import DashboardConfig
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+def _regex_problem(pattern: str) -> str | None:
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        return f"{pattern!r} is not a valid regular expression ({exc})"
+    return None
+
+
+def _check_regex(pattern: str) -> str:
+    problem = _regex_problem(pattern)
+    if problem:
+        raise ValueError(problem)
+    return pattern
+
+
+def _check_patterns(v: dict[str, float], what: str, low: float, high: float) -> None:
+    """Every bad key and value of a rank/alpha pattern, in one message."""
+    problems = [p for key in v if (p := _regex_problem(key))]
+    problems += [
+        f"{what} {x:g} for {key!r} is outside {low:g}..{high:g}"
+        for key, x in v.items()
+        if not low <= x <= high
+    ]
+    if problems:
+        raise ValueError("; ".join(problems))
 
 
 class ModelConfig(Section):
@@ -40,6 +68,27 @@ class LoraConfig(Section):
         "all-linear", description='a list of module names such as [q_proj, v_proj], or "all-linear"'
     )
     bias: Literal["none", "all", "lora_only"] = Field("none", description="one of none, all, lora_only")
+    # PEFT's names and matching: the first key whose regex ends a module's name wins (docs/config.md).
+    rank_pattern: dict[str, int] = Field(
+        default_factory=dict,
+        description="a mapping of module-name regex to rank, e.g. {'layers\\.(0|1)\\.': 8, 'o_proj': 32}",
+    )
+    alpha_pattern: dict[str, float] = Field(
+        default_factory=dict,
+        description="a mapping of module-name regex to lora_alpha, e.g. {'o_proj': 64}",
+    )
+
+    @field_validator("rank_pattern")
+    @classmethod
+    def _ranks(cls, v: dict[str, int]) -> dict[str, int]:
+        _check_patterns(v, "rank", 1, 1024)
+        return v
+
+    @field_validator("alpha_pattern")
+    @classmethod
+    def _alphas(cls, v: dict[str, float]) -> dict[str, float]:
+        _check_patterns(v, "lora_alpha", 1e-6, 1e6)
+        return v
 
 
 class QuantizationConfig(Section):
@@ -62,6 +111,29 @@ class DataConfig(Section):
     max_samples: int | None = Field(None, ge=1, description="a positive integer, or leave it out")
 
 
+class LrGroupConfig(Section):
+    """One optimizer parameter group: the parameters whose name matches, at a scaled LR."""
+
+    match: str = Field(
+        description="a regex searched in parameter names, e.g. 'self_attn' or 'layers\\.[0-3]\\.'"
+    )
+    lr_scale: float = Field(gt=0, le=1000, description="a positive multiplier of learning_rate, e.g. 0.5")
+    name: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$",
+        description="a short label for logs and the plan (letters, digits, '_', '.', '-'); defaults to match",
+    )
+
+    @field_validator("match")
+    @classmethod
+    def _regex(cls, v: str) -> str:
+        return _check_regex(v)
+
+    @property
+    def label(self) -> str:
+        return self.name or self.match
+
+
 class TrainConfig(Section):
     """Keys and meanings of HF ``TrainingArguments``."""
 
@@ -82,6 +154,23 @@ class TrainConfig(Section):
     weight_decay: float = Field(0.0, ge=0, description="a non-negative number such as 0.01")
     max_grad_norm: float = Field(1.0, ge=0, description="a non-negative number; 0 turns clipping off")
     optim: str = Field("adamw_torch", description="an HF optimizer name such as adamw_torch")
+    # Per-group LRs (docs/config.md): all factors multiply, and a rollback's LR scale multiplies them all.
+    lr_groups: list[LrGroupConfig] = Field(
+        default_factory=list,
+        description="a list of {match: REGEX, lr_scale: X}; the first entry that matches a parameter wins",
+    )
+    loraplus_lr_ratio: float | None = Field(
+        None,
+        gt=0,
+        le=1000,
+        description="LoRA+: the LR multiplier of the LoRA B matrices, e.g. 16; leave it out for plain LoRA",
+    )
+    layer_decay: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="layer-wise LR decay in (0, 1], e.g. 0.9: layer i of L trains at LR x decay^(L-1-i)",
+    )
     seed: int = Field(42, description="an integer")
     bf16: bool = Field(False, description="true or false")
     fp16: bool = Field(False, description="true or false")
@@ -116,6 +205,19 @@ class TrainConfig(Section):
     def _positive_batch(cls, v: int | str) -> int | str:
         if isinstance(v, int) and v < 1:
             raise ValueError("must be at least 1")
+        return v
+
+    @field_validator("lr_groups")
+    @classmethod
+    def _unique_groups(cls, v: list[LrGroupConfig]) -> list[LrGroupConfig]:
+        labels = [g.label for g in v]
+        # 'default' holds what no entry matches, and '<label>.lora_B' is each group's LoRA+ half.
+        reserved = {"default", *(f"{label}.lora_B" for label in labels)}
+        for i, label in enumerate(labels):
+            if label in labels[:i]:
+                raise ValueError(f"two groups are labelled {label!r}; give each a distinct name")
+            if label in reserved:
+                raise ValueError(f"the label {label!r} is reserved; give the group another name")
         return v
 
 

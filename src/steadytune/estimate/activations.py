@@ -106,7 +106,8 @@ def _group_bytes(
     kept = copies * p.compute * width + masks * _DROPOUT_MASK_BYTES * width
     if shared and not already_saved:
         kept += input_bytes * width
-    lora_outputs = lora_consumers * setup.lora_r * (p.compute if p.autocast else p.adapter)
+    # A rank_pattern's largest rank: these r values per token are small next to the inputs.
+    lora_outputs = lora_consumers * setup.max_lora_r * (p.compute if p.autocast else p.adapter)
     return kept + lora_outputs
 
 

@@ -73,6 +73,11 @@ class Architecture:
             Linear("down_proj", i, h, self.mlp_bias),
         )
 
+    def module_name(self, layer: int, linear: str) -> str:
+        """The module's name as PEFT matches ``rank_pattern`` against it (HF Llama-style layout)."""
+        block = "self_attn" if linear in ATTENTION_MODULES else "mlp"
+        return f"model.layers.{layer}.{block}.{linear}"
+
     @property
     def layer_norm_params(self) -> int:
         """RMSNorm weights of one layer (two norms, plus Qwen3's per-head q/k norms)."""

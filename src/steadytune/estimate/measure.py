@@ -187,6 +187,7 @@ def build_model(arch: Architecture, setup: TrainSetup, device: str = "cpu", seed
             lora_alpha=2 * setup.lora_r,
             lora_dropout=setup.lora_dropout,
             target_modules=list(setup.lora_modules),
+            rank_pattern=dict(setup.lora_rank_pattern),
             task_type="CAUSAL_LM",
         )
         # PEFT upcasts bf16/fp16 adapters to fp32 unless asked not to: that is mixed precision.

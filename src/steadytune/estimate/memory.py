@@ -117,7 +117,7 @@ class _Copies:
     head: int
 
 
-def _weight_copies(arch: Architecture, setup: TrainSetup, trainable: bool) -> _Copies:
+def _weight_copies(arch: Architecture, setup: TrainSetup, trainable: bool, layer: int = 0) -> _Copies:
     p = precision(setup)
     if not p.autocast:
         return _Copies(0, 0, 0)
@@ -126,7 +126,7 @@ def _weight_copies(arch: Architecture, setup: TrainSetup, trainable: bool) -> _C
     base = 0
     if setup.method != "qlora" and layer_weight_bytes(setup, trainable) != e:
         base = e * linear
-    adapters = e * lora_params_per_layer(arch, setup) if p.adapter != e else 0
+    adapters = e * lora_params_per_layer(arch, setup, layer) if p.adapter != e else 0
     head_dtype = setup.trainable_dtype if setup.method == "full" else setup.frozen_weights_dtype
     head = e * arch.vocab_size * arch.hidden_size if DTYPE_BYTES[head_dtype] != e else 0
     return _Copies(saved=base + adapters, cached=(base if trainable else 0) + adapters, head=head)
@@ -151,10 +151,10 @@ def estimate_peak(arch: Architecture, setup: TrainSetup) -> MemoryEstimate:
     ckpt = setup.gradient_checkpointing
 
     layers = []  # (activations per token, weight copies) of each layer autograd records
-    for trainable, grad_in in _layer_plan(arch, setup):
+    for i, (trainable, grad_in) in enumerate(_layer_plan(arch, setup)):
         if _in_grad_region(setup, trainable, grad_in):
             acts = layer_activations(arch, setup, trainable, grad_in)
-            layers.append((acts, _weight_copies(arch, setup, trainable)))
+            layers.append((acts, _weight_copies(arch, setup, trainable, i)))
     head = head_activations(arch, setup)
     copy_head = _weight_copies(arch, setup, setup.method == "full").head
     full_layer = max((a.total for a, _ in layers), default=0.0) * tokens

@@ -66,6 +66,8 @@ def _describe(arch: Architecture, setup: TrainSetup) -> list[str]:
     method = setup.method
     if setup.method in ("lora", "qlora"):
         method += f" r={setup.lora_r} on {','.join(setup.lora_modules)}"
+        if setup.lora_rank_pattern:
+            method += " (rank_pattern " + ", ".join(f"{k}: {r}" for k, r in setup.lora_rank_pattern) + ")"
     if setup.method == "freeze":
         method += f" (last {setup.freeze_trainable_layers} layers train)"
     shard = ""

@@ -46,7 +46,7 @@ def _section(d: dict[str, Any], key: str) -> dict[str, Any]:
 def setup_from_config_dict(config: dict[str, Any], **overrides: Any) -> tuple[str | None, TrainSetup]:
     """Map a run config dict onto ``(model path, TrainSetup)``.
 
-    Reads ``model.name_or_path``, ``method``, ``lora.{r, target_modules, lora_dropout}``,
+    Reads ``model.name_or_path``, ``method``, ``lora.{r, rank_pattern, target_modules, lora_dropout}``,
     ``data.max_seq_length``, ``train.{per_device_train_batch_size, gradient_checkpointing,
     bf16, fp16, optim, gradient_accumulation_steps}`` and, when present, ``model.dtype``
     (or ``torch_dtype``) and ``model.attn_implementation``. Missing keys take the
@@ -73,6 +73,9 @@ def setup_from_config_dict(config: dict[str, Any], **overrides: Any) -> tuple[st
         fields["method"] = str(config["method"]).lower()
     if lora.get("r") is not None:
         fields["lora_r"] = lora["r"]
+    pattern = lora.get("rank_pattern")
+    if isinstance(pattern, dict) and pattern:
+        fields["lora_rank_pattern"] = tuple((str(k), v) for k, v in pattern.items())
     if lora.get("lora_dropout") is not None:
         fields["lora_dropout"] = float(lora["lora_dropout"])
     targets = lora.get("target_modules")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from steadytune.estimate.arch import LINEAR_MODULES
@@ -63,6 +64,8 @@ class TrainSetup:
         method: ``full``, ``lora``, ``qlora`` (4-bit NF4 base + LoRA) or ``freeze``
             (only the last ``freeze_trainable_layers`` decoder layers train).
         lora_r: LoRA rank (PEFT ``r``).
+        lora_rank_pattern: PEFT ``rank_pattern`` as ``(regex, rank)`` pairs; the first key
+            that ends a module's name sets its rank, the others keep ``lora_r``.
         lora_dropout: PEFT ``lora_dropout``; above 0 every adapted projection keeps a
             dropped copy of its input and a mask for backward.
         target_modules: PEFT ``target_modules``; ``("all-linear",)`` selects all seven.
@@ -97,6 +100,7 @@ class TrainSetup:
 
     method: str = "lora"
     lora_r: int = 8
+    lora_rank_pattern: tuple[tuple[str, int], ...] = ()
     lora_dropout: float = 0.0
     target_modules: tuple[str, ...] = ("q_proj", "v_proj")
     dtype: str = "bf16"
@@ -153,6 +157,13 @@ class TrainSetup:
                 f"target_modules={list(self.target_modules)!r} selects no projection; use names "
                 f"from {', '.join(LINEAR_MODULES)} or 'all-linear'"
             )
+        for key, rank in self.lora_rank_pattern:
+            if not isinstance(rank, int) or rank < 1:
+                out.append(f"lora_rank_pattern[{key!r}]={rank!r} must be a positive integer")
+            try:
+                re.compile(key)
+            except re.error as exc:
+                out.append(f"lora_rank_pattern key {key!r} is not a valid regex ({exc})")
         if self.freeze_trainable_layers < 1:
             out.append(f"freeze_trainable_layers={self.freeze_trainable_layers!r} must be >= 1")
         if not 0 <= self.lora_dropout < 1:
@@ -160,6 +171,11 @@ class TrainSetup:
         if not 0 <= self.allocator_margin < 1:
             out.append(f"allocator_margin={self.allocator_margin!r} must be in [0, 1)")
         return out
+
+    @property
+    def max_lora_r(self) -> int:
+        """The largest rank any adapted module gets."""
+        return max([self.lora_r, *(rank for _, rank in self.lora_rank_pattern)])
 
     @property
     def compute_bytes(self) -> int:

@@ -7,10 +7,12 @@ and the setup.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 from steadytune.estimate.arch import Architecture
 from steadytune.estimate.setup import DTYPE_BYTES, TrainSetup
+from steadytune.layerwise import rank_of
 
 # bitsandbytes keeps tensors below this many elements in fp32 optimizer state.
 _BNB_MIN_8BIT_SIZE = 4096
@@ -34,10 +36,19 @@ class ParamCounts:
     trainable_matrices: tuple[tuple[int, int, int], ...]  # (rows, cols, count) for Adafactor
 
 
-def lora_params_per_layer(arch: Architecture, setup: TrainSetup) -> int:
+def lora_rank(arch: Architecture, setup: TrainSetup, layer: int, module: str) -> int:
+    """The rank PEFT gives ``module`` of decoder layer ``layer`` (``lora_rank_pattern`` first)."""
+    if not setup.lora_rank_pattern:
+        return setup.lora_r
+    return rank_of(arch.module_name(layer, module), setup.lora_r, dict(setup.lora_rank_pattern))
+
+
+def lora_params_per_layer(arch: Architecture, setup: TrainSetup, layer: int = 0) -> int:
     modules = set(setup.lora_modules)
     return sum(
-        setup.lora_r * (lin.in_features + lin.out_features) for lin in arch.linears() if lin.name in modules
+        lora_rank(arch, setup, layer, lin.name) * (lin.in_features + lin.out_features)
+        for lin in arch.linears()
+        if lin.name in modules
     )
 
 
@@ -67,13 +78,16 @@ def param_counts(arch: Architecture, setup: TrainSetup) -> ParamCounts:
             largest_trainable_tensor=arch.largest_linear_params,
             trainable_matrices=tuple((lin.out_features, lin.in_features, n) for lin in linears),
         )
-    adapter = arch.num_layers * lora_params_per_layer(arch, setup)
+    adapter = sum(lora_params_per_layer(arch, setup, i) for i in range(arch.num_layers))
     modules = set(setup.lora_modules)
-    matrices = []
-    for lin in linears:
-        if lin.name in modules:
-            matrices.append((setup.lora_r, lin.in_features, arch.num_layers))
-            matrices.append((lin.out_features, setup.lora_r, arch.num_layers))
+    shapes: Counter[tuple[int, int]] = Counter()  # (rows, cols) of every A and B matrix
+    for i in range(arch.num_layers):
+        for lin in linears:
+            if lin.name in modules:
+                r = lora_rank(arch, setup, i, lin.name)
+                shapes[(r, lin.in_features)] += 1
+                shapes[(lin.out_features, r)] += 1
+    matrices = [(rows, cols, n) for (rows, cols), n in shapes.items()]
     largest = max(r * c for r, c, _ in matrices)
     return ParamCounts(
         total=arch.total_params,

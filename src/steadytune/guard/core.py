@@ -167,7 +167,9 @@ class Guard:
         norm to record; without it, the one observed this step, else the gradients' own.
         """
         if optimizer is not None and getattr(optimizer, "param_groups", None):
-            self._lr = float(optimizer.param_groups[0]["lr"])
+            # Per-group LRs (train.lr_groups) carry their factor: record the run's base LR as scheduled.
+            first = optimizer.param_groups[0]
+            self._lr = float(first["lr"]) / float(first.get("lr_factor", 1.0))
         # Reading the norm on the host is a device sync, but one the NaN guard cannot do without:
         # it must decide before optimizer.step() whether the update may touch the weights.
         norm = _as_float(grad_norm) if grad_norm is not None else self.observed_grad_norm()

@@ -75,6 +75,7 @@ def rollback_plan(
         cause_event_seq=cause_event_seq,
         resume_checkpoint=checkpoint_path,
         lr_scale=current.lr_scale * lr_scale,
+        lr_groups=tuple((name, lr * lr_scale) for name, lr in current.lr_groups),
         skip_ranges=merge_ranges(current.skip_ranges, to_ranges(window)),
         notes=f"rollback to step {checkpoint_step}; skipped {len(set(window))} samples of steps "
         f"{checkpoint_step + 1}..{anomaly_end}; LR x{current.lr_scale * lr_scale:g}",

@@ -10,7 +10,9 @@ import math
 
 from steadytune.config.schema import SteadytuneConfig
 from steadytune.estimate import Architecture
+from steadytune.layerwise import rank_of
 from steadytune.policy.safe_mode import MAX_LR, USUAL_LR
+from steadytune.preflight.layerwise import adapted_modules, lr_group_lints, rank_lints
 from steadytune.preflight.result import Check, fail, ok, warn
 
 # The bottom of the usual LR range per method; 100x below it the weights barely move.
@@ -20,6 +22,10 @@ LORA_SCALE_RANGE = (0.25, 8.0)
 LORA_R_USUAL_MAX = 256
 LORA_DROPOUT_MAX = 0.3
 MANY_CHECKPOINTS = 100
+# Hyperparameter lints (docs/preflight.md gives the reasoning): a dataset below this many samples
+# is small enough for a LoRA adapter to memorize; a rank above HIGH_R on it is an overfitting risk.
+SMALL_DATASET = 1000
+HIGH_R = 32
 
 
 def lr_lint(cfg: SteadytuneConfig) -> Check:
@@ -234,6 +240,58 @@ def clipping_lint(cfg: SteadytuneConfig) -> Check | None:
     return None
 
 
+def weight_decay_lint(cfg: SteadytuneConfig) -> Check | None:
+    if cfg.method != "full" or cfg.train.weight_decay > 0:
+        return None
+    return warn(
+        "config",
+        "weight_decay",
+        "weight_decay=0 on a full fine-tune: every weight trains and nothing pulls it back, so the model "
+        "drifts from its pretrained weights and overfits sooner",
+        "set train.weight_decay: 0.01 (0.1 for long runs)",
+    )
+
+
+def small_data_lints(cfg: SteadytuneConfig, arch: Architecture | None, samples: int | None) -> list[Check]:
+    """LoRA regularization against the dataset size: no dropout, or a high rank, on little data."""
+    if cfg.method not in ("lora", "qlora") or samples is None or samples >= SMALL_DATASET:
+        return []
+    lo = cfg.lora
+    out = []
+    if lo.lora_dropout == 0:
+        out.append(
+            warn(
+                "config",
+                "lora_dropout_small_data",
+                f"lora_dropout=0 with {samples} training samples (under {SMALL_DATASET}): on this little data "
+                "the adapter can memorize it, and dropout is its only regularizer",
+                "set lora.lora_dropout: 0.05 (0.1 for models up to 13B)",
+                samples=samples,
+            )
+        )
+    top = max([lo.r, *lo.rank_pattern.values()])
+    if top > HIGH_R:
+        size = ""
+        if arch is not None:
+            params = sum(
+                rank_of(n, lo.r, lo.rank_pattern) * (i + o) for n, i, o in adapted_modules(cfg, arch)
+            )
+            size = f" ({params:,} adapter parameters, {params // samples:,} per sample)"
+        out.append(
+            warn(
+                "config",
+                "lora_r_small_data",
+                (f"r={top}" if top == lo.r else f"a rank of {top} (rank_pattern)")
+                + f" on a small dataset of {samples} samples{size}: a high rank on little data "
+                "fits the samples rather than the task (overfitting risk)",
+                f"use r 8-{HIGH_R // 2} at this size, raise it with more data, and watch the eval loss",
+                samples=samples,
+                r=top,
+            )
+        )
+    return out
+
+
 def config_lints(
     cfg: SteadytuneConfig,
     arch: Architecture | None,
@@ -244,9 +302,12 @@ def config_lints(
     out = [
         lr_lint(cfg),
         *lora_lints(cfg, arch),
+        *rank_lints(cfg, arch),
+        *lr_group_lints(cfg, arch),
+        *small_data_lints(cfg, arch, samples),
         seq_lint(cfg, arch),
         *schedule_lints(cfg, samples),
         batch_lint(cfg, samples, fits_micro_batch),
     ]
-    clip = clipping_lint(cfg)
-    return out + ([clip] if clip else [])
+    extra = [clipping_lint(cfg), weight_decay_lint(cfg)]
+    return out + [c for c in extra if c is not None]

@@ -11,6 +11,7 @@ from typing import Any
 
 from steadytune.config.schema import SteadytuneConfig
 from steadytune.detect.live import LiveDetector
+from steadytune.layerwise import planned_group_lrs
 from steadytune.policy.engine import Action
 from steadytune.policy.plan import choose_rollback_checkpoint, oom_escalation, rollback_plan
 from steadytune.policy.restart import Decision
@@ -41,6 +42,11 @@ def replay_detector(run: RunDir, config: Any, upto_step: int) -> LiveDetector:
             ):
                 det.observe_step(rec)
     return det
+
+
+def first_plan(cfg: SteadytuneConfig, ts: float) -> PlanRevision:
+    """Revision 0: the config as written, with the LR of each configured optimizer group."""
+    return PlanRevision(revision=0, ts=ts, reason="start", attempt=0, lr_groups=planned_group_lrs(cfg.train))
 
 
 def anomaly_event_data(a: Anomaly) -> dict[str, Any]:
@@ -109,6 +115,7 @@ def rollback_restart(
     changes = {
         "resume_checkpoint": nxt.resume_checkpoint,
         "lr_scale": nxt.lr_scale,
+        "lr_groups": nxt.lr_groups,
         "skip_ranges": nxt.skip_ranges,
     }
     return changes, kind, nxt.notes, target

@@ -51,6 +51,7 @@ from steadytune.supervise.progress import RunProgress, progress_line
 from steadytune.supervise.restarts import (
     anomaly_event_data,
     crash_restart,
+    first_plan,
     replay_detector,
     resume_expectation,
     resume_problems,
@@ -137,7 +138,7 @@ class Supervisor:
         self.trouble_steps: list[int] = []  # steps of warnings/criticals, for LAST_GOOD
         self.detector = LiveDetector(cfg.detect)
         self.policy = Policy(cfg.policy)
-        self.plan = PlanRevision(revision=0, ts=clock(), reason="start", attempt=0)
+        self.plan = first_plan(cfg, clock())
         self.pending: Action | None = None  # an action that stopped the worker on purpose
         self.samples_by_step: dict[int, list[int]] = {}  # for rollback-and-skip
         self.rollback_resumes: list[int | None] = []

@@ -14,15 +14,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
+from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainerCallback, TrainingArguments
 
 from steadytune.config.schema import SteadytuneConfig
 from steadytune.guard.core import Guard
 from steadytune.guard.faults import Faults
 from steadytune.guard.hf import GuardCallback, load_keeping_this_runs_lr
+from steadytune.layerwise import groups_of
 from steadytune.policy.restart import is_oom_message
 from steadytune.records import PlanRevision
 from steadytune.train.data import IGNORE_INDEX, SAMPLE_HASH, SAMPLE_ID, DataSpec, build_dataset
+from steadytune.train.optim import LrPlan, group_summary, param_groups
 from steadytune.train.sampling import SkipSampler
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -89,8 +91,10 @@ class GuardedTrainer(Trainer):
         split: int = 1,
         max_split: int = 16,
         skip_ids: set[int] | None = None,
+        lr_plan: LrPlan | None = None,
         **kwargs: Any,
     ) -> None:
+        self.st_lr_plan = lr_plan
         super().__init__(*args, **kwargs)
         self.st_guard = guard
         self.st_faults = faults or Faults()
@@ -100,8 +104,24 @@ class GuardedTrainer(Trainer):
         self._st_step_inputs: list[tuple[dict[str, Any], Any]] = []
         self._st_step_of_inputs = -1
 
+    def create_optimizer(self, model: Any = None) -> Any:
+        """The HF optimizer, with one param group per configured LR group when there are any."""
+        plan = self.st_lr_plan
+        if self.optimizer is None and plan is not None and plan.grouped:
+            opt_model = self.model if model is None else model
+            cls, kwargs = self.get_optimizer_cls_and_kwargs(self.args, opt_model)
+            if {"params", "model", "optimizer_dict"} & set(kwargs):
+                raise ValueError(
+                    f"train.optim={self.args.optim!r} builds its own parameter groups, so train.lr_groups, "
+                    "loraplus_lr_ratio and layer_decay cannot apply; use adamw_torch or remove them"
+                )
+            decay = set(self.get_decay_parameter_names(opt_model))
+            groups = param_groups(opt_model.named_parameters(), plan, decay, self.args.weight_decay)
+            self.optimizer = cls(groups, **kwargs)
+        return super().create_optimizer(model)
+
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
-        # A rollback resumes at the plan's lower LR, not at the checkpoint's.
+        # A rollback resumes at the plan's lower LRs (every group's), not at the checkpoint's.
         load_keeping_this_runs_lr(self, super()._load_optimizer_and_scheduler, checkpoint)
 
     def _get_train_sampler(self, train_dataset: Any = None) -> Any:
@@ -214,6 +234,28 @@ class GuardedTrainer(Trainer):
             self._run_chunks(model, prev_inputs, prev_n, self.st_split)
 
 
+class OptimizerGroupsReport(TrainerCallback):
+    """Files each optimizer group's planned LR as an event once training begins (after any resume),
+    so ``events.jsonl`` says which LRs a run actually trained with, attempt by attempt."""
+
+    def __init__(self, guard: Guard) -> None:
+        self.guard = guard
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        optimizer = kw.get("optimizer")
+        if optimizer is None:
+            return
+        groups = group_summary(optimizer.param_groups)
+        self.guard.notify(
+            "lifecycle",
+            "optimizer_groups",
+            "optimizer groups: " + ", ".join(f"{name} {lr:.3g}" for name, lr in groups.items()),
+            step=state.global_step,
+            attempt=self.guard.attempt,
+            groups=groups,
+        )
+
+
 def load_tokenizer(cfg: SteadytuneConfig) -> Any:
     tok = AutoTokenizer.from_pretrained(cfg.model.name_or_path, trust_remote_code=cfg.model.trust_remote_code)
     if tok.pad_token_id is None:
@@ -253,6 +295,8 @@ def load_model(cfg: SteadytuneConfig, gradient_checkpointing: bool) -> Any:
         lora_dropout=lora.lora_dropout,
         target_modules=lora.target_modules,
         bias=lora.bias,
+        rank_pattern=dict(lora.rank_pattern),
+        alpha_pattern=dict(lora.alpha_pattern),
         task_type="CAUSAL_LM",
     )
     return get_peft_model(model, peft_cfg)
@@ -303,6 +347,12 @@ def training_arguments(
     )
 
 
+def lr_plan(cfg: SteadytuneConfig, plan: PlanRevision, base_lr: float) -> LrPlan:
+    """The optimizer's groups: the config's, at the LRs the plan revision recorded."""
+    t = cfg.train
+    return LrPlan(base_lr, groups_of(t), t.loraplus_lr_ratio, t.layer_decay, dict(plan.lr_groups))
+
+
 def build_trainer(
     cfg: SteadytuneConfig,
     plan: PlanRevision,
@@ -336,6 +386,9 @@ def build_trainer(
     skip = {i for a, b in plan.skip_ranges for i in range(a, b + 1)}
     args = training_arguments(cfg, plan, staging, eval_ds is not None)
     model = load_model(cfg, args.gradient_checkpointing)
+    groups = lr_plan(cfg, plan, args.learning_rate)
+    if groups.grouped:
+        callbacks = [*callbacks, OptimizerGroupsReport(guard)]
     trainer = GuardedTrainer(
         model=model,
         args=args,
@@ -349,6 +402,7 @@ def build_trainer(
         split=plan.micro_batch_split,
         max_split=max_split,
         skip_ids=skip,
+        lr_plan=groups,
     )
     for cb in callbacks:
         if isinstance(cb, GuardCallback):

@@ -90,3 +90,66 @@ def test_clipping_off_and_warmup_past_the_end(tmp_path: Path) -> None:
     found = config_lints(make_config(tmp_path, train={"max_grad_norm": 0.0, "warmup_steps": 200}), DEMO)
     assert named(found, "max_grad_norm").status == "warn"
     assert named(found, "warmup_steps").status == "warn"
+
+
+def test_a_rank_beyond_a_matrix_dimension_and_a_key_that_adapts_nothing(tmp_path: Path) -> None:
+    # The demo's k_proj maps 128 -> 64: a rank of 100 cannot be reached by its update.
+    cfg = make_config(tmp_path, lora={"r": 8, "rank_pattern": {"k_proj": 100, "qproj": 4}})
+    found = config_lints(cfg, DEMO, samples=5000)
+    rank = named(found, "lora_rank_pattern")
+    assert rank.status == "warn" and "rank 100 on k_proj (2 modules)" in rank.reason
+    assert "smaller dimension 64" in rank.reason and "64 or less" in rank.fix
+    dead = named(found, "lora_rank_pattern_unused")
+    assert dead.status == "warn" and "'qproj' matches no adapted module: it has no effect" in dead.reason
+    shadowed = config_lints(make_config(tmp_path, lora={"rank_pattern": {"proj": 4, "q_proj": 2}}), DEMO)
+    assert "matches no adapted module" in named(shadowed, "lora_rank_pattern_unused").reason
+    first = config_lints(make_config(tmp_path, lora={"rank_pattern": {".*_proj": 4, "q_proj": 2}}), DEMO)
+    assert (
+        "an earlier key already sets (the first key wins)" in named(first, "lora_rank_pattern_unused").reason
+    )
+
+
+def test_lr_groups_that_match_nothing_or_overlap(tmp_path: Path) -> None:
+    groups = [
+        {"match": "self_attn", "lr_scale": 2, "name": "attn"},
+        {"match": "q_proj", "lr_scale": 5, "name": "q"},
+        {"match": "mlpp", "lr_scale": 0.5},
+    ]
+    found = config_lints(make_config(tmp_path, train={"lr_groups": groups}), DEMO, samples=5000)
+    none = named(found, "lr_groups")
+    assert (
+        none.status == "warn" and "'mlpp'" in none.reason and "matches no trainable parameter" in none.reason
+    )
+    both = named(found, "lr_groups_overlap")
+    # q_proj's A and B in both layers: 4 parameters, won by the first listed group.
+    assert both.status == "warn" and "both match 4 parameters" in both.reason
+    assert "the first listed, 'attn' (x2), wins them" in both.reason and "list the more specific" in both.fix
+    clean = config_lints(make_config(tmp_path, train={"lr_groups": groups[:1]}), DEMO, samples=5000)
+    assert named(clean, "lr_groups").status == "ok"
+
+
+def test_weight_decay_zero_on_a_full_fine_tune(tmp_path: Path) -> None:
+    found = named(config_lints(make_config(tmp_path, method="full"), DEMO, samples=5000), "weight_decay")
+    assert found.status == "warn" and "full fine-tune" in found.reason and "weight_decay: 0.01" in found.fix
+    decayed = make_config(tmp_path, method="full", train={"weight_decay": 0.01})
+    assert [c for c in config_lints(decayed, DEMO, samples=5000) if c.name == "weight_decay"] == []
+    assert [
+        c for c in config_lints(make_config(tmp_path), DEMO, samples=5000) if c.name == "weight_decay"
+    ] == []
+
+
+def test_no_dropout_and_a_high_rank_on_a_small_dataset(tmp_path: Path) -> None:
+    cfg = make_config(tmp_path, lora={"r": 64, "lora_alpha": 128, "lora_dropout": 0.0})
+    found = config_lints(cfg, DEMO, samples=200)
+    drop = named(found, "lora_dropout_small_data")
+    assert (
+        drop.status == "warn" and "200 training samples" in drop.reason and "lora_dropout: 0.05" in drop.fix
+    )
+    high = named(found, "lora_r_small_data")
+    # all-linear on the demo: 2 layers x r 64 x (in + out summed over q,k,v,o,gate,up,down = 2048).
+    assert high.status == "warn" and "r=64 on a small dataset of 200 samples" in high.reason
+    assert "262,144 adapter parameters, 1,310 per sample" in high.reason and "overfitting" in high.reason
+    # The same config on enough data, or with unknown data size, raises neither.
+    for samples in (1000, None):
+        names = {c.name for c in config_lints(cfg, DEMO, samples=samples)}
+        assert not names & {"lora_dropout_small_data", "lora_r_small_data"}

@@ -154,3 +154,27 @@ def test_setup_reports_every_problem_at_once() -> None:
     message = str(info.value)
     for fragment in ("method='dora'", "dtype='int3'", "batch=0", "optimizer='lion'", "zero_stage=5"):
         assert fragment in message
+
+
+def test_rank_pattern_sizes_each_adapter(llama8b: Architecture) -> None:
+    from steadytune.estimate.runconfig import setup_from_config_dict
+    from steadytune.estimate.states import param_counts
+
+    per_rank = sum(
+        lin.in_features + lin.out_features for lin in llama8b.linears() if lin.name in ("q_proj", "v_proj")
+    )
+    _, setup = setup_from_config_dict(
+        {
+            "method": "lora",
+            "lora": {"r": 8, "target_modules": ["q_proj", "v_proj"], "rank_pattern": {r"layers\.0\..*": 64}},
+        }
+    )
+    assert setup.lora_rank_pattern == ((r"layers\.0\..*", 64),)
+    counts = param_counts(llama8b, setup)
+    assert counts.adapter == (llama8b.num_layers - 1) * 8 * per_rank + 64 * per_rank
+    plain = param_counts(llama8b, dataclasses.replace(setup, lora_rank_pattern=()))
+    assert plain.adapter == llama8b.num_layers * 8 * per_rank
+    assert (
+        estimate_peak(llama8b, setup).breakdown["adapters"]
+        > estimate_peak(llama8b, dataclasses.replace(setup, lora_rank_pattern=())).breakdown["adapters"]
+    )
