@@ -21,6 +21,7 @@ from steadytune.guard.core import Guard
 from steadytune.guard.faults import Faults
 from steadytune.guard.hf import GuardCallback
 from steadytune.policy.restart import is_oom_message
+from steadytune.protocol import WorkerEvent
 from steadytune.records import PlanRevision
 from steadytune.train.data import IGNORE_INDEX, SAMPLE_HASH, SAMPLE_ID, DataSpec, build_dataset
 from steadytune.train.sampling import SkipSampler
@@ -198,7 +199,7 @@ class GuardedTrainer(Trainer):
         step = self.state.global_step + 1
         self.st_guard.notify(
             "action",
-            "reduce_microbatch",
+            WorkerEvent.REDUCE_MICROBATCH,
             f"out of memory at step {step}: micro-batch split into {new_split} chunks, "
             "same batch and effective batch",
             severity="warning",
