@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from steadytune.checkpoint.manifest import verify
+from steadytune.protocol import operator_issuer
 from steadytune.records import Heartbeat
+from steadytune.supervise.control import send_control
 from steadytune.telemetry.events import read_events
 from steadytune.telemetry.stream import iter_records
 
@@ -74,6 +76,31 @@ def test_checkpoint_pause_resume_stop(tmp_path: Path, demo_assets: Path) -> None
         "stop",
     ]
     assert all("(cli)" in e.data["issuer"] for e in controls)
+
+
+def test_back_to_back_requests_are_all_honoured_in_order(tmp_path: Path, demo_assets: Path) -> None:
+    """Two dashboard clicks and a stop within a millisecond: none overwrites another."""
+    cfg = write_config(tmp_path, demo_assets, train={"max_steps": 400, "save_steps": 200})
+    proc = start_run(cfg, "burst", faults={"step_sleep_s": 0.1})
+    run = run_dir(cfg, "burst")
+    wait_for(lambda: len(steps(run)) >= 3, what="step 3")
+    issuer = operator_issuer("alice", "dashboard, 127.0.0.1")
+    sent = [send_control(run, c, issuer)["id"] for c in ("checkpoint", "checkpoint", "stop")]
+    rc, out = finish(proc)
+    assert rc == 0, out
+    assert status(run)["state"] == "stopped"
+    events = read_events(run.events)
+    filed = [e.data["request_id"] for e in events if e.kind == "control" and not e.name.startswith("ack_")]
+    assert filed == sent  # the supervisor filed each request once, in the order sent
+    acks = [e for e in events if e.name.startswith("ack_") and e.data.get("request_id") in sent]
+    assert [(e.name, e.data["request_id"]) for e in acks] == list(
+        zip(["ack_checkpoint", "ack_checkpoint", "ack_stop"], sent, strict=True)
+    )
+    first = acks[0].step
+    assert [e.step for e in acks] == [first, first + 1, first + 2]  # one per step boundary
+    saved = [e.step for e in events if e.name == "checkpoint_saved"]
+    assert saved == [first, first + 1, first + 2]
+    assert all(verify(run.checkpoints / f"checkpoint-{n}").ok for n in saved)
 
 
 def test_policy_observe_alerts_but_does_not_act(tmp_path: Path, demo_assets: Path) -> None:
