@@ -198,10 +198,14 @@ class RequestQueue:
 
     def new(self) -> list[dict[str, Any]]:
         """Requests queued since the last call, oldest first; unreadable files are skipped once."""
+        try:
+            names = os.listdir(self.directory)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        # Called at every step: only names not seen before are matched and sorted.
+        fresh = sorted(n for n in set(names) - self._seen if _REQUEST_NAME.match(n))
         out = []
-        for name in request_names(self.directory):
-            if name in self._seen:
-                continue
+        for name in fresh:
             self._seen.add(name)
             try:
                 request = json.loads((self.directory / name).read_text(encoding="utf-8"))
