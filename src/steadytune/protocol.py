@@ -61,6 +61,8 @@ class WorkerEvent(str, Enum):
     DISK_LOW = "disk_low"
     GRAD_NORM_AFTER_CLIPPING = "grad_norm_after_clipping"
     INJECT_FAILED = "inject_failed"
+    GUARD_INJECTED = "guard_injected"
+    GUARD_OFF = "guard_off"
     ACK_PAUSE = "ack_pause"
     ACK_RESUME = "ack_resume"
     ACK_CHECKPOINT = "ack_checkpoint"

@@ -470,7 +470,7 @@ class Supervisor:
         """Filing it is all: an acknowledgement, or a warning the policy does not act on."""
 
     # disk_low is an anomaly: the policy meets it in on_worker_event, as any anomaly a worker reports.
-    on_disk_low = on_grad_norm_after_clipping = on_inject_failed = _filed_only
+    on_disk_low = on_grad_norm_after_clipping = on_inject_failed = on_guard_injected = on_guard_off = _filed_only
     on_ack_pause = on_ack_resume = on_ack_stop = on_ack_memory_snapshot = _filed_only
 
     # -- detection and actions -------------------------------------------------
