@@ -89,8 +89,8 @@ class RunDir:
 
     @property
     def control(self) -> Path:
-        """Operator and supervisor requests to the worker (one JSON file, replaced atomically)."""
-        return self.root / "control.json"
+        """The queue of operator and supervisor requests to the worker: one JSON file each."""
+        return self.root / "control"
 
     @property
     def status(self) -> Path:

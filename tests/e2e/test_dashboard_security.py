@@ -90,7 +90,8 @@ def test_read_api_open_controls_need_the_token_in_a_header(secured: DashboardHan
         secured, "POST", "/api/runs/live-run/control", cmd, {"X-Steadytune-Token": TOKEN}
     )
     assert status == 200, body
-    req = json.loads((runs_dir / "live-run" / "control.json").read_text())
+    (queued,) = (runs_dir / "live-run" / "control").iterdir()
+    req = json.loads(queued.read_text())
     assert req["command"] == "pause" and req["issuer"] == "alice (dashboard, 127.0.0.1)"
     status, _, body = request(secured, "GET", "/api/auth", headers={"X-Steadytune-Token": TOKEN})
     assert json.loads(body) == {"controls": True, "authorized": True, "reads": "open"}

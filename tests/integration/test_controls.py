@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from steadytune.checkpoint.manifest import verify
+from steadytune.protocol import operator_issuer
 from steadytune.records import Heartbeat
+from steadytune.supervise.control import send_control
 from steadytune.telemetry.events import read_events
 from steadytune.telemetry.stream import iter_records
 
@@ -74,6 +76,47 @@ def test_checkpoint_pause_resume_stop(tmp_path: Path, demo_assets: Path) -> None
         "stop",
     ]
     assert all("(cli)" in e.data["issuer"] for e in controls)
+
+
+def acks(run, ids: list[str]) -> list:
+    return [e for e in read_events(run.events) if e.name.startswith("ack_") and e.data.get("request_id") in ids]
+
+
+def test_back_to_back_requests_are_all_honoured_in_order(tmp_path: Path, demo_assets: Path) -> None:
+    """Two dashboard clicks within a millisecond, then a checkpoint asked for while the worker is held:
+    none overwrites another, and each is carried out once, in the order sent."""
+    cfg = write_config(tmp_path, demo_assets, train={"max_steps": 400, "save_steps": 200})
+    proc = start_run(cfg, "burst", faults={"step_sleep_s": 0.1})
+    run = run_dir(cfg, "burst")
+    wait_for(lambda: len(steps(run)) >= 3, what="step 3")
+    issuer = operator_issuer("alice", "dashboard, 127.0.0.1")
+    burst = [send_control(run, "checkpoint", issuer)["id"] for _ in range(2)]
+    wait_for(lambda: len(acks(run, burst)) == 2, what="both checkpoints acknowledged")
+
+    hold = send_control(run, "pause", issuer, args={"mode": "hold"})["id"]
+    wait_for(lambda: paused_beats(run), what="the worker holding in memory")
+    held = [send_control(run, c, issuer)["id"] for c in ("checkpoint", "resume", "stop")]
+    rc, out = finish(proc)
+    assert rc == 0, out
+    assert status(run)["state"] == "stopped"
+
+    sent = [*burst, hold, *held]
+    events = read_events(run.events)
+    filed = [e.data["request_id"] for e in events if e.kind == "control" and not e.name.startswith("ack_")]
+    assert filed == sent  # the supervisor filed each request once, in the order sent
+    got = [(e.name, e.data["request_id"], e.step) for e in acks(run, sent)]
+    first, at = got[0][2], got[2][2]
+    assert got == [
+        ("ack_checkpoint", burst[0], first),
+        ("ack_checkpoint", burst[1], first + 1),  # one request per step boundary
+        ("ack_pause", hold, at),
+        ("ack_resume", held[1], at),
+        ("ack_checkpoint", held[0], at + 1),  # asked for while held: taken once resumed
+        ("ack_stop", held[2], at + 2),
+    ]
+    saved = [e.step for e in events if e.name == "checkpoint_saved"]
+    assert saved == [first, first + 1, at + 1, at + 2]
+    assert all(verify(run.checkpoints / f"checkpoint-{n}").ok for n in saved)
 
 
 def test_policy_observe_alerts_but_does_not_act(tmp_path: Path, demo_assets: Path) -> None:

@@ -1,7 +1,8 @@
 """``steadytune pause|resume|checkpoint|stop RUN``: operator controls of a live run.
 
-Each request goes through the run's control channel and is acted on at the next
-step boundary; the supervisor records it in ``events.jsonl`` with who issued it.
+Each request joins the run's control queue (``control/``, one file per request, so
+requests sent back to back are all kept) and is acted on at the next step boundary,
+in the order sent; the supervisor records it in ``events.jsonl`` with who issued it.
 """
 
 from __future__ import annotations
@@ -84,6 +85,7 @@ def _acked(run: RunDir, request_id: str, since: int) -> dict[str, Any] | None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from steadytune.protocol import ControlError, operator_issuer
     from steadytune.supervise.control import send_control
 
     run = resolve_run(args.run, args.runs_dir)
@@ -101,9 +103,12 @@ def main(args: argparse.Namespace) -> int:
     cmd_args = {}
     if args.command_name == "pause":
         cmd_args["mode"] = "hold" if args.hold else "release"
-    issuer = f"{getpass.getuser()}@{socket.gethostname()} (cli)"
     since = _events_end(run)
-    request = send_control(run, args.command_name, issuer=issuer, args=cmd_args)
+    try:
+        issuer = operator_issuer(f"{getpass.getuser()}@{socket.gethostname()}", "cli")
+        request = send_control(run, args.command_name, issuer=issuer, args=cmd_args)
+    except ControlError as exc:
+        return fail(str(exc), 2)
     print(f"{args.command_name} sent to {run.run_id} (request {request['id'][:8]})")
     if args.no_wait:
         return 0

@@ -27,7 +27,6 @@ clipped norm and hides every spike behind ``max_norm``.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import threading
@@ -36,6 +35,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from steadytune.protocol import RequestQueue, WorkerEvent
 from steadytune.records import BatchFingerprint, Event, Heartbeat, StepRecord, WorkerExit
 from steadytune.rundir import RunDir
 from steadytune.telemetry.stream import JsonlWriter
@@ -43,6 +43,13 @@ from steadytune.telemetry.stream import JsonlWriter
 
 def _rank_from_env() -> int:
     return int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")))
+
+
+def _attempt_of(request: dict[str, Any], default: int) -> float:
+    try:
+        return float(request.get("attempt", default))
+    except (TypeError, ValueError):
+        return default
 
 
 def _as_float(x: Any) -> float | None:
@@ -81,8 +88,8 @@ class Guard:
         self.writer = JsonlWriter(self.run.telemetry(self.rank))
         self.skipped_total = 0
         self.consecutive_skips = 0
-        self._control_mtime: float | None = None
-        self._seen_control: set[str] = set()
+        self._requests = RequestQueue(self.run.control)
+        self._pending: list[dict[str, Any]] = []
         self._reset_step()
         self.last_step = 0
         self.steps_this_attempt = 0
@@ -276,7 +283,7 @@ class Guard:
     def notify(
         self,
         kind: str,
-        name: str,
+        name: WorkerEvent | str,
         message: str = "",
         severity: str = "info",
         step: int | None = None,
@@ -287,7 +294,7 @@ class Guard:
             Event(
                 ts=self.clock(),
                 kind=kind,
-                name=name,
+                name=str(name),
                 message=message,  # type: ignore[arg-type]
                 severity=severity,
                 step=self.last_step if step is None else step,  # type: ignore[arg-type]
@@ -297,24 +304,18 @@ class Guard:
 
     # -- control channel ---------------------------------------------------
     def poll_control(self) -> dict[str, Any] | None:
-        """A new request from the supervisor or an operator, if one arrived since the last poll."""
-        path = self.run.control
-        try:
-            mtime = path.stat().st_mtime
-        except FileNotFoundError:
-            return None
-        if mtime == self._control_mtime:
-            return None
-        self._control_mtime = mtime
-        try:
-            request = json.loads(path.read_text(encoding="utf-8"))
-        except (ValueError, OSError):
-            return None
-        rid = str(request.get("id", ""))
-        if rid in self._seen_control or float(request.get("attempt", self.attempt)) < self.attempt:
-            return None
-        self._seen_control.add(rid)
-        return request
+        """The next request from the supervisor or an operator, oldest first; None if there is none.
+
+        Each request is returned once. One sent for an earlier attempt is dropped: it was meant
+        for a worker that is gone.
+        """
+        if not self._pending:
+            self._pending = [r for r in self._requests.new() if _attempt_of(r, self.attempt) >= self.attempt]
+        return self._pending.pop(0) if self._pending else None
+
+    def put_back(self, requests: Sequence[dict[str, Any]]) -> None:
+        """Return ``requests`` (in their order) from the next polls, before anything newer."""
+        self._pending[:0] = list(requests)
 
     def close(self, status: str = "completed", error: BaseException | None = None, **fields: Any) -> None:
         """Write the worker's last words and close the stream."""

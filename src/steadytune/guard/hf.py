@@ -15,6 +15,7 @@ from steadytune.guard.checkpoints import CheckpointKeeper
 from steadytune.guard.core import Guard
 from steadytune.guard.faults import Faults
 from steadytune.guard.gradflow import DEFAULT_INTERVAL, columns, layer_grad_stats, should_record, unclip_scale
+from steadytune.protocol import WorkerEvent
 
 
 def _barrier() -> None:
@@ -109,7 +110,7 @@ class GuardCallback(TrainerCallback):
         if (args.max_grad_norm or 0) > 0 and not bound:
             self.guard.notify(
                 "lifecycle",
-                "grad_norm_after_clipping",
+                WorkerEvent.GRAD_NORM_AFTER_CLIPPING,
                 "the trainer's clipping could not be "
                 "observed: grad_norm and gradient flow are recorded after clipping",
                 severity="warning",
@@ -118,7 +119,7 @@ class GuardCallback(TrainerCallback):
         self._last_save_ts = self.guard.clock()
         self.guard.notify(
             "lifecycle",
-            "train_begin",
+            WorkerEvent.TRAIN_BEGIN,
             f"training from step {state.global_step} to {state.max_steps}",
             max_steps=state.max_steps,
             start_step=state.global_step,
@@ -149,7 +150,7 @@ class GuardCallback(TrainerCallback):
         if not ok:
             self.guard.notify(
                 "action",
-                "skip_step",
+                WorkerEvent.SKIP_STEP,
                 f"non-finite loss or gradient at step {state.global_step + 1}: update skipped",
                 severity="warning",
                 step=state.global_step + 1,
@@ -193,7 +194,7 @@ class GuardCallback(TrainerCallback):
             command = request.get("command")
             self.guard.notify(
                 "control",
-                f"ack_{command}",
+                WorkerEvent.ack(command),
                 f"worker acting on '{command}'",
                 request_id=request.get("id"),
                 issuer=request.get("issuer"),
@@ -213,7 +214,7 @@ class GuardCallback(TrainerCallback):
                 control.should_save = False
                 self.guard.notify(
                     "anomaly",
-                    "disk_low",
+                    WorkerEvent.DISK_LOW,
                     f"checkpoint at step {state.global_step} skipped: {reason}",
                     severity="critical",
                 )
@@ -230,7 +231,7 @@ class GuardCallback(TrainerCallback):
         result = dump_cuda_snapshot(path)
         self.guard.notify(
             "control",
-            "ack_memory_snapshot",
+            WorkerEvent.ACK_MEMORY_SNAPSHOT,
             result.message,
             request_id=request.get("id"),
             issuer=request.get("issuer"),
@@ -241,20 +242,28 @@ class GuardCallback(TrainerCallback):
         """``pause --hold``: stay in memory at this step boundary until a ``resume`` request."""
         self.guard.notify(
             "control",
-            "ack_pause",
+            WorkerEvent.ACK_PAUSE,
             f"worker paused in memory at step {step}",
             request_id=request.get("id"),
             issuer=request.get("issuer"),
             mode="hold",
         )
         self.guard.set_phase("paused")
+        # Requests other than resume or stop (a checkpoint) wait for the resume, in their order.
+        self.guard.put_back(self._hold_until_released(step))
+
+    def _hold_until_released(self, step: int) -> list[dict[str, Any]]:
+        later: list[dict[str, Any]] = []
         while True:
             time.sleep(0.5)
             nxt = self.guard.poll_control()
-            if nxt is not None and nxt.get("command") in {"resume", "stop"}:
+            if nxt is not None and nxt.get("command") not in {"resume", "stop"}:
+                later.append(nxt)
+                continue
+            if nxt is not None:
                 self.guard.notify(
                     "control",
-                    f"ack_{nxt['command']}",
+                    WorkerEvent.ack(nxt["command"]),
                     f"worker {nxt['command']}d at step {step}",
                     request_id=nxt.get("id"),
                     issuer=nxt.get("issuer"),
@@ -262,10 +271,10 @@ class GuardCallback(TrainerCallback):
                 self.guard.set_phase("train")
                 if nxt["command"] == "stop":
                     self._external_stop = nxt.get("issuer") or "operator"
-                return
+                return later
             if self._external_stop:
                 self.guard.set_phase("train")
-                return
+                return later
 
     def on_save(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         _barrier()  # every rank has written its RNG state into the staging folder
@@ -280,7 +289,7 @@ class GuardCallback(TrainerCallback):
                 size = sum(p.stat().st_size for p in final.rglob("*") if p.is_file())
                 self.guard.notify(
                     "lifecycle",
-                    "checkpoint_saved",
+                    WorkerEvent.CHECKPOINT_SAVED,
                     f"saved {final.name}",
                     step=state.global_step,
                     path=str(final),

@@ -34,6 +34,7 @@ from steadytune.guard.fingerprint import batch_hashes
 from steadytune.guard.hf import GuardCallback, load_keeping_this_runs_lr
 from steadytune.inject.env import RUN_ENV
 from steadytune.inject.patch import warn
+from steadytune.protocol import WorkerEvent
 from steadytune.rundir import RunDir
 
 _CALLBACK = "_steadytune_callback"  # the trainer instance's InjectedCallback
@@ -52,7 +53,7 @@ class InjectedCallback(GuardCallback):
         warn("guard switched off", exc)
         try:
             self.guard.notify(
-                "lifecycle", "guard_off", f"injected guard switched off: {exc}", severity="warning"
+                "lifecycle", WorkerEvent.GUARD_OFF, f"injected guard switched off: {exc}", severity="warning"
             )
         except Exception:
             pass
@@ -115,7 +116,7 @@ class Injection:
         trainer.__dict__[_CALLBACK] = callback
         guard.notify(
             "lifecycle",
-            "guard_injected",
+            WorkerEvent.GUARD_INJECTED,
             f"guard injected into {type(trainer).__module__}.{type(trainer).__qualname__}",
             trainer=f"{type(trainer).__module__}.{type(trainer).__qualname__}",
             output_dir=str(Path(trainer.args.output_dir).resolve()),

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from steadytune.checkpoint.external import check_external_checkpoint
 from steadytune.checkpoint.manifest import list_checkpoints
+from steadytune.protocol import WorkerEvent
 from steadytune.records import Event, PlanRevision
 from steadytune.rundir import RunDir
 from steadytune.supervise.log_adapter import LogAdapter
@@ -117,7 +118,7 @@ class CommandSource:
             Event(
                 ts=time.time(),
                 kind="lifecycle",
-                name="inject_failed",
+                name=WorkerEvent.INJECT_FAILED,
                 message=f"{line}; progress is read from the job's log instead (no NaN skip before the "
                 "update, no batch fingerprints, no control requests)",
                 severity="warning",

@@ -1,23 +1,26 @@
 """The control channel: operator and supervisor requests to a running worker.
 
-A request is one JSON file (``control.json``) replaced atomically; the worker's
+Every sender — the CLI (``steadytune pause|resume|checkpoint|stop``), the dashboard,
+the policy and the supervisor's signal handling — calls :func:`send_control`. It
+validates the request, adds it to the run's queue (``control/``, one file per
+request, see :mod:`steadytune.protocol`), and, when the sender is the supervisor
+(``log`` given), files its ``control`` event at once. Anyone else's request is filed
+by the supervisor when it reads the queue (one writer per event log); the worker's
 guard reads it at the next step boundary, acts, and acknowledges in its stream.
-Every request is filed in ``events.jsonl`` with who issued it: by the supervisor
-when it sends one itself (``log`` given), else through the worker's
-acknowledgement, which the supervisor files (one writer per event log).
 """
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
-from steadytune.rundir import RunDir, atomic_write_text
+from steadytune.protocol import COMMANDS, ControlError, check_request, write_request
+from steadytune.rundir import RunDir
 from steadytune.telemetry.events import EventLog
 
-COMMANDS = ("pause", "resume", "checkpoint", "stop", "memory_snapshot")
+__all__ = ["COMMANDS", "ControlError", "send_control"]
 
 
 def send_control(
@@ -27,25 +30,39 @@ def send_control(
     args: dict[str, Any] | None = None,
     attempt: int | None = None,
     log: EventLog | None = None,
+    clock: Callable[[], float] = time.time,
+    new_id: Callable[[], str] = lambda: uuid.uuid4().hex,
 ) -> dict[str, Any]:
-    """Write a control request for the worker of ``run`` and record it as an event."""
-    if command not in COMMANDS:
-        raise ValueError(f"unknown control command {command!r}; expected one of {', '.join(COMMANDS)}")
-    request = {
-        "id": uuid.uuid4().hex,
+    """Queue a control request for the worker of ``run``; returns the request as written.
+
+    Args:
+        run: the run directory.
+        command: one of :data:`~steadytune.protocol.COMMANDS`.
+        issuer: who asks, as recorded; an operator's comes from
+            :func:`~steadytune.protocol.operator_issuer`.
+        args: the command's arguments (``pause``: ``mode`` ``release`` or ``hold``).
+        attempt: the attempt the request is for; a later attempt ignores it.
+        log: the run's event log, when the supervisor itself sends the request.
+        clock, new_id: injected for tests.
+
+    Raises:
+        ControlError: an unknown command or an argument it does not take.
+    """
+    request: dict[str, Any] = {
+        "id": new_id(),
         "command": command,
         "issuer": issuer,
-        "ts": time.time(),
-        "args": args or {},
+        "ts": clock(),
+        "args": check_request(command, args),
     }
     if attempt is not None:
         request["attempt"] = attempt
-    atomic_write_text(run.control, json.dumps(request))
+    write_request(run.control, request)
     if log is not None:
         log.emit(
             "control",
             command,
             f"{command} requested by {issuer}",
-            data={"request_id": request["id"], "issuer": issuer},
+            data={"request_id": request["id"], "issuer": issuer, "args": request["args"]},
         )
     return request

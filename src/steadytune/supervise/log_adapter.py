@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from steadytune.checkpoint.manifest import checkpoint_step
+from steadytune.protocol import WorkerEvent
 from steadytune.records import Event, Heartbeat, StepRecord
 from steadytune.supervise.logparse import as_number, is_summary, logging_steps_from, parse_log_line, train_bar
 from steadytune.telemetry.jsonl import JsonlReader
@@ -131,7 +132,7 @@ class LogAdapter:
                 Event(
                     ts=self.clock(),
                     kind="lifecycle",
-                    name="train_begin",
+                    name=WorkerEvent.TRAIN_BEGIN,
                     message=f"the job trains to step {total}",
                     data={"max_steps": total, "attempt": self.attempt},
                 )

@@ -32,6 +32,7 @@ from steadytune.policy.plan import (
     smaller_microbatch,
 )
 from steadytune.policy.restart import Decision, ExitInfo, decide
+from steadytune.protocol import RESERVED_ISSUERS, RequestQueue, WorkerEvent, clear_requests
 from steadytune.records import (
     Anomaly,
     Event,
@@ -145,7 +146,7 @@ class Supervisor:
         self.shrink_next_restart = False
         self.last_step_ts: float | None = None
         self.started_ts = clock()
-        self._control_seen: tuple[float, str] | None = None
+        self._control_queue = RequestQueue(self.run.control)
         self._inspected: set[int] = set()
         self._leak_snapshot_pending = False
         self._resume_requested = False
@@ -283,7 +284,7 @@ class Supervisor:
         return str(found[0][0]) if found else None
 
     def start_worker(self, plan: PlanRevision) -> None:
-        self.run.control.unlink(missing_ok=True)
+        self.drop_stale_requests()
         self.worker = self.source.start(plan, self.run.logs / f"worker-{plan.attempt}.log")
         self.tree = ProcessTree(self.worker)
         cmd = self.worker.cmd
@@ -390,16 +391,44 @@ class Supervisor:
             )
 
     def on_worker_event(self, ev: Event) -> None:
-        if ev.name == "train_begin" and ev.data.get("max_steps"):
-            self.progress.max_steps = int(ev.data["max_steps"])
-            return
-        if ev.name == "checkpoint_saved" and ev.step is not None:
-            self.checkpoint_steps.append(ev.step)
-            self.update_disk_need(ev.step)
+        """File what a worker reported, then act on it: one lookup, ``on_<name>`` of its WorkerEvent.
+
+        A name outside the protocol is filed all the same; an anomaly, whatever its name, meets the policy.
+        """
+        known = WorkerEvent.get(ev.name)
         if ev.severity in {"warning", "critical"} and ev.step is not None:
             self.trouble_steps.append(ev.step)
-        filed = self.emit(ev.kind, ev.name, ev.message, severity=ev.severity, step=ev.step, data=ev.data)
-        if ev.name == "ack_checkpoint" and self._leak_snapshot_pending:
+        filed = (
+            None
+            if known is WorkerEvent.TRAIN_BEGIN
+            else self.emit(ev.kind, ev.name, ev.message, severity=ev.severity, step=ev.step, data=ev.data)
+        )
+        if known is not None:
+            getattr(self, known.handler)(ev, filed)
+        if ev.kind == "anomaly" and ev.severity in {"warning", "critical"} and self.pending is None:
+            # What the worker itself found (a save refused for lack of disk) meets the same policy
+            # as what the detectors find: `policy.rules.disk_low.action: stop` must stop the run.
+            step = ev.step if ev.step is not None else self.progress.step
+            found = Anomaly(
+                ev.name, ev.severity, step, step, str(ev.data.get("metric", ev.name)), dict(ev.data)
+            )
+            action = self.policy.on_raised(found, self.progress.step)
+            if action is not None:
+                self.execute(action, cause=filed)
+
+    # -- worker events: one handler per WorkerEvent, called after the event is filed ----------------
+    def on_train_begin(self, ev: Event, filed: Event | None) -> None:
+        # Not filed: it only carries the run's length, and worker_started already marks the attempt.
+        if ev.data.get("max_steps"):
+            self.progress.max_steps = int(ev.data["max_steps"])
+
+    def on_checkpoint_saved(self, ev: Event, filed: Event | None) -> None:
+        if ev.step is not None:
+            self.checkpoint_steps.append(ev.step)
+            self.update_disk_need(ev.step)
+
+    def on_ack_checkpoint(self, ev: Event, filed: Event | None) -> None:
+        if self._leak_snapshot_pending:
             # A leak alarm also wants the allocator's view (CUDA only): ask once the checkpoint is taken.
             self._leak_snapshot_pending = False
             from steadytune.supervise.control import send_control
@@ -411,7 +440,9 @@ class Supervisor:
                 attempt=self.attempt,
                 log=self.events,
             )
-        if ev.name == "reduce_microbatch" and ev.data.get("micro_batch_split"):
+
+    def on_reduce_microbatch(self, ev: Event, filed: Event | None) -> None:
+        if ev.data.get("micro_batch_split"):
             # Remember the split, so a later restart starts with it instead of rediscovering the OOM.
             self.revise(
                 reason="oom",
@@ -419,7 +450,9 @@ class Supervisor:
                 micro_batch_split=int(ev.data["micro_batch_split"]),
                 notes=f"in-process OOM split to {ev.data['micro_batch_split']} chunks",
             )
-        if ev.name == "auto_micro_batch" and ev.data.get("per_device_train_batch_size"):
+
+    def on_auto_micro_batch(self, ev: Event, filed: Event | None) -> None:
+        if ev.data.get("per_device_train_batch_size"):
             # Keep what the auto search found: a restart trains the same shape without searching again.
             self.revise(
                 reason="auto_micro_batch",
@@ -427,20 +460,19 @@ class Supervisor:
                 per_device_train_batch_size=int(ev.data["per_device_train_batch_size"]),
                 gradient_accumulation_steps=int(ev.data["gradient_accumulation_steps"]),
             )
-        if ev.kind == "anomaly" and ev.severity in {"warning", "critical"} and self.pending is None:
-            # What the worker itself found (a save refused for lack of disk) meets the same policy
-            # as what the detectors find: `policy.rules.disk_low.action: stop` must stop the run.
-            step = ev.step if ev.step is not None else self.progress.step
-            found = Anomaly(
-                ev.name, ev.severity, step, step, str(ev.data.get("metric", ev.name)), dict(ev.data)
-            )
-            action = self.policy.on_raised(found, self.progress.step)
-            if action is not None:
-                self.execute(action, cause=filed)
-        if ev.name == "skip_step" and ev.step is not None and self.pending is None:
+
+    def on_skip_step(self, ev: Event, filed: Event | None) -> None:
+        if ev.step is not None and self.pending is None:
             action = self.policy.on_skipped_update(ev.step, int(ev.data.get("consecutive", 1)))
             if action is not None:
                 self.execute(action)
+
+    def _filed_only(self, ev: Event, filed: Event | None) -> None:
+        """Filing it is all: an acknowledgement, or a warning the policy does not act on."""
+
+    # disk_low is an anomaly: the policy meets it in on_worker_event, as any anomaly a worker reports.
+    on_disk_low = on_grad_norm_after_clipping = on_inject_failed = on_guard_injected = on_guard_off = _filed_only
+    on_ack_pause = on_ack_resume = on_ack_stop = on_ack_memory_snapshot = _filed_only
 
     # -- detection and actions -------------------------------------------------
     def on_transition(self, t: Transition) -> None:
@@ -596,30 +628,29 @@ class Supervisor:
             )
 
     def poll_operator(self) -> None:
-        """File operator requests (``steadytune pause|resume|checkpoint|stop``) and act on ``resume``."""
-        import json
+        """File operator requests (``steadytune pause|resume|checkpoint|stop``) once each, act on ``resume``.
 
-        try:
-            mtime = self.run.control.stat().st_mtime
-            request = json.loads(self.run.control.read_text(encoding="utf-8"))
-        except (FileNotFoundError, ValueError, OSError):
-            return
-        rid = str(request.get("id", ""))
-        if self._control_seen is not None and self._control_seen[1] == rid:
-            return
-        self._control_seen = (mtime, rid)
-        issuer = str(request.get("issuer", "?"))
-        if not issuer.startswith("policy:") and not issuer.startswith("signal"):
-            command = request.get("command", "?")
-            self.emit(
-                "control",
-                str(command),
-                f"{command} requested by {issuer}",
-                step=self.progress.step,
-                data={"request_id": rid, "issuer": issuer, "args": request.get("args", {})},
-            )
-        if request.get("command") == "resume" and self.state == "paused":
-            self._resume_requested = True
+        The supervisor's own requests (``policy:``, ``signal``) were filed when it sent them.
+        """
+        for request in self._control_queue.new():
+            rid = str(request.get("id", ""))
+            issuer = str(request.get("issuer", "?"))
+            command = str(request.get("command", "?"))
+            if not issuer.startswith(RESERVED_ISSUERS):
+                self.emit(
+                    "control",
+                    command,
+                    f"{command} requested by {issuer}",
+                    step=self.progress.step,
+                    data={"request_id": rid, "issuer": issuer, "args": request.get("args", {})},
+                )
+            if command == "resume" and self.state == "paused":
+                self._resume_requested = True
+
+    def drop_stale_requests(self) -> None:
+        """Before a worker starts: file what is queued, then empty the queue, which was meant for the last one."""
+        self.poll_operator()
+        clear_requests(self.run.control)
 
     def wait_while_paused(self, live: Any = None) -> bool:
         """The worker checkpointed and exited on ``pause``: hold the run until ``resume`` (True) or a stop."""

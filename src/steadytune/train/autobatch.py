@@ -33,6 +33,7 @@ from steadytune.estimate import (
     parse_bytes,
 )
 from steadytune.preflight.recommend import auto_effective_batch, divisors
+from steadytune.protocol import WorkerEvent
 
 HEADROOM_BYTES = 1 << 30
 MAX_PROBES = 8
@@ -268,7 +269,7 @@ def apply_auto_micro_batch(cfg: Any, plan: Any, guard: Any) -> Any:
     if guard.rank == 0:
         guard.notify(
             "action",
-            "auto_micro_batch",
+            WorkerEvent.AUTO_MICRO_BATCH,
             found.message(),
             severity="info",
             per_device_train_batch_size=found.per_device_train_batch_size,

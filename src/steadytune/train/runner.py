@@ -22,6 +22,7 @@ from steadytune.guard.faults import Faults
 from steadytune.guard.hf import GuardCallback, load_keeping_this_runs_lr
 from steadytune.layerwise import groups_of
 from steadytune.policy.restart import is_oom_message
+from steadytune.protocol import WorkerEvent
 from steadytune.records import PlanRevision
 from steadytune.train.data import IGNORE_INDEX, SAMPLE_HASH, SAMPLE_ID, DataSpec, build_dataset
 from steadytune.train.optim import LrPlan, group_summary, param_groups
@@ -222,7 +223,7 @@ class GuardedTrainer(Trainer):
         step = self.state.global_step + 1
         self.st_guard.notify(
             "action",
-            "reduce_microbatch",
+            WorkerEvent.REDUCE_MICROBATCH,
             f"out of memory at step {step}: micro-batch split into {new_split} chunks, "
             "same batch and effective batch",
             severity="warning",

@@ -35,8 +35,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from steadytune.protocol import ControlError, operator_issuer
 from steadytune.rundir import valid_run_id
-from steadytune.web import api, control
+from steadytune.supervise.control import send_control
+from steadytune.web import api
 from steadytune.web.metrics import render_metrics
 from steadytune.web.params import BadParam, content_length, query_float, query_int
 from steadytune.web.runs import RunEntry, RunsIndex
@@ -326,14 +328,17 @@ class Handler(BaseHTTPRequestHandler):
                 return self._error(400, "the body is not JSON")
             if not isinstance(body, dict) or body.get("confirm") is not True:
                 return self._error(400, 'confirm the request with "confirm": true')
-            issuer = f"{body.get('issuer', '')} (dashboard, {self.client_address[0]})"
-            if not str(body.get("issuer", "")).strip():
-                return self._error(400, "say who you are: the issuer name is required and is recorded")
+            args = body.get("args") or None
             try:
-                result = control.send(entry.dir, str(body.get("command")), issuer, body.get("args") or None)
-            except control.ControlError as exc:
+                if args is not None and not isinstance(args, dict):
+                    raise ControlError(f'args {args!r}: send an object, e.g. {{"mode": "hold"}}')
+                issuer = operator_issuer(
+                    str(body.get("issuer") or ""), f"dashboard, {self.client_address[0]}"
+                )
+                request = send_control(entry.dir, str(body.get("command")), issuer, args)
+            except ControlError as exc:
                 return self._error(400, str(exc))
-            self._json({"ok": True, **result})
+            self._json({"ok": True, "id": request["id"], "command": request["command"], "issuer": issuer})
         finally:
             self._request_read()
 

@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from steadytune.protocol import ControlError, operator_issuer
 from steadytune.rundir import RunDir
+from steadytune.supervise.control import send_control
 from steadytune.telemetry.events import read_events
-from steadytune.web import control
 from steadytune.web.config import DashboardConfig
 from steadytune.web.params import BadParam, content_length, query_float, query_int
 from steadytune.web.runs import RunsIndex
@@ -164,51 +165,31 @@ def test_run_ids_are_validated_before_any_path(tmp_path: Path) -> None:
     assert index.run_ids() == ["good"]
 
 
-def test_control_fallback_writes_request_and_event(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(control, "_supervisor_send", lambda: None)  # as before supervise.control existed
+def test_a_dashboard_request_is_queued_with_the_cleaned_issuer_and_no_event(tmp_path: Path) -> None:
     run = RunDir(tmp_path / "r").create()
-    result = control.send(run, "pause", "alice (dashboard, 127.0.0.1)", sender=None)
-    req = json.loads(run.control.read_text())
-    assert (
-        req["command"] == "pause"
-        and req["issuer"] == "alice (dashboard, 127.0.0.1)"
-        and req["id"] == result["id"]
-    )
-    (event,) = read_events(run.events)
-    assert event.kind == "control" and event.name == "pause" and event.data["issuer"].startswith("alice")
-    with pytest.raises(control.ControlError, match="unknown command"):
-        control.send(run, "rm -rf", "alice")
-    with pytest.raises(control.ControlError, match="issuer name is required"):
-        control.send(run, "stop", "<>;")
-
-
-def test_control_prefers_the_supervisor_module(tmp_path: Path) -> None:
-    """With no sender given, the request goes through steadytune.supervise.control, not the fallback."""
-    from steadytune.supervise.control import send_control
-
-    assert control._supervisor_send() is send_control
-    run = RunDir(tmp_path / "r").create()
-    result = control.send(run, "checkpoint", "bob (dashboard, 127.0.0.1)")
-    req = json.loads(run.control.read_text())
-    assert result["via"] == "supervisor" and result["id"] == req["id"] and len(req["id"]) == 32
-    assert (req["command"], req["issuer"]) == ("checkpoint", "bob (dashboard, 127.0.0.1)")
-    # The supervisor files the request itself when it picks it up (one writer per event log); the
-    # fallback would have appended a dashboard event here.
+    issuer = operator_issuer("<b>eve</b>;rm -rf /\n", "dashboard, 127.0.0.1")
+    assert issuer == "bevebrm -rf (dashboard, 127.0.0.1)"  # no markup, no ';', '/' or newline reaches the log
+    sent = send_control(run, "stop", issuer)
+    (only,) = run.control.iterdir()
+    req = json.loads(only.read_text())
+    assert (req["command"], req["issuer"], req["id"]) == ("stop", issuer, sent["id"])
+    # The supervisor files the request itself when it reads the queue: one writer per event log.
     assert not run.events.exists() or read_events(run.events) == []
+    with pytest.raises(ControlError, match="unknown control command 'rm -rf'"):
+        send_control(run, "rm -rf", issuer)
+    with pytest.raises(ControlError, match="issuer name is required"):
+        operator_issuer("<>;", "dashboard, 127.0.0.1")
 
 
-def test_a_sender_only_ever_sees_a_cleaned_issuer(tmp_path: Path) -> None:
-    run = RunDir(tmp_path / "r").create()
-    calls = []
-    control.send(run, "stop", "<b>eve</b>;rm -rf /\n", sender=lambda *a: calls.append(a) or {"id": "x1"})
-    assert calls == [(run, "stop", "bevebrm -rf", None)]  # no markup, no ';', '/' or newline reaches it
+def test_a_long_issuer_cannot_push_the_client_address_out() -> None:
+    issuer = operator_issuer("a" * 500, "dashboard, 10.0.0.7")
+    assert issuer == "a" * 64 + " (dashboard, 10.0.0.7)"
 
 
-def test_control_through_the_real_supervisor_module(tmp_path: Path) -> None:
-    run = RunDir(tmp_path / "r").create()
-    result = control.send(run, "stop", "carol (dashboard, 127.0.0.1)")
-    req = json.loads(run.control.read_text())
-    assert (req["command"], req["issuer"], req["id"]) == ("stop", "carol (dashboard, 127.0.0.1)", result["id"])
+@pytest.mark.parametrize("name", ["policy:loss_spike", "POLICY: x", "signal SIGTERM", " signalman"])
+def test_the_supervisors_issuers_cannot_be_claimed(name: str) -> None:
+    with pytest.raises(ControlError, match="are the supervisor's own; give your own name"):
+        operator_issuer(name, "dashboard, 127.0.0.1")
 
 
 def test_a_token_file_others_may_read_is_refused(tmp_path: Path) -> None:

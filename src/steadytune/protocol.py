@@ -1,0 +1,218 @@
+"""The worker/supervisor protocol: the events a worker reports, the requests it is sent.
+
+Upstream, a worker (steadytune's guard, or the log adapter of a command it watches)
+writes :class:`~steadytune.records.Event` records into its telemetry stream; the
+names it may use are :class:`WorkerEvent`, and the supervisor handles each one in
+``on_<name>``. Names outside the enum are still filed, just not acted on.
+
+Downstream, control requests (pause, resume, checkpoint, stop, memory snapshot) are
+a queue: one JSON file per request under the run's ``control/`` directory, named so
+that names sort in the order the requests were sent, and written whole (temp file,
+then rename), so back-to-back requests never overwrite each other. Readers keep
+what they have seen (:class:`RequestQueue`); the supervisor empties the queue when
+it starts a worker, so a new attempt never acts on requests meant for the last one.
+
+This module imports nothing heavy: the guard, the supervisor, the CLI and the
+dashboard all share it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from steadytune.rundir import atomic_write_text
+
+COMMANDS = ("pause", "resume", "checkpoint", "stop", "memory_snapshot")
+
+# The arguments each command takes, with the values each may have.
+ARGS: dict[str, dict[str, tuple[str, ...]]] = {
+    "pause": {"mode": ("release", "hold")},
+    "resume": {},
+    "checkpoint": {},
+    "stop": {},
+    "memory_snapshot": {},
+}
+
+# Issuers the supervisor alone may use: its policy's actions and the signals it received. An operator
+# claiming one would file a request the audit trail attributes to steadytune itself.
+RESERVED_ISSUERS = ("policy:", "signal")
+ISSUER_MAX = 64
+_ISSUER_DROP = re.compile(r"[^A-Za-z0-9 ,._@:()-]")
+_REQUEST_ID = r"[0-9A-Za-z]{1,64}"
+_REQUEST_NAME = re.compile(rf"^(\d{{20}})-({_REQUEST_ID})\.json$")
+
+
+class WorkerEvent(str, Enum):
+    """Every event a worker may report; the value is the event's ``name`` in the stream.
+
+    The supervisor's handler for an event is the method named by :attr:`handler`.
+    """
+
+    TRAIN_BEGIN = "train_begin"
+    CHECKPOINT_SAVED = "checkpoint_saved"
+    SKIP_STEP = "skip_step"
+    REDUCE_MICROBATCH = "reduce_microbatch"
+    AUTO_MICRO_BATCH = "auto_micro_batch"
+    DISK_LOW = "disk_low"
+    GRAD_NORM_AFTER_CLIPPING = "grad_norm_after_clipping"
+    INJECT_FAILED = "inject_failed"
+    GUARD_INJECTED = "guard_injected"
+    GUARD_OFF = "guard_off"
+    ACK_PAUSE = "ack_pause"
+    ACK_RESUME = "ack_resume"
+    ACK_CHECKPOINT = "ack_checkpoint"
+    ACK_STOP = "ack_stop"
+    ACK_MEMORY_SNAPSHOT = "ack_memory_snapshot"
+
+    # A member written into a record or a message reads as its name in the stream, on every Python.
+    __str__ = str.__str__
+    __format__ = str.__format__
+
+    @property
+    def handler(self) -> str:
+        """The supervisor's method for this event."""
+        return f"on_{self.value}"
+
+    @classmethod
+    def ack(cls, command: str) -> WorkerEvent:
+        """The acknowledgement of a control ``command`` (``ack_<command>``)."""
+        return cls(f"ack_{command}")
+
+    @classmethod
+    def get(cls, name: str) -> WorkerEvent | None:
+        """The member named ``name``, or None for a name outside the protocol."""
+        try:
+            return cls(name)
+        except ValueError:
+            return None
+
+
+class ControlError(ValueError):
+    """A control request that cannot be sent; the message names the value and the fix."""
+
+
+def check_request(command: str, args: dict[str, Any] | None) -> dict[str, Any]:
+    """The request's arguments, validated for ``command``; every problem is named at once."""
+    if command not in COMMANDS:
+        raise ControlError(f"unknown control command {command!r}; expected one of {', '.join(COMMANDS)}")
+    args = dict(args or {})
+    allowed = ARGS[command]
+    problems = []
+    for key, value in args.items():
+        if key not in allowed:
+            takes = ", ".join(allowed) or "no arguments"
+            problems.append(f"{command} takes {takes}, not {key!r}: remove {key}={value!r}")
+        elif value not in allowed[key]:
+            problems.append(
+                f"{command} {key}={value!r} is not one of {', '.join(allowed[key])}: use one of those"
+            )
+    if problems:
+        raise ControlError("; ".join(problems))
+    return args
+
+
+def operator_issuer(name: str, via: str) -> str:
+    """Who asked, as the audit trail records it: ``name`` cleaned, then ``(via)`` added.
+
+    ``name`` is what a person typed (dashboard) or their login (CLI): it is made printable
+    and bounded before the suffix, so the suffix (which front end, which client address)
+    is never cut off or forged. The supervisor's own issuers cannot be claimed.
+    """
+    cleaned = _ISSUER_DROP.sub("", name or "").strip()[:ISSUER_MAX].strip()
+    if not cleaned:
+        raise ControlError(
+            f"issuer {name!r}: say who you are: the issuer name is required and is recorded with the "
+            "request (letters, digits, spaces and , . _ @ : ( ) -)"
+        )
+    for prefix in RESERVED_ISSUERS:
+        if cleaned.lower().startswith(prefix):
+            raise ControlError(
+                f"issuer {cleaned!r}: names starting with {prefix!r} are the supervisor's own; "
+                "give your own name"
+            )
+    return f"{cleaned} ({via})"
+
+
+def request_name(stamp_ns: int, request_id: str) -> str:
+    """The file name of a request: sorts by send time, then id."""
+    return f"{stamp_ns:020d}-{request_id}.json"
+
+
+def _stamp(name: str) -> int | None:
+    m = _REQUEST_NAME.match(name)
+    return int(m.group(1)) if m else None
+
+
+def request_names(directory: Path) -> list[str]:
+    """The names of the requests in ``directory``, in send order (temp files and strays skipped)."""
+    try:
+        names = os.listdir(directory)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return sorted(n for n in names if _REQUEST_NAME.match(n))
+
+
+def write_request(directory: Path, request: dict[str, Any]) -> Path:
+    """Add ``request`` (with ``id`` and ``ts``) to the queue in ``directory``; returns its file.
+
+    Its stamp is after every request already queued, even if the clock stepped back or two
+    requests share a clock tick, so the queue keeps the order requests were sent in.
+    """
+    if not re.fullmatch(_REQUEST_ID, str(request["id"])):
+        raise ValueError(f"request id {request['id']!r} must be 1-64 letters and digits: it names the file")
+    names = request_names(directory)
+    newest = _stamp(names[-1]) if names else None
+    stamp = int(float(request["ts"]) * 1e9)
+    if newest is not None and stamp <= newest:
+        stamp = newest + 1
+    path = directory / request_name(stamp, str(request["id"]))
+    atomic_write_text(path, json.dumps(request))
+    return path
+
+
+def clear_requests(directory: Path) -> int:
+    """Empty the queue (at a worker's start); returns how many requests were dropped."""
+    dropped = 0
+    for name in request_names(directory):
+        try:
+            (directory / name).unlink()
+            dropped += 1
+        except FileNotFoundError:
+            pass
+    return dropped
+
+
+class RequestQueue:
+    """One reader's view of the queue: each request is returned once, in send order.
+
+    Every reader (each rank's guard, the supervisor) keeps its own list of what it has
+    read; the files stay for the other readers until the supervisor clears the queue.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._seen: set[str] = set()
+
+    def new(self) -> list[dict[str, Any]]:
+        """Requests queued since the last call, oldest first; unreadable files are skipped once."""
+        try:
+            names = os.listdir(self.directory)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        # Called at every step: only names not seen before are matched and sorted.
+        fresh = sorted(n for n in set(names) - self._seen if _REQUEST_NAME.match(n))
+        out = []
+        for name in fresh:
+            self._seen.add(name)
+            try:
+                request = json.loads((self.directory / name).read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue  # cleared meanwhile, or not a request: nothing to act on
+            if isinstance(request, dict):
+                out.append(request)
+        return out
