@@ -63,6 +63,7 @@ class WorkerEvent(str, Enum):
     INJECT_FAILED = "inject_failed"
     GUARD_INJECTED = "guard_injected"
     GUARD_OFF = "guard_off"
+    OPTIMIZER_GROUPS = "optimizer_groups"
     ACK_PAUSE = "ack_pause"
     ACK_RESUME = "ack_resume"
     ACK_CHECKPOINT = "ack_checkpoint"

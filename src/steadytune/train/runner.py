@@ -249,7 +249,7 @@ class OptimizerGroupsReport(TrainerCallback):
         groups = group_summary(optimizer.param_groups)
         self.guard.notify(
             "lifecycle",
-            "optimizer_groups",
+            WorkerEvent.OPTIMIZER_GROUPS,
             "optimizer groups: " + ", ".join(f"{name} {lr:.3g}" for name, lr in groups.items()),
             step=state.global_step,
             attempt=self.guard.attempt,
