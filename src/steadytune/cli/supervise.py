@@ -142,6 +142,7 @@ def main(args: argparse.Namespace) -> int:
         output_dir=args.output_dir.resolve() if args.output_dir else None,
         resume_arg=args.resume_arg or preset.get("resume_arg"),
         lr_arg=args.lr_arg or preset.get("lr_arg"),
+        fresh_arg=preset.get("fresh_arg"),
         base_lr=base_lr,
         inject=args.inject,
     )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
-from steadytune.records import PlanRevision, replace
+from steadytune.records import Anomaly, PlanRevision, replace
 
 
 def to_ranges(ids: Iterable[int]) -> tuple[tuple[int, int], ...]:
@@ -31,6 +31,15 @@ def merge_ranges(*groups: Iterable[tuple[int, int]]) -> tuple[tuple[int, int], .
         else:
             out.append([a, b])
     return tuple((a, b) for a, b in out)
+
+
+def onset_step(anomaly: Anomaly) -> int:
+    """Where the trouble began: a detector that confirms late (a divergence, a persisting spike)
+    names the step it first suspected in its evidence, and a rollback must go back before that."""
+    since = anomaly.evidence.get("since_step") if isinstance(anomaly.evidence, dict) else None
+    if isinstance(since, int) and not isinstance(since, bool) and 0 < since < anomaly.start_step:
+        return since
+    return anomaly.start_step
 
 
 def choose_rollback_checkpoint(

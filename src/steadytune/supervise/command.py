@@ -12,6 +12,7 @@ records itself and answers control requests, as a native worker does.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import threading
 import time
@@ -32,11 +33,18 @@ from steadytune.telemetry.stream import JsonlWriter
 # How each tool takes a resume checkpoint and a learning rate on its command line.
 PRESETS: dict[str, dict[str, str]] = {
     # llamafactory-cli train my.yaml key=value ...: after a YAML file, overrides are key=value
-    "llamafactory": {"resume_arg": "resume_from_checkpoint={checkpoint}", "lr_arg": "learning_rate={lr}"},
+    # It also resumes by itself from the newest checkpoint-N in output_dir unless told to start fresh.
+    "llamafactory": {
+        "resume_arg": "resume_from_checkpoint={checkpoint}",
+        "lr_arg": "learning_rate={lr}",
+        "fresh_arg": "overwrite_output_dir=true",
+    },
     # trl sft / HF example scripts: HfArgumentParser flags
     "trl": {"resume_arg": "--resume_from_checkpoint {checkpoint}", "lr_arg": "--learning_rate {lr}"},
     "hf": {"resume_arg": "--resume_from_checkpoint {checkpoint}", "lr_arg": "--learning_rate {lr}"},
 }
+# The optimizer's and scheduler's state in an HF checkpoint: a rollback at a lower LR leaves them out.
+_TRAINING_STATE = frozenset({"optimizer.pt", "scheduler.pt", "optimizer.bin", "scheduler.bin"})
 # What the injected guard prints when it could not attach (see steadytune.inject).
 INJECT_FAILED = "steadytune: guard not injected"
 
@@ -47,6 +55,7 @@ class CommandOptions:
     output_dir: Path | None = None
     resume_arg: str | None = None  # e.g. "--resume_from_checkpoint {checkpoint}"
     lr_arg: str | None = None  # e.g. "--learning_rate {lr}": how a rollback lowers the job's LR
+    fresh_arg: str | None = None  # appended on a restart from the start, for a tool that would resume by itself
     base_lr: float | None = None  # the job's configured LR, which a rollback scales
     inject: bool = False  # give the tool's HF Trainer the guard (records, NaN skip, control)
 
@@ -76,6 +85,8 @@ class CommandSource:
         cmd = list(self.opts.command)
         if plan.resume_checkpoint and self.opts.resume_arg:
             cmd += [p.replace("{checkpoint}", plan.resume_checkpoint) for p in self.opts.resume_arg.split()]
+        elif plan.attempt > 0 and self.opts.fresh_arg:
+            cmd += self.opts.fresh_arg.split()
         scale = plan.lr_scale if plan.lr_scale is not None else 1.0
         if scale != 1.0 and self.opts.base_lr and self.opts.lr_arg:
             lr = self.opts.base_lr * scale
@@ -142,6 +153,31 @@ class CommandSource:
         ok, reason = check_external_checkpoint(checkpoint)
         return None if ok else reason
 
+    def resume_copy(self, checkpoint: Path) -> Path:
+        """The checkpoint a rollback at a lower LR resumes: without the optimizer's and scheduler's state.
+
+        Their saved state carries the LR that diverged, and the HF Trainer loads it over the
+        lowered one. The injected guard keeps the new LR itself; without it, the rollback
+        resumes a copy (hard links: no weights are copied) that leaves them out, so the
+        optimizer and the schedule start afresh at the lowered rate.
+        """
+        if self.injected:
+            return checkpoint
+        dest = self.run.root / "rollback" / checkpoint.name
+        if dest.exists():
+            shutil.rmtree(dest)
+        for src in checkpoint.rglob("*"):
+            rel = src.relative_to(checkpoint)
+            if rel.parts[0] in _TRAINING_STATE or src.is_dir():
+                continue
+            out = dest / rel
+            out.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(src, out)
+            except OSError:
+                shutil.copy2(src, out)
+        return dest
+
     def latest_checkpoint(self) -> str | None:
         found = self.checkpoints()
         return found[0].name if found else None
@@ -171,9 +207,11 @@ class CommandSource:
         pids = []
         for pid in sorted(tree.seen):
             try:
-                if "python" in psutil.Process(pid).name().lower():
+                p = psutil.Process(pid)
+                # A console script (llamafactory-cli, trl) is named after itself; its interpreter is python.
+                if "python" in Path(p.exe()).name.lower() or "python" in p.name().lower():
                     pids.append(pid)
-            except psutil.Error:
+            except (psutil.Error, OSError):
                 continue
         start = proc.log_path.stat().st_size if proc.log_path.exists() else 0
         for pid in pids:

@@ -56,6 +56,7 @@ class LogAdapter:
         self._dicts_seen = False  # the tool prints log dicts beside its trainer_log.jsonl
         self._tokens_seen: float | None = None  # the tool's cumulative token count at the last record
         self._log_reader: JsonlReader | None = None
+        self._log_id: tuple[int, int] | None = None
         self.last_line = ""
 
     # -- attempts -------------------------------------------------------------
@@ -143,8 +144,14 @@ class LogAdapter:
         """LLaMA-Factory's trainer_log.jsonl carries real step numbers: prefer it when present."""
         if self.output_dir is None:
             return
-        if self._log_reader is None:
-            self._log_reader = JsonlReader(self.output_dir / "trainer_log.jsonl")
+        path = self.output_dir / "trainer_log.jsonl"
+        try:
+            st = path.stat()
+        except OSError:
+            return
+        if self._log_reader is None or (st.st_ino, st.st_dev) != self._log_id or st.st_size < self._log_reader.offset:
+            # A fresh start (LLaMA-Factory's overwrite_output_dir) replaces the file: read it from the top.
+            self._log_reader, self._log_id = JsonlReader(path), (st.st_ino, st.st_dev)
         for row in self._log_reader.dicts():
             step = row.get("current_steps")
             values = {

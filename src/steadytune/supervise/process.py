@@ -137,6 +137,20 @@ class ProcessTree:
     def note(self) -> None:
         self.seen.update(self.proc.tree_pids())
 
+    def alive(self) -> list[int]:
+        """The processes of the tree still running (zombies are gone already)."""
+        import psutil
+
+        self.note()
+        out = []
+        for pid in sorted(self.seen):
+            try:
+                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                    out.append(pid)
+            except psutil.Error:
+                continue
+        return out
+
     def reap(self, timeout: float = 10.0) -> list[int]:
         """Kill the command's process group and anything seen in its tree; the pids that were still alive."""
         import psutil

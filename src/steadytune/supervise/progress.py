@@ -46,6 +46,7 @@ class RunProgress:
     steps_seen: int = 0
     skipped_steps: int = 0
     mem_bytes: int | None = None
+    last_grad_norm: float | None = None  # rank 0's latest, non-finite included
     _recent: list[float] = field(default_factory=list)  # recent step times, for the ETA
 
     def add(self, rec: StepRecord) -> None:
@@ -55,6 +56,8 @@ class RunProgress:
         if rec.rank != 0:
             return
         self.step = max(self.step, rec.step)
+        if rec.grad_norm is not None:
+            self.last_grad_norm = rec.grad_norm
         if rec.loss is not None and math.isfinite(rec.loss):
             if self.first_loss is None:
                 self.first_loss = rec.loss

@@ -61,6 +61,10 @@ class WorkerSource(Protocol):
 
     def latest_checkpoint(self) -> str | None: ...
 
+    def resume_copy(self, checkpoint: Path) -> Path:
+        """What a rollback at a lower LR resumes from ``checkpoint`` (the LR must survive the resume)."""
+        ...
+
     def dump_stacks(self, tree: ProcessTree, proc: WorkerProcess, out: Path) -> list[int]:
         """Write the Python stacks of the attempt's processes to ``out``; the pids asked."""
         ...
@@ -108,6 +112,9 @@ class NativeSource:
     def problem(self, checkpoint: Path) -> str | None:
         verdict = verify(checkpoint)  # the manifest: every file there, its size and sha256
         return None if verdict.ok else verdict.reason
+
+    def resume_copy(self, checkpoint: Path) -> Path:
+        return checkpoint  # the trainer keeps the plan's LR over the checkpoint's (guard/hf.py)
 
     def latest_checkpoint(self) -> str | None:
         latest = read_pointer(self.run.latest_pointer)

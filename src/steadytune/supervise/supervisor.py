@@ -11,6 +11,7 @@ a budget.
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import threading
@@ -28,9 +29,7 @@ from steadytune.config.schema import SteadytuneConfig
 from steadytune.detect.live import LiveDetector, Transition, format_transition
 from steadytune.forensics.runenv import config_sources
 from steadytune.policy.engine import Action, Policy
-from steadytune.policy.plan import (
-    smaller_microbatch,
-)
+from steadytune.policy.plan import onset_step, smaller_microbatch
 from steadytune.policy.restart import Decision, ExitInfo, decide
 from steadytune.protocol import RESERVED_ISSUERS, RequestQueue, WorkerEvent, clear_requests
 from steadytune.records import (
@@ -156,6 +155,9 @@ class Supervisor:
         self._bad_checkpoints: set[Path] = set()  # a resume from these failed before its first step
         self._reported: set[Path] = set()  # unusable checkpoints already reported
         self._expect: dict[str, float] | None = None  # what the first record after a resume should show
+        self._abandoned: dict[Path, int] = {}  # checkpoints of a timeline a rollback left, as they were
+        self._reaped: list[int] = []  # what the last attempt left behind, killed
+        self._stop_killed = False
         self._last_sample = 0.0
         self._last_status = 0.0
         self.dashboard_url: str | None = None
@@ -261,6 +263,8 @@ class Supervisor:
             step = checkpoint_step(path) or 0
             if (before is not None and step >= before) or path in self._bad_checkpoints:
                 continue
+            if self._abandoned.get(path) == _saved_at(path):
+                continue  # written by the timeline a rollback left (and not saved again since)
             problem = self.source.problem(path)
             if problem is None:
                 out.append((path, step))
@@ -748,6 +752,18 @@ class Supervisor:
             if self._stop_sent_at is not None and self.clock() - self._stop_sent_at > self.stop_grace_s:
                 self.say(f"the {self.source.label} did not stop in time: killing it", style="bold red")
                 self.worker.kill()
+                self._stop_killed = True
+            time.sleep(self.poll_s)
+        # Asked to stop, the rest of the tree gets the grace period too: a launcher dies of SIGTERM at
+        # once while its trainer is still saving the checkpoint it was asked for.
+        while (
+            self._stop_sent_at is not None
+            and self.tree is not None
+            and self.tree.alive()
+            and self.clock() - self._stop_sent_at <= self.stop_grace_s
+            and self._interrupts < 2
+        ):
+            self.pump()
             time.sleep(self.poll_s)
         self.reap()
         self.source.settle()
@@ -784,6 +800,7 @@ class Supervisor:
         if self.tree is None:
             return
         left = self.tree.reap()
+        self._reaped = left
         if left:
             self.emit(
                 "action",
@@ -895,8 +912,13 @@ class Supervisor:
         if info.status != "completed" or SKIP_STEP in self.source.abilities:
             return None
         for a in self.detector.open_anomalies():
-            if a.kind == "nan_loss" or (a.kind == "nonfinite_grad" and a.severity == "critical"):
+            if a.kind in {"nan_loss", "nonfinite_grad"}:
                 return a
+        grad = self.progress.last_grad_norm
+        if grad is not None and not math.isfinite(grad):
+            # A tool that filters NaN losses from its logs (HF's logging_nan_inf_filter) still shows the
+            # gradients: a run whose last update was non-finite left non-finite weights.
+            return Anomaly("nonfinite_grad", "critical", self.progress.step, self.progress.step, "grad_norm")
         return None
 
     def failed_resume(self, info: ExitInfo, decision: Decision) -> Decision | None:
@@ -964,7 +986,7 @@ class Supervisor:
                 kind,
                 f"{kind}: {action.reason}; resuming from {Path(resume).name if resume else 'the start'}",
             )
-        start = action.anomaly.start_step if action.anomaly is not None else action.step
+        start = onset_step(action.anomaly) if action.anomaly is not None else action.step
         verified = {step: path for path, step in self.usable_checkpoints(before=start)}
         changes, kind, why, target = rollback_restart(
             self.plan,
@@ -979,8 +1001,14 @@ class Supervisor:
         if target is not None:
             self.rollback_resumes.append(target)
             self.checkpoint_steps = [s for s in self.checkpoint_steps if s <= target]
+            for path in self.source.checkpoints():  # the timeline after the target is left behind
+                if (checkpoint_step(path) or 0) > target:
+                    self._abandoned[path] = _saved_at(path)
             if target in verified and changes is not None:
-                changes["resume_checkpoint"] = str(verified[target])
+                resume = verified[target]
+                if changes.get("lr_scale") not in (None, self.plan.lr_scale):
+                    resume = self.source.resume_copy(resume)
+                changes["resume_checkpoint"] = str(resume)
             if LR not in self.source.abilities:
                 why += "; the LR is unchanged (give --lr-arg and --base-lr, or --preset, to lower it)"
         return changes, kind, why
@@ -1005,6 +1033,8 @@ class Supervisor:
             detail = f"\n  log: {self.worker.log_path}" + "".join(f"\n  | {ln}" for ln in lines)
         if state == "stopped" and self.stop_signal is not None:
             data["signal"] = signal.Signals(self.stop_signal).name
+            data["graceful"] = not self._stop_killed and not self._reaped
+            data["killed_pids"] = list(self._reaped)
         self.emit(
             "lifecycle",
             f"run_{state}",
@@ -1023,3 +1053,13 @@ class Supervisor:
         return RunResult(
             self.run, state, decision.reason, self.progress, self.restarts, ckpts, self.clock() - t0
         )
+
+
+def _saved_at(checkpoint: Path) -> int:
+    """When a checkpoint was last written (its trainer state, else the folder): a re-save changes it."""
+    for p in (checkpoint / "trainer_state.json", checkpoint):
+        try:
+            return p.stat().st_mtime_ns
+        except OSError:
+            continue
+    return 0
