@@ -159,7 +159,9 @@ class ProcessTree:
         alive = []
         for pid in sorted(self.seen - {self.proc.pid}):
             try:
-                alive.append(psutil.Process(pid))
+                p = psutil.Process(pid)
+                if p.status() != psutil.STATUS_ZOMBIE:  # a zombie has exited: nothing is left to kill
+                    alive.append(p)
             except psutil.Error:
                 continue
         self.proc.signal_tree(signal.SIGKILL)  # the session: the command and whatever stayed in it
