@@ -111,7 +111,7 @@ def launch(
     ``source`` (a :class:`~steadytune.supervise.source.WorkerSource` factory taking the RunDir)
     replaces steadytune's own worker with, e.g., a command it watches. A run stopped by a
     signal exits 0 under ``run`` (its state is saved), and 128 + the signal under a command's
-    supervisor, as the command itself would have.
+    supervisor, as the command itself would have; a stop or pause asked for otherwise exits 0.
     """
     from rich.console import Console
 
@@ -149,10 +149,8 @@ def launch(
         if dashboard is not None:
             dashboard.stop()
     print_summary(console, result)
-    if source is not None:
-        if result.state == "stopped" and sup.stop_signal is not None:
-            return 128 + sup.stop_signal
-        return 0 if result.state == "completed" else 1
+    if source is not None and result.state == "stopped" and sup.stop_signal is not None:
+        return 128 + sup.stop_signal
     return 0 if result.state in {"completed", "stopped", "paused"} else 1
 
 

@@ -158,6 +158,7 @@ class Supervisor:
         self._abandoned: dict[Path, int] = {}  # checkpoints of a timeline a rollback left, as they were
         self._reaped: list[int] = []  # what the last attempt left behind, killed
         self._stop_killed = False
+        self._pause_requested = False
         self._last_sample = 0.0
         self._last_status = 0.0
         self.dashboard_url: str | None = None
@@ -288,6 +289,7 @@ class Supervisor:
         return str(found[0][0]) if found else None
 
     def start_worker(self, plan: PlanRevision) -> None:
+        self._stop_sent_at = None
         self.drop_stale_requests()
         self.worker = self.source.start(plan, self.run.logs / f"worker-{plan.attempt}.log")
         self.tree = ProcessTree(self.worker)
@@ -650,6 +652,29 @@ class Supervisor:
                 )
             if command == "resume" and self.state == "paused":
                 self._resume_requested = True
+            elif CONTROL not in self.source.abilities and not issuer.startswith(RESERVED_ISSUERS):
+                self.carry_out_outside(command, issuer)
+
+    def carry_out_outside(self, command: str, issuer: str) -> None:
+        """An operator's request to a job that takes none: stop and pause are done from outside."""
+        if self.worker is None or self.worker.poll() is not None or self.state in {"stopping", "paused"}:
+            return
+        if command == "stop":
+            self.request_stop(issuer)
+        elif command == "pause":
+            # The job is stopped (it keeps the checkpoints it saved); `resume` restarts it from the newest.
+            self._pause_requested = True
+            self.state = "stopping"
+            self.worker.signal_tree(signal.SIGTERM)
+            self._stop_sent_at = self.clock()
+        elif command in {"checkpoint", "memory_snapshot"}:
+            self.emit(
+                "action",
+                "alert_only",
+                f"{command} requested by {issuer} is not available: {self.unable(command)}",
+                severity="warning",
+                step=self.progress.step,
+            )
 
     def drop_stale_requests(self) -> None:
         """Before a worker starts: file what is queued, then empty the queue, which was meant for the last one."""
@@ -773,7 +798,10 @@ class Supervisor:
         tail = self.worker.log_tail()
         found = last_exception(tail) if last is None and rc else None
         status = last.status if last else None
-        if last is None and rc == 0 and PLAN not in self.source.abilities:
+        outside = last is None and self._pause_requested
+        if outside:
+            status, self._pause_requested = "paused", False  # stopped from outside on an operator's pause
+        elif last is None and rc == 0 and PLAN not in self.source.abilities:
             # A job's own exit status is all it says; asked to stop, a clean exit is a stop.
             status = "stopped" if self._stop_sent_at is not None else "completed"
         stopping = self._stop_sent_at is not None or (self.pending is not None and self.pending.name == "stop")
@@ -787,8 +815,8 @@ class Supervisor:
             deterministic=bool(last and last.deterministic)
             or (last is None and rc is not None and rc > 0 and not self.attempt_stepped and not stopping),
             stderr_tail=tail,
-            interrupted=self._stop_sent_at is not None
-            and not (last and last.status in {"stopped", "paused", "completed"}),
+            interrupted=self._stop_sent_at is not None and status not in {"stopped", "paused", "completed"},
+            stopped_outside=outside,
         )
 
     def reap(self) -> None:
