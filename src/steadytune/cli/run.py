@@ -68,7 +68,7 @@ def print_summary(console: Any, result: Any) -> None:
     if p.first_loss is not None and p.last_loss is not None:
         drop = 100 * (1 - p.last_loss / p.first_loss) if p.first_loss else 0.0
         loss = (
-            f"{p.first_loss:.4f} → {p.last_loss:.4f} ({drop:+.0f}% lower)"
+            f"{p.first_loss:.4f} → {p.last_loss:.4f} ({drop:.0f}% lower)"
             if drop >= 0
             else f"{p.first_loss:.4f} → {p.last_loss:.4f}"
         )

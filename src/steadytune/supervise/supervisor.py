@@ -126,7 +126,8 @@ class Supervisor:
         self.tailers: dict[Path, JsonlTailer] = {}
         self.state = "starting"
         self.attempt = 0
-        self.restarts = 0
+        self.restarts = 0  # crash restarts, which the restart budget counts
+        self.action_restarts = 0  # restarts the policy asked for (rollback, hang): its own budgets count them
         self.worker: WorkerProcess | None = None
         self.tree: ProcessTree | None = None
         self.exits: list[WorkerExit] = []
@@ -210,7 +211,7 @@ class Supervisor:
             "tokens_per_s": self.progress.tokens_per_s,
             "eta_s": self.progress.eta_s,
             "attempt": self.attempt,
-            "restarts": self.restarts,
+            "restarts": self.restarts + self.action_restarts,
             "last_checkpoint": self.source.latest_checkpoint(),
             "supervisor_pid": os.getpid(),
             "worker_pid": self.worker.pid if self.worker and self.worker.poll() is None else None,
@@ -697,7 +698,7 @@ class Supervisor:
                 return False
             self.pump()
             if live is not None:
-                live.update(progress_line(self.progress, self.restarts, self.state))
+                live.update(progress_line(self.progress, self.restarts + self.action_restarts, self.state))
             time.sleep(self.poll_s)
         return True
 
@@ -771,7 +772,7 @@ class Supervisor:
             rc = self.worker.poll()
             self.pump()
             if live is not None:
-                live.update(progress_line(self.progress, self.restarts, self.state))
+                live.update(progress_line(self.progress, self.restarts + self.action_restarts, self.state))
             if rc is not None:
                 break
             if self._stop_sent_at is not None and self.clock() - self._stop_sent_at > self.stop_grace_s:
@@ -865,6 +866,7 @@ class Supervisor:
                 if changes is None:
                     return self.finish(Decision("stop", action.name, why), info, t0)
                 delay = 0.0
+                self.action_restarts += 1
             else:
                 decision = decide(
                     info,
@@ -1079,7 +1081,13 @@ class Supervisor:
             obs.close()
         ckpts = [p.name for p in reversed(self.source.checkpoints())]  # in step order
         return RunResult(
-            self.run, state, decision.reason, self.progress, self.restarts, ckpts, self.clock() - t0
+            self.run,
+            state,
+            decision.reason,
+            self.progress,
+            self.restarts + self.action_restarts,
+            ckpts,
+            self.clock() - t0,
         )
 
 
