@@ -15,7 +15,6 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from steadytune.drill.command import SuperviseLine, filled, supervise_argv, with
 from steadytune.drill.faults import FaultSpec
 from steadytune.drill.runner import FaultReport, finite_weights, report_run
 from steadytune.rundir import RunDir
+from steadytune.supervise.process import running
 from steadytune.telemetry.jsonl import JsonlReader
 
 # The lr fault starts the job at this many times its own LR (as the native spike bursts it);
@@ -222,18 +222,6 @@ class Actor(threading.Thread):
             _signal(pid, signal.SIGKILL)
 
 
-def alive(pids: Sequence[int]) -> list[int]:
-    """The pids that still run (a zombie waiting for its parent does not)."""
-    out = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                out.append(pid)
-        except psutil.Error:
-            continue
-    return out
-
-
 def _end(proc: subprocess.Popen, grace_s: float = 60.0) -> int | None:
     """Stop a supervise that ran past its time as a user would: SIGTERM (it stops the job), then SIGKILL."""
     proc.send_signal(signal.SIGTERM)
@@ -273,7 +261,7 @@ def run_one(job: Job, runs_dir: Path, run_id: str, spec: FaultSpec | None) -> Ou
     watch = Watch(run)
     watch.poll()
     # Whatever of the job outlived its supervisor is reported, then ended: the next fault needs the cores.
-    left = alive([*watch.worker_pids, *(actor.trainers if actor else [])])
+    left = running([*watch.worker_pids, *(actor.trainers if actor else [])])
     for pid in left:
         _signal(pid, signal.SIGKILL)
     return Outcome(
