@@ -7,7 +7,9 @@ subclass that calls ``super()`` carries the guard without knowing it:
   the built-in runner uses) bound to its clipping, so records hold the norm before clipping;
 - ``training_step``: each micro-batch's loss, tokens and content hashes go to the guard;
 - ``compute_loss``: the ``nan_at_step`` drill fault poisons the loss, as in the built-in runner;
-- ``train``: the guard's last words (:class:`~steadytune.records.WorkerExit`) when it returns or raises.
+- ``train``: the guard's last words (:class:`~steadytune.records.WorkerExit`) when it returns or raises;
+- ``_load_optimizer_and_scheduler`` (where present): on a resume, the command's learning rate
+  replaces the checkpoint's, so a rollback's lowered LR reaches the optimizer (see :func:`command_lr`).
 
 The callback is the same adapter as in a native run, with no keeper: checkpoints stay
 in the tool's ``output_dir`` and the tool's save schedule is its own. Whatever fails in
@@ -139,6 +141,29 @@ class Injection:
             guard.close("error", error, traceback_tail=tail, deterministic=guard.steps_this_attempt == 0)
 
 
+def command_lr(optimizer: Any, scheduler: Any, fresh: list[float]) -> tuple[list[float], list[float]] | None:
+    """Put back the per-group base LRs the trainer was built with, after a checkpoint's state replaced them.
+
+    The HF Trainer restores the scheduler (and its base LRs) from ``scheduler.pt``, so a resume
+    with another ``--learning_rate`` trains at the checkpoint's: the lower LR of a rollback would
+    never reach the optimizer. Each group keeps its place in the schedule; only its base changes.
+
+    Returns:
+        (checkpoint's, command's) base LRs when they differed and were replaced, else None.
+    """
+    loaded = list(getattr(scheduler, "base_lrs", None) or [])
+    groups = getattr(optimizer, "param_groups", None) or []
+    if not loaded or len(loaded) != len(fresh) or len(groups) != len(fresh) or loaded == fresh:
+        return None
+    for group, old, new in zip(groups, loaded, fresh, strict=True):
+        group["initial_lr"] = new
+        group["lr"] = group["lr"] * new / old if old else new
+    scheduler.base_lrs = list(fresh)
+    if hasattr(scheduler, "_last_lr"):
+        scheduler._last_lr = [g["lr"] for g in groups]
+    return loaded, list(fresh)
+
+
 def _callback(trainer: Trainer) -> InjectedCallback | None:
     cb = trainer.__dict__.get(_CALLBACK)
     return cb if cb is not None and not cb.off else None
@@ -219,6 +244,32 @@ def install(trainer_cls: type[Trainer], environ: dict[str, str] | None = None) -
             return (out[0] * float("nan"), *out[1:]) if isinstance(out, tuple) else out * float("nan")
         return out
 
+    load_state = getattr(trainer_cls, "_load_optimizer_and_scheduler", None)
+
+    def _load_optimizer_and_scheduler(self: Trainer, checkpoint: Any, *args: Any, **kwargs: Any) -> Any:
+        cb = _callback(self)
+        fresh = list(getattr(self.lr_scheduler, "base_lrs", None) or [])
+        out = load_state(self, checkpoint, *args, **kwargs)
+        if cb is None or checkpoint is None:
+            return out
+        try:
+            changed = command_lr(self.optimizer, self.lr_scheduler, fresh)
+            if changed is not None:
+                cb.guard.notify(
+                    "lifecycle",
+                    "lr_from_command",
+                    f"resuming from {Path(str(checkpoint)).name} at the command's learning rate "
+                    f"{changed[1][0]:.6g}, not the checkpoint's {changed[0][0]:.6g}",
+                    checkpoint_lrs=changed[0],
+                    command_lrs=changed[1],
+                )
+        except Exception as exc:
+            cb.switch_off(exc)
+        return out
+
+    if load_state is not None:
+        functools.update_wrapper(_load_optimizer_and_scheduler, load_state)
+        trainer_cls._load_optimizer_and_scheduler = _load_optimizer_and_scheduler  # type: ignore[attr-defined]
     trainer_cls.__init__ = __init__  # type: ignore[method-assign]
     trainer_cls.train = train_  # type: ignore[method-assign]
     trainer_cls.training_step = training_step_  # type: ignore[method-assign]
