@@ -1,4 +1,4 @@
-"""``steadytune drill [CONFIG] [--inject SPEC]`` and ``drill --supervise -- CMD``: prove recovery with real faults."""
+"""``steadytune drill [CONFIG] [--faults SPEC]`` and ``drill --supervise [--inject] -- CMD``: prove recovery with real faults."""
 
 from __future__ import annotations
 
@@ -84,8 +84,8 @@ def register(sub: Any) -> None:
     ext.add_argument(
         "--base-lr",
         type=float,
-        help="the command's learning rate, which the lr fault multiplies by 1000 (default: its "
-        "--learning_rate / learning_rate= value)",
+        help="the command's learning rate, which the lr fault multiplies by 1000 and a spike's rollback "
+        "lowers (default: its --learning_rate / learning_rate= value)",
     )
     ext.add_argument(
         "--hang-floor", type=float, default=8.0, help="supervise's --hang-floor in the drill (default 8 s)"
