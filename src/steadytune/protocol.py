@@ -64,6 +64,7 @@ class WorkerEvent(str, Enum):
     GUARD_INJECTED = "guard_injected"
     GUARD_OFF = "guard_off"
     OPTIMIZER_GROUPS = "optimizer_groups"
+    LR_FROM_COMMAND = "lr_from_command"
     ACK_PAUSE = "ack_pause"
     ACK_RESUME = "ack_resume"
     ACK_CHECKPOINT = "ack_checkpoint"

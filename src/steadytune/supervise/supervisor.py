@@ -480,6 +480,7 @@ class Supervisor:
     # disk_low is an anomaly: the policy meets it in on_worker_event, as any anomaly a worker reports.
     on_disk_low = on_grad_norm_after_clipping = on_inject_failed = on_guard_injected = on_guard_off = _filed_only
     on_ack_pause = on_ack_resume = on_ack_stop = on_ack_memory_snapshot = on_optimizer_groups = _filed_only
+    on_lr_from_command = _filed_only
 
     # -- detection and actions -------------------------------------------------
     def on_transition(self, t: Transition) -> None:
