@@ -54,7 +54,7 @@ class Daemon:
     procs: ProcessTable = field(default_factory=ProcessTable)
     headroom_bytes: int = DEFAULT_HEADROOM_BYTES
     clock: Callable[[], float] = time.time
-    python: str | None = None
+    command: Callable[[Job, Path], list[str]] = job_command  # how a job is started (tests: a stand-in)
     ledger: tuple[GpuState, ...] = ()
     _handles: dict[str, Any] = field(default_factory=dict)
     _stop_sent: dict[str, float] = field(default_factory=dict)
@@ -129,7 +129,7 @@ class Daemon:
             return  # cancelled or held meanwhile
         job = self.queue.get(job_id)
         assert job is not None
-        argv = job_command(job, self.paths.runs_dir, **({"python": self.python} if self.python else {}))
+        argv = self.command(job, self.paths.runs_dir)
         try:
             started = self.procs.start(
                 argv, job_env(job, gpus), str(job.spec.get("cwd") or "."), self.paths.log(job.id)
