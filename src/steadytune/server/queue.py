@@ -91,12 +91,13 @@ class Job:
     cancel_requested: bool = False
 
     def to_dict(self) -> dict[str, Any]:
+        """The job as the API shows it: its environment stays out (it may hold secrets)."""
         return {
             "id": self.id,
             "seq": self.seq,
             "state": self.state,
             "priority": self.priority,
-            "spec": self.spec,
+            "spec": {k: v for k, v in self.spec.items() if k != "env"},
             "need_bytes": self.need_bytes,
             "need_source": self.need_source,
             "gpus_wanted": self.gpus_wanted,
@@ -139,7 +140,8 @@ class JobQueue:
     """The durable queue. Safe to share between the daemon's threads (one lock, one connection)."""
 
     def __init__(self, path: Path, clock: Callable[[], float] = time.time) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        # The jobs' environments are kept here, and they may hold tokens: the owner's only.
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.path = path
         self.clock = clock
         self._lock = threading.Lock()
@@ -148,6 +150,7 @@ class JobQueue:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(_SCHEMA)
+        path.chmod(0o600)
 
     def close(self) -> None:
         with self._lock:

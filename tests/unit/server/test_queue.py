@@ -51,3 +51,11 @@ def test_bad_requests_are_named(tmp_path: Path):
         q.move("j1", "paused")
     with pytest.raises(QueueError, match="cannot set 'state'"):
         q.move("j1", "held", state="done")
+
+
+def test_the_environment_is_kept_private(tmp_path: Path):
+    q = JobQueue(tmp_path / "srv" / "q.db")
+    job = q.submit({**spec(), "env": {"HF_TOKEN": "hf_secret"}}, 10, "user")
+    assert q.get(job.id).spec["env"] == {"HF_TOKEN": "hf_secret"}  # the job gets it...
+    assert "env" not in job.to_dict()["spec"]  # ...the API does not show it
+    assert oct((tmp_path / "srv" / "q.db").stat().st_mode & 0o777) == "0o600"
