@@ -35,7 +35,8 @@ def render(snap: dict[str, Any], show_all: bool = False) -> str:
         jobs = f"  jobs {','.join(g['jobs'])}" if g["jobs"] else ""
         lines.append(
             f"  {g['index']} {g['name'] or 'gpu'}: total {gib(g['total_bytes'])} used {gib(g['used_bytes'])} "
-            f"reserved {gib(g['reserved_bytes'])} free {gib(g['free_bytes'])} util {util}{jobs}{foreign}"
+            f"reserved {gib(g['reserved_bytes'])} free {gib(g['free_bytes'])} "
+            f"left {gib(max(0, g['free_bytes'] - g['reserved_bytes']))} util {util}{jobs}{foreign}"
         )
     rows = [j for j in snap["jobs"] if show_all or j["state"] not in ("done", "failed", "cancelled")]
     lines.append(

@@ -16,7 +16,7 @@
       return d;
     };
     return el("div", { class: "membar" },
-      seg("mem-used", g.used_bytes, "used"), seg("mem-reserved", reserved, "reserved"), seg("mem-free", free, "free"));
+      seg("mem-used", g.used_bytes, "used"), seg("mem-reserved", reserved, "reserved"), seg("mem-free", free, "left"));
   }
 
   function gpuRow(g) {
@@ -25,7 +25,7 @@
     return el("div", { class: "gpu", "data-gpu": String(g.index) },
       el("div", { class: "gpu-head" },
         el("span", { class: "mono", text: `GPU ${g.index}` }), el("span", { class: "muted", text: g.name || "" }),
-        el("span", { class: "mono", text: `used ${fmt.bytes(g.used_bytes)} · reserved ${fmt.bytes(g.reserved_bytes)} · free ${fmt.bytes(g.free_bytes)} of ${fmt.bytes(g.total_bytes)}` }),
+        el("span", { class: "mono", text: `used ${fmt.bytes(g.used_bytes)} · reserved ${fmt.bytes(g.reserved_bytes)} · left ${fmt.bytes(Math.max(0, g.free_bytes - g.reserved_bytes))} of ${fmt.bytes(g.total_bytes)}` }),
         el("span", { class: "muted", text: `util ${util}` }),
         el("span", { text: g.jobs.length ? `jobs ${g.jobs.join(", ")}` : "" }),
         foreign ? el("span", { class: "sev-warning", text: foreign }) : null),
