@@ -32,7 +32,12 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--need-gib", type=float, default=None, help="peak memory per GPU in GiB (beats the estimate)"
     )
-    p.add_argument("--gpus", type=int, default=1, help="GPUs the job needs (default 1)")
+    p.add_argument(
+        "--gpus",
+        type=int,
+        default=None,
+        help="GPUs the job needs (default: a config's run.nproc_per_node, else 1)",
+    )
     p.add_argument("--priority", type=int, default=0, help="higher starts first (default 0)")
     p.add_argument("--hold", action="store_true", help="queue it held: it waits for `steadytune release`")
     p.add_argument("--skip-check", action="store_true", help="start the run without its preflight check")

@@ -33,8 +33,8 @@ def check_request(req: dict[str, Any]) -> list[str]:
         problems.append("a run job needs its config: steadytune submit CONFIG.yaml")
     if kind == "supervise" and not (isinstance(req.get("cmd"), list) and req["cmd"]):
         problems.append("a command job needs the command after --: steadytune submit --need-gib 20 -- CMD")
-    gpus = req.get("gpus", 1)
-    if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1:
+    gpus = req.get("gpus")
+    if gpus is not None and (not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1):
         problems.append(f"gpus={gpus!r}: give a whole number of GPUs ≥ 1, e.g. --gpus 2")
     prio = req.get("priority", 0)
     if not isinstance(prio, int) or isinstance(prio, bool):
@@ -61,11 +61,12 @@ def submit(queue: JobQueue, req: dict[str, Any], user: str = "") -> Job:
     problems = check_request(req)
     if problems:
         raise SubmitError("; ".join(problems))
-    gpus = int(req.get("gpus", 1))
     overrides = [str(o) for o in req.get("overrides") or []]
     config = Path(str(req["config"])) if req.get("config") else None
+    gpus = req.get("gpus")
     if req["kind"] == "run" and config is not None:
-        _validate_run_config(config, overrides)
+        gpus = _gpus_of_run(config, overrides, gpus)
+    gpus = int(gpus or 1)
     try:
         if req.get("need_gib") is not None:
             need, why = need_from_user(float(req["need_gib"]))
@@ -99,11 +100,20 @@ def submit(queue: JobQueue, req: dict[str, Any], user: str = "") -> Job:
     )
 
 
-def _validate_run_config(config: Path, overrides: list[str]) -> None:
-    """The config as `steadytune run` will read it: a broken one is refused now, not at its turn."""
+def _gpus_of_run(config: Path, overrides: list[str], asked: int | None) -> int:
+    """The config as `steadytune run` will read it (a broken one is refused now, not at its turn),
+    and its GPU count: one per process, ``run.nproc_per_node``.
+    """
     from steadytune.config import ConfigError, load_config
 
     try:
-        load_config(config, overrides)
+        cfg = load_config(config, overrides)
     except ConfigError as exc:
         raise SubmitError(exc.render()) from exc
+    nproc = cfg.run.nproc_per_node
+    if asked is not None and asked != nproc:
+        raise SubmitError(
+            f"--gpus {asked}, but the run starts run.nproc_per_node={nproc} process(es), one per GPU: "
+            f"add run.nproc_per_node={asked} to the submit, or leave --gpus out"
+        )
+    return nproc

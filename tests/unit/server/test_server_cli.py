@@ -58,7 +58,10 @@ def test_queue_text_says_why_a_job_waits() -> None:
         ],
     }  # fmt: skip
     text = render(snap)
-    assert "total 80.0G used 30.0G reserved 10.0G free 50.0G left 40.0G util 90%  jobs j1  foreign pids 77" in text
+    assert (
+        "total 80.0G used 30.0G reserved 10.0G free 50.0G left 40.0G util 90%  jobs j1  foreign pids 77"
+        in text
+    )
     assert "step 5/100" in text and "waits for room: needs 45.0 GiB" in text
     assert "j0" not in text and "j0" in render(snap, show_all=True)
 

@@ -103,3 +103,32 @@ def test_socket_api_submit_queue_and_errors(daemon: Daemon, tmp_path: Path):
         api.stop()
     with pytest.raises(ConnectionError, match="start one with `steadytune server`"):
         request(sock, {"op": "ping"})
+
+
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "check-llama-3.1-8b.yaml"
+
+
+def test_a_config_job_needs_the_estimators_peak_and_its_process_count(daemon: Daemon):
+    from steadytune.estimate import estimate_peak, load_architecture, load_run_config, setup_from_config_dict
+    from steadytune.server.submit import SubmitError, submit
+
+    job = submit(
+        daemon.queue, {"kind": "run", "config": str(EXAMPLE), "overrides": ["data.max_seq_length=1024"]}
+    )
+    data = load_run_config(EXAMPLE)
+    data["data"]["max_seq_length"] = 1024
+    _, setup = setup_from_config_dict(data, device="cuda")
+    expected = estimate_peak(
+        load_architecture(str(EXAMPLE.parent / "models" / "llama-3.1-8b")), setup
+    ).peak_bytes
+    assert (job.need_bytes, job.need_source, job.gpus_wanted) == (expected, "estimate", 1)
+    assert job.spec["need"].startswith("estimated peak") and "seq 1024" in job.spec["need"]
+    assert (
+        submit(daemon.queue, {"kind": "run", "config": str(EXAMPLE), "need_gib": 12}).need_bytes == 12 * GIB
+    )
+    with pytest.raises(SubmitError, match=r"--gpus 2, but the run starts run.nproc_per_node=1"):
+        submit(daemon.queue, {"kind": "run", "config": str(EXAMPLE), "gpus": 2})
+    two = submit(daemon.queue, {"kind": "run", "config": str(EXAMPLE), "overrides": ["run.nproc_per_node=2"]})
+    assert two.gpus_wanted == 2
+    with pytest.raises(SubmitError, match="train.max_steps"):
+        submit(daemon.queue, {"kind": "run", "config": str(EXAMPLE), "overrides": ["train.max_steps=-3"]})
