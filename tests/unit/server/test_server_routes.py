@@ -130,5 +130,5 @@ def test_a_config_job_needs_the_estimators_peak_and_its_process_count(daemon: Da
         submit(daemon.queue, {"kind": "run", "config": str(EXAMPLE), "gpus": 2})
     two = submit(daemon.queue, {"kind": "run", "config": str(EXAMPLE), "overrides": ["run.nproc_per_node=2"]})
     assert two.gpus_wanted == 2
-    with pytest.raises(SubmitError, match="train.max_steps"):
+    with pytest.raises(SubmitError, match=r"train\.max_steps"):
         submit(daemon.queue, {"kind": "run", "config": str(EXAMPLE), "overrides": ["train.max_steps=-3"]})
