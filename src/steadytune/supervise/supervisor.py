@@ -148,6 +148,7 @@ class Supervisor:
         self._visible: list[int] | None = None  # the job's CUDA_VISIBLE_DEVICES, as device indices
         self.scaler = self.scale_rules(worker_env)
         self._scaling: ScaleDecision | None = None  # the resize the worker was stopped for
+        self._scale_asked_at = 0.0
         self._resized: tuple[ScaleDecision, float, float | None] | None = None  # (it, when, last save ts)
         self._last_save_ts: float | None = None
         self.pending: Action | None = None  # an action that stopped the worker on purpose
@@ -1158,7 +1159,7 @@ class Supervisor:
             self.emit("action", "alert_only", f"observe mode: would {d.kind} ({d.reason})", step=self.progress.step)
             self.scaler.declined(self.clock())
             return
-        self._scaling = d
+        self._scaling, self._scale_asked_at = d, self.clock()
         self.execute(Action(d.kind, d.reason, self.progress.step, params=data))
 
     def on_measured(self, m: Measured, step: int) -> None:
@@ -1187,7 +1188,7 @@ class Supervisor:
             return None, f"scale_{d.kind}", f"{d.kind}: the worker stopped without a checkpoint to resume from"
         now = self.clock()
         self.scaler.applied(d, now)
-        self._resized = (d, now, self._last_save_ts)
+        self._resized = (d, self._scale_asked_at, self._last_save_ts)
         changes = {
             "resume_checkpoint": resume,
             "nproc_per_node": d.after.world,
