@@ -1,6 +1,7 @@
 """Admission on GPU snapshot × job mix scenarios, against the estimator-free baseline.
 
     python benchmarks/server.py            # the table; --json for the figures
+    python benchmarks/server.py --resize-run runs/RUN   # resize times of a run that scale: resized
 
 For each scenario (a host's GPUs, some of them partly taken by foreign processes, and a
 mix of fine-tunes whose needs come from the estimator on real model configs), it prints:
@@ -10,6 +11,10 @@ mix of fine-tunes whose needs come from the estimator on real model configs), it
   which jobs' GPUs would run out of memory (the job, and its neighbours, OOM);
 - **estimate error margin**: how many admitted jobs would OOM if every real peak were
   10% above the estimate (the estimator's documented worst case; benchmarks/estimate_accuracy.py).
+
+With ``--resize-run``, it prints each resize of that run (``scale:``, docs/server.md): the
+world size, and the seconds from the checkpoint the stop wrote to the first step at the
+new size (from the run's ``resized`` events).
 
 The snapshots are constructed, not recorded (this benchmark runs anywhere, without a GPU):
 80 GiB and 24 GiB cards, empty or with a notebook or an inference server on them. The
@@ -107,12 +112,42 @@ def run_scenario(gpus: list[GpuReading], mixes: list[Mix]) -> dict:
     }  # fmt: skip
 
 
+def resize_times(run_root: Path) -> list[dict]:
+    """Each resize of a run: its kind, world size, and checkpoint -> first step seconds."""
+    from steadytune.records import Event
+    from steadytune.telemetry.stream import iter_records
+
+    return [
+        {
+            "kind": e.data.get("kind"),
+            "world": e.data.get("world"),
+            "step": e.step,
+            "checkpoint_to_first_step_s": e.data.get("checkpoint_to_first_step_s"),
+            "decision_to_first_step_s": e.data.get("decision_to_first_step_s"),
+        }
+        for e in iter_records(run_root / "events.jsonl")
+        if isinstance(e, Event) and e.name == "resized"
+    ]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--resize-run", type=Path, help="a run directory: print its resize times")
     args = parser.parse_args()
+    if args.resize_run is not None:
+        times = resize_times(args.resize_run)
+        if args.json:
+            print(json.dumps(times, indent=1))
+        for t in [] if args.json else times:
+            print(f"{t['kind']:<12} -> {t['world']} process(es) at step {t['step']}: "
+                  f"{t['checkpoint_to_first_step_s']:.1f}s checkpoint -> first step, "
+                  f"{t['decision_to_first_step_s']:.1f}s decision -> first step")  # fmt: skip
+        if not times:
+            print(f"no resize in {args.resize_run}")
+        return 0
     results = {name: run_scenario(*sc) for name, sc in SCENARIOS.items()}
     if args.json:
         print(json.dumps(results, indent=1))

@@ -10,11 +10,12 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from steadytune.alerts.config import AlertsConfig
 from steadytune.detect.config import DetectConfig
 from steadytune.policy.config import PolicyConfig
+from steadytune.policy.scale_config import ScaleConfig
 from steadytune.web.config import DashboardConfig
 
 
@@ -265,3 +266,18 @@ class SteadytuneConfig(Section):
     dashboard: DashboardConfig = Field(
         default_factory=DashboardConfig, description="dashboard settings (docs/dashboard.md)"
     )
+    scale: ScaleConfig | None = Field(
+        None, description="autoscaling rules (docs/server.md), e.g. {min_gpus: 1, max_gpus: 4}; leave it out"
+    )
+
+    @field_validator("scale")
+    @classmethod
+    def _starts_in_scale_range(cls, v: ScaleConfig | None, info: ValidationInfo) -> ScaleConfig | None:
+        run = info.data.get("run")
+        n = run.nproc_per_node if run is not None else 1
+        if v is not None and not v.min_gpus <= n <= v.max_gpus:
+            raise ValueError(
+                f"run.nproc_per_node={n} is outside scale.min_gpus..scale.max_gpus ({v.min_gpus}..{v.max_gpus}): "
+                "start the run inside the range, or widen it"
+            )
+        return v

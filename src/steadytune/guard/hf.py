@@ -25,6 +25,22 @@ def _barrier() -> None:
         dist.barrier()
 
 
+def _world_size() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def _agreed(request: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Rank 0's request, on every rank: ranks that read the queue on their own may see a request one
+    step apart, and a rank that stops (and saves, with barriers) while another trains deadlocks both."""
+    import torch.distributed as dist
+
+    box = [request]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def _calling_trainer(callback: TrainerCallback) -> Trainer | None:
     """The Trainer whose loop is calling ``callback``: HF hands callbacks no reference to it."""
     frame = sys._getframe(1)
@@ -172,7 +188,10 @@ class GuardCallback(TrainerCallback):
         )
         self._gradflow = None  # the step record itself is the loop's heartbeat: no second line per step
         self.faults.after_step(state.global_step, self.guard.attempt)
-        request = self.guard.poll_control()
+        world = _world_size()
+        # With several ranks, rank 0 alone reads the queue (and its own SIGTERM, which torchrun
+        # forwards to every rank) and the others take its request at the same step boundary.
+        request = self.guard.poll_control() if world == 1 or self.guard.rank == 0 else None
         if (
             request is not None
             and request.get("command") == "pause"
@@ -180,13 +199,15 @@ class GuardCallback(TrainerCallback):
         ):
             self._hold(request, state.global_step)
             request = None
-        if request is None and self._external_stop:
+        if request is None and self._external_stop and (world == 1 or self.guard.rank == 0):
             request = {
                 "command": "stop",
                 "id": f"signal-{self._external_stop}",
                 "issuer": self._external_stop,
             }
             self._external_stop = None
+        if world > 1:
+            request = _agreed(request)
         if request is not None and request.get("command") == "memory_snapshot":
             self._memory_snapshot(request, state.global_step)
             request = None
