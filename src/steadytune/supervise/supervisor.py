@@ -31,7 +31,6 @@ from steadytune.forensics.runenv import config_sources
 from steadytune.policy.engine import Action, Policy
 from steadytune.policy.plan import onset_step, smaller_microbatch
 from steadytune.policy.restart import Decision, ExitInfo, decide
-from steadytune.policy.scale import Measured, ScaleDecision, ScaleRules, Shape, job_reading, parse_visible
 from steadytune.protocol import RESERVED_ISSUERS, RequestQueue, WorkerEvent, clear_requests
 from steadytune.records import (
     Anomaly,
@@ -58,6 +57,7 @@ from steadytune.supervise.restarts import (
     resume_problems,
     rollback_restart,
 )
+from steadytune.supervise.scaling import SCALE_ACTIONS, Autoscaler
 from steadytune.supervise.source import CONTROL, DATA, LR, PLAN, SKIP_STEP, NativeSource, WorkerSource
 from steadytune.telemetry.events import EventLog
 from steadytune.telemetry.sampler import SystemSampler
@@ -73,8 +73,6 @@ class Observer(Protocol):
     def close(self) -> None: ...
 
 
-# Autoscaling actions (scale: in the config): each checkpoints, stops and relaunches the worker in a new shape.
-SCALE_ACTIONS = frozenset({"grow", "shrink", "more_workers", "undo"})
 
 # After these, the supervisor looks at the offending batch by itself (inspect-batch).
 INSPECT_KINDS = frozenset({"nan_loss", "loss_spike", "loss_collapse", "divergence", "grad_explosion"})
@@ -145,12 +143,8 @@ class Supervisor:
         self.detector = LiveDetector(cfg.detect)
         self.policy = Policy(cfg.policy)
         self.plan = first_plan(cfg, clock())
-        self._visible: list[int] | None = None  # the job's CUDA_VISIBLE_DEVICES, as device indices
-        self.scaler = self.scale_rules(worker_env)
-        self._scaling: ScaleDecision | None = None  # the resize the worker was stopped for
-        self._scale_asked_at = 0.0
-        self._resized: tuple[ScaleDecision, float, float | None] | None = None  # (it, when, last save ts)
         self._last_save_ts: float | None = None
+        self.scaling = Autoscaler.for_run(self, worker_env)  # None without scale: in the config
         self.pending: Action | None = None  # an action that stopped the worker on purpose
         self.samples_by_step: dict[int, list[int]] = {}  # for rollback-and-skip
         self.rollback_resumes: list[int | None] = []
@@ -367,8 +361,8 @@ class Supervisor:
                 if self._expect is not None and rec.loss is not None:
                     self.check_resume(rec, self._expect)
                     self._expect = None
-                if self.scaler is not None:
-                    self.scale_step(rec)
+                if self.scaling is not None:
+                    self.scaling.on_step(rec)
             if rec.batch is not None and rec.batch.indices:
                 self.samples_by_step.setdefault(rec.step, []).extend(rec.batch.indices)
             if self.pending is None:
@@ -390,8 +384,8 @@ class Supervisor:
             if self.pending is None:
                 for t in self.detector.observe_system(rec):
                     self.on_transition(t)
-            if self.scaler is not None and self.pending is None:
-                self.scale_sample(rec)
+            if self.scaling is not None and self.pending is None:
+                self.scaling.on_sample(rec)
         elif isinstance(rec, WorkerExit):
             self.exits.append(rec)
         elif isinstance(rec, Event):
@@ -1035,8 +1029,8 @@ class Supervisor:
 
     def plan_after_action(self, action: Action, info: ExitInfo) -> tuple[dict[str, Any] | None, str, str]:
         """The restart plan for a worker the supervisor stopped on purpose."""
-        if action.name in SCALE_ACTIONS:
-            return self.plan_after_resize(info)
+        if action.name in SCALE_ACTIONS and self.scaling is not None:
+            return self.scaling.plan_after_resize()
         if action.name == "restart":
             kind = action.anomaly.kind if action.anomaly else action.name
             resume = self.resume_point()
@@ -1071,133 +1065,6 @@ class Supervisor:
             if LR not in self.source.abilities:
                 why += "; the LR is unchanged (give --lr-arg and --base-lr, or --preset, to lower it)"
         return changes, kind, why
-
-    # -- autoscaling (scale: in the config; docs/server.md) ------------------------
-    def scale_rules(self, worker_env: dict[str, str] | None) -> ScaleRules | None:
-        """The rules, for a source whose shape steadytune sets; the first plan records the world size."""
-        s = self.cfg.scale
-        if s is None or not {PLAN, CONTROL} <= self.source.abilities:
-            return None
-        env = {**os.environ, **(worker_env or {})}
-        self._visible = parse_visible(env.get("CUDA_VISIBLE_DEVICES"))
-        self.plan = replace(
-            self.plan,
-            nproc_per_node=self.cfg.run.nproc_per_node,
-            dataloader_num_workers=self.cfg.train.dataloader_num_workers,
-        )
-        return ScaleRules(s, self.shape())
-
-    def shape(self) -> Shape:
-        p = self.plan
-        return Shape(
-            micro_batch=self._batch(),
-            accumulation=p.gradient_accumulation_steps or self.cfg.train.gradient_accumulation_steps,
-            world=p.nproc_per_node or self.cfg.run.nproc_per_node,
-            workers=p.dataloader_num_workers
-            if p.dataloader_num_workers is not None
-            else self.cfg.train.dataloader_num_workers,
-        )
-
-    def scale_sample(self, rec: SystemSample) -> None:
-        assert self.scaler is not None
-        shape = self.shape()
-        self.scaler.set_micro_batch(shape.micro_batch, shape.accumulation)  # an OOM or auto search may change it
-        training = (
-            self.state == "running"
-            and self.worker_phase == "train"
-            and self.attempt_stepped
-            and self.worker is not None
-            and self.worker.poll() is None
-        )
-        reading = job_reading(rec.ts, rec.cpu_ratio, rec.gpus, shape.world, self._visible)
-        decision = self.scaler.observe(reading, training)
-        if decision is not None:
-            self.on_scale(decision)
-
-    def scale_step(self, rec: StepRecord) -> None:
-        """Rank 0's step: the first after a resize says what it cost; later ones measure whether it paid."""
-        assert self.scaler is not None
-        if self._resized is not None:
-            d, decided, saved = self._resized
-            self._resized = None
-            lost = rec.ts - saved if saved is not None else None
-            self.emit(
-                "action",
-                "resized",
-                f"running on {d.after.world} process(es) from step {rec.step}"
-                + (f", dataloader workers {d.after.workers}" if d.after.workers != d.before.workers else "")
-                + (f": {lost:.1f}s from the checkpoint to the first step" if lost is not None else ""),
-                step=rec.step,
-                data={
-                    "kind": d.kind,
-                    "world": d.after.world,
-                    "dataloader_num_workers": d.after.workers,
-                    "gradient_accumulation_steps": d.after.accumulation,
-                    "effective_batch": d.after.effective_batch,
-                    "checkpoint_to_first_step_s": lost,
-                    "decision_to_first_step_s": rec.ts - decided,
-                },
-            )
-        measured = self.scaler.observe_step(rec.ts, rec.step, rec.attempt)
-        if measured is not None:
-            self.on_measured(measured, rec.step)
-
-    def on_scale(self, d: ScaleDecision) -> None:
-        assert self.scaler is not None
-        data = _scale_data(d)
-        if d.refused is not None:
-            self.emit(
-                "action",
-                "resize_refused",
-                f"{d.kind} refused: {d.reason}, but {d.refused}",
-                severity="warning",
-                step=self.progress.step,
-                data={**data, "refused": d.refused},
-            )
-            return
-        if self.policy.config.mode == "observe":
-            self.emit("action", "alert_only", f"observe mode: would {d.kind} ({d.reason})", step=self.progress.step)
-            self.scaler.declined(self.clock())
-            return
-        self._scaling, self._scale_asked_at = d, self.clock()
-        self.execute(Action(d.kind, d.reason, self.progress.step, params=data))
-
-    def on_measured(self, m: Measured, step: int) -> None:
-        self.emit(
-            "action",
-            "resize_measured",
-            m.reason,
-            severity="info" if m.kept else "warning",
-            step=step,
-            data={
-                **_scale_data(m.decision),
-                "before_samples_per_s": round(m.before_samples_per_s, 4),
-                "after_samples_per_s": round(m.after_samples_per_s, 4),
-                "kept": m.kept,
-            },
-        )
-        if m.undo is not None and self.pending is None:
-            self.on_scale(m.undo)
-
-    def plan_after_resize(self, info: ExitInfo) -> tuple[dict[str, Any] | None, str, str]:
-        """Relaunch in the new shape from the checkpoint the stop wrote; the effective batch is the same."""
-        d, self._scaling = self._scaling, None
-        assert d is not None and self.scaler is not None
-        resume = self.resume_point()
-        if resume is None and self.progress.step > 0:
-            return None, f"scale_{d.kind}", f"{d.kind}: the worker stopped without a checkpoint to resume from"
-        now = self.clock()
-        self.scaler.applied(d, now)
-        self._resized = (d, self._scale_asked_at, self._last_save_ts)
-        changes = {
-            "resume_checkpoint": resume,
-            "nproc_per_node": d.after.world,
-            "per_device_train_batch_size": d.after.micro_batch,
-            "gradient_accumulation_steps": d.after.accumulation,
-            "dataloader_num_workers": d.after.workers,
-        }
-        where = Path(resume).name if resume else "the start"
-        return changes, f"scale_{d.kind}", f"{d.kind}: {d.reason}; resuming from {where}"
 
     def finish(self, decision: Decision, info: ExitInfo, t0: float) -> RunResult:
         state = {
@@ -1245,19 +1112,6 @@ class Supervisor:
             ckpts,
             self.clock() - t0,
         )
-
-
-def _scale_data(d: ScaleDecision) -> dict[str, Any]:
-    return {
-        "kind": d.kind,
-        "world_from": d.before.world,
-        "world_to": d.after.world,
-        "gradient_accumulation_from": d.before.accumulation,
-        "gradient_accumulation_to": d.after.accumulation,
-        "dataloader_workers_from": d.before.workers,
-        "dataloader_workers_to": d.after.workers,
-        "effective_batch": d.after.effective_batch,
-    }
 
 
 def _saved_at(checkpoint: Path) -> int:
