@@ -11,7 +11,6 @@ a budget.
 
 from __future__ import annotations
 
-import math
 import os
 import signal
 import threading
@@ -29,7 +28,7 @@ from steadytune.config.schema import SteadytuneConfig
 from steadytune.detect.live import LiveDetector, Transition, format_transition
 from steadytune.forensics.runenv import config_sources
 from steadytune.policy.engine import Action, Policy
-from steadytune.policy.plan import onset_step, smaller_microbatch
+from steadytune.policy.plan import smaller_microbatch
 from steadytune.policy.restart import Decision, ExitInfo, decide
 from steadytune.protocol import RESERVED_ISSUERS, RequestQueue, WorkerEvent, clear_requests
 from steadytune.records import (
@@ -50,15 +49,12 @@ from steadytune.supervise.process import ProcessTree, WorkerProcess
 from steadytune.supervise.progress import RunProgress, progress_line
 from steadytune.supervise.restarts import (
     anomaly_event_data,
-    crash_restart,
     first_plan,
     replay_detector,
-    resume_expectation,
-    resume_problems,
-    rollback_restart,
 )
+from steadytune.supervise.resuming import Resumes
 from steadytune.supervise.scaling import SCALE_ACTIONS, Autoscaler
-from steadytune.supervise.source import CONTROL, DATA, LR, PLAN, SKIP_STEP, NativeSource, WorkerSource
+from steadytune.supervise.source import CONTROL, DATA, PLAN, SKIP_STEP, NativeSource, WorkerSource
 from steadytune.telemetry.events import EventLog
 from steadytune.telemetry.sampler import SystemSampler
 from steadytune.telemetry.snapshot import sampler_from_env
@@ -147,7 +143,6 @@ class Supervisor:
         self.scaling = Autoscaler.for_run(self, worker_env)  # None without scale: in the config
         self.pending: Action | None = None  # an action that stopped the worker on purpose
         self.samples_by_step: dict[int, list[int]] = {}  # for rollback-and-skip
-        self.rollback_resumes: list[int | None] = []
         self.shrink_next_restart = False
         self.last_step_ts: float | None = None
         self.started_ts = clock()
@@ -158,10 +153,7 @@ class Supervisor:
         self._interrupts = 0
         self.stop_signal: int | None = None
         self._stop_sent_at: float | None = None
-        self._bad_checkpoints: set[Path] = set()  # a resume from these failed before its first step
-        self._reported: set[Path] = set()  # unusable checkpoints already reported
-        self._expect: dict[str, float] | None = None  # what the first record after a resume should show
-        self._abandoned: dict[Path, int] = {}  # checkpoints of a timeline a rollback left, as they were
+        self.resumes = Resumes(self)
         self._reaped: list[int] = []  # what the last attempt left behind, killed
         self._stop_killed = False
         self._pause_requested = False
@@ -263,36 +255,9 @@ class Supervisor:
         self.write_plan(self.plan)
         return self.plan
 
-    def usable_checkpoints(self, before: int | None = None) -> list[tuple[Path, int]]:
-        """Checkpoints the source can resume from, newest first; unusable ones are reported once."""
-        out = []
-        for path in self.source.checkpoints():
-            step = checkpoint_step(path) or 0
-            if (before is not None and step >= before) or path in self._bad_checkpoints:
-                continue
-            if self._abandoned.get(path) == _saved_at(path):
-                continue  # written by the timeline a rollback left (and not saved again since)
-            problem = self.source.problem(path)
-            if problem is None:
-                out.append((path, step))
-                if before is None:
-                    break  # the newest whole one is all a resume needs; older ones are not read
-            elif path not in self._reported:
-                self._reported.add(path)
-                self.emit(
-                    "anomaly",
-                    "checkpoint_corrupt",
-                    f"{path.name} skipped for resume: {problem}",
-                    step=step,
-                    severity="warning",
-                    data={"path": str(path), "reason": problem},
-                )
-        return out
-
     def resume_point(self) -> str | None:
         """The newest checkpoint that verifies; unusable ones are reported and skipped."""
-        found = self.usable_checkpoints()
-        return str(found[0][0]) if found else None
+        return self.resumes.resume_point()
 
     def start_worker(self, plan: PlanRevision) -> None:
         self._stop_sent_at = None
@@ -305,7 +270,7 @@ class Supervisor:
         self.worker_phase, self.phase_since = "setup", self.clock()
         self.attempt_stepped = False
         resume = Path(plan.resume_checkpoint) if plan.resume_checkpoint else None
-        self._expect = resume_expectation(resume) if resume is not None else None
+        self.resumes.expect(resume)
         self.emit(
             "lifecycle",
             "worker_started",
@@ -358,9 +323,7 @@ class Supervisor:
             self.last_heartbeat[rec.rank] = self.clock()
             if rec.rank == 0 and rec.attempt == self.attempt and not rec.extra.get("eval"):
                 self.worker_phase, self.attempt_stepped = "train", True
-                if self._expect is not None and rec.loss is not None:
-                    self.check_resume(rec, self._expect)
-                    self._expect = None
+                self.resumes.on_first_loss(rec)
                 if self.scaling is not None:
                     self.scaling.on_step(rec)
             if rec.batch is not None and rec.batch.indices:
@@ -392,19 +355,6 @@ class Supervisor:
             self.on_worker_event(rec)
         for obs in self.observers:
             obs.on_record(rec)
-
-    def check_resume(self, rec: StepRecord, expect: dict[str, float]) -> None:
-        """The first step after a resume continues the checkpoint: its epoch, its step, its loss."""
-        problems = resume_problems(rec, expect, self.source.steps_are_real())
-        if problems:
-            self.emit(
-                "anomaly",
-                "resume_mismatch",
-                f"the run did not resume from checkpoint-{int(expect['step'])}: " + "; ".join(problems),
-                severity="critical" if len(problems) > 1 or "epoch" in problems[0] else "warning",
-                step=rec.step,
-                data={"expected": expect, "got": {"step": rec.step, "epoch": rec.epoch, "loss": rec.loss}},
-            )
 
     def on_worker_event(self, ev: Event) -> None:
         """File what a worker reported, then act on it: one lookup, ``on_<name>`` of its WorkerEvent.
@@ -865,7 +815,7 @@ class Supervisor:
         self.start_worker(self.plan)
         while True:
             info = self.supervise_attempt(live)
-            if self.pending is None and not self._interrupts and (bad := self.nonfinite_end(info)):
+            if self.pending is None and not self._interrupts and (bad := self.resumes.nonfinite_end(info)):
                 # A run whose loss ended NaN/Inf holds unusable weights: it is never "completed".
                 action = self.policy.instead(bad, self.progress.step, "rollback", "the run ended non-finite")
                 if action is None or action.name != "rollback":
@@ -911,12 +861,12 @@ class Supervisor:
                     )
                     self.start_worker(self.plan)
                     continue
-                failed_resume = self.failed_resume(info, decision)
+                failed_resume = self.resumes.failed_resume(info, decision)
                 if failed_resume is not None:
                     decision = failed_resume
                 elif decision.action != "restart" or self._interrupts:
                     return self.finish(decision, info, t0)
-                changes, reason, why = self.plan_after_crash(decision)
+                changes, reason, why = self.resumes.plan_after_crash(decision)
                 if changes is None:
                     return self.finish(Decision("stop", decision.classification, why), info, t0)
                 delay = decision.delay_s
@@ -958,42 +908,6 @@ class Supervisor:
             self.rewind_detection(changes.get("resume_checkpoint"))
             self.start_worker(self.plan)
 
-    def nonfinite_end(self, info: ExitInfo) -> Anomaly | None:
-        """The open NaN/Inf anomaly a completed attempt ended with, where no guard kept it from the weights."""
-        if info.status != "completed" or SKIP_STEP in self.source.abilities:
-            return None
-        for a in self.detector.open_anomalies():
-            if a.kind in {"nan_loss", "nonfinite_grad"}:
-                return a
-        grad = self.progress.last_grad_norm
-        if grad is not None and not math.isfinite(grad):
-            # A tool that filters NaN losses from its logs (HF's logging_nan_inf_filter) still shows the
-            # gradients: a run whose last update was non-finite left non-finite weights.
-            return Anomaly("nonfinite_grad", "critical", self.progress.step, self.progress.step, "grad_norm")
-        return None
-
-    def failed_resume(self, info: ExitInfo, decision: Decision) -> Decision | None:
-        """An attempt that died loading its checkpoint, before any step: that checkpoint is the suspect.
-
-        The next older whole one gets its chance (a restart, from the budget), with an event.
-        """
-        resume = self.plan.resume_checkpoint
-        if not (info.deterministic and resume and self.restarts < self.cfg.run.max_restarts):
-            return None
-        path = Path(resume)
-        self._bad_checkpoints.add(path)
-        self.emit(
-            "anomaly",
-            "resume_failed",
-            f"resuming from {path.name} failed before the first step "
-            f"({info.error_type or f'exit {info.returncode}'}: {info.error_message or ''}); "
-            "falling back to an older checkpoint",
-            severity="warning",
-            step=checkpoint_step(path),
-            data={"checkpoint": path.name, "error": info.error_message},
-        )
-        return Decision("restart", "resume_failed", f"resume from {path.name} failed", 0.0)
-
     def rewind_detection(self, resume: str | None) -> None:
         """Start detection again from the checkpoint the worker resumes from.
 
@@ -1018,53 +932,11 @@ class Supervisor:
         b = self.cfg.train.per_device_train_batch_size
         return b if isinstance(b, int) else (self.plan.per_device_train_batch_size or 1)
 
-    def plan_after_crash(self, decision: Decision) -> tuple[dict[str, Any] | None, str, str]:
-        """Resume from the newest verified checkpoint; after an OOM, also change what ran out."""
-        resume = self.resume_point()
-        where = f"; resuming from {Path(resume).name if resume else 'the start'}"
-        if PLAN not in self.source.abilities:  # a job's shape is its own: resume it as it was
-            return {"resume_checkpoint": resume}, decision.classification, decision.reason + where
-        changes, kind, why = crash_restart(self.plan, decision, resume, self.cfg)
-        return changes, kind, why + where
-
     def plan_after_action(self, action: Action, info: ExitInfo) -> tuple[dict[str, Any] | None, str, str]:
         """The restart plan for a worker the supervisor stopped on purpose."""
         if action.name in SCALE_ACTIONS and self.scaling is not None:
             return self.scaling.plan_after_resize()
-        if action.name == "restart":
-            kind = action.anomaly.kind if action.anomaly else action.name
-            resume = self.resume_point()
-            return (
-                {"resume_checkpoint": resume},
-                kind,
-                f"{kind}: {action.reason}; resuming from {Path(resume).name if resume else 'the start'}",
-            )
-        start = onset_step(action.anomaly) if action.anomaly is not None else action.step
-        verified = {step: path for path, step in self.usable_checkpoints(before=start)}
-        changes, kind, why, target = rollback_restart(
-            self.plan,
-            action,
-            sorted(verified),
-            self.rollback_resumes,
-            self.source.checkpoint_root or self.run.checkpoints,
-            self.progress.step,
-            self.samples_by_step,
-            self.cfg.policy.rollback_lr_scale,
-        )
-        if target is not None:
-            self.rollback_resumes.append(target)
-            self.checkpoint_steps = [s for s in self.checkpoint_steps if s <= target]
-            for path in self.source.checkpoints():  # the timeline after the target is left behind
-                if (checkpoint_step(path) or 0) > target:
-                    self._abandoned[path] = _saved_at(path)
-            if target in verified and changes is not None:
-                resume = verified[target]
-                if changes.get("lr_scale") not in (None, self.plan.lr_scale):
-                    resume = self.source.resume_copy(resume)
-                changes["resume_checkpoint"] = str(resume)
-            if LR not in self.source.abilities:
-                why += "; the LR is unchanged (give --lr-arg and --base-lr, or --preset, to lower it)"
-        return changes, kind, why
+        return self.resumes.plan_after_action(action)
 
     def finish(self, decision: Decision, info: ExitInfo, t0: float) -> RunResult:
         state = {
@@ -1112,13 +984,3 @@ class Supervisor:
             ckpts,
             self.clock() - t0,
         )
-
-
-def _saved_at(checkpoint: Path) -> int:
-    """When a checkpoint was last written (its trainer state, else the folder): a re-save changes it."""
-    for p in (checkpoint / "trainer_state.json", checkpoint):
-        try:
-            return p.stat().st_mtime_ns
-        except OSError:
-            continue
-    return 0

@@ -1,0 +1,182 @@
+"""Where a restarted run resumes, and whether it did: the supervisor's resume bookkeeping.
+
+Which checkpoints a resume may use (whole, per the source's test; not one a resume
+already failed on; not one the timeline a rollback left behind wrote), what a restart
+after a crash, a hang or a rollback changes, the fallback when a resume dies before its
+first step, and the check that the first step after a resume continues its checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from steadytune.checkpoint.manifest import checkpoint_step
+from steadytune.policy.engine import Action
+from steadytune.policy.plan import onset_step
+from steadytune.policy.restart import Decision, ExitInfo
+from steadytune.records import Anomaly, StepRecord
+from steadytune.supervise.restarts import crash_restart, resume_expectation, resume_problems, rollback_restart
+from steadytune.supervise.source import LR, PLAN, SKIP_STEP
+
+if TYPE_CHECKING:
+    from steadytune.supervise.supervisor import Supervisor
+
+
+class Resumes:
+    """The resume points of one run and what its restarts change."""
+
+    def __init__(self, sup: Supervisor) -> None:
+        self.sup = sup
+        self.rollback_resumes: list[int | None] = []  # where each rollback went (a repeat goes further back)
+        self._bad_checkpoints: set[Path] = set()  # a resume from these failed before its first step
+        self._reported: set[Path] = set()  # unusable checkpoints already reported
+        self._abandoned: dict[Path, int] = {}  # checkpoints of a timeline a rollback left, as they were
+        self._expect: dict[str, float] | None = None  # what the first record after a resume should show
+
+    def expect(self, resume: Path | None) -> None:
+        """The attempt starting now resumes ``resume``: its first step is checked against it."""
+        self._expect = resume_expectation(resume) if resume is not None else None
+
+    def on_first_loss(self, rec: StepRecord) -> None:
+        if self._expect is not None and rec.loss is not None:
+            self.check_resume(rec, self._expect)
+            self._expect = None
+
+    def usable_checkpoints(self, before: int | None = None) -> list[tuple[Path, int]]:
+        """Checkpoints the source can resume from, newest first; unusable ones are reported once."""
+        out = []
+        for path in self.sup.source.checkpoints():
+            step = checkpoint_step(path) or 0
+            if (before is not None and step >= before) or path in self._bad_checkpoints:
+                continue
+            if self._abandoned.get(path) == _saved_at(path):
+                continue  # written by the timeline a rollback left (and not saved again since)
+            problem = self.sup.source.problem(path)
+            if problem is None:
+                out.append((path, step))
+                if before is None:
+                    break  # the newest whole one is all a resume needs; older ones are not read
+            elif path not in self._reported:
+                self._reported.add(path)
+                self.sup.emit(
+                    "anomaly",
+                    "checkpoint_corrupt",
+                    f"{path.name} skipped for resume: {problem}",
+                    step=step,
+                    severity="warning",
+                    data={"path": str(path), "reason": problem},
+                )
+        return out
+
+    def resume_point(self) -> str | None:
+        """The newest checkpoint that verifies; unusable ones are reported and skipped."""
+        found = self.usable_checkpoints()
+        return str(found[0][0]) if found else None
+
+    def check_resume(self, rec: StepRecord, expect: dict[str, float]) -> None:
+        """The first step after a resume continues the checkpoint: its epoch, its step, its loss."""
+        problems = resume_problems(rec, expect, self.sup.source.steps_are_real())
+        if problems:
+            self.sup.emit(
+                "anomaly",
+                "resume_mismatch",
+                f"the run did not resume from checkpoint-{int(expect['step'])}: " + "; ".join(problems),
+                severity="critical" if len(problems) > 1 or "epoch" in problems[0] else "warning",
+                step=rec.step,
+                data={"expected": expect, "got": {"step": rec.step, "epoch": rec.epoch, "loss": rec.loss}},
+            )
+
+    def nonfinite_end(self, info: ExitInfo) -> Anomaly | None:
+        """The open NaN/Inf anomaly a completed attempt ended with, where no guard kept it from the weights."""
+        if info.status != "completed" or SKIP_STEP in self.sup.source.abilities:
+            return None
+        for a in self.sup.detector.open_anomalies():
+            if a.kind in {"nan_loss", "nonfinite_grad"}:
+                return a
+        grad = self.sup.progress.last_grad_norm
+        if grad is not None and not math.isfinite(grad):
+            # A tool that filters NaN losses from its logs (HF's logging_nan_inf_filter) still shows the
+            # gradients: a run whose last update was non-finite left non-finite weights.
+            return Anomaly("nonfinite_grad", "critical", self.sup.progress.step, self.sup.progress.step, "grad_norm")
+        return None
+
+    def failed_resume(self, info: ExitInfo, decision: Decision) -> Decision | None:
+        """An attempt that died loading its checkpoint, before any step: that checkpoint is the suspect.
+
+        The next older whole one gets its chance (a restart, from the budget), with an event.
+        """
+        resume = self.sup.plan.resume_checkpoint
+        if not (info.deterministic and resume and self.sup.restarts < self.sup.cfg.run.max_restarts):
+            return None
+        path = Path(resume)
+        self._bad_checkpoints.add(path)
+        self.sup.emit(
+            "anomaly",
+            "resume_failed",
+            f"resuming from {path.name} failed before the first step "
+            f"({info.error_type or f'exit {info.returncode}'}: {info.error_message or ''}); "
+            "falling back to an older checkpoint",
+            severity="warning",
+            step=checkpoint_step(path),
+            data={"checkpoint": path.name, "error": info.error_message},
+        )
+        return Decision("restart", "resume_failed", f"resume from {path.name} failed", 0.0)
+
+    def plan_after_crash(self, decision: Decision) -> tuple[dict[str, Any] | None, str, str]:
+        """Resume from the newest verified checkpoint; after an OOM, also change what ran out."""
+        resume = self.resume_point()
+        where = f"; resuming from {Path(resume).name if resume else 'the start'}"
+        if PLAN not in self.sup.source.abilities:  # a job's shape is its own: resume it as it was
+            return {"resume_checkpoint": resume}, decision.classification, decision.reason + where
+        changes, kind, why = crash_restart(self.sup.plan, decision, resume, self.sup.cfg)
+        return changes, kind, why + where
+
+    def plan_after_action(self, action: Action) -> tuple[dict[str, Any] | None, str, str]:
+        """The restart plan for a worker the supervisor stopped on purpose (a restart, a rollback)."""
+        if action.name == "restart":
+            kind = action.anomaly.kind if action.anomaly else action.name
+            resume = self.resume_point()
+            return (
+                {"resume_checkpoint": resume},
+                kind,
+                f"{kind}: {action.reason}; resuming from {Path(resume).name if resume else 'the start'}",
+            )
+        start = onset_step(action.anomaly) if action.anomaly is not None else action.step
+        verified = {step: path for path, step in self.usable_checkpoints(before=start)}
+        changes, kind, why, target = rollback_restart(
+            self.sup.plan,
+            action,
+            sorted(verified),
+            self.rollback_resumes,
+            self.sup.source.checkpoint_root or self.sup.run.checkpoints,
+            self.sup.progress.step,
+            self.sup.samples_by_step,
+            self.sup.cfg.policy.rollback_lr_scale,
+        )
+        if target is not None:
+            self.rollback_resumes.append(target)
+            self.sup.checkpoint_steps = [s for s in self.sup.checkpoint_steps if s <= target]
+            for path in self.sup.source.checkpoints():  # the timeline after the target is left behind
+                if (checkpoint_step(path) or 0) > target:
+                    self._abandoned[path] = _saved_at(path)
+            if target in verified and changes is not None:
+                resume = verified[target]
+                if changes.get("lr_scale") not in (None, self.sup.plan.lr_scale):
+                    resume = self.sup.source.resume_copy(resume)
+                changes["resume_checkpoint"] = str(resume)
+            if LR not in self.sup.source.abilities:
+                why += "; the LR is unchanged (give --lr-arg and --base-lr, or --preset, to lower it)"
+        return changes, kind, why
+
+
+
+def _saved_at(checkpoint: Path) -> int:
+    """When a checkpoint was last written (its trainer state, else the folder): a re-save changes it."""
+    for p in (checkpoint / "trainer_state.json", checkpoint):
+        try:
+            return p.stat().st_mtime_ns
+        except OSError:
+            continue
+    return 0
