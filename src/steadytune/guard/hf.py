@@ -124,6 +124,7 @@ class GuardCallback(TrainerCallback):
             max_steps=state.max_steps,
             start_step=state.global_step,
         )
+        self.guard.watch()  # RSS and the control queue, read off the step loop
         self.guard.set_phase("train")
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
