@@ -1,6 +1,6 @@
 """What steadytune costs: the same job run three ways, interleaved, beside the bare HF Trainer.
 
-    python benchmarks/overhead.py [--rounds 3] [--steps 200] [--skip-micro] [--skip-save]
+    python benchmarks/overhead.py [--rounds 3] [--steps 200] [--skip-micro] [--save-mb 200]
 
 The job is ``steadytune demo``'s (the embedded tiny Llama, full fine-tune, batch 8,
 an eval and a checkpoint every quarter). Each round runs, in a rotated order:
@@ -20,9 +20,9 @@ Figures, each as median [min–max] over the rounds and the ratio of medians to 
 - wall s: launch to exit.
 
 Then the guard's own in-loop time per step (its four loop hooks, timed inside the
-``+guard`` runs), and a micro-benchmark of its parts in µs. With ``--save-mb`` the
-save figure is also taken on a wider model of about that many MB (built from a
-config, offline). Targets (the design's): guard ≤ 80 µs per step, first step ≤ bare
+``+guard`` runs), a micro-benchmark of its parts in µs, and the save figure again on a
+wider model whose checkpoint is about ``--save-mb`` MB (built from a config, offline;
+0 skips it). Targets (the design's): guard ≤ 80 µs per step, first step ≤ bare
 + 1 s, save ≤ bare + 10%.
 
 Run it on a quiet machine: the figures are timings, so other load moves them.
@@ -49,7 +49,7 @@ VARIANTS = ("bare", "+guard", "run")
 
 
 def write_config(work: Path, steps: int, model: Path | None = None) -> Path:
-    """The demo's config as a YAML file (``model`` replaces the demo model)."""
+    """The demo's config as a YAML file (``model``: a wider model, saved every 2 steps, no eval)."""
     import yaml
 
     from steadytune.cli.demo import demo_config
@@ -58,6 +58,8 @@ def write_config(work: Path, steps: int, model: Path | None = None) -> Path:
     data = demo_config(ensure_demo_assets(), str(work / "runs"), steps, "full")
     if model is not None:
         data["model"]["name_or_path"] = str(model)
+        data["data"].pop("eval_file")
+        data["train"].update(save_steps=2, eval_steps=None)
     path = work / ("demo.yaml" if model is None else f"{model.name}.yaml")
     path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     return path
@@ -108,6 +110,55 @@ def run_cli(config: Path, run_id: str) -> dict[str, Any]:
     steps = [r for r in iter_records(runs / run_id / "telemetry" / "rank-0.jsonl") if isinstance(r, StepRecord)]
     ts = [r.ts for r in steps if not r.extra.get("eval")]
     return {"step_ms": 1e3 * statistics.median(_intervals(ts)), "first_step_s": ts[0] - launched, "wall_s": wall}
+
+
+def wide_model(work: Path, mb: int) -> Path:
+    """The demo model's architecture, wider and deeper, so a checkpoint (weights + AdamW) is ~``mb`` MB."""
+    import shutil
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from steadytune.train.assets import ensure_demo_assets
+
+    demo = ensure_demo_assets() / "model"
+    cfg = LlamaConfig.from_pretrained(demo)
+    cfg.update({"hidden_size": 512, "intermediate_size": 1536, "num_attention_heads": 8,
+                "num_key_value_heads": 4, "head_dim": 64})  # fmt: skip
+    per_layer = 4 * 512 * 512 * 3 // 4 + 3 * 512 * 1536  # attention (q, o; k, v at half) + MLP
+    # A checkpoint holds 12 bytes a parameter: fp32 weights and AdamW's two moments.
+    cfg.num_hidden_layers = max(1, round((mb * 1e6 / 12 - 2 * 512 * cfg.vocab_size) / per_layer))
+    out = work / f"wide-{mb}mb"
+    LlamaForCausalLM(cfg).save_pretrained(out)
+    for f in demo.iterdir():
+        if f.name.startswith(("tokenizer", "chat_template", "special_tokens")):
+            shutil.copy(f, out / f.name)
+    return out
+
+
+def save_rounds(work: Path, mb: int, rounds: int) -> None:
+    """HF's own save beside HF's + publish, per checkpoint of ~``mb`` MB, interleaved."""
+    config = write_config(work, 4, wide_model(work, mb))
+    hf: dict[str, list[float]] = {"bare": [], "+guard": []}
+    ours: list[float] = []
+    size = 0
+    for r in range(rounds):
+        for v in (("bare", "+guard") if r % 2 == 0 else ("+guard", "bare")):
+            out = work / f"save-{v.strip('+')}-{r}.json"
+            run_bare(config, out, guard=v == "+guard")
+            data = json.loads(out.read_text(encoding="utf-8"))
+            hf[v] += [1e3 * s for s in data["hf_save_s"]]
+            if v == "+guard":
+                ours += [1e3 * s for s in data["publish_s"]]
+                ckpts = sorted((out.with_suffix("") / "run" / "checkpoints").glob("checkpoint-*"))
+                size = sum(p.stat().st_size for p in ckpts[-1].rglob("*") if p.is_file())
+    base = statistics.median(hf["bare"])
+    total = [h + p for h, p in zip(hf["+guard"], ours, strict=True)]
+    print(f"save of a {size / 1e6:.0f} MB checkpoint ({len(total)} saves each, ms, median [min–max]):")
+    print(f"  HF's own (bare)          {fmt(hf['bare'], None, 1)}")
+    print(f"  HF's own (+guard)        {fmt(hf['+guard'], None, 1)}")
+    print(f"  publish (+guard)         {fmt(ours, None, 1)}")
+    print(f"  HF + publish (+guard)    {fmt(total, hf['bare'], 1)} (target ≤ ×1.10)")
+    print(f"  publish / HF's own       {statistics.median(ours) / base:.1%}")
 
 
 def spread(values: list[float]) -> tuple[float, float, float]:
@@ -181,13 +232,19 @@ def micro(steps: int) -> dict[str, float]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the three variants")
+    ap.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of every variant (default 1)")
     ap.add_argument("--steps", type=int, default=200, help="optimizer steps per job")
     ap.add_argument("--micro-steps", type=int, default=5000, help="calls per part in the micro-benchmark")
     ap.add_argument("--skip-micro", action="store_true")
+    ap.add_argument("--save-mb", type=int, default=200, help="checkpoint size of the save figure; 0 skips it")
+    ap.add_argument("--save-rounds", type=int, default=2)
     ap.add_argument("--only", default=",".join(VARIANTS), help="variants to run, e.g. bare,run")
     ap.add_argument("--work", type=Path, default=None, help="keep the runs here (default: a temp folder)")
     args = ap.parse_args()
     only = [v for v in VARIANTS if v in args.only.split(",")]
+    # One intra-op thread in every variant: on a small shared machine, torch's spinning
+    # thread pool otherwise turns other load into tenfold step times (measured: 355 ms vs 20 ms).
+    os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
 
     import torch
 
@@ -235,6 +292,9 @@ def main() -> int:
         print(f"{'guard part (median of ' + str(args.micro_steps) + ' calls)':<58} {'µs':>8}")
         for name, us in micro(args.micro_steps).items():
             print(f"{name:<58} {us:>8.1f}")
+    if args.save_mb:
+        print()
+        save_rounds(work, args.save_mb, args.save_rounds)
     if work_tmp is not None:
         work_tmp.cleanup()
     return 0
