@@ -10,7 +10,9 @@ checkpoint keeper, as in the worker, and the time spent inside its hooks is summ
 
 It writes one JSON object to ``--out``: the wall clock of every step end, the first
 step's time since launch, each save (HF's own and, with the guard, the publish that
-follows it) and the guard's in-loop nanoseconds per step.
+follows it: the time the loop waits in the guard's ``on_save``, and the time the
+keeper's publish takes, which may run beside the next steps) and the guard's in-loop
+nanoseconds per step.
 """
 
 from __future__ import annotations
@@ -90,6 +92,7 @@ def main() -> None:
     callbacks: list[Any] = [stamps]
     hook_ns: dict[int, int] = {}
     publish_s: list[float] = []
+    sealing_s: list[float] = []
     if a.guard:
         from steadytune.guard.checkpoints import CheckpointKeeper
         from steadytune.guard.core import Guard
@@ -123,6 +126,16 @@ def main() -> None:
                 publish_s.append(time.perf_counter() - t0)
 
         cb.on_save = timed_save  # type: ignore[method-assign]
+        keeper_publish = keeper.publish
+
+        def timed_publish(*h: Any, **kw: Any) -> Any:  # on the publishing thread, beside the steps
+            t0 = time.perf_counter()
+            try:
+                return keeper_publish(*h, **kw)
+            finally:
+                sealing_s.append(time.perf_counter() - t0)
+
+        keeper.publish = timed_publish  # type: ignore[method-assign]
         callbacks.append(cb)
     trainer = Trainer(model=model, args=args, train_dataset=train_ds, eval_dataset=eval_ds,
                       data_collator=Collator(tok.pad_token_id), processing_class=tok, callbacks=callbacks)  # fmt: skip
@@ -139,6 +152,7 @@ def main() -> None:
         "step_end": stamps.step_end,
         "hf_save_s": [ns / 1e9 for ns in hf_save_ns],
         "publish_s": publish_s,
+        "sealing_s": sealing_s,
         "guard_ns_per_step": per_step if a.guard else [],
         "end": time.time(),
     }
