@@ -49,7 +49,7 @@ VARIANTS = ("bare", "+guard", "run")
 
 
 def write_config(work: Path, steps: int, model: Path | None = None) -> Path:
-    """The demo's config as a YAML file (``model``: a wider model, saved every 2 steps, no eval)."""
+    """The demo's config as a YAML file (``model``: a wider model, saved every ``steps // 2``, no eval)."""
     import yaml
 
     from steadytune.cli.demo import demo_config
@@ -59,7 +59,9 @@ def write_config(work: Path, steps: int, model: Path | None = None) -> Path:
     if model is not None:
         data["model"]["name_or_path"] = str(model)
         data["data"].pop("eval_file")
-        data["train"].update(save_steps=2, eval_steps=None)
+        # Saves a few steps apart, as in a real run: a publish goes on beside the steps after its
+        # save, and should not be timed against the next save of the same tiny job.
+        data["train"].update(save_steps=max(1, steps // 2), eval_steps=None)
     path = work / ("demo.yaml" if model is None else f"{model.name}.yaml")
     path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     return path
@@ -137,7 +139,7 @@ def wide_model(work: Path, mb: int) -> Path:
 
 def save_rounds(work: Path, mb: int, rounds: int) -> None:
     """HF's own save beside HF's + publish, per checkpoint of ~``mb`` MB, interleaved."""
-    config = write_config(work, 4, wide_model(work, mb))
+    config = write_config(work, 12, wide_model(work, mb))
     hf: dict[str, list[float]] = {"bare": [], "+guard": []}
     ours: list[float] = []
     sealing: list[float] = []
