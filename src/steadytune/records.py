@@ -235,11 +235,41 @@ def _float_fields(cls: type) -> frozenset[str]:
 _FLOAT_FIELDS: dict[type, frozenset[str]] = {cls: _float_fields(cls) for cls in _TYPES.values()}
 
 
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {
+    cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in (*_TYPES.values(), BatchFingerprint, GpuSample)
+}
+
+
+def _plain(value: Any) -> Any:
+    """``dataclasses.asdict`` and :func:`_clean` in one pass, without asdict's deep copies.
+
+    The worker serializes a record at every step; asdict copied each value on the way and
+    was most of that cost.
+    """
+    if value is None or isinstance(value, (str, bool, int)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else _clean(value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    names = _FIELD_NAMES.get(type(value))
+    if names is not None:
+        return {name: _plain(getattr(value, name)) for name in names}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _clean(dataclasses.asdict(value))
+    return value
+
+
 def to_dict(record: Record) -> dict[str, Any]:
     """A record as a plain, JSON-safe dict with its ``type`` tag first."""
-    tag = _TAGS[type(record)]
-    body = {k: v for k, v in dataclasses.asdict(record).items() if v is not None}
-    return {"type": tag, **_clean(body)}
+    out: dict[str, Any] = {"type": _TAGS[type(record)]}
+    for name in _FIELD_NAMES[type(record)]:
+        value = getattr(record, name)
+        if value is not None:
+            out[name] = _plain(value)
+    return out
 
 
 def to_json(record: Record) -> str:

@@ -195,7 +195,9 @@ def test_the_guard_needs_nothing_but_torch_and_transformers(tmp_path: Path, demo
     assert "steadytune:" not in done.stderr
     steps = _steps(run)
     assert [r.step for r in steps] == [1, 2, 3] and all(r.grad_norm and r.batch for r in steps)
-    assert all(r.rss_bytes is None for r in steps)  # psutil refused: the reading is missing, not an error
+    # psutil refused: RSS still comes from /proc/<pid>/statm where there is one; elsewhere it is
+    # missing, not an error.
+    assert all((r.rss_bytes is not None) == Path("/proc/self/statm").exists() for r in steps)
     loaded = next(x for x in done.stdout.splitlines() if x.startswith("@@steadytune-modules"))
     assert "steadytune.config" not in loaded and "steadytune.supervise" not in loaded
     assert _exit(run).status == "completed"

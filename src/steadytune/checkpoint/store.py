@@ -1,8 +1,8 @@
 """Publishing checkpoints: staging → verified place, pointers, retention, disk checks.
 
 The write protocol (DESIGN.md): the trainer writes into ``checkpoints/.staging``;
-we fsync it, rename it to ``checkpoints/checkpoint-<step>``, then write
-``MANIFEST.json`` last. A crash at any point leaves either no directory, or one
+we fsync and hash it in one pass, rename it to ``checkpoints/checkpoint-<step>``, then
+write ``MANIFEST.json`` (the hashes taken before the rename) last. A crash at any point leaves either no directory, or one
 without a manifest, which readers ignore.
 """
 
@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from steadytune.checkpoint.manifest import checkpoint_step, fsync_tree, list_checkpoints, write_manifest
+from steadytune.checkpoint.manifest import checkpoint_step, list_checkpoints, seal_tree, write_manifest
 from steadytune.rundir import atomic_write_text, fsync_dir
 
 
@@ -66,7 +66,9 @@ def publish(
     manifest, the window in which a crash must leave an unusable checkpoint.
     """
     final = root / f"checkpoint-{step}"
-    fsync_tree(staged)
+    # One pass: every file is made durable and hashed before the rename, so the manifest
+    # needs no second read; the rename moves the same bytes.
+    files = seal_tree(staged)
     if final.exists():
         # A previous attempt died after the rename but before the manifest: replace it.
         shutil.rmtree(final)
@@ -74,7 +76,7 @@ def publish(
     fsync_dir(root)
     if before_manifest is not None:
         before_manifest(final)
-    write_manifest(final, step, extra)
+    write_manifest(final, step, extra, files=files)
     return final
 
 

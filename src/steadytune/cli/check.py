@@ -52,6 +52,12 @@ def register(sub: Any) -> None:
         help="plan for GPUs with this much free memory (e.g. 80GiB) instead of this machine's",
     )
     p.add_argument("--no-data", dest="scan", action="store_false", help="skip the dataset scan")
+    p.add_argument(
+        "--reuse-scan",
+        action="store_true",
+        help="reuse the dataset scan's stored answer while the data, tokenizer files and data settings are "
+        "unchanged (what `run` does; it keeps the check under a second)",
+    )
     p.set_defaults(func=main)
 
 
@@ -107,6 +113,7 @@ def main(args: argparse.Namespace) -> int:
         headroom=headroom,
         device_memory=device_memory,
         scan=args.scan,
+        scan_cache=scan_cache_dir() if args.reuse_scan else None,
     )
     if args.format == "json":
         print(json.dumps(to_json(report)))
@@ -120,3 +127,10 @@ def main(args: argparse.Namespace) -> int:
             console = Console(highlight=False, width=160)  # logs and pipes: no terminal width to follow
         print_report(report, console)
     return 0 if report.go else 1
+
+
+def scan_cache_dir() -> Path:
+    """Where ``--reuse-scan`` keeps scan answers: in steadytune's cache folder."""
+    from steadytune.train.assets import default_cache_dir
+
+    return default_cache_dir() / "scans"

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -56,7 +57,8 @@ def _as_float(x: Any) -> float | None:
     if x is None:
         return None
     try:
-        return float(x.detach().float().item()) if hasattr(x, "detach") else float(x)
+        # .item() reads any dtype as a Python number: one call, where detach().float() made three.
+        return float(x.item()) if hasattr(x, "item") else float(x)
     except (TypeError, ValueError):
         return None
 
@@ -95,6 +97,10 @@ class Guard:
         self.steps_this_attempt = 0
         self.phase = "setup"
         self._beating: threading.Event | None = None
+        self._watching: threading.Event | None = None
+        self._control_flag = threading.Event()
+        self._tick = threading.Event()
+        self._rss: int | None = None
 
     # -- per optimizer step ------------------------------------------------
     def _reset_step(self) -> None:
@@ -226,9 +232,12 @@ class Guard:
             # Hashes without row ids: a trainer that is not ours tells what it trained on, not where from.
             batch=BatchFingerprint(tuple(self._ids), tuple(self._hashes)) if self._ids or self._hashes else None,
             extra=extra or {},
-            **memory_stats(),
+            rss_bytes=self._rss if self._watching is not None else rss_bytes(),
+            **device_memory_stats(),
         )
         self.writer.write(record)
+        if self._watching is not None:
+            self._tick.set()
         self.last_step = step
         self.steps_this_attempt += 1
         self._reset_step()
@@ -280,6 +289,42 @@ class Guard:
 
         threading.Thread(target=beat, name="steadytune-heartbeat", daemon=True).start()
 
+    def watch(self, interval_s: float = 0.05) -> None:
+        """Read RSS and look for control requests from a thread, off the step loop.
+
+        Both are system calls, and a system call right after a training step's compute runs
+        cold (tens of µs, not one). The thread wakes at each step end (and every
+        ``interval_s`` between, for slow steps and holds) and does both while the next step
+        computes. A step record then carries the RSS read just after the step before it,
+        and :meth:`poll_control` reads the queue only once the thread has seen a new file
+        in it: a request is acted on one step boundary later than before at most. Idempotent.
+        """
+        if self._watching is not None:
+            return
+        stop = self._watching = threading.Event()
+        self._rss = rss_bytes()
+        self._control_flag.set()  # requests queued before the watch are read at the first boundary
+        control = self.run.control
+
+        def look() -> None:
+            seen: set[str] = set()
+            tick = self._tick
+            while True:
+                tick.wait(interval_s)
+                tick.clear()
+                if stop.is_set():
+                    return
+                self._rss = rss_bytes()
+                try:
+                    names = set(os.listdir(control))
+                except OSError:
+                    continue
+                if names - seen:
+                    self._control_flag.set()
+                seen = names
+
+        threading.Thread(target=look, name="steadytune-watch", daemon=True).start()
+
     def notify(
         self,
         kind: str,
@@ -310,6 +355,10 @@ class Guard:
         for a worker that is gone.
         """
         if not self._pending:
+            if self._watching is not None:
+                if not self._control_flag.is_set():
+                    return None
+                self._control_flag.clear()  # before reading: a file that lands meanwhile sets it again
             self._pending = [r for r in self._requests.new() if _attempt_of(r, self.attempt) >= self.attempt]
         return self._pending.pop(0) if self._pending else None
 
@@ -321,6 +370,9 @@ class Guard:
         """Write the worker's last words and close the stream."""
         if self._beating is not None:
             self._beating.set()
+        if self._watching is not None:
+            self._watching.set()
+            self._tick.set()
         self.writer.write(
             WorkerExit(
                 ts=self.clock(),
@@ -338,10 +390,13 @@ class Guard:
 
 
 _PROCESS: Any = None
+_STATM: tuple[int, int] | None = None  # (pid, fd of /proc/<pid>/statm), kept open: read every step
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_CUDA: dict[int, bool] = {}  # pid -> whether torch sees CUDA: asked once, not at every step
 
 
 def _this_process() -> Any:
-    """One psutil handle per process: it is read every step, so it is not rebuilt every step."""
+    """One psutil handle per process, for systems without ``/proc``."""
     global _PROCESS
     import psutil
 
@@ -350,17 +405,44 @@ def _this_process() -> Any:
     return _PROCESS
 
 
-def memory_stats() -> dict[str, int | None]:
-    """Device memory (CUDA when present) and process RSS; unavailable readings are None."""
-    stats: dict[str, int | None] = {"rss_bytes": None}
+def rss_bytes() -> int | None:
+    """This process's resident memory: one ``pread`` of ``/proc/<pid>/statm`` (under 1 µs,
+    psutil's reading costs several), else psutil's; None if neither can tell.
+    """
+    global _STATM
+    pid = os.getpid()
     try:
-        stats["rss_bytes"] = _this_process().memory_info().rss
-    except Exception:
+        if _STATM is None or _STATM[0] != pid:  # a forked child must not read its parent's file
+            _STATM = (pid, os.open(f"/proc/{pid}/statm", os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)))
+        return int(os.pread(_STATM[1], 128, 0).split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError, AttributeError):
         pass
     try:
-        import torch
+        return int(_this_process().memory_info().rss)
+    except Exception:
+        return None
 
-        if torch.cuda.is_available():
+
+def _cuda_available(torch: Any) -> bool:
+    pid = os.getpid()
+    if pid not in _CUDA:
+        _CUDA[pid] = bool(torch.cuda.is_available())
+    return _CUDA[pid]
+
+
+def memory_stats() -> dict[str, int | None]:
+    """Device memory (CUDA when present) and process RSS; unavailable readings are None."""
+    return {"rss_bytes": rss_bytes(), **device_memory_stats()}
+
+
+def device_memory_stats() -> dict[str, int | None]:
+    """CUDA allocated, reserved and peak bytes; empty without CUDA (or without torch loaded)."""
+    stats: dict[str, int | None] = {}
+    torch = sys.modules.get("torch")  # a loop without torch has no device memory to read
+    if torch is None:
+        return stats
+    try:
+        if _cuda_available(torch):
             stats["mem_allocated_bytes"] = torch.cuda.memory_allocated()
             stats["mem_reserved_bytes"] = torch.cuda.memory_reserved()
             stats["mem_peak_bytes"] = torch.cuda.max_memory_allocated()

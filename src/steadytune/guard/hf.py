@@ -5,6 +5,7 @@ guard decisions back into ``TrainerControl``. No policy lives here.
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -85,6 +86,9 @@ class GuardCallback(TrainerCallback):
         self.staging = staging
         self.final_checkpoint = final_checkpoint
         self.stop_status: str | None = None  # "stopped" / "paused" once a request ends the run
+        # Publishing (fsync, hash, rename, manifest) runs on this thread while training goes on.
+        self._publishing: threading.Thread | None = None
+        self._publish_error: BaseException | None = None
         self._external_stop: str | None = None
         self._bound = False  # whether some trainer's clipping reports its norm to the guard
 
@@ -140,9 +144,12 @@ class GuardCallback(TrainerCallback):
             max_steps=state.max_steps,
             start_step=state.global_step,
         )
+        self.guard.watch()  # RSS and the control queue, read off the step loop
         self.guard.set_phase("train")
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        if self._publish_error is not None:
+            self.wait_for_saves()  # raises it: a save that failed fails the worker, as it did in on_save
         self.guard.begin_step()
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
@@ -302,23 +309,49 @@ class GuardCallback(TrainerCallback):
         if state.is_world_process_zero:
             staged = (self.staging or Path(args.output_dir)) / f"checkpoint-{state.global_step}"
             if staged.is_dir():
-                final = staged.resolve()  # the supervisor reading the path may run elsewhere
-                if self.keeper is not None:
-                    final = self.keeper.publish(
-                        staged, state.global_step, extra={"attempt": self.guard.attempt, "format": "hf-trainer"}
+                if self.keeper is None:
+                    self._report_saved(staged.resolve(), state.global_step)  # the supervisor may run elsewhere
+                else:
+                    # HF has written every file; making them durable and hashing them (most of a
+                    # save's cost beyond HF's own) overlaps the next steps. One save at a time, in order.
+                    self.wait_for_saves()
+                    self._publishing = threading.Thread(
+                        target=self._publish, args=(staged, state.global_step), name="steadytune-publish"
                     )
-                size = sum(p.stat().st_size for p in final.rglob("*") if p.is_file())
-                self.guard.notify(
-                    "lifecycle",
-                    WorkerEvent.CHECKPOINT_SAVED,
-                    f"saved {final.name}",
-                    step=state.global_step,
-                    path=str(final),
-                    bytes=size,
-                )
+                    self._publishing.start()
         _barrier()
         self._last_save_ts = self.guard.clock()
         self.guard.set_phase("eval" if control.should_evaluate else "train")
+
+    def _publish(self, staged: Path, step: int) -> None:
+        try:
+            assert self.keeper is not None
+            final = self.keeper.publish(staged, step, extra={"attempt": self.guard.attempt, "format": "hf-trainer"})
+            self._report_saved(final, step)
+        except BaseException as exc:  # handed to the training thread: it fails there, at the next step
+            self._publish_error = exc
+
+    def _report_saved(self, final: Path, step: int) -> None:
+        size = sum(p.stat().st_size for p in final.rglob("*") if p.is_file())
+        self.guard.notify(
+            "lifecycle", WorkerEvent.CHECKPOINT_SAVED, f"saved {final.name}", step=step, path=str(final), bytes=size
+        )
+
+    def wait_for_saves(self) -> None:
+        """Block until the checkpoint being published is sealed; raise what its publishing raised.
+
+        Called before the next save, at the end of training and by the worker before it exits
+        on an error, so no verified checkpoint is lost to the process ending under it.
+        """
+        thread, self._publishing = self._publishing, None
+        if thread is not None:
+            thread.join()
+        error, self._publish_error = self._publish_error, None
+        if error is not None:
+            raise error
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        self.wait_for_saves()
 
     def on_evaluate(
         self, args: Any, state: Any, control: Any, metrics: dict | None = None, **kw: Any

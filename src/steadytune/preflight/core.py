@@ -148,6 +148,7 @@ def run_preflight(
     scan: bool = True,
     tokenizer_loader: Callable[[str, bool], Any] | None = load_tokenizer,
     env: dict[str, str] | None = None,
+    scan_cache: Path | None = None,
 ) -> PreflightReport:
     """Check a run before it starts.
 
@@ -161,6 +162,8 @@ def run_preflight(
         scan: whether to scan the dataset.
         tokenizer_loader: loads the model's tokenizer; None skips the token-level data checks.
         env: environment for ``CUDA_VISIBLE_DEVICES`` (os.environ when None).
+        scan_cache: a folder where the dataset scan's answer is kept and reused while none of
+            its inputs changed (:mod:`steadytune.preflight.scancache`); None scans every time.
 
     Returns:
         Every check, the recommendation and the verdict.
@@ -177,7 +180,15 @@ def run_preflight(
         setup = dataclasses.replace(setup, device=device)  # a CPU peak has no CUDA context
     visible = facts.visible_gpus(env)
     nproc = cfg.run.nproc_per_node
-    data = scan_data(cfg, arch, tokenizer_loader) if scan else DataScan()
+    if not scan:
+        data = DataScan()
+    elif scan_cache is not None and tokenizer_loader is not None:
+        from steadytune.preflight.scancache import cached_scan, scan_key
+
+        key = scan_key(cfg.data.model_dump(mode="json"), cfg.model.model_dump(mode="json"))
+        data, _ = cached_scan(key, scan_cache, lambda: scan_data(cfg, arch, tokenizer_loader))
+    else:
+        data = scan_data(cfg, arch, tokenizer_loader)
 
     recommendation: Recommendation | None = None
     ckpt = 0

@@ -35,6 +35,7 @@ def preflight_gate(
 
         console = Console(highlight=False)
     cmd = [sys.executable, "-m", "steadytune.cli.main", "check", str(config), *overrides, "--format", "json"]
+    cmd.append("--reuse-scan")  # the scan's answer only changes with its inputs: pay for it once
     env = {**os.environ, "HF_DATASETS_DISABLE_PROGRESS_BARS": "1", "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
     try:

@@ -53,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
 
     guard = Guard(run.root, rank=rank, attempt=plan.attempt)
     guard.start_heartbeats()
+    callback = None
     try:
         from steadytune.forensics.runenv import add_worker_details
 
@@ -95,6 +96,11 @@ def main(argv: list[str] | None = None) -> int:
         guard.close(status)
         return 0
     except BaseException as exc:
+        if callback is not None:
+            try:
+                callback.wait_for_saves()  # a checkpoint sealed before the failure stays usable
+            except BaseException as publish_error:
+                print(f"checkpoint publishing failed too: {publish_error!r}", file=sys.stderr)
         if isinstance(exc, KeyboardInterrupt):
             guard.close("stopped")
             return 130

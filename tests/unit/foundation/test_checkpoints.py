@@ -142,3 +142,38 @@ def test_the_keeper_deletes_old_checkpoints_but_never_last_good(tmp_path: Path) 
     save(20)
     assert on_disk() == ["checkpoint-15", "checkpoint-20"]
     assert read_pointer(run.latest_pointer).name == "checkpoint-20"
+
+
+def test_sealing_hashes_in_one_pass_what_a_second_read_would_find(tmp_path: Path) -> None:
+    from steadytune.checkpoint.manifest import seal_tree, sha256_file
+
+    d = tmp_path / "staged"
+    (d / "sub").mkdir(parents=True)
+    (d / "big.bin").write_bytes(bytes(range(256)) * 70_000)  # over two 8 MiB read chunks
+    (d / "sub" / "small.json").write_text('{"a": 1}')
+    (d / "empty").write_bytes(b"")
+    files = seal_tree(d, workers=3)
+    assert files == {
+        rel: {"size": (d / rel).stat().st_size, "sha256": sha256_file(d / rel)}
+        for rel in ("big.bin", "empty", "sub/small.json")
+    }
+    assert seal_tree(d, workers=1) == files
+
+
+def test_a_file_changed_after_sealing_fails_verification(tmp_path: Path) -> None:
+    from steadytune.checkpoint.manifest import verify
+    from steadytune.checkpoint.store import publish
+
+    staged = tmp_path / "staging" / "checkpoint-4"
+    staged.mkdir(parents=True)
+    (staged / "model.safetensors").write_bytes(b"w" * 1000)
+    (tmp_path / "ckpts").mkdir()
+
+    def flip(final: Path) -> None:  # in the window between the rename and the manifest
+        (final / "model.safetensors").write_bytes(b"x" * 1000)
+
+    final = publish(staged, tmp_path / "ckpts", 4, before_manifest=flip)
+    verdict = verify(final)
+    assert not verdict.ok and "sha256 mismatch" in verdict.reason
+    (final / "model.safetensors").write_bytes(b"w" * 1000)
+    assert verify(final).ok
