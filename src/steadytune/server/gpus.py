@@ -16,32 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from steadytune.server.ledger import GpuProcess, GpuReading, readings_from_dict
+from steadytune.telemetry.sampler import Nvml
 
 GpuSource = Callable[[], tuple[GpuReading, ...]]
 
 
-class NvmlSource:
-    """Readings of every device NVML sees, with its compute processes."""
-
-    def __init__(self) -> None:
-        self._nv: Any = None
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            self._nv = pynvml
-        except Exception:
-            self._nv = None
-
-    @property
-    def available(self) -> bool:
-        return self._nv is not None
-
-    def _read(self, fn: Callable[[], Any]) -> Any:
-        try:
-            return fn()
-        except Exception:
-            return None
+class NvmlSource(Nvml):
+    """Readings of every device NVML sees, with its compute processes (the sampler's NVML view)."""
 
     def _processes(self, handle: Any) -> tuple[GpuProcess, ...]:
         nv = self._nv
