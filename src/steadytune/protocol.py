@@ -64,6 +64,7 @@ class WorkerEvent(str, Enum):
     GUARD_INJECTED = "guard_injected"
     GUARD_OFF = "guard_off"
     OPTIMIZER_GROUPS = "optimizer_groups"
+    WORKER_GROUP_STARTED = "worker_group_started"  # a Ray worker group (re)started: its size, attempt, resume
     ACK_PAUSE = "ack_pause"
     ACK_RESUME = "ack_resume"
     ACK_CHECKPOINT = "ack_checkpoint"

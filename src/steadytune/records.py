@@ -187,6 +187,7 @@ class PlanRevision:
     resume_checkpoint: str | None = None
     gradient_checkpointing: bool | None = None
     max_seq_length: int | None = None
+    world_size: int | None = None  # training processes, where the engine sizes the job itself (Ray)
     notes: str = ""
 
 

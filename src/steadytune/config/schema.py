@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from steadytune.alerts.config import AlertsConfig
 from steadytune.detect.config import DetectConfig
@@ -229,6 +229,11 @@ class RunConfig(Section):
         description="letters, digits, '.', '_' and '-' only",
     )
     nproc_per_node: int = Field(1, ge=1, le=64, description="processes per node; >1 launches torchrun")
+    engine: Literal["native", "ray"] = Field(
+        "native",
+        description="native (steadytune's own worker, torchrun for nproc_per_node>1) or ray "
+        "(Ray Train on an existing cluster: the `ray:` section, `pip install steadytune[ray]`)",
+    )
     max_restarts: int = Field(3, ge=0, le=100, description="a non-negative integer")
     restart_backoff_s: float = Field(
         1.0, ge=0, description="seconds before the first restart; doubles each time"
@@ -247,6 +252,53 @@ class RunConfig(Section):
     record_text_hashes: bool = Field(True, description="record content hashes of each batch's samples")
 
 
+class RayConfig(Section):
+    """Where and how a ``run.engine: ray`` job runs (docs/ray.md)."""
+
+    address: str | None = Field(
+        None,
+        description="the Ray cluster to join, e.g. 'auto' or 'ray://head:10001'; unset: $RAY_ADDRESS, else 'auto'",
+    )
+    num_workers: int | tuple[int, int] = Field(
+        1,
+        description="a worker count (e.g. 4) or [min, max] for elastic training (e.g. [2, 8]); min >= 1, min <= max",
+    )
+    use_gpu: bool = Field(False, description="true: each worker gets one GPU")
+    resources_per_worker: dict[str, float] = Field(
+        default_factory=dict,
+        description="Ray resources per worker, e.g. {CPU: 4, GPU: 1}; empty: Ray's default (1 CPU, 1 GPU with use_gpu)",
+    )
+    max_failures: int = Field(
+        3, ge=-1, le=1000, description="worker-group restarts Ray makes on its own before the attempt fails; -1: no limit"
+    )
+    storage_path: str | None = Field(
+        None,
+        description="where Ray keeps its run state (a path every node reaches, or s3://...); unset: <run dir>/ray",
+    )
+    elastic_resize_monitor_interval_s: float = Field(
+        60.0, gt=0, description="seconds between Ray's checks for room to grow an elastic run"
+    )
+
+    @field_validator("num_workers")
+    @classmethod
+    def _workers(cls, v: int | tuple[int, int]) -> int | tuple[int, int]:
+        low, high = (v, v) if isinstance(v, int) else v
+        if low < 1 or high < low:
+            raise ValueError(
+                f"{list(v) if isinstance(v, tuple) else v} is not a worker count: give n >= 1, or [min, max] "
+                "with 1 <= min <= max"
+            )
+        return v
+
+    @property
+    def min_workers(self) -> int:
+        return self.num_workers if isinstance(self.num_workers, int) else self.num_workers[0]
+
+    @property
+    def max_workers(self) -> int:
+        return self.num_workers if isinstance(self.num_workers, int) else self.num_workers[1]
+
+
 class SteadytuneConfig(Section):
     model: ModelConfig
     method: Literal["full", "lora", "qlora"] = Field("lora", description="full, lora or qlora")
@@ -255,6 +307,9 @@ class SteadytuneConfig(Section):
     data: DataConfig
     train: TrainConfig = Field(default_factory=TrainConfig)
     run: RunConfig = Field(default_factory=RunConfig)
+    ray: RayConfig = Field(
+        default_factory=RayConfig, description="the Ray cluster and worker group of run.engine: ray (docs/ray.md)"
+    )
     detect: DetectConfig = Field(
         default_factory=DetectConfig, description="detector thresholds (docs/detectors.md)"
     )
@@ -265,3 +320,13 @@ class SteadytuneConfig(Section):
     dashboard: DashboardConfig = Field(
         default_factory=DashboardConfig, description="dashboard settings (docs/dashboard.md)"
     )
+
+    @model_validator(mode="after")
+    def _engine(self) -> SteadytuneConfig:
+        if self.run.engine == "ray" and self.run.nproc_per_node > 1:
+            # Ray places the processes: one Ray worker per training process, on whichever node has room.
+            raise ValueError(
+                f"run.nproc_per_node={self.run.nproc_per_node} with run.engine: ray; Ray starts the processes: "
+                f"set ray.num_workers: {self.run.nproc_per_node} and leave run.nproc_per_node at 1"
+            )
+        return self

@@ -1,0 +1,149 @@
+"""run.engine: ray on a real local multi-node Ray cluster (CPU workers), training the demo model.
+
+Each test starts a cluster of its own (``ray.cluster_utils.Cluster``): a head with no CPUs, so
+the driver and Ray's controller live there and every training worker lands on a worker node
+of one CPU, which the test adds and removes as a real node would come and go.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from steadytune.checkpoint.manifest import verify
+from steadytune.records import PlanRevision, from_json
+from steadytune.rundir import RunDir
+from tests.integration.runs import finish, run_dir, running, start_run, steps, wait_for, write_config
+
+pytest.importorskip("ray.train", reason="Ray Train is an optional extra: pip install 'steadytune[ray]'")
+from ray.cluster_utils import Cluster
+
+pytestmark = pytest.mark.slow
+
+# Long enough that a group of 2 gets to train before the end; short enough for a 2-core machine.
+STEPS, SAVE = 24, 4
+SLOW_STEPS = {"step_sleep_s": 0.6, "fault_attempts": 1000}
+
+
+@pytest.fixture
+def cluster() -> Iterator[Cluster]:
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+    try:
+        yield c
+    finally:
+        c.shutdown()
+
+
+def ray_config(tmp: Path, assets: Path, address: str, **ray: Any) -> Path:
+    return write_config(
+        tmp,
+        assets,
+        train={"max_steps": STEPS, "save_steps": SAVE, "logging_steps": 1},
+        run={"engine": "ray", "max_restarts": 1},
+        ray={
+            "address": address,
+            "num_workers": [1, 2],
+            "resources_per_worker": {"CPU": 1},
+            "elastic_resize_monitor_interval_s": 2,
+            "max_failures": 3,
+            **ray,
+        },
+    )
+
+
+def plans(run: RunDir) -> list[PlanRevision]:
+    return [r for r in map(from_json, run.plan.read_text().splitlines()) if isinstance(r, PlanRevision)]
+
+
+def groups(run: RunDir) -> list[dict[str, Any]]:
+    path = run.root / "ray" / "attempt-0.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def events(run: RunDir, name: str) -> list[dict[str, Any]]:
+    found = [json.loads(line) for line in run.events.read_text().splitlines()]
+    return [e for e in found if e.get("name") == name]
+
+
+def assert_completed(run: RunDir, rc: int, out: str) -> None:
+    assert rc == 0, out[-3000:]
+    assert json.loads(run.status.read_text())["state"] == "completed", out[-3000:]
+    assert (run.root / "final").is_dir()
+    final = [s.step for s in steps(run) if s.attempt == max(s.attempt for s in steps(run))]
+    assert final[-1] == STEPS
+    for ckpt in run.checkpoints.glob("checkpoint-*"):
+        assert verify(ckpt).ok, ckpt
+
+
+def test_a_node_added_grows_the_group(tmp_path: Path, demo_assets: Path, cluster: Cluster) -> None:
+    cluster.add_node(num_cpus=1)
+    cfg = ray_config(tmp_path, demo_assets, cluster.address)
+    proc = start_run(cfg, "grow", faults=SLOW_STEPS)
+    run = run_dir(cfg, "grow")
+    wait_for(lambda: running(proc) and len(steps(run)) >= 2, 300, "the first group's steps")
+    cluster.add_node(num_cpus=1)
+    wait_for(lambda: running(proc) and run.telemetry(1).exists() and steps(run, 1), 300, "rank 1's steps")
+    rc, out = finish(proc, 600)
+    assert_completed(run, rc, out)
+
+    g = groups(run)
+    assert [(x["reason"], x["world_size"]) for x in g][:2] == [("ray_start", 1), ("ray_resize", 2)]
+    resized = next(p for p in plans(run) if p.reason == "ray_resize")
+    assert resized.world_size == 2 and resized.attempt == g[1]["attempt"] == 1
+    # the bigger group resumed from a checkpoint the first one saved, and continued its steps
+    assert resized.resume_checkpoint is not None
+    resumed_at = int(Path(resized.resume_checkpoint).name.split("-")[1])
+    second = [s.step for s in steps(run) if s.attempt == 1]
+    assert second[0] == resumed_at + 1
+    assert [s.step for s in steps(run, 1) if s.attempt == 1] == second  # rank 1 trained the same steps
+    assert events(run, "worker_group_started")
+
+
+def test_a_node_killed_restarts_from_the_checkpoint(tmp_path: Path, demo_assets: Path, cluster: Cluster) -> None:
+    cluster.add_node(num_cpus=1)
+    cluster.add_node(num_cpus=1)
+    cfg = ray_config(tmp_path, demo_assets, cluster.address)
+    proc = start_run(cfg, "kill", faults=SLOW_STEPS)
+    run = run_dir(cfg, "kill")
+    wait_for(lambda: running(proc) and groups(run) and groups(run)[0]["world_size"] == 2, 300, "a group of 2")
+    wait_for(lambda: running(proc) and any(p.name.startswith("checkpoint-") for p in run.checkpoints.glob("*")) and
+             len(steps(run, 1)) >= SAVE + 1, 300, "a checkpoint, then more steps")  # fmt: skip
+    lost_at = steps(run)[-1].step
+    cluster.remove_node(cluster.list_all_nodes()[-1], allow_graceful=False)  # a worker node: both train
+    rc, out = finish(proc, 600)
+    assert_completed(run, rc, out)
+
+    g = groups(run)
+    assert [(x["reason"], x["world_size"]) for x in g][:2] == [("ray_start", 2), ("ray_restart", 1)]
+    restart = next(p for p in plans(run) if p.reason == "ray_restart")
+    assert restart.world_size == 1 and restart.resume_checkpoint is not None
+    resumed_at = int(Path(restart.resume_checkpoint).name.split("-")[1])
+    assert resumed_at <= lost_at
+    assert next(s.step for s in steps(run) if s.attempt == restart.attempt) == resumed_at + 1
+
+
+def test_a_node_lost_during_a_resize(tmp_path: Path, demo_assets: Path, cluster: Cluster) -> None:
+    cluster.add_node(num_cpus=1)
+    cfg = ray_config(tmp_path, demo_assets, cluster.address)
+    proc = start_run(cfg, "lost", faults=SLOW_STEPS)
+    run = run_dir(cfg, "lost")
+    wait_for(lambda: running(proc) and len(steps(run)) >= SAVE + 1, 300, "a checkpoint of the first group")
+    new = cluster.add_node(num_cpus=1)
+    # the resize has begun: the group of 2 is starting (rank 0 decided it); its rank 1 never trains a step
+    wait_for(lambda: running(proc) and len(groups(run)) >= 2, 300, "the resized group's start")
+    cluster.remove_node(new, allow_graceful=False)
+    rc, out = finish(proc, 600)
+    assert_completed(run, rc, out)
+
+    g = groups(run)
+    assert [(x["reason"], x["world_size"]) for x in g][:2] == [("ray_start", 1), ("ray_resize", 2)]
+    assert g[-1]["world_size"] == 1 and g[-1]["reason"] == "ray_restart"
+    revisions = [p.reason for p in plans(run)]
+    assert "ray_resize" in revisions and revisions[-1] == "ray_restart"
+    # the steps go on from the checkpoints without a gap: every step up to the end was trained
+    trained = {s.step for s in steps(run)}
+    assert trained == set(range(1, STEPS + 1))
