@@ -75,6 +75,11 @@ def newest_own_checkpoint(root: Path, first_attempt: int) -> str | None:
     return None
 
 
+def failures_path(run_root: Path, attempt: int) -> Path:
+    """Where Ray's controller records each failed group of the driver of ``attempt`` (ray_callback.py)."""
+    return run_root / "ray" / f"attempt-{attempt}-failures.jsonl"
+
+
 class GroupLog:
     """``ray/attempt-<A>.jsonl``: the groups one driver started, appended by each group's rank 0."""
 

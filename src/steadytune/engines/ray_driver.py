@@ -25,7 +25,8 @@ from steadytune.rundir import RunDir
 from steadytune.train.worker import latest_plan
 
 # What the workers need from the driver's environment (a Ray worker starts with its raylet's).
-_PASSED = ("STEADYTUNE_", "HF_", "TRANSFORMERS_", "TOKENIZERS_", "PYTHONPATH")
+# RAY_TRAIN_ reaches Ray's controller too (e.g. RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S).
+_PASSED = ("STEADYTUNE_", "HF_", "TRANSFORMERS_", "TOKENIZERS_", "PYTHONPATH", "RAY_TRAIN_")
 
 
 def missing_ray() -> str:
@@ -77,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         print(missing_ray(), file=sys.stderr)
         return 1
 
+    from steadytune.engines.ray_callback import GroupFailures
     from steadytune.engines.ray_worker import train_loop
 
     kw = trainer_kwargs(cfg.ray, run, plan)
@@ -94,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
             name=kw["run"]["name"],
             storage_path=kw["run"]["storage_path"],
             failure_config=FailureConfig(max_failures=kw["run"]["max_failures"]),
+            callbacks=[GroupFailures(kw["train_loop_config"]["run_dir"], plan.attempt)],
         ),
     )
     try:

@@ -13,12 +13,17 @@ Torch-free and Ray-free: Ray is imported by the driver, never here.
 
 from __future__ import annotations
 
+import json
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from steadytune.checkpoint.store import clean_staging
-from steadytune.records import Event, PlanRevision
+from steadytune.engines.groups import failures_path
+from steadytune.protocol import WorkerEvent
+from steadytune.records import Event, PlanRevision, Record
+from steadytune.rundir import RunDir
 from steadytune.supervise.process import WorkerProcess
 from steadytune.supervise.restarts import resume_expectation
 from steadytune.supervise.source import NativeSource
@@ -41,8 +46,14 @@ class RaySource(NativeSource):
 
     label = "Ray job"
 
+    def __init__(self, run: RunDir, env: dict[str, str] | None = None) -> None:
+        super().__init__(run, 1, env)
+        self._failures: Path | None = None
+        self._read = 0  # bytes of the failures file already turned into events
+
     def start(self, plan: PlanRevision, log_path: Path) -> WorkerProcess:
         clean_staging(self.run.staging)
+        self._failures, self._read = failures_path(self.run.root, plan.attempt), 0
         env = {
             **self.env,
             "STEADYTUNE_ATTEMPT": str(plan.attempt),
@@ -53,8 +64,38 @@ class RaySource(NativeSource):
         }
         return WorkerProcess(driver_command(self.run.root.resolve()), log_path, env=env)
 
+    def poll(self) -> list[Record]:
+        """Each failure Ray's controller recorded since the last tick, as a ``worker_group_failed`` event."""
+        if self._failures is None or not self._failures.exists():
+            return []
+        with open(self._failures, "rb") as f:
+            f.seek(self._read)
+            chunk = f.read()
+        whole = chunk[: chunk.rfind(b"\n") + 1]  # a line still being written waits for the next tick
+        self._read += len(whole)
+        return [failure_event(line) for line in whole.decode("utf-8", "replace").splitlines() if line.strip()]
+
     def describe(self) -> str:
         return f"{sys.executable} -m steadytune.engines.ray_driver (Ray Train)"
+
+
+def failure_event(line: str) -> Event:
+    """One line of the failures file (``{"ts": .., "ranks": {rank: error}}``) as the event the supervisor files."""
+    try:
+        data = json.loads(line)
+    except ValueError:
+        data = {}
+    ranks = data.get("ranks") if isinstance(data.get("ranks"), dict) else {}
+    ts = data.get("ts") if isinstance(data.get("ts"), (int, float)) else time.time()
+    lost = ", ".join(f"rank {r}: {str(e).splitlines()[0][:160] if e else '?'}" for r, e in sorted(ranks.items()))
+    return Event(
+        ts=float(ts),
+        kind="lifecycle",
+        name=WorkerEvent.WORKER_GROUP_FAILED,
+        message=f"Ray's worker group failed ({lost or 'no detail'}); Ray is forming the next one",
+        severity="warning",
+        data={"ranks": ranks},
+    )
 
 
 def group_revision(plan: PlanRevision, data: dict[str, Any], current_attempt: int) -> dict[str, Any] | None:
@@ -87,21 +128,26 @@ def group_revision(plan: PlanRevision, data: dict[str, Any], current_attempt: in
     }
 
 
-def on_worker_group_started(sup: Supervisor, ev: Event, filed: Event | None) -> None:
-    """The supervisor's handler of ``worker_group_started`` (a method of it: see supervisor.py)."""
-    changes = group_revision(sup.plan, ev.data, sup.attempt)
+def on_worker_group_failed(self: Supervisor, ev: Event, filed: Event | None) -> None:
+    """Until the next group starts, the job is re-forming: judged by setup_timeout_s, not by the step pace."""
+    self.worker_phase, self.phase_since = "setup", self.clock()
+
+
+def on_worker_group_started(self: Supervisor, ev: Event, filed: Event | None) -> None:
+    """The supervisor's handler of ``worker_group_started``: a method of it (supervisor.py names it)."""
+    changes = group_revision(self.plan, ev.data, self.attempt)
     if changes is None:
         return
     reason = changes.pop("reason")
-    sup.revise(reason=reason, cause=filed, **changes)
+    self.revise(reason=reason, cause=filed, **changes)
     if "attempt" not in changes:
         return
     # A new group is a new timeline, as a restart by the supervisor is: its records carry the new attempt,
     # open anomalies of the old one are resolved, and its first step must continue the checkpoint.
-    sup.attempt = changes["attempt"]
+    self.attempt = changes["attempt"]
     resume = changes.get("resume_checkpoint")
-    sup.rewind_detection(resume)
-    sup.last_heartbeat = {0: sup.clock()}
-    sup.worker_phase, sup.phase_since = "setup", sup.clock()
-    sup.attempt_stepped = False
-    sup._expect = resume_expectation(Path(resume)) if resume else None
+    self.rewind_detection(resume)
+    self.last_heartbeat = {0: self.clock()}
+    self.worker_phase, self.phase_since = "setup", self.clock()
+    self.attempt_stepped = False
+    self._expect = resume_expectation(Path(resume)) if resume else None

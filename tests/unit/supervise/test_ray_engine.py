@@ -196,3 +196,25 @@ def test_the_workers_get_steadytunes_and_hfs_environment_only() -> None:
     env = {"HF_HUB_OFFLINE": "1", "STEADYTUNE_FAULTS": "{}", "AWS_SECRET_ACCESS_KEY": "s", "HOME": "/root"}
     assert passed_env(env) == {"HF_HUB_OFFLINE": "1", "STEADYTUNE_FAULTS": "{}"}
     assert driver_command(Path("/r"), python="py") == ["py", "-m", "steadytune.engines.ray_driver", "--run-dir", "/r"]
+
+
+def test_a_failed_group_is_an_event_and_the_job_is_forming_not_hung(tmp_path: Path) -> None:
+    from steadytune.engines.groups import failures_path
+    from steadytune.supervise.ray_source import RaySource
+
+    sup = supervisor(tmp_path)
+    source = RaySource(sup.run)
+    source._failures = failures_path(sup.run.root, 0)  # what start() sets for attempt 0
+    assert source.poll() == []
+    source._failures.parent.mkdir(parents=True)
+    line = json.dumps({"ts": 5.0, "ranks": {"1": "ActorDiedError: the node died\nmore"}})
+    source._failures.write_text(line + "\n" + line[:10])  # the second line is still being written
+    found = source.poll()
+    assert [(e.name, e.data["ranks"]) for e in found] == [("worker_group_failed", {"1": "ActorDiedError: the node died\nmore"})]
+    assert "(rank 1: ActorDiedError: the node died);" in found[0].message
+    assert source.poll() == []  # read once
+    sup.worker_phase, sup.attempt_stepped = "train", True
+    sup.handle(found[0])
+    assert sup.worker_phase == "setup"  # judged by setup_timeout_s until the next group starts
+    filed = [json.loads(x) for x in sup.run.events.read_text().splitlines()]
+    assert [e["name"] for e in filed] == ["worker_group_failed"]
