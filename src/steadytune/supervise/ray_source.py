@@ -19,13 +19,14 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from steadytune.checkpoint.manifest import checkpoint_step
 from steadytune.checkpoint.store import clean_staging
 from steadytune.engines.groups import failures_path
 from steadytune.protocol import WorkerEvent
 from steadytune.records import Event, PlanRevision, Record
 from steadytune.rundir import RunDir
 from steadytune.supervise.process import WorkerProcess
-from steadytune.supervise.restarts import resume_expectation
+from steadytune.supervise.restarts import replay_detector, resume_expectation
 from steadytune.supervise.source import NativeSource
 
 if TYPE_CHECKING:
@@ -147,6 +148,9 @@ def on_worker_group_started(self: Supervisor, ev: Event, filed: Event | None) ->
     self.attempt = changes["attempt"]
     resume = changes.get("resume_checkpoint")
     self.rewind_detection(resume)
+    if changes.get("world_size"):  # the ranks a smaller group no longer has are forgotten, not stragglers
+        step = checkpoint_step(Path(resume)) if resume else 0
+        self.detector = replay_detector(self.run, self.cfg.detect, step or 0, world_size=changes["world_size"])
     self.last_heartbeat = {0: self.clock()}
     self.worker_phase, self.phase_since = "setup", self.clock()
     self.attempt_stepped = False

@@ -218,3 +218,41 @@ def test_a_failed_group_is_an_event_and_the_job_is_forming_not_hung(tmp_path: Pa
     assert sup.worker_phase == "setup"  # judged by setup_timeout_s until the next group starts
     filed = [json.loads(x) for x in sup.run.events.read_text().splitlines()]
     assert [e["name"] for e in filed] == ["worker_group_failed"]
+
+
+def test_a_rank_a_smaller_group_no_longer_has_is_not_a_straggler(tmp_path: Path) -> None:
+    from steadytune.records import StepRecord
+    from steadytune.telemetry.stream import JsonlWriter
+
+    sup = supervisor(tmp_path)
+    sup.write_plan(sup.plan)
+    streams = {r: JsonlWriter(sup.run.telemetry(r)) for r in (0, 1)}
+
+    def steps(ranks: tuple[int, ...], attempt: int, numbers: range) -> None:
+        for n in numbers:
+            for rank in ranks:
+                rec = StepRecord(step=n, ts=float(n), rank=rank, attempt=attempt, loss=2.0 + n % 3, step_time_s=1.0)
+                streams[rank].write(rec)
+            sup.pump()
+
+    sup.handle(group_event(0, 2, START, None))
+    steps((0, 1), 0, range(1, 7))
+    c4 = str(ckpt(sup.run.checkpoints, 4, attempt=0))
+    sup.handle(group_event(1, 1, RESTART, c4, before=2))  # the node of rank 1 was lost
+    steps((0,), 1, range(5, 30))
+    filed = [json.loads(x) for x in sup.run.events.read_text().splitlines()]
+    assert [e for e in filed if e["name"] == "straggler"] == []
+    assert sup.plan.world_size == 1
+
+
+def test_the_straggler_check_can_fail_here(tmp_path: Path) -> None:
+    """The same run without the group's restart: rank 1 trails the leader and is flagged."""
+    from steadytune.records import StepRecord
+
+    sup = supervisor(tmp_path)
+    for n in range(1, 7):
+        sup.handle(StepRecord(step=n, ts=float(n), rank=1, loss=2.0, grad_norm=1.0, step_time_s=1.0))
+    for n in range(1, 30):
+        sup.handle(StepRecord(step=n, ts=float(n), rank=0, loss=2.0, grad_norm=1.0, step_time_s=1.0))
+    filed = [json.loads(x) for x in sup.run.events.read_text().splitlines()]
+    assert [e["data"].get("rank", 1) for e in filed if e["name"] == "straggler"]
