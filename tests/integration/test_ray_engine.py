@@ -155,3 +155,21 @@ def test_a_node_lost_during_a_resize(tmp_path: Path, demo_assets: Path, cluster:
     # the steps go on from the checkpoints without a gap: every step up to the end was trained
     trained = {s.step for s in steps(run)}
     assert trained == set(range(1, STEPS + 1))
+
+
+def test_a_signal_stops_the_ray_job_after_its_workers_saved(tmp_path: Path, demo_assets: Path, cluster: Cluster) -> None:
+    """The driver outlives the supervisor's SIGTERM: the workers take the stop at a step, save, and return."""
+    import signal
+
+    cluster.add_node(num_cpus=1)
+    cfg = ray_config(tmp_path, demo_assets, cluster.address, num_workers=1)
+    proc = start_run(cfg, "stop", faults=SLOW_STEPS)
+    run = run_dir(cfg, "stop")
+    wait_for(lambda: running(proc) and len(steps(run)) >= 3, 300, "steps")
+    proc.send_signal(signal.SIGINT)
+    rc, out = finish(proc, 300)
+    assert rc == 0, out[-3000:]
+    assert json.loads(run.status.read_text())["state"] == "stopped"
+    last = steps(run)[-1].step
+    assert last < STEPS and verify(run.checkpoints / f"checkpoint-{last}").ok  # saved where it stopped
+    assert "stop requested: the workers save and return" in (run.logs / "worker-0.log").read_text()

@@ -269,7 +269,7 @@ class RayConfig(Section):
         description="Ray resources per worker, e.g. {CPU: 4, GPU: 1}; empty: Ray's default (1 CPU, 1 GPU with use_gpu)",
     )
     max_failures: int = Field(
-        3, ge=-1, le=1000, description="worker-group restarts Ray makes on its own before the attempt fails; -1: no limit"
+        3, ge=-1, le=1000, description="an integer >= -1: the worker-group restarts Ray makes on its own in one attempt (-1: no limit)"
     )
     storage_path: str | None = Field(
         None,
