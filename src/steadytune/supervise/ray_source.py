@@ -41,8 +41,9 @@ class RaySource(NativeSource):
     """steadytune's worker in every Ray Train worker; the attempt's process is the Ray driver.
 
     Checkpoints, their manifest test and the resume copy are the native worker's. The run
-    directory must be on storage every Ray node reaches (docs/ray.md). Stack dumps reach the
-    driver only: Ray's workers are children of the raylets (``ray stack`` on a node shows them).
+    directory must be on storage every Ray node reaches (docs/ray.md). On a hang no stacks are
+    dumped: Ray's workers are children of the raylets, not of the driver (``ray stack`` on a
+    node shows them), so the supervisor finds none of its own to ask.
     """
 
     label = "Ray job"
