@@ -123,6 +123,7 @@ def launch(
     if (run.root / "events.jsonl").exists():
         console.print(f"error: run directory {run.root} already exists; pick another --run-id", style="red")
         return 2
+    watching_a_command = source is not None  # its exit codes are the command's (below)
     if source is None and cfg.run.engine == "ray":
         import importlib.util
 
@@ -161,7 +162,7 @@ def launch(
         if dashboard is not None:
             dashboard.stop()
     print_summary(console, result)
-    if source is not None:
+    if watching_a_command:
         if result.state == "stopped" and sup.stop_signal is not None:
             return 128 + sup.stop_signal
         return 0 if result.state == "completed" else 1
