@@ -25,7 +25,7 @@ from ray.cluster_utils import Cluster
 pytestmark = pytest.mark.slow
 
 # Long enough that a group of 2 gets to train before the end; short enough for a 2-core machine.
-STEPS, SAVE = 24, 4
+STEPS, SAVE, BATCH = 24, 4, 4
 SLOW_STEPS = {"step_sleep_s": 0.6, "fault_attempts": 1000}
 
 
@@ -85,6 +85,18 @@ def assert_completed(run: RunDir, rc: int, out: str) -> None:
     assert final[-1] == STEPS
     for ckpt in run.checkpoints.glob("checkpoint-*"):
         assert verify(ckpt).ok, ckpt
+    assert effective_batches(run) == {BATCH * 2}  # every step: 4 per device x 2 workers, or x 2 accumulated on 1
+
+
+def effective_batches(run: RunDir) -> set[int]:
+    """Samples per optimizer step over all ranks, on the timeline that completed (latest attempt of each step)."""
+    latest = {s.step: s.attempt for s in steps(run)}
+    total: dict[int, int] = {}
+    for rank in (0, 1):
+        for s in steps(run, rank) if run.telemetry(rank).exists() else []:
+            if latest.get(s.step) == s.attempt:
+                total[s.step] = total.get(s.step, 0) + (s.samples or 0)
+    return set(total.values())
 
 
 def test_a_node_added_grows_the_group(tmp_path: Path, demo_assets: Path, cluster: Cluster) -> None:

@@ -275,6 +275,11 @@ class RayConfig(Section):
         None,
         description="where Ray keeps its run state (a path every node reaches, or s3://...); unset: <run dir>/ray",
     )
+    keep_effective_batch: bool = Field(
+        True,
+        description="true: train.gradient_accumulation_steps is the accumulation at the most workers, and a "
+        "smaller group accumulates more, so the effective batch stays the same; false: it is per group",
+    )
     elastic_resize_monitor_interval_s: float = Field(
         60.0, gt=0, description="seconds between Ray's checks for room to grow an elastic run"
     )

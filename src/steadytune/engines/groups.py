@@ -32,6 +32,7 @@ class Group:
     resume_checkpoint: str | None
     previous_world_size: int | None = None
     nodes: int | None = None
+    gradient_accumulation_steps: int | None = None  # set where the effective batch is kept (accumulation_for)
 
 
 def next_group(
@@ -61,6 +62,17 @@ def next_group(
         last.world_size,
         nodes,
     )
+
+
+def accumulation_for(accum: int, at_world_size: int, world_size: int) -> tuple[int, bool]:
+    """The accumulation that keeps ``accum × at_world_size`` micro-batches per optimizer step on ``world_size``.
+
+    Exact when it divides; else the nearest (at least 1), and False says the effective batch changed.
+    """
+    total = accum * at_world_size
+    if total % world_size == 0:
+        return total // world_size, True
+    return max(1, round(total / world_size)), False
 
 
 def newest_own_checkpoint(root: Path, first_attempt: int) -> str | None:

@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from steadytune.engines.groups import Group, GroupLog, newest_own_checkpoint, next_group
+from steadytune.engines.groups import Group, GroupLog, accumulation_for, newest_own_checkpoint, next_group
 from steadytune.protocol import WorkerEvent
 from steadytune.records import PlanRevision, from_dict
 from steadytune.rundir import RunDir
@@ -41,6 +41,19 @@ def _nodes() -> int | None:
         return None
 
 
+def with_accumulation(group: Group, base: PlanRevision, run: RunDir) -> Group:
+    """The group with the accumulation that keeps the effective batch (``ray.keep_effective_batch``)."""
+    from steadytune.config.load import load_config
+
+    cfg = load_config(run.config, check_paths=False)
+    if not cfg.ray.keep_effective_batch:
+        return group
+    accum = base.gradient_accumulation_steps or cfg.train.gradient_accumulation_steps
+    # The plan's accumulation is for the world size it recorded; the config's, for the most workers.
+    steps, _exact = accumulation_for(accum, base.world_size or cfg.ray.max_workers, group.world_size)
+    return replace(group, gradient_accumulation_steps=steps)
+
+
 def train_loop(config: dict[str, Any]) -> None:
     """``train_loop_per_worker`` of the TorchTrainer; ``config`` holds the run directory and plan."""
     import ray.train
@@ -56,10 +69,13 @@ def train_loop(config: dict[str, Any]) -> None:
     if rank == 0:
         earlier = log.read()
         newest = newest_own_checkpoint(run.checkpoints, base.attempt) if earlier else None
-        decided = next_group(earlier, base.attempt, base.resume_checkpoint, world, newest, _nodes())
+        decided = with_accumulation(next_group(earlier, base.attempt, base.resume_checkpoint, world, newest, _nodes()),
+                                    base, run)  # fmt: skip
         log.append(decided)
     group = _share(decided)
     plan = replace(base, attempt=group.attempt, resume_checkpoint=group.resume_checkpoint)
+    if group.gradient_accumulation_steps is not None:
+        plan = replace(plan, gradient_accumulation_steps=group.gradient_accumulation_steps)
 
     run.stacks.mkdir(parents=True, exist_ok=True)
     stack_file = open(run.stacks / f"rank-{rank}-attempt-{plan.attempt}.txt", "a")  # noqa: SIM115

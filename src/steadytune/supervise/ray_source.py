@@ -108,10 +108,13 @@ def group_revision(plan: PlanRevision, data: dict[str, Any], current_attempt: in
     world = int(data.get("world_size", 0)) or None
     attempt = int(data.get("attempt", current_attempt))
     reason = str(data.get("reason", "ray_start"))
-    if attempt <= current_attempt:  # this attempt's first group: only its size is news
-        if world is None or plan.world_size == world:
+    accum = data.get("gradient_accumulation_steps")
+    shape = {"gradient_accumulation_steps": int(accum)} if isinstance(accum, int) else {}
+    if attempt <= current_attempt:  # this attempt's first group: only its size (and accumulation) is news
+        same_shape = not shape or plan.gradient_accumulation_steps == shape["gradient_accumulation_steps"]
+        if world is None or (plan.world_size == world and same_shape):
             return None
-        return {"reason": "world_size", "world_size": world, "notes": f"Ray started {world} worker(s)"}
+        return {"reason": "world_size", "world_size": world, **shape, "notes": f"Ray started {world} worker(s)"}
     resume = data.get("resume_checkpoint")
     before = data.get("previous_world_size")
     why = (
@@ -126,7 +129,9 @@ def group_revision(plan: PlanRevision, data: dict[str, Any], current_attempt: in
         "attempt": attempt,
         "world_size": world,
         "resume_checkpoint": resume,
-        "notes": f"{why}; resuming from {where}",
+        **shape,
+        "notes": f"{why}; resuming from {where}"
+        + (f"; gradient accumulation {shape['gradient_accumulation_steps']}" if shape else ""),
     }
 
 

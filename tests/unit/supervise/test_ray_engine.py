@@ -256,3 +256,22 @@ def test_the_straggler_check_can_fail_here(tmp_path: Path) -> None:
         sup.handle(StepRecord(step=n, ts=float(n), rank=0, loss=2.0, grad_norm=1.0, step_time_s=1.0))
     filed = [json.loads(x) for x in sup.run.events.read_text().splitlines()]
     assert [e["data"].get("rank", 1) for e in filed if e["name"] == "straggler"]
+
+
+def test_a_smaller_group_accumulates_more_so_the_effective_batch_stays() -> None:
+    from steadytune.engines.groups import accumulation_for
+
+    assert accumulation_for(2, at_world_size=4, world_size=2) == (4, True)
+    assert accumulation_for(4, at_world_size=2, world_size=4) == (2, True)
+    assert accumulation_for(1, at_world_size=2, world_size=1) == (2, True)
+    assert accumulation_for(1, at_world_size=3, world_size=2) == (2, False)  # 3 micro-batches cannot split in 2
+
+
+def test_a_groups_accumulation_is_part_of_its_revision() -> None:
+    plan = PlanRevision(revision=1, ts=0.0, reason="world_size", attempt=0, world_size=1, gradient_accumulation_steps=2)
+    grown = {"world_size": 2, "attempt": 1, "reason": RESIZE, "gradient_accumulation_steps": 1, "previous_world_size": 1}
+    changes = group_revision(plan, grown, 0)
+    assert changes is not None and changes["gradient_accumulation_steps"] == 1 and changes["world_size"] == 2
+    assert "gradient accumulation 1" in changes["notes"]
+    same = {"world_size": 1, "attempt": 0, "gradient_accumulation_steps": 2}
+    assert group_revision(plan, same, 0) is None
