@@ -187,6 +187,10 @@ class PlanRevision:
     resume_checkpoint: str | None = None
     gradient_checkpointing: bool | None = None
     max_seq_length: int | None = None
+    # Set by autoscaling (scale: in the config): the processes (GPUs) and input workers of the attempt;
+    # None keeps the config's run.nproc_per_node and train.dataloader_num_workers.
+    nproc_per_node: int | None = None
+    dataloader_num_workers: int | None = None
     world_size: int | None = None  # training processes, where the engine sizes the job itself (Ray)
     notes: str = ""
 

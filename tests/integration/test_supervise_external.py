@@ -279,3 +279,42 @@ def test_a_stopped_trainer_is_a_hang_its_stacks_are_dumped_and_it_restarts(
     restart = next(e for e in events if e.name == "restart" and "classification" in e.data)
     assert restart.data["classification"] == "stall"
     assert names[-1] == "run_completed"
+
+
+def test_operator_controls_reach_a_job_that_takes_no_requests(tmp_path: Path, demo_assets: Path) -> None:
+    """pause stops the job from outside and resume restarts it from its newest checkpoint; checkpoint
+    is not available without the guard inside, and says so; the run completes."""
+    out = tmp_path / "out"
+    cmd = [STEADYTUNE, "supervise", "--preset", "hf", "--output-dir", str(out), "--runs-dir",
+           str(tmp_path / "runs"), "--run-id", "ext", "--", *_job(tmp_path, demo_assets, out, 60, 0.05)]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    run = tmp_path / "runs" / "ext"
+    wait_for(
+        lambda: (out / "checkpoint-20" / "trainer_state.json").exists(), timeout=180, what="checkpoint-20"
+    )
+    control = [STEADYTUNE, "checkpoint", str(run), "--no-wait"]
+    assert subprocess.run(control, capture_output=True, text=True, timeout=60).returncode == 0
+    paused = subprocess.run(
+        [STEADYTUNE, "pause", str(run), "--no-wait"], capture_output=True, text=True, timeout=60
+    )
+    assert paused.returncode == 0, paused.stdout + paused.stderr
+    wait_for(
+        lambda: json.loads((run / "status.json").read_text())["state"] == "paused", timeout=60, what="paused"
+    )
+    first = json.loads((run / "status.json").read_text())
+    assert first["worker_pid"] is None
+    resumed = subprocess.run(
+        [STEADYTUNE, "resume", str(run), "--no-wait"], capture_output=True, text=True, timeout=60
+    )
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    stdout, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stdout
+    events = read_events(run / "events.jsonl")
+    names = [e.name for e in events]
+    assert names.index("run_paused") < names.index("run_resumed") < len(names) - 1
+    unable = [e for e in events if e.name == "alert_only" and "checkpoint requested" in e.message]
+    assert unable and "--inject" in unable[0].message
+    started = [e for e in events if e.name == "worker_started"]
+    assert len(started) == 2 and "--resume_from_checkpoint" in started[1].data["cmd"]
+    assert names[-1] == "run_completed"
+    assert json.loads((out / "checkpoint-60" / "trainer_state.json").read_text())["global_step"] == 60

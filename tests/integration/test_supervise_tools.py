@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from .toolruns import lf_job, supervise, trl_job
+from .toolruns import supervise, tool_job, trl_job
 
 pytestmark = pytest.mark.slow
 
@@ -57,11 +57,12 @@ def test_trl_sft_survives_a_killed_trainer_or_launcher(
     assert status["tokens_per_s"] and status["last_checkpoint"] == f"checkpoint-{steps}"
 
 
-def test_llamafactory_survives_a_killed_trainer_and_a_truncated_checkpoint(
-    tmp_path: Path, demo_assets: Path
+@pytest.mark.parametrize("tool", ["llamafactory", "trl"])
+def test_a_killed_trainer_with_a_truncated_checkpoint_resumes_an_older_one(
+    tool: str, tmp_path: Path, demo_assets: Path
 ) -> None:
     steps = 400
-    job = lf_job(demo_assets, tmp_path, steps)
+    job = tool_job(tool, demo_assets, tmp_path, steps, save_steps=50)
     out = job.out
     with supervise(job, tmp_path) as sup:
         sup.wait_checkpoint(100)
@@ -80,12 +81,14 @@ def test_llamafactory_survives_a_killed_trainer_and_a_truncated_checkpoint(
     older = int(newest.name.split("-")[1]) - 50
     assert f"resuming from checkpoint-{older}" in restart.message
     resumed = [e for e in events if e.name == "worker_started"][1]
-    assert resumed.data["cmd"][-1] == f"resume_from_checkpoint={out / f'checkpoint-{older}'}"
+    path = str(out / f"checkpoint-{older}")
+    want = [f"resume_from_checkpoint={path}"] if tool == "llamafactory" else ["--resume_from_checkpoint", path]
+    assert resumed.data["cmd"][-len(want) :] == want
     assert events[-1].name == "run_completed"
     recs = sup.steps()
     second = [r for r in recs if r.attempt == 1]
     assert second[0].step == older + 5 and second[-1].step == steps
-    # trainer_log.jsonl gives the steps; the dict printed for the same step adds the grad norm.
+    # LLaMA-Factory: trainer_log.jsonl gives the steps, the dict printed for the same step the grad norm.
     assert all(r.grad_norm is not None for r in recs)
     status = sup.status()
     assert status["max_steps"] == steps and status["state"] == "completed"

@@ -1,4 +1,4 @@
-"""``steadytune drill [CONFIG] [--inject SPEC]`` and ``drill --supervise -- CMD``: prove recovery with real faults."""
+"""``steadytune drill [CONFIG] [--faults SPEC]`` and ``drill --supervise [--inject] -- CMD``: prove recovery with real faults."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import Any
 from steadytune.cli._common import add_command, fail
 
 NATIVE_FAULTS = "nan,oom,spike,kill,kill-during-save,hang,corrupt-checkpoint"
+INJECT_FLAG = "\0inject"  # --inject given without faults after it
 
 
 def register(sub: Any) -> None:
@@ -20,17 +21,19 @@ def register(sub: Any) -> None:
         sub,
         "drill",
         "inject faults into real supervised runs and report detection and recovery",
-        "steadytune drill --inject nan,oom,spike,kill\n  "
+        "steadytune drill --faults nan,oom,spike,kill\n  "
         "steadytune drill --supervise --faults kill,truncated,hang,lr,sigterm -- \\\n"
         "      python examples/hf_trainer_script.py --output_dir {output_dir} --model M --data train.jsonl \\\n"
-        "      --max_steps 40 --save_steps 10 --learning_rate 2e-3 --step_sleep 0.05",
+        "      --max_steps 40 --save_steps 10 --learning_rate 2e-3 --step_sleep 0.05\n  "
+        "steadytune drill --supervise --inject --faults nan,spike,sigterm -- python examples/hf_trainer_script.py ...",
         description="Runs a clean reference, then one supervised run per fault (nan, oom, spike, kill, "
         "kill-during-save, hang, corrupt-checkpoint by default) on the demo model or CONFIG, and reports for each: "
         "detected, at which step, the action, recovered, steps redone, time to recover; and the final loss "
         "against the clean run. With --supervise it drills a command steadytune does not run instead: each run "
         "is `steadytune supervise -- CMD`, and the faults (kill, truncated, hang, lr, sigterm) are done to its "
-        "real processes from outside. CMD gets a fresh output folder per run: write {output_dir} where it takes "
-        "one, or the drill replaces its --output_dir value. See docs/recovery.md.",
+        "real processes from outside; with --inject each run is `supervise --inject`, and nan and spike are done "
+        "inside the tool's HF Trainer by the injected guard. CMD gets a fresh output folder per run: write "
+        "{output_dir} where it takes one, or the drill replaces its --output_dir value. See docs/recovery.md.",
     )
     p.add_argument(
         "words",
@@ -39,9 +42,7 @@ def register(sub: Any) -> None:
         help="a run config (default: the built-in demo); with --supervise, the command, after --",
     )
     p.add_argument(
-        "--inject",
         "--faults",
-        dest="inject",
         default=None,
         help="comma-separated faults, each optionally @STEP (e.g. spike@61,kill); default: all of them",
     )
@@ -61,6 +62,16 @@ def register(sub: Any) -> None:
     ext.add_argument(
         "--supervise", action="store_true", help="drill `steadytune supervise -- CMD` instead of a native run"
     )
+    ext.add_argument(
+        "--inject",
+        nargs="?",
+        const=INJECT_FLAG,
+        default=None,
+        metavar="FAULTS",
+        help="with --supervise: each run is `supervise --inject`, so the tool's HF Trainer carries the guard and "
+        "nan and spike can be drilled too (docs/inject.md); a value after it is taken as --faults, which "
+        "is also how the native drill reads `--inject FAULTS`",
+    )
     ext.add_argument("--config", type=Path, help="the config supervise gets (its detect:, policy:, alerts:)")
     ext.add_argument(
         "--preset",
@@ -73,8 +84,8 @@ def register(sub: Any) -> None:
     ext.add_argument(
         "--base-lr",
         type=float,
-        help="the command's learning rate, which the lr fault multiplies by 1000 (default: its "
-        "--learning_rate / learning_rate= value)",
+        help="the command's learning rate, which the lr fault multiplies by 1000 and a spike's rollback "
+        "lowers (default: its --learning_rate / learning_rate= value)",
     )
     ext.add_argument(
         "--hang-floor", type=float, default=8.0, help="supervise's --hang-floor in the drill (default 8 s)"
@@ -156,8 +167,32 @@ def _finish(out: dict[str, Any], args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def fault_words(args: argparse.Namespace) -> str | None:
+    """The faults asked for: ``--faults``, or faults given after ``--inject`` (its older spelling).
+
+    Raises:
+        ValueError: faults given both ways, or a bare ``--inject`` without ``--supervise``.
+    """
+    after_inject = args.inject if args.inject not in (None, INJECT_FLAG) else None
+    if after_inject is not None and args.faults is not None:
+        raise ValueError(
+            f"faults given twice (--inject {after_inject} and --faults {args.faults}): "
+            "give them once, with --faults"
+        )
+    if args.inject == INJECT_FLAG and not args.supervise:
+        raise ValueError(
+            "--inject alone is for --supervise (the native worker always carries the guard); "
+            "name the faults with --faults"
+        )
+    return args.faults if args.faults is not None else after_inject
+
+
 def main(args: argparse.Namespace) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        args.faults = fault_words(args)
+    except ValueError as exc:
+        return fail(str(exc), 2)
     if args.supervise:
         return main_supervise(args)
     from steadytune.config import ConfigError
@@ -171,7 +206,7 @@ def main(args: argparse.Namespace) -> int:
     args.config = Path(args.words[0]) if args.words else None
     args.save_steps = args.save_steps or 20
     try:
-        faults = parse_inject(args.inject or NATIVE_FAULTS, args.save_steps)
+        faults = parse_inject(args.faults or NATIVE_FAULTS, args.save_steps)
         base = base_config(args)
     except (ValueError, ConfigError) as exc:
         print(f"error: {exc}")
@@ -248,25 +283,46 @@ def supervise_job(args: argparse.Namespace) -> tuple[Any, list[Any], Path]:
     except ValueError as exc:
         problems.append(str(exc))
     save = args.save_steps or int_value(cmd, "save_steps") or 20
-    requested = [w.strip() for w in (args.inject or external.DEFAULT_FAULTS).split(",") if w.strip()]
-    inside = sorted(
-        {w.partition("@")[0] for w in requested}
-        & (set(NATIVE_FAULTS.split(",")) - set(external.catalogue(save)))
-    )
-    if inside:
+    inject = args.inject is not None
+    known = external.catalogue(save, inject)
+    requested = [
+        w.strip()
+        for w in (args.faults or (external.INJECT_FAULTS if inject else external.DEFAULT_FAULTS)).split(",")
+        if w.strip()
+    ]
+    names = {w.partition("@")[0] for w in requested}
+    inside = sorted(names & (set(NATIVE_FAULTS.split(",")) - set(known)))
+    if inside and inject:
+        if "oom" in inside:
+            problems.append(f"oom: {external.INJECTED_OOM}")
+        rest = [k for k in inside if k != "oom"]
+        if rest:
+            problems.append(
+                f"{', '.join(rest)}: a save is over before an outside watcher could catch it midway; "
+                "truncated leaves the same torn checkpoint behind: drill that, or use `steadytune drill` (native)"
+            )
+    elif inside:
+        with_inject = sorted(set(inside) & set(external.INSIDE_FAULTS))
         problems.append(
             f"{', '.join(inside)}: done through a hook inside a process steadytune runs, which a command it "
-            "does not run has none of; drill those with `steadytune drill` (native), or leave them out "
+            "does not run has none of; "
+            + (
+                f"give --inject to drill {', '.join(with_inject)} inside an HF Trainer-based tool, "
+                if with_inject
+                else ""
+            )
+            + "drill those with `steadytune drill` (native), or leave them out "
             "(truncated is the outside form of kill-during-save and corrupt-checkpoint)"
         )
     requested = [w for w in requested if w.partition("@")[0] not in inside]
     try:
-        faults = parse_inject(",".join(requested), save, external.catalogue(save))
+        faults = parse_inject(",".join(requested), save, known)
     except ValueError as exc:
         problems.append(str(exc))
         faults = []
     if not requested:
-        problems.append(f"no fault to drill: give --faults, e.g. --faults {external.DEFAULT_FAULTS}")
+        default = external.INJECT_FAULTS if inject else external.DEFAULT_FAULTS
+        problems.append(f"no fault to drill: give --faults, e.g. --faults {default}")
     max_steps = int_value(cmd, "max_steps")
     late = [f"{f.kind}@{f.at_step}" for f in faults if max_steps is not None and f.at_step >= max_steps]
     if late:
@@ -278,6 +334,11 @@ def supervise_job(args: argparse.Namespace) -> tuple[Any, list[Any], Path]:
     if base_lr is None and any(f.kind == "lr" for f in faults):
         problems.append(
             "the lr fault starts the command at 1000x its learning rate, which the command does not name: "
+            "give --base-lr, or --learning_rate in the command"
+        )
+    if base_lr is None and any(f.kind == "spike" for f in faults):
+        problems.append(
+            "the spike fault's rollback lowers the command's learning rate, which the command does not name: "
             "give --base-lr, or --learning_rate in the command"
         )
     if args.config is not None and not args.config.is_file():
@@ -299,6 +360,7 @@ def supervise_job(args: argparse.Namespace) -> tuple[Any, list[Any], Path]:
         hang_floor_s=args.hang_floor,
         config=config,
         overrides=sets,
+        inject=inject,
     )
     return external.Job(tuple(cmd), line, base_lr, args.timeout), faults, runs_dir
 

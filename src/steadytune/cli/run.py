@@ -68,7 +68,7 @@ def print_summary(console: Any, result: Any) -> None:
     if p.first_loss is not None and p.last_loss is not None:
         drop = 100 * (1 - p.last_loss / p.first_loss) if p.first_loss else 0.0
         loss = (
-            f"{p.first_loss:.4f} → {p.last_loss:.4f} ({drop:+.0f}% lower)"
+            f"{p.first_loss:.4f} → {p.last_loss:.4f} ({drop:.0f}% lower)"
             if drop >= 0
             else f"{p.first_loss:.4f} → {p.last_loss:.4f}"
         )
@@ -111,7 +111,7 @@ def launch(
     ``source`` (a :class:`~steadytune.supervise.source.WorkerSource` factory taking the RunDir)
     replaces steadytune's own worker with, e.g., a command it watches. A run stopped by a
     signal exits 0 under ``run`` (its state is saved), and 128 + the signal under a command's
-    supervisor, as the command itself would have.
+    supervisor, as the command itself would have; a stop or pause asked for otherwise exits 0.
     """
     from rich.console import Console
 
@@ -162,10 +162,8 @@ def launch(
         if dashboard is not None:
             dashboard.stop()
     print_summary(console, result)
-    if watching_a_command:
-        if result.state == "stopped" and sup.stop_signal is not None:
-            return 128 + sup.stop_signal
-        return 0 if result.state == "completed" else 1
+    if watching_a_command and result.state == "stopped" and sup.stop_signal is not None:
+        return 128 + sup.stop_signal
     return 0 if result.state in {"completed", "stopped", "paused"} else 1
 
 

@@ -63,6 +63,10 @@ def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
         ann = field.annotation
         # A list of sections (train.lr_groups): the index names an item, whose fields own the fix texts.
         item = typing.get_args(ann)[0] if typing.get_origin(ann) is list else None
+        # An optional section (scale: ScaleConfig | None): its model owns the fix texts.
+        inner = [a for a in typing.get_args(ann) if isinstance(a, type) and issubclass(a, BaseModel)]
+        if len(inner) == 1 and type(None) in typing.get_args(ann):
+            ann = inner[0]
         if isinstance(ann, type) and issubclass(ann, BaseModel):
             model = ann
         elif isinstance(item, type) and issubclass(item, BaseModel) and parts and isinstance(parts[0], int):

@@ -10,11 +10,12 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from steadytune.alerts.config import AlertsConfig
 from steadytune.detect.config import DetectConfig
 from steadytune.policy.config import PolicyConfig
+from steadytune.policy.scale_config import ScaleConfig
 from steadytune.web.config import DashboardConfig
 
 
@@ -325,6 +326,21 @@ class SteadytuneConfig(Section):
     dashboard: DashboardConfig = Field(
         default_factory=DashboardConfig, description="dashboard settings (docs/dashboard.md)"
     )
+    scale: ScaleConfig | None = Field(
+        None, description="autoscaling rules (docs/server.md), e.g. {min_gpus: 1, max_gpus: 4}; leave it out"
+    )
+
+    @field_validator("scale")
+    @classmethod
+    def _starts_in_scale_range(cls, v: ScaleConfig | None, info: ValidationInfo) -> ScaleConfig | None:
+        run = info.data.get("run")
+        n = run.nproc_per_node if run is not None else 1
+        if v is not None and not v.min_gpus <= n <= v.max_gpus:
+            raise ValueError(
+                f"run.nproc_per_node={n} is outside scale.min_gpus..scale.max_gpus ({v.min_gpus}..{v.max_gpus}): "
+                "start the run inside the range, or widen it"
+            )
+        return v
 
     @model_validator(mode="after")
     def _engine(self) -> SteadytuneConfig:
@@ -333,5 +349,11 @@ class SteadytuneConfig(Section):
             raise ValueError(
                 f"run.nproc_per_node={self.run.nproc_per_node} with run.engine: ray; Ray starts the processes: "
                 f"set ray.num_workers: {self.run.nproc_per_node} and leave run.nproc_per_node at 1"
+            )
+        if self.run.engine == "ray" and self.scale is not None:
+            # The rules resize a native run by relaunching torchrun; Ray sizes its own worker group.
+            raise ValueError(
+                "scale: with run.engine: ray; Ray grows and shrinks the worker group itself: "
+                "drop scale: and give ray.num_workers: [min, max]"
             )
         return self

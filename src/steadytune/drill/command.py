@@ -93,6 +93,7 @@ class SuperviseLine:
     config: Path | None = None  # the user's config; the drill's overrides go on top as --set
     overrides: tuple[str, ...] = ()
     python: str = field(default=sys.executable)
+    inject: bool = False  # supervise --inject: the tool's HF Trainer carries the guard
 
 
 def supervise_argv(
@@ -113,5 +114,7 @@ def supervise_argv(
     if base_lr is not None:
         argv += ["--base-lr", f"{base_lr:g}"]
     argv += ["--hang-floor", f"{line.hang_floor_s:g}", "--output-dir", str(output_dir)]
+    if line.inject:
+        argv.append("--inject")
     argv += ["--runs-dir", str(runs_dir), "--run-id", run_id, "--", *job]
     return argv

@@ -3,20 +3,25 @@
 Each fault run is ``steadytune supervise -- CMD`` in a subprocess, a black box: the
 faults are done from outside to the real processes (a signal, a cut file), at the
 moment the run directory shows, and the report is read back from the run directory
-and the job's output folder alone, as for the native drill. Faults that need a hook
-inside the job (NaN, OOM) are not here: a command steadytune does not run has none.
+and the job's output folder alone, as for the native drill.
+
+With ``inject`` each run is ``steadytune supervise --inject``: the tool's own HF Trainer
+carries the guard, which honours ``$STEADYTUNE_FAULTS`` as a native worker does, so the
+faults that need a hook inside the job (``nan``, ``spike``) are done from there, with the
+native drill's own fault specs. An injected OOM is not among them: the guard does not
+split the tool's micro-batch (see :data:`INJECTED_OOM`).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
 import threading
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import psutil
@@ -25,20 +30,38 @@ from steadytune.checkpoint.external import check_external_checkpoint
 from steadytune.checkpoint.manifest import list_checkpoints
 from steadytune.drill.command import SuperviseLine, filled, supervise_argv, with_output_dir
 from steadytune.drill.faults import FaultSpec
+from steadytune.drill.faults import catalogue as native_catalogue
 from steadytune.drill.runner import FaultReport, finite_weights, report_run
 from steadytune.rundir import RunDir
+from steadytune.supervise.process import running
 from steadytune.telemetry.jsonl import JsonlReader
 
 # The lr fault starts the job at this many times its own LR (as the native spike bursts it);
 # the drill's rollback scale undoes exactly that, so the rolled-back run trains at the job's LR.
 LR_FAULT_FACTOR = 1000.0
 DEFAULT_FAULTS = "kill,truncated,hang,lr,sigterm"
+# With --inject, the native faults the injected guard does from inside the trainer.
+INSIDE_FAULTS = ("nan", "spike")
+INJECT_FAULTS = "nan,spike," + DEFAULT_FAULTS
+# Why ``oom`` is not drilled with --inject: what the injected guard does with one instead.
+INJECTED_OOM = (
+    "the injected guard does not split the tool's micro-batch (its batch shape is its own): an OOM "
+    "ends the job, supervise restarts it from its newest checkpoint as it was, and a real shortage "
+    "fails again at the same step, where supervise stops rather than loop; lower the command's "
+    "per_device_train_batch_size, or drill oom with `steadytune drill` (native)"
+)
 
 
-def catalogue(save_steps: int) -> dict[str, FaultSpec]:
-    """The faults done from outside, placed relative to the job's checkpoint interval."""
+def catalogue(save_steps: int, inject: bool = False) -> dict[str, FaultSpec]:
+    """The faults of a supervised drill, placed relative to the job's checkpoint interval.
+
+    Without ``inject``, those done from outside; with it, also the native drill's ``nan``
+    and ``spike``, which the injected guard does inside the trainer.
+    """
     s = save_steps
+    inside = native_catalogue(s) if inject else {}
     return {
+        **{k: inside[k] for k in INSIDE_FAULTS if k in inside},
         "kill": FaultSpec("kill", 2 * s + s // 2, actor="kill", detect=("restart",), act=("restart",)),
         # The newest checkpoint's weights are cut short, then the trainer is killed: the resume
         # must skip it for the one before.
@@ -65,12 +88,28 @@ def catalogue(save_steps: int) -> dict[str, FaultSpec]:
 
 
 def drill_overrides() -> dict[str, object]:
-    """The drill's policy over the user's: no paging, spikes confirmed fast, a rollback undoes the lr fault."""
-    return {
-        "policy.spike_confirm_points": 2,
-        "policy.rollback_lr_scale": 1.0 / LR_FAULT_FACTOR,
-        "alerts.enabled": False,
-    }
+    """The drill's policy over the user's: no paging, spikes confirmed fast."""
+    return {"policy.spike_confirm_points": 2, "alerts.enabled": False}
+
+
+def fault_overrides(spec: FaultSpec | None) -> tuple[str, ...]:
+    """``--set`` items for one fault's run: the lr fault's rollback undoes exactly its 1000x.
+
+    Only that run: a ``spike`` rollback lowers the job's own LR by the policy's scale.
+    """
+    if spec is not None and spec.kind == "lr":
+        return (f"policy.rollback_lr_scale={1.0 / LR_FAULT_FACTOR!r}",)
+    return ()
+
+
+def fault_env(spec: FaultSpec | None, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of one fault's ``steadytune supervise``: the drill's own, with ``$STEADYTUNE_FAULTS``
+    set to the fault's (an injected guard honours it), or removed (a clean or an outside fault)."""
+    env = dict(os.environ if environ is None else environ)
+    env.pop("STEADYTUNE_FAULTS", None)
+    if spec is not None and spec.env:
+        env["STEADYTUNE_FAULTS"] = json.dumps(spec.env)
+    return env
 
 
 @dataclass(frozen=True)
@@ -96,6 +135,9 @@ class Outcome:
     cut: str | None = None  # the checkpoint whose weights the actor cut short
     left_running: list[int] = field(default_factory=list)  # pids of the job still alive after supervise
     console: Path | None = None
+    inject: bool = False  # the job's trainer carried the guard (supervise --inject)
+    line: SuperviseLine | None = None  # how supervise restarted it (its LR argument)
+    base_lr: float | None = None  # the first attempt's LR, which a rollback scales
 
 
 def trainer_pid(root: int) -> int:
@@ -222,18 +264,6 @@ class Actor(threading.Thread):
             _signal(pid, signal.SIGKILL)
 
 
-def alive(pids: Sequence[int]) -> list[int]:
-    """The pids that still run (a zombie waiting for its parent does not)."""
-    out = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                out.append(pid)
-        except psutil.Error:
-            continue
-    return out
-
-
 def _end(proc: subprocess.Popen, grace_s: float = 60.0) -> int | None:
     """Stop a supervise that ran past its time as a user would: SIGTERM (it stops the job), then SIGKILL."""
     proc.send_signal(signal.SIGTERM)
@@ -253,11 +283,14 @@ def run_one(job: Job, runs_dir: Path, run_id: str, spec: FaultSpec | None) -> Ou
         assert job.base_lr is not None, "the lr fault needs the job's LR"
         base_lr = job.base_lr * LR_FAULT_FACTOR
         command += filled(job.line.lr_arg, lr=f"{base_lr:g}")  # the first attempt's LR; a rollback lowers it
-    argv = supervise_argv(job.line, command, out, runs_dir, run_id, base_lr)
+    line = replace(job.line, overrides=job.line.overrides + fault_overrides(spec))
+    argv = supervise_argv(line, command, out, runs_dir, run_id, base_lr)
     run = RunDir(runs_dir / run_id)
     console = runs_dir / f"{run_id}.console.txt"
     with open(console, "wb") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=fault_env(spec)
+        )
     actor = Actor(spec, run, out, proc) if spec is not None and spec.actor else None
     if actor:
         actor.start()
@@ -273,7 +306,7 @@ def run_one(job: Job, runs_dir: Path, run_id: str, spec: FaultSpec | None) -> Ou
     watch = Watch(run)
     watch.poll()
     # Whatever of the job outlived its supervisor is reported, then ended: the next fault needs the cores.
-    left = alive([*watch.worker_pids, *(actor.trainers if actor else [])])
+    left = running([*watch.worker_pids, *(actor.trainers if actor else [])])
     for pid in left:
         _signal(pid, signal.SIGKILL)
     return Outcome(
@@ -286,6 +319,9 @@ def run_one(job: Job, runs_dir: Path, run_id: str, spec: FaultSpec | None) -> Ou
         cut=actor.cut if actor else None,
         left_running=left,
         console=console,
+        inject=job.line.inject,
+        line=line,
+        base_lr=base_lr,
     )
 
 
@@ -311,12 +347,77 @@ def usable(spec: FaultSpec | None, outcome: Outcome) -> bool:
     if spec is not None and spec.actor and outcome.fault_ts is None:
         return False  # the fault never happened: nothing was proven
     if spec is not None and spec.expect_state == "stopped":
-        return outcome.returncode == 128 + signal.SIGTERM
+        # An injected trainer gets a stop request and checkpoints the step it is on.
+        saved = not outcome.inject or checkpointed_at_stop(outcome.run)
+        return outcome.returncode == 128 + signal.SIGTERM and saved
+    if (
+        spec is not None
+        and spec.in_process
+        and max((p.get("attempt", 0) for p in _plans(outcome.run)), default=0)
+    ):
+        return False  # handled inside the trainer: a restart means it was not
+    if spec is not None and spec.kind == "spike" and not lr_lowered(spec, outcome):
+        return False  # the rollback must reach the job's LR, or it would spike again
     if spec is not None and spec.kind == "truncated":
         resumed = [p for p in _plans(outcome.run) if p.get("attempt") == 1]
         if not resumed or Path(str(resumed[0].get("resume_checkpoint"))).name == outcome.cut:
             return False  # the cut checkpoint was resumed, or nothing was
     return finite_weights(final_weights(outcome.output_dir))
+
+
+def _events(run: RunDir) -> list[dict]:
+    return JsonlReader(run.events).read_dicts() if run.events.exists() else []
+
+
+def checkpointed_at_stop(run: RunDir) -> bool:
+    """Whether the job saved a checkpoint at the step the run stopped on."""
+    events = _events(run)
+    stopped = next((e.get("step") for e in events if e.get("name") == "run_stopped"), None)
+    return stopped is not None and any(
+        e.get("name") == "checkpoint_saved" and e.get("step") == stopped for e in events
+    )
+
+
+def lr_lowered(spec: FaultSpec, outcome: Outcome) -> bool:
+    """Whether the last attempt trained at the rollback's lower LR, given through the job's LR argument.
+
+    Two things must hold: supervise appended the LR argument filled with the first LR times the
+    scale of the plan the attempt started with; and, where the guard records the optimizer's LR
+    (``--inject``), each step it trained again ran at that scale of the first attempt's LR on the
+    same step, with the fault's own burst taken out: a tool that restores its scheduler from the
+    checkpoint would otherwise keep the old rate, whatever its command line says.
+    """
+    starts: dict[int, dict] = {}
+    for plan in _plans(outcome.run):
+        starts.setdefault(int(plan.get("attempt") or 0), plan)
+    last = max(starts, default=0)
+    scale = starts.get(last, {}).get("lr_scale")
+    if outcome.line is None or outcome.base_lr is None or not last or not scale or scale >= 1:
+        return False
+    base = float(f"{outcome.base_lr:g}")  # as the drill gave it to supervise (--base-lr)
+    words = filled(outcome.line.lr_arg, lr=f"{base * scale:.6g}")
+    started = [e["data"].get("cmd") or [] for e in _events(outcome.run) if e.get("name") == "worker_started"]
+    if len(started) < 2 or list(started[-1][-len(words) :]) != words:
+        return False
+    if not outcome.inject:
+        return True  # the log adapter sees no optimizer: the command line is all there is to check
+    burst = spec.env.get("lr_burst_factor", 1.0)
+    first = spec.env.get("lr_burst_at_step", 0)
+    in_burst = range(first, first + spec.env.get("lr_burst_steps", 0))
+    lrs: dict[int, dict[int, float]] = {0: {}, last: {}}
+    for r in JsonlReader(outcome.run.telemetry(0)).dicts():
+        attempt, lr = r.get("attempt"), r.get("lr")
+        if (
+            r.get("type") == "step"
+            and attempt in lrs
+            and isinstance(lr, (int, float))
+            and not (r.get("extra") or {}).get("eval")
+        ):
+            lrs[attempt][int(r["step"])] = float(lr) / (
+                burst if attempt == 0 and r["step"] in in_burst else 1.0
+            )
+    both = sorted(set(lrs[0]) & set(lrs[last]))
+    return bool(both) and all(math.isclose(lrs[last][k], scale * lrs[0][k], rel_tol=1e-3) for k in both)
 
 
 def _plans(run: RunDir) -> list[dict]:

@@ -25,6 +25,22 @@ def _barrier() -> None:
         dist.barrier()
 
 
+def _world_size() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def _agreed(request: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Rank 0's request, on every rank: ranks that read the queue on their own may see a request one
+    step apart, and a rank that stops (and saves, with barriers) while another trains deadlocks both."""
+    import torch.distributed as dist
+
+    box = [request]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def _calling_trainer(callback: TrainerCallback) -> Trainer | None:
     """The Trainer whose loop is calling ``callback``: HF hands callbacks no reference to it."""
     frame = sys._getframe(1)
@@ -172,7 +188,10 @@ class GuardCallback(TrainerCallback):
         )
         self._gradflow = None  # the step record itself is the loop's heartbeat: no second line per step
         self.faults.after_step(state.global_step, self.guard.attempt)
-        request = self.guard.poll_control()
+        world = _world_size()
+        # With several ranks, rank 0 alone reads the queue (and its own SIGTERM, which torchrun
+        # forwards to every rank) and the others take its request at the same step boundary.
+        request = self.guard.poll_control() if world == 1 or self.guard.rank == 0 else None
         if (
             request is not None
             and request.get("command") == "pause"
@@ -180,13 +199,15 @@ class GuardCallback(TrainerCallback):
         ):
             self._hold(request, state.global_step)
             request = None
-        if request is None and self._external_stop:
+        if request is None and self._external_stop and (world == 1 or self.guard.rank == 0):
             request = {
                 "command": "stop",
                 "id": f"signal-{self._external_stop}",
                 "issuer": self._external_stop,
             }
             self._external_stop = None
+        if world > 1:
+            request = _agreed(request)
         if request is not None and request.get("command") == "memory_snapshot":
             self._memory_snapshot(request, state.global_step)
             request = None
@@ -307,29 +328,42 @@ class GuardCallback(TrainerCallback):
         self.guard.set_phase("train")
 
 
-def load_keeping_this_runs_lr(trainer: Any, load: Any, checkpoint: str | None) -> list[float] | None:
+def restore_base_lrs(optimizer: Any, scheduler: Any, fresh: list[float]) -> tuple[list[float], list[float]] | None:
+    """Put back the per-group base LRs the trainer was built with, after a checkpoint's state replaced them.
+
+    Each group keeps its place in the schedule; only its base changes. Returns the
+    (checkpoint's, this run's) base LRs when they differed and were replaced, else None
+    (also when the shapes differ: not ours to guess).
+    """
+    loaded = list(getattr(scheduler, "base_lrs", None) or [])
+    groups = getattr(optimizer, "param_groups", None) or []
+    if not loaded or len(loaded) != len(fresh) or len(groups) != len(fresh) or loaded == fresh:
+        return None
+    for group, old, new in zip(groups, loaded, fresh, strict=True):
+        group["initial_lr"] = new
+        group["lr"] = group["lr"] * new / old if old else new
+    scheduler.base_lrs = list(fresh)
+    if hasattr(scheduler, "_last_lr"):
+        scheduler._last_lr = [g["lr"] for g in groups]
+    return loaded, list(fresh)
+
+
+def load_keeping_this_runs_lr(
+    trainer: Any, load: Any, checkpoint: str | None
+) -> tuple[list[float], list[float]] | None:
     """Resume the checkpoint's optimizer and scheduler, but at the learning rate this run was given.
 
     The HF Trainer builds a fresh optimizer and scheduler at ``args.learning_rate`` and then
     loads the checkpoint's ``optimizer.pt`` and ``scheduler.pt`` over them: their base LR is
     the one the checkpoint was trained at, so a rollback's lower LR would be silently undone.
-    The schedule's position and the optimizer's moments are kept; only the base LR of each
-    parameter group is the fresh one. Returns the base LRs that were replaced (None: none).
+    The schedule's position and the optimizer's moments are kept (:func:`restore_base_lrs`).
     """
-    opt = getattr(trainer, "optimizer", None)
-    fresh = [g.get("initial_lr", g.get("lr")) for g in opt.param_groups] if opt is not None else None
+
+    def inner(sched: Any) -> Any:
+        return getattr(sched, "scheduler", sched)  # accelerate wraps it
+
+    fresh = list(getattr(inner(getattr(trainer, "lr_scheduler", None)), "base_lrs", None) or [])
     load(checkpoint)
-    sched = getattr(trainer, "lr_scheduler", None)
-    sched = getattr(sched, "scheduler", sched)  # accelerate wraps it
-    saved = list(getattr(sched, "base_lrs", None) or [])
-    if checkpoint is None or opt is None or not fresh or len(saved) != len(fresh) or saved == fresh:
+    if checkpoint is None or not fresh:
         return None
-    if any(new is None or not old for new, old in zip(fresh, saved, strict=True)):
-        return None
-    for group, new, old in zip(opt.param_groups, fresh, saved, strict=True):
-        group["lr"] = group["lr"] * new / old
-        group["initial_lr"] = new
-    sched.base_lrs = list(fresh)
-    if hasattr(sched, "_last_lr"):
-        sched._last_lr = [g["lr"] for g in opt.param_groups]
-    return saved
+    return restore_base_lrs(trainer.optimizer, inner(trainer.lr_scheduler), fresh)

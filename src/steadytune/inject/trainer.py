@@ -7,7 +7,9 @@ subclass that calls ``super()`` carries the guard without knowing it:
   the built-in runner uses) bound to its clipping, so records hold the norm before clipping;
 - ``training_step``: each micro-batch's loss, tokens and content hashes go to the guard;
 - ``compute_loss``: the ``nan_at_step`` drill fault poisons the loss, as in the built-in runner;
-- ``train``: the guard's last words (:class:`~steadytune.records.WorkerExit`) when it returns or raises.
+- ``train``: the guard's last words (:class:`~steadytune.records.WorkerExit`) when it returns or raises;
+- ``_load_optimizer_and_scheduler`` (where present): on a resume, the command's learning rate
+  replaces the checkpoint's, so a rollback's lowered LR reaches the optimizer (see :func:`command_lr`).
 
 The callback is the same adapter as in a native run, with no keeper: checkpoints stay
 in the tool's ``output_dir`` and the tool's save schedule is its own. Whatever fails in
@@ -158,7 +160,6 @@ def install(trainer_cls: type[Trainer], environ: dict[str, str] | None = None) -
         raise ValueError(f"${RUN_ENV} is not set: no run directory to write the guard's telemetry to")
     injection = Injection(Path(env[RUN_ENV]), Faults.from_env(dict(env)))
     init, train = trainer_cls.__init__, trainer_cls.train
-    load_state = trainer_cls._load_optimizer_and_scheduler
     training_step, compute_loss = trainer_cls.training_step, trainer_cls.compute_loss
 
     @functools.wraps(init)
@@ -221,14 +222,41 @@ def install(trainer_cls: type[Trainer], environ: dict[str, str] | None = None) -
             return (out[0] * float("nan"), *out[1:]) if isinstance(out, tuple) else out * float("nan")
         return out
 
-    @functools.wraps(load_state)
-    def load_state_(self: Trainer, checkpoint: str | None) -> None:
-        # A rollback's lower LR (the tool's own LR argument) must survive the checkpoint's scheduler.
-        if _callback(self) is None:
-            return load_state(self, checkpoint)
-        load_keeping_this_runs_lr(self, lambda c: load_state(self, c), checkpoint)
+    load_state = getattr(trainer_cls, "_load_optimizer_and_scheduler", None)
 
-    trainer_cls._load_optimizer_and_scheduler = load_state_  # type: ignore[method-assign]
+    def _load_optimizer_and_scheduler(self: Trainer, checkpoint: Any, *args: Any, **kwargs: Any) -> Any:
+        # A rollback's lower LR (the tool's own LR argument) must survive the checkpoint's scheduler.
+        cb = _callback(self)
+        if cb is None or load_state is None:
+            return load_state(self, checkpoint, *args, **kwargs) if load_state else None
+        loaded = False
+
+        def load(c: Any) -> None:
+            nonlocal loaded
+            load_state(self, c, *args, **kwargs)
+            loaded = True
+
+        try:
+            changed = load_keeping_this_runs_lr(self, load, checkpoint)
+        except Exception as exc:
+            cb.switch_off(exc)
+            if not loaded:
+                load_state(self, checkpoint, *args, **kwargs)
+            return None
+        if changed is not None:
+            cb.guard.notify(
+                "lifecycle",
+                WorkerEvent.LR_FROM_COMMAND,
+                f"resuming from {Path(str(checkpoint)).name} at the command's learning rate "
+                f"{changed[1][0]:.6g}, not the checkpoint's {changed[0][0]:.6g}",
+                checkpoint_lrs=changed[0],
+                command_lrs=changed[1],
+            )
+        return None
+
+    if load_state is not None:
+        functools.update_wrapper(_load_optimizer_and_scheduler, load_state)
+        trainer_cls._load_optimizer_and_scheduler = _load_optimizer_and_scheduler  # type: ignore[attr-defined]
     trainer_cls.__init__ = __init__  # type: ignore[method-assign]
     trainer_cls.train = train_  # type: ignore[method-assign]
     trainer_cls.training_step = training_step_  # type: ignore[method-assign]

@@ -56,6 +56,7 @@ class ExitInfo:
     stderr_tail: str = ""
     interrupted: bool = False  # the supervisor itself asked it to stop (Ctrl-C, SIGTERM, operator)
     hung: bool = False  # the supervisor killed it for not making progress
+    stopped_outside: bool = False  # the supervisor ended it for a stop or pause: ``status`` is its word
 
     @property
     def signal(self) -> int | None:
@@ -77,7 +78,7 @@ class Decision:
 
 def classify(info: ExitInfo) -> str:
     """One word for how the worker ended."""
-    if info.status in {"completed", "stopped", "paused"} and (info.returncode in (0, None)):
+    if info.status in {"completed", "stopped", "paused"} and (info.returncode in (0, None) or info.stopped_outside):
         return info.status
     if info.interrupted:
         return "user_interrupt"

@@ -127,6 +127,18 @@ class WorkerProcess:
             return ""
 
 
+def running(pids: Sequence[int]) -> list[int]:
+    """The pids that still run: a zombie has exited, only its parent has not yet read it."""
+    out = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.Error:
+            continue
+    return out
+
+
 class ProcessTree:
     """Every process the command started, remembered while it runs, so none outlives it."""
 
@@ -138,18 +150,9 @@ class ProcessTree:
         self.seen.update(self.proc.tree_pids())
 
     def alive(self) -> list[int]:
-        """The processes of the tree still running (zombies are gone already)."""
-        import psutil
-
+        """The processes of the tree still running."""
         self.note()
-        out = []
-        for pid in sorted(self.seen):
-            try:
-                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                    out.append(pid)
-            except psutil.Error:
-                continue
-        return out
+        return running(sorted(self.seen))
 
     def reap(self, timeout: float = 10.0) -> list[int]:
         """Kill the command's process group and anything seen in its tree; the pids that were still alive."""
@@ -157,11 +160,9 @@ class ProcessTree:
 
         self.note()
         alive = []
-        for pid in sorted(self.seen - {self.proc.pid}):
+        for pid in running(sorted(self.seen - {self.proc.pid})):
             try:
-                p = psutil.Process(pid)
-                if p.status() != psutil.STATUS_ZOMBIE:  # a zombie has exited: nothing is left to kill
-                    alive.append(p)
+                alive.append(psutil.Process(pid))
             except psutil.Error:
                 continue
         self.proc.signal_tree(signal.SIGKILL)  # the session: the command and whatever stayed in it

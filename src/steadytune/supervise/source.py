@@ -103,7 +103,9 @@ class NativeSource:
             "PYTHONUNBUFFERED": "1",
             "TOKENIZERS_PARALLELISM": "false",
         }
-        return WorkerProcess(worker_command(self.run.root, self.nproc), log_path, env=env)
+        # A resize (scale: in the config) relaunches with the plan's process count, not the first one.
+        nproc = plan.nproc_per_node or self.nproc
+        return WorkerProcess(worker_command(self.run.root, nproc), log_path, env=env)
 
     def poll(self) -> None:
         return None

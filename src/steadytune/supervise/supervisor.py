@@ -58,9 +58,11 @@ from steadytune.supervise.restarts import (
     resume_problems,
     rollback_restart,
 )
+from steadytune.supervise.scaling import SCALE_ACTIONS, Autoscaler
 from steadytune.supervise.source import CONTROL, DATA, LR, PLAN, SKIP_STEP, NativeSource, WorkerSource
 from steadytune.telemetry.events import EventLog
 from steadytune.telemetry.sampler import SystemSampler
+from steadytune.telemetry.snapshot import sampler_from_env
 from steadytune.telemetry.stream import JsonlTailer, JsonlWriter
 
 
@@ -70,6 +72,7 @@ class Observer(Protocol):
     def on_record(self, record: Record) -> None: ...
     def on_event(self, event: Event) -> None: ...
     def close(self) -> None: ...
+
 
 
 # After these, the supervisor looks at the offending batch by itself (inspect-batch).
@@ -117,7 +120,7 @@ class Supervisor:
         self.source: WorkerSource = source or NativeSource(self.run, cfg.run.nproc_per_node, worker_env)
         self._observers_arg = observers
         self.stop_grace_s = stop_grace_s
-        self.sampler = sampler or SystemSampler(self.run.root, clock=clock)
+        self.sampler = sampler or sampler_from_env(self.run.root, clock=clock)
         self.events = EventLog(self.run.events, self.run.run_id, clock=clock, on_append=self._fan_event)
         self.observers: list[Observer] = (
             list(self._observers_arg) if self._observers_arg is not None else self.default_observers()
@@ -127,7 +130,8 @@ class Supervisor:
         self.tailers: dict[Path, JsonlTailer] = {}
         self.state = "starting"
         self.attempt = 0
-        self.restarts = 0
+        self.restarts = 0  # crash restarts, which the restart budget counts
+        self.action_restarts = 0  # restarts the policy asked for (rollback, hang): its own budgets count them
         self.worker: WorkerProcess | None = None
         self.tree: ProcessTree | None = None
         self.exits: list[WorkerExit] = []
@@ -140,6 +144,8 @@ class Supervisor:
         self.detector = LiveDetector(cfg.detect)
         self.policy = Policy(cfg.policy)
         self.plan = first_plan(cfg, clock())
+        self._last_save_ts: float | None = None
+        self.scaling = Autoscaler.for_run(self, worker_env)  # None without scale: in the config
         self.pending: Action | None = None  # an action that stopped the worker on purpose
         self.samples_by_step: dict[int, list[int]] = {}  # for rollback-and-skip
         self.rollback_resumes: list[int | None] = []
@@ -159,6 +165,7 @@ class Supervisor:
         self._abandoned: dict[Path, int] = {}  # checkpoints of a timeline a rollback left, as they were
         self._reaped: list[int] = []  # what the last attempt left behind, killed
         self._stop_killed = False
+        self._pause_requested = False
         self._last_sample = 0.0
         self._last_status = 0.0
         self.dashboard_url: str | None = None
@@ -210,7 +217,7 @@ class Supervisor:
             "tokens_per_s": self.progress.tokens_per_s,
             "eta_s": self.progress.eta_s,
             "attempt": self.attempt,
-            "restarts": self.restarts,
+            "restarts": self.restarts + self.action_restarts,
             "last_checkpoint": self.source.latest_checkpoint(),
             "supervisor_pid": os.getpid(),
             "worker_pid": self.worker.pid if self.worker and self.worker.poll() is None else None,
@@ -289,6 +296,7 @@ class Supervisor:
         return str(found[0][0]) if found else None
 
     def start_worker(self, plan: PlanRevision) -> None:
+        self._stop_sent_at = None
         self.drop_stale_requests()
         self.worker = self.source.start(plan, self.run.logs / f"worker-{plan.attempt}.log")
         self.tree = ProcessTree(self.worker)
@@ -355,6 +363,8 @@ class Supervisor:
                 if self._expect is not None and rec.loss is not None:
                     self.check_resume(rec, self._expect)
                     self._expect = None
+                if self.scaling is not None:
+                    self.scaling.on_step(rec)
             if rec.batch is not None and rec.batch.indices:
                 self.samples_by_step.setdefault(rec.step, []).extend(rec.batch.indices)
             if self.pending is None:
@@ -376,6 +386,8 @@ class Supervisor:
             if self.pending is None:
                 for t in self.detector.observe_system(rec):
                     self.on_transition(t)
+            if self.scaling is not None and self.pending is None:
+                self.scaling.on_sample(rec)
         elif isinstance(rec, WorkerExit):
             self.exits.append(rec)
         elif isinstance(rec, Event):
@@ -429,6 +441,7 @@ class Supervisor:
             self.progress.max_steps = int(ev.data["max_steps"])
 
     def on_checkpoint_saved(self, ev: Event, filed: Event | None) -> None:
+        self._last_save_ts = ev.ts
         if ev.step is not None:
             self.checkpoint_steps.append(ev.step)
             self.update_disk_need(ev.step)
@@ -479,6 +492,7 @@ class Supervisor:
     # disk_low is an anomaly: the policy meets it in on_worker_event, as any anomaly a worker reports.
     on_disk_low = on_grad_norm_after_clipping = on_inject_failed = on_guard_injected = on_guard_off = _filed_only
     on_ack_pause = on_ack_resume = on_ack_stop = on_ack_memory_snapshot = on_optimizer_groups = _filed_only
+    on_lr_from_command = _filed_only
     on_worker_group_started, on_worker_group_failed = on_worker_group_started, on_worker_group_failed  # Ray's
 
     # -- detection and actions -------------------------------------------------
@@ -603,6 +617,12 @@ class Supervisor:
             )
             if action.anomaly is not None and action.anomaly.kind == "memory_leak":
                 self._leak_snapshot_pending = True
+        elif action.name in SCALE_ACTIONS and self.worker is not None and self.pending is None:
+            # Like a stop: the worker checkpoints at the next step boundary and exits; the run then
+            # relaunches in the new shape from that checkpoint (plan_after_action).
+            self.pending = action
+            send_control(self.run, "stop", issuer=f"policy:{action.name}", attempt=self.attempt, log=self.events)
+            self._stop_sent_at = self.clock()
         elif action.name in {"rollback", "restart"} and self.worker is not None and self.pending is None:
             self.pending = action
             if action.name == "restart":
@@ -653,6 +673,29 @@ class Supervisor:
                 )
             if command == "resume" and self.state == "paused":
                 self._resume_requested = True
+            elif CONTROL not in self.source.abilities and not issuer.startswith(RESERVED_ISSUERS):
+                self.carry_out_outside(command, issuer)
+
+    def carry_out_outside(self, command: str, issuer: str) -> None:
+        """An operator's request to a job that takes none: stop and pause are done from outside."""
+        if self.worker is None or self.worker.poll() is not None or self.state in {"stopping", "paused"}:
+            return
+        if command == "stop":
+            self.request_stop(issuer)
+        elif command == "pause":
+            # The job is stopped (it keeps the checkpoints it saved); `resume` restarts it from the newest.
+            self._pause_requested = True
+            self.state = "stopping"
+            self.worker.signal_tree(signal.SIGTERM)
+            self._stop_sent_at = self.clock()
+        elif command in {"checkpoint", "memory_snapshot"}:
+            self.emit(
+                "action",
+                "alert_only",
+                f"{command} requested by {issuer} is not available: {self.unable(command)}",
+                severity="warning",
+                step=self.progress.step,
+            )
 
     def drop_stale_requests(self) -> None:
         """Before a worker starts: file what is queued, then empty the queue, which was meant for the last one."""
@@ -675,7 +718,7 @@ class Supervisor:
                 return False
             self.pump()
             if live is not None:
-                live.update(progress_line(self.progress, self.restarts, self.state))
+                live.update(progress_line(self.progress, self.restarts + self.action_restarts, self.state))
             time.sleep(self.poll_s)
         return True
 
@@ -749,7 +792,7 @@ class Supervisor:
             rc = self.worker.poll()
             self.pump()
             if live is not None:
-                live.update(progress_line(self.progress, self.restarts, self.state))
+                live.update(progress_line(self.progress, self.restarts + self.action_restarts, self.state))
             if rc is not None:
                 break
             if self._stop_sent_at is not None and self.clock() - self._stop_sent_at > self.stop_grace_s:
@@ -776,7 +819,10 @@ class Supervisor:
         tail = self.worker.log_tail()
         found = last_exception(tail) if last is None and rc else None
         status = last.status if last else None
-        if last is None and rc == 0 and PLAN not in self.source.abilities:
+        outside = last is None and self._pause_requested
+        if outside:
+            status, self._pause_requested = "paused", False  # stopped from outside on an operator's pause
+        elif last is None and rc == 0 and PLAN not in self.source.abilities:
             # A job's own exit status is all it says; asked to stop, a clean exit is a stop.
             status = "stopped" if self._stop_sent_at is not None else "completed"
         stopping = self._stop_sent_at is not None or (self.pending is not None and self.pending.name == "stop")
@@ -790,8 +836,8 @@ class Supervisor:
             deterministic=bool(last and last.deterministic)
             or (last is None and rc is not None and rc > 0 and not self.attempt_stepped and not stopping),
             stderr_tail=tail,
-            interrupted=self._stop_sent_at is not None
-            and not (last and last.status in {"stopped", "paused", "completed"}),
+            interrupted=self._stop_sent_at is not None and status not in {"stopped", "paused", "completed"},
+            stopped_outside=outside,
         )
 
     def reap(self) -> None:
@@ -840,6 +886,7 @@ class Supervisor:
                 if changes is None:
                     return self.finish(Decision("stop", action.name, why), info, t0)
                 delay = 0.0
+                self.action_restarts += 1
             else:
                 decision = decide(
                     info,
@@ -897,7 +944,11 @@ class Supervisor:
                 data={
                     "classification": reason,
                     "returncode": info.returncode,
-                    **{k: changes[k] for k in ("resume_checkpoint", "lr_scale") if changes.get(k) is not None},
+                    **{
+                        k: changes[k]
+                        for k in ("resume_checkpoint", "lr_scale", "nproc_per_node")
+                        if changes.get(k) is not None
+                    },
                 },
             )
             self.state = "restarting"
@@ -981,6 +1032,8 @@ class Supervisor:
 
     def plan_after_action(self, action: Action, info: ExitInfo) -> tuple[dict[str, Any] | None, str, str]:
         """The restart plan for a worker the supervisor stopped on purpose."""
+        if action.name in SCALE_ACTIONS and self.scaling is not None:
+            return self.scaling.plan_after_resize()
         if action.name == "restart":
             kind = action.anomaly.kind if action.anomaly else action.name
             resume = self.resume_point()
@@ -1054,7 +1107,13 @@ class Supervisor:
             obs.close()
         ckpts = [p.name for p in reversed(self.source.checkpoints())]  # in step order
         return RunResult(
-            self.run, state, decision.reason, self.progress, self.restarts, ckpts, self.clock() - t0
+            self.run,
+            state,
+            decision.reason,
+            self.progress,
+            self.restarts + self.action_restarts,
+            ckpts,
+            self.clock() - t0,
         )
 
 

@@ -339,7 +339,9 @@ def training_arguments(
         save_total_limit=None,  # retention is ours: it must never rotate away LAST_GOOD
         eval_strategy="steps" if eval_on else "no",
         eval_steps=t.eval_steps if eval_on else None,
-        dataloader_num_workers=t.dataloader_num_workers,
+        dataloader_num_workers=(
+            plan.dataloader_num_workers if plan.dataloader_num_workers is not None else t.dataloader_num_workers
+        ),
         remove_unused_columns=False,
         report_to=[],
         disable_tqdm=True,

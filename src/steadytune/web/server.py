@@ -12,6 +12,9 @@ route but the pages, ``/static``, ``/healthz`` and ``/api/auth`` needs the token
     /api/runs/<id>/gradflow?points=&lo=&hi=         gradient-flow heat map (layers × recorded steps)
     /api/auth                  may this client act? /healthz
     POST /api/runs/<id>/control   {"command", "issuer", "confirm": true} with the token in a header
+    /server                    GPU server page      /api/server          its GPUs, reservations and queue
+    POST /api/server/jobs/<id>/<cancel|hold|release>   {"confirm": true} with the token in a header
+                               (the server routes exist when `steadytune server --dashboard` serves it)
 
 The supervisor stays light: no framework, one thread per connection (at most
 ``max_connections``, of which ``max_streams`` live streams; beyond, 503 with
@@ -37,6 +40,7 @@ from typing import Any
 
 from steadytune.protocol import ControlError, operator_issuer
 from steadytune.rundir import valid_run_id
+from steadytune.server.queue import QueueError
 from steadytune.supervise.control import send_control
 from steadytune.web import api
 from steadytune.web.metrics import render_metrics
@@ -94,6 +98,8 @@ class DashboardApp:
     public_url: str | None = None
     machine_names: frozenset[str] = frozenset()
     max_streams: int = 16
+    # The GPU server's daemon (snapshot() and act(op, job)), when `steadytune server` serves the dashboard.
+    server: Any = None
     streams: threading.BoundedSemaphore = field(init=False)
 
     def __post_init__(self) -> None:
@@ -232,6 +238,8 @@ class Handler(BaseHTTPRequestHandler):
                 ok = valid_run_id(urllib.parse.unquote(parts[1]))
                 return self._static("run.html") if ok else self._not_found()
             return self._static("run.html") if self._run(parts[1]) else self._not_found()
+        if head == "server" and len(parts) == 1:
+            return self._static("server.html") if app.server is not None else self._not_found()
         if head == "healthz":
             return self._json({"ok": True})
         if parts == ["api", "auth"]:
@@ -249,6 +257,8 @@ class Handler(BaseHTTPRequestHandler):
             return self._send(200, text.encode("utf-8"), "text/plain; version=0.0.4; charset=utf-8")
         if head != "api" or len(parts) < 2:
             return self._not_found()
+        if parts[1:] == ["server"]:
+            return self._json(app.server.snapshot()) if app.server is not None else self._not_found()
         if parts[1:] == ["runs"]:
             return self._json(api.runs_list(app.index))
         if parts[1:] == ["stream"]:
@@ -305,11 +315,14 @@ class Handler(BaseHTTPRequestHandler):
             if not self._guard():
                 return
             parts = [p for p in urllib.parse.urlsplit(self.path).path.split("/") if p]
-            if len(parts) != 4 or parts[:2] != ["api", "runs"] or parts[3] != "control":
-                return self._not_found()
-            entry = self._run(parts[2])
-            if entry is None:
-                return self._not_found()
+            job_action = server_action(parts) if self.app.server is not None else None
+            entry = None
+            if job_action is None:
+                if len(parts) != 4 or parts[:2] != ["api", "runs"] or parts[3] != "control":
+                    return self._not_found()
+                entry = self._run(parts[2])
+                if entry is None:
+                    return self._not_found()
             if not self.app.token:
                 return self._error(
                     403, "operator controls are off: start the dashboard with a token to enable them"
@@ -328,6 +341,13 @@ class Handler(BaseHTTPRequestHandler):
                 return self._error(400, "the body is not JSON")
             if not isinstance(body, dict) or body.get("confirm") is not True:
                 return self._error(400, 'confirm the request with "confirm": true')
+            if job_action is not None:
+                try:
+                    job = self.app.server.act(job_action[1], job_action[0])
+                except QueueError as exc:
+                    return self._error(400, str(exc))
+                return self._json({"ok": True, "job": job.to_dict()})
+            assert entry is not None
             args = body.get("args") or None
             try:
                 if args is not None and not isinstance(args, dict):
@@ -452,6 +472,17 @@ class Handler(BaseHTTPRequestHandler):
             self.app.stopping.wait(self.app.poll_s)
 
 
+def server_action(parts: list[str]) -> tuple[str, str] | None:
+    """``(job id, action)`` for ``POST /api/server/jobs/<id>/<action>``, else None."""
+    if (
+        len(parts) == 5
+        and parts[:3] == ["api", "server", "jobs"]
+        and parts[4] in ("cancel", "hold", "release")
+    ):
+        return urllib.parse.unquote(parts[3]), parts[4]
+    return None
+
+
 def make_handler(app: DashboardApp, request_timeout_s: float = 10.0) -> type[Handler]:
     # ``timeout`` is the socket timeout of each connection (StreamRequestHandler.setup).
     return type("DashboardHandler", (Handler,), {"app": app, "timeout": request_timeout_s})
@@ -574,6 +605,7 @@ def start_dashboard(
     max_connections: int = 64,
     max_streams: int = 16,
     exposed: bool | None = None,
+    server: Any = None,
 ) -> DashboardHandle:
     """Serve the dashboard of every run under ``runs_dir`` from a background thread.
 
@@ -582,6 +614,7 @@ def start_dashboard(
     dashboard is *exposed*: every read needs the token; ``exposed`` overrides that
     judgement (tests, or a loopback port forwarded to the network).
     ``request_timeout_s``, ``max_connections``, ``max_streams``: see DashboardConfig.
+    ``server``: the GPU server's daemon, for the server page and its API.
 
     Raises :class:`steadytune.web.security.BindRefused` when exposed without a
     token, and ``OSError`` when the port is taken.
@@ -595,7 +628,7 @@ def start_dashboard(
     app = DashboardApp(
         index=index, host=host, port=port, token=token, clock=clock, poll_s=poll_s, exposed=exposed,
         public_url=public_url, machine_names=machine_names() if not is_loopback(host) else frozenset(),
-        max_streams=max_streams,
+        max_streams=max_streams, server=server,
     )  # fmt: skip
     server = _Server(
         (host.strip("[]"), port),

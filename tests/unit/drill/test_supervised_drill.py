@@ -20,6 +20,7 @@ from steadytune.drill.faults import parse_inject
 from steadytune.drill.runner import report_run
 from steadytune.records import PlanRevision, StepRecord, to_json
 from steadytune.rundir import RunDir
+from steadytune.supervise.process import running
 from steadytune.telemetry.events import EventLog
 from steadytune.telemetry.stream import JsonlWriter
 
@@ -112,12 +113,12 @@ def test_the_trainer_is_the_deepest_python_process_of_the_job() -> None:
         (child,) = psutil.Process(launcher.pid).children()
         assert external.trainer_pid(launcher.pid) == child.pid
         assert external.trainer_pid(alone.pid) == alone.pid
-        assert external.alive([child.pid, alone.pid]) == [child.pid, alone.pid]
+        assert running([child.pid, alone.pid]) == [child.pid, alone.pid]
     finally:
         for p in (child, launcher, alone):
             p.kill()
     alone.wait()
-    assert external.alive([alone.pid]) == []
+    assert running([alone.pid]) == []
 
 
 def _safetensors(path: Path, n: int) -> None:

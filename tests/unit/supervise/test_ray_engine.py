@@ -275,3 +275,11 @@ def test_a_groups_accumulation_is_part_of_its_revision() -> None:
     assert "gradient accumulation 1" in changes["notes"]
     same = {"world_size": 1, "attempt": 0, "gradient_accumulation_steps": 2}
     assert group_revision(plan, same, 0) is None
+
+
+def test_autoscaling_rules_with_ray_say_to_use_num_workers(tmp_path: Path) -> None:
+    data = config(tmp_path)
+    data["scale"] = {"min_gpus": 1, "max_gpus": 1}
+    with pytest.raises(ConfigError) as err:
+        validate_dict(data, base=tmp_path, check_paths=False)
+    assert "scale:" in str(err.value) and "ray.num_workers: [min, max]" in str(err.value)

@@ -31,6 +31,8 @@
   }
 
   ST.getJSON("/api/runs").then(render).catch(() => {});
+  // The server page exists when `steadytune server --dashboard` serves this dashboard.
+  ST.getJSON("/api/server").then(() => document.getElementById("server-link").classList.remove("hidden")).catch(() => {});
   const dot = document.getElementById("live");
   ST.stream("/api/stream", { runs: render }, (on) => dot.classList.toggle("on", on));
 })();

@@ -1,0 +1,124 @@
+"""How a queued job becomes a process: its command line, its environment, and the process table.
+
+Each job is an ordinary supervised run (``steadytune run CONFIG`` or ``steadytune
+supervise -- CMD``), started in a session of its own so that the daemon's death or
+restart never takes it down; the daemon finds it again by its pid and start time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from steadytune.rundir import RunDir
+from steadytune.server.queue import Job
+
+JOB_ENV = "STEADYTUNE_SERVER_JOB"
+
+
+def run_id(job: Job) -> str:
+    """The run directory's name: the job id, then a word saying what it is."""
+    label = str(job.spec.get("label") or "job")
+    label = "".join(c if c.isalnum() or c in "._-" else "-" for c in label)[:40].strip("-.") or "job"
+    return f"{job.id}-{label}"
+
+
+def job_command(job: Job, runs_dir: Path, python: str = sys.executable) -> list[str]:
+    """The ``steadytune`` command line that runs ``job`` under its supervisor."""
+    spec = job.spec
+    base = [python, "-m", "steadytune.cli.main"]
+    rid = run_id(job)
+    if spec["kind"] == "run":
+        out = [*base, "run", spec["config"], *spec.get("overrides", []), f"run.runs_dir={runs_dir}"]
+        out += ["--run-id", rid, "--quiet"]
+        if spec.get("skip_check"):
+            out.append("--skip-check")
+        return out
+    out = [*base, "supervise", "--runs-dir", str(runs_dir), "--run-id", rid, "--quiet"]
+    if spec.get("config"):
+        out += ["--config", spec["config"]]
+    for item in spec.get("overrides", []):
+        out += ["--set", item]
+    out += list(spec.get("supervise_args", []))
+    return [*out, "--", *spec["cmd"]]
+
+
+def job_env(job: Job, gpus: tuple[int, ...], base: dict[str, str] | None = None) -> dict[str, str]:
+    """The job's environment: the submitter's, placed on its GPUs.
+
+    NVML numbers devices by PCI bus; CUDA, by default, fastest first. The ledger's
+    indices are NVML's, so the job is told to number them the same way.
+    """
+    env = dict(os.environ if base is None else base)
+    env.update(job.spec.get("env") or {})
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in gpus)
+    env[JOB_ENV] = job.id
+    return env
+
+
+@dataclass
+class Started:
+    pid: int
+    started: float  # the process's start time: a pid reused by another process has another
+    handle: Any = None
+
+
+class ProcessTable:
+    """Starting, finding and signalling job processes (psutil); injectable for the daemon's tests."""
+
+    def start(self, argv: list[str], env: dict[str, str], cwd: str, log: Path) -> Started:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "ab") as out:
+            proc = subprocess.Popen(
+                argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own session: the daemon's end is not the job's
+            )  # fmt: skip
+        try:
+            started = psutil.Process(proc.pid).create_time()
+        except psutil.Error:
+            started = 0.0
+        return Started(proc.pid, started, proc)
+
+    def alive(self, pid: int, started: float | None) -> bool:
+        try:
+            p = psutil.Process(pid)
+            if p.status() == psutil.STATUS_ZOMBIE:
+                return False
+            return started is None or abs(p.create_time() - started) < 1.0
+        except psutil.Error:
+            return False
+
+    def tree(self, pid: int) -> set[int]:
+        try:
+            p = psutil.Process(pid)
+            return {pid, *(c.pid for c in p.children(recursive=True))}
+        except psutil.Error:
+            return set()
+
+    def signal(self, pid: int, sig: int, group: bool = False) -> None:
+        try:
+            if group:
+                os.killpg(pid, sig)
+            else:
+                os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def run_status(run_dir: str | None) -> dict[str, Any]:
+    """The run's ``status.json`` (its supervisor's view), or {} when it has none yet."""
+    if not run_dir:
+        return {}
+    try:
+        data = json.loads(RunDir(Path(run_dir)).status.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}

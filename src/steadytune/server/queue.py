@@ -1,0 +1,240 @@
+"""The server's job queue: one SQLite file, every change one transaction.
+
+States and the moves between them::
+
+    queued ──► admitted ──► running ──► done | failed
+      │ ▲         │            │
+      ▼ │         ▼            ▼
+     held      queued       cancelled     (queued, held and admitted jobs may be cancelled too)
+
+A move names the states it may leave (``UPDATE ... WHERE state IN (...)``), so two
+writers (the daemon loop and a ``cancel`` from the socket) can never both win; the
+loser gets False and reads the job again. The file is in WAL mode with full
+synchronous commits: a job that was acknowledged as submitted survives a power cut.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+STATES = ("queued", "held", "admitted", "running", "done", "failed", "cancelled")
+WAITING = ("queued",)
+LIVE = ("admitted", "running")
+FINAL = ("done", "failed", "cancelled")
+
+MOVES: dict[str, tuple[str, ...]] = {
+    "held": ("queued",),
+    "queued": ("held", "admitted"),  # release, or an admitted job whose start never happened
+    "admitted": ("queued",),
+    "running": ("admitted",),
+    "done": ("running",),
+    "failed": ("admitted", "running"),
+    "cancelled": ("queued", "held", "admitted", "running"),
+}
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+  seq INTEGER PRIMARY KEY AUTOINCREMENT,
+  id TEXT UNIQUE NOT NULL,
+  state TEXT NOT NULL,
+  priority INTEGER NOT NULL DEFAULT 0,
+  spec TEXT NOT NULL,
+  need_bytes INTEGER NOT NULL,
+  need_source TEXT NOT NULL,
+  gpus_wanted INTEGER NOT NULL,
+  gpus TEXT NOT NULL DEFAULT '[]',
+  run_dir TEXT,
+  pid INTEGER,
+  pid_started REAL,
+  reason TEXT NOT NULL DEFAULT '',
+  submitted_ts REAL NOT NULL,
+  started_ts REAL,
+  ended_ts REAL,
+  user TEXT NOT NULL DEFAULT '',
+  cancel_requested INTEGER NOT NULL DEFAULT 0
+);
+"""
+
+
+class QueueError(Exception):
+    """A request the queue cannot carry out; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class Job:
+    """One row of the queue. ``spec`` is how to start it (see daemon.job_command)."""
+
+    id: str
+    seq: int
+    state: str
+    priority: int
+    spec: dict[str, Any]
+    need_bytes: int
+    need_source: str
+    gpus_wanted: int
+    gpus: tuple[int, ...] = ()
+    run_dir: str | None = None
+    pid: int | None = None
+    pid_started: float | None = None
+    reason: str = ""
+    submitted_ts: float = 0.0
+    started_ts: float | None = None
+    ended_ts: float | None = None
+    user: str = ""
+    cancel_requested: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        """The job as the API shows it: its environment stays out (it may hold secrets)."""
+        return {
+            "id": self.id,
+            "seq": self.seq,
+            "state": self.state,
+            "priority": self.priority,
+            "spec": {k: v for k, v in self.spec.items() if k != "env"},
+            "need_bytes": self.need_bytes,
+            "need_source": self.need_source,
+            "gpus_wanted": self.gpus_wanted,
+            "gpus": list(self.gpus),
+            "run_dir": self.run_dir,
+            "pid": self.pid,
+            "reason": self.reason,
+            "submitted_ts": self.submitted_ts,
+            "started_ts": self.started_ts,
+            "ended_ts": self.ended_ts,
+            "user": self.user,
+            "cancel_requested": self.cancel_requested,
+        }
+
+
+def _job(row: sqlite3.Row) -> Job:
+    return Job(
+        id=row["id"],
+        seq=row["seq"],
+        state=row["state"],
+        priority=row["priority"],
+        spec=json.loads(row["spec"]),
+        need_bytes=row["need_bytes"],
+        need_source=row["need_source"],
+        gpus_wanted=row["gpus_wanted"],
+        gpus=tuple(json.loads(row["gpus"])),
+        run_dir=row["run_dir"],
+        pid=row["pid"],
+        pid_started=row["pid_started"],
+        reason=row["reason"],
+        submitted_ts=row["submitted_ts"],
+        started_ts=row["started_ts"],
+        ended_ts=row["ended_ts"],
+        user=row["user"],
+        cancel_requested=bool(row["cancel_requested"]),
+    )
+
+
+class JobQueue:
+    """The durable queue. Safe to share between the daemon's threads (one lock, one connection)."""
+
+    def __init__(self, path: Path, clock: Callable[[], float] = time.time) -> None:
+        # The jobs' environments are kept here, and they may hold tokens: the owner's only.
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.path = path
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.executescript(_SCHEMA)
+        path.chmod(0o600)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def submit(
+        self,
+        spec: dict[str, Any],
+        need_bytes: int,
+        need_source: str,
+        gpus: int = 1,
+        priority: int = 0,
+        user: str = "",
+        held: bool = False,
+    ) -> Job:
+        """Append a job; its id is ``j<seq>``, in submission order."""
+        if gpus < 1:
+            raise QueueError(f"gpus={gpus}: a job needs at least 1 GPU")
+        if need_bytes < 0:
+            raise QueueError(f"need={need_bytes} bytes: give a size ≥ 0")
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                cur = self._db.execute(
+                    "INSERT INTO jobs (id, state, priority, spec, need_bytes, need_source, gpus_wanted,"
+                    " submitted_ts, user) VALUES ('', ?, ?, ?, ?, ?, ?, ?, ?)",
+                    ("held" if held else "queued", priority, json.dumps(spec), need_bytes, need_source, gpus,
+                     self.clock(), user),
+                )  # fmt: skip
+                seq = cur.lastrowid
+                self._db.execute("UPDATE jobs SET id = ? WHERE seq = ?", (f"j{seq}", seq))
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        job = self.get(f"j{seq}")
+        assert job is not None
+        return job
+
+    def get(self, job_id: str) -> Job | None:
+        with self._lock:
+            row = self._db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return _job(row) if row is not None else None
+
+    def jobs(self, states: Iterable[str] | None = None) -> list[Job]:
+        """Jobs in submission order, optionally only those in ``states``."""
+        with self._lock:
+            if states is None:
+                rows = self._db.execute("SELECT * FROM jobs ORDER BY seq").fetchall()
+            else:
+                wanted = tuple(states)
+                marks = ",".join("?" * len(wanted))
+                rows = self._db.execute(
+                    f"SELECT * FROM jobs WHERE state IN ({marks}) ORDER BY seq", wanted
+                ).fetchall()
+        return [_job(r) for r in rows]
+
+    def move(self, job_id: str, to: str, **fields: Any) -> bool:
+        """Move a job to state ``to`` (and set ``fields``) if its state allows; False if it does not."""
+        if to not in MOVES:
+            raise QueueError(f"unknown state {to!r}; one of {', '.join(STATES)}")
+        sets, values = ["state = ?"], [to]
+        for key, value in fields.items():
+            if key not in {"gpus", "run_dir", "pid", "pid_started", "reason", "started_ts", "ended_ts"}:
+                raise QueueError(f"cannot set {key!r} on a job")
+            sets.append(f"{key} = ?")
+            values.append(json.dumps(list(value)) if key == "gpus" else value)
+        sources = MOVES[to]
+        marks = ",".join("?" * len(sources))
+        with self._lock:
+            cur = self._db.execute(
+                f"UPDATE jobs SET {', '.join(sets)} WHERE id = ? AND state IN ({marks})",
+                (*values, job_id, *sources),
+            )
+        return cur.rowcount == 1
+
+    def note(self, job_id: str, reason: str) -> None:
+        """Record why a job waits (or what happened last), without changing its state."""
+        with self._lock:
+            self._db.execute(
+                "UPDATE jobs SET reason = ? WHERE id = ? AND reason != ?", (reason, job_id, reason)
+            )
+
+    def request_cancel(self, job_id: str) -> None:
+        """Flag a running job for the daemon to stop; it becomes cancelled once it has exited."""
+        with self._lock:
+            self._db.execute("UPDATE jobs SET cancel_requested = 1 WHERE id = ?", (job_id,))

@@ -1,0 +1,119 @@
+"""A submission: from the client's request to a queue row with its memory need.
+
+Everything wrong with a request is said at once, with the key, the value and the fix.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from steadytune.server.need import NeedError, need_from_config, need_from_user
+from steadytune.server.queue import Job, JobQueue
+
+
+class SubmitError(Exception):
+    """The request cannot be queued; the message lists every reason."""
+
+
+def _label(req: dict[str, Any]) -> str:
+    if req.get("kind") == "run" and req.get("config"):
+        return Path(str(req["config"])).stem
+    cmd = req.get("cmd") or []
+    return Path(str(cmd[0])).name if cmd else "job"
+
+
+def check_request(req: dict[str, Any]) -> list[str]:
+    """The problems of a submit request, all of them (empty when it is fine)."""
+    problems = []
+    kind = req.get("kind")
+    if kind not in ("run", "supervise"):
+        problems.append(f"kind={kind!r}: 'run' (a config) or 'supervise' (a command after --)")
+    if kind == "run" and not req.get("config"):
+        problems.append("a run job needs its config: steadytune submit CONFIG.yaml")
+    if kind == "supervise" and not (isinstance(req.get("cmd"), list) and req["cmd"]):
+        problems.append("a command job needs the command after --: steadytune submit --need-gib 20 -- CMD")
+    gpus = req.get("gpus")
+    if gpus is not None and (not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1):
+        problems.append(f"gpus={gpus!r}: give a whole number of GPUs ≥ 1, e.g. --gpus 2")
+    prio = req.get("priority", 0)
+    if not isinstance(prio, int) or isinstance(prio, bool):
+        problems.append(f"priority={prio!r}: give a whole number (higher starts first), e.g. --priority 5")
+    need = req.get("need_gib")
+    if need is not None and (not isinstance(need, (int, float)) or isinstance(need, bool) or need <= 0):
+        problems.append(f"need_gib={need!r}: give the peak memory per GPU in GiB, e.g. --need-gib 20")
+    if kind == "supervise" and need is None and not req.get("config"):
+        problems.append(
+            "a command without a config has no estimate: give its peak memory per GPU with --need-gib N"
+        )
+    cfg = req.get("config")
+    if cfg and not Path(str(cfg)).is_file():
+        problems.append(f"config {cfg!r} does not exist (paths are read on the server's machine)")
+    return problems
+
+
+def submit(queue: JobQueue, req: dict[str, Any], user: str = "") -> Job:
+    """Validate ``req``, find its need (the user's value, else the estimator's), and queue it.
+
+    Raises:
+        SubmitError: every problem at once.
+    """
+    problems = check_request(req)
+    if problems:
+        raise SubmitError("; ".join(problems))
+    overrides = [str(o) for o in req.get("overrides") or []]
+    config = Path(str(req["config"])) if req.get("config") else None
+    gpus = req.get("gpus")
+    if req["kind"] == "run" and config is not None:
+        gpus = _gpus_of_run(config, overrides, gpus)
+    gpus = int(gpus or 1)
+    try:
+        if req.get("need_gib") is not None:
+            need, why = need_from_user(float(req["need_gib"]))
+            source = "user"
+        else:
+            assert config is not None
+            need, why = need_from_config(config, overrides, gpus)
+            source = "estimate"
+    except NeedError as exc:
+        raise SubmitError(str(exc)) from exc
+    spec = {
+        "kind": req["kind"],
+        "config": str(config) if config else None,
+        "overrides": overrides,
+        "cmd": [str(c) for c in req.get("cmd") or []],
+        "supervise_args": [str(a) for a in req.get("supervise_args") or []],
+        "skip_check": bool(req.get("skip_check")),
+        "cwd": str(req.get("cwd") or "."),
+        "env": {str(k): str(v) for k, v in (req.get("env") or {}).items()},
+        "label": _label(req),
+        "need": why,
+    }
+    return queue.submit(
+        spec,
+        need,
+        source,
+        gpus=gpus,
+        priority=int(req.get("priority", 0)),
+        user=user,
+        held=bool(req.get("hold")),
+    )
+
+
+def _gpus_of_run(config: Path, overrides: list[str], asked: int | None) -> int:
+    """The config as `steadytune run` will read it (a broken one is refused now, not at its turn),
+    and its GPU count: one per process, ``run.nproc_per_node``.
+    """
+    from steadytune.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(config, overrides)
+    except ConfigError as exc:
+        raise SubmitError(exc.render()) from exc
+    nproc = cfg.run.nproc_per_node
+    if asked is not None and asked != nproc:
+        raise SubmitError(
+            f"--gpus {asked}, but the run starts run.nproc_per_node={nproc} process(es), one per GPU: "
+            f"add run.nproc_per_node={asked} to the submit, or leave --gpus out"
+        )
+    return nproc

@@ -1,0 +1,174 @@
+"""Autoscaling a native run by rules (``scale:`` in the config; docs/server.md), for the supervisor.
+
+The rules themselves are pure (:mod:`steadytune.policy.scale`): system samples and step
+timestamps in, a decision out. This module carries a decision out through the supervisor
+it belongs to: a resize is an action like a rollback — the worker checkpoints and stops,
+and the run relaunches in the new shape from that checkpoint, with the effective batch
+unchanged — and it files what each resize cost and whether it paid.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from steadytune.policy.engine import Action
+from steadytune.policy.scale import Measured, ScaleDecision, ScaleRules, Shape, job_reading, parse_visible
+from steadytune.records import StepRecord, SystemSample
+from steadytune.supervise.source import CONTROL, PLAN
+
+if TYPE_CHECKING:
+    from steadytune.supervise.supervisor import Supervisor
+
+# Each checkpoints, stops and relaunches the worker in a new shape.
+SCALE_ACTIONS = frozenset({"grow", "shrink", "more_workers", "undo"})
+
+
+class Autoscaler:
+    """The scale rules of one run and the resize in progress."""
+
+    def __init__(self, sup: Supervisor, rules: ScaleRules, visible: list[int] | None) -> None:
+        self.sup, self.rules, self.visible = sup, rules, visible
+        self.scaling: ScaleDecision | None = None  # the resize the worker was stopped for
+        self.asked_at = 0.0
+        self.resized: tuple[ScaleDecision, float, float | None] | None = None  # (it, when, last save ts)
+
+    @classmethod
+    def for_run(cls, sup: Supervisor, worker_env: dict[str, str] | None) -> Autoscaler | None:
+        """The rules, for a source whose shape steadytune sets; the first plan records the world size."""
+        s = sup.cfg.scale
+        if s is None or not {PLAN, CONTROL} <= sup.source.abilities:
+            return None
+        env = {**os.environ, **(worker_env or {})}
+        sup.plan = replace(
+            sup.plan,
+            nproc_per_node=sup.cfg.run.nproc_per_node,
+            dataloader_num_workers=sup.cfg.train.dataloader_num_workers,
+        )
+        return cls(sup, ScaleRules(s, shape_of(sup)), parse_visible(env.get("CUDA_VISIBLE_DEVICES")))
+
+    def on_sample(self, rec: SystemSample) -> None:
+        sup = self.sup
+        shape = shape_of(sup)
+        self.rules.set_micro_batch(shape.micro_batch, shape.accumulation)  # an OOM or auto search may change it
+        training = (
+            sup.state == "running"
+            and sup.worker_phase == "train"
+            and sup.attempt_stepped
+            and sup.worker is not None
+            and sup.worker.poll() is None
+        )
+        reading = job_reading(rec.ts, rec.cpu_ratio, rec.gpus, shape.world, self.visible)
+        decision = self.rules.observe(reading, training)
+        if decision is not None:
+            self.decide(decision)
+
+    def on_step(self, rec: StepRecord) -> None:
+        """Rank 0's step: the first after a resize says what it cost; later ones measure whether it paid."""
+        if self.resized is not None:
+            d, decided, saved = self.resized
+            self.resized = None
+            lost = rec.ts - saved if saved is not None else None
+            self.sup.emit(
+                "action",
+                "resized",
+                f"running on {d.after.world} process(es) from step {rec.step}"
+                + (f", dataloader workers {d.after.workers}" if d.after.workers != d.before.workers else "")
+                + (f": {lost:.1f}s from the checkpoint to the first step" if lost is not None else ""),
+                step=rec.step,
+                data={
+                    "kind": d.kind,
+                    "world": d.after.world,
+                    "dataloader_num_workers": d.after.workers,
+                    "gradient_accumulation_steps": d.after.accumulation,
+                    "effective_batch": d.after.effective_batch,
+                    "checkpoint_to_first_step_s": lost,
+                    "decision_to_first_step_s": rec.ts - decided,
+                },
+            )
+        measured = self.rules.observe_step(rec.ts, rec.step, rec.attempt)
+        if measured is not None:
+            self.on_measured(measured, rec.step)
+
+    def decide(self, d: ScaleDecision) -> None:
+        sup = self.sup
+        data = scale_data(d)
+        if d.refused is not None:
+            sup.emit(
+                "action",
+                "resize_refused",
+                f"{d.kind} refused: {d.reason}, but {d.refused}",
+                severity="warning",
+                step=sup.progress.step,
+                data={**data, "refused": d.refused},
+            )
+            return
+        if sup.policy.config.mode == "observe":
+            sup.emit("action", "alert_only", f"observe mode: would {d.kind} ({d.reason})", step=sup.progress.step)
+            self.rules.declined(sup.clock())
+            return
+        self.scaling, self.asked_at = d, sup.clock()
+        sup.execute(Action(d.kind, d.reason, sup.progress.step, params=data))
+
+    def on_measured(self, m: Measured, step: int) -> None:
+        self.sup.emit(
+            "action",
+            "resize_measured",
+            m.reason,
+            severity="info" if m.kept else "warning",
+            step=step,
+            data={
+                **scale_data(m.decision),
+                "before_samples_per_s": round(m.before_samples_per_s, 4),
+                "after_samples_per_s": round(m.after_samples_per_s, 4),
+                "kept": m.kept,
+            },
+        )
+        if m.undo is not None and self.sup.pending is None:
+            self.decide(m.undo)
+
+    def plan_after_resize(self) -> tuple[dict[str, Any] | None, str, str]:
+        """Relaunch in the new shape from the checkpoint the stop wrote; the effective batch is the same."""
+        sup = self.sup
+        d, self.scaling = self.scaling, None
+        assert d is not None
+        resume = sup.resume_point()
+        if resume is None and sup.progress.step > 0:
+            return None, f"scale_{d.kind}", f"{d.kind}: the worker stopped without a checkpoint to resume from"
+        self.rules.applied(d, sup.clock())
+        self.resized = (d, self.asked_at, sup._last_save_ts)
+        changes = {
+            "resume_checkpoint": resume,
+            "nproc_per_node": d.after.world,
+            "per_device_train_batch_size": d.after.micro_batch,
+            "gradient_accumulation_steps": d.after.accumulation,
+            "dataloader_num_workers": d.after.workers,
+        }
+        where = Path(resume).name if resume else "the start"
+        return changes, f"scale_{d.kind}", f"{d.kind}: {d.reason}; resuming from {where}"
+
+
+def shape_of(sup: Supervisor) -> Shape:
+    """The run's shape now: micro-batch, accumulation, world size, dataloader workers."""
+    p, cfg = sup.plan, sup.cfg
+    return Shape(
+        micro_batch=sup._batch(),
+        accumulation=p.gradient_accumulation_steps or cfg.train.gradient_accumulation_steps,
+        world=p.nproc_per_node or cfg.run.nproc_per_node,
+        workers=p.dataloader_num_workers if p.dataloader_num_workers is not None else cfg.train.dataloader_num_workers,
+    )
+
+
+def scale_data(d: ScaleDecision) -> dict[str, Any]:
+    return {
+        "kind": d.kind,
+        "world_from": d.before.world,
+        "world_to": d.after.world,
+        "gradient_accumulation_from": d.before.accumulation,
+        "gradient_accumulation_to": d.after.accumulation,
+        "dataloader_workers_from": d.before.workers,
+        "dataloader_workers_to": d.after.workers,
+        "effective_batch": d.after.effective_batch,
+    }

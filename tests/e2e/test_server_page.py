@@ -1,0 +1,63 @@
+"""A real headless Chromium opens the GPU server page: memory bars, the queue, an action behind the token."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from browser import Browser
+from tests.waiting import wait_for
+
+from steadytune.server.daemon import Daemon, ServerPaths
+from steadytune.server.ledger import GIB, GpuProcess, GpuReading
+from steadytune.server.queue import JobQueue
+from steadytune.web.server import start_dashboard
+
+pytestmark = pytest.mark.slow
+TOKEN = "e2e-server-token-123456"
+SLEEPER = "import sys, time; time.sleep(60)"
+
+
+def test_server_page_shows_gpus_queue_and_acts(chromium: tuple[str, str], tmp_path: Path, artifacts: Path):
+    paths = ServerPaths(tmp_path / "srv", tmp_path / "runs")
+    paths.runs_dir.mkdir(parents=True)
+    readings = (
+        GpuReading(0, 80 * GIB, 20 * GIB, "H100", 0.9, (GpuProcess(4242, 20 * GIB),)),
+        GpuReading(1, 80 * GIB, 0, "H100", 0.0),
+    )
+    daemon = Daemon(
+        JobQueue(paths.queue),
+        paths,
+        lambda: readings,
+        command=lambda job, runs: [sys.executable, "-c", SLEEPER],
+    )
+    for label, need in (("lora", 50), ("qlora", 40), ("full", 45)):
+        daemon.queue.submit({"kind": "supervise", "cmd": ["x"], "label": label}, need * GIB, "estimate")
+    daemon.tick()
+    handle = start_dashboard(paths.runs_dir, port=0, token=TOKEN, server=daemon)
+    try:
+        with Browser(*chromium) as b:
+            b.get(handle.url + "server")
+            b.wait_for("return document.querySelectorAll('#jobs tbody tr').length === 3", timeout=20)
+            # GPU 0: 20 GiB foreign use (red), the 40 GiB job admitted there reserved (amber), the rest free.
+            widths = b.js(
+                "return [...document.querySelectorAll('[data-gpu=\"0\"] .seg')].map((s) => s.style.width)"
+            )
+            assert widths == ["25%", "50%", "25%"], widths
+            text = b.js("return document.body.innerText")
+            assert "foreign pids 4242" in text and "waits for room" in text, text
+            shot = b.screenshot(artifacts / "server-page.png")
+            assert shot.stat().st_size > 10_000
+            b.js(f"sessionStorage.setItem('steadytune-token', '{TOKEN}'); window.confirm = () => true;")
+            b.js(
+                "document.querySelector('[data-job=\"j3\"] button').click()"
+            )  # j3 queued: its first button is hold
+            wait_for(lambda: daemon.queue.get("j3").state == "held", timeout=10, what="j3 held from the page")
+            b.wait_for(
+                "return document.querySelector('[data-job=\"j3\"]').innerText.includes('held')", timeout=10
+            )
+    finally:
+        handle.stop()
+        for job in daemon.queue.jobs(["running"]):
+            daemon.procs.signal(job.pid, 9)
