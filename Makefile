@@ -19,7 +19,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "torch==2.13.0"
-	$(BIN)/python -m pip install --quiet -e ".[train,dev,plot,gpu,tensorboard]"
+	$(BIN)/python -m pip install --quiet -e ".[train,dev,plot,gpu,tensorboard,ray]"
 	touch $@
 
 demo: $(VENV)

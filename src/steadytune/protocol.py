@@ -65,6 +65,8 @@ class WorkerEvent(str, Enum):
     GUARD_OFF = "guard_off"
     OPTIMIZER_GROUPS = "optimizer_groups"
     LR_FROM_COMMAND = "lr_from_command"
+    WORKER_GROUP_STARTED = "worker_group_started"  # a Ray worker group (re)started: its size, attempt, resume
+    WORKER_GROUP_FAILED = "worker_group_failed"  # Ray's group failed (ranks, errors); Ray is forming the next
     ACK_PAUSE = "ack_pause"
     ACK_RESUME = "ack_resume"
     ACK_CHECKPOINT = "ack_checkpoint"

@@ -191,6 +191,7 @@ class PlanRevision:
     # None keeps the config's run.nproc_per_node and train.dataloader_num_workers.
     nproc_per_node: int | None = None
     dataloader_num_workers: int | None = None
+    world_size: int | None = None  # training processes, where the engine sizes the job itself (Ray)
     notes: str = ""
 
 

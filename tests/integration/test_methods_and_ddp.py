@@ -61,7 +61,7 @@ def test_example_config_completes(example: str, tmp_path: Path, demo_assets: Pat
 
 
 def test_validate_accepts_the_examples(demo_assets: Path) -> None:
-    for example in ("lora.yaml", "qlora.yaml", "full.yaml", "ddp.yaml"):
+    for example in ("lora.yaml", "qlora.yaml", "full.yaml", "ddp.yaml", "ray.yaml"):
         proc = subprocess.run(
             [
                 STEADYTUNE,

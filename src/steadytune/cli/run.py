@@ -123,6 +123,19 @@ def launch(
     if (run.root / "events.jsonl").exists():
         console.print(f"error: run directory {run.root} already exists; pick another --run-id", style="red")
         return 2
+    watching_a_command = source is not None  # its exit codes are the command's (below)
+    if source is None and cfg.run.engine == "ray":
+        import importlib.util
+
+        from steadytune.supervise.ray_source import RaySource
+
+        if importlib.util.find_spec("ray") is None:  # found without importing it: the supervisor stays Ray-free
+            console.print(
+                "error: run.engine: ray needs Ray Train here and on every node: pip install 'steadytune[ray]'",
+                style="red",
+            )
+            return 2
+        source = lambda run: RaySource(run, env=worker_env)  # noqa: E731
     extra: dict[str, Any] = {} if stop_grace_s is None else {"stop_grace_s": stop_grace_s}
     sup = Supervisor(
         cfg, run, console=console, worker_env=worker_env, source=source(run) if source else None, **extra
@@ -149,7 +162,7 @@ def launch(
         if dashboard is not None:
             dashboard.stop()
     print_summary(console, result)
-    if source is not None and result.state == "stopped" and sup.stop_signal is not None:
+    if watching_a_command and result.state == "stopped" and sup.stop_signal is not None:
         return 128 + sup.stop_signal
     return 0 if result.state in {"completed", "stopped", "paused"} else 1
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from steadytune.alerts.config import AlertsConfig
 from steadytune.detect.config import DetectConfig
@@ -230,6 +230,11 @@ class RunConfig(Section):
         description="letters, digits, '.', '_' and '-' only",
     )
     nproc_per_node: int = Field(1, ge=1, le=64, description="processes per node; >1 launches torchrun")
+    engine: Literal["native", "ray"] = Field(
+        "native",
+        description="native (steadytune's own worker, torchrun for nproc_per_node>1) or ray "
+        "(Ray Train on an existing cluster: the `ray:` section, `pip install steadytune[ray]`)",
+    )
     max_restarts: int = Field(3, ge=0, le=100, description="a non-negative integer")
     restart_backoff_s: float = Field(
         1.0, ge=0, description="seconds before the first restart; doubles each time"
@@ -248,6 +253,58 @@ class RunConfig(Section):
     record_text_hashes: bool = Field(True, description="record content hashes of each batch's samples")
 
 
+class RayConfig(Section):
+    """Where and how a ``run.engine: ray`` job runs (docs/ray.md)."""
+
+    address: str | None = Field(
+        None,
+        description="the Ray cluster to join, e.g. 'auto' or 'ray://head:10001'; unset: $RAY_ADDRESS, else 'auto'",
+    )
+    num_workers: int | tuple[int, int] = Field(
+        1,
+        description="a worker count (e.g. 4) or [min, max] for elastic training (e.g. [2, 8]); min >= 1, min <= max",
+    )
+    use_gpu: bool = Field(False, description="true: each worker gets one GPU")
+    resources_per_worker: dict[str, float] = Field(
+        default_factory=dict,
+        description="Ray resources per worker, e.g. {CPU: 4, GPU: 1}; empty: Ray's default (1 CPU, 1 GPU with use_gpu)",
+    )
+    max_failures: int = Field(
+        3, ge=-1, le=1000, description="an integer >= -1: the worker-group restarts Ray makes on its own in one attempt (-1: no limit)"
+    )
+    storage_path: str | None = Field(
+        None,
+        description="where Ray keeps its run state (a path every node reaches, or s3://...); unset: <run dir>/ray",
+    )
+    keep_effective_batch: bool = Field(
+        True,
+        description="true: train.gradient_accumulation_steps is the accumulation at the most workers, and a "
+        "smaller group accumulates more, so the effective batch stays the same; false: it is per group",
+    )
+    elastic_resize_monitor_interval_s: float = Field(
+        60.0, gt=0, description="seconds between Ray's checks for room to grow an elastic run"
+    )
+
+    @field_validator("num_workers")
+    @classmethod
+    def _workers(cls, v: int | tuple[int, int]) -> int | tuple[int, int]:
+        low, high = (v, v) if isinstance(v, int) else v
+        if low < 1 or high < low:
+            raise ValueError(
+                f"{list(v) if isinstance(v, tuple) else v} is not a worker count: give n >= 1, or [min, max] "
+                "with 1 <= min <= max"
+            )
+        return v
+
+    @property
+    def min_workers(self) -> int:
+        return self.num_workers if isinstance(self.num_workers, int) else self.num_workers[0]
+
+    @property
+    def max_workers(self) -> int:
+        return self.num_workers if isinstance(self.num_workers, int) else self.num_workers[1]
+
+
 class SteadytuneConfig(Section):
     model: ModelConfig
     method: Literal["full", "lora", "qlora"] = Field("lora", description="full, lora or qlora")
@@ -256,6 +313,9 @@ class SteadytuneConfig(Section):
     data: DataConfig
     train: TrainConfig = Field(default_factory=TrainConfig)
     run: RunConfig = Field(default_factory=RunConfig)
+    ray: RayConfig = Field(
+        default_factory=RayConfig, description="the Ray cluster and worker group of run.engine: ray (docs/ray.md)"
+    )
     detect: DetectConfig = Field(
         default_factory=DetectConfig, description="detector thresholds (docs/detectors.md)"
     )
@@ -281,3 +341,19 @@ class SteadytuneConfig(Section):
                 "start the run inside the range, or widen it"
             )
         return v
+
+    @model_validator(mode="after")
+    def _engine(self) -> SteadytuneConfig:
+        if self.run.engine == "ray" and self.run.nproc_per_node > 1:
+            # Ray places the processes: one Ray worker per training process, on whichever node has room.
+            raise ValueError(
+                f"run.nproc_per_node={self.run.nproc_per_node} with run.engine: ray; Ray starts the processes: "
+                f"set ray.num_workers: {self.run.nproc_per_node} and leave run.nproc_per_node at 1"
+            )
+        if self.run.engine == "ray" and self.scale is not None:
+            # The rules resize a native run by relaunching torchrun; Ray sizes its own worker group.
+            raise ValueError(
+                "scale: with run.engine: ray; Ray grows and shrinks the worker group itself: "
+                "drop scale: and give ray.num_workers: [min, max]"
+            )
+        return self

@@ -19,17 +19,21 @@ from steadytune.records import Anomaly, PlanRevision, StepRecord, to_dict
 from steadytune.rundir import RunDir
 
 
-def replay_detector(run: RunDir, config: Any, upto_step: int) -> LiveDetector:
+def replay_detector(run: RunDir, config: Any, upto_step: int, world_size: int | None = None) -> LiveDetector:
     """A detector fed the run's step records up to ``upto_step``, latest attempt of each step.
 
     Two passes over each stream keep memory at one int per step: the first finds
     the latest attempt of every step, the second feeds exactly those records,
     which appear in step order because each attempt continues its lineage.
+    With ``world_size``, ranks at or past it are left out: a job that shrank no longer
+    has them, and a rank that is gone must not read as one that trails (a straggler).
     """
     from steadytune.telemetry.stream import iter_records
 
     det = LiveDetector(config)
     for path in run.telemetry_files():
+        if world_size is not None and int(path.stem.split("-")[1]) >= world_size:
+            continue
         latest: dict[int, int] = {}
         for rec in iter_records(path):
             if isinstance(rec, StepRecord) and rec.step <= upto_step and not rec.extra.get("eval"):

@@ -15,12 +15,13 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Protocol
 
 from steadytune.checkpoint.manifest import list_checkpoints, verify
 from steadytune.checkpoint.store import clean_staging, read_pointer
-from steadytune.records import PlanRevision
+from steadytune.records import PlanRevision, Record
 from steadytune.rundir import RunDir
 from steadytune.supervise.process import ProcessTree, WorkerProcess, worker_command
 
@@ -43,8 +44,12 @@ class WorkerSource(Protocol):
         """Start the attempt ``plan`` describes (resume point, LR scale, shape)."""
         ...
 
-    def poll(self) -> None:
-        """Translate whatever the attempt wrote besides its record stream (called every tick)."""
+    def poll(self) -> Iterable[Record] | None:
+        """Translate whatever the attempt wrote besides its record stream (called every tick).
+
+        Records returned are the engine's own, from outside any rank's stream (Ray's controller
+        saying a worker group failed); the supervisor handles them as if they were streamed.
+        """
         ...
 
     def settle(self) -> None:

@@ -47,6 +47,7 @@ from steadytune.rundir import RunDir, atomic_write_text
 from steadytune.supervise.logparse import last_exception, last_lines
 from steadytune.supervise.process import ProcessTree, WorkerProcess
 from steadytune.supervise.progress import RunProgress, progress_line
+from steadytune.supervise.ray_source import on_worker_group_failed, on_worker_group_started
 from steadytune.supervise.restarts import (
     anomaly_event_data,
     first_plan,
@@ -282,7 +283,8 @@ class Supervisor:
 
     def pump(self) -> None:
         """Read everything new from the worker's streams and act on it."""
-        self.source.poll()
+        for rec in self.source.poll() or ():  # the engine's own records (ray_source.py), if any
+            self.handle(rec)
         for path in self.run.telemetry_files():
             tailer = self.tailers.get(path)
             if tailer is None:
@@ -441,6 +443,7 @@ class Supervisor:
     on_disk_low = on_grad_norm_after_clipping = on_inject_failed = on_guard_injected = on_guard_off = _filed_only
     on_ack_pause = on_ack_resume = on_ack_stop = on_ack_memory_snapshot = on_optimizer_groups = _filed_only
     on_lr_from_command = _filed_only
+    on_worker_group_started, on_worker_group_failed = on_worker_group_started, on_worker_group_failed  # Ray's
 
     # -- detection and actions -------------------------------------------------
     def on_transition(self, t: Transition) -> None:

@@ -18,10 +18,15 @@ import os
 import signal
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from steadytune.records import PlanRevision, from_json
 from steadytune.rundir import RunDir
+
+if TYPE_CHECKING:
+    from steadytune.guard.core import Guard
 
 
 def latest_plan(run: RunDir) -> PlanRevision:
@@ -48,6 +53,24 @@ def main(argv: list[str] | None = None) -> int:
     stack_file = open(run.stacks / f"rank-{rank}-attempt-{plan.attempt}.txt", "a")  # noqa: SIM115
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
 
+    return train_attempt(run, plan, rank)
+
+
+def train_attempt(
+    run: RunDir,
+    plan: PlanRevision,
+    rank: int,
+    announce: Callable[[Guard], None] | None = None,
+    main_thread: bool = True,
+) -> int:
+    """Train one attempt of ``plan`` with the guard inside; the exit code of the worker.
+
+    The same path for every engine: steadytune's own worker calls it, and so does each
+    Ray Train worker (``engines/ray_worker.py``). ``announce`` runs once the guard is up,
+    before the model loads, so what it writes comes first in this attempt's stream.
+    ``main_thread`` is False where SIGTERM is not ours to handle (Ray runs the training
+    function in a thread of its own worker actor, and stops it through the control queue).
+    """
     from steadytune.config.load import load_config
     from steadytune.guard.core import Guard
 
@@ -55,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     guard.start_heartbeats()
     callback = None
     try:
+        if announce is not None:
+            announce(guard)
         from steadytune.forensics.runenv import add_worker_details
 
         add_worker_details(run, rank, plan.attempt)  # torch's readings into env.json (docs/run-directory.md)
@@ -78,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
             save_delay=lambda step: faults.save_delay(step, plan.attempt),
         )
         callback = GuardCallback(guard, keeper, run.staging, faults, cfg.policy.checkpoint_every_s)
-        signal.signal(signal.SIGTERM, lambda *_: callback.request_stop("SIGTERM"))
+        if main_thread:
+            signal.signal(signal.SIGTERM, lambda *_: callback.request_stop("SIGTERM"))
         trainer = build_trainer(
             cfg,
             plan,
@@ -111,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         guard.close("error", exc, traceback_tail=tb, deterministic=deterministic)
         print(tb, file=sys.stderr)
         return 1
+
+
 
 
 if __name__ == "__main__":

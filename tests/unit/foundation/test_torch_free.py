@@ -6,7 +6,9 @@ another test may already have imported torch, and the check could not fail.
 
 from __future__ import annotations
 
-from tests.fresh import fresh_imports
+import pytest
+
+from tests.fresh import HEAVY, fresh_imports
 
 TORCH_FREE = [
     "steadytune.records", "steadytune.config", "steadytune.telemetry.store", "steadytune.telemetry.events",
@@ -24,6 +26,20 @@ def test_supervisor_side_modules_do_not_import_torch() -> None:
         + "from steadytune.cli.main import build_parser\nbuild_parser()\n"
     )
     assert fresh_imports(code) == []
+
+
+# The core is Ray-free too: Ray is imported by the Ray driver and its workers, never by the supervisor.
+RAY_FREE = [*TORCH_FREE, "steadytune.supervise.ray_source", "steadytune.engines.groups", "steadytune.cli.run"]
+
+
+def test_supervisor_side_modules_do_not_import_ray() -> None:
+    code = "".join(f"import {m}\n" for m in RAY_FREE) + "from steadytune.cli.main import build_parser\nbuild_parser()\n"
+    assert fresh_imports(code, watch=("ray", *HEAVY)) == []
+
+
+def test_the_ray_check_can_fail() -> None:
+    pytest.importorskip("ray")
+    assert fresh_imports("import ray\n", watch=("ray",)) == ["ray"]
 
 
 def test_the_check_can_fail() -> None:

@@ -1,0 +1,163 @@
+"""A run on Ray Train (``run.engine: ray``): the supervisor's attempt is a Ray driver process.
+
+The driver (``engines/ray_driver.py``) fits a Ray Train V2 ``TorchTrainer`` on an existing
+cluster; each Ray worker runs steadytune's own worker path with the guard inside and writes
+``telemetry/rank-N.jsonl`` itself, so this source has every ability a native worker has.
+Ray resizes an elastic group and restarts it after a lost node on its own, inside one
+attempt; each new group announces itself (``worker_group_started``), and
+:func:`on_worker_group_started` makes it a plan revision with its world size, its resume
+point and a fresh attempt number, and rewinds detection as a restart of the supervisor's does.
+
+Torch-free and Ray-free: Ray is imported by the driver, never here.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from steadytune.checkpoint.manifest import checkpoint_step
+from steadytune.checkpoint.store import clean_staging
+from steadytune.engines.groups import failures_path
+from steadytune.protocol import WorkerEvent
+from steadytune.records import Event, PlanRevision, Record
+from steadytune.rundir import RunDir
+from steadytune.supervise.process import WorkerProcess
+from steadytune.supervise.restarts import replay_detector, resume_expectation
+from steadytune.supervise.source import NativeSource
+
+if TYPE_CHECKING:
+    from steadytune.supervise.supervisor import Supervisor
+
+
+def driver_command(run_root: Path, python: str = sys.executable) -> list[str]:
+    return [python, "-m", "steadytune.engines.ray_driver", "--run-dir", str(run_root)]
+
+
+class RaySource(NativeSource):
+    """steadytune's worker in every Ray Train worker; the attempt's process is the Ray driver.
+
+    Checkpoints, their manifest test and the resume copy are the native worker's. The run
+    directory must be on storage every Ray node reaches (docs/ray.md). On a hang no stacks are
+    dumped: Ray's workers are children of the raylets, not of the driver (``ray stack`` on a
+    node shows them), so the supervisor finds none of its own to ask.
+    """
+
+    label = "Ray job"
+
+    def __init__(self, run: RunDir, env: dict[str, str] | None = None) -> None:
+        super().__init__(run, 1, env)
+        self._failures: Path | None = None
+        self._read = 0  # bytes of the failures file already turned into events
+
+    def start(self, plan: PlanRevision, log_path: Path) -> WorkerProcess:
+        clean_staging(self.run.staging)
+        self._failures, self._read = failures_path(self.run.root, plan.attempt), 0
+        env = {
+            **self.env,
+            "STEADYTUNE_ATTEMPT": str(plan.attempt),
+            "PYTHONUNBUFFERED": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+            "RAY_TRAIN_V2_ENABLED": "1",
+            "RAY_TRAIN_ENABLE_PRINT_PATCH": "0",  # Ray's patched print repeats every log line in the log
+        }
+        return WorkerProcess(driver_command(self.run.root.resolve()), log_path, env=env)
+
+    def poll(self) -> list[Record]:
+        """Each failure Ray's controller recorded since the last tick, as a ``worker_group_failed`` event."""
+        if self._failures is None or not self._failures.exists():
+            return []
+        with open(self._failures, "rb") as f:
+            f.seek(self._read)
+            chunk = f.read()
+        whole = chunk[: chunk.rfind(b"\n") + 1]  # a line still being written waits for the next tick
+        self._read += len(whole)
+        return [failure_event(line) for line in whole.decode("utf-8", "replace").splitlines() if line.strip()]
+
+    def describe(self) -> str:
+        return f"{sys.executable} -m steadytune.engines.ray_driver (Ray Train)"
+
+
+def failure_event(line: str) -> Event:
+    """One line of the failures file (``{"ts": .., "ranks": {rank: error}}``) as the event the supervisor files."""
+    try:
+        data = json.loads(line)
+    except ValueError:
+        data = {}
+    ranks = data.get("ranks") if isinstance(data.get("ranks"), dict) else {}
+    ts = data.get("ts") if isinstance(data.get("ts"), (int, float)) else time.time()
+    lost = ", ".join(f"rank {r}: {str(e).splitlines()[0][:160] if e else '?'}" for r, e in sorted(ranks.items()))
+    return Event(
+        ts=float(ts),
+        kind="lifecycle",
+        name=WorkerEvent.WORKER_GROUP_FAILED,
+        message=f"Ray's worker group failed ({lost or 'no detail'}); Ray is forming the next one",
+        severity="warning",
+        data={"ranks": ranks},
+    )
+
+
+def group_revision(plan: PlanRevision, data: dict[str, Any], current_attempt: int) -> dict[str, Any] | None:
+    """The plan changes a Ray worker group's start calls for; None when it changes nothing.
+
+    Pure: the group's event data in, the revision's fields out (``reason`` among them).
+    """
+    world = int(data.get("world_size", 0)) or None
+    attempt = int(data.get("attempt", current_attempt))
+    reason = str(data.get("reason", "ray_start"))
+    accum = data.get("gradient_accumulation_steps")
+    shape = {"gradient_accumulation_steps": int(accum)} if isinstance(accum, int) else {}
+    if attempt <= current_attempt:  # this attempt's first group: only its size (and accumulation) is news
+        same_shape = not shape or plan.gradient_accumulation_steps == shape["gradient_accumulation_steps"]
+        if world is None or (plan.world_size == world and same_shape):
+            return None
+        return {"reason": "world_size", "world_size": world, **shape, "notes": f"Ray started {world} worker(s)"}
+    resume = data.get("resume_checkpoint")
+    before = data.get("previous_world_size")
+    why = (
+        f"Ray resized the worker group {before} → {world}"
+        if reason == "ray_resize"
+        else f"Ray restarted the worker group after a failure, with {world} worker(s)"
+        + (f" (was {before})" if before and before != world else "")
+    )
+    where = Path(resume).name if resume else "the start"
+    return {
+        "reason": reason,
+        "attempt": attempt,
+        "world_size": world,
+        "resume_checkpoint": resume,
+        **shape,
+        "notes": f"{why}; resuming from {where}"
+        + (f"; gradient accumulation {shape['gradient_accumulation_steps']}" if shape else ""),
+    }
+
+
+def on_worker_group_failed(self: Supervisor, ev: Event, filed: Event | None) -> None:
+    """Until the next group starts, the job is re-forming: judged by setup_timeout_s, not by the step pace."""
+    self.worker_phase, self.phase_since = "setup", self.clock()
+
+
+def on_worker_group_started(self: Supervisor, ev: Event, filed: Event | None) -> None:
+    """The supervisor's handler of ``worker_group_started``: a method of it (supervisor.py names it)."""
+    changes = group_revision(self.plan, ev.data, self.attempt)
+    if changes is None:
+        return
+    reason = changes.pop("reason")
+    self.revise(reason=reason, cause=filed, **changes)
+    if "attempt" not in changes:
+        return
+    # A new group is a new timeline, as a restart by the supervisor is: its records carry the new attempt,
+    # open anomalies of the old one are resolved, and its first step must continue the checkpoint.
+    self.attempt = changes["attempt"]
+    resume = changes.get("resume_checkpoint")
+    self.rewind_detection(resume)
+    if changes.get("world_size"):  # the ranks a smaller group no longer has are forgotten, not stragglers
+        step = checkpoint_step(Path(resume)) if resume else 0
+        self.detector = replay_detector(self.run, self.cfg.detect, step or 0, world_size=changes["world_size"])
+    self.last_heartbeat = {0: self.clock()}
+    self.worker_phase, self.phase_since = "setup", self.clock()
+    self.attempt_stepped = False
+    self._expect = resume_expectation(Path(resume)) if resume else None
