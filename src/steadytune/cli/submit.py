@@ -33,6 +33,11 @@ def register(sub: Any) -> None:
         "--need-gib", type=float, default=None, help="peak memory per GPU in GiB (beats the estimate)"
     )
     p.add_argument(
+        "--memory-cap-gib", type=float, default=None,
+        help="cap the job's PyTorch memory per GPU at this many GiB, so an overrun is its own clean OOM "
+        "(config jobs and supervise --inject; docs/server.md)",
+    )  # fmt: skip
+    p.add_argument(
         "--gpus",
         type=int,
         default=None,
@@ -79,6 +84,7 @@ def build_request(args: argparse.Namespace) -> dict[str, Any]:
         "overrides": overrides,
         "cmd": cmd,
         "need_gib": args.need_gib,
+        "memory_cap_gib": args.memory_cap_gib,
         "gpus": args.gpus,
         "priority": args.priority,
         "hold": args.hold,

@@ -112,6 +112,9 @@ class Injection:
         if trainer.__dict__.get(_CALLBACK) is not None:
             return  # a subclass's __init__ chain reached Trainer.__init__ twice
         guard = self.open_guard()
+        from steadytune.guard.memcap import apply_memory_cap
+
+        apply_memory_cap()  # a server job's --memory-cap-gib: the trainer's arguments have set the device
         callback = InjectedCallback(guard, None, None, self.faults, final_checkpoint=False)
         trainer.add_callback(callback)
         callback.bind(trainer)

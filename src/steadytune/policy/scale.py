@@ -178,9 +178,35 @@ class ScaleRules:
             top = min(c.max_gpus, r.gpus_available if r.gpus_available is not None else c.max_gpus)
             decision = self._resize("grow", range(self.shape.world + 1, top + 1), r, c.grow.for_s)
         if decision is None and self._for(r.ts, "shrink", c.shrink.for_s):
-            decision = self._resize("shrink", range(self.shape.world - 1, c.min_gpus - 1, -1), r, c.shrink.for_s)
+            decision = self._resize(
+                "shrink", range(self.shape.world - 1, c.min_gpus - 1, -1), r, c.shrink.for_s
+            )
         self._asked = decision is not None and decision.refused is None
         return decision
+
+    def shrink_onto(self, world: int, why: str) -> ScaleDecision:
+        """A shrink asked from outside the rules (the server, for memory pressure): no ``for_s``, no cool-down.
+
+        Refused, with the reason, when ``world`` processes cannot keep the effective batch
+        or the scale range does not go that low.
+        """
+        if world < self.cfg.min_gpus or world >= self.shape.world:
+            return ScaleDecision(
+                "shrink", self.shape, self.shape, why,
+                refused=f"{world} processes is outside scale.min_gpus {self.cfg.min_gpus} .. {self.shape.world - 1}",
+            )  # fmt: skip
+        accum, problem = keep_effective_batch(self.shape, world)
+        if accum is None:
+            return ScaleDecision("shrink", self.shape, self.shape, why, refused=problem)
+        after = replace(self.shape, world=world, accumulation=accum)
+        self._asked = True
+        return ScaleDecision(
+            "shrink",
+            self.shape,
+            after,
+            f"{why}: {self.shape.world} -> {world} processes, gradient accumulation "
+            f"{self.shape.accumulation} -> {accum} (effective batch {after.effective_batch} kept)",
+        )
 
     def declined(self, ts: float) -> None:
         """The last decision was not carried out (observe mode): the cool-down runs as if it had been."""
@@ -296,7 +322,9 @@ class ScaleRules:
         if kept:
             return Measured(decision, before, after, True, f"{decision.kind} kept: {how} {need}")
         if not self.cfg.undo_if_slower:
-            return Measured(decision, before, after, False, f"{decision.kind} did not pay off: {how} {need}; kept")
+            return Measured(
+                decision, before, after, False, f"{decision.kind} did not pay off: {how} {need}; kept"
+            )
         b, a = decision.before, decision.after
         self._blocked.add((decision.kind, b.world) if decision.resizes else (decision.kind, b.workers))
         # Back to the shape that was measured, with its accumulation re-derived for its world size.
@@ -304,4 +332,6 @@ class ScaleRules:
         accum, _ = keep_effective_batch(a, b.world)
         restored = replace(restored, accumulation=accum or b.accumulation)
         undo = ScaleDecision("undo", a, restored, f"undo the {decision.kind}: {how} {need}")
-        return Measured(decision, before, after, False, f"{decision.kind} did not pay off: {how} {need}", undo)
+        return Measured(
+            decision, before, after, False, f"{decision.kind} did not pay off: {how} {need}", undo
+        )

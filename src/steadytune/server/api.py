@@ -1,7 +1,9 @@
 """The daemon's local API: a Unix socket, one JSON object per line each way.
 
 Requests: ``{"op": "ping"}``, ``{"op": "queue"}``, ``{"op": "submit", ...}`` (see
-submit.check_request), ``{"op": "cancel"|"hold"|"release", "job": "j3"}``. Answers:
+submit.check_request), ``{"op": "cancel"|"hold"|"release", "job": "j3"}``; from a job's
+own supervisor, ``{"op": "job", "job": "j3"}`` and ``{"op": "resize", "job": "j3", "gpus": 2,
+"reason": "..."}`` (or ``"refused": "..."`` for a shrink it cannot make). Answers:
 ``{"ok": true, ...}`` or ``{"ok": false, "error": "..."}``.
 
 The socket is the owner's only (mode 0600): a job runs as the daemon's user, so
@@ -54,9 +56,26 @@ def handle(daemon: Daemon, req: Any, user: str = "") -> dict[str, Any]:
         if op in ("cancel", "hold", "release"):
             job = daemon.act(op, str(req.get("job", "")))
             return {"ok": True, "job": job.to_dict()}
+        if op == "job":
+            found = daemon.queue.get(str(req.get("job", "")))
+            if found is None:
+                return {"ok": False, "error": f"no job {req.get('job')!r}; `steadytune queue` lists them"}
+            return {"ok": True, "job": found.to_dict()}
+        if op == "resize":
+            refused = req.get("refused")
+            job = daemon.resize(
+                str(req.get("job", "")),
+                req.get("gpus"),  # type: ignore[arg-type]  # checked by resize
+                str(req.get("reason", "")),
+                str(refused) if refused is not None else None,
+            )
+            return {"ok": True, "job": job.to_dict()}
     except (SubmitError, QueueError) as exc:
         return {"ok": False, "error": str(exc)}
-    return {"ok": False, "error": f"unknown op {op!r}; one of ping, queue, submit, cancel, hold, release"}
+    return {
+        "ok": False,
+        "error": f"unknown op {op!r}; one of ping, queue, submit, cancel, hold, release, job, resize",
+    }
 
 
 class _Handler(socketserver.StreamRequestHandler):

@@ -16,15 +16,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from steadytune.server.admission import DEFAULT_HEADROOM_BYTES, JobRequest, admit
+from steadytune.protocol import operator_issuer
+from steadytune.rundir import RunDir
+from steadytune.server.admission import DEFAULT_HEADROOM_BYTES, JobRequest, admit, gib, place
 from steadytune.server.gpus import GpuSource
 from steadytune.server.jobs import ProcessTable, job_command, job_env, run_id, run_status
 from steadytune.server.ledger import GpuState, Reservation, build_ledger
+from steadytune.server.pressure import LiveJob, PressureAction, relieve
 from steadytune.server.queue import LIVE, Job, JobQueue, QueueError
 
 log = logging.getLogger(__name__)
 
 CANCEL_GRACE_S = 60.0  # a cancelled job's supervisor gets this long to checkpoint and stop
+ISSUER = operator_issuer("steadytune server", "memory pressure")  # who paused a job, in its run's events
 
 
 @dataclass
@@ -53,12 +57,16 @@ class Daemon:
     source: GpuSource
     procs: ProcessTable = field(default_factory=ProcessTable)
     headroom_bytes: int = DEFAULT_HEADROOM_BYTES
+    socket: Path | None = None  # told to each job, whose supervisor asks it for GPUs to grow onto
+    pressure_bytes: int | None = None  # free below this on a GPU is pressure (None: the headroom; 0: off)
     clock: Callable[[], float] = time.time
     command: Callable[[Job, Path], list[str]] = job_command  # how a job is started (tests: a stand-in)
     ledger: tuple[GpuState, ...] = ()
     _handles: dict[str, Any] = field(default_factory=dict)
     _stop_sent: dict[str, float] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _cannot_shrink: set[str] = field(default_factory=set)  # refused a pressure shrink: paused instead
+    _seen_paused: set[str] = field(default_factory=set)  # paused for pressure, and its run said so
 
     # ---- start-up ------------------------------------------------------------------------
 
@@ -100,6 +108,7 @@ class Daemon:
             self._watch()
             live = self.queue.jobs(LIVE)
             self.ledger = self._ledger(readings, live)
+            self._relieve(live)
             waiting = [
                 JobRequest(j.id, j.need_bytes, j.gpus_wanted, j.priority, j.seq)
                 for j in self.queue.jobs(["queued"])
@@ -132,7 +141,10 @@ class Daemon:
         argv = self.command(job, self.paths.runs_dir)
         try:
             started = self.procs.start(
-                argv, job_env(job, gpus), str(job.spec.get("cwd") or "."), self.paths.log(job.id)
+                argv,
+                job_env(job, gpus, socket=self.socket or self.paths.socket),
+                str(job.spec.get("cwd") or "."),
+                self.paths.log(job.id),
             )
         except OSError as exc:
             self.queue.move(job.id, "failed", reason=f"could not start: {exc}", ended_ts=self.clock())
@@ -142,6 +154,115 @@ class Daemon:
             job.id, "running", pid=started.pid, pid_started=started.started, started_ts=self.clock(),
             reason=f"running on GPU {','.join(map(str, gpus))}",
         )  # fmt: skip
+
+    # ---- resizes and memory pressure --------------------------------------------------------
+
+    def resize(self, job_id: str, gpus: int, reason: str = "", refused: str | None = None) -> Job:
+        """A running job changes size: more GPUs are reserved before it grows; fewer are kept after it shrank.
+
+        ``gpus`` is the size it wants. A grow takes the extra devices where its need per
+        device fits (as admission would place a job), and never room that a waiting job of
+        higher priority is owed. ``refused`` reports that the job could not carry out a
+        shrink the server asked for; it is paused instead on the next pass.
+
+        Raises:
+            QueueError: no such running job, or no room (the message says why: the grow is refused).
+        """
+        with self._lock:
+            job = self.queue.get(job_id)
+            if job is None or job.state != "running":
+                state = job.state if job is not None else "unknown"
+                raise QueueError(f"job {job_id!r} is {state}; only a running job can resize")
+            if refused is not None:
+                self._cannot_shrink.add(job.id)
+                self.queue.record(job.id, {"kind": "shrink_refused", "reason": refused}, shrink_to=None)
+                return self.queue.get(job.id) or job
+            if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1:
+                raise QueueError(f"gpus={gpus!r}: give the number of GPUs the job wants, ≥ 1")
+            have = list(job.gpus)
+            if gpus > len(have):
+                chosen = have + list(self._grant(job, gpus - len(have)))
+                kind = "grow"
+            else:
+                keep = list(job.shrink_to) if job.shrink_to and len(job.shrink_to) == gpus else have[:gpus]
+                chosen, kind = keep, "shrink" if gpus < len(have) else "same"
+            entry = {"kind": kind, "from": have, "to": chosen, "reason": reason}
+            self.queue.resize(job.id, chosen, entry)
+            self.ledger = self._ledger(self.source(), self.queue.jobs(LIVE))
+            fresh = self.queue.get(job.id)
+            assert fresh is not None
+            return fresh
+
+    def _grant(self, job: Job, extra: int) -> tuple[int, ...]:
+        live = self.queue.jobs(LIVE)
+        ledger = self._ledger(self.source(), live)
+        ahead = [q for q in self.queue.jobs(["queued"]) if q.priority > job.priority]
+        if ahead:
+            first = ahead[0]
+            raise QueueError(
+                f"no grow for {job.id}: {first.id} (priority {first.priority}) waits for room first"
+            )
+        available = {g.index: g.available(self.headroom_bytes) for g in ledger if g.index not in job.gpus}
+        chosen = place(JobRequest(job.id, job.need_bytes, extra, job.priority, job.seq), available)
+        if chosen is None:
+            room = ", ".join(f"GPU {i} {gib(b)}" for i, b in sorted(available.items())) or "no other GPU"
+            self.queue.record(
+                job.id, {"kind": "grow_refused", "from": list(job.gpus), "reason": f"no room; {room}"}
+            )
+            raise QueueError(
+                f"no room to grow {job.id} by {extra} GPU(s): it needs {gib(job.need_bytes)} on each; "
+                f"free − reserved − {gib(self.headroom_bytes)} headroom is {room}"
+            )
+        return chosen
+
+    def _relieve(self, live: list[Job]) -> None:
+        """Pause, shrink or resume jobs for memory pressure (server/pressure.py decides which)."""
+        threshold = self.headroom_bytes if self.pressure_bytes is None else self.pressure_bytes
+        if threshold <= 0:
+            return
+        running = [j for j in live if j.state == "running" and j.run_dir]
+        for j in running:
+            if j.paused is None:
+                continue
+            state = run_status(j.run_dir).get("state")
+            if state == "paused":
+                self._seen_paused.add(j.id)
+            elif j.id in self._seen_paused:  # someone resumed it (steadytune resume): it is no longer ours
+                self._seen_paused.discard(j.id)
+                self.queue.record(j.id, {"kind": "resumed", "reason": f"run {state} again"}, paused=None)
+        running = [j for j in self.queue.jobs(["running"]) if j.run_dir]
+        views = [
+            LiveJob(
+                j.id, j.priority, j.seq, j.gpus, j.need_bytes,
+                paused=j.paused is not None,
+                min_gpus=None if j.id in self._cannot_shrink else j.spec.get("scale_min_gpus"),
+                # A pause takes effect once its run says so (the checkpoint is written, the worker gone).
+                stepping_aside=j.shrink_to is not None
+                or (j.paused is not None and j.id not in self._seen_paused),
+            )
+            for j in running
+        ]  # fmt: skip
+        by_id = {j.id: j for j in running}
+        for action in relieve(self.ledger, views, threshold, self.headroom_bytes):
+            self._carry_out(by_id[action.job_id], action)
+
+    def _carry_out(self, job: Job, action: PressureAction) -> None:
+        from steadytune.supervise.control import send_control
+
+        assert job.run_dir is not None
+        run = RunDir(Path(job.run_dir))
+        entry = {"kind": action.kind, "gpu": action.gpu, "reason": action.reason}
+        if action.kind == "pause":
+            send_control(run, "pause", issuer=ISSUER, args={"mode": "release"}, clock=self.clock)
+            self.queue.record(job.id, entry, paused=action.reason)
+        elif action.kind == "shrink":
+            # Its supervisor asks for it on its next sample and shrinks through its scale rules.
+            self.queue.record(job.id, {**entry, "to": list(action.keep)}, shrink_to=action.keep)
+        elif action.kind == "resume" and run_status(job.run_dir).get("state") == "paused":
+            # Only once its worker has stopped: a resume before that would be lost.
+            send_control(run, "resume", issuer=ISSUER, clock=self.clock)
+            self.queue.record(job.id, entry, paused=None)
+            self._seen_paused.discard(job.id)
 
     # ---- watching --------------------------------------------------------------------------
 

@@ -17,10 +17,12 @@ from typing import Any
 
 import psutil
 
+from steadytune.guard.memcap import MEMORY_CAP_ENV
 from steadytune.rundir import RunDir
 from steadytune.server.queue import Job
 
 JOB_ENV = "STEADYTUNE_SERVER_JOB"
+SOCKET_ENV = "STEADYTUNE_SERVER_SOCKET"  # where the job's supervisor asks for GPUs to grow onto
 
 
 def run_id(job: Job) -> str:
@@ -50,8 +52,10 @@ def job_command(job: Job, runs_dir: Path, python: str = sys.executable) -> list[
     return [*out, "--", *spec["cmd"]]
 
 
-def job_env(job: Job, gpus: tuple[int, ...], base: dict[str, str] | None = None) -> dict[str, str]:
-    """The job's environment: the submitter's, placed on its GPUs.
+def job_env(
+    job: Job, gpus: tuple[int, ...], base: dict[str, str] | None = None, socket: Path | None = None
+) -> dict[str, str]:
+    """The job's environment: the submitter's, placed on its GPUs, with its memory cap if it has one.
 
     NVML numbers devices by PCI bus; CUDA, by default, fastest first. The ledger's
     indices are NVML's, so the job is told to number them the same way.
@@ -61,6 +65,13 @@ def job_env(job: Job, gpus: tuple[int, ...], base: dict[str, str] | None = None)
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in gpus)
     env[JOB_ENV] = job.id
+    if socket is not None:
+        env[SOCKET_ENV] = str(socket)
+    cap = job.spec.get("memory_cap_bytes")
+    if cap:
+        env[MEMORY_CAP_ENV] = str(int(cap))
+    else:
+        env.pop(MEMORY_CAP_ENV, None)
     return env
 
 

@@ -28,6 +28,7 @@ STATES = ("queued", "held", "admitted", "running", "done", "failed", "cancelled"
 WAITING = ("queued",)
 LIVE = ("admitted", "running")
 FINAL = ("done", "failed", "cancelled")
+HISTORY_MAX = 200  # entries kept per job: a run that resizes all day does not grow its row without end
 
 MOVES: dict[str, tuple[str, ...]] = {
     "held": ("queued",),
@@ -58,9 +59,20 @@ CREATE TABLE IF NOT EXISTS jobs (
   started_ts REAL,
   ended_ts REAL,
   user TEXT NOT NULL DEFAULT '',
-  cancel_requested INTEGER NOT NULL DEFAULT 0
+  cancel_requested INTEGER NOT NULL DEFAULT 0,
+  history TEXT NOT NULL DEFAULT '[]',
+  paused TEXT,
+  shrink_to TEXT
 );
 """
+
+# Columns added since the first schema, with their definitions: a queue.db written by an older
+# server gains them when it is opened, so its jobs are kept.
+_ADDED = {
+    "history": "TEXT NOT NULL DEFAULT '[]'",
+    "paused": "TEXT",
+    "shrink_to": "TEXT",
+}
 
 
 class QueueError(Exception):
@@ -89,6 +101,9 @@ class Job:
     ended_ts: float | None = None
     user: str = ""
     cancel_requested: bool = False
+    history: tuple[dict[str, Any], ...] = ()  # resizes and memory-pressure pauses, oldest first
+    paused: str | None = None  # why the server paused it (memory pressure); None when it did not
+    shrink_to: tuple[int, ...] | None = None  # the GPUs the server asked it to shrink onto
 
     def to_dict(self) -> dict[str, Any]:
         """The job as the API shows it: its environment stays out (it may hold secrets)."""
@@ -110,6 +125,9 @@ class Job:
             "ended_ts": self.ended_ts,
             "user": self.user,
             "cancel_requested": self.cancel_requested,
+            "history": list(self.history),
+            "paused": self.paused,
+            "shrink_to": list(self.shrink_to) if self.shrink_to is not None else None,
         }
 
 
@@ -133,6 +151,9 @@ def _job(row: sqlite3.Row) -> Job:
         ended_ts=row["ended_ts"],
         user=row["user"],
         cancel_requested=bool(row["cancel_requested"]),
+        history=tuple(json.loads(row["history"])),
+        paused=row["paused"],
+        shrink_to=tuple(json.loads(row["shrink_to"])) if row["shrink_to"] is not None else None,
     )
 
 
@@ -150,6 +171,10 @@ class JobQueue:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(_SCHEMA)
+        have = {r["name"] for r in self._db.execute("PRAGMA table_info(jobs)")}
+        for name, definition in _ADDED.items():
+            if name not in have:
+                self._db.execute(f"ALTER TABLE jobs ADD COLUMN {name} {definition}")
         path.chmod(0o600)
 
     def close(self) -> None:
@@ -238,3 +263,46 @@ class JobQueue:
         """Flag a running job for the daemon to stop; it becomes cancelled once it has exited."""
         with self._lock:
             self._db.execute("UPDATE jobs SET cancel_requested = 1 WHERE id = ?", (job_id,))
+
+    def resize(self, job_id: str, gpus: Iterable[int], entry: dict[str, Any]) -> bool:
+        """Set a live job's GPUs and record why in its history; False if it is no longer live."""
+        marks = ",".join("?" * len(LIVE))
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                row = self._db.execute(
+                    f"SELECT history FROM jobs WHERE id = ? AND state IN ({marks})", (job_id, *LIVE)
+                ).fetchone()
+                if row is not None:
+                    history = [*json.loads(row["history"]), {"ts": self.clock(), **entry}]
+                    self._db.execute(
+                        "UPDATE jobs SET gpus = ?, history = ?, shrink_to = NULL WHERE id = ?",
+                        (json.dumps(list(gpus)), json.dumps(history[-HISTORY_MAX:]), job_id),
+                    )
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        return row is not None
+
+    def record(self, job_id: str, entry: dict[str, Any], **fields: Any) -> None:
+        """Add ``entry`` to a job's history, and set ``paused`` or ``shrink_to`` with it."""
+        if not set(fields) <= {"paused", "shrink_to"}:
+            raise QueueError(f"cannot record {sorted(fields)} on a job; paused or shrink_to")
+        sets, values = [], []
+        for key, value in fields.items():
+            sets.append(f"{key} = ?")
+            values.append(json.dumps(list(value)) if key == "shrink_to" and value is not None else value)
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                row = self._db.execute("SELECT history FROM jobs WHERE id = ?", (job_id,)).fetchone()
+                if row is not None:
+                    history = [*json.loads(row["history"]), {"ts": self.clock(), **entry}]
+                    sets.append("history = ?")
+                    values.append(json.dumps(history[-HISTORY_MAX:]))
+                    self._db.execute(f"UPDATE jobs SET {', '.join(sets)} WHERE id = ?", (*values, job_id))
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise

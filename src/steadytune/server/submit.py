@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from steadytune.server.ledger import GIB
 from steadytune.server.need import NeedError, need_from_config, need_from_user
 from steadytune.server.queue import Job, JobQueue
 
@@ -39,6 +40,9 @@ def check_request(req: dict[str, Any]) -> list[str]:
     prio = req.get("priority", 0)
     if not isinstance(prio, int) or isinstance(prio, bool):
         problems.append(f"priority={prio!r}: give a whole number (higher starts first), e.g. --priority 5")
+    cap = req.get("memory_cap_gib")
+    if cap is not None and (not isinstance(cap, (int, float)) or isinstance(cap, bool) or cap <= 0):
+        problems.append(f"memory_cap_gib={cap!r}: give the cap per GPU in GiB, e.g. --memory-cap-gib 20")
     need = req.get("need_gib")
     if need is not None and (not isinstance(need, (int, float)) or isinstance(need, bool) or need <= 0):
         problems.append(f"need_gib={need!r}: give the peak memory per GPU in GiB, e.g. --need-gib 20")
@@ -64,8 +68,9 @@ def submit(queue: JobQueue, req: dict[str, Any], user: str = "") -> Job:
     overrides = [str(o) for o in req.get("overrides") or []]
     config = Path(str(req["config"])) if req.get("config") else None
     gpus = req.get("gpus")
+    min_gpus = None
     if req["kind"] == "run" and config is not None:
-        gpus = _gpus_of_run(config, overrides, gpus)
+        gpus, min_gpus = _gpus_of_run(config, overrides, gpus)
     gpus = int(gpus or 1)
     try:
         if req.get("need_gib") is not None:
@@ -88,6 +93,9 @@ def submit(queue: JobQueue, req: dict[str, Any], user: str = "") -> Job:
         "env": {str(k): str(v) for k, v in (req.get("env") or {}).items()},
         "label": _label(req),
         "need": why,
+        # A job that may run on fewer GPUs is shrunk rather than paused when a neighbour needs room.
+        "scale_min_gpus": min_gpus,
+        "memory_cap_bytes": int(float(req["memory_cap_gib"]) * GIB) if req.get("memory_cap_gib") else None,
     }
     return queue.submit(
         spec,
@@ -100,9 +108,10 @@ def submit(queue: JobQueue, req: dict[str, Any], user: str = "") -> Job:
     )
 
 
-def _gpus_of_run(config: Path, overrides: list[str], asked: int | None) -> int:
-    """The config as `steadytune run` will read it (a broken one is refused now, not at its turn),
-    and its GPU count: one per process, ``run.nproc_per_node``.
+def _gpus_of_run(config: Path, overrides: list[str], asked: int | None) -> tuple[int, int | None]:
+    """The config as `steadytune run` will read it (a broken one is refused now, not at its turn):
+    its GPU count, one per process (``run.nproc_per_node``), and the fewest it may shrink to
+    (``scale.min_gpus``; None without ``scale:``).
     """
     from steadytune.config import ConfigError, load_config
 
@@ -116,4 +125,4 @@ def _gpus_of_run(config: Path, overrides: list[str], asked: int | None) -> int:
             f"--gpus {asked}, but the run starts run.nproc_per_node={nproc} process(es), one per GPU: "
             f"add run.nproc_per_node={asked} to the submit, or leave --gpus out"
         )
-    return nproc
+    return nproc, cfg.scale.min_gpus if cfg.scale is not None else None

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from steadytune.policy.engine import Action
 from steadytune.policy.scale import Measured, ScaleDecision, ScaleRules, Shape, job_reading, parse_visible
 from steadytune.records import StepRecord, SystemSample
+from steadytune.supervise.server_link import ServerLink
 from steadytune.supervise.source import CONTROL, PLAN
 
 if TYPE_CHECKING:
@@ -29,8 +30,12 @@ SCALE_ACTIONS = frozenset({"grow", "shrink", "more_workers", "undo"})
 class Autoscaler:
     """The scale rules of one run and the resize in progress."""
 
-    def __init__(self, sup: Supervisor, rules: ScaleRules, visible: list[int] | None) -> None:
+    def __init__(
+        self, sup: Supervisor, rules: ScaleRules, visible: list[int] | None, link: ServerLink | None = None
+    ) -> None:
         self.sup, self.rules, self.visible = sup, rules, visible
+        self.link = link  # a server job: GPUs come from the server's ledger, not from what the host has
+        self.onto: list[int] | None = None  # the GPUs the resize in progress relaunches on
         self.scaling: ScaleDecision | None = None  # the resize the worker was stopped for
         self.asked_at = 0.0
         self.resized: tuple[ScaleDecision, float, float | None] | None = None  # (it, when, last save ts)
@@ -47,12 +52,15 @@ class Autoscaler:
             nproc_per_node=sup.cfg.run.nproc_per_node,
             dataloader_num_workers=sup.cfg.train.dataloader_num_workers,
         )
-        return cls(sup, ScaleRules(s, shape_of(sup)), parse_visible(env.get("CUDA_VISIBLE_DEVICES")))
+        visible = parse_visible(env.get("CUDA_VISIBLE_DEVICES"))
+        return cls(sup, ScaleRules(s, shape_of(sup)), visible, ServerLink.from_env(env))
 
     def on_sample(self, rec: SystemSample) -> None:
         sup = self.sup
         shape = shape_of(sup)
-        self.rules.set_micro_batch(shape.micro_batch, shape.accumulation)  # an OOM or auto search may change it
+        self.rules.set_micro_batch(
+            shape.micro_batch, shape.accumulation
+        )  # an OOM or auto search may change it
         training = (
             sup.state == "running"
             and sup.worker_phase == "train"
@@ -61,6 +69,15 @@ class Autoscaler:
             and sup.worker.poll() is None
         )
         reading = job_reading(rec.ts, rec.cpu_ratio, rec.gpus, shape.world, self.visible)
+        if self.link is not None:
+            reading = replace(
+                reading, gpus_available=None
+            )  # the server says, when asked, what it may grow onto
+            if training and self.scaling is None:
+                want = self.link.wanted()
+                if want is not None:
+                    self.decide(self.rules.shrink_onto(len(want), "the server asks for room"), onto=want)
+                    return
         decision = self.rules.observe(reading, training)
         if decision is not None:
             self.decide(decision)
@@ -92,10 +109,14 @@ class Autoscaler:
         if measured is not None:
             self.on_measured(measured, rec.step)
 
-    def decide(self, d: ScaleDecision) -> None:
+    def decide(self, d: ScaleDecision, onto: list[int] | None = None) -> None:
         sup = self.sup
         data = scale_data(d)
+        if d.refused is None and self.link is not None and sup.policy.config.mode != "observe":
+            d, onto = self._with_server(d, onto)
         if d.refused is not None:
+            if onto is not None and self.link is not None:
+                self.link.refuse(d.refused)  # the server pauses the job instead
             sup.emit(
                 "action",
                 "resize_refused",
@@ -106,11 +127,29 @@ class Autoscaler:
             )
             return
         if sup.policy.config.mode == "observe":
-            sup.emit("action", "alert_only", f"observe mode: would {d.kind} ({d.reason})", step=sup.progress.step)
+            sup.emit(
+                "action", "alert_only", f"observe mode: would {d.kind} ({d.reason})", step=sup.progress.step
+            )
             self.rules.declined(sup.clock())
             return
-        self.scaling, self.asked_at = d, sup.clock()
+        self.scaling, self.asked_at, self.onto = d, sup.clock(), onto
         sup.execute(Action(d.kind, d.reason, sup.progress.step, params=data))
+
+    def _with_server(
+        self, d: ScaleDecision, onto: list[int] | None
+    ) -> tuple[ScaleDecision, list[int] | None]:
+        """A grow's GPUs are reserved by the server before the worker stops; a shrink keeps the first (or the
+        server's choice). A refused grow becomes a refusal with the server's reason, and the cool-down starts."""
+        assert self.link is not None
+        if d.after.world > d.before.world:
+            gpus, why = self.link.grow(d.after.world, d.reason)
+            if gpus is None:
+                self.rules.declined(self.sup.clock())
+                return replace(d, after=d.before, refused=f"the server refused: {why}"), None
+            return d, gpus
+        if d.after.world < d.before.world and onto is None:
+            onto = (self.visible or list(range(d.before.world)))[: d.after.world]
+        return d, onto
 
     def on_measured(self, m: Measured, step: int) -> None:
         self.sup.emit(
@@ -135,8 +174,17 @@ class Autoscaler:
         d, self.scaling = self.scaling, None
         assert d is not None
         resume = sup.resume_point()
+        onto, self.onto = self.onto, None
         if resume is None and sup.progress.step > 0:
-            return None, f"scale_{d.kind}", f"{d.kind}: the worker stopped without a checkpoint to resume from"
+            if self.link is not None and d.after.world > d.before.world:
+                self.link.release(d.before.world, f"{d.kind} not made: no checkpoint")  # the reservation back
+            return (
+                None,
+                f"scale_{d.kind}",
+                f"{d.kind}: the worker stopped without a checkpoint to resume from",
+            )
+        if onto is not None:
+            self._place(onto, d)
         self.rules.applied(d, sup.clock())
         self.resized = (d, self.asked_at, sup._last_save_ts)
         changes = {
@@ -149,6 +197,16 @@ class Autoscaler:
         where = Path(resume).name if resume else "the start"
         return changes, f"scale_{d.kind}", f"{d.kind}: {d.reason}; resuming from {where}"
 
+    def _place(self, onto: list[int], d: ScaleDecision) -> None:
+        """The relaunch runs on ``onto``; GPUs a shrink leaves go back to the server now the worker is gone."""
+        if self.link is not None and d.after.world < d.before.world:
+            kept = self.link.release(d.after.world, d.reason)
+            onto = kept if kept is not None else onto
+        self.visible = onto
+        env = getattr(self.sup.source, "env", None)
+        if isinstance(env, dict):
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in onto)
+
 
 def shape_of(sup: Supervisor) -> Shape:
     """The run's shape now: micro-batch, accumulation, world size, dataloader workers."""
@@ -157,7 +215,9 @@ def shape_of(sup: Supervisor) -> Shape:
         micro_batch=sup._batch(),
         accumulation=p.gradient_accumulation_steps or cfg.train.gradient_accumulation_steps,
         world=p.nproc_per_node or cfg.run.nproc_per_node,
-        workers=p.dataloader_num_workers if p.dataloader_num_workers is not None else cfg.train.dataloader_num_workers,
+        workers=p.dataloader_num_workers
+        if p.dataloader_num_workers is not None
+        else cfg.train.dataloader_num_workers,
     )
 
 

@@ -114,6 +114,9 @@ def train_attempt(
             faults=faults,
             max_split=cfg.policy.max_microbatch_split,
         )
+        from steadytune.guard.memcap import apply_memory_cap
+
+        apply_memory_cap()  # a server job's --memory-cap-gib, on the device the trainer has set
         resume = plan.resume_checkpoint
         trainer.train(resume_from_checkpoint=resume)
         status = callback.stop_status or "completed"
@@ -137,8 +140,6 @@ def train_attempt(
         guard.close("error", exc, traceback_tail=tb, deterministic=deterministic)
         print(tb, file=sys.stderr)
         return 1
-
-
 
 
 if __name__ == "__main__":

@@ -146,3 +146,87 @@ def test_process_table_tells_a_reused_pid_from_the_job(tmp_path: Path):
         started.handle.kill()
         started.handle.wait()
     assert not procs.alive(started.pid, started.started)
+
+
+def test_a_grow_is_reserved_on_a_gpu_with_room_or_refused_with_the_reason_and_a_shrink_releases(
+    tmp_path: Path,
+):
+    readings = [
+        GpuReading(0, 24 * GIB, 0, "fake"),
+        GpuReading(1, 24 * GIB, 0, "fake"),
+        GpuReading(2, 24 * GIB, 20 * GIB, "fake"),
+    ]
+    d = make(tmp_path, readings)
+    a = submit(d, 10)
+    d.tick()
+    assert d.queue.get(a).gpus == (0,)
+    grown = d.resize(a, 2, "GPU util 95% > 85%")
+    assert grown.gpus == (0, 1)  # its own first, then the roomiest that fits; GPU 2 has 3 GiB left
+    assert d.ledger[1].reserved_bytes == 10 * GIB and a in d.ledger[1].jobs
+    b = submit(d, 10)
+    d.tick()
+    assert d.queue.get(b).gpus == (0,) or d.queue.get(b).gpus == (1,)
+    with pytest.raises(
+        QueueError, match=r"no room to grow j1 by 1 GPU\(s\): it needs 10.0 GiB on each.*GPU 2 3.0 GiB"
+    ):
+        d.resize(a, 3, "busy")
+    assert d.queue.get(a).gpus == (0, 1)
+    shrunk = d.resize(a, 1, "GPU util 10% < 30%")
+    assert shrunk.gpus == (0,) and a not in d.ledger[1].jobs
+    assert [(h["kind"], h["from"], h.get("to")) for h in shrunk.history] == [
+        ("grow", [0], [0, 1]),
+        ("grow_refused", [0, 1], None),
+        ("shrink", [0, 1], [0]),
+    ]
+    with pytest.raises(QueueError, match="only a running job can resize"):
+        d.resize("j9", 2)
+
+
+def test_a_grow_does_not_jump_a_higher_priority_job_waiting_for_room(tmp_path: Path):
+    d = make(tmp_path, [GpuReading(0, 24 * GIB, 0, "fake"), GpuReading(1, 24 * GIB, 0, "fake")])
+    a = submit(d, 10)
+    d.tick()
+    submit(d, 30, gpus=1, priority=5)  # never fits, but does not hold the line...
+    big = submit(d, 20, gpus=2, priority=5)  # ...this one waits for room on both
+    d.tick()
+    assert d.queue.get(big).state == "queued"
+    with pytest.raises(QueueError, match=rf"no grow for {a}: j2 \(priority 5\) waits for room first"):
+        d.resize(a, 2, "busy")
+
+
+def test_memory_pressure_pauses_the_lower_priority_job_and_resumes_it_when_room_returns(tmp_path: Path):
+    from steadytune.protocol import request_names
+    from steadytune.rundir import RunDir
+
+    readings = [GpuReading(0, 24 * GIB, 2 * GIB, "fake")]
+    d = make(tmp_path, readings)
+    hi, lo = submit(d, 8, priority=5), submit(d, 8)
+    d.tick()
+    wait_for(lambda: status(d, lo).get("state") == "running")
+    readings[0] = GpuReading(0, 24 * GIB, int(23.4 * GIB), "fake")  # hi's use rises
+    d.tick()
+    job = d.queue.get(lo)
+    assert job.paused and "GPU 0 has 0.6 GiB free < 1.0 GiB" in job.paused and not d.queue.get(hi).paused
+    control = RunDir(Path(job.run_dir)).control
+    [name] = request_names(control)
+    req = json.loads((control / name).read_text())
+    assert (req["command"], req["args"], req["issuer"]) == (
+        "pause",
+        {"mode": "release"},
+        "steadytune server (memory pressure)",
+    )
+    d.tick()
+    assert len(request_names(control)) == 1  # asked once, and nobody else is paused meanwhile
+    readings[0] = GpuReading(0, 24 * GIB, 4 * GIB, "fake")  # room again, but its run has not paused yet
+    d.tick()
+    assert d.queue.get(lo).paused and len(request_names(control)) == 1
+    run = Path(job.run_dir)
+    (run / "status.tmp").write_text(json.dumps({"state": "paused", "supervisor_pid": job.pid}))
+    (run / "status.tmp").replace(run / "status.json")
+    d.tick()
+    job = d.queue.get(lo)
+    assert job.paused is None and [h["kind"] for h in job.history] == ["pause", "resume"]
+    names = request_names(control)
+    assert json.loads((control / names[-1]).read_text())["command"] == "resume"
+    for j in (hi, lo):
+        open_gate(tmp_path, j)
