@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,20 @@ def register(sub: Any) -> None:
 
 def gib(n: int | None) -> str:
     return "-" if n is None else f"{n / 2**30:.1f}G"
+
+
+def history_lines(job: dict[str, Any]) -> list[str]:
+    """The server's part in a job's size, oldest first: resizes (GPUs before -> after), refusals, pauses."""
+    out = []
+    for h in job.get("history") or []:
+        when = time.strftime("%H:%M:%S", time.localtime(h.get("ts", 0)))
+        kind = h.get("kind", "?")
+        if kind in ("grow", "shrink"):
+            what = f"{kind} gpu {','.join(map(str, h.get('from') or [])) or '-'} -> {','.join(map(str, h.get('to') or []))}"
+        else:
+            what = kind + (f" (gpu {h['gpu']})" if h.get("gpu") is not None else "")
+        out.append(f"{when} {what}" + (f": {h['reason']}" if h.get("reason") else ""))
+    return out
 
 
 def render(snap: dict[str, Any], show_all: bool = False) -> str:
@@ -50,8 +65,11 @@ def render(snap: dict[str, Any], show_all: bool = False) -> str:
             f"  {j['id']:<5} {j['state']:<9} prio {j['priority']:<3} need {gib(j['need_bytes'])}×{j['gpus_wanted']} "
             f"gpu {where:<5} {j['spec'].get('label', '')}{step}"
         )
-        if j["reason"]:
+        if j.get("paused"):
+            lines.append(f"        paused by the server: {j['paused']}")
+        elif j["reason"]:
             lines.append(f"        {j['reason']}")
+        lines.extend(f"        {line}" for line in history_lines(j))
     return "\n".join(lines)
 
 

@@ -221,3 +221,25 @@ def test_the_snapshot_file_stands_for_the_cpu_and_gpus(tmp_path: Path) -> None:
     snap.write_text('{"cpu_ratio": 0.5, "gpus": [{"index": 0, "util_')  # half written
     assert read_snapshot(snap) == (None, ())
     assert not isinstance(sampler_from_env(tmp_path, environ={}), SnapshotSampler)
+
+
+def test_a_shrink_the_server_asks_for_needs_no_for_s_nor_cool_down_but_keeps_the_batch():
+    r = rules(min_gpus=1)
+    r.applied(_grown(r, 4), 0.0)  # 2 x 1 x 4: the cool-down (100 s) has just begun
+    assert "not a multiple" in (r.shrink_onto(3, "room").refused or "")  # 8 samples over 3 x 2
+    d = r.shrink_onto(2, "the server asks for room")
+    assert d.refused is None and (d.after.world, d.after.accumulation) == (2, 2)
+    assert d.after.effective_batch == d.before.effective_batch == 8
+    assert "the server asks for room: 4 -> 2 processes" in d.reason
+    assert r.observe(Reading(1.0, 95.0, 10.0, gpus_available=4), True) is None  # asked: nothing else now
+    r.applied(d, 2.0)
+    assert "outside scale.min_gpus 1 .. 1" in (r.shrink_onto(2, "again").refused or "")
+
+
+def _grown(r: ScaleRules, world: int):
+    from dataclasses import replace
+
+    from steadytune.policy.scale import ScaleDecision
+
+    eff = r.shape.effective_batch
+    return ScaleDecision("grow", r.shape, replace(r.shape, world=world, accumulation=eff // (2 * world)), "test")

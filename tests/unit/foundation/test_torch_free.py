@@ -17,6 +17,7 @@ TORCH_FREE = [
     "steadytune.web.server", "steadytune.checkpoint.store", "steadytune.estimate", "steadytune.cli.main",
     "steadytune.preflight", "steadytune.forensics.inspect", "steadytune.forensics.runenv",
     "steadytune.forensics.envdiff", "steadytune.preflight.envdrift", "steadytune.cli.env",
+    "steadytune.server.daemon", "steadytune.server.api", "steadytune.supervise.server_link", "steadytune.guard.memcap",
 ]  # fmt: skip
 
 

@@ -52,6 +52,19 @@
     }));
   }
 
+  // The server's part in a job's size: each resize (GPUs before -> after), refusal, pause and resume.
+  function history(j) {
+    const gpus = (l) => (l && l.length ? l.join(",") : "–");
+    const items = (j.history || []).map((h) => {
+      const when = new Date(1000 * h.ts).toLocaleTimeString();
+      const what = h.kind === "grow" || h.kind === "shrink" ? `${h.kind} ${gpus(h.from)} → ${gpus(h.to)}`
+        : h.kind === "pause" || h.kind === "shrink_refused" ? `${h.kind}${h.gpu === undefined || h.gpu === null ? "" : ` (GPU ${h.gpu})`}`
+        : h.kind;
+      return el("div", { class: "mono", title: h.reason || "", text: `${when} ${what}` });
+    });
+    return el("td", { class: "history" }, ...items);
+  }
+
   function jobRow(j) {
     const run = j.run || {};
     const step = run.step === null || run.step === undefined ? "–" : run.max_steps ? `${fmt.int(run.step)} / ${fmt.int(run.max_steps)}` : fmt.int(run.step);
@@ -65,7 +78,8 @@
       el("td", {}, j.run_id && j.state !== "queued" && j.state !== "held"
         ? el("a", { href: `/run/${encodeURIComponent(j.run_id)}`, text: j.run_id }) : el("span", { class: "muted", text: j.spec.label || "" })),
       el("td", { class: "num", text: step }),
-      el("td", { class: "muted wrap", text: j.reason }),
+      history(j),
+      el("td", { class: "muted wrap", text: j.paused ? `paused by the server: ${j.paused}` : j.reason }),
       buttons(j));
   }
 
