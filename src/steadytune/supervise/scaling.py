@@ -103,6 +103,7 @@ class Autoscaler:
                     "effective_batch": d.after.effective_batch,
                     "checkpoint_to_first_step_s": lost,
                     "decision_to_first_step_s": rec.ts - decided,
+                    "gpus": self.visible,  # the CUDA_VISIBLE_DEVICES it runs on (None: all it sees)
                 },
             )
         measured = self.rules.observe_step(rec.ts, rec.step, rec.attempt)
