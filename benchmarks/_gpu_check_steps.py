@@ -834,8 +834,19 @@ def step_oom(ctx: Ctx, check: Check) -> None:
             cap_bytes=cap,
             cap_fraction=round(cap / total, 5),
         )
-        torch.cuda.set_per_process_memory_fraction(cap / total)
+        # Through the server's per-process memory cap (submit --memory-cap-gib), so this OOM proves it too.
+        from steadytune.guard.memcap import MEMORY_CAP_ENV, apply_memory_cap
+
+        fraction = apply_memory_cap({MEMORY_CAP_ENV: str(cap)}, 0)
+        check.expect(
+            "the server's per-process memory cap (guard/memcap.py) set the allocator's fraction to cap / total",
+            fraction is not None and abs(fraction - cap / total) < 1e-12,
+            f"fraction {fraction}, cap / total {cap / total:.6f}",
+        )
     else:
+        check.skip(
+            "the server's per-process memory cap (guard/memcap.py) set the allocator's fraction", NO_CUDA
+        )
         # No device memory to cap on CPU: the injected OOM the CPU tests use stands in for it.
         trainer.st_faults = Faults(oom_at_step=1, oom_above=max(1, size // 4))
     pid = os.getpid()

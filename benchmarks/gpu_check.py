@@ -12,7 +12,8 @@ its assertions and its figures:
                (random weights from a config, bf16, LoRA) for 60 steps: NVML rows in system.jsonl once
                a second, CUDA allocated/reserved/peak in every step record, both through the dashboard
                API, and data in its GPU panels.
-2. oom         a real CUDA OOM: ``torch.cuda.set_per_process_memory_fraction`` caps the process between
+2. oom         a real CUDA OOM: the server's per-process memory cap (``guard/memcap.py``, which calls
+               ``torch.cuda.set_per_process_memory_fraction``) caps the process between
                the split and the unsplit peak of one micro-batch; the guard splits it in-process (no
                restart, the same samples in the step) and its gradients equal the unsplit ones, measured
                before the cap (rtol 1e-5, atol 1e-6, as in tests/integration/test_oom_split.py).

@@ -33,6 +33,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 REPO = Path(__file__).resolve().parents[1]
+SKIPPED = "skipped: Ray is not installed (pip install 'steadytune[ray]')"
 
 
 def config(tmp: Path, assets: Path, steps: int, engine: dict[str, Any]) -> Path:
@@ -63,7 +64,58 @@ def timed_run(cfg: Path, run_id: str) -> dict[str, float]:
     stream = cfg.parent / "runs" / run_id / "telemetry" / "rank-0.jsonl"
     ts = [r["ts"] for r in map(json.loads, stream.read_text().splitlines()) if r.get("type") == "step"]
     gaps = [b - a for a, b in itertools.pairwise(ts)]
-    return {"wall_s": wall, "first_step_s": ts[0] - t0, "step_s": statistics.median(gaps) if gaps else float("nan")}
+    return {
+        "wall_s": wall,
+        "first_step_s": ts[0] - t0,
+        "step_s": statistics.median(gaps) if gaps else float("nan"),
+    }
+
+
+def measure(steps: int, workers: int, repeats: int) -> dict[str, list[dict[str, float]]] | None:
+    """Each engine's timings, run interleaved; None when Ray is not installed."""
+    try:
+        from ray.cluster_utils import Cluster
+    except ImportError:
+        return None
+    from steadytune.train.assets import ensure_demo_assets
+
+    assets = ensure_demo_assets()
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+    for _ in range(workers):
+        cluster.add_node(num_cpus=1)
+    cluster.wait_for_nodes()
+    results: dict[str, list[dict[str, float]]] = {"torchrun": [], "ray": []}
+    try:
+        with tempfile.TemporaryDirectory() as d:
+            tmp = Path(d)
+            engines = {
+                "torchrun": {"name": "torchrun", "run": {"nproc_per_node": workers}},
+                "ray": {"name": "ray", "run": {"engine": "ray"},
+                        "ray": {"address": cluster.address, "num_workers": workers,
+                                "resources_per_worker": {"CPU": 1}}},
+            }  # fmt: skip
+            for i in range(repeats):
+                for name, engine in engines.items():  # interleaved, so a busy moment hits both
+                    results[name].append(timed_run(config(tmp, assets, steps, engine), f"{name}-{i}"))
+    finally:
+        cluster.shutdown()
+    return results
+
+
+def report(results: dict[str, list[dict[str, float]]], steps: int, workers: int) -> list[str]:
+    """The medians side by side, as printed."""
+
+    def med(name: str, key: str) -> float:
+        return statistics.median(r[key] for r in results[name])
+
+    repeats = len(results["ray"])
+    lines = [f"{steps} steps, {workers} workers (gloo, CPU), demo model, {repeats} repeat(s); medians",
+             f"{'':24}{'torchrun':>12}{'ray':>12}{'ray - torchrun':>16}"]  # fmt: skip
+    for key, label in (("wall_s", "launch → exit (s)"), ("first_step_s", "launch → first step (s)"),
+                       ("step_s", "step (s)")):  # fmt: skip
+        a, b = med("torchrun", key), med("ray", key)
+        lines.append(f"{label:24}{a:12.2f}{b:12.2f}{b - a:+16.2f}")
+    return lines
 
 
 def main() -> int:
@@ -72,43 +124,11 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=1)
     args = ap.parse_args()
-    try:
-        from ray.cluster_utils import Cluster
-    except ImportError:
-        print("skipped: Ray is not installed (pip install 'steadytune[ray]')")
+    results = measure(args.steps, args.workers, args.repeats)
+    if results is None:
+        print(SKIPPED)
         return 0
-    from steadytune.train.assets import ensure_demo_assets
-
-    assets = ensure_demo_assets()
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
-    for _ in range(args.workers):
-        cluster.add_node(num_cpus=1)
-    cluster.wait_for_nodes()
-    results: dict[str, list[dict[str, float]]] = {"torchrun": [], "ray": []}
-    try:
-        with tempfile.TemporaryDirectory() as d:
-            tmp = Path(d)
-            engines = {
-                "torchrun": {"name": "torchrun", "run": {"nproc_per_node": args.workers}},
-                "ray": {"name": "ray", "run": {"engine": "ray"},
-                        "ray": {"address": cluster.address, "num_workers": args.workers,
-                                "resources_per_worker": {"CPU": 1}}},
-            }  # fmt: skip
-            for i in range(args.repeats):
-                for name, engine in engines.items():  # interleaved, so a busy moment hits both
-                    results[name].append(timed_run(config(tmp, assets, args.steps, engine), f"{name}-{i}"))
-    finally:
-        cluster.shutdown()
-
-    def med(name: str, key: str) -> float:
-        return statistics.median(r[key] for r in results[name])
-
-    print(f"{args.steps} steps, {args.workers} workers (gloo, CPU), demo model, {args.repeats} repeat(s); medians")
-    print(f"{'':24}{'torchrun':>12}{'ray':>12}{'ray - torchrun':>16}")
-    for key, label in (("wall_s", "launch → exit (s)"), ("first_step_s", "launch → first step (s)"),
-                       ("step_s", "step (s)")):  # fmt: skip
-        a, b = med("torchrun", key), med("ray", key)
-        print(f"{label:24}{a:12.2f}{b:12.2f}{b - a:+16.2f}")
+    print("\n".join(report(results, args.steps, args.workers)))
     return 0
 
 

@@ -2,6 +2,7 @@
 
     python benchmarks/server.py            # the table; --json for the figures
     python benchmarks/server.py --resize-run runs/RUN   # resize times of a run that scale: resized
+    python benchmarks/server.py --ray-overhead          # also Ray's overhead against torchrun (slow: 2 runs)
 
 For each scenario (a host's GPUs, some of them partly taken by foreign processes, and a
 mix of fine-tunes whose needs come from the estimator on real model configs), it prints:
@@ -15,6 +16,10 @@ mix of fine-tunes whose needs come from the estimator on real model configs), it
 With ``--resize-run``, it prints each resize of that run (``scale:``, docs/server.md): the
 world size, and the seconds from the checkpoint the stop wrote to the first step at the
 new size (from the run's ``resized`` events).
+
+With ``--ray-overhead``, it also prints Ray Train's overhead against a plain torchrun run of
+the same job (benchmarks/ray_overhead.py: two real runs of the demo model on a local Ray
+cluster, a minute or two; skipped without the ``ray`` extra).
 
 The snapshots are constructed, not recorded (this benchmark runs anywhere, without a GPU):
 80 GiB and 24 GiB cards, empty or with a notebook or an inference server on them. The
@@ -136,6 +141,10 @@ def main() -> int:
     )
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--resize-run", type=Path, help="a run directory: print its resize times")
+    parser.add_argument("--ray-overhead", action="store_true",
+                        help="also Ray's overhead against torchrun on the demo job (benchmarks/ray_overhead.py)")  # fmt: skip
+    parser.add_argument("--ray-steps", type=int, default=30, help="with --ray-overhead: steps per run")
+    parser.add_argument("--ray-workers", type=int, default=2, help="with --ray-overhead: workers")
     args = parser.parse_args()
     if args.resize_run is not None:
         times = resize_times(args.resize_run)
@@ -171,7 +180,17 @@ def main() -> int:
     print(f"\nall scenarios: {totals['jobs']} jobs; start-everything OOMs {totals['baseline_oom']}; the server "
           f"starts {totals['admitted']} now (the rest wait, none OOMs); at +10% estimate error "
           f"{totals['margin']} admitted would OOM")  # fmt: skip
+    if args.ray_overhead:
+        print("\n## Ray's overhead against torchrun, the same job")
+        print("\n".join(ray_overhead_lines(args.ray_steps, args.ray_workers)))
     return 0
+
+
+def ray_overhead_lines(steps: int, workers: int) -> list[str]:
+    import ray_overhead  # benchmarks/ is on the path when this script runs
+
+    results = ray_overhead.measure(steps, workers, repeats=1)
+    return [ray_overhead.SKIPPED] if results is None else ray_overhead.report(results, steps, workers)
 
 
 if __name__ == "__main__":
