@@ -35,6 +35,9 @@ def register(sub: Any) -> None:
         "--gpus", default=None, help="the GPU indices (NVML order) it manages, e.g. 0,1 (default all)"
     )
     p.add_argument("--headroom-gib", type=float, default=1.0, help="memory kept spare per GPU (default 1)")
+    p.add_argument("--pressure-gib", type=float, default=None,
+                   help="a GPU with less free than this is under memory pressure: its lowest-priority job is "
+                   "paused or shrunk (default: the headroom; 0 turns it off)")  # fmt: skip
     p.add_argument("--interval", type=float, default=1.0, help="seconds between passes (default 1)")
     p.add_argument("--snapshot-file", type=Path, default=None,
                    help="read the GPUs from this JSON file at each pass instead of NVML (docs/server.md)")  # fmt: skip
@@ -71,6 +74,8 @@ def main(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
         problems.append(str(exc))
     if not args.headroom_gib >= 0:
         problems.append(f"--headroom-gib {args.headroom_gib}: give GiB ≥ 0 (default 1)")
+    if args.pressure_gib is not None and not args.pressure_gib >= 0:
+        problems.append(f"--pressure-gib {args.pressure_gib}: give GiB ≥ 0 (default: the headroom; 0: off)")
     source: Any = None
     if args.snapshot_file is not None:
         try:
@@ -94,7 +99,12 @@ def main(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
             2,
         )
     daemon = Daemon(
-        JobQueue(paths.queue), paths, only(source, gpus), headroom_bytes=int(args.headroom_gib * GIB)
+        JobQueue(paths.queue),
+        paths,
+        only(source, gpus),
+        headroom_bytes=int(args.headroom_gib * GIB),
+        socket=sock,
+        pressure_bytes=None if args.pressure_gib is None else int(args.pressure_gib * GIB),
     )
     try:
         api = SocketApi(daemon, sock)

@@ -18,7 +18,7 @@ Queues a job on the host's `steadytune server`. A config job runs as `steadytune
 CONFIG [key=value ...]`; a command after -- runs as `steadytune supervise [--config C]
 -- CMD`. Its memory need per GPU is the estimator's peak for the config (as
 `steadytune estimate` gives it), unless --need-gib says otherwise; a command without a
-config needs --need-gib. The job runs in this directory with this environment, on the
+config and without --need-gib is measured by a short probe (--probe-s). The job runs in this directory with this environment, on the
 GPUs the server picks (CUDA_VISIBLE_DEVICES)."""
 
 
@@ -32,6 +32,11 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--need-gib", type=float, default=None, help="peak memory per GPU in GiB (beats the estimate)"
     )
+    p.add_argument(
+        "--probe-s", type=float, default=None,
+        help="a command without --need-gib is measured: run alone this long at most (default 60) "
+        "while the server watches its GPU memory, then stopped and queued with peak + 15%%",
+    )  # fmt: skip
     p.add_argument(
         "--memory-cap-gib", type=float, default=None,
         help="cap the job's PyTorch memory per GPU at this many GiB, so an overrun is its own clean OOM "
@@ -85,6 +90,7 @@ def build_request(args: argparse.Namespace) -> dict[str, Any]:
         "cmd": cmd,
         "need_gib": args.need_gib,
         "memory_cap_gib": args.memory_cap_gib,
+        "probe_s": args.probe_s,
         "gpus": args.gpus,
         "priority": args.priority,
         "hold": args.hold,

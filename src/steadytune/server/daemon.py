@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -19,15 +20,18 @@ from typing import Any
 from steadytune.protocol import operator_issuer
 from steadytune.rundir import RunDir
 from steadytune.server.admission import DEFAULT_HEADROOM_BYTES, JobRequest, admit, gib, place
+from steadytune.server.admission import order as order_requests
 from steadytune.server.gpus import GpuSource
 from steadytune.server.jobs import ProcessTable, job_command, job_env, run_id, run_status
 from steadytune.server.ledger import GpuState, Reservation, build_ledger
 from steadytune.server.pressure import LiveJob, PressureAction, relieve
+from steadytune.server.probe import PROBE_S, Probe
 from steadytune.server.queue import LIVE, Job, JobQueue, QueueError
 
 log = logging.getLogger(__name__)
 
 CANCEL_GRACE_S = 60.0  # a cancelled job's supervisor gets this long to checkpoint and stop
+PROBE_STOP_S = 5.0  # a probe that does not end on SIGTERM within this long is killed
 ISSUER = operator_issuer("steadytune server", "memory pressure")  # who paused a job, in its run's events
 
 
@@ -67,6 +71,8 @@ class Daemon:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _cannot_shrink: set[str] = field(default_factory=set)  # refused a pressure shrink: paused instead
     _seen_paused: set[str] = field(default_factory=set)  # paused for pressure, and its run said so
+    _probe: Probe | None = None  # the memory probe under way (one at a time)
+    _probe_handle: Any = None
 
     # ---- start-up ------------------------------------------------------------------------
 
@@ -76,6 +82,11 @@ class Daemon:
         Returns the ids of the jobs adopted.
         """
         adopted = []
+        for job in self.queue.jobs(["queued", "held"]):
+            if job.pid is not None:  # a probe the last server left: measured again from the start
+                if self.procs.alive(job.pid, job.pid_started):
+                    self.procs.signal(job.pid, signal.SIGKILL, group=True)
+                self.queue.set_probe(job.id, None, None)
         for job in self.queue.jobs(LIVE):
             pid, started = job.pid, job.pid_started
             if pid is None:
@@ -109,9 +120,13 @@ class Daemon:
             live = self.queue.jobs(LIVE)
             self.ledger = self._ledger(readings, live)
             self._relieve(live)
+            queued = self.queue.jobs(["queued"])
+            # A job whose need is still to be measured is probed, not admitted, and holds no line.
+            self._probe_pass(readings, [j for j in queued if j.need_source == "probe"])
             waiting = [
                 JobRequest(j.id, j.need_bytes, j.gpus_wanted, j.priority, j.seq)
-                for j in self.queue.jobs(["queued"])
+                for j in queued
+                if j.need_source != "probe"
             ]
             for d in admit(waiting, self.ledger, self.headroom_bytes):
                 if d.admitted:
@@ -154,6 +169,77 @@ class Daemon:
             job.id, "running", pid=started.pid, pid_started=started.started, started_ts=self.clock(),
             reason=f"running on GPU {','.join(map(str, gpus))}",
         )  # fmt: skip
+
+    # ---- the memory probe of a command without a need ------------------------------------
+
+    def _probe_pass(self, readings: Any, probing: list[Job]) -> None:
+        p = self._probe
+        if p is None:
+            if probing:
+                self._start_probe(order_jobs(probing)[0])
+            return
+        job = self.queue.get(p.job_id)
+        now = self.clock()
+        if job is None or job.state != "queued" or job.need_source != "probe":
+            self._stop_probe(p)  # cancelled or held meanwhile
+            return
+        exited = self._probe_handle.poll() is not None if self._probe_handle is not None else True
+        p.observe(now, readings, self.procs.tree(p.pid) | {p.pid})
+        why = p.done(now, exited)
+        if why is None:
+            self.queue.note(
+                job.id,
+                f"probing its memory need on GPU {p.gpu}: peak {gib(p.peak)} so far (up to {p.bound_s:g}s)",
+            )
+            return
+        self._stop_probe(p)
+        need, account = p.need(why, now)
+        if need is None:
+            self.queue.move(job.id, "held", reason=f"held: {account}")
+        else:
+            self.queue.set_need(job.id, need, "measured", account)
+            self.queue.note(job.id, account)
+
+    def _start_probe(self, job: Job) -> None:
+        rooms = {g.index: g.available(self.headroom_bytes) for g in self.ledger}
+        best = max(rooms, key=lambda i: (rooms[i], -i), default=None)
+        if best is None or rooms[best] <= 0:
+            self.queue.note(job.id, "waits to be probed: no GPU has room beyond the headroom")
+            return
+        log_path = self.paths.log(job.id)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "a") as out:
+            out.write(f"--- memory probe on GPU {best} ---\n")
+        try:
+            started = self.procs.start(
+                list(job.spec["cmd"]),
+                job_env(job, (best,), socket=self.socket or self.paths.socket),
+                str(job.spec.get("cwd") or "."),
+                log_path,
+            )
+        except OSError as exc:
+            self.queue.move(
+                job.id, "failed", reason=f"could not start its probe: {exc}", ended_ts=self.clock()
+            )
+            return
+        bound = float(job.spec.get("probe_s") or PROBE_S)
+        self._probe = Probe(job.id, best, started.pid, self.clock(), bound_s=bound)
+        self._probe_handle = started.handle
+        self.queue.set_probe(job.id, started.pid, started.started)
+        self.queue.note(job.id, f"probing its memory need on GPU {best} (up to {bound:g}s)")
+
+    def _stop_probe(self, p: Probe) -> None:
+        handle, self._probe, self._probe_handle = self._probe_handle, None, None
+        if handle is not None and handle.poll() is None:
+            self.procs.signal(p.pid, signal.SIGTERM, group=True)
+            try:
+                handle.wait(PROBE_STOP_S)
+            except subprocess.TimeoutExpired:
+                pass  # killed below
+        self.procs.signal(p.pid, signal.SIGKILL, group=True)  # what it started, too
+        if handle is not None:
+            handle.wait()
+        self.queue.set_probe(p.job_id, None, None)
 
     # ---- resizes and memory pressure --------------------------------------------------------
 
@@ -378,3 +464,10 @@ def default_dir(environ: dict[str, str] | None = None) -> Path:
     if env.get("STEADYTUNE_SERVER_DIR"):
         return Path(env["STEADYTUNE_SERVER_DIR"]).expanduser()
     return Path("~/.local/state/steadytune/server").expanduser()
+
+
+def order_jobs(jobs: list[Job]) -> list[Job]:
+    """Jobs in admission order: priority first (higher first), then submission order."""
+    ranked = order_requests(JobRequest(j.id, j.need_bytes, j.gpus_wanted, j.priority, j.seq) for j in jobs)
+    by_id = {j.id: j for j in jobs}
+    return [by_id[r.job_id] for r in ranked]

@@ -306,3 +306,31 @@ class JobQueue:
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
+
+    def set_need(self, job_id: str, need_bytes: int, source: str, why: str) -> bool:
+        """A waiting job's need, once measured; False if it no longer waits."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                row = self._db.execute(
+                    "SELECT spec FROM jobs WHERE id = ? AND state IN ('queued', 'held')", (job_id,)
+                ).fetchone()
+                if row is not None:
+                    spec = {**json.loads(row["spec"]), "need": why}
+                    self._db.execute(
+                        "UPDATE jobs SET need_bytes = ?, need_source = ?, spec = ? WHERE id = ?",
+                        (need_bytes, source, json.dumps(spec), job_id),
+                    )
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        return row is not None
+
+    def set_probe(self, job_id: str, pid: int | None, pid_started: float | None) -> None:
+        """The process measuring a waiting job's need (None once it has stopped): a restarted server stops it."""
+        with self._lock:
+            self._db.execute(
+                "UPDATE jobs SET pid = ?, pid_started = ? WHERE id = ? AND state IN ('queued', 'held')",
+                (pid, pid_started, job_id),
+            )

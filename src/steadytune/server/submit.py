@@ -46,10 +46,13 @@ def check_request(req: dict[str, Any]) -> list[str]:
     need = req.get("need_gib")
     if need is not None and (not isinstance(need, (int, float)) or isinstance(need, bool) or need <= 0):
         problems.append(f"need_gib={need!r}: give the peak memory per GPU in GiB, e.g. --need-gib 20")
-    if kind == "supervise" and need is None and not req.get("config"):
-        problems.append(
-            "a command without a config has no estimate: give its peak memory per GPU with --need-gib N"
-        )
+    probe = req.get("probe_s")
+    if probe is not None and (
+        not isinstance(probe, (int, float)) or isinstance(probe, bool) or not 5 <= probe <= 3600
+    ):
+        problems.append(f"probe_s={probe!r}: give the probe's bound in seconds, 5 to 3600, e.g. --probe-s 60")
+    if probe is not None and (kind != "supervise" or need is not None or req.get("config")):
+        problems.append("--probe-s is for a command without --need-gib or --config (its need is measured)")
     cfg = req.get("config")
     if cfg and not Path(str(cfg)).is_file():
         problems.append(f"config {cfg!r} does not exist (paths are read on the server's machine)")
@@ -76,6 +79,9 @@ def submit(queue: JobQueue, req: dict[str, Any], user: str = "") -> Job:
         if req.get("need_gib") is not None:
             need, why = need_from_user(float(req["need_gib"]))
             source = "user"
+        elif config is None:
+            # A command alone has nothing to estimate from: the server measures it (server/probe.py).
+            need, why, source = 0, "to be measured by a probe", "probe"
         else:
             assert config is not None
             need, why = need_from_config(config, overrides, gpus)
@@ -93,6 +99,7 @@ def submit(queue: JobQueue, req: dict[str, Any], user: str = "") -> Job:
         "env": {str(k): str(v) for k, v in (req.get("env") or {}).items()},
         "label": _label(req),
         "need": why,
+        "probe_s": float(req["probe_s"]) if req.get("probe_s") is not None else None,
         # A job that may run on fewer GPUs is shrunk rather than paused when a neighbour needs room.
         "scale_min_gpus": min_gpus,
         "memory_cap_bytes": int(float(req["memory_cap_gib"]) * GIB) if req.get("memory_cap_gib") else None,

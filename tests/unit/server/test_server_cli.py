@@ -74,7 +74,9 @@ def test_queue_text_shows_each_jobs_gpus_and_its_scale_history() -> None:
     text = render({"headroom_bytes": 1 << 30, "gpus": [], "jobs": [job]})
     assert "gpu 0,1" in text
     assert "grow gpu 0 -> 0,1: GPU util 95% > 85%" in text and "pause (gpu 1): GPU 1 has 0.5 GiB free" in text
-    text = render({"headroom_bytes": 1 << 30, "gpus": [], "jobs": [{**job, "paused": "GPU 1 has 0.5 GiB free"}]})
+    text = render(
+        {"headroom_bytes": 1 << 30, "gpus": [], "jobs": [{**job, "paused": "GPU 1 has 0.5 GiB free"}]}
+    )
     assert "paused by the server: GPU 1 has 0.5 GiB free" in text and "running on GPU 0" not in text
 
 

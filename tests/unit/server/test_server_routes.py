@@ -90,9 +90,9 @@ def test_socket_api_submit_queue_and_errors(daemon: Daemon, tmp_path: Path):
         )
         assert answer["ok"] and answer["job"]["id"] == "j3" and answer["job"]["need_bytes"] == 2 * GIB
         assert answer["job"]["need_source"] == "user"
-        bad = request(sock, {"op": "submit", "kind": "supervise", "cmd": ["python"], "gpus": 0})
+        bad = request(sock, {"op": "submit", "kind": "supervise", "cmd": ["python"], "gpus": 0, "probe_s": 1})
         assert not bad["ok"]
-        assert "gpus=0" in bad["error"] and "give its peak memory per GPU with --need-gib" in bad["error"]
+        assert "gpus=0" in bad["error"] and "probe_s=1: give the probe's bound in seconds" in bad["error"]
         snap = request(sock, {"op": "queue"})
         assert [j["id"] for j in snap["jobs"]] == ["j1", "j2", "j3"]
         assert request(sock, {"op": "cancel", "job": "j3"})["job"]["state"] == "cancelled"
