@@ -273,7 +273,8 @@ class Daemon:
                 keep = list(job.shrink_to) if job.shrink_to and len(job.shrink_to) == gpus else have[:gpus]
                 chosen, kind = keep, "shrink" if gpus < len(have) else "same"
             entry = {"kind": kind, "from": have, "to": chosen, "reason": reason}
-            self.queue.resize(job.id, chosen, entry)
+            if self.queue.resize(job.id, chosen, entry):
+                self.queue.note(job.id, f"running on GPU {','.join(map(str, chosen))}")
             self.ledger = self._ledger(self.source(), self.queue.jobs(LIVE))
             fresh = self.queue.get(job.id)
             assert fresh is not None

@@ -172,7 +172,7 @@ def test_a_grow_is_reserved_on_a_gpu_with_room_or_refused_with_the_reason_and_a_
         d.resize(a, 3, "busy")
     assert d.queue.get(a).gpus == (0, 1)
     shrunk = d.resize(a, 1, "GPU util 10% < 30%")
-    assert shrunk.gpus == (0,) and a not in d.ledger[1].jobs
+    assert shrunk.gpus == (0,) and a not in d.ledger[1].jobs and shrunk.reason == "running on GPU 0"
     assert [(h["kind"], h["from"], h.get("to")) for h in shrunk.history] == [
         ("grow", [0], [0, 1]),
         ("grow_refused", [0, 1], None),
