@@ -31,6 +31,7 @@ from steadytune.server.queue import LIVE, Job, JobQueue, QueueError
 log = logging.getLogger(__name__)
 
 CANCEL_GRACE_S = 60.0  # a cancelled job's supervisor gets this long to checkpoint and stop
+SHRINK_WAIT_S = 120.0  # a job asked to shrink for pressure that has not within this long is paused instead
 PROBE_STOP_S = 5.0  # a probe that does not end on SIGTERM within this long is killed
 ISSUER = operator_issuer("steadytune server", "memory pressure")  # who paused a job, in its run's events
 
@@ -71,6 +72,7 @@ class Daemon:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _cannot_shrink: set[str] = field(default_factory=set)  # refused a pressure shrink: paused instead
     _seen_paused: set[str] = field(default_factory=set)  # paused for pressure, and its run said so
+    _shrink_asked: dict[str, float] = field(default_factory=dict)  # when each pressure shrink was asked
     _probe: Probe | None = None  # the memory probe under way (one at a time)
     _probe_handle: Any = None
 
@@ -270,8 +272,10 @@ class Daemon:
                 chosen = have + list(self._grant(job, gpus - len(have)))
                 kind = "grow"
             else:
+                if gpus == len(have):
+                    return job  # nothing changes
                 keep = list(job.shrink_to) if job.shrink_to and len(job.shrink_to) == gpus else have[:gpus]
-                chosen, kind = keep, "shrink" if gpus < len(have) else "same"
+                chosen, kind = keep, "shrink"
             entry = {"kind": kind, "from": have, "to": chosen, "reason": reason}
             if self.queue.resize(job.id, chosen, entry):
                 self.queue.note(job.id, f"running on GPU {','.join(map(str, chosen))}")
@@ -317,6 +321,17 @@ class Daemon:
             elif j.id in self._seen_paused:  # someone resumed it (steadytune resume): it is no longer ours
                 self._seen_paused.discard(j.id)
                 self.queue.record(j.id, {"kind": "resumed", "reason": f"run {state} again"}, paused=None)
+        running = [j for j in self.queue.jobs(["running"]) if j.run_dir]
+        now = self.clock()
+        for j in running:
+            asked = self._shrink_asked.setdefault(j.id, now) if j.shrink_to is not None else None
+            if asked is None:
+                self._shrink_asked.pop(j.id, None)
+            elif now - asked > SHRINK_WAIT_S:  # its supervisor never took it up: it is paused instead
+                self._shrink_asked.pop(j.id, None)
+                self._cannot_shrink.add(j.id)
+                why = f"no shrink within {SHRINK_WAIT_S:g}s"
+                self.queue.record(j.id, {"kind": "shrink_refused", "reason": why}, shrink_to=None)
         running = [j for j in self.queue.jobs(["running"]) if j.run_dir]
         views = [
             LiveJob(

@@ -128,6 +128,8 @@ class Autoscaler:
             )
             return
         if sup.policy.config.mode == "observe":
+            if onto is not None and self.link is not None:
+                self.link.refuse("observe mode: the run's policy makes no resize")
             sup.emit(
                 "action", "alert_only", f"observe mode: would {d.kind} ({d.reason})", step=sup.progress.step
             )

@@ -27,11 +27,11 @@ class ServerLink:
         job, sock = env.get(JOB_ENV), env.get(SOCKET_ENV)
         return cls(Path(sock), job) if job and sock else None
 
-    def _ask(self, req: dict[str, Any]) -> dict[str, Any]:
+    def _ask(self, req: dict[str, Any], timeout_s: float = 10.0) -> dict[str, Any]:
         from steadytune.server.api import request
 
         try:
-            return request(self.socket, {**req, "job": self.job_id}, timeout_s=10.0)
+            return request(self.socket, {**req, "job": self.job_id}, timeout_s=timeout_s)
         except ConnectionError as exc:
             return {"ok": False, "error": str(exc)}
 
@@ -53,6 +53,8 @@ class ServerLink:
 
     def wanted(self) -> list[int] | None:
         """The GPUs the server wants this job shrunk onto, or None."""
-        answer = self._ask({"op": "job"})
+        answer = self._ask(
+            {"op": "job"}, timeout_s=2.0
+        )  # at every sample: a stuck server must not stall the loop
         want = answer.get("job", {}).get("shrink_to") if answer.get("ok") else None
         return [int(i) for i in want] if want else None

@@ -230,3 +230,32 @@ def test_memory_pressure_pauses_the_lower_priority_job_and_resumes_it_when_room_
     assert json.loads((control / names[-1]).read_text())["command"] == "resume"
     for j in (hi, lo):
         open_gate(tmp_path, j)
+
+
+def test_under_pressure_a_job_that_may_shrink_is_asked_to_and_paused_if_it_does_not(tmp_path: Path):
+    readings = [GpuReading(0, 24 * GIB, 0, "fake"), GpuReading(1, 24 * GIB, 0, "fake")]
+    d = make(tmp_path, readings)
+    now = [1000.0]
+    d.clock = lambda: now[0]
+    hi = submit(d, 8, priority=5)
+    spec = {"kind": "supervise", "cmd": ["stand-in"], "label": "t", "cwd": str(tmp_path), "scale_min_gpus": 1}
+    lo = d.queue.submit(spec, 8 * GIB, "user", gpus=2).id
+    d.tick()
+    assert d.queue.get(hi).gpus == (0,) and d.queue.get(lo).gpus == (0, 1)
+    readings[0] = GpuReading(0, 24 * GIB, int(23.5 * GIB), "fake")
+    d.tick()
+    job = d.queue.get(lo)
+    assert job.shrink_to == (1,) and job.paused is None  # off GPU 0, the one under pressure
+    assert job.history[-1]["kind"] == "shrink" and job.history[-1]["to"] == [1]
+    # Its supervisor shrinks onto what the server asked to keep, which clears the request.
+    shrunk = d.resize(lo, 1, "the server asks for room")
+    assert shrunk.gpus == (1,) and shrunk.shrink_to is None and lo not in d.ledger[0].jobs
+    # Asked again (another pressure) and never taken up: after the wait it is paused instead.
+    d.queue.record(lo, {"kind": "shrink"}, shrink_to=(1,))
+    d.tick()
+    now[0] += 121
+    d.tick()
+    job = d.queue.get(lo)
+    assert job.shrink_to is None and job.history[-1]["kind"] == "shrink_refused"
+    for j in (hi, lo):
+        open_gate(tmp_path, j)
