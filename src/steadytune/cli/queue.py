@@ -13,7 +13,7 @@ from steadytune.cli.submit import socket_path
 
 
 def register(sub: Any) -> None:
-    p = add_command(sub, "queue", "show the GPU server's GPUs and jobs (and why a job waits)",
+    p = add_command(sub, "queue", "show the GPU server's GPUs and jobs (why a job waits, its GPUs, its scale history)",
                     "steadytune queue --all")  # fmt: skip
     p.add_argument("--all", action="store_true", help="also list finished jobs")
     p.add_argument("--json", action="store_true", help="the whole snapshot as JSON")

@@ -20,7 +20,10 @@ One daemon per host. Jobs sent with `steadytune submit` wait in a durable queue
 (SQLite in --dir) and start only where their estimated peak memory fits:
 free − reserved − headroom ≥ need on every GPU they get. Each job is an ordinary
 supervised run under --runs-dir, in a session of its own: stopping or killing the
-server leaves the jobs running, and the next server adopts them. See docs/server.md."""
+server leaves the jobs running, and the next server adopts them. A job with scale: asks
+the server for GPUs before it grows and gives them back when it shrinks. When a GPU's free
+memory falls below --pressure-gib, its lowest-priority job is checkpointed and paused (or
+shrunk off it) and resumes when room returns. See docs/server.md."""
 
 
 def register(sub: Any) -> None:
