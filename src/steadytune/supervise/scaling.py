@@ -58,9 +58,8 @@ class Autoscaler:
     def on_sample(self, rec: SystemSample) -> None:
         sup = self.sup
         shape = shape_of(sup)
-        self.rules.set_micro_batch(
-            shape.micro_batch, shape.accumulation
-        )  # an OOM or auto search may change it
+        # An OOM split or the auto search may have changed the micro-batch.
+        self.rules.set_micro_batch(shape.micro_batch, shape.accumulation)
         training = (
             sup.state == "running"
             and sup.worker_phase == "train"
@@ -70,9 +69,8 @@ class Autoscaler:
         )
         reading = job_reading(rec.ts, rec.cpu_ratio, rec.gpus, shape.world, self.visible)
         if self.link is not None:
-            reading = replace(
-                reading, gpus_available=None
-            )  # the server says, when asked, what it may grow onto
+            # What it may grow onto is the server's to say, when asked.
+            reading = replace(reading, gpus_available=None)
             if training and self.scaling is None:
                 want = self.link.wanted()
                 if want is not None:
