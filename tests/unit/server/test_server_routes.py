@@ -97,6 +97,10 @@ def test_socket_api_submit_queue_and_errors(daemon: Daemon, tmp_path: Path):
         assert [j["id"] for j in snap["jobs"]] == ["j1", "j2", "j3"]
         assert request(sock, {"op": "cancel", "job": "j3"})["job"]["state"] == "cancelled"
         assert "unknown op" in request(sock, {"op": "nope"})["error"]
+        assert request(sock, {"op": "job", "job": "j1"})["job"]["shrink_to"] is None
+        assert "no job 'j9'" in request(sock, {"op": "job", "job": "j9"})["error"]
+        refused = request(sock, {"op": "resize", "job": "j3", "gpus": 2})
+        assert not refused["ok"] and "j3' is cancelled; only a running job can resize" in refused["error"]
         with pytest.raises(OSError, match="already answers"):
             SocketApi(daemon, sock)
     finally:
