@@ -18,8 +18,8 @@ Queues a job on the host's `steadytune server`. A config job runs as `steadytune
 CONFIG [key=value ...]`; a command after -- runs as `steadytune supervise [--config C]
 -- CMD`. Its memory need per GPU is the estimator's peak for the config (as
 `steadytune estimate` gives it), unless --need-gib says otherwise; a command without a
-config and without --need-gib is measured by a short probe (--probe-s). The job runs in this directory with this environment, on the
-GPUs the server picks (CUDA_VISIBLE_DEVICES)."""
+config and without --need-gib is measured by a short probe (--probe-s). The job runs in
+this directory with this environment, on the GPUs the server picks (CUDA_VISIBLE_DEVICES)."""
 
 
 def register(sub: Any) -> None:

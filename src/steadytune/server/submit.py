@@ -51,7 +51,13 @@ def check_request(req: dict[str, Any]) -> list[str]:
         not isinstance(probe, (int, float)) or isinstance(probe, bool) or not 5 <= probe <= 3600
     ):
         problems.append(f"probe_s={probe!r}: give the probe's bound in seconds, 5 to 3600, e.g. --probe-s 60")
-    if probe is not None and (kind != "supervise" or need is not None or req.get("config")):
+    probed = kind == "supervise" and need is None and not req.get("config")
+    if probed and isinstance(gpus, int) and gpus > 1:
+        problems.append(
+            f"gpus={gpus}: a command without --need-gib is measured by a probe on one GPU; "
+            "give its peak per GPU with --need-gib N"
+        )
+    if probe is not None and not probed:
         problems.append("--probe-s is for a command without --need-gib or --config (its need is measured)")
     cfg = req.get("config")
     if cfg and not Path(str(cfg)).is_file():

@@ -93,8 +93,14 @@ def test_socket_api_submit_queue_and_errors(daemon: Daemon, tmp_path: Path):
         bad = request(sock, {"op": "submit", "kind": "supervise", "cmd": ["python"], "gpus": 0, "probe_s": 1})
         assert not bad["ok"]
         assert "gpus=0" in bad["error"] and "probe_s=1: give the probe's bound in seconds" in bad["error"]
+        many = request(sock, {"op": "submit", "kind": "supervise", "cmd": ["torchrun", "t.py"], "gpus": 2})
+        assert "gpus=2: a command without --need-gib is measured by a probe on one GPU" in many["error"]
+        probed = request(
+            sock, {"op": "submit", "kind": "supervise", "cmd": ["python", "t.py"], "probe_s": 30}
+        )
+        assert (probed["job"]["need_source"], probed["job"]["spec"]["probe_s"]) == ("probe", 30.0)
         snap = request(sock, {"op": "queue"})
-        assert [j["id"] for j in snap["jobs"]] == ["j1", "j2", "j3"]
+        assert [j["id"] for j in snap["jobs"]] == ["j1", "j2", "j3", "j4"]
         assert request(sock, {"op": "cancel", "job": "j3"})["job"]["state"] == "cancelled"
         assert "unknown op" in request(sock, {"op": "nope"})["error"]
         assert request(sock, {"op": "job", "job": "j1"})["job"]["shrink_to"] is None
