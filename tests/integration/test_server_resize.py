@@ -1,7 +1,8 @@
 """The server's part in a resize, for real: a config job with ``scale:`` asks the server for a second
 GPU before it grows (refused while that GPU is full, with the reason; granted once it has room), runs
-on both under torchrun with gloo, and gives the GPU back when it shrinks. The GPU memory the server
-sees and the utilisation the rules see are fake files; the rest is real."""
+on both under torchrun with gloo, and, when someone else's process squeezes that GPU, is asked by the
+server to shrink off it and gives it back. The GPU memory the server sees and the utilisation the
+rules see are fake files; the rest is real."""
 
 from __future__ import annotations
 
@@ -74,7 +75,9 @@ def test_a_grow_is_reserved_by_the_server_or_refused_and_a_shrink_gives_the_gpu_
         wait_for(
             lambda: any(e.name == "resized" and e.data["world"] == 2 for e in events(run)), 120, "2 processes"
         )
-        write_snapshot(util, 0.10)  # idle: the shrink rule holds
+        write_snapshot(util, 0.50)  # neither busy nor idle: from here on no rule of its own moves it
+        write_gpus(gpus, int(7.6 * GIB))  # a foreign process takes GPU 1: 0.4 GiB free, under pressure
+        wait_for(lambda: job()["gpus"] == [0], 120, "the shrink off GPU 1")
         wait_for(lambda: job()["state"] == "done", 300, "the job done")
         final = job()
         server.send_signal(signal.SIGTERM)
@@ -84,8 +87,12 @@ def test_a_grow_is_reserved_by_the_server_or_refused_and_a_shrink_gives_the_gpu_
             server.kill()
 
     assert final["gpus"] == [0]  # given back
-    kinds = [(h["kind"], h.get("from"), h.get("to")) for h in final["history"] if h["kind"] != "grow_refused"]
-    assert kinds == [("grow", [0], [0, 1]), ("shrink", [0, 1], [0])]
+    # The server's request (the GPU under pressure, the GPUs to keep), then the job's shrink onto them.
+    kinds = [(h["kind"], h.get("from", h.get("gpu")), h.get("to")) for h in final["history"]
+             if h["kind"] != "grow_refused"]  # fmt: skip
+    assert kinds == [("grow", [0], [0, 1]), ("shrink_asked", 1, [0]), ("shrink", [0, 1], [0])]
+    asked = next(h for h in final["history"] if h["kind"] == "shrink_asked")
+    assert asked["reason"].startswith("GPU 1 has 0.4 GiB free < 1.0 GiB") and final["shrink_to"] is None
     evs = events(run)
     refused = [e for e in evs if e.name == "resize_refused"]
     assert refused and "the server refused: no room to grow" in refused[0].data["refused"]

@@ -359,7 +359,8 @@ class Daemon:
             self.queue.record(job.id, entry, paused=action.reason)
         elif action.kind == "shrink":
             # Its supervisor asks for it on its next sample and shrinks through its scale rules.
-            self.queue.record(job.id, {**entry, "to": list(action.keep)}, shrink_to=action.keep)
+            entry = {**entry, "kind": "shrink_asked", "to": list(action.keep)}
+            self.queue.record(job.id, entry, shrink_to=action.keep)
         elif action.kind == "resume" and run_status(job.run_dir).get("state") == "paused":
             # Only once its worker has stopped: a resume before that would be lost.
             send_control(run, "resume", issuer=ISSUER, clock=self.clock)

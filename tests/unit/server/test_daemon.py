@@ -246,12 +246,12 @@ def test_under_pressure_a_job_that_may_shrink_is_asked_to_and_paused_if_it_does_
     d.tick()
     job = d.queue.get(lo)
     assert job.shrink_to == (1,) and job.paused is None  # off GPU 0, the one under pressure
-    assert job.history[-1]["kind"] == "shrink" and job.history[-1]["to"] == [1]
+    assert job.history[-1]["kind"] == "shrink_asked" and job.history[-1]["to"] == [1]
     # Its supervisor shrinks onto what the server asked to keep, which clears the request.
     shrunk = d.resize(lo, 1, "the server asks for room")
     assert shrunk.gpus == (1,) and shrunk.shrink_to is None and lo not in d.ledger[0].jobs
     # Asked again (another pressure) and never taken up: after the wait it is paused instead.
-    d.queue.record(lo, {"kind": "shrink"}, shrink_to=(1,))
+    d.queue.record(lo, {"kind": "shrink_asked"}, shrink_to=(1,))
     d.tick()
     now[0] += 121
     d.tick()

@@ -58,7 +58,7 @@
     const items = (j.history || []).map((h) => {
       const when = new Date(1000 * h.ts).toLocaleTimeString();
       const what = h.kind === "grow" || h.kind === "shrink" ? `${h.kind} ${gpus(h.from)} → ${gpus(h.to)}`
-        : h.kind === "pause" || h.kind === "shrink_refused" ? `${h.kind}${h.gpu === undefined || h.gpu === null ? "" : ` (GPU ${h.gpu})`}`
+        : h.kind === "pause" || h.kind === "shrink_asked" || h.kind === "shrink_refused" ? `${h.kind}${h.gpu === undefined || h.gpu === null ? "" : ` (GPU ${h.gpu})`}`
         : h.kind;
       return el("div", { class: "mono", title: h.reason || "", text: `${when} ${what}` });
     });
