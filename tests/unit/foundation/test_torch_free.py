@@ -34,7 +34,10 @@ RAY_FREE = [*TORCH_FREE, "steadytune.supervise.ray_source", "steadytune.engines.
 
 
 def test_supervisor_side_modules_do_not_import_ray() -> None:
-    code = "".join(f"import {m}\n" for m in RAY_FREE) + "from steadytune.cli.main import build_parser\nbuild_parser()\n"
+    code = (
+        "".join(f"import {m}\n" for m in RAY_FREE)
+        + "from steadytune.cli.main import build_parser\nbuild_parser()\n"
+    )
     assert fresh_imports(code, watch=("ray", *HEAVY)) == []
 
 
