@@ -15,7 +15,7 @@ EXAMPLE = "steadytune quant-check examples/qlora.yaml"
 
 DESCRIPTION = """\
 Measure what quantizing the base model costs before the long run, on the config's own
-eval split (data.eval_file; the train file when there is none), up to quant.max_tokens
+eval split (data.eval_file; the train file when there is none), up to quant.max_positions
 scored tokens. The reference is the model in its training dtype (float32 on a CPU); the
 candidates (quant.candidates) are int8 and nf4/fp4 via bitsandbytes and fp8 via torchao
 (a CUDA GPU with compute capability >= 8.9 only; elsewhere a line says why it was skipped).
@@ -31,7 +31,7 @@ into it (the QLoRA "merge onto a different base" loss) and on each quantized bas
 
 more examples:
   steadytune quant-check runs/qlora-1                # after training: merged vs as trained
-  steadytune quant-check cfg.yaml quant.max_tokens=8192 --format json
+  steadytune quant-check cfg.yaml quant.max_positions=8192 --format json
   steadytune quant-check cfg.yaml --plot quant.png
   steadytune check --quant cfg.yaml                  # the preflight, then this
 
@@ -49,7 +49,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument("target", type=Path, metavar="CONFIG|RUN", help="a YAML run config, or a run directory")
     p.add_argument(
-        "overrides", nargs="*", metavar="key=value", help="override config keys, e.g. quant.max_tokens=4096"
+        "overrides", nargs="*", metavar="key=value", help="override config keys, e.g. quant.max_positions=4096"
     )
     p.add_argument("--format", choices=["text", "json"], default="text")
     p.add_argument("--plot", type=Path, metavar="PATH", help="also draw the figures into this image (.png)")

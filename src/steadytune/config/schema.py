@@ -109,13 +109,13 @@ class QuantCheckConfig(Section):
     The defaults and their sources are in docs/quant.md.
     """
 
-    candidates: list[Literal["int8", "nf4", "fp4", "fp8"]] = Field(
+    candidates: list[str] = Field(
         default_factory=lambda: ["int8", "nf4", "fp8"],
         min_length=1,
         description="a list of int8, nf4, fp4 (bitsandbytes) and fp8 (torchao, GPUs with compute capability >= 8.9)",
     )
-    max_tokens: int = Field(
-        2048, ge=16, le=10_000_000, description="eval tokens to score, an integer such as 2048 (>= 16)"
+    max_positions: int = Field(
+        2048, ge=16, le=10_000_000, description="the most eval tokens (next-token positions) to score, an integer such as 2048 (>= 16)"
     )
     batch_size: int = Field(8, ge=1, le=4096, description="sequences per forward pass, e.g. 8")
     max_ppl_change: float = Field(
@@ -136,7 +136,12 @@ class QuantCheckConfig(Section):
 
     @field_validator("candidates")
     @classmethod
-    def _unique(cls, v: list[str]) -> list[str]:
+    def _known_once(cls, v: list[str]) -> list[str]:
+        unknown = [c for c in v if c not in QUANT_CANDIDATES]
+        if unknown:
+            raise ValueError(
+                f"unknown candidate {', '.join(map(repr, unknown))}; choose from {', '.join(QUANT_CANDIDATES)}"
+            )
         twice = sorted({c for c in v if v.count(c) > 1})
         if twice:
             raise ValueError(f"{', '.join(twice)} listed more than once; list each candidate once")

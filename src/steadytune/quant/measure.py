@@ -20,7 +20,16 @@ from typing import Any
 import torch
 
 from steadytune.config.schema import SteadytuneConfig
-from steadytune.quant.figures import Figures, Skipped, Thresholds, compare, judge, perplexity, verdict
+from steadytune.quant.figures import (
+    Figures,
+    Skipped,
+    Thresholds,
+    compare,
+    judge,
+    near_uniform,
+    perplexity,
+    verdict,
+)
 from steadytune.quant.report import QuantReport
 from steadytune.quant.tokens import label_logprobs, scored_logprobs, token_kl, top1_matches
 
@@ -85,7 +94,7 @@ def skip_reason(kind: str, dev: torch.device) -> str | None:
 
 def eval_batches(cfg: SteadytuneConfig, tok: Any) -> tuple[list[dict[str, torch.Tensor]], str, int]:
     """Batches of the config's eval split (its train split when there is none), up to
-    ``quant.max_tokens`` scored tokens; with where they came from and how many were scored."""
+    ``quant.max_positions`` scored tokens; with where they came from and how many were scored."""
     from steadytune.train.data import DataSpec, detect_format, encode_row, load_rows
     from steadytune.train.runner import Collator
 
@@ -96,7 +105,7 @@ def eval_batches(cfg: SteadytuneConfig, tok: Any) -> tuple[list[dict[str, torch.
     fmt = d.format if d.format != "auto" else detect_format(rows, d.text_field)
     samples, scored = [], 0
     for row in rows:
-        if scored >= cfg.quant.max_tokens:
+        if scored >= cfg.quant.max_positions:
             break
         enc = encode_row(tok, row, fmt, spec)
         n = sum(1 for x in enc["labels"][1:] if x != -100)
@@ -216,9 +225,8 @@ def evaluate(
     candidates: list[Variant | Skipped],
     batches: list[dict[str, torch.Tensor]],
     dev: torch.device,
-    limits: Thresholds,
 ) -> tuple[Figures, list[Figures], list[Skipped]]:
-    """The reference's figures, each candidate's (judged), and the ones that could not run."""
+    """The reference's figures, each candidate's (not judged yet), and the ones that could not run."""
     done: list[Figures] = []
     skipped = [c for c in candidates if isinstance(c, Skipped)]
     with tempfile.TemporaryDirectory(prefix="steadytune-quant-") as tmp:
@@ -227,7 +235,7 @@ def evaluate(
             if isinstance(cand, Skipped):
                 continue
             try:
-                done.append(judge(_score(cand, batches, dev, Path(tmp), ref.perplexity), limits))
+                done.append(_score(cand, batches, dev, Path(tmp), ref.perplexity))
             except Exception as exc:  # a backend that imports but cannot run here: say so, go on
                 _release(dev)
                 skipped.append(
@@ -248,7 +256,15 @@ def _load_base(cfg: SteadytuneConfig, path: str, dev: torch.device, quantize: st
     if quantize is not None and dev.type == "cuda":
         kwargs["device_map"] = {"": dev.index or 0}
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
-    return model if quantize is not None else model.to(dev)
+    if quantize is None:
+        return model.to(dev)
+    for module in model.modules():
+        if getattr(module, "support_avx512bf16_for_cpu", False):
+            # In eval mode on an AVX512-BF16 CPU, bitsandbytes repacks 4-bit weights for a bf16 kernel,
+            # which rounds the activations too; training dequantizes into the compute dtype instead,
+            # and that is the cost to measure.
+            module.support_avx512bf16_for_cpu = False
+    return model
 
 
 def _fp8(model: Any) -> Any:
@@ -367,17 +383,13 @@ def run_variants(
 # --- the two entry points --------------------------------------------------------------------
 
 
-# A reference this close to uniform (perplexity near the vocabulary size) predicts almost nothing:
-# its top-1 token wins by a hair, so any rounding flips it while the KL stays tiny.
-NEAR_UNIFORM = 0.5
-
-
-def _notes(dev: torch.device, cfg: SteadytuneConfig, ref: Figures, vocab: int) -> list[str]:
+def _notes(dev: torch.device, cfg: SteadytuneConfig, ref: Figures, flat: bool, vocab: int) -> list[str]:
     notes = []
-    if vocab and ref.perplexity >= NEAR_UNIFORM * vocab:
+    if flat:
         notes.append(
-            f"the reference's perplexity {ref.perplexity:.1f} is near the vocabulary size {vocab} (an untrained "
-            "model): top-1 agreement flips on tiny differences here; the KL figures are the ones to read"
+            f"the reference's perplexity {ref.perplexity:.1f} is at least half the vocabulary size {vocab}: it "
+            "predicts little yet, so its top token wins by a hair and top-1 agreement flips on rounding; top-1 "
+            "is shown but not judged, the perplexity and KL limits decide"
         )
     if dev.type == "cpu":
         notes.append("peak memory is the CUDA allocator's peak: a CPU run shows the weights' size only")
@@ -402,7 +414,9 @@ def _report(
     limits = Thresholds.of(cfg.quant)
     tok = load_tokenizer(cfg)
     batches, data, scored = eval_batches(cfg, tok)
-    ref, done, skipped = evaluate(reference, candidates, batches, dev, limits)
+    ref, done, skipped = evaluate(reference, candidates, batches, dev)
+    flat = near_uniform(ref.perplexity, len(tok))
+    done = [judge(c, limits, top1=not flat) for c in done]
     return QuantReport(
         mode=mode,
         subject=subject,
@@ -414,7 +428,7 @@ def _report(
         candidates=done,
         skipped=skipped,
         verdict=verdict(done, planned),
-        notes=_notes(dev, cfg, ref, len(tok)),
+        notes=_notes(dev, cfg, ref, flat, len(tok)),
     )
 
 
