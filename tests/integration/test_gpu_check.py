@@ -72,7 +72,7 @@ def test_dry_run_executes_every_step_and_fails_none(
     assert cleanup["status"] == "pass"
     md = (out / "gpu_check.md").read_text()
     assert "DRY RUN ON CPU: this is not a GPU result" in md
-    assert "skipped: not built yet" in md or "skipped: built (" in md
+    assert "- skipped: the server's GPU ledger" in md and "- skipped: fp8 (torchao) measured on the GPU" in md
     assert len(report["checks"][2]["figures"]["cases"]) == 13  # full/LoRA/QLoRA x 2 sizes x 2 models + 1
 
 
