@@ -49,7 +49,10 @@ def register(sub: Any) -> None:
     )
     p.add_argument("target", type=Path, metavar="CONFIG|RUN", help="a YAML run config, or a run directory")
     p.add_argument(
-        "overrides", nargs="*", metavar="key=value", help="override config keys, e.g. quant.max_positions=4096"
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help="override config keys, e.g. quant.max_positions=4096",
     )
     p.add_argument("--format", choices=["text", "json"], default="text")
     p.add_argument("--plot", type=Path, metavar="PATH", help="also draw the figures into this image (.png)")

@@ -115,7 +115,10 @@ class QuantCheckConfig(Section):
         description="a list of int8, nf4, fp4 (bitsandbytes) and fp8 (torchao, GPUs with compute capability >= 8.9)",
     )
     max_positions: int = Field(
-        2048, ge=16, le=10_000_000, description="the most eval tokens (next-token positions) to score, an integer such as 2048 (>= 16)"
+        2048,
+        ge=16,
+        le=10_000_000,
+        description="the most eval tokens (next-token positions) to score, an integer such as 2048 (>= 16)",
     )
     batch_size: int = Field(8, ge=1, le=4096, description="sequences per forward pass, e.g. 8")
     max_ppl_change: float = Field(
