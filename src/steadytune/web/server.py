@@ -43,7 +43,7 @@ from steadytune.rundir import valid_run_id
 from steadytune.server.queue import QueueError
 from steadytune.supervise.control import send_control
 from steadytune.web import api
-from steadytune.web.metrics import render_metrics
+from steadytune.web.metrics import CONTENT_TYPE, render_metrics
 from steadytune.web.params import BadParam, content_length, query_float, query_int
 from steadytune.web.runs import RunEntry, RunsIndex
 from steadytune.web.security import (
@@ -254,7 +254,7 @@ class Handler(BaseHTTPRequestHandler):
             return self._unauthorized()
         if head == "metrics" and len(parts) == 1:
             text = render_metrics(app.index, app.clock)
-            return self._send(200, text.encode("utf-8"), "text/plain; version=0.0.4; charset=utf-8")
+            return self._send(200, text.encode("utf-8"), CONTENT_TYPE)
         if head != "api" or len(parts) < 2:
             return self._not_found()
         if parts[1:] == ["server"]:
