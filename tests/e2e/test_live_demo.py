@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from browser import Browser
+from chromium import open_chromium, screenshot, wait_js
 
 pytestmark = pytest.mark.slow
 
@@ -114,33 +114,33 @@ def test_live_demo_dashboard_in_browser(chromium: tuple[str, str], demo: Demo, a
     url = demo.expect(DASHBOARD_LINE, timeout=30).group(1)
     # The run becomes visible to the dashboard with its first file (status or events).
     wait_http_ok(f"{url}api/runs/{run_id}", timeout=60)
-    with Browser(*chromium) as b:
+    with open_chromium(*chromium) as b:
         b.get(f"{url}run/{run_id}")
-        b.wait_for("return window.steadytune && window.steadytune.ready === true", timeout=60)
+        wait_js(b, "return window.steadytune && window.steadytune.ready === true", timeout=60)
         # Model load and the first optimizer step come first: allow for a busy 2-core machine.
-        b.wait_for(f"return {STEP[7:]} > 0 && {LOSS_POINTS[7:]} > 0", timeout=180)
-        step1, points1 = b.js(STEP), b.js(LOSS_POINTS)
+        wait_js(b, f"return {STEP[7:]} > 0 && {LOSS_POINTS[7:]} > 0", timeout=180)
+        step1, points1 = b.execute_script(STEP), b.execute_script(LOSS_POINTS)
         # Live, with no reload: the counter and the loss chart advance.
-        b.wait_for(f"return {STEP[7:]} >= {step1 + 5}", timeout=90)
-        b.wait_for(f"return {LOSS_POINTS[7:]} >= {points1 + 5}", timeout=90)
-        step2, points2 = b.js(STEP), b.js(LOSS_POINTS)
+        wait_js(b, f"return {STEP[7:]} >= {step1 + 5}", timeout=90)
+        wait_js(b, f"return {LOSS_POINTS[7:]} >= {points1 + 5}", timeout=90)
+        step2, points2 = b.execute_script(STEP), b.execute_script(LOSS_POINTS)
         assert step2 > step1 and points2 > points1, (step1, step2, points1, points2)
         # The real worker's gradient flow (steps 1, 50, 100) reaches the heat map live.
-        b.wait_for("return window.steadytune.heatmap.columns.length >= 3", timeout=180)
-        layers = b.js("return window.steadytune.heatmap.layers")
+        wait_js(b, "return window.steadytune.heatmap.columns.length >= 3", timeout=180)
+        layers = b.execute_script("return window.steadytune.heatmap.layers")
         assert (
             layers[0] == "embeddings"
             and layers[-1] == "lm_head"
             and any(n.startswith("layers.") for n in layers)
         )
-        assert b.js("return window.steadytune.heatmap.cellCount()") >= 3 * len(layers)
-        b.wait_for("return document.querySelectorAll('#checkpoints td.mono').length > 0", timeout=60)
+        assert b.execute_script("return window.steadytune.heatmap.cellCount()") >= 3 * len(layers)
+        wait_js(b, "return document.querySelectorAll('#checkpoints td.mono').length > 0", timeout=60)
         # The eval at step 75 is logged after that step was drawn: its dot is filled in live.
-        b.wait_for(
-            "return window.steadytune.charts.loss.get('eval_loss').y.some((v) => v !== null)", timeout=30
+        wait_js(
+            b, "return window.steadytune.charts.loss.get('eval_loss').y.some((v) => v !== null)", timeout=30
         )
-        b.js("window.scrollTo(0, 0)")
-        shot = b.screenshot(artifacts / "dashboard-live-demo.png")
+        b.execute_script("window.scrollTo(0, 0)")
+        shot = screenshot(b, artifacts / "dashboard-live-demo.png")
         assert shot.stat().st_size > 20_000
     # Ctrl-C: the supervisor asks the worker to checkpoint and stop; the command exits 0.
     demo.proc.send_signal(signal.SIGINT)
