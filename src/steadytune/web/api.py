@@ -152,6 +152,31 @@ def gradflow(
     return clean({"version": version, **heatmap.build(store.gradflow(lo, hi), points)})
 
 
+def gradhist(entry: RunEntry, step: int) -> dict[str, Any]:
+    """The |grad| histogram of every layer at the gradient-flow recording of ``step``.
+
+    ``hist[i][k]`` counts layer ``i``'s non-zero gradient entries with log10 magnitude in
+    ``[bins[k], bins[k + 1])`` (the edge bins also hold what lies beyond); exact zeros are
+    ``zero_frac``. ``step`` is ``None`` when that step has no recording with a histogram.
+    """
+    rows = [r for r in entry.store().gradflow(step, step, hist=True) if r.hist is not None and r.bins]
+    if not rows:
+        return {"step": None, "requested": step}
+    r = rows[-1]
+    return clean(
+        {
+            "step": r.step,
+            "attempt": r.attempt,
+            "ts": r.ts,
+            "layers": list(r.layers),
+            "bins": list(r.bins or ()),
+            "hist": [list(h) for h in r.hist or ()],
+            "zero_frac": list(r.zero_frac),
+            "norm": list(r.norm),
+        }
+    )
+
+
 def gradflow_since(entry: RunEntry, version: int) -> dict[str, Any] | None:
     """New or replaced recordings since ``version``, one column each, for the live page; None if none."""
     rows = entry.store().gradflow_since(version)
