@@ -25,12 +25,22 @@ from pathlib import Path
 
 import pytest
 from chromium import open_chromium, screenshot, wait_js
+from selenium.webdriver.remote.webdriver import WebDriver
 
 pytestmark = pytest.mark.slow
 
 STEADYTUNE = str(Path(sys.executable).parent / "steadytune")
 STEP = "return Number(document.getElementById('step').dataset.step || -1)"
 LOSS_POINTS = "return window.steadytune.charts.loss.pointCount()"
+HIST = """
+const h = window.steadytune.gradhist;
+return h.step !== null && h.barCount() > 0 && {step: h.step, layers: h.layers, bars: h.barCount()};
+"""
+# Click the middle of the heat map's first column (the recording of step 1).
+PICK_FIRST_COLUMN = """
+const h = window.steadytune.heatmap, g = h.geom, r = h.canvas.getBoundingClientRect();
+h.canvas.dispatchEvent(new MouseEvent('click', {bubbles: true, clientX: r.left + g.L + g.cw / 2, clientY: r.top + g.T + g.ch / 2}));
+"""
 DASHBOARD_LINE = re.compile(r"^dashboard: (http://127\.0\.0\.1:\d+/)\s*$")
 RUN_LINE = re.compile(r"^run (\S+) → ")
 
@@ -96,6 +106,24 @@ def demo(tmp_path: Path, demo_assets: Path, cache_dir: Path) -> Iterator[Demo]:
     d.close()
 
 
+def check_hardware_panels(b: WebDriver, url: str, run_id: str) -> None:
+    """On a host without a GPU the GPU panels say so, and memory is the worker's RSS; with one, they draw it."""
+    wait_js(b, "return window.steadytune.charts.host.pointCount() > 0", timeout=60)  # a system sample is in
+    with urllib.request.urlopen(f"{url}api/runs/{run_id}", timeout=10) as r:
+        gpus = json.loads(r.read())["system"]["gpus"]
+    text = b.execute_script(
+        "return [...document.querySelectorAll('#chart-gpu, #chart-power')].map((e) => e.innerText)"
+    )
+    if gpus:
+        assert "no GPU on this host" not in " ".join(text), text
+        return
+    assert all("no GPU on this host" in t for t in text), text
+    assert b.execute_script("return document.getElementById('card-mem').classList.contains('hidden')")
+    rss = wait_js(b, "return !document.getElementById('card-rss').classList.contains('hidden') && "
+                     "window.steadytune.charts.rss.pointCount()", timeout=30)  # fmt: skip
+    assert rss > 0
+
+
 def wait_http_ok(url: str, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -134,6 +162,15 @@ def test_live_demo_dashboard_in_browser(chromium: tuple[str, str], demo: Demo, a
             and any(n.startswith("layers.") for n in layers)
         )
         assert b.execute_script("return window.steadytune.heatmap.cellCount()") >= 3 * len(layers)
+        # The worker's |grad| histograms of the newest recording, drawn per layer, then one picked on the map.
+        hist = wait_js(b, HIST, timeout=60)
+        assert hist["layers"] == layers and hist["bars"] >= len(layers) and hist["step"] >= 50, hist
+        b.execute_script(PICK_FIRST_COLUMN)
+        wait_js(b, "return window.steadytune.gradhist.step === 1", timeout=30)
+        assert "picked on the heat map" in b.execute_script(
+            "return document.getElementById('note-gradhist').textContent"
+        )
+        check_hardware_panels(b, url, run_id)
         wait_js(b, "return document.querySelectorAll('#checkpoints td.mono').length > 0", timeout=60)
         # The eval at step 75 is logged after that step was drawn: its dot is filled in live.
         wait_js(
