@@ -36,7 +36,7 @@
     }
     _draw() {
       const nl = this.layers.length;
-      this.container.style.height = `${Math.max(120, Math.min(520, 34 + nl * 18))}px`;
+      this.container.style.height = `${Math.max(120, Math.min(560, 34 + nl * 26))}px`;
       const dpr = window.devicePixelRatio || 1;
       const w = this.container.clientWidth, h = this.container.clientHeight;
       if (!w || !h) return;
