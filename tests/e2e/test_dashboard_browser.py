@@ -84,6 +84,19 @@ def test_live_run_page_advances_and_screenshot(
         assert "LAST_GOOD" in text and "verified" in text and "initial" in text
         wait_js(b, "return document.getElementById('note-mem').textContent.startsWith('headroom')", timeout=5)
         check_heatmap(b)
+        # The histogram view follows the newest recording; this run's samples carry GPUs, so the panels draw.
+        hist = wait_js(
+            b, "const h = window.steadytune.gradhist; return h.barCount() > 0 && [h.step, h.layers]"
+        )
+        steps = b.execute_script("return window.steadytune.heatmap.columns.map((c) => c.last)")
+        assert hist[0] in steps and hist[1] == b.execute_script("return window.steadytune.heatmap.layers"), (
+            hist
+        )
+        gpu = b.execute_script("return document.getElementById('card-gpu').innerText")
+        assert (
+            "no GPU on this host" not in gpu
+            and b.execute_script("return window.steadytune.charts.gpu.pointCount()") > 0
+        )
         b.execute_script("window.steadytune.heatmap.canvas.dispatchEvent(new MouseEvent('mouseleave'))")
         shot = screenshot(b, artifacts / "dashboard.png")
         assert shot.stat().st_size > 20_000
