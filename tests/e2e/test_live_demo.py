@@ -122,6 +122,8 @@ def check_hardware_panels(b: WebDriver, url: str, run_id: str) -> None:
     rss = wait_js(b, "return !document.getElementById('card-rss').classList.contains('hidden') && "
                      "window.steadytune.charts.rss.pointCount()", timeout=30)  # fmt: skip
     assert rss > 0
+    title = b.execute_script("return document.querySelector('#card-rss h3').innerText")
+    assert "no CUDA on this host" in title, title
 
 
 def wait_http_ok(url: str, timeout: float) -> None:

@@ -177,6 +177,9 @@
     const rss = state.hasCuda === false;
     charts.mem.card.classList.toggle("hidden", rss);
     charts.rss.card.classList.toggle("hidden", !rss);
+    // A GPU host whose steps carry no device memory (another tool's log, a CPU run) is not "no CUDA".
+    charts.rss.title.textContent = state.hasGpu === false ? "Process memory (RSS; no CUDA on this host)"
+      : "Process memory (RSS; the steps report no device memory)";
   }
 
   function setCapacity(bytes) {
