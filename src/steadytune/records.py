@@ -184,6 +184,8 @@ class PlanRevision:
     # layer decay, rollbacks included; empty when the run has one group.
     lr_groups: tuple[tuple[str, float], ...] = ()
     skip_ranges: tuple[tuple[int, int], ...] = ()
+    # The optimizer steps whose samples skip_ranges holds (inclusive, merged): what a person reads.
+    skip_steps: tuple[tuple[int, int], ...] = ()
     resume_checkpoint: str | None = None
     gradient_checkpointing: bool | None = None
     max_seq_length: int | None = None
@@ -237,7 +239,8 @@ _FLOAT_FIELDS: dict[type, frozenset[str]] = {cls: _float_fields(cls) for cls in 
 
 
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {
-    cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in (*_TYPES.values(), BatchFingerprint, GpuSample)
+    cls: tuple(f.name for f in dataclasses.fields(cls))
+    for cls in (*_TYPES.values(), BatchFingerprint, GpuSample)
 }
 
 
@@ -294,7 +297,7 @@ def _build(cls: type, data: dict[str, Any]) -> Any:
             )
         elif nested is GpuSample and isinstance(value, list):
             value = tuple(_build(GpuSample, g) for g in value)
-        elif cls is PlanRevision and key == "skip_ranges":
+        elif cls is PlanRevision and key in ("skip_ranges", "skip_steps"):
             value = tuple((int(a), int(b)) for a, b in value)
         elif cls is PlanRevision and key == "lr_groups":
             value = tuple((str(n), float(lr)) for n, lr in value)

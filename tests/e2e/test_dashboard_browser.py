@@ -6,8 +6,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-from browser import Browser
+from chromium import open_chromium, screenshot, wait_js
 from live_run import LiveRun
+from selenium.webdriver.remote.webdriver import WebDriver
 from tests.waiting import wait_for
 
 from steadytune.web.server import DashboardHandle, start_dashboard
@@ -35,23 +36,25 @@ return h.tip.style.display === 'block' ? h.tip.innerText : '';
 """
 
 
-def check_heatmap(b: Browser) -> None:
+def check_heatmap(b: WebDriver) -> None:
     """The gradient-flow heat map is painted, marks flagged layers, grows live and explains a cell on hover."""
-    b.wait_for(f"{HEAT_COLUMNS} >= 3", timeout=10)
-    hm = b.js(
+    wait_js(b, f"{HEAT_COLUMNS} >= 3", timeout=10)
+    hm = b.execute_script(
         "const h = window.steadytune.heatmap; return {cells: h.cellCount(), layers: h.layers, f: h.flagged()}"
     )
     assert hm["cells"] >= 3 * 9 and hm["layers"][0] == "embeddings" and hm["layers"][-1] == "lm_head", hm
     assert hm["f"]["exploding"] > 0 and hm["f"]["dead"] + hm["f"]["vanishing"] > 0, hm
-    assert b.js(HEAT_PIXELS) > 5_000
-    cols = b.js(HEAT_COLUMNS)
-    b.wait_for(f"{HEAT_COLUMNS} >= {cols + 2}", timeout=10)  # one recording per 10 steps, pushed live
+    assert b.execute_script(HEAT_PIXELS) > 5_000
+    cols = b.execute_script(HEAT_COLUMNS)
+    wait_js(b, f"{HEAT_COLUMNS} >= {cols + 2}", timeout=10)  # one recording per 10 steps, pushed live
     # lm_head (last row) explodes at step 20, 60, 100...: hover a column where it did.
-    j = b.js("return window.steadytune.heatmap.columns.findIndex((c) => c.state[c.state.length - 1] === 3)")
-    tip = b.js(HOVER_CELL, len(hm["layers"]) - 1, j)
+    j = b.execute_script(
+        "return window.steadytune.heatmap.columns.findIndex((c) => c.state[c.state.length - 1] === 3)"
+    )
+    tip = b.execute_script(HOVER_CELL, len(hm["layers"]) - 1, j)
     assert "layer: lm_head" in tip and "grad norm: 250" in tip and "zero fraction: 1.0%" in tip, tip
     assert "exploding" in tip and "step " in tip
-    note = b.js("return document.getElementById('note-gradflow').textContent")
+    note = b.execute_script("return document.getElementById('note-gradflow').textContent")
     assert "recordings" in note and "exploding" in note and "dead/vanishing" in note, note
 
 
@@ -60,42 +63,57 @@ def test_live_run_page_advances_and_screenshot(
 ) -> None:
     # Enough history for the charts, a checkpoint (every 100 steps) and a few anomalies (steps 20, 60).
     wait_for(lambda: live_run.last_checkpoint, timeout=120, what="the live run's first checkpoint")
-    with Browser(*chromium) as b:
+    with open_chromium(*chromium) as b:
         b.get(dashboard.url + "run/live-run")
-        b.wait_for("return window.steadytune && window.steadytune.ready === true", timeout=30)
-        b.wait_for(f"{STEP.replace('return ', 'return (')}) > 0", timeout=10)
-        step1, points1 = b.js(STEP), b.js(LOSS_POINTS)
+        wait_js(b, "return window.steadytune && window.steadytune.ready === true", timeout=30)
+        wait_js(b, f"{STEP.replace('return ', 'return (')}) > 0", timeout=10)
+        step1, points1 = b.execute_script(STEP), b.execute_script(LOSS_POINTS)
         assert points1 > 0
         # Live: the counter and the chart advance with no reload.
-        b.wait_for(f"return {STEP[7:]} >= {step1 + 5}", timeout=10)
-        b.wait_for(f"return {LOSS_POINTS[7:]} >= {points1 + 5}", timeout=10)
+        wait_js(b, f"return {STEP[7:]} >= {step1 + 5}", timeout=10)
+        wait_js(b, f"return {LOSS_POINTS[7:]} >= {points1 + 5}", timeout=10)
         # Record-to-screen: the page notes when the newest record was drawn.
         # (How soon is a benchmark's figure, benchmarks/dashboard.py, not a bound a loaded machine can keep.)
-        last = b.wait_for("return window.steadytune.lastRender", timeout=5)
-        assert last["step"] >= step1 and last["shownAt"] >= last["recordTs"] > 0, last  # drawn after it was written
+        last = wait_js(b, "return window.steadytune.lastRender", timeout=5)
+        assert last["step"] >= step1 and last["shownAt"] >= last["recordTs"] > 0, (
+            last
+        )  # drawn after it was written
         # The side panels: events with cause and fix, a verified LAST_GOOD checkpoint, the plan.
-        text = b.js("return document.body.innerText")
+        text = b.execute_script("return document.body.innerText")
         assert "loss_spike" in text and "cause: a batch of unusually long samples" in text
         assert "LAST_GOOD" in text and "verified" in text and "initial" in text
-        b.wait_for("return document.getElementById('note-mem').textContent.startsWith('headroom')", timeout=5)
+        wait_js(b, "return document.getElementById('note-mem').textContent.startsWith('headroom')", timeout=5)
         check_heatmap(b)
-        b.js("window.steadytune.heatmap.canvas.dispatchEvent(new MouseEvent('mouseleave'))")
-        shot = b.screenshot(artifacts / "dashboard.png")
+        # The histogram view follows the newest recording; this run's samples carry GPUs, so the panels draw.
+        hist = wait_js(
+            b, "const h = window.steadytune.gradhist; return h.barCount() > 0 && [h.step, h.layers]"
+        )
+        steps = b.execute_script("return window.steadytune.heatmap.columns.map((c) => c.last)")
+        assert hist[0] in steps and hist[1] == b.execute_script("return window.steadytune.heatmap.layers"), (
+            hist
+        )
+        gpu = b.execute_script("return document.getElementById('card-gpu').innerText")
+        assert (
+            "no GPU on this host" not in gpu
+            and b.execute_script("return window.steadytune.charts.gpu.pointCount()") > 0
+        )
+        b.execute_script("window.steadytune.heatmap.canvas.dispatchEvent(new MouseEvent('mouseleave'))")
+        shot = screenshot(b, artifacts / "dashboard.png")
         assert shot.stat().st_size > 20_000
         docs_img = Path(__file__).resolve().parents[2] / "docs" / "img" / "dashboard.png"
         if not docs_img.exists():
             docs_img.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(shot, docs_img)
         # The other theme renders too, heat map included.
-        b.js("document.getElementById('theme').click()")
-        b.wait_for(f"return (() => {{ {HEAT_PIXELS} }})() > 5000", timeout=5)
-        b.screenshot(artifacts / "dashboard-theme-toggled.png")
+        b.execute_script("document.getElementById('theme').click()")
+        wait_js(b, f"return (() => {{ {HEAT_PIXELS} }})() > 5000", timeout=5)
+        screenshot(b, artifacts / "dashboard-theme-toggled.png")
         # Runs page lists the run with its state and live step.
         b.get(dashboard.url)
-        b.wait_for("return document.querySelectorAll('#runs tbody tr[data-run=\"live-run\"]').length === 1")
-        row = b.js("return document.querySelector('#runs tbody tr').innerText")
+        wait_js(b, "return document.querySelectorAll('#runs tbody tr[data-run=\"live-run\"]').length === 1")
+        row = b.execute_script("return document.querySelector('#runs tbody tr').innerText")
         assert "live-run" in row and "running" in row
-        b.screenshot(artifacts / "runs.png")
+        screenshot(b, artifacts / "runs.png")
 
 
 def test_exposed_dashboard_asks_for_the_token_then_goes_live(
@@ -105,22 +123,24 @@ def test_exposed_dashboard_asks_for_the_token_then_goes_live(
     token = "browser-read-token-0123456789"
     handle = start_dashboard(runs_dir, host="127.0.0.1", port=0, token=token, exposed=True)
     try:
-        with Browser(*chromium) as b:
+        with open_chromium(*chromium) as b:
             b.get(f"http://127.0.0.1:{handle.port}/run/live-run")
-            b.wait_for("return !!document.getElementById('token-gate')", timeout=15)
-            assert b.js("return window.steadytune.ready === true") is not True
-            b.js(
+            wait_js(b, "return !!document.getElementById('token-gate')", timeout=15)
+            assert b.execute_script("return window.steadytune.ready === true") is not True
+            b.execute_script(
                 "document.getElementById('gate-token').value = arguments[0];"
                 "document.getElementById('token-gate').requestSubmit()",
                 token,
             )
-            b.wait_for("return window.steadytune && window.steadytune.ready === true", timeout=30)
-            step = b.wait_for(f"return {STEP[7:]} > 0 && {STEP[7:]}", timeout=10)
-            b.wait_for(f"return {STEP[7:]} >= {step + 3}", timeout=10)  # the stream carries the token too
-            assert not b.js("return !!document.getElementById('token-gate')")
+            wait_js(b, "return window.steadytune && window.steadytune.ready === true", timeout=30)
+            step = wait_js(b, f"return {STEP[7:]} > 0 && {STEP[7:]}", timeout=10)
+            wait_js(b, f"return {STEP[7:]} >= {step + 3}", timeout=10)  # the stream carries the token too
+            assert not b.execute_script("return !!document.getElementById('token-gate')")
             b.get(f"http://127.0.0.1:{handle.port}/")  # the tab keeps the token: no second prompt
-            b.wait_for("return document.querySelectorAll('#runs tbody tr[data-run=\"live-run\"]').length === 1")
-            b.wait_for("return document.getElementById('live').classList.contains('on')", timeout=10)
-            assert not b.js("return !!document.getElementById('token-gate')")
+            wait_js(
+                b, "return document.querySelectorAll('#runs tbody tr[data-run=\"live-run\"]').length === 1"
+            )
+            wait_js(b, "return document.getElementById('live').classList.contains('on')", timeout=10)
+            assert not b.execute_script("return !!document.getElementById('token-gate')")
     finally:
         handle.stop()

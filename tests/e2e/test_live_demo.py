@@ -24,13 +24,23 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from browser import Browser
+from chromium import open_chromium, screenshot, wait_js
+from selenium.webdriver.remote.webdriver import WebDriver
 
 pytestmark = pytest.mark.slow
 
 STEADYTUNE = str(Path(sys.executable).parent / "steadytune")
 STEP = "return Number(document.getElementById('step').dataset.step || -1)"
 LOSS_POINTS = "return window.steadytune.charts.loss.pointCount()"
+HIST = """
+const h = window.steadytune.gradhist;
+return h.step !== null && h.barCount() > 0 && {step: h.step, layers: h.layers, bars: h.barCount()};
+"""
+# Click the middle of the heat map's first column (the recording of step 1).
+PICK_FIRST_COLUMN = """
+const h = window.steadytune.heatmap, g = h.geom, r = h.canvas.getBoundingClientRect();
+h.canvas.dispatchEvent(new MouseEvent('click', {bubbles: true, clientX: r.left + g.L + g.cw / 2, clientY: r.top + g.T + g.ch / 2}));
+"""
 DASHBOARD_LINE = re.compile(r"^dashboard: (http://127\.0\.0\.1:\d+/)\s*$")
 RUN_LINE = re.compile(r"^run (\S+) → ")
 
@@ -96,6 +106,26 @@ def demo(tmp_path: Path, demo_assets: Path, cache_dir: Path) -> Iterator[Demo]:
     d.close()
 
 
+def check_hardware_panels(b: WebDriver, url: str, run_id: str) -> None:
+    """On a host without a GPU the GPU panels say so, and memory is the worker's RSS; with one, they draw it."""
+    wait_js(b, "return window.steadytune.charts.host.pointCount() > 0", timeout=60)  # a system sample is in
+    with urllib.request.urlopen(f"{url}api/runs/{run_id}", timeout=10) as r:
+        gpus = json.loads(r.read())["system"]["gpus"]
+    text = b.execute_script(
+        "return [...document.querySelectorAll('#chart-gpu, #chart-power')].map((e) => e.innerText)"
+    )
+    if gpus:
+        assert "no GPU on this host" not in " ".join(text), text
+        return
+    assert all("no GPU on this host" in t for t in text), text
+    assert b.execute_script("return document.getElementById('card-mem').classList.contains('hidden')")
+    rss = wait_js(b, "return !document.getElementById('card-rss').classList.contains('hidden') && "
+                     "window.steadytune.charts.rss.pointCount()", timeout=30)  # fmt: skip
+    assert rss > 0
+    title = b.execute_script("return document.querySelector('#card-rss h3').innerText")
+    assert "no CUDA on this host" in title, title
+
+
 def wait_http_ok(url: str, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -114,33 +144,42 @@ def test_live_demo_dashboard_in_browser(chromium: tuple[str, str], demo: Demo, a
     url = demo.expect(DASHBOARD_LINE, timeout=30).group(1)
     # The run becomes visible to the dashboard with its first file (status or events).
     wait_http_ok(f"{url}api/runs/{run_id}", timeout=60)
-    with Browser(*chromium) as b:
+    with open_chromium(*chromium) as b:
         b.get(f"{url}run/{run_id}")
-        b.wait_for("return window.steadytune && window.steadytune.ready === true", timeout=60)
+        wait_js(b, "return window.steadytune && window.steadytune.ready === true", timeout=60)
         # Model load and the first optimizer step come first: allow for a busy 2-core machine.
-        b.wait_for(f"return {STEP[7:]} > 0 && {LOSS_POINTS[7:]} > 0", timeout=180)
-        step1, points1 = b.js(STEP), b.js(LOSS_POINTS)
+        wait_js(b, f"return {STEP[7:]} > 0 && {LOSS_POINTS[7:]} > 0", timeout=180)
+        step1, points1 = b.execute_script(STEP), b.execute_script(LOSS_POINTS)
         # Live, with no reload: the counter and the loss chart advance.
-        b.wait_for(f"return {STEP[7:]} >= {step1 + 5}", timeout=90)
-        b.wait_for(f"return {LOSS_POINTS[7:]} >= {points1 + 5}", timeout=90)
-        step2, points2 = b.js(STEP), b.js(LOSS_POINTS)
+        wait_js(b, f"return {STEP[7:]} >= {step1 + 5}", timeout=90)
+        wait_js(b, f"return {LOSS_POINTS[7:]} >= {points1 + 5}", timeout=90)
+        step2, points2 = b.execute_script(STEP), b.execute_script(LOSS_POINTS)
         assert step2 > step1 and points2 > points1, (step1, step2, points1, points2)
         # The real worker's gradient flow (steps 1, 50, 100) reaches the heat map live.
-        b.wait_for("return window.steadytune.heatmap.columns.length >= 3", timeout=180)
-        layers = b.js("return window.steadytune.heatmap.layers")
+        wait_js(b, "return window.steadytune.heatmap.columns.length >= 3", timeout=180)
+        layers = b.execute_script("return window.steadytune.heatmap.layers")
         assert (
             layers[0] == "embeddings"
             and layers[-1] == "lm_head"
             and any(n.startswith("layers.") for n in layers)
         )
-        assert b.js("return window.steadytune.heatmap.cellCount()") >= 3 * len(layers)
-        b.wait_for("return document.querySelectorAll('#checkpoints td.mono').length > 0", timeout=60)
-        # The eval at step 75 is logged after that step was drawn: its dot is filled in live.
-        b.wait_for(
-            "return window.steadytune.charts.loss.get('eval_loss').y.some((v) => v !== null)", timeout=30
+        assert b.execute_script("return window.steadytune.heatmap.cellCount()") >= 3 * len(layers)
+        # The worker's |grad| histograms of the newest recording, drawn per layer, then one picked on the map.
+        hist = wait_js(b, HIST, timeout=60)
+        assert hist["layers"] == layers and hist["bars"] >= len(layers) and hist["step"] >= 50, hist
+        b.execute_script(PICK_FIRST_COLUMN)
+        wait_js(b, "return window.steadytune.gradhist.step === 1", timeout=30)
+        assert "picked on the heat map" in b.execute_script(
+            "return document.getElementById('note-gradhist').textContent"
         )
-        b.js("window.scrollTo(0, 0)")
-        shot = b.screenshot(artifacts / "dashboard-live-demo.png")
+        check_hardware_panels(b, url, run_id)
+        wait_js(b, "return document.querySelectorAll('#checkpoints td.mono').length > 0", timeout=60)
+        # The eval at step 75 is logged after that step was drawn: its dot is filled in live.
+        wait_js(
+            b, "return window.steadytune.charts.loss.get('eval_loss').y.some((v) => v !== null)", timeout=30
+        )
+        b.execute_script("window.scrollTo(0, 0)")
+        shot = screenshot(b, artifacts / "dashboard-live-demo.png")
         assert shot.stat().st_size > 20_000
     # Ctrl-C: the supervisor asks the worker to checkpoint and stop; the command exits 0.
     demo.proc.send_signal(signal.SIGINT)

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from browser import Browser
+from chromium import open_chromium, screenshot, wait_js
 from tests.waiting import wait_for
 
 from steadytune.server.daemon import Daemon, ServerPaths
@@ -37,25 +37,27 @@ def test_server_page_shows_gpus_queue_and_acts(chromium: tuple[str, str], tmp_pa
     daemon.tick()
     handle = start_dashboard(paths.runs_dir, port=0, token=TOKEN, server=daemon)
     try:
-        with Browser(*chromium) as b:
+        with open_chromium(*chromium) as b:
             b.get(handle.url + "server")
-            b.wait_for("return document.querySelectorAll('#jobs tbody tr').length === 3", timeout=20)
+            wait_js(b, "return document.querySelectorAll('#jobs tbody tr').length === 3", timeout=20)
             # GPU 0: 20 GiB foreign use (red), the 40 GiB job admitted there reserved (amber), the rest free.
-            widths = b.js(
+            widths = b.execute_script(
                 "return [...document.querySelectorAll('[data-gpu=\"0\"] .seg')].map((s) => s.style.width)"
             )
             assert widths == ["25%", "50%", "25%"], widths
-            text = b.js("return document.body.innerText")
+            text = b.execute_script("return document.body.innerText")
             assert "foreign pids 4242" in text and "waits for room" in text, text
-            shot = b.screenshot(artifacts / "server-page.png")
+            shot = screenshot(b, artifacts / "server-page.png")
             assert shot.stat().st_size > 10_000
-            b.js(f"sessionStorage.setItem('steadytune-token', '{TOKEN}'); window.confirm = () => true;")
-            b.js(
+            b.execute_script(
+                f"sessionStorage.setItem('steadytune-token', '{TOKEN}'); window.confirm = () => true;"
+            )
+            b.execute_script(
                 "document.querySelector('[data-job=\"j3\"] button').click()"
             )  # j3 queued: its first button is hold
             wait_for(lambda: daemon.queue.get("j3").state == "held", timeout=10, what="j3 held from the page")
-            b.wait_for(
-                "return document.querySelector('[data-job=\"j3\"]').innerText.includes('held')", timeout=10
+            wait_js(
+                b, "return document.querySelector('[data-job=\"j3\"]').innerText.includes('held')", timeout=10
             )
     finally:
         handle.stop()

@@ -63,6 +63,8 @@ def check_skip(run: RunDir, resume_step: int) -> tuple[set[int], list[PlanRevisi
     assert [r.step for r in window] == list(range(resume_step + 1, resume_step + 1 + len(window)))
     assert len(window) >= 2  # at least the step of the LR burst and the spiking step after it
     assert skip == {i for r in window for i in r.batch.indices}
+    # The steps those samples came from are named with them (the dashboard's "N samples (steps a–b)").
+    assert rollback.skip_steps == ((window[0].step, window[-1].step),)
     return skip, revisions
 
 

@@ -143,7 +143,7 @@ class Replayer:
                 if latest.get(r.step) == r.attempt:
                     det.observe_step(r)  # rebuilding baselines: transitions are not filed
         self.detector = det
-        self.progress.step = upto
+        self.progress.rewind(upto, plan.attempt)
 
     def _timed_out_phase(self, ts: float) -> bool:
         return self.phase != "train" and ts - self.phase_since < self.setup_timeout_s

@@ -86,6 +86,7 @@ def rollback_plan(
         lr_scale=current.lr_scale * lr_scale,
         lr_groups=tuple((name, lr * lr_scale) for name, lr in current.lr_groups),
         skip_ranges=merge_ranges(current.skip_ranges, to_ranges(window)),
+        skip_steps=merge_ranges(current.skip_steps, ((checkpoint_step + 1, anomaly_end),) if window else ()),
         notes=f"rollback to step {checkpoint_step}; skipped {len(set(window))} samples of steps "
         f"{checkpoint_step + 1}..{anomaly_end}; LR x{current.lr_scale * lr_scale:g}",
     )

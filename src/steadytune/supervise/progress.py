@@ -47,14 +47,31 @@ class RunProgress:
     skipped_steps: int = 0
     mem_bytes: int | None = None
     last_grad_norm: float | None = None  # rank 0's latest, non-finite included
+    attempt: int = 0  # the attempt being followed; records of older ones are the abandoned timeline
     _recent: list[float] = field(default_factory=list)  # recent step times, for the ETA
 
+    def rewind(self, step: int, attempt: int) -> None:
+        """Follow ``attempt`` from ``step`` (a restart from a checkpoint).
+
+        The abandoned attempt's last lines can still arrive after this (written while
+        it was being stopped, read on the next pass); counting them would put the step
+        back where that attempt stood, and a run that had reached its end would show
+        an ETA of 0 s while the new attempt trains from 25%.
+        """
+        self.step = step
+        self.attempt = max(self.attempt, attempt)
+
     def add(self, rec: StepRecord) -> None:
+        if rec.attempt < self.attempt:
+            return
         if rec.extra.get("eval"):
             self.last_eval_loss = rec.eval_loss
             return
         if rec.rank != 0:
             return
+        if rec.attempt > self.attempt:  # a source that restarts on its own (Ray) starts the next attempt
+            self.attempt = rec.attempt
+            self.step = rec.step
         self.step = max(self.step, rec.step)
         if rec.grad_norm is not None:
             self.last_grad_norm = rec.grad_norm

@@ -121,6 +121,7 @@ def rollback_restart(
         "lr_scale": nxt.lr_scale,
         "lr_groups": nxt.lr_groups,
         "skip_ranges": nxt.skip_ranges,
+        "skip_steps": nxt.skip_steps,
     }
     return changes, kind, nxt.notes, target
 

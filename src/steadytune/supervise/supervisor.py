@@ -929,7 +929,7 @@ class Supervisor:
         self.policy.forget_open()
         step = checkpoint_step(Path(resume)) if resume else 0
         self.detector = replay_detector(self.run, self.cfg.detect, step or 0)
-        self.progress.step = step or 0
+        self.progress.rewind(step or 0, self.attempt)
 
     def _batch(self) -> int:
         b = self.cfg.train.per_device_train_batch_size

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from steadytune.records import Event, to_dict
+from steadytune.records import Event, PlanRevision, to_dict
 from steadytune.telemetry.store import GPU_METRICS, STEP_METRICS, SYSTEM_METRICS, Series
 from steadytune.web import heatmap
 from steadytune.web.runs import RunEntry, RunsIndex
@@ -78,8 +78,21 @@ def runs_list(index: RunsIndex) -> list[dict[str, Any]]:
     return out
 
 
+def skip_summary(plan: PlanRevision) -> str:
+    """The skip list as a person reads it: "144 samples (steps 31–48)", not a wall of sample ranges."""
+    if not plan.skip_ranges:
+        return ""
+    n = sum(b - a + 1 for a, b in plan.skip_ranges)
+    text = f"{n:,} sample{'s' if n != 1 else ''}"
+    if plan.skip_steps:
+        spans = ", ".join(str(a) if a == b else f"{a}–{b}" for a, b in plan.skip_steps)
+        one = len(plan.skip_steps) == 1 and plan.skip_steps[0][0] == plan.skip_steps[0][1]
+        text += f" (step {spans})" if one else f" (steps {spans})"
+    return text
+
+
 def plans(entry: RunEntry) -> list[dict[str, Any]]:
-    return [clean(to_dict(p)) for p in entry.store().plans()]
+    return [clean({**to_dict(p), "skip_summary": skip_summary(p)}) for p in entry.store().plans()]
 
 
 def run_detail(entry: RunEntry, events: int = 300) -> dict[str, Any]:
@@ -137,6 +150,31 @@ def gradflow(
     store = entry.store()
     version = store.version
     return clean({"version": version, **heatmap.build(store.gradflow(lo, hi), points)})
+
+
+def gradhist(entry: RunEntry, step: int) -> dict[str, Any]:
+    """The |grad| histogram of every layer at the gradient-flow recording of ``step``.
+
+    ``hist[i][k]`` counts layer ``i``'s non-zero gradient entries with log10 magnitude in
+    ``[bins[k], bins[k + 1])`` (the edge bins also hold what lies beyond); exact zeros are
+    ``zero_frac``. ``step`` is ``None`` when that step has no recording with a histogram.
+    """
+    rows = [r for r in entry.store().gradflow(step, step, hist=True) if r.hist is not None and r.bins]
+    if not rows:
+        return {"step": None, "requested": step}
+    r = rows[-1]
+    return clean(
+        {
+            "step": r.step,
+            "attempt": r.attempt,
+            "ts": r.ts,
+            "layers": list(r.layers),
+            "bins": list(r.bins or ()),
+            "hist": [list(h) for h in r.hist or ()],
+            "zero_frac": list(r.zero_frac),
+            "norm": list(r.norm),
+        }
+    )
 
 
 def gradflow_since(entry: RunEntry, version: int) -> dict[str, Any] | None:

@@ -10,6 +10,7 @@ route but the pages, ``/static``, ``/healthz`` and ``/api/auth`` needs the token
     /api/runs/<id>             one run              /api/runs/<id>/series?points=&lo=&hi=
     /api/runs/<id>/events?after=<seq>               /api/runs/<id>/stream?since=<version>&after=<seq> (SSE)
     /api/runs/<id>/gradflow?points=&lo=&hi=         gradient-flow heat map (layers × recorded steps)
+    /api/runs/<id>/gradhist?step=                   |grad| histogram per layer at one gradient-flow recording
     /api/auth                  may this client act? /healthz
     POST /api/runs/<id>/control   {"command", "issuer", "confirm": true} with the token in a header
     /server                    GPU server page      /api/server          its GPUs, reservations and queue
@@ -43,7 +44,7 @@ from steadytune.rundir import valid_run_id
 from steadytune.server.queue import QueueError
 from steadytune.supervise.control import send_control
 from steadytune.web import api
-from steadytune.web.metrics import render_metrics
+from steadytune.web.metrics import CONTENT_TYPE, render_metrics
 from steadytune.web.params import BadParam, content_length, query_float, query_int
 from steadytune.web.runs import RunEntry, RunsIndex
 from steadytune.web.security import (
@@ -254,7 +255,7 @@ class Handler(BaseHTTPRequestHandler):
             return self._unauthorized()
         if head == "metrics" and len(parts) == 1:
             text = render_metrics(app.index, app.clock)
-            return self._send(200, text.encode("utf-8"), "text/plain; version=0.0.4; charset=utf-8")
+            return self._send(200, text.encode("utf-8"), CONTENT_TYPE)
         if head != "api" or len(parts) < 2:
             return self._not_found()
         if parts[1:] == ["server"]:
@@ -276,6 +277,10 @@ class Handler(BaseHTTPRequestHandler):
             if what == "gradflow":
                 points = query_int(q, "points", 400, lo=10, hi=api.MAX_POINTS)
                 return self._json(api.gradflow(entry, points, query_float(q, "lo"), query_float(q, "hi")))
+            if what == "gradhist":
+                if "step" not in q:
+                    raise BadParam("step", "gradhist needs step=<a recorded optimizer step>, e.g. ?step=50")
+                return self._json(api.gradhist(entry, query_int(q, "step", 0, lo=0)))
             if what == "events":
                 after = query_int(q, "after", -1, lo=-1)
                 return self._json(

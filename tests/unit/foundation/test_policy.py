@@ -105,6 +105,12 @@ def test_rollback_plan_skips_the_window_and_scales_the_lr() -> None:
     )
     assert plan.skip_ranges == ((5, 8), (100, 101)) and plan.lr_scale == 0.5
     assert plan.resume_checkpoint == "/r/checkpoint-20" and plan.cause_event_seq == 9 and plan.revision == 2
+    # The steps the samples came from travel with them, merged across rollbacks, for the dashboard to name.
+    assert plan.skip_steps == ((21, 22),)
+    again = rollback_plan(plan, 3, 2.0, 2, anomaly_start=30, anomaly_end=30, checkpoint_step=29,
+                          checkpoint_path="/r/checkpoint-29", samples_by_step=samples, lr_scale=0.5,
+                          cause_event_seq=12, reason="loss_spike")  # fmt: skip
+    assert again.skip_steps == ((21, 22), (30, 30)) and again.skip_ranges == ((5, 8), (50, 50), (100, 101))
 
 
 def test_oom_escalation_and_smaller_microbatch_keep_the_effective_batch() -> None:

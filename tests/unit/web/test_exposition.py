@@ -11,29 +11,37 @@ from steadytune.records import Event, GpuSample, PlanRevision, StepRecord, Syste
 from steadytune.rundir import RunDir, atomic_write_text
 from steadytune.telemetry.events import EventLog
 from steadytune.telemetry.stream import JsonlWriter
-from steadytune.web.metrics import Family, escape_label, format_value, render, render_metrics
+from steadytune.web.metrics import render_metrics
 from steadytune.web.runs import RunsIndex
 
 SAMPLE = re.compile(r'^(steadytune_[a-z_]+)(\{([a-z_]+="([^"\\]|\\.)*",?)*\})? (NaN|[+-]Inf|-?[0-9.e+-]+)$')
 
 
-def test_value_and_label_formatting() -> None:
-    assert format_value(3.0) == "3" and format_value(0.25) == "0.25"
-    assert (
-        format_value(math.nan) == "NaN"
-        and format_value(math.inf) == "+Inf"
-        and format_value(-math.inf) == "-Inf"
-    )
-    assert escape_label('a"b\\c\nd') == 'a\\"b\\\\c\\nd'
+def test_label_values_are_escaped_and_non_finite_values_spelled_out(tmp_path: Path) -> None:
+    # A run id may hold characters the format must escape; a NaN loss must stay NaN.
+    run = RunDir(tmp_path / "runs" / "r3").create()
+    with JsonlWriter(run.telemetry(0)) as w:
+        w.write(StepRecord(step=0, ts=1.0, loss=math.nan))
+    gpu = GpuSample(index=0, name='A "quoted"\\name', util_ratio=0.5)
+    with JsonlWriter(run.system) as w:
+        w.write(SystemSample(ts=1.0, cpu_ratio=0.1, ram_used_bytes=1, ram_total_bytes=2, gpus=(gpu,)))
+    index = RunsIndex(tmp_path / "runs", cache_dir=tmp_path / "cache")
+    index.refresh_all()
+    text = render_metrics(index, lambda: 10.0)
+    assert 'steadytune_gpu_utilization_ratio{gpu="0",name="A \\"quoted\\"\\\\name",run="r3"} 0.5' in text
+    assert 'steadytune_loss{run="r3"} NaN' in text
 
 
-def test_render_help_type_then_samples_and_skips_empty() -> None:
-    f = Family("steadytune_x_bytes", "gauge", "X.")
-    f.add(5, run="r", gpu=0)
-    empty = Family("steadytune_y_total", "counter", "Y.")
-    assert render([f, empty]) == (
-        '# HELP steadytune_x_bytes X.\n# TYPE steadytune_x_bytes gauge\nsteadytune_x_bytes{run="r",gpu="0"} 5\n'
-    )
+def test_families_without_samples_are_left_out(tmp_path: Path) -> None:
+    run = RunDir(tmp_path / "runs" / "r4").create()
+    with JsonlWriter(run.telemetry(0)) as w:
+        w.write(StepRecord(step=0, ts=1.0, loss=1.0))
+    index = RunsIndex(tmp_path / "runs", cache_dir=tmp_path / "cache")
+    index.refresh_all()
+    text = render_metrics(index, lambda: 10.0)
+    assert "# TYPE steadytune_loss gauge" in text
+    # No system sample: no GPU family at all, not a HELP/TYPE pair without series.
+    assert "steadytune_gpu_" not in text and "steadytune_host_" not in text
 
 
 def _run(tmp_path: Path, now: float) -> RunDir:
@@ -93,25 +101,25 @@ def test_render_metrics_from_a_run(tmp_path: Path) -> None:
             or SAMPLE.match(line)
         ), line
     expect = {
-        'steadytune_run_state{run="r1",state="running"} 1',
-        'steadytune_run_state{run="r1",state="failed"} 0',
-        'steadytune_step{run="r1"} 9',
+        'steadytune_run_state{run="r1",state="running"} 1.0',
+        'steadytune_run_state{run="r1",state="failed"} 0.0',
+        'steadytune_step{run="r1"} 9.0',
         'steadytune_progress_ratio{run="r1"} 0.09',
         'steadytune_eta_seconds{run="r1"} 45.5',
         'steadytune_grad_norm{run="r1"} 1.5',
-        'steadytune_loss_nonfinite{run="r1"} 0',
-        'steadytune_tokens_total{run="r1"} 10000',
-        'steadytune_throughput_tokens_per_second{run="r1"} 2000',
-        'steadytune_device_memory_peak_bytes{run="r1"} 300',
-        'steadytune_anomalies_total{run="r1",kind="divergence",severity="critical"} 1',
-        'steadytune_anomalies_total{run="r1",kind="loss_spike",severity="warning"} 1',
-        'steadytune_anomalies_active{run="r1",kind="divergence",severity="critical"} 1',
-        'steadytune_restarts_total{run="r1",reason="oom"} 2',
-        'steadytune_gpu_memory_headroom_ratio{run="r1",gpu="0",name="H100"} 0.25',
-        'steadytune_gpu_temperature_celsius{run="r1",gpu="0",name="H100"} 70',
+        'steadytune_loss_nonfinite{run="r1"} 0.0',
+        'steadytune_tokens_total{run="r1"} 10000.0',
+        'steadytune_throughput_tokens_per_second{run="r1"} 2000.0',
+        'steadytune_device_memory_peak_bytes{run="r1"} 300.0',
+        'steadytune_anomalies_total{kind="divergence",run="r1",severity="critical"} 1.0',
+        'steadytune_anomalies_total{kind="loss_spike",run="r1",severity="warning"} 1.0',
+        'steadytune_anomalies_active{kind="divergence",run="r1",severity="critical"} 1.0',
+        'steadytune_restarts_total{reason="oom",run="r1"} 2.0',
+        'steadytune_gpu_memory_headroom_ratio{gpu="0",name="H100",run="r1"} 0.25',
+        'steadytune_gpu_temperature_celsius{gpu="0",name="H100",run="r1"} 70.0',
         'steadytune_host_cpu_utilization_ratio{run="r1"} 0.4',
-        'steadytune_checkpoint_age_seconds{run="r1"} 120',
-        'steadytune_checkpoints_verified{run="r1"} 1',
+        'steadytune_checkpoint_age_seconds{run="r1"} 120.0',
+        'steadytune_checkpoints_verified{run="r1"} 1.0',
     }
     assert expect <= set(lines), expect - set(lines)
     assert 'kind="loss_spike"' not in "".join(
@@ -132,4 +140,4 @@ def test_nonfinite_latest_loss_is_exported_as_nan(tmp_path: Path) -> None:
     index = RunsIndex(tmp_path / "runs", cache_dir=tmp_path / "cache")
     index.refresh_all()
     text = render_metrics(index, lambda: 10.0)
-    assert 'steadytune_loss{run="r2"} NaN' in text and 'steadytune_loss_nonfinite{run="r2"} 1' in text
+    assert 'steadytune_loss{run="r2"} NaN' in text and 'steadytune_loss_nonfinite{run="r2"} 1.0' in text

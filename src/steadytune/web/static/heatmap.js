@@ -35,6 +35,13 @@
       window.addEventListener("themechange", () => this.draw());
       this.canvas.addEventListener("mousemove", (e) => this._move(e));
       this.canvas.addEventListener("mouseleave", () => { this.tip.style.display = "none"; this.hover = null; this.draw(); });
+      // A click picks a recording (its last step) for the page's other views; a double click lets go.
+      this.onPick = null;
+      this.canvas.addEventListener("click", (e) => {
+        const g = this.geom, c = g ? this.columns[Math.floor((e.offsetX - g.L) / g.cw)] : null;
+        if (c && this.onPick) this.onPick(c.last);
+      });
+      this.canvas.addEventListener("dblclick", () => { if (this.onPick) this.onPick(null); });
     }
     clear() { this.layers = []; this.columns = []; this.bucket = 1; this.total = 0; }
     // The whole map from /gradflow.

@@ -18,14 +18,12 @@
   function card(id, title, opts) {
     const box = el("div", { class: "chart", id: `chart-${id}` });
     const note = el("span", { class: "note", id: `note-${id}` });
-    const legend = el("div", { class: "legend" }, ...opts.series.map((s) =>
-      el("span", {}, Object.assign(el("i"), {}), s.label)));
-    grid.append(el("div", { class: "card" }, el("h3", {}, title, note), box, legend));
+    const head = el("h3", {}, title, note);
+    const wrap = el("div", { class: "card", id: `card-${id}` }, head, box);
+    grid.append(wrap);
     const c = new ST.Chart(box, opts);
-    legend.querySelectorAll("i").forEach((i, k) => { i.style.background = getComputedStyle(document.documentElement).getPropertyValue(c.series[k].color); });
-    window.addEventListener("themechange", () => legend.querySelectorAll("i").forEach((i, k) => {
-      i.style.background = getComputedStyle(document.documentElement).getPropertyValue(c.series[k].color);
-    }));
+    c.card = wrap;
+    c.title = head.firstChild;
     charts[id] = c;
     return c;
   }
@@ -40,12 +38,21 @@
     el("h3", {}, "Gradient flow per layer (log10 grad norm)", el("span", { class: "note", id: "note-gradflow" })),
     heatBox, heatLegend));
   const heat = new ST.HeatMap(heatBox, heatLegend);
+  // What the gradient values look like inside each layer, at one recording of the heat map.
+  const histBox = el("div", { class: "heatmap", id: "gradhist" });
+  grid.append(el("div", { class: "card wide" },
+    el("h3", {}, "Gradient values per layer (share of |grad| entries per log10 bin)", el("span", { class: "note", id: "note-gradhist" })),
+    histBox));
+  const hist = new ST.GradHist(histBox);
   card("lr", "Learning rate", { series: [{ key: "lr", label: "LR", color: "--c4", band: false }], onZoom: zoom });
   card("tps", "Throughput (tokens/s)", { series: [{ key: "tokens_per_s", label: "tokens/s", color: "--c3" }], onZoom: zoom, yMin: 0 });
   card("mem", "Device memory", { series: [
     { key: "mem_allocated_bytes", label: "allocated", color: "--c1" },
     { key: "mem_reserved_bytes", label: "reserved", color: "--c5" },
     { key: "mem_peak_bytes", label: "peak", color: "--c4" }], yFormat: fmt.bytes, onZoom: zoom, yMin: 0 });
+  card("rss", "Process memory (RSS; no CUDA on this host)", { xKind: "time", yFormat: fmt.bytes, yMin: 0,
+    series: [{ key: "rss", label: "worker RSS", color: "--c1" }] });
+  charts.rss.card.classList.add("hidden");
   card("gpu", "GPU utilization & temperature", { xKind: "time", series: [
     { key: "util", label: "util %", color: "--c3" }, { key: "temp", label: "temp °C", color: "--c2" }], yMin: 0 });
   card("power", "GPU power (W)", { xKind: "time", series: [{ key: "power", label: "W", color: "--c4" }], yMin: 0 });
@@ -58,6 +65,7 @@
   ST.charts = charts;
   ST.state = state;
   ST.heatmap = heat;
+  ST.gradhist = hist;
 
   // rows: [x_first, x_last, count, m1_min, m1_max, m1_mean, ...]
   function columns(series, metric) {
@@ -90,6 +98,9 @@
     const used = columns(sys, "ram_used_bytes"), total = columns(sys, "ram_total_bytes");
     charts.host.get("ram").set(used.x, used.y.map((v, i) => (v === null || !total.y[i] ? null : (100 * v) / total.y[i])));
     setCols(charts.disk, "disk", columns(sys, "disk_free_bytes"));
+    setCols(charts.rss, "rss", columns(sys, "worker_rss_bytes"));
+    if (sys.rows.length) setHardware(Object.keys(data.gpus).length > 0);
+    if (st.rows.length) setCuda(columns(st, "mem_allocated_bytes").y.some((v) => v !== null && v !== undefined));
     const g0 = data.gpus["0"];
     if (g0) {
       setCols(charts.gpu, "util", columns(g0, "util_ratio"), scale(100));
@@ -114,7 +125,20 @@
     const q = state.zoom ? `&lo=${Math.floor(state.zoom[0])}&hi=${Math.ceil(state.zoom[1])}` : "";
     heat.set(await ST.getJSON(`${base}/gradflow?points=${heatPoints()}${q}`));
     noteHeatmap();
+    state.histShown = null; // read again: a restart may have rewritten the recording at that step
+    await loadHist();
   }
+  // The histogram follows the newest recording until a heat-map column is clicked.
+  async function loadHist() {
+    const step = state.histStep ?? heat.lastStep;
+    if (step < 0 || step === state.histShown) return;
+    state.histShown = step;
+    hist.set(await ST.getJSON(`${base}/gradhist?step=${step}`));
+    const picked = state.histStep !== null && state.histStep !== undefined;
+    document.getElementById("note-gradhist").textContent = hist.step === null ? "" :
+      `step ${fmt.int(hist.step)} · ${picked ? "picked on the heat map (double-click it to follow the newest)" : "newest recording (click a heat-map column for another)"}`;
+  }
+  heat.onPick = (step) => { state.histStep = step; state.histShown = null; loadHist(); };
   function noteHeatmap() {
     const f = heat.flagged(), bits = [];
     if (heat.total) bits.push(`${fmt.int(heat.total)} recordings${heat.bucket > 1 ? ` in ${heat.columns.length} columns` : ""}`);
@@ -128,10 +152,34 @@
     // Appended when it fits; otherwise (merged columns, new layers, a restart) the whole map is read again.
     if (!heat.append(data) || heat.columns.length > 2 * heatPoints()) scheduleHeatmapRefetch();
     noteHeatmap();
+    loadHist();
   }
   function scheduleHeatmapRefetch() {
     if (state.heatRefetch) return;
     state.heatRefetch = setTimeout(async () => { state.heatRefetch = null; await loadHeatmap(); }, 1000);
+  }
+
+  // A host without a GPU never sends GPU samples: say so instead of waiting for them.
+  const NO_GPU = "no GPU on this host";
+  function setHardware(hasGpu) {
+    if (state.hasGpu === hasGpu) return;
+    state.hasGpu = hasGpu;
+    for (const id of ["gpu", "power"]) charts[id].setEmptyText(hasGpu ? "waiting for data…" : NO_GPU);
+    showMemory();
+  }
+  // Without CUDA the steps carry no device memory: the memory card shows the worker's RSS instead.
+  function setCuda(hasCuda) {
+    if (state.hasCuda === hasCuda) return;
+    state.hasCuda = hasCuda;
+    showMemory();
+  }
+  function showMemory() {
+    const rss = state.hasCuda === false;
+    charts.mem.card.classList.toggle("hidden", rss);
+    charts.rss.card.classList.toggle("hidden", !rss);
+    // A GPU host whose steps carry no device memory (another tool's log, a CPU run) is not "no CUDA".
+    charts.rss.title.textContent = state.hasGpu === false ? "Process memory (RSS; no CUDA on this host)"
+      : "Process memory (RSS; the steps report no device memory)";
   }
 
   function setCapacity(bytes) {
@@ -224,7 +272,7 @@
       if (r.gradient_accumulation_steps) bits.push(`ga ${r.gradient_accumulation_steps}`);
       if (r.micro_batch_split > 1) bits.push(`split ×${r.micro_batch_split}`);
       if (r.lr_scale !== undefined && r.lr_scale !== 1) bits.push(`lr ×${r.lr_scale}`);
-      if (r.skip_ranges && r.skip_ranges.length) bits.push(`skip ${r.skip_ranges.map((s) => s.join("–")).join(", ")}`);
+      if (r.skip_summary) bits.push(`skip ${r.skip_summary}`);
       if (r.resume_checkpoint) bits.push(`from ${r.resume_checkpoint}`);
       p.append(el("tr", {}, el("td", { class: "mono", text: String(r.revision) }), el("td", { text: r.reason }),
         el("td", { class: "mono", text: bits.join(" · ") || "–" })));
@@ -252,6 +300,8 @@
       charts.lr.push("lr", r.step, r.lr);
       charts.tps.push("tokens_per_s", r.step, r.tokens_per_s);
       for (const m of ["mem_allocated_bytes", "mem_reserved_bytes", "mem_peak_bytes"]) charts.mem.push(m, r.step, r[m]);
+      if (r.mem_allocated_bytes !== null && r.mem_allocated_bytes !== undefined) setCuda(true);
+      else if (state.hasCuda === undefined) setCuda(false);
       newest = r;
     }
     if (!newest) return;
@@ -268,6 +318,8 @@
       charts.host.push("cpu", r.ts, r.cpu_ratio === null ? null : 100 * r.cpu_ratio);
       charts.host.push("ram", r.ts, r.ram_used_bytes && r.ram_total_bytes ? (100 * r.ram_used_bytes) / r.ram_total_bytes : null);
       charts.disk.push("disk", r.ts, r.disk_free_bytes);
+      charts.rss.push("rss", r.ts, r.worker_rss_bytes);
+      setHardware((r.gpus || []).length > 0);
       const g = (r.gpus || []).find((x) => x.idx === 0);
       if (g) {
         charts.gpu.push("util", r.ts, g.util_ratio === null ? null : 100 * g.util_ratio);
