@@ -55,14 +55,16 @@
   // The server's part in a job's size: each resize (GPUs before -> after), refusal, pause and resume.
   function history(j) {
     const gpus = (l) => (l && l.length ? l.join(",") : "–");
-    const items = (j.history || []).map((h) => {
+    const all = j.history || [], SHOWN = 6;  // the latest; `steadytune queue` lists them all
+    const items = all.slice(-SHOWN).map((h) => {
       const when = new Date(1000 * h.ts).toLocaleTimeString();
       const what = h.kind === "grow" || h.kind === "shrink" ? `${h.kind} ${gpus(h.from)} → ${gpus(h.to)}`
         : h.kind === "pause" || h.kind === "shrink_asked" || h.kind === "shrink_refused" ? `${h.kind}${h.gpu === undefined || h.gpu === null ? "" : ` (GPU ${h.gpu})`}`
         : h.kind;
       return el("div", { class: "mono", title: h.reason || "", text: `${when} ${what}` });
     });
-    return el("td", { class: "history" }, ...items);
+    const earlier = all.length > SHOWN ? el("div", { class: "muted", text: `+${all.length - SHOWN} earlier` }) : null;
+    return el("td", { class: "history" }, earlier, ...items);
   }
 
   function jobRow(j) {
