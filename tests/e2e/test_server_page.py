@@ -11,7 +11,7 @@ from tests.waiting import wait_for
 
 from steadytune.server.daemon import Daemon, ServerPaths
 from steadytune.server.ledger import GIB, GpuProcess, GpuReading
-from steadytune.server.queue import JobQueue
+from steadytune.server.queue import JobQueue, QueueError
 from steadytune.web.server import start_dashboard
 
 pytestmark = pytest.mark.slow
@@ -35,6 +35,12 @@ def test_server_page_shows_gpus_queue_and_acts(chromium: tuple[str, str], tmp_pa
     for label, need in (("lora", 50), ("qlora", 40), ("full", 45)):
         daemon.queue.submit({"kind": "supervise", "cmd": ["x"], "label": label}, need * GIB, "estimate")
     daemon.tick()
+    # Each running job's scale history: j1's grow refused (GPU 0 lacks the room), j2 paused for pressure.
+    with pytest.raises(QueueError, match="no room to grow j1"):
+        daemon.resize("j1", 2, "GPU util 95% > 85% for 300s")
+    daemon.queue.record(
+        "j2", {"kind": "pause", "gpu": 0, "reason": "GPU 0 has 0.5 GiB free"}, paused="GPU 0 has 0.5 GiB free"
+    )
     handle = start_dashboard(paths.runs_dir, port=0, token=TOKEN, server=daemon)
     try:
         with open_chromium(*chromium) as b:
@@ -47,6 +53,8 @@ def test_server_page_shows_gpus_queue_and_acts(chromium: tuple[str, str], tmp_pa
             assert widths == ["25%", "50%", "25%"], widths
             text = b.execute_script("return document.body.innerText")
             assert "foreign pids 4242" in text and "waits for room" in text, text
+            assert "grow_refused" in text and "paused by the server: GPU 0 has 0.5 GiB free" in text, text
+            assert "pause (GPU 0)" in text and "scale history" in text, text
             shot = screenshot(b, artifacts / "server-page.png")
             assert shot.stat().st_size > 10_000
             b.execute_script(
