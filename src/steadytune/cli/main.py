@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
 import sys
 from collections.abc import Sequence
@@ -98,7 +99,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def entrypoint() -> None:
-    sys.exit(main())
+    try:
+        try:
+            code: int | str | None = main()
+        except SystemExit as done:  # argparse's --help and errors end this way
+            code = done.code
+        finally:
+            sys.stdout.flush()  # a pipe's reader that left shows up here, while we can still catch it
+    except BrokenPipeError:
+        # `steadytune queue | head -1`: the reader left, which is not an error of ours. Point
+        # stdout at /dev/null so the interpreter's own flush at exit does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 141  # 128 + SIGPIPE, as a shell reports a command the pipe cut short
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -43,3 +45,23 @@ def test_an_unknown_word_lists_every_command(capsys: pytest.CaptureFixture[str])
     with pytest.raises(SystemExit):
         build_parser("nonsense").parse_args(["nonsense"])
     assert "analyze" in capsys.readouterr().err
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback() -> None:
+    # `steadytune ... | head -1`: the pipe's read end is gone before the CLI writes.
+    read, write = os.pipe()
+    os.close(read)
+    script = (
+        "import sys; from steadytune.cli.main import entrypoint; sys.argv[0] = 'steadytune'; entrypoint()"
+    )
+    config = Path(__file__).parents[3] / "examples" / "lora.yaml"
+    proc = subprocess.run(
+        [sys.executable, "-c", script, "validate", str(config)],
+        stdout=write,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=120,
+    )
+    os.close(write)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert proc.returncode == 141
