@@ -74,8 +74,9 @@ class ShortRiseWatch:
         # The end-to-end rise must stand out of the noise of two points (sqrt 2 sigma), for a
         # noise that explains the climb least badly: the prior's, or the scatter of the climb's
         # own increments (a steady climb rises by similar steps; noise rises by random ones).
-        # Each is taken one standard error up, as few points are known.
-        sigma = min(self.cfg.noise_prior, _increment_noise(self._steps)) * upper_factor(self._rises)
+        # Each is taken one standard error up, as few points are known: the scatter of n
+        # increments about their own mean has n - 1 degrees of freedom, not n.
+        sigma = min(self.cfg.noise_prior, _increment_noise(self._steps)) * upper_factor(self._rises - 1)
         needed = max(self.cfg.early_rise, self.cfg.early_z * math.sqrt(2.0) * sigma)
         if self._rises >= self.cfg.early_rises and rise >= needed:
             first = not self.rep.on

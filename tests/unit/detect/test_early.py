@@ -148,3 +148,17 @@ def test_without_a_climb_a_young_baseline_keeps_its_floor(
     # point, so the prior floor holds (the rule above is conditional on the climb).
     recs = records(_climb_back_jump(scale, noise, seed, ratio, climb=False), interval=10)
     assert final(recs) == []
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("scale", SCALES)
+@pytest.mark.parametrize("steps", ((0.15, 0.3, 0.15), (0.3, 0.15, 0.15), (0.1, 0.35, 0.15)))
+def test_three_uneven_rises_at_batch_size_1_are_not_a_climb(
+    steps: tuple[float, float, float], scale: float, seed: int
+) -> None:
+    # Three rises (1.8x in all) at the start of a batch-size-1 run: their scatter, the noise the
+    # rule grants a steady climb, is known from three increments, that is with two degrees of
+    # freedom once their mean is taken out, and is bounded one standard error up accordingly.
+    start = [scale * math.exp(sum(steps[:i])) for i in range(4)]
+    rest = [0.7 * start[-1], *shapes.learning(60, 0.7 * start[-1], 0.35, seed)]  # the fifth point falls
+    assert "divergence" not in [k for k, _s, _v in severe(feed(records(start + rest)))]
