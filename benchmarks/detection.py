@@ -262,7 +262,7 @@ def real_logs_dir() -> Path | None:
 # Everything else is fixed a priori (docs/detectors.md says why), so it needs no held-out choice.
 TUNED: dict[str, tuple[float, ...]] = {
     "loss.spike_z": (6.0, 7.0, 8.0),
-    "loss.spike_min_ratio_confirmed": (1.1, 1.2),
+    "loss.spike_min_ratio": (1.1, 1.25),
     "loss.young_spike_z": (3.0, 4.0, 5.0),
     "grad.spike_min_ratio": (5.0, 8.0),
 }

@@ -38,9 +38,13 @@ class LossConfig(_Strict):
     noise_prior_weight: float = Field(4.0, ge=0, description="how many differences the prior is worth")
     noise_floor: float = Field(0.01, ge=0, description="log-space noise never assumed below this")
     spike_z: float = Field(7.0, gt=0, description="robust z-score of a loss spike")
-    spike_min_ratio: float = Field(1.25, ge=1, description="a spike is at least this many times the level")
+    spike_min_ratio: float = Field(
+        1.1, ge=1, description="a spike is at least this many times the level (the z-score judges the noise)"
+    )
     spike_min_ratio_confirmed: float = Field(
-        1.1, ge=1, description="a spike the next point confirms (still up) needs only this ratio"
+        1.1,
+        ge=1,
+        description="below spike_min_ratio: a jump the next point confirms (still up) needs only this",
     )
     young_spike_z: float = Field(
         4.0, gt=0, description="young baseline (< level_window points): prior sigmas for a one-point spike"

@@ -40,11 +40,13 @@ class ShortRiseWatch:
         self._first_rise = 0
         self._steps: list[float] = []  # the log-space increments of the current climb
 
-    def observe(self, lp: LossPoint, out: list[Finding], held: bool = False) -> None:
+    def observe(self, lp: LossPoint, out: list[Finding], held: bool = False) -> tuple[int, float, int] | None:
         """Judge one accepted or held loss point; ``held``: the loss watch already holds this climb.
 
         One anomaly per climb: while the spike rules hold a divergence of the same loss,
         this rule neither raises nor resolves one (the two would flap the same kind).
+        Returns (first step above the start, log loss at the start, rises) when it raises one,
+        for the loss watch to hold the climb from there on.
         """
         if held:
             self.rep.on.clear()  # handed over: the loss watch resolves it
@@ -58,7 +60,7 @@ class ShortRiseWatch:
             self._steps.clear()
             if self.rep.on and last is not None:
                 self.rep.report(out, "divergence", self.metric, lp.step, False)
-            return
+            return None
         self._rises += 1
         self._steps.append(lp.y - last)
         if self._rises == 1:
@@ -66,14 +68,15 @@ class ShortRiseWatch:
         # Only a climb from the first point of the run (or snippet) counts: a rise that begins
         # later has a baseline before it, and the spike and divergence rules judge it.
         if self._run_start is None or self._seen != self._rises + 1 or self._seen > self.cfg.early_points:
-            return
+            return None
         start_y = self._run_start[1]
         rise = lp.y - start_y
         # The end-to-end rise must stand out of the noise of two points (sqrt 2 sigma), for a
         # noise that explains the climb least badly: the prior's, or the scatter of the climb's
         # own increments (a steady climb rises by similar steps; noise rises by random ones).
-        # Each is taken one standard error up, as few points are known.
-        sigma = min(self.cfg.noise_prior, _increment_noise(self._steps)) * upper_factor(self._rises)
+        # Each is taken one standard error up, as few points are known: the scatter of n
+        # increments about their own mean has n - 1 degrees of freedom, not n.
+        sigma = min(self.cfg.noise_prior, _increment_noise(self._steps)) * upper_factor(self._rises - 1)
         needed = max(self.cfg.early_rise, self.cfg.early_z * math.sqrt(2.0) * sigma)
         if self._rises >= self.cfg.early_rises and rise >= needed:
             first = not self.rep.on
@@ -88,6 +91,8 @@ class ShortRiseWatch:
                     "threshold_rises": self.cfg.early_rises,
                 }
             self.rep.report(out, "divergence", self.metric, self._first_rise, True, evidence=ev)
+            return self._first_rise, start_y, self._rises
+        return None
 
 
 def _increment_noise(steps: list[float]) -> float:

@@ -127,7 +127,9 @@ class _Signal:
         if lp is not None:
             t = self.loss.tracker
             held = lp.in_spike or self.loss.rep.is_on("divergence", self.loss.metric)
-            self.short_rise.observe(lp, out, held)
+            climb = self.short_rise.observe(lp, out, held)
+            if climb is not None:
+                self.loss.hold_climb(rec.step, rec.loss, *climb, out)
             self.fall.observe(lp, t.level, t.level_full, rec.epoch, out)
             self.plateau.observe(lp, t.level, self.grad.vanished, out)
             self.oscillation.observe(lp, out, rec.epoch)

@@ -59,6 +59,8 @@ class LossWatch:
         self._climb_points = 0
         self._suspects: list[int] = []
         self._last_finite: float | None = None
+        # This segment has diverged once: a young baseline after it is no evidence of health.
+        self._unstable = False
 
     def observe(
         self, step: int, loss: float, epoch: float | None, out: list[Finding], corroborated: bool = False
@@ -83,6 +85,7 @@ class LossWatch:
         if new_segment:
             self._end_spike(out, step)
             self._pending = None
+            self._unstable = False
         y = math.log(loss) if loss > 1e-12 else -27.6  # log space; a zero loss lands far down, not at -inf
         if (loss <= self.cfg.collapse_small or self._drop_run or rep.on) and self._collapse(
             step, loss, y, out
@@ -108,6 +111,11 @@ class LossWatch:
         if self._spike_start is not None:
             back = max(t.threshold(self.cfg.resolve_z), self._resolve_jump)
             if jump <= back or self._seasonal(y, epoch):
+                if (
+                    self.rep.is_on("divergence", self.metric)
+                    and abs(y - self._spike_base) <= self._resolve_jump
+                ):
+                    self._unstable = True  # came back to where it began: the instability may recur
                 self._end_spike(out, step)
             else:
                 self._continue_spike(step, loss, y, out)
@@ -121,8 +129,15 @@ class LossWatch:
                 # noise is never taken below the prior for a one-point alarm (held points,
                 # below, still use it: three in a row are evidence enough). A grad norm that
                 # spiked with it is the second witness that a short baseline lacks.
+                # So is a divergence earlier in the segment: the loss came back from one climb
+                # and jumps again, the same instability recurring rather than noise.
                 floor = self.cfg.young_spike_z * self.cfg.noise_prior * math.sqrt(1.0 + 1.0 / t.n_level)
-                threshold = self._min_jump if corroborated else max(threshold, floor)
+                if corroborated:
+                    threshold = self._min_jump
+                elif self._unstable:
+                    threshold = max(self._min_jump, self.cfg.early_rise)
+                else:
+                    threshold = max(threshold, floor)
             if jump > threshold and not self._seasonal(y, epoch):
                 if jump > self._min_jump:
                     self._start_spike(step, loss, level, threshold, out)
@@ -146,6 +161,22 @@ class LossWatch:
         if self._climb_points or rep.on or not near_best:
             self._slow_climb(step, epoch, out)
         return LossPoint(step, loss, y, True, False, False)
+
+    def hold_climb(
+        self, step: int, loss: float, first_rise: int, start_y: float, rises: int, out: list[Finding]
+    ) -> None:
+        """Hold a climb from the segment's first point (the short-rise rule saw it) as a divergence.
+
+        Its points leave the baseline, as a spike's would: the level is the first point
+        again, so the loss is judged against where it began until it comes back there.
+        """
+        self.tracker.restart_segment(start_y)
+        self._pending = None
+        self._suspects.clear()
+        self._climb_points = 0
+        self._spike_start, self._spike_points = first_rise, rises
+        self._spike_peak, self._spike_base = loss, start_y
+        self.rep.report(out, "divergence", self.metric, step, True)
 
     def _suspect(self, step: int, loss: float, y: float, level: float, out: list[Finding]) -> LossPoint:
         """A young baseline cannot tell a fat-tailed point from a jump: hold the point back.

@@ -104,6 +104,9 @@ class ThroughputWatch:
             self.rep.report(out, "dataloader_bottleneck", "data_time_s", rec.step, False)
 
 
+_MIN_ADVANCES = 8  # leader advances before the logging interval, and so a lag, is judged
+
+
 class StragglerWatch:
     """straggler: compares the ranks with each other."""
 
@@ -139,8 +142,10 @@ class StragglerWatch:
         self._slowness(rec, out)
 
     def _lag(self, step: int, out: list[Finding]) -> None:
+        if len(self._advances) < _MIN_ADVANCES:
+            return  # the logging interval is not known yet: a median of two small advances is no yardstick
         lead = self._leader
-        interval = self._advances.median() if len(self._advances) else 1.0
+        interval = self._advances.median()
         limit = self.cfg.straggler_lag_points * interval
         for rank, last in self._last_step.items():
             behind = lead - last

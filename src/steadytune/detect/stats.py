@@ -169,6 +169,8 @@ class Tracker:
         "_nz_size",
         "_nz_sorted",
         "_recent_abs",
+        "_seg_diffs",
+        "_seg_recent",
         "_sigma",
         "_typical",
         "best_level",
@@ -201,6 +203,8 @@ class Tracker:
         self._nz_sorted: list[float] = []
         self._nz_size = noise_window
         self._recent_abs = 0.0  # running mean of |Δ| over about the last 8 points
+        self._seg_diffs = 0  # differences this segment added to the noise window
+        self._seg_recent = 0.0  # the running mean of |Δ| when the segment began
         self._iv_fifo: deque[int] = deque(maxlen=16)
         self._iv_count = 0
         self._gaps: deque[int] = deque(maxlen=3)
@@ -219,6 +223,7 @@ class Tracker:
         last = self.last_step
         self.last_step = step
         if last is None:
+            self._seg_diffs, self._seg_recent = 0, self._recent_abs
             return True
         interval = step - last
         typical = self._typical
@@ -244,8 +249,31 @@ class Tracker:
             self.n_level = 0
             self.last_y = None
             self.best_level = None
+            self._seg_diffs, self._seg_recent = 0, self._recent_abs
             return True
         return False
+
+    def restart_segment(self, y: float) -> None:
+        """Take back every point of this segment after its first (``y``): they were not ordinary.
+
+        A climb from a segment's first point is recognised only after several rises, once
+        its points are in the level and its increments in the noise; left there, they would
+        make the diverged loss the baseline and the climb look like noise. The noise keeps
+        what came before the segment (a difference pushed out of a full window is not
+        brought back: at most a few of 64).
+        """
+        fifo, ordered = self._nz_fifo, self._nz_sorted
+        for _ in range(min(self._seg_diffs, len(fifo))):
+            del ordered[bisect_left(ordered, fifo.pop())]
+        self._seg_diffs = 0
+        self._recent_abs = self._seg_recent
+        self._lv_fifo.clear()
+        self._lv_sorted.clear()
+        self._lv_fifo.append(y)
+        self._lv_sorted.append(y)
+        self.level, self.n_level, self.last_y = y, 1, y
+        self.best_level = None
+        self._sigma = None
 
     @property
     def level_full(self) -> bool:
@@ -314,6 +342,7 @@ class Tracker:
                 del ordered[bisect_left(ordered, fifo.popleft())]
             fifo.append(d)
             insort(ordered, d)
+            self._seg_diffs += 1
             n_noise = len(ordered)
             self._recent_abs += (d - self._recent_abs) * (0.125 if n_noise >= 8 else 1.0 / n_noise)
         self.last_y = y

@@ -191,7 +191,8 @@ class SeriesBuilder:
 
     def build(self, require: tuple[str, ...] = ()) -> Series:
         if not self._rows:
-            raise UnreadableLog("no logged steps found")
+            wanted = f" (looked for entries with a step and {' / '.join(require)})" if require else ""
+            raise UnreadableLog(f"no logged steps found{wanted}")
         with no_gc():
             return self._build(require)
 

@@ -8,7 +8,7 @@ import pytest
 
 from steadytune.detect import DetectConfig
 from tests.unit.detect import shapes
-from tests.unit.detect.helpers import feed, raised, records, severe
+from tests.unit.detect.helpers import feed, final, raised, records, severe
 
 SCALES, SEEDS = shapes.SCALES, shapes.SEEDS
 
@@ -95,3 +95,70 @@ def test_a_healthy_eval_loss_says_memorizing_is_not_a_collapse(seed: int) -> Non
         a for a in raised(feed(records(losses, interval=10, eval_loss=rising))) if a.kind == "loss_collapse"
     ]
     assert got and "eval loss rose" in got[0].cause
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("noise", (0.005, 0.03))
+@pytest.mark.parametrize("scale", SCALES)
+@pytest.mark.parametrize("n", (5, 10))
+def test_a_climb_is_one_divergence_judged_against_where_it_began(
+    n: int, scale: float, noise: float, seed: int
+) -> None:
+    # Once the short-rise rule sees the climb, its points leave the baseline: the loss that keeps
+    # climbing is the same divergence, not a spike at each point against the diverged level.
+    losses = _climb(n, scale, noise, seed, per_point=math.log(3.0) / 3)
+    recs = records(losses, interval=10)
+    got = final(recs)
+    assert [a.kind for a in got] == ["divergence"]
+    assert got[0].end_step == recs[-1].step
+
+
+def _climb_back_jump(scale: float, noise: float, seed: int, ratio: float, climb: bool) -> list[float]:
+    """A snippet that climbs (or stays level) from its first point, is back at its start, then jumps ``ratio``x."""
+    rng = shapes.rng_for(seed, "snippet")
+    per_point = math.log(1.25) if climb else 0.0
+    first = [scale * math.exp(per_point * i + rng.gauss(0.0, noise)) for i in range(5)]
+    back = scale * math.exp(rng.gauss(0.0, noise))
+    return [*first, back, back * ratio, scale * math.exp(rng.gauss(0.0, noise))]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("ratio", (1.7, 2.5))  # clear of the 1.5x a rise must reach (early_rise)
+@pytest.mark.parametrize("noise", (0.005, 0.03))
+@pytest.mark.parametrize("scale", SCALES)
+def test_after_a_climb_came_back_a_jump_is_a_spike(
+    scale: float, noise: float, ratio: float, seed: int
+) -> None:
+    # A segment that has diverged once is no evidence of a healthy young baseline: the loss back at
+    # its start and jumping again is the instability recurring (pretraining logs with rollbacks).
+    recs = records(_climb_back_jump(scale, noise, seed, ratio, climb=True), interval=10)
+    got = final(recs)
+    assert [a.kind for a in got] == ["divergence", "loss_spike"]
+    assert got[0].end_step < recs[5].step and got[1].start_step == recs[6].step
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("ratio", (1.7, 1.9))  # clear of the young floor (about 2.1x on six points)
+@pytest.mark.parametrize("noise", (0.005, 0.03))
+@pytest.mark.parametrize("scale", SCALES)
+def test_without_a_climb_a_young_baseline_keeps_its_floor(
+    scale: float, noise: float, ratio: float, seed: int
+) -> None:
+    # The same jump after six level points: a short baseline cannot tell it from a fat-tailed
+    # point, so the prior floor holds (the rule above is conditional on the climb).
+    recs = records(_climb_back_jump(scale, noise, seed, ratio, climb=False), interval=10)
+    assert final(recs) == []
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("scale", SCALES)
+@pytest.mark.parametrize("steps", ((0.15, 0.3, 0.15), (0.3, 0.15, 0.15), (0.1, 0.35, 0.15)))
+def test_three_uneven_rises_at_batch_size_1_are_not_a_climb(
+    steps: tuple[float, float, float], scale: float, seed: int
+) -> None:
+    # Three rises (1.8x in all) at the start of a batch-size-1 run: their scatter, the noise the
+    # rule grants a steady climb, is known from three increments, that is with two degrees of
+    # freedom once their mean is taken out, and is bounded one standard error up accordingly.
+    start = [scale * math.exp(sum(steps[:i])) for i in range(4)]
+    rest = [0.7 * start[-1], *shapes.learning(60, 0.7 * start[-1], 0.35, seed)]  # the fifth point falls
+    assert "divergence" not in [k for k, _s, _v in severe(feed(records(start + rest)))]

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import random
+
+import pytest
+
 from steadytune.detect import LiveDetector
 from steadytune.detect.config import DetectConfig, PaceConfig
 from steadytune.records import StepRecord
@@ -85,6 +89,21 @@ def test_slow_rank_is_a_straggler_named_by_rank() -> None:
 
 def test_even_ranks_are_no_stragglers() -> None:
     assert kinds(feed(_ranks(80, slow_rank=None))) == []
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("interval", (10, 20, 50))
+def test_irregular_logging_in_lockstep_is_no_lag(seed: int, interval: int) -> None:
+    # Steps logged 1..2k+1 apart, every rank at every step. The first advances can be small by
+    # chance (here: 1 and 2 steps); the next ordinary one must not make the ranks that have not
+    # reported it yet look several logging intervals behind.
+    rng = random.Random(seed)
+    out, step = [], 0
+    for i in range(60):
+        step += (1, 2)[i - 1] if i in (1, 2) else rng.randint(interval, 2 * interval + 1)
+        for r in range(4):
+            out.append(StepRecord(step=step, ts=float(i), rank=r, loss=2.0, step_time_s=1.0))
+    assert "straggler" not in kinds(feed(out))
 
 
 def test_stall_from_time_then_resolved_by_the_next_step() -> None:

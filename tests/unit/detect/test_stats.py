@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 import random
 
+import pytest
+
 from steadytune.detect.stats import Seasonal, SortedWindow, Tracker
 
 
@@ -54,3 +56,30 @@ def test_seasonal_reference_is_last_epochs_level_at_the_same_phase() -> None:
     ref = s.reference(2.0)  # the first point of epoch 2, before it is added
     assert ref is not None and abs(ref - math.log(2.0)) < 0.05
     assert s.reference(5.0) is None
+
+
+@pytest.mark.parametrize("seed", (0, 1, 2))
+@pytest.mark.parametrize("sigma", (0.01, 0.1))
+@pytest.mark.parametrize("climb", (3, 8))
+@pytest.mark.parametrize("before_n", (40, 200))
+def test_restart_segment_takes_the_segments_points_back_out(
+    seed: int, sigma: float, climb: int, before_n: int
+) -> None:
+    rng = random.Random(seed)
+    t = _tracker()
+    for s in range(1, before_n):
+        t.begin(s, 6.0)
+        t.accept(rng.gauss(0.0, sigma))
+    t.begin(5000, 6.0)  # a new segment: its first point, then a climb
+    t.accept(2.0)
+    before = t.sigma
+    for i in range(climb):
+        t.begin(5001 + i, 6.0)
+        t.accept(2.0 + 0.5 * (i + 1))
+    assert t.sigma > before
+    t.restart_segment(2.0)
+    assert (t.level, t.n_level, t.last_y) == (2.0, 1, 2.0)
+    if before_n + climb < 64:
+        assert t.sigma == pytest.approx(before, rel=1e-9)
+    else:  # a full noise window lost its oldest differences to the climb's: those are not brought back
+        assert t.sigma == pytest.approx(before, rel=0.25)

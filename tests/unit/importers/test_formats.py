@@ -189,6 +189,7 @@ def test_interleaved_duplicates_keep_the_last_value_per_step(tmp_path: Path) -> 
         ("notes.txt", "just some words\nno numbers here\n", "unrecognised format"),
         ("nostep.csv", "a,b\n1,2\n", "unrecognised format"),
         ("bad.json", '{\n  "log_history": [1, 2,\n', "invalid JSON"),
+        ("trainer_state.json", '{"log_history": [{"epoch": 1}]}', "a step and loss / eval_loss"),
     ],
 )
 def test_unreadable_files_give_a_one_line_reason(
