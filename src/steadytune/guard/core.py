@@ -102,6 +102,15 @@ class Guard:
         self._tick = threading.Event()
         self._rss: int | None = None
 
+    def begin_attempt(self, attempt: int) -> None:
+        """Go on as ``attempt`` in this same process (an in-process rollback): every record from now
+        carries it, and the attempt's step count starts again."""
+        self.attempt = attempt
+        self.steps_this_attempt = 0
+        self.consecutive_skips = 0
+        self._reset_step()
+        self.set_phase("setup")
+
     # -- per optimizer step ------------------------------------------------
     def _reset_step(self) -> None:
         self._t0: float | None = None

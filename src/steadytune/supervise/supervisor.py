@@ -44,6 +44,7 @@ from steadytune.records import (
     to_json,
 )
 from steadytune.rundir import RunDir, atomic_write_text
+from steadytune.supervise.inprocess import InProcessRollbacks
 from steadytune.supervise.logparse import last_exception, last_lines
 from steadytune.supervise.process import ProcessTree, WorkerProcess
 from steadytune.supervise.progress import RunProgress, progress_line
@@ -155,6 +156,7 @@ class Supervisor:
         self.stop_signal: int | None = None
         self._stop_sent_at: float | None = None
         self.resumes = Resumes(self)
+        self.in_process = InProcessRollbacks(self)
         self._reaped: list[int] = []  # what the last attempt left behind, killed
         self._stop_killed = False
         self._pause_requested = False
@@ -301,6 +303,7 @@ class Supervisor:
             )
             self.handle(sample)
         self.poll_operator()
+        self.in_process.tick()
         # Loading (and resuming), saving and evaluating are judged by setup_timeout_s, not by step pace;
         # a paused worker is not judged at all.
         slow_phase = self.worker_phase == "paused" or (
@@ -321,7 +324,9 @@ class Supervisor:
 
     def handle(self, rec: Record) -> None:
         if isinstance(rec, StepRecord):
-            self.progress.add(rec)
+            stale = self.in_process.stale(rec)
+            if not stale:
+                self.progress.add(rec)
             self.last_heartbeat[rec.rank] = self.clock()
             if rec.rank == 0 and rec.attempt == self.attempt and not rec.extra.get("eval"):
                 self.worker_phase, self.attempt_stepped = "train", True
@@ -330,12 +335,12 @@ class Supervisor:
                     self.scaling.on_step(rec)
             if rec.batch is not None and rec.batch.indices:
                 self.samples_by_step.setdefault(rec.step, []).extend(rec.batch.indices)
-            if self.pending is None:
+            if self.pending is None and not stale:
                 for t in self.detector.observe_step(rec):
                     self.on_transition(t)
             # An anomaly of this very record may have stopped the worker (a gradient explosion beside a
             # spike that persisted): a spike confirmed now belongs to that incident, not to a second one.
-            if self.pending is None and rec.rank == 0 and not rec.extra.get("eval"):
+            if self.pending is None and not stale and rec.rank == 0 and not rec.extra.get("eval"):
                 for action in self.policy.on_step(rec.step):
                     self.execute(action)
         elif isinstance(rec, Heartbeat):
@@ -443,6 +448,16 @@ class Supervisor:
     on_disk_low = on_grad_norm_after_clipping = on_inject_failed = on_guard_injected = on_guard_off = _filed_only
     on_ack_pause = on_ack_resume = on_ack_stop = on_ack_memory_snapshot = on_optimizer_groups = _filed_only
     on_lr_from_command = _filed_only
+
+    # An in-process rollback (supervise/inprocess.py): taken, done, or refused (then a restart does it).
+    def on_ack_rollback(self, ev: Event, filed: Event | None) -> None:
+        self.in_process.on_ack(ev)
+
+    def on_rolled_back(self, ev: Event, filed: Event | None) -> None:
+        self.in_process.on_done(ev)
+
+    def on_rollback_failed(self, ev: Event, filed: Event | None) -> None:
+        self.in_process.on_failed(ev)
     on_worker_group_started, on_worker_group_failed = on_worker_group_started, on_worker_group_failed  # Ray's
 
     # -- detection and actions -------------------------------------------------
@@ -574,6 +589,8 @@ class Supervisor:
             send_control(self.run, "stop", issuer=f"policy:{action.name}", attempt=self.attempt, log=self.events)
             self._stop_sent_at = self.clock()
         elif action.name in {"rollback", "restart"} and self.worker is not None and self.pending is None:
+            if action.name == "rollback" and self.in_process.start(action):
+                return  # the worker reloads the checkpoint itself: no new process
             self.pending = action
             if action.name == "restart":
                 self.dump_stacks()
@@ -939,7 +956,8 @@ class Supervisor:
         """The restart plan for a worker the supervisor stopped on purpose."""
         if action.name in SCALE_ACTIONS and self.scaling is not None:
             return self.scaling.plan_after_resize()
-        return self.resumes.plan_after_action(action)
+        planned = self.in_process.take_fallback()  # a rollback planned for in process, done by a restart
+        return planned if planned is not None else self.resumes.plan_after_action(action)
 
     def finish(self, decision: Decision, info: ExitInfo, t0: float) -> RunResult:
         state = {
