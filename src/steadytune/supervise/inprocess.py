@@ -57,6 +57,7 @@ class InProcessRollbacks:
         self.sup = sup
         self.awaited: Awaited | None = None
         self._fallback: Plan | None = None  # the plan a restart carries out instead
+        self._queued: Action | None = None  # taken by want(), started by the next tick()
 
     def refusal(self, action: Action) -> str | None:
         """Why ``action`` must restart the worker's process (None: it may roll back inside it)."""
@@ -75,19 +76,32 @@ class InProcessRollbacks:
             return "an in-process rollback is already under way"
         return None
 
-    def start(self, action: Action) -> bool:
-        """Roll back inside the running worker; False where the caller restarts the process instead."""
+    def want(self, action: Action) -> bool:
+        """Whether ``action`` rolls back inside the worker (False: the caller restarts the process).
+
+        It is held as the supervisor's pending action until the records read with the one that
+        raised it are handled, exactly as a restart's is, so the rest of the incident (a gradient
+        explosion beside the spike) is filed and not acted on again; :meth:`tick` then starts it.
+        """
         if self.refusal(action) is not None:
             return False
+        self.sup.pending = self._queued = action
+        return True
+
+    def _start(self, action: Action) -> None:
         sup = self.sup
         changes, reason, why = planned = sup.resumes.plan_after_action(action)
         resume = changes.get("resume_checkpoint") if changes else None
-        if not resume:
-            # Nothing to reload (the run ends, or starts over with fresh weights): the restart path does
-            # that, with this very plan (computing it again would choose an older checkpoint).
+        if not resume or sup.worker is None or sup.worker.poll() is not None:
+            # Nothing to reload (the run ends, or starts over with fresh weights), or no worker left to
+            # reload it: the restart path does it, with this very plan (computing it again would choose
+            # an older checkpoint).
             self._fallback = planned
-            return False
-        assert changes is not None and sup.worker is not None
+            sup.pending = action
+            if sup.worker is not None:
+                sup.worker.signal_tree(signal.SIGKILL)
+            return
+        assert changes is not None
         now = sup.clock()
         event = sup.emit(
             "action",
@@ -114,7 +128,6 @@ class InProcessRollbacks:
         send_control(sup.run, "rollback", issuer=issuer, attempt=previous, log=sup.events)
         target = checkpoint_step(Path(resume)) or 0
         self.awaited = Awaited(action, sup.worker, now, planned, target)
-        return True
 
     def stale(self, rec: StepRecord) -> bool:
         """A step of the timeline being left, read after the rollback was decided: not for detection."""
@@ -126,7 +139,12 @@ class InProcessRollbacks:
         return planned
 
     def tick(self) -> None:
-        """A worker that has not taken the request in time is restarted instead."""
+        """Start a rollback :meth:`want` took; restart a worker that has not taken its request in time."""
+        queued, self._queued = self._queued, None
+        if queued is not None and self.sup.pending is queued:
+            self.sup.pending = None
+            self._start(queued)
+            return
         awaited = self.awaited
         if awaited is None:
             return

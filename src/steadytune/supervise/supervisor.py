@@ -589,8 +589,8 @@ class Supervisor:
             send_control(self.run, "stop", issuer=f"policy:{action.name}", attempt=self.attempt, log=self.events)
             self._stop_sent_at = self.clock()
         elif action.name in {"rollback", "restart"} and self.worker is not None and self.pending is None:
-            if action.name == "rollback" and self.in_process.start(action):
-                return  # the worker reloads the checkpoint itself: no new process
+            if action.name == "rollback" and self.in_process.want(action):
+                return  # the worker reloads the checkpoint itself, once these records are read: no new process
             self.pending = action
             if action.name == "restart":
                 self.dump_stacks()

@@ -61,11 +61,11 @@ def nonfinite_state(model: Any, optimizer: Any) -> str | None:
     """
     for name, p in model.named_parameters():
         if p.requires_grad and p.is_floating_point() and not bool(torch.isfinite(p).all()):
-            return f"weight {name}"
+            return f"the weight {name!r}"
     for state in getattr(optimizer, "state", {}).values():
         for key, value in state.items():
             if torch.is_tensor(value) and value.is_floating_point() and not bool(torch.isfinite(value).all()):
-                return f"optimizer state {key!r}"
+                return f"the optimizer state {key!r}"
     return None
 
 
