@@ -22,8 +22,10 @@ Figures, each as median [min–max] over the rounds and the ratio of medians to 
 Then the guard's own in-loop time per step (its four loop hooks, timed inside the
 ``+guard`` runs), a micro-benchmark of its parts in µs, and the save figure again on a
 wider model whose checkpoint is about ``--save-mb`` MB (built from a config, offline;
-0 skips it). Targets (the design's): guard ≤ 80 µs per step, first step ≤ bare
-+ 1 s, save ≤ bare + 10%.
+0 skips it). Last, recovery times (benchmarks/recovery_time.py): a rollback inside the
+running worker beside the same rollback by a restart, and a kill. Targets (the design's):
+guard ≤ 80 µs per step, first step ≤ bare + 1 s, save ≤ bare + 10%, a rollback ≤ 1 s plus
+the checkpoint load, a kill ≤ 5 s to the first new step.
 
 Run it on a quiet machine: the figures are timings, so other load moves them.
 """
@@ -247,6 +249,8 @@ def main() -> int:
     ap.add_argument("--save-rounds", type=int, default=2)
     ap.add_argument("--only", default=",".join(VARIANTS), help="variants to run, e.g. bare,run")
     ap.add_argument("--work", type=Path, default=None, help="keep the runs here (default: a temp folder)")
+    ap.add_argument("--recovery-rounds", type=int, default=2,
+                    help="rounds of benchmarks/recovery_time.py (rollback in process, by restart, kill); 0 skips")  # fmt: skip
     args = ap.parse_args()
     only = [v for v in VARIANTS if v in args.only.split(",")]
     # One intra-op thread in every variant: on a small shared machine, torch's spinning
@@ -302,6 +306,12 @@ def main() -> int:
     if args.save_mb:
         print()
         save_rounds(work, args.save_mb, args.save_rounds)
+    if args.recovery_rounds:
+        print()
+        sys.path.insert(0, str(HERE))
+        from recovery_time import measure
+
+        measure(args.recovery_rounds, args.steps, work / "recovery")
     if work_tmp is not None:
         work_tmp.cleanup()
     return 0
