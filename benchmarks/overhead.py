@@ -109,11 +109,19 @@ def run_cli(config: Path, run_id: str) -> dict[str, Any]:
     proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, check=False)
     wall = time.time() - launched
     if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+        raise SystemExit(
+            f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
+        )
     runs = Path(load_config(config, check_paths=False).run.runs_dir)
-    steps = [r for r in iter_records(runs / run_id / "telemetry" / "rank-0.jsonl") if isinstance(r, StepRecord)]
+    steps = [
+        r for r in iter_records(runs / run_id / "telemetry" / "rank-0.jsonl") if isinstance(r, StepRecord)
+    ]
     ts = [r.ts for r in steps if not r.extra.get("eval")]
-    return {"step_ms": 1e3 * statistics.median(_intervals(ts)), "first_step_s": ts[0] - launched, "wall_s": wall}
+    return {
+        "step_ms": 1e3 * statistics.median(_intervals(ts)),
+        "first_step_s": ts[0] - launched,
+        "wall_s": wall,
+    }
 
 
 def wide_model(work: Path, mb: int) -> Path:
@@ -147,7 +155,7 @@ def save_rounds(work: Path, mb: int, rounds: int) -> None:
     sealing: list[float] = []
     size = 0
     for r in range(rounds):
-        for v in (("bare", "+guard") if r % 2 == 0 else ("+guard", "bare")):
+        for v in ("bare", "+guard") if r % 2 == 0 else ("+guard", "bare"):
             out = work / f"save-{v.strip('+')}-{r}.json"
             run_bare(config, out, guard=v == "+guard")
             data = json.loads(out.read_text(encoding="utf-8"))
@@ -291,8 +299,10 @@ def main() -> int:
               f"included), target ≤ 80")  # fmt: skip
         hf = [r["hf_save_ms"] for r in results["+guard"]]
         ours = [r["save_ms"] - r["hf_save_ms"] for r in results["+guard"]]
-        print(f"save per checkpoint in +guard: HF's own {statistics.median(hf):.1f} ms + publish "
-              f"{statistics.median(ours):.1f} ms (+{statistics.median(ours) / statistics.median(hf):.0%})")
+        print(
+            f"save per checkpoint in +guard: HF's own {statistics.median(hf):.1f} ms + publish "
+            f"{statistics.median(ours):.1f} ms (+{statistics.median(ours) / statistics.median(hf):.0%})"
+        )
     if results["bare"] and results["run"]:
         gap = statistics.median([r["first_step_s"] for r in results["run"]]) - statistics.median(
             [r["first_step_s"] for r in results["bare"]]

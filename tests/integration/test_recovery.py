@@ -41,7 +41,9 @@ def check_detection_then_action(kind: str, spec, events: list) -> None:
     acts = [e for e in events if e.kind == "action"]
     decided = [e for e in acts if e.name in spec.act and e.data.get("anomaly")]  # the policy acting on one
     # A worker restarted: a new process, or (a rollback of a healthy worker) inside the running one.
-    restarts = [e for e in acts if e.name in {"restart", "rollback_in_process"} and "classification" in e.data]
+    restarts = [
+        e for e in acts if e.name in {"restart", "rollback_in_process"} and "classification" in e.data
+    ]
     if kind == "nan":
         # The guard skips the update in the worker as the step happens; the supervisor's detector then
         # raises on that step's record. Both name the poisoned step; nothing is restarted.

@@ -285,7 +285,10 @@ class RayConfig(Section):
         description="Ray resources per worker, e.g. {CPU: 4, GPU: 1}; empty: Ray's default (1 CPU, 1 GPU with use_gpu)",
     )
     max_failures: int = Field(
-        3, ge=-1, le=1000, description="an integer >= -1: the worker-group restarts Ray makes on its own in one attempt (-1: no limit)"
+        3,
+        ge=-1,
+        le=1000,
+        description="an integer >= -1: the worker-group restarts Ray makes on its own in one attempt (-1: no limit)",
     )
     storage_path: str | None = Field(
         None,
@@ -332,7 +335,8 @@ class SteadytuneConfig(Section):
         default_factory=RecoverConfig, description="how rollbacks are carried out (docs/recovery.md)"
     )
     ray: RayConfig = Field(
-        default_factory=RayConfig, description="the Ray cluster and worker group of run.engine: ray (docs/ray.md)"
+        default_factory=RayConfig,
+        description="the Ray cluster and worker group of run.engine: ray (docs/ray.md)",
     )
     detect: DetectConfig = Field(
         default_factory=DetectConfig, description="detector thresholds (docs/detectors.md)"

@@ -99,7 +99,9 @@ class Resumes:
         if grad is not None and not math.isfinite(grad):
             # A tool that filters NaN losses from its logs (HF's logging_nan_inf_filter) still shows the
             # gradients: a run whose last update was non-finite left non-finite weights.
-            return Anomaly("nonfinite_grad", "critical", self.sup.progress.step, self.sup.progress.step, "grad_norm")
+            return Anomaly(
+                "nonfinite_grad", "critical", self.sup.progress.step, self.sup.progress.step, "grad_norm"
+            )
         return None
 
     def failed_resume(self, info: ExitInfo, decision: Decision) -> Decision | None:

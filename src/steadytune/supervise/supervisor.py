@@ -71,7 +71,6 @@ class Observer(Protocol):
     def close(self) -> None: ...
 
 
-
 # After these, the supervisor looks at the offending batch by itself (inspect-batch).
 INSPECT_KINDS = frozenset({"nan_loss", "loss_spike", "loss_collapse", "divergence", "grad_explosion"})
 
@@ -445,7 +444,9 @@ class Supervisor:
         """Filing it is all: an acknowledgement, or a warning the policy does not act on."""
 
     # disk_low is an anomaly: the policy meets it in on_worker_event, as any anomaly a worker reports.
-    on_disk_low = on_grad_norm_after_clipping = on_inject_failed = on_guard_injected = on_guard_off = _filed_only
+    on_disk_low = on_grad_norm_after_clipping = on_inject_failed = on_guard_injected = on_guard_off = (
+        _filed_only
+    )
     on_ack_pause = on_ack_resume = on_ack_stop = on_ack_memory_snapshot = on_optimizer_groups = _filed_only
     on_lr_from_command = _filed_only
 
@@ -458,6 +459,7 @@ class Supervisor:
 
     def on_rollback_failed(self, ev: Event, filed: Event | None) -> None:
         self.in_process.on_failed(ev)
+
     on_worker_group_started, on_worker_group_failed = on_worker_group_started, on_worker_group_failed  # Ray's
 
     # -- detection and actions -------------------------------------------------
@@ -533,7 +535,9 @@ class Supervisor:
         step = action.step
         unable = self.unable(action.name)
         if action.name == "alert" or unable:
-            why = action.reason if not unable else f"{action.name} is not available: {unable} ({action.reason})"
+            why = (
+                action.reason if not unable else f"{action.name} is not available: {unable} ({action.reason})"
+            )
             self.emit("action", "alert_only", why, severity="warning", step=step, data=action.params)
             return
         if action.name in {"pause", "stop"} and CONTROL not in self.source.abilities:
@@ -586,7 +590,9 @@ class Supervisor:
             # Like a stop: the worker checkpoints at the next step boundary and exits; the run then
             # relaunches in the new shape from that checkpoint (plan_after_action).
             self.pending = action
-            send_control(self.run, "stop", issuer=f"policy:{action.name}", attempt=self.attempt, log=self.events)
+            send_control(
+                self.run, "stop", issuer=f"policy:{action.name}", attempt=self.attempt, log=self.events
+            )
             self._stop_sent_at = self.clock()
         elif action.name in {"rollback", "restart"} and self.worker is not None and self.pending is None:
             if action.name == "rollback" and self.in_process.want(action):
@@ -745,7 +751,9 @@ class Supervisor:
             step=self.progress.step,
             data={"issuer": issuer, "grace_s": self.stop_grace_s},
         )
-        if self.worker is not None and (PLAN in self.source.abilities or CONTROL not in self.source.abilities):
+        if self.worker is not None and (
+            PLAN in self.source.abilities or CONTROL not in self.source.abilities
+        ):
             # steadytune's worker takes SIGTERM as "stop"; a job without the guard gets its own chance
             # to save. An injected trainer would die of it, so it gets the request alone.
             self.worker.signal_tree(signal.SIGTERM)
@@ -792,7 +800,9 @@ class Supervisor:
         elif last is None and rc == 0 and PLAN not in self.source.abilities:
             # A job's own exit status is all it says; asked to stop, a clean exit is a stop.
             status = "stopped" if self._stop_sent_at is not None else "completed"
-        stopping = self._stop_sent_at is not None or (self.pending is not None and self.pending.name == "stop")
+        stopping = self._stop_sent_at is not None or (
+            self.pending is not None and self.pending.name == "stop"
+        )
         return ExitInfo(
             returncode=rc,
             status=status,
@@ -848,7 +858,9 @@ class Supervisor:
             if self.pending is not None and not self._interrupts:
                 action, self.pending = self.pending, None
                 if action.name in {"stop", "pause"}:  # a job stopped from outside, on the policy's word
-                    return self.finish(Decision("done", "stopped", f"{action.name}: {action.reason}"), info, t0)
+                    return self.finish(
+                        Decision("done", "stopped", f"{action.name}: {action.reason}"), info, t0
+                    )
                 changes, reason, why = self.plan_after_action(action, info)
                 if changes is None:
                     return self.finish(Decision("stop", action.name, why), info, t0)
