@@ -127,7 +127,9 @@ def test_a_spike_confirmed_on_the_record_that_stopped_the_worker_is_not_a_second
 ) -> None:
     """A gradient explosion and a persisting loss spike on one record: one rollback, one budget spent,
     whether the worker is killed for it or rolls back in its own process."""
-    sup = supervisor(tmp_path, policy={"spike_confirm_points": 2}, recover={"in_process_rollback": in_process})
+    sup = supervisor(
+        tmp_path, policy={"spike_confirm_points": 2}, recover={"in_process_rollback": in_process}
+    )
     sup.worker = FakeWorker()
     spike = Anomaly("loss_spike", "warning", 62, 62, "loss")
     explosion = Anomaly("grad_explosion", "critical", 63, 63, "grad_norm")
