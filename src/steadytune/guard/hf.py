@@ -360,9 +360,8 @@ class GuardCallback(TrainerCallback):
             staged = (self.staging or Path(args.output_dir)) / f"checkpoint-{state.global_step}"
             if staged.is_dir():
                 if self.keeper is None:
-                    self._report_saved(
-                        staged.resolve(), state.global_step
-                    )  # the supervisor may run elsewhere
+                    # Reported where the trainer wrote it: the supervisor may run elsewhere.
+                    self._report_saved(staged.resolve(), state.global_step)
                 else:
                     # HF has written every file; making them durable and hashing them (most of a
                     # save's cost beyond HF's own) overlaps the next steps. One save at a time, in order.
