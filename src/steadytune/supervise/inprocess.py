@@ -119,15 +119,17 @@ class InProcessRollbacks:
         previous = sup.attempt
         sup.attempt += 1
         sup.revise(reason=reason, cause=event, attempt=sup.attempt, notes=f"{why}; in process", **changes)
-        sup.rewind_detection(resume)
-        sup.resumes.expect(Path(resume))
-        sup.worker_phase, sup.phase_since, sup.attempt_stepped = "setup", now, False
         from steadytune.supervise.control import send_control
 
+        # The request goes out as soon as the plan it carries out is written; rewinding detection (a
+        # replay of the run's records) happens while the worker reaches its step boundary.
         issuer = f"policy:{action.anomaly.kind if action.anomaly else 'rollback'}"
         send_control(sup.run, "rollback", issuer=issuer, attempt=previous, log=sup.events)
         target = checkpoint_step(Path(resume)) or 0
         self.awaited = Awaited(action, sup.worker, now, planned, target)
+        sup.rewind_detection(resume)
+        sup.resumes.expect(Path(resume))
+        sup.worker_phase, sup.phase_since, sup.attempt_stepped = "setup", now, False
 
     def stale(self, rec: StepRecord) -> bool:
         """A step of the timeline being left, read after the rollback was decided: not for detection."""
