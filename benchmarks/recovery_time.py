@@ -45,16 +45,21 @@ def demo_base(work: Path, steps: int) -> dict[str, Any]:
 def one(base: dict[str, Any], work: Path, variant: str, run_id: str) -> dict[str, float | None]:
     from steadytune.drill.faults import catalogue
     from steadytune.drill.runner import deep_merge, report, run_one
+    from steadytune.records import Event
     from steadytune.telemetry.events import read_events
+    from steadytune.telemetry.stream import iter_records
 
     spec = catalogue(base["train"]["save_steps"])["kill" if variant == "kill" else "spike"]
     cfg = deep_merge(base, {"recover": {"in_process_rollback": variant != "spike, restart"}})
     result, external = run_one(cfg, work / "runs", run_id, spec)
     rep = report(spec, result, external)
     events = read_events(result.run.events)
-    done = next((e for e in events if e.name == "rolled_back"), None)
     asked = next((e for e in events if e.name == "rollback_in_process"), None)
-    taken = next((e for e in events if e.name == "ack_rollback"), None)
+    # The worker's own events, stamped by its clock when they happened (events.jsonl stamps them when
+    # the supervisor reads them, up to a poll later).
+    streamed = [r for r in iter_records(result.run.telemetry(0)) if isinstance(r, Event)]
+    done = next((e for e in streamed if e.name == "rolled_back"), None)
+    taken = next((e for e in streamed if e.name == "ack_rollback"), None)
     return {
         "recover_s": rep.recovery_seconds,
         "reload_s": done.data.get("reload_s") if done else None,
