@@ -22,8 +22,10 @@ Figures, each as median [min–max] over the rounds and the ratio of medians to 
 Then the guard's own in-loop time per step (its four loop hooks, timed inside the
 ``+guard`` runs), a micro-benchmark of its parts in µs, and the save figure again on a
 wider model whose checkpoint is about ``--save-mb`` MB (built from a config, offline;
-0 skips it). Targets (the design's): guard ≤ 80 µs per step, first step ≤ bare
-+ 1 s, save ≤ bare + 10%.
+0 skips it). Last, recovery times (benchmarks/recovery_time.py): a rollback inside the
+running worker beside the same rollback by a restart, and a kill. Targets (the design's):
+guard ≤ 80 µs per step, first step ≤ bare + 1 s, save ≤ bare + 10%, a rollback ≤ 1 s plus
+the checkpoint load, a kill ≤ 5 s to the first new step.
 
 Run it on a quiet machine: the figures are timings, so other load moves them.
 """
@@ -107,11 +109,19 @@ def run_cli(config: Path, run_id: str) -> dict[str, Any]:
     proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, check=False)
     wall = time.time() - launched
     if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+        raise SystemExit(
+            f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
+        )
     runs = Path(load_config(config, check_paths=False).run.runs_dir)
-    steps = [r for r in iter_records(runs / run_id / "telemetry" / "rank-0.jsonl") if isinstance(r, StepRecord)]
+    steps = [
+        r for r in iter_records(runs / run_id / "telemetry" / "rank-0.jsonl") if isinstance(r, StepRecord)
+    ]
     ts = [r.ts for r in steps if not r.extra.get("eval")]
-    return {"step_ms": 1e3 * statistics.median(_intervals(ts)), "first_step_s": ts[0] - launched, "wall_s": wall}
+    return {
+        "step_ms": 1e3 * statistics.median(_intervals(ts)),
+        "first_step_s": ts[0] - launched,
+        "wall_s": wall,
+    }
 
 
 def wide_model(work: Path, mb: int) -> Path:
@@ -145,7 +155,7 @@ def save_rounds(work: Path, mb: int, rounds: int) -> None:
     sealing: list[float] = []
     size = 0
     for r in range(rounds):
-        for v in (("bare", "+guard") if r % 2 == 0 else ("+guard", "bare")):
+        for v in ("bare", "+guard") if r % 2 == 0 else ("+guard", "bare"):
             out = work / f"save-{v.strip('+')}-{r}.json"
             run_bare(config, out, guard=v == "+guard")
             data = json.loads(out.read_text(encoding="utf-8"))
@@ -247,6 +257,8 @@ def main() -> int:
     ap.add_argument("--save-rounds", type=int, default=2)
     ap.add_argument("--only", default=",".join(VARIANTS), help="variants to run, e.g. bare,run")
     ap.add_argument("--work", type=Path, default=None, help="keep the runs here (default: a temp folder)")
+    ap.add_argument("--recovery-rounds", type=int, default=2,
+                    help="rounds of benchmarks/recovery_time.py (rollback in process, by restart, kill); 0 skips")  # fmt: skip
     args = ap.parse_args()
     only = [v for v in VARIANTS if v in args.only.split(",")]
     # One intra-op thread in every variant: on a small shared machine, torch's spinning
@@ -287,8 +299,10 @@ def main() -> int:
               f"included), target ≤ 80")  # fmt: skip
         hf = [r["hf_save_ms"] for r in results["+guard"]]
         ours = [r["save_ms"] - r["hf_save_ms"] for r in results["+guard"]]
-        print(f"save per checkpoint in +guard: HF's own {statistics.median(hf):.1f} ms + publish "
-              f"{statistics.median(ours):.1f} ms (+{statistics.median(ours) / statistics.median(hf):.0%})")
+        print(
+            f"save per checkpoint in +guard: HF's own {statistics.median(hf):.1f} ms + publish "
+            f"{statistics.median(ours):.1f} ms (+{statistics.median(ours) / statistics.median(hf):.0%})"
+        )
     if results["bare"] and results["run"]:
         gap = statistics.median([r["first_step_s"] for r in results["run"]]) - statistics.median(
             [r["first_step_s"] for r in results["bare"]]
@@ -302,6 +316,12 @@ def main() -> int:
     if args.save_mb:
         print()
         save_rounds(work, args.save_mb, args.save_rounds)
+    if args.recovery_rounds:
+        print()
+        sys.path.insert(0, str(HERE))
+        from recovery_time import measure
+
+        measure(args.recovery_rounds, args.steps, work / "recovery")
     if work_tmp is not None:
         work_tmp.cleanup()
     return 0

@@ -27,7 +27,10 @@ from typing import Any
 
 from steadytune.rundir import atomic_write_text
 
-COMMANDS = ("pause", "resume", "checkpoint", "stop", "memory_snapshot")
+COMMANDS = ("pause", "resume", "checkpoint", "stop", "memory_snapshot", "rollback")
+# Commands only the supervisor sends: a rollback carries out a plan revision it has just written,
+# so one from anyone else would reload a checkpoint no plan asked for.
+SUPERVISOR_COMMANDS = ("rollback",)
 
 # The arguments each command takes, with the values each may have.
 ARGS: dict[str, dict[str, tuple[str, ...]]] = {
@@ -36,6 +39,7 @@ ARGS: dict[str, dict[str, tuple[str, ...]]] = {
     "checkpoint": {},
     "stop": {},
     "memory_snapshot": {},
+    "rollback": {},
 }
 
 # Issuers the supervisor alone may use: its policy's actions and the signals it received. An operator
@@ -72,6 +76,9 @@ class WorkerEvent(str, Enum):
     ACK_CHECKPOINT = "ack_checkpoint"
     ACK_STOP = "ack_stop"
     ACK_MEMORY_SNAPSHOT = "ack_memory_snapshot"
+    ACK_ROLLBACK = "ack_rollback"
+    ROLLED_BACK = "rolled_back"  # an in-process rollback reloaded its checkpoint; training goes on
+    ROLLBACK_FAILED = "rollback_failed"  # it could not: the supervisor restarts the worker instead
 
     # A member written into a record or a message reads as its name in the stream, on every Python.
     __str__ = str.__str__
@@ -100,10 +107,20 @@ class ControlError(ValueError):
     """A control request that cannot be sent; the message names the value and the fix."""
 
 
-def check_request(command: str, args: dict[str, Any] | None) -> dict[str, Any]:
-    """The request's arguments, validated for ``command``; every problem is named at once."""
+def check_request(command: str, args: dict[str, Any] | None, issuer: str | None = None) -> dict[str, Any]:
+    """The request's arguments, validated for ``command``; every problem is named at once.
+
+    ``issuer`` is who sends it: a command of :data:`SUPERVISOR_COMMANDS` from anyone but the
+    supervisor (a reserved issuer) is refused.
+    """
     if command not in COMMANDS:
-        raise ControlError(f"unknown control command {command!r}; expected one of {', '.join(COMMANDS)}")
+        operator = [c for c in COMMANDS if c not in SUPERVISOR_COMMANDS]
+        raise ControlError(f"unknown control command {command!r}; expected one of {', '.join(operator)}")
+    if command in SUPERVISOR_COMMANDS and not (issuer or "").startswith(RESERVED_ISSUERS):
+        raise ControlError(
+            f"command {command!r} (issuer {issuer!r}) is the supervisor's own: it carries out a plan revision "
+            "the policy wrote; send stop, pause or checkpoint instead"
+        )
     args = dict(args or {})
     allowed = ARGS[command]
     problems = []

@@ -40,7 +40,10 @@ def check_detection_then_action(kind: str, spec, events: list) -> None:
     anomalies = [e for e in events if e.kind == "anomaly" and e.severity in {"warning", "critical"}]
     acts = [e for e in events if e.kind == "action"]
     decided = [e for e in acts if e.name in spec.act and e.data.get("anomaly")]  # the policy acting on one
-    restarts = [e for e in acts if e.name == "restart" and "classification" in e.data]  # a worker restarted
+    # A worker restarted: a new process, or (a rollback of a healthy worker) inside the running one.
+    restarts = [
+        e for e in acts if e.name in {"restart", "rollback_in_process"} and "classification" in e.data
+    ]
     if kind == "nan":
         # The guard skips the update in the worker as the step happens; the supervisor's detector then
         # raises on that step's record. Both name the poisoned step; nothing is restarted.

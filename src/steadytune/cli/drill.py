@@ -125,9 +125,12 @@ def render(report: dict[str, Any]) -> str:
     head = f"{'fault':<19}{'at':>5}{'detected':>10}{'step':>6}  {'action':<18}{'recovered':>10}{'redone':>8}{'recover s':>11}"
     lines = [head, "-" * len(head)]
     for f in report["faults"]:
+        action = f["action"] or "-"
+        if f.get("rolled_back_in_process"):
+            action += ", in-proc"  # no new process: its "recover s" is the reload inside the worker
         lines.append(
             f"{f['kind']:<19}{f['at_step']:>5}{'yes' if f['detected'] else 'NO':>10}"
-            f"{f['detected_at_step'] if f['detected_at_step'] is not None else '-':>6}  {f['action'] or '-':<18}"
+            f"{f['detected_at_step'] if f['detected_at_step'] is not None else '-':>6}  {action:<18}"
             f"{'yes' if f['recovered'] else 'NO':>10}{f['steps_redone']:>8}"
             f"{f['recovery_seconds'] if f['recovery_seconds'] is not None else '-':>11}"
         )

@@ -304,6 +304,21 @@ class RunConfig(Section):
     record_text_hashes: bool = Field(True, description="record content hashes of each batch's samples")
 
 
+class RecoverConfig(Section):
+    """How a rollback is carried out (docs/recovery.md)."""
+
+    in_process_rollback: bool = Field(
+        True,
+        description="true: a rollback of a healthy single-process worker reloads the checkpoint inside it; "
+        "false: every rollback restarts the worker process",
+    )
+    in_process_ack_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="seconds the worker has to take an in-process rollback before it is restarted instead",
+    )
+
+
 class RayConfig(Section):
     """Where and how a ``run.engine: ray`` job runs (docs/ray.md)."""
 
@@ -370,6 +385,9 @@ class SteadytuneConfig(Section):
     )
     train: TrainConfig = Field(default_factory=TrainConfig)
     run: RunConfig = Field(default_factory=RunConfig)
+    recover: RecoverConfig = Field(
+        default_factory=RecoverConfig, description="how rollbacks are carried out (docs/recovery.md)"
+    )
     ray: RayConfig = Field(
         default_factory=RayConfig,
         description="the Ray cluster and worker group of run.engine: ray (docs/ray.md)",

@@ -40,6 +40,7 @@ class FaultReport:
     restarts: int
     final_loss: float | None
     run_dir: str
+    rolled_back_in_process: bool = False  # the rollback reloaded its checkpoint inside the running worker
 
 
 def deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
@@ -233,6 +234,7 @@ def report_run(
         # A stopped run's loss is where it stopped, not an end to set against the clean run's.
         final_loss=final_loss(run) if spec.expect_state == "completed" else None,
         run_dir=str(run.root),
+        rolled_back_in_process=any(e.name == "rolled_back" for e in events),
     )
 
 

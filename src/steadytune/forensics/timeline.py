@@ -160,13 +160,17 @@ class Replayer:
                 for t in self.detector.observe_time(ts, self.last_beat, self.progress.step or None):
                     self._transition(t, ts)
             self.last_beat = ts
+        # A step of an older attempt after the plan of a newer one: the timeline an in-process rollback
+        # left, read after it was decided. The supervisor keeps it from detection too (supervise/inprocess.py).
+        left = isinstance(rec, StepRecord) and rec.attempt < self.attempt
         if isinstance(rec, StepRecord):
-            self.progress.add(rec)
+            if not left:
+                self.progress.add(rec)
             if not rec.extra.get("eval"):
                 self.history.append(rec)
                 if current:
                     self.phase = "train"
-            if self.pending is None:
+            if self.pending is None and not left:
                 for t in self.detector.observe_step(rec):
                     self._transition(t, ts)
                 if rec.rank == 0 and not rec.extra.get("eval"):
@@ -234,7 +238,9 @@ def recorded(run: RunDir) -> list[Entry]:
     out = []
     for e in read_events(run.events):
         kind = e.kind
-        if e.name == "restart" or (e.name == "worker_started" and int(e.data.get("attempt", 0)) > 0):
+        if e.name in {"restart", "rollback_in_process"} or (
+            e.name == "worker_started" and int(e.data.get("attempt", 0)) > 0
+        ):
             kind = "restart"
         elif kind not in {"anomaly", "resolved", "action", "alert"}:
             continue

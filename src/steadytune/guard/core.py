@@ -102,6 +102,15 @@ class Guard:
         self._tick = threading.Event()
         self._rss: int | None = None
 
+    def begin_attempt(self, attempt: int) -> None:
+        """Go on as ``attempt`` in this same process (an in-process rollback): every record from now
+        carries it, and the attempt's step count starts again."""
+        self.attempt = attempt
+        self.steps_this_attempt = 0
+        self.consecutive_skips = 0
+        self._reset_step()
+        self.set_phase("setup")
+
     # -- per optimizer step ------------------------------------------------
     def _reset_step(self) -> None:
         self._t0: float | None = None
@@ -230,7 +239,9 @@ class Guard:
             epoch=epoch,
             skipped=self._skipped,
             # Hashes without row ids: a trainer that is not ours tells what it trained on, not where from.
-            batch=BatchFingerprint(tuple(self._ids), tuple(self._hashes)) if self._ids or self._hashes else None,
+            batch=BatchFingerprint(tuple(self._ids), tuple(self._hashes))
+            if self._ids or self._hashes
+            else None,
             extra=extra or {},
             rss_bytes=self._rss if self._watching is not None else rss_bytes(),
             **device_memory_stats(),

@@ -91,6 +91,10 @@ class GuardCallback(TrainerCallback):
         self._publish_error: BaseException | None = None
         self._external_stop: str | None = None
         self._bound = False  # whether some trainer's clipping reports its norm to the guard
+        # In-process rollback (train/rollback.py): only a worker that can reload its trainer enables it.
+        self.reloads = False
+        self._rollback: dict[str, Any] | None = None  # the request taken, until the worker picks it up
+        self._reload: tuple[float, Any] | None = None  # (when it began, the plan) until training begins again
 
     def bind(self, trainer: Trainer) -> bool:
         """Let the guard see the gradient norm the trainer's clipping computes.
@@ -120,6 +124,46 @@ class GuardCallback(TrainerCallback):
         self._bound = True
         return True
 
+    def take_rollback(self) -> dict[str, Any] | None:
+        """The ``rollback`` request that ended the training loop, once; None when none did."""
+        request, self._rollback = self._rollback, None
+        return request
+
+    def expect_reload(self, plan: Any) -> None:
+        """The next ``train()`` reloads ``plan``'s checkpoint in process: its start is reported as such."""
+        self._reload = (self.guard.clock(), plan)
+
+    def _report_reload(self, state: Any) -> None:
+        began, plan = self._reload  # type: ignore[misc]
+        self._reload = None
+        seconds = self.guard.clock() - began
+        name = Path(plan.resume_checkpoint).name
+        self.guard.notify(
+            "lifecycle",
+            WorkerEvent.ROLLED_BACK,
+            f"rolled back in process to {name} in {seconds:.2f}s (weights, optimizer, scheduler; "
+            f"LR x{plan.lr_scale:g}, {sum(b - a + 1 for a, b in plan.skip_ranges)} samples skipped)",
+            step=state.global_step,
+            checkpoint=plan.resume_checkpoint,
+            reload_s=round(seconds, 4),
+            revision=plan.revision,
+            in_process=True,
+        )
+
+    def _take_rollback_request(self, request: dict[str, Any], control: Any) -> None:
+        if not self.reloads:
+            self.guard.notify(
+                "action",
+                WorkerEvent.ROLLBACK_FAILED,
+                "in-process rollback refused: this trainer cannot reload in process",
+                severity="warning",
+                reason="not supported by this trainer",
+            )
+            return
+        # The loop ends here, unsaved: a checkpoint of the timeline being abandoned must not be written.
+        self._rollback = request
+        control.should_training_stop = True
+
     def request_stop(self, why: str) -> None:
         """Called from a signal handler: act at the next step boundary, never mid-step."""
         self._external_stop = why
@@ -145,6 +189,8 @@ class GuardCallback(TrainerCallback):
             start_step=state.global_step,
         )
         self.guard.watch()  # RSS and the control queue, read off the step loop
+        if self._reload is not None:
+            self._report_reload(state)
         self.guard.set_phase("train")
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
@@ -232,10 +278,14 @@ class GuardCallback(TrainerCallback):
             if command in {"stop", "pause"}:
                 control.should_training_stop = True
                 self.stop_status = "paused" if command == "pause" else "stopped"
+            if command == "rollback":
+                self._take_rollback_request(request, control)
         if self.final_checkpoint and state.global_step >= state.max_steps > 0:
             control.should_save = True  # always end on a verified checkpoint
         if self.checkpoint_every_s and self.guard.clock() - self._last_save_ts >= self.checkpoint_every_s:
             control.should_save = True  # bound the work a crash can lose, in time, not only in steps
+        if self._rollback is not None:
+            control.should_save = control.should_evaluate = False
         if control.should_save:
             reason = self.keeper.check_disk() if self.keeper is not None else None
             if reason is not None:
@@ -310,7 +360,8 @@ class GuardCallback(TrainerCallback):
             staged = (self.staging or Path(args.output_dir)) / f"checkpoint-{state.global_step}"
             if staged.is_dir():
                 if self.keeper is None:
-                    self._report_saved(staged.resolve(), state.global_step)  # the supervisor may run elsewhere
+                    # Reported where the trainer wrote it: the supervisor may run elsewhere.
+                    self._report_saved(staged.resolve(), state.global_step)
                 else:
                     # HF has written every file; making them durable and hashing them (most of a
                     # save's cost beyond HF's own) overlaps the next steps. One save at a time, in order.
@@ -326,7 +377,9 @@ class GuardCallback(TrainerCallback):
     def _publish(self, staged: Path, step: int) -> None:
         try:
             assert self.keeper is not None
-            final = self.keeper.publish(staged, step, extra={"attempt": self.guard.attempt, "format": "hf-trainer"})
+            final = self.keeper.publish(
+                staged, step, extra={"attempt": self.guard.attempt, "format": "hf-trainer"}
+            )
             self._report_saved(final, step)
         except BaseException as exc:  # handed to the training thread: it fails there, at the next step
             self._publish_error = exc
@@ -334,7 +387,12 @@ class GuardCallback(TrainerCallback):
     def _report_saved(self, final: Path, step: int) -> None:
         size = sum(p.stat().st_size for p in final.rglob("*") if p.is_file())
         self.guard.notify(
-            "lifecycle", WorkerEvent.CHECKPOINT_SAVED, f"saved {final.name}", step=step, path=str(final), bytes=size
+            "lifecycle",
+            WorkerEvent.CHECKPOINT_SAVED,
+            f"saved {final.name}",
+            step=step,
+            path=str(final),
+            bytes=size,
         )
 
     def wait_for_saves(self) -> None:
@@ -361,7 +419,9 @@ class GuardCallback(TrainerCallback):
         self.guard.set_phase("train")
 
 
-def restore_base_lrs(optimizer: Any, scheduler: Any, fresh: list[float]) -> tuple[list[float], list[float]] | None:
+def restore_base_lrs(
+    optimizer: Any, scheduler: Any, fresh: list[float]
+) -> tuple[list[float], list[float]] | None:
     """Put back the per-group base LRs the trainer was built with, after a checkpoint's state replaced them.
 
     Each group keeps its place in the schedule; only its base changes. Returns the

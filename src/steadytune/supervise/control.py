@@ -53,7 +53,7 @@ def send_control(
         "command": command,
         "issuer": issuer,
         "ts": clock(),
-        "args": check_request(command, args),
+        "args": check_request(command, args, issuer),
     }
     if attempt is not None:
         request["attempt"] = attempt

@@ -99,7 +99,9 @@ class Resumes:
         if grad is not None and not math.isfinite(grad):
             # A tool that filters NaN losses from its logs (HF's logging_nan_inf_filter) still shows the
             # gradients: a run whose last update was non-finite left non-finite weights.
-            return Anomaly("nonfinite_grad", "critical", self.sup.progress.step, self.sup.progress.step, "grad_norm")
+            return Anomaly(
+                "nonfinite_grad", "critical", self.sup.progress.step, self.sup.progress.step, "grad_norm"
+            )
         return None
 
     def failed_resume(self, info: ExitInfo, decision: Decision) -> Decision | None:
@@ -157,10 +159,7 @@ class Resumes:
         )
         if target is not None:
             self.rollback_resumes.append(target)
-            self.sup.checkpoint_steps = [s for s in self.sup.checkpoint_steps if s <= target]
-            for path in self.sup.source.checkpoints():  # the timeline after the target is left behind
-                if (checkpoint_step(path) or 0) > target:
-                    self._abandoned[path] = _saved_at(path)
+            self.abandon_after(target)
             if target in verified and changes is not None:
                 resume = verified[target]
                 if changes.get("lr_scale") not in (None, self.sup.plan.lr_scale):
@@ -170,6 +169,12 @@ class Resumes:
                 why += "; the LR is unchanged (give --lr-arg and --base-lr, or --preset, to lower it)"
         return changes, kind, why
 
+    def abandon_after(self, target: int) -> None:
+        """The timeline after checkpoint ``target`` is left behind: its checkpoints are no resume point."""
+        self.sup.checkpoint_steps = [s for s in self.sup.checkpoint_steps if s <= target]
+        for path in self.sup.source.checkpoints():
+            if (checkpoint_step(path) or 0) > target:
+                self._abandoned[path] = _saved_at(path)
 
 
 def _saved_at(checkpoint: Path) -> int:

@@ -31,6 +31,7 @@ CONTROL = "control"  # it answers control requests (checkpoint now, pause, stop)
 SKIP_STEP = "skip_step"  # a non-finite update is skipped before it reaches the weights
 LR = "lr"  # a rollback's lower learning rate reaches the optimizer
 DATA = "data"  # the supervisor knows the data, so it can inspect a bad step's batch
+RELOAD = "reload"  # a rollback can reload the checkpoint inside the running worker (train/rollback.py)
 
 
 class WorkerSource(Protocol):
@@ -89,7 +90,7 @@ class NativeSource:
     """steadytune's own worker (``train/worker.py`` with the guard inside): every ability."""
 
     label = "worker"
-    abilities = frozenset({PLAN, CONTROL, SKIP_STEP, LR, DATA})
+    abilities = frozenset({PLAN, CONTROL, SKIP_STEP, LR, DATA, RELOAD})
 
     def __init__(self, run: RunDir, nproc_per_node: int = 1, env: dict[str, str] | None = None) -> None:
         self.run, self.nproc, self.env = run, nproc_per_node, dict(env or {})

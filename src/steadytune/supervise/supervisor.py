@@ -44,6 +44,7 @@ from steadytune.records import (
     to_json,
 )
 from steadytune.rundir import RunDir, atomic_write_text
+from steadytune.supervise.inprocess import InProcessRollbacks
 from steadytune.supervise.logparse import last_exception, last_lines
 from steadytune.supervise.process import ProcessTree, WorkerProcess
 from steadytune.supervise.progress import RunProgress, progress_line
@@ -68,7 +69,6 @@ class Observer(Protocol):
     def on_record(self, record: Record) -> None: ...
     def on_event(self, event: Event) -> None: ...
     def close(self) -> None: ...
-
 
 
 # After these, the supervisor looks at the offending batch by itself (inspect-batch).
@@ -155,6 +155,7 @@ class Supervisor:
         self.stop_signal: int | None = None
         self._stop_sent_at: float | None = None
         self.resumes = Resumes(self)
+        self.in_process = InProcessRollbacks(self)
         self._reaped: list[int] = []  # what the last attempt left behind, killed
         self._stop_killed = False
         self._pause_requested = False
@@ -301,6 +302,7 @@ class Supervisor:
             )
             self.handle(sample)
         self.poll_operator()
+        self.in_process.tick()
         # Loading (and resuming), saving and evaluating are judged by setup_timeout_s, not by step pace;
         # a paused worker is not judged at all.
         slow_phase = self.worker_phase == "paused" or (
@@ -321,7 +323,9 @@ class Supervisor:
 
     def handle(self, rec: Record) -> None:
         if isinstance(rec, StepRecord):
-            self.progress.add(rec)
+            stale = self.in_process.stale(rec)
+            if not stale:
+                self.progress.add(rec)
             self.last_heartbeat[rec.rank] = self.clock()
             if rec.rank == 0 and rec.attempt == self.attempt and not rec.extra.get("eval"):
                 self.worker_phase, self.attempt_stepped = "train", True
@@ -330,12 +334,12 @@ class Supervisor:
                     self.scaling.on_step(rec)
             if rec.batch is not None and rec.batch.indices:
                 self.samples_by_step.setdefault(rec.step, []).extend(rec.batch.indices)
-            if self.pending is None:
+            if self.pending is None and not stale:
                 for t in self.detector.observe_step(rec):
                     self.on_transition(t)
             # An anomaly of this very record may have stopped the worker (a gradient explosion beside a
             # spike that persisted): a spike confirmed now belongs to that incident, not to a second one.
-            if self.pending is None and rec.rank == 0 and not rec.extra.get("eval"):
+            if self.pending is None and not stale and rec.rank == 0 and not rec.extra.get("eval"):
                 for action in self.policy.on_step(rec.step):
                     self.execute(action)
         elif isinstance(rec, Heartbeat):
@@ -440,9 +444,22 @@ class Supervisor:
         """Filing it is all: an acknowledgement, or a warning the policy does not act on."""
 
     # disk_low is an anomaly: the policy meets it in on_worker_event, as any anomaly a worker reports.
-    on_disk_low = on_grad_norm_after_clipping = on_inject_failed = on_guard_injected = on_guard_off = _filed_only
+    on_disk_low = on_grad_norm_after_clipping = on_inject_failed = on_guard_injected = on_guard_off = (
+        _filed_only
+    )
     on_ack_pause = on_ack_resume = on_ack_stop = on_ack_memory_snapshot = on_optimizer_groups = _filed_only
     on_lr_from_command = _filed_only
+
+    # An in-process rollback (supervise/inprocess.py): taken, done, or refused (then a restart does it).
+    def on_ack_rollback(self, ev: Event, filed: Event | None) -> None:
+        self.in_process.on_ack(ev)
+
+    def on_rolled_back(self, ev: Event, filed: Event | None) -> None:
+        self.in_process.on_done(ev)
+
+    def on_rollback_failed(self, ev: Event, filed: Event | None) -> None:
+        self.in_process.on_failed(ev)
+
     on_worker_group_started, on_worker_group_failed = on_worker_group_started, on_worker_group_failed  # Ray's
 
     # -- detection and actions -------------------------------------------------
@@ -518,7 +535,9 @@ class Supervisor:
         step = action.step
         unable = self.unable(action.name)
         if action.name == "alert" or unable:
-            why = action.reason if not unable else f"{action.name} is not available: {unable} ({action.reason})"
+            why = (
+                action.reason if not unable else f"{action.name} is not available: {unable} ({action.reason})"
+            )
             self.emit("action", "alert_only", why, severity="warning", step=step, data=action.params)
             return
         if action.name in {"pause", "stop"} and CONTROL not in self.source.abilities:
@@ -571,9 +590,13 @@ class Supervisor:
             # Like a stop: the worker checkpoints at the next step boundary and exits; the run then
             # relaunches in the new shape from that checkpoint (plan_after_action).
             self.pending = action
-            send_control(self.run, "stop", issuer=f"policy:{action.name}", attempt=self.attempt, log=self.events)
+            send_control(
+                self.run, "stop", issuer=f"policy:{action.name}", attempt=self.attempt, log=self.events
+            )
             self._stop_sent_at = self.clock()
         elif action.name in {"rollback", "restart"} and self.worker is not None and self.pending is None:
+            if action.name == "rollback" and self.in_process.want(action):
+                return  # the worker reloads the checkpoint itself, once these records are read: no new process
             self.pending = action
             if action.name == "restart":
                 self.dump_stacks()
@@ -728,7 +751,9 @@ class Supervisor:
             step=self.progress.step,
             data={"issuer": issuer, "grace_s": self.stop_grace_s},
         )
-        if self.worker is not None and (PLAN in self.source.abilities or CONTROL not in self.source.abilities):
+        if self.worker is not None and (
+            PLAN in self.source.abilities or CONTROL not in self.source.abilities
+        ):
             # steadytune's worker takes SIGTERM as "stop"; a job without the guard gets its own chance
             # to save. An injected trainer would die of it, so it gets the request alone.
             self.worker.signal_tree(signal.SIGTERM)
@@ -775,7 +800,9 @@ class Supervisor:
         elif last is None and rc == 0 and PLAN not in self.source.abilities:
             # A job's own exit status is all it says; asked to stop, a clean exit is a stop.
             status = "stopped" if self._stop_sent_at is not None else "completed"
-        stopping = self._stop_sent_at is not None or (self.pending is not None and self.pending.name == "stop")
+        stopping = self._stop_sent_at is not None or (
+            self.pending is not None and self.pending.name == "stop"
+        )
         return ExitInfo(
             returncode=rc,
             status=status,
@@ -831,7 +858,9 @@ class Supervisor:
             if self.pending is not None and not self._interrupts:
                 action, self.pending = self.pending, None
                 if action.name in {"stop", "pause"}:  # a job stopped from outside, on the policy's word
-                    return self.finish(Decision("done", "stopped", f"{action.name}: {action.reason}"), info, t0)
+                    return self.finish(
+                        Decision("done", "stopped", f"{action.name}: {action.reason}"), info, t0
+                    )
                 changes, reason, why = self.plan_after_action(action, info)
                 if changes is None:
                     return self.finish(Decision("stop", action.name, why), info, t0)
@@ -939,7 +968,8 @@ class Supervisor:
         """The restart plan for a worker the supervisor stopped on purpose."""
         if action.name in SCALE_ACTIONS and self.scaling is not None:
             return self.scaling.plan_after_resize()
-        return self.resumes.plan_after_action(action)
+        planned = self.in_process.take_fallback()  # a rollback planned for in process, done by a restart
+        return planned if planned is not None else self.resumes.plan_after_action(action)
 
     def finish(self, decision: Decision, info: ExitInfo, t0: float) -> RunResult:
         state = {

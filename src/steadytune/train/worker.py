@@ -100,9 +100,10 @@ def train_attempt(
             run,
             keep_last=cfg.run.keep_last,
             min_free_bytes=cfg.run.min_free_disk_bytes,
-            save_delay=lambda step: faults.save_delay(step, plan.attempt),
+            save_delay=lambda step: faults.save_delay(step, guard.attempt),
         )
         callback = GuardCallback(guard, keeper, run.staging, faults, cfg.policy.checkpoint_every_s)
+        callback.reloads = True  # this worker rebuilds its own trainer: a rollback may happen in process
         if main_thread:
             signal.signal(signal.SIGTERM, lambda *_: callback.request_stop("SIGTERM"))
         trainer = build_trainer(
@@ -115,10 +116,10 @@ def train_attempt(
             max_split=cfg.policy.max_microbatch_split,
         )
         from steadytune.guard.memcap import apply_memory_cap
+        from steadytune.train.rollback import train_with_rollbacks
 
         apply_memory_cap()  # a server job's --memory-cap-gib, on the device the trainer has set
-        resume = plan.resume_checkpoint
-        trainer.train(resume_from_checkpoint=resume)
+        train_with_rollbacks(trainer, callback, guard, run, cfg, plan)
         status = callback.stop_status or "completed"
         if status == "completed" and trainer.is_world_process_zero():
             trainer.save_model(str(run.root / "final"))
@@ -136,7 +137,8 @@ def train_attempt(
         tb = "".join(traceback.format_exception(exc))[-4000:]
         # Failing before a single step of this attempt completed means the inputs are at
         # fault (bad path, bad data, bad config, broken code): a restart would fail the same way.
-        deterministic = guard.steps_this_attempt == 0
+        # A rollback that could not happen in process is for a new process to do: not the inputs' fault.
+        deterministic = guard.steps_this_attempt == 0 and not getattr(exc, "for_a_new_process", False)
         guard.close("error", exc, traceback_tail=tb, deterministic=deterministic)
         print(tb, file=sys.stderr)
         return 1

@@ -121,11 +121,15 @@ class FakeWorker:
         return []
 
 
+@pytest.mark.parametrize("in_process", [False, True])
 def test_a_spike_confirmed_on_the_record_that_stopped_the_worker_is_not_a_second_rollback(
-    tmp_path: Path,
+    tmp_path: Path, in_process: bool
 ) -> None:
-    """A gradient explosion and a persisting loss spike on one record: one rollback, one budget spent."""
-    sup = supervisor(tmp_path, policy={"spike_confirm_points": 2})
+    """A gradient explosion and a persisting loss spike on one record: one rollback, one budget spent,
+    whether the worker is killed for it or rolls back in its own process."""
+    sup = supervisor(
+        tmp_path, policy={"spike_confirm_points": 2}, recover={"in_process_rollback": in_process}
+    )
     sup.worker = FakeWorker()
     spike = Anomaly("loss_spike", "warning", 62, 62, "loss")
     explosion = Anomaly("grad_explosion", "critical", 63, 63, "grad_norm")
@@ -134,7 +138,8 @@ def test_a_spike_confirmed_on_the_record_that_stopped_the_worker_is_not_a_second
     step(sup, 63)
     rollbacks = [e for e in read_events(sup.run.events) if e.kind == "action" and e.name == "rollback"]
     assert [(e.step, e.data["anomaly"]) for e in rollbacks] == [(63, "grad_explosion")]
-    assert sup.worker.signals == [signal.SIGKILL] and sup.pending is not None
+    # In process, the rollback is held as the pending action until the records read with it are handled.
+    assert sup.worker.signals == ([] if in_process else [signal.SIGKILL]) and sup.pending is not None
     assert sup.policy.used["rollback"] == 1
 
 

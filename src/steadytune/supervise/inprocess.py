@@ -1,0 +1,190 @@
+"""A rollback carried out inside the running worker, where its process is healthy.
+
+A restart-based rollback kills the worker and starts a new one from the plan revision:
+imports, model load and checkpoint load, seconds on a model that loads in under one.
+Where the worker's process can be trusted (it runs, alone, and the trouble was a spike
+or a divergence, not a NaN/Inf that may have poisoned it), the supervisor writes the same
+plan revision (with a new attempt number), rewinds detection as for a restart, and sends
+the worker a ``rollback`` request; the worker reloads the checkpoint in place and goes on
+(``train/rollback.py``). Its records carry the new attempt from then, so everything that
+reads attempts (timelines, detection replays, the drill) sees the same run as after a
+restart.
+
+Where it cannot (``recover.in_process_rollback: false``, several processes, non-finite
+state, no checkpoint to reload, the worker refuses or fails the reload, or it does not take
+the request within ``recover.in_process_ack_timeout_s``), the rollback is the process
+restart it always was, from the plan already computed.
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from steadytune.checkpoint.manifest import checkpoint_step
+from steadytune.policy.engine import Action
+from steadytune.records import Event, StepRecord
+from steadytune.supervise.source import RELOAD
+
+if TYPE_CHECKING:
+    from steadytune.supervise.process import WorkerProcess
+    from steadytune.supervise.supervisor import Supervisor
+
+# After these the process itself may hold non-finite state: only a new one is trusted.
+NONFINITE_KINDS = frozenset({"nan_loss", "nonfinite_grad"})
+
+Plan = tuple[dict[str, Any] | None, str, str]  # (changes, reason, why), as plan_after_action gives them
+
+
+@dataclass
+class Awaited:
+    """An in-process rollback sent and not yet done."""
+
+    action: Action
+    worker: WorkerProcess
+    sent_ts: float
+    plan: Plan
+    target: int
+    acked: bool = False
+
+
+class InProcessRollbacks:
+    """The supervisor's side of in-process rollbacks: when, the request, and the fallback to a restart."""
+
+    def __init__(self, sup: Supervisor) -> None:
+        self.sup = sup
+        self.awaited: Awaited | None = None
+        self._fallback: Plan | None = None  # the plan a restart carries out instead
+        self._queued: Action | None = None  # taken by want(), started by the next tick()
+
+    def refusal(self, action: Action) -> str | None:
+        """Why ``action`` must restart the worker's process (None: it may roll back inside it)."""
+        sup = self.sup
+        if not sup.cfg.recover.in_process_rollback:
+            return "recover.in_process_rollback is off"
+        if RELOAD not in sup.source.abilities:
+            return f"the {sup.source.label} cannot reload a checkpoint in process"
+        if (sup.plan.nproc_per_node or sup.cfg.run.nproc_per_node) > 1:
+            return "the worker runs several processes"
+        if action.anomaly is not None and action.anomaly.kind in NONFINITE_KINDS:
+            return f"{action.anomaly.kind}: non-finite state may have poisoned the process"
+        if sup.worker is None or sup.worker.poll() is not None:
+            return f"no {sup.source.label} is running"
+        if self.awaited is not None:
+            return "an in-process rollback is already under way"
+        return None
+
+    def want(self, action: Action) -> bool:
+        """Whether ``action`` rolls back inside the worker (False: the caller restarts the process).
+
+        It is held as the supervisor's pending action until the records read with the one that
+        raised it are handled, exactly as a restart's is, so the rest of the incident (a gradient
+        explosion beside the spike) is filed and not acted on again; :meth:`tick` then starts it.
+        """
+        if self.refusal(action) is not None:
+            return False
+        self.sup.pending = self._queued = action
+        return True
+
+    def _start(self, action: Action) -> None:
+        sup = self.sup
+        changes, reason, why = planned = sup.resumes.plan_after_action(action)
+        resume = changes.get("resume_checkpoint") if changes else None
+        if not resume or sup.worker is None or sup.worker.poll() is not None:
+            # Nothing to reload (the run ends, or starts over with fresh weights), or no worker left to
+            # reload it: the restart path does it, with this very plan (computing it again would choose
+            # an older checkpoint).
+            self._fallback = planned
+            sup.pending = action
+            if sup.worker is not None:
+                sup.worker.signal_tree(signal.SIGKILL)
+            return
+        assert changes is not None
+        now = sup.clock()
+        event = sup.emit(
+            "action",
+            "rollback_in_process",
+            f"rolling back inside the running {sup.source.label} (pid {sup.worker.pid}): {why}",
+            severity="warning",
+            step=sup.progress.step,
+            data={
+                "classification": reason,
+                "in_process": True,
+                **{k: changes[k] for k in ("resume_checkpoint", "lr_scale") if changes.get(k) is not None},
+            },
+        )
+        sup.action_restarts += 1
+        previous = sup.attempt
+        sup.attempt += 1
+        sup.revise(reason=reason, cause=event, attempt=sup.attempt, notes=f"{why}; in process", **changes)
+        from steadytune.supervise.control import send_control
+
+        # The request goes out as soon as the plan it carries out is written; rewinding detection (a
+        # replay of the run's records) happens while the worker reaches its step boundary.
+        issuer = f"policy:{action.anomaly.kind if action.anomaly else 'rollback'}"
+        send_control(sup.run, "rollback", issuer=issuer, attempt=previous, log=sup.events)
+        target = checkpoint_step(Path(resume)) or 0
+        self.awaited = Awaited(action, sup.worker, now, planned, target)
+        sup.rewind_detection(resume)
+        sup.resumes.expect(Path(resume))
+        sup.worker_phase, sup.phase_since, sup.attempt_stepped = "setup", now, False
+
+    def stale(self, rec: StepRecord) -> bool:
+        """A step of the timeline being left, read after the rollback was decided: not for detection."""
+        return self.awaited is not None and rec.attempt < self.sup.attempt
+
+    def take_fallback(self) -> Plan | None:
+        """The plan a restart carries out in place of an in-process rollback (once); None if none."""
+        planned, self._fallback = self._fallback, None
+        return planned
+
+    def tick(self) -> None:
+        """Start a rollback :meth:`want` took; restart a worker that has not taken its request in time."""
+        queued, self._queued = self._queued, None
+        if queued is not None and self.sup.pending is queued:
+            self.sup.pending = None
+            self._start(queued)
+            return
+        awaited = self.awaited
+        if awaited is None:
+            return
+        if awaited.worker is not self.sup.worker:
+            self.awaited = None  # that worker is gone (it crashed and was restarted): nothing to wait for
+            return
+        if awaited.worker.poll() is not None:
+            # It ended first (its last step came before the request was seen, or it died reloading):
+            # the rollback still has to happen, so the restart path carries it out.
+            self.fall_back("did not happen: the worker exited first")
+            return
+        waited = self.sup.clock() - awaited.sent_ts
+        if not awaited.acked and waited > self.sup.cfg.recover.in_process_ack_timeout_s:
+            self.fall_back(f"was not taken within {waited:.0f}s (recover.in_process_ack_timeout_s)")
+
+    def on_ack(self, ev: Event) -> None:
+        if self.awaited is not None:
+            self.awaited.acked = True
+
+    def on_done(self, ev: Event) -> None:
+        """The worker reloaded the checkpoint and trains on: what it saved meanwhile is abandoned too."""
+        if self.awaited is None:
+            return
+        self.sup.resumes.abandon_after(self.awaited.target)
+        self.awaited = None
+
+    def on_failed(self, ev: Event) -> None:
+        if self.awaited is not None:
+            self.fall_back(f"failed in the worker: {ev.data.get('reason') or ev.message}")
+
+    def fall_back(self, why: str) -> None:
+        """Restart the worker's process to carry out the rollback's plan (the supervisor's restart path)."""
+        awaited, self.awaited = self.awaited, None
+        sup = self.sup
+        if awaited is None or sup.pending is not None:
+            return
+        changes, reason, planned_why = awaited.plan
+        self._fallback = (changes, reason, f"{planned_why}; in a new process: the in-process rollback {why}")
+        sup.pending = awaited.action
+        if sup.worker is not None:
+            sup.worker.signal_tree(signal.SIGKILL)
