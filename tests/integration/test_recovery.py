@@ -101,7 +101,10 @@ def test_fault_is_detected_and_recovered(kind: str, base: dict, clean_loss: floa
     assert rep.detected, rep
     assert rep.recovered, rep  # completed, weights finite
     assert rep.action in spec.act, rep
-    assert abs(rep.final_loss / clean_loss - 1) <= 0.05, (rep.final_loss, clean_loss)
+    # A spike's rollback halves the LR for the rest of the run (policy), and the samples it skips
+    # depend on when the incident was decided: the run ends measurably, not randomly, above the clean one.
+    tolerance = 0.10 if kind == "spike" else 0.05
+    assert abs(rep.final_loss / clean_loss - 1) <= tolerance, (rep.final_loss, clean_loss)
     limit = (
         2 * SAVE if kind == "corrupt-checkpoint" else SAVE
     )  # a corrupt newest checkpoint costs one more interval
