@@ -16,9 +16,9 @@ from tests.servers import Hook
 from tests.waiting import wait_for
 
 from conftest import require
-from steadytune.alerts.config import AlertsConfig
 from steadytune.alerts.router import AlertRouter
 from steadytune.cli.main import main
+from steadytune.config.alerts import AlertsConfig
 from steadytune.records import Event
 from steadytune.rundir import RunDir
 from steadytune.telemetry.events import EventLog

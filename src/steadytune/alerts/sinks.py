@@ -21,9 +21,9 @@ from email.message import EmailMessage
 from pathlib import Path
 from typing import IO, Protocol
 
-from steadytune.alerts import config as cfg
 from steadytune.alerts.message import PAYLOADS, Alert
 from steadytune.alerts.secrets import Redactor, SecretError, redact_url, resolve_secret
+from steadytune.config import alerts as cfg
 
 
 class DeliveryError(RuntimeError):

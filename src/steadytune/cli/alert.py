@@ -40,9 +40,9 @@ def load_alerts_section(path: Path) -> dict[str, Any]:
 def run_test(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
-    from steadytune.alerts.config import AlertsConfig
     from steadytune.alerts.router import AlertRouter
     from steadytune.alerts.secrets import SecretError
+    from steadytune.config.alerts import AlertsConfig
 
     try:
         config = AlertsConfig.model_validate(load_alerts_section(args.config))

@@ -34,7 +34,7 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
     from pydantic import ValidationError
 
-    from steadytune.web.config import DashboardConfig
+    from steadytune.config.dashboard import DashboardConfig
     from steadytune.web.security import BindRefused, resolve_token
     from steadytune.web.server import start_dashboard
 

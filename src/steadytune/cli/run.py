@@ -204,7 +204,7 @@ def dashboard_token(cfg: SteadytuneConfig) -> str | None:
 
 def apply_modes(cfg: SteadytuneConfig, args: argparse.Namespace) -> SteadytuneConfig:
     """--policy observe and --safe-mode, applied on top of the config file."""
-    from steadytune.policy.safe_mode import check_lr, safe_mode
+    from steadytune.config.safe_mode import check_lr, safe_mode
 
     if getattr(args, "safe_mode", False):
         cfg = safe_mode(cfg)

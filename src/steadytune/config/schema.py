@@ -12,11 +12,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from steadytune.alerts.config import AlertsConfig
-from steadytune.detect.config import DetectConfig
-from steadytune.policy.config import PolicyConfig
-from steadytune.policy.scale_config import ScaleConfig
-from steadytune.web.config import DashboardConfig
+from steadytune.config.alerts import AlertsConfig
+from steadytune.config.dashboard import DashboardConfig
+from steadytune.config.detect import DetectConfig
+from steadytune.config.policy import PolicyConfig
+from steadytune.config.scale import ScaleConfig
 
 
 class Section(BaseModel):
@@ -196,7 +196,7 @@ class TrainConfig(Section):
     @classmethod
     def _bytes(cls, v: object) -> object:
         if isinstance(v, str):
-            from steadytune.estimate.units import parse_bytes
+            from steadytune.units import parse_bytes
 
             return parse_bytes(v)
         return v

@@ -17,17 +17,17 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from steadytune.config.detect import DetectConfig
 from steadytune.detect.base import Finding, Reporter
-from steadytune.detect.config import DetectConfig
 from steadytune.detect.early import FallCollapseWatch, ShortRiseWatch
 from steadytune.detect.grad import GradWatch
-from steadytune.detect.kinds import KINDS
 from steadytune.detect.loss import LossWatch
 from steadytune.detect.memory import HeadroomWatch, LeakWatch
 from steadytune.detect.objective import ObjectiveWatch, is_preference_or_rl
 from steadytune.detect.pace import StallWatch, StragglerWatch, ThroughputWatch
 from steadytune.detect.system import SystemWatch
 from steadytune.detect.trend import OscillationWatch, OverfitWatch, PlateauWatch
+from steadytune.kinds import KINDS
 from steadytune.records import SEVERITY_ORDER, Anomaly, Severity, StepRecord, SystemSample
 
 

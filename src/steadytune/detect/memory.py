@@ -21,8 +21,8 @@ from __future__ import annotations
 from collections import deque
 from itertools import pairwise
 
+from steadytune.config.detect import MemoryConfig
 from steadytune.detect.base import Finding, Reporter, rounded
-from steadytune.detect.config import MemoryConfig
 from steadytune.detect.stats import SortedWindow
 
 _STRIDES = (1, 8, 64)

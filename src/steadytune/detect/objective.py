@@ -19,8 +19,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from steadytune.config.detect import LossConfig, SeriesConfig
 from steadytune.detect.base import Finding, Reporter, rounded
-from steadytune.detect.config import LossConfig, SeriesConfig
 from steadytune.detect.stats import Tracker
 
 # Fields that only RL / preference trainers log (TRL, OpenRLHF, verl, LLaMA-Factory).

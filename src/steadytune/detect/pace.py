@@ -18,8 +18,8 @@
 
 from __future__ import annotations
 
+from steadytune.config.detect import PaceConfig
 from steadytune.detect.base import Finding, Reporter, rounded
-from steadytune.detect.config import PaceConfig
 from steadytune.detect.stats import SortedWindow
 from steadytune.records import StepRecord
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from steadytune.detect.kinds import KINDS
+from steadytune.kinds import KINDS
 from steadytune.records import SEVERITY_ORDER, Anomaly
 
 

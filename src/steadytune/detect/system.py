@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections import deque
 
+from steadytune.config.detect import MemoryConfig, SystemConfig
 from steadytune.detect.base import Finding, Reporter, rounded
-from steadytune.detect.config import MemoryConfig, SystemConfig
 from steadytune.detect.memory import HeadroomWatch
 from steadytune.records import GpuSample, SystemSample
 

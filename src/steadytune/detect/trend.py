@@ -21,8 +21,8 @@ import math
 from collections import deque
 from functools import lru_cache
 
+from steadytune.config.detect import EvalConfig, LossConfig
 from steadytune.detect.base import Finding, Reporter, rounded
-from steadytune.detect.config import EvalConfig, LossConfig
 from steadytune.detect.loss import LossPoint
 
 _START_POINTS = 8

@@ -9,7 +9,7 @@ from steadytune.estimate.arch import Architecture
 from steadytune.estimate.limits import Suggestion
 from steadytune.estimate.memory import MemoryEstimate
 from steadytune.estimate.setup import TrainSetup
-from steadytune.estimate.units import format_bytes
+from steadytune.units import format_bytes
 
 _LABELS = {
     "weights": "weights",

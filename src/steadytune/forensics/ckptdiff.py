@@ -17,8 +17,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from steadytune.forensics.layers import layer_of
 from steadytune.forensics.stread import DEFAULT_CHUNK, TensorRef, iter_chunks, tensor_index
+from steadytune.layers import layer_of
 
 OUTLIER_Z = 3.5
 MAD_FLOOR = 0.1  # log10 units: layers whose changes differ by < ~25% are never outliers of each other

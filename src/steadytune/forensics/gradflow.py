@@ -14,8 +14,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from steadytune.detect.kinds import KINDS
-from steadytune.forensics.layers import EMBEDDINGS
+from steadytune.kinds import KINDS
+from steadytune.layers import EMBEDDINGS
 from steadytune.records import Anomaly
 
 VANISH_NORM = 1e-3

@@ -738,7 +738,7 @@ def render(res: ReplayResult) -> str:
 
 def size(text: str) -> int:
     """A byte count from the command line: ``64GiB``, ``500MB``, ``1000``."""
-    from steadytune.estimate.units import parse_bytes
+    from steadytune.units import parse_bytes
 
     return parse_bytes(text)
 

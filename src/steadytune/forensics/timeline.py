@@ -80,7 +80,7 @@ class Replayer:
     """A torch-free stand-in for the supervisor's detection and policy loop."""
 
     def __init__(self, detect: Any = None, policy: Any = None) -> None:
-        from steadytune.policy.config import PolicyConfig
+        from steadytune.config.policy import PolicyConfig
         from steadytune.policy.engine import Policy
 
         self.detect_cfg = detect
@@ -197,8 +197,8 @@ def settings(run: RunDir) -> tuple[Any, Any, list[str]]:
     """The run's detector and policy settings, and notes when some could not be used."""
     import yaml
 
-    from steadytune.detect.config import DetectConfig
-    from steadytune.policy.config import PolicyConfig
+    from steadytune.config.detect import DetectConfig
+    from steadytune.config.policy import PolicyConfig
 
     try:
         raw = yaml.safe_load(run.config.read_text(encoding="utf-8")) or {}

@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from steadytune.policy.scale_config import ScaleConfig
+from steadytune.config.scale import ScaleConfig
 from steadytune.records import GpuSample
 
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import math
 
+from steadytune.config.safe_mode import MAX_LR, USUAL_LR
 from steadytune.config.schema import SteadytuneConfig
 from steadytune.estimate import Architecture
 from steadytune.layerwise import rank_of
-from steadytune.policy.safe_mode import MAX_LR, USUAL_LR
 from steadytune.preflight.layerwise import adapted_modules, lr_group_lints, rank_lints
 from steadytune.preflight.result import Check, fail, ok, warn
 

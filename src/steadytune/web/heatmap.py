@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from steadytune.forensics.gradflow import EXPLODE_NORM, VANISH_NORM, ZERO_FRAC
-from steadytune.forensics.layers import EMBEDDINGS
+from steadytune.layers import EMBEDDINGS
 from steadytune.telemetry.store import GradFlow
 
 OK, VANISHING, DEAD, EXPLODING = 0, 1, 2, 3

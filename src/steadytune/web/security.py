@@ -11,8 +11,8 @@ import urllib.parse
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from steadytune.config.dashboard import DEFAULT_TOKEN_ENV
 from steadytune.secretfile import InsecureSecretFile, read_secret_file
-from steadytune.web.config import DEFAULT_TOKEN_ENV
 
 TOKEN_HEADER = "X-Steadytune-Token"
 MIN_TOKEN_LEN = 16

@@ -96,7 +96,7 @@ class PolicyConfig(BaseModel):
         """User rules merge over the defaults: ``rules: {loss_spike: {action: alert}}`` keeps the rest."""
         if not isinstance(value, dict):
             return value
-        from steadytune.detect.kinds import KINDS
+        from steadytune.kinds import KINDS
 
         unknown = sorted(k for k in value if k not in KINDS)
         if unknown:
