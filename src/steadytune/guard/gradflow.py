@@ -10,7 +10,7 @@ sync, at the end.
 
 The result is small and plain so it can ride in ``StepRecord.extra["gradflow"]``
 (see :func:`columns`) and feed the dashboard heat map and
-:func:`steadytune.forensics.gradflow.check_layers`.
+:func:`steadytune.detect.gradflow.check_layers`.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from steadytune.forensics.gradflow import check_layers
+from steadytune.detect.gradflow import check_layers
 from steadytune.records import StepRecord
 from steadytune.rundir import RunDir
 from steadytune.telemetry.store import GradFlow
