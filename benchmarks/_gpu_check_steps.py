@@ -1172,14 +1172,8 @@ def step_overhead(ctx: Ctx, check: Check) -> None:
     from steadytune.guard.hf import GuardCallback
     from steadytune.records import PlanRevision
     from steadytune.rundir import RunDir
-    from steadytune.train.data import SAMPLE_HASH, SAMPLE_ID, DataSpec, build_dataset
-    from steadytune.train.runner import (
-        Collator,
-        build_trainer,
-        load_model,
-        load_tokenizer,
-        training_arguments,
-    )
+    from steadytune.train.data import SAMPLE_HASH, SAMPLE_ID, DataSpec, build_dataset, load_tokenizer
+    from steadytune.train.runner import Collator, build_trainer, load_model, training_arguments
 
     s = ctx.sizes
     a = ctx.assets()
@@ -1222,7 +1216,7 @@ def step_overhead(ctx: Ctx, check: Check) -> None:
         return statistics.median(gaps)
 
     def bare(i: int) -> float:
-        tok = load_tokenizer(cfg)
+        tok = load_tokenizer(cfg.model.name_or_path, cfg.model.trust_remote_code)
         d = cfg.data
         ds = build_dataset(tok, DataSpec(d.train_file, d.format, d.text_field, d.max_seq_length))
         ds = ds.remove_columns([SAMPLE_ID, SAMPLE_HASH])

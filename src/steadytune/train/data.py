@@ -141,6 +141,16 @@ def encode_row(tok: Any, row: dict[str, Any], fmt: str, spec: DataSpec) -> dict[
     raise DataError(f"unknown data format {fmt!r}")
 
 
+def load_tokenizer(name_or_path: str, trust_remote_code: bool = False) -> Any:
+    """The tokenizer exactly as the runner prepares it (the pad token is part of the cache key)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
 def tokenizer_fingerprint(tok: Any) -> str:
     vocab = json.dumps(sorted(tok.get_vocab().items()))
     extra = json.dumps(

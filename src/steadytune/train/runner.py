@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainerCallback, TrainingArguments
+from transformers import AutoModelForCausalLM, Trainer, TrainerCallback, TrainingArguments
 
 from steadytune.config.schema import SteadytuneConfig
 from steadytune.guard.core import Guard
@@ -24,7 +24,14 @@ from steadytune.layerwise import groups_of
 from steadytune.policy.restart import is_oom_message
 from steadytune.protocol import WorkerEvent
 from steadytune.records import PlanRevision
-from steadytune.train.data import IGNORE_INDEX, SAMPLE_HASH, SAMPLE_ID, DataSpec, build_dataset
+from steadytune.train.data import (
+    IGNORE_INDEX,
+    SAMPLE_HASH,
+    SAMPLE_ID,
+    DataSpec,
+    build_dataset,
+    load_tokenizer,
+)
 from steadytune.train.optim import LrPlan, group_summary, param_groups
 from steadytune.train.sampling import SkipSampler
 
@@ -257,13 +264,6 @@ class OptimizerGroupsReport(TrainerCallback):
         )
 
 
-def load_tokenizer(cfg: SteadytuneConfig) -> Any:
-    tok = AutoTokenizer.from_pretrained(cfg.model.name_or_path, trust_remote_code=cfg.model.trust_remote_code)
-    if tok.pad_token_id is None:
-        tok.pad_token = tok.eos_token
-    return tok
-
-
 def load_model(cfg: SteadytuneConfig, gradient_checkpointing: bool) -> Any:
     """The model for the method: full (all weights train), LoRA, or QLoRA (4-bit base + LoRA)."""
     kwargs: dict[str, Any] = {
@@ -340,7 +340,9 @@ def training_arguments(
         eval_strategy="steps" if eval_on else "no",
         eval_steps=t.eval_steps if eval_on else None,
         dataloader_num_workers=(
-            plan.dataloader_num_workers if plan.dataloader_num_workers is not None else t.dataloader_num_workers
+            plan.dataloader_num_workers
+            if plan.dataloader_num_workers is not None
+            else t.dataloader_num_workers
         ),
         remove_unused_columns=False,
         report_to=[],
@@ -365,7 +367,7 @@ def build_trainer(
     faults: Faults | None = None,
     max_split: int = 16,
 ) -> GuardedTrainer:
-    tok = load_tokenizer(cfg)
+    tok = load_tokenizer(cfg.model.name_or_path, cfg.model.trust_remote_code)
     spec = DataSpec(
         cfg.data.train_file,
         cfg.data.format,
