@@ -253,7 +253,7 @@ class GuardCallback(TrainerCallback):
 
     def _memory_snapshot(self, request: dict[str, Any], step: int) -> None:
         """A CUDA allocator snapshot into ``stacks/`` (a no-op that says so on CPU)."""
-        from steadytune.forensics.memsnap import dump_cuda_snapshot
+        from steadytune.guard.memsnap import dump_cuda_snapshot
 
         path = self.guard.run.stacks / f"memory-rank{self.guard.rank}-step{step}.pickle"
         result = dump_cuda_snapshot(path)
