@@ -39,8 +39,8 @@ def register(sub: Any) -> None:
 
 
 def _load(path: str) -> tuple[Any, dict[str, Any]]:
-    from steadytune.forensics.runenv import read_run_env
     from steadytune.forensics.runview import resolve_run
+    from steadytune.telemetry.runenv import read_run_env
 
     run = resolve_run(path)
     return run, read_run_env(run)
@@ -89,8 +89,8 @@ def export_env(args: argparse.Namespace, path: str) -> int:
 
 
 def main(args: argparse.Namespace) -> int:
-    from steadytune.forensics.runenv import EnvError
     from steadytune.forensics.runview import ForensicsError
+    from steadytune.telemetry.runenv import EnvError
 
     words = args.words
     try:

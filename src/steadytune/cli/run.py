@@ -61,7 +61,7 @@ def add_launch_options(p: argparse.ArgumentParser) -> None:
 
 
 def print_summary(console: Any, result: Any) -> None:
-    from steadytune.supervise.progress import human_seconds
+    from steadytune.telemetry.progress import human_seconds
 
     p = result.progress
     loss = "-"

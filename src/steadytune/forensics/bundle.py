@@ -43,7 +43,6 @@ from steadytune.checkpoint.manifest import (
     verify,
 )
 from steadytune.config.load import redact
-from steadytune.forensics.envsnap import snapshot
 from steadytune.forensics.inspect import fetch_rows
 from steadytune.forensics.pathredact import PathRedactor
 from steadytune.forensics.runview import (
@@ -56,6 +55,7 @@ from steadytune.forensics.runview import (
 )
 from steadytune.records import to_dict
 from steadytune.rundir import RunDir
+from steadytune.telemetry.envsnap import snapshot
 from steadytune.telemetry.events import read_events
 from steadytune.telemetry.jsonl import JsonlReader, parse_line
 

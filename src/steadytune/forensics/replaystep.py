@@ -453,9 +453,9 @@ def replay(
     from transformers import Trainer
     from transformers.utils import logging as hf_logging
 
-    from steadytune.forensics.envsnap import differences, snapshot
     from steadytune.forensics.tokenizer import load_hf_tokenizer
     from steadytune.records import PlanRevision
+    from steadytune.telemetry.envsnap import differences, snapshot
     from steadytune.train.data import DataSpec, _hash_ids, detect_format, encode_row
     from steadytune.train.runner import Collator, training_arguments
 

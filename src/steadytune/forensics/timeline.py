@@ -32,8 +32,8 @@ from steadytune.checkpoint.manifest import checkpoint_step
 from steadytune.detect.live import LiveDetector, Transition
 from steadytune.records import Event, Heartbeat, PlanRevision, Record, StepRecord, SystemSample, WorkerExit
 from steadytune.rundir import RunDir
-from steadytune.supervise.progress import RunProgress
 from steadytune.telemetry.events import read_events
+from steadytune.telemetry.progress import RunProgress
 from steadytune.telemetry.stream import iter_records
 
 _RESTARTING = {"rollback", "restart"}

@@ -21,9 +21,9 @@ import yaml
 from steadytune.config.load import dump_config
 from steadytune.config.schema import SteadytuneConfig
 from steadytune.forensics.envdiff import EnvDiff, diff_envs
-from steadytune.forensics.runenv import EnvError, read_run_env, run_env
 from steadytune.preflight.result import Check, na, ok, warn
 from steadytune.rundir import RunDir
+from steadytune.telemetry.runenv import EnvError, read_run_env, run_env
 
 # What a preflight can read without torch; the rest of env.json is the worker's.
 COMPARED = ("python", "driver")

@@ -190,7 +190,7 @@ class CommandSource:
 
     def write_env(self, sources: list[Path]) -> None:
         """The supervisor's environment and the command's interpreter's (read before the command starts)."""
-        from steadytune.forensics.runenv import write_command_env
+        from steadytune.telemetry.runenv import write_command_env
 
         write_command_env(self.run, self.opts.command)
 

@@ -146,6 +146,6 @@ class NativeSource:
         return f"{sys.executable} -m steadytune.train.worker"
 
     def write_env(self, sources: list[Path]) -> None:
-        from steadytune.forensics.runenv import write_run_env
+        from steadytune.telemetry.runenv import write_run_env
 
         write_run_env(self.run, sources)  # the worker adds torch's readings (same interpreter)

@@ -15,7 +15,7 @@ TORCH_FREE = [
     "steadytune.telemetry.sampler", "steadytune.detect.live", "steadytune.policy.engine", "steadytune.policy.plan",
     "steadytune.supervise.supervisor", "steadytune.supervise.command", "steadytune.supervise.log_adapter", "steadytune.alerts.router",
     "steadytune.web.server", "steadytune.checkpoint.store", "steadytune.estimate", "steadytune.cli.main",
-    "steadytune.preflight", "steadytune.forensics.inspect", "steadytune.forensics.runenv",
+    "steadytune.preflight", "steadytune.forensics.inspect", "steadytune.telemetry.runenv",
     "steadytune.forensics.envdiff", "steadytune.preflight.envdrift", "steadytune.cli.env",
 ]  # fmt: skip
 
