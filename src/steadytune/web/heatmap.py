@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from steadytune.detect.gradflow import EXPLODE_NORM, VANISH_NORM, ZERO_FRAC, layer_state
+from steadytune.records import nonfinite_text
 from steadytune.telemetry.store import GradFlow
 
 OK, VANISHING, DEAD, EXPLODING = 0, 1, 2, 3
@@ -33,9 +34,7 @@ def cell_state(layer: str, norm: float | None, zero_frac: float | None) -> int |
 
 
 def _norm_json(v: float | None) -> float | str | None:
-    if v is None or math.isfinite(v):
-        return v
-    return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
+    return None if v is None else nonfinite_text(v)
 
 
 def _severity(norm: float | None) -> float:
