@@ -250,7 +250,6 @@ class RunConfig(Section):
         10, ge=0, description="healthy steps after a checkpoint before it becomes LAST_GOOD"
     )
     sample_interval_s: float = Field(2.0, gt=0, description="seconds between system samples")
-    record_text_hashes: bool = Field(True, description="record content hashes of each batch's samples")
 
 
 class RayConfig(Section):
@@ -270,7 +269,10 @@ class RayConfig(Section):
         description="Ray resources per worker, e.g. {CPU: 4, GPU: 1}; empty: Ray's default (1 CPU, 1 GPU with use_gpu)",
     )
     max_failures: int = Field(
-        3, ge=-1, le=1000, description="an integer >= -1: the worker-group restarts Ray makes on its own in one attempt (-1: no limit)"
+        3,
+        ge=-1,
+        le=1000,
+        description="an integer >= -1: the worker-group restarts Ray makes on its own in one attempt (-1: no limit)",
     )
     storage_path: str | None = Field(
         None,
@@ -314,7 +316,8 @@ class SteadytuneConfig(Section):
     train: TrainConfig = Field(default_factory=TrainConfig)
     run: RunConfig = Field(default_factory=RunConfig)
     ray: RayConfig = Field(
-        default_factory=RayConfig, description="the Ray cluster and worker group of run.engine: ray (docs/ray.md)"
+        default_factory=RayConfig,
+        description="the Ray cluster and worker group of run.engine: ray (docs/ray.md)",
     )
     detect: DetectConfig = Field(
         default_factory=DetectConfig, description="detector thresholds (docs/detectors.md)"
