@@ -669,7 +669,8 @@ def step_telemetry(ctx: Ctx, check: Check) -> None:
         ok = util > 0 and power > 0 and used >= reserved > 0
         return (
             ok,
-            f"util max {util:.2f}, power max {power:.0f} W, NVML used {used / GiB:.2f} GiB >= reserved {reserved / GiB:.2f} GiB",
+            f"util max {util:.2f}, power max {power:.0f} W, NVML used {used / GiB:.2f} GiB >= reserved "
+            f"{reserved / GiB:.2f} GiB",
         )
 
     check.cuda(ctx, "NVML saw the GPU busy, and its memory used covers what the worker reserved", nvml_agrees)
@@ -1005,7 +1006,8 @@ def step_estimator(ctx: Ctx, check: Check) -> None:
             }
         )
         say(
-            f"estimate {key}: estimated {estimated / GiB:.2f} GiB, measured {measured / GiB:.2f} GiB ({error:+.1f}%)"
+            f"estimate {key}: estimated {estimated / GiB:.2f} GiB, measured {measured / GiB:.2f} GiB "
+            f"({error:+.1f}%)"
         )
         # What was measured so far survives a kill at the time limit, marked as cut short.
         partial = Check(check.name)
@@ -1116,7 +1118,8 @@ def step_leak(ctx: Ctx, check: Check) -> None:
     check.expect(
         "a checkpoint was written after the alarm, and it verifies",
         bool(verdict and verdict.ok),
-        f"{check.figures['checkpoint']}: {'ok' if verdict and verdict.ok else getattr(verdict, 'reason', 'none')}",
+        f"{check.figures['checkpoint']}: "
+        f"{'ok' if verdict and verdict.ok else getattr(verdict, 'reason', 'none')}",
     )
     acks = [e for e in events if e.name == "ack_memory_snapshot"]
     check.expect(
@@ -1152,7 +1155,8 @@ def step_leak(ctx: Ctx, check: Check) -> None:
         ok = bool(segments) and len(blocks) >= at // 2
         return (
             ok,
-            f"{len(segments)} segments, {reserved / MiB:.0f} MiB reserved, {len(blocks)} live blocks of {s.leak_mib:g} MiB",
+            f"{len(segments)} segments, {reserved / MiB:.0f} MiB reserved, {len(blocks)} live blocks of "
+            f"{s.leak_mib:g} MiB",
         )
 
     check.cuda(ctx, "the allocator snapshot was saved and reads back, the leaked blocks in it", snapshot)

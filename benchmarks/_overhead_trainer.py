@@ -139,8 +139,15 @@ def main() -> None:
 
         keeper.publish = timed_publish  # type: ignore[method-assign]
         callbacks.append(cb)
-    trainer = Trainer(model=model, args=args, train_dataset=train_ds, eval_dataset=eval_ds,
-                      data_collator=Collator(tok.pad_token_id), processing_class=tok, callbacks=callbacks)  # fmt: skip
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=train_ds,
+        eval_dataset=eval_ds,
+        data_collator=Collator(tok.pad_token_id),
+        processing_class=tok,
+        callbacks=callbacks,
+    )
     hf_save_ns: list[int] = []
     trainer._save_checkpoint = timed(trainer._save_checkpoint, hf_save_ns)  # type: ignore[method-assign]
     trainer.train()

@@ -107,11 +107,19 @@ def run_cli(config: Path, run_id: str) -> dict[str, Any]:
     proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, check=False)
     wall = time.time() - launched
     if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+        raise SystemExit(
+            f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
+        )
     runs = Path(load_config(config, check_paths=False).run.runs_dir)
-    steps = [r for r in iter_records(runs / run_id / "telemetry" / "rank-0.jsonl") if isinstance(r, StepRecord)]
+    steps = [
+        r for r in iter_records(runs / run_id / "telemetry" / "rank-0.jsonl") if isinstance(r, StepRecord)
+    ]
     ts = [r.ts for r in steps if not r.extra.get("eval")]
-    return {"step_ms": 1e3 * statistics.median(_intervals(ts)), "first_step_s": ts[0] - launched, "wall_s": wall}
+    return {
+        "step_ms": 1e3 * statistics.median(_intervals(ts)),
+        "first_step_s": ts[0] - launched,
+        "wall_s": wall,
+    }
 
 
 def wide_model(work: Path, mb: int) -> Path:
@@ -145,7 +153,7 @@ def save_rounds(work: Path, mb: int, rounds: int) -> None:
     sealing: list[float] = []
     size = 0
     for r in range(rounds):
-        for v in (("bare", "+guard") if r % 2 == 0 else ("+guard", "bare")):
+        for v in ("bare", "+guard") if r % 2 == 0 else ("+guard", "bare"):
             out = work / f"save-{v.strip('+')}-{r}.json"
             run_bare(config, out, guard=v == "+guard")
             data = json.loads(out.read_text(encoding="utf-8"))
@@ -164,8 +172,11 @@ def save_rounds(work: Path, mb: int, rounds: int) -> None:
     print(f"  HF + on_save (+guard)    {fmt(total, hf['bare'], 1)} (target ≤ ×1.10)")
     print(f"  on_save / HF's own       {statistics.median(ours) / base:.1%}")
     if sealing:
-        print(f"  publish: fsync, hash, rename, manifest   {fmt(sealing, None, 1)} "
-              f"({statistics.median(sealing) / base:.0%} of HF's own; beside the next steps when it is not on_save's)")  # fmt: skip
+        print(
+            f"  publish: fsync, hash, rename, manifest   {fmt(sealing, None, 1)} "
+            f"({statistics.median(sealing) / base:.0%} of HF's own; beside the next steps when it is not "
+            f"on_save's)"
+        )
 
 
 def spread(values: list[float]) -> tuple[float, float, float]:
@@ -271,8 +282,12 @@ def main() -> int:
             else:
                 results[v].append(run_bare(config, out, guard=v == "+guard"))
             last = results[v][-1]
-            print(f"  round {r + 1} {v:<7} step {last['step_ms']:.2f} ms, first step {last['first_step_s']:.2f} s, "
-                  f"wall {last['wall_s']:.2f} s", flush=True)  # fmt: skip
+            print(
+                f"  round {r + 1} {v:<7} step {last['step_ms']:.2f} ms, first step "
+                f"{last['first_step_s']:.2f} s, "
+                f"wall {last['wall_s']:.2f} s",
+                flush=True,
+            )
     print()
     print_table(
         results,
@@ -282,13 +297,18 @@ def main() -> int:
     guard_us = [u for r in results["+guard"] for u in r["guard_us"]]
     if guard_us:
         print()
-        print(f"guard in-loop µs per step (its loop hooks, {len(guard_us)} steps): median "
-              f"{statistics.median(guard_us):.1f}, mean {statistics.fmean(guard_us):.1f} (gradient flow and saves "
-              f"included), target ≤ 80")  # fmt: skip
+        print(
+            f"guard in-loop µs per step (its loop hooks, {len(guard_us)} steps): median "
+            f"{statistics.median(guard_us):.1f}, mean {statistics.fmean(guard_us):.1f} (gradient flow "
+            f"and saves "
+            f"included), target ≤ 80"
+        )
         hf = [r["hf_save_ms"] for r in results["+guard"]]
         ours = [r["save_ms"] - r["hf_save_ms"] for r in results["+guard"]]
-        print(f"save per checkpoint in +guard: HF's own {statistics.median(hf):.1f} ms + publish "
-              f"{statistics.median(ours):.1f} ms (+{statistics.median(ours) / statistics.median(hf):.0%})")
+        print(
+            f"save per checkpoint in +guard: HF's own {statistics.median(hf):.1f} ms + publish "
+            f"{statistics.median(ours):.1f} ms (+{statistics.median(ours) / statistics.median(hf):.0%})"
+        )
     if results["bare"] and results["run"]:
         gap = statistics.median([r["first_step_s"] for r in results["run"]]) - statistics.median(
             [r["first_step_s"] for r in results["bare"]]

@@ -54,16 +54,34 @@ def timed_run(cfg: Path, run_id: str) -> dict[str, float]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
     t0 = time.time()
     out = subprocess.run(
-        [sys.executable, "-m", "steadytune.cli.main", "run", str(cfg), "--run-id", run_id, "--quiet", "--skip-check"],
-        capture_output=True, text=True, env=env, cwd=cfg.parent, timeout=1800,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "steadytune.cli.main",
+            "run",
+            str(cfg),
+            "--run-id",
+            run_id,
+            "--quiet",
+            "--skip-check",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cfg.parent,
+        timeout=1800,
+    )
     wall = time.time() - t0
     if out.returncode != 0:
         raise SystemExit(f"{run_id} failed ({out.returncode}):\n{out.stdout[-3000:]}")
     stream = cfg.parent / "runs" / run_id / "telemetry" / "rank-0.jsonl"
     ts = [r["ts"] for r in map(json.loads, stream.read_text().splitlines()) if r.get("type") == "step"]
     gaps = [b - a for a, b in itertools.pairwise(ts)]
-    return {"wall_s": wall, "first_step_s": ts[0] - t0, "step_s": statistics.median(gaps) if gaps else float("nan")}
+    return {
+        "wall_s": wall,
+        "first_step_s": ts[0] - t0,
+        "step_s": statistics.median(gaps) if gaps else float("nan"),
+    }
 
 
 def main() -> int:
@@ -103,7 +121,10 @@ def main() -> int:
     def med(name: str, key: str) -> float:
         return statistics.median(r[key] for r in results[name])
 
-    print(f"{args.steps} steps, {args.workers} workers (gloo, CPU), demo model, {args.repeats} repeat(s); medians")
+    print(
+        f"{args.steps} steps, {args.workers} workers (gloo, CPU), demo model, {args.repeats} "
+        f"repeat(s); medians"
+    )
     print(f"{'':24}{'torchrun':>12}{'ray':>12}{'ray - torchrun':>16}")
     for key, label in (("wall_s", "launch → exit (s)"), ("first_step_s", "launch → first step (s)"),
                        ("step_s", "step (s)")):  # fmt: skip

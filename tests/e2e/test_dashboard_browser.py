@@ -36,7 +36,8 @@ return h.tip.style.display === 'block' ? h.tip.innerText : '';
 
 
 def check_heatmap(b: Browser) -> None:
-    """The gradient-flow heat map is painted, marks flagged layers, grows live and explains a cell on hover."""
+    """The gradient-flow heat map is painted, marks flagged layers, grows live and explains a cell on
+    hover."""
     b.wait_for(f"{HEAT_COLUMNS} >= 3", timeout=10)
     hm = b.js(
         "const h = window.steadytune.heatmap; return {cells: h.cellCount(), layers: h.layers, f: h.flagged()}"
@@ -72,7 +73,8 @@ def test_live_run_page_advances_and_screenshot(
         # Record-to-screen: the page notes when the newest record was drawn.
         # (How soon is a benchmark's figure, benchmarks/dashboard.py, not a bound a loaded machine can keep.)
         last = b.wait_for("return window.steadytune.lastRender", timeout=5)
-        assert last["step"] >= step1 and last["shownAt"] >= last["recordTs"] > 0, last  # drawn after it was written
+        # drawn after it was written
+        assert last["step"] >= step1 and last["shownAt"] >= last["recordTs"] > 0, last
         # The side panels: events with cause and fix, a verified LAST_GOOD checkpoint, the plan.
         text = b.js("return document.body.innerText")
         assert "loss_spike" in text and "cause: a batch of unusually long samples" in text
@@ -119,7 +121,9 @@ def test_exposed_dashboard_asks_for_the_token_then_goes_live(
             b.wait_for(f"return {STEP[7:]} >= {step + 3}", timeout=10)  # the stream carries the token too
             assert not b.js("return !!document.getElementById('token-gate')")
             b.get(f"http://127.0.0.1:{handle.port}/")  # the tab keeps the token: no second prompt
-            b.wait_for("return document.querySelectorAll('#runs tbody tr[data-run=\"live-run\"]').length === 1")
+            b.wait_for(
+                "return document.querySelectorAll('#runs tbody tr[data-run=\"live-run\"]').length === 1"
+            )
             b.wait_for("return document.getElementById('live').classList.contains('on')", timeout=10)
             assert not b.js("return !!document.getElementById('token-gate')")
     finally:

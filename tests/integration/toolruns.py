@@ -94,8 +94,18 @@ def trl_job(
     flags = {"max_steps": steps, "save_steps": save_steps, "logging_steps": logging_steps,
              "per_device_train_batch_size": 4, "learning_rate": lr, "report_to": "none", "use_cpu": "true",
              "save_total_limit": 3, **extra}  # fmt: skip
-    cmd = [str(tool_venv("trl") / "trl"), "sft", "--model_name_or_path", str(demo_assets / "model"),
-           "--dataset_name", str(data), "--dataset_train_split", "train", "--output_dir", str(out)]  # fmt: skip
+    cmd = [
+        str(tool_venv("trl") / "trl"),
+        "sft",
+        "--model_name_or_path",
+        str(demo_assets / "model"),
+        "--dataset_name",
+        str(data),
+        "--dataset_train_split",
+        "train",
+        "--output_dir",
+        str(out),
+    ]
     for key, value in flags.items():
         cmd += [f"--{key}", str(value)]
     return ToolJob("trl", cmd, out, lr, "model.safetensors")

@@ -102,7 +102,8 @@ def check_webhook_url(url: str) -> None:
     scheme = urllib.parse.urlsplit(url).scheme.lower()
     if scheme not in WEBHOOK_SCHEMES or "://" not in url:
         raise SecretError(
-            f"url: a webhook URL must start with http:// or https:// (this one's scheme is {scheme or 'missing'!r})"
+            f"url: a webhook URL must start with http:// or https:// (this one's scheme is "
+            f"{scheme or 'missing'!r})"
         )
 
 
@@ -161,7 +162,10 @@ class EmailAlertSink(_Base):
         redactor.add(password)
 
     def describe(self) -> str:
-        return f"e-mail via {self.conf.host}:{self.conf.effective_port} ({self.conf.security}) to {', '.join(self.conf.to)}"
+        return (
+            f"e-mail via {self.conf.host}:{self.conf.effective_port} ({self.conf.security}) to "
+            f"{', '.join(self.conf.to)}"
+        )
 
     def _context(self) -> ssl.SSLContext:
         ctx = ssl.create_default_context(cafile=str(self.conf.ca_file) if self.conf.ca_file else None)

@@ -11,9 +11,11 @@ from typing import Any
 from steadytune.cli._common import fail
 
 USAGE = """\
-  steadytune env RUN                      what RUN trained with (Python, torch/CUDA, driver, GPUs, git, packages)
-  steadytune env diff RUN_A RUN_B         what changed from A to B: packages, torch/CUDA, driver, git commit
-  steadytune env export RUN [-o FILE]     a requirements.txt pinning every package of RUN (default requirements.txt)"""
+  steadytune env RUN                    what RUN trained with (Python, torch/CUDA, driver, GPUs, git,
+                                        packages)
+  steadytune env diff RUN_A RUN_B       what changed from A to B: packages, torch/CUDA, driver, git commit
+  steadytune env export RUN [-o FILE]   a requirements.txt pinning every package of RUN
+                                        (default requirements.txt)"""
 
 
 def register(sub: Any) -> None:

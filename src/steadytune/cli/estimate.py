@@ -28,7 +28,8 @@ more examples:
   steadytune estimate run.yaml --device-memory 80GiB
   steadytune estimate --model examples/models/llama-3.2-3b --method full --dtype bf16 --precision pure \\
       --optimizer adamw8bit --batch 2 --seq 4096 --gradient-checkpointing --format json
-  steadytune estimate --model examples/models/llama-3.1-8b --method full --zero 3 --gpus 8 --device-memory 80GiB
+  steadytune estimate --model examples/models/llama-3.1-8b --method full --zero 3 --gpus 8 \\
+      --device-memory 80GiB
 
 exit codes: 0 ok (fits, or no --device-memory given), 1 does not fit or --measure failed, 2 usage error
 """

@@ -163,7 +163,8 @@ def parse_override(text: str) -> tuple[list[str], Any]:
                     key.strip(),
                     value,
                     f"the value is not valid YAML ({problem})",
-                    f"quote it as a string, e.g. {key.strip()}='{value}', or write a number, true/false or [a, b]",
+                    f"quote it as a string, e.g. {key.strip()}='{value}', or write a number, true/false "
+                    f"or [a, b]",
                 )
             ],
             "overrides",
@@ -399,7 +400,8 @@ def dump_config(cfg: SteadytuneConfig) -> str:
 
 
 def _plain(obj: Any) -> Any:
-    """What YAML's safe dumper can write: paths as strings, tuples as lists (e.g. an e-mail sink's ca_file)."""
+    """What YAML's safe dumper can write: paths as strings, tuples as lists (e.g. an e-mail sink's
+    ca_file)."""
     if isinstance(obj, dict):
         return {k: _plain(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):

@@ -257,26 +257,31 @@ class RayConfig(Section):
 
     address: str | None = Field(
         None,
-        description="the Ray cluster to join, e.g. 'auto' or 'ray://head:10001'; unset: $RAY_ADDRESS, else 'auto'",
+        description="the Ray cluster to join, e.g. 'auto' or 'ray://head:10001'; unset: $RAY_ADDRESS, "
+        "else 'auto'",
     )
     num_workers: int | tuple[int, int] = Field(
         1,
-        description="a worker count (e.g. 4) or [min, max] for elastic training (e.g. [2, 8]); min >= 1, min <= max",
+        description="a worker count (e.g. 4) or [min, max] for elastic training (e.g. [2, 8]); min >= 1, "
+        "min <= max",
     )
     use_gpu: bool = Field(False, description="true: each worker gets one GPU")
     resources_per_worker: dict[str, float] = Field(
         default_factory=dict,
-        description="Ray resources per worker, e.g. {CPU: 4, GPU: 1}; empty: Ray's default (1 CPU, 1 GPU with use_gpu)",
+        description="Ray resources per worker, e.g. {CPU: 4, GPU: 1}; empty: Ray's default (1 CPU, 1 GPU "
+        "with use_gpu)",
     )
     max_failures: int = Field(
         3,
         ge=-1,
         le=1000,
-        description="an integer >= -1: the worker-group restarts Ray makes on its own in one attempt (-1: no limit)",
+        description="an integer >= -1: the worker-group restarts Ray makes on its own in one attempt "
+        "(-1: no limit)",
     )
     storage_path: str | None = Field(
         None,
-        description="where Ray keeps its run state (a path every node reaches, or s3://...); unset: <run dir>/ray",
+        description="where Ray keeps its run state (a path every node reaches, or s3://...); unset: <run "
+        "dir>/ray",
     )
     keep_effective_batch: bool = Field(
         True,
@@ -340,7 +345,8 @@ class SteadytuneConfig(Section):
         n = run.nproc_per_node if run is not None else 1
         if v is not None and not v.min_gpus <= n <= v.max_gpus:
             raise ValueError(
-                f"run.nproc_per_node={n} is outside scale.min_gpus..scale.max_gpus ({v.min_gpus}..{v.max_gpus}): "
+                f"run.nproc_per_node={n} is outside scale.min_gpus..scale.max_gpus "
+                f"({v.min_gpus}..{v.max_gpus}): "
                 "start the run inside the range, or widen it"
             )
         return v
@@ -350,7 +356,8 @@ class SteadytuneConfig(Section):
         if self.run.engine == "ray" and self.run.nproc_per_node > 1:
             # Ray places the processes: one Ray worker per training process, on whichever node has room.
             raise ValueError(
-                f"run.nproc_per_node={self.run.nproc_per_node} with run.engine: ray; Ray starts the processes: "
+                f"run.nproc_per_node={self.run.nproc_per_node} with run.engine: ray; Ray starts the "
+                f"processes: "
                 f"set ray.num_workers: {self.run.nproc_per_node} and leave run.nproc_per_node at 1"
             )
         if self.run.engine == "ray" and self.scale is not None:

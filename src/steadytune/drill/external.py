@@ -333,7 +333,8 @@ def _final_state(run: RunDir) -> str:
 
 
 def final_weights(output_dir: Path) -> Path:
-    """Where a job's last weights are: the output folder when it saved a model there, else its newest checkpoint."""
+    """Where a job's last weights are: the output folder when it saved a model there, else its newest
+    checkpoint."""
     if any(output_dir.glob("*.safetensors")):
         return output_dir
     found = list_checkpoints(output_dir)

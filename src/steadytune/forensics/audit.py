@@ -114,12 +114,14 @@ def _classify_link(
     if isinstance(seq, int) and seq > expected_seq and expected_seq in later:
         return (
             "reordered",
-            f"seq {seq} comes where seq {expected_seq} was due; seq {expected_seq} is at line {later[expected_seq]}",
+            f"seq {seq} comes where seq {expected_seq} was due; seq {expected_seq} is at line "
+            f"{later[expected_seq]}",
         )
     if isinstance(seq, int) and seq > expected_seq:
         return (
             "deleted",
-            f"seq jumps from {expected_seq - 1} to {seq}: {seq - expected_seq} entr{'y' if seq - expected_seq == 1 else 'ies'} deleted before it",
+            f"seq jumps from {expected_seq - 1} to {seq}: {seq - expected_seq} "
+            f"entr{'y' if seq - expected_seq == 1 else 'ies'} deleted before it",
         )
     if isinstance(seq, int) and seq < expected_seq:
         return (
@@ -131,7 +133,8 @@ def _classify_link(
         return "reordered", f"its prev_hash points at line {back}, not at the line before it"
     return (
         "deleted",
-        f"its prev_hash {str(entry.get('prev_hash'))[:12]}… matches no earlier entry (expected {prev_hash[:12]}…)",
+        f"its prev_hash {str(entry.get('prev_hash'))[:12]}… matches no earlier entry (expected "
+        f"{prev_hash[:12]}…)",
     )
 
 
@@ -256,7 +259,8 @@ def _check_store(res: AuditResult, run: RunDir) -> bool:
     if last < record.seq:
         res.fail(
             "truncated",
-            f"the log ends at seq {last} but {record.source} recorded seq {record.seq}: {_cut(last, record.seq)}",
+            f"the log ends at seq {last} but {record.source} recorded seq {record.seq}: "
+            f"{_cut(last, record.seq)}",
         )
         return False
     if _hash_at(run.events, record.seq) != record.hash:
@@ -329,7 +333,8 @@ def _check_anchor(
     if _hash_at(run.events, anchor.seq) != anchor.hash:
         res.fail(
             "truncated",
-            f"seq {anchor.seq} in the log is not the entry its anchor ({path}) recorded (its tail was replaced)",
+            f"seq {anchor.seq} in the log is not the entry its anchor ({path}) recorded (its tail was "
+            f"replaced)",
         )
         return False
     res.truncation_checked = True

@@ -223,7 +223,10 @@ def build_bundle(
     verdict = _start_checkpoint(run, step, attempt)
     start = verdict.step if verdict is not None and verdict.step is not None else 0
     if verdict is None and cfg.get("method") != "full":
-        note = "no verified checkpoint before the step: LoRA starts from a fresh (random) adapter, comparisons may differ"
+        note = (
+            "no verified checkpoint before the step: LoRA starts from a fresh (random) adapter, "
+            "comparisons may differ"
+        )
     else:
         note = ""
     if step - start > MAX_REPLAY_STEPS:

@@ -215,7 +215,8 @@ def find_problem(layers: list[LayerDiff], tensors: list[TensorDiff]) -> tuple[st
     most = max(changed, key=lambda x: x.rel_change)
     return (
         None,
-        f"no problem layer: changes are even across layers (largest: {most.name}, relative {most.rel_change:.3g})",
+        f"no problem layer: changes are even across layers (largest: {most.name}, relative "
+        f"{most.rel_change:.3g})",
     )
 
 

@@ -425,7 +425,8 @@ def _load_model(cfg: Any, ckpt: Path | None) -> Any:
             cfg = cfg.model_copy(deep=True)
             cfg.model.name_or_path = str(ckpt)
         return load_model(cfg, gc)
-    # LoRA/QLoRA: the base with a fresh adapter, then the checkpoint's adapter weights (as a Trainer resume does).
+    # LoRA/QLoRA: the base with a fresh adapter, then the checkpoint's adapter weights (as a Trainer resume
+    # does).
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
 

@@ -212,7 +212,8 @@ def settings(run: RunDir) -> tuple[Any, Any, list[str]]:
         except Exception as exc:  # a run recorded by another version of steadytune
             out.append(None)
             notes.append(
-                f"the run's {key}: settings do not validate here ({str(exc).splitlines()[0]}); defaults used, "
+                f"the run's {key}: settings do not validate here ({str(exc).splitlines()[0]}); defaults "
+                f"used, "
                 "so the replay may differ from live"
             )
     return out[0], out[1], notes

@@ -230,7 +230,9 @@ class Guard:
             epoch=epoch,
             skipped=self._skipped,
             # Hashes without row ids: a trainer that is not ours tells what it trained on, not where from.
-            batch=BatchFingerprint(tuple(self._ids), tuple(self._hashes)) if self._ids or self._hashes else None,
+            batch=BatchFingerprint(tuple(self._ids), tuple(self._hashes))
+            if self._ids or self._hashes
+            else None,
             extra=extra or {},
             rss_bytes=self._rss if self._watching is not None else rss_bytes(),
             **device_memory_stats(),

@@ -310,7 +310,8 @@ class GuardCallback(TrainerCallback):
             staged = (self.staging or Path(args.output_dir)) / f"checkpoint-{state.global_step}"
             if staged.is_dir():
                 if self.keeper is None:
-                    self._report_saved(staged.resolve(), state.global_step)  # the supervisor may run elsewhere
+                    # the supervisor may run elsewhere
+                    self._report_saved(staged.resolve(), state.global_step)
                 else:
                     # HF has written every file; making them durable and hashing them (most of a
                     # save's cost beyond HF's own) overlaps the next steps. One save at a time, in order.
@@ -326,7 +327,9 @@ class GuardCallback(TrainerCallback):
     def _publish(self, staged: Path, step: int) -> None:
         try:
             assert self.keeper is not None
-            final = self.keeper.publish(staged, step, extra={"attempt": self.guard.attempt, "format": "hf-trainer"})
+            final = self.keeper.publish(
+                staged, step, extra={"attempt": self.guard.attempt, "format": "hf-trainer"}
+            )
             self._report_saved(final, step)
         except BaseException as exc:  # handed to the training thread: it fails there, at the next step
             self._publish_error = exc
@@ -334,7 +337,12 @@ class GuardCallback(TrainerCallback):
     def _report_saved(self, final: Path, step: int) -> None:
         size = sum(p.stat().st_size for p in final.rglob("*") if p.is_file())
         self.guard.notify(
-            "lifecycle", WorkerEvent.CHECKPOINT_SAVED, f"saved {final.name}", step=step, path=str(final), bytes=size
+            "lifecycle",
+            WorkerEvent.CHECKPOINT_SAVED,
+            f"saved {final.name}",
+            step=step,
+            path=str(final),
+            bytes=size,
         )
 
     def wait_for_saves(self) -> None:
@@ -361,7 +369,9 @@ class GuardCallback(TrainerCallback):
         self.guard.set_phase("train")
 
 
-def restore_base_lrs(optimizer: Any, scheduler: Any, fresh: list[float]) -> tuple[list[float], list[float]] | None:
+def restore_base_lrs(
+    optimizer: Any, scheduler: Any, fresh: list[float]
+) -> tuple[list[float], list[float]] | None:
     """Put back the per-group base LRs the trainer was built with, after a checkpoint's state replaced them.
 
     Each group keeps its place in the schedule; only its base changes. Returns the

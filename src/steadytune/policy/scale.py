@@ -83,7 +83,8 @@ def keep_effective_batch(shape: Shape, world: int) -> tuple[int | None, str]:
     eff = shape.effective_batch
     if eff % per_step:
         return None, (
-            f"the effective batch {eff} ({shape.micro_batch} x {shape.accumulation} x {shape.world}) is not a "
+            f"the effective batch {eff} ({shape.micro_batch} x {shape.accumulation} x {shape.world}) is "
+            f"not a "
             f"multiple of {shape.micro_batch} x {world} processes, so {world} processes would change it"
         )
     return eff // per_step, ""
@@ -178,7 +179,9 @@ class ScaleRules:
             top = min(c.max_gpus, r.gpus_available if r.gpus_available is not None else c.max_gpus)
             decision = self._resize("grow", range(self.shape.world + 1, top + 1), r, c.grow.for_s)
         if decision is None and self._for(r.ts, "shrink", c.shrink.for_s):
-            decision = self._resize("shrink", range(self.shape.world - 1, c.min_gpus - 1, -1), r, c.shrink.for_s)
+            decision = self._resize(
+                "shrink", range(self.shape.world - 1, c.min_gpus - 1, -1), r, c.shrink.for_s
+            )
         self._asked = decision is not None and decision.refused is None
         return decision
 
@@ -209,7 +212,8 @@ class ScaleRules:
         return self._verdict()
 
     def applied(self, decision: ScaleDecision, ts: float) -> None:
-        """The run was relaunched with ``decision.after`` at ``ts``: the cool-down starts, and the measuring."""
+        """The run was relaunched with ``decision.after`` at ``ts``: the cool-down starts, and the
+        measuring."""
         before = self._throughput(self._intervals, decision.before) if len(self._intervals) >= 2 else None
         self.shape = decision.after
         self._asked = False
@@ -296,7 +300,9 @@ class ScaleRules:
         if kept:
             return Measured(decision, before, after, True, f"{decision.kind} kept: {how} {need}")
         if not self.cfg.undo_if_slower:
-            return Measured(decision, before, after, False, f"{decision.kind} did not pay off: {how} {need}; kept")
+            return Measured(
+                decision, before, after, False, f"{decision.kind} did not pay off: {how} {need}; kept"
+            )
         b, a = decision.before, decision.after
         self._blocked.add((decision.kind, b.world) if decision.resizes else (decision.kind, b.workers))
         # Back to the shape that was measured, with its accumulation re-derived for its world size.
@@ -304,4 +310,6 @@ class ScaleRules:
         accum, _ = keep_effective_batch(a, b.world)
         restored = replace(restored, accumulation=accum or b.accumulation)
         undo = ScaleDecision("undo", a, restored, f"undo the {decision.kind}: {how} {need}")
-        return Measured(decision, before, after, False, f"{decision.kind} did not pay off: {how} {need}", undo)
+        return Measured(
+            decision, before, after, False, f"{decision.kind} did not pay off: {how} {need}", undo
+        )

@@ -132,7 +132,8 @@ def version_report(cfg: SteadytuneConfig, facts: HostFacts) -> list[Check]:
 
 
 def issue_checks(issues: Sequence[ConfigIssue]) -> list[Check]:
-    """Config problems found by the loader's cross-key checks (missing files, save_steps past the end, ...)."""
+    """Config problems found by the loader's cross-key checks (missing files, save_steps past the end,
+    ...)."""
     return [
         fail("config", "config_" + i.key.replace(".", "_"), f"{i.key}: {i.problem} (got {i.value!r})", i.fix)
         for i in issues

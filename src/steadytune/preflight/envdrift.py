@@ -113,8 +113,8 @@ def environment_check(cfg: SteadytuneConfig, current: Callable[[], dict[str, Any
     return warn(
         "versions",
         "environment",
-        f"{n} package{'s' if n != 1 else ''} differ from {prev.run_id}, the last completed run of this config: "
-        + describe(EnvDiff(d.added, d.removed, d.changed, runtime)),
+        f"{n} package{'s' if n != 1 else ''} differ from {prev.run_id}, the last completed run of this "
+        f"config: " + describe(EnvDiff(d.added, d.removed, d.changed, runtime)),
         f"if the change was not meant, restore it: steadytune env export {prev.root} -o requirements.txt && "
         "pip install -r requirements.txt; if it was, go ahead (the new run records its own env.json)",
         run=prev.run_id,

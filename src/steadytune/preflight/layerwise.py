@@ -156,7 +156,8 @@ def lr_group_lints(cfg: SteadytuneConfig, arch: Architecture | None) -> list[Che
                 warn(
                     "config",
                     "layer_decay",
-                    f"layer_decay={t.layer_decay:g} over {arch.num_layers} layers gives layer 0 x{bottom:.2g} "
+                    f"layer_decay={t.layer_decay:g} over {arch.num_layers} layers gives layer 0 "
+                    f"x{bottom:.2g} "
                     "of the LR: the bottom layers barely train",
                     f"use a decay of at least {MIN_LAYER_FACTOR ** (1 / (arch.num_layers - 1)):.3f}",
                     factor=bottom,

@@ -263,7 +263,8 @@ def small_data_lints(cfg: SteadytuneConfig, arch: Architecture | None, samples: 
             warn(
                 "config",
                 "lora_dropout_small_data",
-                f"lora_dropout=0 with {samples} training samples (under {SMALL_DATASET}): on this little data "
+                f"lora_dropout=0 with {samples} training samples (under {SMALL_DATASET}): on this little "
+                f"data "
                 "the adapter can memorize it, and dropout is its only regularizer",
                 "set lora.lora_dropout: 0.05 (0.1 for models up to 13B)",
                 samples=samples,

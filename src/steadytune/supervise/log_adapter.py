@@ -149,7 +149,11 @@ class LogAdapter:
             st = path.stat()
         except OSError:
             return
-        if self._log_reader is None or (st.st_ino, st.st_dev) != self._log_id or st.st_size < self._log_reader.offset:
+        if (
+            self._log_reader is None
+            or (st.st_ino, st.st_dev) != self._log_id
+            or st.st_size < self._log_reader.offset
+        ):
             # A fresh start (LLaMA-Factory's overwrite_output_dir) replaces the file: read it from the top.
             self._log_reader, self._log_id = JsonlReader(path), (st.st_ino, st.st_dev)
         for row in self._log_reader.dicts():

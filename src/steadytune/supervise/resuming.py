@@ -89,7 +89,8 @@ class Resumes:
             )
 
     def nonfinite_end(self, info: ExitInfo) -> Anomaly | None:
-        """The open NaN/Inf anomaly a completed attempt ended with, where no guard kept it from the weights."""
+        """The open NaN/Inf anomaly a completed attempt ended with, where no guard kept it from the
+        weights."""
         if info.status != "completed" or SKIP_STEP in self.sup.source.abilities:
             return None
         for a in self.sup.detector.open_anomalies():
@@ -99,7 +100,9 @@ class Resumes:
         if grad is not None and not math.isfinite(grad):
             # A tool that filters NaN losses from its logs (HF's logging_nan_inf_filter) still shows the
             # gradients: a run whose last update was non-finite left non-finite weights.
-            return Anomaly("nonfinite_grad", "critical", self.sup.progress.step, self.sup.progress.step, "grad_norm")
+            return Anomaly(
+                "nonfinite_grad", "critical", self.sup.progress.step, self.sup.progress.step, "grad_norm"
+            )
         return None
 
     def failed_resume(self, info: ExitInfo, decision: Decision) -> Decision | None:
@@ -169,7 +172,6 @@ class Resumes:
             if LR not in self.sup.source.abilities:
                 why += "; the LR is unchanged (give --lr-arg and --base-lr, or --preset, to lower it)"
         return changes, kind, why
-
 
 
 def _saved_at(checkpoint: Path) -> int:

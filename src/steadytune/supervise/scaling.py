@@ -52,7 +52,8 @@ class Autoscaler:
     def on_sample(self, rec: SystemSample) -> None:
         sup = self.sup
         shape = shape_of(sup)
-        self.rules.set_micro_batch(shape.micro_batch, shape.accumulation)  # an OOM or auto search may change it
+        # an OOM or auto search may change it
+        self.rules.set_micro_batch(shape.micro_batch, shape.accumulation)
         training = (
             sup.state == "running"
             and sup.worker_phase == "train"
@@ -106,7 +107,9 @@ class Autoscaler:
             )
             return
         if sup.policy.config.mode == "observe":
-            sup.emit("action", "alert_only", f"observe mode: would {d.kind} ({d.reason})", step=sup.progress.step)
+            sup.emit(
+                "action", "alert_only", f"observe mode: would {d.kind} ({d.reason})", step=sup.progress.step
+            )
             self.rules.declined(sup.clock())
             return
         self.scaling, self.asked_at = d, sup.clock()
@@ -136,7 +139,11 @@ class Autoscaler:
         assert d is not None
         resume = sup.resume_point()
         if resume is None and sup.progress.step > 0:
-            return None, f"scale_{d.kind}", f"{d.kind}: the worker stopped without a checkpoint to resume from"
+            return (
+                None,
+                f"scale_{d.kind}",
+                (f"{d.kind}: the worker stopped without a checkpoint to resume from"),
+            )
         self.rules.applied(d, sup.clock())
         self.resized = (d, self.asked_at, sup._last_save_ts)
         changes = {
@@ -157,7 +164,9 @@ def shape_of(sup: Supervisor) -> Shape:
         micro_batch=sup._batch(),
         accumulation=p.gradient_accumulation_steps or cfg.train.gradient_accumulation_steps,
         world=p.nproc_per_node or cfg.run.nproc_per_node,
-        workers=p.dataloader_num_workers if p.dataloader_num_workers is not None else cfg.train.dataloader_num_workers,
+        workers=p.dataloader_num_workers
+        if p.dataloader_num_workers is not None
+        else cfg.train.dataloader_num_workers,
     )
 
 

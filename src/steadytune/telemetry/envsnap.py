@@ -231,7 +231,8 @@ def differences(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
             out.append(f"torch {key} {rt.get(key)} -> {ct.get(key)}")
     if (recorded.get("nvml") or {}).get("driver") != (current.get("nvml") or {}).get("driver"):
         out.append(
-            f"driver {(recorded.get('nvml') or {}).get('driver')} -> {(current.get('nvml') or {}).get('driver')}"
+            f"driver {(recorded.get('nvml') or {}).get('driver')} -> "
+            f"{(current.get('nvml') or {}).get('driver')}"
         )
     return out
 

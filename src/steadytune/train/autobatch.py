@@ -179,7 +179,8 @@ def choose(
             f"{p.batch}: {format_bytes(p.peak_bytes) if p.peak_bytes else 'OOM'}" for p in probes
         )
         raise AutoBatchError(
-            f"per_device_train_batch_size: auto found no micro-batch that fits {format_bytes(cap)} at seq {setup.seq} "
+            f"per_device_train_batch_size: auto found no micro-batch that fits {format_bytes(cap)} at "
+            f"seq {setup.seq} "
             f"({tried or 'estimate'}); turn on train.gradient_checkpointing, lower data.max_seq_length, use "
             "LoRA/QLoRA, or raise the cap"
         )

@@ -77,7 +77,8 @@ def check_bind(
     if token is not None and len(token) < MIN_TOKEN_LEN:
         raise BindRefused(
             f"the dashboard token is {len(token)} characters; use at least {MIN_TOKEN_LEN} "
-            "(e.g. `export STEADYTUNE_DASHBOARD_TOKEN=$(python -c 'import secrets; print(secrets.token_urlsafe(24))')`)"
+            "(e.g. `export STEADYTUNE_DASHBOARD_TOKEN=$(python -c 'import secrets; "
+            "print(secrets.token_urlsafe(24))')`)"
         )
     if exposed is None:
         exposed = reads_need_token(host, public_url)
@@ -85,7 +86,8 @@ def check_bind(
         return
     if is_loopback(host) and public_url:
         raise BindRefused(
-            f"refusing to serve the dashboard at public_url {public_url}: behind a proxy it is reachable from "
+            f"refusing to serve the dashboard at public_url {public_url}: behind a proxy it is reachable "
+            f"from "
             f"other machines, and no token is set. Set {DEFAULT_TOKEN_ENV} (or dashboard.token_file), "
             "or remove public_url and use an SSH tunnel."
         )
@@ -118,7 +120,8 @@ _HOST_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,62}(\.[A-Za-z0-9_][A-Za-z
 
 
 def split_host(host_header: str | None) -> str | None:
-    """The name of a ``Host`` header (``name``, ``name:port``, ``[v6]:port``), lower case; None if malformed."""
+    """The name of a ``Host`` header (``name``, ``name:port``, ``[v6]:port``), lower case; None if
+    malformed."""
     if not host_header or len(host_header) > 300:
         return None
     value = host_header.strip()

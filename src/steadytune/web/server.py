@@ -420,7 +420,8 @@ class Handler(BaseHTTPRequestHandler):
             self.app.stopping.wait(1.0)
 
     def _sse_run(self, entry: RunEntry, since: int, after: int) -> None:
-        """Push what changed: status, new/replaced steps, gradient flow, system samples, events, checkpoints, plans."""
+        """Push what changed: status, new/replaced steps, gradient flow, system samples, events, checkpoints,
+        plans."""
         self._sse_open()
         store = entry.store()
         step_v = sys_v = flow_v = since

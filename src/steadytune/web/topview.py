@@ -93,8 +93,14 @@ def read_gpus(nvml: Any = None) -> list[GpuRow] | None:
 def read_run(root: Path) -> RunRow:
     run = RunDir(root)
     status = read_json(run.status) or {}
-    row = RunRow(run_id=run.run_id, state=status.get("state") or "unknown", step=status.get("step"),
-                 max_steps=status.get("max_steps"), loss=status.get("loss"), tokens_per_s=status.get("tokens_per_s"))  # fmt: skip
+    row = RunRow(
+        run_id=run.run_id,
+        state=status.get("state") or "unknown",
+        step=status.get("step"),
+        max_steps=status.get("max_steps"),
+        loss=status.get("loss"),
+        tokens_per_s=status.get("tokens_per_s"),
+    )
     files = run.telemetry_files()
     steps = [d for d in tail_dicts(files[0]) if d.get("type") == "step"] if files else []
     if steps:
@@ -154,10 +160,14 @@ def frame(gpus: list[GpuRow] | None, runs: list[RunRow], runs_dir: Path) -> Grou
     for run in runs:
         step = NA if run.step is None else (f"{run.step}/{run.max_steps}" if run.max_steps else str(run.step))
         r.add_row(
-            run.run_id, Text(run.state, style=colors.get(run.state, "dim")), step, _fmt(run.loss, ".4f"),
-            _fmt(run.tokens_per_s, ",.0f"), Text(run.anomaly or "–", style="yellow" if run.anomaly else "dim"),
+            run.run_id,
+            Text(run.state, style=colors.get(run.state, "dim")),
+            step,
+            _fmt(run.loss, ".4f"),
+            _fmt(run.tokens_per_s, ",.0f"),
+            Text(run.anomaly or "–", style="yellow" if run.anomaly else "dim"),
             sparkline(run.losses, 20),
-        )  # fmt: skip
+        )
     if not runs:
         r.add_row("(no runs)", "", "", "", "", "", "")
     return Group(g, r, Text("q or Ctrl-C to quit", style="dim"))

@@ -67,7 +67,8 @@ def test_effective_batch_is_kept_and_the_shape_fits(memory: int) -> None:
     ) == expected
     assert rec.max_seq_length == 2048 and batch * accum == 16
     assert rec.peak_bytes == peak(batch, ckpt=ckpt) <= budget
-    # The largest that fits: the next divisor of 16 does not, and checkpointing only when nothing fits without.
+    # The largest that fits: the next divisor of 16 does not, and checkpointing only when nothing fits
+    # without.
     bigger = [d for d in (1, 2, 4, 8, 16) if d > batch]
     assert not bigger or peak(bigger[0], ckpt=ckpt) > budget
     assert not ckpt or peak(1) > budget

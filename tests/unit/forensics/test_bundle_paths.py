@@ -87,8 +87,15 @@ def forbidden(tmp_path: Path) -> list[str]:
 def test_a_bundle_names_no_absolute_path_home_or_user(run: RunDir, tmp_path: Path) -> None:
     info = build_bundle(run, step=4)
     files = members(info.path)
-    assert {n.split("/", 1)[1] for n in files} >= {"bundle.json", "config.yaml", "plan.jsonl", "events.jsonl",
-                                                   "environment.json", "metrics.jsonl", "rng/rng_state.pth"}  # fmt: skip
+    assert {n.split("/", 1)[1] for n in files} >= {
+        "bundle.json",
+        "config.yaml",
+        "plan.jsonl",
+        "events.jsonl",
+        "environment.json",
+        "metrics.jsonl",
+        "rng/rng_state.pth",
+    }
     for name, blob in files.items():
         text = blob.decode("utf-8", "replace")
         for bad in forbidden(tmp_path):

@@ -30,7 +30,9 @@ def rules(**cfg: object) -> ScaleRules:
         "cooldown_s": 100,
         "compare_steps": 4,
     }
-    return ScaleRules(ScaleConfig.model_validate({**base, **cfg}), Shape(micro_batch=2, accumulation=4, world=1))
+    return ScaleRules(
+        ScaleConfig.model_validate({**base, **cfg}), Shape(micro_batch=2, accumulation=4, world=1)
+    )
 
 
 def feed(r: ScaleRules, util: float, t0: float, t1: float, cpu: float | None = 10.0, training: bool = True):
@@ -184,7 +186,9 @@ def test_job_reading_takes_the_jobs_own_gpus() -> None:
     assert job_reading(5.0, None, gpus, world=1).gpu_util == pytest.approx(10.0)
     assert job_reading(5.0, None, (GpuSample(0),), world=1).gpu_util is None
     assert job_reading(5.0, None, (), world=1).gpus_available is None
-    assert parse_visible("2, 3") == [2, 3] and parse_visible("GPU-abc") is None and parse_visible(None) is None
+    assert (
+        parse_visible("2, 3") == [2, 3] and parse_visible("GPU-abc") is None and parse_visible(None) is None
+    )
 
 
 def test_config_errors_name_the_key_and_the_fix(tmp_path: Path) -> None:

@@ -11,13 +11,29 @@ import pytest
 from tests.fresh import HEAVY, fresh_imports
 
 TORCH_FREE = [
-    "steadytune.records", "steadytune.config", "steadytune.telemetry.store", "steadytune.telemetry.events",
-    "steadytune.telemetry.sampler", "steadytune.detect.live", "steadytune.policy.engine", "steadytune.policy.plan",
-    "steadytune.supervise.supervisor", "steadytune.supervise.command", "steadytune.supervise.log_adapter", "steadytune.alerts.router",
-    "steadytune.web.server", "steadytune.checkpoint.store", "steadytune.estimate", "steadytune.cli.main",
-    "steadytune.preflight", "steadytune.forensics.inspect", "steadytune.telemetry.runenv",
-    "steadytune.forensics.envdiff", "steadytune.preflight.envdrift", "steadytune.cli.env",
-]  # fmt: skip
+    "steadytune.records",
+    "steadytune.config",
+    "steadytune.telemetry.store",
+    "steadytune.telemetry.events",
+    "steadytune.telemetry.sampler",
+    "steadytune.detect.live",
+    "steadytune.policy.engine",
+    "steadytune.policy.plan",
+    "steadytune.supervise.supervisor",
+    "steadytune.supervise.command",
+    "steadytune.supervise.log_adapter",
+    "steadytune.alerts.router",
+    "steadytune.web.server",
+    "steadytune.checkpoint.store",
+    "steadytune.estimate",
+    "steadytune.cli.main",
+    "steadytune.preflight",
+    "steadytune.forensics.inspect",
+    "steadytune.telemetry.runenv",
+    "steadytune.forensics.envdiff",
+    "steadytune.preflight.envdrift",
+    "steadytune.cli.env",
+]
 
 
 def test_supervisor_side_modules_do_not_import_torch() -> None:
@@ -33,7 +49,9 @@ RAY_FREE = [*TORCH_FREE, "steadytune.supervise.ray_source", "steadytune.engines.
 
 
 def test_supervisor_side_modules_do_not_import_ray() -> None:
-    code = "".join(f"import {m}\n" for m in RAY_FREE) + "from steadytune.cli.main import build_parser\nbuild_parser()\n"
+    code = "".join(f"import {m}\n" for m in RAY_FREE) + (
+        "from steadytune.cli.main import build_parser\nbuild_parser()\n"
+    )
     assert fresh_imports(code, watch=("ray", *HEAVY)) == []
 
 

@@ -1,4 +1,5 @@
-"""The gradient-flow heat map: cell states agree with the detector, buckets keep the worst cell, the API serves it."""
+"""The gradient-flow heat map: cell states agree with the detector, buckets keep the worst cell, the API
+serves it."""
 
 from __future__ import annotations
 

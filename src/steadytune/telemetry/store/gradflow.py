@@ -26,7 +26,8 @@ def flow_num(value: Any) -> float | None:
 
 
 def _flow_text(values: Sequence[float | None]) -> str:
-    """JSON of per-layer numbers; a NaN/Inf norm is the evidence of an exploding layer, so it is kept as text."""
+    """JSON of per-layer numbers; a NaN/Inf norm is the evidence of an exploding layer, so it is kept
+    as text."""
     return json.dumps([None if v is None else nonfinite_text(v) for v in values])
 
 

@@ -117,7 +117,8 @@ class Ingest(StoreBase):
         cols = ", ".join(f"{m}_min, {m}_max, {m}_sum, {m}_n" for m in STEP_METRICS)
         self._db.execute(
             f"INSERT OR REPLACE INTO steps_rollup(rank, bucket, first, last, n, tokens, nonfinite, {cols}) "
-            f"SELECT rank, step / {ROLLUP}, MIN(step), MAX(step), COUNT(*), SUM(tokens), SUM(nonfinite), {aggs} "
+            f"SELECT rank, step / {ROLLUP}, MIN(step), MAX(step), COUNT(*), SUM(tokens), SUM(nonfinite), "
+            f"{aggs} "
             "FROM steps WHERE rank=? AND step BETWEEN ? AND ? GROUP BY step / ?",
             (rank, b_lo * ROLLUP, b_hi * ROLLUP + ROLLUP - 1, ROLLUP),
         )

@@ -66,7 +66,8 @@ class Queries(StoreBase):
                 # Find the newest bucket holding the metric, then the row inside it: a
                 # sparse metric (eval loss) never costs a scan of the whole table.
                 b = self._db.execute(
-                    f"SELECT first, last FROM steps_rollup WHERE rank=? AND {m}_n>0 ORDER BY bucket DESC LIMIT 1",
+                    f"SELECT first, last FROM steps_rollup WHERE rank=? AND {m}_n>0 ORDER BY bucket DESC "
+                    f"LIMIT 1",
                     (rank,),
                 ).fetchone()
                 if b is None:
@@ -170,7 +171,8 @@ class Queries(StoreBase):
                 )
                 sql = (
                     f"SELECT MIN(first), MAX(last), SUM(n), {aggs} FROM steps_rollup "
-                    "WHERE rank=? AND last >= ? AND first <= ? GROUP BY CAST((first - ?) / ? AS INTEGER) ORDER BY 1"
+                    "WHERE rank=? AND last >= ? AND first <= ? GROUP BY CAST((first - ?) / ? AS INTEGER) "
+                    "ORDER BY 1"
                 )
                 raw = self._db.execute(sql, (*params, lo, hi, lo, width)).fetchall()
             else:
@@ -197,7 +199,8 @@ class Queries(StoreBase):
     def system_since(self, version: int, limit: int = 2000) -> list[dict[str, Any]]:
         with self._lock:
             cur = self._db.execute(
-                f"SELECT ts, {', '.join(SYSTEM_METRICS)}, version FROM system WHERE version>? ORDER BY version LIMIT ?",
+                f"SELECT ts, {', '.join(SYSTEM_METRICS)}, version FROM system WHERE version>? ORDER BY "
+                f"version LIMIT ?",
                 (version, limit),
             )
             names = [d[0] for d in cur.description]
@@ -261,7 +264,8 @@ class Queries(StoreBase):
             return [
                 (r[0], r[1], int(r[2]))
                 for r in self._db.execute(
-                    "SELECT name, severity, COUNT(*) FROM events WHERE kind=? GROUP BY name, severity ORDER BY 1, 2",
+                    "SELECT name, severity, COUNT(*) FROM events WHERE kind=? GROUP BY name, severity "
+                    "ORDER BY 1, 2",
                     (kind,),
                 )
             ]

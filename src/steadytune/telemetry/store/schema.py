@@ -109,7 +109,8 @@ class StoreBase:
     def _max_version(self) -> int:
         try:
             row = self._db.execute(
-                "SELECT MAX(v) FROM (SELECT MAX(version) v FROM steps UNION ALL SELECT MAX(version) FROM system)"
+                "SELECT MAX(v) FROM (SELECT MAX(version) v FROM steps UNION ALL SELECT MAX(version) FROM "
+                "system)"
             ).fetchone()
         except sqlite3.OperationalError:
             return 0
