@@ -7,7 +7,6 @@ reading that is unavailable is shown as N/A, never raised.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from rich.text import Text
 
 from steadytune.rundir import RunDir, valid_run_id
 from steadytune.telemetry.jsonl import tail_dicts
+from steadytune.telemetry.sampler import nvml_read
 from steadytune.web.downsample import sparkline
 from steadytune.web.runs import looks_like_run, read_json
 
@@ -47,13 +47,6 @@ class RunRow:
     losses: list[float] = field(default_factory=list)
 
 
-def _nvml_value(fn: Callable[[], Any]) -> Any:
-    try:
-        return fn()
-    except Exception:  # one unsupported reading (power on some boards) is N/A, not an error
-        return None
-
-
 def read_gpus(nvml: Any = None) -> list[GpuRow] | None:
     """Every GPU via NVML; ``None`` when NVML (nvidia-ml-py or the driver) is absent."""
     if nvml is None:
@@ -69,11 +62,11 @@ def read_gpus(nvml: Any = None) -> list[GpuRow] | None:
     try:
         for i in range(nvml.nvmlDeviceGetCount()):
             h = nvml.nvmlDeviceGetHandleByIndex(i)
-            name = _nvml_value(lambda h=h: nvml.nvmlDeviceGetName(h))
-            mem = _nvml_value(lambda h=h: nvml.nvmlDeviceGetMemoryInfo(h))
-            util = _nvml_value(lambda h=h: nvml.nvmlDeviceGetUtilizationRates(h))
-            temp = _nvml_value(lambda h=h: nvml.nvmlDeviceGetTemperature(h, 0))
-            power = _nvml_value(lambda h=h: nvml.nvmlDeviceGetPowerUsage(h))
+            name = nvml_read(nvml.nvmlDeviceGetName, h)
+            mem = nvml_read(nvml.nvmlDeviceGetMemoryInfo, h)
+            util = nvml_read(nvml.nvmlDeviceGetUtilizationRates, h)
+            temp = nvml_read(nvml.nvmlDeviceGetTemperature, h, 0)
+            power = nvml_read(nvml.nvmlDeviceGetPowerUsage, h)
             rows.append(
                 GpuRow(
                     index=i,
@@ -86,7 +79,7 @@ def read_gpus(nvml: Any = None) -> list[GpuRow] | None:
                 )
             )
     finally:
-        _nvml_value(nvml.nvmlShutdown)
+        nvml_read(nvml.nvmlShutdown)
     return rows
 
 
