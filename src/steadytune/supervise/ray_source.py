@@ -26,7 +26,7 @@ from steadytune.protocol import WorkerEvent
 from steadytune.records import Event, PlanRevision, Record
 from steadytune.rundir import RunDir
 from steadytune.supervise.process import WorkerProcess
-from steadytune.supervise.restarts import replay_detector, resume_expectation
+from steadytune.supervise.restarts import replay_detector
 from steadytune.supervise.source import NativeSource
 
 if TYPE_CHECKING:
@@ -170,4 +170,4 @@ def on_worker_group_started(self: Supervisor, ev: Event, filed: Event | None) ->
     self.last_heartbeat = {0: self.clock()}
     self.worker_phase, self.phase_since = "setup", self.clock()
     self.attempt_stepped = False
-    self._expect = resume_expectation(Path(resume)) if resume else None
+    self.resumes.expect(Path(resume) if resume else None)

@@ -168,7 +168,8 @@ def test_a_resize_and_a_restart_are_plan_revisions_with_their_world_size(tmp_pat
     sup.handle(group_event(0, 1, START, None))
     c4 = str(ckpt(sup.run.checkpoints, 4, attempt=0))
     sup.handle(group_event(1, 2, RESIZE, c4, before=1))
-    assert sup.attempt == 1 and sup.attempt_stepped is False and sup._expect["step"] == 4  # a new timeline
+    # A new timeline, whose first step is checked against the checkpoint it resumes.
+    assert sup.attempt == 1 and sup.attempt_stepped is False and sup.resumes._expect["step"] == 4
     sup.handle(group_event(2, 1, RESTART, c4, before=2))
     revisions = [from_json(x) for x in sup.run.plan.read_text().splitlines()]
     assert [(p.reason, p.attempt, p.world_size) for p in revisions] == [
