@@ -49,8 +49,8 @@ class Sink(Protocol):
 class _Base:
     def __init__(self, conf: cfg._SinkBase, redactor: Redactor) -> None:
         self.name = conf.name or conf.type  # type: ignore[attr-defined]
-        self.min_severity = conf.min_severity
-        self.rate_limit_per_hour = conf.rate_limit_per_hour
+        self.min_severity: str | None = conf.min_severity
+        self.rate_limit_per_hour: int | None = conf.rate_limit_per_hour
         self.redact = redactor
 
     def _fail(self, what: str, exc: BaseException | str, permanent: bool = False) -> DeliveryError:

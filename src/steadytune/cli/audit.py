@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from steadytune.cli._common import add_command, fail
+from steadytune.cli._common import add_command, fail, print_help_status
 
 
 def register(sub: Any) -> None:
@@ -50,7 +50,7 @@ def register(sub: Any) -> None:
     )
     v.add_argument("--format", choices=("text", "json"), default="text")
     v.set_defaults(func=verify_main)
-    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
+    p.set_defaults(func=lambda args: print_help_status(p))
 
 
 def unredacted_secrets(config_text: str) -> list[str]:

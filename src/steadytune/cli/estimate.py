@@ -214,7 +214,9 @@ def run(args: argparse.Namespace) -> int:
         device_memory=device_memory,
         max_micro_batch=best_batch,
         max_seq_len=max_seq_len(arch, setup, device_memory) if device_memory is not None else None,
-        suggestions=tuple(suggestions(arch, setup, device_memory)) if fits is False else (),
+        suggestions=tuple(suggestions(arch, setup, device_memory))
+        if fits is False and device_memory is not None
+        else (),
         measured=measured,
         measured_estimate=measured_estimate,
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -88,7 +89,7 @@ def _lookup(data: Any, loc: tuple[Any, ...]) -> Any:
     return data
 
 
-def _issue_from_error(err: dict[str, Any], raw: dict[str, Any]) -> ConfigIssue:
+def _issue_from_error(err: Mapping[str, Any], raw: dict[str, Any]) -> ConfigIssue:
     # Union and literal branches append their type to loc (e.g. ('int',)); keep real keys only.
     loc = tuple(
         p

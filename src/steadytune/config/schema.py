@@ -8,6 +8,7 @@ validation errors, so keep them short and concrete.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
@@ -38,7 +39,7 @@ def _check_regex(pattern: str) -> str:
     return pattern
 
 
-def _check_patterns(v: dict[str, float], what: str, low: float, high: float) -> None:
+def _check_patterns(v: Mapping[str, float], what: str, low: float, high: float) -> None:
     """Every bad key and value of a rank/alpha pattern, in one message."""
     problems = [p for key in v if (p := _regex_problem(key))]
     problems += [

@@ -43,7 +43,7 @@ _MIN_GAIN_SIGMAS = 4.0
 
 def is_preference_or_rl(extra: Mapping[str, Any] | None) -> bool:
     """True when a record's fields say it comes from an RL or preference objective."""
-    return bool(extra) and any(_MARKER.search(k) for k in extra)
+    return bool(extra) and any(_MARKER.search(k) for k in extra or ())
 
 
 def _first(extra: Mapping[str, Any], keys: tuple[str, ...]) -> tuple[str, float] | None:

@@ -215,7 +215,7 @@ class OscillationWatch:
             self._epoch = whole
         self._ys.append(lp.y)
         self._count += 1
-        if self._count % _STRIDE or len(self._ys) < self._ys.maxlen:
+        if self._count % _STRIDE or len(self._ys) < (self._ys.maxlen or 0):
             return
         ordered = sorted(self._ys)
         n = len(ordered)

@@ -155,7 +155,8 @@ def trainer_pid(root: int) -> int:
         try:
             if "python" not in p.name().lower():
                 continue
-            depth, q = 0, p
+            depth = 0
+            q: psutil.Process | None = p
             while q is not None and q.pid != root:
                 q, depth = q.parent(), depth + 1
         except psutil.Error:

@@ -156,7 +156,8 @@ def verify_chain(path: Path, trust: AuditTrust | None = None, allow_unkeyed: boo
     for lineno, entry in _entries(path):
         if isinstance(entry, dict) and isinstance(entry.get("seq"), int):
             where[entry["seq"]] = lineno
-    prev, expected, seen = GENESIS, 0, {}
+    seen: dict[str, int] = {}
+    prev, expected = GENESIS, 0
     for lineno, entry in _entries(path):
         digest = None
         if isinstance(entry, dict):
@@ -192,7 +193,7 @@ def verify_chain(path: Path, trust: AuditTrust | None = None, allow_unkeyed: boo
                     lineno,
                 )
             res.unsigned_entries += 1
-        elif key is not None and not key.mac_ok(digest, entry["mac"]):
+        elif key is not None and not key.mac_ok(str(digest), entry["mac"]):
             return res.fail(
                 "forged",
                 f"line {lineno} (seq {entry.get('seq')}) has a MAC that does not match: it was rewritten "

@@ -204,7 +204,8 @@ def opened(bundle: Path, limits: UnpackLimits | None = None) -> Iterator[Path]:
         try:
             with (
                 gzip.open(bundle, "rb") as gz,
-                tarfile.open(fileobj=_Capped(gz, limits.stream_bytes, str(bundle)), mode="r:") as tar,
+                # _Capped is a read-only file object: tarfile reads it, nothing more.
+                tarfile.open(fileobj=_Capped(gz, limits.stream_bytes, str(bundle)), mode="r:") as tar,  # type: ignore[call-overload]
             ):
                 members = check_members(tar, limits, tmp, str(bundle))
                 need, free = sum(m.size for m in members), shutil.disk_usage(tmp).free
@@ -484,19 +485,21 @@ def replay(
     )
     staging = Path(tempfile.mkdtemp(prefix="steadytune-replay-"))
     args = training_arguments(cfg, plan, staging, has_eval=False)
-    model = _load_model(cfg, ckpt)
-    trainer = Trainer(model=model, args=args, data_collator=Collator(tok.pad_token_id), processing_class=tok)
+    net = _load_model(cfg, ckpt)
+    trainer = Trainer(model=net, args=args, data_collator=Collator(tok.pad_token_id), processing_class=tok)
     max_steps = int(meta.get("max_steps") or cfg.train.max_steps)
     if max_steps <= 0:
         raise ValueError(
             "the bundle does not say how many steps the run had (max_steps); the LR schedule needs it"
         )
     trainer.create_optimizer_and_scheduler(num_training_steps=max_steps)
+    optimizer, scheduler = trainer.optimizer, trainer.lr_scheduler
+    assert optimizer is not None and scheduler is not None  # just created
     if ckpt is not None:
         trainer._load_optimizer_and_scheduler(str(ckpt))  # the Trainer's own resume path
         trainer._load_rng_state(str(ckpt))
     else:
-        notes.append("no checkpoint before the step: replayed from the base model with a fresh optimizer")
+        notes.append("no checkpoint before the step: replayed from the base net with a fresh optimizer")
     fmt = (
         cfg.data.format
         if cfg.data.format != "auto"
@@ -510,8 +513,9 @@ def replay(
     )
     outcomes: list[StepOutcome] = []
     by_sample: list[dict[str, Any]] = []
-    model = trainer.model
-    model.zero_grad(set_to_none=True)
+    net = trainer.model  # the Trainer's, on its device
+    assert net is not None
+    net.zero_grad(set_to_none=True)
     for entry in meta["replay"]:
         spec = dataclasses.replace(
             base_spec, max_seq_length=entry["max_seq_length"] or base_spec.max_seq_length
@@ -534,17 +538,18 @@ def replay(
         trainer.current_gradient_accumulation_steps = len(batches)
         loss, bad = 0.0, False
         for mb in batches:
-            value = float(trainer.training_step(model, mb, num_items))
+            value = float(trainer.training_step(net, mb, num_items))
             bad |= not math.isfinite(value)
             loss += value if math.isfinite(value) else 0.0
         loss = math.nan if bad else loss
-        params = [p for p in model.parameters() if p.grad is not None]
+        params = [p for p in net.parameters() if p.grad is not None]
         if args.max_grad_norm and args.max_grad_norm > 0:
             norm = float(torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm))
         else:
             norm = (
                 float(
-                    torch.linalg.vector_norm(torch.stack([p.grad.detach().float().norm(2) for p in params]))
+                    # params holds only parameters with a gradient.
+                    torch.linalg.vector_norm(torch.stack([p.grad.detach().float().norm(2) for p in params]))  # type: ignore[union-attr]
                 )
                 if params
                 else 0.0
@@ -564,16 +569,15 @@ def replay(
             )
         )
         if entry["step"] == meta["step"]:
-            by_sample = per_sample_loss(model, feats, entry["indices"], args.device)
+            by_sample = per_sample_loss(net, feats, entry["indices"], args.device)
             break
         if not (math.isfinite(loss) and math.isfinite(norm)):
-            model.zero_grad(
-                set_to_none=True
-            )  # the guard's skip: the optimizer then leaves every weight alone
-        _apply_recorded_lr(trainer.optimizer, entry, notes)
-        trainer.optimizer.step()
-        trainer.lr_scheduler.step()
-        model.zero_grad(set_to_none=True)
+            # The guard's skip: the optimizer then leaves every weight alone.
+            net.zero_grad(set_to_none=True)
+        _apply_recorded_lr(optimizer, entry, notes)
+        optimizer.step()
+        scheduler.step()
+        net.zero_grad(set_to_none=True)
     if any(e.get("ranks", 1) > 1 for e in meta["replay"]):
         notes.append("multi-rank run: rank 0's batch replayed on one process; grad norms are not compared")
     res = _verdict(meta, ckpt, outcomes, notes)
@@ -612,7 +616,7 @@ def per_sample_loss(
 
     was_training = model.training
     model.eval()  # no dropout: the shares should not depend on a random mask
-    rows = []
+    rows: list[dict[str, Any]] = []
     with torch.no_grad():
         for sid, f in zip(ids, feats, strict=False):
             inputs = torch.tensor([f["input_ids"]], device=device)

@@ -179,16 +179,15 @@ class Replayer:
             for t in self.detector.observe_system(rec):
                 self._transition(t, ts)
         elif isinstance(rec, Event):
-            if (
-                rec.kind in _FILED
-            ):  # the worker's own reports (skip_step, disk_low): facts, filed as they came
+            # The worker's own reports (skip_step, disk_low): facts, filed as they came.
+            if rec.kind in _FILED:
                 self.entries.append(
                     Entry(rec.kind, rec.name, rec.step, ts, rec.severity, rec.message, "worker")
                 )
             if rec.name == "skip_step" and rec.step is not None and self.pending is None:
-                action = self.policy.on_skipped_update(rec.step, int(rec.data.get("consecutive", 1)))
-                if action is not None:
-                    self._act(action, ts)
+                escalated = self.policy.on_skipped_update(rec.step, int(rec.data.get("consecutive", 1)))
+                if escalated is not None:
+                    self._act(escalated, ts)
         elif isinstance(rec, WorkerExit):
             self.last_beat = None  # between attempts nobody is expected to beat
 
@@ -234,7 +233,7 @@ def recorded(run: RunDir) -> list[Entry]:
     """The same timeline as the supervisor filed it in ``events.jsonl``."""
     out = []
     for e in read_events(run.events):
-        kind = e.kind
+        kind: str = e.kind
         if e.name == "restart" or (e.name == "worker_started" and int(e.data.get("attempt", 0)) > 0):
             kind = "restart"
         elif kind not in {"anomaly", "resolved", "action", "alert"}:

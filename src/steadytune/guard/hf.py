@@ -8,6 +8,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from transformers import Trainer, TrainerCallback
@@ -44,7 +45,7 @@ def _agreed(request: dict[str, Any] | None) -> dict[str, Any] | None:
 
 def _calling_trainer(callback: TrainerCallback) -> Trainer | None:
     """The Trainer whose loop is calling ``callback``: HF hands callbacks no reference to it."""
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         obj = frame.f_locals.get("self")
         if isinstance(obj, Trainer) and any(cb is callback for cb in obj.callback_handler.callbacks):
@@ -219,7 +220,7 @@ class GuardCallback(TrainerCallback):
             self._memory_snapshot(request, state.global_step)
             request = None
         if request is not None:
-            command = request.get("command")
+            command = str(request.get("command"))
             self.guard.notify(
                 "control",
                 WorkerEvent.ack(command),

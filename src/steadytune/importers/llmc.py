@@ -96,7 +96,7 @@ def parse_step_cu(text: str) -> tuple[int, dict[str, float]] | None:
     full = _FULL_CU.match(text)
     if full is not None:
         step, loss, norm, lr, ms, mfu, tps = full.groups()
-        fields = {"loss": float(loss), "grad_norm": float(norm), "lr": float(lr)}
+        fields: dict[str, float] = {"loss": float(loss), "grad_norm": float(norm), "lr": float(lr)}
         fields["step_time_s"] = float(ms) / 1000.0
         if float(mfu) >= 0:
             fields["mfu_percent"] = float(mfu)
@@ -105,7 +105,7 @@ def parse_step_cu(text: str) -> tuple[int, dict[str, float]] | None:
     m = STEP_CU.match(text)
     if m is None:
         return None
-    fields: dict[str, float] = {}
+    fields = {}
     for part in text[m.end() :].split("|"):
         pm = _PART.match(part)
         if pm is None:

@@ -32,7 +32,7 @@ class NvmlSource(Nvml):
             used = getattr(p, "usedGpuMemory", None)
             # NVML reports "not available" as None or as a huge sentinel, depending on the driver.
             ok = isinstance(used, int) and 0 <= used < (1 << 60)
-            out.append(GpuProcess(pid=int(p.pid), used_bytes=int(used) if ok else None))
+            out.append(GpuProcess(pid=int(p.pid), used_bytes=int(used) if ok and used is not None else None))
         return tuple(out)
 
     def __call__(self) -> tuple[GpuReading, ...]:

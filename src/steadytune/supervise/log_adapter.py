@@ -163,9 +163,8 @@ class LogAdapter:
                 for k, v in row.items()
                 if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "current_steps"
             }
-            values = {k: v for k, v in values.items() if v is not None}
             if isinstance(step, int):
-                self._from_log_file(step, values)
+                self._from_log_file(step, {k: v for k, v in values.items() if v is not None})
 
     def _from_log_file(self, step: int, values: dict[str, float]) -> None:
         """A trainer_log.jsonl row: recorded once the dict printed for its step has joined it.

@@ -165,10 +165,10 @@ class Resumes:
                 if (checkpoint_step(path) or 0) > target:
                     self._abandoned[path] = _saved_at(path)
             if target in verified and changes is not None:
-                resume = verified[target]
+                target_dir = verified[target]
                 if changes.get("lr_scale") not in (None, self.sup.plan.lr_scale):
-                    resume = self.sup.source.resume_copy(resume)
-                changes["resume_checkpoint"] = str(resume)
+                    target_dir = self.sup.source.resume_copy(target_dir)
+                changes["resume_checkpoint"] = str(target_dir)
             if LR not in self.sup.source.abilities:
                 why += "; the LR is unchanged (give --lr-arg and --base-lr, or --preset, to lower it)"
         return changes, kind, why

@@ -93,7 +93,7 @@ class NativeSource:
 
     def __init__(self, run: RunDir, nproc_per_node: int = 1, env: dict[str, str] | None = None) -> None:
         self.run, self.nproc, self.env = run, nproc_per_node, dict(env or {})
-        self.checkpoint_root = run.checkpoints
+        self.checkpoint_root: Path | None = run.checkpoints
 
     def start(self, plan: PlanRevision, log_path: Path) -> WorkerProcess:
         clean_staging(self.run.staging)
@@ -107,7 +107,7 @@ class NativeSource:
         nproc = plan.nproc_per_node or self.nproc
         return WorkerProcess(worker_command(self.run.root, nproc), log_path, env=env)
 
-    def poll(self) -> None:
+    def poll(self) -> Iterable[Record] | None:
         return None
 
     def settle(self) -> None:

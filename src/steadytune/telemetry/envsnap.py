@@ -48,7 +48,7 @@ def packages() -> list[str]:
     """``name==version`` of every installed distribution (what ``pip freeze`` would list), sorted."""
     seen: dict[str, str] = {}
     for dist in importlib.metadata.distributions():
-        name = dist.metadata.get("Name")
+        name = dist.metadata.get("Name")  # type: ignore[attr-defined]  # an email Message at run time
         if name and name.lower() not in seen:
             seen[name.lower()] = f"{name}=={dist.version}"
     return [seen[k] for k in sorted(seen)]
@@ -62,7 +62,7 @@ def local_packages() -> dict[str, str]:
     """
     out: dict[str, str] = {}
     for dist in importlib.metadata.distributions():
-        name = dist.metadata.get("Name")
+        name = dist.metadata.get("Name")  # type: ignore[attr-defined]  # an email Message at run time
         raw = dist.read_text("direct_url.json")
         if not name or not raw or name.lower() in out:
             continue

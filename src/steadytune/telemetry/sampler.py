@@ -106,6 +106,8 @@ class SystemSampler:
 
     def sample(self, worker_pid: int | None = None) -> SystemSample:
         vm = psutil.virtual_memory()
+        free: int | None
+        total: int | None
         try:
             du = shutil.disk_usage(self.disk_path)
             free, total = du.free, du.total

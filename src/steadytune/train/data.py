@@ -54,7 +54,8 @@ def load_rows(path: str | Path) -> list[dict[str, Any]]:
                         rows.append(json.loads(line))
                     except ValueError as exc:
                         raise DataError(
-                            f"{path}:{n}: not valid JSON ({exc.msg}); fix or remove that line"
+                            f"{path}:{n}: not valid JSON ({getattr(exc, 'msg', exc)}); "
+                            "fix or remove that line"
                         ) from None
         return rows
     if suffix == ".json":
@@ -211,7 +212,7 @@ def build_dataset(tok: Any, spec: DataSpec, cache: bool = True) -> Any:
             shutil.rmtree(target, ignore_errors=True)  # a damaged cache entry is rebuilt, never trusted
     encoded = []
     for i, row in enumerate(rows):
-        enc = encode_row(tok, row, fmt, spec)
+        enc: dict[str, Any] = encode_row(tok, row, fmt, spec)
         enc[SAMPLE_ID] = i
         enc[SAMPLE_HASH] = _hash_ids(enc["input_ids"])
         encoded.append(enc)

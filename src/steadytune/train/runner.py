@@ -116,7 +116,7 @@ class GuardedTrainer(Trainer):
         """The HF optimizer, with one param group per configured LR group when there are any."""
         plan = self.st_lr_plan
         if self.optimizer is None and plan is not None and plan.grouped:
-            opt_model = self.model if model is None else model
+            opt_model: Any = self.model if model is None else model
             cls, kwargs = self.get_optimizer_cls_and_kwargs(self.args, opt_model)
             if {"params", "model", "optimizer_dict"} & set(kwargs):
                 raise ValueError(
@@ -141,7 +141,7 @@ class GuardedTrainer(Trainer):
     def compute_loss(
         self, model: Any, inputs: dict[str, Any], return_outputs: bool = False, num_items_in_batch: Any = None
     ) -> Any:
-        out = super().compute_loss(
+        out: Any = super().compute_loss(
             model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
         )
         if self.st_faults.poison(self.state.global_step + 1, self.st_guard.attempt):
@@ -184,6 +184,7 @@ class GuardedTrainer(Trainer):
                 loss_sum = part if loss_sum is None else loss_sum + part
         finally:
             self.current_gradient_accumulation_steps = saved_ga
+        assert loss_sum is not None  # a batch splits into at least one chunk
         return loss_sum
 
     def training_step(
@@ -292,7 +293,7 @@ def load_model(cfg: SteadytuneConfig, gradient_checkpointing: bool) -> Any:
     lora = cfg.lora
     peft_cfg = LoraConfig(
         r=lora.r,
-        lora_alpha=lora.lora_alpha,
+        lora_alpha=lora.lora_alpha,  # type: ignore[arg-type]  # PEFT scales by alpha / r: a float works
         lora_dropout=lora.lora_dropout,
         target_modules=lora.target_modules,
         bias=lora.bias,
@@ -390,7 +391,7 @@ def build_trainer(
         eval_ds = build_dataset(tok, eval_spec)
     skip = {i for a, b in plan.skip_ranges for i in range(a, b + 1)}
     args = training_arguments(cfg, plan, staging, eval_ds is not None)
-    model = load_model(cfg, args.gradient_checkpointing)
+    model = load_model(cfg, bool(args.gradient_checkpointing))
     groups = lr_plan(cfg, plan, args.learning_rate)
     if groups.grouped:
         callbacks = [*callbacks, OptimizerGroupsReport(guard)]

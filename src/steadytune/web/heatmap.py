@@ -72,7 +72,7 @@ def _column(bucket: Sequence[GradFlow], layers: list[str]) -> dict[str, Any]:
         if worst == OK:
             # Healthy throughout: the geometric mean, the middle of a log colour scale.
             logs = [math.log10(c[0]) for c in known if c[0]]  # OK implies a finite norm >= 1e-3
-            norm: float | None = 10 ** (sum(logs) / len(logs))
+            norm = 10 ** (sum(logs) / len(logs))
             zfs = [c[1] for c in known if c[1] is not None]
             zf = sum(zfs) / len(zfs) if zfs else None
         else:

@@ -9,6 +9,7 @@ import re
 import socket
 import urllib.parse
 from collections.abc import Iterable, Mapping
+from email.message import Message
 from pathlib import Path
 
 from steadytune.config.dashboard import DEFAULT_TOKEN_ENV
@@ -105,7 +106,7 @@ def token_ok(expected: str | None, given: str | None) -> bool:
     return hmac.compare_digest(expected.encode("utf-8"), given.encode("utf-8"))
 
 
-def bearer(headers: Mapping[str, str]) -> str | None:
+def bearer(headers: Mapping[str, str] | Message) -> str | None:
     """The token from ``X-Steadytune-Token`` or ``Authorization: Bearer``; cookies are never read."""
     value = headers.get(TOKEN_HEADER)
     if value:

@@ -51,9 +51,10 @@ def read_gpus(nvml: Any = None) -> list[GpuRow] | None:
     """Every GPU via NVML; ``None`` when NVML (nvidia-ml-py or the driver) is absent."""
     if nvml is None:
         try:
-            import pynvml as nvml  # lazily: optional extra `steadytune[gpu]`
+            import pynvml  # lazily: optional extra `steadytune[gpu]`
         except ImportError:
             return None
+        nvml = pynvml
     try:
         nvml.nvmlInit()
     except Exception:

@@ -101,10 +101,11 @@ class Ingest(StoreBase):
                 # A later attempt redid this step without a recording: the old one no longer applies.
                 stale.append((r.rank, r.step, r.attempt))
         if flows:
-            cols = ("rank", "step", "attempt", "ts", "layers", "norm", "zero_frac", "hist", "bins", "version")
-            updates = ", ".join(f"{c}=excluded.{c}" for c in cols[2:])
+            names: tuple[str, ...] = ("rank", "step", "attempt", "ts", "layers", "norm", "zero_frac")
+            names += ("hist", "bins", "version")
+            updates = ", ".join(f"{c}=excluded.{c}" for c in names[2:])
             self._db.executemany(
-                f"INSERT INTO gradflow({', '.join(cols)}) VALUES({', '.join('?' * len(cols))}) "
+                f"INSERT INTO gradflow({', '.join(names)}) VALUES({', '.join('?' * len(names))}) "
                 f"ON CONFLICT(rank, step) DO UPDATE SET {updates} WHERE excluded.attempt >= gradflow.attempt",
                 flows,
             )
