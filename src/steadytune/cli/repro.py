@@ -65,7 +65,7 @@ def register(sub: Any) -> None:
         help="with --check: allow model.trust_remote_code: true from the bundle's config, which runs the "
         "model's own Python code (off by default: only for a bundle and a model you trust)",
     )
-    from steadytune.forensics.replaystep import add_limit_flags
+    from steadytune.forensics.unpack import add_limit_flags
 
     add_limit_flags(p)  # with --check
     p.add_argument("--format", choices=("text", "json"), default="text")

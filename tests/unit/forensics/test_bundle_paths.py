@@ -19,8 +19,9 @@ import yaml
 
 from steadytune.checkpoint.manifest import write_manifest
 from steadytune.forensics.bundle import build_bundle
+from steadytune.forensics.bundlerun import locate_run, prepare, resolve_checkpoint
 from steadytune.forensics.pathredact import PathRedactor
-from steadytune.forensics.replaystep import locate_run, opened, prepare, resolve_checkpoint
+from steadytune.forensics.unpack import opened
 from steadytune.records import BatchFingerprint, Event, PlanRevision, StepRecord
 from steadytune.rundir import RunDir
 from steadytune.telemetry.events import EventLog

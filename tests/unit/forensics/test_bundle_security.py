@@ -113,7 +113,8 @@ def test_a_model_path_inside_the_bundle_is_refused_even_when_trusted(tmp_path: P
 
 
 def test_guard_keeps_remote_code_off_unless_asked_and_accepts_the_included_checkpoint(tmp_path: Path) -> None:
-    from steadytune.forensics.replaystep import UnsafeBundle, prepare
+    from steadytune.forensics.bundlerun import prepare
+    from steadytune.forensics.unpack import UnsafeBundle
 
     hostile_bundle(tmp_path, tmp_path / "PWNED", trust=True, model=str(tmp_path / "elsewhere"))
     top = tmp_path / "build" / "repro-x-step1"
