@@ -15,6 +15,7 @@ import importlib.util
 import io
 import itertools
 import json
+import math
 import os
 import platform
 import random
@@ -46,6 +47,7 @@ CAPS = {
     "leak": 150,
     "overhead": 180,
     "estimator": 300,
+    "quant": 120,
 }
 
 # Llama 3.2 1B's shape (the 3B one is examples/models/llama-3.2-3b); weights are always random.
@@ -1326,7 +1328,95 @@ def step_overhead(ctx: Ctx, check: Check) -> None:
     )
 
 
-# ---------------------------------------------------------------------------- 6. later
+# ---------------------------------------------------------------------------- 6. quant-check and later
+
+
+def step_quant(ctx: Ctx, check: Check) -> None:
+    """``quant-check`` on the demo model: int8 and NF4 (bitsandbytes) and, on a GPU that has it, fp8
+    (torchao), each against the reference on the demo eval split."""
+    import torch
+
+    from steadytune.config import load_config
+    from steadytune.quant.measure import check_config
+    from steadytune.quant.report import plot, render_text, to_json
+
+    a = ctx.assets()
+    on_gpu = torch.cuda.is_available()
+    cfg_path = write_yaml(
+        ctx.work / "quant" / "quant.yaml",
+        {
+            # bf16 is the training dtype on a GPU; a CPU scores the reference in float32 either way.
+            "model": {"name_or_path": a["demo_model"], "dtype": "bfloat16" if on_gpu else "float32"},
+            "method": "qlora",
+            "quantization": {"bnb_4bit_compute_dtype": "bfloat16" if on_gpu else "float32"},
+            "data": {
+                "train_file": a["train"],
+                "eval_file": str(Path(a["demo"]) / "eval.jsonl"),
+                "max_seq_length": 128,
+            },
+            "quant": {"candidates": ["int8", "nf4", "fp8"], "max_positions": 512},
+        },
+    )
+    report = check_config(load_config(cfg_path))
+    doc = to_json(report)
+    (ctx.work / "quant" / "quant.json").write_text(json.dumps(doc, indent=1))
+    print(render_text(report), flush=True)
+    measured = {c["name"]: c for c in doc["candidates"]}
+    skipped = {s["name"]: s["reason"] for s in doc["skipped"]}
+    check.figures.update(
+        {
+            "device": doc["device"],
+            "tokens": doc["tokens"],
+            "reference_perplexity": round(doc["reference"]["perplexity"], 4),
+            "candidates": {
+                n: {k: c[k] for k in ("perplexity", "ppl_change", "mean_kl", "p99_kl", "top1", "weights_bytes",
+                                      "peak_bytes", "tokens_per_s", "passed")}
+                for n, c in measured.items()
+            },
+            "skipped": skipped,
+            "verdict": doc["verdict"],
+        }
+    )  # fmt: skip
+    check.expect("the reference was scored", doc["reference"]["tokens"] >= 16, f"{doc['tokens']} tokens")
+    bnb = version_of("bitsandbytes")
+    for kind in ("int8", "nf4"):
+        if bnb is None:
+            check.skip(
+                f"{kind} (bitsandbytes) measured",
+                "bitsandbytes is not installed here (gpu_wheels.sh WITH_BNB=1)",
+            )
+            continue
+        c = measured.get(kind)
+        check.expect(
+            f"{kind} (bitsandbytes {bnb}) measured, every figure finite",
+            c is not None
+            and all(c[k] is not None and math.isfinite(c[k]) for k in ("perplexity", "mean_kl", "p99_kl")),
+            skipped.get(kind, "") if c is None else f"ppl {c['ppl_change']:+.3%}, mean KL {c['mean_kl']:.2e}",
+        )
+    if "int8" in measured and "nf4" in measured:
+        check.expect(
+            "int8 stays closer to the reference than NF4 (mean KL)",
+            measured["int8"]["mean_kl"] < measured["nf4"]["mean_kl"],
+            f"{measured['int8']['mean_kl']:.2e} < {measured['nf4']['mean_kl']:.2e}",
+        )
+    check.cuda(
+        ctx,
+        "fp8 (torchao) measured on the GPU",
+        lambda: ("fp8" in measured, skipped.get("fp8", f"mean KL {measured.get('fp8', {}).get('mean_kl')}")),
+    )
+    check.cuda(
+        ctx,
+        "peak memory read from the CUDA allocator for every measured candidate",
+        lambda: (bool(measured) and all((c["peak_bytes"] or 0) > 0 for c in measured.values()), ""),
+    )
+    if ctx.dry:
+        check.expect(
+            "fp8 skipped with its reason",
+            "compute capability" in skipped.get("fp8", ""),
+            skipped.get("fp8", ""),
+        )
+    png = plot(report, ctx.work / "quant" / "quant.png")
+    check.expect("the plot was drawn", png.is_file() and png.stat().st_size > 0, str(png))
 
 
 def _built(feature: str) -> str | None:
@@ -1339,12 +1429,14 @@ def _built(feature: str) -> str | None:
     return str(hits[0].relative_to(REPO)) if hits else None
 
 
-def check_later() -> Check:
+def check_later(quant: dict[str, Any] | None = None) -> Check:
+    """Check 6: the quant step's own result (``quant``, when it ran) and what no step checks yet."""
     check = Check("later")
-    for what, feature in (
-        ("quant-check with fp8 (torchao) beside int8/NF4", "quant"),
-        ("the server's GPU ledger against real NVML, two jobs sharing the GPU", "server"),
-    ):
+    if quant is not None:
+        check.assertions += quant["assertions"]
+        check.figures["quant"] = quant["figures"]
+        check.wall_s = quant.get("wall_s", 0.0)
+    for what, feature in (("the server's GPU ledger against real NVML, two jobs sharing the GPU", "server"),):
         where = _built(feature)
         check.skip(what, NOT_BUILT if where is None else f"built ({where}), but no step here checks it yet")
     return check
@@ -1358,4 +1450,5 @@ STEP_FUNCS: dict[str, Callable[[Ctx, Check], None]] = {
     "estimator": step_estimator,
     "leak": step_leak,
     "overhead": step_overhead,
+    "quant": step_quant,
 }

@@ -24,8 +24,10 @@ its assertions and its figures:
                and readable.
 5. overhead    the guard's per-step overhead against a bare HF ``Trainer`` on the same job, interleaved
                A/B pairs (goal < 1%), and the gradient-flow overhead at its default interval (goal < 2%).
-6. later       fp8 (torchao) in ``quant-check`` and the server's GPU ledger: reported as "skipped: not
-               built yet" until those features exist.
+6. quant       ``quant-check`` on the demo model: int8 and NF4 (bitsandbytes, when installed) and fp8
+               (torchao, GPUs with compute capability >= 8.9) against the bf16 reference, with every
+               figure, CUDA peaks and the plot; and the server's GPU ledger, reported as skipped
+               until a step checks it.
 
 And a last one, ``cleanup``: no process the script started is left, none on the GPU.
 
@@ -85,10 +87,19 @@ CHECKS: tuple[tuple[int, str, str], ...] = (
     (3, "estimator", "The estimator against measured peaks on the same device"),
     (4, "leak", "Memory leak: memory_leak, a checkpoint, an allocator snapshot"),
     (5, "overhead", "Overheads: the guard against a bare HF Trainer; gradient flow"),
-    (6, "later", "fp8 quant-check and the server's GPU ledger"),
+    (6, "later", "quant-check (int8, NF4, fp8) and the server's GPU ledger"),
 )
-STEPS = ("probe", "assets", "telemetry", "oom", "leak", "overhead", "estimator")  # the order they run in
-CHECK_STEPS = ("telemetry", "oom", "estimator", "leak", "overhead")
+STEPS = (
+    "probe",
+    "assets",
+    "telemetry",
+    "oom",
+    "leak",
+    "overhead",
+    "quant",
+    "estimator",
+)  # the order they run in
+CHECK_STEPS = ("telemetry", "oom", "estimator", "leak", "overhead", "quant")
 # The least time a step must have left to be started (on a GPU).
 MIN_START = {
     "probe": 20,
@@ -98,6 +109,7 @@ MIN_START = {
     "leak": 45,
     "overhead": 60,
     "estimator": 45,
+    "quant": 40,
 }
 
 
@@ -350,7 +362,16 @@ class Parent:
         checks = []
         for number, name, title in CHECKS:
             if name == "later":
-                d = check_later().to_dict()
+                d = check_later(self.results.get("quant")).to_dict()
+                if "quant" not in self.results:
+                    why = (
+                        self.lost.get("quant")
+                        or self.step_notes.get("quant")
+                        or ("not selected (--only)" if "quant" not in self.selected else "no result")
+                    )
+                    status = "fail" if "quant" in self.lost else "skipped"
+                    key = "detail" if status == "fail" else "reason"
+                    d["assertions"].insert(0, {"name": "quant-check ran", "status": status, key: why})
             elif name in self.results:
                 d = self.results[name]
             else:

@@ -9,12 +9,13 @@
 #   PYVER=3.12     the GPU machine's Python (python3 -V there); pydantic-core and multiprocess
 #                  are built per Python version. Default: this Python's.
 #   PLATFORM=...   its platform tags (default: manylinux x86_64)
-#   WITH_BNB=1     also bitsandbytes, for the QLoRA rows of check 3 (a large binary wheel: leave it
-#                  out when the folder must stay small; the QLoRA rows are then reported as skipped)
+#   WITH_BNB=1     also bitsandbytes, for the QLoRA rows of check 3 and quant-check's int8/NF4 in check 6
+#                  (a large binary wheel: leave it out when the folder must stay small; those rows are
+#                  then reported as skipped)
 #   PYTHON=python3 the Python whose installed versions are pinned (the ones this checkout was tested
 #                  with); a package it lacks is fetched at its newest version.
 #
-# Only pure-Python wheels, plus pydantic-core (binary), and --no-deps: nothing else is pulled in.
+# Only pure-Python wheels, plus pydantic-core and torchao (binary), and --no-deps: nothing else is pulled in.
 set -euo pipefail
 
 DIR=${1:-gpu-wheels}
@@ -22,8 +23,9 @@ PYTHON=${PYTHON:-python3}
 PYVER=${PYVER:-$("$PYTHON" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')}
 PLATFORM=${PLATFORM:-"manylinux_2_28_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64"}
 
-# pydantic: the config; datasets (+ dill, multiprocess): the built-in runner's data path.
-PACKAGES="pydantic pydantic-core annotated-types typing-inspection typing-extensions datasets dill multiprocess"
+# pydantic: the config; datasets (+ dill, multiprocess): the built-in runner's data path;
+# torchao (an abi3 wheel of a few MB): quant-check's fp8 candidate in check 6.
+PACKAGES="pydantic pydantic-core annotated-types typing-inspection typing-extensions datasets dill multiprocess torchao"
 if [ "${WITH_BNB:-0}" = 1 ]; then
     PACKAGES="$PACKAGES bitsandbytes"
 fi

@@ -52,20 +52,27 @@ def test_dry_run_executes_every_step_and_fails_none(
             assert a["status"] != "fail", (c["name"], a)
             if a["status"] == "skipped":
                 assert a["reason"], (c["name"], a)
-    # Every step really ran on CPU: checks 1-5 each passed something of their own.
-    for n in (1, 2, 3, 4, 5):
+    # Every step really ran on CPU: checks 1-6 each passed something of their own.
+    for n in (1, 2, 3, 4, 5, 6):
         assert checks[n]["status"] == "pass", checks[n]
         assert any(a["status"] == "skipped" for a in checks[n]["assertions"]), f"check {n}: no CUDA assertion"
-    later = checks[6]
+    later = {a["name"]: a for a in checks[6]["assertions"]}
+    # quant-check ran int8 and NF4 for real; fp8 says why it could not.
+    assert later["int8 stays closer to the reference than NF4 (mean KL)"]["status"] == "pass"
+    assert "compute capability" in later["fp8 skipped with its reason"]["detail"]
+    assert later["fp8 (torchao) measured on the GPU"]["status"] == "skipped"
+    assert set(checks[6]["figures"]["quant"]["candidates"]) == {"int8", "nf4"}
     # What is not built yet says so; what is built but has no GPU step here says that instead.
-    assert later["status"] == "skipped" and all(
-        a["reason"] == "not built yet" or a["reason"].startswith("built (") for a in later["assertions"]
+    ledger = [a for name, a in later.items() if "GPU ledger" in name]
+    assert ledger and all(
+        a["status"] == "skipped" and (a["reason"] == "not built yet" or a["reason"].startswith("built ("))
+        for a in ledger
     )
     cleanup = next(c for c in report["checks"] if c["name"] == "cleanup")
     assert cleanup["status"] == "pass"
     md = (out / "gpu_check.md").read_text()
     assert "DRY RUN ON CPU: this is not a GPU result" in md
-    assert "skipped: not built yet" in md or "skipped: built (" in md
+    assert "- skipped: the server's GPU ledger" in md and "- skipped: fp8 (torchao) measured on the GPU" in md
     assert len(report["checks"][2]["figures"]["cases"]) == 13  # full/LoRA/QLoRA x 2 sizes x 2 models + 1
 
 

@@ -61,22 +61,32 @@ class ToolJob:
         return sorted(int(p.name.split("-")[1]) for p in self.out.glob("checkpoint-*"))
 
 
+def demo_rows(demo_assets: Path, rows: int = 400) -> list[dict[str, str]]:
+    """The first ``rows`` demo samples (instruction, input, output)."""
+    with open(demo_assets / "train.jsonl") as f:
+        return [json.loads(line) for line in list(f)[:rows]]
+
+
 def sft_data(demo_assets: Path, folder: Path, rows: int = 400) -> Path:
     """The demo set as TRL's prompt/completion conversations."""
     folder.mkdir(parents=True, exist_ok=True)
-    with open(demo_assets / "train.jsonl") as fin, open(folder / "train.jsonl", "w") as fout:
-        for line in list(fin)[:rows]:
-            r = json.loads(line)
+    with open(folder / "train.jsonl", "w") as fout:
+        for r in demo_rows(demo_assets, rows):
+            user = {"role": "user", "content": f"{r['instruction']} {r['input']}"}
             fout.write(
-                json.dumps(
-                    {
-                        "prompt": [{"role": "user", "content": f"{r['instruction']} {r['input']}"}],
-                        "completion": [{"role": "assistant", "content": r["output"]}],
-                    }
-                )
-                + "\n"
+                json.dumps({"prompt": [user], "completion": [{"role": "assistant", "content": r["output"]}]})
             )
+            fout.write("\n")
     return folder
+
+
+def common_args(
+    steps: int, save_steps: int, logging_steps: int, lr: float, extra: dict[str, Any]
+) -> dict[str, Any]:
+    """The HF training arguments both tools take under the same names, CPU-only and unreported."""
+    return {"max_steps": steps, "save_steps": save_steps, "logging_steps": logging_steps,
+            "per_device_train_batch_size": 4, "learning_rate": f"{lr:e}", "report_to": "none",
+            "use_cpu": "true", **extra}  # fmt: skip
 
 
 def trl_job(
@@ -91,9 +101,7 @@ def trl_job(
     """`trl sft` as its users call it, full fine-tuning; ``extra`` are more of its --flags."""
     out = tmp / "out"
     data = sft_data(demo_assets, tmp / "data")
-    flags = {"max_steps": steps, "save_steps": save_steps, "logging_steps": logging_steps,
-             "per_device_train_batch_size": 4, "learning_rate": lr, "report_to": "none", "use_cpu": "true",
-             "save_total_limit": 3, **extra}  # fmt: skip
+    flags = {"save_total_limit": 3, **common_args(steps, save_steps, logging_steps, lr, extra)}
     cmd = [
         str(tool_venv("trl") / "trl"),
         "sft",
@@ -124,9 +132,7 @@ def lf_job(
     more of its keys."""
     data = tmp / "data"
     data.mkdir(parents=True, exist_ok=True)
-    with open(demo_assets / "train.jsonl") as f:
-        rows = [json.loads(line) for line in list(f)[:400]]
-    (data / "demo.json").write_text(json.dumps(rows))
+    (data / "demo.json").write_text(json.dumps(demo_rows(demo_assets)))
     columns = {"prompt": "instruction", "query": "input", "response": "output"}
     (data / "dataset_info.json").write_text(
         json.dumps({"demo": {"file_name": "demo.json", "columns": columns}})
@@ -134,9 +140,8 @@ def lf_job(
     out = tmp / "out"
     keys = {"model_name_or_path": demo_assets / "model", "stage": "sft", "do_train": "true",
             "finetuning_type": "lora", "lora_target": "all", "dataset": "demo", "dataset_dir": data,
-            "template": "default", "cutoff_len": 64, "output_dir": out, "logging_steps": logging_steps,
-            "save_steps": save_steps, "max_steps": steps, "per_device_train_batch_size": 4,
-            "learning_rate": f"{lr:e}", "report_to": "none", "use_cpu": "true", **extra}  # fmt: skip
+            "template": "default", "cutoff_len": 64, "output_dir": out,
+            **common_args(steps, save_steps, logging_steps, lr, extra)}  # fmt: skip
     cfg = tmp / "sft.yaml"
     cfg.write_text("".join(f"{k}: {v}\n" for k, v in keys.items()))
     cmd = [str(tool_venv("llamafactory") / "llamafactory-cli"), "train", str(cfg)]

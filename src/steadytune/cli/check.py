@@ -33,6 +33,7 @@ more examples:
   steadytune check run.yaml train.max_steps=500
   steadytune check run.yaml --format json | jq .recommendation
   steadytune check run.yaml --headroom 2GiB --no-data
+  steadytune check --quant run.yaml       # then quant-check: int8/nf4/fp8 against full precision
 
 exit codes: 0 go (warnings allowed), 1 no-go, 2 usage or config error
 """
@@ -57,6 +58,12 @@ def register(sub: Any) -> None:
         action="store_true",
         help="reuse the dataset scan's stored answer while the data, tokenizer files and data settings are "
         "unchanged (what `run` does; it keeps the check under a second)",
+    )
+    p.add_argument(
+        "--quant",
+        action="store_true",
+        help="then measure what quantizing the base costs on the eval data (steadytune quant-check; "
+        "loads the model, so it takes longer); a no-go of either is a no-go",
     )
     p.set_defaults(func=main)
 
@@ -115,8 +122,25 @@ def main(args: argparse.Namespace) -> int:
         scan=args.scan,
         scan_cache=scan_cache_dir() if args.reuse_scan else None,
     )
+    quant = None
+    if args.quant:
+        from steadytune.cli import quant_check
+        from steadytune.quant.measure import QuantCheckError
+
+        try:
+            quant = quant_check.measure(cfg)
+        except QuantCheckError as exc:
+            print(f"error: quant-check: {exc}", file=sys.stderr)
+            return 2
     if args.format == "json":
-        print(json.dumps(to_json(report)))
+        doc = to_json(report)
+        if quant is not None:
+            from steadytune.quant.report import to_json as quant_json
+
+            doc["quant"] = quant_json(quant)
+            doc["go"] = doc["go"] and quant.verdict.go
+            doc["verdict"] = "go" if doc["go"] else "no-go"
+        print(json.dumps(doc))
     else:
         from rich.console import Console
 
@@ -126,7 +150,11 @@ def main(args: argparse.Namespace) -> int:
         if not console.is_terminal:
             console = Console(highlight=False, width=160)  # logs and pipes: no terminal width to follow
         print_report(report, console)
-    return 0 if report.go else 1
+        if quant is not None:
+            print()
+            quant_check.print_report(quant, "text", None)
+    go = report.go and (quant is None or quant.verdict.go)
+    return 0 if go else 1
 
 
 def scan_cache_dir() -> Path:

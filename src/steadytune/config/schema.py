@@ -101,6 +101,59 @@ class QuantizationConfig(Section):
     )
 
 
+QUANT_CANDIDATES = ("int8", "nf4", "fp4", "fp8")
+
+
+class QuantCheckConfig(Section):
+    """``quant-check``: which quantized bases to try against the reference, and the go/no-go limits.
+
+    The defaults and their sources are in docs/quant.md.
+    """
+
+    candidates: list[str] = Field(
+        default_factory=lambda: ["int8", "nf4", "fp8"],
+        min_length=1,
+        description="a list of int8, nf4, fp4 (bitsandbytes) and fp8 (torchao, GPUs with compute "
+        "capability >= 8.9)",
+    )
+    max_positions: int = Field(
+        2048,
+        ge=16,
+        le=10_000_000,
+        description="the most eval tokens (next-token positions) to score, an integer such as 2048 (>= 16)",
+    )
+    batch_size: int = Field(8, ge=1, le=4096, description="sequences per forward pass, e.g. 8")
+    max_ppl_change: float = Field(
+        0.02, ge=0, le=10, description="the largest relative perplexity rise that passes, e.g. 0.02 for 2%"
+    )
+    max_mean_kl: float = Field(
+        0.05,
+        ge=0,
+        le=100,
+        description="the largest mean per-token KL(reference || candidate) in nats, e.g. 0.05",
+    )
+    max_p99_kl: float = Field(
+        0.5, ge=0, le=100, description="the largest 99th-percentile per-token KL in nats, e.g. 0.5"
+    )
+    min_top1: float = Field(
+        0.90, ge=0, le=1, description="the smallest share of tokens whose top-1 prediction matches, e.g. 0.9"
+    )
+
+    @field_validator("candidates")
+    @classmethod
+    def _known_once(cls, v: list[str]) -> list[str]:
+        unknown = [c for c in v if c not in QUANT_CANDIDATES]
+        if unknown:
+            raise ValueError(
+                f"unknown candidate {', '.join(map(repr, unknown))}; choose from "
+                f"{', '.join(QUANT_CANDIDATES)}"
+            )
+        twice = sorted({c for c in v if v.count(c) > 1})
+        if twice:
+            raise ValueError(f"{', '.join(twice)} listed more than once; list each candidate once")
+        return v
+
+
 class DataConfig(Section):
     train_file: str = Field(description="path to a .jsonl, .json, .csv or .parquet file")
     eval_file: str | None = Field(None, description="path to an eval split, or leave it out")
@@ -319,6 +372,9 @@ class SteadytuneConfig(Section):
     lora: LoraConfig = Field(default_factory=LoraConfig)
     quantization: QuantizationConfig = Field(default_factory=QuantizationConfig)
     data: DataConfig
+    quant: QuantCheckConfig = Field(
+        default_factory=QuantCheckConfig, description="quant-check candidates and limits (docs/quant.md)"
+    )
     train: TrainConfig = Field(default_factory=TrainConfig)
     run: RunConfig = Field(default_factory=RunConfig)
     ray: RayConfig = Field(

@@ -57,6 +57,7 @@ class LogAdapter:
         self._tokens_seen: float | None = None  # the tool's cumulative token count at the last record
         self._log_reader: JsonlReader | None = None
         self._log_id: tuple[int, int] | None = None
+        self._real_steps = False  # trainer_log.jsonl seen in this attempt: it stays, stop asking
         self.last_line = ""
 
     # -- attempts -------------------------------------------------------------
@@ -64,6 +65,7 @@ class LogAdapter:
         """A new attempt: counters continue from the checkpoint it resumes (or start over)."""
         with self._lock:
             self.attempt = attempt
+            self._real_steps = False
             self._recorded.clear()
             self._printed.clear()
             self._rows.clear()
@@ -83,7 +85,9 @@ class LogAdapter:
 
     def steps_are_real(self) -> bool:
         """Steps come from the tool's own counter (trainer_log.jsonl), not from counting its log lines."""
-        return self.output_dir is not None and (self.output_dir / "trainer_log.jsonl").exists()
+        if not self._real_steps and self.output_dir is not None:
+            self._real_steps = (self.output_dir / "trainer_log.jsonl").exists()
+        return self._real_steps
 
     # -- stdout ---------------------------------------------------------------
     def on_stdout(self, line: str) -> None:
@@ -96,7 +100,8 @@ class LogAdapter:
         values = parse_log_line(line)
         if values is None or is_summary(values):
             return
-        if self.steps_are_real() and "loss" in values and self._log_every is not None:
+        real = self.steps_are_real()
+        if real and "loss" in values and self._log_every is not None:
             # LLaMA-Factory's trainer_log.jsonl has the real steps but no grad norm; the dict it
             # printed for the same step has it, and joins the record when the file catches up.
             with self._lock:
@@ -106,7 +111,7 @@ class LogAdapter:
                 while len(self._printed) > 256:
                     del self._printed[next(iter(self._printed))]
             return
-        if self.steps_are_real():
+        if real:
             return
         if "loss" not in values:
             pass  # an evaluation: it belongs to the step just logged

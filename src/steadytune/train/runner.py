@@ -265,24 +265,43 @@ class OptimizerGroupsReport(TrainerCallback):
         )
 
 
-def load_model(cfg: SteadytuneConfig, gradient_checkpointing: bool) -> Any:
-    """The model for the method: full (all weights train), LoRA, or QLoRA (4-bit base + LoRA)."""
+def quantization_config(cfg: SteadytuneConfig, kind: str) -> Any:
+    """The bitsandbytes loading config of one quantization: int8, or 4-bit nf4/fp4 with the
+    config's double-quant and compute dtype (``quantization:``)."""
+    from transformers import BitsAndBytesConfig
+
+    if kind == "int8":
+        return BitsAndBytesConfig(load_in_8bit=True)
+    q = cfg.quantization
+    return BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type=kind,
+        bnb_4bit_use_double_quant=q.bnb_4bit_use_double_quant,
+        bnb_4bit_compute_dtype=_DTYPES[q.bnb_4bit_compute_dtype],
+    )
+
+
+def model_kwargs(
+    cfg: SteadytuneConfig, quantize: str | None = None, dtype: str | None = None
+) -> dict[str, Any]:
+    """``from_pretrained`` arguments of the base model: the config's dtype (or ``dtype``), and a
+    bitsandbytes quantization (``int8``, ``nf4``, ``fp4``) when asked for."""
     kwargs: dict[str, Any] = {
         "trust_remote_code": cfg.model.trust_remote_code,
         "attn_implementation": cfg.model.attn_implementation,
     }
-    if cfg.model.dtype != "auto":
-        kwargs["dtype"] = _DTYPES[cfg.model.dtype]
-    if cfg.method == "qlora":
-        from transformers import BitsAndBytesConfig
+    dtype = dtype or cfg.model.dtype
+    if dtype != "auto":
+        kwargs["dtype"] = _DTYPES[dtype]
+    if quantize is not None:
+        kwargs["quantization_config"] = quantization_config(cfg, quantize)
+    return kwargs
 
-        q = cfg.quantization
-        kwargs["quantization_config"] = BitsAndBytesConfig(
-            load_in_4bit=True,
-            bnb_4bit_quant_type=q.bnb_4bit_quant_type,
-            bnb_4bit_use_double_quant=q.bnb_4bit_use_double_quant,
-            bnb_4bit_compute_dtype=_DTYPES[q.bnb_4bit_compute_dtype],
-        )
+
+def load_model(cfg: SteadytuneConfig, gradient_checkpointing: bool) -> Any:
+    """The model for the method: full (all weights train), LoRA, or QLoRA (4-bit base + LoRA)."""
+    quantize = cfg.quantization.bnb_4bit_quant_type if cfg.method == "qlora" else None
+    kwargs = model_kwargs(cfg, quantize)
     model = AutoModelForCausalLM.from_pretrained(cfg.model.name_or_path, **kwargs)
     if cfg.method == "full":
         return model
