@@ -1369,8 +1369,8 @@ def step_quant(ctx: Ctx, check: Check) -> None:
             "tokens": doc["tokens"],
             "reference_perplexity": round(doc["reference"]["perplexity"], 4),
             "candidates": {
-                n: {k: c[k] for k in ("perplexity", "ppl_change", "mean_kl", "p99_kl", "top1", "weights_bytes",
-                                      "peak_bytes", "tokens_per_s", "passed")}
+                n: {k: c[k] for k in ("perplexity", "ppl_change", "mean_kl", "p99_kl", "top1",
+                                      "weights_bytes", "peak_bytes", "tokens_per_s", "passed")}
                 for n, c in measured.items()
             },
             "skipped": skipped,

@@ -19,7 +19,7 @@ FLOORS: dict[str, int] = {
     ),
     **dict.fromkeys(("detect", "policy", "checkpoint", "telemetry", "estimate", "alerts", "importers"), 1),
     **dict.fromkeys(("guard", "train", "inject", "engines"), 2),
-    **dict.fromkeys(("supervise", "server", "web", "preflight", "forensics", "drill", "cli"), 3),
+    **dict.fromkeys(("supervise", "server", "web", "preflight", "quant", "forensics", "drill", "cli"), 3),
 }
 
 
