@@ -139,7 +139,5 @@ def train_attempt(
         return 1
 
 
-
-
 if __name__ == "__main__":
     sys.exit(main())
