@@ -33,6 +33,7 @@ test-fast: $(VENV)
 
 lint: $(VENV)
 	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/python -m mypy
 
 # Helpers (_*.py) are not benchmarks; gpu_check.py needs a GPU and has its own targets.
 bench: $(VENV)

@@ -671,7 +671,8 @@ def step_telemetry(ctx: Ctx, check: Check) -> None:
         ok = util > 0 and power > 0 and used >= reserved > 0
         return (
             ok,
-            f"util max {util:.2f}, power max {power:.0f} W, NVML used {used / GiB:.2f} GiB >= reserved {reserved / GiB:.2f} GiB",
+            f"util max {util:.2f}, power max {power:.0f} W, NVML used {used / GiB:.2f} GiB >= reserved "
+            f"{reserved / GiB:.2f} GiB",
         )
 
     check.cuda(ctx, "NVML saw the GPU busy, and its memory used covers what the worker reserved", nvml_agrees)
@@ -1018,7 +1019,8 @@ def step_estimator(ctx: Ctx, check: Check) -> None:
             }
         )
         say(
-            f"estimate {key}: estimated {estimated / GiB:.2f} GiB, measured {measured / GiB:.2f} GiB ({error:+.1f}%)"
+            f"estimate {key}: estimated {estimated / GiB:.2f} GiB, measured {measured / GiB:.2f} GiB "
+            f"({error:+.1f}%)"
         )
         # What was measured so far survives a kill at the time limit, marked as cut short.
         partial = Check(check.name)
@@ -1129,7 +1131,8 @@ def step_leak(ctx: Ctx, check: Check) -> None:
     check.expect(
         "a checkpoint was written after the alarm, and it verifies",
         bool(verdict and verdict.ok),
-        f"{check.figures['checkpoint']}: {'ok' if verdict and verdict.ok else getattr(verdict, 'reason', 'none')}",
+        f"{check.figures['checkpoint']}: "
+        f"{'ok' if verdict and verdict.ok else getattr(verdict, 'reason', 'none')}",
     )
     acks = [e for e in events if e.name == "ack_memory_snapshot"]
     check.expect(
@@ -1165,7 +1168,8 @@ def step_leak(ctx: Ctx, check: Check) -> None:
         ok = bool(segments) and len(blocks) >= at // 2
         return (
             ok,
-            f"{len(segments)} segments, {reserved / MiB:.0f} MiB reserved, {len(blocks)} live blocks of {s.leak_mib:g} MiB",
+            f"{len(segments)} segments, {reserved / MiB:.0f} MiB reserved, {len(blocks)} live blocks of "
+            f"{s.leak_mib:g} MiB",
         )
 
     check.cuda(ctx, "the allocator snapshot was saved and reads back, the leaked blocks in it", snapshot)
@@ -1185,14 +1189,8 @@ def step_overhead(ctx: Ctx, check: Check) -> None:
     from steadytune.guard.hf import GuardCallback
     from steadytune.records import PlanRevision
     from steadytune.rundir import RunDir
-    from steadytune.train.data import SAMPLE_HASH, SAMPLE_ID, DataSpec, build_dataset
-    from steadytune.train.runner import (
-        Collator,
-        build_trainer,
-        load_model,
-        load_tokenizer,
-        training_arguments,
-    )
+    from steadytune.train.data import SAMPLE_HASH, SAMPLE_ID, DataSpec, build_dataset, load_tokenizer
+    from steadytune.train.runner import Collator, build_trainer, load_model, training_arguments
 
     s = ctx.sizes
     a = ctx.assets()
@@ -1235,7 +1233,7 @@ def step_overhead(ctx: Ctx, check: Check) -> None:
         return statistics.median(gaps)
 
     def bare(i: int) -> float:
-        tok = load_tokenizer(cfg)
+        tok = load_tokenizer(cfg.model.name_or_path, cfg.model.trust_remote_code)
         d = cfg.data
         ds = build_dataset(tok, DataSpec(d.train_file, d.format, d.text_field, d.max_seq_length))
         ds = ds.remove_columns([SAMPLE_ID, SAMPLE_HASH])
@@ -1382,8 +1380,8 @@ def step_quant(ctx: Ctx, check: Check) -> None:
             "tokens": doc["tokens"],
             "reference_perplexity": round(doc["reference"]["perplexity"], 4),
             "candidates": {
-                n: {k: c[k] for k in ("perplexity", "ppl_change", "mean_kl", "p99_kl", "top1", "weights_bytes",
-                                      "peak_bytes", "tokens_per_s", "passed")}
+                n: {k: c[k] for k in ("perplexity", "ppl_change", "mean_kl", "p99_kl", "top1",
+                                      "weights_bytes", "peak_bytes", "tokens_per_s", "passed")}
                 for n, c in measured.items()
             },
             "skipped": skipped,

@@ -32,8 +32,8 @@ from transformers import Trainer, TrainerCallback  # noqa: E402
 from steadytune.config.load import load_config  # noqa: E402
 from steadytune.records import PlanRevision  # noqa: E402
 from steadytune.rundir import RunDir  # noqa: E402
-from steadytune.train.data import SAMPLE_HASH, SAMPLE_ID, DataSpec, build_dataset  # noqa: E402
-from steadytune.train.runner import Collator, load_model, load_tokenizer, training_arguments  # noqa: E402
+from steadytune.train.data import SAMPLE_HASH, SAMPLE_ID, DataSpec, build_dataset, load_tokenizer  # noqa: E402
+from steadytune.train.runner import Collator, load_model, training_arguments  # noqa: E402
 
 _LOOP_HOOKS = ("on_step_begin", "on_pre_optimizer_step", "on_optimizer_step", "on_step_end")
 
@@ -74,7 +74,7 @@ def main() -> None:
     work = a.out.with_suffix("")
     run = RunDir(work / "run").create()
     plan = PlanRevision(revision=0, ts=0.0, reason="start")
-    tok = load_tokenizer(cfg)
+    tok = load_tokenizer(cfg.model.name_or_path, cfg.model.trust_remote_code)
 
     def dataset(path: str) -> Any:
         spec = DataSpec(path, cfg.data.format, cfg.data.text_field, cfg.data.max_seq_length,
@@ -99,7 +99,9 @@ def main() -> None:
         from steadytune.guard.hf import GuardCallback
 
         guard = Guard(run.root, rank=0, attempt=0)
-        keeper = CheckpointKeeper(run, keep_last=cfg.run.keep_last, min_free_bytes=cfg.run.min_free_disk_bytes)
+        keeper = CheckpointKeeper(
+            run, keep_last=cfg.run.keep_last, min_free_bytes=cfg.run.min_free_disk_bytes
+        )
         cb = GuardCallback(guard, keeper, run.staging, None, cfg.policy.checkpoint_every_s)
         for name in _LOOP_HOOKS:
             inner = getattr(cb, name)
@@ -137,8 +139,15 @@ def main() -> None:
 
         keeper.publish = timed_publish  # type: ignore[method-assign]
         callbacks.append(cb)
-    trainer = Trainer(model=model, args=args, train_dataset=train_ds, eval_dataset=eval_ds,
-                      data_collator=Collator(tok.pad_token_id), processing_class=tok, callbacks=callbacks)  # fmt: skip
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=train_ds,
+        eval_dataset=eval_ds,
+        data_collator=Collator(tok.pad_token_id),
+        processing_class=tok,
+        callbacks=callbacks,
+    )
     hf_save_ns: list[int] = []
     trainer._save_checkpoint = timed(trainer._save_checkpoint, hf_save_ns)  # type: ignore[method-assign]
     trainer.train()

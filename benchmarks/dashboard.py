@@ -51,10 +51,19 @@ class Dashboard:
     def __init__(self, runs_dir: Path) -> None:
         self.port = free_port()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "steadytune.cli.main", "dashboard", str(runs_dir), "--port", str(self.port)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                sys.executable,
+                "-m",
+                "steadytune.cli.main",
+                "dashboard",
+                str(runs_dir),
+                "--port",
+                str(self.port),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
             env={**os.environ, "STEADYTUNE_DASHBOARD_TOKEN": ""},
-        )  # fmt: skip
+        )
         self.url = f"http://127.0.0.1:{self.port}/"
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -126,8 +135,12 @@ def bench_live(tmp: Path, quick: bool, chromium: tuple[str | None, str | None]) 
                         lat.append(r["shownAt"] - r["recordTs"])
                     time.sleep(0.05)
                 cpu = (dash.cpu_seconds() - cpu0) / (time.monotonic() - t0)
-            out.update(how="headless Chromium", p50=statistics.median(lat), p95=sorted(lat)[int(0.95 * len(lat))],
-                       cpu=cpu)  # fmt: skip
+            out.update(
+                how="headless Chromium",
+                p50=statistics.median(lat),
+                p95=sorted(lat)[int(0.95 * len(lat))],
+                cpu=cpu,
+            )
         else:
             lat = []
             cpu0, t0 = dash.cpu_seconds(), time.monotonic()
@@ -140,8 +153,12 @@ def bench_live(tmp: Path, quick: bool, chromium: tuple[str | None, str | None]) 
                         if len(rows) < 5:  # skip the backlog sent on connect
                             lat.extend(now - x["ts"] for x in rows)
             cpu = (dash.cpu_seconds() - cpu0) / (time.monotonic() - t0)
-            out.update(how="SSE client (no chromium)", p50=statistics.median(lat), p95=sorted(lat)[int(0.95 * len(lat))],
-                       cpu=cpu)  # fmt: skip
+            out.update(
+                how="SSE client (no chromium)",
+                p50=statistics.median(lat),
+                p95=sorted(lat)[int(0.95 * len(lat))],
+                cpu=cpu,
+            )
     finally:
         dash.close()
         run.stop()
@@ -157,12 +174,21 @@ def make_big_run(runs: Path, steps: int) -> None:
     with open(run.telemetry(0), "w") as f:
         for lo in range(0, steps, batch):
             recs = [
-                StepRecord(step=s, ts=t0 + s * 0.5, loss=2.0 / (1 + s / 20000) + (0.5 if s % 99991 == 0 else 0.0),
-                           grad_norm=1.0, lr=1e-4, tokens=4096, step_time_s=0.5,
-                           mem_allocated_bytes=9 << 30, mem_reserved_bytes=11 << 30, mem_peak_bytes=12 << 30,
-                           eval_loss=1.0 if s % 5000 == 0 else None)
+                StepRecord(
+                    step=s,
+                    ts=t0 + s * 0.5,
+                    loss=2.0 / (1 + s / 20000) + (0.5 if s % 99991 == 0 else 0.0),
+                    grad_norm=1.0,
+                    lr=1e-4,
+                    tokens=4096,
+                    step_time_s=0.5,
+                    mem_allocated_bytes=9 << 30,
+                    mem_reserved_bytes=11 << 30,
+                    mem_peak_bytes=12 << 30,
+                    eval_loss=1.0 if s % 5000 == 0 else None,
+                )
                 for s in range(lo, min(steps, lo + batch))
-            ]  # fmt: skip
+            ]
             store.add_steps(recs)
             f.write(
                 "".join(

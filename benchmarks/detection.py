@@ -440,7 +440,8 @@ def speed() -> None:
     t0 = time.process_time()
     sum(i * i for i in range(10**7))
     print(
-        f"\n(d) speed (reference loop of 10^7 multiply-adds: {time.process_time() - t0:.2f} s CPU on this machine)"
+        f"\n(d) speed (reference loop of 10^7 multiply-adds: {time.process_time() - t0:.2f} s CPU on "
+        f"this machine)"
     )
     rng = random.Random(7)
     run = base_run(rng, "noisy", n=20000)
@@ -486,7 +487,8 @@ def speed() -> None:
                 [str(exe), "analyze", str(path), "--format", "json"], capture_output=True, check=False
             )
             print(
-                f"    steadytune analyze (new process, imports included): {time.perf_counter() - t0:.2f} s wall"
+                f"    steadytune analyze (new process, imports included): {time.perf_counter() - t0:.2f} "
+                f"s wall"
             )
 
 

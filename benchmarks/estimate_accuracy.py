@@ -503,7 +503,8 @@ def run_measured(device: str, quick: bool) -> dict[str, list[float]]:
         errors["LLaMA-Factory"].append(err(llf, ref))
         shape = f"{case.setup.batch}x{case.setup.seq}"
         print(
-            f"    {case.model:<10} {case.label:<18} {shape:>8}  {ref / 2**20:8.1f}M {est / 2**20:9.1f}M {e:+6.1f}%  "
+            f"    {case.model:<10} {case.label:<18} {shape:>8}  {ref / 2**20:8.1f}M {est / 2**20:9.1f}M "
+            f"{e:+6.1f}%  "
             f"{acc / 2**20:9.1f}M {err(acc, ref):+7.1f}%  {llf / 2**20:8.1f}M {err(llf, ref):+7.1f}%"
             f"   ({time.perf_counter() - start:.1f} s)"
         )

@@ -462,8 +462,10 @@ def markdown(doc: dict[str, Any]) -> str:
         "",
         f"**{doc['notice']}**",
         "",
-        f"Commit {doc['commit']}, started {doc['started']}, {doc['wall_s']:.0f} s of a {doc['budget_s']:.0f} s budget. "
-        f"Summary: {doc['summary']['pass']} pass, {doc['summary']['fail']} fail, {doc['summary']['skipped']} skipped.",
+        f"Commit {doc['commit']}, started {doc['started']}, {doc['wall_s']:.0f} s of a "
+        f"{doc['budget_s']:.0f} s budget. "
+        f"Summary: {doc['summary']['pass']} pass, {doc['summary']['fail']} fail, "
+        f"{doc['summary']['skipped']} skipped.",
         "",
         "| # | check | status | wall s |",
         "|---|---|---|---|",
@@ -496,7 +498,8 @@ def markdown(doc: dict[str, Any]) -> str:
             ]
             for i, p in enumerate(c["figures"]["pairs"], 1):
                 lines.append(
-                    f"| {i} | {p['order']} | {p['bare_ms']:.2f} | {p['guarded_ms']:.2f} | {p['overhead_pct']:+.2f}% |"
+                    f"| {i} | {p['order']} | {p['bare_ms']:.2f} | {p['guarded_ms']:.2f} | "
+                    f"{p['overhead_pct']:+.2f}% |"
                 )
         figures = {k: v for k, v in c.get("figures", {}).items() if k not in ("cases", "pairs")}
         if figures:

@@ -174,8 +174,11 @@ def save_rounds(work: Path, mb: int, rounds: int) -> None:
     print(f"  HF + on_save (+guard)    {fmt(total, hf['bare'], 1)} (target ≤ ×1.10)")
     print(f"  on_save / HF's own       {statistics.median(ours) / base:.1%}")
     if sealing:
-        print(f"  publish: fsync, hash, rename, manifest   {fmt(sealing, None, 1)} "
-              f"({statistics.median(sealing) / base:.0%} of HF's own; beside the next steps when it is not on_save's)")  # fmt: skip
+        print(
+            f"  publish: fsync, hash, rename, manifest   {fmt(sealing, None, 1)} "
+            f"({statistics.median(sealing) / base:.0%} of HF's own; beside the next steps when it is not "
+            f"on_save's)"
+        )
 
 
 def spread(values: list[float]) -> tuple[float, float, float]:
@@ -283,8 +286,12 @@ def main() -> int:
             else:
                 results[v].append(run_bare(config, out, guard=v == "+guard"))
             last = results[v][-1]
-            print(f"  round {r + 1} {v:<7} step {last['step_ms']:.2f} ms, first step {last['first_step_s']:.2f} s, "
-                  f"wall {last['wall_s']:.2f} s", flush=True)  # fmt: skip
+            print(
+                f"  round {r + 1} {v:<7} step {last['step_ms']:.2f} ms, first step "
+                f"{last['first_step_s']:.2f} s, "
+                f"wall {last['wall_s']:.2f} s",
+                flush=True,
+            )
     print()
     print_table(
         results,
@@ -294,9 +301,12 @@ def main() -> int:
     guard_us = [u for r in results["+guard"] for u in r["guard_us"]]
     if guard_us:
         print()
-        print(f"guard in-loop µs per step (its loop hooks, {len(guard_us)} steps): median "
-              f"{statistics.median(guard_us):.1f}, mean {statistics.fmean(guard_us):.1f} (gradient flow and saves "
-              f"included), target ≤ 80")  # fmt: skip
+        print(
+            f"guard in-loop µs per step (its loop hooks, {len(guard_us)} steps): median "
+            f"{statistics.median(guard_us):.1f}, mean {statistics.fmean(guard_us):.1f} (gradient flow "
+            f"and saves "
+            f"included), target ≤ 80"
+        )
         hf = [r["hf_save_ms"] for r in results["+guard"]]
         ours = [r["save_ms"] - r["hf_save_ms"] for r in results["+guard"]]
         print(

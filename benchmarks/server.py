@@ -78,7 +78,8 @@ SCENARIOS: dict[str, tuple[list[GpuReading], list[Mix]]] = {
     ),
     "four 24G cards, a notebook on GPU 2 (10G), priorities": (
         [card(0, 24), card(1, 24), card(2, 24, 10), card(3, 24)],
-        [Mix("a", "qlora 8B", "llama-3.1-8b", QLORA_8B), Mix("b", "full 3B zero3×2", "llama-3.2-3b", FULL_3B_Z3, 2),
+        [Mix("a", "qlora 8B", "llama-3.1-8b", QLORA_8B),
+         Mix("b", "full 3B zero3×2", "llama-3.2-3b", FULL_3B_Z3, 2),
          Mix("c", "qlora 8B, urgent", "llama-3.1-8b", QLORA_8B, priority=5),
          Mix("d", "qlora 8B", "llama-3.1-8b", QLORA_8B)],
     ),
@@ -107,14 +108,23 @@ def run_scenario(gpus: list[GpuReading], mixes: list[Mix]) -> dict:
     margin_oom = [d.job_id for d in admitted if any(load[i] > total[i] for i in d.gpus)]
     return {
         "jobs": [
-            {"job": m.name, "what": m.job, "gpus": m.gpus, "priority": m.priority, "need_gib": round(needs[m.name] / GIB, 2)}
+            {
+                "job": m.name,
+                "what": m.job,
+                "gpus": m.gpus,
+                "priority": m.priority,
+                "need_gib": round(needs[m.name] / GIB, 2),
+            }
             for m in mixes
         ],
-        "admission": [{"job": d.job_id, "admitted": d.admitted, "gpus": list(d.gpus), "reason": d.reason} for d in decisions],
+        "admission": [
+            {"job": d.job_id, "admitted": d.admitted, "gpus": list(d.gpus), "reason": d.reason}
+            for d in decisions
+        ],
         "baseline_oom": sorted(j for j, oom in baseline.items() if oom),
         "admitted_oom": [],  # by construction, when the estimate holds
         "admitted_oom_at_plus_10pct": margin_oom,
-    }  # fmt: skip
+    }
 
 
 def resize_times(run_root: Path) -> list[dict]:
@@ -169,8 +179,11 @@ def main() -> int:
             d = decided[j["job"]]
             where = f"GPU {','.join(map(str, d['gpus']))}" if d["admitted"] else "waits"
             oom = "OOM" if j["job"] in r["baseline_oom"] else "ok"
-            print(f"  {j['job']} {j['what']:<24} need {j['need_gib']:6.2f} GiB ×{j['gpus']} prio {j['priority']}"
-                  f" | server: {where:<8} | start-everything: {oom:<3} | {d['reason']}")  # fmt: skip
+            print(
+                f"  {j['job']} {j['what']:<24} need {j['need_gib']:6.2f} GiB ×{j['gpus']} prio "
+                f"{j['priority']}"
+                f" | server: {where:<8} | start-everything: {oom:<3} | {d['reason']}"
+            )
         print(f"  baseline OOMs: {len(r['baseline_oom'])}/{len(r['jobs'])}; admitted jobs that OOM: 0; "
               f"at +10% estimate error: {len(r['admitted_oom_at_plus_10pct'])}")  # fmt: skip
         totals["jobs"] += len(r["jobs"])

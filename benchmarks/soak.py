@@ -278,7 +278,8 @@ def _disk_full(assets: Path, tmp: Path, steps: int, action: str) -> str:
         status = json.loads((run / "status.json").read_text())
         msg = refused[0]["message"] if refused else "no disk_low event"
         return (
-            f"policy {action}: {len(refused)} save(s) refused ({msg[:90]}); checkpoints {[c.name for c in ckpts]}, "
+            f"policy {action}: {len(refused)} save(s) refused ({msg[:90]}); checkpoints "
+            f"{[c.name for c in ckpts]}, "
             f"without manifest {untrusted or 'none'}, LATEST -> {latest}; run {status.get('state')} at step "
             f"{status.get('step')}, exit {proc.returncode}"
         )
@@ -308,11 +309,15 @@ def main() -> int:
         loaded = _run(cfg_path, "loaded", load, args.max_s)
         q, lo = _step_times(quiet["run"]), _step_times(loaded["run"])
         mq, ml = statistics.median(q), statistics.median(lo)
-        print(f"soak: {args.steps} steps of the demo LoRA run; load: {args.sse} live streams, {args.idle} idle "
-              f"sockets, /metrics at {args.scrape_hz:g} Hz (loopback)")  # fmt: skip
+        print(
+            f"soak: {args.steps} steps of the demo LoRA run; load: {args.sse} live streams, "
+            f"{args.idle} idle "
+            f"sockets, /metrics at {args.scrape_hz:g} Hz (loopback)"
+        )
         print(f"{'':34s}{'unloaded':>14s}{'loaded':>14s}")
         print(
-            f"{'median step time (ms)':34s}{1e3 * mq:>14.2f}{1e3 * ml:>14.2f}   ratio {ml / mq:.3f} (goal <= 1.05)"
+            f"{'median step time (ms)':34s}{1e3 * mq:>14.2f}{1e3 * ml:>14.2f}   ratio {ml / mq:.3f} "
+            f"(goal <= 1.05)"
         )
         print(f"{'p90 step time (ms)':34s}{1e3 * sorted(q)[int(0.9 * len(q))]:>14.2f}"
               f"{1e3 * sorted(lo)[int(0.9 * len(lo))]:>14.2f}")  # fmt: skip
@@ -329,8 +334,10 @@ def main() -> int:
             print(f"idle sockets: {len(closed)}/{args.idle} closed by the server{when}")
             if ld.scrapes:
                 sc = sorted(ld.scrapes)
-                print(f"/metrics: {len(sc)} scrapes, {ld.scrape_errors} failed; latency p50 "
-                      f"{1e3 * sc[len(sc) // 2]:.1f} ms, p99 {1e3 * sc[int(0.99 * (len(sc) - 1))]:.1f} ms")  # fmt: skip
+                print(
+                    f"/metrics: {len(sc)} scrapes, {ld.scrape_errors} failed; latency p50 "
+                    f"{1e3 * sc[len(sc) // 2]:.1f} ms, p99 {1e3 * sc[int(0.99 * (len(sc) - 1))]:.1f} ms"
+                )
         for name, r in (("unloaded", quiet), ("loaded", loaded)):
             steps, db_steps, events, db_events = _lost(r["run"])
             print(f"{name}: exit {r['rc']}; steps JSONL {steps} / run.db {db_steps}; "

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from steadytune.forensics.layers import EMBEDDINGS, layer_of
+from steadytune.layers import EMBEDDINGS, layer_of
 
 if TYPE_CHECKING:  # the estimator imports this module and needs none of the config's models
     from steadytune.config.schema import TrainConfig

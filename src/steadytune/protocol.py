@@ -82,7 +82,7 @@ class WorkerEvent(str, Enum):
 
     # A member written into a record or a message reads as its name in the stream, on every Python.
     __str__ = str.__str__
-    __format__ = str.__format__
+    __format__ = str.__format__  # type: ignore[assignment]  # str's, on purpose: Enum's is the one replaced
 
     @property
     def handler(self) -> str:

@@ -215,18 +215,25 @@ _NESTED: dict[tuple[type, str], type] = {
 }
 
 
+# JSON has no NaN/Inf: they travel as these strings, so a NaN loss survives a round trip.
+NONFINITE_TEXT: dict[str, float] = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+
+def nonfinite_text(value: float) -> float | str:
+    """``value`` as JSON can carry it: NaN/Inf as ``"nan"``/``"inf"``/``"-inf"``, a finite float unchanged."""
+    if math.isfinite(value):
+        return value
+    return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+
+
 def _clean(value: Any) -> Any:
-    """JSON has no NaN/Inf; encode them as strings so a NaN loss survives a round trip."""
     if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+        return nonfinite_text(value)
     if isinstance(value, dict):
         return {k: _clean(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_clean(v) for v in value]
     return value
-
-
-_NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 
 
 def _float_fields(cls: type) -> frozenset[str]:
@@ -289,7 +296,7 @@ def _build(cls: type, data: dict[str, Any]) -> Any:
         if key not in names:
             continue  # forward compatibility: newer writers may add fields
         if key in floats and isinstance(value, str):
-            value = _NONFINITE.get(value, value)
+            value = NONFINITE_TEXT.get(value, value)
         nested = _NESTED.get((cls, key))
         if nested is BatchFingerprint and isinstance(value, dict):
             value = BatchFingerprint(

@@ -53,23 +53,43 @@ def gradflow_at(step: int) -> dict:
 def step_record(step: int, ts: float, attempt: int = 0, rank: int = 0, gradflow_every: int = 0) -> StepRecord:
     flow = gradflow_every > 0 and (step == 1 or step % gradflow_every == 0)
     return StepRecord(
-        step=step, ts=ts, rank=rank, attempt=attempt, loss=loss_at(step), grad_norm=1.0 + 0.3 * math.sin(step / 5),
-        lr=2e-4 * min(1.0, step / 50), tokens=8192, step_time_s=0.25, mem_allocated_bytes=int(9.5 * GIB),
-        mem_reserved_bytes=int(11 * GIB + (step % 50) * (1 << 24)), mem_peak_bytes=int(12 * GIB),
+        step=step,
+        ts=ts,
+        rank=rank,
+        attempt=attempt,
+        loss=loss_at(step),
+        grad_norm=1.0 + 0.3 * math.sin(step / 5),
+        lr=2e-4 * min(1.0, step / 50),
+        tokens=8192,
+        step_time_s=0.25,
+        mem_allocated_bytes=int(9.5 * GIB),
+        mem_reserved_bytes=int(11 * GIB + (step % 50) * (1 << 24)),
+        mem_peak_bytes=int(12 * GIB),
         eval_loss=loss_at(step) + 0.08 if step % 50 == 0 and step else None,
         extra={"gradflow": gradflow_at(step)} if flow else {},
-    )  # fmt: skip
+    )
 
 
 def system_sample(ts: float, i: int) -> SystemSample:
     gpu = GpuSample(
-        index=0, name="NVIDIA A100-SXM4-40GB", util_ratio=0.9 + 0.05 * math.sin(i / 3), mem_used_bytes=int(12.5 * GIB),
-        mem_total_bytes=40 * GIB, temperature_c=64 + 3 * math.sin(i / 9), power_w=310 + 20 * math.sin(i / 4),
-    )  # fmt: skip
+        index=0,
+        name="NVIDIA A100-SXM4-40GB",
+        util_ratio=0.9 + 0.05 * math.sin(i / 3),
+        mem_used_bytes=int(12.5 * GIB),
+        mem_total_bytes=40 * GIB,
+        temperature_c=64 + 3 * math.sin(i / 9),
+        power_w=310 + 20 * math.sin(i / 4),
+    )
     return SystemSample(
-        ts=ts, cpu_ratio=0.35 + 0.1 * math.sin(i / 6), ram_used_bytes=40 * GIB, ram_total_bytes=128 * GIB,
-        disk_free_bytes=600 * GIB - i * (1 << 20), disk_total_bytes=1800 * GIB, worker_rss_bytes=7 * GIB, gpus=(gpu,),
-    )  # fmt: skip
+        ts=ts,
+        cpu_ratio=0.35 + 0.1 * math.sin(i / 6),
+        ram_used_bytes=40 * GIB,
+        ram_total_bytes=128 * GIB,
+        disk_free_bytes=600 * GIB - i * (1 << 20),
+        disk_total_bytes=1800 * GIB,
+        worker_rss_bytes=7 * GIB,
+        gpus=(gpu,),
+    )
 
 
 def write_checkpoint(run: RunDir, step: int, ts: float) -> str:
@@ -79,9 +99,12 @@ def write_checkpoint(run: RunDir, step: int, ts: float) -> str:
     blob = f"weights at {step}".encode()
     (d / "adapter.safetensors").write_bytes(blob)
     manifest = {
-        "step": step, "ts": ts,
-        "files": [{"path": "adapter.safetensors", "size": len(blob), "sha256": hashlib.sha256(blob).hexdigest()}],
-    }  # fmt: skip
+        "step": step,
+        "ts": ts,
+        "files": [
+            {"path": "adapter.safetensors", "size": len(blob), "sha256": hashlib.sha256(blob).hexdigest()}
+        ],
+    }
     atomic_write_text(d / "MANIFEST.json", json.dumps(manifest))
     atomic_write_text(run.latest_pointer, name)
     atomic_write_text(run.last_good_pointer, name)
@@ -123,11 +146,21 @@ class LiveRun:
     def _status(self, state: str) -> None:
         now = time.time()
         status = {
-            "run_id": self.run.run_id, "state": state, "step": self.step, "max_steps": self.max_steps,
-            "loss": loss_at(self.step), "tokens_per_s": 32768.0, "eta_s": (self.max_steps - self.step) / self.rate,
-            "attempt": 0, "restarts": 0, "last_checkpoint": self.last_checkpoint, "supervisor_pid": 0,
-            "worker_pid": 0, "updated_ts": now, "dashboard_url": None,
-        }  # fmt: skip
+            "run_id": self.run.run_id,
+            "state": state,
+            "step": self.step,
+            "max_steps": self.max_steps,
+            "loss": loss_at(self.step),
+            "tokens_per_s": 32768.0,
+            "eta_s": (self.max_steps - self.step) / self.rate,
+            "attempt": 0,
+            "restarts": 0,
+            "last_checkpoint": self.last_checkpoint,
+            "supervisor_pid": 0,
+            "worker_pid": 0,
+            "updated_ts": now,
+            "dashboard_url": None,
+        }
         atomic_write_text(self.run.status, json.dumps(status))
 
     def write_step(self) -> StepRecord:

@@ -16,9 +16,9 @@ from tests.servers import Hook
 from tests.waiting import wait_for
 
 from conftest import require
-from steadytune.alerts.config import AlertsConfig
 from steadytune.alerts.router import AlertRouter
 from steadytune.cli.main import main
+from steadytune.config.alerts import AlertsConfig
 from steadytune.records import Event
 from steadytune.rundir import RunDir
 from steadytune.telemetry.events import EventLog
@@ -137,8 +137,10 @@ def test_anomaly_reaches_slack_and_email_and_no_secret_leaks(
 
     handle = start_dashboard(runs, port=0)
     try:
-        pages = [urllib.request.urlopen(handle.url + p, timeout=5).read().decode()
-                 for p in ("api/runs/r-alerts", "api/runs/r-alerts/events", "metrics", "run/r-alerts", "api/runs")]  # fmt: skip
+        pages = [
+            urllib.request.urlopen(handle.url + p, timeout=5).read().decode()
+            for p in ("api/runs/r-alerts", "api/runs/r-alerts/events", "metrics", "run/r-alerts", "api/runs")
+        ]
     finally:
         handle.stop()
     out, err = capfd.readouterr()

@@ -37,7 +37,8 @@ return h.tip.style.display === 'block' ? h.tip.innerText : '';
 
 
 def check_heatmap(b: WebDriver) -> None:
-    """The gradient-flow heat map is painted, marks flagged layers, grows live and explains a cell on hover."""
+    """The gradient-flow heat map is painted, marks flagged layers, grows live and explains a cell on
+    hover."""
     wait_js(b, f"{HEAT_COLUMNS} >= 3", timeout=10)
     hm = b.execute_script(
         "const h = window.steadytune.heatmap; return {cells: h.cellCount(), layers: h.layers, f: h.flagged()}"
@@ -75,9 +76,8 @@ def test_live_run_page_advances_and_screenshot(
         # Record-to-screen: the page notes when the newest record was drawn.
         # (How soon is a benchmark's figure, benchmarks/dashboard.py, not a bound a loaded machine can keep.)
         last = wait_js(b, "return window.steadytune.lastRender", timeout=5)
-        assert last["step"] >= step1 and last["shownAt"] >= last["recordTs"] > 0, (
-            last
-        )  # drawn after it was written
+        # drawn after it was written
+        assert last["step"] >= step1 and last["shownAt"] >= last["recordTs"] > 0, last
         # The side panels: events with cause and fix, a verified LAST_GOOD checkpoint, the plan.
         text = b.execute_script("return document.body.innerText")
         assert "loss_spike" in text and "cause: a batch of unusually long samples" in text

@@ -45,9 +45,22 @@ def test_non_loopback_bind_without_token_is_refused(runs_dir: Path) -> None:
     with pytest.raises(BindRefused, match="no token is set"):
         start_dashboard(runs_dir, host="0.0.0.0", port=0, token=None)
     cli = subprocess.run(
-        [sys.executable, "-m", "steadytune.cli.main", "dashboard", str(runs_dir), "--host", "0.0.0.0", "--port", "0"],
-        capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"},
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "steadytune.cli.main",
+            "dashboard",
+            str(runs_dir),
+            "--host",
+            "0.0.0.0",
+            "--port",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin"},
+    )
     assert cli.returncode == 2
     assert (
         "refusing to serve the dashboard on 0.0.0.0" in cli.stderr
@@ -106,8 +119,12 @@ def test_no_token_means_no_controls(dashboard: DashboardHandle, live_run: LiveRu
 
 
 def test_no_cors_and_no_dns_rebinding(secured: DashboardHandle) -> None:
-    status, headers, _ = request(secured, "OPTIONS", "/api/runs/live-run/control",
-                                 headers={"Origin": "http://evil.example", "Access-Control-Request-Method": "POST"})  # fmt: skip
+    status, headers, _ = request(
+        secured,
+        "OPTIONS",
+        "/api/runs/live-run/control",
+        headers={"Origin": "http://evil.example", "Access-Control-Request-Method": "POST"},
+    )
     assert status == 405
     status, headers, _ = request(secured, "GET", "/api/runs", headers={"Origin": "http://evil.example"})
     assert status == 200 and not any(k.lower().startswith("access-control-") for k in headers)
@@ -119,15 +136,23 @@ def test_no_cors_and_no_dns_rebinding(secured: DashboardHandle) -> None:
 # ---- off loopback: reads need the token, Host is checked --------------------------------------
 
 PUBLIC_URL = "https://dash.example/"
-READS = ["/api/runs", "/api/runs/live-run", "/api/runs/live-run/series?points=50", "/api/runs/live-run/events",
-         "/api/runs/live-run/gradflow", "/metrics"]  # fmt: skip
+READS = [
+    "/api/runs",
+    "/api/runs/live-run",
+    "/api/runs/live-run/series?points=50",
+    "/api/runs/live-run/events",
+    "/api/runs/live-run/gradflow",
+    "/metrics",
+]
 STREAMS = ["/api/stream", "/api/runs/live-run/stream"]
 
 
 @pytest.fixture
 def exposed(runs_dir: Path, live_run: LiveRun) -> Iterator[DashboardHandle]:
     # Bound to 127.0.0.1 but classified as reachable from other machines, as 0.0.0.0 would be.
-    handle = start_dashboard(runs_dir, host="127.0.0.1", port=0, token=TOKEN, exposed=True, public_url=PUBLIC_URL)
+    handle = start_dashboard(
+        runs_dir, host="127.0.0.1", port=0, token=TOKEN, exposed=True, public_url=PUBLIC_URL
+    )
     yield handle
     handle.stop()
 
@@ -137,7 +162,9 @@ def test_off_loopback_every_read_needs_the_token(exposed: DashboardHandle) -> No
         status, headers, body = request(exposed, "GET", path)
         assert status == 401, (path, body[:200])
         assert headers["WWW-Authenticate"].startswith("Bearer") and b"token" in body
-        assert request(exposed, "GET", path, headers={"X-Steadytune-Token": "wrong-token-0123456789"})[0] == 401
+        assert (
+            request(exposed, "GET", path, headers={"X-Steadytune-Token": "wrong-token-0123456789"})[0] == 401
+        )
         assert request(exposed, "GET", path, headers={"Cookie": f"token={TOKEN}"})[0] == 401
         assert request(exposed, "GET", path, headers={"X-Steadytune-Token": TOKEN})[0] == 200, path
         assert request(exposed, "GET", path, headers={"Authorization": f"Bearer {TOKEN}"})[0] == 200, path
@@ -156,7 +183,12 @@ def test_off_loopback_host_must_be_ours(exposed: DashboardHandle) -> None:
     for host in ("evil.example", f"evil.example:{exposed.port}", "dash.example.evil.example", "", "a b"):
         status, _, body = request(exposed, "GET", "/api/runs", headers={**auth, "Host": host})
         assert status == 403 and b"public_url" in body, host
-    for host in ("dash.example", "DASH.example:443", f"127.0.0.1:{exposed.port}", f"localhost:{exposed.port}"):
+    for host in (
+        "dash.example",
+        "DASH.example:443",
+        f"127.0.0.1:{exposed.port}",
+        f"localhost:{exposed.port}",
+    ):
         assert request(exposed, "GET", "/api/runs", headers={**auth, "Host": host})[0] == 200, host
 
 
@@ -231,7 +263,9 @@ def test_idle_sockets_are_capped_and_closed_after_the_timeout(runs_dir: Path) ->
         results = [read_all(s, timeout=5) for s in socks]
         assert all(closed for _, closed in results), "an idle socket was still open 5 s after a 0.5 s timeout"
         refused = [data for data, _ in results if data]
-        assert len(refused) >= 10 and all(d.startswith(b"HTTP/1.1 503") and b"Retry-After:" in d for d in refused)
+        assert len(refused) >= 10 and all(
+            d.startswith(b"HTTP/1.1 503") and b"Retry-After:" in d for d in refused
+        )
         assert wait_for(lambda: handler_threads() <= base, 5)
         for s in socks:
             s.close()
@@ -284,6 +318,7 @@ def test_streams_are_capped_with_retry_after(runs_dir: Path, live_run: LiveRun) 
 
 
 # ---- malformed input: 400 naming the parameter, never a dropped connection -----------------------
+
 
 @pytest.mark.parametrize(
     ("path", "param"),

@@ -57,10 +57,21 @@ class Demo:
             "STEADYTUNE_FAULTS": json.dumps({"step_sleep_s": 0.05}),
             "PYTHONUNBUFFERED": "1",  # the URL line must arrive now, not when a pipe buffer fills
         }
-        cmd = [STEADYTUNE, "demo", "--dashboard", "--port", "0", "--runs-dir", str(runs_dir), "--steps", str(steps),
-               "train.max_grad_norm=1.0"]  # fmt: skip
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                                     start_new_session=True)  # fmt: skip
+        cmd = [
+            STEADYTUNE,
+            "demo",
+            "--dashboard",
+            "--port",
+            "0",
+            "--runs-dir",
+            str(runs_dir),
+            "--steps",
+            str(steps),
+            "train.max_grad_norm=1.0",
+        ]
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
+        )
         self.lines: list[str] = []
         self._q: queue.Queue[str] = queue.Queue()
         self.reader = threading.Thread(target=self._read, name="demo-stdout", daemon=True)

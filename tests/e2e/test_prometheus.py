@@ -83,7 +83,9 @@ def test_prometheus_scrapes_the_runs_loss(
             except OSError:  # Prometheus is still starting
                 return []
 
-        result = wait_for(stored, timeout=60, interval=0.5, what="Prometheus to store steadytune_loss for done-run")
+        result = wait_for(
+            stored, timeout=60, interval=0.5, what="Prometheus to store steadytune_loss for done-run"
+        )
         assert float(result[0]["value"][1]) == pytest.approx(0.69)
         live = _query(port, 'steadytune_step{run="live-run"}')
         assert live and float(live[0]["value"][1]) > 0
@@ -105,7 +107,11 @@ def test_promtool_check_metrics_on_the_exposition(
         with urllib.request.urlopen(dashboard.url + "metrics", timeout=5) as r:
             assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
             text = r.read()
-        return text if b"steadytune_gpu_temperature_celsius" in text and b"steadytune_anomalies_total" in text else None
+        return (
+            text
+            if b"steadytune_gpu_temperature_celsius" in text and b"steadytune_anomalies_total" in text
+            else None
+        )
 
     text = wait_for(exposition, timeout=60, what="the system sample and the anomaly on /metrics")
     check = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, timeout=30)

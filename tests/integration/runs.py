@@ -17,8 +17,18 @@ from steadytune.rundir import RunDir
 from steadytune.telemetry.stream import iter_records
 from tests.waiting import wait_for
 
-__all__ = ["STEADYTUNE", "finish", "kill_worker", "run_dir", "running", "start_run", "status", "steps", "wait_for",
-           "write_config"]  # fmt: skip
+__all__ = [
+    "STEADYTUNE",
+    "finish",
+    "kill_worker",
+    "run_dir",
+    "running",
+    "start_run",
+    "status",
+    "steps",
+    "wait_for",
+    "write_config",
+]
 
 STEADYTUNE = str(Path(sys.executable).parent / "steadytune")
 

@@ -124,7 +124,8 @@ def test_overrides_change_the_verdict(spiky: Path) -> None:
 def test_console_script_on_a_megatron_log(tmp_path: Path) -> None:
     log = tmp_path / "train.log"
     lines = [
-        f" iteration {s:8d}/ 1000 | learning rate: 1.0E-04 | lm loss: {2.8 - 0.001 * s + (3.0 if s == 300 else 0.0):E} |"
+        f" iteration {s:8d}/ 1000 | learning rate: 1.0E-04 | lm loss: "
+        f"{2.8 - 0.001 * s + (3.0 if s == 300 else 0.0):E} |"
         f" grad norm: 1.5 | number of skipped iterations: 0 |"
         for s in range(10, 500, 10)
     ]

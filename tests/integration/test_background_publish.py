@@ -47,7 +47,9 @@ def test_the_steps_after_a_save_run_while_it_is_published_and_train_returns_it_s
     tmp_path: Path, demo_assets: Path
 ) -> None:
     def keeper(guard: Guard) -> CheckpointKeeper:
-        return CheckpointKeeper(guard.run, min_free_bytes=0, save_delay=lambda step: 1.5 if step == 2 else 0.0)
+        return CheckpointKeeper(
+            guard.run, min_free_bytes=0, save_delay=lambda step: 1.5 if step == 2 else 0.0
+        )
 
     trainer, guard = trainer_with(tmp_path, demo_assets, keeper)
     trainer.train()
@@ -65,7 +67,9 @@ def test_a_publish_that_fails_fails_the_training_at_the_next_step(tmp_path: Path
         def publish(self, staged: Path, step: int, **kw: Any) -> Path:
             raise OSError(28, "No space left on device")
 
-    trainer, guard = trainer_with(tmp_path, demo_assets, lambda g: FullDisk(g.run, min_free_bytes=0), wait=True)
+    trainer, guard = trainer_with(
+        tmp_path, demo_assets, lambda g: FullDisk(g.run, min_free_bytes=0), wait=True
+    )
     with pytest.raises(OSError, match="No space left"):
         trainer.train()
     steps = [r.step for r in iter_records(guard.run.telemetry(0)) if isinstance(r, StepRecord)]

@@ -31,7 +31,8 @@ def test_last_good_is_not_promoted_when_trouble_follows_a_checkpoint(
     tmp_path: Path, demo_assets: Path, trouble: bool
 ) -> None:
     # Checkpoints at 10 and 20; the run dies at step 26 (no restart budget), so no later checkpoint and no
-    # completion can move LAST_GOOD afterwards. A NaN at step 22 falls inside checkpoint-20's window (3 steps).
+    # completion can move LAST_GOOD afterwards. A NaN at step 22 falls inside checkpoint-20's window (3
+    # steps).
     cfg = write_config(tmp_path, demo_assets, train={"max_steps": 40, "save_steps": 10},
                        run={"max_restarts": 0, "good_window_steps": 3})  # fmt: skip
     faults = {"crash_at_step": 26, **({"nan_at_step": 22} if trouble else {})}
@@ -52,7 +53,8 @@ def test_last_good_is_not_promoted_when_trouble_follows_a_checkpoint(
 
 
 def test_retention_deletes_all_but_the_newest(tmp_path: Path, demo_assets: Path) -> None:
-    # A LAST_GOOD window longer than the run: no pointer is protected until the end, so exactly keep_last stay.
+    # A LAST_GOOD window longer than the run: no pointer is protected until the end, so exactly keep_last
+    # stay.
     cfg = write_config(tmp_path, demo_assets, train={"max_steps": 25, "save_steps": 5},
                        run={"keep_last": 2, "good_window_steps": 1000})  # fmt: skip
     rc, out = finish(start_run(cfg, "keep"))
@@ -91,8 +93,12 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
 def test_a_save_the_disk_cannot_hold_is_refused(tmp_path: Path, demo_assets: Path, small_disk: Path) -> None:
     # Checkpoints are ~5 MiB; a save needs the newest checkpoint's size plus 7 MiB free. On 20 MiB the
     # first two fit (20 then ~15 MiB free), the third would leave too little (~10 free, ~12 needed).
-    cfg = write_config(tmp_path, demo_assets, train={"max_steps": 30, "save_steps": 5},
-                       run={"runs_dir": str(small_disk / "runs"), "min_free_disk_bytes": 7 * MiB, "keep_last": 10})  # fmt: skip
+    cfg = write_config(
+        tmp_path,
+        demo_assets,
+        train={"max_steps": 30, "save_steps": 5},
+        run={"runs_dir": str(small_disk / "runs"), "min_free_disk_bytes": 7 * MiB, "keep_last": 10},
+    )
     rc, out = finish(start_run(cfg, "full-disk"))
     assert rc == 0, out  # the run goes on without the checkpoints it cannot afford, and says so
     run = RunDir(small_disk / "runs" / "full-disk")

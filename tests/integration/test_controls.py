@@ -79,7 +79,9 @@ def test_checkpoint_pause_resume_stop(tmp_path: Path, demo_assets: Path) -> None
 
 
 def acks(run, ids: list[str]) -> list:
-    return [e for e in read_events(run.events) if e.name.startswith("ack_") and e.data.get("request_id") in ids]
+    return [
+        e for e in read_events(run.events) if e.name.startswith("ack_") and e.data.get("request_id") in ids
+    ]
 
 
 def test_back_to_back_requests_are_all_honoured_in_order(tmp_path: Path, demo_assets: Path) -> None:

@@ -1,4 +1,5 @@
-"""`steadytune drill --supervise -- CMD` on the plain HF Trainer script: every fault from outside, recovered."""
+"""`steadytune drill --supervise -- CMD` on the plain HF Trainer script: every fault from outside,
+recovered."""
 
 from __future__ import annotations
 
@@ -43,7 +44,11 @@ def test_every_outside_fault_is_detected_and_recovered_under_the_native_table(
     assert done.returncode == 0, out + done.stderr
     # The native drill's table: one row per fault, each detected and recovered.
     assert "fault                 at  detected  step  action             recovered  redone  recover s" in out
-    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.split()[:1] and line.split()[0] in FAULTS and len(line.split()) == 8}  # fmt: skip
+    rows = {
+        line.split()[0]: line.split()
+        for line in out.splitlines()
+        if line.split()[:1] and line.split()[0] in FAULTS and len(line.split()) == 8
+    }
     assert set(rows) == set(FAULTS)
     for row in rows.values():
         assert row[2] == "yes" and row[5] == "yes", row
@@ -102,7 +107,10 @@ def test_every_outside_fault_is_detected_and_recovered_under_the_native_table(
 
 
 # A job that prints five HF log dicts and ends, whatever its arguments.
-SHORT_JOB = "import time\nfor i in range(5):\n    print({'loss': 2.0 - i / 10, 'epoch': i / 5}, flush=True)\n    time.sleep(0.1)\n"
+SHORT_JOB = (
+    "import time\nfor i in range(5):\n    print({'loss': 2.0 - i / 10, 'epoch': i / 5}, "
+    "flush=True)\n    time.sleep(0.1)\n"
+)
 
 
 def test_a_fault_that_never_came_is_not_recovered_and_the_drill_fails(tmp_path: Path) -> None:
@@ -117,8 +125,21 @@ def test_a_fault_that_never_came_is_not_recovered_and_the_drill_fails(tmp_path: 
 
 
 def test_a_command_that_fails_by_itself_is_not_drilled(tmp_path: Path) -> None:
-    cmd = [STEADYTUNE, "drill", "--supervise", "--runs-dir", str(tmp_path / "runs"), "--base-lr", "1e-3", "--",
-           sys.executable, "-c", "import sys; sys.exit(3)", "--output_dir", "{output_dir}"]  # fmt: skip
+    cmd = [
+        STEADYTUNE,
+        "drill",
+        "--supervise",
+        "--runs-dir",
+        str(tmp_path / "runs"),
+        "--base-lr",
+        "1e-3",
+        "--",
+        sys.executable,
+        "-c",
+        "import sys; sys.exit(3)",
+        "--output_dir",
+        "{output_dir}",
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 1
     assert "the clean run of the command ended failed" in done.stderr and "no fault was run" in done.stderr

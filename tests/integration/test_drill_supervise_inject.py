@@ -1,4 +1,5 @@
-"""`steadytune drill --supervise --inject -- CMD`: the faults done inside the plain HF Trainer script, recovered."""
+"""`steadytune drill --supervise --inject -- CMD`: the faults done inside the plain HF Trainer script,
+recovered."""
 
 from __future__ import annotations
 
@@ -31,12 +32,26 @@ def test_faults_inside_and_outside_an_injected_trainer_are_recovered_under_the_n
     import subprocess
 
     runs = tmp_path / "runs"
-    cmd = [STEADYTUNE, "drill", "--supervise", "--inject", "--faults", ",".join(FAULTS), "--runs-dir", str(runs),
-           "--", *_script(demo_assets, 40, 0.05, "--learning_rate", "2e-3")]  # fmt: skip
+    cmd = [
+        STEADYTUNE,
+        "drill",
+        "--supervise",
+        "--inject",
+        "--faults",
+        ",".join(FAULTS),
+        "--runs-dir",
+        str(runs),
+        "--",
+        *_script(demo_assets, 40, 0.05, "--learning_rate", "2e-3"),
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     out = done.stdout
     assert done.returncode == 0, out + done.stderr
-    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.split()[:1] and line.split()[0] in FAULTS and len(line.split()) == 8}  # fmt: skip
+    rows = {
+        line.split()[0]: line.split()
+        for line in out.splitlines()
+        if line.split()[:1] and line.split()[0] in FAULTS and len(line.split()) == 8
+    }
     assert set(rows) == set(FAULTS)
     for row in rows.values():
         assert row[2] == "yes" and row[5] == "yes", row
@@ -62,7 +77,12 @@ def test_faults_inside_and_outside_an_injected_trainer_are_recovered_under_the_n
     spike = _run_of(runs, "spike")
     events = read_events(spike / "events.jsonl")
     names = [e.name for e in events]
-    assert names.index("rollback") < names.index("restart") < names.index("lr_from_command") < names.index("run_completed")  # fmt: skip
+    assert (
+        names.index("rollback")
+        < names.index("restart")
+        < names.index("lr_from_command")
+        < names.index("run_completed")
+    )
     started = [e.data["cmd"] for e in events if e.name == "worker_started"]
     assert started[-1][-4:] == ["--resume_from_checkpoint", str(outputs / spike.name / "checkpoint-30"),
                                 "--learning_rate", "0.001"]  # fmt: skip

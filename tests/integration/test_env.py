@@ -1,4 +1,5 @@
-"""env.json from real runs: what a run records, `env diff` between two interpreters, the export, check's warning.
+"""env.json from real runs: what a run records, `env diff` between two interpreters, the export, check's
+warning.
 
 Run A trains in this venv; run B trains the same config under the LLaMA-Factory tool venv
 (tests/tools.py), whose transformers, peft and datasets are older: a real package change
@@ -138,7 +139,8 @@ def test_two_real_runs_record_their_environment_and_env_diff_check_and_export_us
     text = steadytune(sys.executable, "env", "diff", str(a.root), str(b.root), cwd=project).stdout
     assert f"~ transformers {mine['transformers']} → {theirs['transformers']}" in text
 
-    # check, in this venv again, compares with the newest completed run of the config: b, under the other venv.
+    # check, in this venv again, compares with the newest completed run of the config: b, under the other
+    # venv.
     warned = json.loads(
         steadytune(sys.executable, "check", str(config), "--format", "json", cwd=project).stdout
     )

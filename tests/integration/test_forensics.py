@@ -261,7 +261,8 @@ def test_diff_ckpt_streams_two_200mb_checkpoints_in_bounded_memory(tmp_path):
     # VmHWM is the peak RSS of this process image; ru_maxrss would also count the forked pytest parent.
     code = (
         "import re, sys; from steadytune.cli.main import main; "
-        f"rc = main(['diff-ckpt', {str(tmp_path / 'a.safetensors')!r}, {str(tmp_path / 'b.safetensors')!r}]); "
+        f"rc = main(['diff-ckpt', {str(tmp_path / 'a.safetensors')!r}, "
+        f"{str(tmp_path / 'b.safetensors')!r}]); "
         "hwm = re.search(r'VmHWM:\\s+(\\d+) kB', open('/proc/self/status').read()).group(1); "
         "print('PEAK_KB', hwm); sys.exit(rc)"
     )

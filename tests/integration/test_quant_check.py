@@ -33,7 +33,8 @@ def test_a_broken_quant_section_is_a_config_error_without_torch(demo_assets: Pat
     code = (
         "import sys\n"
         "from steadytune.cli.main import main\n"
-        f"rc = main(['quant-check', {str(QLORA)!r}, *{demo_overrides(demo_assets)!r}, 'quant.max_ppl_change=-1'])\n"
+        f"rc = main(['quant-check', {str(QLORA)!r}, *{demo_overrides(demo_assets)!r}, "
+        f"'quant.max_ppl_change=-1'])\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
         "sys.exit(rc)\n"
     )

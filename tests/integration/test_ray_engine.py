@@ -85,11 +85,13 @@ def assert_completed(run: RunDir, rc: int, out: str) -> None:
     assert final[-1] == STEPS
     for ckpt in run.checkpoints.glob("checkpoint-*"):
         assert verify(ckpt).ok, ckpt
-    assert effective_batches(run) == {BATCH * 2}  # every step: 4 per device x 2 workers, or x 2 accumulated on 1
+    # every step: 4 per device x 2 workers, or x 2 accumulated on 1
+    assert effective_batches(run) == {BATCH * 2}
 
 
 def effective_batches(run: RunDir) -> set[int]:
-    """Samples per optimizer step over all ranks, on the timeline that completed (latest attempt of each step)."""
+    """Samples per optimizer step over all ranks, on the timeline that completed (latest attempt of each
+    step)."""
     latest = {s.step: s.attempt for s in steps(run)}
     total: dict[int, int] = {}
     for rank in (0, 1):
@@ -123,15 +125,24 @@ def test_a_node_added_grows_the_group(tmp_path: Path, demo_assets: Path, cluster
     assert events(run, "worker_group_started")
 
 
-def test_a_node_killed_restarts_from_the_checkpoint(tmp_path: Path, demo_assets: Path, cluster: Cluster) -> None:
+def test_a_node_killed_restarts_from_the_checkpoint(
+    tmp_path: Path, demo_assets: Path, cluster: Cluster
+) -> None:
     cluster.add_node(num_cpus=1)
     cluster.add_node(num_cpus=1)
     cfg = ray_config(tmp_path, demo_assets, cluster.address)
     proc = start_run(cfg, "kill", faults=SLOW_STEPS)
     run = run_dir(cfg, "kill")
     wait_for(lambda: running(proc) and groups(run) and groups(run)[0]["world_size"] == 2, 300, "a group of 2")
-    wait_for(lambda: running(proc) and any(p.name.startswith("checkpoint-") for p in run.checkpoints.glob("*")) and
-             len(steps(run, 1)) >= SAVE + 1, 300, "a checkpoint, then more steps")  # fmt: skip
+    wait_for(
+        lambda: (
+            running(proc)
+            and any(p.name.startswith("checkpoint-") for p in run.checkpoints.glob("*"))
+            and len(steps(run, 1)) >= SAVE + 1
+        ),
+        300,
+        "a checkpoint, then more steps",
+    )
     lost_at = steps(run)[-1].step
     cluster.remove_node(cluster.list_all_nodes()[-1], allow_graceful=False)  # a worker node: both train
     rc, out = finish(proc, 600)
@@ -169,7 +180,9 @@ def test_a_node_lost_during_a_resize(tmp_path: Path, demo_assets: Path, cluster:
     assert trained == set(range(1, STEPS + 1))
 
 
-def test_a_signal_stops_the_ray_job_after_its_workers_saved(tmp_path: Path, demo_assets: Path, cluster: Cluster) -> None:
+def test_a_signal_stops_the_ray_job_after_its_workers_saved(
+    tmp_path: Path, demo_assets: Path, cluster: Cluster
+) -> None:
     """The driver outlives the supervisor's SIGTERM: the workers take the stop at a step, save, and return."""
     import signal
 

@@ -50,7 +50,9 @@ def test_the_last_step_record_survives_a_worker_killed_right_after_it(tmp_path: 
     assert proc.returncode == (-signal.SIGKILL if death == "sigkill" else 3), proc.stderr.decode()
     raw = (tmp_path / "run" / "telemetry" / "rank-0.jsonl").read_bytes()
     assert raw.endswith(b"\n")  # no torn last line
-    steps = [r for r in iter_records(tmp_path / "run" / "telemetry" / "rank-0.jsonl") if isinstance(r, StepRecord)]
+    steps = [
+        r for r in iter_records(tmp_path / "run" / "telemetry" / "rank-0.jsonl") if isinstance(r, StepRecord)
+    ]
     assert [s.step for s in steps] == list(range(1, 8))
     last = steps[-1]
     assert last.grad_norm == 8.0 and last.batch is not None and last.batch.indices == (7, 107)

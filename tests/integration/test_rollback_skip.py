@@ -76,8 +76,11 @@ def test_rollback_skips_its_samples_for_good_and_keeps_the_order(tmp_path: Path,
     )
     run = run_dir(cfg, "skip")
     # After the rollback, kill the resumed worker too: the skip list must survive that restart.
-    wait_for(lambda: status(run).get("attempt") == 1 and any(r.attempt == 1 and r.step >= 25 for r in steps(run)),
-             timeout=180, what="the resumed worker at step 25")  # fmt: skip
+    wait_for(
+        lambda: status(run).get("attempt") == 1 and any(r.attempt == 1 and r.step >= 25 for r in steps(run)),
+        timeout=180,
+        what="the resumed worker at step 25",
+    )
     kill_worker(run)
     rc, out = finish(proc)
     assert rc == 0, out
@@ -108,8 +111,11 @@ MULTI_EPOCH_BUG = (
 @pytest.mark.xfail(strict=True, reason=MULTI_EPOCH_BUG)
 def test_rollback_in_a_later_epoch_keeps_the_order(tmp_path: Path, demo_assets: Path) -> None:
     # 48 samples, 4 per step: 12 steps per epoch; the rollback resumes from step 16, inside the second epoch.
-    sections = {"data": {"max_samples": 48}, "train": {"max_grad_norm": 0.0, "save_steps": 8, "max_steps": 36},
-                "policy": {"spike_confirm_points": 1}}  # fmt: skip
+    sections = {
+        "data": {"max_samples": 48},
+        "train": {"max_grad_norm": 0.0, "save_steps": 8, "max_steps": 36},
+        "policy": {"spike_confirm_points": 1},
+    }
     cfg = write_config(tmp_path, demo_assets, **sections)
     rc, out = finish(start_run(cfg, "epochs", faults={"lr_burst_at_step": 17, "lr_burst_factor": 1000.0}))
     assert rc == 0, out

@@ -84,14 +84,18 @@ def test_rules_resize_a_run_one_to_two_to_one(
     by_seq = {e.seq: e for e in evs}
     for p in plans[1:]:
         assert by_seq[p.cause_event_seq].name == "restart" and p.resume_checkpoint
-    actions = [(e.name, e.data["world_from"], e.data["world_to"]) for e in evs if e.name in {"grow", "shrink"}]
+    actions = [
+        (e.name, e.data["world_from"], e.data["world_to"]) for e in evs if e.name in {"grow", "shrink"}
+    ]
     assert actions == [("grow", 1, 2), ("shrink", 2, 1)]
     assert [e.data["world"] for e in evs if e.name == "resized"] == [2, 1]
     assert not [e for e in evs if e.name in {"resume_mismatch", "resize_refused"}]
     assert evs[-1].name == "run_completed"
 
     # Steps continue from each checkpoint: no gap, no repeat.
-    rank0 = [r for r in iter_records(run.telemetry(0)) if isinstance(r, StepRecord) and not r.extra.get("eval")]
+    rank0 = [
+        r for r in iter_records(run.telemetry(0)) if isinstance(r, StepRecord) and not r.extra.get("eval")
+    ]
     assert [r.step for r in rank0] == list(range(1, MAX_STEPS + 1))
     attempts = [r.attempt for r in rank0]
     assert attempts == sorted(attempts) and set(attempts) == {0, 1, 2}
@@ -100,7 +104,9 @@ def test_rules_resize_a_run_one_to_two_to_one(
         assert first.step == int(Path(p.resume_checkpoint).name.split("-")[1]) + 1
 
     # The effective batch is unchanged: the samples of every step, over all its ranks.
-    rank1 = [r for r in iter_records(run.telemetry(1)) if isinstance(r, StepRecord) and not r.extra.get("eval")]
+    rank1 = [
+        r for r in iter_records(run.telemetry(1)) if isinstance(r, StepRecord) and not r.extra.get("eval")
+    ]
     assert {r.attempt for r in rank1} == {1}  # only the attempt on 2 processes had a rank 1
     samples: dict[int, int] = {}
     indices: list[int] = []

@@ -85,8 +85,11 @@ def test_daemon_killed_while_two_jobs_run_adopts_both_and_they_complete(tmp_path
         big = cli(env, "submit", "--need-gib", "6", "--", sys.executable, "-c", "print('ran')").stdout
         assert first.startswith("j1 queued") and "estimated peak" in first and big.startswith("j3 queued")
 
-        wait_for(lambda: all(run_status(tmp_path, j).get("step", 0) >= 3 for j in queue(env)["jobs"][:2]), 240,
-                 "both jobs to train")  # fmt: skip
+        wait_for(
+            lambda: all(run_status(tmp_path, j).get("step", 0) >= 3 for j in queue(env)["jobs"][:2]),
+            240,
+            "both jobs to train",
+        )
         before = queue(env)
         j1, j2, j3 = before["jobs"]
         assert (j1["state"], j2["state"], j3["state"]) == ("running", "running", "queued")

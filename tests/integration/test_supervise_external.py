@@ -259,8 +259,22 @@ def test_a_stopped_trainer_is_a_hang_its_stacks_are_dumped_and_it_restarts(
     tmp_path: Path, demo_assets: Path
 ) -> None:
     out = tmp_path / "out"
-    cmd = [STEADYTUNE, "supervise", "--preset", "hf", "--output-dir", str(out), "--hang-floor", "6",
-           "--runs-dir", str(tmp_path / "runs"), "--run-id", "ext", "--", *_job(tmp_path, demo_assets, out, 60, 0.05)]  # fmt: skip
+    cmd = [
+        STEADYTUNE,
+        "supervise",
+        "--preset",
+        "hf",
+        "--output-dir",
+        str(out),
+        "--hang-floor",
+        "6",
+        "--runs-dir",
+        str(tmp_path / "runs"),
+        "--run-id",
+        "ext",
+        "--",
+        *_job(tmp_path, demo_assets, out, 60, 0.05),
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     run = tmp_path / "runs" / "ext"
     wait_for(
@@ -285,8 +299,20 @@ def test_operator_controls_reach_a_job_that_takes_no_requests(tmp_path: Path, de
     """pause stops the job from outside and resume restarts it from its newest checkpoint; checkpoint
     is not available without the guard inside, and says so; the run completes."""
     out = tmp_path / "out"
-    cmd = [STEADYTUNE, "supervise", "--preset", "hf", "--output-dir", str(out), "--runs-dir",
-           str(tmp_path / "runs"), "--run-id", "ext", "--", *_job(tmp_path, demo_assets, out, 60, 0.05)]  # fmt: skip
+    cmd = [
+        STEADYTUNE,
+        "supervise",
+        "--preset",
+        "hf",
+        "--output-dir",
+        str(out),
+        "--runs-dir",
+        str(tmp_path / "runs"),
+        "--run-id",
+        "ext",
+        "--",
+        *_job(tmp_path, demo_assets, out, 60, 0.05),
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     run = tmp_path / "runs" / "ext"
     wait_for(

@@ -1,4 +1,5 @@
-"""`steadytune supervise --inject`: a plain HF Trainer script gets the guard in-process, through the one supervisor.
+"""`steadytune supervise --inject`: a plain HF Trainer script gets the guard in-process, through the one
+supervisor.
 
 What the log adapter cannot give, asserted on a real supervised process tree: the NaN
 update skipped before it reaches the weights (no rollback needed), records with the
@@ -28,8 +29,22 @@ pytestmark = pytest.mark.slow
 
 def _supervise(tmp_path: Path, demo_assets: Path, steps: int, sleep: float, *extra: str) -> list[str]:
     out = tmp_path / "out"
-    return [STEADYTUNE, "supervise", "--inject", "--preset", "hf", "--output-dir", str(out), "--runs-dir",
-            str(tmp_path / "runs"), "--run-id", "inj", *extra, "--", *_job(tmp_path, demo_assets, out, steps, sleep)]  # fmt: skip
+    return [
+        STEADYTUNE,
+        "supervise",
+        "--inject",
+        "--preset",
+        "hf",
+        "--output-dir",
+        str(out),
+        "--runs-dir",
+        str(tmp_path / "runs"),
+        "--run-id",
+        "inj",
+        *extra,
+        "--",
+        *_job(tmp_path, demo_assets, out, steps, sleep),
+    ]
 
 
 def test_an_injected_guard_skips_the_nan_update_and_writes_full_records(

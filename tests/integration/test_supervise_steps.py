@@ -26,10 +26,33 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize("sleep", ["0.2", "0"])  # the bar redrawn between step and dict, or stale
 def test_the_steps_recorded_are_the_trainers_own(tmp_path: Path, demo_assets: Path, sleep: str) -> None:
     out, steps = tmp_path / "out", 8
-    cmd = [STEADYTUNE, "supervise", "--preset", "hf", "--output-dir", str(out), "--runs-dir", str(tmp_path / "runs"),
-           "--run-id", "ext", "--", sys.executable, str(REPO / "examples" / "hf_trainer_script.py"),
-           "--output_dir", str(out), "--model", str(demo_assets / "model"), "--data", str(demo_assets / "train.jsonl"),
-           "--max_steps", str(steps), "--save_steps", "4", "--step_sleep", sleep]  # fmt: skip
+    cmd = [
+        STEADYTUNE,
+        "supervise",
+        "--preset",
+        "hf",
+        "--output-dir",
+        str(out),
+        "--runs-dir",
+        str(tmp_path / "runs"),
+        "--run-id",
+        "ext",
+        "--",
+        sys.executable,
+        str(REPO / "examples" / "hf_trainer_script.py"),
+        "--output_dir",
+        str(out),
+        "--model",
+        str(demo_assets / "model"),
+        "--data",
+        str(demo_assets / "train.jsonl"),
+        "--max_steps",
+        str(steps),
+        "--save_steps",
+        "4",
+        "--step_sleep",
+        sleep,
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     run = tmp_path / "runs" / "ext"

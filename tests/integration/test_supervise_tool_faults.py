@@ -84,7 +84,8 @@ def _fault_row(
 
 
 def _preset_args(tool: str, key: str, value: str) -> list[str]:
-    """How the tool takes ``key`` on its command line: --flags for TRL, key=value after LLaMA-Factory's YAML."""
+    """How the tool takes ``key`` on its command line: --flags for TRL, key=value after LLaMA-Factory's
+    YAML."""
     return [f"--{key}", value] if tool == "trl" else [f"{key}={value}"]
 
 
@@ -93,7 +94,6 @@ def _names(events: list[Event]) -> list[str]:
 
 
 # -- 1. SIGSTOP of the trainer: a hang ------------------------------------------------------------
-
 
 
 @pytest.mark.parametrize("tool", ["trl", "llamafactory"])
@@ -196,7 +196,6 @@ def test_lr_far_too_high_is_rolled_back_with_a_lower_lr_and_alerted(
 
 
 # -- 3. SIGTERM to the supervisor ---------------------------------------------------------------------
-
 
 
 @pytest.mark.parametrize("tool", ["trl", "llamafactory"])

@@ -82,7 +82,9 @@ def test_a_killed_trainer_with_a_truncated_checkpoint_resumes_an_older_one(
     assert f"resuming from checkpoint-{older}" in restart.message
     resumed = [e for e in events if e.name == "worker_started"][1]
     path = str(out / f"checkpoint-{older}")
-    want = [f"resume_from_checkpoint={path}"] if tool == "llamafactory" else ["--resume_from_checkpoint", path]
+    want = (
+        [f"resume_from_checkpoint={path}"] if tool == "llamafactory" else ["--resume_from_checkpoint", path]
+    )
     assert resumed.data["cmd"][-len(want) :] == want
     assert events[-1].name == "run_completed"
     recs = sup.steps()

@@ -102,8 +102,18 @@ def trl_job(
     out = tmp / "out"
     data = sft_data(demo_assets, tmp / "data")
     flags = {"save_total_limit": 3, **common_args(steps, save_steps, logging_steps, lr, extra)}
-    cmd = [str(tool_venv("trl") / "trl"), "sft", "--model_name_or_path", str(demo_assets / "model"),
-           "--dataset_name", str(data), "--dataset_train_split", "train", "--output_dir", str(out)]  # fmt: skip
+    cmd = [
+        str(tool_venv("trl") / "trl"),
+        "sft",
+        "--model_name_or_path",
+        str(demo_assets / "model"),
+        "--dataset_name",
+        str(data),
+        "--dataset_train_split",
+        "train",
+        "--output_dir",
+        str(out),
+    ]
     for key, value in flags.items():
         cmd += [f"--{key}", str(value)]
     return ToolJob("trl", cmd, out, lr, "model.safetensors")

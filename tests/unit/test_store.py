@@ -175,8 +175,13 @@ def flow(layers: list[str], norm: list, zero: list | None = None) -> dict:
 
 
 def flow_step(step: int, norm: list, attempt: int = 0, zero: list | None = None) -> StepRecord:
-    return StepRecord(step=step, ts=100.0 + step, attempt=attempt, loss=1.0,
-                      extra={"gradflow": flow(["embeddings", "layers.0", "lm_head"], norm, zero)})  # fmt: skip
+    return StepRecord(
+        step=step,
+        ts=100.0 + step,
+        attempt=attempt,
+        loss=1.0,
+        extra={"gradflow": flow(["embeddings", "layers.0", "lm_head"], norm, zero)},
+    )
 
 
 def test_gradflow_kept_per_step_with_nonfinite_norms(tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
 """Alerts: sinks (console, JSONL, webhook, e-mail, command) and the router (dedup, rate limit, resolve)."""
 
-from steadytune.alerts.config import AlertsConfig
 from steadytune.alerts.router import AlertRouter
+from steadytune.config.alerts import AlertsConfig
 
 __all__ = ["AlertRouter", "AlertsConfig"]

@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from steadytune.alerts.config import AlertsConfig
 from steadytune.alerts.message import Alert, alert_from_event, test_alert
 from steadytune.alerts.noise import Deduper, RateLimiter, backoff_delay
 from steadytune.alerts.secrets import Redactor
 from steadytune.alerts.sinks import DeliveryError, Sink, build_sinks
+from steadytune.config.alerts import AlertsConfig
 from steadytune.records import SEVERITY_ORDER, Event
 from steadytune.telemetry.events import EventLog
 

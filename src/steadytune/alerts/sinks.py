@@ -21,9 +21,9 @@ from email.message import EmailMessage
 from pathlib import Path
 from typing import IO, Protocol
 
-from steadytune.alerts import config as cfg
 from steadytune.alerts.message import PAYLOADS, Alert
 from steadytune.alerts.secrets import Redactor, SecretError, redact_url, resolve_secret
+from steadytune.config import alerts as cfg
 
 
 class DeliveryError(RuntimeError):
@@ -49,8 +49,8 @@ class Sink(Protocol):
 class _Base:
     def __init__(self, conf: cfg._SinkBase, redactor: Redactor) -> None:
         self.name = conf.name or conf.type  # type: ignore[attr-defined]
-        self.min_severity = conf.min_severity
-        self.rate_limit_per_hour = conf.rate_limit_per_hour
+        self.min_severity: str | None = conf.min_severity
+        self.rate_limit_per_hour: int | None = conf.rate_limit_per_hour
         self.redact = redactor
 
     def _fail(self, what: str, exc: BaseException | str, permanent: bool = False) -> DeliveryError:
@@ -102,7 +102,8 @@ def check_webhook_url(url: str) -> None:
     scheme = urllib.parse.urlsplit(url).scheme.lower()
     if scheme not in WEBHOOK_SCHEMES or "://" not in url:
         raise SecretError(
-            f"url: a webhook URL must start with http:// or https:// (this one's scheme is {scheme or 'missing'!r})"
+            f"url: a webhook URL must start with http:// or https:// (this one's scheme is "
+            f"{scheme or 'missing'!r})"
         )
 
 
@@ -161,7 +162,10 @@ class EmailAlertSink(_Base):
         redactor.add(password)
 
     def describe(self) -> str:
-        return f"e-mail via {self.conf.host}:{self.conf.effective_port} ({self.conf.security}) to {', '.join(self.conf.to)}"
+        return (
+            f"e-mail via {self.conf.host}:{self.conf.effective_port} ({self.conf.security}) to "
+            f"{', '.join(self.conf.to)}"
+        )
 
     def _context(self) -> ssl.SSLContext:
         ctx = ssl.create_default_context(cafile=str(self.conf.ca_file) if self.conf.ca_file else None)

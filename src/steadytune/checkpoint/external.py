@@ -88,7 +88,7 @@ def check_external_checkpoint(ckpt: Path) -> tuple[bool, str]:
 
 
 def newest_complete(output_dir: Path) -> tuple[Path | None, list[tuple[Path, str]]]:
-    skipped = []
+    skipped: list[tuple[Path, str]] = []
     for ckpt in list_checkpoints(output_dir):
         ok, reason = check_external_checkpoint(ckpt)
         if ok:

@@ -99,7 +99,8 @@ def write_manifest(
     """
     if files is None:
         files = {
-            str(p.relative_to(ckpt)): {"size": p.stat().st_size, "sha256": sha256_file(p)} for p in _files(ckpt)
+            str(p.relative_to(ckpt)): {"size": p.stat().st_size, "sha256": sha256_file(p)}
+            for p in _files(ckpt)
         }
     manifest = {
         "version": MANIFEST_VERSION,

@@ -2,7 +2,8 @@
 
 The write protocol (DESIGN.md): the trainer writes into ``checkpoints/.staging``;
 we fsync and hash it in one pass, rename it to ``checkpoints/checkpoint-<step>``, then
-write ``MANIFEST.json`` (the hashes taken before the rename) last. A crash at any point leaves either no directory, or one
+write ``MANIFEST.json`` (the hashes taken before the rename) last. A crash at any point leaves either no
+directory, or one
 without a manifest, which readers ignore.
 """
 
@@ -31,7 +32,8 @@ def ensure_free_space(path: Path, needed: int, free: Callable[[Path], int] = fre
     have = free(path)
     if have < needed:
         raise DiskFullError(
-            f"only {have / 1024**2:.0f} MiB free under {path}, need {needed / 1024**2:.0f} MiB for a checkpoint; "
+            f"only {have / 1024**2:.0f} MiB free under {path}, need {needed / 1024**2:.0f} MiB for a "
+            f"checkpoint; "
             "free disk space or lower run.keep_last"
         )
 

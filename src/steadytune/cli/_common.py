@@ -20,6 +20,12 @@ def add_command(
     )
 
 
+def print_help_status(parser: argparse.ArgumentParser) -> int:
+    """A command group called without its subcommand: its help, and exit status 2."""
+    parser.print_help()
+    return 2
+
+
 def fail(message: str, code: int = 1) -> int:
     """Print an error for the user and return the exit code to use."""
     print(f"error: {message}", file=sys.stderr)

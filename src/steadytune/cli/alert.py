@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from steadytune.cli._common import add_command, fail
+from steadytune.cli._common import add_command, fail, print_help_status
 
 
 def register(sub: Any) -> None:
@@ -24,7 +24,7 @@ def register(sub: Any) -> None:
         "--show-config", action="store_true", help="print the alerts config (secrets as references)"
     )
     t.set_defaults(func=run_test)
-    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
+    p.set_defaults(func=lambda args: print_help_status(p))
 
 
 def load_alerts_section(path: Path) -> dict[str, Any]:
@@ -40,9 +40,9 @@ def load_alerts_section(path: Path) -> dict[str, Any]:
 def run_test(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
-    from steadytune.alerts.config import AlertsConfig
     from steadytune.alerts.router import AlertRouter
     from steadytune.alerts.secrets import SecretError
+    from steadytune.config.alerts import AlertsConfig
 
     try:
         config = AlertsConfig.model_validate(load_alerts_section(args.config))
@@ -61,7 +61,7 @@ def run_test(args: argparse.Namespace) -> int:
         return fail(str(exc), 2)
     results = router.send_test()
     for sink in router.sinks:
-        where = sink.describe() if hasattr(sink, "describe") else sink.name  # type: ignore[attr-defined]
+        where = sink.describe() if hasattr(sink, "describe") else sink.name
         err = results.get(sink.name)
         print(f"  {'ok  ' if err is None else 'FAIL'} {sink.name}: {where}" + (f" — {err}" if err else ""))
     failed = sum(1 for e in results.values() if e is not None)

@@ -127,7 +127,7 @@ def analyze_path(path: str, config: Any) -> Any:
 def run(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
-    from steadytune.detect.config import DetectConfig
+    from steadytune.config.detect import DetectConfig
 
     try:
         config = DetectConfig.model_validate(parse_overrides(args.set))

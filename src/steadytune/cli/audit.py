@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from steadytune.cli._common import add_command, fail
+from steadytune.cli._common import add_command, fail, print_help_status
 
 
 def register(sub: Any) -> None:
@@ -33,7 +33,8 @@ def register(sub: Any) -> None:
     v.add_argument(
         "--audit-dir",
         type=Path,
-        help="where the audit key and the anchors are (default: $STEADYTUNE_AUDIT_DIR, else ~/.config/steadytune)",
+        help="where the audit key and the anchors are (default: $STEADYTUNE_AUDIT_DIR, else "
+        "~/.config/steadytune)",
     )
     v.add_argument(
         "--allow-unanchored",
@@ -49,7 +50,7 @@ def register(sub: Any) -> None:
     )
     v.add_argument("--format", choices=("text", "json"), default="text")
     v.set_defaults(func=verify_main)
-    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
+    p.set_defaults(func=lambda args: print_help_status(p))
 
 
 def unredacted_secrets(config_text: str) -> list[str]:
@@ -125,11 +126,13 @@ def verify_main(args: argparse.Namespace) -> int:
         print(f"{_WHERE.get(res.problem, 'chain')}: FAILED — {res.problem}: {res.message}")
     if res.torn_lines:
         print(
-            f"note: torn line(s) {', '.join(map(str, res.torn_lines))} skipped (a crash mid-write, not tampering)"
+            f"note: torn line(s) {', '.join(map(str, res.torn_lines))} skipped (a crash mid-write, not "
+            f"tampering)"
         )
     if res.long_lines:
         print(
-            f"note: line(s) {', '.join(map(str, res.long_lines))} skipped unread: longer than the reader's bound"
+            f"note: line(s) {', '.join(map(str, res.long_lines))} skipped unread: longer than the "
+            f"reader's bound"
         )
     if res.ok:
         print(f"tail: {'OK — ' if res.truncation_checked else 'not checked — '}{res.truncation_note}")

@@ -141,11 +141,13 @@ def main(args: argparse.Namespace) -> int:
     verb = "would remove" if args.dry_run else "removed"
     for e in doomed:
         print(
-            f"{verb} {e.key} ({format_bytes(e.size_bytes)}, last used {cache.format_age(now - e.last_used)} ago, "
+            f"{verb} {e.key} ({format_bytes(e.size_bytes)}, last used "
+            f"{cache.format_age(now - e.last_used)} ago, "
             f"{e.source or 'source unknown'})"
         )
     size = sum(e.size_bytes for e in doomed)
     print(
-        f"{verb} {len(doomed)} of {len(entries)} entries, {format_bytes(size)}; {format_bytes(left)} left in {where}"
+        f"{verb} {len(doomed)} of {len(entries)} entries, {format_bytes(size)}; {format_bytes(left)} "
+        f"left in {where}"
     )
     return 0

@@ -21,9 +21,11 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--port", type=int, default=7860, help="port (default 7860; 0 picks a free one)")
     p.add_argument(
-        "--public-url", default=None,
-        help="the URL it is reached at behind a reverse proxy (its Host is accepted; reads then need the token)",
-    )  # fmt: skip
+        "--public-url",
+        default=None,
+        help="the URL it is reached at behind a reverse proxy (its Host is accepted; reads then need the "
+        "token)",
+    )
     p.add_argument(
         "--token", default=None,
         help="operator token (prefer env STEADYTUNE_DASHBOARD_TOKEN: a flag shows in `ps`)",
@@ -34,7 +36,7 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
     from pydantic import ValidationError
 
-    from steadytune.web.config import DashboardConfig
+    from steadytune.config.dashboard import DashboardConfig
     from steadytune.web.security import BindRefused, resolve_token
     from steadytune.web.server import start_dashboard
 

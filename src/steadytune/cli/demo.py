@@ -17,7 +17,8 @@ def register(sub: Any) -> None:
         "demo",
         "fine-tune a tiny built-in model under supervision (offline, ~1 minute on 2 CPU cores)",
         "steadytune demo --runs-dir runs",
-        description="Builds (once, cached) a tiny Llama-architecture model, a BPE tokenizer and an instruction "
+        description="Builds (once, cached) a tiny Llama-architecture model, a BPE tokenizer and an "
+        "instruction "
         "dataset, then runs a supervised fine-tune through the same path as `steadytune run`.",
     )
     p.add_argument("--runs-dir", default="runs", help="where the run directory goes (default: ./runs)")

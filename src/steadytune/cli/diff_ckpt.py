@@ -16,9 +16,12 @@ def register(sub: Any) -> None:
         sub,
         "diff-ckpt",
         "compare two checkpoints tensor by tensor and name the problem layer",
-        "steadytune diff-ckpt runs/my-run/checkpoints/checkpoint-100 runs/my-run/checkpoints/checkpoint-150 --top 20",
-        description="Compare two checkpoints (folders of .safetensors, full models or LoRA adapters, or single "
-        ".safetensors files), streaming one chunk of each tensor at a time. Per tensor: L2 norm of the change, "
+        "steadytune diff-ckpt runs/my-run/checkpoints/checkpoint-100 "
+        "runs/my-run/checkpoints/checkpoint-150 --top 20",
+        description="Compare two checkpoints (folders of .safetensors, full models or LoRA adapters, or "
+        "single "
+        ".safetensors files), streaming one chunk of each tensor at a time. Per tensor: L2 norm of the "
+        "change, "
         "relative change, max abs change, NaN/Inf counts, norm ratio. The verdict names the first layer with "
         "non-finite values or an outlier change.",
     )
@@ -41,23 +44,27 @@ def render(d: Any, top: int) -> str:
         f"B {d.b}",
         "",
         "layers (forward order):",
-        f"  {'layer':<24} {'tensors':>7} {'|A|':>9} {'|B|':>9} {'|B-A|':>9} {'rel':>9} {'z':>6} {'NaN/Inf':>8}",
+        f"  {'layer':<24} {'tensors':>7} {'|A|':>9} {'|B|':>9} {'|B-A|':>9} {'rel':>9} {'z':>6} "
+        f"{'NaN/Inf':>8}",
     ]
     for lay in d.layers:
         mark = "  <-- problem" if lay.name == d.problem_layer else ""
         lines.append(
-            f"  {lay.name:<24} {lay.tensors:>7} {_g(lay.norm_a):>9} {_g(lay.norm_b):>9} {_g(lay.l2_change):>9} "
+            f"  {lay.name:<24} {lay.tensors:>7} {_g(lay.norm_a):>9} {_g(lay.norm_b):>9} "
+            f"{_g(lay.l2_change):>9} "
             f"{_g(lay.rel_change):>9} {_g(lay.z):>6} {lay.nonfinite_b:>8}{mark}"
         )
     lines += [
         "",
         f"top {top} tensors by relative change (forward order):",
-        f"  {'#':>3} {'tensor':<52} {'|B-A|':>9} {'rel':>9} {'max abs':>9} {'NaN':>6} {'Inf':>6} {'|B|/|A|':>8}",
+        f"  {'#':>3} {'tensor':<52} {'|B-A|':>9} {'rel':>9} {'max abs':>9} {'NaN':>6} {'Inf':>6} "
+        f"{'|B|/|A|':>8}",
     ]
     for rank, t in d.top(top):
         status = "" if t.status in {"changed", "same"} else f" ({t.status})"
         lines.append(
-            f"  {rank:>3} {t.name + status:<52} {_g(t.l2_change):>9} {_g(t.rel_change):>9} {_g(t.max_abs):>9} "
+            f"  {rank:>3} {t.name + status:<52} {_g(t.l2_change):>9} {_g(t.rel_change):>9} "
+            f"{_g(t.max_abs):>9} "
             f"{t.nan_b:>6} {t.inf_b:>6} {_g(t.norm_ratio):>8}"
         )
     verdict = f"problem layer: {d.problem_layer} — {d.reason}" if d.problem_layer else d.reason

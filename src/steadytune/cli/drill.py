@@ -1,4 +1,5 @@
-"""``steadytune drill [CONFIG] [--faults SPEC]`` and ``drill --supervise [--inject] -- CMD``: prove recovery with real faults."""
+"""``steadytune drill [CONFIG] [--faults SPEC]`` and ``drill --supervise [--inject] -- CMD``: prove recovery
+with real faults."""
 
 from __future__ import annotations
 
@@ -23,17 +24,24 @@ def register(sub: Any) -> None:
         "inject faults into real supervised runs and report detection and recovery",
         "steadytune drill --faults nan,oom,spike,kill\n  "
         "steadytune drill --supervise --faults kill,truncated,hang,lr,sigterm -- \\\n"
-        "      python examples/hf_trainer_script.py --output_dir {output_dir} --model M --data train.jsonl \\\n"
+        "      python examples/hf_trainer_script.py --output_dir {output_dir} --model M --data "
+        "train.jsonl \\\n"
         "      --max_steps 40 --save_steps 10 --learning_rate 2e-3 --step_sleep 0.05\n  "
-        "steadytune drill --supervise --inject --faults nan,spike,sigterm -- python examples/hf_trainer_script.py ...",
+        "steadytune drill --supervise --inject --faults nan,spike,sigterm -- python "
+        "examples/hf_trainer_script.py ...",
         description="Runs a clean reference, then one supervised run per fault (nan, oom, spike, kill, "
-        "kill-during-save, hang, corrupt-checkpoint by default) on the demo model or CONFIG, and reports for each: "
+        "kill-during-save, hang, corrupt-checkpoint by default) on the demo model or CONFIG, and reports "
+        "for each: "
         "detected, at which step, the action, recovered, steps redone, time to recover; and the final loss "
-        "against the clean run. With --supervise it drills a command steadytune does not run instead: each run "
-        "is `steadytune supervise -- CMD`, and the faults (kill, truncated, hang, lr, sigterm) are done to its "
-        "real processes from outside; with --inject each run is `supervise --inject`, and nan and spike are done "
+        "against the clean run. With --supervise it drills a command steadytune does not run instead: "
+        "each run "
+        "is `steadytune supervise -- CMD`, and the faults (kill, truncated, hang, lr, sigterm) are done "
+        "to its "
+        "real processes from outside; with --inject each run is `supervise --inject`, and nan and spike "
+        "are done "
         "inside the tool's HF Trainer by the injected guard. CMD gets a fresh output folder per run: write "
-        "{output_dir} where it takes one, or the drill replaces its --output_dir value. See docs/recovery.md.",
+        "{output_dir} where it takes one, or the drill replaces its --output_dir value. See "
+        "docs/recovery.md.",
     )
     p.add_argument(
         "words",
@@ -68,7 +76,8 @@ def register(sub: Any) -> None:
         const=INJECT_FLAG,
         default=None,
         metavar="FAULTS",
-        help="with --supervise: each run is `supervise --inject`, so the tool's HF Trainer carries the guard and "
+        help="with --supervise: each run is `supervise --inject`, so the tool's HF Trainer carries the "
+        "guard and "
         "nan and spike can be drilled too (docs/inject.md); a value after it is taken as --faults, which "
         "is also how the native drill reads `--inject FAULTS`",
     )
@@ -122,7 +131,10 @@ def base_config(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def render(report: dict[str, Any]) -> str:
-    head = f"{'fault':<19}{'at':>5}{'detected':>10}{'step':>6}  {'action':<18}{'recovered':>10}{'redone':>8}{'recover s':>11}"
+    head = (
+        f"{'fault':<19}{'at':>5}{'detected':>10}{'step':>6}  "
+        f"{'action':<18}{'recovered':>10}{'redone':>8}{'recover s':>11}"
+    )
     lines = [head, "-" * len(head)]
     for f in report["faults"]:
         action = f["action"] or "-"
@@ -140,7 +152,8 @@ def render(report: dict[str, Any]) -> str:
     for f in report["faults"]:
         if f["final_loss"] is not None and clean:
             lines.append(
-                f"  {f['kind']:<19} final loss {f['final_loss']:.4f} ({100 * (f['final_loss'] / clean - 1):+.1f}%)"
+                f"  {f['kind']:<19} final loss {f['final_loss']:.4f} "
+                f"({100 * (f['final_loss'] / clean - 1):+.1f}%)"
             )
     lines.append(
         f"completed: {'yes' if report['completed'] else 'NO'}   weights finite: "
@@ -230,7 +243,8 @@ def main(args: argparse.Namespace) -> int:
 
 
 def main_supervise(args: argparse.Namespace) -> int:
-    """``drill --supervise -- CMD``: each run is ``steadytune supervise`` in a subprocess; faults from outside."""
+    """``drill --supervise -- CMD``: each run is ``steadytune supervise`` in a subprocess; faults from
+    outside."""
     from steadytune.drill import external
     from steadytune.drill.runner import final_loss
 
@@ -246,7 +260,8 @@ def main_supervise(args: argparse.Namespace) -> int:
     if clean.state != "completed":
         # Faults prove nothing about a command that fails on its own: say so before spending the time.
         return fail(
-            f"the clean run of the command ended {clean.state} (exit {clean.returncode}), so no fault was run; "
+            f"the clean run of the command ended {clean.state} (exit {clean.returncode}), so no fault "
+            f"was run; "
             f"its output is in {clean.console}",
             1,
         )
@@ -302,7 +317,8 @@ def supervise_job(args: argparse.Namespace) -> tuple[Any, list[Any], Path]:
         if rest:
             problems.append(
                 f"{', '.join(rest)}: a save is over before an outside watcher could catch it midway; "
-                "truncated leaves the same torn checkpoint behind: drill that, or use `steadytune drill` (native)"
+                "truncated leaves the same torn checkpoint behind: drill that, or use `steadytune drill` "
+                "(native)"
             )
     elif inside:
         with_inject = sorted(set(inside) & set(external.INSIDE_FAULTS))

@@ -11,9 +11,11 @@ from typing import Any
 from steadytune.cli._common import fail
 
 USAGE = """\
-  steadytune env RUN                      what RUN trained with (Python, torch/CUDA, driver, GPUs, git, packages)
-  steadytune env diff RUN_A RUN_B         what changed from A to B: packages, torch/CUDA, driver, git commit
-  steadytune env export RUN [-o FILE]     a requirements.txt pinning every package of RUN (default requirements.txt)"""
+  steadytune env RUN                    what RUN trained with (Python, torch/CUDA, driver, GPUs, git,
+                                        packages)
+  steadytune env diff RUN_A RUN_B       what changed from A to B: packages, torch/CUDA, driver, git commit
+  steadytune env export RUN [-o FILE]   a requirements.txt pinning every package of RUN
+                                        (default requirements.txt)"""
 
 
 def register(sub: Any) -> None:
@@ -39,8 +41,8 @@ def register(sub: Any) -> None:
 
 
 def _load(path: str) -> tuple[Any, dict[str, Any]]:
-    from steadytune.forensics.runenv import read_run_env
     from steadytune.forensics.runview import resolve_run
+    from steadytune.telemetry.runenv import read_run_env
 
     run = resolve_run(path)
     return run, read_run_env(run)
@@ -89,8 +91,8 @@ def export_env(args: argparse.Namespace, path: str) -> int:
 
 
 def main(args: argparse.Namespace) -> int:
-    from steadytune.forensics.runenv import EnvError
     from steadytune.forensics.runview import ForensicsError
+    from steadytune.telemetry.runenv import EnvError
 
     words = args.words
     try:

@@ -28,7 +28,8 @@ more examples:
   steadytune estimate run.yaml --device-memory 80GiB
   steadytune estimate --model examples/models/llama-3.2-3b --method full --dtype bf16 --precision pure \\
       --optimizer adamw8bit --batch 2 --seq 4096 --gradient-checkpointing --format json
-  steadytune estimate --model examples/models/llama-3.1-8b --method full --zero 3 --gpus 8 --device-memory 80GiB
+  steadytune estimate --model examples/models/llama-3.1-8b --method full --zero 3 --gpus 8 \\
+      --device-memory 80GiB
 
 exit codes: 0 ok (fits, or no --device-memory given), 1 does not fit or --measure failed, 2 usage error
 """
@@ -213,7 +214,9 @@ def run(args: argparse.Namespace) -> int:
         device_memory=device_memory,
         max_micro_batch=best_batch,
         max_seq_len=max_seq_len(arch, setup, device_memory) if device_memory is not None else None,
-        suggestions=tuple(suggestions(arch, setup, device_memory)) if fits is False else (),
+        suggestions=tuple(suggestions(arch, setup, device_memory))
+        if fits is False and device_memory is not None
+        else (),
         measured=measured,
         measured_estimate=measured_estimate,
     )

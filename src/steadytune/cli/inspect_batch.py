@@ -17,7 +17,8 @@ def register(sub: Any) -> None:
         "reload the samples of one step and check each of them",
         "steadytune inspect-batch runs/my-run --step 120 --format json",
         description="Reload exactly the samples of a step (by the recorded ids and content hashes) and check "
-        "them: empty inputs, all labels masked, ids outside the vocabulary, NaN features, truncation, floods of "
+        "them: empty inputs, all labels masked, ids outside the vocabulary, NaN features, truncation, "
+        "floods of "
         "special or repeated tokens, encoding errors, and samples that changed since the run. Sample text is "
         "shown only with --show-text.",
     )
@@ -32,7 +33,8 @@ def register(sub: Any) -> None:
         "--attempt",
         type=int,
         default=None,
-        help="the worker attempt to read (default: the one running when the step went wrong, else the latest)",
+        help="the worker attempt to read (default: the one running when the step went wrong, else the "
+        "latest)",
     )
     p.add_argument(
         "--show-text", action="store_true", help="print the raw samples (off: hashes and token counts)"

@@ -19,8 +19,10 @@ def register(sub: Any) -> None:
         "mem-profile",
         "sample a process tree's memory and project when it runs out",
         "steadytune mem-profile --pid 4242 --seconds 120 --interval 1 --plot mem.png",
-        description="Sample RSS and USS of a process and its children (and, with NVML, their GPU memory), report "
-        "a robust growth rate (Theil–Sen slope) and a projection to OOM against the available RAM / GPU total. "
+        description="Sample RSS and USS of a process and its children (and, with NVML, their GPU "
+        "memory), report "
+        "a robust growth rate (Theil–Sen slope) and a projection to OOM against the available RAM / GPU "
+        "total. "
         "For a steadytune worker it adds the torch allocator figures from the run's step records. "
         "Exit code 1 when a leak is suspected.",
     )

@@ -62,7 +62,8 @@ def render(snap: dict[str, Any], show_all: bool = False) -> str:
         run = j.get("run") or {}
         step = f" step {run.get('step')}/{run.get('max_steps') or '?'}" if run.get("step") is not None else ""
         lines.append(
-            f"  {j['id']:<5} {j['state']:<9} prio {j['priority']:<3} need {gib(j['need_bytes'])}×{j['gpus_wanted']} "
+            f"  {j['id']:<5} {j['state']:<9} prio {j['priority']:<3} need "
+            f"{gib(j['need_bytes'])}×{j['gpus_wanted']} "
             f"gpu {where:<5} {j['spec'].get('label', '')}{step}"
         )
         if j.get("paused"):

@@ -16,8 +16,10 @@ def register(sub: Any) -> None:
         "replay",
         "re-run detection and policy over a run's telemetry and print the timeline",
         "steadytune replay runs/my-run",
-        description="Feed the recorded step records and system samples through the live detectors and the policy, "
-        "as the supervisor did, and print the timeline: anomalies, actions, restarts, alerts. Then compare the "
+        description="Feed the recorded step records and system samples through the live detectors and "
+        "the policy, "
+        "as the supervisor did, and print the timeline: anomalies, actions, restarts, alerts. Then "
+        "compare the "
         "anomalies with events.jsonl (exit 1 when they differ), e.g. after changing detect: thresholds.",
     )
     p.add_argument("run", help="the run directory (runs/<run-id>)")

@@ -14,11 +14,15 @@ def register(sub: Any) -> None:
         sub,
         "repro",
         "pack a step into a repro bundle, or replay a bundle (--check)",
-        "steadytune repro runs/my-run --step 120 && steadytune repro --check runs/my-run/repro/repro-step120.tar.gz",
-        description="Write a .tar.gz with the resolved config and plan revisions, an environment snapshot, seed "
+        "steadytune repro runs/my-run --step 120 && steadytune repro --check "
+        "runs/my-run/repro/repro-step120.tar.gz",
+        description="Write a .tar.gz with the resolved config and plan revisions, an environment "
+        "snapshot, seed "
         "and RNG states, the sample ids of the step's batch (raw samples only with --include-data), the "
-        "checkpoint reference and its manifest hash (a copy only with --include-checkpoint), the metrics window, "
-        "the events around the step, and replay.py. With --check, reload the newest verified checkpoint before "
+        "checkpoint reference and its manifest hash (a copy only with --include-checkpoint), the metrics "
+        "window, "
+        "the events around the step, and replay.py. With --check, reload the newest verified checkpoint "
+        "before "
         "the step, replay up to the step on the recorded batches, and say whether the anomaly reproduces "
         "(exit 0: reproduced, or a healthy step matched; 1: not).",
     )
@@ -61,7 +65,7 @@ def register(sub: Any) -> None:
         help="with --check: allow model.trust_remote_code: true from the bundle's config, which runs the "
         "model's own Python code (off by default: only for a bundle and a model you trust)",
     )
-    from steadytune.forensics.replaystep import add_limit_flags
+    from steadytune.forensics.unpack import add_limit_flags
 
     add_limit_flags(p)  # with --check
     p.add_argument("--format", choices=("text", "json"), default="text")
@@ -116,11 +120,11 @@ def main(args: argparse.Namespace) -> int:
     print(f"wrote {info.path} ({info.bytes / 1024:,.0f} KiB)")
     print(f"  step {info.step}: replays {info.steps_to_replay} step(s) from {start}")
     print(
-        f"  raw samples: {'included' if info.included_data else 'not included (ids and hashes only; --include-data)'}"
+        f"  raw samples: "
+        f"{'included' if info.included_data else 'not included (ids and hashes only; --include-data)'}"
     )
-    print(
-        f"  checkpoint: {'copied in' if info.included_checkpoint else 'referenced by path + manifest sha256 (--include-checkpoint)'}"
-    )
+    referenced = "referenced by path + manifest sha256 (--include-checkpoint)"
+    print(f"  checkpoint: {'copied in' if info.included_checkpoint else referenced}")
     print(
         f"  paths: {'redacted (--no-redact-paths keeps them)' if args.redact_paths else 'kept as they are'}"
     )

@@ -21,7 +21,8 @@ def register(sub: Any) -> None:
         "run",
         "fine-tune a model under supervision",
         "steadytune run examples/lora.yaml train.max_steps=100 train.learning_rate=1e-4",
-        description="Fine-tune a Hugging Face causal LM (full, LoRA or QLoRA) under a supervisor that watches it, "
+        description="Fine-tune a Hugging Face causal LM (full, LoRA or QLoRA) under a supervisor that "
+        "watches it, "
         "checkpoints it safely and restarts it from the newest verified checkpoint when it dies.",
     )
     p.add_argument("config", type=Path, help="the YAML config (see examples/)")
@@ -61,7 +62,7 @@ def add_launch_options(p: argparse.ArgumentParser) -> None:
 
 
 def print_summary(console: Any, result: Any) -> None:
-    from steadytune.supervise.progress import human_seconds
+    from steadytune.telemetry.progress import human_seconds
 
     p = result.progress
     loss = "-"
@@ -106,7 +107,8 @@ def launch(
     source: Any = None,
     stop_grace_s: float | None = None,
 ) -> int:
-    """Create the run directory and supervise the job to its end. Shared by ``run``, ``demo`` and ``supervise``.
+    """Create the run directory and supervise the job to its end. Shared by ``run``, ``demo`` and
+    ``supervise``.
 
     ``source`` (a :class:`~steadytune.supervise.source.WorkerSource` factory taking the RunDir)
     replaces steadytune's own worker with, e.g., a command it watches. A run stopped by a
@@ -129,9 +131,11 @@ def launch(
 
         from steadytune.supervise.ray_source import RaySource
 
-        if importlib.util.find_spec("ray") is None:  # found without importing it: the supervisor stays Ray-free
+        # found without importing it: the supervisor stays Ray-free
+        if importlib.util.find_spec("ray") is None:
             console.print(
-                "error: run.engine: ray needs Ray Train here and on every node: pip install 'steadytune[ray]'",
+                "error: run.engine: ray needs Ray Train here and on every node: pip install "
+                "'steadytune[ray]'",
                 style="red",
             )
             return 2
@@ -179,9 +183,15 @@ def start_dashboard_for(cfg: SteadytuneConfig, args: argparse.Namespace | None, 
     try:
         d = cfg.dashboard
         handle = start_dashboard(
-            Path(cfg.run.runs_dir), host=host, port=port, token=token, public_url=d.public_url,
-            request_timeout_s=d.request_timeout_s, max_connections=d.max_connections, max_streams=d.max_streams,
-        )  # fmt: skip
+            Path(cfg.run.runs_dir),
+            host=host,
+            port=port,
+            token=token,
+            public_url=d.public_url,
+            request_timeout_s=d.request_timeout_s,
+            max_connections=d.max_connections,
+            max_streams=d.max_streams,
+        )
     except BindRefused as exc:
         console.print(f"error: {exc}", style="red", markup=False)
         return None
@@ -204,7 +214,7 @@ def dashboard_token(cfg: SteadytuneConfig) -> str | None:
 
 def apply_modes(cfg: SteadytuneConfig, args: argparse.Namespace) -> SteadytuneConfig:
     """--policy observe and --safe-mode, applied on top of the config file."""
-    from steadytune.policy.safe_mode import check_lr, safe_mode
+    from steadytune.config.safe_mode import check_lr, safe_mode
 
     if getattr(args, "safe_mode", False):
         cfg = safe_mode(cfg)

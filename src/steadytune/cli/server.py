@@ -42,8 +42,12 @@ def register(sub: Any) -> None:
                    help="a GPU with less free than this is under memory pressure: its lowest-priority job is "
                    "paused or shrunk (default: the headroom; 0 turns it off)")  # fmt: skip
     p.add_argument("--interval", type=float, default=1.0, help="seconds between passes (default 1)")
-    p.add_argument("--snapshot-file", type=Path, default=None,
-                   help="read the GPUs from this JSON file at each pass instead of NVML (docs/server.md)")  # fmt: skip
+    p.add_argument(
+        "--snapshot-file",
+        type=Path,
+        default=None,
+        help="read the GPUs from this JSON file at each pass instead of NVML (docs/server.md)",
+    )
     p.add_argument("--dashboard", action="store_true", help="also serve the dashboard, with the server page")
     p.add_argument("--host", default="127.0.0.1", help="dashboard address (others need a token)")
     p.add_argument("--port", type=int, default=7860, help="dashboard port (0 picks a free one)")
@@ -88,8 +92,10 @@ def main(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
     else:
         source = NvmlSource()
         if not source.available:
-            problems.append("NVML is not available (no NVIDIA driver, or `pip install nvidia-ml-py`); "
-                            "without a GPU, --snapshot-file FILE reads the GPUs from a JSON file")  # fmt: skip
+            problems.append(
+                "NVML is not available (no NVIDIA driver, or `pip install nvidia-ml-py`); "
+                "without a GPU, --snapshot-file FILE reads the GPUs from a JSON file"
+            )
     if problems:
         return fail("; ".join(problems), 2)
     root = (args.dir or default_dir()).resolve()
@@ -98,7 +104,8 @@ def main(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
     sock = (args.socket or paths.socket).resolve()
     if len(str(sock)) > 100:
         return fail(
-            f"socket path {sock} is too long for a Unix socket (100 characters at most); pass a shorter --socket",
+            f"socket path {sock} is too long for a Unix socket (100 characters at most); pass a shorter "
+            f"--socket",
             2,
         )
     daemon = Daemon(

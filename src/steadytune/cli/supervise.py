@@ -21,8 +21,10 @@ def register(sub: Any) -> None:
         "llamafactory-cli train sft.yaml\n  "
         "steadytune supervise --preset trl --output-dir out -- trl sft --model_name_or_path M "
         "--dataset_name D --output_dir out",
-        description="Runs CMD, follows its progress (HF log dicts on stdout, trainer_log.jsonl / trainer_state.json "
-        "in --output-dir), samples the system, runs the detectors, the policy and the alerts of --config, and "
+        description="Runs CMD, follows its progress (HF log dicts on stdout, trainer_log.jsonl / "
+        "trainer_state.json "
+        "in --output-dir), samples the system, runs the detectors, the policy and the alerts of "
+        "--config, and "
         "when the job dies, hangs or diverges kills its whole process tree and restarts it from the newest "
         "whole checkpoint (--preset or --resume-arg says how), with a lower LR after a rollback. "
         "SIGTERM/Ctrl-C stops it cleanly. See docs/recovery.md.",

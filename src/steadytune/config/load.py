@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -88,7 +89,7 @@ def _lookup(data: Any, loc: tuple[Any, ...]) -> Any:
     return data
 
 
-def _issue_from_error(err: dict[str, Any], raw: dict[str, Any]) -> ConfigIssue:
+def _issue_from_error(err: Mapping[str, Any], raw: dict[str, Any]) -> ConfigIssue:
     # Union and literal branches append their type to loc (e.g. ('int',)); keep real keys only.
     loc = tuple(
         p
@@ -163,7 +164,8 @@ def parse_override(text: str) -> tuple[list[str], Any]:
                     key.strip(),
                     value,
                     f"the value is not valid YAML ({problem})",
-                    f"quote it as a string, e.g. {key.strip()}='{value}', or write a number, true/false or [a, b]",
+                    f"quote it as a string, e.g. {key.strip()}='{value}', or write a number, true/false "
+                    f"or [a, b]",
                 )
             ],
             "overrides",
@@ -399,7 +401,8 @@ def dump_config(cfg: SteadytuneConfig) -> str:
 
 
 def _plain(obj: Any) -> Any:
-    """What YAML's safe dumper can write: paths as strings, tuples as lists (e.g. an e-mail sink's ca_file)."""
+    """What YAML's safe dumper can write: paths as strings, tuples as lists (e.g. an e-mail sink's
+    ca_file)."""
     if isinstance(obj, dict):
         return {k: _plain(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):

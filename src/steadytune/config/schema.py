@@ -8,15 +8,16 @@ validation errors, so keep them short and concrete.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from steadytune.alerts.config import AlertsConfig
-from steadytune.detect.config import DetectConfig
-from steadytune.policy.config import PolicyConfig
-from steadytune.policy.scale_config import ScaleConfig
-from steadytune.web.config import DashboardConfig
+from steadytune.config.alerts import AlertsConfig
+from steadytune.config.dashboard import DashboardConfig
+from steadytune.config.detect import DetectConfig
+from steadytune.config.policy import PolicyConfig
+from steadytune.config.scale import ScaleConfig
 
 
 class Section(BaseModel):
@@ -38,7 +39,7 @@ def _check_regex(pattern: str) -> str:
     return pattern
 
 
-def _check_patterns(v: dict[str, float], what: str, low: float, high: float) -> None:
+def _check_patterns(v: Mapping[str, float], what: str, low: float, high: float) -> None:
     """Every bad key and value of a rank/alpha pattern, in one message."""
     problems = [p for key in v if (p := _regex_problem(key))]
     problems += [
@@ -112,7 +113,8 @@ class QuantCheckConfig(Section):
     candidates: list[str] = Field(
         default_factory=lambda: ["int8", "nf4", "fp8"],
         min_length=1,
-        description="a list of int8, nf4, fp4 (bitsandbytes) and fp8 (torchao, GPUs with compute capability >= 8.9)",
+        description="a list of int8, nf4, fp4 (bitsandbytes) and fp8 (torchao, GPUs with compute "
+        "capability >= 8.9)",
     )
     max_positions: int = Field(
         2048,
@@ -143,7 +145,8 @@ class QuantCheckConfig(Section):
         unknown = [c for c in v if c not in QUANT_CANDIDATES]
         if unknown:
             raise ValueError(
-                f"unknown candidate {', '.join(map(repr, unknown))}; choose from {', '.join(QUANT_CANDIDATES)}"
+                f"unknown candidate {', '.join(map(repr, unknown))}; choose from "
+                f"{', '.join(QUANT_CANDIDATES)}"
             )
         twice = sorted({c for c in v if v.count(c) > 1})
         if twice:
@@ -247,7 +250,7 @@ class TrainConfig(Section):
     @classmethod
     def _bytes(cls, v: object) -> object:
         if isinstance(v, str):
-            from steadytune.estimate.units import parse_bytes
+            from steadytune.units import parse_bytes
 
             return parse_bytes(v)
         return v
@@ -301,7 +304,6 @@ class RunConfig(Section):
         10, ge=0, description="healthy steps after a checkpoint before it becomes LAST_GOOD"
     )
     sample_interval_s: float = Field(2.0, gt=0, description="seconds between system samples")
-    record_text_hashes: bool = Field(True, description="record content hashes of each batch's samples")
 
 
 class RecoverConfig(Section):
@@ -324,26 +326,31 @@ class RayConfig(Section):
 
     address: str | None = Field(
         None,
-        description="the Ray cluster to join, e.g. 'auto' or 'ray://head:10001'; unset: $RAY_ADDRESS, else 'auto'",
+        description="the Ray cluster to join, e.g. 'auto' or 'ray://head:10001'; unset: $RAY_ADDRESS, "
+        "else 'auto'",
     )
     num_workers: int | tuple[int, int] = Field(
         1,
-        description="a worker count (e.g. 4) or [min, max] for elastic training (e.g. [2, 8]); min >= 1, min <= max",
+        description="a worker count (e.g. 4) or [min, max] for elastic training (e.g. [2, 8]); min >= 1, "
+        "min <= max",
     )
     use_gpu: bool = Field(False, description="true: each worker gets one GPU")
     resources_per_worker: dict[str, float] = Field(
         default_factory=dict,
-        description="Ray resources per worker, e.g. {CPU: 4, GPU: 1}; empty: Ray's default (1 CPU, 1 GPU with use_gpu)",
+        description="Ray resources per worker, e.g. {CPU: 4, GPU: 1}; empty: Ray's default (1 CPU, 1 GPU "
+        "with use_gpu)",
     )
     max_failures: int = Field(
         3,
         ge=-1,
         le=1000,
-        description="an integer >= -1: the worker-group restarts Ray makes on its own in one attempt (-1: no limit)",
+        description="an integer >= -1: the worker-group restarts Ray makes on its own in one attempt "
+        "(-1: no limit)",
     )
     storage_path: str | None = Field(
         None,
-        description="where Ray keeps its run state (a path every node reaches, or s3://...); unset: <run dir>/ray",
+        description="where Ray keeps its run state (a path every node reaches, or s3://...); unset: <run "
+        "dir>/ray",
     )
     keep_effective_batch: bool = Field(
         True,
@@ -413,7 +420,8 @@ class SteadytuneConfig(Section):
         n = run.nproc_per_node if run is not None else 1
         if v is not None and not v.min_gpus <= n <= v.max_gpus:
             raise ValueError(
-                f"run.nproc_per_node={n} is outside scale.min_gpus..scale.max_gpus ({v.min_gpus}..{v.max_gpus}): "
+                f"run.nproc_per_node={n} is outside scale.min_gpus..scale.max_gpus "
+                f"({v.min_gpus}..{v.max_gpus}): "
                 "start the run inside the range, or widen it"
             )
         return v
@@ -423,7 +431,8 @@ class SteadytuneConfig(Section):
         if self.run.engine == "ray" and self.run.nproc_per_node > 1:
             # Ray places the processes: one Ray worker per training process, on whichever node has room.
             raise ValueError(
-                f"run.nproc_per_node={self.run.nproc_per_node} with run.engine: ray; Ray starts the processes: "
+                f"run.nproc_per_node={self.run.nproc_per_node} with run.engine: ray; Ray starts the "
+                f"processes: "
                 f"set ray.num_workers: {self.run.nproc_per_node} and leave run.nproc_per_node at 1"
             )
         if self.run.engine == "ray" and self.scale is not None:

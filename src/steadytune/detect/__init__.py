@@ -6,10 +6,10 @@
 - :class:`DetectConfig` holds every threshold (the ``detect:`` config key).
 """
 
-from steadytune.detect.config import DetectConfig
-from steadytune.detect.kinds import ALL_KINDS, KINDS, KindInfo
+from steadytune.config.detect import DetectConfig
 from steadytune.detect.live import LiveDetector, Transition, format_transition
 from steadytune.detect.offline import detect
+from steadytune.kinds import ALL_KINDS, KINDS, KindInfo
 
 __all__ = [
     "ALL_KINDS",

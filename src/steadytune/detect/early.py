@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import math
 
+from steadytune.config.detect import EvalConfig, LossConfig
 from steadytune.detect.base import Finding, Reporter, rounded
-from steadytune.detect.config import EvalConfig, LossConfig
 from steadytune.detect.loss import LossPoint
 from steadytune.detect.stats import upper_factor
 

@@ -4,7 +4,8 @@ Each injection is sized against the run's own noise (a spike is at least 8
 noise units and 1.5x), because an anomaly smaller than the noise is not one a
 person could see either; on fat-tailed shapes (batch size 1, "noisy") the
 noise unit is 1.5 core sigmas, since the tails are part of what the eye sees.
-``benchmarks/detection.py`` also sweeps spike sizes to show where recall ends. :data:`ACCEPT` lists the kinds that count as catching
+``benchmarks/detection.py`` also sweeps spike sizes to show where recall ends. :data:`ACCEPT` lists the kinds
+that count as catching
 each injection, e.g. a vanishing gradient is caught by ``grad_vanishing`` or by
 the ``plateau`` it causes.
 """

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import math
 
+from steadytune.config.detect import GradConfig, SeriesConfig
 from steadytune.detect.base import Finding, Reporter, rounded
-from steadytune.detect.config import GradConfig, SeriesConfig
 from steadytune.detect.stats import Tracker
 
 _CLEAR_POINTS = 5

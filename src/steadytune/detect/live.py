@@ -17,17 +17,18 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from steadytune.config.detect import DetectConfig, GradConfig
 from steadytune.detect.base import Finding, Reporter
-from steadytune.detect.config import DetectConfig
 from steadytune.detect.early import FallCollapseWatch, ShortRiseWatch
 from steadytune.detect.grad import GradWatch
-from steadytune.detect.kinds import KINDS
+from steadytune.detect.gradflow import check_layers
 from steadytune.detect.loss import LossWatch
 from steadytune.detect.memory import HeadroomWatch, LeakWatch
 from steadytune.detect.objective import ObjectiveWatch, is_preference_or_rl
 from steadytune.detect.pace import StallWatch, StragglerWatch, ThroughputWatch
 from steadytune.detect.system import SystemWatch
 from steadytune.detect.trend import OscillationWatch, OverfitWatch, PlateauWatch
+from steadytune.kinds import KINDS
 from steadytune.records import SEVERITY_ORDER, Anomaly, Severity, StepRecord, SystemSample
 
 
@@ -68,13 +69,15 @@ class _Open:
 class _GradFlow:
     """grad_vanishing / grad_explosion per layer, from the gradient flow the guard records."""
 
-    def __init__(self) -> None:
+    def __init__(self, cfg: GradConfig) -> None:
         self.rep = Reporter(None)
+        self.vanish = cfg.layer_vanish_norm
+        self.explode = cfg.layer_explode_norm
+        self.dead_zero_frac = cfg.layer_dead_zero_frac
 
     def observe(self, step: int, flow: dict[str, Any], out: list[Finding]) -> None:
-        from steadytune.forensics.gradflow import check_layers
-
-        now = {(a.kind, a.metric): a for a in check_layers(flow, step)}
+        found = check_layers(flow, step, self.vanish, self.explode, self.dead_zero_frac)
+        now = {(a.kind, a.metric): a for a in found}
         for (kind, metric), a in now.items():
             self.rep.report(out, kind, metric, step, True, severity=a.severity, evidence=a.evidence)
         for kind, metric in list(self.rep.on):
@@ -91,7 +94,7 @@ class _Signal:
         self.oscillation = OscillationWatch(cfg.loss)
         self.overfit = OverfitWatch(cfg.eval)
         self.grad = GradWatch(cfg.grad, cfg.series)
-        self.flow = _GradFlow()
+        self.flow = _GradFlow(cfg.grad)
         self.short_rise = ShortRiseWatch(cfg.loss)
         self.fall = FallCollapseWatch(cfg.loss, cfg.eval)
         self._prev_g_jump = 0.0

@@ -15,8 +15,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from steadytune.config.detect import LossConfig, SeriesConfig
 from steadytune.detect.base import Finding, Reporter, rounded
-from steadytune.detect.config import LossConfig, SeriesConfig
 from steadytune.detect.stats import Tracker
 
 

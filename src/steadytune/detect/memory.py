@@ -21,9 +21,10 @@ from __future__ import annotations
 from collections import deque
 from itertools import pairwise
 
+from steadytune.config.detect import MemoryConfig
 from steadytune.detect.base import Finding, Reporter, rounded
-from steadytune.detect.config import MemoryConfig
 from steadytune.detect.stats import SortedWindow
+from steadytune.records import Severity
 
 _STRIDES = (1, 8, 64)
 _SEGMENTS = 8
@@ -72,7 +73,8 @@ class LeakWatch:
         self.metric = metric
         self.rep = Reporter(rank)
         self._n = 0
-        self._windows = {s: deque(maxlen=cfg.window) for s in _STRIDES}
+        self._windows: dict[int, deque[tuple[int, float]]] = {s: deque(maxlen=cfg.window) for s in _STRIDES}
+        self._half = cfg.window // 2
         self._step_times = SortedWindow(32)
 
     def observe(
@@ -90,7 +92,7 @@ class LeakWatch:
                 continue
             win.append((step, value))
             # A window is re-judged only when it gets a point; slower windows cost nothing in between.
-            if len(win) >= win.maxlen // 2 and (len(win) % 4 == 0 or s > 1):
+            if len(win) >= self._half and (len(win) % 4 == 0 or s > 1):
                 r = leak_growth(
                     list(win), self.cfg.leak_min_growth, self.cfg.leak_min_bytes, self.cfg.leak_steadiness
                 )
@@ -103,7 +105,7 @@ class LeakWatch:
 
     def _any_growth(self) -> bool:
         for win in self._windows.values():
-            if len(win) >= win.maxlen // 2:
+            if len(win) >= self._half:
                 pts = list(win)
                 if leak_growth(pts, self.cfg.leak_min_growth / 2, self.cfg.leak_min_bytes / 2, 0.0) > 0:
                     return True
@@ -147,7 +149,7 @@ class HeadroomWatch:
                     "used_ratio": rounded(share, 4),
                     "threshold_ratio": self.cfg.headroom_warning,
                 }
-            sev = "critical" if share >= self.cfg.headroom_critical else "warning"
+            sev: Severity = "critical" if share >= self.cfg.headroom_critical else "warning"
             self.rep.report(out, "memory_headroom", self.metric, step, True, severity=sev, evidence=ev)
         elif share < self.cfg.headroom_warning - 0.02:
             self.rep.report(out, "memory_headroom", self.metric, step, False)

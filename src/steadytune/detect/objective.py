@@ -19,8 +19,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from steadytune.config.detect import LossConfig, SeriesConfig
 from steadytune.detect.base import Finding, Reporter, rounded
-from steadytune.detect.config import LossConfig, SeriesConfig
 from steadytune.detect.stats import Tracker
 
 # Fields that only RL / preference trainers log (TRL, OpenRLHF, verl, LLaMA-Factory).
@@ -43,7 +43,7 @@ _MIN_GAIN_SIGMAS = 4.0
 
 def is_preference_or_rl(extra: Mapping[str, Any] | None) -> bool:
     """True when a record's fields say it comes from an RL or preference objective."""
-    return bool(extra) and any(_MARKER.search(k) for k in extra)
+    return bool(extra) and any(_MARKER.search(k) for k in extra or ())
 
 
 def _first(extra: Mapping[str, Any], keys: tuple[str, ...]) -> tuple[str, float] | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from steadytune.detect.config import DetectConfig
+from steadytune.config.detect import DetectConfig
 from steadytune.detect.live import LiveDetector
 from steadytune.records import Anomaly, StepRecord, SystemSample
 

@@ -18,8 +18,8 @@
 
 from __future__ import annotations
 
+from steadytune.config.detect import PaceConfig
 from steadytune.detect.base import Finding, Reporter, rounded
-from steadytune.detect.config import PaceConfig
 from steadytune.detect.stats import SortedWindow
 from steadytune.records import StepRecord
 
@@ -226,8 +226,8 @@ class StallWatch:
         step = self.last_step
         hang_s = self.hang_limit_s()
         if heartbeat_ts is not None and now - heartbeat_ts > hang_s:
-            ev = {"silent_s": rounded(now - heartbeat_ts, 4), "threshold_s": rounded(hang_s, 4)}
-            self.rep.report(out, "stall", "heartbeat", step, True, evidence=ev)
+            beat = {"silent_s": rounded(now - heartbeat_ts, 4), "threshold_s": rounded(hang_s, 4)}
+            self.rep.report(out, "stall", "heartbeat", step, True, evidence=beat)
         elif heartbeat_ts is not None:
             self.rep.report(out, "stall", "heartbeat", step, False)
         if self._last_ts is None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from steadytune.detect.kinds import KINDS
+from steadytune.kinds import KINDS
 from steadytune.records import SEVERITY_ORDER, Anomaly
 
 
@@ -140,8 +140,8 @@ def plot(results: list[FileResult], out: Path) -> Path:
     fig, axes = plt.subplots(max(1, len(rows)), 1, figsize=(12, 2.8 * max(1, len(rows))), squeeze=False)
     if not rows:
         axes[0][0].text(0.5, 0.5, "nothing readable to plot", ha="center", va="center")
-    for ax, (r, panel) in zip((a[0] for a in axes), rows, strict=False):
-        _panel(ax, r, panel)
+    for ax, (r, shown) in zip((a[0] for a in axes), rows, strict=False):
+        _panel(ax, r, shown)
     fig.tight_layout()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -157,7 +157,7 @@ def base_run(rng: random.Random, shape: str, n: int | None = None) -> Run:
         loss = _dpo_losses(rng, n)
     grad = _grad_norms(rng, n, warm)
     step_time = _step_times(rng, n)
-    epoch = [epochs * s / total_steps for s in steps]
+    epoch: list[float | None] = [epochs * s / total_steps for s in steps]
     run = Run(shape, steps, loss, grad, lr, epoch, step_time, sigma=sigma)
     if shape == "dpo":
         # A DPO trainer logs its reward margin beside the loss (TRL: rewards/margins).

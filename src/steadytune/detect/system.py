@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from collections import deque
 
+from steadytune.config.detect import MemoryConfig, SystemConfig
 from steadytune.detect.base import Finding, Reporter, rounded
-from steadytune.detect.config import MemoryConfig, SystemConfig
 from steadytune.detect.memory import HeadroomWatch
-from steadytune.records import GpuSample, SystemSample
+from steadytune.records import GpuSample, Severity, SystemSample
 
 _ERROR_QUIET_SAMPLES = 30  # an error episode ends after this many samples without a new error
 
@@ -68,7 +68,7 @@ class SystemWatch:
         hot = g.temperature_c >= self.cfg.gpu_temp_warning_c
         self._hot[g.index] = self._hot.get(g.index, 0) + 1 if hot else 0
         if self._hot[g.index] >= self.cfg.gpu_temp_points:
-            sev = "critical" if g.temperature_c >= self.cfg.gpu_temp_critical_c else "warning"
+            sev: Severity = "critical" if g.temperature_c >= self.cfg.gpu_temp_critical_c else "warning"
             ev = None
             if not self.rep.is_on("gpu_thermal", metric):
                 ev = {
@@ -118,7 +118,7 @@ class SystemWatch:
                 t0, f0 = self._disk[0]
                 if s.ts > t0 and f0 > free:
                     ev["projected_seconds_to_full"] = rounded(free / ((f0 - free) / (s.ts - t0)), 4)
-            sev = "critical" if share < self.cfg.disk_free_critical else "warning"
+            sev: Severity = "critical" if share < self.cfg.disk_free_critical else "warning"
             self.rep.report(out, "disk_low", "disk_free_bytes", step, True, severity=sev, evidence=ev)
         elif share > self.cfg.disk_free_warning * 1.2 and not absolute:
             self.rep.report(out, "disk_low", "disk_free_bytes", step, False)

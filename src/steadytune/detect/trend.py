@@ -21,8 +21,8 @@ import math
 from collections import deque
 from functools import lru_cache
 
+from steadytune.config.detect import EvalConfig, LossConfig
 from steadytune.detect.base import Finding, Reporter, rounded
-from steadytune.detect.config import EvalConfig, LossConfig
 from steadytune.detect.loss import LossPoint
 
 _START_POINTS = 8
@@ -215,7 +215,7 @@ class OscillationWatch:
             self._epoch = whole
         self._ys.append(lp.y)
         self._count += 1
-        if self._count % _STRIDE or len(self._ys) < self._ys.maxlen:
+        if self._count % _STRIDE or len(self._ys) < (self._ys.maxlen or 0):
             return
         ordered = sorted(self._ys)
         n = len(ordered)

@@ -155,7 +155,8 @@ def trainer_pid(root: int) -> int:
         try:
             if "python" not in p.name().lower():
                 continue
-            depth, q = 0, p
+            depth = 0
+            q: psutil.Process | None = p
             while q is not None and q.pid != root:
                 q, depth = q.parent(), depth + 1
         except psutil.Error:
@@ -333,7 +334,8 @@ def _final_state(run: RunDir) -> str:
 
 
 def final_weights(output_dir: Path) -> Path:
-    """Where a job's last weights are: the output folder when it saved a model there, else its newest checkpoint."""
+    """Where a job's last weights are: the output folder when it saved a model there, else its newest
+    checkpoint."""
     if any(output_dir.glob("*.safetensors")):
         return output_dir
     found = list_checkpoints(output_dir)

@@ -64,11 +64,8 @@ def final_loss(run: RunDir) -> float | None:
     for r in recs:
         if not r.extra.get("eval"):
             latest[r.step] = r
-    tail = [
-        latest[s].loss
-        for s in sorted(latest)[-10:]
-        if latest[s].loss is not None and math.isfinite(latest[s].loss)
-    ]
+    last = [latest[s].loss for s in sorted(latest)[-10:]]
+    tail = [x for x in last if x is not None and math.isfinite(x)]
     return sum(tail) / len(tail) if tail else None
 
 
@@ -199,7 +196,7 @@ def report_run(
     # Steps redone: for each restart, how far the previous attempt got past the checkpoint it resumed from.
     redone = 0
     recovery: float | None = None
-    starts = {}
+    starts: dict[int, PlanRevision] = {}
     for plan in plans:  # the first revision of each attempt is the one it started with
         starts.setdefault(plan.attempt, plan)
     for attempt, plan in sorted(starts.items()):

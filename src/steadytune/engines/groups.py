@@ -65,7 +65,8 @@ def next_group(
 
 
 def accumulation_for(accum: int, at_world_size: int, world_size: int) -> tuple[int, bool]:
-    """The accumulation that keeps ``accum × at_world_size`` micro-batches per optimizer step on ``world_size``.
+    """The accumulation that keeps ``accum × at_world_size`` micro-batches per optimizer step on
+    ``world_size``.
 
     Exact when it divides; else the nearest (at least 1), and False says the effective batch changed.
     """

@@ -27,7 +27,9 @@ class GroupFailures(UserCallback):
     def after_exception(self, run_context: Any, worker_exceptions: dict[int, Exception]) -> None:
         line = {
             "ts": time.time(),
-            "ranks": {str(rank): f"{type(exc).__name__}: {exc}"[:500] for rank, exc in worker_exceptions.items()},
+            "ranks": {
+                str(rank): f"{type(exc).__name__}: {exc}"[:500] for rank, exc in worker_exceptions.items()
+            },
         }
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a", encoding="utf-8") as f:

@@ -96,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
             name=kw["run"]["name"],
             storage_path=kw["run"]["storage_path"],
             failure_config=FailureConfig(max_failures=kw["run"]["max_failures"]),
-            callbacks=[GroupFailures(kw["train_loop_config"]["run_dir"], plan.attempt)],
+            # Ray types callbacks as its Tune Callback; a Train UserCallback is what Ray Train takes.
+            callbacks=[GroupFailures(kw["train_loop_config"]["run_dir"], plan.attempt)],  # type: ignore[list-item]
         ),
     )
     try:

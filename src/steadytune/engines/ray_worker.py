@@ -69,8 +69,9 @@ def train_loop(config: dict[str, Any]) -> None:
     if rank == 0:
         earlier = log.read()
         newest = newest_own_checkpoint(run.checkpoints, base.attempt) if earlier else None
-        decided = with_accumulation(next_group(earlier, base.attempt, base.resume_checkpoint, world, newest, _nodes()),
-                                    base, run)  # fmt: skip
+        decided = with_accumulation(
+            next_group(earlier, base.attempt, base.resume_checkpoint, world, newest, _nodes()), base, run
+        )
         log.append(decided)
     group = _share(decided)
     plan = replace(base, attempt=group.attempt, resume_checkpoint=group.resume_checkpoint)

@@ -19,7 +19,7 @@ from steadytune.estimate.limits import Suggestion, max_micro_batch, max_seq_len,
 from steadytune.estimate.memory import COMPONENTS, MemoryEstimate, estimate_peak
 from steadytune.estimate.runconfig import load_run_config, setup_from_config_dict
 from steadytune.estimate.setup import SetupError, TrainSetup
-from steadytune.estimate.units import format_bytes, parse_bytes
+from steadytune.units import format_bytes, parse_bytes
 
 __all__ = [
     "COMPONENTS",

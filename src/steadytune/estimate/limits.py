@@ -147,7 +147,8 @@ def suggestions(arch: Architecture, setup: TrainSetup, device_memory_bytes: int)
             accum = setup.gradient_accumulation_steps * -(-setup.batch // best_ckpt)
             candidates.append(
                 (
-                    f"gradient checkpointing + micro-batch {best_ckpt} with gradient_accumulation_steps={accum}",
+                    f"gradient checkpointing + micro-batch {best_ckpt} with "
+                    f"gradient_accumulation_steps={accum}",
                     dataclasses.replace(ckpt, batch=best_ckpt, gradient_accumulation_steps=accum),
                 )
             )

@@ -115,6 +115,7 @@ def _quantize_linears(model: Any, setup: TrainSetup, torch: Any) -> None:
             for name, child in list(parent.named_children()):
                 if not isinstance(child, torch.nn.Linear):
                     continue
+                new: torch.nn.Module
                 if setup.quant_bits == 4:
                     new = bnb.nn.Linear4bit(
                         child.in_features,

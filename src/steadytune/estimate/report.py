@@ -9,7 +9,7 @@ from steadytune.estimate.arch import Architecture
 from steadytune.estimate.limits import Suggestion
 from steadytune.estimate.memory import MemoryEstimate
 from steadytune.estimate.setup import TrainSetup
-from steadytune.estimate.units import format_bytes
+from steadytune.units import format_bytes
 
 _LABELS = {
     "weights": "weights",
@@ -76,9 +76,11 @@ def _describe(arch: Architecture, setup: TrainSetup) -> list[str]:
     elif setup.fsdp:
         shard = ", FSDP full shard"
     return [
-        f"model   {arch.model_type or 'decoder'}: {arch.total_params / 1e9:.2f} B params, {arch.num_layers} layers, "
+        f"model   {arch.model_type or 'decoder'}: {arch.total_params / 1e9:.2f} B params, "
+        f"{arch.num_layers} layers, "
         f"hidden {arch.hidden_size}, vocab {arch.vocab_size}",
-        f"setup   {method}, {setup.dtype} {precision} precision, {setup.optimizer}, micro-batch {setup.batch} x seq "
+        f"setup   {method}, {setup.dtype} {precision} precision, {setup.optimizer}, micro-batch "
+        f"{setup.batch} x seq "
         f"{setup.seq}, checkpointing {'on' if setup.gradient_checkpointing else 'off'}, attn {setup.attn}, "
         f"{setup.gpus} {setup.device} device(s){shard}",
     ]

@@ -117,7 +117,8 @@ def setup_from_config_dict(config: dict[str, Any], **overrides: Any) -> tuple[st
             fields["optimizer"] = OPTIM_NAMES[name]
         else:
             problems.append(
-                f"train.optim={optim!r} is not known to the estimator; use one of {', '.join(sorted(OPTIM_NAMES))}"
+                f"train.optim={optim!r} is not known to the estimator; use one of "
+                f"{', '.join(sorted(OPTIM_NAMES))}"
             )
     attn = model.get("attn_implementation")
     if attn is not None:

@@ -114,12 +114,14 @@ def _classify_link(
     if isinstance(seq, int) and seq > expected_seq and expected_seq in later:
         return (
             "reordered",
-            f"seq {seq} comes where seq {expected_seq} was due; seq {expected_seq} is at line {later[expected_seq]}",
+            f"seq {seq} comes where seq {expected_seq} was due; seq {expected_seq} is at line "
+            f"{later[expected_seq]}",
         )
     if isinstance(seq, int) and seq > expected_seq:
         return (
             "deleted",
-            f"seq jumps from {expected_seq - 1} to {seq}: {seq - expected_seq} entr{'y' if seq - expected_seq == 1 else 'ies'} deleted before it",
+            f"seq jumps from {expected_seq - 1} to {seq}: {seq - expected_seq} "
+            f"entr{'y' if seq - expected_seq == 1 else 'ies'} deleted before it",
         )
     if isinstance(seq, int) and seq < expected_seq:
         return (
@@ -131,7 +133,8 @@ def _classify_link(
         return "reordered", f"its prev_hash points at line {back}, not at the line before it"
     return (
         "deleted",
-        f"its prev_hash {str(entry.get('prev_hash'))[:12]}… matches no earlier entry (expected {prev_hash[:12]}…)",
+        f"its prev_hash {str(entry.get('prev_hash'))[:12]}… matches no earlier entry (expected "
+        f"{prev_hash[:12]}…)",
     )
 
 
@@ -153,7 +156,8 @@ def verify_chain(path: Path, trust: AuditTrust | None = None, allow_unkeyed: boo
     for lineno, entry in _entries(path):
         if isinstance(entry, dict) and isinstance(entry.get("seq"), int):
             where[entry["seq"]] = lineno
-    prev, expected, seen = GENESIS, 0, {}
+    seen: dict[str, int] = {}
+    prev, expected = GENESIS, 0
     for lineno, entry in _entries(path):
         digest = None
         if isinstance(entry, dict):
@@ -189,7 +193,7 @@ def verify_chain(path: Path, trust: AuditTrust | None = None, allow_unkeyed: boo
                     lineno,
                 )
             res.unsigned_entries += 1
-        elif key is not None and not key.mac_ok(digest, entry["mac"]):
+        elif key is not None and not key.mac_ok(str(digest), entry["mac"]):
             return res.fail(
                 "forged",
                 f"line {lineno} (seq {entry.get('seq')}) has a MAC that does not match: it was rewritten "
@@ -256,7 +260,8 @@ def _check_store(res: AuditResult, run: RunDir) -> bool:
     if last < record.seq:
         res.fail(
             "truncated",
-            f"the log ends at seq {last} but {record.source} recorded seq {record.seq}: {_cut(last, record.seq)}",
+            f"the log ends at seq {last} but {record.source} recorded seq {record.seq}: "
+            f"{_cut(last, record.seq)}",
         )
         return False
     if _hash_at(run.events, record.seq) != record.hash:
@@ -329,7 +334,8 @@ def _check_anchor(
     if _hash_at(run.events, anchor.seq) != anchor.hash:
         res.fail(
             "truncated",
-            f"seq {anchor.seq} in the log is not the entry its anchor ({path}) recorded (its tail was replaced)",
+            f"seq {anchor.seq} in the log is not the entry its anchor ({path}) recorded (its tail was "
+            f"replaced)",
         )
         return False
     res.truncation_checked = True

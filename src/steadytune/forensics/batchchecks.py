@@ -144,7 +144,8 @@ def check_sample(f: SampleFacts) -> tuple[list[Finding], TokenStats]:
             Finding(
                 "all_labels_masked",
                 "critical",
-                f"every label is {IGNORE_INDEX}{why}: nothing to learn; alone in a batch the loss is 0/0 = NaN",
+                f"every label is {IGNORE_INDEX}{why}: nothing to learn; alone in a batch the loss is 0/0 "
+                f"= NaN",
             )
         )
     elif st.trained and all(x in f.special_ids for x in labels[1:] if x != IGNORE_INDEX):
@@ -155,7 +156,8 @@ def check_sample(f: SampleFacts) -> tuple[list[Finding], TokenStats]:
             Finding(
                 "label_out_of_vocab",
                 "critical",
-                f"{len(bad_labels)} label id(s) outside the vocabulary [0, {f.vocab_size}) such as {bad_labels[0]}",
+                f"{len(bad_labels)} label id(s) outside the vocabulary [0, {f.vocab_size}) such as "
+                f"{bad_labels[0]}",
             )
         )
     bad_ids = [x for x in ids if not 0 <= x < f.vocab_size]
@@ -179,7 +181,8 @@ def check_sample(f: SampleFacts) -> tuple[list[Finding], TokenStats]:
             Finding(
                 "truncated",
                 "warning",
-                f"truncated from {f.untruncated_len} to {len(ids)} tokens (max_seq_length {f.max_seq_length})",
+                f"truncated from {f.untruncated_len} to {len(ids)} tokens (max_seq_length "
+                f"{f.max_seq_length})",
             )
         )
     if ids and len(content) < SHORT_TOKENS and content:

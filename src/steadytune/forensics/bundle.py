@@ -43,7 +43,6 @@ from steadytune.checkpoint.manifest import (
     verify,
 )
 from steadytune.config.load import redact
-from steadytune.forensics.envsnap import snapshot
 from steadytune.forensics.inspect import fetch_rows
 from steadytune.forensics.pathredact import PathRedactor
 from steadytune.forensics.runview import (
@@ -56,6 +55,7 @@ from steadytune.forensics.runview import (
 )
 from steadytune.records import to_dict
 from steadytune.rundir import RunDir
+from steadytune.telemetry.envsnap import snapshot
 from steadytune.telemetry.events import read_events
 from steadytune.telemetry.jsonl import JsonlReader, parse_line
 
@@ -160,7 +160,9 @@ def _event_lines(run: RunDir, lo: int, hi: int, ts_lo: float, ts_hi: float) -> l
     """Raw lines (hash fields intact) of events in the step window, or undated ones in its time span."""
     out = []
     for raw in JsonlReader(run.events).raw_lines(final=True):
-        e = parse_line(raw) if raw else None
+        if not raw:
+            continue
+        e = parse_line(raw)
         if not isinstance(e, dict):
             continue
         step, ts = e.get("step"), e.get("ts") or 0
@@ -223,7 +225,10 @@ def build_bundle(
     verdict = _start_checkpoint(run, step, attempt)
     start = verdict.step if verdict is not None and verdict.step is not None else 0
     if verdict is None and cfg.get("method") != "full":
-        note = "no verified checkpoint before the step: LoRA starts from a fresh (random) adapter, comparisons may differ"
+        note = (
+            "no verified checkpoint before the step: LoRA starts from a fresh (random) adapter, "
+            "comparisons may differ"
+        )
     else:
         note = ""
     if step - start > MAX_REPLAY_STEPS:
@@ -231,7 +236,7 @@ def build_bundle(
             f"the newest checkpoint before step {step} is at step {start}: {step - start} steps to "
             f"replay (limit {MAX_REPLAY_STEPS}); save checkpoints more often (train.save_steps)"
         )
-    replay_steps = []
+    replay_steps: list[dict[str, Any]] = []
     for s in range(start + 1, step + 1):
         recs = finals.get(s)
         if not recs:
@@ -262,7 +267,7 @@ def build_bundle(
         )
     ckpt = verdict.path if verdict is not None else None
     at_step = [to_dict(e) for e in events if e.step == step and e.kind in {"anomaly", "action"}]
-    manifest = {
+    manifest: dict[str, Any] = {
         "version": BUNDLE_VERSION,
         "run_id": run.run_id,
         "run_dir": str(run.root.resolve()),
@@ -311,8 +316,8 @@ def build_bundle(
             config = yaml.safe_dump(clean(redact(cfg)), sort_keys=False)
             _add_bytes(tar, f"{top}/config.yaml", config.encode())
             if run.plan.exists():
-                plan = run.plan.read_text(encoding="utf-8").splitlines()
-                _add_bytes(tar, f"{top}/plan.jsonl", _jsonl_lines(plan, redactor))
+                plan_lines = run.plan.read_text(encoding="utf-8").splitlines()
+                _add_bytes(tar, f"{top}/plan.jsonl", _jsonl_lines(plan_lines, redactor))
             _add_bytes(tar, f"{top}/environment.json", json.dumps(clean(snapshot()), indent=1).encode())
             _add_bytes(tar, f"{top}/metrics.jsonl", _jsonl([clean(to_dict(r)) for r in window_recs]))
             events_lines = _event_lines(run, lo, hi, ts_lo, ts_hi)
@@ -327,8 +332,8 @@ def build_bundle(
                 if include_checkpoint:
                     for rel in [*listed, MANIFEST]:
                         _add_file(tar, ckpt / rel, f"{top}/checkpoint/{ckpt.name}/{rel}")
-                    note = _copied_paths_note(ckpt, listed, redactor) if redactor is not None else None
-                    notes += [note] if note else []
+                    copied = _copied_paths_note(ckpt, listed, redactor) if redactor is not None else None
+                    notes += [copied] if copied else []
             if include_data:
                 wanted = {i for s in replay_steps for i in s["indices"]}
                 rows, _ = fetch_rows(data_path, wanted)

@@ -17,8 +17,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from steadytune.forensics.layers import layer_of
 from steadytune.forensics.stread import DEFAULT_CHUNK, TensorRef, iter_chunks, tensor_index
+from steadytune.layers import layer_of
 
 OUTLIER_Z = 3.5
 MAD_FLOOR = 0.1  # log10 units: layers whose changes differ by < ~25% are never outliers of each other
@@ -215,7 +215,8 @@ def find_problem(layers: list[LayerDiff], tensors: list[TensorDiff]) -> tuple[st
     most = max(changed, key=lambda x: x.rel_change)
     return (
         None,
-        f"no problem layer: changes are even across layers (largest: {most.name}, relative {most.rel_change:.3g})",
+        f"no problem layer: changes are even across layers (largest: {most.name}, relative "
+        f"{most.rel_change:.3g})",
     )
 
 

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from steadytune.forensics.envsnap import KEY_PACKAGES
+from steadytune.telemetry.envsnap import KEY_PACKAGES
 
 # What `env diff` compares besides packages, and how each is labelled.
 RUNTIME_FIELDS: tuple[tuple[str, str, str], ...] = (

@@ -15,24 +15,22 @@ within the tolerances; a healthy step reports no anomaly when it matches.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import gzip
 import json
 import math
 import os
-import shutil
 import sys
-import tarfile
 import tempfile
-import zlib
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
-import yaml
-
-from steadytune.checkpoint.manifest import inside
+from steadytune.forensics.bundlerun import (
+    bundle_rows,
+    locate_run,
+    prepare,
+    resolve_checkpoint,
+)
+from steadytune.forensics.unpack import UnpackLimits, add_limit_flags, opened
 
 LOSS_RTOL, LOSS_ATOL = 1e-3, 1e-4
 NORM_RTOL, NORM_ATOL = 1e-2, 1e-4
@@ -90,332 +88,6 @@ def close(a: float, b: float | None, rtol: float, atol: float) -> bool:
     return abs(a - b) <= atol + rtol * abs(b)
 
 
-# Unpacking limits for a ``.tar.gz`` bundle (``repro --check --max-unpacked-bytes/--max-member-bytes/
-# --max-members``). A default bundle is a few hundred KiB; one with ``--include-checkpoint`` of a
-# full fine-tune holds the weights and the optimizer state, so pass larger limits for those.
-MAX_UNPACKED_BYTES = 32 * 1024**3
-MAX_MEMBER_BYTES = 16 * 1024**3
-MAX_MEMBERS = 10_000
-_HEADER_ALLOWANCE = 8 * 1024  # tar stream bytes per member beyond its data: headers, long names, padding
-
-
-@dataclass(frozen=True)
-class UnpackLimits:
-    """What unpacking one bundle may take: bytes in all, bytes per member, members."""
-
-    max_bytes: int = MAX_UNPACKED_BYTES
-    max_member_bytes: int = MAX_MEMBER_BYTES
-    max_members: int = MAX_MEMBERS
-
-    @property
-    def stream_bytes(self) -> int:
-        """The most decompressed tar stream that can hold a bundle within the limits."""
-        return self.max_bytes + (self.max_members + 2) * _HEADER_ALLOWANCE
-
-
-class _Capped:
-    """A read-only file that refuses to read or seek past ``cap`` bytes (no decompression bomb,
-    not even in headers tarfile reads whole)."""
-
-    def __init__(self, f: Any, cap: int, what: str) -> None:
-        self._f, self._cap, self._what = f, cap, what
-
-    def _refuse(self) -> None:
-        raise ValueError(
-            f"{self._what} unpacks to more than {self._cap:,} bytes of tar stream; refused before extracting "
-            "(raise --max-unpacked-bytes / --max-members if you trust it)"
-        )
-
-    def read(self, n: int = -1) -> bytes:
-        pos = self._f.tell()
-        if n is None or n < 0:
-            n = self._cap - pos + 1
-        if pos + n > self._cap:
-            data = self._f.read(max(self._cap - pos, 0) + 1)
-            if pos + len(data) > self._cap:
-                self._refuse()
-            return data
-        return bytes(self._f.read(n))
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        target = offset if whence == 0 else self._f.tell() + offset if whence == 1 else None
-        if target is None or target > self._cap:
-            self._refuse()
-        return int(self._f.seek(target))
-
-    def tell(self) -> int:
-        return int(self._f.tell())
-
-
-def check_members(tar: tarfile.TarFile, limits: UnpackLimits, dest: str, what: str) -> list[tarfile.TarInfo]:
-    """Every member of ``tar``, read from the headers only, once each passed the limits and the
-    ``data`` extraction filter (no absolute path, no ``..``, no link out, no device file).
-
-    Raises:
-        ValueError: the first limit or rule a member breaks, before anything is extracted.
-    """
-    members: list[tarfile.TarInfo] = []
-    total = 0
-    while True:
-        member = tar.next()
-        if member is None:
-            return members
-        if len(members) >= limits.max_members:
-            raise ValueError(
-                f"{what} has more than {limits.max_members:,} members; refused before extracting "
-                "(--max-members raises the limit)"
-            )
-        if member.size > limits.max_member_bytes:
-            raise ValueError(
-                f"{what}: {member.name} is {member.size:,} bytes, over the limit of "
-                f"{limits.max_member_bytes:,} bytes per member; refused before extracting "
-                "(--max-member-bytes raises it)"
-            )
-        total += member.size
-        if total > limits.max_bytes:
-            raise ValueError(
-                f"{what} unpacks to more than {limits.max_bytes:,} bytes; refused before extracting "
-                "(--max-unpacked-bytes raises the limit)"
-            )
-        try:
-            tarfile.data_filter(member, dest)
-        except tarfile.FilterError as exc:
-            raise ValueError(f"{what}: unsafe member refused before extracting: {exc}") from None
-        members.append(member)
-
-
-@contextlib.contextmanager
-def opened(bundle: Path, limits: UnpackLimits | None = None) -> Iterator[Path]:
-    """The bundle's folder: as is, or a ``.tar.gz`` unpacked into a temporary folder, safely.
-
-    Safely: every member is checked first, from its header (the limits, and tarfile's
-    ``data`` filter), and only then is anything extracted.
-    """
-    bundle = Path(bundle)
-    limits = limits or UnpackLimits()
-    if bundle.is_dir():
-        yield bundle
-        return
-    if not bundle.is_file():
-        raise FileNotFoundError(
-            f"{bundle} does not exist; pass a repro bundle (.tar.gz) or its unpacked folder"
-        )
-    with tempfile.TemporaryDirectory(prefix="steadytune-repro-") as tmp:
-        try:
-            with (
-                gzip.open(bundle, "rb") as gz,
-                tarfile.open(fileobj=_Capped(gz, limits.stream_bytes, str(bundle)), mode="r:") as tar,
-            ):
-                members = check_members(tar, limits, tmp, str(bundle))
-                need, free = sum(m.size for m in members), shutil.disk_usage(tmp).free
-                if need > free:
-                    raise ValueError(
-                        f"{bundle} unpacks to {need:,} bytes, {tmp} has {free:,} free; set TMPDIR to a "
-                        "larger disk or pass the unpacked folder"
-                    )
-                tar.extractall(tmp, members=members, filter="data")
-        except (tarfile.TarError, gzip.BadGzipFile, EOFError, zlib.error) as exc:
-            raise ValueError(f"{bundle} is not a .tar.gz repro bundle, or it is damaged: {exc}") from None
-        tops = [p for p in Path(tmp).iterdir() if (p / "bundle.json").exists()]
-        if not tops:
-            raise ValueError(f"{bundle} holds no bundle.json: not a steadytune repro bundle")
-        yield tops[0]
-
-
-class UnsafeBundle(ValueError):
-    """A bundle that asks for something ``repro --check`` does not do for a stranger's file."""
-
-
-def included_checkpoint(folder: Path, meta: dict[str, Any]) -> Path | None:
-    """The folder of the checkpoint copied into the bundle (``checkpoint/<name>``), if any."""
-    ref = meta.get("checkpoint")
-    if not isinstance(ref, dict):
-        return None
-    name = ref.get("name")
-    if not isinstance(name, str) or not name or "/" in name or "\\" in name or name in (".", ".."):
-        raise UnsafeBundle(f"bundle.json names the checkpoint {name!r}, which is not a folder name")
-    path = folder / "checkpoint" / name
-    return path if path.is_dir() and inside(path, folder) else None
-
-
-def guard_code(folder: Path, meta: dict[str, Any], cfg: Any, trust_remote_code: bool = False) -> None:
-    """Refuse what would run code that came with the bundle; set ``cfg.model.trust_remote_code``.
-
-    A bundle is meant to be attached to a bug report, so its config is not trusted:
-    ``trust_remote_code`` stays off unless the person checking asks for it, and a
-    model path inside the bundle (a relative path resolves against its folder) is
-    accepted only for the checkpoint the bundle includes. Torch-free.
-
-    Raises:
-        UnsafeBundle: with what was refused and how to proceed.
-    """
-    if cfg.model.trust_remote_code and not trust_remote_code:
-        raise UnsafeBundle(
-            "the bundle's config.yaml sets model.trust_remote_code: true, which lets the model folder "
-            "run its own Python code; repro --check does not do that for a bundle unless you pass "
-            "--trust-remote-code (only for a bundle and a model you trust)"
-        )
-    cfg.model.trust_remote_code = bool(trust_remote_code and cfg.model.trust_remote_code)
-    model = Path(cfg.model.name_or_path).expanduser()
-    if model.exists() and inside(model, folder):
-        allowed = included_checkpoint(folder, meta)
-        if allowed is None or os.path.realpath(model) != os.path.realpath(allowed):
-            raise UnsafeBundle(
-                f"the bundle's config.yaml points model.name_or_path at {cfg.model.name_or_path!r}, a folder "
-                "inside the bundle; a bundle carries no model (only its included checkpoint is loaded from "
-                "it): pass --model PATH to use a model folder of your own"
-            )
-
-
-REDACTED = "<abs>"  # what a redacted bundle writes for an absolute path outside the run and home
-
-
-def _redacted(value: Any) -> bool:
-    return isinstance(value, str) and REDACTED in value
-
-
-def _shown(value: str) -> str:
-    """A redacted path as the bundle wrote it (the config loader put the bundle's folder before it)."""
-    return value[value.index(REDACTED) :] if REDACTED in value else value
-
-
-def locate_run(meta: dict[str, Any], bundle: Path | None, run: Path | None) -> Path | None:
-    """The run directory a bundle came from: ``run`` when given, else the folder the bundle still
-    sits in (``bundle.json`` says where in its run it was written), when that folder is named
-    after the bundle's run and has a ``config.yaml``."""
-    if run is not None:
-        return Path(run)
-    rel = meta.get("bundle_in_run")
-    if bundle is None or not isinstance(rel, str) or not rel:
-        return None
-    parts = PurePosixPath(rel).parts
-    if PurePosixPath(rel).is_absolute() or ".." in parts:
-        return None
-    here = Path(os.path.abspath(bundle)).parts
-    if len(here) <= len(parts) or tuple(here[-len(parts) :]) != parts:
-        return None
-    root = Path(*here[: -len(parts)])
-    return root if root.name == meta.get("run_id") and (root / "config.yaml").is_file() else None
-
-
-def _run_paths(run: Path | None) -> dict[str, Any]:
-    """The model and data paths of the run's own (unredacted) config, where there is one."""
-    if run is None:
-        return {}
-    try:
-        data = yaml.safe_load((Path(run) / "config.yaml").read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError):
-        return {}
-    if not isinstance(data, dict):
-        return {}
-    model, dataset = data.get("model") or {}, data.get("data") or {}
-    return {
-        "model": model.get("name_or_path") if isinstance(model, dict) else None,
-        "data": dataset.get("train_file") if isinstance(dataset, dict) else None,
-    }
-
-
-_ELSEWHERE = "or check the bundle next to its run: steadytune repro --check BUNDLE RUN"
-
-
-def prepare(
-    folder: Path,
-    model: Path | None = None,
-    trust_remote_code: bool = False,
-    run: Path | None = None,
-    data: Path | None = None,
-) -> tuple[Any, Any]:
-    """``(bundle.json, validated config)`` of an unpacked bundle, checked by :func:`guard_code`. Torch-free.
-
-    Paths a bundle redacted are taken from ``model``, the bundle's included checkpoint
-    (a full fine-tune's holds the model and tokenizer) or the config of ``run``; a
-    redacted path nothing replaces is an error that says what to pass.
-    """
-    from steadytune.forensics.runview import training_config
-
-    meta = json.loads((folder / "bundle.json").read_text(encoding="utf-8"))
-    if not isinstance(meta, dict) or not isinstance(meta.get("replay"), list) or not meta["replay"]:
-        raise ValueError("bundle.json lists no step to replay: not a steadytune repro bundle")
-    cfg = training_config(folder / "config.yaml")
-    theirs = _run_paths(run)
-    if model is not None:
-        cfg.model.name_or_path = str(Path(model).expanduser().resolve())  # the user's own choice
-    elif _redacted(cfg.model.name_or_path):
-        included = included_checkpoint(folder, meta)
-        if theirs.get("model"):
-            cfg.model.name_or_path = str(theirs["model"])
-        elif included is not None and cfg.method == "full":
-            cfg.model.name_or_path = str(included)
-        else:
-            raise ValueError(
-                f"the bundle's model path is redacted ({_shown(cfg.model.name_or_path)}): pass --model PATH, "
-                + _ELSEWHERE
-            )
-    if data is None and not (folder / "data" / "samples.jsonl").exists() and _redacted(cfg.data.train_file):
-        if not theirs.get("data"):
-            raise ValueError(
-                f"the bundle's dataset path is redacted ({_shown(cfg.data.train_file)}): pass --data PATH, "
-                + _ELSEWHERE
-            )
-        cfg.data.train_file = str(theirs["data"])
-    guard_code(folder, meta, cfg, trust_remote_code)
-    return meta, cfg
-
-
-def resolve_checkpoint(
-    folder: Path, meta: dict[str, Any], override: Path | None, run: Path | None = None
-) -> Path | None:
-    """The checkpoint to start from: ``override``, the bundle's copy, or the one it names (a
-    redacted bundle names it relative to its run), checked against the recorded manifest hash."""
-    from steadytune.checkpoint.manifest import MANIFEST, sha256_file, verify
-
-    ref = meta.get("checkpoint")
-    if ref is None:
-        return None
-    path = override or included_checkpoint(folder, meta)
-    if path is None:
-        named = str(ref.get("path") or "")
-        if named.startswith("/"):
-            path = Path(named)  # an unredacted bundle
-        elif run is None or not named or _redacted(named) or ".." in PurePosixPath(named).parts:
-            raise FileNotFoundError(
-                f"the bundle names its checkpoint relative to its run ({named or ref.get('name')}): pass "
-                "--checkpoint PATH, " + _ELSEWHERE + ", or make the bundle with --include-checkpoint"
-            )
-        else:
-            path = Path(run) / named
-    if not (path / MANIFEST).exists():
-        raise FileNotFoundError(
-            f"checkpoint {path} is not there; pass --checkpoint PATH or make the bundle with "
-            "--include-checkpoint"
-        )
-    if sha256_file(path / MANIFEST) != ref["manifest_sha256"]:
-        raise ValueError(f"{path} is not the checkpoint the bundle names (its MANIFEST.json sha256 differs)")
-    v = verify(path)
-    if not v.ok:
-        raise ValueError(f"checkpoint {path} does not verify: {v.reason}")
-    return path
-
-
-def _rows(folder: Path, meta: dict[str, Any], cfg: Any, override: Path | None) -> dict[int, dict[str, Any]]:
-    from steadytune.forensics.inspect import fetch_rows
-
-    wanted = {i for s in meta["replay"] for i in s["indices"]}
-    included = folder / "data" / "samples.jsonl"
-    if override is None and included.exists():
-        rows = {}
-        for line in included.read_text(encoding="utf-8").splitlines():
-            if line.strip():
-                obj = json.loads(line)
-                rows[int(obj["st_sample_id"])] = obj["row"]
-        return rows
-    path = override or cfg.data.train_file
-    if _redacted(str(path)):
-        raise ValueError(f"the bundle's dataset path is redacted ({_shown(str(path))}): pass --data PATH")
-    rows, _ = fetch_rows(path, wanted)
-    return rows
-
-
 def _load_model(cfg: Any, ckpt: Path | None) -> Any:
     from steadytune.train.runner import load_model
 
@@ -425,7 +97,8 @@ def _load_model(cfg: Any, ckpt: Path | None) -> Any:
             cfg = cfg.model_copy(deep=True)
             cfg.model.name_or_path = str(ckpt)
         return load_model(cfg, gc)
-    # LoRA/QLoRA: the base with a fresh adapter, then the checkpoint's adapter weights (as a Trainer resume does).
+    # LoRA/QLoRA: the base with a fresh adapter, then the checkpoint's adapter weights (as a Trainer resume
+    # does).
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
 
@@ -453,9 +126,9 @@ def replay(
     from transformers import Trainer
     from transformers.utils import logging as hf_logging
 
-    from steadytune.forensics.envsnap import differences, snapshot
     from steadytune.forensics.tokenizer import load_hf_tokenizer
     from steadytune.records import PlanRevision
+    from steadytune.telemetry.envsnap import differences, snapshot
     from steadytune.train.data import DataSpec, _hash_ids, detect_format, encode_row
     from steadytune.train.runner import Collator, training_arguments
 
@@ -469,7 +142,7 @@ def replay(
         if diff:
             notes.append("environment differs from the run's: " + "; ".join(diff))
     ckpt = resolve_checkpoint(folder, meta, checkpoint, run)
-    rows = _rows(folder, meta, cfg, data)
+    rows = bundle_rows(folder, meta, cfg, data)
     tok = load_hf_tokenizer(cfg.model.name_or_path, cfg.model.trust_remote_code)
     last = meta["replay"][-1]
     plan = PlanRevision(
@@ -483,19 +156,21 @@ def replay(
     )
     staging = Path(tempfile.mkdtemp(prefix="steadytune-replay-"))
     args = training_arguments(cfg, plan, staging, has_eval=False)
-    model = _load_model(cfg, ckpt)
-    trainer = Trainer(model=model, args=args, data_collator=Collator(tok.pad_token_id), processing_class=tok)
+    net = _load_model(cfg, ckpt)
+    trainer = Trainer(model=net, args=args, data_collator=Collator(tok.pad_token_id), processing_class=tok)
     max_steps = int(meta.get("max_steps") or cfg.train.max_steps)
     if max_steps <= 0:
         raise ValueError(
             "the bundle does not say how many steps the run had (max_steps); the LR schedule needs it"
         )
     trainer.create_optimizer_and_scheduler(num_training_steps=max_steps)
+    optimizer, scheduler = trainer.optimizer, trainer.lr_scheduler
+    assert optimizer is not None and scheduler is not None  # just created
     if ckpt is not None:
         trainer._load_optimizer_and_scheduler(str(ckpt))  # the Trainer's own resume path
         trainer._load_rng_state(str(ckpt))
     else:
-        notes.append("no checkpoint before the step: replayed from the base model with a fresh optimizer")
+        notes.append("no checkpoint before the step: replayed from the base net with a fresh optimizer")
     fmt = (
         cfg.data.format
         if cfg.data.format != "auto"
@@ -509,8 +184,9 @@ def replay(
     )
     outcomes: list[StepOutcome] = []
     by_sample: list[dict[str, Any]] = []
-    model = trainer.model
-    model.zero_grad(set_to_none=True)
+    net = trainer.model  # the Trainer's, on its device
+    assert net is not None
+    net.zero_grad(set_to_none=True)
     for entry in meta["replay"]:
         spec = dataclasses.replace(
             base_spec, max_seq_length=entry["max_seq_length"] or base_spec.max_seq_length
@@ -533,17 +209,18 @@ def replay(
         trainer.current_gradient_accumulation_steps = len(batches)
         loss, bad = 0.0, False
         for mb in batches:
-            value = float(trainer.training_step(model, mb, num_items))
+            value = float(trainer.training_step(net, mb, num_items))
             bad |= not math.isfinite(value)
             loss += value if math.isfinite(value) else 0.0
         loss = math.nan if bad else loss
-        params = [p for p in model.parameters() if p.grad is not None]
+        params = [p for p in net.parameters() if p.grad is not None]
         if args.max_grad_norm and args.max_grad_norm > 0:
             norm = float(torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm))
         else:
             norm = (
                 float(
-                    torch.linalg.vector_norm(torch.stack([p.grad.detach().float().norm(2) for p in params]))
+                    # params holds only parameters with a gradient.
+                    torch.linalg.vector_norm(torch.stack([p.grad.detach().float().norm(2) for p in params]))  # type: ignore[union-attr]
                 )
                 if params
                 else 0.0
@@ -563,16 +240,15 @@ def replay(
             )
         )
         if entry["step"] == meta["step"]:
-            by_sample = per_sample_loss(model, feats, entry["indices"], args.device)
+            by_sample = per_sample_loss(net, feats, entry["indices"], args.device)
             break
         if not (math.isfinite(loss) and math.isfinite(norm)):
-            model.zero_grad(
-                set_to_none=True
-            )  # the guard's skip: the optimizer then leaves every weight alone
-        _apply_recorded_lr(trainer.optimizer, entry, notes)
-        trainer.optimizer.step()
-        trainer.lr_scheduler.step()
-        model.zero_grad(set_to_none=True)
+            # The guard's skip: the optimizer then leaves every weight alone.
+            net.zero_grad(set_to_none=True)
+        _apply_recorded_lr(optimizer, entry, notes)
+        optimizer.step()
+        scheduler.step()
+        net.zero_grad(set_to_none=True)
     if any(e.get("ranks", 1) > 1 for e in meta["replay"]):
         notes.append("multi-rank run: rank 0's batch replayed on one process; grad norms are not compared")
     res = _verdict(meta, ckpt, outcomes, notes)
@@ -611,7 +287,7 @@ def per_sample_loss(
 
     was_training = model.training
     model.eval()  # no dropout: the shares should not depend on a random mask
-    rows = []
+    rows: list[dict[str, Any]] = []
     with torch.no_grad():
         for sid, f in zip(ids, feats, strict=False):
             inputs = torch.tensor([f["input_ids"]], device=device)
@@ -734,38 +410,6 @@ def render(res: ReplayResult) -> str:
     lines += [f"note: {n}" for n in res.notes]
     lines += ["", f"verdict: {res.message}"]
     return "\n".join(lines)
-
-
-def size(text: str) -> int:
-    """A byte count from the command line: ``64GiB``, ``500MB``, ``1000``."""
-    from steadytune.estimate.units import parse_bytes
-
-    return parse_bytes(text)
-
-
-def add_limit_flags(ap: argparse.ArgumentParser) -> None:
-    """The unpacking limits as flags (``repro --check`` and ``replay.py``)."""
-    ap.add_argument(
-        "--max-unpacked-bytes",
-        type=size,
-        default=MAX_UNPACKED_BYTES,
-        metavar="SIZE",
-        help="refuse a .tar.gz bundle that unpacks to more (default 32GiB)",
-    )
-    ap.add_argument(
-        "--max-member-bytes",
-        type=size,
-        default=MAX_MEMBER_BYTES,
-        metavar="SIZE",
-        help="refuse a .tar.gz bundle with a larger file in it (default 16GiB)",
-    )
-    ap.add_argument(
-        "--max-members",
-        type=int,
-        default=MAX_MEMBERS,
-        metavar="N",
-        help="refuse a .tar.gz bundle with more files (default 10000)",
-    )
 
 
 def main(argv: list[str] | None = None) -> int:

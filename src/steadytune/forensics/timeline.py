@@ -32,8 +32,8 @@ from steadytune.checkpoint.manifest import checkpoint_step
 from steadytune.detect.live import LiveDetector, Transition
 from steadytune.records import Event, Heartbeat, PlanRevision, Record, StepRecord, SystemSample, WorkerExit
 from steadytune.rundir import RunDir
-from steadytune.supervise.progress import RunProgress
 from steadytune.telemetry.events import read_events
+from steadytune.telemetry.progress import RunProgress
 from steadytune.telemetry.stream import iter_records
 
 _RESTARTING = {"rollback", "restart"}
@@ -80,7 +80,7 @@ class Replayer:
     """A torch-free stand-in for the supervisor's detection and policy loop."""
 
     def __init__(self, detect: Any = None, policy: Any = None) -> None:
-        from steadytune.policy.config import PolicyConfig
+        from steadytune.config.policy import PolicyConfig
         from steadytune.policy.engine import Policy
 
         self.detect_cfg = detect
@@ -183,16 +183,15 @@ class Replayer:
             for t in self.detector.observe_system(rec):
                 self._transition(t, ts)
         elif isinstance(rec, Event):
-            if (
-                rec.kind in _FILED
-            ):  # the worker's own reports (skip_step, disk_low): facts, filed as they came
+            # The worker's own reports (skip_step, disk_low): facts, filed as they came.
+            if rec.kind in _FILED:
                 self.entries.append(
                     Entry(rec.kind, rec.name, rec.step, ts, rec.severity, rec.message, "worker")
                 )
             if rec.name == "skip_step" and rec.step is not None and self.pending is None:
-                action = self.policy.on_skipped_update(rec.step, int(rec.data.get("consecutive", 1)))
-                if action is not None:
-                    self._act(action, ts)
+                escalated = self.policy.on_skipped_update(rec.step, int(rec.data.get("consecutive", 1)))
+                if escalated is not None:
+                    self._act(escalated, ts)
         elif isinstance(rec, WorkerExit):
             self.last_beat = None  # between attempts nobody is expected to beat
 
@@ -201,8 +200,8 @@ def settings(run: RunDir) -> tuple[Any, Any, list[str]]:
     """The run's detector and policy settings, and notes when some could not be used."""
     import yaml
 
-    from steadytune.detect.config import DetectConfig
-    from steadytune.policy.config import PolicyConfig
+    from steadytune.config.detect import DetectConfig
+    from steadytune.config.policy import PolicyConfig
 
     try:
         raw = yaml.safe_load(run.config.read_text(encoding="utf-8")) or {}
@@ -216,7 +215,8 @@ def settings(run: RunDir) -> tuple[Any, Any, list[str]]:
         except Exception as exc:  # a run recorded by another version of steadytune
             out.append(None)
             notes.append(
-                f"the run's {key}: settings do not validate here ({str(exc).splitlines()[0]}); defaults used, "
+                f"the run's {key}: settings do not validate here ({str(exc).splitlines()[0]}); defaults "
+                f"used, "
                 "so the replay may differ from live"
             )
     return out[0], out[1], notes
@@ -237,7 +237,7 @@ def recorded(run: RunDir) -> list[Entry]:
     """The same timeline as the supervisor filed it in ``events.jsonl``."""
     out = []
     for e in read_events(run.events):
-        kind = e.kind
+        kind: str = e.kind
         if e.name in {"restart", "rollback_in_process"} or (
             e.name == "worker_started" and int(e.data.get("attempt", 0)) > 0
         ):

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from steadytune.protocol import RequestQueue, WorkerEvent
-from steadytune.records import BatchFingerprint, Event, Heartbeat, StepRecord, WorkerExit
+from steadytune.records import BatchFingerprint, Event, EventKind, Heartbeat, Severity, StepRecord, WorkerExit
 from steadytune.rundir import RunDir
 from steadytune.telemetry.stream import JsonlWriter
 
@@ -338,10 +338,10 @@ class Guard:
 
     def notify(
         self,
-        kind: str,
+        kind: EventKind,
         name: WorkerEvent | str,
         message: str = "",
-        severity: str = "info",
+        severity: Severity = "info",
         step: int | None = None,
         **data: Any,
     ) -> None:
@@ -351,9 +351,9 @@ class Guard:
                 ts=self.clock(),
                 kind=kind,
                 name=str(name),
-                message=message,  # type: ignore[arg-type]
+                message=message,
                 severity=severity,
-                step=self.last_step if step is None else step,  # type: ignore[arg-type]
+                step=self.last_step if step is None else step,
                 data={"rank": self.rank, "attempt": self.attempt, **data},
             )
         )

@@ -112,5 +112,6 @@ class Faults:
             import torch
 
             raise torch.OutOfMemoryError(
-                f"CUDA out of memory. Tried to allocate 2.00 GiB (injected: {batch_size} samples > {self.oom_above})"
+                f"CUDA out of memory. Tried to allocate 2.00 GiB (injected: {batch_size} samples > "
+                f"{self.oom_above})"
             )

@@ -30,5 +30,7 @@ def batch_hashes(input_ids: Any, attention_mask: Any = None) -> list[int] | None
     rows = input_ids.detach().cpu().tolist()
     if attention_mask is not None and getattr(attention_mask, "shape", None) == input_ids.shape:
         mask = attention_mask.detach().cpu().tolist()
-        rows = [[t for t, m in zip(row, keep, strict=True) if m] for row, keep in zip(rows, mask, strict=True)]
+        rows = [
+            [t for t, m in zip(row, keep, strict=True) if m] for row, keep in zip(rows, mask, strict=True)
+        ]
     return [sample_hash(row) for row in rows]

@@ -10,7 +10,7 @@ sync, at the end.
 
 The result is small and plain so it can ride in ``StepRecord.extra["gradflow"]``
 (see :func:`columns`) and feed the dashboard heat map and
-:func:`steadytune.forensics.gradflow.check_layers`.
+:func:`steadytune.detect.gradflow.check_layers`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
-from steadytune.forensics.layers import layer_of
+from steadytune.layers import layer_of
 
 DEFAULT_INTERVAL = 50  # steps between two recordings; benchmarks/gradflow_overhead.py measures the cost
 # log10 bin edges of |grad|: [1e-10, 1e-9), ..., [1, 10]; values outside go to the edge bins, zeros to none.

@@ -8,6 +8,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from transformers import Trainer, TrainerCallback
@@ -44,7 +45,7 @@ def _agreed(request: dict[str, Any] | None) -> dict[str, Any] | None:
 
 def _calling_trainer(callback: TrainerCallback) -> Trainer | None:
     """The Trainer whose loop is calling ``callback``: HF hands callbacks no reference to it."""
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         obj = frame.f_locals.get("self")
         if isinstance(obj, Trainer) and any(cb is callback for cb in obj.callback_handler.callbacks):
@@ -265,7 +266,7 @@ class GuardCallback(TrainerCallback):
             self._memory_snapshot(request, state.global_step)
             request = None
         if request is not None:
-            command = request.get("command")
+            command = str(request.get("command"))
             self.guard.notify(
                 "control",
                 WorkerEvent.ack(command),
@@ -303,7 +304,7 @@ class GuardCallback(TrainerCallback):
 
     def _memory_snapshot(self, request: dict[str, Any], step: int) -> None:
         """A CUDA allocator snapshot into ``stacks/`` (a no-op that says so on CPU)."""
-        from steadytune.forensics.memsnap import dump_cuda_snapshot
+        from steadytune.guard.memsnap import dump_cuda_snapshot
 
         path = self.guard.run.stacks / f"memory-rank{self.guard.rank}-step{step}.pickle"
         result = dump_cuda_snapshot(path)

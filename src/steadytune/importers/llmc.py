@@ -8,8 +8,8 @@
 
 stdout (``FORMAT_STDOUT``)::
 
-    step    1/18865 | train loss 11.009955 | norm 15.4012 | lr 1.00e-06 | 417.00 ms | -100.0% bf16 MFU | 19644 tok/s
-    step   2/18865 | loss 10.951200 (+0.00z)| norm 14.8000 (+0.00z)| lr 2.00e-06 | 410.10 ms | 41.5% bf16 MFU | ...
+    step    1/18865 | train loss 11.009955 | norm 15.4012 | lr 1.00e-06 | 417.00 ms | -100.0% bf16 MFU | ...
+    step   2/18865 | loss 10.951200 (+0.00z)| norm 14.8000 (+0.00z)| lr 2.00e-06 | 410.10 ms | ...
     val loss 4.502094
     HellaSwag: 2710/10042 = 0.269867
 
@@ -96,7 +96,7 @@ def parse_step_cu(text: str) -> tuple[int, dict[str, float]] | None:
     full = _FULL_CU.match(text)
     if full is not None:
         step, loss, norm, lr, ms, mfu, tps = full.groups()
-        fields = {"loss": float(loss), "grad_norm": float(norm), "lr": float(lr)}
+        fields: dict[str, float] = {"loss": float(loss), "grad_norm": float(norm), "lr": float(lr)}
         fields["step_time_s"] = float(ms) / 1000.0
         if float(mfu) >= 0:
             fields["mfu_percent"] = float(mfu)
@@ -105,7 +105,7 @@ def parse_step_cu(text: str) -> tuple[int, dict[str, float]] | None:
     m = STEP_CU.match(text)
     if m is None:
         return None
-    fields: dict[str, float] = {}
+    fields = {}
     for part in text[m.end() :].split("|"):
         pm = _PART.match(part)
         if pm is None:

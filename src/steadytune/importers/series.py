@@ -173,7 +173,7 @@ class SeriesBuilder:
         for key, raw in row.items():
             kind = type(raw)
             if kind is float or kind is int:  # the common case, without the string parsing
-                x = float(raw)
+                x: float | None = float(raw)
                 if nan_means_missing and x != x:
                     continue
             else:

@@ -124,7 +124,8 @@ class Injection:
             WorkerEvent.GUARD_INJECTED,
             f"guard injected into {type(trainer).__module__}.{type(trainer).__qualname__}",
             trainer=f"{type(trainer).__module__}.{type(trainer).__qualname__}",
-            output_dir=str(Path(trainer.args.output_dir).resolve()),
+            # HF fills in output_dir before a Trainer exists.
+            output_dir=str(Path(trainer.args.output_dir).resolve()),  # type: ignore[arg-type]
         )
 
     def begin(self, callback: InjectedCallback) -> None:
@@ -259,7 +260,7 @@ def install(trainer_cls: type[Trainer], environ: dict[str, str] | None = None) -
 
     if load_state is not None:
         functools.update_wrapper(_load_optimizer_and_scheduler, load_state)
-        trainer_cls._load_optimizer_and_scheduler = _load_optimizer_and_scheduler  # type: ignore[attr-defined]
+        trainer_cls._load_optimizer_and_scheduler = _load_optimizer_and_scheduler  # type: ignore[method-assign]
     trainer_cls.__init__ = __init__  # type: ignore[method-assign]
     trainer_cls.train = train_  # type: ignore[method-assign]
     trainer_cls.training_step = training_step_  # type: ignore[method-assign]

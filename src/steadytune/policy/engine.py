@@ -11,7 +11,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from steadytune.policy.config import PolicyConfig
+from steadytune.config.policy import PolicyConfig
 from steadytune.records import SEVERITY_ORDER, Anomaly
 
 # Actions that change the worker (stop it, restart it) need a budget; the rest are cheap.

@@ -16,7 +16,8 @@ _CLASSIFIERS: tuple[tuple[str, re.Pattern[str]], ...] = (
     (
         "oom",
         re.compile(
-            r"CUDA out of memory|OutOfMemoryError|HIP out of memory|DefaultCPUAllocator: can't allocate memory"
+            r"CUDA out of memory|OutOfMemoryError|HIP out of memory|DefaultCPUAllocator: can't allocate "
+            r"memory"
             r"|CUBLAS_STATUS_ALLOC_FAILED|cuDNN error: CUDNN_STATUS_NOT_SUPPORTED|SplitExhausted",
             re.I,
         ),
@@ -24,14 +25,16 @@ _CLASSIFIERS: tuple[tuple[str, re.Pattern[str]], ...] = (
     (
         "collective_timeout",
         re.compile(
-            r"NCCL.*(timeout|Timeout|watchdog)|Watchdog caught collective operation timeout|ProcessGroupGloo.*timed? ?out|Connection closed by peer|gloo.*Timed out",
+            r"NCCL.*(timeout|Timeout|watchdog)|Watchdog caught collective operation "
+            r"timeout|ProcessGroupGloo.*timed? ?out|Connection closed by peer|gloo.*Timed out",
             re.I,
         ),
     ),
     (
         "cuda_error",
         re.compile(
-            r"CUDA error|cudaError|device-side assert|illegal memory access|CUBLAS_STATUS|cuDNN error|NCCL error",
+            r"CUDA error|cudaError|device-side assert|illegal memory access|CUBLAS_STATUS|cuDNN "
+            r"error|NCCL error",
             re.I,
         ),
     ),
@@ -78,7 +81,9 @@ class Decision:
 
 def classify(info: ExitInfo) -> str:
     """One word for how the worker ended."""
-    if info.status in {"completed", "stopped", "paused"} and (info.returncode in (0, None) or info.stopped_outside):
+    if info.status in {"completed", "stopped", "paused"} and (
+        info.returncode in (0, None) or info.stopped_outside
+    ):
         return info.status
     if info.interrupted:
         return "user_interrupt"
@@ -126,7 +131,8 @@ def decide(
         return Decision(
             "stop",
             "deterministic",
-            f"{info.error_type or 'error'} before the first step of the attempt: {info.error_message or 'see the worker log'}; "
+            f"{info.error_type or 'error'} before the first step of the attempt: "
+            f"{info.error_message or 'see the worker log'}; "
             "a restart would fail the same way, so fix the input and run again",
         )
     repeat = [p for p in previous if p.error_type and p.error_type == info.error_type and p.step == info.step]

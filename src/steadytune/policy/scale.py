@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from steadytune.policy.scale_config import ScaleConfig
+from steadytune.config.scale import ScaleConfig
 from steadytune.records import GpuSample
 
 
@@ -83,7 +83,8 @@ def keep_effective_batch(shape: Shape, world: int) -> tuple[int | None, str]:
     eff = shape.effective_batch
     if eff % per_step:
         return None, (
-            f"the effective batch {eff} ({shape.micro_batch} x {shape.accumulation} x {shape.world}) is not a "
+            f"the effective batch {eff} ({shape.micro_batch} x {shape.accumulation} x {shape.world}) is "
+            f"not a "
             f"multiple of {shape.micro_batch} x {world} processes, so {world} processes would change it"
         )
     return eff // per_step, ""
@@ -235,7 +236,8 @@ class ScaleRules:
         return self._verdict()
 
     def applied(self, decision: ScaleDecision, ts: float) -> None:
-        """The run was relaunched with ``decision.after`` at ``ts``: the cool-down starts, and the measuring."""
+        """The run was relaunched with ``decision.after`` at ``ts``: the cool-down starts, and the
+        measuring."""
         before = self._throughput(self._intervals, decision.before) if len(self._intervals) >= 2 else None
         self.shape = decision.after
         self._asked = False

@@ -22,13 +22,14 @@ from steadytune.estimate import (
     format_bytes,
     load_architecture,
 )
+from steadytune.estimate.batch import auto_effective_batch
 from steadytune.estimate.runconfig import setup_from_config_dict
 from steadytune.preflight import versions as v
-from steadytune.preflight.datascan import DataScan, load_tokenizer, scan_data
+from steadytune.preflight.datascan import DataScan, scan_data
 from steadytune.preflight.envdrift import environment_check
 from steadytune.preflight.lints import config_lints
 from steadytune.preflight.probe import HostFacts, probe_host
-from steadytune.preflight.recommend import auto_effective_batch, recommend
+from steadytune.preflight.recommend import recommend
 from steadytune.preflight.resources import (
     DEFAULT_HEADROOM_BYTES,
     checkpoint_bytes,
@@ -42,6 +43,7 @@ from steadytune.preflight.resources import (
     writable_checks,
 )
 from steadytune.preflight.result import Check, PreflightReport, Recommendation, fail, na, ok
+from steadytune.train.data import load_tokenizer
 
 
 def preflight_paths(cfg: SteadytuneConfig) -> dict[str, Path]:
@@ -130,7 +132,8 @@ def version_report(cfg: SteadytuneConfig, facts: HostFacts) -> list[Check]:
 
 
 def issue_checks(issues: Sequence[ConfigIssue]) -> list[Check]:
-    """Config problems found by the loader's cross-key checks (missing files, save_steps past the end, ...)."""
+    """Config problems found by the loader's cross-key checks (missing files, save_steps past the end,
+    ...)."""
     return [
         fail("config", "config_" + i.key.replace(".", "_"), f"{i.key}: {i.problem} (got {i.value!r})", i.fix)
         for i in issues

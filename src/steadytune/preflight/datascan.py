@@ -19,6 +19,7 @@ from steadytune.config.schema import SteadytuneConfig
 from steadytune.estimate import Architecture
 from steadytune.preflight.dataset import content_findings, scan_raw, show_lines, token_stats
 from steadytune.preflight.result import Check, fail, na, ok, warn
+from steadytune.train.data import load_tokenizer
 
 # Any of these in a model folder means a tokenizer may load from it.
 TOKENIZER_MARKERS = (
@@ -37,16 +38,6 @@ class DataScan:
     total_tokens: int | None = None
     longest: int | None = None
     cache_need_bytes: int = 0
-
-
-def load_tokenizer(name_or_path: str, trust_remote_code: bool = False) -> Any:
-    """The tokenizer exactly as the runner prepares it (the pad token is part of the cache key)."""
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
-    if tok.pad_token_id is None:
-        tok.pad_token = tok.eos_token
-    return tok
 
 
 def raw_checks(path: str, label: str = "") -> tuple[list[Check], Any]:

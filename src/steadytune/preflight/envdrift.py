@@ -21,9 +21,9 @@ import yaml
 from steadytune.config.load import dump_config
 from steadytune.config.schema import SteadytuneConfig
 from steadytune.forensics.envdiff import EnvDiff, diff_envs
-from steadytune.forensics.runenv import EnvError, read_run_env, run_env
 from steadytune.preflight.result import Check, na, ok, warn
 from steadytune.rundir import RunDir
+from steadytune.telemetry.runenv import EnvError, read_run_env, run_env
 
 # What a preflight can read without torch; the rest of env.json is the worker's.
 COMPARED = ("python", "driver")
@@ -113,8 +113,8 @@ def environment_check(cfg: SteadytuneConfig, current: Callable[[], dict[str, Any
     return warn(
         "versions",
         "environment",
-        f"{n} package{'s' if n != 1 else ''} differ from {prev.run_id}, the last completed run of this config: "
-        + describe(EnvDiff(d.added, d.removed, d.changed, runtime)),
+        f"{n} package{'s' if n != 1 else ''} differ from {prev.run_id}, the last completed run of this "
+        f"config: " + describe(EnvDiff(d.added, d.removed, d.changed, runtime)),
         f"if the change was not meant, restore it: steadytune env export {prev.root} -o requirements.txt && "
         "pip install -r requirements.txt; if it was, go ahead (the new run records its own env.json)",
         run=prev.run_id,

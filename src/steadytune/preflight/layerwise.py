@@ -63,8 +63,8 @@ def rank_lints(cfg: SteadytuneConfig, arch: Architecture | None) -> list[Check]:
     for name, fan_in, fan_out in modules:
         r, limit = rank_of(name, lo.r, lo.rank_pattern), min(fan_in, fan_out)
         if r > limit:
-            key = (name.rsplit(".", 1)[-1], r, limit)
-            too_big[key] = too_big.get(key, 0) + 1
+            where = (name.rsplit(".", 1)[-1], r, limit)
+            too_big[where] = too_big.get(where, 0) + 1
     for (kind, r, limit), count in too_big.items():
         out.append(
             warn(
@@ -82,9 +82,9 @@ def rank_lints(cfg: SteadytuneConfig, arch: Architecture | None) -> list[Check]:
     for what, pattern in (("rank_pattern", lo.rank_pattern), ("alpha_pattern", lo.alpha_pattern)):
         names = [n for n, _, _ in modules]
         # PEFT gives a module the first key that matches; a key that never comes first has no effect.
-        used = {pattern_key(pattern, n) for n in names}
+        first = {pattern_key(pattern, n) for n in names}
         for key in pattern:
-            if key not in used:
+            if key not in first:
                 shadowed = any(re.match(rf"(.*\.)?({key})$", n) for n in names)
                 out.append(
                     warn(
@@ -156,7 +156,8 @@ def lr_group_lints(cfg: SteadytuneConfig, arch: Architecture | None) -> list[Che
                 warn(
                     "config",
                     "layer_decay",
-                    f"layer_decay={t.layer_decay:g} over {arch.num_layers} layers gives layer 0 x{bottom:.2g} "
+                    f"layer_decay={t.layer_decay:g} over {arch.num_layers} layers gives layer 0 "
+                    f"x{bottom:.2g} "
                     "of the LR: the bottom layers barely train",
                     f"use a decay of at least {MIN_LAYER_FACTOR ** (1 / (arch.num_layers - 1)):.3f}",
                     factor=bottom,

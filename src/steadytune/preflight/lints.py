@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import math
 
+from steadytune.config.safe_mode import MAX_LR, USUAL_LR
 from steadytune.config.schema import SteadytuneConfig
 from steadytune.estimate import Architecture
 from steadytune.layerwise import rank_of
-from steadytune.policy.safe_mode import MAX_LR, USUAL_LR
 from steadytune.preflight.layerwise import adapted_modules, lr_group_lints, rank_lints
 from steadytune.preflight.result import Check, fail, ok, warn
 
@@ -263,7 +263,8 @@ def small_data_lints(cfg: SteadytuneConfig, arch: Architecture | None, samples: 
             warn(
                 "config",
                 "lora_dropout_small_data",
-                f"lora_dropout=0 with {samples} training samples (under {SMALL_DATASET}): on this little data "
+                f"lora_dropout=0 with {samples} training samples (under {SMALL_DATASET}): on this little "
+                f"data "
                 "the adapter can memorize it, and dropout is its only regularizer",
                 "set lora.lora_dropout: 0.05 (0.1 for models up to 13B)",
                 samples=samples,

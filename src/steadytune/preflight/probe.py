@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from steadytune.preflight.versions import Driver
+from steadytune.telemetry.sampler import nvml_read
 
 
 @dataclass(frozen=True)
@@ -111,13 +111,6 @@ def writable_reason(path: Path) -> str | None:
     return None
 
 
-def _read(fn: Callable[[], Any]) -> Any:
-    try:
-        return fn()
-    except Exception:
-        return None
-
-
 def _text(value: Any) -> str | None:
     if value is None:
         return None
@@ -132,14 +125,14 @@ def read_nvml() -> tuple[bool, tuple[GpuInfo, ...], Driver]:
         nv.nvmlInit()
     except Exception:
         return False, (), Driver()
-    count = _read(nv.nvmlDeviceGetCount) or 0
+    count = nvml_read(nv.nvmlDeviceGetCount) or 0
     gpus = []
     for i in range(count):
-        h = _read(lambda i=i: nv.nvmlDeviceGetHandleByIndex(i))
+        h = nvml_read(nv.nvmlDeviceGetHandleByIndex, i)
         if h is None:
             continue
-        mem = _read(lambda h=h: nv.nvmlDeviceGetMemoryInfo(h))
-        procs = _read(lambda h=h: nv.nvmlDeviceGetComputeRunningProcesses(h))
+        mem = nvml_read(nv.nvmlDeviceGetMemoryInfo, h)
+        procs = nvml_read(nv.nvmlDeviceGetComputeRunningProcesses, h)
         listed = None
         if procs is not None:
             listed = tuple(
@@ -153,19 +146,19 @@ def read_nvml() -> tuple[bool, tuple[GpuInfo, ...], Driver]:
         gpus.append(
             GpuInfo(
                 i,
-                _text(_read(lambda h=h: nv.nvmlDeviceGetName(h))) or "",
+                _text(nvml_read(nv.nvmlDeviceGetName, h)) or "",
                 int(mem.free) if mem is not None else None,
                 int(mem.total) if mem is not None else None,
                 listed,
             )
         )
-    cuda = _read(nv.nvmlSystemGetCudaDriverVersion)  # e.g. 12040 for 12.4
+    cuda = nvml_read(nv.nvmlSystemGetCudaDriverVersion)  # e.g. 12040 for 12.4
     driver = Driver(
-        driver_version=_text(_read(nv.nvmlSystemGetDriverVersion)),
+        driver_version=_text(nvml_read(nv.nvmlSystemGetDriverVersion)),
         cuda_driver_version=f"{cuda // 1000}.{(cuda % 1000) // 10}" if isinstance(cuda, int) else None,
         gpu_count=len(gpus),
     )
-    _read(nv.nvmlShutdown)
+    nvml_read(nv.nvmlShutdown)
     return True, tuple(gpus), driver
 
 

@@ -117,8 +117,8 @@ def memory_check(
     used = gpus[:nproc]
     short = [g for g in used if g.free_bytes is None or g.free_bytes < peak + headroom]
     free = [g.free_bytes for g in used if g.free_bytes is not None]
-    budget = min(free) - headroom if free else None
-    b = Budget("cuda", budget, nproc, source)
+    usable = min(free) - headroom if free else None
+    b = Budget("cuda", usable, nproc, source)
     each = ", ".join(
         f"GPU {g.index} {format_bytes(g.free_bytes) if g.free_bytes is not None else 'N/A'}" for g in used
     )

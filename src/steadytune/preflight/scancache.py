@@ -56,7 +56,8 @@ def _code() -> str:
 
 
 def scan_key(data: dict[str, Any], model: dict[str, Any]) -> str | None:
-    """The cache key of a scan of ``data`` (the config's ``data`` section) for ``model``; None: uncacheable."""
+    """The cache key of a scan of ``data`` (the config's ``data`` section) for ``model``; None:
+    uncacheable."""
     folder = Path(str(model.get("name_or_path", ""))).expanduser()
     if not folder.is_dir():
         return None

@@ -65,7 +65,8 @@ KNOWN_BAD: tuple[KnownBad, ...] = (
         "fsspec",
         "2023.10.0",
         None,
-        "datasets before 2.14.6 builds glob patterns that fsspec 2023.10 rejects: loading any data file fails "
+        "datasets before 2.14.6 builds glob patterns that fsspec 2023.10 rejects: loading any data file "
+        "fails "
         "with \"Invalid pattern: '**' can only be an entire path component\"",
         "pip install -U 'datasets>=2.14.6'",
     ),
@@ -285,7 +286,10 @@ def _driver_check(driver: Driver, torch_cuda: str | None) -> Check:
         return ok(f, "driver", f"driver {driver.driver_version}; torch is a CPU build")
     have = parse_version(driver.cuda_driver_version or "0")
     need = parse_version(torch_cuda)
-    text = f"driver {driver.driver_version} supports CUDA {driver.cuda_driver_version}; torch built for CUDA {torch_cuda}"
+    text = (
+        f"driver {driver.driver_version} supports CUDA {driver.cuda_driver_version}; torch built for "
+        f"CUDA {torch_cuda}"
+    )
     if have[:1] < need[:1]:
         return fail(
             f,

@@ -7,6 +7,7 @@ batch, so only one model is in memory at a time and each candidate's peak memory
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import logging
 import tempfile
@@ -255,7 +256,7 @@ def _load_base(cfg: SteadytuneConfig, path: str, dev: torch.device, quantize: st
     kwargs = model_kwargs(cfg, quantize, dtype)
     if quantize is not None and dev.type == "cuda":
         kwargs["device_map"] = {"": dev.index or 0}
-    model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    model: Any = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     if quantize is None:
         return model.to(dev)
     for module in model.modules():
@@ -361,7 +362,7 @@ def run_variants(
 
     on = trained_on or dtype
     ref = Variant("trained", f"adapter on {on} base (as trained)", lambda: adapter_on(trained_on))
-    out = []
+    out: list[Variant | Skipped] = []
     if trained_on is not None:
         out.append(Variant("fp-base", f"adapter on {dtype} base", lambda: adapter_on(None)))
     out.append(Variant("merged", f"merged into {dtype} base", merged))
@@ -375,7 +376,9 @@ def run_variants(
             out.append(Variant(kind, "merged, then fp8 (torchao)", lambda: _fp8(merged())))
         else:
             out.append(
-                Variant(kind, f"adapter on {_candidate_label(kind)} base", lambda k=kind: adapter_on(k))
+                Variant(
+                    kind, f"adapter on {_candidate_label(kind)} base", functools.partial(adapter_on, kind)
+                )
             )
     return ref, out, "merged"
 
@@ -387,8 +390,10 @@ def _notes(dev: torch.device, cfg: SteadytuneConfig, ref: Figures, flat: bool, v
     notes = []
     if flat:
         notes.append(
-            f"the reference's perplexity {ref.perplexity:.1f} is at least half the vocabulary size {vocab}: it "
-            "predicts little yet, so its top token wins by a hair and top-1 agreement flips on rounding; top-1 "
+            f"the reference's perplexity {ref.perplexity:.1f} is at least half the vocabulary size "
+            f"{vocab}: it "
+            "predicts little yet, so its top token wins by a hair and top-1 agreement flips on rounding; "
+            "top-1 "
             "is shown but not judged, the perplexity and KL limits decide"
         )
     if dev.type == "cpu":
@@ -408,11 +413,11 @@ def _report(
     candidates: list[Variant | Skipped],
     planned: str | None,
 ) -> QuantReport:
-    from steadytune.train.runner import load_tokenizer
+    from steadytune.train.data import load_tokenizer
 
     dev = device()
     limits = Thresholds.of(cfg.quant)
-    tok = load_tokenizer(cfg)
+    tok = load_tokenizer(cfg.model.name_or_path, cfg.model.trust_remote_code)
     batches, data, scored = eval_batches(cfg, tok)
     ref, done, skipped = evaluate(reference, candidates, batches, dev)
     flat = near_uniform(ref.perplexity, len(tok))

@@ -46,9 +46,10 @@ def to_json(report: QuantReport) -> dict[str, Any]:
     }
 
 
-def _size(n: int | None) -> str:
-    if n is None:
+def _size(size: int | None) -> str:
+    if size is None:
         return "-"
+    n = float(size)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if n < 1024 or unit == "TiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"

@@ -26,13 +26,13 @@ class NvmlSource(Nvml):
 
     def _processes(self, handle: Any) -> tuple[GpuProcess, ...]:
         nv = self._nv
-        procs = self._read(lambda: nv.nvmlDeviceGetComputeRunningProcesses(handle)) or []
+        procs = self._read(nv.nvmlDeviceGetComputeRunningProcesses, handle) or []
         out = []
         for p in procs:
             used = getattr(p, "usedGpuMemory", None)
             # NVML reports "not available" as None or as a huge sentinel, depending on the driver.
             ok = isinstance(used, int) and 0 <= used < (1 << 60)
-            out.append(GpuProcess(pid=int(p.pid), used_bytes=int(used) if ok else None))
+            out.append(GpuProcess(pid=int(p.pid), used_bytes=int(used) if ok and used is not None else None))
         return tuple(out)
 
     def __call__(self) -> tuple[GpuReading, ...]:
@@ -41,12 +41,12 @@ class NvmlSource(Nvml):
             return ()
         out = []
         for i in range(self._read(nv.nvmlDeviceGetCount) or 0):
-            h = self._read(lambda i=i: nv.nvmlDeviceGetHandleByIndex(i))
-            mem = self._read(lambda h=h: nv.nvmlDeviceGetMemoryInfo(h)) if h is not None else None
+            h = self._read(nv.nvmlDeviceGetHandleByIndex, i)
+            mem = self._read(nv.nvmlDeviceGetMemoryInfo, h) if h is not None else None
             if mem is None:
                 continue  # without memory figures a device cannot be admitted to
-            util = self._read(lambda h=h: nv.nvmlDeviceGetUtilizationRates(h))
-            name = self._read(lambda h=h: nv.nvmlDeviceGetName(h))
+            util = self._read(nv.nvmlDeviceGetUtilizationRates, h)
+            name = self._read(nv.nvmlDeviceGetName, h)
             out.append(
                 GpuReading(
                     index=i,

@@ -51,7 +51,8 @@ def need_from_config(config: Path, overrides: list[str], gpus: int) -> tuple[int
     peak = estimate_peak(arch, setup).peak_bytes
     return (
         peak,
-        f"estimated peak {format_bytes(peak)} per device ({setup.method}, batch {setup.batch}, seq {setup.seq})",
+        f"estimated peak {format_bytes(peak)} per device ({setup.method}, batch {setup.batch}, seq "
+        f"{setup.seq})",
     )
 
 

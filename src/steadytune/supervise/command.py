@@ -55,7 +55,8 @@ class CommandOptions:
     output_dir: Path | None = None
     resume_arg: str | None = None  # e.g. "--resume_from_checkpoint {checkpoint}"
     lr_arg: str | None = None  # e.g. "--learning_rate {lr}": how a rollback lowers the job's LR
-    fresh_arg: str | None = None  # appended on a restart from the start, for a tool that would resume by itself
+    # appended on a restart from the start, for a tool that would resume by itself
+    fresh_arg: str | None = None
     base_lr: float | None = None  # the job's configured LR, which a rollback scales
     inject: bool = False  # give the tool's HF Trainer the guard (records, NaN skip, control)
 
@@ -190,7 +191,7 @@ class CommandSource:
 
     def write_env(self, sources: list[Path]) -> None:
         """The supervisor's environment and the command's interpreter's (read before the command starts)."""
-        from steadytune.forensics.runenv import write_command_env
+        from steadytune.telemetry.runenv import write_command_env
 
         write_command_env(self.run, self.opts.command)
 

@@ -154,7 +154,11 @@ class LogAdapter:
             st = path.stat()
         except OSError:
             return
-        if self._log_reader is None or (st.st_ino, st.st_dev) != self._log_id or st.st_size < self._log_reader.offset:
+        if (
+            self._log_reader is None
+            or (st.st_ino, st.st_dev) != self._log_id
+            or st.st_size < self._log_reader.offset
+        ):
             # A fresh start (LLaMA-Factory's overwrite_output_dir) replaces the file: read it from the top.
             self._log_reader, self._log_id = JsonlReader(path), (st.st_ino, st.st_dev)
         for row in self._log_reader.dicts():
@@ -164,9 +168,8 @@ class LogAdapter:
                 for k, v in row.items()
                 if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "current_steps"
             }
-            values = {k: v for k, v in values.items() if v is not None}
             if isinstance(step, int):
-                self._from_log_file(step, values)
+                self._from_log_file(step, {k: v for k, v in values.items() if v is not None})
 
     def _from_log_file(self, step: int, values: dict[str, float]) -> None:
         """A trainer_log.jsonl row: recorded once the dict printed for its step has joined it.

@@ -26,7 +26,7 @@ from steadytune.protocol import WorkerEvent
 from steadytune.records import Event, PlanRevision, Record
 from steadytune.rundir import RunDir
 from steadytune.supervise.process import WorkerProcess
-from steadytune.supervise.restarts import replay_detector, resume_expectation
+from steadytune.supervise.restarts import replay_detector
 from steadytune.supervise.source import NativeSource
 
 if TYPE_CHECKING:
@@ -82,14 +82,17 @@ class RaySource(NativeSource):
 
 
 def failure_event(line: str) -> Event:
-    """One line of the failures file (``{"ts": .., "ranks": {rank: error}}``) as the event the supervisor files."""
+    """One line of the failures file (``{"ts": .., "ranks": {rank: error}}``) as the event the supervisor
+    files."""
     try:
         data = json.loads(line)
     except ValueError:
         data = {}
     ranks = data.get("ranks") if isinstance(data.get("ranks"), dict) else {}
     ts = data.get("ts") if isinstance(data.get("ts"), (int, float)) else time.time()
-    lost = ", ".join(f"rank {r}: {str(e).splitlines()[0][:160] if e else '?'}" for r, e in sorted(ranks.items()))
+    lost = ", ".join(
+        f"rank {r}: {str(e).splitlines()[0][:160] if e else '?'}" for r, e in sorted(ranks.items())
+    )
     return Event(
         ts=float(ts),
         kind="lifecycle",
@@ -114,7 +117,12 @@ def group_revision(plan: PlanRevision, data: dict[str, Any], current_attempt: in
         same_shape = not shape or plan.gradient_accumulation_steps == shape["gradient_accumulation_steps"]
         if world is None or (plan.world_size == world and same_shape):
             return None
-        return {"reason": "world_size", "world_size": world, **shape, "notes": f"Ray started {world} worker(s)"}
+        return {
+            "reason": "world_size",
+            "world_size": world,
+            **shape,
+            "notes": f"Ray started {world} worker(s)",
+        }
     resume = data.get("resume_checkpoint")
     before = data.get("previous_world_size")
     why = (
@@ -156,8 +164,10 @@ def on_worker_group_started(self: Supervisor, ev: Event, filed: Event | None) ->
     self.rewind_detection(resume)
     if changes.get("world_size"):  # the ranks a smaller group no longer has are forgotten, not stragglers
         step = checkpoint_step(Path(resume)) if resume else 0
-        self.detector = replay_detector(self.run, self.cfg.detect, step or 0, world_size=changes["world_size"])
+        self.detector = replay_detector(
+            self.run, self.cfg.detect, step or 0, world_size=changes["world_size"]
+        )
     self.last_heartbeat = {0: self.clock()}
     self.worker_phase, self.phase_since = "setup", self.clock()
     self.attempt_stepped = False
-    self._expect = resume_expectation(Path(resume)) if resume else None
+    self.resumes.expect(Path(resume) if resume else None)

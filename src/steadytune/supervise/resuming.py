@@ -89,7 +89,8 @@ class Resumes:
             )
 
     def nonfinite_end(self, info: ExitInfo) -> Anomaly | None:
-        """The open NaN/Inf anomaly a completed attempt ended with, where no guard kept it from the weights."""
+        """The open NaN/Inf anomaly a completed attempt ended with, where no guard kept it from the
+        weights."""
         if info.status != "completed" or SKIP_STEP in self.sup.source.abilities:
             return None
         for a in self.sup.detector.open_anomalies():
@@ -161,10 +162,10 @@ class Resumes:
             self.rollback_resumes.append(target)
             self.abandon_after(target)
             if target in verified and changes is not None:
-                resume = verified[target]
+                target_dir = verified[target]
                 if changes.get("lr_scale") not in (None, self.sup.plan.lr_scale):
-                    resume = self.sup.source.resume_copy(resume)
-                changes["resume_checkpoint"] = str(resume)
+                    target_dir = self.sup.source.resume_copy(target_dir)
+                changes["resume_checkpoint"] = str(target_dir)
             if LR not in self.sup.source.abilities:
                 why += "; the LR is unchanged (give --lr-arg and --base-lr, or --preset, to lower it)"
         return changes, kind, why
@@ -175,7 +176,6 @@ class Resumes:
         for path in self.sup.source.checkpoints():
             if (checkpoint_step(path) or 0) > target:
                 self._abandoned[path] = _saved_at(path)
-
 
 def _saved_at(checkpoint: Path) -> int:
     """When a checkpoint was last written (its trainer state, else the folder): a re-save changes it."""

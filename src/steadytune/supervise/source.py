@@ -94,7 +94,7 @@ class NativeSource:
 
     def __init__(self, run: RunDir, nproc_per_node: int = 1, env: dict[str, str] | None = None) -> None:
         self.run, self.nproc, self.env = run, nproc_per_node, dict(env or {})
-        self.checkpoint_root = run.checkpoints
+        self.checkpoint_root: Path | None = run.checkpoints
 
     def start(self, plan: PlanRevision, log_path: Path) -> WorkerProcess:
         clean_staging(self.run.staging)
@@ -108,7 +108,7 @@ class NativeSource:
         nproc = plan.nproc_per_node or self.nproc
         return WorkerProcess(worker_command(self.run.root, nproc), log_path, env=env)
 
-    def poll(self) -> None:
+    def poll(self) -> Iterable[Record] | None:
         return None
 
     def settle(self) -> None:
@@ -147,6 +147,6 @@ class NativeSource:
         return f"{sys.executable} -m steadytune.train.worker"
 
     def write_env(self, sources: list[Path]) -> None:
-        from steadytune.forensics.runenv import write_run_env
+        from steadytune.telemetry.runenv import write_run_env
 
         write_run_env(self.run, sources)  # the worker adds torch's readings (same interpreter)

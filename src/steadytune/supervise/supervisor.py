@@ -26,7 +26,6 @@ from steadytune.checkpoint.store import read_pointer, write_pointer
 from steadytune.config.load import dump_config
 from steadytune.config.schema import SteadytuneConfig
 from steadytune.detect.live import LiveDetector, Transition, format_transition
-from steadytune.forensics.runenv import config_sources
 from steadytune.policy.engine import Action, Policy
 from steadytune.policy.plan import smaller_microbatch
 from steadytune.policy.restart import Decision, ExitInfo, decide
@@ -47,7 +46,6 @@ from steadytune.rundir import RunDir, atomic_write_text
 from steadytune.supervise.inprocess import InProcessRollbacks
 from steadytune.supervise.logparse import last_exception, last_lines
 from steadytune.supervise.process import ProcessTree, WorkerProcess
-from steadytune.supervise.progress import RunProgress, progress_line
 from steadytune.supervise.ray_source import on_worker_group_failed, on_worker_group_started
 from steadytune.supervise.restarts import (
     anomaly_event_data,
@@ -58,6 +56,8 @@ from steadytune.supervise.resuming import Resumes
 from steadytune.supervise.scaling import SCALE_ACTIONS, Autoscaler
 from steadytune.supervise.source import CONTROL, DATA, PLAN, SKIP_STEP, NativeSource, WorkerSource
 from steadytune.telemetry.events import EventLog
+from steadytune.telemetry.progress import RunProgress, progress_line
+from steadytune.telemetry.runenv import config_sources
 from steadytune.telemetry.sampler import SystemSampler
 from steadytune.telemetry.snapshot import sampler_from_env
 from steadytune.telemetry.stream import JsonlTailer, JsonlWriter

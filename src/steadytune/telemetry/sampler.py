@@ -17,6 +17,14 @@ import psutil
 from steadytune.records import GpuSample, SystemSample
 
 
+def nvml_read(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``, or None when it raises: one unsupported reading (power on some boards) is N/A."""
+    try:
+        return fn(*args)
+    except Exception:
+        return None
+
+
 class Nvml:
     """A thin, failure-tolerant view of NVML (package ``nvidia-ml-py``)."""
 
@@ -34,11 +42,7 @@ class Nvml:
     def available(self) -> bool:
         return self._nv is not None
 
-    def _read(self, fn: Callable[[], Any]) -> Any:
-        try:
-            return fn()
-        except Exception:
-            return None
+    _read = staticmethod(nvml_read)
 
     def sample(self) -> tuple[GpuSample, ...]:
         nv = self._nv
@@ -47,18 +51,17 @@ class Nvml:
         count = self._read(nv.nvmlDeviceGetCount) or 0
         out = []
         for i in range(count):
-            h = self._read(lambda i=i: nv.nvmlDeviceGetHandleByIndex(i))
+            h = self._read(nv.nvmlDeviceGetHandleByIndex, i)
             if h is None:
                 continue
-            mem = self._read(lambda h=h: nv.nvmlDeviceGetMemoryInfo(h))
-            util = self._read(lambda h=h: nv.nvmlDeviceGetUtilizationRates(h))
-            name = self._read(lambda h=h: nv.nvmlDeviceGetName(h))
-            power = self._read(lambda h=h: nv.nvmlDeviceGetPowerUsage(h))
+            mem = self._read(nv.nvmlDeviceGetMemoryInfo, h)
+            util = self._read(nv.nvmlDeviceGetUtilizationRates, h)
+            name = self._read(nv.nvmlDeviceGetName, h)
+            power = self._read(nv.nvmlDeviceGetPowerUsage, h)
             ecc = self._read(
-                lambda h=h: nv.nvmlDeviceGetTotalEccErrors(
-                    h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC
-                )
+                nv.nvmlDeviceGetTotalEccErrors, h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC
             )
+            temp = self._read(nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU)
             out.append(
                 GpuSample(
                     index=i,
@@ -66,9 +69,7 @@ class Nvml:
                     util_ratio=util.gpu / 100.0 if util is not None else None,
                     mem_used_bytes=int(mem.used) if mem is not None else None,
                     mem_total_bytes=int(mem.total) if mem is not None else None,
-                    temperature_c=self._read(
-                        lambda h=h: float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU))
-                    ),
+                    temperature_c=float(temp) if temp is not None else None,
                     power_w=power / 1000.0 if power is not None else None,
                     ecc_errors=int(ecc) if ecc is not None else None,
                 )
@@ -105,6 +106,8 @@ class SystemSampler:
 
     def sample(self, worker_pid: int | None = None) -> SystemSample:
         vm = psutil.virtual_memory()
+        free: int | None
+        total: int | None
         try:
             du = shutil.disk_usage(self.disk_path)
             free, total = du.free, du.total

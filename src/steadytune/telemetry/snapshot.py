@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from steadytune.records import GpuSample, SystemSample
-from steadytune.telemetry.sampler import SystemSampler
+from steadytune.telemetry.sampler import Nvml, SystemSampler
 
 ENV = "STEADYTUNE_SYSTEM_SNAPSHOT"
 _GPU_FIELDS = {f.name for f in dataclasses.fields(GpuSample)}
@@ -67,11 +67,11 @@ class SnapshotSampler(SystemSampler):
         return dataclasses.replace(real, cpu_ratio=cpu, gpus=gpus)
 
 
-class _NoGpus:
-    """The real GPUs are not read: the file stands for them."""
+class _NoGpus(Nvml):
+    """The real GPUs are not read: the file stands for them (an NVML view that found none)."""
 
-    def sample(self) -> tuple[GpuSample, ...]:
-        return ()
+    def __init__(self) -> None:
+        self._nv = None
 
 
 def sampler_from_env(

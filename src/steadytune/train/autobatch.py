@@ -32,7 +32,7 @@ from steadytune.estimate import (
     max_micro_batch,
     parse_bytes,
 )
-from steadytune.preflight.recommend import auto_effective_batch, divisors
+from steadytune.estimate.batch import auto_effective_batch, divisors
 from steadytune.protocol import WorkerEvent
 
 HEADROOM_BYTES = 1 << 30
@@ -179,7 +179,8 @@ def choose(
             f"{p.batch}: {format_bytes(p.peak_bytes) if p.peak_bytes else 'OOM'}" for p in probes
         )
         raise AutoBatchError(
-            f"per_device_train_batch_size: auto found no micro-batch that fits {format_bytes(cap)} at seq {setup.seq} "
+            f"per_device_train_batch_size: auto found no micro-batch that fits {format_bytes(cap)} at "
+            f"seq {setup.seq} "
             f"({tried or 'estimate'}); turn on train.gradient_checkpointing, lower data.max_seq_length, use "
             "LoRA/QLoRA, or raise the cap"
         )
@@ -214,8 +215,7 @@ def longest_sample(cfg: Any) -> int:
     """Tokens in the longest training sample after truncation (the tokenized-data cache is reused)."""
     import pyarrow.compute as pc
 
-    from steadytune.preflight.datascan import load_tokenizer
-    from steadytune.train.data import DataSpec, build_dataset
+    from steadytune.train.data import DataSpec, build_dataset, load_tokenizer
 
     d = cfg.data
     tok = load_tokenizer(cfg.model.name_or_path, cfg.model.trust_remote_code)

@@ -54,7 +54,8 @@ def load_rows(path: str | Path) -> list[dict[str, Any]]:
                         rows.append(json.loads(line))
                     except ValueError as exc:
                         raise DataError(
-                            f"{path}:{n}: not valid JSON ({exc.msg}); fix or remove that line"
+                            f"{path}:{n}: not valid JSON ({getattr(exc, 'msg', exc)}); "
+                            "fix or remove that line"
                         ) from None
         return rows
     if suffix == ".json":
@@ -141,6 +142,16 @@ def encode_row(tok: Any, row: dict[str, Any], fmt: str, spec: DataSpec) -> dict[
     raise DataError(f"unknown data format {fmt!r}")
 
 
+def load_tokenizer(name_or_path: str, trust_remote_code: bool = False) -> Any:
+    """The tokenizer exactly as the runner prepares it (the pad token is part of the cache key)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
 def tokenizer_fingerprint(tok: Any) -> str:
     vocab = json.dumps(sorted(tok.get_vocab().items()))
     extra = json.dumps(
@@ -201,7 +212,7 @@ def build_dataset(tok: Any, spec: DataSpec, cache: bool = True) -> Any:
             shutil.rmtree(target, ignore_errors=True)  # a damaged cache entry is rebuilt, never trusted
     encoded = []
     for i, row in enumerate(rows):
-        enc = encode_row(tok, row, fmt, spec)
+        enc: dict[str, Any] = encode_row(tok, row, fmt, spec)
         enc[SAMPLE_ID] = i
         enc[SAMPLE_HASH] = _hash_ids(enc["input_ids"])
         encoded.append(enc)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainerCallback, TrainingArguments
+from transformers import AutoModelForCausalLM, Trainer, TrainerCallback, TrainingArguments
 
 from steadytune.config.schema import SteadytuneConfig
 from steadytune.guard.core import Guard
@@ -24,7 +24,14 @@ from steadytune.layerwise import groups_of
 from steadytune.policy.restart import is_oom_message
 from steadytune.protocol import WorkerEvent
 from steadytune.records import PlanRevision
-from steadytune.train.data import IGNORE_INDEX, SAMPLE_HASH, SAMPLE_ID, DataSpec, build_dataset
+from steadytune.train.data import (
+    IGNORE_INDEX,
+    SAMPLE_HASH,
+    SAMPLE_ID,
+    DataSpec,
+    build_dataset,
+    load_tokenizer,
+)
 from steadytune.train.optim import LrPlan, group_summary, param_groups
 from steadytune.train.sampling import SkipSampler
 
@@ -109,7 +116,7 @@ class GuardedTrainer(Trainer):
         """The HF optimizer, with one param group per configured LR group when there are any."""
         plan = self.st_lr_plan
         if self.optimizer is None and plan is not None and plan.grouped:
-            opt_model = self.model if model is None else model
+            opt_model: Any = self.model if model is None else model
             cls, kwargs = self.get_optimizer_cls_and_kwargs(self.args, opt_model)
             if {"params", "model", "optimizer_dict"} & set(kwargs):
                 raise ValueError(
@@ -134,7 +141,7 @@ class GuardedTrainer(Trainer):
     def compute_loss(
         self, model: Any, inputs: dict[str, Any], return_outputs: bool = False, num_items_in_batch: Any = None
     ) -> Any:
-        out = super().compute_loss(
+        out: Any = super().compute_loss(
             model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
         )
         if self.st_faults.poison(self.state.global_step + 1, self.st_guard.attempt):
@@ -177,6 +184,7 @@ class GuardedTrainer(Trainer):
                 loss_sum = part if loss_sum is None else loss_sum + part
         finally:
             self.current_gradient_accumulation_steps = saved_ga
+        assert loss_sum is not None  # a batch splits into at least one chunk
         return loss_sum
 
     def training_step(
@@ -257,13 +265,6 @@ class OptimizerGroupsReport(TrainerCallback):
         )
 
 
-def load_tokenizer(cfg: SteadytuneConfig) -> Any:
-    tok = AutoTokenizer.from_pretrained(cfg.model.name_or_path, trust_remote_code=cfg.model.trust_remote_code)
-    if tok.pad_token_id is None:
-        tok.pad_token = tok.eos_token
-    return tok
-
-
 def quantization_config(cfg: SteadytuneConfig, kind: str) -> Any:
     """The bitsandbytes loading config of one quantization: int8, or 4-bit nf4/fp4 with the
     config's double-quant and compute dtype (``quantization:``)."""
@@ -311,7 +312,7 @@ def load_model(cfg: SteadytuneConfig, gradient_checkpointing: bool) -> Any:
     lora = cfg.lora
     peft_cfg = LoraConfig(
         r=lora.r,
-        lora_alpha=lora.lora_alpha,
+        lora_alpha=lora.lora_alpha,  # type: ignore[arg-type]  # PEFT scales by alpha / r: a float works
         lora_dropout=lora.lora_dropout,
         target_modules=lora.target_modules,
         bias=lora.bias,
@@ -386,7 +387,7 @@ def build_trainer(
     faults: Faults | None = None,
     max_split: int = 16,
 ) -> GuardedTrainer:
-    tok = load_tokenizer(cfg)
+    tok = load_tokenizer(cfg.model.name_or_path, cfg.model.trust_remote_code)
     spec = DataSpec(
         cfg.data.train_file,
         cfg.data.format,
@@ -409,7 +410,7 @@ def build_trainer(
         eval_ds = build_dataset(tok, eval_spec)
     skip = {i for a, b in plan.skip_ranges for i in range(a, b + 1)}
     args = training_arguments(cfg, plan, staging, eval_ds is not None)
-    model = load_model(cfg, args.gradient_checkpointing)
+    model = load_model(cfg, bool(args.gradient_checkpointing))
     groups = lr_plan(cfg, plan, args.learning_rate)
     if groups.grouped:
         callbacks = [*callbacks, OptimizerGroupsReport(guard)]

@@ -80,7 +80,7 @@ def train_attempt(
     try:
         if announce is not None:
             announce(guard)
-        from steadytune.forensics.runenv import add_worker_details
+        from steadytune.telemetry.runenv import add_worker_details
 
         add_worker_details(run, rank, plan.attempt)  # torch's readings into env.json (docs/run-directory.md)
         from steadytune.guard.checkpoints import CheckpointKeeper

@@ -2,8 +2,8 @@
 
 Each cell is one layer at one recording (every 50 steps): its gradient norm,
 share of exact zeros and a state judged with the thresholds and rules of
-:func:`steadytune.forensics.gradflow.check_layers`, so the page marks exactly
-the layers the detector reports: dead (mostly exact zeros, embeddings aside),
+:func:`steadytune.detect.gradflow.layer_state`, the detector's own rule, so the
+page marks exactly the layers the detector reports: dead (mostly exact zeros, embeddings aside),
 vanishing (norm below 1e-3) and exploding (above 1e2, or not finite).
 
 A long run is reduced to at most ``points`` columns of consecutive recordings;
@@ -17,8 +17,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from steadytune.forensics.gradflow import EXPLODE_NORM, VANISH_NORM, ZERO_FRAC
-from steadytune.forensics.layers import EMBEDDINGS
+from steadytune.detect.gradflow import EXPLODE_NORM, VANISH_NORM, ZERO_FRAC, layer_state
+from steadytune.records import nonfinite_text
 from steadytune.telemetry.store import GradFlow
 
 OK, VANISHING, DEAD, EXPLODING = 0, 1, 2, 3
@@ -30,20 +30,11 @@ def cell_state(layer: str, norm: float | None, zero_frac: float | None) -> int |
     """The state code of one layer at one step; ``None`` when its norm is unknown."""
     if norm is None:
         return None
-    if not math.isfinite(norm) or norm > EXPLODE_NORM:
-        return EXPLODING
-    if norm < VANISH_NORM:
-        return VANISHING
-    if zero_frac is not None and zero_frac > ZERO_FRAC and layer != EMBEDDINGS:
-        # Only the rows of the batch's tokens get a gradient: a sparse embedding gradient is normal.
-        return DEAD
-    return OK
+    return STATES.index(layer_state(layer, norm, zero_frac))
 
 
 def _norm_json(v: float | None) -> float | str | None:
-    if v is None or math.isfinite(v):
-        return v
-    return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
+    return None if v is None else nonfinite_text(v)
 
 
 def _severity(norm: float | None) -> float:
@@ -81,7 +72,7 @@ def _column(bucket: Sequence[GradFlow], layers: list[str]) -> dict[str, Any]:
         if worst == OK:
             # Healthy throughout: the geometric mean, the middle of a log colour scale.
             logs = [math.log10(c[0]) for c in known if c[0]]  # OK implies a finite norm >= 1e-3
-            norm: float | None = 10 ** (sum(logs) / len(logs))
+            norm = 10 ** (sum(logs) / len(logs))
             zfs = [c[1] for c in known if c[1] is not None]
             zf = sum(zfs) / len(zfs) if zfs else None
         else:

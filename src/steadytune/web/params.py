@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
+from email.message import Message
 
 # The largest integer a query may carry: within SQLite's INTEGER and exact as a float.
 MAX_INT = 2**53
@@ -56,7 +57,7 @@ def query_int(
     return max(lo, min(int(value), hi))
 
 
-def content_length(headers: Mapping[str, str]) -> int:
+def content_length(headers: Mapping[str, str] | Message) -> int:
     """The request's ``Content-Length`` (0 when absent); only plain decimal digits are accepted."""
     raw = headers.get("Content-Length")
     if raw is None:

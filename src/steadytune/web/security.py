@@ -9,10 +9,11 @@ import re
 import socket
 import urllib.parse
 from collections.abc import Iterable, Mapping
+from email.message import Message
 from pathlib import Path
 
+from steadytune.config.dashboard import DEFAULT_TOKEN_ENV
 from steadytune.secretfile import InsecureSecretFile, read_secret_file
-from steadytune.web.config import DEFAULT_TOKEN_ENV
 
 TOKEN_HEADER = "X-Steadytune-Token"
 MIN_TOKEN_LEN = 16
@@ -77,7 +78,8 @@ def check_bind(
     if token is not None and len(token) < MIN_TOKEN_LEN:
         raise BindRefused(
             f"the dashboard token is {len(token)} characters; use at least {MIN_TOKEN_LEN} "
-            "(e.g. `export STEADYTUNE_DASHBOARD_TOKEN=$(python -c 'import secrets; print(secrets.token_urlsafe(24))')`)"
+            "(e.g. `export STEADYTUNE_DASHBOARD_TOKEN=$(python -c 'import secrets; "
+            "print(secrets.token_urlsafe(24))')`)"
         )
     if exposed is None:
         exposed = reads_need_token(host, public_url)
@@ -85,7 +87,8 @@ def check_bind(
         return
     if is_loopback(host) and public_url:
         raise BindRefused(
-            f"refusing to serve the dashboard at public_url {public_url}: behind a proxy it is reachable from "
+            f"refusing to serve the dashboard at public_url {public_url}: behind a proxy it is reachable "
+            f"from "
             f"other machines, and no token is set. Set {DEFAULT_TOKEN_ENV} (or dashboard.token_file), "
             "or remove public_url and use an SSH tunnel."
         )
@@ -103,7 +106,7 @@ def token_ok(expected: str | None, given: str | None) -> bool:
     return hmac.compare_digest(expected.encode("utf-8"), given.encode("utf-8"))
 
 
-def bearer(headers: Mapping[str, str]) -> str | None:
+def bearer(headers: Mapping[str, str] | Message) -> str | None:
     """The token from ``X-Steadytune-Token`` or ``Authorization: Bearer``; cookies are never read."""
     value = headers.get(TOKEN_HEADER)
     if value:
@@ -118,7 +121,8 @@ _HOST_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,62}(\.[A-Za-z0-9_][A-Za-z
 
 
 def split_host(host_header: str | None) -> str | None:
-    """The name of a ``Host`` header (``name``, ``name:port``, ``[v6]:port``), lower case; None if malformed."""
+    """The name of a ``Host`` header (``name``, ``name:port``, ``[v6]:port``), lower case; None if
+    malformed."""
     if not host_header or len(host_header) > 300:
         return None
     value = host_header.strip()

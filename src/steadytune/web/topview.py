@@ -7,7 +7,6 @@ reading that is unavailable is shown as N/A, never raised.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from rich.text import Text
 
 from steadytune.rundir import RunDir, valid_run_id
 from steadytune.telemetry.jsonl import tail_dicts
+from steadytune.telemetry.sampler import nvml_read
 from steadytune.web.downsample import sparkline
 from steadytune.web.runs import looks_like_run, read_json
 
@@ -47,20 +47,14 @@ class RunRow:
     losses: list[float] = field(default_factory=list)
 
 
-def _nvml_value(fn: Callable[[], Any]) -> Any:
-    try:
-        return fn()
-    except Exception:  # one unsupported reading (power on some boards) is N/A, not an error
-        return None
-
-
 def read_gpus(nvml: Any = None) -> list[GpuRow] | None:
     """Every GPU via NVML; ``None`` when NVML (nvidia-ml-py or the driver) is absent."""
     if nvml is None:
         try:
-            import pynvml as nvml  # lazily: optional extra `steadytune[gpu]`
+            import pynvml  # lazily: optional extra `steadytune[gpu]`
         except ImportError:
             return None
+        nvml = pynvml
     try:
         nvml.nvmlInit()
     except Exception:
@@ -69,11 +63,11 @@ def read_gpus(nvml: Any = None) -> list[GpuRow] | None:
     try:
         for i in range(nvml.nvmlDeviceGetCount()):
             h = nvml.nvmlDeviceGetHandleByIndex(i)
-            name = _nvml_value(lambda h=h: nvml.nvmlDeviceGetName(h))
-            mem = _nvml_value(lambda h=h: nvml.nvmlDeviceGetMemoryInfo(h))
-            util = _nvml_value(lambda h=h: nvml.nvmlDeviceGetUtilizationRates(h))
-            temp = _nvml_value(lambda h=h: nvml.nvmlDeviceGetTemperature(h, 0))
-            power = _nvml_value(lambda h=h: nvml.nvmlDeviceGetPowerUsage(h))
+            name = nvml_read(nvml.nvmlDeviceGetName, h)
+            mem = nvml_read(nvml.nvmlDeviceGetMemoryInfo, h)
+            util = nvml_read(nvml.nvmlDeviceGetUtilizationRates, h)
+            temp = nvml_read(nvml.nvmlDeviceGetTemperature, h, 0)
+            power = nvml_read(nvml.nvmlDeviceGetPowerUsage, h)
             rows.append(
                 GpuRow(
                     index=i,
@@ -86,15 +80,21 @@ def read_gpus(nvml: Any = None) -> list[GpuRow] | None:
                 )
             )
     finally:
-        _nvml_value(nvml.nvmlShutdown)
+        nvml_read(nvml.nvmlShutdown)
     return rows
 
 
 def read_run(root: Path) -> RunRow:
     run = RunDir(root)
     status = read_json(run.status) or {}
-    row = RunRow(run_id=run.run_id, state=status.get("state") or "unknown", step=status.get("step"),
-                 max_steps=status.get("max_steps"), loss=status.get("loss"), tokens_per_s=status.get("tokens_per_s"))  # fmt: skip
+    row = RunRow(
+        run_id=run.run_id,
+        state=status.get("state") or "unknown",
+        step=status.get("step"),
+        max_steps=status.get("max_steps"),
+        loss=status.get("loss"),
+        tokens_per_s=status.get("tokens_per_s"),
+    )
     files = run.telemetry_files()
     steps = [d for d in tail_dicts(files[0]) if d.get("type") == "step"] if files else []
     if steps:
@@ -154,10 +154,14 @@ def frame(gpus: list[GpuRow] | None, runs: list[RunRow], runs_dir: Path) -> Grou
     for run in runs:
         step = NA if run.step is None else (f"{run.step}/{run.max_steps}" if run.max_steps else str(run.step))
         r.add_row(
-            run.run_id, Text(run.state, style=colors.get(run.state, "dim")), step, _fmt(run.loss, ".4f"),
-            _fmt(run.tokens_per_s, ",.0f"), Text(run.anomaly or "–", style="yellow" if run.anomaly else "dim"),
+            run.run_id,
+            Text(run.state, style=colors.get(run.state, "dim")),
+            step,
+            _fmt(run.loss, ".4f"),
+            _fmt(run.tokens_per_s, ",.0f"),
+            Text(run.anomaly or "–", style="yellow" if run.anomaly else "dim"),
             sparkline(run.losses, 20),
-        )  # fmt: skip
+        )
     if not runs:
         r.add_row("(no runs)", "", "", "", "", "", "")
     return Group(g, r, Text("q or Ctrl-C to quit", style="dim"))

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from steadytune.alerts.config import AlertsConfig
 from steadytune.alerts.message import alert_from_event, discord_payload, slack_payload
 from steadytune.alerts.secrets import Redactor, SecretError, redact_url, resolve_secret
 from steadytune.alerts.sinks import (
@@ -20,6 +19,7 @@ from steadytune.alerts.sinks import (
     JsonlAlertSink,
     build_sinks,
 )
+from steadytune.config.alerts import AlertsConfig
 from steadytune.records import Event
 
 HOOK = "https://hooks.slack.com/services/T0/B0/abcdefSECRET"

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from steadytune.alerts.config import AlertsConfig
 from steadytune.alerts.message import Alert
 from steadytune.alerts.router import AlertRouter, lifecycle_phase
 from steadytune.alerts.sinks import DeliveryError
+from steadytune.config.alerts import AlertsConfig
 from steadytune.records import Event
 from steadytune.telemetry.events import EventLog, read_events
 

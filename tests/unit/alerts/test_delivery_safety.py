@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from steadytune.alerts.config import AlertsConfig
 from steadytune.alerts.message import test_alert as make_test_alert
 from steadytune.alerts.router import AlertRouter
 from steadytune.alerts.secrets import Redactor, SecretError
 from steadytune.alerts.sinks import DeliveryError, build_sinks
+from steadytune.config.alerts import AlertsConfig
 from steadytune.records import Event
 from steadytune.telemetry.events import EventLog, read_events
 

@@ -47,7 +47,8 @@ def test_the_check_stays_torch_free(tmp_path: Path) -> None:
     code = (
         f"import os\nos.chdir({str(tmp_path)!r})\nos.environ['STEADYTUNE_CACHE'] = {str(tmp_path)!r}\n"
         "from steadytune.cli.main import main\n"
-        f"assert main(['check', {EXAMPLE!r}, '--device-memory', '80GiB', '--no-data', '--format', 'json']) == 0\n"
+        f"assert main(['check', {EXAMPLE!r}, '--device-memory', '80GiB', '--no-data', '--format', "
+        f"'json']) == 0\n"
         f"assert main(['check', {EXAMPLE!r}, '--device-memory', '24GiB', '--no-data']) == 1\n"
     )
     assert fresh_imports(code) == []

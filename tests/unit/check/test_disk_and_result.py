@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from steadytune.detect.config import DetectConfig
+from steadytune.config.detect import DetectConfig
 from steadytune.detect.system import SystemWatch
 from steadytune.preflight.disk import projected_need, run_disk_need
 from steadytune.preflight.result import Check, PreflightReport, Recommendation, from_json, to_json

@@ -8,9 +8,9 @@ import json
 from pathlib import Path
 
 from steadytune.config.load import dump_config
-from steadytune.forensics.runenv import run_env, write_env
 from steadytune.preflight.envdrift import environment_check
 from steadytune.rundir import RunDir
+from steadytune.telemetry.runenv import run_env, write_env
 
 from .conftest import make_config
 

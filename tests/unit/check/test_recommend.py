@@ -7,13 +7,13 @@ import dataclasses
 import pytest
 
 from steadytune.estimate import TrainSetup, estimate_peak, load_architecture
-from steadytune.preflight.recommend import (
+from steadytune.estimate.batch import (
     AUTO_MICRO_BATCH_LIMIT,
     auto_effective_batch,
     divisors,
     largest_divisor_at_most,
-    recommend,
 )
+from steadytune.preflight.recommend import recommend
 
 from .conftest import GiB
 
@@ -60,10 +60,15 @@ def test_effective_batch_is_kept_and_the_shape_fits(memory: int) -> None:
         assert "not even one token fits" in rec.notes[-1]
         return
     batch, accum, ckpt = expected
-    assert (rec.per_device_train_batch_size, rec.gradient_accumulation_steps, rec.gradient_checkpointing) == expected
+    assert (
+        rec.per_device_train_batch_size,
+        rec.gradient_accumulation_steps,
+        rec.gradient_checkpointing,
+    ) == expected
     assert rec.max_seq_length == 2048 and batch * accum == 16
     assert rec.peak_bytes == peak(batch, ckpt=ckpt) <= budget
-    # The largest that fits: the next divisor of 16 does not, and checkpointing only when nothing fits without.
+    # The largest that fits: the next divisor of 16 does not, and checkpointing only when nothing fits
+    # without.
     bigger = [d for d in (1, 2, 4, 8, 16) if d > batch]
     assert not bigger or peak(bigger[0], ckpt=ckpt) > budget
     assert not ckpt or peak(1) > budget

@@ -128,7 +128,8 @@ def test_declared_conflicts_reads_requirements_without_extras() -> None:
 
 def test_readers_work_on_this_environment_without_importing_torch() -> None:
     code = (
-        "from steadytune.preflight.versions import installed_versions, torch_cuda_build, transformers_minimums\n"
+        "from steadytune.preflight.versions import installed_versions, torch_cuda_build, "
+        "transformers_minimums\n"
         "versions = installed_versions()\n"
         "assert versions['numpy']\n"
         "torch_cuda_build()\n"

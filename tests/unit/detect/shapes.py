@@ -164,7 +164,8 @@ def staircase(
 def epoch_sawtooth(
     n: int, scale: float, noise: float, seed: int, epochs: int, rise: float = 1.5, per_epoch: float = 0.9
 ) -> tuple[list[float], list[float]]:
-    """Data in a fixed order: the loss falls ``rise`` times through each epoch and jumps back up at the boundary.
+    """Data in a fixed order: the loss falls ``rise`` times through each epoch and jumps back up at the
+    boundary.
 
     Each epoch starts ``per_epoch`` times lower than the one before. Returns the
     losses and the epoch of each point.

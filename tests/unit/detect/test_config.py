@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from steadytune.detect import DetectConfig
-from steadytune.detect.kinds import ALL_KINDS, KINDS
+from steadytune.kinds import ALL_KINDS, KINDS
 
 
 def test_defaults_and_nested_override() -> None:

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
+from steadytune.config.detect import DetectConfig, PaceConfig
 from steadytune.detect import LiveDetector
-from steadytune.detect.config import DetectConfig, PaceConfig
 from steadytune.records import StepRecord
 from tests.unit.detect.helpers import feed, kinds, noisy, raised, records
 

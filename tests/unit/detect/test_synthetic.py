@@ -45,7 +45,8 @@ EVALS = frozenset({"overfitting"})
 
 
 def need(kind: str, run) -> int:
-    """Units after the injection before the rule can raise by definition (its window); 0 for one-point rules."""
+    """Units after the injection before the rule can raise by definition (its window); 0 for one-point
+    rules."""
     c = DetectConfig()
     if kind == "plateau":
         # Flat from the first point: judged plateau_min_points after the warm-up, and not before min_steps.

@@ -1,4 +1,5 @@
-"""`drill --supervise --inject`: the faults done inside the tool's HF Trainer, and what recovery means there."""
+"""`drill --supervise --inject`: the faults done inside the tool's HF Trainer, and what recovery means
+there."""
 
 from __future__ import annotations
 
@@ -55,7 +56,11 @@ def test_the_supervise_line_asks_for_injection() -> None:
     args = build_parser("supervise").parse_args(argv[3:])
     assert args.inject and args.cmd[-2:] == ["py", "t.py"]
     plain = SuperviseLine(LINE.resume_arg, LINE.lr_arg, 8.0, python="py")
-    assert not build_parser("supervise").parse_args(supervise_argv(plain, ["t.py"], Path("/o"), Path("/r"), "k")[3:]).inject  # fmt: skip
+    assert (
+        not build_parser("supervise")
+        .parse_args(supervise_argv(plain, ["t.py"], Path("/o"), Path("/r"), "k")[3:])
+        .inject
+    )
 
 
 @pytest.mark.parametrize(
@@ -158,9 +163,14 @@ def test_a_spike_is_recovered_only_when_the_optimizer_trained_at_the_lowered_lr(
         path = tmp_path / str(len(list(tmp_path.iterdir())))
         path.mkdir()
         ck = "/o/checkpoint-30"
-        return _run(path, [(None, 1.0, BEFORE), (ck, 0.5, after)],
-                    [("lifecycle", "worker_started", 0, _cmd()),
-                     ("lifecycle", "worker_started", 32, _cmd("--resume_from_checkpoint", ck, *tail))])  # fmt: skip
+        return _run(
+            path,
+            [(None, 1.0, BEFORE), (ck, 0.5, after)],
+            [
+                ("lifecycle", "worker_started", 0, _cmd()),
+                ("lifecycle", "worker_started", 32, _cmd("--resume_from_checkpoint", ck, *tail)),
+            ],
+        )
 
     lowered = spike_run({31: 2.5e-4, 32: 2.25e-4}, "--learning_rate", "0.001")
     assert external.lr_lowered(SPIKE, _outcome(lowered))
@@ -177,11 +187,17 @@ def test_a_spike_is_recovered_only_when_the_optimizer_trained_at_the_lowered_lr(
 def test_an_injected_sigterm_must_leave_a_checkpoint_of_the_step_it_stopped_on(tmp_path: Path) -> None:
     spec = external.catalogue(10, inject=True)["sigterm"]
     stopped = {"state": "stopped", "returncode": 128 + signal.SIGTERM, "fault_ts": 1.0}
-    saved = _run(tmp_path / "a", [(None, 1.0, {25: 1e-3, 26: 1e-3})],
-                 [("lifecycle", "checkpoint_saved", 26, {}), ("lifecycle", "run_stopped", 26, {})])  # fmt: skip
+    saved = _run(
+        tmp_path / "a",
+        [(None, 1.0, {25: 1e-3, 26: 1e-3})],
+        [("lifecycle", "checkpoint_saved", 26, {}), ("lifecycle", "run_stopped", 26, {})],
+    )
     assert external.usable(spec, _outcome(saved, **stopped))
-    earlier = _run(tmp_path / "b", [(None, 1.0, {25: 1e-3, 26: 1e-3})],
-                   [("lifecycle", "checkpoint_saved", 20, {}), ("lifecycle", "run_stopped", 26, {})])  # fmt: skip
+    earlier = _run(
+        tmp_path / "b",
+        [(None, 1.0, {25: 1e-3, 26: 1e-3})],
+        [("lifecycle", "checkpoint_saved", 20, {}), ("lifecycle", "run_stopped", 26, {})],
+    )
     assert not external.usable(spec, _outcome(earlier, **stopped))
     assert external.usable(spec, _outcome(earlier, **stopped, inject=False))  # a plain job: its own saving
 

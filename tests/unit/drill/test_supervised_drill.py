@@ -53,8 +53,14 @@ def test_values_are_read_as_the_tools_read_them_the_last_one_wins() -> None:
 
 
 def test_the_supervise_line_is_one_the_real_supervise_parser_takes() -> None:
-    line = SuperviseLine("--resume_from_checkpoint {checkpoint}", "--learning_rate {lr}", 8.0, Path("/c.yaml"),
-                         ("policy.rollback_lr_scale=0.001",), python="py")  # fmt: skip
+    line = SuperviseLine(
+        "--resume_from_checkpoint {checkpoint}",
+        "--learning_rate {lr}",
+        8.0,
+        Path("/c.yaml"),
+        ("policy.rollback_lr_scale=0.001",),
+        python="py",
+    )
     argv = supervise_argv(line, ["py", "t.py", "--output_dir", "/o"], Path("/o"), Path("/r"), "kill-1", 2.0)
     assert argv[:4] == ["py", "-m", "steadytune.cli.main", "supervise"]
     args = build_parser("supervise").parse_args(argv[3:])
@@ -82,8 +88,21 @@ def test_faults_are_placed_from_the_checkpoint_interval_and_can_be_moved() -> No
 def test_every_problem_with_the_command_is_said_at_once(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    rc = cli(["drill", "--supervise", "--runs-dir", str(tmp_path), "--", "python", "t.py", "--max_steps", "20",
-              "--save_steps", "10"])  # fmt: skip
+    rc = cli(
+        [
+            "drill",
+            "--supervise",
+            "--runs-dir",
+            str(tmp_path),
+            "--",
+            "python",
+            "t.py",
+            "--max_steps",
+            "20",
+            "--save_steps",
+            "10",
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 2
     assert "3 problem(s)" in err
@@ -98,7 +117,10 @@ def test_a_native_drill_takes_one_config_at_most(capsys: pytest.CaptureFixture[s
     assert "--supervise" in capsys.readouterr().err
 
 
-CHILD = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']); time.sleep(30)"
+CHILD = (
+    "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; "
+    "time.sleep(30)']); time.sleep(30)"
+)
 
 
 def test_the_trainer_is_the_deepest_python_process_of_the_job() -> None:

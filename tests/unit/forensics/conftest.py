@@ -17,7 +17,8 @@ WORDS = "the cat sat on a mat dog ran far away red blue green ### Instruction: I
 
 @pytest.fixture()
 def tiny_model(tmp_path: Path) -> Path:
-    """A model folder with only what inspect-batch reads: tokenizer.json, tokenizer_config.json, config.json."""
+    """A model folder with only what inspect-batch reads: tokenizer.json, tokenizer_config.json,
+    config.json."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3}

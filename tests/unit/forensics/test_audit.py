@@ -203,7 +203,9 @@ def test_missing_anchor_fails_unless_allowed(run, trust):
 
 def test_replaced_log_fails_and_names_the_other_anchor(run, trust, tmp_path):
     other = RunDir(tmp_path / "elsewhere" / run.run_id).create()
-    EventLog(other.events, run.run_id, clock=lambda: 5.0, audit=AuditTrust(tmp_path / "x", None)).emit("lifecycle", "a")
+    EventLog(other.events, run.run_id, clock=lambda: 5.0, audit=AuditTrust(tmp_path / "x", None)).emit(
+        "lifecycle", "a"
+    )
     put(run, lines(other))  # a whole new log, unsigned, under the same run id
     res = verify_run(run, trust, allow_unkeyed=True)
     assert (res.ok, res.problem) == (False, "unanchored") and "another first entry" in res.message
@@ -263,7 +265,10 @@ def test_cli_verify(run, trust, capsys, monkeypatch):
     assert main(["audit", "verify", str(run.root), "--allow-unanchored"]) == 0
     assert "tail: not checked" in capsys.readouterr().out
     monkeypatch.setenv("STEADYTUNE_AUDIT_DIR", str(run.root / "nowhere"))
-    assert main(["audit", "verify", str(run.root), "--audit-dir", str(trust.directory), "--allow-unanchored"]) == 0
+    assert (
+        main(["audit", "verify", str(run.root), "--audit-dir", str(trust.directory), "--allow-unanchored"])
+        == 0
+    )
 
 
 def test_an_anchor_that_cannot_be_written_does_not_stop_the_log(tmp_path, trust, caplog):

@@ -19,8 +19,9 @@ import yaml
 
 from steadytune.checkpoint.manifest import write_manifest
 from steadytune.forensics.bundle import build_bundle
+from steadytune.forensics.bundlerun import locate_run, prepare, resolve_checkpoint
 from steadytune.forensics.pathredact import PathRedactor
-from steadytune.forensics.replaystep import locate_run, opened, prepare, resolve_checkpoint
+from steadytune.forensics.unpack import opened
 from steadytune.records import BatchFingerprint, Event, PlanRevision, StepRecord
 from steadytune.rundir import RunDir
 from steadytune.telemetry.events import EventLog
@@ -87,8 +88,15 @@ def forbidden(tmp_path: Path) -> list[str]:
 def test_a_bundle_names_no_absolute_path_home_or_user(run: RunDir, tmp_path: Path) -> None:
     info = build_bundle(run, step=4)
     files = members(info.path)
-    assert {n.split("/", 1)[1] for n in files} >= {"bundle.json", "config.yaml", "plan.jsonl", "events.jsonl",
-                                                   "environment.json", "metrics.jsonl", "rng/rng_state.pth"}  # fmt: skip
+    assert {n.split("/", 1)[1] for n in files} >= {
+        "bundle.json",
+        "config.yaml",
+        "plan.jsonl",
+        "events.jsonl",
+        "environment.json",
+        "metrics.jsonl",
+        "rng/rng_state.pth",
+    }
     for name, blob in files.items():
         text = blob.decode("utf-8", "replace")
         for bad in forbidden(tmp_path):

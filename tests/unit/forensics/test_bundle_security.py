@@ -60,8 +60,17 @@ def hostile_bundle(tmp: Path, marker: Path, trust: bool = True, model: str = "ev
     step = {"step": 1, "attempt": 0, "rank": 0, "ranks": 1, "indices": [0], "hashes": [""], "loss": 1.0,
             "grad_norm": 1.0, "skipped": False, "lr": 1e-4, "per_device_train_batch_size": 1,
             "gradient_accumulation_steps": 1, "max_seq_length": 32, "lr_scale": 1.0}  # fmt: skip
-    meta = {"version": 1, "run_id": "x", "step": 1, "start_step": 0, "max_steps": 2, "checkpoint": None,
-            "data": {"path": "data/samples.jsonl", "included": True}, "events_at_step": [], "replay": [step]}  # fmt: skip
+    meta = {
+        "version": 1,
+        "run_id": "x",
+        "step": 1,
+        "start_step": 0,
+        "max_steps": 2,
+        "checkpoint": None,
+        "data": {"path": "data/samples.jsonl", "included": True},
+        "events_at_step": [],
+        "replay": [step],
+    }
     (top / "bundle.json").write_text(json.dumps(meta))
     out = tmp / "hostile.tar.gz"
     with tarfile.open(out, "w:gz") as tar:
@@ -77,8 +86,14 @@ def check(bundle: Path, tmp: Path, *extra: str) -> subprocess.CompletedProcess[s
         "HF_MODULES_CACHE": str(tmp / "mods"),
         "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")]),
     }  # this checkout
-    return subprocess.run([STEADYTUNE, "repro", "--check", str(bundle), *extra], capture_output=True, text=True,
-                          timeout=300, env=env, cwd=tmp)  # fmt: skip
+    return subprocess.run(
+        [STEADYTUNE, "repro", "--check", str(bundle), *extra],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=tmp,
+    )
 
 
 def test_check_refuses_trust_remote_code_from_a_bundle_and_runs_none_of_its_code(tmp_path: Path) -> None:
@@ -98,7 +113,8 @@ def test_a_model_path_inside_the_bundle_is_refused_even_when_trusted(tmp_path: P
 
 
 def test_guard_keeps_remote_code_off_unless_asked_and_accepts_the_included_checkpoint(tmp_path: Path) -> None:
-    from steadytune.forensics.replaystep import UnsafeBundle, prepare
+    from steadytune.forensics.bundlerun import prepare
+    from steadytune.forensics.unpack import UnsafeBundle
 
     hostile_bundle(tmp_path, tmp_path / "PWNED", trust=True, model=str(tmp_path / "elsewhere"))
     top = tmp_path / "build" / "repro-x-step1"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from steadytune.forensics.replaystep import UnpackLimits, opened
+from steadytune.forensics.unpack import UnpackLimits, opened
 from tests.conftest import REPO, STEADYTUNE
 
 TINY = UnpackLimits(max_bytes=10_000, max_member_bytes=4_000, max_members=6)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from steadytune.cli.main import build_parser
-from steadytune.forensics.envsnap import differences, snapshot
+from steadytune.telemetry.envsnap import differences, snapshot
 
 COMMANDS = [
     ["inspect-batch"],

@@ -13,7 +13,8 @@ from packaging.requirements import Requirement
 
 from steadytune.cli.main import main
 from steadytune.forensics.envdiff import diff_envs, render_diff, requirements
-from steadytune.forensics.runenv import (
+from steadytune.rundir import RunDir
+from steadytune.telemetry.runenv import (
     add_worker_details,
     command_python,
     read_run_env,
@@ -21,7 +22,6 @@ from steadytune.forensics.runenv import (
     write_command_env,
     write_run_env,
 )
-from steadytune.rundir import RunDir
 
 
 def this_env() -> dict:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from steadytune.alerts.secrets import MASK
-from steadytune.forensics.gitstate import bounded, git_state, redact_text
+from steadytune.telemetry.gitstate import bounded, git_state, redact_text
 
 HF = "hf_" + "A1b2C3d4E5f6G7h8I9j0K1l2"  # a token of Hugging Face's shape, built so no scanner trips on it
 
@@ -72,7 +72,10 @@ def test_outside_a_repository_there_is_no_git_state(tmp_path: Path) -> None:
 
 
 def test_credentials_in_urls_and_known_token_shapes_are_masked() -> None:
-    text = f"remote https://user:pw123@github.com/o/r.git and {HF} and Authorization: Bearer abcdefghijklmnop1234"
+    text = (
+        f"remote https://user:pw123@github.com/o/r.git and {HF} and Authorization: Bearer "
+        f"abcdefghijklmnop1234"
+    )
     out = redact_text(text)
     assert "pw123" not in out and "user:" not in out and HF not in out and "abcdefghijklmnop1234" not in out
     assert "github.com/o/r.git" in out

@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from steadytune.forensics.gradflow import check_layers  # noqa: E402
+from steadytune.detect.gradflow import check_layers  # noqa: E402
 from steadytune.guard.gradflow import (  # noqa: E402
     DEFAULT_BINS,
     columns,

@@ -88,9 +88,11 @@ def test_fetch_rows_reads_only_what_it_needs(tmp_path):
 def test_inspect_step_keeps_torch_out_of_the_process(make_run):
     """The supervisor never imports torch; inspect_step must not drag it in (a fresh interpreter)."""
     run = make_run(ROWS, [(1, [0, 1]), (2, [2, 3])])
-    code = ("from steadytune.forensics.inspect import inspect_step\n"
-            f"v = inspect_step({str(run)!r}, 2)\n"
-            "assert v.verdict == 'bad', v.summary\n")
+    code = (
+        "from steadytune.forensics.inspect import inspect_step\n"
+        f"v = inspect_step({str(run)!r}, 2)\n"
+        "assert v.verdict == 'bad', v.summary\n"
+    )
     assert fresh_imports(code) == []
 
 
@@ -119,12 +121,18 @@ assert done.data.get("verdict") == "bad" and done.data["anomaly_seq"] == cause.s
     "data_format",
     [
         "jsonl",
-        pytest.param("csv", marks=pytest.mark.xfail(
-            strict=True, raises=HeavyImport,
-            reason="train/data.py reads .csv/.parquet with `datasets` (pyarrow, pandas) inside the supervisor; "
-                   "a torch-free reader for them is a separate refactor")),
+        pytest.param(
+            "csv",
+            marks=pytest.mark.xfail(
+                strict=True,
+                raises=HeavyImport,
+                reason="train/data.py reads .csv/.parquet with `datasets` (pyarrow, pandas) inside the "
+                "supervisor; "
+                "a torch-free reader for them is a separate refactor",
+            ),
+        ),
     ],
-)  # fmt: skip
+)
 def test_the_supervisors_inspect_batch_stays_torch_and_datasets_free(make_run, data_format):
     """Supervisor.inspect_batch, the path a NaN or a spike takes in the supervisor process."""
     import csv

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from steadytune.forensics.layers import forward_order, layer_of
+from steadytune.layers import forward_order, layer_of
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ from steadytune.forensics.memprof import (
     profile,
     theil_sen,
 )
-from steadytune.forensics.memsnap import dump_cuda_snapshot
+from steadytune.guard.memsnap import dump_cuda_snapshot
 from steadytune.records import StepRecord
 
 MIB = 1024**2
@@ -123,7 +123,7 @@ def test_allocator_report_from_step_records():
 
 
 def test_cuda_snapshot_is_a_clear_no_op_on_cpu(tmp_path, monkeypatch):
-    import steadytune.forensics.memsnap as memsnap
+    import steadytune.guard.memsnap as memsnap
 
     monkeypatch.setattr(memsnap, "_cuda", lambda: None)
     res = dump_cuda_snapshot(tmp_path / "snap.pickle")

@@ -25,7 +25,8 @@ def test_analyze_imports_neither_the_run_config_nor_the_other_commands() -> None
         "import sys\nfrom steadytune.cli.main import build_parser\n"
         "p = build_parser('analyze')\np.parse_args(['analyze', 'x.json'])\n"
         "print(','.join(sorted(m for m in sys.modules if m in "
-        "('steadytune.cli.run', 'steadytune.config', 'steadytune.cli.dashboard', 'rich', 'numpy', 'yaml'))))\n"
+        "('steadytune.cli.run', 'steadytune.config', 'steadytune.cli.dashboard', 'rich', 'numpy', "
+        "'yaml'))))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""

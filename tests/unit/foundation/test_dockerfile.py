@@ -1,4 +1,5 @@
-"""The Dockerfile: every path it copies exists, and it runs steadytune as a non-root user with a healthcheck."""
+"""The Dockerfile: every path it copies exists, and it runs steadytune as a non-root user with a
+healthcheck."""
 
 from __future__ import annotations
 

@@ -229,8 +229,12 @@ def test_consumers_skip_a_deeply_nested_line(tmp_path: Path, consumer) -> None:
 
 @pytest.mark.parametrize("consumer", CONSUMERS.values(), ids=CONSUMERS.keys())
 def test_consumers_skip_a_huge_line_in_bounded_memory(tmp_path: Path, small_bound: int, consumer) -> None:
-    path = write(rank_file(tmp_path), step_line(0), b'{"type":"step","step":9,"pad":"' + b"w" * HUGE + b'"}\n',
-                 step_line(1))  # fmt: skip
+    path = write(
+        rank_file(tmp_path),
+        step_line(0),
+        b'{"type":"step","step":9,"pad":"' + b"w" * HUGE + b'"}\n',
+        step_line(1),
+    )
     read = consumer(path)
     steps, peak = peak_bytes(read)
     assert steps == [0, 1]

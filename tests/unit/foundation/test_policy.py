@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from steadytune.policy.config import PolicyConfig
+from steadytune.config.policy import PolicyConfig
 from steadytune.policy.engine import Policy
 from steadytune.policy.plan import (
     choose_rollback_checkpoint,
@@ -136,7 +136,7 @@ def test_oom_escalation_and_smaller_microbatch_keep_the_effective_batch() -> Non
 
 def test_safe_mode_fills_only_what_the_user_left_unset(tmp_path) -> None:
     from steadytune.config.load import load_config
-    from steadytune.policy.safe_mode import safe_mode
+    from steadytune.config.safe_mode import safe_mode
 
     (tmp_path / "m").mkdir()
     (tmp_path / "d.jsonl").write_text('{"text": "x"}\n')

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from steadytune.config.load import ConfigError, load_config
+from steadytune.config.scale import ScaleConfig
 from steadytune.policy.scale import (
     Reading,
     ScaleRules,
@@ -16,7 +17,6 @@ from steadytune.policy.scale import (
     keep_effective_batch,
     parse_visible,
 )
-from steadytune.policy.scale_config import ScaleConfig
 from steadytune.records import GpuSample
 from steadytune.telemetry.snapshot import SnapshotSampler, read_snapshot, sampler_from_env
 

@@ -1,4 +1,5 @@
-"""SkipSampler: the order depends only on (seed, epoch); skipped sample ids are dropped and nothing else moves."""
+"""SkipSampler: the order depends only on (seed, epoch); skipped sample ids are dropped and nothing else
+moves."""
 
 from __future__ import annotations
 

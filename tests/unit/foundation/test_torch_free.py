@@ -11,14 +11,33 @@ import pytest
 from tests.fresh import HEAVY, fresh_imports
 
 TORCH_FREE = [
-    "steadytune.records", "steadytune.config", "steadytune.telemetry.store", "steadytune.telemetry.events",
-    "steadytune.telemetry.sampler", "steadytune.detect.live", "steadytune.policy.engine", "steadytune.policy.plan",
-    "steadytune.supervise.supervisor", "steadytune.supervise.command", "steadytune.supervise.log_adapter", "steadytune.alerts.router",
-    "steadytune.web.server", "steadytune.checkpoint.store", "steadytune.estimate", "steadytune.cli.main",
-    "steadytune.preflight", "steadytune.forensics.inspect", "steadytune.forensics.runenv",
-    "steadytune.forensics.envdiff", "steadytune.preflight.envdrift", "steadytune.cli.env",
-    "steadytune.server.daemon", "steadytune.server.api", "steadytune.supervise.server_link", "steadytune.guard.memcap",
-]  # fmt: skip
+    "steadytune.records",
+    "steadytune.config",
+    "steadytune.telemetry.store",
+    "steadytune.telemetry.events",
+    "steadytune.telemetry.sampler",
+    "steadytune.detect.live",
+    "steadytune.policy.engine",
+    "steadytune.policy.plan",
+    "steadytune.supervise.supervisor",
+    "steadytune.supervise.command",
+    "steadytune.supervise.log_adapter",
+    "steadytune.alerts.router",
+    "steadytune.web.server",
+    "steadytune.checkpoint.store",
+    "steadytune.estimate",
+    "steadytune.cli.main",
+    "steadytune.preflight",
+    "steadytune.forensics.inspect",
+    "steadytune.telemetry.runenv",
+    "steadytune.forensics.envdiff",
+    "steadytune.preflight.envdrift",
+    "steadytune.cli.env",
+    "steadytune.server.daemon",
+    "steadytune.server.api",
+    "steadytune.supervise.server_link",
+    "steadytune.guard.memcap",
+]
 
 
 def test_supervisor_side_modules_do_not_import_torch() -> None:
@@ -34,9 +53,8 @@ RAY_FREE = [*TORCH_FREE, "steadytune.supervise.ray_source", "steadytune.engines.
 
 
 def test_supervisor_side_modules_do_not_import_ray() -> None:
-    code = (
-        "".join(f"import {m}\n" for m in RAY_FREE)
-        + "from steadytune.cli.main import build_parser\nbuild_parser()\n"
+    code = "".join(f"import {m}\n" for m in RAY_FREE) + (
+        "from steadytune.cli.main import build_parser\nbuild_parser()\n"
     )
     assert fresh_imports(code, watch=("ray", *HEAVY)) == []
 

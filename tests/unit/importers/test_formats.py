@@ -68,8 +68,10 @@ def test_megatron_text_joins_wrapped_lines_and_keeps_real_nan(tmp_path: Path) ->
         " learning rate: 1.0E-04 | global batch size: 8 | lm loss: 3.5E+00 | loss scale: 1.0 |"
         " grad norm: 2.5 | number of skipped iterations: 0 | number of nan iterations: 0 |\n"
         "time (ms)\n"
-        " iteration      110/    1000 | consumed samples: 880 | elapsed time per iteration (ms): 251.0 | learning rate:\n"
-        " 1.0E-04 | global batch size: 8 | lm loss: 3.4E+00 | loss scale: 1.0 | grad norm: 2.4 | number of skipped iteratio\n"
+        " iteration      110/    1000 | consumed samples: 880 | elapsed time per iteration (ms): 251.0 | "
+        "learning rate:\n"
+        " 1.0E-04 | global batch size: 8 | lm loss: 3.4E+00 | loss scale: 1.0 | grad norm: 2.4 | number "
+        "of skipped iteratio\n"
         "ns:   1 | number of nan iterations:   0 |\n"
         " iteration      120/    1000 | lm loss: nan | grad norm: nan |\n"
     )

@@ -282,12 +282,19 @@ def test_prefixed_lines_of_every_layout(tmp_path: Path, prefix: str) -> None:
     losses = _curve(12, seed=11)
     layouts = {
         "text_log": [f"step {s} | loss {x:.4f}" for s, x in enumerate(losses)],
-        "llmc_stdout": [f"step {s + 1:4d}/12 | train loss {x:.6f} | norm 1.0 | lr 1e-4 | 400 ms" for s, x in enumerate(losses)],
-        "nanogpt_stdout": [f"step {s:5d} | loss: {x:.6f} | lr 1e-4 | norm: 1.0 | dt: 300.00ms" for s, x in enumerate(losses)],
+        "llmc_stdout": [
+            f"step {s + 1:4d}/12 | train loss {x:.6f} | norm 1.0 | lr 1e-4 | 400 ms"
+            for s, x in enumerate(losses)
+        ],
+        "nanogpt_stdout": [
+            f"step {s:5d} | loss: {x:.6f} | lr 1e-4 | norm: 1.0 | dt: 300.00ms" for s, x in enumerate(losses)
+        ],
         "nanogpt_log": [f"{s} train {x:.6f}" for s, x in enumerate(losses)],
         "llmc_log": [f"s:{s} trl:{x:.4f} lr:0.000100 norm:1.00" for s, x in enumerate(losses)],
-        "megatron_text": [f" iteration {s:8d}/ 100 | lm loss: {x:E} | grad norm: 1.0 |" for s, x in enumerate(losses)],
-    }  # fmt: skip
+        "megatron_text": [
+            f" iteration {s:8d}/ 100 | lm loss: {x:E} | grad norm: 1.0 |" for s, x in enumerate(losses)
+        ],
+    }
     for fmt, lines in layouts.items():
         p = _write(tmp_path, f"{fmt}.log", [prefix + line for line in lines])
         s = load(p)

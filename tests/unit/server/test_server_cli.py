@@ -1,4 +1,5 @@
-"""The server side is torch-free; the CLI words become the right requests; `queue` prints what waits and why."""
+"""The server side is torch-free; the CLI words become the right requests; `queue` prints what waits
+and why."""
 
 from __future__ import annotations
 
@@ -46,17 +47,54 @@ def test_submit_words_a_config_job_or_a_command_job() -> None:
 def test_queue_text_says_why_a_job_waits() -> None:
     snap = {
         "headroom_bytes": 1 << 30,
-        "gpus": [{"index": 0, "name": "H100", "total_bytes": 80 << 30, "used_bytes": 30 << 30, "free_bytes": 50 << 30,
-                  "reserved_bytes": 10 << 30, "util_ratio": 0.9, "jobs": ["j1"], "foreign": [{"pid": 77, "used_bytes": 1}]}],
-        "jobs": [
-            {"id": "j1", "state": "running", "priority": 0, "need_bytes": 40 << 30, "gpus_wanted": 1, "gpus": [0],
-             "spec": {"label": "lora"}, "reason": "running on GPU 0", "run": {"step": 5, "max_steps": 100}},
-            {"id": "j2", "state": "queued", "priority": 0, "need_bytes": 45 << 30, "gpus_wanted": 1, "gpus": [],
-             "spec": {"label": "full"}, "reason": "waits for room: needs 45.0 GiB", "run": None},
-            {"id": "j0", "state": "done", "priority": 0, "need_bytes": 1, "gpus_wanted": 1, "gpus": [0],
-             "spec": {"label": "old"}, "reason": "completed"},
+        "gpus": [
+            {
+                "index": 0,
+                "name": "H100",
+                "total_bytes": 80 << 30,
+                "used_bytes": 30 << 30,
+                "free_bytes": 50 << 30,
+                "reserved_bytes": 10 << 30,
+                "util_ratio": 0.9,
+                "jobs": ["j1"],
+                "foreign": [{"pid": 77, "used_bytes": 1}],
+            }
         ],
-    }  # fmt: skip
+        "jobs": [
+            {
+                "id": "j1",
+                "state": "running",
+                "priority": 0,
+                "need_bytes": 40 << 30,
+                "gpus_wanted": 1,
+                "gpus": [0],
+                "spec": {"label": "lora"},
+                "reason": "running on GPU 0",
+                "run": {"step": 5, "max_steps": 100},
+            },
+            {
+                "id": "j2",
+                "state": "queued",
+                "priority": 0,
+                "need_bytes": 45 << 30,
+                "gpus_wanted": 1,
+                "gpus": [],
+                "spec": {"label": "full"},
+                "reason": "waits for room: needs 45.0 GiB",
+                "run": None,
+            },
+            {
+                "id": "j0",
+                "state": "done",
+                "priority": 0,
+                "need_bytes": 1,
+                "gpus_wanted": 1,
+                "gpus": [0],
+                "spec": {"label": "old"},
+                "reason": "completed",
+            },
+        ],
+    }
     text = render(snap)
     assert (
         "total 80.0G used 30.0G reserved 10.0G free 50.0G left 40.0G util 90%  jobs j1  foreign pids 77"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from steadytune.records import StepRecord
-from steadytune.supervise.progress import RunProgress
+from steadytune.telemetry.progress import RunProgress
 
 
 def step(s: int, attempt: int = 0, t: float = 2.0) -> StepRecord:

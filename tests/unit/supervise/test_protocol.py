@@ -32,7 +32,15 @@ from tests.unit.foundation.test_supervisor_decisions import supervisor
 SRC = Path(steadytune.__file__).parent
 # Everything that writes worker events into a telemetry stream: the guard and the built-in trainer, the
 # log adapter and command source of `supervise`, and the guard injected into other tools' trainers.
-EMITTERS = ["guard", "train", "supervise/log_adapter.py", "supervise/command.py", "inject", "engines", "supervise/ray_source.py"]
+EMITTERS = [
+    "guard",
+    "train",
+    "supervise/log_adapter.py",
+    "supervise/command.py",
+    "inject",
+    "engines",
+    "supervise/ray_source.py",
+]
 
 
 # -- worker events ---------------------------------------------------------------------------------------

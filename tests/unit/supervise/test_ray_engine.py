@@ -1,4 +1,5 @@
-"""run.engine: ray without a cluster: the config, the group decisions, the revisions, the trainer's arguments."""
+"""run.engine: ray without a cluster: the config, the group decisions, the revisions, the trainer's
+arguments."""
 
 from __future__ import annotations
 
@@ -41,7 +42,10 @@ def config(tmp_path: Path, **ray: object) -> dict:
 
 
 def test_an_elastic_range_and_a_fixed_count_are_both_worker_counts(tmp_path: Path) -> None:
-    assert validate_dict(config(tmp_path, num_workers=[2, 8]), base=tmp_path, check_paths=False).ray.max_workers == 8
+    assert (
+        validate_dict(config(tmp_path, num_workers=[2, 8]), base=tmp_path, check_paths=False).ray.max_workers
+        == 8
+    )
     fixed = validate_dict(config(tmp_path, num_workers=4), base=tmp_path, check_paths=False).ray
     assert (fixed.min_workers, fixed.max_workers) == (4, 4)
 
@@ -98,7 +102,11 @@ def ckpt(root: Path, step: int, attempt: int, whole: bool = True) -> Path:
     path = root / f"checkpoint-{step}"
     path.mkdir(parents=True)
     (path / "model.safetensors").write_bytes(b"x" * 16)
-    state = {"global_step": step, "epoch": 0.5, "log_history": [{"loss": 1.5, "learning_rate": 1e-4, "step": step}]}
+    state = {
+        "global_step": step,
+        "epoch": 0.5,
+        "log_history": [{"loss": 1.5, "learning_rate": 1e-4, "step": step}],
+    }
     (path / "trainer_state.json").write_text(json.dumps(state))
     write_manifest(path, step, {"attempt": attempt})
     if not whole:
@@ -132,7 +140,10 @@ def test_the_first_group_records_only_its_size() -> None:
     assert group_revision(plan, {"world_size": 2, "attempt": 0}, 0) == {
         "reason": "world_size", "world_size": 2, "notes": "Ray started 2 worker(s)"
     }  # fmt: skip
-    assert group_revision(PlanRevision(1, 0.0, "world_size", world_size=2), {"world_size": 2, "attempt": 0}, 0) is None
+    assert (
+        group_revision(PlanRevision(1, 0.0, "world_size", world_size=2), {"world_size": 2, "attempt": 0}, 0)
+        is None
+    )
 
 
 def supervisor(tmp_path: Path) -> Supervisor:
@@ -140,7 +151,9 @@ def supervisor(tmp_path: Path) -> Supervisor:
     return Supervisor(cfg, RunDir(tmp_path / "runs" / "r"), observers=[], poll_s=0.05)
 
 
-def group_event(attempt: int, world: int, reason: str, resume: str | None, before: int | None = None) -> Event:
+def group_event(
+    attempt: int, world: int, reason: str, resume: str | None, before: int | None = None
+) -> Event:
     data = {"rank": 0, "attempt": attempt, "world_size": world, "reason": reason, "group": attempt}
     if resume:
         data["resume_checkpoint"] = resume
@@ -155,7 +168,8 @@ def test_a_resize_and_a_restart_are_plan_revisions_with_their_world_size(tmp_pat
     sup.handle(group_event(0, 1, START, None))
     c4 = str(ckpt(sup.run.checkpoints, 4, attempt=0))
     sup.handle(group_event(1, 2, RESIZE, c4, before=1))
-    assert sup.attempt == 1 and sup.attempt_stepped is False and sup._expect["step"] == 4  # a new timeline
+    # A new timeline, whose first step is checked against the checkpoint it resumes.
+    assert sup.attempt == 1 and sup.attempt_stepped is False and sup.resumes._expect["step"] == 4
     sup.handle(group_event(2, 1, RESTART, c4, before=2))
     revisions = [from_json(x) for x in sup.run.plan.read_text().splitlines()]
     assert [(p.reason, p.attempt, p.world_size) for p in revisions] == [
@@ -171,16 +185,24 @@ def test_a_resize_and_a_restart_are_plan_revisions_with_their_world_size(tmp_pat
 
 def test_the_trainer_gets_the_scaling_run_and_failure_config(tmp_path: Path) -> None:
     cfg = validate_dict(
-        config(tmp_path, num_workers=[2, 4], use_gpu=True, max_failures=5, elastic_resize_monitor_interval_s=7),
+        config(
+            tmp_path, num_workers=[2, 4], use_gpu=True, max_failures=5, elastic_resize_monitor_interval_s=7
+        ),
         base=tmp_path,
         check_paths=False,
     )
     run = RunDir(tmp_path / "runs" / "job-1")
     kw = trainer_kwargs(cfg.ray, run, PlanRevision(0, 0.0, "start"))
     assert kw["scaling"] == {"num_workers": (2, 4), "use_gpu": True, "elastic_resize_monitor_interval_s": 7}
-    assert kw["run"] == {"name": "job-1", "storage_path": str((run.root / "ray").resolve()), "max_failures": 5}
+    assert kw["run"] == {
+        "name": "job-1",
+        "storage_path": str((run.root / "ray").resolve()),
+        "max_failures": 5,
+    }
     assert kw["train_loop_config"]["plan"]["type"] == "plan"
-    fixed = validate_dict(config(tmp_path, num_workers=3, storage_path="s3://b/p"), base=tmp_path, check_paths=False).ray
+    fixed = validate_dict(
+        config(tmp_path, num_workers=3, storage_path="s3://b/p"), base=tmp_path, check_paths=False
+    ).ray
     assert trainer_kwargs(fixed, run, PlanRevision(0, 0.0, "start"))["run"]["storage_path"] == "s3://b/p"
 
 
@@ -195,7 +217,13 @@ def test_the_cluster_address_comes_from_the_config_then_the_environment() -> Non
 def test_the_workers_get_steadytunes_and_hfs_environment_only() -> None:
     env = {"HF_HUB_OFFLINE": "1", "STEADYTUNE_FAULTS": "{}", "AWS_SECRET_ACCESS_KEY": "s", "HOME": "/root"}
     assert passed_env(env) == {"HF_HUB_OFFLINE": "1", "STEADYTUNE_FAULTS": "{}"}
-    assert driver_command(Path("/r"), python="py") == ["py", "-m", "steadytune.engines.ray_driver", "--run-dir", "/r"]
+    assert driver_command(Path("/r"), python="py") == [
+        "py",
+        "-m",
+        "steadytune.engines.ray_driver",
+        "--run-dir",
+        "/r",
+    ]
 
 
 def test_a_failed_group_is_an_event_and_the_job_is_forming_not_hung(tmp_path: Path) -> None:
@@ -210,7 +238,9 @@ def test_a_failed_group_is_an_event_and_the_job_is_forming_not_hung(tmp_path: Pa
     line = json.dumps({"ts": 5.0, "ranks": {"1": "ActorDiedError: the node died\nmore"}})
     source._failures.write_text(line + "\n" + line[:10])  # the second line is still being written
     found = source.poll()
-    assert [(e.name, e.data["ranks"]) for e in found] == [("worker_group_failed", {"1": "ActorDiedError: the node died\nmore"})]
+    assert [(e.name, e.data["ranks"]) for e in found] == [
+        ("worker_group_failed", {"1": "ActorDiedError: the node died\nmore"})
+    ]
     assert "(rank 1: ActorDiedError: the node died);" in found[0].message
     assert source.poll() == []  # read once
     sup.worker_phase, sup.attempt_stepped = "train", True
@@ -231,7 +261,9 @@ def test_a_rank_a_smaller_group_no_longer_has_is_not_a_straggler(tmp_path: Path)
     def steps(ranks: tuple[int, ...], attempt: int, numbers: range) -> None:
         for n in numbers:
             for rank in ranks:
-                rec = StepRecord(step=n, ts=float(n), rank=rank, attempt=attempt, loss=2.0 + n % 3, step_time_s=1.0)
+                rec = StepRecord(
+                    step=n, ts=float(n), rank=rank, attempt=attempt, loss=2.0 + n % 3, step_time_s=1.0
+                )
                 streams[rank].write(rec)
             sup.pump()
 
@@ -264,12 +296,21 @@ def test_a_smaller_group_accumulates_more_so_the_effective_batch_stays() -> None
     assert accumulation_for(2, at_world_size=4, world_size=2) == (4, True)
     assert accumulation_for(4, at_world_size=2, world_size=4) == (2, True)
     assert accumulation_for(1, at_world_size=2, world_size=1) == (2, True)
-    assert accumulation_for(1, at_world_size=3, world_size=2) == (2, False)  # 3 micro-batches cannot split in 2
+    # 3 micro-batches cannot split in 2
+    assert accumulation_for(1, at_world_size=3, world_size=2) == (2, False)
 
 
 def test_a_groups_accumulation_is_part_of_its_revision() -> None:
-    plan = PlanRevision(revision=1, ts=0.0, reason="world_size", attempt=0, world_size=1, gradient_accumulation_steps=2)
-    grown = {"world_size": 2, "attempt": 1, "reason": RESIZE, "gradient_accumulation_steps": 1, "previous_world_size": 1}
+    plan = PlanRevision(
+        revision=1, ts=0.0, reason="world_size", attempt=0, world_size=1, gradient_accumulation_steps=2
+    )
+    grown = {
+        "world_size": 2,
+        "attempt": 1,
+        "reason": RESIZE,
+        "gradient_accumulation_steps": 1,
+        "previous_world_size": 1,
+    }
     changes = group_revision(plan, grown, 0)
     assert changes is not None and changes["gradient_accumulation_steps"] == 1 and changes["world_size"] == 2
     assert "gradient accumulation 1" in changes["notes"]

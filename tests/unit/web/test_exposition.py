@@ -48,8 +48,20 @@ def _run(tmp_path: Path, now: float) -> RunDir:
     run = RunDir(tmp_path / "runs" / "r1").create()
     with JsonlWriter(run.telemetry(0)) as w:
         for s in range(10):
-            w.write(StepRecord(step=s, ts=now - 10 + s, loss=2.0 - s * 0.1, grad_norm=1.5, lr=1e-4, tokens=1000,
-                               step_time_s=0.5, mem_allocated_bytes=100, mem_reserved_bytes=200, mem_peak_bytes=300))  # fmt: skip
+            w.write(
+                StepRecord(
+                    step=s,
+                    ts=now - 10 + s,
+                    loss=2.0 - s * 0.1,
+                    grad_norm=1.5,
+                    lr=1e-4,
+                    tokens=1000,
+                    step_time_s=0.5,
+                    mem_allocated_bytes=100,
+                    mem_reserved_bytes=200,
+                    mem_peak_bytes=300,
+                )
+            )
     gpu = GpuSample(
         index=0,
         name="H100",
@@ -82,8 +94,21 @@ def _run(tmp_path: Path, now: float) -> RunDir:
         json.dumps({"step": 5, "ts": now - 120, "files": [{"path": "w.bin", "size": 3}]}),
     )
     atomic_write_text(run.latest_pointer, "checkpoint-5")
-    atomic_write_text(run.status, json.dumps({"run_id": "r1", "state": "running", "step": 9, "max_steps": 100,
-                                              "restarts": 2, "attempt": 2, "updated_ts": now, "eta_s": 45.5}))  # fmt: skip
+    atomic_write_text(
+        run.status,
+        json.dumps(
+            {
+                "run_id": "r1",
+                "state": "running",
+                "step": 9,
+                "max_steps": 100,
+                "restarts": 2,
+                "attempt": 2,
+                "updated_ts": now,
+                "eta_s": 45.5,
+            }
+        ),
+    )
     return run
 
 

@@ -1,4 +1,5 @@
-"""The gradient-flow heat map: cell states agree with the detector, buckets keep the worst cell, the API serves it."""
+"""The gradient-flow heat map: cell states agree with the detector, buckets keep the worst cell, the API
+serves it."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from steadytune.forensics.gradflow import check_layers
+from steadytune.detect.gradflow import check_layers
 from steadytune.records import StepRecord
 from steadytune.rundir import RunDir
 from steadytune.telemetry.store import GradFlow

@@ -77,7 +77,8 @@ def serve(tmp_path: Path) -> Iterator:
 
 
 def finished_run(runs: Path, run_id: str = "done") -> tuple[RunDir, list[Event]]:
-    """A run as the supervisor leaves it: the worker's notices in telemetry/ (no seq), filed in events.jsonl."""
+    """A run as the supervisor leaves it: the worker's notices in telemetry/ (no seq), filed in
+    events.jsonl."""
     run = RunDir(runs / run_id).create()
     log = EventLog(run.events, run_id=run_id)
     filed = [log.emit("lifecycle", "started", "run started")]

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from steadytune.config.dashboard import DashboardConfig
 from steadytune.protocol import ControlError, operator_issuer
 from steadytune.rundir import RunDir
 from steadytune.supervise.control import send_control
 from steadytune.telemetry.events import read_events
-from steadytune.web.config import DashboardConfig
 from steadytune.web.params import BadParam, content_length, query_float, query_int
 from steadytune.web.runs import RunsIndex
 from steadytune.web.security import (
@@ -88,7 +88,16 @@ def test_host_header_off_loopback_our_names_addresses_or_public_url() -> None:
     assert host_allowed("dash.example", "127.0.0.1", 7860, public_url=public)  # behind a proxy on loopback
     assert host_allowed("dash.example:443", "0.0.0.0", 7860, public_url=public)
     assert not host_allowed("evil.example", "127.0.0.1", 7860, public_url=public)
-    for bad in ("", "a b", "x@gpu-box", "gpu-box:80:80", "[::1", "gpu-box:http", "gpu-box/x", "gpu-box:99999"):
+    for bad in (
+        "",
+        "a b",
+        "x@gpu-box",
+        "gpu-box:80:80",
+        "[::1",
+        "gpu-box:http",
+        "gpu-box/x",
+        "gpu-box:99999",
+    ):
         assert not host_allowed(bad, "0.0.0.0", 7860, machine_names=names), bad
 
 
@@ -133,10 +142,21 @@ def test_query_numbers_parse_and_clamp() -> None:
 
 def test_dashboard_config_limits_and_public_url() -> None:
     cfg = DashboardConfig()
-    assert (cfg.request_timeout_s, cfg.max_connections, cfg.max_streams, cfg.public_url) == (10.0, 64, 16, None)
+    assert (cfg.request_timeout_s, cfg.max_connections, cfg.max_streams, cfg.public_url) == (
+        10.0,
+        64,
+        16,
+        None,
+    )
     assert DashboardConfig(public_url="https://dash.example/").public_url == "https://dash.example/"
     assert DashboardConfig(public_url="http://dash.example:8080").public_url == "http://dash.example:8080"
-    for bad in ("dash.example", "ftp://dash.example/", "https:///x", "javascript:alert(1)", "https://dash.example/st/"):
+    for bad in (
+        "dash.example",
+        "ftp://dash.example/",
+        "https:///x",
+        "javascript:alert(1)",
+        "https://dash.example/st/",
+    ):
         with pytest.raises(ValidationError, match="public_url"):
             DashboardConfig(public_url=bad)
     with pytest.raises(ValidationError, match="max_streams"):

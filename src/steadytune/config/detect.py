@@ -108,6 +108,17 @@ class GradConfig(_Strict):
     )
     vanishing_points: int = Field(5, ge=1, description="points the level must stay that low")
     warmup_points: int = Field(10, ge=0, description="points before the established level is trusted")
+    # Per-layer rules on the recorded gradient flow: absolute norms of one layer's raw
+    # (pre-clip) gradient. Below 1e-3 a layer barely learns; above 1e2 it is blowing up.
+    layer_vanish_norm: float = Field(
+        1e-3, gt=0, description="a layer's gradient norm below this is vanishing"
+    )
+    layer_explode_norm: float = Field(
+        1e2, gt=0, description="a layer's gradient norm above this (or non-finite) is exploding"
+    )
+    layer_dead_zero_frac: float = Field(
+        0.9, gt=0, le=1, description="a layer with more exact-zero gradient entries than this is dead"
+    )
 
 
 class EvalConfig(_Strict):

@@ -18,9 +18,7 @@ class GrowRule(_Section):
     gpu_util_above: float = Field(
         85.0, gt=0, le=100, description="a percentage: add a GPU when the job's GPUs are busier than this"
     )
-    for_s: float = Field(
-        300.0, ge=0, description="seconds the utilisation must stay above it, e.g. 300"
-    )
+    for_s: float = Field(300.0, ge=0, description="seconds the utilisation must stay above it, e.g. 300")
 
 
 class ShrinkRule(_Section):
@@ -31,15 +29,16 @@ class ShrinkRule(_Section):
 
 
 class CpuBoundRule(_Section):
-    cpu_util_above: float = Field(
-        90.0, gt=0, le=100, description="a percentage of the host's CPUs, e.g. 90"
-    )
+    cpu_util_above: float = Field(90.0, gt=0, le=100, description="a percentage of the host's CPUs, e.g. 90")
     gpu_util_below: float = Field(
         50.0, gt=0, le=100, description="a percentage: the GPUs wait on the input pipeline below this"
     )
     for_s: float = Field(300.0, ge=0, description="seconds both must hold, e.g. 300")
     max_workers: int = Field(
-        8, ge=1, le=256, description="the most dataloader workers it may raise train.dataloader_num_workers to"
+        8,
+        ge=1,
+        le=256,
+        description="the most dataloader workers it may raise train.dataloader_num_workers to",
     )
 
 
@@ -55,9 +54,7 @@ class ScaleConfig(_Section):
         description="{cpu_util_above: 90, gpu_util_below: 50}: add dataloader workers, not GPUs; "
         "leave it out to never change the workers",
     )
-    cooldown_s: float = Field(
-        900.0, ge=0, description="seconds after a resize before the next one, e.g. 900"
-    )
+    cooldown_s: float = Field(900.0, ge=0, description="seconds after a resize before the next one, e.g. 900")
     undo_if_slower: bool = Field(True, description="true to undo a resize that did not pay off")
     compare_steps: int = Field(
         20, ge=2, le=10_000, description="steps measured on each side of a resize to judge it, e.g. 20"

@@ -79,7 +79,8 @@ class DashboardConfig(BaseModel):
     def _no_clear_token(cls, data: Any) -> Any:
         if isinstance(data, dict) and "token" in data:
             raise ValueError(
-                "`token:` holds a secret in clear in the YAML; export it as an environment variable and write "
+                "`token:` holds a secret in clear in the YAML; export it as an environment variable and "
+                "write "
                 f"`token_env: {DEFAULT_TOKEN_ENV}` (or `token_file: /path/to/file`, mode 600) instead"
             )
         return data

@@ -95,7 +95,8 @@ def redact_diff(diff: str) -> str:
 
 
 def bounded(text: str, limit: int = MAX_DIFF_BYTES) -> tuple[str, bool]:
-    """``text`` cut at ``limit`` UTF-8 bytes (on a line boundary when there is one), and whether it was cut."""
+    """``text`` cut at ``limit`` UTF-8 bytes (on a line boundary when there is one), and whether it was
+    cut."""
     raw = text.encode("utf-8")
     if len(raw) <= limit:
         return text, False

@@ -173,7 +173,7 @@ class AlertsConfig(_Model):
     notify_on: NotifyOn = NotifyOn()
     retry: RetryConfig = RetryConfig()
     dashboard_url: str | None = Field(None, description="Linked from every alert when set.")
-    sinks: list[SinkConfig] = Field(default_factory=lambda: [ConsoleSink(type="console")])
+    sinks: list[SinkConfig] = Field(default_factory=lambda: [ConsoleSink(type="console")])  # type: ignore[arg-type]  # a list of one member of the union
 
     def redacted_dump(self) -> dict[str, Any]:
         """The config as a dict fit for printing: it holds only secret *references*."""

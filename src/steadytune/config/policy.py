@@ -73,12 +73,6 @@ class PolicyConfig(BaseModel):
     nan_rollback_after: int = Field(
         3, ge=1, description="consecutive skipped (non-finite) updates that escalate to a rollback"
     )
-    hang_floor_s: float = Field(
-        60.0, gt=0, description="never call a hang below this many seconds of silence"
-    )
-    hang_factor: float = Field(
-        10.0, gt=1, description="or this many times the p95 step time, whichever is longer"
-    )
     setup_timeout_s: float = Field(
         1800.0, gt=0, description="time allowed to load the model and data before the first step"
     )
@@ -96,7 +90,7 @@ class PolicyConfig(BaseModel):
         """User rules merge over the defaults: ``rules: {loss_spike: {action: alert}}`` keeps the rest."""
         if not isinstance(value, dict):
             return value
-        from steadytune.detect.kinds import KINDS
+        from steadytune.kinds import KINDS
 
         unknown = sorted(k for k in value if k not in KINDS)
         if unknown:

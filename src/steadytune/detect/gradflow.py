@@ -1,9 +1,10 @@
 """Judge recorded gradient flow: dead, vanishing and exploding layers. Pure, no torch.
 
 Input is what :func:`steadytune.guard.gradflow.layer_grad_stats` returns (or its
-column form stored in ``StepRecord.extra["gradflow"]``). Thresholds are absolute
-norms of the raw (pre-clip) gradient of one layer, as in the issue: below
-``1e-3`` a layer barely learns, above ``1e2`` it is blowing up.
+column form stored in ``StepRecord.extra["gradflow"]``). The thresholds are
+``detect.grad.layer_*`` (:class:`steadytune.config.detect.GradConfig`): absolute
+norms of the raw (pre-clip) gradient of one layer. The dashboard's heat map
+classifies its cells with :func:`layer_state`, so it marks what the detector reports.
 
 Embeddings are left out of the zero-fraction rule: only the rows of tokens in
 the batch get a gradient, so a mostly-zero embedding gradient is normal.
@@ -14,13 +15,15 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from steadytune.detect.kinds import KINDS
-from steadytune.forensics.layers import EMBEDDINGS
+from steadytune.config.detect import GradConfig
+from steadytune.kinds import KINDS
+from steadytune.layers import EMBEDDINGS
 from steadytune.records import Anomaly
 
-VANISH_NORM = 1e-3
-EXPLODE_NORM = 1e2
-ZERO_FRAC = 0.9
+_DEFAULT = GradConfig()
+VANISH_NORM = _DEFAULT.layer_vanish_norm
+EXPLODE_NORM = _DEFAULT.layer_explode_norm
+ZERO_FRAC = _DEFAULT.layer_dead_zero_frac
 
 
 def as_rows(stats: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -32,6 +35,25 @@ def as_rows(stats: dict[str, Any]) -> dict[str, dict[str, Any]]:
             for i, name in enumerate(cols["layers"])
         }
     return stats
+
+
+def layer_state(
+    layer: str,
+    norm: float,
+    zero_frac: float | None,
+    vanish: float = VANISH_NORM,
+    explode: float = EXPLODE_NORM,
+    dead_zero_frac: float = ZERO_FRAC,
+) -> str:
+    """``"exploding"``, ``"vanishing"``, ``"dead"`` or ``"ok"`` for one layer at one recording."""
+    if not math.isfinite(norm) or norm > explode:
+        return "exploding"
+    if norm < vanish:
+        return "vanishing"
+    if zero_frac is not None and zero_frac > dead_zero_frac and layer != EMBEDDINGS:
+        # Only the rows of the batch's tokens get a gradient: a sparse embedding gradient is normal.
+        return "dead"
+    return "ok"
 
 
 def _anomaly(kind: str, layer: str, step: int, evidence: dict[str, Any], cause: str) -> Anomaly:
@@ -69,34 +91,14 @@ def check_layers(
         norm = float(row.get("norm", math.nan))
         zf = float(row.get("zero_frac", 0.0))
         ev = {"norm": norm if math.isfinite(norm) else str(norm), "zero_frac": round(zf, 4)}
-        if not math.isfinite(norm) or norm > explode:
-            out.append(
-                _anomaly(
-                    "grad_explosion",
-                    layer,
-                    step,
-                    ev,
-                    f"layer {layer}: gradient norm {norm:.3g} exceeds {explode:g}",
-                )
-            )
-        elif norm < vanish:
-            out.append(
-                _anomaly(
-                    "grad_vanishing",
-                    layer,
-                    step,
-                    ev,
-                    f"layer {layer}: gradient norm {norm:.3g} is below {vanish:g} (vanishing)",
-                )
-            )
-        elif zf > zero_frac and layer != EMBEDDINGS:
-            out.append(
-                _anomaly(
-                    "grad_vanishing",
-                    layer,
-                    step,
-                    ev,
-                    f"layer {layer}: {zf:.0%} of its gradient entries are exactly zero (dead units)",
-                )
-            )
+        state = layer_state(layer, norm, zf, vanish, explode, zero_frac)
+        if state == "exploding":
+            cause = f"layer {layer}: gradient norm {norm:.3g} exceeds {explode:g}"
+            out.append(_anomaly("grad_explosion", layer, step, ev, cause))
+        elif state == "vanishing":
+            cause = f"layer {layer}: gradient norm {norm:.3g} is below {vanish:g} (vanishing)"
+            out.append(_anomaly("grad_vanishing", layer, step, ev, cause))
+        elif state == "dead":
+            cause = f"layer {layer}: {zf:.0%} of its gradient entries are exactly zero (dead units)"
+            out.append(_anomaly("grad_vanishing", layer, step, ev, cause))
     return out

@@ -51,7 +51,8 @@ def check_lr(cfg: SteadytuneConfig) -> None:
                 ConfigIssue(
                     "train.learning_rate",
                     lr,
-                    f"far above the usual range for {cfg.method} ({USUAL_LR[cfg.method]}); the limit is policy.max_lr={limit:g}",
+                    f"far above the usual range for {cfg.method} ({USUAL_LR[cfg.method]}); the limit is "
+                    f"policy.max_lr={limit:g}",
                     "lower the learning rate, or raise policy.max_lr if you mean it",
                 )
             ],

@@ -32,9 +32,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from steadytune.forensics.envsnap import snapshot, snapshot_of
-from steadytune.forensics.gitstate import git_state
 from steadytune.rundir import RunDir, atomic_write_text
+from steadytune.telemetry.envsnap import snapshot, snapshot_of
+from steadytune.telemetry.gitstate import git_state
 
 ENV_VERSION = 1
 
@@ -110,7 +110,7 @@ def add_worker_details(run: RunDir, rank: int, attempt: int) -> None:
     if rank != 0 or attempt != 0 or not run.env.exists():
         return
     try:
-        from steadytune.forensics.envsnap import torch_details
+        from steadytune.telemetry.envsnap import torch_details
 
         details: dict[str, Any] = {**torch_details(), "read_by": "worker", "pid": os.getpid()}
     except Exception as exc:

@@ -48,7 +48,7 @@ def packages() -> list[str]:
     """``name==version`` of every installed distribution (what ``pip freeze`` would list), sorted."""
     seen: dict[str, str] = {}
     for dist in importlib.metadata.distributions():
-        name = dist.metadata.get("Name")
+        name = dist.metadata.get("Name")  # type: ignore[attr-defined]  # an email Message at run time
         if name and name.lower() not in seen:
             seen[name.lower()] = f"{name}=={dist.version}"
     return [seen[k] for k in sorted(seen)]
@@ -62,7 +62,7 @@ def local_packages() -> dict[str, str]:
     """
     out: dict[str, str] = {}
     for dist in importlib.metadata.distributions():
-        name = dist.metadata.get("Name")
+        name = dist.metadata.get("Name")  # type: ignore[attr-defined]  # an email Message at run time
         raw = dist.read_text("direct_url.json")
         if not name or not raw or name.lower() in out:
             continue
@@ -231,7 +231,8 @@ def differences(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
             out.append(f"torch {key} {rt.get(key)} -> {ct.get(key)}")
     if (recorded.get("nvml") or {}).get("driver") != (current.get("nvml") or {}).get("driver"):
         out.append(
-            f"driver {(recorded.get('nvml') or {}).get('driver')} -> {(current.get('nvml') or {}).get('driver')}"
+            f"driver {(recorded.get('nvml') or {}).get('driver')} -> "
+            f"{(current.get('nvml') or {}).get('driver')}"
         )
     return out
 

@@ -1,0 +1,137 @@
+"""The tables of ``run.db`` and the connection every part of the store shares."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from pathlib import Path
+
+SCHEMA_VERSION = "1"
+# Steps are also kept summarized in buckets of this many steps, so a chart of a
+# 1,000,000-step run reads ~16k summary rows instead of a million raw ones.
+ROLLUP = 64
+
+# Columns of the step series the dashboard charts, in this order.
+STEP_METRICS: tuple[str, ...] = (
+    "loss",
+    "eval_loss",
+    "grad_norm",
+    "lr",
+    "tokens_per_s",
+    "step_time_s",
+    "mem_allocated_bytes",
+    "mem_reserved_bytes",
+    "mem_peak_bytes",
+)
+SYSTEM_METRICS: tuple[str, ...] = (
+    "cpu_ratio",
+    "ram_used_bytes",
+    "ram_total_bytes",
+    "disk_free_bytes",
+    "disk_total_bytes",
+    "worker_rss_bytes",
+)
+GPU_METRICS: tuple[str, ...] = ("util_ratio", "mem_used_bytes", "mem_total_bytes", "temperature_c", "power_w")
+
+_DDL = f"""
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS steps (
+  rank INTEGER NOT NULL, step INTEGER NOT NULL, attempt INTEGER NOT NULL, ts REAL NOT NULL,
+  {", ".join(f"{m} REAL" for m in STEP_METRICS)},
+  tokens INTEGER, nonfinite INTEGER NOT NULL DEFAULT 0, skipped INTEGER NOT NULL DEFAULT 0,
+  version INTEGER NOT NULL,
+  PRIMARY KEY (rank, step)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS steps_version ON steps(version);
+CREATE TABLE IF NOT EXISTS steps_rollup (
+  rank INTEGER NOT NULL, bucket INTEGER NOT NULL, first INTEGER NOT NULL, last INTEGER NOT NULL,
+  n INTEGER NOT NULL, tokens INTEGER, nonfinite INTEGER NOT NULL,
+  {", ".join(f"{m}_min REAL, {m}_max REAL, {m}_sum REAL, {m}_n INTEGER" for m in STEP_METRICS)},
+  PRIMARY KEY (rank, bucket)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS system (
+  ts REAL PRIMARY KEY, {", ".join(f"{m} REAL" for m in SYSTEM_METRICS)}, version INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS system_version ON system(version);
+CREATE TABLE IF NOT EXISTS gpu (
+  ts REAL NOT NULL, idx INTEGER NOT NULL, name TEXT,
+  {", ".join(f"{m} REAL" for m in GPU_METRICS)},
+  PRIMARY KEY (ts, idx)
+);
+CREATE TABLE IF NOT EXISTS events (
+  seq INTEGER PRIMARY KEY, ts REAL NOT NULL, kind TEXT NOT NULL, name TEXT NOT NULL,
+  severity TEXT NOT NULL, step INTEGER, message TEXT, json TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_kind ON events(kind, name);
+CREATE TABLE IF NOT EXISTS plans (revision INTEGER PRIMARY KEY, ts REAL NOT NULL, json TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS gradflow (
+  rank INTEGER NOT NULL, step INTEGER NOT NULL, attempt INTEGER NOT NULL, ts REAL NOT NULL,
+  layers TEXT NOT NULL, norm TEXT NOT NULL, zero_frac TEXT NOT NULL, hist TEXT, bins TEXT,
+  version INTEGER NOT NULL,
+  PRIMARY KEY (rank, step)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS gradflow_version ON gradflow(version);
+"""
+
+
+class StoreBase:
+    """One connection to ``run.db``, guarded by a lock, and its change stamps and ``meta`` table."""
+
+    def __init__(self, path: Path | str, readonly: bool = False) -> None:
+        self.path = Path(path) if str(path) != ":memory:" else Path(":memory:")
+        self.readonly = readonly
+        self._lock = threading.RLock()
+        if readonly:
+            uri = f"file:{self.path}?mode=ro"
+            self._db = sqlite3.connect(uri, uri=True, check_same_thread=False, timeout=5.0)
+        else:
+            if str(self.path) != ":memory:":
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(str(self.path), check_same_thread=False, timeout=10.0)
+            # WAL lets the dashboard read while the supervisor writes; NORMAL sync is
+            # enough because the JSONL, not this file, is the durable truth.
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.executescript(_DDL)
+            if self.get_meta("schema") is None:
+                self.set_meta("schema", SCHEMA_VERSION)
+        self._db.execute("PRAGMA busy_timeout=5000")
+        self._version = self._max_version()
+        # Lines of the JSONL that sync() skipped: not JSON, nested too deep, or not a record.
+        self.unreadable_lines = 0
+
+    # ---- housekeeping -------------------------------------------------------------
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def _max_version(self) -> int:
+        try:
+            row = self._db.execute(
+                "SELECT MAX(v) FROM (SELECT MAX(version) v FROM steps UNION ALL SELECT MAX(version) FROM "
+                "system)"
+            ).fetchone()
+        except sqlite3.OperationalError:
+            return 0
+        return int(row[0] or 0)
+
+    def _next_version(self) -> int:
+        self._version += 1
+        return self._version
+
+    @property
+    def version(self) -> int:
+        """The newest change stamp; readers pass it back to :meth:`steps_since`."""
+        with self._lock:
+            self._version = max(self._version, self._max_version())
+            return self._version
+
+    def get_meta(self, key: str, default: str | None = None) -> str | None:
+        with self._lock:
+            row = self._db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return row[0] if row else default
+
+    def set_meta(self, key: str, value: str) -> None:
+        with self._lock, self._db:
+            self._db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES(?, ?)", (key, str(value)))
