@@ -842,7 +842,8 @@ def step_oom(ctx: Ctx, check: Check) -> None:
 
         fraction = apply_memory_cap({MEMORY_CAP_ENV: str(cap)}, 0)
         check.expect(
-            "the server's per-process memory cap (guard/memcap.py) set the allocator's fraction to cap / total",
+            "the server's per-process memory cap (guard/memcap.py) set the allocator's fraction "
+            "to cap / total",
             fraction is not None and abs(fraction - cap / total) < 1e-12,
             f"fraction {fraction}, cap / total {cap / total:.6f}",
         )

@@ -261,7 +261,8 @@ def main() -> int:
     ap.add_argument("--only", default=",".join(VARIANTS), help="variants to run, e.g. bare,run")
     ap.add_argument("--work", type=Path, default=None, help="keep the runs here (default: a temp folder)")
     ap.add_argument("--recovery-rounds", type=int, default=2,
-                    help="rounds of benchmarks/recovery_time.py (rollback in process, by restart, kill); 0 skips")  # fmt: skip
+                    help="rounds of benchmarks/recovery_time.py (rollback in process, by restart, kill); "
+                    "0 skips")  # fmt: skip
     args = ap.parse_args()
     only = [v for v in VARIANTS if v in args.only.split(",")]
     # One intra-op thread in every variant: on a small shared machine, torch's spinning

@@ -55,7 +55,8 @@ def timed_run(cfg: Path, run_id: str) -> dict[str, float]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
     t0 = time.time()
     out = subprocess.run(
-        [sys.executable, "-m", "steadytune.cli.main", "run", str(cfg), "--run-id", run_id, "--quiet", "--skip-check"],
+        [sys.executable, "-m", "steadytune.cli.main", "run", str(cfg), "--run-id", run_id,
+         "--quiet", "--skip-check"],
         capture_output=True, text=True, env=env, cwd=cfg.parent, timeout=1800,
     )  # fmt: skip
     wall = time.time() - t0

@@ -100,9 +100,8 @@ def measure(rounds: int, steps: int, work: Path | None = None) -> dict[str, list
     inproc = [x["recover_s"] for x in results["spike, in process"] if x["recover_s"] is not None]
     restart = [x["recover_s"] for x in results["spike, restart"] if x["recover_s"] is not None]
     if inproc and restart:
-        print(
-            f"  rollback in process / by restart: {statistics.median(inproc) / statistics.median(restart):.2f}"
-        )
+        ratio = statistics.median(inproc) / statistics.median(restart)
+        print(f"  rollback in process / by restart: {ratio:.2f}")
     print("  goals: rollback ≤ 1 s + the checkpoint load; kill ≤ 5 s")
     if tmp is not None:
         tmp.cleanup()

@@ -152,7 +152,8 @@ def main() -> int:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--resize-run", type=Path, help="a run directory: print its resize times")
     parser.add_argument("--ray-overhead", action="store_true",
-                        help="also Ray's overhead against torchrun on the demo job (benchmarks/ray_overhead.py)")  # fmt: skip
+                        help="also Ray's overhead against torchrun on the demo job "
+                        "(benchmarks/ray_overhead.py)")  # fmt: skip
     parser.add_argument("--ray-steps", type=int, default=30, help="with --ray-overhead: steps per run")
     parser.add_argument("--ray-workers", type=int, default=2, help="with --ray-overhead: workers")
     args = parser.parse_args()
@@ -190,8 +191,8 @@ def main() -> int:
         totals["baseline_oom"] += len(r["baseline_oom"])
         totals["admitted"] += sum(d["admitted"] for d in r["admission"])
         totals["margin"] += len(r["admitted_oom_at_plus_10pct"])
-    print(f"\nall scenarios: {totals['jobs']} jobs; start-everything OOMs {totals['baseline_oom']}; the server "
-          f"starts {totals['admitted']} now (the rest wait, none OOMs); at +10% estimate error "
+    print(f"\nall scenarios: {totals['jobs']} jobs; start-everything OOMs {totals['baseline_oom']}; "
+          f"the server starts {totals['admitted']} now (the rest wait, none OOMs); at +10% estimate error "
           f"{totals['margin']} admitted would OOM")  # fmt: skip
     if args.ray_overhead:
         print("\n## Ray's overhead against torchrun, the same job")

@@ -118,8 +118,8 @@ def check_request(command: str, args: dict[str, Any] | None, issuer: str | None 
         raise ControlError(f"unknown control command {command!r}; expected one of {', '.join(operator)}")
     if command in SUPERVISOR_COMMANDS and not (issuer or "").startswith(RESERVED_ISSUERS):
         raise ControlError(
-            f"command {command!r} (issuer {issuer!r}) is the supervisor's own: it carries out a plan revision "
-            "the policy wrote; send stop, pause or checkpoint instead"
+            f"command {command!r} (issuer {issuer!r}) is the supervisor's own: it carries out a plan "
+            "revision the policy wrote; send stop, pause or checkpoint instead"
         )
     args = dict(args or {})
     allowed = ARGS[command]

@@ -39,7 +39,8 @@ return h.step !== null && h.barCount() > 0 && {step: h.step, layers: h.layers, b
 # Click the middle of the heat map's first column (the recording of step 1).
 PICK_FIRST_COLUMN = """
 const h = window.steadytune.heatmap, g = h.geom, r = h.canvas.getBoundingClientRect();
-h.canvas.dispatchEvent(new MouseEvent('click', {bubbles: true, clientX: r.left + g.L + g.cw / 2, clientY: r.top + g.T + g.ch / 2}));
+h.canvas.dispatchEvent(new MouseEvent('click',
+  {bubbles: true, clientX: r.left + g.L + g.cw / 2, clientY: r.top + g.T + g.ch / 2}));
 """
 DASHBOARD_LINE = re.compile(r"^dashboard: (http://127\.0\.0\.1:\d+/)\s*$")
 RUN_LINE = re.compile(r"^run (\S+) → ")
@@ -118,7 +119,8 @@ def demo(tmp_path: Path, demo_assets: Path, cache_dir: Path) -> Iterator[Demo]:
 
 
 def check_hardware_panels(b: WebDriver, url: str, run_id: str) -> None:
-    """On a host without a GPU the GPU panels say so, and memory is the worker's RSS; with one, they draw it."""
+    """On a host without a GPU the GPU panels say so, and memory is the worker's RSS; with one, they
+    draw it."""
     wait_js(b, "return window.steadytune.charts.host.pointCount() > 0", timeout=60)  # a system sample is in
     with urllib.request.urlopen(f"{url}api/runs/{run_id}", timeout=10) as r:
         gpus = json.loads(r.read())["system"]["gpus"]

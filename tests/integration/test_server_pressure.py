@@ -25,8 +25,21 @@ MAX_STEPS = 40
 
 def write_gpus(path: Path, used: int, procs: list[dict]) -> None:
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"gpus": [{"index": 0, "name": "fake", "total_bytes": 8 * GIB, "used_bytes": used,
-                                         "processes": procs}]}))  # fmt: skip
+    tmp.write_text(
+        json.dumps(
+            {
+                "gpus": [
+                    {
+                        "index": 0,
+                        "name": "fake",
+                        "total_bytes": 8 * GIB,
+                        "used_bytes": used,
+                        "processes": procs,
+                    }
+                ]
+            }
+        )
+    )
     os.replace(tmp, path)  # the server never reads a half-written file
 
 

@@ -13,7 +13,8 @@ from steadytune.cli.submit import socket_path
 
 
 def register(sub: Any) -> None:
-    p = add_command(sub, "queue", "show the GPU server's GPUs and jobs (why a job waits, its GPUs, its scale history)",
+    p = add_command(sub, "queue",
+                    "show the GPU server's GPUs and jobs (why a job waits, its GPUs, its scale history)",
                     "steadytune queue --all")  # fmt: skip
     p.add_argument("--all", action="store_true", help="also list finished jobs")
     p.add_argument("--json", action="store_true", help="the whole snapshot as JSON")
@@ -32,7 +33,8 @@ def history_lines(job: dict[str, Any]) -> list[str]:
         when = time.strftime("%H:%M:%S", time.localtime(h.get("ts", 0)))
         kind = h.get("kind", "?")
         if kind in ("grow", "shrink"):
-            what = f"{kind} gpu {','.join(map(str, h.get('from') or [])) or '-'} -> {','.join(map(str, h.get('to') or []))}"
+            before = ",".join(map(str, h.get("from") or [])) or "-"
+            what = f"{kind} gpu {before} -> {','.join(map(str, h.get('to') or []))}"
         else:
             what = kind + (f" (gpu {h['gpu']})" if h.get("gpu") is not None else "")
         out.append(f"{when} {what}" + (f": {h['reason']}" if h.get("reason") else ""))

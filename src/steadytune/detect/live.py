@@ -131,7 +131,7 @@ class _Signal:
             t = self.loss.tracker
             held = lp.in_spike or self.loss.rep.is_on("divergence", self.loss.metric)
             climb = self.short_rise.observe(lp, out, held)
-            if climb is not None:
+            if climb is not None and rec.loss is not None:
                 self.loss.hold_climb(rec.step, rec.loss, *climb, out)
             self.fall.observe(lp, t.level, t.level_full, rec.epoch, out)
             self.plateau.observe(lp, t.level, self.grad.vanished, out)

@@ -161,7 +161,8 @@ class Replayer:
                     self._transition(t, ts)
             self.last_beat = ts
         # A step of an older attempt after the plan of a newer one: the timeline an in-process rollback
-        # left, read after it was decided. The supervisor keeps it from detection too (supervise/inprocess.py).
+        # left, read after it was decided. The supervisor keeps it from detection too
+        # (supervise/inprocess.py).
         left = isinstance(rec, StepRecord) and rec.attempt < self.attempt
         if isinstance(rec, StepRecord):
             if not left:

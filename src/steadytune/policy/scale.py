@@ -186,7 +186,8 @@ class ScaleRules:
         return decision
 
     def shrink_onto(self, world: int, why: str) -> ScaleDecision:
-        """A shrink asked from outside the rules (the server, for memory pressure): no ``for_s``, no cool-down.
+        """A shrink asked from outside the rules (the server, for memory pressure): no ``for_s``, no
+        cool-down.
 
         Refused, with the reason, when ``world`` processes cannot keep the effective batch
         or the scale range does not go that low.
@@ -194,7 +195,8 @@ class ScaleRules:
         if world < self.cfg.min_gpus or world >= self.shape.world:
             return ScaleDecision(
                 "shrink", self.shape, self.shape, why,
-                refused=f"{world} processes is outside scale.min_gpus {self.cfg.min_gpus} .. {self.shape.world - 1}",
+                refused=f"{world} processes is outside scale.min_gpus {self.cfg.min_gpus} .. "
+                f"{self.shape.world - 1}",
             )  # fmt: skip
         accum, problem = keep_effective_batch(self.shape, world)
         if accum is None:

@@ -353,7 +353,7 @@ class Daemon:
 
         assert job.run_dir is not None
         run = RunDir(Path(job.run_dir))
-        entry = {"kind": action.kind, "gpu": action.gpu, "reason": action.reason}
+        entry: dict[str, Any] = {"kind": action.kind, "gpu": action.gpu, "reason": action.reason}
         if action.kind == "pause":
             send_control(run, "pause", issuer=ISSUER, args={"mode": "release"}, clock=self.clock)
             self.queue.record(job.id, entry, paused=action.reason)

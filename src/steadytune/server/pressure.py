@@ -110,18 +110,19 @@ def relieve(
             continue
         rooms = []
         for i in j.gpus:
-            g = by_index.get(i)
-            if g is None:
+            on = by_index.get(i)
+            if on is None:
                 break
             # Its own reservation is all outstanding while it is paused: the room is what is left without it.
-            own = j.need_bytes if j.job_id in g.jobs else 0
-            rooms.append((i, g.free_bytes - (g.reserved_bytes - own) - headroom_bytes))
+            own = j.need_bytes if j.job_id in on.jobs else 0
+            rooms.append((i, on.free_bytes - (on.reserved_bytes - own) - headroom_bytes))
         if len(rooms) == len(j.gpus) and all(room >= j.need_bytes for _, room in rooms):
             where = ", ".join(f"GPU {i} {gib(max(0, r))}" for i, r in rooms)
             out.append(
                 PressureAction(
                     "resume", j.job_id, None,
-                    f"room returned for {j.job_id}: needs {gib(j.need_bytes)}; free − reserved − headroom is {where}",
+                    f"room returned for {j.job_id}: needs {gib(j.need_bytes)}; "
+                    f"free − reserved − headroom is {where}",
                 )
             )  # fmt: skip
     return out

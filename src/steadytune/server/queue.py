@@ -328,7 +328,8 @@ class JobQueue:
         return row is not None
 
     def set_probe(self, job_id: str, pid: int | None, pid_started: float | None) -> None:
-        """The process measuring a waiting job's need (None once it has stopped): a restarted server stops it."""
+        """The process measuring a waiting job's need (None once it has stopped): a restarted server
+        stops it."""
         with self._lock:
             self._db.execute(
                 "UPDATE jobs SET pid = ?, pid_started = ? WHERE id = ? AND state IN ('queued', 'held')",

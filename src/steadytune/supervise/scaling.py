@@ -139,8 +139,9 @@ class Autoscaler:
     def _with_server(
         self, d: ScaleDecision, onto: list[int] | None
     ) -> tuple[ScaleDecision, list[int] | None]:
-        """A grow's GPUs are reserved by the server before the worker stops; a shrink keeps the first (or the
-        server's choice). A refused grow becomes a refusal with the server's reason, and the cool-down starts."""
+        """A grow's GPUs are reserved by the server before the worker stops; a shrink keeps the first
+        (or the server's choice). A refused grow becomes a refusal with the server's reason, and the
+        cool-down starts."""
         assert self.link is not None
         if d.after.world > d.before.world:
             gpus, why = self.link.grow(d.after.world, d.reason)
@@ -199,7 +200,8 @@ class Autoscaler:
         return changes, f"scale_{d.kind}", f"{d.kind}: {d.reason}; resuming from {where}"
 
     def _place(self, onto: list[int], d: ScaleDecision) -> None:
-        """The relaunch runs on ``onto``; GPUs a shrink leaves go back to the server now the worker is gone."""
+        """The relaunch runs on ``onto``; GPUs a shrink leaves go back to the server now the worker is
+        gone."""
         if self.link is not None and d.after.world < d.before.world:
             kept = self.link.release(d.after.world, d.reason)
             onto = kept if kept is not None else onto

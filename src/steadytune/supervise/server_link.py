@@ -43,7 +43,8 @@ class ServerLink:
         return [int(i) for i in answer["job"]["gpus"]], ""
 
     def release(self, world: int, reason: str) -> list[int] | None:
-        """Keep ``world`` GPUs (those the server asked to keep, else the first); the GPUs kept, if it answered."""
+        """Keep ``world`` GPUs (those the server asked to keep, else the first); the GPUs kept, if it
+        answered."""
         answer = self._ask({"op": "resize", "gpus": world, "reason": reason})
         return [int(i) for i in answer["job"]["gpus"]] if answer.get("ok") else None
 

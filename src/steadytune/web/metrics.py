@@ -85,7 +85,7 @@ class _Scrape:
     """
 
     def __init__(self) -> None:
-        self.families: dict[str, Metric] = {}
+        self.families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
         self.labels: dict[str, tuple[str, ...]] = {}
         for name, kind, help_text, labels in SPEC:
             cls = CounterMetricFamily if kind == "counter" else GaugeMetricFamily

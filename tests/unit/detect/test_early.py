@@ -114,7 +114,8 @@ def test_a_climb_is_one_divergence_judged_against_where_it_began(
 
 
 def _climb_back_jump(scale: float, noise: float, seed: int, ratio: float, climb: bool) -> list[float]:
-    """A snippet that climbs (or stays level) from its first point, is back at its start, then jumps ``ratio``x."""
+    """A snippet that climbs (or stays level) from its first point, is back at its start, then
+    jumps ``ratio``x."""
     rng = shapes.rng_for(seed, "snippet")
     per_point = math.log(1.25) if climb else 0.0
     first = [scale * math.exp(per_point * i + rng.gauss(0.0, noise)) for i in range(5)]

@@ -29,7 +29,8 @@ for n in range(10_000):
     used = steps[min(n, len(steps) - 1)] * (1 << 30)
     tmp = snap.with_suffix(".tmp")
     tmp.write_text(json.dumps({"gpus": [
-        {"index": 0, "total_bytes": 24 << 30, "used_bytes": used, "processes": [{"pid": os.getpid(), "used_bytes": used}]},
+        {"index": 0, "total_bytes": 24 << 30, "used_bytes": used,
+         "processes": [{"pid": os.getpid(), "used_bytes": used}]},
         {"index": 1, "total_bytes": 24 << 30, "used_bytes": 20 << 30}]}))
     os.replace(tmp, snap)
     time.sleep(0.2)
@@ -38,8 +39,16 @@ for n in range(10_000):
 
 def daemon(tmp_path: Path) -> Daemon:
     snap = tmp_path / "gpus.json"
-    snap.write_text(json.dumps({"gpus": [{"index": 0, "total_bytes": 24 * GIB, "used_bytes": 0},
-                                         {"index": 1, "total_bytes": 24 * GIB, "used_bytes": 20 * GIB}]}))  # fmt: skip
+    snap.write_text(
+        json.dumps(
+            {
+                "gpus": [
+                    {"index": 0, "total_bytes": 24 * GIB, "used_bytes": 0},
+                    {"index": 1, "total_bytes": 24 * GIB, "used_bytes": 20 * GIB},
+                ]
+            }
+        )
+    )
     paths = ServerPaths(tmp_path / "server", tmp_path / "runs")
     (tmp_path / "gates").mkdir()
 
@@ -62,8 +71,10 @@ def test_a_command_without_a_need_is_probed_stopped_when_level_and_queued_with_p
         d.queue.get(jid).state == "queued" and "probing its memory need on GPU 0" in d.queue.get(jid).reason
     )
     assert d.queue.get(jid).pid is not None  # recorded, so a restarted server can stop it
-    wait_for(lambda: (d.tick(), d.queue.get(jid))[1].need_source != "probe" or d.queue.get(jid).state != "queued",
-             timeout=60)  # fmt: skip
+    wait_for(
+        lambda: (d.tick(), d.queue.get(jid))[1].need_source != "probe" or d.queue.get(jid).state != "queued",
+        timeout=60,
+    )
     job = d.queue.get(jid)
     assert (job.state, job.need_source) == ("queued", "measured")
     assert job.need_bytes == int(3 * GIB * (1 + MARGIN)) + (1 if (3 * GIB * (1 + MARGIN)) % 1 else 0)
@@ -98,8 +109,12 @@ def test_the_probe_verdicts():
 
 def test_a_probe_left_by_a_server_that_died_is_stopped_and_measured_again(tmp_path: Path):
     d = daemon(tmp_path)
-    spec = {"kind": "supervise", "cmd": [sys.executable, "-c", FEED, str(tmp_path / "gpus.json"),
-                                         str(tmp_path / "probe.pid")], "label": "feed", "cwd": str(tmp_path)}  # fmt: skip
+    spec = {
+        "kind": "supervise",
+        "cmd": [sys.executable, "-c", FEED, str(tmp_path / "gpus.json"), str(tmp_path / "probe.pid")],
+        "label": "feed",
+        "cwd": str(tmp_path),
+    }
     jid = d.queue.submit(spec, 0, "probe").id
     d.tick()
     wait_for(lambda: (tmp_path / "probe.pid").exists() and (tmp_path / "probe.pid").read_text() != "")

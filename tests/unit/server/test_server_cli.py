@@ -105,10 +105,21 @@ def test_queue_text_says_why_a_job_waits() -> None:
 
 
 def test_queue_text_shows_each_jobs_gpus_and_its_scale_history() -> None:
-    job = {"id": "j1", "state": "running", "priority": 0, "need_bytes": 8 << 30, "gpus_wanted": 1, "gpus": [0, 1],
-           "spec": {"label": "lora"}, "reason": "running on GPU 0", "paused": None,
-           "history": [{"ts": 0, "kind": "grow", "from": [0], "to": [0, 1], "reason": "GPU util 95% > 85%"},
-                       {"ts": 0, "kind": "pause", "gpu": 1, "reason": "GPU 1 has 0.5 GiB free"}]}  # fmt: skip
+    job = {
+        "id": "j1",
+        "state": "running",
+        "priority": 0,
+        "need_bytes": 8 << 30,
+        "gpus_wanted": 1,
+        "gpus": [0, 1],
+        "spec": {"label": "lora"},
+        "reason": "running on GPU 0",
+        "paused": None,
+        "history": [
+            {"ts": 0, "kind": "grow", "from": [0], "to": [0, 1], "reason": "GPU util 95% > 85%"},
+            {"ts": 0, "kind": "pause", "gpu": 1, "reason": "GPU 1 has 0.5 GiB free"},
+        ],
+    }
     text = render({"headroom_bytes": 1 << 30, "gpus": [], "jobs": [job]})
     assert "gpu 0,1" in text
     assert "grow gpu 0 -> 0,1: GPU util 95% > 85%" in text and "pause (gpu 1): GPU 1 has 0.5 GiB free" in text
