@@ -6,9 +6,7 @@
 (function () {
   const ST = (window.steadytune = window.steadytune || {});
 
-  function cssVar(name) {
-    return getComputedStyle(document.documentElement).getPropertyValue(name).trim() || "#888";
-  }
+  const cssVar = ST.cssVar;
   function minN(a, b) { return a === null ? b : b === null ? a : Math.min(a, b); }
   function maxN(a, b) { return a === null ? b : b === null ? a : Math.max(a, b); }
   const PLOT_HEIGHT = 190;

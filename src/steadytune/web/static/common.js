@@ -27,6 +27,34 @@ ST.fmt = {
   clock(ts) { const d = new Date(ts * 1000); return d.toLocaleTimeString([], { hour12: false, hour: "2-digit", minute: "2-digit" }); },
 };
 
+ST.cssVar = function (name) {
+  return getComputedStyle(document.documentElement).getPropertyValue(name).trim() || "#888";
+};
+
+// A canvas drawn at most once a frame: obj.draw() asks, obj._draw() paints.
+ST.drawOncePerFrame = function (obj) {
+  if (obj.pending) return;
+  obj.pending = true;
+  requestAnimationFrame(() => { obj.pending = false; obj._draw(); });
+};
+
+// The canvas sized to its container at the screen's pixel density and cleared, with the
+// dashboard's small monospace font and muted ink: {ctx, w, h}, or null while it is not shown.
+ST.canvasFrame = function (container, canvas) {
+  const dpr = window.devicePixelRatio || 1;
+  const w = container.clientWidth, h = container.clientHeight;
+  if (!w || !h) return null;
+  if (canvas.width !== Math.round(w * dpr) || canvas.height !== Math.round(h * dpr)) {
+    canvas.width = Math.round(w * dpr); canvas.height = Math.round(h * dpr);
+  }
+  const ctx = canvas.getContext("2d");
+  ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+  ctx.clearRect(0, 0, w, h);
+  ctx.font = "11px ui-monospace, Menlo, Consolas, monospace";
+  ctx.fillStyle = ST.cssVar("--muted");
+  return { ctx, w, h };
+};
+
 ST.el = function (tag, attrs, ...children) {
   const e = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs || {})) {

@@ -5,9 +5,7 @@
 "use strict";
 (function () {
   const ST = (window.steadytune = window.steadytune || {});
-  function cssVar(name) {
-    return getComputedStyle(document.documentElement).getPropertyValue(name).trim() || "#888";
-  }
+  const cssVar = ST.cssVar;
   const edge = (e) => `1e${e}`;
 
   class GradHist {
@@ -29,26 +27,14 @@
     // For tests: bars painted (non-empty bins over all layers).
     barCount() { return this.bars; }
     set(data) { this.data = data; this.draw(); }
-    draw() {
-      if (this.pending) return;
-      this.pending = true;
-      requestAnimationFrame(() => { this.pending = false; this._draw(); });
-    }
+    draw() { ST.drawOncePerFrame(this); }
     _draw() {
       const nl = this.layers.length;
       this.container.style.height = `${Math.max(120, Math.min(560, 34 + nl * 26))}px`;
-      const dpr = window.devicePixelRatio || 1;
-      const w = this.container.clientWidth, h = this.container.clientHeight;
-      if (!w || !h) return;
-      if (this.canvas.width !== Math.round(w * dpr) || this.canvas.height !== Math.round(h * dpr)) {
-        this.canvas.width = Math.round(w * dpr); this.canvas.height = Math.round(h * dpr);
-      }
-      const ctx = this.canvas.getContext("2d");
-      ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
-      ctx.clearRect(0, 0, w, h);
-      ctx.font = "11px ui-monospace, Menlo, Consolas, monospace";
+      const frame = ST.canvasFrame(this.container, this.canvas);
+      if (!frame) return;
+      const { ctx, w, h } = frame;
       const muted = cssVar("--muted");
-      ctx.fillStyle = muted;
       this.geom = null;
       this.bars = 0;
       const d = this.data;

@@ -7,9 +7,7 @@
   const OK = 0, VANISHING = 1, DEAD = 2, EXPLODING = 3;
   const NAMES = ["ok", "vanishing", "dead", "exploding"];
 
-  function cssVar(name) {
-    return getComputedStyle(document.documentElement).getPropertyValue(name).trim() || "#888";
-  }
+  const cssVar = ST.cssVar;
   // Viridis (perceptually uniform, readable by colour-blind eyes, clear on dark and light cards).
   const STOPS = [[68, 1, 84], [71, 44, 122], [59, 81, 139], [44, 113, 142], [33, 144, 141],
     [39, 173, 129], [92, 200, 99], [170, 220, 50], [253, 231, 37]];
@@ -85,27 +83,15 @@
       if (hi - lo < 1) { const m = (lo + hi) / 2; lo = m - 0.5; hi = m + 0.5; }
       return [lo, hi];
     }
-    draw() {
-      if (this.pending) return;
-      this.pending = true;
-      requestAnimationFrame(() => { this.pending = false; this._draw(); });
-    }
+    draw() { ST.drawOncePerFrame(this); }
     _draw() {
       const nl = this.layers.length;
       // Tall enough to read every layer of a small model, capped for a 100-layer one.
       this.container.style.height = `${Math.max(150, Math.min(460, 28 + nl * 14))}px`;
-      const dpr = window.devicePixelRatio || 1;
-      const w = this.container.clientWidth, h = this.container.clientHeight;
-      if (!w || !h) return;
-      if (this.canvas.width !== Math.round(w * dpr) || this.canvas.height !== Math.round(h * dpr)) {
-        this.canvas.width = Math.round(w * dpr); this.canvas.height = Math.round(h * dpr);
-      }
-      const ctx = this.canvas.getContext("2d");
-      ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
-      ctx.clearRect(0, 0, w, h);
-      ctx.font = "11px ui-monospace, Menlo, Consolas, monospace";
+      const frame = ST.canvasFrame(this.container, this.canvas);
+      if (!frame) return;
+      const { ctx, w, h } = frame;
       const muted = cssVar("--muted");
-      ctx.fillStyle = muted;
       this.geom = null;
       const [d0, d1] = this._domain();
       this._legend(d0, d1);
