@@ -71,6 +71,9 @@ class WorkerEvent(str, Enum):
     LR_FROM_COMMAND = "lr_from_command"
     WORKER_GROUP_STARTED = "worker_group_started"  # a Ray worker group (re)started: its size, attempt, resume
     WORKER_GROUP_FAILED = "worker_group_failed"  # Ray's group failed (ranks, errors); Ray is forming the next
+    RESOURCES_REQUESTED = (
+        "resources_requested"  # the Ray driver asked Ray's autoscaler for the rules' workers
+    )
     ACK_PAUSE = "ack_pause"
     ACK_RESUME = "ack_resume"
     ACK_CHECKPOINT = "ack_checkpoint"

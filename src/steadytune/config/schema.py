@@ -418,6 +418,8 @@ class SteadytuneConfig(Section):
     def _starts_in_scale_range(cls, v: ScaleConfig | None, info: ValidationInfo) -> ScaleConfig | None:
         run = info.data.get("run")
         n = run.nproc_per_node if run is not None else 1
+        if run is not None and run.engine == "ray":
+            return v  # Ray's group starts at whatever size fits ray.num_workers (checked in _engine)
         if v is not None and not v.min_gpus <= n <= v.max_gpus:
             raise ValueError(
                 f"run.nproc_per_node={n} is outside scale.min_gpus..scale.max_gpus "
@@ -436,9 +438,29 @@ class SteadytuneConfig(Section):
                 f"set ray.num_workers: {self.run.nproc_per_node} and leave run.nproc_per_node at 1"
             )
         if self.run.engine == "ray" and self.scale is not None:
-            # The rules resize a native run by relaunching torchrun; Ray sizes its own worker group.
-            raise ValueError(
-                "scale: with run.engine: ray; Ray grows and shrinks the worker group itself: "
-                "drop scale: and give ray.num_workers: [min, max]"
-            )
+            self._ray_scale(self.scale, self.ray)
         return self
+
+    @staticmethod
+    def _ray_scale(scale: ScaleConfig, ray: RayConfig) -> None:
+        """With Ray the rules ask Ray for workers within ray.num_workers: the one range of the job."""
+        if isinstance(ray.num_workers, int):
+            raise ValueError(
+                f"scale: with a fixed ray.num_workers={ray.num_workers}; the rules request workers from "
+                "Ray within an elastic range: give ray.num_workers: [min, max] (e.g. [1, 4]), or drop scale:"
+            )
+        low, high = ray.num_workers
+        given = scale.model_fields_set & {"min_gpus", "max_gpus"}
+        if given and (scale.min_gpus, scale.max_gpus) != (low, high):
+            raise ValueError(
+                f"scale.min_gpus={scale.min_gpus}, scale.max_gpus={scale.max_gpus} with run.engine: ray and "
+                f"ray.num_workers: [{low}, {high}]; with Ray the range is ray.num_workers': leave "
+                "scale.min_gpus and scale.max_gpus out (or set them to the same numbers)"
+            )
+        if scale.cpu_bound is not None:
+            # more_workers relaunches the run with more dataloader workers; the CPU reading is this host's,
+            # not the Ray nodes' that feed the training.
+            raise ValueError(
+                "scale.cpu_bound with run.engine: ray; the CPU reading is the supervisor's host's, not "
+                "the Ray nodes': drop scale.cpu_bound and set train.dataloader_num_workers"
+            )

@@ -16,6 +16,8 @@ import argparse
 import os
 import signal
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +62,73 @@ def trainer_kwargs(cfg: RayConfig, run: RunDir, plan: PlanRevision) -> dict[str,
     }
 
 
+def forward_requests(run: RunDir, attempt: int, stop: threading.Event, every_s: float = 1.0) -> None:
+    """Make each resource request the scale rules write for this driver (engines/requests.py) of Ray's
+    autoscaler, until ``stop``; a thread of the driver, the one process of the job that is in Ray."""
+    from ray.autoscaler.sdk import request_resources
+
+    from steadytune.engines.requests import RequestInbox
+
+    inbox = RequestInbox(run.root, attempt)
+    while not stop.wait(every_s):
+        req = inbox.new()
+        if req is None:
+            continue
+        try:
+            request_resources(bundles=[dict(b) for b in req.bundles])
+        except Exception as exc:  # a request Ray refused is reported, and the training goes on
+            print(f"Ray refused the resource request {req.seq}: {type(exc).__name__}: {exc}", flush=True)
+            continue
+        held = recorded_request()
+        inbox.made(req, time.time(), recorded=held)
+        print(
+            f"asked Ray for {req.workers} worker(s)' resources: {list(req.bundles)}; Ray holds {held}",
+            flush=True,
+        )
+
+
+def recorded_request() -> list[dict[str, float]] | None:
+    """The autoscaler's resource request as Ray holds it now, read back where request_resources put it
+    (Ray 2.60: the GCS's cluster constraints with autoscaler v2, else the internal KV); None if unreadable."""
+    import json
+
+    try:
+        from ray.autoscaler.v2.utils import is_autoscaler_v2
+        from ray.experimental.internal_kv import _internal_kv_get, internal_kv_get_gcs_client
+
+        if is_autoscaler_v2():
+            from ray.autoscaler.v2.sdk import get_cluster_status
+
+            status = get_cluster_status(internal_kv_get_gcs_client().address)
+            return [
+                dict(r.bundle)
+                for demand in status.resource_demands.cluster_constraint_demand
+                for r in demand.bundles_by_count
+                for _ in range(r.count)
+            ]
+        from ray._private.ray_constants import AUTOSCALER_RESOURCE_REQUEST_CHANNEL
+
+        raw = _internal_kv_get(AUTOSCALER_RESOURCE_REQUEST_CHANNEL)
+        return list(json.loads(raw)) if raw else []
+    except Exception:  # a reading that is unavailable is a value, not a failed request
+        return None
+
+
+def clear_request(run: RunDir, attempt: int) -> None:
+    """A job that ended asks for nothing more: the rules' request would otherwise hold the cluster's
+    size (it persists in Ray until replaced)."""
+    from steadytune.engines.requests import requested_path
+
+    if not requested_path(run.root, attempt).exists():
+        return
+    from ray.autoscaler.sdk import request_resources
+
+    try:
+        request_resources(bundles=[])
+    except Exception as exc:  # the driver is ending either way
+        print(f"could not clear the resource request: {type(exc).__name__}: {exc}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="steadytune-ray-driver")
     parser.add_argument("--run-dir", required=True, type=Path)
@@ -100,12 +169,18 @@ def main(argv: list[str] | None = None) -> int:
             callbacks=[GroupFailures(kw["train_loop_config"]["run_dir"], plan.attempt)],  # type: ignore[list-item]
         ),
     )
+    stop = threading.Event()
+    forwarder = threading.Thread(target=forward_requests, args=(run, plan.attempt, stop), daemon=True)
+    forwarder.start()
     try:
         result = trainer.fit()
     except Exception as exc:  # Ray raises once max_failures is spent (TrainingFailedError)
         print(f"Ray Train gave up: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         return 1
     finally:
+        stop.set()
+        forwarder.join(timeout=10)
+        clear_request(run, plan.attempt)
         ray.shutdown()
     if result.error is not None:
         print(f"Ray Train gave up: {result.error}", file=sys.stderr, flush=True)

@@ -129,11 +129,14 @@ class ScaleRules:
     Args:
         cfg: ``scale:`` of the run config.
         shape: the shape the run starts with.
+        exact_batch: refuse a size that cannot keep the effective batch exactly; False where the
+            engine derives each size's accumulation itself (Ray: the nearest, ``ray.keep_effective_batch``).
     """
 
-    def __init__(self, cfg: ScaleConfig, shape: Shape) -> None:
+    def __init__(self, cfg: ScaleConfig, shape: Shape, exact_batch: bool = True) -> None:
         self.cfg = cfg
         self.shape = shape
+        self.exact_batch = exact_batch
         self._since: dict[str, float | None] = {"grow": None, "shrink": None, "more_workers": None}
         self._last_resize: float | None = None
         self._intervals: deque[float] = deque(maxlen=cfg.compare_steps)
@@ -149,6 +152,14 @@ class ScaleRules:
     def set_micro_batch(self, micro_batch: int, accumulation: int) -> None:
         """The plan changed the micro-batch (auto search, OOM split): resizes keep the new effective batch."""
         self.shape = replace(self.shape, micro_batch=micro_batch, accumulation=accumulation)
+
+    def set_world(self, world: int) -> None:
+        """The engine sized the group itself (Ray): the rules judge the size it runs at.
+
+        Steps measured for a resize before the group changed size were the old group's: dropped."""
+        if world != self.shape.world:
+            self._after = []
+        self.shape = replace(self.shape, world=world)
 
     def observe(self, r: Reading, training: bool) -> ScaleDecision | None:
         """One reading; ``training``: the worker is in its training loop (else every rule starts over)."""
@@ -198,7 +209,7 @@ class ScaleRules:
                 refused=f"{world} processes is outside scale.min_gpus {self.cfg.min_gpus} .. "
                 f"{self.shape.world - 1}",
             )  # fmt: skip
-        accum, problem = keep_effective_batch(self.shape, world)
+        accum, problem = self._accumulation(world)
         if accum is None:
             return ScaleDecision("shrink", self.shape, self.shape, why, refused=problem)
         after = replace(self.shape, world=world, accumulation=accum)
@@ -252,6 +263,13 @@ class ScaleRules:
         self._judging = (decision, before) if decision.kind != "undo" else None
 
     # -- rules -----------------------------------------------------------------
+    def _accumulation(self, world: int) -> tuple[int | None, str]:
+        accum, problem = keep_effective_batch(self.shape, world)
+        if accum is None and not self.exact_batch:
+            per_step = self.shape.micro_batch * world
+            return max(1, round(self.shape.effective_batch / per_step)), ""
+        return accum, problem
+
     def _for(self, ts: float, name: str, for_s: float) -> bool:
         since = self._since[name]
         return since is not None and ts - since >= for_s
@@ -281,7 +299,7 @@ class ScaleRules:
             return None  # it was tried from this size and did not pay off
         refusals = []
         for world in sizes:
-            accum, problem = keep_effective_batch(self.shape, world)
+            accum, problem = self._accumulation(world)
             if accum is None:
                 refusals.append(problem)
                 continue

@@ -22,14 +22,16 @@ from typing import TYPE_CHECKING, Any
 from steadytune.checkpoint.manifest import checkpoint_step
 from steadytune.checkpoint.store import clean_staging
 from steadytune.engines.groups import failures_path
+from steadytune.engines.requests import ResourceRequest, requested_path, worker_bundle, write_request
 from steadytune.protocol import WorkerEvent
 from steadytune.records import Event, PlanRevision, Record
 from steadytune.rundir import RunDir
 from steadytune.supervise.process import WorkerProcess
 from steadytune.supervise.restarts import replay_detector
-from steadytune.supervise.source import NativeSource
+from steadytune.supervise.source import REQUEST, NativeSource
 
 if TYPE_CHECKING:
+    from steadytune.config.schema import RayConfig
     from steadytune.supervise.supervisor import Supervisor
 
 
@@ -47,15 +49,18 @@ class RaySource(NativeSource):
     """
 
     label = "Ray job"
+    abilities = NativeSource.abilities | {REQUEST}
 
     def __init__(self, run: RunDir, env: dict[str, str] | None = None) -> None:
         super().__init__(run, 1, env)
-        self._failures: Path | None = None
-        self._read = 0  # bytes of the failures file already turned into events
+        self._driver_attempt: int | None = None  # the attempt the running driver was started for
+        # What the driver writes beside the streams, and the bytes of each already turned into events.
+        self._tails: dict[Path, int] = {}
+        self._seq = 0
 
     def start(self, plan: PlanRevision, log_path: Path) -> WorkerProcess:
         clean_staging(self.run.staging)
-        self._failures, self._read = failures_path(self.run.root, plan.attempt), 0
+        self.watch(plan.attempt)
         env = {
             **self.env,
             "STEADYTUNE_ATTEMPT": str(plan.attempt),
@@ -66,16 +71,39 @@ class RaySource(NativeSource):
         }
         return WorkerProcess(driver_command(self.run.root.resolve()), log_path, env=env)
 
+    def watch(self, attempt: int) -> None:
+        """Follow what the driver of ``attempt`` writes beside the streams, from the start of each file."""
+        self._driver_attempt = attempt
+        self._tails = {failures_path(self.run.root, attempt): 0, requested_path(self.run.root, attempt): 0}
+
     def poll(self) -> list[Record]:
-        """Each failure Ray's controller recorded since the last tick, as a ``worker_group_failed`` event."""
-        if self._failures is None or not self._failures.exists():
+        """Each failure Ray's controller recorded since the last tick, as a ``worker_group_failed`` event,
+        and each resource request the driver made of Ray, as ``resources_requested``."""
+        out: list[Record] = []
+        for path in list(self._tails):
+            as_event = failure_event if path.name.endswith("-failures.jsonl") else requested_event
+            out += [as_event(line) for line in self._new_lines(path)]
+        return out
+
+    def _new_lines(self, path: Path) -> list[str]:
+        if not path.exists():
             return []
-        with open(self._failures, "rb") as f:
-            f.seek(self._read)
+        with open(path, "rb") as f:
+            f.seek(self._tails[path])
             chunk = f.read()
         whole = chunk[: chunk.rfind(b"\n") + 1]  # a line still being written waits for the next tick
-        self._read += len(whole)
-        return [failure_event(line) for line in whole.decode("utf-8", "replace").splitlines() if line.strip()]
+        self._tails[path] += len(whole)
+        return [line for line in whole.decode("utf-8", "replace").splitlines() if line.strip()]
+
+    def request_workers(self, kind: str, workers: int, reason: str, ts: float, cfg: RayConfig) -> Path | None:
+        """Ask the running driver to request ``workers`` workers' resources from Ray (engines/requests.py);
+        None when no driver runs to ask."""
+        if self._driver_attempt is None:
+            return None
+        self._seq += 1
+        bundle = worker_bundle(dict(cfg.resources_per_worker), cfg.use_gpu)
+        req = ResourceRequest(self._seq, kind, workers, (bundle,) * workers, reason, ts)
+        return write_request(self.run.root, self._driver_attempt, req)
 
     def describe(self) -> str:
         return f"{sys.executable} -m steadytune.engines.ray_driver (Ray Train)"
@@ -100,6 +128,25 @@ def failure_event(line: str) -> Event:
         message=f"Ray's worker group failed ({lost or 'no detail'}); Ray is forming the next one",
         severity="warning",
         data={"ranks": ranks},
+    )
+
+
+def requested_event(line: str) -> Event:
+    """One line the driver wrote after asking Ray for resources, as the event the supervisor files."""
+    try:
+        data = json.loads(line)
+    except ValueError:
+        data = {}
+    workers, bundles = data.get("workers"), data.get("bundles") or []
+    ts = data.get("requested_ts") if isinstance(data.get("requested_ts"), (int, float)) else time.time()
+    shape = bundles[0] if bundles else {}
+    return Event(
+        ts=float(ts),
+        kind="action",
+        name=WorkerEvent.RESOURCES_REQUESTED,
+        message=f"asked Ray's autoscaler for {workers} worker(s) of {shape} ({data.get('kind', '?')}: "
+        f"{data.get('reason', '')}); Ray resizes the group once they are there",
+        data={k: data.get(k) for k in ("seq", "kind", "workers", "bundles", "reason", "recorded")},
     )
 
 
@@ -146,6 +193,12 @@ def group_revision(plan: PlanRevision, data: dict[str, Any], current_attempt: in
 def on_worker_group_failed(self: Supervisor, ev: Event, filed: Event | None) -> None:
     """Until the next group starts, the job is re-forming: judged by setup_timeout_s, not by the step pace."""
     self.worker_phase, self.phase_since = "setup", self.clock()
+
+
+def on_resources_requested(self: Supervisor, ev: Event, filed: Event | None) -> None:
+    """Ray was asked for the scale rules' resources: a plan revision with the request as its cause."""
+    if self.scaling is not None:
+        self.scaling.on_requested(ev, filed)
 
 
 def on_worker_group_started(self: Supervisor, ev: Event, filed: Event | None) -> None:

@@ -1,10 +1,13 @@
-"""Autoscaling a native run by rules (``scale:`` in the config; docs/server.md), for the supervisor.
+"""Autoscaling a run by rules (``scale:`` in the config; docs/server.md, docs/ray.md), for the supervisor.
 
 The rules themselves are pure (:mod:`steadytune.policy.scale`): system samples and step
 timestamps in, a decision out. This module carries a decision out through the supervisor
-it belongs to: a resize is an action like a rollback — the worker checkpoints and stops,
-and the run relaunches in the new shape from that checkpoint, with the effective batch
-unchanged — and it files what each resize cost and whether it paid.
+it belongs to. For a native run a resize is an action like a rollback — the worker
+checkpoints and stops, and the run relaunches in the new shape from that checkpoint, with
+the effective batch unchanged. For an engine that sizes the job itself (Ray: the source's
+``REQUEST`` ability) a resize is a resource request to it, and the engine's own resize of
+the group follows as its plan revision. Either way it files what each resize cost and
+whether it paid.
 """
 
 from __future__ import annotations
@@ -12,19 +15,21 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from steadytune.policy.engine import Action
 from steadytune.policy.scale import Measured, ScaleDecision, ScaleRules, Shape, job_reading, parse_visible
-from steadytune.records import StepRecord, SystemSample
+from steadytune.records import Event, StepRecord, SystemSample
 from steadytune.supervise.server_link import ServerLink
-from steadytune.supervise.source import CONTROL, PLAN
+from steadytune.supervise.source import CONTROL, PLAN, REQUEST, SizesItself
 
 if TYPE_CHECKING:
     from steadytune.supervise.supervisor import Supervisor
 
 # Each checkpoints, stops and relaunches the worker in a new shape.
 SCALE_ACTIONS = frozenset({"grow", "shrink", "more_workers", "undo"})
+# The Ray driver looks for a request every second; one not taken in this long found no driver.
+REQUEST_TAKEN_S = 60.0
 
 
 class Autoscaler:
@@ -47,19 +52,40 @@ class Autoscaler:
         if s is None or not {PLAN, CONTROL} <= sup.source.abilities:
             return None
         env = {**os.environ, **(worker_env or {})}
-        sup.plan = replace(
-            sup.plan,
-            nproc_per_node=sup.cfg.run.nproc_per_node,
-            dataloader_num_workers=sup.cfg.train.dataloader_num_workers,
-        )
+        if REQUEST in sup.source.abilities:
+            # Ray's group is sized within ray.num_workers (config validation holds scale: to it).
+            s = s.model_copy(
+                update={"min_gpus": sup.cfg.ray.min_workers, "max_gpus": sup.cfg.ray.max_workers}
+            )
+        else:
+            sup.plan = replace(sup.plan, nproc_per_node=sup.cfg.run.nproc_per_node)
+        sup.plan = replace(sup.plan, dataloader_num_workers=sup.cfg.train.dataloader_num_workers)
         visible = parse_visible(env.get("CUDA_VISIBLE_DEVICES"))
-        return cls(sup, ScaleRules(s, shape_of(sup)), visible, ServerLink.from_env(env))
+        requests = REQUEST in sup.source.abilities
+        rules = ScaleRules(s, shape_of(sup), exact_batch=not requests)
+        return cls(sup, rules, visible, ServerLink.from_env(env))
+
+    @property
+    def requests(self) -> bool:
+        """A resize is a resource request to the engine, which resizes the group itself (Ray)."""
+        return REQUEST in self.sup.source.abilities
 
     def on_sample(self, rec: SystemSample) -> None:
         sup = self.sup
+        if self.requests and self.scaling is not None and sup.clock() - self.asked_at > REQUEST_TAKEN_S:
+            # The driver asked for it is gone (the attempt ended): the rules may decide again.
+            d, self.scaling = self.scaling, None
+            self.rules.declined(sup.clock())
+            sup.emit(
+                "action", "resize_refused",
+                f"{d.kind} not made: the Ray driver did not take the request in {REQUEST_TAKEN_S:g}s",
+                severity="warning", step=sup.progress.step, data={**scale_data(d), "refused": "not taken"},
+            )  # fmt: skip
         shape = shape_of(sup)
         # An OOM split or the auto search may have changed the micro-batch.
         self.rules.set_micro_batch(shape.micro_batch, shape.accumulation)
+        if self.requests:
+            self.rules.set_world(shape.world)  # the group Ray runs now, whatever was asked for
         training = (
             sup.state == "running"
             and sup.worker_phase == "train"
@@ -67,7 +93,14 @@ class Autoscaler:
             and sup.worker is not None
             and sup.worker.poll() is None
         )
-        reading = job_reading(rec.ts, rec.cpu_ratio, rec.gpus, shape.world, self.visible)
+        if self.requests:
+            # Ray places the workers on GPUs of its choosing: the host's GPUs the supervisor may see are the
+            # job's signal (a one-machine cluster's all), and the room to grow is the cluster's, not theirs.
+            seen = len([g for g in rec.gpus if self.visible is None or g.index in self.visible])
+            reading = job_reading(rec.ts, rec.cpu_ratio, rec.gpus, max(seen, 1), self.visible)
+            reading = replace(reading, gpus_available=None)
+        else:
+            reading = job_reading(rec.ts, rec.cpu_ratio, rec.gpus, shape.world, self.visible)
         if self.link is not None:
             # What it may grow onto is the server's to say, when asked.
             reading = replace(reading, gpus_available=None)
@@ -134,7 +167,50 @@ class Autoscaler:
             self.rules.declined(sup.clock())
             return
         self.scaling, self.asked_at, self.onto = d, sup.clock(), onto
+        if self.requests:
+            self._request(d, data)
+            return
         sup.execute(Action(d.kind, d.reason, sup.progress.step, params=data))
+
+    def _request(self, d: ScaleDecision, data: dict[str, Any]) -> None:
+        """Ask the engine for ``d.after.world`` workers; the training goes on meanwhile (no stop)."""
+        sup = self.sup
+        n = d.after.world
+        source = cast(SizesItself, sup.source)
+        asked = source.request_workers(d.kind, n, d.reason, sup.clock(), sup.cfg.ray)
+        if asked is None:
+            self.scaling = None
+            self.rules.declined(sup.clock())
+            sup.emit(
+                "action", "resize_refused", f"{d.kind} refused: {d.reason}, but no Ray driver runs to ask",
+                severity="warning", step=sup.progress.step, data={**data, "refused": "no driver"},
+            )  # fmt: skip
+            return
+        sup.emit(
+            "action",
+            d.kind,
+            f"{d.kind}: {d.reason}; asking Ray for {n} worker(s)",
+            severity="warning",
+            step=sup.progress.step,
+            data={**data, "workers": n, "request": str(asked)},
+        )
+
+    def on_requested(self, ev: Event, filed: Event | None) -> None:
+        """The driver asked Ray: a plan revision with the request as its cause; the cool-down starts.
+
+        The group keeps training as it is; Ray resizes it once the resources are there, and that resize
+        is Ray's own plan revision (``ray_resize``)."""
+        d, self.scaling = self.scaling, None
+        workers = ev.data.get("workers")
+        kind = str(ev.data.get("kind") or (d.kind if d else "request"))
+        self.sup.revise(
+            reason=f"scale_{kind}",
+            cause=filed,
+            notes=f"{kind}: asked Ray for {workers} worker(s) of {(ev.data.get('bundles') or [{}])[0]}"
+            + (f" ({d.reason})" if d else ""),
+        )
+        if d is not None and d.after.world == workers:
+            self.rules.applied(d, self.sup.clock())
 
     def _with_server(
         self, d: ScaleDecision, onto: list[int] | None
@@ -214,10 +290,14 @@ class Autoscaler:
 def shape_of(sup: Supervisor) -> Shape:
     """The run's shape now: micro-batch, accumulation, world size, dataloader workers."""
     p, cfg = sup.plan, sup.cfg
+    if REQUEST in sup.source.abilities:  # the engine's group: its size is what it last started with
+        world = p.world_size or cfg.ray.min_workers
+    else:
+        world = p.nproc_per_node or cfg.run.nproc_per_node
     return Shape(
         micro_batch=sup._batch(),
         accumulation=p.gradient_accumulation_steps or cfg.train.gradient_accumulation_steps,
-        world=p.nproc_per_node or cfg.run.nproc_per_node,
+        world=world,
         workers=p.dataloader_num_workers
         if p.dataloader_num_workers is not None
         else cfg.train.dataloader_num_workers,

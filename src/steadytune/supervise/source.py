@@ -17,13 +17,16 @@ import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from steadytune.checkpoint.manifest import list_checkpoints, verify
 from steadytune.checkpoint.store import clean_staging, read_pointer
 from steadytune.records import PlanRevision, Record
 from steadytune.rundir import RunDir
 from steadytune.supervise.process import ProcessTree, WorkerProcess, worker_command
+
+if TYPE_CHECKING:
+    from steadytune.config.schema import RayConfig
 
 # Abilities a source may have.
 PLAN = "plan"  # the worker reads the whole plan: batch shape, micro-batch split, skip list, OOM changes
@@ -32,6 +35,17 @@ SKIP_STEP = "skip_step"  # a non-finite update is skipped before it reaches the 
 LR = "lr"  # a rollback's lower learning rate reaches the optimizer
 DATA = "data"  # the supervisor knows the data, so it can inspect a bad step's batch
 RELOAD = "reload"  # a rollback can reload the checkpoint inside the running worker (train/rollback.py)
+REQUEST = (
+    "request"  # the engine sizes the job itself: a resize is a resource request to it (Ray), not a relaunch
+)
+
+
+class SizesItself(Protocol):
+    """A source with ``REQUEST``: the engine sizes the job, and a resize is a request to it."""
+
+    def request_workers(self, kind: str, workers: int, reason: str, ts: float, cfg: RayConfig) -> Path | None:
+        """Ask the engine for ``workers`` workers; where the request went, or None when no attempt runs."""
+        ...
 
 
 class WorkerSource(Protocol):

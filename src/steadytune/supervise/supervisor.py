@@ -46,7 +46,11 @@ from steadytune.rundir import RunDir, atomic_write_text
 from steadytune.supervise.inprocess import InProcessRollbacks
 from steadytune.supervise.logparse import last_exception, last_lines
 from steadytune.supervise.process import ProcessTree, WorkerProcess
-from steadytune.supervise.ray_source import on_worker_group_failed, on_worker_group_started
+from steadytune.supervise.ray_source import (
+    on_resources_requested,
+    on_worker_group_failed,
+    on_worker_group_started,
+)
 from steadytune.supervise.restarts import (
     anomaly_event_data,
     first_plan,
@@ -461,6 +465,7 @@ class Supervisor:
         self.in_process.on_failed(ev)
 
     on_worker_group_started, on_worker_group_failed = on_worker_group_started, on_worker_group_failed  # Ray's
+    on_resources_requested = on_resources_requested
 
     # -- detection and actions -------------------------------------------------
     def on_transition(self, t: Transition) -> None:

@@ -232,11 +232,12 @@ def test_a_failed_group_is_an_event_and_the_job_is_forming_not_hung(tmp_path: Pa
 
     sup = supervisor(tmp_path)
     source = RaySource(sup.run)
-    source._failures = failures_path(sup.run.root, 0)  # what start() sets for attempt 0
+    source.watch(0)  # what start() does for attempt 0
+    failures = failures_path(sup.run.root, 0)
     assert source.poll() == []
-    source._failures.parent.mkdir(parents=True)
+    failures.parent.mkdir(parents=True)
     line = json.dumps({"ts": 5.0, "ranks": {"1": "ActorDiedError: the node died\nmore"}})
-    source._failures.write_text(line + "\n" + line[:10])  # the second line is still being written
+    failures.write_text(line + "\n" + line[:10])  # the second line is still being written
     found = source.poll()
     assert [(e.name, e.data["ranks"]) for e in found] == [
         ("worker_group_failed", {"1": "ActorDiedError: the node died\nmore"})
@@ -316,11 +317,3 @@ def test_a_groups_accumulation_is_part_of_its_revision() -> None:
     assert "gradient accumulation 1" in changes["notes"]
     same = {"world_size": 1, "attempt": 0, "gradient_accumulation_steps": 2}
     assert group_revision(plan, same, 0) is None
-
-
-def test_autoscaling_rules_with_ray_say_to_use_num_workers(tmp_path: Path) -> None:
-    data = config(tmp_path)
-    data["scale"] = {"min_gpus": 1, "max_gpus": 1}
-    with pytest.raises(ConfigError) as err:
-        validate_dict(data, base=tmp_path, check_paths=False)
-    assert "scale:" in str(err.value) and "ray.num_workers: [min, max]" in str(err.value)
