@@ -198,3 +198,72 @@ def test_a_signal_stops_the_ray_job_after_its_workers_saved(
     last = steps(run)[-1].step
     assert last < STEPS and verify(run.checkpoints / f"checkpoint-{last}").ok  # saved where it stopped
     assert "stop requested: the workers save and return" in (run.logs / "worker-0.log").read_text()
+
+
+def test_the_scale_rules_ask_ray_for_workers_and_a_node_added_lets_the_group_grow(
+    tmp_path: Path, demo_assets: Path, cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """scale: with Ray: a busy reading becomes request_resources for 2 workers, an idle one for 1; Ray
+    holds each request, and the group grows once a node brings the room."""
+    import os
+
+    def utilisation(util: float) -> None:
+        tmp = snapshot.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"cpu_ratio": 0.2, "gpus": [{"index": 0, "util_ratio": util}]}))
+        os.replace(tmp, snapshot)
+
+    snapshot = tmp_path / "gpus.json"
+    utilisation(0.95)  # busy: the grow rule holds
+    monkeypatch.setenv("STEADYTUNE_SYSTEM_SNAPSHOT", str(snapshot))
+    cluster.add_node(num_cpus=1)
+    cfg = write_config(
+        tmp_path,
+        demo_assets,
+        train={"max_steps": 40, "save_steps": SAVE, "logging_steps": 1},
+        run={"engine": "ray", "max_restarts": 1, "sample_interval_s": 0.5},
+        ray={
+            "address": cluster.address,
+            "num_workers": [1, 3],
+            "resources_per_worker": {"CPU": 1},
+            "elastic_resize_monitor_interval_s": 2,
+        },
+        scale={
+            "grow": {"gpu_util_above": 85, "for_s": 1},
+            "shrink": {"gpu_util_below": 30, "for_s": 1},
+            "cooldown_s": 1,
+            "undo_if_slower": False,
+            "compare_steps": 2,
+        },
+    )
+    proc = start_run(cfg, "rules", faults=SLOW_STEPS)
+    run = run_dir(cfg, "rules")
+    wait_for(
+        lambda: running(proc) and run.events.exists() and events(run, "resources_requested"),
+        300,
+        "the grow's request",
+    )
+    utilisation(0.5)  # between the rules: nothing more to ask
+    [grow] = events(run, "resources_requested")
+    assert (grow["data"]["kind"], grow["data"]["workers"]) == ("grow", 2)
+    # what Ray holds as the autoscaler's request, read back by the driver just after asking
+    assert grow["data"]["recorded"] == [{"CPU": 1.0}, {"CPU": 1.0}]
+    asked = next(p for p in plans(run) if p.reason == "scale_grow")
+    assert asked.cause_event_seq == grow["seq"] and asked.world_size == 1  # asked; the group is still 1
+
+    cluster.add_node(num_cpus=1)
+    wait_for(lambda: running(proc) and any(p.reason == "ray_resize" for p in plans(run)), 300, "Ray's resize")
+    utilisation(0.05)  # idle: the shrink rule holds
+    wait_for(
+        lambda: running(proc) and len(events(run, "resources_requested")) >= 2, 300, "the shrink's request"
+    )
+    shrink = events(run, "resources_requested")[1]["data"]
+    assert (shrink["kind"], shrink["workers"], shrink["recorded"]) == ("shrink", 1, [{"CPU": 1.0}])
+    rc, out = finish(proc, 600)
+    assert rc == 0, out[-3000:]
+    assert json.loads(run.status.read_text())["state"] == "completed", out[-3000:]
+    reasons = [(p.reason, p.world_size) for p in plans(run)]
+    assert (
+        reasons.index(("scale_grow", 1))
+        < reasons.index(("ray_resize", 2))
+        < reasons.index(("scale_shrink", 2))
+    )

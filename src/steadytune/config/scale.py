@@ -1,4 +1,4 @@
-"""``scale:`` in the run config: autoscaling a native run by rules (docs/server.md).
+"""``scale:`` in the run config: autoscaling a run by rules (docs/server.md; with Ray, docs/ray.md).
 
 Utilisations are percentages (0-100), as ``nvidia-smi`` and ``top`` show them. The
 defaults are deliberately slow: a resize costs a checkpoint and a relaunch (tens of
@@ -43,10 +43,23 @@ class CpuBoundRule(_Section):
 
 
 class ScaleConfig(_Section):
-    """Grow, shrink or feed a native run by rules on its GPUs' and the host's utilisation."""
+    """Grow, shrink or feed a run by rules on its GPUs' and the host's utilisation.
 
-    min_gpus: int = Field(1, ge=1, le=64, description="the fewest processes (GPUs) the run may shrink to")
-    max_gpus: int = Field(1, ge=1, le=64, description="the most processes (GPUs) the run may grow to")
+    A native run is relaunched at the new size; with ``run.engine: ray`` a grow or shrink is a
+    resource request to Ray within ``ray.num_workers`` (SteadytuneConfig._ray_scale)."""
+
+    min_gpus: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="the fewest processes (GPUs) the run may shrink to; with Ray: ray.num_workers' min",
+    )
+    max_gpus: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="the most processes (GPUs) the run may grow to; with Ray: ray.num_workers' max",
+    )
     grow: GrowRule = Field(default_factory=GrowRule, description="{gpu_util_above: 85, for_s: 300}")
     shrink: ShrinkRule = Field(default_factory=ShrinkRule, description="{gpu_util_below: 30, for_s: 600}")
     cpu_bound: CpuBoundRule | None = Field(

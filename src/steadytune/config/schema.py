@@ -457,6 +457,8 @@ class SteadytuneConfig(Section):
                 f"ray.num_workers: [{low}, {high}]; with Ray the range is ray.num_workers': leave "
                 "scale.min_gpus and scale.max_gpus out (or set them to the same numbers)"
             )
+        if not given:  # the range is filled in, so the run directory's copy of the config says it
+            scale.max_gpus, scale.min_gpus = high, low
         if scale.cpu_bound is not None:
             # more_workers relaunches the run with more dataloader workers; the CPU reading is this host's,
             # not the Ray nodes' that feed the training.

@@ -52,12 +52,8 @@ class Autoscaler:
         if s is None or not {PLAN, CONTROL} <= sup.source.abilities:
             return None
         env = {**os.environ, **(worker_env or {})}
-        if REQUEST in sup.source.abilities:
-            # Ray's group is sized within ray.num_workers (config validation holds scale: to it).
-            s = s.model_copy(
-                update={"min_gpus": sup.cfg.ray.min_workers, "max_gpus": sup.cfg.ray.max_workers}
-            )
-        else:
+        # With Ray, config validation made scale.min_gpus..max_gpus ray.num_workers' range.
+        if REQUEST not in sup.source.abilities:
             sup.plan = replace(sup.plan, nproc_per_node=sup.cfg.run.nproc_per_node)
         sup.plan = replace(sup.plan, dataloader_num_workers=sup.cfg.train.dataloader_num_workers)
         visible = parse_visible(env.get("CUDA_VISIBLE_DEVICES"))

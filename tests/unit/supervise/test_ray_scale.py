@@ -54,7 +54,9 @@ def refused(data: dict[str, Any], tmp_path: Path) -> str:
 
 def test_scale_with_an_elastic_ray_range_is_accepted(tmp_path: Path) -> None:
     cfg = validate_dict(config(tmp_path), base=tmp_path, check_paths=False)
-    assert cfg.scale is not None and cfg.ray.num_workers == (1, 3)
+    assert cfg.scale is not None and (cfg.scale.min_gpus, cfg.scale.max_gpus) == (1, 3)  # ray.num_workers'
+    again = validate_dict(cfg.model_dump(mode="json"), base=tmp_path, check_paths=False)  # the run dir's copy
+    assert again.scale is not None and again.scale.max_gpus == 3
     same = config(tmp_path, scale={"min_gpus": 1, "max_gpus": 3})
     assert validate_dict(same, base=tmp_path, check_paths=False).scale is not None
 
