@@ -177,7 +177,6 @@ class Resumes:
             if (checkpoint_step(path) or 0) > target:
                 self._abandoned[path] = _saved_at(path)
 
-
 def _saved_at(checkpoint: Path) -> int:
     """When a checkpoint was last written (its trainer state, else the folder): a re-save changes it."""
     for p in (checkpoint / "trainer_state.json", checkpoint):
