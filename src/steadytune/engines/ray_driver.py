@@ -171,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     stop = threading.Event()
     forwarder = threading.Thread(target=forward_requests, args=(run, plan.attempt, stop), daemon=True)
-    forwarder.start()
+    if cfg.scale is not None:  # only the scale rules write requests
+        forwarder.start()
     try:
         result = trainer.fit()
     except Exception as exc:  # Ray raises once max_failures is spent (TrainingFailedError)
@@ -179,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         stop.set()
-        forwarder.join(timeout=10)
+        if forwarder.is_alive():
+            forwarder.join(timeout=10)
         clear_request(run, plan.attempt)
         ray.shutdown()
     if result.error is not None:
