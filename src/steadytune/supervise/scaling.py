@@ -44,6 +44,7 @@ class Autoscaler:
         self.scaling: ScaleDecision | None = None  # the resize the worker was stopped for
         self.asked_at = 0.0
         self.resized: tuple[ScaleDecision, float, float | None] | None = None  # (it, when, last save ts)
+        self.asked_for: tuple[int, int] | None = None  # Ray: (workers asked for, the group's size then)
 
     @classmethod
     def for_run(cls, sup: Supervisor, worker_env: dict[str, str] | None) -> Autoscaler | None:
@@ -172,6 +173,11 @@ class Autoscaler:
         """Ask the engine for ``d.after.world`` workers; the training goes on meanwhile (no stop)."""
         sup = self.sup
         n = d.after.world
+        if self.asked_for == (n, d.before.world):
+            # Ray holds it already and the group has not changed since: asking again changes nothing.
+            self.scaling = None
+            self.rules.declined(sup.clock())
+            return
         source = cast(SizesItself, sup.source)
         asked = source.request_workers(d.kind, n, d.reason, sup.clock(), sup.cfg.ray)
         if asked is None:
@@ -182,6 +188,7 @@ class Autoscaler:
                 severity="warning", step=sup.progress.step, data={**data, "refused": "no driver"},
             )  # fmt: skip
             return
+        self.asked_for = (n, d.before.world)
         sup.emit(
             "action",
             d.kind,

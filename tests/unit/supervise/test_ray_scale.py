@@ -134,9 +134,12 @@ def busy(sup: Supervisor, util: float, start: float, seconds: int) -> None:
         sup.handle(SystemSample(ts=start + t, cpu_ratio=0.2, gpus=(GpuSample(index=0, util_ratio=util),)))
 
 
+_inboxes: dict[Path, RequestInbox] = {}
+
+
 def act_as_driver(sup: Supervisor) -> ResourceRequest | None:
     """What the driver's thread does, less the Ray call; then the supervisor's next tick."""
-    inbox = RequestInbox(sup.run.root, 0)
+    inbox = _inboxes.setdefault(sup.run.root, RequestInbox(sup.run.root, 0))  # one driver: one inbox
     req = inbox.new()
     if req is not None:
         inbox.made(req, 50.0)
@@ -181,6 +184,15 @@ def test_a_shrink_asks_for_fewer_workers_within_the_ray_range(sup: Supervisor) -
     req = act_as_driver(sup)
     assert req is not None and (req.kind, req.workers, len(req.bundles)) == ("shrink", 2, 2)
     assert revisions(sup)[-1].reason == "scale_shrink"
+    from steadytune.records import StepRecord
+
+    t0 = sup.clock()
+    for n in range(1, 26):  # the group of 3 trains on: the shrink is measured
+        sup.handle(StepRecord(step=n, ts=t0 + n, rank=0, attempt=0, loss=2.0, step_time_s=1.0))
+    assert filed(sup, "resize_measured")
+    # still idle past the cool-down, and Ray keeps the group of 3: the same ask again changes nothing
+    busy(sup, 0.05, start=t0 + 1000, seconds=11)
+    assert act_as_driver(sup) is None and len(filed(sup, "resources_requested")) == 1
 
 
 def test_a_request_no_driver_took_frees_the_rules(sup: Supervisor) -> None:
