@@ -17,6 +17,7 @@ import torch
 from transformers import AutoModelForCausalLM, Trainer, TrainerCallback, TrainingArguments
 
 from steadytune.config.schema import SteadytuneConfig
+from steadytune.data.encode import IGNORE_INDEX, DataSpec
 from steadytune.guard.core import Guard
 from steadytune.guard.faults import Faults
 from steadytune.guard.hf import GuardCallback, load_keeping_this_runs_lr
@@ -24,14 +25,7 @@ from steadytune.layerwise import groups_of
 from steadytune.policy.restart import is_oom_message
 from steadytune.protocol import WorkerEvent
 from steadytune.records import PlanRevision
-from steadytune.train.data import (
-    IGNORE_INDEX,
-    SAMPLE_HASH,
-    SAMPLE_ID,
-    DataSpec,
-    build_dataset,
-    load_tokenizer,
-)
+from steadytune.train.data import SAMPLE_HASH, SAMPLE_ID, build_dataset, load_tokenizer
 from steadytune.train.optim import LrPlan, group_summary, param_groups
 from steadytune.train.sampling import SkipSampler
 

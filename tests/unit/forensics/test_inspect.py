@@ -117,22 +117,7 @@ assert done.data.get("verdict") == "bad" and done.data["anomaly_seq"] == cause.s
 """
 
 
-@pytest.mark.parametrize(
-    "data_format",
-    [
-        "jsonl",
-        pytest.param(
-            "csv",
-            marks=pytest.mark.xfail(
-                strict=True,
-                raises=HeavyImport,
-                reason="train/data.py reads .csv/.parquet with `datasets` (pyarrow, pandas) inside the "
-                "supervisor; "
-                "a torch-free reader for them is a separate refactor",
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("data_format", ["jsonl", "csv"])
 def test_the_supervisors_inspect_batch_stays_torch_and_datasets_free(make_run, data_format):
     """Supervisor.inspect_batch, the path a NaN or a spike takes in the supervisor process."""
     import csv
