@@ -1,29 +1,10 @@
-"""Downsampling: min/max keeps spikes, LTTB keeps shape and endpoints, sparklines."""
+"""Sparklines: LTTB keeps shape and endpoints."""
 
 from __future__ import annotations
 
 import math
 
-import pytest
-
-from steadytune.web.downsample import lttb, minmax, sparkline
-
-
-def test_minmax_keeps_every_spike_and_order() -> None:
-    xs = list(range(100_000))
-    ys = [math.sin(x / 1000) for x in xs]
-    ys[12_345] = 50.0
-    ys[67_890] = -50.0
-    out = minmax(xs, ys, 500)
-    assert len(out) <= 1000
-    assert (12_345, 50.0) in out and (67_890, -50.0) in out
-    assert [p[0] for p in out] == sorted(p[0] for p in out)
-
-
-def test_minmax_small_input_is_unchanged() -> None:
-    assert minmax([1, 2, 3], [4, 5, 6], 10) == [(1, 4), (2, 5), (3, 6)]
-    with pytest.raises(ValueError, match="differ in length"):
-        minmax([1], [], 3)
+from steadytune.web.sparkline import lttb, sparkline
 
 
 def test_lttb_count_endpoints_and_peak() -> None:
