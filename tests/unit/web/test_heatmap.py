@@ -33,7 +33,7 @@ def test_cell_states_mark_exactly_what_check_layers_reports() -> None:
     norms = [0.0, 1e-4, 1e-3, 0.5, 100.0, 101.0, math.inf, math.nan]
     zeros = [0.0, 0.9, 0.95]
     for layer, norm, zf in itertools.product(("embeddings", "layers.3"), norms, zeros):
-        flagged = check_layers({layer: {"norm": norm, "zero_frac": zf}})
+        flagged = check_layers({layer: {"norm": norm, "zero_frac": zf}}, **heatmap.DEFAULT_LIMITS)
         state = cell_state(layer, norm, zf)
         assert (state != OK) == bool(flagged), (layer, norm, zf, state, flagged)
         if flagged:
