@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from steadytune.detect.build import layer_limits
 from steadytune.records import Event, PlanRevision, to_dict
 from steadytune.telemetry.store import GPU_METRICS, STEP_METRICS, SYSTEM_METRICS, Series
 from steadytune.web import heatmap
@@ -146,10 +147,14 @@ def series(
 def gradflow(
     entry: RunEntry, points: int = 400, lo: float | None = None, hi: float | None = None
 ) -> dict[str, Any]:
-    """The gradient-flow heat map of one run (layers × recorded steps), see :mod:`.heatmap`."""
+    """The gradient-flow heat map of one run (layers × recorded steps), see :mod:`.heatmap`.
+
+    Cells are judged by the run's own ``detect.grad.layer_*`` limits, as its detector judged them.
+    """
     store = entry.store()
     version = store.version
-    return clean({"version": version, **heatmap.build(store.gradflow(lo, hi), points)})
+    limits = layer_limits(entry.detect_config())
+    return clean({"version": version, **heatmap.build(store.gradflow(lo, hi), points, limits)})
 
 
 def gradhist(entry: RunEntry, step: int) -> dict[str, Any]:
@@ -185,6 +190,8 @@ def gradflow_since(entry: RunEntry, version: int) -> dict[str, Any] | None:
     return clean(
         {
             "since": max(r.version for r in rows),
-            **heatmap.build(sorted(rows, key=lambda r: r.step), len(rows)),
+            **heatmap.build(
+                sorted(rows, key=lambda r: r.step), len(rows), layer_limits(entry.detect_config())
+            ),
         }
     )

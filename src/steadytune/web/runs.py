@@ -19,8 +19,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import yaml
+from pydantic import ValidationError
+
 from steadytune.checkpoint.manifest import MANIFEST, verify
 from steadytune.checkpoint.store import pointer_name
+from steadytune.config.detect import DetectConfig
 from steadytune.rundir import RunDir, valid_run_id
 from steadytune.telemetry.jsonl import within_depth
 from steadytune.telemetry.store import RunStore
@@ -77,6 +81,7 @@ class RunEntry:
         self._sizes: tuple[int, ...] = ()
         self._lock = threading.Lock()
         self._ckpt_cache: dict[str, tuple[float, dict[str, Any]]] = {}
+        self._detect_cache: tuple[tuple[int, int], DetectConfig] | None = None
 
     @property
     def run_id(self) -> str:
@@ -166,6 +171,31 @@ class RunEntry:
             items.append(info)
         items.sort(key=lambda c: (c["step"] is None, c["step"] or 0, c["name"]))
         return {"latest": latest, "last_good": last_good, "items": items}
+
+    def detect_config(self) -> DetectConfig:
+        """The run's own ``detect:`` thresholds, from the config.yaml its supervisor wrote.
+
+        The defaults when the run has none (a watched log, an imported run) or it does not
+        load: the page then marks what a default run's detectors would report.
+        """
+        path = self.dir.config
+        try:
+            st = path.stat()
+        except OSError:
+            return DetectConfig()
+        # Size as well as time: a coarse clock may give a rewrite the same mtime.
+        stamp = (st.st_mtime_ns, st.st_size)
+        cached = self._detect_cache
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+            section = data.get("detect") if isinstance(data, dict) else None
+            cfg = DetectConfig.model_validate(section if isinstance(section, dict) else {})
+        except (OSError, yaml.YAMLError, ValidationError):
+            cfg = DetectConfig()
+        self._detect_cache = (stamp, cfg)
+        return cfg
 
     def close(self) -> None:
         with self._lock:
