@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from chromium import open_chromium, screenshot, wait_js
-from live_run import LiveRun
+from live_run import LAYER_LIMITS, LiveRun
 from selenium.webdriver.remote.webdriver import WebDriver
 from tests.waiting import wait_for
 
@@ -57,6 +57,11 @@ def check_heatmap(b: WebDriver) -> None:
     assert "exploding" in tip and "step " in tip
     note = b.execute_script("return document.getElementById('note-gradflow').textContent")
     assert "recordings" in note and "exploding" in note and "dead/vanishing" in note, note
+    # The legend states the limits the API sent: this run's own, not the defaults (1e-3, 90%).
+    sent = b.execute_script("return window.steadytune.heatmap.thresholds")
+    assert sent == LAYER_LIMITS, sent
+    legend = b.execute_script("return document.getElementById('heatmap-legend').textContent")
+    assert "< 2e-3, or > 95% zeros" in legend and "exploding (> 1e2 or not finite)" in legend, legend
 
 
 # Record what the page gets from /series, then give the loss chart a budget the live run outgrows.
