@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from steadytune.checkpoint.manifest import checkpoint_step
-from steadytune.checkpoint.store import read_pointer, write_pointer
 from steadytune.config.load import dump_config
 from steadytune.config.schema import SteadytuneConfig
 from steadytune.detect.live import LiveDetector, Transition, format_transition
@@ -55,6 +54,7 @@ from steadytune.supervise.restarts import (
 from steadytune.supervise.resuming import Resumes
 from steadytune.supervise.scaling import SCALE_ACTIONS, Autoscaler
 from steadytune.supervise.source import CONTROL, DATA, PLAN, SKIP_STEP, NativeSource, WorkerSource
+from steadytune.supervise.status import RunBooks
 from steadytune.telemetry.events import EventLog
 from steadytune.telemetry.progress import RunProgress, progress_line
 from steadytune.telemetry.runenv import config_sources
@@ -156,11 +156,11 @@ class Supervisor:
         self._stop_sent_at: float | None = None
         self.resumes = Resumes(self)
         self.in_process = InProcessRollbacks(self)
+        self.books = RunBooks(self)
         self._reaped: list[int] = []  # what the last attempt left behind, killed
         self._stop_killed = False
         self._pause_requested = False
         self._last_sample = 0.0
-        self._last_status = 0.0
         self.dashboard_url: str | None = None
 
     def default_observers(self) -> list[Observer]:
@@ -194,34 +194,6 @@ class Supervisor:
             style = {"critical": "bold red", "warning": "yellow"}.get(severity)
             self.say(f"[{kind}] {message or name}", style=style)
         return event
-
-    def write_status(self, force: bool = False) -> None:
-        now = self.clock()
-        if not force and now - self._last_status < 1.0:
-            return
-        self._last_status = now
-        status = {
-            "run_id": self.run.run_id,
-            "state": self.state,
-            "step": self.progress.step,
-            "max_steps": self.progress.max_steps,
-            "loss": self.progress.last_loss,
-            "eval_loss": self.progress.last_eval_loss,
-            "tokens_per_s": self.progress.tokens_per_s,
-            "eta_s": self.progress.eta_s,
-            "attempt": self.attempt,
-            "restarts": self.restarts + self.action_restarts,
-            "last_checkpoint": self.source.latest_checkpoint(),
-            "supervisor_pid": os.getpid(),
-            "worker_pid": self.worker.pid if self.worker and self.worker.poll() is None else None,
-            "source": self.source.label,
-            "updated_ts": now,
-            "dashboard_url": self.dashboard_url,
-            "started_ts": self.started_ts,
-        }
-        import json
-
-        atomic_write_text(self.run.status, json.dumps(status, indent=1))
 
     # -- the run -------------------------------------------------------------
     def prepare(self) -> None:
@@ -314,8 +286,8 @@ class Supervisor:
             last_beat = max(self.last_heartbeat.values()) if self.last_heartbeat else None
             for t in self.detector.observe_time(now, last_beat, self.progress.step or None):
                 self.on_transition(t)
-        self.update_last_good()
-        self.write_status()
+        self.books.update_last_good()
+        self.books.write_status()
         for obs in self.observers:
             flush = getattr(obs, "flush", None)
             if flush is not None:
@@ -398,7 +370,7 @@ class Supervisor:
         self._last_save_ts = ev.ts
         if ev.step is not None:
             self.checkpoint_steps.append(ev.step)
-            self.update_disk_need(ev.step)
+            self.books.update_disk_need(ev.step)
 
     def on_ack_checkpoint(self, ev: Event, filed: Event | None) -> None:
         if self._leak_snapshot_pending:
@@ -680,7 +652,7 @@ class Supervisor:
         self.state = "paused"
         self.worker = None
         self._resume_requested = False
-        self.write_status(force=True)
+        self.books.write_status(force=True)
         self.say(
             f"paused at step {self.progress.step}: the GPU is free; `steadytune resume {self.run.root}` "
             "continues from the checkpoint",
@@ -694,34 +666,6 @@ class Supervisor:
                 live.update(progress_line(self.progress, self.restarts + self.action_restarts, self.state))
             time.sleep(self.poll_s)
         return True
-
-    def update_disk_need(self, step: int) -> None:
-        """Checkpoints still to come, at the size of the newest one, feed the disk_low detector."""
-        from steadytune.preflight.disk import run_disk_need
-
-        need = run_disk_need(
-            self.run.checkpoints,
-            self.cfg.run.keep_last,
-            self.cfg.train.save_steps,
-            self.progress.max_steps,
-            step,
-        )
-        self.detector.set_projected_disk_need(need)
-
-    def update_last_good(self) -> None:
-        """A checkpoint becomes LAST_GOOD once a window of healthy steps has followed it."""
-        window = self.cfg.run.good_window_steps
-        current = read_pointer(self.run.last_good_pointer)
-        current_step = checkpoint_step(current) if current else -1
-        for step in sorted(self.checkpoint_steps, reverse=True):
-            if step <= (current_step or -1):
-                break
-            done = self.progress.step >= step + window or self.state == "completed"
-            healthy = not any(step < t <= step + window for t in self.trouble_steps)
-            target = self.run.checkpoints / f"checkpoint-{step}"
-            if done and healthy and target.is_dir():
-                write_pointer(self.run.last_good_pointer, target)
-                break
 
     # -- signals ------------------------------------------------------------
     def on_signal(self, signum: int, _frame: Any = None) -> None:
@@ -931,7 +875,7 @@ class Supervisor:
                 },
             )
             self.state = "restarting"
-            self.write_status(force=True)
+            self.books.write_status(force=True)
             time.sleep(delay)
             if self._interrupts:
                 return self.finish(Decision("stop", "user_interrupt", "stopped on request"), info, t0)
@@ -976,10 +920,10 @@ class Supervisor:
             "done": decision.classification,
             "stop": "stopped" if decision.classification == "user_interrupt" else "failed",
         }[decision.action]
-        # Set before update_last_good: a completed run's last checkpoint needs no healthy window after it.
+        # Set before books.update_last_good: a completed run's last checkpoint needs no healthy window after it.
         self.state = state
         if state == "completed":
-            self.update_last_good()
+            self.books.update_last_good()
         severity = "info" if state in {"completed", "stopped", "paused"} else "critical"
         data: dict[str, Any] = {"classification": decision.classification}
         detail = ""
@@ -1003,7 +947,7 @@ class Supervisor:
         )
         if detail:
             self.say(detail.lstrip("\n"))
-        self.write_status(force=True)
+        self.books.write_status(force=True)
         self.system_writer.close()
         for obs in self.observers:
             obs.close()

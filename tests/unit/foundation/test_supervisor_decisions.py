@@ -53,17 +53,17 @@ def test_last_good_waits_for_a_healthy_window_and_skips_a_checkpoint_trouble_fol
     checkpoint(sup, 10)
     for n in range(1, 13):
         step(sup, n)
-    sup.update_last_good()
+    sup.books.update_last_good()
     assert read_pointer(sup.run.last_good_pointer) is None  # step 12: the window after 10 is not over
     step(sup, 13)
-    sup.update_last_good()
+    sup.books.update_last_good()
     assert read_pointer(sup.run.last_good_pointer).name == "checkpoint-10"
 
     checkpoint(sup, 20)
     sup.trouble_steps.append(22)  # e.g. a NaN two steps after checkpoint-20
     for n in range(14, 30):
         step(sup, n)
-        sup.update_last_good()
+        sup.books.update_last_good()
     assert read_pointer(sup.run.last_good_pointer).name == "checkpoint-10"  # never 20
 
     checkpoint(sup, 30)
@@ -71,7 +71,7 @@ def test_last_good_waits_for_a_healthy_window_and_skips_a_checkpoint_trouble_fol
     sup.trouble_steps.append(34)  # and after the window it says nothing about the checkpoint
     for n in range(30, 34):
         step(sup, n)
-    sup.update_last_good()
+    sup.books.update_last_good()
     assert read_pointer(sup.run.last_good_pointer).name == "checkpoint-30"
 
 
@@ -81,7 +81,7 @@ def test_last_good_on_completion_and_never_a_missing_directory(tmp_path: Path) -
     sup.checkpoint_steps.append(20)  # announced, but its directory is gone (retention, or a torn save)
     for n in range(1, 25):
         step(sup, n)
-    sup.update_last_good()
+    sup.books.update_last_good()
     assert read_pointer(sup.run.last_good_pointer).name == "checkpoint-10"
     checkpoint(sup, 25)
     # The run completes at step 25: its last checkpoint needs no window after it.
@@ -98,7 +98,7 @@ def test_an_older_pointer_is_not_moved_back(tmp_path: Path) -> None:
     write_pointer(sup.run.last_good_pointer, sup.run.checkpoints / "checkpoint-20")
     for n in range(1, 30):
         step(sup, n)
-    sup.update_last_good()
+    sup.books.update_last_good()
     assert read_pointer(sup.run.last_good_pointer).name == "checkpoint-20"
 
 
