@@ -28,7 +28,7 @@ from steadytune.detect.live import LiveDetector, Transition, format_transition
 from steadytune.policy.engine import Action, Policy
 from steadytune.policy.plan import smaller_microbatch
 from steadytune.policy.restart import Decision, ExitInfo, decide
-from steadytune.protocol import RESERVED_ISSUERS, RequestQueue, WorkerEvent, clear_requests
+from steadytune.protocol import WorkerEvent
 from steadytune.records import (
     Anomaly,
     Event,
@@ -44,6 +44,7 @@ from steadytune.records import (
 from steadytune.rundir import RunDir, atomic_write_text
 from steadytune.supervise.inprocess import InProcessRollbacks
 from steadytune.supervise.logparse import last_exception, last_lines
+from steadytune.supervise.operator import OperatorControls
 from steadytune.supervise.process import ProcessTree, WorkerProcess
 from steadytune.supervise.ray_source import on_worker_group_failed, on_worker_group_started
 from steadytune.supervise.restarts import (
@@ -147,19 +148,18 @@ class Supervisor:
         self.shrink_next_restart = False
         self.last_step_ts: float | None = None
         self.started_ts = clock()
-        self._control_queue = RequestQueue(self.run.control)
         self._inspected: set[int] = set()
         self._leak_snapshot_pending = False
-        self._resume_requested = False
-        self._interrupts = 0
+        self.interrupts = 0  # SIGINT/SIGTERM received: the first stops, the second kills
         self.stop_signal: int | None = None
-        self._stop_sent_at: float | None = None
+        self.stop_sent_at: float | None = None
         self.resumes = Resumes(self)
         self.in_process = InProcessRollbacks(self)
         self.books = RunBooks(self)
+        self.controls = OperatorControls(self)  # signals and the control queue
         self._reaped: list[int] = []  # what the last attempt left behind, killed
         self._stop_killed = False
-        self._pause_requested = False
+        self.pause_requested = False  # a job that takes no requests was stopped on an operator's pause
         self._last_sample = 0.0
         self.dashboard_url: str | None = None
 
@@ -234,8 +234,8 @@ class Supervisor:
         return self.resumes.resume_point()
 
     def start_worker(self, plan: PlanRevision) -> None:
-        self._stop_sent_at = None
-        self.drop_stale_requests()
+        self.stop_sent_at = None
+        self.controls.drop_stale_requests()
         self.worker = self.source.start(plan, self.run.logs / f"worker-{plan.attempt}.log")
         self.tree = ProcessTree(self.worker)
         cmd = self.worker.cmd
@@ -273,7 +273,7 @@ class Supervisor:
                 self.worker.pid if self.worker and self.worker.poll() is None else None
             )
             self.handle(sample)
-        self.poll_operator()
+        self.controls.poll()
         self.in_process.tick()
         # Loading (and resuming), saving and evaluating are judged by setup_timeout_s, not by step pace;
         # a paused worker is not judged at all.
@@ -526,7 +526,7 @@ class Supervisor:
             if self.worker is not None and self.pending is None:
                 self.pending = action
                 self.worker.signal_tree(signal.SIGTERM)
-                self._stop_sent_at = self.clock()
+                self.stop_sent_at = self.clock()
             return
         self.emit(
             "action",
@@ -565,7 +565,7 @@ class Supervisor:
             send_control(
                 self.run, "stop", issuer=f"policy:{action.name}", attempt=self.attempt, log=self.events
             )
-            self._stop_sent_at = self.clock()
+            self.stop_sent_at = self.clock()
         elif action.name in {"rollback", "restart"} and self.worker is not None and self.pending is None:
             if action.name == "rollback" and self.in_process.want(action):
                 return  # the worker reloads the checkpoint itself, once these records are read: no new process
@@ -599,110 +599,6 @@ class Supervisor:
                 data={"pids": pids, "dir": str(self.run.stacks), "file": str(where)},
             )
 
-    def poll_operator(self) -> None:
-        """File operator requests (``steadytune pause|resume|checkpoint|stop``) once each, act on ``resume``.
-
-        The supervisor's own requests (``policy:``, ``signal``) were filed when it sent them.
-        """
-        for request in self._control_queue.new():
-            rid = str(request.get("id", ""))
-            issuer = str(request.get("issuer", "?"))
-            command = str(request.get("command", "?"))
-            if not issuer.startswith(RESERVED_ISSUERS):
-                self.emit(
-                    "control",
-                    command,
-                    f"{command} requested by {issuer}",
-                    step=self.progress.step,
-                    data={"request_id": rid, "issuer": issuer, "args": request.get("args", {})},
-                )
-            if command == "resume" and self.state == "paused":
-                self._resume_requested = True
-            elif CONTROL not in self.source.abilities and not issuer.startswith(RESERVED_ISSUERS):
-                self.carry_out_outside(command, issuer)
-
-    def carry_out_outside(self, command: str, issuer: str) -> None:
-        """An operator's request to a job that takes none: stop and pause are done from outside."""
-        if self.worker is None or self.worker.poll() is not None or self.state in {"stopping", "paused"}:
-            return
-        if command == "stop":
-            self.request_stop(issuer)
-        elif command == "pause":
-            # The job is stopped (it keeps the checkpoints it saved); `resume` restarts it from the newest.
-            self._pause_requested = True
-            self.state = "stopping"
-            self.worker.signal_tree(signal.SIGTERM)
-            self._stop_sent_at = self.clock()
-        elif command in {"checkpoint", "memory_snapshot"}:
-            self.emit(
-                "action",
-                "alert_only",
-                f"{command} requested by {issuer} is not available: {self.unable(command)}",
-                severity="warning",
-                step=self.progress.step,
-            )
-
-    def drop_stale_requests(self) -> None:
-        """Before a worker starts: file what is queued, then empty the queue, which was meant for the last one."""
-        self.poll_operator()
-        clear_requests(self.run.control)
-
-    def wait_while_paused(self, live: Any = None) -> bool:
-        """The worker checkpointed and exited on ``pause``: hold the run until ``resume`` (True) or a stop."""
-        self.state = "paused"
-        self.worker = None
-        self._resume_requested = False
-        self.books.write_status(force=True)
-        self.say(
-            f"paused at step {self.progress.step}: the GPU is free; `steadytune resume {self.run.root}` "
-            "continues from the checkpoint",
-            style="yellow",
-        )
-        while not self._resume_requested:
-            if self._interrupts:
-                return False
-            self.pump()
-            if live is not None:
-                live.update(progress_line(self.progress, self.restarts + self.action_restarts, self.state))
-            time.sleep(self.poll_s)
-        return True
-
-    # -- signals ------------------------------------------------------------
-    def on_signal(self, signum: int, _frame: Any = None) -> None:
-        self._interrupts += 1
-        if self._interrupts == 1:
-            self.stop_signal = signum
-            self.request_stop(f"signal {signal.Signals(signum).name}")
-        elif self.worker is not None:
-            self.say("second interrupt: killing the worker now", style="bold red")
-            self.worker.signal_tree(signal.SIGKILL)
-
-    def request_stop(self, issuer: str) -> None:
-        self.state = "stopping"
-        label = self.source.label
-        if CONTROL in self.source.abilities:
-            from steadytune.supervise.control import send_control
-
-            send_control(self.run, "stop", issuer=issuer, attempt=self.attempt, log=self.events)
-            how = f"the {label} will checkpoint at the next step and exit"
-        else:
-            how = f"the {label} gets SIGTERM (its own handling may save) and {self.stop_grace_s:.0f}s to exit"
-        self.emit(
-            "lifecycle",
-            "stop_requested",
-            f"{issuer}: stopping; {how} (a second signal kills it)",
-            severity="warning",
-            step=self.progress.step,
-            data={"issuer": issuer, "grace_s": self.stop_grace_s},
-        )
-        if self.worker is not None and (
-            PLAN in self.source.abilities or CONTROL not in self.source.abilities
-        ):
-            # steadytune's worker takes SIGTERM as "stop"; a job without the guard gets its own chance
-            # to save. An injected trainer would die of it, so it gets the request alone.
-            self.worker.signal_tree(signal.SIGTERM)
-        self._stop_sent_at = self.clock()
-
     # -- main loop ------------------------------------------------------------
     def supervise_attempt(self, live: Any = None) -> ExitInfo:
         assert self.worker is not None
@@ -714,7 +610,7 @@ class Supervisor:
                 live.update(progress_line(self.progress, self.restarts + self.action_restarts, self.state))
             if rc is not None:
                 break
-            if self._stop_sent_at is not None and self.clock() - self._stop_sent_at > self.stop_grace_s:
+            if self.stop_sent_at is not None and self.clock() - self.stop_sent_at > self.stop_grace_s:
                 self.say(f"the {self.source.label} did not stop in time: killing it", style="bold red")
                 self.worker.kill()
                 self._stop_killed = True
@@ -722,11 +618,11 @@ class Supervisor:
         # Asked to stop, the rest of the tree gets the grace period too: a launcher dies of SIGTERM at
         # once while its trainer is still saving the checkpoint it was asked for.
         while (
-            self._stop_sent_at is not None
+            self.stop_sent_at is not None
             and self.tree is not None
             and self.tree.alive()
-            and self.clock() - self._stop_sent_at <= self.stop_grace_s
-            and self._interrupts < 2
+            and self.clock() - self.stop_sent_at <= self.stop_grace_s
+            and self.interrupts < 2
         ):
             self.pump()
             time.sleep(self.poll_s)
@@ -738,15 +634,13 @@ class Supervisor:
         tail = self.worker.log_tail()
         found = last_exception(tail) if last is None and rc else None
         status = last.status if last else None
-        outside = last is None and self._pause_requested
+        outside = last is None and self.pause_requested
         if outside:
-            status, self._pause_requested = "paused", False  # stopped from outside on an operator's pause
+            status, self.pause_requested = "paused", False  # stopped from outside on an operator's pause
         elif last is None and rc == 0 and PLAN not in self.source.abilities:
             # A job's own exit status is all it says; asked to stop, a clean exit is a stop.
-            status = "stopped" if self._stop_sent_at is not None else "completed"
-        stopping = self._stop_sent_at is not None or (
-            self.pending is not None and self.pending.name == "stop"
-        )
+            status = "stopped" if self.stop_sent_at is not None else "completed"
+        stopping = self.stop_sent_at is not None or (self.pending is not None and self.pending.name == "stop")
         return ExitInfo(
             returncode=rc,
             status=status,
@@ -757,7 +651,7 @@ class Supervisor:
             deterministic=bool(last and last.deterministic)
             or (last is None and rc is not None and rc > 0 and not self.attempt_stepped and not stopping),
             stderr_tail=tail,
-            interrupted=self._stop_sent_at is not None and status not in {"stopped", "paused", "completed"},
+            interrupted=self.stop_sent_at is not None and status not in {"stopped", "paused", "completed"},
             stopped_outside=outside,
         )
 
@@ -789,7 +683,7 @@ class Supervisor:
         self.start_worker(self.plan)
         while True:
             info = self.supervise_attempt(live)
-            if self.pending is None and not self._interrupts and (bad := self.resumes.nonfinite_end(info)):
+            if self.pending is None and not self.interrupts and (bad := self.resumes.nonfinite_end(info)):
                 # A run whose loss ended NaN/Inf holds unusable weights: it is never "completed".
                 action = self.policy.instead(bad, self.progress.step, "rollback", "the run ended non-finite")
                 if action is None or action.name != "rollback":
@@ -799,7 +693,7 @@ class Supervisor:
                     )
                     return self.finish(Decision("stop", "nonfinite", why), info, t0)
                 self.execute(action)
-            if self.pending is not None and not self._interrupts:
+            if self.pending is not None and not self.interrupts:
                 action, self.pending = self.pending, None
                 if action.name in {"stop", "pause"}:  # a job stopped from outside, on the policy's word
                     return self.finish(
@@ -820,9 +714,9 @@ class Supervisor:
                     self.cfg.run.restart_backoff_max_s,
                 )
                 history.append(info)
-                if decision.classification == "paused" and not self._interrupts:
+                if decision.classification == "paused" and not self.interrupts:
                     self.emit("lifecycle", "run_paused", f"run paused at step {info.step}", step=info.step)
-                    if not self.wait_while_paused(live):
+                    if not self.controls.wait_while_paused(live):
                         return self.finish(
                             Decision("stop", "user_interrupt", "stopped while paused"), info, t0
                         )
@@ -840,7 +734,7 @@ class Supervisor:
                 failed_resume = self.resumes.failed_resume(info, decision)
                 if failed_resume is not None:
                     decision = failed_resume
-                elif decision.action != "restart" or self._interrupts:
+                elif decision.action != "restart" or self.interrupts:
                     return self.finish(decision, info, t0)
                 changes, reason, why = self.resumes.plan_after_crash(decision)
                 if changes is None:
@@ -877,7 +771,7 @@ class Supervisor:
             self.state = "restarting"
             self.books.write_status(force=True)
             time.sleep(delay)
-            if self._interrupts:
+            if self.interrupts:
                 return self.finish(Decision("stop", "user_interrupt", "stopped on request"), info, t0)
             self.attempt += 1
             self.revise(reason=reason, cause=event, attempt=self.attempt, notes=why, **changes)

@@ -173,13 +173,13 @@ def test_a_second_ctrl_c_kills_a_worker_the_first_could_not_stop(tmp_path: Path,
     sup = supervisor(tmp_path)
     sup.stop_grace_s = 3600.0  # only the second Ctrl-C can end this worker
     worker = stubborn(sup, started)
-    sup.on_signal(signal.SIGINT)
+    sup.controls.on_signal(signal.SIGINT)
     assert (
         sup.state == "stopping" and worker.poll() is None
     )  # asked to stop (control file + SIGTERM): ignored
     (stop,) = [e for e in read_events(sup.run.events) if e.kind == "control" and e.name == "stop"]
     assert stop.data["issuer"] == "signal SIGINT"
-    sup.on_signal(signal.SIGINT)
+    sup.controls.on_signal(signal.SIGINT)
     info = sup.supervise_attempt()
     assert info.returncode == -signal.SIGKILL and info.interrupted
     decision = decide(info, [], 0, 3)
@@ -192,7 +192,7 @@ def test_a_worker_that_ignores_stop_is_killed_after_the_grace_period(tmp_path: P
     said: list[str] = []
     sup.say = lambda text, style=None: said.append(text)
     worker = stubborn(sup, started)
-    sup.request_stop("operator")
+    sup.controls.request_stop("operator")
     info = sup.supervise_attempt()  # returns only once the worker is gone
     assert worker.poll() == info.returncode == -signal.SIGKILL and info.interrupted
     assert "the worker did not stop in time: killing it" in said

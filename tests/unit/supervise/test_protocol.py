@@ -253,25 +253,25 @@ def test_the_supervisor_files_operator_requests_once_and_resumes_a_paused_run(tm
     send_control(sup.run, "checkpoint", "alice (dashboard, 127.0.0.1)", new_id=ids("a"))
     send_control(sup.run, "checkpoint", "policy:loss_spike", attempt=0, log=sup.events, new_id=ids("p"))
     send_control(sup.run, "resume", "bob (cli)", new_id=ids("r"))
-    sup.poll_operator()
-    sup.poll_operator()
+    sup.controls.poll()
+    sup.controls.poll()
     filed = [(e.name, e.data["issuer"], e.data["request_id"]) for e in read_events(sup.run.events)]
     assert filed == [
         ("checkpoint", "policy:loss_spike", "p"),  # filed by the supervisor when it sent it
         ("checkpoint", "alice (dashboard, 127.0.0.1)", "a"),
         ("resume", "bob (cli)", "r"),
     ]
-    assert not sup._resume_requested  # running, not paused: nothing to resume
+    assert not sup.controls.resume_requested  # running, not paused: nothing to resume
     sup.state = "paused"
     send_control(sup.run, "resume", "bob (cli)", new_id=ids("r2"))
-    sup.poll_operator()
-    assert sup._resume_requested
+    sup.controls.poll()
+    assert sup.controls.resume_requested
 
 
 def test_a_new_worker_starts_on_an_empty_queue_and_what_was_queued_is_filed(tmp_path: Path) -> None:
     sup = supervisor(tmp_path)
     send_control(sup.run, "pause", "alice (cli)", args={"mode": "hold"}, new_id=ids("late"))
-    sup.drop_stale_requests()
+    sup.controls.drop_stale_requests()
     assert request_names(sup.run.control) == []
     (event,) = read_events(sup.run.events)
     assert (event.name, event.data["request_id"], event.data["args"]) == ("pause", "late", {"mode": "hold"})
