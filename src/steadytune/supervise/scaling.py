@@ -188,7 +188,7 @@ class Autoscaler:
         if onto is not None:
             self._place(onto, d)
         self.rules.applied(d, sup.clock())
-        self.resized = (d, self.asked_at, sup._last_save_ts)
+        self.resized = (d, self.asked_at, sup.last_save_ts)
         changes = {
             "resume_checkpoint": resume,
             "nproc_per_node": d.after.world,

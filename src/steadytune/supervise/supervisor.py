@@ -28,9 +28,7 @@ from steadytune.detect.live import LiveDetector, Transition, format_transition
 from steadytune.policy.engine import Action, Policy
 from steadytune.policy.plan import smaller_microbatch
 from steadytune.policy.restart import Decision, ExitInfo, decide
-from steadytune.protocol import WorkerEvent
 from steadytune.records import (
-    Anomaly,
     Event,
     Heartbeat,
     PlanRevision,
@@ -46,7 +44,6 @@ from steadytune.supervise.inprocess import InProcessRollbacks
 from steadytune.supervise.logparse import last_exception, last_lines
 from steadytune.supervise.operator import OperatorControls
 from steadytune.supervise.process import ProcessTree, WorkerProcess
-from steadytune.supervise.ray_source import on_worker_group_failed, on_worker_group_started
 from steadytune.supervise.restarts import (
     anomaly_event_data,
     first_plan,
@@ -56,6 +53,7 @@ from steadytune.supervise.resuming import Resumes
 from steadytune.supervise.scaling import SCALE_ACTIONS, Autoscaler
 from steadytune.supervise.source import CONTROL, DATA, PLAN, SKIP_STEP, NativeSource, WorkerSource
 from steadytune.supervise.status import RunBooks
+from steadytune.supervise.worker_events import WorkerEvents
 from steadytune.telemetry.events import EventLog
 from steadytune.telemetry.progress import RunProgress, progress_line
 from steadytune.telemetry.runenv import config_sources
@@ -141,7 +139,7 @@ class Supervisor:
         self.detector = LiveDetector(cfg.detect)
         self.policy = Policy(cfg.policy)
         self.plan = first_plan(cfg, clock())
-        self._last_save_ts: float | None = None
+        self.last_save_ts: float | None = None
         self.scaling = Autoscaler.for_run(self, worker_env)  # None without scale: in the config
         self.pending: Action | None = None  # an action that stopped the worker on purpose
         self.samples_by_step: dict[int, list[int]] = {}  # for rollback-and-skip
@@ -149,7 +147,7 @@ class Supervisor:
         self.last_step_ts: float | None = None
         self.started_ts = clock()
         self._inspected: set[int] = set()
-        self._leak_snapshot_pending = False
+        self.leak_snapshot_pending = False
         self.interrupts = 0  # SIGINT/SIGTERM received: the first stops, the second kills
         self.stop_signal: int | None = None
         self.stop_sent_at: float | None = None
@@ -157,6 +155,7 @@ class Supervisor:
         self.in_process = InProcessRollbacks(self)
         self.books = RunBooks(self)
         self.controls = OperatorControls(self)  # signals and the control queue
+        self.worker_events = WorkerEvents(self)
         self._reaped: list[int] = []  # what the last attempt left behind, killed
         self._stop_killed = False
         self.pause_requested = False  # a job that takes no requests was stopped on an operator's pause
@@ -330,109 +329,9 @@ class Supervisor:
         elif isinstance(rec, WorkerExit):
             self.exits.append(rec)
         elif isinstance(rec, Event):
-            self.on_worker_event(rec)
+            self.worker_events.on_event(rec)
         for obs in self.observers:
             obs.on_record(rec)
-
-    def on_worker_event(self, ev: Event) -> None:
-        """File what a worker reported, then act on it: one lookup, ``on_<name>`` of its WorkerEvent.
-
-        A name outside the protocol is filed all the same; an anomaly, whatever its name, meets the policy.
-        """
-        known = WorkerEvent.get(ev.name)
-        if ev.severity in {"warning", "critical"} and ev.step is not None:
-            self.trouble_steps.append(ev.step)
-        filed = (
-            None
-            if known is WorkerEvent.TRAIN_BEGIN
-            else self.emit(ev.kind, ev.name, ev.message, severity=ev.severity, step=ev.step, data=ev.data)
-        )
-        if known is not None:
-            getattr(self, known.handler)(ev, filed)
-        if ev.kind == "anomaly" and ev.severity in {"warning", "critical"} and self.pending is None:
-            # What the worker itself found (a save refused for lack of disk) meets the same policy
-            # as what the detectors find: `policy.rules.disk_low.action: stop` must stop the run.
-            step = ev.step if ev.step is not None else self.progress.step
-            found = Anomaly(
-                ev.name, ev.severity, step, step, str(ev.data.get("metric", ev.name)), dict(ev.data)
-            )
-            action = self.policy.on_raised(found, self.progress.step)
-            if action is not None:
-                self.execute(action, cause=filed)
-
-    # -- worker events: one handler per WorkerEvent, called after the event is filed ----------------
-    def on_train_begin(self, ev: Event, filed: Event | None) -> None:
-        # Not filed: it only carries the run's length, and worker_started already marks the attempt.
-        if ev.data.get("max_steps"):
-            self.progress.max_steps = int(ev.data["max_steps"])
-
-    def on_checkpoint_saved(self, ev: Event, filed: Event | None) -> None:
-        self._last_save_ts = ev.ts
-        if ev.step is not None:
-            self.checkpoint_steps.append(ev.step)
-            self.books.update_disk_need(ev.step)
-
-    def on_ack_checkpoint(self, ev: Event, filed: Event | None) -> None:
-        if self._leak_snapshot_pending:
-            # A leak alarm also wants the allocator's view (CUDA only): ask once the checkpoint is taken.
-            self._leak_snapshot_pending = False
-            from steadytune.supervise.control import send_control
-
-            send_control(
-                self.run,
-                "memory_snapshot",
-                issuer="policy:memory_leak",
-                attempt=self.attempt,
-                log=self.events,
-            )
-
-    def on_reduce_microbatch(self, ev: Event, filed: Event | None) -> None:
-        if ev.data.get("micro_batch_split"):
-            # Remember the split, so a later restart starts with it instead of rediscovering the OOM.
-            self.revise(
-                reason="oom",
-                cause=filed,
-                micro_batch_split=int(ev.data["micro_batch_split"]),
-                notes=f"in-process OOM split to {ev.data['micro_batch_split']} chunks",
-            )
-
-    def on_auto_micro_batch(self, ev: Event, filed: Event | None) -> None:
-        if ev.data.get("per_device_train_batch_size"):
-            # Keep what the auto search found: a restart trains the same shape without searching again.
-            self.revise(
-                reason="auto_micro_batch",
-                cause=filed,
-                per_device_train_batch_size=int(ev.data["per_device_train_batch_size"]),
-                gradient_accumulation_steps=int(ev.data["gradient_accumulation_steps"]),
-            )
-
-    def on_skip_step(self, ev: Event, filed: Event | None) -> None:
-        if ev.step is not None and self.pending is None:
-            action = self.policy.on_skipped_update(ev.step, int(ev.data.get("consecutive", 1)))
-            if action is not None:
-                self.execute(action)
-
-    def _filed_only(self, ev: Event, filed: Event | None) -> None:
-        """Filing it is all: an acknowledgement, or a warning the policy does not act on."""
-
-    # disk_low is an anomaly: the policy meets it in on_worker_event, as any anomaly a worker reports.
-    on_disk_low = on_grad_norm_after_clipping = on_inject_failed = on_guard_injected = on_guard_off = (
-        _filed_only
-    )
-    on_ack_pause = on_ack_resume = on_ack_stop = on_ack_memory_snapshot = on_optimizer_groups = _filed_only
-    on_lr_from_command = _filed_only
-
-    # An in-process rollback (supervise/inprocess.py): taken, done, or refused (then a restart does it).
-    def on_ack_rollback(self, ev: Event, filed: Event | None) -> None:
-        self.in_process.on_ack(ev)
-
-    def on_rolled_back(self, ev: Event, filed: Event | None) -> None:
-        self.in_process.on_done(ev)
-
-    def on_rollback_failed(self, ev: Event, filed: Event | None) -> None:
-        self.in_process.on_failed(ev)
-
-    on_worker_group_started, on_worker_group_failed = on_worker_group_started, on_worker_group_failed  # Ray's
 
     # -- detection and actions -------------------------------------------------
     def on_transition(self, t: Transition) -> None:
@@ -557,7 +456,7 @@ class Supervisor:
                 log=self.events,
             )
             if action.anomaly is not None and action.anomaly.kind == "memory_leak":
-                self._leak_snapshot_pending = True
+                self.leak_snapshot_pending = True
         elif action.name in SCALE_ACTIONS and self.worker is not None and self.pending is None:
             # Like a stop: the worker checkpoints at the next step boundary and exits; the run then
             # relaunches in the new shape from that checkpoint (plan_after_action).

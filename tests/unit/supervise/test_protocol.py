@@ -25,7 +25,7 @@ from steadytune.protocol import (
 from steadytune.records import Event
 from steadytune.rundir import RunDir
 from steadytune.supervise.control import send_control
-from steadytune.supervise.supervisor import Supervisor
+from steadytune.supervise.worker_events import WorkerEvents
 from steadytune.telemetry.events import read_events
 from tests.unit.foundation.test_supervisor_decisions import supervisor
 
@@ -48,8 +48,8 @@ EMITTERS = [
 
 def test_every_worker_event_has_its_handler_on_the_supervisor() -> None:
     for event in WorkerEvent:
-        handler = getattr(Supervisor, event.handler, None)
-        assert callable(handler), f"Supervisor has no {event.handler} for {event.value!r}"
+        handler = getattr(WorkerEvents, event.handler, None)
+        assert callable(handler), f"WorkerEvents has no {event.handler} for {event.value!r}"
         assert list(inspect.signature(handler).parameters) == ["self", "ev", "filed"], event
 
 
@@ -156,7 +156,7 @@ def test_worker_events_are_dispatched_by_name_and_unknown_ones_still_filed(tmp_p
 
 def test_an_acknowledged_checkpoint_after_a_leak_asks_for_the_allocator_snapshot(tmp_path: Path) -> None:
     sup = supervisor(tmp_path)
-    sup._leak_snapshot_pending = True
+    sup.leak_snapshot_pending = True
     sup.handle(Event(ts=1.0, kind="control", name="ack_checkpoint", data={"request_id": "r1"}))
     sup.handle(Event(ts=2.0, kind="control", name="ack_checkpoint", data={"request_id": "r2"}))
     (req,) = RequestQueue(sup.run.control).new()  # once, not at every checkpoint
