@@ -103,7 +103,7 @@ class OperatorControls:
             sup.emit(
                 "action",
                 "alert_only",
-                f"{command} requested by {issuer} is not available: {sup.unable(command)}",
+                f"{command} requested by {issuer} is not available: {sup.actions.unable(command)}",
                 severity="warning",
                 step=sup.progress.step,
             )

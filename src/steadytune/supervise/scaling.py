@@ -134,7 +134,7 @@ class Autoscaler:
             self.rules.declined(sup.clock())
             return
         self.scaling, self.asked_at, self.onto = d, sup.clock(), onto
-        sup.execute(Action(d.kind, d.reason, sup.progress.step, params=data))
+        sup.actions.execute(Action(d.kind, d.reason, sup.progress.step, params=data))
 
     def _with_server(
         self, d: ScaleDecision, onto: list[int] | None

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -24,7 +23,7 @@ from typing import Any, Protocol
 from steadytune.checkpoint.manifest import checkpoint_step
 from steadytune.config.load import dump_config
 from steadytune.config.schema import SteadytuneConfig
-from steadytune.detect.live import LiveDetector, Transition, format_transition
+from steadytune.detect.live import LiveDetector
 from steadytune.policy.engine import Action, Policy
 from steadytune.policy.plan import smaller_microbatch
 from steadytune.policy.restart import Decision, ExitInfo, decide
@@ -40,6 +39,7 @@ from steadytune.records import (
     to_json,
 )
 from steadytune.rundir import RunDir, atomic_write_text
+from steadytune.supervise.actions import Actions
 from steadytune.supervise.inprocess import InProcessRollbacks
 from steadytune.supervise.logparse import last_exception, last_lines
 from steadytune.supervise.operator import OperatorControls
@@ -51,7 +51,7 @@ from steadytune.supervise.restarts import (
 )
 from steadytune.supervise.resuming import Resumes
 from steadytune.supervise.scaling import SCALE_ACTIONS, Autoscaler
-from steadytune.supervise.source import CONTROL, DATA, PLAN, SKIP_STEP, NativeSource, WorkerSource
+from steadytune.supervise.source import PLAN, NativeSource, WorkerSource
 from steadytune.supervise.status import RunBooks
 from steadytune.supervise.worker_events import WorkerEvents
 from steadytune.telemetry.events import EventLog
@@ -68,10 +68,6 @@ class Observer(Protocol):
     def on_record(self, record: Record) -> None: ...
     def on_event(self, event: Event) -> None: ...
     def close(self) -> None: ...
-
-
-# After these, the supervisor looks at the offending batch by itself (inspect-batch).
-INSPECT_KINDS = frozenset({"nan_loss", "loss_spike", "loss_collapse", "divergence", "grad_explosion"})
 
 
 @dataclass
@@ -146,7 +142,6 @@ class Supervisor:
         self.shrink_next_restart = False
         self.last_step_ts: float | None = None
         self.started_ts = clock()
-        self._inspected: set[int] = set()
         self.leak_snapshot_pending = False
         self.interrupts = 0  # SIGINT/SIGTERM received: the first stops, the second kills
         self.stop_signal: int | None = None
@@ -156,6 +151,7 @@ class Supervisor:
         self.books = RunBooks(self)
         self.controls = OperatorControls(self)  # signals and the control queue
         self.worker_events = WorkerEvents(self)
+        self.actions = Actions(self)  # what the policy decides, carried out
         self._reaped: list[int] = []  # what the last attempt left behind, killed
         self._stop_killed = False
         self.pause_requested = False  # a job that takes no requests was stopped on an operator's pause
@@ -284,7 +280,7 @@ class Supervisor:
             # Loading, saving and evaluating are judged by setup_timeout_s, not by step pace.
             last_beat = max(self.last_heartbeat.values()) if self.last_heartbeat else None
             for t in self.detector.observe_time(now, last_beat, self.progress.step or None):
-                self.on_transition(t)
+                self.actions.on_transition(t)
         self.books.update_last_good()
         self.books.write_status()
         for obs in self.observers:
@@ -307,12 +303,12 @@ class Supervisor:
                 self.samples_by_step.setdefault(rec.step, []).extend(rec.batch.indices)
             if self.pending is None and not stale:
                 for t in self.detector.observe_step(rec):
-                    self.on_transition(t)
+                    self.actions.on_transition(t)
             # An anomaly of this very record may have stopped the worker (a gradient explosion beside a
             # spike that persisted): a spike confirmed now belongs to that incident, not to a second one.
             if self.pending is None and not stale and rec.rank == 0 and not rec.extra.get("eval"):
                 for action in self.policy.on_step(rec.step):
-                    self.execute(action)
+                    self.actions.execute(action)
         elif isinstance(rec, Heartbeat):
             self.last_heartbeat[rec.rank] = self.clock()
             if rec.rank == 0 and rec.attempt == self.attempt and rec.phase != self.worker_phase:
@@ -323,7 +319,7 @@ class Supervisor:
             self.system_writer.write(rec)
             if self.pending is None:
                 for t in self.detector.observe_system(rec):
-                    self.on_transition(t)
+                    self.actions.on_transition(t)
             if self.scaling is not None and self.pending is None:
                 self.scaling.on_sample(rec)
         elif isinstance(rec, WorkerExit):
@@ -332,171 +328,6 @@ class Supervisor:
             self.worker_events.on_event(rec)
         for obs in self.observers:
             obs.on_record(rec)
-
-    # -- detection and actions -------------------------------------------------
-    def on_transition(self, t: Transition) -> None:
-        a = t.anomaly
-        if t.state == "raised":
-            if a.severity in {"warning", "critical"}:
-                self.trouble_steps.append(a.start_step)
-            event = self.emit(
-                "anomaly",
-                a.kind,
-                format_transition(t),
-                severity=a.severity,
-                step=a.start_step,
-                data=anomaly_event_data(a),
-            )
-            if (
-                DATA in self.source.abilities
-                and a.kind in INSPECT_KINDS
-                and a.start_step not in self._inspected
-                and len(self._inspected) < 10
-            ):
-                self._inspected.add(a.start_step)
-                threading.Thread(target=self.inspect_batch, args=(a.start_step, event), daemon=True).start()
-            # One incident often raises several anomalies at once (a spike, its gradients, its layers):
-            # once one of them stopped the worker, the others are already being handled.
-            action = self.policy.on_raised(a, self.progress.step) if self.pending is None else None
-            if (
-                action is None
-                and self.pending is None
-                and SKIP_STEP not in self.source.abilities
-                and self.policy.config.rule(a.kind).action == "skip_step"
-            ):
-                # The guard skips a NaN update inside the worker; a job without it has applied the
-                # update already, so the weights must come from a checkpoint.
-                action = self.policy.instead(
-                    a, self.progress.step, "rollback", f"the {self.source.label} cannot skip the update"
-                )
-            if action is not None:
-                self.execute(action, cause=event)
-        else:
-            self.policy.on_resolved(a)
-            self.emit(
-                "resolved",
-                a.kind,
-                format_transition(t),
-                severity="info",
-                step=a.end_step,
-                data=anomaly_event_data(a),
-            )
-
-    def inspect_batch(self, step: int, cause: Event) -> None:
-        """Which samples made the bad step: filed as an event beside the anomaly (no sample text)."""
-        try:
-            from steadytune.forensics.inspect import inspect_step
-
-            verdict = inspect_step(self.run, step)
-        except Exception as exc:  # forensics must never take the supervisor down
-            self.emit(
-                "action", "batch_inspected", f"could not inspect the batch of step {step}: {exc}", step=step
-            )
-            return
-        self.emit(
-            "action",
-            "batch_inspected",
-            f"batch of step {step}: {verdict.summary}",
-            step=step,
-            data={**verdict.event_data(), "anomaly_seq": cause.seq},
-        )
-
-    def execute(self, action: Action, cause: Event | None = None) -> None:
-        """Carry out what the policy decided. Restart-type actions stop the worker now."""
-        step = action.step
-        unable = self.unable(action.name)
-        if action.name == "alert" or unable:
-            why = (
-                action.reason if not unable else f"{action.name} is not available: {unable} ({action.reason})"
-            )
-            self.emit("action", "alert_only", why, severity="warning", step=step, data=action.params)
-            return
-        if action.name in {"pause", "stop"} and CONTROL not in self.source.abilities:
-            # A job that takes no requests is stopped from outside: what it saved is what there is.
-            self.emit(
-                "action",
-                action.name,
-                f"{action.name}: {action.reason}; the {self.source.label} takes no requests, so it is "
-                "stopped (its newest checkpoint stays)",
-                severity="warning",
-                step=step,
-                data={"anomaly": action.anomaly.kind if action.anomaly else None, **action.params},
-            )
-            if self.worker is not None and self.pending is None:
-                self.pending = action
-                self.worker.signal_tree(signal.SIGTERM)
-                self.stop_sent_at = self.clock()
-            return
-        self.emit(
-            "action",
-            action.name,
-            f"{action.name}: {action.reason}",
-            severity="warning",
-            step=step,
-            data={"anomaly": action.anomaly.kind if action.anomaly else None, **action.params},
-        )
-        from steadytune.supervise.control import send_control
-
-        if action.name in {"checkpoint", "pause", "stop"}:
-            send_control(
-                self.run,
-                action.name,
-                issuer=f"policy:{action.anomaly.kind if action.anomaly else '-'}",
-                attempt=self.attempt,
-                log=self.events,
-            )
-        elif action.name == "reduce_microbatch":
-            # Save what we have now; the next (re)start uses a smaller micro-batch.
-            self.shrink_next_restart = True
-            send_control(
-                self.run,
-                "checkpoint",
-                issuer="policy:reduce_microbatch",
-                attempt=self.attempt,
-                log=self.events,
-            )
-            if action.anomaly is not None and action.anomaly.kind == "memory_leak":
-                self.leak_snapshot_pending = True
-        elif action.name in SCALE_ACTIONS and self.worker is not None and self.pending is None:
-            # Like a stop: the worker checkpoints at the next step boundary and exits; the run then
-            # relaunches in the new shape from that checkpoint (plan_after_action).
-            self.pending = action
-            send_control(
-                self.run, "stop", issuer=f"policy:{action.name}", attempt=self.attempt, log=self.events
-            )
-            self.stop_sent_at = self.clock()
-        elif action.name in {"rollback", "restart"} and self.worker is not None and self.pending is None:
-            if action.name == "rollback" and self.in_process.want(action):
-                return  # the worker reloads the checkpoint itself, once these records are read: no new process
-            self.pending = action
-            if action.name == "restart":
-                self.dump_stacks()
-            self.worker.signal_tree(signal.SIGKILL)
-
-    def unable(self, action: str) -> str | None:
-        """Why this run's source cannot carry out ``action`` (None: it can)."""
-        label = self.source.label
-        if action in {"checkpoint", "memory_snapshot"} and CONTROL not in self.source.abilities:
-            return f"the {label} takes no control requests (supervise --inject gives an HF-based tool them)"
-        if action == "reduce_microbatch" and PLAN not in self.source.abilities:
-            return f"the {label}'s batch shape is its own"
-        return None
-
-    def dump_stacks(self) -> None:
-        """The Python stacks of every process of the attempt, into ``stacks/``, before it is killed."""
-        if self.worker is None or self.tree is None:
-            return
-        out = self.run.stacks / f"attempt-{self.attempt}.txt"
-        pids = self.source.dump_stacks(self.tree, self.worker, out)
-        if pids:
-            where = out if out.exists() else self.run.stacks
-            self.emit(
-                "action",
-                "stacks_dumped",
-                f"Python stacks of {len(pids)} {self.source.label} process(es) written to {where}",
-                step=self.progress.step,
-                data={"pids": pids, "dir": str(self.run.stacks), "file": str(where)},
-            )
 
     # -- main loop ------------------------------------------------------------
     def supervise_attempt(self, live: Any = None) -> ExitInfo:
@@ -591,7 +422,7 @@ class Supervisor:
                         "rollback is allowed: its final weights are not usable"
                     )
                     return self.finish(Decision("stop", "nonfinite", why), info, t0)
-                self.execute(action)
+                self.actions.execute(action)
             if self.pending is not None and not self.interrupts:
                 action, self.pending = self.pending, None
                 if action.name in {"stop", "pause"}:  # a job stopped from outside, on the policy's word

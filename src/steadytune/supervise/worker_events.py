@@ -50,7 +50,7 @@ class WorkerEvents:
             )
             action = self.sup.policy.on_raised(found, self.sup.progress.step)
             if action is not None:
-                self.sup.execute(action, cause=filed)
+                self.sup.actions.execute(action, cause=filed)
 
     # -- one handler per WorkerEvent, called after the event is filed --------------------------------
     def on_train_begin(self, ev: Event, filed: Event | None) -> None:
@@ -102,7 +102,7 @@ class WorkerEvents:
         if ev.step is not None and self.sup.pending is None:
             action = self.sup.policy.on_skipped_update(ev.step, int(ev.data.get("consecutive", 1)))
             if action is not None:
-                self.sup.execute(action)
+                self.sup.actions.execute(action)
 
     def _filed_only(self, ev: Event, filed: Event | None) -> None:
         """Filing it is all: an acknowledgement, or a warning the policy does not act on."""

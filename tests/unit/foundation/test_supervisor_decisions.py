@@ -211,7 +211,7 @@ def test_a_save_the_worker_refused_for_lack_of_disk_is_acted_on_as_configured(
     policy = {"rules": {"disk_low": {"action": action}}} if action != "alert" else {}
     sup = supervisor(tmp_path, policy=policy)
     done: list = []
-    sup.execute = lambda a, cause=None: done.append(a)  # type: ignore[method-assign]
+    sup.actions.execute = lambda a, cause=None: done.append(a)  # type: ignore[method-assign]
     step(sup, 40)
     sup.handle(Event(ts=41.0, kind="anomaly", name="disk_low", severity="critical", step=40,
                      message="checkpoint at step 40 skipped: only 4 MiB free"))  # fmt: skip
