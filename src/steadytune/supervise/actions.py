@@ -180,7 +180,7 @@ class Actions:
             and self.sup.pending is None
         ):
             if action.name == "rollback" and self.sup.in_process.want(action):
-                return  # the worker reloads the checkpoint itself, once these records are read: no new process
+                return  # the worker reloads the checkpoint itself once these records are read: no new process
             self.sup.pending = action
             if action.name == "restart":
                 self.dump_stacks()

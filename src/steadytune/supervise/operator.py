@@ -109,7 +109,7 @@ class OperatorControls:
             )
 
     def drop_stale_requests(self) -> None:
-        """Before a worker starts: file what is queued, then empty the queue, which was meant for the last one."""
+        """Before a worker starts: file what is queued, then empty the queue (meant for the last one)."""
         self.poll()
         clear_requests(self.sup.run.control)
 

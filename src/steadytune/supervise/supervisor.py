@@ -7,6 +7,13 @@ system, runs the detectors and the policy, files events, keeps ``status.json``
 fresh, and when the worker dies, hangs or diverges stops its whole process tree and
 restarts it from the newest *verified* checkpoint with a new plan revision, within
 a budget.
+
+The :class:`Supervisor` owns the run's state and its loop (pump, handle, the attempt, the
+restart decision); its parts each hold it as ``sup`` and keep only their own bookkeeping:
+``worker_events`` (what a worker reports), ``actions`` (detection to policy to action),
+``controls`` (signals and operator requests), ``books`` (``status.json``, LAST_GOOD),
+``resumes`` (where a restart resumes), ``in_process`` (rollbacks in the live worker) and
+``scaling`` (resizes).
 """
 
 from __future__ import annotations
@@ -142,7 +149,7 @@ class Supervisor:
         self.shrink_next_restart = False
         self.last_step_ts: float | None = None
         self.started_ts = clock()
-        self.leak_snapshot_pending = False
+        self.leak_snapshot_pending = False  # a leak's checkpoint, once taken, asks for an allocator snapshot
         self.interrupts = 0  # SIGINT/SIGTERM received: the first stops, the second kills
         self.stop_signal: int | None = None
         self.stop_sent_at: float | None = None
@@ -399,7 +406,8 @@ class Supervisor:
             self.emit(
                 "action",
                 "tree_killed",
-                f"killed {len(left)} process(es) the {self.source.label} left behind: {', '.join(map(str, left))}",
+                f"killed {len(left)} process(es) the {self.source.label} left behind: "
+                + ", ".join(map(str, left)),
                 severity="warning",
                 step=self.progress.step,
                 data={"pids": left},
@@ -418,8 +426,8 @@ class Supervisor:
                 action = self.policy.instead(bad, self.progress.step, "rollback", "the run ended non-finite")
                 if action is None or action.name != "rollback":
                     why = (
-                        f"the run ended with a non-finite loss ({bad.kind} from step {bad.start_step}) and no "
-                        "rollback is allowed: its final weights are not usable"
+                        f"the run ended with a non-finite loss ({bad.kind} from step {bad.start_step}) and "
+                        "no rollback is allowed: its final weights are not usable"
                     )
                     return self.finish(Decision("stop", "nonfinite", why), info, t0)
                 self.actions.execute(action)
@@ -544,7 +552,8 @@ class Supervisor:
             "done": decision.classification,
             "stop": "stopped" if decision.classification == "user_interrupt" else "failed",
         }[decision.action]
-        # Set before books.update_last_good: a completed run's last checkpoint needs no healthy window after it.
+        # Set before books.update_last_good: a completed run's last checkpoint needs no healthy window
+        # after it.
         self.state = state
         if state == "completed":
             self.books.update_last_good()

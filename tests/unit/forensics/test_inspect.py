@@ -134,7 +134,7 @@ assert done.data.get("verdict") == "bad" and done.data["anomaly_seq"] == cause.s
     ],
 )
 def test_the_supervisors_inspect_batch_stays_torch_and_datasets_free(make_run, data_format):
-    """Actions.inspect_batch (supervise/actions.py), the path a NaN or a spike takes in the supervisor process."""
+    """Actions.inspect_batch, the path a NaN or a spike takes in the supervisor process."""
     import csv
 
     import yaml
