@@ -35,11 +35,12 @@ class Actions:
         self._inspected: set[int] = set()  # steps whose batch was looked at (at most 10 a run)
 
     def on_transition(self, t: Transition) -> None:
+        sup = self.sup
         a = t.anomaly
         if t.state == "raised":
             if a.severity in {"warning", "critical"}:
-                self.sup.trouble_steps.append(a.start_step)
-            event = self.sup.emit(
+                sup.trouble_steps.append(a.start_step)
+            event = sup.emit(
                 "anomaly",
                 a.kind,
                 format_transition(t),
@@ -48,7 +49,7 @@ class Actions:
                 data=anomaly_event_data(a),
             )
             if (
-                DATA in self.sup.source.abilities
+                DATA in sup.source.abilities
                 and a.kind in INSPECT_KINDS
                 and a.start_step not in self._inspected
                 and len(self._inspected) < 10
@@ -57,28 +58,26 @@ class Actions:
                 threading.Thread(target=self.inspect_batch, args=(a.start_step, event), daemon=True).start()
             # One incident often raises several anomalies at once (a spike, its gradients, its layers):
             # once one of them stopped the worker, the others are already being handled.
-            action = (
-                self.sup.policy.on_raised(a, self.sup.progress.step) if self.sup.pending is None else None
-            )
+            action = sup.policy.on_raised(a, sup.progress.step) if sup.pending is None else None
             if (
                 action is None
-                and self.sup.pending is None
-                and SKIP_STEP not in self.sup.source.abilities
-                and self.sup.policy.config.rule(a.kind).action == "skip_step"
+                and sup.pending is None
+                and SKIP_STEP not in sup.source.abilities
+                and sup.policy.config.rule(a.kind).action == "skip_step"
             ):
                 # The guard skips a NaN update inside the worker; a job without it has applied the
                 # update already, so the weights must come from a checkpoint.
-                action = self.sup.policy.instead(
+                action = sup.policy.instead(
                     a,
-                    self.sup.progress.step,
+                    sup.progress.step,
                     "rollback",
-                    f"the {self.sup.source.label} cannot skip the update",
+                    f"the {sup.source.label} cannot skip the update",
                 )
             if action is not None:
                 self.execute(action, cause=event)
         else:
-            self.sup.policy.on_resolved(a)
-            self.sup.emit(
+            sup.policy.on_resolved(a)
+            sup.emit(
                 "resolved",
                 a.kind,
                 format_transition(t),
@@ -89,16 +88,17 @@ class Actions:
 
     def inspect_batch(self, step: int, cause: Event) -> None:
         """Which samples made the bad step: filed as an event beside the anomaly (no sample text)."""
+        sup = self.sup
         try:
             from steadytune.forensics.inspect import inspect_step
 
-            verdict = inspect_step(self.sup.run, step)
+            verdict = inspect_step(sup.run, step)
         except Exception as exc:  # forensics must never take the supervisor down
-            self.sup.emit(
+            sup.emit(
                 "action", "batch_inspected", f"could not inspect the batch of step {step}: {exc}", step=step
             )
             return
-        self.sup.emit(
+        sup.emit(
             "action",
             "batch_inspected",
             f"batch of step {step}: {verdict.summary}",
@@ -108,31 +108,32 @@ class Actions:
 
     def execute(self, action: Action, cause: Event | None = None) -> None:
         """Carry out what the policy decided. Restart-type actions stop the worker now."""
+        sup = self.sup
         step = action.step
         unable = self.unable(action.name)
         if action.name == "alert" or unable:
             why = (
                 action.reason if not unable else f"{action.name} is not available: {unable} ({action.reason})"
             )
-            self.sup.emit("action", "alert_only", why, severity="warning", step=step, data=action.params)
+            sup.emit("action", "alert_only", why, severity="warning", step=step, data=action.params)
             return
-        if action.name in {"pause", "stop"} and CONTROL not in self.sup.source.abilities:
+        if action.name in {"pause", "stop"} and CONTROL not in sup.source.abilities:
             # A job that takes no requests is stopped from outside: what it saved is what there is.
-            self.sup.emit(
+            sup.emit(
                 "action",
                 action.name,
-                f"{action.name}: {action.reason}; the {self.sup.source.label} takes no requests, so it is "
+                f"{action.name}: {action.reason}; the {sup.source.label} takes no requests, so it is "
                 "stopped (its newest checkpoint stays)",
                 severity="warning",
                 step=step,
                 data={"anomaly": action.anomaly.kind if action.anomaly else None, **action.params},
             )
-            if self.sup.worker is not None and self.sup.pending is None:
-                self.sup.pending = action
-                self.sup.worker.signal_tree(signal.SIGTERM)
-                self.sup.stop_sent_at = self.sup.clock()
+            if sup.worker is not None and sup.pending is None:
+                sup.pending = action
+                sup.worker.signal_tree(signal.SIGTERM)
+                sup.stop_sent_at = sup.clock()
             return
-        self.sup.emit(
+        sup.emit(
             "action",
             action.name,
             f"{action.name}: {action.reason}",
@@ -144,69 +145,67 @@ class Actions:
 
         if action.name in {"checkpoint", "pause", "stop"}:
             send_control(
-                self.sup.run,
+                sup.run,
                 action.name,
                 issuer=f"policy:{action.anomaly.kind if action.anomaly else '-'}",
-                attempt=self.sup.attempt,
-                log=self.sup.events,
+                attempt=sup.attempt,
+                log=sup.events,
             )
         elif action.name == "reduce_microbatch":
             # Save what we have now; the next (re)start uses a smaller micro-batch.
-            self.sup.shrink_next_restart = True
+            sup.shrink_next_restart = True
             send_control(
-                self.sup.run,
+                sup.run,
                 "checkpoint",
                 issuer="policy:reduce_microbatch",
-                attempt=self.sup.attempt,
-                log=self.sup.events,
+                attempt=sup.attempt,
+                log=sup.events,
             )
             if action.anomaly is not None and action.anomaly.kind == "memory_leak":
-                self.sup.leak_snapshot_pending = True
-        elif action.name in SCALE_ACTIONS and self.sup.worker is not None and self.sup.pending is None:
+                sup.leak_snapshot_pending = True
+        elif action.name in SCALE_ACTIONS and sup.worker is not None and sup.pending is None:
             # Like a stop: the worker checkpoints at the next step boundary and exits; the run then
             # relaunches in the new shape from that checkpoint (plan_after_action).
-            self.sup.pending = action
+            sup.pending = action
             send_control(
-                self.sup.run,
+                sup.run,
                 "stop",
                 issuer=f"policy:{action.name}",
-                attempt=self.sup.attempt,
-                log=self.sup.events,
+                attempt=sup.attempt,
+                log=sup.events,
             )
-            self.sup.stop_sent_at = self.sup.clock()
-        elif (
-            action.name in {"rollback", "restart"}
-            and self.sup.worker is not None
-            and self.sup.pending is None
-        ):
-            if action.name == "rollback" and self.sup.in_process.want(action):
+            sup.stop_sent_at = sup.clock()
+        elif action.name in {"rollback", "restart"} and sup.worker is not None and sup.pending is None:
+            if action.name == "rollback" and sup.in_process.want(action):
                 return  # the worker reloads the checkpoint itself once these records are read: no new process
-            self.sup.pending = action
+            sup.pending = action
             if action.name == "restart":
                 self.dump_stacks()
-            self.sup.worker.signal_tree(signal.SIGKILL)
+            sup.worker.signal_tree(signal.SIGKILL)
 
     def unable(self, action: str) -> str | None:
         """Why this run's source cannot carry out ``action`` (None: it can)."""
-        label = self.sup.source.label
-        if action in {"checkpoint", "memory_snapshot"} and CONTROL not in self.sup.source.abilities:
+        sup = self.sup
+        label = sup.source.label
+        if action in {"checkpoint", "memory_snapshot"} and CONTROL not in sup.source.abilities:
             return f"the {label} takes no control requests (supervise --inject gives an HF-based tool them)"
-        if action == "reduce_microbatch" and PLAN not in self.sup.source.abilities:
+        if action == "reduce_microbatch" and PLAN not in sup.source.abilities:
             return f"the {label}'s batch shape is its own"
         return None
 
     def dump_stacks(self) -> None:
         """The Python stacks of every process of the attempt, into ``stacks/``, before it is killed."""
-        if self.sup.worker is None or self.sup.tree is None:
+        sup = self.sup
+        if sup.worker is None or sup.tree is None:
             return
-        out = self.sup.run.stacks / f"attempt-{self.sup.attempt}.txt"
-        pids = self.sup.source.dump_stacks(self.sup.tree, self.sup.worker, out)
+        out = sup.run.stacks / f"attempt-{sup.attempt}.txt"
+        pids = sup.source.dump_stacks(sup.tree, sup.worker, out)
         if pids:
-            where = out if out.exists() else self.sup.run.stacks
-            self.sup.emit(
+            where = out if out.exists() else sup.run.stacks
+            sup.emit(
                 "action",
                 "stacks_dumped",
-                f"Python stacks of {len(pids)} {self.sup.source.label} process(es) written to {where}",
-                step=self.sup.progress.step,
-                data={"pids": pids, "dir": str(self.sup.run.stacks), "file": str(where)},
+                f"Python stacks of {len(pids)} {sup.source.label} process(es) written to {where}",
+                step=sup.progress.step,
+                data={"pids": pids, "dir": str(sup.run.stacks), "file": str(where)},
             )

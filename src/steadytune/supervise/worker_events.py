@@ -31,26 +31,27 @@ class WorkerEvents:
 
         A name outside the protocol is filed all the same; an anomaly, whatever its name, meets the policy.
         """
+        sup = self.sup
         known = WorkerEvent.get(ev.name)
         if ev.severity in {"warning", "critical"} and ev.step is not None:
-            self.sup.trouble_steps.append(ev.step)
+            sup.trouble_steps.append(ev.step)
         filed = (
             None
             if known is WorkerEvent.TRAIN_BEGIN
-            else self.sup.emit(ev.kind, ev.name, ev.message, severity=ev.severity, step=ev.step, data=ev.data)
+            else sup.emit(ev.kind, ev.name, ev.message, severity=ev.severity, step=ev.step, data=ev.data)
         )
         if known is not None:
             getattr(self, known.handler)(ev, filed)
-        if ev.kind == "anomaly" and ev.severity in {"warning", "critical"} and self.sup.pending is None:
+        if ev.kind == "anomaly" and ev.severity in {"warning", "critical"} and sup.pending is None:
             # What the worker itself found (a save refused for lack of disk) meets the same policy
             # as what the detectors find: `policy.rules.disk_low.action: stop` must stop the run.
-            step = ev.step if ev.step is not None else self.sup.progress.step
+            step = ev.step if ev.step is not None else sup.progress.step
             found = Anomaly(
                 ev.name, ev.severity, step, step, str(ev.data.get("metric", ev.name)), dict(ev.data)
             )
-            action = self.sup.policy.on_raised(found, self.sup.progress.step)
+            action = sup.policy.on_raised(found, sup.progress.step)
             if action is not None:
-                self.sup.actions.execute(action, cause=filed)
+                sup.actions.execute(action, cause=filed)
 
     # -- one handler per WorkerEvent, called after the event is filed --------------------------------
     def on_train_begin(self, ev: Event, filed: Event | None) -> None:
@@ -59,23 +60,25 @@ class WorkerEvents:
             self.sup.progress.max_steps = int(ev.data["max_steps"])
 
     def on_checkpoint_saved(self, ev: Event, filed: Event | None) -> None:
-        self.sup.last_save_ts = ev.ts
+        sup = self.sup
+        sup.last_save_ts = ev.ts
         if ev.step is not None:
-            self.sup.checkpoint_steps.append(ev.step)
-            self.sup.books.update_disk_need(ev.step)
+            sup.checkpoint_steps.append(ev.step)
+            sup.books.update_disk_need(ev.step)
 
     def on_ack_checkpoint(self, ev: Event, filed: Event | None) -> None:
-        if self.sup.leak_snapshot_pending:
+        sup = self.sup
+        if sup.leak_snapshot_pending:
             # A leak alarm also wants the allocator's view (CUDA only): ask once the checkpoint is taken.
-            self.sup.leak_snapshot_pending = False
+            sup.leak_snapshot_pending = False
             from steadytune.supervise.control import send_control
 
             send_control(
-                self.sup.run,
+                sup.run,
                 "memory_snapshot",
                 issuer="policy:memory_leak",
-                attempt=self.sup.attempt,
-                log=self.sup.events,
+                attempt=sup.attempt,
+                log=sup.events,
             )
 
     def on_reduce_microbatch(self, ev: Event, filed: Event | None) -> None:
@@ -99,10 +102,11 @@ class WorkerEvents:
             )
 
     def on_skip_step(self, ev: Event, filed: Event | None) -> None:
-        if ev.step is not None and self.sup.pending is None:
-            action = self.sup.policy.on_skipped_update(ev.step, int(ev.data.get("consecutive", 1)))
+        sup = self.sup
+        if ev.step is not None and sup.pending is None:
+            action = sup.policy.on_skipped_update(ev.step, int(ev.data.get("consecutive", 1)))
             if action is not None:
-                self.sup.actions.execute(action)
+                sup.actions.execute(action)
 
     def _filed_only(self, ev: Event, filed: Event | None) -> None:
         """Filing it is all: an acknowledgement, or a warning the policy does not act on."""
