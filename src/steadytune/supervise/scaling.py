@@ -134,7 +134,7 @@ class Autoscaler:
             self.rules.declined(sup.clock())
             return
         self.scaling, self.asked_at, self.onto = d, sup.clock(), onto
-        sup.execute(Action(d.kind, d.reason, sup.progress.step, params=data))
+        sup.actions.execute(Action(d.kind, d.reason, sup.progress.step, params=data))
 
     def _with_server(
         self, d: ScaleDecision, onto: list[int] | None
@@ -188,7 +188,7 @@ class Autoscaler:
         if onto is not None:
             self._place(onto, d)
         self.rules.applied(d, sup.clock())
-        self.resized = (d, self.asked_at, sup._last_save_ts)
+        self.resized = (d, self.asked_at, sup.last_save_ts)
         changes = {
             "resume_checkpoint": resume,
             "nproc_per_node": d.after.world,

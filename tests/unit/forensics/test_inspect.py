@@ -111,7 +111,7 @@ from steadytune.telemetry.events import read_events
 run = RunDir(Path({run!r}))
 sup = Supervisor(load_config(run.config, check_paths=False), run, observers=[])
 cause = sup.emit("anomaly", "nan_loss", "nan at step 2", severity="critical", step=2)
-sup.inspect_batch(2, cause)  # what the supervisor's background thread runs after a NaN or a spike
+sup.actions.inspect_batch(2, cause)  # what the supervisor's background thread runs after a NaN or a spike
 (done,) = [e for e in read_events(run.events) if e.name == "batch_inspected"]
 assert done.data.get("verdict") == "bad" and done.data["anomaly_seq"] == cause.seq, done
 """
@@ -119,7 +119,7 @@ assert done.data.get("verdict") == "bad" and done.data["anomaly_seq"] == cause.s
 
 @pytest.mark.parametrize("data_format", ["jsonl", "csv"])
 def test_the_supervisors_inspect_batch_stays_torch_and_datasets_free(make_run, data_format):
-    """Supervisor.inspect_batch, the path a NaN or a spike takes in the supervisor process."""
+    """Actions.inspect_batch, the path a NaN or a spike takes in the supervisor process."""
     import csv
 
     import yaml
