@@ -75,7 +75,7 @@ def _f(x: Any) -> float | None:
     if x is None:
         return None
     try:
-        return float(x)  # "nan"/"inf" strings written by records._clean come back as floats
+        return float(x)  # "nan"/"inf" strings written by records.json_safe come back as floats
     except (TypeError, ValueError):
         return None
 

@@ -6,11 +6,10 @@ without a server. Non-finite floats become ``null`` (JSON has no NaN).
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from steadytune.detect.build import layer_limits
-from steadytune.records import Event, PlanRevision, to_dict
+from steadytune.records import Event, PlanRevision, json_safe, to_dict
 from steadytune.telemetry.store import GPU_METRICS, STEP_METRICS, SYSTEM_METRICS, Series
 from steadytune.web import heatmap
 from steadytune.web.runs import RunEntry, RunsIndex
@@ -18,14 +17,14 @@ from steadytune.web.runs import RunEntry, RunsIndex
 MAX_POINTS = 4000
 
 
+def _gap(_: float) -> None:
+    return None
+
+
 def clean(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: clean(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [clean(v) for v in value]
-    return value
+    """``value`` for the page: NaN/Inf become ``null``, a gap the charts leave undrawn (the run's
+    events and the heat map say what was not finite)."""
+    return json_safe(value, _gap)
 
 
 def event_dict(e: Event) -> dict[str, Any]:
