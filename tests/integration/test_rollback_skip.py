@@ -100,15 +100,6 @@ def test_rollback_skips_its_samples_for_good_and_keeps_the_order(tmp_path: Path,
     assert trained == [i for i in reference if i not in skip][: len(trained)]
 
 
-MULTI_EPOCH_BUG = (
-    "the HF Trainer places a resumed run by global_step // len(dataloader), and the skip list shortens the "
-    "epoch: a resume from step 16 (4 batches into the second 12-step epoch) is placed by the shorter epoch, "
-    "too far into epoch 1 or in epoch 2 (24 skips: 6-step epochs, 16 = 2 x 6 + 4), so samples of epoch 1 "
-    "that were never skipped are silently never trained (fixing the sampler/resume is a separate change)"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=MULTI_EPOCH_BUG)
 def test_rollback_in_a_later_epoch_keeps_the_order(tmp_path: Path, demo_assets: Path) -> None:
     # 48 samples, 4 per step: 12 steps per epoch; the rollback resumes from step 16, inside the second epoch.
     sections = {

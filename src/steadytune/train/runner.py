@@ -33,7 +33,10 @@ from steadytune.train.data import (
     load_tokenizer,
 )
 from steadytune.train.optim import LrPlan, group_summary, param_groups
-from steadytune.train.sampling import SkipSampler
+from steadytune.train.sampling import Batching, DataPosition, SkipSampler, advance, place
+
+# The key of the run's place in its sample order in a checkpoint's trainer_state.json (stateful_callbacks).
+DATA_POSITION = "steadytune_data_position"
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -111,6 +114,9 @@ class GuardedTrainer(Trainer):
         self.st_skip = skip_ids or set()
         self._st_step_inputs: list[tuple[dict[str, Any], Any]] = []
         self._st_step_of_inputs = -1
+        self._st_sampler: SkipSampler | None = None
+        # (global step, data position) where this train() call started: every later position follows.
+        self._st_anchor = (0, DataPosition())
 
     def create_optimizer(self, model: Any = None) -> Any:
         """The HF optimizer, with one param group per configured LR group when there are any."""
@@ -136,7 +142,53 @@ class GuardedTrainer(Trainer):
         ds = train_dataset if train_dataset is not None else self.train_dataset
         if ds is None or SAMPLE_ID not in getattr(ds, "column_names", ()):
             return super()._get_train_sampler(train_dataset)
-        return SkipSampler(ds[SAMPLE_ID], seed=self.args.seed, skip=self.st_skip)
+        self._st_sampler = SkipSampler(ds[SAMPLE_ID], seed=self.args.seed, skip=self.st_skip)
+        return self._st_sampler
+
+    def _st_batching(self) -> Batching:
+        return Batching(self._train_batch_size, self.args.gradient_accumulation_steps, self.args.world_size)
+
+    def data_position(self) -> DataPosition:
+        """Where the run stands in its sample order after ``state.global_step`` steps."""
+        assert self._st_sampler is not None  # only asked for where the sampler is ours
+        step, position = self._st_anchor
+        return advance(position, self.state.global_step - step, self._st_sampler.kept, self._st_batching())
+
+    def _init_training_state(
+        self,
+        max_steps: int,
+        num_update_steps_per_epoch: int,
+        num_train_epochs: int,
+        resume_from_checkpoint: str | None,
+        trial: Any,
+    ) -> tuple[int, int]:
+        """Place a resume by the checkpoint's data position, not by the HF arithmetic (docs/recovery.md)."""
+        placed = super()._init_training_state(  # type: ignore[misc]
+            max_steps, num_update_steps_per_epoch, num_train_epochs, resume_from_checkpoint, trial
+        )
+        sampler = self._st_sampler
+        if sampler is None:
+            return placed  # type: ignore[no-any-return]
+        step = self.state.global_step
+        batching = self._st_batching()
+        saved = self.state.stateful_callbacks.get(DATA_POSITION) if resume_from_checkpoint else None
+        if saved is not None:
+            position = DataPosition(int(saved["epoch"]), int(saved["offset"]))
+        else:
+            # No position saved (a fresh start, or a checkpoint from before positions were): as if the
+            # present skip list had applied from the first step.
+            position = advance(DataPosition(), step, sampler.kept, batching)
+        tail = sum(sampler.kept(position.epoch)[position.offset :])
+        placement = place(position, step, tail, len(sampler), num_update_steps_per_epoch, batching)
+        sampler.start_at(position, placement, batching)
+        self._st_anchor = (step, position)
+        return placement.epoch, placement.lead_batches
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        if self._st_sampler is not None:
+            at = self.data_position()
+            self.state.stateful_callbacks[DATA_POSITION] = {"epoch": at.epoch, "offset": at.offset}
+        super()._save_checkpoint(model, trial)
 
     def compute_loss(
         self, model: Any, inputs: dict[str, Any], return_outputs: bool = False, num_items_in_batch: Any = None
