@@ -100,11 +100,15 @@ def test_rollback_skips_its_samples_for_good_and_keeps_the_order(tmp_path: Path,
     assert trained == [i for i in reference if i not in skip][: len(trained)]
 
 
-def test_rollback_in_a_later_epoch_keeps_the_order(tmp_path: Path, demo_assets: Path) -> None:
-    # 48 samples, 4 per step: 12 steps per epoch; the rollback resumes from step 16, inside the second epoch.
+def rollback_in_the_second_epoch(
+    tmp_path: Path, demo_assets: Path, **train: int
+) -> tuple[list[int], list[int], int]:
+    """48 samples, 4 per step: 12 steps per epoch; a rollback resumes from step 16, inside the second
+    epoch. What the run trained, and what it should have: the clean order, the skipped samples taken
+    out from the rollback on."""
     sections = {
         "data": {"max_samples": 48},
-        "train": {"max_grad_norm": 0.0, "save_steps": 8, "max_steps": 36},
+        "train": {"max_grad_norm": 0.0, "save_steps": 8, **train},
         "policy": {"spike_confirm_points": 1},
     }
     cfg = write_config(tmp_path, demo_assets, **sections)
@@ -114,8 +118,24 @@ def test_rollback_in_a_later_epoch_keeps_the_order(tmp_path: Path, demo_assets: 
     skip, _ = check_skip(run, 16)
     records = steps(run)
     assert not skip & {i for r in records if r.attempt >= 1 for i in r.batch.indices}
-    reference = clean_order(tmp_path, demo_assets, 60, **sections)  # five epochs of 48
-    epochs = [reference[48 * e : 48 * (e + 1)] for e in range(5)]
+    reference = clean_order(tmp_path, demo_assets, 48, **sections)  # four epochs of 48
+    epochs = [reference[48 * e : 48 * (e + 1)] for e in range(4)]
     expected = epochs[0] + [i for e in epochs[1:] for i in e if i not in skip]
-    trained = trained_order(records)
+    return trained_order(records), expected, len(skip)
+
+
+def test_rollback_in_a_later_epoch_keeps_the_order(tmp_path: Path, demo_assets: Path) -> None:
+    trained, expected, _ = rollback_in_the_second_epoch(tmp_path, demo_assets, max_steps=36)
+    assert len(trained) == 36 * 4
     assert trained == expected[: len(trained)]
+
+
+def test_an_epoch_based_run_trains_its_epochs_to_the_end_after_a_rollback(
+    tmp_path: Path, demo_assets: Path
+) -> None:
+    # With 8 samples skipped, the epochs after the rollback are 10 steps, the one before it 12: three
+    # epochs are 16 + 6 + 10 steps, not the 3 x 10 the HF count (epochs x steps an epoch) stops at.
+    trained, expected, skipped = rollback_in_the_second_epoch(
+        tmp_path, demo_assets, max_steps=-1, num_train_epochs=3
+    )
+    assert trained == expected[: 48 + 2 * (48 - skipped)]

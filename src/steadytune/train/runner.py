@@ -80,6 +80,12 @@ class Collator:
         return batch
 
 
+def _stateful(state: Any) -> dict[str, Any]:
+    """The states saved with a checkpoint: a dict once the TrainerState exists (typed as its input list)."""
+    callbacks: dict[str, Any] = state.stateful_callbacks
+    return callbacks
+
+
 def _label_tokens(inputs: dict[str, Any]) -> int:
     """Tokens that carry loss in a causal LM batch (labels shift by one)."""
     labels = inputs.get("labels")
@@ -117,6 +123,7 @@ class GuardedTrainer(Trainer):
         self._st_sampler: SkipSampler | None = None
         # (global step, data position) where this train() call started: every later position follows.
         self._st_anchor = (0, DataPosition())
+        self._st_horizon: int | None = None  # the steps an epoch-based resume trains to
 
     def create_optimizer(self, model: Any = None) -> Any:
         """The HF optimizer, with one param group per configured LR group when there are any."""
@@ -163,15 +170,15 @@ class GuardedTrainer(Trainer):
         trial: Any,
     ) -> tuple[int, int]:
         """Place a resume by the checkpoint's data position, not by the HF arithmetic (docs/recovery.md)."""
-        placed = super()._init_training_state(  # type: ignore[misc]
+        placed = super()._init_training_state(
             max_steps, num_update_steps_per_epoch, num_train_epochs, resume_from_checkpoint, trial
         )
         sampler = self._st_sampler
         if sampler is None:
-            return placed  # type: ignore[no-any-return]
+            return placed
         step = self.state.global_step
         batching = self._st_batching()
-        saved = self.state.stateful_callbacks.get(DATA_POSITION) if resume_from_checkpoint else None
+        saved = _stateful(self.state).get(DATA_POSITION) if resume_from_checkpoint else None
         if saved is not None:
             position = DataPosition(int(saved["epoch"]), int(saved["offset"]))
         else:
@@ -182,12 +189,23 @@ class GuardedTrainer(Trainer):
         placement = place(position, step, tail, len(sampler), num_update_steps_per_epoch, batching)
         sampler.start_at(position, placement, batching)
         self._st_anchor = (step, position)
+        self._st_horizon = None
+        if self.args.max_steps <= 0 and step:
+            # An epoch-based run trains its epochs to their end. HF counts its steps as epochs x the
+            # steps of an epoch now, which falls short where the epochs behind it were longer.
+            steps = num_update_steps_per_epoch
+            done = position.epoch * steps + steps - batching.steps(tail)
+            self._st_horizon = self.state.max_steps = step + max(0, max_steps - done)
         return placement.epoch, placement.lead_batches
+
+    def create_scheduler(self, num_training_steps: int, optimizer: Any = None) -> Any:
+        # An epoch-based resume may have more steps to go than HF counted (_init_training_state).
+        return super().create_scheduler(self._st_horizon or num_training_steps, optimizer)
 
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
         if self._st_sampler is not None:
             at = self.data_position()
-            self.state.stateful_callbacks[DATA_POSITION] = {"epoch": at.epoch, "offset": at.offset}
+            _stateful(self.state)[DATA_POSITION] = {"epoch": at.epoch, "offset": at.offset}
         super()._save_checkpoint(model, trial)
 
     def compute_loss(
