@@ -112,7 +112,9 @@ def rollback_in_the_second_epoch(
         "policy": {"spike_confirm_points": 1},
     }
     cfg = write_config(tmp_path, demo_assets, **sections)
-    rc, out = finish(start_run(cfg, "epochs", faults={"lr_burst_at_step": 17, "lr_burst_factor": 1000.0}))
+    # The pause per step keeps the supervisor abreast of the worker, so the skip window ends at the spike.
+    faults = {"lr_burst_at_step": 17, "lr_burst_factor": 1000.0, "step_sleep_s": 0.1}
+    rc, out = finish(start_run(cfg, "epochs", faults=faults))
     assert rc == 0, out
     run = run_dir(cfg, "epochs")
     skip, _ = check_skip(run, 16)
