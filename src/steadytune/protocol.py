@@ -54,7 +54,8 @@ _REQUEST_NAME = re.compile(rf"^(\d{{20}})-({_REQUEST_ID})\.json$")
 class WorkerEvent(str, Enum):
     """Every event a worker may report; the value is the event's ``name`` in the stream.
 
-    The supervisor's handler for an event is the method named by :attr:`handler`.
+    The supervisor's handler for an event is the method of ``supervise/worker_events.WorkerEvents``
+    named by :attr:`handler`.
     """
 
     TRAIN_BEGIN = "train_begin"

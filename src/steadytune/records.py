@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -226,14 +227,20 @@ def nonfinite_text(value: float) -> float | str:
     return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
 
 
-def _clean(value: Any) -> Any:
+def json_safe(value: Any, nonfinite: Callable[[float], Any] = nonfinite_text) -> Any:
+    """``value`` with every NaN/Inf float, however deep, replaced by ``nonfinite(x)``.
+
+    Files keep them as text (the default, so they read back); the dashboard's API sends
+    ``None`` (a gap the charts leave undrawn): one walk, two spellings.
+    """
     if isinstance(value, float) and not math.isfinite(value):
-        return nonfinite_text(value)
+        return nonfinite(value)
     if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
+        return {k: json_safe(v, nonfinite) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
+        return [json_safe(v, nonfinite) for v in value]
     return value
+
 
 
 def _float_fields(cls: type) -> frozenset[str]:
@@ -252,7 +259,7 @@ _FIELD_NAMES: dict[type, tuple[str, ...]] = {
 
 
 def _plain(value: Any) -> Any:
-    """``dataclasses.asdict`` and :func:`_clean` in one pass, without asdict's deep copies.
+    """``dataclasses.asdict`` and :func:`json_safe` in one pass, without asdict's deep copies.
 
     The worker serializes a record at every step; asdict copied each value on the way and
     was most of that cost.
@@ -260,7 +267,7 @@ def _plain(value: Any) -> Any:
     if value is None or isinstance(value, (str, bool, int)):
         return value
     if isinstance(value, float):
-        return value if math.isfinite(value) else _clean(value)
+        return value if math.isfinite(value) else json_safe(value)
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -269,7 +276,7 @@ def _plain(value: Any) -> Any:
     if names is not None:
         return {name: _plain(getattr(value, name)) for name in names}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return _clean(dataclasses.asdict(value))
+        return json_safe(dataclasses.asdict(value))
     return value
 
 

@@ -29,6 +29,13 @@ def loss_at(step: int) -> float:
     return 2.5 * math.exp(-step / 400) + 0.6 + 0.05 * math.sin(step / 7)
 
 
+LAYER_LIMITS = {"vanish_norm": 2e-3, "explode_norm": 100.0, "zero_frac": 0.95}
+LAYER_LIMITS_YAML = (
+    "detect:\n  grad:\n"
+    f"    layer_vanish_norm: {LAYER_LIMITS['vanish_norm']}\n"
+    f"    layer_explode_norm: {LAYER_LIMITS['explode_norm']}\n"
+    f"    layer_dead_zero_frac: {LAYER_LIMITS['zero_frac']}\n"
+)
 LAYERS = ["embeddings", *(f"layers.{i}" for i in range(6)), "final_norm", "lm_head"]
 
 
@@ -136,6 +143,9 @@ class LiveRun:
 
     def start(self) -> LiveRun:
         now = time.time()
+        # As a supervisor would, the resolved config beside the telemetry; layer limits of its own (the
+        # flagged layers above stay flagged) so the page must show this run's, not the defaults.
+        atomic_write_text(self.run.config, LAYER_LIMITS_YAML)
         self._plans.write(PlanRevision(revision=0, ts=now, reason="initial", per_device_train_batch_size=8,
                                        gradient_accumulation_steps=4))  # fmt: skip
         self.events.append(Event(ts=now, kind="lifecycle", name="started", message="run started"))

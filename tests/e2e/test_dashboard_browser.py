@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from chromium import open_chromium, screenshot, wait_js
-from live_run import LiveRun
+from live_run import LAYER_LIMITS, LiveRun
 from selenium.webdriver.remote.webdriver import WebDriver
 from tests.waiting import wait_for
 
@@ -57,6 +57,40 @@ def check_heatmap(b: WebDriver) -> None:
     assert "exploding" in tip and "step " in tip
     note = b.execute_script("return document.getElementById('note-gradflow').textContent")
     assert "recordings" in note and "exploding" in note and "dead/vanishing" in note, note
+    # The legend states the limits the API sent: this run's own, not the defaults (1e-3, 90%).
+    sent = b.execute_script("return window.steadytune.heatmap.thresholds")
+    assert sent == LAYER_LIMITS, sent
+    legend = b.execute_script("return document.getElementById('heatmap-legend').textContent")
+    assert "< 2e-3, or > 95% zeros" in legend and "exploding (> 1e2 or not finite)" in legend, legend
+
+
+# Record what the page gets from /series, then give the loss chart a budget the live run outgrows.
+WATCH_SERIES = """
+const ST = window.steadytune, get = ST.getJSON, c = ST.charts.loss;
+window.seriesSent = [];
+ST.getJSON = async (url) => {
+  const d = await get(url);
+  if (url.includes('/series?')) window.seriesSent.push(d.steps);
+  return d;
+};
+c.opts.maxPoints = Math.ceil(c.get('loss').length / 2);
+"""
+# The loss chart's x values begin with the buckets the server sent last, as sent (x_last of each row).
+DRAWS_WHAT_IT_GOT = """
+const sent = window.seriesSent[window.seriesSent.length - 1];
+const xs = window.steadytune.charts.loss.get('loss').x;
+return sent.rows.length > 0 && sent.rows.every((r, i) => xs[i] === r[1]);
+"""
+
+
+def check_live_chart_is_rebucketed_by_the_server(b: WebDriver) -> None:
+    """A live chart past its point budget is fetched again from the server, not merged in the page."""
+    b.execute_script(WATCH_SERIES)
+    wait_js(b, "return window.seriesSent.length > 0", timeout=15)
+    assert b.execute_script(DRAWS_WHAT_IT_GOT)
+    b.execute_script("window.steadytune.charts.loss.opts.maxPoints = 3000")
+    points = b.execute_script(LOSS_POINTS)
+    wait_js(b, f"return {LOSS_POINTS[7:]} >= {points + 3}", timeout=10)  # and it goes on live
 
 
 def test_live_run_page_advances_and_screenshot(
@@ -84,6 +118,7 @@ def test_live_run_page_advances_and_screenshot(
         assert "LAST_GOOD" in text and "verified" in text and "initial" in text
         wait_js(b, "return document.getElementById('note-mem').textContent.startsWith('headroom')", timeout=5)
         check_heatmap(b)
+        check_live_chart_is_rebucketed_by_the_server(b)
         # The histogram view follows the newest recording; this run's samples carry GPUs, so the panels draw.
         hist = wait_js(
             b, "const h = window.steadytune.gradhist; return h.barCount() > 0 && [h.step, h.layers]"

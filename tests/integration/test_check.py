@@ -137,7 +137,7 @@ def test_broken_dataset_every_defect_is_reported(broken) -> None:
 def test_the_all_masked_sample_is_really_all_masked(broken, demo_assets: Path) -> None:
     from transformers import AutoTokenizer
 
-    from steadytune.train.data import IGNORE_INDEX, DataSpec, encode_row
+    from steadytune.data.encode import IGNORE_INDEX, DataSpec, encode_row
 
     _, _, at, data = broken
     tok = AutoTokenizer.from_pretrained(demo_assets / "model")

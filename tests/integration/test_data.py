@@ -7,15 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from steadytune.train.data import (
-    IGNORE_INDEX,
-    SAMPLE_HASH,
-    SAMPLE_ID,
-    DataError,
-    DataSpec,
-    build_dataset,
-    load_rows,
-)
+from steadytune.data.encode import IGNORE_INDEX, DataSpec
+from steadytune.data.rows import DataError, load_rows
+from steadytune.train.data import SAMPLE_HASH, SAMPLE_ID, build_dataset
 
 
 @pytest.fixture(scope="module")

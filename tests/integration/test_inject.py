@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from steadytune.guard.fingerprint import sample_hash
+from steadytune.data.encode import sample_hash
 from steadytune.inject import inject_env
 from steadytune.records import Event, StepRecord, WorkerExit
 from steadytune.rundir import RunDir

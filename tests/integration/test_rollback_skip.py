@@ -100,31 +100,44 @@ def test_rollback_skips_its_samples_for_good_and_keeps_the_order(tmp_path: Path,
     assert trained == [i for i in reference if i not in skip][: len(trained)]
 
 
-MULTI_EPOCH_BUG = (
-    "the HF Trainer places a resumed run by global_step // len(dataloader), and the skip list shortens the "
-    "epoch: a resume from step 16 (4 batches into the second 12-step epoch) is placed by the shorter epoch, "
-    "too far into epoch 1 or in epoch 2 (24 skips: 6-step epochs, 16 = 2 x 6 + 4), so samples of epoch 1 "
-    "that were never skipped are silently never trained (fixing the sampler/resume is a separate change)"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=MULTI_EPOCH_BUG)
-def test_rollback_in_a_later_epoch_keeps_the_order(tmp_path: Path, demo_assets: Path) -> None:
-    # 48 samples, 4 per step: 12 steps per epoch; the rollback resumes from step 16, inside the second epoch.
+def rollback_in_the_second_epoch(
+    tmp_path: Path, demo_assets: Path, **train: int
+) -> tuple[list[int], list[int], int]:
+    """48 samples, 4 per step: 12 steps per epoch; a rollback resumes from step 16, inside the second
+    epoch. What the run trained, and what it should have: the clean order, the skipped samples taken
+    out from the rollback on."""
     sections = {
         "data": {"max_samples": 48},
-        "train": {"max_grad_norm": 0.0, "save_steps": 8, "max_steps": 36},
+        "train": {"max_grad_norm": 0.0, "save_steps": 8, **train},
         "policy": {"spike_confirm_points": 1},
     }
     cfg = write_config(tmp_path, demo_assets, **sections)
-    rc, out = finish(start_run(cfg, "epochs", faults={"lr_burst_at_step": 17, "lr_burst_factor": 1000.0}))
+    # The pause per step keeps the supervisor abreast of the worker, so the skip window ends at the spike.
+    faults = {"lr_burst_at_step": 17, "lr_burst_factor": 1000.0, "step_sleep_s": 0.1}
+    rc, out = finish(start_run(cfg, "epochs", faults=faults))
     assert rc == 0, out
     run = run_dir(cfg, "epochs")
     skip, _ = check_skip(run, 16)
     records = steps(run)
     assert not skip & {i for r in records if r.attempt >= 1 for i in r.batch.indices}
-    reference = clean_order(tmp_path, demo_assets, 60, **sections)  # five epochs of 48
-    epochs = [reference[48 * e : 48 * (e + 1)] for e in range(5)]
+    reference = clean_order(tmp_path, demo_assets, 48, **sections)  # four epochs of 48
+    epochs = [reference[48 * e : 48 * (e + 1)] for e in range(4)]
     expected = epochs[0] + [i for e in epochs[1:] for i in e if i not in skip]
-    trained = trained_order(records)
+    return trained_order(records), expected, len(skip)
+
+
+def test_rollback_in_a_later_epoch_keeps_the_order(tmp_path: Path, demo_assets: Path) -> None:
+    trained, expected, _ = rollback_in_the_second_epoch(tmp_path, demo_assets, max_steps=36)
+    assert len(trained) == 36 * 4
     assert trained == expected[: len(trained)]
+
+
+def test_an_epoch_based_run_trains_its_epochs_to_the_end_after_a_rollback(
+    tmp_path: Path, demo_assets: Path
+) -> None:
+    # With 8 samples skipped, the epochs after the rollback are 10 steps, the one before it 12: three
+    # epochs are 16 + 6 + 10 steps, not the 3 x 10 the HF count (epochs x steps an epoch) stops at.
+    trained, expected, skipped = rollback_in_the_second_epoch(
+        tmp_path, demo_assets, max_steps=-1, num_train_epochs=3
+    )
+    assert trained == expected[: 48 + 2 * (48 - skipped)]

@@ -114,17 +114,6 @@ def write_manifest(
     return manifest
 
 
-@dataclass(frozen=True)
-class Verdict:
-    """The result of checking one checkpoint against its manifest."""
-
-    path: Path
-    ok: bool
-    reason: str = ""
-    step: int | None = None
-    total_bytes: int = 0
-
-
 class ManifestError(ValueError):
     """A MANIFEST.json that is missing, unreadable, malformed or names a file outside its checkpoint."""
 
@@ -139,6 +128,22 @@ class Manifest:
     @property
     def step(self) -> Any:
         return self.data.get("step")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The result of checking one checkpoint against its manifest.
+
+    ``total_bytes`` is the size of the files the manifest lists (0 unless ``ok``);
+    ``manifest`` is the validated manifest whenever it could be read, ``ok`` or not.
+    """
+
+    path: Path
+    ok: bool
+    reason: str = ""
+    step: int | None = None
+    total_bytes: int = 0
+    manifest: Manifest | None = None
 
 
 def inside(path: Path, root: Path) -> bool:
@@ -222,6 +227,9 @@ def read_manifest(ckpt: Path) -> dict[str, Any] | None:
 def verify(ckpt: Path, deep: bool = True) -> Verdict:
     """Check ``ckpt`` against its manifest: presence, sizes and (``deep``) sha256 of every file.
 
+    ``deep=False`` checks sizes only: what the dashboard shows for every checkpoint of a
+    run on each refresh, where hashing gigabytes would stall the page.
+
     Files present but not listed are tolerated (a reader may add caches); files
     listed but missing, short, long or changed are not, and neither is a manifest
     that names a path outside the checkpoint.
@@ -234,20 +242,24 @@ def verify(ckpt: Path, deep: bool = True) -> Verdict:
     except ManifestError as exc:
         return Verdict(ckpt, False, str(exc))
     step = manifest.step
+
+    def bad(reason: str) -> Verdict:
+        return Verdict(ckpt, False, reason, step, manifest=manifest)
+
     if not manifest.files:
-        return Verdict(ckpt, False, "MANIFEST.json lists no files", step)
+        return bad("MANIFEST.json lists no files")
+    total = 0
     for rel, meta in manifest.files.items():
         p = ckpt / rel
         if not p.is_file():
-            return Verdict(ckpt, False, f"{rel} is missing", step)
+            return bad(f"{rel} is missing")
         size = p.stat().st_size
         if size != meta.get("size"):
-            return Verdict(
-                ckpt, False, f"{rel} has {size} bytes, manifest says {meta.get('size')} (truncated?)", step
-            )
+            return bad(f"{rel} has {size} bytes, manifest says {meta.get('size')} (truncated?)")
         if deep and sha256_file(p) != meta.get("sha256"):
-            return Verdict(ckpt, False, f"{rel} sha256 mismatch (corrupted)", step)
-    return Verdict(ckpt, True, "", step, int(manifest.data.get("total_bytes", 0)))
+            return bad(f"{rel} sha256 mismatch (corrupted)")
+        total += size
+    return Verdict(ckpt, True, "", step, total, manifest)
 
 
 def list_checkpoints(root: Path) -> list[Path]:

@@ -43,13 +43,26 @@ def write_pointer(pointer: Path, target: Path | str) -> None:
     atomic_write_text(pointer, Path(target).name + "\n")
 
 
-def read_pointer(pointer: Path) -> Path | None:
-    """The checkpoint a pointer names, if the pointer exists and the directory does too."""
+def pointer_name(pointer: Path) -> str | None:
+    """The checkpoint name a pointer holds, whether or not that folder still exists.
+
+    None for a missing pointer or one that names no plain sibling (empty, a path, hidden).
+    The dashboard shows a pointer to a folder retention or a person removed; resume uses
+    :func:`read_pointer`, which also wants the folder.
+    """
     try:
         name = pointer.read_text(encoding="utf-8").strip()
-    except (FileNotFoundError, OSError):
+    except OSError:
         return None
-    if not name or "/" in name or name.startswith("."):
+    if not name or "/" in name or "\\" in name or name.startswith("."):
+        return None
+    return name
+
+
+def read_pointer(pointer: Path) -> Path | None:
+    """The checkpoint a pointer names, if the pointer exists and the directory does too."""
+    name = pointer_name(pointer)
+    if name is None:
         return None
     target = pointer.parent / name
     return target if target.is_dir() else None

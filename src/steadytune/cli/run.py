@@ -151,7 +151,7 @@ def launch(
         if dashboard is None:
             return 2
         sup.dashboard_url = cfg.dashboard.public_url or dashboard.url  # what alerts link to
-    previous = {s: signal.signal(s, sup.on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous = {s: signal.signal(s, sup.controls.on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         if quiet or not console.is_terminal:
             result = sup.run_to_end(live=_PlainProgress(console) if not quiet else None)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import math
 
-from steadytune.config.detect import EvalConfig, LossConfig
 from steadytune.detect.base import Finding, Reporter, rounded
 from steadytune.detect.loss import LossPoint
 from steadytune.detect.stats import upper_factor
@@ -29,10 +28,25 @@ from steadytune.detect.stats import upper_factor
 class ShortRiseWatch:
     """Divergence from consecutive rises at the start of a run or of a snippet."""
 
-    def __init__(self, cfg: LossConfig, metric: str = "loss", rank: int | None = None) -> None:
-        self.cfg = cfg
+    def __init__(
+        self,
+        *,
+        noise_prior: float,
+        early_points: int,
+        early_rises: int,
+        early_rise: float,
+        early_z: float,
+        metric: str = "loss",
+        rank: int | None = None,
+    ) -> None:
+        """Thresholds as ``detect.loss`` names them (docs/detectors.md)."""
         self.metric = metric
         self.rep = Reporter(rank)
+        self._noise_prior = noise_prior
+        self._early_points = early_points
+        self._early_rises = early_rises
+        self._early_rise = early_rise
+        self._early_z = early_z
         self._seen = 0  # points in the current segment
         self._run_start: tuple[int, float] | None = None  # first point of the current run of rises
         self._rises = 0
@@ -67,7 +81,7 @@ class ShortRiseWatch:
             self._first_rise = lp.step  # the climb is dated from its first point above the start
         # Only a climb from the first point of the run (or snippet) counts: a rise that begins
         # later has a baseline before it, and the spike and divergence rules judge it.
-        if self._run_start is None or self._seen != self._rises + 1 or self._seen > self.cfg.early_points:
+        if self._run_start is None or self._seen != self._rises + 1 or self._seen > self._early_points:
             return None
         start_y = self._run_start[1]
         rise = lp.y - start_y
@@ -76,9 +90,9 @@ class ShortRiseWatch:
         # own increments (a steady climb rises by similar steps; noise rises by random ones).
         # Each is taken one standard error up, as few points are known: the scatter of n
         # increments about their own mean has n - 1 degrees of freedom, not n.
-        sigma = min(self.cfg.noise_prior, _increment_noise(self._steps)) * upper_factor(self._rises - 1)
-        needed = max(self.cfg.early_rise, self.cfg.early_z * math.sqrt(2.0) * sigma)
-        if self._rises >= self.cfg.early_rises and rise >= needed:
+        sigma = min(self._noise_prior, _increment_noise(self._steps)) * upper_factor(self._rises - 1)
+        needed = max(self._early_rise, self._early_z * math.sqrt(2.0) * sigma)
+        if self._rises >= self._early_rises and rise >= needed:
             first = not self.rep.on
             ev = None
             if first:
@@ -87,8 +101,8 @@ class ShortRiseWatch:
                     "first": rounded(math.exp(start_y)),
                     "rise_ratio": rounded(math.exp(rise), 4),
                     "rises": self._rises,
-                    "threshold_ratio": rounded(math.exp(self.cfg.early_rise), 4),
-                    "threshold_rises": self.cfg.early_rises,
+                    "threshold_ratio": rounded(math.exp(self._early_rise), 4),
+                    "threshold_rises": self._early_rises,
                 }
             self.rep.report(out, "divergence", self.metric, self._first_rise, True, evidence=ev)
             return self._first_rise, start_y, self._rises
@@ -106,15 +120,25 @@ def _increment_noise(steps: list[float]) -> float:
 class FallCollapseWatch:
     """loss_collapse from a level that sank to a tiny fraction of where the run began."""
 
-    def __init__(self, cfg: LossConfig, ecfg: EvalConfig, metric: str = "loss", rank: int | None = None):
-        self.cfg = cfg
-        self.ecfg = ecfg
+    def __init__(
+        self,
+        *,
+        collapse_fraction: float,
+        collapse_memorized: float,
+        eval_rise: float,
+        metric: str = "loss",
+        rank: int | None = None,
+    ) -> None:
+        """``collapse_*`` as ``detect.loss`` names them; ``eval_rise`` is ``detect.eval.rise``."""
         self.metric = metric
         self.rep = Reporter(rank)
+        self._collapse_fraction = collapse_fraction
+        self._collapse_memorized = collapse_memorized
+        self._eval_rise = eval_rise
         self._initial: float | None = None
         self._eval_best: float | None = None
         self._eval_last: float | None = None
-        self._limit = math.log(max(cfg.collapse_memorized, 1e-12))
+        self._limit = math.log(max(collapse_memorized, 1e-12))
 
     def observe_eval(self, value: float) -> None:
         if math.isfinite(value) and value > 0:
@@ -125,7 +149,7 @@ class FallCollapseWatch:
     def _eval_healthy(self) -> bool:
         if self._eval_last is None or self._eval_best is None:
             return False
-        return self._eval_last - self._eval_best <= self.ecfg.rise
+        return self._eval_last - self._eval_best <= self._eval_rise
 
     def _cause(self, epoch: float | None) -> str:
         seen = f" after {epoch:.3g} epochs" if epoch else ""
@@ -147,7 +171,7 @@ class FallCollapseWatch:
         if self._initial is None:
             self._initial = level  # the first full level of the run: where training began
             return
-        low = level < self._initial + math.log(self.cfg.collapse_fraction) and level < self._limit
+        low = level < self._initial + math.log(self._collapse_fraction) and level < self._limit
         if low and not self._eval_healthy():
             ev = None
             if not self.rep.on:
@@ -155,8 +179,8 @@ class FallCollapseWatch:
                     "level": rounded(math.exp(level)),
                     "initial_level": rounded(math.exp(self._initial)),
                     "fraction": rounded(math.exp(level - self._initial), 4),
-                    "threshold_fraction": self.cfg.collapse_fraction,
-                    "threshold_loss": self.cfg.collapse_memorized,
+                    "threshold_fraction": self._collapse_fraction,
+                    "threshold_loss": self._collapse_memorized,
                     "epoch": rounded(epoch, 4),
                     "eval_loss": rounded(math.exp(self._eval_last)) if self._eval_last is not None else None,
                     "eval_best": rounded(math.exp(self._eval_best)) if self._eval_best is not None else None,

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 
-from steadytune.config.detect import GradConfig, SeriesConfig
 from steadytune.detect.base import Finding, Reporter, rounded
 from steadytune.detect.stats import Tracker
 
@@ -30,18 +29,38 @@ class GradWatch:
     """All gradient-norm detectors of one rank."""
 
     def __init__(
-        self, cfg: GradConfig, series: SeriesConfig, metric: str = "grad_norm", rank: int | None = None
+        self,
+        *,
+        level_window: int,
+        noise_window: int,
+        gap_factor: float,
+        noise_prior: float,
+        noise_prior_weight: float,
+        noise_floor: float,
+        spike_z: float,
+        spike_min_ratio: float,
+        explosion_points: int,
+        explosion_ratio: float,
+        vanishing_ratio: float,
+        vanishing_points: int,
+        warmup_points: int,
+        metric: str = "grad_norm",
+        rank: int | None = None,
     ) -> None:
-        self.cfg = cfg
-        self.series = series
+        """Thresholds as ``detect.grad`` and ``detect.series`` name them (docs/detectors.md)."""
         self.metric = metric
         self.rep = Reporter(rank)
-        self.tracker = Tracker(
-            series.level_window, series.noise_window, cfg.noise_prior, cfg.noise_prior_weight, cfg.noise_floor
-        )
-        self._min_jump = math.log(cfg.spike_min_ratio)
-        self._explode_jump = math.log(cfg.explosion_ratio)
-        self._vanish_log = math.log(cfg.vanishing_ratio)
+        self.tracker = Tracker(level_window, noise_window, noise_prior, noise_prior_weight, noise_floor)
+        self._gap_factor = gap_factor
+        self._spike_z = spike_z
+        self._explosion_points = explosion_points
+        self._explosion_ratio = explosion_ratio
+        self._vanishing_ratio = vanishing_ratio
+        self._vanishing_points = vanishing_points
+        self._warmup_points = warmup_points
+        self._min_jump = math.log(spike_min_ratio)
+        self._explode_jump = math.log(explosion_ratio)
+        self._vanish_log = math.log(vanishing_ratio)
         self._bad = 0
         self._finite_run = 0
         self._spike_points = 0
@@ -73,7 +92,7 @@ class GradWatch:
             self.rep.report(out, "nonfinite_grad", self.metric, step, False)
             self._bad = 0
         t = self.tracker
-        new_segment = t.begin(step, self.series.gap_factor)
+        new_segment = t.begin(step, self._gap_factor)
         if new_segment:
             self._end_spike(out, step)
         if g <= 0.0:
@@ -83,7 +102,7 @@ class GradWatch:
         if t.n_level >= _MIN_BASELINE and self._spike(step, g, y, loss_spiking, out):
             return
         t.accept(y)
-        if t.n_accepted >= self.cfg.warmup_points and t.level_full:
+        if t.n_accepted >= self._warmup_points and t.level_full:
             lvl = t.level
             if self._established is None or lvl > self._established:
                 self._established = lvl
@@ -108,7 +127,7 @@ class GradWatch:
 
     def _spike(self, step: int, g: float, y: float, loss_spiking: bool, out: list[Finding]) -> bool:
         """Judge a jump; True when the point is part of a spike episode (kept out of the level)."""
-        t, cfg = self.tracker, self.cfg
+        t = self.tracker
         jump = y - t.level
         if not self._spike_points and jump <= self._min_jump:
             return False  # well inside the minimum jump: no need for the noise estimate
@@ -118,17 +137,17 @@ class GradWatch:
                 return False
             self._spike_points += 1
             self.rep.report(out, "grad_spike", self.metric, step, True)
-            if self._spike_points >= cfg.explosion_points or loss_spiking:
+            if self._spike_points >= self._explosion_points or loss_spiking:
                 self._explode(step, g, jump, out)
             return True
-        if jump <= max(t.threshold(cfg.spike_z), self._min_jump):
+        if jump <= max(t.threshold(self._spike_z), self._min_jump):
             return False
         self._spike_points = 1
         ev = {
             "value": rounded(g),
             "baseline": rounded(math.exp(t.level)),
             "ratio": rounded(math.exp(jump), 4),
-            "threshold_ratio": rounded(math.exp(max(t.threshold(cfg.spike_z), self._min_jump)), 4),
+            "threshold_ratio": rounded(math.exp(max(t.threshold(self._spike_z), self._min_jump)), 4),
             "loss_spiking": loss_spiking,
         }
         self.rep.report(out, "grad_spike", self.metric, step, True, evidence=ev)
@@ -145,7 +164,7 @@ class GradWatch:
                 "baseline": rounded(math.exp(self.tracker.level)),
                 "ratio": rounded(math.exp(jump), 4),
                 "points_up": self._spike_points,
-                "threshold_ratio": self.cfg.explosion_ratio,
+                "threshold_ratio": self._explosion_ratio,
             }
         self.rep.report(out, "grad_explosion", self.metric, step, True, severity="critical", evidence=ev)
 
@@ -163,14 +182,14 @@ class GradWatch:
         t = self.tracker
         low = y is None or (t.n_level > 0 and t.level < limit)
         self._low = self._low + 1 if low else 0
-        if self._low >= self.cfg.vanishing_points:
+        if self._low >= self._vanishing_points:
             ev = None
             if not self.vanished:
                 ev = {
                     "value": rounded(g),
                     "level": rounded(math.exp(t.level)) if t.n_level else None,
                     "established_level": rounded(math.exp(est)),
-                    "threshold_ratio": self.cfg.vanishing_ratio,
+                    "threshold_ratio": self._vanishing_ratio,
                 }
             self.rep.report(out, "grad_vanishing", self.metric, step, True, evidence=ev)
         elif not low and t.n_level and t.level > limit + math.log(10.0):

@@ -2,9 +2,10 @@
 
 Input is what :func:`steadytune.guard.gradflow.layer_grad_stats` returns (or its
 column form stored in ``StepRecord.extra["gradflow"]``). The thresholds are
-``detect.grad.layer_*`` (:class:`steadytune.config.detect.GradConfig`): absolute
-norms of the raw (pre-clip) gradient of one layer. The dashboard's heat map
-classifies its cells with :func:`layer_state`, so it marks what the detector reports.
+``detect.grad.layer_*``, handed over as :class:`LayerLimits` by
+:func:`steadytune.detect.build.layer_limits`: absolute norms of the raw (pre-clip)
+gradient of one layer. The dashboard's heat map classifies its cells with
+:func:`layer_state`, so it marks what the detector reports.
 
 Embeddings are left out of the zero-fraction rule: only the rows of tokens in
 the batch get a gradient, so a mostly-zero embedding gradient is normal.
@@ -13,17 +14,25 @@ the batch get a gradient, so a mostly-zero embedding gradient is normal.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, TypedDict
 
-from steadytune.config.detect import GradConfig
+from steadytune.detect.base import Finding, Reporter
 from steadytune.kinds import KINDS
 from steadytune.layers import EMBEDDINGS
 from steadytune.records import Anomaly
 
-_DEFAULT = GradConfig()
-VANISH_NORM = _DEFAULT.layer_vanish_norm
-EXPLODE_NORM = _DEFAULT.layer_explode_norm
-ZERO_FRAC = _DEFAULT.layer_dead_zero_frac
+
+class LayerLimits(TypedDict):
+    """The per-layer rule's thresholds, as keyword arguments of :func:`layer_state` and :func:`check_layers`.
+
+    ``vanish``: a layer norm below this is vanishing; ``explode``: above this (or
+    non-finite) it is exploding; ``dead_zero_frac``: a share of exact zeros above
+    this is a dead layer.
+    """
+
+    vanish: float
+    explode: float
+    dead_zero_frac: float
 
 
 def as_rows(stats: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -41,9 +50,10 @@ def layer_state(
     layer: str,
     norm: float,
     zero_frac: float | None,
-    vanish: float = VANISH_NORM,
-    explode: float = EXPLODE_NORM,
-    dead_zero_frac: float = ZERO_FRAC,
+    *,
+    vanish: float,
+    explode: float,
+    dead_zero_frac: float,
 ) -> str:
     """``"exploding"``, ``"vanishing"``, ``"dead"`` or ``"ok"`` for one layer at one recording."""
     if not math.isfinite(norm) or norm > explode:
@@ -73,9 +83,10 @@ def _anomaly(kind: str, layer: str, step: int, evidence: dict[str, Any], cause: 
 def check_layers(
     stats: dict[str, Any],
     step: int = 0,
-    vanish: float = VANISH_NORM,
-    explode: float = EXPLODE_NORM,
-    zero_frac: float = ZERO_FRAC,
+    *,
+    vanish: float,
+    explode: float,
+    dead_zero_frac: float,
 ) -> list[Anomaly]:
     """One anomaly per dead/vanishing (``grad_vanishing``) or exploding (``grad_explosion``) layer.
 
@@ -84,14 +95,14 @@ def check_layers(
         step: the optimizer step they were recorded at.
         vanish: a layer norm below this is vanishing.
         explode: a layer norm above this (or non-finite) is exploding.
-        zero_frac: a share of exact zeros above this is a dead layer.
+        dead_zero_frac: a share of exact zeros above this is a dead layer.
     """
     out: list[Anomaly] = []
     for layer, row in as_rows(stats).items():
         norm = float(row.get("norm", math.nan))
         zf = float(row.get("zero_frac", 0.0))
         ev = {"norm": norm if math.isfinite(norm) else str(norm), "zero_frac": round(zf, 4)}
-        state = layer_state(layer, norm, zf, vanish, explode, zero_frac)
+        state = layer_state(layer, norm, zf, vanish=vanish, explode=explode, dead_zero_frac=dead_zero_frac)
         if state == "exploding":
             cause = f"layer {layer}: gradient norm {norm:.3g} exceeds {explode:g}"
             out.append(_anomaly("grad_explosion", layer, step, ev, cause))
@@ -102,3 +113,20 @@ def check_layers(
             cause = f"layer {layer}: {zf:.0%} of its gradient entries are exactly zero (dead units)"
             out.append(_anomaly("grad_vanishing", layer, step, ev, cause))
     return out
+
+
+class GradFlowWatch:
+    """grad_vanishing / grad_explosion per layer, from the gradient flow the guard records."""
+
+    def __init__(self, *, vanish: float, explode: float, dead_zero_frac: float) -> None:
+        self.rep = Reporter(None)
+        self._limits = LayerLimits(vanish=vanish, explode=explode, dead_zero_frac=dead_zero_frac)
+
+    def observe(self, step: int, flow: dict[str, Any], out: list[Finding]) -> None:
+        found = check_layers(flow, step, **self._limits)
+        now = {(a.kind, a.metric): a for a in found}
+        for (kind, metric), a in now.items():
+            self.rep.report(out, kind, metric, step, True, severity=a.severity, evidence=a.evidence)
+        for kind, metric in list(self.rep.on):
+            if (kind, metric) not in now:
+                self.rep.report(out, kind, metric, step, False)

@@ -17,17 +17,10 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from steadytune.config.detect import DetectConfig, GradConfig
-from steadytune.detect.base import Finding, Reporter
-from steadytune.detect.early import FallCollapseWatch, ShortRiseWatch
-from steadytune.detect.grad import GradWatch
-from steadytune.detect.gradflow import check_layers
-from steadytune.detect.loss import LossWatch
-from steadytune.detect.memory import HeadroomWatch, LeakWatch
-from steadytune.detect.objective import ObjectiveWatch, is_preference_or_rl
-from steadytune.detect.pace import StallWatch, StragglerWatch, ThroughputWatch
-from steadytune.detect.system import SystemWatch
-from steadytune.detect.trend import OscillationWatch, OverfitWatch, PlateauWatch
+from steadytune.config.detect import DetectConfig
+from steadytune.detect import build
+from steadytune.detect.base import Finding
+from steadytune.detect.objective import is_preference_or_rl
 from steadytune.kinds import KINDS
 from steadytune.records import SEVERITY_ORDER, Anomaly, Severity, StepRecord, SystemSample
 
@@ -66,39 +59,20 @@ class _Open:
         )
 
 
-class _GradFlow:
-    """grad_vanishing / grad_explosion per layer, from the gradient flow the guard records."""
-
-    def __init__(self, cfg: GradConfig) -> None:
-        self.rep = Reporter(None)
-        self.vanish = cfg.layer_vanish_norm
-        self.explode = cfg.layer_explode_norm
-        self.dead_zero_frac = cfg.layer_dead_zero_frac
-
-    def observe(self, step: int, flow: dict[str, Any], out: list[Finding]) -> None:
-        found = check_layers(flow, step, self.vanish, self.explode, self.dead_zero_frac)
-        now = {(a.kind, a.metric): a for a in found}
-        for (kind, metric), a in now.items():
-            self.rep.report(out, kind, metric, step, True, severity=a.severity, evidence=a.evidence)
-        for kind, metric in list(self.rep.on):
-            if (kind, metric) not in now:
-                self.rep.report(out, kind, metric, step, False)
-
-
 class _Signal:
     """The training-signal detectors of the primary rank."""
 
     def __init__(self, cfg: DetectConfig) -> None:
-        self.loss = LossWatch(cfg.loss, cfg.series)
-        self.plateau = PlateauWatch(cfg.loss)
-        self.oscillation = OscillationWatch(cfg.loss)
-        self.overfit = OverfitWatch(cfg.eval)
-        self.grad = GradWatch(cfg.grad, cfg.series)
-        self.flow = _GradFlow(cfg.grad)
-        self.short_rise = ShortRiseWatch(cfg.loss)
-        self.fall = FallCollapseWatch(cfg.loss, cfg.eval)
+        self.loss = build.loss_watch(cfg)
+        self.plateau = build.plateau_watch(cfg)
+        self.oscillation = build.oscillation_watch(cfg)
+        self.overfit = build.overfit_watch(cfg)
+        self.grad = build.grad_watch(cfg)
+        self.flow = build.grad_flow_watch(cfg)
+        self.short_rise = build.short_rise_watch(cfg)
+        self.fall = build.fall_collapse_watch(cfg)
         self._prev_g_jump = 0.0
-        self.objective = ObjectiveWatch(cfg.loss, cfg.series)
+        self.objective = build.objective_watch(cfg)
         self.preference: bool | None = None  # decided by the first record that carries extra fields
 
     def observe(self, rec: StepRecord, out: list[Finding]) -> None:
@@ -149,10 +123,10 @@ class _Rank:
     """Memory and throughput detectors of one rank."""
 
     def __init__(self, cfg: DetectConfig, rank: int) -> None:
-        self.leak = LeakWatch(cfg.memory, "mem_allocated_bytes", rank)
-        self.host_leak = LeakWatch(cfg.memory, "rss_bytes", rank)
-        self.headroom = HeadroomWatch(cfg.memory, "mem_reserved_bytes", rank)
-        self.pace = ThroughputWatch(cfg.pace, rank)
+        self.leak = build.leak_watch(cfg, "mem_allocated_bytes", rank)
+        self.host_leak = build.leak_watch(cfg, "rss_bytes", rank)
+        self.headroom = build.headroom_watch(cfg, "mem_reserved_bytes", rank)
+        self.pace = build.throughput_watch(cfg, rank)
         self.attempt = 0
 
 
@@ -177,9 +151,9 @@ class LiveDetector:
         self._signal = _Signal(cfg)
         self._ranks: dict[int, _Rank] = {}
         self._primary: int | None = None
-        self._straggler = StragglerWatch(cfg.pace)
-        self._stall = StallWatch(cfg.pace)
-        self._system = SystemWatch(cfg.system, cfg.memory)
+        self._straggler = build.straggler_watch(cfg)
+        self._stall = build.stall_watch(cfg)
+        self._system = build.system_watch(cfg)
         self._ram_total: int | None = None
         self._open: dict[tuple[str, str, int | None], _Open] = {}
         self.last_step = 0
@@ -243,7 +217,7 @@ class LiveDetector:
         if rec.attempt != r.attempt:
             # A restarted worker warms up again (and may run on another device): new pace baseline.
             r.attempt = rec.attempt
-            r.pace = ThroughputWatch(cfg.pace, rec.rank)
+            r.pace = build.throughput_watch(cfg, rec.rank)
         total = cfg.memory.device_total_bytes or self._system.gpu_totals.get(rec.rank)
         if rec.mem_allocated_bytes is not None:
             r.leak.observe(rec.step, float(rec.mem_allocated_bytes), total, rec.step_time_s, out)

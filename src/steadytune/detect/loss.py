@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from steadytune.config.detect import LossConfig, SeriesConfig
 from steadytune.detect.base import Finding, Reporter, rounded
 from steadytune.detect.stats import Tracker
 
@@ -35,22 +34,55 @@ class LossPoint:
 class LossWatch:
     """nan_loss, loss_spike, divergence and loss_collapse on one loss series."""
 
-    def __init__(self, cfg: LossConfig, series: SeriesConfig, metric: str = "loss", rank: int | None = None):
-        self.cfg = cfg
-        self.series = series
+    def __init__(
+        self,
+        *,
+        level_window: int,
+        noise_window: int,
+        gap_factor: float,
+        noise_prior: float,
+        noise_prior_weight: float,
+        noise_floor: float,
+        spike_z: float,
+        spike_min_ratio: float,
+        spike_min_ratio_confirmed: float,
+        young_spike_z: float,
+        resolve_z: float,
+        suspect_z: float,
+        divergence_points: int,
+        divergence_rise: float,
+        early_rise: float,
+        collapse_abs: float,
+        collapse_drop: float,
+        collapse_small: float,
+        collapse_points: int,
+        seasonal_margin: float,
+        metric: str = "loss",
+        rank: int | None = None,
+    ) -> None:
+        """Thresholds as ``detect.loss`` and ``detect.series`` name them (docs/detectors.md)."""
         self.metric = metric
         self.rep = Reporter(rank)
-        self.tracker = Tracker(
-            series.level_window, series.noise_window, cfg.noise_prior, cfg.noise_prior_weight, cfg.noise_floor
-        )
-        self._min_jump = math.log(cfg.spike_min_ratio)
-        self._small_jump = math.log(cfg.spike_min_ratio_confirmed)
+        self.tracker = Tracker(level_window, noise_window, noise_prior, noise_prior_weight, noise_floor)
+        self._gap_factor = gap_factor
+        self._noise_prior = noise_prior
+        self._spike_z = spike_z
+        self._young_spike_z = young_spike_z
+        self._resolve_z = resolve_z
+        self._suspect_z = suspect_z
+        self._divergence_points = divergence_points
+        self._divergence_rise = divergence_rise
+        self._early_rise = early_rise
+        self._collapse_abs = collapse_abs
+        self._collapse_drop = collapse_drop
+        self._collapse_small = collapse_small
+        self._collapse_points = collapse_points
+        self._seasonal_margin = seasonal_margin
+        self._min_jump = math.log(spike_min_ratio)
+        self._small_jump = math.log(spike_min_ratio_confirmed)
         self._pending: tuple[int, float, float, float] | None = None
         # Half the smallest spike: a spike ends below it, so no point can end one and start the next.
-        self._resolve_jump = math.log(
-            1.0 + (min(cfg.spike_min_ratio, cfg.spike_min_ratio_confirmed) - 1.0) / 2.0
-        )
-        self._rise = cfg.divergence_rise
+        self._resolve_jump = math.log(1.0 + (min(spike_min_ratio, spike_min_ratio_confirmed) - 1.0) / 2.0)
         self._spike_start: int | None = None
         self._spike_points = 0
         self._spike_peak = 0.0
@@ -81,15 +113,13 @@ class LossWatch:
             rep.report(out, "nan_loss", m, step, False)
         self._last_finite = loss
         t = self.tracker
-        new_segment = t.begin(step, self.series.gap_factor)
+        new_segment = t.begin(step, self._gap_factor)
         if new_segment:
             self._end_spike(out, step)
             self._pending = None
             self._unstable = False
         y = math.log(loss) if loss > 1e-12 else -27.6  # log space; a zero loss lands far down, not at -inf
-        if (loss <= self.cfg.collapse_small or self._drop_run or rep.on) and self._collapse(
-            step, loss, y, out
-        ):
+        if (loss <= self._collapse_small or self._drop_run or rep.on) and self._collapse(step, loss, y, out):
             # A collapsed point stays out of the baseline, as a spike does: the collapse lasts
             # as long as the loss stays down, judged against where it was.
             return LossPoint(step, loss, y, False, False, new_segment)
@@ -103,13 +133,13 @@ class LossWatch:
             self._pending = None
             # The point after a small jump decides it: a data outlier moves one batch's loss,
             # an instability moves the weights, so the next batch is up as well.
-            if jump > t.threshold(self.cfg.resolve_z):
+            if jump > t.threshold(self._resolve_z):
                 p_step, p_loss, p_level, p_threshold = held
                 self._start_spike(p_step, p_loss, p_level, p_threshold, out)
                 self._continue_spike(step, loss, y, out)
                 return LossPoint(step, loss, y, False, True, False)
         if self._spike_start is not None:
-            back = max(t.threshold(self.cfg.resolve_z), self._resolve_jump)
+            back = max(t.threshold(self._resolve_z), self._resolve_jump)
             if jump <= back or self._seasonal(y, epoch):
                 if (
                     self.rep.is_on("divergence", self.metric)
@@ -122,7 +152,7 @@ class LossWatch:
                 return LossPoint(step, loss, y, False, True, False)
         # Most points are well inside the minimum jump: the noise estimate is not even needed.
         if jump > self._small_jump:
-            threshold = max(t.threshold(self.cfg.spike_z), self._small_jump)
+            threshold = max(t.threshold(self._spike_z), self._small_jump)
             young = t.n_level < t.level_window
             if young:
                 # A few lucky differences must not make one point a spike: a young baseline's
@@ -131,11 +161,11 @@ class LossWatch:
                 # spiked with it is the second witness that a short baseline lacks.
                 # So is a divergence earlier in the segment: the loss came back from one climb
                 # and jumps again, the same instability recurring rather than noise.
-                floor = self.cfg.young_spike_z * self.cfg.noise_prior * math.sqrt(1.0 + 1.0 / t.n_level)
+                floor = self._young_spike_z * self._noise_prior * math.sqrt(1.0 + 1.0 / t.n_level)
                 if corroborated:
                     threshold = self._min_jump
                 elif self._unstable:
-                    threshold = max(self._min_jump, self.cfg.early_rise)
+                    threshold = max(self._min_jump, self._early_rise)
                 else:
                     threshold = max(threshold, floor)
             if jump > threshold and not self._seasonal(y, epoch):
@@ -149,7 +179,7 @@ class LossWatch:
             if (
                 young
                 and t.n_level > 1
-                and jump > t.threshold(self.cfg.suspect_z)
+                and jump > t.threshold(self._suspect_z)
                 and not self._seasonal(y, epoch)
             ):
                 return self._suspect(step, loss, y, level, out)
@@ -157,7 +187,7 @@ class LossWatch:
             self._suspects.clear()
         t.accept(y, epoch)
         # The slow-climb test needs the noise estimate; skip it while the level sits near its best.
-        near_best = t.best_level is None or t.level - t.best_level <= self._rise
+        near_best = t.best_level is None or t.level - t.best_level <= self._divergence_rise
         if self._climb_points or rep.on or not near_best:
             self._slow_climb(step, epoch, out)
         return LossPoint(step, loss, y, True, False, False)
@@ -185,7 +215,7 @@ class LossWatch:
         moved up and stayed there: a divergence from the first of them.
         """
         self._suspects.append(step)
-        if len(self._suspects) >= self.cfg.divergence_points:
+        if len(self._suspects) >= self._divergence_points:
             self._spike_start, self._spike_points = self._suspects[0], len(self._suspects)
             self._spike_peak, self._spike_base = loss, level
             self.rep.report(
@@ -199,7 +229,7 @@ class LossWatch:
                     "baseline": rounded(math.exp(level)),
                     "since_step": self._suspects[0],
                     "points_up": len(self._suspects),
-                    "threshold_points": self.cfg.divergence_points,
+                    "threshold_points": self._divergence_points,
                     "baseline_points": self.tracker.n_level,
                 },
             )
@@ -214,7 +244,7 @@ class LossWatch:
         ref = self.tracker.seasonal.reference(epoch)
         if ref is None:
             return False
-        return y <= ref + self.cfg.seasonal_margin + self.cfg.resolve_z * self.tracker.sigma
+        return y <= ref + self._seasonal_margin + self._resolve_z * self.tracker.sigma
 
     def _start_spike(
         self, step: int, loss: float, level: float, threshold: float, out: list[Finding]
@@ -244,7 +274,7 @@ class LossWatch:
         ev = {"peak": rounded(self._spike_peak), "points_up": self._spike_points} if new_peak else None
         if self.rep.is_on("loss_spike", self.metric):  # an episode of held points has no spike to extend
             self.rep.report(out, "loss_spike", self.metric, step, True, evidence=ev)
-        if self._spike_points >= self.cfg.divergence_points:
+        if self._spike_points >= self._divergence_points:
             first = not self.rep.is_on("divergence", self.metric)
             self.rep.report(
                 out,
@@ -257,7 +287,7 @@ class LossWatch:
                     "baseline": rounded(math.exp(self._spike_base)),
                     "since_step": self._spike_start,
                     "points_up": self._spike_points,
-                    "threshold_points": self.cfg.divergence_points,
+                    "threshold_points": self._divergence_points,
                 }
                 if first or new_peak
                 else None,
@@ -273,7 +303,7 @@ class LossWatch:
 
     def _climb_threshold(self) -> float:
         """How far the level may sit above its best: the medians are noisy, the best one is the luckiest."""
-        return self.cfg.divergence_rise + 0.5 * self.cfg.spike_z * self.tracker.sigma
+        return self._divergence_rise + 0.5 * self._spike_z * self.tracker.sigma
 
     def _climbing(self) -> bool:
         t = self.tracker
@@ -286,7 +316,7 @@ class LossWatch:
         t = self.tracker
         climbing = self._climbing() and not self._seasonal(t.level, epoch)
         self._climb_points = self._climb_points + 1 if climbing else 0
-        if self._climb_points >= self.cfg.divergence_points:
+        if self._climb_points >= self._divergence_points:
             first = not self.rep.is_on("divergence", self.metric)
             ev = None
             if first:
@@ -310,12 +340,12 @@ class LossWatch:
 
         True when this point is (a candidate for) a collapse.
         """
-        cfg, t = self.cfg, self.tracker
-        drop = max(cfg.collapse_drop, cfg.spike_z * t.sigma)
-        dropped = t.n_level > 0 and loss <= cfg.collapse_small and (t.level - y) > drop
+        t = self.tracker
+        drop = max(self._collapse_drop, self._spike_z * t.sigma)
+        dropped = t.n_level > 0 and loss <= self._collapse_small and (t.level - y) > drop
         self._drop_run = self._drop_run + 1 if dropped else 0
-        zero = loss <= cfg.collapse_abs
-        active = zero or self._drop_run >= cfg.collapse_points
+        zero = loss <= self._collapse_abs
+        active = zero or self._drop_run >= self._collapse_points
         if active:
             first = not self.rep.is_on("loss_collapse", self.metric)
             ev = None
@@ -323,8 +353,8 @@ class LossWatch:
                 ev = {
                     "value": rounded(loss),
                     "baseline": rounded(math.exp(t.level)) if t.n_level else None,
-                    "threshold_abs": cfg.collapse_abs,
-                    "threshold_drop_ratio": rounded(math.exp(cfg.collapse_drop), 4),
+                    "threshold_abs": self._collapse_abs,
+                    "threshold_drop_ratio": rounded(math.exp(self._collapse_drop), 4),
                 }
             self.rep.report(out, "loss_collapse", self.metric, step, True, evidence=ev)
         elif not dropped:

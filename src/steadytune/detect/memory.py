@@ -21,7 +21,6 @@ from __future__ import annotations
 from collections import deque
 from itertools import pairwise
 
-from steadytune.config.detect import MemoryConfig
 from steadytune.detect.base import Finding, Reporter, rounded
 from steadytune.detect.stats import SortedWindow
 from steadytune.records import Severity
@@ -68,13 +67,27 @@ def leak_growth(
 class LeakWatch:
     """memory_leak on one memory metric of one rank (allocated bytes, or host RSS)."""
 
-    def __init__(self, cfg: MemoryConfig, metric: str, rank: int | None = None) -> None:
-        self.cfg = cfg
+    def __init__(
+        self,
+        metric: str,
+        rank: int | None = None,
+        *,
+        warmup_points: int,
+        window: int,
+        leak_min_growth: float,
+        leak_min_bytes: int,
+        leak_steadiness: float,
+    ) -> None:
+        """Thresholds as ``detect.memory`` names them (docs/detectors.md)."""
         self.metric = metric
         self.rep = Reporter(rank)
+        self._warmup_points = warmup_points
+        self._leak_min_growth = leak_min_growth
+        self._leak_min_bytes = leak_min_bytes
+        self._leak_steadiness = leak_steadiness
         self._n = 0
-        self._windows: dict[int, deque[tuple[int, float]]] = {s: deque(maxlen=cfg.window) for s in _STRIDES}
-        self._half = cfg.window // 2
+        self._windows: dict[int, deque[tuple[int, float]]] = {s: deque(maxlen=window) for s in _STRIDES}
+        self._half = window // 2
         self._step_times = SortedWindow(32)
 
     def observe(
@@ -83,9 +96,9 @@ class LeakWatch:
         self._n += 1
         if step_time is not None and step_time > 0:
             self._step_times.push(step_time)
-        if self._n <= self.cfg.warmup_points:
+        if self._n <= self._warmup_points:
             return
-        k = self._n - self.cfg.warmup_points
+        k = self._n - self._warmup_points
         rate, stride = 0.0, 0
         for s, win in self._windows.items():
             if k % s:
@@ -93,9 +106,7 @@ class LeakWatch:
             win.append((step, value))
             # A window is re-judged only when it gets a point; slower windows cost nothing in between.
             if len(win) >= self._half and (len(win) % 4 == 0 or s > 1):
-                r = leak_growth(
-                    list(win), self.cfg.leak_min_growth, self.cfg.leak_min_bytes, self.cfg.leak_steadiness
-                )
+                r = leak_growth(list(win), self._leak_min_growth, self._leak_min_bytes, self._leak_steadiness)
                 if r > rate:
                     rate, stride = r, s
         if rate > 0:
@@ -107,7 +118,7 @@ class LeakWatch:
         for win in self._windows.values():
             if len(win) >= self._half:
                 pts = list(win)
-                if leak_growth(pts, self.cfg.leak_min_growth / 2, self.cfg.leak_min_bytes / 2, 0.0) > 0:
+                if leak_growth(pts, self._leak_min_growth / 2, self._leak_min_bytes / 2, 0.0) > 0:
                     return True
         return False
 
@@ -131,25 +142,29 @@ class LeakWatch:
 class HeadroomWatch:
     """memory_headroom: used / total above the warning or critical share."""
 
-    def __init__(self, cfg: MemoryConfig, metric: str, rank: int | None = None) -> None:
-        self.cfg = cfg
+    def __init__(
+        self, metric: str, rank: int | None = None, *, headroom_warning: float, headroom_critical: float
+    ) -> None:
+        """``headroom_*``: used/total shares, as ``detect.memory`` names them."""
         self.metric = metric
         self.rep = Reporter(rank)
+        self._headroom_warning = headroom_warning
+        self._headroom_critical = headroom_critical
 
     def observe(self, step: int, used: float, total: float | None, out: list[Finding]) -> None:
         if not total or total <= 0:
             return
         share = used / total
-        if share >= self.cfg.headroom_warning:
+        if share >= self._headroom_warning:
             ev = None
             if not self.rep.is_on("memory_headroom", self.metric):
                 ev = {
                     "used_bytes": int(used),
                     "total_bytes": int(total),
                     "used_ratio": rounded(share, 4),
-                    "threshold_ratio": self.cfg.headroom_warning,
+                    "threshold_ratio": self._headroom_warning,
                 }
-            sev: Severity = "critical" if share >= self.cfg.headroom_critical else "warning"
+            sev: Severity = "critical" if share >= self._headroom_critical else "warning"
             self.rep.report(out, "memory_headroom", self.metric, step, True, severity=sev, evidence=ev)
-        elif share < self.cfg.headroom_warning - 0.02:
+        elif share < self._headroom_warning - 0.02:
             self.rep.report(out, "memory_headroom", self.metric, step, False)

@@ -19,7 +19,6 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from steadytune.config.detect import LossConfig, SeriesConfig
 from steadytune.detect.base import Finding, Reporter, rounded
 from steadytune.detect.stats import Tracker
 
@@ -57,16 +56,29 @@ def _first(extra: Mapping[str, Any], keys: tuple[str, ...]) -> tuple[str, float]
 class ObjectiveWatch:
     """reward_collapse and kl_blowup of an RL or preference run."""
 
-    def __init__(self, cfg: LossConfig, series: SeriesConfig, rank: int | None = None) -> None:
-        self.cfg = cfg
-        self.series = series
+    def __init__(
+        self,
+        *,
+        level_window: int,
+        noise_window: int,
+        gap_factor: float,
+        spike_z: float,
+        divergence_points: int,
+        kl_jump_ratio: float,
+        rank: int | None = None,
+    ) -> None:
+        """Thresholds as ``detect.loss`` and ``detect.series`` name them (docs/detectors.md)."""
         self.rep = Reporter(rank)
-        self.reward = Tracker(series.level_window, series.noise_window, 1.0, 0.0, 1e-6)
-        self.kl = Tracker(series.level_window, series.noise_window, 0.5, 2.0, 0.05)
+        self.reward = Tracker(level_window, noise_window, 1.0, 0.0, 1e-6)
+        self.kl = Tracker(level_window, noise_window, 0.5, 2.0, 0.05)
+        self._gap_factor = gap_factor
+        self._spike_z = spike_z
+        self._divergence_points = divergence_points
+        self._kl_jump_ratio = kl_jump_ratio
         self._initial: float | None = None
         self._best: float | None = None
         self._low = 0
-        self._kl_jump = math.log(cfg.kl_jump_ratio)
+        self._kl_jump = math.log(kl_jump_ratio)
 
     def observe(self, step: int, extra: Mapping[str, Any], out: list[Finding]) -> None:
         r = _first(extra, _REWARD_KEYS)
@@ -78,7 +90,7 @@ class ObjectiveWatch:
 
     def _reward(self, step: int, key: str, value: float, out: list[Finding]) -> None:
         t = self.reward
-        t.begin(step, self.series.gap_factor)
+        t.begin(step, self._gap_factor)
         t.accept(value)  # rewards are not log-scaled: they may be negative
         if not t.level_full:
             return
@@ -90,7 +102,7 @@ class ObjectiveWatch:
         gained = self._best - self._initial
         lost_all = gained > _MIN_GAIN_SIGMAS * t.sigma and level <= self._initial
         self._low = self._low + 1 if lost_all else 0
-        if self._low >= self.cfg.divergence_points:
+        if self._low >= self._divergence_points:
             ev = None
             if not self.rep.is_on("reward_collapse", key):
                 ev = {
@@ -105,18 +117,18 @@ class ObjectiveWatch:
 
     def _kl(self, step: int, key: str, value: float, out: list[Finding]) -> None:
         t = self.kl
-        t.begin(step, self.series.gap_factor)
+        t.begin(step, self._gap_factor)
         y = math.log(value)
         if t.n_level >= t.level_window:
             jump = y - t.level
-            if jump > max(self._kl_jump, t.threshold(self.cfg.spike_z)):
+            if jump > max(self._kl_jump, t.threshold(self._spike_z)):
                 ev = None
                 if not self.rep.is_on("kl_blowup", key):
                     ev = {
                         "value": rounded(value),
                         "baseline": rounded(math.exp(t.level)),
                         "ratio": rounded(math.exp(jump), 4),
-                        "threshold_ratio": self.cfg.kl_jump_ratio,
+                        "threshold_ratio": self._kl_jump_ratio,
                     }
                 self.rep.report(out, "kl_blowup", key, step, True, evidence=ev)
                 return

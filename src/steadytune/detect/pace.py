@@ -18,7 +18,6 @@
 
 from __future__ import annotations
 
-from steadytune.config.detect import PaceConfig
 from steadytune.detect.base import Finding, Reporter, rounded
 from steadytune.detect.stats import SortedWindow
 from steadytune.records import StepRecord
@@ -38,10 +37,27 @@ def throughput_of(rec: StepRecord) -> tuple[str, float] | None:
 class ThroughputWatch:
     """throughput_drop and dataloader_bottleneck for one rank."""
 
-    def __init__(self, cfg: PaceConfig, rank: int | None = None) -> None:
-        self.cfg = cfg
+    def __init__(
+        self,
+        rank: int | None = None,
+        *,
+        warmup_points: int,
+        window: int,
+        throughput_drop: float,
+        throughput_points: int,
+        throughput_min_s: float,
+        data_wait_ratio: float,
+        data_wait_points: int,
+    ) -> None:
+        """Thresholds as ``detect.pace`` names them (docs/detectors.md)."""
         self.rep = Reporter(rank)
-        self._base = SortedWindow(cfg.window)
+        self._warmup_points = warmup_points
+        self._throughput_drop = throughput_drop
+        self._throughput_points = throughput_points
+        self._throughput_min_s = throughput_min_s
+        self._data_wait_ratio = data_wait_ratio
+        self._data_wait_points = data_wait_points
+        self._base = SortedWindow(window)
         self._n = 0
         self._slow = 0
         self._slow_since: float | None = None
@@ -54,13 +70,13 @@ class ThroughputWatch:
         name, value = tp
         self._n += 1
         self._data_wait(rec, out)
-        if self._n <= self.cfg.warmup_points:
+        if self._n <= self._warmup_points:
             return
-        if len(self._base) < self.cfg.throughput_points:
+        if len(self._base) < self._throughput_points:
             self._base.push(value)
             return
         base = self._base.median()
-        slow = value < base * (1.0 - self.cfg.throughput_drop)
+        slow = value < base * (1.0 - self._throughput_drop)
         self._slow = self._slow + 1 if slow else 0
         if not slow:
             self._base.push(value)
@@ -70,18 +86,18 @@ class ThroughputWatch:
         # A slowdown nobody could act on (a few fast steps hit by a save or a neighbour) is noise:
         # it must also last throughput_min_s of wall time.
         lasted = rec.ts - (self._slow_since if self._slow_since is not None else rec.ts)
-        if self._slow >= self.cfg.throughput_points and lasted >= self.cfg.throughput_min_s:
+        if self._slow >= self._throughput_points and lasted >= self._throughput_min_s:
             ev = None
             if not self.rep.is_on("throughput_drop", name):
                 ev = {
                     "value": rounded(value),
                     "baseline": rounded(base),
                     "ratio": rounded(value / base, 4),
-                    "threshold_ratio": rounded(1.0 - self.cfg.throughput_drop, 4),
+                    "threshold_ratio": rounded(1.0 - self._throughput_drop, 4),
                     "points": self._slow,
                 }
             self.rep.report(out, "throughput_drop", name, rec.step, True, evidence=ev)
-        elif value > base * (1.0 - self.cfg.throughput_drop / 2):
+        elif value > base * (1.0 - self._throughput_drop / 2):
             self.rep.report(out, "throughput_drop", name, rec.step, False)
 
     def _data_wait(self, rec: StepRecord, out: list[Finding]) -> None:
@@ -89,18 +105,18 @@ class ThroughputWatch:
         if not isinstance(wait, (int, float)) or not rec.step_time_s:
             return
         share = wait / rec.step_time_s
-        self._waiting = self._waiting + 1 if share > self.cfg.data_wait_ratio else 0
-        if self._waiting >= self.cfg.data_wait_points:
+        self._waiting = self._waiting + 1 if share > self._data_wait_ratio else 0
+        if self._waiting >= self._data_wait_points:
             ev = None
             if not self.rep.is_on("dataloader_bottleneck", "data_time_s"):
                 ev = {
                     "data_time_s": rounded(wait),
                     "step_time_s": rounded(rec.step_time_s),
                     "wait_ratio": rounded(share, 4),
-                    "threshold_ratio": self.cfg.data_wait_ratio,
+                    "threshold_ratio": self._data_wait_ratio,
                 }
             self.rep.report(out, "dataloader_bottleneck", "data_time_s", rec.step, True, evidence=ev)
-        elif share < self.cfg.data_wait_ratio / 2:
+        elif share < self._data_wait_ratio / 2:
             self.rep.report(out, "dataloader_bottleneck", "data_time_s", rec.step, False)
 
 
@@ -110,8 +126,11 @@ _MIN_ADVANCES = 8  # leader advances before the logging interval, and so a lag, 
 class StragglerWatch:
     """straggler: compares the ranks with each other."""
 
-    def __init__(self, cfg: PaceConfig) -> None:
-        self.cfg = cfg
+    def __init__(self, *, straggler_ratio: float, straggler_points: int, straggler_lag_points: int) -> None:
+        """Thresholds as ``detect.pace`` names them (docs/detectors.md)."""
+        self._straggler_ratio = straggler_ratio
+        self._straggler_points = straggler_points
+        self._straggler_lag_points = straggler_lag_points
         self._times: dict[int, SortedWindow] = {}
         self._last_step: dict[int, int] = {}
         self._slow: dict[int, int] = {}
@@ -146,7 +165,7 @@ class StragglerWatch:
             return  # the logging interval is not known yet: a median of two small advances is no yardstick
         lead = self._leader
         interval = self._advances.median()
-        limit = self.cfg.straggler_lag_points * interval
+        limit = self._straggler_lag_points * interval
         for rank, last in self._last_step.items():
             behind = lead - last
             rep = self._rep(rank)
@@ -167,28 +186,41 @@ class StragglerWatch:
         mine = full[rec.rank]
         ratio = mine / typical if typical > 0 else 1.0
         rep = self._rep(rec.rank)
-        self._slow[rec.rank] = self._slow.get(rec.rank, 0) + 1 if ratio > self.cfg.straggler_ratio else 0
-        if self._slow[rec.rank] >= self.cfg.straggler_points:
+        self._slow[rec.rank] = self._slow.get(rec.rank, 0) + 1 if ratio > self._straggler_ratio else 0
+        if self._slow[rec.rank] >= self._straggler_points:
             ev = None
             if not rep.is_on("straggler", "step_time_s"):
                 ev = {
                     "rank_step_time_s": rounded(mine),
                     "median_rank_step_time_s": rounded(typical),
                     "ratio": rounded(ratio, 4),
-                    "threshold_ratio": self.cfg.straggler_ratio,
+                    "threshold_ratio": self._straggler_ratio,
                     "ranks": len(full),
                 }
             rep.report(out, "straggler", "step_time_s", rec.step, True, evidence=ev)
-        elif ratio < 1.0 + (self.cfg.straggler_ratio - 1.0) / 2:
+        elif ratio < 1.0 + (self._straggler_ratio - 1.0) / 2:
             rep.report(out, "straggler", "step_time_s", rec.step, False)
 
 
 class StallWatch:
     """stall: time without progress, judged from timestamps the caller passes in."""
 
-    def __init__(self, cfg: PaceConfig) -> None:
-        self.cfg = cfg
+    def __init__(
+        self,
+        *,
+        stall_factor: float,
+        stall_min_s: float,
+        heartbeat_timeout_s: float | None,
+        hang_floor_s: float,
+        hang_factor: float,
+    ) -> None:
+        """Thresholds as ``detect.pace`` names them (docs/detectors.md)."""
         self.rep = Reporter(None)
+        self._stall_factor = stall_factor
+        self._stall_min_s = stall_min_s
+        self._heartbeat_timeout_s = heartbeat_timeout_s
+        self._hang_floor_s = hang_floor_s
+        self._hang_factor = hang_factor
         self._intervals = SortedWindow(32)
         self._last_ts: float | None = None
         self.last_step = 0
@@ -207,14 +239,14 @@ class StallWatch:
 
     def limit_s(self) -> float:
         longest = self._intervals.quantile(1.0) if len(self._intervals) else 0.0
-        return max(self.cfg.stall_min_s, self.cfg.stall_factor * longest)
+        return max(self._stall_min_s, self._stall_factor * longest)
 
     def hang_limit_s(self) -> float:
         """Silence that is a hang: a fixed timeout if configured, else scaled to the step pace."""
-        if self.cfg.heartbeat_timeout_s is not None:
-            return self.cfg.heartbeat_timeout_s
+        if self._heartbeat_timeout_s is not None:
+            return self._heartbeat_timeout_s
         p95 = self._intervals.quantile(0.95) if len(self._intervals) else 0.0
-        return max(self.cfg.hang_floor_s, self.cfg.hang_factor * p95)
+        return max(self._hang_floor_s, self._hang_factor * p95)
 
     def check(
         self, now: float, heartbeat_ts: float | None, last_step: int | None, out: list[Finding]

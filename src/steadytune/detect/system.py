@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections import deque
 
-from steadytune.config.detect import MemoryConfig, SystemConfig
 from steadytune.detect.base import Finding, Reporter, rounded
 from steadytune.detect.memory import HeadroomWatch
 from steadytune.records import GpuSample, Severity, SystemSample
@@ -19,20 +18,37 @@ _ERROR_QUIET_SAMPLES = 30  # an error episode ends after this many samples witho
 class SystemWatch:
     """Every system-sample detector."""
 
-    def __init__(self, cfg: SystemConfig, mem: MemoryConfig) -> None:
-        self.cfg = cfg
+    def __init__(
+        self,
+        *,
+        gpu_temp_warning_c: float,
+        gpu_temp_critical_c: float,
+        gpu_temp_points: int,
+        disk_free_warning: float,
+        disk_free_critical: float,
+        disk_min_free_bytes: int,
+        ram_warning: float,
+        ram_critical: float,
+        headroom_warning: float,
+        headroom_critical: float,
+    ) -> None:
+        """Thresholds as ``detect.system`` names them; ``headroom_*`` (GPU memory) as ``detect.memory``."""
         self.rep = Reporter(None)
+        self._gpu_temp_warning_c = gpu_temp_warning_c
+        self._gpu_temp_critical_c = gpu_temp_critical_c
+        self._gpu_temp_points = gpu_temp_points
+        self._disk_free_warning = disk_free_warning
+        self._disk_free_critical = disk_free_critical
+        self._disk_min_free_bytes = disk_min_free_bytes
+        self._headroom_warning = headroom_warning
+        self._headroom_critical = headroom_critical
         self._hot: dict[int, int] = {}
         self._errors: dict[tuple[int, str], int] = {}
         self._quiet: dict[tuple[int, str], int] = {}
         self._disk: deque[tuple[float, float]] = deque(maxlen=32)
         self._ram = HeadroomWatch(
-            mem.model_copy(
-                update={"headroom_warning": cfg.ram_warning, "headroom_critical": cfg.ram_critical}
-            ),
-            "ram_used_bytes",
+            "ram_used_bytes", headroom_warning=ram_warning, headroom_critical=ram_critical
         )
-        self._mem_cfg = mem
         self._gpu_mem: dict[int, HeadroomWatch] = {}
         self.gpu_totals: dict[int, int] = {}
         # Disk the run will still write (checkpoints to come, caches): see set_projected_need.
@@ -53,7 +69,9 @@ class SystemWatch:
                 watch = self._gpu_mem.get(g.index)
                 if watch is None:
                     watch = self._gpu_mem[g.index] = HeadroomWatch(
-                        self._mem_cfg, f"gpu{g.index}_mem_used_bytes"
+                        f"gpu{g.index}_mem_used_bytes",
+                        headroom_warning=self._headroom_warning,
+                        headroom_critical=self._headroom_critical,
                     )
                 watch.observe(step, g.mem_used_bytes, g.mem_total_bytes, out)
         if s.ram_used_bytes is not None and s.ram_total_bytes:
@@ -65,19 +83,19 @@ class SystemWatch:
         if g.temperature_c is None:
             return
         metric = f"gpu{g.index}_temperature_c"
-        hot = g.temperature_c >= self.cfg.gpu_temp_warning_c
+        hot = g.temperature_c >= self._gpu_temp_warning_c
         self._hot[g.index] = self._hot.get(g.index, 0) + 1 if hot else 0
-        if self._hot[g.index] >= self.cfg.gpu_temp_points:
-            sev: Severity = "critical" if g.temperature_c >= self.cfg.gpu_temp_critical_c else "warning"
+        if self._hot[g.index] >= self._gpu_temp_points:
+            sev: Severity = "critical" if g.temperature_c >= self._gpu_temp_critical_c else "warning"
             ev = None
             if not self.rep.is_on("gpu_thermal", metric):
                 ev = {
                     "temperature_c": g.temperature_c,
-                    "threshold_c": self.cfg.gpu_temp_warning_c,
+                    "threshold_c": self._gpu_temp_warning_c,
                     "gpu": g.index,
                 }
             self.rep.report(out, "gpu_thermal", metric, step, True, severity=sev, evidence=ev)
-        elif g.temperature_c < self.cfg.gpu_temp_warning_c - 3.0:
+        elif g.temperature_c < self._gpu_temp_warning_c - 3.0:
             self.rep.report(out, "gpu_thermal", metric, step, False)
 
     def _gpu_errors(self, g: GpuSample, step: int, out: list[Finding]) -> None:
@@ -100,10 +118,10 @@ class SystemWatch:
         free, total = float(s.disk_free_bytes or 0), float(s.disk_total_bytes or 1)
         self._disk.append((s.ts, free))
         share = free / total
-        absolute = total > 2 * self.cfg.disk_min_free_bytes and free < self.cfg.disk_min_free_bytes
+        absolute = total > 2 * self._disk_min_free_bytes and free < self._disk_min_free_bytes
         need = self.projected_need_bytes
         absolute = absolute or (need is not None and free < need)  # the coming checkpoints will not fit
-        low = share < self.cfg.disk_free_warning or absolute
+        low = share < self._disk_free_warning or absolute
         if low:
             ev = None
             if not self.rep.is_on("disk_low", "disk_free_bytes"):
@@ -111,14 +129,14 @@ class SystemWatch:
                     "free_bytes": int(free),
                     "total_bytes": int(total),
                     "free_ratio": rounded(share, 4),
-                    "threshold_ratio": self.cfg.disk_free_warning,
+                    "threshold_ratio": self._disk_free_warning,
                 }
                 if need is not None:
                     ev["projected_need_bytes"] = int(need)
                 t0, f0 = self._disk[0]
                 if s.ts > t0 and f0 > free:
                     ev["projected_seconds_to_full"] = rounded(free / ((f0 - free) / (s.ts - t0)), 4)
-            sev: Severity = "critical" if share < self.cfg.disk_free_critical else "warning"
+            sev: Severity = "critical" if share < self._disk_free_critical else "warning"
             self.rep.report(out, "disk_low", "disk_free_bytes", step, True, severity=sev, evidence=ev)
-        elif share > self.cfg.disk_free_warning * 1.2 and not absolute:
+        elif share > self._disk_free_warning * 1.2 and not absolute:
             self.rep.report(out, "disk_low", "disk_free_bytes", step, False)

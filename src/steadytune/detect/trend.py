@@ -21,7 +21,6 @@ import math
 from collections import deque
 from functools import lru_cache
 
-from steadytune.config.detect import EvalConfig, LossConfig
 from steadytune.detect.base import Finding, Reporter, rounded
 from steadytune.detect.loss import LossPoint
 
@@ -38,10 +37,29 @@ def _median(xs: list[float]) -> float:
 class PlateauWatch:
     """No learning: flat since the start, frozen values, or flat with vanished gradients."""
 
-    def __init__(self, cfg: LossConfig, metric: str = "loss", rank: int | None = None) -> None:
-        self.cfg = cfg
+    def __init__(
+        self,
+        *,
+        frozen_points: int,
+        collapse_abs: float,
+        plateau_min_points: int,
+        plateau_min_steps: int,
+        plateau_min_gain: float,
+        plateau_trend_t: float,
+        divergence_rise: float,
+        metric: str = "loss",
+        rank: int | None = None,
+    ) -> None:
+        """Thresholds as ``detect.loss`` names them (docs/detectors.md)."""
         self.metric = metric
         self.rep = Reporter(rank)
+        self._frozen_points = frozen_points
+        self._collapse_abs = collapse_abs
+        self._plateau_min_points = plateau_min_points
+        self._plateau_min_steps = plateau_min_steps
+        self._plateau_min_gain = plateau_min_gain
+        self._plateau_trend_t = plateau_trend_t
+        self._divergence_rise = divergence_rise
         self._start: list[float] = []
         self._start_level: float | None = None
         self._first_step: int | None = None
@@ -54,7 +72,7 @@ class PlateauWatch:
         self._since_warmup = 0  # accepted points since the LR last rose
         self._vanish_level: float | None = None
         self._fit = [0.0] * 6  # n, Σx, Σy, Σxy, Σx², Σy² of (step, log-loss) since the start
-        self._zero_log = math.log(max(cfg.collapse_abs, 1e-12))
+        self._zero_log = math.log(max(collapse_abs, 1e-12))
 
     def observe_lr(self, lr: float) -> None:
         if math.isfinite(lr):
@@ -91,8 +109,7 @@ class PlateauWatch:
             self.rep.report(out, "plateau", self.metric, lp.step, False)
 
     def _why(self, lp: LossPoint, grad_vanished: bool) -> tuple[str, dict | None]:
-        cfg = self.cfg
-        if self._same >= cfg.frozen_points and lp.loss > cfg.collapse_abs:
+        if self._same >= self._frozen_points and lp.loss > self._collapse_abs:
             return "frozen", {
                 "reason": "identical loss values",
                 "value": rounded(lp.loss),
@@ -102,7 +119,7 @@ class PlateauWatch:
         if grad_vanished:
             if self._vanish_level is None:
                 self._vanish_level = level
-            if level > self._vanish_level - cfg.plateau_min_gain and self._n >= _START_POINTS:
+            if level > self._vanish_level - self._plateau_min_gain and self._n >= _START_POINTS:
                 return "vanished", {
                     "reason": "flat loss with vanished gradients",
                     "level": rounded(math.exp(level)),
@@ -110,12 +127,12 @@ class PlateauWatch:
         else:
             self._vanish_level = None
         # The LR warm-up is not a plateau: judge only once the full LR had time to act.
-        if self._start_level is None or self._since_warmup < cfg.plateau_min_points:
+        if self._start_level is None or self._since_warmup < self._plateau_min_points:
             return "", None
-        if lp.step - (self._first_step or 0) < cfg.plateau_min_steps:
+        if lp.step - (self._first_step or 0) < self._plateau_min_steps:
             return "", None
         gain = self._start_level - level
-        if not -cfg.divergence_rise < gain < cfg.plateau_min_gain:
+        if not -self._divergence_rise < gain < self._plateau_min_gain:
             return "", None  # the usual exit: the run has learned (or climbed, a divergence)
         if level <= self._zero_log:
             return "", None  # a loss at zero is a collapse, reported as such
@@ -123,7 +140,11 @@ class PlateauWatch:
         # span, less 1.5 standard errors, must still fall short of the gain we expect. Noisy
         # runs therefore need more points before a plateau is called.
         change, se, t = self.trend()
-        if change - 1.5 * se < -cfg.plateau_min_gain or se > cfg.plateau_min_gain or t < -cfg.plateau_trend_t:
+        if (
+            change - 1.5 * se < -self._plateau_min_gain
+            or se > self._plateau_min_gain
+            or t < -self._plateau_trend_t
+        ):
             return "", None
         return "no_learning", {
             "reason": "no learning since the start",
@@ -131,7 +152,7 @@ class PlateauWatch:
             "level": rounded(math.exp(level)),
             "gain_ratio": rounded(math.exp(gain), 4),
             "fitted_change_ratio": rounded(math.exp(change), 4),
-            "threshold_ratio": rounded(math.exp(cfg.plateau_min_gain), 4),
+            "threshold_ratio": rounded(math.exp(self._plateau_min_gain), 4),
             "points": self._n,
         }
 
@@ -161,12 +182,12 @@ class PlateauWatch:
 
     def _cleared(self, lp: LossPoint) -> bool:
         if self._start_level is None:
-            return self._same < self.cfg.frozen_points
+            return self._same < self._frozen_points
         gain = self._start_level - self._level
         # Two medians of 8 noisy points differ by about 0.63 sigma by chance: a gain of four of
         # those is learning, not a dip of the noise (which would flap the plateau on and off).
-        needed = 2 * self.cfg.plateau_min_gain + 4.0 * 0.63 * self._noise()
-        return self._same < self.cfg.frozen_points and gain >= needed
+        needed = 2 * self._plateau_min_gain + 4.0 * 0.63 * self._noise()
+        return self._same < self._frozen_points and gain >= needed
 
 
 class OscillationWatch:
@@ -189,14 +210,28 @@ class OscillationWatch:
       level falling (a staircase or a curve still learning is not judged).
     """
 
-    def __init__(self, cfg: LossConfig, metric: str = "loss", rank: int | None = None) -> None:
-        self.cfg = cfg
+    def __init__(
+        self,
+        *,
+        oscillation_window: int,
+        oscillation_ratio: float,
+        oscillation_growth: float,
+        oscillation_min_amplitude: float,
+        oscillation_crossings: int,
+        metric: str = "loss",
+        rank: int | None = None,
+    ) -> None:
+        """Thresholds as ``detect.loss`` names them (docs/detectors.md)."""
         self.metric = metric
         self.rep = Reporter(rank)
-        self._ys: deque[float] = deque(maxlen=cfg.oscillation_window)
+        self._oscillation_ratio = oscillation_ratio
+        self._oscillation_growth = oscillation_growth
+        self._oscillation_min_amplitude = oscillation_min_amplitude
+        self._oscillation_crossings = oscillation_crossings
+        self._ys: deque[float] = deque(maxlen=oscillation_window)
         # The interquartile width of the window at each evaluation, over two windows: the
         # typical (median) one of those from before the current window is the texture before.
-        self._widths: deque[float] = deque(maxlen=2 * cfg.oscillation_window // _STRIDE + 1)
+        self._widths: deque[float] = deque(maxlen=2 * oscillation_window // _STRIDE + 1)
         self._count = 0
         self._epoch: int | None = None
         self._boundary = -(10**9)  # the point count at the last epoch boundary
@@ -225,22 +260,21 @@ class OscillationWatch:
         self._widths.append(width)
         if before is None or self._count - self._boundary <= n:
             return  # judged against the texture before, and never across an epoch boundary
-        cfg = self.cfg
         # Like is compared with like (the same width statistic), so a texture the run always
         # had is not new; most windows stop at this cheap test.
-        grown = width >= cfg.oscillation_growth * before
+        grown = width >= self._oscillation_growth * before
         if not grown and not self.rep.on:
             self._recent_calls = (self._recent_calls << 1) & 0b111
             return
         w = WindowShape(list(self._ys))
         regular = (
             grown
-            and w.spread >= cfg.oscillation_min_amplitude
+            and w.spread >= self._oscillation_min_amplitude
             and not w.falling
             and w.steady()
             and w.symmetric()
-            and w.crossings() >= cfg.oscillation_crossings
-            and w.variogram_ratio() >= cfg.oscillation_ratio
+            and w.crossings() >= self._oscillation_crossings
+            and w.variogram_ratio() >= self._oscillation_ratio
         )
         on = self.rep.is_on("oscillation", self.metric)
         # Two of the last three evaluations: a swing that saws keeps sawing, a transient does not.
@@ -257,7 +291,7 @@ class OscillationWatch:
                     "window_points": len(self._ys),
                 }
             self.rep.report(out, "oscillation", self.metric, lp.step, True, evidence=ev)
-        elif on and (w.falling or w.crossings() < cfg.oscillation_crossings // 2):
+        elif on and (w.falling or w.crossings() < self._oscillation_crossings // 2):
             self.rep.report(out, "oscillation", self.metric, lp.step, False)
 
 
@@ -349,10 +383,21 @@ class WindowShape:
 class OverfitWatch:
     """Eval loss rising above its best while the training loss does not rise."""
 
-    def __init__(self, cfg: EvalConfig, metric: str = "eval_loss", rank: int | None = None) -> None:
-        self.cfg = cfg
+    def __init__(
+        self,
+        *,
+        min_evals: int,
+        rise: float,
+        rising_evals: int,
+        metric: str = "eval_loss",
+        rank: int | None = None,
+    ) -> None:
+        """Thresholds as ``detect.eval`` names them (docs/detectors.md)."""
         self.metric = metric
         self.rep = Reporter(rank)
+        self._min_evals = min_evals
+        self._rise = rise
+        self._rising_evals = rising_evals
         self._n = 0
         self._best: float | None = None
         self._best_step = 0
@@ -373,14 +418,14 @@ class OverfitWatch:
             self.rep.report(out, "overfitting", self.metric, step, False)
             return
         rise = y - self._best
-        self._above = self._above + 1 if rise > self.cfg.rise else 0
+        self._above = self._above + 1 if rise > self._rise else 0
         # "Still falling" tolerates the wobble of a converged training level (a median of 8
         # noisy points moves by about 0.44 sigma), not a rise.
         slack = 0.05 + 2.0 * 0.44 * train_noise
         train_ok = (
             train_level is None or self._train_at_best is None or train_level <= self._train_at_best + slack
         )
-        if self._n >= self.cfg.min_evals and self._above >= self.cfg.rising_evals and train_ok:
+        if self._n >= self._min_evals and self._above >= self._rising_evals and train_ok:
             ev = None
             if not self.rep.is_on("overfitting", self.metric):
                 ev = {
@@ -388,9 +433,9 @@ class OverfitWatch:
                     "best": rounded(math.exp(self._best)),
                     "best_step": self._best_step,
                     "rise_ratio": rounded(math.exp(rise), 4),
-                    "threshold_ratio": rounded(math.exp(self.cfg.rise), 4),
+                    "threshold_ratio": rounded(math.exp(self._rise), 4),
                     "evals_above": self._above,
                 }
             self.rep.report(out, "overfitting", self.metric, step, True, evidence=ev)
-        elif rise <= 0.5 * self.cfg.rise:
+        elif rise <= 0.5 * self._rise:
             self.rep.report(out, "overfitting", self.metric, step, False)

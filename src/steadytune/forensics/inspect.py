@@ -2,7 +2,7 @@
 
 The guard recorded each step's sample ids and content hashes. This module reads
 those rows back from the dataset named in the run's config, encodes them the way
-the runner did (:func:`steadytune.train.data.encode_row`, same sequence length
+the runner did (:func:`steadytune.data.encode.encode_row`, same sequence length
 as the plan of that attempt), checks each one (:mod:`.batchchecks`) and returns
 a :class:`BatchVerdict`.
 
@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from steadytune.data.encode import DataSpec, encode_row, sample_hash
+from steadytune.data.rows import DataError, detect_format, load_rows
 from steadytune.forensics.batchchecks import (
     DOMINANT_MIN_BATCH,
     DOMINANT_SHARE,
@@ -41,7 +43,6 @@ from steadytune.forensics.tokenizer import (
     vocab_size,
 )
 from steadytune.rundir import RunDir
-from steadytune.train.data import DataError, DataSpec, _hash_ids, detect_format, encode_row, load_rows
 
 TEXT_LIMIT = 2000  # characters of each text field shown with --show-text
 
@@ -229,7 +230,7 @@ def _check_one(
         return SampleVerdict(
             sid, "bad", (f,), None, recorded, "", row_sha, text=_shown(row) if show_text else None
         )
-    current = f"{_hash_ids(enc['input_ids']):015x}"
+    current = f"{sample_hash(enc['input_ids']):015x}"
     specials = frozenset(getattr(tok, "all_special_ids", []) or [])
     facts = SampleFacts(
         input_ids=enc["input_ids"],

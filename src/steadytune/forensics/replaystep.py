@@ -75,7 +75,7 @@ def _f(x: Any) -> float | None:
     if x is None:
         return None
     try:
-        return float(x)  # "nan"/"inf" strings written by records._clean come back as floats
+        return float(x)  # "nan"/"inf" strings written by records.json_safe come back as floats
     except (TypeError, ValueError):
         return None
 
@@ -126,10 +126,11 @@ def replay(
     from transformers import Trainer
     from transformers.utils import logging as hf_logging
 
+    from steadytune.data.encode import DataSpec, encode_row, sample_hash
+    from steadytune.data.rows import detect_format
     from steadytune.forensics.tokenizer import load_hf_tokenizer
     from steadytune.records import PlanRevision
     from steadytune.telemetry.envsnap import differences, snapshot
-    from steadytune.train.data import DataSpec, _hash_ids, detect_format, encode_row
     from steadytune.train.runner import Collator, training_arguments
 
     hf_logging.disable_progress_bar()  # the verdict is the output; loading bars are noise here
@@ -198,7 +199,7 @@ def replay(
             if sid not in rows:
                 raise ValueError(f"sample {sid} of step {entry['step']} is not in the data; pass --data PATH")
             enc = encode_row(tok, rows[sid], fmt, spec)
-            if recorded and f"{_hash_ids(enc['input_ids']):015x}" != recorded:
+            if recorded and f"{sample_hash(enc['input_ids']):015x}" != recorded:
                 raise ValueError(
                     f"sample {sid} of step {entry['step']} changed since the run (content hash differs)"
                 )

@@ -3,7 +3,7 @@
 ``transformers.AutoTokenizer`` imports torch, and the supervisor must never do
 that (it has to outlive CUDA failures). Most fine-tuning tokenizers ship a
 ``tokenizer.json`` that the Rust ``tokenizers`` library loads directly, so this
-module wraps it with the few attributes :func:`steadytune.train.data.encode_row`
+module wraps it with the few attributes :func:`steadytune.data.encode.encode_row`
 uses. Chat templates need transformers: :func:`load_tokenizer` only falls back to
 it when the caller allows it.
 """

@@ -1,22 +1,15 @@
 """Content hashes of tokenized samples: what a batch fingerprint says a step trained on.
 
-One function hashes a sample wherever it is seen (the built-in runner at dataset build
-time, the injected guard from a collated batch, forensics when it re-tokenizes), so a
-hash recorded by one can be checked by another. Stdlib only: the injected guard runs
-in a tool's own virtualenv.
+The hash of one sample is :func:`steadytune.data.encode.sample_hash`, shared with the
+built-in runner and forensics; this module applies it to a collated batch. Stdlib only:
+the injected guard runs in a tool's own virtualenv.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 from typing import Any
 
-
-def sample_hash(ids: list[int]) -> int:
-    """A 60-bit hash of one sample's token ids (fits in a signed int64 tensor)."""
-    digest = hashlib.blake2b(json.dumps(ids).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") >> 4
+from steadytune.data.encode import sample_hash
 
 
 def batch_hashes(input_ids: Any, attention_mask: Any = None) -> list[int] | None:

@@ -90,7 +90,8 @@ def scan_data(
         arch: the model's architecture, for the vocabulary size; None skips that check.
         tokenizer_loader: loads the tokenizer; None skips the token-level checks.
     """
-    from steadytune.train.data import DataError, DataSpec, detect_format
+    from steadytune.data.encode import DataSpec
+    from steadytune.data.rows import DataError, detect_format
 
     d = cfg.data
     result = DataScan()
@@ -176,7 +177,8 @@ def scan_data(
 def _encode(
     tok: Any, spec: Any, rows: list[dict[str, Any]], fmt: str, clean: bool
 ) -> tuple[list[dict[str, list[int]]], str]:
-    from steadytune.train.data import build_dataset, encode_row
+    from steadytune.data.encode import encode_row
+    from steadytune.train.data import build_dataset
 
     if clean:
         ds = build_dataset(tok, spec)
@@ -248,7 +250,7 @@ def _token_checks(
     arch: Architecture | None,
     how: str,
 ) -> None:
-    from steadytune.train.data import encode_row
+    from steadytune.data.encode import encode_row
 
     f = "data"
     seq = spec.max_seq_length

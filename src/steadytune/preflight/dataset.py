@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-IGNORE_INDEX = -100  # the same value as steadytune.train.data.IGNORE_INDEX (kept torch-free here)
+from steadytune.data.encode import IGNORE_INDEX
 
 
 @dataclass
@@ -102,7 +102,7 @@ def scan_raw(path: str | Path) -> RawScan:
         scan.error = "rows not read: the file is not valid UTF-8"
         return scan
     try:
-        from steadytune.train.data import load_rows
+        from steadytune.data.rows import load_rows
 
         scan.rows = load_rows(p)
         scan.lines = list(range(1, len(scan.rows) + 1))

@@ -96,7 +96,8 @@ def skip_reason(kind: str, dev: torch.device) -> str | None:
 def eval_batches(cfg: SteadytuneConfig, tok: Any) -> tuple[list[dict[str, torch.Tensor]], str, int]:
     """Batches of the config's eval split (its train split when there is none), up to
     ``quant.max_positions`` scored tokens; with where they came from and how many were scored."""
-    from steadytune.train.data import DataSpec, detect_format, encode_row, load_rows
+    from steadytune.data.encode import DataSpec, encode_row
+    from steadytune.data.rows import detect_format, load_rows
     from steadytune.train.runner import Collator
 
     d = cfg.data

@@ -190,37 +190,35 @@ def group_revision(plan: PlanRevision, data: dict[str, Any], current_attempt: in
     }
 
 
-def on_worker_group_failed(self: Supervisor, ev: Event, filed: Event | None) -> None:
+def on_worker_group_failed(sup: Supervisor, ev: Event, filed: Event | None) -> None:
     """Until the next group starts, the job is re-forming: judged by setup_timeout_s, not by the step pace."""
-    self.worker_phase, self.phase_since = "setup", self.clock()
+    sup.worker_phase, sup.phase_since = "setup", sup.clock()
 
 
-def on_resources_requested(self: Supervisor, ev: Event, filed: Event | None) -> None:
+def on_resources_requested(sup: Supervisor, ev: Event, filed: Event | None) -> None:
     """Ray was asked for the scale rules' resources: a plan revision with the request as its cause."""
-    if self.scaling is not None:
-        self.scaling.on_requested(ev, filed)
+    if sup.scaling is not None:
+        sup.scaling.on_requested(ev, filed)
 
 
-def on_worker_group_started(self: Supervisor, ev: Event, filed: Event | None) -> None:
-    """The supervisor's handler of ``worker_group_started``: a method of it (supervisor.py names it)."""
-    changes = group_revision(self.plan, ev.data, self.attempt)
+def on_worker_group_started(sup: Supervisor, ev: Event, filed: Event | None) -> None:
+    """A new Ray group: its size, attempt and resume point go into the plan, as a restart's would."""
+    changes = group_revision(sup.plan, ev.data, sup.attempt)
     if changes is None:
         return
     reason = changes.pop("reason")
-    self.revise(reason=reason, cause=filed, **changes)
+    sup.revise(reason=reason, cause=filed, **changes)
     if "attempt" not in changes:
         return
     # A new group is a new timeline, as a restart by the supervisor is: its records carry the new attempt,
     # open anomalies of the old one are resolved, and its first step must continue the checkpoint.
-    self.attempt = changes["attempt"]
+    sup.attempt = changes["attempt"]
     resume = changes.get("resume_checkpoint")
-    self.rewind_detection(resume)
+    sup.rewind_detection(resume)
     if changes.get("world_size"):  # the ranks a smaller group no longer has are forgotten, not stragglers
         step = checkpoint_step(Path(resume)) if resume else 0
-        self.detector = replay_detector(
-            self.run, self.cfg.detect, step or 0, world_size=changes["world_size"]
-        )
-    self.last_heartbeat = {0: self.clock()}
-    self.worker_phase, self.phase_since = "setup", self.clock()
-    self.attempt_stepped = False
-    self.resumes.expect(Path(resume) if resume else None)
+        sup.detector = replay_detector(sup.run, sup.cfg.detect, step or 0, world_size=changes["world_size"])
+    sup.last_heartbeat = {0: sup.clock()}
+    sup.worker_phase, sup.phase_since = "setup", sup.clock()
+    sup.attempt_stepped = False
+    sup.resumes.expect(Path(resume) if resume else None)

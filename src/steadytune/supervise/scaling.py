@@ -167,7 +167,7 @@ class Autoscaler:
         if self.requests:
             self._request(d, data)
             return
-        sup.execute(Action(d.kind, d.reason, sup.progress.step, params=data))
+        sup.actions.execute(Action(d.kind, d.reason, sup.progress.step, params=data))
 
     def _request(self, d: ScaleDecision, data: dict[str, Any]) -> None:
         """Ask the engine for ``d.after.world`` workers; the training goes on meanwhile (no stop)."""
@@ -267,7 +267,7 @@ class Autoscaler:
         if onto is not None:
             self._place(onto, d)
         self.rules.applied(d, sup.clock())
-        self.resized = (d, self.asked_at, sup._last_save_ts)
+        self.resized = (d, self.asked_at, sup.last_save_ts)
         changes = {
             "resume_checkpoint": resume,
             "nproc_per_node": d.after.world,

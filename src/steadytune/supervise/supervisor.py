@@ -7,13 +7,19 @@ system, runs the detectors and the policy, files events, keeps ``status.json``
 fresh, and when the worker dies, hangs or diverges stops its whole process tree and
 restarts it from the newest *verified* checkpoint with a new plan revision, within
 a budget.
+
+The :class:`Supervisor` owns the run's state and its loop (pump, handle, the attempt, the
+restart decision); its parts each hold it as ``sup`` and keep only their own bookkeeping:
+``worker_events`` (what a worker reports), ``actions`` (detection to policy to action),
+``controls`` (signals and operator requests), ``books`` (``status.json``, LAST_GOOD),
+``resumes`` (where a restart resumes), ``in_process`` (rollbacks in the live worker) and
+``scaling`` (resizes).
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -22,16 +28,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from steadytune.checkpoint.manifest import checkpoint_step
-from steadytune.checkpoint.store import read_pointer, write_pointer
 from steadytune.config.load import dump_config
 from steadytune.config.schema import SteadytuneConfig
-from steadytune.detect.live import LiveDetector, Transition, format_transition
+from steadytune.detect.live import LiveDetector
 from steadytune.policy.engine import Action, Policy
 from steadytune.policy.plan import smaller_microbatch
 from steadytune.policy.restart import Decision, ExitInfo, decide
-from steadytune.protocol import RESERVED_ISSUERS, RequestQueue, WorkerEvent, clear_requests
 from steadytune.records import (
-    Anomaly,
     Event,
     Heartbeat,
     PlanRevision,
@@ -43,14 +46,11 @@ from steadytune.records import (
     to_json,
 )
 from steadytune.rundir import RunDir, atomic_write_text
+from steadytune.supervise.actions import Actions
 from steadytune.supervise.inprocess import InProcessRollbacks
 from steadytune.supervise.logparse import last_exception, last_lines
+from steadytune.supervise.operator import OperatorControls
 from steadytune.supervise.process import ProcessTree, WorkerProcess
-from steadytune.supervise.ray_source import (
-    on_resources_requested,
-    on_worker_group_failed,
-    on_worker_group_started,
-)
 from steadytune.supervise.restarts import (
     anomaly_event_data,
     first_plan,
@@ -58,7 +58,9 @@ from steadytune.supervise.restarts import (
 )
 from steadytune.supervise.resuming import Resumes
 from steadytune.supervise.scaling import SCALE_ACTIONS, Autoscaler
-from steadytune.supervise.source import CONTROL, DATA, PLAN, SKIP_STEP, NativeSource, WorkerSource
+from steadytune.supervise.source import PLAN, NativeSource, WorkerSource
+from steadytune.supervise.status import RunBooks
+from steadytune.supervise.worker_events import WorkerEvents
 from steadytune.telemetry.events import EventLog
 from steadytune.telemetry.progress import RunProgress, progress_line
 from steadytune.telemetry.runenv import config_sources
@@ -73,10 +75,6 @@ class Observer(Protocol):
     def on_record(self, record: Record) -> None: ...
     def on_event(self, event: Event) -> None: ...
     def close(self) -> None: ...
-
-
-# After these, the supervisor looks at the offending batch by itself (inspect-batch).
-INSPECT_KINDS = frozenset({"nan_loss", "loss_spike", "loss_collapse", "divergence", "grad_explosion"})
 
 
 @dataclass
@@ -144,27 +142,27 @@ class Supervisor:
         self.detector = LiveDetector(cfg.detect)
         self.policy = Policy(cfg.policy)
         self.plan = first_plan(cfg, clock())
-        self._last_save_ts: float | None = None
+        self.last_save_ts: float | None = None
         self.scaling = Autoscaler.for_run(self, worker_env)  # None without scale: in the config
         self.pending: Action | None = None  # an action that stopped the worker on purpose
         self.samples_by_step: dict[int, list[int]] = {}  # for rollback-and-skip
         self.shrink_next_restart = False
         self.last_step_ts: float | None = None
         self.started_ts = clock()
-        self._control_queue = RequestQueue(self.run.control)
-        self._inspected: set[int] = set()
-        self._leak_snapshot_pending = False
-        self._resume_requested = False
-        self._interrupts = 0
+        self.leak_snapshot_pending = False  # a leak's checkpoint, once taken, asks for an allocator snapshot
+        self.interrupts = 0  # SIGINT/SIGTERM received: the first stops, the second kills
         self.stop_signal: int | None = None
-        self._stop_sent_at: float | None = None
+        self.stop_sent_at: float | None = None
         self.resumes = Resumes(self)
         self.in_process = InProcessRollbacks(self)
+        self.books = RunBooks(self)
+        self.controls = OperatorControls(self)  # signals and the control queue
+        self.worker_events = WorkerEvents(self)
+        self.actions = Actions(self)  # what the policy decides, carried out
         self._reaped: list[int] = []  # what the last attempt left behind, killed
         self._stop_killed = False
-        self._pause_requested = False
+        self.pause_requested = False  # a job that takes no requests was stopped on an operator's pause
         self._last_sample = 0.0
-        self._last_status = 0.0
         self.dashboard_url: str | None = None
 
     def default_observers(self) -> list[Observer]:
@@ -198,34 +196,6 @@ class Supervisor:
             style = {"critical": "bold red", "warning": "yellow"}.get(severity)
             self.say(f"[{kind}] {message or name}", style=style)
         return event
-
-    def write_status(self, force: bool = False) -> None:
-        now = self.clock()
-        if not force and now - self._last_status < 1.0:
-            return
-        self._last_status = now
-        status = {
-            "run_id": self.run.run_id,
-            "state": self.state,
-            "step": self.progress.step,
-            "max_steps": self.progress.max_steps,
-            "loss": self.progress.last_loss,
-            "eval_loss": self.progress.last_eval_loss,
-            "tokens_per_s": self.progress.tokens_per_s,
-            "eta_s": self.progress.eta_s,
-            "attempt": self.attempt,
-            "restarts": self.restarts + self.action_restarts,
-            "last_checkpoint": self.source.latest_checkpoint(),
-            "supervisor_pid": os.getpid(),
-            "worker_pid": self.worker.pid if self.worker and self.worker.poll() is None else None,
-            "source": self.source.label,
-            "updated_ts": now,
-            "dashboard_url": self.dashboard_url,
-            "started_ts": self.started_ts,
-        }
-        import json
-
-        atomic_write_text(self.run.status, json.dumps(status, indent=1))
 
     # -- the run -------------------------------------------------------------
     def prepare(self) -> None:
@@ -266,8 +236,8 @@ class Supervisor:
         return self.resumes.resume_point()
 
     def start_worker(self, plan: PlanRevision) -> None:
-        self._stop_sent_at = None
-        self.drop_stale_requests()
+        self.stop_sent_at = None
+        self.controls.drop_stale_requests()
         self.worker = self.source.start(plan, self.run.logs / f"worker-{plan.attempt}.log")
         self.tree = ProcessTree(self.worker)
         cmd = self.worker.cmd
@@ -305,7 +275,7 @@ class Supervisor:
                 self.worker.pid if self.worker and self.worker.poll() is None else None
             )
             self.handle(sample)
-        self.poll_operator()
+        self.controls.poll()
         self.in_process.tick()
         # Loading (and resuming), saving and evaluating are judged by setup_timeout_s, not by step pace;
         # a paused worker is not judged at all.
@@ -317,9 +287,9 @@ class Supervisor:
             # Loading, saving and evaluating are judged by setup_timeout_s, not by step pace.
             last_beat = max(self.last_heartbeat.values()) if self.last_heartbeat else None
             for t in self.detector.observe_time(now, last_beat, self.progress.step or None):
-                self.on_transition(t)
-        self.update_last_good()
-        self.write_status()
+                self.actions.on_transition(t)
+        self.books.update_last_good()
+        self.books.write_status()
         for obs in self.observers:
             flush = getattr(obs, "flush", None)
             if flush is not None:
@@ -340,12 +310,12 @@ class Supervisor:
                 self.samples_by_step.setdefault(rec.step, []).extend(rec.batch.indices)
             if self.pending is None and not stale:
                 for t in self.detector.observe_step(rec):
-                    self.on_transition(t)
+                    self.actions.on_transition(t)
             # An anomaly of this very record may have stopped the worker (a gradient explosion beside a
             # spike that persisted): a spike confirmed now belongs to that incident, not to a second one.
             if self.pending is None and not stale and rec.rank == 0 and not rec.extra.get("eval"):
                 for action in self.policy.on_step(rec.step):
-                    self.execute(action)
+                    self.actions.execute(action)
         elif isinstance(rec, Heartbeat):
             self.last_heartbeat[rec.rank] = self.clock()
             if rec.rank == 0 and rec.attempt == self.attempt and rec.phase != self.worker_phase:
@@ -356,413 +326,15 @@ class Supervisor:
             self.system_writer.write(rec)
             if self.pending is None:
                 for t in self.detector.observe_system(rec):
-                    self.on_transition(t)
+                    self.actions.on_transition(t)
             if self.scaling is not None and self.pending is None:
                 self.scaling.on_sample(rec)
         elif isinstance(rec, WorkerExit):
             self.exits.append(rec)
         elif isinstance(rec, Event):
-            self.on_worker_event(rec)
+            self.worker_events.on_event(rec)
         for obs in self.observers:
             obs.on_record(rec)
-
-    def on_worker_event(self, ev: Event) -> None:
-        """File what a worker reported, then act on it: one lookup, ``on_<name>`` of its WorkerEvent.
-
-        A name outside the protocol is filed all the same; an anomaly, whatever its name, meets the policy.
-        """
-        known = WorkerEvent.get(ev.name)
-        if ev.severity in {"warning", "critical"} and ev.step is not None:
-            self.trouble_steps.append(ev.step)
-        filed = (
-            None
-            if known is WorkerEvent.TRAIN_BEGIN
-            else self.emit(ev.kind, ev.name, ev.message, severity=ev.severity, step=ev.step, data=ev.data)
-        )
-        if known is not None:
-            getattr(self, known.handler)(ev, filed)
-        if ev.kind == "anomaly" and ev.severity in {"warning", "critical"} and self.pending is None:
-            # What the worker itself found (a save refused for lack of disk) meets the same policy
-            # as what the detectors find: `policy.rules.disk_low.action: stop` must stop the run.
-            step = ev.step if ev.step is not None else self.progress.step
-            found = Anomaly(
-                ev.name, ev.severity, step, step, str(ev.data.get("metric", ev.name)), dict(ev.data)
-            )
-            action = self.policy.on_raised(found, self.progress.step)
-            if action is not None:
-                self.execute(action, cause=filed)
-
-    # -- worker events: one handler per WorkerEvent, called after the event is filed ----------------
-    def on_train_begin(self, ev: Event, filed: Event | None) -> None:
-        # Not filed: it only carries the run's length, and worker_started already marks the attempt.
-        if ev.data.get("max_steps"):
-            self.progress.max_steps = int(ev.data["max_steps"])
-
-    def on_checkpoint_saved(self, ev: Event, filed: Event | None) -> None:
-        self._last_save_ts = ev.ts
-        if ev.step is not None:
-            self.checkpoint_steps.append(ev.step)
-            self.update_disk_need(ev.step)
-
-    def on_ack_checkpoint(self, ev: Event, filed: Event | None) -> None:
-        if self._leak_snapshot_pending:
-            # A leak alarm also wants the allocator's view (CUDA only): ask once the checkpoint is taken.
-            self._leak_snapshot_pending = False
-            from steadytune.supervise.control import send_control
-
-            send_control(
-                self.run,
-                "memory_snapshot",
-                issuer="policy:memory_leak",
-                attempt=self.attempt,
-                log=self.events,
-            )
-
-    def on_reduce_microbatch(self, ev: Event, filed: Event | None) -> None:
-        if ev.data.get("micro_batch_split"):
-            # Remember the split, so a later restart starts with it instead of rediscovering the OOM.
-            self.revise(
-                reason="oom",
-                cause=filed,
-                micro_batch_split=int(ev.data["micro_batch_split"]),
-                notes=f"in-process OOM split to {ev.data['micro_batch_split']} chunks",
-            )
-
-    def on_auto_micro_batch(self, ev: Event, filed: Event | None) -> None:
-        if ev.data.get("per_device_train_batch_size"):
-            # Keep what the auto search found: a restart trains the same shape without searching again.
-            self.revise(
-                reason="auto_micro_batch",
-                cause=filed,
-                per_device_train_batch_size=int(ev.data["per_device_train_batch_size"]),
-                gradient_accumulation_steps=int(ev.data["gradient_accumulation_steps"]),
-            )
-
-    def on_skip_step(self, ev: Event, filed: Event | None) -> None:
-        if ev.step is not None and self.pending is None:
-            action = self.policy.on_skipped_update(ev.step, int(ev.data.get("consecutive", 1)))
-            if action is not None:
-                self.execute(action)
-
-    def _filed_only(self, ev: Event, filed: Event | None) -> None:
-        """Filing it is all: an acknowledgement, or a warning the policy does not act on."""
-
-    # disk_low is an anomaly: the policy meets it in on_worker_event, as any anomaly a worker reports.
-    on_disk_low = on_grad_norm_after_clipping = on_inject_failed = on_guard_injected = on_guard_off = (
-        _filed_only
-    )
-    on_ack_pause = on_ack_resume = on_ack_stop = on_ack_memory_snapshot = on_optimizer_groups = _filed_only
-    on_lr_from_command = _filed_only
-
-    # An in-process rollback (supervise/inprocess.py): taken, done, or refused (then a restart does it).
-    def on_ack_rollback(self, ev: Event, filed: Event | None) -> None:
-        self.in_process.on_ack(ev)
-
-    def on_rolled_back(self, ev: Event, filed: Event | None) -> None:
-        self.in_process.on_done(ev)
-
-    def on_rollback_failed(self, ev: Event, filed: Event | None) -> None:
-        self.in_process.on_failed(ev)
-
-    on_worker_group_started, on_worker_group_failed = on_worker_group_started, on_worker_group_failed  # Ray's
-    on_resources_requested = on_resources_requested
-
-    # -- detection and actions -------------------------------------------------
-    def on_transition(self, t: Transition) -> None:
-        a = t.anomaly
-        if t.state == "raised":
-            if a.severity in {"warning", "critical"}:
-                self.trouble_steps.append(a.start_step)
-            event = self.emit(
-                "anomaly",
-                a.kind,
-                format_transition(t),
-                severity=a.severity,
-                step=a.start_step,
-                data=anomaly_event_data(a),
-            )
-            if (
-                DATA in self.source.abilities
-                and a.kind in INSPECT_KINDS
-                and a.start_step not in self._inspected
-                and len(self._inspected) < 10
-            ):
-                self._inspected.add(a.start_step)
-                threading.Thread(target=self.inspect_batch, args=(a.start_step, event), daemon=True).start()
-            # One incident often raises several anomalies at once (a spike, its gradients, its layers):
-            # once one of them stopped the worker, the others are already being handled.
-            action = self.policy.on_raised(a, self.progress.step) if self.pending is None else None
-            if (
-                action is None
-                and self.pending is None
-                and SKIP_STEP not in self.source.abilities
-                and self.policy.config.rule(a.kind).action == "skip_step"
-            ):
-                # The guard skips a NaN update inside the worker; a job without it has applied the
-                # update already, so the weights must come from a checkpoint.
-                action = self.policy.instead(
-                    a, self.progress.step, "rollback", f"the {self.source.label} cannot skip the update"
-                )
-            if action is not None:
-                self.execute(action, cause=event)
-        else:
-            self.policy.on_resolved(a)
-            self.emit(
-                "resolved",
-                a.kind,
-                format_transition(t),
-                severity="info",
-                step=a.end_step,
-                data=anomaly_event_data(a),
-            )
-
-    def inspect_batch(self, step: int, cause: Event) -> None:
-        """Which samples made the bad step: filed as an event beside the anomaly (no sample text)."""
-        try:
-            from steadytune.forensics.inspect import inspect_step
-
-            verdict = inspect_step(self.run, step)
-        except Exception as exc:  # forensics must never take the supervisor down
-            self.emit(
-                "action", "batch_inspected", f"could not inspect the batch of step {step}: {exc}", step=step
-            )
-            return
-        self.emit(
-            "action",
-            "batch_inspected",
-            f"batch of step {step}: {verdict.summary}",
-            step=step,
-            data={**verdict.event_data(), "anomaly_seq": cause.seq},
-        )
-
-    def execute(self, action: Action, cause: Event | None = None) -> None:
-        """Carry out what the policy decided. Restart-type actions stop the worker now."""
-        step = action.step
-        unable = self.unable(action.name)
-        if action.name == "alert" or unable:
-            why = (
-                action.reason if not unable else f"{action.name} is not available: {unable} ({action.reason})"
-            )
-            self.emit("action", "alert_only", why, severity="warning", step=step, data=action.params)
-            return
-        if action.name in {"pause", "stop"} and CONTROL not in self.source.abilities:
-            # A job that takes no requests is stopped from outside: what it saved is what there is.
-            self.emit(
-                "action",
-                action.name,
-                f"{action.name}: {action.reason}; the {self.source.label} takes no requests, so it is "
-                "stopped (its newest checkpoint stays)",
-                severity="warning",
-                step=step,
-                data={"anomaly": action.anomaly.kind if action.anomaly else None, **action.params},
-            )
-            if self.worker is not None and self.pending is None:
-                self.pending = action
-                self.worker.signal_tree(signal.SIGTERM)
-                self._stop_sent_at = self.clock()
-            return
-        self.emit(
-            "action",
-            action.name,
-            f"{action.name}: {action.reason}",
-            severity="warning",
-            step=step,
-            data={"anomaly": action.anomaly.kind if action.anomaly else None, **action.params},
-        )
-        from steadytune.supervise.control import send_control
-
-        if action.name in {"checkpoint", "pause", "stop"}:
-            send_control(
-                self.run,
-                action.name,
-                issuer=f"policy:{action.anomaly.kind if action.anomaly else '-'}",
-                attempt=self.attempt,
-                log=self.events,
-            )
-        elif action.name == "reduce_microbatch":
-            # Save what we have now; the next (re)start uses a smaller micro-batch.
-            self.shrink_next_restart = True
-            send_control(
-                self.run,
-                "checkpoint",
-                issuer="policy:reduce_microbatch",
-                attempt=self.attempt,
-                log=self.events,
-            )
-            if action.anomaly is not None and action.anomaly.kind == "memory_leak":
-                self._leak_snapshot_pending = True
-        elif action.name in SCALE_ACTIONS and self.worker is not None and self.pending is None:
-            # Like a stop: the worker checkpoints at the next step boundary and exits; the run then
-            # relaunches in the new shape from that checkpoint (plan_after_action).
-            self.pending = action
-            send_control(
-                self.run, "stop", issuer=f"policy:{action.name}", attempt=self.attempt, log=self.events
-            )
-            self._stop_sent_at = self.clock()
-        elif action.name in {"rollback", "restart"} and self.worker is not None and self.pending is None:
-            if action.name == "rollback" and self.in_process.want(action):
-                return  # the worker reloads the checkpoint itself, once these records are read: no new process
-            self.pending = action
-            if action.name == "restart":
-                self.dump_stacks()
-            self.worker.signal_tree(signal.SIGKILL)
-
-    def unable(self, action: str) -> str | None:
-        """Why this run's source cannot carry out ``action`` (None: it can)."""
-        label = self.source.label
-        if action in {"checkpoint", "memory_snapshot"} and CONTROL not in self.source.abilities:
-            return f"the {label} takes no control requests (supervise --inject gives an HF-based tool them)"
-        if action == "reduce_microbatch" and PLAN not in self.source.abilities:
-            return f"the {label}'s batch shape is its own"
-        return None
-
-    def dump_stacks(self) -> None:
-        """The Python stacks of every process of the attempt, into ``stacks/``, before it is killed."""
-        if self.worker is None or self.tree is None:
-            return
-        out = self.run.stacks / f"attempt-{self.attempt}.txt"
-        pids = self.source.dump_stacks(self.tree, self.worker, out)
-        if pids:
-            where = out if out.exists() else self.run.stacks
-            self.emit(
-                "action",
-                "stacks_dumped",
-                f"Python stacks of {len(pids)} {self.source.label} process(es) written to {where}",
-                step=self.progress.step,
-                data={"pids": pids, "dir": str(self.run.stacks), "file": str(where)},
-            )
-
-    def poll_operator(self) -> None:
-        """File operator requests (``steadytune pause|resume|checkpoint|stop``) once each, act on ``resume``.
-
-        The supervisor's own requests (``policy:``, ``signal``) were filed when it sent them.
-        """
-        for request in self._control_queue.new():
-            rid = str(request.get("id", ""))
-            issuer = str(request.get("issuer", "?"))
-            command = str(request.get("command", "?"))
-            if not issuer.startswith(RESERVED_ISSUERS):
-                self.emit(
-                    "control",
-                    command,
-                    f"{command} requested by {issuer}",
-                    step=self.progress.step,
-                    data={"request_id": rid, "issuer": issuer, "args": request.get("args", {})},
-                )
-            if command == "resume" and self.state == "paused":
-                self._resume_requested = True
-            elif CONTROL not in self.source.abilities and not issuer.startswith(RESERVED_ISSUERS):
-                self.carry_out_outside(command, issuer)
-
-    def carry_out_outside(self, command: str, issuer: str) -> None:
-        """An operator's request to a job that takes none: stop and pause are done from outside."""
-        if self.worker is None or self.worker.poll() is not None or self.state in {"stopping", "paused"}:
-            return
-        if command == "stop":
-            self.request_stop(issuer)
-        elif command == "pause":
-            # The job is stopped (it keeps the checkpoints it saved); `resume` restarts it from the newest.
-            self._pause_requested = True
-            self.state = "stopping"
-            self.worker.signal_tree(signal.SIGTERM)
-            self._stop_sent_at = self.clock()
-        elif command in {"checkpoint", "memory_snapshot"}:
-            self.emit(
-                "action",
-                "alert_only",
-                f"{command} requested by {issuer} is not available: {self.unable(command)}",
-                severity="warning",
-                step=self.progress.step,
-            )
-
-    def drop_stale_requests(self) -> None:
-        """Before a worker starts: file what is queued, then empty the queue, which was meant for the last one."""
-        self.poll_operator()
-        clear_requests(self.run.control)
-
-    def wait_while_paused(self, live: Any = None) -> bool:
-        """The worker checkpointed and exited on ``pause``: hold the run until ``resume`` (True) or a stop."""
-        self.state = "paused"
-        self.worker = None
-        self._resume_requested = False
-        self.write_status(force=True)
-        self.say(
-            f"paused at step {self.progress.step}: the GPU is free; `steadytune resume {self.run.root}` "
-            "continues from the checkpoint",
-            style="yellow",
-        )
-        while not self._resume_requested:
-            if self._interrupts:
-                return False
-            self.pump()
-            if live is not None:
-                live.update(progress_line(self.progress, self.restarts + self.action_restarts, self.state))
-            time.sleep(self.poll_s)
-        return True
-
-    def update_disk_need(self, step: int) -> None:
-        """Checkpoints still to come, at the size of the newest one, feed the disk_low detector."""
-        from steadytune.preflight.disk import run_disk_need
-
-        need = run_disk_need(
-            self.run.checkpoints,
-            self.cfg.run.keep_last,
-            self.cfg.train.save_steps,
-            self.progress.max_steps,
-            step,
-        )
-        self.detector.set_projected_disk_need(need)
-
-    def update_last_good(self) -> None:
-        """A checkpoint becomes LAST_GOOD once a window of healthy steps has followed it."""
-        window = self.cfg.run.good_window_steps
-        current = read_pointer(self.run.last_good_pointer)
-        current_step = checkpoint_step(current) if current else -1
-        for step in sorted(self.checkpoint_steps, reverse=True):
-            if step <= (current_step or -1):
-                break
-            done = self.progress.step >= step + window or self.state == "completed"
-            healthy = not any(step < t <= step + window for t in self.trouble_steps)
-            target = self.run.checkpoints / f"checkpoint-{step}"
-            if done and healthy and target.is_dir():
-                write_pointer(self.run.last_good_pointer, target)
-                break
-
-    # -- signals ------------------------------------------------------------
-    def on_signal(self, signum: int, _frame: Any = None) -> None:
-        self._interrupts += 1
-        if self._interrupts == 1:
-            self.stop_signal = signum
-            self.request_stop(f"signal {signal.Signals(signum).name}")
-        elif self.worker is not None:
-            self.say("second interrupt: killing the worker now", style="bold red")
-            self.worker.signal_tree(signal.SIGKILL)
-
-    def request_stop(self, issuer: str) -> None:
-        self.state = "stopping"
-        label = self.source.label
-        if CONTROL in self.source.abilities:
-            from steadytune.supervise.control import send_control
-
-            send_control(self.run, "stop", issuer=issuer, attempt=self.attempt, log=self.events)
-            how = f"the {label} will checkpoint at the next step and exit"
-        else:
-            how = f"the {label} gets SIGTERM (its own handling may save) and {self.stop_grace_s:.0f}s to exit"
-        self.emit(
-            "lifecycle",
-            "stop_requested",
-            f"{issuer}: stopping; {how} (a second signal kills it)",
-            severity="warning",
-            step=self.progress.step,
-            data={"issuer": issuer, "grace_s": self.stop_grace_s},
-        )
-        if self.worker is not None and (
-            PLAN in self.source.abilities or CONTROL not in self.source.abilities
-        ):
-            # steadytune's worker takes SIGTERM as "stop"; a job without the guard gets its own chance
-            # to save. An injected trainer would die of it, so it gets the request alone.
-            self.worker.signal_tree(signal.SIGTERM)
-        self._stop_sent_at = self.clock()
 
     # -- main loop ------------------------------------------------------------
     def supervise_attempt(self, live: Any = None) -> ExitInfo:
@@ -775,7 +347,7 @@ class Supervisor:
                 live.update(progress_line(self.progress, self.restarts + self.action_restarts, self.state))
             if rc is not None:
                 break
-            if self._stop_sent_at is not None and self.clock() - self._stop_sent_at > self.stop_grace_s:
+            if self.stop_sent_at is not None and self.clock() - self.stop_sent_at > self.stop_grace_s:
                 self.say(f"the {self.source.label} did not stop in time: killing it", style="bold red")
                 self.worker.kill()
                 self._stop_killed = True
@@ -783,11 +355,11 @@ class Supervisor:
         # Asked to stop, the rest of the tree gets the grace period too: a launcher dies of SIGTERM at
         # once while its trainer is still saving the checkpoint it was asked for.
         while (
-            self._stop_sent_at is not None
+            self.stop_sent_at is not None
             and self.tree is not None
             and self.tree.alive()
-            and self.clock() - self._stop_sent_at <= self.stop_grace_s
-            and self._interrupts < 2
+            and self.clock() - self.stop_sent_at <= self.stop_grace_s
+            and self.interrupts < 2
         ):
             self.pump()
             time.sleep(self.poll_s)
@@ -799,15 +371,13 @@ class Supervisor:
         tail = self.worker.log_tail()
         found = last_exception(tail) if last is None and rc else None
         status = last.status if last else None
-        outside = last is None and self._pause_requested
+        outside = last is None and self.pause_requested
         if outside:
-            status, self._pause_requested = "paused", False  # stopped from outside on an operator's pause
+            status, self.pause_requested = "paused", False  # stopped from outside on an operator's pause
         elif last is None and rc == 0 and PLAN not in self.source.abilities:
             # A job's own exit status is all it says; asked to stop, a clean exit is a stop.
-            status = "stopped" if self._stop_sent_at is not None else "completed"
-        stopping = self._stop_sent_at is not None or (
-            self.pending is not None and self.pending.name == "stop"
-        )
+            status = "stopped" if self.stop_sent_at is not None else "completed"
+        stopping = self.stop_sent_at is not None or (self.pending is not None and self.pending.name == "stop")
         return ExitInfo(
             returncode=rc,
             status=status,
@@ -818,7 +388,7 @@ class Supervisor:
             deterministic=bool(last and last.deterministic)
             or (last is None and rc is not None and rc > 0 and not self.attempt_stepped and not stopping),
             stderr_tail=tail,
-            interrupted=self._stop_sent_at is not None and status not in {"stopped", "paused", "completed"},
+            interrupted=self.stop_sent_at is not None and status not in {"stopped", "paused", "completed"},
             stopped_outside=outside,
         )
 
@@ -836,7 +406,8 @@ class Supervisor:
             self.emit(
                 "action",
                 "tree_killed",
-                f"killed {len(left)} process(es) the {self.source.label} left behind: {', '.join(map(str, left))}",
+                f"killed {len(left)} process(es) the {self.source.label} left behind: "
+                + ", ".join(map(str, left)),
                 severity="warning",
                 step=self.progress.step,
                 data={"pids": left},
@@ -850,17 +421,17 @@ class Supervisor:
         self.start_worker(self.plan)
         while True:
             info = self.supervise_attempt(live)
-            if self.pending is None and not self._interrupts and (bad := self.resumes.nonfinite_end(info)):
+            if self.pending is None and not self.interrupts and (bad := self.resumes.nonfinite_end(info)):
                 # A run whose loss ended NaN/Inf holds unusable weights: it is never "completed".
                 action = self.policy.instead(bad, self.progress.step, "rollback", "the run ended non-finite")
                 if action is None or action.name != "rollback":
                     why = (
-                        f"the run ended with a non-finite loss ({bad.kind} from step {bad.start_step}) and no "
-                        "rollback is allowed: its final weights are not usable"
+                        f"the run ended with a non-finite loss ({bad.kind} from step {bad.start_step}) and "
+                        "no rollback is allowed: its final weights are not usable"
                     )
                     return self.finish(Decision("stop", "nonfinite", why), info, t0)
-                self.execute(action)
-            if self.pending is not None and not self._interrupts:
+                self.actions.execute(action)
+            if self.pending is not None and not self.interrupts:
                 action, self.pending = self.pending, None
                 if action.name in {"stop", "pause"}:  # a job stopped from outside, on the policy's word
                     return self.finish(
@@ -881,9 +452,9 @@ class Supervisor:
                     self.cfg.run.restart_backoff_max_s,
                 )
                 history.append(info)
-                if decision.classification == "paused" and not self._interrupts:
+                if decision.classification == "paused" and not self.interrupts:
                     self.emit("lifecycle", "run_paused", f"run paused at step {info.step}", step=info.step)
-                    if not self.wait_while_paused(live):
+                    if not self.controls.wait_while_paused(live):
                         return self.finish(
                             Decision("stop", "user_interrupt", "stopped while paused"), info, t0
                         )
@@ -901,7 +472,7 @@ class Supervisor:
                 failed_resume = self.resumes.failed_resume(info, decision)
                 if failed_resume is not None:
                     decision = failed_resume
-                elif decision.action != "restart" or self._interrupts:
+                elif decision.action != "restart" or self.interrupts:
                     return self.finish(decision, info, t0)
                 changes, reason, why = self.resumes.plan_after_crash(decision)
                 if changes is None:
@@ -936,9 +507,9 @@ class Supervisor:
                 },
             )
             self.state = "restarting"
-            self.write_status(force=True)
+            self.books.write_status(force=True)
             time.sleep(delay)
-            if self._interrupts:
+            if self.interrupts:
                 return self.finish(Decision("stop", "user_interrupt", "stopped on request"), info, t0)
             self.attempt += 1
             self.revise(reason=reason, cause=event, attempt=self.attempt, notes=why, **changes)
@@ -981,10 +552,11 @@ class Supervisor:
             "done": decision.classification,
             "stop": "stopped" if decision.classification == "user_interrupt" else "failed",
         }[decision.action]
-        # Set before update_last_good: a completed run's last checkpoint needs no healthy window after it.
+        # Set before books.update_last_good: a completed run's last checkpoint needs no healthy window
+        # after it.
         self.state = state
         if state == "completed":
-            self.update_last_good()
+            self.books.update_last_good()
         severity = "info" if state in {"completed", "stopped", "paused"} else "critical"
         data: dict[str, Any] = {"classification": decision.classification}
         detail = ""
@@ -1008,7 +580,7 @@ class Supervisor:
         )
         if detail:
             self.say(detail.lstrip("\n"))
-        self.write_status(force=True)
+        self.books.write_status(force=True)
         self.system_writer.close()
         for obs in self.observers:
             obs.close()

@@ -215,7 +215,8 @@ def longest_sample(cfg: Any) -> int:
     """Tokens in the longest training sample after truncation (the tokenized-data cache is reused)."""
     import pyarrow.compute as pc
 
-    from steadytune.train.data import DataSpec, build_dataset, load_tokenizer
+    from steadytune.data.encode import DataSpec
+    from steadytune.train.data import build_dataset, load_tokenizer
 
     d = cfg.data
     tok = load_tokenizer(cfg.model.name_or_path, cfg.model.trust_remote_code)

@@ -1,9 +1,8 @@
-"""Datasets for the built-in runner: load, detect the format, tokenize, mask, cache.
+"""Datasets for the built-in runner: the tokenizer, the tokenized ``datasets.Dataset``, its cache.
 
-Three formats: ``text`` (a text column), ``instruction`` (instruction/input/output)
-and ``messages`` (chat, rendered with the tokenizer's chat template). Every
-sample keeps its row id and a content hash of its tokens, so a batch can be
-fingerprinted, inspected later, and skipped by id.
+Reading rows and encoding them live in :mod:`steadytune.data` (torch-free, shared with
+inspect-batch). Every sample keeps its row id and a content hash of its tokens, so a
+batch can be fingerprinted, inspected later, and skipped by id.
 """
 
 from __future__ import annotations
@@ -12,134 +11,14 @@ import hashlib
 import json
 import os
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from steadytune.guard.fingerprint import sample_hash as _hash_ids
+from steadytune.data.encode import PROMPT_TEMPLATE, DataSpec, encode_row, sample_hash
+from steadytune.data.rows import ROWS_READER, detect_format, load_rows
 
-IGNORE_INDEX = -100
 SAMPLE_ID = "st_sample_id"
 SAMPLE_HASH = "st_sample_hash"
-
-PROMPT_TEMPLATE = "### Instruction:\n{instruction}\n{input_block}### Response:\n"
-
-
-class DataError(ValueError):
-    """A dataset that cannot be used as configured; the message says why and how to fix it."""
-
-
-@dataclass(frozen=True)
-class DataSpec:
-    path: str
-    format: str = "auto"
-    text_field: str = "text"
-    max_seq_length: int = 512
-    train_on_prompt: bool = False
-    max_samples: int | None = None
-
-
-def load_rows(path: str | Path) -> list[dict[str, Any]]:
-    """Rows of a .jsonl/.json/.csv/.parquet file, as dicts."""
-    path = Path(path)
-    suffix = path.suffix.lower()
-    if not path.exists():
-        raise DataError(f"dataset {path} not found; check data.train_file / data.eval_file")
-    if suffix in {".jsonl", ".ndjson"}:
-        rows = []
-        with open(path, encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                if line.strip():
-                    try:
-                        rows.append(json.loads(line))
-                    except ValueError as exc:
-                        raise DataError(
-                            f"{path}:{n}: not valid JSON ({getattr(exc, 'msg', exc)}); "
-                            "fix or remove that line"
-                        ) from None
-        return rows
-    if suffix == ".json":
-        data = json.loads(path.read_text(encoding="utf-8"))
-        if isinstance(data, dict):
-            for key in ("data", "rows", "train"):
-                if isinstance(data.get(key), list):
-                    return data[key]
-        if not isinstance(data, list):
-            raise DataError(f"{path}: expected a JSON list of objects")
-        return data
-    if suffix in {".csv", ".parquet"}:
-        import datasets
-
-        kind = "csv" if suffix == ".csv" else "parquet"
-        ds = datasets.load_dataset(kind, data_files=str(path), split="train")
-        return [dict(r) for r in ds]
-    raise DataError(f"{path}: unsupported file type {suffix!r}; use .jsonl, .json, .csv or .parquet")
-
-
-def detect_format(rows: list[dict[str, Any]], text_field: str = "text") -> str:
-    if not rows:
-        raise DataError("the dataset is empty")
-    keys = set(rows[0])
-    if "messages" in keys:
-        return "messages"
-    if {"instruction", "output"} <= keys:
-        return "instruction"
-    if text_field in keys:
-        return "text"
-    raise DataError(
-        f"cannot tell the data format from the columns {sorted(keys)}; expected '{text_field}', "
-        "'instruction'/'input'/'output' or 'messages' (or set data.format and data.text_field)"
-    )
-
-
-def _encode_pair(tok: Any, prompt: str, answer: str, spec: DataSpec) -> dict[str, list[int]]:
-    p_ids = tok(prompt, add_special_tokens=False).input_ids
-    if tok.bos_token_id is not None:
-        p_ids = [tok.bos_token_id, *p_ids]
-    a_ids = tok(answer, add_special_tokens=False).input_ids
-    if tok.eos_token_id is not None:
-        a_ids = [*a_ids, tok.eos_token_id]
-    ids = (p_ids + a_ids)[: spec.max_seq_length]
-    labels = (p_ids if spec.train_on_prompt else [IGNORE_INDEX] * len(p_ids)) + a_ids
-    return {"input_ids": ids, "labels": labels[: spec.max_seq_length]}
-
-
-def _encode_messages(tok: Any, messages: list[dict[str, str]], spec: DataSpec) -> dict[str, list[int]]:
-    if not getattr(tok, "chat_template", None):
-        raise DataError(
-            "the messages format needs a tokenizer with a chat template; use format text or instruction"
-        )
-    ids: list[int] = []
-    labels: list[int] = []
-    for i, msg in enumerate(messages):
-        rendered = tok.apply_chat_template(messages[: i + 1], tokenize=True, add_generation_prompt=False)
-        # transformers 5 returns a BatchEncoding (a mapping); older versions a plain list.
-        rendered = list(rendered if isinstance(rendered, list) else rendered["input_ids"])
-        new = rendered[len(ids) :]
-        ids.extend(new)
-        train_this = msg.get("role") == "assistant" or spec.train_on_prompt
-        labels.extend(new if train_this else [IGNORE_INDEX] * len(new))
-    return {"input_ids": ids[: spec.max_seq_length], "labels": labels[: spec.max_seq_length]}
-
-
-def encode_row(tok: Any, row: dict[str, Any], fmt: str, spec: DataSpec) -> dict[str, list[int]]:
-    if fmt == "text":
-        ids = tok(str(row.get(spec.text_field) or ""), add_special_tokens=False).input_ids
-        if tok.bos_token_id is not None:
-            ids = [tok.bos_token_id, *ids]
-        if tok.eos_token_id is not None:
-            ids = [*ids, tok.eos_token_id]
-        ids = ids[: spec.max_seq_length]
-        return {"input_ids": ids, "labels": list(ids)}
-    if fmt == "instruction":
-        inp = str(row.get("input") or "")
-        prompt = PROMPT_TEMPLATE.format(
-            instruction=row.get("instruction") or "", input_block=f"### Input:\n{inp}\n" if inp else ""
-        )
-        return _encode_pair(tok, prompt, str(row.get("output") or ""), spec)
-    if fmt == "messages":
-        return _encode_messages(tok, list(row.get("messages") or []), spec)
-    raise DataError(f"unknown data format {fmt!r}")
 
 
 def load_tokenizer(name_or_path: str, trust_remote_code: bool = False) -> Any:
@@ -174,6 +53,7 @@ def cache_key(spec: DataSpec, tok: Any, fmt: str) -> str:
                 spec.train_on_prompt,
                 spec.max_samples,
                 PROMPT_TEMPLATE,
+                ROWS_READER,
                 tokenizer_fingerprint(tok),
             ]
         ).encode()
@@ -214,7 +94,7 @@ def build_dataset(tok: Any, spec: DataSpec, cache: bool = True) -> Any:
     for i, row in enumerate(rows):
         enc: dict[str, Any] = encode_row(tok, row, fmt, spec)
         enc[SAMPLE_ID] = i
-        enc[SAMPLE_HASH] = _hash_ids(enc["input_ids"])
+        enc[SAMPLE_HASH] = sample_hash(enc["input_ids"])
         encoded.append(enc)
     ds = datasets.Dataset.from_list(encoded)
     if target is not None:

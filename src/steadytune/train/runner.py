@@ -17,6 +17,7 @@ import torch
 from transformers import AutoModelForCausalLM, Trainer, TrainerCallback, TrainingArguments
 
 from steadytune.config.schema import SteadytuneConfig
+from steadytune.data.encode import IGNORE_INDEX, DataSpec
 from steadytune.guard.core import Guard
 from steadytune.guard.faults import Faults
 from steadytune.guard.hf import GuardCallback, load_keeping_this_runs_lr
@@ -24,16 +25,12 @@ from steadytune.layerwise import groups_of
 from steadytune.policy.restart import is_oom_message
 from steadytune.protocol import WorkerEvent
 from steadytune.records import PlanRevision
-from steadytune.train.data import (
-    IGNORE_INDEX,
-    SAMPLE_HASH,
-    SAMPLE_ID,
-    DataSpec,
-    build_dataset,
-    load_tokenizer,
-)
+from steadytune.train.data import SAMPLE_HASH, SAMPLE_ID, build_dataset, load_tokenizer
 from steadytune.train.optim import LrPlan, group_summary, param_groups
-from steadytune.train.sampling import SkipSampler
+from steadytune.train.sampling import Batching, DataPosition, SkipSampler, advance, place
+
+# The key of the run's place in its sample order in a checkpoint's trainer_state.json (stateful_callbacks).
+DATA_POSITION = "steadytune_data_position"
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -77,6 +74,12 @@ class Collator:
         return batch
 
 
+def _stateful(state: Any) -> dict[str, Any]:
+    """The states saved with a checkpoint: a dict once the TrainerState exists (typed as its input list)."""
+    callbacks: dict[str, Any] = state.stateful_callbacks
+    return callbacks
+
+
 def _label_tokens(inputs: dict[str, Any]) -> int:
     """Tokens that carry loss in a causal LM batch (labels shift by one)."""
     labels = inputs.get("labels")
@@ -111,6 +114,10 @@ class GuardedTrainer(Trainer):
         self.st_skip = skip_ids or set()
         self._st_step_inputs: list[tuple[dict[str, Any], Any]] = []
         self._st_step_of_inputs = -1
+        self._st_sampler: SkipSampler | None = None
+        # (global step, data position) where this train() call started: every later position follows.
+        self._st_anchor = (0, DataPosition())
+        self._st_horizon: int | None = None  # the steps an epoch-based resume trains to
 
     def create_optimizer(self, model: Any = None) -> Any:
         """The HF optimizer, with one param group per configured LR group when there are any."""
@@ -136,7 +143,64 @@ class GuardedTrainer(Trainer):
         ds = train_dataset if train_dataset is not None else self.train_dataset
         if ds is None or SAMPLE_ID not in getattr(ds, "column_names", ()):
             return super()._get_train_sampler(train_dataset)
-        return SkipSampler(ds[SAMPLE_ID], seed=self.args.seed, skip=self.st_skip)
+        self._st_sampler = SkipSampler(ds[SAMPLE_ID], seed=self.args.seed, skip=self.st_skip)
+        return self._st_sampler
+
+    def _st_batching(self) -> Batching:
+        return Batching(self._train_batch_size, self.args.gradient_accumulation_steps, self.args.world_size)
+
+    def data_position(self) -> DataPosition:
+        """Where the run stands in its sample order after ``state.global_step`` steps."""
+        assert self._st_sampler is not None  # only asked for where the sampler is ours
+        step, position = self._st_anchor
+        return advance(position, self.state.global_step - step, self._st_sampler.kept, self._st_batching())
+
+    def _init_training_state(
+        self,
+        max_steps: int,
+        num_update_steps_per_epoch: int,
+        num_train_epochs: int,
+        resume_from_checkpoint: str | None,
+        trial: Any,
+    ) -> tuple[int, int]:
+        """Place a resume by the checkpoint's data position, not by the HF arithmetic (docs/recovery.md)."""
+        placed = super()._init_training_state(
+            max_steps, num_update_steps_per_epoch, num_train_epochs, resume_from_checkpoint, trial
+        )
+        sampler = self._st_sampler
+        if sampler is None:
+            return placed
+        step = self.state.global_step
+        batching = self._st_batching()
+        saved = _stateful(self.state).get(DATA_POSITION) if resume_from_checkpoint else None
+        if saved is not None:
+            position = DataPosition(int(saved["epoch"]), int(saved["offset"]))
+        else:
+            # No position saved (a fresh start, or a checkpoint from before positions were): as if the
+            # present skip list had applied from the first step.
+            position = advance(DataPosition(), step, sampler.kept, batching)
+        tail = sum(sampler.kept(position.epoch)[position.offset :])
+        placement = place(position, step, tail, len(sampler), num_update_steps_per_epoch, batching)
+        sampler.start_at(position, placement, batching)
+        self._st_anchor = (step, position)
+        self._st_horizon = None
+        if self.args.max_steps <= 0 and step:
+            # An epoch-based run trains its epochs to their end. HF counts its steps as epochs x the
+            # steps of an epoch now, which falls short where the epochs behind it were longer.
+            steps = num_update_steps_per_epoch
+            done = position.epoch * steps + steps - batching.steps(tail)
+            self._st_horizon = self.state.max_steps = step + max(0, max_steps - done)
+        return placement.epoch, placement.lead_batches
+
+    def create_scheduler(self, num_training_steps: int, optimizer: Any = None) -> Any:
+        # An epoch-based resume may have more steps to go than HF counted (_init_training_state).
+        return super().create_scheduler(self._st_horizon or num_training_steps, optimizer)
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        if self._st_sampler is not None:
+            at = self.data_position()
+            _stateful(self.state)[DATA_POSITION] = {"epoch": at.epoch, "offset": at.offset}
+        super()._save_checkpoint(model, trial)
 
     def compute_loss(
         self, model: Any, inputs: dict[str, Any], return_outputs: bool = False, num_items_in_batch: Any = None

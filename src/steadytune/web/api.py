@@ -6,10 +6,10 @@ without a server. Non-finite floats become ``null`` (JSON has no NaN).
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-from steadytune.records import Event, PlanRevision, to_dict
+from steadytune.detect.build import layer_limits
+from steadytune.records import Event, PlanRevision, json_safe, to_dict
 from steadytune.telemetry.store import GPU_METRICS, STEP_METRICS, SYSTEM_METRICS, Series
 from steadytune.web import heatmap
 from steadytune.web.runs import RunEntry, RunsIndex
@@ -17,14 +17,14 @@ from steadytune.web.runs import RunEntry, RunsIndex
 MAX_POINTS = 4000
 
 
+def _gap(_: float) -> None:
+    return None
+
+
 def clean(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: clean(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [clean(v) for v in value]
-    return value
+    """``value`` for the page: NaN/Inf become ``null``, a gap the charts leave undrawn (the run's
+    events and the heat map say what was not finite)."""
+    return json_safe(value, _gap)
 
 
 def event_dict(e: Event) -> dict[str, Any]:
@@ -146,10 +146,14 @@ def series(
 def gradflow(
     entry: RunEntry, points: int = 400, lo: float | None = None, hi: float | None = None
 ) -> dict[str, Any]:
-    """The gradient-flow heat map of one run (layers × recorded steps), see :mod:`.heatmap`."""
+    """The gradient-flow heat map of one run (layers × recorded steps), see :mod:`.heatmap`.
+
+    Cells are judged by the run's own ``detect.grad.layer_*`` limits, as its detector judged them.
+    """
     store = entry.store()
     version = store.version
-    return clean({"version": version, **heatmap.build(store.gradflow(lo, hi), points)})
+    limits = layer_limits(entry.detect_config())
+    return clean({"version": version, **heatmap.build(store.gradflow(lo, hi), points, limits)})
 
 
 def gradhist(entry: RunEntry, step: int) -> dict[str, Any]:
@@ -185,6 +189,8 @@ def gradflow_since(entry: RunEntry, version: int) -> dict[str, Any] | None:
     return clean(
         {
             "since": max(r.version for r in rows),
-            **heatmap.build(sorted(rows, key=lambda r: r.step), len(rows)),
+            **heatmap.build(
+                sorted(rows, key=lambda r: r.step), len(rows), layer_limits(entry.detect_config())
+            ),
         }
     )

@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
-from steadytune.web.runs import RunEntry, RunsIndex, read_pointer
+from steadytune.web.runs import RunEntry, RunsIndex
 
 STATES = ("starting", "running", "restarting", "paused", "completed", "failed", "stopped", "unknown")
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
@@ -184,7 +184,7 @@ def _run_families(f: _Scrape, entry: RunEntry, now: float) -> None:
             f.add("gpu_power_watts", g.get("power_w"), **labels)
 
     ckpts = entry.checkpoints()
-    latest_name = ckpts["latest"] or read_pointer(entry.dir.latest_pointer)
+    latest_name = ckpts["latest"]
     items = ckpts["items"]
     f.add("checkpoints_verified", sum(1 for c in items if c["verified"]), run=run)
     newest = next((c for c in items if c["name"] == latest_name), items[-1] if items else None)

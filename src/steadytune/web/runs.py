@@ -19,7 +19,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from steadytune.checkpoint.manifest import MANIFEST, ManifestError, load_manifest
+import yaml
+from pydantic import ValidationError
+
+from steadytune.checkpoint.manifest import MANIFEST, verify
+from steadytune.checkpoint.store import pointer_name
+from steadytune.config.detect import DetectConfig
 from steadytune.rundir import RunDir, valid_run_id
 from steadytune.telemetry.jsonl import within_depth
 from steadytune.telemetry.store import RunStore
@@ -38,60 +43,29 @@ def read_json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) and within_depth(data) else None
 
 
-def read_pointer(path: Path) -> str | None:
-    try:
-        text = path.read_text(encoding="utf-8").strip()
-    except OSError:
-        return None
-    return text or None
-
-
 def checkpoint_info(ckpt_dir: Path) -> dict[str, Any]:
     """What the dashboard says about one checkpoint; ``verified`` = manifest matches the files.
 
-    The check is manifest-present + every listed file present with its size; the
-    sha256 check belongs to the checkpoint module and is too slow for a page. The
-    manifest is read by the checkpoint module's validating reader: one that names a
-    file outside the checkpoint is invalid, and no size of such a file is reported.
+    The checkpoint module's size check (``verify(deep=False)``): the sha256 of every file
+    is what resume checks, and too slow for a page refreshed every few seconds.
     """
-    info: dict[str, Any] = {
-        "name": ckpt_dir.name,
-        "verified": False,
-        "step": None,
-        "ts": None,
-        "size_bytes": None,
-    }
-    try:
-        manifest = load_manifest(ckpt_dir)
-    except ManifestError as exc:
-        info["problem"] = str(exc)
-        return info
-    data = manifest.data
-    info["step"] = data.get("step")
-    info["ts"] = data.get("ts") or data.get("created_ts") or data.get("created")
-    if info["ts"] is None:
+    verdict = verify(ckpt_dir, deep=False)
+    data = verdict.manifest.data if verdict.manifest is not None else {}
+    ts = data.get("ts") or data.get("created_ts") or data.get("created")
+    if ts is None and verdict.manifest is not None:
         try:
-            info["ts"] = (ckpt_dir / MANIFEST).stat().st_mtime
+            ts = (ckpt_dir / MANIFEST).stat().st_mtime
         except OSError:
             pass
-    total = 0
-    for rel, meta in manifest.files.items():
-        try:
-            size = None if meta.get("size") is None else int(meta["size"])
-        except (TypeError, ValueError):
-            info["problem"] = f"MANIFEST.json is malformed: the size of {rel} is not a number"
-            return info
-        try:
-            actual = (ckpt_dir / rel).stat().st_size
-        except OSError:
-            info["problem"] = f"missing {rel}"
-            return info
-        if size is not None and size != actual:
-            info["problem"] = f"size of {rel} is {actual}, manifest says {size}"
-            return info
-        total += actual
-    info["size_bytes"] = total
-    info["verified"] = bool(data.get("verified", True))
+    info: dict[str, Any] = {
+        "name": ckpt_dir.name,
+        "verified": verdict.ok and bool(data.get("verified", True)),
+        "step": verdict.step,
+        "ts": ts,
+        "size_bytes": verdict.total_bytes if verdict.ok else None,
+    }
+    if not verdict.ok:
+        info["problem"] = verdict.reason
     return info
 
 
@@ -107,6 +81,7 @@ class RunEntry:
         self._sizes: tuple[int, ...] = ()
         self._lock = threading.Lock()
         self._ckpt_cache: dict[str, tuple[float, dict[str, Any]]] = {}
+        self._detect_cache: tuple[tuple[int, int], DetectConfig] | None = None
 
     @property
     def run_id(self) -> str:
@@ -172,8 +147,8 @@ class RunEntry:
 
     def checkpoints(self) -> dict[str, Any]:
         root = self.dir.checkpoints
-        latest = read_pointer(self.dir.latest_pointer)
-        last_good = read_pointer(self.dir.last_good_pointer)
+        latest = pointer_name(self.dir.latest_pointer)
+        last_good = pointer_name(self.dir.last_good_pointer)
         items = []
         try:
             dirs = sorted(
@@ -196,6 +171,31 @@ class RunEntry:
             items.append(info)
         items.sort(key=lambda c: (c["step"] is None, c["step"] or 0, c["name"]))
         return {"latest": latest, "last_good": last_good, "items": items}
+
+    def detect_config(self) -> DetectConfig:
+        """The run's own ``detect:`` thresholds, from the config.yaml its supervisor wrote.
+
+        The defaults when the run has none (a watched log, an imported run) or it does not
+        load: the page then marks what a default run's detectors would report.
+        """
+        path = self.dir.config
+        try:
+            st = path.stat()
+        except OSError:
+            return DetectConfig()
+        # Size as well as time: a coarse clock may give a rewrite the same mtime.
+        stamp = (st.st_mtime_ns, st.st_size)
+        cached = self._detect_cache
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+            section = data.get("detect") if isinstance(data, dict) else None
+            cfg = DetectConfig.model_validate(section if isinstance(section, dict) else {})
+        except (OSError, yaml.YAMLError, ValidationError):
+            cfg = DetectConfig()
+        self._detect_cache = (stamp, cfg)
+        return cfg
 
     def close(self) -> None:
         with self._lock:

@@ -18,8 +18,8 @@ from rich.text import Text
 from steadytune.rundir import RunDir, valid_run_id
 from steadytune.telemetry.jsonl import tail_dicts
 from steadytune.telemetry.sampler import nvml_read
-from steadytune.web.downsample import sparkline
 from steadytune.web.runs import looks_like_run, read_json
+from steadytune.web.sparkline import sparkline
 
 NA = "N/A"
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from steadytune.preflight.dataset import IGNORE_INDEX, content_findings, scan_raw, show_lines, token_stats
-from steadytune.train.data import IGNORE_INDEX as TRAIN_IGNORE_INDEX
+from steadytune.data.encode import IGNORE_INDEX
+from steadytune.preflight.dataset import content_findings, scan_raw, show_lines, token_stats
 
 
 def write_lines(path: Path, lines: list[bytes]) -> Path:
@@ -65,7 +65,6 @@ def test_content_findings_per_format() -> None:
 
 
 def test_token_stats_truncation_masking_and_vocabulary() -> None:
-    assert IGNORE_INDEX == TRAIN_IGNORE_INDEX
     m = IGNORE_INDEX
     encoded = [
         {"input_ids": [1, 5, 6, 2], "labels": [m, m, 6, 2]},  # fine

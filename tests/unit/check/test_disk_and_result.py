@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from steadytune.config.detect import DetectConfig
-from steadytune.detect.system import SystemWatch
+from steadytune.detect.build import system_watch
 from steadytune.preflight.disk import projected_need, run_disk_need
 from steadytune.preflight.result import Check, PreflightReport, Recommendation, from_json, to_json
 from steadytune.records import SystemSample
@@ -33,8 +33,7 @@ def test_run_disk_need_measures_the_newest_checkpoint(tmp_path: Path) -> None:
 
 
 def test_disk_low_raises_when_the_coming_checkpoints_do_not_fit() -> None:
-    cfg = DetectConfig()
-    watch = SystemWatch(cfg.system, cfg.memory)
+    watch = system_watch(DetectConfig())
     sample = SystemSample(ts=1.0, disk_free_bytes=200 * GiB, disk_total_bytes=1000 * GiB)
     out: list = []
     watch.observe(sample, 5, out)

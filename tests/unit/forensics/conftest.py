@@ -49,8 +49,8 @@ def make_run(tmp_path: Path, tiny_model: Path) -> Callable[..., Path]:
         hash_rows: list[dict[str, Any]] | None = None,
         losses: dict[int, float] | None = None,
     ) -> Path:
+        from steadytune.data.encode import DataSpec, encode_row, sample_hash
         from steadytune.forensics.tokenizer import LightTokenizer
-        from steadytune.train.data import DataSpec, _hash_ids, encode_row
 
         data = tmp_path / "train.jsonl"
         data.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -69,7 +69,7 @@ def make_run(tmp_path: Path, tiny_model: Path) -> Callable[..., Path]:
         with open(run / "telemetry" / "rank-0.jsonl", "w") as f:
             for step, ids in steps:
                 hashes = tuple(
-                    f"{_hash_ids(encode_row(tok, source[i], 'instruction', spec)['input_ids']):015x}"
+                    f"{sample_hash(encode_row(tok, source[i], 'instruction', spec)['input_ids']):015x}"
                     for i in ids
                 )
                 loss = (losses or {}).get(step, 1.0)

@@ -74,7 +74,8 @@ def test_check_layers_flags_dead_vanishing_and_exploding():
         "layers.3": {"norm": 500.0, "zero_frac": 0.0},
         "lm_head": {"norm": float("nan"), "zero_frac": 0.0},
     }
-    found = check_layers(stats, step=40)
+    limits = {"vanish": 1e-3, "explode": 100.0, "dead_zero_frac": 0.9}
+    found = check_layers(stats, step=40, **limits)
     got = [(a.kind, a.metric) for a in found]
     assert got == [
         ("grad_vanishing", "grad_norm/layers.1"),
@@ -88,7 +89,9 @@ def test_check_layers_flags_dead_vanishing_and_exploding():
         "norm": [s["norm"] for s in stats.values()],
         "zero_frac": [s["zero_frac"] for s in stats.values()],
     }
-    assert [(a.kind, a.metric) for a in check_layers(cols, step=40)] == got  # the stored shape works too
+    assert [
+        (a.kind, a.metric) for a in check_layers(cols, step=40, **limits)
+    ] == got  # the stored shape works too
 
 
 def test_should_record():

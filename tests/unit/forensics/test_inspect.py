@@ -111,30 +111,15 @@ from steadytune.telemetry.events import read_events
 run = RunDir(Path({run!r}))
 sup = Supervisor(load_config(run.config, check_paths=False), run, observers=[])
 cause = sup.emit("anomaly", "nan_loss", "nan at step 2", severity="critical", step=2)
-sup.inspect_batch(2, cause)  # what the supervisor's background thread runs after a NaN or a spike
+sup.actions.inspect_batch(2, cause)  # what the supervisor's background thread runs after a NaN or a spike
 (done,) = [e for e in read_events(run.events) if e.name == "batch_inspected"]
 assert done.data.get("verdict") == "bad" and done.data["anomaly_seq"] == cause.seq, done
 """
 
 
-@pytest.mark.parametrize(
-    "data_format",
-    [
-        "jsonl",
-        pytest.param(
-            "csv",
-            marks=pytest.mark.xfail(
-                strict=True,
-                raises=HeavyImport,
-                reason="train/data.py reads .csv/.parquet with `datasets` (pyarrow, pandas) inside the "
-                "supervisor; "
-                "a torch-free reader for them is a separate refactor",
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("data_format", ["jsonl", "csv"])
 def test_the_supervisors_inspect_batch_stays_torch_and_datasets_free(make_run, data_format):
-    """Supervisor.inspect_batch, the path a NaN or a spike takes in the supervisor process."""
+    """Actions.inspect_batch, the path a NaN or a spike takes in the supervisor process."""
     import csv
 
     import yaml

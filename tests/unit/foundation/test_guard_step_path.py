@@ -20,8 +20,8 @@ from steadytune.records import (
     PlanRevision,
     StepRecord,
     SystemSample,
-    _clean,
     from_json,
+    json_safe,
     to_dict,
 )
 from steadytune.rundir import RunDir
@@ -32,7 +32,7 @@ from steadytune.telemetry.stream import iter_records
 def reference_dict(record: Any) -> dict[str, Any]:
     """The definition to_dict must keep: asdict, None dropped at the top, non-finite as strings."""
     body = {k: v for k, v in dataclasses.asdict(record).items() if v is not None}
-    return {"type": _TAGS[type(record)], **_clean(body)}
+    return {"type": _TAGS[type(record)], **json_safe(body)}
 
 
 RECORDS = [

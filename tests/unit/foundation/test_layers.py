@@ -17,7 +17,9 @@ FLOORS: dict[str, int] = {
     **dict.fromkeys(
         ("records", "protocol", "rundir", "kinds", "units", "layers", "layerwise", "secretfile", "config"), 0
     ),
-    **dict.fromkeys(("detect", "policy", "checkpoint", "telemetry", "estimate", "alerts", "importers"), 1),
+    **dict.fromkeys(
+        ("data", "detect", "policy", "checkpoint", "telemetry", "estimate", "alerts", "importers"), 1
+    ),
     **dict.fromkeys(("guard", "train", "inject", "engines"), 2),
     **dict.fromkeys(("supervise", "server", "web", "preflight", "quant", "forensics", "drill", "cli"), 3),
 }

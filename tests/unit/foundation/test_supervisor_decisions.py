@@ -53,17 +53,17 @@ def test_last_good_waits_for_a_healthy_window_and_skips_a_checkpoint_trouble_fol
     checkpoint(sup, 10)
     for n in range(1, 13):
         step(sup, n)
-    sup.update_last_good()
+    sup.books.update_last_good()
     assert read_pointer(sup.run.last_good_pointer) is None  # step 12: the window after 10 is not over
     step(sup, 13)
-    sup.update_last_good()
+    sup.books.update_last_good()
     assert read_pointer(sup.run.last_good_pointer).name == "checkpoint-10"
 
     checkpoint(sup, 20)
     sup.trouble_steps.append(22)  # e.g. a NaN two steps after checkpoint-20
     for n in range(14, 30):
         step(sup, n)
-        sup.update_last_good()
+        sup.books.update_last_good()
     assert read_pointer(sup.run.last_good_pointer).name == "checkpoint-10"  # never 20
 
     checkpoint(sup, 30)
@@ -71,7 +71,7 @@ def test_last_good_waits_for_a_healthy_window_and_skips_a_checkpoint_trouble_fol
     sup.trouble_steps.append(34)  # and after the window it says nothing about the checkpoint
     for n in range(30, 34):
         step(sup, n)
-    sup.update_last_good()
+    sup.books.update_last_good()
     assert read_pointer(sup.run.last_good_pointer).name == "checkpoint-30"
 
 
@@ -81,7 +81,7 @@ def test_last_good_on_completion_and_never_a_missing_directory(tmp_path: Path) -
     sup.checkpoint_steps.append(20)  # announced, but its directory is gone (retention, or a torn save)
     for n in range(1, 25):
         step(sup, n)
-    sup.update_last_good()
+    sup.books.update_last_good()
     assert read_pointer(sup.run.last_good_pointer).name == "checkpoint-10"
     checkpoint(sup, 25)
     # The run completes at step 25: its last checkpoint needs no window after it.
@@ -98,7 +98,7 @@ def test_an_older_pointer_is_not_moved_back(tmp_path: Path) -> None:
     write_pointer(sup.run.last_good_pointer, sup.run.checkpoints / "checkpoint-20")
     for n in range(1, 30):
         step(sup, n)
-    sup.update_last_good()
+    sup.books.update_last_good()
     assert read_pointer(sup.run.last_good_pointer).name == "checkpoint-20"
 
 
@@ -173,13 +173,13 @@ def test_a_second_ctrl_c_kills_a_worker_the_first_could_not_stop(tmp_path: Path,
     sup = supervisor(tmp_path)
     sup.stop_grace_s = 3600.0  # only the second Ctrl-C can end this worker
     worker = stubborn(sup, started)
-    sup.on_signal(signal.SIGINT)
+    sup.controls.on_signal(signal.SIGINT)
     assert (
         sup.state == "stopping" and worker.poll() is None
     )  # asked to stop (control file + SIGTERM): ignored
     (stop,) = [e for e in read_events(sup.run.events) if e.kind == "control" and e.name == "stop"]
     assert stop.data["issuer"] == "signal SIGINT"
-    sup.on_signal(signal.SIGINT)
+    sup.controls.on_signal(signal.SIGINT)
     info = sup.supervise_attempt()
     assert info.returncode == -signal.SIGKILL and info.interrupted
     decision = decide(info, [], 0, 3)
@@ -192,7 +192,7 @@ def test_a_worker_that_ignores_stop_is_killed_after_the_grace_period(tmp_path: P
     said: list[str] = []
     sup.say = lambda text, style=None: said.append(text)
     worker = stubborn(sup, started)
-    sup.request_stop("operator")
+    sup.controls.request_stop("operator")
     info = sup.supervise_attempt()  # returns only once the worker is gone
     assert worker.poll() == info.returncode == -signal.SIGKILL and info.interrupted
     assert "the worker did not stop in time: killing it" in said
@@ -211,7 +211,7 @@ def test_a_save_the_worker_refused_for_lack_of_disk_is_acted_on_as_configured(
     policy = {"rules": {"disk_low": {"action": action}}} if action != "alert" else {}
     sup = supervisor(tmp_path, policy=policy)
     done: list = []
-    sup.execute = lambda a, cause=None: done.append(a)  # type: ignore[method-assign]
+    sup.actions.execute = lambda a, cause=None: done.append(a)  # type: ignore[method-assign]
     step(sup, 40)
     sup.handle(Event(ts=41.0, kind="anomaly", name="disk_low", severity="critical", step=40,
                      message="checkpoint at step 40 skipped: only 4 MiB free"))  # fmt: skip

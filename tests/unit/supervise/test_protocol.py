@@ -25,7 +25,7 @@ from steadytune.protocol import (
 from steadytune.records import Event
 from steadytune.rundir import RunDir
 from steadytune.supervise.control import send_control
-from steadytune.supervise.supervisor import Supervisor
+from steadytune.supervise.worker_events import WorkerEvents
 from steadytune.telemetry.events import read_events
 from tests.unit.foundation.test_supervisor_decisions import supervisor
 
@@ -48,8 +48,8 @@ EMITTERS = [
 
 def test_every_worker_event_has_its_handler_on_the_supervisor() -> None:
     for event in WorkerEvent:
-        handler = getattr(Supervisor, event.handler, None)
-        assert callable(handler), f"Supervisor has no {event.handler} for {event.value!r}"
+        handler = getattr(WorkerEvents, event.handler, None)
+        assert callable(handler), f"WorkerEvents has no {event.handler} for {event.value!r}"
         assert list(inspect.signature(handler).parameters) == ["self", "ev", "filed"], event
 
 
@@ -156,7 +156,7 @@ def test_worker_events_are_dispatched_by_name_and_unknown_ones_still_filed(tmp_p
 
 def test_an_acknowledged_checkpoint_after_a_leak_asks_for_the_allocator_snapshot(tmp_path: Path) -> None:
     sup = supervisor(tmp_path)
-    sup._leak_snapshot_pending = True
+    sup.leak_snapshot_pending = True
     sup.handle(Event(ts=1.0, kind="control", name="ack_checkpoint", data={"request_id": "r1"}))
     sup.handle(Event(ts=2.0, kind="control", name="ack_checkpoint", data={"request_id": "r2"}))
     (req,) = RequestQueue(sup.run.control).new()  # once, not at every checkpoint
@@ -253,25 +253,25 @@ def test_the_supervisor_files_operator_requests_once_and_resumes_a_paused_run(tm
     send_control(sup.run, "checkpoint", "alice (dashboard, 127.0.0.1)", new_id=ids("a"))
     send_control(sup.run, "checkpoint", "policy:loss_spike", attempt=0, log=sup.events, new_id=ids("p"))
     send_control(sup.run, "resume", "bob (cli)", new_id=ids("r"))
-    sup.poll_operator()
-    sup.poll_operator()
+    sup.controls.poll()
+    sup.controls.poll()
     filed = [(e.name, e.data["issuer"], e.data["request_id"]) for e in read_events(sup.run.events)]
     assert filed == [
         ("checkpoint", "policy:loss_spike", "p"),  # filed by the supervisor when it sent it
         ("checkpoint", "alice (dashboard, 127.0.0.1)", "a"),
         ("resume", "bob (cli)", "r"),
     ]
-    assert not sup._resume_requested  # running, not paused: nothing to resume
+    assert not sup.controls.resume_requested  # running, not paused: nothing to resume
     sup.state = "paused"
     send_control(sup.run, "resume", "bob (cli)", new_id=ids("r2"))
-    sup.poll_operator()
-    assert sup._resume_requested
+    sup.controls.poll()
+    assert sup.controls.resume_requested
 
 
 def test_a_new_worker_starts_on_an_empty_queue_and_what_was_queued_is_filed(tmp_path: Path) -> None:
     sup = supervisor(tmp_path)
     send_control(sup.run, "pause", "alice (cli)", args={"mode": "hold"}, new_id=ids("late"))
-    sup.drop_stale_requests()
+    sup.controls.drop_stale_requests()
     assert request_names(sup.run.control) == []
     (event,) = read_events(sup.run.events)
     assert (event.name, event.data["request_id"], event.data["args"]) == ("pause", "late", {"mode": "hold"})

@@ -21,10 +21,11 @@ from steadytune.engines.groups import (
 )
 from steadytune.engines.ray_driver import cluster_address, passed_env, trainer_kwargs
 from steadytune.protocol import WorkerEvent
-from steadytune.records import Event, PlanRevision, from_json
+from steadytune.records import Event, PlanRevision, StepRecord, from_json
 from steadytune.rundir import RunDir
 from steadytune.supervise.ray_source import driver_command, group_revision
 from steadytune.supervise.supervisor import Supervisor
+from steadytune.telemetry.events import read_events
 
 
 def config(tmp_path: Path, **ray: object) -> dict:
@@ -178,6 +179,16 @@ def test_a_resize_and_a_restart_are_plan_revisions_with_their_world_size(tmp_pat
     assert revisions[2].resume_checkpoint == c4 and "1 → 2" in revisions[2].notes
     filed = [json.loads(x) for x in sup.run.events.read_text().splitlines()]
     assert [e["data"]["world_size"] for e in filed if e["name"] == "worker_group_started"] == [1, 2, 1]
+
+
+def test_the_first_step_of_a_new_group_must_continue_its_checkpoint(tmp_path: Path) -> None:
+    sup = supervisor(tmp_path)
+    sup.write_plan(sup.plan)
+    c4 = str(ckpt(sup.run.checkpoints, 4, attempt=0))
+    sup.handle(group_event(1, 2, RESTART, c4, before=1))
+    sup.handle(StepRecord(step=2, ts=2.0, attempt=1, loss=1.4, epoch=0.5))  # started over, not from step 4
+    (mismatch,) = [e for e in read_events(sup.run.events) if e.name == "resume_mismatch"]
+    assert "step 2, not after the checkpoint's step 4" in mismatch.message
 
 
 # -- the driver's arguments --------------------------------------------------------------------------

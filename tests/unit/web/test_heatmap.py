@@ -33,7 +33,7 @@ def test_cell_states_mark_exactly_what_check_layers_reports() -> None:
     norms = [0.0, 1e-4, 1e-3, 0.5, 100.0, 101.0, math.inf, math.nan]
     zeros = [0.0, 0.9, 0.95]
     for layer, norm, zf in itertools.product(("embeddings", "layers.3"), norms, zeros):
-        flagged = check_layers({layer: {"norm": norm, "zero_frac": zf}})
+        flagged = check_layers({layer: {"norm": norm, "zero_frac": zf}}, **heatmap.DEFAULT_LIMITS)
         state = cell_state(layer, norm, zf)
         assert (state != OK) == bool(flagged), (layer, norm, zf, state, flagged)
         if flagged:
@@ -119,6 +119,32 @@ def test_api_serves_the_heat_map_and_live_increments(tmp_path: Path) -> None:
         live = api.gradflow_since(entry, v50)
         assert live is not None and [c["first"] for c in live["columns"]] == [100] and live["bucket"] == 1
         assert api.gradflow_since(entry, live["since"]) is None
+    finally:
+        index.close()
+
+
+def test_a_run_with_its_own_layer_limits_is_marked_and_labelled_by_them(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    run = _run_with_gradflow(runs)
+    # The supervisor writes the resolved config beside the telemetry; only detect: matters here.
+    run.config.write_text(
+        "run:\n  name: r1\ndetect:\n  grad:\n    layer_vanish_norm: 0.2\n    layer_explode_norm: 1.0e+6\n"
+        "    layer_dead_zero_frac: 0.99\n",
+        encoding="utf-8",
+    )
+    index = RunsIndex(runs, cache_dir=tmp_path / "cache")
+    try:
+        entry = index.get("r1")
+        assert entry is not None
+        entry.refresh()
+        hm = api.gradflow(entry)
+        assert hm["thresholds"] == {"vanish_norm": 0.2, "explode_norm": 1e6, "zero_frac": 0.99}
+        # 0.1 is below this run's vanish limit; embeddings at 98% zeros are under its dead share.
+        assert hm["columns"][0]["state"] == [OK, OK, VANISHING, EXPLODING]
+        live = api.gradflow_since(entry, 0)
+        assert live is not None and live["thresholds"] == hm["thresholds"]
+        run.config.write_text("detect: {grad: {layer_vanish_norm: -1}}\n", encoding="utf-8")
+        assert api.gradflow(entry)["thresholds"]["vanish_norm"] == 1e-3  # unreadable: the defaults
     finally:
         index.close()
 

@@ -7,8 +7,6 @@
   const ST = (window.steadytune = window.steadytune || {});
 
   const cssVar = ST.cssVar;
-  function minN(a, b) { return a === null ? b : b === null ? a : Math.min(a, b); }
-  function maxN(a, b) { return a === null ? b : b === null ? a : Math.max(a, b); }
   const PLOT_HEIGHT = 190;
   const clean = (v) => (v === undefined || (typeof v === "number" && !isFinite(v)) ? null : v);
 
@@ -25,21 +23,6 @@
       this.x.push(x); this.y.push(v); this.lo.push(v); this.hi.push(v);
     }
     get length() { return this.x.length; }
-    // Halve the number of points by merging neighbours (min of lows, max of highs):
-    // a week-long live session stays as cheap to draw as the first minute.
-    compact() {
-      const n = Math.floor(this.x.length / 2);
-      const x = [], y = [], lo = [], hi = [];
-      for (let i = 0; i < n; i++) {
-        const a = 2 * i, b = a + 1;
-        x.push(this.x[b]);
-        y.push(this.y[b] ?? this.y[a]);
-        lo.push(minN(this.lo[a], this.lo[b]));
-        hi.push(maxN(this.hi[a], this.hi[b]));
-      }
-      if (this.x.length % 2) { const k = this.x.length - 1; x.push(this.x[k]); y.push(this.y[k]); lo.push(this.lo[k]); hi.push(this.hi[k]); }
-      this.x = x; this.y = y; this.lo = lo; this.hi = hi;
-    }
   }
 
   function nearest(xs, x) {
@@ -76,7 +59,9 @@
       const s = this.get(key);
       if (!s) return;
       s.push(x, y);
-      if (s.length > this.opts.maxPoints * 2) s.compact();
+      // Bucketing is the server's alone: a live chart grown past its budget asks the page
+      // to fetch the range again, re-bucketed, instead of merging points here.
+      if (s.length > this.opts.maxPoints * 2 && this.opts.onFull) this.opts.onFull();
       this.draw();
     }
     // Fill in the value at an x already drawn (an eval loss logged after its step); false if x is not there.

@@ -19,6 +19,8 @@
   // A norm as sent: a number, null (not recorded) or "nan"/"inf" (not finite).
   const finite = (v) => typeof v === "number" && isFinite(v);
   const showNorm = (v) => (v === null || v === undefined ? "–" : typeof v === "string" ? v.toUpperCase() : ST.fmt.num(v, 3));
+  // A threshold as the config writes it: 1e-3, 1e2, 5e-4.
+  const sci = (v) => v.toExponential().replace("e+", "e");
 
   class HeatMap {
     constructor(container, legend) {
@@ -41,13 +43,15 @@
       });
       this.canvas.addEventListener("dblclick", () => { if (this.onPick) this.onPick(null); });
     }
-    clear() { this.layers = []; this.columns = []; this.bucket = 1; this.total = 0; }
+    clear() { this.layers = []; this.columns = []; this.bucket = 1; this.total = 0; this.thresholds = null; }
     // The whole map from /gradflow.
     set(data) {
       this.layers = data.layers || [];
       this.columns = data.columns || [];
       this.bucket = data.bucket || 1;
       this.total = data.total || this.columns.length;
+      // The limits the server judged the cells by (the run's detect.grad.layer_*): the legend states them.
+      this.thresholds = data.thresholds || null;
       this.draw();
     }
     get lastStep() { return this.columns.length ? this.columns[this.columns.length - 1].last : -1; }
@@ -62,6 +66,7 @@
         this.columns.push(c);
         this.total += 1;
       }
+      if (data.thresholds) this.thresholds = data.thresholds;
       this.draw();
       return true;
     }
@@ -79,7 +84,11 @@
         const l = Math.log10(v);
         if (l < lo) lo = l; if (l > hi) hi = l;
       });
-      if (!isFinite(lo)) { lo = -3; hi = 2; }
+      if (!isFinite(lo)) {
+        // Nothing healthy to scale by: span the healthy band itself.
+        const t = this.thresholds;
+        lo = t ? Math.log10(t.vanish_norm) : -3; hi = t ? Math.log10(t.explode_norm) : 2;
+      }
       if (hi - lo < 1) { const m = (lo + hi) / 2; lo = m - 0.5; hi = m + 0.5; }
       return [lo, hi];
     }
@@ -144,7 +153,8 @@
     }
     _legend(d0, d1) {
       if (!this.legend) return;
-      const key = `${d0.toFixed(2)}:${d1.toFixed(2)}`;
+      const t = this.thresholds;
+      const key = `${d0.toFixed(2)}:${d1.toFixed(2)}:${t ? [t.vanish_norm, t.explode_norm, t.zero_frac].join(":") : ""}`;
       if (this.legend.dataset.key === key) return;
       this.legend.dataset.key = key;
       const bar = document.createElement("canvas");
@@ -154,8 +164,10 @@
       const sw = (cls) => ST.el("i", { class: `swatch ${cls}` });
       this.legend.replaceChildren(
         ST.el("span", {}, `grad norm ${ST.fmt.num(10 ** d0, 2)} `, bar, ` ${ST.fmt.num(10 ** d1, 2)} (log scale)`),
-        ST.el("span", {}, sw("vanish"), "dead / vanishing (< 1e-3, or > 90% zeros)"),
-        ST.el("span", {}, sw("explode"), "exploding (> 1e2 or not finite)"));
+        ST.el("span", { class: "legend-vanish" }, sw("vanish"),
+          t ? `dead / vanishing (< ${sci(t.vanish_norm)}, or > ${+(100 * t.zero_frac).toFixed(1)}% zeros)` : "dead / vanishing"),
+        ST.el("span", { class: "legend-explode" }, sw("explode"),
+          t ? `exploding (> ${sci(t.explode_norm)} or not finite)` : "exploding (or not finite)"));
     }
     _move(e) {
       const g = this.geom;

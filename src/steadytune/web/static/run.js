@@ -21,7 +21,7 @@
     const head = el("h3", {}, title, note);
     const wrap = el("div", { class: "card", id: `card-${id}` }, head, box);
     grid.append(wrap);
-    const c = new ST.Chart(box, opts);
+    const c = new ST.Chart(box, Object.assign({ onFull: scheduleRefetch }, opts));
     c.card = wrap;
     c.title = head.firstChild;
     charts[id] = c;

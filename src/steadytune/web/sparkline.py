@@ -1,37 +1,15 @@
-"""Downsampling for long series: min/max buckets and LTTB. Pure functions, no I/O.
+"""``top``'s sparklines: a loss tail drawn as one line of block characters. Pure, no I/O.
 
-The run store does the min/max bucketing in SQL for the dashboard; these are
-the in-memory versions, used where a series is already in hand (``top``'s
-sparklines, tests that check the SQL against them).
+The dashboard's charts are bucketed in one place only, the run store's SQL
+(:meth:`steadytune.telemetry.store.queries.Queries.step_series`: min/max/mean per
+bucket); the page draws those buckets as they come. A sparkline is a 20-character
+shape of a series already in hand, so it keeps shape and endpoints (LTTB) instead.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-
-
-def minmax(xs: Sequence[float], ys: Sequence[float], buckets: int) -> list[tuple[float, float]]:
-    """Keep the min and the max of each of ``buckets`` equal-count buckets, in x order.
-
-    A spike inside a bucket survives (unlike averaging), so a 1,000,000-point
-    loss curve drawn from 2×``buckets`` points still shows every excursion.
-    """
-    n = len(xs)
-    if n != len(ys):
-        raise ValueError(f"xs and ys differ in length: {n} != {len(ys)}")
-    if buckets <= 0 or n <= 2 * buckets:
-        return list(zip(xs, ys, strict=True))
-    out: list[tuple[float, float]] = []
-    for b in range(buckets):
-        lo, hi = b * n // buckets, (b + 1) * n // buckets
-        if lo >= hi:
-            continue
-        i_min = min(range(lo, hi), key=ys.__getitem__)
-        i_max = max(range(lo, hi), key=ys.__getitem__)
-        for i in sorted({i_min, i_max}):
-            out.append((xs[i], ys[i]))
-    return out
 
 
 def lttb(xs: Sequence[float], ys: Sequence[float], threshold: int) -> list[tuple[float, float]]:

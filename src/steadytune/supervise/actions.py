@@ -1,0 +1,211 @@
+"""What the supervisor does about what it sees: detector transitions meet the policy, actions are carried out.
+
+A raised anomaly is filed, may send the supervisor to look at the offending batch (inspect-batch,
+in a thread), and meets the policy; what the policy decides is carried out here, through what
+the run's source can do: a control request (checkpoint, pause, stop), a stop from outside for a
+job that takes none, a stop and relaunch in a new shape, or a rollback or restart (in process
+where the worker can reload, otherwise by killing it; the loop then restarts it from the plan).
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from typing import TYPE_CHECKING
+
+from steadytune.detect.live import Transition, format_transition
+from steadytune.policy.engine import Action
+from steadytune.records import Event
+from steadytune.supervise.restarts import anomaly_event_data
+from steadytune.supervise.scaling import SCALE_ACTIONS
+from steadytune.supervise.source import CONTROL, DATA, PLAN, SKIP_STEP
+
+if TYPE_CHECKING:
+    from steadytune.supervise.supervisor import Supervisor
+
+# After these, the supervisor looks at the offending batch by itself (inspect-batch).
+INSPECT_KINDS = frozenset({"nan_loss", "loss_spike", "loss_collapse", "divergence", "grad_explosion"})
+
+
+class Actions:
+    """Detection to policy to action; the run state an action changes stays the supervisor's."""
+
+    def __init__(self, sup: Supervisor) -> None:
+        self.sup = sup
+        self._inspected: set[int] = set()  # steps whose batch was looked at (at most 10 a run)
+
+    def on_transition(self, t: Transition) -> None:
+        sup = self.sup
+        a = t.anomaly
+        if t.state == "raised":
+            if a.severity in {"warning", "critical"}:
+                sup.trouble_steps.append(a.start_step)
+            event = sup.emit(
+                "anomaly",
+                a.kind,
+                format_transition(t),
+                severity=a.severity,
+                step=a.start_step,
+                data=anomaly_event_data(a),
+            )
+            if (
+                DATA in sup.source.abilities
+                and a.kind in INSPECT_KINDS
+                and a.start_step not in self._inspected
+                and len(self._inspected) < 10
+            ):
+                self._inspected.add(a.start_step)
+                threading.Thread(target=self.inspect_batch, args=(a.start_step, event), daemon=True).start()
+            # One incident often raises several anomalies at once (a spike, its gradients, its layers):
+            # once one of them stopped the worker, the others are already being handled.
+            action = sup.policy.on_raised(a, sup.progress.step) if sup.pending is None else None
+            if (
+                action is None
+                and sup.pending is None
+                and SKIP_STEP not in sup.source.abilities
+                and sup.policy.config.rule(a.kind).action == "skip_step"
+            ):
+                # The guard skips a NaN update inside the worker; a job without it has applied the
+                # update already, so the weights must come from a checkpoint.
+                action = sup.policy.instead(
+                    a,
+                    sup.progress.step,
+                    "rollback",
+                    f"the {sup.source.label} cannot skip the update",
+                )
+            if action is not None:
+                self.execute(action, cause=event)
+        else:
+            sup.policy.on_resolved(a)
+            sup.emit(
+                "resolved",
+                a.kind,
+                format_transition(t),
+                severity="info",
+                step=a.end_step,
+                data=anomaly_event_data(a),
+            )
+
+    def inspect_batch(self, step: int, cause: Event) -> None:
+        """Which samples made the bad step: filed as an event beside the anomaly (no sample text)."""
+        sup = self.sup
+        try:
+            from steadytune.forensics.inspect import inspect_step
+
+            verdict = inspect_step(sup.run, step)
+        except Exception as exc:  # forensics must never take the supervisor down
+            sup.emit(
+                "action", "batch_inspected", f"could not inspect the batch of step {step}: {exc}", step=step
+            )
+            return
+        sup.emit(
+            "action",
+            "batch_inspected",
+            f"batch of step {step}: {verdict.summary}",
+            step=step,
+            data={**verdict.event_data(), "anomaly_seq": cause.seq},
+        )
+
+    def execute(self, action: Action, cause: Event | None = None) -> None:
+        """Carry out what the policy decided. Restart-type actions stop the worker now."""
+        sup = self.sup
+        step = action.step
+        unable = self.unable(action.name)
+        if action.name == "alert" or unable:
+            why = (
+                action.reason if not unable else f"{action.name} is not available: {unable} ({action.reason})"
+            )
+            sup.emit("action", "alert_only", why, severity="warning", step=step, data=action.params)
+            return
+        if action.name in {"pause", "stop"} and CONTROL not in sup.source.abilities:
+            # A job that takes no requests is stopped from outside: what it saved is what there is.
+            sup.emit(
+                "action",
+                action.name,
+                f"{action.name}: {action.reason}; the {sup.source.label} takes no requests, so it is "
+                "stopped (its newest checkpoint stays)",
+                severity="warning",
+                step=step,
+                data={"anomaly": action.anomaly.kind if action.anomaly else None, **action.params},
+            )
+            if sup.worker is not None and sup.pending is None:
+                sup.pending = action
+                sup.worker.signal_tree(signal.SIGTERM)
+                sup.stop_sent_at = sup.clock()
+            return
+        sup.emit(
+            "action",
+            action.name,
+            f"{action.name}: {action.reason}",
+            severity="warning",
+            step=step,
+            data={"anomaly": action.anomaly.kind if action.anomaly else None, **action.params},
+        )
+        from steadytune.supervise.control import send_control
+
+        if action.name in {"checkpoint", "pause", "stop"}:
+            send_control(
+                sup.run,
+                action.name,
+                issuer=f"policy:{action.anomaly.kind if action.anomaly else '-'}",
+                attempt=sup.attempt,
+                log=sup.events,
+            )
+        elif action.name == "reduce_microbatch":
+            # Save what we have now; the next (re)start uses a smaller micro-batch.
+            sup.shrink_next_restart = True
+            send_control(
+                sup.run,
+                "checkpoint",
+                issuer="policy:reduce_microbatch",
+                attempt=sup.attempt,
+                log=sup.events,
+            )
+            if action.anomaly is not None and action.anomaly.kind == "memory_leak":
+                sup.leak_snapshot_pending = True
+        elif action.name in SCALE_ACTIONS and sup.worker is not None and sup.pending is None:
+            # Like a stop: the worker checkpoints at the next step boundary and exits; the run then
+            # relaunches in the new shape from that checkpoint (plan_after_action).
+            sup.pending = action
+            send_control(
+                sup.run,
+                "stop",
+                issuer=f"policy:{action.name}",
+                attempt=sup.attempt,
+                log=sup.events,
+            )
+            sup.stop_sent_at = sup.clock()
+        elif action.name in {"rollback", "restart"} and sup.worker is not None and sup.pending is None:
+            if action.name == "rollback" and sup.in_process.want(action):
+                return  # the worker reloads the checkpoint itself once these records are read: no new process
+            sup.pending = action
+            if action.name == "restart":
+                self.dump_stacks()
+            sup.worker.signal_tree(signal.SIGKILL)
+
+    def unable(self, action: str) -> str | None:
+        """Why this run's source cannot carry out ``action`` (None: it can)."""
+        sup = self.sup
+        label = sup.source.label
+        if action in {"checkpoint", "memory_snapshot"} and CONTROL not in sup.source.abilities:
+            return f"the {label} takes no control requests (supervise --inject gives an HF-based tool them)"
+        if action == "reduce_microbatch" and PLAN not in sup.source.abilities:
+            return f"the {label}'s batch shape is its own"
+        return None
+
+    def dump_stacks(self) -> None:
+        """The Python stacks of every process of the attempt, into ``stacks/``, before it is killed."""
+        sup = self.sup
+        if sup.worker is None or sup.tree is None:
+            return
+        out = sup.run.stacks / f"attempt-{sup.attempt}.txt"
+        pids = sup.source.dump_stacks(sup.tree, sup.worker, out)
+        if pids:
+            where = out if out.exists() else sup.run.stacks
+            sup.emit(
+                "action",
+                "stacks_dumped",
+                f"Python stacks of {len(pids)} {sup.source.label} process(es) written to {where}",
+                step=sup.progress.step,
+                data={"pids": pids, "dir": str(sup.run.stacks), "file": str(where)},
+            )

@@ -1,0 +1,143 @@
+"""What a worker reports, filed and acted on: one handler per :class:`~steadytune.protocol.WorkerEvent`.
+
+The worker (or the guard in another tool's trainer, or a log adapter) writes events into its
+stream beside its step records; the supervisor's loop reads them and passes each here. Each is
+filed in ``events.jsonl`` (except ``train_begin``, which only carries the run's length), then its
+handler, ``on_<name>``, updates the run: the checkpoints LAST_GOOD may name, a plan revision that
+keeps an OOM split or an auto micro-batch, the policy's view of skipped updates, an in-process
+rollback's progress. An anomaly a worker reports meets the policy as the detectors' own do.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from steadytune.protocol import WorkerEvent
+from steadytune.records import Anomaly, Event
+from steadytune.supervise.ray_source import (
+    on_resources_requested,
+    on_worker_group_failed,
+    on_worker_group_started,
+)
+
+if TYPE_CHECKING:
+    from steadytune.supervise.supervisor import Supervisor
+
+
+class WorkerEvents:
+    """The supervisor's handlers of worker events; the state they change stays the supervisor's."""
+
+    def __init__(self, sup: Supervisor) -> None:
+        self.sup = sup
+
+    def on_event(self, ev: Event) -> None:
+        """File what a worker reported, then act on it: one lookup, ``on_<name>`` of its WorkerEvent.
+
+        A name outside the protocol is filed all the same; an anomaly, whatever its name, meets the policy.
+        """
+        sup = self.sup
+        known = WorkerEvent.get(ev.name)
+        if ev.severity in {"warning", "critical"} and ev.step is not None:
+            sup.trouble_steps.append(ev.step)
+        filed = (
+            None
+            if known is WorkerEvent.TRAIN_BEGIN
+            else sup.emit(ev.kind, ev.name, ev.message, severity=ev.severity, step=ev.step, data=ev.data)
+        )
+        if known is not None:
+            getattr(self, known.handler)(ev, filed)
+        if ev.kind == "anomaly" and ev.severity in {"warning", "critical"} and sup.pending is None:
+            # What the worker itself found (a save refused for lack of disk) meets the same policy
+            # as what the detectors find: `policy.rules.disk_low.action: stop` must stop the run.
+            step = ev.step if ev.step is not None else sup.progress.step
+            found = Anomaly(
+                ev.name, ev.severity, step, step, str(ev.data.get("metric", ev.name)), dict(ev.data)
+            )
+            action = sup.policy.on_raised(found, sup.progress.step)
+            if action is not None:
+                sup.actions.execute(action, cause=filed)
+
+    # -- one handler per WorkerEvent, called after the event is filed --------------------------------
+    def on_train_begin(self, ev: Event, filed: Event | None) -> None:
+        # Not filed: it only carries the run's length, and worker_started already marks the attempt.
+        if ev.data.get("max_steps"):
+            self.sup.progress.max_steps = int(ev.data["max_steps"])
+
+    def on_checkpoint_saved(self, ev: Event, filed: Event | None) -> None:
+        sup = self.sup
+        sup.last_save_ts = ev.ts
+        if ev.step is not None:
+            sup.checkpoint_steps.append(ev.step)
+            sup.books.update_disk_need(ev.step)
+
+    def on_ack_checkpoint(self, ev: Event, filed: Event | None) -> None:
+        sup = self.sup
+        if sup.leak_snapshot_pending:
+            # A leak alarm also wants the allocator's view (CUDA only): ask once the checkpoint is taken.
+            sup.leak_snapshot_pending = False
+            from steadytune.supervise.control import send_control
+
+            send_control(
+                sup.run,
+                "memory_snapshot",
+                issuer="policy:memory_leak",
+                attempt=sup.attempt,
+                log=sup.events,
+            )
+
+    def on_reduce_microbatch(self, ev: Event, filed: Event | None) -> None:
+        if ev.data.get("micro_batch_split"):
+            # Remember the split, so a later restart starts with it instead of rediscovering the OOM.
+            self.sup.revise(
+                reason="oom",
+                cause=filed,
+                micro_batch_split=int(ev.data["micro_batch_split"]),
+                notes=f"in-process OOM split to {ev.data['micro_batch_split']} chunks",
+            )
+
+    def on_auto_micro_batch(self, ev: Event, filed: Event | None) -> None:
+        if ev.data.get("per_device_train_batch_size"):
+            # Keep what the auto search found: a restart trains the same shape without searching again.
+            self.sup.revise(
+                reason="auto_micro_batch",
+                cause=filed,
+                per_device_train_batch_size=int(ev.data["per_device_train_batch_size"]),
+                gradient_accumulation_steps=int(ev.data["gradient_accumulation_steps"]),
+            )
+
+    def on_skip_step(self, ev: Event, filed: Event | None) -> None:
+        sup = self.sup
+        if ev.step is not None and sup.pending is None:
+            action = sup.policy.on_skipped_update(ev.step, int(ev.data.get("consecutive", 1)))
+            if action is not None:
+                sup.actions.execute(action)
+
+    def _filed_only(self, ev: Event, filed: Event | None) -> None:
+        """Filing it is all: an acknowledgement, or a warning the policy does not act on."""
+
+    # disk_low is an anomaly: the policy meets it in on_event, as any anomaly a worker reports.
+    on_disk_low = on_grad_norm_after_clipping = on_inject_failed = on_guard_injected = on_guard_off = (
+        _filed_only
+    )
+    on_ack_pause = on_ack_resume = on_ack_stop = on_ack_memory_snapshot = on_optimizer_groups = _filed_only
+    on_lr_from_command = _filed_only
+
+    # An in-process rollback (supervise/inprocess.py): taken, done, or refused (then a restart does it).
+    def on_ack_rollback(self, ev: Event, filed: Event | None) -> None:
+        self.sup.in_process.on_ack(ev)
+
+    def on_rolled_back(self, ev: Event, filed: Event | None) -> None:
+        self.sup.in_process.on_done(ev)
+
+    def on_rollback_failed(self, ev: Event, filed: Event | None) -> None:
+        self.sup.in_process.on_failed(ev)
+
+    # Ray's worker group re-forms the job by itself (supervise/ray_source.py).
+    def on_worker_group_started(self, ev: Event, filed: Event | None) -> None:
+        on_worker_group_started(self.sup, ev, filed)
+
+    def on_worker_group_failed(self, ev: Event, filed: Event | None) -> None:
+        on_worker_group_failed(self.sup, ev, filed)
+
+    def on_resources_requested(self, ev: Event, filed: Event | None) -> None:
+        on_resources_requested(self.sup, ev, filed)

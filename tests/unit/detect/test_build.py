@@ -1,0 +1,95 @@
+"""detect/build.py: every threshold reaches a detector, and a detector needs no config to be built."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+from pydantic import BaseModel
+
+from steadytune.config.detect import DetectConfig
+from steadytune.detect import build
+from steadytune.detect.base import Finding
+from steadytune.detect.gradflow import GradFlowWatch
+from steadytune.detect.memory import HeadroomWatch
+from steadytune.detect.pace import StallWatch
+
+# Read by the live engine itself, not by a detector: the switch, the filter, and the device size
+# that overrides what system samples report.
+ENGINE_FIELDS = {"enabled", "disabled_kinds", "memory.device_total_bytes"}
+
+
+def _detectors(cfg: DetectConfig) -> list[object]:
+    return [
+        build.loss_watch(cfg),
+        build.short_rise_watch(cfg),
+        build.fall_collapse_watch(cfg),
+        build.plateau_watch(cfg),
+        build.oscillation_watch(cfg),
+        build.overfit_watch(cfg),
+        build.objective_watch(cfg),
+        build.grad_watch(cfg),
+        build.grad_flow_watch(cfg),
+        build.leak_watch(cfg, "mem_allocated_bytes", 0),
+        build.headroom_watch(cfg, "mem_reserved_bytes", 0),
+        build.throughput_watch(cfg, 0),
+        build.straggler_watch(cfg),
+        build.stall_watch(cfg),
+        build.system_watch(cfg),
+    ]
+
+
+def _paths() -> set[str]:
+    cfg, out = DetectConfig(), set()
+    for name in DetectConfig.model_fields:
+        sub = getattr(cfg, name)
+        if isinstance(sub, BaseModel):
+            out.update(f"{name}.{f}" for f in type(sub).model_fields)
+        else:
+            out.add(name)
+    return out
+
+
+def _changed(cfg: DetectConfig, path: str) -> DetectConfig:
+    section, name = path.split(".")
+    sub = getattr(cfg, section)
+    value = getattr(sub, name)
+    new = 123.0 if value is None else (value + 1 if isinstance(value, int) else value * 1.37)
+    # model_copy skips validation: a share nudged past 1 is still a different number to pass on.
+    return cfg.model_copy(update={section: sub.model_copy(update={name: new})})
+
+
+@pytest.mark.parametrize("path", sorted(_paths() - ENGINE_FIELDS))
+def test_every_threshold_changes_the_detectors_built(path: str) -> None:
+    """A threshold mapped nowhere, or onto the wrong section's detector, leaves every detector as it was."""
+    default = DetectConfig()
+    before = [pickle.dumps(d) for d in _detectors(default)]
+    after = [pickle.dumps(d) for d in _detectors(_changed(default, path))]
+    assert before != after, f"detect.{path} reaches no detector through detect/build.py"
+
+
+def test_the_engine_fields_are_still_config_fields() -> None:
+    assert _paths() >= ENGINE_FIELDS
+
+
+def test_detectors_are_built_from_plain_numbers() -> None:
+    out: list[Finding] = []
+    watch = HeadroomWatch("mem_reserved_bytes", headroom_warning=0.9, headroom_critical=0.97)
+    watch.observe(10, used=95.0, total=100.0, out=out)
+    watch.observe(11, used=98.0, total=100.0, out=out)
+    assert [(f.kind, f.severity) for f in out] == [
+        ("memory_headroom", "warning"),
+        ("memory_headroom", "critical"),
+    ]
+    stall = StallWatch(
+        stall_factor=5.0, stall_min_s=300.0, heartbeat_timeout_s=42.0, hang_floor_s=60.0, hang_factor=10.0
+    )
+    assert stall.hang_limit_s() == 42.0
+    flow = GradFlowWatch(vanish=0.01, explode=10.0, dead_zero_frac=0.5)
+    flow.observe(
+        50, {"layers.0": {"norm": 0.005, "zero_frac": 0.0}, "lm_head": {"norm": 20.0, "zero_frac": 0.0}}, out
+    )
+    assert [(f.kind, f.metric) for f in out[2:]] == [
+        ("grad_vanishing", "grad_norm/layers.0"),
+        ("grad_explosion", "grad_norm/lm_head"),
+    ]
