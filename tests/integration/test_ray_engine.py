@@ -160,7 +160,9 @@ def test_a_node_killed_restarts_from_the_checkpoint(
 def test_a_node_lost_during_a_resize(tmp_path: Path, demo_assets: Path, cluster: Cluster) -> None:
     cluster.add_node(num_cpus=1)
     cfg = ray_config(tmp_path, demo_assets, cluster.address)
-    proc = start_run(cfg, "lost", faults=SLOW_STEPS)
+    # Ray's controller looks for new nodes every 20 s or so: the steps left after the first checkpoint
+    # must outlast that, or the run ends before the group of 2 forms.
+    proc = start_run(cfg, "lost", faults={**SLOW_STEPS, "step_sleep_s": 1.5})
     run = run_dir(cfg, "lost")
     wait_for(lambda: running(proc) and len(steps(run)) >= SAVE + 1, 300, "a checkpoint of the first group")
     new = cluster.add_node(num_cpus=1)
