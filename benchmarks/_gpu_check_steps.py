@@ -34,7 +34,6 @@ REPO = Path(__file__).resolve().parents[1]
 SRC = REPO / "src"
 MARKER = "STEADYTUNE_GPU_CHECK_TOKEN"
 NO_CUDA = "dry run on CPU: needs a CUDA device"
-NOT_BUILT = "not built yet"
 GiB = 1024**3
 MiB = 1024**2
 
@@ -916,11 +915,6 @@ def step_oom(ctx: Ctx, check: Check) -> None:
     finally:
         if on_gpu:
             torch.cuda.set_per_process_memory_fraction(1.0)
-    server = _built("server")
-    check.skip(
-        "the server's per-job memory cap, proven by the same fraction",
-        NOT_BUILT if server is None else f"built ({server}), but this script has no step for it yet",
-    )
     del trainer
     cuda_free()
 
@@ -1431,27 +1425,116 @@ def step_quant(ctx: Ctx, check: Check) -> None:
     check.expect("the plot was drawn", png.is_file() and png.stat().st_size > 0, str(png))
 
 
-def _built(feature: str) -> str | None:
-    """Where a feature that this script cannot check yet lives, once it exists (else None)."""
-    pkg = SRC / "steadytune"
-    if feature == "server":
-        hits = [p for p in (pkg / "server", pkg / "server.py") if p.exists()]
-    else:  # quant-check
-        hits = sorted((pkg / "cli").glob("quant*.py"))
-    return str(hits[0].relative_to(REPO)) if hits else None
-
-
-def check_later(quant: dict[str, Any] | None = None) -> Check:
-    """Check 6: the quant step's own result (``quant``, when it ran) and what no step checks yet."""
+def check_later(quant: dict[str, Any] | None = None, ledger: dict[str, Any] | None = None) -> Check:
+    """Check 6: the results of the quant and ledger steps, each when it ran."""
     check = Check("later")
-    if quant is not None:
-        check.assertions += quant["assertions"]
-        check.figures["quant"] = quant["figures"]
-        check.wall_s = quant.get("wall_s", 0.0)
-    for what, feature in (("the server's GPU ledger against real NVML, two jobs sharing the GPU", "server"),):
-        where = _built(feature)
-        check.skip(what, NOT_BUILT if where is None else f"built ({where}), but no step here checks it yet")
+    for name, result in (("quant", quant), ("ledger", ledger)):
+        if result is not None:
+            check.assertions += result["assertions"]
+            check.figures[name] = result["figures"]
+            check.wall_s += result.get("wall_s", 0.0)
     return check
+
+
+# A stand-in job: holds ``sys.argv[1]`` bytes on the first CUDA device (none on CPU) until stdin closes.
+HOLDER = """
+import sys
+n = int(sys.argv[1])
+try:
+    import torch
+    held = torch.empty(n, dtype=torch.uint8, device="cuda") if torch.cuda.is_available() else None
+    if held is not None:
+        torch.cuda.synchronize()
+except Exception as exc:
+    print(f"holder: {exc}", flush=True)
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+def step_ledger(ctx: Ctx, check: Check) -> None:
+    """The server's GPU ledger on real NVML: two processes share the GPU as two jobs would; each is
+    matched to its job by pid, charged what it holds, and a third process counts as foreign."""
+    from steadytune.server.gpus import NvmlSource
+    from steadytune.server.ledger import GIB, Reservation, build_ledger
+
+    source = NvmlSource()
+    before = {g.index: g for g in source()}
+    check.figures["devices"] = len(before)
+    sizes = {"job-a": 1 * GIB, "job-b": 2 * GIB, "foreign": GIB // 2}
+    procs: dict[str, subprocess.Popen] = {}
+    try:
+        for name, n in sizes.items():
+            procs[name] = subprocess.Popen(
+                [sys.executable, "-c", HOLDER, str(n)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            )  # fmt: skip
+        for name, proc in procs.items():
+            line = proc.stdout.readline().strip() if proc.stdout else ""
+            check.expect(f"{name} holds its memory", line == "ready", line or f"exit {proc.poll()}")
+        time.sleep(1.0)  # NVML's process list trails an allocation by a moment
+        readings = {g.index: g for g in source()}
+        pids = {name: proc.pid for name, proc in procs.items()}
+        # Each job promised a little more than it holds: its reservation shrinks by what it holds.
+        promise = {"job-a": int(1.5 * GIB), "job-b": int(2.5 * GIB)}
+        ledger = build_ledger(
+            readings.values(),
+            [Reservation(job, 0, need) for job, need in promise.items()],
+            {job: [pids[job]] for job in promise},
+        )
+        gpu0 = ledger[0] if ledger else None
+
+        def seen() -> tuple[bool, str]:
+            listed = {p.pid for p in readings[0].processes} if 0 in readings else set()
+            missing = {n: pid for n, pid in pids.items() if pid not in listed}
+            return not missing, f"listed {sorted(listed)}; missing {missing}" if missing else "all three"
+
+        def charged() -> tuple[bool, str]:
+            assert gpu0 is not None
+            use = {j: gpu0.job_used.get(j) for j in promise}
+            # What a process holds is its allocation plus its CUDA context (a few hundred MiB).
+            ok = all(u is not None and sizes[j] <= u <= sizes[j] + GIB for j, u in use.items())
+            return ok, f"{ {j: (u or 0) / GIB for j, u in use.items()} } GiB held"
+
+        def outstanding() -> tuple[bool, str]:
+            assert gpu0 is not None
+            want = sum(max(0, promise[j] - (gpu0.job_used.get(j) or 0)) for j in promise)
+            return gpu0.reserved_bytes == want, f"reserved {gpu0.reserved_bytes}, expected {want}"
+
+        def foreign() -> tuple[bool, str]:
+            assert gpu0 is not None
+            them = {p.pid for p in gpu0.foreign}
+            ok = pids["foreign"] in them and not {pids["job-a"], pids["job-b"]} & them
+            return ok, f"foreign pids {sorted(them)}"
+
+        def used_rose() -> tuple[bool, str]:
+            rise = readings[0].used_bytes - before[0].used_bytes
+            return rise >= sum(sizes.values()), f"used rose by {rise / GIB:.2f} GiB"
+
+        check.cuda(ctx, "NVML lists the three processes on GPU 0 by their pids", seen)
+        check.cuda(ctx, "each job is charged what its process holds (allocation + context)", charged)
+        check.cuda(ctx, "a reservation counts only what its job has not allocated yet", outstanding)
+        check.cuda(ctx, "the process in no job is foreign, the two jobs' are not", foreign)
+        check.cuda(ctx, "NVML's used memory rose by at least what the three hold", used_rose)
+        if gpu0 is not None:
+            check.figures.update(
+                {
+                    "free_gib": round(gpu0.free_bytes / GIB, 2),
+                    "reserved_gib": round(gpu0.reserved_bytes / GIB, 2),
+                    "available_gib_1g_headroom": round(gpu0.available(GIB) / GIB, 2),
+                    "job_used_gib": {j: round((u or 0) / GIB, 3) for j, u in gpu0.job_used.items()},
+                }
+            )
+    finally:
+        for proc in procs.values():
+            if proc.stdin:
+                proc.stdin.close()
+        for proc in procs.values():
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 
 STEP_FUNCS: dict[str, Callable[[Ctx, Check], None]] = {
@@ -1463,4 +1546,5 @@ STEP_FUNCS: dict[str, Callable[[Ctx, Check], None]] = {
     "leak": step_leak,
     "overhead": step_overhead,
     "quant": step_quant,
+    "ledger": step_ledger,
 }
