@@ -17,7 +17,11 @@ REPO = Path(__file__).resolve().parents[1]
 # What the supervisor side must never load: torch and what pulls it in, and datasets (pyarrow, pandas).
 HEAVY = ("torch", "transformers", "peft", "accelerate", "datasets")
 
-_REPORT = "\nimport json as _j, sys as _s\nprint('@@MODULES ' + _j.dumps(sorted(_s.modules)))\n"
+# A name mapped to None is one the code hid from the import system (train/lean.py), not one it imported.
+_REPORT = (
+    "\nimport json as _j, sys as _s\n"
+    "print('@@MODULES ' + _j.dumps(sorted(k for k, v in _s.modules.items() if v is not None)))\n"
+)
 
 
 def fresh_imports(code: str, watch: tuple[str, ...] = HEAVY, timeout: float = 120) -> list[str]:

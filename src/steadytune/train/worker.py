@@ -26,6 +26,7 @@ from steadytune.records import PlanRevision, from_json
 from steadytune.rundir import RunDir
 
 if TYPE_CHECKING:
+    from steadytune.config.schema import SteadytuneConfig
     from steadytune.guard.core import Guard
 
 
@@ -53,7 +54,17 @@ def main(argv: list[str] | None = None) -> int:
     stack_file = open(run.stacks / f"rank-{rank}-attempt-{plan.attempt}.txt", "a")  # noqa: SIM115
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
 
-    return train_attempt(run, plan, rank)
+    from steadytune.config.load import load_config
+    from steadytune.train.lean import hide_unneeded
+
+    try:
+        cfg: SteadytuneConfig | None = load_config(run.config, check_paths=False)
+    except Exception:
+        cfg = None  # read again inside the attempt, whose guard reports the error as it always has
+    if cfg is not None:
+        # Before transformers is first imported: a restart after a kill waits on this start-up.
+        hide_unneeded(cfg)
+    return train_attempt(run, plan, rank, cfg=cfg)
 
 
 def train_attempt(
@@ -62,6 +73,7 @@ def train_attempt(
     rank: int,
     announce: Callable[[Guard], None] | None = None,
     main_thread: bool = True,
+    cfg: SteadytuneConfig | None = None,
 ) -> int:
     """Train one attempt of ``plan`` with the guard inside; the exit code of the worker.
 
@@ -70,6 +82,7 @@ def train_attempt(
     before the model loads, so what it writes comes first in this attempt's stream.
     ``main_thread`` is False where SIGTERM is not ours to handle (Ray runs the training
     function in a thread of its own worker actor, and stops it through the control queue).
+    ``cfg`` is the run's config where the caller has read it already (else it is read here).
     """
     from steadytune.config.load import load_config
     from steadytune.guard.core import Guard
@@ -88,7 +101,8 @@ def train_attempt(
         from steadytune.guard.hf import GuardCallback
         from steadytune.train.runner import build_trainer
 
-        cfg = load_config(run.config, check_paths=False)
+        if cfg is None:
+            cfg = load_config(run.config, check_paths=False)
         if cfg.train.per_device_train_batch_size == "auto" and plan.per_device_train_batch_size is None:
             # auto micro-batch (docs/preflight.md): found once, before the model loads; the supervisor
             # records it as a plan revision, so a restart trains the same shape without searching again.
