@@ -79,7 +79,8 @@ def test_a_kill_restarts_through_the_spare_and_trains_what_a_new_process_trains(
 
     first, restarted = started(spare, 0), started(spare, 1)
     assert not first["standby"] and "a new process: the run's first attempt" in first["message"]
-    assert restarted["standby"] and f"the standby worker (pid {restarted['pid']}" in restarted["message"]
+    assert restarted["standby"] and f"(pid {restarted['pid']}, standby worker)" in restarted["message"]
+    assert "; the standby worker, started " in restarted["message"]
     assert "--standby" in restarted["cmd"]
     assert not started(fresh, 1)["standby"]
     assert "a new process: recover.standby_worker is false" in started(fresh, 1)["message"]

@@ -68,6 +68,10 @@ class WorkerProcess:
         if pipe_stdout:
             self._log.close()
 
+    @property
+    def kind(self) -> str:
+        return "standby worker" if self.standby else "new process"
+
     def origin(self) -> dict[str, str | bool]:
         """How the process came to be: ``how`` in words, ``standby`` whether it was the spare worker."""
         return {"how": self.how, "standby": self.standby}

@@ -85,7 +85,7 @@ class Standby:
             return None, f"the standby worker could not take its orders ({exc})"
         waited = time.time() - (self.ready_since or time.time())
         spare.log_path, spare.standby, spare.env = log_path, True, full
-        spare.how = f"the standby worker (pid {spare.pid}, started {waited:.0f}s before)"
+        spare.how = f"the standby worker, started {waited:.0f}s before"
         return spare, ""
 
     def stop(self) -> None:

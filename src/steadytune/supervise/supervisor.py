@@ -252,7 +252,7 @@ class Supervisor:
         self.emit(
             "lifecycle",
             "worker_started",
-            f"{self.source.label} attempt {plan.attempt} started (pid {self.worker.pid})"
+            f"{self.source.label} attempt {plan.attempt} started (pid {self.worker.pid}, {self.worker.kind})"
             + (f", resuming from {resume.name}" if resume else "")
             + ("" if PLAN in self.source.abilities else f": {' '.join(cmd)}")
             + f"; {self.worker.how}",
