@@ -46,7 +46,7 @@ class Standby:
         self.run = run
         self.spare: WorkerProcess | None = None
         self.count = 0  # spares started, for their log names
-        self.ready_since: float | None = None
+        self.started_at: float | None = None
 
     def prepare(self, env: dict[str, str]) -> None:
         """Start a spare unless one is there; ``env``: what a new attempt gets, the late variables aside."""
@@ -56,7 +56,7 @@ class Standby:
         log = self.run.logs / f"standby-{self.count}.log"
         self.count += 1
         self.spare = WorkerProcess(cmd, log, env=env, pipe_stdin=True)
-        self.ready_since = time.time()
+        self.started_at = time.time()
 
     @property
     def pid(self) -> int | None:
@@ -83,7 +83,7 @@ class Standby:
         except OSError as exc:  # it died as it was told
             spare.kill()
             return None, f"the standby worker could not take its orders ({exc})"
-        waited = time.time() - (self.ready_since or time.time())
+        waited = time.time() - (self.started_at or time.time())
         spare.log_path, spare.standby, spare.env = log_path, True, full
         spare.how = f"the standby worker, started {waited:.0f}s before"
         return spare, ""
