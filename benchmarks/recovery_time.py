@@ -10,7 +10,8 @@ process, real signals) on ``steadytune demo``'s config, and reads the figure the
   attempt (``recover.in_process_rollback: true``, the default); beside it the worker's own
   reload time (its ``rolled_back`` event: the request taken to training again, the
   checkpoint load included) and the wait for the step boundary that takes the request;
-- ``spike, restart``: the same rollback by a new worker process (``in_process_rollback: false``);
+- ``spike, restart``: the same rollback by a restart (``in_process_rollback: false``), which the
+  standby worker takes;
 - ``kill, standby``: SIGKILL to the worker's first step again, through the standby worker (the
   default, ``recover.standby_worker: true``): a spare that has imported everything and waits;
   beside it the way there (the death noticed, the orders sent, the model and checkpoint loaded:
