@@ -15,17 +15,15 @@ from steadytune.records import StepRecord
 from steadytune.telemetry.events import read_events
 from steadytune.telemetry.stream import iter_records
 
+from .hfjob import hf_job
 from .runs import STEADYTUNE
 
 pytestmark = pytest.mark.slow
-REPO = Path(__file__).resolve().parents[2]
 FAULTS = ("kill", "truncated", "hang", "lr", "sigterm")
 
 
 def _script(demo_assets: Path, steps: int, sleep: float, *extra: str) -> list[str]:
-    return [sys.executable, str(REPO / "examples" / "hf_trainer_script.py"), "--output_dir", "{output_dir}",
-            "--model", str(demo_assets / "model"), "--data", str(demo_assets / "train.jsonl"),
-            "--max_steps", str(steps), "--save_steps", "10", "--step_sleep", str(sleep), *extra]  # fmt: skip
+    return hf_job(demo_assets, "{output_dir}", steps, sleep, *extra)
 
 
 def _run_of(runs: Path, kind: str) -> Path:

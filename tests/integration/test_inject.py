@@ -10,7 +10,6 @@ import json
 import math
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,22 +23,16 @@ from steadytune.supervise.logparse import parse_log_line
 from steadytune.telemetry.stream import iter_records
 from tests.tools import tool_venv
 
+from .hfjob import hf_script
 from .runs import wait_for
 
 pytestmark = pytest.mark.slow
-REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "examples" / "hf_trainer_script.py"
 
 
 def _env(run: Path, **extra: str) -> dict[str, str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("STEADYTUNE_INJECT")}
     base.pop("STEADYTUNE_FAULTS", None)
     return {**base, **inject_env(run, 0, base), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", **extra}
-
-
-def _script(demo_assets: Path, out: Path, *args: str, python: str = sys.executable) -> list[str]:
-    return [python, str(SCRIPT), "--output_dir", str(out), "--model", str(demo_assets / "model"),
-            "--data", str(demo_assets / "train.jsonl"), *args]  # fmt: skip
 
 
 def _records(run: Path) -> list:
@@ -75,7 +68,7 @@ def test_a_plain_script_gets_pre_clip_norms_fingerprints_and_last_words(
     tmp_path: Path, demo_assets: Path
 ) -> None:
     run, out = tmp_path / "run", tmp_path / "out"
-    done = subprocess.run(_script(demo_assets, out, "--max_steps", "12", "--save_steps", "5"),
+    done = subprocess.run(hf_script(demo_assets, out, "--max_steps", "12", "--save_steps", "5"),
                           env=_env(run), capture_output=True, text=True, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert "steadytune:" not in done.stderr
@@ -108,7 +101,7 @@ def test_a_nan_step_is_skipped_before_the_update(tmp_path: Path, demo_assets: Pa
 
     run, out = tmp_path / "run", tmp_path / "out"
     env = _env(run, STEADYTUNE_FAULTS=json.dumps({"nan_at_step": 4}))
-    done = subprocess.run(_script(demo_assets, out, "--max_steps", "5", "--save_steps", "1"),
+    done = subprocess.run(hf_script(demo_assets, out, "--max_steps", "5", "--save_steps", "1"),
                           env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     skips = _events(run, "skip_step")
@@ -128,7 +121,7 @@ def test_a_control_request_saves_and_ends_the_tools_training(
     tmp_path: Path, demo_assets: Path, command: str
 ) -> None:
     run, out = tmp_path / "run", tmp_path / "out"
-    cmd = _script(demo_assets, out, "--max_steps", "400", "--save_steps", "1000", "--step_sleep", "0.2")
+    cmd = hf_script(demo_assets, out, "--max_steps", "400", "--save_steps", "1000", "--step_sleep", "0.2")
     proc = subprocess.Popen(cmd, env=_env(run), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         wait_for(
@@ -157,7 +150,7 @@ def test_a_control_request_saves_and_ends_the_tools_training(
 def test_a_bad_fault_spec_leaves_the_tool_alone(tmp_path: Path, demo_assets: Path) -> None:
     run, out = tmp_path / "run", tmp_path / "out"
     env = _env(run, STEADYTUNE_FAULTS=json.dumps({"nan_at_stpe": 4}))
-    done = subprocess.run(_script(demo_assets, out, "--max_steps", "3"),
+    done = subprocess.run(hf_script(demo_assets, out, "--max_steps", "3"),
                           env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     said = [line for line in done.stderr.splitlines() if line.startswith("steadytune:")]
@@ -189,7 +182,7 @@ def test_the_guard_needs_nothing_but_torch_and_transformers(tmp_path: Path, demo
     """In the TRL tool's own venv, with steadytune refused pydantic, yaml, rich and psutil."""
     run, out = tmp_path / "run", tmp_path / "out"
     python = str(tool_venv("trl") / "python")
-    cmd = [python, "-c", _BLOCKER, *_script(demo_assets, out, "--max_steps", "3")[1:]]
+    cmd = [python, "-c", _BLOCKER, *hf_script(demo_assets, out, "--max_steps", "3")[1:]]
     done = subprocess.run(cmd, env=_env(run), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "steadytune:" not in done.stderr

@@ -15,10 +15,10 @@ from steadytune.checkpoint.external import check_external_checkpoint
 from steadytune.supervise.logparse import parse_log_line
 from steadytune.telemetry.events import read_events
 
+from .hfjob import hf_job, supervise_cmd, supervise_hf
 from .runs import STEADYTUNE, wait_for
 
 pytestmark = pytest.mark.slow
-REPO = Path(__file__).resolve().parents[2]
 
 
 def test_parse_hf_log_lines() -> None:
@@ -48,22 +48,16 @@ def test_external_checkpoint_checks(tmp_path: Path) -> None:
 
 def test_supervise_survives_sigkill_and_hang(tmp_path: Path, demo_assets: Path) -> None:
     out = tmp_path / "out"
-    cmd = [
-        STEADYTUNE,
-        "supervise",
-        "--output-dir",
-        str(out),
+    cmd = supervise_hf(
+        tmp_path,
+        demo_assets,
+        50,
+        0.05,
         "--resume-arg",
         "--resume_from_checkpoint {checkpoint}",
         "--hang-floor",
         "8",
-        "--runs-dir",
-        str(tmp_path / "runs"),
-        "--run-id",
-        "ext",
-        "--",
-        *_job(tmp_path, demo_assets, out, 50, 0.05),
-    ]
+    )
     # We kill the first attempt; the second one hangs at step 35; the third completes.
     env = {**os.environ, "HANG_AT_STEP": "35", "HANG_ON_ATTEMPT": "1"}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
@@ -100,47 +94,16 @@ sys.exit(child.wait())
 """
 
 
-def _job(tmp_path: Path, demo_assets: Path, out: Path, steps: int, sleep: float) -> list[str]:
-    return [
-        sys.executable,
-        str(REPO / "examples" / "hf_trainer_script.py"),
-        "--output_dir",
-        str(out),
-        "--model",
-        str(demo_assets / "model"),
-        "--data",
-        str(demo_assets / "train.jsonl"),
-        "--max_steps",
-        str(steps),
-        "--save_steps",
-        "10",
-        "--step_sleep",
-        str(sleep),
-    ]
-
-
 def test_a_killed_launcher_never_leaves_a_second_trainer(tmp_path: Path, demo_assets: Path) -> None:
     import psutil
 
     out = tmp_path / "out"
     launcher = tmp_path / "launch.py"
     launcher.write_text(LAUNCHER)
-    cmd = [
-        STEADYTUNE,
-        "supervise",
-        "--output-dir",
-        str(out),
-        "--resume-arg",
-        "--resume_from_checkpoint {checkpoint}",
-        "--runs-dir",
-        str(tmp_path / "runs"),
-        "--run-id",
-        "ext",
-        "--",
-        sys.executable,
-        str(launcher),
-        *_job(tmp_path, demo_assets, out, 40, 0.05),
-    ]
+    job = [sys.executable, str(launcher), *hf_job(demo_assets, out, 40, 0.05)]
+    cmd = supervise_cmd(
+        job, out, tmp_path / "runs", "ext", "--resume-arg", "--resume_from_checkpoint {checkpoint}"
+    )
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     run = tmp_path / "runs" / "ext"
     children = Path(str(out) + ".children")
@@ -166,20 +129,7 @@ def test_sigterm_to_the_supervisor_stops_the_job_and_says_so(tmp_path: Path, dem
     import psutil
 
     out = tmp_path / "out"
-    cmd = [
-        STEADYTUNE,
-        "supervise",
-        "--output-dir",
-        str(out),
-        "--stop-grace",
-        "20",
-        "--runs-dir",
-        str(tmp_path / "runs"),
-        "--run-id",
-        "ext",
-        "--",
-        *_job(tmp_path, demo_assets, out, 400, 0.05),
-    ]
+    cmd = supervise_hf(tmp_path, demo_assets, 400, 0.05, "--stop-grace", "20")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     run = tmp_path / "runs" / "ext"
     wait_for(lambda: (out / "checkpoint-10").exists(), timeout=180, what="checkpoint-10")
@@ -211,26 +161,10 @@ def test_lr_far_too_high_is_rolled_back_with_a_lower_lr_and_alerted(
             "alerts:\n  sinks:\n    - type: webhook\n      format: generic\n      url_env: TEST_HOOK_URL\n"
         )
         out = tmp_path / "out"
-        cmd = [
-            STEADYTUNE,
-            "supervise",
-            "--config",
-            str(cfg),
-            "--preset",
-            "hf",
-            "--base-lr",
-            "3.0",
-            "--output-dir",
-            str(out),
-            "--runs-dir",
-            str(tmp_path / "runs"),
-            "--run-id",
-            "ext",
-            "--",
-            *_job(tmp_path, demo_assets, out, 40, 0.0),
-            "--learning_rate",
-            "3.0",
-        ]
+        job = hf_job(demo_assets, out, 40, 0.0, "--learning_rate", "3.0")
+        cmd = supervise_cmd(
+            job, out, tmp_path / "runs", "ext", "--config", str(cfg), "--preset", "hf", "--base-lr", "3.0"
+        )
         env = {**os.environ, "TEST_HOOK_URL": hook.url}
         done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
         assert done.returncode == 0, done.stdout + done.stderr
@@ -264,22 +198,7 @@ def test_a_stopped_trainer_is_a_hang_its_stacks_are_dumped_and_it_restarts(
     tmp_path: Path, demo_assets: Path
 ) -> None:
     out = tmp_path / "out"
-    cmd = [
-        STEADYTUNE,
-        "supervise",
-        "--preset",
-        "hf",
-        "--output-dir",
-        str(out),
-        "--hang-floor",
-        "6",
-        "--runs-dir",
-        str(tmp_path / "runs"),
-        "--run-id",
-        "ext",
-        "--",
-        *_job(tmp_path, demo_assets, out, 60, 0.05),
-    ]
+    cmd = supervise_hf(tmp_path, demo_assets, 60, 0.05, "--preset", "hf", "--hang-floor", "6")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     run = tmp_path / "runs" / "ext"
     wait_for(
@@ -304,20 +223,7 @@ def test_operator_controls_reach_a_job_that_takes_no_requests(tmp_path: Path, de
     """pause stops the job from outside and resume restarts it from its newest checkpoint; checkpoint
     is not available without the guard inside, and says so; the run completes."""
     out = tmp_path / "out"
-    cmd = [
-        STEADYTUNE,
-        "supervise",
-        "--preset",
-        "hf",
-        "--output-dir",
-        str(out),
-        "--runs-dir",
-        str(tmp_path / "runs"),
-        "--run-id",
-        "ext",
-        "--",
-        *_job(tmp_path, demo_assets, out, 60, 0.05),
-    ]
+    cmd = supervise_hf(tmp_path, demo_assets, 60, 0.05, "--preset", "hf")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     run = tmp_path / "runs" / "ext"
     wait_for(

@@ -21,30 +21,16 @@ from steadytune.records import StepRecord
 from steadytune.telemetry.events import read_events
 from steadytune.telemetry.stream import iter_records
 
-from .runs import STEADYTUNE, wait_for
-from .test_supervise_external import _job
+from .hfjob import supervise_hf
+from .runs import wait_for
 
 pytestmark = pytest.mark.slow
 
 
 def _supervise(tmp_path: Path, demo_assets: Path, steps: int, sleep: float, *extra: str) -> list[str]:
-    out = tmp_path / "out"
-    return [
-        STEADYTUNE,
-        "supervise",
-        "--inject",
-        "--preset",
-        "hf",
-        "--output-dir",
-        str(out),
-        "--runs-dir",
-        str(tmp_path / "runs"),
-        "--run-id",
-        "inj",
-        *extra,
-        "--",
-        *_job(tmp_path, demo_assets, out, steps, sleep),
-    ]
+    return supervise_hf(
+        tmp_path, demo_assets, steps, sleep, "--inject", "--preset", "hf", *extra, run_id="inj"
+    )
 
 
 def test_an_injected_guard_skips_the_nan_update_and_writes_full_records(

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,42 +16,17 @@ from steadytune.records import StepRecord
 from steadytune.telemetry.events import read_events
 from steadytune.telemetry.stream import iter_records
 
-from .runs import STEADYTUNE
+from .hfjob import hf_job, supervise_cmd
 
 pytestmark = pytest.mark.slow
-REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("sleep", ["0.2", "0"])  # the bar redrawn between step and dict, or stale
-def test_the_steps_recorded_are_the_trainers_own(tmp_path: Path, demo_assets: Path, sleep: str) -> None:
+@pytest.mark.parametrize("sleep", [0.2, 0.0])  # the bar redrawn between step and dict, or stale
+def test_the_steps_recorded_are_the_trainers_own(tmp_path: Path, demo_assets: Path, sleep: float) -> None:
     out, steps = tmp_path / "out", 8
-    cmd = [
-        STEADYTUNE,
-        "supervise",
-        "--preset",
-        "hf",
-        "--output-dir",
-        str(out),
-        "--runs-dir",
-        str(tmp_path / "runs"),
-        "--run-id",
-        "ext",
-        "--",
-        sys.executable,
-        str(REPO / "examples" / "hf_trainer_script.py"),
-        "--output_dir",
-        str(out),
-        "--model",
-        str(demo_assets / "model"),
-        "--data",
-        str(demo_assets / "train.jsonl"),
-        "--max_steps",
-        str(steps),
-        "--save_steps",
-        "4",
-        "--step_sleep",
-        sleep,
-    ]
+    cmd = supervise_cmd(
+        hf_job(demo_assets, out, steps, sleep, save_steps=4), out, tmp_path / "runs", "ext", "--preset", "hf"
+    )
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     run = tmp_path / "runs" / "ext"

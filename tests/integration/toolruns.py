@@ -27,7 +27,8 @@ from steadytune.telemetry.events import read_events
 from steadytune.telemetry.stream import iter_records
 from tests.tools import tool_venv
 
-from .runs import STEADYTUNE, wait_for
+from .hfjob import supervise_cmd
+from .runs import wait_for
 
 TOOLS = ("trl", "llamafactory")
 
@@ -236,8 +237,7 @@ class Supervised:
 @contextmanager
 def supervise(job: ToolJob, tmp: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[Supervised]:
     """`steadytune supervise --preset TOOL --output-dir OUT ARGS -- JOB` as a real process."""
-    cmd = [STEADYTUNE, "supervise", "--preset", job.tool, "--output-dir", str(job.out),
-           "--runs-dir", str(tmp / "runs"), "--run-id", job.tool, *args, "--", *job.cmd]  # fmt: skip
+    cmd = supervise_cmd(job.cmd, job.out, tmp / "runs", job.tool, "--preset", job.tool, *args)
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", **(env or {})}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=full_env)
     sup = Supervised(proc, tmp / "runs" / job.tool, job)

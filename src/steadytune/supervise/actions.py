@@ -153,7 +153,7 @@ class Actions:
             )
         elif action.name == "reduce_microbatch":
             # Save what we have now; the next (re)start uses a smaller micro-batch.
-            sup.shrink_next_restart = True
+            sup.planner.shrink_next = True
             send_control(
                 sup.run,
                 "checkpoint",

@@ -115,7 +115,7 @@ class InProcessRollbacks:
                 **{k: changes[k] for k in ("resume_checkpoint", "lr_scale") if changes.get(k) is not None},
             },
         )
-        sup.action_restarts += 1
+        sup.planner.action_restarts += 1
         previous = sup.attempt
         sup.attempt += 1
         sup.revise(reason=reason, cause=event, attempt=sup.attempt, notes=f"{why}; in process", **changes)

@@ -130,6 +130,6 @@ class OperatorControls:
                 return False
             sup.pump()
             if live is not None:
-                live.update(progress_line(sup.progress, sup.restarts + sup.action_restarts, sup.state))
+                live.update(progress_line(sup.progress, sup.planner.total, sup.state))
             time.sleep(sup.poll_s)
         return True

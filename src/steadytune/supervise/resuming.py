@@ -111,7 +111,7 @@ class Resumes:
         The next older whole one gets its chance (a restart, from the budget), with an event.
         """
         resume = self.sup.plan.resume_checkpoint
-        if not (info.deterministic and resume and self.sup.restarts < self.sup.cfg.run.max_restarts):
+        if not (info.deterministic and resume and self.sup.planner.budget_left()):
             return None
         path = Path(resume)
         self._bad_checkpoints.add(path)
@@ -176,6 +176,7 @@ class Resumes:
         for path in self.sup.source.checkpoints():
             if (checkpoint_step(path) or 0) > target:
                 self._abandoned[path] = _saved_at(path)
+
 
 def _saved_at(checkpoint: Path) -> int:
     """When a checkpoint was last written (its trainer state, else the folder): a re-save changes it."""

@@ -298,7 +298,7 @@ def shape_of(sup: Supervisor) -> Shape:
     else:
         world = p.nproc_per_node or cfg.run.nproc_per_node
     return Shape(
-        micro_batch=sup._batch(),
+        micro_batch=sup.planner.batch(sup.plan),
         accumulation=p.gradient_accumulation_steps or cfg.train.gradient_accumulation_steps,
         world=world,
         workers=p.dataloader_num_workers

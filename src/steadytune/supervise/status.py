@@ -44,7 +44,7 @@ class RunBooks:
             "tokens_per_s": progress.tokens_per_s,
             "eta_s": progress.eta_s,
             "attempt": sup.attempt,
-            "restarts": sup.restarts + sup.action_restarts,
+            "restarts": sup.planner.total,
             "last_checkpoint": sup.source.latest_checkpoint(),
             "supervisor_pid": os.getpid(),
             "worker_pid": sup.worker.pid if sup.worker and sup.worker.poll() is None else None,

@@ -8,12 +8,12 @@ fresh, and when the worker dies, hangs or diverges stops its whole process tree 
 restarts it from the newest *verified* checkpoint with a new plan revision, within
 a budget.
 
-The :class:`Supervisor` owns the run's state and its loop (pump, handle, the attempt, the
+The :class:`Supervisor` owns the run's state and its loop (pump, handle, the attempt, carrying out the
 restart decision); its parts each hold it as ``sup`` and keep only their own bookkeeping:
 ``worker_events`` (what a worker reports), ``actions`` (detection to policy to action),
 ``controls`` (signals and operator requests), ``books`` (``status.json``, LAST_GOOD),
-``resumes`` (where a restart resumes), ``in_process`` (rollbacks in the live worker) and
-``scaling`` (resizes).
+``resumes`` (where a restart resumes), ``planner`` (restart budgets, backoff and the next plan
+revision), ``in_process`` (rollbacks in the live worker) and ``scaling`` (resizes).
 """
 
 from __future__ import annotations
@@ -32,8 +32,7 @@ from steadytune.config.load import dump_config
 from steadytune.config.schema import SteadytuneConfig
 from steadytune.detect.live import LiveDetector
 from steadytune.policy.engine import Action, Policy
-from steadytune.policy.plan import smaller_microbatch
-from steadytune.policy.restart import Decision, ExitInfo, decide
+from steadytune.policy.restart import Decision, ExitInfo
 from steadytune.records import (
     Event,
     Heartbeat,
@@ -42,13 +41,13 @@ from steadytune.records import (
     StepRecord,
     SystemSample,
     WorkerExit,
-    replace,
     to_json,
 )
 from steadytune.rundir import RunDir, atomic_write_text
 from steadytune.supervise.actions import Actions
 from steadytune.supervise.inprocess import InProcessRollbacks
 from steadytune.supervise.logparse import last_exception, last_lines
+from steadytune.supervise.next_attempt import NextAttempt, RestartPlanner
 from steadytune.supervise.operator import OperatorControls
 from steadytune.supervise.process import ProcessTree, WorkerProcess
 from steadytune.supervise.restarts import (
@@ -130,8 +129,7 @@ class Supervisor:
         self.tailers: dict[Path, JsonlTailer] = {}
         self.state = "starting"
         self.attempt = 0
-        self.restarts = 0  # crash restarts, which the restart budget counts
-        self.action_restarts = 0  # restarts the policy asked for (rollback, hang): its own budgets count them
+        self.planner = RestartPlanner(cfg.run, cfg.train, clock)  # restart budgets, backoff, next plans
         self.worker: WorkerProcess | None = None
         self.tree: ProcessTree | None = None
         self.exits: list[WorkerExit] = []
@@ -148,7 +146,6 @@ class Supervisor:
         self.scaling = Autoscaler.for_run(self, worker_env)  # None without scale: in the config
         self.pending: Action | None = None  # an action that stopped the worker on purpose
         self.samples_by_step: dict[int, list[int]] = {}  # for rollback-and-skip
-        self.shrink_next_restart = False
         self.last_step_ts: float | None = None
         self.started_ts = clock()
         self.leak_snapshot_pending = False  # a leak's checkpoint, once taken, asks for an allocator snapshot
@@ -222,14 +219,7 @@ class Supervisor:
 
     def revise(self, reason: str, cause: Event | None = None, **changes: Any) -> PlanRevision:
         """Write the next plan revision, inheriting everything the last one said."""
-        self.plan = replace(
-            self.plan,
-            revision=self.plan.revision + 1,
-            ts=self.clock(),
-            reason=reason,
-            cause_event_seq=cause.seq if cause else None,
-            **changes,
-        )
+        self.plan = self.planner.revision(self.plan, reason, cause.seq if cause else None, **changes)
         self.write_plan(self.plan)
         return self.plan
 
@@ -348,7 +338,7 @@ class Supervisor:
             rc = self.worker.poll()
             self.pump()
             if live is not None:
-                live.update(progress_line(self.progress, self.restarts + self.action_restarts, self.state))
+                live.update(progress_line(self.progress, self.planner.total, self.state))
             if rc is not None:
                 break
             if self.stop_sent_at is not None and self.clock() - self.stop_sent_at > self.stop_grace_s:
@@ -420,7 +410,6 @@ class Supervisor:
     def run_to_end(self, live: Any = None) -> RunResult:
         t0 = self.clock()
         self.prepare()
-        history: list[ExitInfo] = []
         self.write_plan(self.plan)
         self.start_worker(self.plan)
         while True:
@@ -444,18 +433,9 @@ class Supervisor:
                 changes, reason, why = self.plan_after_action(action, info)
                 if changes is None:
                     return self.finish(Decision("stop", action.name, why), info, t0)
-                delay = 0.0
-                self.action_restarts += 1
+                nxt = self.planner.after_action(self.plan, changes, reason, why)
             else:
-                decision = decide(
-                    info,
-                    history,
-                    self.restarts,
-                    self.cfg.run.max_restarts,
-                    self.cfg.run.restart_backoff_s,
-                    self.cfg.run.restart_backoff_max_s,
-                )
-                history.append(info)
+                decision = self.planner.decide(info)
                 if decision.classification == "paused" and not self.interrupts:
                     self.emit("lifecycle", "run_paused", f"run paused at step {info.step}", step=info.step)
                     if not self.controls.wait_while_paused(live):
@@ -481,44 +461,30 @@ class Supervisor:
                 changes, reason, why = self.resumes.plan_after_crash(decision)
                 if changes is None:
                     return self.finish(Decision("stop", decision.classification, why), info, t0)
-                delay = decision.delay_s
-                self.restarts += 1
-            if self.shrink_next_restart:
-                self.shrink_next_restart = False
-                smaller = smaller_microbatch(
-                    self.plan, self._batch(), self.cfg.train.gradient_accumulation_steps
-                )
-                if smaller:
-                    changes.update(smaller)
-                    why += (
-                        f"; micro-batch {smaller['per_device_train_batch_size']} x accumulation "
-                        f"{smaller['gradient_accumulation_steps']} (same effective batch)"
-                    )
-            event = self.emit(
-                "action",
-                "restart",
-                f"restarting the {self.source.label}: {why}" + (f" in {delay:.0f}s" if delay else ""),
-                severity="warning",
-                step=info.step,
-                data={
-                    "classification": reason,
-                    "returncode": info.returncode,
-                    **{
-                        k: changes[k]
-                        for k in ("resume_checkpoint", "lr_scale", "nproc_per_node")
-                        if changes.get(k) is not None
-                    },
-                },
-            )
-            self.state = "restarting"
-            self.books.write_status(force=True)
-            time.sleep(delay)
-            if self.interrupts:
+                nxt = self.planner.after_crash(self.plan, changes, reason, why, decision.delay_s)
+            if not self.restart(nxt, info):
                 return self.finish(Decision("stop", "user_interrupt", "stopped on request"), info, t0)
-            self.attempt += 1
-            self.revise(reason=reason, cause=event, attempt=self.attempt, notes=why, **changes)
-            self.rewind_detection(changes.get("resume_checkpoint"))
-            self.start_worker(self.plan)
+
+    def restart(self, nxt: NextAttempt, info: ExitInfo) -> bool:
+        """File the restart, wait its backoff and start the next attempt; False: stopped while waiting."""
+        event = self.emit(
+            "action",
+            "restart",
+            nxt.message(self.source.label),
+            severity="warning",
+            step=info.step,
+            data=nxt.event_data(info.returncode),
+        )
+        self.state = "restarting"
+        self.books.write_status(force=True)
+        time.sleep(nxt.delay_s)
+        if self.interrupts:
+            return False
+        self.attempt += 1
+        self.revise(reason=nxt.reason, cause=event, attempt=self.attempt, notes=nxt.why, **nxt.changes)
+        self.rewind_detection(nxt.changes.get("resume_checkpoint"))
+        self.start_worker(self.plan)
+        return True
 
     def rewind_detection(self, resume: str | None) -> None:
         """Start detection again from the checkpoint the worker resumes from.
@@ -539,10 +505,6 @@ class Supervisor:
         step = checkpoint_step(Path(resume)) if resume else 0
         self.detector = replay_detector(self.run, self.cfg.detect, step or 0)
         self.progress.rewind(step or 0, self.attempt)
-
-    def _batch(self) -> int:
-        b = self.cfg.train.per_device_train_batch_size
-        return b if isinstance(b, int) else (self.plan.per_device_train_batch_size or 1)
 
     def plan_after_action(self, action: Action, info: ExitInfo) -> tuple[dict[str, Any] | None, str, str]:
         """The restart plan for a worker the supervisor stopped on purpose."""
@@ -594,7 +556,7 @@ class Supervisor:
             state,
             decision.reason,
             self.progress,
-            self.restarts + self.action_restarts,
+            self.planner.total,
             ckpts,
             self.clock() - t0,
         )
