@@ -97,6 +97,7 @@ def run_bare(config: Path, out: Path, guard: bool) -> dict[str, Any]:
         "hf_save_ms": 1e3 * statistics.median(data["hf_save_s"]),
         "wall_s": wall,
         "guard_us": [ns / 1e3 for ns in data["guard_ns_per_step"]],
+        "hook_us": {k: [ns / 1e3 for ns in v] for k, v in data.get("guard_hook_ns", {}).items()},
     }
 
 
@@ -310,6 +311,12 @@ def main() -> int:
             f"and saves "
             f"included), target ≤ 80"
         )
+        hooks: dict[str, list[float]] = {}
+        for r in results["+guard"]:
+            for name, us in r.get("hook_us", {}).items():
+                hooks.setdefault(name, []).extend(us)
+        for name, us in sorted(hooks.items()):
+            print(f"  {name:<24} median {statistics.median(us):7.1f} µs a call ({len(us)} calls)")
         hf = [r["hf_save_ms"] for r in results["+guard"]]
         ours = [r["save_ms"] - r["hf_save_ms"] for r in results["+guard"]]
         print(
