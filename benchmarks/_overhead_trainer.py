@@ -91,6 +91,7 @@ def main() -> None:
     stamps = Stamps()
     callbacks: list[Any] = [stamps]
     hook_ns: dict[int, int] = {}
+    by_hook: dict[str, list[int]] = {}  # each hook's own calls, to see which part of the step costs what
     publish_s: list[float] = []
     sealing_s: list[float] = []
     if a.guard:
@@ -109,13 +110,15 @@ def main() -> None:
             # Until its optimizer step, the step in progress is global_step + 1.
             ahead = 0 if name == "on_step_end" else 1
 
-            def hook(*h: Any, _inner: Any = inner, _ahead: int = ahead, **kw: Any) -> Any:
+            def hook(*h: Any, _inner: Any = inner, _ahead: int = ahead, _name: str = name, **kw: Any) -> Any:
                 t0 = time.perf_counter_ns()
                 try:
                     return _inner(*h, **kw)
                 finally:
+                    took = time.perf_counter_ns() - t0
                     step = h[1].global_step + _ahead
-                    hook_ns[step] = hook_ns.get(step, 0) + time.perf_counter_ns() - t0
+                    hook_ns[step] = hook_ns.get(step, 0) + took
+                    by_hook.setdefault(_name, []).append(took)
 
             setattr(cb, name, hook)
         on_save = cb.on_save
@@ -163,6 +166,7 @@ def main() -> None:
         "publish_s": publish_s,
         "sealing_s": sealing_s,
         "guard_ns_per_step": per_step if a.guard else [],
+        "guard_hook_ns": by_hook,
         "end": time.time(),
     }
     a.out.write_text(json.dumps(result), encoding="utf-8")

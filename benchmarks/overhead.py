@@ -23,7 +23,8 @@ Then the guard's own in-loop time per step (its four loop hooks, timed inside th
 ``+guard`` runs), a micro-benchmark of its parts in µs, and the save figure again on a
 wider model whose checkpoint is about ``--save-mb`` MB (built from a config, offline;
 0 skips it). Last, recovery times (benchmarks/recovery_time.py): a rollback inside the
-running worker beside the same rollback by a restart, and a kill. Targets (the design's):
+running worker beside the same rollback by a restart, and a kill through the standby
+worker beside one in a new process. Targets (the design's):
 guard ≤ 80 µs per step, first step ≤ bare + 1 s, save ≤ bare + 10%, a rollback ≤ 1 s plus
 the checkpoint load, a kill ≤ 5 s to the first new step.
 
@@ -96,6 +97,7 @@ def run_bare(config: Path, out: Path, guard: bool) -> dict[str, Any]:
         "hf_save_ms": 1e3 * statistics.median(data["hf_save_s"]),
         "wall_s": wall,
         "guard_us": [ns / 1e3 for ns in data["guard_ns_per_step"]],
+        "hook_us": {k: [ns / 1e3 for ns in v] for k, v in data.get("guard_hook_ns", {}).items()},
     }
 
 
@@ -261,7 +263,8 @@ def main() -> int:
     ap.add_argument("--only", default=",".join(VARIANTS), help="variants to run, e.g. bare,run")
     ap.add_argument("--work", type=Path, default=None, help="keep the runs here (default: a temp folder)")
     ap.add_argument("--recovery-rounds", type=int, default=2,
-                    help="rounds of benchmarks/recovery_time.py (rollback in process, by restart, kill); "
+                    help="rounds of benchmarks/recovery_time.py (rollback in process, by restart, kill "
+                    "through the standby worker and in a new process); "
                     "0 skips")  # fmt: skip
     args = ap.parse_args()
     only = [v for v in VARIANTS if v in args.only.split(",")]
@@ -308,6 +311,12 @@ def main() -> int:
             f"and saves "
             f"included), target ≤ 80"
         )
+        hooks: dict[str, list[float]] = {}
+        for r in results["+guard"]:
+            for name, us in r.get("hook_us", {}).items():
+                hooks.setdefault(name, []).extend(us)
+        for name, us in sorted(hooks.items()):
+            print(f"  {name:<24} median {statistics.median(us):7.1f} µs a call ({len(us)} calls)")
         hf = [r["hf_save_ms"] for r in results["+guard"]]
         ours = [r["save_ms"] - r["hf_save_ms"] for r in results["+guard"]]
         print(

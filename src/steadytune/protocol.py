@@ -241,3 +241,30 @@ class RequestQueue:
             if isinstance(request, dict):
                 out.append(request)
         return out
+
+
+# Variables a worker reads only once its attempt begins, so a standby worker takes them with its orders;
+# any other difference in the environment (CUDA_VISIBLE_DEVICES, WORLD_SIZE, the thread counts) is read
+# by the imports the standby worker has already done, and needs a new process.
+LATE_ENV = ("STEADYTUNE_ATTEMPT", "STEADYTUNE_FAULTS")
+
+
+def standby_orders(log: Path, env: dict[str, str | None]) -> str:
+    """The line that sends a standby worker into its attempt: where its output goes, and ``LATE_ENV``.
+
+    A variable set to None is removed from the worker's environment.
+    """
+    late = {k: v for k, v in env.items() if k in LATE_ENV}
+    return json.dumps({"log": str(log), "env": late}) + "\n"
+
+
+def read_standby_orders(line: str) -> tuple[Path, dict[str, str | None]]:
+    """The log path and late variables of ``line``; a ``ValueError`` for anything else."""
+    data = json.loads(line)
+    env = data.get("env") if isinstance(data, dict) else None
+    if not isinstance(env, dict) or not isinstance(data.get("log"), str):
+        raise ValueError(f"standby orders must be {{'log': path, 'env': {{...}}}}, got {line[:200]!r}")
+    bad = [k for k, v in env.items() if k not in LATE_ENV or not (v is None or isinstance(v, str))]
+    if bad:
+        raise ValueError(f"standby orders may set only {', '.join(LATE_ENV)} to text or null, got {bad}")
+    return Path(data["log"]), env

@@ -91,6 +91,10 @@ def test_rules_resize_a_run_one_to_two_to_one(
     assert [e.data["world"] for e in evs if e.name == "resized"] == [2, 1]
     assert not [e for e in evs if e.name in {"resume_mismatch", "resize_refused"}]
     assert evs[-1].name == "run_completed"
+    # The run on two processes cannot go to the one-process standby worker, and says so; back on one, it can.
+    started = [e for e in evs if e.name == "worker_started"]
+    assert [e.data["standby"] for e in started] == [False, False, True]
+    assert "a new process: the attempt runs several processes (torchrun)" in started[1].message
 
     # Steps continue from each checkpoint: no gap, no repeat.
     rank0 = [

@@ -74,6 +74,11 @@ def test_supervise_survives_sigkill_and_hang(tmp_path: Path, demo_assets: Path) 
     assert [e.data["classification"] for e in restarts] == ["killed", "stall"]
     assert any(e.name == "stall" for e in events)
     assert all("resuming from checkpoint-" in e.message for e in restarts)
+    # A command is started anew at every attempt: no standby worker, and the event says so.
+    started = [e for e in events if e.name == "worker_started"]
+    assert len(started) == 3 and not any(e.data["standby"] for e in started)
+    assert all("a new process: a supervised command is started afresh" in e.message for e in started)
+    assert not (run / "logs" / "standby-0.log").exists()
     assert events[-1].name == "run_completed"
     state = json.loads((out / "checkpoint-50" / "trainer_state.json").read_text())
     assert state["global_step"] == 50

@@ -319,6 +319,11 @@ class RecoverConfig(Section):
         gt=0,
         description="seconds the worker has to take an in-process rollback before it is restarted instead",
     )
+    standby_worker: bool = Field(
+        True,
+        description="true: a single-process run keeps a spare worker, imported and waiting, for the next "
+        "attempt after a crash or a kill; false: every restart starts a new process",
+    )
 
 
 class RayConfig(Section):

@@ -107,6 +107,7 @@ class CommandSource:
         resume = Path(plan.resume_checkpoint) if plan.resume_checkpoint else None
         self.adapter.begin(plan.attempt, resume)
         proc = WorkerProcess(self.command_for(plan), log_path, env=env, pipe_stdout=True)
+        proc.how = "a new process: a supervised command is started afresh each attempt"
         self._reader = threading.Thread(target=self._pipe, args=(proc,), daemon=True)
         self._reader.start()
         return proc
@@ -145,6 +146,15 @@ class CommandSource:
             self._reader.join(timeout=5)
         self.adapter.poll_files()
         self.adapter.drain()
+
+    def training(self) -> None:
+        return None  # nothing to get ready: each attempt runs the command anew
+
+    def close(self) -> None:
+        return None
+
+    def standby_pid(self) -> int | None:
+        return None
 
     # -- checkpoints --------------------------------------------------------------
     def checkpoints(self) -> list[Path]:

@@ -18,7 +18,7 @@ import psutil
 
 
 def worker_command(run_root: Path, nproc_per_node: int = 1, python: str = sys.executable) -> list[str]:
-    """The command that starts the built-in worker on ``run_root``."""
+    """The command that starts the built-in worker on ``run_root`` (a standby one adds ``--standby``)."""
     module = ["-m", "steadytune.train.worker", "--run-dir", str(run_root)]
     if nproc_per_node <= 1:
         return [python, *module]
@@ -44,9 +44,14 @@ class WorkerProcess:
         env: dict[str, str] | None = None,
         cwd: Path | None = None,
         pipe_stdout: bool = False,
+        pipe_stdin: bool = False,
     ) -> None:
         self.cmd = list(cmd)
         self.log_path = log_path
+        self.env = {**os.environ, **(env or {})}
+        # How the attempt's process came to be, for its worker_started event and status.json.
+        self.how = "a new process"
+        self.standby = False  # a standby worker, given its orders (supervise/standby.py)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         # With pipe_stdout the caller reads the output (and writes the log); otherwise it goes to the log.
         self._log = open(log_path, "ab")  # noqa: SIM115 - lives as long as the process
@@ -55,13 +60,21 @@ class WorkerProcess:
             self.cmd,
             stdout=subprocess.PIPE if pipe_stdout else self._log,
             stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env={**os.environ, **(env or {})},
+            stdin=subprocess.PIPE if pipe_stdin else subprocess.DEVNULL,
+            env=self.env,
             cwd=cwd,
             start_new_session=True,
         )
         if pipe_stdout:
             self._log.close()
+
+    @property
+    def kind(self) -> str:
+        return "standby worker" if self.standby else "new process"
+
+    def origin(self) -> dict[str, str | bool]:
+        """How the process came to be: ``how`` in words, ``standby`` whether it was the spare worker."""
+        return {"how": self.how, "standby": self.standby}
 
     @property
     def pid(self) -> int:

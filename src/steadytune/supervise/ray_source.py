@@ -69,7 +69,9 @@ class RaySource(NativeSource):
             "RAY_TRAIN_V2_ENABLED": "1",
             "RAY_TRAIN_ENABLE_PRINT_PATCH": "0",  # Ray's patched print repeats every log line in the log
         }
-        return WorkerProcess(driver_command(self.run.root.resolve()), log_path, env=env)
+        proc = WorkerProcess(driver_command(self.run.root.resolve()), log_path, env=env)
+        proc.how = "a new process: a Ray job's driver starts its own worker group"
+        return proc
 
     def watch(self, attempt: int) -> None:
         """Follow what the driver of ``attempt`` writes beside the streams, from the start of each file."""

@@ -24,6 +24,7 @@ from steadytune.checkpoint.store import clean_staging, read_pointer
 from steadytune.records import PlanRevision, Record
 from steadytune.rundir import RunDir
 from steadytune.supervise.process import ProcessTree, WorkerProcess, worker_command
+from steadytune.supervise.standby import Standby
 
 if TYPE_CHECKING:
     from steadytune.config.schema import RayConfig
@@ -71,6 +72,18 @@ class WorkerSource(Protocol):
         """The attempt has exited: let its last output reach the record stream."""
         ...
 
+    def training(self) -> None:
+        """The attempt has made its first step: a source may now get ready for the next one."""
+        ...
+
+    def close(self) -> None:
+        """The run has ended: stop whatever the source kept ready."""
+        ...
+
+    def standby_pid(self) -> int | None:
+        """The spare worker waiting for the next attempt, if one is (``supervise/standby.py``)."""
+        ...
+
     def checkpoints(self) -> list[Path]:
         """Every checkpoint folder, newest step first."""
         ...
@@ -106,27 +119,59 @@ class NativeSource:
     label = "worker"
     abilities = frozenset({PLAN, CONTROL, SKIP_STEP, LR, DATA, RELOAD})
 
-    def __init__(self, run: RunDir, nproc_per_node: int = 1, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        run: RunDir,
+        nproc_per_node: int = 1,
+        env: dict[str, str] | None = None,
+        standby: bool = False,
+    ) -> None:
         self.run, self.nproc, self.env = run, nproc_per_node, dict(env or {})
         self.checkpoint_root: Path | None = run.checkpoints
+        # A spare worker for the next attempt (supervise/standby.py): one process only, so not for torchrun.
+        self.standby = Standby(run) if standby and nproc_per_node <= 1 else None
+        self.no_standby = (
+            "recover.standby_worker is false"
+            if not standby
+            else f"run.nproc_per_node is {nproc_per_node}: the standby worker is one process"
+        )
+        self.attempts = 0
+
+    def attempt_env(self, attempt: int | None) -> dict[str, str]:
+        env = {**self.env, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+        return env if attempt is None else {**env, "STEADYTUNE_ATTEMPT": str(attempt)}
 
     def start(self, plan: PlanRevision, log_path: Path) -> WorkerProcess:
         clean_staging(self.run.staging)
-        env = {
-            **self.env,
-            "STEADYTUNE_ATTEMPT": str(plan.attempt),
-            "PYTHONUNBUFFERED": "1",
-            "TOKENIZERS_PARALLELISM": "false",
-        }
+        env = self.attempt_env(plan.attempt)
         # A resize (scale: in the config) relaunches with the plan's process count, not the first one.
-        nproc = plan.nproc_per_node or self.nproc
-        return WorkerProcess(worker_command(self.run.root, nproc), log_path, env=env)
+        cmd = worker_command(self.run.root, plan.nproc_per_node or self.nproc)
+        self.attempts += 1
+        why = "the run's first attempt" if self.attempts == 1 else self.no_standby
+        if self.standby is not None and self.attempts > 1:
+            spare, why = self.standby.take(cmd, env, log_path)
+            if spare is not None:
+                return spare
+        proc = WorkerProcess(cmd, log_path, env=env)
+        proc.how = f"a new process: {why}"
+        return proc
 
     def poll(self) -> Iterable[Record] | None:
         return None
 
     def settle(self) -> None:
         return None
+
+    def training(self) -> None:
+        if self.standby is not None:
+            self.standby.prepare(self.attempt_env(None))
+
+    def close(self) -> None:
+        if self.standby is not None:
+            self.standby.stop()
+
+    def standby_pid(self) -> int | None:
+        return self.standby.pid if self.standby is not None else None
 
     def checkpoints(self) -> list[Path]:
         return list_checkpoints(self.run.checkpoints)

@@ -48,6 +48,8 @@ class RunBooks:
             "last_checkpoint": sup.source.latest_checkpoint(),
             "supervisor_pid": os.getpid(),
             "worker_pid": sup.worker.pid if sup.worker and sup.worker.poll() is None else None,
+            "worker_start": sup.worker.how if sup.worker else None,  # a new process, or the standby worker
+            "standby_pid": sup.source.standby_pid(),
             "source": sup.source.label,
             "updated_ts": now,
             "dashboard_url": sup.dashboard_url,

@@ -114,7 +114,9 @@ class Supervisor:
         self.console = console
         self.clock = clock
         self.poll_s = poll_s
-        self.source: WorkerSource = source or NativeSource(self.run, cfg.run.nproc_per_node, worker_env)
+        self.source: WorkerSource = source or NativeSource(
+            self.run, cfg.run.nproc_per_node, worker_env, standby=cfg.recover.standby_worker
+        )
         self._observers_arg = observers
         self.stop_grace_s = stop_grace_s
         self.sampler = sampler or sampler_from_env(self.run.root, clock=clock)
@@ -240,10 +242,11 @@ class Supervisor:
         self.emit(
             "lifecycle",
             "worker_started",
-            f"{self.source.label} attempt {plan.attempt} started (pid {self.worker.pid})"
+            f"{self.source.label} attempt {plan.attempt} started (pid {self.worker.pid}, {self.worker.kind})"
             + (f", resuming from {resume.name}" if resume else "")
-            + ("" if PLAN in self.source.abilities else f": {' '.join(cmd)}"),
-            data={"pid": self.worker.pid, "attempt": plan.attempt, "cmd": cmd},
+            + ("" if PLAN in self.source.abilities else f": {' '.join(cmd)}")
+            + f"; {self.worker.how}",
+            data={"pid": self.worker.pid, "attempt": plan.attempt, "cmd": cmd, **self.worker.origin()},
         )
 
     def pump(self) -> None:
@@ -274,7 +277,6 @@ class Supervisor:
             and now - self.phase_since < self.cfg.policy.setup_timeout_s
         )
         if self.worker is not None and self.worker.poll() is None and self.pending is None and not slow_phase:
-            # Loading, saving and evaluating are judged by setup_timeout_s, not by step pace.
             last_beat = max(self.last_heartbeat.values()) if self.last_heartbeat else None
             for t in self.detector.observe_time(now, last_beat, self.progress.step or None):
                 self.actions.on_transition(t)
@@ -292,6 +294,8 @@ class Supervisor:
                 self.progress.add(rec)
             self.last_heartbeat[rec.rank] = self.clock()
             if rec.rank == 0 and rec.attempt == self.attempt and not rec.extra.get("eval"):
+                if not self.attempt_stepped:
+                    self.source.training()  # a spare for the next attempt starts now, not beside this one's
                 self.worker_phase, self.attempt_stepped = "train", True
                 self.resumes.on_first_loss(rec)
                 if self.scaling is not None:
@@ -514,8 +518,7 @@ class Supervisor:
             "done": decision.classification,
             "stop": "stopped" if decision.classification == "user_interrupt" else "failed",
         }[decision.action]
-        # Set before books.update_last_good: a completed run's last checkpoint needs no healthy window
-        # after it.
+        # Set before books.update_last_good: a completed run's last checkpoint needs no window after it.
         self.state = state
         if state == "completed":
             self.books.update_last_good()
@@ -542,6 +545,7 @@ class Supervisor:
         )
         if detail:
             self.say(detail.lstrip("\n"))
+        self.source.close()
         self.books.write_status(force=True)
         self.system_writer.close()
         for obs in self.observers:

@@ -44,15 +44,13 @@ def latest_plan(run: RunDir) -> PlanRevision:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="steadytune-worker")
     parser.add_argument("--run-dir", required=True, type=Path)
+    parser.add_argument(
+        "--standby",
+        action="store_true",
+        help="import, then wait for an attempt's orders on stdin (train/standby.py)",
+    )
     args = parser.parse_args(argv)
     run = RunDir(args.run_dir)
-    plan = latest_plan(run)
-
-    run.stacks.mkdir(parents=True, exist_ok=True)
-    rank = int(os.environ.get("RANK", "0"))
-    # SIGUSR1 dumps every thread's Python stack: the supervisor uses it on a hang.
-    stack_file = open(run.stacks / f"rank-{rank}-attempt-{plan.attempt}.txt", "a")  # noqa: SIM115
-    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
 
     from steadytune.config.load import load_config
     from steadytune.train.lean import hide_unneeded
@@ -64,6 +62,18 @@ def main(argv: list[str] | None = None) -> int:
     if cfg is not None:
         # Before transformers is first imported: a restart after a kill waits on this start-up.
         hide_unneeded(cfg)
+    if args.standby:
+        from steadytune.train.standby import stand_by
+
+        if not stand_by(cfg):
+            return 0  # the supervisor ended without needing it
+    plan = latest_plan(run)  # read only now: a standby worker's attempt is planned after it started
+
+    run.stacks.mkdir(parents=True, exist_ok=True)
+    rank = int(os.environ.get("RANK", "0"))
+    # SIGUSR1 dumps every thread's Python stack: the supervisor uses it on a hang.
+    stack_file = open(run.stacks / f"rank-{rank}-attempt-{plan.attempt}.txt", "a")  # noqa: SIM115
+    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     return train_attempt(run, plan, rank, cfg=cfg)
 
 

@@ -108,3 +108,22 @@ def test_nothing_is_hidden_once_transformers_is_imported(demo_assets: Path, tmp_
     )
     # peft, imported, brings in the other two: none of them was hidden.
     assert fresh_imports(code + "import peft\n", watch=OPTIONAL) == sorted(OPTIONAL)
+
+
+def test_a_standby_worker_warms_up_with_the_model_module_and_without_the_hidden_packages_or_a_device(
+    demo_assets: Path, tmp_path: Path
+) -> None:
+    """What the spare imports ahead (train/standby.py) is what the attempt would, and no more."""
+    cfg = config(demo_assets, tmp_path)
+    then = (
+        "import sys, torch\n"
+        "from steadytune.train.standby import warm_up\n"
+        "assert 'transformers.models.llama.modeling_llama' not in sys.modules\n"
+        "warm_up(cfg)\n"
+        "assert 'transformers.models.llama.modeling_llama' in sys.modules  # the demo model's class\n"
+        "assert 'steadytune.guard.checkpoints' in sys.modules\n"
+        "assert not torch.cuda.is_initialized()\n"
+    )
+    assert fresh_imports(worker_code(cfg, then), watch=OPTIONAL) == []
+    lora = config(demo_assets, tmp_path, "lora")
+    assert fresh_imports(worker_code(lora, then), watch=OPTIONAL) == ["peft"]
