@@ -6,9 +6,10 @@
   kept out of the baseline so a lasting drop stays visible;
 - dataloader_bottleneck: ``extra["data_time_s"]`` (time waiting for the batch)
   over ``data_wait_ratio`` of the step time, ``data_wait_points`` in a row;
-- straggler: one rank's median step time (``extra["compute_time_s"]`` when the
+- straggler: one rank's step time (``extra["compute_time_s"]`` when the
   worker reports it, since collectives make every rank's wall time equal) over
-  ``straggler_ratio`` times the median rank, or a rank trailing the leader by
+  ``straggler_ratio`` times the median of the other ranks' median times for
+  ``straggler_points`` points in a row, or a rank trailing the leader by
   ``straggler_lag_points`` logging intervals;
 - stall: no new step for ``stall_factor`` times the longest recent interval
   (and at least ``stall_min_s``), or no heartbeat (a hang) for
@@ -133,7 +134,8 @@ class StragglerWatch:
         self._straggler_lag_points = straggler_lag_points
         self._times: dict[int, SortedWindow] = {}
         self._last_step: dict[int, int] = {}
-        self._slow: dict[int, int] = {}
+        self._slow: dict[int, int] = {}  # slow points in a row, per rank
+        self._first_slow: dict[int, int] = {}  # the step of the first of them
         self._reps: dict[int, Reporter] = {}
         self._leader = 0
         self._advances = SortedWindow(16)  # how far the leading step moves per record: the logging interval
@@ -152,13 +154,13 @@ class StragglerWatch:
                 self._advances.push(float(rec.step - self._leader))
             self._leader = rec.step
         t = rec.extra.get("compute_time_s") if rec.extra else None
-        t = t if isinstance(t, (int, float)) else rec.step_time_s
+        t = float(t) if isinstance(t, (int, float)) else rec.step_time_s
         if t and t > 0:
             self._times.setdefault(r, SortedWindow(16)).push(float(t))
         if len(self._last_step) < 2:
             return
         self._lag(rec.step, out)
-        self._slowness(rec, out)
+        self._slowness(rec, t, out)
 
     def _lag(self, step: int, out: list[Finding]) -> None:
         if len(self._advances) < _MIN_ADVANCES:
@@ -175,30 +177,41 @@ class StragglerWatch:
             elif behind <= limit / 2:
                 rep.report(out, "straggler", "step", step, False)
 
-    def _slowness(self, rec: StepRecord, out: list[Finding]) -> None:
+    def _slowness(self, rec: StepRecord, t: float | None, out: list[Finding]) -> None:
         full = {r: w.median() for r, w in self._times.items() if len(w) >= 8}
-        if len(full) < 2 or rec.rank not in full:
+        others = sorted(m for r, m in full.items() if r != rec.rank)
+        if not others or rec.rank not in full or not t or t <= 0:
             return
-        meds = sorted(full.values())
-        typical = (
-            meds[len(meds) // 2] if len(meds) % 2 else 0.5 * (meds[len(meds) // 2 - 1] + meds[len(meds) // 2])
-        )
-        mine = full[rec.rank]
-        ratio = mine / typical if typical > 0 else 1.0
+        # The yardstick is the other ranks: with two ranks, a median over both would move halfway
+        # to the slow one and hide it.
+        mid = len(others) // 2
+        typical = others[mid] if len(others) % 2 else 0.5 * (others[mid - 1] + others[mid])
+        if typical <= 0:
+            return
+        # Each point counts on its own time, so a rank that turns slow is known after
+        # straggler_points slow points, not after its median of 16 has turned first; one slow
+        # step (a checkpoint save) breaks the run of points and is no straggler.
+        slow = t / typical > self._straggler_ratio
+        count = self._slow[rec.rank] = self._slow.get(rec.rank, 0) + 1 if slow else 0
+        if count == 1:
+            self._first_slow[rec.rank] = rec.step
         rep = self._rep(rec.rank)
-        self._slow[rec.rank] = self._slow.get(rec.rank, 0) + 1 if ratio > self._straggler_ratio else 0
-        if self._slow[rec.rank] >= self._straggler_points:
-            ev = None
+        if count >= self._straggler_points:
+            recent = sorted(list(self._times[rec.rank].values)[-count:])
+            mine = recent[len(recent) // 2]
+            ev, at = None, rec.step
             if not rep.is_on("straggler", "step_time_s"):
+                at = self._first_slow[rec.rank]  # dated from the first slow point
                 ev = {
                     "rank_step_time_s": rounded(mine),
                     "median_rank_step_time_s": rounded(typical),
-                    "ratio": rounded(ratio, 4),
+                    "ratio": rounded(mine / typical, 4),
                     "threshold_ratio": self._straggler_ratio,
                     "ranks": len(full),
+                    "slow_points": count,
                 }
-            rep.report(out, "straggler", "step_time_s", rec.step, True, evidence=ev)
-        elif ratio < 1.0 + (self._straggler_ratio - 1.0) / 2:
+            rep.report(out, "straggler", "step_time_s", at, True, evidence=ev)
+        elif full[rec.rank] / typical < 1.0 + (self._straggler_ratio - 1.0) / 2:
             rep.report(out, "straggler", "step_time_s", rec.step, False)
 
 

@@ -59,8 +59,7 @@ def need(kind: str, run) -> int:
         "grad_vanishing": c.grad.vanishing_points + c.series.level_window,
         "throughput_drop": c.pace.throughput_points,
         "dataloader_bottleneck": c.pace.data_wait_points,
-        # The median of a rank's last 16 step times must flip before its points count.
-        "straggler": 16 // 2 + c.pace.straggler_points,
+        "straggler": c.pace.straggler_points,
         "gpu_thermal": c.system.gpu_temp_points,
         "divergence": c.loss.divergence_points + c.series.level_window,
         "overfitting": c.eval.rising_evals,
