@@ -110,7 +110,7 @@ def _jittered_ranks(
 
 @pytest.mark.parametrize("seed", range(2))
 @pytest.mark.parametrize("ranks", (2, 4, 8))
-@pytest.mark.parametrize("factor", (1.5, 2.5))
+@pytest.mark.parametrize("factor", (1.6, 2.5))  # 1.6: a fifth over straggler_ratio, 4x the jitter
 def test_a_rank_that_turns_slow_is_named_after_straggler_points(seed: int, ranks: int, factor: float) -> None:
     rng = random.Random(seed * 100 + ranks)
     slow_rank, i0, need = rng.randrange(ranks), rng.randint(30, 60), PaceConfig().straggler_points
@@ -134,6 +134,17 @@ def test_slow_steps_that_do_not_last_are_no_straggler(ranks: int) -> None:
     slow = {i for start in range(20, 190, 30) for i in range(start, start + rng.randint(1, need - 1))}
     recs = _jittered_ranks(rng, 200, ranks, {0: 3.0}, slow)
     assert "straggler" not in kinds(feed(recs))
+
+
+@pytest.mark.parametrize("ranks", (2, 4, 8))
+@pytest.mark.parametrize("factor", (1.6, 2.5))
+def test_every_rank_slowing_at_once_is_no_straggler(ranks: int, factor: float) -> None:
+    # Longer batches, a slower phase of the data, a throttled node of all ranks: every rank is
+    # slower from one step on. The yardstick (the others' latest times) moves with them.
+    rng = random.Random(ranks)
+    i0 = rng.randint(30, 60)
+    slow = {k: factor for k in range(ranks)}
+    assert "straggler" not in kinds(feed(_jittered_ranks(rng, i0 + 60, ranks, slow, set(range(i0, i0 + 60)))))
 
 
 @pytest.mark.parametrize("seed", range(3))
