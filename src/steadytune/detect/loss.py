@@ -206,17 +206,22 @@ class LossWatch:
         t.accept(y, epoch)
         ys = self._recent
         ys.append(y)
-        # The steady-climb line is looked at every few points, and only with the level above its
-        # best: a fit on every point of a long run costs more than the few points it could save.
-        if t.n_accepted % _CLIMB_STRIDE == 0:
-            best = t.best_level
-            self._rising = best is not None and t.level - best > self._climb_min_rise and self._steady_rise()
-        rising = self._rising
-        # The slow-climb tests need the noise estimate; skip them while the level sits near its
-        # best and the recent points do not rise along a line.
-        near_best = t.best_level is None or t.level - t.best_level <= self._divergence_rise
-        if self._climb_points or rep.on or not near_best or rising:
-            self._slow_climb(step, epoch, out)
+        best = t.best_level
+        above = t.level - best if best is not None else 0.0
+        # Both slow-climb tests need the level above its best (climb_min_rise < divergence_rise):
+        # below it, nothing is computed unless a climb or an alarm is already under way.
+        if above > self._climb_min_rise:
+            # The line is looked at every second point. A line that rises climb_min_rise with
+            # t >= climb_t has its last point at least half that above its first: the cheap
+            # test first (a noisy flat run passes it a third of the time), the fit only then.
+            if t.n_accepted % _CLIMB_STRIDE == 0:
+                self._rising = y - ys[0] > 0.5 * self._climb_min_rise and self._steady_rise()
+            if self._rising or above > self._divergence_rise or self._climb_points or rep.on:
+                self._slow_climb(step, epoch, out)
+        else:
+            self._rising = False
+            if self._climb_points or rep.on:
+                self._slow_climb(step, epoch, out)
         return LossPoint(step, loss, y, True, False, False)
 
     def hold_climb(
