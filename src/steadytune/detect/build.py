@@ -38,6 +38,8 @@ def loss_watch(cfg: DetectConfig, metric: str = "loss", rank: int | None = None)
         suspect_z=loss.suspect_z,
         divergence_points=loss.divergence_points,
         divergence_rise=loss.divergence_rise,
+        climb_min_rise=loss.climb_min_rise,
+        climb_t=loss.climb_t,
         early_rise=loss.early_rise,
         collapse_abs=loss.collapse_abs,
         collapse_drop=loss.collapse_drop,

@@ -6,9 +6,10 @@
   kept out of the baseline so a lasting drop stays visible;
 - dataloader_bottleneck: ``extra["data_time_s"]`` (time waiting for the batch)
   over ``data_wait_ratio`` of the step time, ``data_wait_points`` in a row;
-- straggler: one rank's median step time (``extra["compute_time_s"]`` when the
+- straggler: one rank's step time (``extra["compute_time_s"]`` when the
   worker reports it, since collectives make every rank's wall time equal) over
-  ``straggler_ratio`` times the median rank, or a rank trailing the leader by
+  ``straggler_ratio`` times the median of the other ranks' latest times for
+  ``straggler_points`` points in a row, or a rank trailing the leader by
   ``straggler_lag_points`` logging intervals;
 - stall: no new step for ``stall_factor`` times the longest recent interval
   (and at least ``stall_min_s``), or no heartbeat (a hang) for
@@ -120,6 +121,7 @@ class ThroughputWatch:
             self.rep.report(out, "dataloader_bottleneck", "data_time_s", rec.step, False)
 
 
+_NOW_POINTS = 3  # a rank's latest times: their median is its time "now"
 _MIN_ADVANCES = 8  # leader advances before the logging interval, and so a lag, is judged
 
 
@@ -133,7 +135,8 @@ class StragglerWatch:
         self._straggler_lag_points = straggler_lag_points
         self._times: dict[int, SortedWindow] = {}
         self._last_step: dict[int, int] = {}
-        self._slow: dict[int, int] = {}
+        self._slow: dict[int, int] = {}  # slow points in a row, per rank
+        self._first_slow: dict[int, int] = {}  # the step of the first of them
         self._reps: dict[int, Reporter] = {}
         self._leader = 0
         self._advances = SortedWindow(16)  # how far the leading step moves per record: the logging interval
@@ -152,13 +155,13 @@ class StragglerWatch:
                 self._advances.push(float(rec.step - self._leader))
             self._leader = rec.step
         t = rec.extra.get("compute_time_s") if rec.extra else None
-        t = t if isinstance(t, (int, float)) else rec.step_time_s
+        t = float(t) if isinstance(t, (int, float)) else rec.step_time_s
         if t and t > 0:
             self._times.setdefault(r, SortedWindow(16)).push(float(t))
         if len(self._last_step) < 2:
             return
         self._lag(rec.step, out)
-        self._slowness(rec, out)
+        self._slowness(rec, t, out)
 
     def _lag(self, step: int, out: list[Finding]) -> None:
         if len(self._advances) < _MIN_ADVANCES:
@@ -175,31 +178,54 @@ class StragglerWatch:
             elif behind <= limit / 2:
                 rep.report(out, "straggler", "step", step, False)
 
-    def _slowness(self, rec: StepRecord, out: list[Finding]) -> None:
-        full = {r: w.median() for r, w in self._times.items() if len(w) >= 8}
-        if len(full) < 2 or rec.rank not in full:
+    def _slowness(self, rec: StepRecord, t: float | None, out: list[Finding]) -> None:
+        mine = self._times.get(rec.rank)
+        if mine is None or len(mine) < 8 or not t or t <= 0:
             return
-        meds = sorted(full.values())
-        typical = (
-            meds[len(meds) // 2] if len(meds) % 2 else 0.5 * (meds[len(meds) // 2 - 1] + meds[len(meds) // 2])
-        )
-        mine = full[rec.rank]
-        ratio = mine / typical if typical > 0 else 1.0
+        # A rank that stopped reporting (its group shrank, its node was lost) is no yardstick:
+        # its last times were those of another world size.
+        recent = rec.step - self._straggler_lag_points * self._advances.median() if self._advances else None
+        peers = [
+            w
+            for r, w in self._times.items()
+            if r != rec.rank and len(w) >= 8 and (recent is None or self._last_step[r] >= recent)
+        ]
+        if not peers:
+            return
+        # Each point counts on its own time against the other ranks' latest times (each rank's
+        # median of its last 3, so one peer's jitter is not the yardstick), so a rank that turns
+        # slow is known after straggler_points slow points (not after its median of 16 has
+        # turned first), and a slowdown of every rank at once (longer batches, a slower phase)
+        # moves the yardstick within a point or two. The yardstick leaves the rank out: with two
+        # ranks, a median over both would move halfway to the slow one and hide it.
+        now = _middle(sorted(_middle(sorted(list(w.values)[-_NOW_POINTS:])) for w in peers))
+        slow = now > 0 and t / now > self._straggler_ratio
+        count = self._slow[rec.rank] = self._slow.get(rec.rank, 0) + 1 if slow else 0
+        if count == 1:
+            self._first_slow[rec.rank] = rec.step
         rep = self._rep(rec.rank)
-        self._slow[rec.rank] = self._slow.get(rec.rank, 0) + 1 if ratio > self._straggler_ratio else 0
-        if self._slow[rec.rank] >= self._straggler_points:
-            ev = None
+        typical = _middle(sorted(w.median() for w in peers))
+        if count >= self._straggler_points:
+            ev, at = None, rec.step
             if not rep.is_on("straggler", "step_time_s"):
+                at = self._first_slow[rec.rank]  # dated from the first slow point
+                slow_median = _middle(sorted(list(mine.values)[-count:]))
                 ev = {
-                    "rank_step_time_s": rounded(mine),
+                    "rank_step_time_s": rounded(slow_median),
                     "median_rank_step_time_s": rounded(typical),
-                    "ratio": rounded(ratio, 4),
+                    "ratio": rounded(slow_median / typical, 4) if typical > 0 else None,
                     "threshold_ratio": self._straggler_ratio,
-                    "ranks": len(full),
+                    "ranks": len(peers) + 1,
+                    "slow_points": count,
                 }
-            rep.report(out, "straggler", "step_time_s", rec.step, True, evidence=ev)
-        elif ratio < 1.0 + (self._straggler_ratio - 1.0) / 2:
+            rep.report(out, "straggler", "step_time_s", at, True, evidence=ev)
+        elif typical > 0 and mine.median() / typical < 1.0 + (self._straggler_ratio - 1.0) / 2:
             rep.report(out, "straggler", "step_time_s", rec.step, False)
+
+
+def _middle(ordered: list[float]) -> float:
+    n = len(ordered)
+    return ordered[n // 2] if n % 2 else 0.5 * (ordered[n // 2 - 1] + ordered[n // 2])
 
 
 class StallWatch:

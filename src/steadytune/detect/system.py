@@ -85,8 +85,12 @@ class SystemWatch:
         metric = f"gpu{g.index}_temperature_c"
         hot = g.temperature_c >= self._gpu_temp_warning_c
         self._hot[g.index] = self._hot.get(g.index, 0) + 1 if hot else 0
-        if self._hot[g.index] >= self._gpu_temp_points:
-            sev: Severity = "critical" if g.temperature_c >= self._gpu_temp_critical_c else "warning"
+        critical = g.temperature_c >= self._gpu_temp_critical_c
+        # The samples in a row guard the warning level, which a burst of boost clocks can touch;
+        # at the critical level the GPU is already throttling, and a temperature does not jump
+        # there by sensor noise (it has the card's thermal mass behind it): one sample is enough.
+        if self._hot[g.index] >= self._gpu_temp_points or critical:
+            sev: Severity = "critical" if critical else "warning"
             ev = None
             if not self.rep.is_on("gpu_thermal", metric):
                 ev = {

@@ -220,3 +220,23 @@ def jump_and_stay(
     up = before[-1] * ratio
     after = [up] * n_after if frozen else [up * _jitter(rng, noise) for _ in range(n_after)]
     return before + after
+
+
+def climb(
+    n_before: int, n_after: int, scale: float, noise: float, seed: int, double_in: float
+) -> list[float]:
+    """A healthy start, then the loss doubles every ``double_in`` points, with the same noise: a slow blow-up
+    (an LR too high for the late phase, a bad data shard mixed in), no single jump to see."""
+    before = learning(n_before, scale, noise, seed, fall=0.3)
+    rng = rng_for(seed, "climb")
+    after = [before[-1] * 2.0 ** ((i + 1) / double_in) * _jitter(rng, noise) for i in range(n_after)]
+    return before + after
+
+
+def bump(n: int, scale: float, noise: float, seed: int, at: int, rise: float, width: int) -> list[float]:
+    """A learning curve with a smooth temporary rise of ``rise`` (log space) over ``width`` points and back:
+    a harmless bump (a harder stretch of data, a warm restart of the LR) that is no divergence."""
+    out = learning(n, scale, noise, seed, fall=0.2)
+    for i in range(at, min(n, at + 2 * width)):
+        out[i] *= math.exp(rise * math.sin(math.pi * (i - at) / (2 * width)))
+    return out

@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from steadytune.detect import DetectConfig, LiveDetector
 from tests.unit.detect import shapes
 from tests.unit.detect.helpers import feed, kinds, noisy, raised, records, severe
 
@@ -82,6 +83,49 @@ def test_slow_climb_is_divergence() -> None:
     got = raised(feed(records(losses)))
     assert [a.kind for a in got] == ["divergence"]
     assert 100 < got[0].start_step < 140
+
+
+def _raised_at(losses: list[float], kind: str) -> tuple[int, int] | None:
+    """(point at which the first ``kind`` alarm was raised, its start step), live."""
+    det = LiveDetector()
+    for rec in records(losses):
+        for t in det.observe_step(rec):
+            if t.state == "raised" and t.anomaly.kind == kind:
+                return rec.step, t.anomaly.start_step
+    return None
+
+
+# A climb whose line stands out of the noise (t >= climb_t over 16 points: noise up to ~2.2x the rise
+# per point) is known within the level window and divergence_points of its start, plus K = 5.
+CLIMBS = [
+    pytest.param(scale, noise, seed, double_in, id=f"s{scale}-n{noise}-r{seed}-d{double_in}")
+    for scale in shapes.SCALES
+    for seed in shapes.SEEDS
+    for noise, double_in in ((0.005, 60), (0.005, 30), (0.015, 40), (0.015, 20), (0.03, 20), (0.03, 12))
+]
+
+
+@pytest.mark.parametrize("scale, noise, seed, double_in", CLIMBS)
+def test_a_steady_climb_is_a_divergence_before_it_is_142x(
+    scale: float, noise: float, seed: int, double_in: int
+) -> None:
+    at = 120
+    got = _raised_at(shapes.climb(at, 80, scale, noise, seed, double_in), "divergence")
+    assert got is not None, "the climb was missed"
+    c = DetectConfig()
+    bound = c.series.level_window + c.loss.divergence_points + 5
+    raised_at, start = got
+    assert at < start and raised_at - at <= bound, f"raised {raised_at - at} points into the climb"
+
+
+@pytest.mark.parametrize("rise", (0.06, 0.09))
+@pytest.mark.parametrize(shapes.GRID, shapes.grid(lengths=(300,)))
+def test_a_smooth_bump_under_the_climb_floor_is_no_divergence(
+    scale: float, noise: float, length: int, seed: int, rise: float
+) -> None:
+    # Under climb_min_rise (10%) a rise is no climb however straight it is; it comes back down.
+    losses = shapes.bump(length, scale, noise, seed, at=150, rise=rise, width=20)
+    assert severe(feed(records(losses))) == []
 
 
 def test_exact_zero_is_collapse_on_the_same_step() -> None:

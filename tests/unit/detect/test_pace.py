@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -89,6 +90,61 @@ def test_slow_rank_is_a_straggler_named_by_rank() -> None:
 
 def test_even_ranks_are_no_stragglers() -> None:
     assert kinds(feed(_ranks(80, slow_rank=None))) == []
+
+
+def _jittered_ranks(
+    rng: random.Random, n: int, ranks: int, slow: dict[int, float], slow_points: set[int]
+) -> list[StepRecord]:
+    """Per-rank compute times with 5% jitter; each ``slow`` rank that many times slower at ``slow_points``."""
+    out = []
+    for i in range(n):
+        for r in range(ranks):
+            t = 0.5 * math.exp(rng.gauss(0, 0.05)) * (slow.get(r, 1.0) if i in slow_points else 1.0)
+            out.append(
+                StepRecord(
+                    step=i + 1, ts=float(i), rank=r, loss=2.0, step_time_s=t, extra={"compute_time_s": t}
+                )
+            )
+    return out
+
+
+@pytest.mark.parametrize("seed", range(2))
+@pytest.mark.parametrize("ranks", (2, 4, 8))
+@pytest.mark.parametrize("factor", (1.6, 2.5))  # 1.6: a fifth over straggler_ratio, 4x the jitter
+def test_a_rank_that_turns_slow_is_named_after_straggler_points(seed: int, ranks: int, factor: float) -> None:
+    rng = random.Random(seed * 100 + ranks)
+    slow_rank, i0, need = rng.randrange(ranks), rng.randint(30, 60), PaceConfig().straggler_points
+    det, when = LiveDetector(), None
+    for rec in _jittered_ranks(rng, i0 + 40, ranks, {slow_rank: factor}, set(range(i0, i0 + 40))):
+        for t in det.observe_step(rec):
+            if t.state == "raised" and t.anomaly.kind == "straggler" and when is None:
+                when, got = rec.step, t.anomaly
+    assert when is not None, "the slow rank was missed"
+    # With two ranks the yardstick is the other rank alone, not a median that moves halfway.
+    assert got.rank == slow_rank and got.start_step == i0 + 1
+    assert when <= i0 + need, f"raised at step {when}, {when - i0} points after the rank turned slow"
+    assert got.evidence["ratio"] > 0.8 * factor
+
+
+@pytest.mark.parametrize("ranks", (2, 4))
+def test_slow_steps_that_do_not_last_are_no_straggler(ranks: int) -> None:
+    # A checkpoint save on one rank, or a few slow batches, break before straggler_points.
+    rng = random.Random(ranks)
+    need = PaceConfig().straggler_points
+    slow = {i for start in range(20, 190, 30) for i in range(start, start + rng.randint(1, need - 1))}
+    recs = _jittered_ranks(rng, 200, ranks, {0: 3.0}, slow)
+    assert "straggler" not in kinds(feed(recs))
+
+
+@pytest.mark.parametrize("ranks", (2, 4, 8))
+@pytest.mark.parametrize("factor", (1.6, 2.5))
+def test_every_rank_slowing_at_once_is_no_straggler(ranks: int, factor: float) -> None:
+    # Longer batches, a slower phase of the data, a throttled node of all ranks: every rank is
+    # slower from one step on. The yardstick (the others' latest times) moves with them.
+    rng = random.Random(ranks)
+    i0 = rng.randint(30, 60)
+    slow = {k: factor for k in range(ranks)}
+    assert "straggler" not in kinds(feed(_jittered_ranks(rng, i0 + 60, ranks, slow, set(range(i0, i0 + 60)))))
 
 
 @pytest.mark.parametrize("seed", range(3))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from steadytune.detect import LiveDetector
 from steadytune.records import GpuSample, StepRecord, SystemSample
 
@@ -48,6 +50,12 @@ def test_hot_gpu_is_raised_once_per_gpu_and_resolved_when_cool() -> None:
 
 def test_one_hot_reading_is_not_enough() -> None:
     assert _run([_sample(float(i), temp=t) for i, t in enumerate([70, 90, 70, 70])]) == []
+
+
+@pytest.mark.parametrize("temp", (92.0, 95.5, 99.0))
+def test_one_reading_at_the_critical_level_is_critical_at_once(temp: float) -> None:
+    got = _run([_sample(float(i), temp=t) for i, t in enumerate([70, 71, temp])])
+    assert got == [("raised", "gpu_thermal", "gpu1_temperature_c", "critical")]
 
 
 def test_new_ecc_errors_are_critical() -> None:
