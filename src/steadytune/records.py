@@ -242,7 +242,6 @@ def json_safe(value: Any, nonfinite: Callable[[float], Any] = nonfinite_text) ->
     return value
 
 
-
 def _float_fields(cls: type) -> frozenset[str]:
     return frozenset(
         f.name for f in dataclasses.fields(cls) if "float" in str(f.type) and "str" not in str(f.type)
@@ -290,9 +289,42 @@ def to_dict(record: Record) -> dict[str, Any]:
     return out
 
 
+_HEADS: dict[type, str] = {cls: '{"type":' + json.dumps(tag) for cls, tag in _TAGS.items()}
+_KEYS: dict[type, tuple[tuple[str, str], ...]] = {
+    cls: tuple((name, json.dumps(name) + ":") for name in _FIELD_NAMES[cls]) for cls in _TAGS
+}
+_encode_str: Callable[[str], str] = json.encoder.encode_basestring_ascii
+
+
 def to_json(record: Record) -> str:
-    """One line of JSONL for ``record`` (no trailing newline)."""
-    return json.dumps(to_dict(record), separators=(",", ":"), sort_keys=False)
+    """One line of JSONL for ``record`` (no trailing newline): ``json.dumps(to_dict(record))``'s text.
+
+    The worker writes one at every step, right after the step's compute has pushed the
+    interpreter out of the CPU's caches: there each line of Python touched costs ten times
+    its warm price, and ``json.dumps`` (a new encoder per call, a walk of a fresh dict) was
+    most of the step record's cost. Plain scalars are spelled here directly; anything else
+    (nested records, lists, NaN/Inf, non-empty dicts) goes through :func:`_plain` and ``json``.
+    """
+    cls = type(record)
+    parts = [_HEADS[cls]]
+    for name, key in _KEYS[cls]:
+        value = getattr(record, name)
+        kind = type(value)
+        if value is None:
+            continue
+        if kind is bool:
+            parts.append(key + ("true" if value else "false"))
+        elif kind is int:
+            parts.append(key + int.__repr__(value))
+        elif kind is float and math.isfinite(value):
+            parts.append(key + float.__repr__(value))
+        elif kind is str:
+            parts.append(key + _encode_str(value))
+        elif kind is dict and not value:
+            parts.append(key + "{}")
+        else:
+            parts.append(key + json.dumps(_plain(value), separators=(",", ":")))
+    return ",".join(parts) + "}"
 
 
 def _build(cls: type, data: dict[str, Any]) -> Any:
