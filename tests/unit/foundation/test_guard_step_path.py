@@ -54,6 +54,7 @@ RECORDS = [
     SystemSample(ts=2.0, cpu_ratio=0.5, gpus=(GpuSample(0, "H100", util_ratio=None, power_w=math.nan),)),
     Event(ts=1.0, kind="action", name="rollback", data={"to": 40, "nested": [{"a": (1, 2)}]}),
     PlanRevision(revision=2, ts=3.0, reason="rollback", skip_ranges=((10, 12),), lr_groups=(("lora", 1e-4),)),
+    Event(ts=1.0, kind="action", name="keys", data={"n": {1: "a", None: 2.5}, "f": [math.inf, -0.0]}),
     Heartbeat(ts=1.25, rank=1, step=7, pid=42, phase="sauvegarde \u00e9 \n"),
 ]
 
