@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -17,12 +18,14 @@ from steadytune.records import (
     BatchFingerprint,
     Event,
     GpuSample,
+    Heartbeat,
     PlanRevision,
     StepRecord,
     SystemSample,
     from_json,
     json_safe,
     to_dict,
+    to_json,
 )
 from steadytune.rundir import RunDir
 from steadytune.supervise.control import send_control
@@ -36,13 +39,23 @@ def reference_dict(record: Any) -> dict[str, Any]:
 
 
 RECORDS = [
-    StepRecord(step=3, ts=1.5, loss=math.nan, grad_norm=math.inf, lr=-math.inf, tokens=5, skipped=True,
-               batch=BatchFingerprint((1, 2), ("a", "b")),
-               extra={"gradflow": {"norm": [1.0, math.nan], "names": ("x", "y")}, "eval": True}),
+    StepRecord(
+        step=3,
+        ts=1.5,
+        loss=math.nan,
+        grad_norm=math.inf,
+        lr=-math.inf,
+        tokens=5,
+        skipped=True,
+        batch=BatchFingerprint((1, 2), ("a", "b")),
+        extra={"gradflow": {"norm": [1.0, math.nan], "names": ("x", "y")}, "eval": True},
+    ),
     StepRecord(step=1, ts=0.0),
     SystemSample(ts=2.0, cpu_ratio=0.5, gpus=(GpuSample(0, "H100", util_ratio=None, power_w=math.nan),)),
     Event(ts=1.0, kind="action", name="rollback", data={"to": 40, "nested": [{"a": (1, 2)}]}),
     PlanRevision(revision=2, ts=3.0, reason="rollback", skip_ranges=((10, 12),), lr_groups=(("lora", 1e-4),)),
+    Event(ts=1.0, kind="action", name="keys", data={"n": {1: "a", None: 2.5}, "f": [math.inf, -0.0]}),
+    Heartbeat(ts=1.25, rank=1, step=7, pid=42, phase="sauvegarde \u00e9 \n"),
 ]
 
 
@@ -51,6 +64,11 @@ def test_to_dict_is_asdict_with_non_finite_floats_as_strings_for_every_record_sh
         assert to_dict(record) == reference_dict(record)
         assert list(to_dict(record)) == list(reference_dict(record))  # same key order, so the same line
         assert from_json(json.dumps(to_dict(record))) == from_json(json.dumps(reference_dict(record)))
+
+
+def test_to_json_writes_the_line_json_dumps_writes_for_every_record_shape() -> None:
+    for record in RECORDS:
+        assert to_json(record) == json.dumps(reference_dict(record), separators=(",", ":"))
 
 
 def test_rss_bytes_reads_what_psutil_reads() -> None:
@@ -97,3 +115,25 @@ def test_a_watched_guard_records_rss_read_after_the_step_before(tmp_path: Path) 
     guard.close()
     steps = [r for r in iter_records(guard.run.telemetry(0)) if isinstance(r, StepRecord)]
     assert [s.step for s in steps] == [1, 2]
+
+
+def test_a_forked_child_asks_again_whether_torch_sees_cuda() -> None:
+    from steadytune.guard import core
+
+    before = dict(core._CUDA)
+    core._CUDA["available"] = True  # what the parent learned: not the child's to trust
+    try:
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: report what it remembers, then leave without running pytest's exit
+            os.write(write, json.dumps(core._CUDA).encode())
+            os._exit(0)
+        os.close(write)
+        with os.fdopen(read) as pipe:
+            seen_by_child = json.loads(pipe.read())
+        os.waitpid(pid, 0)
+        assert seen_by_child == {}
+        assert core._CUDA == {"available": True}
+    finally:
+        core._CUDA.clear()
+        core._CUDA.update(before)

@@ -1,8 +1,11 @@
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from steadytune.records import (
     BatchFingerprint,
@@ -13,6 +16,7 @@ from steadytune.records import (
     SystemSample,
     from_dict,
     from_json,
+    to_dict,
     to_json,
 )
 
@@ -53,3 +57,41 @@ def test_unknown_type_is_a_clear_error_and_unknown_fields_are_ignored() -> None:
 def test_tokens_per_second() -> None:
     assert StepRecord(step=1, ts=0, tokens=1000, step_time_s=0.5).tokens_per_s == 2000
     assert StepRecord(step=1, ts=0, tokens=1000).tokens_per_s is None
+
+
+_finite_or_not = st.floats() | st.none()
+_texts = st.text(max_size=12)  # any code point: the line must stay ASCII-escaped as json.dumps writes it
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    step=st.integers(min_value=-(2**70), max_value=2**70),
+    ts=st.floats(),
+    loss=_finite_or_not,
+    grad_norm=_finite_or_not,
+    tokens=st.integers(min_value=0) | st.none(),
+    skipped=st.booleans(),
+    batch=st.none() | st.builds(BatchFingerprint, st.tuples(st.integers()), st.tuples(_texts)),
+    extra=st.dictionaries(_texts, st.integers() | st.floats() | _texts | st.booleans(), max_size=3),
+)
+def test_step_line_is_the_text_json_dumps_writes(
+    step: int,
+    ts: float,
+    loss: float | None,
+    grad_norm: float | None,
+    tokens: int | None,
+    skipped: bool,
+    batch: BatchFingerprint | None,
+    extra: dict[str, object],
+) -> None:
+    rec = StepRecord(
+        step=step,
+        ts=ts,
+        loss=loss,
+        grad_norm=grad_norm,
+        tokens=tokens,
+        skipped=skipped,
+        batch=batch,
+        extra=extra,
+    )
+    assert to_json(rec) == json.dumps(to_dict(rec), separators=(",", ":"))
