@@ -23,7 +23,9 @@ def register(sub: Any) -> None:
         "steadytune run examples/lora.yaml train.max_steps=100 train.learning_rate=1e-4",
         description="Fine-tune a Hugging Face causal LM (full, LoRA or QLoRA) under a supervisor that "
         "watches it, "
-        "checkpoints it safely and restarts it from the newest verified checkpoint when it dies.",
+        "checkpoints it safely and restarts it from the newest verified checkpoint when it dies. "
+        "The preflight runs first; the first attempt's worker imports its libraries meanwhile and "
+        "trains only after a GO (recover.standby_worker: false starts it after the check).",
     )
     p.add_argument("config", type=Path, help="the YAML config (see examples/)")
     p.add_argument(
