@@ -18,6 +18,8 @@ Figures, each as median [min–max] over the rounds and the ratio of medians to 
 - step ms: the median interval between step ends (step records for ``run``), so
   the few steps that evaluate or save do not count;
 - first step s: launch of the process to the end of step 1;
+- GO → step 1 s (``run`` only): the preflight's verdict (the ``run_started`` event) to the end
+  of step 1, what the worker still does once it may train;
 - save ms: per checkpoint, HF's own ``_save_checkpoint``, and for ``+guard`` that
   plus the publish (fsync, rename, manifest);
 - wall s: launch to exit.
@@ -119,7 +121,10 @@ def run_cli(config: Path, run_id: str, overrides: tuple[str, ...] = ()) -> dict[
         raise SystemExit(
             f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
         )
+    from steadytune.telemetry.events import read_events
+
     runs = Path(load_config(config, check_paths=False).run.runs_dir)
+    go = next(e.ts for e in read_events(runs / run_id / "events.jsonl") if e.name == "run_started")
     steps = [
         r for r in iter_records(runs / run_id / "telemetry" / "rank-0.jsonl") if isinstance(r, StepRecord)
     ]
@@ -127,6 +132,7 @@ def run_cli(config: Path, run_id: str, overrides: tuple[str, ...] = ()) -> dict[
     return {
         "step_ms": 1e3 * statistics.median(_intervals(ts)),
         "first_step_s": ts[0] - launched,
+        "go_to_step_s": ts[0] - go,
         "wall_s": wall,
     }
 
@@ -309,7 +315,8 @@ def main() -> int:
     print()
     print_table(
         results,
-        [("step ms", "step_ms", 2), ("first step s", "first_step_s", 2), ("save ms", "save_ms", 1),
+        [("step ms", "step_ms", 2), ("first step s", "first_step_s", 2), ("GO → step 1 s", "go_to_step_s", 2),
+         ("save ms", "save_ms", 1),
          ("wall s", "wall_s", 2)],
     )  # fmt: skip
     guard_us = [u for r in results["+guard"] for u in r["guard_us"]]
