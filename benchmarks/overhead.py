@@ -8,13 +8,18 @@ an eval and a checkpoint every quarter). Each round runs, in a rotated order:
 - ``bare``: a plain HF ``Trainer`` built from the same config by the worker's own
   functions (benchmarks/_overhead_trainer.py), so its arguments are identical;
 - ``+guard``: the same Trainer with steadytune's ``GuardCallback`` and checkpoint keeper;
-- ``run``: ``steadytune run`` on the config: supervisor, preflight, worker.
+- ``run``: ``steadytune run`` on the config: supervisor, preflight, worker (whose imports run
+  beside the preflight);
+- ``run-serial`` (only with ``--only``): ``steadytune run`` with ``recover.standby_worker=false``, so
+  the first attempt's worker starts after the preflight in a new process, as every run's once did.
 
 Figures, each as median [min–max] over the rounds and the ratio of medians to ``bare``:
 
 - step ms: the median interval between step ends (step records for ``run``), so
   the few steps that evaluate or save do not count;
 - first step s: launch of the process to the end of step 1;
+- GO → step 1 s (``run`` only): the preflight's verdict (the ``run_started`` event) to the end
+  of step 1, what the worker still does once it may train;
 - save ms: per checkpoint, HF's own ``_save_checkpoint``, and for ``+guard`` that
   plus the publish (fsync, rename, manifest);
 - wall s: launch to exit.
@@ -48,7 +53,8 @@ from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 HERE = Path(__file__).resolve().parent
-VARIANTS = ("bare", "+guard", "run")
+VARIANTS = ("bare", "+guard", "run", "run-serial")
+DEFAULT = ("bare", "+guard", "run")
 
 
 def write_config(work: Path, steps: int, model: Path | None = None) -> Path:
@@ -101,12 +107,13 @@ def run_bare(config: Path, out: Path, guard: bool) -> dict[str, Any]:
     }
 
 
-def run_cli(config: Path, run_id: str) -> dict[str, Any]:
+def run_cli(config: Path, run_id: str, overrides: tuple[str, ...] = ()) -> dict[str, Any]:
     from steadytune.config.load import load_config
     from steadytune.records import StepRecord
     from steadytune.telemetry.stream import iter_records
 
-    cmd = [sys.executable, "-m", "steadytune.cli.main", "run", str(config), "--quiet", "--run-id", run_id]
+    cmd = [sys.executable, "-m", "steadytune.cli.main", "run", str(config), *overrides, "--quiet"]
+    cmd += ["--run-id", run_id]
     launched = time.time()
     proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, check=False)
     wall = time.time() - launched
@@ -114,7 +121,10 @@ def run_cli(config: Path, run_id: str) -> dict[str, Any]:
         raise SystemExit(
             f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
         )
+    from steadytune.telemetry.events import read_events
+
     runs = Path(load_config(config, check_paths=False).run.runs_dir)
+    go = next(e.ts for e in read_events(runs / run_id / "events.jsonl") if e.name == "run_started")
     steps = [
         r for r in iter_records(runs / run_id / "telemetry" / "rank-0.jsonl") if isinstance(r, StepRecord)
     ]
@@ -122,6 +132,7 @@ def run_cli(config: Path, run_id: str) -> dict[str, Any]:
     return {
         "step_ms": 1e3 * statistics.median(_intervals(ts)),
         "first_step_s": ts[0] - launched,
+        "go_to_step_s": ts[0] - go,
         "wall_s": wall,
     }
 
@@ -199,11 +210,12 @@ def fmt(values: list[float], base: list[float] | None, digits: int) -> str:
 
 def print_table(results: dict[str, list[dict[str, Any]]], rows: list[tuple[str, str, int]]) -> None:
     width = 34
-    print(f"{'figure':<16}" + "".join(f"{v:>{width}}" for v in VARIANTS))
+    shown = [v for v in VARIANTS if results[v] or v in DEFAULT]
+    print(f"{'figure':<16}" + "".join(f"{v:>{width}}" for v in shown))
     for label, key, digits in rows:
         base = [r[key] for r in results["bare"] if key in r]
         cells = []
-        for v in VARIANTS:
+        for v in shown:
             vals = [r[key] for r in results[v] if key in r]
             cells.append(fmt(vals, base if v != "bare" else None, digits))
         print(f"{label:<16}" + "".join(f"{c:>{width}}" for c in cells))
@@ -260,7 +272,9 @@ def main() -> int:
     ap.add_argument("--skip-micro", action="store_true")
     ap.add_argument("--save-mb", type=int, default=200, help="checkpoint size of the save figure; 0 skips it")
     ap.add_argument("--save-rounds", type=int, default=2)
-    ap.add_argument("--only", default=",".join(VARIANTS), help="variants to run, e.g. bare,run")
+    ap.add_argument(
+        "--only", default=",".join(DEFAULT), help=f"variants to run, e.g. bare,run (of {', '.join(VARIANTS)})"
+    )
     ap.add_argument("--work", type=Path, default=None, help="keep the runs here (default: a temp folder)")
     ap.add_argument("--recovery-rounds", type=int, default=2,
                     help="rounds of benchmarks/recovery_time.py (rollback in process, by restart, kill "
@@ -287,6 +301,8 @@ def main() -> int:
             out = work / f"{v.strip('+')}-{r}.json"
             if v == "run":
                 results[v].append(run_cli(config, f"bench-{r}"))
+            elif v == "run-serial":
+                results[v].append(run_cli(config, f"serial-{r}", ("recover.standby_worker=false",)))
             else:
                 results[v].append(run_bare(config, out, guard=v == "+guard"))
             last = results[v][-1]
@@ -299,7 +315,8 @@ def main() -> int:
     print()
     print_table(
         results,
-        [("step ms", "step_ms", 2), ("first step s", "first_step_s", 2), ("save ms", "save_ms", 1),
+        [("step ms", "step_ms", 2), ("first step s", "first_step_s", 2), ("GO → step 1 s", "go_to_step_s", 2),
+         ("save ms", "save_ms", 1),
          ("wall s", "wall_s", 2)],
     )  # fmt: skip
     guard_us = [u for r in results["+guard"] for u in r["guard_us"]]
@@ -328,6 +345,17 @@ def main() -> int:
             [r["first_step_s"] for r in results["bare"]]
         )
         print(f"run's first step after bare's: +{gap:.2f} s (target ≤ +1 s)")
+    for v in ("run", "run-serial"):
+        if results["bare"] and results[v]:
+            # Paired within each round: the load of the moment weighs on both sides of the difference.
+            gaps = [
+                a["first_step_s"] - b["first_step_s"]
+                for a, b in zip(results[v], results["bare"], strict=True)
+            ]
+            print(
+                f"{v}'s first step after bare's, round by round: median {statistics.median(gaps):+.2f} s "
+                f"[{min(gaps):+.2f} to {max(gaps):+.2f}]"
+            )
     if not args.skip_micro:
         print()
         print(f"{'guard part (median of ' + str(args.micro_steps) + ' calls)':<58} {'µs':>8}")

@@ -23,7 +23,9 @@ def register(sub: Any) -> None:
         "steadytune run examples/lora.yaml train.max_steps=100 train.learning_rate=1e-4",
         description="Fine-tune a Hugging Face causal LM (full, LoRA or QLoRA) under a supervisor that "
         "watches it, "
-        "checkpoints it safely and restarts it from the newest verified checkpoint when it dies.",
+        "checkpoints it safely and restarts it from the newest verified checkpoint when it dies. "
+        "The preflight runs first; the first attempt's worker imports its libraries meanwhile and "
+        "trains only after a GO (recover.standby_worker: false starts it after the check).",
     )
     p.add_argument("config", type=Path, help="the YAML config (see examples/)")
     p.add_argument(
@@ -106,6 +108,7 @@ def launch(
     args: argparse.Namespace | None = None,
     source: Any = None,
     stop_grace_s: float | None = None,
+    early: Any = None,
 ) -> int:
     """Create the run directory and supervise the job to its end. Shared by ``run``, ``demo`` and
     ``supervise``.
@@ -114,7 +117,26 @@ def launch(
     replaces steadytune's own worker with, e.g., a command it watches. A run stopped by a
     signal exits 0 under ``run`` (its state is saved), and 128 + the signal under a command's
     supervisor, as the command itself would have; a stop or pause asked for otherwise exits 0.
+    ``early`` (a :class:`~steadytune.supervise.standby.Standby`) is the first attempt's worker process,
+    started while the preflight ran; it is stopped here if the run does not take it.
     """
+    try:
+        return _launch(cfg, run_id, quiet, worker_env, args, source, stop_grace_s, early)
+    finally:
+        if early is not None:
+            early.stop()
+
+
+def _launch(
+    cfg: SteadytuneConfig,
+    run_id: str | None,
+    quiet: bool,
+    worker_env: dict[str, str] | None,
+    args: argparse.Namespace | None,
+    source: Any,
+    stop_grace_s: float | None,
+    early: Any,
+) -> int:
     from rich.console import Console
 
     from steadytune.supervise.supervisor import Supervisor, new_run_id
@@ -141,6 +163,8 @@ def launch(
             return 2
         source = lambda run: RaySource(run, env=worker_env)  # noqa: E731
     extra: dict[str, Any] = {} if stop_grace_s is None else {"stop_grace_s": stop_grace_s}
+    if early is not None:
+        extra["early"] = early
     sup = Supervisor(
         cfg, run, console=console, worker_env=worker_env, source=source(run) if source else None, **extra
     )
@@ -248,10 +272,24 @@ def main(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(exc.render(), file=sys.stderr)
         return 2
+    run_id, early = args.run_id, None
     if not args.skip_check:  # preflight: a no-go stops here unless --force
         from steadytune.preflight.gate import preflight_gate
+        from steadytune.supervise.source import discard_early, early_standby
+        from steadytune.supervise.supervisor import new_run_id
 
-        code = preflight_gate(args.config, args.overrides, force=args.force)
+        # The first attempt's worker imports torch and transformers while the check runs; it is
+        # sent into the attempt only after a GO (supervise/standby.py).
+        run_id = run_id or new_run_id(cfg, time.time())
+        early = early_standby(cfg, RunDir(Path(cfg.run.runs_dir) / run_id))
+        try:
+            code = preflight_gate(args.config, args.overrides, force=args.force)
+        except BaseException:  # a Ctrl-C during the check: nothing of the run may stay behind
+            code = 130
+            raise
+        finally:
+            if code is not None and early is not None:
+                discard_early(early)
         if code is not None:
             return code
-    return launch(cfg, run_id=args.run_id, quiet=args.quiet, args=args)
+    return launch(cfg, run_id=run_id, quiet=args.quiet, args=args, early=early)

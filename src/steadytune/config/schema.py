@@ -322,7 +322,8 @@ class RecoverConfig(Section):
     standby_worker: bool = Field(
         True,
         description="true: a single-process run keeps a spare worker, imported and waiting, for the next "
-        "attempt after a crash or a kill; false: every restart starts a new process",
+        "attempt after a crash or a kill, and `run` starts the first attempt's worker during its preflight; "
+        "false: every attempt starts a new process",
     )
 
 

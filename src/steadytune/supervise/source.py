@@ -27,7 +27,7 @@ from steadytune.supervise.process import ProcessTree, WorkerProcess, worker_comm
 from steadytune.supervise.standby import Standby
 
 if TYPE_CHECKING:
-    from steadytune.config.schema import RayConfig
+    from steadytune.config.schema import RayConfig, SteadytuneConfig
 
 # Abilities a source may have.
 PLAN = "plan"  # the worker reads the whole plan: batch shape, micro-batch split, skip list, OOM changes
@@ -113,6 +113,42 @@ class WorkerSource(Protocol):
         ...
 
 
+def attempt_env(extra: dict[str, str], attempt: int | None) -> dict[str, str]:
+    """What the built-in worker gets on top of the supervisor's environment (``attempt`` None: a spare)."""
+    env = {**extra, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+    return env if attempt is None else {**env, "STEADYTUNE_ATTEMPT": str(attempt)}
+
+
+def early_standby(cfg: SteadytuneConfig, run: RunDir) -> Standby | None:
+    """Start the first attempt's worker process (its imports) while the preflight runs; None if it cannot.
+
+    Only where a spare could take the first attempt: a single-process run of steadytune's own worker,
+    with ``recover.standby_worker`` on, in a run folder not used before. It writes the run's
+    ``config.yaml`` (the worker reads it to know what to import), which the run writes again, the same,
+    when it starts; :func:`discard_early` undoes both on a NO-GO.
+    """
+    from steadytune.config.load import dump_config
+    from steadytune.rundir import atomic_write_text
+
+    if not cfg.recover.standby_worker or cfg.run.nproc_per_node > 1 or cfg.run.engine != "native":
+        return None
+    if run.root.exists():
+        return None  # another run's folder, or one given twice: the run itself says what is wrong
+    run.create()
+    atomic_write_text(run.config, dump_config(cfg))
+    early = Standby(run)
+    early.prepare(attempt_env({}, None), during="during the preflight")
+    return early
+
+
+def discard_early(early: Standby) -> None:
+    """A NO-GO: stop the early spare and remove the run folder it was started in, which holds nothing else."""
+    import shutil
+
+    early.stop()
+    shutil.rmtree(early.run.root, ignore_errors=True)
+
+
 class NativeSource:
     """steadytune's own worker (``train/worker.py`` with the guard inside): every ability."""
 
@@ -125,11 +161,17 @@ class NativeSource:
         nproc_per_node: int = 1,
         env: dict[str, str] | None = None,
         standby: bool = False,
+        early: Standby | None = None,
     ) -> None:
+        """``early``: a spare started before the run for its first attempt (:func:`early_standby`)."""
         self.run, self.nproc, self.env = run, nproc_per_node, dict(env or {})
         self.checkpoint_root: Path | None = run.checkpoints
         # A spare worker for the next attempt (supervise/standby.py): one process only, so not for torchrun.
         self.standby = Standby(run) if standby and nproc_per_node <= 1 else None
+        if self.standby is not None and early is not None:
+            self.standby = early
+        elif early is not None:
+            early.stop()
         self.no_standby = (
             "recover.standby_worker is false"
             if not standby
@@ -138,8 +180,7 @@ class NativeSource:
         self.attempts = 0
 
     def attempt_env(self, attempt: int | None) -> dict[str, str]:
-        env = {**self.env, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
-        return env if attempt is None else {**env, "STEADYTUNE_ATTEMPT": str(attempt)}
+        return attempt_env(self.env, attempt)
 
     def start(self, plan: PlanRevision, log_path: Path) -> WorkerProcess:
         clean_staging(self.run.staging)
@@ -147,8 +188,10 @@ class NativeSource:
         # A resize (scale: in the config) relaunches with the plan's process count, not the first one.
         cmd = worker_command(self.run.root, plan.nproc_per_node or self.nproc)
         self.attempts += 1
-        why = "the run's first attempt" if self.attempts == 1 else self.no_standby
-        if self.standby is not None and self.attempts > 1:
+        why = self.no_standby
+        if self.attempts == 1 and (self.standby is None or not self.standby.ready):
+            why = "the run's first attempt"  # no spare was started during a preflight (early_standby)
+        elif self.standby is not None:
             spare, why = self.standby.take(cmd, env, log_path)
             if spare is not None:
                 return spare

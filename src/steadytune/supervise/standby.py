@@ -1,7 +1,10 @@
 """The standby worker, from the supervisor's side: one spare kept ready, handed the next attempt.
 
 The spare (``train/standby.py``) is started once an attempt trains, so it never competes with that
-attempt's own start-up for the CPU. When the attempt dies and is restarted, :meth:`Standby.take`
+attempt's own start-up for the CPU. ``steadytune run`` also starts one while its preflight runs, for
+the first attempt (:func:`early_standby`): the imports then overlap the check instead of following it,
+and the orders go only after a GO, so a NO-GO still trains no step. When an attempt starts (a restart,
+or the first one with an early spare), :meth:`Standby.take`
 gives the spare the new attempt's orders if it can train that attempt exactly as a new process would:
 the same command (one process, the same Python, the same run) and the same environment, except the
 variables a worker reads only once its attempt begins (``protocol.LATE_ENV``), which go with the
@@ -47,11 +50,16 @@ class Standby:
         self.spare: WorkerProcess | None = None
         self.count = 0  # spares started, for their log names
         self.started_at: float | None = None
+        self.during = ""  # when the spare was started, in words, for the worker_started line
 
-    def prepare(self, env: dict[str, str]) -> None:
-        """Start a spare unless one is there; ``env``: what a new attempt gets, the late variables aside."""
+    def prepare(self, env: dict[str, str], during: str = "") -> None:
+        """Start a spare unless one is there; ``env``: what a new attempt gets, the late variables aside.
+
+        ``during``: when it is started (e.g. "during the preflight"), said when it takes an attempt.
+        """
         if self.spare is not None and self.spare.poll() is None:
             return
+        self.during = during
         cmd = [*worker_command(self.run.root), STANDBY_FLAG]
         log = self.run.logs / f"standby-{self.count}.log"
         self.count += 1
@@ -85,8 +93,14 @@ class Standby:
             return None, f"the standby worker could not take its orders ({exc})"
         waited = time.time() - (self.started_at or time.time())
         spare.log_path, spare.standby, spare.env = log_path, True, full
-        spare.how = f"the standby worker, started {waited:.0f}s before"
+        when = f" {self.during}," if self.during else ""
+        spare.how = f"the standby worker, started{when} {waited:.0f}s before"
         return spare, ""
+
+    @property
+    def ready(self) -> bool:
+        """A spare was started and not yet taken or stopped (it may have exited: :meth:`take` says)."""
+        return self.spare is not None
 
     def stop(self) -> None:
         """End the spare: it holds nothing of the run, so it is killed outright."""

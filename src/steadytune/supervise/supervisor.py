@@ -58,6 +58,7 @@ from steadytune.supervise.restarts import (
 from steadytune.supervise.resuming import Resumes
 from steadytune.supervise.scaling import SCALE_ACTIONS, Autoscaler
 from steadytune.supervise.source import PLAN, NativeSource, WorkerSource
+from steadytune.supervise.standby import Standby
 from steadytune.supervise.status import RunBooks
 from steadytune.supervise.worker_events import WorkerEvents
 from steadytune.telemetry.events import EventLog
@@ -108,14 +109,16 @@ class Supervisor:
         observers: list[Observer] | None = None,
         stop_grace_s: float = 120.0,
         source: WorkerSource | None = None,
+        early: Standby | None = None,
     ) -> None:
+        """``early``: a spare started for the first attempt while the preflight ran (``early_standby``)."""
         self.cfg = cfg
         self.run = run.create()
         self.console = console
         self.clock = clock
         self.poll_s = poll_s
         self.source: WorkerSource = source or NativeSource(
-            self.run, cfg.run.nproc_per_node, worker_env, standby=cfg.recover.standby_worker
+            self.run, cfg.run.nproc_per_node, worker_env, standby=cfg.recover.standby_worker, early=early
         )
         self._observers_arg = observers
         self.stop_grace_s = stop_grace_s

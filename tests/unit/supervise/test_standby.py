@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 
 from steadytune.config.load import ConfigError, validate_dict
+from steadytune.config.schema import SteadytuneConfig
 from steadytune.protocol import read_standby_orders, standby_orders
 from steadytune.rundir import RunDir
 from steadytune.supervise.process import WorkerProcess, worker_command
-from steadytune.supervise.source import NativeSource
+from steadytune.supervise.source import NativeSource, early_standby
 from steadytune.supervise.standby import Standby, mismatch
 
 BASE = {"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -112,3 +113,20 @@ def test_a_bad_switch_is_a_config_error_naming_key_value_and_fix() -> None:
     text = str(err.value)
     assert "recover.standby_worker" in text and "'maybe'" in text and "Fix: use true" in text
     assert validate_dict({**data, "recover": {}}, base=Path("."), check_paths=False).recover.standby_worker
+
+
+def test_no_early_spare_where_the_first_attempt_could_not_take_it(tmp_path: Path) -> None:
+    base = {"model": {"name_or_path": "m"}, "data": {"train_file": "t"}}
+
+    def cfg(**sections: dict) -> SteadytuneConfig:
+        return validate_dict({**base, **sections}, base=Path("."), check_paths=False)
+
+    # torchrun, and the switch off: nothing is started and no run folder is made.
+    for c in (cfg(run={"nproc_per_node": 2}), cfg(recover={"standby_worker": False})):
+        assert early_standby(c, RunDir(tmp_path / "new")) is None
+        assert not (tmp_path / "new").exists()
+    # A folder already there (another run's, say) is not written to: the run reports it as before.
+    used = RunDir(tmp_path / "used").create()
+    used.config.write_text("theirs")
+    assert early_standby(cfg(), used) is None
+    assert used.config.read_text() == "theirs" and not list(used.logs.iterdir())
