@@ -55,11 +55,21 @@ def _cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
+# Ahead of xdist's own hook, which reads each test's xdist_group to pick its worker.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``gpu`` need a CUDA device: without one they are skipped, never failed.
+    """Tests marked ``serial`` share one xdist group; tests marked ``gpu`` are skipped without CUDA.
 
-    torch is imported only when such a test was collected, so torch-free runs stay torch-free.
+    Under ``-n N --dist loadgroup`` (``make test``) a group runs on one worker, one test after
+    another: the serial tests (Ray clusters, drills that time a hang) never overlap each other,
+    while the other workers take the rest. A serial run ignores the group.
+
+    A test marked ``gpu`` needs a CUDA device: without one it is skipped, never failed. torch is
+    imported only when such a test was collected, so torch-free runs stay torch-free.
     """
+    for item in items:
+        if item.get_closest_marker("serial"):
+            item.add_marker(pytest.mark.xdist_group("serial"))
     gpu = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu or _cuda_available():
         return
