@@ -1,6 +1,7 @@
 # steadytune — two commands on a fresh machine:
 #   make demo   builds .venv (if missing), then fine-tunes a tiny built-in model under supervision
-#   make test   builds .venv (if missing), then runs the whole test suite
+#   make test   builds .venv (if missing), then runs the whole test suite on parallel workers
+#               (make test TEST_WORKERS=0 runs it serially)
 # and one for servers: make image   builds the container image (docs/docker.md)
 PYTHON ?= python3
 VENV   := .venv
@@ -9,6 +10,10 @@ BIN    := $(VENV)/bin
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 PYTEST_ARGS ?=
+# The suite runs on parallel workers (pytest-xdist), one per core up to 4; tests marked serial share one
+# worker and run one at a time (--dist loadgroup). TEST_WORKERS=0 runs everything in this process, serially.
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ "$$n" -gt 4 ] && n=4; [ "$$n" -lt 2 ] && n=0; echo $$n)
+XDIST := -n $(TEST_WORKERS) $(if $(filter-out 0,$(TEST_WORKERS)),--dist loadgroup)
 
 .PHONY: demo test test-fast lint bench gpu-check gpu-check-dry gpu-wheels image clean
 
@@ -26,10 +31,10 @@ demo: $(VENV)
 	$(BIN)/steadytune demo
 
 test: $(VENV)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
 
 test-fast: $(VENV)
-	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(XDIST) -m "not slow" $(PYTEST_ARGS)
 
 lint: $(VENV)
 	$(BIN)/ruff check src tests benchmarks

@@ -47,6 +47,24 @@ def demo_assets(cache_dir: Path) -> Path:
     return ensure_demo_assets(cache_dir)
 
 
+def _join_group(item: pytest.Item, group: str) -> None:
+    """Put ``item`` in xdist group ``group``.
+
+    xdist's loadgroup finds a test's group by a ``@group`` suffix on its node id, which it writes
+    to ``item._nodeid``; pytest 9.2 builds ``nodeid`` from ``item._id`` instead, so that write is
+    lost and every group scatters. The suffix goes on the id pytest reads; older pytest gets
+    the marker and xdist's own suffix.
+    """
+    item.add_marker(pytest.mark.xdist_group(group))
+    if not item.config.getoption("loadgroup", False):  # set on an xdist worker under --dist loadgroup
+        return
+    node_id = getattr(item, "_id", None)
+    if node_id is not None and not item.nodeid.endswith(f"@{group}"):
+        from _pytest.nodeid import coerce_node_id
+
+        item._id = coerce_node_id(f"{item.nodeid}@{group}")
+
+
 def _cuda_available() -> bool:
     try:
         import torch
@@ -55,11 +73,21 @@ def _cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
+# Ahead of xdist's own hook, which reads each test's xdist_group to pick its worker.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``gpu`` need a CUDA device: without one they are skipped, never failed.
+    """Tests marked ``serial`` share one xdist group; tests marked ``gpu`` are skipped without CUDA.
 
-    torch is imported only when such a test was collected, so torch-free runs stay torch-free.
+    Under ``-n N --dist loadgroup`` (``make test``) a group runs on one worker, one test after
+    another: the serial tests (Ray clusters, drills that time a hang) never overlap each other,
+    while the other workers take the rest. A serial run ignores the group.
+
+    A test marked ``gpu`` needs a CUDA device: without one it is skipped, never failed. torch is
+    imported only when such a test was collected, so torch-free runs stay torch-free.
     """
+    for item in items:
+        if item.get_closest_marker("serial"):
+            _join_group(item, "serial")
     gpu = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu or _cuda_available():
         return

@@ -6,6 +6,8 @@ for every later install): an unpinned torch, or a package that depends on
 torchvision/torchaudio, would pull a multi-GB CUDA build. A venv is reused while its
 requirements are unchanged (``.cache/tool-venvs/<name>-<hash>`` in the repository, or
 ``$STEADYTUNE_TOOL_VENVS``); ``.ready`` is written last, so a half-built venv is rebuilt.
+Parallel test workers (and separate test runs sharing ``$STEADYTUNE_TOOL_VENVS``) build a venv
+under a lock file beside it: the second one waits and then finds it ready.
 """
 
 from __future__ import annotations
@@ -15,7 +17,10 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+
+from filelock import FileLock
 
 REPO = Path(__file__).resolve().parents[1]
 TORCH = "torch==2.13.0"
@@ -65,12 +70,29 @@ def tool_venv(name: str) -> Path:
     spec = TOOLS[name]
     key = hashlib.sha256(repr((sys.version_info[:2], TORCH, spec)).encode()).hexdigest()[:12]
     venv = _root() / f"{name}-{key}"
+    built_once(venv, lambda: _build(venv, spec))
+    return venv / "bin"
+
+
+def built_once(target: Path, build: Callable[[], None]) -> None:
+    """Run ``build`` unless ``target/.ready`` exists; it must write that file last.
+
+    Processes racing for the same ``target`` (parallel test workers) build it one at a time
+    under ``<target>.lock``: whoever gets the lock second finds ``.ready`` and builds nothing.
+    """
+    if (target / ".ready").exists():
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # A build takes minutes (pip from the index): the lock has no timeout of its own, the test's does.
+    with FileLock(str(target) + ".lock"):
+        if not (target / ".ready").exists():
+            build()
+
+
+def _build(venv: Path, spec: dict[str, list[str]]) -> None:
     bin_dir = venv / "bin"
-    if (venv / ".ready").exists():
-        return bin_dir
     if venv.exists():
         shutil.rmtree(venv)
-    venv.parent.mkdir(parents=True, exist_ok=True)
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     pip = [str(bin_dir / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
     constraints = venv / "constraints.txt"
@@ -85,8 +107,7 @@ def tool_venv(name: str) -> Path:
         capture_output=True,
         text=True,
     ).stdout.strip()
-    for name in spec["stubs"]:
-        (Path(site) / name).mkdir(exist_ok=True)
-        (Path(site) / name / "__init__.py").write_text(_STUB)
+    for stub in spec["stubs"]:
+        (Path(site) / stub).mkdir(exist_ok=True)
+        (Path(site) / stub / "__init__.py").write_text(_STUB)
     (venv / ".ready").write_text("ok\n")
-    return bin_dir

@@ -18,7 +18,8 @@ from steadytune.telemetry.stream import iter_records
 from .hfjob import hf_job
 from .runs import STEADYTUNE
 
-pytestmark = pytest.mark.slow
+# Six supervised runs, one of them timed for a hang: kept off the other heavy tests (marker serial).
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 FAULTS = ("kill", "truncated", "hang", "lr", "sigterm")
 
 

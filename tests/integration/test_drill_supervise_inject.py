@@ -17,7 +17,8 @@ from steadytune.telemetry.stream import iter_records
 from .runs import STEADYTUNE
 from .test_drill_supervise import _run_of, _script
 
-pytestmark = pytest.mark.slow
+# A drill of supervised runs, one of them timed for a hang: kept off the other heavy tests.
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 FAULTS = ("nan", "spike", "kill", "sigterm")  # kill: an outside fault, with the guard inside
 
 

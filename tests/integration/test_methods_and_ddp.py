@@ -78,6 +78,7 @@ def test_validate_accepts_the_examples(demo_assets: Path) -> None:
         assert "OK" in proc.stdout
 
 
+@pytest.mark.serial  # two training processes at once: kept off the other heavy tests
 def test_torchrun_two_processes_write_both_ranks(tmp_path: Path, demo_assets: Path) -> None:
     cfg = write_config(
         tmp_path,

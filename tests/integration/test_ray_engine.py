@@ -22,7 +22,8 @@ from tests.integration.runs import finish, run_dir, running, start_run, steps, w
 pytest.importorskip("ray.train", reason="Ray Train is an optional extra: pip install 'steadytune[ray]'")
 from ray.cluster_utils import Cluster
 
-pytestmark = pytest.mark.slow
+# A cluster of its own per test, with one busy CPU per node: two at once would starve each other.
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 # Long enough that a group of 2 gets to train before the end; short enough for a 2-core machine.
 STEPS, SAVE, BATCH = 24, 4, 4

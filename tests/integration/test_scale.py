@@ -19,7 +19,8 @@ from steadytune.telemetry.stream import iter_records
 
 from .runs import finish, run_dir, running, start_run, wait_for, write_config
 
-pytestmark = pytest.mark.slow
+# Two training processes at once on the grown run: kept off the other heavy tests.
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 MAX_STEPS = 36
 EFFECTIVE = 4  # micro-batch 2 x accumulation 2 x 1 process, then 2 x 1 x 2
