@@ -29,6 +29,17 @@ while not gate.exists():
     time.sleep(0.02)
 status(gate.read_text() or "completed")
 """
+_GATES: list[Path] = []
+
+
+@pytest.fixture(autouse=True)
+def _stand_ins_end_with_their_test():
+    """A stand-in job a test left waiting (one it never opened the gate of) ends with the test."""
+    yield
+    for gate in _GATES:
+        if not gate.exists():
+            gate.write_text("cancelled")
+    _GATES.clear()
 
 
 def make(tmp_path: Path, readings: list[GpuReading]) -> Daemon:
@@ -37,6 +48,7 @@ def make(tmp_path: Path, readings: list[GpuReading]) -> Daemon:
     gate_dir.mkdir(exist_ok=True)
 
     def command(job, runs_dir):
+        _GATES.append(gate_dir / job.id)
         return [sys.executable, "-c", JOB, str(runs_dir / run_id(job)), str(gate_dir / job.id)]
 
     return Daemon(JobQueue(paths.queue), paths, lambda: tuple(readings), command=command)
