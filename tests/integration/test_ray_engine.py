@@ -240,10 +240,16 @@ def test_the_scale_rules_ask_ray_for_workers_and_a_node_added_lets_the_group_gro
     )
     proc = start_run(cfg, "rules", faults=SLOW_STEPS)
     run = run_dir(cfg, "rules")
+    # The request's event is filed before the plan revision it causes is written: wait for both.
     wait_for(
-        lambda: running(proc) and run.events.exists() and events(run, "resources_requested"),
+        lambda: (
+            running(proc)
+            and run.events.exists()
+            and events(run, "resources_requested")
+            and any(p.reason == "scale_grow" for p in plans(run))
+        ),
         300,
-        "the grow's request",
+        "the grow's request and its plan revision",
     )
     utilisation(0.5)  # between the rules: nothing more to ask
     [grow] = events(run, "resources_requested")
