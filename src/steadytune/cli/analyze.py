@@ -110,7 +110,7 @@ def expand(paths: list[str]) -> list[str]:
 
 def analyze_path(path: str, config: Any) -> Any:
     """Import one path and run the detectors on it; never raises for a bad file."""
-    from steadytune.detect.offline import detect
+    from steadytune.detect.offline import replay
     from steadytune.detect.report import FileResult
     from steadytune.importers import UnreadableLog, load
 
@@ -120,8 +120,16 @@ def analyze_path(path: str, config: Any) -> Any:
         return FileResult(path, error=str(e))
     except Exception as e:  # a reader bug must not stop the other files
         return FileResult(path, error=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'failed'}")
-    anomalies = detect(series.records, series.system, config)
-    return FileResult(path, series.format, series.steps, series.metrics, anomalies, series=series)
+    judged = replay(series.records, series.system, config)
+    return FileResult(
+        path,
+        series.format,
+        series.steps,
+        series.metrics,
+        judged.anomalies,
+        series=series,
+        objective=judged.objective,
+    )
 
 
 def run(args: argparse.Namespace) -> int:
