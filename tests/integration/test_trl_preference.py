@@ -128,6 +128,28 @@ def test_trl_grpo_under_supervise_is_judged_on_its_reward_not_its_near_zero_loss
     assert {a["kind"] for a in as_sft["anomalies"]} & LOSS_RULES, as_sft["anomalies"]
 
 
+def test_trl_grpo_under_supervise_inject_is_judged_as_rl_by_its_trainer_class(
+    tmp_path: Path, demo_assets: Path
+) -> None:
+    """With the guard inside GRPOTrainer the step records are the guard's, written before TRL logs its
+    reward: the first one names the objective from the trainer's class. Read by the SFT loss rules,
+    GRPO's loss (exactly 0 at the first step, then 1e-5 and so on) was a collapse and a divergence, and
+    rolled back a healthy run."""
+    steps = 20
+    job = trl_job(demo_assets, tmp_path, steps, trainer="grpo", save_steps=10, logging_steps=2)
+    with supervise(job, tmp_path, "--inject") as sup:
+        rc = sup.finish()
+    assert rc == 0, sup.stdout
+    events = sup.events()
+    injected = next(e for e in events if e.name == "guard_injected")
+    assert injected.data["trainer"].endswith("GRPOTrainer")
+    assert _anomalies(events) == [] and "rollback" not in [e.name for e in events]
+    recs = sup.steps()
+    assert [r.step for r in recs] == list(range(1, steps + 1))  # the guard's: every step
+    assert recs[0].extra["objective"] == "RL (GRPO/RLOO)"
+    assert events[-1].name == "run_completed" and sup.status()["state"] == "completed"
+
+
 def test_trl_dpo_at_an_lr_far_too_high_is_a_grad_explosion_in_analyze(
     tmp_path: Path, demo_assets: Path
 ) -> None:

@@ -118,3 +118,15 @@ def test_the_detector_says_what_it_judged_and_an_evaluation_does_not_decide_it()
     sft = LiveDetector()
     sft.observe_step(StepRecord(step=1, ts=0.0, loss=2.0, extra=dict.fromkeys(_TRL_FIELDS["sft"], 1.0)))
     assert sft.objective == LOSS_OBJECTIVE
+
+
+def test_a_record_may_declare_its_objective_and_a_trainer_class_names_one() -> None:
+    from steadytune.detect.objective import OBJECTIVE_KEY, objective_of_trainer
+
+    # LLaMA-Factory's DPO trainer subclasses TRL's: the most derived known class names it.
+    assert objective_of_trainer(["CustomDPOTrainer", "DPOTrainer", "Trainer", "object"]) == "preference (DPO)"
+    assert objective_of_trainer(["GRPOTrainer", "Trainer"]) == "RL (GRPO/RLOO)"
+    assert objective_of_trainer(["SFTTrainer", "Trainer", "object"]) is None
+    # Declared beats the fields: the guard's first record has only its own (gradflow).
+    assert objective_of({OBJECTIVE_KEY: "RL (GRPO/RLOO)", "gradflow": {}}) == "RL (GRPO/RLOO)"
+    assert objective_of({"gradflow": {}}) is None
