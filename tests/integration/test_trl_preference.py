@@ -168,6 +168,28 @@ def test_trl_dpo_at_an_lr_far_too_high_is_a_grad_explosion_in_analyze(
     assert not {a["kind"] for a in found["anomalies"]} & LOSS_RULES
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="a storm of grad norms that starts with a jump under spike_min_ratio (1.5 -> 8.5, 5.5x) inflates "
+    "the young noise estimate (a 5-sigma threshold of 388x by the next point), and the level follows the "
+    "storm: nothing judges the norm against where the run began, nor a preference margin gone negative",
+)
+def test_trl_dpo_at_lr_0_1_whose_grad_norm_storms_and_margins_turn_negative_is_flagged(
+    tmp_path: Path, demo_assets: Path
+) -> None:
+    """At LR 0.1 the grad norm goes 1.5 -> 8.5 -> 34 and on to 193 and 353 (steps 13, 21) before it
+    settles, the loss climbs from ln 2 to 2.8 and 4.1 and the margins go negative: the policy prefers
+    the rejected answers for a while."""
+    steps = 24
+    job = trl_job(demo_assets, tmp_path, steps, trainer="dpo", save_steps=steps, logging_steps=1, lr=0.1)
+    _run_tool(job)
+    history = json.loads((job.checkpoint(steps) / "trainer_state.json").read_text())["log_history"]
+    assert max(e["grad_norm"] for e in history if "grad_norm" in e) > 100 * history[0]["grad_norm"]
+    rc, (found,) = _analyze(job.checkpoint(steps) / "trainer_state.json")
+    assert found["objective"] == "preference (DPO)"
+    assert rc == 1 and any(a["severity"] != "info" for a in found["anomalies"]), found["anomalies"]
+
+
 def test_trl_dpo_at_an_lr_far_too_high_is_rolled_back_live_with_a_lower_lr(
     tmp_path: Path, demo_assets: Path
 ) -> None:
