@@ -166,6 +166,8 @@ def test_trl_dpo_at_an_lr_far_too_high_is_a_grad_explosion_in_analyze(
     assert (explosion["severity"], explosion["metric"]) == ("critical", "grad_norm")
     assert explosion["start_step"] <= 4 and explosion["evidence"]["ratio"] >= 100
     assert not {a["kind"] for a in found["anomalies"]} & LOSS_RULES
+    text = subprocess.run([STEADYTUNE, "analyze", str(state)], capture_output=True, text=True, timeout=120)
+    assert "judged as preference (DPO)" in text.stdout and "grad_explosion" in text.stdout, text.stdout
 
 
 @pytest.mark.xfail(

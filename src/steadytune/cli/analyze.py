@@ -41,8 +41,10 @@ def register(sub: Any) -> None:
             "text logs, Megatron golden values, llm.c main.log and stdout, build-nanoGPT log.txt and "
             "stdout, JSON lines with a step and a loss, and any text log whose lines name a step and a "
             "loss (torchrun rank and logger prefixes are stripped). A folder that is not a log itself "
-            "stands for the files in it. Exit code 0 when every file is readable and healthy, 1 when "
-            "one is unreadable or has a warning/critical anomaly."
+            "stands for the files in it. RL and preference logs (TRL's DPO, KTO, ORPO, GRPO, RLOO, PPO, "
+            "known by their fields) are judged on their reward, KL and grad norm, not by the SFT loss "
+            "rules; each file says what it was judged as. Exit code 0 when every file is readable and "
+            "healthy, 1 when one is unreadable or has a warning/critical anomaly."
         ),
     )
     p.add_argument("paths", nargs="+", metavar="PATH", help="log files, run directories or folders of logs")
