@@ -1,11 +1,12 @@
 """The real TRL and LLaMA-Factory CLIs on the demo model, run under `steadytune supervise`.
 
 A :class:`ToolJob` is one tool's command line for a small SFT job (its own flags, or its
-own YAML); :func:`supervise` starts `steadytune supervise` around it as a real process
-and hands back a :class:`Supervised` that reads the run directory. Whatever a test
-leaves running — the supervisor, the tool's launcher, its trainer, in a session of
-their own — is killed when the test ends, pass or fail: an orphaned trainer would
-slow every later test on a small machine.
+own YAML), or a TRL DPO or GRPO job on the demo's preference rows and prompts;
+:func:`supervise` starts `steadytune supervise` around it as a real process and hands
+back a :class:`Supervised` that reads the run directory. Whatever a test leaves
+running — the supervisor, the tool's launcher, its trainer, in a session of their
+own — is killed when the test ends, pass or fail: an orphaned trainer would slow
+every later test on a small machine.
 """
 
 from __future__ import annotations
@@ -42,15 +43,17 @@ class ToolJob:
     out: Path
     lr: float
     weights_file: str  # the weights a checkpoint holds: the full model, or the LoRA adapter
+    env: dict[str, str] = field(default_factory=dict)  # what the job needs in its environment
 
     def trainer(self, worker_pid: int) -> psutil.Process | None:
-        """The process that trains: `trl sft` runs trl/scripts/sft.py as a child through accelerate;
-        `llamafactory-cli train` on one device trains in its own process."""
+        """The process that trains: `trl sft|dpo|grpo` runs trl/scripts/<name>.py as a child through
+        accelerate; `llamafactory-cli train` on one device trains in its own process."""
         try:
             root = psutil.Process(worker_pid)
             if self.tool == "llamafactory":
                 return root
-            return next((p for p in root.children(recursive=True) if "sft.py" in " ".join(p.cmdline())), None)
+            script = f"{self.cmd[1]}.py"
+            return next((p for p in root.children(recursive=True) if script in " ".join(p.cmdline())), None)
         except psutil.Error:
             return None
 
@@ -81,6 +84,38 @@ def sft_data(demo_assets: Path, folder: Path, rows: int = 400) -> Path:
     return folder
 
 
+def _conversation(row: dict[str, str]) -> list[dict[str, str]]:
+    return [{"role": "user", "content": f"{row['instruction']} {row['input']}"}]
+
+
+def preference_data(folder: Path, rows: int = 200) -> Path:
+    """The demo's preference rows as TRL's conversational prompt/chosen/rejected."""
+    from steadytune.train.assets import generate_preferences
+
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "train.jsonl", "w") as fout:
+        for r in generate_preferences(rows, seed=1):
+            answer = {"chosen": r["chosen"], "rejected": r["rejected"]}
+            turns = {k: [{"role": "assistant", "content": v}] for k, v in answer.items()}
+            fout.write(json.dumps({"prompt": _conversation(r), **turns}) + "\n")
+    return folder
+
+
+def prompt_data(demo_assets: Path, folder: Path, rows: int = 200) -> Path:
+    """The demo instructions as TRL's conversational prompts, for GRPO."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "train.jsonl", "w") as fout:
+        for r in demo_rows(demo_assets, rows):
+            fout.write(json.dumps({"prompt": _conversation(r)}) + "\n")
+    return folder
+
+
+# GRPO on the demo model: groups of 4 short completions, scored by the demo's brevity reward (imported
+# by TRL from steadytune, found on the PYTHONPATH the job gets); a KL term, so that TRL logs `kl`.
+GRPO_FLAGS = {"num_generations": 4, "max_completion_length": 16, "beta": 0.04,
+              "reward_funcs": "steadytune.train.assets.brevity_reward"}  # fmt: skip
+
+
 def common_args(
     steps: int, save_steps: int, logging_steps: int, lr: float, extra: dict[str, Any]
 ) -> dict[str, Any]:
@@ -97,15 +132,26 @@ def trl_job(
     save_steps: int = 50,
     logging_steps: int = 5,
     lr: float = 1e-4,
+    trainer: str = "sft",
     **extra: Any,
 ) -> ToolJob:
-    """`trl sft` as its users call it, full fine-tuning; ``extra`` are more of its --flags."""
+    """`trl sft|dpo|grpo` as its users call it, full fine-tuning; ``extra`` are more of its --flags."""
     out = tmp / "out"
-    data = sft_data(demo_assets, tmp / "data")
+    env: dict[str, str] = {}
+    if trainer == "dpo":
+        data = preference_data(tmp / "data")
+    elif trainer == "grpo":
+        data = prompt_data(demo_assets, tmp / "data")
+        extra = {**GRPO_FLAGS, **extra}
+        import steadytune
+
+        env["PYTHONPATH"] = str(Path(steadytune.__file__).resolve().parents[1])
+    else:
+        data = sft_data(demo_assets, tmp / "data")
     flags = {"save_total_limit": 3, **common_args(steps, save_steps, logging_steps, lr, extra)}
     cmd = [
         str(tool_venv("trl") / "trl"),
-        "sft",
+        trainer,
         "--model_name_or_path",
         str(demo_assets / "model"),
         "--dataset_name",
@@ -117,7 +163,7 @@ def trl_job(
     ]
     for key, value in flags.items():
         cmd += [f"--{key}", str(value)]
-    return ToolJob("trl", cmd, out, lr, "model.safetensors")
+    return ToolJob("trl", cmd, out, lr, "model.safetensors", env)
 
 
 def lf_job(
@@ -238,7 +284,7 @@ class Supervised:
 def supervise(job: ToolJob, tmp: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[Supervised]:
     """`steadytune supervise --preset TOOL --output-dir OUT ARGS -- JOB` as a real process."""
     cmd = supervise_cmd(job.cmd, job.out, tmp / "runs", job.tool, "--preset", job.tool, *args)
-    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", **(env or {})}
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", **job.env, **(env or {})}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=full_env)
     sup = Supervised(proc, tmp / "runs" / job.tool, job)
     try:

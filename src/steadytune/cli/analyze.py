@@ -41,8 +41,10 @@ def register(sub: Any) -> None:
             "text logs, Megatron golden values, llm.c main.log and stdout, build-nanoGPT log.txt and "
             "stdout, JSON lines with a step and a loss, and any text log whose lines name a step and a "
             "loss (torchrun rank and logger prefixes are stripped). A folder that is not a log itself "
-            "stands for the files in it. Exit code 0 when every file is readable and healthy, 1 when "
-            "one is unreadable or has a warning/critical anomaly."
+            "stands for the files in it. RL and preference logs (TRL's DPO, KTO, ORPO, GRPO, RLOO, PPO, "
+            "known by their fields) are judged on their reward, KL and grad norm, not by the SFT loss "
+            "rules; each file says what it was judged as. Exit code 0 when every file is readable and "
+            "healthy, 1 when one is unreadable or has a warning/critical anomaly."
         ),
     )
     p.add_argument("paths", nargs="+", metavar="PATH", help="log files, run directories or folders of logs")
@@ -110,7 +112,7 @@ def expand(paths: list[str]) -> list[str]:
 
 def analyze_path(path: str, config: Any) -> Any:
     """Import one path and run the detectors on it; never raises for a bad file."""
-    from steadytune.detect.offline import detect
+    from steadytune.detect.offline import replay
     from steadytune.detect.report import FileResult
     from steadytune.importers import UnreadableLog, load
 
@@ -120,8 +122,16 @@ def analyze_path(path: str, config: Any) -> Any:
         return FileResult(path, error=str(e))
     except Exception as e:  # a reader bug must not stop the other files
         return FileResult(path, error=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'failed'}")
-    anomalies = detect(series.records, series.system, config)
-    return FileResult(path, series.format, series.steps, series.metrics, anomalies, series=series)
+    judged = replay(series.records, series.system, config)
+    return FileResult(
+        path,
+        series.format,
+        series.steps,
+        series.metrics,
+        judged.anomalies,
+        series=series,
+        objective=judged.objective,
+    )
 
 
 def run(args: argparse.Namespace) -> int:

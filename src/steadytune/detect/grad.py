@@ -99,7 +99,11 @@ class GradWatch:
             self._vanishing(step, g, None, out)
             return
         y = math.log(g)
-        if t.n_level >= _MIN_BASELINE and self._spike(step, g, y, loss_spiking, out):
+        # One point is too young a baseline to judge a spike by, but not an explosion: a norm
+        # ``explosion_ratio`` times the first is a first update that wrecked the model (an LR orders of
+        # magnitude too high), where a healthy run's weights have barely moved.
+        judged = t.n_level >= _MIN_BASELINE or (t.n_level > 0 and y - t.level > self._explode_jump)
+        if judged and self._spike(step, g, y, loss_spiking, out):
             return
         t.accept(y)
         if t.n_accepted >= self._warmup_points and t.level_full:

@@ -20,7 +20,7 @@ from typing import Any, Literal
 from steadytune.config.detect import DetectConfig
 from steadytune.detect import build
 from steadytune.detect.base import Finding
-from steadytune.detect.objective import is_preference_or_rl
+from steadytune.detect.objective import LOSS_OBJECTIVE, objective_of
 from steadytune.kinds import KINDS
 from steadytune.records import SEVERITY_ORDER, Anomaly, Severity, StepRecord, SystemSample
 
@@ -73,7 +73,8 @@ class _Signal:
         self.fall = build.fall_collapse_watch(cfg)
         self._prev_g_jump = 0.0
         self.objective = build.objective_watch(cfg)
-        self.preference: bool | None = None  # decided by the first record that carries extra fields
+        # Named by the first training record that carries extra fields (an evaluation's are the eval set's).
+        self.objective_name: str | None = None
 
     def observe(self, rec: StepRecord, out: list[Finding]) -> None:
         lp = None
@@ -82,9 +83,9 @@ class _Signal:
         g_jump = self.grad.jump(rec.grad_norm)
         corroborated = max(g_jump, self._prev_g_jump) >= self.grad.spike_jump
         self._prev_g_jump = g_jump
-        if self.preference is None and rec.extra:
-            self.preference = is_preference_or_rl(rec.extra)
-        if self.preference:
+        if self.objective_name is None and rec.extra and not rec.extra.get("eval"):
+            self.objective_name = objective_of(rec.extra) or LOSS_OBJECTIVE
+        if self.objective_name not in (None, LOSS_OBJECTIVE):
             # The loss of an RL/preference objective is judged only for NaN/Inf; its own signals
             # (reward, KL) and the gradient norm carry the rest.
             if rec.loss is not None and not math.isfinite(rec.loss):
@@ -204,6 +205,12 @@ class LiveDetector:
     def set_projected_disk_need(self, need_bytes: int | None) -> None:
         """What the run will still write (checkpoints to come): disk_low compares free space with it."""
         self._system.set_projected_need(need_bytes)
+
+    @property
+    def objective(self) -> str:
+        """What the training signal is judged as: ``"preference (DPO)"``, ``"RL (GRPO/RLOO)"``, ... or
+        :data:`~steadytune.detect.objective.LOSS_OBJECTIVE` (the SFT loss rules)."""
+        return self._signal.objective_name or LOSS_OBJECTIVE
 
     def open_anomalies(self) -> list[Anomaly]:
         """Anomalies raised and not yet resolved, as they stand now."""

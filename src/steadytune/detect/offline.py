@@ -8,10 +8,19 @@ the supervisor would have raised live, each with its final ``end_step``.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from steadytune.config.detect import DetectConfig
 from steadytune.detect.live import LiveDetector
 from steadytune.records import Anomaly, StepRecord, SystemSample
+
+
+@dataclass(frozen=True)
+class Replay:
+    """What a replayed run raised, and the objective its training signal was judged as."""
+
+    anomalies: list[Anomaly]
+    objective: str
 
 
 def detect(
@@ -19,7 +28,16 @@ def detect(
     system: Iterable[SystemSample] = (),
     config: DetectConfig | None = None,
 ) -> list[Anomaly]:
-    """Every anomaly in a run, in order of its first step.
+    """Every anomaly in a run, in order of its first step (:func:`replay`'s anomalies)."""
+    return replay(records, system, config).anomalies
+
+
+def replay(
+    records: Iterable[StepRecord],
+    system: Iterable[SystemSample] = (),
+    config: DetectConfig | None = None,
+) -> Replay:
+    """Every anomaly in a run, in order of its first step, and what its objective was judged as.
 
     Step records are replayed in the order given; system samples are
     interleaved by timestamp (samples with no step records around them go last).
@@ -39,4 +57,4 @@ def detect(
         found.extend(t.anomaly for t in det.observe_system(s) if t.state == "resolved")
     found.extend(det.open_anomalies())
     found.sort(key=lambda a: (a.start_step, a.end_step, a.kind, a.metric))
-    return found
+    return Replay(found, det.objective)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from steadytune.detect.objective import LOSS_OBJECTIVE
 from steadytune.kinds import KINDS
 from steadytune.records import SEVERITY_ORDER, Anomaly
 
@@ -26,6 +27,7 @@ class FileResult:
     anomalies: list[Anomaly] = field(default_factory=list)
     error: str | None = None
     series: Any = None  # the imported Series, kept for plotting
+    objective: str | None = None  # what the training signal was judged as (detect/objective.py)
 
     @property
     def alarming(self) -> list[Anomaly]:
@@ -65,6 +67,7 @@ def file_json(r: FileResult) -> dict[str, Any]:
         "format": r.format,
         "steps": r.steps,
         "metrics": list(r.metrics),
+        "objective": r.objective,
         "anomalies": [anomaly_json(a) for a in r.anomalies],
     }
 
@@ -97,6 +100,8 @@ def render_text(results: list[FileResult], console: Any) -> None:
         head = f"[bold]{escape(r.path)}[/bold]"  # paths and reasons may hold [brackets]
         if r.error is None:
             head += f" [dim]({r.format}, {r.steps} steps; {escape(', '.join(r.metrics[:6]))})[/dim]"
+            if r.objective is not None:
+                head += f"\n  judged as {escape(r.objective)}{_JUDGED_ON.get(r.objective, _RL_JUDGED_ON)}"
         console.print(f"{head}\n  [{style}]{escape(r.verdict)}[/{style}]")
         if not r.anomalies:
             continue
@@ -118,6 +123,9 @@ def render_text(results: list[FileResult], console: Any) -> None:
             a = next(x for x in r.anomalies if x.kind == kind)
             console.print(f"  [bold]{kind}[/bold]: {a.cause}.\n    [green]→ {a.suggestion}[/green]")
 
+
+_JUDGED_ON = {LOSS_OBJECTIVE: ""}
+_RL_JUDGED_ON = ": on its reward, KL and grad norm, its loss only for NaN/Inf (not by the SFT loss rules)"
 
 _PANELS = (("loss", "eval_loss"), ("grad_norm",), ("mem_allocated_bytes",), ("step_time_s",))
 _COLOURS = {"critical": "tab:red", "warning": "tab:orange", "info": "tab:gray"}

@@ -13,6 +13,7 @@ from typing import Any
 
 from transformers import Trainer, TrainerCallback
 
+from steadytune.detect.objective import OBJECTIVE_KEY, objective_of_trainer
 from steadytune.guard.checkpoints import CheckpointKeeper
 from steadytune.guard.core import Guard
 from steadytune.guard.faults import Faults
@@ -92,6 +93,7 @@ class GuardCallback(TrainerCallback):
         self._publish_error: BaseException | None = None
         self._external_stop: str | None = None
         self._bound = False  # whether some trainer's clipping reports its norm to the guard
+        self.objective: str | None = None  # an RL or preference trainer's objective, once bound to it
         # In-process rollback (train/rollback.py): only a worker that can reload its trainer enables it.
         self.reloads = False
         self._rollback: dict[str, Any] | None = None  # the request taken, until the worker picks it up
@@ -108,6 +110,8 @@ class GuardCallback(TrainerCallback):
         with no second pass over the gradients. Idempotent; False when the trainer has no
         ``_clip_grad_norm`` (the guard then records clipped norms).
         """
+        # What the trainer optimises, by its class (a TRL DPOTrainer, ...): its first record says so.
+        self.objective = objective_of_trainer(c.__name__ for c in type(trainer).__mro__)
         clip = getattr(trainer, "_clip_grad_norm", None)
         if clip is None:
             return False
@@ -235,11 +239,12 @@ class GuardCallback(TrainerCallback):
             self._lr_saved = None
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-        self.guard.end_step(
-            state.global_step,
-            epoch=state.epoch,
-            extra={"gradflow": self._gradflow} if self._gradflow else None,
-        )
+        extra: dict[str, Any] = {"gradflow": self._gradflow} if self._gradflow else {}
+        if self.objective is not None and self.guard.steps_this_attempt == 0:
+            # The detectors name the objective from the first record; the trainer logs its own fields
+            # (rewards, KL) only after this record is written.
+            extra[OBJECTIVE_KEY] = self.objective
+        self.guard.end_step(state.global_step, epoch=state.epoch, extra=extra or None)
         self._gradflow = None  # the step record itself is the loop's heartbeat: no second line per step
         self.faults.after_step(state.global_step, self.guard.attempt)
         world = _world_size()

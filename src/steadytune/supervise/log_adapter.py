@@ -25,6 +25,12 @@ from steadytune.telemetry.jsonl import JsonlReader
 from steadytune.telemetry.stream import JsonlWriter
 
 HEARTBEAT_EVERY_S = 1.0  # output is proof of life; more than one beat a second says nothing new
+# What a log dict's values become in a StepRecord's own fields; every other value rides in ``extra``
+# (DPO's rewards/margins, GRPO's reward and kl: the detectors judge such runs by them).
+_RECORD_FIELDS = frozenset(
+    {"loss", "grad_norm", "learning_rate", "lr", "epoch", "eval_loss", "num_tokens", "total_steps"}
+)
+_JOINED = ("grad_norm", "num_tokens")  # what a trainer_log.jsonl row lacks of the fields
 
 
 class LogAdapter:
@@ -209,7 +215,9 @@ class LogAdapter:
             now = self.clock()
             printed = self._printed.pop(step, None)
             if printed:
-                values = {**{k: v for k, v in printed.items() if k in ("grad_norm", "num_tokens")}, **values}
+                # The row's own loss, LR and epoch stand; the dict adds the grad norm, tokens and the rest.
+                joined = {k: v for k, v in printed.items() if k in _JOINED or k not in _RECORD_FIELDS}
+                values = {**joined, **values}
             total = values.get("total_steps")  # LLaMA-Factory's trainer_log.jsonl says how far it goes
             if total and total > 0:
                 self._total(int(total))
@@ -239,6 +247,14 @@ class LogAdapter:
                     eval_loss=values.get("eval_loss"),
                     tokens=tokens or None,
                     step_time_s=step_time,
-                    extra={"eval": True} if "eval_loss" in values and "loss" not in values else {},
+                    extra=_extra(values),
                 )
             )
+
+
+def _extra(values: dict[str, float]) -> dict[str, object]:
+    """The values a StepRecord has no field for; an evaluation's record is marked as one."""
+    extra: dict[str, object] = {k: v for k, v in values.items() if k not in _RECORD_FIELDS}
+    if "eval_loss" in values and "loss" not in values:
+        extra["eval"] = True
+    return extra

@@ -13,6 +13,7 @@ import json
 import os
 import random
 from pathlib import Path
+from typing import Any
 
 ASSET_VERSION = "1"
 
@@ -70,6 +71,39 @@ def generate_instructions(n: int, seed: int = 0) -> list[dict[str, str]]:
     """``n`` instruction/input/output rows, deterministic for a seed."""
     rng = random.Random(seed)
     return [_example(rng) for _ in range(n)]
+
+
+def _wrong_answer(row: dict[str, str], rng: random.Random) -> str:
+    """A plausible answer to ``row`` that is wrong in the way its task invites."""
+    task, given, right = row["instruction"], row["input"], row["output"]
+    if task == "Repeat the words.":
+        return " ".join(reversed(given.split()))
+    if task == "Write the words in capitals.":
+        return given.capitalize()
+    if task == "Spell the word backwards.":
+        return given
+    if task == "Add the numbers.":
+        return str(int(right) + rng.choice((-10, -2, -1, 1, 2, 10)))
+    return rng.choice(sorted(set(_FACTS.values()) - {right}))
+
+
+def generate_preferences(n: int, seed: int = 0) -> list[dict[str, str]]:
+    """``n`` preference rows for the demo tasks: instruction, input, the right answer as ``chosen``
+    and a wrong one as ``rejected`` (for DPO, KTO, ORPO); deterministic for a seed."""
+    rng = random.Random(seed)
+    rows = []
+    for row in generate_instructions(n, seed):
+        chosen = row.pop("output")
+        rows.append({**row, "chosen": chosen, "rejected": _wrong_answer({**row, "output": chosen}, rng)})
+    return rows
+
+
+def brevity_reward(completions: list[Any], **_: Any) -> list[float]:
+    """A reward for GRPO on the demo prompts that a tiny model can earn: the shorter the completion,
+    the higher (1 for an empty one, 0 from 64 characters). In TRL's reward function form: a plain
+    string or a conversation per completion in, one float each out."""
+    texts = [c[-1]["content"] if isinstance(c, list) else str(c) for c in completions]
+    return [1.0 - min(len(t), 64) / 64 for t in texts]
 
 
 def _write_jsonl(path: Path, rows: list[dict[str, str]]) -> None:

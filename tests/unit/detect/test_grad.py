@@ -92,3 +92,14 @@ def test_vanishing_gradients_are_flagged_and_name_the_cause() -> None:
 def test_zero_grad_norm_from_the_start_is_no_vanishing() -> None:
     # Pipeline engines log 0.0 when they do not compute the norm: no established level to vanish from.
     assert "grad_vanishing" not in kinds(feed(records(noisy(60, decay=0.05), [0.0] * 60)))
+
+
+@pytest.mark.parametrize(("jump", "expected"), [(300.0, ["grad_spike", "grad_explosion"]), (30.0, [])])
+def test_one_point_is_baseline_enough_for_an_explosion_but_not_a_spike(jump: float, expected: list) -> None:
+    # A first update that wrecked the model: the second norm is `jump` times the first. 30x is a spike
+    # by ratio, but one point says nothing of the noise; past explosion_ratio (100x) it is an explosion.
+    grads = [1.8, jump * 1.8, *grad_noise(30, level=jump * 1.8)]
+    got = raised(feed(records(noisy(32, decay=0.05), grads)))
+    assert [(a.kind, a.start_step) for a in got] == [(k, 2) for k in expected]
+    if expected:
+        assert got[1].severity == "critical" and got[1].evidence["baseline"] == pytest.approx(1.8)

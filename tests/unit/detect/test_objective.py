@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from steadytune.detect.objective import is_preference_or_rl
+from steadytune.detect.objective import is_preference_or_rl, objective_of
 from tests.unit.detect import shapes
 from tests.unit.detect.helpers import feed, raised, records, severe
 
@@ -73,3 +73,60 @@ def test_a_nan_loss_is_still_caught_in_an_rl_run() -> None:
     losses[70] = float("nan")
     got = raised(feed(records([abs(x) for x in losses], extra=extra)))
     assert [(a.kind, a.start_step) for a in got] == [("nan_loss", 71)]
+
+
+# The fields each TRL 1.16 trainer logs on its first step (their _metrics, and the HF Trainer's own).
+_TRL_FIELDS = {
+    "dpo": ["entropy", "num_tokens", "logits/chosen", "logits/rejected", "mean_token_accuracy",
+            "rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins",
+            "logps/chosen", "logps/rejected"],
+    "kto": ["entropy", "kl", "num_tokens", "logits/chosen", "logits/rejected", "logps/chosen",
+            "logps/rejected", "rewards/chosen", "rewards/rejected", "rewards/margins"],
+    "orpo": ["rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins",
+             "logps/chosen", "logps/rejected", "nll_loss", "log_odds_ratio", "log_odds_chosen"],
+    "grpo": ["num_tokens", "completions/mean_length", "rewards/brevity/mean", "rewards/brevity/std",
+             "reward", "reward_std", "frac_reward_zero_std", "kl", "entropy", "clip_ratio/low_mean"],
+    "ppo": ["objective/kl", "objective/entropy", "objective/scores", "policy/approxkl_avg"],
+    "sft": ["entropy", "num_tokens", "mean_token_accuracy"],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "trainer, expected",
+    [("dpo", "preference (DPO)"), ("kto", "preference (KTO)"), ("orpo", "preference (ORPO)"),
+     ("grpo", "RL (GRPO/RLOO)"), ("ppo", "RL (PPO)"), ("sft", None)],
+)  # fmt: skip
+def test_the_objective_is_named_after_the_trainer_its_fields_come_from(
+    trainer: str, expected: str | None
+) -> None:
+    assert objective_of(dict.fromkeys(_TRL_FIELDS[trainer], 0.0)) == expected
+    # verl's fields mark RL, but name no trainer of TRL's.
+    assert objective_of({"actor/kl_loss": 0.01, "critic/score/mean": 0.3}) == "RL or preference"
+
+
+def test_the_detector_says_what_it_judged_and_an_evaluation_does_not_decide_it() -> None:
+    from steadytune.detect import LiveDetector
+    from steadytune.detect.objective import LOSS_OBJECTIVE
+    from steadytune.records import StepRecord
+
+    det = LiveDetector()
+    assert det.objective == LOSS_OBJECTIVE  # nothing seen: the loss rules
+    det.observe_step(StepRecord(step=1, ts=0.0, eval_loss=0.7, extra={"eval": True, "eval_runtime": 1.0}))
+    dpo = dict.fromkeys(_TRL_FIELDS["dpo"], 0.0)
+    det.observe_step(StepRecord(step=1, ts=0.0, loss=0.69, extra=dpo))
+    assert det.objective == "preference (DPO)"
+    sft = LiveDetector()
+    sft.observe_step(StepRecord(step=1, ts=0.0, loss=2.0, extra=dict.fromkeys(_TRL_FIELDS["sft"], 1.0)))
+    assert sft.objective == LOSS_OBJECTIVE
+
+
+def test_a_record_may_declare_its_objective_and_a_trainer_class_names_one() -> None:
+    from steadytune.detect.objective import OBJECTIVE_KEY, objective_of_trainer
+
+    # LLaMA-Factory's DPO trainer subclasses TRL's: the most derived known class names it.
+    assert objective_of_trainer(["CustomDPOTrainer", "DPOTrainer", "Trainer", "object"]) == "preference (DPO)"
+    assert objective_of_trainer(["GRPOTrainer", "Trainer"]) == "RL (GRPO/RLOO)"
+    assert objective_of_trainer(["SFTTrainer", "Trainer", "object"]) is None
+    # Declared beats the fields: the guard's first record has only its own (gradflow).
+    assert objective_of({OBJECTIVE_KEY: "RL (GRPO/RLOO)", "gradflow": {}}) == "RL (GRPO/RLOO)"
+    assert objective_of({"gradflow": {}}) is None

@@ -200,3 +200,26 @@ def test_the_first_record_after_a_resume_must_continue_the_checkpoint(
     assert [p.split()[0] for p in problems] == mismatch
     # Counted steps (from log lines, not the trainer's counter) say nothing about where it resumed.
     assert not any(p.startswith("step") for p in resume_problems(rec, expect, steps_are_real=False))
+
+
+# `trl dpo` (TRL 1.16) prints its preference metrics in the same dict as the loss.
+DPO_LINE = (
+    " 10%|\u2588         | 2/20 [00:00<00:01, 12.6it/s]\r{'loss': '0.6931', 'grad_norm': '1.836', "
+    "'learning_rate': '1e-04', 'entropy': '6.212', 'num_tokens': '412', 'logits/chosen': '0.01202', "
+    "'rewards/chosen': '0', 'rewards/rejected': '0', 'rewards/accuracies': '0', 'rewards/margins': '0', "
+    "'logps/chosen': '-43.9', 'logps/rejected': '-54.4', 'epoch': '0.1667'}\n"
+)
+
+
+def test_what_a_record_has_no_field_for_rides_in_its_extra(tmp_path: Path) -> None:
+    run, writer, adapter = _adapter(tmp_path)
+    adapter.on_stdout(DPO_LINE)
+    adapter.on_stdout("{'eval_loss': '0.65', 'eval_rewards/margins': '0.2', 'epoch': '0.2'}\n")
+    writer.close()
+    train, evaluation = [r for r in iter_records(run.telemetry(0)) if hasattr(r, "loss")]
+    assert (train.loss, train.grad_norm, train.lr, train.epoch) == (0.6931, 1.836, 1e-4, 0.1667)
+    assert train.extra["rewards/margins"] == 0.0 and train.extra["logps/chosen"] == -43.9
+    # The values the record's own fields took are not repeated beside them.
+    assert not {"loss", "grad_norm", "learning_rate", "epoch", "num_tokens"} & set(train.extra)
+    assert evaluation.eval_loss == 0.65
+    assert evaluation.extra == {"eval": True, "eval_rewards/margins": 0.2}

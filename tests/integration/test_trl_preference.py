@@ -1,0 +1,223 @@
+"""The real `trl dpo` and `trl grpo` (TRL 1.16) on the demo model: read by `analyze`, run under `supervise`.
+
+Preference and RL runs are judged on their own signals (detect/objective.py), not by the
+SFT loss rules. Here that is checked on what the real trainers write: their printed log
+dicts under `supervise`, and the trainer_state.json of their checkpoints under `analyze`.
+DPO trains on the demo's preference rows, GRPO on the demo prompts with the demo's
+brevity reward (train/assets.py). The jobs and the supervise scaffolding are in toolruns.py.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from steadytune.records import Event
+
+from .runs import STEADYTUNE
+from .toolruns import ToolJob, all_finite, supervise, trl_job
+
+pytestmark = pytest.mark.slow
+
+# Each TRL trainer's own fields: every record must carry them, as the tool logged them.
+DPO_FIELDS = {"rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies", "logps/chosen"}
+GRPO_FIELDS = {"reward", "reward_std", "kl", "frac_reward_zero_std", "completions/mean_length", "entropy"}
+# What the SFT loss rules raise; an RL or preference run's loss is only checked for NaN/Inf.
+LOSS_RULES = {"loss_spike", "divergence", "loss_collapse", "plateau", "oscillation"}
+
+
+def _analyze(*paths: Path) -> tuple[int, list[dict[str, Any]]]:
+    """`steadytune analyze --format json PATHS` as a user runs it: its exit code and its files."""
+    proc = subprocess.run(
+        [STEADYTUNE, "analyze", "--format", "json", *map(str, paths)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert not proc.stderr.strip() or proc.returncode in (0, 1), proc.stderr
+    return proc.returncode, json.loads(proc.stdout)["files"]
+
+
+def _logged_steps(state: Path) -> list[int]:
+    """The steps of the training entries of a trainer_state.json (its run summary is not one)."""
+    history = json.loads(state.read_text())["log_history"]
+    return [e["step"] for e in history if "loss" in e]
+
+
+def _anomalies(events: list[Event]) -> list[str]:
+    return [e.name for e in events if e.kind == "anomaly"]
+
+
+def _run_tool(job: ToolJob, timeout: float = 300) -> None:
+    """The job run bare, as its users run it, to its end."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", **job.env}
+    proc = subprocess.run(job.cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+
+
+def test_trl_dpo_under_supervise_is_judged_as_preference_and_resumes_a_killed_trainer(
+    tmp_path: Path, demo_assets: Path
+) -> None:
+    steps = 300
+    job = trl_job(demo_assets, tmp_path, steps, trainer="dpo")
+    with supervise(job, tmp_path) as sup:
+        sup.wait_checkpoint(50)
+        trainer = sup.trainer()
+        os.kill(trainer.pid, signal.SIGKILL)
+        rc = sup.finish()
+    assert rc == 0, sup.stdout
+    events = sup.events()
+    restarts = [e for e in events if e.name == "restart"]
+    assert len(restarts) == 1 and "resuming from checkpoint-" in restarts[0].message
+    resumed_from = int(restarts[0].message.split("checkpoint-")[1].split()[0])
+    assert events[-1].name == "run_completed"
+    # DPO's loss falls from ln 2 by design: nothing is raised on it, nor on anything else.
+    assert _anomalies(events) == []
+    recs = sup.steps()
+    assert recs[0].loss == pytest.approx(math.log(2), abs=0.01) and min(r.loss for r in recs[-10:]) < 0.6
+    # Every record carries DPO's own fields, as TRL printed them; the grad norm and LR in their fields.
+    assert all(set(r.extra) >= DPO_FIELDS for r in recs), [sorted(r.extra) for r in recs[:1]]
+    assert all(r.grad_norm is not None and r.lr is not None for r in recs)
+    second = [r.step for r in recs if r.attempt == 1]
+    assert second[0] == resumed_from + 5 and second[-1] == steps
+    status = sup.status()
+    assert status["state"] == "completed" and status["step"] == status["max_steps"] == steps
+    assert status["last_checkpoint"] == f"checkpoint-{steps}"
+    assert all_finite(job.out / job.weights_file)
+    # `analyze` on the trainer_state.json TRL wrote: judged as DPO, healthy, every entry read.
+    state = job.checkpoint(steps) / "trainer_state.json"
+    rc, (found,) = _analyze(state)
+    assert rc == 0 and found["objective"] == "preference (DPO)" and found["anomalies"] == []
+    assert found["steps"] == len(_logged_steps(state)) == steps // 5
+    assert set(found["metrics"]) >= DPO_FIELDS
+
+
+def test_trl_grpo_under_supervise_is_judged_on_its_reward_not_its_near_zero_loss(
+    tmp_path: Path, demo_assets: Path
+) -> None:
+    steps = 40
+    job = trl_job(demo_assets, tmp_path, steps, trainer="grpo", save_steps=20, logging_steps=2)
+    with supervise(job, tmp_path) as sup:
+        rc = sup.finish()
+    assert rc == 0, sup.stdout
+    events = sup.events()
+    assert _anomalies(events) == [] and events[-1].name == "run_completed"
+    recs = sup.steps()
+    assert [r.step for r in recs] == list(range(2, steps + 1, 2))
+    assert all(set(r.extra) >= GRPO_FIELDS for r in recs), [sorted(r.extra) for r in recs[:1]]
+    assert sup.status()["state"] == "completed"
+    state = job.checkpoint(steps) / "trainer_state.json"
+    rc, (found,) = _analyze(state)
+    assert rc == 0 and found["objective"] == "RL (GRPO/RLOO)" and found["anomalies"] == []
+    assert found["steps"] == len(_logged_steps(state)) == steps // 2
+    # The same log read without GRPO's own fields falls to the SFT loss rules, and its loss near zero
+    # (it starts at exactly 0: the first group's advantages sum to zero) reads as a collapse to them.
+    plain = json.loads(state.read_text())
+    kept = ("step", "loss", "grad_norm", "learning_rate", "epoch")
+    plain["log_history"] = [{k: v for k, v in e.items() if k in kept} for e in plain["log_history"]]
+    (tmp_path / "plain.json").write_text(json.dumps(plain))
+    rc, (as_sft,) = _analyze(tmp_path / "plain.json")
+    assert as_sft["objective"] == "loss (SFT, pretraining)"
+    assert {a["kind"] for a in as_sft["anomalies"]} & LOSS_RULES, as_sft["anomalies"]
+
+
+def test_trl_grpo_under_supervise_inject_is_judged_as_rl_by_its_trainer_class(
+    tmp_path: Path, demo_assets: Path
+) -> None:
+    """With the guard inside GRPOTrainer the step records are the guard's, written before TRL logs its
+    reward: the first one names the objective from the trainer's class. Read by the SFT loss rules,
+    GRPO's loss (exactly 0 at the first step, then 1e-5 and so on) was a collapse and a divergence, and
+    rolled back a healthy run."""
+    steps = 20
+    job = trl_job(demo_assets, tmp_path, steps, trainer="grpo", save_steps=10, logging_steps=2)
+    with supervise(job, tmp_path, "--inject") as sup:
+        rc = sup.finish()
+    assert rc == 0, sup.stdout
+    events = sup.events()
+    injected = next(e for e in events if e.name == "guard_injected")
+    assert injected.data["trainer"].endswith("GRPOTrainer")
+    assert _anomalies(events) == [] and "rollback" not in [e.name for e in events]
+    recs = sup.steps()
+    assert [r.step for r in recs] == list(range(1, steps + 1))  # the guard's: every step
+    assert recs[0].extra["objective"] == "RL (GRPO/RLOO)"
+    assert events[-1].name == "run_completed" and sup.status()["state"] == "completed"
+
+
+def test_trl_dpo_at_an_lr_far_too_high_is_a_grad_explosion_in_analyze(
+    tmp_path: Path, demo_assets: Path
+) -> None:
+    """At LR 3.0 TRL's DPO wrecks the demo model in its first update: the grad norm goes from 1.8 to
+    several hundred at the third step and the loss from ln 2 to tens and hundreds."""
+    steps = 12
+    job = trl_job(demo_assets, tmp_path, steps, trainer="dpo", save_steps=steps, logging_steps=1, lr=3.0)
+    _run_tool(job)
+    state = job.checkpoint(steps) / "trainer_state.json"
+    rc, (found,) = _analyze(state)
+    assert rc == 1 and found["objective"] == "preference (DPO)"
+    assert found["steps"] == len(_logged_steps(state)) == steps
+    explosion = next(a for a in found["anomalies"] if a["kind"] == "grad_explosion")
+    assert (explosion["severity"], explosion["metric"]) == ("critical", "grad_norm")
+    assert explosion["start_step"] <= 4 and explosion["evidence"]["ratio"] >= 100
+    assert not {a["kind"] for a in found["anomalies"]} & LOSS_RULES
+    text = subprocess.run([STEADYTUNE, "analyze", str(state)], capture_output=True, text=True, timeout=120)
+    assert "judged as preference (DPO)" in text.stdout and "grad_explosion" in text.stdout, text.stdout
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a storm of grad norms that starts with a jump under spike_min_ratio (1.5 -> 8.5, 5.5x) inflates "
+    "the young noise estimate (a 5-sigma threshold of 388x by the next point), and the level follows the "
+    "storm: nothing judges the norm against where the run began, nor a preference margin gone negative",
+)
+def test_trl_dpo_at_lr_0_1_whose_grad_norm_storms_and_margins_turn_negative_is_flagged(
+    tmp_path: Path, demo_assets: Path
+) -> None:
+    """At LR 0.1 the grad norm goes 1.5 -> 8.5 -> 34 and on to 193 and 353 (steps 13, 21) before it
+    settles, the loss climbs from ln 2 to 2.8 and 4.1 and the margins go negative: the policy prefers
+    the rejected answers for a while."""
+    steps = 24
+    job = trl_job(demo_assets, tmp_path, steps, trainer="dpo", save_steps=steps, logging_steps=1, lr=0.1)
+    _run_tool(job)
+    history = json.loads((job.checkpoint(steps) / "trainer_state.json").read_text())["log_history"]
+    assert max(e["grad_norm"] for e in history if "grad_norm" in e) > 100 * history[0]["grad_norm"]
+    rc, (found,) = _analyze(job.checkpoint(steps) / "trainer_state.json")
+    assert found["objective"] == "preference (DPO)"
+    assert rc == 1 and any(a["severity"] != "info" for a in found["anomalies"]), found["anomalies"]
+
+
+def test_trl_dpo_at_an_lr_far_too_high_is_rolled_back_live_with_a_lower_lr(
+    tmp_path: Path, demo_assets: Path
+) -> None:
+    steps, lr, scale = 40, 3.0, 0.001
+    job = trl_job(demo_assets, tmp_path, steps, trainer="dpo", save_steps=10, logging_steps=1, lr=lr)
+    cfg = tmp_path / "supervise.yaml"
+    cfg.write_text(f"policy:\n  rollback_lr_scale: {scale}\n")
+    with supervise(job, tmp_path, "--config", str(cfg), "--base-lr", str(lr)) as sup:
+        rc = sup.finish()
+    assert rc == 0, sup.stdout
+    events = sup.events()
+    names = [e.name for e in events]
+    rollback = names.index("rollback")
+    # The norm's jump is a spike and, at over 100x, an explosion: both on the same step, and the
+    # explosion is what the rollback was for.
+    before = [e for e in events[:rollback] if e.kind == "anomaly"]
+    assert {e.name for e in before} == {"grad_spike", "grad_explosion"}, _anomalies(events)
+    explosion = next(e for e in before if e.name == "grad_explosion")
+    assert explosion.step is not None and explosion.step <= 4
+    assert not set(_anomalies(events)) & LOSS_RULES
+    plan = [json.loads(line) for line in (sup.run / "plan.jsonl").read_text().splitlines()]
+    assert plan[1]["reason"] == "grad_explosion" and plan[1]["lr_scale"] == pytest.approx(scale)
+    restarted = events[names.index("worker_started", rollback)]
+    assert restarted.data["cmd"][-2:] == ["--learning_rate", f"{lr * scale:g}"]
+    # TRL trained on at the lowered LR, by its own logged LR, to the end, with finite weights.
+    after = [r for r in sup.steps() if r.attempt >= 1]
+    assert after and all(r.lr is not None and r.lr <= lr * scale * 1.0001 for r in after)
+    assert after[-1].step == steps and names[-1] == "run_completed"
+    assert all_finite(job.out / job.weights_file)
