@@ -56,8 +56,8 @@ class Faults:
     step_sleep_s: float = 0.0  # slow every step down, so a test can act mid-run
     slow_save_s: float = 0.0  # hold saves in their unsafe window (after rename, before manifest)
     slow_save_step: int | None = None  # ... only the save of this step (default: every save)
-    # ... hold the save of slow_save_step there until training has ended this later step (at most 120 s):
-    # a save certainly still being published when the steps after it are read
+    # ... hold the save of slow_save_step there until training has ended this later step (at most 120 s),
+    # then slow_save_s more: a save certainly still being published when the steps after it are read
     slow_save_until_step: int | None = None
     fail_save_step: int | None = None  # the publish of this step's save fails in its unsafe window
     crash_at_step: int | None = None  # raise once this optimizer step has ended
@@ -99,13 +99,13 @@ class Faults:
 
     def in_save_window(self, step: int, attempt: int) -> None:
         """The save faults, run in the publish of checkpoint-``step`` between its rename and its manifest."""
-        delay = self.save_delay(step, attempt)
-        if delay > 0:
-            time.sleep(delay)
         if not self.active(attempt):
             return
         if self.slow_save_until_step is not None and step == self.slow_save_step:
             self._trained.wait_for(self.slow_save_until_step, timeout_s=120.0)
+        delay = self.save_delay(step, attempt)
+        if delay > 0:
+            time.sleep(delay)
         if self.fail_save_step is not None and step == self.fail_save_step:
             raise InjectedSaveFailure(f"injected failure publishing checkpoint-{step}")
 

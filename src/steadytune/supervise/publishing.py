@@ -43,6 +43,7 @@ class Publishes:
         self.sup = sup
         self.in_flight: dict[int, float] = {}  # step -> when the supervisor read that its publish began
         self.why_not: dict[int, str] = {}  # why a checkpoint a rollback waited for did not become one
+        self.failed = False  # a publish failed in the running worker: it stops at its next step
         self.held: Held | None = None
 
     # -- what the worker reports ---------------------------------------------------------------------
@@ -57,11 +58,13 @@ class Publishes:
     def on_failed(self, step: int, error: str) -> None:
         self.in_flight.pop(step, None)
         self.why_not[step] = f"its publish failed ({error})"
+        self.failed = True
 
     def on_worker_start(self) -> None:
         """A new worker wipes the staging folder: what the last one had on its way never arrives."""
         self.in_flight.clear()
         self.why_not.clear()
+        self.failed = False
         self.held = None
 
     def unfinished(self, step: int) -> bool:

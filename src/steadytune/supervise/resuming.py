@@ -156,7 +156,9 @@ class Resumes:
             sorted(verified),
             self.rollback_resumes,
             self.sup.source.checkpoint_root or self.sup.run.checkpoints,
-            self.sup.progress.step,
+            # Where the rollback was decided, not where the worker got to while it was carried out (a
+            # wait for a checkpoint being published, a kill): the steps after it are not suspect.
+            action.step,
             self.sup.samples_by_step,
             self.sup.cfg.policy.rollback_lr_scale,
         )
