@@ -59,7 +59,9 @@ class WorkerEvent(str, Enum):
     """
 
     TRAIN_BEGIN = "train_begin"
+    CHECKPOINT_PUBLISHING = "checkpoint_publishing"  # the trainer's save is written; its publish has begun
     CHECKPOINT_SAVED = "checkpoint_saved"
+    CHECKPOINT_PUBLISH_FAILED = "checkpoint_publish_failed"  # that publish failed: the checkpoint is not one
     SKIP_STEP = "skip_step"
     REDUCE_MICROBATCH = "reduce_microbatch"
     AUTO_MICRO_BATCH = "auto_micro_batch"

@@ -17,6 +17,7 @@ from transformers import TrainerCallback
 from steadytune.checkpoint.manifest import verify
 from steadytune.guard.checkpoints import CheckpointKeeper
 from steadytune.guard.core import Guard
+from steadytune.guard.faults import Faults
 from steadytune.guard.hf import GuardCallback
 from steadytune.records import Event, StepRecord
 from steadytune.telemetry.stream import iter_records
@@ -47,8 +48,9 @@ def test_the_steps_after_a_save_run_while_it_is_published_and_train_returns_it_s
     tmp_path: Path, demo_assets: Path
 ) -> None:
     def keeper(guard: Guard) -> CheckpointKeeper:
+        held = Faults(slow_save_s=1.5, slow_save_step=2)
         return CheckpointKeeper(
-            guard.run, min_free_bytes=0, save_delay=lambda step: 1.5 if step == 2 else 0.0
+            guard.run, min_free_bytes=0, save_fault=lambda step: held.in_save_window(step, 0)
         )
 
     trainer, guard = trainer_with(tmp_path, demo_assets, keeper)

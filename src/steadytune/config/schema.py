@@ -319,6 +319,13 @@ class RecoverConfig(Section):
         gt=0,
         description="seconds the worker has to take an in-process rollback before it is restarted instead",
     )
+    publish_wait_s: float = Field(
+        60.0,
+        ge=0,
+        description="seconds a rollback waits for the checkpoint it would go back to while that "
+        "checkpoint is still being published (fsync, hash, manifest); past it, or when the publish fails, "
+        "it goes back to the newest verified one; 0: never wait",
+    )
     standby_worker: bool = Field(
         True,
         description="true: a single-process run keeps a spare worker, imported and waiting, for the next "

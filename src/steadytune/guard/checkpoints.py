@@ -7,7 +7,6 @@ Only rank 0 publishes; other ranks only wait at the barrier the adapter holds.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -29,13 +28,14 @@ class CheckpointKeeper:
         run: RunDir,
         keep_last: int = 3,
         min_free_bytes: int = 256 * 1024**2,
-        save_delay: Callable[[int], float] | None = None,
+        save_fault: Callable[[int], None] | None = None,
     ) -> None:
         self.run = run
         self.keep_last = keep_last
         self.min_free_bytes = min_free_bytes
-        # A test hook for drills: makes the unsafe window of a save long enough to kill in.
-        self.save_delay = save_delay or (lambda step: 0.0)
+        # A hook for drills and tests, run in the unsafe window of step N's save (after the rename, before
+        # the manifest): it holds the save there long enough to kill in, or makes it fail.
+        self.save_fault = save_fault
 
     def needed_bytes(self) -> int:
         """Free space a new checkpoint needs: the last one's size (or the floor) plus the floor."""
@@ -61,11 +61,11 @@ class CheckpointKeeper:
         before_manifest: Callable[[Path], None] | None = None,
     ) -> Path:
         hook = before_manifest
-        delay = self.save_delay(step)
-        if delay > 0:
+        fault = self.save_fault
+        if fault is not None:
 
             def hook(path: Path, _inner: Callable[[Path], None] | None = before_manifest) -> None:
-                time.sleep(delay)
+                fault(step)
                 if _inner:
                     _inner(path)
 

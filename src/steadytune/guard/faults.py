@@ -9,12 +9,34 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 
 class InjectedCrash(RuntimeError):
     """Raised by the ``crash_at_step`` fault."""
+
+
+class InjectedSaveFailure(OSError):
+    """Raised by the ``fail_save_step`` fault, inside the publish of that step's checkpoint."""
+
+
+class _Trained:
+    """The last optimizer step training ended, for a save held until a later one (off the training thread)."""
+
+    def __init__(self) -> None:
+        self.step = 0
+        self.changed = threading.Condition()
+
+    def ended(self, step: int) -> None:
+        with self.changed:
+            self.step = step
+            self.changed.notify_all()
+
+    def wait_for(self, step: int, timeout_s: float) -> None:
+        with self.changed:
+            self.changed.wait_for(lambda: self.step >= step, timeout=timeout_s)
 
 
 _HOARD: list[object] = []  # what the leak fault keeps alive, for the life of the process
@@ -34,6 +56,10 @@ class Faults:
     step_sleep_s: float = 0.0  # slow every step down, so a test can act mid-run
     slow_save_s: float = 0.0  # hold saves in their unsafe window (after rename, before manifest)
     slow_save_step: int | None = None  # ... only the save of this step (default: every save)
+    # ... hold the save of slow_save_step there until training has ended this later step (at most 120 s),
+    # then slow_save_s more: a save certainly still being published when the steps after it are read
+    slow_save_until_step: int | None = None
+    fail_save_step: int | None = None  # the publish of this step's save fails in its unsafe window
     crash_at_step: int | None = None  # raise once this optimizer step has ended
     nan_at_step: int | None = None  # make this step's loss NaN (a poisoned batch)
     nan_steps: int = 1  # ... for this many steps in a row
@@ -49,6 +75,7 @@ class Faults:
     hold_s: float = 0.0  # ... for this long, then go on (the actor may be late or absent)
     leak_mib_per_step: float = 0.0  # keep this many MiB of tensors alive after every step (on the GPU if any)
     fault_attempts: int = 1  # faults fire while attempt < fault_attempts (1: first attempt only)
+    _trained: _Trained = field(default_factory=_Trained, init=False, repr=False, compare=False)
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Faults:
@@ -56,7 +83,7 @@ class Faults:
         if not raw:
             return cls()
         data = json.loads(raw)
-        known = {f.name for f in fields(cls)}
+        known = {f.name for f in fields(cls) if f.init}
         unknown = set(data) - known
         if unknown:
             raise ValueError(f"unknown fault(s) {sorted(unknown)}; known: {sorted(known)}")
@@ -70,7 +97,20 @@ class Faults:
             return 0.0
         return self.slow_save_s
 
+    def in_save_window(self, step: int, attempt: int) -> None:
+        """The save faults, run in the publish of checkpoint-``step`` between its rename and its manifest."""
+        if not self.active(attempt):
+            return
+        if self.slow_save_until_step is not None and step == self.slow_save_step:
+            self._trained.wait_for(self.slow_save_until_step, timeout_s=120.0)
+        delay = self.save_delay(step, attempt)
+        if delay > 0:
+            time.sleep(delay)
+        if self.fail_save_step is not None and step == self.fail_save_step:
+            raise InjectedSaveFailure(f"injected failure publishing checkpoint-{step}")
+
     def after_step(self, step: int, attempt: int) -> None:
+        self._trained.ended(step)
         if self.step_sleep_s:
             time.sleep(self.step_sleep_s)
         if not self.active(attempt):

@@ -372,6 +372,14 @@ class GuardCallback(TrainerCallback):
                     # HF has written every file; making them durable and hashing them (most of a
                     # save's cost beyond HF's own) overlaps the next steps. One save at a time, in order.
                     self.wait_for_saves()
+                    # Written before the next step's record: a supervisor deciding a rollback on that step
+                    # knows this checkpoint is on its way and waits for it (docs/recovery.md).
+                    self.guard.notify(
+                        "lifecycle",
+                        WorkerEvent.CHECKPOINT_PUBLISHING,
+                        f"publishing {staged.name}",
+                        step=state.global_step,
+                    )
                     self._publishing = threading.Thread(
                         target=self._publish, args=(staged, state.global_step), name="steadytune-publish"
                     )
@@ -389,6 +397,14 @@ class GuardCallback(TrainerCallback):
             self._report_saved(final, step)
         except BaseException as exc:  # handed to the training thread: it fails there, at the next step
             self._publish_error = exc
+            self.guard.notify(
+                "lifecycle",
+                WorkerEvent.CHECKPOINT_PUBLISH_FAILED,
+                f"publishing checkpoint-{step} failed: {type(exc).__name__}: {exc}",
+                severity="warning",
+                step=step,
+                error=f"{type(exc).__name__}: {exc}",
+            )
 
     def _report_saved(self, final: Path, step: int) -> None:
         size = sum(p.stat().st_size for p in final.rglob("*") if p.is_file())

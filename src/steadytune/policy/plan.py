@@ -6,7 +6,7 @@ Each function takes the current plan and the facts, and returns the next plan
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from steadytune.records import Anomaly, PlanRevision, replace
 
@@ -57,6 +57,27 @@ def choose_rollback_checkpoint(
         if step not in tried:
             return step
     return None
+
+
+def publish_to_await(
+    anomaly_start: int,
+    verified_steps: Sequence[int],
+    previous_resumes: Sequence[int | None],
+    publishing: Collection[int],
+) -> int | None:
+    """The checkpoint a rollback should wait for before it chooses, or None to choose now.
+
+    It is the newest one from before the anomaly whose publish is still under way, when the
+    choice would take it once verified: newer than every verified candidate and not one an
+    earlier rollback already went back to. Choosing without it goes a whole save interval
+    further back and skips the samples of all of it.
+    """
+    on_the_way = [s for s in publishing if 0 < s < anomaly_start]
+    if not on_the_way:
+        return None
+    step = max(on_the_way)
+    chosen = choose_rollback_checkpoint(anomaly_start, [*verified_steps, step], previous_resumes)
+    return step if chosen == step else None
 
 
 def rollback_plan(

@@ -176,12 +176,21 @@ class Actions:
             )
             sup.stop_sent_at = sup.clock()
         elif action.name in {"rollback", "restart"} and sup.worker is not None and sup.pending is None:
-            if action.name == "rollback" and sup.in_process.want(action):
-                return  # the worker reloads the checkpoint itself once these records are read: no new process
-            sup.pending = action
-            if action.name == "restart":
-                self.dump_stacks()
-            sup.worker.signal_tree(signal.SIGKILL)
+            if action.name == "rollback" and sup.publishes.hold(action, lambda: self.stop_for(action)):
+                return  # the checkpoint it would go back to is still being published: it waits for it
+            self.stop_for(action)
+
+    def stop_for(self, action: Action) -> None:
+        """A rollback or a restart: in the worker where it can reload, else the worker is killed for it."""
+        sup = self.sup
+        if sup.worker is None:
+            return
+        if action.name == "rollback" and sup.in_process.want(action):
+            return  # the worker reloads the checkpoint itself once these records are read: no new process
+        sup.pending = action
+        if action.name == "restart":
+            self.dump_stacks()
+        sup.worker.signal_tree(signal.SIGKILL)
 
     def unable(self, action: str) -> str | None:
         """Why this run's source cannot carry out ``action`` (None: it can)."""

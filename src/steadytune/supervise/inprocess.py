@@ -72,6 +72,8 @@ class InProcessRollbacks:
             return f"{action.anomaly.kind}: non-finite state may have poisoned the process"
         if sup.worker is None or sup.worker.poll() is not None:
             return f"no {sup.source.label} is running"
+        if sup.publishes.failed:
+            return "a checkpoint publish failed in the worker, which stops at its next step"
         if self.awaited is not None:
             return "an in-process rollback is already under way"
         return None

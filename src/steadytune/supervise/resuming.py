@@ -58,6 +58,8 @@ class Resumes:
                 out.append((path, step))
                 if before is None:
                     break  # the newest whole one is all a resume needs; older ones are not read
+            elif self.sup.publishes.unfinished(step):
+                continue  # on its way, not broken: the worker that publishes it still runs
             elif path not in self._reported:
                 self._reported.add(path)
                 self.sup.emit(
@@ -154,11 +156,16 @@ class Resumes:
             sorted(verified),
             self.rollback_resumes,
             self.sup.source.checkpoint_root or self.sup.run.checkpoints,
-            self.sup.progress.step,
+            # Where the rollback was decided, not where the worker got to while it was carried out (a
+            # wait for a checkpoint being published, a kill): the steps after it are not suspect.
+            action.step,
             self.sup.samples_by_step,
             self.sup.cfg.policy.rollback_lr_scale,
         )
         if target is not None:
+            # A checkpoint from before the trouble that the rollback waited for and did not get: say why it
+            # went further back.
+            why += "".join(f"; {note}" for note in self.sup.publishes.passed_over(target, start))
             self.rollback_resumes.append(target)
             self.abandon_after(target)
             if target in verified and changes is not None:

@@ -12,7 +12,8 @@ The :class:`Supervisor` owns the run's state and its loop (pump, handle, the att
 restart decision); its parts each hold it as ``sup`` and keep only their own bookkeeping:
 ``worker_events`` (what a worker reports), ``actions`` (detection to policy to action),
 ``controls`` (signals and operator requests), ``books`` (``status.json``, LAST_GOOD),
-``resumes`` (where a restart resumes), ``planner`` (restart budgets, backoff and the next plan
+``resumes`` (where a restart resumes), ``publishes`` (checkpoints on their way, and a rollback
+waiting for one), ``planner`` (restart budgets, backoff and the next plan
 revision), ``in_process`` (rollbacks in the live worker) and ``scaling`` (resizes).
 """
 
@@ -50,6 +51,7 @@ from steadytune.supervise.logparse import last_exception, last_lines
 from steadytune.supervise.next_attempt import NextAttempt, RestartPlanner
 from steadytune.supervise.operator import OperatorControls
 from steadytune.supervise.process import ProcessTree, WorkerProcess
+from steadytune.supervise.publishing import Publishes
 from steadytune.supervise.restarts import (
     anomaly_event_data,
     first_plan,
@@ -156,6 +158,7 @@ class Supervisor:
         self.stop_signal: int | None = None
         self.stop_sent_at: float | None = None
         self.resumes = Resumes(self)
+        self.publishes = Publishes(self)
         self.in_process = InProcessRollbacks(self)
         self.books = RunBooks(self)
         self.controls = OperatorControls(self)  # signals and the control queue
@@ -233,6 +236,7 @@ class Supervisor:
     def start_worker(self, plan: PlanRevision) -> None:
         self.stop_sent_at = None
         self.controls.drop_stale_requests()
+        self.publishes.on_worker_start()
         self.worker = self.source.start(plan, self.run.logs / f"worker-{plan.attempt}.log")
         self.tree = ProcessTree(self.worker)
         cmd = self.worker.cmd
@@ -272,6 +276,7 @@ class Supervisor:
             )
             self.handle(sample)
         self.controls.poll()
+        self.publishes.tick()
         self.in_process.tick()
         # Loading (and resuming), saving and evaluating are judged by setup_timeout_s, not by step pace;
         # a paused worker is not judged at all.

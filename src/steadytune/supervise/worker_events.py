@@ -24,6 +24,11 @@ if TYPE_CHECKING:
     from steadytune.supervise.supervisor import Supervisor
 
 
+# train_begin only carries the run's length, and worker_started already marks the attempt;
+# checkpoint_publishing only says a publish is under way: checkpoint_saved (or its failure) files its end.
+_NOT_FILED = frozenset({WorkerEvent.TRAIN_BEGIN, WorkerEvent.CHECKPOINT_PUBLISHING})
+
+
 class WorkerEvents:
     """The supervisor's handlers of worker events; the state they change stays the supervisor's."""
 
@@ -41,7 +46,7 @@ class WorkerEvents:
             sup.trouble_steps.append(ev.step)
         filed = (
             None
-            if known is WorkerEvent.TRAIN_BEGIN
+            if known in _NOT_FILED
             else sup.emit(ev.kind, ev.name, ev.message, severity=ev.severity, step=ev.step, data=ev.data)
         )
         if known is not None:
@@ -59,14 +64,22 @@ class WorkerEvents:
 
     # -- one handler per WorkerEvent, called after the event is filed --------------------------------
     def on_train_begin(self, ev: Event, filed: Event | None) -> None:
-        # Not filed: it only carries the run's length, and worker_started already marks the attempt.
         if ev.data.get("max_steps"):
             self.sup.progress.max_steps = int(ev.data["max_steps"])
+
+    def on_checkpoint_publishing(self, ev: Event, filed: Event | None) -> None:
+        if ev.step is not None:
+            self.sup.publishes.on_publishing(ev.step)
+
+    def on_checkpoint_publish_failed(self, ev: Event, filed: Event | None) -> None:
+        if ev.step is not None:
+            self.sup.publishes.on_failed(ev.step, str(ev.data.get("error") or ev.message))
 
     def on_checkpoint_saved(self, ev: Event, filed: Event | None) -> None:
         sup = self.sup
         sup.last_save_ts = ev.ts
         if ev.step is not None:
+            sup.publishes.on_saved(ev.step)
             sup.checkpoint_steps.append(ev.step)
             sup.books.update_disk_need(ev.step)
 
