@@ -1,7 +1,7 @@
 """A rollback decided while the checkpoint before its trouble is still being published goes back to it.
 
 Real runs of the demo model: the publish of checkpoint-20 is held in its unsafe window (after the
-rename, before the manifest) until 3 s after step 22, whose loss an LR burst at step 21 spikes and
+rename, before the manifest) until 6 s after step 22, whose loss an LR burst at step 21 spikes and
 which the worker then sits on for a while. So the supervisor reads the spike, decides the
 rollback, and only later reads that checkpoint-20 is verified (or that its publish failed, or that
 its worker died): the race that once sent a rollback back to checkpoint-10, skipping 48 samples
@@ -25,17 +25,17 @@ from .runs import finish, run_dir, running, start_run, status, wait_for, write_c
 
 pytestmark = pytest.mark.slow
 
-# The publish of checkpoint-20 ends 3 s after step 22 (or fails then); the worker sits on step 22 for 8 s,
+# The publish of checkpoint-20 ends 6 s after step 22 (or fails then); the worker sits on step 22 for 14 s,
 # so the rollback decided on step 22 meets a checkpoint still on its way, and once it is settled the
 # worker is still there to take the rollback (or be killed for it) at the same step boundary.
 RACE = {
     "lr_burst_at_step": 21,
     "lr_burst_factor": 1000.0,
     "hold_at_step": 22,
-    "hold_s": 8.0,
+    "hold_s": 14.0,
     "slow_save_step": 20,
     "slow_save_until_step": 22,
-    "slow_save_s": 3.0,
+    "slow_save_s": 6.0,
 }
 
 
