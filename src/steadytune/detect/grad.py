@@ -65,6 +65,7 @@ class GradWatch:
         self._finite_run = 0
         self._spike_points = 0
         self._established: float | None = None
+        self._start: float | None = None  # log of the run's first positive norm
         self._low = 0
 
     @property
@@ -99,11 +100,17 @@ class GradWatch:
             self._vanishing(step, g, None, out)
             return
         y = math.log(g)
-        # One point is too young a baseline to judge a spike by, but not an explosion: a norm
-        # ``explosion_ratio`` times the first is a first update that wrecked the model (an LR orders of
-        # magnitude too high), where a healthy run's weights have barely moved.
-        judged = t.n_level >= _MIN_BASELINE or (t.n_level > 0 and y - t.level > self._explode_jump)
-        if judged and self._spike(step, g, y, loss_spiking, out):
+        if self._start is None:
+            self._start = y
+        # Where the run began is the one level a storm cannot drag along: a norm ``explosion_ratio``
+        # times the first is an update that wrecked the model (an LR orders of magnitude too high),
+        # even when earlier, smaller jumps of the same storm have already raised the recent level and
+        # its noise. Healthy runs stay within a few times their first norm (docs/detectors.md).
+        over_start = y - self._start > self._explode_jump
+        # One point is too young a baseline to judge a spike by, but not an explosion.
+        exploding = over_start or y - t.level > self._explode_jump
+        judged = t.n_level >= _MIN_BASELINE or (t.n_level > 0 and exploding)
+        if judged and self._spike(step, g, y, loss_spiking, over_start, out):
             return
         t.accept(y)
         if t.n_accepted >= self._warmup_points and t.level_full:
@@ -129,22 +136,24 @@ class GradWatch:
             evidence=ev,
         )
 
-    def _spike(self, step: int, g: float, y: float, loss_spiking: bool, out: list[Finding]) -> bool:
+    def _spike(
+        self, step: int, g: float, y: float, loss_spiking: bool, over_start: bool, out: list[Finding]
+    ) -> bool:
         """Judge a jump; True when the point is part of a spike episode (kept out of the level)."""
         t = self.tracker
         jump = y - t.level
-        if not self._spike_points and jump <= self._min_jump:
+        if not self._spike_points and jump <= self._min_jump and not over_start:
             return False  # well inside the minimum jump: no need for the noise estimate
         if self._spike_points:
-            if jump <= max(t.threshold(3.0), self._min_jump / 2):
+            if jump <= max(t.threshold(3.0), self._min_jump / 2) and not over_start:
                 self._end_spike(out, step)
                 return False
             self._spike_points += 1
             self.rep.report(out, "grad_spike", self.metric, step, True)
-            if self._spike_points >= self._explosion_points or loss_spiking:
-                self._explode(step, g, jump, out)
+            if self._spike_points >= self._explosion_points or loss_spiking or over_start:
+                self._explode(step, g, y, jump, out)
             return True
-        if jump <= max(t.threshold(self._spike_z), self._min_jump):
+        if jump <= max(t.threshold(self._spike_z), self._min_jump) and not over_start:
             return False
         self._spike_points = 1
         ev = {
@@ -154,14 +163,17 @@ class GradWatch:
             "threshold_ratio": rounded(math.exp(max(t.threshold(self._spike_z), self._min_jump)), 4),
             "loss_spiking": loss_spiking,
         }
+        if over_start and self._start is not None:
+            ev["first_norm"] = rounded(math.exp(self._start))
+            ev["ratio_to_first"] = rounded(math.exp(y - self._start), 4)
         self.rep.report(out, "grad_spike", self.metric, step, True, evidence=ev)
-        if loss_spiking or jump > self._explode_jump:
-            self._explode(step, g, jump, out)
+        if loss_spiking or jump > self._explode_jump or over_start:
+            self._explode(step, g, y, jump, out)
         return True
 
-    def _explode(self, step: int, g: float, jump: float, out: list[Finding]) -> None:
+    def _explode(self, step: int, g: float, y: float, jump: float, out: list[Finding]) -> None:
         first = not self.rep.is_on("grad_explosion", self.metric)
-        ev = None
+        ev: dict[str, object] | None = None
         if first:
             ev = {
                 "value": rounded(g),
@@ -170,6 +182,9 @@ class GradWatch:
                 "points_up": self._spike_points,
                 "threshold_ratio": self._explosion_ratio,
             }
+            if self._start is not None:
+                ev["first_norm"] = rounded(math.exp(self._start))
+                ev["ratio_to_first"] = rounded(math.exp(y - self._start), 4)
         self.rep.report(out, "grad_explosion", self.metric, step, True, severity="critical", evidence=ev)
 
     def _end_spike(self, out: list[Finding], step: int) -> None:

@@ -103,3 +103,33 @@ def test_one_point_is_baseline_enough_for_an_explosion_but_not_a_spike(jump: flo
     assert [(a.kind, a.start_step) for a in got] == [(k, 2) for k in expected]
     if expected:
         assert got[1].severity == "critical" and got[1].evidence["baseline"] == pytest.approx(1.8)
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("level", [0.05, 1.5, 40.0])
+def test_a_storm_that_climbs_in_steps_under_the_spike_ratio_is_an_explosion_against_the_first_norm(
+    level: float, seed: int
+) -> None:
+    # An LR far too high: each jump stays under spike_min_ratio (8x) or inside the noise the earlier
+    # jumps have taught the level, so no jump over the recent level is judged; the norm still ends far
+    # beyond where the run began, which no healthy run does.
+    rng = shapes.rng_for(seed, "storm")
+    storm = [level * r * math.exp(rng.gauss(0.0, 0.2)) for r in (5.0, 25.0, 18.0, 60.0, 240.0, 30.0)]
+    grads = [level, level * 0.97, *storm, *shapes.grad_norms(30, level * 8.0, 0.5, seed)]
+    got = raised(feed(records(noisy(len(grads), decay=0.05), grads)))
+    explosions = [a for a in got if a.kind == "grad_explosion"]
+    assert explosions and explosions[0].severity == "critical", [(a.kind, a.start_step) for a in got]
+    first = explosions[0]
+    assert first.evidence["ratio_to_first"] > 100 and first.evidence["first_norm"] == pytest.approx(level)
+
+
+@pytest.mark.parametrize(shapes.GRID, shapes.grid())
+def test_a_norm_that_grows_a_few_times_over_its_first_is_silent(
+    scale: float, noise: float, length: int, seed: int
+) -> None:
+    # LoRA's norm often grows from its first step as the adapters leave zero: a slow rise of up to 20x
+    # (more than any healthy real run shows) is no explosion.
+    base = shapes.grad_norms(length, scale, 0.05 + 2 * noise, seed)
+    grads = [g * 20.0 ** (i / max(1, length - 1)) for i, g in enumerate(base)]
+    got = raised(feed(records(shapes.learning(length, scale, noise, seed), grads)))
+    assert not [a for a in got if a.kind.startswith("grad_")], [(a.kind, a.start_step) for a in got]
