@@ -9,7 +9,8 @@
   The noise is the smaller of the prior and the scatter of the climb's own steps:
   a climb by steady steps is not noise, however large the steps.
 - **collapse by falling.** A training loss whose level sinks below
-  ``collapse_fraction`` of the run's initial level *and* below
+  ``collapse_fraction`` of where the run began (its first point or first full level,
+  the higher) *and* below
   ``collapse_memorized`` nats (per-token perplexity 1.02) predicts the training
   tokens almost surely: memorization over many epochs, or a data/label bug (labels
   leaking into inputs, a constant target). When the run evaluates, the eval loss
@@ -136,6 +137,7 @@ class FallCollapseWatch:
         self._collapse_memorized = collapse_memorized
         self._eval_rise = eval_rise
         self._initial: float | None = None
+        self._first: float | None = None
         self._eval_best: float | None = None
         self._eval_last: float | None = None
         self._limit = math.log(max(collapse_memorized, 1e-12))
@@ -166,10 +168,18 @@ class FallCollapseWatch:
     def observe(
         self, lp: LossPoint, level: float, level_full: bool, epoch: float | None, out: list[Finding]
     ) -> None:
-        if not lp.accepted or not level_full:
+        if not lp.accepted:
+            return
+        if self._first is None:
+            self._first = lp.y
+        if not level_full:
             return
         if self._initial is None:
-            self._initial = level  # the first full level of the run: where training began
+            # Where training began: the first full level spans the first eight logged points, which in
+            # a coarse log already hold most of a fast fall, so the first point is taken when higher.
+            # Its noise (a few percent) does not matter against a 100x fall; a low first outlier is
+            # covered by the level, a high one still needs the loss under `collapse_memorized` nats.
+            self._initial = max(level, self._first)
             return
         low = level < self._initial + math.log(self._collapse_fraction) and level < self._limit
         if low and not self._eval_healthy():

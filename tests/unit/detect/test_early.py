@@ -63,15 +63,39 @@ def _memorizing(n: int, scale: float, seed: int, floor: float) -> list[float]:
 def test_a_loss_fallen_to_almost_nothing_is_a_collapse_warning(scale: float, seed: int) -> None:
     floor = 0.002 / scale * 0.5  # ends near 0.001 nats, far under 1% of the start
     n = 300
-    got = [
-        a
-        for a in raised(feed(records(_memorizing(n, scale, seed, floor), interval=10)))
-        if a.kind != "plateau"
-    ]
+    losses = _memorizing(n, scale, seed, floor)
+    got = [a for a in raised(feed(records(losses, interval=10))) if a.kind != "plateau"]
     assert [a.kind for a in got] == ["loss_collapse"]
     assert got[0].severity == "warning" and "memoriz" in got[0].cause
     cfg = DetectConfig().loss
-    assert got[0].evidence["level"] < min(cfg.collapse_memorized, cfg.collapse_fraction * scale)
+    began = max(scale, losses[0])  # where the run began: its first point when that is the higher
+    assert got[0].evidence["level"] < min(cfg.collapse_memorized, cfg.collapse_fraction * began)
+
+
+def _memorizing_logged(steps: int, every: int, scale: float, seed: int) -> list[float]:
+    """One memorizing run (100x down in its first quarter, to about 0.001 nats), logged every ``every``."""
+    rng = shapes.rng_for(seed, "memorize-logged")
+    floor = 0.001 / scale
+    tau = steps / 32
+    return [
+        scale * (floor + (1.0 - floor) * math.exp(-s / tau)) * math.exp(rng.gauss(0, 0.05))
+        for s in range(0, steps, every)
+    ]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("scale", SCALES)
+@pytest.mark.parametrize("points", (300, 60, 30))
+def test_a_collapse_by_falling_does_not_depend_on_the_logging_interval(
+    points: int, scale: float, seed: int
+) -> None:
+    # The same run logged 300, 60 or 30 times: in the coarse logs the first eight points already
+    # span most of the fall, so where the run began must be read from its first point, not from them.
+    # (So coarse a log can make the fall look sudden, a drop: a critical collapse is a catch too.)
+    steps = 3000
+    losses = _memorizing_logged(steps, steps // points, scale, seed)
+    got = [a for a in raised(feed(records(losses, interval=steps // points))) if a.kind != "plateau"]
+    assert [a.kind for a in got] == ["loss_collapse"], [(a.kind, a.evidence) for a in got]
 
 
 @pytest.mark.parametrize("seed", SEEDS)
