@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -160,6 +161,34 @@ def test_after_a_climb_came_back_a_jump_is_a_spike(
     got = final(recs)
     assert [a.kind for a in got] == ["divergence", "loss_spike"]
     assert got[0].end_step < recs[5].step and got[1].start_step == recs[6].step
+
+
+def _gap_before(recs: list, i: int, intervals: int) -> list:
+    """The records from ``i`` on moved ``intervals`` logging intervals later: a stretch the log lacks."""
+    shift = intervals * (recs[1].step - recs[0].step)
+    return recs[:i] + [dataclasses.replace(r, step=r.step + shift) for r in recs[i:]]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("gap", (8, 50))  # logging intervals missing before the loss is back
+@pytest.mark.parametrize("ratio", (1.7, 2.0))
+@pytest.mark.parametrize("noise", (0.005, 0.03))
+@pytest.mark.parametrize("scale", SCALES)
+def test_a_gap_in_the_log_does_not_erase_the_instability(
+    scale: float, noise: float, ratio: float, gap: int, seed: int
+) -> None:
+    # Lines missing from a log (snippets, a coarser or irregular logger) hide steps; they reset nothing
+    # in the run. The climb that came back is still the witness when the loss jumps after the gap.
+    # (A jump that is itself the first point after a gap stays drift: there is no level to judge it by.)
+    recs = _gap_before(records(_climb_back_jump(scale, noise, seed, ratio, climb=True), interval=10), 5, gap)
+    got = final(recs)
+    assert [a.kind for a in got] == ["divergence", "loss_spike"], [(a.kind, a.start_step) for a in got]
+    assert got[1].start_step == recs[6].step
+    # Without the climb the same gap leaves a young baseline its prior floor: nothing is raised.
+    level = _gap_before(
+        records(_climb_back_jump(scale, noise, seed, ratio, climb=False), interval=10), 5, gap
+    )
+    assert final(level) == []
 
 
 @pytest.mark.parametrize("seed", SEEDS)
