@@ -44,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _synthetic_baselines import BASELINES, baseline_alarms, records_events
 from detection import OURS, SETS, _ours, real_logs_dir
 
+from steadytune.detect import DetectConfig
 from steadytune.detect.scoring import Alarm, FileScore, Label, logging_interval, read_labels, score_file
 from steadytune.importers import UnreadableLog, load
 from steadytune.records import StepRecord
@@ -174,28 +175,42 @@ def _holds(label: Label, r: StepRecord) -> bool:
     return (r.grad_norm if label.group == "grad_spike" else r.loss) is not None
 
 
+def _snippet_start(steps: list[int], step: int, gap: float) -> int:
+    """The first step of the stretch of the log that holds ``step``: gaps as the detectors see them."""
+    i = bisect.bisect_right(steps, step) - 1
+    while i > 0 and steps[i] - steps[i - 1] <= gap:
+        i -= 1
+    return steps[max(i, 0)]
+
+
 def surviving(labels: list[Label], original: list[StepRecord], kept: Kept) -> tuple[list[Label], list[Label]]:
     """The labels whose evidence the perturbed log still holds, and those it lost, moved to its steps.
 
     A jump, a climb or a fall is a change from somewhere: when the log held a point
-    before its evidence, the level it is measured from, the perturbed log must keep
-    one too (a log that begins with the loss already up shows no spike).
+    before its evidence in the same stretch (not across a gap), the level it is
+    measured from, the perturbed log must keep one there too (a log or a snippet that
+    begins with the loss already up shows no spike).
     """
     if labels[0].cls != "positive":
         return labels, []
     by_step = {o: r for o, r in kept}
     old = sorted(by_step)
     new = [by_step[o].step for o in old]
-    first = min(r.step for r in original)
+    steps = sorted({r.step for r in original})
+    gap = DetectConfig().series.gap_factor * logging_interval(steps)
     kept_out: list[Label] = []
     lost: list[Label] = []
     for lb in labels:
         need, count = _evidence(lb, original)
         have = sorted(s for s in need if s in by_step and _holds(lb, by_step[s]))
-        baseline = lb.group in CHANGES and bool(need) and first < min(need)
-        before = not baseline or (bool(have) and old[0] < have[0])
+        ok = bool(need) and len(have) >= count
+        if ok and lb.group in CHANGES:
+            start = _snippet_start(steps, min(need), gap)
+            if start < min(need):  # the log held a level before the evidence: keep one
+                i = bisect.bisect_left(old, start)
+                ok = i < len(old) and old[i] < have[0]
         label = dataclasses.replace(lb, start=_move(lb.start, old, new), end=_move(lb.end, old, new))
-        (kept_out if need and len(have) >= count and before else lost).append(label)
+        (kept_out if ok else lost).append(label)
     return kept_out, lost
 
 
