@@ -15,7 +15,9 @@ not re-tuned per perturbation; the baselines' are their published rules):
   objective; ratios must not care);
 - ``no eval``: evaluation rows removed; ``no grad norm``: the grad norm not logged;
 - ``jittered steps``: every interval between logged steps stretched or shrunk by a
-  seeded factor in [0.5, 1.5] (an irregular, gappy logger); labels move with them.
+  seeded factor in [0.5, 1.5] (an irregular logger); labels move with them;
+- ``gappy log``: stretches of 8-30 points missing, one starting at about every 50th point
+  (lines lost, a logger that was down).
 
 A labelled anomaly counts only while its evidence is still in the perturbed log:
 for a spike, a grad spike or a NaN, its point (the highest loss or grad norm in the
@@ -132,6 +134,24 @@ def jitter(recs: list[StepRecord]) -> list[Kept]:
     return out
 
 
+def gaps(recs: list[StepRecord]) -> list[Kept]:
+    """Stretches of 8-30 logged points missing, one starting at about every 50th point (lost lines)."""
+    steps = _logged_steps(recs)
+    out = []
+    for seed in JITTER_SEEDS:
+        rng = random.Random(seed)
+        drop: set[int] = set()
+        i = 0
+        while i < len(steps):
+            if i and rng.random() < 0.02:
+                n = rng.randint(8, 30)
+                drop.update(steps[i : i + n])
+                i += n
+            i += 1
+        out.append([(r.step, r) for r in recs if r.step not in drop])
+    return out
+
+
 PERTURBATIONS: dict[str, Perturbation] = {
     "as logged": _same,
     "every 2nd point": decimate(2),
@@ -145,6 +165,7 @@ PERTURBATIONS: dict[str, Perturbation] = {
     "no eval": no_eval,
     "no grad norm": no_grad,
     "jittered steps": jitter,
+    "gappy log": gaps,
 }
 
 

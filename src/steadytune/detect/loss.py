@@ -133,12 +133,14 @@ class LossWatch:
         new_segment = t.begin(step, self._gap_factor)
         y = math.log(loss) if loss > 1e-12 else -27.6  # log space; a zero loss lands far down, not at -inf
         if new_segment:
-            # The instability is the run's, not the log's: steps the log lacks (snippets, a coarser
-            # or irregular logger) reset nothing in the weights, so a climb that came back, before
-            # the gap or across it, is still the witness after it. A restart (the step goes back) is
-            # another trajectory and starts clean.
+            # A gap hides steps, not what they showed: a climb still under way at the gap whose
+            # first point after it is back where the climb began came back, across the gap, and
+            # arms the new segment as it would have armed the old one. Whether a stretch of
+            # missing steps counts as a gap depends on the interval around it, so without this a
+            # jitter of the logged steps would decide the verdict. Older evidence is not carried
+            # over (a snippet log may resume after an intervention), nor across a restart.
             restart = last is not None and step <= last
-            self._unstable = not restart and (self._unstable or self._came_back(y))
+            self._unstable = not restart and self._came_back(y)
             self._recent.clear()
             self._rising = False
             self._end_spike(out, step)
