@@ -54,9 +54,16 @@ class ShortRiseWatch:
         self._last: float | None = None
         self._first_rise = 0
         self._steps: list[float] = []  # the log-space increments of the current climb
+        self._known: float | None = None  # the run's noise when this segment began after a gap
 
-    def observe(self, lp: LossPoint, out: list[Finding], held: bool = False) -> tuple[int, float, int] | None:
+    def observe(
+        self, lp: LossPoint, out: list[Finding], held: bool = False, run_noise: float | None = None
+    ) -> tuple[int, float, int] | None:
         """Judge one accepted or held loss point; ``held``: the loss watch already holds this climb.
+
+        ``run_noise``: the run's measured noise per point (one standard error up), None while
+        no difference is known; read at a segment's first point, which after a gap is a
+        snippet with a baseline behind it.
 
         One anomaly per climb: while the spike rules hold a divergence of the same loss,
         this rule neither raises nor resolves one (the two would flap the same kind).
@@ -68,6 +75,7 @@ class ShortRiseWatch:
             out = []
         if lp.new_segment:
             self._seen, self._rises, self._last, self._run_start = 0, 0, None, None
+            self._known = run_noise
         self._seen += 1
         last, self._last = self._last, lp.y
         if last is None or lp.y <= last:
@@ -92,6 +100,12 @@ class ShortRiseWatch:
         # Each is taken one standard error up, as few points are known: the scatter of n
         # increments about their own mean has n - 1 degrees of freedom, not n.
         sigma = min(self._noise_prior, _increment_noise(self._steps)) * upper_factor(self._rises - 1)
+        # After a gap the run is no stranger: the noise measured before it is still its noise (a
+        # gap moves the level, not the batches' scatter). A snippet of a per-step run whose losses
+        # jump 2x from batch to batch rises three times by chance after one gap or another; the
+        # rule is for a run that has no noise of its own yet, so it cannot ignore the one it has.
+        if self._known is not None:
+            sigma = max(sigma, self._known)
         needed = max(self._early_rise, self._early_z * math.sqrt(2.0) * sigma)
         if self._rises >= self._early_rises and rise >= needed:
             first = not self.rep.on
