@@ -9,7 +9,8 @@
   The noise is the smaller of the prior and the scatter of the climb's own steps:
   a climb by steady steps is not noise, however large the steps.
 - **collapse by falling.** A training loss whose level sinks below
-  ``collapse_fraction`` of the run's initial level *and* below
+  ``collapse_fraction`` of where the run began (its first point or first full level,
+  the higher) *and* below
   ``collapse_memorized`` nats (per-token perplexity 1.02) predicts the training
   tokens almost surely: memorization over many epochs, or a data/label bug (labels
   leaking into inputs, a constant target). When the run evaluates, the eval loss
@@ -53,9 +54,16 @@ class ShortRiseWatch:
         self._last: float | None = None
         self._first_rise = 0
         self._steps: list[float] = []  # the log-space increments of the current climb
+        self._known: float | None = None  # the run's noise when this segment began after a gap
 
-    def observe(self, lp: LossPoint, out: list[Finding], held: bool = False) -> tuple[int, float, int] | None:
+    def observe(
+        self, lp: LossPoint, out: list[Finding], held: bool = False, run_noise: float | None = None
+    ) -> tuple[int, float, int] | None:
         """Judge one accepted or held loss point; ``held``: the loss watch already holds this climb.
+
+        ``run_noise``: the run's measured noise per point (one standard error up), None while
+        no difference is known; read at a segment's first point, which after a gap is a
+        snippet with a baseline behind it.
 
         One anomaly per climb: while the spike rules hold a divergence of the same loss,
         this rule neither raises nor resolves one (the two would flap the same kind).
@@ -67,6 +75,7 @@ class ShortRiseWatch:
             out = []
         if lp.new_segment:
             self._seen, self._rises, self._last, self._run_start = 0, 0, None, None
+            self._known = run_noise
         self._seen += 1
         last, self._last = self._last, lp.y
         if last is None or lp.y <= last:
@@ -91,6 +100,12 @@ class ShortRiseWatch:
         # Each is taken one standard error up, as few points are known: the scatter of n
         # increments about their own mean has n - 1 degrees of freedom, not n.
         sigma = min(self._noise_prior, _increment_noise(self._steps)) * upper_factor(self._rises - 1)
+        # After a gap the run is no stranger: the noise measured before it is still its noise (a
+        # gap moves the level, not the batches' scatter). A snippet of a per-step run whose losses
+        # jump 2x from batch to batch rises three times by chance after one gap or another; the
+        # rule is for a run that has no noise of its own yet, so it cannot ignore the one it has.
+        if self._known is not None:
+            sigma = max(sigma, self._known)
         needed = max(self._early_rise, self._early_z * math.sqrt(2.0) * sigma)
         if self._rises >= self._early_rises and rise >= needed:
             first = not self.rep.on
@@ -136,6 +151,7 @@ class FallCollapseWatch:
         self._collapse_memorized = collapse_memorized
         self._eval_rise = eval_rise
         self._initial: float | None = None
+        self._first: float | None = None
         self._eval_best: float | None = None
         self._eval_last: float | None = None
         self._limit = math.log(max(collapse_memorized, 1e-12))
@@ -166,10 +182,18 @@ class FallCollapseWatch:
     def observe(
         self, lp: LossPoint, level: float, level_full: bool, epoch: float | None, out: list[Finding]
     ) -> None:
-        if not lp.accepted or not level_full:
+        if not lp.accepted:
+            return
+        if self._first is None:
+            self._first = lp.y
+        if not level_full:
             return
         if self._initial is None:
-            self._initial = level  # the first full level of the run: where training began
+            # Where training began: the first full level spans the first eight logged points, which in
+            # a coarse log already hold most of a fast fall, so the first point is taken when higher.
+            # Its noise (a few percent) does not matter against a 100x fall; a low first outlier is
+            # covered by the level, a high one still needs the loss under `collapse_memorized` nats.
+            self._initial = max(level, self._first)
             return
         low = level < self._initial + math.log(self._collapse_fraction) and level < self._limit
         if low and not self._eval_healthy():

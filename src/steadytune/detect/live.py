@@ -105,7 +105,8 @@ class _Signal:
         if lp is not None:
             t = self.loss.tracker
             held = lp.in_spike or self.loss.rep.is_on("divergence", self.loss.metric)
-            climb = self.short_rise.observe(lp, out, held)
+            run_noise = t.sigma_upper if t.n_noise else None
+            climb = self.short_rise.observe(lp, out, held, run_noise)
             if climb is not None and rec.loss is not None:
                 self.loss.hold_climb(rec.step, rec.loss, *climb, out)
             self.fall.observe(lp, t.level, t.level_full, rec.epoch, out)

@@ -129,14 +129,22 @@ class LossWatch:
             rep.report(out, "nan_loss", m, step, False)
         self._last_finite = loss
         t = self.tracker
+        last = t.last_step
         new_segment = t.begin(step, self._gap_factor)
+        y = math.log(loss) if loss > 1e-12 else -27.6  # log space; a zero loss lands far down, not at -inf
         if new_segment:
+            # A gap hides steps, not what they showed: a climb still under way at the gap whose
+            # first point after it is back where the climb began came back, across the gap, and
+            # arms the new segment as it would have armed the old one. Whether a stretch of
+            # missing steps counts as a gap depends on the interval around it, so without this a
+            # jitter of the logged steps would decide the verdict. Older evidence is not carried
+            # over (a snippet log may resume after an intervention), nor across a restart.
+            restart = last is not None and step <= last
+            self._unstable = not restart and self._came_back(y)
             self._recent.clear()
             self._rising = False
             self._end_spike(out, step)
             self._pending = None
-            self._unstable = False
-        y = math.log(loss) if loss > 1e-12 else -27.6  # log space; a zero loss lands far down, not at -inf
         if (loss <= self._collapse_small or self._drop_run or rep.on) and self._collapse(step, loss, y, out):
             # A collapsed point stays out of the baseline, as a spike does: the collapse lasts
             # as long as the loss stays down, judged against where it was.
@@ -159,10 +167,7 @@ class LossWatch:
         if self._spike_start is not None:
             back = max(t.threshold(self._resolve_z), self._resolve_jump)
             if jump <= back or self._seasonal(y, epoch):
-                if (
-                    self.rep.is_on("divergence", self.metric)
-                    and abs(y - self._spike_base) <= self._resolve_jump
-                ):
+                if self._came_back(y):
                     self._unstable = True  # came back to where it began: the instability may recur
                 self._end_spike(out, step)
             else:
@@ -241,6 +246,10 @@ class LossWatch:
         self._spike_start, self._spike_points = first_rise, rises
         self._spike_peak, self._spike_base = loss, start_y
         self.rep.report(out, "divergence", self.metric, step, True)
+
+    def _came_back(self, y: float) -> bool:
+        """A divergence under way that this loss ends back where it began."""
+        return self.rep.is_on("divergence", self.metric) and abs(y - self._spike_base) <= self._resolve_jump
 
     def _suspect(self, step: int, loss: float, y: float, level: float, out: list[Finding]) -> LossPoint:
         """A young baseline cannot tell a fat-tailed point from a jump: hold the point back.

@@ -284,6 +284,11 @@ class Tracker:
         return self._lv_size
 
     @property
+    def n_noise(self) -> int:
+        """Differences the noise is measured from (kept across gaps: a gap moves the level, not the noise)."""
+        return len(self._nz_fifo)
+
+    @property
     def sigma(self) -> float:
         """Noise per point, shrunk towards the prior while few differences are known.
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -63,15 +64,39 @@ def _memorizing(n: int, scale: float, seed: int, floor: float) -> list[float]:
 def test_a_loss_fallen_to_almost_nothing_is_a_collapse_warning(scale: float, seed: int) -> None:
     floor = 0.002 / scale * 0.5  # ends near 0.001 nats, far under 1% of the start
     n = 300
-    got = [
-        a
-        for a in raised(feed(records(_memorizing(n, scale, seed, floor), interval=10)))
-        if a.kind != "plateau"
-    ]
+    losses = _memorizing(n, scale, seed, floor)
+    got = [a for a in raised(feed(records(losses, interval=10))) if a.kind != "plateau"]
     assert [a.kind for a in got] == ["loss_collapse"]
     assert got[0].severity == "warning" and "memoriz" in got[0].cause
     cfg = DetectConfig().loss
-    assert got[0].evidence["level"] < min(cfg.collapse_memorized, cfg.collapse_fraction * scale)
+    began = max(scale, losses[0])  # where the run began: its first point when that is the higher
+    assert got[0].evidence["level"] < min(cfg.collapse_memorized, cfg.collapse_fraction * began)
+
+
+def _memorizing_logged(steps: int, every: int, scale: float, seed: int) -> list[float]:
+    """One memorizing run (100x down in its first quarter, to about 0.001 nats), logged every ``every``."""
+    rng = shapes.rng_for(seed, "memorize-logged")
+    floor = 0.001 / scale
+    tau = steps / 32
+    return [
+        scale * (floor + (1.0 - floor) * math.exp(-s / tau)) * math.exp(rng.gauss(0, 0.05))
+        for s in range(0, steps, every)
+    ]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("scale", SCALES)
+@pytest.mark.parametrize("points", (300, 60, 30))
+def test_a_collapse_by_falling_does_not_depend_on_the_logging_interval(
+    points: int, scale: float, seed: int
+) -> None:
+    # The same run logged 300, 60 or 30 times: in the coarse logs the first eight points already
+    # span most of the fall, so where the run began must be read from its first point, not from them.
+    # (So coarse a log can make the fall look sudden, a drop: a critical collapse is a catch too.)
+    steps = 3000
+    losses = _memorizing_logged(steps, steps // points, scale, seed)
+    got = [a for a in raised(feed(records(losses, interval=steps // points))) if a.kind != "plateau"]
+    assert [a.kind for a in got] == ["loss_collapse"], [(a.kind, a.evidence) for a in got]
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -136,6 +161,70 @@ def test_after_a_climb_came_back_a_jump_is_a_spike(
     got = final(recs)
     assert [a.kind for a in got] == ["divergence", "loss_spike"]
     assert got[0].end_step < recs[5].step and got[1].start_step == recs[6].step
+
+
+def _gap_before(recs: list, i: int, intervals: int) -> list:
+    """The records from ``i`` on moved ``intervals`` logging intervals later: a stretch the log lacks."""
+    shift = intervals * (recs[1].step - recs[0].step)
+    return recs[:i] + [dataclasses.replace(r, step=r.step + shift) for r in recs[i:]]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("gap", (8, 50))  # logging intervals missing before the loss is back
+@pytest.mark.parametrize("ratio", (1.7, 2.0))
+@pytest.mark.parametrize("noise", (0.005, 0.03))
+@pytest.mark.parametrize("scale", SCALES)
+def test_a_climb_that_came_back_across_a_gap_is_still_the_witness(
+    scale: float, noise: float, ratio: float, gap: int, seed: int
+) -> None:
+    # Lines missing from a log (snippets, a coarser or irregular logger) hide steps, not what they
+    # showed: a climb whose first point after the gap is back where it began came back, across the
+    # gap, and is the witness when the loss jumps again. (A jump that is itself the first point
+    # after a gap stays drift: there is no level to judge it by.)
+    recs = _gap_before(records(_climb_back_jump(scale, noise, seed, ratio, climb=True), interval=10), 5, gap)
+    got = final(recs)
+    assert [a.kind for a in got] == ["divergence", "loss_spike"], [(a.kind, a.start_step) for a in got]
+    assert got[1].start_step == recs[6].step
+    # Without the climb the same gap leaves a young baseline its prior floor: nothing is raised.
+    level = _gap_before(
+        records(_climb_back_jump(scale, noise, seed, ratio, climb=False), interval=10), 5, gap
+    )
+    assert final(level) == []
+
+
+def _run_gap_rises(scale: float, noise: float, seed: int) -> list:
+    """A run of 200 points, 50 logging intervals missing, then a snippet that rises three times
+    by even steps (1.66x in all) before settling back."""
+    rng = shapes.rng_for(seed, "gap-rises")
+    before = shapes.learning(200, scale, noise, seed)
+    base = before[-1] * math.exp(-noise)
+    snippet = [base * math.exp(0.17 * i) for i in range(4)]
+    snippet += [base * math.exp(rng.gauss(0.0, noise)) for _ in range(30)]
+    recs = records(before + snippet, interval=10)
+    return _gap_before(recs, 200, 50)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("noise", (0.15, 0.3))  # per-step losses of small batches: 1.5-2x apart
+@pytest.mark.parametrize("scale", SCALES)
+def test_after_a_gap_three_rises_are_judged_against_the_runs_own_noise(
+    scale: float, noise: float, seed: int
+) -> None:
+    # Each gap opens a snippet, and the climb-from-the-first-point rule is for a run with no noise
+    # of its own yet. A run known to jump this much from batch to batch rises 1.66x in three
+    # steps by chance after one gap or another (a gappy per-step log would alarm at every few).
+    recs = _run_gap_rises(scale, noise, seed)
+    assert [a for a in final(recs) if a.kind == "divergence"] == []
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("scale", SCALES)
+def test_after_a_gap_a_quiet_run_that_climbs_still_diverges(scale: float, seed: int) -> None:
+    # The same snippet in a run whose noise is 1%: the climb stands far out of it (a chronicle of
+    # a pretraining run, a snippet per incident).
+    recs = _run_gap_rises(scale, 0.01, seed)
+    got = [a for a in final(recs) if a.kind == "divergence"]
+    assert got and got[0].start_step == recs[201].step
 
 
 @pytest.mark.parametrize("seed", SEEDS)
