@@ -20,8 +20,8 @@ from typing import Any, Literal
 from steadytune.config.detect import DetectConfig
 from steadytune.detect import build
 from steadytune.detect.base import Finding
-from steadytune.detect.objective import LOSS_OBJECTIVE, objective_of
 from steadytune.kinds import KINDS
+from steadytune.objectives import LOSS_OBJECTIVE, objective_of
 from steadytune.records import SEVERITY_ORDER, Anomaly, Severity, StepRecord, SystemSample
 
 
@@ -210,7 +210,7 @@ class LiveDetector:
     @property
     def objective(self) -> str:
         """What the training signal is judged as: ``"preference (DPO)"``, ``"RL (GRPO/RLOO)"``, ... or
-        :data:`~steadytune.detect.objective.LOSS_OBJECTIVE` (the SFT loss rules)."""
+        :data:`~steadytune.objectives.LOSS_OBJECTIVE` (the SFT loss rules)."""
         return self._signal.objective_name or LOSS_OBJECTIVE
 
     def open_anomalies(self) -> list[Anomaly]:

@@ -15,19 +15,12 @@ gradient norm keeps its own rules, and two signals of their own are judged:
 from __future__ import annotations
 
 import math
-import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from steadytune.detect.base import Finding, Reporter, rounded
 from steadytune.detect.stats import Tracker
 
-# Fields that only RL / preference trainers log (TRL, OpenRLHF, verl, LLaMA-Factory).
-_MARKER = re.compile(
-    r"(^|/)(rewards?|kl|reward_std|rewards/(chosen|rejected|margins|accuracies)|logps|logits/(chosen|rejected))"
-    r"($|/|_)",
-    re.IGNORECASE,
-)
 _REWARD_KEYS = (
     "reward",
     "rewards/margins",
@@ -38,64 +31,6 @@ _REWARD_KEYS = (
 )
 _KL_KEYS = ("kl", "objective/kl", "train/kl", "policy/kl", "actor/kl_loss")
 _MIN_GAIN_SIGMAS = 4.0
-
-# What a run judged by the SFT loss rules is called (SFT, continued pretraining, a reward model).
-LOSS_OBJECTIVE = "loss (SFT, pretraining)"
-# Which trainer wrote them, by the fields only it logs, most specific first: GRPO and KTO both log a
-# ``kl``, KTO and DPO both log ``rewards/chosen``. Each entry: a name, and sets of fields any one of
-# which (all its fields present) names it. RLOO logs what GRPO logs.
-_FAMILIES: tuple[tuple[str, tuple[frozenset[str], ...]], ...] = (
-    ("preference (ORPO)", (frozenset({"log_odds_ratio"}), frozenset({"log_odds_chosen"}))),
-    ("RL (PPO)", (frozenset({"objective/kl"}), frozenset({"objective/scores"}))),
-    ("RL (GRPO/RLOO)", (frozenset({"reward", "reward_std"}), frozenset({"frac_reward_zero_std"}))),
-    ("preference (KTO)", (frozenset({"kl", "rewards/chosen"}), frozenset({"kl", "logps/chosen"}))),
-    (
-        "preference (DPO)",
-        (frozenset({"rewards/chosen"}), frozenset({"rewards/margins"}), frozenset({"logps/chosen"})),
-    ),
-)
-
-
-# A record may say what it optimises under this key (the guard inside a TRL trainer, whose per-step
-# records carry none of the fields the trainer logs later): that comes before the fields.
-OBJECTIVE_KEY = "objective"
-# TRL's trainer classes by what they optimise; their subclasses (LLaMA-Factory's) inherit the name.
-_TRAINERS = {
-    "DPOTrainer": "preference (DPO)",
-    "KTOTrainer": "preference (KTO)",
-    "ORPOTrainer": "preference (ORPO)",
-    "CPOTrainer": "preference (CPO)",
-    "GRPOTrainer": "RL (GRPO/RLOO)",
-    "RLOOTrainer": "RL (GRPO/RLOO)",
-    "PPOTrainer": "RL (PPO)",
-    "OnlineDPOTrainer": "RL (online DPO)",
-}
-
-
-def objective_of_trainer(class_names: Iterable[str]) -> str | None:
-    """The objective of a trainer from its class's MRO names, most derived first; None when no known
-    RL or preference trainer is among them (an SFT or plain HF Trainer)."""
-    return next((_TRAINERS[n] for n in class_names if n in _TRAINERS), None)
-
-
-def objective_of(extra: Mapping[str, Any] | None) -> str | None:
-    """The RL or preference objective a record names: the one it declares under :data:`OBJECTIVE_KEY`,
-    else the one its fields name ("preference (DPO)", "RL (GRPO/RLOO)", and "RL or preference" when
-    they mark one but no trainer in particular); None for none."""
-    declared = extra.get(OBJECTIVE_KEY) if extra else None
-    if isinstance(declared, str) and declared:
-        return declared
-    if not extra or not any(_MARKER.search(k) for k in extra):
-        return None
-    for name, signs in _FAMILIES:
-        if any(sign.issubset(extra) for sign in signs):
-            return name
-    return "RL or preference"
-
-
-def is_preference_or_rl(extra: Mapping[str, Any] | None) -> bool:
-    """True when a record's fields say it comes from an RL or preference objective."""
-    return objective_of(extra) is not None
 
 
 def _first(extra: Mapping[str, Any], keys: tuple[str, ...]) -> tuple[str, float] | None:

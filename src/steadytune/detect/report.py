@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from steadytune.detect.objective import LOSS_OBJECTIVE
 from steadytune.kinds import KINDS
+from steadytune.objectives import LOSS_OBJECTIVE
 from steadytune.records import SEVERITY_ORDER, Anomaly
 
 

@@ -13,11 +13,11 @@ from typing import Any
 
 from transformers import Trainer, TrainerCallback
 
-from steadytune.detect.objective import OBJECTIVE_KEY, objective_of_trainer
 from steadytune.guard.checkpoints import CheckpointKeeper
 from steadytune.guard.core import Guard
 from steadytune.guard.faults import Faults
 from steadytune.guard.gradflow import DEFAULT_INTERVAL, columns, layer_grad_stats, should_record, unclip_scale
+from steadytune.objectives import OBJECTIVE_KEY, objective_of_trainer
 from steadytune.protocol import WorkerEvent
 
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from steadytune.detect.objective import is_preference_or_rl, objective_of
+from steadytune.objectives import is_preference_or_rl, objective_of
 from tests.unit.detect import shapes
 from tests.unit.detect.helpers import feed, raised, records, severe
 
@@ -106,7 +106,7 @@ def test_the_objective_is_named_after_the_trainer_its_fields_come_from(
 
 def test_the_detector_says_what_it_judged_and_an_evaluation_does_not_decide_it() -> None:
     from steadytune.detect import LiveDetector
-    from steadytune.detect.objective import LOSS_OBJECTIVE
+    from steadytune.objectives import LOSS_OBJECTIVE
     from steadytune.records import StepRecord
 
     det = LiveDetector()
@@ -121,7 +121,7 @@ def test_the_detector_says_what_it_judged_and_an_evaluation_does_not_decide_it()
 
 
 def test_a_record_may_declare_its_objective_and_a_trainer_class_names_one() -> None:
-    from steadytune.detect.objective import OBJECTIVE_KEY, objective_of_trainer
+    from steadytune.objectives import OBJECTIVE_KEY, objective_of_trainer
 
     # LLaMA-Factory's DPO trainer subclasses TRL's: the most derived known class names it.
     assert objective_of_trainer(["CustomDPOTrainer", "DPOTrainer", "Trainer", "object"]) == "preference (DPO)"

@@ -15,7 +15,19 @@ SRC = Path(steadytune.__file__).parent
 
 FLOORS: dict[str, int] = {
     **dict.fromkeys(
-        ("records", "protocol", "rundir", "kinds", "units", "layers", "layerwise", "secretfile", "config"), 0
+        (
+            "records",
+            "protocol",
+            "rundir",
+            "kinds",
+            "objectives",
+            "units",
+            "layers",
+            "layerwise",
+            "secretfile",
+            "config",
+        ),
+        0,
     ),
     **dict.fromkeys(
         ("data", "detect", "policy", "checkpoint", "telemetry", "estimate", "alerts", "importers"), 1
