@@ -110,7 +110,8 @@ class Faults:
             raise InjectedSaveFailure(f"injected failure publishing checkpoint-{step}")
 
     def after_step(self, step: int, attempt: int) -> None:
-        self._trained.ended(step)
+        if self.slow_save_until_step is not None:  # only a held save waits on it: no lock per step otherwise
+            self._trained.ended(step)
         if self.step_sleep_s:
             time.sleep(self.step_sleep_s)
         if not self.active(attempt):

@@ -41,22 +41,22 @@ class Publishes:
 
     def __init__(self, sup: Supervisor) -> None:
         self.sup = sup
-        self.in_flight: dict[int, float] = {}  # step -> when the supervisor read that its publish began
+        self.in_flight: set[int] = set()  # steps whose publish the worker began and has not ended
         self.why_not: dict[int, str] = {}  # why a checkpoint a rollback waited for did not become one
         self.failed = False  # a publish failed in the running worker: it stops at its next step
         self.held: Held | None = None
 
     # -- what the worker reports ---------------------------------------------------------------------
     def on_publishing(self, step: int) -> None:
-        self.in_flight[step] = self.sup.clock()
+        self.in_flight.add(step)
         self.why_not.pop(step, None)
 
     def on_saved(self, step: int) -> None:
-        self.in_flight.pop(step, None)
+        self.in_flight.discard(step)
         self.why_not.pop(step, None)
 
     def on_failed(self, step: int, error: str) -> None:
-        self.in_flight.pop(step, None)
+        self.in_flight.discard(step)
         self.why_not[step] = f"its publish failed ({error})"
         self.failed = True
 
