@@ -28,12 +28,13 @@ for a spike, a grad spike or a NaN, its point (the highest loss or grad norm in 
 range, or a non-finite one) must be kept; for a span (divergence, collapse, plateau)
 two of its points must be. After averaging, a point is kept by the block it fell in (a
 non-finite value makes its block's mean non-finite, as a logger's running sum does), and a
-spike also needs its block to stand above the block before it by the smallest jump the
-shipped rules call a spike (``loss.spike_min_ratio``, ``grad.spike_min_ratio``): a one-batch
-jump averaged over k points is 1/k of itself, and what no longer stands out of its
-neighbours is no longer a spike to anyone. Labels whose evidence was dropped are neither
-caught nor missed. False alarms are counted as in ``detection.py``: any warning or critical
-alarm on a healthy file or away from a positive file's ranges.
+spike also needs its block to stand above the level before it (the median of the up to
+three blocks before it in its stretch) by the smallest jump the shipped rules call a spike
+(``loss.spike_min_ratio``, ``grad.spike_min_ratio``): a one-batch jump averaged over k points
+is 1/k of itself, and what no longer stands out of its neighbours is a spike to no one.
+Labels whose evidence was dropped are neither caught nor missed. False alarms are counted
+as in ``detection.py``: any warning or critical alarm on a healthy file or away from a
+positive file's ranges.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ import dataclasses
 import itertools
 import math
 import random
+import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -262,13 +264,24 @@ def _blocks(original: list[StepRecord], kept: Kept) -> dict[int, int]:
     return {s: ends[bisect.bisect_left(ends, s)] for s in trained if ends and s <= ends[-1]}
 
 
-def _stands_out(label: Label, block: StepRecord, before: StepRecord) -> bool:
-    """Whether an averaged spike's block still rises above the block before it by a spike's jump."""
+LEVEL_BLOCKS = 3  # the blocks before an averaged spike that stand for the level it jumped from
+
+
+def _stands_out(label: Label, block: StepRecord, before: list[StepRecord]) -> bool:
+    """Whether an averaged spike's block still rises above the level before it by a spike's jump.
+
+    The level is the median of up to LEVEL_BLOCKS blocks before it in the same stretch: one low
+    block before it must not make a wiggle a jump.
+    """
     field = "loss" if label.group == "spike" else "grad_norm"
     cfg = DetectConfig()
     floor = cfg.loss.spike_min_ratio if label.group == "spike" else cfg.grad.spike_min_ratio
-    up, base = getattr(block, field), getattr(before, field)
-    return _finite(up) and _finite(base) and base > 0 and up >= floor * base
+    up = getattr(block, field)
+    levels = [x for x in (getattr(r, field) for r in before[-LEVEL_BLOCKS:]) if _finite(x)]
+    if not _finite(up) or not levels:
+        return False
+    base = statistics.median(levels)
+    return base > 0 and up >= floor * base
 
 
 def surviving(
@@ -305,8 +318,8 @@ def surviving(
                 i = bisect.bisect_left(old, start)
                 ok = i < len(old) and old[i] < have[0]
                 if ok and averaged and lb.group in ("spike", "grad_spike"):
-                    before = max((o for o in old[i:] if o < have[0] and _trains(by_step[o])), default=None)
-                    ok = before is not None and _stands_out(lb, by_step[have[0]], by_step[before])
+                    before = [by_step[o] for o in old[i:] if o < have[0] and _trains(by_step[o])]
+                    ok = _stands_out(lb, by_step[have[0]], before)
         label = dataclasses.replace(lb, start=_move(lb.start, old, new), end=_move(lb.end, old, new))
         (kept_out if ok else lost).append(label)
     return kept_out, lost

@@ -133,3 +133,14 @@ def test_evaluations_pass_through_averaging() -> None:
         assert [(r.step, r.eval_loss) for _o, r in variant if r.loss is None] == [
             (s, 1.5) for s in (100, 200, 300)
         ]
+
+
+@pytest.mark.parametrize("seed", shapes.SEEDS)
+def test_an_averaged_wiggle_after_one_low_block_is_no_spike(seed: int) -> None:
+    # Measured from the one block before it, a 1.05x block after a 0.9x dip would be a 1.17x jump.
+    recs = records(shapes.flat(200, 2.0, 0.005, seed), interval=1)
+    for i, f in ((118, 0.9), (119, 0.9), (120, 1.1)):
+        recs[i] = recs[i].__class__(**{**recs[i].__dict__, "loss": recs[i].loss * f})
+    label = [Label("f", "positive", "spike", recs[120].step, recs[120].step)]
+    phase0 = rob.average(2)(recs)[0]
+    assert rob.surviving(label, recs, phase0, averaged=True) == ([], label)
