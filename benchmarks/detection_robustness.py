@@ -9,7 +9,11 @@ defaults (steadytune's thresholds are the ones chosen a priori or leave-one-out,
 not re-tuned per perturbation; the baselines' are their published rules):
 
 - ``every 2nd / 5th / 10th``: only every k-th logged point kept (a coarser
-  ``logging_steps``);
+  ``logging_steps`` of a logger that prints the step it is at);
+- ``mean of 2 / 5 / 10``: each block of k logged points replaced by one point at the block's
+  last step holding the mean of their losses and grad norms, over every phase of the blocks (a
+  coarser ``logging_steps`` of a logger that averages since its last line: HF Trainer,
+  Megatron, llm.c); evaluation rows pass through;
 - ``first 25 / 50 / 75 %``: the run cut short after that share of its points;
 - ``loss x0.5 / x3``: train and eval loss scaled (another tokenizer or a summed
   objective; ratios must not care);
@@ -22,9 +26,15 @@ not re-tuned per perturbation; the baselines' are their published rules):
 A labelled anomaly counts only while its evidence is still in the perturbed log:
 for a spike, a grad spike or a NaN, its point (the highest loss or grad norm in the
 range, or a non-finite one) must be kept; for a span (divergence, collapse, plateau)
-two of its points must be. Labels whose evidence was dropped are neither caught nor
-missed. False alarms are counted as in ``detection.py``: any warning or critical
-alarm on a healthy file or away from a positive file's ranges.
+two of its points must be. After averaging, a point is kept by the block it fell in (a
+non-finite value makes its block's mean non-finite, as a logger's running sum does), and a
+spike also needs its block to stand above the level before it (the median of the up to
+three blocks before it in its stretch) by the smallest jump the shipped rules call a spike
+(``loss.spike_min_ratio``, ``grad.spike_min_ratio``): a one-batch jump averaged over k points
+is 1/k of itself, and what no longer stands out of its neighbours is a spike to no one.
+Labels whose evidence was dropped are neither caught nor missed. False alarms are counted
+as in ``detection.py``: any warning or critical alarm on a healthy file or away from a
+positive file's ranges.
 """
 
 from __future__ import annotations
@@ -35,6 +45,7 @@ import dataclasses
 import itertools
 import math
 import random
+import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -58,6 +69,7 @@ Perturbation = Callable[[list[StepRecord]], list[Kept]]
 
 JITTER_SEEDS = (17, 18, 19)
 CHANGES = {"spike", "grad_spike", "divergence", "collapse"}  # label groups measured from a level before
+AVERAGED = {"mean of 2", "mean of 5", "mean of 10"}  # each kept point stands for its block
 
 
 def _same(recs: list[StepRecord]) -> list[Kept]:
@@ -75,6 +87,44 @@ def decimate(k: int) -> Perturbation:
         for phase in range(k):  # which points a coarser logger keeps is chance: every phase counts
             keep = set(steps[phase::k])
             out.append([(r.step, r) for r in recs if r.step in keep])
+        return out
+
+    return run
+
+
+def _mean(values: list[float | None]) -> float | None:
+    logged = [x for x in values if x is not None]
+    # A running sum, as loggers keep it: one NaN or Inf in the block makes the logged mean one.
+    return sum(logged) / len(logged) if logged else None
+
+
+def _trains(r: StepRecord) -> bool:
+    return r.loss is not None or r.grad_norm is not None
+
+
+def average(k: int) -> Perturbation:
+    def run(recs: list[StepRecord]) -> list[Kept]:
+        steps = sorted({r.step for r in recs if _trains(r)})
+        evals = [(r.step, r) for r in recs if not _trains(r)]
+        out = []
+        for phase in range(k):  # where the logger's blocks begin is chance: every phase counts
+            cuts = [0, *range(phase or k, len(steps), k), len(steps)]
+            block_of = {s: steps[b - 1] for a, b in itertools.pairwise(cuts) for s in steps[a:b]}
+            members: dict[tuple[int, int], list[StepRecord]] = {}
+            for r in recs:
+                if _trains(r):
+                    members.setdefault((block_of[r.step], r.rank), []).append(r)
+            kept: Kept = list(evals)
+            for (last, _rank), rs in members.items():
+                evaluated = [r.eval_loss for r in rs if r.eval_loss is not None]
+                mean = dataclasses.replace(
+                    rs[-1],
+                    loss=_mean([r.loss for r in rs]),
+                    grad_norm=_mean([r.grad_norm for r in rs]),
+                    eval_loss=evaluated[-1] if evaluated else None,
+                )
+                kept.append((last, mean))
+            out.append(sorted(kept, key=lambda kr: (kr[1].step, kr[1].rank)))
         return out
 
     return run
@@ -157,6 +207,9 @@ PERTURBATIONS: dict[str, Perturbation] = {
     "every 2nd point": decimate(2),
     "every 5th point": decimate(5),
     "every 10th point": decimate(10),
+    "mean of 2": average(2),
+    "mean of 5": average(5),
+    "mean of 10": average(10),
     "first 25 %": truncate(0.25),
     "first 50 %": truncate(0.50),
     "first 75 %": truncate(0.75),
@@ -204,13 +257,43 @@ def _snippet_start(steps: list[int], step: int, gap: float) -> int:
     return steps[max(i, 0)]
 
 
-def surviving(labels: list[Label], original: list[StepRecord], kept: Kept) -> tuple[list[Label], list[Label]]:
+def _blocks(original: list[StepRecord], kept: Kept) -> dict[int, int]:
+    """Each original training step mapped to the kept step that stands for it: its averaged block."""
+    ends = sorted({o for o, r in kept if _trains(r)})
+    trained = {r.step for r in original if _trains(r)}
+    return {s: ends[bisect.bisect_left(ends, s)] for s in trained if ends and s <= ends[-1]}
+
+
+LEVEL_BLOCKS = 3  # the blocks before an averaged spike that stand for the level it jumped from
+
+
+def _stands_out(label: Label, block: StepRecord, before: list[StepRecord]) -> bool:
+    """Whether an averaged spike's block still rises above the level before it by a spike's jump.
+
+    The level is the median of up to LEVEL_BLOCKS blocks before it in the same stretch: one low
+    block before it must not make a wiggle a jump.
+    """
+    field = "loss" if label.group == "spike" else "grad_norm"
+    cfg = DetectConfig()
+    floor = cfg.loss.spike_min_ratio if label.group == "spike" else cfg.grad.spike_min_ratio
+    up = getattr(block, field)
+    levels = [x for x in (getattr(r, field) for r in before[-LEVEL_BLOCKS:]) if _finite(x)]
+    if not _finite(up) or not levels:
+        return False
+    base = statistics.median(levels)
+    return base > 0 and up >= floor * base
+
+
+def surviving(
+    labels: list[Label], original: list[StepRecord], kept: Kept, averaged: bool = False
+) -> tuple[list[Label], list[Label]]:
     """The labels whose evidence the perturbed log still holds, and those it lost, moved to its steps.
 
     A jump, a climb or a fall is a change from somewhere: when the log held a point
     before its evidence in the same stretch (not across a gap), the level it is
     measured from, the perturbed log must keep one there too (a log or a snippet that
-    begins with the loss already up shows no spike).
+    begins with the loss already up shows no spike). ``averaged``: each kept point is the
+    mean of a block of original points, ending at its step; a point is kept by its block.
     """
     if labels[0].cls != "positive":
         return labels, []
@@ -219,10 +302,14 @@ def surviving(labels: list[Label], original: list[StepRecord], kept: Kept) -> tu
     new = [by_step[o].step for o in old]
     steps = sorted({r.step for r in original})
     gap = DetectConfig().series.gap_factor * logging_interval(steps)
+    home = _blocks(original, kept) if averaged else {}
     kept_out: list[Label] = []
     lost: list[Label] = []
     for lb in labels:
         need, count = _evidence(lb, original)
+        if averaged:
+            need = {home[s] for s in need if s in home}
+            count = min(count, len(need))
         have = sorted(s for s in need if s in by_step and _holds(lb, by_step[s]))
         ok = bool(need) and len(have) >= count
         if ok and lb.group in CHANGES:
@@ -230,6 +317,9 @@ def surviving(labels: list[Label], original: list[StepRecord], kept: Kept) -> tu
             if start < min(need):  # the log held a level before the evidence: keep one
                 i = bisect.bisect_left(old, start)
                 ok = i < len(old) and old[i] < have[0]
+                if ok and averaged and lb.group in ("spike", "grad_spike"):
+                    before = [by_step[o] for o in old[i:] if o < have[0] and _trains(by_step[o])]
+                    ok = _stands_out(lb, by_step[have[0]], before)
         label = dataclasses.replace(lb, start=_move(lb.start, old, new), end=_move(lb.end, old, new))
         (kept_out if ok else lost).append(label)
     return kept_out, lost
@@ -286,7 +376,7 @@ def run(root: Path, names: list[str], detail: bool) -> None:
                 recs = [r for _o, r in kept]
                 if not recs:
                     continue
-                rows, lost = surviving(labels[file], series.records, kept)
+                rows, lost = surviving(labels[file], series.records, kept, name in AVERAGED)
                 # A positive file whose every anomaly was cut away still counts for false alarms.
                 rows = rows or [Label(file, "negative", "-", 0, 0)]
                 steps = [r.step for r in recs]
