@@ -66,6 +66,24 @@ class StepRecord:
         return self.tokens / self.step_time_s
 
 
+# The keys of an HF-style log dict (``{'loss': 1.2, 'grad_norm': 3.4, 'learning_rate': 2e-05}``) that a
+# StepRecord holds in fields of its own (``num_tokens``, a running count, becomes its ``tokens``); every
+# other number a trainer logs rides in its ``extra`` (DPO's rewards/margins, GRPO's reward and kl: the
+# detectors judge such runs by them). The log adapter and the guard inside a trainer both file a log so.
+RECORD_LOG_KEYS = frozenset(
+    {"loss", "grad_norm", "learning_rate", "lr", "epoch", "eval_loss", "num_tokens", "total_steps"}
+)
+
+
+def logged_extra(logs: dict[str, Any]) -> dict[str, Any]:
+    """The numbers of a trainer's log dict that a :class:`StepRecord` has no field for: its ``extra``."""
+    return {
+        k: v
+        for k, v in logs.items()
+        if k not in RECORD_LOG_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
+
+
 @dataclass(frozen=True)
 class Heartbeat:
     """Proof of life from a worker rank; ``phase`` says what it is doing."""

@@ -31,6 +31,7 @@ DPO_FIELDS = {"rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/
 GRPO_FIELDS = {"reward", "reward_std", "kl", "frac_reward_zero_std", "completions/mean_length", "entropy"}
 # What the SFT loss rules raise; an RL or preference run's loss is only checked for NaN/Inf.
 LOSS_RULES = {"loss_spike", "divergence", "loss_collapse", "plateau", "oscillation"}
+RL_RULES = {"reward_collapse", "kl_blowup"}
 
 
 def _analyze(*paths: Path) -> tuple[int, list[dict[str, Any]]]:
@@ -43,6 +44,11 @@ def _analyze(*paths: Path) -> tuple[int, list[dict[str, Any]]]:
     )
     assert not proc.stderr.strip() or proc.returncode in (0, 1), proc.stderr
     return proc.returncode, json.loads(proc.stdout)["files"]
+
+
+def _logged(state: Path) -> dict[int, dict[str, Any]]:
+    """The training entries of a trainer_state.json by step: what the trainer logged for each."""
+    return {e["step"]: e for e in json.loads(state.read_text())["log_history"] if "loss" in e}
 
 
 def _logged_steps(state: Path) -> list[int]:
@@ -128,13 +134,14 @@ def test_trl_grpo_under_supervise_is_judged_on_its_reward_not_its_near_zero_loss
     assert {a["kind"] for a in as_sft["anomalies"]} & LOSS_RULES, as_sft["anomalies"]
 
 
-def test_trl_grpo_under_supervise_inject_is_judged_as_rl_by_its_trainer_class(
+def test_trl_grpo_under_supervise_inject_is_judged_as_rl_on_the_fields_trl_logs(
     tmp_path: Path, demo_assets: Path
 ) -> None:
-    """With the guard inside GRPOTrainer the step records are the guard's, written before TRL logs its
-    reward: the first one names the objective from the trainer's class. Read by the SFT loss rules,
-    GRPO's loss (exactly 0 at the first step, then 1e-5 and so on) was a collapse and a divergence, and
-    rolled back a healthy run."""
+    """With the guard inside GRPOTrainer the step records are the guard's, one per step; the record of a
+    step TRL logs is written when it logs, with TRL's reward and KL in it, and the first one names the
+    objective from the trainer's class (step 1 is not logged here). Read by the SFT loss rules, GRPO's
+    loss (exactly 0 at the first step, then 1e-5 and so on) was a collapse and a divergence, and rolled
+    back a healthy run."""
     steps = 20
     job = trl_job(demo_assets, tmp_path, steps, trainer="grpo", save_steps=10, logging_steps=2)
     with supervise(job, tmp_path, "--inject") as sup:
@@ -147,7 +154,49 @@ def test_trl_grpo_under_supervise_inject_is_judged_as_rl_by_its_trainer_class(
     recs = sup.steps()
     assert [r.step for r in recs] == list(range(1, steps + 1))  # the guard's: every step
     assert recs[0].extra["objective"] == "RL (GRPO/RLOO)"
+    logged = _logged(job.checkpoint(steps) / "trainer_state.json")
+    assert sorted(logged) == list(range(2, steps + 1, 2))
+    for r in recs:
+        if r.step in logged:
+            assert set(r.extra) >= GRPO_FIELDS, sorted(r.extra)
+            assert (r.extra["reward"], r.extra["kl"]) == (logged[r.step]["reward"], logged[r.step]["kl"])
+        else:
+            assert not set(r.extra) & GRPO_FIELDS
     assert events[-1].name == "run_completed" and sup.status()["state"] == "completed"
+    rc, (found,) = _analyze(sup.run)
+    assert rc == 0 and found["objective"] == "RL (GRPO/RLOO)" and found["anomalies"] == []
+    assert set(found["metrics"]) >= GRPO_FIELDS
+
+
+def test_trl_grpo_whose_kl_blows_up_under_supervise_inject_is_flagged_on_the_step_trl_logged_it(
+    tmp_path: Path, demo_assets: Path
+) -> None:
+    """One update at 20000x the LR (the lr_burst drill fault: the guard inside the trainer applies it)
+    throws the policy far from its reference: TRL's kl goes from 0.013 to 2.75 at the next step (270x
+    its recent level), while its reward climbs (shorter completions). Live under --inject that is
+    kl_blowup on the step TRL logged it, as `analyze` finds it in the log TRL itself kept."""
+    steps, burst = 18, 13
+    faults = {"lr_burst_at_step": burst, "lr_burst_factor": 20000, "lr_burst_steps": 1}
+    job = trl_job(demo_assets, tmp_path, steps, trainer="grpo", save_steps=steps, logging_steps=1)
+    with supervise(job, tmp_path, "--inject", env={"STEADYTUNE_FAULTS": json.dumps(faults)}) as sup:
+        rc = sup.finish()
+    assert rc == 0, sup.stdout
+    events = sup.events()
+    blowups = [e for e in events if e.kind == "anomaly" and e.name == "kl_blowup"]
+    assert [e.step for e in blowups] == [burst + 1], _anomalies(events)
+    assert blowups[0].data["metric"] == "kl" and blowups[0].data["evidence"]["ratio"] > 10
+    assert not set(_anomalies(events)) & LOSS_RULES
+    state = job.checkpoint(steps) / "trainer_state.json"
+    logged = _logged(state)
+    recs = sup.steps()
+    assert [r.step for r in recs] == sorted(logged) == list(range(1, steps + 1))
+    assert all(r.extra["kl"] == logged[r.step]["kl"] for r in recs)
+    # TRL's own log (the fields `supervise` without --inject reads) and the run directory, in `analyze`.
+    for path in (state, sup.run):
+        rc, (found,) = _analyze(path)
+        assert rc == 1 and found["objective"] == "RL (GRPO/RLOO)"
+        rl = [(a["kind"], a["metric"], a["start_step"]) for a in found["anomalies"] if a["kind"] in RL_RULES]
+        assert rl == [("kl_blowup", "kl", burst + 1)], found["anomalies"]
 
 
 def test_trl_dpo_at_an_lr_far_too_high_is_a_grad_explosion_in_analyze(

@@ -87,7 +87,8 @@ def register(sub: Any) -> None:
         "--inject",
         action="store_true",
         help="give an HF Trainer-based tool (LLaMA-Factory, TRL, axolotl, HF scripts) steadytune's guard "
-        "in-process: step records with grad norm and batch fingerprints, the NaN skip before the update, "
+        "in-process: step records with grad norm and batch fingerprints (and, on logged steps, the "
+        "trainer's own fields: TRL's reward, kl, margins), the NaN skip before the update, "
         "and control requests (checkpoint, pause, stop); see docs/inject.md",
     )
     add_launch_options(p)

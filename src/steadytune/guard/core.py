@@ -216,9 +216,14 @@ class Guard:
         lr: float | None = None,
         epoch: float | None = None,
         extra: dict[str, Any] | None = None,
+        ended_at: float | None = None,
     ) -> StepRecord:
-        """Write the step record and a heartbeat for optimizer step ``step``."""
-        now = self.clock()
+        """Write the step record and a heartbeat for optimizer step ``step``.
+
+        ``ended_at`` is when the step ended, for a record written later than that (at the trainer's log
+        of the step, whose fields it carries); by default, now.
+        """
+        now = self.clock() if ended_at is None else ended_at
         if loss is not None:
             value = _as_float(loss)
         elif self._loss_nonfinite:

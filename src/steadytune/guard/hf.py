@@ -19,6 +19,7 @@ from steadytune.guard.faults import Faults
 from steadytune.guard.gradflow import DEFAULT_INTERVAL, columns, layer_grad_stats, should_record, unclip_scale
 from steadytune.objectives import OBJECTIVE_KEY, objective_of_trainer
 from steadytune.protocol import WorkerEvent
+from steadytune.records import logged_extra
 
 
 def _barrier() -> None:
@@ -93,6 +94,7 @@ class GuardCallback(TrainerCallback):
         self._publish_error: BaseException | None = None
         self._external_stop: str | None = None
         self._bound = False  # whether some trainer's clipping reports its norm to the guard
+        self._logging: tuple[int, float] | None = None  # (step, when it ended) of a step whose log is due
         self.objective: str | None = None  # an RL or preference trainer's objective, once bound to it
         # In-process rollback (train/rollback.py): only a worker that can reload its trainer enables it.
         self.reloads = False
@@ -185,6 +187,7 @@ class GuardCallback(TrainerCallback):
                 severity="warning",
             )
         self.guard.last_step = state.global_step
+        self._logging = None  # a log due in a train() that ended (a rollback's) is not this one's
         self._last_save_ts = self.guard.clock()
         self.guard.notify(
             "lifecycle",
@@ -199,6 +202,7 @@ class GuardCallback(TrainerCallback):
         self.guard.set_phase("train")
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        self._log_that_never_came(state, control)
         if self._publish_error is not None:
             self.wait_for_saves()  # raises it: a save that failed fails the worker, as it did in on_save
         self.guard.begin_step()
@@ -239,12 +243,41 @@ class GuardCallback(TrainerCallback):
             self._lr_saved = None
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-        extra: dict[str, Any] = {"gradflow": self._gradflow} if self._gradflow else {}
+        if control.should_log:
+            # The trainer logs this step right after this hook (HF's _maybe_log_save_evaluate, before any
+            # evaluation or save): the step's record waits for that log, so the fields only the trainer
+            # computes (a TRL trainer's reward, KL, margins) are in it and are judged at this very step.
+            self._logging = (state.global_step, self.guard.clock())
+            return
+        self._end_step(state, control, None, None)
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kw: Any) -> None:
+        due = self._logging
+        # The training log has the loss; an evaluation's log (eval_*) and the run's summary do not.
+        if due is None or due[0] != state.global_step or not logs or "loss" not in logs:
+            return
+        self._logging = None
+        self._end_step(state, control, due[1], logged_extra(logs))
+
+    def _log_that_never_came(self, state: Any, control: Any) -> None:
+        """A step the trainer said it would log, whose log it never handed the callbacks (a trainer
+        that logs its own way): its record is written without the trainer's fields, before anything else."""
+        if self._logging is not None:
+            ended, self._logging = self._logging[1], None
+            self._end_step(state, control, ended, None)
+
+    def _end_step(
+        self, state: Any, control: Any, ended_at: float | None, logged: dict[str, Any] | None
+    ) -> None:
+        """The step boundary: the step's record, then drill faults, control requests and the save decision."""
+        extra: dict[str, Any] = dict(logged) if logged else {}
+        if self._gradflow:
+            extra["gradflow"] = self._gradflow
         if self.objective is not None and self.guard.steps_this_attempt == 0:
-            # The detectors name the objective from the first record; the trainer logs its own fields
-            # (rewards, KL) only after this record is written.
+            # The detectors name the objective from the first record, which may be one the trainer does
+            # not log (logging_steps > 1): the trainer's class names it there.
             extra[OBJECTIVE_KEY] = self.objective
-        self.guard.end_step(state.global_step, epoch=state.epoch, extra=extra or None)
+        self.guard.end_step(state.global_step, epoch=state.epoch, extra=extra or None, ended_at=ended_at)
         self._gradflow = None  # the step record itself is the loop's heartbeat: no second line per step
         self.faults.after_step(state.global_step, self.guard.attempt)
         world = _world_size()
@@ -361,6 +394,7 @@ class GuardCallback(TrainerCallback):
                 return later
 
     def on_save(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        self._log_that_never_came(state, control)
         _barrier()  # every rank has written its RNG state into the staging folder
         if state.is_world_process_zero:
             staged = (self.staging or Path(args.output_dir)) / f"checkpoint-{state.global_step}"
@@ -431,11 +465,13 @@ class GuardCallback(TrainerCallback):
             raise error
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        self._log_that_never_came(state, control)
         self.wait_for_saves()
 
     def on_evaluate(
         self, args: Any, state: Any, control: Any, metrics: dict | None = None, **kw: Any
     ) -> None:
+        self._log_that_never_came(state, control)
         if metrics and "eval_loss" in metrics:
             self.guard.record_eval(state.global_step, metrics["eval_loss"])
         self.guard.set_phase("train")

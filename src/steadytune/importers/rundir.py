@@ -1,7 +1,8 @@
 """A steadytune run directory: ``telemetry/rank-*.jsonl`` step records and ``system.jsonl`` samples.
 
 The records are the very ones the worker wrote, so nothing is translated; a
-repeated step (a restart replays steps) keeps its last record per rank.
+repeated step (a restart replays steps) keeps its last record per rank, and an evaluation's
+record joins the record of the step it evaluated (as ``run.db`` merges them).
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from steadytune.importers.series import Series, UnreadableLog
-from steadytune.records import StepRecord, SystemSample
+from steadytune.records import StepRecord, SystemSample, replace
 from steadytune.rundir import RunDir
 from steadytune.telemetry.stream import iter_records
 
@@ -29,8 +30,15 @@ def read(path: Path) -> Series:
     last: dict[tuple[int, int], StepRecord] = {}
     for file in files:
         for rec in iter_records(file):
-            if isinstance(rec, StepRecord):
-                last[(rec.step, rec.rank)] = rec
+            if not isinstance(rec, StepRecord):
+                continue
+            key = (rec.step, rec.rank)
+            prev = last.get(key)
+            if prev is not None and rec.attempt == prev.attempt and rec.extra.get("eval"):
+                # An evaluation of a step already trained adds its eval_loss; it must not erase the step.
+                last[key] = replace(prev, eval_loss=rec.eval_loss)
+            else:
+                last[key] = rec
     if not last:
         raise UnreadableLog("the telemetry holds no step records")
     records = sorted(last.values(), key=lambda r: (r.step, r.rank))
@@ -38,4 +46,8 @@ def read(path: Path) -> Series:
         [s for s in iter_records(run.system) if isinstance(s, SystemSample)] if run.system.exists() else []
     )
     metrics = [f for f in _FIELDS if any(getattr(r, f) is not None for r in records)]
+    # What the trainer logged beside them (a TRL trainer's reward, kl, rewards/margins): numbers only,
+    # not the guard's own nested readings (gradflow) or marks (eval, objective).
+    logged = {k for r in records for k, v in r.extra.items() if type(v) in (int, float)}
+    metrics += sorted(logged - set(metrics))
     return Series(str(path), FORMAT, records, system=system, metrics=metrics)

@@ -19,17 +19,12 @@ from pathlib import Path
 
 from steadytune.checkpoint.manifest import checkpoint_step
 from steadytune.protocol import WorkerEvent
-from steadytune.records import Event, Heartbeat, StepRecord
+from steadytune.records import RECORD_LOG_KEYS, Event, Heartbeat, StepRecord, logged_extra
 from steadytune.supervise.logparse import as_number, is_summary, logging_steps_from, parse_log_line, train_bar
 from steadytune.telemetry.jsonl import JsonlReader
 from steadytune.telemetry.stream import JsonlWriter
 
 HEARTBEAT_EVERY_S = 1.0  # output is proof of life; more than one beat a second says nothing new
-# What a log dict's values become in a StepRecord's own fields; every other value rides in ``extra``
-# (DPO's rewards/margins, GRPO's reward and kl: the detectors judge such runs by them).
-_RECORD_FIELDS = frozenset(
-    {"loss", "grad_norm", "learning_rate", "lr", "epoch", "eval_loss", "num_tokens", "total_steps"}
-)
 _JOINED = ("grad_norm", "num_tokens")  # what a trainer_log.jsonl row lacks of the fields
 
 
@@ -216,7 +211,7 @@ class LogAdapter:
             printed = self._printed.pop(step, None)
             if printed:
                 # The row's own loss, LR and epoch stand; the dict adds the grad norm, tokens and the rest.
-                joined = {k: v for k, v in printed.items() if k in _JOINED or k not in _RECORD_FIELDS}
+                joined = {k: v for k, v in printed.items() if k in _JOINED or k not in RECORD_LOG_KEYS}
                 values = {**joined, **values}
             total = values.get("total_steps")  # LLaMA-Factory's trainer_log.jsonl says how far it goes
             if total and total > 0:
@@ -254,7 +249,7 @@ class LogAdapter:
 
 def _extra(values: dict[str, float]) -> dict[str, object]:
     """The values a StepRecord has no field for; an evaluation's record is marked as one."""
-    extra: dict[str, object] = {k: v for k, v in values.items() if k not in _RECORD_FIELDS}
+    extra: dict[str, object] = logged_extra(values)
     if "eval_loss" in values and "loss" not in values:
         extra["eval"] = True
     return extra

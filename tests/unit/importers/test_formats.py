@@ -172,6 +172,27 @@ def test_steadytune_run_directory_keeps_the_last_record_per_step_and_rank(tmp_pa
     assert len(s.records) == 6 and len(s.system) == 1
 
 
+def test_steadytune_run_directory_joins_an_evaluation_to_the_step_it_evaluated(tmp_path: Path) -> None:
+    """An evaluation's record (extra.eval) of a step already trained adds its eval_loss to it; a later
+    attempt of the step still replaces both. The fields a trainer logged (extra) are listed as metrics."""
+    run = RunDir(tmp_path / "run").create()
+    flow = {"layers": ["a"], "norm": [1.0]}
+    with JsonlWriter(run.telemetry(0)) as w:
+        w.write(StepRecord(step=1, ts=1.0, loss=2.0, extra={"reward": 0.1, "gradflow": flow}))
+        w.write(StepRecord(step=2, ts=2.0, loss=1.9, extra={"reward": 0.2, "kl": 0.01}))
+        w.write(StepRecord(step=2, ts=2.5, eval_loss=2.1, extra={"eval": True}))
+        w.write(StepRecord(step=3, ts=3.0, loss=1.8, extra={"reward": 0.3}))
+        w.write(StepRecord(step=3, ts=3.5, eval_loss=2.0, extra={"eval": True}))
+        w.write(StepRecord(step=3, ts=4.0, attempt=1, loss=1.7, extra={"reward": 0.4}))
+    s = load(run.root)
+    assert [(r.step, r.attempt, r.loss, r.eval_loss, r.extra.get("reward")) for r in s.records] == [
+        (1, 0, 2.0, None, 0.1),
+        (2, 0, 1.9, 2.1, 0.2),
+        (3, 1, 1.7, None, 0.4),
+    ]
+    assert s.metrics == ["loss", "eval_loss", "kl", "reward"]
+
+
 def test_interleaved_duplicates_keep_the_last_value_per_step(tmp_path: Path) -> None:
     p = tmp_path / "log.csv"
     p.write_text("step,loss,grad_norm\n1,2.0,1.0\n2,1.9,1.0\n1,2.1,\n3,1.8,0.9\n")
