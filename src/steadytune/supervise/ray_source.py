@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from steadytune.checkpoint.manifest import checkpoint_step
 from steadytune.checkpoint.store import clean_staging
-from steadytune.engines.groups import failures_path
+from steadytune.engines.groups import Group, GroupLog, failures_path
 from steadytune.engines.requests import ResourceRequest, requested_path, worker_bundle, write_request
 from steadytune.protocol import WorkerEvent
 from steadytune.records import Event, PlanRevision, Record
@@ -72,6 +72,11 @@ class RaySource(NativeSource):
         proc = WorkerProcess(driver_command(self.run.root.resolve()), log_path, env=env)
         proc.how = "a new process: a Ray job's driver starts its own worker group"
         return proc
+
+    @property
+    def driver_attempt(self) -> int | None:
+        """The attempt the running driver was started for; its groups are logged in ray/attempt-<A>.jsonl."""
+        return self._driver_attempt
 
     def watch(self, attempt: int) -> None:
         """Follow what the driver of ``attempt`` writes beside the streams, from the start of each file."""
@@ -203,11 +208,32 @@ def on_resources_requested(sup: Supervisor, ev: Event, filed: Event | None) -> N
         sup.scaling.on_requested(ev, filed)
 
 
+def unannounced(logged: list[Group], current_attempt: int, announced_attempt: int) -> list[Group]:
+    """Groups rank 0 logged (``ray/attempt-<A>.jsonl``) that never announced themselves: between the
+    supervisor's attempt and the one announced now. A node lost while a group starts takes the
+    announcement with it (rank 0 logs its decision before the group trains, and announces once its
+    guard is up), and the plan would skip that attempt."""
+    return [g for g in logged if current_attempt < g.attempt < announced_attempt]
+
+
 def on_worker_group_started(sup: Supervisor, ev: Event, filed: Event | None) -> None:
-    """A new Ray group: its size, attempt and resume point go into the plan, as a restart's would."""
-    changes = group_revision(sup.plan, ev.data, sup.attempt)
+    """A new Ray group: its size, attempt and resume point go into the plan, as a restart's would.
+
+    A group logged but never announced before it gets its revision first, said to have trained nothing.
+    """
+    driver = getattr(sup.source, "driver_attempt", None)
+    if driver is not None and isinstance(ev.data.get("attempt"), int):
+        for lost in unannounced(GroupLog(sup.run.root, driver).read(), sup.attempt, ev.data["attempt"]):
+            _start_group(sup, GroupLog.as_event_data(lost), filed, "; lost before it announced itself")
+    _start_group(sup, ev.data, filed)
+
+
+def _start_group(sup: Supervisor, data: dict[str, Any], filed: Event | None, note: str = "") -> None:
+    changes = group_revision(sup.plan, data, sup.attempt)
     if changes is None:
         return
+    if note:
+        changes["notes"] = changes.get("notes", "") + note
     reason = changes.pop("reason")
     sup.revise(reason=reason, cause=filed, **changes)
     if "attempt" not in changes:

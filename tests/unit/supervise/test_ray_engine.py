@@ -23,7 +23,7 @@ from steadytune.engines.ray_driver import cluster_address, passed_env, trainer_k
 from steadytune.protocol import WorkerEvent
 from steadytune.records import Event, PlanRevision, StepRecord, from_json
 from steadytune.rundir import RunDir
-from steadytune.supervise.ray_source import driver_command, group_revision
+from steadytune.supervise.ray_source import RaySource, driver_command, group_revision
 from steadytune.supervise.supervisor import Supervisor
 from steadytune.telemetry.events import read_events
 
@@ -179,6 +179,33 @@ def test_a_resize_and_a_restart_are_plan_revisions_with_their_world_size(tmp_pat
     assert revisions[2].resume_checkpoint == c4 and "1 → 2" in revisions[2].notes
     filed = [json.loads(x) for x in sup.run.events.read_text().splitlines()]
     assert [e["data"]["world_size"] for e in filed if e["name"] == "worker_group_started"] == [1, 2, 1]
+
+
+def test_a_group_lost_before_it_announced_itself_still_gets_its_revision(tmp_path: Path) -> None:
+    """A node killed while a resized group starts: rank 0 logged the group, which never announced itself;
+    the next group's announcement files the lost one's revision first, so the plan skips no attempt."""
+    cfg = validate_dict(config(tmp_path), base=tmp_path, check_paths=False)
+    run = RunDir(tmp_path / "runs" / "r")
+    source = RaySource(run.create())
+    source.watch(0)  # the driver of attempt 0, as start() does
+    sup = Supervisor(cfg, run, observers=[], poll_s=0.05, source=source)
+    sup.write_plan(sup.plan)
+    c4 = str(ckpt(sup.run.checkpoints, 4, attempt=0))
+    log = GroupLog(sup.run.root, 0)
+    log.append(Group(0, 0, 1, START, None))
+    sup.handle(group_event(0, 1, START, None))
+    log.append(Group(1, 1, 2, RESIZE, c4, 1))  # decided; its node died before it announced
+    log.append(Group(2, 2, 1, RESTART, c4, 2))
+    sup.handle(group_event(2, 1, RESTART, c4, before=2))
+    revisions = [from_json(x) for x in sup.run.plan.read_text().splitlines()]
+    assert [(p.reason, p.attempt, p.world_size) for p in revisions] == [
+        ("start", 0, None), ("world_size", 0, 1), (RESIZE, 1, 2), (RESTART, 2, 1)
+    ]  # fmt: skip
+    assert "lost before it announced itself" in revisions[2].notes
+    assert "lost" not in revisions[3].notes and sup.attempt == 2
+    # an announced group is never filed twice
+    sup.handle(group_event(2, 1, RESTART, c4, before=2))
+    assert len(sup.run.plan.read_text().splitlines()) == 4
 
 
 def test_the_first_step_of_a_new_group_must_continue_its_checkpoint(tmp_path: Path) -> None:
