@@ -20,13 +20,11 @@ XDIST := -n $(TEST_WORKERS) $(if $(filter-out 0,$(TEST_WORKERS)),--dist loadgrou
 $(VENV): $(VENV)/.installed
 
 # torch is pinned and installed first: an unpinned torch would pull a multi-GB CUDA build.
-# --no-compile: byte-compiling every file of torch, transformers and Ray costs more CPU than the install;
-# Python compiles what it imports, on first import.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet --no-compile "torch==2.13.0"
-	$(BIN)/python -m pip install --quiet --no-compile -e ".[train,dev,plot,gpu,tensorboard,ray]"
+	$(BIN)/python -m pip install --quiet "torch==2.13.0"
+	$(BIN)/python -m pip install --quiet -e ".[train,dev,plot,gpu,tensorboard,ray]"
 	touch $@
 
 demo: $(VENV)

@@ -94,17 +94,7 @@ def _build(venv: Path, spec: dict[str, list[str]]) -> None:
     if venv.exists():
         shutil.rmtree(venv)
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    # --no-compile: pip would byte-compile every file of torch and transformers (three times the CPU of
-    # the install itself); the interpreter compiles the modules a run imports, when it imports them.
-    pip = [
-        str(bin_dir / "python"),
-        "-m",
-        "pip",
-        "install",
-        "--quiet",
-        "--disable-pip-version-check",
-        "--no-compile",
-    ]
+    pip = [str(bin_dir / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
     constraints = venv / "constraints.txt"
     constraints.write_text(TORCH + "\n")
     subprocess.run([*pip, TORCH], check=True)
