@@ -16,6 +16,9 @@ Formats, in the order they are tried (a file is the first one it fits):
 - ``nanogpt_log``: build-nanoGPT ``log.txt``, ``N train X`` / ``N val X`` / ``N hella Y``;
 - ``nanogpt_stdout``: build-nanoGPT's ``step N | loss: X | lr Y | norm: Z | dt: Tms`` and
   ``validation loss: X``;
+- ``dict_log``: lines ending in a printed dict with a loss: HF Trainer, TRL, axolotl and
+  LLaMA-Factory stdout (``{'loss': 2.3, 'grad_norm': 1.1, ...}``, also after a progress
+  bar), fairseq's ``train_inner | {"loss": "2.3", "num_updates": "5", ...}``;
 - ``csv``: CSV/TSV with a step column (W&B export);
 - ``text_log``: any text whose lines name a step and a loss (``step 10 | loss 2.3``,
   ``iter 10: loss=2.3``, ``Step [10/500], Loss: 2.3``), by the rules in
@@ -24,19 +27,24 @@ Formats, in the order they are tried (a file is the first one it fits):
 Text layouts are matched after launcher and logger prefixes are stripped
 (``[rank0]:``, ``0:``, ``2024-05-01 12:00:00,123 - INFO -``: see
 :mod:`~steadytune.importers.prefix`); with several ranks the lowest one is kept.
-A file that fits none raises :class:`UnreadableLog` with a one-line reason that
-says what was looked for.
+A gzip-compressed file (``train.log.gz``) is read as what it holds. A file that fits
+none raises :class:`UnreadableLog` with a one-line reason that says what was looked for.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from steadytune.importers import (
     csv_log,
+    dict_log,
     hf_state,
     jsonl_log,
     llamafactory,
@@ -65,6 +73,7 @@ FORMATS: tuple[str, ...] = (
     llmc.FORMAT_STDOUT,
     nanogpt.FORMAT,
     nanogpt.FORMAT_STDOUT,
+    dict_log.FORMAT,
     text_log.FORMAT,
 )
 
@@ -75,6 +84,7 @@ _TEXT_SNIFFERS = (
     (llmc.FORMAT_STDOUT, llmc.sniff_stdout),
     (nanogpt.FORMAT, nanogpt.sniff),
     (nanogpt.FORMAT_STDOUT, nanogpt.sniff_stdout),
+    (dict_log.FORMAT, dict_log.sniff),
     (csv_log.FORMAT, csv_log.sniff),
     (text_log.FORMAT, text_log.sniff),
 )
@@ -133,7 +143,40 @@ def _resolve_dir(path: Path) -> Path:
 
 def detect_format(path: Path) -> str:
     """The format of a log file or directory. Raises :class:`UnreadableLog` with the reason."""
-    return _sniff(Path(path))[0]
+    with _plain(Path(path)) as plain:
+        return _sniff(plain)[0]
+
+
+_GZIP_MAGIC = b"\x1f\x8b"
+# A compressed log is read from a decompressed copy; a file that would unpack past this is refused
+# rather than allowed to fill the disk (a 100,000-step text log is a few tens of MB).
+MAX_GUNZIPPED_BYTES = 4 << 30
+
+
+@contextmanager
+def _plain(path: Path) -> Iterator[Path]:
+    """The path itself, or a decompressed copy of a gzip-compressed log (``main.log.gz``)."""
+    try:
+        with open(path, "rb") as f:
+            gz = f.read(2) == _GZIP_MAGIC
+    except (IsADirectoryError, FileNotFoundError, PermissionError):
+        gz = False
+    if not gz:
+        yield path
+        return
+    with tempfile.TemporaryDirectory(prefix="steadytune-gunzip-") as tmp:
+        out = Path(tmp) / (path.name[:-3] if path.name.endswith(".gz") else path.name)
+        written = 0
+        try:
+            with gzip.open(path, "rb") as src, open(out, "wb") as dst:
+                while chunk := src.read(1 << 20):
+                    written += len(chunk)
+                    if written > MAX_GUNZIPPED_BYTES:
+                        raise UnreadableLog(f"gzip file unpacks to more than {MAX_GUNZIPPED_BYTES >> 30} GiB")
+                    dst.write(chunk)
+        except (OSError, EOFError) as e:
+            raise UnreadableLog(f"corrupt gzip file: {e}") from e
+        yield out
 
 
 def _sniff(path: Path) -> tuple[str, Any]:
@@ -163,6 +206,8 @@ def _sniff(path: Path) -> tuple[str, Any]:
             return fmt, first
         if jsonl_log.sniff(head):
             return jsonl_log.FORMAT, None
+        if first is None and dict_log.sniff(head):  # printed Python dicts: stdout of an HF Trainer
+            return dict_log.FORMAT, None
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except ValueError as e:
@@ -191,9 +236,16 @@ def _sniff(path: Path) -> tuple[str, Any]:
 
 
 def load(path: Path | str, fmt: str | None = None) -> Series:
-    """Read a log into a :class:`Series`; ``fmt`` skips detection. Raises :class:`UnreadableLog`."""
-    with no_gc():
-        return _load(Path(path), fmt)
+    """Read a log into a :class:`Series`; ``fmt`` skips detection. Raises :class:`UnreadableLog`.
+
+    A gzip-compressed log is read as its content; the series keeps the path given.
+    """
+    path = Path(path)
+    with no_gc(), _plain(path) as plain:
+        series = _load(plain, fmt)
+    if plain != path:
+        series.path = str(path)
+    return series
 
 
 def _load(path: Path, fmt: str | None) -> Series:
@@ -219,6 +271,7 @@ def _load(path: Path, fmt: str | None) -> Series:
         llmc.FORMAT_STDOUT: llmc.read_stdout,
         nanogpt.FORMAT: nanogpt.read,
         nanogpt.FORMAT_STDOUT: nanogpt.read_stdout,
+        dict_log.FORMAT: dict_log.read,
         text_log.FORMAT: text_log.read,
     }
     reader = readers.get(fmt)

@@ -37,7 +37,8 @@ from steadytune.importers.prefix import LowestRank
 from steadytune.importers.series import ALIASES, Series, SeriesBuilder, UnreadableLog
 
 FORMAT = "jsonl_log"
-STEP_KEYS = ("step", "global_step", "_step", "iter", "iteration", "train/global_step", "trainer/global_step")
+# The trainer's own step before W&B's ``_step``, which counts log calls (an eval row is one more).
+STEP_KEYS = ("step", "global_step", "train/global_step", "trainer/global_step", "iter", "iteration", "_step")
 TYPE_KEYS = ("type", "_type", "event", "kind")
 EVAL_TYPES = frozenset({"eval", "evaluation", "val", "valid", "validation", "test", "dev"})
 SKIP_TYPES = frozenset(
@@ -50,7 +51,7 @@ SKIP_TYPES = frozenset(
 _CONTAINERS = frozenset({"metrics", "data", "scalars", "values", "logs", "extra"})
 _NOT_METRICS = frozenset((*STEP_KEYS, *TYPE_KEYS, "rank", "global_rank"))
 _LOSSES = ("loss", "eval_loss")
-LOOKED_FOR = f"a step ({'/'.join(STEP_KEYS[:5])}) and a loss (loss, train/loss, eval_loss, val_loss)"
+LOOKED_FOR = f"a step ({'/'.join(STEP_KEYS)}) and a loss (loss, train/loss, eval_loss, val_loss)"
 
 
 def _numbers(row: dict[str, Any]) -> dict[str, float]:

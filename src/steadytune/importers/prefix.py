@@ -9,7 +9,8 @@
   ``05/01/2024 12:00:00``, ``12:00:00``, bracketed or not;
 - log levels and logger names: ``INFO``, ``[INFO]``, ``INFO:root:``, ``- INFO - __main__ -``,
   DeepSpeed's ``[logging.py:96:log_dist]``;
-- the ``-``, ``|`` and ``:`` separators between them.
+- the ``-``, ``|`` and ``:`` separators between them;
+- terminal colour codes anywhere in the line.
 
 It returns the rank (None when the line names none) and the rest of the line,
 which every text reader then matches against its own layout. :class:`LowestRank`
@@ -42,10 +43,14 @@ _PREFIX = re.compile(
     re.VERBOSE | re.IGNORECASE,
 )
 _RANK_GROUPS = ("r1", "r2", "r3", "r4", "r5")
+# Colour codes of a logger writing to a terminal (loguru, rich) survive a `tee` into the file.
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
 def strip_prefix(line: str) -> tuple[int | None, str]:
     """``(rank, rest)``: the rank the prefix names (None if none) and the line without its prefix."""
+    if "\x1b" in line:
+        line = _ANSI.sub("", line)
     m = _PREFIX.match(line)
     if m is None:
         return None, line.strip()

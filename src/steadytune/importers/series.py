@@ -55,6 +55,7 @@ ALIASES: dict[str, str] = {
     "grad norm": "grad_norm",
     "grad-norm": "grad_norm",
     "gradient_norm": "grad_norm",
+    "gnorm": "grad_norm",
     "learning_rate": "lr",
     "train/learning_rate": "lr",
     "learning rate": "lr",

@@ -39,6 +39,7 @@ Tried last, after every layout with a reader of its own. The rules:
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -54,24 +55,28 @@ LOOKED_FOR = (
 
 _NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:e[-+]?\d+)?|[-+]?(?:nan|inf)\b"
 _STEP = re.compile(
-    r"(?<![\w.-])(?:global[ _]step|step|iteration|iter)\s*(?:[:=#]\s*|\s+)?\[?\s*(\d+)(?![\d.])"
-    r"(?:\s*/\s*(\d+))?",
+    r"(?<![\w.-])(?P<key>global[ _]step|step|num[ _]updates|iteration|iter|steps(?=\s*:))"
+    r"\s*(?:[:=#]\s*|\s+)?\[?\s*(\d+)(?![\d.])(?:\s*/\s*(\d+))?",
     re.I,
 )
+# torchtune's progress bar: "1|12|Loss: 2.34" is epoch|global step|loss.
+_TUNE = re.compile(r"^\s*\d+\|(\d+)\|()(?=\s*loss\b)", re.I)
 _BRACKET = re.compile(r"\[\s*(\d+)\s*/\s*(\d+)\s*\]")
 _AFTER_EPOCH = re.compile(r"epoch\s*[:=]?\s*$", re.I)
 _KEYS = {
     "eval_loss": r"(?:val(?:id(?:ation)?)?|eval(?:uation)?|test|dev)[ _/-]?loss",
-    "loss": r"(?:train(?:ing)?[ _/-]?|lm[ _-]?|avg[ _-]?|mean[ _-]?|total[ _-]?)?loss",
+    "loss": r"(?:train(?:ing)?[ _/-]?|lm[ _-]?|avg[ _-]?|mean[ _-]?|total[ _-]?)?loss(?:[ _]train)?",
     "grad_norm": r"grad(?:ient)?s?[ _-]?norm|gnorm|(?<![a-z] )norm",
     "lr": r"lr|learning[ _-]?rate",
     "epoch": r"epoch",
 }
 _METRIC = re.compile(
     r"(?<![\w/.-])(?:" + "|".join(f"(?P<{name}>{rx})" for name, rx in _KEYS.items()) + r")(?!\w)"
-    r"\s*(?:[:=]\s*|\s+)(?:tensor\(|\[)?\s*(?P<num>" + _NUM + r")",
+    r"\s*(?:[:=]\s*|\s+)(?:tensor\(|\[)?\s*(?P<num>" + _NUM + r")(?P<sfx>(?-i:[KMGT])(?![\w.]))?",
     re.I,
 )
+# nanotron's human_format writes 2500 as "2.5K": the suffix is part of the value.
+_SUFFIX = {"K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
 _DECIMAL = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
 _TIME = re.compile(
     r"(?<![\w/.-])(?:dt|time|step[ _-]?time|iter(?:ation)?[ _-]?time)\s*(?:[:=]\s*|\s+)"
@@ -93,7 +98,20 @@ class Line(NamedTuple):
 
 
 def _find_step(text: str) -> re.Match[str] | None:
-    m = _STEP.search(text)
+    """The step's match: group 2 the step, group 3 the ``M`` of ``N/M``.
+
+    A line that names both an iteration and a step (LitGPT's ``iter 8 step 2``: micro-batches
+    and optimizer steps) is at the step; otherwise the first one named.
+    """
+    m = None
+    for found in _STEP.finditer(text):
+        if m is None:
+            m = found
+        if found.group("key").lower().startswith(("step", "global")):
+            m = found
+            break
+    if m is None:
+        m = _TUNE.match(text)
     if m is None:
         m = next((b for b in _BRACKET.finditer(text) if not _AFTER_EPOCH.search(text, 0, b.start())), None)
     return m
@@ -104,7 +122,20 @@ def find_step(text: str) -> tuple[int, int | None] | None:
     m = _find_step(text)
     if m is None:
         return None
-    return int(m.group(1)), int(m.group(2)) if m.group(2) else None
+    return _step_of(m), _total_of(m)
+
+
+def _step_of(m: re.Match[str]) -> int:
+    return int(m.group(m.re.groups - 1))
+
+
+def _total_of(m: re.Match[str]) -> int | None:
+    total = m.group(m.re.groups)
+    return int(total) if total else None
+
+
+def _step_span(m: re.Match[str], total: bool = False) -> tuple[int, int]:
+    return m.span(m.re.groups if total else m.re.groups - 1)
 
 
 class _Layout(NamedTuple):
@@ -162,8 +193,9 @@ def _parse_text(
         value = parse_number(m.group("num"))
         name = _name(m)
         if value is not None and name not in fields:
-            fields[name] = value
-            spans[name] = m.span("num"), 1.0
+            scale = _SUFFIX[m.group("sfx").upper()] if m.group("sfx") else 1.0
+            fields[name] = value * scale
+            spans[name] = m.span("num"), 1.0 / scale
     if "loss" not in fields and "eval_loss" not in fields:
         return None
     found = _find_step(text)
@@ -174,8 +206,9 @@ def _parse_text(
         div = 1000.0 if t.group("unit").lower() == "ms" else 1.0
         fields["step_time_s"] = float(t.group("num")) / div
         spans["step_time_s"] = t.span("num"), div
-    step = int(found.group(1)), found.span(1)
-    total = (int(found.group(2)), found.span(2)) if found.group(2) else None
+    step = _step_of(found), _step_span(found)
+    t_value = _total_of(found)
+    total = (t_value, _step_span(found, total=True)) if t_value is not None else None
     return step, total, fields, spans
 
 
@@ -265,9 +298,46 @@ def _epoch_steps(lines: list[Line]) -> list[Line]:
     return [r._replace(step=int(r.fields["epoch"] - first) * (r.total or 0) + r.step) for r in lines]
 
 
+_ITER_STEP = re.compile(r"\biter(?:ation)?\s*[:=#]?\s*(\d+)\s*[,|]?\s*step\s*[:=#]?\s*(\d+)", re.I)
+_ITER_ONLY = re.compile(r"\biter(?:ation)?\s*[:=#]?\s*(\d+)", re.I)
+
+
+class _IterSteps:
+    """Iterations to optimizer steps, where a script names both (LitGPT: ``iter 8 step 2``).
+
+    Its evaluation lines name the iteration only (``iter 80: val loss 2.1``); they belong
+    to the step of the last line with both whose iteration is not after theirs.
+    """
+
+    def __init__(self) -> None:
+        self._last: tuple[int, int] | None = None
+
+    def step(self, raw: str, line: Line) -> Line:
+        if "iter" not in raw.lower():
+            return line
+        both = _ITER_STEP.search(raw)
+        if both:
+            self._last = int(both.group(1)), int(both.group(2))
+            return line
+        only = _ITER_ONLY.search(raw)
+        if self._last is not None and only and int(only.group(1)) == line.step and line.step >= self._last[0]:
+            return line._replace(step=self._last[1])
+        return line
+
+
+def _parsed(f: Iterable[str]) -> list[Line]:
+    iters = _IterSteps()
+    out = []
+    for raw in f:
+        line = parse_line(raw)
+        if line is not None:
+            out.append(iters.step(raw, line))
+    return out
+
+
 def read(path: Path) -> Series:
     with open(path, encoding="utf-8", errors="replace") as f:
-        lines = [parsed for parsed in map(parse_line, f) if parsed is not None]
+        lines = _parsed(f)
     b = SeriesBuilder(str(path), FORMAT)
     ranks = LowestRank(b)
     for line in _epoch_steps(lines):

@@ -7,50 +7,21 @@ command line, and the error a failed command's log ends with.
 
 from __future__ import annotations
 
-import ast
 import re
 from collections.abc import Sequence
 from pathlib import Path
 
-_LOG_DICT = re.compile(r"(\{[^{}]*'(?:loss|train_loss|eval_loss)'[^{}]*\})\s*$")
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
-# The Trainer's own progress bar has no description: "  25%|██▌       | 5/20 [00:00<00:00, 17.94it/s]".
-_TRAIN_BAR = re.compile(r"^\s*\d{1,3}%\|[^|]*\|\s*(\d+)/(\d+)\s*\[[^\]]*(?:it/s|s/it)")
+from steadytune.importers.dict_log import is_summary, parse_log_line, train_bar
 
-
-def _segments(line: str) -> list[str]:
-    """What a terminal would show of each carriage-return-separated part, escape codes removed.
-
-    A tqdm bar rewrites its line with ``\r`` and no newline, so when stdout and stderr
-    share a pipe the next log dict lands at the end of the bar's line.
-    """
-    return [_ANSI.sub("", part) for part in line.replace("\r\n", "\n").split("\r")]
-
-
-def parse_log_line(line: str) -> dict[str, float] | None:
-    """An HF Trainer log dict printed on stdout, with numbers (v5 prints them as strings).
-
-    The dict may follow a progress bar on the same line (``...17.94it/s]\r{'loss': ...}``).
-    """
-    m = None
-    for part in reversed(_segments(line)):
-        m = _LOG_DICT.search(part)
-        if m:
-            break
-    if not m:
-        return None
-    try:
-        raw = ast.literal_eval(m.group(1))
-    except (ValueError, SyntaxError):
-        return None
-    out = {}
-    for k, v in raw.items():
-        try:
-            out[str(k)] = float(v)
-        except (TypeError, ValueError):
-            continue
-    return out or None
-
+__all__ = [
+    "as_number",
+    "is_summary",
+    "last_exception",
+    "last_lines",
+    "logging_steps_from",
+    "parse_log_line",
+    "train_bar",
+]
 
 _LOGGING_FLAG = re.compile(r"^--?logging[_-]steps(?:=(\d+))?$")
 _LOGGING_KV = re.compile(r"^logging_steps=(\d+)$")
@@ -78,20 +49,6 @@ def logging_steps_from(command: Sequence[str]) -> int | None:
             if ym:
                 found = int(ym.group(1))
     return found if found and found > 0 else None
-
-
-def is_summary(values: dict[str, float]) -> bool:
-    """The Trainer's closing line (train_runtime, train_loss): a summary, not an optimizer step."""
-    return "train_runtime" in values or ("train_loss" in values and "loss" not in values)
-
-
-def train_bar(line: str) -> tuple[int, int] | None:
-    """(steps done, total steps) from the last reading of the Trainer's progress bar in a line."""
-    for part in reversed(_segments(line)):
-        m = _TRAIN_BAR.match(part)
-        if m:
-            return int(m.group(1)), int(m.group(2))
-    return None
 
 
 _WRAPPERS = frozenset({"CalledProcessError", "ChildFailedError", "ProcessRaisedException"})

@@ -1,0 +1,210 @@
+"""Logs whose records are dicts printed on a line: what most trainers write to stdout.
+
+Examples of what is read::
+
+    {'loss': 2.31, 'grad_norm': 1.2, 'learning_rate': 2e-05, 'epoch': 0.1}           HF Trainer, axolotl
+    {'loss': '0.0001', 'reward': '0.24', 'kl': '0.001', 'epoch': '0.02'}              TRL (numbers as strings)
+     25%|██▌       | 5/20 [00:03<00:09, 1.6it/s]{'loss': 2.3, ...}                    after a progress bar
+    [rank0]: {'eval_loss': 2.1, 'eval_runtime': 3.2, 'epoch': 1.0}                  an evaluation
+    2024-05-01 12:00:05 | INFO | train_inner | {"epoch": 1, "num_updates": "5", "loss": "7.9"}   fairseq
+
+The rules:
+
+- A record is a ``{...}`` at the end of a line (after its launcher/logger prefix and any
+  progress bar drawn on the same line with ``\\r``), Python or JSON, holding a ``loss``,
+  ``train_loss`` or ``eval_loss``; numbers written as strings are numbers.
+- The step is the dict's own (:data:`STEP_KEYS`), else a ``step N`` the line names before
+  it, else the count of the HF Trainer's progress bar (``5/20``) when it has moved on since
+  the last record, else one more than the last record's: the Trainer prints its dict right
+  after the bar reaches the step, and prints no step of its own. Counted steps are logged
+  points, not optimizer steps, when the bar is not in the log (``disable_tqdm``).
+- An evaluation (``eval_loss`` without ``loss``) belongs to the step last logged; the
+  Trainer's closing summary (``train_runtime``) is not a step.
+- The file is this format when :data:`MIN_RECORDS` such lines are among its first.
+
+The supervisor reads a running tool's stdout with the same functions
+(:mod:`steadytune.supervise.log_adapter`).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from pathlib import Path
+
+from steadytune.importers.prefix import LowestRank, strip_prefix
+from steadytune.importers.series import Series, SeriesBuilder, UnreadableLog
+
+FORMAT = "dict_log"
+MIN_RECORDS = 3
+STEP_KEYS = ("step", "global_step", "num_updates", "iteration", "iter", "current_steps")
+LOOKED_FOR = "lines ending in a dict with a loss ({'loss': 2.3, ...} or {\"loss\": 2.3, ...})"
+
+_LOG_DICT = re.compile(r"""(\{[^{}]*['"](?:loss|train_loss|eval_loss)['"][^{}]*\})\s*$""")
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+# The Trainer's own progress bar has no description: "  25%|██▌       | 5/20 [00:00<00:00, 17.94it/s]".
+_TRAIN_BAR = re.compile(r"^\s*\d{1,3}%\|[^|]*\|\s*(\d+)/(\d+)\s*\[[^\]]*(?:it/s|s/it)")
+_ANY_BAR = re.compile(r"\d{1,3}%\|[^|]*\|\s*(\d+)/(\d+)\s*\[[^\]]*(?:it/s|s/it)[^\]]*\]")
+# Python prints non-finite floats bare (nan, inf), which are not literals; quoted, they parse as floats.
+_BARE = re.compile(r"(?<=[:\s,\[])(-?(?:nan|inf))(?=\s*[,}\]])")
+_TEXT_STEP = re.compile(r"(?<![\w.-])(?:global[ _]step|step|iteration|iter)\s*[:=#]?\s*(\d+)(?![\d.])", re.I)
+
+
+def segments(line: str) -> list[str]:
+    """What a terminal would show of each carriage-return-separated part, escape codes removed.
+
+    A tqdm bar rewrites its line with ``\\r`` and no newline, so when stdout and stderr
+    share a pipe the next log dict lands at the end of the bar's line.
+    """
+    if "\x1b" in line:
+        line = _ANSI.sub("", line)
+    return line.replace("\r\n", "\n").split("\r")
+
+
+def _literal(text: str) -> object:
+    """A dict printed by Python (``repr``) or written as JSON; None when it is neither."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        pass
+    if "nan" in text or "inf" in text:
+        text = _BARE.sub(r"'\1'", text)
+    try:
+        return ast.literal_eval(text)  # literals only: nothing in a log is ever run
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return None
+
+
+def parse_log_line(line: str) -> dict[str, float] | None:
+    """The numbers of a log dict a line ends with (strings that are numbers too); None if none."""
+    m = None
+    for part in reversed(segments(line)):
+        m = _LOG_DICT.search(part)
+        if m:
+            break
+    if not m:
+        return None
+    raw = _literal(m.group(1))
+    if not isinstance(raw, dict):
+        return None
+    out = {}
+    for k, v in raw.items():
+        if isinstance(v, bool):
+            continue
+        try:
+            out[str(k)] = float(v)
+        except (TypeError, ValueError, OverflowError):
+            continue
+    return out or None
+
+
+def is_summary(values: dict[str, float]) -> bool:
+    """The Trainer's closing line (train_runtime, train_loss): a summary, not an optimizer step."""
+    return "train_runtime" in values or ("train_loss" in values and "loss" not in values)
+
+
+def train_bar(line: str) -> tuple[int, int] | None:
+    """(steps done, total steps) from the last reading of the Trainer's progress bar in a line."""
+    for part in reversed(segments(line)):
+        m = _TRAIN_BAR.match(part)
+        if m:
+            return int(m.group(1)), int(m.group(2))
+    return None
+
+
+def _last_bar(line: str) -> int | None:
+    """The count of the last progress-bar reading anywhere in a line (bars redrawn without ``\\r``)."""
+    found = None
+    for part in segments(line):
+        for m in _ANY_BAR.finditer(part):
+            found = int(m.group(1))
+    return found
+
+
+def _own_step(values: dict[str, float]) -> int | None:
+    for key in STEP_KEYS:
+        v = values.get(key)
+        if v is not None and v == v and float(v).is_integer():
+            return int(v)
+    return None
+
+
+def _text_step(line: str) -> int | None:
+    """A ``step N`` the line names before its dict (a script that prints both)."""
+    head = line[: line.rfind("{")]
+    m = _TEXT_STEP.search(strip_prefix(head)[1]) if "{" in line else None
+    return int(m.group(1)) if m else None
+
+
+class _Steps:
+    """Gives each printed dict its step, by the rules in the module's docstring."""
+
+    def __init__(self) -> None:
+        self.last = 0
+        self._bar: int | None = None
+
+    def see_bar(self, line: str) -> None:
+        n = _last_bar(line)
+        if n is not None:
+            self._bar = n
+
+    def of(self, line: str, values: dict[str, float]) -> int:
+        step = _own_step(values)
+        if step is None:
+            step = _text_step(line)
+        if step is None:
+            if "loss" not in values:
+                return self.last  # an evaluation: of the step just logged
+            # A bar redrawn between two dicts shows the new step; a stale one an earlier count.
+            step = max(self.last + 1, self._bar or 0)
+        self.last = step
+        return step
+
+
+def _records(lines: list[str]) -> list[tuple[int | None, int, dict[str, float]]]:
+    steps = _Steps()
+    out = []
+    for line in lines:
+        if "{" not in line:
+            if "it/s" in line or "s/it" in line:
+                steps.see_bar(line)
+            continue
+        steps.see_bar(line[: line.rfind("{")])
+        values = parse_log_line(line)
+        if values is None:
+            continue
+        if "train_loss" in values and "loss" not in values and _own_step(values) is not None:
+            values["loss"] = values.pop("train_loss")  # a script's own dict, not the Trainer's summary
+        elif is_summary(values):
+            continue
+        if "loss" not in values and "eval_loss" not in values:
+            continue
+        rank, _ = strip_prefix(line)
+        out.append((rank, steps.of(line, values), values))
+    return out
+
+
+def sniff(head: str) -> bool:
+    count = 0
+    for line in head.splitlines()[:2000]:
+        if "loss" in line and "{" in line:
+            values = parse_log_line(line)
+            if values is not None and not is_summary(values):
+                count += 1
+                if count >= MIN_RECORDS:
+                    return True
+    return False
+
+
+def read(path: Path) -> Series:
+    with open(path, encoding="utf-8", errors="replace") as f:
+        rows = _records(f.read().splitlines())
+    if len(rows) < MIN_RECORDS:
+        raise UnreadableLog(f"fewer than {MIN_RECORDS} {LOOKED_FOR}")
+    b = SeriesBuilder(str(path), FORMAT)
+    ranks = LowestRank(b)
+    for rank, step, values in rows:
+        if ranks.accept(step, rank):
+            b.add_numbers(step, {k: v for k, v in values.items() if k not in STEP_KEYS})
+    return b.build(require=("loss", "eval_loss"))

@@ -1,0 +1,234 @@
+"""What trainers print to stdout, as their own logging code formats it, written here by seeded loops.
+
+Each layout's test fails on a reader that does not know it: the file is unreadable, or it is read
+with the wrong steps or values, which is worse (an anomaly at the wrong step, or none).
+"""
+
+from __future__ import annotations
+
+import gzip
+import math
+import random
+from pathlib import Path
+
+import pytest
+
+from steadytune.detect import detect
+from steadytune.importers import UnreadableLog, detect_format, load
+
+
+def _curve(
+    n: int, seed: int, spike_at: int | None = None, start: float = 10.2, end: float = 2.3
+) -> list[float]:
+    """A falling loss with 1% noise; ``spike_at`` (an index) multiplied by 3."""
+    rng = random.Random(seed)
+    out = [end + (start - end) * math.exp(-i / (n / 6)) * (1 + 0.01 * rng.gauss(0, 1)) for i in range(n)]
+    if spike_at is not None:
+        out[spike_at] *= 3.0
+    return out
+
+
+def _write(tmp_path: Path, name: str, lines: list[str], end: str = "\n") -> Path:
+    p = tmp_path / name
+    p.write_text(end.join(lines) + end)
+    return p
+
+
+def _kinds_at(path: Path) -> set[tuple[str, int]]:
+    return {(a.kind, a.start_step) for a in detect(load(path).records)}
+
+
+def _bar(step: int, total: int) -> str:
+    pct = 100 * step // total
+    return f" {pct:3d}%|{'█' * (pct // 10):<10}| {step}/{total} [00:{step:02d}<00:30,  1.10it/s]"
+
+
+# --- HF Trainer / TRL / axolotl stdout: printed dicts -----------------------------------------
+
+
+@pytest.mark.parametrize("every", [1, 5])
+@pytest.mark.parametrize("strings", [False, True])  # transformers 5 / TRL print numbers as strings
+def test_hf_stdout_dicts_take_their_steps_from_the_progress_bar(
+    tmp_path: Path, every: int, strings: bool
+) -> None:
+    n = 40
+    losses = _curve(n, seed=every, spike_at=30)
+    lines = ["[INFO|trainer.py:2243] 2024-05-01 12:00:00,123 >> ***** Running training *****"]
+    bar = ""
+    for i, loss in enumerate(losses):
+        step = (i + 1) * every
+        for s in range(step - every + 1, step + 1):
+            bar += "\r" + _bar(s, n * every)
+        v = (lambda x: f"'{x:.4g}'") if strings else (lambda x: repr(round(x, 4)))
+        lines.append(
+            f"{bar}{{'loss': {v(loss)}, 'grad_norm': {v(1.0 + 0.01 * i)}, "
+            f"'learning_rate': {v(2e-5)}, 'epoch': {v(step / (n * every))}}}"
+        )
+        bar = ""
+        if i + 1 == 20:
+            lines.append(f"{{'eval_loss': {v(3.1)}, 'eval_runtime': 1.2, 'epoch': {v(0.5)}}}")
+    lines.append("{'train_runtime': 30.1, 'train_samples_per_second': 2.1, 'train_loss': 4.2, 'epoch': 1.0}")
+    p = _write(tmp_path, "stdout.txt", lines)
+    s = load(p)
+    assert s.format == "dict_log"
+    by_step = {r.step: r for r in s.records}
+    assert sorted(by_step) == [(i + 1) * every for i in range(n)]  # no summary row, no extra eval step
+    assert by_step[every].loss == pytest.approx(losses[0], rel=1e-3) and by_step[every].grad_norm == 1.0
+    assert by_step[20 * every].eval_loss == pytest.approx(3.1)
+    assert ("loss_spike", 31 * every) in _kinds_at(p)
+
+
+def test_hf_stdout_without_a_bar_counts_the_dicts_and_reads_a_bare_nan(tmp_path: Path) -> None:
+    losses = _curve(30, seed=3)
+    lines = [
+        f"{{'loss': {loss:.4f}, 'grad_norm': 1.1, 'learning_rate': 2e-05, 'epoch': {i / 30:.2f}}}"
+        for i, loss in enumerate(losses)
+    ]
+    lines[17] = "{'loss': nan, 'grad_norm': nan, 'learning_rate': 2e-05, 'epoch': 0.57}"
+    p = _write(tmp_path, "out.log", lines)  # starts with "{": not JSON, and no longer "invalid JSON"
+    assert detect_format(p) == "dict_log"
+    assert [r.step for r in load(p).records] == list(range(1, 31))
+    assert ("nan_loss", 18) in _kinds_at(p)
+
+
+def test_trl_stdout_is_judged_on_its_own_fields(tmp_path: Path) -> None:
+    rng = random.Random(5)
+    lines = []
+    for i in range(40):
+        kl = 0.001 * (i + 1) if i < 30 else 2.5  # the policy jumps away from its reference
+        lines.append(
+            f"[rank0]: {{'loss': '{1e-4 * rng.random():.4g}', 'grad_norm': '{3 + rng.random():.4g}', "
+            f"'kl': '{kl:.4g}', 'reward': '{0.3 + 0.01 * i:.4g}', 'reward_std': '0.3', "
+            f"'epoch': '{i / 40:.4g}'}}"
+        )
+    p = _write(tmp_path, "grpo.txt", lines)
+    found = detect(load(p).records)
+    assert {a.kind for a in found} == {"kl_blowup"}  # and no SFT loss rule on a loss near zero
+
+
+def test_fairseq_json_lines_after_a_logger_prefix(tmp_path: Path) -> None:
+    losses = _curve(30, seed=7, spike_at=20)
+    lines = ["2024-05-01 12:00:00 | INFO | fairseq_cli.train | task: translation"]
+    for i, loss in enumerate(losses):
+        u = 5 * (i + 1)
+        lines.append(
+            f'2024-05-01 12:00:{i:02d} | INFO | train_inner | {{"epoch": 1, "update": {u / 60:.3f}, '
+            f'"loss": "{loss:.3f}", "ppl": "{2**loss:.2f}", "num_updates": "{u}", "gnorm": "{1.5:.3f}"}}'
+        )
+    p = _write(tmp_path, "train.log", lines)
+    s = load(p)
+    assert s.format == "dict_log" and [r.step for r in s.records] == [5 * (i + 1) for i in range(30)]
+    assert s.records[0].grad_norm == 1.5 and "epoch" in s.metrics
+    assert ("loss_spike", 105) in _kinds_at(p)
+
+
+# --- text lines --------------------------------------------------------------------------------
+
+
+def test_litgpt_reads_the_train_loss_at_the_optimizer_step_and_its_evals(tmp_path: Path) -> None:
+    losses = _curve(40, seed=11, spike_at=30)
+    lines = ["Measured TFLOPs: 123.45"]
+    for i, loss in enumerate(losses):
+        step = i + 1
+        lines.append(
+            f"Epoch 1 | iter {4 * step} step {step} | loss train: {loss:.3f}, val: n/a | "
+            f"iter time: 512.34 ms (step) remaining time: 0:00:59:00"
+        )
+        if step % 10 == 0:
+            lines.append(f"iter {4 * step}: val loss {loss + 0.05:.4f}, val time: 1234.56 ms")
+    p = _write(tmp_path, "pretrain.txt", lines)
+    s = load(p)
+    assert [r.step for r in s.records] == list(range(1, 41))
+    assert [x for x, _ in zip(*s.values("eval_loss"), strict=True)] == [10, 20, 30, 40]
+    assert s.records[0].loss == pytest.approx(losses[0], abs=1e-3) and s.records[
+        0
+    ].step_time_s == pytest.approx(0.51234)
+    assert ("loss_spike", 31) in _kinds_at(p)
+
+
+def test_nanotron_human_format_suffixes_are_part_of_the_value(tmp_path: Path) -> None:
+    losses = _curve(40, seed=13)
+    lines = []
+    for i, loss in enumerate(losses):
+        norm = "2.5K" if i == 30 else f"{1 + 0.01 * i:.3g}"
+        lines.append(
+            f"[default0]:05/01/2024 12:00:{i:02d} [INFO|DP=0|PP=0|TP=0|ip-10-0-0-1]: "
+            f"iteration: {i + 1} / 40 | consumed_tokens: {131 * (i + 1)}K | tokens_per_sec: 1.06M | "
+            f"lm_loss: {loss:.3g} | lr: 6e-05 | grad_norm: {norm}"
+        )
+    p = _write(tmp_path, "train.log", lines)
+    by_step = {r.step: r for r in load(p).records}
+    assert by_step[31].grad_norm == 2500.0 and by_step[30].grad_norm == pytest.approx(1.29)
+    assert any(k == "grad_explosion" and s == 31 for k, s in _kinds_at(p))
+
+
+def test_deepspeed_pipeline_engine_steps(tmp_path: Path) -> None:
+    losses = _curve(30, seed=17, spike_at=25)
+    lines = []
+    for i, loss in enumerate(losses):
+        lines.append(
+            f"[2024-05-01 12:00:01,123] [INFO] [logging.py:96:log_dist] [Rank 0] "
+            f"step={i + 1}, skipped=0, lr=[6e-05]"
+        )
+        lines.append(f"steps: {i + 1} loss: {loss:.4f} iter time (s): 0.512 samples/sec: 250.100")
+    p = _write(tmp_path, "pipe.log", lines)
+    assert [r.step for r in load(p).records] == list(range(1, 31))
+    assert ("loss_spike", 26) in _kinds_at(p)
+
+
+def test_torchtune_progress_bar_descriptions(tmp_path: Path) -> None:
+    losses = _curve(30, seed=19, spike_at=22)
+    bar = "".join(
+        f"1|{i + 1}|Loss: {loss}:   {i * 3}%|     | {i + 1}/30 [00:01<00:30,  1.95s/it]\r"
+        for i, loss in enumerate(losses)
+    )
+    p = _write(tmp_path, "stdout.txt", ["INFO:torchtune.utils._logging:Model is initialized.", bar])
+    s = load(p)
+    assert [r.step for r in s.records] == list(range(1, 31)) and s.records[4].loss == losses[4]
+    assert ("loss_spike", 23) in _kinds_at(p)
+
+
+def test_fairseq_simple_progress_lines_count_updates(tmp_path: Path) -> None:
+    losses = _curve(30, seed=23)
+    lines = [
+        f"2024-05-01 12:00:05 | INFO | train_inner | epoch 001:    {5 * (i + 1)} / 150 loss={loss:.3f}, "
+        f"ppl=12.1, wps=12345.6, num_updates={5 * (i + 1)}, lr=0.0003, gnorm=2.1, loss_scale=128"
+        for i, loss in enumerate(losses)
+    ]
+    p = _write(tmp_path, "train.log", lines)
+    s = load(p)
+    assert [r.step for r in s.records] == [5 * (i + 1) for i in range(30)] and s.records[0].grad_norm == 2.1
+
+
+def test_coloured_logger_lines(tmp_path: Path) -> None:
+    losses = _curve(30, seed=29, spike_at=20)
+    lines = [
+        f"\x1b[32m2024-05-01 12:00:00\x1b[0m | \x1b[1mINFO    \x1b[0m | "
+        f"\x1b[36m__main__\x1b[0m:\x1b[36mtrain\x1b[0m:"
+        f"\x1b[36m88\x1b[0m - \x1b[1mstep {i + 1} | loss {loss:.4f} | grad_norm 1.2\x1b[0m"
+        for i, loss in enumerate(losses)
+    ]
+    p = _write(tmp_path, "train.log", lines, end="\r\n")
+    assert [r.step for r in load(p).records] == list(range(1, 31))
+    assert ("loss_spike", 21) in _kinds_at(p)
+
+
+# --- compressed logs ---------------------------------------------------------------------------
+
+
+def test_a_gzip_compressed_log_is_read_as_its_content(tmp_path: Path) -> None:
+    losses = _curve(30, seed=31, spike_at=20)
+    p = tmp_path / "train.log.gz"
+    p.write_bytes(
+        gzip.compress("".join(f"step {i + 1} | loss {x:.4f}\n" for i, x in enumerate(losses)).encode())
+    )
+    s = load(p)
+    assert s.format == "text_log" and s.path == str(p) and detect_format(p) == "text_log"
+    assert ("loss_spike", 21) in _kinds_at(p)
+
+
+def test_a_corrupt_gzip_file_says_so(tmp_path: Path) -> None:
+    p = tmp_path / "train.log.gz"
+    p.write_bytes(gzip.compress(b"step 1 | loss 2.0\n" * 50)[:30])
+    with pytest.raises(UnreadableLog, match="corrupt gzip"):
+        load(p)
