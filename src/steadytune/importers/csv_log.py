@@ -1,26 +1,56 @@
-"""CSV (or TSV) with a step column: W&B "Export CSV", pandas dumps, hand-made tables.
+"""CSV (or TSV) with a step column: W&B exports, Lightning ``metrics.csv``, pandas dumps, hand-made tables.
 
 W&B chart exports name columns ``<run> - train/loss`` and add ``__MIN`` /
 ``__MAX`` band columns; the run prefix is dropped and the bands are ignored.
-Empty cells are missing values.
+Empty cells are missing values, so a row that holds only another metric (a
+Lightning validation row, a W&B eval row) adds nothing to the loss; rows of
+the same step merge.
+
+The step is the trainer's (``train/global_step``, ``step``, ...), not W&B's
+``_step``, which counts log calls: an HF run logging every 10 steps and
+evaluating now and then has ``_step`` 51 at ``train/global_step`` 500.
 """
 
 from __future__ import annotations
 
 import csv
+import math
 from pathlib import Path
 
-from steadytune.importers.series import Series, SeriesBuilder, UnreadableLog, parse_number
+from steadytune.importers.series import ALIASES, Series, SeriesBuilder, UnreadableLog, parse_number
 
 FORMAT = "csv"
+# Most preferred first; ``_step`` last, used only when no trainer step is there.
 STEP_COLUMNS = (
-    "step",
-    "_step",
-    "global_step",
     "train/global_step",
+    "global_step",
     "trainer/global_step",
+    "step",
     "iteration",
     "iter",
+    "_step",
+)
+# Training loss names, most preferred first. Lightning's ``self.log("train_loss", on_step=True,
+# on_epoch=True)`` writes ``train_loss_step`` and ``train_loss_epoch``: the ``_epoch`` mean is
+# another series and stays out, kept under its own name.
+LOSS_COLUMNS = (
+    "loss",
+    "train_loss",
+    "train/loss",
+    "train_loss_step",
+    "training_loss",
+    "train/loss_step",
+    "loss_step",
+)
+# Evaluation loss names; Lightning's ``val_loss_epoch`` is the epoch mean, the eval loss itself.
+EVAL_LOSS_COLUMNS = (
+    "val_loss",
+    "val/loss",
+    "eval_loss",
+    "eval/loss",
+    "valid_loss",
+    "validation_loss",
+    "val_loss_epoch",
 )
 
 
@@ -41,6 +71,39 @@ def _metric(column: str) -> str | None:
     return name
 
 
+def _pick(names: list[str | None], preferred: tuple[str, ...], role: str) -> int | None:
+    """The column for ``role``: the first preferred name there, else the first one aliased to it."""
+    lowered = [n.lower() if n else None for n in names]
+    for candidate in preferred:
+        if candidate in lowered:
+            return lowered.index(candidate)
+    return next((i for i, n in enumerate(names) if n and ALIASES.get(n) == role), None)
+
+
+def column_metrics(header: list[str], step_col: int) -> list[str | None]:
+    """The metric each column feeds (None: left out), with one column each for loss and eval_loss.
+
+    Other step counters are left out: they are not metrics. A column the builder would alias
+    onto loss or eval_loss but that was not chosen for it is left out too, or two series
+    would interleave under one name.
+    """
+    names = [_metric(h) for h in header]
+    names[step_col] = None
+    chosen = {
+        _pick(names, LOSS_COLUMNS, "loss"): "loss",
+        _pick(names, EVAL_LOSS_COLUMNS, "eval_loss"): "eval_loss",
+    }
+    out: list[str | None] = []
+    for i, name in enumerate(names):
+        if i in chosen:
+            out.append(chosen[i])
+        elif name is None or name.lower() in STEP_COLUMNS or ALIASES.get(name) in ("loss", "eval_loss"):
+            out.append(None)
+        else:
+            out.append(name)
+    return out
+
+
 def sniff(head: str) -> bool:
     first = head.splitlines()[0] if head else ""
     for delim in (",", "\t"):
@@ -59,16 +122,16 @@ def read(path: Path) -> Series:
     col = step_column(header)
     if col is None:
         raise UnreadableLog(f"CSV has no step column (looked for {', '.join(STEP_COLUMNS)})")
-    metrics = [_metric(h) for h in header]
+    metrics = column_metrics(header, col)
     b = SeriesBuilder(str(path), FORMAT)
     for row in rows:
         if len(row) <= col:
             continue
         step = parse_number(row[col])
-        if step is None or step != step:
+        if step is None or not math.isfinite(step):
             continue
         for i, cell in enumerate(row):
             name = metrics[i] if i < len(metrics) else None
-            if i != col and name:
+            if name:
                 b.add(int(step), name, parse_number(cell))
     return b.build(require=("loss", "eval_loss", "grad_norm"))

@@ -1,0 +1,137 @@
+"""CSV layouts other tools write, each generated in the test by a seeded loop: Lightning's
+CSVLogger ``metrics.csv`` and W&B history exports."""
+
+from __future__ import annotations
+
+import csv
+import math
+import random
+from pathlib import Path
+
+from steadytune.detect.offline import replay
+from steadytune.importers import load
+
+SPIKE_AT = 50
+
+
+def _curve(n: int, seed: int, start: float = 10.9, end: float = 2.3) -> list[float]:
+    """A falling loss with 1% noise and one spike, three times the loss, at ``SPIKE_AT``."""
+    rng = random.Random(seed)
+    losses = [end + (start - end) * math.exp(-i / (n / 6)) * (1 + 0.01 * rng.gauss(0, 1)) for i in range(n)]
+    losses[SPIKE_AT] *= 3
+    return losses
+
+
+def _write(path: Path, header: list[str], rows: list[dict[str, object]]) -> Path:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=header)  # absent keys are blank cells, as Lightning leaves them
+        w.writeheader()
+        w.writerows(rows)
+    return path
+
+
+def _spike_steps(path: Path) -> list[int]:
+    return [a.start_step for a in replay(load(path).records).anomalies if a.metric == "loss"]
+
+
+def _lightning(path: Path, losses: list[float], per_epoch: int, on_epoch: bool) -> Path:
+    """metrics.csv of ``self.log("train_loss", ...)`` each step and ``self.log("val_loss", ...)``
+    after each epoch: one row per call, other metrics blank; with ``on_epoch`` Lightning writes
+    ``train_loss_step`` and an epoch mean ``train_loss_epoch`` row."""
+    train = "train_loss_step" if on_epoch else "train_loss"
+    header = ["epoch", "step", *(["train_loss_epoch"] if on_epoch else []), train, "val_loss"]
+    rows: list[dict[str, object]] = []
+    for step, loss in enumerate(losses):
+        epoch = step // per_epoch
+        rows.append({"epoch": epoch, "step": step, train: loss})
+        if (step + 1) % per_epoch == 0:
+            rows.append({"epoch": epoch, "step": step, "val_loss": loss * 1.02})
+            if on_epoch:
+                mean = sum(losses[step + 1 - per_epoch : step + 1]) / per_epoch
+                rows.append({"epoch": epoch, "step": step, "train_loss_epoch": mean})
+    return _write(path, header, rows)
+
+
+def test_lightning_train_loss_is_the_loss_and_val_rows_merge_into_their_step(tmp_path: Path) -> None:
+    losses = _curve(60, seed=3)
+    p = _lightning(tmp_path / "metrics.csv", losses, per_epoch=20, on_epoch=False)
+    s = load(p)
+    assert s.steps == 60 and "train_loss" not in s.metrics
+    assert s.values("loss") == (list(range(60)), losses)
+    assert s.values("eval_loss") == ([19, 39, 59], [losses[i] * 1.02 for i in (19, 39, 59)])
+    assert _spike_steps(p) == [SPIKE_AT]
+
+
+def test_lightning_on_step_on_epoch_keeps_the_epoch_mean_out_of_the_loss(tmp_path: Path) -> None:
+    losses = _curve(60, seed=4)
+    p = _lightning(tmp_path / "metrics.csv", losses, per_epoch=20, on_epoch=True)
+    s = load(p)
+    assert s.values("loss") == (list(range(60)), losses)
+    assert s.values("train_loss_epoch")[0] == [19, 39, 59]
+    assert _spike_steps(p) == [SPIKE_AT]
+
+
+def test_wandb_history_of_an_hf_run_is_stepped_by_the_trainer_not_by_log_calls(tmp_path: Path) -> None:
+    """HF logs every 10 steps and evaluates every 200; each is a W&B log call counted by ``_step``."""
+    losses = _curve(60, seed=5)
+    rng = random.Random(5)
+    header = [
+        "_step",
+        "_runtime",
+        "_timestamp",
+        "train/loss",
+        "train/grad_norm",
+        "train/learning_rate",
+        "train/epoch",
+        "train/global_step",
+        "eval/loss",
+    ]
+    rows: list[dict[str, object]] = []
+    for i, loss in enumerate(losses):
+        gstep = 10 * (i + 1)
+        common = {"_runtime": 3.0 * len(rows), "_timestamp": 1_700_000_000 + 3 * len(rows)}
+        rows.append(
+            {
+                "_step": len(rows),
+                **common,
+                "train/loss": loss,
+                "train/grad_norm": 1 + 0.1 * rng.random(),
+                "train/learning_rate": 3e-4,
+                "train/epoch": gstep / 200,
+                "train/global_step": gstep,
+            }
+        )
+        if gstep % 200 == 0:
+            row = {"_step": len(rows), **common, "train/epoch": gstep / 200, "train/global_step": gstep}
+            rows.append({**row, "eval/loss": loss * 1.02})
+    p = _write(tmp_path / "history.csv", header, rows)
+    s = load(p)
+    steps = [10 * (i + 1) for i in range(60)]
+    assert s.steps == 60 and "_step" not in s.metrics
+    assert s.values("loss") == (steps, losses)
+    assert s.values("eval_loss") == ([200, 400, 600], [losses[i] * 1.02 for i in (19, 39, 59)])
+    assert _spike_steps(p) == [10 * (SPIKE_AT + 1)]
+
+
+def test_step_column_prefers_the_trainer_step_and_falls_back_to_wandb_step(tmp_path: Path) -> None:
+    p = tmp_path / "a.csv"
+    p.write_text("_step,trainer/global_step,loss\n0,5,2.0\n1,5,\n2,10,1.9\n")
+    assert [(r.step, r.loss) for r in load(p).records] == [(5, 2.0), (10, 1.9)]
+    p.write_text("_step,loss\n0,2.0\n1,1.9\n")
+    assert [(r.step, r.loss) for r in load(p).records] == [(0, 2.0), (1, 1.9)]
+
+
+def test_one_column_each_feeds_loss_and_eval_loss_in_order_of_preference(tmp_path: Path) -> None:
+    p = tmp_path / "a.csv"
+    p.write_text(
+        "step,train/loss,train_loss_step,train/train_loss,val_loss_epoch,eval_loss\n"
+        "1,2.0,9.0,,,\n2,1.9,9.0,,3.0,2.1\n3,,,1.95,,\n"
+    )
+    s = load(p)
+    assert s.values("loss") == ([1, 2], [2.0, 1.9])  # train_loss_step is not interleaved into it
+    assert s.values("eval_loss") == ([2], [2.1])
+    assert (s.values("train/train_loss"), s.values("val_loss_epoch")) == (([3], [1.95]), ([2], [3.0]))
+    assert "train_loss_step" not in s.metrics
+    # A name only the shared aliases know is still taken when no preferred one is there.
+    p.write_text("iteration,lm loss,validation loss\n1,2.0,\n2,1.9,2.2\n")
+    assert [(r.step, r.loss, r.eval_loss) for r in load(p).records] == [(1, 2.0, None), (2, 1.9, 2.2)]
