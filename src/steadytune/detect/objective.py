@@ -28,8 +28,10 @@ _REWARD_KEYS = (
     "objective/scores",
     "env/reward_mean",
     "rewards",
+    "critic/score/mean",  # verl: the task's score, before any KL penalty
+    "critic/rewards/mean",
 )
-_KL_KEYS = ("kl", "objective/kl", "train/kl", "policy/kl", "actor/kl_loss")
+_KL_KEYS = ("kl", "objective/kl", "train/kl", "policy/kl", "actor/kl_loss", "critic/kl")
 _MIN_GAIN_SIGMAS = 4.0
 
 

@@ -10,6 +10,8 @@ Formats, in the order they are tried (a file is the first one it fits):
 - ``llamafactory_trainer_log``: LLaMA-Factory ``trainer_log.jsonl``;
 - ``megatron_golden_values``: Megatron golden-values JSON;
 - ``jsonl_log``: JSON lines with a step and a loss, typed (``{"type": "eval", ...}``) or not;
+- ``composer_console``: MosaicML Composer / llm-foundry stdout, ``[batch=N/M]:`` then
+  ``Train loss/train/total: X`` lines;
 - ``megatron_text``: Megatron/DeepSpeed ``iteration N/ M | lm loss: X |`` lines;
 - ``llmc_log``: llm.c ``main.log``, ``s:N trl:X`` / ``s:N tel:X``;
 - ``llmc_stdout``: llm.c's ``step N/M | train loss X | norm Y | lr Z | T ms`` and ``val loss X``;
@@ -43,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from steadytune.importers import (
+    composer,
     csv_log,
     dict_log,
     hf_state,
@@ -66,6 +69,7 @@ FORMATS: tuple[str, ...] = (
     rundir.FORMAT,
     csv_log.FORMAT,
     tensorboard.FORMAT,
+    composer.FORMAT,
     megatron_text.FORMAT,
     megatron_golden.FORMAT,
     jsonl_log.FORMAT,
@@ -79,6 +83,7 @@ FORMATS: tuple[str, ...] = (
 
 # Text layouts, most specific first; the generic text log comes last.
 _TEXT_SNIFFERS = (
+    (composer.FORMAT, composer.sniff),
     (megatron_text.FORMAT, megatron_text.sniff),
     (llmc.FORMAT, llmc.sniff),
     (llmc.FORMAT_STDOUT, llmc.sniff_stdout),
@@ -264,6 +269,7 @@ def _load(path: Path, fmt: str | None) -> Series:
         rundir.FORMAT: rundir.read,
         csv_log.FORMAT: csv_log.read,
         tensorboard.FORMAT: tensorboard.read,
+        composer.FORMAT: composer.read,
         megatron_text.FORMAT: megatron_text.read,
         megatron_golden.FORMAT: megatron_golden.read,
         jsonl_log.FORMAT: jsonl_log.read,

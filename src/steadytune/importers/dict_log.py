@@ -7,12 +7,15 @@ Examples of what is read::
      25%|██▌       | 5/20 [00:03<00:09, 1.6it/s]{'loss': 2.3, ...}                    after a progress bar
     [rank0]: {'eval_loss': 2.1, 'eval_runtime': 3.2, 'epoch': 1.0}                  an evaluation
     2024-05-01 12:00:05 | INFO | train_inner | {"epoch": 1, "num_updates": "5", "loss": "7.9"}   fairseq
+    step:12 - actor/pg_loss:0.009 - actor/kl_loss:0.001 - actor/grad_norm:3.7 - critic/score/mean:0.21   verl
 
 The rules:
 
 - A record is a ``{...}`` at the end of a line (after its launcher/logger prefix and any
   progress bar drawn on the same line with ``\\r``), Python or JSON, holding a ``loss``,
-  ``train_loss`` or ``eval_loss``; numbers written as strings are numbers.
+  ``train_loss`` or ``eval_loss``; numbers written as strings are numbers. verl's console
+  logger writes its dict as ``step:N - key:value - key:value``; its policy loss
+  (``actor/pg_loss``) and grad norm are read as the loss and the grad norm (series.ALIASES).
 - The step is the dict's own (:data:`STEP_KEYS`), else a ``step N`` the line names before
   it, else the count of the HF Trainer's progress bar (``5/20``) when it has moved on since
   the last record, else one more than the last record's: the Trainer prints its dict right
@@ -34,13 +37,15 @@ import re
 from pathlib import Path
 
 from steadytune.importers.prefix import LowestRank, strip_prefix
-from steadytune.importers.series import Series, SeriesBuilder, UnreadableLog
+from steadytune.importers.series import ALIASES, Series, SeriesBuilder, UnreadableLog
 
 FORMAT = "dict_log"
 MIN_RECORDS = 3
 STEP_KEYS = ("step", "global_step", "num_updates", "iteration", "iter", "current_steps")
 LOOKED_FOR = "lines ending in a dict with a loss ({'loss': 2.3, ...} or {\"loss\": 2.3, ...})"
 
+# verl's console logger: "step:1 - actor/pg_loss:0.009 - actor/grad_norm:3.7 - ..." (no braces).
+_KV_LINE = re.compile(r"^step:\s*\d+(?:\s+-\s+[^\s:][^:]*:\s*\S+)+\s*$")
 _LOG_DICT = re.compile(r"""(\{[^{}]*['"](?:loss|train_loss|eval_loss)['"][^{}]*\})\s*$""")
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 # The Trainer's own progress bar has no description: "  25%|██▌       | 5/20 [00:00<00:00, 17.94it/s]".
@@ -74,6 +79,23 @@ def _literal(text: str) -> object:
         return ast.literal_eval(text)  # literals only: nothing in a log is ever run
     except (ValueError, SyntaxError, MemoryError, RecursionError):
         return None
+
+
+def _kv_line(line: str) -> dict[str, float] | None:
+    """The numbers of a ``step:N - key:value - ...`` line (verl); None if it is not one."""
+    if not line.startswith("step:") and "step:" not in line[:80]:
+        return None
+    text = strip_prefix(line)[1]
+    if not _KV_LINE.match(text):
+        return None
+    out: dict[str, float] = {}
+    for pair in text.split(" - "):
+        key, _, raw = pair.strip().rpartition(":")
+        try:
+            out[key] = float(raw)
+        except ValueError:
+            continue
+    return out
 
 
 def parse_log_line(line: str) -> dict[str, float] | None:
@@ -167,13 +189,17 @@ def _records(lines: list[str]) -> list[tuple[int | None, int, dict[str, float]]]
     out = []
     for line in lines:
         if "{" not in line:
-            if "it/s" in line or "s/it" in line:
-                steps.see_bar(line)
-            continue
-        steps.see_bar(line[: line.rfind("{")])
-        values = parse_log_line(line)
+            values = _kv_line(line)
+            if values is None:
+                if "it/s" in line or "s/it" in line:
+                    steps.see_bar(line)
+                continue
+        else:
+            steps.see_bar(line[: line.rfind("{")])
+            values = parse_log_line(line)
         if values is None:
             continue
+        values = {ALIASES.get(k, k): v for k, v in values.items()}
         if "train_loss" in values and "loss" not in values and _own_step(values) is not None:
             values["loss"] = values.pop("train_loss")  # a script's own dict, not the Trainer's summary
         elif is_summary(values):
@@ -188,8 +214,8 @@ def _records(lines: list[str]) -> list[tuple[int | None, int, dict[str, float]]]
 def sniff(head: str) -> bool:
     count = 0
     for line in head.splitlines()[:2000]:
-        if "loss" in line and "{" in line:
-            values = parse_log_line(line)
+        if "loss" in line:
+            values = parse_log_line(line) if "{" in line else _kv_line(line)
             if values is not None and not is_summary(values):
                 count += 1
                 if count >= MIN_RECORDS:

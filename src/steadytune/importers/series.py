@@ -56,6 +56,9 @@ ALIASES: dict[str, str] = {
     "grad-norm": "grad_norm",
     "gradient_norm": "grad_norm",
     "gnorm": "grad_norm",
+    "actor/grad_norm": "grad_norm",  # verl
+    "actor/pg_loss": "loss",  # verl's policy-gradient loss: an RL loss, judged only for NaN/Inf
+    "actor/lr": "lr",
     "learning_rate": "lr",
     "train/learning_rate": "lr",
     "learning rate": "lr",

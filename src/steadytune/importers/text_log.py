@@ -56,7 +56,7 @@ LOOKED_FOR = (
 _NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:e[-+]?\d+)?|[-+]?(?:nan|inf)\b"
 _STEP = re.compile(
     r"(?<![\w.-])(?P<key>global[ _]step|step|num[ _]updates|iteration|iter|steps(?=\s*:))"
-    r"\s*(?:[:=#]\s*|\s+)?\[?\s*(\d+)(?![\d.])(?:\s*/\s*(\d+))?",
+    r"\s*(?:[:=#]\s*|\s+)?\[?\s*(\d+)(?:\.0+)?(?![\d.])(?:\s*/\s*(\d+))?",
     re.I,
 )
 # torchtune's progress bar: "1|12|Loss: 2.34" is epoch|global step|loss.
@@ -65,7 +65,9 @@ _BRACKET = re.compile(r"\[\s*(\d+)\s*/\s*(\d+)\s*\]")
 _AFTER_EPOCH = re.compile(r"epoch\s*[:=]?\s*$", re.I)
 _KEYS = {
     "eval_loss": r"(?:val(?:id(?:ation)?)?|eval(?:uation)?|test|dev)[ _/-]?loss",
-    "loss": r"(?:train(?:ing)?[ _/-]?|lm[ _-]?|avg[ _-]?|mean[ _-]?|total[ _-]?)?loss(?:[ _]train)?",
+    # NeMo's reduced_train_loss; LitGPT's "loss train: X".
+    "loss": r"(?:reduced[ _])?(?:train(?:ing)?[ _/-]?|lm[ _-]?|avg[ _-]?|mean[ _-]?|total[ _-]?)?loss"
+    r"(?:[ _]train)?",
     "grad_norm": r"grad(?:ient)?s?[ _-]?norm|gnorm|(?<![a-z] )norm",
     "lr": r"lr|learning[ _-]?rate",
     "epoch": r"epoch",

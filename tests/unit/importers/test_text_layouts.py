@@ -224,7 +224,7 @@ def test_text_that_is_not_a_log_says_what_was_looked_for(tmp_path: Path, text: s
     with pytest.raises(UnreadableLog) as e:
         load(p)
     msg = str(e.value)
-    assert reason in msg and "formats tried: megatron_text, llmc_log" in msg and "text_log" in msg
+    assert reason in msg and "formats tried: composer_console, megatron_text" in msg and "dict_log" in msg
     assert "\n" not in msg
 
 

@@ -232,3 +232,63 @@ def test_a_corrupt_gzip_file_says_so(tmp_path: Path) -> None:
     p.write_bytes(gzip.compress(b"step 1 | loss 2.0\n" * 50)[:30])
     with pytest.raises(UnreadableLog, match="corrupt gzip"):
         load(p)
+
+
+def test_verl_console_lines_are_an_rl_log_judged_on_its_reward_and_kl(tmp_path: Path) -> None:
+    rng = random.Random(37)
+    lines = []
+    for i in range(40):
+        score = 0.2 + 0.015 * i if i < 28 else 0.0  # the policy stops solving the task
+        lines.append(
+            f"step:{i + 1} - actor/entropy:0.49 - actor/pg_loss:{0.01 * rng.gauss(0, 1)} - "
+            f"actor/kl_loss:{0.001 * (i + 1)} - actor/grad_norm:{3 + rng.random()} - actor/lr:1e-06 - "
+            f"critic/score/mean:{score} - critic/rewards/mean:{score} - timing_s/step:45.2"
+        )
+    p = _write(tmp_path, "verl.log", lines)
+    s = load(p)
+    assert s.format == "dict_log" and [r.step for r in s.records] == list(range(1, 41))
+    assert s.records[0].grad_norm is not None and s.records[0].lr == 1e-06
+    found = detect(s.records)
+    assert [a.kind for a in found] == ["reward_collapse"]
+
+
+def test_composer_console_headers_and_metric_lines(tmp_path: Path) -> None:
+    losses = _curve(30, seed=41, spike_at=20)
+    lines = [
+        "******************************",
+        "Config:",
+        "max_seq_len: 2048",
+        "******************************",
+    ]
+    for i, loss in enumerate(losses):
+        lines += [
+            f"[epoch=1][batch={i + 1}/30]:",
+            f"\t Train time/batch: {i}",
+            f"\t Train loss/train/total: {loss:.4f}",
+            f"\t Train metrics/train/LanguageCrossEntropy: {loss:.4f}",
+            "\t Train lr-DecoupledAdamW/group0: 0.0001",
+            f"\t Train l2_norm/grad/global: {1.5 - 0.01 * i:.4f}",
+        ]
+        if (i + 1) % 10 == 0:
+            lines += [
+                "[Eval batch=1/4] Eval on eval data",
+                f"\t Eval metrics/eval/LanguageCrossEntropy: {loss + 0.1:.4f}",
+            ]
+    p = _write(tmp_path, "console.log", lines)
+    s = load(p)
+    assert s.format == "composer_console" and [r.step for r in s.records] == list(range(1, 31))
+    assert s.records[0].grad_norm == 1.5 and s.records[0].lr == 0.0001
+    assert [x for x, _ in zip(*s.values("eval_loss"), strict=True)] == [10, 20, 30]
+    assert ("loss_spike", 21) in _kinds_at(p)
+
+
+def test_nemo1_progress_bar_postfix(tmp_path: Path) -> None:
+    losses = _curve(30, seed=43, spike_at=20)
+    bar = "".join(
+        f"\rEpoch 0:  {3 * i}%|#   | {i + 1}/30 [00:01<00:30, 1.95it/s, v_num=0, reduced_train_loss={x:.3f}, "
+        f"global_step={float(i)}, consumed_samples={32.0 * (i + 1)}, train_step_timing in s=0.457]"
+        for i, x in enumerate(losses)
+    )
+    p = _write(tmp_path, "nemo.log", [bar])
+    assert [r.step for r in load(p).records] == list(range(30))  # NeMo counts its global step from 0
+    assert ("loss_spike", 20) in _kinds_at(p)
