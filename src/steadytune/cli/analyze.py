@@ -1,9 +1,10 @@
 """``steadytune analyze PATH...``: detect anomalies in any run's logs, even runs steadytune never saw.
 
 Each path is read by the importer its content calls for (HF trainer_state.json,
-LLaMA-Factory trainer_log.jsonl, a steadytune run directory, CSV, TensorBoard,
-Megatron text logs and golden values, llm.c and build-nanoGPT logs, JSON lines,
-any text log with step and loss lines) and replayed through the live detectors.
+LLaMA-Factory trainer_log.jsonl, trainers' printed log dicts, a steadytune run directory,
+CSV, TensorBoard, Megatron text logs and golden values, Composer console logs, llm.c and
+build-nanoGPT logs, JSON lines, any text log with step and loss lines) and replayed
+through the live detectors.
 A folder that is not itself a log (a run directory, a checkpoint, TensorBoard
 events) stands for the files in it. A file that cannot be read gets a one-line
 reason, on stderr and under ``unreadable`` in the JSON, and the others go on.
@@ -37,10 +38,13 @@ def register(sub: Any) -> None:
         description=(
             "Detect NaN, spikes, divergence, collapse, plateaus, oscillation, gradient and memory "
             "trouble in training logs: HF trainer_state.json, LLaMA-Factory trainer_log.jsonl, "
-            "steadytune run directories, CSV (W&B export), TensorBoard event files, Megatron/DeepSpeed "
-            "text logs, Megatron golden values, llm.c main.log and stdout, build-nanoGPT log.txt and "
-            "stdout, JSON lines with a step and a loss, and any text log whose lines name a step and a "
-            "loss (torchrun rank and logger prefixes are stripped). A folder that is not a log itself "
+            "the stdout of HF Trainer / TRL / axolotl / LLaMA-Factory runs (printed log dicts), "
+            "steadytune run directories, CSV (W&B, Lightning), TensorBoard event files, Megatron/"
+            "DeepSpeed/NeMo text logs, Megatron golden values, Composer/llm-foundry console logs, verl "
+            "and fairseq logs, llm.c main.log and stdout, build-nanoGPT log.txt and stdout, JSON lines "
+            "with a step and a loss, and any text log whose lines name a step and a loss (LitGPT, "
+            "torchtune, nanotron, ...; torchrun rank and logger prefixes and colour codes are "
+            "stripped, .gz files are read as they are). A folder that is not a log itself "
             "stands for the files in it. RL and preference logs (TRL's DPO, KTO, ORPO, GRPO, RLOO, PPO, "
             "known by their fields) are judged on their reward, KL and grad norm, not by the SFT loss "
             "rules; each file says what it was judged as. Exit code 0 when every file is readable and "

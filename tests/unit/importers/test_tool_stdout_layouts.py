@@ -292,3 +292,10 @@ def test_nemo1_progress_bar_postfix(tmp_path: Path) -> None:
     p = _write(tmp_path, "nemo.log", [bar])
     assert [r.step for r in load(p).records] == list(range(30))  # NeMo counts its global step from 0
     assert ("loss_spike", 20) in _kinds_at(p)
+
+
+def test_every_format_is_in_the_docs_table() -> None:
+    from steadytune.importers import FORMATS
+
+    table = (Path(__file__).resolve().parents[3] / "docs" / "detectors.md").read_text()
+    assert [f for f in FORMATS if f"| `{f}` |" not in table] == []
