@@ -31,6 +31,9 @@ Tried last, after every layout with a reader of its own. The rules:
   shape (the same fields) follow each other with increasing or repeated steps,
   so prose or code that mentions a step and a loss is not taken for one.
 - When several ranks print the same step, the lowest rank's line is kept.
+- Where other lines log the training loss, a line with both a train and an eval loss
+  (nanoGPT's ``step 250: train loss X, val loss Y``) is an evaluation: its train loss
+  is an estimate over eval batches, kept as ``train_loss_estimate``.
 - When the step is written ``N/M`` and restarts as an integer epoch advances
   (``Epoch [2/3], Step [1/500], Loss: 2.1``), it counts batches within an epoch:
   the record's step becomes ``(epoch - first epoch) * M + N``.
@@ -337,9 +340,28 @@ def _parsed(f: Iterable[str]) -> list[Line]:
     return out
 
 
+def _evaluation_estimates(lines: list[Line]) -> list[Line]:
+    """The train loss of an evaluation line kept apart, where other lines log the training loss.
+
+    nanoGPT's ``step 250: train loss 1.91, val loss 2.05`` is an estimate over eval batches
+    with the model in eval mode, not the loss of step 250; at a step no ``iter`` line logged,
+    it would stand in the training series as a point from another distribution.
+    """
+    if not any("loss" in r.fields and "eval_loss" not in r.fields for r in lines):
+        return lines
+    out = []
+    for r in lines:
+        if "loss" in r.fields and "eval_loss" in r.fields:
+            fields = dict(r.fields)
+            fields["train_loss_estimate"] = fields.pop("loss")
+            r = r._replace(fields=fields)
+        out.append(r)
+    return out
+
+
 def read(path: Path) -> Series:
     with open(path, encoding="utf-8", errors="replace") as f:
-        lines = _parsed(f)
+        lines = _evaluation_estimates(_parsed(f))
     b = SeriesBuilder(str(path), FORMAT)
     ranks = LowestRank(b)
     for line in _epoch_steps(lines):

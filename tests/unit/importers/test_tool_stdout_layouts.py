@@ -299,3 +299,17 @@ def test_every_format_is_in_the_docs_table() -> None:
 
     table = (Path(__file__).resolve().parents[3] / "docs" / "detectors.md").read_text()
     assert [f for f in FORMATS if f"| `{f}` |" not in table] == []
+
+
+def test_nanogpt_evaluation_estimates_stay_out_of_the_training_loss(tmp_path: Path) -> None:
+    losses = _curve(100, seed=47)
+    lines = []
+    for i, loss in enumerate(losses):
+        if i % 25 == 0:  # eval_interval 25, log_interval 10: steps 25 and 75 have no iter line
+            lines.append(f"step {i}: train loss {loss * 0.9:.4f}, val loss {loss * 1.05:.4f}")
+        if i % 10 == 0:
+            lines.append(f"iter {i}: loss {loss:.4f}, time 85.30ms, mfu 31.50%")
+    p = _write(tmp_path, "train.txt", lines)
+    s = load(p)
+    assert [x for x, _ in zip(*s.values("loss"), strict=True)] == list(range(0, 100, 10))
+    assert [x for x, _ in zip(*s.values("eval_loss"), strict=True)] == [0, 25, 50, 75]
