@@ -109,6 +109,9 @@ class LossWatch:
         self._last_finite: float | None = None
         # This segment has diverged once: a young baseline after it is no evidence of health.
         self._unstable = False
+        # How far this epoch's points so far sit from the previous epoch's at the same phases.
+        self._season_epoch: int | None = None
+        self._season_offsets: list[float] = []
 
     def observe(
         self, step: int, loss: float, epoch: float | None, out: list[Finding], corroborated: bool = False
@@ -208,6 +211,8 @@ class LossWatch:
                 return self._suspect(step, loss, y, level, out)
         if self._suspects:
             self._suspects.clear()
+        if epoch is not None:
+            self._season_offset_add(y, epoch)
         t.accept(y, epoch)
         ys = self._recent
         ys.append(y)
@@ -287,7 +292,33 @@ class LossWatch:
         ref = self.tracker.seasonal.reference(epoch)
         if ref is None:
             return False
-        return y <= ref + self._seasonal_margin + self._resolve_z * self.tracker.sigma
+        return (
+            y
+            <= ref + self._season_offset(epoch) + self._seasonal_margin + self._resolve_z * self.tracker.sigma
+        )
+
+    def _season_offset_add(self, y: float, epoch: float) -> None:
+        """Note how far an accepted point of this epoch lies from the previous epoch's at its phase."""
+        whole = math.floor(epoch)
+        if whole != self._season_epoch:
+            self._season_epoch, self._season_offsets = whole, []
+        ref = self.tracker.seasonal.reference(epoch)
+        if ref is not None:
+            self._season_offsets.append(y - ref)
+
+    def _season_offset(self, epoch: float) -> float:
+        """How much lower than the previous epoch this one runs, at the phases seen so far (<= 0).
+
+        A sawtooth repeats the previous epoch's shape, a little lower for what was learned: its
+        points track the previous epoch's. A run that learned fast in its first epoch sits far
+        below it at every phase, and the previous epoch's level unlowered would excuse any spike
+        up to it (a 2.6x one-point spike five points into epoch 2 of a run falling 10.2 -> 2.3
+        was explained away as seasonal). The epoch's first point has nothing to go by: 0.
+        """
+        if math.floor(epoch) != self._season_epoch or not self._season_offsets:
+            return 0.0
+        ordered = sorted(self._season_offsets)
+        return min(0.0, ordered[len(ordered) // 2])
 
     def _start_spike(
         self, step: int, loss: float, level: float, threshold: float, out: list[Finding]

@@ -196,6 +196,25 @@ def test_epoch_periodic_sawtooth_is_healthy_with_the_epoch_field(
     assert severe(feed(records(losses, epochs=epoch_of))) == []
 
 
+# A run that learns fast in its first epoch was far higher at every phase of it than it is in the
+# second: the previous epoch's level at the same phase excuses only the jump back up at the restart,
+# not a spike after the new epoch's points came down to the level.
+@pytest.mark.parametrize("epochs", [3, 5])
+@pytest.mark.parametrize("into", [4, 6])
+@pytest.mark.parametrize(
+    shapes.GRID, shapes.grid(noises=(0.005, 0.03), lengths=(60, 120), skip=lambda s, n, length, r: False)
+)
+def test_a_spike_early_in_a_later_epoch_of_a_fast_learning_run_is_a_spike(
+    scale: float, noise: float, length: int, seed: int, epochs: int, into: int
+) -> None:
+    losses = shapes.learning(length, scale, noise, seed, fall=1.5)
+    epoch_of = [epochs * (i + 1) / length for i in range(length)]
+    at = next(i for i, e in enumerate(epoch_of) if e > 1.0) + into
+    losses[at] *= 2.5
+    got = raised(feed(records(losses, epochs=epoch_of)))
+    assert [(a.kind, a.start_step) for a in got] == [("loss_spike", at + 1)]
+
+
 # Without the epoch field the jump back (1.35x: log 0.30) is, honestly, a spike: the field is what
 # explains it. It can be told from noise only where it is well above the spike threshold (7 sigma:
 # noise <= 0.03 puts it at 10 sigma or more) and where an epoch holds 100 points or more (the 1200-point
