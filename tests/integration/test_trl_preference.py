@@ -202,8 +202,8 @@ def test_trl_grpo_whose_kl_blows_up_under_supervise_inject_is_flagged_on_the_ste
 def test_trl_dpo_at_an_lr_far_too_high_is_a_grad_explosion_in_analyze(
     tmp_path: Path, demo_assets: Path
 ) -> None:
-    """At LR 3.0 TRL's DPO wrecks the demo model in its first update: the grad norm goes from 1.8 to
-    several hundred at the third step and the loss from ln 2 to tens and hundreds."""
+    """At LR 3.0 TRL's DPO wrecks the demo model in its first update: the grad norm goes from about 1.5
+    to over a hundred at the second step and stays there, the loss from ln 2 to tens and hundreds."""
     steps = 12
     job = trl_job(demo_assets, tmp_path, steps, trainer="dpo", save_steps=steps, logging_steps=1, lr=3.0)
     _run_tool(job)
@@ -213,7 +213,11 @@ def test_trl_dpo_at_an_lr_far_too_high_is_a_grad_explosion_in_analyze(
     assert found["steps"] == len(_logged_steps(state)) == steps
     explosion = next(a for a in found["anomalies"] if a["kind"] == "grad_explosion")
     assert (explosion["severity"], explosion["metric"]) == ("critical", "grad_norm")
-    assert explosion["start_step"] <= 4 and explosion["evidence"]["ratio"] >= 100
+    norms = [e["grad_norm"] for e in json.loads(state.read_text())["log_history"] if "grad_norm" in e]
+    # Dated where the norm left the first one far behind (the spike ratio, 8x), not where the storm
+    # happened to pass 100x: which step that is depends on the numerics of the versions installed.
+    first_jump = 1 + next(i for i, g in enumerate(norms) if g > 8 * norms[0])
+    assert explosion["start_step"] == first_jump <= 4 and explosion["evidence"]["ratio_to_first"] >= 8
     assert not {a["kind"] for a in found["anomalies"]} & LOSS_RULES
     text = subprocess.run([STEADYTUNE, "analyze", str(state)], capture_output=True, text=True, timeout=120)
     assert "judged as preference (DPO)" in text.stdout and "grad_explosion" in text.stdout, text.stdout

@@ -67,6 +67,7 @@ class GradWatch:
         self._established: float | None = None
         self._start: float | None = None  # log of the run's first positive norm
         self._low = 0
+        self._held: list[int] = []  # steps held back over a one-point baseline, in a row
 
     @property
     def spike_jump(self) -> float:
@@ -96,6 +97,7 @@ class GradWatch:
         new_segment = t.begin(step, self._gap_factor)
         if new_segment:
             self._end_spike(out, step)
+            self._held.clear()
         if g <= 0.0:
             self._vanishing(step, g, None, out)
             return
@@ -109,7 +111,12 @@ class GradWatch:
         over_start = y - self._start > self._explode_jump
         # One point is too young a baseline to judge a spike by, but not an explosion.
         exploding = over_start or y - t.level > self._explode_jump
-        judged = t.n_level >= _MIN_BASELINE or (t.n_level > 0 and exploding)
+        young = 0 < t.n_level < _MIN_BASELINE and not self._spike_points
+        if young and y - t.level > self._min_jump:
+            self._hold(step, g, y, exploding, out)
+            return
+        self._held.clear()
+        judged = t.n_level >= _MIN_BASELINE or self._spike_points > 0
         if judged and self._spike(step, g, y, loss_spiking, over_start, out):
             return
         t.accept(y)
@@ -170,6 +177,38 @@ class GradWatch:
         if loss_spiking or jump > self._explode_jump or over_start:
             self._explode(step, g, y, jump, out)
         return True
+
+    def _hold(self, step: int, g: float, y: float, exploding: bool, out: list[Finding]) -> None:
+        """A jump past the spike ratio over a one-point baseline: held out of the level.
+
+        One point cannot tell a fat-tailed batch from a wrecked model, so a lone jump raises
+        nothing; but it must not become the baseline either, or a storm that begins at the
+        second step drags the level up with it and every later jump looks small (real ``trl
+        dpo`` at LR 3.0: 1.5 -> 122 -> 144 -> 82 -> 488, nothing raised before the fifth step).
+        ``explosion_points`` such points in a row are an explosion from the first of them, as a
+        spike still up after that many points is: healthy runs stay within a few times their
+        first norm (docs/detectors.md). One ``explosion_ratio`` over the level or the first norm
+        (``exploding``) is one at once.
+        """
+        self._held.append(step)
+        if len(self._held) < self._explosion_points and not exploding:
+            return
+        first = self._held[0]
+        jump = y - self.tracker.level
+        self._spike_points = len(self._held)
+        self._held.clear()
+        ev = {
+            "value": rounded(g),
+            "baseline": rounded(math.exp(self.tracker.level)),
+            "ratio": rounded(math.exp(jump), 4),
+            "threshold_ratio": rounded(math.exp(self._min_jump), 4),
+            "points_up": self._spike_points,
+        }
+        if self._start is not None and y - self._start > self._explode_jump:
+            ev["first_norm"] = rounded(math.exp(self._start))
+            ev["ratio_to_first"] = rounded(math.exp(y - self._start), 4)
+        self.rep.report(out, "grad_spike", self.metric, first, True, evidence=ev)
+        self._explode(first, g, y, jump, out)
 
     def _explode(self, step: int, g: float, y: float, jump: float, out: list[Finding]) -> None:
         first = not self.rep.is_on("grad_explosion", self.metric)
