@@ -62,6 +62,7 @@ class GradWatch:
         self._explode_jump = math.log(explosion_ratio)
         self._vanish_log = math.log(vanishing_ratio)
         self._bad = 0
+        self._episode_loss_finite = True
         self._finite_run = 0
         self._spike_points = 0
         self._established: float | None = None
@@ -130,9 +131,13 @@ class GradWatch:
             self._vanishing(step, g, y, out)
 
     def _nonfinite(self, step: int, g: float, loss_finite: bool, out: list[Finding]) -> None:
+        if not self._bad:
+            self._episode_loss_finite = True
         self._bad += 1
         self._finite_run = 0
-        ev = {"value": str(g), "nonfinite_points": self._bad, "loss_finite": loss_finite}
+        # The evidence speaks for the episode: a NaN loss at its first point stays said at its last.
+        self._episode_loss_finite = self._episode_loss_finite and loss_finite
+        ev = {"value": str(g), "nonfinite_points": self._bad, "loss_finite": self._episode_loss_finite}
         self.rep.report(
             out,
             "nonfinite_grad",

@@ -38,6 +38,16 @@ def test_nonfinite_grad_with_nonfinite_loss_is_critical() -> None:
     assert got["nonfinite_grad"].severity == "critical" and got["nan_loss"].start_step == 31
 
 
+def test_a_nonfinite_episode_that_began_with_a_nan_loss_says_so_at_its_end() -> None:
+    # HF: loss and grad norm NaN at one step, the norm NaN for three more with the loss finite again.
+    grads, losses = grad_noise(50), noisy(50, decay=0.05)
+    losses[30] = math.nan
+    for i in range(30, 34):
+        grads[i] = math.nan
+    (episode,) = [a for a in final(records(losses, grads)) if a.kind == "nonfinite_grad"]
+    assert episode.severity == "critical" and episode.evidence["loss_finite"] is False
+
+
 def test_burst_of_skips_is_one_episode_raised_and_resolved_once() -> None:
     grads = grad_noise(60)
     for i in (20, 21, 23, 24):
