@@ -46,6 +46,8 @@ LOOKED_FOR = "lines ending in a dict with a loss ({'loss': 2.3, ...} or {\"loss\
 _KV_LINE = re.compile(r"^step:\s*\d+(?:\s+-\s+[^\s:][^:]*:\s*\S+)+\s*$")
 _LOG_DICT = re.compile(r"""(\{[^{}]*['"](?:loss|train_loss|eval_loss)['"][^{}]*\})\s*$""")
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+# ms-swift prints its step as a string beside the total: 'global_step/max_steps': '10/100'.
+_SWIFT_STEP = re.compile(r"""['"]global_step/max_steps['"]\s*:\s*['"](\d+)/\d+['"]""")
 # The Trainer's own progress bar has no description: "  25%|██▌       | 5/20 [00:00<00:00, 17.94it/s]".
 _TRAIN_BAR = re.compile(r"^\s*\d{1,3}%\|[^|]*\|\s*(\d+)/(\d+)\s*\[[^\]]*(?:it/s|s/it)")
 _ANY_BAR = re.compile(r"\d{1,3}%\|[^|]*\|\s*(\d+)/(\d+)\s*\[[^\]]*(?:it/s|s/it)[^\]]*\]")
@@ -111,7 +113,12 @@ def parse_log_line(line: str) -> dict[str, float] | None:
             break
     if not m:
         return None
-    return _numbers(m.group(1)) or None
+    values = _numbers(m.group(1))
+    if "global_step/max_steps" in m.group(1):
+        swift = _SWIFT_STEP.search(m.group(1))
+        if swift:
+            values["global_step"] = float(swift.group(1))
+    return values or None
 
 
 def is_summary(values: dict[str, float]) -> bool:

@@ -76,6 +76,12 @@ def _step(row: dict[str, Any]) -> int | None:
             return value
         if type(value) is float and value.is_integer():
             return int(value)
+    # ms-swift's logging.jsonl: "global_step/max_steps": "10/100".
+    swift = row.get("global_step/max_steps")
+    if isinstance(swift, str):
+        done, _, _ = swift.partition("/")
+        if done.isdigit():
+            return int(done)
     return None
 
 

@@ -7,6 +7,7 @@ with the wrong steps or values, which is worse (an anomaly at the wrong step, or
 from __future__ import annotations
 
 import gzip
+import json
 import math
 import random
 from pathlib import Path
@@ -313,3 +314,28 @@ def test_nanogpt_evaluation_estimates_stay_out_of_the_training_loss(tmp_path: Pa
     s = load(p)
     assert [x for x, _ in zip(*s.values("loss"), strict=True)] == list(range(0, 100, 10))
     assert [x for x, _ in zip(*s.values("eval_loss"), strict=True)] == [0, 25, 50, 75]
+
+
+@pytest.mark.parametrize("as_json", [False, True])  # its stdout, and its logging.jsonl
+def test_ms_swift_names_its_step_beside_the_total(tmp_path: Path, as_json: bool) -> None:
+    losses = _curve(30, seed=53, spike_at=20)
+    lines = []
+    for i, loss in enumerate(losses):
+        step = 5 * (i + 1)
+        row = {
+            "loss": round(loss, 4),
+            "grad_norm": 1.2,
+            "learning_rate": 1e-4,
+            "memory(GiB)": 17.5,
+            "train_speed(iter/s)": 0.4,
+            "epoch": round(step / 150, 3),
+            "global_step/max_steps": f"{step}/150",
+            "percentage": f"{100 * step / 150:.2f}%",
+            "elapsed_time": "1m 2s",
+        }
+        lines.append(json.dumps(row) if as_json else f"Train: {i * 3}%|#| {step}/150 [00:10<00:50]{row!r}")
+    p = _write(tmp_path, "logging.jsonl" if as_json else "stdout.txt", lines)
+    s = load(p)
+    assert s.format == ("jsonl_log" if as_json else "dict_log")
+    assert [r.step for r in s.records] == [5 * (i + 1) for i in range(30)]
+    assert ("loss_spike", 105) in _kinds_at(p)
