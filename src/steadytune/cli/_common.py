@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 def add_command(
@@ -30,3 +33,19 @@ def fail(message: str, code: int = 1) -> int:
     """Print an error for the user and return the exit code to use."""
     print(f"error: {message}", file=sys.stderr)
     return code
+
+
+def console(**kwargs: Any) -> Console:
+    """A rich Console whose reader leaving early (``steadytune ... | head``) ends the command as
+    every other write does: ``entrypoint`` turns it into exit status 141, no traceback.
+
+    rich's own handler exits with status 1, which says the command failed.
+    """
+    from rich.console import Console
+
+    class _PipeConsole(Console):
+        def on_broken_pipe(self) -> None:
+            self.quiet = True
+            raise BrokenPipeError
+
+    return _PipeConsole(**kwargs)

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from steadytune.cli._common import add_command, fail
+from steadytune.cli._common import add_command, console, fail
 
 EXAMPLE = (
     "steadytune analyze output/trainer_state.json runs/2024-06-01-lora --format json --plot anomalies.png"
@@ -160,11 +160,9 @@ def run(args: argparse.Namespace) -> int:
         }
         print(json.dumps(doc, indent=2))
     else:
-        from rich.console import Console
-
         from steadytune.detect.report import render_text
 
-        render_text(results, Console())
+        render_text(results, console())
     if args.plot:
         from steadytune.detect.report import plot
 

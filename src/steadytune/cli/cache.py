@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from steadytune.cli._common import add_command, fail
+from steadytune.cli._common import console as _console
 
 DESCRIPTION = """\
 Tokenized datasets are cached under $STEADYTUNE_DATA_CACHE (default
@@ -69,7 +70,6 @@ def _row(e: Any, now: float) -> dict[str, Any]:
 
 
 def _print_table(entries: list[Any], now: float, title: str) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     from steadytune.estimate import format_bytes
@@ -88,9 +88,9 @@ def _print_table(entries: list[Any], now: float, title: str) -> None:
             str(e.max_seq_length or "?"),
             e.source or "? (built before meta.json)",
         )
-    console = Console(highlight=False)
+    console = _console(highlight=False)
     if not console.is_terminal:
-        console = Console(highlight=False, width=160)
+        console = _console(highlight=False, width=160)
     console.print(table)
 
 

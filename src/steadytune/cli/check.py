@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from steadytune.cli._common import add_command
+from steadytune.cli._common import console as _console
 
 EXAMPLE = "steadytune check examples/check-llama-3.1-8b.yaml --device-memory 80GiB"
 
@@ -142,13 +143,11 @@ def main(args: argparse.Namespace) -> int:
             doc["verdict"] = "go" if doc["go"] else "no-go"
         print(json.dumps(doc))
     else:
-        from rich.console import Console
-
         from steadytune.preflight.render import print_report
 
-        console = Console(highlight=False)
+        console = _console(highlight=False)
         if not console.is_terminal:
-            console = Console(highlight=False, width=160)  # logs and pipes: no terminal width to follow
+            console = _console(highlight=False, width=160)  # logs and pipes: no terminal width to follow
         print_report(report, console)
         if quant is not None:
             print()

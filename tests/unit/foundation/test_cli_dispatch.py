@@ -48,7 +48,8 @@ def test_an_unknown_word_lists_every_command(capsys: pytest.CaptureFixture[str])
     assert "analyze" in capsys.readouterr().err
 
 
-def test_a_reader_that_leaves_early_gets_no_traceback(tmp_path: Path) -> None:
+@pytest.mark.parametrize("fmt", ["json", "text"])  # print, and a rich Console
+def test_a_reader_that_leaves_early_gets_no_traceback(tmp_path: Path, fmt: str) -> None:
     # `steadytune ... | head -1`: the pipe's read end is gone before the CLI writes. The command
     # reads a log the test writes, so it depends on nothing a machine may or may not have.
     log = tmp_path / "train.log"
@@ -59,7 +60,7 @@ def test_a_reader_that_leaves_early_gets_no_traceback(tmp_path: Path) -> None:
         "import sys; from steadytune.cli.main import entrypoint; sys.argv[0] = 'steadytune'; entrypoint()"
     )
     proc = subprocess.run(
-        [sys.executable, "-c", script, "analyze", "--format", "json", str(log)],
+        [sys.executable, "-c", script, "analyze", "--format", fmt, str(log)],
         stdout=write,
         stderr=subprocess.PIPE,
         text=True,
