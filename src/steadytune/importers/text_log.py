@@ -65,11 +65,14 @@ _STEP = re.compile(
 # torchtune's progress bar: "1|12|Loss: 2.34" is epoch|global step|loss.
 _TUNE = re.compile(r"^\s*\d+\|(\d+)\|()(?=\s*loss\b)", re.I)
 _BRACKET = re.compile(r"\[\s*(\d+)\s*/\s*(\d+)\s*\]")
+# A tqdm bar's count, when its postfix carries the loss (Lightning's "Epoch 0: 10%|█ | 10/100
+# [00:01<00:09, 9.5it/s, v_num=0, train_loss=2.3]"): batches done, and the total.
+_BAR = re.compile(r"\|\s*(\d+)/(\d+)\s*\[[^\]]*?(?:it/s|s/it)")
 _AFTER_EPOCH = re.compile(r"epoch\s*[:=]?\s*$", re.I)
 _KEYS = {
     "eval_loss": r"(?:val(?:id(?:ation)?)?|eval(?:uation)?|test|dev)[ _/-]?loss",
-    # NeMo's reduced_train_loss; LitGPT's "loss train: X".
-    "loss": r"(?:reduced[ _])?(?:train(?:ing)?[ _/-]?|lm[ _-]?|avg[ _-]?|mean[ _-]?|total[ _-]?)?loss"
+    # NeMo's reduced_train_loss, OpenRLHF's gpt_loss; LitGPT's "loss train: X".
+    "loss": r"(?:reduced[ _]|gpt[ _])?(?:train(?:ing)?[ _/-]?|lm[ _-]?|avg[ _-]?|mean[ _-]?|total[ _-]?)?loss"
     r"(?:[ _]train)?",
     "grad_norm": r"grad(?:ient)?s?[ _-]?norm|gnorm|(?<![a-z] )norm",
     "lr": r"lr|learning[ _-]?rate",
@@ -103,10 +106,11 @@ class Line(NamedTuple):
 
 
 def _find_step(text: str) -> re.Match[str] | None:
-    """The step's match: group 2 the step, group 3 the ``M`` of ``N/M``.
+    """The step's match: its last two groups are the step and the ``M`` of ``N/M`` (or empty).
 
     A line that names both an iteration and a step (LitGPT's ``iter 8 step 2``: micro-batches
-    and optimizer steps) is at the step; otherwise the first one named.
+    and optimizer steps) is at the step; otherwise the first one named; else torchtune's
+    ``E|N|Loss:``, a bare ``[N/M]``, and last a progress bar's ``N/M [..it/s``.
     """
     m = None
     for found in _STEP.finditer(text):
@@ -119,6 +123,8 @@ def _find_step(text: str) -> re.Match[str] | None:
         m = _TUNE.match(text)
     if m is None:
         m = next((b for b in _BRACKET.finditer(text) if not _AFTER_EPOCH.search(text, 0, b.start())), None)
+    if m is None and "/" in text:
+        m = _BAR.search(text)
     return m
 
 

@@ -339,3 +339,21 @@ def test_ms_swift_names_its_step_beside_the_total(tmp_path: Path, as_json: bool)
     assert s.format == ("jsonl_log" if as_json else "dict_log")
     assert [r.step for r in s.records] == [5 * (i + 1) for i in range(30)]
     assert ("loss_spike", 105) in _kinds_at(p)
+
+
+def test_lightning_progress_bar_postfix_counts_batches_across_epochs(tmp_path: Path) -> None:
+    # self.log("train_loss", loss, prog_bar=True): the bar's count restarts each epoch.
+    losses = _curve(60, seed=59, spike_at=45)
+    bar = ""
+    for i, loss in enumerate(losses):
+        epoch, n = divmod(i, 20)
+        bar += (
+            f"\rEpoch {epoch}:  {5 * (n + 1)}%|#         | {n + 1}/20 [00:0{n % 10}<00:09,  9.50it/s, "
+            f"v_num=0, train_loss={loss:.3f}]"
+        )
+        if n == 19:
+            bar += "\n"
+    p = _write(tmp_path, "lightning.out", [bar, "`Trainer.fit` stopped: `max_epochs=3` reached."])
+    s = load(p)
+    assert [r.step for r in s.records] == list(range(1, 61))
+    assert ("loss_spike", 46) in _kinds_at(p)
