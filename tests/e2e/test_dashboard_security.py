@@ -300,19 +300,26 @@ def test_a_request_trickled_a_byte_at_a_time_is_cut_at_the_deadline(runs_dir: Pa
 def test_streams_are_capped_with_retry_after(runs_dir: Path, live_run: LiveRun) -> None:
     handle = start_dashboard(runs_dir, host="127.0.0.1", port=0, max_streams=2, poll_s=0.05)
     try:
-        conns = []
+        # Each viewer keeps its response: a response object dropped closes the socket under it (the
+        # stream answers "Connection: close"), the server sees the viewer gone at its next poll, and
+        # on a loaded machine the slot was free again before the third request came.
+        viewers = []
         for _ in range(2):
             conn = http.client.HTTPConnection("127.0.0.1", handle.port, timeout=10)
             conn.request("GET", "/api/runs/live-run/stream")
-            assert conn.getresponse().status == 200
-            conns.append(conn)
+            resp = conn.getresponse()
+            assert resp.status == 200
+            viewers.append((conn, resp))
         status, headers = stream_status(handle, "/api/stream")
         assert status == 503 and int(headers["Retry-After"]) > 0
         assert request(handle, "GET", "/api/runs/live-run")[0] == 200  # other requests are still served
-        conns.pop().close()  # a viewer leaves: its slot frees without waiting for a keep-alive
+        conn, resp = viewers.pop()  # a viewer leaves: its slot frees without waiting for a keep-alive
+        resp.close()
+        conn.close()
         assert wait_for(lambda: stream_status(handle, "/api/stream")[0] == 200, 5, every=0.1)
-        for c in conns:
-            c.close()
+        for conn, resp in viewers:
+            resp.close()
+            conn.close()
     finally:
         handle.stop()
 
