@@ -137,7 +137,11 @@ def test_a_stopped_trainer_is_a_stall_its_stacks_are_dumped_and_it_resumes(
     dump = Path(dumped[0].data["file"])
     assert dump.parent == sup.run / "stacks" and trainer.pid in dumped[0].data["pids"]
     text = dump.read_text()
-    assert "Fatal Python error" in text and "transformers/trainer.py" in text
+    # The stop lands wherever the trainer is: mostly inside the Trainer, but sometimes in a generator
+    # that C code iterates (torch's named_parameters), where Python 3.11's dump of the main thread
+    # shows that frame alone. Either way it is the training stack, not the launcher's.
+    assert "Fatal Python error" in text
+    assert any(f"site-packages/{lib}/" in text for lib in ("transformers", "torch", "trl", "llamafactory"))
 
 
 # -- 2. An LR far too high --------------------------------------------------------------------------
