@@ -17,10 +17,11 @@ The rules:
   logger writes its dict as ``step:N - key:value - key:value``; its policy loss
   (``actor/pg_loss``) and grad norm are read as the loss and the grad norm (series.ALIASES).
 - The step is the dict's own (:data:`STEP_KEYS`), else a ``step N`` the line names before
-  it, else the count of the HF Trainer's progress bar (``5/20``) when it has moved on since
-  the last record, else one more than the last record's: the Trainer prints its dict right
-  after the bar reaches the step, and prints no step of its own. Counted steps are logged
-  points, not optimizer steps, when the bar is not in the log (``disable_tqdm``).
+  it. The HF Trainer prints none: its k-th dict is at ``k * logging_steps``, the interval
+  taken from a finished run's total steps (the bar's ``/20``) over its dicts, else from the
+  bar's counts, which never run ahead of the dict that follows them when the two reach the
+  file in order (:func:`_logging_interval`). The bar's count itself is no step: tqdm redraws
+  at most ten times a second, and with stdout buffered the dicts land after the bar has run on.
 - An evaluation (``eval_loss`` without ``loss``) belongs to the step last logged; the
   Trainer's closing summary (``train_runtime``) is not a step.
 - The file is this format when :data:`MIN_RECORDS` such lines are among its first.
@@ -33,9 +34,11 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import NamedTuple
 
-from steadytune.importers.prefix import LowestRank, strip_prefix
+from steadytune.importers.prefix import LowestRank, strip_ansi, strip_prefix
 from steadytune.importers.series import ALIASES, Series, SeriesBuilder, UnreadableLog
+from steadytune.importers.text_log import find_step
 
 FORMAT = "dict_log"
 MIN_RECORDS = 3
@@ -45,7 +48,6 @@ LOOKED_FOR = "lines ending in a dict with a loss ({'loss': 2.3, ...} or {\"loss\
 # verl's console logger: "step:1 - actor/pg_loss:0.009 - actor/grad_norm:3.7 - ..." (no braces).
 _KV_LINE = re.compile(r"^step:\s*\d+(?:\s+-\s+[^\s:][^:]*:\s*\S+)+\s*$")
 _LOG_DICT = re.compile(r"""(\{[^{}]*['"](?:loss|train_loss|eval_loss)['"][^{}]*\})\s*$""")
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 # ms-swift prints its step as a string beside the total: 'global_step/max_steps': '10/100'.
 _SWIFT_STEP = re.compile(r"""['"]global_step/max_steps['"]\s*:\s*['"](\d+)/\d+['"]""")
 # The Trainer's own progress bar has no description: "  25%|██▌       | 5/20 [00:00<00:00, 17.94it/s]".
@@ -58,7 +60,6 @@ _PAIR = re.compile(
     r"([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|nan|inf(?:inity)?|NaN|Infinity))"
     r"\3\s*(?=[,}])"
 )
-_TEXT_STEP = re.compile(r"(?<![\w.-])(?:global[ _]step|step|iteration|iter)\s*[:=#]?\s*(\d+)(?![\d.])", re.I)
 
 
 def segments(line: str) -> list[str]:
@@ -67,9 +68,7 @@ def segments(line: str) -> list[str]:
     A tqdm bar rewrites its line with ``\\r`` and no newline, so when stdout and stderr
     share a pipe the next log dict lands at the end of the bar's line.
     """
-    if "\x1b" in line:
-        line = _ANSI.sub("", line)
-    return line.replace("\r\n", "\n").split("\r")
+    return strip_ansi(line).replace("\r\n", "\n").split("\r")
 
 
 def _numbers(text: str) -> dict[str, float]:
@@ -89,7 +88,7 @@ def _numbers(text: str) -> dict[str, float]:
 
 def _kv_line(line: str) -> dict[str, float] | None:
     """The numbers of a ``step:N - key:value - ...`` line (verl); None if it is not one."""
-    if not line.startswith("step:") and "step:" not in line[:80]:
+    if "step:" not in line[:80]:
         return None
     text = strip_prefix(line)[1]
     if not _KV_LINE.match(text):
@@ -135,12 +134,12 @@ def train_bar(line: str) -> tuple[int, int] | None:
     return None
 
 
-def _last_bar(line: str) -> int | None:
-    """The count of the last progress-bar reading anywhere in a line (bars redrawn without ``\\r``)."""
+def _last_bar(line: str) -> tuple[int, int] | None:
+    """(count, total) of the last progress-bar reading anywhere in a line (bars redrawn without ``\\r``)."""
     found = None
     for part in segments(line):
         for m in _ANY_BAR.finditer(part):
-            found = int(m.group(1))
+            found = int(m.group(1)), int(m.group(2))
     return found
 
 
@@ -153,61 +152,90 @@ def _own_step(values: dict[str, float]) -> int | None:
 
 
 def _text_step(line: str) -> int | None:
-    """A ``step N`` the line names before its dict (a script that prints both)."""
-    head = line[: line.rfind("{")]
-    m = _TEXT_STEP.search(strip_prefix(head)[1]) if "{" in line else None
-    return int(m.group(1)) if m else None
+    """A ``step N`` the line names before its dict (a script that prints both); a progress bar
+    drawn before it is not one (its count lags or, with stdout buffered, runs ahead)."""
+    if "{" not in line:
+        return None
+    found = find_step(strip_prefix(_ANY_BAR.sub("", line[: line.rfind("{")]))[1])
+    return found[0] if found else None
 
 
-class _Steps:
-    """Gives each printed dict its step, by the rules in the module's docstring."""
+class _Row(NamedTuple):
+    rank: int | None
+    step: int | None  # the dict's own, or the line's; None: the Trainer's, which prints none
+    bar: int | None  # the progress bar's count last seen before it
+    total: int | None  # and that bar's total (the run's steps, for the training bar)
+    values: dict[str, float]
 
-    def __init__(self) -> None:
-        self.last = 0
-        self._bar: int | None = None
 
-    def see_bar(self, line: str) -> None:
-        n = _last_bar(line)
-        if n is not None:
-            self._bar = n
+def _logging_interval(rows: list[_Row], finished: bool) -> int:
+    """Steps between two printed train dicts, for a Trainer that prints no step of its own.
 
-    def of(self, line: str, values: dict[str, float]) -> int:
-        step = _own_step(values)
-        if step is None:
-            step = _text_step(line)
-        if step is None:
-            if "loss" not in values:
-                return self.last  # an evaluation: of the step just logged
-            # A bar redrawn between two dicts shows the new step; a stale one an earlier count.
-            step = max(self.last + 1, self._bar or 0)
-        self.last = step
-        return step
+    The Trainer prints a dict every ``logging_steps`` steps. A run that finished printed
+    ``total // logging_steps`` of them, which gives the interval exactly. Otherwise the
+    progress bar's count is the clue: it is never past the step whose dict follows it when the
+    bar and the dicts reach the file in order, but tqdm redraws at most ten times a second, so a
+    fast run's bar lags by several steps; the largest ``count / k`` over the k-th dicts is the
+    interval once one reading was fresh.
+    """
+    train = [r for r in rows if r.step is None and "loss" in r.values]
+    if not train:
+        return 1
+    total = train[-1].total  # the bar before the last dict; later bars are other work (saving)
+    if finished and total:
+        return max(1, total // len(train))
+    ratios = [r.bar // k for k, r in enumerate(train, 1) if r.bar]
+    return max(1, max(ratios, default=1))
 
 
 def _records(lines: list[str]) -> list[tuple[int | None, int, dict[str, float]]]:
-    steps = _Steps()
-    out = []
+    rows: list[_Row] = []
+    bar: tuple[int, int] | None = None
+    finished = False
     for line in lines:
         if "{" not in line:
             values = _kv_line(line)
             if values is None:
                 if "it/s" in line or "s/it" in line:
-                    steps.see_bar(line)
+                    bar = _last_bar(line) or bar
                 continue
         else:
-            steps.see_bar(line[: line.rfind("{")])
+            bar = _last_bar(line[: line.rfind("{")]) or bar
             values = parse_log_line(line)
         if values is None:
             continue
         values = {ALIASES.get(k, k): v for k, v in values.items()}
-        if "train_loss" in values and "loss" not in values and _own_step(values) is not None:
+        step = _own_step(values)
+        if "train_loss" in values and "loss" not in values and step is not None:
             values["loss"] = values.pop("train_loss")  # a script's own dict, not the Trainer's summary
         elif is_summary(values):
+            finished = True
             continue
         if "loss" not in values and "eval_loss" not in values:
             continue
-        rank, _ = strip_prefix(line)
-        out.append((rank, steps.of(line, values), values))
+        if step is None:
+            step = _text_step(line)
+        count, total = bar if bar else (None, None)
+        rows.append(_Row(strip_prefix(line)[0], step, count, total, values))
+    return _stepped(rows, finished)
+
+
+def _stepped(rows: list[_Row], finished: bool) -> list[tuple[int | None, int, dict[str, float]]]:
+    """Each row with its step: its own, else the k-th train dict's ``k * interval``; an
+    evaluation (no ``loss``) belongs to the step logged before it."""
+    every = _logging_interval(rows, finished)
+    out = []
+    last = k = 0
+    for r in rows:
+        step = r.step
+        if step is None:
+            if "loss" in r.values:
+                k += 1
+                step = k * every
+            else:
+                step = last
+        last = step
+        out.append((r.rank, step, r.values))
     return out
 
 

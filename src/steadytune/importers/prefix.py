@@ -47,10 +47,14 @@ _RANK_GROUPS = ("r1", "r2", "r3", "r4", "r5")
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
+def strip_ansi(line: str) -> str:
+    """The line without terminal colour codes."""
+    return _ANSI.sub("", line) if "\x1b" in line else line
+
+
 def strip_prefix(line: str) -> tuple[int | None, str]:
     """``(rank, rest)``: the rank the prefix names (None if none) and the line without its prefix."""
-    if "\x1b" in line:
-        line = _ANSI.sub("", line)
+    line = strip_ansi(line)
     m = _PREFIX.match(line)
     if m is None:
         return None, line.strip()

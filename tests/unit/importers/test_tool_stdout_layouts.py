@@ -49,7 +49,7 @@ def _bar(step: int, total: int) -> str:
 
 @pytest.mark.parametrize("every", [1, 5])
 @pytest.mark.parametrize("strings", [False, True])  # transformers 5 / TRL print numbers as strings
-def test_hf_stdout_dicts_take_their_steps_from_the_progress_bar(
+def test_hf_stdout_dicts_are_dated_by_the_logging_interval_the_bar_gives(
     tmp_path: Path, every: int, strings: bool
 ) -> None:
     n = 40
