@@ -114,7 +114,7 @@ class GradWatch:
         exploding = over_start or y - t.level > self._explode_jump
         young = 0 < t.n_level < _MIN_BASELINE and not self._spike_points
         if young and y - t.level > self._min_jump:
-            self._hold(step, g, y, exploding, out)
+            self._hold(step, g, y, exploding, over_start, out)
             return
         self._held.clear()
         judged = t.n_level >= _MIN_BASELINE or self._spike_points > 0
@@ -168,22 +168,16 @@ class GradWatch:
         if jump <= max(t.threshold(self._spike_z), self._min_jump) and not over_start:
             return False
         self._spike_points = 1
-        ev = {
-            "value": rounded(g),
-            "baseline": rounded(math.exp(t.level)),
-            "ratio": rounded(math.exp(jump), 4),
-            "threshold_ratio": rounded(math.exp(max(t.threshold(self._spike_z), self._min_jump)), 4),
-            "loss_spiking": loss_spiking,
-        }
-        if over_start and self._start is not None:
-            ev["first_norm"] = rounded(math.exp(self._start))
-            ev["ratio_to_first"] = rounded(math.exp(y - self._start), 4)
+        ev = self._spike_evidence(g, y, max(t.threshold(self._spike_z), self._min_jump), over_start)
+        ev["loss_spiking"] = loss_spiking
         self.rep.report(out, "grad_spike", self.metric, step, True, evidence=ev)
         if loss_spiking or jump > self._explode_jump or over_start:
             self._explode(step, g, y, jump, out)
         return True
 
-    def _hold(self, step: int, g: float, y: float, exploding: bool, out: list[Finding]) -> None:
+    def _hold(
+        self, step: int, g: float, y: float, exploding: bool, over_start: bool, out: list[Finding]
+    ) -> None:
         """A jump past the spike ratio over a one-point baseline: held out of the level.
 
         One point cannot tell a fat-tailed batch from a wrecked model, so a lone jump raises
@@ -199,21 +193,26 @@ class GradWatch:
         if len(self._held) < self._explosion_points and not exploding:
             return
         first = self._held[0]
-        jump = y - self.tracker.level
         self._spike_points = len(self._held)
         self._held.clear()
-        ev = {
+        ev = self._spike_evidence(g, y, self._min_jump, over_start)
+        ev["points_up"] = self._spike_points
+        self.rep.report(out, "grad_spike", self.metric, first, True, evidence=ev)
+        self._explode(first, g, y, y - self.tracker.level, out)
+
+    def _spike_evidence(self, g: float, y: float, threshold: float, over_start: bool) -> dict[str, object]:
+        """What a grad spike's evidence says: the norm against its level, and against the run's
+        first norm when that is what it passed."""
+        ev: dict[str, object] = {
             "value": rounded(g),
             "baseline": rounded(math.exp(self.tracker.level)),
-            "ratio": rounded(math.exp(jump), 4),
-            "threshold_ratio": rounded(math.exp(self._min_jump), 4),
-            "points_up": self._spike_points,
+            "ratio": rounded(math.exp(y - self.tracker.level), 4),
+            "threshold_ratio": rounded(math.exp(threshold), 4),
         }
-        if self._start is not None and y - self._start > self._explode_jump:
+        if over_start and self._start is not None:
             ev["first_norm"] = rounded(math.exp(self._start))
             ev["ratio_to_first"] = rounded(math.exp(y - self._start), 4)
-        self.rep.report(out, "grad_spike", self.metric, first, True, evidence=ev)
-        self._explode(first, g, y, jump, out)
+        return ev
 
     def _explode(self, step: int, g: float, y: float, jump: float, out: list[Finding]) -> None:
         first = not self.rep.is_on("grad_explosion", self.metric)
