@@ -164,7 +164,7 @@ def _plain(path: Path) -> Iterator[Path]:
     try:
         with open(path, "rb") as f:
             gz = f.read(2) == _GZIP_MAGIC
-    except (IsADirectoryError, FileNotFoundError, PermissionError):
+    except OSError:  # a folder, a missing or unreadable file: detection says which
         gz = False
     if not gz:
         yield path
