@@ -105,7 +105,9 @@ class _Signal:
         if lp is not None:
             t = self.loss.tracker
             held = lp.in_spike or self.loss.rep.is_on("divergence", self.loss.metric)
-            run_noise = t.sigma_upper if t.n_noise else None
+            # Read only where the rule reads it (a segment's first point): the noise estimate is
+            # otherwise computed only for points that jump, and this runs for every point.
+            run_noise = t.sigma_upper if lp.new_segment and t.n_noise else None
             climb = self.short_rise.observe(lp, out, held, run_noise)
             if climb is not None and rec.loss is not None:
                 self.loss.hold_climb(rec.step, rec.loss, *climb, out)
