@@ -74,3 +74,27 @@ def objective_of(extra: Mapping[str, Any] | None) -> str | None:
 def is_preference_or_rl(extra: Mapping[str, Any] | None) -> bool:
     """True when a record's fields say it comes from an RL or preference objective."""
     return objective_of(extra) is not None
+
+
+# A group-relative trainer (GRPO, RLOO, DAPO) learns from the reward differences inside each group of
+# completions; a batch in which every group's rewards tie has zero advantages, and its gradient is
+# the KL term's alone (exactly zero at beta 0). These fields say so: the share of groups without
+# spread (TRL's ``frac_reward_zero_std``), or no spread in the whole batch (``reward_std`` 0).
+_NO_SIGNAL_SHARE = ("frac_reward_zero_std",)
+_BATCH_SPREAD = ("reward_std",)
+
+
+def without_learning_signal(extra: Mapping[str, Any] | None, grad_norm: float | None = None) -> bool:
+    """True when an RL record's batch carried no reward signal, so its gradient norm says nothing
+    about the update rule's health: every group's rewards tied, or (no field to tell) a norm of
+    exactly zero, which only a batch without advantages gives in a run that was learning."""
+    if extra:
+        for key in _NO_SIGNAL_SHARE:
+            v = extra.get(key)
+            if isinstance(v, (int, float)) and v >= 1.0:
+                return True
+        for key in _BATCH_SPREAD:
+            v = extra.get(key)
+            if isinstance(v, (int, float)) and v == 0.0:
+                return True
+    return grad_norm == 0.0

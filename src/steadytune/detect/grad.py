@@ -69,6 +69,11 @@ class GradWatch:
         self._start: float | None = None  # log of the run's first positive norm
         self._low = 0
         self._held: list[int] = []  # steps held back over a one-point baseline, in a row
+        # An RL run's batches may carry no learning signal (every group's rewards tied): their
+        # norm is the KL term's, orders of magnitude down. Set by the caller once the run is known
+        # as RL: such a hole is not the level, nor the first norm a storm is measured from.
+        self.gated = False
+        self._trusted = False  # the gated run's level is its learning batches' (see _gated_point)
 
     @property
     def spike_jump(self) -> float:
@@ -109,10 +114,12 @@ class GradWatch:
         # times the first is an update that wrecked the model (an LR orders of magnitude too high),
         # even when earlier, smaller jumps of the same storm have already raised the recent level and
         # its noise. Healthy runs stay within a few times their first norm (docs/detectors.md).
-        over_start = y - self._start > self._explode_jump
+        over_start = not self.gated and y - self._start > self._explode_jump
         # One point is too young a baseline to judge a spike by, but not an explosion.
         exploding = over_start or y - t.level > self._explode_jump
         young = 0 < t.n_level < _MIN_BASELINE and not self._spike_points
+        if self.gated and self._gated_point(y):
+            return
         if young and y - t.level > self._min_jump:
             self._hold(step, g, y, exploding, over_start, out)
             return
@@ -129,6 +136,31 @@ class GradWatch:
         # The vanishing test matters only once the level sits far below where it was.
         if est is not None and (self._low or self.rep.on or t.level < est - self._vanish_log + 2.303):
             self._vanishing(step, g, y, out)
+
+    def _gated_point(self, y: float) -> bool:
+        """Where a gated run's level comes from; True when the point is not judged.
+
+        A norm ``spike_min_ratio`` below the level is a batch without signal: kept out of the
+        level, however many come in a row (one prompt group a step on a hard task ties three
+        batches in four early on; a run that never earns a reward is the reward rules' to judge,
+        not a vanishing gradient). A run may also *begin* with such batches, and then its first
+        level is theirs: until the level has held ``2 x level_window`` points without a norm
+        ``spike_min_ratio`` above it, such a norm is the first batch that learned, and the level
+        starts again from it instead of raising a spike (an RL run's storm in its first points
+        is left to the reward and KL rules).
+        """
+        t = self.tracker
+        if not t.n_level or self._spike_points:
+            return False
+        if y < t.level - self._min_jump:
+            return True
+        if not self._trusted:
+            if y - t.level > self._min_jump:
+                t.restart_segment(y)
+                self._trusted = True
+                return True
+            self._trusted = t.n_accepted >= 2 * t.level_window
+        return False
 
     def _nonfinite(self, step: int, g: float, loss_finite: bool, out: list[Finding]) -> None:
         if not self._bad:

@@ -21,7 +21,7 @@ from steadytune.config.detect import DetectConfig
 from steadytune.detect import build
 from steadytune.detect.base import Finding
 from steadytune.kinds import KINDS
-from steadytune.objectives import LOSS_OBJECTIVE, objective_of
+from steadytune.objectives import LOSS_OBJECTIVE, objective_of, without_learning_signal
 from steadytune.records import SEVERITY_ORDER, Anomaly, Severity, StepRecord, SystemSample
 
 
@@ -85,6 +85,7 @@ class _Signal:
         self._prev_g_jump = g_jump
         if self.objective_name is None and rec.extra and not rec.extra.get("eval"):
             self.objective_name = objective_of(rec.extra) or LOSS_OBJECTIVE
+            self.grad.gated = self.objective_name.startswith("RL")
         if self.objective_name not in (None, LOSS_OBJECTIVE):
             # The loss of an RL/preference objective is judged only for NaN/Inf; its own signals
             # (reward, KL) and the gradient norm carry the rest.
@@ -96,10 +97,22 @@ class _Signal:
                 self.objective.observe(rec.step, rec.extra, out)
         elif rec.loss is not None:
             lp = self.loss.observe(rec.step, rec.loss, rec.epoch, out, corroborated)
-        if rec.grad_norm is not None and not (rec.skipped and math.isfinite(rec.grad_norm)):
+        g = rec.grad_norm
+        if (
+            g is not None
+            and math.isfinite(g)
+            and self.objective_name is not None
+            and self.objective_name.startswith("RL")
+            and without_learning_signal(rec.extra, g)
+        ):
+            # An RL batch whose groups all tied has no advantages: its norm is the KL term's (or
+            # zero), a hole in the series, not a vanishing gradient nor the level spikes are
+            # judged against (a healthy GRPO run alternates such batches with learning ones).
+            g = None
+        if g is not None and not (rec.skipped and math.isfinite(g)):
             spiking = lp is not None and lp.in_spike
             finite = rec.loss is None or math.isfinite(rec.loss)
-            self.grad.observe(rec.step, rec.grad_norm, spiking, finite, out)
+            self.grad.observe(rec.step, g, spiking, finite, out)
         if rec.eval_loss is not None:
             self.fall.observe_eval(rec.eval_loss)
         if lp is not None:

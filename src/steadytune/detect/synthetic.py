@@ -32,6 +32,7 @@ HEALTHY_SHAPES: tuple[str, ...] = (
     "irregular",
     "short",
     "dpo",
+    "grpo",
     "fp16_skips",
     "converged",
     "multirank",
@@ -119,7 +120,7 @@ def base_run(rng: random.Random, shape: str, n: int | None = None) -> Run:
         n = rng.randint(3, 15)
     if shape == "power_law":
         n = rng.randint(1500, 4000)
-    interval = 1 if shape in ("bs1", "dpo", "fp16_skips") else rng.choice([1, 5, 10, 10, 25])
+    interval = 1 if shape in ("bs1", "dpo", "grpo", "fp16_skips") else rng.choice([1, 5, 10, 10, 25])
     steps = _steps(rng, n, interval, shape == "irregular")
     sigma = {
         "smooth": rng.uniform(0.004, 0.015),
@@ -165,6 +166,8 @@ def base_run(rng: random.Random, shape: str, n: int | None = None) -> Run:
             i: {"rewards/margins": -math.log(math.expm1(x)) if x > 1e-12 else 30.0}
             for i, x in enumerate(loss)
         }
+    if shape == "grpo":
+        _grpo(rng, run)
     if shape == "fp16_skips":
         _fp16(rng, run)
     _memory(rng, run)
@@ -209,6 +212,36 @@ def _dpo_losses(rng: random.Random, n: int) -> list[float]:
         m = rng.gauss(mu_end * t, 0.05 + s_end * t)
         out.append(math.log1p(math.exp(-m)))
     return out
+
+
+def _grpo(rng: random.Random, run: Run) -> None:
+    """GRPO, batch by batch: a batch whose prompt groups all earned tied rewards has no advantages,
+    so its gradient is the KL term's alone (exactly 0 at beta 0). With few groups per step that
+    is a large share of the batches early on, fewer as the policy learns. The loss sits near zero."""
+    groups = rng.choice([1, 2, 4, 8, 16])
+    beta = rng.choice([0.0, 0.001, 0.04])
+    share_field = rng.random() < 0.7  # TRL logs frac_reward_zero_std since 0.17; older logs do not
+    n = len(run.steps)
+    g0 = rng.uniform(0.05, 1.0)
+    for i in range(n):
+        t = i / n
+        tied = 0.75 - 0.45 * (1 - math.exp(-6 * t))
+        learning = sum(rng.random() > tied for _ in range(groups))
+        kl = 0.03 * (1 - math.exp(-i / (0.15 * n))) * math.exp(rng.gauss(0, 0.5)) if i else 0.0
+        if learning:
+            run.grad[i] = g0 * math.sqrt(learning / groups) * math.exp(rng.gauss(0, 0.4))
+        else:
+            run.grad[i] = beta * g0 * math.exp(rng.gauss(0, 0.3))
+        run.loss[i] = abs(rng.gauss(0, 0.01)) * math.sqrt(learning / groups) + beta * kl + 1e-6
+        rec: dict[str, Any] = {
+            "reward": 0.15 + 0.55 * (1 - math.exp(-5 * t)) + rng.gauss(0, 0.08),
+            "reward_std": 0.3 if learning or groups > 1 else 0.0,
+        }
+        if share_field:
+            rec["frac_reward_zero_std"] = 1 - learning / groups
+        if beta:
+            rec["kl"] = max(kl, 1e-6) if i else 0.0
+        run.extra[i] = rec
 
 
 def _fp16(rng: random.Random, run: Run) -> None:

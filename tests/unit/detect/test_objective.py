@@ -130,3 +130,64 @@ def test_a_record_may_declare_its_objective_and_a_trainer_class_names_one() -> N
     # Declared beats the fields: the guard's first record has only its own (gradflow).
     assert objective_of({OBJECTIVE_KEY: "RL (GRPO/RLOO)", "gradflow": {}}) == "RL (GRPO/RLOO)"
     assert objective_of({"gradflow": {}}) is None
+
+
+def _grpo_batches(
+    n: int, seed: int, groups: int, beta: float, share_field: bool, storm_at: int | None = None
+) -> tuple[list[float], list[float], list[dict]]:
+    """A GRPO run batch by batch: the share of prompt groups whose completions all earn the same
+    reward falls from 3/4 to 1/3 as it learns. A batch where every group tied has no advantages:
+    its gradient is the KL term's alone (``beta`` times a small drift; exactly 0 at beta 0)."""
+    rng = shapes.rng_for(seed, f"grpo-batches-{groups}-{beta}")
+    losses, grads, extra = [], [], []
+    for i in range(n):
+        t = i / n
+        tied_p = 0.75 - 0.45 * (1 - math.exp(-6 * t))
+        learning = sum(rng.random() > tied_p for _ in range(groups))
+        kl = 0.03 * (1 - math.exp(-i / (0.15 * n))) * math.exp(rng.gauss(0, 0.5)) if i else 0.0
+        g = 0.3 * math.sqrt(learning / groups) * math.exp(rng.gauss(0, 0.4))
+        if learning == 0:
+            g = beta * 0.5 * math.exp(rng.gauss(0, 0.3))
+        if storm_at is not None and i >= storm_at:
+            g = 30.0 * math.exp(rng.gauss(0, 0.3))
+        losses.append(rng.gauss(0, 0.01) * math.sqrt(learning / groups) + beta * kl)
+        grads.append(g)
+        rec = {"reward": 0.15 + 0.55 * (1 - math.exp(-5 * t)) + rng.gauss(0, 0.08), "reward_std": 0.3}
+        if share_field:
+            rec["frac_reward_zero_std"] = 1 - learning / groups
+        if beta:
+            rec["kl"] = kl
+        extra.append(rec)
+    return losses, grads, extra
+
+
+@pytest.mark.parametrize("share_field", (True, False))
+@pytest.mark.parametrize("groups, beta", ((1, 0.0), (4, 0.04), (8, 0.001), (16, 0.04)))
+@pytest.mark.parametrize("seed", range(6))
+def test_grpo_batches_without_reward_signal_are_not_gradient_anomalies(
+    seed: int, groups: int, beta: float, share_field: bool
+) -> None:
+    # With one prompt group per step, most batches tie early on: the norm drops to the KL term's (or
+    # to 0) and comes back hundreds of times over. Judged as a series, each return is a spike and a
+    # tied first batch makes every later norm an explosion over "the first norm".
+    losses, grads, extra = _grpo_batches(400, seed, groups, beta, share_field)
+    assert severe(feed(records(losses, grads, extra=extra))) == []
+
+
+@pytest.mark.parametrize("share_field", (True, False))
+@pytest.mark.parametrize("seed", range(3))
+def test_a_gradient_storm_in_a_grpo_run_is_still_an_explosion(seed: int, share_field: bool) -> None:
+    losses, grads, extra = _grpo_batches(400, seed, 8, 0.04, share_field, storm_at=250)
+    got = raised(feed(records(losses, grads, extra=extra)))
+    assert [a.kind for a in got if a.severity == "critical"][:1] == ["grad_explosion"]
+    assert 251 <= got[0].start_step <= 251 + 3, [(a.kind, a.start_step) for a in got]
+
+
+def test_which_rl_batches_carry_no_learning_signal() -> None:
+    from steadytune.objectives import without_learning_signal
+
+    assert without_learning_signal({"frac_reward_zero_std": 1.0, "reward_std": 0.4}, 0.01)
+    assert without_learning_signal({"reward_std": 0.0}, 0.2)  # no spread in the whole batch
+    assert without_learning_signal({}, 0.0)  # a zero norm: no advantages at beta 0
+    assert not without_learning_signal({"frac_reward_zero_std": 0.5, "reward_std": 0.2}, 0.01)
+    assert not without_learning_signal(None, 0.3)
