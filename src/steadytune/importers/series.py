@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from steadytune.objectives import objective_of
 from steadytune.records import StepRecord, SystemSample
 
 
@@ -215,8 +216,13 @@ class SeriesBuilder:
             rec = new(StepRecord)
             rec.__dict__.update(state)
             records.append(rec)
-        if require and not seen.intersection(require):
-            raise UnreadableLog(f"none of the metrics {', '.join(require)} were found")
+        # An RL log may carry no loss at all (TRL's PPOTrainer logs objective/kl, objective/scores,
+        # loss/policy_avg): its reward and KL are what it is judged on, so they are enough.
+        if require and not seen.intersection(require) and objective_of(dict.fromkeys(seen)) is None:
+            raise UnreadableLog(
+                f"none of the metrics {', '.join(require)} were found, nor an RL or preference "
+                "signal (reward, kl, rewards/chosen, objective/kl, ...)"
+            )
         metrics = sorted(m for m in seen if m not in {"ts", "skipped", "step"})
         return Series(self.path, self.format, records, metrics=metrics)
 
