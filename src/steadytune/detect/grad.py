@@ -74,6 +74,7 @@ class GradWatch:
         # as RL: such a hole is not the level, nor the first norm a storm is measured from.
         self.gated = False
         self._trusted = False  # the gated run's level is its learning batches' (see _gated_point)
+        self._calm = 0  # points the gated level took since it last started again
 
     @property
     def spike_jump(self) -> float:
@@ -133,6 +134,8 @@ class GradWatch:
             if self._established is None or lvl > self._established:
                 self._established = lvl
         est = self._established
+        if self.gated and not self._trusted:
+            return  # a level of batches without signal has not vanished: it never learned
         # The vanishing test matters only once the level sits far below where it was.
         if est is not None and (self._low or self.rep.on or t.level < est - self._vanish_log + 2.303):
             self._vanishing(step, g, y, out)
@@ -140,26 +143,26 @@ class GradWatch:
     def _gated_point(self, y: float) -> bool:
         """Where a gated run's level comes from; True when the point is not judged.
 
-        A norm ``spike_min_ratio`` below the level is a batch without signal: kept out of the
-        level, however many come in a row (one prompt group a step on a hard task ties three
-        batches in four early on; a run that never earns a reward is the reward rules' to judge,
-        not a vanishing gradient). A run may also *begin* with such batches, and then its first
-        level is theirs: until the level has held ``2 x level_window`` points without a norm
-        ``spike_min_ratio`` above it, such a norm is the first batch that learned, and the level
-        starts again from it instead of raising a spike (an RL run's storm in its first points
-        is left to the reward and KL rules).
+        A run may *begin* with batches without signal, and then its first level is theirs. So
+        until the level has taken ``2 x level_window`` points in a row with none ``spike_min_ratio``
+        above it, such a norm is a batch that learned: the level starts again from it, and no
+        spike is raised (a storm in an RL run's first points is left to the reward and KL rules).
+        From then on the level is the learning batches', and a norm ``spike_min_ratio`` below it
+        is a batch without signal: kept out of it, however many come in a row (one prompt group a
+        step on a hard task ties three batches in four early on; a run that never earns a reward
+        is the reward rules' to judge, not a vanishing gradient).
         """
         t = self.tracker
         if not t.n_level or self._spike_points:
             return False
-        if y < t.level - self._min_jump:
+        if self._trusted:
+            return y < t.level - self._min_jump
+        if y - t.level > self._min_jump:
+            t.restart_segment(y)
+            self._calm = 0
             return True
-        if not self._trusted:
-            if y - t.level > self._min_jump:
-                t.restart_segment(y)
-                self._trusted = True
-                return True
-            self._trusted = t.n_accepted >= 2 * t.level_window
+        self._calm += 1
+        self._trusted = self._calm >= 2 * t.level_window
         return False
 
     def _nonfinite(self, step: int, g: float, loss_finite: bool, out: list[Finding]) -> None:
