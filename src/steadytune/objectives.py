@@ -82,6 +82,8 @@ def is_preference_or_rl(extra: Mapping[str, Any] | None) -> bool:
 # spread (TRL's ``frac_reward_zero_std``), or no spread in the whole batch (``reward_std`` 0).
 _NO_SIGNAL_SHARE = ("frac_reward_zero_std",)
 _BATCH_SPREAD = ("reward_std",)
+# verl logs the batch's advantage range: all zero is a batch without signal.
+_ADVANTAGE_RANGE = ("critic/advantages/max", "critic/advantages/min")
 
 
 def without_learning_signal(extra: Mapping[str, Any] | None, grad_norm: float | None = None) -> bool:
@@ -97,4 +99,7 @@ def without_learning_signal(extra: Mapping[str, Any] | None, grad_norm: float | 
             v = extra.get(key)
             if isinstance(v, (int, float)) and v == 0.0:
                 return True
+        span = [extra.get(key) for key in _ADVANTAGE_RANGE]
+        if all(isinstance(v, (int, float)) and v == 0.0 for v in span):
+            return True
     return grad_norm == 0.0

@@ -196,5 +196,9 @@ def test_which_rl_batches_carry_no_learning_signal() -> None:
     assert without_learning_signal({"frac_reward_zero_std": 1.0, "reward_std": 0.4}, 0.01)
     assert without_learning_signal({"reward_std": 0.0}, 0.2)  # no spread in the whole batch
     assert without_learning_signal({}, 0.0)  # a zero norm: no advantages at beta 0
+    # verl: the batch's advantages all zero.
+    assert without_learning_signal({"critic/advantages/max": 0.0, "critic/advantages/min": 0.0}, 0.4)
+    assert not without_learning_signal({"critic/advantages/max": 1.2, "critic/advantages/min": -0.9}, 0.4)
+    assert not without_learning_signal({"critic/advantages/max": 0.0}, 0.4)  # half a range says nothing
     assert not without_learning_signal({"frac_reward_zero_std": 0.5, "reward_std": 0.2}, 0.01)
     assert not without_learning_signal(None, 0.3)
