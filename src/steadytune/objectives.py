@@ -76,13 +76,17 @@ def is_preference_or_rl(extra: Mapping[str, Any] | None) -> bool:
     return objective_of(extra) is not None
 
 
+def is_rl(objective: str | None) -> bool:
+    """Whether an objective's name (as :func:`objective_of` gives it) is an RL one, whose batches may
+    carry no learning signal (:func:`without_learning_signal`)."""
+    return objective is not None and objective.startswith("RL")
+
+
 # A group-relative trainer (GRPO, RLOO, DAPO) learns from the reward differences inside each group of
 # completions; a batch in which every group's rewards tie has zero advantages, and its gradient is
-# the KL term's alone (exactly zero at beta 0). These fields say so: the share of groups without
-# spread (TRL's ``frac_reward_zero_std``), or no spread in the whole batch (``reward_std`` 0).
-_NO_SIGNAL_SHARE = ("frac_reward_zero_std",)
-_BATCH_SPREAD = ("reward_std",)
-# verl logs the batch's advantage range: all zero is a batch without signal.
+# the KL term's alone (exactly zero at beta 0). The fields that say so: the share of groups without
+# spread (TRL's ``frac_reward_zero_std``), no spread in the whole batch (``reward_std`` 0), or an
+# advantage range of zero (verl's ``critic/advantages/max`` and ``/min``).
 _ADVANTAGE_RANGE = ("critic/advantages/max", "critic/advantages/min")
 
 
@@ -91,15 +95,11 @@ def without_learning_signal(extra: Mapping[str, Any] | None, grad_norm: float | 
     about the update rule's health: every group's rewards tied, or (no field to tell) a norm of
     exactly zero, which only a batch without advantages gives in a run that was learning."""
     if extra:
-        for key in _NO_SIGNAL_SHARE:
-            v = extra.get(key)
-            if isinstance(v, (int, float)) and v >= 1.0:
-                return True
-        for key in _BATCH_SPREAD:
-            v = extra.get(key)
-            if isinstance(v, (int, float)) and v == 0.0:
-                return True
-        span = [extra.get(key) for key in _ADVANTAGE_RANGE]
-        if all(isinstance(v, (int, float)) and v == 0.0 for v in span):
+        share, spread = extra.get("frac_reward_zero_std"), extra.get("reward_std")
+        if isinstance(share, (int, float)) and share >= 1.0:
+            return True
+        if isinstance(spread, (int, float)) and spread == 0.0:
+            return True
+        if all(isinstance(extra.get(k), (int, float)) and extra[k] == 0.0 for k in _ADVANTAGE_RANGE):
             return True
     return grad_norm == 0.0

@@ -21,7 +21,7 @@ from steadytune.config.detect import DetectConfig
 from steadytune.detect import build
 from steadytune.detect.base import Finding
 from steadytune.kinds import KINDS
-from steadytune.objectives import LOSS_OBJECTIVE, objective_of, without_learning_signal
+from steadytune.objectives import LOSS_OBJECTIVE, is_rl, objective_of, without_learning_signal
 from steadytune.records import SEVERITY_ORDER, Anomaly, Severity, StepRecord, SystemSample
 
 
@@ -85,7 +85,7 @@ class _Signal:
         self._prev_g_jump = g_jump
         if self.objective_name is None and rec.extra and not rec.extra.get("eval"):
             self.objective_name = objective_of(rec.extra) or LOSS_OBJECTIVE
-            self.grad.gated = self.objective_name.startswith("RL")
+            self.grad.gated = is_rl(self.objective_name)
         if self.objective_name not in (None, LOSS_OBJECTIVE):
             # The loss of an RL/preference objective is judged only for NaN/Inf; its own signals
             # (reward, KL) and the gradient norm carry the rest.
@@ -98,13 +98,7 @@ class _Signal:
         elif rec.loss is not None:
             lp = self.loss.observe(rec.step, rec.loss, rec.epoch, out, corroborated)
         g = rec.grad_norm
-        if (
-            g is not None
-            and math.isfinite(g)
-            and self.objective_name is not None
-            and self.objective_name.startswith("RL")
-            and without_learning_signal(rec.extra, g)
-        ):
+        if self.grad.gated and g is not None and math.isfinite(g) and without_learning_signal(rec.extra, g):
             # An RL batch whose groups all tied has no advantages: its norm is the KL term's (or
             # zero), a hole in the series, not a vanishing gradient nor the level spikes are
             # judged against (a healthy GRPO run alternates such batches with learning ones).

@@ -215,24 +215,38 @@ def _dpo_losses(rng: random.Random, n: int) -> list[float]:
 
 
 def _grpo(rng: random.Random, run: Run) -> None:
-    """GRPO, batch by batch: a batch whose prompt groups all earned tied rewards has no advantages,
-    so its gradient is the KL term's alone (exactly 0 at beta 0). With few groups per step that
-    is a large share of the batches early on, fewer as the policy learns. The loss sits near zero."""
+    """A GRPO run's batches (:func:`grpo_batches`) in a few of the ways such runs are set up."""
     groups = rng.choice([1, 2, 4, 8, 16])
     beta = rng.choice([0.0, 0.001, 0.04])
     share_field = rng.random() < 0.7  # TRL logs frac_reward_zero_std since 0.17; older logs do not
-    n = len(run.steps)
     g0 = rng.uniform(0.05, 1.0)
+    run.loss, run.grad, extra = grpo_batches(rng, len(run.steps), groups, beta, share_field, g0)
+    run.extra = dict(enumerate(extra))
+
+
+def grpo_batches(
+    rng: random.Random, n: int, groups: int, beta: float, share_field: bool, g0: float = 0.3
+) -> tuple[list[float], list[float | None], list[dict[str, Any]]]:
+    """GRPO, batch by batch: (losses, grad norms, logged fields).
+
+    The share of prompt groups whose completions all earn the same reward falls from 3/4 to 1/3
+    as the policy learns. A batch in which every group tied has no advantages, so its gradient
+    is the KL term's alone (``beta`` times a small drift; exactly 0 at beta 0). The loss sits
+    near zero. ``share_field``: the records carry TRL's ``frac_reward_zero_std``.
+    """
+    losses: list[float] = []
+    grads: list[float | None] = []
+    extra: list[dict[str, Any]] = []
     for i in range(n):
         t = i / n
         tied = 0.75 - 0.45 * (1 - math.exp(-6 * t))
         learning = sum(rng.random() > tied for _ in range(groups))
         kl = 0.03 * (1 - math.exp(-i / (0.15 * n))) * math.exp(rng.gauss(0, 0.5)) if i else 0.0
         if learning:
-            run.grad[i] = g0 * math.sqrt(learning / groups) * math.exp(rng.gauss(0, 0.4))
+            grads.append(g0 * math.sqrt(learning / groups) * math.exp(rng.gauss(0, 0.4)))
         else:
-            run.grad[i] = beta * g0 * math.exp(rng.gauss(0, 0.3))
-        run.loss[i] = abs(rng.gauss(0, 0.01)) * math.sqrt(learning / groups) + beta * kl + 1e-6
+            grads.append(beta * g0 * math.exp(rng.gauss(0, 0.3)))
+        losses.append(abs(rng.gauss(0, 0.01)) * math.sqrt(learning / groups) + beta * kl + 1e-6)
         rec: dict[str, Any] = {
             "reward": 0.15 + 0.55 * (1 - math.exp(-5 * t)) + rng.gauss(0, 0.08),
             "reward_std": 0.3 if learning or groups > 1 else 0.0,
@@ -241,7 +255,8 @@ def _grpo(rng: random.Random, run: Run) -> None:
             rec["frac_reward_zero_std"] = 1 - learning / groups
         if beta:
             rec["kl"] = max(kl, 1e-6) if i else 0.0
-        run.extra[i] = rec
+        extra.append(rec)
+    return losses, grads, extra
 
 
 def _fp16(rng: random.Random, run: Run) -> None:

@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from steadytune.detect.synthetic import grpo_batches
 from steadytune.objectives import is_preference_or_rl, objective_of
 from tests.unit.detect import shapes
 from tests.unit.detect.helpers import feed, raised, records, severe
@@ -134,30 +135,12 @@ def test_a_record_may_declare_its_objective_and_a_trainer_class_names_one() -> N
 
 def _grpo_batches(
     n: int, seed: int, groups: int, beta: float, share_field: bool, storm_at: int | None = None
-) -> tuple[list[float], list[float], list[dict]]:
-    """A GRPO run batch by batch: the share of prompt groups whose completions all earn the same
-    reward falls from 3/4 to 1/3 as it learns. A batch where every group tied has no advantages:
-    its gradient is the KL term's alone (``beta`` times a small drift; exactly 0 at beta 0)."""
+) -> tuple[list[float], list[float | None], list[dict]]:
+    """A GRPO run batch by batch (synthetic.grpo_batches); from ``storm_at`` on, a gradient storm."""
     rng = shapes.rng_for(seed, f"grpo-batches-{groups}-{beta}")
-    losses, grads, extra = [], [], []
-    for i in range(n):
-        t = i / n
-        tied_p = 0.75 - 0.45 * (1 - math.exp(-6 * t))
-        learning = sum(rng.random() > tied_p for _ in range(groups))
-        kl = 0.03 * (1 - math.exp(-i / (0.15 * n))) * math.exp(rng.gauss(0, 0.5)) if i else 0.0
-        g = 0.3 * math.sqrt(learning / groups) * math.exp(rng.gauss(0, 0.4))
-        if learning == 0:
-            g = beta * 0.5 * math.exp(rng.gauss(0, 0.3))
-        if storm_at is not None and i >= storm_at:
-            g = 30.0 * math.exp(rng.gauss(0, 0.3))
-        losses.append(rng.gauss(0, 0.01) * math.sqrt(learning / groups) + beta * kl)
-        grads.append(g)
-        rec = {"reward": 0.15 + 0.55 * (1 - math.exp(-5 * t)) + rng.gauss(0, 0.08), "reward_std": 0.3}
-        if share_field:
-            rec["frac_reward_zero_std"] = 1 - learning / groups
-        if beta:
-            rec["kl"] = kl
-        extra.append(rec)
+    losses, grads, extra = grpo_batches(rng, n, groups, beta, share_field)
+    if storm_at is not None:
+        grads[storm_at:] = [30.0 * math.exp(rng.gauss(0, 0.3)) for _ in grads[storm_at:]]
     return losses, grads, extra
 
 
