@@ -134,6 +134,39 @@ def test_trl_grpo_under_supervise_is_judged_on_its_reward_not_its_near_zero_loss
     assert {a["kind"] for a in as_sft["anomalies"]} & LOSS_RULES, as_sft["anomalies"]
 
 
+def test_trl_grpo_whose_batches_often_tie_raises_no_gradient_anomaly(
+    tmp_path: Path, demo_assets: Path
+) -> None:
+    """One prompt group of four a step and a binary reward: many batches tie, their gradient is the KL
+    term's alone (about 0.01 against 2), and the norm drops and comes back. Live under `supervise`, in
+    `analyze`, and in `analyze` of the same log without the fields that say a batch tied, that is not
+    a gradient spike, explosion or vanishing (before RL runs were gated: two explosions by step 12)."""
+    steps = 40
+    reward = "tests.integration.grpo_rewards.one_in_five"
+    job = trl_job(demo_assets, tmp_path, steps, trainer="grpo", save_steps=steps, logging_steps=1,
+                  reward_funcs=reward)  # fmt: skip
+    job.env["PYTHONPATH"] += os.pathsep + str(Path(__file__).resolve().parents[2])
+    with supervise(job, tmp_path) as sup:
+        rc = sup.finish()
+    assert rc == 0, sup.stdout
+    assert _anomalies(sup.events()) == []
+    state = job.checkpoint(steps) / "trainer_state.json"
+    history = [e for e in json.loads(state.read_text())["log_history"] if "grad_norm" in e]
+    tied = [e["grad_norm"] for e in history if e["frac_reward_zero_std"] == 1.0]
+    learning = [e["grad_norm"] for e in history if e["frac_reward_zero_std"] < 1.0]
+    # The run is the case in point: batches of both kinds, the tied ones' norms far below the others.
+    assert len(tied) >= 5 and len(learning) >= 5 and max(tied) * 8 < min(learning), (tied, learning)
+    rc, (found,) = _analyze(state)
+    assert rc == 0 and found["objective"] == "RL (GRPO/RLOO)" and found["anomalies"] == []
+    bare = json.loads(state.read_text())
+    for e in bare["log_history"]:
+        e.pop("frac_reward_zero_std", None)
+        e.pop("reward_std", None)
+    (tmp_path / "bare.json").write_text(json.dumps(bare))
+    rc, (found,) = _analyze(tmp_path / "bare.json")
+    assert rc == 0 and found["anomalies"] == [], found["anomalies"]
+
+
 def test_trl_grpo_under_supervise_inject_is_judged_as_rl_on_the_fields_trl_logs(
     tmp_path: Path, demo_assets: Path
 ) -> None:
