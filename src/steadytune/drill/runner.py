@@ -20,6 +20,7 @@ from typing import Any
 from steadytune.checkpoint.manifest import verify
 from steadytune.config.load import validate_dict
 from steadytune.drill.faults import DRILL_OVERRIDES, FaultSpec
+from steadytune.goodput.load import run_account
 from steadytune.records import Event, PlanRevision, StepRecord, from_json
 from steadytune.rundir import RunDir
 from steadytune.supervise.supervisor import RunResult, Supervisor
@@ -41,6 +42,7 @@ class FaultReport:
     final_loss: float | None
     run_dir: str
     rolled_back_in_process: bool = False  # the rollback reloaded its checkpoint inside the running worker
+    goodput: dict[str, Any] | None = None  # the run's goodput account (goodput.account.Account.to_dict)
 
 
 def deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
@@ -232,6 +234,7 @@ def report_run(
         final_loss=final_loss(run) if spec.expect_state == "completed" else None,
         run_dir=str(run.root),
         rolled_back_in_process=any(e.name == "rolled_back" for e in events),
+        goodput=run_account(run).to_dict(),
     )
 
 

@@ -173,6 +173,26 @@ class Account:
         """The time the run could be interrupted in: its wall time less the queue and the preflight."""
         return self.wall_s - self.seconds["queue"] - self.seconds["preflight"]
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Account:
+        """The account :meth:`to_dict` wrote (its segments are not kept there)."""
+        seconds = dict.fromkeys(PARTS, 0.0)
+        seconds.update({k: float(v) for k, v in data.get("seconds", {}).items() if k in seconds})
+        return cls(
+            run_id=str(data.get("run", "")),
+            start_ts=float(data["start_ts"]),
+            end_ts=float(data["end_ts"]),
+            seconds=seconds,
+            ended=bool(data.get("ended")),
+            state=data.get("state"),
+            steps_kept=int(data.get("steps_kept", 0)),
+            steps_redone=int(data.get("steps_redone", 0)),
+            interruptions=int(data.get("interruptions", 0)),
+            saves=int(data.get("saves", 0)),
+            step_s=data.get("step_s"),
+            gpus=int(data.get("gpus", 1)),
+        )
+
     def to_dict(self) -> dict[str, Any]:
         """The account as JSON: seconds and shares of every part, the counts behind them."""
         return {
@@ -317,8 +337,8 @@ class _Facts:
                 start_step = rec.data.get("start_step")
                 a.start_step = start_step if isinstance(start_step, int) else None
         started: dict[int, PlanRevision] = {}
-        for plan in history.plans:  # the first revision of an attempt is the one it started with
-            started.setdefault(plan.attempt, plan)
+        for revision in history.plans:  # the first revision of an attempt is the one it started with
+            started.setdefault(revision.attempt, revision)
         self.attempts = [found[n] for n in sorted(found)]
         all_steps = [t for a in self.attempts for t in a.steps]
         self.run_step_s = statistics.median(all_steps) if all_steps else None

@@ -10,6 +10,7 @@ without their fields beyond timing, and a heartbeat only where the phase changes
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -50,8 +51,13 @@ class HistoryReader:
         self.events: list[Event] = []
         self.stream: list[StreamRecord] = []
         self._gpus: int | None = None
+        self._lock = threading.Lock()  # one reading at a time: a scrape and a page may ask together
 
     def read(self) -> RunHistory:
+        with self._lock:
+            return self._read()
+
+    def _read(self) -> RunHistory:
         for rec in self._plans.records():
             if isinstance(rec, PlanRevision):
                 self.plans.append(rec)
@@ -125,3 +131,21 @@ def run_account(run: RunDir, clock: Callable[[], float] = time.time) -> Account:
     """The goodput account of the run in ``run``, live or finished."""
     history = read_history(run)
     return account(history, reading_time(run, history, clock))
+
+
+class AccountCache:
+    """The accounts of many runs, each read incrementally: what a dashboard asks for every few seconds."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock
+        self._readers: dict[Path, HistoryReader] = {}
+        self._lock = threading.Lock()
+
+    def account(self, run: RunDir) -> Account:
+        """``run``'s account now: only what was appended since the last call is read."""
+        with self._lock:
+            reader = self._readers.get(run.root)
+            if reader is None:
+                reader = self._readers[run.root] = HistoryReader(run)
+        history = reader.read()
+        return account(history, reading_time(run, history, self.clock))

@@ -25,6 +25,7 @@ from pydantic import ValidationError
 from steadytune.checkpoint.manifest import MANIFEST, verify
 from steadytune.checkpoint.store import pointer_name
 from steadytune.config.detect import DetectConfig
+from steadytune.goodput.load import AccountCache
 from steadytune.rundir import RunDir, valid_run_id
 from steadytune.telemetry.jsonl import within_depth
 from steadytune.telemetry.liveness import status_live
@@ -213,6 +214,7 @@ class RunsIndex:
         self._cache_dir = cache_dir or Path(tempfile.mkdtemp(prefix="steadytune-dash-"))
         self._entries: dict[str, RunEntry] = {}
         self._lock = threading.Lock()
+        self.accounts = AccountCache(clock)  # goodput, read incrementally for the panel and /metrics
 
     def run_ids(self) -> list[str]:
         try:

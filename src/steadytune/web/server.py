@@ -11,6 +11,7 @@ route but the pages, ``/static``, ``/healthz`` and ``/api/auth`` needs the token
     /api/runs/<id>/events?after=<seq>               /api/runs/<id>/stream?since=<version>&after=<seq> (SSE)
     /api/runs/<id>/gradflow?points=&lo=&hi=         gradient-flow heat map (layers × recorded steps)
     /api/runs/<id>/gradhist?step=                   |grad| histogram per layer at one gradient-flow recording
+    /api/goodput               every run's goodput account (and, on a server, each GPU's hours)
     /api/auth                  may this client act? /healthz
     POST /api/runs/<id>/control   {"command", "issuer", "confirm": true} with the token in a header
     /server                    GPU server page      /api/server          its GPUs, reservations and queue
@@ -43,7 +44,7 @@ from steadytune.protocol import ControlError, operator_issuer
 from steadytune.rundir import valid_run_id
 from steadytune.server.queue import QueueError
 from steadytune.supervise.control import send_control
-from steadytune.web import api
+from steadytune.web import api, goodput
 from steadytune.web.httpserver import RETRY_AFTER_S, BoundedServer
 from steadytune.web.metrics import CONTENT_TYPE, render_metrics
 from steadytune.web.params import BadParam, content_length, query_float, query_int
@@ -262,6 +263,8 @@ class Handler(BaseHTTPRequestHandler):
             return self._json(app.server.snapshot()) if app.server is not None else self._not_found()
         if parts[1:] == ["runs"]:
             return self._json(api.runs_list(app.index))
+        if parts[1:] == ["goodput"]:
+            return self._json(goodput.payload(app.index, app.server, app.clock()))
         if parts[1:] == ["stream"]:
             return self._stream(self._sse_runs)
         if parts[1] == "runs" and len(parts) in (3, 4):
