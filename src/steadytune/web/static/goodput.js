@@ -4,7 +4,7 @@
 (function () {
   const ST = window.steadytune, fmt = ST.fmt, el = ST.el;
   const pct = (x) => (x === null || x === undefined ? "–" : `${(100 * x).toFixed(1)} %`);
-  const hours = (s) => `${(s / 3600).toFixed(2)} h`;
+  const hours = (s) => (s >= 3600 ? `${(s / 3600).toFixed(2)} h` : fmt.dur(s));
 
   function bar(run, data) {
     const shown = data.parts.filter((p) => run.seconds[p] > 0);
@@ -42,7 +42,7 @@
     const share = g.allocated_s > 0 ? g.productive_s / g.allocated_s : null;
     const fill = el("div", { class: "seg gp-productive" });
     fill.style.width = `${(100 * (share || 0)).toFixed(3)}%`;
-    return el("div", { class: "gp-run", "data-gpu": String(g.gpu) },
+    return el("div", { class: "gp-run", "data-gpu-hours": String(g.gpu), "data-allocated": String(g.allocated_s), "data-productive": String(g.productive_s) },
       el("span", { class: "mono", text: `GPU ${g.gpu}` }),
       el("span", { class: "mono gp-value", text: pct(share) }),
       el("div", { class: "gpbar gp-held" }, fill),
