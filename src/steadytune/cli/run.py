@@ -235,15 +235,11 @@ def launch_marks(
     ``launched_ts`` is this process's start (the CLI's own imports are start-up too); a job the
     GPU server started also has its submission (the queue wait) and its id.
     """
-    import psutil
-
+    from steadytune.cli.main import STARTED_TS
     from steadytune.server.jobs import JOB_ENV, SUBMITTED_ENV
 
     env = os.environ if env is None else env
-    try:
-        started = psutil.Process().create_time()
-    except psutil.Error:
-        started = time.time()
+    started = STARTED_TS
     marks: dict[str, Any] = {"launched_ts": started}
     if preflight is not None:
         marks["preflight"] = [preflight[0], preflight[1]]

@@ -138,13 +138,18 @@ class Actor(threading.Thread):
 
 
 def run_one(
-    base: dict[str, Any], runs_dir: Path, run_id: str, spec: FaultSpec | None
+    base: dict[str, Any],
+    runs_dir: Path,
+    run_id: str,
+    spec: FaultSpec | None,
+    launch: dict[str, Any] | None = None,
 ) -> tuple[RunResult, float | None]:
+    """One drill run; ``launch`` (run_started's, e.g. this process's start) moves its goodput's start."""
     data = deep_merge(deep_merge(base, DRILL_OVERRIDES), {"run": {"runs_dir": str(runs_dir)}})
     cfg = validate_dict(data, base=Path.cwd(), source="drill config")
     env = {"STEADYTUNE_FAULTS": json.dumps(spec.env)} if spec and spec.env else {}
     old = os.environ.pop("STEADYTUNE_FAULTS", None)
-    sup = Supervisor(cfg, RunDir(runs_dir / run_id), console=None, worker_env=env)
+    sup = Supervisor(cfg, RunDir(runs_dir / run_id), console=None, worker_env=env, launch=launch)
     actor = Actor(sup, spec) if spec and spec.actor else None
     if actor:
         actor.start()

@@ -46,7 +46,7 @@ def test_a_gpu_is_productive_where_its_job_trained_steps_that_survive() -> None:
         "jobs": [job(gpus=[1], started_ts=100.0, ended_ts=500.0, history=history)],
     }
     rows = {r["gpu"]: r for r in gpu_hours(snapshot, {"j1-run": acct}, now=999.0)}
-    # GPU 0 was held 100..300, trained 150..260 and 280..300; GPU 1 held 100..500, trained all but startup/restart.
+    # GPU 0: held 100..300, trained 150..260 and 280..300; GPU 1: held 100..500, trained but for the restart.
     assert rows[0]["allocated_s"] == pytest.approx(200.0) and rows[0]["productive_s"] == pytest.approx(130.0)
     assert rows[1]["allocated_s"] == pytest.approx(400.0) and rows[1]["productive_s"] == pytest.approx(330.0)
     assert rows[2]["allocated_s"] == 0.0 and rows[2]["jobs"] == []
