@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from steadytune.goodput.account import RunHistory
+from steadytune.goodput.parts import RunHistory
 from steadytune.records import Event, Heartbeat, PlanRevision, StepRecord, WorkerExit
 
 

@@ -42,7 +42,7 @@ def fmt_goodput(g: dict[str, Any] | None) -> str:
 
 def lost_line(g: dict[str, Any] | None) -> str:
     """Where the rest of the run's time went, as ``steadytune goodput`` says it."""
-    from steadytune.goodput.account import Account
+    from steadytune.goodput.parts import Account
     from steadytune.goodput.text import summary_line
 
     return summary_line(Account.from_dict(g)) if g else ""

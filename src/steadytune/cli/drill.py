@@ -165,7 +165,7 @@ def render(report: dict[str, Any]) -> str:
 
 def goodput_block(report: dict[str, Any]) -> list[str]:
     """Each run's goodput and its time lost by cause, the clean run first (docs/goodput.md)."""
-    from steadytune.goodput.account import Account
+    from steadytune.goodput.parts import Account
     from steadytune.goodput.text import row_line
 
     rows = [("clean", report.get("clean_goodput"))]

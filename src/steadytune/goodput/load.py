@@ -19,7 +19,8 @@ from typing import Any
 
 import yaml
 
-from steadytune.goodput.account import Account, RunHistory, StreamRecord, account, relevant
+from steadytune.goodput.account import account, relevant
+from steadytune.goodput.parts import Account, RunHistory, StreamRecord
 from steadytune.records import Event, Heartbeat, PlanRevision, StepRecord
 from steadytune.rundir import RunDir
 from steadytune.telemetry.liveness import status_live

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from steadytune.goodput.account import EVAL, LABELS, LOST, Account
+from steadytune.goodput.parts import EVAL, LABELS, LOST, Account
 from steadytune.telemetry.progress import human_seconds
 
 SHOWN_MIN = 0.0005  # a cause under 0.05 % of the time is left out of the line (never unattributed time)

@@ -15,9 +15,9 @@ from pathlib import Path
 
 from steadytune.config.load import dump_config
 from steadytune.config.schema import SteadytuneConfig
-from steadytune.goodput.account import Account
 from steadytune.goodput.advice import advise
 from steadytune.goodput.load import run_account
+from steadytune.goodput.parts import Account
 from steadytune.preflight.envdrift import config_hash, same_config
 from steadytune.preflight.result import Check, na, ok, warn
 from steadytune.rundir import RunDir

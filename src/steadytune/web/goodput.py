@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from steadytune.goodput.account import LABELS, LOST, PARTS, Account, Segment
+from steadytune.goodput.parts import LABELS, LOST, PARTS, Account, Segment
 from steadytune.web.runs import RunsIndex
 
 RESIZES = ("grow", "shrink")

@@ -18,8 +18,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
-from steadytune.goodput.account import EVAL, LOST
 from steadytune.goodput.load import AccountCache
+from steadytune.goodput.parts import EVAL, LOST
 from steadytune.web.runs import RunEntry, RunsIndex
 
 STATES = ("starting", "running", "restarting", "paused", "completed", "failed", "stopped", "unknown")

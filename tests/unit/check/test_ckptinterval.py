@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 
 from steadytune.config.load import dump_config
-from steadytune.goodput.account import PARTS, Account
+from steadytune.goodput.parts import PARTS, Account
 from steadytune.preflight.ckptinterval import checkpoint_interval_check
 from steadytune.rundir import RunDir
 

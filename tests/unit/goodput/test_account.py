@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from steadytune.goodput.account import PARTS, PRODUCTIVE, Account, account
+from steadytune.goodput.account import account
+from steadytune.goodput.parts import PARTS, PRODUCTIVE, Account
 
 from .history import Run
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from steadytune.goodput.account import PARTS, Account, Segment
+from steadytune.goodput.parts import PARTS, Account, Segment
 from steadytune.web.goodput import gpu_hours, held
 
 
