@@ -450,6 +450,36 @@ def _marks(history: RunHistory, facts: _Facts) -> list[_Mark]:
     return marks
 
 
+def lost_work(reason: str | None, start: str = "restart") -> bool:
+    """Whether an attempt that began for ``reason`` was an interruption: a restart or a rollback, not
+    an operator's resume or a planned resize."""
+    planned = reason in PLANNED or (reason or "").startswith(PLANNED_PREFIX)
+    return start in ("restart", "recovery") and not planned
+
+
+def interruption_record(plans: Iterable[PlanRevision], events: Iterable[Event]) -> tuple[int, float]:
+    """``(interruptions, exposure seconds)`` of a run from its plan revisions and events alone.
+
+    What a machine's interruption rate needs from each of its runs, without reading their
+    training records (``check`` asks it of many runs): the attempts that began after an
+    interruption, and the time from the run's launch to its end, less the preflight.
+    """
+    firsts: dict[int, PlanRevision] = {}
+    for plan in plans:
+        firsts.setdefault(plan.attempt, plan)
+    count = sum(1 for n, plan in firsts.items() if n > 0 and lost_work(plan.reason))
+    events = list(events)
+    started = next((e for e in events if e.name == "run_started"), None)
+    if started is None or not events:
+        return count, 0.0
+    launch = started.data.get("launch") if isinstance(started.data.get("launch"), dict) else {}
+    start = _float(launch.get("launched_ts")) or started.ts
+    pre = launch.get("preflight")
+    preflight = float(pre[1]) - float(pre[0]) if isinstance(pre, list) and len(pre) == 2 else 0.0
+    end = next((e.ts for e in reversed(events) if e.name in END_EVENTS), events[-1].ts)
+    return count, max(0.0, end - start - preflight)
+
+
 def account(history: RunHistory, now: float | None = None) -> Account:
     """The goodput account of ``history``.
 
@@ -475,13 +505,7 @@ def account(history: RunHistory, now: float | None = None) -> Account:
         state=state,
         steps_kept=len(facts.kept),
         steps_redone=walk.redone,
-        interruptions=sum(
-            1
-            for a in facts.attempts
-            if a.start in ("restart", "recovery")
-            and a.reason not in PLANNED
-            and not (a.reason or "").startswith(PLANNED_PREFIX)
-        ),
+        interruptions=sum(1 for a in facts.attempts if a.number > 0 and lost_work(a.reason, a.start)),
         saves=walk.saves,
         step_s=statistics.median(walk.kept_times) if walk.kept_times else None,
         gpus=history.gpus,

@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from steadytune.goodput.account import account, relevant
+from steadytune.goodput.account import account, interruption_record, relevant
 from steadytune.goodput.parts import Account, RunHistory, StreamRecord
 from steadytune.records import Event, Heartbeat, PlanRevision, StepRecord
 from steadytune.rundir import RunDir
@@ -108,6 +108,13 @@ def _config_processes(path: Path) -> int:
 def read_history(run: RunDir) -> RunHistory:
     """Everything the account reads of ``run``, as its directory holds it now."""
     return HistoryReader(run).read()
+
+
+def interruptions(run: RunDir) -> tuple[int, float]:
+    """``(interruptions, exposure seconds)`` of ``run``, from its plan revisions and events alone."""
+    plans = [r for r in JsonlTailer(run.plan).records() if isinstance(r, PlanRevision)]
+    events = [r for r in JsonlTailer(run.events).records() if isinstance(r, Event) and relevant(r)]
+    return interruption_record(plans, events)
 
 
 def read_status(run: RunDir) -> dict[str, Any]:

@@ -26,6 +26,10 @@ def measured(run_id: str, wall: float, saves: int, save_s: float, interruptions:
     return Account(run_id, 0.0, wall, seconds, True, "completed", 100, 0, interruptions, saves, 1.0)
 
 
+def record(acct: Account) -> tuple[int, float]:
+    return acct.interruptions, acct.exposure_s
+
+
 def test_saving_far_too_often_is_a_warning_with_the_interval_to_set(tmp_path: Path) -> None:
     cfg = make_config(tmp_path, train={"save_steps": 5, "max_steps": 100_000})
     runs = tmp_path / "runs"
@@ -36,7 +40,9 @@ def test_saving_far_too_often_is_a_warning_with_the_interval_to_set(tmp_path: Pa
         "same": measured("same", 10_000.0, saves=50, save_s=2.0, interruptions=0),
         "other": measured("other", 10_000.0, saves=10, save_s=30.0, interruptions=1),
     }
-    c = checkpoint_interval_check(cfg, lambda run: accounts[run.run_id])
+    c = checkpoint_interval_check(
+        cfg, lambda run: accounts[run.run_id], lambda run: record(accounts[run.run_id])
+    )
     young = math.sqrt(2 * 2.0 * 20_000.0)
     assert (
         c.status == "warn" and c.data["measured_on"] == "same"
@@ -50,12 +56,13 @@ def test_an_interval_near_the_optimum_is_ok(tmp_path: Path) -> None:
     cfg = make_config(tmp_path, train={"save_steps": 280, "max_steps": 100_000})
     past_run(tmp_path / "runs", "same", dump_config(cfg))
     account = measured("same", 20_000.0, saves=50, save_s=2.0, interruptions=1)
-    c = checkpoint_interval_check(cfg, lambda run: account)
+    c = checkpoint_interval_check(cfg, lambda run: account, lambda run: record(account))
     assert c.status == "ok" and "save_steps 280" in c.reason
 
 
 def test_without_an_earlier_save_of_this_config_it_is_not_judged(tmp_path: Path) -> None:
     cfg = make_config(tmp_path)
     past_run(tmp_path / "runs", "other", "run: {name: something-else}\n")
-    c = checkpoint_interval_check(cfg, lambda run: measured("other", 100.0, 2, 1.0, 1))
+    other = measured("other", 100.0, 2, 1.0, 1)
+    c = checkpoint_interval_check(cfg, lambda run: other, lambda run: record(other))
     assert c.status == "na" and "no earlier run of this config" in c.reason

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from steadytune.goodput.account import account
+from steadytune.goodput.account import account, interruption_record
 from steadytune.goodput.parts import PARTS, PRODUCTIVE, Account
 
 from .history import Run
@@ -221,3 +221,26 @@ def test_gpu_seconds_scale_with_the_processes() -> None:
     steps(run, 0, 1, 2)
     acct = account(finished(run, 0).history(gpus=4))
     assert acct.gpus == 4 and acct.to_dict()["gpus"] == 4
+
+
+def test_the_interruption_record_from_plans_and_events_is_the_accounts() -> None:
+    """check reads many runs' plans and events alone: it must count what the account counts."""
+    run = Run()
+    preflight = (run.t, run.t + 5.0)
+    run.spend("preflight", 5.0).spend("startup", 0.5)
+    started(run, launched_ts=run.t0, preflight=list(preflight)).launch(0, "startup")
+    steps(run, 0, 1, 4, save_every=2)
+    run.spend("redone", 0.3).event("restart", "action", classification="killed").spend("restart", 1.0)
+    run.plan(1, "killed", resume=4).launch(1, "restart", resume=4)
+    steps(run, 1, 5, 6)
+    run.worker_event("ack_pause", 1, kind="control").save(1).exit(1, "paused").spend("pause", 20.0)
+    run.plan(2, "resume", resume=6).launch(2, "pause", resume=6)  # an operator's resume: no interruption
+    steps(run, 2, 7, 8)
+    acct = account(finished(run, 2).history())
+    assert_parts(acct, run)
+    count, exposure = interruption_record(run.plans, run.events)
+    assert (
+        (count, exposure)
+        == (acct.interruptions, pytest.approx(acct.exposure_s))
+        == (1, pytest.approx(run.wall - 5.0))
+    )
