@@ -472,7 +472,8 @@ def interruption_record(plans: Iterable[PlanRevision], events: Iterable[Event]) 
     started = next((e for e in events if e.name == "run_started"), None)
     if started is None or not events:
         return count, 0.0
-    launch = started.data.get("launch") if isinstance(started.data.get("launch"), dict) else {}
+    found = started.data.get("launch")
+    launch: dict[str, Any] = found if isinstance(found, dict) else {}
     start = _float(launch.get("launched_ts")) or started.ts
     pre = launch.get("preflight")
     preflight = float(pre[1]) - float(pre[0]) if isinstance(pre, list) and len(pre) == 2 else 0.0
