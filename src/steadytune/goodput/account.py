@@ -52,6 +52,7 @@ from steadytune.goodput.parts import (
 from steadytune.records import Event, Heartbeat, PlanRevision, StepRecord, WorkerExit
 
 TRAIN = "train"  # the activity whose time waits for the record that says what it was
+FINISH = "finish"  # the worker's phase after its training loop: the last publish, the final model
 _PHASES = {"save": "save", "eval": EVAL, "paused": "pause"}
 END_EVENTS = frozenset({"run_completed", "run_failed", "run_stopped"})
 # Worker events the account reads from rank 0's stream (its own clock, not the supervisor's filing time).
@@ -381,7 +382,7 @@ class _Walk:
         if self.dead:
             return
         if isinstance(rec, Heartbeat):
-            if rec.phase == TRAIN:
+            if rec.phase in (TRAIN, FINISH):  # after the loop, held for the attempt's end cause
                 self.set_activity(TRAIN)
             elif rec.phase == "setup":
                 # A watched command's adapter says setup until its first log: held like train time.

@@ -468,6 +468,10 @@ class GuardCallback(TrainerCallback):
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         self._log_that_never_came(state, control)
+        # The loop is over: the last publish and the final model follow, and no step will. Silence
+        # there is no hang (on a loaded machine a drill's 8 s hang floor called one, and restarted a
+        # run that had finished its last step).
+        self.guard.set_phase("finish")
         self.wait_for_saves()
 
     def on_evaluate(
