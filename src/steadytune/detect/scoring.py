@@ -95,6 +95,10 @@ def logging_interval(steps: list[int]) -> int:
     return gaps[len(gaps) // 2] if gaps else 1
 
 
+def _raised_at(alarm: Alarm) -> int:
+    return alarm.start if alarm.raised is None else alarm.raised
+
+
 def score_file(labels: list[Label], steps: list[int], alarms: list[Alarm]) -> FileScore:
     """How one detector did on one labelled file."""
     steps = sorted(set(steps))
@@ -123,7 +127,7 @@ def score_file(labels: list[Label], steps: list[int], alarms: list[Alarm]) -> Fi
         if hits:
             score.caught += 1
             true.update(hits)
-            raised = min(alarms[i].raised if alarms[i].raised is not None else alarms[i].start for i in hits)
+            raised = min(_raised_at(alarms[i]) for i in hits)
             score.delays.append(max(0.0, (raised - lb.start) / iv))
     score.true_alarms = len(true)
     return score
