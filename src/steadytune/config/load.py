@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from steadytune.config.schema import SteadytuneConfig
+from steadytune.redact import redact
 
 
 @dataclass(frozen=True)
@@ -396,7 +397,7 @@ def absolutize(cfg: SteadytuneConfig, base: Path) -> SteadytuneConfig:
 
 
 def dump_config(cfg: SteadytuneConfig) -> str:
-    """The resolved config as YAML, secrets redacted (see :func:`redact`)."""
+    """The resolved config as YAML, secrets redacted (:func:`steadytune.redact.redact`)."""
     return yaml.safe_dump(redact(_plain(cfg.model_dump())), sort_keys=False)
 
 
@@ -409,21 +410,4 @@ def _plain(obj: Any) -> Any:
         return [_plain(v) for v in obj]
     if isinstance(obj, Path):
         return str(obj)
-    return obj
-
-
-SECRET_MARKERS = ("password", "token", "secret", "webhook_url", "api_key")
-
-
-def redact(obj: Any) -> Any:
-    """Replace values whose key looks secret with ``***`` (``*_env``/``*_file`` names are kept)."""
-    if isinstance(obj, dict):
-        out = {}
-        for k, v in obj.items():
-            ks = str(k).lower()
-            secret = any(m in ks for m in SECRET_MARKERS) and not ks.endswith(("_env", "_file"))
-            out[k] = "***" if secret and v not in (None, "") else redact(v)
-        return out
-    if isinstance(obj, list):
-        return [redact(v) for v in obj]
     return obj

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from steadytune.redact import redact
+
 STATES = ("queued", "held", "admitted", "running", "done", "failed", "cancelled")
 WAITING = ("queued",)
 LIVE = ("admitted", "running")
@@ -106,13 +108,13 @@ class Job:
     shrink_to: tuple[int, ...] | None = None  # the GPUs the server asked it to shrink onto
 
     def to_dict(self) -> dict[str, Any]:
-        """The job as the API shows it: its environment stays out (it may hold secrets)."""
+        """The job as the API shows it: its environment stays out, its command line redacted."""
         return {
             "id": self.id,
             "seq": self.seq,
             "state": self.state,
             "priority": self.priority,
-            "spec": {k: v for k, v in self.spec.items() if k != "env"},
+            "spec": redact({k: v for k, v in self.spec.items() if k != "env"}),
             "need_bytes": self.need_bytes,
             "need_source": self.need_source,
             "gpus_wanted": self.gpus_wanted,

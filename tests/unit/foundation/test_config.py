@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from steadytune.config import ConfigError, dump_config, load_config, redact
+from steadytune.config import ConfigError, dump_config, load_config
 from steadytune.config.load import apply_overrides
+from steadytune.redact import redact
 
 STEADYTUNE = str(Path(sys.executable).parent / "steadytune")
 
