@@ -8,6 +8,7 @@ carries the list of :class:`ConfigIssue` and renders them.
 from __future__ import annotations
 
 import difflib
+import reprlib
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from steadytune.config.schema import SteadytuneConfig
+from steadytune.config.yamlsafe import YamlTooLarge, load_yaml, read_yaml
 from steadytune.redact import redact
 
 
@@ -29,8 +31,15 @@ class ConfigIssue:
     fix: str
 
     def render(self) -> str:
-        shown = "(missing)" if self.value is _MISSING else repr(self.value)
+        shown = "(missing)" if self.value is _MISSING else _SHORT.repr(self.value)
         return f"{self.key}: {self.problem} (got {shown}). Fix: {self.fix}"
+
+
+# The value an error shows is shortened before it is written out: a value can be megabytes long,
+# or (with YAML aliases) share itself many times over.
+_SHORT = reprlib.Repr()
+_SHORT.maxstring = _SHORT.maxother = 120
+_SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxdict = 3, 8, 8
 
 
 class _Missing:
@@ -155,7 +164,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not value.strip():
         return parts, None
     try:
-        return parts, yaml.safe_load(value)
+        return parts, load_yaml(value)
     except yaml.YAMLError as e:
         # A value YAML cannot read (``x=@``, ``x=[``, a python tag) is the user's typo: name it.
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
@@ -292,6 +301,15 @@ def validate_dict(
     return cfg
 
 
+def _too_large(path: Path, exc: YamlTooLarge) -> ConfigIssue:
+    return ConfigIssue(
+        "(yaml)",
+        str(path),
+        f"refused: {exc.problem}",
+        "write the values out: a config needs no nested aliases, and a few levels of nesting at most",
+    )
+
+
 def load_config(
     path: Path | str, overrides: list[str] | None = None, check_paths: bool = True
 ) -> SteadytuneConfig:
@@ -310,7 +328,9 @@ def load_config(
             str(path),
         )
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        data = read_yaml(path) or {}
+    except YamlTooLarge as exc:
+        raise ConfigError([_too_large(path, exc)], str(path)) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown place"
@@ -357,7 +377,9 @@ def load_supervise_config(path: Path | str | None, overrides: list[str] | None =
             str(path),
         )
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        data = read_yaml(path) or {}
+    except YamlTooLarge as exc:
+        raise ConfigError([_too_large(path, exc)], str(path)) from None
     except yaml.YAMLError as exc:
         raise ConfigError(
             [ConfigIssue("(yaml)", str(path), f"not valid YAML: {exc}", "fix the YAML syntax")], str(path)
