@@ -21,6 +21,10 @@ Severity = Literal["info", "warning", "critical"]
 EventKind = Literal["anomaly", "resolved", "action", "alert", "lifecycle", "control"]
 
 SEVERITY_ORDER: dict[str, int] = {"info": 0, "warning": 1, "critical": 2}
+# The largest step number any reader takes: exact as a float (the detectors fit lines through
+# steps) and within SQLite's INTEGER. A log that claims more (a 400-digit step ended `analyze` in
+# OverflowError) is damaged there, and that record is left out.
+MAX_STEP = 2**53
 
 
 @dataclass(frozen=True)
@@ -354,6 +358,11 @@ def to_json(record: Record) -> str:
     return ",".join(parts) + "}"
 
 
+def valid_step(step: Any) -> bool:
+    """Whether ``step`` is a step number: an integer no larger than :data:`MAX_STEP` either way."""
+    return type(step) is int and -MAX_STEP <= step <= MAX_STEP
+
+
 def _build(cls: type, data: dict[str, Any]) -> Any:
     names = {f.name for f in dataclasses.fields(cls)}
     floats = _FLOAT_FIELDS.get(cls, frozenset())
@@ -361,6 +370,8 @@ def _build(cls: type, data: dict[str, Any]) -> Any:
     for key, value in data.items():
         if key not in names:
             continue  # forward compatibility: newer writers may add fields
+        if key == "step" and value is not None and not valid_step(value):
+            raise ValueError(f"step {str(value)[:40]!r} is not an integer within ±{MAX_STEP}")
         if key in floats and isinstance(value, str):
             value = NONFINITE_TEXT.get(value, value)
         nested = _NESTED.get((cls, key))

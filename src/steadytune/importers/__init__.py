@@ -38,6 +38,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -156,6 +157,7 @@ _GZIP_MAGIC = b"\x1f\x8b"
 # A compressed log is read from a decompressed copy; a file that would unpack past this is refused
 # rather than allowed to fill the disk (a 100,000-step text log is a few tens of MB).
 MAX_GUNZIPPED_BYTES = 4 << 30
+GUNZIP_SPARE_BYTES = 64 << 20  # left free on the temporary disk, for everything else that writes there
 
 
 @contextmanager
@@ -171,6 +173,8 @@ def _plain(path: Path) -> Iterator[Path]:
         return
     with tempfile.TemporaryDirectory(prefix="steadytune-gunzip-") as tmp:
         out = Path(tmp) / (path.name[:-3] if path.name.endswith(".gz") else path.name)
+        # Never fill the temporary disk: stop short of its free space, less a margin for others.
+        room = min(MAX_GUNZIPPED_BYTES, shutil.disk_usage(tmp).free - GUNZIP_SPARE_BYTES)
         written = 0
         try:
             with gzip.open(path, "rb") as src, open(out, "wb") as dst:
@@ -178,6 +182,12 @@ def _plain(path: Path) -> Iterator[Path]:
                     written += len(chunk)
                     if written > MAX_GUNZIPPED_BYTES:
                         raise UnreadableLog(f"gzip file unpacks to more than {MAX_GUNZIPPED_BYTES >> 30} GiB")
+                    if written > room:
+                        raise UnreadableLog(
+                            f"gzip file unpacks to more than the {max(room, 0) >> 20} MiB free in "
+                            f"{Path(tmp).parent} (less a reserve); set TMPDIR to a larger disk, or unpack it "
+                            "yourself"
+                        )
                     dst.write(chunk)
         except (OSError, EOFError) as e:
             raise UnreadableLog(f"corrupt gzip file: {e}") from e

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from steadytune.objectives import objective_of
-from steadytune.records import StepRecord, SystemSample
+from steadytune.records import StepRecord, SystemSample, valid_step
 
 
 class UnreadableLog(Exception):
@@ -195,6 +195,8 @@ class SeriesBuilder:
         return len(self._rows)
 
     def build(self, require: tuple[str, ...] = ()) -> Series:
+        if any(not valid_step(s) for s in self._rows):  # a damaged step number: that row is left out
+            self._rows = {s: row for s, row in self._rows.items() if valid_step(s)}
         if not self._rows:
             wanted = f" (looked for entries with a step and {' / '.join(require)})" if require else ""
             raise UnreadableLog(f"no logged steps found{wanted}")

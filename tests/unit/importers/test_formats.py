@@ -232,3 +232,62 @@ def test_missing_path_and_log_without_loss(tmp_path: Path) -> None:
     p.write_text('{"log_history": [{"learning_rate": 0.1, "step": 1}]}')
     with pytest.raises(UnreadableLog, match="none of the metrics"):
         load(p)
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        lambda s, v: (
+            json.dumps({"step": s, "loss": v}) if isinstance(s, int) else f'{{"step": {s}, "loss": {v}}}'
+        ),
+        lambda s, v: f"step {s} | loss {v}",
+    ],
+    ids=["jsonl", "text"],
+)
+def test_a_step_number_past_what_a_float_holds_is_left_out_not_a_crash(tmp_path: Path, layout) -> None:
+    """A 400-digit step ended `analyze` in OverflowError (detect/trend.py turned it into a float)."""
+    from steadytune.cli.analyze import analyze_path
+    from steadytune.config.detect import DetectConfig
+
+    rows = [layout(s, 2.0 - 0.01 * s) for s in range(40)] + [layout("9" * 400, 1.0), layout(2**60, 1.0)]
+    path = tmp_path / "train.log"
+    path.write_text("\n".join(rows) + "\n")
+    steps = [r.step for r in load(path).records]
+    assert steps == list(range(40))
+    result = analyze_path(str(path), DetectConfig())
+    assert result.error is None and result.steps == 40
+
+
+@pytest.fixture()
+def small_tmp(tmp_path: Path):
+    """A 4 MiB tmpfs as the temporary folder (root only: mounting is what makes a disk small)."""
+    import subprocess
+    import tempfile
+
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.decode().strip()}")
+    saved, tempfile.tempdir = tempfile.tempdir, str(mnt)
+    try:
+        yield mnt
+    finally:
+        tempfile.tempdir = saved
+        subprocess.run(["umount", str(mnt)], check=True)
+
+
+def test_a_gzip_log_larger_than_the_free_temporary_disk_is_refused_saying_so(
+    tmp_path: Path, small_tmp: Path
+) -> None:
+    """It was unpacked up to 4 GiB whatever the disk had free: a full /tmp, and the error from
+    the write, not one that says what to do."""
+    import gzip
+
+    rows = "".join(f"step {s} | loss {2.0 - s * 1e-6:.6f} | {'x' * 200}\n" for s in range(40_000))
+    path = tmp_path / "train.log.gz"
+    path.write_bytes(gzip.compress(rows.encode()))
+    with pytest.raises(UnreadableLog, match="free") as e:
+        load(path)
+    assert "TMPDIR" in str(e.value)
+    assert list(small_tmp.iterdir()) == []
