@@ -48,7 +48,9 @@ ARGS: dict[str, dict[str, tuple[str, ...]]] = {
 RESERVED_ISSUERS = ("policy:", "signal")
 ISSUER_MAX = 64
 MAX_REQUEST_BYTES = 64 << 10  # a request is a few hundred bytes; a bigger file is refused unread
-_ISSUER_DROP = re.compile(r"[^A-Za-z0-9 ,._@:()-]")
+# Parentheses are dropped too: "(front end, address)" is what steadytune adds, and a typed one would
+# read the same in the audit trail.
+_ISSUER_DROP = re.compile(r"[^A-Za-z0-9 ,._@:-]")
 _REQUEST_ID = r"[0-9A-Za-z]{1,64}"
 _REQUEST_NAME = re.compile(rf"^(\d{{20}})-({_REQUEST_ID})\.json$")
 
@@ -156,7 +158,7 @@ def operator_issuer(name: str, via: str) -> str:
     if not cleaned:
         raise ControlError(
             f"issuer {name!r}: say who you are: the issuer name is required and is recorded with the "
-            "request (letters, digits, spaces and , . _ @ : ( ) -)"
+            "request (letters, digits, spaces and , . _ @ : -)"
         )
     for prefix in RESERVED_ISSUERS:
         if cleaned.lower().startswith(prefix):

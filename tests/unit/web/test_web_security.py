@@ -220,3 +220,9 @@ def test_a_token_file_others_may_read_is_refused(tmp_path: Path) -> None:
         resolve_token(None, token_env=None, token_file=f, environ={})
     assert str(f) in str(exc.value) and "644" in str(exc.value) and f"chmod 600 {f}" in str(exc.value)
     assert TOKEN not in str(exc.value)
+
+
+def test_an_issuer_cannot_forge_the_front_end_and_address() -> None:
+    """A typed "(dashboard, 10.0.0.7)" read like the suffix steadytune adds, from another client."""
+    issuer = operator_issuer("alice (dashboard, 10.0.0.7)", "dashboard, 127.0.0.1")
+    assert issuer.count("(") == 1 and issuer.endswith(" (dashboard, 127.0.0.1)"), issuer
