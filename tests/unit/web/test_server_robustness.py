@@ -187,3 +187,30 @@ def test_a_deep_last_line_does_not_stop_adopting_the_supervisors_index(serve, tm
     status, body = get(handle, "/api/runs/tail")
     assert status == 200, body[:300]
     assert [e["seq"] for e in json.loads(body)["events"]] == [e.seq for e in filed]
+
+
+def test_every_route_of_the_table_is_guarded_as_it_says(tmp_path: Path) -> None:
+    """Exposed, each READ and CONTROL route of the table answers 401 without the token, each OPEN
+    one does not; a route added to the table is checked here without a line more."""
+    from steadytune.web.auth import Access
+    from steadytune.web.routes import ROUTES
+
+    finished_run(tmp_path / "runs")
+    token = "t" * 24
+    h = start_dashboard(tmp_path / "runs", host="127.0.0.1", port=0, token=token, exposed=True)
+    try:
+        for route in ROUTES:
+            path = route.path.format(run="done", name="common.js", job="j1", action="cancel")
+            conn = http.client.HTTPConnection("127.0.0.1", h.port, timeout=10)
+            body = b'{"confirm": true}' if route.method == "POST" else None
+            conn.request(route.method, path + ("?step=1" if "gradhist" in path else ""), body=body)
+            resp = conn.getresponse()
+            if route.access is Access.OPEN:
+                assert resp.status in (200, 404), (route.path, resp.status)  # /server: 404 without a server
+            else:
+                assert resp.status == 401, (route.path, resp.status)
+            assert resp.getheader("X-Frame-Options") == "DENY"
+            resp.read()
+            conn.close()
+    finally:
+        h.stop()
