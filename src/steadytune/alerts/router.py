@@ -303,7 +303,7 @@ class AlertRouter:
         event = Event(
             ts=self.clock(), kind="alert", name=a.name, severity=a.severity,  # type: ignore[arg-type]
             step=a.step, message=self.redactor.redact(f"{a.title} [{state}]"),
-            data=self.redactor.redact_obj(data),  # type: ignore[arg-type]
+            data=self.redactor.redact_obj(data),
         )  # fmt: skip
         if self.event_log is not None:
             try:
