@@ -242,10 +242,10 @@ def read_request(path: Path) -> dict[str, Any] | None:
         raise RefusedRequest(
             f"cannot be opened as a plain file ({exc.strerror}); a link is never followed"
         ) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise RefusedRequest("is not a regular file (a FIFO, a device or a folder)")
     with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise RefusedRequest("is not a regular file (a FIFO, a device or a folder)")
         raw = f.read(MAX_REQUEST_BYTES + 1)
     if len(raw) > MAX_REQUEST_BYTES:
         raise RefusedRequest(f"is larger than {MAX_REQUEST_BYTES:,} bytes; a request is a few hundred")

@@ -345,6 +345,18 @@ def load_config(
             ],
             str(path),
         ) from None
+    if not isinstance(data, dict):
+        raise ConfigError(
+            [
+                ConfigIssue(
+                    "(file)",
+                    data,
+                    "the file holds a single value, not a mapping of sections",
+                    "write sections such as model:, data:, train: (see examples/lora.yaml)",
+                )
+            ],
+            str(path),
+        )
     data = apply_overrides(data, overrides or [])
     cfg = validate_dict(data, base=path.resolve().parent, source=str(path), check_paths=check_paths)
     return absolutize(cfg, path.resolve().parent)

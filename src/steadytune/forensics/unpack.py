@@ -218,7 +218,12 @@ def unpack(bundle: Path, dest: Path, limits: UnpackLimits | None = None) -> Path
                     f"{bundle} unpacks to {need:,} bytes, {dest} has {free:,} free; set TMPDIR to a "
                     "larger disk or pass the unpacked folder"
                 )
-            extract(tar, members, dest, str(bundle))
+            try:
+                extract(tar, members, dest, str(bundle))
+            except OSError as exc:  # a name this file system cannot hold, a full disk
+                for made in dest.iterdir():  # dest was empty: leave it so
+                    shutil.rmtree(made) if made.is_dir() and not made.is_symlink() else made.unlink()
+                raise ValueError(f"{bundle} cannot be unpacked into {dest}: {exc}") from None
     except (tarfile.TarError, gzip.BadGzipFile, EOFError, zlib.error) as exc:
         raise ValueError(f"{bundle} is not a .tar.gz repro bundle, or it is damaged: {exc}") from None
     tops = [p for p in dest.iterdir() if (p / "bundle.json").is_file()]

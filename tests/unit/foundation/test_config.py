@@ -249,3 +249,11 @@ def test_a_bundles_billion_laughs_config_is_refused_by_repro_check(tmp_path: Pat
     (top / "config.yaml").write_text(_laughs())
     with pytest.raises(ConfigError, match="aliases are expanded"):
         prepare(top)
+
+
+@pytest.mark.parametrize("text", ["A", "1", "[a, b]", "null-ish"])
+def test_a_config_file_of_one_value_is_a_config_error(tmp_path: Path, text: str) -> None:
+    """Found by the fuzzing harness: a YAML scalar or list raised ValueError/TypeError in apply_overrides."""
+    (tmp_path / "c.yaml").write_text(text)
+    with pytest.raises(ConfigError, match="not a mapping"):
+        load_config(tmp_path / "c.yaml", check_paths=False)

@@ -319,10 +319,14 @@ def _hostile(directory: Path, kind: str) -> str:
         path.write_text(json.dumps({"id": "x", "command": "reboot" * 50, "issuer": "eve", "ts": 1.0}))
     elif kind == "not_utf8":
         path.write_bytes(b'{"command": "\xff\xfe"}')
+    elif kind == "folder":  # found by the fuzzing harness: IsADirectoryError
+        path.mkdir()
     return name
 
 
-@pytest.mark.parametrize("kind", ["deep", "huge", "fifo", "symlink", "not_object", "bad_command", "not_utf8"])
+@pytest.mark.parametrize(
+    "kind", ["deep", "huge", "fifo", "symlink", "not_object", "bad_command", "not_utf8", "folder"]
+)
 def test_a_control_file_that_is_not_a_request_is_filed_as_refused_and_the_queue_goes_on(
     tmp_path: Path, kind: str
 ) -> None:
