@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 from hypothesis import event, given
@@ -44,6 +45,14 @@ files = st.one_of(
 )
 
 
+def _queue(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An empty control queue, beside a request file a planted link can point at."""
+    directory = tmp_path_factory.mktemp("run") / "control"
+    directory.mkdir()
+    (directory.parent / "target.json").write_text('{"command": "stop", "issuer": "x"}')
+    return directory
+
+
 def _place(directory, name: str, content: bytes | str) -> None:
     path = directory / name
     if content == "fifo":
@@ -61,9 +70,7 @@ def _place(directory, name: str, content: bytes | str) -> None:
 def test_any_control_file_is_a_valid_request_or_refused(
     tmp_path_factory: pytest.TempPathFactory, content
 ) -> None:
-    directory = tmp_path_factory.mktemp("run") / "control"
-    directory.mkdir()
-    (directory.parent / "target.json").write_text('{"command": "stop", "issuer": "x"}')
+    directory = _queue(tmp_path_factory)
     _place(directory, request_name(1, "a"), content)
     try:
         request = read_request(directory / request_name(1, "a"))
@@ -81,9 +88,7 @@ def test_any_control_file_is_a_valid_request_or_refused(
 def test_a_queue_of_anything_never_stops_its_reader(
     tmp_path_factory: pytest.TempPathFactory, contents
 ) -> None:
-    directory = tmp_path_factory.mktemp("run") / "control"
-    directory.mkdir()
-    (directory.parent / "target.json").write_text("{}")
+    directory = _queue(tmp_path_factory)
     for i, content in enumerate(contents):
         _place(directory, request_name(i, f"r{i}"), content)
     queue = RequestQueue(directory)
