@@ -54,7 +54,15 @@ def _archive(items: list[tuple[str, bytes, bytes, str]], fmt: int) -> bytes:
     return buf.getvalue()
 
 
+# Regular files and folders under the bundle's folder: these get past the header checks to the writing.
+plain_part = st.sampled_from(["repro-x", "data", "checkpoint", "a.json", "b"]) | st.text(
+    min_size=1, max_size=8
+)
+plain_names = st.lists(plain_part, min_size=1, max_size=4).map(lambda p: "repro-x/" + "/".join(p))
+plain_kinds = st.sampled_from([tarfile.REGTYPE, tarfile.DIRTYPE])
+plain = st.tuples(plain_names, plain_kinds, st.binary(max_size=300), st.just(""))
 archives = st.one_of(
+    st.builds(_archive, st.lists(plain, max_size=6), st.just(tarfile.PAX_FORMAT)),
     st.builds(
         _archive, st.lists(members, max_size=6), st.sampled_from([tarfile.PAX_FORMAT, tarfile.GNU_FORMAT])
     ),

@@ -5,12 +5,16 @@ Documented clean error: :class:`~steadytune.config.load.ConfigError`, every issu
 
 from __future__ import annotations
 
+import typing
+
 import pytest
 import yaml
 from hypothesis import event, given
 from hypothesis import strategies as st
+from pydantic import BaseModel
 
 from steadytune.config.load import ConfigError, apply_overrides, load_config, load_supervise_config
+from steadytune.config.schema import SteadytuneConfig
 from tests.fuzz.conftest import cases
 from tests.fuzz.strategies import json_values, number_text
 
@@ -85,8 +89,41 @@ mutated = st.builds(
     st.integers(0, 80),
     st.sampled_from(YAML_BITS) | st.text(max_size=5),
 )
+
+
+def _schema_paths(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every key path of the run schema (``("detect", "loss", "spike_z")``), for configs that get far."""
+    out: list[tuple[str, ...]] = []
+    for name, field in model.model_fields.items():
+        nested = [t for t in (field.annotation, *typing.get_args(field.annotation)) if _is_model(t)]
+        out += _schema_paths(nested[0], (*prefix, name)) if nested else [(*prefix, name)]
+    return out
+
+
+def _is_model(t: object) -> bool:
+    return isinstance(t, type) and issubclass(t, BaseModel)
+
+
+def _with(paths_values: list[tuple[tuple[str, ...], object]]) -> str:
+    tree: dict = yaml.safe_load(BASE)
+    for path, value in paths_values:
+        node = tree
+        for part in path[:-1]:
+            node = node.setdefault(part, {}) if isinstance(node.get(part, {}), dict) else {}
+        node[path[-1]] = value
+    return _dump(tree)
+
+
+# A valid config with a few of its real keys set to anything: these get through YAML to validation.
+schema_configs = st.lists(
+    st.tuples(st.sampled_from(_schema_paths(SteadytuneConfig)), json_values), max_size=4
+).map(_with)
 texts = st.one_of(
-    config_trees.map(_dump), mutated, st.text(max_size=300), st.lists(st.sampled_from(YAML_BITS)).map("".join)
+    config_trees.map(_dump),
+    schema_configs,
+    mutated,
+    st.text(max_size=300),
+    st.lists(st.sampled_from(YAML_BITS)).map("".join),
 )
 
 

@@ -18,7 +18,7 @@ from steadytune.config.detect import DetectConfig
 from steadytune.detect.offline import replay
 from steadytune.importers import UnreadableLog, detect_format, load
 from tests.fuzz.conftest import cases
-from tests.fuzz.strategies import json_values, metric_rows, number_text
+from tests.fuzz.strategies import json_values, metric_rows, number_text, numbers
 
 TEMPLATES = [
     "step {s} | loss {v} | lr {v}",
@@ -40,14 +40,25 @@ text_lines = st.lists(
     | st.text(max_size=60),
     max_size=40,
 )
-jsonl = st.lists(metric_rows | json_values, max_size=30).map(
+# Rows that name a step and a loss, whatever their values: these get past detection to the readers.
+plausible = st.fixed_dictionaries(
+    {"step": numbers | number_text, "loss": numbers | number_text},
+    optional={"grad_norm": numbers, "learning_rate": numbers, "epoch": numbers, "eval_loss": numbers,
+              "type": st.sampled_from(["train", "eval", "x"]), "reward": numbers, "kl": numbers},
+)  # fmt: skip
+llamafactory = st.fixed_dictionaries(
+    {"current_steps": numbers, "total_steps": numbers, "loss": numbers | number_text},
+    optional={"lr": numbers, "epoch": numbers, "elapsed_time": st.text(max_size=8)},
+)
+anything_rows = st.lists(plausible | llamafactory | metric_rows | json_values, max_size=30)
+jsonl = (st.lists(plausible, min_size=3, max_size=30) | anything_rows).map(
     lambda rows: "\n".join(json.dumps(r, allow_nan=True, default=str) for r in rows)
 )
 csv_text = st.lists(
     st.lists(number_text | st.sampled_from(["step", "loss", "Step", "train/loss"]), max_size=5), max_size=20
 ).map(lambda rows: "\n".join(",".join(r) for r in rows))
 trainer_state = st.fixed_dictionaries(
-    {"log_history": st.lists(metric_rows, max_size=20)}, optional={"global_step": json_values}
+    {"log_history": st.lists(plausible | metric_rows, max_size=20)}, optional={"global_step": json_values}
 ).map(lambda d: json.dumps(d, allow_nan=True, default=str))
 contents = st.one_of(
     st.binary(max_size=3000), text_lines.map("\n".join), jsonl, csv_text, trainer_state, st.text(max_size=500)
