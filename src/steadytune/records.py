@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -358,6 +359,13 @@ def to_json(record: Record) -> str:
     return ",".join(parts) + "}"
 
 
+def _in_float_range(value: int) -> float | int:
+    """``value``, or ±inf past a float's range: a 400-digit loss has no float, and the detectors need one."""
+    if -sys.float_info.max <= value <= sys.float_info.max:
+        return value
+    return math.inf if value > 0 else -math.inf
+
+
 def valid_step(step: Any) -> bool:
     """Whether ``step`` is a step number: an integer no larger than :data:`MAX_STEP` either way."""
     return type(step) is int and -MAX_STEP <= step <= MAX_STEP
@@ -374,6 +382,10 @@ def _build(cls: type, data: dict[str, Any]) -> Any:
             raise ValueError(f"step {str(value)[:40]!r} is not an integer within ±{MAX_STEP}")
         if key in floats and isinstance(value, str):
             value = NONFINITE_TEXT.get(value, value)
+        elif key in floats and type(value) is int:
+            value = _in_float_range(value)
+        elif key == "extra" and isinstance(value, dict):
+            value = {k: _in_float_range(v) if type(v) is int else v for k, v in value.items()}
         nested = _NESTED.get((cls, key))
         if nested is BatchFingerprint and isinstance(value, dict):
             value = BatchFingerprint(

@@ -60,8 +60,23 @@ csv_text = st.lists(
 trainer_state = st.fixed_dictionaries(
     {"log_history": st.lists(plausible | metric_rows, max_size=20)}, optional={"global_step": json_values}
 ).map(lambda d: json.dumps(d, allow_nan=True, default=str))
+deep = st.integers(1, 5000).flatmap(
+    lambda n: st.sampled_from(
+        [
+            '{"a": ' + "[" * n,
+            '{"log_history": ' + "[" * n,
+            '{"step": 1, "loss": 2}\n{"step": 2, "loss": ' + "[" * n,
+        ]
+    )
+)
 contents = st.one_of(
-    st.binary(max_size=3000), text_lines.map("\n".join), jsonl, csv_text, trainer_state, st.text(max_size=500)
+    deep,
+    st.binary(max_size=3000),
+    text_lines.map("\n".join),
+    jsonl,
+    csv_text,
+    trainer_state,
+    st.text(max_size=500),
 )
 NAMES = [
     "train.log",

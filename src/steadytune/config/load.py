@@ -267,7 +267,10 @@ def _cross_issues(data: dict[str, Any], base: Path) -> list[ConfigIssue]:
 
 
 def resolve_path(value: str, base: Path) -> Path:
-    p = Path(value).expanduser()
+    try:
+        p = Path(value).expanduser()
+    except RuntimeError:  # ~user of a user this machine does not know: the path as written
+        p = Path(value)
     return p if p.is_absolute() else (base / p)
 
 

@@ -149,8 +149,17 @@ def _resolve_dir(path: Path) -> Path:
 
 def detect_format(path: Path) -> str:
     """The format of a log file or directory. Raises :class:`UnreadableLog` with the reason."""
-    with _plain(Path(path)) as plain:
+    with _plain(Path(path)) as plain, _too_deep():
         return _sniff(plain)[0]
+
+
+@contextmanager
+def _too_deep() -> Iterator[None]:
+    """JSON nested deeper than the parser's recursion (one ``[`` run) is an unreadable log, not a crash."""
+    try:
+        yield
+    except RecursionError:
+        raise UnreadableLog("JSON nested too deep to read") from None
 
 
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -256,7 +265,7 @@ def load(path: Path | str, fmt: str | None = None) -> Series:
     A gzip-compressed log is read as its content; the series keeps the path given.
     """
     path = Path(path)
-    with no_gc(), _plain(path) as plain:
+    with no_gc(), _plain(path) as plain, _too_deep():
         series = _load(plain, fmt)
     if plain != path:
         series.path = str(path)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import math
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -163,7 +164,13 @@ class SeriesBuilder:
 
     def add_numbers(self, step: int, row: dict[str, Any]) -> None:
         """Add the int/float fields of a parsed JSON row as they are (the fast path for big logs)."""
-        numbers = {ALIASES.get(k, k): v for k, v in row.items() if type(v) is float or type(v) is int}
+        numbers = {
+            ALIASES.get(k, k): v
+            if type(v) is float or -_MAXF <= v <= _MAXF
+            else (math.inf if v > 0 else -math.inf)
+            for k, v in row.items()
+            if type(v) is float or type(v) is int
+        }
         target = self._rows.get(step)
         if target is None:
             self._rows[step] = numbers
@@ -178,7 +185,11 @@ class SeriesBuilder:
         for key, raw in row.items():
             kind = type(raw)
             if kind is float or kind is int:  # the common case, without the string parsing
-                x: float | None = float(raw)
+                x: float | None = (
+                    float(raw)
+                    if kind is float or -_MAXF <= raw <= _MAXF
+                    else (math.inf if raw > 0 else -math.inf)
+                )
                 if nan_means_missing and x != x:
                     continue
             else:
@@ -236,6 +247,7 @@ _DEFAULTS: dict[str, Any] = {
     f.name: f.default for f in dataclasses.fields(StepRecord) if f.default is not dataclasses.MISSING
 }
 _DEFAULTS["ts"] = 0.0
+_MAXF = sys.float_info.max  # an integer in a log past this (a 400-digit loss) cannot become a float
 _PLAIN = frozenset(name for name, cast in _FIELDS.items() if cast is float) | {"step"}
 
 
@@ -250,8 +262,12 @@ def _typed(row: dict[str, Any]) -> dict[str, Any]:
         if cast is None:
             extra[name] = value
         elif cast is int:
-            if math.isfinite(value):
+            if type(value) is int or math.isfinite(value):
                 values[name] = int(value)
+        elif type(value) is int and not -_MAXF <= value <= _MAXF:
+            values[name] = (
+                math.inf if value > 0 else -math.inf
+            )  # a number past a float's range is infinite to us
         else:
             values[name] = cast(value)
     values["extra"] = extra

@@ -257,3 +257,11 @@ def test_a_config_file_of_one_value_is_a_config_error(tmp_path: Path, text: str)
     (tmp_path / "c.yaml").write_text(text)
     with pytest.raises(ConfigError, match="not a mapping"):
         load_config(tmp_path / "c.yaml", check_paths=False)
+
+
+def test_a_path_naming_an_unknown_users_home_is_a_path_error_not_a_crash(tmp_path: Path) -> None:
+    """Found by the fuzzing harness: name_or_path: ~m raised RuntimeError in expanduser."""
+    (tmp_path / "c.yaml").write_text("model: {name_or_path: ~nosuchuser1/m}\ndata: {train_file: t}\n")
+    with pytest.raises(ConfigError, match="name_or_path"):
+        load_config(tmp_path / "c.yaml")
+    assert load_config(tmp_path / "c.yaml", check_paths=False).model.name_or_path.endswith("m")

@@ -291,3 +291,40 @@ def test_a_gzip_log_larger_than_the_free_temporary_disk_is_refused_saying_so(
         load(path)
     assert "TMPDIR" in str(e.value)
     assert list(small_tmp.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"a": ' + "[" * 100_000,
+        '{"log_history": ' + "[" * 100_000,
+        '{"step": 1, "loss": 2}\n{"loss": ' + "[" * 100_000,
+    ],
+    ids=["json", "trainer_state", "jsonl"],
+)
+def test_json_nested_too_deep_is_an_unreadable_log_not_a_recursion_error(tmp_path: Path, text: str) -> None:
+    """load() let RecursionError out of its documented UnreadableLog (analyze showed it as a reader bug)."""
+    path = tmp_path / "log.json"
+    path.write_text(text)
+    with pytest.raises(UnreadableLog, match="nested too deep"):
+        load(path)
+
+
+@pytest.mark.parametrize("field", ["loss", "grad_norm", "learning_rate", "eval_loss", "kl"])
+def test_a_metric_past_a_floats_range_is_infinite_not_a_crash(tmp_path: Path, field: str) -> None:
+    """Found by the fuzzing harness: a 400-digit value ended detection in OverflowError."""
+    from steadytune.config.detect import DetectConfig
+    from steadytune.detect.offline import replay
+
+    rows = [{"step": s, "loss": 2.0 - 0.01 * s, "grad_norm": 1.0, "learning_rate": 1e-4} for s in range(30)]
+    rows[20][field] = int("4" * 400)
+    for path in (tmp_path / "train.jsonl", tmp_path / "trainer_state.json"):
+        if path.suffix == ".json":
+            path.write_text(json.dumps({"log_history": rows}))
+        else:
+            path.write_text("\n".join(json.dumps(r) for r in rows))
+        series = load(path)
+        value = next(r for r in series.records if r.step == 20)
+        numbers = [v for v in (*vars(value).values(), *value.extra.values()) if isinstance(v, float)]
+        assert any(math.isinf(v) for v in numbers), value  # under its own name or its alias (lr)
+        replay(series.records, series.system, DetectConfig())
