@@ -73,11 +73,16 @@ class _Capped:
         return int(self._f.tell())
 
 
+def _short(name: str) -> str:
+    """A member's name or link fit for a message: an archive may make either thousands of bytes long."""
+    return name if len(name) <= 120 else f"{name[:60]}...{name[-40:]}"
+
+
 def _kind(member: tarfile.TarInfo) -> str:
     if member.issym():
-        return f"a symbolic link (to {member.linkname!r})"
+        return f"a symbolic link (to {_short(member.linkname)!r})"
     if member.islnk():
-        return f"a hard link (to {member.linkname!r})"
+        return f"a hard link (to {_short(member.linkname)!r})"
     if member.ischr() or member.isblk():
         return "a device file"
     if member.isfifo():
@@ -91,8 +96,8 @@ def _parts(member: tarfile.TarInfo, what: str) -> tuple[str, ...]:
     parts = tuple(p for p in name.split("/") if p not in ("", "."))
     if name.startswith("/") or "\\" in name or "\x00" in name or ".." in parts or not parts:
         raise ValueError(
-            f"{what}: unsafe member {name!r} refused before extracting: a bundle's members are relative "
-            "paths with no '..', backslash or NUL"
+            f"{what}: unsafe member {_short(name)!r} refused before extracting: a bundle's members are "
+            "relative paths with no '..', backslash or NUL"
         )
     return parts
 
@@ -119,7 +124,7 @@ def check_members(tar: tarfile.TarFile, limits: UnpackLimits, what: str) -> list
             )
         if member.size > limits.max_member_bytes:
             raise ValueError(
-                f"{what}: {member.name} is {member.size:,} bytes, over the limit of "
+                f"{what}: {_short(member.name)} is {member.size:,} bytes, over the limit of "
                 f"{limits.max_member_bytes:,} bytes per member; refused before extracting "
                 "(--max-member-bytes raises it)"
             )
@@ -131,12 +136,12 @@ def check_members(tar: tarfile.TarFile, limits: UnpackLimits, what: str) -> list
             )
         if not (member.isreg() or member.isdir()):
             raise ValueError(
-                f"{what}: {member.name} is {_kind(member)}; a bundle holds regular files and folders only, "
-                "so it is refused before extracting"
+                f"{what}: {_short(member.name)} is {_kind(member)}; a bundle holds regular files and folders "
+                "only, so it is refused before extracting"
             )
         parts = _parts(member, what)
         if parts in seen and not member.isdir():
-            raise ValueError(f"{what}: {member.name} appears twice; refused before extracting")
+            raise ValueError(f"{what}: {_short(member.name)} appears twice; refused before extracting")
         seen.add(parts)
         members.append(member)
 
@@ -182,14 +187,14 @@ def extract(tar: tarfile.TarFile, members: list[tarfile.TarInfo], dest: Path, wh
 def _write(tar: tarfile.TarFile, member: tarfile.TarInfo, name: str, parent: int, what: str) -> None:
     src = tar.extractfile(member)
     if src is None:
-        raise ValueError(f"{what}: {member.name} has no data to extract")
+        raise ValueError(f"{what}: {_short(member.name)} has no data to extract")
     fd = os.open(name, _NEW_FILE, 0o600, dir_fd=parent)
     with os.fdopen(fd, "wb") as out:
         left = member.size
         while left > 0:
             chunk = src.read(min(left, 1 << 20))
             if not chunk:
-                raise ValueError(f"{what}: {member.name} ends before its {member.size:,} bytes")
+                raise ValueError(f"{what}: {_short(member.name)} ends before its {member.size:,} bytes")
             out.write(chunk)
             left -= len(chunk)
 
