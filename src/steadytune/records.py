@@ -397,6 +397,8 @@ def _build(cls: type, data: dict[str, Any]) -> Any:
             value = tuple((int(a), int(b)) for a, b in value)
         elif cls is PlanRevision and key == "lr_groups":
             value = tuple((str(n), float(lr)) for n, lr in value)
+        if key == "epoch" and isinstance(value, float) and not math.isfinite(value):
+            value = None  # an infinite epoch says nothing of where the data is (and int() of it raises)
         kwargs[key] = value
     return cls(**kwargs)
 

@@ -220,6 +220,9 @@ class SeriesBuilder:
         new = object.__new__
         for step in sorted(self._rows):
             row = self._rows[step]
+            epoch = row.get("epoch")
+            if epoch is not None and not (type(epoch) in (int, float) and math.isfinite(epoch)):
+                del row["epoch"]  # an infinite or unreadable epoch says nothing of where the data is
             seen.update(row)
             if _PLAIN.issuperset(row):
                 # Only float fields (the usual loss/grad_norm/lr/epoch row): no casting to do.

@@ -328,3 +328,21 @@ def test_a_metric_past_a_floats_range_is_infinite_not_a_crash(tmp_path: Path, fi
         numbers = [v for v in (*vars(value).values(), *value.extra.values()) if isinstance(v, float)]
         assert any(math.isinf(v) for v in numbers), value  # under its own name or its alias (lr)
         replay(series.records, series.system, DetectConfig())
+
+
+@pytest.mark.parametrize("epoch", ["1e999", "Infinity", str(int("4" * 400)), '"inf"'])
+def test_an_infinite_epoch_is_no_epoch_not_a_crash(tmp_path: Path, epoch: str) -> None:
+    """Found by make fuzz: int(epoch) in the detectors' seasonal and oscillation rules raised
+    OverflowError."""
+    from steadytune.config.detect import DetectConfig
+    from steadytune.detect.offline import replay
+
+    rows = [
+        f'{{"step": {s}, "loss": {2.0 - 0.01 * s}, "epoch": {epoch if s == 20 else s / 10}}}'
+        for s in range(40)
+    ]
+    path = tmp_path / "train.jsonl"
+    path.write_text("\n".join(rows))
+    series = load(path)
+    assert next(r for r in series.records if r.step == 20).epoch is None
+    replay(series.records, series.system, DetectConfig())
