@@ -18,19 +18,28 @@ JSON line per training start and per optimizer step.
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import time
-from pathlib import Path
-from typing import Any
 
-import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainerCallback, TrainingArguments
-from transformers.trainer_utils import get_last_checkpoint
+LAUNCHED = time.time()  # before the imports: they are this process's start-up
 
-from steadytune.train.data import SAMPLE_HASH, SAMPLE_ID, DataSpec, build_dataset
-from steadytune.train.runner import Collator
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import torch  # noqa: E402
+from transformers import (  # noqa: E402
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    Trainer,
+    TrainerCallback,
+    TrainingArguments,
+)
+from transformers.trainer_utils import get_last_checkpoint  # noqa: E402
+
+from steadytune.train.data import SAMPLE_HASH, SAMPLE_ID, DataSpec, build_dataset  # noqa: E402
+from steadytune.train.runner import Collator  # noqa: E402
 
 ATTEMPT = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 FAULTS: dict[str, Any] = json.loads(os.environ.get("BASELINE_FAULTS") or "{}") if ATTEMPT == 0 else {}
@@ -87,10 +96,17 @@ class Faults(TrainerCallback):
 
     def __init__(self, log: Log) -> None:
         self.log = log
+        self.step_began = time.time()
 
     def on_train_begin(self, args, state, control, **kw):
         # Also called again when auto_find_batch_size restarts the loop after an OOM.
         self.log.write(ev="begin", step=state.global_step, batch=state.train_batch_size)
+
+    def on_step_begin(self, args, state, control, **kw):
+        self.step_began = time.time()
+
+    def on_save(self, args, state, control, **kw):
+        self.log.write(ev="saved", step=state.global_step)  # the checkpoint is written: the loop goes on
 
     def on_pre_optimizer_step(self, args, state, control, optimizer=None, **kw):
         if optimizer is not None and in_window(
@@ -101,7 +117,7 @@ class Faults(TrainerCallback):
                 group["lr"] *= float(FAULTS.get("lr_burst_factor", 1000.0))
 
     def on_step_end(self, args, state, control, **kw):
-        self.log.write(ev="step", step=state.global_step)
+        self.log.write(ev="step", step=state.global_step, step_time_s=time.time() - self.step_began)
         if FAULTS.get("step_sleep_s"):
             time.sleep(float(FAULTS["step_sleep_s"]))
         if FAULTS.get("hang_at_step") == state.global_step:
@@ -122,6 +138,15 @@ def main() -> None:
     a = p.parse_args()
 
     log = Log(a.bench_log)
+    log.write(ev="launch", started=LAUNCHED)
+    try:
+        train(a, log)
+    except BaseException as exc:  # a worker's last words, as torchrun's own log would show the traceback
+        log.write(ev="exit", status="error", error=f"{type(exc).__name__}: {exc}"[:200])
+        raise
+
+
+def train(a: argparse.Namespace, log: Log) -> None:
     tok = AutoTokenizer.from_pretrained(a.model)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token

@@ -15,6 +15,9 @@ alarms in the right place counts as a catch: that favours them.
   deviations above the window mean is skipped (a NaN compares false: skipped).
 - Megatron-LM: a NaN/Inf loss or grad norm is fatal; the rerun state machine
   flags a loss above 10x the largest of the first 100 losses.
+- W&B Automations ``MetricZScoreFilter`` at its defaults (window 30, threshold 3.0), one
+  filter on the loss and one on the grad norm, watching increases: a value more than 3
+  standard deviations above the mean of the previous 30 values (the window full first).
 - naive thresholds, what a user writes in a callback: NaN/Inf, loss > 2x the
   previous one, loss == 0, grad norm > 10, GPU above 85 C, memory above 95%,
   disk below 5% free, no step for 10 minutes.
@@ -182,6 +185,29 @@ class MegatronChecks(_Baseline):
         self.ep.flag(rec.loss > self.factor * max(self.early), rec.step, "critical")
 
 
+class WandbZScore(_Baseline):
+    name = "W&B z-score"
+
+    def __init__(self, window: int = 30, threshold: float = 3.0) -> None:
+        self.size, self.threshold = window, threshold
+        self.windows = {"loss": Rolling(window), "grad_norm": Rolling(window)}
+        self.eps = {m: _Episodes() for m in self.windows}
+        super().__init__()
+
+    def alarms(self) -> list[Alarm]:
+        return sorted((a for ep in self.eps.values() for a in ep.alarms), key=lambda a: a[2])
+
+    def step(self, rec: StepRecord) -> None:
+        for metric, window in self.windows.items():
+            x = getattr(rec, metric)
+            if x is None:
+                continue
+            if len(window) == self.size:
+                sd = window.std()
+                self.eps[metric].flag(sd > 0 and (x - window.mean()) / sd > self.threshold, rec.step)
+            window.push(x)
+
+
 class NaiveThresholds:
     name = "naive thresholds"
 
@@ -221,7 +247,7 @@ class NaiveThresholds:
             self.stall_ep.flag(now - self.last_ts > 600, step)
 
 
-BASELINES = (KillLossSpike, OlmoSkipStep, MegatronChecks, NaiveThresholds)
+BASELINES = (KillLossSpike, OlmoSkipStep, MegatronChecks, WandbZScore, NaiveThresholds)
 
 
 def baseline_alarms(cls: type, events: Iterable[tuple[str, Any]]) -> list[Alarm]:

@@ -209,6 +209,7 @@ def print_synthetic(t: dict[str, Tally]) -> None:
         "llm-foundry KillLossSpike": "foundry",
         "OLMo-core 6σ": "olmo6σ",
         "Megatron 10x": "megatron",
+        "W&B z-score": "wandb-z",
         "naive thresholds": "naive",
     }
     print("\n(a) synthetic suite: recall per kind (median delay in logged steps)")
@@ -409,6 +410,100 @@ def real(root: Path) -> FileScore:
     return loo
 
 
+def corpus(corpus_dir: Path, out: Path | None, defaults_only: bool = False) -> None:
+    """The labelled corpus and the development set, leave-one-repository-out (see _corpus.py)."""
+    from _corpus import SETS as CSETS
+    from _corpus import (
+        Row,
+        baseline_scores,
+        corpus_files,
+        dev_files,
+        leave_one_repo_out,
+        markdown,
+        run_all,
+        tally,
+    )
+
+    from steadytune.detect import DetectConfig
+
+    files = corpus_files(corpus_dir) + dev_files()
+    default = {k: float(DetectConfig().model_dump()[k.split(".")[0]][k.split(".")[1]]) for k in TUNED}
+    grid = [default] if defaults_only else _grid()
+    t0 = time.perf_counter()
+    runs = run_all(files, grid)
+    for f in files:
+        f.format = runs[f.name].format.split(":")[0]
+    loro, chosen = leave_one_repo_out(files, runs, grid, grid.index(default), FA_WEIGHT)
+    scores = {OURS: loro} | {name: baseline_scores(files, runs, name) for name in CSETS[1:]}
+    head = [
+        "detector",
+        "recall",
+        "precision by episode",
+        "false alarms / 10 healthy runs",
+        "median delay (intervals)",
+    ]
+    text = []
+    sets = {
+        "the new corpus": [f for f in files if f.collection == "corpus"],
+        "the development set": [f for f in files if f.collection == "dev"],
+        "both": files,
+    }
+    for title, group in sets.items():
+        if not group:
+            continue
+        repos = len({f.repo for f in group})
+        classes = Counter(f.cls for f in group)
+        lines = [
+            [name, *tally(group, scores[name], lambda f: "all").get("all", Row()).cells()] for name in CSETS
+        ]
+        text.append(
+            markdown(
+                f"{title}: {len(group)} files from {repos} repositories ({classes['positive']} positive, "
+                f"{classes['negative']} negative, {classes['ambiguous']} ambiguous; "
+                f"{sum(1 for f in group if f.format == 'unreadable')} unreadable)",
+                head,
+                lines,
+            )
+        )
+    new = sets["the new corpus"]
+    for key, what in ((lambda f: f.objective, "objective"), (lambda f: f.format, "format")):
+        names = CSETS if what == "objective" else [OURS]
+        lines = []
+        cats = sorted({key(f) for f in new})
+        for cat in cats:
+            members = [f for f in new if key(f) == cat]
+            for name in names:
+                row = tally(members, scores[name], lambda f: "all").get("all")
+                if row is None:
+                    continue
+                lines.append([cat, f"{len(members)}", name, *row.cells()])
+        text.append(markdown(f"the new corpus by {what}", [what, "files", *head], lines))
+    rl = [f for f in new if f.objective in ("rl", "preference")]
+    lines = [[name, *tally(rl, scores[name], lambda f: "all").get("all", Row()).cells()] for name in CSETS]
+    text.append(markdown(f"the new corpus, RL and preference runs alone ({len(rl)} files)", head, lines))
+    picks = Counter(tuple(sorted(grid[i].items())) for i in chosen.values())
+    note = ", ".join(f"{k}={v:g}" for k, v in picks.most_common(1)[0][0]) if picks else ""
+    text.append(
+        f"Leave-one-repository-out over {len(chosen)} repositories: {len(grid)} grid points over "
+        f"{', '.join(TUNED)}; the point chosen most often: {note} "
+        f"({picks.most_common(1)[0][1]} repositories). "
+        f"{time.perf_counter() - t0:.0f} s.\n"
+    )
+    misses = []
+    for f in files:
+        sc = loro.get(f.name)
+        if sc and (sc.caught < sc.positives or sc.false_alarms):
+            misses.append(
+                f"  {f.name[:60]:60s} {f.objective:11s} {f.format:24s} {sc.caught}/{sc.positives} caught, "
+                f"{sc.false_alarms} FA"
+            )
+    report = "\n".join(text)
+    print("\n" + report)
+    print("files with a miss or a false alarm (steadytune, held out):\n" + "\n".join(misses))
+    if out is not None:
+        out.write_text(report)
+
+
 def sweep(seed: int, per_size: int) -> None:
     """Recall of one loss spike by size (noise sigmas, and at least 1.3x)."""
     import math
@@ -501,7 +596,21 @@ def main() -> int:
     ap.add_argument(
         "--real-only", action="store_true", help="only the real logs: in-sample and leave-one-out"
     )
+    ap.add_argument(
+        "--corpus",
+        nargs="?",
+        const=Path(__file__).resolve().parent / "corpus",
+        type=Path,
+        help="only the labelled corpus and the development set, leave-one-repository-out",
+    )
+    ap.add_argument("--markdown", type=Path, help="with --corpus: also write the tables to this file")
+    ap.add_argument(
+        "--defaults", action="store_true", help="with --corpus: shipped defaults only (no held-out choice)"
+    )
     args = ap.parse_args()
+    if args.corpus:
+        corpus(args.corpus, args.markdown, args.defaults)
+        return 0
     if args.real_only:
         root = real_logs_dir()
         assert root is not None

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import re
 import shutil
@@ -39,27 +38,17 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
+
+from _drill_table import LEGEND, Outcome, lost_line, render
 
 HERE = Path(__file__).resolve().parent
 BASELINE_SCRIPT = HERE / "_baseline_trainer.py"
 ALL_FAULTS = ("nan", "oom", "spike", "kill", "kill-during-save", "hang", "corrupt-checkpoint")
 CLEAN_LIMIT_S = 600.0  # the clean runs set the limit of the others; they get a fixed generous one
 MIN_LIMIT_S = 90.0  # room for torchrun's 4 starts (~15 s each here) to play out before the limit
-
-
-@dataclass
-class Outcome:
-    survived: bool
-    why: str  # why not, or ""
-    finite: bool | None  # None: no final weights
-    loss: float | None  # eval loss of the final weights
-    redone: int | None  # optimizer steps trained more than once (None: unknown)
-    reached: int  # the highest step reached
-    seconds: float
-    note: str = ""
 
 
 # --------------------------------------------------------------------------- processes
@@ -180,12 +169,19 @@ def steadytune_child(args: argparse.Namespace) -> int:
     from steadytune.cli.drill import base_config
     from steadytune.drill.faults import catalogue
     from steadytune.drill.runner import as_dict, report, run_one
+    from steadytune.goodput.load import run_account
 
     base = base_config(argparse.Namespace(config=None, steps=args.steps, save_steps=args.save_steps))
     spec = None if args.st_one == "clean" else catalogue(args.save_steps)[args.st_one]
     runs_dir = args.work_dir / "steadytune"
-    result, ext_ts = run_one(base, runs_dir, args.st_one, spec)
-    out: dict[str, Any] = {"state": result.state, "run_dir": str(result.run.root)}
+    # Its goodput starts where the baseline's does: when the benchmark launched the process.
+    launch = {"launched_ts": float(args.launched)}
+    result, ext_ts = run_one(base, runs_dir, args.st_one, spec, launch)
+    out: dict[str, Any] = {
+        "state": result.state,
+        "run_dir": str(result.run.root),
+        "goodput": run_account(result.run).to_dict(),
+    }
     if spec is not None:
         out["report"] = as_dict(report(spec, result, ext_ts))
     Path(args.out).write_text(json.dumps(out))
@@ -220,6 +216,7 @@ def run_steadytune(kind: str, a: argparse.Namespace, limit: float, evaluate: Eva
         str(out_json),
     ]
     t0 = time.time()
+    cmd += ["--launched", repr(t0)]  # its goodput counts from here, as the baseline's does
     with open(log, "w") as lf:
         proc = subprocess.Popen(
             cmd,
@@ -271,6 +268,7 @@ def run_steadytune(kind: str, a: argparse.Namespace, limit: float, evaluate: Eva
         max_step(run_dir),
         seconds,
         note,
+        data.get("goodput"),
     )
 
 
@@ -284,10 +282,12 @@ class BaselineActor:
         self.spec, self.out = spec, out_dir
         self.done = spec is None or spec.actor is None
         self.what = ""
+        self.killed_at: float | None = None
 
     def _kill(self, pid: int) -> None:
         try:
             os.kill(pid, signal.SIGKILL)
+            self.killed_at = time.time()
         except ProcessLookupError:
             pass
         self.done = True
@@ -383,7 +383,10 @@ def redone_from(events: list[dict[str, Any]]) -> int:
 
 
 def run_baseline(kind: str, a: argparse.Namespace, limit: float, evaluate: Evaluator) -> Outcome:
+    from _baseline_goodput import history as baseline_history
+
     from steadytune.drill.faults import catalogue
+    from steadytune.goodput.account import account
 
     spec = None if kind == "clean" else catalogue(a.save_steps)[kind]
     out_dir = a.work_dir / "baseline" / kind
@@ -485,61 +488,10 @@ def run_baseline(kind: str, a: argparse.Namespace, limit: float, evaluate: Evalu
         logged = last_logged(log)
         if logged:
             notes.append(f"last logged {logged}")
-    return Outcome(survived, why, finite, loss, redone_from(events), reached, seconds, "; ".join(notes))
-
-
-# --------------------------------------------------------------------------- report
-
-
-def fmt_bool(v: bool | None) -> str:
-    return "-" if v is None else ("yes" if v else "NO")
-
-
-def fmt_loss(v: float | None) -> str:
-    if v is None:
-        return "-"
-    return "nan" if math.isnan(v) else ("inf" if math.isinf(v) else f"{v:.3f}")
-
-
-def fmt_redone(o: Outcome, steps: int) -> str:
-    if not o.survived:
-        return f"lost@{o.reached}"
-    return "?" if o.redone is None else str(o.redone)
-
-
-def render(rows: list[tuple[str, Outcome | None, Outcome | None]], steps: int) -> str:
-    cols = [
-        ("survived", lambda o: fmt_bool(o.survived)),
-        ("weights finite", lambda o: fmt_bool(o.finite)),
-        ("eval loss", lambda o: fmt_loss(o.loss)),
-        ("steps redone", lambda o: fmt_redone(o, steps)),
-        ("wall s", lambda o: f"{o.seconds:.0f}"),
-    ]
-    w0, w = 22, 11
-    top = " " * w0 + "".join(f"| {name:<{2 * w}}" for name, _ in cols)
-    sub = f"{'fault':<{w0}}" + "".join(f"| {'steadytune':<{w}}{'baseline':<{w}}" for _ in cols)
-    lines = [top, sub, "-" * len(sub)]
-    for label, st, bl in rows:
-        cells = "".join(
-            f"| {(fn(st) if st else 'n/a'):<{w}}{(fn(bl) if bl else 'n/a'):<{w}}" for _, fn in cols
-        )
-        lines.append(f"{label:<{w0}}{cells}")
-    return "\n".join(lines)
-
-
-LEGEND = """\
-steadytune = supervised run (steadytune.drill.runner); baseline = plain HF Trainer under
-torchrun --max-restarts=3, resuming from the newest checkpoint-* on start.
-survived        the run finished all {steps} optimizer steps (baseline: torchrun exit 0 and
-                the script reached max_steps) within the limit (3x the side's clean run, >= 90 s)
-weights finite  every floating tensor of the final weights is finite (safetensors); - = no final weights
-eval loss       token-weighted mean cross-entropy of the final weights on the demo eval set,
-                computed here in the same way for both sides; compare with the clean row (lower
-                than clean means the run trained more steps than asked, not that it recovered better)
-steps redone    optimizer steps trained more than once (restarts from an older checkpoint,
-                rollbacks, or auto_find_batch_size restarting its loop); lost@N = the run
-                never finished, it stopped at step N
-wall s          wall-clock seconds of the run, process start-up included"""
+    acct = account(baseline_history(events, t0, t0 + seconds, survived, actor.killed_at, timed_out))
+    return Outcome(
+        survived, why, finite, loss, redone_from(events), reached, seconds, "; ".join(notes), acct.to_dict()
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -557,6 +509,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=None, help="also write the results as JSON here")
     p.add_argument("--st-one", default=None, help=argparse.SUPPRESS)  # internal: one steadytune run
     p.add_argument("--out", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--launched", default=None, help=argparse.SUPPRESS)  # when the benchmark started it
     a = p.parse_args(argv)
     os.environ["HF_HUB_OFFLINE"] = "1"
     a.save_steps = a.save_steps or max(1, a.steps // 4)
@@ -627,6 +580,12 @@ def main(argv: list[str] | None = None) -> int:
             text = "; ".join(t for t in (o.note, o.why) if t)
             if text:
                 print(f"  {kind:<19}{side:<11}{text}")
+    print("\ngoodput (docs/goodput.md): the share of wall time kept as training, and where the rest went")
+    for kind in ["clean", *faults]:
+        for side in ("steadytune", "baseline"):
+            o = results[side].get(kind)
+            if o is not None and o.goodput:
+                print(f"  {kind:<19}{side:<11}{lost_line(o.goodput)}")
     print(f"\ntotal {total:.0f}s" + ("" if not keep else f"; runs kept in {a.work_dir}"))
     if a.json:
         a.json.write_text(

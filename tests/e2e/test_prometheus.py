@@ -125,7 +125,7 @@ def test_promtool_rules_check_and_unit_tests(prometheus_bins: tuple[str, str]) -
         [promtool, "check", "rules", "alerts.yml"], cwd=RULES, capture_output=True, text=True
     )
     assert check.returncode == 0, check.stdout + check.stderr
-    assert "SUCCESS: 9 rules found" in check.stdout
+    assert "SUCCESS: 10 rules found" in check.stdout
     test = subprocess.run(
         [promtool, "test", "rules", "alerts_test.yml"], cwd=RULES, capture_output=True, text=True
     )

@@ -17,6 +17,11 @@ from steadytune.web.server import start_dashboard
 pytestmark = pytest.mark.slow
 TOKEN = "e2e-server-token-123456"
 SLEEPER = "import sys, time; time.sleep(60)"
+HOURS = """
+const rows = [...document.querySelectorAll('[data-gpu-hours]')];
+return rows.length > 0 && rows.every((r) => Number(r.dataset.allocated) > 0 || !r.innerText.includes('jobs'))
+  && rows.map((r) => [Number(r.dataset.gpuHours), Number(r.dataset.allocated), Number(r.dataset.productive)]);
+"""
 
 
 def test_server_page_shows_gpus_queue_and_acts(chromium: tuple[str, str], tmp_path: Path, artifacts: Path):
@@ -55,6 +60,11 @@ def test_server_page_shows_gpus_queue_and_acts(chromium: tuple[str, str], tmp_pa
             assert "foreign pids 4242" in text and "waits for room" in text, text
             assert "grow_refused" in text and "paused by the server: GPU 0 has 0.5 GiB free" in text, text
             assert "pause (GPU 0)" in text and "scale history" in text, text
+            # GPU-hours: the running jobs hold GPUs from their start; their stand-in commands write no run,
+            # so none of it is productive.
+            hours = wait_js(b, HOURS, timeout=20)
+            assert len(hours) == 2 and sum(a for _, a, _ in hours) > 0, hours
+            assert all(p == 0 for *_, p in hours), hours
             shot = screenshot(b, artifacts / "server-page.png")
             assert shot.stat().st_size > 10_000
             b.execute_script(

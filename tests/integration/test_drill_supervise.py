@@ -4,6 +4,7 @@ recovered."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -54,6 +55,9 @@ def test_every_outside_fault_is_detected_and_recovered_under_the_native_table(
     assert rows["kill"][4] == "restart" and rows["hang"][4] == "restart" and rows["truncated"][4] == "restart"
     assert rows["lr"][4] == "rollback" and rows["sigterm"][4] == "run_stopped"
     assert "completed: yes   weights finite: yes" in out
+    # Each run's goodput beside the clean run's, from the run folders the drill leaves.
+    shares = dict(re.findall(r"^  (\S+)\s+([\d.]+) % of \S+ — lost: ", out, re.M))
+    assert set(shares) == {"clean", *FAULTS} and all(0 < float(v) < 100 for v in shares.values()), out
     outputs = runs / "outputs"
 
     def plans(run: Path) -> list[dict]:

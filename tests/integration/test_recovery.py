@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 
 from steadytune.cli.demo import demo_config
-from steadytune.drill.faults import catalogue
+from steadytune.drill.faults import DRILL_OVERRIDES, catalogue
 from steadytune.drill.runner import final_loss, report, run_one, weights_finite
 from steadytune.records import StepRecord
 from steadytune.telemetry.events import read_events
@@ -90,13 +91,44 @@ def check_detection_then_action(kind: str, spec, events: list) -> None:
         assert not decided and first.seq < restart.seq
 
 
+def check_goodput(kind: str, rep, steps: list[StepRecord], measured_s: float) -> None:
+    """The run's goodput account: its parts make up its wall time, and the fault cost what it should."""
+    g = rep.goodput
+    s, wall = g["seconds"], g["wall_s"]
+    assert abs(g["productive_s"] + g["eval_s"] + g["lost_s"] - wall) <= 0.01 * wall, g
+    assert 0.9 * measured_s <= wall <= measured_s, (wall, measured_s)  # the supervisor's start to its end
+    assert s["unattributed"] <= 0.01 * wall, g
+    # What survives is the run's steps, each its last attempt: their own time is productive, or in-process
+    # recovery where a step's first try ran out of memory or its update was dropped.
+    last: dict[int, StepRecord] = {}
+    for r in steps:
+        if r.step not in last or r.attempt >= last[r.step].attempt:
+            last[r.step] = r
+    assert g["steps_kept"] == STEPS == len(last)
+    assert g["productive_s"] + s["recovery"] >= sum(r.step_time_s or 0.0 for r in last.values())
+    assert g["steps_redone"] == rep.steps_redone  # the drill counts them from plans, the account from records
+    assert s["eval"] > 0 and s["startup"] > 0  # the evaluation at the last step; the first load
+    if kind in {"nan", "oom"}:
+        assert s["recovery"] > 0 and s["redone"] == s["restart"] == 0 and g["interruptions"] == 0, g
+        return
+    assert g["interruptions"] == 1 and s["redone"] > 0, g
+    if kind == "hang":
+        assert s["hang"] >= DRILL_OVERRIDES["detect"]["pace"]["hang_floor_s"], g  # never called sooner
+    if rep.rolled_back_in_process:
+        assert s["recovery"] > 0 and s["restart"] == 0, g
+    else:
+        assert s["restart"] > 0, g
+
+
 FAULTS = ["nan", "oom", "spike", "kill", "kill-during-save", "hang", "corrupt-checkpoint"]
 
 
 @pytest.mark.parametrize("kind", FAULTS)
 def test_fault_is_detected_and_recovered(kind: str, base: dict, clean_loss: float, tmp_path: Path) -> None:
     spec = catalogue(SAVE)[kind]
+    started = time.time()
     result, ext = run_one(base, tmp_path, kind, spec)
+    measured = time.time() - started
     rep = report(spec, result, ext)
     assert rep.detected, rep
     assert rep.recovered, rep  # completed, weights finite
@@ -115,6 +147,7 @@ def test_fault_is_detected_and_recovered(kind: str, base: dict, clean_loss: floa
         if isinstance(r, StepRecord) and not r.extra.get("eval")
     ]
     check_detection_then_action(kind, spec, read_events(result.run.events))
+    check_goodput(kind, rep, steps, measured)
     if spec.in_process:
         assert rep.restarts == 0, rep  # no process restart for a NaN or a plain OOM
     if kind == "oom":

@@ -7,14 +7,21 @@ batch fingerprints (the ids of the samples each step trained on) are what reache
 
 from __future__ import annotations
 
+import json
+import shutil
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
+from steadytune.goodput.load import run_account
+from steadytune.goodput.text import summary_line
 from steadytune.records import PlanRevision, StepRecord, from_json
 from steadytune.rundir import RunDir
+from steadytune.telemetry.events import read_events
 
-from .runs import finish, kill_worker, run_dir, start_run, status, steps, wait_for, write_config
+from .runs import STEADYTUNE, finish, kill_worker, run_dir, start_run, status, steps, wait_for, write_config
 
 pytestmark = pytest.mark.slow
 
@@ -71,6 +78,7 @@ def check_skip(run: RunDir, resume_step: int) -> tuple[set[int], list[PlanRevisi
 def test_rollback_skips_its_samples_for_good_and_keeps_the_order(tmp_path: Path, demo_assets: Path) -> None:
     sections = {"train": {"max_grad_norm": 0.0, "max_steps": 40}, "policy": {"spike_confirm_points": 1}}
     cfg = write_config(tmp_path, demo_assets, **sections)  # checkpoints every 10 steps
+    launched = time.time()
     proc = start_run(
         cfg, "skip", faults={"lr_burst_at_step": 21, "lr_burst_factor": 1000.0, "step_sleep_s": 0.1}
     )
@@ -81,9 +89,14 @@ def test_rollback_skips_its_samples_for_good_and_keeps_the_order(tmp_path: Path,
         timeout=180,
         what="the resumed worker at step 25",
     )
+    live = run_account(run)  # while it trains: up to now
+    assert not live.ended and live.wall_s <= time.time() - launched
+    assert sum(live.seconds.values()) == pytest.approx(live.wall_s)
     kill_worker(run)
     rc, out = finish(proc)
+    measured = time.time() - launched
     assert rc == 0, out
+    check_goodput(run, out, measured, tmp_path)
 
     skip, revisions = check_skip(run, 20)
     assert [p.reason for p in revisions][-1] == "killed" and revisions[-1].attempt == 2
@@ -124,6 +137,29 @@ def rollback_in_the_second_epoch(
     epochs = [reference[48 * e : 48 * (e + 1)] for e in range(4)]
     expected = epochs[0] + [i for e in epochs[1:] for i in e if i not in skip]
     return trained_order(records), expected, len(skip)
+
+
+def check_goodput(run: RunDir, out: str, measured_s: float, tmp_path: Path) -> None:
+    """A crash and a rollback in one real run: the account of its folder, in the summary, the CLI, a copy."""
+    acct = run_account(run)
+    assert acct.ended and acct.state == "completed"
+    assert sum(acct.seconds.values()) == pytest.approx(acct.wall_s, rel=0.01)
+    # From the process's start to its run_completed: not more than the test saw, and not much less.
+    assert measured_s - max(3.0, 0.03 * measured_s) <= acct.wall_s <= measured_s
+    assert acct.seconds["unattributed"] <= 0.01 * acct.wall_s
+    records = steps(run)
+    superseded = [r for r in records if any(o.step == r.step and o.attempt > r.attempt for o in records)]
+    assert (acct.steps_kept, acct.steps_redone, acct.interruptions) == (40, len(superseded), 2)
+    rolled_in_process = any(e.name == "rolled_back" for e in read_events(run.events))
+    assert acct.seconds["redone"] > 0 and acct.seconds["restart"] > 0  # the spike's steps; the kill
+    assert acct.seconds["recovery" if rolled_in_process else "restart"] > 0  # the rollback's reload
+    assert summary_line(acct) in out  # the run's own summary says the same
+    shown = subprocess.run([STEADYTUNE, "goodput", str(run.root), "--format", "json"],
+                           capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["runs"] == [acct.to_dict()]
+    copy = RunDir(Path(shutil.copytree(run.root, tmp_path / "copied" / run.run_id)))
+    assert run_account(copy).to_dict() == acct.to_dict()
 
 
 def test_rollback_in_a_later_epoch_keeps_the_order(tmp_path: Path, demo_assets: Path) -> None:

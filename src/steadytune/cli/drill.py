@@ -155,6 +155,7 @@ def render(report: dict[str, Any]) -> str:
                 f"  {f['kind']:<19} final loss {f['final_loss']:.4f} "
                 f"({100 * (f['final_loss'] / clean - 1):+.1f}%)"
             )
+    lines += goodput_block(report)
     lines.append(
         f"completed: {'yes' if report['completed'] else 'NO'}   weights finite: "
         f"{'yes' if report['weights_finite'] else 'NO'}"
@@ -162,17 +163,30 @@ def render(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def goodput_block(report: dict[str, Any]) -> list[str]:
+    """Each run's goodput and its time lost by cause, the clean run first (docs/goodput.md)."""
+    from steadytune.goodput.parts import Account
+    from steadytune.goodput.text import row_line
+
+    rows = [("clean", report.get("clean_goodput"))]
+    rows += [(f["kind"], f.get("goodput")) for f in report["faults"]]
+    shown = [row_line(label, Account.from_dict(g)) for label, g in rows if g]
+    return ["", "goodput: the share of each run's wall time kept as training", *(f"  {r}" for r in shown)]
+
+
 def _summary(
-    reports: list[Any], clean_ok: bool, clean_loss: float | None, clean_finite: bool
+    reports: list[Any], clean_ok: bool, clean_loss: float | None, clean_finite: bool, clean_run: Any
 ) -> dict[str, Any]:
     """The drill's JSON: the same shape for a native and a supervised drill."""
     from steadytune.drill.runner import as_dict
+    from steadytune.goodput.load import run_account
 
     return {
         "faults": [as_dict(r) for r in reports],
         "completed": all(r.recovered for r in reports) and clean_ok,
         "final_loss": reports[-1].final_loss if reports else clean_loss,
         "clean_final_loss": clean_loss,
+        "clean_goodput": run_account(clean_run).to_dict(),
         "weights_finite": clean_finite and all(r.recovered for r in reports),
     }
 
@@ -238,7 +252,9 @@ def main(args: argparse.Namespace) -> int:
         say(f"fault {spec.kind} at step {spec.at_step} ...")
         result, ext_ts = run_one(base, runs_dir, f"{spec.kind}-{stamp}", spec)
         reports.append(report(spec, result, ext_ts))
-    out = _summary(reports, clean.state == "completed", final_loss(clean.run), weights_finite(clean.run))
+    out = _summary(
+        reports, clean.state == "completed", final_loss(clean.run), weights_finite(clean.run), clean.run
+    )
     return _finish(out, args)
 
 
@@ -274,7 +290,7 @@ def main_supervise(args: argparse.Namespace) -> int:
         if outcome.left_running:
             say(f"  still running after supervise exited (now killed): {outcome.left_running}")
         reports.append(external.report(spec, outcome))
-    out = _summary(reports, True, final_loss(clean.run), external.usable(None, clean))
+    out = _summary(reports, True, final_loss(clean.run), external.usable(None, clean), clean.run)
     return _finish(out, args)
 
 

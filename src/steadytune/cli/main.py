@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
-import argparse
-import importlib
-import os
-import pkgutil
-import sys
-from collections.abc import Sequence
+import time
 
-import steadytune
-import steadytune.cli as cli_pkg
+# When this process began, as near as it can tell (before the imports below): a run's goodput starts here.
+# The kernel's own start time (psutil) is rounded to the boot second and may read up to a second early.
+STARTED_TS = time.time()
+
+import argparse  # noqa: E402
+import importlib  # noqa: E402
+import os  # noqa: E402
+import pkgutil  # noqa: E402
+import sys  # noqa: E402
+from collections.abc import Sequence  # noqa: E402
+
+import steadytune  # noqa: E402
+import steadytune.cli as cli_pkg  # noqa: E402
 
 EPILOG = """\
 examples:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +65,25 @@ def add_launch_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def print_summary(console: Any, result: Any) -> None:
+def goodput_lines(run: RunDir, save_steps: int | None, max_steps: int | None = None) -> list[str]:
+    """The run's goodput line, and the checkpoint-interval advice when its interval loses more than it
+    would at the optimum (docs/goodput.md)."""
+    from steadytune.goodput.advice import advise
+    from steadytune.goodput.load import run_account
+    from steadytune.goodput.text import summary_line
+
+    acct = run_account(run)
+    lines = [summary_line(acct)]
+    if save_steps:
+        advice = advise(
+            acct.save_cost_s, acct.step_s, acct.interruptions, acct.exposure_s, save_steps, max_steps
+        )
+        if advice is not None and advice.worth_saying:
+            lines.append(f"checkpoints: {advice.line()}")
+    return lines
+
+
+def print_summary(console: Any, result: Any, cfg: SteadytuneConfig | None = None) -> None:
     from steadytune.telemetry.progress import human_seconds
 
     p = result.progress
@@ -91,6 +111,9 @@ def print_summary(console: Any, result: Any) -> None:
     console.print("")
     for k, v in rows:
         console.print(f"  {k:<{width}}  {v}", highlight=False, markup=False)
+    save_steps = cfg.train.save_steps if cfg is not None else None
+    for line in goodput_lines(result.run, save_steps, p.max_steps):
+        console.print(f"  {line}", highlight=False, markup=False, soft_wrap=True)
     rd = result.run.root
     console.print("\nnext:", highlight=False)
     console.print(f"  steadytune analyze {rd}            # anomalies in this run", highlight=False)
@@ -109,6 +132,7 @@ def launch(
     source: Any = None,
     stop_grace_s: float | None = None,
     early: Any = None,
+    preflight: tuple[float, float] | None = None,
 ) -> int:
     """Create the run directory and supervise the job to its end. Shared by ``run``, ``demo`` and
     ``supervise``.
@@ -118,10 +142,11 @@ def launch(
     signal exits 0 under ``run`` (its state is saved), and 128 + the signal under a command's
     supervisor, as the command itself would have; a stop or pause asked for otherwise exits 0.
     ``early`` (a :class:`~steadytune.supervise.standby.Standby`) is the first attempt's worker process,
-    started while the preflight ran; it is stopped here if the run does not take it.
+    started while the preflight ran; it is stopped here if the run does not take it. ``preflight`` is
+    when the check before it began and ended (the goodput account counts it apart from start-up).
     """
     try:
-        return _launch(cfg, run_id, quiet, worker_env, args, source, stop_grace_s, early)
+        return _launch(cfg, run_id, quiet, worker_env, args, source, stop_grace_s, early, preflight)
     finally:
         if early is not None:
             early.stop()
@@ -136,6 +161,7 @@ def _launch(
     source: Any,
     stop_grace_s: float | None,
     early: Any,
+    preflight: tuple[float, float] | None = None,
 ) -> int:
     from rich.console import Console
 
@@ -166,7 +192,13 @@ def _launch(
     if early is not None:
         extra["early"] = early
     sup = Supervisor(
-        cfg, run, console=console, worker_env=worker_env, source=source(run) if source else None, **extra
+        cfg,
+        run,
+        console=console,
+        worker_env=worker_env,
+        source=source(run) if source else None,
+        launch=launch_marks(preflight),
+        **extra,
     )
     console.print(f"run {rid} → {run.root}", highlight=False, markup=False)
     dashboard = None
@@ -189,10 +221,36 @@ def _launch(
             signal.signal(s, h)
         if dashboard is not None:
             dashboard.stop()
-    print_summary(console, result)
+    # A watched command's checkpoint interval is its own, not the config's: no advice on it.
+    print_summary(console, result, None if watching_a_command else cfg)
     if watching_a_command and result.state == "stopped" and sup.stop_signal is not None:
         return 128 + sup.stop_signal
     return 0 if result.state in {"completed", "stopped", "paused"} else 1
+
+
+def launch_marks(
+    preflight: tuple[float, float] | None = None, env: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """When this run was asked for, before its supervisor began: ``run_started``'s ``data.launch``.
+
+    ``launched_ts`` is this process's start (the CLI's own imports are start-up too); a job the
+    GPU server started also has its submission (the queue wait) and its id.
+    """
+    from steadytune.cli.main import STARTED_TS
+    from steadytune.server.jobs import JOB_ENV, SUBMITTED_ENV
+
+    env = os.environ if env is None else env
+    started = STARTED_TS
+    marks: dict[str, Any] = {"launched_ts": started}
+    if preflight is not None:
+        marks["preflight"] = [preflight[0], preflight[1]]
+    try:
+        submitted = float(env.get(SUBMITTED_ENV, ""))
+    except ValueError:
+        submitted = None
+    if submitted is not None and submitted <= started:
+        marks.update(submitted_ts=submitted, job=env.get(JOB_ENV))
+    return marks
 
 
 def start_dashboard_for(cfg: SteadytuneConfig, args: argparse.Namespace | None, console: Any) -> Any:
@@ -282,6 +340,7 @@ def main(args: argparse.Namespace) -> int:
         # sent into the attempt only after a GO (supervise/standby.py).
         run_id = run_id or new_run_id(cfg, time.time())
         early = early_standby(cfg, RunDir(Path(cfg.run.runs_dir) / run_id))
+        checked = time.time()
         try:
             code = preflight_gate(args.config, args.overrides, force=args.force)
         except BaseException:  # a Ctrl-C during the check: nothing of the run may stay behind
@@ -292,4 +351,7 @@ def main(args: argparse.Namespace) -> int:
                 discard_early(early)
         if code is not None:
             return code
-    return launch(cfg, run_id=run_id, quiet=args.quiet, args=args, early=early)
+        preflight = (checked, time.time())
+    else:
+        preflight = None
+    return launch(cfg, run_id=run_id, quiet=args.quiet, args=args, early=early, preflight=preflight)

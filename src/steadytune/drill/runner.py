@@ -20,6 +20,7 @@ from typing import Any
 from steadytune.checkpoint.manifest import verify
 from steadytune.config.load import validate_dict
 from steadytune.drill.faults import DRILL_OVERRIDES, FaultSpec
+from steadytune.goodput.load import run_account
 from steadytune.records import Event, PlanRevision, StepRecord, from_json
 from steadytune.rundir import RunDir
 from steadytune.supervise.supervisor import RunResult, Supervisor
@@ -41,6 +42,7 @@ class FaultReport:
     final_loss: float | None
     run_dir: str
     rolled_back_in_process: bool = False  # the rollback reloaded its checkpoint inside the running worker
+    goodput: dict[str, Any] | None = None  # the run's goodput account (goodput.account.Account.to_dict)
 
 
 def deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
@@ -136,13 +138,18 @@ class Actor(threading.Thread):
 
 
 def run_one(
-    base: dict[str, Any], runs_dir: Path, run_id: str, spec: FaultSpec | None
+    base: dict[str, Any],
+    runs_dir: Path,
+    run_id: str,
+    spec: FaultSpec | None,
+    launch: dict[str, Any] | None = None,
 ) -> tuple[RunResult, float | None]:
+    """One drill run; ``launch`` (run_started's, e.g. this process's start) moves its goodput's start."""
     data = deep_merge(deep_merge(base, DRILL_OVERRIDES), {"run": {"runs_dir": str(runs_dir)}})
     cfg = validate_dict(data, base=Path.cwd(), source="drill config")
     env = {"STEADYTUNE_FAULTS": json.dumps(spec.env)} if spec and spec.env else {}
     old = os.environ.pop("STEADYTUNE_FAULTS", None)
-    sup = Supervisor(cfg, RunDir(runs_dir / run_id), console=None, worker_env=env)
+    sup = Supervisor(cfg, RunDir(runs_dir / run_id), console=None, worker_env=env, launch=launch)
     actor = Actor(sup, spec) if spec and spec.actor else None
     if actor:
         actor.start()
@@ -232,6 +239,7 @@ def report_run(
         final_loss=final_loss(run) if spec.expect_state == "completed" else None,
         run_dir=str(run.root),
         rolled_back_in_process=any(e.name == "rolled_back" for e in events),
+        goodput=run_account(run).to_dict(),
     )
 
 

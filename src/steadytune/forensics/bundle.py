@@ -42,7 +42,6 @@ from steadytune.checkpoint.manifest import (
     sha256_file,
     verify,
 )
-from steadytune.config.load import redact
 from steadytune.forensics.inspect import fetch_rows
 from steadytune.forensics.runview import (
     ForensicsError,
@@ -53,6 +52,7 @@ from steadytune.forensics.runview import (
     plan_for_attempt,
 )
 from steadytune.records import to_dict
+from steadytune.redact import redact
 from steadytune.redact.paths import PathRedactor
 from steadytune.rundir import RunDir
 from steadytune.telemetry.envsnap import snapshot

@@ -335,10 +335,12 @@ class GuardCallback(TrainerCallback):
                     f"checkpoint at step {state.global_step} skipped: {reason}",
                     severity="critical",
                 )
-            else:
-                self.guard.set_phase("save")
-        if control.should_evaluate and not control.should_save:
+        # The trainer evaluates before it saves: the phase names what the loop waits on first
+        # (on_evaluate then moves it on to the save), so an evaluation is never counted as a save.
+        if control.should_evaluate:
             self.guard.set_phase("eval")
+        elif control.should_save:
+            self.guard.set_phase("save")
 
     def _memory_snapshot(self, request: dict[str, Any], step: int) -> None:
         """A CUDA allocator snapshot into ``stacks/`` (a no-op that says so on CPU)."""
@@ -466,6 +468,10 @@ class GuardCallback(TrainerCallback):
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         self._log_that_never_came(state, control)
+        # The loop is over: the last publish and the final model follow, and no step will. Silence
+        # there is no hang (on a loaded machine a drill's 8 s hang floor called one, and restarted a
+        # run that had finished its last step).
+        self.guard.set_phase("finish")
         self.wait_for_saves()
 
     def on_evaluate(
@@ -474,7 +480,7 @@ class GuardCallback(TrainerCallback):
         self._log_that_never_came(state, control)
         if metrics and "eval_loss" in metrics:
             self.guard.record_eval(state.global_step, metrics["eval_loss"])
-        self.guard.set_phase("train")
+        self.guard.set_phase("save" if control.should_save else "train")
 
 
 def restore_base_lrs(

@@ -25,6 +25,7 @@ from steadytune.estimate import (
 from steadytune.estimate.batch import auto_effective_batch
 from steadytune.estimate.runconfig import setup_from_config_dict
 from steadytune.preflight import versions as v
+from steadytune.preflight.ckptinterval import checkpoint_interval_check
 from steadytune.preflight.datascan import DataScan, scan_data
 from steadytune.preflight.envdrift import environment_check
 from steadytune.preflight.lints import config_lints
@@ -221,6 +222,7 @@ def run_preflight(
     checks += writable_checks(facts)
     checks += version_report(cfg, facts)
     checks.append(environment_check(cfg))  # vs env.json of the last completed run of this config
+    checks.append(checkpoint_interval_check(cfg))  # save_steps against Young/Daly, from earlier runs
     fits = recommendation.per_device_train_batch_size if recommendation else None
     lints = config_lints(cfg, arch, data.samples, fits)
     # A save_steps problem the loader already reported is not reported twice.

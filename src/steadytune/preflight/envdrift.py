@@ -66,14 +66,18 @@ def last_completed_run(runs_dir: Path, name: str | None, digest: str) -> RunDir 
         state, when = _state(run)
         if state != "completed":
             continue
-        try:
-            text = run.config.read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            continue  # a run this user may not read is no baseline
-        same = _run_name(text) == name if name else config_hash(text) == digest
-        if same and (best is None or when > best[0]):
+        if same_config(run, name, digest) and (best is None or when > best[0]):
             best = (when, run)
     return best[1] if best else None
+
+
+def same_config(run: RunDir, name: str | None, digest: str) -> bool:
+    """Whether ``run`` trained the config named ``name`` (or, without a name, the one hashed ``digest``)."""
+    try:
+        text = run.config.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False  # a run this user may not read is no baseline
+    return _run_name(text) == name if name else config_hash(text) == digest
 
 
 def describe(d: EnvDiff, limit: int = SHOWN) -> str:

@@ -23,6 +23,7 @@ from steadytune.server.queue import Job
 
 JOB_ENV = "STEADYTUNE_SERVER_JOB"
 SOCKET_ENV = "STEADYTUNE_SERVER_SOCKET"  # where the job's supervisor asks for GPUs to grow onto
+SUBMITTED_ENV = "STEADYTUNE_SERVER_SUBMITTED"  # when the queue took the job: its goodput counts the wait
 
 
 def run_id(job: Job) -> str:
@@ -65,6 +66,7 @@ def job_env(
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in gpus)
     env[JOB_ENV] = job.id
+    env[SUBMITTED_ENV] = repr(job.submitted_ts)
     if socket is not None:
         env[SOCKET_ENV] = str(socket)
     cap = job.spec.get("memory_cap_bytes")

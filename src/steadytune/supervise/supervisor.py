@@ -112,8 +112,14 @@ class Supervisor:
         stop_grace_s: float = 120.0,
         source: WorkerSource | None = None,
         early: Standby | None = None,
+        launch: dict[str, Any] | None = None,
     ) -> None:
-        """``early``: a spare started for the first attempt while the preflight ran (``early_standby``)."""
+        """``early``: a spare started for the first attempt while the preflight ran (``early_standby``).
+
+        ``launch``: when the run was asked for before this supervisor began (its process's start, the
+        preflight's span, a server job's submission), filed in ``run_started`` for the goodput account.
+        """
+        self.launch = dict(launch or {})
         self.cfg = cfg
         self.run = run.create()
         self.console = console
@@ -212,7 +218,11 @@ class Supervisor:
             "lifecycle",
             "run_started",
             f"run {self.run.run_id} started{what}",
-            data={"method": self.cfg.method, "source": self.source.label},
+            data={
+                "method": self.cfg.method,
+                "source": self.source.label,
+                **({"launch": self.launch} if self.launch else {}),
+            },
         )
 
     def write_plan(self, plan: PlanRevision) -> None:

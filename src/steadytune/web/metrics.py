@@ -1,9 +1,10 @@
 """``/metrics``: the Prometheus exposition, by ``prometheus_client`` over the run index.
 
 Every family is ``steadytune_*`` with a unit suffix and a ``run`` label. Values
-come only from the run directory: ``status.json``, the run index and the
-checkpoint pointers. A custom collector reads them on each scrape, so there is
-no state to keep in step with the runs.
+come only from the run directory: ``status.json``, the run index, the
+checkpoint pointers and the goodput account of its records (``goodput/``). A
+custom collector reads them on each scrape, so there is no state to keep in
+step with the runs.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
+from steadytune.goodput.load import AccountCache
+from steadytune.goodput.parts import EVAL, LOST
 from steadytune.web.runs import RunEntry, RunsIndex
 
 STATES = ("starting", "running", "restarting", "paused", "completed", "failed", "stopped", "unknown")
@@ -74,6 +77,26 @@ SPEC: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
     ("checkpoint_last_timestamp_seconds", "gauge", "Unix time of the latest checkpoint.", ("run",)),
     ("checkpoint_age_seconds", "gauge", "Seconds since the latest checkpoint was written.", ("run",)),
     ("checkpoints_verified", "gauge", "Checkpoints whose manifest matches their files.", ("run",)),
+    (
+        "goodput_ratio",
+        "gauge",
+        "Share of the run's wall time that became training kept in the final model (docs/goodput.md).",
+        ("run",),
+    ),
+    (
+        "wall_seconds",
+        "gauge",
+        "The run's wall time: from its launch (or submission) to its end, or now.",
+        ("run",),
+    ),
+    (
+        "productive_seconds_total",
+        "counter",
+        "Seconds of the run's wall time that became kept training.",
+        ("run",),
+    ),
+    ("eval_seconds_total", "counter", "Seconds of the run's wall time spent evaluating.", ("run",)),
+    ("lost_seconds_total", "counter", "Seconds of the run's wall time lost, by cause.", ("run", "cause")),
 )
 
 
@@ -116,7 +139,7 @@ def active_anomalies(entry: RunEntry) -> dict[tuple[str, str], str]:
     return active
 
 
-def _run_families(f: _Scrape, entry: RunEntry, now: float) -> None:
+def _run_families(f: _Scrape, entry: RunEntry, now: float, accounts: AccountCache) -> None:
     run = entry.run_id
     status = entry.status()
     store = entry.store()
@@ -192,6 +215,15 @@ def _run_families(f: _Scrape, entry: RunEntry, now: float) -> None:
         f.add("checkpoint_last_timestamp_seconds", newest["ts"], run=run)
         f.add("checkpoint_age_seconds", max(0.0, now - newest["ts"]), run=run)
 
+    # Last: a run whose records cannot be accounted for still shows every family above.
+    acct = accounts.account(entry.dir)
+    f.add("goodput_ratio", acct.goodput, run=run)
+    f.add("wall_seconds", acct.wall_s, run=run)
+    f.add("productive_seconds_total", acct.productive_s, run=run)
+    f.add("eval_seconds_total", acct.seconds[EVAL], run=run)
+    for cause in LOST:
+        f.add("lost_seconds_total", acct.seconds[cause], run=run, cause=cause)
+
 
 class RunIndexCollector:
     """A ``prometheus_client`` collector that reads every run of the index on each scrape."""
@@ -205,7 +237,7 @@ class RunIndexCollector:
         f = _Scrape()
         for entry in self.index.entries():
             try:
-                _run_families(f, entry, self.now())
+                _run_families(f, entry, self.now(), self.index.accounts)
             except Exception:  # a half-written run must not take the whole scrape down
                 continue
         yield from f

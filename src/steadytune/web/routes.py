@@ -19,7 +19,7 @@ from steadytune.protocol import ControlError, operator_issuer
 from steadytune.rundir import valid_run_id
 from steadytune.server.queue import QueueError
 from steadytune.supervise.control import send_control
-from steadytune.web import api, sse
+from steadytune.web import api, goodput, sse
 from steadytune.web.auth import Access, may_read
 from steadytune.web.metrics import CONTENT_TYPE, render_metrics
 from steadytune.web.params import BadParam, query_float, query_int
@@ -158,6 +158,10 @@ def run_stream(h: Handler, p: Params, q: Query) -> None:
         h.stream(lambda out: sse.run(h.app, entry, since, after, out))
 
 
+def goodput_accounts(h: Handler, p: Params, q: Query) -> None:
+    h.json(goodput.payload(h.app.index, h.app.server, h.app.clock()))
+
+
 def runs_stream(h: Handler, p: Params, q: Query) -> None:
     h.stream(lambda out: sse.runs(h.app, out))
 
@@ -235,6 +239,7 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/metrics", READ, metrics),
     Route("GET", "/api/server", READ, server_snapshot),
     Route("GET", "/api/runs", READ, _runs),
+    Route("GET", "/api/goodput", READ, goodput_accounts),
     Route("GET", "/api/stream", READ, runs_stream),
     Route("GET", "/api/runs/{run}", READ, run_detail),
     Route("GET", "/api/runs/{run}/series", READ, series),

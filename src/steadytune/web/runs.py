@@ -26,13 +26,11 @@ from steadytune.checkpoint.manifest import MANIFEST, verify
 from steadytune.checkpoint.store import pointer_name
 from steadytune.config.detect import DetectConfig
 from steadytune.config.yamlsafe import read_yaml
+from steadytune.goodput.load import AccountCache
 from steadytune.rundir import RunDir, valid_run_id
 from steadytune.telemetry.jsonl import within_depth
+from steadytune.telemetry.liveness import status_live
 from steadytune.telemetry.store import RunStore
-
-LIVE_STATES = {"starting", "running", "restarting", "paused"}
-# A supervisor that has not rewritten status.json for this long is presumed gone.
-STALE_STATUS_S = 15.0
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
@@ -92,13 +90,7 @@ class RunEntry:
         return read_json(self.dir.status) or {}
 
     def supervisor_live(self, status: dict[str, Any] | None = None) -> bool:
-        status = self.status() if status is None else status
-        updated = status.get("updated_ts")
-        return (
-            status.get("state") in LIVE_STATES
-            and isinstance(updated, (int, float))
-            and self.clock() - updated < STALE_STATUS_S
-        )
+        return status_live(self.status() if status is None else status, self.clock())
 
     def store(self) -> RunStore:
         """The run's index, opened on first use (building it if there is none)."""
@@ -223,6 +215,7 @@ class RunsIndex:
         self._cache_dir = cache_dir or Path(tempfile.mkdtemp(prefix="steadytune-dash-"))
         self._entries: dict[str, RunEntry] = {}
         self._lock = threading.Lock()
+        self.accounts = AccountCache(clock)  # goodput, read incrementally for the panel and /metrics
 
     def run_ids(self) -> list[str]:
         try:

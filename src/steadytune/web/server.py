@@ -11,6 +11,7 @@ the pages, ``/static``, ``/healthz`` and ``/api/auth`` needs the token:
     /api/runs/<id>/events?after=<seq>               /api/runs/<id>/stream?since=<version>&after=<seq> (SSE)
     /api/runs/<id>/gradflow?points=&lo=&hi=         gradient-flow heat map (layers × recorded steps)
     /api/runs/<id>/gradhist?step=                   |grad| histogram per layer at one gradient-flow recording
+    /api/goodput               every run's goodput account (and, on a server, each GPU's hours)
     /api/auth                  may this client act? /healthz
     POST /api/runs/<id>/control   {"command", "issuer", "confirm": true} with the token in a header
     /server                    GPU server page      /api/server          its GPUs, reservations and queue

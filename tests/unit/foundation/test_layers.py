@@ -31,7 +31,8 @@ FLOORS: dict[str, int] = {
         0,
     ),
     **dict.fromkeys(
-        ("data", "detect", "policy", "checkpoint", "telemetry", "estimate", "alerts", "importers"), 1
+        ("data", "detect", "policy", "checkpoint", "telemetry", "estimate", "alerts", "importers", "goodput"),
+        1,
     ),
     **dict.fromkeys(("guard", "train", "inject", "engines"), 2),
     **dict.fromkeys(("supervise", "server", "web", "preflight", "quant", "forensics", "drill", "cli"), 3),

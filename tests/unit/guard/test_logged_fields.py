@@ -20,7 +20,7 @@ from steadytune.detect.offline import replay
 from steadytune.guard.core import Guard
 from steadytune.guard.hf import GuardCallback
 from steadytune.importers import load
-from steadytune.records import StepRecord
+from steadytune.records import Heartbeat, StepRecord
 from steadytune.telemetry.stream import iter_records
 
 Score = Callable[[int], float]
@@ -49,7 +49,14 @@ class SilentTrainer(Trainer):
 
 
 def trainer(
-    tmp_path: Path, assets: Path, guard: Guard, cls: type[Trainer], steps: int, logging_steps: int, **kw: Any
+    tmp_path: Path,
+    assets: Path,
+    guard: Guard,
+    cls: type[Trainer],
+    steps: int,
+    logging_steps: int,
+    save_steps: int = 0,
+    **kw: Any,
 ) -> Trainer:
     tok = AutoTokenizer.from_pretrained(assets / "model")
     rows = [json.loads(line) for line in (assets / "train.jsonl").read_text().splitlines()[:32]]
@@ -68,7 +75,8 @@ def trainer(
     args = TrainingArguments(
         output_dir=str(tmp_path / "out"),
         max_steps=steps,
-        save_strategy="no",
+        save_strategy="steps" if save_steps else "no",
+        save_steps=save_steps or 500,
         per_device_train_batch_size=2,
         learning_rate=1e-4,
         logging_steps=logging_steps,
@@ -166,3 +174,21 @@ def test_analyze_on_the_run_directory_judges_the_logged_reward_as_it_judges_the_
         (a.kind, a.metric, a.start_step) for a in from_log.anomalies if a.kind == "reward_collapse"
     ]
     assert 18 <= collapse[0][2] <= 30
+
+
+def test_the_phases_say_what_the_loop_waits_on(tmp_path: Path, demo_assets: Path) -> None:
+    """At a step that evaluates and saves, the evaluation comes first (the trainer's order), then the save;
+    after the last step, the worker finishes: no phase is named for what it is not doing."""
+    guard = Guard(tmp_path / "run", rank=0, attempt=0)
+    trainer(tmp_path, demo_assets, guard, Trainer, 6, 1, save_steps=3).train()
+    guard.writer.sync()
+    said = []
+    for r in iter_records(guard.run.telemetry(0)):
+        if isinstance(r, Heartbeat):
+            said.append(r.phase)
+        elif isinstance(r, StepRecord):
+            said.append("eval record" if r.extra.get("eval") else f"step {r.step}")
+    at_3 = said[said.index("step 3") : said.index("step 4")]
+    assert at_3 == ["step 3", "eval", "eval record", "save", "train"], said
+    assert said[said.index("step 6") :] == ["step 6", "eval", "eval record", "save", "train", "finish"], said
+    guard.close()

@@ -1,0 +1,183 @@
+"""Reading a run directory into a :class:`~steadytune.goodput.account.RunHistory`, and its account.
+
+The thin side of the goodput account: every file goes through the one JSONL reader
+(``telemetry/stream.py``), incrementally, so a dashboard that asks again reads only what was
+appended. Only the records the account reads are kept (``account.relevant``), step records
+without their fields beyond timing, and a heartbeat only where the phase changes: a
+100k-step run is held in a few MB.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from steadytune.config.yamlsafe import read_yaml
+from steadytune.goodput.account import account, interruption_record, relevant
+from steadytune.goodput.parts import Account, RunHistory, StreamRecord
+from steadytune.records import Event, Heartbeat, PlanRevision, StepRecord
+from steadytune.rundir import RunDir
+from steadytune.telemetry.liveness import status_live
+from steadytune.telemetry.stream import JsonlTailer
+
+
+def _slim(rec: StepRecord) -> StepRecord:
+    """A step record with what the account reads: its place in time, attempt, timing and kind."""
+    return StepRecord(
+        step=rec.step,
+        ts=rec.ts,
+        rank=rec.rank,
+        attempt=rec.attempt,
+        step_time_s=rec.step_time_s,
+        skipped=rec.skipped,
+        extra={"eval": True} if rec.extra.get("eval") else {},
+    )
+
+
+class HistoryReader:
+    """A run's history, read incrementally: each :meth:`read` adds what was appended since the last."""
+
+    def __init__(self, run: RunDir) -> None:
+        self.run = run
+        self._plans = JsonlTailer(run.plan)
+        self._events = JsonlTailer(run.events)
+        self._stream = JsonlTailer(run.telemetry(0))
+        self.plans: list[PlanRevision] = []
+        self.events: list[Event] = []
+        self.stream: list[StreamRecord] = []
+        self._gpus: int | None = None
+        self._lock = threading.Lock()  # one reading at a time: a scrape and a page may ask together
+
+    def read(self) -> RunHistory:
+        with self._lock:
+            return self._read()
+
+    def _read(self) -> RunHistory:
+        for rec in self._plans.records():
+            if isinstance(rec, PlanRevision):
+                self.plans.append(rec)
+        for rec in self._events.records():
+            if isinstance(rec, Event) and relevant(rec):
+                self.events.append(replace(rec, message="", data=_event_data(rec)))
+        for rec in self._stream.records():
+            if not relevant(rec) or isinstance(rec, PlanRevision):
+                continue
+            if isinstance(rec, StepRecord):
+                rec = _slim(rec)
+            elif isinstance(rec, Heartbeat):
+                last = self.stream[-1] if self.stream else None
+                if isinstance(last, Heartbeat) and (last.attempt, last.phase) == (rec.attempt, rec.phase):
+                    continue  # the same phase beating on: nothing the account reads changes
+            self.stream.append(rec)  # type: ignore[arg-type]
+        return RunHistory(
+            tuple(self.plans), tuple(self.stream), tuple(self.events), self.run.run_id, self.gpus()
+        )
+
+    def gpus(self) -> int:
+        """The training processes the run holds: its newest plan's, else its config's, else one."""
+        for plan in reversed(self.plans):
+            size = plan.world_size or plan.nproc_per_node
+            if size:
+                return int(size)
+        if self._gpus is None:
+            self._gpus = _config_processes(self.run.config)
+        return self._gpus
+
+
+def _event_data(ev: Event) -> dict[str, Any]:
+    """The few keys of an event's data the account reads (a restart's, run_started's launch)."""
+    keep = ("launch", "classification", "attempt", "start_step")
+    return {k: ev.data[k] for k in keep if k in ev.data}
+
+
+def _config_processes(path: Path) -> int:
+    try:
+        data = read_yaml(path)
+        value = data["run"]["nproc_per_node"]
+    except (OSError, yaml.YAMLError, TypeError, KeyError):
+        return 1
+    return value if isinstance(value, int) and value > 0 else 1
+
+
+def read_history(run: RunDir) -> RunHistory:
+    """Everything the account reads of ``run``, as its directory holds it now."""
+    return HistoryReader(run).read()
+
+
+def interruptions(run: RunDir) -> tuple[int, float]:
+    """``(interruptions, exposure seconds)`` of ``run``, from its plan revisions and events alone."""
+    plans = [r for r in JsonlTailer(run.plan).records() if isinstance(r, PlanRevision)]
+    events = [r for r in JsonlTailer(run.events).records() if isinstance(r, Event) and relevant(r)]
+    return interruption_record(plans, events)
+
+
+def read_status(run: RunDir) -> dict[str, Any]:
+    try:
+        data = json.loads(run.status.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def reading_time(run: RunDir, history: RunHistory, clock: Callable[[], float] = time.time) -> float | None:
+    """The ``now`` of an account of ``run``: the clock while its supervisor runs, else None.
+
+    A run whose supervisor is gone without a recorded end (killed) ends at its last record,
+    not at the reading: the time since it died is no part of it.
+    """
+    now = clock()
+    return now if status_live(read_status(run), now) else None
+
+
+def run_account(run: RunDir, clock: Callable[[], float] = time.time) -> Account:
+    """The goodput account of the run in ``run``, live or finished."""
+    history = read_history(run)
+    return account(history, reading_time(run, history, clock))
+
+
+class AccountCache:
+    """The accounts of many runs, each read incrementally: what a dashboard asks for every few seconds."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock
+        self._readers: dict[Path, HistoryReader] = {}
+        self._done: dict[Path, tuple[tuple[int, int, int], Account]] = {}  # finished runs, by record counts
+        self._live: dict[Path, tuple[float, float, Account]] = {}  # live runs: when computed, its cost, it
+        self._lock = threading.Lock()
+
+    def account(self, run: RunDir) -> Account:
+        """``run``'s account now: only what was appended since the last call is read.
+
+        A finished run's account is computed again only when records were added to it; a live
+        run's at most once per five times what computing it costs (a second at least), so that a
+        dashboard polling a 100k-step run spends a fifth of a core on it at most.
+        """
+        with self._lock:
+            reader = self._readers.get(run.root)
+            if reader is None:
+                reader = self._readers[run.root] = HistoryReader(run)
+        now = self.clock()
+        live = self._live.get(run.root)
+        if live is not None and now - live[0] < max(1.0, 5 * live[1]):
+            return live[2]
+        history = reader.read()
+        when = reading_time(run, history, self.clock)
+        key = (len(history.plans), len(history.stream), len(history.events))
+        done = self._done.get(run.root)
+        if when is None and done is not None and done[0] == key:
+            return done[1]
+        started = time.perf_counter()
+        acct = account(history, when)
+        if when is None:
+            self._done[run.root] = (key, acct)
+            self._live.pop(run.root, None)
+        else:
+            self._live[run.root] = (now, time.perf_counter() - started, acct)
+        return acct

@@ -1,0 +1,24 @@
+"""Is a run's supervisor still there? Read from the ``status.json`` it rewrites about once a second.
+
+Pure: the status and the time of the reading in, a yes or no out. The dashboard, ``/metrics``
+and the goodput account all ask it, so a run is live for one of them when it is for the others.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+LIVE_STATES = frozenset({"starting", "running", "restarting", "paused"})
+# A supervisor that has not rewritten status.json for this long is presumed gone.
+STALE_STATUS_S = 15.0
+
+
+def status_live(status: dict[str, Any], now: float) -> bool:
+    """Whether ``status`` (a run's ``status.json``) is a live supervisor's, read at ``now``."""
+    updated = status.get("updated_ts")
+    return (
+        status.get("state") in LIVE_STATES
+        and isinstance(updated, (int, float))
+        and not isinstance(updated, bool)
+        and now - updated < STALE_STATUS_S
+    )
