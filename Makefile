@@ -15,7 +15,7 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ "$$n" -gt 4 ] && n=4; [ "$$n" -lt 2 ] && n=0; echo $$n)
 XDIST := -n $(TEST_WORKERS) $(if $(filter-out 0,$(TEST_WORKERS)),--dist loadgroup)
 
-.PHONY: demo test test-fast lint bench gpu-check gpu-check-dry gpu-wheels image clean
+.PHONY: demo test test-fast fuzz lint bench gpu-check gpu-check-dry gpu-wheels image clean
 
 $(VENV): $(VENV)/.installed
 
@@ -35,6 +35,12 @@ test: $(VENV)
 
 test-fast: $(VENV)
 	$(BIN)/python -m pytest $(XDIST) -m "not slow" $(PYTEST_ARGS)
+
+# The fuzzing harness (tests/fuzz, which make test runs with a bounded number of cases per reader),
+# FUZZ_FACTOR times as many cases, serially, with the cases run per reader printed (docs/testing.md).
+FUZZ_FACTOR ?= 20
+fuzz: $(VENV)
+	STEADYTUNE_FUZZ_FACTOR=$(FUZZ_FACTOR) $(BIN)/python -m pytest -n 0 -q tests/fuzz --hypothesis-show-statistics $(PYTEST_ARGS)
 
 lint: $(VENV)
 	$(BIN)/ruff check src tests benchmarks

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -46,7 +47,10 @@ ARGS: dict[str, dict[str, tuple[str, ...]]] = {
 # claiming one would file a request the audit trail attributes to steadytune itself.
 RESERVED_ISSUERS = ("policy:", "signal")
 ISSUER_MAX = 64
-_ISSUER_DROP = re.compile(r"[^A-Za-z0-9 ,._@:()-]")
+MAX_REQUEST_BYTES = 64 << 10  # a request is a few hundred bytes; a bigger file is refused unread
+# Parentheses are dropped too: "(front end, address)" is what steadytune adds, and a typed one would
+# read the same in the audit trail.
+_ISSUER_DROP = re.compile(r"[^A-Za-z0-9 ,._@:-]")
 _REQUEST_ID = r"[0-9A-Za-z]{1,64}"
 _REQUEST_NAME = re.compile(rf"^(\d{{20}})-({_REQUEST_ID})\.json$")
 
@@ -154,7 +158,7 @@ def operator_issuer(name: str, via: str) -> str:
     if not cleaned:
         raise ControlError(
             f"issuer {name!r}: say who you are: the issuer name is required and is recorded with the "
-            "request (letters, digits, spaces and , . _ @ : ( ) -)"
+            "request (letters, digits, spaces and , . _ @ : -)"
         )
     for prefix in RESERVED_ISSUERS:
         if cleaned.lower().startswith(prefix):
@@ -214,19 +218,77 @@ def clear_requests(directory: Path) -> int:
     return dropped
 
 
+class RefusedRequest(ValueError):
+    """A file in the control queue that is not a request; the message says why."""
+
+
+def read_request(path: Path) -> dict[str, Any] | None:
+    """The request in ``path``, checked as when it was sent; ``None`` if it was cleared meanwhile.
+
+    Whoever can write the run folder can put anything in ``control/``: a FIFO (reading it waited
+    for a writer), a link, a file of gigabytes, ``[`` repeated 200,000 times (``RecursionError``
+    stopped the supervisor). So: a regular file, opened without following a link and without
+    waiting, of at most :data:`MAX_REQUEST_BYTES`, UTF-8 JSON of one object whose command,
+    arguments and issuer :func:`check_request` accepts.
+
+    Raises:
+        RefusedRequest: anything else, with the reason.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise RefusedRequest(
+            f"cannot be opened as a plain file ({exc.strerror}); a link is never followed"
+        ) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise RefusedRequest("is not a regular file (a FIFO, a device or a folder)")
+    with os.fdopen(fd, "rb") as f:
+        raw = f.read(MAX_REQUEST_BYTES + 1)
+    if len(raw) > MAX_REQUEST_BYTES:
+        raise RefusedRequest(f"is larger than {MAX_REQUEST_BYTES:,} bytes; a request is a few hundred")
+    try:
+        request = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise RefusedRequest("is not UTF-8 text") from None
+    except RecursionError:
+        raise RefusedRequest("is JSON nested too deep to read") from None
+    except ValueError as exc:
+        raise RefusedRequest(f"is not JSON ({exc})") from None
+    if not isinstance(request, dict):
+        raise RefusedRequest(f"holds a JSON {type(request).__name__}, not an object")
+    command, issuer, args = request.get("command"), request.get("issuer"), request.get("args")
+    if not isinstance(command, str):
+        raise RefusedRequest("names no command")
+    if issuer is not None and (not isinstance(issuer, str) or len(issuer) > 2 * ISSUER_MAX + 64):
+        raise RefusedRequest("has an issuer that is not a name, or too long to be one")
+    if args is not None and not isinstance(args, dict):
+        raise RefusedRequest("has arguments that are not an object")
+    try:
+        check_request(command[:64], args, issuer)
+    except ControlError as exc:
+        raise RefusedRequest(str(exc)) from None
+    return request
+
+
 class RequestQueue:
     """One reader's view of the queue: each request is returned once, in send order.
 
     Every reader (each rank's guard, the supervisor) keeps its own list of what it has
-    read; the files stay for the other readers until the supervisor clears the queue.
+    read; the files stay for the other readers until the supervisor clears the queue. A file
+    that is not a request (:func:`read_request`) is skipped once and kept in :attr:`refused`
+    as ``(name, why)``, for the supervisor to file.
     """
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self._seen: set[str] = set()
+        self.refused: list[tuple[str, str]] = []
 
     def new(self) -> list[dict[str, Any]]:
-        """Requests queued since the last call, oldest first; unreadable files are skipped once."""
+        """Requests queued since the last call, oldest first; what is not a request is skipped once."""
         try:
             names = os.listdir(self.directory)
         except (FileNotFoundError, NotADirectoryError):
@@ -237,10 +299,11 @@ class RequestQueue:
         for name in fresh:
             self._seen.add(name)
             try:
-                request = json.loads((self.directory / name).read_text(encoding="utf-8"))
-            except (OSError, ValueError):
-                continue  # cleared meanwhile, or not a request: nothing to act on
-            if isinstance(request, dict):
+                request = read_request(self.directory / name)
+            except RefusedRequest as exc:
+                self.refused.append((name, str(exc)))
+                continue
+            if request is not None:  # None: cleared meanwhile
                 out.append(request)
         return out
 

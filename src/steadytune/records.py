@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -21,6 +22,10 @@ Severity = Literal["info", "warning", "critical"]
 EventKind = Literal["anomaly", "resolved", "action", "alert", "lifecycle", "control"]
 
 SEVERITY_ORDER: dict[str, int] = {"info": 0, "warning": 1, "critical": 2}
+# The largest step number any reader takes: exact as a float (the detectors fit lines through
+# steps) and within SQLite's INTEGER. A log that claims more (a 400-digit step ended `analyze` in
+# OverflowError) is damaged there, and that record is left out.
+MAX_STEP = 2**53
 
 
 @dataclass(frozen=True)
@@ -354,6 +359,18 @@ def to_json(record: Record) -> str:
     return ",".join(parts) + "}"
 
 
+def _in_float_range(value: int) -> float | int:
+    """``value``, or ±inf past a float's range: a 400-digit loss has no float, and the detectors need one."""
+    if -sys.float_info.max <= value <= sys.float_info.max:
+        return value
+    return math.inf if value > 0 else -math.inf
+
+
+def valid_step(step: Any) -> bool:
+    """Whether ``step`` is a step number: an integer no larger than :data:`MAX_STEP` either way."""
+    return type(step) is int and -MAX_STEP <= step <= MAX_STEP
+
+
 def _build(cls: type, data: dict[str, Any]) -> Any:
     names = {f.name for f in dataclasses.fields(cls)}
     floats = _FLOAT_FIELDS.get(cls, frozenset())
@@ -361,8 +378,14 @@ def _build(cls: type, data: dict[str, Any]) -> Any:
     for key, value in data.items():
         if key not in names:
             continue  # forward compatibility: newer writers may add fields
+        if key == "step" and value is not None and not valid_step(value):
+            raise ValueError(f"step {str(value)[:40]!r} is not an integer within ±{MAX_STEP}")
         if key in floats and isinstance(value, str):
             value = NONFINITE_TEXT.get(value, value)
+        elif key in floats and type(value) is int:
+            value = _in_float_range(value)
+        elif key == "extra" and isinstance(value, dict):
+            value = {k: _in_float_range(v) if type(v) is int else v for k, v in value.items()}
         nested = _NESTED.get((cls, key))
         if nested is BatchFingerprint and isinstance(value, dict):
             value = BatchFingerprint(
@@ -374,6 +397,8 @@ def _build(cls: type, data: dict[str, Any]) -> Any:
             value = tuple((int(a), int(b)) for a, b in value)
         elif cls is PlanRevision and key == "lr_groups":
             value = tuple((str(n), float(lr)) for n, lr in value)
+        if key == "epoch" and isinstance(value, float) and not math.isfinite(value):
+            value = None  # an infinite epoch says nothing of where the data is (and int() of it raises)
         kwargs[key] = value
     return cls(**kwargs)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from steadytune.alerts.secrets import MASK
+from steadytune.redact import MASK
 from steadytune.rundir import RunDir
 from tests.tools import tool_venv
 

@@ -27,10 +27,10 @@ from typing import Any
 
 from steadytune.alerts.message import Alert, alert_from_event, test_alert
 from steadytune.alerts.noise import Deduper, RateLimiter, backoff_delay
-from steadytune.alerts.secrets import Redactor
 from steadytune.alerts.sinks import DeliveryError, Sink, build_sinks
 from steadytune.config.alerts import AlertsConfig
 from steadytune.records import SEVERITY_ORDER, Event
+from steadytune.redact import Redactor
 from steadytune.telemetry.events import EventLog
 
 _FINISH = {"finish", "finished", "completed", "complete", "failed", "stopped", "end", "ended"}
@@ -303,7 +303,7 @@ class AlertRouter:
         event = Event(
             ts=self.clock(), kind="alert", name=a.name, severity=a.severity,  # type: ignore[arg-type]
             step=a.step, message=self.redactor.redact(f"{a.title} [{state}]"),
-            data=self.redactor.redact_obj(data),  # type: ignore[arg-type]
+            data=self.redactor.redact_obj(data),
         )  # fmt: skip
         if self.event_log is not None:
             try:

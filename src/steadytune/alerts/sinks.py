@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import IO, Protocol
 
 from steadytune.alerts.message import PAYLOADS, Alert
-from steadytune.alerts.secrets import Redactor, SecretError, redact_url, resolve_secret
+from steadytune.alerts.secrets import SecretError, resolve_secret
 from steadytune.config import alerts as cfg
+from steadytune.redact import Redactor, redact_url
 
 
 class DeliveryError(RuntimeError):

@@ -28,9 +28,9 @@ def register(sub: Any) -> None:
 
 
 def load_alerts_section(path: Path) -> dict[str, Any]:
-    import yaml
+    from steadytune.config.yamlsafe import read_yaml
 
-    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    data = read_yaml(path) or {}
     if not isinstance(data, dict):
         raise ValueError(f"{path} is not a YAML mapping")
     section = data.get("alerts", data)

@@ -71,6 +71,8 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
         return tree
     import yaml
 
+    from steadytune.config.yamlsafe import load_yaml
+
     for item in items:
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
@@ -79,7 +81,11 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
         parts = key.strip().removeprefix("detect.").split(".")
         for part in parts[:-1]:
             node = node.setdefault(part, {})
-        node[parts[-1]] = yaml.safe_load(raw)
+        try:
+            node[parts[-1]] = load_yaml(raw)
+        except yaml.YAMLError as exc:
+            problem = getattr(exc, "problem", None) or exc
+            raise ValueError(f"--set {item!r}: the value is not valid YAML ({problem})") from None
     return tree
 
 

@@ -57,10 +57,11 @@ def unredacted_secrets(config_text: str) -> list[str]:
     """Dotted keys of config values that look secret and are stored in clear."""
     import yaml
 
-    from steadytune.config.load import redact
+    from steadytune.config.yamlsafe import load_yaml
+    from steadytune.redact import redact
 
     try:
-        data = yaml.safe_load(config_text)
+        data = load_yaml(config_text)
     except yaml.YAMLError:
         return []
     found: list[str] = []
@@ -72,7 +73,7 @@ def unredacted_secrets(config_text: str) -> list[str]:
         elif isinstance(raw, list) and isinstance(red, list):
             for i, (a, b) in enumerate(zip(raw, red, strict=True)):
                 walk(a, b, f"{path}[{i}]")
-        elif red == "***" and raw != "***":
+        elif red != raw:
             found.append(path)
 
     walk(data, redact(data), "")

@@ -39,6 +39,12 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--show-text", action="store_true", help="print the raw samples (off: hashes and token counts)"
     )
+    p.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="let the model folder's own Python (auto_map) run to load its tokenizer; the run's "
+        "config.yaml never turns this on",
+    )
     p.add_argument("--format", choices=("text", "json"), default="text")
     p.set_defaults(func=main)
 
@@ -100,7 +106,14 @@ def main(args: argparse.Namespace) -> int:
                 return fail(f"nothing went wrong in {run.root} that I can see; pass --step N", 2)
             step = found[-1]
         attempt = args.attempt if args.attempt is not None else anomaly_attempt(events, step)
-        verdict = inspect_step(run, step, show_text=args.show_text, allow_transformers=True, attempt=attempt)
+        verdict = inspect_step(
+            run,
+            step,
+            show_text=args.show_text,
+            allow_transformers=True,
+            attempt=attempt,
+            trust_remote_code=args.trust_remote_code,
+        )
     except ForensicsError as exc:
         return fail(str(exc))
     if args.format == "json":

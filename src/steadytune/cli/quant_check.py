@@ -54,6 +54,12 @@ def register(sub: Any) -> None:
         metavar="key=value",
         help="override config keys, e.g. quant.max_positions=4096",
     )
+    p.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="with a run directory: let its model folder's own Python run (its config.yaml never turns "
+        "this on; a config file you pass keeps its model.trust_remote_code)",
+    )
     p.add_argument("--format", choices=["text", "json"], default="text")
     p.add_argument("--plot", type=Path, metavar="PATH", help="also draw the figures into this image (.png)")
     p.set_defaults(func=main)
@@ -95,7 +101,9 @@ def print_report(report: Any, fmt: str, plot_path: Path | None) -> None:
         print(f"plot: {plot(report, plot_path)}")
 
 
-def run_quant_check(target: Path, overrides: list[str], fmt: str, plot_path: Path | None) -> int:
+def run_quant_check(
+    target: Path, overrides: list[str], fmt: str, plot_path: Path | None, trust_remote_code: bool = False
+) -> int:
     """The check for a config or a run directory, printed; its exit code (0 go, 1 no-go, 2 error)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if target.is_dir():
@@ -112,7 +120,7 @@ def run_quant_check(target: Path, overrides: list[str], fmt: str, plot_path: Pat
     from steadytune.quant.measure import QuantCheckError, check_run
 
     try:
-        report = measure(cfg) if cfg is not None else check_run(target)
+        report = measure(cfg) if cfg is not None else check_run(target, trust_remote_code)
     except (QuantCheckError, ForensicsError) as exc:
         return fail(str(exc), 2)
     print_report(report, fmt, plot_path)
@@ -120,4 +128,4 @@ def run_quant_check(target: Path, overrides: list[str], fmt: str, plot_path: Pat
 
 
 def main(args: argparse.Namespace) -> int:
-    return run_quant_check(args.target, args.overrides, args.format, args.plot)
+    return run_quant_check(args.target, args.overrides, args.format, args.plot, args.trust_remote_code)

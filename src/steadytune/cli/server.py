@@ -108,8 +108,16 @@ def main(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
             f"--socket",
             2,
         )
+    from steadytune.secretfile import InsecureDirectory
+
+    try:
+        queue = JobQueue(paths.queue)
+    except InsecureDirectory as exc:
+        return fail(str(exc), 2)
+    for note in queue.notes:
+        print(f"steadytune server: {note}", flush=True)
     daemon = Daemon(
-        JobQueue(paths.queue),
+        queue,
         paths,
         only(source, gpus),
         headroom_bytes=int(args.headroom_gib * GIB),

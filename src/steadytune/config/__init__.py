@@ -11,10 +11,10 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from steadytune.config.load import ConfigError, ConfigIssue, dump_config, load_config, redact
+    from steadytune.config.load import ConfigError, ConfigIssue, dump_config, load_config
     from steadytune.config.schema import SteadytuneConfig
 
-__all__ = ["ConfigError", "ConfigIssue", "SteadytuneConfig", "dump_config", "load_config", "redact"]
+__all__ = ["ConfigError", "ConfigIssue", "SteadytuneConfig", "dump_config", "load_config"]
 
 _HOME = {name: "steadytune.config.load" for name in __all__}
 _HOME["SteadytuneConfig"] = "steadytune.config.schema"

@@ -8,6 +8,7 @@ carries the list of :class:`ConfigIssue` and renders them.
 from __future__ import annotations
 
 import difflib
+import reprlib
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -18,6 +19,8 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from steadytune.config.schema import SteadytuneConfig
+from steadytune.config.yamlsafe import YamlTooLarge, load_yaml, read_yaml
+from steadytune.redact import redact
 
 
 @dataclass(frozen=True)
@@ -28,8 +31,15 @@ class ConfigIssue:
     fix: str
 
     def render(self) -> str:
-        shown = "(missing)" if self.value is _MISSING else repr(self.value)
+        shown = "(missing)" if self.value is _MISSING else _SHORT.repr(self.value)
         return f"{self.key}: {self.problem} (got {shown}). Fix: {self.fix}"
+
+
+# The value an error shows is shortened before it is written out: a value can be megabytes long,
+# or (with YAML aliases) share itself many times over.
+_SHORT = reprlib.Repr()
+_SHORT.maxstring = _SHORT.maxother = 120
+_SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxdict = 3, 8, 8
 
 
 class _Missing:
@@ -154,7 +164,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not value.strip():
         return parts, None
     try:
-        return parts, yaml.safe_load(value)
+        return parts, load_yaml(value)
     except yaml.YAMLError as e:
         # A value YAML cannot read (``x=@``, ``x=[``, a python tag) is the user's typo: name it.
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
@@ -257,7 +267,10 @@ def _cross_issues(data: dict[str, Any], base: Path) -> list[ConfigIssue]:
 
 
 def resolve_path(value: str, base: Path) -> Path:
-    p = Path(value).expanduser()
+    try:
+        p = Path(value).expanduser()
+    except RuntimeError:  # ~user of a user this machine does not know: the path as written
+        p = Path(value)
     return p if p.is_absolute() else (base / p)
 
 
@@ -291,6 +304,15 @@ def validate_dict(
     return cfg
 
 
+def _too_large(path: Path, exc: YamlTooLarge) -> ConfigIssue:
+    return ConfigIssue(
+        "(yaml)",
+        str(path),
+        f"refused: {exc.problem}",
+        "write the values out: a config needs no nested aliases, and a few levels of nesting at most",
+    )
+
+
 def load_config(
     path: Path | str, overrides: list[str] | None = None, check_paths: bool = True
 ) -> SteadytuneConfig:
@@ -309,7 +331,9 @@ def load_config(
             str(path),
         )
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        data = read_yaml(path) or {}
+    except YamlTooLarge as exc:
+        raise ConfigError([_too_large(path, exc)], str(path)) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown place"
@@ -324,6 +348,18 @@ def load_config(
             ],
             str(path),
         ) from None
+    if not isinstance(data, dict):
+        raise ConfigError(
+            [
+                ConfigIssue(
+                    "(file)",
+                    data,
+                    "the file holds a single value, not a mapping of sections",
+                    "write sections such as model:, data:, train: (see examples/lora.yaml)",
+                )
+            ],
+            str(path),
+        )
     data = apply_overrides(data, overrides or [])
     cfg = validate_dict(data, base=path.resolve().parent, source=str(path), check_paths=check_paths)
     return absolutize(cfg, path.resolve().parent)
@@ -356,7 +392,9 @@ def load_supervise_config(path: Path | str | None, overrides: list[str] | None =
             str(path),
         )
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        data = read_yaml(path) or {}
+    except YamlTooLarge as exc:
+        raise ConfigError([_too_large(path, exc)], str(path)) from None
     except yaml.YAMLError as exc:
         raise ConfigError(
             [ConfigIssue("(yaml)", str(path), f"not valid YAML: {exc}", "fix the YAML syntax")], str(path)
@@ -396,7 +434,7 @@ def absolutize(cfg: SteadytuneConfig, base: Path) -> SteadytuneConfig:
 
 
 def dump_config(cfg: SteadytuneConfig) -> str:
-    """The resolved config as YAML, secrets redacted (see :func:`redact`)."""
+    """The resolved config as YAML, secrets redacted (:func:`steadytune.redact.redact`)."""
     return yaml.safe_dump(redact(_plain(cfg.model_dump())), sort_keys=False)
 
 
@@ -409,21 +447,4 @@ def _plain(obj: Any) -> Any:
         return [_plain(v) for v in obj]
     if isinstance(obj, Path):
         return str(obj)
-    return obj
-
-
-SECRET_MARKERS = ("password", "token", "secret", "webhook_url", "api_key")
-
-
-def redact(obj: Any) -> Any:
-    """Replace values whose key looks secret with ``***`` (``*_env``/``*_file`` names are kept)."""
-    if isinstance(obj, dict):
-        out = {}
-        for k, v in obj.items():
-            ks = str(k).lower()
-            secret = any(m in ks for m in SECRET_MARKERS) and not ks.endswith(("_env", "_file"))
-            out[k] = "***" if secret and v not in (None, "") else redact(v)
-        return out
-    if isinstance(obj, list):
-        return [redact(v) for v in obj]
     return obj

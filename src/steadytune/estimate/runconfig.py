@@ -142,9 +142,11 @@ def load_run_config(path: str | Path) -> dict[str, Any]:
     """
     import yaml
 
+    from steadytune.config.yamlsafe import read_yaml
+
     p = Path(path)
     try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+        data = read_yaml(p)
     except FileNotFoundError as exc:
         raise SetupError(f"config file {str(path)!r} does not exist") from exc
     except (OSError, yaml.YAMLError) as exc:

@@ -54,7 +54,8 @@ class AuditResult:
     ok: bool
     entries: int = 0
     first_bad_line: int | None = None
-    # edited / deleted / reordered / forged / unsigned / no key / truncated / unanchored / unreadable
+    # edited / deleted / reordered / forged / unsigned / no key / truncated / unanchored / replaced /
+    # unreadable
     problem: str = ""
     message: str = ""
     torn_lines: list[int] = field(default_factory=list)
@@ -278,8 +279,20 @@ def _check_store(res: AuditResult, run: RunDir) -> bool:
 def _check_anchor(
     res: AuditResult, run: RunDir, trust: AuditTrust, allow_unkeyed: bool, allow_unanchored: bool
 ) -> bool:
-    """The log against the head its writer pinned outside the run folder."""
-    run_id = res.run_id or run.run_id
+    """The log against the head its writer pinned outside the run folder.
+
+    The anchor is this run's (its folder's name), never the one the entries name: those are
+    written by whoever wrote the log, so run B's whole log copied into A would otherwise be
+    checked against B's anchor, and pass.
+    """
+    run_id = run.run_id
+    if res.run_id is not None and res.run_id != run_id:
+        res.fail(
+            "replaced",
+            f"the log's entries belong to run {res.run_id}, but this is run {run_id}: another run's log "
+            f"was put in its place (or the folder was renamed; verify it under its own name, {res.run_id})",
+        )
+        return False
     accept = " Pass --allow-unanchored to accept a log written elsewhere or before anchors existed."
     if res.first_hash is None:
         others = trust.anchors_of(run_id)

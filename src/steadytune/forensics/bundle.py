@@ -7,7 +7,7 @@ sha256 of its manifest), the metrics window and the events around the step,
 and ``replay.py``. Raw samples go in only with ``include_data``, a copy of the
 checkpoint only with ``include_checkpoint``: by default a bundle holds no
 training text and stays small enough to attach to an issue. Paths are redacted
-by default (``redact_paths``, see :mod:`steadytune.forensics.pathredact`): relative
+by default (``redact_paths``, see :mod:`steadytune.redact.paths`): relative
 to the run directory inside it, ``~`` for the home directory, ``<abs>/<name>``
 elsewhere; no user or host name. A copied checkpoint stays byte for byte (its
 files are checked against their sha256).
@@ -42,9 +42,7 @@ from steadytune.checkpoint.manifest import (
     sha256_file,
     verify,
 )
-from steadytune.config.load import redact
 from steadytune.forensics.inspect import fetch_rows
-from steadytune.forensics.pathredact import PathRedactor
 from steadytune.forensics.runview import (
     ForensicsError,
     anomaly_attempt,
@@ -54,6 +52,8 @@ from steadytune.forensics.runview import (
     plan_for_attempt,
 )
 from steadytune.records import to_dict
+from steadytune.redact import redact
+from steadytune.redact.paths import PathRedactor
 from steadytune.rundir import RunDir
 from steadytune.telemetry.envsnap import snapshot
 from steadytune.telemetry.events import read_events

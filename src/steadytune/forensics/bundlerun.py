@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 
 from steadytune.checkpoint.manifest import inside
+from steadytune.config.yamlsafe import read_yaml
 from steadytune.forensics.unpack import UnsafeBundle
 
 
@@ -91,7 +92,7 @@ def _run_paths(run: Path | None) -> dict[str, Any]:
     if run is None:
         return {}
     try:
-        data = yaml.safe_load((Path(run) / "config.yaml").read_text(encoding="utf-8"))
+        data = read_yaml(Path(run) / "config.yaml")
     except (OSError, yaml.YAMLError):
         return {}
     if not isinstance(data, dict):

@@ -324,6 +324,7 @@ def inspect_step(
     *,
     allow_transformers: bool = False,
     attempt: int | None = None,
+    trust_remote_code: bool = False,
 ) -> BatchVerdict:
     """Reload the samples of ``step`` and judge each one and the batch.
 
@@ -334,6 +335,9 @@ def inspect_step(
         allow_transformers: load the tokenizer with transformers when the light one cannot
             (chat templates, no ``tokenizer.json``). That imports torch: leave it off in the supervisor.
         attempt: read the step as this worker attempt recorded it (default: the latest attempt).
+        trust_remote_code: let transformers run the model folder's own Python. Only ever the
+            caller's (``--trust-remote-code``): the run folder's ``config.yaml`` may come from
+            anyone who could write it, so its ``model.trust_remote_code`` is never followed.
 
     Raises:
         ForensicsError: the step is unknown or has no batch fingerprint.
@@ -369,10 +373,17 @@ def inspect_step(
             model.get("name_or_path", ""),
             needs_chat_template=fmt == "messages",
             allow_transformers=allow_transformers,
-            trust_remote_code=bool(model.get("trust_remote_code")),
+            trust_remote_code=trust_remote_code,
         )
     except (TokenizerUnavailable, OSError, ValueError) as exc:
-        return dataclasses.replace(base, summary=f"step {step}: not checked: {exc}", notes=(str(exc),))
+        why = str(exc)
+        if model.get("trust_remote_code") is True and not trust_remote_code:
+            why += (
+                "; the run's config sets model.trust_remote_code, which would run the model folder's "
+                "own Python: a run folder's config is not trusted for that, pass --trust-remote-code if "
+                "you trust the model folder"
+            )
+        return dataclasses.replace(base, summary=f"step {step}: not checked: {why}", notes=(why,))
     vocab = vocab_size(model.get("name_or_path", ""), tok)
     samples = [
         _check_one(sid, h, rows.get(sid), tok, fmt, spec, vocab, show_text)
@@ -380,7 +391,7 @@ def inspect_step(
     ]
     if allow_transformers and isinstance(tok, LightTokenizer) and _all_hashes_differ(samples):
         # The light tokenizer may normalise differently from transformers' wrapper: ask the real one.
-        tok = load_hf_tokenizer(model.get("name_or_path", ""), bool(model.get("trust_remote_code")))
+        tok = load_hf_tokenizer(model.get("name_or_path", ""), trust_remote_code)
         samples = [
             _check_one(sid, h, rows.get(sid), tok, fmt, spec, vocab, show_text)
             for sid, h in zip(batch.indices, batch.hashes, strict=True)

@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from steadytune.config.yamlsafe import read_yaml
 from steadytune.records import Event, PlanRevision, StepRecord, from_json
 from steadytune.rundir import RunDir
 from steadytune.telemetry.stream import iter_records
@@ -138,9 +139,11 @@ def plan_for_attempt(run: RunDir, attempt: int) -> PlanRevision:
 def load_run_config(run: RunDir) -> dict[str, Any]:
     """The resolved config of a run as a plain dict (no validation: an old run stays readable)."""
     try:
-        data = yaml.safe_load(run.config.read_text(encoding="utf-8"))
+        data = read_yaml(run.config)
     except FileNotFoundError:
         raise ForensicsError(f"{run.config} is missing; is {run.root} a steadytune run directory?") from None
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise ForensicsError(f"{run.config} cannot be read: {getattr(exc, 'problem', None) or exc}") from None
     if not isinstance(data, dict):
         raise ForensicsError(f"{run.config} is not a mapping")
     return data
@@ -215,8 +218,11 @@ def training_config(path: Path) -> Any:
 
     try:
         return load_config(path, check_paths=False)
-    except ConfigError:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    except ConfigError as exc:
+        try:
+            data = read_yaml(path) or {}
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            raise exc from None  # not a drift in other sections: the file itself is refused
         for key in _NON_TRAINING:
             data.pop(key, None)
         return validate_dict(data, base=Path(path).resolve().parent, source=str(path), check_paths=False)

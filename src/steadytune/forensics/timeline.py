@@ -203,9 +203,10 @@ def settings(run: RunDir) -> tuple[Any, Any, list[str]]:
 
     from steadytune.config.detect import DetectConfig
     from steadytune.config.policy import PolicyConfig
+    from steadytune.config.yamlsafe import read_yaml
 
     try:
-        raw = yaml.safe_load(run.config.read_text(encoding="utf-8")) or {}
+        raw = read_yaml(run.config) or {}
     except (OSError, yaml.YAMLError):
         return None, None, [f"{run.config} is unreadable: default detector and policy settings used"]
     out: list[Any] = []

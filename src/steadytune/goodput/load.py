@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from steadytune.config.yamlsafe import read_yaml
 from steadytune.goodput.account import account, interruption_record, relevant
 from steadytune.goodput.parts import Account, RunHistory, StreamRecord
 from steadytune.records import Event, Heartbeat, PlanRevision, StepRecord
@@ -98,7 +99,7 @@ def _event_data(ev: Event) -> dict[str, Any]:
 
 def _config_processes(path: Path) -> int:
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = read_yaml(path)
         value = data["run"]["nproc_per_node"]
     except (OSError, yaml.YAMLError, TypeError, KeyError):
         return 1

@@ -38,6 +38,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -148,14 +149,24 @@ def _resolve_dir(path: Path) -> Path:
 
 def detect_format(path: Path) -> str:
     """The format of a log file or directory. Raises :class:`UnreadableLog` with the reason."""
-    with _plain(Path(path)) as plain:
+    with _plain(Path(path)) as plain, _too_deep():
         return _sniff(plain)[0]
+
+
+@contextmanager
+def _too_deep() -> Iterator[None]:
+    """JSON nested deeper than the parser's recursion (one ``[`` run) is an unreadable log, not a crash."""
+    try:
+        yield
+    except RecursionError:
+        raise UnreadableLog("JSON nested too deep to read") from None
 
 
 _GZIP_MAGIC = b"\x1f\x8b"
 # A compressed log is read from a decompressed copy; a file that would unpack past this is refused
 # rather than allowed to fill the disk (a 100,000-step text log is a few tens of MB).
 MAX_GUNZIPPED_BYTES = 4 << 30
+GUNZIP_SPARE_BYTES = 64 << 20  # left free on the temporary disk, for everything else that writes there
 
 
 @contextmanager
@@ -171,6 +182,8 @@ def _plain(path: Path) -> Iterator[Path]:
         return
     with tempfile.TemporaryDirectory(prefix="steadytune-gunzip-") as tmp:
         out = Path(tmp) / (path.name[:-3] if path.name.endswith(".gz") else path.name)
+        # Never fill the temporary disk: stop short of its free space, less a margin for others.
+        room = min(MAX_GUNZIPPED_BYTES, shutil.disk_usage(tmp).free - GUNZIP_SPARE_BYTES)
         written = 0
         try:
             with gzip.open(path, "rb") as src, open(out, "wb") as dst:
@@ -178,6 +191,12 @@ def _plain(path: Path) -> Iterator[Path]:
                     written += len(chunk)
                     if written > MAX_GUNZIPPED_BYTES:
                         raise UnreadableLog(f"gzip file unpacks to more than {MAX_GUNZIPPED_BYTES >> 30} GiB")
+                    if written > room:
+                        raise UnreadableLog(
+                            f"gzip file unpacks to more than the {max(room, 0) >> 20} MiB free in "
+                            f"{Path(tmp).parent} (less a reserve); set TMPDIR to a larger disk, or unpack it "
+                            "yourself"
+                        )
                     dst.write(chunk)
         except (OSError, EOFError) as e:
             raise UnreadableLog(f"corrupt gzip file: {e}") from e
@@ -246,7 +265,7 @@ def load(path: Path | str, fmt: str | None = None) -> Series:
     A gzip-compressed log is read as its content; the series keeps the path given.
     """
     path = Path(path)
-    with no_gc(), _plain(path) as plain:
+    with no_gc(), _plain(path) as plain, _too_deep():
         series = _load(plain, fmt)
     if plain != path:
         series.path = str(path)

@@ -12,13 +12,14 @@ from __future__ import annotations
 import dataclasses
 import gc
 import math
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from steadytune.objectives import objective_of
-from steadytune.records import StepRecord, SystemSample
+from steadytune.records import StepRecord, SystemSample, valid_step
 
 
 class UnreadableLog(Exception):
@@ -163,7 +164,13 @@ class SeriesBuilder:
 
     def add_numbers(self, step: int, row: dict[str, Any]) -> None:
         """Add the int/float fields of a parsed JSON row as they are (the fast path for big logs)."""
-        numbers = {ALIASES.get(k, k): v for k, v in row.items() if type(v) is float or type(v) is int}
+        numbers = {
+            ALIASES.get(k, k): v
+            if type(v) is float or -_MAXF <= v <= _MAXF
+            else (math.inf if v > 0 else -math.inf)
+            for k, v in row.items()
+            if type(v) is float or type(v) is int
+        }
         target = self._rows.get(step)
         if target is None:
             self._rows[step] = numbers
@@ -178,7 +185,11 @@ class SeriesBuilder:
         for key, raw in row.items():
             kind = type(raw)
             if kind is float or kind is int:  # the common case, without the string parsing
-                x: float | None = float(raw)
+                x: float | None = (
+                    float(raw)
+                    if kind is float or -_MAXF <= raw <= _MAXF
+                    else (math.inf if raw > 0 else -math.inf)
+                )
                 if nan_means_missing and x != x:
                     continue
             else:
@@ -195,6 +206,8 @@ class SeriesBuilder:
         return len(self._rows)
 
     def build(self, require: tuple[str, ...] = ()) -> Series:
+        if any(not valid_step(s) for s in self._rows):  # a damaged step number: that row is left out
+            self._rows = {s: row for s, row in self._rows.items() if valid_step(s)}
         if not self._rows:
             wanted = f" (looked for entries with a step and {' / '.join(require)})" if require else ""
             raise UnreadableLog(f"no logged steps found{wanted}")
@@ -207,6 +220,9 @@ class SeriesBuilder:
         new = object.__new__
         for step in sorted(self._rows):
             row = self._rows[step]
+            epoch = row.get("epoch")
+            if epoch is not None and not (type(epoch) in (int, float) and math.isfinite(epoch)):
+                del row["epoch"]  # an infinite or unreadable epoch says nothing of where the data is
             seen.update(row)
             if _PLAIN.issuperset(row):
                 # Only float fields (the usual loss/grad_norm/lr/epoch row): no casting to do.
@@ -234,6 +250,7 @@ _DEFAULTS: dict[str, Any] = {
     f.name: f.default for f in dataclasses.fields(StepRecord) if f.default is not dataclasses.MISSING
 }
 _DEFAULTS["ts"] = 0.0
+_MAXF = sys.float_info.max  # an integer in a log past this (a 400-digit loss) cannot become a float
 _PLAIN = frozenset(name for name, cast in _FIELDS.items() if cast is float) | {"step"}
 
 
@@ -248,8 +265,12 @@ def _typed(row: dict[str, Any]) -> dict[str, Any]:
         if cast is None:
             extra[name] = value
         elif cast is int:
-            if math.isfinite(value):
+            if type(value) is int or math.isfinite(value):
                 values[name] = int(value)
+        elif type(value) is int and not -_MAXF <= value <= _MAXF:
+            values[name] = (
+                math.inf if value > 0 else -math.inf
+            )  # a number past a float's range is infinite to us
         else:
             values[name] = cast(value)
     values["extra"] = extra

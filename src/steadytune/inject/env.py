@@ -6,9 +6,13 @@ which may run in a virtualenv without steadytune's dependencies, imports this pa
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
 from collections.abc import Mapping
 from pathlib import Path
+
+from steadytune.secretfile import private_dir
 
 RUN_ENV = "STEADYTUNE_INJECT_RUN"  # the run directory root; its presence switches injection on
 ATTEMPT_ENV = "STEADYTUNE_ATTEMPT"  # the (re)start number, written into every record
@@ -19,13 +23,22 @@ PACKAGE_DIR = Path(__file__).resolve().parents[1]  # the steadytune package itse
 _METADATA = (".dist-info", ".egg-info", ".egg-link", ".pth")
 
 
-def package_root(run_root: Path, package_dir: Path = PACKAGE_DIR) -> Path:
+def shim_home(environ: Mapping[str, str] | None = None) -> Path:
+    """Where the package links live: ``$STEADYTUNE_CACHE/inject``, else ``~/.cache/steadytune/inject``."""
+    environ = os.environ if environ is None else environ
+    base = environ.get("STEADYTUNE_CACHE") or str(Path("~/.cache/steadytune").expanduser())
+    return Path(base) / "inject"
+
+
+def package_root(package_dir: Path = PACKAGE_DIR, home: Path | None = None) -> Path:
     """A folder to put on the child's ``PYTHONPATH`` from which ``import steadytune`` works.
 
     In a source checkout that is the folder above the package (``src/``). When steadytune is
     installed into a ``site-packages`` that holds other packages (torch, transformers...), that
-    folder would shadow the tool's own: a folder in the run directory holding only a link to
-    the package is used instead.
+    folder would shadow the tool's own: a private folder (mode 700, outside every run folder)
+    holding only a link to the package is used instead. It comes ahead of the standard library
+    on the trainer's path, so whoever could write it would run code in the trainer: it was in
+    the run folder, where a planted ``json.py`` ran.
     """
     parent = package_dir.parent
     others = [
@@ -35,13 +48,24 @@ def package_root(run_root: Path, package_dir: Path = PACKAGE_DIR) -> Path:
     ]
     if not others:
         return parent
-    shim = Path(run_root) / "inject" / "lib"
-    shim.mkdir(parents=True, exist_ok=True)
+    home = shim_home() if home is None else home
+    private_dir(home, "the folder of steadytune's package links")
+    key = hashlib.sha256(str(package_dir.resolve()).encode()).hexdigest()[:16]
+    shim = home / key
+    private_dir(shim, "the folder of steadytune's package link")
     link = shim / package_dir.name
-    if not (link.is_symlink() and link.resolve() == package_dir.resolve()):
-        if link.is_symlink() or link.exists():
-            link.unlink()
-        link.symlink_to(package_dir, target_is_directory=True)
+    for entry in os.scandir(shim):  # the link alone: nothing else may come ahead of the stdlib
+        if entry.name == package_dir.name and entry.is_symlink() and link.resolve() == package_dir.resolve():
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path)
+        else:
+            os.unlink(entry.path)
+    if not link.is_symlink():
+        try:
+            link.symlink_to(package_dir.resolve(), target_is_directory=True)
+        except FileExistsError:  # another supervisor made the same link meanwhile
+            pass
     return shim
 
 
@@ -59,7 +83,7 @@ def inject_env(
     Returns:
         ``PYTHONPATH``, ``STEADYTUNE_INJECT_RUN`` and ``STEADYTUNE_ATTEMPT``, to update ``env`` with.
     """
-    ours = [str(STARTUP_DIR), str(package_root(run_root, package_dir))]
+    ours = [str(STARTUP_DIR), str(package_root(package_dir))]
     theirs = env.get("PYTHONPATH")
     kept = [p for p in theirs.split(os.pathsep) if p not in ours] if theirs else []
     return {

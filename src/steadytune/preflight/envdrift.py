@@ -20,6 +20,7 @@ import yaml
 
 from steadytune.config.load import dump_config
 from steadytune.config.schema import SteadytuneConfig
+from steadytune.config.yamlsafe import load_yaml
 from steadytune.forensics.envdiff import EnvDiff, diff_envs
 from steadytune.preflight.result import Check, na, ok, warn
 from steadytune.rundir import RunDir
@@ -36,7 +37,7 @@ def config_hash(config_text: str) -> str:
 
 def _run_name(config_text: str) -> str | None:
     try:
-        data = yaml.safe_load(config_text) or {}
+        data = load_yaml(config_text) or {}
     except yaml.YAMLError:
         return None
     name = (data.get("run") or {}).get("name") if isinstance(data, dict) else None

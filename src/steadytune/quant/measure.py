@@ -449,12 +449,17 @@ def check_config(cfg: SteadytuneConfig) -> QuantReport:
     return _report("config", cfg.model.name_or_path, cfg, ref, cands, planned)
 
 
-def check_run(run_root: Path) -> QuantReport:
-    """After training: the trained adapter (or model) as trained against its other servings."""
+def check_run(run_root: Path, trust_remote_code: bool = False) -> QuantReport:
+    """After training: the trained adapter (or model) as trained against its other servings.
+
+    ``trust_remote_code`` is the caller's alone: the run folder's config is not trusted to
+    turn on running the model folder's own Python.
+    """
     from steadytune.forensics.runview import training_config
     from steadytune.rundir import RunDir
 
     cfg = training_config(RunDir(run_root).config)
+    cfg.model.trust_remote_code = trust_remote_code
     weights = trained_weights(run_root)
     ref, cands, planned = run_variants(cfg, weights, device())
     return _report("run", str(weights), cfg, ref, cands, planned)

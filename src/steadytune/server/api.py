@@ -78,6 +78,19 @@ def handle(daemon: Daemon, req: Any, user: str = "") -> dict[str, Any]:
     }
 
 
+def answer_line(daemon: Daemon, line: bytes, user: str = "") -> dict[str, Any]:
+    """The answer to one line read from the socket: whatever it holds, an answer, never an exception."""
+    if len(line) > MAX_REQUEST:
+        return {"ok": False, "error": "request too long (1 MiB at most)"}
+    try:
+        req = json.loads(line)
+    except RecursionError:
+        return {"ok": False, "error": "the request is nested too deep"}
+    except ValueError:
+        return {"ok": False, "error": "the request is not JSON"}
+    return handle(daemon, req, user)
+
+
 class _Handler(socketserver.StreamRequestHandler):
     daemon_ref: Daemon
 
@@ -87,15 +100,7 @@ class _Handler(socketserver.StreamRequestHandler):
             line = self.rfile.readline(MAX_REQUEST + 1)
         except OSError:
             return
-        if len(line) > MAX_REQUEST:
-            answer: dict[str, Any] = {"ok": False, "error": "request too long (1 MiB at most)"}
-        else:
-            try:
-                req = json.loads(line)
-            except ValueError:
-                answer = {"ok": False, "error": "the request is not JSON"}
-            else:
-                answer = handle(self.daemon_ref, req, peer_user(self.connection))
+        answer = answer_line(self.daemon_ref, line, peer_user(self.connection))
         try:
             self.wfile.write(json.dumps(answer).encode() + b"\n")
         except OSError:

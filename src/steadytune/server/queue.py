@@ -24,6 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from steadytune.redact import redact
+from steadytune.secretfile import private_dir, private_files
+
 STATES = ("queued", "held", "admitted", "running", "done", "failed", "cancelled")
 WAITING = ("queued",)
 LIVE = ("admitted", "running")
@@ -106,13 +109,13 @@ class Job:
     shrink_to: tuple[int, ...] | None = None  # the GPUs the server asked it to shrink onto
 
     def to_dict(self) -> dict[str, Any]:
-        """The job as the API shows it: its environment stays out (it may hold secrets)."""
+        """The job as the API shows it: its environment stays out, its command line redacted."""
         return {
             "id": self.id,
             "seq": self.seq,
             "state": self.state,
             "priority": self.priority,
-            "spec": {k: v for k, v in self.spec.items() if k != "env"},
+            "spec": redact({k: v for k, v in self.spec.items() if k != "env"}),
             "need_bytes": self.need_bytes,
             "need_source": self.need_source,
             "gpus_wanted": self.gpus_wanted,
@@ -161,21 +164,33 @@ class JobQueue:
     """The durable queue. Safe to share between the daemon's threads (one lock, one connection)."""
 
     def __init__(self, path: Path, clock: Callable[[], float] = time.time) -> None:
-        # The jobs' environments are kept here, and they may hold tokens: the owner's only.
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        """Open (or make) the queue at ``path``.
+
+        The jobs' environments are kept here, and they may hold tokens: the folder is made (or
+        made again) the owner's only, and what was changed is in :attr:`notes`.
+
+        Raises:
+            InsecureDirectory: the folder belongs to another user.
+        """
+        self.notes = [n for n in [private_dir(path.parent, "the server's folder")] if n]
         self.path = path
         self.clock = clock
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-        self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(_SCHEMA)
-        have = {r["name"] for r in self._db.execute("PRAGMA table_info(jobs)")}
-        for name, definition in _ADDED.items():
-            if name not in have:
-                self._db.execute(f"ALTER TABLE jobs ADD COLUMN {name} {definition}")
-        path.chmod(0o600)
+        # The database, its -wal and -shm are created 0600 (SQLite gives the last two the
+        # database's mode): a chmod afterwards left them readable by everyone until then.
+        with private_files():
+            self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+            self._db.row_factory = sqlite3.Row
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.executescript(_SCHEMA)
+            have = {r["name"] for r in self._db.execute("PRAGMA table_info(jobs)")}
+            for name, definition in _ADDED.items():
+                if name not in have:
+                    self._db.execute(f"ALTER TABLE jobs ADD COLUMN {name} {definition}")
+        for made in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+            if made.exists():  # written by an older server, before the files were made private
+                made.chmod(0o600)
 
     def close(self) -> None:
         with self._lock:

@@ -34,18 +34,28 @@ def check_request(req: dict[str, Any]) -> list[str]:
         problems.append("a run job needs its config: steadytune submit CONFIG.yaml")
     if kind == "supervise" and not (isinstance(req.get("cmd"), list) and req["cmd"]):
         problems.append("a command job needs the command after --: steadytune submit --need-gib 20 -- CMD")
+    problems += _shape_problems(req)
     gpus = req.get("gpus")
-    if gpus is not None and (not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1):
-        problems.append(f"gpus={gpus!r}: give a whole number of GPUs ≥ 1, e.g. --gpus 2")
+    if gpus is not None and (
+        not isinstance(gpus, int) or isinstance(gpus, bool) or not 1 <= gpus <= MAX_GPUS
+    ):
+        problems.append(
+            f"gpus={_short(gpus)}: give a whole number of GPUs from 1 to {MAX_GPUS}, e.g. --gpus 2"
+        )
     prio = req.get("priority", 0)
-    if not isinstance(prio, int) or isinstance(prio, bool):
-        problems.append(f"priority={prio!r}: give a whole number (higher starts first), e.g. --priority 5")
+    if not isinstance(prio, int) or isinstance(prio, bool) or abs(prio) > MAX_PRIORITY:
+        problems.append(
+            f"priority={_short(prio)}: give a whole number within ±{MAX_PRIORITY} (higher starts first), "
+            "e.g. --priority 5"
+        )
     cap = req.get("memory_cap_gib")
-    if cap is not None and (not isinstance(cap, (int, float)) or isinstance(cap, bool) or cap <= 0):
-        problems.append(f"memory_cap_gib={cap!r}: give the cap per GPU in GiB, e.g. --memory-cap-gib 20")
+    if cap is not None and not _gib(cap):
+        problems.append(
+            f"memory_cap_gib={_short(cap)}: give the cap per GPU in GiB, e.g. --memory-cap-gib 20"
+        )
     need = req.get("need_gib")
-    if need is not None and (not isinstance(need, (int, float)) or isinstance(need, bool) or need <= 0):
-        problems.append(f"need_gib={need!r}: give the peak memory per GPU in GiB, e.g. --need-gib 20")
+    if need is not None and not _gib(need):
+        problems.append(f"need_gib={_short(need)}: give the peak memory per GPU in GiB, e.g. --need-gib 20")
     probe = req.get("probe_s")
     if probe is not None and (
         not isinstance(probe, (int, float)) or isinstance(probe, bool) or not 5 <= probe <= 3600
@@ -60,8 +70,49 @@ def check_request(req: dict[str, Any]) -> list[str]:
     if probe is not None and not probed:
         problems.append("--probe-s is for a command without --need-gib or --config (its need is measured)")
     cfg = req.get("config")
-    if cfg and not Path(str(cfg)).is_file():
-        problems.append(f"config {cfg!r} does not exist (paths are read on the server's machine)")
+    if cfg and isinstance(cfg, str) and not _is_file(cfg):
+        problems.append(f"config {_short(cfg)} does not exist (paths are read on the server's machine)")
+    return problems
+
+
+# What a request may carry, field by field: a client is anyone who can reach the socket, and a
+# value of the wrong shape must be a refusal that names it, not an exception in the daemon.
+MAX_GPUS = 1024
+MAX_PRIORITY = 2**31
+MAX_GIB = 1 << 20
+_STR_LISTS = ("cmd", "overrides", "supervise_args")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _gib(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= MAX_GIB
+
+
+def _is_file(path: str) -> bool:
+    try:
+        return Path(path).is_file()
+    except (OSError, ValueError):  # a name too long, a NUL in it
+        return False
+
+
+def _shape_problems(req: dict[str, Any]) -> list[str]:
+    problems = []
+    for key in ("config", "cwd", "label"):
+        if req.get(key) is not None and not isinstance(req[key], str):
+            problems.append(f"{key}={_short(req[key])}: give a string")
+    for key in _STR_LISTS:
+        value = req.get(key)
+        if value is not None and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+            problems.append(f"{key}={_short(value)}: give a list of strings")
+    env = req.get("env")
+    if env is not None and not (
+        isinstance(env, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())
+    ):
+        problems.append("env: give an object of strings (the submitter's environment)")
     return problems
 
 

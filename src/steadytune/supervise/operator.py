@@ -69,7 +69,18 @@ class OperatorControls:
         The supervisor's own requests (``policy:``, ``signal``) were filed when it sent them.
         """
         sup = self.sup
-        for request in self._queue.new():
+        requests = self._queue.new()
+        for name, why in self._queue.refused:
+            sup.emit(
+                "control",
+                "request_refused",
+                f"control request {name} refused: it {why}",
+                severity="warning",
+                step=sup.progress.step,
+                data={"file": name, "why": why},
+            )
+        self._queue.refused.clear()
+        for request in requests:
             rid = str(request.get("id", ""))
             issuer = str(request.get("issuer", "?"))
             command = str(request.get("command", "?"))

@@ -205,7 +205,7 @@ class Supervisor:
         event = self.events.emit(kind, name, message, severity=severity, **fields)
         if severity != "info" or kind in {"lifecycle", "action"}:
             style = {"critical": "bold red", "warning": "yellow"}.get(severity)
-            self.say(f"[{kind}] {message or name}", style=style)
+            self.say(f"[{kind}] {event.message or name}", style=style)  # as filed: redacted
         return event
 
     # -- the run -------------------------------------------------------------

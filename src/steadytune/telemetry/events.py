@@ -5,7 +5,9 @@ reordered line breaks the chain (``steadytune audit verify``). Each entry is als
 signed with the audit key (``mac``), and after each append the log's head is
 written to its anchor, both outside the run folder (see :mod:`steadytune.telemetry.attest`):
 without them anyone who can write the run folder could re-chain an edited log or
-cut off its tail unseen. Only one process writes a run's event log at a time: the
+cut off its tail unseen. Every message and data field is redacted
+(:func:`steadytune.redact.redact`) before it is chained, since a chained entry cannot be
+edited afterwards. Only one process writes a run's event log at a time: the
 supervisor (or, without a supervisor, the in-process guard).
 """
 
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from steadytune.records import Event, from_dict, replace, to_dict
+from steadytune.redact import redact
 from steadytune.telemetry.attest import AuditKeyError, AuditTrust
 from steadytune.telemetry.jsonl import JsonlReader, last_line
 
@@ -120,8 +123,11 @@ class EventLog:
         """Chain, write and flush one event; returns it with its audit fields set."""
         with self._lock:
             ts = event.ts if event.ts else self.clock()
+            # Redacted before it is chained: an entry of a signed log can never be scrubbed later.
             stamped = replace(
                 event,
+                message=redact(event.message),
+                data=redact(event.data),
                 ts=ts,
                 seq=self._seq,
                 run_id=self.run_id,

@@ -3,10 +3,10 @@
 What ``env.json`` records so that "which code was this?" has an answer. The diff is
 bounded (:data:`MAX_DIFF_BYTES`; its full size and sha256 are kept, so two runs can
 still be told apart) and never carries a secret: a file whose name looks secret is
-left out, a value assigned to a secret-looking key is masked (the key names are the
-config's, :data:`steadytune.config.load.SECRET_MARKERS`), and so are tokens of the
-well-known shapes. Torch-free; ``git`` is run as a subprocess, and a machine or a
-folder without it gives ``None``, not an exception.
+left out, and the rest goes through :func:`steadytune.redact.redact_text` (values given
+to secret-looking keys, tokens of the well-known shapes, credentials in URLs). Torch-free;
+``git`` is run as a subprocess, and a machine or a folder without it gives ``None``, not
+an exception.
 """
 
 from __future__ import annotations
@@ -19,8 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from steadytune.alerts.secrets import MASK
-from steadytune.config.load import SECRET_MARKERS
+from steadytune.redact import redact_text
 
 MAX_DIFF_BYTES = 64 * 1024
 GIT_TIMEOUT_S = 10.0
@@ -30,19 +29,6 @@ SECRET_FILES = re.compile(
     r"(^|/)(\.env(\..*)?|.*\.pem|.*\.key|id_rsa.*|id_ed25519.*|\.netrc|\.npmrc|\.pypirc|credentials.*|secrets?\..*)$",
     re.IGNORECASE,
 )
-# `key = value`, `key: value`, `"key": "value"`, `KEY=value` where the key looks secret.
-_KEYS = "|".join(re.escape(m) for m in (*SECRET_MARKERS, "passwd", "auth", "credential", "private_key"))
-_ASSIGNED = re.compile(
-    rf"""(?P<key>["']?[\w.-]*(?:{_KEYS})[\w.-]*["']?\s*[:=]\s*)(?P<value>["']?[^\s"',]+["']?)""",
-    re.IGNORECASE,
-)
-# Token shapes that are secret wherever they appear (HF, OpenAI, GitHub, Slack, AWS, bearer headers).
-_TOKENS = re.compile(
-    r"\b(hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_-]{20,}|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}"
-    r"|xox[abprs]-[A-Za-z0-9-]{10,}|AKIA[0-9A-Z]{16})\b"
-    r"|hooks\.slack\.com/services/[A-Za-z0-9/]+|(?i:bearer)\s+[A-Za-z0-9._~+/=-]{16,}"
-)
-_URL_CREDENTIALS = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)[^/\s:@]+(?::[^/\s@]*)?@", re.IGNORECASE)
 
 Runner = Callable[[Sequence[str], Path], "str | None"]
 
@@ -61,13 +47,6 @@ def run_git(args: Sequence[str], cwd: Path) -> str | None:
     if done.returncode != 0:
         return None
     return done.stdout.decode("utf-8", "replace")
-
-
-def redact_text(text: str) -> str:
-    """``text`` with secret-looking assignments, known token shapes and URL credentials masked."""
-    text = _URL_CREDENTIALS.sub(lambda m: m.group("scheme") + MASK + "@", text)
-    text = _TOKENS.sub(MASK, text)
-    return _ASSIGNED.sub(lambda m: m.group("key") + MASK, text)
 
 
 def split_diff(diff: str) -> list[tuple[str, str]]:

@@ -10,6 +10,7 @@ from typing import Any
 
 from steadytune.detect.build import layer_limits
 from steadytune.records import Event, PlanRevision, json_safe, to_dict
+from steadytune.redact import redact
 from steadytune.telemetry.store import GPU_METRICS, STEP_METRICS, SYSTEM_METRICS, Series
 from steadytune.web import heatmap
 from steadytune.web.runs import RunEntry, RunsIndex
@@ -31,6 +32,8 @@ def event_dict(e: Event) -> dict[str, Any]:
     d = to_dict(e)
     d.pop("prev_hash", None)
     d.pop("hash", None)
+    # Logs written before every event was redacted on its way in may still hold a secret.
+    d["message"], d["data"] = redact(d.get("message", "")), redact(d.get("data") or {})
     return clean(d)
 
 

@@ -62,6 +62,7 @@ def content_length(headers: Mapping[str, str] | Message) -> int:
     raw = headers.get("Content-Length")
     if raw is None:
         return 0
-    if not _DIGITS.match(raw.strip()):
+    value = raw.strip(" \t")  # the blanks HTTP allows around a value, nothing more
+    if not _DIGITS.match(value):
         raise BadParam("Content-Length", f"Content-Length {raw[:40]!r} is not a byte count")
-    return int(raw)
+    return int(value)

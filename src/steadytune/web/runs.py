@@ -25,6 +25,7 @@ from pydantic import ValidationError
 from steadytune.checkpoint.manifest import MANIFEST, verify
 from steadytune.checkpoint.store import pointer_name
 from steadytune.config.detect import DetectConfig
+from steadytune.config.yamlsafe import read_yaml
 from steadytune.goodput.load import AccountCache
 from steadytune.rundir import RunDir, valid_run_id
 from steadytune.telemetry.jsonl import within_depth
@@ -181,7 +182,7 @@ class RunEntry:
         if cached is not None and cached[0] == stamp:
             return cached[1]
         try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+            data = read_yaml(path)
             section = data.get("detect") if isinstance(data, dict) else None
             cfg = DetectConfig.model_validate(section if isinstance(section, dict) else {})
         except (OSError, yaml.YAMLError, ValidationError):

@@ -11,7 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from steadytune.alerts.message import alert_from_event, discord_payload, slack_payload
-from steadytune.alerts.secrets import Redactor, SecretError, redact_url, resolve_secret
+from steadytune.alerts.secrets import SecretError, resolve_secret
 from steadytune.alerts.sinks import (
     CommandAlertSink,
     ConsoleAlertSink,
@@ -21,6 +21,7 @@ from steadytune.alerts.sinks import (
 )
 from steadytune.config.alerts import AlertsConfig
 from steadytune.records import Event
+from steadytune.redact import Redactor, redact_url
 
 HOOK = "https://hooks.slack.com/services/T0/B0/abcdefSECRET"
 

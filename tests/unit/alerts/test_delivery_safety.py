@@ -20,10 +20,11 @@ import pytest
 
 from steadytune.alerts.message import test_alert as make_test_alert
 from steadytune.alerts.router import AlertRouter
-from steadytune.alerts.secrets import Redactor, SecretError
+from steadytune.alerts.secrets import SecretError
 from steadytune.alerts.sinks import DeliveryError, build_sinks
 from steadytune.config.alerts import AlertsConfig
 from steadytune.records import Event
+from steadytune.redact import Redactor
 from steadytune.telemetry.events import EventLog, read_events
 
 

@@ -288,3 +288,18 @@ def log_entries(run: RunDir):
     from steadytune.telemetry.events import read_events
 
     return read_events(run.events)
+
+
+def test_another_runs_whole_log_copied_over_fails_against_this_runs_anchor(run, trust, tmp_path):
+    """Run B's log, signed with the same key and anchored under B, put in A's folder with A's
+    run.db removed: A's own anchor must be the one consulted, not the one the entries name."""
+    other = RunDir(tmp_path / "b").create()
+    log = EventLog(other.events, other.run_id, clock=lambda: 2000.0, audit=trust)
+    for i in range(3):
+        log.emit("lifecycle", f"b{i}", f"event {i} of b", step=i)
+    assert verify_run(other, trust).ok
+    put(run, lines(other))
+    run.db.unlink(missing_ok=True)
+    res = verify_run(run, trust)
+    assert not res.ok and res.problem in {"unanchored", "replaced"}, res
+    assert run.run_id in res.message and other.run_id in res.message

@@ -20,9 +20,9 @@ import yaml
 from steadytune.checkpoint.manifest import write_manifest
 from steadytune.forensics.bundle import build_bundle
 from steadytune.forensics.bundlerun import locate_run, prepare, resolve_checkpoint
-from steadytune.forensics.pathredact import PathRedactor
 from steadytune.forensics.unpack import opened
 from steadytune.records import BatchFingerprint, Event, PlanRevision, StepRecord
+from steadytune.redact.paths import PathRedactor
 from steadytune.rundir import RunDir
 from steadytune.telemetry.events import EventLog
 from steadytune.telemetry.stream import JsonlWriter

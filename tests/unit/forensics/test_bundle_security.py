@@ -35,9 +35,8 @@ class XTokenizer(PreTrainedTokenizer):
 """
 
 
-def hostile_bundle(tmp: Path, marker: Path, trust: bool = True, model: str = "evil") -> Path:
-    top = tmp / "build" / "repro-x-step1"
-    evil = top / "evil"
+def evil_model(evil: Path, marker: Path) -> Path:
+    """A model folder whose ``auto_map`` names Python files of its own that write ``marker``."""
     evil.mkdir(parents=True)
     for name in ("tokenization_x", "configuration_x"):
         (evil / f"{name}.py").write_text(CODE.format(marker=str(marker), name=name))
@@ -48,6 +47,12 @@ def hostile_bundle(tmp: Path, marker: Path, trust: bool = True, model: str = "ev
             {"tokenizer_class": "XTokenizer", "auto_map": {"AutoTokenizer": auto_map["AutoTokenizer"]}}
         )
     )
+    return evil
+
+
+def hostile_bundle(tmp: Path, marker: Path, trust: bool = True, model: str = "evil") -> Path:
+    top = tmp / "build" / "repro-x-step1"
+    evil_model(top / "evil", marker)
     (top / "data").mkdir()
     (top / "data" / "samples.jsonl").write_text(json.dumps({"st_sample_id": 0, "row": {"text": "hi"}}) + "\n")
     cfg = {
@@ -137,3 +142,25 @@ def test_guard_keeps_remote_code_off_unless_asked_and_accepts_the_included_check
     (top / "bundle.json").write_text(json.dumps(meta))
     with pytest.raises(UnsafeBundle, match="not a folder name"):
         prepare(top)
+
+
+def test_inspect_batch_runs_no_code_that_came_with_a_run_folder(tmp_path: Path, make_run) -> None:
+    """A run folder is as foreign as a bundle once copied: its ``config.yaml`` asking for
+    ``trust_remote_code`` must not make ``inspect-batch`` import its model folder's Python."""
+    marker = tmp_path / "PWNED"
+    run = make_run([{"instruction": "the cat sat", "input": "", "output": "on a mat"}], [(1, [0])])
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    cfg["model"] = {"name_or_path": str(evil_model(tmp_path / "evil", marker)), "trust_remote_code": True}
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "HF_HOME": str(tmp_path / "hf"),
+        "HF_MODULES_CACHE": str(tmp_path / "mods"),
+    }
+    proc = subprocess.run(
+        [STEADYTUNE, "inspect-batch", str(run), "--step", "1"],
+        capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert not marker.exists(), "inspect-batch imported Python code that came with the run folder"
+    assert "--trust-remote-code" in proc.stdout + proc.stderr, proc.stdout + proc.stderr

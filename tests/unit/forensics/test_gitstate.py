@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from steadytune.alerts.secrets import MASK
-from steadytune.telemetry.gitstate import bounded, git_state, redact_text
+from steadytune.redact import MASK, redact_text
+from steadytune.telemetry.gitstate import bounded, git_state
 
 HF = "hf_" + "A1b2C3d4E5f6G7h8I9j0K1l2"  # a token of Hugging Face's shape, built so no scanner trips on it
 

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from steadytune.config import ConfigError, dump_config, load_config, redact
+from steadytune.config import ConfigError, dump_config, load_config
 from steadytune.config.load import apply_overrides
+from steadytune.redact import redact
 
 STEADYTUNE = str(Path(sys.executable).parent / "steadytune")
 
@@ -167,3 +168,100 @@ def test_a_config_with_path_fields_dumps_and_reloads(tmp_path) -> None:
     (tmp_path / "c.yaml").write_text(dump_config(cfg))
     again = load_config(tmp_path / "c.yaml", check_paths=False)
     assert str(again.alerts.sinks[0].ca_file) == sink["ca_file"]
+
+
+def _laughs(levels: int = 9, width: int = 9) -> str:
+    """A "billion laughs": each level's list names the one below ``width`` times (9**9 strings)."""
+    lines = [f"x0: &x0 [{', '.join(['lol'] * width)}]"]
+    lines += [f"x{i}: &x{i} [{', '.join([f'*x{i - 1}'] * width)}]" for i in range(1, levels + 1)]
+    return "\n".join(
+        [
+            *lines,
+            "model: {name_or_path: m}",
+            "data: {train_file: t.jsonl}",
+            f"train: {{max_steps: *x{levels}}}",
+        ]
+    )
+
+
+def test_a_billion_laughs_config_is_refused_at_once_in_little_memory(tmp_path: Path) -> None:
+    """It took `validate` past 3 GB and ~50 s to a MemoryError (repr of the expanded value)."""
+    import resource
+
+    (tmp_path / "laughs.yaml").write_text(_laughs())
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (1536 << 20, 1536 << 20))
+
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "steadytune"), "validate", str(tmp_path / "laughs.yaml")],
+        capture_output=True, text=True, timeout=60, preexec_fn=cap,
+    )  # fmt: skip
+    assert proc.returncode == 1 and "alias" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[
+        -2000:
+    ]
+    assert len(proc.stderr) < 4000
+
+
+@pytest.mark.parametrize("text", ["a: " + "[" * 100_000, "model: " + "{a: " * 100_000, "- " * 50_000 + "x"])
+def test_a_config_nested_too_deep_is_a_config_error(tmp_path: Path, text: str) -> None:
+    (tmp_path / "deep.yaml").write_text(text)
+    with pytest.raises(ConfigError, match="deep"):
+        load_config(tmp_path / "deep.yaml")
+
+
+def test_an_error_shortens_the_value_it_shows(tmp_path: Path) -> None:
+    (tmp_path / "long.yaml").write_text(
+        f"model: {{name_or_path: m}}\ndata: {{train_file: t}}\ntrain: {{max_steps: {'x' * 100_000}}}\n"
+    )
+    with pytest.raises(ConfigError) as e:
+        load_config(tmp_path / "long.yaml", check_paths=False)
+    assert "max_steps" in str(e.value) and len(str(e.value)) < 2000
+
+
+def test_the_bounded_loader_reads_ordinary_yaml_and_names_each_limit() -> None:
+    from steadytune.config.yamlsafe import YamlLimits, YamlTooLarge, load_yaml
+
+    assert load_yaml("a: &x {lr: 0.0001, steps: [1, 2]}\nb: *x\nc: !!str 5") == {
+        "a": {"lr": 1e-4, "steps": [1, 2]},
+        "b": {"lr": 1e-4, "steps": [1, 2]},
+        "c": "5",
+    }
+    tiny = YamlLimits(max_depth=3, max_aliases=2, max_nodes=20, max_bytes=200)
+    for text, says in (
+        ("a: {b: {c: {d: 1}}}", "nested more than 3 levels"),
+        ("a: &x 1\nb: *x\nc: *x\nd: *x", "more than 2 aliases"),
+        ("a: &x [1, 2, 3, 4, 5, 6, 7, 8]\nb: [*x, *x]", "more than 20 values once its aliases are expanded"),
+        ("a: " + "x" * 300, "more than the 200"),
+    ):
+        with pytest.raises(YamlTooLarge, match=says):
+            load_yaml(text, tiny)
+    with pytest.raises(yaml.YAMLError):
+        load_yaml("x: !!python/object/apply:os.system [ls]")
+
+
+def test_a_bundles_billion_laughs_config_is_refused_by_repro_check(tmp_path: Path) -> None:
+    from steadytune.forensics.bundlerun import prepare
+    from tests.unit.forensics.test_bundle_security import hostile_bundle
+
+    hostile_bundle(tmp_path, tmp_path / "PWNED", trust=False, model=str(tmp_path / "elsewhere"))
+    top = tmp_path / "build" / "repro-x-step1"
+    (top / "config.yaml").write_text(_laughs())
+    with pytest.raises(ConfigError, match="aliases are expanded"):
+        prepare(top)
+
+
+@pytest.mark.parametrize("text", ["A", "1", "[a, b]", "null-ish"])
+def test_a_config_file_of_one_value_is_a_config_error(tmp_path: Path, text: str) -> None:
+    """Found by the fuzzing harness: a YAML scalar or list raised ValueError/TypeError in apply_overrides."""
+    (tmp_path / "c.yaml").write_text(text)
+    with pytest.raises(ConfigError, match="not a mapping"):
+        load_config(tmp_path / "c.yaml", check_paths=False)
+
+
+def test_a_path_naming_an_unknown_users_home_is_a_path_error_not_a_crash(tmp_path: Path) -> None:
+    """Found by the fuzzing harness: name_or_path: ~m raised RuntimeError in expanduser."""
+    (tmp_path / "c.yaml").write_text("model: {name_or_path: ~nosuchuser1/m}\ndata: {train_file: t}\n")
+    with pytest.raises(ConfigError, match="name_or_path"):
+        load_config(tmp_path / "c.yaml")
+    assert load_config(tmp_path / "c.yaml", check_paths=False).model.name_or_path.endswith("m")

@@ -25,6 +25,7 @@ FLOORS: dict[str, int] = {
             "layers",
             "layerwise",
             "secretfile",
+            "redact",
             "config",
         ),
         0,

@@ -13,6 +13,9 @@ from tests.fresh import HEAVY, fresh_imports
 TORCH_FREE = [
     "steadytune.records",
     "steadytune.config",
+    "steadytune.config.yamlsafe",
+    "steadytune.redact",
+    "steadytune.redact.paths",
     "steadytune.telemetry.store",
     "steadytune.telemetry.events",
     "steadytune.telemetry.sampler",

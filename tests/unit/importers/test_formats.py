@@ -232,3 +232,117 @@ def test_missing_path_and_log_without_loss(tmp_path: Path) -> None:
     p.write_text('{"log_history": [{"learning_rate": 0.1, "step": 1}]}')
     with pytest.raises(UnreadableLog, match="none of the metrics"):
         load(p)
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        lambda s, v: (
+            json.dumps({"step": s, "loss": v}) if isinstance(s, int) else f'{{"step": {s}, "loss": {v}}}'
+        ),
+        lambda s, v: f"step {s} | loss {v}",
+    ],
+    ids=["jsonl", "text"],
+)
+def test_a_step_number_past_what_a_float_holds_is_left_out_not_a_crash(tmp_path: Path, layout) -> None:
+    """A 400-digit step ended `analyze` in OverflowError (detect/trend.py turned it into a float)."""
+    from steadytune.cli.analyze import analyze_path
+    from steadytune.config.detect import DetectConfig
+
+    rows = [layout(s, 2.0 - 0.01 * s) for s in range(40)] + [layout("9" * 400, 1.0), layout(2**60, 1.0)]
+    path = tmp_path / "train.log"
+    path.write_text("\n".join(rows) + "\n")
+    steps = [r.step for r in load(path).records]
+    assert steps == list(range(40))
+    result = analyze_path(str(path), DetectConfig())
+    assert result.error is None and result.steps == 40
+
+
+@pytest.fixture()
+def small_tmp(tmp_path: Path):
+    """A 4 MiB tmpfs as the temporary folder (root only: mounting is what makes a disk small)."""
+    import subprocess
+    import tempfile
+
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.decode().strip()}")
+    saved, tempfile.tempdir = tempfile.tempdir, str(mnt)
+    try:
+        yield mnt
+    finally:
+        tempfile.tempdir = saved
+        subprocess.run(["umount", str(mnt)], check=True)
+
+
+def test_a_gzip_log_larger_than_the_free_temporary_disk_is_refused_saying_so(
+    tmp_path: Path, small_tmp: Path
+) -> None:
+    """It was unpacked up to 4 GiB whatever the disk had free: a full /tmp, and the error from
+    the write, not one that says what to do."""
+    import gzip
+
+    rows = "".join(f"step {s} | loss {2.0 - s * 1e-6:.6f} | {'x' * 200}\n" for s in range(40_000))
+    path = tmp_path / "train.log.gz"
+    path.write_bytes(gzip.compress(rows.encode()))
+    with pytest.raises(UnreadableLog, match="free") as e:
+        load(path)
+    assert "TMPDIR" in str(e.value)
+    assert list(small_tmp.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"a": ' + "[" * 100_000,
+        '{"log_history": ' + "[" * 100_000,
+        '{"step": 1, "loss": 2}\n{"loss": ' + "[" * 100_000,
+    ],
+    ids=["json", "trainer_state", "jsonl"],
+)
+def test_json_nested_too_deep_is_an_unreadable_log_not_a_recursion_error(tmp_path: Path, text: str) -> None:
+    """load() let RecursionError out of its documented UnreadableLog (analyze showed it as a reader bug)."""
+    path = tmp_path / "log.json"
+    path.write_text(text)
+    with pytest.raises(UnreadableLog, match="nested too deep"):
+        load(path)
+
+
+@pytest.mark.parametrize("field", ["loss", "grad_norm", "learning_rate", "eval_loss", "kl"])
+def test_a_metric_past_a_floats_range_is_infinite_not_a_crash(tmp_path: Path, field: str) -> None:
+    """Found by the fuzzing harness: a 400-digit value ended detection in OverflowError."""
+    from steadytune.config.detect import DetectConfig
+    from steadytune.detect.offline import replay
+
+    rows = [{"step": s, "loss": 2.0 - 0.01 * s, "grad_norm": 1.0, "learning_rate": 1e-4} for s in range(30)]
+    rows[20][field] = int("4" * 400)
+    for path in (tmp_path / "train.jsonl", tmp_path / "trainer_state.json"):
+        if path.suffix == ".json":
+            path.write_text(json.dumps({"log_history": rows}))
+        else:
+            path.write_text("\n".join(json.dumps(r) for r in rows))
+        series = load(path)
+        value = next(r for r in series.records if r.step == 20)
+        numbers = [v for v in (*vars(value).values(), *value.extra.values()) if isinstance(v, float)]
+        assert any(math.isinf(v) for v in numbers), value  # under its own name or its alias (lr)
+        replay(series.records, series.system, DetectConfig())
+
+
+@pytest.mark.parametrize("epoch", ["1e999", "Infinity", str(int("4" * 400)), '"inf"'])
+def test_an_infinite_epoch_is_no_epoch_not_a_crash(tmp_path: Path, epoch: str) -> None:
+    """Found by make fuzz: int(epoch) in the detectors' seasonal and oscillation rules raised
+    OverflowError."""
+    from steadytune.config.detect import DetectConfig
+    from steadytune.detect.offline import replay
+
+    rows = [
+        f'{{"step": {s}, "loss": {2.0 - 0.01 * s}, "epoch": {epoch if s == 20 else s / 10}}}'
+        for s in range(40)
+    ]
+    path = tmp_path / "train.jsonl"
+    path.write_text("\n".join(rows))
+    series = load(path)
+    assert next(r for r in series.records if r.step == 20).epoch is None
+    replay(series.records, series.system, DetectConfig())

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from steadytune.inject import RUN_ENV, STARTUP_DIR, inject_env
 from steadytune.inject.env import PACKAGE_DIR, package_root
 from tests.fresh import fresh_imports
@@ -37,13 +39,13 @@ def test_an_installed_package_is_linked_alone_not_its_site_packages(tmp_path: Pa
     (site / "steadytune").mkdir(parents=True)
     (site / "torch").mkdir()
     (site / "steadytune-0.1.0.dist-info").mkdir()
-    root = package_root(tmp_path / "run", site / "steadytune")
-    assert root == tmp_path / "run" / "inject" / "lib"
+    root = package_root(site / "steadytune", tmp_path / "links")
+    assert root.parent == tmp_path / "links"
     assert sorted(p.name for p in root.iterdir()) == ["steadytune"]
     assert (root / "steadytune").resolve() == (site / "steadytune").resolve()
-    assert package_root(tmp_path / "run", site / "steadytune") == root  # again: the link is reused
+    assert package_root(site / "steadytune", tmp_path / "links") == root  # again: the link is reused
     (site / "torch").rmdir()
-    assert package_root(tmp_path / "run", site / "steadytune") == site  # a src/ layout is used as it is
+    assert package_root(site / "steadytune", tmp_path / "links") == site  # a src/ layout is used as it is
 
 
 def test_the_supervisor_side_of_injection_is_torch_free() -> None:
@@ -96,3 +98,30 @@ def test_a_failure_is_one_line_and_the_program_runs(tmp_path: Path) -> None:
     out = _python("print('ran')", env, tmp_path)
     assert out.returncode == 0 and out.stdout == "ran\n"
     assert out.stderr == "steadytune: guard not injected: ImportError: no such thing\n"
+
+
+def test_the_shim_is_a_private_folder_outside_the_run_holding_only_the_link(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run folder's ``inject/lib`` came first on the trainer's path: whoever could write the
+    run folder ran code in the trainer (a planted ``json.py``)."""
+    import stat
+
+    monkeypatch.setenv("STEADYTUNE_CACHE", str(tmp_path / "cache"))
+    site = tmp_path / "site-packages"
+    (site / "steadytune").mkdir(parents=True)
+    (site / "torch").mkdir()
+    run = tmp_path / "run"
+    (run / "inject" / "lib").mkdir(parents=True)
+    (run / "inject" / "lib" / "json.py").write_text("raise SystemExit('planted')\n")
+    paths = [
+        Path(p)
+        for p in inject_env(run, 0, {}, package_dir=site / "steadytune")["PYTHONPATH"].split(os.pathsep)
+    ]
+    assert not any(p.resolve().is_relative_to(run.resolve()) for p in paths), paths
+    shim = paths[1]
+    assert stat.S_IMODE(shim.lstat().st_mode) == 0o700 and not shim.is_symlink()
+    assert [p.name for p in shim.iterdir()] == ["steadytune"]
+    (shim / "json.py").write_text("raise SystemExit('planted')\n")  # planted later: not kept
+    again = inject_env(run, 1, {}, package_dir=site / "steadytune")["PYTHONPATH"].split(os.pathsep)[1]
+    assert [p.name for p in Path(again).iterdir()] == ["steadytune"]

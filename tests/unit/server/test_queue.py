@@ -59,3 +59,44 @@ def test_the_environment_is_kept_private(tmp_path: Path):
     assert q.get(job.id).spec["env"] == {"HF_TOKEN": "hf_secret"}  # the job gets it...
     assert "env" not in job.to_dict()["spec"]  # ...the API does not show it
     assert oct((tmp_path / "srv" / "q.db").stat().st_mode & 0o777) == "0o600"
+
+
+def test_the_queue_and_its_wal_and_shm_are_private_in_a_shared_directory(tmp_path: Path) -> None:
+    """Jobs' environments (tokens) live in these files: 0644 WAL/SHM let another user read them."""
+    import os
+    import stat
+
+    shared = tmp_path / "srv"
+    shared.mkdir(mode=0o755)
+    shared.chmod(0o755)
+    old = os.umask(0o022)
+    try:
+        q = JobQueue(shared / "queue.db")
+        assert q.notes and "was mode 755" in q.notes[0] and "made 700" in q.notes[0]
+        q.submit({**spec(), "env": {"HF_TOKEN": "hf_" + "x" * 30}}, 10, "user")
+        modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in shared.iterdir()}
+        q.close()
+    finally:
+        os.umask(old)
+    assert {"queue.db", "queue.db-wal", "queue.db-shm"} <= modes.keys()
+    assert all(m & 0o077 == 0 for m in modes.values()), modes
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o700
+
+
+def test_a_server_folder_that_is_a_link_or_of_another_user_is_refused(tmp_path: Path) -> None:
+    import os
+
+    from steadytune.secretfile import InsecureDirectory, private_dir
+
+    (tmp_path / "mine").mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "mine", target_is_directory=True)
+    with pytest.raises(InsecureDirectory, match="not a folder"):
+        JobQueue(link / "queue.db")
+    if os.getuid() != 0:
+        pytest.skip("making a folder another user owns needs root")
+    other = tmp_path / "theirs"
+    other.mkdir(mode=0o700)
+    os.chown(other, 4321, 4321)
+    with pytest.raises(InsecureDirectory, match="belongs to another user"):
+        private_dir(other, "the server's folder")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -142,3 +143,24 @@ def test_a_config_job_needs_the_estimators_peak_and_its_process_count(daemon: Da
     assert two.gpus_wanted == 2
     with pytest.raises(SubmitError, match=r"train\.max_steps"):
         submit(daemon.queue, {"kind": "run", "config": str(EXAMPLE), "overrides": ["train.max_steps=-3"]})
+
+
+@pytest.mark.parametrize(
+    ("req", "says"),
+    [
+        ({"kind": "run", "config": "x" * 5000}, "does not exist"),  # was OSError: File name too long
+        ({"kind": "run", "config": ["a.yaml"]}, "config=.*give a string"),
+        ({"kind": "supervise", "cmd": ["x"], "env": ["HF_TOKEN=x"]}, "env: give an object of strings"),
+        ({"kind": "supervise", "cmd": ["x"], "overrides": 5}, "overrides=5: give a list of strings"),
+        ({"kind": "supervise", "cmd": ["x"], "priority": 2**64}, "priority=.*within"),  # SQLite overflow
+        ({"kind": "supervise", "cmd": ["x"], "need_gib": 1e308}, "need_gib="),
+        ({"kind": "supervise", "cmd": ["x"], "gpus": 10**9}, "gpus=.*1 to 1024"),
+    ],
+)
+def test_a_submit_of_any_shape_is_refused_with_what_is_wrong(daemon: Daemon, req: dict, says: str):
+    """Found by the fuzzing harness (tests/fuzz/test_fuzz_socket.py): each raised in the daemon."""
+    from steadytune.server.api import answer_line
+
+    answer = answer_line(daemon, json.dumps({"op": "submit", **req}).encode())
+    assert answer["ok"] is False and re.search(says, answer["error"]), answer
+    assert answer_line(daemon, b"[" * 100_000)["error"] == "the request is nested too deep"

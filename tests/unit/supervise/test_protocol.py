@@ -19,6 +19,7 @@ from steadytune.protocol import (
     WorkerEvent,
     check_request,
     clear_requests,
+    request_name,
     request_names,
     write_request,
 )
@@ -294,3 +295,61 @@ def test_the_cli_refuses_an_issuer_the_supervisor_owns(tmp_path: Path, monkeypat
         and req["args"] == {"mode": "hold"}
     )
     assert json.loads((run.control / request_names(run.control)[0]).read_text()) == req
+
+
+def _hostile(directory: Path, kind: str) -> str:
+    """One file in the control queue that is not a request: what the supervisor must refuse."""
+    import os
+
+    name = request_name(1_000_000_000, kind.replace("_", ""))
+    path = directory / name
+    if kind == "deep":
+        path.write_text("[" * 200_000)  # json.loads raised RecursionError: the supervisor died
+    elif kind == "huge":
+        path.write_text('{"command": "stop", "issuer": "x", "pad": "' + "a" * (4 << 20) + '"}')
+    elif kind == "fifo":
+        os.mkfifo(path)  # open() for reading waited for a writer: the supervisor hung
+    elif kind == "symlink":
+        target = directory.parent / "elsewhere.json"
+        target.write_text(json.dumps({"id": "x", "command": "stop", "issuer": "eve", "ts": 1.0}))
+        path.symlink_to(target)
+    elif kind == "not_object":
+        path.write_text("[1, 2, 3]")
+    elif kind == "bad_command":
+        path.write_text(json.dumps({"id": "x", "command": "reboot" * 50, "issuer": "eve", "ts": 1.0}))
+    elif kind == "not_utf8":
+        path.write_bytes(b'{"command": "\xff\xfe"}')
+    elif kind == "folder":  # found by the fuzzing harness: IsADirectoryError
+        path.mkdir()
+    return name
+
+
+@pytest.mark.parametrize(
+    "kind", ["deep", "huge", "fifo", "symlink", "not_object", "bad_command", "not_utf8", "folder"]
+)
+def test_a_control_file_that_is_not_a_request_is_filed_as_refused_and_the_queue_goes_on(
+    tmp_path: Path, kind: str
+) -> None:
+    import threading
+
+    sup = supervisor(tmp_path)
+    sup.run.control.mkdir(parents=True, exist_ok=True)
+    name = _hostile(sup.run.control, kind)
+    send_control(sup.run, "checkpoint", "alice (cli)", new_id=ids("ok"))
+    failed: list[BaseException] = []
+
+    def poll() -> None:
+        try:
+            sup.controls.poll()
+        except BaseException as exc:
+            failed.append(exc)
+
+    t = threading.Thread(target=poll, daemon=True)
+    t.start()
+    t.join(10)
+    assert not t.is_alive(), "reading the control queue blocked"
+    assert failed == []
+    filed = read_events(sup.run.events)
+    refused = [e for e in filed if e.name == "request_refused"]
+    assert len(refused) == 1 and name in refused[0].message and refused[0].severity == "warning"
+    assert [e.data.get("request_id") for e in filed if e.name == "checkpoint"] == ["ok"]

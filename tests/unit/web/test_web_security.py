@@ -220,3 +220,20 @@ def test_a_token_file_others_may_read_is_refused(tmp_path: Path) -> None:
         resolve_token(None, token_env=None, token_file=f, environ={})
     assert str(f) in str(exc.value) and "644" in str(exc.value) and f"chmod 600 {f}" in str(exc.value)
     assert TOKEN not in str(exc.value)
+
+
+def test_an_issuer_cannot_forge_the_front_end_and_address() -> None:
+    """A typed "(dashboard, 10.0.0.7)" read like the suffix steadytune adds, from another client."""
+    issuer = operator_issuer("alice (dashboard, 10.0.0.7)", "dashboard, 127.0.0.1")
+    assert issuer.count("(") == 1 and issuer.endswith(" (dashboard, 127.0.0.1)"), issuer
+
+
+@pytest.mark.parametrize("raw", ["0\x1f", "\x0c5", "5\x0b", "1 2", "+5", "٥"])
+def test_a_content_length_with_other_blanks_or_digits_is_a_bad_param(raw: str) -> None:
+    """Found by the fuzzing harness: "0\\x1f" passed the check (str.strip) and then int() raised."""
+    from email.message import Message
+
+    headers = Message()
+    headers["Content-Length"] = raw
+    with pytest.raises(BadParam, match="not a byte count"):
+        content_length(headers)

@@ -1,0 +1,114 @@
+"""Reading YAML that someone else may have written: the safe loader, bounded.
+
+Every YAML steadytune reads (a config, a run folder's or a bundle's ``config.yaml``, an override
+value) goes through :func:`load_yaml`. PyYAML's safe loader builds no Python object a tag names,
+but it shares an aliased node instead of copying it, so a 6 KB "billion laughs" (nine levels of
+nine aliases) loads in a millisecond as a value that is 387 million strings long to whatever walks
+it next: validation and the error's ``repr`` took ``validate`` past 3 GB. And a document nested
+100,000 deep ends the constructor in ``RecursionError``. So, while the document is composed:
+
+- at most :attr:`YamlLimits.max_depth` levels of nesting;
+- at most :attr:`YamlLimits.max_aliases` aliases;
+- at most :attr:`YamlLimits.max_nodes` nodes *with every alias expanded*, counted as the alias
+  would be copied (that is what catches the laughs, whatever the number of aliases);
+- at most :attr:`YamlLimits.max_bytes` of text.
+
+A document over a limit raises :class:`YamlTooLarge`, a ``yaml.YAMLError``, so every caller's
+existing ``except yaml.YAMLError`` reports it as the bad YAML it is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+@dataclass(frozen=True)
+class YamlLimits:
+    """What one document may hold; a run config needs a small fraction of each."""
+
+    max_depth: int = 64
+    max_aliases: int = 1_000
+    max_nodes: int = 200_000
+    max_bytes: int = 8 << 20
+
+
+class YamlTooLarge(yaml.YAMLError):
+    """A document over a :class:`YamlLimits` limit; the message names the limit and where it broke."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.problem = message  # what callers show of a YAMLError
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    def __init__(self, stream: str, limits: YamlLimits) -> None:
+        super().__init__(stream)
+        self._limits = limits
+        self._depth = 0
+        self._aliases = 0
+        self._weights: dict[int, int] = {}  # id(node) -> its node count with every alias expanded
+
+    def _refuse(self, what: str) -> YamlTooLarge:
+        mark = self.peek_event().start_mark if self.check_event() else None
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        return YamlTooLarge(f"{what}{where}; a config needs none of that, so it is refused unread")
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            self._aliases += 1
+            if self._aliases > self._limits.max_aliases:
+                raise self._refuse(f"more than {self._limits.max_aliases:,} aliases (*name)")
+            return super().compose_node(parent, index)
+        self._depth += 1
+        if self._depth > self._limits.max_depth:
+            raise self._refuse(f"nested more than {self._limits.max_depth} levels deep")
+        try:
+            node = super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+        weight = 1
+        if isinstance(node, yaml.SequenceNode):
+            weight += sum(self._weights.get(id(child), 1) for child in node.value)
+        elif isinstance(node, yaml.MappingNode):
+            weight += sum(self._weights.get(id(k), 1) + self._weights.get(id(v), 1) for k, v in node.value)
+        if weight > self._limits.max_nodes:
+            raise self._refuse(
+                f"more than {self._limits.max_nodes:,} values once its aliases are expanded "
+                "(nested aliases, a 'billion laughs')"
+            )
+        self._weights[id(node)] = weight
+        return node
+
+
+def load_yaml(text: str | bytes, limits: YamlLimits | None = None) -> Any:
+    """The one YAML document in ``text``, as plain Python values (safe tags only), bounded.
+
+    Raises:
+        yaml.YAMLError: not valid YAML, or over a limit (:class:`YamlTooLarge`).
+    """
+    limits = limits or YamlLimits()
+    if len(text) > limits.max_bytes:
+        raise YamlTooLarge(f"{len(text):,} bytes, more than the {limits.max_bytes:,} a document may have")
+    if isinstance(text, bytes):
+        text = text.decode("utf-8")
+    loader = _BoundedLoader(text, limits)
+    try:
+        return loader.get_single_data()
+    except RecursionError:  # the limits keep the loader shallow; this is only a last guard
+        raise YamlTooLarge("nested too deep to read") from None
+    finally:
+        loader.dispose()
+
+
+def read_yaml(path: Path | str, limits: YamlLimits | None = None) -> Any:
+    """:func:`load_yaml` of a file, whose size is checked before it is read."""
+    limits = limits or YamlLimits()
+    path = Path(path)
+    size = path.stat().st_size
+    if size > limits.max_bytes:
+        raise YamlTooLarge(f"{path} is {size:,} bytes, more than the {limits.max_bytes:,} a file may have")
+    return load_yaml(path.read_text(encoding="utf-8"), limits)
