@@ -180,7 +180,7 @@ class LiveDetector:
         if rank == self._primary:
             self.last_step = rec.step
             if rec.ts:  # imported logs carry no time: no stall to judge
-                self._stall.progress(rec.step, rec.ts, out)
+                self._stall.progress(rec.step, rec.ts, out, rec.attempt)
             self._signal.observe(rec, out)
         if (
             rec.step_time_s is not None

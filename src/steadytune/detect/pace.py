@@ -250,16 +250,25 @@ class StallWatch:
         self._intervals = SortedWindow(32)
         self._last_ts: float | None = None
         self.last_step = 0
+        self._attempt: int | None = None
         self._hinted_step: int | None = None
 
-    def progress(self, step: int, ts: float, out: list[Finding]) -> None:
-        """A new step arrived at ``ts``: clears a stall."""
+    def progress(self, step: int, ts: float, out: list[Finding], attempt: int | None = None) -> None:
+        """A new step arrived at ``ts``: clears a stall.
+
+        The time since a step of another attempt is a restart (a new process, its imports, a
+        checkpoint loaded), not the pace of training: it sets no limit. Counted, one restart made
+        the hang limit ten times its length, and a hang after a few restarts went unseen for minutes.
+        """
         if step <= self.last_step and self._last_ts is not None:
             return
-        if self._last_ts is not None and ts > self._last_ts:
+        same = attempt is None or self._attempt is None or attempt == self._attempt
+        if self._last_ts is not None and ts > self._last_ts and same:
             self._intervals.push(ts - self._last_ts)
         self._last_ts = max(ts, self._last_ts or ts)
         self.last_step = step
+        if attempt is not None:
+            self._attempt = attempt
         if self.rep.on:
             self.rep.report(out, "stall", "step", step, False)
 

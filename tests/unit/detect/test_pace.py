@@ -191,3 +191,19 @@ def test_stall_limit_grows_with_slow_steps() -> None:
     # Steps take 200 s: waiting 600 s is normal, 1100 s (over 5x) is not.
     assert det.observe_time(1800.0 + 600.0, None, 10) == []
     assert [t.anomaly.kind for t in det.observe_time(1800.0 + 1100.0, None, 10)] == ["stall"]
+
+
+def test_the_time_a_restart_took_sets_no_hang_limit() -> None:
+    """A resumed run's history holds steps of several attempts (replayed into a new detector after each
+    restart): the minute between the last step of one and the first of the next is no step interval."""
+    det = LiveDetector(DetectConfig(pace={"hang_floor_s": 6.0}))
+    ts = 100.0
+    for attempt in range(3):
+        for i in range(10):
+            det.observe_step(StepRecord(step=attempt * 10 + i + 1, ts=ts, loss=2.0, attempt=attempt))
+            ts += 0.5
+        ts += 60.0  # the restart
+    last = ts - 60.0 - 0.5
+    assert det.observe_time(last + 5.0, last + 0.5, 30) == []  # 4.5 s of silence: under the 6 s floor
+    got = det.observe_time(last + 8.0, last + 0.5, 30)  # 7.5 s: a hang (10 x the 0.5 s pace is 5 s)
+    assert [(t.anomaly.kind, t.anomaly.metric) for t in got] == [("stall", "heartbeat")]
