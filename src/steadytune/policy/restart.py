@@ -41,6 +41,9 @@ _CLASSIFIERS: tuple[tuple[str, re.Pattern[str]], ...] = (
 )
 
 
+_MAX_SIGNAL = 64  # Linux's real-time signals end at 64
+
+
 def is_oom_message(text: str) -> bool:
     """Whether an error text is an out-of-memory error (the table above, shared with the worker)."""
     return bool(_CLASSIFIERS[0][1].search(text))
@@ -67,7 +70,11 @@ class ExitInfo:
         if rc is not None and rc < 0:
             return -rc
         if rc is not None and rc > 128 and not self.status:
-            return rc - 128  # shells and torchrun report a signal death as 128 + signo
+            if rc - 128 <= _MAX_SIGNAL:
+                return rc - 128  # shells and torchrun report a signal death as 128 + signo
+            # A Python launcher that passes its child's returncode on (`sys.exit(proc.returncode)`, as
+            # `swift sft` does) exits with -signo modulo 256: SIGKILL is 247.
+            return 256 - rc
         return None
 
 

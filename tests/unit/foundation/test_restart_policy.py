@@ -9,6 +9,8 @@ def test_classification_table() -> None:
     assert classify(ExitInfo(0, status="completed")) == "completed"
     assert classify(ExitInfo(-signal.SIGKILL)) == "killed"
     assert classify(ExitInfo(137)) == "killed"  # torchrun / shells: 128 + 9
+    assert classify(ExitInfo(247)) == "killed"  # `swift sft`: sys.exit(-9), its child's returncode
+    assert classify(ExitInfo(245)) == "signal_SIGSEGV"  # sys.exit(-11)
     assert (
         classify(
             ExitInfo(1, status="error", error_type="OutOfMemoryError", error_message="CUDA out of memory.")
