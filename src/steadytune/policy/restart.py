@@ -38,6 +38,15 @@ _CLASSIFIERS: tuple[tuple[str, re.Pattern[str]], ...] = (
             re.I,
         ),
     ),
+    # A launcher that reports its trainer's SIGKILL in words (the job itself exits 1): accelerate's
+    # CalledProcessError "died with <Signals.SIGKILL: 9>" (axolotl, TRL), subprocess's "non-zero exit
+    # status -9", torch elastic's ChildFailedError "Signal 9 (SIGKILL) received by PID".
+    (
+        "killed",
+        re.compile(
+            r"died with <Signals\.SIGKILL: 9>|non-zero exit status -9\b|Signal 9 \(SIGKILL\) received"
+        ),
+    ),
 )
 
 

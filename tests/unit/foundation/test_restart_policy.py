@@ -11,6 +11,15 @@ def test_classification_table() -> None:
     assert classify(ExitInfo(137)) == "killed"  # torchrun / shells: 128 + 9
     assert classify(ExitInfo(247)) == "killed"  # `swift sft`: sys.exit(-9), its child's returncode
     assert classify(ExitInfo(245)) == "signal_SIGSEGV"  # sys.exit(-11)
+    # A launcher (accelerate launch under axolotl, torch elastic) that outlived its SIGKILLed trainer.
+    wrapped = (
+        "subprocess.CalledProcessError: Command '['python', '-m', 'axolotl.cli.train', 'c.yml']' "
+        "died with <Signals.SIGKILL: 9>."
+    )
+    assert classify(ExitInfo(1, error_type="CalledProcessError", stderr_tail=wrapped)) == "killed"
+    elastic = "exitcode  : -9 (pid: 4242)\n  traceback : Signal 9 (SIGKILL) received by PID 4242"
+    assert classify(ExitInfo(1, error_type="ChildFailedError", stderr_tail=elastic)) == "killed"
+    assert classify(ExitInfo(1, stderr_tail="returned non-zero exit status -90")) == "exit_nonzero"
     assert (
         classify(
             ExitInfo(1, status="error", error_type="OutOfMemoryError", error_message="CUDA out of memory.")
