@@ -57,6 +57,52 @@ TOOLS: dict[str, dict[str, list[str]]] = {
         # never calls it. An empty package stands in, instead of a multi-GB torch/torchaudio pair.
         "stubs": ["torchaudio"],
     },
+    # ms-swift's own requirements pull no CUDA build (no torchvision, torchaudio, deepspeed or flash-attn):
+    # it goes in as its users install it.
+    "swift": {"install": ["ms-swift==4.6.0"], "no_deps": [], "stubs": []},
+    # axolotl 0.19.0 is the newest release for Python 3.11 (0.20 and later need Python 3.12). It pins
+    # a web UI, cloud file systems, an eval harness and GPU kernels (gradio, modal, s3fs/gcsfs/adlfs/ocifs,
+    # lm_eval, xformers, liger-kernel, flash-linear-attention, torchao, kernels) that `axolotl train` of a
+    # text model never imports; it goes in without its deps, and what its training path imports at module
+    # level is added, at its own pins where it pins them. triton and bitsandbytes are among those imports:
+    # their wheels carry no torch of their own and import on a machine without a GPU.
+    "axolotl": {
+        "no_deps": ["axolotl==0.19.0"],
+        "install": [
+            "transformers==5.16.1",
+            "peft==0.20.0",
+            "accelerate==1.13.0",
+            "datasets==4.8.4",
+            "trl==1.9.0",
+            "huggingface_hub==1.17.0",
+            "tokenizers==0.23.1",
+            "pydantic==2.12.5",
+            "PyYAML==6.0.3",
+            "packaging==26.0",
+            "typer==0.25.1",
+            "posthog==6.7.11",
+            "python-dotenv==1.0.1",
+            "evaluate==0.4.1",
+            "bitsandbytes==0.50.2",
+            "numba>=0.63.1,<1.0",
+            "numpy>=2.1,<3.0",
+            "triton>=3.4.0",
+            "wandb",
+            "addict",
+            "art",
+            "colorama",
+            "einops",
+            "fastcore",
+            "fire",
+            "pillow",
+            "requests",
+            "scipy",
+            "sentencepiece",
+            "axolotl-contribs-lgpl==0.0.7",
+            "axolotl-contribs-mit==0.0.6",
+        ],
+        "stubs": [],
+    },
 }
 _STUB = '''"""Not installed: this venv trains text only (see tests/tools.py)."""\n'''
 

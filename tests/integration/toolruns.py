@@ -1,4 +1,5 @@
-"""The real TRL and LLaMA-Factory CLIs on the demo model, run under `steadytune supervise`.
+"""The real TRL, LLaMA-Factory, axolotl and ms-swift CLIs, and `accelerate launch`, on the demo model,
+run under `steadytune supervise`.
 
 A :class:`ToolJob` is one tool's command line for a small SFT job (its own flags, or its
 own YAML), or a TRL DPO or GRPO job on the demo's preference rows and prompts;
@@ -14,7 +15,9 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -28,34 +31,47 @@ from steadytune.telemetry.events import read_events
 from steadytune.telemetry.stream import iter_records
 from tests.tools import tool_venv
 
-from .hfjob import supervise_cmd
+from .hfjob import hf_script, supervise_cmd
 from .runs import wait_for
 
 TOOLS = ("trl", "llamafactory")
+# Launched through accelerate (or a launcher of their own), with no TRL or LLaMA-Factory in between.
+LAUNCHED = ("axolotl", "swift", "accelerate")
 
 
 @dataclass
 class ToolJob:
     """One tool's training command, the folder it writes checkpoints to, and its LR."""
 
-    tool: str  # also the `supervise --preset` that knows its flags
+    tool: str  # the run's name; also the `supervise --preset` that knows its flags, unless preset says
     cmd: list[str]
     out: Path
     lr: float
     weights_file: str  # the weights a checkpoint holds: the full model, or the LoRA adapter
     env: dict[str, str] = field(default_factory=dict)  # what the job needs in its environment
+    # A word of the training processes' command lines; None: the command itself trains.
+    trainer_mark: str | None = None
+    preset: str = ""
 
-    def trainer(self, worker_pid: int) -> psutil.Process | None:
-        """The process that trains: `trl sft|dpo|grpo` runs trl/scripts/<name>.py as a child through
-        accelerate; `llamafactory-cli train` on one device trains in its own process."""
+    def trainers(self, worker_pid: int) -> list[psutil.Process]:
+        """The processes that train, below the command's own: `trl sft|dpo|grpo` runs
+        trl/scripts/<name>.py through accelerate, `axolotl train` execs `accelerate launch -m
+        axolotl.cli.train`, `swift sft` runs swift/cli/sft.py, `accelerate launch --num_processes 2`
+        one per rank; `llamafactory-cli train` on one device trains in its own process."""
         try:
             root = psutil.Process(worker_pid)
-            if self.tool == "llamafactory":
-                return root
-            script = f"{self.cmd[1]}.py"
-            return next((p for p in root.children(recursive=True) if script in " ".join(p.cmdline())), None)
+            if self.trainer_mark is None:
+                return [root]
+            found = [p for p in root.children(recursive=True) if self.trainer_mark in " ".join(p.cmdline())]
+            # A trainer's data-loader workers are forks of it, with its command line: not trainers.
+            pids = {p.pid for p in found}
+            return [p for p in found if p.ppid() not in pids]
         except psutil.Error:
-            return None
+            return []
+
+    def trainer(self, worker_pid: int) -> psutil.Process | None:
+        found = self.trainers(worker_pid)
+        return found[0] if found else None
 
     def checkpoint(self, step: int) -> Path:
         return self.out / f"checkpoint-{step}"
@@ -163,7 +179,7 @@ def trl_job(
     ]
     for key, value in flags.items():
         cmd += [f"--{key}", str(value)]
-    return ToolJob("trl", cmd, out, lr, "model.safetensors", env)
+    return ToolJob("trl", cmd, out, lr, "model.safetensors", env, trainer_mark=f"{trainer}.py")
 
 
 def lf_job(
@@ -195,8 +211,109 @@ def lf_job(
     return ToolJob("llamafactory", cmd, out, lr, "adapter_model.safetensors")
 
 
+def swift_job(
+    demo_assets: Path,
+    tmp: Path,
+    steps: int,
+    save_steps: int = 50,
+    logging_steps: int = 5,
+    lr: float = 1e-4,
+    **extra: Any,
+) -> ToolJob:
+    """`swift sft` (ms-swift), LoRA, on the demo rows as they are: it reads instruction/input/output.
+
+    The demo model is no model it knows by name, so its type and template are given; one output
+    folder (``--add_version false``: the preset needs it), and no look-up of the model on its hub.
+    """
+    data = tmp / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    with open(data / "train.jsonl", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in demo_rows(demo_assets))
+    out = tmp / "out"
+    flags = {"model": demo_assets / "model", "model_type": "llama", "template": "default",
+             "dataset": data / "train.jsonl", "tuner_type": "lora", "max_length": 64, "output_dir": out,
+             "add_version": "false", "check_model": "false", "dataset_num_proc": 1,
+             **common_args(steps, save_steps, logging_steps, lr, extra)}  # fmt: skip
+    cmd = [str(tool_venv("swift") / "swift"), "sft"]
+    for key, value in flags.items():
+        cmd += [f"--{key}", str(value)]
+    return ToolJob("swift", cmd, out, lr, "adapter_model.safetensors", trainer_mark="swift/cli/sft.py")
+
+
+def axolotl_job(
+    demo_assets: Path,
+    tmp: Path,
+    steps: int,
+    save_steps: int = 50,
+    logging_steps: int = 5,
+    lr: float = 1e-4,
+    **extra: Any,
+) -> ToolJob:
+    """`axolotl train config.yml`, full fine-tuning, with a YAML as its users write them; ``extra`` are
+    more of its keys. Its CLI execs `accelerate launch` by name, found on the PATH of the venv."""
+    data = tmp / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    with open(data / "train.jsonl", "w") as f:
+        for r in demo_rows(demo_assets):
+            f.write(json.dumps({"text": f"{r['instruction']}\n{r['input']}\n{r['output']}"}) + "\n")
+    out = tmp / "out"
+    keys = {"base_model": demo_assets / "model", "output_dir": out, "dataset_prepared_path": tmp / "prepared",
+            "val_set_size": 0, "sequence_len": 64, "micro_batch_size": 4, "gradient_accumulation_steps": 1,
+            "max_steps": steps, "save_steps": save_steps, "logging_steps": logging_steps,
+            "learning_rate": lr, "optimizer": "adamw_torch", "lr_scheduler": "cosine",
+            "bf16": "false", "fp16": "false", "tf32": "false", "dataset_processes": 1, **extra}  # fmt: skip
+    cfg = tmp / "axolotl.yml"
+    cfg.write_text(
+        "".join(f"{k}: {v}\n" for k, v in keys.items())
+        + f"datasets:\n  - path: {data / 'train.jsonl'}\n    type: completion\n    ds_type: json\n"
+    )
+    bin_dir = tool_venv("axolotl")
+    # AXOLOTL_DO_NOT_TRACK: its telemetry is on unless turned off, and this machine reaches no such host.
+    env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "AXOLOTL_DO_NOT_TRACK": "1"}
+    cmd = [str(bin_dir / "axolotl"), "train", str(cfg)]
+    return ToolJob("axolotl", cmd, out, lr, "model.safetensors", env, trainer_mark="axolotl.cli.train")
+
+
+def accelerate_job(
+    demo_assets: Path,
+    tmp: Path,
+    steps: int,
+    save_steps: int = 50,
+    logging_steps: int = 5,
+    lr: float = 1e-4,
+    **extra: Any,
+) -> ToolJob:
+    """`accelerate launch --num_processes 2` of the plain HF Trainer script: two ranks on the CPU, gloo.
+
+    accelerate starts several processes only for a distributed type; without a GPU that is the
+    torchrun launcher it uses for several GPUs (``--multi_gpu``), while the script's ``use_cpu``
+    picks gloo. A port of its own, so that two such jobs at once do not meet.
+    """
+    out = tmp / "out"
+    launch = [str(Path(sys.executable).parent / "accelerate"), "launch", "--multi_gpu",
+              "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
+              "--dynamo_backend", "no", "--main_process_port", str(_free_port())]  # fmt: skip
+    script = hf_script(demo_assets, out, "--max_steps", str(steps), "--save_steps", str(save_steps),
+                       "--logging_steps", str(logging_steps), "--learning_rate", f"{lr:g}",
+                       *(x for k, v in extra.items() for x in (f"--{k}", str(v))))  # fmt: skip
+    return ToolJob(
+        "accelerate", [*launch, *script[1:]], out, lr, "model.safetensors",
+        trainer_mark="hf_trainer_script.py", preset="hf",
+    )  # fmt: skip
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+_JOBS = {"trl": trl_job, "llamafactory": lf_job, "swift": swift_job, "axolotl": axolotl_job,
+         "accelerate": accelerate_job}  # fmt: skip
+
+
 def tool_job(tool: str, demo_assets: Path, tmp: Path, steps: int, **kw: Any) -> ToolJob:
-    return (trl_job if tool == "trl" else lf_job)(demo_assets, tmp, steps, **kw)
+    return _JOBS[tool](demo_assets, tmp, steps, **kw)
 
 
 @dataclass
@@ -282,8 +399,8 @@ class Supervised:
 
 @contextmanager
 def supervise(job: ToolJob, tmp: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[Supervised]:
-    """`steadytune supervise --preset TOOL --output-dir OUT ARGS -- JOB` as a real process."""
-    cmd = supervise_cmd(job.cmd, job.out, tmp / "runs", job.tool, "--preset", job.tool, *args)
+    """`steadytune supervise --preset PRESET --output-dir OUT ARGS -- JOB` as a real process."""
+    cmd = supervise_cmd(job.cmd, job.out, tmp / "runs", job.tool, "--preset", job.preset or job.tool, *args)
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", **job.env, **(env or {})}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=full_env)
     sup = Supervised(proc, tmp / "runs" / job.tool, job)
