@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from steadytune.cli._common import add_command, fail
+from steadytune.cli.supervise import PRESET_NAMES
 
 NATIVE_FAULTS = "nan,oom,spike,kill,kill-during-save,hang,corrupt-checkpoint"
 INJECT_FLAG = "\0inject"  # --inject given without faults after it
@@ -84,7 +85,7 @@ def register(sub: Any) -> None:
     ext.add_argument("--config", type=Path, help="the config supervise gets (its detect:, policy:, alerts:)")
     ext.add_argument(
         "--preset",
-        choices=("hf", "llamafactory", "trl"),
+        choices=PRESET_NAMES,
         default="hf",
         help="how the command takes a resume checkpoint and an LR (default hf: --flags)",
     )
@@ -396,6 +397,7 @@ def supervise_job(args: argparse.Namespace) -> tuple[Any, list[Any], Path]:
         config=config,
         overrides=sets,
         inject=inject,
+        preset=args.preset,
     )
     return external.Job(tuple(cmd), line, base_lr, args.timeout), faults, runs_dir
 

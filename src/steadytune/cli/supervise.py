@@ -20,7 +20,12 @@ def register(sub: Any) -> None:
         "steadytune supervise --config my.yaml --preset llamafactory --output-dir saves/sft -- "
         "llamafactory-cli train sft.yaml\n  "
         "steadytune supervise --preset trl --output-dir out -- trl sft --model_name_or_path M "
-        "--dataset_name D --output_dir out",
+        "--dataset_name D --output_dir out\n  "
+        "steadytune supervise --preset axolotl --output-dir out --inject -- axolotl train config.yml\n  "
+        "steadytune supervise --preset swift --output-dir out --inject -- swift sft --model M --dataset D "
+        "--output_dir out --add_version false\n  "
+        "steadytune supervise --preset hf --output-dir out --inject -- accelerate launch --num_processes 2 "
+        "train.py --output_dir out",
         description="Runs CMD, follows its progress (HF log dicts on stdout, trainer_log.jsonl / "
         "trainer_state.json "
         "in --output-dir), samples the system, runs the detectors, the policy and the alerts of "
@@ -40,7 +45,9 @@ def register(sub: Any) -> None:
         "--preset",
         choices=sorted(PRESET_NAMES),
         help="how the tool takes a resume checkpoint and an LR: llamafactory (key=value after its YAML), "
-        "trl or hf (--flags); --resume-arg and --lr-arg override it",
+        "axolotl (--dashed-keys after its YAML), swift (ms-swift; needs --add_version false), trl or hf "
+        "(--flags; hf also for accelerate launch of an HF Trainer script); --resume-arg and --lr-arg "
+        "override it",
     )
     p.add_argument(
         "--output-dir", type=Path, help="the job's output folder (its checkpoint-N folders live here)"
@@ -102,7 +109,7 @@ def register(sub: Any) -> None:
     p.set_defaults(func=main)
 
 
-PRESET_NAMES = ("hf", "llamafactory", "trl")
+PRESET_NAMES = ("axolotl", "hf", "llamafactory", "swift", "trl")
 
 
 def flag_overrides(args: argparse.Namespace) -> list[str]:
@@ -123,7 +130,7 @@ def main(args: argparse.Namespace) -> int:
     from steadytune.cli.run import apply_modes, launch
     from steadytune.config import ConfigError
     from steadytune.config.load import load_supervise_config
-    from steadytune.supervise.command import PRESETS, CommandOptions, CommandSource
+    from steadytune.supervise.command import PRESETS, CommandOptions, CommandSource, preset_problems
 
     cmd = args.cmd[1:] if args.cmd and args.cmd[0] == "--" else args.cmd
     if not cmd:
@@ -136,6 +143,9 @@ def main(args: argparse.Namespace) -> int:
         cfg = apply_modes(cfg, args)
     except ConfigError as e:
         return fail(e.render(), 2)
+    problems = preset_problems(args.preset, cmd)
+    if problems:
+        return fail("--preset " + args.preset + ": " + "; ".join(problems), 2)
     preset = PRESETS.get(args.preset or "", {})
     base_lr = args.base_lr
     if base_lr is None and "learning_rate" in cfg.train.model_fields_set:

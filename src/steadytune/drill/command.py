@@ -94,6 +94,9 @@ class SuperviseLine:
     overrides: tuple[str, ...] = ()
     python: str = field(default=sys.executable)
     inject: bool = False  # supervise --inject: the tool's HF Trainer carries the guard
+    # supervise --preset: what the two args above do not say (a restart from the start that must keep
+    # a tool from resuming by itself: LLaMA-Factory's, axolotl's fresh_arg)
+    preset: str | None = None
 
 
 def supervise_argv(
@@ -110,7 +113,10 @@ def supervise_argv(
         argv += ["--config", str(line.config)]
     for item in line.overrides:
         argv += ["--set", item]
-    argv += ["--resume-arg", line.resume_arg, "--lr-arg", line.lr_arg]
+    if line.preset is not None:
+        argv += ["--preset", line.preset]
+    # "=": a template that starts with "--" and holds no space (axolotl's) would read as a flag of its own.
+    argv += [f"--resume-arg={line.resume_arg}", f"--lr-arg={line.lr_arg}"]
     if base_lr is not None:
         argv += ["--base-lr", f"{base_lr:g}"]
     argv += ["--hang-floor", f"{line.hang_floor_s:g}", "--output-dir", str(output_dir)]

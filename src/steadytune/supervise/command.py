@@ -22,6 +22,7 @@ from pathlib import Path
 
 from steadytune.checkpoint.external import check_external_checkpoint
 from steadytune.checkpoint.manifest import list_checkpoints
+from steadytune.drill.command import flag_value
 from steadytune.protocol import WorkerEvent
 from steadytune.records import Event, PlanRevision
 from steadytune.rundir import RunDir
@@ -39,10 +40,42 @@ PRESETS: dict[str, dict[str, str]] = {
         "lr_arg": "learning_rate={lr}",
         "fresh_arg": "overwrite_output_dir=true",
     },
-    # trl sft / HF example scripts: HfArgumentParser flags
+    # trl sft / HF example scripts (also under accelerate launch): HfArgumentParser flags
     "trl": {"resume_arg": "--resume_from_checkpoint {checkpoint}", "lr_arg": "--learning_rate {lr}"},
     "hf": {"resume_arg": "--resume_from_checkpoint {checkpoint}", "lr_arg": "--learning_rate {lr}"},
+    # axolotl train my.yml --key=value: every config key is also a --dashed-flag after the YAML. With
+    # auto_resume_from_checkpoints in its YAML it resumes by itself from the newest checkpoint-N in
+    # output_dir, whole or not (axolotl.utils.train.determine_last_checkpoint); an explicit
+    # resume_from_checkpoint wins over it, and a restart from the start turns it off.
+    "axolotl": {
+        "resume_arg": "--resume-from-checkpoint={checkpoint}",
+        "lr_arg": "--learning-rate={lr}",
+        "fresh_arg": "--no-auto-resume-from-checkpoints",
+    },
+    # swift sft|pt|rlhf: HfArgumentParser flags. It resumes only when told (or from a flash
+    # checkpoint's own tracker, use_flash_ckpt); the resume reads the checkpoint's args.json for the
+    # model and template, never its learning rate.
+    "swift": {"resume_arg": "--resume_from_checkpoint {checkpoint}", "lr_arg": "--learning_rate {lr}"},
 }
+_FALSE = frozenset({"false", "0", "no", "n", "f"})
+
+
+def preset_problems(preset: str | None, command: Sequence[str]) -> list[str]:
+    """What the command must say for ``preset`` to resume it and does not, each with its fix."""
+    if preset != "swift":
+        return []
+    version = flag_value(command, "add_version")
+    if version is not None and version.strip().lower() in _FALSE:
+        return []
+    got = "not given (default true)" if version is None else f"--add_version {version}"
+    return [
+        f"ms-swift writes each start into a new folder under its --output_dir (v0-<time>, then v1-<time>, "
+        f"...; add_version is {got}), so a restart would not find the checkpoints of the attempt before it. "
+        "Fix: add --add_version false to the swift command, with supervise --output-dir the same folder "
+        "as its --output_dir"
+    ]
+
+
 # The optimizer's and scheduler's state in an HF checkpoint: a rollback at a lower LR leaves them out.
 _TRAINING_STATE = frozenset({"optimizer.pt", "scheduler.pt", "optimizer.bin", "scheduler.bin"})
 # What the injected guard prints when it could not attach (see steadytune.inject).
