@@ -49,7 +49,7 @@ LOOKED_FOR = "lines ending in a dict with a loss ({'loss': 2.3, ...} or {\"loss\
 _KV_LINE = re.compile(r"^step:\s*\d+(?:\s+-\s+[^\s:][^:]*:\s*\S+)+\s*$")
 _LOG_DICT = re.compile(r"""(\{[^{}]*['"](?:loss|train_loss|eval_loss)['"][^{}]*\})\s*$""")
 # ms-swift prints its step as a string beside the total: 'global_step/max_steps': '10/100'.
-_SWIFT_STEP = re.compile(r"""['"]global_step/max_steps['"]\s*:\s*['"](\d+)/\d+['"]""")
+_SWIFT_STEP = re.compile(r"""['"]global_step/max_steps['"]\s*:\s*['"](\d+)/(\d+)['"]""")
 # The Trainer's own progress bar has no description: "  25%|██▌       | 5/20 [00:00<00:00, 17.94it/s]".
 _TRAIN_BAR = re.compile(r"^\s*\d{1,3}%\|[^|]*\|\s*(\d+)/(\d+)\s*\[[^\]]*(?:it/s|s/it)")
 _ANY_BAR = re.compile(r"\d{1,3}%\|[^|]*\|\s*(\d+)/(\d+)\s*\[[^\]]*(?:it/s|s/it)[^\]]*\]")
@@ -113,11 +113,18 @@ def parse_log_line(line: str) -> dict[str, float] | None:
     if not m:
         return None
     values = _numbers(m.group(1))
-    if "global_step/max_steps" in m.group(1):
-        swift = _SWIFT_STEP.search(m.group(1))
-        if swift:
-            values["global_step"] = float(swift.group(1))
+    swift = swift_progress(m.group(1))
+    if swift:
+        values["global_step"] = float(swift[0])
     return values or None
+
+
+def swift_progress(text: str) -> tuple[int, int] | None:
+    """(step, total steps) of an ms-swift log dict (``'global_step/max_steps': '10/100'``); None if none."""
+    if "global_step/max_steps" not in text:
+        return None
+    m = _SWIFT_STEP.search(text)
+    return (int(m.group(1)), int(m.group(2))) if m else None
 
 
 def is_summary(values: dict[str, float]) -> bool:
@@ -143,7 +150,7 @@ def _last_bar(line: str) -> tuple[int, int] | None:
     return found
 
 
-def _own_step(values: dict[str, float]) -> int | None:
+def own_step(values: dict[str, float]) -> int | None:
     for key in STEP_KEYS:
         v = values.get(key)
         if v is not None and v == v and float(v).is_integer():
@@ -205,7 +212,7 @@ def _records(lines: list[str]) -> list[tuple[int | None, int, dict[str, float]]]
         if values is None:
             continue
         values = {ALIASES.get(k, k): v for k, v in values.items()}
-        step = _own_step(values)
+        step = own_step(values)
         if "train_loss" in values and "loss" not in values and step is not None:
             values["loss"] = values.pop("train_loss")  # a script's own dict, not the Trainer's summary
         elif is_summary(values):

@@ -20,7 +20,16 @@ from pathlib import Path
 from steadytune.checkpoint.manifest import checkpoint_step
 from steadytune.protocol import WorkerEvent
 from steadytune.records import RECORD_LOG_KEYS, Event, Heartbeat, StepRecord, logged_extra
-from steadytune.supervise.logparse import as_number, is_summary, logging_steps_from, parse_log_line, train_bar
+from steadytune.supervise.logparse import (
+    STEP_KEYS,
+    as_number,
+    is_summary,
+    logging_steps_from,
+    own_step,
+    parse_log_line,
+    swift_progress,
+    train_bar,
+)
 from steadytune.telemetry.jsonl import JsonlReader
 from steadytune.telemetry.stream import JsonlWriter
 
@@ -101,6 +110,14 @@ class LogAdapter:
         values = parse_log_line(line)
         if values is None or is_summary(values):
             return
+        # ms-swift's dicts name their step and the run's length ('global_step/max_steps': '10/100'); its
+        # progress bar has a description, which is not the Trainer's own bar, and it logs step 1 as well.
+        own = own_step(values)
+        if own is not None:
+            values = {k: v for k, v in values.items() if k not in STEP_KEYS}
+            progress = swift_progress(line)
+            if progress and progress[1] > 0:
+                self._total(progress[1])
         real = self.steps_are_real()
         if real and "loss" in values and self._log_every is not None:
             # LLaMA-Factory's trainer_log.jsonl has the real steps but no grad norm; the dict it
@@ -116,6 +133,8 @@ class LogAdapter:
             return
         if "loss" not in values:
             pass  # an evaluation: it belongs to the step just logged
+        elif own is not None:
+            self._log_step = own
         elif self._log_every is not None:
             self._log_step += self._log_every
         else:

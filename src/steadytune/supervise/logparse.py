@@ -11,17 +11,28 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from steadytune.importers.dict_log import is_summary, parse_log_line, train_bar
+from steadytune.importers.dict_log import (
+    STEP_KEYS,
+    is_summary,
+    own_step,
+    parse_log_line,
+    swift_progress,
+    train_bar,
+)
 
 __all__ = [
+    "STEP_KEYS",
     "as_number",
     "is_summary",
     "last_exception",
     "last_lines",
     "logging_steps_from",
+    "own_step",
     "parse_log_line",
+    "swift_progress",
     "train_bar",
 ]
+
 
 _LOGGING_FLAG = re.compile(r"^--?logging[_-]steps(?:=(\d+))?$")
 _LOGGING_KV = re.compile(r"^logging_steps=(\d+)$")

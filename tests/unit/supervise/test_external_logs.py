@@ -223,3 +223,38 @@ def test_what_a_record_has_no_field_for_rides_in_its_extra(tmp_path: Path) -> No
     assert not {"loss", "grad_norm", "learning_rate", "epoch", "num_tokens"} & set(train.extra)
     assert evaluation.eval_loss == 0.65
     assert evaluation.extra == {"eval": True, "eval_rewards/margins": 0.2}
+
+
+# What `swift sft` (ms-swift 4.6) prints with --logging_steps 2: it logs step 1 as well, so counting its
+# dicts by the logging interval would date them 2, 4, 6 instead of 1, 2, 4.
+SWIFT_LINES = [
+    "Train:  10%|\u2588         | 1/10 [00:00<00:06,  1.35it/s]     {'loss': '6.31', 'grad_norm': '2.476', "
+    "'learning_rate': '9.755e-05', 'token_acc': '0', 'epoch': '0.04396', 'global_step/max_steps': '1/10', "
+    "'elapsed_time': '1s', 'remaining_time': '7s', 'train_speed(s/it)': '0.7475'}\n",
+    "Train:  20%|\u2588\u2588        | 2/10 [00:01<00:04,  1.91it/s]     {'loss': '6.275', 'grad_norm': "
+    "'2.349', 'learning_rate': '9.045e-05', 'token_acc': '0', 'epoch': '0.08791', 'global_step/max_steps': "
+    "'2/10', 'elapsed_time': '1s', 'remaining_time': '4s', 'train_speed(s/it)': '0.5576'}\n",
+    "Train:  40%|\u2588\u2588\u2588\u2588      | 4/10 [00:01<00:02,  2.44it/s]     {'loss': '6.219', "
+    "'grad_norm': '2.686', 'learning_rate': '6.545e-05', 'token_acc': '0.00813', 'epoch': '0.1758', "
+    "'global_step/max_steps': '4/10', 'elapsed_time': '2s', 'remaining_time': '3s', 'train_speed(s/it)': "
+    "'0.4541'}\n",
+]
+
+
+def test_a_dict_that_names_its_step_is_recorded_at_it_with_the_runs_length(tmp_path: Path) -> None:
+    from steadytune.records import Event
+
+    run, writer, adapter = _adapter(tmp_path)  # the command says --logging_steps 10: the dicts say otherwise
+    for line in SWIFT_LINES:
+        adapter.on_stdout(line)
+    writer.close()
+    records = list(iter_records(run.telemetry(0)))
+    steps = [r for r in records if getattr(r, "loss", None) is not None]
+    assert [(r.step, r.loss, r.grad_norm) for r in steps] == [
+        (1, 6.31, 2.476),
+        (2, 6.275, 2.349),
+        (4, 6.219, 2.686),
+    ]
+    assert not {"global_step", "global_step/max_steps"} & set(steps[0].extra)
+    begin = [r for r in records if isinstance(r, Event) and r.name == "train_begin"]
+    assert [e.data["max_steps"] for e in begin] == [10]
