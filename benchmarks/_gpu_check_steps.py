@@ -47,6 +47,7 @@ CAPS = {
     "overhead": 180,
     "estimator": 300,
     "quant": 120,
+    "unsloth": 270,
 }
 
 # Llama 3.2 1B's shape (the 3B one is examples/models/llama-3.2-3b); weights are always random.

@@ -30,6 +30,10 @@ its assertions and its figures:
                figure, CUDA peaks and the plot; and the server's GPU ledger on real NVML: two
                processes share the GPU as two jobs, each matched by pid and charged what it holds,
                a third counted as foreign (step ``ledger``).
+7. unsloth     an unsloth LoRA run (a script as its users write one) under ``supervise --preset hf
+               --inject``: the trainer SIGKILLed after its first checkpoint, the restart resuming it,
+               the guard inside unsloth's patched trainer, every step recorded, finite weights
+               (benchmarks/_gpu_check_unsloth.py; unsloth's wheels from WITH_UNSLOTH=1 gpu_wheels.sh).
 
 And a last one, ``cleanup``: no process the script started is left, none on the GPU.
 
@@ -82,6 +86,7 @@ from _gpu_check_steps import (
     say,
     tail,
 )
+from _gpu_check_unsloth import UNSLOTH_SITE, step_unsloth
 
 CHECKS: tuple[tuple[int, str, str], ...] = (
     (1, "telemetry", "Telemetry: NVML samples, CUDA memory in step records, dashboard API and GPU panels"),
@@ -90,6 +95,7 @@ CHECKS: tuple[tuple[int, str, str], ...] = (
     (4, "leak", "Memory leak: memory_leak, a checkpoint, an allocator snapshot"),
     (5, "overhead", "Overheads: the guard against a bare HF Trainer; gradient flow"),
     (6, "later", "quant-check (int8, NF4, fp8) and the server's GPU ledger"),
+    (7, "unsloth", "unsloth LoRA under supervise --inject: the trainer killed, resumed, completed"),
 )
 STEPS = (
     "probe",
@@ -101,8 +107,9 @@ STEPS = (
     "quant",
     "ledger",
     "estimator",
+    "unsloth",
 )  # the order they run in
-CHECK_STEPS = ("telemetry", "oom", "estimator", "leak", "overhead", "quant", "ledger")
+CHECK_STEPS = ("telemetry", "oom", "estimator", "leak", "overhead", "quant", "ledger", "unsloth")
 # The least time a step must have left to be started (on a GPU).
 MIN_START = {
     "probe": 20,
@@ -114,7 +121,9 @@ MIN_START = {
     "estimator": 45,
     "quant": 40,
     "ledger": 20,
+    "unsloth": 90,
 }
+STEPS_RUN = {**STEP_FUNCS, "unsloth": step_unsloth}  # what each step name runs
 
 
 def child_main(args: argparse.Namespace) -> int:
@@ -127,7 +136,7 @@ def child_main(args: argparse.Namespace) -> int:
         t0 = time.time()
         say(f"step {name}")
         try:
-            STEP_FUNCS[name](ctx, check)
+            STEPS_RUN[name](ctx, check)
         except Exception as exc:
             tb = traceback.format_exc()
             print(tb, flush=True)
@@ -161,6 +170,7 @@ class Parent:
         self.children: list[subprocess.Popen] = []
         self.killed_at_end: list[int] = []
         self.site: Path | None = None
+        self.unsloth_site: Path | None = None  # unsloth and its pins, for check 7 only
         self.report_checks: list[dict[str, Any]] = []
         self.refused = False
         self.lost: dict[str, str] = {}  # steps whose process ended without a result: why
@@ -184,6 +194,8 @@ class Parent:
             "STEADYTUNE_CACHE": str(cache),
             "STEADYTUNE_DATA_CACHE": os.environ.get("STEADYTUNE_DATA_CACHE") or str(self.work / "data-cache"),
         }
+        if self.unsloth_site:
+            env[UNSLOTH_SITE] = str(self.unsloth_site)
         if self.dry:
             env["CUDA_VISIBLE_DEVICES"] = ""  # a dry run is a CPU run, on a GPU machine too
         return env
@@ -201,7 +213,12 @@ class Parent:
         wheels = sorted(Path(self.args.wheels).glob("*.whl"))
         if not wheels:
             raise SystemExit(f"--wheels {self.args.wheels}: no .whl files there")
-        self.site = self.work / "site"
+        self.site = self._install(wheels, self.work / "site")
+        unsloth = sorted((Path(self.args.wheels) / "unsloth").glob("*.whl"))
+        if unsloth:  # unsloth pins older transformers and TRL: a folder of their own, for check 7 only
+            self.unsloth_site = self._install(unsloth, self.work / "site-unsloth")
+
+    def _install(self, wheels: list[Path], site: Path) -> Path:
         cmd = [
             sys.executable,
             "-m",
@@ -213,11 +230,12 @@ class Parent:
             "--no-compile",
             "--no-cache-dir",
             "--target",
-            str(self.site),
+            str(site),
             *map(str, wheels),
         ]
-        print(f"installing {len(wheels)} wheels into {self.site}", flush=True)
+        print(f"installing {len(wheels)} wheels into {site}", flush=True)
         subprocess.run(cmd, check=True)
+        return site
 
     def run_steps(self, steps: list[str]) -> None:
         left = self.deadline - time.time()
@@ -397,7 +415,11 @@ class Parent:
             checks.append({"number": number, "title": title, **d, "status": status, "reason": reason})
         cleanup = self.cleanup_check(gpu_before)
         checks.append(
-            {"number": 7, "title": "Cleanup: nothing left running, nothing left on the GPU", **cleanup}
+            {
+                "number": len(CHECKS) + 1,
+                "title": "Cleanup: nothing left running, nothing left on the GPU",
+                **cleanup,
+            }
         )
         self.report_checks = checks
         on_gpu = bool(env.get("cuda_available")) and not self.dry

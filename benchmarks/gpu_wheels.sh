@@ -12,6 +12,8 @@
 #   WITH_BNB=1     also bitsandbytes, for the QLoRA rows of check 3 and quant-check's int8/NF4 in check 6
 #                  (a large binary wheel: leave it out when the folder must stay small; those rows are
 #                  then reported as skipped)
+#   WITH_UNSLOTH=1 also unsloth and the versions it pins (transformers <= 5.17, trl <= 1.15), into
+#                  DIR/unsloth/: gpu_check.py installs those into a folder that only check 7 uses
 #   PYTHON=python3 the Python whose installed versions are pinned (the ones this checkout was tested
 #                  with); a package it lacks is fetched at its newest version.
 #
@@ -47,5 +49,18 @@ except m.PackageNotFoundError:
     "$PYTHON" -m pip download --quiet --no-deps --only-binary=:all: --python-version "$PYVER" \
         --implementation cp "${platform_args[@]}" -d "$DIR" "$spec"
 done
+if [ "${WITH_UNSLOTH:-0}" = 1 ]; then
+    # unsloth imports bitsandbytes, tyro (with its own needs), msgspec and cut_cross_entropy as it loads;
+    # the GPU machine's torch (and the triton it ships) stays.
+    UNSLOTH="unsloth unsloth_zoo transformers==5.17.0 trl==1.15.0 peft accelerate datasets<5 bitsandbytes
+             tyro docstring-parser shtab typeguard msgspec cut_cross_entropy hf_transfer json5 nest-asyncio
+             structlog regex torchao"
+    mkdir -p "$DIR/unsloth"
+    for spec in $UNSLOTH; do
+        echo "== unsloth: $spec (Python $PYVER)"
+        "$PYTHON" -m pip download --quiet --no-deps --only-binary=:all: --python-version "$PYVER" \
+            --implementation cp "${platform_args[@]}" -d "$DIR/unsloth" "$spec"
+    done
+fi
 du -sh "$DIR"
 ls -1 "$DIR"

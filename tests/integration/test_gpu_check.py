@@ -12,7 +12,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "gpu_check.py"
-NUMBERS = [1, 2, 3, 4, 5, 6]
+NUMBERS = [1, 2, 3, 4, 5, 6, 7]
 
 
 def run_check(out: Path, cache: Path, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
@@ -37,7 +37,7 @@ def test_dry_run_executes_every_step_and_fails_none(
     tmp_path: Path, cache_dir: Path, demo_assets: Path
 ) -> None:
     out = tmp_path / "out"
-    proc = run_check(out, cache_dir, "--dry-run", timeout=420)
+    proc = run_check(out, cache_dir, "--dry-run", timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = read_report(out)
     assert report["mode"] == "dry-run" and report["ran_on_gpu"] is False
@@ -52,8 +52,8 @@ def test_dry_run_executes_every_step_and_fails_none(
             assert a["status"] != "fail", (c["name"], a)
             if a["status"] == "skipped":
                 assert a["reason"], (c["name"], a)
-    # Every step really ran on CPU: checks 1-6 each passed something of their own.
-    for n in (1, 2, 3, 4, 5, 6):
+    # Every step really ran on CPU: checks 1-7 each passed something of their own.
+    for n in NUMBERS:
         assert checks[n]["status"] == "pass", checks[n]
         assert any(a["status"] == "skipped" for a in checks[n]["assertions"]), f"check {n}: no CUDA assertion"
     later = {a["name"]: a for a in checks[6]["assertions"]}
@@ -65,6 +65,11 @@ def test_dry_run_executes_every_step_and_fails_none(
     # The ledger step started its three holders for real; what only NVML can tell is skipped.
     assert all(later[f"{n} holds its memory"]["status"] == "pass" for n in ("job-a", "job-b", "foreign"))
     assert later["NVML lists the three processes on GPU 0 by their pids"]["status"] == "skipped"
+    # unsloth: the same supervise line, kill and resume, with transformers and peft standing in for it.
+    unsloth = {a["name"]: a for a in checks[7]["assertions"]}
+    assert unsloth["one restart, resuming checkpoint-10"]["status"] == "pass"
+    assert unsloth["unsloth imports"]["status"] == "skipped"
+    assert "unsloth needs a CUDA device" in unsloth["the trainer the guard sits in is unsloth's"]["reason"]
     cleanup = next(c for c in report["checks"] if c["name"] == "cleanup")
     assert cleanup["status"] == "pass"
     md = (out / "gpu_check.md").read_text()
