@@ -68,6 +68,7 @@ class LogAdapter:
         self._log_reader: JsonlReader | None = None
         self._log_id: tuple[int, int] | None = None
         self._real_steps = False  # trainer_log.jsonl seen in this attempt: it stays, stop asking
+        self._finished = False  # the attempt printed the Trainer's closing summary
         self.last_line = ""
 
     # -- attempts -------------------------------------------------------------
@@ -76,6 +77,7 @@ class LogAdapter:
         with self._lock:
             self.attempt = attempt
             self._real_steps = False
+            self._finished = False
             self._recorded.clear()
             self._printed.clear()
             self._rows.clear()
@@ -108,7 +110,11 @@ class LogAdapter:
             self._total(bar[1])
             self._bar_step = bar[0]
         values = parse_log_line(line)
-        if values is None or is_summary(values):
+        if values is not None and is_summary(values):
+            self._finished = True  # the Trainer's closing summary: what follows is winding down
+            self._beat(force=True)
+            return
+        if values is None:
             return
         # ms-swift's dicts name their step and the run's length ('global_step/max_steps': '10/100'); its
         # progress bar has a description, which is not the Trainer's own bar, and it logs step 1 as well.
@@ -143,12 +149,12 @@ class LogAdapter:
             self._log_step = max(self._log_step + 1, self._bar_step or 0)
         self.record(self._log_step, values)
 
-    def _beat(self) -> None:
+    def _beat(self, force: bool = False) -> None:
         now = self.clock()
-        if now - self._last_beat < HEARTBEAT_EVERY_S or not self.records:
+        if (now - self._last_beat < HEARTBEAT_EVERY_S and not force) or not self.records:
             return
         self._last_beat = now
-        phase = "train" if self._last_record_ts is not None else "setup"
+        phase = "finish" if self._finished else "train" if self._last_record_ts is not None else "setup"
         self.writer.write(Heartbeat(ts=now, step=self._last_logged_step, attempt=self.attempt, phase=phase))
 
     def _total(self, total: int) -> None:

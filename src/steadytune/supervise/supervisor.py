@@ -343,10 +343,20 @@ class Supervisor:
                 self.scaling.on_sample(rec)
         elif isinstance(rec, WorkerExit):
             self.exits.append(rec)
+            if rec.rank == 0 and rec.attempt == self.attempt and self.worker_phase != "paused":
+                self._finishing()
         elif isinstance(rec, Event):
             self.worker_events.on_event(rec)
         for obs in self.observers:
             obs.on_record(rec)
+
+    def _finishing(self) -> None:
+        """Training is over (rank 0's last words, or the Trainer's closing summary), the process not yet:
+        it winds down (a final save, a merge, a process group torn down) without a step or a heartbeat,
+        judged by setup_timeout_s as loading and saving are. By the step pace, torch's launcher taking
+        6 s to end two ranks was a hang, and a finished run was restarted to finish again."""
+        if self.worker_phase != "finish":
+            self.worker_phase, self.phase_since = "finish", self.clock()
 
     # -- main loop ------------------------------------------------------------
     def supervise_attempt(self, live: Any = None) -> ExitInfo:

@@ -107,6 +107,7 @@ def test_an_older_pointer_is_not_moved_back(tmp_path: Path) -> None:
 
 class FakeWorker:
     pid = 4242
+    how = "a fake worker"
 
     def __init__(self) -> None:
         self.signals: list[int] = []
@@ -217,3 +218,31 @@ def test_a_save_the_worker_refused_for_lack_of_disk_is_acted_on_as_configured(
                      message="checkpoint at step 40 skipped: only 4 MiB free"))  # fmt: skip
     assert [a.name for a in done] == ([] if action == "alert" else [action])
     assert [e.name for e in read_events(sup.run.events)][-1] == "disk_low"
+
+
+# -- after training, the wind-down -----------------------------------------------------------------
+
+
+def test_after_rank_0s_last_words_silence_is_no_hang(tmp_path: Path) -> None:
+    """torch's launcher took 6 s to end two ranks after training: with the hang judged by the step pace
+    that was a stall, and a finished run was restarted to finish again."""
+    from steadytune.records import Heartbeat, WorkerExit
+
+    now = [100.0]
+    sup = supervisor(tmp_path, detect={"pace": {"hang_floor_s": 6.0}})
+    sup.clock = lambda: now[0]
+    sup.worker = FakeWorker()
+    for n in range(1, 11):
+        now[0] += 0.5
+        sup.handle(StepRecord(step=n, ts=now[0], loss=1.0, grad_norm=1.0))
+    now[0] += 1.0
+    sup.handle(WorkerExit(ts=now[0], step=10, status="completed"))
+    now[0] += 60.0  # a minute of winding down, no heartbeat
+    sup.pump()
+    stalls = lambda: [e.step for e in read_events(sup.run.events) if e.name == "stall"]  # noqa: E731
+    assert stalls() == [] and sup.worker_phase == "finish"
+    # Past setup_timeout_s it is judged again: a launcher stuck in its teardown is a hang after all.
+    now[0] += sup.cfg.policy.setup_timeout_s
+    sup.handle(Heartbeat(ts=now[0] - 30, step=10))  # rank 0 beats no more; an old beat of it
+    sup.pump()
+    assert stalls() == [10]

@@ -258,3 +258,17 @@ def test_a_dict_that_names_its_step_is_recorded_at_it_with_the_runs_length(tmp_p
     assert not {"global_step", "global_step/max_steps"} & set(steps[0].extra)
     begin = [r for r in records if isinstance(r, Event) and r.name == "train_begin"]
     assert [e.data["max_steps"] for e in begin] == [10]
+
+
+def test_the_trainers_closing_summary_says_training_is_over(tmp_path: Path) -> None:
+    from steadytune.records import Heartbeat
+
+    run, writer, adapter = _adapter(tmp_path)
+    adapter.on_stdout("{'loss': '2.1', 'grad_norm': '1.5', 'learning_rate': '1e-4', 'epoch': '0.1'}\n")
+    adapter.on_stdout("{'train_runtime': '12.5', 'train_samples_per_second': '40', 'train_loss': '2.2'}\n")
+    adapter.on_stdout("Saving the merged model...\n")
+    writer.close()
+    beats = [r.phase for r in iter_records(run.telemetry(0)) if isinstance(r, Heartbeat)]
+    assert beats[-1] == "finish"  # at once, not a second later: the next line may be a minute away
+    adapter.begin(1, None)  # a new attempt trains again
+    assert adapter._finished is False
