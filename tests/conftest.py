@@ -76,7 +76,8 @@ def _cuda_available() -> bool:
 # Ahead of xdist's own hook, which reads each test's xdist_group to pick its worker.
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``serial`` share one xdist group; tests marked ``gpu`` are skipped without CUDA.
+    """Tests marked ``serial`` share one xdist group, as do those of one ``xdist_group`` (a tool's tests
+    that share its runs); tests marked ``gpu`` are skipped without CUDA.
 
     Under ``-n N --dist loadgroup`` (``make test``) a group runs on one worker, one test after
     another: the serial tests (Ray clusters, drills that time a hang) never overlap each other,
@@ -88,6 +89,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("serial"):
             _join_group(item, "serial")
+            continue
+        group = item.get_closest_marker("xdist_group")  # tests that share a module's run: one worker
+        if group is not None:
+            _join_group(item, group.args[0] if group.args else group.kwargs["name"])
     gpu = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu or _cuda_available():
         return
