@@ -62,10 +62,14 @@ class ToolJob:
             root = psutil.Process(worker_pid)
             if self.trainer_mark is None:
                 return [root]
-            found = [p for p in root.children(recursive=True) if self.trainer_mark in " ".join(p.cmdline())]
-            # A trainer's data-loader workers are forks of it, with its command line: not trainers.
-            pids = {p.pid for p in found}
-            return [p for p in found if p.ppid() not in pids]
+            found = {p.pid: p.cmdline() for p in root.children(recursive=True)}
+            marked = {pid: cmd for pid, cmd in found.items() if self.trainer_mark in " ".join(cmd)}
+            # A trainer's data-loader workers are forks of it, with its very command line: not trainers.
+            return [
+                proc
+                for proc in (psutil.Process(pid) for pid in marked)
+                if marked.get(proc.ppid()) != marked[proc.pid]
+            ]
         except psutil.Error:
             return []
 
