@@ -143,8 +143,8 @@ def strike(sup: Supervised, job: ToolJob, name: str, attempt: int) -> Fault:
     else:
         raise ValueError(f"unknown fault {name!r}")
     at = time.time()
-    pids = [p.pid for p in tree]
-    return Fault(name, attempt, at, newest_whole(job), cut, struck, pids, state, [p.pid for p in trainers])
+    return Fault(name, attempt, at, newest_whole(job), cut, struck, [p.pid for p in tree],
+                 trainers=[p.pid for p in trainers], state=state)  # fmt: skip
 
 
 def _signal(pid: int, sig: signal.Signals) -> None:
