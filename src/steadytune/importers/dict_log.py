@@ -18,7 +18,8 @@ The rules:
   (``actor/pg_loss``) and grad norm are read as the loss and the grad norm (series.ALIASES).
 - The step is the dict's own (:data:`STEP_KEYS`), else a ``step N`` the line names before
   it. The HF Trainer prints none: its k-th dict is at ``k * logging_steps``, the interval
-  taken from a finished run's total steps (the bar's ``/20``) over its dicts, else from the
+  the log states before its first dict (axolotl prints its config: ``"logging_steps": 2,``),
+  else taken from a finished run's total steps (the bar's ``/20``) over its dicts, else from the
   bar's counts, which never run ahead of the dict that follows them when the two reach the
   file in order (:func:`_logging_interval`). The bar's count itself is no step: tqdm redraws
   at most ten times a second, and with stdout buffered the dicts land after the bar has run on.
@@ -50,6 +51,11 @@ _KV_LINE = re.compile(r"^step:\s*\d+(?:\s+-\s+[^\s:][^:]*:\s*\S+)+\s*$")
 _LOG_DICT = re.compile(r"""(\{[^{}]*['"](?:loss|train_loss|eval_loss)['"][^{}]*\})\s*$""")
 # ms-swift prints its step as a string beside the total: 'global_step/max_steps': '10/100'.
 _SWIFT_STEP = re.compile(r"""['"]global_step/max_steps['"]\s*:\s*['"](\d+)/(\d+)['"]""")
+# The logging interval where the log states it: axolotl prints its config as JSON at the start
+# ('"logging_steps": 2,'), a script may print its TrainingArguments ('logging_steps=2,').
+_DECLARED_EVERY = re.compile(
+    r"""^\s*["']?logging_steps["']?\s*[:=]\s*(\d+)\s*,?\s*$|\blogging_steps=(\d+),"""
+)
 # The Trainer's own progress bar has no description: "  25%|██▌       | 5/20 [00:00<00:00, 17.94it/s]".
 _TRAIN_BAR = re.compile(r"^\s*\d{1,3}%\|[^|]*\|\s*(\d+)/(\d+)\s*\[[^\]]*(?:it/s|s/it)")
 _ANY_BAR = re.compile(r"\d{1,3}%\|[^|]*\|\s*(\d+)/(\d+)\s*\[[^\]]*(?:it/s|s/it)[^\]]*\]")
@@ -175,10 +181,11 @@ class _Row(NamedTuple):
     values: dict[str, float]
 
 
-def _logging_interval(rows: list[_Row], finished: bool) -> int:
+def _logging_interval(rows: list[_Row], finished: bool, declared: int | None = None) -> int:
     """Steps between two printed train dicts, for a Trainer that prints no step of its own.
 
-    The Trainer prints a dict every ``logging_steps`` steps. A run that finished printed
+    The Trainer prints a dict every ``logging_steps`` steps: the interval the log states, where it
+    states one (``declared``). A run that finished printed
     ``total // logging_steps`` of them, which gives the interval exactly. Otherwise the
     progress bar's count is the clue: it is never past the step whose dict follows it when the
     bar and the dicts reach the file in order, but tqdm redraws at most ten times a second, so a
@@ -188,6 +195,8 @@ def _logging_interval(rows: list[_Row], finished: bool) -> int:
     train = [r for r in rows if r.step is None and "loss" in r.values]
     if not train:
         return 1
+    if declared:
+        return declared
     total = train[-1].total  # the bar before the last dict; later bars are other work (saving)
     if finished and total:
         return max(1, total // len(train))
@@ -199,7 +208,12 @@ def _records(lines: list[str]) -> list[tuple[int | None, int, dict[str, float]]]
     rows: list[_Row] = []
     bar: tuple[int, int] | None = None
     finished = False
+    declared: int | None = None
     for line in lines:
+        if declared is None and not rows and "logging_steps" in line:
+            m = _DECLARED_EVERY.search(line)
+            if m:
+                declared = int(m.group(1) or m.group(2)) or None
         if "{" not in line:
             values = _kv_line(line)
             if values is None:
@@ -224,13 +238,15 @@ def _records(lines: list[str]) -> list[tuple[int | None, int, dict[str, float]]]
             step = _text_step(line)
         count, total = bar if bar else (None, None)
         rows.append(_Row(strip_prefix(line)[0], step, count, total, values))
-    return _stepped(rows, finished)
+    return _stepped(rows, finished, declared)
 
 
-def _stepped(rows: list[_Row], finished: bool) -> list[tuple[int | None, int, dict[str, float]]]:
+def _stepped(
+    rows: list[_Row], finished: bool, declared: int | None = None
+) -> list[tuple[int | None, int, dict[str, float]]]:
     """Each row with its step: its own, else the k-th train dict's ``k * interval``; an
     evaluation (no ``loss``) belongs to the step logged before it."""
-    every = _logging_interval(rows, finished)
+    every = _logging_interval(rows, finished, declared)
     out = []
     last = k = 0
     for r in rows:

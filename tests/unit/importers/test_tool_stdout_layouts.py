@@ -357,3 +357,21 @@ def test_lightning_progress_bar_postfix_counts_batches_across_epochs(tmp_path: P
     s = load(p)
     assert [r.step for r in s.records] == list(range(1, 61))
     assert ("loss_spike", 46) in _kinds_at(p)
+
+
+def test_axolotl_stdout_is_dated_by_the_interval_its_config_dump_states(tmp_path: Path) -> None:
+    """axolotl prints its config as JSON before training. A run killed early, its bar stale (tqdm
+    redraws at most ten times a second): the bar's counts say one step a dict, the config says two."""
+    losses = _curve(5, seed=3)
+    lines = ["[2026-12-06 04:33:20,140] [INFO] [axolotl.cli.config] config:", "{",
+             '  "learning_rate": 0.0001,', '  "logging_steps": 2,', '  "max_steps": 100,', "}"]  # fmt: skip
+    for k, loss in enumerate(losses, 1):
+        stale = k + (k > 1)  # the bar one step behind the dict after it, but at the first
+        lines.append(
+            f"{_bar(stale, 100)}{' ' * 8}{{'loss': '{loss:.4g}', 'grad_norm': '4.2', 'epoch': '0.{k}'}}"
+        )
+    got = load(_write(tmp_path, "train.log", lines))
+    assert got.format == "dict_log"
+    assert [(r.step, r.loss) for r in got.records] == [
+        (2 * k, float(f"{x:.4g}")) for k, x in enumerate(losses, 1)
+    ]
