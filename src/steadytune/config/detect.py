@@ -12,13 +12,20 @@ the recall and false-alarm rate they give. docs/detectors.md explains each one.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
 class _Strict(BaseModel):
-    """A typo in a threshold name is an error, not a silently ignored key."""
+    """A typo in a threshold name is an error, not a silently ignored key.
+
+    ``kinds`` names the anomaly kinds whose detectors the section's thresholds tune: the
+    names a config may use (``policy.rules``) before any detector is imported.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+    kinds: ClassVar[tuple[str, ...]] = ()
 
 
 class SeriesConfig(_Strict):
@@ -32,7 +39,18 @@ class SeriesConfig(_Strict):
 
 
 class LossConfig(_Strict):
-    """nan_loss, loss_spike, divergence, loss_collapse, plateau, oscillation."""
+    """nan_loss, loss_spike, divergence, loss_collapse, plateau, oscillation; reward_collapse, kl_blowup."""
+
+    kinds = (
+        "nan_loss",
+        "loss_spike",
+        "divergence",
+        "loss_collapse",
+        "plateau",
+        "oscillation",
+        "reward_collapse",
+        "kl_blowup",
+    )
 
     noise_prior: float = Field(0.17, gt=0, description="log-space noise assumed before it is measured")
     noise_prior_weight: float = Field(4.0, ge=0, description="how many differences the prior is worth")
@@ -96,6 +114,8 @@ class LossConfig(_Strict):
 class GradConfig(_Strict):
     """nonfinite_grad, grad_spike, grad_explosion, grad_vanishing."""
 
+    kinds = ("nonfinite_grad", "grad_spike", "grad_explosion", "grad_vanishing")
+
     noise_prior: float = Field(0.3, gt=0, description="log-space grad-norm noise before it is measured")
     noise_prior_weight: float = Field(2.0, ge=0, description="how many differences the prior is worth")
     noise_floor: float = Field(0.05, ge=0, description="log-space noise never assumed below this")
@@ -128,6 +148,8 @@ class GradConfig(_Strict):
 class EvalConfig(_Strict):
     """overfitting: eval loss rises while the training loss still falls."""
 
+    kinds = ("overfitting",)
+
     min_evals: int = Field(4, ge=2, description="evaluations before overfitting can be called")
     rise: float = Field(0.03, ge=0, description="log-space rise of eval loss above its best")
     rising_evals: int = Field(2, ge=1, description="consecutive evaluations above the best")
@@ -135,6 +157,8 @@ class EvalConfig(_Strict):
 
 class MemoryConfig(_Strict):
     """memory_leak, memory_headroom."""
+
+    kinds = ("memory_leak", "memory_headroom")
 
     warmup_points: int = Field(20, ge=0, description="points ignored while the allocator warms up")
     window: int = Field(64, ge=8, description="points in the robust trend")
@@ -148,6 +172,8 @@ class MemoryConfig(_Strict):
 
 class PaceConfig(_Strict):
     """throughput_drop, dataloader_bottleneck, straggler, stall."""
+
+    kinds = ("throughput_drop", "dataloader_bottleneck", "straggler", "stall")
 
     warmup_points: int = Field(5, ge=0, description="points before throughput is judged")
     window: int = Field(32, ge=4, description="points in the throughput baseline (median)")
@@ -177,6 +203,8 @@ class PaceConfig(_Strict):
 class SystemConfig(_Strict):
     """gpu_thermal, gpu_error, disk_low, host memory headroom."""
 
+    kinds = ("gpu_thermal", "gpu_error", "disk_low")
+
     gpu_temp_warning_c: float = Field(85.0, description="GPU temperature that warns (throttling starts)")
     gpu_temp_critical_c: float = Field(92.0, description="GPU temperature that is critical")
     gpu_temp_points: int = Field(2, ge=1, description="consecutive samples that hot")
@@ -199,3 +227,12 @@ class DetectConfig(_Strict):
     memory: MemoryConfig = MemoryConfig()
     pace: PaceConfig = PaceConfig()
     system: SystemConfig = SystemConfig()
+
+    @classmethod
+    def kind_names(cls) -> tuple[str, ...]:
+        """Every anomaly kind a detector may report, by the sections that tune them."""
+        out: list[str] = []
+        for f in cls.model_fields.values():
+            if isinstance(f.annotation, type) and issubclass(f.annotation, _Strict):
+                out.extend(f.annotation.kinds)
+        return tuple(out)

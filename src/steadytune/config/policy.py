@@ -90,14 +90,15 @@ class PolicyConfig(BaseModel):
         """User rules merge over the defaults: ``rules: {loss_spike: {action: alert}}`` keeps the rest."""
         if not isinstance(value, dict):
             return value
-        from steadytune.kinds import KINDS
+        from steadytune.config.detect import DetectConfig
 
-        unknown = sorted(k for k in value if k not in KINDS)
+        kinds = DetectConfig.kind_names()
+        unknown = sorted(k for k in value if k not in kinds)
         if unknown:
             import difflib
 
             hints = [
-                f"{k} (did you mean {m[0]}?)" if (m := difflib.get_close_matches(k, KINDS, 1)) else k
+                f"{k} (did you mean {m[0]}?)" if (m := difflib.get_close_matches(k, kinds, 1)) else k
                 for k in unknown
             ]
             raise ValueError(f"unknown anomaly kind(s): {', '.join(hints)}")

@@ -3,13 +3,20 @@
 - :class:`LiveDetector` runs them all on a live stream and returns
   :class:`Transition` objects (raised once, resolved once);
 - :func:`detect` replays a finished run through the same engine;
-- :class:`DetectConfig` holds every threshold (the ``detect:`` config key).
+- :class:`DetectConfig` holds every threshold (the ``detect:`` config key);
+- :data:`KINDS` says what each anomaly kind means, its likely cause and the fix.
+
+Every detector has one shape (:class:`~steadytune.detect.base.Detector`: records
+in, findings out) and one entry in the registry (:mod:`.build`).
 """
 
 from steadytune.config.detect import DetectConfig
+from steadytune.detect.base import KindInfo
+from steadytune.detect.build import KINDS
 from steadytune.detect.live import LiveDetector, Transition, format_transition
 from steadytune.detect.offline import detect
-from steadytune.kinds import ALL_KINDS, KINDS, KindInfo
+
+ALL_KINDS: tuple[str, ...] = tuple(KINDS)
 
 __all__ = [
     "ALL_KINDS",

@@ -1,19 +1,50 @@
-"""What a detector says, and the small helper every detector uses to say it once.
+"""What every detector is, what it says, and the small helper every detector uses to say it once.
 
-A detector evaluates conditions (``loss_spike`` on ``loss``, ``memory_leak`` on
-``mem_allocated_bytes`` of rank 2, ...) and reports a :class:`Finding` while a
-condition holds, then one inactive finding when it clears. The live engine turns
-the first active finding into a *raised* transition, later ones into updates of
-the same anomaly, and the clearing one into *resolved*.
+A detector is a :class:`Detector`: it is shown one point at a time (a record, see
+:mod:`.points`) and appends what it found to a list, nothing else. It evaluates
+conditions (``loss_spike`` on ``loss``, ``memory_leak`` on ``mem_allocated_bytes``
+of rank 2, ...) and reports a :class:`Finding` while a condition holds, then one
+inactive finding when it clears. The live engine turns the first active finding
+into a *raised* transition, later ones into updates of the same anomaly, and the
+clearing one into *resolved*. The kinds a detector may report are named by it
+(``reports``); the words people read about each kind (:class:`KindInfo`) sit beside
+the rule that finds it, in the module that introduces the kind.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar, Protocol, TypeVar
 
 from steadytune.records import Severity
+
+P_contra = TypeVar("P_contra", contravariant=True)
+
+
+class Detector(Protocol[P_contra]):
+    """Records in, findings out: the one shape of every detector.
+
+    ``observe`` judges one point (a :mod:`.points` record: the primary rank's
+    :class:`~.points.Signal`, one rank's :class:`~.points.RankStep`, a
+    :class:`~.points.SystemPoint` or the clock's :class:`~.points.Tick`) and appends
+    to ``out`` what it found. It keeps its own state between calls, reads no clock
+    and does no I/O, so the same object serves ``supervise``, ``run`` and ``analyze``.
+    """
+
+    reports: ClassVar[tuple[str, ...]]  # the anomaly kinds it may find
+
+    def observe(self, point: P_contra, out: list[Finding]) -> None: ...
+
+
+@dataclass(frozen=True)
+class KindInfo:
+    """Static facts about one anomaly kind: what it means, its likely cause and what to do."""
+
+    title: str
+    cause: str
+    suggestion: str
+    severity: Severity
 
 
 @dataclass(frozen=True, slots=True)

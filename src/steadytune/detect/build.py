@@ -1,214 +1,208 @@
-"""The one place a :class:`DetectConfig` becomes detectors.
+"""The registry: every detector, and the one place a :class:`DetectConfig` becomes detectors.
 
-Each detector takes plain numbers, named as the config names them, and knows
-nothing of pydantic or of where its thresholds came from; a test builds one
-from literals. This module reads every ``detect.*`` threshold and hands each to
-the detectors that use it: the live engine, the system watch and the
-dashboard's heat map (through :func:`layer_limits`) all build from here.
+Each :class:`Entry` names a detector class, the dataclasses of its thresholds, the
+config sections those are filled from *by name* (so a threshold is written twice:
+as a config field and as a field of its detector's limits), what it observes, and
+whether each rank has its own. The live engine builds from here and feeds each
+detector the points of its feeds, in the order of :data:`REGISTRY`; the words
+people read about each kind are gathered in :data:`KINDS`.
+
+Adding a detector (docs/detectors.md, *Adding a detector*): its module (the
+class, its limits, the words of any new kind), one entry here (and its module's
+``KINDS`` below if it brings new kinds), and its thresholds in
+``config/detect.py``. A detector needs no config to be built: a test builds one
+from literals.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
 from steadytune.config.detect import DetectConfig
-from steadytune.detect.early import FallCollapseWatch, ShortRiseWatch
-from steadytune.detect.grad import GradWatch
-from steadytune.detect.gradflow import GradFlowWatch, LayerLimits
-from steadytune.detect.loss import LossWatch
-from steadytune.detect.memory import HeadroomWatch, LeakWatch
-from steadytune.detect.objective import ObjectiveWatch
-from steadytune.detect.pace import StallWatch, StragglerWatch, ThroughputWatch
-from steadytune.detect.system import SystemWatch
-from steadytune.detect.trend import OscillationWatch, OverfitWatch, PlateauWatch
+from steadytune.detect import grad, loss, memory, objective, pace, system, trend
+from steadytune.detect.base import Detector, KindInfo
+from steadytune.detect.early import FallCollapseLimits, FallCollapseWatch, ShortRiseLimits, ShortRiseWatch
+from steadytune.detect.grad import GradLimits, GradWatch
+from steadytune.detect.gradflow import FlowLimits, GradFlowWatch, LayerLimits
+from steadytune.detect.loss import LossLimits, LossWatch
+from steadytune.detect.memory import HeadroomLimits, HeadroomWatch, LeakLimits, LeakWatch
+from steadytune.detect.objective import ObjectiveLimits, ObjectiveWatch
+from steadytune.detect.pace import (
+    StallLimits,
+    StallWatch,
+    StragglerLimits,
+    StragglerWatch,
+    ThroughputLimits,
+    ThroughputWatch,
+)
+from steadytune.detect.points import RankStep, Signal, SystemPoint, Tick
+from steadytune.detect.stats import SeriesLimits
+from steadytune.detect.system import SystemLimits, SystemWatch
+from steadytune.detect.trend import (
+    OscillationLimits,
+    OscillationWatch,
+    OverfitLimits,
+    OverfitWatch,
+    PlateauLimits,
+    PlateauWatch,
+)
 
 
-def loss_watch(cfg: DetectConfig, metric: str = "loss", rank: int | None = None) -> LossWatch:
-    loss, series = cfg.loss, cfg.series
-    return LossWatch(
-        level_window=series.level_window,
-        noise_window=series.noise_window,
-        gap_factor=series.gap_factor,
-        noise_prior=loss.noise_prior,
-        noise_prior_weight=loss.noise_prior_weight,
-        noise_floor=loss.noise_floor,
-        spike_z=loss.spike_z,
-        spike_min_ratio=loss.spike_min_ratio,
-        spike_min_ratio_confirmed=loss.spike_min_ratio_confirmed,
-        young_spike_z=loss.young_spike_z,
-        resolve_z=loss.resolve_z,
-        suspect_z=loss.suspect_z,
-        divergence_points=loss.divergence_points,
-        divergence_rise=loss.divergence_rise,
-        climb_min_rise=loss.climb_min_rise,
-        climb_t=loss.climb_t,
-        early_rise=loss.early_rise,
-        collapse_abs=loss.collapse_abs,
-        collapse_drop=loss.collapse_drop,
-        collapse_small=loss.collapse_small,
-        collapse_points=loss.collapse_points,
-        seasonal_margin=loss.seasonal_margin,
-        metric=metric,
-        rank=rank,
-    )
+@dataclass(frozen=True)
+class Entry:
+    """One registered detector.
+
+    ``make`` is called with one filled instance of each class in ``limits`` (in
+    order), then ``args``, ``rank=`` for a per-rank detector, and for each
+    ``uses`` item the attribute of a detector built before it (``"loss.hold_climb"``).
+    """
+
+    name: str
+    make: Callable[..., Detector[Any]]
+    feeds: tuple[type, ...]
+    limits: tuple[type, ...]
+    sections: tuple[str, ...]  # the ``detect.*`` sections the limits are filled from, first match wins
+    per_rank: bool = False
+    fresh_each_attempt: bool = False  # rebuilt when a rank's worker restarts (it warms up again)
+    args: Mapping[str, Any] = field(default_factory=dict)
+    uses: Mapping[str, str] = field(default_factory=dict)
 
 
-def short_rise_watch(cfg: DetectConfig) -> ShortRiseWatch:
-    loss = cfg.loss
-    return ShortRiseWatch(
-        noise_prior=loss.noise_prior,
-        early_points=loss.early_points,
-        early_rises=loss.early_rises,
-        early_rise=loss.early_rise,
-        early_z=loss.early_z,
-    )
+REGISTRY: tuple[Entry, ...] = (
+    # The primary rank's training signal. The loss and gradient series come first: the rules
+    # after them read what those made of the step (docs/detectors.md, *Adding a detector*).
+    Entry("stall", StallWatch, (Signal, Tick), (StallLimits,), ("pace",)),
+    Entry("loss", LossWatch, (Signal,), (SeriesLimits, LossLimits), ("loss", "series")),
+    Entry("objective", ObjectiveWatch, (Signal,), (ObjectiveLimits,), ("loss", "series")),
+    Entry("grad", GradWatch, (Signal,), (SeriesLimits, GradLimits), ("grad", "series")),
+    Entry(
+        "short_rise",
+        ShortRiseWatch,
+        (Signal,),
+        (ShortRiseLimits,),
+        ("loss",),
+        uses={"hold": "loss.hold_climb"},
+    ),
+    Entry("fall_collapse", FallCollapseWatch, (Signal,), (FallCollapseLimits,), ("loss", "eval")),
+    Entry("plateau", PlateauWatch, (Signal,), (PlateauLimits,), ("loss",)),
+    Entry("oscillation", OscillationWatch, (Signal,), (OscillationLimits,), ("loss",)),
+    Entry("grad_flow", GradFlowWatch, (Signal,), (FlowLimits,), ("grad",)),
+    Entry("overfit", OverfitWatch, (Signal,), (OverfitLimits,), ("eval",)),
+    # Each rank's steps: memory and pace are the rank's own; stragglers compare the ranks.
+    Entry(
+        "leak",
+        LeakWatch,
+        (RankStep,),
+        (LeakLimits,),
+        ("memory",),
+        per_rank=True,
+        args={"metric": "mem_allocated_bytes", "total": "device"},
+    ),
+    Entry(
+        "host_leak",
+        LeakWatch,
+        (RankStep,),
+        (LeakLimits,),
+        ("memory",),
+        per_rank=True,
+        args={"metric": "rss_bytes", "total": "ram"},
+    ),
+    Entry(
+        "headroom",
+        HeadroomWatch,
+        (RankStep,),
+        (HeadroomLimits,),
+        ("memory",),
+        per_rank=True,
+        args={"metric": "mem_reserved_bytes"},
+    ),
+    Entry(
+        "throughput",
+        ThroughputWatch,
+        (RankStep,),
+        (ThroughputLimits,),
+        ("pace",),
+        per_rank=True,
+        fresh_each_attempt=True,
+    ),
+    Entry("straggler", StragglerWatch, (RankStep,), (StragglerLimits,), ("pace",)),
+    # System samples: GPUs, host RAM, disk.
+    Entry("system", SystemWatch, (SystemPoint,), (SystemLimits,), ("system", "memory")),
+)
+
+ENTRIES: dict[str, Entry] = {e.name: e for e in REGISTRY}
+
+# What each kind means, its likely cause and what to do: one table, so the console, alerts,
+# analyze and the docs say the same. The words sit in the module that introduces the kind.
+KINDS: dict[str, KindInfo] = {
+    **loss.KINDS,
+    **grad.KINDS,
+    **trend.KINDS,
+    **memory.KINDS,
+    **pace.KINDS,
+    **system.KINDS,
+    **objective.KINDS,
+}
 
 
-def fall_collapse_watch(cfg: DetectConfig) -> FallCollapseWatch:
-    return FallCollapseWatch(
-        collapse_fraction=cfg.loss.collapse_fraction,
-        collapse_memorized=cfg.loss.collapse_memorized,
-        eval_rise=cfg.eval.rise,
-    )
+def fill(cls: type, cfg: DetectConfig, sections: tuple[str, ...]) -> Any:
+    """An instance of the limits dataclass ``cls``, each field taken from the first section naming it."""
+    values = {}
+    for f in dataclasses.fields(cls):
+        for name in sections:
+            section = getattr(cfg, name)
+            if f.name in type(section).model_fields:
+                values[f.name] = getattr(section, f.name)
+                break
+        else:
+            raise LookupError(
+                f"{cls.__name__}.{f.name} is a field of none of detect.{', detect.'.join(sections)}"
+            )
+    return cls(**values)
 
 
-def plateau_watch(cfg: DetectConfig) -> PlateauWatch:
-    loss = cfg.loss
-    return PlateauWatch(
-        frozen_points=loss.frozen_points,
-        collapse_abs=loss.collapse_abs,
-        plateau_min_points=loss.plateau_min_points,
-        plateau_min_steps=loss.plateau_min_steps,
-        plateau_min_gain=loss.plateau_min_gain,
-        plateau_trend_t=loss.plateau_trend_t,
-        divergence_rise=loss.divergence_rise,
-    )
+def make(entry: Entry, cfg: DetectConfig, built: Mapping[str, Any], rank: int | None = None) -> Detector[Any]:
+    """Build one registered detector; ``built`` holds the detectors its ``uses`` name."""
+    kwargs = dict(entry.args)
+    if entry.per_rank:
+        kwargs["rank"] = rank
+    for arg, path in entry.uses.items():
+        other, attr = path.split(".")
+        kwargs[arg] = getattr(built[other], attr)
+    return entry.make(*(fill(cls, cfg, entry.sections) for cls in entry.limits), **kwargs)
 
 
-def oscillation_watch(cfg: DetectConfig) -> OscillationWatch:
-    loss = cfg.loss
-    return OscillationWatch(
-        oscillation_window=loss.oscillation_window,
-        oscillation_ratio=loss.oscillation_ratio,
-        oscillation_growth=loss.oscillation_growth,
-        oscillation_min_amplitude=loss.oscillation_min_amplitude,
-        oscillation_crossings=loss.oscillation_crossings,
-    )
+def run_detectors(cfg: DetectConfig, registry: tuple[Entry, ...] = REGISTRY) -> dict[str, Detector[Any]]:
+    """The detectors the run has once, by entry name, in registry order."""
+    built: dict[str, Detector[Any]] = {}
+    for e in registry:
+        if not e.per_rank:
+            built[e.name] = make(e, cfg, built)
+    return built
 
 
-def overfit_watch(cfg: DetectConfig) -> OverfitWatch:
-    ev = cfg.eval
-    return OverfitWatch(min_evals=ev.min_evals, rise=ev.rise, rising_evals=ev.rising_evals)
+def rank_detectors(
+    cfg: DetectConfig, rank: int, fresh_only: bool = False, registry: tuple[Entry, ...] = REGISTRY
+) -> dict[str, Detector[Any]]:
+    """The detectors each rank has of its own (only those a restart rebuilds, with ``fresh_only``)."""
+    built: dict[str, Detector[Any]] = {}
+    for e in registry:
+        if e.per_rank and (e.fresh_each_attempt or not fresh_only):
+            built[e.name] = make(e, cfg, built, rank)
+    return built
 
 
-def objective_watch(cfg: DetectConfig) -> ObjectiveWatch:
-    series = cfg.series
-    return ObjectiveWatch(
-        level_window=series.level_window,
-        noise_window=series.noise_window,
-        gap_factor=series.gap_factor,
-        spike_z=cfg.loss.spike_z,
-        divergence_points=cfg.loss.divergence_points,
-        kl_jump_ratio=cfg.loss.kl_jump_ratio,
-    )
-
-
-def grad_watch(cfg: DetectConfig) -> GradWatch:
-    grad, series = cfg.grad, cfg.series
-    return GradWatch(
-        level_window=series.level_window,
-        noise_window=series.noise_window,
-        gap_factor=series.gap_factor,
-        noise_prior=grad.noise_prior,
-        noise_prior_weight=grad.noise_prior_weight,
-        noise_floor=grad.noise_floor,
-        spike_z=grad.spike_z,
-        spike_min_ratio=grad.spike_min_ratio,
-        explosion_points=grad.explosion_points,
-        explosion_ratio=grad.explosion_ratio,
-        vanishing_ratio=grad.vanishing_ratio,
-        vanishing_points=grad.vanishing_points,
-        warmup_points=grad.warmup_points,
-    )
+def all_detectors(
+    cfg: DetectConfig, rank: int = 0, registry: tuple[Entry, ...] = REGISTRY
+) -> Iterator[Detector[Any]]:
+    """Every registered detector once (per-rank ones for ``rank``): for tests and docs."""
+    yield from run_detectors(cfg, registry).values()
+    yield from rank_detectors(cfg, rank, registry=registry).values()
 
 
 def layer_limits(cfg: DetectConfig) -> LayerLimits:
     """The per-layer gradient-flow thresholds: for the detector and for the heat map that marks alike."""
-    grad = cfg.grad
-    return LayerLimits(
-        vanish=grad.layer_vanish_norm,
-        explode=grad.layer_explode_norm,
-        dead_zero_frac=grad.layer_dead_zero_frac,
-    )
-
-
-def grad_flow_watch(cfg: DetectConfig) -> GradFlowWatch:
-    return GradFlowWatch(**layer_limits(cfg))
-
-
-def leak_watch(cfg: DetectConfig, metric: str, rank: int | None = None) -> LeakWatch:
-    mem = cfg.memory
-    return LeakWatch(
-        metric,
-        rank,
-        warmup_points=mem.warmup_points,
-        window=mem.window,
-        leak_min_growth=mem.leak_min_growth,
-        leak_min_bytes=mem.leak_min_bytes,
-        leak_steadiness=mem.leak_steadiness,
-    )
-
-
-def headroom_watch(cfg: DetectConfig, metric: str, rank: int | None = None) -> HeadroomWatch:
-    mem = cfg.memory
-    return HeadroomWatch(
-        metric, rank, headroom_warning=mem.headroom_warning, headroom_critical=mem.headroom_critical
-    )
-
-
-def throughput_watch(cfg: DetectConfig, rank: int | None = None) -> ThroughputWatch:
-    pace = cfg.pace
-    return ThroughputWatch(
-        rank,
-        warmup_points=pace.warmup_points,
-        window=pace.window,
-        throughput_drop=pace.throughput_drop,
-        throughput_points=pace.throughput_points,
-        throughput_min_s=pace.throughput_min_s,
-        data_wait_ratio=pace.data_wait_ratio,
-        data_wait_points=pace.data_wait_points,
-    )
-
-
-def straggler_watch(cfg: DetectConfig) -> StragglerWatch:
-    pace = cfg.pace
-    return StragglerWatch(
-        straggler_ratio=pace.straggler_ratio,
-        straggler_points=pace.straggler_points,
-        straggler_lag_points=pace.straggler_lag_points,
-    )
-
-
-def stall_watch(cfg: DetectConfig) -> StallWatch:
-    pace = cfg.pace
-    return StallWatch(
-        stall_factor=pace.stall_factor,
-        stall_min_s=pace.stall_min_s,
-        heartbeat_timeout_s=pace.heartbeat_timeout_s,
-        hang_floor_s=pace.hang_floor_s,
-        hang_factor=pace.hang_factor,
-    )
-
-
-def system_watch(cfg: DetectConfig) -> SystemWatch:
-    sys_, mem = cfg.system, cfg.memory
-    return SystemWatch(
-        gpu_temp_warning_c=sys_.gpu_temp_warning_c,
-        gpu_temp_critical_c=sys_.gpu_temp_critical_c,
-        gpu_temp_points=sys_.gpu_temp_points,
-        disk_free_warning=sys_.disk_free_warning,
-        disk_free_critical=sys_.disk_free_critical,
-        disk_min_free_bytes=sys_.disk_min_free_bytes,
-        ram_warning=sys_.ram_warning,
-        ram_critical=sys_.ram_critical,
-        headroom_warning=mem.headroom_warning,
-        headroom_critical=mem.headroom_critical,
-    )
+    return fill(FlowLimits, cfg, ("grad",)).layers()

@@ -20,34 +20,48 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import ClassVar
 
 from steadytune.detect.base import Finding, Reporter, rounded
 from steadytune.detect.loss import LossPoint
+from steadytune.detect.points import Signal
 from steadytune.detect.stats import upper_factor
+
+# Where a climb seen from the segment's first point is handed: (step, loss, first rise, log loss
+# at the start, rises, out). The loss series holds it as its divergence from then on.
+HoldClimb = Callable[[int, float, int, float, int, list[Finding]], None]
+
+
+@dataclass(frozen=True, slots=True)
+class ShortRiseLimits:
+    """As ``detect.loss`` names them (docs/detectors.md)."""
+
+    noise_prior: float
+    early_points: int
+    early_rises: int
+    early_rise: float
+    early_z: float
 
 
 class ShortRiseWatch:
     """Divergence from consecutive rises at the start of a run or of a snippet."""
 
+    reports: ClassVar[tuple[str, ...]] = ("divergence",)
+
     def __init__(
         self,
-        *,
-        noise_prior: float,
-        early_points: int,
-        early_rises: int,
-        early_rise: float,
-        early_z: float,
+        limits: ShortRiseLimits,
+        hold: HoldClimb | None = None,
         metric: str = "loss",
         rank: int | None = None,
     ) -> None:
-        """Thresholds as ``detect.loss`` names them (docs/detectors.md)."""
+        """``hold``: the loss series' :meth:`~.loss.LossWatch.hold_climb`, which takes a climb over."""
         self.metric = metric
         self.rep = Reporter(rank)
-        self._noise_prior = noise_prior
-        self._early_points = early_points
-        self._early_rises = early_rises
-        self._early_rise = early_rise
-        self._early_z = early_z
+        self._hold = hold
+        self.lim = limits
         self._seen = 0  # points in the current segment
         self._run_start: tuple[int, float] | None = None  # first point of the current run of rises
         self._rises = 0
@@ -56,7 +70,16 @@ class ShortRiseWatch:
         self._steps: list[float] = []  # the log-space increments of the current climb
         self._known: float | None = None  # the run's noise when this segment began after a gap
 
-    def observe(
+    def observe(self, point: Signal, out: list[Finding]) -> None:
+        """Judge the loss point the loss series made of this step; a climb seen is handed over."""
+        lp = point.loss
+        if lp is None:
+            return
+        climb = self.judge(lp, out, point.held, point.run_noise)
+        if climb is not None and self._hold is not None:
+            self._hold(lp.step, lp.loss, *climb, out)
+
+    def judge(
         self, lp: LossPoint, out: list[Finding], held: bool = False, run_noise: float | None = None
     ) -> tuple[int, float, int] | None:
         """Judge one accepted or held loss point; ``held``: the loss watch already holds this climb.
@@ -90,7 +113,7 @@ class ShortRiseWatch:
             self._first_rise = lp.step  # the climb is dated from its first point above the start
         # Only a climb from the first point of the run (or snippet) counts: a rise that begins
         # later has a baseline before it, and the spike and divergence rules judge it.
-        if self._run_start is None or self._seen != self._rises + 1 or self._seen > self._early_points:
+        if self._run_start is None or self._seen != self._rises + 1 or self._seen > self.lim.early_points:
             return None
         start_y = self._run_start[1]
         rise = lp.y - start_y
@@ -99,15 +122,15 @@ class ShortRiseWatch:
         # own increments (a steady climb rises by similar steps; noise rises by random ones).
         # Each is taken one standard error up, as few points are known: the scatter of n
         # increments about their own mean has n - 1 degrees of freedom, not n.
-        sigma = min(self._noise_prior, _increment_noise(self._steps)) * upper_factor(self._rises - 1)
+        sigma = min(self.lim.noise_prior, _increment_noise(self._steps)) * upper_factor(self._rises - 1)
         # After a gap the run is no stranger: the noise measured before it is still its noise (a
         # gap moves the level, not the batches' scatter). A snippet of a per-step run whose losses
         # jump 2x from batch to batch rises three times by chance after one gap or another; the
         # rule is for a run that has no noise of its own yet, so it cannot ignore the one it has.
         if self._known is not None:
             sigma = max(sigma, self._known)
-        needed = max(self._early_rise, self._early_z * math.sqrt(2.0) * sigma)
-        if self._rises >= self._early_rises and rise >= needed:
+        needed = max(self.lim.early_rise, self.lim.early_z * math.sqrt(2.0) * sigma)
+        if self._rises >= self.lim.early_rises and rise >= needed:
             first = not self.rep.on
             ev = None
             if first:
@@ -116,8 +139,8 @@ class ShortRiseWatch:
                     "first": rounded(math.exp(start_y)),
                     "rise_ratio": rounded(math.exp(rise), 4),
                     "rises": self._rises,
-                    "threshold_ratio": rounded(math.exp(self._early_rise), 4),
-                    "threshold_rises": self._early_rises,
+                    "threshold_ratio": rounded(math.exp(self.lim.early_rise), 4),
+                    "threshold_rises": self.lim.early_rises,
                 }
             self.rep.report(out, "divergence", self.metric, self._first_rise, True, evidence=ev)
             return self._first_rise, start_y, self._rises
@@ -132,56 +155,43 @@ def _increment_noise(steps: list[float]) -> float:
     return math.sqrt(var / 2.0)
 
 
+@dataclass(frozen=True, slots=True)
+class FallCollapseLimits:
+    """``collapse_*`` as ``detect.loss`` names them; ``rise`` is ``detect.eval.rise``."""
+
+    collapse_fraction: float
+    collapse_memorized: float
+    rise: float
+
+
 class FallCollapseWatch:
     """loss_collapse from a level that sank to a tiny fraction of where the run began."""
 
-    def __init__(
-        self,
-        *,
-        collapse_fraction: float,
-        collapse_memorized: float,
-        eval_rise: float,
-        metric: str = "loss",
-        rank: int | None = None,
-    ) -> None:
-        """``collapse_*`` as ``detect.loss`` names them; ``eval_rise`` is ``detect.eval.rise``."""
+    reports: ClassVar[tuple[str, ...]] = ("loss_collapse",)
+
+    def __init__(self, limits: FallCollapseLimits, metric: str = "loss", rank: int | None = None) -> None:
         self.metric = metric
         self.rep = Reporter(rank)
-        self._collapse_fraction = collapse_fraction
-        self._collapse_memorized = collapse_memorized
-        self._eval_rise = eval_rise
+        self.lim = limits
         self._initial: float | None = None
         self._first: float | None = None
         self._eval_best: float | None = None
         self._eval_last: float | None = None
-        self._limit = math.log(max(collapse_memorized, 1e-12))
+        self._limit = math.log(max(limits.collapse_memorized, 1e-12))
 
-    def observe_eval(self, value: float) -> None:
-        if math.isfinite(value) and value > 0:
+    def observe(self, point: Signal, out: list[Finding]) -> None:
+        """Note the step's eval loss, then judge the loss series' level."""
+        rec = point.rec
+        value = rec.eval_loss
+        if value is not None and math.isfinite(value) and value > 0:
             y = math.log(value)
             self._eval_last = y
             self._eval_best = y if self._eval_best is None else min(self._eval_best, y)
-
-    def _eval_healthy(self) -> bool:
-        if self._eval_last is None or self._eval_best is None:
-            return False
-        return self._eval_last - self._eval_best <= self._eval_rise
-
-    def _cause(self, epoch: float | None) -> str:
-        seen = f" after {epoch:.3g} epochs" if epoch else ""
-        if self._eval_last is not None:
-            return (
-                f"the training loss fell to almost nothing{seen} while the eval loss rose above its best: "
-                "the model memorizes the training set"
-            )
-        return (
-            f"the training loss fell to almost nothing{seen}: the model memorizes the training set, or a "
-            "data/label bug makes the target trivial (labels leaking into the inputs); no eval loss to tell"
-        )
-
-    def observe(
-        self, lp: LossPoint, level: float, level_full: bool, epoch: float | None, out: list[Finding]
-    ) -> None:
+        lp = point.loss
+        if lp is None:
+            return
+        t, epoch = point.level_of, rec.epoch
+        level, level_full = t.level, t.level_full
         if not lp.accepted:
             return
         if self._first is None:
@@ -195,7 +205,7 @@ class FallCollapseWatch:
             # covered by the level, a high one still needs the loss under `collapse_memorized` nats.
             self._initial = max(level, self._first)
             return
-        low = level < self._initial + math.log(self._collapse_fraction) and level < self._limit
+        low = level < self._initial + math.log(self.lim.collapse_fraction) and level < self._limit
         if low and not self._eval_healthy():
             ev = None
             if not self.rep.on:
@@ -203,8 +213,8 @@ class FallCollapseWatch:
                     "level": rounded(math.exp(level)),
                     "initial_level": rounded(math.exp(self._initial)),
                     "fraction": rounded(math.exp(level - self._initial), 4),
-                    "threshold_fraction": self._collapse_fraction,
-                    "threshold_loss": self._collapse_memorized,
+                    "threshold_fraction": self.lim.collapse_fraction,
+                    "threshold_loss": self.lim.collapse_memorized,
                     "epoch": rounded(epoch, 4),
                     "eval_loss": rounded(math.exp(self._eval_last)) if self._eval_last is not None else None,
                     "eval_best": rounded(math.exp(self._eval_best)) if self._eval_best is not None else None,
@@ -214,3 +224,20 @@ class FallCollapseWatch:
             )
         elif self.rep.on and (level > self._limit + 0.5 or self._eval_healthy()):
             self.rep.report(out, "loss_collapse", self.metric, lp.step, False)
+
+    def _eval_healthy(self) -> bool:
+        if self._eval_last is None or self._eval_best is None:
+            return False
+        return self._eval_last - self._eval_best <= self.lim.rise
+
+    def _cause(self, epoch: float | None) -> str:
+        seen = f" after {epoch:.3g} epochs" if epoch else ""
+        if self._eval_last is not None:
+            return (
+                f"the training loss fell to almost nothing{seen} while the eval loss rose above its best: "
+                "the model memorizes the training set"
+            )
+        return (
+            f"the training loss fell to almost nothing{seen}: the model memorizes the training set, or a "
+            "data/label bug makes the target trivial (labels leaking into the inputs); no eval loss to tell"
+        )

@@ -17,50 +17,70 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import ClassVar
 
-from steadytune.detect.base import Finding, Reporter, rounded
-from steadytune.detect.stats import Tracker
+from steadytune.detect.base import Finding, KindInfo, Reporter, rounded
+from steadytune.detect.points import Signal
+from steadytune.detect.stats import SeriesLimits
+from steadytune.objectives import without_learning_signal
 
 _CLEAR_POINTS = 5
 _MIN_BASELINE = 2
+
+KINDS: dict[str, KindInfo] = {
+    "nonfinite_grad": KindInfo(
+        "gradient norm is NaN/Inf",
+        "fp16 overflow: the loss scaler skipped the step and lowered the scale; harmless if rare",
+        "nothing if it stays rare; if it repeats, use bf16, lower the LR or clip gradients",
+        "warning",
+    ),
+    "grad_explosion": KindInfo(
+        "gradient explosion",
+        "the gradient norm jumped and stayed up: a vertical jump that the updates will follow",
+        "clip gradients (max_grad_norm=1.0) and lower the LR; roll back if the loss follows",
+        "critical",
+    ),
+    "grad_vanishing": KindInfo(
+        "gradients vanished",
+        "the gradient norm fell to a tiny fraction of its level: the model stopped learning "
+        "(vanishing gradients, frozen layers, or an LR schedule at zero)",
+        "check requires_grad and the LR schedule; check for saturated activations or a dead loss",
+        "warning",
+    ),
+    "grad_spike": KindInfo(
+        "gradient spike",
+        "the gradient norm jumped while the loss did not: an unusual batch",
+        "keep gradient clipping on; if it repeats, inspect the batches at these steps",
+        "warning",
+    ),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class GradLimits:
+    """The gradient-norm series' own thresholds, as ``detect.grad`` names them (docs/detectors.md)."""
+
+    explosion_points: int
+    explosion_ratio: float
+    vanishing_ratio: float
+    vanishing_points: int
+    warmup_points: int
 
 
 class GradWatch:
     """All gradient-norm detectors of one rank."""
 
+    reports: ClassVar[tuple[str, ...]] = tuple(KINDS)
+
     def __init__(
-        self,
-        *,
-        level_window: int,
-        noise_window: int,
-        gap_factor: float,
-        noise_prior: float,
-        noise_prior_weight: float,
-        noise_floor: float,
-        spike_z: float,
-        spike_min_ratio: float,
-        explosion_points: int,
-        explosion_ratio: float,
-        vanishing_ratio: float,
-        vanishing_points: int,
-        warmup_points: int,
-        metric: str = "grad_norm",
-        rank: int | None = None,
+        self, series: SeriesLimits, limits: GradLimits, metric: str = "grad_norm", rank: int | None = None
     ) -> None:
-        """Thresholds as ``detect.grad`` and ``detect.series`` name them (docs/detectors.md)."""
-        self.metric = metric
-        self.rep = Reporter(rank)
-        self.tracker = Tracker(level_window, noise_window, noise_prior, noise_prior_weight, noise_floor)
-        self._gap_factor = gap_factor
-        self._spike_z = spike_z
-        self._explosion_points = explosion_points
-        self._explosion_ratio = explosion_ratio
-        self._vanishing_ratio = vanishing_ratio
-        self._vanishing_points = vanishing_points
-        self._warmup_points = warmup_points
-        self._min_jump = math.log(spike_min_ratio)
-        self._explode_jump = math.log(explosion_ratio)
-        self._vanish_log = math.log(vanishing_ratio)
+        self.metric, self.rep, self.tracker = metric, Reporter(rank), series.tracker()
+        self.s, self.lim = series, limits
+        self._min_jump = math.log(series.spike_min_ratio)
+        self._explode_jump = math.log(limits.explosion_ratio)
+        self._vanish_log = math.log(limits.vanishing_ratio)
         self._bad = 0
         self._episode_loss_finite = True
         self._finite_run = 0
@@ -92,7 +112,23 @@ class GradWatch:
     def vanished(self) -> bool:
         return self.rep.is_on("grad_vanishing", self.metric)
 
-    def observe(self, step: int, g: float, loss_spiking: bool, loss_finite: bool, out: list[Finding]) -> None:
+    def observe(self, point: Signal, out: list[Finding]) -> None:
+        """Judge the step's gradient norm, beside what the loss series made of the same step."""
+        rec = point.rec
+        g = rec.grad_norm
+        if self.gated and g is not None and math.isfinite(g) and without_learning_signal(rec.extra, g):
+            # An RL batch whose groups all tied has no advantages: its norm is the KL term's (or
+            # zero), a hole in the series, not a vanishing gradient nor the level spikes are
+            # judged against (a healthy GRPO run alternates such batches with learning ones).
+            g = None
+        if g is not None and not (rec.skipped and math.isfinite(g)):
+            spiking = point.loss is not None and point.loss.in_spike
+            finite = rec.loss is None or math.isfinite(rec.loss)
+            self.judge(rec.step, g, spiking, finite, out)
+        point.grad_vanished = self.vanished
+
+    def judge(self, step: int, g: float, loss_spiking: bool, loss_finite: bool, out: list[Finding]) -> None:
+        """Judge one norm; ``loss_spiking``: the loss is in a spike at this step."""
         if not math.isfinite(g):
             self._nonfinite(step, g, loss_finite, out)
             return
@@ -101,7 +137,7 @@ class GradWatch:
             self.rep.report(out, "nonfinite_grad", self.metric, step, False)
             self._bad = 0
         t = self.tracker
-        new_segment = t.begin(step, self._gap_factor)
+        new_segment = t.begin(step, self.s.gap_factor)
         if new_segment:
             self._end_spike(out, step)
             self._held.clear()
@@ -129,7 +165,7 @@ class GradWatch:
         if judged and self._spike(step, g, y, loss_spiking, over_start, out):
             return
         t.accept(y)
-        if t.n_accepted >= self._warmup_points and t.level_full:
+        if t.n_accepted >= self.lim.warmup_points and t.level_full:
             lvl = t.level
             if self._established is None or lvl > self._established:
                 self._established = lvl
@@ -197,13 +233,13 @@ class GradWatch:
                 return False
             self._spike_points += 1
             self.rep.report(out, "grad_spike", self.metric, step, True)
-            if self._spike_points >= self._explosion_points or loss_spiking or over_start:
+            if self._spike_points >= self.lim.explosion_points or loss_spiking or over_start:
                 self._explode(step, g, y, jump, out)
             return True
-        if jump <= max(t.threshold(self._spike_z), self._min_jump) and not over_start:
+        if jump <= max(t.threshold(self.s.spike_z), self._min_jump) and not over_start:
             return False
         self._spike_points = 1
-        ev = self._spike_evidence(g, y, max(t.threshold(self._spike_z), self._min_jump), over_start)
+        ev = self._spike_evidence(g, y, max(t.threshold(self.s.spike_z), self._min_jump), over_start)
         ev["loss_spiking"] = loss_spiking
         self.rep.report(out, "grad_spike", self.metric, step, True, evidence=ev)
         if loss_spiking or jump > self._explode_jump or over_start:
@@ -225,7 +261,7 @@ class GradWatch:
         (``exploding``) is one at once.
         """
         self._held.append(step)
-        if len(self._held) < self._explosion_points and not exploding:
+        if len(self._held) < self.lim.explosion_points and not exploding:
             return
         first = self._held[0]
         self._spike_points = len(self._held)
@@ -258,7 +294,7 @@ class GradWatch:
                 "baseline": rounded(math.exp(self.tracker.level)),
                 "ratio": rounded(math.exp(jump), 4),
                 "points_up": self._spike_points,
-                "threshold_ratio": self._explosion_ratio,
+                "threshold_ratio": self.lim.explosion_ratio,
             }
             if self._start is not None:
                 ev["first_norm"] = rounded(math.exp(self._start))
@@ -279,14 +315,14 @@ class GradWatch:
         t = self.tracker
         low = y is None or (t.n_level > 0 and t.level < limit)
         self._low = self._low + 1 if low else 0
-        if self._low >= self._vanishing_points:
+        if self._low >= self.lim.vanishing_points:
             ev = None
             if not self.vanished:
                 ev = {
                     "value": rounded(g),
                     "level": rounded(math.exp(t.level)) if t.n_level else None,
                     "established_level": rounded(math.exp(est)),
-                    "threshold_ratio": self._vanishing_ratio,
+                    "threshold_ratio": self.lim.vanishing_ratio,
                 }
             self.rep.report(out, "grad_vanishing", self.metric, step, True, evidence=ev)
         elif not low and t.n_level and t.level > limit + math.log(10.0):

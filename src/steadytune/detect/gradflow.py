@@ -14,10 +14,12 @@ the batch get a gradient, so a mostly-zero embedding gradient is normal.
 from __future__ import annotations
 
 import math
-from typing import Any, TypedDict
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypedDict
 
 from steadytune.detect.base import Finding, Reporter
-from steadytune.kinds import KINDS
+from steadytune.detect.grad import KINDS
+from steadytune.detect.points import Signal
 from steadytune.layers import EMBEDDINGS
 from steadytune.records import Anomaly
 
@@ -115,14 +117,39 @@ def check_layers(
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class FlowLimits:
+    """As ``detect.grad`` names them (docs/detectors.md); :meth:`layers` is what :func:`layer_state` takes."""
+
+    layer_vanish_norm: float
+    layer_explode_norm: float
+    layer_dead_zero_frac: float
+
+    def layers(self) -> LayerLimits:
+        return LayerLimits(
+            vanish=self.layer_vanish_norm,
+            explode=self.layer_explode_norm,
+            dead_zero_frac=self.layer_dead_zero_frac,
+        )
+
+
 class GradFlowWatch:
     """grad_vanishing / grad_explosion per layer, from the gradient flow the guard records."""
 
-    def __init__(self, *, vanish: float, explode: float, dead_zero_frac: float) -> None:
-        self.rep = Reporter(None)
-        self._limits = LayerLimits(vanish=vanish, explode=explode, dead_zero_frac=dead_zero_frac)
+    reports: ClassVar[tuple[str, ...]] = ("grad_vanishing", "grad_explosion")
 
-    def observe(self, step: int, flow: dict[str, Any], out: list[Finding]) -> None:
+    def __init__(self, limits: FlowLimits) -> None:
+        self.rep = Reporter(None)
+        self._limits = limits.layers()
+
+    def observe(self, point: Signal, out: list[Finding]) -> None:
+        """The layers' gradient flow, on the steps the guard recorded it."""
+        extra = point.rec.extra
+        flow = extra.get("gradflow") if extra else None
+        if isinstance(flow, dict):
+            self.judge(point.rec.step, flow, out)
+
+    def judge(self, step: int, flow: dict[str, Any], out: list[Finding]) -> None:
         found = check_layers(flow, step, **self._limits)
         now = {(a.kind, a.metric): a for a in found}
         for (kind, metric), a in now.items():

@@ -13,15 +13,18 @@ detector is incremental, none looks back over the history.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from steadytune.config.detect import DetectConfig
 from steadytune.detect import build
-from steadytune.detect.base import Finding
-from steadytune.kinds import KINDS
-from steadytune.objectives import LOSS_OBJECTIVE, is_rl, objective_of, without_learning_signal
+from steadytune.detect.base import Detector, Finding
+from steadytune.detect.build import KINDS
+from steadytune.detect.grad import GradWatch
+from steadytune.detect.loss import LossWatch
+from steadytune.detect.points import RankStep, Signal, SystemPoint, Tick
+from steadytune.detect.system import SystemWatch
+from steadytune.objectives import LOSS_OBJECTIVE, is_rl, objective_of
 from steadytune.records import SEVERITY_ORDER, Anomaly, Severity, StepRecord, SystemSample
 
 
@@ -59,85 +62,33 @@ class _Open:
         )
 
 
-class _Signal:
-    """The training-signal detectors of the primary rank."""
+class _Feeds:
+    """The run's detectors, sorted by what they observe (registry order within a feed)."""
 
-    def __init__(self, cfg: DetectConfig) -> None:
-        self.loss = build.loss_watch(cfg)
-        self.plateau = build.plateau_watch(cfg)
-        self.oscillation = build.oscillation_watch(cfg)
-        self.overfit = build.overfit_watch(cfg)
-        self.grad = build.grad_watch(cfg)
-        self.flow = build.grad_flow_watch(cfg)
-        self.short_rise = build.short_rise_watch(cfg)
-        self.fall = build.fall_collapse_watch(cfg)
-        self._prev_g_jump = 0.0
-        self.objective = build.objective_watch(cfg)
-        # Named by the first training record that carries extra fields (an evaluation's are the eval set's).
-        self.objective_name: str | None = None
+    def __init__(self, cfg: DetectConfig, registry: tuple[build.Entry, ...]) -> None:
+        built = build.run_detectors(cfg, registry)
+        feeds = {e.name: e.feeds for e in registry}
+        on = {feed: [d for name, d in built.items() if feed in feeds[name]] for feed in _FEEDS}
+        self.signal: list[Detector[Signal]] = on[Signal]
+        self.rank: list[Detector[RankStep]] = on[RankStep]
+        self.system: list[Detector[SystemPoint]] = on[SystemPoint]
+        self.tick: list[Detector[Tick]] = on[Tick]
+        # What the engine itself reads: the grad series before it judges a step (its jump
+        # corroborates a loss spike), the loss series' level for the rules after it, and the
+        # GPU totals the system samples report.
+        self.loss = cast(LossWatch, built["loss"])
+        self.grad = cast(GradWatch, built["grad"])
+        self.sys = cast(SystemWatch, built["system"])
 
-    def observe(self, rec: StepRecord, out: list[Finding]) -> None:
-        lp = None
-        if rec.lr is not None:
-            self.plateau.observe_lr(rec.lr)
-        g_jump = self.grad.jump(rec.grad_norm)
-        corroborated = max(g_jump, self._prev_g_jump) >= self.grad.spike_jump
-        self._prev_g_jump = g_jump
-        if self.objective_name is None and rec.extra and not rec.extra.get("eval"):
-            self.objective_name = objective_of(rec.extra) or LOSS_OBJECTIVE
-            self.grad.gated = is_rl(self.objective_name)
-        if self.objective_name not in (None, LOSS_OBJECTIVE):
-            # The loss of an RL/preference objective is judged only for NaN/Inf; its own signals
-            # (reward, KL) and the gradient norm carry the rest.
-            if rec.loss is not None and not math.isfinite(rec.loss):
-                self.loss.observe(rec.step, rec.loss, rec.epoch, out)
-            elif rec.loss is not None and self.loss.rep.on:
-                self.loss.rep.report(out, "nan_loss", self.loss.metric, rec.step, False)
-            if rec.extra:
-                self.objective.observe(rec.step, rec.extra, out)
-        elif rec.loss is not None:
-            lp = self.loss.observe(rec.step, rec.loss, rec.epoch, out, corroborated)
-        g = rec.grad_norm
-        if self.grad.gated and g is not None and math.isfinite(g) and without_learning_signal(rec.extra, g):
-            # An RL batch whose groups all tied has no advantages: its norm is the KL term's (or
-            # zero), a hole in the series, not a vanishing gradient nor the level spikes are
-            # judged against (a healthy GRPO run alternates such batches with learning ones).
-            g = None
-        if g is not None and not (rec.skipped and math.isfinite(g)):
-            spiking = lp is not None and lp.in_spike
-            finite = rec.loss is None or math.isfinite(rec.loss)
-            self.grad.observe(rec.step, g, spiking, finite, out)
-        if rec.eval_loss is not None:
-            self.fall.observe_eval(rec.eval_loss)
-        if lp is not None:
-            t = self.loss.tracker
-            held = lp.in_spike or self.loss.rep.is_on("divergence", self.loss.metric)
-            # Read only where the rule reads it (a segment's first point): the noise estimate is
-            # otherwise computed only for points that jump, and this runs for every point.
-            run_noise = t.sigma_upper if lp.new_segment and t.n_noise else None
-            climb = self.short_rise.observe(lp, out, held, run_noise)
-            if climb is not None and rec.loss is not None:
-                self.loss.hold_climb(rec.step, rec.loss, *climb, out)
-            self.fall.observe(lp, t.level, t.level_full, rec.epoch, out)
-            self.plateau.observe(lp, t.level, self.grad.vanished, out)
-            self.oscillation.observe(lp, out, rec.epoch)
-        flow = rec.extra.get("gradflow") if rec.extra else None
-        if isinstance(flow, dict):
-            self.flow.observe(rec.step, flow, out)
-        if rec.eval_loss is not None:
-            t = self.loss.tracker
-            level, noise = (t.level, t.sigma) if t.n_level else (None, 0.0)
-            self.overfit.observe(rec.step, rec.eval_loss, level, out, noise)
+
+_FEEDS = (Signal, RankStep, SystemPoint, Tick)
 
 
 class _Rank:
-    """Memory and throughput detectors of one rank."""
+    """The detectors of one rank's own steps (memory, throughput)."""
 
-    def __init__(self, cfg: DetectConfig, rank: int) -> None:
-        self.leak = build.leak_watch(cfg, "mem_allocated_bytes", rank)
-        self.host_leak = build.leak_watch(cfg, "rss_bytes", rank)
-        self.headroom = build.headroom_watch(cfg, "mem_reserved_bytes", rank)
-        self.pace = build.throughput_watch(cfg, rank)
+    def __init__(self, cfg: DetectConfig, rank: int, registry: tuple[build.Entry, ...]) -> None:
+        self.detectors: dict[str, Detector[RankStep]] = build.rank_detectors(cfg, rank, registry=registry)
         self.attempt = 0
 
 
@@ -146,6 +97,7 @@ class LiveDetector:
 
     Args:
         config: thresholds; defaults work without tuning.
+        registry: the detectors to run (:data:`~steadytune.detect.build.REGISTRY`, all of them).
 
     Example:
         >>> det = LiveDetector()
@@ -154,19 +106,23 @@ class LiveDetector:
         ...         print(format_transition(t))
     """
 
-    def __init__(self, config: DetectConfig | None = None) -> None:
+    def __init__(
+        self, config: DetectConfig | None = None, registry: tuple[build.Entry, ...] = build.REGISTRY
+    ) -> None:
         self.config = config or DetectConfig()
         cfg = self.config
+        self._registry = registry
         self._disabled = frozenset(cfg.disabled_kinds)
         self._enabled = cfg.enabled
-        self._signal = _Signal(cfg)
+        self._feeds = _Feeds(cfg, registry)
+        self._on_signal = [d.observe for d in self._feeds.signal]  # bound once: this runs every step
         self._ranks: dict[int, _Rank] = {}
         self._primary: int | None = None
-        self._straggler = build.straggler_watch(cfg)
-        self._stall = build.stall_watch(cfg)
-        self._system = build.system_watch(cfg)
         self._ram_total: int | None = None
         self._open: dict[tuple[str, str, int | None], _Open] = {}
+        self._prev_g_jump = 0.0
+        # Named by the first training record that carries extra fields (an evaluation's are the eval set's).
+        self._objective: str | None = None
         self.last_step = 0
 
     def observe_step(self, rec: StepRecord) -> list[Transition]:
@@ -179,9 +135,9 @@ class LiveDetector:
             self._primary = rank
         if rank == self._primary:
             self.last_step = rec.step
-            if rec.ts:  # imported logs carry no time: no stall to judge
-                self._stall.progress(rec.step, rec.ts, out, rec.attempt)
-            self._signal.observe(rec, out)
+            point = self._signal_point(rec)
+            for observe in self._on_signal:
+                observe(point, out)
         if (
             rec.step_time_s is not None
             or rec.mem_allocated_bytes is not None
@@ -192,6 +148,17 @@ class LiveDetector:
             self._per_rank(rec, out)
         return self._apply(out) if out else []
 
+    def _signal_point(self, rec: StepRecord) -> Signal:
+        """The step as the signal detectors see it: the objective named, the grad jump read."""
+        grad = self._feeds.grad
+        g_jump = grad.jump(rec.grad_norm)
+        corroborated = max(g_jump, self._prev_g_jump) >= grad.spike_jump
+        self._prev_g_jump = g_jump
+        if self._objective is None and rec.extra and not rec.extra.get("eval"):
+            self._objective = objective_of(rec.extra) or LOSS_OBJECTIVE
+            grad.gated = is_rl(self._objective)
+        return Signal(rec, self._objective, corroborated, self._feeds.loss.tracker)
+
     def observe_system(self, sample: SystemSample) -> list[Transition]:
         """Feed one system sample (GPUs, RAM, disk)."""
         if not self._enabled:
@@ -199,7 +166,9 @@ class LiveDetector:
         out: list[Finding] = []
         if sample.ram_total_bytes:
             self._ram_total = sample.ram_total_bytes
-        self._system.observe(sample, self.last_step, out)
+        point = SystemPoint(sample, self.last_step)
+        for d in self._feeds.system:
+            d.observe(point, out)
         return self._apply(out) if out else []
 
     def observe_time(
@@ -209,18 +178,20 @@ class LiveDetector:
         if not self._enabled:
             return []
         out: list[Finding] = []
-        self._stall.check(now, last_heartbeat_ts, last_step, out)
+        point = Tick(now, last_heartbeat_ts, last_step)
+        for d in self._feeds.tick:
+            d.observe(point, out)
         return self._apply(out) if out else []
 
     def set_projected_disk_need(self, need_bytes: int | None) -> None:
         """What the run will still write (checkpoints to come): disk_low compares free space with it."""
-        self._system.set_projected_need(need_bytes)
+        self._feeds.sys.set_projected_need(need_bytes)
 
     @property
     def objective(self) -> str:
         """What the training signal is judged as: ``"preference (DPO)"``, ``"RL (GRPO/RLOO)"``, ... or
         :data:`~steadytune.objectives.LOSS_OBJECTIVE` (the SFT loss rules)."""
-        return self._signal.objective_name or LOSS_OBJECTIVE
+        return self._objective or LOSS_OBJECTIVE
 
     def open_anomalies(self) -> list[Anomaly]:
         """Anomalies raised and not yet resolved, as they stand now."""
@@ -230,22 +201,17 @@ class LiveDetector:
         cfg = self.config
         r = self._ranks.get(rec.rank)
         if r is None:
-            r = self._ranks[rec.rank] = _Rank(cfg, rec.rank)
+            r = self._ranks[rec.rank] = _Rank(cfg, rec.rank, self._registry)
         if rec.attempt != r.attempt:
             # A restarted worker warms up again (and may run on another device): new pace baseline.
             r.attempt = rec.attempt
-            r.pace = build.throughput_watch(cfg, rec.rank)
-        total = cfg.memory.device_total_bytes or self._system.gpu_totals.get(rec.rank)
-        if rec.mem_allocated_bytes is not None:
-            r.leak.observe(rec.step, float(rec.mem_allocated_bytes), total, rec.step_time_s, out)
-        if rec.rss_bytes is not None:
-            r.host_leak.observe(rec.step, float(rec.rss_bytes), self._ram_total, rec.step_time_s, out)
-        held = max(rec.mem_reserved_bytes or 0, rec.mem_peak_bytes or 0)
-        if held and total:
-            r.headroom.observe(rec.step, float(held), float(total), out)
-        if rec.step_time_s is not None:
-            r.pace.observe(rec, out)
-            self._straggler.observe(rec, out)
+            r.detectors.update(build.rank_detectors(cfg, rec.rank, fresh_only=True, registry=self._registry))
+        total = cfg.memory.device_total_bytes or self._feeds.sys.gpu_totals.get(rec.rank)
+        point = RankStep(rec, total, self._ram_total)
+        for d in r.detectors.values():
+            d.observe(point, out)
+        for d in self._feeds.rank:
+            d.observe(point, out)
 
     def _apply(self, findings: list[Finding]) -> list[Transition]:
         transitions: list[Transition] = []

@@ -9,19 +9,75 @@ stays up keeps being compared with where it was: still up after
 ``divergence_points`` points, it has diverged. A slow climb is caught by the
 level rising ``divergence_rise`` above the best level of the segment, or sooner
 by the last two level windows rising along a line (``climb_min_rise``, ``climb_t``).
+
+:class:`LossWatch` is the loss series: it keeps the level and the spike or
+divergence under way, and hands each point to the part that serves its kind
+(:mod:`.loss_rules`: the sudden collapse, the climb line, the seasonal excuse).
 """
 
 from __future__ import annotations
 
 import math
-import operator
-from collections import deque
 from dataclasses import dataclass
+from typing import ClassVar
 
-from steadytune.detect.base import Finding, Reporter, rounded
-from steadytune.detect.stats import Tracker
+from steadytune.detect.base import Finding, KindInfo, Reporter, rounded
+from steadytune.detect.loss_rules import ClimbFit, SeasonalExcuse, SuddenCollapse
+from steadytune.detect.points import Signal
+from steadytune.detect.stats import SeriesLimits
+from steadytune.objectives import LOSS_OBJECTIVE
 
 _CLIMB_STRIDE = 2  # accepted points between two looks at the steady-climb line
+
+KINDS: dict[str, KindInfo] = {
+    "nan_loss": KindInfo(
+        "loss is NaN/Inf",
+        "the forward pass overflowed or the weights already hold NaN/Inf (fp16 overflow, log of zero, "
+        "a division by an empty mask, or a bad batch)",
+        "skip the update, restore the last good checkpoint, use bf16 or a lower LR, and inspect the batch",
+        "critical",
+    ),
+    "loss_spike": KindInfo(
+        "loss spike",
+        "a vertical jump: an exploding update, usually from a bad or unusual batch or a too-high LR",
+        "clip gradients (max_grad_norm=1.0) and lower the LR; if it does not recover, roll back and "
+        "skip the data window",
+        "warning",
+    ),
+    "divergence": KindInfo(
+        "loss diverged",
+        "the loss climbed away from its best level and did not come back: the LR is too high or the "
+        "optimizer state is corrupted",
+        "roll back to the last good checkpoint, lower the LR (x0.5), add warm-up and gradient clipping",
+        "critical",
+    ),
+    "loss_collapse": KindInfo(
+        "loss collapsed to zero",
+        "a sudden zero: the labels are empty or fully masked (all -100), or the loss reads the inputs",
+        "check the label masking and the chat template; print one batch's labels",
+        "critical",
+    ),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class LossLimits:
+    """The loss series' own thresholds, as ``detect.loss`` names them (docs/detectors.md)."""
+
+    spike_min_ratio_confirmed: float
+    young_spike_z: float
+    resolve_z: float
+    suspect_z: float
+    divergence_points: int
+    divergence_rise: float
+    climb_min_rise: float
+    climb_t: float
+    early_rise: float
+    collapse_abs: float
+    collapse_drop: float
+    collapse_small: float
+    collapse_points: int
+    seasonal_margin: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,200 +95,214 @@ class LossPoint:
 class LossWatch:
     """nan_loss, loss_spike, divergence and loss_collapse on one loss series."""
 
+    reports: ClassVar[tuple[str, ...]] = tuple(KINDS)
+
     def __init__(
-        self,
-        *,
-        level_window: int,
-        noise_window: int,
-        gap_factor: float,
-        noise_prior: float,
-        noise_prior_weight: float,
-        noise_floor: float,
-        spike_z: float,
-        spike_min_ratio: float,
-        spike_min_ratio_confirmed: float,
-        young_spike_z: float,
-        resolve_z: float,
-        suspect_z: float,
-        divergence_points: int,
-        divergence_rise: float,
-        climb_min_rise: float,
-        climb_t: float,
-        early_rise: float,
-        collapse_abs: float,
-        collapse_drop: float,
-        collapse_small: float,
-        collapse_points: int,
-        seasonal_margin: float,
-        metric: str = "loss",
-        rank: int | None = None,
+        self, series: SeriesLimits, limits: LossLimits, metric: str = "loss", rank: int | None = None
     ) -> None:
-        """Thresholds as ``detect.loss`` and ``detect.series`` name them (docs/detectors.md)."""
-        self.metric = metric
-        self.rep = Reporter(rank)
-        self.tracker = Tracker(level_window, noise_window, noise_prior, noise_prior_weight, noise_floor)
-        self._gap_factor = gap_factor
-        self._noise_prior = noise_prior
-        self._spike_z = spike_z
-        self._young_spike_z = young_spike_z
-        self._resolve_z = resolve_z
-        self._suspect_z = suspect_z
-        self._divergence_points = divergence_points
-        self._divergence_rise = divergence_rise
-        self._climb_min_rise = climb_min_rise
-        self._climb_t = climb_t
-        # The accepted points of this segment over two level windows: the steady-climb fit.
-        self._recent: deque[float] = deque(maxlen=2 * level_window)
-        self._recent_sxx = (2 * level_window) * ((2 * level_window) ** 2 - 1) / 12.0
-        # Centred positions: Σ w·y is the fit's Σ(x - x̄)(y - ȳ) in one C-level pass.
-        self._recent_w = tuple(i - 0.5 * (2 * level_window - 1) for i in range(2 * level_window))
-        self._rising = False  # the last look at the recent window saw a steady climb
-        self._rise_slope = climb_min_rise / (2 * level_window - 1)  # the least slope that is a climb
-        self._early_rise = early_rise
-        self._collapse_abs = collapse_abs
-        self._collapse_drop = collapse_drop
-        self._collapse_small = collapse_small
-        self._collapse_points = collapse_points
-        self._seasonal_margin = seasonal_margin
-        self._min_jump = math.log(spike_min_ratio)
-        self._small_jump = math.log(spike_min_ratio_confirmed)
-        self._pending: tuple[int, float, float, float] | None = None
+        self.metric, self.rep, self.tracker = metric, Reporter(rank), series.tracker()
+        self.s, self.lim = series, limits
+        self.collapse = SuddenCollapse(limits, series.spike_z, self.rep, self.tracker, metric)
+        self.fit = ClimbFit(series.level_window, limits.climb_min_rise, limits.climb_t)
+        self.season = SeasonalExcuse(self.tracker, limits.seasonal_margin, limits.resolve_z)
+        self._min_jump = math.log(series.spike_min_ratio)
+        self._small_jump = math.log(limits.spike_min_ratio_confirmed)
         # Half the smallest spike: a spike ends below it, so no point can end one and start the next.
-        self._resolve_jump = math.log(1.0 + (min(spike_min_ratio, spike_min_ratio_confirmed) - 1.0) / 2.0)
+        self._resolve_jump = math.log(
+            1.0 + (min(series.spike_min_ratio, limits.spike_min_ratio_confirmed) - 1.0) / 2.0
+        )
+        self._pending: tuple[int, float, float, float] | None = None
         self._spike_start: int | None = None
         self._spike_points = 0
         self._spike_peak = 0.0
         self._spike_base = 0.0
-        self._drop_run = 0
         self._climb_points = 0
         self._suspects: list[int] = []
         self._last_finite: float | None = None
         # This segment has diverged once: a young baseline after it is no evidence of health.
         self._unstable = False
-        # How far this epoch's points so far sit from the previous epoch's at the same phases.
-        self._season_epoch: int | None = None
-        self._season_offsets: list[float] = []
 
-    def observe(
+    def observe(self, point: Signal, out: list[Finding]) -> None:
+        """Judge the step's loss: every rule for the SFT loss, only NaN/Inf for an RL or preference one.
+
+        The loss of an RL/preference objective is judged only for NaN/Inf; its own signals
+        (reward, KL) and the gradient norm carry the rest. Leaves the verdict on the point.
+        """
+        rec = point.rec
+        if rec.loss is None:
+            return
+        if point.objective not in (None, LOSS_OBJECTIVE):
+            if not math.isfinite(rec.loss):
+                self.judge(rec.step, rec.loss, rec.epoch, out)
+            elif self.rep.on:
+                self.rep.report(out, "nan_loss", self.metric, rec.step, False)
+            return
+        lp = self.judge(rec.step, rec.loss, rec.epoch, out, point.corroborated)
+        point.loss = lp
+        if lp is not None:
+            t = self.tracker
+            point.held = lp.in_spike or self.rep.is_on("divergence", self.metric)
+            # Read only where the short-climb rule reads it (a segment's first point): the noise
+            # estimate is otherwise computed only for points that jump, and this runs for every point.
+            point.run_noise = t.sigma_upper if lp.new_segment and t.n_noise else None
+
+    def judge(
         self, step: int, loss: float, epoch: float | None, out: list[Finding], corroborated: bool = False
     ) -> LossPoint | None:
         """Judge one loss value; ``corroborated``: the grad norm jumped past its own spike ratio here."""
-        rep, m = self.rep, self.metric
         if not math.isfinite(loss):
-            rep.report(
-                out,
-                "nan_loss",
-                m,
-                step,
-                True,
-                evidence={"value": str(loss), "last_finite": rounded(self._last_finite)},
-            )
+            self._nan(step, loss, out)
             return None
+        rep = self.rep
         if rep.on:
-            rep.report(out, "nan_loss", m, step, False)
+            rep.report(out, "nan_loss", self.metric, step, False)
         self._last_finite = loss
         t = self.tracker
-        last = t.last_step
-        new_segment = t.begin(step, self._gap_factor)
         y = math.log(loss) if loss > 1e-12 else -27.6  # log space; a zero loss lands far down, not at -inf
+        last = t.last_step
+        new_segment = t.begin(step, self.s.gap_factor)
         if new_segment:
-            # A gap hides steps, not what they showed: a climb still under way at the gap whose
-            # first point after it is back where the climb began came back, across the gap, and
-            # arms the new segment as it would have armed the old one. Whether a stretch of
-            # missing steps counts as a gap depends on the interval around it, so without this a
-            # jitter of the logged steps would decide the verdict. Older evidence is not carried
-            # over (a snippet log may resume after an intervention), nor across a restart.
-            restart = last is not None and step <= last
-            self._unstable = not restart and self._came_back(y)
-            self._recent.clear()
-            self._rising = False
-            self._end_spike(out, step)
-            self._pending = None
-        if (loss <= self._collapse_small or self._drop_run or rep.on) and self._collapse(step, loss, y, out):
+            self._new_segment(step, last, y, out)
+        if (loss <= self.lim.collapse_small or self.collapse.drop_run or rep.on) and self.collapse.judge(
+            step, loss, y, out
+        ):
             # A collapsed point stays out of the baseline, as a spike does: the collapse lasts
             # as long as the loss stays down, judged against where it was.
             return LossPoint(step, loss, y, False, False, new_segment)
         if t.n_level == 0:
             t.accept(y, epoch)
             return LossPoint(step, loss, y, True, False, new_segment)
+        jump = y - t.level
+        held = self._confirm_pending(step, loss, y, jump, out)
+        if held is None and self._spike_start is not None:
+            held = self._spike_goes_on(step, loss, y, jump, epoch, out)
+        if held is None and jump > self._small_jump:
+            # Most points are well inside the minimum jump: the noise estimate is not even needed.
+            held = self._new_jump(step, loss, y, jump, epoch, out, corroborated)
+        if held is not None:
+            return held
+        self._accept(step, y, epoch, out)
+        return LossPoint(step, loss, y, True, False, False)
+
+    def _nan(self, step: int, loss: float, out: list[Finding]) -> None:
+        ev = {"value": str(loss), "last_finite": rounded(self._last_finite)}
+        self.rep.report(out, "nan_loss", self.metric, step, True, evidence=ev)
+
+    def _new_segment(self, step: int, last: int | None, y: float, out: list[Finding]) -> None:
+        """A gap or a restart before ``step`` (``last`` the step before it): the level starts again.
+
+        A gap hides steps, not what they showed: a climb still under way at the gap whose
+        first point after it is back where the climb began came back, across the gap, and
+        arms the new segment as it would have armed the old one. Whether a stretch of
+        missing steps counts as a gap depends on the interval around it, so without this a
+        jitter of the logged steps would decide the verdict. Older evidence is not carried
+        over (a snippet log may resume after an intervention), nor across a restart.
+        """
+        restart = last is not None and step <= last
+        self._unstable = not restart and self._came_back(y)
+        self.fit.clear()
+        self._end_spike(out, step)
+        self._pending = None
+
+    def _confirm_pending(
+        self, step: int, loss: float, y: float, jump: float, out: list[Finding]
+    ) -> LossPoint | None:
+        """The point after a small jump decides it: a data outlier moves one batch's loss,
+        an instability moves the weights, so the next batch is up as well."""
+        held = self._pending
+        if held is None:
+            return None
+        self._pending = None
+        if jump <= self.tracker.threshold(self.lim.resolve_z):
+            return None
+        p_step, p_loss, p_level, p_threshold = held
+        self._start_spike(p_step, p_loss, p_level, p_threshold, out)
+        self._continue_spike(step, loss, y, out)
+        return LossPoint(step, loss, y, False, True, False)
+
+    def _spike_goes_on(
+        self, step: int, loss: float, y: float, jump: float, epoch: float | None, out: list[Finding]
+    ) -> LossPoint | None:
+        """A spike under way: still up (kept out of the level), or over (None)."""
+        back = max(self.tracker.threshold(self.lim.resolve_z), self._resolve_jump)
+        if jump <= back or self.season.excuses(y, epoch):
+            if self._came_back(y):
+                self._unstable = True  # came back to where it began: the instability may recur
+            self._end_spike(out, step)
+            return None
+        self._continue_spike(step, loss, y, out)
+        return LossPoint(step, loss, y, False, True, False)
+
+    def _new_jump(
+        self,
+        step: int,
+        loss: float,
+        y: float,
+        jump: float,
+        epoch: float | None,
+        out: list[Finding],
+        corroborated: bool,
+    ) -> LossPoint | None:
+        """A point past the smallest jump: a spike, a jump held for the next point to confirm,
+        a suspect held over a young baseline, or (None) an ordinary point after all."""
+        t, lim = self.tracker, self.lim
         level = t.level
-        jump = y - level
-        if self._pending is not None:
-            held = self._pending
-            self._pending = None
-            # The point after a small jump decides it: a data outlier moves one batch's loss,
-            # an instability moves the weights, so the next batch is up as well.
-            if jump > t.threshold(self._resolve_z):
-                p_step, p_loss, p_level, p_threshold = held
-                self._start_spike(p_step, p_loss, p_level, p_threshold, out)
-                self._continue_spike(step, loss, y, out)
-                return LossPoint(step, loss, y, False, True, False)
-        if self._spike_start is not None:
-            back = max(t.threshold(self._resolve_z), self._resolve_jump)
-            if jump <= back or self._seasonal(y, epoch):
-                if self._came_back(y):
-                    self._unstable = True  # came back to where it began: the instability may recur
-                self._end_spike(out, step)
+        threshold = max(t.threshold(self.s.spike_z), self._small_jump)
+        young = t.n_level < t.level_window
+        if young:
+            # A few lucky differences must not make one point a spike: a young baseline's
+            # noise is never taken below the prior for a one-point alarm (held points,
+            # below, still use it: three in a row are evidence enough). A grad norm that
+            # spiked with it is the second witness that a short baseline lacks.
+            # So is a divergence earlier in the segment: the loss came back from one climb
+            # and jumps again, the same instability recurring rather than noise.
+            floor = lim.young_spike_z * self.s.noise_prior * math.sqrt(1.0 + 1.0 / t.n_level)
+            if corroborated:
+                threshold = self._min_jump
+            elif self._unstable:
+                threshold = max(self._min_jump, lim.early_rise)
             else:
-                self._continue_spike(step, loss, y, out)
+                threshold = max(threshold, floor)
+        if jump > threshold and not self.season.excuses(y, epoch):
+            if jump > self._min_jump:
+                self._start_spike(step, loss, level, threshold, out)
                 return LossPoint(step, loss, y, False, True, False)
-        # Most points are well inside the minimum jump: the noise estimate is not even needed.
-        if jump > self._small_jump:
-            threshold = max(t.threshold(self._spike_z), self._small_jump)
-            young = t.n_level < t.level_window
-            if young:
-                # A few lucky differences must not make one point a spike: a young baseline's
-                # noise is never taken below the prior for a one-point alarm (held points,
-                # below, still use it: three in a row are evidence enough). A grad norm that
-                # spiked with it is the second witness that a short baseline lacks.
-                # So is a divergence earlier in the segment: the loss came back from one climb
-                # and jumps again, the same instability recurring rather than noise.
-                floor = self._young_spike_z * self._noise_prior * math.sqrt(1.0 + 1.0 / t.n_level)
-                if corroborated:
-                    threshold = self._min_jump
-                elif self._unstable:
-                    threshold = max(self._min_jump, self._early_rise)
-                else:
-                    threshold = max(threshold, floor)
-            if jump > threshold and not self._seasonal(y, epoch):
-                if jump > self._min_jump:
-                    self._start_spike(step, loss, level, threshold, out)
-                    return LossPoint(step, loss, y, False, True, False)
-                if not young:
-                    self._pending = (step, loss, level, threshold)
-                    return LossPoint(step, loss, y, False, False, False)
-            # One point is no baseline to hold others against: from two up to a full level window.
-            if (
-                young
-                and t.n_level > 1
-                and jump > t.threshold(self._suspect_z)
-                and not self._seasonal(y, epoch)
-            ):
-                return self._suspect(step, loss, y, level, out)
+            if not young:
+                self._pending = (step, loss, level, threshold)
+                return LossPoint(step, loss, y, False, False, False)
+        # One point is no baseline to hold others against: from two up to a full level window.
+        if (
+            young
+            and t.n_level > 1
+            and jump > t.threshold(lim.suspect_z)
+            and not self.season.excuses(y, epoch)
+        ):
+            return self._suspect(step, loss, y, level, out)
+        return None
+
+    def _accept(self, step: int, y: float, epoch: float | None, out: list[Finding]) -> None:
+        """An ordinary point joins the level; the level's climb is looked at."""
+        t, fit = self.tracker, self.fit
         if self._suspects:
             self._suspects.clear()
         if epoch is not None:
-            self._season_offset_add(y, epoch)
+            self.season.note(y, epoch)
         t.accept(y, epoch)
-        ys = self._recent
-        ys.append(y)
+        fit.ys.append(y)
         best = t.best_level
         above = t.level - best if best is not None else 0.0
         # Both slow-climb tests need the level above its best (climb_min_rise < divergence_rise):
         # below it, nothing is computed unless a climb or an alarm is already under way.
-        if above > self._climb_min_rise:
-            # The line is looked at every second point. A line that rises climb_min_rise with
-            # t >= climb_t has its last point at least half that above its first: the cheap
-            # test first (a noisy flat run passes it a third of the time), the fit only then.
+        if above > self.lim.climb_min_rise:
+            # The line is looked at every second point.
             if t.n_accepted % _CLIMB_STRIDE == 0:
-                self._rising = y - ys[0] > 0.5 * self._climb_min_rise and self._steady_rise()
-            if self._rising or above > self._divergence_rise or self._climb_points or rep.on:
+                fit.look(y)
+            if fit.rising or above > self.lim.divergence_rise or self._climb_points or self.rep.on:
                 self._slow_climb(step, epoch, out)
         else:
-            self._rising = False
-            if self._climb_points or rep.on:
+            fit.rising = False
+            if self._climb_points or self.rep.on:
                 self._slow_climb(step, epoch, out)
-        return LossPoint(step, loss, y, True, False, False)
 
     def hold_climb(
         self, step: int, loss: float, first_rise: int, start_y: float, rises: int, out: list[Finding]
@@ -243,8 +313,7 @@ class LossWatch:
         again, so the loss is judged against where it began until it comes back there.
         """
         self.tracker.restart_segment(start_y)
-        self._recent.clear()  # the climb's points leave the fit as they leave the level
-        self._rising = False
+        self.fit.clear()  # the climb's points leave the fit as they leave the level
         self._pending = None
         self._suspects.clear()
         self._climb_points = 0
@@ -263,7 +332,7 @@ class LossWatch:
         moved up and stayed there: a divergence from the first of them.
         """
         self._suspects.append(step)
-        if len(self._suspects) >= self._divergence_points:
+        if len(self._suspects) >= self.lim.divergence_points:
             self._spike_start, self._spike_points = self._suspects[0], len(self._suspects)
             self._spike_peak, self._spike_base = loss, level
             self.rep.report(
@@ -277,48 +346,13 @@ class LossWatch:
                     "baseline": rounded(math.exp(level)),
                     "since_step": self._suspects[0],
                     "points_up": len(self._suspects),
-                    "threshold_points": self._divergence_points,
+                    "threshold_points": self.lim.divergence_points,
                     "baseline_points": self.tracker.n_level,
                 },
             )
             self._suspects.clear()
             return LossPoint(step, loss, y, False, True, False)
         return LossPoint(step, loss, y, False, False, False)
-
-    def _seasonal(self, y: float, epoch: float | None) -> bool:
-        """True when the previous epoch was this high at the same phase: a healthy sawtooth."""
-        if epoch is None:
-            return False
-        ref = self.tracker.seasonal.reference(epoch)
-        if ref is None:
-            return False
-        return (
-            y
-            <= ref + self._season_offset(epoch) + self._seasonal_margin + self._resolve_z * self.tracker.sigma
-        )
-
-    def _season_offset_add(self, y: float, epoch: float) -> None:
-        """Note how far an accepted point of this epoch lies from the previous epoch's at its phase."""
-        whole = math.floor(epoch)
-        if whole != self._season_epoch:
-            self._season_epoch, self._season_offsets = whole, []
-        ref = self.tracker.seasonal.reference(epoch)
-        if ref is not None:
-            self._season_offsets.append(y - ref)
-
-    def _season_offset(self, epoch: float) -> float:
-        """How much lower than the previous epoch this one runs, at the phases seen so far (<= 0).
-
-        A sawtooth repeats the previous epoch's shape, a little lower for what was learned: its
-        points track the previous epoch's. A run that learned fast in its first epoch sits far
-        below it at every phase, and the previous epoch's level unlowered would excuse any spike
-        up to it (a 2.6x one-point spike five points into epoch 2 of a run falling 10.2 -> 2.3
-        was explained away as seasonal). The epoch's first point has nothing to go by: 0.
-        """
-        if math.floor(epoch) != self._season_epoch or not self._season_offsets:
-            return 0.0
-        ordered = sorted(self._season_offsets)
-        return min(0.0, ordered[len(ordered) // 2])
 
     def _start_spike(
         self, step: int, loss: float, level: float, threshold: float, out: list[Finding]
@@ -348,7 +382,7 @@ class LossWatch:
         ev = {"peak": rounded(self._spike_peak), "points_up": self._spike_points} if new_peak else None
         if self.rep.is_on("loss_spike", self.metric):  # an episode of held points has no spike to extend
             self.rep.report(out, "loss_spike", self.metric, step, True, evidence=ev)
-        if self._spike_points >= self._divergence_points:
+        if self._spike_points >= self.lim.divergence_points:
             first = not self.rep.is_on("divergence", self.metric)
             self.rep.report(
                 out,
@@ -361,7 +395,7 @@ class LossWatch:
                     "baseline": rounded(math.exp(self._spike_base)),
                     "since_step": self._spike_start,
                     "points_up": self._spike_points,
-                    "threshold_points": self._divergence_points,
+                    "threshold_points": self.lim.divergence_points,
                 }
                 if first or new_peak
                 else None,
@@ -377,7 +411,7 @@ class LossWatch:
 
     def _climb_threshold(self) -> float:
         """How far the level may sit above its best: the medians are noisy, the best one is the luckiest."""
-        return self._divergence_rise + 0.5 * self._spike_z * self.tracker.sigma
+        return self.lim.divergence_rise + 0.5 * self.s.spike_z * self.tracker.sigma
 
     def _climbing(self) -> bool:
         t = self.tracker
@@ -385,37 +419,16 @@ class LossWatch:
             return False
         above = t.level - t.best_level
         # divergence_rise bounds the creeping threshold from below: the noise is asked only then.
-        if above > self._divergence_rise and above > self._climb_threshold():
+        if above > self.lim.divergence_rise and above > self._climb_threshold():
             return True
-        return above > self._climb_min_rise and self._rising
-
-    def _steady_rise(self) -> bool:
-        """The last two level windows rise along a line: by ``climb_min_rise`` and with a t of ``climb_t``.
-
-        A steady climb is known long before its level is 1.42x its best: noise rarely lines
-        sixteen points up (t 8 with 14 degrees of freedom is a chance of 6 in 10 million; t 6,
-        1.6 in 100,000, was reached by a healthy run in the synthetic suite), and healthy curves
-        fall or stay flat between epochs. Only accepted points enter, so a spike cannot tilt
-        the line.
-        """
-        ys = self._recent
-        n = len(ys)
-        if n < (ys.maxlen or 0):
-            return False
-        sxy = sum(map(operator.mul, self._recent_w, ys))
-        slope = sxy / self._recent_sxx
-        if slope < self._rise_slope:
-            return False  # most looks end here
-        my = sum(ys) / n
-        resid = max(sum((y - my) ** 2 for y in ys) - slope * sxy, 0.0) / (n - 2)
-        return slope * math.sqrt(self._recent_sxx) >= self._climb_t * math.sqrt(resid)
+        return above > self.lim.climb_min_rise and self.fit.rising
 
     def _slow_climb(self, step: int, epoch: float | None, out: list[Finding]) -> None:
         """The level creeping up, point by point, well above the best level of this segment."""
         t = self.tracker
-        climbing = self._climbing() and not self._seasonal(t.level, epoch)
+        climbing = self._climbing() and not self.season.excuses(t.level, epoch)
         self._climb_points = self._climb_points + 1 if climbing else 0
-        if self._climb_points >= self._divergence_points:
+        if self._climb_points >= self.lim.divergence_points:
             first = not self.rep.is_on("divergence", self.metric)
             ev = None
             if first:
@@ -433,29 +446,3 @@ class LossWatch:
             and t.level - (t.best_level or 0.0) < 0.5 * self._climb_threshold()
         ):
             self.rep.report(out, "divergence", self.metric, step, False)
-
-    def _collapse(self, step: int, loss: float, y: float, out: list[Finding]) -> bool:
-        """A loss at zero, or one that fell ``collapse_drop`` (log) below its level in one go.
-
-        True when this point is (a candidate for) a collapse.
-        """
-        t = self.tracker
-        drop = max(self._collapse_drop, self._spike_z * t.sigma)
-        dropped = t.n_level > 0 and loss <= self._collapse_small and (t.level - y) > drop
-        self._drop_run = self._drop_run + 1 if dropped else 0
-        zero = loss <= self._collapse_abs
-        active = zero or self._drop_run >= self._collapse_points
-        if active:
-            first = not self.rep.is_on("loss_collapse", self.metric)
-            ev = None
-            if first:
-                ev = {
-                    "value": rounded(loss),
-                    "baseline": rounded(math.exp(t.level)) if t.n_level else None,
-                    "threshold_abs": self._collapse_abs,
-                    "threshold_drop_ratio": rounded(math.exp(self._collapse_drop), 4),
-                }
-            self.rep.report(out, "loss_collapse", self.metric, step, True, evidence=ev)
-        elif not dropped:
-            self.rep.report(out, "loss_collapse", self.metric, step, False)
-        return dropped or zero

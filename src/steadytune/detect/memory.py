@@ -19,11 +19,30 @@ projects the steps and seconds left until OOM.
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 from itertools import pairwise
+from typing import ClassVar, Literal
 
-from steadytune.detect.base import Finding, Reporter, rounded
+from steadytune.detect.base import Finding, KindInfo, Reporter, rounded
+from steadytune.detect.points import RankStep
 from steadytune.detect.stats import SortedWindow
 from steadytune.records import Severity
+
+KINDS: dict[str, KindInfo] = {
+    "memory_leak": KindInfo(
+        "memory grows steadily",
+        "steady memory growth: tensors kept across steps (a loss kept with its graph, metrics "
+        "accumulated without .item()/.detach(), a growing cache)",
+        "log loss.item() instead of loss; detach what you keep; clear lists of tensors each step",
+        "warning",
+    ),
+    "memory_headroom": KindInfo(
+        "memory almost full",
+        "memory in use is close to the total: the next longer batch or evaluation may OOM",
+        "lower the micro-batch or sequence length, enable gradient checkpointing",
+        "warning",
+    ),
+}
 
 _STRIDES = (1, 8, 64)
 _SEGMENTS = 8
@@ -64,41 +83,56 @@ def leak_growth(
     return (meds[-1] - meds[half]) / span if span > 0 else 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class LeakLimits:
+    """As ``detect.memory`` names them (docs/detectors.md)."""
+
+    warmup_points: int
+    window: int
+    leak_min_growth: float
+    leak_min_bytes: int
+    leak_steadiness: float
+
+
 class LeakWatch:
-    """memory_leak on one memory metric of one rank (allocated bytes, or host RSS)."""
+    """memory_leak on one memory metric of one rank (allocated bytes, or host RSS).
+
+    ``metric`` is the step record's field; ``total`` says which total bounds it: the
+    device's memory, or the host's RAM.
+    """
+
+    reports: ClassVar[tuple[str, ...]] = ("memory_leak",)
 
     def __init__(
-        self,
-        metric: str,
-        rank: int | None = None,
-        *,
-        warmup_points: int,
-        window: int,
-        leak_min_growth: float,
-        leak_min_bytes: int,
-        leak_steadiness: float,
+        self, limits: LeakLimits, metric: str, total: Literal["device", "ram"], rank: int | None = None
     ) -> None:
-        """Thresholds as ``detect.memory`` names them (docs/detectors.md)."""
         self.metric = metric
         self.rep = Reporter(rank)
-        self._warmup_points = warmup_points
-        self._leak_min_growth = leak_min_growth
-        self._leak_min_bytes = leak_min_bytes
-        self._leak_steadiness = leak_steadiness
+        self.lim = limits
+        self._device = total == "device"
         self._n = 0
-        self._windows: dict[int, deque[tuple[int, float]]] = {s: deque(maxlen=window) for s in _STRIDES}
-        self._half = window // 2
+        self._windows: dict[int, deque[tuple[int, float]]] = {
+            s: deque(maxlen=limits.window) for s in _STRIDES
+        }
+        self._half = limits.window // 2
         self._step_times = SortedWindow(32)
 
-    def observe(
+    def observe(self, point: RankStep, out: list[Finding]) -> None:
+        rec = point.rec
+        value = getattr(rec, self.metric)
+        if value is not None:
+            total = point.device_total if self._device else point.ram_total
+            self.judge(rec.step, float(value), total, rec.step_time_s, out)
+
+    def judge(
         self, step: int, value: float, total: float | None, step_time: float | None, out: list[Finding]
     ) -> None:
         self._n += 1
         if step_time is not None and step_time > 0:
             self._step_times.push(step_time)
-        if self._n <= self._warmup_points:
+        if self._n <= self.lim.warmup_points:
             return
-        k = self._n - self._warmup_points
+        k = self._n - self.lim.warmup_points
         rate, stride = 0.0, 0
         for s, win in self._windows.items():
             if k % s:
@@ -106,7 +140,9 @@ class LeakWatch:
             win.append((step, value))
             # A window is re-judged only when it gets a point; slower windows cost nothing in between.
             if len(win) >= self._half and (len(win) % 4 == 0 or s > 1):
-                r = leak_growth(list(win), self._leak_min_growth, self._leak_min_bytes, self._leak_steadiness)
+                r = leak_growth(
+                    list(win), self.lim.leak_min_growth, self.lim.leak_min_bytes, self.lim.leak_steadiness
+                )
                 if r > rate:
                     rate, stride = r, s
         if rate > 0:
@@ -118,7 +154,7 @@ class LeakWatch:
         for win in self._windows.values():
             if len(win) >= self._half:
                 pts = list(win)
-                if leak_growth(pts, self._leak_min_growth / 2, self._leak_min_bytes / 2, 0.0) > 0:
+                if leak_growth(pts, self.lim.leak_min_growth / 2, self.lim.leak_min_bytes / 2, 0.0) > 0:
                     return True
         return False
 
@@ -139,32 +175,48 @@ class LeakWatch:
         self.rep.report(out, "memory_leak", self.metric, step, True, evidence=ev)
 
 
-class HeadroomWatch:
-    """memory_headroom: used / total above the warning or critical share."""
+@dataclass(frozen=True, slots=True)
+class HeadroomLimits:
+    """Used/total shares that warn and that are critical, as ``detect.memory`` names them."""
 
-    def __init__(
-        self, metric: str, rank: int | None = None, *, headroom_warning: float, headroom_critical: float
-    ) -> None:
-        """``headroom_*``: used/total shares, as ``detect.memory`` names them."""
+    headroom_warning: float
+    headroom_critical: float
+
+
+class HeadroomWatch:
+    """memory_headroom: used / total above the warning or critical share.
+
+    Fed a rank's steps, it judges what the allocator holds (reserved, or the peak)
+    against the device's total; the system watch also uses :meth:`judge` for GPU and RAM.
+    """
+
+    reports: ClassVar[tuple[str, ...]] = ("memory_headroom",)
+
+    def __init__(self, limits: HeadroomLimits, metric: str, rank: int | None = None) -> None:
         self.metric = metric
         self.rep = Reporter(rank)
-        self._headroom_warning = headroom_warning
-        self._headroom_critical = headroom_critical
+        self.lim = limits
 
-    def observe(self, step: int, used: float, total: float | None, out: list[Finding]) -> None:
+    def observe(self, point: RankStep, out: list[Finding]) -> None:
+        rec, total = point.rec, point.device_total
+        held = max(rec.mem_reserved_bytes or 0, rec.mem_peak_bytes or 0)
+        if held and total:
+            self.judge(rec.step, float(held), float(total), out)
+
+    def judge(self, step: int, used: float, total: float | None, out: list[Finding]) -> None:
         if not total or total <= 0:
             return
         share = used / total
-        if share >= self._headroom_warning:
+        if share >= self.lim.headroom_warning:
             ev = None
             if not self.rep.is_on("memory_headroom", self.metric):
                 ev = {
                     "used_bytes": int(used),
                     "total_bytes": int(total),
                     "used_ratio": rounded(share, 4),
-                    "threshold_ratio": self._headroom_warning,
+                    "threshold_ratio": self.lim.headroom_warning,
                 }
-            sev: Severity = "critical" if share >= self._headroom_critical else "warning"
+            sev: Severity = "critical" if share >= self.lim.headroom_critical else "warning"
             self.rep.report(out, "memory_headroom", self.metric, step, True, severity=sev, evidence=ev)
-        elif share < self._headroom_warning - 0.02:
+        elif share < self.lim.headroom_warning - 0.02:
             self.rep.report(out, "memory_headroom", self.metric, step, False)

@@ -16,10 +16,30 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
-from steadytune.detect.base import Finding, Reporter, rounded
+from steadytune.detect.base import Finding, KindInfo, Reporter, rounded
+from steadytune.detect.points import Signal
 from steadytune.detect.stats import Tracker
+from steadytune.objectives import LOSS_OBJECTIVE
+
+KINDS: dict[str, KindInfo] = {
+    "reward_collapse": KindInfo(
+        "reward collapsed",
+        "an RL or preference run gave back everything its reward had gained: the policy drifted into "
+        "degenerate outputs (reward hacking undone, a too-high LR, or a too-small KL penalty)",
+        "roll back to the checkpoint at the best reward, lower the LR, raise the KL coefficient (beta)",
+        "warning",
+    ),
+    "kl_blowup": KindInfo(
+        "KL divergence blew up",
+        "the policy jumped away from the reference model in a few steps: an unstable update, a too-high "
+        "LR or a too-small KL penalty",
+        "lower the LR, raise beta, clip gradients; roll back if the reward falls with it",
+        "warning",
+    ),
+}
 
 _REWARD_KEYS = (
     "reward",
@@ -43,34 +63,39 @@ def _first(extra: Mapping[str, Any], keys: tuple[str, ...]) -> tuple[str, float]
     return None
 
 
+@dataclass(frozen=True, slots=True)
+class ObjectiveLimits:
+    """As ``detect.loss`` and ``detect.series`` name them (docs/detectors.md)."""
+
+    level_window: int
+    noise_window: int
+    gap_factor: float
+    spike_z: float
+    divergence_points: int
+    kl_jump_ratio: float
+
+
 class ObjectiveWatch:
     """reward_collapse and kl_blowup of an RL or preference run."""
 
-    def __init__(
-        self,
-        *,
-        level_window: int,
-        noise_window: int,
-        gap_factor: float,
-        spike_z: float,
-        divergence_points: int,
-        kl_jump_ratio: float,
-        rank: int | None = None,
-    ) -> None:
-        """Thresholds as ``detect.loss`` and ``detect.series`` name them (docs/detectors.md)."""
+    reports: ClassVar[tuple[str, ...]] = tuple(KINDS)
+
+    def __init__(self, limits: ObjectiveLimits, rank: int | None = None) -> None:
         self.rep = Reporter(rank)
-        self.reward = Tracker(level_window, noise_window, 1.0, 0.0, 1e-6)
-        self.kl = Tracker(level_window, noise_window, 0.5, 2.0, 0.05)
-        self._gap_factor = gap_factor
-        self._spike_z = spike_z
-        self._divergence_points = divergence_points
-        self._kl_jump_ratio = kl_jump_ratio
+        self.lim = limits
+        self.reward = Tracker(limits.level_window, limits.noise_window, 1.0, 0.0, 1e-6)
+        self.kl = Tracker(limits.level_window, limits.noise_window, 0.5, 2.0, 0.05)
         self._initial: float | None = None
         self._best: float | None = None
         self._low = 0
-        self._kl_jump = math.log(kl_jump_ratio)
+        self._kl_jump = math.log(limits.kl_jump_ratio)
 
-    def observe(self, step: int, extra: Mapping[str, Any], out: list[Finding]) -> None:
+    def observe(self, point: Signal, out: list[Finding]) -> None:
+        """An RL or preference run's reward and KL; a run judged by the SFT loss has none to judge."""
+        if point.objective not in (None, LOSS_OBJECTIVE) and point.rec.extra:
+            self.judge(point.rec.step, point.rec.extra, out)
+
+    def judge(self, step: int, extra: Mapping[str, Any], out: list[Finding]) -> None:
         r = _first(extra, _REWARD_KEYS)
         if r is not None:
             self._reward(step, r[0], r[1], out)
@@ -80,7 +105,7 @@ class ObjectiveWatch:
 
     def _reward(self, step: int, key: str, value: float, out: list[Finding]) -> None:
         t = self.reward
-        t.begin(step, self._gap_factor)
+        t.begin(step, self.lim.gap_factor)
         t.accept(value)  # rewards are not log-scaled: they may be negative
         if not t.level_full:
             return
@@ -92,7 +117,7 @@ class ObjectiveWatch:
         gained = self._best - self._initial
         lost_all = gained > _MIN_GAIN_SIGMAS * t.sigma and level <= self._initial
         self._low = self._low + 1 if lost_all else 0
-        if self._low >= self._divergence_points:
+        if self._low >= self.lim.divergence_points:
             ev = None
             if not self.rep.is_on("reward_collapse", key):
                 ev = {
@@ -107,18 +132,18 @@ class ObjectiveWatch:
 
     def _kl(self, step: int, key: str, value: float, out: list[Finding]) -> None:
         t = self.kl
-        t.begin(step, self._gap_factor)
+        t.begin(step, self.lim.gap_factor)
         y = math.log(value)
         if t.n_level >= t.level_window:
             jump = y - t.level
-            if jump > max(self._kl_jump, t.threshold(self._spike_z)):
+            if jump > max(self._kl_jump, t.threshold(self.lim.spike_z)):
                 ev = None
                 if not self.rep.is_on("kl_blowup", key):
                     ev = {
                         "value": rounded(value),
                         "baseline": rounded(math.exp(t.level)),
                         "ratio": rounded(math.exp(jump), 4),
-                        "threshold_ratio": self._kl_jump_ratio,
+                        "threshold_ratio": self.lim.kl_jump_ratio,
                     }
                 self.rep.report(out, "kl_blowup", key, step, True, evidence=ev)
                 return

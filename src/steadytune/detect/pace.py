@@ -19,9 +19,40 @@
 
 from __future__ import annotations
 
-from steadytune.detect.base import Finding, Reporter, rounded
+from dataclasses import dataclass
+from typing import ClassVar
+
+from steadytune.detect.base import Finding, KindInfo, Reporter, rounded
+from steadytune.detect.points import RankStep, Signal, Tick
 from steadytune.detect.stats import SortedWindow
 from steadytune.records import StepRecord
+
+KINDS: dict[str, KindInfo] = {
+    "throughput_drop": KindInfo(
+        "throughput dropped",
+        "steps got much slower: thermal throttling, a competing process, a slower data source or swap",
+        "check nvidia-smi for clocks and other processes, and the data loader",
+        "warning",
+    ),
+    "stall": KindInfo(
+        "training stalled",
+        "no step for far longer than usual: a hang (NCCL collective, dead data worker, deadlock)",
+        "dump the stacks (py-spy dump), check NCCL and the data loader; restart from the last checkpoint",
+        "critical",
+    ),
+    "straggler": KindInfo(
+        "straggler rank",
+        "one rank is much slower than the others, and every collective waits for it",
+        "check that rank's GPU (clocks, temperature, PCIe/NVLink) and host load",
+        "warning",
+    ),
+    "dataloader_bottleneck": KindInfo(
+        "data loader starves the GPU",
+        "a large share of each step is spent waiting for data",
+        "raise dataloader_num_workers, pin memory, pre-tokenize the dataset",
+        "warning",
+    ),
+}
 
 
 def throughput_of(rec: StepRecord) -> tuple[str, float] | None:
@@ -35,49 +66,51 @@ def throughput_of(rec: StepRecord) -> tuple[str, float] | None:
     return "steps_per_s", 1.0 / rec.step_time_s
 
 
+@dataclass(frozen=True, slots=True)
+class ThroughputLimits:
+    """As ``detect.pace`` names them (docs/detectors.md)."""
+
+    warmup_points: int
+    window: int
+    throughput_drop: float
+    throughput_points: int
+    throughput_min_s: float
+    data_wait_ratio: float
+    data_wait_points: int
+
+
 class ThroughputWatch:
     """throughput_drop and dataloader_bottleneck for one rank."""
 
-    def __init__(
-        self,
-        rank: int | None = None,
-        *,
-        warmup_points: int,
-        window: int,
-        throughput_drop: float,
-        throughput_points: int,
-        throughput_min_s: float,
-        data_wait_ratio: float,
-        data_wait_points: int,
-    ) -> None:
-        """Thresholds as ``detect.pace`` names them (docs/detectors.md)."""
+    reports: ClassVar[tuple[str, ...]] = ("throughput_drop", "dataloader_bottleneck")
+
+    def __init__(self, limits: ThroughputLimits, rank: int | None = None) -> None:
         self.rep = Reporter(rank)
-        self._warmup_points = warmup_points
-        self._throughput_drop = throughput_drop
-        self._throughput_points = throughput_points
-        self._throughput_min_s = throughput_min_s
-        self._data_wait_ratio = data_wait_ratio
-        self._data_wait_points = data_wait_points
-        self._base = SortedWindow(window)
+        self.lim = limits
+        self._base = SortedWindow(limits.window)
         self._n = 0
         self._slow = 0
         self._slow_since: float | None = None
         self._waiting = 0
 
-    def observe(self, rec: StepRecord, out: list[Finding]) -> None:
+    def observe(self, point: RankStep, out: list[Finding]) -> None:
+        if point.rec.step_time_s is not None:
+            self.judge(point.rec, out)
+
+    def judge(self, rec: StepRecord, out: list[Finding]) -> None:
         tp = throughput_of(rec)
         if tp is None:
             return
         name, value = tp
         self._n += 1
         self._data_wait(rec, out)
-        if self._n <= self._warmup_points:
+        if self._n <= self.lim.warmup_points:
             return
-        if len(self._base) < self._throughput_points:
+        if len(self._base) < self.lim.throughput_points:
             self._base.push(value)
             return
         base = self._base.median()
-        slow = value < base * (1.0 - self._throughput_drop)
+        slow = value < base * (1.0 - self.lim.throughput_drop)
         self._slow = self._slow + 1 if slow else 0
         if not slow:
             self._base.push(value)
@@ -87,18 +120,18 @@ class ThroughputWatch:
         # A slowdown nobody could act on (a few fast steps hit by a save or a neighbour) is noise:
         # it must also last throughput_min_s of wall time.
         lasted = rec.ts - (self._slow_since if self._slow_since is not None else rec.ts)
-        if self._slow >= self._throughput_points and lasted >= self._throughput_min_s:
+        if self._slow >= self.lim.throughput_points and lasted >= self.lim.throughput_min_s:
             ev = None
             if not self.rep.is_on("throughput_drop", name):
                 ev = {
                     "value": rounded(value),
                     "baseline": rounded(base),
                     "ratio": rounded(value / base, 4),
-                    "threshold_ratio": rounded(1.0 - self._throughput_drop, 4),
+                    "threshold_ratio": rounded(1.0 - self.lim.throughput_drop, 4),
                     "points": self._slow,
                 }
             self.rep.report(out, "throughput_drop", name, rec.step, True, evidence=ev)
-        elif value > base * (1.0 - self._throughput_drop / 2):
+        elif value > base * (1.0 - self.lim.throughput_drop / 2):
             self.rep.report(out, "throughput_drop", name, rec.step, False)
 
     def _data_wait(self, rec: StepRecord, out: list[Finding]) -> None:
@@ -106,18 +139,18 @@ class ThroughputWatch:
         if not isinstance(wait, (int, float)) or not rec.step_time_s:
             return
         share = wait / rec.step_time_s
-        self._waiting = self._waiting + 1 if share > self._data_wait_ratio else 0
-        if self._waiting >= self._data_wait_points:
+        self._waiting = self._waiting + 1 if share > self.lim.data_wait_ratio else 0
+        if self._waiting >= self.lim.data_wait_points:
             ev = None
             if not self.rep.is_on("dataloader_bottleneck", "data_time_s"):
                 ev = {
                     "data_time_s": rounded(wait),
                     "step_time_s": rounded(rec.step_time_s),
                     "wait_ratio": rounded(share, 4),
-                    "threshold_ratio": self._data_wait_ratio,
+                    "threshold_ratio": self.lim.data_wait_ratio,
                 }
             self.rep.report(out, "dataloader_bottleneck", "data_time_s", rec.step, True, evidence=ev)
-        elif share < self._data_wait_ratio / 2:
+        elif share < self.lim.data_wait_ratio / 2:
             self.rep.report(out, "dataloader_bottleneck", "data_time_s", rec.step, False)
 
 
@@ -125,14 +158,22 @@ _NOW_POINTS = 3  # a rank's latest times: their median is its time "now"
 _MIN_ADVANCES = 8  # leader advances before the logging interval, and so a lag, is judged
 
 
+@dataclass(frozen=True, slots=True)
+class StragglerLimits:
+    """As ``detect.pace`` names them (docs/detectors.md)."""
+
+    straggler_ratio: float
+    straggler_points: int
+    straggler_lag_points: int
+
+
 class StragglerWatch:
     """straggler: compares the ranks with each other."""
 
-    def __init__(self, *, straggler_ratio: float, straggler_points: int, straggler_lag_points: int) -> None:
-        """Thresholds as ``detect.pace`` names them (docs/detectors.md)."""
-        self._straggler_ratio = straggler_ratio
-        self._straggler_points = straggler_points
-        self._straggler_lag_points = straggler_lag_points
+    reports: ClassVar[tuple[str, ...]] = ("straggler",)
+
+    def __init__(self, limits: StragglerLimits) -> None:
+        self.lim = limits
         self._times: dict[int, SortedWindow] = {}
         self._last_step: dict[int, int] = {}
         self._slow: dict[int, int] = {}  # slow points in a row, per rank
@@ -147,7 +188,11 @@ class StragglerWatch:
             rep = self._reps[rank] = Reporter(rank)
         return rep
 
-    def observe(self, rec: StepRecord, out: list[Finding]) -> None:
+    def observe(self, point: RankStep, out: list[Finding]) -> None:
+        if point.rec.step_time_s is not None:
+            self.judge(point.rec, out)
+
+    def judge(self, rec: StepRecord, out: list[Finding]) -> None:
         r = rec.rank
         self._last_step[r] = max(rec.step, self._last_step.get(r, rec.step))
         if rec.step > self._leader:
@@ -168,7 +213,7 @@ class StragglerWatch:
             return  # the logging interval is not known yet: a median of two small advances is no yardstick
         lead = self._leader
         interval = self._advances.median()
-        limit = self._straggler_lag_points * interval
+        limit = self.lim.straggler_lag_points * interval
         for rank, last in self._last_step.items():
             behind = lead - last
             rep = self._rep(rank)
@@ -184,7 +229,9 @@ class StragglerWatch:
             return
         # A rank that stopped reporting (its group shrank, its node was lost) is no yardstick:
         # its last times were those of another world size.
-        recent = rec.step - self._straggler_lag_points * self._advances.median() if self._advances else None
+        recent = (
+            rec.step - self.lim.straggler_lag_points * self._advances.median() if self._advances else None
+        )
         peers = [
             w
             for r, w in self._times.items()
@@ -199,13 +246,13 @@ class StragglerWatch:
         # moves the yardstick within a point or two. The yardstick leaves the rank out: with two
         # ranks, a median over both would move halfway to the slow one and hide it.
         now = _middle(sorted(_middle(sorted(list(w.values)[-_NOW_POINTS:])) for w in peers))
-        slow = now > 0 and t / now > self._straggler_ratio
+        slow = now > 0 and t / now > self.lim.straggler_ratio
         count = self._slow[rec.rank] = self._slow.get(rec.rank, 0) + 1 if slow else 0
         if count == 1:
             self._first_slow[rec.rank] = rec.step
         rep = self._rep(rec.rank)
         typical = _middle(sorted(w.median() for w in peers))
-        if count >= self._straggler_points:
+        if count >= self.lim.straggler_points:
             ev, at = None, rec.step
             if not rep.is_on("straggler", "step_time_s"):
                 at = self._first_slow[rec.rank]  # dated from the first slow point
@@ -214,12 +261,12 @@ class StragglerWatch:
                     "rank_step_time_s": rounded(slow_median),
                     "median_rank_step_time_s": rounded(typical),
                     "ratio": rounded(slow_median / typical, 4) if typical > 0 else None,
-                    "threshold_ratio": self._straggler_ratio,
+                    "threshold_ratio": self.lim.straggler_ratio,
                     "ranks": len(peers) + 1,
                     "slow_points": count,
                 }
             rep.report(out, "straggler", "step_time_s", at, True, evidence=ev)
-        elif typical > 0 and mine.median() / typical < 1.0 + (self._straggler_ratio - 1.0) / 2:
+        elif typical > 0 and mine.median() / typical < 1.0 + (self.lim.straggler_ratio - 1.0) / 2:
             rep.report(out, "straggler", "step_time_s", rec.step, False)
 
 
@@ -228,30 +275,41 @@ def _middle(ordered: list[float]) -> float:
     return ordered[n // 2] if n % 2 else 0.5 * (ordered[n // 2 - 1] + ordered[n // 2])
 
 
-class StallWatch:
-    """stall: time without progress, judged from timestamps the caller passes in."""
+@dataclass(frozen=True, slots=True)
+class StallLimits:
+    """As ``detect.pace`` names them (docs/detectors.md)."""
 
-    def __init__(
-        self,
-        *,
-        stall_factor: float,
-        stall_min_s: float,
-        heartbeat_timeout_s: float | None,
-        hang_floor_s: float,
-        hang_factor: float,
-    ) -> None:
-        """Thresholds as ``detect.pace`` names them (docs/detectors.md)."""
+    stall_factor: float
+    stall_min_s: float
+    heartbeat_timeout_s: float | None
+    hang_floor_s: float
+    hang_factor: float
+
+
+class StallWatch:
+    """stall: time without progress, judged from timestamps the caller passes in.
+
+    Fed the primary rank's steps (progress, which clears a stall) and the clock
+    (silence, which raises one).
+    """
+
+    reports: ClassVar[tuple[str, ...]] = ("stall",)
+
+    def __init__(self, limits: StallLimits) -> None:
         self.rep = Reporter(None)
-        self._stall_factor = stall_factor
-        self._stall_min_s = stall_min_s
-        self._heartbeat_timeout_s = heartbeat_timeout_s
-        self._hang_floor_s = hang_floor_s
-        self._hang_factor = hang_factor
+        self.lim = limits
         self._intervals = SortedWindow(32)
         self._last_ts: float | None = None
         self.last_step = 0
         self._attempt: int | None = None
         self._hinted_step: int | None = None
+
+    def observe(self, point: Signal | Tick, out: list[Finding]) -> None:
+        if type(point) is Signal:
+            if point.rec.ts:  # imported logs carry no time: no stall to judge
+                self.progress(point.rec.step, point.rec.ts, out, point.rec.attempt)
+        elif isinstance(point, Tick):
+            self.check(point.now, point.heartbeat_ts, point.last_step, out)
 
     def progress(self, step: int, ts: float, out: list[Finding], attempt: int | None = None) -> None:
         """A new step arrived at ``ts``: clears a stall.
@@ -274,14 +332,14 @@ class StallWatch:
 
     def limit_s(self) -> float:
         longest = self._intervals.quantile(1.0) if len(self._intervals) else 0.0
-        return max(self._stall_min_s, self._stall_factor * longest)
+        return max(self.lim.stall_min_s, self.lim.stall_factor * longest)
 
     def hang_limit_s(self) -> float:
         """Silence that is a hang: a fixed timeout if configured, else scaled to the step pace."""
-        if self._heartbeat_timeout_s is not None:
-            return self._heartbeat_timeout_s
+        if self.lim.heartbeat_timeout_s is not None:
+            return self.lim.heartbeat_timeout_s
         p95 = self._intervals.quantile(0.95) if len(self._intervals) else 0.0
-        return max(self._hang_floor_s, self._hang_factor * p95)
+        return max(self.lim.hang_floor_s, self.lim.hang_factor * p95)
 
     def check(
         self, now: float, heartbeat_ts: float | None, last_step: int | None, out: list[Finding]

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from steadytune.kinds import KINDS
+from steadytune.detect.build import KINDS
 from steadytune.objectives import LOSS_OBJECTIVE
 from steadytune.records import SEVERITY_ORDER, Anomaly
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, insort
 from collections import deque
+from dataclasses import dataclass
 
 _MAD_TO_SIGMA = 1.0 / (0.6745 * math.sqrt(2.0))  # median |N(0, 2σ²)| = 0.6745·√2·σ
 _Q90_TO_SIGMA = 1.0 / (1.6449 * math.sqrt(2.0))  # 90th percentile of |N(0, 2σ²)|
@@ -365,3 +366,28 @@ class Tracker:
             self.best_level = lvl
         if epoch is not None:
             self.seasonal.add(epoch, y)
+
+
+@dataclass(frozen=True, slots=True)
+class SeriesLimits:
+    """How one noisy series is summarised, and how far a point must jump to stand out.
+
+    The set-up the loss and gradient-norm series share: the windows and gap rule of
+    ``detect.series``, and the noise prior and spike thresholds their own section
+    (``detect.loss`` or ``detect.grad``) gives under the same names.
+    """
+
+    level_window: int
+    noise_window: int
+    gap_factor: float
+    noise_prior: float
+    noise_prior_weight: float
+    noise_floor: float
+    spike_z: float
+    spike_min_ratio: float
+
+    def tracker(self) -> Tracker:
+        """A fresh level-and-noise tracker for one such series."""
+        return Tracker(
+            self.level_window, self.noise_window, self.noise_prior, self.noise_prior_weight, self.noise_floor
+        )

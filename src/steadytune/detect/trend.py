@@ -19,13 +19,40 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from dataclasses import dataclass
 from functools import lru_cache
+from typing import ClassVar
 
-from steadytune.detect.base import Finding, Reporter, rounded
+from steadytune.detect.base import Finding, KindInfo, Reporter, rounded
 from steadytune.detect.loss import LossPoint
+from steadytune.detect.points import Signal
 
 _START_POINTS = 8
 _STRIDE = 4  # oscillation is evaluated every few points: a window scan each step is wasted work
+
+
+KINDS: dict[str, KindInfo] = {
+    "plateau": KindInfo(
+        "loss is flat",
+        "a flat line: no learning, from vanishing gradients, a frozen model (no trainable parameters, "
+        "LoRA not attached) or an LR of zero",
+        "check that parameters require grad and that the optimizer holds them; check the LR schedule; "
+        "raise the LR",
+        "warning",
+    ),
+    "oscillation": KindInfo(
+        "loss oscillates",
+        "a sawtooth: the LR is too high, so each update overshoots",
+        "lower the LR (x0.3-0.5) or lengthen the warm-up; check the batch size",
+        "warning",
+    ),
+    "overfitting": KindInfo(
+        "overfitting",
+        "the eval loss rises while the training loss still falls: the model memorises the training set",
+        "stop at the best checkpoint (load_best_model_at_end), fewer epochs, more data or regularisation",
+        "warning",
+    ),
+}
 
 
 def _median(xs: list[float]) -> float:
@@ -34,32 +61,28 @@ def _median(xs: list[float]) -> float:
     return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
 
 
+@dataclass(frozen=True, slots=True)
+class PlateauLimits:
+    """As ``detect.loss`` names them (docs/detectors.md)."""
+
+    frozen_points: int
+    collapse_abs: float
+    plateau_min_points: int
+    plateau_min_steps: int
+    plateau_min_gain: float
+    plateau_trend_t: float
+    divergence_rise: float
+
+
 class PlateauWatch:
     """No learning: flat since the start, frozen values, or flat with vanished gradients."""
 
-    def __init__(
-        self,
-        *,
-        frozen_points: int,
-        collapse_abs: float,
-        plateau_min_points: int,
-        plateau_min_steps: int,
-        plateau_min_gain: float,
-        plateau_trend_t: float,
-        divergence_rise: float,
-        metric: str = "loss",
-        rank: int | None = None,
-    ) -> None:
-        """Thresholds as ``detect.loss`` names them (docs/detectors.md)."""
+    reports: ClassVar[tuple[str, ...]] = ("plateau",)
+
+    def __init__(self, limits: PlateauLimits, metric: str = "loss", rank: int | None = None) -> None:
         self.metric = metric
         self.rep = Reporter(rank)
-        self._frozen_points = frozen_points
-        self._collapse_abs = collapse_abs
-        self._plateau_min_points = plateau_min_points
-        self._plateau_min_steps = plateau_min_steps
-        self._plateau_min_gain = plateau_min_gain
-        self._plateau_trend_t = plateau_trend_t
-        self._divergence_rise = divergence_rise
+        self.lim = limits
         self._start: list[float] = []
         self._start_level: float | None = None
         self._first_step: int | None = None
@@ -72,15 +95,18 @@ class PlateauWatch:
         self._since_warmup = 0  # accepted points since the LR last rose
         self._vanish_level: float | None = None
         self._fit = [0.0] * 6  # n, Σx, Σy, Σxy, Σx², Σy² of (step, log-loss) since the start
-        self._zero_log = math.log(max(collapse_abs, 1e-12))
+        self._zero_log = math.log(max(limits.collapse_abs, 1e-12))
 
-    def observe_lr(self, lr: float) -> None:
-        if math.isfinite(lr):
+    def observe(self, point: Signal, out: list[Finding]) -> None:
+        """Note the step's LR (a warm-up is no plateau), then judge the loss series' level."""
+        lr = point.rec.lr
+        if lr is not None and math.isfinite(lr):
             self._lr_rising = self._lr_prev is not None and lr > self._lr_prev * 1.0001
             self._lr_prev = lr
-
-    def observe(self, lp: LossPoint, level: float, grad_vanished: bool, out: list[Finding]) -> None:
-        """``level`` is the loss watch's recent robust level (log space)."""
+        lp = point.loss
+        if lp is None:
+            return
+        level, grad_vanished = point.level_of.level, point.grad_vanished
         self._same = self._same + 1 if lp.loss == self._last_loss else 1
         self._last_loss = lp.loss
         if self._first_step is None:
@@ -109,7 +135,7 @@ class PlateauWatch:
             self.rep.report(out, "plateau", self.metric, lp.step, False)
 
     def _why(self, lp: LossPoint, grad_vanished: bool) -> tuple[str, dict | None]:
-        if self._same >= self._frozen_points and lp.loss > self._collapse_abs:
+        if self._same >= self.lim.frozen_points and lp.loss > self.lim.collapse_abs:
             return "frozen", {
                 "reason": "identical loss values",
                 "value": rounded(lp.loss),
@@ -119,7 +145,7 @@ class PlateauWatch:
         if grad_vanished:
             if self._vanish_level is None:
                 self._vanish_level = level
-            if level > self._vanish_level - self._plateau_min_gain and self._n >= _START_POINTS:
+            if level > self._vanish_level - self.lim.plateau_min_gain and self._n >= _START_POINTS:
                 return "vanished", {
                     "reason": "flat loss with vanished gradients",
                     "level": rounded(math.exp(level)),
@@ -127,12 +153,12 @@ class PlateauWatch:
         else:
             self._vanish_level = None
         # The LR warm-up is not a plateau: judge only once the full LR had time to act.
-        if self._start_level is None or self._since_warmup < self._plateau_min_points:
+        if self._start_level is None or self._since_warmup < self.lim.plateau_min_points:
             return "", None
-        if lp.step - (self._first_step or 0) < self._plateau_min_steps:
+        if lp.step - (self._first_step or 0) < self.lim.plateau_min_steps:
             return "", None
         gain = self._start_level - level
-        if not -self._divergence_rise < gain < self._plateau_min_gain:
+        if not -self.lim.divergence_rise < gain < self.lim.plateau_min_gain:
             return "", None  # the usual exit: the run has learned (or climbed, a divergence)
         if level <= self._zero_log:
             return "", None  # a loss at zero is a collapse, reported as such
@@ -141,9 +167,9 @@ class PlateauWatch:
         # runs therefore need more points before a plateau is called.
         change, se, t = self.trend()
         if (
-            change - 1.5 * se < -self._plateau_min_gain
-            or se > self._plateau_min_gain
-            or t < -self._plateau_trend_t
+            change - 1.5 * se < -self.lim.plateau_min_gain
+            or se > self.lim.plateau_min_gain
+            or t < -self.lim.plateau_trend_t
         ):
             return "", None
         return "no_learning", {
@@ -152,7 +178,7 @@ class PlateauWatch:
             "level": rounded(math.exp(level)),
             "gain_ratio": rounded(math.exp(gain), 4),
             "fitted_change_ratio": rounded(math.exp(change), 4),
-            "threshold_ratio": rounded(math.exp(self._plateau_min_gain), 4),
+            "threshold_ratio": rounded(math.exp(self.lim.plateau_min_gain), 4),
             "points": self._n,
         }
 
@@ -182,12 +208,23 @@ class PlateauWatch:
 
     def _cleared(self, lp: LossPoint) -> bool:
         if self._start_level is None:
-            return self._same < self._frozen_points
+            return self._same < self.lim.frozen_points
         gain = self._start_level - self._level
         # Two medians of 8 noisy points differ by about 0.63 sigma by chance: a gain of four of
         # those is learning, not a dip of the noise (which would flap the plateau on and off).
-        needed = 2 * self._plateau_min_gain + 4.0 * 0.63 * self._noise()
-        return self._same < self._frozen_points and gain >= needed
+        needed = 2 * self.lim.plateau_min_gain + 4.0 * 0.63 * self._noise()
+        return self._same < self.lim.frozen_points and gain >= needed
+
+
+@dataclass(frozen=True, slots=True)
+class OscillationLimits:
+    """As ``detect.loss`` names them (docs/detectors.md)."""
+
+    oscillation_window: int
+    oscillation_ratio: float
+    oscillation_growth: float
+    oscillation_min_amplitude: float
+    oscillation_crossings: int
 
 
 class OscillationWatch:
@@ -210,24 +247,13 @@ class OscillationWatch:
       level falling (a staircase or a curve still learning is not judged).
     """
 
-    def __init__(
-        self,
-        *,
-        oscillation_window: int,
-        oscillation_ratio: float,
-        oscillation_growth: float,
-        oscillation_min_amplitude: float,
-        oscillation_crossings: int,
-        metric: str = "loss",
-        rank: int | None = None,
-    ) -> None:
-        """Thresholds as ``detect.loss`` names them (docs/detectors.md)."""
+    reports: ClassVar[tuple[str, ...]] = ("oscillation",)
+
+    def __init__(self, limits: OscillationLimits, metric: str = "loss", rank: int | None = None) -> None:
         self.metric = metric
         self.rep = Reporter(rank)
-        self._oscillation_ratio = oscillation_ratio
-        self._oscillation_growth = oscillation_growth
-        self._oscillation_min_amplitude = oscillation_min_amplitude
-        self._oscillation_crossings = oscillation_crossings
+        self.lim = limits
+        oscillation_window = limits.oscillation_window
         self._ys: deque[float] = deque(maxlen=oscillation_window)
         # The interquartile width of the window at each evaluation, over two windows: the
         # typical (median) one of those from before the current window is the texture before.
@@ -237,7 +263,10 @@ class OscillationWatch:
         self._boundary = -(10**9)  # the point count at the last epoch boundary
         self._recent_calls = 0  # bits: the last evaluations that looked like sawing
 
-    def observe(self, lp: LossPoint, out: list[Finding], epoch: float | None = None) -> None:
+    def observe(self, point: Signal, out: list[Finding]) -> None:
+        lp, epoch = point.loss, point.rec.epoch
+        if lp is None:
+            return
         if lp.new_segment:
             self._ys.clear()
             self._widths.clear()
@@ -262,19 +291,19 @@ class OscillationWatch:
             return  # judged against the texture before, and never across an epoch boundary
         # Like is compared with like (the same width statistic), so a texture the run always
         # had is not new; most windows stop at this cheap test.
-        grown = width >= self._oscillation_growth * before
+        grown = width >= self.lim.oscillation_growth * before
         if not grown and not self.rep.on:
             self._recent_calls = (self._recent_calls << 1) & 0b111
             return
         w = WindowShape(list(self._ys))
         regular = (
             grown
-            and w.spread >= self._oscillation_min_amplitude
+            and w.spread >= self.lim.oscillation_min_amplitude
             and not w.falling
             and w.steady()
             and w.symmetric()
-            and w.crossings() >= self._oscillation_crossings
-            and w.variogram_ratio() >= self._oscillation_ratio
+            and w.crossings() >= self.lim.oscillation_crossings
+            and w.variogram_ratio() >= self.lim.oscillation_ratio
         )
         on = self.rep.is_on("oscillation", self.metric)
         # Two of the last three evaluations: a swing that saws keeps sawing, a transient does not.
@@ -291,7 +320,7 @@ class OscillationWatch:
                     "window_points": len(self._ys),
                 }
             self.rep.report(out, "oscillation", self.metric, lp.step, True, evidence=ev)
-        elif on and (w.falling or w.crossings() < self._oscillation_crossings // 2):
+        elif on and (w.falling or w.crossings() < self.lim.oscillation_crossings // 2):
             self.rep.report(out, "oscillation", self.metric, lp.step, False)
 
 
@@ -380,34 +409,38 @@ class WindowShape:
         return crossings
 
 
+@dataclass(frozen=True, slots=True)
+class OverfitLimits:
+    """As ``detect.eval`` names them (docs/detectors.md)."""
+
+    min_evals: int
+    rise: float
+    rising_evals: int
+
+
 class OverfitWatch:
     """Eval loss rising above its best while the training loss does not rise."""
 
-    def __init__(
-        self,
-        *,
-        min_evals: int,
-        rise: float,
-        rising_evals: int,
-        metric: str = "eval_loss",
-        rank: int | None = None,
-    ) -> None:
-        """Thresholds as ``detect.eval`` names them (docs/detectors.md)."""
+    reports: ClassVar[tuple[str, ...]] = ("overfitting",)
+
+    def __init__(self, limits: OverfitLimits, metric: str = "eval_loss", rank: int | None = None) -> None:
         self.metric = metric
         self.rep = Reporter(rank)
-        self._min_evals = min_evals
-        self._rise = rise
-        self._rising_evals = rising_evals
+        self.lim = limits
         self._n = 0
         self._best: float | None = None
         self._best_step = 0
         self._train_at_best: float | None = None
         self._above = 0
 
-    def observe(
-        self, step: int, value: float, train_level: float | None, out: list[Finding], train_noise: float = 0.0
-    ) -> None:
-        """``train_level`` is the training loss level (log space); ``train_noise`` its per-point sigma."""
+    def observe(self, point: Signal, out: list[Finding]) -> None:
+        """Judge the step's eval loss against the training loss level (log space) and its noise."""
+        value = point.rec.eval_loss
+        if value is None:
+            return
+        step = point.rec.step
+        t = point.level_of
+        train_level, train_noise = (t.level, t.sigma) if t.n_level else (None, 0.0)
         if not math.isfinite(value) or value <= 0:
             return
         y = math.log(value)
@@ -418,14 +451,14 @@ class OverfitWatch:
             self.rep.report(out, "overfitting", self.metric, step, False)
             return
         rise = y - self._best
-        self._above = self._above + 1 if rise > self._rise else 0
+        self._above = self._above + 1 if rise > self.lim.rise else 0
         # "Still falling" tolerates the wobble of a converged training level (a median of 8
         # noisy points moves by about 0.44 sigma), not a rise.
         slack = 0.05 + 2.0 * 0.44 * train_noise
         train_ok = (
             train_level is None or self._train_at_best is None or train_level <= self._train_at_best + slack
         )
-        if self._n >= self._min_evals and self._above >= self._rising_evals and train_ok:
+        if self._n >= self.lim.min_evals and self._above >= self.lim.rising_evals and train_ok:
             ev = None
             if not self.rep.is_on("overfitting", self.metric):
                 ev = {
@@ -433,9 +466,9 @@ class OverfitWatch:
                     "best": rounded(math.exp(self._best)),
                     "best_step": self._best_step,
                     "rise_ratio": rounded(math.exp(rise), 4),
-                    "threshold_ratio": rounded(math.exp(self._rise), 4),
+                    "threshold_ratio": rounded(math.exp(self.lim.rise), 4),
                     "evals_above": self._above,
                 }
             self.rep.report(out, "overfitting", self.metric, step, True, evidence=ev)
-        elif rise <= 0.5 * self._rise:
+        elif rise <= 0.5 * self.lim.rise:
             self.rep.report(out, "overfitting", self.metric, step, False)

@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from steadytune.config.detect import DetectConfig
-from steadytune.detect.build import system_watch
+from steadytune.detect.build import fill
+from steadytune.detect.points import SystemPoint
+from steadytune.detect.system import SystemLimits, SystemWatch
 from steadytune.preflight.disk import projected_need, run_disk_need
 from steadytune.preflight.result import Check, PreflightReport, Recommendation, from_json, to_json
 from steadytune.records import SystemSample
@@ -33,13 +35,15 @@ def test_run_disk_need_measures_the_newest_checkpoint(tmp_path: Path) -> None:
 
 
 def test_disk_low_raises_when_the_coming_checkpoints_do_not_fit() -> None:
-    watch = system_watch(DetectConfig())
+    watch = SystemWatch(fill(SystemLimits, DetectConfig(), ("system", "memory")))
     sample = SystemSample(ts=1.0, disk_free_bytes=200 * GiB, disk_total_bytes=1000 * GiB)
     out: list = []
-    watch.observe(sample, 5, out)
+    watch.observe(SystemPoint(sample, 5), out)
     assert out == []  # 20% free: fine by share and by the absolute floor
     watch.set_projected_need(300 * GiB)
-    watch.observe(SystemSample(ts=2.0, disk_free_bytes=200 * GiB, disk_total_bytes=1000 * GiB), 6, out)
+    watch.observe(
+        SystemPoint(SystemSample(ts=2.0, disk_free_bytes=200 * GiB, disk_total_bytes=1000 * GiB), 6), out
+    )
     assert [f.kind for f in out] == ["disk_low"]
     assert out[0].evidence["projected_need_bytes"] == 300 * GiB
 

@@ -10,9 +10,12 @@ from pydantic import BaseModel
 from steadytune.config.detect import DetectConfig
 from steadytune.detect import build
 from steadytune.detect.base import Finding
-from steadytune.detect.gradflow import GradFlowWatch
-from steadytune.detect.memory import HeadroomWatch
-from steadytune.detect.pace import StallWatch
+from steadytune.detect.gradflow import FlowLimits, GradFlowWatch
+from steadytune.detect.memory import HeadroomLimits, HeadroomWatch
+from steadytune.detect.pace import StallLimits, StallWatch
+from steadytune.detect.points import RankStep, Signal
+from steadytune.detect.stats import Tracker
+from steadytune.records import StepRecord
 
 # Read by the live engine itself, not by a detector: the switch, the filter, and the device size
 # that overrides what system samples report.
@@ -20,23 +23,7 @@ ENGINE_FIELDS = {"enabled", "disabled_kinds", "memory.device_total_bytes"}
 
 
 def _detectors(cfg: DetectConfig) -> list[object]:
-    return [
-        build.loss_watch(cfg),
-        build.short_rise_watch(cfg),
-        build.fall_collapse_watch(cfg),
-        build.plateau_watch(cfg),
-        build.oscillation_watch(cfg),
-        build.overfit_watch(cfg),
-        build.objective_watch(cfg),
-        build.grad_watch(cfg),
-        build.grad_flow_watch(cfg),
-        build.leak_watch(cfg, "mem_allocated_bytes", 0),
-        build.headroom_watch(cfg, "mem_reserved_bytes", 0),
-        build.throughput_watch(cfg, 0),
-        build.straggler_watch(cfg),
-        build.stall_watch(cfg),
-        build.system_watch(cfg),
-    ]
+    return list(build.all_detectors(cfg))
 
 
 def _paths() -> set[str]:
@@ -74,20 +61,31 @@ def test_the_engine_fields_are_still_config_fields() -> None:
 
 def test_detectors_are_built_from_plain_numbers() -> None:
     out: list[Finding] = []
-    watch = HeadroomWatch("mem_reserved_bytes", headroom_warning=0.9, headroom_critical=0.97)
-    watch.observe(10, used=95.0, total=100.0, out=out)
-    watch.observe(11, used=98.0, total=100.0, out=out)
+    watch = HeadroomWatch(HeadroomLimits(headroom_warning=0.9, headroom_critical=0.97), "mem_reserved_bytes")
+    watch.observe(RankStep(StepRecord(step=10, ts=0.0, mem_reserved_bytes=95), device_total=100), out)
+    watch.observe(RankStep(StepRecord(step=11, ts=0.0, mem_reserved_bytes=98), device_total=100), out)
     assert [(f.kind, f.severity) for f in out] == [
         ("memory_headroom", "warning"),
         ("memory_headroom", "critical"),
     ]
     stall = StallWatch(
-        stall_factor=5.0, stall_min_s=300.0, heartbeat_timeout_s=42.0, hang_floor_s=60.0, hang_factor=10.0
+        StallLimits(
+            stall_factor=5.0, stall_min_s=300.0, heartbeat_timeout_s=42.0, hang_floor_s=60.0, hang_factor=10.0
+        )
     )
     assert stall.hang_limit_s() == 42.0
-    flow = GradFlowWatch(vanish=0.01, explode=10.0, dead_zero_frac=0.5)
+    flow = GradFlowWatch(
+        FlowLimits(layer_vanish_norm=0.01, layer_explode_norm=10.0, layer_dead_zero_frac=0.5)
+    )
+    layers = {"layers.0": {"norm": 0.005, "zero_frac": 0.0}, "lm_head": {"norm": 20.0, "zero_frac": 0.0}}
     flow.observe(
-        50, {"layers.0": {"norm": 0.005, "zero_frac": 0.0}, "lm_head": {"norm": 20.0, "zero_frac": 0.0}}, out
+        Signal(
+            StepRecord(step=50, ts=0.0, extra={"gradflow": layers}),
+            None,
+            False,
+            Tracker(8, 64, 0.1, 1.0, 0.01),
+        ),
+        out,
     )
     assert [(f.kind, f.metric) for f in out[2:]] == [
         ("grad_vanishing", "grad_norm/layers.0"),

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from steadytune.detect import DetectConfig
-from steadytune.kinds import ALL_KINDS, KINDS
+from steadytune.detect import ALL_KINDS, KINDS, DetectConfig
 
 
 def test_defaults_and_nested_override() -> None:

@@ -6,11 +6,15 @@ inside a class or function that also names its section (``b``), its model class 
 the model that holds it, or when its whole dotted path appears as a string (the CLI
 maps flags onto keys that way). The section check is what catches a knob whose name
 another section uses too (``policy.hang_floor_s`` beside ``detect.pace.hang_floor_s``).
+A ``detect.*`` threshold also counts as read when the detector registry
+(``detect/build.py``) fills it by name into a detector's limits, from the section its
+entry names, and that limits field is itself read in ``detect/``.
 """
 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import functools
 import typing
 from collections.abc import Iterator
@@ -106,10 +110,30 @@ def scan(src: Path) -> tuple[dict[str, list[set[str]]], set[str]]:
     return reads, strings
 
 
+@functools.cache
+def registry_filled() -> frozenset[tuple[type[BaseModel], str]]:
+    """(config section class, field) of every threshold the detector registry fills and a detector
+    reads, and (DetectConfig, section) of the sections it fills them from."""
+    from steadytune.config.detect import DetectConfig
+    from steadytune.detect.build import REGISTRY
+
+    detect_reads, _ = scan(SRC / "detect")
+    out: set[tuple[type[BaseModel], str]] = set()
+    for entry in REGISTRY:
+        out.update((DetectConfig, section) for section in entry.sections)
+        for limits in entry.limits:
+            for f in dataclasses.fields(limits):
+                sections = [DetectConfig.model_fields[s].annotation for s in entry.sections]
+                owner = next(m for m in sections if isinstance(m, type) and f.name in m.model_fields)
+                if f.name in detect_reads:
+                    out.add((owner, f.name))
+    return frozenset(out)
+
+
 def unread(model: type[BaseModel], reads: dict[str, list[set[str]]], strings: set[str]) -> list[str]:
     out = []
     for path, owner, parent, name in _fields(model):
-        if path in strings:
+        if path in strings or (owner, name) in registry_filled():
             continue
         section = path.rsplit(".", 2)[-2] if "." in path else None
         marks = {section, owner.__name__} | ({parent.__name__} if parent not in (None, model) else set())

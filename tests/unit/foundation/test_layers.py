@@ -19,7 +19,6 @@ FLOORS: dict[str, int] = {
             "records",
             "protocol",
             "rundir",
-            "kinds",
             "objectives",
             "units",
             "layers",

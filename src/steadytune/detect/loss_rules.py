@@ -1,0 +1,156 @@
+"""The parts of the loss series that serve one rule each (:class:`~steadytune.detect.loss.LossWatch`).
+
+- :class:`SuddenCollapse`: ``loss_collapse`` from a loss at zero or one that fell
+  ``collapse_drop`` (log) below its level in one go;
+- :class:`ClimbFit`: the line through the last two level windows of accepted points,
+  which tells a steady climb (a ``divergence``) long before the level is far up;
+- :class:`SeasonalExcuse`: the previous epoch's level at the same phase, which
+  excuses the jump back up at an epoch boundary of a multi-epoch run.
+
+They share the loss series' tracker and reporter (one anomaly per kind and metric),
+and keep the state only they read.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections import deque
+from typing import TYPE_CHECKING
+
+from steadytune.detect.base import Finding, Reporter, rounded
+from steadytune.detect.stats import Tracker
+
+if TYPE_CHECKING:
+    from steadytune.detect.loss import LossLimits
+
+
+class SuddenCollapse:
+    """loss_collapse: a loss at zero, or one that fell far below its level and stayed there."""
+
+    __slots__ = ("_drop", "_lim", "_rep", "_spike_z", "_t", "drop_run", "metric")
+
+    def __init__(
+        self, limits: LossLimits, spike_z: float, rep: Reporter, tracker: Tracker, metric: str
+    ) -> None:
+        self._lim, self._spike_z, self._rep, self._t, self.metric = limits, spike_z, rep, tracker, metric
+        self._drop = limits.collapse_drop
+        self.drop_run = 0  # points in a row that dropped that far
+
+    def judge(self, step: int, loss: float, y: float, out: list[Finding]) -> bool:
+        """True when this point is (a candidate for) a collapse: it stays out of the baseline."""
+        t, lim = self._t, self._lim
+        drop = max(self._drop, self._spike_z * t.sigma)
+        dropped = t.n_level > 0 and loss <= lim.collapse_small and (t.level - y) > drop
+        self.drop_run = self.drop_run + 1 if dropped else 0
+        zero = loss <= lim.collapse_abs
+        active = zero or self.drop_run >= lim.collapse_points
+        if active:
+            first = not self._rep.is_on("loss_collapse", self.metric)
+            ev = None
+            if first:
+                ev = {
+                    "value": rounded(loss),
+                    "baseline": rounded(math.exp(t.level)) if t.n_level else None,
+                    "threshold_abs": lim.collapse_abs,
+                    "threshold_drop_ratio": rounded(math.exp(self._drop), 4),
+                }
+            self._rep.report(out, "loss_collapse", self.metric, step, True, evidence=ev)
+        elif not dropped:
+            self._rep.report(out, "loss_collapse", self.metric, step, False)
+        return dropped or zero
+
+
+class ClimbFit:
+    """The accepted points of a segment over two level windows, and whether they climb along a line."""
+
+    __slots__ = ("_min_rise", "_rise_slope", "_sxx", "_t", "_w", "rising", "ys")
+
+    def __init__(self, level_window: int, climb_min_rise: float, climb_t: float) -> None:
+        n = 2 * level_window
+        self.ys: deque[float] = deque(maxlen=n)
+        self._sxx = n * (n * n - 1) / 12.0
+        # Centred positions: Σ w·y is the fit's Σ(x - x̄)(y - ȳ) in one C-level pass.
+        self._w = tuple(i - 0.5 * (n - 1) for i in range(n))
+        self._rise_slope = climb_min_rise / (n - 1)  # the least slope that is a climb
+        self._min_rise, self._t = climb_min_rise, climb_t
+        self.rising = False  # the last look at the window saw a steady climb
+
+    def clear(self) -> None:
+        """A new segment, or a climb taken out of the level: the line starts again."""
+        self.ys.clear()
+        self.rising = False
+
+    def look(self, y: float) -> None:
+        """Look at the line again, ``y`` its newest point.
+
+        A line that rises ``climb_min_rise`` with t >= ``climb_t`` has its last point at
+        least half that above its first: the cheap test first (a noisy flat run passes
+        it a third of the time), the fit only then.
+        """
+        self.rising = y - self.ys[0] > 0.5 * self._min_rise and self.steady_rise()
+
+    def steady_rise(self) -> bool:
+        """The last two level windows rise along a line: by ``climb_min_rise`` and with a t of ``climb_t``.
+
+        A steady climb is known long before its level is 1.42x its best: noise rarely lines
+        sixteen points up (t 8 with 14 degrees of freedom is a chance of 6 in 10 million; t 6,
+        1.6 in 100,000, was reached by a healthy run in the synthetic suite), and healthy curves
+        fall or stay flat between epochs. Only accepted points enter, so a spike cannot tilt
+        the line.
+        """
+        ys = self.ys
+        n = len(ys)
+        if n < (ys.maxlen or 0):
+            return False
+        sxy = sum(map(operator.mul, self._w, ys))
+        slope = sxy / self._sxx
+        if slope < self._rise_slope:
+            return False  # most looks end here
+        my = sum(ys) / n
+        resid = max(sum((y - my) ** 2 for y in ys) - slope * sxy, 0.0) / (n - 2)
+        return slope * math.sqrt(self._sxx) >= self._t * math.sqrt(resid)
+
+
+class SeasonalExcuse:
+    """How high the previous epoch was at the same phase: a healthy sawtooth is no spike."""
+
+    __slots__ = ("_epoch", "_margin", "_offsets", "_resolve_z", "_t")
+
+    def __init__(self, tracker: Tracker, seasonal_margin: float, resolve_z: float) -> None:
+        self._t, self._margin, self._resolve_z = tracker, seasonal_margin, resolve_z
+        # How far this epoch's points so far sit from the previous epoch's at the same phases.
+        self._epoch: int | None = None
+        self._offsets: list[float] = []
+
+    def excuses(self, y: float, epoch: float | None) -> bool:
+        """True when the previous epoch was this high at the same phase."""
+        if epoch is None:
+            return False
+        ref = self._t.seasonal.reference(epoch)
+        if ref is None:
+            return False
+        return y <= ref + self._offset(epoch) + self._margin + self._resolve_z * self._t.sigma
+
+    def note(self, y: float, epoch: float) -> None:
+        """Note how far an accepted point of this epoch lies from the previous epoch's at its phase."""
+        whole = math.floor(epoch)
+        if whole != self._epoch:
+            self._epoch, self._offsets = whole, []
+        ref = self._t.seasonal.reference(epoch)
+        if ref is not None:
+            self._offsets.append(y - ref)
+
+    def _offset(self, epoch: float) -> float:
+        """How much lower than the previous epoch this one runs, at the phases seen so far (<= 0).
+
+        A sawtooth repeats the previous epoch's shape, a little lower for what was learned: its
+        points track the previous epoch's. A run that learned fast in its first epoch sits far
+        below it at every phase, and the previous epoch's level unlowered would excuse any spike
+        up to it (a 2.6x one-point spike five points into epoch 2 of a run falling 10.2 -> 2.3
+        was explained away as seasonal). The epoch's first point has nothing to go by: 0.
+        """
+        if math.floor(epoch) != self._epoch or not self._offsets:
+            return 0.0
+        ordered = sorted(self._offsets)
+        return min(0.0, ordered[len(ordered) // 2])
