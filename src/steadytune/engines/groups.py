@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from steadytune.checkpoint.manifest import MANIFEST, list_checkpoints, verify
+from steadytune.telemetry.jsonl import JsonlReader
 
 START, RESIZE, RESTART = "ray_start", "ray_resize", "ray_restart"
 
@@ -100,14 +101,13 @@ class GroupLog:
         self.path = run_root / "ray" / f"attempt-{base_attempt}.jsonl"
 
     def read(self) -> list[Group]:
-        if not self.path.exists():
-            return []
         out = []
-        for line in self.path.read_text(encoding="utf-8").splitlines():
+        # final: the log is read whole, so a last line without its newline is still a line.
+        for row in JsonlReader(self.path).dicts(final=True):
             try:
-                out.append(Group(**json.loads(line)))
-            except (ValueError, TypeError):
-                continue  # a line cut short by a node that died mid-write
+                out.append(Group(**row))
+            except TypeError:
+                continue  # a line cut short by a node that died mid-write, or not a group's
         return out
 
     def append(self, group: Group) -> None:

@@ -13,6 +13,7 @@ import yaml
 from steadytune.checkpoint.manifest import inside
 from steadytune.config.yamlsafe import read_yaml
 from steadytune.forensics.unpack import UnsafeBundle
+from steadytune.telemetry.jsonl import JsonlReader
 
 
 def included_checkpoint(folder: Path, meta: dict[str, Any]) -> Path | None:
@@ -195,10 +196,15 @@ def bundle_rows(
     included = folder / "data" / "samples.jsonl"
     if override is None and included.exists():
         rows = {}
-        for line in included.read_text(encoding="utf-8").splitlines():
-            if line.strip():
-                obj = json.loads(line)
+        for n, obj in JsonlReader(included).values(final=True):
+            try:
                 rows[int(obj["st_sample_id"])] = obj["row"]
+            except (TypeError, KeyError, ValueError) as e:
+                raise ValueError(
+                    f"{included} line {n} is not a sample of the bundle "
+                    "({'st_sample_id': N, 'row': {...}}): the bundle is damaged; pass --data PATH to read "
+                    "the samples from the dataset"
+                ) from e
         return rows
     path = override or cfg.data.train_file
     if _redacted(str(path)):

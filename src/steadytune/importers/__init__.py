@@ -1,14 +1,18 @@
-"""Readers of other tools' training logs, for ``steadytune analyze``.
+"""Readers of other tools' training logs, for ``steadytune analyze`` and ``supervise``.
 
-:func:`detect_format` looks at a path's content (not only its name) and names
-its format; :func:`load` reads it into a :class:`Series` of step records.
-Formats, in the order they are tried (a file is the first one it fits):
+Each module here declares its format(s) as a :class:`~.format.LogFormat` (name,
+how it is recognised, how a file is read, how a live line is read); this package
+finds them, so adding a format is one module and its test. :func:`detect_format`
+looks at a path's content (not only its name) and names its format; :func:`load`
+reads it into a :class:`Series` of step records; :data:`LINE_FORMATS` are those a
+watched command's stdout is read with, live. Formats, in the order they are tried
+(a file is the first one it fits):
 
 - ``steadytune_run``: a steadytune run directory;
-- ``tensorboard``: TensorBoard event files, or a directory of them;
 - ``hf_trainer_state``: HF ``trainer_state.json`` (or a checkpoint directory);
 - ``llamafactory_trainer_log``: LLaMA-Factory ``trainer_log.jsonl``;
 - ``megatron_golden_values``: Megatron golden-values JSON;
+- ``tensorboard``: TensorBoard event files, or a directory of them;
 - ``jsonl_log``: JSON lines with a step and a loss, typed (``{"type": "eval", ...}``) or not;
 - ``composer_console``: MosaicML Composer / llm-foundry stdout, ``[batch=N/M]:`` then
   ``Train loss/train/total: X`` lines;
@@ -36,7 +40,9 @@ none raises :class:`UnreadableLog` with a one-line reason that says what was loo
 from __future__ import annotations
 
 import gzip
+import importlib
 import json
+import pkgutil
 import re
 import shutil
 import tempfile
@@ -45,60 +51,62 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from steadytune.importers import (
-    composer,
-    csv_log,
-    dict_log,
-    hf_state,
-    jsonl_log,
-    llamafactory,
-    llmc,
-    megatron_golden,
-    megatron_text,
-    nanogpt,
-    rundir,
-    tensorboard,
-    text_log,
-)
+from steadytune.importers import jsonl_log, text_log
+from steadytune.importers.format import LogFormat
 from steadytune.importers.series import Series, SeriesBuilder, UnreadableLog, no_gc, parse_number
 
-__all__ = ["FORMATS", "Series", "SeriesBuilder", "UnreadableLog", "detect_format", "load", "parse_number"]
+__all__ = [
+    "FORMATS",
+    "LINE_FORMATS",
+    "LogFormat",
+    "Series",
+    "SeriesBuilder",
+    "UnreadableLog",
+    "detect_format",
+    "load",
+    "parse_line",
+    "parse_number",
+]
 
-FORMATS: tuple[str, ...] = (
-    hf_state.FORMAT,
-    llamafactory.FORMAT,
-    rundir.FORMAT,
-    csv_log.FORMAT,
-    tensorboard.FORMAT,
-    composer.FORMAT,
-    megatron_text.FORMAT,
-    megatron_golden.FORMAT,
-    jsonl_log.FORMAT,
-    llmc.FORMAT,
-    llmc.FORMAT_STDOUT,
-    nanogpt.FORMAT,
-    nanogpt.FORMAT_STDOUT,
-    dict_log.FORMAT,
-    text_log.FORMAT,
-)
 
-# Text layouts, most specific first; the generic text log comes last.
-_TEXT_SNIFFERS = (
-    (composer.FORMAT, composer.sniff),
-    (megatron_text.FORMAT, megatron_text.sniff),
-    (llmc.FORMAT, llmc.sniff),
-    (llmc.FORMAT_STDOUT, llmc.sniff_stdout),
-    (nanogpt.FORMAT, nanogpt.sniff),
-    (nanogpt.FORMAT_STDOUT, nanogpt.sniff_stdout),
-    (dict_log.FORMAT, dict_log.sniff),
-    (csv_log.FORMAT, csv_log.sniff),
-    (text_log.FORMAT, text_log.sniff),
-)
+def parse_line(line: str) -> dict[str, float] | None:
+    """The values one line of a watched command's stdout holds, by the first line format that reads it."""
+    for parse in _LINE_PARSERS:
+        values = parse(line)
+        if values is not None:
+            return values
+    return None
+
+
+def _registered() -> tuple[LogFormat, ...]:
+    """Every :class:`LogFormat` the modules of this package declare, by ``order``."""
+    found: dict[str, LogFormat] = {}
+    for info in pkgutil.iter_modules(__path__):
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        for value in vars(module).values():
+            if isinstance(value, LogFormat):
+                if found.get(value.name, value) is not value:
+                    raise RuntimeError(f"two log formats are named {value.name!r}")
+                found[value.name] = value
+    return tuple(sorted(found.values(), key=lambda f: (f.order, f.name)))
+
+
+REGISTRY: tuple[LogFormat, ...] = _registered()
+BY_NAME: dict[str, LogFormat] = {f.name: f for f in REGISTRY}
+FORMATS: tuple[str, ...] = tuple(BY_NAME)
+# A watched command's stdout, read a line at a time (supervise/log_adapter.py).
+LINE_FORMATS: tuple[LogFormat, ...] = tuple(f for f in REGISTRY if f.parse_line is not None)
+_LINE_PARSERS = tuple(f.parse_line for f in LINE_FORMATS if f.parse_line is not None)
+
+_BY_PATH = tuple(f for f in REGISTRY if f.sniff_path is not None or f.dir_file is not None)
+_BY_ROW = tuple(f for f in REGISTRY if f.sniff_row is not None)
+_BY_JSON_HEAD = tuple(f for f in REGISTRY if f.sniff_json_head is not None)
+_BY_DOCUMENT = tuple(f for f in REGISTRY if f.sniff_document is not None)
+_BY_TEXT = tuple(f for f in REGISTRY if f.sniff_text is not None)
 
 _HEAD_BYTES = 64 << 10
 # Lines only source code starts with: the reason given when such a file is not a log either.
 _SOURCE = re.compile(r"^(?:from [\w.]+ import |import [\w.]+\s*$|def \w+\(|class \w+[(:])", re.MULTILINE)
-_DIR_FILES = ("trainer_state.json", "trainer_log.jsonl")
 
 
 def _head(path: Path) -> str:
@@ -131,19 +139,11 @@ def _first_json_line(head: str) -> Any:
     return None
 
 
-def _json_format(data: Any) -> str | None:
-    if hf_state.sniff(data):
-        return hf_state.FORMAT
-    if megatron_golden.sniff(data):
-        return megatron_golden.FORMAT
-    return None
-
-
 def _resolve_dir(path: Path) -> Path:
     """A directory stands for the log inside it (an HF checkpoint, a LLaMA-Factory output)."""
-    for name in _DIR_FILES:
-        if (path / name).is_file():
-            return path / name
+    for f in _BY_PATH:
+        if f.dir_file is not None and (path / f.dir_file).is_file():
+            return path / f.dir_file
     return path
 
 
@@ -208,54 +208,59 @@ def _sniff(path: Path) -> tuple[str, Any]:
     if not path.exists():
         raise UnreadableLog("no such file or directory")
     if path.is_dir():
-        if rundir.sniff_path(path):
-            return rundir.FORMAT, None
-        inner = _resolve_dir(path)
-        if inner != path:
-            return _sniff(inner)
-        if tensorboard.sniff_path(path):
-            return tensorboard.FORMAT, None
+        for f in _BY_PATH:
+            if f.sniff_path is not None and f.sniff_path(path):
+                return f.name, None
+            if f.dir_file is not None and (path / f.dir_file).is_file():
+                return _sniff(path / f.dir_file)
         raise UnreadableLog("directory holds no run telemetry, trainer_state.json or TensorBoard events")
-    if tensorboard.sniff_path(path):
-        return tensorboard.FORMAT, None
+    for f in _BY_PATH:
+        if f.sniff_path is not None and f.sniff_path(path):
+            return f.name, None
     head = _head(path)
     if not head.strip():
         raise UnreadableLog("empty file")
     if head.lstrip().startswith("{"):
-        first = _first_json_line(head)
-        if llamafactory.sniff(first):
-            return llamafactory.FORMAT, None
-        fmt = _json_format(first)
-        if fmt:
-            return fmt, first
-        if jsonl_log.sniff(head):
-            return jsonl_log.FORMAT, None
-        if first is None and dict_log.sniff(head):  # printed Python dicts: stdout of an HF Trainer
-            return dict_log.FORMAT, None
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except ValueError as e:
-            if first is not None:  # the first line parsed: JSON lines, none of them a record
-                raise UnreadableLog(f"JSON lines, but no object with {jsonl_log.LOOKED_FOR}") from e
-            raise UnreadableLog(f"invalid JSON: {e}") from e
-        fmt = _json_format(data)
-        if fmt:
-            return fmt, data
-        raise UnreadableLog(
-            "JSON, but neither a trainer_state.json (log_history), Megatron golden values "
-            "({metric: {values}}), a trainer_log.jsonl (current_steps) nor JSON lines with a step and a loss"
-        )
-    for fmt, sniff in _TEXT_SNIFFERS:
-        if sniff(head):
-            return fmt, None
+        return _sniff_json(path, head)
+    return _sniff_text(path, head)
+
+
+def _sniff_json(path: Path, head: str) -> tuple[str, Any]:
+    """A file whose head looks like JSON: JSON lines, one JSON document, or printed dicts."""
+    first = _first_json_line(head)
+    for f in _BY_ROW:
+        if f.sniff_row is not None and f.sniff_row(first):
+            return f.name, first if f.read_json is not None else None
+    for f in _BY_JSON_HEAD:
+        if f.sniff_json_head is not None and f.sniff_json_head(head, first):
+            return f.name, None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as e:
+        if first is not None:  # the first line parsed: JSON lines, none of them a record
+            raise UnreadableLog(f"JSON lines, but no object with {jsonl_log.LOOKED_FOR}") from e
+        raise UnreadableLog(f"invalid JSON: {e}") from e
+    for f in _BY_DOCUMENT:
+        if f.sniff_document is not None and f.sniff_document(data):
+            return f.name, data
+    raise UnreadableLog(
+        "JSON, but neither a trainer_state.json (log_history), Megatron golden values "
+        "({metric: {values}}), a trainer_log.jsonl (current_steps) nor JSON lines with a step and a loss"
+    )
+
+
+def _sniff_text(path: Path, head: str) -> tuple[str, Any]:
+    for f in _BY_TEXT:
+        if f.sniff_text is not None and f.sniff_text(head):
+            return f.name, None
     tail = _tail(path)
     if tail:  # a long preamble (a code dump, a config, pip freeze) before the first step
-        for fmt, sniff in _TEXT_SNIFFERS:
-            if fmt != csv_log.FORMAT and sniff(tail):
-                return fmt, None
+        for f in _BY_TEXT:
+            if f.text_tail and f.sniff_text is not None and f.sniff_text(tail):
+                return f.name, None
     if len(_SOURCE.findall(head)) >= 2:
         raise UnreadableLog("Python source, not a log")
-    tried = ", ".join(fmt for fmt, _ in _TEXT_SNIFFERS)
+    tried = ", ".join(f.name for f in _BY_TEXT)
     raise UnreadableLog(f"unrecognised format: {text_log.why_not(head)}; text formats tried: {tried}")
 
 
@@ -276,34 +281,15 @@ def _load(path: Path, fmt: str | None) -> Series:
     data = None
     if fmt is None:
         fmt, data = _sniff(path)
-    if path.is_dir() and fmt not in (rundir.FORMAT, tensorboard.FORMAT):
-        path = _resolve_dir(path)
-    if data is not None and fmt == hf_state.FORMAT:
-        return hf_state.read(path, data)
-    if data is not None and fmt == megatron_golden.FORMAT:
-        return megatron_golden.read(path, data)
-    readers = {
-        hf_state.FORMAT: hf_state.read,
-        llamafactory.FORMAT: llamafactory.read,
-        rundir.FORMAT: rundir.read,
-        csv_log.FORMAT: csv_log.read,
-        tensorboard.FORMAT: tensorboard.read,
-        composer.FORMAT: composer.read,
-        megatron_text.FORMAT: megatron_text.read,
-        megatron_golden.FORMAT: megatron_golden.read,
-        jsonl_log.FORMAT: jsonl_log.read,
-        llmc.FORMAT: llmc.read,
-        llmc.FORMAT_STDOUT: llmc.read_stdout,
-        nanogpt.FORMAT: nanogpt.read,
-        nanogpt.FORMAT_STDOUT: nanogpt.read_stdout,
-        dict_log.FORMAT: dict_log.read,
-        text_log.FORMAT: text_log.read,
-    }
-    reader = readers.get(fmt)
-    if reader is None:
+    f = BY_NAME.get(fmt)
+    if f is None:
         raise UnreadableLog(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    if path.is_dir() and f.sniff_path is None:
+        path = _resolve_dir(path)
+    if data is not None and f.read_json is not None:
+        return f.read_json(path, data)
     try:
-        return reader(path)
+        return f.read(path)
     except UnreadableLog:
         raise
     except (OSError, UnicodeDecodeError, ValueError) as e:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from steadytune.importers.format import LogFormat
 from steadytune.importers.prefix import strip_prefix
 from steadytune.importers.series import Series, SeriesBuilder, UnreadableLog, parse_number
 
@@ -75,3 +76,6 @@ def read(path: Path) -> Series:
     if len(b) == 0:
         raise UnreadableLog("no [batch=N] header followed by Train metric lines")
     return b.build(require=("loss", "eval_loss"))
+
+
+LOG_FORMAT = LogFormat(FORMAT, order=70, read=read, sniff_text=sniff)

@@ -17,6 +17,7 @@ import csv
 import math
 from pathlib import Path
 
+from steadytune.importers.format import LogFormat
 from steadytune.importers.series import ALIASES, Series, SeriesBuilder, UnreadableLog, parse_number
 
 FORMAT = "csv"
@@ -135,3 +136,7 @@ def read(path: Path) -> Series:
             if name:
                 b.add(int(step), name, parse_number(cell))
     return b.build(require=("loss", "eval_loss", "grad_norm"))
+
+
+# A CSV's header is its first line: a tail has none to go by.
+LOG_FORMAT = LogFormat(FORMAT, order=140, read=read, sniff_text=sniff, text_tail=False)

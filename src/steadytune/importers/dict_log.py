@@ -37,6 +37,7 @@ import re
 from pathlib import Path
 from typing import NamedTuple
 
+from steadytune.importers.format import LogFormat
 from steadytune.importers.prefix import LowestRank, strip_ansi, strip_prefix
 from steadytune.importers.series import ALIASES, Series, SeriesBuilder, UnreadableLog
 from steadytune.importers.text_log import find_step
@@ -285,3 +286,14 @@ def read(path: Path) -> Series:
         if ranks.accept(step, rank):
             b.add_numbers(step, {k: v for k, v in values.items() if k not in STEP_KEYS})
     return b.build(require=("loss", "eval_loss"))
+
+
+# Printed Python dicts start with "{" too: tried with the JSON layouts when the first line is no JSON.
+LOG_FORMAT = LogFormat(
+    FORMAT,
+    order=130,
+    read=read,
+    sniff_json_head=lambda head, first: first is None and sniff(head),
+    sniff_text=sniff,
+    parse_line=parse_log_line,
+)

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from steadytune.importers.format import LogFormat
 from steadytune.importers.series import Series, SeriesBuilder, UnreadableLog
 
 FORMAT = "hf_trainer_state"
@@ -35,3 +36,14 @@ def read(path: Path, data: Any | None = None) -> Series:
             continue
         b.add_numbers(step, entry)
     return b.build(require=("loss", "eval_loss", "grad_norm"))
+
+
+LOG_FORMAT = LogFormat(
+    FORMAT,
+    order=20,
+    read=read,
+    read_json=read,
+    dir_file="trainer_state.json",
+    sniff_row=sniff,
+    sniff_document=sniff,
+)

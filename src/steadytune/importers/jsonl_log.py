@@ -33,6 +33,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from steadytune.importers.format import LogFormat
 from steadytune.importers.prefix import LowestRank
 from steadytune.importers.series import ALIASES, Series, SeriesBuilder, UnreadableLog
 
@@ -143,3 +144,6 @@ def read(path: Path) -> Series:
         if ranks.accept(step, rank):
             b.add_numbers(step, numbers)
     return b.build(require=_LOSSES)
+
+
+LOG_FORMAT = LogFormat(FORMAT, order=60, read=read, sniff_json_head=lambda head, _first: sniff(head))

@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from steadytune.importers.format import LogFormat
 from steadytune.importers.series import Series, SeriesBuilder, UnreadableLog
 
 FORMAT = "llamafactory_trainer_log"
@@ -22,6 +23,25 @@ _ELAPSED = re.compile(r"^(?:(\d+) days?, )?(\d+):(\d{2}):(\d{2})$")
 
 def sniff(first: Any) -> bool:
     return isinstance(first, dict) and "current_steps" in first
+
+
+def parse_row(row: dict[str, Any]) -> tuple[int, dict[str, float]] | None:
+    """A row as ``supervise`` reads it live: its step and every number in it, progress included.
+
+    The progress fields stay (``total_steps`` says how far the run goes); a number too
+    large for a float (``1e400`` written as an int) is no value. None: no ``current_steps``.
+    """
+    step = row.get("current_steps")
+    if not isinstance(step, int):
+        return None
+    values = {}
+    for k, v in row.items():
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "current_steps":
+            try:
+                values[k] = float(v)
+            except OverflowError:
+                continue
+    return step, values
 
 
 def elapsed_seconds(text: Any) -> float | None:
@@ -51,3 +71,6 @@ def read(path: Path) -> Series:
     if not len(b):
         raise UnreadableLog("no LLaMA-Factory rows with current_steps")
     return b.build(require=("loss", "eval_loss"))
+
+
+LOG_FORMAT = LogFormat(FORMAT, order=30, read=read, dir_file="trainer_log.jsonl", sniff_row=sniff)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from steadytune.importers.format import LogFormat
 from steadytune.importers.prefix import LowestRank, strip_prefix
 from steadytune.importers.series import Series, SeriesBuilder, UnreadableLog, parse_number
 
@@ -151,3 +152,7 @@ def read_stdout(path: Path) -> Series:
     if not len(b):
         raise UnreadableLog("no llm.c 'step N/M | train loss X' lines")
     return b.build(require=("loss", "eval_loss"))
+
+
+LOG_FORMAT = LogFormat(FORMAT, order=90, read=read, sniff_text=sniff)
+STDOUT_FORMAT = LogFormat(FORMAT_STDOUT, order=100, read=read_stdout, sniff_text=sniff_stdout)

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from steadytune.importers.format import LogFormat
 from steadytune.importers.series import Series, SeriesBuilder, UnreadableLog, parse_number
 
 FORMAT = "megatron_golden_values"
@@ -35,3 +36,6 @@ def read(path: Path, data: Any | None = None) -> Series:
                 continue
             b.add(step, metric, parse_number(raw, nan_means_missing=True))
     return b.build(require=("loss",))
+
+
+LOG_FORMAT = LogFormat(FORMAT, order=40, read=read, read_json=read, sniff_row=sniff, sniff_document=sniff)

@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from itertools import pairwise
 from pathlib import Path
 
+from steadytune.importers.format import LogFormat
 from steadytune.importers.prefix import LowestRank, strip_prefix
 from steadytune.importers.series import ALIASES, Series, SeriesBuilder, UnreadableLog, parse_number
 
@@ -249,3 +250,6 @@ def read(path: Path) -> Series:
     if not len(b):
         raise UnreadableLog("no Megatron 'iteration N/ M |' lines")
     return b.build(require=("loss",))
+
+
+LOG_FORMAT = LogFormat(FORMAT, order=80, read=read, sniff_text=sniff)

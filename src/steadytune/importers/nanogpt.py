@@ -27,6 +27,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from steadytune.importers.format import LogFormat
 from steadytune.importers.prefix import LowestRank, strip_prefix
 from steadytune.importers.series import Series, SeriesBuilder, UnreadableLog, parse_number
 
@@ -123,3 +124,7 @@ def read_stdout(path: Path) -> Series:
     if not len(b):
         raise UnreadableLog("no build-nanoGPT 'step N | loss: X' lines")
     return b.build(require=("loss", "eval_loss"))
+
+
+LOG_FORMAT = LogFormat(FORMAT, order=110, read=read, sniff_text=sniff)
+STDOUT_FORMAT = LogFormat(FORMAT_STDOUT, order=120, read=read_stdout, sniff_text=sniff_stdout)

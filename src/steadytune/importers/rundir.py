@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from steadytune.importers.format import LogFormat
 from steadytune.importers.series import Series, UnreadableLog
 from steadytune.records import StepRecord, SystemSample, replace
 from steadytune.rundir import RunDir
@@ -51,3 +52,6 @@ def read(path: Path) -> Series:
     logged = {k for r in records for k, v in r.extra.items() if type(v) in (int, float)}
     metrics += sorted(logged - set(metrics))
     return Series(str(path), FORMAT, records, system=system, metrics=metrics)
+
+
+LOG_FORMAT = LogFormat(FORMAT, order=10, read=read, sniff_path=sniff_path)

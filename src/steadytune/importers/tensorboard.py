@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from steadytune.importers.format import LogFormat
 from steadytune.importers.series import Series, SeriesBuilder, UnreadableLog
 
 FORMAT = "tensorboard"
@@ -60,3 +61,6 @@ def read(path: Path) -> Series:
     if not len(b):
         raise UnreadableLog("no scalar summaries in the TensorBoard events")
     return b.build(require=("loss", "eval_loss", "grad_norm"))
+
+
+LOG_FORMAT = LogFormat(FORMAT, order=50, read=read, sniff_path=sniff_path)

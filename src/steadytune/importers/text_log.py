@@ -46,6 +46,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import NamedTuple
 
+from steadytune.importers.format import LogFormat
 from steadytune.importers.prefix import LowestRank, strip_prefix
 from steadytune.importers.series import Series, SeriesBuilder, UnreadableLog, parse_number
 
@@ -376,3 +377,7 @@ def read(path: Path) -> Series:
     if len(b) < MIN_RECORDS:
         raise UnreadableLog(f"fewer than {MIN_RECORDS} steps with a loss; looked for lines with {LOOKED_FOR}")
     return b.build(require=("loss", "eval_loss"))
+
+
+# The catch-all, tried last.
+LOG_FORMAT = LogFormat(FORMAT, order=1000, read=read, sniff_text=sniff)

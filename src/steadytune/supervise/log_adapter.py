@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from steadytune.checkpoint.manifest import checkpoint_step
+from steadytune.importers import llamafactory
 from steadytune.protocol import WorkerEvent
 from steadytune.records import RECORD_LOG_KEYS, Event, Heartbeat, StepRecord, logged_extra
 from steadytune.supervise.logparse import (
@@ -188,14 +189,9 @@ class LogAdapter:
             # A fresh start (LLaMA-Factory's overwrite_output_dir) replaces the file: read it from the top.
             self._log_reader, self._log_id = JsonlReader(path), (st.st_ino, st.st_dev)
         for row in self._log_reader.dicts():
-            step = row.get("current_steps")
-            values = {
-                k: as_number(v)
-                for k, v in row.items()
-                if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "current_steps"
-            }
-            if isinstance(step, int):
-                self._from_log_file(step, {k: v for k, v in values.items() if v is not None})
+            parsed = llamafactory.parse_row(row)
+            if parsed is not None:
+                self._from_log_file(*parsed)
 
     def _from_log_file(self, step: int, values: dict[str, float]) -> None:
         """A trainer_log.jsonl row: recorded once the dict printed for its step has joined it.

@@ -1,8 +1,10 @@
 """What a training command that steadytune does not run prints, read back as values.
 
-HF Trainer log dicts (also behind a progress bar, escape codes removed; v5 prints
-numbers as strings), the Trainer's own progress bar, its logging interval from the
-command line, and the error a failed command's log ends with.
+A line of its stdout is read by the line formats of :mod:`steadytune.importers` (the
+registry ``analyze`` reads files with): HF Trainer log dicts, also behind a progress
+bar, escape codes removed; v5 prints numbers as strings. Here besides: the Trainer's
+own progress bar and summary, its logging interval from the command line, and the
+error a failed command's log ends with.
 """
 
 from __future__ import annotations
@@ -11,14 +13,8 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from steadytune.importers.dict_log import (
-    STEP_KEYS,
-    is_summary,
-    own_step,
-    parse_log_line,
-    swift_progress,
-    train_bar,
-)
+from steadytune.importers import parse_line as parse_log_line
+from steadytune.importers.dict_log import STEP_KEYS, is_summary, own_step, swift_progress, train_bar
 
 __all__ = [
     "STEP_KEYS",
@@ -82,11 +78,3 @@ def last_exception(tail: str) -> tuple[str, str] | None:
 def last_lines(tail: str, n: int = 5) -> list[str]:
     lines = [ln.rstrip() for ln in tail.replace("\r", "\n").splitlines() if ln.strip()]
     return lines[-n:]
-
-
-def as_number(v: float) -> float | None:
-    """A JSON number as a float; one too large for a float (``1e400`` as an int) is not a value."""
-    try:
-        return float(v)
-    except OverflowError:
-        return None

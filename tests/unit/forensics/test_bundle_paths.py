@@ -19,7 +19,7 @@ import yaml
 
 from steadytune.checkpoint.manifest import write_manifest
 from steadytune.forensics.bundle import build_bundle
-from steadytune.forensics.bundlerun import locate_run, prepare, resolve_checkpoint
+from steadytune.forensics.bundlerun import bundle_rows, locate_run, prepare, resolve_checkpoint
 from steadytune.forensics.unpack import opened
 from steadytune.records import BatchFingerprint, Event, PlanRevision, StepRecord
 from steadytune.redact.paths import PathRedactor
@@ -176,3 +176,16 @@ def test_a_redacted_bundle_checked_next_to_its_run_finds_what_it_names(run: RunD
 )
 def test_the_redactor_rules(text: str, want: str) -> None:
     assert PathRedactor(Path("/R/run"), home=Path("/H/me")).text(text) == want
+
+
+def test_a_bundles_samples_are_read_and_a_damaged_line_is_named(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    good = [{"st_sample_id": 3, "row": {"text": "a"}}, {"st_sample_id": 9, "row": {"text": "b"}}]
+    (data / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in good))
+    meta = {"replay": [{"indices": [3, 9]}]}
+    assert bundle_rows(tmp_path, meta, None, None) == {3: {"text": "a"}, 9: {"text": "b"}}
+    with open(data / "samples.jsonl", "a") as f:
+        f.write('{"st_sample_id": 12, "ro\n')  # cut short
+    with pytest.raises(ValueError, match=r"samples.jsonl line 3 is not a sample of the bundle.*--data PATH"):
+        bundle_rows(tmp_path, meta, None, None)

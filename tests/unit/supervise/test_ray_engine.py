@@ -133,6 +133,16 @@ def test_the_group_log_survives_a_line_cut_short(tmp_path: Path) -> None:
     assert [g.group for g in log.read()] == [0, 1]
 
 
+def test_the_group_log_skips_a_line_no_group_could_be(tmp_path: Path) -> None:
+    """Read through the shared JSONL reader: a line nested past any record is skipped, not fatal."""
+    log = GroupLog(tmp_path, 0)
+    log.append(Group(0, 0, 1, START, None))
+    with open(log.path, "a") as f:
+        f.write("[" * 100_000 + "]" * 100_000 + "\n" + '{"group": 7}\n')  # too deep; not a whole group
+    log.append(Group(1, 1, 2, RESIZE, "/c", 1))
+    assert [g.group for g in log.read()] == [0, 1]
+
+
 # -- revisions -------------------------------------------------------------------------------------
 
 
