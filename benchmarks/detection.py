@@ -14,7 +14,10 @@ Megatron 10x, naive thresholds; see _synthetic_baselines.py for their rules):
     faults.ACCEPT; baselines name no kind, so any alarm counts. False alarms
     (warning/critical) are counted per 10,000 healthy logged steps: on the
     healthy runs and on each faulty run before its injection. In fp16-skip
-    runs, a *warning* on a skipped step is the expected outcome.
+    runs, a *warning* on a skipped step is the expected outcome. steadytune's
+    alarms are episodes (one however often the condition comes back: one false
+    alarm), and catch where any of their firings is; a baseline's run of
+    consecutive flagged points is one alarm.
 (b) real logs (../shared/data/real-logs, $STEADYTUNE_REAL_LOGS, or the copy
     vendored under tests/assets), scored against LABELS.tsv, in-sample and
     LEAVE-ONE-FILE-OUT: the thresholds in TUNED are chosen for each file on the
@@ -55,20 +58,21 @@ from _synthetic_baselines import BASELINES, baseline_alarms, records_events
 
 from steadytune.detect import LiveDetector, detect
 from steadytune.detect.faults import ACCEPT, FAULT_KINDS, Fault, fault_runs
+from steadytune.detect.offline import replay
 from steadytune.detect.scoring import Alarm as ScoredAlarm
 from steadytune.detect.scoring import FileScore, read_labels, score_file
 from steadytune.detect.synthetic import HEALTHY_SHAPES, Run, base_run, healthy_runs, to_events
 from steadytune.importers import UnreadableLog, load
 
 OURS = "steadytune"
-Alarm = tuple[
-    str | None, str, int, int
-]  # kind (None: a baseline names none), severity, start step, raised at
+# kind (None: a baseline names none), severity, start step, raised at, and whether it is a firing of an
+# episode already raised (steadytune's recurrences: a catch where it fires, never a second false alarm)
+Alarm = tuple[str | None, str, int, int, bool]
 SETS = [OURS] + [b.name for b in BASELINES]
 
 
 def our_alarms(events: list[tuple[str, Any]]) -> list[Alarm]:
-    """steadytune's raised anomalies as (kind, severity, start_step, step at which it was raised)."""
+    """steadytune's episodes as they were raised, and each time one fired again (``again``)."""
     det = LiveDetector()
     out: list[Alarm] = []
     for kind, item in events:
@@ -79,7 +83,9 @@ def our_alarms(events: list[tuple[str, Any]]) -> list[Alarm]:
         else:
             ts, at = det.observe_time(*item), det.last_step
         out.extend(
-            (t.anomaly.kind, t.anomaly.severity, t.anomaly.start_step, at) for t in ts if t.state == "raised"
+            (t.fired.kind, t.fired.severity, t.fired.start_step, at, t.state == "recurred")
+            for t in ts
+            if t.state in ("raised", "recurred")
         )
     return out
 
@@ -87,7 +93,7 @@ def our_alarms(events: list[tuple[str, Any]]) -> list[Alarm]:
 def all_alarms(events: list[tuple[str, Any]]) -> dict[str, list[Alarm]]:
     res = {OURS: our_alarms(events)}
     for cls in BASELINES:
-        res[cls.name] = [(k, sev, st, st) for k, sev, st in baseline_alarms(cls, events)]
+        res[cls.name] = [(k, sev, st, st, False) for k, sev, st in baseline_alarms(cls, events)]
     return res
 
 
@@ -108,8 +114,8 @@ class Tally:
         self.leak_ok = 0
 
     def false_alarms(self, run: Run, alarms: list[Alarm], before: int | None = None) -> None:
-        for kind, severity, step, _at in alarms:
-            if severity == "info" or (before is not None and step >= before):
+        for kind, severity, step, _at, again in alarms:
+            if again or severity == "info" or (before is not None and step >= before):
                 continue
             skipped_step = _index(run, step) in run.skipped
             if run.shape == "fp16_skips" and skipped_step and severity == "warning":
@@ -123,7 +129,7 @@ class Tally:
         self.tries[f.kind] += 1
         self.healthy_points += f.start
         self.false_alarms(run, alarms, before=lo)
-        for kind, severity, step, at in alarms:
+        for kind, severity, step, at, _again in alarms:
             if severity == "info" or not lo <= step <= hi:
                 continue
             if ours and kind not in ACCEPT[f.kind]:
@@ -292,9 +298,11 @@ def _score(rows: list[Any], series: Any, alarms: list[ScoredAlarm]) -> FileScore
 
 
 def _ours(series: Any, config: Any = None) -> list[ScoredAlarm]:
+    """steadytune's episodes, each with the steps it fired at (a catch where it fired, one false alarm)."""
+    run = replay(series.records, series.system, config)
     return [
-        ScoredAlarm(a.kind, a.severity, a.start_step, a.end_step)
-        for a in detect(series.records, series.system, config)
+        ScoredAlarm(a.kind, a.severity, a.start_step, a.end_step, fired)
+        for a, fired in zip(run.anomalies, run.firings, strict=True)
     ]
 
 
@@ -521,7 +529,7 @@ def sweep(seed: int, per_size: int) -> None:
                 s0 = run.steps[i0]
                 ok = any(
                     abs(st - s0) <= 2 * run.interval and sev != "info" and (n != OURS or kind == "loss_spike")
-                    for kind, sev, st, _at in res[n]
+                    for kind, sev, st, _at, _again in res[n]
                 )
                 hits[n][k] += ok
     print("\n(c) one loss spike, recall by size in noise sigmas (>= 1.3x)")

@@ -147,7 +147,13 @@ class SystemSample:
 
 @dataclass(frozen=True)
 class Anomaly:
-    """Something a detector found, with the evidence and what to do about it."""
+    """Something a detector found, with the evidence and what to do about it.
+
+    One *episode* (detect/episodes.py): ``count`` is how many times its condition fired
+    (a firing that comes back soon after it cleared is the same episode), ``peak`` the
+    most extreme value its evidence reported. Records written before episodes read as
+    one firing with no peak.
+    """
 
     kind: str
     severity: Severity
@@ -158,6 +164,8 @@ class Anomaly:
     cause: str = ""
     suggestion: str = ""
     rank: int | None = None
+    count: int = 1
+    peak: float | None = None
 
     @property
     def key(self) -> tuple[str, str, int | None]:

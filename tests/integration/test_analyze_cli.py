@@ -13,7 +13,9 @@ from steadytune.cli.main import main
 from tests.conftest import STEADYTUNE
 
 FILE_KEYS = {"path", "format", "steps", "metrics", "objective", "anomalies"}
-ANOMALY_KEYS = {"kind", "severity", "start_step", "end_step", "metric", "evidence", "cause", "suggestion"}
+ANOMALY_KEYS = {
+    "kind", "severity", "start_step", "end_step", "metric", "evidence", "cause", "suggestion", "count", "peak"
+}  # fmt: skip
 
 
 def _state(path: Path, losses: list[float], grads: list[float] | None = None) -> Path:

@@ -214,10 +214,12 @@ class AlertRouter:
         key = alert.dedup_key
         if event.kind == "anomaly" or (event.kind == "action" and self.config.include_actions):
             targets = self._eligible(alert.severity)
-            if not targets or not self._dedup.admit(key, now):
+            # An episode's severity rose: an update people must hear, whatever the dedup window says.
+            escalated = event.kind == "anomaly" and bool((event.data or {}).get("escalated_from"))
+            if not targets or (not escalated and not self._dedup.admit(key, now)):
                 return
             if event.kind == "anomaly":
-                self._active[key] = targets
+                self._active[key] = sorted(set(self._active.get(key, [])) | set(targets))
         elif event.kind == "resolved":
             targets = self._active.pop(key, [])
             self._dedup.forget(key)

@@ -220,6 +220,12 @@ class DetectConfig(_Strict):
 
     enabled: bool = True
     disabled_kinds: tuple[str, ...] = Field((), description="anomaly kinds never reported")
+    episode_gap_points: int = Field(
+        16,
+        ge=0,
+        description="logging intervals a condition may stay quiet and, firing again, be the same episode "
+        "(two level windows: the level it is judged against still holds the points before it cleared)",
+    )
     series: SeriesConfig = SeriesConfig()
     loss: LossConfig = LossConfig()
     grad: GradConfig = GradConfig()

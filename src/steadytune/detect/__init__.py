@@ -1,7 +1,8 @@
 """Detectors: pure, torch-free, fed the records of :mod:`steadytune.records`.
 
 - :class:`LiveDetector` runs them all on a live stream and returns
-  :class:`Transition` objects (raised once, resolved once);
+  :class:`Transition` objects, one episode per anomaly that goes on or comes back
+  (:mod:`.episodes`);
 - :func:`detect` replays a finished run through the same engine;
 - :class:`DetectConfig` holds every threshold (the ``detect:`` config key);
 - :data:`KINDS` says what each anomaly kind means, its likely cause and the fix.

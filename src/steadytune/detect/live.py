@@ -1,7 +1,8 @@
-"""The live engine: every detector over the telemetry stream, each anomaly raised once, resolved once.
+"""The live engine: every detector over the telemetry stream, each anomaly one episode.
 
 The supervisor feeds it step records, system samples and the time; it returns
-:class:`Transition` objects only when something changes. ``steadytune analyze``
+:class:`~.episodes.Transition` objects only when an episode changes (raised,
+escalated, cleared, recurred, resolved: :mod:`.episodes`). ``steadytune analyze``
 replays an imported log through the very same engine (:mod:`.offline`).
 
 Training-signal detectors (loss, gradients, eval) watch the primary rank (the
@@ -13,53 +14,20 @@ detector is incremental, none looks back over the history.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import cast
 
 from steadytune.config.detect import DetectConfig
 from steadytune.detect import build
 from steadytune.detect.base import Detector, Finding
 from steadytune.detect.build import KINDS
+from steadytune.detect.episodes import Episodes, Transition
 from steadytune.detect.grad import GradWatch
 from steadytune.detect.loss import LossWatch
 from steadytune.detect.points import RankStep, Signal, SystemPoint, Tick
+from steadytune.detect.stats import SortedWindow
 from steadytune.detect.system import SystemWatch
 from steadytune.objectives import LOSS_OBJECTIVE, is_rl, objective_of
-from steadytune.records import SEVERITY_ORDER, Anomaly, Severity, StepRecord, SystemSample
-
-
-@dataclass(frozen=True)
-class Transition:
-    """An anomaly that was just raised, or just resolved (with its final ``end_step``)."""
-
-    state: Literal["raised", "resolved"]
-    anomaly: Anomaly
-
-
-class _Open:
-    """An anomaly being tracked; mutable so a long episode costs nothing per step."""
-
-    __slots__ = ("end_step", "evidence", "first", "severity")
-
-    def __init__(self, first: Anomaly) -> None:
-        self.first = first
-        self.end_step = first.end_step
-        self.severity: Severity = first.severity
-        self.evidence: dict[str, Any] = dict(first.evidence)
-
-    def snapshot(self) -> Anomaly:
-        a = self.first
-        return Anomaly(
-            a.kind,
-            self.severity,
-            a.start_step,
-            self.end_step,
-            a.metric,
-            dict(self.evidence),
-            a.cause,
-            a.suggestion,
-            a.rank,
-        )
+from steadytune.records import Anomaly, StepRecord, SystemSample
 
 
 class _Feeds:
@@ -93,7 +61,7 @@ class _Rank:
 
 
 class LiveDetector:
-    """Runs every detector on records as they come; returns raised/resolved transitions.
+    """Runs every detector on records as they come; returns the transitions of their episodes.
 
     Args:
         config: thresholds; defaults work without tuning.
@@ -112,29 +80,36 @@ class LiveDetector:
         self.config = config or DetectConfig()
         cfg = self.config
         self._registry = registry
-        self._disabled = frozenset(cfg.disabled_kinds)
         self._enabled = cfg.enabled
         self._feeds = _Feeds(cfg, registry)
         self._on_signal = [d.observe for d in self._feeds.signal]  # bound once: this runs every step
         self._ranks: dict[int, _Rank] = {}
         self._primary: int | None = None
         self._ram_total: int | None = None
-        self._open: dict[tuple[str, str, int | None], _Open] = {}
+        self._episodes = Episodes(KINDS, cfg.episode_gap_points, frozenset(cfg.disabled_kinds))
+        # The primary rank's logging interval: episodes' gaps are counted in it.
+        self._intervals = SortedWindow(16)
         self._prev_g_jump = 0.0
         # Named by the first training record that carries extra fields (an evaluation's are the eval set's).
         self._objective: str | None = None
         self.last_step = 0
 
     def observe_step(self, rec: StepRecord) -> list[Transition]:
-        """Feed one step record (any rank); returns what was raised or resolved by it."""
+        """Feed one step record (any rank); returns the episode transitions it makes."""
         if not self._enabled:
             return []
         out: list[Finding] = []
+        done: list[Transition] = []
         rank = rec.rank
         if self._primary is None or rank < self._primary:
             self._primary = rank
         if rank == self._primary:
+            if rec.step > self.last_step and self.last_step:
+                self._intervals.push(float(rec.step - self.last_step))
             self.last_step = rec.step
+            if self._episodes.quiet:
+                interval = self._intervals.median() if len(self._intervals) else 1.0
+                done = self._episodes.expire(rec.step, interval)
             point = self._signal_point(rec)
             for observe in self._on_signal:
                 observe(point, out)
@@ -146,7 +121,9 @@ class LiveDetector:
             or rec.rss_bytes is not None
         ):
             self._per_rank(rec, out)
-        return self._apply(out) if out else []
+        if out:
+            done += self._episodes.apply(out, self.last_step)
+        return done
 
     def _signal_point(self, rec: StepRecord) -> Signal:
         """The step as the signal detectors see it: the objective named, the grad jump read."""
@@ -169,7 +146,7 @@ class LiveDetector:
         point = SystemPoint(sample, self.last_step)
         for d in self._feeds.system:
             d.observe(point, out)
-        return self._apply(out) if out else []
+        return self._episodes.apply(out, self.last_step) if out else []
 
     def observe_time(
         self, now: float, last_heartbeat_ts: float | None, last_step: int | None
@@ -181,7 +158,7 @@ class LiveDetector:
         point = Tick(now, last_heartbeat_ts, last_step)
         for d in self._feeds.tick:
             d.observe(point, out)
-        return self._apply(out) if out else []
+        return self._episodes.apply(out, self.last_step) if out else []
 
     def set_projected_disk_need(self, need_bytes: int | None) -> None:
         """What the run will still write (checkpoints to come): disk_low compares free space with it."""
@@ -194,8 +171,12 @@ class LiveDetector:
         return self._objective or LOSS_OBJECTIVE
 
     def open_anomalies(self) -> list[Anomaly]:
-        """Anomalies raised and not yet resolved, as they stand now."""
-        return [o.snapshot() for o in self._open.values()]
+        """Episodes raised and not yet resolved (quiet ones included), as they stand now."""
+        return self._episodes.open()
+
+    def close(self) -> list[Transition]:
+        """The run is over: its quiet episodes are resolved (one still holding stays open)."""
+        return self._episodes.close()
 
     def _per_rank(self, rec: StepRecord, out: list[Finding]) -> None:
         cfg = self.config
@@ -213,40 +194,6 @@ class LiveDetector:
         for d in self._feeds.rank:
             d.observe(point, out)
 
-    def _apply(self, findings: list[Finding]) -> list[Transition]:
-        transitions: list[Transition] = []
-        for f in findings:
-            if f.kind in self._disabled:
-                continue
-            key = (f.kind, f.metric, f.rank)
-            cur = self._open.get(key)
-            if f.active:
-                if cur is None:
-                    info = KINDS[f.kind]
-                    first = Anomaly(
-                        f.kind,
-                        f.severity or info.severity,
-                        f.step,
-                        f.step,
-                        f.metric,
-                        dict(f.evidence or {}),
-                        f.cause or info.cause,
-                        info.suggestion,
-                        f.rank,
-                    )
-                    self._open[key] = _Open(first)
-                    transitions.append(Transition("raised", first))
-                    continue
-                cur.end_step = max(cur.end_step, f.step)
-                if f.evidence:
-                    cur.evidence.update(f.evidence)
-                if f.severity and SEVERITY_ORDER[f.severity] > SEVERITY_ORDER[cur.severity]:
-                    cur.severity = f.severity
-            elif cur is not None:
-                del self._open[key]
-                transitions.append(Transition("resolved", cur.snapshot()))
-        return transitions
-
 
 def format_transition(t: Transition) -> str:
     """One console line: what, where, the evidence, the likely cause and the fix."""
@@ -254,10 +201,21 @@ def format_transition(t: Transition) -> str:
     info = KINDS.get(a.kind)
     title = info.title if info else a.kind
     where = f" (rank {a.rank})" if a.rank is not None else ""
+    times = f", {a.count} times" if a.count > 1 else ""
+    peak = f", peak {a.peak:g}" if a.peak is not None else ""
     if t.state == "resolved":
-        return f"resolved {a.kind}{where}: {title} on {a.metric}, steps {a.start_step}-{a.end_step}"
+        steps = f"steps {a.start_step}-{a.end_step}"
+        return f"resolved {a.kind}{where}: {title} on {a.metric}, {steps}{times}{peak}"
+    if t.state == "cleared":
+        return f"cleared {a.kind}{where}: {title} on {a.metric} holds no more at step {a.end_step}"
+    if t.state == "recurred":
+        return (
+            f"{t.fired.severity.upper()} {a.kind}{where} again at step {t.fired.start_step}: {title} on "
+            f"{a.metric} (episode from step {a.start_step}{times}{peak})"
+        )
     facts = ", ".join(f"{k}={v}" for k, v in list(a.evidence.items())[:4])
+    rose = f" (severity rose from {t.was})" if t.state == "escalated" else ""
     return (
-        f"{a.severity.upper()} {a.kind}{where} at step {a.start_step}: {title} on {a.metric}"
+        f"{a.severity.upper()} {a.kind}{where} at step {a.start_step}{rose}: {title} on {a.metric}"
         f"{f' ({facts})' if facts else ''}. Likely cause: {a.cause}. Try: {a.suggestion}."
     )

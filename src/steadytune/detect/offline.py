@@ -1,8 +1,9 @@
 """Offline detection: replay a finished run through the live engine.
 
 There is one implementation of every detector. ``analyze`` and the benchmarks
-call :func:`detect` on records read back from any log, and get the anomalies
-the supervisor would have raised live, each with its final ``end_step``.
+call :func:`detect` on records read back from any log, and get the anomaly
+episodes the supervisor would have raised live, each with its final ``end_step``,
+``count`` and ``peak``.
 """
 
 from __future__ import annotations
@@ -11,16 +12,22 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from steadytune.config.detect import DetectConfig
+from steadytune.detect.episodes import Transition
 from steadytune.detect.live import LiveDetector
 from steadytune.records import Anomaly, StepRecord, SystemSample
 
 
 @dataclass(frozen=True)
 class Replay:
-    """What a replayed run raised, and the objective its training signal was judged as."""
+    """What a replayed run raised, and the objective its training signal was judged as.
+
+    ``firings[i]`` are the steps at which the condition of ``anomalies[i]`` fired: its
+    start, and the start of each time it came back within the episode.
+    """
 
     anomalies: list[Anomaly]
     objective: str
+    firings: list[tuple[int, ...]]
 
 
 def detect(
@@ -28,7 +35,7 @@ def detect(
     system: Iterable[SystemSample] = (),
     config: DetectConfig | None = None,
 ) -> list[Anomaly]:
-    """Every anomaly in a run, in order of its first step (:func:`replay`'s anomalies)."""
+    """Every anomaly episode in a run, in order of its first step (:func:`replay`'s anomalies)."""
     return replay(records, system, config).anomalies
 
 
@@ -43,18 +50,27 @@ def replay(
     interleaved by timestamp (samples with no step records around them go last).
     """
     det = LiveDetector(config)
-    found: list[Anomaly] = []
+    done: list[tuple[Anomaly, tuple[int, ...]]] = []
+    fired: dict[tuple[str, str, int | None], list[int]] = {}
+
+    def take(transitions: list[Transition]) -> None:
+        for t in transitions:
+            if t.state == "raised":
+                fired[t.anomaly.key] = [t.anomaly.start_step]
+            elif t.state == "recurred":
+                fired[t.anomaly.key].append(t.fired.start_step)
+            elif t.state == "resolved":
+                done.append((t.anomaly, tuple(fired.pop(t.anomaly.key))))
+
     samples = sorted(system, key=lambda s: s.ts)
     i = 0
     for rec in records:
         while i < len(samples) and rec.ts and samples[i].ts <= rec.ts:
-            found.extend(t.anomaly for t in det.observe_system(samples[i]) if t.state == "resolved")
+            take(det.observe_system(samples[i]))
             i += 1
-        for t in det.observe_step(rec):
-            if t.state == "resolved":
-                found.append(t.anomaly)
+        take(det.observe_step(rec))
     for s in samples[i:]:
-        found.extend(t.anomaly for t in det.observe_system(s) if t.state == "resolved")
-    found.extend(det.open_anomalies())
-    found.sort(key=lambda a: (a.start_step, a.end_step, a.kind, a.metric))
-    return Replay(found, det.objective)
+        take(det.observe_system(s))
+    done.extend((a, tuple(fired[a.key])) for a in det.open_anomalies())
+    done.sort(key=lambda d: (d[0].start_step, d[0].end_step, d[0].kind, d[0].metric))
+    return Replay([a for a, _ in done], det.objective, [f for _, f in done])

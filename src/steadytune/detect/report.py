@@ -58,6 +58,8 @@ def anomaly_json(a: Anomaly) -> dict[str, Any]:
         "evidence": _json_safe(evidence),
         "cause": a.cause,
         "suggestion": a.suggestion,
+        "count": a.count,
+        "peak": _json_safe(a.peak),
     }
 
 
@@ -106,7 +108,7 @@ def render_text(results: list[FileResult], console: Any) -> None:
         if not r.anomalies:
             continue
         table = Table(pad_edge=False, box=None, header_style="bold")
-        for col in ("severity", "kind", "steps", "metric", "evidence"):
+        for col in ("severity", "kind", "steps", "times", "peak", "metric", "evidence"):
             table.add_column(col, overflow="fold")
         for a in r.anomalies:
             steps = str(a.start_step) if a.start_step == a.end_step else f"{a.start_step}-{a.end_step}"
@@ -115,6 +117,8 @@ def render_text(results: list[FileResult], console: Any) -> None:
                 f"[{_STYLE[a.severity]}]{a.severity}[/]",
                 a.kind,
                 steps,
+                str(a.count),  # how often the episode's condition fired
+                "" if a.peak is None else f"{a.peak:.4g}",
                 escape(metric),
                 escape(_evidence_text(a)),
             )

@@ -2,7 +2,7 @@
 
 A label row names a file, its class (positive / negative / ambiguous), and for
 a positive one the group of the anomaly and its step range. A positive row is
-*caught* by a warning/critical alarm of a compatible kind that begins inside
+*caught* by a warning/critical alarm of a compatible kind that fires inside
 the range widened by two logging intervals; an alarm spanning the whole file
 catches nothing (unless the range itself is the whole file). Any warning or
 critical alarm on a negative file, or on a positive file away from its
@@ -13,6 +13,11 @@ sets are labelled by (``benchmarks/corpus/README.md``). Precision is counted by
 episode: each raised alarm is one, whether it caught a label, was a false
 alarm, or fell inside a window without being of a kind that window accepts
 (then it is neither).
+
+steadytune's alarms are episodes (detect/episodes.py): an episode is one false alarm
+however often its condition came back, and it catches a range when it began there or
+came back there (``firings``: the live engine acted on each firing, and analyze lists
+the episode with its count and end).
 """
 
 from __future__ import annotations
@@ -44,13 +49,18 @@ class Label:
 
 @dataclass(frozen=True)
 class Alarm:
-    """Any detector's alarm: ``kind`` None for detectors that name no kind (any counts)."""
+    """Any detector's alarm: ``kind`` None for detectors that name no kind (any counts).
+
+    ``firings``: the steps an episode's condition fired at (its start, then each time it came
+    back); empty for an alarm that is a single firing.
+    """
 
     kind: str | None
     severity: str
     start: int
     end: int
     raised: int | None = None  # the step at which it was raised (None: at its start)
+    firings: tuple[int, ...] = ()
 
 
 @dataclass
@@ -95,8 +105,16 @@ def logging_interval(steps: list[int]) -> int:
     return gaps[len(gaps) // 2] if gaps else 1
 
 
-def _raised_at(alarm: Alarm) -> int:
-    return alarm.start if alarm.raised is None else alarm.raised
+def _fired_in(alarm: Alarm, lo: int, hi: int) -> bool:
+    """An episode catches a range where it began or came back."""
+    return any(lo <= s <= hi for s in alarm.firings or (alarm.start,))
+
+
+def _raised_at(alarm: Alarm, lo: int, hi: int) -> int:
+    """The step at which the episode was raised in ``lo..hi``: where it was raised, or came back."""
+    if lo <= alarm.start <= hi:
+        return alarm.start if alarm.raised is None else alarm.raised
+    return min((s for s in alarm.firings if lo <= s <= hi), default=alarm.start)
 
 
 def score_file(labels: list[Label], steps: list[int], alarms: list[Alarm]) -> FileScore:
@@ -120,14 +138,14 @@ def score_file(labels: list[Label], steps: list[int], alarms: list[Alarm]) -> Fi
         hits = [
             i
             for i, a in enumerate(alarms)
-            if lo <= a.start <= hi
+            if _fired_in(a, lo, hi)
             and not (a.start <= steps[0] and a.end >= steps[-1] and not whole_label)
             and (a.kind is None or a.kind in accepts)
         ]
         if hits:
             score.caught += 1
             true.update(hits)
-            raised = min(_raised_at(alarms[i]) for i in hits)
+            raised = min(_raised_at(alarms[i], lo, hi) for i in hits)
             score.delays.append(max(0.0, (raised - lb.start) / iv))
     score.true_alarms = len(true)
     return score

@@ -96,15 +96,21 @@ class Replayer:
         self.phase, self.phase_since = "setup", 0.0
 
     def _transition(self, t: Transition, ts: float) -> None:
+        """As the supervisor files an episode's changes (supervise/actions.py): raised and escalated
+        are anomaly entries, resolved a resolved one; the policy judges each firing."""
         a = t.anomaly
-        if t.state == "raised":
+        if t.state == "escalated":
             self.entries.append(Entry("anomaly", a.kind, a.start_step, ts, a.severity, a.metric))
-            action = self.policy.on_raised(a, self.progress.step)
-            if action is not None:
+        elif t.state in ("raised", "recurred"):
+            if t.state == "raised":
+                self.entries.append(Entry("anomaly", a.kind, a.start_step, ts, a.severity, a.metric))
+            action = self.policy.on_raised(t.fired, self.progress.step)
+            if action is not None and not (t.state == "recurred" and action.name == "alert"):
                 self._act(action, ts)
         else:
             self.policy.on_resolved(a)
-            self.entries.append(Entry("resolved", a.kind, a.end_step, ts, "info", a.metric))
+            if t.state == "resolved":
+                self.entries.append(Entry("resolved", a.kind, a.end_step, ts, "info", a.metric))
 
     def _act(self, action: Any, ts: float) -> None:
         name = "alert_only" if action.name == "alert" else action.name
@@ -229,8 +235,17 @@ def replay_run(run: RunDir) -> list[Entry]:
     recorded restarts and alerts (those are facts of the run, not decisions to recompute)."""
     detect, policy, _ = settings(run)
     r = Replayer(detect, policy)
+    last_ts = 0.0
     for rec in _merged(run):
         r.feed(rec)
+        last_ts = float(getattr(rec, "ts", 0.0) or 0.0) or last_ts
+    going = {"run_started", "run_paused", "run_resumed"}  # any other run_* is the supervisor's finish
+    if any(
+        e.kind == "lifecycle" and e.name.startswith("run_") and e.name not in going
+        for e in read_events(run.events)
+    ):
+        for t in r.detector.close():  # the supervisor ends its quiet episodes with the run
+            r._transition(t, last_ts)
     facts = [e for e in recorded(run) if e.kind in {"restart", "alert"} or e.name in _SUPERVISOR_ANOMALIES]
     return sorted(r.entries + facts, key=lambda e: e.ts or 0.0)
 

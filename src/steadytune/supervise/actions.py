@@ -33,50 +33,30 @@ class Actions:
     def __init__(self, sup: Supervisor) -> None:
         self.sup = sup
         self._inspected: set[int] = set()  # steps whose batch was looked at (at most 10 a run)
+        self._filed: dict[tuple[str, str, int | None], Event] = {}  # each open episode's anomaly event
 
     def on_transition(self, t: Transition) -> None:
+        """An episode changed. People hear of an episode once (raised), again when its severity rises,
+        and when it is resolved; the policy acts on each firing (raised or recurred) and forgets a
+        spike waiting for confirmation when its condition clears."""
         sup = self.sup
         a = t.anomaly
-        if t.state == "raised":
-            if a.severity in {"warning", "critical"}:
-                sup.trouble_steps.append(a.start_step)
-            event = sup.emit(
+        if t.state in ("raised", "recurred"):
+            self.on_firing(t)
+        elif t.state == "escalated":
+            sup.emit(
                 "anomaly",
                 a.kind,
                 format_transition(t),
                 severity=a.severity,
                 step=a.start_step,
-                data=anomaly_event_data(a),
+                data={**anomaly_event_data(a), "escalated_from": t.was},
             )
-            if (
-                DATA in sup.source.abilities
-                and a.kind in INSPECT_KINDS
-                and a.start_step not in self._inspected
-                and len(self._inspected) < 10
-            ):
-                self._inspected.add(a.start_step)
-                threading.Thread(target=self.inspect_batch, args=(a.start_step, event), daemon=True).start()
-            # One incident often raises several anomalies at once (a spike, its gradients, its layers):
-            # once one of them stopped the worker, the others are already being handled.
-            action = sup.policy.on_raised(a, sup.progress.step) if sup.pending is None else None
-            if (
-                action is None
-                and sup.pending is None
-                and SKIP_STEP not in sup.source.abilities
-                and sup.policy.config.rule(a.kind).action == "skip_step"
-            ):
-                # The guard skips a NaN update inside the worker; a job without it has applied the
-                # update already, so the weights must come from a checkpoint.
-                action = sup.policy.instead(
-                    a,
-                    sup.progress.step,
-                    "rollback",
-                    f"the {sup.source.label} cannot skip the update",
-                )
-            if action is not None:
-                self.execute(action, cause=event)
+        elif t.state == "cleared":
+            sup.policy.on_resolved(a)
         else:
             sup.policy.on_resolved(a)
+            self._filed.pop(a.key, None)
             sup.emit(
                 "resolved",
                 a.kind,
@@ -85,6 +65,54 @@ class Actions:
                 step=a.end_step,
                 data=anomaly_event_data(a),
             )
+
+    def on_firing(self, t: Transition) -> None:
+        """A condition fired: a new episode is filed; either way the policy judges the firing."""
+        sup = self.sup
+        a, fired = t.anomaly, t.fired
+        if fired.severity in {"warning", "critical"}:
+            sup.trouble_steps.append(fired.start_step)
+        event: Event | None
+        if t.state == "raised":
+            event = self._filed[a.key] = sup.emit(
+                "anomaly",
+                a.kind,
+                format_transition(t),
+                severity=a.severity,
+                step=a.start_step,
+                data=anomaly_event_data(a),
+            )
+        else:  # the episode's event stands for it: what is done now is done about that episode
+            event = self._filed.get(a.key)
+        if (
+            event is not None
+            and DATA in sup.source.abilities
+            and a.kind in INSPECT_KINDS
+            and fired.start_step not in self._inspected
+            and len(self._inspected) < 10
+        ):
+            self._inspected.add(fired.start_step)
+            threading.Thread(target=self.inspect_batch, args=(fired.start_step, event), daemon=True).start()
+        # One incident often raises several anomalies at once (a spike, its gradients, its layers):
+        # once one of them stopped the worker, the others are already being handled.
+        action = sup.policy.on_raised(fired, sup.progress.step) if sup.pending is None else None
+        if (
+            action is None
+            and sup.pending is None
+            and SKIP_STEP not in sup.source.abilities
+            and sup.policy.config.rule(a.kind).action == "skip_step"
+        ):
+            # The guard skips a NaN update inside the worker; a job without it has applied the
+            # update already, so the weights must come from a checkpoint.
+            action = sup.policy.instead(
+                fired,
+                sup.progress.step,
+                "rollback",
+                f"the {sup.source.label} cannot skip the update",
+            )
+        if action is not None and not (t.state == "recurred" and action.name == "alert"):
+            # An alert about a firing of an episode people were told of would be one per point.
+            self.execute(action, cause=event)
 
     def inspect_batch(self, step: int, cause: Event) -> None:
         """Which samples made the bad step: filed as an event beside the anomaly (no sample text)."""

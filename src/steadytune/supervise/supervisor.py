@@ -546,6 +546,9 @@ class Supervisor:
             "done": decision.classification,
             "stop": "stopped" if decision.classification == "user_interrupt" else "failed",
         }[decision.action]
+        # The episodes whose condition cleared end with the run (one still holding stays open, as it is).
+        for t in self.detector.close():
+            self.actions.on_transition(t)
         # Set before books.update_last_good: a completed run's last checkpoint needs no window after it.
         self.state = state
         if state == "completed":

@@ -135,7 +135,7 @@ def series(
     anomalies = [
         {"step": e.step, "name": e.name, "severity": e.severity, "message": e.message}
         for e in store.events(kinds=("anomaly",), limit=2000)
-        if e.step is not None
+        if e.step is not None and not e.data.get("escalated_from")  # one marker per episode
     ]
     return {
         "version": version,

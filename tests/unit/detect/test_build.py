@@ -17,9 +17,10 @@ from steadytune.detect.points import RankStep, Signal
 from steadytune.detect.stats import Tracker
 from steadytune.records import StepRecord
 
-# Read by the live engine itself, not by a detector: the switch, the filter, and the device size
-# that overrides what system samples report.
-ENGINE_FIELDS = {"enabled", "disabled_kinds", "memory.device_total_bytes"}
+# Read by the live engine itself, not by a detector: the switch, the filter, the gap that makes
+# a condition firing again the same episode, and the device size that overrides what system
+# samples report.
+ENGINE_FIELDS = {"enabled", "disabled_kinds", "episode_gap_points", "memory.device_total_bytes"}
 
 
 def _detectors(cfg: DetectConfig) -> list[object]:

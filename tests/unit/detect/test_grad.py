@@ -55,9 +55,10 @@ def test_burst_of_skips_is_one_episode_raised_and_resolved_once() -> None:
     ts = feed(records(noisy(60, decay=0.05), grads))
     assert [(t.state, t.anomaly.kind) for t in ts] == [
         ("raised", "nonfinite_grad"),
+        ("cleared", "nonfinite_grad"),
         ("resolved", "nonfinite_grad"),
     ]
-    assert ts[1].anomaly.evidence["nonfinite_points"] == 4
+    assert ts[-1].anomaly.evidence["nonfinite_points"] == 4 and ts[-1].anomaly.count == 1
 
 
 def test_lone_grad_jump_without_the_loss_is_a_grad_spike() -> None:

@@ -18,13 +18,17 @@ def _spiky() -> list[StepRecord]:
 
 
 def test_each_anomaly_is_raised_once_and_resolved_once() -> None:
+    """Cleared when its condition stops holding, resolved once quiet for the episode gap (16 intervals)."""
     ts = feed(_spiky())
     events = [(t.state, t.anomaly.kind, t.anomaly.start_step) for t in ts]
     assert events == [
         ("raised", "loss_spike", 61),
+        ("cleared", "loss_spike", 61),
         ("resolved", "loss_spike", 61),
         ("raised", "loss_spike", 91),
         ("raised", "divergence", 93),
+        ("cleared", "loss_spike", 91),
+        ("cleared", "divergence", 93),
         ("resolved", "loss_spike", 91),
         ("resolved", "divergence", 93),
     ]

@@ -39,8 +39,8 @@ def test_spike_that_recovers_is_resolved_once_and_is_no_divergence() -> None:
     losses[50] *= 3.0
     ts = feed(records(losses))
     states = [(t.state, t.anomaly.kind) for t in ts]
-    assert states == [("raised", "loss_spike"), ("resolved", "loss_spike")]
-    assert ts[1].anomaly.end_step == 51
+    assert states == [("raised", "loss_spike"), ("cleared", "loss_spike"), ("resolved", "loss_spike")]
+    assert ts[-1].anomaly.end_step == 51 and ts[-1].anomaly.count == 1
 
 
 def test_spike_that_stays_up_becomes_divergence() -> None:

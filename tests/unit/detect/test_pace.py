@@ -173,7 +173,7 @@ def test_stall_from_time_then_resolved_by_the_next_step() -> None:
     ]
     assert det.observe_time(600.0, 599.0, 20) == []  # raised once, not every tick
     back = det.observe_step(StepRecord(step=21, ts=610.0, loss=1.8))
-    assert [(t.state, t.anomaly.kind) for t in back] == [("resolved", "stall")]
+    assert [(t.state, t.anomaly.kind) for t in back] == [("cleared", "stall")]
 
 
 def test_silent_heartbeat_is_a_hang() -> None:
@@ -181,7 +181,7 @@ def test_silent_heartbeat_is_a_hang() -> None:
     det.observe_step(StepRecord(step=1, ts=10.0, loss=2.0))
     got = det.observe_time(200.0, 50.0, 1)
     assert [(t.anomaly.kind, t.anomaly.metric) for t in got] == [("stall", "heartbeat")]
-    assert [t.state for t in det.observe_time(210.0, 209.0, 1)] == ["resolved"]
+    assert [t.state for t in det.observe_time(210.0, 209.0, 1)] == ["cleared"]
 
 
 def test_stall_limit_grows_with_slow_steps() -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from steadytune.detect import detect
+from steadytune.detect.offline import replay
 from steadytune.detect.scoring import Alarm, read_labels, score_file
 from steadytune.importers import load
 from tests.realdata import labels_path, materialize
@@ -36,8 +37,12 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _alarms(path: Path) -> tuple[list[int], list[Alarm], list[tuple[str, str, int]]]:
     series = load(path)
-    anomalies = detect(series.records, series.system)
-    alarms = [Alarm(a.kind, a.severity, a.start_step, a.end_step) for a in anomalies]
+    run = replay(series.records, series.system)
+    anomalies = run.anomalies
+    alarms = [
+        Alarm(a.kind, a.severity, a.start_step, a.end_step, fired)
+        for a, fired in zip(anomalies, run.firings, strict=True)
+    ]
     return [r.step for r in series.records], alarms, [(a.kind, a.severity, a.start_step) for a in anomalies]
 
 

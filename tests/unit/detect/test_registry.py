@@ -76,7 +76,7 @@ def test_a_detector_is_added_by_its_entry_alone() -> None:
             (t.state, t.anomaly.metric, t.anomaly.start_step)
             for t in det.observe_step(StepRecord(i, float(i), loss=loss))
         ]
-    assert ("raised", "loss_above", 6) in seen and ("resolved", "loss_above", 6) in seen
+    assert ("raised", "loss_above", 6) in seen and ("cleared", "loss_above", 6) in seen
     cfg = DetectConfig.model_validate({"loss": {"collapse_small": 0.02}})  # the limit moves to 50
     det = LiveDetector(cfg, registry=(*build.REGISTRY, entry))
     quiet = [

@@ -44,7 +44,7 @@ def test_hot_gpu_is_raised_once_per_gpu_and_resolved_when_cool() -> None:
     got = _run([_sample(float(i), temp=t) for i, t in enumerate(temps)])
     assert got == [
         ("raised", "gpu_thermal", "gpu1_temperature_c", "warning"),
-        ("resolved", "gpu_thermal", "gpu1_temperature_c", "warning"),
+        ("cleared", "gpu_thermal", "gpu1_temperature_c", "warning"),
     ]
 
 
@@ -65,7 +65,10 @@ def test_new_ecc_errors_are_critical() -> None:
 
 def test_disk_filling_up_warns_then_is_critical() -> None:
     got = _run([_sample(float(i), free=f) for i, f in enumerate([0.5, 0.04, 0.01])])
-    assert got == [("raised", "disk_low", "disk_free_bytes", "warning")]
+    assert got == [
+        ("raised", "disk_low", "disk_free_bytes", "warning"),
+        ("escalated", "disk_low", "disk_free_bytes", "critical"),  # one episode, told when it got worse
+    ]
     det = LiveDetector()
     assert [t.anomaly.severity for t in det.observe_system(_sample(0.0, free=0.01))] == ["critical"]
 

@@ -19,7 +19,8 @@ def steps(losses, attempt=0, start=1, t0=0.0):
 
 def test_nan_loss_is_raised_and_resolved_like_live():
     r = Replayer()
-    healthy = [3.0 - 0.05 * i + 0.02 * (-1) ** i for i in range(16)]
+    # Resolved once quiet for the episode gap (16 logging intervals), as live.
+    healthy = [3.0 - 0.05 * i + 0.02 * (-1) ** i for i in range(40)]
     for rec in steps([*healthy[:10], math.nan, *healthy[10:]]):
         r.feed(rec)
     assert anomaly_keys(r.entries) == [("anomaly", "nan_loss", 11), ("resolved", "nan_loss", 11)]

@@ -259,12 +259,16 @@ class Queries(StoreBase):
         return -1 if row[0] is None else int(row[0])
 
     def event_counts(self, kind: str = "anomaly") -> list[tuple[str, str, int]]:
-        """``(name, severity, count)`` of one kind of event, for ``/metrics``."""
+        """``(name, severity, count)`` of one kind of event, for ``/metrics``.
+
+        An anomaly episode counts once: the event filed when its severity rose is no new one.
+        """
         with self._lock:
             return [
                 (r[0], r[1], int(r[2]))
                 for r in self._db.execute(
-                    "SELECT name, severity, COUNT(*) FROM events WHERE kind=? GROUP BY name, severity "
+                    "SELECT name, severity, COUNT(*) FROM events WHERE kind=? "
+                    "AND json_extract(json, '$.data.escalated_from') IS NULL GROUP BY name, severity "
                     "ORDER BY 1, 2",
                     (kind,),
                 )

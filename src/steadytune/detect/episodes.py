@@ -1,0 +1,208 @@
+"""Findings become episodes: an anomaly that goes on or comes back is one episode, not one per point.
+
+Detectors report a condition while it holds and once when it clears. The book
+here turns that into episodes, one per kind, metric and rank:
+
+- **raised**: the condition fired and no episode of it is open: a new episode
+  (``count`` 1, ``start_step``, ``peak``);
+- **escalated**: its severity rose (a warning that became critical), while it
+  held or as it came back;
+- **cleared**: the condition stopped holding. The episode stays open, quiet;
+- **recurred**: the condition fired again while its episode was quiet, within
+  ``episode_gap_points`` logging intervals of the last step it held at: the same
+  episode, ``count`` + 1, its ``end_step`` and ``peak`` moved on;
+- **resolved**: quiet for longer than the gap (or the run was rewound, or ended):
+  the episode is over, with its final ``end_step``, ``count`` and ``peak``.
+
+Why a gap, and why in logging intervals: a condition that comes back while the
+detectors' level still holds the points from before it cleared (two level
+windows, 16 logging intervals by default) is judged against the same baseline,
+and is the same trouble: a logging artefact that prints a zero loss every tenth
+line, a spike that recurs while the loss settles, a temperature hovering at its
+limit. Counted in logging intervals (the primary rank's typical step between two
+records), the gap means the same in a log written every step and one written
+every 500, and a log of snippets with thousands of steps missing between them
+keeps its far-apart events apart. A condition quiet for longer is judged against
+a level that no longer holds it: a new episode.
+
+``peak`` is the most extreme value the episode's evidence reported (its
+``peak`` or ``value``): the highest, or for the kinds that fall (a collapse, a
+vanishing gradient, a throughput drop, a reward collapse, low disk) the lowest;
+``None`` where the kind's evidence names no single value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from steadytune.detect.base import Finding, KindInfo
+from steadytune.records import SEVERITY_ORDER, Anomaly, Severity
+
+State = Literal["raised", "escalated", "cleared", "recurred", "resolved"]
+
+# Kinds whose trouble is a value falling: their peak is the lowest value reported.
+_FALLING = frozenset({"loss_collapse", "grad_vanishing", "throughput_drop", "reward_collapse", "disk_low"})
+
+
+@dataclass(frozen=True)
+class Transition:
+    """A change of an episode. ``anomaly`` is the episode as it stands.
+
+    ``firing`` (for *recurred*) is the condition's new firing as an anomaly of its
+    own, the way it would have been raised alone: what the policy acts on.
+    ``was`` (for *escalated*) is the severity before.
+    """
+
+    state: State
+    anomaly: Anomaly
+    firing: Anomaly | None = None
+    was: Severity | None = None
+
+    @property
+    def fired(self) -> Anomaly:
+        """The firing this transition is about: the new one for *recurred*, else the episode."""
+        return self.firing if self.firing is not None else self.anomaly
+
+
+def peak_of(kind: str, evidence: dict[str, Any] | None, peak: float | None) -> float | None:
+    """``peak`` moved on by one finding's evidence (see the module docstring)."""
+    if not evidence:
+        return peak
+    v = evidence.get("peak", evidence.get("value"))
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        return peak
+    if peak is None:
+        return float(v)
+    return float(min(peak, v) if kind in _FALLING else max(peak, v))
+
+
+class _Episode:
+    """One open episode; mutable so a long one costs nothing per point."""
+
+    __slots__ = ("count", "end_step", "evidence", "first", "last_step", "peak", "quiet", "severity")
+
+    def __init__(self, first: Anomaly, step: int) -> None:
+        self.first = first
+        self.end_step = first.end_step
+        self.severity: Severity = first.severity
+        self.evidence: dict[str, Any] = dict(first.evidence)
+        self.count = 1
+        self.peak = first.peak
+        self.quiet = False
+        self.last_step = step  # the run's step when the condition last held
+
+    def snapshot(self) -> Anomaly:
+        a = self.first
+        return Anomaly(
+            a.kind,
+            self.severity,
+            a.start_step,
+            self.end_step,
+            a.metric,
+            dict(self.evidence),
+            a.cause,
+            a.suggestion,
+            a.rank,
+            self.count,
+            self.peak,
+        )
+
+
+class Episodes:
+    """The open episodes of a run, by (kind, metric, rank).
+
+    Args:
+        kinds: the words of each kind (its usual severity, cause and fix).
+        gap_points: logging intervals a condition may stay quiet and, firing again, be the same episode.
+        disabled: kinds never reported.
+
+    The caller passes the run's step and its logging interval with each call: the book
+    keeps no clock of its own.
+    """
+
+    def __init__(self, kinds: dict[str, KindInfo], gap_points: int, disabled: frozenset[str]) -> None:
+        self._kinds, self._gap, self._disabled = kinds, gap_points, disabled
+        self._open: dict[tuple[str, str, int | None], _Episode] = {}
+        self._quiet = 0  # how many open episodes are quiet: most points, none are, and nothing expires
+
+    def apply(self, findings: list[Finding], step: int) -> list[Transition]:
+        """The transitions the findings made when the run was at ``step`` make."""
+        out: list[Transition] = []
+        for f in findings:
+            if f.kind in self._disabled:
+                continue
+            key = (f.kind, f.metric, f.rank)
+            ep = self._open.get(key)
+            if not f.active:
+                if ep is not None and not ep.quiet:
+                    ep.quiet = True
+                    self._quiet += 1
+                    out.append(Transition("cleared", ep.snapshot()))
+                continue
+            if ep is None:
+                first = self._firing(f)
+                self._open[key] = _Episode(first, step)
+                out.append(Transition("raised", first))
+                continue
+            was = ep.severity
+            ep.end_step = max(ep.end_step, f.step)
+            ep.last_step = step
+            if f.evidence:
+                ep.evidence.update(f.evidence)
+                ep.peak = peak_of(f.kind, f.evidence, ep.peak)
+            if f.severity and SEVERITY_ORDER[f.severity] > SEVERITY_ORDER[ep.severity]:
+                ep.severity = f.severity
+            if ep.quiet:
+                ep.quiet = False
+                self._quiet -= 1
+                ep.count += 1
+                firing = self._firing(f)
+                if SEVERITY_ORDER[firing.severity] > SEVERITY_ORDER[ep.severity]:
+                    ep.severity = firing.severity
+                out.append(Transition("recurred", ep.snapshot(), firing=firing))
+            if ep.severity != was:
+                out.append(Transition("escalated", ep.snapshot(), was=was))
+        return out
+
+    @property
+    def quiet(self) -> int:
+        """How many open episodes are quiet (only they can expire)."""
+        return self._quiet
+
+    def expire(self, step: int, interval: float) -> list[Transition]:
+        """Resolve the episodes quiet longer than the gap: the run is at ``step``, logs every ``interval``."""
+        out = []
+        limit = self._gap * interval
+        for key, ep in list(self._open.items()):
+            if ep.quiet and step - ep.last_step > limit:
+                del self._open[key]
+                self._quiet -= 1
+                out.append(Transition("resolved", ep.snapshot()))
+        return out
+
+    def close(self) -> list[Transition]:
+        """The run ended: resolve the quiet episodes (those still holding stay open, as they are)."""
+        return self.expire(2**62, 1.0)
+
+    def open(self) -> list[Anomaly]:
+        """Every episode not yet resolved, quiet ones included, as it stands now."""
+        return [ep.snapshot() for ep in self._open.values()]
+
+    def _firing(self, f: Finding) -> Anomaly:
+        """A finding as an anomaly of its own: the episode's first firing, or a new one of it."""
+        info = self._kinds[f.kind]
+        evidence = dict(f.evidence or {})
+        return Anomaly(
+            f.kind,
+            f.severity or info.severity,
+            f.step,
+            f.step,
+            f.metric,
+            evidence,
+            f.cause or info.cause,
+            info.suggestion,
+            f.rank,
+            1,
+            peak_of(f.kind, evidence, None),
+        )

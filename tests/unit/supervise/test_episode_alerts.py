@@ -1,0 +1,97 @@
+"""One alert per episode, an update when its severity rises, never one per point.
+
+A real Supervisor files what its detector raises, a real alert router delivers it over HTTP to the
+local webhook receiver the tests use. The run's disk hovers at the warning line (it dips, recovers,
+dips again: the condition flickers), then falls to the critical share, then recovers for good.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from steadytune.alerts.router import AlertRouter
+from steadytune.config.load import validate_dict
+from steadytune.records import StepRecord, SystemSample
+from steadytune.rundir import RunDir
+from steadytune.supervise.observers import AlertObserver
+from steadytune.supervise.supervisor import Supervisor
+from steadytune.telemetry.events import read_events
+from tests.servers import Hook
+
+GIB = 1 << 30
+
+
+@pytest.fixture
+def hook() -> Iterator[Hook]:
+    h = Hook()
+    yield h
+    h.close()
+
+
+def _supervisor(tmp_path: Path, hook: Hook) -> tuple[Supervisor, AlertRouter]:
+    data: dict = {
+        "model": {"name_or_path": str(tmp_path / "model")},
+        "method": "full",
+        "data": {"train_file": str(tmp_path / "train.jsonl")},
+        "train": {"learning_rate": 1e-4, "max_steps": 100, "save_steps": 10},
+        "run": {"runs_dir": str(tmp_path / "runs")},
+        "alerts": {"sinks": [{"type": "webhook", "url_env": "HOOK", "timeout_s": 5}], "send_resolved": True},
+    }
+    cfg = validate_dict(data, base=tmp_path, check_paths=False)
+    sup = Supervisor(cfg, RunDir(tmp_path / "runs" / "r"), observers=[], poll_s=0.05)
+    router = AlertRouter(
+        cfg.alerts,
+        sup.events,
+        clock=sup.clock,
+        run_id=sup.run.run_id,
+        environ={"HOOK": hook.url},
+        start=False,
+    )
+    sup.observers.append(AlertObserver(router))
+    return sup, router
+
+
+def _disk(ts: float, free: float) -> SystemSample:
+    return SystemSample(ts=ts, disk_free_bytes=int(free * 1000 * GIB), disk_total_bytes=1000 * GIB)
+
+
+def test_a_flickering_condition_alerts_once_and_again_only_when_it_worsens(
+    tmp_path: Path, hook: Hook
+) -> None:
+    sup, router = _supervisor(tmp_path, hook)
+    step = 0
+
+    def steps(n: int) -> None:
+        nonlocal step
+        for _ in range(n):
+            step += 1
+            sup.handle(StepRecord(step=step, ts=float(step), loss=2.0 - 0.001 * step, grad_norm=1.0))
+
+    steps(20)
+    for k in range(6):  # dips under 5% free and recovers past 6%, six times, a few steps apart
+        sup.handle(_disk(100.0 + k, 0.04))
+        steps(2)
+        sup.handle(_disk(100.5 + k, 0.07))
+        steps(2)
+    sup.handle(_disk(200.0, 0.01))  # now critical: the same episode, worse
+    sup.handle(_disk(201.0, 0.07))
+    steps(40)  # quiet for longer than the episode gap: the episode ends
+    router.pump()
+
+    sent = [(b["alert"]["kind"], b["alert"]["name"], b["alert"]["severity"]) for b in hook.bodies]
+    assert sent == [
+        ("anomaly", "disk_low", "warning"),
+        ("anomaly", "disk_low", "critical"),  # the update: its severity rose
+        ("resolved", "disk_low", "info"),
+    ]
+    filed = [e for e in read_events(sup.run.events) if e.name == "disk_low" and e.kind != "alert"]
+    assert [(e.kind, e.data.get("escalated_from")) for e in filed] == [
+        ("anomaly", None),
+        ("anomaly", "warning"),
+        ("resolved", None),
+    ]
+    assert filed[-1].data["count"] == 7  # six dips and the fall: one episode, counted
+    router.close(timeout=5)
