@@ -12,7 +12,7 @@ import pytest
 from steadytune.cli.main import main
 from tests.conftest import STEADYTUNE
 
-FILE_KEYS = {"path", "format", "steps", "metrics", "objective", "anomalies"}
+FILE_KEYS = {"path", "format", "steps", "metrics", "objective", "notes", "anomalies"}
 ANOMALY_KEYS = {
     "kind", "severity", "start_step", "end_step", "metric", "evidence", "cause", "suggestion", "count", "peak"
 }  # fmt: skip

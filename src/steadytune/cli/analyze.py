@@ -141,6 +141,7 @@ def analyze_path(path: str, config: Any) -> Any:
         judged.anomalies,
         series=series,
         objective=judged.objective,
+        notes=series.notes,
     )
 
 

@@ -28,6 +28,7 @@ class FileResult:
     error: str | None = None
     series: Any = None  # the imported Series, kept for plotting
     objective: str | None = None  # what the training signal was judged as (detect/objective.py)
+    notes: list[str] = field(default_factory=list)  # what reading decided (a loss-like field ignored)
 
     @property
     def alarming(self) -> list[Anomaly]:
@@ -70,6 +71,7 @@ def file_json(r: FileResult) -> dict[str, Any]:
         "steps": r.steps,
         "metrics": list(r.metrics),
         "objective": r.objective,
+        "notes": list(r.notes),
         "anomalies": [anomaly_json(a) for a in r.anomalies],
     }
 
@@ -105,6 +107,8 @@ def render_text(results: list[FileResult], console: Any) -> None:
             if r.objective is not None:
                 head += f"\n  judged as {escape(r.objective)}{_JUDGED_ON.get(r.objective, _RL_JUDGED_ON)}"
         console.print(f"{head}\n  [{style}]{escape(r.verdict)}[/{style}]")
+        for note in r.notes:
+            console.print(f"  [dim]note: {escape(note)}[/dim]")
         if not r.anomalies:
             continue
         table = Table(pad_edge=False, box=None, header_style="bold")

@@ -79,6 +79,66 @@ ALIASES: dict[str, str] = {
 }
 
 
+# Names a log gives its training loss, most preferred first, after ALIASES (so ``train/loss`` and
+# ``lm loss`` are ``loss`` already): the loss of the step, then named variants, then the running
+# means a script prints beside it. docs/detectors.md, *Which series is the loss*.
+TRAIN_LOSS_NAMES: tuple[str, ...] = (
+    "loss",
+    "train_loss",
+    "training_loss",
+    "reduced_train_loss",
+    "gpt_loss",
+    "loss_train",
+    "total_loss",
+    "avg_loss",
+    "mean_loss",
+)
+_LOSS_RANK = {name: i for i, name in enumerate(TRAIN_LOSS_NAMES)}
+
+
+class LossChoice:
+    """Which of a log's loss-like series is its training loss: the rule, in one place.
+
+    A series named like a training loss (:data:`TRAIN_LOSS_NAMES`) that stays exactly constant
+    while another one varies is a logging artefact (a stray ``avg_loss=0.0000`` a script prints
+    every tenth step): it is ignored, never judged. Of the rest, the most preferred name is the
+    loss. Fed values as they come (``supervise``) or a whole log at once (``analyze``).
+    """
+
+    __slots__ = ("_first", "_varies")
+
+    def __init__(self) -> None:
+        self._first: dict[str, float] = {}
+        self._varies: set[str] = set()
+
+    def see(self, name: str, value: float) -> None:
+        first = self._first.setdefault(name, value)
+        if value != first:  # NaN != NaN: a NaN loss varies
+            self._varies.add(name)
+
+    @property
+    def settled(self) -> bool:
+        """Whether the choice is known: one series so far, or one of several has varied."""
+        return len(self._first) < 2 or bool(self._varies)
+
+    def ignored(self) -> dict[str, float]:
+        """The constant series, with their one value, while another varies."""
+        if not self._varies:
+            return {}
+        return {n: v for n, v in self._first.items() if n not in self._varies}
+
+    def chosen(self) -> str | None:
+        ignored = self.ignored()
+        names = [n for n in self._first if n not in ignored]
+        return min(names, key=_LOSS_RANK.__getitem__) if names else None
+
+    def notes(self) -> dict[str, str]:
+        """Each ignored series and why (``ignored `avg_loss`: always 0.0000 while `loss` varies``)."""
+        chosen = self.chosen()
+        ignored = self.ignored().items()
+        return {n: f"ignored `{n}`: always {v:.4f} while `{chosen}` varies" for n, v in ignored}
+
+
 @contextmanager
 def no_gc() -> Iterator[None]:
     """The cyclic garbage collector off for a while, as it was before after.
@@ -128,6 +188,7 @@ class Series:
     records: list[StepRecord]
     system: list[SystemSample] = field(default_factory=list)
     metrics: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what reading decided, said once (a loss ignored)
 
     @property
     def steps(self) -> int:
@@ -214,7 +275,32 @@ class SeriesBuilder:
         with no_gc():
             return self._build(require)
 
+    def _choose_loss(self) -> list[str]:
+        """Make the training loss (:class:`LossChoice`) the rows' ``loss``; the other loss-like
+        series stay beside it under their names, not judged. Returns what was ignored, said once."""
+        names: set[str] = set()
+        for row in self._rows.values():
+            names.update(row)
+        candidates = [n for n in TRAIN_LOSS_NAMES if n in names]
+        if not candidates or candidates == ["loss"]:
+            return []  # the usual log: one loss, under its usual name
+        choice = LossChoice()
+        for row in self._rows.values():
+            for n in candidates:
+                v = row.get(n)
+                if v is not None:
+                    choice.see(n, v)
+        chosen = choice.chosen()
+        if chosen is not None and chosen != "loss":
+            for row in self._rows.values():
+                if "loss" in row:  # the loss field itself was not the loss: kept beside it
+                    row["loss_as_logged"] = row.pop("loss")
+                if chosen in row:
+                    row["loss"] = row.pop(chosen)
+        return list(choice.notes().values())
+
     def _build(self, require: tuple[str, ...]) -> Series:
+        notes = self._choose_loss()
         records: list[StepRecord] = []
         seen: set[str] = set()
         new = object.__new__
@@ -240,7 +326,7 @@ class SeriesBuilder:
                 "signal (reward, kl, rewards/chosen, objective/kl, ...)"
             )
         metrics = sorted(m for m in seen if m not in {"ts", "skipped", "step"})
-        return Series(self.path, self.format, records, metrics=metrics)
+        return Series(self.path, self.format, records, metrics=metrics, notes=notes)
 
 
 # Built without the frozen-dataclass ``__init__``: it sets the 20 fields one

@@ -48,7 +48,7 @@ from typing import NamedTuple
 
 from steadytune.importers.format import LogFormat
 from steadytune.importers.prefix import LowestRank, strip_prefix
-from steadytune.importers.series import Series, SeriesBuilder, UnreadableLog, parse_number
+from steadytune.importers.series import TRAIN_LOSS_NAMES, Series, SeriesBuilder, UnreadableLog, parse_number
 
 FORMAT = "text_log"
 MIN_RECORDS = 3
@@ -92,18 +92,25 @@ _TIME = re.compile(
     r"(?P<num>" + _DECIMAL + r")\s*(?P<unit>ms|s|sec)\b",
     re.I,
 )
+_SEPARATORS = re.compile(r"[\s/-]+")
 # A line's numbers; what is left, with each number replaced by "#", is its template.
 _TOKEN = re.compile("(" + _DECIMAL + ")")
 _MAX_LAYOUTS = 4096
 
 
 class Line(NamedTuple):
-    """One record line: who printed it, its step (and the ``M`` of ``N/M``), and its numbers."""
+    """One record line: who printed it, its step (and the ``M`` of ``N/M``), and its numbers.
+
+    ``fields["loss"]`` is whatever loss-like key the line named; ``loss_as`` is that name as
+    the log wrote it (``avg_loss``, ``train_loss``), when it is one the series builder tells
+    apart (series.TRAIN_LOSS_NAMES): which of several is the loss is decided there, once.
+    """
 
     rank: int | None
     step: int
     total: int | None
     fields: dict[str, float]
+    loss_as: str = "loss"
 
 
 def _find_step(text: str) -> re.Match[str] | None:
@@ -156,6 +163,7 @@ class _Layout(NamedTuple):
     step: int
     total: int | None
     fields: tuple[tuple[str, int, float], ...]
+    loss_as: str
 
 
 # template -> layout, or None where the numbers do not line up with what the rules read
@@ -183,24 +191,29 @@ def parse_line(line: str) -> Line | None:
         except ValueError:  # "step 1.5": not a step after all
             pass
         else:
-            return Line(rank, step, total, {name: float(tokens[i]) / div for name, i, div in layout.fields})
+            fields = {name: float(tokens[i]) / div for name, i, div in layout.fields}
+            return Line(rank, step, total, fields, layout.loss_as)
     parsed = _parse_text(text)
     if template not in _LAYOUTS and len(_LAYOUTS) < _MAX_LAYOUTS:
         _LAYOUTS[template] = None if parsed is None else _layout(parts, *parsed)
     if parsed is None:
         return None
-    return Line(rank, parsed[0][0], parsed[1][0] if parsed[1] else None, parsed[2])
+    return Line(rank, parsed[0][0], parsed[1][0] if parsed[1] else None, parsed[2], parsed[4])
 
 
 Span = tuple[int, int]
 
 
-def _parse_text(
-    text: str,
-) -> tuple[tuple[int, Span], tuple[int, Span] | None, dict[str, float], dict[str, tuple[Span, float]]] | None:
-    """The rules: step, ``M``, fields, and where each number was (with its divisor)."""
+Parsed = tuple[
+    tuple[int, Span], tuple[int, Span] | None, dict[str, float], dict[str, tuple[Span, float]], str
+]
+
+
+def _parse_text(text: str) -> Parsed | None:
+    """The rules: step, ``M``, fields, where each number was (with its divisor), and the loss's name."""
     fields: dict[str, float] = {}
     spans: dict[str, tuple[Span, float]] = {}
+    loss_as = "loss"
     for m in _METRIC.finditer(text):
         value = parse_number(m.group("num"))
         name = _name(m)
@@ -208,6 +221,9 @@ def _parse_text(
             scale = _SUFFIX[m.group("sfx").upper()] if m.group("sfx") else 1.0
             fields[name] = value * scale
             spans[name] = m.span("num"), 1.0 / scale
+            if name == "loss":
+                written = _SEPARATORS.sub("_", m.group("loss").strip().lower())
+                loss_as = written if written in TRAIN_LOSS_NAMES else "loss"
     if "loss" not in fields and "eval_loss" not in fields:
         return None
     found = _find_step(text)
@@ -221,7 +237,7 @@ def _parse_text(
     step = _step_of(found), _step_span(found)
     t_value = _total_of(found)
     total = (t_value, _step_span(found, total=True)) if t_value is not None else None
-    return step, total, fields, spans
+    return step, total, fields, spans, loss_as
 
 
 def _layout(
@@ -230,6 +246,7 @@ def _layout(
     total: tuple[int, Span] | None,
     fields: dict[str, float],
     spans: dict[str, tuple[Span, float]],
+    loss_as: str,
 ) -> _Layout | None:
     """The positions of the rules' numbers among the template's, if each is one whole number."""
     index: dict[Span, int] = {}
@@ -243,6 +260,7 @@ def _layout(
             index[step[1]],
             None if total is None else index[total[1]],
             tuple((name, index[span], div) for name, (span, div) in spans.items()),
+            loss_as,
         )
     except KeyError:
         return None
@@ -373,7 +391,10 @@ def read(path: Path) -> Series:
     ranks = LowestRank(b)
     for line in _epoch_steps(lines):
         if ranks.accept(line.step, line.rank):
-            b.add_numbers(line.step, line.fields)
+            fields = line.fields
+            if line.loss_as != "loss" and "loss" in fields:  # the builder decides which is the loss
+                fields = {line.loss_as if k == "loss" else k: v for k, v in fields.items()}
+            b.add_numbers(line.step, fields)
     if len(b) < MIN_RECORDS:
         raise UnreadableLog(f"fewer than {MIN_RECORDS} steps with a loss; looked for lines with {LOOKED_FOR}")
     return b.build(require=("loss", "eval_loss"))

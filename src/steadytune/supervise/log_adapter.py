@@ -19,6 +19,7 @@ from pathlib import Path
 
 from steadytune.checkpoint.manifest import checkpoint_step
 from steadytune.importers import llamafactory
+from steadytune.importers.series import TRAIN_LOSS_NAMES, LossChoice
 from steadytune.protocol import WorkerEvent
 from steadytune.records import RECORD_LOG_KEYS, Event, Heartbeat, StepRecord, logged_extra
 from steadytune.supervise.logparse import (
@@ -70,6 +71,9 @@ class LogAdapter:
         self._log_id: tuple[int, int] | None = None
         self._real_steps = False  # trainer_log.jsonl seen in this attempt: it stays, stop asking
         self._finished = False  # the attempt printed the Trainer's closing summary
+        # Which of the loss-like fields is the loss (series.LossChoice, as analyze decides it).
+        self._losses = LossChoice()
+        self._told: set[str] = set()  # the ignored fields already said
         self.last_line = ""
 
     # -- attempts -------------------------------------------------------------
@@ -251,12 +255,13 @@ class LogAdapter:
                 self._last_record_ts = now
             if not self.records:
                 return
+            loss = self._loss(values, now)
             self.writer.write(
                 StepRecord(
                     step=step,
                     ts=now,
                     attempt=self.attempt,
-                    loss=values.get("loss"),
+                    loss=loss,
                     grad_norm=values.get("grad_norm"),
                     lr=values.get("learning_rate", values.get("lr")),
                     epoch=values.get("epoch"),
@@ -266,6 +271,22 @@ class LogAdapter:
                     extra=_extra(values),
                 )
             )
+
+    def _loss(self, values: dict[str, float], now: float) -> float | None:
+        """The record's training loss, by the rule analyze uses; an artefact found is said once."""
+        for name in TRAIN_LOSS_NAMES:
+            if name in values:
+                self._losses.see(name, values[name])
+        chosen = self._losses.chosen()
+        for name, note in self._losses.notes().items():
+            if name not in self._told:
+                self._told.add(name)
+                self.writer.write(
+                    Event(ts=now, kind="lifecycle", name=WorkerEvent.LOSS_FIELD_IGNORED, message=note)
+                )
+        if not self._losses.settled:
+            return None  # two loss-like fields, neither has moved yet: judge neither until one does
+        return values.get(chosen) if chosen is not None else values.get("loss")
 
 
 def _extra(values: dict[str, float]) -> dict[str, object]:
