@@ -13,13 +13,12 @@ from pathlib import Path
 import pytest
 
 from steadytune.alerts.router import AlertRouter
-from steadytune.config.load import validate_dict
 from steadytune.records import StepRecord, SystemSample
-from steadytune.rundir import RunDir
 from steadytune.supervise.observers import AlertObserver
 from steadytune.supervise.supervisor import Supervisor
 from steadytune.telemetry.events import read_events
 from tests.servers import Hook
+from tests.unit.foundation.test_supervisor_decisions import supervisor
 
 GIB = 1 << 30
 
@@ -32,18 +31,10 @@ def hook() -> Iterator[Hook]:
 
 
 def _supervisor(tmp_path: Path, hook: Hook) -> tuple[Supervisor, AlertRouter]:
-    data: dict = {
-        "model": {"name_or_path": str(tmp_path / "model")},
-        "method": "full",
-        "data": {"train_file": str(tmp_path / "train.jsonl")},
-        "train": {"learning_rate": 1e-4, "max_steps": 100, "save_steps": 10},
-        "run": {"runs_dir": str(tmp_path / "runs")},
-        "alerts": {"sinks": [{"type": "webhook", "url_env": "HOOK", "timeout_s": 5}], "send_resolved": True},
-    }
-    cfg = validate_dict(data, base=tmp_path, check_paths=False)
-    sup = Supervisor(cfg, RunDir(tmp_path / "runs" / "r"), observers=[], poll_s=0.05)
+    alerts = {"sinks": [{"type": "webhook", "url_env": "HOOK", "timeout_s": 5}], "send_resolved": True}
+    sup = supervisor(tmp_path, alerts=alerts)
     router = AlertRouter(
-        cfg.alerts,
+        sup.cfg.alerts,
         sup.events,
         clock=sup.clock,
         run_id=sup.run.run_id,
