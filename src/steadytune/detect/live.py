@@ -14,6 +14,8 @@ detector is incremental, none looks back over the history.
 
 from __future__ import annotations
 
+from collections import deque
+from itertools import pairwise
 from typing import cast
 
 from steadytune.config.detect import DetectConfig
@@ -24,7 +26,6 @@ from steadytune.detect.episodes import Episodes, Transition
 from steadytune.detect.grad import GradWatch
 from steadytune.detect.loss import LossWatch
 from steadytune.detect.points import RankStep, Signal, SystemPoint, Tick
-from steadytune.detect.stats import SortedWindow
 from steadytune.detect.system import SystemWatch
 from steadytune.objectives import LOSS_OBJECTIVE, is_rl, objective_of
 from steadytune.records import Anomaly, StepRecord, SystemSample
@@ -87,8 +88,8 @@ class LiveDetector:
         self._primary: int | None = None
         self._ram_total: int | None = None
         self._episodes = Episodes(KINDS, cfg.episode_gap_points, frozenset(cfg.disabled_kinds))
-        # The primary rank's logging interval: episodes' gaps are counted in it.
-        self._intervals = SortedWindow(16)
+        # The primary rank's latest steps: episodes' gaps are counted in its logging interval.
+        self._steps: deque[int] = deque(maxlen=17)
         self._prev_g_jump = 0.0
         # Named by the first training record that carries extra fields (an evaluation's are the eval set's).
         self._objective: str | None = None
@@ -104,12 +105,10 @@ class LiveDetector:
         if self._primary is None or rank < self._primary:
             self._primary = rank
         if rank == self._primary:
-            if rec.step > self.last_step and self.last_step:
-                self._intervals.push(float(rec.step - self.last_step))
             self.last_step = rec.step
+            self._steps.append(rec.step)
             if self._episodes.quiet:
-                interval = self._intervals.median() if len(self._intervals) else 1.0
-                done = self._episodes.expire(rec.step, interval)
+                done = self._episodes.expire(rec.step, self._interval())
             point = self._signal_point(rec)
             for observe in self._on_signal:
                 observe(point, out)
@@ -124,6 +123,14 @@ class LiveDetector:
         if out:
             done += self._episodes.apply(out, self.last_step)
         return done
+
+    def _interval(self) -> float:
+        """The primary rank's logging interval: the median step between its recent records."""
+        gaps = sorted(b - a for a, b in pairwise(self._steps) if b > a)
+        n = len(gaps)
+        if not n:
+            return 1.0
+        return float(gaps[n // 2]) if n % 2 else 0.5 * (gaps[n // 2 - 1] + gaps[n // 2])
 
     def _signal_point(self, rec: StepRecord) -> Signal:
         """The step as the signal detectors see it: the objective named, the grad jump read."""

@@ -68,7 +68,9 @@ def replay(
         while i < len(samples) and rec.ts and samples[i].ts <= rec.ts:
             take(det.observe_system(samples[i]))
             i += 1
-        take(det.observe_step(rec))
+        changed = det.observe_step(rec)
+        if changed:
+            take(changed)
     for s in samples[i:]:
         take(det.observe_system(s))
     done.extend((a, tuple(fired[a.key])) for a in det.open_anomalies())
