@@ -127,25 +127,26 @@ def dev_files(dev: Path = DEV) -> list[LogFile]:
 
 
 def ours(records: list[Any], config: DetectConfig | None = None) -> list[Alarm]:
-    """steadytune's raised alarms with the step at which each was raised (live replay)."""
+    """steadytune's episodes, each with its firings and the step it was first raised at (live replay)."""
     det = LiveDetector(config)
-    raised: dict[tuple[str, str, int | None, int], int] = {}
-    final: list[Any] = []
+    open_: dict[tuple[str, str, int | None], tuple[int, list[int]]] = {}
+    done: list[Alarm] = []
+
+    def close(a: Any) -> None:
+        raised, fired = open_.pop(a.key, (a.start_step, [a.start_step]))
+        done.append(Alarm(a.kind, a.severity, a.start_step, a.end_step, raised=raised, firings=tuple(fired)))
+
     for rec in records:
         for t in det.observe_step(rec):
-            a = t.anomaly
-            key = (a.kind, a.metric, a.rank, a.start_step)
             if t.state == "raised":
-                raised.setdefault(key, rec.step)
-            else:
-                final.append(a)
-    final.extend(det.open_anomalies())
-    return [
-        Alarm(
-            a.kind, a.severity, a.start_step, a.end_step, raised.get((a.kind, a.metric, a.rank, a.start_step))
-        )
-        for a in final
-    ]
+                open_[t.anomaly.key] = (rec.step, [t.anomaly.start_step])
+            elif t.state == "recurred" and t.anomaly.key in open_:
+                open_[t.anomaly.key][1].append(t.fired.start_step)
+            elif t.state == "resolved":
+                close(t.anomaly)
+    for a in det.open_anomalies():
+        close(a)
+    return done
 
 
 @dataclass

@@ -301,7 +301,7 @@ def _ours(series: Any, config: Any = None) -> list[ScoredAlarm]:
     """steadytune's episodes, each with the steps it fired at (a catch where it fired, one false alarm)."""
     run = replay(series.records, series.system, config)
     return [
-        ScoredAlarm(a.kind, a.severity, a.start_step, a.end_step, fired)
+        ScoredAlarm(a.kind, a.severity, a.start_step, a.end_step, firings=fired)
         for a, fired in zip(run.anomalies, run.firings, strict=True)
     ]
 

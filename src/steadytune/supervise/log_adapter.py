@@ -24,7 +24,6 @@ from steadytune.protocol import WorkerEvent
 from steadytune.records import RECORD_LOG_KEYS, Event, Heartbeat, StepRecord, logged_extra
 from steadytune.supervise.logparse import (
     STEP_KEYS,
-    as_number,
     is_summary,
     logging_steps_from,
     own_step,

@@ -18,7 +18,6 @@ from steadytune.importers.dict_log import STEP_KEYS, is_summary, own_step, swift
 
 __all__ = [
     "STEP_KEYS",
-    "as_number",
     "is_summary",
     "last_exception",
     "last_lines",

@@ -40,7 +40,7 @@ def _alarms(path: Path) -> tuple[list[int], list[Alarm], list[tuple[str, str, in
     run = replay(series.records, series.system)
     anomalies = run.anomalies
     alarms = [
-        Alarm(a.kind, a.severity, a.start_step, a.end_step, fired)
+        Alarm(a.kind, a.severity, a.start_step, a.end_step, firings=fired)
         for a, fired in zip(anomalies, run.firings, strict=True)
     ]
     return [r.step for r in series.records], alarms, [(a.kind, a.severity, a.start_step) for a in anomalies]
