@@ -19,6 +19,9 @@ _MARKER = re.compile(
 )
 # What a run judged by the SFT loss rules is called (SFT, continued pretraining, a reward model).
 LOSS_OBJECTIVE = "loss (SFT, pretraining)"
+# What a run is judged as once its loss goes below zero, which no cross-entropy does: a policy-gradient,
+# preference or distillation objective, negative, near zero or flat by construction (never a collapse).
+SIGNED_OBJECTIVE = "a loss that goes negative (policy gradient, preference or distillation)"
 # Which trainer wrote them, by the fields only it logs, most specific first: GRPO and KTO both log a
 # ``kl``, KTO and DPO both log ``rewards/chosen``. Each entry: a name, and sets of fields any one of
 # which (all its fields present) names it. RLOO logs what GRPO logs.
@@ -85,21 +88,47 @@ def is_rl(objective: str | None) -> bool:
 # A group-relative trainer (GRPO, RLOO, DAPO) learns from the reward differences inside each group of
 # completions; a batch in which every group's rewards tie has zero advantages, and its gradient is
 # the KL term's alone (exactly zero at beta 0). The fields that say so: the share of groups without
-# spread (TRL's ``frac_reward_zero_std``), no spread in the whole batch (``reward_std`` 0), or an
-# advantage range of zero (verl's ``critic/advantages/max`` and ``/min``).
+# spread (TRL's ``frac_reward_zero_std``), no spread in the batch (TRL's ``reward_std``, the mean of
+# the groups' spreads, at 0), a highest reward equal to the lowest, or an advantage range of zero
+# (verl's ``critic/advantages/max`` and ``/min``).
 _ADVANTAGE_RANGE = ("critic/advantages/max", "critic/advantages/min")
+_REWARD_RANGES = (
+    ("critic/score/max", "critic/score/min"),
+    ("critic/rewards/max", "critic/rewards/min"),
+    ("reward_max", "reward_min"),
+    ("max_reward", "min_reward"),
+    ("reward/max", "reward/min"),
+)
+
+
+def _number(extra: Mapping[str, Any], key: str) -> float | None:
+    v = extra.get(key)
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v else None
+
+
+def tied_share(extra: Mapping[str, Any] | None) -> float | None:
+    """The share of an RL batch's prompt groups whose completions all earned the same reward (0 to 1):
+    TRL's ``frac_reward_zero_std``, or 1 when the batch has no spread at all; None when the record
+    cannot say (a batch with some spread may still tie within every group)."""
+    if not extra:
+        return None
+    share = _number(extra, "frac_reward_zero_std")
+    if share is not None:
+        return min(max(share, 0.0), 1.0)
+    if _number(extra, "reward_std") == 0.0:
+        return 1.0
+    if all(_number(extra, k) == 0.0 for k in _ADVANTAGE_RANGE):
+        return 1.0
+    for high, low in _REWARD_RANGES:
+        hi, lo = _number(extra, high), _number(extra, low)
+        if hi is not None and lo is not None:
+            return 1.0 if hi == lo else None
+    return None
 
 
 def without_learning_signal(extra: Mapping[str, Any] | None, grad_norm: float | None = None) -> bool:
     """True when an RL record's batch carried no reward signal, so its gradient norm says nothing
     about the update rule's health: every group's rewards tied, or (no field to tell) a norm of
     exactly zero, which only a batch without advantages gives in a run that was learning."""
-    if extra:
-        share, spread = extra.get("frac_reward_zero_std"), extra.get("reward_std")
-        if isinstance(share, (int, float)) and share >= 1.0:
-            return True
-        if isinstance(spread, (int, float)) and spread == 0.0:
-            return True
-        if all(isinstance(extra.get(k), (int, float)) and extra[k] == 0.0 for k in _ADVANTAGE_RANGE):
-            return True
-    return grad_norm == 0.0
+    share = tied_share(extra)
+    return (share is not None and share >= 1.0) or grad_norm == 0.0

@@ -39,18 +39,9 @@ class SeriesConfig(_Strict):
 
 
 class LossConfig(_Strict):
-    """nan_loss, loss_spike, divergence, loss_collapse, plateau, oscillation; reward_collapse, kl_blowup."""
+    """nan_loss, loss_spike, divergence, loss_collapse, plateau, oscillation."""
 
-    kinds = (
-        "nan_loss",
-        "loss_spike",
-        "divergence",
-        "loss_collapse",
-        "plateau",
-        "oscillation",
-        "reward_collapse",
-        "kl_blowup",
-    )
+    kinds = ("nan_loss", "loss_spike", "divergence", "loss_collapse", "plateau", "oscillation")
 
     noise_prior: float = Field(0.17, gt=0, description="log-space noise assumed before it is measured")
     noise_prior_weight: float = Field(4.0, ge=0, description="how many differences the prior is worth")
@@ -88,9 +79,6 @@ class LossConfig(_Strict):
     )
     collapse_memorized: float = Field(
         0.02, gt=0, description="...when it is also below this loss (nats; perplexity 1.02)"
-    )
-    kl_jump_ratio: float = Field(
-        10.0, gt=1, description="RL/preference runs: a KL this many times its recent level blew up"
     )
     early_points: int = Field(10, ge=3, description="points of a run or snippet judged without a baseline")
     early_rises: int = Field(3, ge=2, description="consecutive rises there that are a divergence...")
@@ -142,6 +130,39 @@ class GradConfig(_Strict):
     )
     layer_dead_zero_frac: float = Field(
         0.9, gt=0, le=1, description="a layer with more exact-zero gradient entries than this is dead"
+    )
+
+
+class RLConfig(_Strict):
+    """RL and preference objectives: reward_collapse, kl_blowup, clip_saturation; no_learning_signal (any)."""
+
+    kinds = ("reward_collapse", "kl_blowup", "clip_saturation", "no_learning_signal")
+
+    collapse_z: float = Field(
+        4.0, gt=0, description="a reward this many noise sigmas below its best level is down..."
+    )
+    collapse_share: float = Field(
+        0.5, ge=0, le=1, description="...and, when it had gained, this share of its gain below that best"
+    )
+    collapse_points: int = Field(3, ge=1, description="points down in a row: the reward collapsed")
+    kl_jump_ratio: float = Field(10.0, gt=1, description="a KL this many times its recent level blew up")
+    kl_runaway_ratio: float = Field(
+        100.0, gt=1, description="a KL level this many times where it stood when the reward last improved"
+    )
+    clip_saturation: float = Field(
+        0.3, gt=0, le=1, description="a clipped-token share whose level reaches this saturates the update"
+    )
+    signal_window: int = Field(
+        16, ge=4, description="logged points judged together for a learning signal (two level windows)"
+    )
+    no_signal_share: float = Field(
+        0.05,
+        ge=0,
+        lt=1,
+        description="a window whose batches carried this share of learning groups or less carried none",
+    )
+    zero_grad_norm: float = Field(
+        1e-8, ge=0, description="a gradient norm at or below this is zero: no parameter moves"
     )
 
 
@@ -229,6 +250,7 @@ class DetectConfig(_Strict):
     series: SeriesConfig = SeriesConfig()
     loss: LossConfig = LossConfig()
     grad: GradConfig = GradConfig()
+    rl: RLConfig = RLConfig()
     eval: EvalConfig = EvalConfig()
     memory: MemoryConfig = MemoryConfig()
     pace: PaceConfig = PaceConfig()

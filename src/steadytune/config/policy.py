@@ -50,6 +50,11 @@ def default_rules() -> dict[str, Rule]:
         "loss_spike": r(action="rollback"),
         "divergence": r(action="rollback", min_severity="critical"),
         "grad_explosion": r(action="rollback", min_severity="critical"),
+        # RL and preference runs: the "hard reset" to the last good checkpoint at a lower LR. A run
+        # without a learning signal is told, not restarted: a restart cannot fix a reward function.
+        "reward_collapse": r(action="rollback"),
+        "kl_blowup": r(action="rollback"),
+        "no_learning_signal": r(action="alert"),
         "stall": r(action="restart"),
         "memory_leak": r(action="reduce_microbatch"),
         "memory_headroom": r(action="checkpoint"),

@@ -22,11 +22,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from steadytune.config.detect import DetectConfig
-from steadytune.detect import grad, loss, memory, objective, pace, system, trend
+from steadytune.detect import clip, grad, kl, learning, loss, memory, pace, reward, system, trend
 from steadytune.detect.base import Detector, KindInfo
+from steadytune.detect.clip import ClipLimits, ClipWatch
 from steadytune.detect.early import FallCollapseLimits, FallCollapseWatch, ShortRiseLimits, ShortRiseWatch
 from steadytune.detect.grad import GradLimits, GradWatch
 from steadytune.detect.gradflow import FlowLimits, GradFlowWatch, LayerLimits
+from steadytune.detect.kl import KLLimits, KLWatch
+from steadytune.detect.learning import LearningSignalWatch, SignalLimits
 from steadytune.detect.loss import LossLimits, LossWatch
 from steadytune.detect.memory import HeadroomLimits, HeadroomWatch, LeakLimits, LeakWatch
 from steadytune.detect.objective import ObjectiveLimits, ObjectiveWatch
@@ -39,6 +42,7 @@ from steadytune.detect.pace import (
     ThroughputWatch,
 )
 from steadytune.detect.points import RankStep, Signal, SystemPoint, Tick
+from steadytune.detect.reward import RewardLimits, RewardWatch
 from steadytune.detect.stats import SeriesLimits
 from steadytune.detect.system import SystemLimits, SystemWatch
 from steadytune.detect.trend import (
@@ -76,8 +80,27 @@ REGISTRY: tuple[Entry, ...] = (
     # after them read what those made of the step (docs/detectors.md, *Adding a detector*).
     Entry("stall", StallWatch, (Signal, Tick), (StallLimits,), ("pace",)),
     Entry("loss", LossWatch, (Signal,), (SeriesLimits, LossLimits), ("loss", "series")),
-    Entry("objective", ObjectiveWatch, (Signal,), (ObjectiveLimits,), ("loss", "series")),
+    Entry("objective", ObjectiveWatch, (Signal,), (ObjectiveLimits,), ("rl",)),
     Entry("grad", GradWatch, (Signal,), (SeriesLimits, GradLimits), ("grad", "series")),
+    # An RL or preference run's own signals; the KL's yardstick and the learning signal read the reward's.
+    Entry("reward", RewardWatch, (Signal,), (RewardLimits,), ("rl", "series")),
+    Entry(
+        "kl",
+        KLWatch,
+        (Signal,),
+        (KLLimits,),
+        ("rl", "loss", "series"),
+        uses={"reward_improved": "reward.improved_step"},
+    ),
+    Entry("clip", ClipWatch, (Signal,), (ClipLimits,), ("rl", "series")),
+    Entry(
+        "learning_signal",
+        LearningSignalWatch,
+        (Signal,),
+        (SignalLimits,),
+        ("rl",),
+        uses={"collapsed": "reward.is_collapsed"},
+    ),
     Entry(
         "short_rise",
         ShortRiseWatch,
@@ -89,7 +112,7 @@ REGISTRY: tuple[Entry, ...] = (
     Entry("fall_collapse", FallCollapseWatch, (Signal,), (FallCollapseLimits,), ("loss", "eval")),
     Entry("plateau", PlateauWatch, (Signal,), (PlateauLimits,), ("loss",)),
     Entry("oscillation", OscillationWatch, (Signal,), (OscillationLimits,), ("loss",)),
-    Entry("grad_flow", GradFlowWatch, (Signal,), (FlowLimits,), ("grad",)),
+    Entry("grad_flow", GradFlowWatch, (Signal,), (FlowLimits,), ("grad", "rl")),
     Entry("overfit", OverfitWatch, (Signal,), (OverfitLimits,), ("eval",)),
     # Each rank's steps: memory and pace are the rank's own; stragglers compare the ranks.
     Entry(
@@ -144,7 +167,10 @@ KINDS: dict[str, KindInfo] = {
     **memory.KINDS,
     **pace.KINDS,
     **system.KINDS,
-    **objective.KINDS,
+    **reward.KINDS,
+    **kl.KINDS,
+    **clip.KINDS,
+    **learning.KINDS,
 }
 
 
@@ -205,4 +231,4 @@ def all_detectors(
 
 def layer_limits(cfg: DetectConfig) -> LayerLimits:
     """The per-layer gradient-flow thresholds: for the detector and for the heat map that marks alike."""
-    return fill(FlowLimits, cfg, ("grad",)).layers()
+    return fill(FlowLimits, cfg, ("grad", "rl")).layers()

@@ -21,6 +21,7 @@ from steadytune.detect.base import Finding, Reporter
 from steadytune.detect.grad import KINDS
 from steadytune.detect.points import Signal
 from steadytune.layers import EMBEDDINGS
+from steadytune.objectives import is_rl, without_learning_signal
 from steadytune.records import Anomaly
 
 
@@ -124,6 +125,7 @@ class FlowLimits:
     layer_vanish_norm: float
     layer_explode_norm: float
     layer_dead_zero_frac: float
+    zero_grad_norm: float
 
     def layers(self) -> LayerLimits:
         return LayerLimits(
@@ -134,23 +136,50 @@ class FlowLimits:
 
 
 class GradFlowWatch:
-    """grad_vanishing / grad_explosion per layer, from the gradient flow the guard records."""
+    """grad_vanishing / grad_explosion per layer, from the gradient flow the guard records.
+
+    A step on which the whole model got no gradient (a norm of zero, or an RL batch whose
+    groups all tied) is one fact about the run, which ``no_learning_signal`` judges over a
+    window: not one vanishing layer per layer. So is a recording in which every layer
+    vanished at once, when the run logs no global norm: one finding, on all layers.
+    """
 
     reports: ClassVar[tuple[str, ...]] = ("grad_vanishing", "grad_explosion")
 
     def __init__(self, limits: FlowLimits) -> None:
         self.rep = Reporter(None)
         self._limits = limits.layers()
+        self._zero = limits.zero_grad_norm
 
     def observe(self, point: Signal, out: list[Finding]) -> None:
         """The layers' gradient flow, on the steps the guard recorded it."""
-        extra = point.rec.extra
-        flow = extra.get("gradflow") if extra else None
-        if isinstance(flow, dict):
-            self.judge(point.rec.step, flow, out)
+        rec = point.rec
+        flow = rec.extra.get("gradflow") if rec.extra else None
+        if not isinstance(flow, dict):
+            return
+        g = rec.grad_norm
+        if (g is not None and g <= self._zero) or (
+            is_rl(point.objective) and without_learning_signal(rec.extra, g)
+        ):
+            return
+        self.judge(rec.step, flow, out)
 
     def judge(self, step: int, flow: dict[str, Any], out: list[Finding]) -> None:
         found = check_layers(flow, step, **self._limits)
+        if (
+            len(found) > 1
+            and len(found) == len(as_rows(flow))
+            and all(a.kind == "grad_vanishing" for a in found)
+        ):
+            norms = [a.evidence.get("norm") for a in found]
+            ev = {
+                "layers": len(found),
+                "largest_norm": max((n for n in norms if isinstance(n, float)), default=None),
+            }
+            cause = (
+                f"every layer's gradient norm is below {self._limits['vanish']:g}: the whole model gets none"
+            )
+            found = [_anomaly("grad_vanishing", "all layers", step, ev, cause)]
         now = {(a.kind, a.metric): a for a in found}
         for (kind, metric), a in now.items():
             self.rep.report(out, kind, metric, step, True, severity=a.severity, evidence=a.evidence)

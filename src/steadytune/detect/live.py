@@ -27,7 +27,7 @@ from steadytune.detect.grad import GradWatch
 from steadytune.detect.loss import LossWatch
 from steadytune.detect.points import RankStep, Signal, SystemPoint, Tick
 from steadytune.detect.system import SystemWatch
-from steadytune.objectives import LOSS_OBJECTIVE, is_rl, objective_of
+from steadytune.objectives import LOSS_OBJECTIVE, SIGNED_OBJECTIVE, is_rl, objective_of
 from steadytune.records import Anomaly, StepRecord, SystemSample
 
 
@@ -141,6 +141,9 @@ class LiveDetector:
         if self._objective is None and rec.extra and not rec.extra.get("eval"):
             self._objective = objective_of(rec.extra) or LOSS_OBJECTIVE
             grad.gated = is_rl(self._objective)
+        if self._objective in (None, LOSS_OBJECTIVE) and rec.loss is not None and rec.loss < 0.0:
+            # No cross-entropy goes below zero: the SFT loss rules have nothing to say about this one.
+            self._objective = SIGNED_OBJECTIVE
         return Signal(rec, self._objective, corroborated, self._feeds.loss.tracker)
 
     def observe_system(self, sample: SystemSample) -> list[Transition]:

@@ -1,15 +1,22 @@
-"""Objective-aware judging: RL and preference runs are not read with the SFT loss rules.
+"""Objective-aware judging: RL and preference runs are read on their own signals, not the SFT loss.
 
 GRPO, PPO, DPO, ORPO and KTO losses sit near zero or below it by design, and a DPO
 loss that falls from ln 2 towards zero is the objective working, not a collapse.
 Such runs are known by what they log (a ``reward``, a ``kl``, ``rewards/chosen``,
-``logps/rejected``, ...). For them the loss is still checked for NaN/Inf, the
-gradient norm keeps its own rules, and two signals of their own are judged:
+``logps/rejected``, ...: :mod:`steadytune.objectives`). For them the loss is only
+checked for NaN/Inf, the gradient norm keeps its own rules (gated by the learning
+signal, :mod:`.grad`), and their own signals are judged, each by a rule of its own:
 
-- **reward_collapse**: the reward level (median of the last points) gave back all it
-  had gained since the start, after gaining clearly more than its noise;
-- **kl_blowup**: the KL to the reference jumped ``kl_jump_ratio`` times above its
-  recent level in log space, with the same young-baseline care as a grad spike.
+- the reward falls and stays down: ``reward_collapse`` (:mod:`.reward`);
+- the KL to the reference jumps or runs away: ``kl_blowup`` (:mod:`.kl`);
+- most tokens' ratios are clipped: ``clip_saturation`` (:mod:`.kl`);
+- no batch carries a learning signal: ``no_learning_signal`` (:mod:`.learning`);
+- the objective's own fields turn NaN or Inf while the loss stays finite:
+  ``nan_loss`` on that field, here. A DPO trainer computes its rewards and margins
+  from the log-probabilities its loss uses: a NaN there is a NaN in the model's
+  outputs for some pair, whatever the averaged loss shows.
+
+This module names the fields each rule reads, in the order they are preferred.
 """
 
 from __future__ import annotations
@@ -19,43 +26,47 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from steadytune.detect.base import Finding, KindInfo, Reporter, rounded
+from steadytune.detect.base import Finding, Reporter, rounded
 from steadytune.detect.points import Signal
-from steadytune.detect.stats import Tracker
 from steadytune.objectives import LOSS_OBJECTIVE
 
-KINDS: dict[str, KindInfo] = {
-    "reward_collapse": KindInfo(
-        "reward collapsed",
-        "an RL or preference run gave back everything its reward had gained: the policy drifted into "
-        "degenerate outputs (reward hacking undone, a too-high LR, or a too-small KL penalty)",
-        "roll back to the checkpoint at the best reward, lower the LR, raise the KL coefficient (beta)",
-        "warning",
-    ),
-    "kl_blowup": KindInfo(
-        "KL divergence blew up",
-        "the policy jumped away from the reference model in a few steps: an unstable update, a too-high "
-        "LR or a too-small KL penalty",
-        "lower the LR, raise beta, clip gradients; roll back if the reward falls with it",
-        "warning",
-    ),
-}
-
-_REWARD_KEYS = (
+REWARD_KEYS = (
     "reward",
     "rewards/margins",
-    "rewards/chosen",
     "objective/scores",
     "env/reward_mean",
     "rewards",
     "critic/score/mean",  # verl: the task's score, before any KL penalty
     "critic/rewards/mean",
+    "reward_mean",
+    "mean_reward",
+    "reward/mean",
+    "avg_reward",
+    "rewards/chosen",
 )
-_KL_KEYS = ("kl", "objective/kl", "train/kl", "policy/kl", "actor/kl_loss", "critic/kl")
-_MIN_GAIN_SIGMAS = 4.0
+KL_KEYS = ("kl", "objective/kl", "train/kl", "policy/kl", "actor/kl_loss", "critic/kl", "kl_divergence")
+ENTROPY_KEYS = ("entropy", "objective/entropy", "actor/entropy", "policy/entropy_avg", "avg_entropy")
+LENGTH_KEYS = (
+    "completions/mean_length",
+    "completion_length",
+    "response_length/mean",
+    "response_length_mean",
+    "mean_length",
+)
+CLIP_KEYS = ("clip_ratio/region_mean", "clip_ratio", "policy/clipfrac_avg", "actor/pg_clipfrac", "clipfrac")
+# The fields whose NaN is the objective's own: the reward, the preference pairs' rewards and
+# log-probabilities, the KL.
+_NAN_KEYS = (
+    *REWARD_KEYS,
+    "rewards/rejected",
+    "logps/chosen",
+    "logps/rejected",
+    *KL_KEYS,
+)
 
 
-def _first(extra: Mapping[str, Any], keys: tuple[str, ...]) -> tuple[str, float] | None:
+def first(extra: Mapping[str, Any], keys: tuple[str, ...]) -> tuple[str, float] | None:
+    """The first of ``keys`` that ``extra`` holds as a finite number: (key, value)."""
     for k in keys:
         v = extra.get(k)
         if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
@@ -65,88 +76,36 @@ def _first(extra: Mapping[str, Any], keys: tuple[str, ...]) -> tuple[str, float]
 
 @dataclass(frozen=True, slots=True)
 class ObjectiveLimits:
-    """As ``detect.loss`` and ``detect.series`` name them (docs/detectors.md)."""
-
-    level_window: int
-    noise_window: int
-    gap_factor: float
-    spike_z: float
-    divergence_points: int
-    kl_jump_ratio: float
+    """None yet: a NaN is a NaN at any scale."""
 
 
 class ObjectiveWatch:
-    """reward_collapse and kl_blowup of an RL or preference run."""
+    """nan_loss on an RL or preference run's own fields (the reward, margins, log-probabilities, KL)."""
 
-    reports: ClassVar[tuple[str, ...]] = tuple(KINDS)
+    reports: ClassVar[tuple[str, ...]] = ("nan_loss",)
 
-    def __init__(self, limits: ObjectiveLimits, rank: int | None = None) -> None:
+    def __init__(self, limits: ObjectiveLimits | None = None, rank: int | None = None) -> None:
         self.rep = Reporter(rank)
-        self.lim = limits
-        self.reward = Tracker(limits.level_window, limits.noise_window, 1.0, 0.0, 1e-6)
-        self.kl = Tracker(limits.level_window, limits.noise_window, 0.5, 2.0, 0.05)
-        self._initial: float | None = None
-        self._best: float | None = None
-        self._low = 0
-        self._kl_jump = math.log(limits.kl_jump_ratio)
 
     def observe(self, point: Signal, out: list[Finding]) -> None:
-        """An RL or preference run's reward and KL; a run judged by the SFT loss has none to judge."""
-        if point.objective not in (None, LOSS_OBJECTIVE) and point.rec.extra:
-            self.judge(point.rec.step, point.rec.extra, out)
-
-    def judge(self, step: int, extra: Mapping[str, Any], out: list[Finding]) -> None:
-        r = _first(extra, _REWARD_KEYS)
-        if r is not None:
-            self._reward(step, r[0], r[1], out)
-        k = _first(extra, _KL_KEYS)
-        if k is not None and k[1] > 0:
-            self._kl(step, k[0], k[1], out)
-
-    def _reward(self, step: int, key: str, value: float, out: list[Finding]) -> None:
-        t = self.reward
-        t.begin(step, self.lim.gap_factor)
-        t.accept(value)  # rewards are not log-scaled: they may be negative
-        if not t.level_full:
+        """The objective's fields of the step; a NaN loss is the loss series' to report."""
+        extra, step, loss = point.rec.extra, point.rec.step, point.rec.loss
+        if point.objective in (None, LOSS_OBJECTIVE) or not extra or extra.get("eval"):
             return
-        level = t.level
-        if self._initial is None:
-            self._initial = self._best = level
-            return
-        self._best = max(self._best or level, level)
-        gained = self._best - self._initial
-        lost_all = gained > _MIN_GAIN_SIGMAS * t.sigma and level <= self._initial
-        self._low = self._low + 1 if lost_all else 0
-        if self._low >= self.lim.divergence_points:
+        finite_loss = loss is None or math.isfinite(loss)
+        bad = {}
+        if finite_loss:
+            bad = {k: v for k in _NAN_KEYS if isinstance(v := extra.get(k), float) and not math.isfinite(v)}
+        if bad:
+            k, v = next(iter(bad.items()))  # the episode is named after the first, in the fields' order
             ev = None
-            if not self.rep.is_on("reward_collapse", key):
-                ev = {
-                    "level": rounded(level),
-                    "best_level": rounded(self._best),
-                    "initial_level": rounded(self._initial),
-                    "noise_sigma": rounded(t.sigma, 4),
-                }
-            self.rep.report(out, "reward_collapse", key, step, True, evidence=ev)
-        elif self.rep.is_on("reward_collapse", key) and level > self._initial + 0.5 * gained:
-            self.rep.report(out, "reward_collapse", key, step, False)
-
-    def _kl(self, step: int, key: str, value: float, out: list[Finding]) -> None:
-        t = self.kl
-        t.begin(step, self.lim.gap_factor)
-        y = math.log(value)
-        if t.n_level >= t.level_window:
-            jump = y - t.level
-            if jump > max(self._kl_jump, t.threshold(self.lim.spike_z)):
-                ev = None
-                if not self.rep.is_on("kl_blowup", key):
-                    ev = {
-                        "value": rounded(value),
-                        "baseline": rounded(math.exp(t.level)),
-                        "ratio": rounded(math.exp(jump), 4),
-                        "threshold_ratio": self.lim.kl_jump_ratio,
-                    }
-                self.rep.report(out, "kl_blowup", key, step, True, evidence=ev)
-                return
-            if self.rep.is_on("kl_blowup", key) and jump < 0.5 * self._kl_jump:
-                self.rep.report(out, "kl_blowup", key, step, False)
-        t.accept(y)
+            if not self.rep.is_on("nan_loss", k):
+                ev = {"field": k, "value": str(v), "fields": sorted(bad), "loss": rounded(loss)}
+            cause = (
+                f"the objective's own {', '.join(bad)} {'is' if len(bad) == 1 else 'are'} NaN/Inf while the "
+                "loss is finite: the model's outputs hold NaN/Inf for some sample (fp16 overflow, a log of "
+                "zero, a bad batch) that the averaged loss hides"
+            )
+            self.rep.report(out, "nan_loss", k, step, True, evidence=ev, cause=cause)
+        for _, k in [key for key in self.rep.on if key[1] not in bad]:
+            self.rep.report(out, "nan_loss", k, step, False)

@@ -17,6 +17,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
+from steadytune.detect.synthetic_rl import grpo_batches as grpo_batches  # RL runs: synthetic_rl
 from steadytune.records import Anomaly, GpuSample, StepRecord, SystemSample
 
 GIB = 1 << 30
@@ -222,41 +223,6 @@ def _grpo(rng: random.Random, run: Run) -> None:
     g0 = rng.uniform(0.05, 1.0)
     run.loss, run.grad, extra = grpo_batches(rng, len(run.steps), groups, beta, share_field, g0)
     run.extra = dict(enumerate(extra))
-
-
-def grpo_batches(
-    rng: random.Random, n: int, groups: int, beta: float, share_field: bool, g0: float = 0.3
-) -> tuple[list[float], list[float | None], list[dict[str, Any]]]:
-    """GRPO, batch by batch: (losses, grad norms, logged fields).
-
-    The share of prompt groups whose completions all earn the same reward falls from 3/4 to 1/3
-    as the policy learns. A batch in which every group tied has no advantages, so its gradient
-    is the KL term's alone (``beta`` times a small drift; exactly 0 at beta 0). The loss sits
-    near zero. ``share_field``: the records carry TRL's ``frac_reward_zero_std``.
-    """
-    losses: list[float] = []
-    grads: list[float | None] = []
-    extra: list[dict[str, Any]] = []
-    for i in range(n):
-        t = i / n
-        tied = 0.75 - 0.45 * (1 - math.exp(-6 * t))
-        learning = sum(rng.random() > tied for _ in range(groups))
-        kl = 0.03 * (1 - math.exp(-i / (0.15 * n))) * math.exp(rng.gauss(0, 0.5)) if i else 0.0
-        if learning:
-            grads.append(g0 * math.sqrt(learning / groups) * math.exp(rng.gauss(0, 0.4)))
-        else:
-            grads.append(beta * g0 * math.exp(rng.gauss(0, 0.3)))
-        losses.append(abs(rng.gauss(0, 0.01)) * math.sqrt(learning / groups) + beta * kl + 1e-6)
-        rec: dict[str, Any] = {
-            "reward": 0.15 + 0.55 * (1 - math.exp(-5 * t)) + rng.gauss(0, 0.08),
-            "reward_std": 0.3 if learning or groups > 1 else 0.0,
-        }
-        if share_field:
-            rec["frac_reward_zero_std"] = 1 - learning / groups
-        if beta:
-            rec["kl"] = max(kl, 1e-6) if i else 0.0
-        extra.append(rec)
-    return losses, grads, extra
 
 
 def _fp16(rng: random.Random, run: Run) -> None:

@@ -76,7 +76,9 @@ def test_detectors_are_built_from_plain_numbers() -> None:
     )
     assert stall.hang_limit_s() == 42.0
     flow = GradFlowWatch(
-        FlowLimits(layer_vanish_norm=0.01, layer_explode_norm=10.0, layer_dead_zero_frac=0.5)
+        FlowLimits(
+            layer_vanish_norm=0.01, layer_explode_norm=10.0, layer_dead_zero_frac=0.5, zero_grad_norm=0.0
+        )
     )
     layers = {"layers.0": {"norm": 0.005, "zero_frac": 0.0}, "lm_head": {"norm": 20.0, "zero_frac": 0.0}}
     flow.observe(

@@ -44,6 +44,8 @@ def test_every_kind_of_the_issue_has_words() -> None:
         "overfitting",
         "reward_collapse",
         "kl_blowup",
+        "no_learning_signal",
+        "clip_saturation",
     }
     assert set(ALL_KINDS) == expected
     for info in KINDS.values():

@@ -1,0 +1,139 @@
+"""kl_blowup: the KL to the reference model jumps, or runs away while the reward does not improve.
+
+The KL term keeps an RL or preference policy near its reference; how far it strays is
+the run's stability in one number. Two ways it goes wrong:
+
+- a **jump**: one update throws the policy far off (an LR burst, a bad batch): the KL
+  ``rl.kl_jump_ratio`` (10x) its recent level in log space, and ``loss.spike_z``
+  noise sigmas, after a full level window (``series.level_window``, 8). Jumped points
+  stay out of the level, so a KL that stays up stays judged against where it was;
+- a **runaway**: the KL climbs step after step, each step too small to be a jump,
+  while the reward buys nothing with it. Its level (median of 8) ``rl.kl_runaway_ratio``
+  (100x, the labelling guide's "x100 and more") above where it stood when the reward
+  last made a new best, or, before the reward ever did (or where no reward is
+  logged), where it stood two level windows into the run: its first points climb from
+  0 by design (the policy starts as its reference), so they are no yardstick. A KL
+  that grows as the reward rises is the policy learning, and moves the yardstick up.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from steadytune.detect.base import Finding, KindInfo, Reporter, rounded
+from steadytune.detect.objective import KL_KEYS, first
+from steadytune.detect.points import Signal
+from steadytune.detect.stats import Tracker
+from steadytune.objectives import LOSS_OBJECTIVE
+
+KINDS: dict[str, KindInfo] = {
+    "kl_blowup": KindInfo(
+        "KL divergence blew up",
+        "the policy moved far from the reference model: an unstable update, a too-high LR or a too-small "
+        "KL penalty",
+        "roll back to the last good checkpoint with a lower LR, raise beta, clip gradients",
+        "warning",
+    ),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class KLLimits:
+    """As ``detect.series``, ``detect.loss`` and ``detect.rl`` name them (docs/detectors.md)."""
+
+    level_window: int
+    noise_window: int
+    gap_factor: float
+    spike_z: float
+    kl_jump_ratio: float
+    kl_runaway_ratio: float
+
+
+class KLWatch:
+    """kl_blowup of an RL or preference run: a jump, or a runaway the reward does not pay for."""
+
+    reports: ClassVar[tuple[str, ...]] = tuple(KINDS)
+
+    def __init__(
+        self,
+        limits: KLLimits,
+        reward_improved: Callable[[], int | None] | None = None,
+        rank: int | None = None,
+    ) -> None:
+        self.rep = Reporter(rank)
+        self.lim = limits
+        self.t = Tracker(limits.level_window, limits.noise_window, 0.5, 2.0, 0.05)
+        self._jump = math.log(limits.kl_jump_ratio)
+        self._runaway = math.log(limits.kl_runaway_ratio)
+        self._improved = reward_improved or (lambda: None)
+        self._seen_improved: int | None = None
+        self._ref: tuple[int, float] | None = None  # (step, log level) the runaway is measured from
+        self._n = 0
+        self._jumping = False
+
+    def observe(self, point: Signal, out: list[Finding]) -> None:
+        """The step's KL, on an RL or preference run."""
+        extra = point.rec.extra
+        if point.objective in (None, LOSS_OBJECTIVE) or not extra or extra.get("eval"):
+            return
+        k = first(extra, KL_KEYS)
+        if k is not None and k[1] > 0:
+            self.judge(point.rec.step, k[0], k[1], out)
+
+    def judge(self, step: int, key: str, value: float, out: list[Finding]) -> None:
+        t = self.t
+        if t.begin(step, self.lim.gap_factor):
+            self._ref, self._n = None, 0  # a gap or a restart: the yardstick starts again
+        y = math.log(value)
+        ev: dict[str, Any] | None = None
+        if t.n_level >= t.level_window:
+            jump = y - t.level
+            if jump > max(self._jump, t.threshold(self.lim.spike_z)):
+                self._jumping = True
+                if not self.rep.is_on("kl_blowup", key):
+                    ev = {
+                        "value": rounded(value),
+                        "baseline": rounded(math.exp(t.level)),
+                        "ratio": rounded(math.exp(jump), 4),
+                        "threshold_ratio": self.lim.kl_jump_ratio,
+                    }
+                self.rep.report(out, "kl_blowup", key, step, True, evidence=ev)
+                return
+            self._jumping = self._jumping and jump >= 0.5 * self._jump
+        t.accept(y)
+        self._n += 1
+        running = self._runaway_now(step, value)
+        if running is not None and not self.rep.is_on("kl_blowup", key):
+            ev = running
+        if running is not None or self._jumping:
+            self.rep.report(out, "kl_blowup", key, step, True, evidence=ev)
+        elif self.rep.is_on("kl_blowup", key):
+            self.rep.report(out, "kl_blowup", key, step, False)
+
+    def _runaway_now(self, step: int, value: float) -> dict[str, Any] | None:
+        """The runaway's evidence while the level stands ``kl_runaway_ratio`` above its yardstick."""
+        t = self.t
+        if self._n < 2 * t.level_window:
+            return None
+        improved = self._improved()
+        if self._ref is None or improved != self._seen_improved:
+            self._seen_improved = improved
+            self._ref = (step, t.level)
+            return None
+        ref_step, ref = self._ref
+        rise = t.level - ref
+        if rise < self._runaway:
+            return None
+        return {
+            "value": rounded(value),
+            "level": rounded(math.exp(t.level)),
+            "reference": rounded(math.exp(ref)),
+            "reference_step": ref_step,
+            "ratio": rounded(math.exp(rise), 4),
+            "threshold_ratio": self.lim.kl_runaway_ratio,
+            "since_step": ref_step,
+            "reason": "the KL ran away while the reward did not improve",
+        }

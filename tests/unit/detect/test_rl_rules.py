@@ -1,0 +1,207 @@
+"""Post-training rules on GENERATED RL and preference runs (detect/synthetic_rl.py): healthy ones over
+length, group size, reward, beta and noise raise nothing; each trouble is found once, at its step.
+
+The rules: no_learning_signal (detect/learning.py), reward_collapse (detect/reward.py), kl_blowup
+(detect/kl.py), clip_saturation (detect/clip.py), nan_loss on the objective's own fields
+(detect/objective.py); and a loss that goes negative is no cross-entropy to judge (detect/live.py).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+
+from steadytune.detect import DetectConfig, LiveDetector
+from steadytune.detect.synthetic_rl import dpo_run, rl_run
+from steadytune.objectives import SIGNED_OBJECTIVE, tied_share
+from steadytune.records import Anomaly, StepRecord
+from tests.unit.detect import shapes
+from tests.unit.detect.helpers import feed, records, severe
+
+LENGTHS = (40, 300)
+# (prompt groups per step, completions per group): one group of four on a small GPU, up to 16 x 16.
+GROUPS = ((1, 4), (2, 8), (8, 8), (16, 16))
+BETAS = (0.0, 0.04)
+WINDOW = DetectConfig().rl.signal_window
+
+
+def _grpo(n: int, seed: int, groups: tuple[int, int], beta: float, **kw: object) -> list[StepRecord]:
+    rng = shapes.rng_for(seed, f"rl-{n}-{groups}-{beta}-{sorted(kw.items())}")
+    losses, grads, extra = rl_run(rng, n, groups=groups[0], group_size=groups[1], beta=beta, **kw)  # type: ignore[arg-type]
+    return records(losses, grads, extra=extra)
+
+
+def _dpo(n: int, seed: int, batch: int, **kw: object) -> list[StepRecord]:
+    rng = shapes.rng_for(seed, f"dpo-{n}-{batch}-{sorted(kw.items())}")
+    losses, grads, lrs, extra = dpo_run(rng, n, batch=batch, **kw)  # type: ignore[arg-type]
+    return records(losses, grads, lr=lrs, extra=extra)
+
+
+def _severe(recs: list[StepRecord]) -> list[Anomaly]:
+    return [t.anomaly for t in feed(recs) if t.state == "raised" and t.anomaly.severity != "info"]
+
+
+@pytest.mark.parametrize("seed", shapes.SEEDS)
+@pytest.mark.parametrize("n", LENGTHS)
+@pytest.mark.parametrize("groups", GROUPS)
+@pytest.mark.parametrize(
+    "beta, graded, share_field, on_policy",
+    [(b, g, s, o) for b, g, s, o in itertools.product(BETAS, (False, True), (True, False), (True, False))],
+)
+def test_a_healthy_grpo_run_raises_nothing(
+    n: int, seed: int, groups: tuple[int, int], beta: float, graded: bool, share_field: bool, on_policy: bool
+) -> None:
+    recs = _grpo(n, seed, groups, beta, graded=graded, share_field=share_field, on_policy=on_policy)
+    assert severe(feed(recs)) == []
+
+
+@pytest.mark.parametrize("seed", shapes.SEEDS)
+@pytest.mark.parametrize("n", (20, 100, 600))
+@pytest.mark.parametrize("batch", (2, 8, 64))
+def test_a_healthy_dpo_run_raises_nothing(n: int, seed: int, batch: int) -> None:
+    assert severe(feed(_dpo(n, seed, batch))) == []
+
+
+@pytest.mark.parametrize("seed", shapes.SEEDS)
+@pytest.mark.parametrize("groups", GROUPS)
+@pytest.mark.parametrize("beta", BETAS)
+@pytest.mark.parametrize("share_field", (True, False))
+def test_a_reward_that_never_fires_is_one_episode_of_no_learning_signal_from_the_first_step(
+    seed: int, groups: tuple[int, int], beta: float, share_field: bool
+) -> None:
+    got = _severe(_grpo(60, seed, groups, beta, share_field=share_field, trouble="dead"))
+    assert [(a.kind, a.start_step) for a in got] == [("no_learning_signal", 1)]
+    ev = got[0].evidence
+    assert ev["to_step"] == WINDOW and ev["learning_share"] == 0.0  # raised once the window is full
+    assert "reward function" in got[0].cause and "gradient norm was 0" in got[0].cause
+
+
+def test_a_solved_task_whose_groups_all_tie_at_the_top_is_said_but_is_no_warning() -> None:
+    """Every group earns the top reward: nothing is left to learn, and nothing is broken."""
+    n, rewards = 60, []
+    for i in range(n):
+        rewards.append(min(1.0, 0.3 + 0.02 * i))
+    extra = [{"reward": r, "reward_std": 0.0 if r == 1.0 else 0.3} for r in rewards]
+    out = feed(records([0.0] * n, [0.0 if r == 1.0 else 0.4 for r in rewards], extra=extra))
+    got = [t.anomaly for t in out if t.state == "raised"]
+    assert [(a.kind, a.severity) for a in got] == [("no_learning_signal", "info")]
+    assert got[0].evidence["saturated"] is True and "saturated" in got[0].cause
+
+
+@pytest.mark.parametrize("seed", shapes.SEEDS)
+@pytest.mark.parametrize("n", (60, 300))
+@pytest.mark.parametrize("groups", GROUPS)
+@pytest.mark.parametrize("beta", BETAS)
+def test_a_policy_that_collapses_is_a_reward_collapse_at_its_step(
+    n: int, seed: int, groups: tuple[int, int], beta: float
+) -> None:
+    at = int(0.6 * n)
+    got = _severe(_grpo(n, seed, groups, beta, trouble="collapse", at=at))
+    collapse = [a for a in got if a.kind == "reward_collapse"]
+    assert len(collapse) == 1, [(a.kind, a.start_step) for a in got]
+    assert at + 1 <= collapse[0].start_step <= at + 3
+    # The KL that jumped with it is the only other episode; the ties at the floor are the collapse's.
+    assert {a.kind for a in got} <= {"reward_collapse", "kl_blowup"}
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_what_the_policy_collapsed_into_is_said(seed: int) -> None:
+    got = _severe(_grpo(200, seed, (16, 16), 0.0, trouble="collapse", at=120))
+    (collapse,) = [a for a in got if a.kind == "reward_collapse"]
+    ev = collapse.evidence
+    assert "entropy" in ev or "length" in ev, ev
+    assert ("near-random" in collapse.cause) == ("entropy" in ev)
+    assert ev["since_step"] <= 121 and ev["best_level"] > ev["value"]
+
+
+@pytest.mark.parametrize("seed", shapes.SEEDS)
+@pytest.mark.parametrize("groups", GROUPS)
+def test_a_kl_that_runs_away_while_the_reward_does_not_improve_blew_up(
+    seed: int, groups: tuple[int, int]
+) -> None:
+    """A hundredfold in about 27 steps, no step a tenth of that: no jump, a runaway."""
+    at = 180
+    got = _severe(_grpo(300, seed, groups, 0.04, trouble="kl_runaway", at=at))
+    blowups = [a for a in got if a.kind == "kl_blowup"]
+    assert blowups and at + 1 <= blowups[0].start_step <= at + 40, [(a.kind, a.start_step) for a in got]
+    # The yardstick is a level (median of 8): set a few steps into the climb, it still stands for before it.
+    assert blowups[0].evidence["ratio"] >= 100 and blowups[0].evidence["since_step"] <= at + 4
+
+
+def test_a_kl_that_grows_as_the_reward_rises_is_the_policy_learning() -> None:
+    n = 400
+    extra = [
+        {"reward": 0.1 + 0.8 * i / n, "kl": 1e-4 * math.exp(7 * i / n), "frac_reward_zero_std": 0.3}
+        for i in range(n)
+    ]  # the KL grows 1000x, the reward with it
+    assert severe(feed(records([0.0] * n, [0.5] * n, extra=extra))) == []
+
+
+@pytest.mark.parametrize("seed", shapes.SEEDS)
+@pytest.mark.parametrize("n", (60, 300))
+def test_a_clip_ratio_that_saturates_is_said_once(seed: int, n: int) -> None:
+    at = n // 2
+    got = _severe(_grpo(n, seed, (8, 8), 0.04, on_policy=False, trouble="clip", at=at))
+    assert [a.kind for a in got] == ["clip_saturation"]
+    assert at + 1 <= got[0].start_step <= at + WINDOW // 2 + 1
+
+
+@pytest.mark.parametrize("seed", shapes.SEEDS)
+@pytest.mark.parametrize("trouble", ("dead", "frozen_lr0"))
+def test_a_dpo_policy_that_never_moves_has_no_learning_signal(seed: int, trouble: str) -> None:
+    """Frozen (no gradient) or at an LR of 0 (a gradient, no update): its margins stay exactly 0."""
+    got = _severe(_dpo(100, seed, 8, trouble=trouble))
+    assert [(a.kind, a.start_step) for a in got] == [("no_learning_signal", 1)]
+    assert got[0].metric == ("grad_norm" if trouble == "dead" else "rewards/margins")
+    assert ("LR was 0" in got[0].cause) == (trouble == "frozen_lr0")
+
+
+@pytest.mark.parametrize("seed", shapes.SEEDS)
+@pytest.mark.parametrize("batch", (2, 64))
+def test_nan_in_a_dpo_runs_own_fields_is_one_episode_while_its_loss_is_finite(seed: int, batch: int) -> None:
+    recs = _dpo(100, seed, batch, trouble="nan", at=60)
+    assert all(math.isfinite(r.loss or 0.0) for r in recs)
+    got = _severe(recs)
+    assert [(a.kind, a.start_step, a.metric) for a in got] == [("nan_loss", 61, "rewards/margins")]
+    assert set(got[0].evidence["fields"]) == {"rewards/margins", "rewards/chosen", "logps/chosen"}
+
+
+@pytest.mark.parametrize("seed", shapes.SEEDS)
+@pytest.mark.parametrize("n", (30, 300))
+def test_an_sft_run_whose_gradient_is_exactly_zero_and_whose_loss_is_flat_updates_nothing(
+    seed: int, n: int
+) -> None:
+    losses = shapes.flat(n, 2.0, 0.01, seed)
+    got = severe(feed(records(losses, [0.0] * n)))
+    assert [k for k, *_ in got][:1] == ["no_learning_signal"] and got[0][1] == 1
+
+
+@pytest.mark.parametrize("seed", shapes.SEEDS)
+def test_a_zero_norm_that_a_falling_loss_belies_is_a_placeholder(seed: int) -> None:
+    """A pipeline engine logs 0.0 for a norm it does not compute; its loss says the model learns."""
+    losses = shapes.learning(300, 2.0, 0.02, seed)
+    assert severe(feed(records(losses, [0.0] * 300))) == []
+
+
+def test_a_loss_that_goes_negative_is_no_cross_entropy_and_never_collapses() -> None:
+    """On-policy distillation and policy-gradient losses sit below zero and flat by construction."""
+    rng = shapes.rng_for(0, "signed")
+    losses = [-0.03 + 0.015 * i / 200 + rng.gauss(0, 0.001) for i in range(200)]
+    det = LiveDetector()
+    out = [t for i, x in enumerate(losses, 1) for t in det.observe_step(StepRecord(i, float(i), loss=x))]
+    assert det.objective == SIGNED_OBJECTIVE and [t.anomaly.kind for t in out] == []
+    # A NaN is still a NaN.
+    out = det.observe_step(StepRecord(201, 201.0, loss=math.nan))
+    assert [t.anomaly.kind for t in out] == ["nan_loss"]
+
+
+def test_which_batches_tied_and_how_many_groups() -> None:
+    assert tied_share({"frac_reward_zero_std": 0.25, "reward_std": 0.3}) == 0.25
+    assert tied_share({"reward_std": 0.0}) == 1.0  # TRL: the spread of the whole batch
+    assert tied_share({"reward_std": 0.2}) is None  # spread across groups may still tie inside each
+    assert tied_share({"critic/score/max": -1.0, "critic/score/min": -1.0}) == 1.0
+    assert tied_share({"max_reward": 0.5, "min_reward": 0.1}) is None
+    assert tied_share({"critic/advantages/max": 0.0, "critic/advantages/min": 0.0}) == 1.0
+    assert tied_share(None) is None and tied_share({"reward": 0.3}) is None
