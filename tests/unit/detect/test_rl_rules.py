@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import itertools
 import math
+from pathlib import Path
+from typing import Any
 
 import pytest
 
-from steadytune.detect import DetectConfig, LiveDetector
+from steadytune.detect import ALL_KINDS, DetectConfig, LiveDetector
+from steadytune.detect.build import KINDS
 from steadytune.detect.synthetic_rl import dpo_run, rl_run
 from steadytune.objectives import SIGNED_OBJECTIVE, tied_share
 from steadytune.records import Anomaly, StepRecord
@@ -205,3 +208,36 @@ def test_which_batches_tied_and_how_many_groups() -> None:
     assert tied_share({"max_reward": 0.5, "min_reward": 0.1}) is None
     assert tied_share({"critic/advantages/max": 0.0, "critic/advantages/min": 0.0}) == 1.0
     assert tied_share(None) is None and tied_share({"reward": 0.3}) is None
+
+
+DOCS = Path(__file__).resolve().parents[3] / "docs" / "detectors.md"
+
+
+def _doc_row(kind: str) -> str:
+    rows = [line for line in DOCS.read_text().splitlines() if line.startswith(f"| `{kind}` |")]
+    assert rows, f"docs/detectors.md has no row for {kind}"
+    return rows[0]
+
+
+@pytest.mark.parametrize("kind", ALL_KINDS)
+def test_every_kind_has_a_row_in_the_docs(kind: str) -> None:
+    _doc_row(kind)
+
+
+@pytest.mark.parametrize(
+    "kind, recs",
+    [
+        ("no_learning_signal", lambda: _grpo(60, 0, (2, 8), 0.04, trouble="dead")),
+        ("reward_collapse", lambda: _grpo(200, 0, (16, 16), 0.0, trouble="collapse", at=120)),
+        ("kl_blowup", lambda: _grpo(300, 0, (8, 8), 0.04, trouble="kl_runaway", at=180)),
+        ("clip_saturation", lambda: _grpo(60, 0, (8, 8), 0.04, on_policy=False, trouble="clip", at=30)),
+    ],
+)
+def test_the_docs_name_each_post_training_kinds_evidence_and_its_advice(kind: str, recs: Any) -> None:
+    """What a user reads in an alert is what the docs explain: every evidence key, and the advice."""
+    (found,) = [a for a in _severe(recs()) if a.kind == kind]
+    row = _doc_row(kind)
+    assert [k for k in found.evidence if f"`{k}`" not in row] == []
+    advice = row.rstrip(" |").rsplit("|", 1)[-1]
+    assert KINDS[kind].suggestion.split(",")[0].split(" ")[0] in advice  # the advice's first verb
+    assert found.suggestion == KINDS[kind].suggestion
