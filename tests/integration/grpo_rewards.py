@@ -16,3 +16,20 @@ def one_in_five(completions: list[Any], **_: Any) -> list[float]:
         text = c[-1]["content"] if isinstance(c, list) else str(c)
         out.append(1.0 if len(text) % 5 == 0 else 0.0)
     return out
+
+
+def always_zero(completions: list[Any], **_: Any) -> list[float]:
+    """0 for every completion: a reward function that never fires (a parser that never matches, a
+    verifier that rejects every answer). Every group ties, so no batch carries a learning signal."""
+    return [0.0 for _ in completions]
+
+
+def distinct_characters(completions: list[Any], **_: Any) -> list[float]:
+    """How varied a completion is: its distinct characters over 32, at most 1. The demo model, untrained,
+    samples varied text (about half of that); a policy that collapsed into repeating one token, or into
+    stopping at once, earns next to nothing."""
+    out = []
+    for c in completions:
+        text = c[-1]["content"] if isinstance(c, list) else str(c)
+        out.append(min(len(set(text)), 32) / 32)
+    return out

@@ -207,11 +207,14 @@ def test_trl_grpo_whose_kl_blows_up_under_supervise_inject_is_flagged_on_the_ste
     """One update at 20000x the LR (the lr_burst drill fault: the guard inside the trainer applies it)
     throws the policy far from its reference: TRL's kl goes from 0.013 to 2.75 at the next step (270x
     its recent level), while its reward climbs (shorter completions). Live under --inject that is
-    kl_blowup on the step TRL logged it, as `analyze` finds it in the log TRL itself kept."""
+    kl_blowup on the step TRL logged it, as `analyze` finds it in the log TRL itself kept. (The
+    policy only watches here: acting, it rolls a KL blow-up back, and TRL's log would be the
+    second attempt's; test_trl_grpo_rl_rules.py rolls a collapse back.)"""
     steps, burst = 18, 13
     faults = {"lr_burst_at_step": burst, "lr_burst_factor": 20000, "lr_burst_steps": 1}
     job = trl_job(demo_assets, tmp_path, steps, trainer="grpo", save_steps=steps, logging_steps=1)
-    with supervise(job, tmp_path, "--inject", env={"STEADYTUNE_FAULTS": json.dumps(faults)}) as sup:
+    env = {"STEADYTUNE_FAULTS": json.dumps(faults)}
+    with supervise(job, tmp_path, "--inject", "--policy", "observe", env=env) as sup:
         rc = sup.finish()
     assert rc == 0, sup.stdout
     events = sup.events()
