@@ -122,7 +122,7 @@ def expand(paths: list[str]) -> list[str]:
 
 def analyze_path(path: str, config: Any) -> Any:
     """Import one path and run the detectors on it; never raises for a bad file."""
-    from steadytune.detect.offline import replay
+    from steadytune.detect.offline import replay_runs
     from steadytune.detect.report import FileResult
     from steadytune.importers import UnreadableLog, load
 
@@ -132,7 +132,7 @@ def analyze_path(path: str, config: Any) -> Any:
         return FileResult(path, error=str(e))
     except Exception as e:  # a reader bug must not stop the other files
         return FileResult(path, error=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'failed'}")
-    judged = replay(series.records, series.system, config)
+    judged = replay_runs(series.runs(), series.system, config)
     return FileResult(
         path,
         series.format,

@@ -87,7 +87,8 @@ def _json_safe(value: Any) -> Any:
 
 
 def _evidence_text(a: Anomaly, limit: int = 4) -> str:
-    return ", ".join(f"{k}={v}" for k, v in list(a.evidence.items())[:limit])
+    shown = [(k, v) for k, v in a.evidence.items() if k != "run"]  # the run is in the steps column
+    return ", ".join(f"{k}={v}" for k, v in shown[:limit])
 
 
 _STYLE = {"critical": "bold red", "warning": "yellow", "info": "dim"}
@@ -116,6 +117,8 @@ def render_text(results: list[FileResult], console: Any) -> None:
             table.add_column(col, overflow="fold")
         for a in r.anomalies:
             steps = str(a.start_step) if a.start_step == a.end_step else f"{a.start_step}-{a.end_step}"
+            if "run" in a.evidence:  # a file holding several runs: each its own steps
+                steps += f" ({a.evidence['run']})"
             metric = a.metric if a.rank is None else f"{a.metric} (rank {a.rank})"
             table.add_row(
                 f"[{_STYLE[a.severity]}]{a.severity}[/]",

@@ -280,7 +280,7 @@ def read(path: Path) -> Series:
         rows = _records(f.read().splitlines())
     if len(rows) < MIN_RECORDS:
         raise UnreadableLog(f"fewer than {MIN_RECORDS} {LOOKED_FOR}")
-    b = SeriesBuilder(str(path), FORMAT)
+    b = SeriesBuilder(str(path), FORMAT, in_order=True)
     ranks = LowestRank(b)
     for rank, step, values in rows:
         if ranks.accept(step, rank):

@@ -138,7 +138,7 @@ def read(path: Path) -> Series:
         rows = _rows(f.readlines())
     if not rows:
         raise UnreadableLog(f"no JSON object with {LOOKED_FOR}")
-    b = SeriesBuilder(str(path), FORMAT)
+    b = SeriesBuilder(str(path), FORMAT, in_order=True)
     ranks = LowestRank(b)
     for rank, step, numbers in rows:
         if ranks.accept(step, rank):

@@ -387,7 +387,7 @@ def _evaluation_estimates(lines: list[Line]) -> list[Line]:
 def read(path: Path) -> Series:
     with open(path, encoding="utf-8", errors="replace") as f:
         lines = _evaluation_estimates(_parsed(f))
-    b = SeriesBuilder(str(path), FORMAT)
+    b = SeriesBuilder(str(path), FORMAT, in_order=True)
     ranks = LowestRank(b)
     for line in _epoch_steps(lines):
         if ranks.accept(line.step, line.rank):
