@@ -13,7 +13,8 @@ watched command's stdout is read with, live. Formats, in the order they are trie
 - ``llamafactory_trainer_log``: LLaMA-Factory ``trainer_log.jsonl``;
 - ``megatron_golden_values``: Megatron golden-values JSON;
 - ``tensorboard``: TensorBoard event files, or a directory of them;
-- ``jsonl_log``: JSON lines with a step and a loss, typed (``{"type": "eval", ...}``) or not;
+- ``jsonl_log``: JSON lines with a loss or an RL/preference signal, typed (``{"type": "eval", ...}``)
+  or not, at their step, their own ``*_step`` counter, or their place;
 - ``composer_console``: MosaicML Composer / llm-foundry stdout, ``[batch=N/M]:`` then
   ``Train loss/train/total: X`` lines;
 - ``megatron_text``: Megatron/DeepSpeed ``iteration N/ M | lm loss: X |`` lines;
@@ -26,6 +27,8 @@ watched command's stdout is read with, live. Formats, in the order they are trie
   LLaMA-Factory stdout (``{'loss': 2.3, 'grad_norm': 1.1, ...}``, also after a progress
   bar), fairseq's ``train_inner | {"loss": "2.3", "num_updates": "5", ...}``;
 - ``csv``: CSV/TSV with a step column (W&B export);
+- ``json_document``: a JSON list of per-step dicts, or a document holding one, or series of
+  ``{step, value}`` points, or columns of numbers;
 - ``text_log``: any text whose lines name a step and a loss (``step 10 | loss 2.3``,
   ``iter 10: loss=2.3``, ``Step [10/500], Loss: 2.3``), by the rules in
   :mod:`~steadytune.importers.text_log`.
@@ -105,6 +108,8 @@ _BY_DOCUMENT = tuple(f for f in REGISTRY if f.sniff_document is not None)
 _BY_TEXT = tuple(f for f in REGISTRY if f.sniff_text is not None)
 
 _HEAD_BYTES = 64 << 10
+# A JSON array, not a text line that starts with a bracket ("[2024-05-01 12:00:00]", "[INFO]").
+_JSON_ARRAY = re.compile(r'\s*\[\s*(?:[{\["\]]|-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?\s*[,\]])')
 # Lines only source code starts with: the reason given when such a file is not a log either.
 _SOURCE = re.compile(r"^(?:from [\w.]+ import |import [\w.]+\s*$|def \w+\(|class \w+[(:])", re.MULTILINE)
 
@@ -220,7 +225,7 @@ def _sniff(path: Path) -> tuple[str, Any]:
     head = _head(path)
     if not head.strip():
         raise UnreadableLog("empty file")
-    if head.lstrip().startswith("{"):
+    if head.lstrip().startswith("{") or _JSON_ARRAY.match(head):
         return _sniff_json(path, head)
     return _sniff_text(path, head)
 
@@ -245,7 +250,8 @@ def _sniff_json(path: Path, head: str) -> tuple[str, Any]:
             return f.name, data
     raise UnreadableLog(
         "JSON, but neither a trainer_state.json (log_history), Megatron golden values "
-        "({metric: {values}}), a trainer_log.jsonl (current_steps) nor JSON lines with a step and a loss"
+        "({metric: {values}}), a trainer_log.jsonl (current_steps), JSON lines with a step and a loss, "
+        "nor a list of per-step records or series of {step, value} points"
     )
 
 

@@ -22,8 +22,8 @@ told apart by what it logs (:func:`split_runs`):
   again out of order (a late line): its rows join the run as if they had been in order, and
   the last value of a step logged twice is kept.
 
-A new run or a resumed attempt logs again at two steps or more, or at every step the run
-before has from its first one on (a run that stopped right after its first log).
+A new run or a resumed attempt logs other values at two steps or more, or at every step the
+run before has from its first one on (a run that stopped right after its first log).
 """
 
 from __future__ import annotations
@@ -63,35 +63,30 @@ class Split:
         return "; ".join(parts)
 
 
-def _logged_again(run: Rows, seg: Rows) -> tuple[int, bool]:
-    """How many steps ``seg`` logs a metric of again that ``run`` has there, and whether any value differs."""
+def _logged_otherwise(run: Rows, seg: Rows) -> int:
+    """At how many steps ``seg`` logs a metric again that ``run`` has there, with another value."""
     steps = 0
-    differs = False
     for step, row in seg.items():
         old = run.get(step)
         if old is None:
             continue
-        again = False
         for name, value in row.items():
             if name in _BOOKKEEPING or name not in old:
                 continue
-            again = True
             prev = old[name]
             if prev != value and not (prev != prev and value != value):  # NaN is NaN here
-                differs = True
-        steps += again
-    return steps, differs
+                steps += 1
+                break
+    return steps
 
 
 def _is_another_attempt(run: Rows, seg: Rows) -> bool:
-    """Whether ``seg`` runs again over what ``run`` logged, with other values: it logs again at two
-    steps or more, or at every step the run has from its first on. One step logged twice out of
-    order is a late line, not a second run."""
-    steps, differs = _logged_again(run, seg)
-    if not differs:
-        return False
+    """Whether ``seg`` runs again over what ``run`` logged: with other values at two steps or more,
+    or at every step the run has from its first on (a run that stopped right after its first log).
+    One step logged again out of order (a late line, a closing summary) is no second run."""
+    steps = _logged_otherwise(run, seg)
     first = min(seg)
-    return steps >= 2 or steps == sum(1 for s in run if s >= first)
+    return steps >= 2 or (steps == 1 and sum(1 for s in run if s >= first) == 1)
 
 
 def _second_step(run: Rows) -> int:

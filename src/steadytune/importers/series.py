@@ -86,6 +86,27 @@ ALIASES: dict[str, str] = {
 }
 
 
+_NAMES: dict[str, str] = dict(ALIASES)  # every name met, canonical: filled as logs are read
+_MAX_NAMES = 1 << 16
+
+
+def canonical(name: str) -> str:
+    """A metric's name as the detectors know it: its alias (:data:`ALIASES`), and without the
+    ``train/`` that the Trainer's TensorBoard and W&B callbacks put before every training key
+    (``train/reward`` is TRL's ``reward``), ``eval/x`` as the Trainer names it (``eval_x``)."""
+    out = ALIASES.get(name)
+    if out is None:
+        if name.startswith("train/") and len(name) > 6:
+            out = ALIASES.get(name[6:], name[6:])
+        elif name.startswith("eval/") and len(name) > 5:
+            out = ALIASES.get(f"eval_{name[5:]}", f"eval_{name[5:]}")
+        else:
+            out = name
+    if len(_NAMES) < _MAX_NAMES:
+        _NAMES[name] = out
+    return out
+
+
 # Names a log gives its training loss, most preferred first, after ALIASES (so ``train/loss`` and
 # ``lm loss`` are ``loss`` already): the loss of the step, then named variants, then the running
 # means a script prints beside it. docs/detectors.md, *Which series is the loss*.
@@ -288,12 +309,12 @@ class SeriesBuilder:
     def add(self, step: int, metric: str, value: Any) -> None:
         if value is None:
             return
-        self._put(self._target(step), ALIASES.get(metric, metric), value)
+        self._put(self._target(step), _NAMES.get(metric) or canonical(metric), value)
 
     def add_numbers(self, step: int, row: dict[str, Any]) -> None:
         """Add the int/float fields of a parsed JSON row as they are (the fast path for big logs)."""
         numbers = {
-            ALIASES.get(k, k): v
+            _NAMES.get(k) or canonical(k): v
             if type(v) is float or -_MAXF <= v <= _MAXF
             else (math.inf if v > 0 else -math.inf)
             for k, v in row.items()
@@ -327,7 +348,7 @@ class SeriesBuilder:
                 x = parse_number(raw, nan_means_missing)
                 if x is None:
                     continue
-            self._put(target, ALIASES.get(key, key), x)
+            self._put(target, _NAMES.get(key) or canonical(key), x)
 
     def discard(self, step: int) -> None:
         """Forget what was added for ``step`` (another rank's line is to replace it)."""

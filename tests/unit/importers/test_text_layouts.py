@@ -369,7 +369,7 @@ def test_jsonl_without_a_step_and_loss_says_so(tmp_path: Path) -> None:
     p = _write(
         tmp_path, "events.jsonl", [json.dumps({"type": "config", "lr": 1e-4}), json.dumps({"msg": "hi"})]
     )
-    with pytest.raises(UnreadableLog, match="JSON lines, but no object with a step"):
+    with pytest.raises(UnreadableLog, match="JSON lines, but no object with a loss .* or an RL.preference signal"):
         load(p)
 
 
