@@ -40,15 +40,19 @@ from typing import NamedTuple
 from steadytune.importers.format import LogFormat
 from steadytune.importers.prefix import LowestRank, strip_ansi, strip_prefix
 from steadytune.importers.series import ALIASES, Series, SeriesBuilder, UnreadableLog
-from steadytune.importers.text_log import find_step
+from steadytune.importers.text_steps import find_step
 
 FORMAT = "dict_log"
 MIN_RECORDS = 3
 STEP_KEYS = ("step", "global_step", "num_updates", "iteration", "iter", "current_steps")
 LOOKED_FOR = "lines ending in a dict with a loss ({'loss': 2.3, ...} or {\"loss\": 2.3, ...})"
 
-# verl's console logger: "step:1 - actor/pg_loss:0.009 - actor/grad_norm:3.7 - ..." (no braces).
-_KV_LINE = re.compile(r"^step:\s*\d+(?:\s+-\s+[^\s:][^:]*:\s*\S+)+\s*$")
+# verl's console logger: "step:1 - actor/pg_loss:0.009 - actor/grad_norm:3.7 - ..." (no braces); its
+# values may be numpy's reprs (np.float64(0.0)), and a terminal capture may cut the line short.
+_KV_START = re.compile(r"^step:\s*(\d+)\s+-\s+")
+_KV_VALUE = re.compile(
+    r"^(?:np\.\w+\(|tensor\(|float\()?\s*([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+|nan|inf))\)?$"
+)
 _LOG_DICT = re.compile(r"""(\{[^{}]*['"](?:loss|train_loss|eval_loss)['"][^{}]*\})\s*$""")
 # ms-swift prints its step as a string beside the total: 'global_step/max_steps': '10/100'.
 _SWIFT_STEP = re.compile(r"""['"]global_step/max_steps['"]\s*:\s*['"](\d+)/(\d+)['"]""")
@@ -95,19 +99,19 @@ def _numbers(text: str) -> dict[str, float]:
 
 def _kv_line(line: str) -> dict[str, float] | None:
     """The numbers of a ``step:N - key:value - ...`` line (verl); None if it is not one."""
-    if "step:" not in line[:80]:
+    if "step:" not in line[:120]:
         return None
     text = strip_prefix(line)[1]
-    if not _KV_LINE.match(text):
+    m = _KV_START.match(text)
+    if m is None:
         return None
-    out: dict[str, float] = {}
-    for pair in text.split(" - "):
-        key, _, raw = pair.strip().rpartition(":")
-        try:
-            out[key] = float(raw)
-        except ValueError:
-            continue
-    return out
+    out: dict[str, float] = {"step": float(m.group(1))}
+    for pair in text[m.end() :].split(" - "):
+        key, sep, raw = pair.strip().rpartition(":")
+        value = _KV_VALUE.match(raw.strip()) if sep and key and " " not in key else None
+        if value is not None:  # a pair the capture cut short is left out
+            out[key] = float(value.group(1))
+    return out if len(out) > 1 else None
 
 
 def parse_log_line(line: str) -> dict[str, float] | None:

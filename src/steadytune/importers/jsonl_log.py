@@ -71,7 +71,8 @@ LOOKED_FOR = (
 # A counter a script names after its own loop: grpo_step, optimizer_step, train_iter, outer_iteration.
 # Not a count of steps done: a budget (max_steps), a size (num_...), a rate (time_per_step).
 COUNTER = re.compile(
-    r"^(?!max_|num_|total_|n_)(?!.*_per_)[a-z][a-z0-9]*(?:_[a-z0-9]+)*_(?:step|iter|iteration)$", re.IGNORECASE
+    r"^(?!max_|num_|total_|n_)(?!.*_per_)[a-z][a-z0-9]*(?:_[a-z0-9]+)*_(?:step|iter|iteration)$",
+    re.IGNORECASE,
 )
 
 

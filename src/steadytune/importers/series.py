@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import math
+import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -90,13 +91,26 @@ _NAMES: dict[str, str] = dict(ALIASES)  # every name met, canonical: filled as l
 _MAX_NAMES = 1 << 16
 
 
+# A batch's mean reward, however a script spells it, is TRL's ``reward``; its spread ``reward_std``.
+_MEAN_REWARD = re.compile(
+    r"^(?:(?:avg|average|mean)[_/])?rewards?(?:_score)?(?:[_/](?:avg|average|mean))?$", re.IGNORECASE
+)
+_REWARD_SPREAD = re.compile(r"^(?:rewards?[_/]std|std[_/]rewards?)$", re.IGNORECASE)
+
+
 def canonical(name: str) -> str:
     """A metric's name as the detectors know it: its alias (:data:`ALIASES`), and without the
     ``train/`` that the Trainer's TensorBoard and W&B callbacks put before every training key
-    (``train/reward`` is TRL's ``reward``), ``eval/x`` as the Trainer names it (``eval_x``)."""
+    (``train/reward`` is TRL's ``reward``), ``eval/x`` as the Trainer names it (``eval_x``); a
+    mean reward (``mean_reward``, ``avg_reward``, ``reward/mean``, ``average_reward_score``,
+    ``Reward``) is ``reward``, its spread (``std_reward``, ``rewards/std``) ``reward_std``."""
     out = ALIASES.get(name)
     if out is None:
-        if name.startswith("train/") and len(name) > 6:
+        if _MEAN_REWARD.match(name):
+            out = "reward"
+        elif _REWARD_SPREAD.match(name):
+            out = "reward_std"
+        elif name.startswith("train/") and len(name) > 6:
             out = ALIASES.get(name[6:], name[6:])
         elif name.startswith("eval/") and len(name) > 5:
             out = ALIASES.get(f"eval_{name[5:]}", f"eval_{name[5:]}")
