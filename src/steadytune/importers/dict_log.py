@@ -54,6 +54,8 @@ _KV_VALUE = re.compile(
     r"^(?:np\.\w+\(|tensor\(|float\()?\s*([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+|nan|inf))\)?$"
 )
 _LOG_DICT = re.compile(r"""(\{[^{}]*['"](?:loss|train_loss|eval_loss)['"][^{}]*\})\s*$""")
+_SUMMARY_START = re.compile(r"""\{\s*['"]train_runtime['"]\s*:""")
+_ANY_DICT = re.compile(r"""\{[^{}]*['"](?:loss|train_loss|eval_loss)['"][^{}]*\}""")
 # ms-swift prints its step as a string beside the total: 'global_step/max_steps': '10/100'.
 _SWIFT_STEP = re.compile(r"""['"]global_step/max_steps['"]\s*:\s*['"](\d+)/(\d+)['"]""")
 # The logging interval where the log states it: axolotl prints its config as JSON at the start
@@ -139,8 +141,11 @@ def swift_progress(text: str) -> tuple[int, int] | None:
 
 
 def is_summary(values: dict[str, float]) -> bool:
-    """The Trainer's closing line (train_runtime, train_loss): a summary, not an optimizer step."""
-    return "train_runtime" in values or ("train_loss" in values and "loss" not in values)
+    """The Trainer's closing line (train_runtime, train_loss): a summary, not an optimizer step.
+
+    A step's own dict may carry the run time so far too (TRL 0.2x logs ``train_runtime`` and
+    ``train_tokens_per_second`` in every dict): with a ``loss``, it is a step."""
+    return ("train_runtime" in values or "train_loss" in values) and "loss" not in values
 
 
 def train_bar(line: str) -> tuple[int, int] | None:
@@ -219,31 +224,59 @@ def _records(lines: list[str]) -> list[tuple[int | None, int, dict[str, float]]]
             m = _DECLARED_EVERY.search(line)
             if m:
                 declared = int(m.group(1) or m.group(2)) or None
+        if "train_runtime" in line and not finished:
+            finished = bool(_SUMMARY_START.search(line))  # also a summary the capture broke in two
         if "{" not in line:
             values = _kv_line(line)
             if values is None:
                 if "it/s" in line or "s/it" in line:
                     bar = _last_bar(line) or bar
                 continue
+            found = [(bar, values)]
         else:
-            bar = _last_bar(line[: line.rfind("{")]) or bar
-            values = parse_log_line(line)
-        if values is None:
-            continue
-        values = {ALIASES.get(k, k): v for k, v in values.items()}
-        step = own_step(values)
-        if "train_loss" in values and "loss" not in values and step is not None:
-            values["loss"] = values.pop("train_loss")  # a script's own dict, not the Trainer's summary
-        elif is_summary(values):
-            finished = True
-            continue
-        if "loss" not in values and "eval_loss" not in values:
-            continue
-        if step is None:
-            step = _text_step(line)
-        count, total = bar if bar else (None, None)
-        rows.append(_Row(strip_prefix(line)[0], step, count, total, values))
+            found = _line_dicts(line, bar)
+            if not found:
+                continue
+        for bar, values in found:
+            values = {ALIASES.get(k, k): v for k, v in values.items()}
+            step = own_step(values)
+            if is_summary(values) and ("train_runtime" in values or step is None):
+                finished = True  # the closing summary: its train_loss is the run's mean
+                continue
+            if "train_loss" in values and "loss" not in values:
+                values["loss"] = values.pop("train_loss")  # a script's own dict, with its step
+            if "loss" not in values and "eval_loss" not in values:
+                continue
+            if step is None:
+                step = _text_step(line)
+            count, total = bar if bar else (None, None)
+            rows.append(_Row(strip_prefix(line)[0], step, count, total, values))
+        if "{" in line and ("it/s" in line or "s/it" in line):
+            bar = _last_bar(line[line.rfind("}") :]) or bar
     return _stepped(rows, finished, declared)
+
+
+def _line_dicts(
+    line: str, bar: tuple[int, int] | None
+) -> list[tuple[tuple[int, int] | None, dict[str, float]]]:
+    """Each log dict of a line with the bar reading last drawn before it.
+
+    A capture that turned the bar's ``\\r`` into nothing has the Trainer's dicts in the middle
+    of one long line of bar drawings (``9/472 [..]{'loss': 0.99, ...}  2%|▏| 10/472 [..]``).
+    """
+    text = strip_ansi(line)
+    out: list[tuple[tuple[int, int] | None, dict[str, float]]] = []
+    start = 0
+    for m in _ANY_DICT.finditer(text):
+        bar = _last_bar(text[start : m.start()]) or bar
+        start = m.end()
+        values = _numbers(m.group(0))
+        swift = swift_progress(m.group(0))
+        if swift:
+            values["global_step"] = float(swift[0])
+        if values:
+            out.append((bar, values))
+    return out
 
 
 def _stepped(

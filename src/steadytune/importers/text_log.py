@@ -65,6 +65,7 @@ from steadytune.importers.text_steps import (
     find_step,
     find_step_match,
     number_stepless,
+    redrawn,
     step_of,
     step_span,
     total_of,
@@ -94,10 +95,11 @@ _METRIC = re.compile(
     r"\s*(?:[:=]\s*|\s+)(?:tensor\(|\[)?\s*(?P<num>" + _NUM + r")(?P<sfx>(?-i:[KMGT])(?![\w.]))?",
     re.I,
 )
-# Any other "key: value" / "key=value" of a record, a key of up to four words ("Avg Response Len").
+# Any other "key: value" / "key=value" of a record, a key of up to four words ("Avg Response Len");
+# not a percentage (a progress bar's "SFT:  3%|").
 _PAIR = re.compile(
     r"(?<![\w/.@'\"-])['\"]?(?P<key>[A-Za-z][\w/.@-]*(?: [A-Za-z][\w/.@-]*){0,3}?)['\"]?\s*[:=]\s*"
-    r"(?:(?:np\.\w+|tensor|float)\(\s*)?(?:(?P<num>" + _NUM + r")|(?P<list>\[[^\]\[]*\]))",
+    r"(?:(?:np\.\w+|tensor|float)\(\s*)?(?:(?P<num>" + _NUM + r")(?![\d.]*\s*%)|(?P<list>\[[^\]\[]*\]))",
     re.I,
 )
 # A key of several words starts a line or follows a separator: ", Adv Std: 0.9", "|  Actor Loss: 0".
@@ -129,6 +131,7 @@ class _Layout(NamedTuple):
     fields: tuple[tuple[str, int, float], ...]
     loss_as: str
     shape: str
+    redrawn: bool
 
 
 # template -> layout, or None where the numbers do not line up with what the rules read
@@ -162,14 +165,14 @@ def parse_line(line: str) -> Line | None:
             pass
         else:
             fields = {name: float(tokens[i]) / div for name, i, div in layout.fields}
-            return Line(rank, step, total, fields, layout.loss_as, layout.shape)
+            return Line(rank, step, total, fields, layout.loss_as, layout.shape, layout.redrawn)
     parsed = _parse_text(text)
     if template not in _LAYOUTS and len(_LAYOUTS) < _MAX_LAYOUTS:
         _LAYOUTS[template] = None if parsed is None else _layout(parts, *parsed)
     if parsed is None:
         return None
-    at, of, fields, _spans, loss_as = parsed
-    return Line(rank, at[0] if at else None, of[0] if of else None, fields, loss_as, _shape(fields))
+    at, of, fields, _spans, loss_as, bar = parsed
+    return Line(rank, at[0] if at else None, of[0] if of else None, fields, loss_as, _shape(fields), bar)
 
 
 def _shape(fields: dict[str, float]) -> str:
@@ -179,13 +182,13 @@ def _shape(fields: dict[str, float]) -> str:
 Span = tuple[int, int]
 
 
-Parsed = tuple[
-    tuple[int, Span] | None, tuple[int, Span] | None, dict[str, float], dict[str, tuple[Span, float]], str
-]
+At = tuple[int, Span]
+Parsed = tuple[At | None, At | None, dict[str, float], dict[str, tuple[Span, float]], str, bool]
 
 
 def _parse_text(text: str) -> Parsed | None:
-    """The rules: step, ``M``, fields, where each number was (with its divisor), and the loss's name."""
+    """The rules: step, ``M``, fields, where each number was (with its divisor), the loss's name, and
+    whether the step is a progress bar's count."""
     fields: dict[str, float] = {}
     spans: dict[str, tuple[Span, float]] = {}
     taken: list[Span] = []
@@ -230,7 +233,7 @@ def _parse_text(text: str) -> Parsed | None:
     step = (step_of(found), step_span(found)) if found else None
     t_value = total_of(found) if found else None
     total = (t_value, step_span(found, total=True)) if found and t_value is not None else None
-    return step, total, fields, spans, loss_as
+    return step, total, fields, spans, loss_as, found is not None and redrawn(found)
 
 
 def _spread(key: str, listed: str, fields: dict[str, float]) -> None:
@@ -250,6 +253,7 @@ def _layout(
     fields: dict[str, float],
     spans: dict[str, tuple[Span, float]],
     loss_as: str,
+    bar: bool,
 ) -> _Layout | None:
     """The positions of the rules' numbers among the template's, if each is one whole number."""
     if len(spans) != len(fields):
@@ -269,6 +273,7 @@ def _layout(
             tuple((name, index[span], div) for name, (span, div) in spans.items()),
             loss_as,
             _shape(fields),
+            bar,
         )
     except KeyError:
         return None
@@ -382,9 +387,51 @@ def _evaluation_estimates(lines: list[Line]) -> list[Line]:
     return out
 
 
+def _last_drawings(lines: list[Line]) -> list[Line]:
+    """Of a progress bar's drawings of one step in a row, the last: tqdm redraws its postfix (the
+    loss) as it changes, before its count moves on, so a step's earlier drawings are the step
+    before's values, not sub-batches of it."""
+    if not any(r.redrawn for r in lines):
+        return lines
+    out: list[Line] = []
+    for r in lines:
+        if out and r.redrawn and out[-1].redrawn and out[-1].step == r.step and out[-1].rank == r.rank:
+            out[-1] = r
+        else:
+            out.append(r)
+    return out
+
+
+def _logged_every(lines: list[Line]) -> list[Line]:
+    """A bar whose postfix holds a value logged every k steps: the steps it was logged at.
+
+    A script that calls ``set_postfix(loss=...)`` every ``logging_steps`` leaves the value in the
+    bar while the count runs on: each step in between draws it again. Where every change of the
+    values falls on a multiple of one k > 1 (10, 20, 30...), the drawings in between repeat the
+    value logged last, and only the multiples of k are records. A postfix updated every step
+    changes at steps k does not divide, and is kept whole.
+    """
+    drawn = [r for r in lines if r.redrawn and r.step is not None]
+    if len(drawn) < 2 * MIN_RECORDS:
+        return lines
+    changes: list[int] = []
+    prev: dict[str, float] | None = None
+    for r in drawn:
+        values = {k: v for k, v in r.fields.items() if k != "step_time_s"}
+        if values != prev:
+            changes.append(r.step or 0)
+        prev = values
+    every = 0
+    for step in changes:
+        every = math.gcd(every, step)
+    if len(changes) < MIN_RECORDS or every < 2:
+        return lines
+    return [r for r in lines if not r.redrawn or r.step is None or r.step % every == 0]
+
+
 def read(path: Path) -> Series:
     with open(path, encoding="utf-8", errors="replace") as f:
-        lines = _evaluation_estimates(_placed(_parsed(f)))
+        lines = _evaluation_estimates(_placed(_logged_every(_last_drawings(_parsed(f)))))
     b = SeriesBuilder(str(path), FORMAT, in_order=True)
     ranks = LowestRank(b)
     for line in epoch_steps(lines):

@@ -74,6 +74,12 @@ def total_of(m: re.Match[str]) -> int | None:
     return int(total) if total else None
 
 
+def redrawn(m: re.Match[str]) -> bool:
+    """Whether the step is a progress bar's count: a bar is redrawn, each drawing a reading of one
+    step, so the last drawing of a step is its value (not the mean of a step's sub-batches)."""
+    return m.re is _BAR or m.re is _TUNE
+
+
 def step_span(m: re.Match[str], total: bool = False) -> tuple[int, int]:
     return m.span(m.re.groups if total else m.re.groups - 1)
 
@@ -93,7 +99,7 @@ class Line(NamedTuple):
     fields: dict[str, float]
     loss_as: str = "loss"
     shape: str = ""  # the fields it holds: a script's record lines share one
-
+    redrawn: bool = False  # its step is a progress bar's count (:func:`redrawn`)
 
 
 def epoch_steps(lines: list[Line]) -> list[Line]:
