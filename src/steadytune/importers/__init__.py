@@ -133,6 +133,38 @@ def _tail(path: Path) -> str:
     return raw[raw.find(b"\n") + 1 :].decode("utf-8", errors="replace")
 
 
+# Words a record line holds; a log's lines that hold none are what lies between its records.
+_RECORD_WORDS = re.compile(rb"loss|reward|step|iter|epoch", re.IGNORECASE)
+
+
+def _middle(path: Path) -> str:
+    """``_HEAD_BYTES`` from the middle of a file three heads long or more, whole lines ("" if shorter)."""
+    with open(path, "rb") as f:
+        size = f.seek(0, 2)
+        if size < 3 * _HEAD_BYTES:
+            return ""
+        f.seek(size // 2)
+        raw = f.read(_HEAD_BYTES)
+    return raw[raw.find(b"\n") + 1 : raw.rfind(b"\n") + 1].decode("utf-8", errors="replace")
+
+
+def _digest(path: Path) -> str:
+    """The lines of a file longer than its head that hold a record's words, up to a head's worth
+    (empty for a short file): sniffed when the head and the tail held too few records."""
+    if path.stat().st_size <= _HEAD_BYTES:
+        return ""
+    kept: list[bytes] = []
+    size = 0
+    with open(path, "rb") as f:
+        for line in f:
+            if len(line) < 16384 and _RECORD_WORDS.search(line):
+                kept.append(line)
+                size += len(line)
+                if size >= _HEAD_BYTES:
+                    break
+    return b"".join(kept).decode("utf-8", errors="replace")
+
+
 def _first_json_line(head: str) -> Any:
     for line in head.splitlines():
         line = line.strip()
@@ -263,6 +295,13 @@ def _sniff_text(path: Path, head: str) -> tuple[str, Any]:
     if tail:  # a long preamble (a code dump, a config, pip freeze) before the first step
         for f in _BY_TEXT:
             if f.text_tail and f.sniff_text is not None and f.sniff_text(tail):
+                return f.name, None
+    # A log whose head is a config dump and whose tail a traceback: its middle. A log whose few
+    # records lie far apart, among pages of generations: the lines that hold a record's words.
+    for sample in (_middle, _digest):
+        text = sample(path)
+        for f in _BY_TEXT:
+            if text and f.text_tail and f.sniff_text is not None and f.sniff_text(text):
                 return f.name, None
     if len(_SOURCE.findall(head)) >= 2:
         raise UnreadableLog("Python source, not a log")

@@ -5,7 +5,7 @@ Tried last, after every layout with a reader of its own. The rules:
 - Each line first loses its launcher/logger prefix (rank tags, timestamps, log
   levels: see :mod:`steadytune.importers.prefix`).
 - A line is a record when it holds a training signal: a loss (any loss-like key:
-  ``loss``, ``train loss``, ``act_loss``, ``dpo_loss``), a reward or score, or a KL. Its step
+  ``loss``, ``train loss``, ``act_loss``, ``dpo_loss``), a reward, or a KL. Its step
   is the counter it names (:mod:`~steadytune.importers.text_steps`).
 - Keys and values are read as ``key value``, ``key: value`` or ``key=value``
   (a ``[`` or ``tensor(`` before the number is allowed). The keys read by name:
@@ -16,13 +16,16 @@ Tried last, after every layout with a reader of its own. The rules:
   ``eval_loss``             ``val loss``, ``val_loss``, ``valid loss``, ``validation loss``,
                             ``eval loss``, ``eval_loss``, ``test loss``, ``dev loss``
   ``grad_norm``             ``grad norm``, ``grad_norm``, ``gradient norm``, ``gnorm``,
-                            a bare ``norm`` (not ``weight norm`` or ``x_norm``)
+                            a bare ``norm`` (not ``weight norm`` or ``x_norm``), ``Grad: X``
   ``lr``                    ``lr``, ``learning rate``, ``learning_rate``
   ``epoch``                 ``epoch``
   ``step_time_s``           ``time``, ``dt``, ``step time``, ``iter time`` with a unit:
                             ``330.12ms`` or ``0.33 s``
   ========================  ======================================================
 
+  A perplexity (``ppl``, ``perplexity``, ``val ppl``; ``train ppl`` for the training one) on a line
+  that names no loss is also read as the loss it is the exponential of (an evaluation's, unless
+  it says train).
   Every other ``key: value`` / ``key=value`` of a record is kept under its key, lower-cased
   with spaces as ``_`` (``Reward: 0.38`` is ``reward``, ``KL_ref: 0.001`` is ``kl_ref``,
   ``Actor Loss`` is ``actor_loss``); a list of per-sample values (``rewards: tensor([1., 0.])``)
@@ -86,7 +89,7 @@ _KEYS = {
     # NeMo's reduced_train_loss, OpenRLHF's gpt_loss; LitGPT's "loss train: X".
     "loss": r"(?:reduced[ _]|gpt[ _])?"
     r"(?:train(?:ing)?[ _/-]?|lm[ _-]?|av(?:g|e|erage)[ _-]?|mean[ _-]?|total[ _-]?)?loss(?:[ _]train)?",
-    "grad_norm": r"grad(?:ient)?s?[ _-]?norm|gnorm|(?<![a-z] )norm",
+    "grad_norm": r"grad(?:ient)?s?[ _-]?norm|gnorm|(?<![a-z] )norm|grad(?=\s*[:=])",
     "lr": r"lr|learning[ _-]?rate",
     "epoch": r"epoch",
 }
@@ -104,10 +107,14 @@ _PAIR = re.compile(
 )
 # A key of several words starts a line or follows a separator: ", Adv Std: 0.9", "|  Actor Loss: 0".
 _AFTER_SEPARATOR = re.compile(r"(?:^|[,;|)\]}]\s*|\s-\s+|\s{2,}|\t)$")
-# A record holds a training signal: a loss of any name, a reward or score, a KL.
-# (``loss_scale`` is fp16's scaler, no loss.)
-_SIGNAL = re.compile(r"(?:^|[_/])loss$|(?:^|[_/])(?:rewards?|scores?|kl)(?:$|[_/])")
-_HINTS = ("loss", "reward", "score", "kl")
+# A record holds a training signal: a loss of any name, a reward, a KL. (``loss_scale`` is fp16's
+# scaler, no loss; a "score" alone is too often a sample's grade printed as the run goes.)
+_SIGNAL = re.compile(r"(?:^|[_/])loss$|(?:^|[_/])(?:rewards?|kl)(?:$|[_/])|(?:^|_)(?:ppl|perplexity)$")
+_HINTS = ("loss", "reward", "kl", "ppl", "perplexity")
+# A perplexity is exp(loss): DeepSpeed-Chat's SFT logs its evaluation as "ppl: 2.01" alone.
+_PERPLEXITY = re.compile(
+    r"^(?:(?P<train>train(?:ing)?)_|(?:eval|val|valid|validation|test|dev)_)?(?:ppl|perplexity)$"
+)
 # nanotron's human_format writes 2500 as "2.5K": the suffix is part of the value.
 _SUFFIX = {"K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
 _DECIMAL = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
@@ -226,6 +233,14 @@ def _parse_text(text: str) -> Parsed | None:
             _spread(key, m.group("list"), fields)
     if not any(_SIGNAL.search(k) for k in fields) and "loss" not in fields:
         return None
+    for key in [
+        k for k in fields if _PERPLEXITY.match(k) and "loss" not in fields and "eval_loss" not in fields
+    ]:
+        as_loss = "loss" if _PERPLEXITY.match(key).group("train") else "eval_loss"  # type: ignore[union-attr]
+        if as_loss not in fields:
+            ppl = fields[key]
+            fields[as_loss] = math.log(ppl) if ppl > 0 else math.nan
+            spans.pop(key, None)  # a value computed from a number: read by the rules each time
     if t:
         div = 1000.0 if t.group("unit").lower() == "ms" else 1.0
         fields["step_time_s"] = float(t.group("num")) / div

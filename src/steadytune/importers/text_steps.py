@@ -103,21 +103,35 @@ class Line(NamedTuple):
 
 
 def epoch_steps(lines: list[Line]) -> list[Line]:
-    """Batch-in-epoch steps made global, when they restart as the epoch advances (else unchanged)."""
-    first: float | None = None
-    restarts = False
-    prev: Line | None = None
-    for line in lines:
-        epoch = line.fields.get("epoch")
-        if line.total is None or line.step is None or epoch is None or epoch != int(epoch):
-            return lines
-        first = epoch if first is None else min(first, epoch)
-        if prev is not None and epoch > prev.fields["epoch"] and line.step < (prev.step or 0):
-            restarts = True
-        prev = line
-    if not restarts or first is None:
+    """Batch-in-epoch steps made global, when they restart as the epoch advances (else unchanged).
+
+    The lines that name their step ``N/M`` carry the count; a line placed at the step named last
+    (an evaluation's) follows the line it was placed after.
+    """
+    counted = [r for r in lines if r.total is not None]
+    epochs = [r.fields.get("epoch") for r in counted]
+    if not counted or any(
+        r.step is None or e is None or e != int(e) for r, e in zip(counted, epochs, strict=True)
+    ):
         return lines
-    return [r._replace(step=int(r.fields["epoch"] - first) * (r.total or 0) + (r.step or 0)) for r in lines]
+    first = min(e for e in epochs if e is not None)
+    restarts = any(
+        b.fields["epoch"] > a.fields["epoch"] and (b.step or 0) < (a.step or 0) for a, b in pairwise(counted)
+    )
+    if not restarts:
+        return lines
+    out: list[Line] = []
+    raw: int | None = None
+    placed = 0
+    for r in lines:
+        if r.total is not None:
+            raw, placed = r.step, int(r.fields["epoch"] - first) * r.total + (r.step or 0)
+            out.append(r._replace(step=placed))
+        elif raw is not None and r.step == raw:
+            out.append(r._replace(step=placed))
+        else:
+            out.append(r)
+    return out
 
 
 def number_stepless(lines: list[Line]) -> list[Line]:
