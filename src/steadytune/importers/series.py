@@ -334,16 +334,20 @@ class SeriesBuilder:
             for k, v in row.items()
             if type(v) is float or type(v) is int
         }
+        if not self._in_order:  # last value wins: the fast path of a trainer_state.json
+            target = self._rows.get(step)
+            if target is None:
+                self._rows[step] = numbers
+            else:
+                target.update(numbers)
+            return
         target = self._target(step)
         if not target:  # the usual case: a step's first row
             target.update(numbers)
-            if self._in_order:
-                self._seen = dict.fromkeys(numbers, 1)
-        elif self._in_order:
+            self._seen = dict.fromkeys(numbers, 1)
+        else:
             for name, value in numbers.items():
                 self._put(target, name, value)
-        else:
-            target.update(numbers)
 
     def add_row(self, step: int, row: dict[str, Any], nan_means_missing: bool = False) -> None:
         """Add every numeric field of one logged row (strings are parsed)."""

@@ -110,7 +110,6 @@ _AFTER_SEPARATOR = re.compile(r"(?:^|[,;|)\]}]\s*|\s-\s+|\s{2,}|\t)$")
 # A record holds a training signal: a loss of any name, a reward, a KL. (``loss_scale`` is fp16's
 # scaler, no loss; a "score" alone is too often a sample's grade printed as the run goes.)
 _SIGNAL = re.compile(r"(?:^|[_/])loss$|(?:^|[_/])(?:rewards?|kl)(?:$|[_/])|(?:^|_)(?:ppl|perplexity)$")
-_HINTS = ("loss", "reward", "kl", "ppl", "perplexity")
 # A perplexity is exp(loss): DeepSpeed-Chat's SFT logs its evaluation as "ppl: 2.01" alone.
 _PERPLEXITY = re.compile(
     r"^(?:(?P<train>train(?:ing)?)_|(?:eval|val|valid|validation|test|dev)_)?(?:ppl|perplexity)$"
@@ -146,8 +145,10 @@ _LAYOUTS: dict[str, _Layout | None] = {}
 
 
 def _might_hold_a_record(line: str) -> bool:
+    if "loss" in line or "Loss" in line:  # most lines of most logs: no lower-casing
+        return True
     low = line.lower()
-    return any(h in low for h in _HINTS)
+    return "loss" in low or "reward" in low or "kl" in low or "ppl" in low or "perplexity" in low
 
 
 def parse_line(line: str) -> Line | None:
