@@ -304,11 +304,10 @@ def sniff(head: str) -> bool:
     count = 0
     for line in head.splitlines()[:2000]:
         if "loss" in line:
-            values = parse_log_line(line) if "{" in line else _kv_line(line)
-            if values is not None and not is_summary(values):
-                count += 1
-                if count >= MIN_RECORDS:
-                    return True
+            found = [v for _, v in _line_dicts(line, None)] if "{" in line else [_kv_line(line)]
+            count += sum(1 for values in found if values is not None and not is_summary(values))
+            if count >= MIN_RECORDS:
+                return True
     return False
 
 
