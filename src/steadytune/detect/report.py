@@ -171,13 +171,15 @@ def plot(results: list[FileResult], out: Path) -> Path:
 
 def _panel(ax: Any, r: FileResult, panel: tuple[str, ...]) -> None:
     positive = True
-    for metric in panel:
-        xs, ys = r.series.values(metric)
+    runs = r.series.runs()  # a file holding several runs: one line each, at its own steps
+    for metric, run in ((m, run) for m in panel for run in runs):
+        xs, ys = r.series.values(metric, run.records)
         if not xs:
             continue
         finite = [y for y in ys if math.isfinite(y)]
         positive = positive and bool(finite) and min(finite) > 0
-        ax.plot(xs, ys, lw=0.7, marker="." if len(xs) < 200 else None, ms=3, label=metric)
+        label = metric if len(runs) == 1 else f"{metric} ({run.label})"
+        ax.plot(xs, ys, lw=0.7, marker="." if len(xs) < 200 else None, ms=3, label=label)
         bad = [x for x, y in zip(xs, ys, strict=True) if not math.isfinite(y)]
         if bad:  # NaN has no height: mark it along the bottom edge
             trans = ax.get_xaxis_transform()

@@ -265,12 +265,14 @@ class Series:
             for i, ((start, report_from), end) in enumerate(zip(self.parts, ends, strict=True), 1)
         ]
 
-    def values(self, metric: str) -> tuple[list[int], list[float]]:
-        """Steps and values of one metric (a StepRecord field or an ``extra`` key), primary rank."""
+    def values(self, metric: str, records: list[StepRecord] | None = None) -> tuple[list[int], list[float]]:
+        """Steps and values of one metric (a StepRecord field or an ``extra`` key), primary rank;
+        of ``records`` (one of :meth:`runs`) when given."""
         xs: list[int] = []
         ys: list[float] = []
-        rank = min((r.rank for r in self.records), default=0)
-        for r in self.records:
+        records = self.records if records is None else records
+        rank = min((r.rank for r in records), default=0)
+        for r in records:
             if r.rank != rank:
                 continue
             v = getattr(r, metric, None) if metric in _FIELDS else r.extra.get(metric)
