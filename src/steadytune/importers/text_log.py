@@ -346,22 +346,37 @@ def why_not(head: str) -> str:
     )
 
 
-def _parsed(f: Iterable[str]) -> list[Line]:
+# A line that may name a step without holding a record ("rollout batch 3 generated").
+_STEP_WORD = re.compile(r"step|iter|batch", re.IGNORECASE)
+Named = list[tuple[str, int]]  # (the line's template, the step it names), in file order
+
+
+def _parsed(f: Iterable[str]) -> tuple[list[Line], Named]:
+    """The records, and the lines that name a step and hold nothing else this reader reads."""
     iters = IterSteps()
-    out = []
+    out: list[Line] = []
+    named: Named = []
     for raw in f:
         line = parse_line(raw)
         if line is not None:
+            if line.step is None:
+                line = line._replace(seen=len(named))
             out.append(iters.step(raw, line))
-    return out
+        elif _STEP_WORD.search(raw):
+            text = strip_prefix(raw)[1]
+            found = find_step_match(text)
+            if found is not None and not redrawn(found):
+                named.append(("#".join(_TOKEN.split(text)[0::2]), step_of(found)))
+    return out, named
 
 
-def _placed(lines: list[Line]) -> list[Line]:
+def _placed(lines: list[Line], named: Named) -> list[Line]:
     """Records that name no step given one (see the module docstring); those that cannot, left out.
 
     Where no record names a step, the stepless line that comes back most often is the record of a
-    step (numbered by :func:`~.text_steps.number_stepless`); the others are placed after it as
-    after a line that names its step.
+    step: at the step its loop's own counter line named last (:func:`_counted`), else numbered
+    (:func:`~.text_steps.number_stepless`); the others are placed after it as after a line that
+    names its step.
     """
     counts = Counter(r.shape for r in lines if r.step is None)
     if not counts:
@@ -370,8 +385,10 @@ def _placed(lines: list[Line]) -> list[Line]:
         main, n = counts.most_common(1)[0]
         if n < MIN_RECORDS:
             return []  # no line comes back: prose, not a log
-        numbered = iter(number_stepless([r for r in lines if r.shape == main]))
-        lines = [next(numbered) if r.shape == main else r for r in lines]
+        records = [r for r in lines if r.shape == main]
+        counted = _counted(records, named)
+        stepped = iter(counted if counted is not None else number_stepless(records))
+        lines = [next(stepped) if r.shape == main else r for r in lines]
     stepped_keys = {k for r in lines if r.step is not None for k in r.fields}
     out: list[Line] = []
     last: int | None = None
@@ -382,6 +399,27 @@ def _placed(lines: list[Line]) -> list[Line]:
         elif last is not None and counts[r.shape] >= MIN_RECORDS and not stepped_keys & set(r.fields):
             out.append(r._replace(step=last))
     return out
+
+
+def _counted(records: list[Line], named: Named) -> list[Line] | None:
+    """Records at the step their loop's counter line named last (``rollout batch 3 generated``,
+    ``GRPO Iteration: 3 ... Microbatch: 7 / 128``), where a log prints its step on a line of its
+    own: the template among those lines that comes back most often, when it names at least a
+    quarter as many steps as there are records (a counter printed every ten records is too
+    coarse: they are numbered instead). Records before its first line have no step yet: 0 where it counts from
+    0 or 1. None when there is no such line."""
+    templates = Counter(t for t, _ in named)
+    if not templates:
+        return None
+    template, n = templates.most_common(1)[0]
+    steps = [step for t, step in named if t == template]
+    if n < MIN_RECORDS or 4 * len(set(steps)) < len(records):
+        return None
+    last: list[int | None] = [None]
+    for t, step in named:
+        last.append(step if t == template else last[-1])
+    first = min(steps)
+    return [r._replace(step=last[r.seen] if last[r.seen] is not None else min(first, 0)) for r in records]
 
 
 def _evaluation_estimates(lines: list[Line]) -> list[Line]:
@@ -447,7 +485,8 @@ def _logged_every(lines: list[Line]) -> list[Line]:
 
 def read(path: Path) -> Series:
     with open(path, encoding="utf-8", errors="replace") as f:
-        lines = _evaluation_estimates(_placed(_logged_every(_last_drawings(_parsed(f)))))
+        records, named = _parsed(f)
+    lines = _evaluation_estimates(_placed(_logged_every(_last_drawings(records)), named))
     b = SeriesBuilder(str(path), FORMAT, in_order=True)
     ranks = LowestRank(b)
     for line in epoch_steps(lines):

@@ -100,6 +100,7 @@ class Line(NamedTuple):
     loss_as: str = "loss"
     shape: str = ""  # the fields it holds: a script's record lines share one
     redrawn: bool = False  # its step is a progress bar's count (:func:`redrawn`)
+    seen: int = 0  # how many lines naming a step (and nothing else read) came before it
 
 
 def epoch_steps(lines: list[Line]) -> list[Line]:

@@ -240,3 +240,25 @@ def test_a_log_whose_head_and_tail_hold_no_records_is_found_by_its_middle(tmp_pa
         f.write("\n".join(lines) + "\n")
     assert detect_format(p) == "megatron_text"
     assert [r.step for r in load(p).records] == list(range(1, 301))
+
+
+def test_records_at_the_step_their_loop_names_on_a_line_of_its_own(tmp_path: Path) -> None:
+    """A python-logging capture: "rollout batch N generated", then the batch's record, which names
+    no step; two runs appended, the first one's reward falling to zero at batch 8."""
+    rng = random.Random(12)
+    lines = []
+    for run, batches in ((1, 15), (2, 40)):
+        for b in range(batches):
+            total = 0 if run == 1 and b >= 8 else 140 + rng.randint(-10, 10)
+            lines.append(f"2025-09-25 04:03:27,141 - train - INFO - rollout batch {b} generated, length: 256")
+            lines.append("2025-09-25 04:06:16,728 - train - INFO - model output: Let's solve it step by step")
+            lines.append(
+                f"2025-09-25 04:05:16,956 - train - INFO - rl_loss: {rng.gauss(0, 0.003)}, time: 109.8, "
+                f"l2_norm: {0.06 + 0.01 * rng.random()}, "
+                f"reward_data: {{'total_num': 256, 'total_reward': {total}.0}}"
+            )
+    s = load(_write(tmp_path, "rl_grpo.log", lines))
+    runs = s.runs()
+    assert [[r.step for r in run.records] for run in runs] == [list(range(15)), list(range(40))]
+    assert [r.extra["total_reward"] for r in runs[0].records[8:]] == [0.0] * 7
+    assert runs[1].records[0].extra["total_num"] == 256
