@@ -26,7 +26,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from steadytune.checkpoint.manifest import checkpoint_step
 from steadytune.config.load import dump_config
@@ -49,6 +49,7 @@ from steadytune.supervise.actions import Actions
 from steadytune.supervise.inprocess import InProcessRollbacks
 from steadytune.supervise.logparse import last_exception, last_lines
 from steadytune.supervise.next_attempt import NextAttempt, RestartPlanner
+from steadytune.supervise.observers import Observer, Observers
 from steadytune.supervise.operator import OperatorControls
 from steadytune.supervise.process import ProcessTree, WorkerProcess
 from steadytune.supervise.publishing import Publishes
@@ -69,14 +70,6 @@ from steadytune.telemetry.runenv import config_sources
 from steadytune.telemetry.sampler import SystemSampler
 from steadytune.telemetry.snapshot import sampler_from_env
 from steadytune.telemetry.stream import JsonlTailer, JsonlWriter
-
-
-class Observer(Protocol):
-    """Something that follows a live run (store, detectors, dashboard feed, alerts)."""
-
-    def on_record(self, record: Record) -> None: ...
-    def on_event(self, event: Event) -> None: ...
-    def close(self) -> None: ...
 
 
 @dataclass
@@ -128,13 +121,12 @@ class Supervisor:
         self.source: WorkerSource = source or NativeSource(
             self.run, cfg.run.nproc_per_node, worker_env, standby=cfg.recover.standby_worker, early=early
         )
-        self._observers_arg = observers
         self.stop_grace_s = stop_grace_s
         self.sampler = sampler or sampler_from_env(self.run.root, clock=clock)
-        self.events = EventLog(self.run.events, self.run.run_id, clock=clock, on_append=self._fan_event)
-        self.observers: list[Observer] = (
-            list(self._observers_arg) if self._observers_arg is not None else self.default_observers()
-        )
+        self.observers = Observers(report=self._observer_failed)
+        self.events = EventLog(self.run.events, self.run.run_id, clock=clock, on_append=self.observers.event)
+        for obs in observers if observers is not None else self.default_observers():
+            self.observers.append(obs)
         self.progress = RunProgress(max_steps=cfg.train.max_steps if cfg.train.max_steps > 0 else None)
         self.system_writer = JsonlWriter(self.run.system)
         self.tailers: dict[Path, JsonlTailer] = {}
@@ -193,9 +185,15 @@ class Supervisor:
         return out
 
     # -- outputs -------------------------------------------------------------
-    def _fan_event(self, event: Event) -> None:
-        for obs in self.observers:
-            obs.on_event(event)
+    def _observer_failed(self, obs: Observer, call: str, exc: BaseException) -> None:
+        name = type(obs).__name__
+        self.emit(
+            "lifecycle",
+            "observer_disabled",
+            f"{name} disabled: its {call} raised {type(exc).__name__}: {exc}; the run goes on without it",
+            severity="warning",
+            data={"observer": name, "call": call, "error": f"{type(exc).__name__}: {exc}"},
+        )
 
     def say(self, text: str, style: str | None = None) -> None:
         if self.console is not None:
@@ -230,8 +228,7 @@ class Supervisor:
             f.write(to_json(plan) + "\n")
             f.flush()
             os.fsync(f.fileno())
-        for obs in self.observers:
-            obs.on_record(plan)
+        self.observers.record(plan)
 
     def revise(self, reason: str, cause: Event | None = None, **changes: Any) -> PlanRevision:
         """Write the next plan revision, inheriting everything the last one said."""
@@ -300,10 +297,7 @@ class Supervisor:
                 self.actions.on_transition(t)
         self.books.update_last_good()
         self.books.write_status()
-        for obs in self.observers:
-            flush = getattr(obs, "flush", None)
-            if flush is not None:
-                flush()
+        self.observers.flush()
 
     def handle(self, rec: Record) -> None:
         if isinstance(rec, StepRecord):
@@ -347,8 +341,7 @@ class Supervisor:
                 self._finishing()
         elif isinstance(rec, Event):
             self.worker_events.on_event(rec)
-        for obs in self.observers:
-            obs.on_record(rec)
+        self.observers.record(rec)
 
     def _finishing(self) -> None:
         """Training is over (rank 0's last words, or the Trainer's closing summary), the process not yet:
@@ -579,8 +572,7 @@ class Supervisor:
         self.source.close()
         self.books.write_status(force=True)
         self.system_writer.close()
-        for obs in self.observers:
-            obs.close()
+        self.observers.close()
         ckpts = [p.name for p in reversed(self.source.checkpoints())]  # in step order
         return RunResult(
             self.run,
