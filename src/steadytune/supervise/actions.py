@@ -44,7 +44,7 @@ class Actions:
         if t.state in ("raised", "recurred"):
             self.on_firing(t)
         elif t.state == "escalated":
-            sup.emit(
+            sup.out.emit(
                 "anomaly",
                 a.kind,
                 format_transition(t),
@@ -57,7 +57,7 @@ class Actions:
         else:
             sup.policy.on_resolved(a)
             self._filed.pop(a.key, None)
-            sup.emit(
+            sup.out.emit(
                 "resolved",
                 a.kind,
                 format_transition(t),
@@ -74,7 +74,7 @@ class Actions:
             sup.trouble_steps.append(fired.start_step)
         event: Event | None
         if t.state == "raised":
-            event = self._filed[a.key] = sup.emit(
+            event = self._filed[a.key] = sup.out.emit(
                 "anomaly",
                 a.kind,
                 format_transition(t),
@@ -122,11 +122,11 @@ class Actions:
 
             verdict = inspect_step(sup.run, step)
         except Exception as exc:  # forensics must never take the supervisor down
-            sup.emit(
+            sup.out.emit(
                 "action", "batch_inspected", f"could not inspect the batch of step {step}: {exc}", step=step
             )
             return
-        sup.emit(
+        sup.out.emit(
             "action",
             "batch_inspected",
             f"batch of step {step}: {verdict.summary}",
@@ -143,11 +143,11 @@ class Actions:
             why = (
                 action.reason if not unable else f"{action.name} is not available: {unable} ({action.reason})"
             )
-            sup.emit("action", "alert_only", why, severity="warning", step=step, data=action.params)
+            sup.out.emit("action", "alert_only", why, severity="warning", step=step, data=action.params)
             return
         if action.name in {"pause", "stop"} and CONTROL not in sup.source.abilities:
             # A job that takes no requests is stopped from outside: what it saved is what there is.
-            sup.emit(
+            sup.out.emit(
                 "action",
                 action.name,
                 f"{action.name}: {action.reason}; the {sup.source.label} takes no requests, so it is "
@@ -161,7 +161,7 @@ class Actions:
                 sup.worker.signal_tree(signal.SIGTERM)
                 sup.stop_sent_at = sup.clock()
             return
-        sup.emit(
+        sup.out.emit(
             "action",
             action.name,
             f"{action.name}: {action.reason}",
@@ -177,7 +177,7 @@ class Actions:
                 action.name,
                 issuer=f"policy:{action.anomaly.kind if action.anomaly else '-'}",
                 attempt=sup.attempt,
-                log=sup.events,
+                log=sup.out.events,
             )
         elif action.name == "reduce_microbatch":
             # Save what we have now; the next (re)start uses a smaller micro-batch.
@@ -187,7 +187,7 @@ class Actions:
                 "checkpoint",
                 issuer="policy:reduce_microbatch",
                 attempt=sup.attempt,
-                log=sup.events,
+                log=sup.out.events,
             )
             if action.anomaly is not None and action.anomaly.kind == "memory_leak":
                 sup.leak_snapshot_pending = True
@@ -200,7 +200,7 @@ class Actions:
                 "stop",
                 issuer=f"policy:{action.name}",
                 attempt=sup.attempt,
-                log=sup.events,
+                log=sup.out.events,
             )
             sup.stop_sent_at = sup.clock()
         elif action.name in {"rollback", "restart"} and sup.worker is not None and sup.pending is None:
@@ -239,7 +239,7 @@ class Actions:
         pids = sup.source.dump_stacks(sup.tree, sup.worker, out)
         if pids:
             where = out if out.exists() else sup.run.stacks
-            sup.emit(
+            sup.out.emit(
                 "action",
                 "stacks_dumped",
                 f"Python stacks of {len(pids)} {sup.source.label} process(es) written to {where}",

@@ -105,7 +105,7 @@ class InProcessRollbacks:
             return
         assert changes is not None
         now = sup.clock()
-        event = sup.emit(
+        event = sup.out.emit(
             "action",
             "rollback_in_process",
             f"rolling back inside the running {sup.source.label} (pid {sup.worker.pid}): {why}",
@@ -126,7 +126,7 @@ class InProcessRollbacks:
         # The request goes out as soon as the plan it carries out is written; rewinding detection (a
         # replay of the run's records) happens while the worker reaches its step boundary.
         issuer = f"policy:{action.anomaly.kind if action.anomaly else 'rollback'}"
-        send_control(sup.run, "rollback", issuer=issuer, attempt=previous, log=sup.events)
+        send_control(sup.run, "rollback", issuer=issuer, attempt=previous, log=sup.out.events)
         target = checkpoint_step(Path(resume)) or 0
         self.awaited = Awaited(action, sup.worker, now, planned, target)
         sup.rewind_detection(resume)

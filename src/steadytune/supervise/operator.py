@@ -35,7 +35,7 @@ class OperatorControls:
             sup.stop_signal = signum
             self.request_stop(f"signal {signal.Signals(signum).name}")
         elif sup.worker is not None:
-            sup.say("second interrupt: killing the worker now", style="bold red")
+            sup.out.say("second interrupt: killing the worker now", style="bold red")
             sup.worker.signal_tree(signal.SIGKILL)
 
     def request_stop(self, issuer: str) -> None:
@@ -45,11 +45,11 @@ class OperatorControls:
         if CONTROL in sup.source.abilities:
             from steadytune.supervise.control import send_control
 
-            send_control(sup.run, "stop", issuer=issuer, attempt=sup.attempt, log=sup.events)
+            send_control(sup.run, "stop", issuer=issuer, attempt=sup.attempt, log=sup.out.events)
             how = f"the {label} will checkpoint at the next step and exit"
         else:
             how = f"the {label} gets SIGTERM (its own handling may save) and {sup.stop_grace_s:.0f}s to exit"
-        sup.emit(
+        sup.out.emit(
             "lifecycle",
             "stop_requested",
             f"{issuer}: stopping; {how} (a second signal kills it)",
@@ -71,7 +71,7 @@ class OperatorControls:
         sup = self.sup
         requests = self._queue.new()
         for name, why in self._queue.refused:
-            sup.emit(
+            sup.out.emit(
                 "control",
                 "request_refused",
                 f"control request {name} refused: it {why}",
@@ -85,7 +85,7 @@ class OperatorControls:
             issuer = str(request.get("issuer", "?"))
             command = str(request.get("command", "?"))
             if not issuer.startswith(RESERVED_ISSUERS):
-                sup.emit(
+                sup.out.emit(
                     "control",
                     command,
                     f"{command} requested by {issuer}",
@@ -111,7 +111,7 @@ class OperatorControls:
             sup.worker.signal_tree(signal.SIGTERM)
             sup.stop_sent_at = sup.clock()
         elif command in {"checkpoint", "memory_snapshot"}:
-            sup.emit(
+            sup.out.emit(
                 "action",
                 "alert_only",
                 f"{command} requested by {issuer} is not available: {sup.actions.unable(command)}",
@@ -131,7 +131,7 @@ class OperatorControls:
         sup.worker = None
         self.resume_requested = False
         sup.books.write_status(force=True)
-        sup.say(
+        sup.out.say(
             f"paused at step {sup.progress.step}: the GPU is free; `steadytune resume {sup.run.root}` "
             "continues from the checkpoint",
             style="yellow",

@@ -92,7 +92,7 @@ class Publishes:
             return False
         sup.pending = action
         self.held = Held(action, step, worker, sup.clock(), proceed)
-        sup.emit(
+        sup.out.emit(
             "action",
             "publish_awaited",
             f"the rollback waits for checkpoint-{step}, still being published, up to {wait_s:g}s "

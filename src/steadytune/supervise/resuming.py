@@ -62,7 +62,7 @@ class Resumes:
                 continue  # on its way, not broken: the worker that publishes it still runs
             elif path not in self._reported:
                 self._reported.add(path)
-                self.sup.emit(
+                self.sup.out.emit(
                     "anomaly",
                     "checkpoint_corrupt",
                     f"{path.name} skipped for resume: {problem}",
@@ -81,7 +81,7 @@ class Resumes:
         """The first step after a resume continues the checkpoint: its epoch, its step, its loss."""
         problems = resume_problems(rec, expect, self.sup.source.steps_are_real())
         if problems:
-            self.sup.emit(
+            self.sup.out.emit(
                 "anomaly",
                 "resume_mismatch",
                 f"the run did not resume from checkpoint-{int(expect['step'])}: " + "; ".join(problems),
@@ -117,7 +117,7 @@ class Resumes:
             return None
         path = Path(resume)
         self._bad_checkpoints.add(path)
-        self.sup.emit(
+        self.sup.out.emit(
             "anomaly",
             "resume_failed",
             f"resuming from {path.name} failed before the first step "

@@ -73,7 +73,7 @@ class Autoscaler:
             # The driver asked for it is gone (the attempt ended): the rules may decide again.
             d, self.scaling = self.scaling, None
             self.rules.declined(sup.clock())
-            sup.emit(
+            sup.out.emit(
                 "action", "resize_refused",
                 f"{d.kind} not made: the Ray driver did not take the request in {REQUEST_TAKEN_S:g}s",
                 severity="warning", step=sup.progress.step, data={**scale_data(d), "refused": "not taken"},
@@ -116,7 +116,7 @@ class Autoscaler:
             d, decided, saved = self.resized
             self.resized = None
             lost = rec.ts - saved if saved is not None else None
-            self.sup.emit(
+            self.sup.out.emit(
                 "action",
                 "resized",
                 f"running on {d.after.world} process(es) from step {rec.step}"
@@ -146,7 +146,7 @@ class Autoscaler:
         if d.refused is not None:
             if onto is not None and self.link is not None:
                 self.link.refuse(d.refused)  # the server pauses the job instead
-            sup.emit(
+            sup.out.emit(
                 "action",
                 "resize_refused",
                 f"{d.kind} refused: {d.reason}, but {d.refused}",
@@ -158,7 +158,7 @@ class Autoscaler:
         if sup.policy.config.mode == "observe":
             if onto is not None and self.link is not None:
                 self.link.refuse("observe mode: the run's policy makes no resize")
-            sup.emit(
+            sup.out.emit(
                 "action", "alert_only", f"observe mode: would {d.kind} ({d.reason})", step=sup.progress.step
             )
             self.rules.declined(sup.clock())
@@ -183,13 +183,13 @@ class Autoscaler:
         if asked is None:
             self.scaling = None
             self.rules.declined(sup.clock())
-            sup.emit(
+            sup.out.emit(
                 "action", "resize_refused", f"{d.kind} refused: {d.reason}, but no Ray driver runs to ask",
                 severity="warning", step=sup.progress.step, data={**data, "refused": "no driver"},
             )  # fmt: skip
             return
         self.asked_for = (n, d.before.world)
-        sup.emit(
+        sup.out.emit(
             "action",
             d.kind,
             f"{d.kind}: {d.reason}; asking Ray for {n} worker(s)",
@@ -233,7 +233,7 @@ class Autoscaler:
         return d, onto
 
     def on_measured(self, m: Measured, step: int) -> None:
-        self.sup.emit(
+        self.sup.out.emit(
             "action",
             "resize_measured",
             m.reason,

@@ -49,8 +49,9 @@ from steadytune.supervise.actions import Actions
 from steadytune.supervise.inprocess import InProcessRollbacks
 from steadytune.supervise.logparse import last_exception, last_lines
 from steadytune.supervise.next_attempt import NextAttempt, RestartPlanner
-from steadytune.supervise.observers import Observer, Observers
+from steadytune.supervise.observers import Observer
 from steadytune.supervise.operator import OperatorControls
+from steadytune.supervise.outbox import Outbox
 from steadytune.supervise.process import ProcessTree, WorkerProcess
 from steadytune.supervise.publishing import Publishes
 from steadytune.supervise.restarts import (
@@ -64,7 +65,6 @@ from steadytune.supervise.source import PLAN, NativeSource, WorkerSource
 from steadytune.supervise.standby import Standby
 from steadytune.supervise.status import RunBooks
 from steadytune.supervise.worker_events import WorkerEvents
-from steadytune.telemetry.events import EventLog
 from steadytune.telemetry.progress import RunProgress, progress_line
 from steadytune.telemetry.runenv import config_sources
 from steadytune.telemetry.sampler import SystemSampler
@@ -115,7 +115,6 @@ class Supervisor:
         self.launch = dict(launch or {})
         self.cfg = cfg
         self.run = run.create()
-        self.console = console
         self.clock = clock
         self.poll_s = poll_s
         self.source: WorkerSource = source or NativeSource(
@@ -123,10 +122,9 @@ class Supervisor:
         )
         self.stop_grace_s = stop_grace_s
         self.sampler = sampler or sampler_from_env(self.run.root, clock=clock)
-        self.observers = Observers(report=self._observer_failed)
-        self.events = EventLog(self.run.events, self.run.run_id, clock=clock, on_append=self.observers.event)
+        self.out = Outbox(self.run, clock, console)
         for obs in observers if observers is not None else self.default_observers():
-            self.observers.append(obs)
+            self.out.observers.append(obs)
         self.progress = RunProgress(max_steps=cfg.train.max_steps if cfg.train.max_steps > 0 else None)
         self.system_writer = JsonlWriter(self.run.system)
         self.tailers: dict[Path, JsonlTailer] = {}
@@ -175,36 +173,14 @@ class Supervisor:
 
         out: list[Observer] = [StoreObserver(self.run)]
         alerts = self.cfg.alerts
-        if self.console is not None:
+        if self.out.console is not None:
             # The supervisor already prints every event on its console: a console sink would say it twice.
             alerts = alerts.model_copy(update={"sinks": [s for s in alerts.sinks if s.type != "console"]})
         if alerts.enabled and alerts.sinks:
             out.append(
-                AlertObserver(AlertRouter(alerts, self.events, clock=self.clock, run_id=self.run.run_id))
+                AlertObserver(AlertRouter(alerts, self.out.events, clock=self.clock, run_id=self.run.run_id))
             )
         return out
-
-    # -- outputs -------------------------------------------------------------
-    def _observer_failed(self, obs: Observer, call: str, exc: BaseException) -> None:
-        name = type(obs).__name__
-        self.emit(
-            "lifecycle",
-            "observer_disabled",
-            f"{name} disabled: its {call} raised {type(exc).__name__}: {exc}; the run goes on without it",
-            severity="warning",
-            data={"observer": name, "call": call, "error": f"{type(exc).__name__}: {exc}"},
-        )
-
-    def say(self, text: str, style: str | None = None) -> None:
-        if self.console is not None:
-            self.console.print(text, style=style, highlight=False, markup=False, soft_wrap=True)
-
-    def emit(self, kind: str, name: str, message: str = "", severity: str = "info", **fields: Any) -> Event:
-        event = self.events.emit(kind, name, message, severity=severity, **fields)
-        if severity != "info" or kind in {"lifecycle", "action"}:
-            style = {"critical": "bold red", "warning": "yellow"}.get(severity)
-            self.say(f"[{kind}] {event.message or name}", style=style)  # as filed: redacted
-        return event
 
     # -- the run -------------------------------------------------------------
     def prepare(self) -> None:
@@ -212,7 +188,7 @@ class Supervisor:
         self.source.write_env(config_sources(self.cfg))  # env.json
         self.started_ts = self.clock()
         what = "" if PLAN in self.source.abilities else f": supervising {self.source.describe()}"
-        self.emit(
+        self.out.emit(
             "lifecycle",
             "run_started",
             f"run {self.run.run_id} started{what}",
@@ -228,7 +204,7 @@ class Supervisor:
             f.write(to_json(plan) + "\n")
             f.flush()
             os.fsync(f.fileno())
-        self.observers.record(plan)
+        self.out.observers.record(plan)
 
     def revise(self, reason: str, cause: Event | None = None, **changes: Any) -> PlanRevision:
         """Write the next plan revision, inheriting everything the last one said."""
@@ -253,7 +229,7 @@ class Supervisor:
         self.attempt_stepped = False
         resume = Path(plan.resume_checkpoint) if plan.resume_checkpoint else None
         self.resumes.expect(resume)
-        self.emit(
+        self.out.emit(
             "lifecycle",
             "worker_started",
             f"{self.source.label} attempt {plan.attempt} started (pid {self.worker.pid}, {self.worker.kind})"
@@ -297,7 +273,7 @@ class Supervisor:
                 self.actions.on_transition(t)
         self.books.update_last_good()
         self.books.write_status()
-        self.observers.flush()
+        self.out.observers.flush()
 
     def handle(self, rec: Record) -> None:
         if isinstance(rec, StepRecord):
@@ -341,7 +317,7 @@ class Supervisor:
                 self._finishing()
         elif isinstance(rec, Event):
             self.worker_events.on_event(rec)
-        self.observers.record(rec)
+        self.out.observers.record(rec)
 
     def _finishing(self) -> None:
         """Training is over (rank 0's last words, or the Trainer's closing summary), the process not yet:
@@ -363,7 +339,7 @@ class Supervisor:
             if rc is not None:
                 break
             if self.stop_sent_at is not None and self.clock() - self.stop_sent_at > self.stop_grace_s:
-                self.say(f"the {self.source.label} did not stop in time: killing it", style="bold red")
+                self.out.say(f"the {self.source.label} did not stop in time: killing it", style="bold red")
                 self.worker.kill()
                 self._stop_killed = True
             time.sleep(self.poll_s)
@@ -418,7 +394,7 @@ class Supervisor:
         left = self.tree.reap()
         self._reaped = left
         if left:
-            self.emit(
+            self.out.emit(
                 "action",
                 "tree_killed",
                 f"killed {len(left)} process(es) the {self.source.label} left behind: "
@@ -458,13 +434,15 @@ class Supervisor:
             else:
                 decision = self.planner.decide(info)
                 if decision.classification == "paused" and not self.interrupts:
-                    self.emit("lifecycle", "run_paused", f"run paused at step {info.step}", step=info.step)
+                    self.out.emit(
+                        "lifecycle", "run_paused", f"run paused at step {info.step}", step=info.step
+                    )
                     if not self.controls.wait_while_paused(live):
                         return self.finish(
                             Decision("stop", "user_interrupt", "stopped while paused"), info, t0
                         )
                     self.attempt += 1
-                    event = self.emit("lifecycle", "run_resumed", "run resumed", step=info.step)
+                    event = self.out.emit("lifecycle", "run_resumed", "run resumed", step=info.step)
                     self.revise(
                         reason="resume",
                         cause=event,
@@ -488,7 +466,7 @@ class Supervisor:
 
     def restart(self, nxt: NextAttempt, info: ExitInfo) -> bool:
         """File the restart, wait its backoff and start the next attempt; False: stopped while waiting."""
-        event = self.emit(
+        event = self.out.emit(
             "action",
             "restart",
             nxt.message(self.source.label),
@@ -515,7 +493,7 @@ class Supervisor:
         (the latest attempt of each step), so baselines survive the restart.
         """
         for a in self.detector.open_anomalies():
-            self.emit(
+            self.out.emit(
                 "resolved",
                 a.kind,
                 f"resolved {a.kind}: cleared by the restart",
@@ -559,7 +537,7 @@ class Supervisor:
             data["signal"] = signal.Signals(self.stop_signal).name
             data["graceful"] = not self._stop_killed and not self._reaped
             data["killed_pids"] = list(self._reaped)
-        self.emit(
+        self.out.emit(
             "lifecycle",
             f"run_{state}",
             f"run {state}: {decision.reason}",
@@ -568,11 +546,11 @@ class Supervisor:
             data=data,
         )
         if detail:
-            self.say(detail.lstrip("\n"))
+            self.out.say(detail.lstrip("\n"))
         self.source.close()
         self.books.write_status(force=True)
         self.system_writer.close()
-        self.observers.close()
+        self.out.observers.close()
         ckpts = [p.name for p in reversed(self.source.checkpoints())]  # in step order
         return RunResult(
             self.run,

@@ -47,7 +47,7 @@ class WorkerEvents:
         filed = (
             None
             if known in _NOT_FILED
-            else sup.emit(ev.kind, ev.name, ev.message, severity=ev.severity, step=ev.step, data=ev.data)
+            else sup.out.emit(ev.kind, ev.name, ev.message, severity=ev.severity, step=ev.step, data=ev.data)
         )
         if known is not None:
             getattr(self, known.handler)(ev, filed)
@@ -95,7 +95,7 @@ class WorkerEvents:
                 "memory_snapshot",
                 issuer="policy:memory_leak",
                 attempt=sup.attempt,
-                log=sup.events,
+                log=sup.out.events,
             )
 
     def on_reduce_microbatch(self, ev: Event, filed: Event | None) -> None:

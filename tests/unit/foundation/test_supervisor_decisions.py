@@ -191,7 +191,7 @@ def test_a_worker_that_ignores_stop_is_killed_after_the_grace_period(tmp_path: P
     sup = supervisor(tmp_path)
     sup.stop_grace_s = 1.0
     said: list[str] = []
-    sup.say = lambda text, style=None: said.append(text)
+    sup.out.say = lambda text, style=None: said.append(text)
     worker = stubborn(sup, started)
     sup.controls.request_stop("operator")
     info = sup.supervise_attempt()  # returns only once the worker is gone

@@ -44,8 +44,8 @@ class Keeper:
 def test_an_observer_that_raises_is_disabled_with_an_event_and_the_others_go_on(tmp_path: Path) -> None:
     sup = supervisor(tmp_path)
     broken, healthy = Keeper(fail_on="on_record"), Keeper()
-    sup.observers.append(broken)
-    sup.observers.append(healthy)
+    sup.out.observers.append(broken)
+    sup.out.observers.append(healthy)
     sup.handle(StepRecord(step=1, ts=1.0, loss=1.0, grad_norm=1.0))
     sup.handle(StepRecord(step=2, ts=2.0, loss=1.0, grad_norm=1.0))
     (disabled,) = [e for e in read_events(sup.run.events) if e.name == "observer_disabled"]
@@ -53,19 +53,19 @@ def test_an_observer_that_raises_is_disabled_with_an_event_and_the_others_go_on(
     assert disabled.data["call"] == "on_record" and "disk full in on_record" in disabled.data["error"]
     assert [r.step for r in healthy.records] == [1, 2]  # type: ignore[attr-defined]
     assert [e.name for e in healthy.events] == ["observer_disabled"]  # the report reached the others
-    assert broken.events == [] and broken not in sup.observers.live  # told nothing more
+    assert broken.events == [] and broken not in sup.out.observers.live  # told nothing more
 
 
 def test_every_observer_is_flushed_each_tick_and_closed_at_the_end(tmp_path: Path) -> None:
     sup = supervisor(tmp_path)
     keeper, failing_flush = Keeper(), Keeper(fail_on="flush")
-    sup.observers.append(keeper)
-    sup.observers.append(failing_flush)
+    sup.out.observers.append(keeper)
+    sup.out.observers.append(failing_flush)
     sup.pump()
     sup.pump()
     assert keeper.flushes == 2 and failing_flush.flushes == 0
     assert [e.data["call"] for e in read_events(sup.run.events) if e.name == "observer_disabled"] == ["flush"]
-    sup.observers.close()
+    sup.out.observers.close()
     assert keeper.closed and not failing_flush.closed
 
 

@@ -252,7 +252,7 @@ def test_the_guard_takes_back_to_back_requests_in_order_once_each(tmp_path: Path
 def test_the_supervisor_files_operator_requests_once_and_resumes_a_paused_run(tmp_path: Path) -> None:
     sup = supervisor(tmp_path)
     send_control(sup.run, "checkpoint", "alice (dashboard, 127.0.0.1)", new_id=ids("a"))
-    send_control(sup.run, "checkpoint", "policy:loss_spike", attempt=0, log=sup.events, new_id=ids("p"))
+    send_control(sup.run, "checkpoint", "policy:loss_spike", attempt=0, log=sup.out.events, new_id=ids("p"))
     send_control(sup.run, "resume", "bob (cli)", new_id=ids("r"))
     sup.controls.poll()
     sup.controls.poll()
