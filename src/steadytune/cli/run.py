@@ -223,8 +223,8 @@ def _launch(
             dashboard.stop()
     # A watched command's checkpoint interval is its own, not the config's: no advice on it.
     print_summary(console, result, None if watching_a_command else cfg)
-    if watching_a_command and result.state == "stopped" and sup.stop_signal is not None:
-        return 128 + sup.stop_signal
+    if watching_a_command and result.state == "stopped" and sup.state.stop.signal is not None:
+        return 128 + sup.state.stop.signal
     return 0 if result.state in {"completed", "stopped", "paused"} else 1
 
 

@@ -53,9 +53,9 @@ class Actions:
                 data={**anomaly_event_data(a), "escalated_from": t.was},
             )
         elif t.state == "cleared":
-            sup.policy.on_resolved(a)
+            sup.state.policy.on_resolved(a)
         else:
-            sup.policy.on_resolved(a)
+            sup.state.policy.on_resolved(a)
             self._filed.pop(a.key, None)
             sup.out.emit(
                 "resolved",
@@ -71,7 +71,7 @@ class Actions:
         sup = self.sup
         a, fired = t.anomaly, t.fired
         if fired.severity in {"warning", "critical"}:
-            sup.trouble_steps.append(fired.start_step)
+            sup.state.history.trouble_steps.append(fired.start_step)
         event: Event | None
         if t.state == "raised":
             event = self._filed[a.key] = sup.out.emit(
@@ -86,7 +86,7 @@ class Actions:
             event = self._filed.get(a.key)
         if (
             event is not None
-            and DATA in sup.source.abilities
+            and DATA in sup.state.source.abilities
             and a.kind in INSPECT_KINDS
             and fired.start_step not in self._inspected
             and len(self._inspected) < 10
@@ -95,20 +95,22 @@ class Actions:
             threading.Thread(target=self.inspect_batch, args=(fired.start_step, event), daemon=True).start()
         # One incident often raises several anomalies at once (a spike, its gradients, its layers):
         # once one of them stopped the worker, the others are already being handled.
-        action = sup.policy.on_raised(fired, sup.progress.step) if sup.pending is None else None
+        action = (
+            sup.state.policy.on_raised(fired, sup.state.progress.step) if sup.state.pending is None else None
+        )
         if (
             action is None
-            and sup.pending is None
-            and SKIP_STEP not in sup.source.abilities
-            and sup.policy.config.rule(a.kind).action == "skip_step"
+            and sup.state.pending is None
+            and SKIP_STEP not in sup.state.source.abilities
+            and sup.state.policy.config.rule(a.kind).action == "skip_step"
         ):
             # The guard skips a NaN update inside the worker; a job without it has applied the
             # update already, so the weights must come from a checkpoint.
-            action = sup.policy.instead(
+            action = sup.state.policy.instead(
                 fired,
-                sup.progress.step,
+                sup.state.progress.step,
                 "rollback",
-                f"the {sup.source.label} cannot skip the update",
+                f"the {sup.state.source.label} cannot skip the update",
             )
         if action is not None and not (t.state == "recurred" and action.name == "alert"):
             # An alert about a firing of an episode people were told of would be one per point.
@@ -145,21 +147,21 @@ class Actions:
             )
             sup.out.emit("action", "alert_only", why, severity="warning", step=step, data=action.params)
             return
-        if action.name in {"pause", "stop"} and CONTROL not in sup.source.abilities:
+        if action.name in {"pause", "stop"} and CONTROL not in sup.state.source.abilities:
             # A job that takes no requests is stopped from outside: what it saved is what there is.
             sup.out.emit(
                 "action",
                 action.name,
-                f"{action.name}: {action.reason}; the {sup.source.label} takes no requests, so it is "
+                f"{action.name}: {action.reason}; the {sup.state.source.label} takes no requests, so it is "
                 "stopped (its newest checkpoint stays)",
                 severity="warning",
                 step=step,
                 data={"anomaly": action.anomaly.kind if action.anomaly else None, **action.params},
             )
-            if sup.worker is not None and sup.pending is None:
-                sup.pending = action
-                sup.worker.signal_tree(signal.SIGTERM)
-                sup.stop_sent_at = sup.clock()
+            if sup.state.attempt.worker is not None and sup.state.pending is None:
+                sup.state.pending = action
+                sup.state.attempt.worker.signal_tree(signal.SIGTERM)
+                sup.state.stop.sent_at = sup.state.clock()
             return
         sup.out.emit(
             "action",
@@ -176,34 +178,42 @@ class Actions:
                 sup.run,
                 action.name,
                 issuer=f"policy:{action.anomaly.kind if action.anomaly else '-'}",
-                attempt=sup.attempt,
+                attempt=sup.state.attempt.number,
                 log=sup.out.events,
             )
         elif action.name == "reduce_microbatch":
             # Save what we have now; the next (re)start uses a smaller micro-batch.
-            sup.planner.shrink_next = True
+            sup.state.planner.shrink_next = True
             send_control(
                 sup.run,
                 "checkpoint",
                 issuer="policy:reduce_microbatch",
-                attempt=sup.attempt,
+                attempt=sup.state.attempt.number,
                 log=sup.out.events,
             )
             if action.anomaly is not None and action.anomaly.kind == "memory_leak":
-                sup.leak_snapshot_pending = True
-        elif action.name in SCALE_ACTIONS and sup.worker is not None and sup.pending is None:
+                sup.state.leak_snapshot_pending = True
+        elif (
+            action.name in SCALE_ACTIONS
+            and sup.state.attempt.worker is not None
+            and sup.state.pending is None
+        ):
             # Like a stop: the worker checkpoints at the next step boundary and exits; the run then
             # relaunches in the new shape from that checkpoint (plan_after_action).
-            sup.pending = action
+            sup.state.pending = action
             send_control(
                 sup.run,
                 "stop",
                 issuer=f"policy:{action.name}",
-                attempt=sup.attempt,
+                attempt=sup.state.attempt.number,
                 log=sup.out.events,
             )
-            sup.stop_sent_at = sup.clock()
-        elif action.name in {"rollback", "restart"} and sup.worker is not None and sup.pending is None:
+            sup.state.stop.sent_at = sup.state.clock()
+        elif (
+            action.name in {"rollback", "restart"}
+            and sup.state.attempt.worker is not None
+            and sup.state.pending is None
+        ):
             if action.name == "rollback" and sup.publishes.hold(action, lambda: self.stop_for(action)):
                 return  # the checkpoint it would go back to is still being published: it waits for it
             self.stop_for(action)
@@ -211,38 +221,38 @@ class Actions:
     def stop_for(self, action: Action) -> None:
         """A rollback or a restart: in the worker where it can reload, else the worker is killed for it."""
         sup = self.sup
-        if sup.worker is None:
+        if sup.state.attempt.worker is None:
             return
         if action.name == "rollback" and sup.in_process.want(action):
             return  # the worker reloads the checkpoint itself once these records are read: no new process
-        sup.pending = action
+        sup.state.pending = action
         if action.name == "restart":
             self.dump_stacks()
-        sup.worker.signal_tree(signal.SIGKILL)
+        sup.state.attempt.worker.signal_tree(signal.SIGKILL)
 
     def unable(self, action: str) -> str | None:
         """Why this run's source cannot carry out ``action`` (None: it can)."""
         sup = self.sup
-        label = sup.source.label
-        if action in {"checkpoint", "memory_snapshot"} and CONTROL not in sup.source.abilities:
+        label = sup.state.source.label
+        if action in {"checkpoint", "memory_snapshot"} and CONTROL not in sup.state.source.abilities:
             return f"the {label} takes no control requests (supervise --inject gives an HF-based tool them)"
-        if action == "reduce_microbatch" and PLAN not in sup.source.abilities:
+        if action == "reduce_microbatch" and PLAN not in sup.state.source.abilities:
             return f"the {label}'s batch shape is its own"
         return None
 
     def dump_stacks(self) -> None:
         """The Python stacks of every process of the attempt, into ``stacks/``, before it is killed."""
         sup = self.sup
-        if sup.worker is None or sup.tree is None:
+        if sup.state.attempt.worker is None or sup.state.attempt.tree is None:
             return
-        out = sup.run.stacks / f"attempt-{sup.attempt}.txt"
-        pids = sup.source.dump_stacks(sup.tree, sup.worker, out)
+        out = sup.run.stacks / f"attempt-{sup.state.attempt.number}.txt"
+        pids = sup.state.source.dump_stacks(sup.state.attempt.tree, sup.state.attempt.worker, out)
         if pids:
             where = out if out.exists() else sup.run.stacks
             sup.out.emit(
                 "action",
                 "stacks_dumped",
-                f"Python stacks of {len(pids)} {sup.source.label} process(es) written to {where}",
-                step=sup.progress.step,
+                f"Python stacks of {len(pids)} {sup.state.source.label} process(es) written to {where}",
+                step=sup.state.progress.step,
                 data={"pids": pids, "dir": str(sup.run.stacks), "file": str(where)},
             )

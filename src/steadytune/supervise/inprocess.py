@@ -64,14 +64,14 @@ class InProcessRollbacks:
         sup = self.sup
         if not sup.cfg.recover.in_process_rollback:
             return "recover.in_process_rollback is off"
-        if RELOAD not in sup.source.abilities:
-            return f"the {sup.source.label} cannot reload a checkpoint in process"
-        if (sup.plan.nproc_per_node or sup.cfg.run.nproc_per_node) > 1:
+        if RELOAD not in sup.state.source.abilities:
+            return f"the {sup.state.source.label} cannot reload a checkpoint in process"
+        if (sup.state.plan.nproc_per_node or sup.cfg.run.nproc_per_node) > 1:
             return "the worker runs several processes"
         if action.anomaly is not None and action.anomaly.kind in NONFINITE_KINDS:
             return f"{action.anomaly.kind}: non-finite state may have poisoned the process"
-        if sup.worker is None or sup.worker.poll() is not None:
-            return f"no {sup.source.label} is running"
+        if sup.state.attempt.worker is None or sup.state.attempt.worker.poll() is not None:
+            return f"no {sup.state.source.label} is running"
         if sup.publishes.failed:
             return "a checkpoint publish failed in the worker, which stops at its next step"
         if self.awaited is not None:
@@ -87,40 +87,47 @@ class InProcessRollbacks:
         """
         if self.refusal(action) is not None:
             return False
-        self.sup.pending = self._queued = action
+        self.sup.state.pending = self._queued = action
         return True
 
     def _start(self, action: Action) -> None:
         sup = self.sup
         changes, reason, why = planned = sup.resumes.plan_after_action(action)
         resume = changes.get("resume_checkpoint") if changes else None
-        if not resume or sup.worker is None or sup.worker.poll() is not None:
+        if not resume or sup.state.attempt.worker is None or sup.state.attempt.worker.poll() is not None:
             # Nothing to reload (the run ends, or starts over with fresh weights), or no worker left to
             # reload it: the restart path does it, with this very plan (computing it again would choose
             # an older checkpoint).
             self._fallback = planned
-            sup.pending = action
-            if sup.worker is not None:
-                sup.worker.signal_tree(signal.SIGKILL)
+            sup.state.pending = action
+            if sup.state.attempt.worker is not None:
+                sup.state.attempt.worker.signal_tree(signal.SIGKILL)
             return
         assert changes is not None
-        now = sup.clock()
+        worker = sup.state.attempt.worker
+        now = sup.state.clock()
         event = sup.out.emit(
             "action",
             "rollback_in_process",
-            f"rolling back inside the running {sup.source.label} (pid {sup.worker.pid}): {why}",
+            f"rolling back inside the running {sup.state.source.label} (pid {worker.pid}): {why}",
             severity="warning",
-            step=sup.progress.step,
+            step=sup.state.progress.step,
             data={
                 "classification": reason,
                 "in_process": True,
                 **{k: changes[k] for k in ("resume_checkpoint", "lr_scale") if changes.get(k) is not None},
             },
         )
-        sup.planner.action_restarts += 1
-        previous = sup.attempt
-        sup.attempt += 1
-        sup.revise(reason=reason, cause=event, attempt=sup.attempt, notes=f"{why}; in process", **changes)
+        sup.state.planner.action_restarts += 1
+        previous = sup.state.attempt.number
+        sup.state.attempt.number += 1
+        sup.state.plans.revise(
+            reason=reason,
+            cause=event,
+            attempt=sup.state.attempt.number,
+            notes=f"{why}; in process",
+            **changes,
+        )
         from steadytune.supervise.control import send_control
 
         # The request goes out as soon as the plan it carries out is written; rewinding detection (a
@@ -128,14 +135,18 @@ class InProcessRollbacks:
         issuer = f"policy:{action.anomaly.kind if action.anomaly else 'rollback'}"
         send_control(sup.run, "rollback", issuer=issuer, attempt=previous, log=sup.out.events)
         target = checkpoint_step(Path(resume)) or 0
-        self.awaited = Awaited(action, sup.worker, now, planned, target)
+        self.awaited = Awaited(action, sup.state.attempt.worker, now, planned, target)
         sup.rewind_detection(resume)
         sup.resumes.expect(Path(resume))
-        sup.worker_phase, sup.phase_since, sup.attempt_stepped = "setup", now, False
+        sup.state.attempt.phase, sup.state.attempt.phase_since, sup.state.attempt.stepped = (
+            "setup",
+            now,
+            False,
+        )
 
     def stale(self, rec: StepRecord) -> bool:
         """A step of the timeline being left, read after the rollback was decided: not for detection."""
-        return self.awaited is not None and rec.attempt < self.sup.attempt
+        return self.awaited is not None and rec.attempt < self.sup.state.attempt.number
 
     def take_fallback(self) -> Plan | None:
         """The plan a restart carries out in place of an in-process rollback (once); None if none."""
@@ -145,14 +156,14 @@ class InProcessRollbacks:
     def tick(self) -> None:
         """Start a rollback :meth:`want` took; restart a worker that has not taken its request in time."""
         queued, self._queued = self._queued, None
-        if queued is not None and self.sup.pending is queued:
-            self.sup.pending = None
+        if queued is not None and self.sup.state.pending is queued:
+            self.sup.state.pending = None
             self._start(queued)
             return
         awaited = self.awaited
         if awaited is None:
             return
-        if awaited.worker is not self.sup.worker:
+        if awaited.worker is not self.sup.state.attempt.worker:
             self.awaited = None  # that worker is gone (it crashed and was restarted): nothing to wait for
             return
         if awaited.worker.poll() is not None:
@@ -160,7 +171,7 @@ class InProcessRollbacks:
             # the rollback still has to happen, so the restart path carries it out.
             self.fall_back("did not happen: the worker exited first")
             return
-        waited = self.sup.clock() - awaited.sent_ts
+        waited = self.sup.state.clock() - awaited.sent_ts
         if not awaited.acked and waited > self.sup.cfg.recover.in_process_ack_timeout_s:
             self.fall_back(f"was not taken within {waited:.0f}s (recover.in_process_ack_timeout_s)")
 
@@ -183,10 +194,10 @@ class InProcessRollbacks:
         """Restart the worker's process to carry out the rollback's plan (the supervisor's restart path)."""
         awaited, self.awaited = self.awaited, None
         sup = self.sup
-        if awaited is None or sup.pending is not None:
+        if awaited is None or sup.state.pending is not None:
             return
         changes, reason, planned_why = awaited.plan
         self._fallback = (changes, reason, f"{planned_why}; in a new process: the in-process rollback {why}")
-        sup.pending = awaited.action
-        if sup.worker is not None:
-            sup.worker.signal_tree(signal.SIGKILL)
+        sup.state.pending = awaited.action
+        if sup.state.attempt.worker is not None:
+            sup.state.attempt.worker.signal_tree(signal.SIGKILL)

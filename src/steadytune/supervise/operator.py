@@ -30,38 +30,41 @@ class OperatorControls:
 
     def on_signal(self, signum: int, _frame: Any = None) -> None:
         sup = self.sup
-        sup.interrupts += 1
-        if sup.interrupts == 1:
-            sup.stop_signal = signum
+        sup.state.stop.interrupts += 1
+        if sup.state.stop.interrupts == 1:
+            sup.state.stop.signal = signum
             self.request_stop(f"signal {signal.Signals(signum).name}")
-        elif sup.worker is not None:
+        elif sup.state.attempt.worker is not None:
             sup.out.say("second interrupt: killing the worker now", style="bold red")
-            sup.worker.signal_tree(signal.SIGKILL)
+            sup.state.attempt.worker.signal_tree(signal.SIGKILL)
 
     def request_stop(self, issuer: str) -> None:
         sup = self.sup
-        sup.state = "stopping"
-        label = sup.source.label
-        if CONTROL in sup.source.abilities:
+        sup.state.status = "stopping"
+        label = sup.state.source.label
+        if CONTROL in sup.state.source.abilities:
             from steadytune.supervise.control import send_control
 
-            send_control(sup.run, "stop", issuer=issuer, attempt=sup.attempt, log=sup.out.events)
+            send_control(sup.run, "stop", issuer=issuer, attempt=sup.state.attempt.number, log=sup.out.events)
             how = f"the {label} will checkpoint at the next step and exit"
         else:
-            how = f"the {label} gets SIGTERM (its own handling may save) and {sup.stop_grace_s:.0f}s to exit"
+            grace = sup.state.stop.grace_s
+            how = f"the {label} gets SIGTERM (its own handling may save) and {grace:.0f}s to exit"
         sup.out.emit(
             "lifecycle",
             "stop_requested",
             f"{issuer}: stopping; {how} (a second signal kills it)",
             severity="warning",
-            step=sup.progress.step,
-            data={"issuer": issuer, "grace_s": sup.stop_grace_s},
+            step=sup.state.progress.step,
+            data={"issuer": issuer, "grace_s": sup.state.stop.grace_s},
         )
-        if sup.worker is not None and (PLAN in sup.source.abilities or CONTROL not in sup.source.abilities):
+        if sup.state.attempt.worker is not None and (
+            PLAN in sup.state.source.abilities or CONTROL not in sup.state.source.abilities
+        ):
             # steadytune's worker takes SIGTERM as "stop"; a job without the guard gets its own chance
             # to save. An injected trainer would die of it, so it gets the request alone.
-            sup.worker.signal_tree(signal.SIGTERM)
-        sup.stop_sent_at = sup.clock()
+            sup.state.attempt.worker.signal_tree(signal.SIGTERM)
+        sup.state.stop.sent_at = sup.state.clock()
 
     def poll(self) -> None:
         """File operator requests (``steadytune pause|resume|checkpoint|stop``) once each, act on ``resume``.
@@ -76,7 +79,7 @@ class OperatorControls:
                 "request_refused",
                 f"control request {name} refused: it {why}",
                 severity="warning",
-                step=sup.progress.step,
+                step=sup.state.progress.step,
                 data={"file": name, "why": why},
             )
         self._queue.refused.clear()
@@ -89,34 +92,38 @@ class OperatorControls:
                     "control",
                     command,
                     f"{command} requested by {issuer}",
-                    step=sup.progress.step,
+                    step=sup.state.progress.step,
                     data={"request_id": rid, "issuer": issuer, "args": request.get("args", {})},
                 )
-            if command == "resume" and sup.state == "paused":
+            if command == "resume" and sup.state.status == "paused":
                 self.resume_requested = True
-            elif CONTROL not in sup.source.abilities and not issuer.startswith(RESERVED_ISSUERS):
+            elif CONTROL not in sup.state.source.abilities and not issuer.startswith(RESERVED_ISSUERS):
                 self.carry_out_outside(command, issuer)
 
     def carry_out_outside(self, command: str, issuer: str) -> None:
         """An operator's request to a job that takes none: stop and pause are done from outside."""
         sup = self.sup
-        if sup.worker is None or sup.worker.poll() is not None or sup.state in {"stopping", "paused"}:
+        if (
+            sup.state.attempt.worker is None
+            or sup.state.attempt.worker.poll() is not None
+            or sup.state.status in {"stopping", "paused"}
+        ):
             return
         if command == "stop":
             self.request_stop(issuer)
         elif command == "pause":
             # The job is stopped (it keeps the checkpoints it saved); `resume` restarts it from the newest.
-            sup.pause_requested = True
-            sup.state = "stopping"
-            sup.worker.signal_tree(signal.SIGTERM)
-            sup.stop_sent_at = sup.clock()
+            sup.state.stop.pause_requested = True
+            sup.state.status = "stopping"
+            sup.state.attempt.worker.signal_tree(signal.SIGTERM)
+            sup.state.stop.sent_at = sup.state.clock()
         elif command in {"checkpoint", "memory_snapshot"}:
             sup.out.emit(
                 "action",
                 "alert_only",
                 f"{command} requested by {issuer} is not available: {sup.actions.unable(command)}",
                 severity="warning",
-                step=sup.progress.step,
+                step=sup.state.progress.step,
             )
 
     def drop_stale_requests(self) -> None:
@@ -127,20 +134,20 @@ class OperatorControls:
     def wait_while_paused(self, live: Any = None) -> bool:
         """The worker checkpointed and exited on ``pause``: hold the run until ``resume`` (True) or a stop."""
         sup = self.sup
-        sup.state = "paused"
-        sup.worker = None
+        sup.state.status = "paused"
+        sup.state.attempt.worker = None
         self.resume_requested = False
         sup.books.write_status(force=True)
         sup.out.say(
-            f"paused at step {sup.progress.step}: the GPU is free; `steadytune resume {sup.run.root}` "
+            f"paused at step {sup.state.progress.step}: the GPU is free; `steadytune resume {sup.run.root}` "
             "continues from the checkpoint",
             style="yellow",
         )
         while not self.resume_requested:
-            if sup.interrupts:
+            if sup.state.stop.interrupts:
                 return False
             sup.pump()
             if live is not None:
-                live.update(progress_line(sup.progress, sup.planner.total, sup.state))
+                live.update(progress_line(sup.state.progress, sup.state.planner.total, sup.state.status))
             time.sleep(sup.poll_s)
         return True

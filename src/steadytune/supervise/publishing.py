@@ -69,7 +69,7 @@ class Publishes:
 
     def unfinished(self, step: int) -> bool:
         """Whether checkpoint ``step`` is on its way: being published by a worker that still runs."""
-        worker = self.sup.worker
+        worker = self.sup.state.attempt.worker
         return step in self.in_flight and worker is not None and worker.poll() is None
 
     # -- the rollback that waits ----------------------------------------------------------------------
@@ -81,24 +81,24 @@ class Publishes:
         """
         sup = self.sup
         wait_s = sup.cfg.recover.publish_wait_s
-        worker = sup.worker
+        worker = sup.state.attempt.worker
         if wait_s <= 0 or worker is None or worker.poll() is not None or self.held is not None:
             return False
         start = onset_step(action.anomaly) if action.anomaly is not None else action.step
         # The checkpoints whose publish was read to end (verifying them again is the choice's job).
-        verified = [s for s in sup.checkpoint_steps if s < start]
+        verified = [s for s in sup.state.history.checkpoint_steps if s < start]
         step = publish_to_await(start, verified, sup.resumes.rollback_resumes, self.in_flight)
         if step is None:
             return False
-        sup.pending = action
-        self.held = Held(action, step, worker, sup.clock(), proceed)
+        sup.state.pending = action
+        self.held = Held(action, step, worker, sup.state.clock(), proceed)
         sup.out.emit(
             "action",
             "publish_awaited",
             f"the rollback waits for checkpoint-{step}, still being published, up to {wait_s:g}s "
             "(recover.publish_wait_s)",
             severity="warning",
-            step=sup.progress.step,
+            step=sup.state.progress.step,
             data={"checkpoint": f"checkpoint-{step}", "wait_s": wait_s},
         )
         return True
@@ -109,7 +109,7 @@ class Publishes:
         sup = self.sup
         if held is None:
             return
-        if held.worker is not sup.worker:
+        if held.worker is not sup.state.attempt.worker:
             self.held = None
             return
         if held.worker.poll() is not None:
@@ -119,14 +119,14 @@ class Publishes:
             if held.step in self.in_flight:
                 self.why_not[held.step] = "the worker exited before its publish finished"
             return
-        waited = sup.clock() - held.since
+        waited = sup.state.clock() - held.since
         if held.step in self.in_flight:
             if waited < sup.cfg.recover.publish_wait_s:
                 return
             self.why_not[held.step] = f"still being published after {waited:.0f}s (recover.publish_wait_s)"
         self.held = None
-        if sup.pending is held.action:
-            sup.pending = None
+        if sup.state.pending is held.action:
+            sup.state.pending = None
         held.proceed()
 
     def passed_over(self, target: int, before: int) -> list[str]:

@@ -199,7 +199,7 @@ def group_revision(plan: PlanRevision, data: dict[str, Any], current_attempt: in
 
 def on_worker_group_failed(sup: Supervisor, ev: Event, filed: Event | None) -> None:
     """Until the next group starts, the job is re-forming: judged by setup_timeout_s, not by the step pace."""
-    sup.worker_phase, sup.phase_since = "setup", sup.clock()
+    sup.state.attempt.phase, sup.state.attempt.phase_since = "setup", sup.state.clock()
 
 
 def on_resources_requested(sup: Supervisor, ev: Event, filed: Event | None) -> None:
@@ -221,32 +221,36 @@ def on_worker_group_started(sup: Supervisor, ev: Event, filed: Event | None) -> 
 
     A group logged but never announced before it gets its revision first, said to have trained nothing.
     """
-    driver = getattr(sup.source, "driver_attempt", None)
+    driver = getattr(sup.state.source, "driver_attempt", None)
     if driver is not None and isinstance(ev.data.get("attempt"), int):
-        for lost in unannounced(GroupLog(sup.run.root, driver).read(), sup.attempt, ev.data["attempt"]):
+        for lost in unannounced(
+            GroupLog(sup.run.root, driver).read(), sup.state.attempt.number, ev.data["attempt"]
+        ):
             _start_group(sup, GroupLog.as_event_data(lost), filed, "; lost before it announced itself")
     _start_group(sup, ev.data, filed)
 
 
 def _start_group(sup: Supervisor, data: dict[str, Any], filed: Event | None, note: str = "") -> None:
-    changes = group_revision(sup.plan, data, sup.attempt)
+    changes = group_revision(sup.state.plan, data, sup.state.attempt.number)
     if changes is None:
         return
     if note:
         changes["notes"] = changes.get("notes", "") + note
     reason = changes.pop("reason")
-    sup.revise(reason=reason, cause=filed, **changes)
+    sup.state.plans.revise(reason=reason, cause=filed, **changes)
     if "attempt" not in changes:
         return
     # A new group is a new timeline, as a restart by the supervisor is: its records carry the new attempt,
     # open anomalies of the old one are resolved, and its first step must continue the checkpoint.
-    sup.attempt = changes["attempt"]
+    sup.state.attempt.number = changes["attempt"]
     resume = changes.get("resume_checkpoint")
     sup.rewind_detection(resume)
     if changes.get("world_size"):  # the ranks a smaller group no longer has are forgotten, not stragglers
         step = checkpoint_step(Path(resume)) if resume else 0
-        sup.detector = replay_detector(sup.run, sup.cfg.detect, step or 0, world_size=changes["world_size"])
-    sup.last_heartbeat = {0: sup.clock()}
-    sup.worker_phase, sup.phase_since = "setup", sup.clock()
-    sup.attempt_stepped = False
+        sup.state.detector = replay_detector(
+            sup.run, sup.cfg.detect, step or 0, world_size=changes["world_size"]
+        )
+    sup.state.attempt.heartbeats = {0: sup.state.clock()}
+    sup.state.attempt.phase, sup.state.attempt.phase_since = "setup", sup.state.clock()
+    sup.state.attempt.stepped = False
     sup.resumes.expect(Path(resume) if resume else None)

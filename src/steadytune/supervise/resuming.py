@@ -47,13 +47,13 @@ class Resumes:
     def usable_checkpoints(self, before: int | None = None) -> list[tuple[Path, int]]:
         """Checkpoints the source can resume from, newest first; unusable ones are reported once."""
         out = []
-        for path in self.sup.source.checkpoints():
+        for path in self.sup.state.source.checkpoints():
             step = checkpoint_step(path) or 0
             if (before is not None and step >= before) or path in self._bad_checkpoints:
                 continue
             if self._abandoned.get(path) == _saved_at(path):
                 continue  # written by the timeline a rollback left (and not saved again since)
-            problem = self.sup.source.problem(path)
+            problem = self.sup.state.source.problem(path)
             if problem is None:
                 out.append((path, step))
                 if before is None:
@@ -79,7 +79,7 @@ class Resumes:
 
     def check_resume(self, rec: StepRecord, expect: dict[str, float]) -> None:
         """The first step after a resume continues the checkpoint: its epoch, its step, its loss."""
-        problems = resume_problems(rec, expect, self.sup.source.steps_are_real())
+        problems = resume_problems(rec, expect, self.sup.state.source.steps_are_real())
         if problems:
             self.sup.out.emit(
                 "anomaly",
@@ -93,17 +93,21 @@ class Resumes:
     def nonfinite_end(self, info: ExitInfo) -> Anomaly | None:
         """The open NaN/Inf anomaly a completed attempt ended with, where no guard kept it from the
         weights."""
-        if info.status != "completed" or SKIP_STEP in self.sup.source.abilities:
+        if info.status != "completed" or SKIP_STEP in self.sup.state.source.abilities:
             return None
-        for a in self.sup.detector.open_anomalies():
+        for a in self.sup.state.detector.open_anomalies():
             if a.kind in {"nan_loss", "nonfinite_grad"}:
                 return a
-        grad = self.sup.progress.last_grad_norm
+        grad = self.sup.state.progress.last_grad_norm
         if grad is not None and not math.isfinite(grad):
             # A tool that filters NaN losses from its logs (HF's logging_nan_inf_filter) still shows the
             # gradients: a run whose last update was non-finite left non-finite weights.
             return Anomaly(
-                "nonfinite_grad", "critical", self.sup.progress.step, self.sup.progress.step, "grad_norm"
+                "nonfinite_grad",
+                "critical",
+                self.sup.state.progress.step,
+                self.sup.state.progress.step,
+                "grad_norm",
             )
         return None
 
@@ -112,8 +116,8 @@ class Resumes:
 
         The next older whole one gets its chance (a restart, from the budget), with an event.
         """
-        resume = self.sup.plan.resume_checkpoint
-        if not (info.deterministic and resume and self.sup.planner.budget_left()):
+        resume = self.sup.state.plan.resume_checkpoint
+        if not (info.deterministic and resume and self.sup.state.planner.budget_left()):
             return None
         path = Path(resume)
         self._bad_checkpoints.add(path)
@@ -133,9 +137,9 @@ class Resumes:
         """Resume from the newest verified checkpoint; after an OOM, also change what ran out."""
         resume = self.resume_point()
         where = f"; resuming from {Path(resume).name if resume else 'the start'}"
-        if PLAN not in self.sup.source.abilities:  # a job's shape is its own: resume it as it was
+        if PLAN not in self.sup.state.source.abilities:  # a job's shape is its own: resume it as it was
             return {"resume_checkpoint": resume}, decision.classification, decision.reason + where
-        changes, kind, why = crash_restart(self.sup.plan, decision, resume, self.sup.cfg)
+        changes, kind, why = crash_restart(self.sup.state.plan, decision, resume, self.sup.cfg)
         return changes, kind, why + where
 
     def plan_after_action(self, action: Action) -> tuple[dict[str, Any] | None, str, str]:
@@ -151,15 +155,15 @@ class Resumes:
         start = onset_step(action.anomaly) if action.anomaly is not None else action.step
         verified = {step: path for path, step in self.usable_checkpoints(before=start)}
         changes, kind, why, target = rollback_restart(
-            self.sup.plan,
+            self.sup.state.plan,
             action,
             sorted(verified),
             self.rollback_resumes,
-            self.sup.source.checkpoint_root or self.sup.run.checkpoints,
+            self.sup.state.source.checkpoint_root or self.sup.run.checkpoints,
             # Where the rollback was decided, not where the worker got to while it was carried out (a
             # wait for a checkpoint being published, a kill): the steps after it are not suspect.
             action.step,
-            self.sup.samples_by_step,
+            self.sup.state.history.samples_by_step,
             self.sup.cfg.policy.rollback_lr_scale,
         )
         if target is not None:
@@ -170,17 +174,19 @@ class Resumes:
             self.abandon_after(target)
             if target in verified and changes is not None:
                 target_dir = verified[target]
-                if changes.get("lr_scale") not in (None, self.sup.plan.lr_scale):
-                    target_dir = self.sup.source.resume_copy(target_dir)
+                if changes.get("lr_scale") not in (None, self.sup.state.plan.lr_scale):
+                    target_dir = self.sup.state.source.resume_copy(target_dir)
                 changes["resume_checkpoint"] = str(target_dir)
-            if LR not in self.sup.source.abilities:
+            if LR not in self.sup.state.source.abilities:
                 why += "; the LR is unchanged (give --lr-arg and --base-lr, or --preset, to lower it)"
         return changes, kind, why
 
     def abandon_after(self, target: int) -> None:
         """The timeline after checkpoint ``target`` is left behind: its checkpoints are no resume point."""
-        self.sup.checkpoint_steps = [s for s in self.sup.checkpoint_steps if s <= target]
-        for path in self.sup.source.checkpoints():
+        self.sup.state.history.checkpoint_steps = [
+            s for s in self.sup.state.history.checkpoint_steps if s <= target
+        ]
+        for path in self.sup.state.source.checkpoints():
             if (checkpoint_step(path) or 0) > target:
                 self._abandoned[path] = _saved_at(path)
 

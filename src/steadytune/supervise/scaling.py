@@ -50,33 +50,36 @@ class Autoscaler:
     def for_run(cls, sup: Supervisor, worker_env: dict[str, str] | None) -> Autoscaler | None:
         """The rules, for a source whose shape steadytune sets; the first plan records the world size."""
         s = sup.cfg.scale
-        if s is None or not {PLAN, CONTROL} <= sup.source.abilities:
+        if s is None or not {PLAN, CONTROL} <= sup.state.source.abilities:
             return None
         env = {**os.environ, **(worker_env or {})}
         # With Ray, config validation made scale.min_gpus..max_gpus ray.num_workers' range.
-        if REQUEST not in sup.source.abilities:
-            sup.plan = replace(sup.plan, nproc_per_node=sup.cfg.run.nproc_per_node)
-        sup.plan = replace(sup.plan, dataloader_num_workers=sup.cfg.train.dataloader_num_workers)
+        if REQUEST not in sup.state.source.abilities:
+            sup.state.plans.current = replace(sup.state.plan, nproc_per_node=sup.cfg.run.nproc_per_node)
+        sup.state.plans.current = replace(
+            sup.state.plan, dataloader_num_workers=sup.cfg.train.dataloader_num_workers
+        )
         visible = parse_visible(env.get("CUDA_VISIBLE_DEVICES"))
-        requests = REQUEST in sup.source.abilities
+        requests = REQUEST in sup.state.source.abilities
         rules = ScaleRules(s, shape_of(sup), exact_batch=not requests)
         return cls(sup, rules, visible, ServerLink.from_env(env))
 
     @property
     def requests(self) -> bool:
         """A resize is a resource request to the engine, which resizes the group itself (Ray)."""
-        return REQUEST in self.sup.source.abilities
+        return REQUEST in self.sup.state.source.abilities
 
     def on_sample(self, rec: SystemSample) -> None:
         sup = self.sup
-        if self.requests and self.scaling is not None and sup.clock() - self.asked_at > REQUEST_TAKEN_S:
+        if self.requests and self.scaling is not None and sup.state.clock() - self.asked_at > REQUEST_TAKEN_S:
             # The driver asked for it is gone (the attempt ended): the rules may decide again.
             d, self.scaling = self.scaling, None
-            self.rules.declined(sup.clock())
+            self.rules.declined(sup.state.clock())
             sup.out.emit(
                 "action", "resize_refused",
                 f"{d.kind} not made: the Ray driver did not take the request in {REQUEST_TAKEN_S:g}s",
-                severity="warning", step=sup.progress.step, data={**scale_data(d), "refused": "not taken"},
+                severity="warning", step=sup.state.progress.step,
+                data={**scale_data(d), "refused": "not taken"},
             )  # fmt: skip
         shape = shape_of(sup)
         # An OOM split or the auto search may have changed the micro-batch.
@@ -84,11 +87,11 @@ class Autoscaler:
         if self.requests:
             self.rules.set_world(shape.world)  # the group Ray runs now, whatever was asked for
         training = (
-            sup.state == "running"
-            and sup.worker_phase == "train"
-            and sup.attempt_stepped
-            and sup.worker is not None
-            and sup.worker.poll() is None
+            sup.state.status == "running"
+            and sup.state.attempt.phase == "train"
+            and sup.state.attempt.stepped
+            and sup.state.attempt.worker is not None
+            and sup.state.attempt.worker.poll() is None
         )
         if self.requests:
             # Ray places the workers on GPUs of its choosing: the host's GPUs the supervisor may see are the
@@ -141,7 +144,7 @@ class Autoscaler:
     def decide(self, d: ScaleDecision, onto: list[int] | None = None) -> None:
         sup = self.sup
         data = scale_data(d)
-        if d.refused is None and self.link is not None and sup.policy.config.mode != "observe":
+        if d.refused is None and self.link is not None and sup.state.policy.config.mode != "observe":
             d, onto = self._with_server(d, onto)
         if d.refused is not None:
             if onto is not None and self.link is not None:
@@ -151,23 +154,26 @@ class Autoscaler:
                 "resize_refused",
                 f"{d.kind} refused: {d.reason}, but {d.refused}",
                 severity="warning",
-                step=sup.progress.step,
+                step=sup.state.progress.step,
                 data={**data, "refused": d.refused},
             )
             return
-        if sup.policy.config.mode == "observe":
+        if sup.state.policy.config.mode == "observe":
             if onto is not None and self.link is not None:
                 self.link.refuse("observe mode: the run's policy makes no resize")
             sup.out.emit(
-                "action", "alert_only", f"observe mode: would {d.kind} ({d.reason})", step=sup.progress.step
+                "action",
+                "alert_only",
+                f"observe mode: would {d.kind} ({d.reason})",
+                step=sup.state.progress.step,
             )
-            self.rules.declined(sup.clock())
+            self.rules.declined(sup.state.clock())
             return
-        self.scaling, self.asked_at, self.onto = d, sup.clock(), onto
+        self.scaling, self.asked_at, self.onto = d, sup.state.clock(), onto
         if self.requests:
             self._request(d, data)
             return
-        sup.actions.execute(Action(d.kind, d.reason, sup.progress.step, params=data))
+        sup.actions.execute(Action(d.kind, d.reason, sup.state.progress.step, params=data))
 
     def _request(self, d: ScaleDecision, data: dict[str, Any]) -> None:
         """Ask the engine for ``d.after.world`` workers; the training goes on meanwhile (no stop)."""
@@ -176,16 +182,16 @@ class Autoscaler:
         if self.asked_for == (n, d.before.world):
             # Ray holds it already and the group has not changed since: asking again changes nothing.
             self.scaling = None
-            self.rules.declined(sup.clock())
+            self.rules.declined(sup.state.clock())
             return
-        source = cast(SizesItself, sup.source)
-        asked = source.request_workers(d.kind, n, d.reason, sup.clock(), sup.cfg.ray)
+        source = cast(SizesItself, sup.state.source)
+        asked = source.request_workers(d.kind, n, d.reason, sup.state.clock(), sup.cfg.ray)
         if asked is None:
             self.scaling = None
-            self.rules.declined(sup.clock())
+            self.rules.declined(sup.state.clock())
             sup.out.emit(
                 "action", "resize_refused", f"{d.kind} refused: {d.reason}, but no Ray driver runs to ask",
-                severity="warning", step=sup.progress.step, data={**data, "refused": "no driver"},
+                severity="warning", step=sup.state.progress.step, data={**data, "refused": "no driver"},
             )  # fmt: skip
             return
         self.asked_for = (n, d.before.world)
@@ -194,7 +200,7 @@ class Autoscaler:
             d.kind,
             f"{d.kind}: {d.reason}; asking Ray for {n} worker(s)",
             severity="warning",
-            step=sup.progress.step,
+            step=sup.state.progress.step,
             data={**data, "workers": n, "request": str(asked)},
         )
 
@@ -206,14 +212,14 @@ class Autoscaler:
         d, self.scaling = self.scaling, None
         workers = ev.data.get("workers")
         kind = str(ev.data.get("kind") or (d.kind if d else "request"))
-        self.sup.revise(
+        self.sup.state.plans.revise(
             reason=f"scale_{kind}",
             cause=filed,
             notes=f"{kind}: asked Ray for {workers} worker(s) of {(ev.data.get('bundles') or [{}])[0]}"
             + (f" ({d.reason})" if d else ""),
         )
         if d is not None and d.after.world == workers:
-            self.rules.applied(d, self.sup.clock())
+            self.rules.applied(d, self.sup.state.clock())
 
     def _with_server(
         self, d: ScaleDecision, onto: list[int] | None
@@ -225,7 +231,7 @@ class Autoscaler:
         if d.after.world > d.before.world:
             gpus, why = self.link.grow(d.after.world, d.reason)
             if gpus is None:
-                self.rules.declined(self.sup.clock())
+                self.rules.declined(self.sup.state.clock())
                 return replace(d, after=d.before, refused=f"the server refused: {why}"), None
             return d, gpus
         if d.after.world < d.before.world and onto is None:
@@ -246,7 +252,7 @@ class Autoscaler:
                 "kept": m.kept,
             },
         )
-        if m.undo is not None and self.sup.pending is None:
+        if m.undo is not None and self.sup.state.pending is None:
             self.decide(m.undo)
 
     def plan_after_resize(self) -> tuple[dict[str, Any] | None, str, str]:
@@ -254,9 +260,9 @@ class Autoscaler:
         sup = self.sup
         d, self.scaling = self.scaling, None
         assert d is not None
-        resume = sup.resume_point()
+        resume = sup.resumes.resume_point()
         onto, self.onto = self.onto, None
-        if resume is None and sup.progress.step > 0:
+        if resume is None and sup.state.progress.step > 0:
             if self.link is not None and d.after.world > d.before.world:
                 self.link.release(d.before.world, f"{d.kind} not made: no checkpoint")  # the reservation back
             return (
@@ -266,8 +272,8 @@ class Autoscaler:
             )
         if onto is not None:
             self._place(onto, d)
-        self.rules.applied(d, sup.clock())
-        self.resized = (d, self.asked_at, sup.last_save_ts)
+        self.rules.applied(d, sup.state.clock())
+        self.resized = (d, self.asked_at, sup.state.history.last_save_ts)
         changes = {
             "resume_checkpoint": resume,
             "nproc_per_node": d.after.world,
@@ -285,20 +291,20 @@ class Autoscaler:
             kept = self.link.release(d.after.world, d.reason)
             onto = kept if kept is not None else onto
         self.visible = onto
-        env = getattr(self.sup.source, "env", None)
+        env = getattr(self.sup.state.source, "env", None)
         if isinstance(env, dict):
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in onto)
 
 
 def shape_of(sup: Supervisor) -> Shape:
     """The run's shape now: micro-batch, accumulation, world size, dataloader workers."""
-    p, cfg = sup.plan, sup.cfg
-    if REQUEST in sup.source.abilities:  # the engine's group: its size is what it last started with
+    p, cfg = sup.state.plan, sup.cfg
+    if REQUEST in sup.state.source.abilities:  # the engine's group: its size is what it last started with
         world = p.world_size or cfg.ray.min_workers
     else:
         world = p.nproc_per_node or cfg.run.nproc_per_node
     return Shape(
-        micro_batch=sup.planner.batch(sup.plan),
+        micro_batch=sup.state.planner.batch(sup.state.plan),
         accumulation=p.gradient_accumulation_steps or cfg.train.gradient_accumulation_steps,
         world=world,
         workers=p.dataloader_num_workers

@@ -28,32 +28,36 @@ class RunBooks:
 
     def write_status(self, force: bool = False) -> None:
         sup = self.sup
-        now = sup.clock()
+        now = sup.state.clock()
         # Written at most once a second: the loop polls far more often, and readers only need it fresh.
         if not force and now - self._last_status < 1.0:
             return
         self._last_status = now
-        progress = sup.progress
+        progress = sup.state.progress
         status = {
             "run_id": sup.run.run_id,
-            "state": sup.state,
+            "state": sup.state.status,
             "step": progress.step,
             "max_steps": progress.max_steps,
             "loss": progress.last_loss,
             "eval_loss": progress.last_eval_loss,
             "tokens_per_s": progress.tokens_per_s,
             "eta_s": progress.eta_s,
-            "attempt": sup.attempt,
-            "restarts": sup.planner.total,
-            "last_checkpoint": sup.source.latest_checkpoint(),
+            "attempt": sup.state.attempt.number,
+            "restarts": sup.state.planner.total,
+            "last_checkpoint": sup.state.source.latest_checkpoint(),
             "supervisor_pid": os.getpid(),
-            "worker_pid": sup.worker.pid if sup.worker and sup.worker.poll() is None else None,
-            "worker_start": sup.worker.how if sup.worker else None,  # a new process, or the standby worker
-            "standby_pid": sup.source.standby_pid(),
-            "source": sup.source.label,
+            "worker_pid": sup.state.attempt.worker.pid
+            if sup.state.attempt.worker and sup.state.attempt.worker.poll() is None
+            else None,
+            "worker_start": sup.state.attempt.worker.how
+            if sup.state.attempt.worker
+            else None,  # a new process, or the standby worker
+            "standby_pid": sup.state.source.standby_pid(),
+            "source": sup.state.source.label,
             "updated_ts": now,
             "dashboard_url": sup.dashboard_url,
-            "started_ts": sup.started_ts,
+            "started_ts": sup.state.started_ts,
         }
         atomic_write_text(sup.run.status, json.dumps(status, indent=1))
 
@@ -66,10 +70,10 @@ class RunBooks:
             sup.run.checkpoints,
             sup.cfg.run.keep_last,
             sup.cfg.train.save_steps,
-            sup.progress.max_steps,
+            sup.state.progress.max_steps,
             step,
         )
-        sup.detector.set_projected_disk_need(need)
+        sup.state.detector.set_projected_disk_need(need)
 
     def update_last_good(self) -> None:
         """A checkpoint becomes LAST_GOOD once a window of healthy steps has followed it."""
@@ -77,11 +81,11 @@ class RunBooks:
         window = sup.cfg.run.good_window_steps
         current = read_pointer(sup.run.last_good_pointer)
         current_step = checkpoint_step(current) if current else -1
-        for step in sorted(sup.checkpoint_steps, reverse=True):
+        for step in sorted(sup.state.history.checkpoint_steps, reverse=True):
             if step <= (current_step or -1):
                 break
-            done = sup.progress.step >= step + window or sup.state == "completed"
-            healthy = not any(step < t <= step + window for t in sup.trouble_steps)
+            done = sup.state.progress.step >= step + window or sup.state.status == "completed"
+            healthy = not any(step < t <= step + window for t in sup.state.history.trouble_steps)
             target = sup.run.checkpoints / f"checkpoint-{step}"
             if done and healthy and target.is_dir():
                 write_pointer(sup.run.last_good_pointer, target)

@@ -43,7 +43,7 @@ class WorkerEvents:
         sup = self.sup
         known = WorkerEvent.get(ev.name)
         if ev.severity in {"warning", "critical"} and ev.step is not None:
-            sup.trouble_steps.append(ev.step)
+            sup.state.history.trouble_steps.append(ev.step)
         filed = (
             None
             if known in _NOT_FILED
@@ -51,21 +51,21 @@ class WorkerEvents:
         )
         if known is not None:
             getattr(self, known.handler)(ev, filed)
-        if ev.kind == "anomaly" and ev.severity in {"warning", "critical"} and sup.pending is None:
+        if ev.kind == "anomaly" and ev.severity in {"warning", "critical"} and sup.state.pending is None:
             # What the worker itself found (a save refused for lack of disk) meets the same policy
             # as what the detectors find: `policy.rules.disk_low.action: stop` must stop the run.
-            step = ev.step if ev.step is not None else sup.progress.step
+            step = ev.step if ev.step is not None else sup.state.progress.step
             found = Anomaly(
                 ev.name, ev.severity, step, step, str(ev.data.get("metric", ev.name)), dict(ev.data)
             )
-            action = sup.policy.on_raised(found, sup.progress.step)
+            action = sup.state.policy.on_raised(found, sup.state.progress.step)
             if action is not None:
                 sup.actions.execute(action, cause=filed)
 
     # -- one handler per WorkerEvent, called after the event is filed --------------------------------
     def on_train_begin(self, ev: Event, filed: Event | None) -> None:
         if ev.data.get("max_steps"):
-            self.sup.progress.max_steps = int(ev.data["max_steps"])
+            self.sup.state.progress.max_steps = int(ev.data["max_steps"])
 
     def on_checkpoint_publishing(self, ev: Event, filed: Event | None) -> None:
         if ev.step is not None:
@@ -77,31 +77,31 @@ class WorkerEvents:
 
     def on_checkpoint_saved(self, ev: Event, filed: Event | None) -> None:
         sup = self.sup
-        sup.last_save_ts = ev.ts
+        sup.state.history.last_save_ts = ev.ts
         if ev.step is not None:
             sup.publishes.on_saved(ev.step)
-            sup.checkpoint_steps.append(ev.step)
+            sup.state.history.checkpoint_steps.append(ev.step)
             sup.books.update_disk_need(ev.step)
 
     def on_ack_checkpoint(self, ev: Event, filed: Event | None) -> None:
         sup = self.sup
-        if sup.leak_snapshot_pending:
+        if sup.state.leak_snapshot_pending:
             # A leak alarm also wants the allocator's view (CUDA only): ask once the checkpoint is taken.
-            sup.leak_snapshot_pending = False
+            sup.state.leak_snapshot_pending = False
             from steadytune.supervise.control import send_control
 
             send_control(
                 sup.run,
                 "memory_snapshot",
                 issuer="policy:memory_leak",
-                attempt=sup.attempt,
+                attempt=sup.state.attempt.number,
                 log=sup.out.events,
             )
 
     def on_reduce_microbatch(self, ev: Event, filed: Event | None) -> None:
         if ev.data.get("micro_batch_split"):
             # Remember the split, so a later restart starts with it instead of rediscovering the OOM.
-            self.sup.revise(
+            self.sup.state.plans.revise(
                 reason="oom",
                 cause=filed,
                 micro_batch_split=int(ev.data["micro_batch_split"]),
@@ -111,7 +111,7 @@ class WorkerEvents:
     def on_auto_micro_batch(self, ev: Event, filed: Event | None) -> None:
         if ev.data.get("per_device_train_batch_size"):
             # Keep what the auto search found: a restart trains the same shape without searching again.
-            self.sup.revise(
+            self.sup.state.plans.revise(
                 reason="auto_micro_batch",
                 cause=filed,
                 per_device_train_batch_size=int(ev.data["per_device_train_batch_size"]),
@@ -120,8 +120,8 @@ class WorkerEvents:
 
     def on_skip_step(self, ev: Event, filed: Event | None) -> None:
         sup = self.sup
-        if ev.step is not None and sup.pending is None:
-            action = sup.policy.on_skipped_update(ev.step, int(ev.data.get("consecutive", 1)))
+        if ev.step is not None and sup.state.pending is None:
+            action = sup.state.policy.on_skipped_update(ev.step, int(ev.data.get("consecutive", 1)))
             if action is not None:
                 sup.actions.execute(action)
 

@@ -36,7 +36,7 @@ def _supervisor(tmp_path: Path, hook: Hook) -> tuple[Supervisor, AlertRouter]:
     router = AlertRouter(
         sup.cfg.alerts,
         sup.out.events,
-        clock=sup.clock,
+        clock=sup.state.clock,
         run_id=sup.run.run_id,
         environ={"HOOK": hook.url},
         start=False,
