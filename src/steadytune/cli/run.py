@@ -206,7 +206,7 @@ def _launch(
         dashboard = start_dashboard_for(cfg, args, console)
         if dashboard is None:
             return 2
-        sup.dashboard_url = cfg.dashboard.public_url or dashboard.url  # what alerts link to
+        sup.books.dashboard_url = cfg.dashboard.public_url or dashboard.url  # what alerts link to
     previous = {s: signal.signal(s, sup.controls.on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         if quiet or not console.is_terminal:

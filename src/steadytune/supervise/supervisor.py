@@ -144,12 +144,11 @@ class Supervisor:
         self.resumes = Resumes(self)
         self.publishes = Publishes(self)
         self.in_process = InProcessRollbacks(self)
-        self.books = RunBooks(self)
+        self.books = RunBooks(self.state)
         self.controls = OperatorControls(self)  # signals and the control queue
         self.worker_events = WorkerEvents(self)
         self.actions = Actions(self)  # what the policy decides, carried out
         self._last_sample = 0.0
-        self.dashboard_url: str | None = None
 
     def default_observers(self) -> list[Observer]:
         """The run index (``run.db``) and the alert router, as the config asks."""
