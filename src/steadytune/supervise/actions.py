@@ -214,7 +214,7 @@ class Actions:
             and sup.state.attempt.worker is not None
             and sup.state.pending is None
         ):
-            if action.name == "rollback" and sup.publishes.hold(action, lambda: self.stop_for(action)):
+            if action.name == "rollback" and sup.publishes.hold(action):
                 return  # the checkpoint it would go back to is still being published: it waits for it
             self.stop_for(action)
 

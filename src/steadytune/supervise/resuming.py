@@ -29,7 +29,6 @@ class Resumes:
 
     def __init__(self, sup: Supervisor) -> None:
         self.sup = sup
-        self.rollback_resumes: list[int | None] = []  # where each rollback went (a repeat goes further back)
         self._bad_checkpoints: set[Path] = set()  # a resume from these failed before its first step
         self._reported: set[Path] = set()  # unusable checkpoints already reported
         self._abandoned: dict[Path, int] = {}  # checkpoints of a timeline a rollback left, as they were
@@ -158,7 +157,7 @@ class Resumes:
             self.sup.state.plan,
             action,
             sorted(verified),
-            self.rollback_resumes,
+            self.sup.state.history.rollback_resumes,
             self.sup.state.source.checkpoint_root or self.sup.run.checkpoints,
             # Where the rollback was decided, not where the worker got to while it was carried out (a
             # wait for a checkpoint being published, a kill): the steps after it are not suspect.
@@ -170,7 +169,7 @@ class Resumes:
             # A checkpoint from before the trouble that the rollback waited for and did not get: say why it
             # went further back.
             why += "".join(f"; {note}" for note in self.sup.publishes.passed_over(target, start))
-            self.rollback_resumes.append(target)
+            self.sup.state.history.rollback_resumes.append(target)
             self.abandon_after(target)
             if target in verified and changes is not None:
                 target_dir = verified[target]

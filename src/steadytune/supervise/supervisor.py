@@ -142,7 +142,7 @@ class Supervisor:
         self.tailers: dict[Path, JsonlTailer] = {}
         self.scaling = Autoscaler.for_run(self, worker_env)  # None without scale: in the config
         self.resumes = Resumes(self)
-        self.publishes = Publishes(self)
+        self.publishes = Publishes(self.state, self.out)
         self.in_process = InProcessRollbacks(self)
         self.books = RunBooks(self.state)
         self.controls = OperatorControls(self)  # signals and the control queue
@@ -226,8 +226,16 @@ class Supervisor:
             self.handle(
                 self.sampler.sample(attempt.worker.pid if attempt.running() and attempt.worker else None)
             )
+        self.tick(now)
+
+    def tick(self, now: float | None = None) -> None:
+        """A turn of the loop besides the records: operator requests, the rollbacks waiting (for a
+        publish, or in the worker), the pace, the books, the observers' batches."""
+        st, attempt = self.state, self.state.attempt
+        now = st.clock() if now is None else now
         self.controls.poll()
-        self.publishes.tick()
+        if (released := self.publishes.tick()) is not None:
+            self.actions.stop_for(released)
         self.in_process.tick()
         # Loading (and resuming), saving and evaluating are judged by setup_timeout_s, not by step pace;
         # a paused worker is not judged at all.

@@ -107,13 +107,13 @@ def test_the_rollback_is_held_until_the_checkpoint_is_verified_then_goes_back_to
     assert sup.state.pending is action and sup.publishes.held is not None
     assert "publish_awaited" in names(sup)
     clock.now += 30.0
-    sup.publishes.tick()
+    sup.tick()
     assert worker.poll() is None, "the worker was killed while its checkpoint was still being published"
     assert "checkpoint_corrupt" not in names(sup), "a checkpoint on its way was reported as corrupt"
     (sup.run.checkpoints / "checkpoint-20").rmdir()
     sealed(sup, 20)
     reported(sup, "checkpoint_saved", 20, path=str(sup.run.checkpoints / "checkpoint-20"))
-    sup.publishes.tick()
+    sup.tick()
     assert sup.publishes.held is None and sup.state.pending is action
     assert worker.wait(30) is not None  # the restart path's kill, now
     changes, _, why = sup.plan_after_action(action, None)  # type: ignore[arg-type]
@@ -139,12 +139,12 @@ def test_a_publish_that_does_not_finish_sends_the_rollback_further_back_and_says
         reported(sup, "checkpoint_publish_failed", 20, error="OSError: No space left on device")
     elif outcome == "timeout":
         clock.now += 59.0
-        sup.publishes.tick()
+        sup.tick()
         assert sup.publishes.held is not None
         clock.now += 1.0
     else:
         worker.kill()
-    sup.publishes.tick()
+    sup.tick()
     assert sup.publishes.held is None and sup.state.pending is action
     assert worker.wait(30) is not None
     changes, _, why = sup.plan_after_action(action, None)  # type: ignore[arg-type]
