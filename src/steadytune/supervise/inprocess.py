@@ -136,8 +136,7 @@ class InProcessRollbacks:
         send_control(sup.run, "rollback", issuer=issuer, attempt=previous, log=sup.out.events)
         target = checkpoint_step(Path(resume)) or 0
         self.awaited = Awaited(action, sup.state.attempt.worker, now, planned, target)
-        sup.rewind_detection(resume)
-        sup.resumes.expect(Path(resume))
+        sup.resumes.rewind(resume)
         sup.state.attempt.phase, sup.state.attempt.phase_since, sup.state.attempt.stepped = (
             "setup",
             now,

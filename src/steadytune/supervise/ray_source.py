@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from steadytune.checkpoint.manifest import checkpoint_step
 from steadytune.checkpoint.store import clean_staging
 from steadytune.engines.groups import Group, GroupLog, failures_path
 from steadytune.engines.requests import ResourceRequest, requested_path, worker_bundle, write_request
@@ -27,7 +26,6 @@ from steadytune.protocol import WorkerEvent
 from steadytune.records import Event, PlanRevision, Record
 from steadytune.rundir import RunDir
 from steadytune.supervise.process import WorkerProcess
-from steadytune.supervise.restarts import replay_detector
 from steadytune.supervise.source import REQUEST, NativeSource
 
 if TYPE_CHECKING:
@@ -244,13 +242,7 @@ def _start_group(sup: Supervisor, data: dict[str, Any], filed: Event | None, not
     # open anomalies of the old one are resolved, and its first step must continue the checkpoint.
     sup.state.attempt.number = changes["attempt"]
     resume = changes.get("resume_checkpoint")
-    sup.rewind_detection(resume)
-    if changes.get("world_size"):  # the ranks a smaller group no longer has are forgotten, not stragglers
-        step = checkpoint_step(Path(resume)) if resume else 0
-        sup.state.detector = replay_detector(
-            sup.run, sup.cfg.detect, step or 0, world_size=changes["world_size"]
-        )
+    # The ranks a smaller group no longer has are forgotten, not stragglers.
+    sup.resumes.rewind(resume, world_size=changes.get("world_size") or None)
     sup.state.attempt.heartbeats = {0: sup.state.clock()}
-    sup.state.attempt.phase, sup.state.attempt.phase_since = "setup", sup.state.clock()
-    sup.state.attempt.stepped = False
-    sup.resumes.expect(Path(resume) if resume else None)
+    sup.state.attempt.setup(sup.state.clock())

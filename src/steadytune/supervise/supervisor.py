@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from steadytune.checkpoint.manifest import checkpoint_step
 from steadytune.config.load import dump_config
 from steadytune.config.schema import SteadytuneConfig
 from steadytune.detect.live import LiveDetector
@@ -55,9 +54,7 @@ from steadytune.supervise.outbox import Outbox
 from steadytune.supervise.process import ProcessTree
 from steadytune.supervise.publishing import Publishes
 from steadytune.supervise.restarts import (
-    anomaly_event_data,
     first_plan,
-    replay_detector,
 )
 from steadytune.supervise.resuming import Resumes
 from steadytune.supervise.runstate import Attempt, Plans, RunState, Stopping
@@ -141,8 +138,8 @@ class Supervisor:
         self.system_writer = JsonlWriter(self.run.system)
         self.tailers: dict[Path, JsonlTailer] = {}
         self.scaling = Autoscaler.for_run(self, worker_env)  # None without scale: in the config
-        self.resumes = Resumes(self)
         self.publishes = Publishes(self.state, self.out)
+        self.resumes = Resumes(self.state, self.out, self.publishes)
         self.in_process = InProcessRollbacks(self)
         self.books = RunBooks(self.state)
         self.controls = OperatorControls(self)  # signals and the control queue
@@ -471,30 +468,9 @@ class Supervisor:
         st.plans.revise(
             reason=nxt.reason, cause=event, attempt=st.attempt.number, notes=nxt.why, **nxt.changes
         )
-        self.rewind_detection(nxt.changes.get("resume_checkpoint"))
+        self.resumes.rewind(nxt.changes.get("resume_checkpoint"))
         self.start_worker(st.plan)
         return True
-
-    def rewind_detection(self, resume: str | None) -> None:
-        """Start detection again from the checkpoint the worker resumes from.
-
-        Open anomalies belong to the abandoned timeline: they are resolved, and the
-        detectors are rebuilt by replaying the kept history up to the resume step
-        (the latest attempt of each step), so baselines survive the restart.
-        """
-        st = self.state
-        for a in st.detector.open_anomalies():
-            self.out.emit(
-                "resolved",
-                a.kind,
-                f"resolved {a.kind}: cleared by the restart",
-                step=a.end_step,
-                data={**anomaly_event_data(a), "cleared_by": "restart"},
-            )
-        st.policy.forget_open()
-        step = checkpoint_step(Path(resume)) if resume else 0
-        st.detector = replay_detector(self.run, self.cfg.detect, step or 0)
-        st.progress.rewind(step or 0, st.attempt.number)
 
     def plan_after_action(self, action: Action, info: ExitInfo) -> tuple[dict[str, Any] | None, str, str]:
         """The restart plan for a worker the supervisor stopped on purpose."""
