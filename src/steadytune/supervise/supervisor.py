@@ -140,7 +140,7 @@ class Supervisor:
         self.scaling = Autoscaler.for_run(self, worker_env)  # None without scale: in the config
         self.publishes = Publishes(self.state, self.out)
         self.resumes = Resumes(self.state, self.out, self.publishes)
-        self.in_process = InProcessRollbacks(self)
+        self.in_process = InProcessRollbacks(self.state, self.out, self.resumes, self.publishes)
         self.books = RunBooks(self.state)
         self.controls = OperatorControls(self)  # signals and the control queue
         self.worker_events = WorkerEvents(self)
