@@ -18,7 +18,8 @@ from steadytune.policy.engine import Action
 from steadytune.records import Event
 from steadytune.supervise.restarts import anomaly_event_data
 from steadytune.supervise.scaling import SCALE_ACTIONS
-from steadytune.supervise.source import CONTROL, DATA, PLAN, SKIP_STEP
+from steadytune.supervise.source import CONTROL, DATA, SKIP_STEP
+from steadytune.supervise.source import unable as source_unable
 
 if TYPE_CHECKING:
     from steadytune.supervise.supervisor import Supervisor
@@ -140,7 +141,7 @@ class Actions:
         """Carry out what the policy decided. Restart-type actions stop the worker now."""
         sup = self.sup
         step = action.step
-        unable = self.unable(action.name)
+        unable = source_unable(sup.state.source, action.name)
         if action.name == "alert" or unable:
             why = (
                 action.reason if not unable else f"{action.name} is not available: {unable} ({action.reason})"
@@ -229,16 +230,6 @@ class Actions:
         if action.name == "restart":
             self.dump_stacks()
         sup.state.attempt.worker.signal_tree(signal.SIGKILL)
-
-    def unable(self, action: str) -> str | None:
-        """Why this run's source cannot carry out ``action`` (None: it can)."""
-        sup = self.sup
-        label = sup.state.source.label
-        if action in {"checkpoint", "memory_snapshot"} and CONTROL not in sup.state.source.abilities:
-            return f"the {label} takes no control requests (supervise --inject gives an HF-based tool them)"
-        if action == "reduce_microbatch" and PLAN not in sup.state.source.abilities:
-            return f"the {label}'s batch shape is its own"
-        return None
 
     def dump_stacks(self) -> None:
         """The Python stacks of every process of the attempt, into ``stacks/``, before it is killed."""

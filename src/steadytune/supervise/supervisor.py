@@ -142,7 +142,7 @@ class Supervisor:
         self.resumes = Resumes(self.state, self.out, self.publishes)
         self.in_process = InProcessRollbacks(self.state, self.out, self.resumes, self.publishes)
         self.books = RunBooks(self.state)
-        self.controls = OperatorControls(self)  # signals and the control queue
+        self.controls = OperatorControls(self.state, self.out)  # signals and the control queue
         self.worker_events = WorkerEvents(self)
         self.actions = Actions(self)  # what the policy decides, carried out
         self._last_sample = 0.0
@@ -434,7 +434,7 @@ class Supervisor:
         next attempt from the newest checkpoint (True), or stop while paused (False)."""
         st = self.state
         self.out.emit("lifecycle", "run_paused", f"run paused at step {info.step}", step=info.step)
-        if not self.controls.wait_while_paused(live):
+        if not self.wait_while_paused(live):
             return False
         st.attempt.number += 1
         event = self.out.emit("lifecycle", "run_resumed", "run resumed", step=info.step)
@@ -446,6 +446,25 @@ class Supervisor:
             notes="resumed by an operator",
         )
         self.start_worker(st.plan)
+        return True
+
+    def wait_while_paused(self, live: Any = None) -> bool:
+        """Hold the paused run, reading what comes in, until ``resume`` (True) or a stop (False)."""
+        st = self.state
+        self.controls.paused()
+        self.books.write_status(force=True)
+        self.out.say(
+            f"paused at step {st.progress.step}: the GPU is free; `steadytune resume {self.run.root}` "
+            "continues from the checkpoint",
+            style="yellow",
+        )
+        while not self.controls.resume_requested:
+            if st.stop.interrupts:
+                return False
+            self.pump()
+            if live is not None:
+                live.update(progress_line(st.progress, st.planner.total, st.status))
+            time.sleep(self.poll_s)
         return True
 
     def restart(self, nxt: NextAttempt, info: ExitInfo) -> bool:
