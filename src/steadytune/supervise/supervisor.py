@@ -137,7 +137,9 @@ class Supervisor:
         self.sampler = sampler or sampler_from_env(self.run.root, clock=clock)
         self.system_writer = JsonlWriter(self.run.system)
         self.tailers: dict[Path, JsonlTailer] = {}
-        self.scaling = Autoscaler.for_run(self, worker_env)  # None without scale: in the config
+        self.scaling = Autoscaler.for_run(
+            self.state, self.out, worker_env
+        )  # None without scale: in the config
         self.publishes = Publishes(self.state, self.out)
         self.resumes = Resumes(self.state, self.out, self.publishes)
         self.in_process = InProcessRollbacks(self.state, self.out, self.resumes, self.publishes)
@@ -260,8 +262,8 @@ class Supervisor:
                     st.source.training()  # a spare for the next attempt starts now, not beside this one's
                 attempt.phase, attempt.stepped = "train", True
                 self.resumes.on_first_loss(rec)
-                if self.scaling is not None:
-                    self.scaling.on_step(rec)
+                if self.scaling is not None and (undo := self.scaling.on_step(rec)) is not None:
+                    self.actions.execute(undo)
             if rec.batch is not None and rec.batch.indices:
                 st.history.samples_by_step.setdefault(rec.step, []).extend(rec.batch.indices)
             if st.pending is None and not stale:
@@ -283,8 +285,8 @@ class Supervisor:
             if st.pending is None:
                 for t in st.detector.observe_system(rec):
                     self.actions.on_transition(t)
-            if self.scaling is not None and st.pending is None:
-                self.scaling.on_sample(rec)
+            if self.scaling is not None and st.pending is None and (resize := self.scaling.on_sample(rec)):
+                self.actions.execute(resize)
         elif isinstance(rec, WorkerExit):
             st.history.exits.append(rec)
             if rec.rank == 0 and rec.attempt == attempt.number and attempt.phase != "paused":
@@ -494,7 +496,7 @@ class Supervisor:
     def plan_after_action(self, action: Action, info: ExitInfo) -> tuple[dict[str, Any] | None, str, str]:
         """The restart plan for a worker the supervisor stopped on purpose."""
         if action.name in SCALE_ACTIONS and self.scaling is not None:
-            return self.scaling.plan_after_resize()
+            return self.scaling.plan_after_resize(self.resumes.resume_point())
         planned = self.in_process.take_fallback()  # a rollback planned for in process, done by a restart
         return planned if planned is not None else self.resumes.plan_after_action(action)
 
