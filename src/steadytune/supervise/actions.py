@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import signal
 import threading
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from steadytune.detect.live import Transition, format_transition
@@ -23,6 +24,15 @@ from steadytune.supervise.source import unable as source_unable
 
 if TYPE_CHECKING:
     from steadytune.supervise.supervisor import Supervisor
+
+
+@dataclass(frozen=True)
+class Act:
+    """An action a part of the supervisor decided, and the event it answers: for :class:`Actions`."""
+
+    action: Action
+    cause: Event | None = None
+
 
 # After these, the supervisor looks at the offending batch by itself (inspect-batch).
 INSPECT_KINDS = frozenset({"nan_loss", "loss_spike", "loss_collapse", "divergence", "grad_explosion"})

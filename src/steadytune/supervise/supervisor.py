@@ -145,7 +145,9 @@ class Supervisor:
         self.in_process = InProcessRollbacks(self.state, self.out, self.resumes, self.publishes)
         self.books = RunBooks(self.state)
         self.controls = OperatorControls(self.state, self.out)  # signals and the control queue
-        self.worker_events = WorkerEvents(self)
+        self.worker_events = WorkerEvents(
+            self.state, self.out, self.publishes, self.resumes, self.in_process, self.books, self.scaling
+        )
         self.actions = Actions(self)  # what the policy decides, carried out
         self._last_sample = 0.0
 
@@ -292,7 +294,8 @@ class Supervisor:
             if rec.rank == 0 and rec.attempt == attempt.number and attempt.phase != "paused":
                 self._finishing()
         elif isinstance(rec, Event):
-            self.worker_events.on_event(rec)
+            for act in self.worker_events.on_event(rec):
+                self.actions.execute(act.action, cause=act.cause)
         self.out.record(rec)
 
     def _finishing(self) -> None:
