@@ -12,18 +12,19 @@ from __future__ import annotations
 import signal
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from steadytune.detect.live import Transition, format_transition
 from steadytune.policy.engine import Action
 from steadytune.records import Event
+from steadytune.supervise.control import send_control
+from steadytune.supervise.inprocess import InProcessRollbacks
+from steadytune.supervise.outbox import Outbox
+from steadytune.supervise.publishing import Publishes
 from steadytune.supervise.restarts import anomaly_event_data
+from steadytune.supervise.runstate import RunState
 from steadytune.supervise.scaling import SCALE_ACTIONS
 from steadytune.supervise.source import CONTROL, DATA, SKIP_STEP
 from steadytune.supervise.source import unable as source_unable
-
-if TYPE_CHECKING:
-    from steadytune.supervise.supervisor import Supervisor
 
 
 @dataclass(frozen=True)
@@ -39,10 +40,12 @@ INSPECT_KINDS = frozenset({"nan_loss", "loss_spike", "loss_collapse", "divergenc
 
 
 class Actions:
-    """Detection to policy to action; the run state an action changes stays the supervisor's."""
+    """Detection to policy to action: the one place where what the policy decides is carried out."""
 
-    def __init__(self, sup: Supervisor) -> None:
-        self.sup = sup
+    def __init__(
+        self, state: RunState, out: Outbox, publishes: Publishes, in_process: InProcessRollbacks
+    ) -> None:
+        self.state, self.out, self.publishes, self.in_process = state, out, publishes, in_process
         self._inspected: set[int] = set()  # steps whose batch was looked at (at most 10 a run)
         self._filed: dict[tuple[str, str, int | None], Event] = {}  # each open episode's anomaly event
 
@@ -50,12 +53,12 @@ class Actions:
         """An episode changed. People hear of an episode once (raised), again when its severity rises,
         and when it is resolved; the policy acts on each firing (raised or recurred) and forgets a
         spike waiting for confirmation when its condition clears."""
-        sup = self.sup
+        st = self.state
         a = t.anomaly
         if t.state in ("raised", "recurred"):
             self.on_firing(t)
         elif t.state == "escalated":
-            sup.out.emit(
+            self.out.emit(
                 "anomaly",
                 a.kind,
                 format_transition(t),
@@ -64,11 +67,11 @@ class Actions:
                 data={**anomaly_event_data(a), "escalated_from": t.was},
             )
         elif t.state == "cleared":
-            sup.state.policy.on_resolved(a)
+            st.policy.on_resolved(a)
         else:
-            sup.state.policy.on_resolved(a)
+            st.policy.on_resolved(a)
             self._filed.pop(a.key, None)
-            sup.out.emit(
+            self.out.emit(
                 "resolved",
                 a.kind,
                 format_transition(t),
@@ -79,13 +82,13 @@ class Actions:
 
     def on_firing(self, t: Transition) -> None:
         """A condition fired: a new episode is filed; either way the policy judges the firing."""
-        sup = self.sup
+        st = self.state
         a, fired = t.anomaly, t.fired
         if fired.severity in {"warning", "critical"}:
-            sup.state.history.trouble_steps.append(fired.start_step)
+            st.history.trouble_steps.append(fired.start_step)
         event: Event | None
         if t.state == "raised":
-            event = self._filed[a.key] = sup.out.emit(
+            event = self._filed[a.key] = self.out.emit(
                 "anomaly",
                 a.kind,
                 format_transition(t),
@@ -97,7 +100,7 @@ class Actions:
             event = self._filed.get(a.key)
         if (
             event is not None
-            and DATA in sup.state.source.abilities
+            and DATA in st.source.abilities
             and a.kind in INSPECT_KINDS
             and fired.start_step not in self._inspected
             and len(self._inspected) < 10
@@ -106,22 +109,20 @@ class Actions:
             threading.Thread(target=self.inspect_batch, args=(fired.start_step, event), daemon=True).start()
         # One incident often raises several anomalies at once (a spike, its gradients, its layers):
         # once one of them stopped the worker, the others are already being handled.
-        action = (
-            sup.state.policy.on_raised(fired, sup.state.progress.step) if sup.state.pending is None else None
-        )
+        action = st.policy.on_raised(fired, st.progress.step) if st.pending is None else None
         if (
             action is None
-            and sup.state.pending is None
-            and SKIP_STEP not in sup.state.source.abilities
-            and sup.state.policy.config.rule(a.kind).action == "skip_step"
+            and st.pending is None
+            and SKIP_STEP not in st.source.abilities
+            and st.policy.config.rule(a.kind).action == "skip_step"
         ):
             # The guard skips a NaN update inside the worker; a job without it has applied the
             # update already, so the weights must come from a checkpoint.
-            action = sup.state.policy.instead(
+            action = st.policy.instead(
                 fired,
-                sup.state.progress.step,
+                st.progress.step,
                 "rollback",
-                f"the {sup.state.source.label} cannot skip the update",
+                f"the {st.source.label} cannot skip the update",
             )
         if action is not None and not (t.state == "recurred" and action.name == "alert"):
             # An alert about a firing of an episode people were told of would be one per point.
@@ -129,17 +130,17 @@ class Actions:
 
     def inspect_batch(self, step: int, cause: Event) -> None:
         """Which samples made the bad step: filed as an event beside the anomaly (no sample text)."""
-        sup = self.sup
+        st = self.state
         try:
             from steadytune.forensics.inspect import inspect_step
 
-            verdict = inspect_step(sup.run, step)
+            verdict = inspect_step(st.run, step)
         except Exception as exc:  # forensics must never take the supervisor down
-            sup.out.emit(
+            self.out.emit(
                 "action", "batch_inspected", f"could not inspect the batch of step {step}: {exc}", step=step
             )
             return
-        sup.out.emit(
+        self.out.emit(
             "action",
             "batch_inspected",
             f"batch of step {step}: {verdict.summary}",
@@ -149,32 +150,32 @@ class Actions:
 
     def execute(self, action: Action, cause: Event | None = None) -> None:
         """Carry out what the policy decided. Restart-type actions stop the worker now."""
-        sup = self.sup
+        st = self.state
         step = action.step
-        unable = source_unable(sup.state.source, action.name)
+        unable = source_unable(st.source, action.name)
         if action.name == "alert" or unable:
             why = (
                 action.reason if not unable else f"{action.name} is not available: {unable} ({action.reason})"
             )
-            sup.out.emit("action", "alert_only", why, severity="warning", step=step, data=action.params)
+            self.out.emit("action", "alert_only", why, severity="warning", step=step, data=action.params)
             return
-        if action.name in {"pause", "stop"} and CONTROL not in sup.state.source.abilities:
+        if action.name in {"pause", "stop"} and CONTROL not in st.source.abilities:
             # A job that takes no requests is stopped from outside: what it saved is what there is.
-            sup.out.emit(
+            self.out.emit(
                 "action",
                 action.name,
-                f"{action.name}: {action.reason}; the {sup.state.source.label} takes no requests, so it is "
+                f"{action.name}: {action.reason}; the {st.source.label} takes no requests, so it is "
                 "stopped (its newest checkpoint stays)",
                 severity="warning",
                 step=step,
                 data={"anomaly": action.anomaly.kind if action.anomaly else None, **action.params},
             )
-            if sup.state.attempt.worker is not None and sup.state.pending is None:
-                sup.state.pending = action
-                sup.state.attempt.worker.signal_tree(signal.SIGTERM)
-                sup.state.stop.sent_at = sup.state.clock()
+            if st.attempt.worker is not None and st.pending is None:
+                st.pending = action
+                st.attempt.worker.signal_tree(signal.SIGTERM)
+                st.stop.sent_at = st.clock()
             return
-        sup.out.emit(
+        self.out.emit(
             "action",
             action.name,
             f"{action.name}: {action.reason}",
@@ -182,78 +183,68 @@ class Actions:
             step=step,
             data={"anomaly": action.anomaly.kind if action.anomaly else None, **action.params},
         )
-        from steadytune.supervise.control import send_control
-
         if action.name in {"checkpoint", "pause", "stop"}:
             send_control(
-                sup.run,
+                st.run,
                 action.name,
                 issuer=f"policy:{action.anomaly.kind if action.anomaly else '-'}",
-                attempt=sup.state.attempt.number,
-                log=sup.out.events,
+                attempt=st.attempt.number,
+                log=self.out.events,
             )
         elif action.name == "reduce_microbatch":
             # Save what we have now; the next (re)start uses a smaller micro-batch.
-            sup.state.planner.shrink_next = True
+            st.planner.shrink_next = True
             send_control(
-                sup.run,
+                st.run,
                 "checkpoint",
                 issuer="policy:reduce_microbatch",
-                attempt=sup.state.attempt.number,
-                log=sup.out.events,
+                attempt=st.attempt.number,
+                log=self.out.events,
             )
             if action.anomaly is not None and action.anomaly.kind == "memory_leak":
-                sup.state.leak_snapshot_pending = True
-        elif (
-            action.name in SCALE_ACTIONS
-            and sup.state.attempt.worker is not None
-            and sup.state.pending is None
-        ):
+                st.leak_snapshot_pending = True
+        elif action.name in SCALE_ACTIONS and st.attempt.worker is not None and st.pending is None:
             # Like a stop: the worker checkpoints at the next step boundary and exits; the run then
             # relaunches in the new shape from that checkpoint (plan_after_action).
-            sup.state.pending = action
+            st.pending = action
             send_control(
-                sup.run,
+                st.run,
                 "stop",
                 issuer=f"policy:{action.name}",
-                attempt=sup.state.attempt.number,
-                log=sup.out.events,
+                attempt=st.attempt.number,
+                log=self.out.events,
             )
-            sup.state.stop.sent_at = sup.state.clock()
-        elif (
-            action.name in {"rollback", "restart"}
-            and sup.state.attempt.worker is not None
-            and sup.state.pending is None
-        ):
-            if action.name == "rollback" and sup.publishes.hold(action):
+            st.stop.sent_at = st.clock()
+        elif action.name in {"rollback", "restart"} and st.attempt.worker is not None and st.pending is None:
+            if action.name == "rollback" and self.publishes.hold(action):
                 return  # the checkpoint it would go back to is still being published: it waits for it
             self.stop_for(action)
 
     def stop_for(self, action: Action) -> None:
         """A rollback or a restart: in the worker where it can reload, else the worker is killed for it."""
-        sup = self.sup
-        if sup.state.attempt.worker is None:
+        st = self.state
+        if st.attempt.worker is None:
             return
-        if action.name == "rollback" and sup.in_process.want(action):
+        if action.name == "rollback" and self.in_process.want(action):
             return  # the worker reloads the checkpoint itself once these records are read: no new process
-        sup.state.pending = action
+        st.pending = action
         if action.name == "restart":
             self.dump_stacks()
-        sup.state.attempt.worker.signal_tree(signal.SIGKILL)
+        st.attempt.worker.signal_tree(signal.SIGKILL)
 
     def dump_stacks(self) -> None:
         """The Python stacks of every process of the attempt, into ``stacks/``, before it is killed."""
-        sup = self.sup
-        if sup.state.attempt.worker is None or sup.state.attempt.tree is None:
+        st = self.state
+        if st.attempt.worker is None or st.attempt.tree is None:
             return
-        out = sup.run.stacks / f"attempt-{sup.state.attempt.number}.txt"
-        pids = sup.state.source.dump_stacks(sup.state.attempt.tree, sup.state.attempt.worker, out)
+        out = st.run.stacks / f"attempt-{st.attempt.number}.txt"
+        pids = st.source.dump_stacks(st.attempt.tree, st.attempt.worker, out)
         if pids:
-            where = out if out.exists() else sup.run.stacks
-            sup.out.emit(
+            where = out if out.exists() else st.run.stacks
+            self.out.emit(
                 "action",
                 "stacks_dumped",
-                f"Python stacks of {len(pids)} {sup.state.source.label} process(es) written to {where}",
-                step=sup.state.progress.step,
-                data={"pids": pids, "dir": str(sup.run.stacks), "file": str(where)},
+                f"Python stacks of {len(pids)} {st.source.label} process(es) written to {where}",
+                step=st.progress.step,
+                data={"pids": pids, "dir": str(st.run.stacks), "file": str(where)},
             )

@@ -148,7 +148,7 @@ class Supervisor:
         self.worker_events = WorkerEvents(
             self.state, self.out, self.publishes, self.resumes, self.in_process, self.books, self.scaling
         )
-        self.actions = Actions(self)  # what the policy decides, carried out
+        self.actions = Actions(self.state, self.out, self.publishes, self.in_process)
         self._last_sample = 0.0
 
     def default_observers(self) -> list[Observer]:
