@@ -8,15 +8,17 @@ fresh, and when the worker dies, hangs or diverges stops its whole process tree 
 restarts it from the newest *verified* checkpoint with a new plan revision, within
 a budget.
 
-The run's state is a :class:`~steadytune.supervise.runstate.RunState` (the attempt in progress,
-a stop under way, the history later decisions read, the plan revisions); what the run says goes
-through its :class:`~steadytune.supervise.outbox.Outbox`. The :class:`Supervisor` owns the loop
-(pump, handle, the attempt, carrying out the restart decision); its parts each hold it as ``sup``
-and keep only their own bookkeeping: ``worker_events`` (what a worker reports), ``actions``
-(detection to policy to action), ``controls`` (signals and operator requests), ``books``
-(``status.json``, LAST_GOOD), ``resumes`` (where a restart resumes), ``publishes`` (checkpoints on
-their way, and a rollback waiting for one), ``in_process`` (rollbacks in the live worker) and
-``scaling`` (resizes).
+The run's state is one :class:`~steadytune.supervise.runstate.RunState` (the attempt in progress,
+a stop under way, the history later decisions read, the plan revisions), and everything the run
+says goes through its :class:`~steadytune.supervise.outbox.Outbox`. The :class:`Supervisor` owns
+the loop (read what came in, handle each record, tick, carry out the restart decision) and hands
+its parts the state and the outbox, never itself: ``worker_events`` (what a worker reports),
+``actions`` (detection to policy to action: the one place a policy ``Action`` is carried out),
+``controls`` (signals and operator requests), ``books`` (``status.json``, LAST_GOOD), ``resumes``
+(where a restart resumes, and the detection rewind), ``publishes`` (checkpoints on their way, and a
+rollback waiting for one), ``in_process`` (rollbacks in the live worker) and ``scaling`` (resizes).
+A part that decides an action returns it (``worker_events.on_event``, ``scaling.on_sample``,
+``publishes.tick``) and the supervisor hands it to ``actions``.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from steadytune.records import (
 from steadytune.rundir import RunDir, atomic_write_text
 from steadytune.supervise.actions import Actions
 from steadytune.supervise.inprocess import InProcessRollbacks
+from steadytune.supervise.intake import Intake
 from steadytune.supervise.logparse import last_exception, last_lines
 from steadytune.supervise.next_attempt import NextAttempt, RestartPlanner
 from steadytune.supervise.observers import Observer
@@ -53,9 +56,7 @@ from steadytune.supervise.operator import OperatorControls
 from steadytune.supervise.outbox import Outbox
 from steadytune.supervise.process import ProcessTree
 from steadytune.supervise.publishing import Publishes
-from steadytune.supervise.restarts import (
-    first_plan,
-)
+from steadytune.supervise.restarts import first_plan
 from steadytune.supervise.resuming import Resumes
 from steadytune.supervise.runstate import Attempt, Plans, RunState, Stopping
 from steadytune.supervise.scaling import SCALE_ACTIONS, Autoscaler
@@ -67,7 +68,6 @@ from steadytune.telemetry.progress import RunProgress, progress_line
 from steadytune.telemetry.runenv import config_sources
 from steadytune.telemetry.sampler import SystemSampler
 from steadytune.telemetry.snapshot import sampler_from_env
-from steadytune.telemetry.stream import JsonlTailer, JsonlWriter
 
 
 @dataclass
@@ -115,13 +115,13 @@ class Supervisor:
         self.poll_s = poll_s
         self.out = Outbox(self.run, clock, console)
         planner = RestartPlanner(cfg.run, cfg.train, clock)  # restart budgets, backoff, next plans
+        source = source or NativeSource(
+            self.run, cfg.run.nproc_per_node, worker_env, standby=cfg.recover.standby_worker, early=early
+        )
         self.state = RunState(
             cfg=cfg,
             run=self.run,
-            source=source
-            or NativeSource(
-                self.run, cfg.run.nproc_per_node, worker_env, standby=cfg.recover.standby_worker, early=early
-            ),
+            source=source,
             clock=clock,
             plans=Plans(first_plan(cfg, clock()), planner, self.run.plan, self.out.record),
             progress=RunProgress(max_steps=cfg.train.max_steps if cfg.train.max_steps > 0 else None),
@@ -134,12 +134,10 @@ class Supervisor:
         )
         for obs in observers if observers is not None else self.default_observers():
             self.out.observers.append(obs)
-        self.sampler = sampler or sampler_from_env(self.run.root, clock=clock)
-        self.system_writer = JsonlWriter(self.run.system)
-        self.tailers: dict[Path, JsonlTailer] = {}
-        self.scaling = Autoscaler.for_run(
-            self.state, self.out, worker_env
-        )  # None without scale: in the config
+        sampler = sampler or sampler_from_env(self.run.root, clock=clock)
+        self.intake = Intake(self.run, source, sampler, cfg.run.sample_interval_s)
+        # The parts, each handed what it reads and the parts it hands work to (none holds the supervisor).
+        self.scaling = Autoscaler.for_run(self.state, self.out, worker_env)  # None without scale:
         self.publishes = Publishes(self.state, self.out)
         self.resumes = Resumes(self.state, self.out, self.publishes)
         self.in_process = InProcessRollbacks(self.state, self.out, self.resumes, self.publishes)
@@ -149,7 +147,6 @@ class Supervisor:
             self.state, self.out, self.publishes, self.resumes, self.in_process, self.books, self.scaling
         )
         self.actions = Actions(self.state, self.out, self.publishes, self.in_process)
-        self._last_sample = 0.0
 
     def default_observers(self) -> list[Observer]:
         """The run index (``run.db``) and the alert router, as the config asks."""
@@ -210,23 +207,11 @@ class Supervisor:
 
     def pump(self) -> None:
         """Read everything new from the worker's streams and act on it."""
-        st, attempt = self.state, self.state.attempt
-        for rec in st.source.poll() or ():  # the engine's own records (ray_source.py), if any
+        for rec in self.intake.read():
             self.handle(rec)
-        for path in self.run.telemetry_files():
-            tailer = self.tailers.get(path)
-            if tailer is None:
-                tailer = self.tailers[path] = JsonlTailer(path)
-            for rec in tailer.read():
-                self.handle(rec)
-        now = st.clock()
-        if now - self._last_sample >= self.cfg.run.sample_interval_s:
-            self._last_sample = now
-            if attempt.tree is not None:
-                attempt.tree.note()  # every process the attempt started, so none outlives it
-            self.handle(
-                self.sampler.sample(attempt.worker.pid if attempt.running() and attempt.worker else None)
-            )
+        now = self.state.clock()
+        if (sample := self.intake.sample(self.state.attempt, now)) is not None:
+            self.handle(sample)
         self.tick(now)
 
     def tick(self, now: float | None = None) -> None:
@@ -283,7 +268,7 @@ class Supervisor:
                 if attempt.stepped:  # the setup clock runs from the worker's start until its first step
                     attempt.phase_since = st.clock()
         elif isinstance(rec, SystemSample):
-            self.system_writer.write(rec)
+            self.intake.keep(rec)
             if st.pending is None:
                 for t in st.detector.observe_system(rec):
                     self.actions.on_transition(t)
@@ -541,7 +526,7 @@ class Supervisor:
             self.out.say(detail.lstrip("\n"))
         st.source.close()
         self.books.write_status(force=True)
-        self.system_writer.close()
+        self.intake.close()
         self.out.observers.close()
         ckpts = [p.name for p in reversed(st.source.checkpoints())]  # in step order
         return RunResult(
