@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 from steadytune.detect.live import Transition, format_transition
 from steadytune.policy.engine import Action
+from steadytune.protocol import send_control
 from steadytune.records import Event
-from steadytune.supervise.control import send_control
 from steadytune.supervise.inprocess import InProcessRollbacks
 from steadytune.supervise.outbox import Outbox
 from steadytune.supervise.publishing import Publishes

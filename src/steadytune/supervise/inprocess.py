@@ -25,8 +25,8 @@ from typing import Any
 
 from steadytune.checkpoint.manifest import checkpoint_step
 from steadytune.policy.engine import Action
+from steadytune.protocol import send_control
 from steadytune.records import Event, StepRecord
-from steadytune.supervise.control import send_control
 from steadytune.supervise.outbox import Outbox
 from steadytune.supervise.process import WorkerProcess
 from steadytune.supervise.publishing import Publishes

@@ -11,8 +11,7 @@ from __future__ import annotations
 import signal
 from typing import Any
 
-from steadytune.protocol import RESERVED_ISSUERS, RequestQueue, clear_requests
-from steadytune.supervise.control import send_control
+from steadytune.protocol import RESERVED_ISSUERS, RequestQueue, clear_requests, send_control
 from steadytune.supervise.outbox import Outbox
 from steadytune.supervise.runstate import RunState
 from steadytune.supervise.source import CONTROL, PLAN, unable

@@ -12,10 +12,9 @@ carry out.
 
 from __future__ import annotations
 
-from steadytune.protocol import WorkerEvent
+from steadytune.protocol import WorkerEvent, send_control
 from steadytune.records import Anomaly, Event
 from steadytune.supervise.actions import Act
-from steadytune.supervise.control import send_control
 from steadytune.supervise.inprocess import InProcessRollbacks
 from steadytune.supervise.outbox import Outbox
 from steadytune.supervise.publishing import Publishes

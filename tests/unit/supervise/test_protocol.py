@@ -21,11 +21,11 @@ from steadytune.protocol import (
     clear_requests,
     request_name,
     request_names,
+    send_control,
     write_request,
 )
 from steadytune.records import Event
 from steadytune.rundir import RunDir
-from steadytune.supervise.control import send_control
 from steadytune.supervise.worker_events import WorkerEvents
 from steadytune.telemetry.events import read_events
 from tests.unit.foundation.test_supervisor_decisions import supervisor
