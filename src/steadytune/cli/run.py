@@ -237,7 +237,7 @@ def launch_marks(
     GPU server started also has its submission (the queue wait) and its id.
     """
     from steadytune.cli.main import STARTED_TS
-    from steadytune.server.jobs import JOB_ENV, SUBMITTED_ENV
+    from steadytune.jobenv import JOB_ENV, SUBMITTED_ENV
 
     env = os.environ if env is None else env
     started = STARTED_TS

@@ -24,6 +24,7 @@ FLOORS: dict[str, int] = {
             "layers",
             "layerwise",
             "secretfile",
+            "jobenv",
             "redact",
             "config",
         ),
