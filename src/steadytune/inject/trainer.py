@@ -35,7 +35,7 @@ from steadytune.guard.faults import Faults, InjectedCrash
 from steadytune.guard.fingerprint import batch_hashes
 from steadytune.guard.hf import GuardCallback, load_keeping_this_runs_lr
 from steadytune.inject.env import RUN_ENV
-from steadytune.inject.patch import warn
+from steadytune.inject.say import warn
 from steadytune.protocol import WorkerEvent
 from steadytune.rundir import RunDir
 
