@@ -35,13 +35,13 @@ def _supervisor(tmp_path: Path, hook: Hook) -> tuple[Supervisor, AlertRouter]:
     sup = supervisor(tmp_path, alerts=alerts)
     router = AlertRouter(
         sup.cfg.alerts,
-        sup.events,
-        clock=sup.clock,
+        sup.out.events,
+        clock=sup.state.clock,
         run_id=sup.run.run_id,
         environ={"HOOK": hook.url},
         start=False,
     )
-    sup.observers.append(AlertObserver(router))
+    sup.out.observers.append(AlertObserver(router))
     return sup, router
 
 
