@@ -18,7 +18,7 @@ from steadytune.supervise.observers import AlertObserver
 from steadytune.supervise.supervisor import Supervisor
 from steadytune.telemetry.events import read_events
 from tests.servers import Hook
-from tests.unit.foundation.test_supervisor_decisions import supervisor
+from tests.unit.supervise.build import supervisor
 
 GIB = 1 << 30
 

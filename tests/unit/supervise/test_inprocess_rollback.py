@@ -16,7 +16,7 @@ from steadytune.protocol import ControlError, check_request
 from steadytune.records import Anomaly, PlanRevision
 from steadytune.supervise.process import WorkerProcess
 from steadytune.train.rollback import refusal
-from tests.unit.foundation.test_supervisor_decisions import supervisor
+from tests.unit.supervise.build import supervisor
 
 
 def rollback(kind: str) -> Action:

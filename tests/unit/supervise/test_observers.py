@@ -7,7 +7,7 @@ from pathlib import Path
 from steadytune.records import Event, Record, StepRecord
 from steadytune.supervise.observers import Observers
 from steadytune.telemetry.events import read_events
-from tests.unit.foundation.test_supervisor_decisions import supervisor
+from tests.unit.supervise.build import supervisor
 
 
 class Keeper:

@@ -28,7 +28,7 @@ from steadytune.records import Event
 from steadytune.rundir import RunDir
 from steadytune.supervise.worker_events import WorkerEvents
 from steadytune.telemetry.events import read_events
-from tests.unit.foundation.test_supervisor_decisions import supervisor
+from tests.unit.supervise.build import supervisor
 
 SRC = Path(steadytune.__file__).parent
 # Everything that writes worker events into a telemetry stream: the guard and the built-in trainer, the
