@@ -17,6 +17,9 @@ import pytest
 
 from steadytune.detect import ALL_KINDS, DetectConfig, LiveDetector
 from steadytune.detect.build import KINDS
+from steadytune.detect.gradflow import FlowLimits, GradFlowWatch
+from steadytune.detect.points import Signal
+from steadytune.detect.stats import Tracker
 from steadytune.detect.synthetic_rl import dpo_run, rl_run
 from steadytune.objectives import SIGNED_OBJECTIVE, tied_share
 from steadytune.records import Anomaly, StepRecord
@@ -241,3 +244,26 @@ def test_the_docs_name_each_post_training_kinds_evidence_and_its_advice(kind: st
     advice = row.rstrip(" |").rsplit("|", 1)[-1]
     assert KINDS[kind].suggestion.split(",")[0].split(" ")[0] in advice  # the advice's first verb
     assert found.suggestion == KINDS[kind].suggestion
+
+
+def _flow(step: int, grad_norm: float, extra: dict[str, Any]) -> list[Any]:
+    limits = FlowLimits(
+        layer_vanish_norm=0.01, layer_explode_norm=10.0, layer_dead_zero_frac=0.5, zero_grad_norm=1e-8
+    )
+    layers = {f"layers.{i}": {"norm": 0.001 * (i + 1), "zero_frac": 0.0} for i in range(5)}
+    out: list[Any] = []
+    rec = StepRecord(step=step, ts=0.0, grad_norm=grad_norm, extra={"gradflow": layers, **extra})
+    objective = "RL (GRPO/RLOO)" if "reward" in extra else None
+    GradFlowWatch(limits).observe(Signal(rec, objective, False, Tracker(8, 64, 0.1, 1.0, 0.01)), out)
+    return out
+
+
+def test_a_step_without_a_gradient_is_not_a_vanishing_layer_per_layer() -> None:
+    """The issue's zero-reward GRPO run: five grad_vanishing warnings at step 1, one per layer. A step whose
+    norm is 0, or an RL batch whose groups all tied, is no_learning_signal's to judge over a window."""
+    assert _flow(1, 0.0, {}) == []
+    assert _flow(1, 0.004, {"reward": 0.0, "reward_std": 0.0, "frac_reward_zero_std": 1.0}) == []
+    # A model that does get a gradient, vanishing in every layer at once: one finding, not five.
+    found = _flow(1, 0.004, {})
+    assert [(f.kind, f.metric) for f in found] == [("grad_vanishing", "grad_norm/all layers")]
+    assert found[0].evidence == {"layer": "all layers", "layers": 5, "largest_norm": 0.005}
