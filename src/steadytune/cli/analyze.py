@@ -48,8 +48,10 @@ def register(sub: Any) -> None:
             "codes are stripped, .gz files are read as they are). A folder that is not a log itself "
             "stands for the files in it. A file holding several runs says so, and each is judged on "
             "its own, at its own steps. RL and preference logs (TRL's DPO, KTO, ORPO, GRPO, RLOO, PPO, "
-            "known by their fields) are judged on their reward, KL and grad norm, not by the SFT loss "
-            "rules; each file says what it was judged as. Exit code 0 when every file is readable and "
+            "known by their fields) are judged on their reward, KL, clip ratio and grad norm, and on "
+            "whether their updates carry a learning signal, not by the SFT loss rules; a loss that "
+            "goes negative is never a collapse; each file says what it was judged as. Exit code 0 "
+            "when every file is readable and "
             "healthy, 1 when one is unreadable or has a warning/critical anomaly."
         ),
     )
