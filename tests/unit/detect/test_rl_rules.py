@@ -267,3 +267,11 @@ def test_a_step_without_a_gradient_is_not_a_vanishing_layer_per_layer() -> None:
     found = _flow(1, 0.004, {})
     assert [(f.kind, f.metric) for f in found] == [("grad_vanishing", "grad_norm/all layers")]
     assert found[0].evidence == {"layer": "all layers", "layers": 5, "largest_norm": 0.005}
+
+
+@pytest.mark.parametrize("loss", (0.0, 1e-7))
+def test_an_sft_run_whose_loss_collapsed_and_whose_gradient_is_zero_says_both(loss: float) -> None:
+    """The issue's SFT run: grad norm exactly 0 at every log was told only as a loss collapse; that no
+    update happens at all (every label masked, a loss without its graph) is the other half."""
+    got = severe(feed(records([loss] * 30, [0.0] * 30)))
+    assert [k for k, *_ in got] == ["loss_collapse", "no_learning_signal"]
