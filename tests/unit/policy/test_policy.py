@@ -147,3 +147,14 @@ def test_safe_mode_fills_only_what_the_user_left_unset(tmp_path) -> None:
     cfg = safe_mode(load_config(tmp_path / "c.yaml"))
     assert cfg.train.max_grad_norm == 0.5 and cfg.policy.spike_confirm_points == 4  # the user's choices stay
     assert cfg.policy.checkpoint_every_s == 600 and cfg.policy.max_lr == 5e-3  # the rest of the preset
+
+
+def test_rl_troubles_a_restart_can_mend_roll_back_and_one_it_cannot_is_told() -> None:
+    """A collapsed policy or a KL run away: the last good checkpoint at a lower LR (the "hard reset").
+    No learning signal: a restart cannot fix a reward function, so the user is told, like a plateau."""
+    pol = Policy()
+    assert pol.on_raised(anomaly("reward_collapse", 40, metric="reward"), 42).name == "rollback"
+    assert pol.on_raised(anomaly("kl_blowup", 60, metric="kl"), 60).name == "rollback"
+    # None: the alert is the event itself, and no action follows.
+    assert pol.on_raised(anomaly("no_learning_signal", 1, metric="frac_reward_zero_std"), 16) is None
+    assert pol.config.rule("no_learning_signal").action == "alert"
