@@ -14,7 +14,9 @@ Each logged point says how much of its batch could teach the model anything:
   point of the window: every completion scored alike, batch after batch. Nothing;
 - a preference batch whose margins and chosen rewards are exactly 0: the policy is
   still its reference, no update has reached it. Nothing;
-- otherwise a reward that moved, or a nonzero norm: everything (an update happened).
+- otherwise a reward that moved, or a nonzero norm: everything (an update happened);
+  but not an RL step that logged none of its fields: its norm may be the KL term's
+  alone, so it is not counted at all.
 
 Over the last ``rl.signal_window`` (16) such points, two level windows, the mean
 share of learning groups at or below ``rl.no_signal_share`` (0.05) is one episode
@@ -220,6 +222,10 @@ class LearningSignalWatch:
                 return _Point(rec.step, 1.0, False, None, lr_zero, level)
             if not rl and all(_value(extra, (k,)) == 0.0 for k in _MARGIN_KEYS):
                 return _Point(rec.step, 0.0, False, None, lr_zero, level)
+        if rl:
+            # A step the RL trainer did not log its fields at (``logging_steps`` > 1 under the guard, a
+            # second iteration on the same rollouts): its nonzero norm may be the KL term's alone.
+            return None
         if g is not None and math.isfinite(g):
             return _Point(rec.step, 1.0, False, None, lr_zero, level)
         return None
