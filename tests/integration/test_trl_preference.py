@@ -127,7 +127,8 @@ def test_trl_grpo_under_supervise_is_judged_on_its_reward_not_its_near_zero_loss
     # The same log read without GRPO's own fields: its loss goes below zero, which no cross-entropy does,
     # so from then on it is not read by the SFT loss rules, and it is never a collapse (before: a collapse,
     # its loss being near zero). Its first points, positive (1e-5 to 1e-4), are still read as a
-    # cross-entropy until then: a spike and a divergence in log space, which stay open (what remains).
+    # cross-entropy until then: a spike and a divergence in log space, closed once it goes negative
+    # (what remains: the rules cannot know the objective before the loss shows it).
     plain = json.loads(state.read_text())
     kept = ("step", "loss", "grad_norm", "learning_rate", "epoch")
     plain["log_history"] = [{k: v for k, v in e.items() if k in kept} for e in plain["log_history"]]

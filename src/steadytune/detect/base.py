@@ -85,6 +85,11 @@ class Reporter:
     def is_on(self, kind: str, metric: str) -> bool:
         return (kind, metric) in self.on
 
+    def end_all(self, out: list[Finding], step: int) -> None:
+        """End every condition now active (the rules that raised them no longer apply to the run)."""
+        for kind, metric in sorted(self.on):
+            self.report(out, kind, metric, step, False)
+
     def report(
         self,
         out: list[Finding],

@@ -74,6 +74,8 @@ class ShortRiseWatch:
         """Judge the loss point the loss series made of this step; a climb seen is handed over."""
         lp = point.loss
         if lp is None:
+            if not point.by_loss_rules and self.rep.on:
+                self.rep.end_all(out, point.rec.step)  # a loss that turned out to be no cross-entropy
             return
         climb = self.judge(lp, out, point.held, point.run_noise)
         if climb is not None and self._hold is not None:
@@ -189,6 +191,8 @@ class FallCollapseWatch:
             self._eval_best = y if self._eval_best is None else min(self._eval_best, y)
         lp = point.loss
         if lp is None:
+            if not point.by_loss_rules and self.rep.on:
+                self.rep.end_all(out, point.rec.step)  # a loss that turned out to be no cross-entropy
             return
         t, epoch = point.level_of, rec.epoch
         level, level_full = t.level, t.level_full

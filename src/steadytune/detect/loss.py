@@ -135,7 +135,9 @@ class LossWatch:
             if not math.isfinite(rec.loss):
                 self.judge(rec.step, rec.loss, rec.epoch, out)
             elif self.rep.on:
-                self.rep.report(out, "nan_loss", self.metric, rec.step, False)
+                # Whatever the SFT rules held before the run showed its objective (a loss that went
+                # negative) was read with rules that do not apply to it: over, not left open.
+                self.rep.end_all(out, rec.step)
             return
         lp = self.judge(rec.step, rec.loss, rec.epoch, out, point.corroborated)
         point.loss = lp

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from steadytune.objectives import LOSS_OBJECTIVE
 from steadytune.records import StepRecord, SystemSample
 
 if TYPE_CHECKING:
@@ -46,6 +47,11 @@ class Signal:
     held: bool = False
     run_noise: float | None = None
     grad_vanished: bool = False
+
+    @property
+    def by_loss_rules(self) -> bool:
+        """Whether the SFT loss rules judge this run (no other objective is known for it)."""
+        return self.objective in (None, LOSS_OBJECTIVE)
 
 
 @dataclass(frozen=True, slots=True)

@@ -105,6 +105,8 @@ class PlateauWatch:
             self._lr_prev = lr
         lp = point.loss
         if lp is None:
+            if not point.by_loss_rules and self.rep.on:
+                self.rep.end_all(out, point.rec.step)  # a loss that turned out to be no cross-entropy
             return
         level, grad_vanished = point.level_of.level, point.grad_vanished
         self._same = self._same + 1 if lp.loss == self._last_loss else 1
@@ -266,6 +268,8 @@ class OscillationWatch:
     def observe(self, point: Signal, out: list[Finding]) -> None:
         lp, epoch = point.loss, point.rec.epoch
         if lp is None:
+            if not point.by_loss_rules and self.rep.on:
+                self.rep.end_all(out, point.rec.step)  # a loss that turned out to be no cross-entropy
             return
         if lp.new_segment:
             self._ys.clear()

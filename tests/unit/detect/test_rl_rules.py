@@ -275,3 +275,15 @@ def test_an_sft_run_whose_loss_collapsed_and_whose_gradient_is_zero_says_both(lo
     update happens at all (every label masked, a loss without its graph) is the other half."""
     got = severe(feed(records([loss] * 30, [0.0] * 30)))
     assert [k for k, *_ in got] == ["loss_collapse", "no_learning_signal"]
+
+
+def test_what_the_sft_rules_held_before_the_loss_went_negative_is_closed_when_it_does() -> None:
+    """A policy-gradient loss logged without its fields: its first points, tiny and positive, read as a
+    cross-entropy until it goes below zero; an episode they opened then ends there, not at the run's end."""
+    losses = [1e-5] * 10 + [3e-4] * 6 + [-0.002 + 1e-4 * (i % 3) for i in range(40)]
+    out = feed(records(losses, [0.5] * len(losses)))
+    first_negative = 17
+    raised = {(t.anomaly.kind, t.anomaly.metric) for t in out if t.state == "raised"}
+    ended = {(t.anomaly.kind, t.anomaly.metric): t.anomaly.end_step for t in out if t.state == "resolved"}
+    assert raised and set(ended) == raised, (raised, ended)
+    assert all(step <= first_negative for step in ended.values()), ended
