@@ -14,6 +14,9 @@ the run's stability in one number. Two ways it goes wrong:
   logged), where it stood two level windows into the run: its first points climb from
   0 by design (the policy starts as its reference), so they are no yardstick. A KL
   that grows as the reward rises is the policy learning, and moves the yardstick up.
+  And the level must reach ``rl.kl_runaway_min`` (0.1): a KL that climbs from 2e-5 to
+  0.003 while a noisy reward rises too slowly to show it has run nowhere (a healthy
+  GRPO run of one group a step did that).
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ class KLLimits:
     spike_z: float
     kl_jump_ratio: float
     kl_runaway_ratio: float
+    kl_runaway_min: float
 
 
 class KLWatch:
@@ -125,7 +129,7 @@ class KLWatch:
             return None
         ref_step, ref = self._ref
         rise = t.level - ref
-        if rise < self._runaway:
+        if rise < self._runaway or math.exp(t.level) < self.lim.kl_runaway_min:
             return None
         return {
             "value": rounded(value),

@@ -287,3 +287,24 @@ def test_what_the_sft_rules_held_before_the_loss_went_negative_is_closed_when_it
     ended = {(t.anomaly.kind, t.anomaly.metric): t.anomaly.end_step for t in out if t.state == "resolved"}
     assert raised and set(ended) == raised, (raised, ended)
     assert all(step <= first_negative for step in ended.values()), ended
+
+
+def test_a_kl_that_climbs_a_hundredfold_from_almost_nothing_has_run_nowhere() -> None:
+    """From 2e-6 to 2e-3 while a noisy reward rises too slowly to make a new best by two sigmas."""
+    rng = shapes.rng_for(0, "kl-small")
+    n = 200
+    extra = [
+        {
+            "reward": float(rng.random() < 0.35 + 0.1 * i / n),
+            "kl": 2e-6 * math.exp(7 * min(i, 60) / 60) * math.exp(rng.gauss(0, 0.2)),
+            "frac_reward_zero_std": 0.3,
+        }
+        for i in range(n)
+    ]
+    got = [a for a in _severe(records([0.0] * n, [0.5] * n, extra=extra)) if a.kind == "kl_blowup"]
+    assert got == []
+    # The same climb, a thousand times higher (per sequence, or a policy run off): a runaway.
+    for e in extra:
+        e["kl"] *= 1000
+    got = [a for a in _severe(records([0.0] * n, [0.5] * n, extra=extra)) if a.kind == "kl_blowup"]
+    assert [a.evidence["reason"] for a in got] == ["the KL ran away while the reward did not improve"]
