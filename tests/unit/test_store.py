@@ -7,7 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from steadytune.records import Event, GpuSample, PlanRevision, StepRecord, SystemSample, to_json
+from steadytune.records import (
+    Event,
+    GpuSample,
+    Heartbeat,
+    PlanRevision,
+    StepRecord,
+    SystemSample,
+    WorkerExit,
+    to_json,
+)
 from steadytune.rundir import RunDir
 from steadytune.telemetry.events import EventLog, read_events
 from steadytune.telemetry.store import ROLLUP, RunStore, open_store
@@ -167,6 +176,19 @@ def test_adopt_continues_after_what_another_writer_indexed(tmp_path: Path) -> No
     # Only the new line is read for the adopted file; the unadopted ones are read in full.
     assert store.sync(run) == 1 + 1 + 1
     assert store.step_count() == 51
+
+
+def test_adopt_looks_past_a_finished_workers_last_words(tmp_path: Path) -> None:
+    run = _write_run(tmp_path / "r4")
+    store = RunStore(run.db)
+    store.add_steps(steps(50))
+    with JsonlWriter(run.telemetry(0)) as w:  # what a worker writes after its last step
+        w.write(Heartbeat(ts=2.0, step=49, phase="finish"))
+        w.write(WorkerExit(ts=3.0, step=49, status="completed"))
+    assert "telemetry/rank-0.jsonl" in store.adopt(run)
+    before = store.version
+    store.sync(run)  # the two lines after the last step, not the 50 steps again
+    assert store.steps_since(before) == [] and store.step_count() == 50
 
 
 def flow(layers: list[str], norm: list, zero: list | None = None) -> dict:

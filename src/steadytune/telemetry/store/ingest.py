@@ -26,6 +26,11 @@ def _num(value: Any) -> float | None:
     return None if math.isnan(f) else f
 
 
+def _indexed(d: dict[str, Any]) -> bool:
+    """A line whose record the index keeps (a heartbeat or a worker's exit is not kept)."""
+    return d.get("type") in {"step", "system", "event", "plan"}
+
+
 def _nonfinite(*values: Any) -> int:
     return int(any(isinstance(v, float) and not math.isfinite(v) for v in values))
 
@@ -251,7 +256,9 @@ class Ingest(StoreBase):
             key = f"offset:{path.relative_to(run_dir.root).as_posix()}"
             if self.get_meta(key) is not None:
                 continue
-            end, last = last_line(path)
+            # The last record the index could hold: a finished worker's stream ends with its heartbeats
+            # and last words, which prove nothing, and a run left unadopted is read again whole.
+            end, last = last_line(path, accept=_indexed)
             if last is None or not self._has(last):
                 continue
             self.set_meta(key, str(end))
@@ -276,8 +283,7 @@ class Ingest(StoreBase):
             elif isinstance(rec, PlanRevision):
                 row = self._db.execute("SELECT 1 FROM plans WHERE revision=?", (rec.revision,)).fetchone()
             else:
-                # A heartbeat or exit record last: not indexed, so it proves nothing.
-                return False
+                return False  # a record the index does not keep proves nothing
         return row is not None
 
     def rebuild(self, run_dir: RunDir) -> int:

@@ -125,8 +125,15 @@ class Queries(StoreBase):
         return self._series("gpu", "ts", tuple(metrics), points, lo, hi, "idx=?", (index,))
 
     def gpu_indices(self) -> list[int]:
+        """The GPUs sampled: one index probe each, where DISTINCT read every row of a long run."""
+        out: list[int] = []
         with self._lock:
-            return [int(r[0]) for r in self._db.execute("SELECT DISTINCT idx FROM gpu ORDER BY idx")]
+            while True:
+                row = self._db.execute("SELECT MIN(idx) FROM gpu WHERE idx > ?", (out[-1] if out else -1,))
+                nxt = row.fetchone()[0]
+                if nxt is None:
+                    return out
+                out.append(int(nxt))
 
     def _series(
         self, table: str, x: str, metrics: tuple[str, ...], points: int,

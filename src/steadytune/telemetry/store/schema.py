@@ -58,6 +58,8 @@ CREATE TABLE IF NOT EXISTS gpu (
   {", ".join(f"{m} REAL" for m in GPU_METRICS)},
   PRIMARY KEY (ts, idx)
 );
+-- One GPU's series, and which GPUs there are, without reading every other GPU's rows.
+CREATE INDEX IF NOT EXISTS gpu_idx ON gpu(idx, ts);
 CREATE TABLE IF NOT EXISTS events (
   seq INTEGER PRIMARY KEY, ts REAL NOT NULL, kind TEXT NOT NULL, name TEXT NOT NULL,
   severity TEXT NOT NULL, step INTEGER, message TEXT, json TEXT NOT NULL
