@@ -142,42 +142,57 @@ def run_account(run: RunDir, clock: Callable[[], float] = time.time) -> Account:
     return account(history, reading_time(run, history, clock))
 
 
+def _stamp(run: RunDir) -> tuple[tuple[int, int] | None, ...]:
+    """``(mtime in ns, size)`` of every file an account reads (None where one is missing)."""
+    out = []
+    for path in (run.status, run.plan, run.events, run.telemetry(0), run.config):
+        try:
+            st = path.stat()
+            out.append((st.st_mtime_ns, st.st_size))
+        except OSError:
+            out.append(None)
+    return tuple(out)
+
+
 class AccountCache:
     """The accounts of many runs, each read incrementally: what a dashboard asks for every few seconds."""
 
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self.clock = clock
-        self._readers: dict[Path, HistoryReader] = {}
-        self._done: dict[Path, tuple[tuple[int, int, int], Account]] = {}  # finished runs, by record counts
+        self._readers: dict[Path, HistoryReader] = {}  # live runs only
+        self._done: dict[Path, tuple[tuple[Any, ...], Account]] = {}  # finished runs, by their files' stamps
         self._live: dict[Path, tuple[float, float, Account]] = {}  # live runs: when computed, its cost, it
         self._lock = threading.Lock()
 
     def account(self, run: RunDir) -> Account:
         """``run``'s account now: only what was appended since the last call is read.
 
-        A finished run's account is computed again only when records were added to it; a live
-        run's at most once per five times what computing it costs (a second at least), so that a
-        dashboard polling a 100k-step run spends a fifth of a core on it at most.
+        A finished run's account is computed again only when one of its files changed, and its
+        records are not kept (a runs folder of a thousand finished runs would hold every step of
+        each); a live run's at most once per five times what computing it costs (a second at
+        least), so that a dashboard polling a 100k-step run spends a fifth of a core on it at most.
         """
-        with self._lock:
-            reader = self._readers.get(run.root)
-            if reader is None:
-                reader = self._readers[run.root] = HistoryReader(run)
         now = self.clock()
         live = self._live.get(run.root)
         if live is not None and now - live[0] < max(1.0, 5 * live[1]):
             return live[2]
+        stamp = _stamp(run)  # before the reading: a file that grows meanwhile is read again next time
+        done = self._done.get(run.root)
+        if done is not None and done[0] == stamp:
+            return done[1]
+        with self._lock:
+            reader = self._readers.get(run.root)
+            if reader is None:
+                reader = self._readers[run.root] = HistoryReader(run)
         history = reader.read()
         when = reading_time(run, history, self.clock)
-        key = (len(history.plans), len(history.stream), len(history.events))
-        done = self._done.get(run.root)
-        if when is None and done is not None and done[0] == key:
-            return done[1]
         started = time.perf_counter()
         acct = account(history, when)
         if when is None:
-            self._done[run.root] = (key, acct)
+            self._done[run.root] = (stamp, acct)
             self._live.pop(run.root, None)
+            with self._lock:
+                self._readers.pop(run.root, None)
         else:
             self._live[run.root] = (now, time.perf_counter() - started, acct)
         return acct

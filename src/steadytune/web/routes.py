@@ -167,7 +167,8 @@ def runs_stream(h: Handler, p: Params, q: Query) -> None:
 
 
 def metrics(h: Handler, p: Params, q: Query) -> None:
-    h.send(200, render_metrics(h.app.index, h.app.clock).encode("utf-8"), CONTENT_TYPE)
+    body = render_metrics(h.app.index, h.app.clock, h.app.metrics_keep_finished_s)
+    h.send(200, body.encode("utf-8"), CONTENT_TYPE)
 
 
 def server_snapshot(h: Handler, p: Params, q: Query) -> None:
