@@ -279,11 +279,10 @@ class Supervisor:
         now = self.clock()
         if now - self._last_sample >= self.cfg.run.sample_interval_s:
             self._last_sample = now
-            if self.tree is not None:
-                self.tree.note()  # every process the attempt started, so none outlives it
-            sample = self.sampler.sample(
-                self.worker.pid if self.worker and self.worker.poll() is None else None
-            )
+            # Every process the attempt started, so none outlives it; the sample's RSS is theirs.
+            tree = self.tree.note() if self.tree is not None else None
+            running = self.worker is not None and self.worker.poll() is None
+            sample = self.sampler.sample(self.worker.pid if running and self.worker else None, tree)
             self.handle(sample)
         self.controls.poll()
         self.publishes.tick()
