@@ -9,7 +9,6 @@ live run writes. Detectors then never know where the numbers came from.
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import math
 import sys
@@ -266,6 +265,10 @@ class SeriesBuilder:
     def __len__(self) -> int:
         return len(self._rows)
 
+    def steps(self) -> list[int]:
+        """The steps added so far, in the order first added."""
+        return list(self._rows)
+
     def build(self, require: tuple[str, ...] = ()) -> Series:
         if any(not valid_step(s) for s in self._rows):  # a damaged step number: that row is left out
             self._rows = {s: row for s, row in self._rows.items() if valid_step(s)}
@@ -303,20 +306,31 @@ class SeriesBuilder:
         notes = self._choose_loss()
         records: list[StepRecord] = []
         seen: set[str] = set()
-        new = object.__new__
-        for step in sorted(self._rows):
-            row = self._rows[step]
+        new, put = object.__new__, object.__setattr__
+        rows = self._rows
+        for step in sorted(rows):
+            # Each row is let go as its record is made: a million-step log is held once, not twice.
+            row = rows.pop(step)
             epoch = row.get("epoch")
             if epoch is not None and not (type(epoch) in (int, float) and math.isfinite(epoch)):
                 del row["epoch"]  # an infinite or unreadable epoch says nothing of where the data is
             seen.update(row)
             if _PLAIN.issuperset(row):
                 # Only float fields (the usual loss/grad_norm/lr/epoch row): no casting to do.
-                state = {**_DEFAULTS, **row, "step": step, "extra": {}}
+                row.pop("step", None)
+                extra: dict[str, Any] = {}
             else:
-                state = {**_DEFAULTS, **_typed(row), "step": step}
+                row = _typed(row)
+                extra = row.pop("extra")
             rec = new(StepRecord)
-            rec.__dict__.update(state)
+            # Only the fields the row has are set; the others read the class's defaults. A record
+            # so made is equal to one built by __init__, and holds ~200 bytes less than one whose
+            # every field was set (2 GB less on a ten-million-step log).
+            put(rec, "step", step)
+            put(rec, "ts", 0.0)
+            for name, value in row.items():
+                put(rec, name, value)
+            put(rec, "extra", extra)
             records.append(rec)
         # An RL log may carry no loss at all (TRL's PPOTrainer logs objective/kl, objective/scores,
         # loss/policy_avg): its reward and KL are what it is judged on, so they are enough.
@@ -331,11 +345,7 @@ class SeriesBuilder:
 
 # Built without the frozen-dataclass ``__init__``: it sets the 20 fields one
 # ``object.__setattr__`` at a time, which costs more than reading the log on 100k-step
-# runs. Filling ``__dict__`` gives the same object (equal, printable, serializable).
-_DEFAULTS: dict[str, Any] = {
-    f.name: f.default for f in dataclasses.fields(StepRecord) if f.default is not dataclasses.MISSING
-}
-_DEFAULTS["ts"] = 0.0
+# runs; _build sets only the fields a row has (the class holds every field's default).
 _MAXF = sys.float_info.max  # an integer in a log past this (a 400-digit loss) cannot become a float
 _PLAIN = frozenset(name for name, cast in _FIELDS.items() if cast is float) | {"step"}
 
