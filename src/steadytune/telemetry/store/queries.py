@@ -171,6 +171,7 @@ class Queries(StoreBase):
                 rows = [[r[0], r[0], 1, *[v for m in r[1:] for v in (m, m, m)]] for r in raw]
                 return Series(metrics, rows, lo, hi, n, version)
             width = (hi - lo) / points or 1.0
+            # The last x sits at (hi - lo) / width = points: it joins the last bucket, not one of its own.
             if table == "steps" and width >= ROLLUP:
                 # Coarse view: merge summary buckets instead of touching raw rows.
                 aggs = ", ".join(
@@ -178,18 +179,18 @@ class Queries(StoreBase):
                 )
                 sql = (
                     f"SELECT MIN(first), MAX(last), SUM(n), {aggs} FROM steps_rollup "
-                    "WHERE rank=? AND last >= ? AND first <= ? GROUP BY CAST((first - ?) / ? AS INTEGER) "
-                    "ORDER BY 1"
+                    "WHERE rank=? AND last >= ? AND first <= ? "
+                    "GROUP BY MIN(CAST((first - ?) / ? AS INTEGER), ?) ORDER BY 1"
                 )
-                raw = self._db.execute(sql, (*params, lo, hi, lo, width)).fetchall()
+                raw = self._db.execute(sql, (*params, lo, hi, lo, width, points - 1)).fetchall()
             else:
                 # One pass over the range: min, max and mean per bucket.
                 aggs = ", ".join(f"MIN({m}), MAX({m}), AVG({m})" for m in metrics)
                 sql = (
                     f"SELECT MIN({x}), MAX({x}), COUNT(*), {aggs} FROM {table} WHERE {rng} "
-                    f"GROUP BY CAST(({x} - ?) / ? AS INTEGER) ORDER BY 1"
+                    f"GROUP BY MIN(CAST(({x} - ?) / ? AS INTEGER), ?) ORDER BY 1"
                 )
-                raw = self._db.execute(sql, (*params, lo, hi, lo, width)).fetchall()
+                raw = self._db.execute(sql, (*params, lo, hi, lo, width, points - 1)).fetchall()
         return Series(metrics, [list(r) for r in raw], lo, hi, n, version)
 
     def steps_since(self, version: int, rank: int = 0, limit: int = 5000) -> list[dict[str, Any]]:
