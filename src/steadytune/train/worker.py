@@ -22,23 +22,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from steadytune.records import PlanRevision, from_json
+from steadytune.records import PlanRevision
 from steadytune.rundir import RunDir
+from steadytune.telemetry.stream import latest_plan
 
 if TYPE_CHECKING:
     from steadytune.config.schema import SteadytuneConfig
     from steadytune.guard.core import Guard
-
-
-def latest_plan(run: RunDir) -> PlanRevision:
-    plan = PlanRevision(revision=0, ts=0.0, reason="start")
-    if run.plan.exists():
-        for line in run.plan.read_text(encoding="utf-8").splitlines():
-            if line.strip():
-                rec = from_json(line)
-                if isinstance(rec, PlanRevision):
-                    plan = rec
-    return plan
 
 
 def main(argv: list[str] | None = None) -> int:
