@@ -150,3 +150,12 @@ def atomic_write_text(path: Path, text: str, durable: bool = True) -> None:
         raise
     if durable:
         fsync_dir(path.parent)
+
+
+def file_stamp(path: Path) -> tuple[int, int] | None:
+    """``(mtime in ns, size)`` of ``path``; None when it is not there."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size

@@ -23,7 +23,7 @@ from steadytune.config.yamlsafe import read_yaml
 from steadytune.goodput.account import account, interruption_record, relevant
 from steadytune.goodput.parts import Account, RunHistory, StreamRecord
 from steadytune.records import Event, Heartbeat, PlanRevision, StepRecord
-from steadytune.rundir import RunDir
+from steadytune.rundir import RunDir, file_stamp
 from steadytune.telemetry.liveness import status_live
 from steadytune.telemetry.stream import JsonlTailer
 
@@ -144,14 +144,7 @@ def run_account(run: RunDir, clock: Callable[[], float] = time.time) -> Account:
 
 def _stamp(run: RunDir) -> tuple[tuple[int, int] | None, ...]:
     """``(mtime in ns, size)`` of every file an account reads (None where one is missing)."""
-    out = []
-    for path in (run.status, run.plan, run.events, run.telemetry(0), run.config):
-        try:
-            st = path.stat()
-            out.append((st.st_mtime_ns, st.st_size))
-        except OSError:
-            out.append(None)
-    return tuple(out)
+    return tuple(file_stamp(p) for p in (run.status, run.plan, run.events, run.telemetry(0), run.config))
 
 
 class AccountCache:

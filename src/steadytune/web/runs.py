@@ -28,7 +28,7 @@ from steadytune.checkpoint.store import pointer_name
 from steadytune.config.detect import DetectConfig
 from steadytune.config.yamlsafe import read_yaml
 from steadytune.goodput.load import AccountCache
-from steadytune.rundir import RunDir, valid_run_id
+from steadytune.rundir import RunDir, file_stamp, valid_run_id
 from steadytune.telemetry.jsonl import within_depth
 from steadytune.telemetry.liveness import status_live
 from steadytune.telemetry.store import RunStore
@@ -70,15 +70,6 @@ def checkpoint_info(ckpt_dir: Path) -> dict[str, Any]:
 
 
 Stamp = tuple[tuple[int, int] | None, ...]
-
-
-def file_stamp(path: Path) -> tuple[int, int] | None:
-    """``(mtime in ns, size)`` of ``path``; None when it is not there."""
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return st.st_mtime_ns, st.st_size
 
 
 class RunEntry:
