@@ -22,23 +22,21 @@ import yaml
 from steadytune.config.yamlsafe import read_yaml
 from steadytune.goodput.account import account, interruption_record, relevant
 from steadytune.goodput.parts import Account, RunHistory, StreamRecord
-from steadytune.records import Event, Heartbeat, PlanRevision, StepRecord
+from steadytune.records import Event, Heartbeat, PlanRevision, from_dict
 from steadytune.rundir import RunDir, file_stamp
 from steadytune.telemetry.liveness import status_live
 from steadytune.telemetry.stream import JsonlTailer
 
+_SLIM = ("type", "step", "ts", "rank", "attempt", "step_time_s", "skipped")
 
-def _slim(rec: StepRecord) -> StepRecord:
-    """A step record with what the account reads: its place in time, attempt, timing and kind."""
-    return StepRecord(
-        step=rec.step,
-        ts=rec.ts,
-        rank=rec.rank,
-        attempt=rec.attempt,
-        step_time_s=rec.step_time_s,
-        skipped=rec.skipped,
-        extra={"eval": True} if rec.extra.get("eval") else {},
-    )
+
+def _slim(d: dict[str, Any]) -> dict[str, Any]:
+    """A step line with what the account reads (its place in time, attempt, timing and kind), before
+    it becomes a record: its batch's indices and hashes and its gradient flow are never built."""
+    out = {k: d[k] for k in _SLIM if k in d}
+    extra = d.get("extra")
+    out["extra"] = {"eval": True} if isinstance(extra, dict) and extra.get("eval") else {}
+    return out
 
 
 class HistoryReader:
@@ -66,12 +64,16 @@ class HistoryReader:
         for rec in self._events.records():
             if isinstance(rec, Event) and relevant(rec):
                 self.events.append(replace(rec, message="", data=_event_data(rec)))
-        for rec in self._stream.records():
+        stream = self._stream
+        for d in stream.dicts():
+            try:
+                rec = from_dict(_slim(d) if d.get("type") == "step" else d)
+            except (ValueError, TypeError):
+                stream.bad_lines += 1
+                continue
             if not relevant(rec) or isinstance(rec, PlanRevision):
                 continue
-            if isinstance(rec, StepRecord):
-                rec = _slim(rec)
-            elif isinstance(rec, Heartbeat):
+            if isinstance(rec, Heartbeat):
                 last = self.stream[-1] if self.stream else None
                 if isinstance(last, Heartbeat) and (last.attempt, last.phase) == (rec.attempt, rec.phase):
                     continue  # the same phase beating on: nothing the account reads changes
