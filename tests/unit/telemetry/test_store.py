@@ -272,3 +272,28 @@ def test_eval_record_of_a_logged_step_keeps_its_training_metrics(tmp_path: Path)
     store.add_steps([StepRecord(step=75, ts=600.0, attempt=1, eval_loss=9.0)])
     row = store.steps_since(changed["version"])[0]
     assert (row["attempt"], row["loss"], row["eval_loss"]) == (1, None, 9.0)
+
+
+def test_an_index_made_before_the_sample_summaries_is_summarized_when_opened(tmp_path: Path) -> None:
+    store = RunStore(tmp_path / "run.db")
+    hot = lambda i: 90.0 if i == 4321 else 50.0  # noqa: E731 - one hot sample among 10,000
+    store.add_system([
+        SystemSample(ts=1.0 + 2 * i, cpu_ratio=0.5, ram_used_bytes=1, ram_total_bytes=2,
+                     gpus=(GpuSample(index=1, name="g", temperature_c=hot(i)),))
+        for i in range(10_000)
+    ])  # fmt: skip
+    summarized = store.gpu_series(1, ("temperature_c",), points=50)
+    assert summarized.total == 10_000 and max(r[4] for r in summarized.rows) == 90.0
+    raw = [r[:3] for r in store._db.execute("SELECT * FROM gpu_rollup ORDER BY bucket").fetchall()]
+    with store._db:  # as an index written before the summaries existed
+        store._db.execute("DELETE FROM system_rollup")
+        store._db.execute("DELETE FROM gpu_rollup")
+        store._db.execute("DELETE FROM meta WHERE key='sample_rollup'")
+    store.close()
+    reader = RunStore(tmp_path / "run.db", readonly=True)  # cannot summarize: reads the samples
+    unsummarized = reader.gpu_series(1, ("temperature_c",), points=50)
+    assert unsummarized.total == 10_000 and max(r[4] for r in unsummarized.rows) == 90.0
+    reader.close()
+    again = RunStore(tmp_path / "run.db")
+    assert [r[:3] for r in again._db.execute("SELECT * FROM gpu_rollup ORDER BY bucket").fetchall()] == raw
+    assert again.gpu_series(1, ("temperature_c",), points=50).rows == summarized.rows

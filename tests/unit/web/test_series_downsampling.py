@@ -16,6 +16,7 @@ from steadytune.web.runs import RunsIndex
 
 N = 30_000  # past the summary buckets' size times the chart's points: the coarse path is taken
 SPIKE, DIP = 17_389, 23_011  # single points, inside buckets, not at their edges
+SAMPLES = 20_000  # system samples: at 100 points their summary buckets are read, at 1,500 the samples
 
 
 def _loss(step: int, rng: random.Random) -> float:
@@ -40,11 +41,10 @@ def test_a_single_step_spike_and_dip_survive_downsampling(tmp_path: Path, points
         for s in range(N):
             w.write(StepRecord(step=s, ts=1000.0 + s, loss=_loss(s, rng)))
     with JsonlWriter(run.system) as w:
-        for i in range(5000):  # one sample whose GPU ran hot for a second
-            g = GpuSample(index=0, name="gpu", util_ratio=0.5, temperature_c=95.0 if i == 3131 else 60.0)
-            w.write(
-                SystemSample(ts=1000.0 + i, cpu_ratio=0.2, ram_used_bytes=1, ram_total_bytes=2, gpus=(g,))
-            )
+        for i in range(SAMPLES):  # one sample (every 2 s, ~11 hours) whose GPU ran hot
+            g = GpuSample(index=0, name="gpu", util_ratio=0.5, temperature_c=95.0 if i == 13_131 else 60.0)
+            w.write(SystemSample(ts=1000.0 + 2 * i, cpu_ratio=0.9 if i == 7_007 else 0.2, ram_used_bytes=1,
+                                 ram_total_bytes=2, gpus=(g,)))  # fmt: skip
     index = RunsIndex(tmp_path / "runs", cache_dir=tmp_path / "cache")
     index.refresh_all()
     entry = index.get("long")
@@ -64,4 +64,8 @@ def test_a_single_step_spike_and_dip_survive_downsampling(tmp_path: Path, points
     assert len(gpu["rows"]) <= points
     _, temps = _column(gpu["rows"], gpu["metrics"], "temperature_c")
     assert max(t for t in temps if t is not None) == 95.0
+    system = charts["system"]
+    assert len(system["rows"]) <= points and sum(r[2] for r in system["rows"]) == SAMPLES
+    _, cpu = _column(system["rows"], system["metrics"], "cpu_ratio")
+    assert max(c for c in cpu if c is not None) == 0.9
     assert not any(isinstance(v, float) and math.isnan(v) for r in steps["rows"] for v in r if v is not None)

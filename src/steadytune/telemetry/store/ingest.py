@@ -150,6 +150,7 @@ class Ingest(StoreBase):
                     f"INSERT OR REPLACE INTO gpu({', '.join(gcols)}) VALUES({', '.join('?' * len(gcols))})",
                     gpus,
                 )
+                self.refresh_sample_rollup(min(s.ts for s in samples), max(s.ts for s in samples))
         return len(rows)
 
     def add_events(self, events: Sequence[Event]) -> int:
@@ -289,7 +290,8 @@ class Ingest(StoreBase):
     def rebuild(self, run_dir: RunDir) -> int:
         """Drop the index and build it again from the run's JSONL files."""
         with self._lock, self._db:
-            for table in ("steps", "steps_rollup", "system", "gpu", "events", "plans", "gradflow"):
+            tables = ("steps", "steps_rollup", "system", "system_rollup", "gpu", "gpu_rollup", "events")
+            for table in (*tables, "plans", "gradflow"):
                 self._db.execute(f"DELETE FROM {table}")
             self._db.execute("DELETE FROM meta WHERE key LIKE 'offset:%'")
         return self.sync(run_dir)
