@@ -489,8 +489,10 @@ def main() -> int:
     tmp.mkdir(parents=True, exist_ok=True)
     print(f"steadytune scale benchmark: {os.cpu_count()} CPU cores, {load()}")
     if args.quick:
-        left = ", ".join(f"{k} {FULL[k].rsplit(',', 1)[1]}" for k in FULL if QUICK[k] != FULL[k])
-        print(f"  --quick: the top sizes are left out ({left}); their rows are not measured here")
+        top = {k: FULL[k].rsplit(",", 1)[1] for k in FULL}
+        left = ", ".join(f"{k} {top[k]}" for k in FULL if top[k] not in chosen[k].split(","))
+        if left:
+            print(f"  --quick: the top sizes are left out ({left}); their rows are not measured here")
     print(f"  {'figure':<52} {'size':>6} {'value':>14}   {'target':<22}")
     try:
         if "supervisor" in only:
