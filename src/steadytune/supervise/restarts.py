@@ -87,12 +87,24 @@ def rollback_restart(
     current_step: int,
     samples_by_step: dict[int, list[int]],
     lr_scale: float,
+    came_back_within: int = 0,
 ) -> tuple[dict[str, Any] | None, str, str, int | None]:
-    """Changes for a rollback: an earlier checkpoint, the data window skipped, a lower LR."""
+    """Changes for a rollback: an earlier checkpoint, the data window skipped, a lower LR.
+
+    ``came_back_within``: steps after the last rollback's checkpoint in which the trouble counts as
+    come back (:func:`~steadytune.policy.plan.choose_rollback_checkpoint`).
+    """
     anomaly = action.anomaly
     assert anomaly is not None
     kind = anomaly.kind
-    target = choose_rollback_checkpoint(anomaly.start_step, verified_steps, previous_resumes)
+    end = max(anomaly.end_step, current_step)
+    # A step's record (its loss, its gradient) is computed on the weights of the step before it, so the
+    # checkpoint before the anomaly holds the very weights that produced it: resumed without skipping
+    # the step's samples (a job whose samples are unknown), it computes the same record again, whatever
+    # the LR. Only where they are skipped is it a way out.
+    skippable = any(samples_by_step.get(s) for s in range(anomaly.start_step, end + 1))
+    before = anomaly.start_step if skippable else anomaly.start_step - 1
+    target = choose_rollback_checkpoint(before, verified_steps, previous_resumes, came_back_within)
     if target is None:
         return (
             None,
@@ -101,7 +113,6 @@ def rollback_restart(
             None,
         )
     path = str(checkpoints / f"checkpoint-{target}") if target else None
-    end = max(anomaly.end_step, current_step)
     nxt = rollback_plan(
         plan,
         plan.revision + 1,
