@@ -13,7 +13,7 @@ from steadytune.config.schema import SteadytuneConfig
 from steadytune.detect.live import LiveDetector
 from steadytune.layerwise import planned_group_lrs
 from steadytune.policy.engine import Action
-from steadytune.policy.plan import choose_rollback_checkpoint, oom_escalation, rollback_plan
+from steadytune.policy.plan import choose_rollback_checkpoint, onset_step, oom_escalation, rollback_plan
 from steadytune.policy.restart import Decision
 from steadytune.records import Anomaly, PlanRevision, StepRecord, to_dict
 from steadytune.rundir import RunDir
@@ -102,8 +102,10 @@ def rollback_restart(
     # checkpoint before the anomaly holds the very weights that produced it: resumed without skipping
     # the step's samples (a job whose samples are unknown), it computes the same record again, whatever
     # the LR. Only where they are skipped is it a way out.
-    skippable = any(samples_by_step.get(s) for s in range(anomaly.start_step, end + 1))
-    before = anomaly.start_step if skippable else anomaly.start_step - 1
+    # Where a detector that confirms late names the step the trouble began (onset_step), from there.
+    onset = onset_step(anomaly)
+    skippable = any(samples_by_step.get(s) for s in range(onset, end + 1))
+    before = onset if skippable else onset - 1
     target = choose_rollback_checkpoint(before, verified_steps, previous_resumes, came_back_within)
     if target is None:
         return (

@@ -113,6 +113,11 @@ def test_without_its_samples_a_rollback_does_not_resume_the_weights_that_made_th
     # Where step 4's samples are known, they are skipped: checkpoint-3 is the way out.
     changes, _, _, target = rollback_restart(plan, action, [1, 2, 3], [], Path("/ck"), 4, {4: [7, 8]}, 0.001)
     assert target == 3 and changes is not None and changes["skip_ranges"] == ((7, 8),)
+    # A divergence confirmed at 4 that began at 3 (since_step): checkpoint-2 made step 3.
+    diverged = Anomaly("divergence", "critical", 4, 4, "loss", {"since_step": 3})
+    action = Action("rollback", "divergence", 4, diverged)
+    assert rollback_restart(plan, action, [2], [], Path("/ck"), 4, {}, 0.001)[3] == 0
+    assert rollback_restart(plan, action, [2], [], Path("/ck"), 4, {3: [5], 4: [6]}, 0.001)[3] == 2
 
 
 def test_rollback_plan_skips_the_window_and_scales_the_lr() -> None:
