@@ -25,7 +25,7 @@ from steadytune.records import Event
 from tests.servers import Hook
 
 from .runs import wait_for
-from .toolruns import Supervised, ToolJob, alerts_config, all_finite, supervise, tool_job
+from .toolruns import Supervised, ToolJob, alerts_config, all_finite, run_end, supervise, tool_job
 
 pytestmark = pytest.mark.slow
 
@@ -191,7 +191,7 @@ def test_lr_far_too_high_is_rolled_back_with_a_lower_lr_and_alerted(
     assert after and all(r.lr is not None and r.lr <= lr * scale * 1.0001 for r in after), [
         (r.attempt, r.step, r.lr) for r in after[:5]
     ]
-    assert names[-1] == "run_completed" and sup.status()["state"] == "completed"
+    assert run_end(events) == "run_completed" and sup.status()["state"] == "completed"
     assert all_finite(job.out / job.weights_file)
     # The alert reached the local webhook.
     wait_for(

@@ -47,7 +47,7 @@ from .toolchain import (
     row,
     step_of,
 )
-from .toolruns import LAUNCHED, Supervised, alerts_config, all_finite, supervise, tool_job
+from .toolruns import LAUNCHED, Supervised, alerts_config, all_finite, run_end, supervise, tool_job
 
 # A chain's run is built in its first test's setup: five starts of a tool, each tens of seconds on a
 # loaded machine, so more than the suite's 600 s a test.
@@ -288,9 +288,9 @@ def test_lr_far_too_high_is_rolled_back_and_sigterm_then_stops_it_cleanly(
          all_finite(job.checkpoint(saved[-1]) / job.weights_file) if saved else None).printed()  # fmt: skip
     assert rc == 128 + signal.SIGTERM, sup.stdout[-3000:]
     # The guard took the stop at a step boundary (ack_stop), saved there, and the trainer ended.
-    assert names[-1] == "run_stopped" and "stop_requested" in names[names.index("rollback") :]
+    assert run_end(events) == "run_stopped" and "stop_requested" in names[names.index("rollback") :]
     assert "ack_stop" in names[names.index("stop_requested") :]
-    stopped = events[-1]
+    stopped = next(e for e in reversed(events) if e.name == "run_stopped")
     assert stopped.data["signal"] == "SIGTERM" and stopped.data["graceful"] is True
     assert stopped.data["killed_pids"] == [] and sup.survivors() == []
     assert sup.status()["state"] == "stopped"
