@@ -40,6 +40,7 @@ def test_an_action_decided_while_stopping_is_filed_not_carried_out(
     for n in range(1, 23):
         sup.handle(StepRecord(step=n, ts=float(n), loss=1.0, grad_norm=1.0, batch=None))
     sup.controls.on_signal(signal.SIGTERM)
+    sup.tick()  # the loop's turn that requests the stop
     bad = Anomaly("grad_explosion", "critical", 22, 22, "grad_norm")
     sup.actions.execute(Action(name, "grad_explosion at step 22", 22, bad))
     assert sup.state.pending is None
@@ -56,6 +57,7 @@ def test_a_rollback_held_for_a_publish_is_not_released_into_a_stop(
     spike_at_22(sup, worker)  # held: checkpoint-20 is still being published
     assert sup.publishes.held is not None
     sup.controls.on_signal(signal.SIGTERM)
+    sup.tick()  # the loop's turn that requests the stop
     clock.now += 600.0  # past the publish wait: the hold gives the rollback back
     sup.tick()
     assert sup.publishes.held is None
