@@ -245,11 +245,19 @@ def test_lr_far_too_high_is_rolled_back_and_sigterm_then_stops_it_cleanly(
     ) as sup:  # fmt: skip
 
         def rolled_back() -> bool:
+            """3 steps of the attempt the rollbacks led to, which no rollback has ended since: a rollback
+            that resumed a checkpoint the divergence had already reached (the loss of the step after it
+            is the step's from before) is followed by another, and a stop sent as that one kills the
+            worker would find no trainer to take it."""
             if sup.alive() and sup.named("rollback") and not seen:
                 seen.extend(job.checkpoints())  # what the abandoned timeline left in the folder
-            return len([r for r in sup.steps() if r.attempt == 1]) >= 3
+            events = sup.events()
+            started = [e for e in events if e.name == "worker_started"]
+            latest = len(started) - 1
+            ended = any(e.name == "rollback" and e.seq > started[-1].seq for e in events)
+            return latest >= 1 and not ended and len([r for r in sup.steps() if r.attempt == latest]) >= 3
 
-        wait_for(rolled_back, timeout=600, what="3 steps after the rollback")
+        wait_for(rolled_back, timeout=600, what="3 steps after the rollbacks")
         stop_sent = sup.status().get("step") or 0
         sup.proc.send_signal(signal.SIGTERM)
         rc = sup.finish(timeout=240)
