@@ -50,7 +50,7 @@ class OperatorControls:
             self.request_stop(f"signal {signal.Signals(st.stop.signal).name}")
         if st.stop.interrupts >= 2 and not self._killed_said:
             self._killed_said = True
-            self.out.say("second interrupt: the worker was killed", style="bold red")
+            self.out.say("second interrupt: killing the worker now", style="bold red")
 
     def request_stop(self, issuer: str) -> None:
         st = self.state
