@@ -249,7 +249,9 @@ class RewardWatch:
             "points_down": len(self._down),
         }
         if self._last_good is not None and self._last_good < first_step:
-            ev["since_step"] = self._last_good  # where a rollback must go back to
+            # Informational: the collapse's own start is its onset (a rollback goes before it); the
+            # reward's last best may lie a noisy while earlier, and a rollback there loses more than it must.
+            ev["last_good_step"] = self._last_good
         why = self._what_it_became(ev)
         cause = None
         if why:
