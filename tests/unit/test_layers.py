@@ -128,7 +128,6 @@ def test_an_upward_import_is_seen(tmp_path: Path) -> None:
 # leave this list (the test below says so), and none may join it.
 OPEN_CIRCLES = {
     ("steadytune.detect.loss", "steadytune.detect.loss_rules", "steadytune.detect.points"),
-    ("steadytune.web.handler", "steadytune.web.routes"),
 }
 
 
