@@ -461,9 +461,10 @@ def _logged_every(lines: list[Line]) -> list[Line]:
 
     A script that calls ``set_postfix(loss=...)`` every ``logging_steps`` leaves the value in the
     bar while the count runs on: each step in between draws it again. Where every change of the
-    values falls on a multiple of one k > 1 (10, 20, 30...), the drawings in between repeat the
-    value logged last, and only the multiples of k are records. A postfix updated every step
-    changes at steps k does not divide, and is kept whole.
+    values after the first drawing falls k steps after the one before (10, 20, 30..., or 9, 19,
+    29... when the script counts from 0), the drawings in between repeat the value logged last,
+    and only the steps at that phase are records. A postfix updated every step changes at steps
+    one apart, and is kept whole.
     """
     drawn = [r for r in lines if r.redrawn and r.step is not None]
     if len(drawn) < 2 * MIN_RECORDS:
@@ -472,15 +473,16 @@ def _logged_every(lines: list[Line]) -> list[Line]:
     prev: dict[str, float] | None = None
     for r in drawn:
         values = {k: v for k, v in r.fields.items() if k != "step_time_s"}
-        if values != prev:
+        if prev is not None and values != prev:
             changes.append(r.step or 0)
         prev = values
     every = 0
-    for step in changes:
-        every = math.gcd(every, step)
+    for a, b in zip(changes, changes[1:], strict=False):
+        every = math.gcd(every, b - a)
     if len(changes) < MIN_RECORDS or every < 2:
         return lines
-    return [r for r in lines if not r.redrawn or r.step is None or r.step % every == 0]
+    phase = changes[0] % every
+    return [r for r in lines if not r.redrawn or r.step is None or r.step % every == phase]
 
 
 def read(path: Path) -> Series:

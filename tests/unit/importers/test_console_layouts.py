@@ -202,6 +202,25 @@ def test_a_bar_postfix_logged_every_k_steps_is_read_at_those_steps(tmp_path: Pat
     assert [r.loss for r in s.records] == [float(f"{x:.4f}") for x in losses]
 
 
+def test_a_postfix_logged_at_counts_one_short_of_k_is_read_at_those_counts(tmp_path: Path) -> None:
+    """A loop counting from 0 that logs when ``(i + 1) % 10 == 0``: the bar shows the new loss, its
+    accuracy and its ETA at counts 9, 19, 29..., and every drawing in between repeats them."""
+    losses = _curve(60, 11, start=6.9, end=3.5)
+    rng = random.Random(5)
+    drawings = []
+    loss, acc, eta = "6.9315", "0.00", 42.9
+    for count in range(600):
+        if count % 10 == 9:
+            loss, acc, eta = f"{losses[count // 10]:.4f}", f"{rng.choice((0, 1)):.2f}", eta - 0.1
+        post = f"Loss: {loss} | Acc: {acc} | Speed: 0.2 steps/s | ETA: {eta:.1f}h | GPU: 6.4/8.8GB"
+        drawings.append(f"{post}:   4%|#    | {count}/24604 [1:49:04<42:30:42,  6.48s/it]")
+    p = tmp_path / "dpo.log"
+    p.write_text("\r".join(drawings) + "\n")
+    s = load(p)
+    assert [r.step for r in s.records] == list(range(9, 600, 10))
+    assert [r.loss for r in s.records] == [float(f"{x:.4f}") for x in losses]
+
+
 def test_the_trainer_dicts_inside_one_line_of_bar_drawings(tmp_path: Path) -> None:
     losses = _curve(20, 10, start=1.0, end=0.5)
     line = ["logging_steps=10,"]
