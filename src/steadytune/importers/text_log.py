@@ -51,6 +51,7 @@ Tried last, after every layout with a reader of its own. The rules:
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections import Counter
@@ -477,7 +478,7 @@ def _logged_every(lines: list[Line]) -> list[Line]:
             changes.append(r.step or 0)
         prev = values
     every = 0
-    for a, b in zip(changes, changes[1:], strict=False):
+    for a, b in itertools.pairwise(changes):
         every = math.gcd(every, b - a)
     if len(changes) < MIN_RECORDS or every < 2:
         return lines
