@@ -25,10 +25,13 @@ if TYPE_CHECKING:
     from steadytune.detect.loss import LossLimits
 
 
+_ZERO_POINTS = 2  # a loss at zero this many points in a row has collapsed
+
+
 class SuddenCollapse:
     """loss_collapse: a loss at zero, or one that fell far below its level and stayed there."""
 
-    __slots__ = ("_drop", "_lim", "_rep", "_spike_z", "_t", "drop_run", "metric")
+    __slots__ = ("_drop", "_lim", "_rep", "_spike_z", "_t", "drop_run", "metric", "zero_run", "zero_since")
 
     def __init__(
         self, limits: LossLimits, spike_z: float, rep: Reporter, tracker: Tracker, metric: str
@@ -36,6 +39,11 @@ class SuddenCollapse:
         self._lim, self._spike_z, self._rep, self._t, self.metric = limits, spike_z, rep, tracker, metric
         self._drop = limits.collapse_drop
         self.drop_run = 0  # points in a row that dropped that far
+        # Points in a row at zero: one alone is no collapse. A batch-size-1 reward model's loss
+        # of 1 - margin rounds to 0.0 in bf16 now and then, and a script may print a placeholder
+        # 0.0 between real values; a loss that collapsed stays there.
+        self.zero_run = 0
+        self.zero_since = 0  # the step of the first of them: the collapse is dated there
 
     def judge(self, step: int, loss: float, y: float, out: list[Finding]) -> bool:
         """True when this point is (a candidate for) a collapse: it stays out of the baseline."""
@@ -44,7 +52,10 @@ class SuddenCollapse:
         dropped = t.n_level > 0 and loss <= lim.collapse_small and (t.level - y) > drop
         self.drop_run = self.drop_run + 1 if dropped else 0
         zero = loss <= lim.collapse_abs
-        active = zero or self.drop_run >= lim.collapse_points
+        self.zero_run = self.zero_run + 1 if zero else 0
+        if self.zero_run == 1:
+            self.zero_since = step
+        active = self.zero_run >= _ZERO_POINTS or self.drop_run >= lim.collapse_points
         if active:
             first = not self._rep.is_on("loss_collapse", self.metric)
             ev = None
@@ -55,7 +66,8 @@ class SuddenCollapse:
                     "threshold_abs": lim.collapse_abs,
                     "threshold_drop_ratio": rounded(math.exp(self._drop), 4),
                 }
-            self._rep.report(out, "loss_collapse", self.metric, step, True, evidence=ev)
+            at = self.zero_since if first and self.zero_run >= _ZERO_POINTS else step
+            self._rep.report(out, "loss_collapse", self.metric, at, True, evidence=ev)
         elif not dropped:
             self._rep.report(out, "loss_collapse", self.metric, step, False)
         return dropped or zero
