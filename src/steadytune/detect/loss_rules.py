@@ -26,12 +26,28 @@ if TYPE_CHECKING:
 
 
 _ZERO_POINTS = 2  # a loss at zero this many points in a row has collapsed
+_CHANCE = 0.01  # a run of near-zero points this unlikely by chance, over the whole log, is a collapse
+_RATE_POINTS = 50  # points seen before a rate of near-zero points is trusted
+_MAX_RATE = 0.5  # a loss near zero this often is judged by its fall, not its visits to zero
+_MAX_NEED = 32  # the longest run ever asked for: a collapse lasts
 
 
 class SuddenCollapse:
     """loss_collapse: a loss at zero, or one that fell far below its level and stayed there."""
 
-    __slots__ = ("_drop", "_lim", "_rep", "_spike_z", "_t", "drop_run", "metric", "zero_run", "zero_since")
+    __slots__ = (
+        "_drop",
+        "_lim",
+        "_rep",
+        "_spike_z",
+        "_t",
+        "drop_run",
+        "metric",
+        "n_low",
+        "n_seen",
+        "zero_run",
+        "zero_since",
+    )
 
     def __init__(
         self, limits: LossLimits, spike_z: float, rep: Reporter, tracker: Tracker, metric: str
@@ -44,6 +60,11 @@ class SuddenCollapse:
         # 0.0 between real values; a loss that collapsed stays there.
         self.zero_run = 0
         self.zero_since = 0  # the step of the first of them: the collapse is dated there
+        # How often this loss was near zero before: a run of such points is a collapse only when
+        # chance would not give one that long (a batch-size-1 reward model near 100 % accuracy
+        # reads 0.0 or 0.004 on 8 % of its steps, several in a row now and then).
+        self.n_seen = 0
+        self.n_low = 0
 
     def judge(self, step: int, loss: float, y: float, out: list[Finding]) -> bool:
         """True when this point is (a candidate for) a collapse: it stays out of the baseline."""
@@ -55,7 +76,12 @@ class SuddenCollapse:
         self.zero_run = self.zero_run + 1 if zero else 0
         if self.zero_run == 1:
             self.zero_since = step
-        active = self.zero_run >= _ZERO_POINTS or self.drop_run >= lim.collapse_points
+        low = loss <= lim.collapse_small
+        run = max(self.zero_run, self.drop_run)
+        need = self._points_needed(run)
+        self.n_seen += 1
+        self.n_low += low
+        active = self.zero_run >= max(_ZERO_POINTS, need) or self.drop_run >= max(lim.collapse_points, need)
         if active:
             first = not self._rep.is_on("loss_collapse", self.metric)
             ev = None
@@ -71,6 +97,18 @@ class SuddenCollapse:
         elif not dropped:
             self._rep.report(out, "loss_collapse", self.metric, step, False)
         return dropped or zero
+
+    def _points_needed(self, run: int) -> int:
+        """The shortest run of near-zero points that chance would give with probability under
+        ``_CHANCE`` in a log this long, at the rate such points came before this run (0 before any)."""
+        before = self.n_seen - run
+        low = self.n_low - run
+        if before < _RATE_POINTS or low <= 0:
+            return 0
+        rate = low / before
+        if rate >= _MAX_RATE:
+            return _MAX_NEED
+        return min(_MAX_NEED, math.ceil(math.log(_CHANCE / before) / math.log(rate)))
 
 
 class ClimbFit:

@@ -279,3 +279,26 @@ def test_snippets_with_gaps_restart_the_baseline() -> None:
     recs = records(losses)
     recs = recs[:20] + [r.__class__(**{**r.__dict__, "step": r.step + 3000}) for r in recs[20:]]
     assert kinds(feed(recs)) == []
+
+
+def test_a_loss_near_zero_now_and_then_is_no_collapse_until_it_stays_there() -> None:
+    """A batch-size-1 reward model near full accuracy: its loss (1 - margin) reads 0.0 or 0.004 on
+    about 6 % of its steps, one at a time at first, later now and then three in a row. At that
+    rate chance gives runs that long; a collapse stays down, and is raised once its run is longer
+    than chance would give. (The first run of two, before any single was seen, would be raised.)"""
+    import random
+
+    rng = random.Random(11)
+    losses = [max(0.06, 1.0 - 0.62 * i / 300 + rng.gauss(0, 0.1)) for i in range(300)]  # learning
+    while len(losses) < 3000:
+        if rng.random() < 0.06:
+            run = 1 if len(losses) < 800 else rng.choice((1, 1, 1, 2, 3))  # singles first
+            losses += [rng.choice((0.0, 0.00390625))] * run + [max(0.06, rng.gauss(0.38, 0.15))]
+        else:
+            losses.append(max(0.06, rng.gauss(0.38, 0.15)))
+    losses = losses[:3000]
+    assert "loss_collapse" not in kinds(feed(records(losses)))
+    collapsed = raised(feed(records(losses + [0.0] * 40)))
+    assert [(a.kind, a.start_step) for a in collapsed if a.kind == "loss_collapse"] == [
+        ("loss_collapse", 3001)
+    ]
