@@ -4,10 +4,11 @@ They look at the shape of the loss over a window rather than at one point:
 
 - plateau: no learning since the start (``plateau_min_points`` points after
   the LR warm-up ended, the level is within ``plateau_min_gain`` of where it
-  began and a least-squares fit over the whole span shows it), a loss that
-  repeats the very same value (a frozen model), or a flat loss while the
-  gradients have vanished. A flat stretch *after* the loss fell is convergence,
-  not a plateau, so it is never flagged from the loss alone;
+  began and a least-squares fit over the whole span shows it; only in a log that
+  begins where the run began), a loss that repeats the very same value (a frozen
+  model), or a flat loss while the gradients have vanished. A flat stretch
+  *after* the loss fell is convergence, not a plateau, so it is never flagged
+  from the loss alone;
 - oscillation: new swings, much wider than the noise before them, regular
   (points half a period apart differ far more than points a period apart)
   and repeated, without improving;
@@ -29,6 +30,18 @@ from steadytune.detect.points import Signal
 
 _START_POINTS = 8
 _STRIDE = 4  # oscillation is evaluated every few points: a window scan each step is wasted work
+# A loss "the same" as the one before: within a hundredth of a percent. Real batches differ by far more
+# (the quietest real losses, pretraining on millions of tokens a step, vary by 0.3-1% a point).
+_SAME_REL = 1e-4
+# A repeated value says the model is frozen only in a log whose values, before the repeats began, were
+# the same twice in a row at most once in twenty pairs (six in a row at that rate is a 1-in-3-million
+# event). One that repeats more often (a logger that prints a value until it is replaced, a coarse
+# dtype or three printed digits that hold a slowly falling loss on one value for a while) cannot show
+# a frozen model by its repeats.
+_COARSE_SHARE = 0.05
+# A log that begins this many logging intervals after step 0 (or after its first epoch) began after
+# the run did: what the run learned before it is not in it, so "no learning since the start" is not said.
+_LATE_START_INTERVALS = 5
 
 
 KINDS: dict[str, KindInfo] = {
@@ -89,7 +102,11 @@ class PlateauWatch:
         self._n = 0
         self._level = 0.0
         self._same = 0
-        self._last_loss: float | None = None
+        self._anchor: float | None = None  # the first value of the current run of repeats
+        self._pairs = 0  # pairs of points in a row before the current run of repeats began
+        self._repeats = 0  # of them, pairs that were the same
+        self._first_epoch: float | None = None
+        self._points = 0  # loss points seen, accepted or not
         self._lr_prev: float | None = None
         self._lr_rising = False
         self._since_warmup = 0  # accepted points since the LR last rose
@@ -107,10 +124,11 @@ class PlateauWatch:
         if lp is None:
             return
         level, grad_vanished = point.level_of.level, point.grad_vanished
-        self._same = self._same + 1 if lp.loss == self._last_loss else 1
-        self._last_loss = lp.loss
+        self._repeat(lp.loss)
+        self._points += 1
         if self._first_step is None:
             self._first_step = lp.step
+            self._first_epoch = point.rec.epoch
         if not lp.accepted:
             return
         self._n += 1
@@ -134,8 +152,35 @@ class PlateauWatch:
         elif self.rep.is_on("plateau", self.metric) and self._cleared(lp):
             self.rep.report(out, "plateau", self.metric, lp.step, False)
 
+    def _repeat(self, loss: float) -> None:
+        """Count the run of values the same as its first (within ``_SAME_REL``)."""
+        anchor = self._anchor
+        if anchor is not None and abs(loss - anchor) <= _SAME_REL * abs(anchor):
+            self._same += 1
+            return
+        if anchor is not None:
+            # The run that just ended, and the change that ended it, join the record of the log.
+            self._pairs += self._same
+            self._repeats += self._same - 1
+        self._anchor, self._same = loss, 1
+
+    @property
+    def _frozen_after(self) -> int | float:
+        """Repeats in a row that show a frozen model; never in a log that repeats values by itself."""
+        if self._repeats > _COARSE_SHARE * self._pairs:
+            return math.inf
+        return self.lim.frozen_points
+
+    def _late_start(self, step: int) -> bool:
+        """The log began after the run did: past its first epoch, or many logging intervals in."""
+        if self._first_epoch is not None and self._first_epoch >= 1.0:
+            return True
+        first = self._first_step or 0
+        interval = (step - first) / max(1, self._points - 1)
+        return interval > 0 and first > _LATE_START_INTERVALS * interval
+
     def _why(self, lp: LossPoint, grad_vanished: bool) -> tuple[str, dict | None]:
-        if self._same >= self.lim.frozen_points and lp.loss > self.lim.collapse_abs:
+        if self._same >= self._frozen_after and lp.loss > self.lim.collapse_abs:
             return "frozen", {
                 "reason": "identical loss values",
                 "value": rounded(lp.loss),
@@ -155,6 +200,8 @@ class PlateauWatch:
         # The LR warm-up is not a plateau: judge only once the full LR had time to act.
         if self._start_level is None or self._since_warmup < self.lim.plateau_min_points:
             return "", None
+        if self._late_start(lp.step):
+            return "", None  # the start of the log is not the start of the run
         if lp.step - (self._first_step or 0) < self.lim.plateau_min_steps:
             return "", None
         gain = self._start_level - level
@@ -208,12 +255,12 @@ class PlateauWatch:
 
     def _cleared(self, lp: LossPoint) -> bool:
         if self._start_level is None:
-            return self._same < self.lim.frozen_points
+            return self._same < self._frozen_after
         gain = self._start_level - self._level
         # Two medians of 8 noisy points differ by about 0.63 sigma by chance: a gain of four of
         # those is learning, not a dip of the noise (which would flap the plateau on and off).
         needed = 2 * self.lim.plateau_min_gain + 4.0 * 0.63 * self._noise()
-        return self._same < self.lim.frozen_points and gain >= needed
+        return self._same < self._frozen_after and gain >= needed
 
 
 @dataclass(frozen=True, slots=True)

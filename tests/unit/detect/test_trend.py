@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -66,6 +67,51 @@ def test_identical_values_are_a_frozen_model() -> None:
     got = raised(feed(records(losses)))
     assert [a.kind for a in got] == ["plateau"]
     assert got[0].start_step == 40 + 6 and got[0].evidence["reason"] == "identical loss values"
+
+
+@pytest.mark.parametrize("scale", shapes.SCALES)
+@pytest.mark.parametrize("seed", shapes.SEEDS)
+def test_a_loss_that_moves_only_in_its_fifth_digit_is_a_frozen_model(scale: float, seed: int) -> None:
+    # A model whose output does not depend on its batch (weights zeroed, uniform predictions): the
+    # printed loss wanders by a thousandth of a percent, never the same float twice, for a short run
+    # (fewer steps than a no-learning verdict waits for).
+    rng = shapes.rng_for(seed, "frozen")
+    losses = [scale * (1.0 + rng.gauss(0.0, 1e-5)) for _ in range(100)]
+    got = raised(feed(records(losses)))
+    assert [(a.kind, a.evidence["reason"]) for a in got] == [("plateau", "identical loss values")]
+    assert got[0].start_step <= 10
+
+
+@pytest.mark.parametrize(shapes.GRID, shapes.grid(lengths=(120, 1200)))
+def test_a_coarsely_printed_loss_that_settles_on_one_value_is_not_frozen(
+    scale: float, noise: float, length: int, seed: int
+) -> None:
+    # A logger (or a low-precision dtype) that keeps three significant digits: as the loss slows down
+    # it sits on one printed value for a few points, then for longer as it converges. Repeats the series
+    # has shown and broken are its texture: only a run of them far longer than any before is frozen.
+    curve = shapes.learning(length, scale, noise / 10, seed, fall=0.6)
+    losses = [float(f"{x:.3g}") for x in curve]
+    got = raised(feed(records(losses)))
+    assert [a for a in got if a.kind == "plateau"] == [], [(a.kind, a.start_step) for a in got]
+
+
+@pytest.mark.parametrize(shapes.GRID, shapes.grid(lengths=(120, 1200)))
+def test_a_flat_loss_in_a_log_that_begins_after_the_first_epoch_is_no_plateau(
+    scale: float, noise: float, length: int, seed: int
+) -> None:
+    # A resumed run's log (or the second half of one): the loss is flat because the run converged
+    # before the log began; "no learning since the start" cannot be said of it. From step 0 (the
+    # control) the same flat loss is a plateau.
+    losses = shapes.flat(length, scale, noise, seed)
+    if length < _points_to_show_flat(noise):
+        return
+    resumed = records(losses, interval=INTERVAL, epochs=[1.0 + i / length for i in range(length)])
+    assert kinds(feed(resumed)) == []
+    late = [replace(r, step=r.step + 100 * INTERVAL) for r in records(losses, interval=INTERVAL)]
+    assert kinds(feed(late)) == []
+    assert kinds(feed(records(losses, interval=INTERVAL, epochs=[i / length for i in range(length)]))) == [
+        "plateau"
+    ]
 
 
 def _saw(n: int, start: int, period: int, amp: float) -> list[float]:
