@@ -84,7 +84,7 @@ class LossConfig(_Strict):
     collapse_small: float = Field(0.05, ge=0, description="and the loss it dropped to is below this")
     collapse_points: int = Field(2, ge=1, description="points the collapsed value must persist")
     collapse_fraction: float = Field(
-        0.01, gt=0, lt=1, description="a level below this share of the initial level has collapsed..."
+        0.1, gt=0, lt=1, description="a level below this share of the initial level has collapsed..."
     )
     collapse_memorized: float = Field(
         0.02, gt=0, description="...when it is also below this loss (nats; perplexity 1.02)"
