@@ -99,7 +99,7 @@ class LossConfig(_Strict):
     plateau_min_points: int = Field(30, ge=5, description="logged points before a plateau can be called")
     plateau_min_steps: int = Field(200, ge=1, description="steps before a plateau can be called")
     plateau_min_gain: float = Field(0.05, ge=0, description="log-space drop from the start expected by then")
-    plateau_trend_t: float = Field(3.0, gt=0, description="a falling trend this significant (t) is learning")
+    plateau_trend_t: float = Field(2.0, gt=0, description="a falling trend this significant (t) is learning")
     frozen_points: int = Field(6, ge=2, description="identical loss values in a row: the model is frozen")
     oscillation_window: int = Field(32, ge=8, description="logged points searched for swings")
     oscillation_ratio: float = Field(2.8, gt=1, description="regularity: largest/smallest lag difference")

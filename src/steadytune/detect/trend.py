@@ -30,6 +30,12 @@ from steadytune.detect.points import Signal
 
 _START_POINTS = 8
 _STRIDE = 4  # oscillation is evaluated every few points: a window scan each step is wasted work
+# The texture before a window is also read over this many whole windows before it (one width per
+# window): the few overlapping windows just before it hold about two windows' worth of points, and
+# their median width is itself noisy (a 32-point interquartile width varies by ~20%), so a quiet stretch
+# just before an ordinary one made noise look 2.2x wider now and then (1 call in a million healthy points).
+_LONG_WINDOWS = 16
+_WARMUP_SPANS = 2  # a plateau is judged over at least this many warm-ups' worth of steps after it
 # A loss "the same" as the one before: within a hundredth of a percent. Real batches differ by far more
 # (the quietest real losses, pretraining on millions of tokens a step, vary by 0.3-1% a point).
 _SAME_REL = 1e-4
@@ -110,6 +116,7 @@ class PlateauWatch:
         self._lr_prev: float | None = None
         self._lr_rising = False
         self._since_warmup = 0  # accepted points since the LR last rose
+        self._warm_end: int | None = None  # the step at which the LR last rose
         self._vanish_level: float | None = None
         self._fit = [0.0] * 6  # n, Σx, Σy, Σxy, Σx², Σy² of (step, log-loss) since the start
         self._zero_log = math.log(max(limits.collapse_abs, 1e-12))
@@ -133,6 +140,8 @@ class PlateauWatch:
             return
         self._n += 1
         self._since_warmup = 0 if self._lr_rising else self._since_warmup + 1
+        if self._lr_rising:
+            self._warm_end = lp.step
         self._level = level
         x, f = float(lp.step - self._first_step), self._fit
         f[0] += 1.0
@@ -197,8 +206,15 @@ class PlateauWatch:
                 }
         else:
             self._vanish_level = None
-        # The LR warm-up is not a plateau: judge only once the full LR had time to act.
+        # The LR warm-up is not a plateau: judge only once the full LR had time to act, for twice as
+        # many steps as the warm-up took. Schedules warm up over a share of the run (1-10%), so the
+        # warm-up is the run's own clock: a curve falling 30% over 100,000 steps under 3% noise is flat
+        # over the thousand steps after a 1% warm-up (0.3% down, inside the fit's 1.5 standard errors),
+        # and its fall shows only over the next two thousand.
         if self._start_level is None or self._since_warmup < self.lim.plateau_min_points:
+            return "", None
+        warm = (self._warm_end or 0) - (self._first_step or 0)
+        if self._warm_end is not None and lp.step - self._warm_end < _WARMUP_SPANS * warm:
             return "", None
         if self._late_start(lp.step):
             return "", None  # the start of the log is not the start of the run
@@ -305,6 +321,8 @@ class OscillationWatch:
         # The interquartile width of the window at each evaluation, over two windows: the
         # typical (median) one of those from before the current window is the texture before.
         self._widths: deque[float] = deque(maxlen=2 * oscillation_window // _STRIDE + 1)
+        # One width per whole window: (the point count it ended at, its width).
+        self._long: deque[tuple[int, float]] = deque(maxlen=_LONG_WINDOWS)
         self._count = 0
         self._epoch: int | None = None
         self._boundary = -(10**9)  # the point count at the last epoch boundary
@@ -317,6 +335,7 @@ class OscillationWatch:
         if lp.new_segment:
             self._ys.clear()
             self._widths.clear()
+            self._long.clear()
             self._count = 0
             self._boundary = -(10**9)
         if epoch is not None:
@@ -333,7 +352,12 @@ class OscillationWatch:
         width = ordered[(3 * n) // 4] - ordered[n // 4]
         older = len(self._widths) - n // _STRIDE  # widths of windows that ended before this one began
         before = _median(list(self._widths)[:older]) if older > 0 else None
+        long_ago = [w for end, w in self._long if end <= self._count - n]
+        if before is not None and len(long_ago) >= 4:
+            before = max(before, _median(long_ago))
         self._widths.append(width)
+        if self._count % n == 0:
+            self._long.append((self._count, width))
         if before is None or self._count - self._boundary <= n:
             return  # judged against the texture before, and never across an epoch boundary
         # Like is compared with like (the same width statistic), so a texture the run always
