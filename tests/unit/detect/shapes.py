@@ -88,6 +88,17 @@ def flat(n: int, scale: float, noise: float, seed: int) -> list[float]:
     return [scale * _jitter(rng, noise) for _ in range(n)]
 
 
+def per_sample(n: int, scale: float, seed: int, noise: float = 0.35) -> list[float]:
+    """A batch-size-1 run: each logged loss is one sample's, log noise ``noise`` with fat tails (one
+    point in ten drawn twice as wide), falling slowly. Points 3x their neighbours are ordinary here."""
+    rng = rng_for(seed, "sample")
+    out = []
+    for i in range(n):
+        sigma = noise * (2.0 if rng.random() < 0.1 else 1.0)
+        out.append(scale * math.exp(-0.3 * i / max(1, n - 1) + rng.gauss(0.0, sigma)))
+    return out
+
+
 def high_first(n: int, scale: float, noise: float, seed: int, ratio: float) -> list[float]:
     """A first logged loss ``ratio`` times the settled one, gone within two or three points, then learning.
 
