@@ -162,3 +162,46 @@ def test_eval_that_flattens_is_not_overfitting() -> None:
     for k, i in enumerate(range(9, n, 10)):
         evals[i] = 0.8 + 0.2 * math.exp(-k / 4) + 0.002 * (-1) ** k
     assert kinds(feed(records(noisy(n, sigma=0.01, decay=0.02), eval_loss=evals))) == []
+
+
+# Coarse logs: a point every 500 steps, an evaluation every one or two points, over 10k-40k steps. The
+# eval loss bottoms at 30% or 50% of its evaluations and creeps up 10% or 20% in all by the end (at least
+# ten evaluations after its best), eval noise 0.2-1%, one epoch or three; the training loss falls.
+COARSE = [
+    pytest.param(
+        points,
+        every,
+        best_at,
+        noise,
+        epochs,
+        seed,
+        id=f"p{points}-e{every}-b{best_at}-n{noise}-{epochs}ep-r{seed}",
+    )
+    for points, every in ((20, 1), (40, 1), (80, 1), (40, 2), (80, 2))
+    for best_at in (0.3, 0.5)
+    for noise in (0.002, 0.005, 0.01)
+    for epochs in (1, 3)
+    for seed in shapes.SEEDS
+]
+
+
+@pytest.mark.parametrize("rise", (0.1, 0.2))
+@pytest.mark.parametrize("points, every, best_at, noise, epochs, seed", COARSE)
+def test_eval_loss_creeping_up_in_a_coarse_log_is_overfitting(
+    points: int, every: int, best_at: float, noise: float, epochs: int, seed: int, rise: float
+) -> None:
+    losses, evals, epoch = shapes.coarse_eval(points, every, best_at, rise, noise, seed, epochs)
+    got = raised(feed(records(losses, interval=500, eval_loss=evals, epochs=epoch)))
+    assert [a.kind for a in got] == ["overfitting"], [(a.kind, a.start_step) for a in got]
+    best = min(range(points), key=lambda i: evals[i] if evals[i] is not None else math.inf)
+    assert got[0].start_step > (best + 1) * 500 and got[0].evidence["best_step"] == (best + 1) * 500
+
+
+@pytest.mark.parametrize("points, every, best_at, noise, epochs, seed", COARSE)
+def test_a_flat_noisy_eval_loss_in_a_coarse_log_is_not_overfitting(
+    points: int, every: int, best_at: float, noise: float, epochs: int, seed: int
+) -> None:
+    # The best of dozens of evaluations with 1% noise is the luckiest, about 2% under the rest: two in a
+    # row 3% above it are chance, not a rise. The rule asks for 4.5 of the evaluations' own noise.
+    losses, evals, epoch = shapes.coarse_eval(points, every, best_at, 0.0, noise, seed, epochs)
+    assert severe(feed(records(losses, interval=500, eval_loss=evals, epochs=epoch))) == []
