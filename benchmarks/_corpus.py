@@ -166,12 +166,23 @@ def run_file(job: tuple[LogFile, list[dict[str, float]]]) -> FileRun:
         series = load(f.path)
     except UnreadableLog as e:
         return FileRun(f.name, f"unreadable: {e}")
-    records = series.records
-    res = FileRun(f.name, series.format, [r.step for r in records])
-    events = records_events(records)
-    for cls in BASELINES:
-        res.baselines[cls.name] = [Alarm(None, sev, st, st) for _k, sev, st in baseline_alarms(cls, events)]
-    res.grid = [ours(records, config_of(point)) for point in grid]
+    runs = series.runs()
+    res = FileRun(f.name, series.format, [r.step for r in series.records])
+    res.grid = [[] for _ in grid]
+    for run in runs:  # a file holding several runs: each judged on its own, as analyze does
+        events = records_events(run.records)
+        for cls in BASELINES:
+            res.baselines.setdefault(cls.name, []).extend(
+                Alarm(None, sev, st, st)
+                for _k, sev, st in baseline_alarms(cls, events)
+                if run.report_from is None or st >= run.report_from
+            )
+        for alarms, point in zip(res.grid, grid, strict=True):
+            alarms.extend(
+                a
+                for a in ours(run.records, config_of(point))
+                if run.report_from is None or a.start >= run.report_from
+            )
     return res
 
 

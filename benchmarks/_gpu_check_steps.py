@@ -838,7 +838,8 @@ def step_oom(ctx: Ctx, check: Check) -> None:
             cap_fraction=round(cap / total, 5),
         )
         # Through the server's per-process memory cap (submit --memory-cap-gib), so this OOM proves it too.
-        from steadytune.guard.memcap import MEMORY_CAP_ENV, apply_memory_cap
+        from steadytune.guard.memcap import apply_memory_cap
+        from steadytune.jobenv import MEMORY_CAP_ENV
 
         fraction = apply_memory_cap({MEMORY_CAP_ENV: str(cap)}, 0)
         check.expect(

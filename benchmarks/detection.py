@@ -58,7 +58,7 @@ from _synthetic_baselines import BASELINES, baseline_alarms, records_events
 
 from steadytune.detect import LiveDetector, detect
 from steadytune.detect.faults import ACCEPT, FAULT_KINDS, Fault, fault_runs
-from steadytune.detect.offline import replay
+from steadytune.detect.offline import replay_runs
 from steadytune.detect.scoring import Alarm as ScoredAlarm
 from steadytune.detect.scoring import FileScore, read_labels, score_file
 from steadytune.detect.synthetic import HEALTHY_SHAPES, Run, base_run, healthy_runs, to_events
@@ -299,7 +299,7 @@ def _score(rows: list[Any], series: Any, alarms: list[ScoredAlarm]) -> FileScore
 
 def _ours(series: Any, config: Any = None) -> list[ScoredAlarm]:
     """steadytune's episodes, each with the steps it fired at (a catch where it fired, one false alarm)."""
-    run = replay(series.records, series.system, config)
+    run = replay_runs(series.runs(), series.system, config)
     return [
         ScoredAlarm(a.kind, a.severity, a.start_step, a.end_step, firings=fired)
         for a, fired in zip(run.anomalies, run.firings, strict=True)

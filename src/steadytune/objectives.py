@@ -11,12 +11,32 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-# Fields that only RL / preference trainers log (TRL, OpenRLHF, verl, LLaMA-Factory).
+# Fields that only RL / preference trainers log (TRL, OpenRLHF, verl, LLaMA-Factory), also under a
+# prefix a script or logger puts before them: ``eval_reward``, ``train_reward``, ``mean_reward``,
+# ``average_reward_score`` (DeepSpeed-Chat), ``kl_ref``, ``reference_kl``, ``chosen_logps``.
 _MARKER = re.compile(
-    r"(^|/)(rewards?|kl|reward_std|rewards/(chosen|rejected|margins|accuracies)|logps|logits/(chosen|rejected))"
+    r"(^|[/_])(rewards?|kl|reward_std|rewards/(chosen|rejected|margins|accuracies)|logps|logits/(chosen|rejected))"
     r"($|/|_)",
     re.IGNORECASE,
 )
+# A loss named after its objective (MiniMind's ``dpo_loss``, a script's ``grpo_loss`` or ``loss/orpo``).
+_NAMED_LOSS = re.compile(
+    r"(?:^|[/_])(?P<name>dpo|ipo|kto|orpo|simpo|cpo|grpo|rloo|dapo|ppo)[/_]loss$|(?:^|[/_])loss[/_]"
+    r"(?P<after>dpo|ipo|kto|orpo|simpo|cpo|grpo|rloo|dapo|ppo)$",
+    re.IGNORECASE,
+)
+_NAMED = {
+    "dpo": "preference (DPO)",
+    "ipo": "preference (DPO)",
+    "simpo": "preference (DPO)",
+    "kto": "preference (KTO)",
+    "orpo": "preference (ORPO)",
+    "cpo": "preference (CPO)",
+    "grpo": "RL (GRPO/RLOO)",
+    "rloo": "RL (GRPO/RLOO)",
+    "dapo": "RL (GRPO/RLOO)",
+    "ppo": "RL (PPO)",
+}
 # What a run judged by the SFT loss rules is called (SFT, continued pretraining, a reward model).
 LOSS_OBJECTIVE = "loss (SFT, pretraining)"
 # Which trainer wrote them, by the fields only it logs, most specific first: GRPO and KTO both log a
@@ -63,11 +83,16 @@ def objective_of(extra: Mapping[str, Any] | None) -> str | None:
     declared = extra.get(OBJECTIVE_KEY) if extra else None
     if isinstance(declared, str) and declared:
         return declared
-    if not extra or not any(_MARKER.search(k) for k in extra):
+    if not extra:
+        return None
+    named = next((m for k in extra if (m := _NAMED_LOSS.search(k))), None)
+    if not named and not any(_MARKER.search(k) for k in extra):
         return None
     for name, signs in _FAMILIES:
         if any(sign.issubset(extra) for sign in signs):
             return name
+    if named:
+        return _NAMED[(named.group("name") or named.group("after")).lower()]
     return "RL or preference"
 
 

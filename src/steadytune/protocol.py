@@ -12,6 +12,12 @@ then rename), so back-to-back requests never overwrite each other. Readers keep
 what they have seen (:class:`RequestQueue`); the supervisor empties the queue when
 it starts a worker, so a new attempt never acts on requests meant for the last one.
 
+Every sender of a request (the CLI's ``steadytune pause|resume|checkpoint|stop``, the
+dashboard, the policy, the supervisor's signal handling, the GPU server) calls
+:func:`send_control`: it checks the request, adds it to the queue, and, when the sender is
+the supervisor (``log`` given), files its ``control`` event at once. Anyone else's request
+is filed by the supervisor when it reads the queue (one writer per event log).
+
 This module imports nothing heavy: the guard, the supervisor, the CLI and the
 dashboard all share it.
 """
@@ -22,11 +28,14 @@ import json
 import os
 import re
 import stat
+import time
+import uuid
+from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from steadytune.rundir import atomic_write_text
+from steadytune.rundir import RunDir, atomic_write_text
 
 COMMANDS = ("pause", "resume", "checkpoint", "stop", "memory_snapshot", "rollback")
 # Commands only the supervisor sends: a rollback carries out a plan revision it has just written,
@@ -205,6 +214,56 @@ def write_request(directory: Path, request: dict[str, Any]) -> Path:
     path = directory / request_name(stamp, str(request["id"]))
     atomic_write_text(path, json.dumps(request))
     return path
+
+
+class EventFiler(Protocol):
+    """Where the supervisor files its own requests: the run's event log."""
+
+    def emit(self, kind: str, name: str, message: str = "", **fields: Any) -> Any: ...
+
+
+def send_control(
+    run: RunDir,
+    command: str,
+    issuer: str,
+    args: dict[str, Any] | None = None,
+    attempt: int | None = None,
+    log: EventFiler | None = None,
+    clock: Callable[[], float] = time.time,
+    new_id: Callable[[], str] = lambda: uuid.uuid4().hex,
+) -> dict[str, Any]:
+    """Queue a control request for the worker of ``run``; returns the request as written.
+
+    Args:
+        run: the run directory.
+        command: one of :data:`COMMANDS`.
+        issuer: who asks, as recorded; an operator's comes from :func:`operator_issuer`.
+        args: the command's arguments (``pause``: ``mode`` ``release`` or ``hold``).
+        attempt: the attempt the request is for; a later attempt ignores it.
+        log: the run's event log, when the supervisor itself sends the request.
+        clock, new_id: injected for tests.
+
+    Raises:
+        ControlError: an unknown command or an argument it does not take.
+    """
+    request: dict[str, Any] = {
+        "id": new_id(),
+        "command": command,
+        "issuer": issuer,
+        "ts": clock(),
+        "args": check_request(command, args, issuer),
+    }
+    if attempt is not None:
+        request["attempt"] = attempt
+    write_request(run.control, request)
+    if log is not None:
+        log.emit(
+            "control",
+            command,
+            f"{command} requested by {issuer}",
+            data={"request_id": request["id"], "issuer": issuer, "args": request["args"]},
+        )
+    return request
 
 
 def clear_requests(directory: Path) -> int:

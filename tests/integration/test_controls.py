@@ -8,9 +8,8 @@ from pathlib import Path
 import pytest
 
 from steadytune.checkpoint.manifest import verify
-from steadytune.protocol import operator_issuer
+from steadytune.protocol import operator_issuer, send_control
 from steadytune.records import Heartbeat
-from steadytune.supervise.control import send_control
 from steadytune.telemetry.events import read_events
 from steadytune.telemetry.stream import iter_records
 

@@ -16,9 +16,9 @@ import pytest
 
 from steadytune.data.encode import sample_hash
 from steadytune.inject import inject_env
+from steadytune.protocol import send_control
 from steadytune.records import Event, StepRecord, WorkerExit
 from steadytune.rundir import RunDir
-from steadytune.supervise.control import send_control
 from steadytune.supervise.logparse import parse_log_line
 from steadytune.telemetry.stream import iter_records
 from tests.tools import tool_venv

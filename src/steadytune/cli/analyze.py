@@ -40,12 +40,14 @@ def register(sub: Any) -> None:
             "trouble in training logs: HF trainer_state.json, LLaMA-Factory trainer_log.jsonl, "
             "the stdout of HF Trainer / TRL / axolotl / LLaMA-Factory runs (printed log dicts), "
             "steadytune run directories, CSV (W&B, Lightning), TensorBoard event files, Megatron/"
-            "DeepSpeed/NeMo text logs, Megatron golden values, Composer/llm-foundry console logs, verl "
-            "and fairseq logs, llm.c main.log and stdout, build-nanoGPT log.txt and stdout, JSON lines "
-            "with a step and a loss, and any text log whose lines name a step and a loss (LitGPT, "
-            "torchtune, nanotron, ...; torchrun rank and logger prefixes and colour codes are "
-            "stripped, .gz files are read as they are). A folder that is not a log itself "
-            "stands for the files in it. RL and preference logs (TRL's DPO, KTO, ORPO, GRPO, RLOO, PPO, "
+            "DeepSpeed/NeMo text logs, Megatron golden values, Composer/llm-foundry console logs, verl, "
+            "DeepSpeed-Chat and fairseq logs, llm.c main.log and stdout, build-nanoGPT log.txt and "
+            "stdout, JSON lines, JSON documents of per-step records, and any text log whose lines hold "
+            "a loss, a reward or a KL as key: value (LitGPT, torchtune, nanotron, custom loops; at "
+            "their step, epoch, batch count or order; torchrun, logger and Ray prefixes and colour "
+            "codes are stripped, .gz files are read as they are). A folder that is not a log itself "
+            "stands for the files in it. A file holding several runs says so, and each is judged on "
+            "its own, at its own steps. RL and preference logs (TRL's DPO, KTO, ORPO, GRPO, RLOO, PPO, "
             "known by their fields) are judged on their reward, KL and grad norm, not by the SFT loss "
             "rules; each file says what it was judged as. Exit code 0 when every file is readable and "
             "healthy, 1 when one is unreadable or has a warning/critical anomaly."
@@ -122,7 +124,7 @@ def expand(paths: list[str]) -> list[str]:
 
 def analyze_path(path: str, config: Any) -> Any:
     """Import one path and run the detectors on it; never raises for a bad file."""
-    from steadytune.detect.offline import replay
+    from steadytune.detect.offline import replay_runs
     from steadytune.detect.report import FileResult
     from steadytune.importers import UnreadableLog, load
 
@@ -132,7 +134,7 @@ def analyze_path(path: str, config: Any) -> Any:
         return FileResult(path, error=str(e))
     except Exception as e:  # a reader bug must not stop the other files
         return FileResult(path, error=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'failed'}")
-    judged = replay(series.records, series.system, config)
+    judged = replay_runs(series.runs(), series.system, config)
     return FileResult(
         path,
         series.format,

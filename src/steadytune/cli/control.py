@@ -85,8 +85,7 @@ def _acked(run: RunDir, request_id: str, since: int) -> dict[str, Any] | None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from steadytune.protocol import ControlError, operator_issuer
-    from steadytune.supervise.control import send_control
+    from steadytune.protocol import ControlError, operator_issuer, send_control
 
     run = resolve_run(args.run, args.runs_dir)
     if run is None:

@@ -9,10 +9,13 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from steadytune.cli._common import add_command, fail
 from steadytune.cli.supervise import PRESET_NAMES
+
+if TYPE_CHECKING:
+    from steadytune.drill.command import SuperviseLine
 
 NATIVE_FAULTS = "nan,oom,spike,kill,kill-during-save,hang,corrupt-checkpoint"
 INJECT_FLAG = "\0inject"  # --inject given without faults after it
@@ -302,9 +305,8 @@ def supervise_job(args: argparse.Namespace) -> tuple[Any, list[Any], Path]:
         ValueError: what is wrong with the command or the options, each with its fix.
     """
     from steadytune.drill import external
-    from steadytune.drill.command import SuperviseLine, float_value, int_value, with_output_dir
+    from steadytune.drill.command import float_value, int_value, with_output_dir
     from steadytune.drill.faults import parse_inject
-    from steadytune.supervise.command import PRESETS
 
     cmd = list(args.words)
     if not cmd:
@@ -327,29 +329,7 @@ def supervise_job(args: argparse.Namespace) -> tuple[Any, list[Any], Path]:
     ]
     names = {w.partition("@")[0] for w in requested}
     inside = sorted(names & (set(NATIVE_FAULTS.split(",")) - set(known)))
-    if inside and inject:
-        if "oom" in inside:
-            problems.append(f"oom: {external.INJECTED_OOM}")
-        rest = [k for k in inside if k != "oom"]
-        if rest:
-            problems.append(
-                f"{', '.join(rest)}: a save is over before an outside watcher could catch it midway; "
-                "truncated leaves the same torn checkpoint behind: drill that, or use `steadytune drill` "
-                "(native)"
-            )
-    elif inside:
-        with_inject = sorted(set(inside) & set(external.INSIDE_FAULTS))
-        problems.append(
-            f"{', '.join(inside)}: done through a hook inside a process steadytune runs, which a command it "
-            "does not run has none of; "
-            + (
-                f"give --inject to drill {', '.join(with_inject)} inside an HF Trainer-based tool, "
-                if with_inject
-                else ""
-            )
-            + "drill those with `steadytune drill` (native), or leave them out "
-            "(truncated is the outside form of kill-during-save and corrupt-checkpoint)"
-        )
+    problems += _inside_fault_problems(inside, inject)
     requested = [w for w in requested if w.partition("@")[0] not in inside]
     try:
         faults = parse_inject(",".join(requested), save, known)
@@ -383,6 +363,47 @@ def supervise_job(args: argparse.Namespace) -> tuple[Any, list[Any], Path]:
         raise ValueError("\n  - ".join([f"{len(problems)} problem(s) with the drill:", *problems]))
     runs_dir = (args.runs_dir or Path(tempfile.mkdtemp(prefix="steadytune-drill-"))).resolve()
     runs_dir.mkdir(parents=True, exist_ok=True)
+    line = _supervise_line(args, runs_dir, inject)
+    return external.Job(tuple(cmd), line, base_lr, args.timeout), faults, runs_dir
+
+
+def _inside_fault_problems(inside: list[str], inject: bool) -> list[str]:
+    """Why each native-only fault in ``inside`` cannot be drilled on a command steadytune does not run."""
+    from steadytune.drill import external
+
+    problems = []
+    if inside and inject:
+        if "oom" in inside:
+            problems.append(f"oom: {external.INJECTED_OOM}")
+        rest = [k for k in inside if k != "oom"]
+        if rest:
+            problems.append(
+                f"{', '.join(rest)}: a save is over before an outside watcher could catch it midway; "
+                "truncated leaves the same torn checkpoint behind: drill that, or use `steadytune drill` "
+                "(native)"
+            )
+    elif inside:
+        with_inject = sorted(set(inside) & set(external.INSIDE_FAULTS))
+        problems.append(
+            f"{', '.join(inside)}: done through a hook inside a process steadytune runs, which a command it "
+            "does not run has none of; "
+            + (
+                f"give --inject to drill {', '.join(with_inject)} inside an HF Trainer-based tool, "
+                if with_inject
+                else ""
+            )
+            + "drill those with `steadytune drill` (native), or leave them out "
+            "(truncated is the outside form of kill-during-save and corrupt-checkpoint)"
+        )
+    return problems
+
+
+def _supervise_line(args: argparse.Namespace, runs_dir: Path, inject: bool) -> SuperviseLine:
+    """How the drill calls ``steadytune supervise``; without --config, the drill's config goes in runs_dir."""
+    from steadytune.drill import external
+    from steadytune.drill.command import SuperviseLine
+    from steadytune.supervise.command import PRESETS
+
     overrides = external.drill_overrides()
     if args.config is not None:
         config, sets = args.config.resolve(), tuple(f"{k}={json.dumps(v)}" for k, v in overrides.items())
@@ -390,7 +411,7 @@ def supervise_job(args: argparse.Namespace) -> tuple[Any, list[Any], Path]:
         config, sets = runs_dir / "drill-supervise.yaml", ()
         config.write_text(json.dumps(nested(overrides), indent=1) + "\n")  # JSON is YAML
     preset = PRESETS[args.preset]
-    line = SuperviseLine(
+    return SuperviseLine(
         resume_arg=args.resume_arg or preset["resume_arg"],
         lr_arg=args.lr_arg or preset["lr_arg"],
         hang_floor_s=args.hang_floor,
@@ -399,7 +420,6 @@ def supervise_job(args: argparse.Namespace) -> tuple[Any, list[Any], Path]:
         inject=inject,
         preset=args.preset,
     )
-    return external.Job(tuple(cmd), line, base_lr, args.timeout), faults, runs_dir
 
 
 def nested(flat: dict[str, Any]) -> dict[str, Any]:

@@ -7,9 +7,13 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from steadytune.cli._common import add_command
+
+if TYPE_CHECKING:
+    from steadytune.estimate import Architecture, MemoryEstimate, TrainSetup
+    from steadytune.estimate.measure import MeasuredPeak
 
 EXAMPLE = (
     "steadytune estimate --model examples/models/llama-3.1-8b --method lora --batch 1 --seq 2048 "
@@ -136,42 +140,10 @@ def _available_ram() -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from steadytune.estimate import (
-        ArchitectureError,
-        SetupError,
-        estimate_peak,
-        load_architecture,
-        load_run_config,
-        max_micro_batch,
-        max_seq_len,
-        parse_bytes,
-        setup_from_config_dict,
-        suggestions,
-    )
+    from steadytune.estimate import estimate_peak, max_micro_batch, max_seq_len, suggestions
     from steadytune.estimate.report import Report, to_json, to_text
 
-    problems: list[str] = []
-    device_memory = None
-    if args.device_memory is not None:
-        try:
-            device_memory = parse_bytes(args.device_memory)
-        except ValueError as exc:
-            problems.append(f"--device-memory: {exc}")
-    try:
-        config = load_run_config(args.config) if args.config else {}
-        model_path, setup = setup_from_config_dict(config, **_overrides(args))
-    except SetupError as exc:
-        problems.append(str(exc))
-        model_path, setup = None, None
-    model_path = args.model or model_path
-    if model_path is None:
-        problems.append("no model: pass --model DIR_OR_CONFIG_JSON or set model.name_or_path in the config")
-    arch = None
-    if model_path is not None:
-        try:
-            arch = load_architecture(_resolve_model(model_path, args.config))
-        except ArchitectureError as exc:
-            problems.append(str(exc))
+    device_memory, arch, setup, problems = _inputs(args)
     if problems or arch is None or setup is None:
         for problem in problems:
             print(f"error: {problem}", file=sys.stderr)
@@ -184,21 +156,8 @@ def run(args: argparse.Namespace) -> int:
     measured_estimate = None
     code = 0 if fits is not False else 1
     if args.measure:
-        try:
-            from steadytune.estimate.measure import MeasureError, measure_peak, pick_device
-
-            device = pick_device()
-            needed = estimate_peak(arch, dataclasses.replace(setup, device=device)).tensor_bytes
-            if device == "cpu" and needed > 0.8 * _available_ram():
-                raise MeasureError(
-                    f"measuring on CPU would need about {needed / 2**30:.1f} GiB of RAM; "
-                    "use a smaller config (fewer layers, smaller hidden size) or a GPU"
-                )
-            measured = measure_peak(arch, setup, device=device)
-            # Compare like with like: a CPU measurement has no CUDA context.
-            measured_estimate = estimate_peak(arch, dataclasses.replace(setup, device=measured.device))
-        except (MeasureError, ImportError, RuntimeError) as exc:
-            print(f"error: --measure failed: {exc}", file=sys.stderr)
+        measured, measured_estimate, worked = _measure(arch, setup)
+        if not worked:
             code = 1
 
     if args.format == "json":
@@ -222,3 +181,69 @@ def run(args: argparse.Namespace) -> int:
     )
     print(to_text(report))
     return code
+
+
+def _inputs(
+    args: argparse.Namespace,
+) -> tuple[int | None, Architecture | None, TrainSetup | None, list[str]]:
+    """The device memory, architecture and setup the options name, and every problem with them."""
+    from steadytune.estimate import (
+        ArchitectureError,
+        SetupError,
+        load_architecture,
+        load_run_config,
+        parse_bytes,
+        setup_from_config_dict,
+    )
+
+    problems: list[str] = []
+    device_memory = None
+    if args.device_memory is not None:
+        try:
+            device_memory = parse_bytes(args.device_memory)
+        except ValueError as exc:
+            problems.append(f"--device-memory: {exc}")
+    try:
+        config = load_run_config(args.config) if args.config else {}
+        model_path, setup = setup_from_config_dict(config, **_overrides(args))
+    except SetupError as exc:
+        problems.append(str(exc))
+        model_path, setup = None, None
+    model_path = args.model or model_path
+    if model_path is None:
+        problems.append("no model: pass --model DIR_OR_CONFIG_JSON or set model.name_or_path in the config")
+    arch = None
+    if model_path is not None:
+        try:
+            arch = load_architecture(_resolve_model(model_path, args.config))
+        except ArchitectureError as exc:
+            problems.append(str(exc))
+    return device_memory, arch, setup, problems
+
+
+def _measure(
+    arch: Architecture, setup: TrainSetup
+) -> tuple[MeasuredPeak | None, MemoryEstimate | None, bool]:
+    """Two real steps (``--measure``): the measured peak, the estimate for the device it ran on, and
+    whether it worked (what went wrong is printed)."""
+    from steadytune.estimate import estimate_peak
+
+    measured = None
+    measured_estimate = None
+    try:
+        from steadytune.estimate.measure import MeasureError, measure_peak, pick_device
+
+        device = pick_device()
+        needed = estimate_peak(arch, dataclasses.replace(setup, device=device)).tensor_bytes
+        if device == "cpu" and needed > 0.8 * _available_ram():
+            raise MeasureError(
+                f"measuring on CPU would need about {needed / 2**30:.1f} GiB of RAM; "
+                "use a smaller config (fewer layers, smaller hidden size) or a GPU"
+            )
+        measured = measure_peak(arch, setup, device=device)
+        # Compare like with like: a CPU measurement has no CUDA context.
+        measured_estimate = estimate_peak(arch, dataclasses.replace(setup, device=measured.device))
+    except (MeasureError, ImportError, RuntimeError) as exc:
+        print(f"error: --measure failed: {exc}", file=sys.stderr)
+        return measured, measured_estimate, False
+    return measured, measured_estimate, True

@@ -206,7 +206,7 @@ def _launch(
         dashboard = start_dashboard_for(cfg, args, console)
         if dashboard is None:
             return 2
-        sup.dashboard_url = cfg.dashboard.public_url or dashboard.url  # what alerts link to
+        sup.books.dashboard_url = cfg.dashboard.public_url or dashboard.url  # what alerts link to
     previous = {s: signal.signal(s, sup.controls.on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         if quiet or not console.is_terminal:
@@ -223,8 +223,8 @@ def _launch(
             dashboard.stop()
     # A watched command's checkpoint interval is its own, not the config's: no advice on it.
     print_summary(console, result, None if watching_a_command else cfg)
-    if watching_a_command and result.state == "stopped" and sup.stop_signal is not None:
-        return 128 + sup.stop_signal
+    if watching_a_command and result.state == "stopped" and sup.state.stop.signal is not None:
+        return 128 + sup.state.stop.signal
     return 0 if result.state in {"completed", "stopped", "paused"} else 1
 
 
@@ -237,7 +237,7 @@ def launch_marks(
     GPU server started also has its submission (the queue wait) and its id.
     """
     from steadytune.cli.main import STARTED_TS
-    from steadytune.server.jobs import JOB_ENV, SUBMITTED_ENV
+    from steadytune.jobenv import JOB_ENV, SUBMITTED_ENV
 
     env = os.environ if env is None else env
     started = STARTED_TS

@@ -69,33 +69,12 @@ def parse_gpus(text: str | None) -> set[int] | None:
 def main(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
     from steadytune.server.api import SocketApi
     from steadytune.server.daemon import Daemon, ServerPaths, default_dir
-    from steadytune.server.gpus import NvmlSource, SnapshotFileSource, only
+    from steadytune.server.gpus import only
     from steadytune.server.ledger import GIB
     from steadytune.server.queue import JobQueue
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    problems = []
-    try:
-        gpus = parse_gpus(args.gpus)
-    except ValueError as exc:
-        problems.append(str(exc))
-    if not args.headroom_gib >= 0:
-        problems.append(f"--headroom-gib {args.headroom_gib}: give GiB ≥ 0 (default 1)")
-    if args.pressure_gib is not None and not args.pressure_gib >= 0:
-        problems.append(f"--pressure-gib {args.pressure_gib}: give GiB ≥ 0 (default: the headroom; 0: off)")
-    source: Any = None
-    if args.snapshot_file is not None:
-        try:
-            source = SnapshotFileSource(args.snapshot_file)
-        except ValueError as exc:
-            problems.append(str(exc))
-    else:
-        source = NvmlSource()
-        if not source.available:
-            problems.append(
-                "NVML is not available (no NVIDIA driver, or `pip install nvidia-ml-py`); "
-                "without a GPU, --snapshot-file FILE reads the GPUs from a JSON file"
-            )
+    gpus, source, problems = _gpus_and_source(args)
     if problems:
         return fail("; ".join(problems), 2)
     root = (args.dir or default_dir()).resolve()
@@ -148,6 +127,36 @@ def main(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
         daemon.queue.close()
     print("server stopped; running jobs keep running and the next server adopts them", flush=True)
     return 0
+
+
+def _gpus_and_source(args: argparse.Namespace) -> tuple[set[int] | None, Any, list[str]]:
+    """The GPUs to manage and where their readings come from, and every problem with the options."""
+    from steadytune.server.gpus import NvmlSource, SnapshotFileSource
+
+    problems = []
+    gpus = None
+    try:
+        gpus = parse_gpus(args.gpus)
+    except ValueError as exc:
+        problems.append(str(exc))
+    if not args.headroom_gib >= 0:
+        problems.append(f"--headroom-gib {args.headroom_gib}: give GiB ≥ 0 (default 1)")
+    if args.pressure_gib is not None and not args.pressure_gib >= 0:
+        problems.append(f"--pressure-gib {args.pressure_gib}: give GiB ≥ 0 (default: the headroom; 0: off)")
+    source: Any = None
+    if args.snapshot_file is not None:
+        try:
+            source = SnapshotFileSource(args.snapshot_file)
+        except ValueError as exc:
+            problems.append(str(exc))
+    else:
+        source = NvmlSource()
+        if not source.available:
+            problems.append(
+                "NVML is not available (no NVIDIA driver, or `pip install nvidia-ml-py`); "
+                "without a GPU, --snapshot-file FILE reads the GPUs from a JSON file"
+            )
+    return gpus, source, problems
 
 
 def _start_dashboard(args: argparse.Namespace, runs_dir: Path, daemon: Any) -> Any:

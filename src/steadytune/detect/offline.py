@@ -8,8 +8,11 @@ episodes the supervisor would have raised live, each with its final ``end_step``
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import dataclasses
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from steadytune.config.detect import DetectConfig
 from steadytune.detect.episodes import Transition
@@ -76,3 +79,40 @@ def replay(
     done.extend((a, tuple(fired[a.key])) for a in det.open_anomalies())
     done.sort(key=lambda d: (d[0].start_step, d[0].end_step, d[0].kind, d[0].metric))
     return Replay([a for a, _ in done], det.objective, [f for _, f in done])
+
+
+class RunLike(Protocol):
+    """One run of a log that may hold several (``importers.series.Run``)."""
+
+    @property
+    def records(self) -> list[StepRecord]: ...
+    @property
+    def report_from(self) -> int | None: ...
+    @property
+    def label(self) -> str: ...
+
+
+def replay_runs(
+    runs: Sequence[RunLike],
+    system: Iterable[SystemSample] = (),
+    config: DetectConfig | None = None,
+) -> Replay:
+    """:func:`replay` of each run a file holds, on its own (docs/detectors.md, *Several runs in one file*).
+
+    A file with one run is replayed as it is. With several, each anomaly's evidence names its run
+    (``"run": "run 2 of 3"``); a resumed attempt's findings before its resume point are left to the
+    attempt before, which holds them. The objective is the one most runs were judged as.
+    """
+    if len(runs) == 1:
+        return replay(runs[0].records, system, config)
+    system = list(system)
+    found: list[tuple[Anomaly, tuple[int, ...]]] = []
+    objectives: Counter[str] = Counter()
+    for run in runs:
+        judged = replay(run.records, system, config)
+        objectives[judged.objective] += 1
+        for a, fired in zip(judged.anomalies, judged.firings, strict=True):
+            if run.report_from is not None and a.start_step < run.report_from:
+                continue
+            found.append((dataclasses.replace(a, evidence={**a.evidence, "run": run.label}), fired))
+    return Replay([a for a, _ in found], objectives.most_common(1)[0][0], [f for _, f in found])

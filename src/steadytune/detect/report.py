@@ -87,7 +87,8 @@ def _json_safe(value: Any) -> Any:
 
 
 def _evidence_text(a: Anomaly, limit: int = 4) -> str:
-    return ", ".join(f"{k}={v}" for k, v in list(a.evidence.items())[:limit])
+    shown = [(k, v) for k, v in a.evidence.items() if k != "run"]  # the run is in the steps column
+    return ", ".join(f"{k}={v}" for k, v in shown[:limit])
 
 
 _STYLE = {"critical": "bold red", "warning": "yellow", "info": "dim"}
@@ -116,6 +117,8 @@ def render_text(results: list[FileResult], console: Any) -> None:
             table.add_column(col, overflow="fold")
         for a in r.anomalies:
             steps = str(a.start_step) if a.start_step == a.end_step else f"{a.start_step}-{a.end_step}"
+            if "run" in a.evidence:  # a file holding several runs: each its own steps
+                steps += f" ({a.evidence['run']})"
             metric = a.metric if a.rank is None else f"{a.metric} (rank {a.rank})"
             table.add_row(
                 f"[{_STYLE[a.severity]}]{a.severity}[/]",
@@ -168,13 +171,15 @@ def plot(results: list[FileResult], out: Path) -> Path:
 
 def _panel(ax: Any, r: FileResult, panel: tuple[str, ...]) -> None:
     positive = True
-    for metric in panel:
-        xs, ys = r.series.values(metric)
+    runs = r.series.runs()  # a file holding several runs: one line each, at its own steps
+    for metric, run in ((m, run) for m in panel for run in runs):
+        xs, ys = r.series.values(metric, run.records)
         if not xs:
             continue
         finite = [y for y in ys if math.isfinite(y)]
         positive = positive and bool(finite) and min(finite) > 0
-        ax.plot(xs, ys, lw=0.7, marker="." if len(xs) < 200 else None, ms=3, label=metric)
+        label = metric if len(runs) == 1 else f"{metric} ({run.label})"
+        ax.plot(xs, ys, lw=0.7, marker="." if len(xs) < 200 else None, ms=3, label=label)
         bad = [x for x, y in zip(xs, ys, strict=True) if not math.isfinite(y)]
         if bad:  # NaN has no height: mark it along the bottom edge
             trans = ax.get_xaxis_transform()

@@ -10,28 +10,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from steadytune.supervise.command import flag_spellings, flag_value
+
 OUTPUT_DIR_HELP = (
     "write {output_dir} where the command takes its output folder (e.g. --output_dir {output_dir}), "
     "or pass it as --output_dir X / output_dir=X: the drill gives each fault run a folder of its own"
 )
-
-
-def _spellings(key: str) -> tuple[str, ...]:
-    """``--learning_rate`` and ``--learning-rate``: HfArgumentParser takes both."""
-    return (f"--{key}", f"--{key.replace('_', '-')}")
-
-
-def flag_value(cmd: Sequence[str], key: str) -> str | None:
-    """The last value the command gives ``key``: ``--key V``, ``--key=V`` or (LLaMA-Factory) ``key=V``."""
-    found = None
-    flags = _spellings(key)
-    for i, word in enumerate(cmd):
-        if word in flags and i + 1 < len(cmd):
-            found = cmd[i + 1]
-        for prefix in (*(f + "=" for f in flags), f"{key}="):
-            if word.startswith(prefix):
-                found = word[len(prefix) :]
-    return found
 
 
 def with_output_dir(cmd: Sequence[str], out: Path) -> list[str]:
@@ -45,7 +29,7 @@ def with_output_dir(cmd: Sequence[str], out: Path) -> list[str]:
     """
     if any("{output_dir}" in w for w in cmd):
         return [w.replace("{output_dir}", str(out)) for w in cmd]
-    flags = _spellings("output_dir")
+    flags = flag_spellings("output_dir")
     words, hit = list(cmd), False
     for i, word in enumerate(words):
         if word in flags and i + 1 < len(words):

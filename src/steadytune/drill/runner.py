@@ -101,10 +101,10 @@ class Actor(threading.Thread):
         self._stop.set()
 
     def _step(self) -> int:
-        return self.sup.progress.step
+        return self.sup.state.progress.step
 
     def _kill(self) -> None:
-        w = self.sup.worker
+        w = self.sup.state.attempt.worker
         if w is not None:
             w.signal_tree(signal.SIGKILL)
         self.done_at = time.time()
@@ -113,7 +113,7 @@ class Actor(threading.Thread):
         run, spec = self.sup.run, self.spec
         target = run.checkpoints / f"checkpoint-{spec.at_step}"
         while not self._stop.wait(0.01):
-            if self.sup.attempt > 0:
+            if self.sup.state.attempt.number > 0:
                 return
             if spec.actor == "kill" and self._step() >= spec.at_step:
                 return self._kill()

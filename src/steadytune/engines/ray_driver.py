@@ -24,7 +24,7 @@ from typing import Any
 from steadytune.config.schema import RayConfig
 from steadytune.records import PlanRevision, to_dict
 from steadytune.rundir import RunDir
-from steadytune.train.worker import latest_plan
+from steadytune.telemetry.stream import latest_plan
 
 # What the workers need from the driver's environment (a Ray worker starts with its raylet's).
 # RAY_TRAIN_ reaches Ray's controller too (e.g. RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S).

@@ -24,6 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from steadytune.estimate.activations import (
+    HeadActivations,
+    LayerActivations,
     checkpointed_layer_bytes,
     head_activations,
     layer_activations,
@@ -32,7 +34,13 @@ from steadytune.estimate.activations import (
 )
 from steadytune.estimate.arch import Architecture
 from steadytune.estimate.setup import DTYPE_BYTES, TrainSetup
-from steadytune.estimate.states import ParamCounts, lora_params_per_layer, model_states, param_counts
+from steadytune.estimate.states import (
+    ModelStates,
+    ParamCounts,
+    lora_params_per_layer,
+    model_states,
+    param_counts,
+)
 
 # The order in which components are shown; JSON output keeps it too.
 COMPONENTS = (
@@ -146,64 +154,19 @@ def estimate_peak(arch: Architecture, setup: TrainSetup) -> MemoryEstimate:
     tokens = setup.batch * setup.seq
     counts = param_counts(arch, setup)
     ms = model_states(arch, setup)
-    p = precision(setup)
-    e = p.compute
-    ckpt = setup.gradient_checkpointing
-
-    layers = []  # (activations per token, weight copies) of each layer autograd records
-    for i, (trainable, grad_in) in enumerate(_layer_plan(arch, setup)):
-        if _in_grad_region(setup, trainable, grad_in):
-            acts = layer_activations(arch, setup, trainable, grad_in)
-            layers.append((acts, _weight_copies(arch, setup, trainable, i)))
-    head = head_activations(arch, setup)
-    copy_head = _weight_copies(arch, setup, setup.method == "full").head
-    full_layer = max((a.total for a, _ in layers), default=0.0) * tokens
-    copy_layer = max((c.saved for _, c in layers), default=0)
-    residual = p.residual * arch.hidden_size * tokens
-    if ckpt:
-        layer_acts = len(layers) * checkpointed_layer_bytes(arch, setup) * tokens
-        copies_backward = copy_head
-        copies_forward = copy_head + sum(c.cached for _, c in layers)
-        recompute, recompute_copies = full_layer, copy_layer
-    else:
-        layer_acts = sum(a.total for a, _ in layers) * tokens
-        copies_backward = copies_forward = copy_head + sum(c.saved for _, c in layers)
-        recompute, recompute_copies = 0.0, 0
+    e = precision(setup).compute
+    k = _kept(arch, setup, tokens)
+    head = k.head
     log_probs = head.log_softmax * tokens
-    saved = layer_acts + (head.saved - head.log_softmax) * tokens
-
-    # Scratch inside one op: the MLP's unsaved intermediates in forward and the gradients
-    # of its intermediates in backward (plus the residual stream's gradient), a 4-bit
-    # weight dequantized for one matmul, the compute-dtype weight gradient before its
-    # cast to fp32, Adafactor's per-tensor update buffers.
-    mlp_width = e * arch.intermediate_size * tokens
-    dequant = e * arch.largest_linear_params if setup.method == "qlora" else 0
-    fwd_scratch = 2 * mlp_width + dequant
-    layer_grad_scratch = min(ms.weight_grad_scratch, e * arch.largest_linear_params)
-    bwd_scratch = 2 * mlp_width + 2 * residual + layer_grad_scratch + dequant
-    step_scratch = 0
-    if setup.optimizer == "adafactor":
-        step_scratch = 3 * 4 * counts.largest_trainable_tensor
-    elif setup.optimizer == "adamw8bit" and setup.device == "cpu":
-        # bitsandbytes' CPU path dequantizes both states and updates in fp32, one tensor at
-        # a time (measured: 20 bytes per element, 24 for bf16 params); its CUDA kernel is fused.
-        step_scratch = (
-            20 if DTYPE_BYTES[setup.trainable_dtype] == 4 else 24
-        ) * counts.largest_trainable_tensor
-
+    saved = k.layer_acts + (head.saved - head.log_softmax) * tokens
+    fwd_scratch, bwd_scratch, step_scratch = _scratch(arch, setup, counts, ms, tokens, k.residual)
     persistent = {
         "weights": ms.weights + ms.sharded_gather,
         "adapters": ms.adapters,
         "quantization_constants": ms.quantization_constants,
         "optimizer_states": ms.optimizer_states,
     }
-    accumulated = ms.gradients if setup.gradient_accumulation_steps > 1 else 0
-    head_grads = _head_gradient_bytes(arch, setup, counts, ms.gradients)
-    bottom_grads = ms.gradients - _layer_gradient_bytes(arch, setup, counts, ms.gradients)
-    if setup.method == "full":
-        bottom_grads -= (
-            head_grads if arch.tie_word_embeddings else _embedding_gradient_bytes(arch, counts, ms.gradients)
-        )
+    accumulated, head_grads, bottom_grads = _gradient_sizes(arch, setup, counts, ms)
 
     def moment(copies: float, grads: float, acts: float, logits: float, temp: float) -> dict[str, int]:
         out = dict(persistent)
@@ -216,14 +179,14 @@ def estimate_peak(arch: Architecture, setup: TrainSetup) -> MemoryEstimate:
 
     moments = {
         # End of forward: logits, their fp32 upcast and the log-probabilities coexist.
-        "forward": moment(copies_forward, accumulated, saved, log_probs + head.forward_extra * tokens, 0),
+        "forward": moment(k.copies_forward, accumulated, saved, log_probs + head.forward_extra * tokens, 0),
         # Inside the last layer's forward: its unsaved intermediates.
-        "forward_layer": moment(copies_forward, accumulated, saved, 0, fwd_scratch),
+        "forward_layer": moment(k.copies_forward, accumulated, saved, 0, fwd_scratch),
         # Start of backward: cross-entropy's dense gradients next to the log-probabilities.
-        "loss": moment(copies_backward, accumulated, saved, log_probs + head.backward_extra * tokens, 0),
+        "loss": moment(k.copies_backward, accumulated, saved, log_probs + head.backward_extra * tokens, 0),
         # LM head backward: the compute-dtype logits gradient, the head's weight gradient.
         "lm_head": moment(
-            copies_backward,
+            k.copies_backward,
             max(accumulated, head_grads),
             saved,
             e * arch.vocab_size * tokens,
@@ -231,17 +194,17 @@ def estimate_peak(arch: Architecture, setup: TrainSetup) -> MemoryEstimate:
         ),
         # Top decoder layer backward (recomputed first under checkpointing).
         "top": moment(
-            copies_backward + recompute_copies,
+            k.copies_backward + k.recompute_copies,
             max(accumulated, head_grads),
-            layer_acts + recompute,
+            k.layer_acts + k.recompute,
             0,
             bwd_scratch,
         ),
         # Bottom decoder layer backward: nearly all gradients, one layer's activations.
         "bottom": moment(
-            recompute_copies if ckpt else copy_layer,
+            k.recompute_copies if setup.gradient_checkpointing else k.copy_layer,
             max(accumulated, bottom_grads),
-            (full_layer if layers else 0) + (residual if ckpt else 0) + head.inputs * tokens,
+            k.bottom_layer + head.inputs * tokens,
             0,
             bwd_scratch,
         ),
@@ -249,27 +212,129 @@ def estimate_peak(arch: Architecture, setup: TrainSetup) -> MemoryEstimate:
     }
     phases = {name: sum(parts.values()) for name, parts in moments.items()}
     phase = max(phases, key=lambda name: phases[name])
-    breakdown = {name: moments[phase].get(name, 0) for name in COMPONENTS[:-2]}
-    tensor_peak = phases[phase]
-    on_cuda = setup.device == "cuda"
-    breakdown["cuda_context"] = setup.cuda_context_bytes if on_cuda else 0
-    breakdown["allocator_margin"] = int(tensor_peak * setup.allocator_margin) if on_cuda else 0
-    detail = {
-        "attention": int(sum(a.attention for a, _ in layers) * tokens),
-        "mlp": int(sum(a.mlp for a, _ in layers) * tokens),
-        "norms": int(sum(a.norms for a, _ in layers) * tokens),
-        "head": int((head.saved - head.log_softmax) * tokens),
-        "logits_loss": int((head.log_softmax + max(head.forward_extra, head.backward_extra)) * tokens),
-        "checkpointed": int(layer_acts) if ckpt else 0,
-    }
-    return MemoryEstimate(
-        peak_bytes=sum(breakdown.values()),
-        breakdown=breakdown,
-        phase=phase,
-        phases=phases,
-        activation_detail=detail,
-        params=counts,
+    breakdown = _breakdown(moments[phase], phases[phase], setup)
+    return MemoryEstimate(sum(breakdown.values()), breakdown, phase, phases, k.detail(tokens), counts)
+
+
+@dataclass(frozen=True)
+class _Kept:
+    """What the forward keeps for backward, in bytes for the step's tokens, with or without
+    gradient checkpointing (then each layer keeps only its input, and the layer in backward is
+    recomputed whole, with its weight copies)."""
+
+    layers: list[tuple[LayerActivations, _Copies]]  # of each layer autograd records
+    head: HeadActivations
+    checkpointed: bool
+    layer_acts: float  # every layer's saved activations (checkpointed: their inputs)
+    copies_forward: int  # the compute-dtype weight copies alive at the end of forward
+    copies_backward: int  # and in backward
+    recompute: float  # the recomputed layer's activations (0 without checkpointing)
+    recompute_copies: int  # and its weight copies
+    copy_layer: int  # the largest layer's weight copies
+    bottom_layer: float  # what the bottom layer's backward holds of activations
+    residual: float  # the residual stream of the step's tokens
+
+    def detail(self, tokens: int) -> dict[str, int]:
+        """Saved-for-backward bytes over the whole forward, by where they come from."""
+        layers, head = self.layers, self.head
+        return {
+            "attention": int(sum(a.attention for a, _ in layers) * tokens),
+            "mlp": int(sum(a.mlp for a, _ in layers) * tokens),
+            "norms": int(sum(a.norms for a, _ in layers) * tokens),
+            "head": int((head.saved - head.log_softmax) * tokens),
+            "logits_loss": int((head.log_softmax + max(head.forward_extra, head.backward_extra)) * tokens),
+            "checkpointed": int(self.layer_acts) if self.checkpointed else 0,
+        }
+
+
+def _kept(arch: Architecture, setup: TrainSetup, tokens: int) -> _Kept:
+    layers = _recorded_layers(arch, setup)
+    copy_head = _weight_copies(arch, setup, setup.method == "full").head
+    full_layer = max((a.total for a, _ in layers), default=0.0) * tokens
+    copy_layer = max((c.saved for _, c in layers), default=0)
+    residual = precision(setup).residual * arch.hidden_size * tokens
+    ckpt = setup.gradient_checkpointing
+    if ckpt:
+        layer_acts = len(layers) * checkpointed_layer_bytes(arch, setup) * tokens
+        copies_backward = copy_head
+        copies_forward = copy_head + sum(c.cached for _, c in layers)
+        recompute, recompute_copies = full_layer, copy_layer
+    else:
+        layer_acts = sum(a.total for a, _ in layers) * tokens
+        copies_backward = copies_forward = copy_head + sum(c.saved for _, c in layers)
+        recompute, recompute_copies = 0.0, 0
+    bottom_layer = (full_layer if layers else 0) + (residual if ckpt else 0)
+    return _Kept(
+        layers,
+        head_activations(arch, setup),
+        ckpt,
+        layer_acts,
+        copies_forward,
+        copies_backward,
+        recompute,
+        recompute_copies,
+        copy_layer,
+        bottom_layer,
+        residual,
     )
+
+
+def _recorded_layers(arch: Architecture, setup: TrainSetup) -> list[tuple[LayerActivations, _Copies]]:
+    """The activations per token and the weight copies of each decoder layer autograd records."""
+    out = []
+    for i, (trainable, grad_in) in enumerate(_layer_plan(arch, setup)):
+        if _in_grad_region(setup, trainable, grad_in):
+            acts = layer_activations(arch, setup, trainable, grad_in)
+            out.append((acts, _weight_copies(arch, setup, trainable, i)))
+    return out
+
+
+def _gradient_sizes(
+    arch: Architecture, setup: TrainSetup, counts: ParamCounts, ms: ModelStates
+) -> tuple[int, int, int]:
+    """Gradient bytes alive: those accumulated over micro-batches (all of them, or none), after the
+    LM head's backward, and when the bottom layer's backward starts."""
+    accumulated = ms.gradients if setup.gradient_accumulation_steps > 1 else 0
+    head = _head_gradient_bytes(arch, setup, counts, ms.gradients)
+    bottom = ms.gradients - _layer_gradient_bytes(arch, setup, counts, ms.gradients)
+    if setup.method == "full":
+        bottom -= head if arch.tie_word_embeddings else _embedding_gradient_bytes(arch, counts, ms.gradients)
+    return accumulated, head, bottom
+
+
+def _breakdown(parts: dict[str, int], tensor_peak: int, setup: TrainSetup) -> dict[str, int]:
+    """The peak moment's bytes by component, with what CUDA adds beyond the tensors."""
+    out = {name: parts.get(name, 0) for name in COMPONENTS[:-2]}
+    on_cuda = setup.device == "cuda"
+    out["cuda_context"] = setup.cuda_context_bytes if on_cuda else 0
+    out["allocator_margin"] = int(tensor_peak * setup.allocator_margin) if on_cuda else 0
+    return out
+
+
+def _scratch(
+    arch: Architecture, setup: TrainSetup, counts: ParamCounts, ms: ModelStates, tokens: int, residual: float
+) -> tuple[float, float, int]:
+    """Scratch inside one op, in forward, backward and the optimizer step.
+
+    The MLP's unsaved intermediates in forward and the gradients of its intermediates in
+    backward (plus the residual stream's gradient), a 4-bit weight dequantized for one
+    matmul, the compute-dtype weight gradient before its cast to fp32, Adafactor's
+    per-tensor update buffers.
+    """
+    e = precision(setup).compute
+    mlp_width = e * arch.intermediate_size * tokens
+    dequant = e * arch.largest_linear_params if setup.method == "qlora" else 0
+    fwd = 2 * mlp_width + dequant
+    layer_grad_scratch = min(ms.weight_grad_scratch, e * arch.largest_linear_params)
+    bwd = 2 * mlp_width + 2 * residual + layer_grad_scratch + dequant
+    step = 0
+    if setup.optimizer == "adafactor":
+        step = 3 * 4 * counts.largest_trainable_tensor
+    elif setup.optimizer == "adamw8bit" and setup.device == "cpu":
+        # bitsandbytes' CPU path dequantizes both states and updates in fp32, one tensor at
+        # a time (measured: 20 bytes per element, 24 for bf16 params); its CUDA kernel is fused.
+        step = (20 if DTYPE_BYTES[setup.trainable_dtype] == 4 else 24) * counts.largest_trainable_tensor
+    return fwd, bwd, step
 
 
 def _embedding_gradient_bytes(arch: Architecture, counts: ParamCounts, gradients: int) -> int:

@@ -43,6 +43,59 @@ def _section(d: dict[str, Any], key: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def _shape_fields(
+    config: dict[str, Any], lora: dict[str, Any], data: dict[str, Any], train: dict[str, Any]
+) -> dict[str, Any]:
+    """What trains, and in what shape: the method, the adapters, the sequence, the batch."""
+    fields: dict[str, Any] = {}
+    if config.get("method") is not None:
+        fields["method"] = str(config["method"]).lower()
+    if lora.get("r") is not None:
+        fields["lora_r"] = lora["r"]
+    pattern = lora.get("rank_pattern")
+    if isinstance(pattern, dict) and pattern:
+        fields["lora_rank_pattern"] = tuple((str(k), v) for k, v in pattern.items())
+    if lora.get("lora_dropout") is not None:
+        fields["lora_dropout"] = float(lora["lora_dropout"])
+    targets = lora.get("target_modules")
+    if isinstance(targets, str):
+        fields["target_modules"] = (targets,)
+    elif isinstance(targets, (list, tuple)):
+        fields["target_modules"] = tuple(str(t) for t in targets)
+    if data.get("max_seq_length") is not None:
+        fields["seq"] = data["max_seq_length"]
+    if train.get("per_device_train_batch_size") is not None:
+        # "auto" is decided at start (train/autobatch.py); estimate one sample, the smallest it can pick.
+        b = train["per_device_train_batch_size"]
+        fields["batch"] = 1 if b == "auto" else b
+    if train.get("gradient_accumulation_steps") is not None:
+        fields["gradient_accumulation_steps"] = train["gradient_accumulation_steps"]
+    if train.get("gradient_checkpointing") is not None:
+        fields["gradient_checkpointing"] = bool(train["gradient_checkpointing"])
+    return fields
+
+
+def _precision_fields(model: dict[str, Any], train: dict[str, Any], problems: list[str]) -> dict[str, Any]:
+    """The dtypes: the one the base is loaded in, and the one it computes in (autocast or "pure")."""
+    fields: dict[str, Any] = {}
+    model_dtype = model.get("dtype", model.get("torch_dtype"))
+    if model_dtype is not None and str(model_dtype) != "auto":
+        try:
+            fields["weights_dtype"] = normalize_dtype(str(model_dtype))
+        except SetupError as exc:
+            problems.append(f"model.dtype: {exc}")
+    if train.get("bf16"):
+        fields.update(dtype="bf16", mixed_precision=True)
+    elif train.get("fp16"):
+        fields.update(dtype="fp16", mixed_precision=True)
+    elif "weights_dtype" in fields:
+        # No autocast: the model computes in the dtype it was loaded in ("pure" precision).
+        fields.update(dtype=fields["weights_dtype"], mixed_precision=False)
+    elif train.get("bf16") is not None or train.get("fp16") is not None:
+        fields.update(dtype="fp32", mixed_precision=False)
+    return fields
+
+
 def setup_from_config_dict(config: dict[str, Any], **overrides: Any) -> tuple[str | None, TrainSetup]:
     """Map a run config dict onto ``(model path, TrainSetup)``.
 
@@ -69,47 +122,8 @@ def setup_from_config_dict(config: dict[str, Any], **overrides: Any) -> tuple[st
     problems: list[str] = []
     fields: dict[str, Any] = {}
 
-    if config.get("method") is not None:
-        fields["method"] = str(config["method"]).lower()
-    if lora.get("r") is not None:
-        fields["lora_r"] = lora["r"]
-    pattern = lora.get("rank_pattern")
-    if isinstance(pattern, dict) and pattern:
-        fields["lora_rank_pattern"] = tuple((str(k), v) for k, v in pattern.items())
-    if lora.get("lora_dropout") is not None:
-        fields["lora_dropout"] = float(lora["lora_dropout"])
-    targets = lora.get("target_modules")
-    if isinstance(targets, str):
-        fields["target_modules"] = (targets,)
-    elif isinstance(targets, (list, tuple)):
-        fields["target_modules"] = tuple(str(t) for t in targets)
-    if data.get("max_seq_length") is not None:
-        fields["seq"] = data["max_seq_length"]
-    if train.get("per_device_train_batch_size") is not None:
-        # "auto" is decided at start (train/autobatch.py); estimate one sample, the smallest it can pick.
-        b = train["per_device_train_batch_size"]
-        fields["batch"] = 1 if b == "auto" else b
-    if train.get("gradient_accumulation_steps") is not None:
-        fields["gradient_accumulation_steps"] = train["gradient_accumulation_steps"]
-    if train.get("gradient_checkpointing") is not None:
-        fields["gradient_checkpointing"] = bool(train["gradient_checkpointing"])
-
-    model_dtype = model.get("dtype", model.get("torch_dtype"))
-    if model_dtype is not None and str(model_dtype) != "auto":
-        try:
-            fields["weights_dtype"] = normalize_dtype(str(model_dtype))
-        except SetupError as exc:
-            problems.append(f"model.dtype: {exc}")
-    if train.get("bf16"):
-        fields.update(dtype="bf16", mixed_precision=True)
-    elif train.get("fp16"):
-        fields.update(dtype="fp16", mixed_precision=True)
-    elif "weights_dtype" in fields:
-        # No autocast: the model computes in the dtype it was loaded in ("pure" precision).
-        fields.update(dtype=fields["weights_dtype"], mixed_precision=False)
-    elif train.get("bf16") is not None or train.get("fp16") is not None:
-        fields.update(dtype="fp32", mixed_precision=False)
-
+    fields.update(_shape_fields(config, lora, data, train))
+    fields.update(_precision_fields(model, train, problems))
     optim = train.get("optim")
     if optim is not None:
         name = str(optim).lower()

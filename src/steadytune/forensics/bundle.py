@@ -51,7 +51,7 @@ from steadytune.forensics.runview import (
     load_run_config,
     plan_for_attempt,
 )
-from steadytune.records import to_dict
+from steadytune.records import Event, StepRecord, to_dict
 from steadytune.redact import redact
 from steadytune.redact.paths import PathRedactor
 from steadytune.rundir import RunDir
@@ -173,6 +173,17 @@ def _event_lines(run: RunDir, lo: int, hi: int, ts_lo: float, ts_hi: float) -> l
     return out
 
 
+def _recorded_around(
+    run: RunDir, finals: dict[int, list[StepRecord]], step: int, window: int
+) -> tuple[list[StepRecord], list[str]]:
+    """The step records within ``window`` steps of ``step``, and the raw event lines of that span."""
+    lo, hi = step - window, step + window
+    records = [r for s, rs in finals.items() if lo <= s <= hi for r in rs]
+    ts_lo = min((r.ts for r in records), default=0.0) - 1.0
+    ts_hi = max((r.ts for r in records), default=0.0) + 1.0
+    return records, _event_lines(run, lo, hi, ts_lo, ts_hi)
+
+
 def _start_checkpoint(run: RunDir, step: int, attempt: int | None) -> Verdict | None:
     """The newest verified checkpoint before ``step`` that ``attempt`` could have seen (a later
     attempt may have saved over a checkpoint name after a rollback)."""
@@ -187,6 +198,206 @@ def _start_checkpoint(run: RunDir, step: int, attempt: int | None) -> Verdict | 
         if v.ok:
             return v
     return None
+
+
+def _chosen_step(
+    run: RunDir, events: list[Event], step: int | None, attempt: int | None
+) -> tuple[int, int | None]:
+    """The step to bundle (default: the last anomaly's) and the attempt whose recording of it to replay
+    (default: the one running when the step went wrong, else the latest).
+
+    Raises:
+        ForensicsError: no step was given and nothing went wrong.
+    """
+    if step is None:
+        found = anomaly_steps(run, events)
+        if not found:
+            raise ForensicsError(f"nothing went wrong in {run.root} that I can see; pass --step N")
+        step = found[-1]
+    return step, anomaly_attempt(events, step) if attempt is None else attempt
+
+
+def _replay_start(
+    run: RunDir, cfg: dict[str, Any], step: int, attempt: int | None
+) -> tuple[Path | None, int, str]:
+    """The verified checkpoint the replay starts from (None: the base model), its step, and a note.
+
+    Raises:
+        ForensicsError: more than ``MAX_REPLAY_STEPS`` steps lie between it and ``step``.
+    """
+    verdict = _start_checkpoint(run, step, attempt)
+    start = verdict.step if verdict is not None and verdict.step is not None else 0
+    note = ""
+    if verdict is None and cfg.get("method") != "full":
+        note = (
+            "no verified checkpoint before the step: LoRA starts from a fresh (random) adapter, "
+            "comparisons may differ"
+        )
+    if step - start > MAX_REPLAY_STEPS:
+        raise ForensicsError(
+            f"the newest checkpoint before step {step} is at step {start}: {step - start} steps to "
+            f"replay (limit {MAX_REPLAY_STEPS}); save checkpoints more often (train.save_steps)"
+        )
+    return (verdict.path if verdict is not None else None), start, note
+
+
+def _checkpoint_entry(ckpt: Path, start: int, included: bool) -> dict[str, Any]:
+    return {
+        "name": ckpt.name,
+        "step": start,
+        "path": str(ckpt.resolve()),
+        "manifest_sha256": sha256_file(ckpt / MANIFEST),
+        "included": included,
+    }
+
+
+def _replay_steps(
+    run: RunDir, finals: dict[int, list[StepRecord]], start: int, step: int
+) -> list[dict[str, Any]]:
+    """What ``replay.py`` needs of each step after the checkpoint: its batch, its plan, its numbers.
+
+    Raises:
+        ForensicsError: a step in between was not recorded, or has no batch fingerprint.
+    """
+    out: list[dict[str, Any]] = []
+    for s in range(start + 1, step + 1):
+        recs = finals.get(s)
+        if not recs:
+            raise ForensicsError(
+                f"step {s} (between the checkpoint at {start} and step {step}) was not recorded"
+            )
+        rank0 = recs[0]
+        if rank0.batch is None or not rank0.batch.indices:
+            raise ForensicsError(f"step {s} has no batch fingerprint: it cannot be replayed")
+        plan = plan_for_attempt(run, rank0.attempt)
+        out.append(
+            {
+                "step": s,
+                "attempt": rank0.attempt,
+                "rank": rank0.rank,
+                "ranks": len(recs),
+                "indices": list(rank0.batch.indices),
+                "hashes": list(rank0.batch.hashes),
+                "loss": to_dict(rank0).get("loss"),
+                "grad_norm": to_dict(rank0).get("grad_norm"),
+                "skipped": rank0.skipped,
+                "lr": rank0.lr,
+                "per_device_train_batch_size": plan.per_device_train_batch_size,
+                "gradient_accumulation_steps": plan.gradient_accumulation_steps,
+                "max_seq_length": plan.max_seq_length,
+                "lr_scale": plan.lr_scale,
+            }
+        )
+    return out
+
+
+def _add_checkpoint(
+    tar: tarfile.TarFile, top: str, ckpt: Path, whole: bool, redactor: PathRedactor | None
+) -> list[str]:
+    """The checkpoint's RNG states, and with ``whole`` all of it; the notes to tell about the copy.
+
+    Only what the (validated) manifest lists goes in: never a file outside the checkpoint.
+    """
+    listed = sorted((read_manifest(ckpt) or {}).get("files", {}))
+    for rel in listed:
+        if "/" not in rel and rel.startswith("rng_state") and rel.endswith(".pth"):
+            _add_file(tar, ckpt / rel, f"{top}/rng/{rel}")
+    if not whole:
+        return []
+    for rel in [*listed, MANIFEST]:
+        _add_file(tar, ckpt / rel, f"{top}/checkpoint/{ckpt.name}/{rel}")
+    copied = _copied_paths_note(ckpt, listed, redactor) if redactor is not None else None
+    return [copied] if copied else []
+
+
+@dataclass
+class _Contents:
+    """What one bundle holds, chosen: :meth:`write` makes the archive of it."""
+
+    run: RunDir
+    cfg: dict[str, Any]
+    events: list[Event]
+    step: int
+    start: int
+    ckpt: Path | None
+    note: str
+    replay: list[dict[str, Any]]
+    records: list[StepRecord]  # the metrics around the step
+    event_lines: list[str]  # and its events, as logged (hash fields intact)
+    include_data: bool
+    include_checkpoint: bool
+    redactor: PathRedactor | None
+
+    def clean(self, obj: Any) -> Any:
+        return self.redactor.value(obj) if self.redactor is not None else obj
+
+    @property
+    def data_path(self) -> Any:
+        return (self.cfg.get("data") or {}).get("train_file")
+
+    def manifest(self, out: Path) -> dict[str, Any]:
+        """``bundle.json``: what the replay starts from, each step to replay, where the bundle sits."""
+        run, cfg, ckpt, step = self.run, self.cfg, self.ckpt, self.step
+        manifest: dict[str, Any] = {
+            "version": BUNDLE_VERSION,
+            "run_id": run.run_id,
+            "run_dir": str(run.root.resolve()),
+            "step": step,
+            "created_ts": time.time(),
+            "method": cfg.get("method"),
+            "seed": (cfg.get("train") or {}).get("seed"),
+            "max_steps": _max_steps(self.events) or (cfg.get("train") or {}).get("max_steps"),
+            "start_step": self.start,
+            "notes": [self.note] if self.note else [],
+            "checkpoint": None
+            if ckpt is None
+            else _checkpoint_entry(ckpt, self.start, self.include_checkpoint),
+            "data": {"path": self.data_path, "included": self.include_data},
+            "events_at_step": [
+                to_dict(e) for e in self.events if e.step == step and e.kind in {"anomaly", "action"}
+            ],
+            "replay": self.replay,
+        }
+        if self.redactor is not None:
+            manifest = self.clean(manifest)
+            if ckpt is not None:
+                manifest["checkpoint"]["path"] = ckpt.relative_to(run.root).as_posix()  # even via a symlink
+        manifest["paths_redacted"] = self.redactor is not None
+        try:  # where the bundle sits in its run, so --check finds the run again from the bundle's path
+            manifest["bundle_in_run"] = out.resolve().relative_to(run.root.resolve()).as_posix()
+        except ValueError:
+            manifest["bundle_in_run"] = None
+        return manifest
+
+    def write(self, out: Path) -> list[str]:
+        """The archive, written whole (a temporary file renamed into place); the notes on what it holds."""
+        run, top, clean = self.run, f"repro-{self.run.run_id}-step{self.step}", self.clean
+        out.parent.mkdir(parents=True, exist_ok=True)
+        notes: list[str] = []
+        tmp = Path(tempfile.mkstemp(prefix=".repro-", suffix=".tar.gz", dir=out.parent)[1])
+        try:
+            with tarfile.open(tmp, "w:gz") as tar:
+                _add_bytes(tar, f"{top}/bundle.json", json.dumps(self.manifest(out), indent=1).encode())
+                config = yaml.safe_dump(clean(redact(self.cfg)), sort_keys=False)
+                _add_bytes(tar, f"{top}/config.yaml", config.encode())
+                if run.plan.exists():
+                    plan_lines = run.plan.read_text(encoding="utf-8").splitlines()
+                    _add_bytes(tar, f"{top}/plan.jsonl", _jsonl_lines(plan_lines, self.redactor))
+                _add_bytes(tar, f"{top}/environment.json", json.dumps(clean(snapshot()), indent=1).encode())
+                _add_bytes(tar, f"{top}/metrics.jsonl", _jsonl([clean(to_dict(r)) for r in self.records]))
+                _add_bytes(tar, f"{top}/events.jsonl", _jsonl_lines(self.event_lines, self.redactor))
+                _add_bytes(tar, f"{top}/replay.py", REPLAY_PY.encode(), 0o755)
+                if self.ckpt is not None:
+                    notes += _add_checkpoint(tar, top, self.ckpt, self.include_checkpoint, self.redactor)
+                if self.include_data:
+                    wanted = {i for s in self.replay for i in s["indices"]}
+                    rows, _ = fetch_rows(self.data_path, wanted)
+                    samples = [{"st_sample_id": i, "row": rows[i]} for i in sorted(rows)]
+                    _add_bytes(tar, f"{top}/data/samples.jsonl", _jsonl(samples))
+            shutil.move(str(tmp), out)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return notes
 
 
 def build_bundle(
@@ -205,152 +416,37 @@ def build_bundle(
     running when the step went wrong, else the latest). ``redact_paths`` (default) keeps
     absolute paths, the home directory and user and host names out of the bundle.
     """
-    redactor = PathRedactor(run.root) if redact_paths else None
-
-    def clean(obj: Any) -> Any:
-        return redactor.value(obj) if redactor is not None else obj
-
     events = read_events(run.events)
-    if step is None:
-        found = anomaly_steps(run, events)
-        if not found:
-            raise ForensicsError(f"nothing went wrong in {run.root} that I can see; pass --step N")
-        step = found[-1]
-    if attempt is None:
-        attempt = anomaly_attempt(events, step)
+    step, attempt = _chosen_step(run, events, step, attempt)
     finals = final_steps(run, attempt=attempt)
     if step not in finals:
         raise ForensicsError(f"step {step} was not recorded in {run.telemetry_dir}; pick a recorded step")
     cfg = load_run_config(run)
-    verdict = _start_checkpoint(run, step, attempt)
-    start = verdict.step if verdict is not None and verdict.step is not None else 0
-    if verdict is None and cfg.get("method") != "full":
-        note = (
-            "no verified checkpoint before the step: LoRA starts from a fresh (random) adapter, "
-            "comparisons may differ"
-        )
-    else:
-        note = ""
-    if step - start > MAX_REPLAY_STEPS:
-        raise ForensicsError(
-            f"the newest checkpoint before step {step} is at step {start}: {step - start} steps to "
-            f"replay (limit {MAX_REPLAY_STEPS}); save checkpoints more often (train.save_steps)"
-        )
-    replay_steps: list[dict[str, Any]] = []
-    for s in range(start + 1, step + 1):
-        recs = finals.get(s)
-        if not recs:
-            raise ForensicsError(
-                f"step {s} (between the checkpoint at {start} and step {step}) was not recorded"
-            )
-        rank0 = recs[0]
-        if rank0.batch is None or not rank0.batch.indices:
-            raise ForensicsError(f"step {s} has no batch fingerprint: it cannot be replayed")
-        plan = plan_for_attempt(run, rank0.attempt)
-        replay_steps.append(
-            {
-                "step": s,
-                "attempt": rank0.attempt,
-                "rank": rank0.rank,
-                "ranks": len(recs),
-                "indices": list(rank0.batch.indices),
-                "hashes": list(rank0.batch.hashes),
-                "loss": to_dict(rank0).get("loss"),
-                "grad_norm": to_dict(rank0).get("grad_norm"),
-                "skipped": rank0.skipped,
-                "lr": rank0.lr,
-                "per_device_train_batch_size": plan.per_device_train_batch_size,
-                "gradient_accumulation_steps": plan.gradient_accumulation_steps,
-                "max_seq_length": plan.max_seq_length,
-                "lr_scale": plan.lr_scale,
-            }
-        )
-    ckpt = verdict.path if verdict is not None else None
-    at_step = [to_dict(e) for e in events if e.step == step and e.kind in {"anomaly", "action"}]
-    manifest: dict[str, Any] = {
-        "version": BUNDLE_VERSION,
-        "run_id": run.run_id,
-        "run_dir": str(run.root.resolve()),
-        "step": step,
-        "created_ts": time.time(),
-        "method": cfg.get("method"),
-        "seed": (cfg.get("train") or {}).get("seed"),
-        "max_steps": _max_steps(events) or (cfg.get("train") or {}).get("max_steps"),
-        "start_step": start,
-        "notes": [note] if note else [],
-        "checkpoint": None
-        if ckpt is None
-        else {
-            "name": ckpt.name,
-            "step": start,
-            "path": str(ckpt.resolve()),
-            "manifest_sha256": sha256_file(ckpt / MANIFEST),
-            "included": include_checkpoint,
-        },
-        "data": {"path": (cfg.get("data") or {}).get("train_file"), "included": include_data},
-        "events_at_step": at_step,
-        "replay": replay_steps,
-    }
-    data_path = manifest["data"]["path"]
-    if redactor is not None:
-        manifest = clean(manifest)
-        if ckpt is not None:
-            manifest["checkpoint"]["path"] = ckpt.relative_to(run.root).as_posix()  # even via a symlink
-    manifest["paths_redacted"] = redactor is not None
-    lo, hi = step - window, step + window
-    window_recs = [r for s, rs in finals.items() if lo <= s <= hi for r in rs]
-    ts_lo = min((r.ts for r in window_recs), default=0.0) - 1.0
-    ts_hi = max((r.ts for r in window_recs), default=0.0) + 1.0
-    top = f"repro-{run.run_id}-step{step}"
+    ckpt, start, note = _replay_start(run, cfg, step, attempt)
+    records, event_lines = _recorded_around(run, finals, step, window)
+    contents = _Contents(
+        run=run,
+        cfg=cfg,
+        events=events,
+        step=step,
+        start=start,
+        ckpt=ckpt,
+        note=note,
+        replay=_replay_steps(run, finals, start, step),
+        records=records,
+        event_lines=event_lines,
+        include_data=include_data,
+        include_checkpoint=include_checkpoint,
+        redactor=PathRedactor(run.root) if redact_paths else None,
+    )
     out = out or (run.repro / f"repro-step{step}.tar.gz")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    try:  # where the bundle sits in its run, so --check finds the run again from the bundle's path
-        manifest["bundle_in_run"] = out.resolve().relative_to(run.root.resolve()).as_posix()
-    except ValueError:
-        manifest["bundle_in_run"] = None
-    notes: list[str] = []
-    tmp = Path(tempfile.mkstemp(prefix=".repro-", suffix=".tar.gz", dir=out.parent)[1])
-    try:
-        with tarfile.open(tmp, "w:gz") as tar:
-            _add_bytes(tar, f"{top}/bundle.json", json.dumps(manifest, indent=1).encode())
-            config = yaml.safe_dump(clean(redact(cfg)), sort_keys=False)
-            _add_bytes(tar, f"{top}/config.yaml", config.encode())
-            if run.plan.exists():
-                plan_lines = run.plan.read_text(encoding="utf-8").splitlines()
-                _add_bytes(tar, f"{top}/plan.jsonl", _jsonl_lines(plan_lines, redactor))
-            _add_bytes(tar, f"{top}/environment.json", json.dumps(clean(snapshot()), indent=1).encode())
-            _add_bytes(tar, f"{top}/metrics.jsonl", _jsonl([clean(to_dict(r)) for r in window_recs]))
-            events_lines = _event_lines(run, lo, hi, ts_lo, ts_hi)
-            _add_bytes(tar, f"{top}/events.jsonl", _jsonl_lines(events_lines, redactor))
-            _add_bytes(tar, f"{top}/replay.py", REPLAY_PY.encode(), 0o755)
-            if ckpt is not None:
-                # Only what the (validated) manifest lists: never a file outside the checkpoint.
-                listed = sorted((read_manifest(ckpt) or {}).get("files", {}))
-                for rel in listed:
-                    if "/" not in rel and rel.startswith("rng_state") and rel.endswith(".pth"):
-                        _add_file(tar, ckpt / rel, f"{top}/rng/{rel}")
-                if include_checkpoint:
-                    for rel in [*listed, MANIFEST]:
-                        _add_file(tar, ckpt / rel, f"{top}/checkpoint/{ckpt.name}/{rel}")
-                    copied = _copied_paths_note(ckpt, listed, redactor) if redactor is not None else None
-                    notes += [copied] if copied else []
-            if include_data:
-                wanted = {i for s in replay_steps for i in s["indices"]}
-                rows, _ = fetch_rows(data_path, wanted)
-                _add_bytes(
-                    tar,
-                    f"{top}/data/samples.jsonl",
-                    _jsonl([{"st_sample_id": i, "row": rows[i]} for i in sorted(rows)]),
-                )
-        shutil.move(str(tmp), out)
-    finally:
-        tmp.unlink(missing_ok=True)
+    notes = contents.write(out)
     return BundleInfo(
         out,
         step,
         start,
         ckpt.name if ckpt else None,
-        len(replay_steps),
+        len(contents.replay),
         out.stat().st_size,
         include_data,
         include_checkpoint,

@@ -317,6 +317,33 @@ def _all_hashes_differ(samples: list[SampleVerdict]) -> bool:
     )
 
 
+def _run_tokenizer(
+    model: dict[str, Any], chat: bool, allow_transformers: bool, trust_remote_code: bool
+) -> tuple[Any, str]:
+    """The run's tokenizer, or None and why it could not be had (``chat``: it needs a chat template).
+
+    Only the caller's ``trust_remote_code`` is followed: a run folder's config may come from anyone
+    who could write it.
+    """
+    try:
+        tok = load_tokenizer(
+            model.get("name_or_path", ""),
+            needs_chat_template=chat,
+            allow_transformers=allow_transformers,
+            trust_remote_code=trust_remote_code,
+        )
+    except (TokenizerUnavailable, OSError, ValueError) as exc:
+        why = str(exc)
+        if model.get("trust_remote_code") is True and not trust_remote_code:
+            why += (
+                "; the run's config sets model.trust_remote_code, which would run the model folder's "
+                "own Python: a run folder's config is not trusted for that, pass --trust-remote-code if "
+                "you trust the model folder"
+            )
+        return None, why
+    return tok, ""
+
+
 def inspect_step(
     run_dir: RunDir | str | Path,
     step: int,
@@ -368,21 +395,8 @@ def inspect_step(
             base, summary=f"step {step}: cannot read the dataset: {exc}", notes=(str(exc),)
         )
     model = cfg.get("model") or {}
-    try:
-        tok = load_tokenizer(
-            model.get("name_or_path", ""),
-            needs_chat_template=fmt == "messages",
-            allow_transformers=allow_transformers,
-            trust_remote_code=trust_remote_code,
-        )
-    except (TokenizerUnavailable, OSError, ValueError) as exc:
-        why = str(exc)
-        if model.get("trust_remote_code") is True and not trust_remote_code:
-            why += (
-                "; the run's config sets model.trust_remote_code, which would run the model folder's "
-                "own Python: a run folder's config is not trusted for that, pass --trust-remote-code if "
-                "you trust the model folder"
-            )
+    tok, why = _run_tokenizer(model, fmt == "messages", allow_transformers, trust_remote_code)
+    if tok is None:
         return dataclasses.replace(base, summary=f"step {step}: not checked: {why}", notes=(why,))
     vocab = vocab_size(model.get("name_or_path", ""), tok)
     samples = [

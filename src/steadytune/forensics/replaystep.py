@@ -123,28 +123,88 @@ def replay(
     import warnings
 
     import torch
-    from transformers import Trainer
     from transformers.utils import logging as hf_logging
 
-    from steadytune.data.encode import DataSpec, encode_row, sample_hash
-    from steadytune.data.rows import detect_format
     from steadytune.forensics.tokenizer import load_hf_tokenizer
-    from steadytune.records import PlanRevision
     from steadytune.telemetry.envsnap import differences, snapshot
-    from steadytune.train.runner import Collator, training_arguments
 
     hf_logging.disable_progress_bar()  # the verdict is the output; loading bars are noise here
     warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")
     torch.use_deterministic_algorithms(True, warn_only=True)
     notes = list(meta.get("notes", []))
     env_path = folder / "environment.json"
-    if env_path.exists():
-        diff = differences(json.loads(env_path.read_text()), snapshot())
-        if diff:
-            notes.append("environment differs from the run's: " + "; ".join(diff))
+    diff = differences(json.loads(env_path.read_text()), snapshot()) if env_path.exists() else []
+    if diff:
+        notes.append("environment differs from the run's: " + "; ".join(diff))
     ckpt = resolve_checkpoint(folder, meta, checkpoint, run)
     rows = bundle_rows(folder, meta, cfg, data)
     tok = load_hf_tokenizer(cfg.model.name_or_path, cfg.model.trust_remote_code)
+    trainer = _trainer_at_checkpoint(cfg, meta, ckpt, tok)
+    args, optimizer, scheduler = trainer.args, trainer.optimizer, trainer.lr_scheduler
+    assert optimizer is not None and scheduler is not None  # just created
+    if ckpt is None:
+        notes.append("no checkpoint before the step: replayed from the base net with a fresh optimizer")
+    base_spec = _data_spec(cfg, rows)
+    fmt = base_spec.format
+    default_bs = (
+        cfg.train.per_device_train_batch_size if isinstance(cfg.train.per_device_train_batch_size, int) else 1
+    )
+    outcomes: list[StepOutcome] = []
+    by_sample: list[dict[str, Any]] = []
+    net = trainer.model  # the Trainer's, on its device
+    assert net is not None
+    net.zero_grad(set_to_none=True)
+    for entry in meta["replay"]:
+        spec = dataclasses.replace(
+            base_spec, max_seq_length=entry["max_seq_length"] or base_spec.max_seq_length
+        )
+        feats = _step_features(entry, rows, tok, fmt, spec)
+        loss, norm = _train_step(trainer, feats, entry["per_device_train_batch_size"] or default_bs)
+        outcomes.append(_outcome(entry, loss, norm))
+        if entry["step"] == meta["step"]:
+            by_sample = per_sample_loss(net, feats, entry["indices"], args.device)
+            break
+        if not (math.isfinite(loss) and math.isfinite(norm)):
+            # The guard's skip: the optimizer then leaves every weight alone.
+            net.zero_grad(set_to_none=True)
+        _apply_recorded_lr(optimizer, entry, notes)
+        optimizer.step()
+        scheduler.step()
+        net.zero_grad(set_to_none=True)
+    if any(e.get("ranks", 1) > 1 for e in meta["replay"]):
+        notes.append("multi-rank run: rank 0's batch replayed on one process; grad norms are not compared")
+    res = _verdict(meta, ckpt, outcomes, notes)
+    res.samples = by_sample
+    return res
+
+
+def _data_spec(cfg: Any, rows: dict[int, Any]) -> Any:
+    """How the run encoded its rows: its format (as the rows show it, where the config says ``auto``)."""
+    from steadytune.data.encode import DataSpec
+    from steadytune.data.rows import detect_format
+
+    d = cfg.data
+    fmt = d.format if d.format != "auto" else detect_format([next(iter(rows.values()))], d.text_field)
+    return DataSpec(d.train_file, fmt, d.text_field, d.max_seq_length, d.train_on_prompt)
+
+
+def _outcome(entry: dict[str, Any], loss: float, norm: float) -> StepOutcome:
+    """The replayed step beside its recording; a run of several ranks all-reduced its gradient norm, so
+    only its loss is compared."""
+    rec_loss, rec_norm = _f(entry.get("loss")), _f(entry.get("grad_norm"))
+    norm_ok = entry.get("ranks", 1) > 1 or close(norm, rec_norm, NORM_RTOL, NORM_ATOL)
+    same = close(loss, rec_loss, LOSS_RTOL, LOSS_ATOL) and norm_ok
+    return StepOutcome(entry["step"], loss, norm, rec_loss, rec_norm, same)
+
+
+def _trainer_at_checkpoint(cfg: Any, meta: dict[str, Any], ckpt: Path | None, tok: Any) -> Any:
+    """An HF Trainer in the shape of the replayed steps, its optimizer, scheduler and RNG as the checkpoint
+    left them (fresh without one)."""
+    from transformers import Trainer
+
+    from steadytune.records import PlanRevision
+    from steadytune.train.runner import Collator, training_arguments
+
     last = meta["replay"][-1]
     plan = PlanRevision(
         revision=0,
@@ -165,96 +225,55 @@ def replay(
             "the bundle does not say how many steps the run had (max_steps); the LR schedule needs it"
         )
     trainer.create_optimizer_and_scheduler(num_training_steps=max_steps)
-    optimizer, scheduler = trainer.optimizer, trainer.lr_scheduler
-    assert optimizer is not None and scheduler is not None  # just created
     if ckpt is not None:
         trainer._load_optimizer_and_scheduler(str(ckpt))  # the Trainer's own resume path
         trainer._load_rng_state(str(ckpt))
+    return trainer
+
+
+def _step_features(entry: dict[str, Any], rows: dict[int, Any], tok: Any, fmt: str, spec: Any) -> list[Any]:
+    """The step's samples, encoded as the run encoded them; each checked against its recorded hash.
+
+    Raises:
+        ValueError: a sample is missing from the data, or changed since the run.
+    """
+    from steadytune.data.encode import encode_row, sample_hash
+
+    feats = []
+    for sid, recorded in zip(entry["indices"], entry["hashes"] + [""] * len(entry["indices"]), strict=False):
+        if sid not in rows:
+            raise ValueError(f"sample {sid} of step {entry['step']} is not in the data; pass --data PATH")
+        enc = encode_row(tok, rows[sid], fmt, spec)
+        if recorded and f"{sample_hash(enc['input_ids']):015x}" != recorded:
+            raise ValueError(
+                f"sample {sid} of step {entry['step']} changed since the run (content hash differs)"
+            )
+        feats.append(enc)
+    return feats
+
+
+def _train_step(trainer: Any, feats: list[Any], batch_size: int) -> tuple[float, float]:
+    """One optimizer step's forward and backward passes, in micro-batches: its loss (NaN if any
+    micro-batch's was not finite) and its gradient norm (clipped as the run clipped)."""
+    import torch
+
+    net, args = trainer.model, trainer.args
+    batches = [trainer.data_collator(feats[k : k + batch_size]) for k in range(0, len(feats), batch_size)]
+    num_items = trainer._get_num_items_in_batch(batches, args.device)
+    trainer.current_gradient_accumulation_steps = len(batches)
+    loss, bad = 0.0, False
+    for mb in batches:
+        value = float(trainer.training_step(net, mb, num_items))
+        bad |= not math.isfinite(value)
+        loss += value if math.isfinite(value) else 0.0
+    params = [p for p in net.parameters() if p.grad is not None]
+    if args.max_grad_norm and args.max_grad_norm > 0:
+        norm = float(torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm))
+    elif params:
+        norm = float(torch.linalg.vector_norm(torch.stack([p.grad.detach().float().norm(2) for p in params])))
     else:
-        notes.append("no checkpoint before the step: replayed from the base net with a fresh optimizer")
-    fmt = (
-        cfg.data.format
-        if cfg.data.format != "auto"
-        else detect_format([next(iter(rows.values()))], cfg.data.text_field)
-    )
-    base_spec = DataSpec(
-        cfg.data.train_file, fmt, cfg.data.text_field, cfg.data.max_seq_length, cfg.data.train_on_prompt
-    )
-    default_bs = (
-        cfg.train.per_device_train_batch_size if isinstance(cfg.train.per_device_train_batch_size, int) else 1
-    )
-    outcomes: list[StepOutcome] = []
-    by_sample: list[dict[str, Any]] = []
-    net = trainer.model  # the Trainer's, on its device
-    assert net is not None
-    net.zero_grad(set_to_none=True)
-    for entry in meta["replay"]:
-        spec = dataclasses.replace(
-            base_spec, max_seq_length=entry["max_seq_length"] or base_spec.max_seq_length
-        )
-        feats = []
-        for sid, recorded in zip(
-            entry["indices"], entry["hashes"] + [""] * len(entry["indices"]), strict=False
-        ):
-            if sid not in rows:
-                raise ValueError(f"sample {sid} of step {entry['step']} is not in the data; pass --data PATH")
-            enc = encode_row(tok, rows[sid], fmt, spec)
-            if recorded and f"{sample_hash(enc['input_ids']):015x}" != recorded:
-                raise ValueError(
-                    f"sample {sid} of step {entry['step']} changed since the run (content hash differs)"
-                )
-            feats.append(enc)
-        bs = entry["per_device_train_batch_size"] or default_bs
-        batches = [trainer.data_collator(feats[k : k + bs]) for k in range(0, len(feats), bs)]
-        num_items = trainer._get_num_items_in_batch(batches, args.device)
-        trainer.current_gradient_accumulation_steps = len(batches)
-        loss, bad = 0.0, False
-        for mb in batches:
-            value = float(trainer.training_step(net, mb, num_items))
-            bad |= not math.isfinite(value)
-            loss += value if math.isfinite(value) else 0.0
-        loss = math.nan if bad else loss
-        params = [p for p in net.parameters() if p.grad is not None]
-        if args.max_grad_norm and args.max_grad_norm > 0:
-            norm = float(torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm))
-        else:
-            norm = (
-                float(
-                    # params holds only parameters with a gradient.
-                    torch.linalg.vector_norm(torch.stack([p.grad.detach().float().norm(2) for p in params]))  # type: ignore[union-attr]
-                )
-                if params
-                else 0.0
-            )
-        rec_loss, rec_norm = _f(entry.get("loss")), _f(entry.get("grad_norm"))
-        norm_ok = entry.get("ranks", 1) > 1 or close(
-            norm, rec_norm, NORM_RTOL, NORM_ATOL
-        )  # DDP norms are all-reduced
-        outcomes.append(
-            StepOutcome(
-                entry["step"],
-                loss,
-                norm,
-                rec_loss,
-                rec_norm,
-                close(loss, rec_loss, LOSS_RTOL, LOSS_ATOL) and norm_ok,
-            )
-        )
-        if entry["step"] == meta["step"]:
-            by_sample = per_sample_loss(net, feats, entry["indices"], args.device)
-            break
-        if not (math.isfinite(loss) and math.isfinite(norm)):
-            # The guard's skip: the optimizer then leaves every weight alone.
-            net.zero_grad(set_to_none=True)
-        _apply_recorded_lr(optimizer, entry, notes)
-        optimizer.step()
-        scheduler.step()
-        net.zero_grad(set_to_none=True)
-    if any(e.get("ranks", 1) > 1 for e in meta["replay"]):
-        notes.append("multi-rank run: rank 0's batch replayed on one process; grad norms are not compared")
-    res = _verdict(meta, ckpt, outcomes, notes)
-    res.samples = by_sample
-    return res
+        norm = 0.0
+    return (math.nan if bad else loss), norm
 
 
 def _apply_recorded_lr(optimizer: Any, entry: dict[str, Any], notes: list[str]) -> None:

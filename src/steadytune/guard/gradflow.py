@@ -65,6 +65,20 @@ def layer_grad_stats(
         non-finite, and ``nonfinite`` counts its parameters with such entries. ``hist`` has
         ``len(bins) - 1`` counts of non-zero entries; magnitudes beyond the edges count in the edge bins.
     """
+    names, numels, packed = _per_parameter(model, bins, scale)
+    if not names:
+        return {}
+    return _by_layer(names, numels, packed, len(bins) - 1, scale)
+
+
+def _per_parameter(
+    model: Any, bins: Sequence[float], scale: float
+) -> tuple[list[str], list[int], list[float]]:
+    """Each parameter's name and size, and its sum of squares, zero count and histogram, packed.
+
+    The reductions run on the gradients' device; ``packed`` (every sum of squares, then every
+    zero count, then every histogram row) is the one copy to the host.
+    """
     import torch
 
     lo, hi, nbins = float(bins[0]), float(bins[-1]), len(bins) - 1
@@ -94,13 +108,20 @@ def layer_grad_stats(
         h[0] -= z
         hists.append(h)
     if not names:
-        return {}
+        return [], [], []
     # One device-to-host copy for everything: this is the only sync point.
     packed = (
         torch.cat([torch.stack(sumsq), torch.stack(zeros).float(), torch.stack(hists).flatten()])
         .cpu()
         .tolist()
     )
+    return names, numels, packed
+
+
+def _by_layer(
+    names: list[str], numels: list[int], packed: list[float], nbins: int, scale: float
+) -> dict[str, dict[str, Any]]:
+    """The per-parameter figures summed per layer, layers in forward order (plain Python, no torch)."""
     n = len(names)
     sq_l, zero_l, hist_flat = packed[:n], packed[n : 2 * n], packed[2 * n :]
     acc: dict[str, dict[str, Any]] = {}

@@ -9,8 +9,9 @@ caching allocator refuses to grow past the cap and the job gets ``torch.OutOfMem
 jobs beside it. The cap bounds what PyTorch's allocator holds; the CUDA context and memory
 taken outside the allocator (NCCL buffers, other libraries) are not counted in it.
 
-The arithmetic is torch-free, so it is tested without a GPU; only :func:`apply_memory_cap`
-imports torch, and only when the variable is set.
+The variable and its parsing are the job's environment (:mod:`steadytune.jobenv`), which the
+server writes without this room. The arithmetic is torch-free, so it is tested without a GPU;
+only :func:`apply_memory_cap` imports torch, and only when the variable is set.
 """
 
 from __future__ import annotations
@@ -18,27 +19,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-MEMORY_CAP_ENV = "STEADYTUNE_MEMORY_CAP_BYTES"
-
-
-def parse_cap(value: str | None) -> int | None:
-    """The cap in bytes from the variable's text; None when unset or empty.
-
-    Raises:
-        ValueError: not a whole number of bytes > 0 (the message names the variable and the fix).
-    """
-    if value is None or not value.strip():
-        return None
-    try:
-        cap = int(value.strip())
-    except ValueError:
-        cap = 0
-    if cap <= 0:
-        raise ValueError(
-            f"{MEMORY_CAP_ENV}={value!r}: give the cap as a whole number of bytes > 0, "
-            "e.g. 21474836480 for 20 GiB (steadytune submit --memory-cap-gib 20 sets it)"
-        )
-    return cap
+from steadytune.jobenv import MEMORY_CAP_ENV, parse_cap
 
 
 def cap_fraction(cap_bytes: int, total_bytes: int) -> float | None:

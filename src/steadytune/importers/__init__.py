@@ -13,7 +13,8 @@ watched command's stdout is read with, live. Formats, in the order they are trie
 - ``llamafactory_trainer_log``: LLaMA-Factory ``trainer_log.jsonl``;
 - ``megatron_golden_values``: Megatron golden-values JSON;
 - ``tensorboard``: TensorBoard event files, or a directory of them;
-- ``jsonl_log``: JSON lines with a step and a loss, typed (``{"type": "eval", ...}``) or not;
+- ``jsonl_log``: JSON lines with a loss or an RL/preference signal, typed (``{"type": "eval", ...}``)
+  or not, at their step, their own ``*_step`` counter, or their place;
 - ``composer_console``: MosaicML Composer / llm-foundry stdout, ``[batch=N/M]:`` then
   ``Train loss/train/total: X`` lines;
 - ``megatron_text``: Megatron/DeepSpeed ``iteration N/ M | lm loss: X |`` lines;
@@ -26,6 +27,8 @@ watched command's stdout is read with, live. Formats, in the order they are trie
   LLaMA-Factory stdout (``{'loss': 2.3, 'grad_norm': 1.1, ...}``, also after a progress
   bar), fairseq's ``train_inner | {"loss": "2.3", "num_updates": "5", ...}``;
 - ``csv``: CSV/TSV with a step column (W&B export);
+- ``json_document``: a JSON list of per-step dicts, or a document holding one, or series of
+  ``{step, value}`` points, or columns of numbers;
 - ``text_log``: any text whose lines name a step and a loss (``step 10 | loss 2.3``,
   ``iter 10: loss=2.3``, ``Step [10/500], Loss: 2.3``), by the rules in
   :mod:`~steadytune.importers.text_log`.
@@ -105,6 +108,8 @@ _BY_DOCUMENT = tuple(f for f in REGISTRY if f.sniff_document is not None)
 _BY_TEXT = tuple(f for f in REGISTRY if f.sniff_text is not None)
 
 _HEAD_BYTES = 64 << 10
+# A JSON array, not a text line that starts with a bracket ("[2024-05-01 12:00:00]", "[INFO]").
+_JSON_ARRAY = re.compile(r'\s*\[\s*(?:[{\["\]]|-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?\s*[,\]])')
 # Lines only source code starts with: the reason given when such a file is not a log either.
 _SOURCE = re.compile(r"^(?:from [\w.]+ import |import [\w.]+\s*$|def \w+\(|class \w+[(:])", re.MULTILINE)
 
@@ -126,6 +131,38 @@ def _tail(path: Path) -> str:
         f.seek(size - _HEAD_BYTES)
         raw = f.read()
     return raw[raw.find(b"\n") + 1 :].decode("utf-8", errors="replace")
+
+
+# Words a record line holds; a log's lines that hold none are what lies between its records.
+_RECORD_WORDS = re.compile(rb"loss|reward|step|iter|epoch", re.IGNORECASE)
+
+
+def _middle(path: Path) -> str:
+    """``_HEAD_BYTES`` from the middle of a file three heads long or more, whole lines ("" if shorter)."""
+    with open(path, "rb") as f:
+        size = f.seek(0, 2)
+        if size < 3 * _HEAD_BYTES:
+            return ""
+        f.seek(size // 2)
+        raw = f.read(_HEAD_BYTES)
+    return raw[raw.find(b"\n") + 1 : raw.rfind(b"\n") + 1].decode("utf-8", errors="replace")
+
+
+def _digest(path: Path) -> str:
+    """The lines of a file longer than its head that hold a record's words, up to a head's worth
+    (empty for a short file): sniffed when the head and the tail held too few records."""
+    if path.stat().st_size <= _HEAD_BYTES:
+        return ""
+    kept: list[bytes] = []
+    size = 0
+    with open(path, "rb") as f:
+        for line in f:
+            if len(line) < 16384 and _RECORD_WORDS.search(line):
+                kept.append(line)
+                size += len(line)
+                if size >= _HEAD_BYTES:
+                    break
+    return b"".join(kept).decode("utf-8", errors="replace")
 
 
 def _first_json_line(head: str) -> Any:
@@ -220,7 +257,7 @@ def _sniff(path: Path) -> tuple[str, Any]:
     head = _head(path)
     if not head.strip():
         raise UnreadableLog("empty file")
-    if head.lstrip().startswith("{"):
+    if head.lstrip().startswith("{") or _JSON_ARRAY.match(head):
         return _sniff_json(path, head)
     return _sniff_text(path, head)
 
@@ -245,7 +282,8 @@ def _sniff_json(path: Path, head: str) -> tuple[str, Any]:
             return f.name, data
     raise UnreadableLog(
         "JSON, but neither a trainer_state.json (log_history), Megatron golden values "
-        "({metric: {values}}), a trainer_log.jsonl (current_steps) nor JSON lines with a step and a loss"
+        "({metric: {values}}), a trainer_log.jsonl (current_steps), JSON lines with a step and a loss, "
+        "nor a list of per-step records or series of {step, value} points"
     )
 
 
@@ -257,6 +295,13 @@ def _sniff_text(path: Path, head: str) -> tuple[str, Any]:
     if tail:  # a long preamble (a code dump, a config, pip freeze) before the first step
         for f in _BY_TEXT:
             if f.text_tail and f.sniff_text is not None and f.sniff_text(tail):
+                return f.name, None
+    # A log whose head is a config dump and whose tail a traceback: its middle. A log whose few
+    # records lie far apart, among pages of generations: the lines that hold a record's words.
+    for sample in (_middle, _digest):
+        text = sample(path)
+        for f in _BY_TEXT:
+            if text and f.text_tail and f.sniff_text is not None and f.sniff_text(text):
                 return f.name, None
     if len(_SOURCE.findall(head)) >= 2:
         raise UnreadableLog("Python source, not a log")

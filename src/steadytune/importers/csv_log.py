@@ -124,7 +124,7 @@ def read(path: Path) -> Series:
     if col is None:
         raise UnreadableLog(f"CSV has no step column (looked for {', '.join(STEP_COLUMNS)})")
     metrics = column_metrics(header, col)
-    b = SeriesBuilder(str(path), FORMAT)
+    b = SeriesBuilder(str(path), FORMAT, in_order=True)
     for row in rows:
         if len(row) <= col:
             continue

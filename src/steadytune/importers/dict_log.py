@@ -40,16 +40,22 @@ from typing import NamedTuple
 from steadytune.importers.format import LogFormat
 from steadytune.importers.prefix import LowestRank, strip_ansi, strip_prefix
 from steadytune.importers.series import ALIASES, Series, SeriesBuilder, UnreadableLog
-from steadytune.importers.text_log import find_step
+from steadytune.importers.text_steps import find_step
 
 FORMAT = "dict_log"
 MIN_RECORDS = 3
 STEP_KEYS = ("step", "global_step", "num_updates", "iteration", "iter", "current_steps")
 LOOKED_FOR = "lines ending in a dict with a loss ({'loss': 2.3, ...} or {\"loss\": 2.3, ...})"
 
-# verl's console logger: "step:1 - actor/pg_loss:0.009 - actor/grad_norm:3.7 - ..." (no braces).
-_KV_LINE = re.compile(r"^step:\s*\d+(?:\s+-\s+[^\s:][^:]*:\s*\S+)+\s*$")
+# verl's console logger: "step:1 - actor/pg_loss:0.009 - actor/grad_norm:3.7 - ..." (no braces); its
+# values may be numpy's reprs (np.float64(0.0)), and a terminal capture may cut the line short.
+_KV_START = re.compile(r"^step:\s*(\d+)\s+-\s+")
+_KV_VALUE = re.compile(
+    r"^(?:np\.\w+\(|tensor\(|float\()?\s*([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+|nan|inf))\)?$"
+)
 _LOG_DICT = re.compile(r"""(\{[^{}]*['"](?:loss|train_loss|eval_loss)['"][^{}]*\})\s*$""")
+_SUMMARY_START = re.compile(r"""\{\s*['"]train_runtime['"]\s*:""")
+_ANY_DICT = re.compile(r"""\{[^{}]*['"](?:loss|train_loss|eval_loss)['"][^{}]*\}""")
 # ms-swift prints its step as a string beside the total: 'global_step/max_steps': '10/100'.
 _SWIFT_STEP = re.compile(r"""['"]global_step/max_steps['"]\s*:\s*['"](\d+)/(\d+)['"]""")
 # The logging interval where the log states it: axolotl prints its config as JSON at the start
@@ -95,19 +101,19 @@ def _numbers(text: str) -> dict[str, float]:
 
 def _kv_line(line: str) -> dict[str, float] | None:
     """The numbers of a ``step:N - key:value - ...`` line (verl); None if it is not one."""
-    if "step:" not in line[:80]:
+    if "step:" not in line[:120]:
         return None
     text = strip_prefix(line)[1]
-    if not _KV_LINE.match(text):
+    m = _KV_START.match(text)
+    if m is None:
         return None
-    out: dict[str, float] = {}
-    for pair in text.split(" - "):
-        key, _, raw = pair.strip().rpartition(":")
-        try:
-            out[key] = float(raw)
-        except ValueError:
-            continue
-    return out
+    out: dict[str, float] = {"step": float(m.group(1))}
+    for pair in text[m.end() :].split(" - "):
+        key, sep, raw = pair.strip().rpartition(":")
+        value = _KV_VALUE.match(raw.strip()) if sep and key and " " not in key else None
+        if value is not None:  # a pair the capture cut short is left out
+            out[key] = float(value.group(1))
+    return out if len(out) > 1 else None
 
 
 def parse_log_line(line: str) -> dict[str, float] | None:
@@ -135,8 +141,11 @@ def swift_progress(text: str) -> tuple[int, int] | None:
 
 
 def is_summary(values: dict[str, float]) -> bool:
-    """The Trainer's closing line (train_runtime, train_loss): a summary, not an optimizer step."""
-    return "train_runtime" in values or ("train_loss" in values and "loss" not in values)
+    """The Trainer's closing line (train_runtime, train_loss): a summary, not an optimizer step.
+
+    A step's own dict may carry the run time so far too (TRL 0.2x logs ``train_runtime`` and
+    ``train_tokens_per_second`` in every dict): with a ``loss``, it is a step."""
+    return ("train_runtime" in values or "train_loss" in values) and "loss" not in values
 
 
 def train_bar(line: str) -> tuple[int, int] | None:
@@ -215,31 +224,59 @@ def _records(lines: list[str]) -> list[tuple[int | None, int, dict[str, float]]]
             m = _DECLARED_EVERY.search(line)
             if m:
                 declared = int(m.group(1) or m.group(2)) or None
+        if "train_runtime" in line and not finished:
+            finished = bool(_SUMMARY_START.search(line))  # also a summary the capture broke in two
         if "{" not in line:
             values = _kv_line(line)
             if values is None:
                 if "it/s" in line or "s/it" in line:
                     bar = _last_bar(line) or bar
                 continue
+            found = [(bar, values)]
         else:
-            bar = _last_bar(line[: line.rfind("{")]) or bar
-            values = parse_log_line(line)
-        if values is None:
-            continue
-        values = {ALIASES.get(k, k): v for k, v in values.items()}
-        step = own_step(values)
-        if "train_loss" in values and "loss" not in values and step is not None:
-            values["loss"] = values.pop("train_loss")  # a script's own dict, not the Trainer's summary
-        elif is_summary(values):
-            finished = True
-            continue
-        if "loss" not in values and "eval_loss" not in values:
-            continue
-        if step is None:
-            step = _text_step(line)
-        count, total = bar if bar else (None, None)
-        rows.append(_Row(strip_prefix(line)[0], step, count, total, values))
+            found = _line_dicts(line, bar)
+            if not found:
+                continue
+        for bar, values in found:
+            values = {ALIASES.get(k, k): v for k, v in values.items()}
+            step = own_step(values)
+            if is_summary(values) and ("train_runtime" in values or step is None):
+                finished = True  # the closing summary: its train_loss is the run's mean
+                continue
+            if "train_loss" in values and "loss" not in values:
+                values["loss"] = values.pop("train_loss")  # a script's own dict, with its step
+            if "loss" not in values and "eval_loss" not in values:
+                continue
+            if step is None:
+                step = _text_step(line)
+            count, total = bar if bar else (None, None)
+            rows.append(_Row(strip_prefix(line)[0], step, count, total, values))
+        if "{" in line and ("it/s" in line or "s/it" in line):
+            bar = _last_bar(line[line.rfind("}") :]) or bar
     return _stepped(rows, finished, declared)
+
+
+def _line_dicts(
+    line: str, bar: tuple[int, int] | None
+) -> list[tuple[tuple[int, int] | None, dict[str, float]]]:
+    """Each log dict of a line with the bar reading last drawn before it.
+
+    A capture that turned the bar's ``\\r`` into nothing has the Trainer's dicts in the middle
+    of one long line of bar drawings (``9/472 [..]{'loss': 0.99, ...}  2%|▏| 10/472 [..]``).
+    """
+    text = strip_ansi(line)
+    out: list[tuple[tuple[int, int] | None, dict[str, float]]] = []
+    start = 0
+    for m in _ANY_DICT.finditer(text):
+        bar = _last_bar(text[start : m.start()]) or bar
+        start = m.end()
+        values = _numbers(m.group(0))
+        swift = swift_progress(m.group(0))
+        if swift:
+            values["global_step"] = float(swift[0])
+        if values:
+            out.append((bar, values))
+    return out
 
 
 def _stepped(
@@ -267,11 +304,10 @@ def sniff(head: str) -> bool:
     count = 0
     for line in head.splitlines()[:2000]:
         if "loss" in line:
-            values = parse_log_line(line) if "{" in line else _kv_line(line)
-            if values is not None and not is_summary(values):
-                count += 1
-                if count >= MIN_RECORDS:
-                    return True
+            found = [v for _, v in _line_dicts(line, None)] if "{" in line else [_kv_line(line)]
+            count += sum(1 for values in found if values is not None and not is_summary(values))
+            if count >= MIN_RECORDS:
+                return True
     return False
 
 
@@ -280,7 +316,7 @@ def read(path: Path) -> Series:
         rows = _records(f.read().splitlines())
     if len(rows) < MIN_RECORDS:
         raise UnreadableLog(f"fewer than {MIN_RECORDS} {LOOKED_FOR}")
-    b = SeriesBuilder(str(path), FORMAT)
+    b = SeriesBuilder(str(path), FORMAT, in_order=True)
     ranks = LowestRank(b)
     for rank, step, values in rows:
         if ranks.accept(step, rank):

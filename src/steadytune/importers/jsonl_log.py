@@ -10,8 +10,13 @@ Examples of what is read::
 
 The rules:
 
-- A row needs a step, the first integer of :data:`STEP_KEYS`; rows without one
-  (headers, summaries) and lines that are not JSON objects (torn writes) are skipped.
+- A row's step is the first integer of :data:`STEP_KEYS`; rows without one (headers,
+  summaries) and lines that are not JSON objects (torn writes) are skipped. A log that
+  names none of them counts its steps its own way: the counter (an integer field named
+  ``<something>_step``, ``<something>_iter`` or ``<something>_iteration``: ``grpo_step``,
+  ``optimizer_step``) that the most rows carry is the step, the outer loop's where both an
+  outer and an inner one are there; a log with no counter at all is numbered by the order of
+  its rows (1, 2, ...).
 - The record type is the string under ``type``, ``_type``, ``event`` or ``kind``.
   Types in :data:`SKIP_TYPES` (config, summary, heartbeat, ...) are not metrics and
   are skipped. In rows typed as an evaluation (:data:`EVAL_TYPES`: eval, val,
@@ -24,18 +29,23 @@ The rules:
   ``data``, ``scalars``, ``values``, ``logs`` or ``extra`` keep their own names.
 - A ``rank`` (or ``global_rank``) field picks, when several ranks log the same
   step, the lowest rank's row. Otherwise the last value per step wins.
-- The file is this format when one of its first lines is such a row with a loss.
+- The file is this format when one of its first lines is such a row with a loss, or with a
+  signal only RL and preference runs log (a reward, a KL, ``logps``: objectives.py).
 """
 
 from __future__ import annotations
 
 import json
+import re
+from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from steadytune.importers.format import LogFormat
 from steadytune.importers.prefix import LowestRank
 from steadytune.importers.series import ALIASES, Series, SeriesBuilder, UnreadableLog
+from steadytune.objectives import objective_of
 
 FORMAT = "jsonl_log"
 # The trainer's own step before W&B's ``_step``, which counts log calls (an eval row is one more).
@@ -52,15 +62,26 @@ SKIP_TYPES = frozenset(
 _CONTAINERS = frozenset({"metrics", "data", "scalars", "values", "logs", "extra"})
 _NOT_METRICS = frozenset((*STEP_KEYS, *TYPE_KEYS, "rank", "global_rank"))
 _LOSSES = ("loss", "eval_loss")
-LOOKED_FOR = f"a step ({'/'.join(STEP_KEYS)}) and a loss (loss, train/loss, eval_loss, val_loss)"
+LOOKED_FOR = (
+    f"a loss (loss, train/loss, eval_loss, val_loss) or an RL/preference signal (reward, kl, logps, ...), "
+    f"at a step ({'/'.join(STEP_KEYS)}, a *_step counter, or the order of the rows)"
+)
+
+
+# A counter a script names after its own loop: grpo_step, optimizer_step, train_iter, outer_iteration.
+# Not a count of steps done: a budget (max_steps), a size (num_...), a rate (time_per_step).
+COUNTER = re.compile(
+    r"^(?!max_|num_|total_|n_)(?!.*_per_)[a-z][a-z0-9]*(?:_[a-z0-9]+)*_(?:step|iter|iteration)$",
+    re.IGNORECASE,
+)
 
 
 def _numbers(row: dict[str, Any]) -> dict[str, float]:
     out: dict[str, float] = {}
     for key, value in row.items():
-        if key in _NOT_METRICS:
-            continue
         kind = type(value)
+        if key in _NOT_METRICS or (kind is int and COUNTER.match(key)):  # other counters are no metrics
+            continue
         if kind is float or kind is int:
             out[key] = value
         elif kind is dict:
@@ -70,13 +91,19 @@ def _numbers(row: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def _step(row: dict[str, Any]) -> int | None:
-    for key in STEP_KEYS:
-        value = row.get(key)
-        if type(value) is int:
+def _integral(value: Any) -> int | None:
+    if type(value) is int:
+        return value
+    if type(value) is float and value.is_integer():
+        return int(value)
+    return None
+
+
+def _step(row: dict[str, Any], counter: str | None = None) -> int | None:
+    for key in (counter,) if counter else STEP_KEYS:
+        value = _integral(row.get(key))
+        if value is not None:
             return value
-        if type(value) is float and value.is_integer():
-            return int(value)
     # ms-swift's logging.jsonl: "global_step/max_steps": "10/100".
     swift = row.get("global_step/max_steps")
     if isinstance(swift, str):
@@ -86,11 +113,35 @@ def _step(row: dict[str, Any]) -> int | None:
     return None
 
 
-def parse_row(row: Any) -> tuple[int | None, int, dict[str, float]] | None:
-    """``(rank, step, metrics)`` of one decoded line, metric names resolved; None if not a metrics row."""
+def counter_of(rows: list[dict[str, Any]]) -> str | None:
+    """The step counter of rows that carry none of :data:`STEP_KEYS`: the ``*_step`` /
+    ``*_iter(ation)`` integer field most rows have (an outer loop's counter is on every row,
+    an inner one's only on the rows of its loop); None when there is none."""
+    seen: Counter[str] = Counter()
+    for row in rows:
+        seen.update(k for k, v in row.items() if COUNTER.match(k) and _integral(v) is not None)
+    if not seen:
+        return None
+    best = max(seen.values())
+    return next(k for k, n in seen.items() if n == best)  # the first named, among the most carried
+
+
+def has_step(rows: list[dict[str, Any]]) -> bool:
+    """Whether any row names its step by one of :data:`STEP_KEYS`."""
+    return any(_step(row) is not None for row in rows)
+
+
+def parse_row(
+    row: Any, counter: str | None = None, index: int | None = None
+) -> tuple[int | None, int, dict[str, float]] | None:
+    """``(rank, step, metrics)`` of one decoded line, metric names resolved; None if not a metrics row.
+
+    ``counter``: the field that is the step (see :func:`counter_of`); ``index``: the step of a
+    row in a log that counts none (its place, from 1).
+    """
     if not isinstance(row, dict):
         return None
-    step = _step(row)
+    step = _step(row, counter) if index is None else index
     if step is None:
         return None
     kind = next((row[k] for k in TYPE_KEYS if isinstance(row.get(k), str)), "").lower()
@@ -103,6 +154,20 @@ def parse_row(row: Any) -> tuple[int | None, int, dict[str, float]] | None:
     return (rank if type(rank) is int else None), step, numbers
 
 
+def parse_rows(rows: list[Any]) -> list[tuple[int | None, int, dict[str, float]]]:
+    """Every metrics row of a log, each at its step: its :data:`STEP_KEYS` field where the log
+    names one, else the log's own counter, else its place among the rows that hold numbers."""
+    dicts = [r for r in rows if isinstance(r, dict)]
+    if has_step(dicts):
+        parsed = (parse_row(r) for r in dicts)
+    elif (counter := counter_of(dicts)) is not None:
+        parsed = (parse_row(r, counter) for r in dicts)
+    else:
+        numbered = [r for r in dicts if _numbers(r)]
+        parsed = (parse_row(r, index=i) for i, r in enumerate(numbered, 1))
+    return [p for p in parsed if p is not None]
+
+
 def _eval_name(name: str) -> str:
     if name == "loss" or name == "eval_loss":
         return "eval_loss"
@@ -111,34 +176,36 @@ def _eval_name(name: str) -> str:
     return f"eval_{name}"
 
 
-def _rows(lines: list[str]) -> list[tuple[int | None, int, dict[str, float]]]:
+def _decoded(lines: Iterable[str]) -> list[Any]:
     out = []
     for line in lines:
         line = line.strip()
         if not line.startswith("{"):
             continue
         try:
-            parsed = parse_row(json.loads(line))
+            out.append(json.loads(line))
         except ValueError:
             continue
-        if parsed is not None:
-            out.append(parsed)
     return out
+
+
+def _is_signal(numbers: dict[str, float]) -> bool:
+    return any(k in numbers for k in _LOSSES) or objective_of(numbers) is not None
 
 
 def sniff(head: str) -> bool:
     lines = head.splitlines()
     if not head.endswith("\n"):
         lines = lines[:-1]  # the head may have cut it
-    return any(any(k in numbers for k in _LOSSES) for _, _, numbers in _rows(lines[:50]))
+    return any(_is_signal(numbers) for _, _, numbers in parse_rows(_decoded(lines[:50])))
 
 
 def read(path: Path) -> Series:
     with open(path, encoding="utf-8", errors="replace") as f:
-        rows = _rows(f.readlines())
+        rows = parse_rows(_decoded(f))
     if not rows:
         raise UnreadableLog(f"no JSON object with {LOOKED_FOR}")
-    b = SeriesBuilder(str(path), FORMAT)
+    b = SeriesBuilder(str(path), FORMAT, in_order=True)
     ranks = LowestRank(b)
     for rank, step, numbers in rows:
         if ranks.accept(step, rank):

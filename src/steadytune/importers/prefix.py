@@ -4,7 +4,7 @@
 
 - rank tags: ``[rank0]:`` and ``[default0]:`` (torchrun), ``rank0:`` / ``rank 0:``,
   ``0:`` (``srun -l``, ``torchrun --tee``), ``[1,0]<stdout>:`` (``mpirun --tag-output``),
-  ``[Rank 0]`` (DeepSpeed);
+  ``[Rank 0]`` (DeepSpeed); Ray's actor tag ``(TaskRunner pid=14640)`` (verl, OpenRLHF);
 - timestamps: ``2024-05-01 12:00:00,123``, ``2024-05-01T12:00:00.123Z``,
   ``05/01/2024 12:00:00``, ``12:00:00``, bracketed or not;
 - log levels and logger names: ``INFO``, ``[INFO]``, ``INFO:root:``, ``- INFO - __main__ -``,
@@ -29,6 +29,7 @@ _PREFIX = re.compile(
         \[(?:rank|default)\s*(?P<r1>\d+)\]:
       | \[\d+,(?P<r2>\d+)\]<std(?:out|err)>:
       | \[Rank\s+(?P<r3>\d+)\]
+      | \([\w.-]+\s+pid=\d+(?:,\s*ip=[\w.:-]+)?\)
       | rank\s*(?P<r4>\d+)\s*:
       | \[?\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?\]?
       | \[?\d{1,2}/\d{1,2}/\d{2,4}[ ,]+\d{2}:\d{2}:\d{2}(?:[.,]\d+)?\]?

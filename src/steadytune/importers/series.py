@@ -1,10 +1,16 @@
 """The common in-memory form of an imported log, and how raw values get into it.
 
 Every importer emits ``(step, metric, value)`` triples into a
-:class:`SeriesBuilder`; it keeps the *last* value per step and metric (logs that
-were resumed or appended twice repeat steps, interleaved with others), orders
-the steps, and turns them into :class:`StepRecord` objects, the same records a
-live run writes. Detectors then never know where the numbers came from.
+:class:`SeriesBuilder`; it orders the steps and turns them into :class:`StepRecord`
+objects, the same records a live run writes. Detectors then never know where the
+numbers came from.
+
+A reader that hands its records over in the order the file holds them (``in_order``)
+gets two rules more (docs/detectors.md, *Several runs in one file*): values a step
+logs several times in a row (a loss per micro-batch) become their mean, one value
+per step; and where the step goes back, the file holds several runs or attempts,
+which :mod:`~steadytune.importers.runs` tells apart, each judged on its own.
+Otherwise the *last* value per step and metric is kept.
 """
 
 from __future__ import annotations
@@ -12,12 +18,14 @@ from __future__ import annotations
 import dataclasses
 import gc
 import math
+import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
+from steadytune.importers.runs import Rows, split_runs
 from steadytune.objectives import objective_of
 from steadytune.records import StepRecord, SystemSample, valid_step
 
@@ -77,6 +85,40 @@ ALIASES: dict[str, str] = {
     "mem-allocated-bytes": "mem_allocated_bytes",
     "mem-max-allocated-bytes": "mem_peak_bytes",
 }
+
+
+_NAMES: dict[str, str] = dict(ALIASES)  # every name met, canonical: filled as logs are read
+_MAX_NAMES = 1 << 16
+
+
+# A batch's mean reward, however a script spells it, is TRL's ``reward``; its spread ``reward_std``.
+_MEAN_REWARD = re.compile(
+    r"^(?:(?:avg|average|mean)[_/])?rewards?(?:_score)?(?:[_/](?:avg|average|mean))?$", re.IGNORECASE
+)
+_REWARD_SPREAD = re.compile(r"^(?:rewards?[_/]std|std[_/]rewards?)$", re.IGNORECASE)
+
+
+def canonical(name: str) -> str:
+    """A metric's name as the detectors know it: its alias (:data:`ALIASES`), and without the
+    ``train/`` that the Trainer's TensorBoard and W&B callbacks put before every training key
+    (``train/reward`` is TRL's ``reward``), ``eval/x`` as the Trainer names it (``eval_x``); a
+    mean reward (``mean_reward``, ``avg_reward``, ``reward/mean``, ``average_reward_score``,
+    ``Reward``) is ``reward``, its spread (``std_reward``, ``rewards/std``) ``reward_std``."""
+    out = ALIASES.get(name)
+    if out is None:
+        if _MEAN_REWARD.match(name):
+            out = "reward"
+        elif _REWARD_SPREAD.match(name):
+            out = "reward_std"
+        elif name.startswith("train/") and len(name) > 6:
+            out = ALIASES.get(name[6:], name[6:])
+        elif name.startswith("eval/") and len(name) > 5:
+            out = ALIASES.get(f"eval_{name[5:]}", f"eval_{name[5:]}")
+        else:
+            out = name
+    if len(_NAMES) < _MAX_NAMES:
+        _NAMES[name] = out
+    return out
 
 
 # Names a log gives its training loss, most preferred first, after ALIASES (so ``train/loss`` and
@@ -179,9 +221,26 @@ def parse_number(raw: Any, nan_means_missing: bool = False) -> float | None:
     return x
 
 
+class Run(NamedTuple):
+    """One run of a file that holds several: its records, and from which step its findings are its own.
+
+    ``report_from``: for an attempt resumed from a checkpoint, the step it resumed at. Its records
+    start with the steps the attempt before logged (the history a live detector would have had);
+    what is found before ``report_from`` is the attempt before's, and reported there.
+    """
+
+    records: list[StepRecord]
+    report_from: int | None = None
+    label: str = ""
+
+
 @dataclass
 class Series:
-    """One imported run: its step records (all ranks), system samples, and what it holds."""
+    """One imported log: its step records (all ranks), system samples, and what it holds.
+
+    A file holding several runs (appended, restarted, resumed with other values) has them one
+    after another in ``records``, each ordered by step; ``parts`` says where each begins.
+    """
 
     path: str
     format: str
@@ -189,17 +248,31 @@ class Series:
     system: list[SystemSample] = field(default_factory=list)
     metrics: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what reading decided, said once (a loss ignored)
+    parts: list[tuple[int, int | None]] = field(default_factory=list)  # (first record, report_from)
 
     @property
     def steps(self) -> int:
         return len({r.step for r in self.records})
 
-    def values(self, metric: str) -> tuple[list[int], list[float]]:
-        """Steps and values of one metric (a StepRecord field or an ``extra`` key), primary rank."""
+    def runs(self) -> list[Run]:
+        """The runs the file holds, each to be judged on its own (one for most files)."""
+        if len(self.parts) < 2:
+            return [Run(self.records)]
+        ends = [start for start, _ in self.parts[1:]] + [len(self.records)]
+        n = len(self.parts)
+        return [
+            Run(self.records[start:end], report_from, f"run {i} of {n}")
+            for i, ((start, report_from), end) in enumerate(zip(self.parts, ends, strict=True), 1)
+        ]
+
+    def values(self, metric: str, records: list[StepRecord] | None = None) -> tuple[list[int], list[float]]:
+        """Steps and values of one metric (a StepRecord field or an ``extra`` key), primary rank;
+        of ``records`` (one of :meth:`runs`) when given."""
         xs: list[int] = []
         ys: list[float] = []
-        rank = min((r.rank for r in self.records), default=0)
-        for r in self.records:
+        records = self.records if records is None else records
+        rank = min((r.rank for r in records), default=0)
+        for r in records:
             if r.rank != rank:
                 continue
             v = getattr(r, metric, None) if metric in _FIELDS else r.extra.get(metric)
@@ -210,39 +283,77 @@ class Series:
 
 
 class SeriesBuilder:
-    """Collects (step, metric, value); the last value per step and metric wins."""
+    """Collects (step, metric, value); the last value per step and metric wins.
 
-    def __init__(self, path: str, fmt: str) -> None:
+    ``in_order``: the reader adds records in the order the file holds them, so a value logged
+    again at the step just logged is one more sub-batch of that step (their mean is kept), and
+    a step that goes back starts another segment of the file (:func:`runs.split_runs`).
+    """
+
+    def __init__(self, path: str, fmt: str, in_order: bool = False) -> None:
         self.path = path
         self.format = fmt
-        self._rows: dict[int, dict[str, Any]] = {}
+        self._rows: Rows = {}
+        self._segments: list[Rows] = []
+        self._in_order = in_order
+        self._last: int | None = None  # the step added last
+        self._seen: dict[str, int] = {}  # how many values each metric of that step has had
+
+    def _target(self, step: int) -> dict[str, Any]:
+        """The row of ``step``; in order, a step lower than the last one starts another segment."""
+        if step != self._last:
+            if self._in_order and self._last is not None and step < self._last and self._rows:
+                self._segments.append(self._rows)
+                self._rows = {}
+            self._last = step
+            self._seen = {}
+        target = self._rows.get(step)
+        if target is None:
+            target = self._rows[step] = {}
+        return target
+
+    def _put(self, target: dict[str, Any], name: str, value: Any) -> None:
+        """Set a value; in order, a metric the step already has is one more sub-batch: the mean."""
+        n = self._seen.get(name, 0) if self._in_order else 0
+        old = target.get(name)
+        if n and type(old) in (int, float) and type(value) in (int, float):
+            value = old if old == value else old + (value - old) / (n + 1)  # a NaN stays a NaN
+        target[name] = value
+        if self._in_order:
+            self._seen[name] = n + 1
 
     def add(self, step: int, metric: str, value: Any) -> None:
         if value is None:
             return
-        name = ALIASES.get(metric, metric)
-        self._rows.setdefault(step, {})[name] = value
+        self._put(self._target(step), _NAMES.get(metric) or canonical(metric), value)
 
     def add_numbers(self, step: int, row: dict[str, Any]) -> None:
         """Add the int/float fields of a parsed JSON row as they are (the fast path for big logs)."""
         numbers = {
-            ALIASES.get(k, k): v
+            _NAMES.get(k) or canonical(k): v
             if type(v) is float or -_MAXF <= v <= _MAXF
             else (math.inf if v > 0 else -math.inf)
             for k, v in row.items()
             if type(v) is float or type(v) is int
         }
-        target = self._rows.get(step)
-        if target is None:
-            self._rows[step] = numbers
-        else:
+        if not self._in_order:  # last value wins: the fast path of a trainer_state.json
+            target = self._rows.get(step)
+            if target is None:
+                self._rows[step] = numbers
+            else:
+                target.update(numbers)
+            return
+        target = self._target(step)
+        if not target:  # the usual case: a step's first row
             target.update(numbers)
+            self._seen = dict.fromkeys(numbers, 1)
+        else:
+            for name, value in numbers.items():
+                self._put(target, name, value)
 
     def add_row(self, step: int, row: dict[str, Any], nan_means_missing: bool = False) -> None:
         """Add every numeric field of one logged row (strings are parsed)."""
-        target = self._rows.get(step)
-        if target is None:
-            target = self._rows[step] = {}
+        target = self._target(step)
         for key, raw in row.items():
             kind = type(raw)
             if kind is float or kind is int:  # the common case, without the string parsing
@@ -257,55 +368,86 @@ class SeriesBuilder:
                 x = parse_number(raw, nan_means_missing)
                 if x is None:
                     continue
-            target[ALIASES.get(key, key)] = x
+            self._put(target, _NAMES.get(key) or canonical(key), x)
 
     def discard(self, step: int) -> None:
         """Forget what was added for ``step`` (another rank's line is to replace it)."""
         self._rows.pop(step, None)
+        if step == self._last:
+            self._seen = {}
 
     def __len__(self) -> int:
-        return len(self._rows)
+        return len(self._rows) + sum(len(s) for s in self._segments)
 
     def build(self, require: tuple[str, ...] = ()) -> Series:
-        if any(not valid_step(s) for s in self._rows):  # a damaged step number: that row is left out
-            self._rows = {s: row for s, row in self._rows.items() if valid_step(s)}
-        if not self._rows:
+        segments = [s for s in (*self._segments, self._rows) if s]
+        if any(not valid_step(s) for seg in segments for s in seg):  # a damaged step: that row is left out
+            segments = [{s: row for s, row in seg.items() if valid_step(s)} for seg in segments]
+            segments = [seg for seg in segments if seg]
+        if not segments:
             wanted = f" (looked for entries with a step and {' / '.join(require)})" if require else ""
             raise UnreadableLog(f"no logged steps found{wanted}")
         with no_gc():
-            return self._build(require)
+            return self._build(segments, require)
 
-    def _choose_loss(self) -> list[str]:
+    @staticmethod
+    def _choose_loss(runs: list[Rows]) -> list[str]:
         """Make the training loss (:class:`LossChoice`) the rows' ``loss``; the other loss-like
         series stay beside it under their names, not judged. Returns what was ignored, said once."""
         names: set[str] = set()
-        for row in self._rows.values():
-            names.update(row)
+        for rows in runs:
+            for row in rows.values():
+                names.update(row)
         candidates = [n for n in TRAIN_LOSS_NAMES if n in names]
         if not candidates or candidates == ["loss"]:
             return []  # the usual log: one loss, under its usual name
         choice = LossChoice()
-        for row in self._rows.values():
-            for n in candidates:
-                v = row.get(n)
-                if v is not None:
-                    choice.see(n, v)
+        for rows in runs:
+            for row in rows.values():
+                for n in candidates:
+                    v = row.get(n)
+                    if v is not None:
+                        choice.see(n, v)
         chosen = choice.chosen()
         if chosen is not None and chosen != "loss":
-            for row in self._rows.values():
-                if "loss" in row:  # the loss field itself was not the loss: kept beside it
-                    row["loss_as_logged"] = row.pop("loss")
-                if chosen in row:
-                    row["loss"] = row.pop(chosen)
+            for rows in runs:
+                for row in rows.values():
+                    if "loss" in row:  # the loss field itself was not the loss: kept beside it
+                        row["loss_as_logged"] = row.pop("loss")
+                    if chosen in row:
+                        row["loss"] = row.pop(chosen)
         return list(choice.notes().values())
 
-    def _build(self, require: tuple[str, ...]) -> Series:
-        notes = self._choose_loss()
+    def _build(self, segments: list[Rows], require: tuple[str, ...]) -> Series:
+        split = split_runs(segments) if len(segments) > 1 else None
+        runs = [rows for rows, _ in split.runs] if split else segments
+        notes = self._choose_loss(runs)
+        if split and split.note:
+            notes.append(split.note)
         records: list[StepRecord] = []
+        parts: list[tuple[int, int | None]] = []
         seen: set[str] = set()
+        for i, rows in enumerate(runs):
+            parts.append((len(records), split.runs[i][1] if split else None))
+            self._records(rows, records, seen)
+        # An RL log may carry no loss at all (TRL's PPOTrainer logs objective/kl, objective/scores,
+        # loss/policy_avg): its reward and KL are what it is judged on, so they are enough.
+        if require and not seen.intersection(require) and objective_of(dict.fromkeys(seen)) is None:
+            raise UnreadableLog(
+                f"none of the metrics {', '.join(require)} were found, nor an RL or preference "
+                "signal (reward, kl, rewards/chosen, objective/kl, ...)"
+            )
+        metrics = sorted(m for m in seen if m not in {"ts", "skipped", "step"})
+        series = Series(self.path, self.format, records, metrics=metrics, notes=notes)
+        if len(parts) > 1:
+            series.parts = parts
+        return series
+
+    @staticmethod
+    def _records(rows: Rows, records: list[StepRecord], seen: set[str]) -> None:
         new = object.__new__
-        for step in sorted(self._rows):
-            row = self._rows[step]
+        for step in sorted(rows):
+            row = rows[step]
             epoch = row.get("epoch")
             if epoch is not None and not (type(epoch) in (int, float) and math.isfinite(epoch)):
                 del row["epoch"]  # an infinite or unreadable epoch says nothing of where the data is
@@ -318,15 +460,6 @@ class SeriesBuilder:
             rec = new(StepRecord)
             rec.__dict__.update(state)
             records.append(rec)
-        # An RL log may carry no loss at all (TRL's PPOTrainer logs objective/kl, objective/scores,
-        # loss/policy_avg): its reward and KL are what it is judged on, so they are enough.
-        if require and not seen.intersection(require) and objective_of(dict.fromkeys(seen)) is None:
-            raise UnreadableLog(
-                f"none of the metrics {', '.join(require)} were found, nor an RL or preference "
-                "signal (reward, kl, rewards/chosen, objective/kl, ...)"
-            )
-        metrics = sorted(m for m in seen if m not in {"ts", "skipped", "step"})
-        return Series(self.path, self.format, records, metrics=metrics, notes=notes)
 
 
 # Built without the frozen-dataclass ``__init__``: it sets the 20 fields one

@@ -18,9 +18,17 @@ PREFIX = "events.out.tfevents"
 
 
 def sniff_path(path: Path) -> bool:
+    """An events file by its name, or by its content: a TFRecord whose first event names the
+    event format (``brain.Event:2``), for a file that was renamed or copied under another name."""
     if path.is_dir():
         return any(path.glob(f"**/{PREFIX}*"))
-    return path.name.startswith(PREFIX)
+    if path.name.startswith(PREFIX):
+        return True
+    try:
+        with open(path, "rb") as f:
+            return b"brain.Event:" in f.read(64)
+    except OSError:
+        return False
 
 
 def _files(path: Path) -> list[Path]:

@@ -4,32 +4,42 @@ Tried last, after every layout with a reader of its own. The rules:
 
 - Each line first loses its launcher/logger prefix (rank tags, timestamps, log
   levels: see :mod:`steadytune.importers.prefix`).
-- A line is a record when it holds **both** a step and a loss. The step is the
-  first of ``step N``, ``global_step N``, ``iter N``, ``iteration N`` (any case;
-  also ``step N/M``, ``Step: N``, ``step=N``, ``Step [N/M]``), or else a bare
-  ``[N/M]`` that does not follow the word "epoch".
+- A line is a record when it holds a training signal: a loss (any loss-like key:
+  ``loss``, ``train loss``, ``act_loss``, ``dpo_loss``), a reward, or a KL. Its step
+  is the counter it names (:mod:`~steadytune.importers.text_steps`).
 - Keys and values are read as ``key value``, ``key: value`` or ``key=value``
-  (a ``[`` or ``tensor(`` before the number is allowed). The keys read:
+  (a ``[`` or ``tensor(`` before the number is allowed). The keys read by name:
 
   ========================  ======================================================
   ``loss``                  ``loss``, ``train loss``, ``train_loss``, ``training loss``,
-                            ``train/loss``, ``lm loss``, ``avg loss``, ``total loss``
+                            ``train/loss``, ``lm loss``, ``avg loss``, ``ave loss``, ``total loss``
   ``eval_loss``             ``val loss``, ``val_loss``, ``valid loss``, ``validation loss``,
                             ``eval loss``, ``eval_loss``, ``test loss``, ``dev loss``
   ``grad_norm``             ``grad norm``, ``grad_norm``, ``gradient norm``, ``gnorm``,
-                            a bare ``norm`` (not ``weight norm`` or ``x_norm``)
+                            a bare ``norm`` (not ``weight norm`` or ``x_norm``), ``Grad: X``
   ``lr``                    ``lr``, ``learning rate``, ``learning_rate``
   ``epoch``                 ``epoch``
   ``step_time_s``           ``time``, ``dt``, ``step time``, ``iter time`` with a unit:
                             ``330.12ms`` or ``0.33 s``
   ========================  ======================================================
 
+  A perplexity (``ppl``, ``perplexity``, ``val ppl``; ``train ppl`` for the training one) on a line
+  that names no loss is also read as the loss it is the exponential of (an evaluation's, unless
+  it says train).
+  Every other ``key: value`` / ``key=value`` of a record is kept under its key, lower-cased
+  with spaces as ``_`` (``Reward: 0.38`` is ``reward``, ``KL_ref: 0.001`` is ``kl_ref``,
+  ``Actor Loss`` is ``actor_loss``); a list of per-sample values (``rewards: tensor([1., 0.])``)
+  is its mean, and its spread as ``<key>_std``.
   A loss may be a train or an eval loss (``step 250: val loss 3.51`` is a record).
-  ``nan`` and ``inf`` are real non-finite values. Every other key, and every line
-  without both a step and a loss, is ignored.
+  ``nan`` and ``inf`` are real non-finite values.
 - The file is such a log only when at least :data:`MIN_RECORDS` records of one
   shape (the same fields) follow each other with increasing or repeated steps,
   so prose or code that mentions a step and a loss is not taken for one.
+- Records that name no step, in a log whose other records do, are at the step named last
+  (DeepSpeed-Chat's ``average reward score: 3.4`` after its ``step: 12|act_loss: ...`` line),
+  when a line of theirs comes back (:data:`MIN_RECORDS` times: a closing summary is no
+  record) and logs what the stepped ones do not. In a log where no record names a step,
+  they are numbered (:func:`~.text_steps.number_stepless`).
 - When several ranks print the same step, the lowest rank's line is kept.
 - Where other lines log the training loss, a line with both a train and an eval loss
   (nanoGPT's ``step 250: train loss X, val loss Y``) is an evaluation: its train loss
@@ -41,7 +51,9 @@ Tried last, after every layout with a reader of its own. The rules:
 
 from __future__ import annotations
 
+import math
 import re
+from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 from typing import NamedTuple
@@ -49,33 +61,35 @@ from typing import NamedTuple
 from steadytune.importers.format import LogFormat
 from steadytune.importers.prefix import LowestRank, strip_prefix
 from steadytune.importers.series import TRAIN_LOSS_NAMES, Series, SeriesBuilder, UnreadableLog, parse_number
+from steadytune.importers.text_steps import (
+    IterSteps,
+    Line,
+    epoch_steps,
+    find_step,
+    find_step_match,
+    number_stepless,
+    redrawn,
+    step_of,
+    step_span,
+    total_of,
+)
+
+__all__ = ["FORMAT", "LOG_FORMAT", "Line", "find_step", "parse_line", "read", "sniff", "why_not"]
 
 FORMAT = "text_log"
 MIN_RECORDS = 3
 LOOKED_FOR = (
-    "a step (step/iter/iteration N, Step: N, [N/M]) and a loss "
-    "(loss/train loss/lm loss/val loss X, as 'key X', 'key: X' or 'key=X')"
+    "a step (step/iter/iteration/batch N, Step: N, [N/M], (N/M)) and a loss or reward "
+    "(loss/train loss/lm loss/val loss/reward X, as 'key X', 'key: X' or 'key=X')"
 )
 
 _NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:e[-+]?\d+)?|[-+]?(?:nan|inf)\b"
-_STEP = re.compile(
-    r"(?<![\w.-])(?P<key>global[ _]step|step|num[ _]updates|iteration|iter|steps(?=\s*:))"
-    r"\s*(?:[:=#]\s*|\s+)?\[?\s*(\d+)(?:\.0+)?(?![\d.])(?:\s*/\s*(\d+))?",
-    re.I,
-)
-# torchtune's progress bar: "1|12|Loss: 2.34" is epoch|global step|loss.
-_TUNE = re.compile(r"^\s*\d+\|(\d+)\|()(?=\s*loss\b)", re.I)
-_BRACKET = re.compile(r"\[\s*(\d+)\s*/\s*(\d+)\s*\]")
-# A tqdm bar's count, when its postfix carries the loss (Lightning's "Epoch 0: 10%|█ | 10/100
-# [00:01<00:09, 9.5it/s, v_num=0, train_loss=2.3]"): batches done, and the total.
-_BAR = re.compile(r"\|\s*(\d+)/(\d+)\s*\[[^\]]*?(?:it/s|s/it)")
-_AFTER_EPOCH = re.compile(r"epoch\s*[:=]?\s*$", re.I)
 _KEYS = {
     "eval_loss": r"(?:val(?:id(?:ation)?)?|eval(?:uation)?|test|dev)[ _/-]?loss",
     # NeMo's reduced_train_loss, OpenRLHF's gpt_loss; LitGPT's "loss train: X".
-    "loss": r"(?:reduced[ _]|gpt[ _])?(?:train(?:ing)?[ _/-]?|lm[ _-]?|avg[ _-]?|mean[ _-]?|total[ _-]?)?loss"
-    r"(?:[ _]train)?",
-    "grad_norm": r"grad(?:ient)?s?[ _-]?norm|gnorm|(?<![a-z] )norm",
+    "loss": r"(?:reduced[ _]|gpt[ _])?"
+    r"(?:train(?:ing)?[ _/-]?|lm[ _-]?|av(?:g|e|erage)[ _-]?|mean[ _-]?|total[ _-]?)?loss(?:[ _]train)?",
+    "grad_norm": r"grad(?:ient)?s?[ _-]?norm|gnorm|(?<![a-z] )norm|grad(?=\s*[:=])",
     "lr": r"lr|learning[ _-]?rate",
     "epoch": r"epoch",
 }
@@ -83,6 +97,22 @@ _METRIC = re.compile(
     r"(?<![\w/.-])(?:" + "|".join(f"(?P<{name}>{rx})" for name, rx in _KEYS.items()) + r")(?!\w)"
     r"\s*(?:[:=]\s*|\s+)(?:tensor\(|\[)?\s*(?P<num>" + _NUM + r")(?P<sfx>(?-i:[KMGT])(?![\w.]))?",
     re.I,
+)
+# Any other "key: value" / "key=value" of a record, a key of up to four words ("Avg Response Len");
+# not a percentage (a progress bar's "SFT:  3%|").
+_PAIR = re.compile(
+    r"(?<![\w/.@'\"-])['\"]?(?P<key>[A-Za-z][\w/.@-]*(?: [A-Za-z][\w/.@-]*){0,3}?)['\"]?\s*[:=]\s*"
+    r"(?:(?:np\.\w+|tensor|float)\(\s*)?(?:(?P<num>" + _NUM + r")(?![\d.]*\s*%)|(?P<list>\[[^\]\[]*\]))",
+    re.I,
+)
+# A key of several words starts a line or follows a separator: ", Adv Std: 0.9", "|  Actor Loss: 0".
+_AFTER_SEPARATOR = re.compile(r"(?:^|[,;|)\]}]\s*|\s-\s+|\s{2,}|\t)$")
+# A record holds a training signal: a loss of any name, a reward, a KL. (``loss_scale`` is fp16's
+# scaler, no loss; a "score" alone is too often a sample's grade printed as the run goes.)
+_SIGNAL = re.compile(r"(?:^|[_/])loss$|(?:^|[_/])(?:rewards?|kl)(?:$|[_/])|(?:^|_)(?:ppl|perplexity)$")
+# A perplexity is exp(loss): DeepSpeed-Chat's SFT logs its evaluation as "ppl: 2.01" alone.
+_PERPLEXITY = re.compile(
+    r"^(?:(?P<train>train(?:ing)?)_|(?:eval|val|valid|validation|test|dev)_)?(?:ppl|perplexity)$"
 )
 # nanotron's human_format writes 2500 as "2.5K": the suffix is part of the value.
 _SUFFIX = {"K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
@@ -93,91 +123,42 @@ _TIME = re.compile(
     re.I,
 )
 _SEPARATORS = re.compile(r"[\s/-]+")
+_SPACES = re.compile(r"\s+")
 # A line's numbers; what is left, with each number replaced by "#", is its template.
 _TOKEN = re.compile("(" + _DECIMAL + ")")
 _MAX_LAYOUTS = 4096
 
 
-class Line(NamedTuple):
-    """One record line: who printed it, its step (and the ``M`` of ``N/M``), and its numbers.
-
-    ``fields["loss"]`` is whatever loss-like key the line named; ``loss_as`` is that name as
-    the log wrote it (``avg_loss``, ``train_loss``), when it is one the series builder tells
-    apart (series.TRAIN_LOSS_NAMES): which of several is the loss is decided there, once.
-    """
-
-    rank: int | None
-    step: int
-    total: int | None
-    fields: dict[str, float]
-    loss_as: str = "loss"
-
-
-def _find_step(text: str) -> re.Match[str] | None:
-    """The step's match: its last two groups are the step and the ``M`` of ``N/M`` (or empty).
-
-    A line that names both an iteration and a step (LitGPT's ``iter 8 step 2``: micro-batches
-    and optimizer steps) is at the step; otherwise the first one named; else torchtune's
-    ``E|N|Loss:``, a bare ``[N/M]``, and last a progress bar's ``N/M [..it/s``.
-    """
-    m = None
-    for found in _STEP.finditer(text):
-        if m is None:
-            m = found
-        if found.group("key").lower().startswith(("step", "global")):
-            m = found
-            break
-    if m is None:
-        m = _TUNE.match(text)
-    if m is None:
-        m = next((b for b in _BRACKET.finditer(text) if not _AFTER_EPOCH.search(text, 0, b.start())), None)
-    if m is None and "/" in text:
-        m = _BAR.search(text)
-    return m
-
-
-def find_step(text: str) -> tuple[int, int | None] | None:
-    """The step a (prefix-stripped) line names and the ``M`` of ``N/M`` if written so; None if none."""
-    m = _find_step(text)
-    if m is None:
-        return None
-    return _step_of(m), _total_of(m)
-
-
-def _step_of(m: re.Match[str]) -> int:
-    return int(m.group(m.re.groups - 1))
-
-
-def _total_of(m: re.Match[str]) -> int | None:
-    total = m.group(m.re.groups)
-    return int(total) if total else None
-
-
-def _step_span(m: re.Match[str], total: bool = False) -> tuple[int, int]:
-    return m.span(m.re.groups if total else m.re.groups - 1)
-
-
 class _Layout(NamedTuple):
     """Where, among a template's numbers, the step, ``M`` and each field are (and a divisor)."""
 
-    step: int
+    step: int | None
     total: int | None
     fields: tuple[tuple[str, int, float], ...]
     loss_as: str
+    shape: str
+    redrawn: bool
 
 
 # template -> layout, or None where the numbers do not line up with what the rules read
 _LAYOUTS: dict[str, _Layout | None] = {}
 
 
+def _might_hold_a_record(line: str) -> bool:
+    if "loss" in line or "Loss" in line:  # most lines of most logs: no lower-casing
+        return True
+    low = line.lower()
+    return "loss" in low or "reward" in low or "kl" in low or "ppl" in low or "perplexity" in low
+
+
 def parse_line(line: str) -> Line | None:
-    """The record a line holds; None unless it has both a step and a loss.
+    """The record a line holds; None unless it holds a training signal (a loss, a reward, a KL).
 
     A script prints its lines from a few templates; once a template was read by the
     rules, its other lines are read by position (the same numbers in the same
     places), several times faster.
     """
-    if "loss" not in line.lower():
+    if not _might_hold_a_record(line):
         return None
     rank, text = strip_prefix(line)
     parts = _TOKEN.split(text)
@@ -186,33 +167,39 @@ def parse_line(line: str) -> Line | None:
     if layout is not None:
         tokens = parts[1::2]
         try:
-            step = int(tokens[layout.step])
+            step = None if layout.step is None else int(tokens[layout.step])
             total = None if layout.total is None else int(tokens[layout.total])
         except ValueError:  # "step 1.5": not a step after all
             pass
         else:
             fields = {name: float(tokens[i]) / div for name, i, div in layout.fields}
-            return Line(rank, step, total, fields, layout.loss_as)
+            return Line(rank, step, total, fields, layout.loss_as, layout.shape, layout.redrawn)
     parsed = _parse_text(text)
     if template not in _LAYOUTS and len(_LAYOUTS) < _MAX_LAYOUTS:
         _LAYOUTS[template] = None if parsed is None else _layout(parts, *parsed)
     if parsed is None:
         return None
-    return Line(rank, parsed[0][0], parsed[1][0] if parsed[1] else None, parsed[2], parsed[4])
+    at, of, fields, _spans, loss_as, bar = parsed
+    return Line(rank, at[0] if at else None, of[0] if of else None, fields, loss_as, _shape(fields), bar)
+
+
+def _shape(fields: dict[str, float]) -> str:
+    return ",".join(sorted(fields))
 
 
 Span = tuple[int, int]
 
 
-Parsed = tuple[
-    tuple[int, Span], tuple[int, Span] | None, dict[str, float], dict[str, tuple[Span, float]], str
-]
+At = tuple[int, Span]
+Parsed = tuple[At | None, At | None, dict[str, float], dict[str, tuple[Span, float]], str, bool]
 
 
 def _parse_text(text: str) -> Parsed | None:
-    """The rules: step, ``M``, fields, where each number was (with its divisor), and the loss's name."""
+    """The rules: step, ``M``, fields, where each number was (with its divisor), the loss's name, and
+    whether the step is a progress bar's count."""
     fields: dict[str, float] = {}
     spans: dict[str, tuple[Span, float]] = {}
+    taken: list[Span] = []
     loss_as = "loss"
     for m in _METRIC.finditer(text):
         value = parse_number(m.group("num"))
@@ -221,34 +208,74 @@ def _parse_text(text: str) -> Parsed | None:
             scale = _SUFFIX[m.group("sfx").upper()] if m.group("sfx") else 1.0
             fields[name] = value * scale
             spans[name] = m.span("num"), 1.0 / scale
+            taken.append(m.span())
             if name == "loss":
                 written = _SEPARATORS.sub("_", m.group("loss").strip().lower())
                 loss_as = written if written in TRAIN_LOSS_NAMES else "loss"
-    if "loss" not in fields and "eval_loss" not in fields:
-        return None
-    found = _find_step(text)
-    if found is None:
-        return None
+    found = find_step_match(text)
+    taken.append(found.span() if found else (-1, -1))
     t = _TIME.search(text)
+    if t:
+        taken.append(t.span())
+    for m in _PAIR.finditer(text):
+        if any(a < m.end() and m.start() < b for a, b in taken):
+            continue  # a key the rules read by name, the step, the step time
+        if " " in m.group("key") and not _AFTER_SEPARATOR.search(text, 0, m.start()):
+            continue  # words in a sentence ("here are a few rewards: [...]"), not a key
+        key = _SPACES.sub("_", m.group("key").strip().lower())
+        if key in fields:
+            continue
+        if m.group("num") is not None:
+            value = parse_number(m.group("num"))
+            if value is not None:
+                fields[key] = value
+                spans[key] = m.span("num"), 1.0
+        else:
+            _spread(key, m.group("list"), fields)
+    if not any(_SIGNAL.search(k) for k in fields) and "loss" not in fields:
+        return None
+    for key in [
+        k for k in fields if _PERPLEXITY.match(k) and "loss" not in fields and "eval_loss" not in fields
+    ]:
+        as_loss = "loss" if _PERPLEXITY.match(key).group("train") else "eval_loss"  # type: ignore[union-attr]
+        if as_loss not in fields:
+            ppl = fields[key]
+            fields[as_loss] = math.log(ppl) if ppl > 0 else math.nan
+            spans.pop(key, None)  # a value computed from a number: read by the rules each time
     if t:
         div = 1000.0 if t.group("unit").lower() == "ms" else 1.0
         fields["step_time_s"] = float(t.group("num")) / div
         spans["step_time_s"] = t.span("num"), div
-    step = _step_of(found), _step_span(found)
-    t_value = _total_of(found)
-    total = (t_value, _step_span(found, total=True)) if t_value is not None else None
-    return step, total, fields, spans, loss_as
+    step = (step_of(found), step_span(found)) if found else None
+    t_value = total_of(found) if found else None
+    total = (t_value, step_span(found, total=True)) if found and t_value is not None else None
+    return step, total, fields, spans, loss_as, found is not None and redrawn(found)
+
+
+def _spread(key: str, listed: str, fields: dict[str, float]) -> None:
+    """A list of per-sample values (``rewards: tensor([1., 0., 1.])``): its mean and its spread."""
+    values = [v for v in (parse_number(x) for x in listed.strip("[]").split(",")) if v is not None]
+    if not values:
+        return
+    mean = sum(values) / len(values)
+    fields[key] = mean
+    fields[f"{key}_std"] = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
 
 
 def _layout(
     parts: list[str],
-    step: tuple[int, Span],
+    step: tuple[int, Span] | None,
     total: tuple[int, Span] | None,
     fields: dict[str, float],
     spans: dict[str, tuple[Span, float]],
     loss_as: str,
+    bar: bool,
 ) -> _Layout | None:
     """The positions of the rules' numbers among the template's, if each is one whole number."""
+    if len(spans) != len(fields):
+        return None  # a value made of several numbers (a list's mean): read by the rules each time
+    if step is None and find_step_match("1".join(parts[0::2])) is not None:
+        return None  # "step 1.5" names no step, though "step 2" of the same template does
     index: dict[Span, int] = {}
     pos = 0
     for i, part in enumerate(parts):
@@ -257,10 +284,12 @@ def _layout(
         pos += len(part)
     try:
         return _Layout(
-            index[step[1]],
+            None if step is None else index[step[1]],
             None if total is None else index[total[1]],
             tuple((name, index[span], div) for name, (span, div) in spans.items()),
             loss_as,
+            _shape(fields),
+            bar,
         )
     except KeyError:
         return None
@@ -276,6 +305,7 @@ def _longest_run(head: str) -> tuple[int, int]:
     Runs are counted per shape (the fields a line holds, and whether its step is
     ``N/M``): a script prints its train lines, and its eval lines, from one
     template each, while code or prose that happens to name a step and a loss does not.
+    Records that name no step count by their template alone.
     """
     count, best = 0, 0
     runs: dict[tuple[bool, tuple[str, ...]], tuple[int, int]] = {}
@@ -284,10 +314,16 @@ def _longest_run(head: str) -> tuple[int, int]:
         if parsed is None:
             continue
         count += 1
-        shape = (parsed.total is None, tuple(sorted(parsed.fields)))
-        run, last = runs.get(shape, (0, parsed.step))
-        run = run + 1 if parsed.step >= last else 1
-        runs[shape] = run, parsed.step
+        shape: tuple[bool, tuple[str, ...]]
+        if parsed.step is None:
+            shape = (False, (parsed.shape,))
+            step = runs.get(shape, (0, 0))[1] + 1
+        else:
+            shape = (parsed.total is None, tuple(sorted(parsed.fields)))
+            step = parsed.step
+        run, last = runs.get(shape, (0, step))
+        run = run + 1 if step >= last else 1
+        runs[shape] = run, step
         best = max(best, run)
         if best >= MIN_RECORDS:
             break
@@ -310,59 +346,80 @@ def why_not(head: str) -> str:
     )
 
 
-def _epoch_steps(lines: list[Line]) -> list[Line]:
-    """Batch-in-epoch steps made global, when they restart as the epoch advances (else unchanged)."""
-    first: float | None = None
-    restarts = False
-    prev: Line | None = None
-    for line in lines:
-        epoch = line.fields.get("epoch")
-        if line.total is None or epoch is None or epoch != int(epoch):
-            return lines
-        first = epoch if first is None else min(first, epoch)
-        if prev is not None and epoch > prev.fields["epoch"] and line.step < prev.step:
-            restarts = True
-        prev = line
-    if not restarts or first is None:
-        return lines
-    return [r._replace(step=int(r.fields["epoch"] - first) * (r.total or 0) + r.step) for r in lines]
+# A line that may name a step without holding a record ("rollout batch 3 generated").
+_STEP_WORD = re.compile(r"step|iter|batch", re.IGNORECASE)
+Named = list[tuple[str, int]]  # (the line's template, the step it names), in file order
 
 
-_ITER_STEP = re.compile(r"\biter(?:ation)?\s*[:=#]?\s*(\d+)\s*[,|]?\s*step\s*[:=#]?\s*(\d+)", re.I)
-_ITER_ONLY = re.compile(r"\biter(?:ation)?\s*[:=#]?\s*(\d+)", re.I)
-
-
-class _IterSteps:
-    """Iterations to optimizer steps, where a script names both (LitGPT: ``iter 8 step 2``).
-
-    Its evaluation lines name the iteration only (``iter 80: val loss 2.1``); they belong
-    to the step of the last line with both whose iteration is not after theirs.
-    """
-
-    def __init__(self) -> None:
-        self._last: tuple[int, int] | None = None
-
-    def step(self, raw: str, line: Line) -> Line:
-        if "iter" not in raw.lower():
-            return line
-        both = _ITER_STEP.search(raw)
-        if both:
-            self._last = int(both.group(1)), int(both.group(2))
-            return line
-        only = _ITER_ONLY.search(raw)
-        if self._last is not None and only and int(only.group(1)) == line.step and line.step >= self._last[0]:
-            return line._replace(step=self._last[1])
-        return line
-
-
-def _parsed(f: Iterable[str]) -> list[Line]:
-    iters = _IterSteps()
-    out = []
+def _parsed(f: Iterable[str]) -> tuple[list[Line], Named]:
+    """The records, and the lines that name a step and hold nothing else this reader reads."""
+    iters = IterSteps()
+    out: list[Line] = []
+    named: Named = []
     for raw in f:
         line = parse_line(raw)
         if line is not None:
+            if line.step is None:
+                line = line._replace(seen=len(named))
             out.append(iters.step(raw, line))
+        elif _STEP_WORD.search(raw):
+            text = strip_prefix(raw)[1]
+            found = find_step_match(text)
+            if found is not None and not redrawn(found):
+                named.append(("#".join(_TOKEN.split(text)[0::2]), step_of(found)))
+    return out, named
+
+
+def _placed(lines: list[Line], named: Named) -> list[Line]:
+    """Records that name no step given one (see the module docstring); those that cannot, left out.
+
+    Where no record names a step, the stepless line that comes back most often is the record of a
+    step: at the step its loop's own counter line named last (:func:`_counted`), else numbered
+    (:func:`~.text_steps.number_stepless`); the others are placed after it as after a line that
+    names its step.
+    """
+    counts = Counter(r.shape for r in lines if r.step is None)
+    if not counts:
+        return lines
+    if all(r.step is None for r in lines):
+        main, n = counts.most_common(1)[0]
+        if n < MIN_RECORDS:
+            return []  # no line comes back: prose, not a log
+        records = [r for r in lines if r.shape == main]
+        counted = _counted(records, named)
+        stepped = iter(counted if counted is not None else number_stepless(records))
+        lines = [next(stepped) if r.shape == main else r for r in lines]
+    stepped_keys = {k for r in lines if r.step is not None for k in r.fields}
+    out: list[Line] = []
+    last: int | None = None
+    for r in lines:
+        if r.step is not None:
+            last = r.step
+            out.append(r)
+        elif last is not None and counts[r.shape] >= MIN_RECORDS and not stepped_keys & set(r.fields):
+            out.append(r._replace(step=last))
     return out
+
+
+def _counted(records: list[Line], named: Named) -> list[Line] | None:
+    """Records at the step their loop's counter line named last (``rollout batch 3 generated``,
+    ``GRPO Iteration: 3 ... Microbatch: 7 / 128``), where a log prints its step on a line of its
+    own: the template among those lines that comes back most often, when it names at least a
+    quarter as many steps as there are records (a counter printed every ten records is too
+    coarse: they are numbered instead). Records before its first line have no step yet: 0 where it counts from
+    0 or 1. None when there is no such line."""
+    templates = Counter(t for t, _ in named)
+    if not templates:
+        return None
+    template, n = templates.most_common(1)[0]
+    steps = [step for t, step in named if t == template]
+    if n < MIN_RECORDS or 4 * len(set(steps)) < len(records):
+        return None
+    last: list[int | None] = [None]
+    for t, step in named:
+        last.append(step if t == template else last[-1])
+    first = min(steps)
+    return [r._replace(step=last[r.seen] if last[r.seen] is not None else min(first, 0)) for r in records]
 
 
 def _evaluation_estimates(lines: list[Line]) -> list[Line]:
@@ -384,17 +441,61 @@ def _evaluation_estimates(lines: list[Line]) -> list[Line]:
     return out
 
 
+def _last_drawings(lines: list[Line]) -> list[Line]:
+    """Of a progress bar's drawings of one step in a row, the last: tqdm redraws its postfix (the
+    loss) as it changes, before its count moves on, so a step's earlier drawings are the step
+    before's values, not sub-batches of it."""
+    if not any(r.redrawn for r in lines):
+        return lines
+    out: list[Line] = []
+    for r in lines:
+        if out and r.redrawn and out[-1].redrawn and out[-1].step == r.step and out[-1].rank == r.rank:
+            out[-1] = r
+        else:
+            out.append(r)
+    return out
+
+
+def _logged_every(lines: list[Line]) -> list[Line]:
+    """A bar whose postfix holds a value logged every k steps: the steps it was logged at.
+
+    A script that calls ``set_postfix(loss=...)`` every ``logging_steps`` leaves the value in the
+    bar while the count runs on: each step in between draws it again. Where every change of the
+    values falls on a multiple of one k > 1 (10, 20, 30...), the drawings in between repeat the
+    value logged last, and only the multiples of k are records. A postfix updated every step
+    changes at steps k does not divide, and is kept whole.
+    """
+    drawn = [r for r in lines if r.redrawn and r.step is not None]
+    if len(drawn) < 2 * MIN_RECORDS:
+        return lines
+    changes: list[int] = []
+    prev: dict[str, float] | None = None
+    for r in drawn:
+        values = {k: v for k, v in r.fields.items() if k != "step_time_s"}
+        if values != prev:
+            changes.append(r.step or 0)
+        prev = values
+    every = 0
+    for step in changes:
+        every = math.gcd(every, step)
+    if len(changes) < MIN_RECORDS or every < 2:
+        return lines
+    return [r for r in lines if not r.redrawn or r.step is None or r.step % every == 0]
+
+
 def read(path: Path) -> Series:
     with open(path, encoding="utf-8", errors="replace") as f:
-        lines = _evaluation_estimates(_parsed(f))
-    b = SeriesBuilder(str(path), FORMAT)
+        records, named = _parsed(f)
+    lines = _evaluation_estimates(_placed(_logged_every(_last_drawings(records)), named))
+    b = SeriesBuilder(str(path), FORMAT, in_order=True)
     ranks = LowestRank(b)
-    for line in _epoch_steps(lines):
-        if ranks.accept(line.step, line.rank):
+    for line in epoch_steps(lines):
+        step = line.step
+        if step is not None and ranks.accept(step, line.rank):
             fields = line.fields
             if line.loss_as != "loss" and "loss" in fields:  # the builder decides which is the loss
                 fields = {line.loss_as if k == "loss" else k: v for k, v in fields.items()}
-            b.add_numbers(line.step, fields)
+            b.add_numbers(step, fields)
     if len(b) < MIN_RECORDS:
         raise UnreadableLog(f"fewer than {MIN_RECORDS} steps with a loss; looked for lines with {LOOKED_FOR}")
     return b.build(require=("loss", "eval_loss"))

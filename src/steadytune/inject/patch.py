@@ -6,19 +6,9 @@ never imports transformers must not pay for it.
 
 from __future__ import annotations
 
-import sys
 from types import ModuleType
 
-_said: set[str] = set()
-
-
-def warn(what: str, reason: object) -> None:
-    """One line on stderr, once per kind: the tool's own output stays the tool's."""
-    if what in _said:
-        return
-    _said.add(what)
-    text = f"{type(reason).__name__}: {reason}" if isinstance(reason, BaseException) else str(reason)
-    print(f"steadytune: {what}: {text}", file=sys.stderr, flush=True)
+from steadytune.inject.say import warn
 
 
 def patch_transformers_trainer(module: ModuleType) -> None:

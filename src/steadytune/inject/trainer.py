@@ -35,7 +35,7 @@ from steadytune.guard.faults import Faults, InjectedCrash
 from steadytune.guard.fingerprint import batch_hashes
 from steadytune.guard.hf import GuardCallback, load_keeping_this_runs_lr
 from steadytune.inject.env import RUN_ENV
-from steadytune.inject.patch import warn
+from steadytune.inject.say import warn
 from steadytune.protocol import WorkerEvent
 from steadytune.rundir import RunDir
 
@@ -163,8 +163,21 @@ def install(trainer_cls: type[Trainer], environ: dict[str, str] | None = None) -
     if not env.get(RUN_ENV):
         raise ValueError(f"${RUN_ENV} is not set: no run directory to write the guard's telemetry to")
     injection = Injection(Path(env[RUN_ENV]), Faults.from_env(dict(env)))
-    init, train = trainer_cls.__init__, trainer_cls.train
-    training_step, compute_loss = trainer_cls.training_step, trainer_cls.compute_loss
+    load_state = getattr(trainer_cls, "_load_optimizer_and_scheduler", None)
+    if load_state is not None:
+        trainer_cls._load_optimizer_and_scheduler = _keeping_the_commands_lr(load_state)  # type: ignore[method-assign]
+    trainer_cls.__init__ = _attaching(trainer_cls.__init__, injection)  # type: ignore[method-assign]
+    trainer_cls.train = _guarding_train(trainer_cls.train, injection)  # type: ignore[method-assign]
+    trainer_cls.training_step = _watching_step(trainer_cls.training_step)  # type: ignore[method-assign]
+    trainer_cls.compute_loss = _faulty_loss(trainer_cls.compute_loss)  # type: ignore[method-assign]
+    setattr(trainer_cls, _MARK, True)
+
+
+# -- the guard's part in each patched Trainer method: the original is always called ------------------
+
+
+def _attaching(init: Any, injection: Injection) -> Any:
+    """``__init__``: the guard's callback joins the new trainer."""
 
     @functools.wraps(init)
     def __init__(self: Trainer, *args: Any, **kwargs: Any) -> None:
@@ -173,6 +186,12 @@ def install(trainer_cls: type[Trainer], environ: dict[str, str] | None = None) -
             injection.attach(self)
         except Exception as exc:
             warn("guard not injected", exc)
+
+    return __init__
+
+
+def _guarding_train(train: Any, injection: Injection) -> Any:
+    """``train``: the attempt begins before it and ends after it, with how it ended."""
 
     @functools.wraps(train)
     def train_(self: Trainer, *args: Any, **kwargs: Any) -> Any:
@@ -190,6 +209,13 @@ def install(trainer_cls: type[Trainer], environ: dict[str, str] | None = None) -
             raise
         _finish(injection, cb, None)
         return result
+
+    return train_
+
+
+def _watching_step(training_step: Any) -> Any:
+    """``training_step``: each micro-batch's loss, tokens and sample hashes reach the guard (and a
+    planned OOM fault fires before it)."""
 
     @functools.wraps(training_step)
     def training_step_(self: Trainer, model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
@@ -214,6 +240,12 @@ def install(trainer_cls: type[Trainer], environ: dict[str, str] | None = None) -
             cb.switch_off(exc)
         return loss
 
+    return training_step_
+
+
+def _faulty_loss(compute_loss: Any) -> Any:
+    """``compute_loss``: a planned NaN fault poisons the loss of its step (training only)."""
+
     @functools.wraps(compute_loss)
     def compute_loss_(self: Trainer, model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
         out = compute_loss(self, model, inputs, *args, **kwargs)
@@ -226,13 +258,18 @@ def install(trainer_cls: type[Trainer], environ: dict[str, str] | None = None) -
             return (out[0] * float("nan"), *out[1:]) if isinstance(out, tuple) else out * float("nan")
         return out
 
-    load_state = getattr(trainer_cls, "_load_optimizer_and_scheduler", None)
+    return compute_loss_
 
+
+def _keeping_the_commands_lr(load_state: Any) -> Any:
+    """``_load_optimizer_and_scheduler``: a rollback's lower LR (the tool's own LR argument) must
+    survive the checkpoint's scheduler."""
+
+    @functools.wraps(load_state)
     def _load_optimizer_and_scheduler(self: Trainer, checkpoint: Any, *args: Any, **kwargs: Any) -> Any:
-        # A rollback's lower LR (the tool's own LR argument) must survive the checkpoint's scheduler.
         cb = _callback(self)
-        if cb is None or load_state is None:
-            return load_state(self, checkpoint, *args, **kwargs) if load_state else None
+        if cb is None:
+            return load_state(self, checkpoint, *args, **kwargs)
         loaded = False
 
         def load(c: Any) -> None:
@@ -258,14 +295,7 @@ def install(trainer_cls: type[Trainer], environ: dict[str, str] | None = None) -
             )
         return None
 
-    if load_state is not None:
-        functools.update_wrapper(_load_optimizer_and_scheduler, load_state)
-        trainer_cls._load_optimizer_and_scheduler = _load_optimizer_and_scheduler  # type: ignore[method-assign]
-    trainer_cls.__init__ = __init__  # type: ignore[method-assign]
-    trainer_cls.train = train_  # type: ignore[method-assign]
-    trainer_cls.training_step = training_step_  # type: ignore[method-assign]
-    trainer_cls.compute_loss = compute_loss_  # type: ignore[method-assign]
-    setattr(trainer_cls, _MARK, True)
+    return _load_optimizer_and_scheduler
 
 
 def _finish(injection: Injection, cb: InjectedCallback | None, error: BaseException | None) -> None:

@@ -29,7 +29,7 @@ from steadytune.preflight.ckptinterval import checkpoint_interval_check
 from steadytune.preflight.datascan import DataScan, scan_data
 from steadytune.preflight.envdrift import environment_check
 from steadytune.preflight.lints import config_lints
-from steadytune.preflight.probe import HostFacts, probe_host
+from steadytune.preflight.probe import GpuInfo, HostFacts, probe_host
 from steadytune.preflight.recommend import recommend
 from steadytune.preflight.resources import (
     DEFAULT_HEADROOM_BYTES,
@@ -184,38 +184,14 @@ def run_preflight(
         setup = dataclasses.replace(setup, device=device)  # a CPU peak has no CUDA context
     visible = facts.visible_gpus(env)
     nproc = cfg.run.nproc_per_node
-    if not scan:
-        data = DataScan()
-    elif scan_cache is not None and tokenizer_loader is not None:
-        from steadytune.preflight.scancache import cached_scan, scan_key
-
-        key = scan_key(cfg.data.model_dump(mode="json"), cfg.model.model_dump(mode="json"))
-        data, _ = cached_scan(key, scan_cache, lambda: scan_data(cfg, arch, tokenizer_loader))
-    else:
-        data = scan_data(cfg, arch, tokenizer_loader)
+    data = _data_scan(cfg, arch, scan, scan_cache, tokenizer_loader)
 
     recommendation: Recommendation | None = None
-    ckpt = 0
     if arch is not None and setup is not None:
-        mem, budget = memory_check(arch, setup, facts, device, nproc, headroom, device_memory, visible)
-        checks.append(mem)
-        t = cfg.train
-        if isinstance(t.per_device_train_batch_size, int):
-            effective = t.per_device_train_batch_size * t.gradient_accumulation_steps
-        else:
-            effective = auto_effective_batch(
-                arch, setup, budget.bytes, t.auto_effective_batch, t.gradient_accumulation_steps
-            )
-        recommendation = recommend(arch, setup, budget.bytes, effective)
-        checks.append(ram_check(arch, setup, facts, device, nproc, model_file_bytes(cfg)))
-        ckpt = checkpoint_bytes(arch, setup, cfg.model.dtype) + (model_file_bytes(cfg, TOKENIZER_FILES) or 0)
-        need = disk_needs(
-            ckpt,
-            cfg.run.keep_last,
-            final_model_bytes(arch, setup, cfg.model.dtype),
-            cfg.run.min_free_disk_bytes,
+        sizing, recommendation = _sizing_checks(
+            cfg, arch, setup, facts, device, headroom, device_memory, visible, data.cache_need_bytes
         )
-        checks.append(disk_check(facts, need, data.cache_need_bytes, ckpt, cfg.run.keep_last))
+        checks += sizing
     else:
         checks.append(na("memory", "device_memory", "no estimate without the model's config.json"))
     checks.append(gpu_process_check(facts, device, visible, nproc))
@@ -232,6 +208,59 @@ def run_preflight(
     if recommendation is not None and recommendation.peak_bytes is not None:
         recommendation = _with_estimate_note(recommendation)
     return PreflightReport(tuple(checks), recommendation, device, config_path)
+
+
+def _data_scan(
+    cfg: SteadytuneConfig,
+    arch: Architecture | None,
+    scan: bool,
+    scan_cache: Path | None,
+    tokenizer_loader: Callable[[str, bool], Any] | None,
+) -> DataScan:
+    """The dataset scan: none, the kept answer while its inputs are unchanged, or a fresh one."""
+    if not scan:
+        return DataScan()
+    if scan_cache is not None and tokenizer_loader is not None:
+        from steadytune.preflight.scancache import cached_scan, scan_key
+
+        key = scan_key(cfg.data.model_dump(mode="json"), cfg.model.model_dump(mode="json"))
+        data, _ = cached_scan(key, scan_cache, lambda: scan_data(cfg, arch, tokenizer_loader))
+        return data
+    return scan_data(cfg, arch, tokenizer_loader)
+
+
+def _sizing_checks(
+    cfg: SteadytuneConfig,
+    arch: Architecture,
+    setup: TrainSetup,
+    facts: HostFacts,
+    device: str,
+    headroom: int,
+    device_memory: int | None,
+    visible: tuple[GpuInfo, ...],
+    cache_need_bytes: int,
+) -> tuple[list[Check], Recommendation]:
+    """Device memory, RAM and disk against the estimate, and the micro-batch that fits the device."""
+    nproc = cfg.run.nproc_per_node
+    mem, budget = memory_check(arch, setup, facts, device, nproc, headroom, device_memory, visible)
+    t = cfg.train
+    if isinstance(t.per_device_train_batch_size, int):
+        effective = t.per_device_train_batch_size * t.gradient_accumulation_steps
+    else:
+        effective = auto_effective_batch(
+            arch, setup, budget.bytes, t.auto_effective_batch, t.gradient_accumulation_steps
+        )
+    recommendation = recommend(arch, setup, budget.bytes, effective)
+    ram = ram_check(arch, setup, facts, device, nproc, model_file_bytes(cfg))
+    ckpt = checkpoint_bytes(arch, setup, cfg.model.dtype) + (model_file_bytes(cfg, TOKENIZER_FILES) or 0)
+    need = disk_needs(
+        ckpt,
+        cfg.run.keep_last,
+        final_model_bytes(arch, setup, cfg.model.dtype),
+        cfg.run.min_free_disk_bytes,
+    )
+    disk = disk_check(facts, need, cache_need_bytes, ckpt, cfg.run.keep_last)
+    return [mem, ram, disk], recommendation
 
 
 def _with_estimate_note(rec: Recommendation) -> Recommendation:

@@ -130,30 +130,9 @@ def scan_data(
 
     if tokenizer_loader is None:
         return result
-    folder = Path(cfg.model.name_or_path).expanduser()
-    if folder.is_dir() and not any((folder / name).exists() for name in TOKENIZER_MARKERS):
-        # Shapes only (a config.json to plan with): say so without importing transformers.
-        result.checks.append(
-            na(
-                "data",
-                "tokenizer",
-                f"no tokenizer files in {folder}; token-level checks skipped",
-                "put the tokenizer files next to config.json to check lengths and labels",
-            )
-        )
-        return result
-    try:
-        tok = tokenizer_loader(cfg.model.name_or_path, cfg.model.trust_remote_code)
-    except Exception as exc:
-        result.checks.append(
-            na(
-                "data",
-                "tokenizer",
-                f"no tokenizer at {cfg.model.name_or_path} "
-                f"({type(exc).__name__}); token-level checks skipped",
-                "put the tokenizer files next to config.json to check lengths and labels",
-            )
-        )
+    tok, missing = _tokenizer(cfg, tokenizer_loader)
+    if missing is not None:
+        result.checks.append(missing)
         return result
     if fmt == "messages":
         if not getattr(tok, "chat_template", None):
@@ -172,6 +151,30 @@ def scan_data(
     result.cache_need_bytes = 0 if how == "cache" else result.cache_need_bytes
     _token_checks(result, tok, spec, rows, lines, fmt, encoded, arch, how)
     return result
+
+
+def _tokenizer(
+    cfg: SteadytuneConfig, tokenizer_loader: Callable[[str, bool], Any]
+) -> tuple[Any, Check | None]:
+    """The model's tokenizer, or None and the check that says why the token-level checks are skipped."""
+    folder = Path(cfg.model.name_or_path).expanduser()
+    if folder.is_dir() and not any((folder / name).exists() for name in TOKENIZER_MARKERS):
+        # Shapes only (a config.json to plan with): say so without importing transformers.
+        return None, na(
+            "data",
+            "tokenizer",
+            f"no tokenizer files in {folder}; token-level checks skipped",
+            "put the tokenizer files next to config.json to check lengths and labels",
+        )
+    try:
+        return tokenizer_loader(cfg.model.name_or_path, cfg.model.trust_remote_code), None
+    except Exception as exc:
+        return None, na(
+            "data",
+            "tokenizer",
+            f"no tokenizer at {cfg.model.name_or_path} ({type(exc).__name__}); token-level checks skipped",
+            "put the tokenizer files next to config.json to check lengths and labels",
+        )
 
 
 def _encode(

@@ -42,28 +42,16 @@ def recommend(
             ("device memory unknown: no micro-batch recommended",),
         )
     base = dataclasses.replace(setup, seq=seq, batch=1, gradient_accumulation_steps=1)
-
-    def best(ckpt: bool) -> int | None:
-        # Accumulation keeps gradients alive between micro-batches, so each candidate is
-        # estimated with the accumulation it would run with.
-        for b in reversed(divisors(effective_batch)):
-            s = dataclasses.replace(
-                base, batch=b, gradient_accumulation_steps=effective_batch // b, gradient_checkpointing=ckpt
-            )
-            if estimate_peak(arch, s).peak_bytes <= budget:
-                return b
-        return None
-
-    off = best(False)
+    off = _largest_micro_batch(arch, base, effective_batch, budget, ckpt=False)
     if off is not None:
         ckpt, batch = False, off
-        on = best(True)
+        on = _largest_micro_batch(arch, base, effective_batch, budget, ckpt=True)
         why = f"micro-batch {off} fits without gradient checkpointing"
         if on is not None and on > off:
             why += f" ({on} would fit with it, at ~1/3 more compute)"
         notes.append(why)
     else:
-        on = best(True)
+        on = _largest_micro_batch(arch, base, effective_batch, budget, ckpt=True)
         if on is not None:
             ckpt, batch = True, on
             notes.append(f"gradient checkpointing needed: no micro-batch fits without it, {on} fits with it")
@@ -96,3 +84,18 @@ def recommend(
     return Recommendation(
         batch, accum, seq, ckpt, effective_batch, estimate_peak(arch, final).peak_bytes, budget, tuple(notes)
     )
+
+
+def _largest_micro_batch(
+    arch: Architecture, base: TrainSetup, effective_batch: int, budget: int, ckpt: bool
+) -> int | None:
+    """The largest divisor of ``effective_batch`` whose micro-batch fits ``budget``; None if not even 1."""
+    # Accumulation keeps gradients alive between micro-batches, so each candidate is
+    # estimated with the accumulation it would run with.
+    for b in reversed(divisors(effective_batch)):
+        s = dataclasses.replace(
+            base, batch=b, gradient_accumulation_steps=effective_batch // b, gradient_checkpointing=ckpt
+        )
+        if estimate_peak(arch, s).peak_bytes <= budget:
+            return b
+    return None

@@ -63,32 +63,7 @@ def memory_check(
     peak = estimate_peak(arch, s).peak_bytes
     hr = format_bytes(headroom)
     if device == "cpu":
-        if facts.ram_available_bytes is None:
-            return na(f, "device_memory", "free RAM unknown"), Budget("cpu", None)
-        need = nproc * (peak + PROCESS_OVERHEAD_BYTES)
-        budget = (facts.ram_available_bytes - headroom) // max(1, nproc) - PROCESS_OVERHEAD_BYTES
-        text = (
-            f"CPU-only: no GPU, so the CPU estimate {format_bytes(peak)}"
-            f"{f' x {nproc} processes' if nproc > 1 else ''} (+{format_bytes(PROCESS_OVERHEAD_BYTES)} per "
-            f"process) is compared with free RAM {format_bytes(facts.ram_available_bytes)} (headroom {hr})"
-        )
-        data = {
-            "peak_bytes": peak,
-            "need_bytes": need,
-            "free_bytes": facts.ram_available_bytes,
-            "headroom_bytes": headroom,
-            "device": "cpu",
-        }
-        b = Budget("cpu", budget, nproc, "free RAM")
-        if need + headroom > facts.ram_available_bytes:
-            return fail(
-                f,
-                "device_memory",
-                text + ": does not fit",
-                "use the recommendation below, a smaller model or method (LoRA/QLoRA), or a GPU",
-                **data,
-            ), b
-        return ok(f, "device_memory", text + ": fits", **data), b
+        return _ram_as_device_check(peak, facts.ram_available_bytes, nproc, headroom)
 
     if device_memory is not None:
         gpus: tuple[GpuInfo, ...] = tuple(
@@ -130,6 +105,37 @@ def memory_check(
             "device_memory",
             text + f": GPU {', '.join(str(g.index) for g in short)} too small",
             "use the recommendation below, free the GPU, or pick another (CUDA_VISIBLE_DEVICES)",
+            **data,
+        ), b
+    return ok(f, "device_memory", text + ": fits", **data), b
+
+
+def _ram_as_device_check(peak: int, free_ram: int | None, nproc: int, headroom: int) -> tuple[Check, Budget]:
+    """CPU-only: every process's CPU estimate (no CUDA context) against free RAM."""
+    f = "memory"
+    if free_ram is None:
+        return na(f, "device_memory", "free RAM unknown"), Budget("cpu", None)
+    need = nproc * (peak + PROCESS_OVERHEAD_BYTES)
+    budget = (free_ram - headroom) // max(1, nproc) - PROCESS_OVERHEAD_BYTES
+    text = (
+        f"CPU-only: no GPU, so the CPU estimate {format_bytes(peak)}"
+        f"{f' x {nproc} processes' if nproc > 1 else ''} (+{format_bytes(PROCESS_OVERHEAD_BYTES)} per "
+        f"process) is compared with free RAM {format_bytes(free_ram)} (headroom {format_bytes(headroom)})"
+    )
+    data = {
+        "peak_bytes": peak,
+        "need_bytes": need,
+        "free_bytes": free_ram,
+        "headroom_bytes": headroom,
+        "device": "cpu",
+    }
+    b = Budget("cpu", budget, nproc, "free RAM")
+    if need + headroom > free_ram:
+        return fail(
+            f,
+            "device_memory",
+            text + ": does not fit",
+            "use the recommendation below, a smaller model or method (LoRA/QLoRA), or a GPU",
             **data,
         ), b
     return ok(f, "device_memory", text + ": fits", **data), b

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from steadytune.protocol import operator_issuer
+from steadytune.protocol import operator_issuer, send_control
 from steadytune.rundir import RunDir
 from steadytune.server.admission import DEFAULT_HEADROOM_BYTES, JobRequest, admit, gib, place
 from steadytune.server.admission import order as order_requests
@@ -349,8 +349,6 @@ class Daemon:
             self._carry_out(by_id[action.job_id], action)
 
     def _carry_out(self, job: Job, action: PressureAction) -> None:
-        from steadytune.supervise.control import send_control
-
         assert job.run_dir is not None
         run = RunDir(Path(job.run_dir))
         entry: dict[str, Any] = {"kind": action.kind, "gpu": action.gpu, "reason": action.reason}

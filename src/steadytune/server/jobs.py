@@ -17,13 +17,9 @@ from typing import Any
 
 import psutil
 
-from steadytune.guard.memcap import MEMORY_CAP_ENV
+from steadytune.jobenv import JOB_ENV, MEMORY_CAP_ENV, SOCKET_ENV, SUBMITTED_ENV
 from steadytune.rundir import RunDir
 from steadytune.server.queue import Job
-
-JOB_ENV = "STEADYTUNE_SERVER_JOB"
-SOCKET_ENV = "STEADYTUNE_SERVER_SOCKET"  # where the job's supervisor asks for GPUs to grow onto
-SUBMITTED_ENV = "STEADYTUNE_SERVER_SUBMITTED"  # when the queue took the job: its goodput counts the wait
 
 
 def run_id(job: Job) -> str:

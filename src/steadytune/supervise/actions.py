@@ -11,27 +11,41 @@ from __future__ import annotations
 
 import signal
 import threading
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 from steadytune.detect.live import Transition, format_transition
 from steadytune.policy.engine import Action
+from steadytune.protocol import send_control
 from steadytune.records import Event
+from steadytune.supervise.inprocess import InProcessRollbacks
+from steadytune.supervise.outbox import Outbox
+from steadytune.supervise.publishing import Publishes
 from steadytune.supervise.restarts import anomaly_event_data
+from steadytune.supervise.runstate import RunState
 from steadytune.supervise.scaling import SCALE_ACTIONS
-from steadytune.supervise.source import CONTROL, DATA, PLAN, SKIP_STEP
+from steadytune.supervise.source import CONTROL, DATA, SKIP_STEP
+from steadytune.supervise.source import unable as source_unable
 
-if TYPE_CHECKING:
-    from steadytune.supervise.supervisor import Supervisor
+
+@dataclass(frozen=True)
+class Act:
+    """An action a part of the supervisor decided, and the event it answers: for :class:`Actions`."""
+
+    action: Action
+    cause: Event | None = None
+
 
 # After these, the supervisor looks at the offending batch by itself (inspect-batch).
 INSPECT_KINDS = frozenset({"nan_loss", "loss_spike", "loss_collapse", "divergence", "grad_explosion"})
 
 
 class Actions:
-    """Detection to policy to action; the run state an action changes stays the supervisor's."""
+    """Detection to policy to action: the one place where what the policy decides is carried out."""
 
-    def __init__(self, sup: Supervisor) -> None:
-        self.sup = sup
+    def __init__(
+        self, state: RunState, out: Outbox, publishes: Publishes, in_process: InProcessRollbacks
+    ) -> None:
+        self.state, self.out, self.publishes, self.in_process = state, out, publishes, in_process
         self._inspected: set[int] = set()  # steps whose batch was looked at (at most 10 a run)
         self._filed: dict[tuple[str, str, int | None], Event] = {}  # each open episode's anomaly event
 
@@ -39,12 +53,12 @@ class Actions:
         """An episode changed. People hear of an episode once (raised), again when its severity rises,
         and when it is resolved; the policy acts on each firing (raised or recurred) and forgets a
         spike waiting for confirmation when its condition clears."""
-        sup = self.sup
+        st = self.state
         a = t.anomaly
         if t.state in ("raised", "recurred"):
             self.on_firing(t)
         elif t.state == "escalated":
-            sup.emit(
+            self.out.emit(
                 "anomaly",
                 a.kind,
                 format_transition(t),
@@ -53,11 +67,11 @@ class Actions:
                 data={**anomaly_event_data(a), "escalated_from": t.was},
             )
         elif t.state == "cleared":
-            sup.policy.on_resolved(a)
+            st.policy.on_resolved(a)
         else:
-            sup.policy.on_resolved(a)
+            st.policy.on_resolved(a)
             self._filed.pop(a.key, None)
-            sup.emit(
+            self.out.emit(
                 "resolved",
                 a.kind,
                 format_transition(t),
@@ -68,13 +82,13 @@ class Actions:
 
     def on_firing(self, t: Transition) -> None:
         """A condition fired: a new episode is filed; either way the policy judges the firing."""
-        sup = self.sup
+        st = self.state
         a, fired = t.anomaly, t.fired
         if fired.severity in {"warning", "critical"}:
-            sup.trouble_steps.append(fired.start_step)
+            st.history.trouble_steps.append(fired.start_step)
         event: Event | None
         if t.state == "raised":
-            event = self._filed[a.key] = sup.emit(
+            event = self._filed[a.key] = self.out.emit(
                 "anomaly",
                 a.kind,
                 format_transition(t),
@@ -86,7 +100,7 @@ class Actions:
             event = self._filed.get(a.key)
         if (
             event is not None
-            and DATA in sup.source.abilities
+            and DATA in st.source.abilities
             and a.kind in INSPECT_KINDS
             and fired.start_step not in self._inspected
             and len(self._inspected) < 10
@@ -95,20 +109,20 @@ class Actions:
             threading.Thread(target=self.inspect_batch, args=(fired.start_step, event), daemon=True).start()
         # One incident often raises several anomalies at once (a spike, its gradients, its layers):
         # once one of them stopped the worker, the others are already being handled.
-        action = sup.policy.on_raised(fired, sup.progress.step) if sup.pending is None else None
+        action = st.policy.on_raised(fired, st.progress.step) if st.pending is None else None
         if (
             action is None
-            and sup.pending is None
-            and SKIP_STEP not in sup.source.abilities
-            and sup.policy.config.rule(a.kind).action == "skip_step"
+            and st.pending is None
+            and SKIP_STEP not in st.source.abilities
+            and st.policy.config.rule(a.kind).action == "skip_step"
         ):
             # The guard skips a NaN update inside the worker; a job without it has applied the
             # update already, so the weights must come from a checkpoint.
-            action = sup.policy.instead(
+            action = st.policy.instead(
                 fired,
-                sup.progress.step,
+                st.progress.step,
                 "rollback",
-                f"the {sup.source.label} cannot skip the update",
+                f"the {st.source.label} cannot skip the update",
             )
         if action is not None and not (t.state == "recurred" and action.name == "alert"):
             # An alert about a firing of an episode people were told of would be one per point.
@@ -116,17 +130,17 @@ class Actions:
 
     def inspect_batch(self, step: int, cause: Event) -> None:
         """Which samples made the bad step: filed as an event beside the anomaly (no sample text)."""
-        sup = self.sup
+        st = self.state
         try:
             from steadytune.forensics.inspect import inspect_step
 
-            verdict = inspect_step(sup.run, step)
+            verdict = inspect_step(st.run, step)
         except Exception as exc:  # forensics must never take the supervisor down
-            sup.emit(
+            self.out.emit(
                 "action", "batch_inspected", f"could not inspect the batch of step {step}: {exc}", step=step
             )
             return
-        sup.emit(
+        self.out.emit(
             "action",
             "batch_inspected",
             f"batch of step {step}: {verdict.summary}",
@@ -136,32 +150,32 @@ class Actions:
 
     def execute(self, action: Action, cause: Event | None = None) -> None:
         """Carry out what the policy decided. Restart-type actions stop the worker now."""
-        sup = self.sup
+        st = self.state
         step = action.step
-        unable = self.unable(action.name)
+        unable = source_unable(st.source, action.name)
         if action.name == "alert" or unable:
             why = (
                 action.reason if not unable else f"{action.name} is not available: {unable} ({action.reason})"
             )
-            sup.emit("action", "alert_only", why, severity="warning", step=step, data=action.params)
+            self.out.emit("action", "alert_only", why, severity="warning", step=step, data=action.params)
             return
-        if action.name in {"pause", "stop"} and CONTROL not in sup.source.abilities:
+        if action.name in {"pause", "stop"} and CONTROL not in st.source.abilities:
             # A job that takes no requests is stopped from outside: what it saved is what there is.
-            sup.emit(
+            self.out.emit(
                 "action",
                 action.name,
-                f"{action.name}: {action.reason}; the {sup.source.label} takes no requests, so it is "
+                f"{action.name}: {action.reason}; the {st.source.label} takes no requests, so it is "
                 "stopped (its newest checkpoint stays)",
                 severity="warning",
                 step=step,
                 data={"anomaly": action.anomaly.kind if action.anomaly else None, **action.params},
             )
-            if sup.worker is not None and sup.pending is None:
-                sup.pending = action
-                sup.worker.signal_tree(signal.SIGTERM)
-                sup.stop_sent_at = sup.clock()
+            if st.attempt.worker is not None and st.pending is None:
+                st.pending = action
+                st.attempt.worker.signal_tree(signal.SIGTERM)
+                st.stop.sent_at = st.clock()
             return
-        sup.emit(
+        self.out.emit(
             "action",
             action.name,
             f"{action.name}: {action.reason}",
@@ -169,80 +183,68 @@ class Actions:
             step=step,
             data={"anomaly": action.anomaly.kind if action.anomaly else None, **action.params},
         )
-        from steadytune.supervise.control import send_control
-
         if action.name in {"checkpoint", "pause", "stop"}:
             send_control(
-                sup.run,
+                st.run,
                 action.name,
                 issuer=f"policy:{action.anomaly.kind if action.anomaly else '-'}",
-                attempt=sup.attempt,
-                log=sup.events,
+                attempt=st.attempt.number,
+                log=self.out.events,
             )
         elif action.name == "reduce_microbatch":
             # Save what we have now; the next (re)start uses a smaller micro-batch.
-            sup.planner.shrink_next = True
+            st.planner.shrink_next = True
             send_control(
-                sup.run,
+                st.run,
                 "checkpoint",
                 issuer="policy:reduce_microbatch",
-                attempt=sup.attempt,
-                log=sup.events,
+                attempt=st.attempt.number,
+                log=self.out.events,
             )
             if action.anomaly is not None and action.anomaly.kind == "memory_leak":
-                sup.leak_snapshot_pending = True
-        elif action.name in SCALE_ACTIONS and sup.worker is not None and sup.pending is None:
+                st.leak_snapshot_pending = True
+        elif action.name in SCALE_ACTIONS and st.attempt.worker is not None and st.pending is None:
             # Like a stop: the worker checkpoints at the next step boundary and exits; the run then
             # relaunches in the new shape from that checkpoint (plan_after_action).
-            sup.pending = action
+            st.pending = action
             send_control(
-                sup.run,
+                st.run,
                 "stop",
                 issuer=f"policy:{action.name}",
-                attempt=sup.attempt,
-                log=sup.events,
+                attempt=st.attempt.number,
+                log=self.out.events,
             )
-            sup.stop_sent_at = sup.clock()
-        elif action.name in {"rollback", "restart"} and sup.worker is not None and sup.pending is None:
-            if action.name == "rollback" and sup.publishes.hold(action, lambda: self.stop_for(action)):
+            st.stop.sent_at = st.clock()
+        elif action.name in {"rollback", "restart"} and st.attempt.worker is not None and st.pending is None:
+            if action.name == "rollback" and self.publishes.hold(action):
                 return  # the checkpoint it would go back to is still being published: it waits for it
             self.stop_for(action)
 
     def stop_for(self, action: Action) -> None:
         """A rollback or a restart: in the worker where it can reload, else the worker is killed for it."""
-        sup = self.sup
-        if sup.worker is None:
+        st = self.state
+        if st.attempt.worker is None:
             return
-        if action.name == "rollback" and sup.in_process.want(action):
+        if action.name == "rollback" and self.in_process.want(action):
             return  # the worker reloads the checkpoint itself once these records are read: no new process
-        sup.pending = action
+        st.pending = action
         if action.name == "restart":
             self.dump_stacks()
-        sup.worker.signal_tree(signal.SIGKILL)
-
-    def unable(self, action: str) -> str | None:
-        """Why this run's source cannot carry out ``action`` (None: it can)."""
-        sup = self.sup
-        label = sup.source.label
-        if action in {"checkpoint", "memory_snapshot"} and CONTROL not in sup.source.abilities:
-            return f"the {label} takes no control requests (supervise --inject gives an HF-based tool them)"
-        if action == "reduce_microbatch" and PLAN not in sup.source.abilities:
-            return f"the {label}'s batch shape is its own"
-        return None
+        st.attempt.worker.signal_tree(signal.SIGKILL)
 
     def dump_stacks(self) -> None:
         """The Python stacks of every process of the attempt, into ``stacks/``, before it is killed."""
-        sup = self.sup
-        if sup.worker is None or sup.tree is None:
+        st = self.state
+        if st.attempt.worker is None or st.attempt.tree is None:
             return
-        out = sup.run.stacks / f"attempt-{sup.attempt}.txt"
-        pids = sup.source.dump_stacks(sup.tree, sup.worker, out)
+        out = st.run.stacks / f"attempt-{st.attempt.number}.txt"
+        pids = st.source.dump_stacks(st.attempt.tree, st.attempt.worker, out)
         if pids:
-            where = out if out.exists() else sup.run.stacks
-            sup.emit(
+            where = out if out.exists() else st.run.stacks
+            self.out.emit(
                 "action",
                 "stacks_dumped",
-                f"Python stacks of {len(pids)} {sup.source.label} process(es) written to {where}",
-                step=sup.progress.step,
-                data={"pids": pids, "dir": str(sup.run.stacks), "file": str(where)},
+                f"Python stacks of {len(pids)} {st.source.label} process(es) written to {where}",
+                step=st.progress.step,
+                data={"pids": pids, "dir": str(st.run.stacks), "file": str(where)},
             )

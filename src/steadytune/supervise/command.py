@@ -22,7 +22,6 @@ from pathlib import Path
 
 from steadytune.checkpoint.external import check_external_checkpoint
 from steadytune.checkpoint.manifest import list_checkpoints
-from steadytune.drill.command import flag_value
 from steadytune.protocol import WorkerEvent
 from steadytune.records import Event, PlanRevision
 from steadytune.rundir import RunDir
@@ -58,6 +57,24 @@ PRESETS: dict[str, dict[str, str]] = {
     "swift": {"resume_arg": "--resume_from_checkpoint {checkpoint}", "lr_arg": "--learning_rate {lr}"},
 }
 _FALSE = frozenset({"false", "0", "no", "n", "f"})
+
+
+def flag_spellings(key: str) -> tuple[str, ...]:
+    """``--learning_rate`` and ``--learning-rate``: HfArgumentParser takes both."""
+    return (f"--{key}", f"--{key.replace('_', '-')}")
+
+
+def flag_value(cmd: Sequence[str], key: str) -> str | None:
+    """The last value the command gives ``key``: ``--key V``, ``--key=V`` or (LLaMA-Factory) ``key=V``."""
+    found = None
+    flags = flag_spellings(key)
+    for i, word in enumerate(cmd):
+        if word in flags and i + 1 < len(cmd):
+            found = cmd[i + 1]
+        for prefix in (*(f + "=" for f in flags), f"{key}="):
+            if word.startswith(prefix):
+                found = word[len(prefix) :]
+    return found
 
 
 def preset_problems(preset: str | None, command: Sequence[str]) -> list[str]:

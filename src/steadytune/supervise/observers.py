@@ -1,15 +1,73 @@
-"""Observers of a live run: the SQLite index and the alert router.
+"""Observers of a live run: the SQLite index and the alert router, behind one guard.
 
-Each receives every record and every filed event; none of them may block the
-supervisor for long, and a failing one is disabled, never fatal.
+Each receives every record and every filed event, and is flushed once per supervisor
+tick; none of them may block the supervisor for long. They are called through
+:class:`Observers` alone: one that raises is disabled, with an ``observer_disabled``
+event that says which and why, and the run goes on without it.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
 
 from steadytune.records import Event, Heartbeat, Record, WorkerExit
 from steadytune.rundir import RunDir
+
+
+class Observer(Protocol):
+    """Something that follows a live run (store, detectors, dashboard feed, alerts)."""
+
+    def on_record(self, record: Record) -> None: ...
+    def on_event(self, event: Event) -> None: ...
+    def flush(self) -> None:
+        """Once per supervisor tick: write out what was batched since the last one."""
+
+    def close(self) -> None: ...
+
+
+# Told which observer failed, in which call, and what it raised.
+Report = Callable[[Observer, str, BaseException], None]
+
+
+class Observers:
+    """The run's observers, each call guarded: a failing one is disabled and reported, never fatal."""
+
+    def __init__(self, observers: Iterable[Observer] = (), report: Report | None = None) -> None:
+        self.live: list[Observer] = list(observers)
+        self.disabled: list[tuple[Observer, str]] = []  # and why
+        self.report = report
+
+    def append(self, observer: Observer) -> None:
+        self.live.append(observer)
+
+    def record(self, record: Record) -> None:
+        self._each("on_record", record)
+
+    def event(self, event: Event) -> None:
+        self._each("on_event", event)
+
+    def flush(self) -> None:
+        self._each("flush")
+
+    def close(self) -> None:
+        self._each("close")
+
+    def _each(self, call: str, *args: Any) -> None:
+        for obs in list(self.live):
+            if obs not in self.live:
+                continue  # disabled meanwhile (a report of another's failure reached it, and it failed too)
+            try:
+                getattr(obs, call)(*args)
+            except Exception as exc:  # an observer's trouble must never end the run
+                self._disable(obs, call, exc)
+
+    def _disable(self, obs: Observer, call: str, exc: BaseException) -> None:
+        # Off the list before the report: the report is an event, which reaches the observers again.
+        self.live.remove(obs)
+        self.disabled.append((obs, f"{call}: {type(exc).__name__}: {exc}"))
+        if self.report is not None:
+            self.report(obs, call, exc)
 
 
 class StoreObserver:
@@ -57,6 +115,9 @@ class AlertObserver:
     def on_event(self, event: Event) -> None:
         if event.kind != "alert":  # alerts are the router's own records: never re-route them
             self.router.submit(event)
+
+    def flush(self) -> None:
+        pass  # the router delivers from its own thread
 
     def close(self) -> None:
         self.router.close(timeout=10.0)

@@ -13,16 +13,13 @@ the choice sees what became of the checkpoint, and the plan says why it was pass
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from steadytune.policy.engine import Action
 from steadytune.policy.plan import onset_step, publish_to_await
-
-if TYPE_CHECKING:
-    from steadytune.supervise.process import WorkerProcess
-    from steadytune.supervise.supervisor import Supervisor
+from steadytune.supervise.outbox import Outbox
+from steadytune.supervise.process import WorkerProcess
+from steadytune.supervise.runstate import RunState
 
 
 @dataclass
@@ -33,14 +30,13 @@ class Held:
     step: int
     worker: WorkerProcess
     since: float
-    proceed: Callable[[], None]
 
 
 class Publishes:
     """The supervisor's view of the worker's checkpoint publishes, and the rollback held for one."""
 
-    def __init__(self, sup: Supervisor) -> None:
-        self.sup = sup
+    def __init__(self, state: RunState, out: Outbox) -> None:
+        self.state, self.out = state, out
         self.in_flight: set[int] = set()  # steps whose publish the worker began and has not ended
         self.why_not: dict[int, str] = {}  # why a checkpoint a rollback waited for did not become one
         self.failed = False  # a publish failed in the running worker: it stops at its next step
@@ -69,65 +65,65 @@ class Publishes:
 
     def unfinished(self, step: int) -> bool:
         """Whether checkpoint ``step`` is on its way: being published by a worker that still runs."""
-        worker = self.sup.worker
-        return step in self.in_flight and worker is not None and worker.poll() is None
+        return step in self.in_flight and self.state.attempt.running()
 
     # -- the rollback that waits ----------------------------------------------------------------------
-    def hold(self, action: Action, proceed: Callable[[], None]) -> bool:
+    def hold(self, action: Action) -> bool:
         """Hold ``action`` (a rollback) while the checkpoint it would go back to is being published.
 
-        True: held; ``proceed`` carries it out once that is settled (:meth:`tick`). False: nothing
-        to wait for, and the caller carries it out now.
+        True: held, as the run's pending action; :meth:`tick` gives it back once that is settled. False:
+        nothing to wait for, and the caller carries it out now.
         """
-        sup = self.sup
-        wait_s = sup.cfg.recover.publish_wait_s
-        worker = sup.worker
+        st = self.state
+        wait_s = st.cfg.recover.publish_wait_s
+        worker = st.attempt.worker
         if wait_s <= 0 or worker is None or worker.poll() is not None or self.held is not None:
             return False
         start = onset_step(action.anomaly) if action.anomaly is not None else action.step
         # The checkpoints whose publish was read to end (verifying them again is the choice's job).
-        verified = [s for s in sup.checkpoint_steps if s < start]
-        step = publish_to_await(start, verified, sup.resumes.rollback_resumes, self.in_flight)
+        verified = [s for s in st.history.checkpoint_steps if s < start]
+        step = publish_to_await(start, verified, st.history.rollback_resumes, self.in_flight)
         if step is None:
             return False
-        sup.pending = action
-        self.held = Held(action, step, worker, sup.clock(), proceed)
-        sup.emit(
+        st.pending = action
+        self.held = Held(action, step, worker, st.clock())
+        self.out.emit(
             "action",
             "publish_awaited",
             f"the rollback waits for checkpoint-{step}, still being published, up to {wait_s:g}s "
             "(recover.publish_wait_s)",
             severity="warning",
-            step=sup.progress.step,
+            step=st.progress.step,
             data={"checkpoint": f"checkpoint-{step}", "wait_s": wait_s},
         )
         return True
 
-    def tick(self) -> None:
-        """Let a held rollback go once its checkpoint is verified, failed, or waited on long enough."""
+    def tick(self) -> Action | None:
+        """The held rollback, to be carried out now that its checkpoint is verified, failed, or waited on
+        long enough; None while it waits, or when there is none (or its worker is gone)."""
         held = self.held
-        sup = self.sup
+        st = self.state
         if held is None:
-            return
-        if held.worker is not sup.worker:
+            return None
+        if held.worker is not st.attempt.worker:
             self.held = None
-            return
+            return None
         if held.worker.poll() is not None:
             # The worker ended first: its publish is over, whichever way it went. The rollback stays the
             # pending action, and the restart the loop now makes chooses from what is on disk.
             self.held = None
             if held.step in self.in_flight:
                 self.why_not[held.step] = "the worker exited before its publish finished"
-            return
-        waited = sup.clock() - held.since
+            return None
+        waited = st.clock() - held.since
         if held.step in self.in_flight:
-            if waited < sup.cfg.recover.publish_wait_s:
-                return
+            if waited < st.cfg.recover.publish_wait_s:
+                return None
             self.why_not[held.step] = f"still being published after {waited:.0f}s (recover.publish_wait_s)"
         self.held = None
-        if sup.pending is held.action:
-            sup.pending = None
-        held.proceed()
+        if st.pending is held.action:
+            st.pending = None
+        return held.action
 
     def passed_over(self, target: int, before: int) -> list[str]:
         """Why each checkpoint between ``target`` and step ``before`` that a rollback waited for is not it."""

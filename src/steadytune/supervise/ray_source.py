@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from steadytune.checkpoint.manifest import checkpoint_step
 from steadytune.checkpoint.store import clean_staging
 from steadytune.engines.groups import Group, GroupLog, failures_path
 from steadytune.engines.requests import ResourceRequest, requested_path, worker_bundle, write_request
@@ -27,12 +26,12 @@ from steadytune.protocol import WorkerEvent
 from steadytune.records import Event, PlanRevision, Record
 from steadytune.rundir import RunDir
 from steadytune.supervise.process import WorkerProcess
-from steadytune.supervise.restarts import replay_detector
 from steadytune.supervise.source import REQUEST, NativeSource
 
 if TYPE_CHECKING:
     from steadytune.config.schema import RayConfig
-    from steadytune.supervise.supervisor import Supervisor
+    from steadytune.supervise.resuming import Resumes
+    from steadytune.supervise.runstate import RunState
 
 
 def driver_command(run_root: Path, python: str = sys.executable) -> list[str]:
@@ -197,15 +196,9 @@ def group_revision(plan: PlanRevision, data: dict[str, Any], current_attempt: in
     }
 
 
-def on_worker_group_failed(sup: Supervisor, ev: Event, filed: Event | None) -> None:
+def on_worker_group_failed(state: RunState) -> None:
     """Until the next group starts, the job is re-forming: judged by setup_timeout_s, not by the step pace."""
-    sup.worker_phase, sup.phase_since = "setup", sup.clock()
-
-
-def on_resources_requested(sup: Supervisor, ev: Event, filed: Event | None) -> None:
-    """Ray was asked for the scale rules' resources: a plan revision with the request as its cause."""
-    if sup.scaling is not None:
-        sup.scaling.on_requested(ev, filed)
+    state.attempt.phase, state.attempt.phase_since = "setup", state.clock()
 
 
 def unannounced(logged: list[Group], current_attempt: int, announced_attempt: int) -> list[Group]:
@@ -216,37 +209,36 @@ def unannounced(logged: list[Group], current_attempt: int, announced_attempt: in
     return [g for g in logged if current_attempt < g.attempt < announced_attempt]
 
 
-def on_worker_group_started(sup: Supervisor, ev: Event, filed: Event | None) -> None:
+def on_worker_group_started(state: RunState, resumes: Resumes, ev: Event, filed: Event | None) -> None:
     """A new Ray group: its size, attempt and resume point go into the plan, as a restart's would.
 
     A group logged but never announced before it gets its revision first, said to have trained nothing.
     """
-    driver = getattr(sup.source, "driver_attempt", None)
+    driver = getattr(state.source, "driver_attempt", None)
     if driver is not None and isinstance(ev.data.get("attempt"), int):
-        for lost in unannounced(GroupLog(sup.run.root, driver).read(), sup.attempt, ev.data["attempt"]):
-            _start_group(sup, GroupLog.as_event_data(lost), filed, "; lost before it announced itself")
-    _start_group(sup, ev.data, filed)
+        logged = GroupLog(state.run.root, driver).read()
+        for lost in unannounced(logged, state.attempt.number, ev.data["attempt"]):
+            data = GroupLog.as_event_data(lost)
+            _start_group(state, resumes, data, filed, "; lost before it announced itself")
+    _start_group(state, resumes, ev.data, filed)
 
 
-def _start_group(sup: Supervisor, data: dict[str, Any], filed: Event | None, note: str = "") -> None:
-    changes = group_revision(sup.plan, data, sup.attempt)
+def _start_group(
+    state: RunState, resumes: Resumes, data: dict[str, Any], filed: Event | None, note: str = ""
+) -> None:
+    changes = group_revision(state.plan, data, state.attempt.number)
     if changes is None:
         return
     if note:
         changes["notes"] = changes.get("notes", "") + note
     reason = changes.pop("reason")
-    sup.revise(reason=reason, cause=filed, **changes)
+    state.plans.revise(reason=reason, cause=filed, **changes)
     if "attempt" not in changes:
         return
     # A new group is a new timeline, as a restart by the supervisor is: its records carry the new attempt,
     # open anomalies of the old one are resolved, and its first step must continue the checkpoint.
-    sup.attempt = changes["attempt"]
-    resume = changes.get("resume_checkpoint")
-    sup.rewind_detection(resume)
-    if changes.get("world_size"):  # the ranks a smaller group no longer has are forgotten, not stragglers
-        step = checkpoint_step(Path(resume)) if resume else 0
-        sup.detector = replay_detector(sup.run, sup.cfg.detect, step or 0, world_size=changes["world_size"])
-    sup.last_heartbeat = {0: sup.clock()}
-    sup.worker_phase, sup.phase_since = "setup", sup.clock()
-    sup.attempt_stepped = False
-    sup.resumes.expect(Path(resume) if resume else None)
+    state.attempt.number = changes["attempt"]
+    # The ranks a smaller group no longer has are forgotten, not stragglers.
+    resumes.rewind(changes.get("resume_checkpoint"), world_size=changes.get("world_size") or None)
+    state.attempt.heartbeats = {0: state.clock()}
+    state.attempt.setup(state.clock())

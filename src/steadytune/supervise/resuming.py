@@ -10,26 +10,32 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from steadytune.checkpoint.manifest import checkpoint_step
 from steadytune.policy.engine import Action
 from steadytune.policy.plan import onset_step
 from steadytune.policy.restart import Decision, ExitInfo
 from steadytune.records import Anomaly, StepRecord
-from steadytune.supervise.restarts import crash_restart, resume_expectation, resume_problems, rollback_restart
+from steadytune.supervise.outbox import Outbox
+from steadytune.supervise.publishing import Publishes
+from steadytune.supervise.restarts import (
+    anomaly_event_data,
+    crash_restart,
+    replay_detector,
+    resume_expectation,
+    resume_problems,
+    rollback_restart,
+)
+from steadytune.supervise.runstate import RunState
 from steadytune.supervise.source import LR, PLAN, SKIP_STEP
-
-if TYPE_CHECKING:
-    from steadytune.supervise.supervisor import Supervisor
 
 
 class Resumes:
     """The resume points of one run and what its restarts change."""
 
-    def __init__(self, sup: Supervisor) -> None:
-        self.sup = sup
-        self.rollback_resumes: list[int | None] = []  # where each rollback went (a repeat goes further back)
+    def __init__(self, state: RunState, out: Outbox, publishes: Publishes) -> None:
+        self.state, self.out, self.publishes = state, out, publishes
         self._bad_checkpoints: set[Path] = set()  # a resume from these failed before its first step
         self._reported: set[Path] = set()  # unusable checkpoints already reported
         self._abandoned: dict[Path, int] = {}  # checkpoints of a timeline a rollback left, as they were
@@ -44,25 +50,48 @@ class Resumes:
             self.check_resume(rec, self._expect)
             self._expect = None
 
+    def rewind(self, resume: str | None, world_size: int | None = None) -> None:
+        """A new timeline from ``resume``: detection starts again there, and its first step is checked.
+
+        Open anomalies belong to the abandoned timeline: they are resolved, and the detectors are
+        rebuilt by replaying the kept history up to the resume step (the latest attempt of each step),
+        so baselines survive the restart. With ``world_size``, the ranks a smaller job no longer has
+        are left out (a rank that is gone is no straggler).
+        """
+        st = self.state
+        for a in st.detector.open_anomalies():
+            self.out.emit(
+                "resolved",
+                a.kind,
+                f"resolved {a.kind}: cleared by the restart",
+                step=a.end_step,
+                data={**anomaly_event_data(a), "cleared_by": "restart"},
+            )
+        st.policy.forget_open()
+        step = (checkpoint_step(Path(resume)) if resume else 0) or 0
+        st.detector = replay_detector(st.run, st.cfg.detect, step, world_size=world_size)
+        st.progress.rewind(step, st.attempt.number)
+        self.expect(Path(resume) if resume else None)
+
     def usable_checkpoints(self, before: int | None = None) -> list[tuple[Path, int]]:
         """Checkpoints the source can resume from, newest first; unusable ones are reported once."""
         out = []
-        for path in self.sup.source.checkpoints():
+        for path in self.state.source.checkpoints():
             step = checkpoint_step(path) or 0
             if (before is not None and step >= before) or path in self._bad_checkpoints:
                 continue
             if self._abandoned.get(path) == _saved_at(path):
                 continue  # written by the timeline a rollback left (and not saved again since)
-            problem = self.sup.source.problem(path)
+            problem = self.state.source.problem(path)
             if problem is None:
                 out.append((path, step))
                 if before is None:
                     break  # the newest whole one is all a resume needs; older ones are not read
-            elif self.sup.publishes.unfinished(step):
+            elif self.publishes.unfinished(step):
                 continue  # on its way, not broken: the worker that publishes it still runs
             elif path not in self._reported:
                 self._reported.add(path)
-                self.sup.emit(
+                self.out.emit(
                     "anomaly",
                     "checkpoint_corrupt",
                     f"{path.name} skipped for resume: {problem}",
@@ -79,9 +108,9 @@ class Resumes:
 
     def check_resume(self, rec: StepRecord, expect: dict[str, float]) -> None:
         """The first step after a resume continues the checkpoint: its epoch, its step, its loss."""
-        problems = resume_problems(rec, expect, self.sup.source.steps_are_real())
+        problems = resume_problems(rec, expect, self.state.source.steps_are_real())
         if problems:
-            self.sup.emit(
+            self.out.emit(
                 "anomaly",
                 "resume_mismatch",
                 f"the run did not resume from checkpoint-{int(expect['step'])}: " + "; ".join(problems),
@@ -93,17 +122,21 @@ class Resumes:
     def nonfinite_end(self, info: ExitInfo) -> Anomaly | None:
         """The open NaN/Inf anomaly a completed attempt ended with, where no guard kept it from the
         weights."""
-        if info.status != "completed" or SKIP_STEP in self.sup.source.abilities:
+        if info.status != "completed" or SKIP_STEP in self.state.source.abilities:
             return None
-        for a in self.sup.detector.open_anomalies():
+        for a in self.state.detector.open_anomalies():
             if a.kind in {"nan_loss", "nonfinite_grad"}:
                 return a
-        grad = self.sup.progress.last_grad_norm
+        grad = self.state.progress.last_grad_norm
         if grad is not None and not math.isfinite(grad):
             # A tool that filters NaN losses from its logs (HF's logging_nan_inf_filter) still shows the
             # gradients: a run whose last update was non-finite left non-finite weights.
             return Anomaly(
-                "nonfinite_grad", "critical", self.sup.progress.step, self.sup.progress.step, "grad_norm"
+                "nonfinite_grad",
+                "critical",
+                self.state.progress.step,
+                self.state.progress.step,
+                "grad_norm",
             )
         return None
 
@@ -112,12 +145,12 @@ class Resumes:
 
         The next older whole one gets its chance (a restart, from the budget), with an event.
         """
-        resume = self.sup.plan.resume_checkpoint
-        if not (info.deterministic and resume and self.sup.planner.budget_left()):
+        resume = self.state.plan.resume_checkpoint
+        if not (info.deterministic and resume and self.state.planner.budget_left()):
             return None
         path = Path(resume)
         self._bad_checkpoints.add(path)
-        self.sup.emit(
+        self.out.emit(
             "anomaly",
             "resume_failed",
             f"resuming from {path.name} failed before the first step "
@@ -133,9 +166,9 @@ class Resumes:
         """Resume from the newest verified checkpoint; after an OOM, also change what ran out."""
         resume = self.resume_point()
         where = f"; resuming from {Path(resume).name if resume else 'the start'}"
-        if PLAN not in self.sup.source.abilities:  # a job's shape is its own: resume it as it was
+        if PLAN not in self.state.source.abilities:  # a job's shape is its own: resume it as it was
             return {"resume_checkpoint": resume}, decision.classification, decision.reason + where
-        changes, kind, why = crash_restart(self.sup.plan, decision, resume, self.sup.cfg)
+        changes, kind, why = crash_restart(self.state.plan, decision, resume, self.state.cfg)
         return changes, kind, why + where
 
     def plan_after_action(self, action: Action) -> tuple[dict[str, Any] | None, str, str]:
@@ -151,36 +184,36 @@ class Resumes:
         start = onset_step(action.anomaly) if action.anomaly is not None else action.step
         verified = {step: path for path, step in self.usable_checkpoints(before=start)}
         changes, kind, why, target = rollback_restart(
-            self.sup.plan,
+            self.state.plan,
             action,
             sorted(verified),
-            self.rollback_resumes,
-            self.sup.source.checkpoint_root or self.sup.run.checkpoints,
+            self.state.history.rollback_resumes,
+            self.state.source.checkpoint_root or self.state.run.checkpoints,
             # Where the rollback was decided, not where the worker got to while it was carried out (a
             # wait for a checkpoint being published, a kill): the steps after it are not suspect.
             action.step,
-            self.sup.samples_by_step,
-            self.sup.cfg.policy.rollback_lr_scale,
+            self.state.history.samples_by_step,
+            self.state.cfg.policy.rollback_lr_scale,
         )
         if target is not None:
             # A checkpoint from before the trouble that the rollback waited for and did not get: say why it
             # went further back.
-            why += "".join(f"; {note}" for note in self.sup.publishes.passed_over(target, start))
-            self.rollback_resumes.append(target)
+            why += "".join(f"; {note}" for note in self.publishes.passed_over(target, start))
+            self.state.history.rollback_resumes.append(target)
             self.abandon_after(target)
             if target in verified and changes is not None:
                 target_dir = verified[target]
-                if changes.get("lr_scale") not in (None, self.sup.plan.lr_scale):
-                    target_dir = self.sup.source.resume_copy(target_dir)
+                if changes.get("lr_scale") not in (None, self.state.plan.lr_scale):
+                    target_dir = self.state.source.resume_copy(target_dir)
                 changes["resume_checkpoint"] = str(target_dir)
-            if LR not in self.sup.source.abilities:
+            if LR not in self.state.source.abilities:
                 why += "; the LR is unchanged (give --lr-arg and --base-lr, or --preset, to lower it)"
         return changes, kind, why
 
     def abandon_after(self, target: int) -> None:
         """The timeline after checkpoint ``target`` is left behind: its checkpoints are no resume point."""
-        self.sup.checkpoint_steps = [s for s in self.sup.checkpoint_steps if s <= target]
-        for path in self.sup.source.checkpoints():
+        self.state.history.checkpoint_steps = [s for s in self.state.history.checkpoint_steps if s <= target]
+        for path in self.state.source.checkpoints():
             if (checkpoint_step(path) or 0) > target:
                 self._abandoned[path] = _saved_at(path)
 

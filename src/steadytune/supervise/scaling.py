@@ -15,16 +15,15 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from steadytune.policy.engine import Action
 from steadytune.policy.scale import Measured, ScaleDecision, ScaleRules, Shape, job_reading, parse_visible
 from steadytune.records import Event, StepRecord, SystemSample
+from steadytune.supervise.outbox import Outbox
+from steadytune.supervise.runstate import RunState
 from steadytune.supervise.server_link import ServerLink
 from steadytune.supervise.source import CONTROL, PLAN, REQUEST, SizesItself
-
-if TYPE_CHECKING:
-    from steadytune.supervise.supervisor import Supervisor
 
 # Each checkpoints, stops and relaunches the worker in a new shape.
 SCALE_ACTIONS = frozenset({"grow", "shrink", "more_workers", "undo"})
@@ -36,9 +35,14 @@ class Autoscaler:
     """The scale rules of one run and the resize in progress."""
 
     def __init__(
-        self, sup: Supervisor, rules: ScaleRules, visible: list[int] | None, link: ServerLink | None = None
+        self,
+        state: RunState,
+        out: Outbox,
+        rules: ScaleRules,
+        visible: list[int] | None,
+        link: ServerLink | None = None,
     ) -> None:
-        self.sup, self.rules, self.visible = sup, rules, visible
+        self.state, self.out, self.rules, self.visible = state, out, rules, visible
         self.link = link  # a server job: GPUs come from the server's ledger, not from what the host has
         self.onto: list[int] | None = None  # the GPUs the resize in progress relaunches on
         self.scaling: ScaleDecision | None = None  # the resize the worker was stopped for
@@ -47,48 +51,50 @@ class Autoscaler:
         self.asked_for: tuple[int, int] | None = None  # Ray: (workers asked for, the group's size then)
 
     @classmethod
-    def for_run(cls, sup: Supervisor, worker_env: dict[str, str] | None) -> Autoscaler | None:
+    def for_run(cls, state: RunState, out: Outbox, worker_env: dict[str, str] | None) -> Autoscaler | None:
         """The rules, for a source whose shape steadytune sets; the first plan records the world size."""
-        s = sup.cfg.scale
-        if s is None or not {PLAN, CONTROL} <= sup.source.abilities:
+        s, cfg, plans = state.cfg.scale, state.cfg, state.plans
+        if s is None or not {PLAN, CONTROL} <= state.source.abilities:
             return None
         env = {**os.environ, **(worker_env or {})}
         # With Ray, config validation made scale.min_gpus..max_gpus ray.num_workers' range.
-        if REQUEST not in sup.source.abilities:
-            sup.plan = replace(sup.plan, nproc_per_node=sup.cfg.run.nproc_per_node)
-        sup.plan = replace(sup.plan, dataloader_num_workers=sup.cfg.train.dataloader_num_workers)
+        if REQUEST not in state.source.abilities:
+            plans.current = replace(plans.current, nproc_per_node=cfg.run.nproc_per_node)
+        plans.current = replace(plans.current, dataloader_num_workers=cfg.train.dataloader_num_workers)
         visible = parse_visible(env.get("CUDA_VISIBLE_DEVICES"))
-        requests = REQUEST in sup.source.abilities
-        rules = ScaleRules(s, shape_of(sup), exact_batch=not requests)
-        return cls(sup, rules, visible, ServerLink.from_env(env))
+        requests = REQUEST in state.source.abilities
+        rules = ScaleRules(s, shape_of(state), exact_batch=not requests)
+        return cls(state, out, rules, visible, ServerLink.from_env(env))
 
     @property
     def requests(self) -> bool:
         """A resize is a resource request to the engine, which resizes the group itself (Ray)."""
-        return REQUEST in self.sup.source.abilities
+        return REQUEST in self.state.source.abilities
 
-    def on_sample(self, rec: SystemSample) -> None:
-        sup = self.sup
-        if self.requests and self.scaling is not None and sup.clock() - self.asked_at > REQUEST_TAKEN_S:
+    def on_sample(self, rec: SystemSample) -> Action | None:
+        """A system sample meets the rules; the resize they decide, as an action to carry out (or None)."""
+        st = self.state
+        if self.requests and self.scaling is not None and st.clock() - self.asked_at > REQUEST_TAKEN_S:
             # The driver asked for it is gone (the attempt ended): the rules may decide again.
             d, self.scaling = self.scaling, None
-            self.rules.declined(sup.clock())
-            sup.emit(
+            self.rules.declined(st.clock())
+            self.out.emit(
                 "action", "resize_refused",
                 f"{d.kind} not made: the Ray driver did not take the request in {REQUEST_TAKEN_S:g}s",
-                severity="warning", step=sup.progress.step, data={**scale_data(d), "refused": "not taken"},
+                severity="warning", step=st.progress.step,
+                data={**scale_data(d), "refused": "not taken"},
             )  # fmt: skip
-        shape = shape_of(sup)
+        shape = shape_of(st)
         # An OOM split or the auto search may have changed the micro-batch.
         self.rules.set_micro_batch(shape.micro_batch, shape.accumulation)
         if self.requests:
             self.rules.set_world(shape.world)  # the group Ray runs now, whatever was asked for
         training = (
-            sup.state == "running"
-            and sup.worker_phase == "train"
-            and sup.attempt_stepped
-            and sup.worker is not None
-            and sup.worker.poll() is None
+            st.status == "running"
+            and st.attempt.phase == "train"
+            and st.attempt.stepped
+            and st.attempt.worker is not None
+            and st.attempt.worker.poll() is None
         )
         if self.requests:
             # Ray places the workers on GPUs of its choosing: the host's GPUs the supervisor may see are the
@@ -104,19 +110,20 @@ class Autoscaler:
             if training and self.scaling is None:
                 want = self.link.wanted()
                 if want is not None:
-                    self.decide(self.rules.shrink_onto(len(want), "the server asks for room"), onto=want)
-                    return
+                    return self.decide(
+                        self.rules.shrink_onto(len(want), "the server asks for room"), onto=want
+                    )
         decision = self.rules.observe(reading, training)
-        if decision is not None:
-            self.decide(decision)
+        return self.decide(decision) if decision is not None else None
 
-    def on_step(self, rec: StepRecord) -> None:
-        """Rank 0's step: the first after a resize says what it cost; later ones measure whether it paid."""
+    def on_step(self, rec: StepRecord) -> Action | None:
+        """Rank 0's step: the first after a resize says what it cost; later ones measure whether it paid
+        (a resize that did not is undone: that action, to carry out, or None)."""
         if self.resized is not None:
             d, decided, saved = self.resized
             self.resized = None
             lost = rec.ts - saved if saved is not None else None
-            self.sup.emit(
+            self.out.emit(
                 "action",
                 "resized",
                 f"running on {d.after.world} process(es) from step {rec.step}"
@@ -135,66 +142,70 @@ class Autoscaler:
                 },
             )
         measured = self.rules.observe_step(rec.ts, rec.step, rec.attempt)
-        if measured is not None:
-            self.on_measured(measured, rec.step)
+        return self.on_measured(measured, rec.step) if measured is not None else None
 
-    def decide(self, d: ScaleDecision, onto: list[int] | None = None) -> None:
-        sup = self.sup
+    def decide(self, d: ScaleDecision, onto: list[int] | None = None) -> Action | None:
+        """File a refusal, or what observe mode would do, or ask the engine (Ray); a relaunch in the new
+        shape is returned, as an action for the actions to carry out like a rollback."""
+        st = self.state
         data = scale_data(d)
-        if d.refused is None and self.link is not None and sup.policy.config.mode != "observe":
+        if d.refused is None and self.link is not None and st.policy.config.mode != "observe":
             d, onto = self._with_server(d, onto)
         if d.refused is not None:
             if onto is not None and self.link is not None:
                 self.link.refuse(d.refused)  # the server pauses the job instead
-            sup.emit(
+            self.out.emit(
                 "action",
                 "resize_refused",
                 f"{d.kind} refused: {d.reason}, but {d.refused}",
                 severity="warning",
-                step=sup.progress.step,
+                step=st.progress.step,
                 data={**data, "refused": d.refused},
             )
-            return
-        if sup.policy.config.mode == "observe":
+            return None
+        if st.policy.config.mode == "observe":
             if onto is not None and self.link is not None:
                 self.link.refuse("observe mode: the run's policy makes no resize")
-            sup.emit(
-                "action", "alert_only", f"observe mode: would {d.kind} ({d.reason})", step=sup.progress.step
+            self.out.emit(
+                "action",
+                "alert_only",
+                f"observe mode: would {d.kind} ({d.reason})",
+                step=st.progress.step,
             )
-            self.rules.declined(sup.clock())
-            return
-        self.scaling, self.asked_at, self.onto = d, sup.clock(), onto
+            self.rules.declined(st.clock())
+            return None
+        self.scaling, self.asked_at, self.onto = d, st.clock(), onto
         if self.requests:
             self._request(d, data)
-            return
-        sup.actions.execute(Action(d.kind, d.reason, sup.progress.step, params=data))
+            return None
+        return Action(d.kind, d.reason, st.progress.step, params=data)
 
     def _request(self, d: ScaleDecision, data: dict[str, Any]) -> None:
         """Ask the engine for ``d.after.world`` workers; the training goes on meanwhile (no stop)."""
-        sup = self.sup
+        st = self.state
         n = d.after.world
         if self.asked_for == (n, d.before.world):
             # Ray holds it already and the group has not changed since: asking again changes nothing.
             self.scaling = None
-            self.rules.declined(sup.clock())
+            self.rules.declined(st.clock())
             return
-        source = cast(SizesItself, sup.source)
-        asked = source.request_workers(d.kind, n, d.reason, sup.clock(), sup.cfg.ray)
+        source = cast(SizesItself, st.source)
+        asked = source.request_workers(d.kind, n, d.reason, st.clock(), st.cfg.ray)
         if asked is None:
             self.scaling = None
-            self.rules.declined(sup.clock())
-            sup.emit(
+            self.rules.declined(st.clock())
+            self.out.emit(
                 "action", "resize_refused", f"{d.kind} refused: {d.reason}, but no Ray driver runs to ask",
-                severity="warning", step=sup.progress.step, data={**data, "refused": "no driver"},
+                severity="warning", step=st.progress.step, data={**data, "refused": "no driver"},
             )  # fmt: skip
             return
         self.asked_for = (n, d.before.world)
-        sup.emit(
+        self.out.emit(
             "action",
             d.kind,
             f"{d.kind}: {d.reason}; asking Ray for {n} worker(s)",
             severity="warning",
-            step=sup.progress.step,
+            step=st.progress.step,
             data={**data, "workers": n, "request": str(asked)},
         )
 
@@ -206,14 +217,14 @@ class Autoscaler:
         d, self.scaling = self.scaling, None
         workers = ev.data.get("workers")
         kind = str(ev.data.get("kind") or (d.kind if d else "request"))
-        self.sup.revise(
+        self.state.plans.revise(
             reason=f"scale_{kind}",
             cause=filed,
             notes=f"{kind}: asked Ray for {workers} worker(s) of {(ev.data.get('bundles') or [{}])[0]}"
             + (f" ({d.reason})" if d else ""),
         )
         if d is not None and d.after.world == workers:
-            self.rules.applied(d, self.sup.clock())
+            self.rules.applied(d, self.state.clock())
 
     def _with_server(
         self, d: ScaleDecision, onto: list[int] | None
@@ -225,15 +236,15 @@ class Autoscaler:
         if d.after.world > d.before.world:
             gpus, why = self.link.grow(d.after.world, d.reason)
             if gpus is None:
-                self.rules.declined(self.sup.clock())
+                self.rules.declined(self.state.clock())
                 return replace(d, after=d.before, refused=f"the server refused: {why}"), None
             return d, gpus
         if d.after.world < d.before.world and onto is None:
             onto = (self.visible or list(range(d.before.world)))[: d.after.world]
         return d, onto
 
-    def on_measured(self, m: Measured, step: int) -> None:
-        self.sup.emit(
+    def on_measured(self, m: Measured, step: int) -> Action | None:
+        self.out.emit(
             "action",
             "resize_measured",
             m.reason,
@@ -246,17 +257,16 @@ class Autoscaler:
                 "kept": m.kept,
             },
         )
-        if m.undo is not None and self.sup.pending is None:
-            self.decide(m.undo)
+        return self.decide(m.undo) if m.undo is not None and self.state.pending is None else None
 
-    def plan_after_resize(self) -> tuple[dict[str, Any] | None, str, str]:
-        """Relaunch in the new shape from the checkpoint the stop wrote; the effective batch is the same."""
-        sup = self.sup
+    def plan_after_resize(self, resume: str | None) -> tuple[dict[str, Any] | None, str, str]:
+        """Relaunch in the new shape from ``resume``, the checkpoint the stop wrote; the effective batch
+        is the same."""
+        st = self.state
         d, self.scaling = self.scaling, None
         assert d is not None
-        resume = sup.resume_point()
         onto, self.onto = self.onto, None
-        if resume is None and sup.progress.step > 0:
+        if resume is None and st.progress.step > 0:
             if self.link is not None and d.after.world > d.before.world:
                 self.link.release(d.before.world, f"{d.kind} not made: no checkpoint")  # the reservation back
             return (
@@ -266,8 +276,8 @@ class Autoscaler:
             )
         if onto is not None:
             self._place(onto, d)
-        self.rules.applied(d, sup.clock())
-        self.resized = (d, self.asked_at, sup.last_save_ts)
+        self.rules.applied(d, st.clock())
+        self.resized = (d, self.asked_at, st.history.last_save_ts)
         changes = {
             "resume_checkpoint": resume,
             "nproc_per_node": d.after.world,
@@ -285,20 +295,20 @@ class Autoscaler:
             kept = self.link.release(d.after.world, d.reason)
             onto = kept if kept is not None else onto
         self.visible = onto
-        env = getattr(self.sup.source, "env", None)
+        env = getattr(self.state.source, "env", None)
         if isinstance(env, dict):
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in onto)
 
 
-def shape_of(sup: Supervisor) -> Shape:
+def shape_of(state: RunState) -> Shape:
     """The run's shape now: micro-batch, accumulation, world size, dataloader workers."""
-    p, cfg = sup.plan, sup.cfg
-    if REQUEST in sup.source.abilities:  # the engine's group: its size is what it last started with
+    p, cfg = state.plan, state.cfg
+    if REQUEST in state.source.abilities:  # the engine's group: its size is what it last started with
         world = p.world_size or cfg.ray.min_workers
     else:
         world = p.nproc_per_node or cfg.run.nproc_per_node
     return Shape(
-        micro_batch=sup.planner.batch(sup.plan),
+        micro_batch=state.planner.batch(state.plan),
         accumulation=p.gradient_accumulation_steps or cfg.train.gradient_accumulation_steps,
         world=world,
         workers=p.dataloader_num_workers

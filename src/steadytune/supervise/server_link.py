@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from steadytune.server.jobs import JOB_ENV, SOCKET_ENV
+from steadytune.jobenv import JOB_ENV, SOCKET_ENV
 
 
 class ServerLink:

@@ -113,6 +113,17 @@ class WorkerSource(Protocol):
         ...
 
 
+def unable(source: WorkerSource, action: str) -> str | None:
+    """Why ``source`` cannot carry out ``action`` (None: it can)."""
+    if action in {"checkpoint", "memory_snapshot"} and CONTROL not in source.abilities:
+        return (
+            f"the {source.label} takes no control requests (supervise --inject gives an HF-based tool them)"
+        )
+    if action == "reduce_microbatch" and PLAN not in source.abilities:
+        return f"the {source.label}'s batch shape is its own"
+    return None
+
+
 def attempt_env(extra: dict[str, str], attempt: int | None) -> dict[str, str]:
     """What the built-in worker gets on top of the supervisor's environment (``attempt`` None: a spare)."""
     env = {**extra, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}

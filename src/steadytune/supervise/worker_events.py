@@ -5,24 +5,24 @@ stream beside its step records; the supervisor's loop reads them and passes each
 filed in ``events.jsonl`` (except ``train_begin``, which only carries the run's length), then its
 handler, ``on_<name>``, updates the run: the checkpoints LAST_GOOD may name, a plan revision that
 keeps an OOM split or an auto micro-batch, the policy's view of skipped updates, an in-process
-rollback's progress. An anomaly a worker reports meets the policy as the detectors' own do.
+rollback's progress. An anomaly a worker reports meets the policy as the detectors' own do; what
+the policy decides comes back from :meth:`WorkerEvents.on_event` as actions, for the actions to
+carry out.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from steadytune.protocol import WorkerEvent
+from steadytune.protocol import WorkerEvent, send_control
 from steadytune.records import Anomaly, Event
-from steadytune.supervise.ray_source import (
-    on_resources_requested,
-    on_worker_group_failed,
-    on_worker_group_started,
-)
-
-if TYPE_CHECKING:
-    from steadytune.supervise.supervisor import Supervisor
-
+from steadytune.supervise.actions import Act
+from steadytune.supervise.inprocess import InProcessRollbacks
+from steadytune.supervise.outbox import Outbox
+from steadytune.supervise.publishing import Publishes
+from steadytune.supervise.ray_source import on_worker_group_failed, on_worker_group_started
+from steadytune.supervise.resuming import Resumes
+from steadytune.supervise.runstate import RunState
+from steadytune.supervise.scaling import Autoscaler
+from steadytune.supervise.status import RunBooks
 
 # train_begin only carries the run's length, and worker_started already marks the attempt;
 # checkpoint_publishing only says a publish is under way: checkpoint_saved (or its failure) files its end.
@@ -30,78 +30,95 @@ _NOT_FILED = frozenset({WorkerEvent.TRAIN_BEGIN, WorkerEvent.CHECKPOINT_PUBLISHI
 
 
 class WorkerEvents:
-    """The supervisor's handlers of worker events; the state they change stays the supervisor's."""
+    """What a worker reports, filed, and handed to the part it concerns."""
 
-    def __init__(self, sup: Supervisor) -> None:
-        self.sup = sup
+    def __init__(
+        self,
+        state: RunState,
+        out: Outbox,
+        publishes: Publishes,
+        resumes: Resumes,
+        in_process: InProcessRollbacks,
+        books: RunBooks,
+        scaling: Autoscaler | None,
+    ) -> None:
+        self.state, self.out = state, out
+        self.publishes, self.resumes, self.in_process = publishes, resumes, in_process
+        self.books, self.scaling = books, scaling
 
-    def on_event(self, ev: Event) -> None:
+    def on_event(self, ev: Event) -> list[Act]:
         """File what a worker reported, then act on it: one lookup, ``on_<name>`` of its WorkerEvent.
 
-        A name outside the protocol is filed all the same; an anomaly, whatever its name, meets the policy.
+        A name outside the protocol is filed all the same; an anomaly, whatever its name, meets the
+        policy. Returns what the policy decided, for the actions to carry out.
         """
-        sup = self.sup
+        st = self.state
         known = WorkerEvent.get(ev.name)
         if ev.severity in {"warning", "critical"} and ev.step is not None:
-            sup.trouble_steps.append(ev.step)
+            st.history.trouble_steps.append(ev.step)
         filed = (
             None
             if known in _NOT_FILED
-            else sup.emit(ev.kind, ev.name, ev.message, severity=ev.severity, step=ev.step, data=ev.data)
+            else self.out.emit(ev.kind, ev.name, ev.message, severity=ev.severity, step=ev.step, data=ev.data)
         )
+        decided: list[Act] = []
         if known is not None:
-            getattr(self, known.handler)(ev, filed)
-        if ev.kind == "anomaly" and ev.severity in {"warning", "critical"} and sup.pending is None:
+            decided += getattr(self, known.handler)(ev, filed) or []
+        if (
+            ev.kind == "anomaly"
+            and ev.severity in {"warning", "critical"}
+            and st.pending is None
+            and not decided
+        ):
             # What the worker itself found (a save refused for lack of disk) meets the same policy
             # as what the detectors find: `policy.rules.disk_low.action: stop` must stop the run.
-            step = ev.step if ev.step is not None else sup.progress.step
+            step = ev.step if ev.step is not None else st.progress.step
             found = Anomaly(
                 ev.name, ev.severity, step, step, str(ev.data.get("metric", ev.name)), dict(ev.data)
             )
-            action = sup.policy.on_raised(found, sup.progress.step)
+            action = st.policy.on_raised(found, st.progress.step)
             if action is not None:
-                sup.actions.execute(action, cause=filed)
+                decided.append(Act(action, cause=filed))
+        return decided
 
-    # -- one handler per WorkerEvent, called after the event is filed --------------------------------
+    # -- one handler per WorkerEvent, called after the event is filed; it may return actions ----------
     def on_train_begin(self, ev: Event, filed: Event | None) -> None:
         if ev.data.get("max_steps"):
-            self.sup.progress.max_steps = int(ev.data["max_steps"])
+            self.state.progress.max_steps = int(ev.data["max_steps"])
 
     def on_checkpoint_publishing(self, ev: Event, filed: Event | None) -> None:
         if ev.step is not None:
-            self.sup.publishes.on_publishing(ev.step)
+            self.publishes.on_publishing(ev.step)
 
     def on_checkpoint_publish_failed(self, ev: Event, filed: Event | None) -> None:
         if ev.step is not None:
-            self.sup.publishes.on_failed(ev.step, str(ev.data.get("error") or ev.message))
+            self.publishes.on_failed(ev.step, str(ev.data.get("error") or ev.message))
 
     def on_checkpoint_saved(self, ev: Event, filed: Event | None) -> None:
-        sup = self.sup
-        sup.last_save_ts = ev.ts
+        history = self.state.history
+        history.last_save_ts = ev.ts
         if ev.step is not None:
-            sup.publishes.on_saved(ev.step)
-            sup.checkpoint_steps.append(ev.step)
-            sup.books.update_disk_need(ev.step)
+            self.publishes.on_saved(ev.step)
+            history.checkpoint_steps.append(ev.step)
+            self.books.update_disk_need(ev.step)
 
     def on_ack_checkpoint(self, ev: Event, filed: Event | None) -> None:
-        sup = self.sup
-        if sup.leak_snapshot_pending:
+        st = self.state
+        if st.leak_snapshot_pending:
             # A leak alarm also wants the allocator's view (CUDA only): ask once the checkpoint is taken.
-            sup.leak_snapshot_pending = False
-            from steadytune.supervise.control import send_control
-
+            st.leak_snapshot_pending = False
             send_control(
-                sup.run,
+                st.run,
                 "memory_snapshot",
                 issuer="policy:memory_leak",
-                attempt=sup.attempt,
-                log=sup.events,
+                attempt=st.attempt.number,
+                log=self.out.events,
             )
 
     def on_reduce_microbatch(self, ev: Event, filed: Event | None) -> None:
         if ev.data.get("micro_batch_split"):
             # Remember the split, so a later restart starts with it instead of rediscovering the OOM.
-            self.sup.revise(
+            self.state.plans.revise(
                 reason="oom",
                 cause=filed,
                 micro_batch_split=int(ev.data["micro_batch_split"]),
@@ -111,19 +128,20 @@ class WorkerEvents:
     def on_auto_micro_batch(self, ev: Event, filed: Event | None) -> None:
         if ev.data.get("per_device_train_batch_size"):
             # Keep what the auto search found: a restart trains the same shape without searching again.
-            self.sup.revise(
+            self.state.plans.revise(
                 reason="auto_micro_batch",
                 cause=filed,
                 per_device_train_batch_size=int(ev.data["per_device_train_batch_size"]),
                 gradient_accumulation_steps=int(ev.data["gradient_accumulation_steps"]),
             )
 
-    def on_skip_step(self, ev: Event, filed: Event | None) -> None:
-        sup = self.sup
-        if ev.step is not None and sup.pending is None:
-            action = sup.policy.on_skipped_update(ev.step, int(ev.data.get("consecutive", 1)))
+    def on_skip_step(self, ev: Event, filed: Event | None) -> list[Act]:
+        st = self.state
+        if ev.step is not None and st.pending is None:
+            action = st.policy.on_skipped_update(ev.step, int(ev.data.get("consecutive", 1)))
             if action is not None:
-                sup.actions.execute(action)
+                return [Act(action)]
+        return []
 
     def _filed_only(self, ev: Event, filed: Event | None) -> None:
         """Filing it is all: an acknowledgement, or a warning the policy does not act on."""
@@ -137,20 +155,22 @@ class WorkerEvents:
 
     # An in-process rollback (supervise/inprocess.py): taken, done, or refused (then a restart does it).
     def on_ack_rollback(self, ev: Event, filed: Event | None) -> None:
-        self.sup.in_process.on_ack(ev)
+        self.in_process.on_ack(ev)
 
     def on_rolled_back(self, ev: Event, filed: Event | None) -> None:
-        self.sup.in_process.on_done(ev)
+        self.in_process.on_done(ev)
 
     def on_rollback_failed(self, ev: Event, filed: Event | None) -> None:
-        self.sup.in_process.on_failed(ev)
+        self.in_process.on_failed(ev)
 
     # Ray's worker group re-forms the job by itself (supervise/ray_source.py).
     def on_worker_group_started(self, ev: Event, filed: Event | None) -> None:
-        on_worker_group_started(self.sup, ev, filed)
+        on_worker_group_started(self.state, self.resumes, ev, filed)
 
     def on_worker_group_failed(self, ev: Event, filed: Event | None) -> None:
-        on_worker_group_failed(self.sup, ev, filed)
+        on_worker_group_failed(self.state)
 
     def on_resources_requested(self, ev: Event, filed: Event | None) -> None:
-        on_resources_requested(self.sup, ev, filed)
+        """Ray was asked for the scale rules' resources: a plan revision with the request as its cause."""
+        if self.scaling is not None:
+            self.scaling.on_requested(ev, filed)

@@ -14,7 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from steadytune.records import Record, from_dict, to_json
+from steadytune.records import PlanRevision, Record, from_dict, from_json, to_json
+from steadytune.rundir import RunDir
 from steadytune.telemetry.jsonl import JsonlReader
 
 
@@ -95,3 +96,19 @@ class JsonlTailer(JsonlReader):
 def iter_records(path: Path) -> Iterator[Record]:
     """Every complete, parseable record of a JSONL file (a torn last line is skipped)."""
     yield from JsonlTailer(path).records()
+
+
+def latest_plan(run: RunDir) -> PlanRevision:
+    """The plan revision in force: the last of ``plan.jsonl`` (revision 0 before any is written).
+
+    The worker reads it when its attempt starts and after a rollback request; the supervisor
+    writes each revision whole and synced before it asks anything of the worker.
+    """
+    plan = PlanRevision(revision=0, ts=0.0, reason="start")
+    if run.plan.exists():
+        for line in run.plan.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                rec = from_json(line)
+                if isinstance(rec, PlanRevision):
+                    plan = rec
+    return plan

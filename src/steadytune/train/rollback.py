@@ -25,6 +25,7 @@ import torch
 from steadytune.protocol import RESERVED_ISSUERS, WorkerEvent
 from steadytune.records import PlanRevision
 from steadytune.rundir import RunDir
+from steadytune.telemetry.stream import latest_plan
 
 if TYPE_CHECKING:
     from steadytune.config.schema import SteadytuneConfig
@@ -113,8 +114,6 @@ def train_with_rollbacks(
     Raises :class:`RollbackFailed` (after telling the supervisor) where a rollback must restart
     the process instead; anything else the training raised, as it was.
     """
-    from steadytune.train.worker import latest_plan
-
     resume = plan.resume_checkpoint
     reloading = False
     while True:

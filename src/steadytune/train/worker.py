@@ -22,23 +22,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from steadytune.records import PlanRevision, from_json
+from steadytune.records import PlanRevision
 from steadytune.rundir import RunDir
+from steadytune.telemetry.stream import latest_plan
 
 if TYPE_CHECKING:
     from steadytune.config.schema import SteadytuneConfig
     from steadytune.guard.core import Guard
-
-
-def latest_plan(run: RunDir) -> PlanRevision:
-    plan = PlanRevision(revision=0, ts=0.0, reason="start")
-    if run.plan.exists():
-        for line in run.plan.read_text(encoding="utf-8").splitlines():
-            if line.strip():
-                rec = from_json(line)
-                if isinstance(rec, PlanRevision):
-                    plan = rec
-    return plan
+    from steadytune.guard.hf import GuardCallback
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -150,22 +141,27 @@ def train_attempt(
         guard.close(status)
         return 0
     except BaseException as exc:
-        if callback is not None:
-            try:
-                callback.wait_for_saves()  # a checkpoint sealed before the failure stays usable
-            except BaseException as publish_error:
-                print(f"checkpoint publishing failed too: {publish_error!r}", file=sys.stderr)
-        if isinstance(exc, KeyboardInterrupt):
-            guard.close("stopped")
-            return 130
-        tb = "".join(traceback.format_exception(exc))[-4000:]
-        # Failing before a single step of this attempt completed means the inputs are at
-        # fault (bad path, bad data, bad config, broken code): a restart would fail the same way.
-        # A rollback that could not happen in process is for a new process to do: not the inputs' fault.
-        deterministic = guard.steps_this_attempt == 0 and not getattr(exc, "for_a_new_process", False)
-        guard.close("error", exc, traceback_tail=tb, deterministic=deterministic)
-        print(tb, file=sys.stderr)
-        return 1
+        return _attempt_failed(guard, callback, exc)
+
+
+def _attempt_failed(guard: Guard, callback: GuardCallback | None, exc: BaseException) -> int:
+    """End an attempt that raised: keep its sealed checkpoints, say how it ended; the exit code."""
+    if callback is not None:
+        try:
+            callback.wait_for_saves()  # a checkpoint sealed before the failure stays usable
+        except BaseException as publish_error:
+            print(f"checkpoint publishing failed too: {publish_error!r}", file=sys.stderr)
+    if isinstance(exc, KeyboardInterrupt):
+        guard.close("stopped")
+        return 130
+    tb = "".join(traceback.format_exception(exc))[-4000:]
+    # Failing before a single step of this attempt completed means the inputs are at
+    # fault (bad path, bad data, bad config, broken code): a restart would fail the same way.
+    # A rollback that could not happen in process is for a new process to do: not the inputs' fault.
+    deterministic = guard.steps_this_attempt == 0 and not getattr(exc, "for_a_new_process", False)
+    guard.close("error", exc, traceback_tail=tb, deterministic=deterministic)
+    print(tb, file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":

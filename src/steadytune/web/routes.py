@@ -15,10 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from steadytune.protocol import ControlError, operator_issuer
+from steadytune.protocol import ControlError, operator_issuer, send_control
 from steadytune.rundir import valid_run_id
 from steadytune.server.queue import QueueError
-from steadytune.supervise.control import send_control
 from steadytune.web import api, goodput, sse
 from steadytune.web.auth import Access, may_read
 from steadytune.web.metrics import CONTENT_TYPE, render_metrics

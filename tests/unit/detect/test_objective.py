@@ -21,6 +21,14 @@ from tests.unit.detect.helpers import feed, raised, records, severe
         ({"logps/rejected": -120.0}, True),
         ({"train/acc_0": 0.5, "num-zeros": 0.0}, False),
         ({"grad_norm_clip": 1.0, "tokens_per_s": 1e4}, False),
+        # A marker behind the prefix a script or logger puts before it.
+        ({"eval_reward": 0.3}, True),
+        ({"average_reward_score": 3.4}, True),  # DeepSpeed-Chat
+        ({"kl_ref": 0.001, "actor_loss": 0.0}, True),
+        ({"chosen_logps": -50.0}, True),
+        ({"dpo_loss": 0.69, "aux_loss": 0.0}, True),  # a loss named after its objective
+        # Not markers: fp16's scaler, an SFT evaluation's grade, an auxiliary loss.
+        ({"loss_scale": 65536.0, "bleu_score": 0.3, "aux_loss": 0.01}, False),
     ],
 )
 def test_rl_and_preference_runs_are_known_by_their_fields(keys: dict, expected: bool) -> None:
@@ -103,6 +111,10 @@ def test_the_objective_is_named_after_the_trainer_its_fields_come_from(
     assert objective_of(dict.fromkeys(_TRL_FIELDS[trainer], 0.0)) == expected
     # verl's fields mark RL, but name no trainer of TRL's.
     assert objective_of({"actor/kl_loss": 0.01, "critic/score/mean": 0.3}) == "RL or preference"
+    # A loss named after its objective names it, where no trainer's fields do.
+    assert objective_of({"dpo_loss": 0.69, "aux_loss": 0.0}) == "preference (DPO)"
+    assert objective_of({"loss/orpo": 0.7}) == "preference (ORPO)"
+    assert objective_of({"grpo_loss": 0.0, "reward": 0.3}) == "RL (GRPO/RLOO)"
 
 
 def test_the_detector_says_what_it_judged_and_an_evaluation_does_not_decide_it() -> None:

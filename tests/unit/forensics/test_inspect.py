@@ -110,7 +110,7 @@ from steadytune.telemetry.events import read_events
 
 run = RunDir(Path({run!r}))
 sup = Supervisor(load_config(run.config, check_paths=False), run, observers=[])
-cause = sup.emit("anomaly", "nan_loss", "nan at step 2", severity="critical", step=2)
+cause = sup.out.emit("anomaly", "nan_loss", "nan at step 2", severity="critical", step=2)
 sup.actions.inspect_batch(2, cause)  # what the supervisor's background thread runs after a NaN or a spike
 (done,) = [e for e in read_events(run.events) if e.name == "batch_inspected"]
 assert done.data.get("verdict") == "bad" and done.data["anomaly_seq"] == cause.seq, done

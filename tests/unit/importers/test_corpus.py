@@ -53,3 +53,16 @@ def test_no_log_comes_from_a_reserved_repository() -> None:
     reserved = {line.strip() for line in RESERVED.read_text().splitlines() if not line.startswith("#")}
     hashed = {hashlib.sha256(r["repo"].lower().encode()).hexdigest(): r["repo"] for r in sources()}
     assert not reserved & set(hashed), [hashed[h] for h in reserved & set(hashed)]
+
+
+@pytest.mark.parametrize("row", sources(), ids=lambda r: r["id"])
+def test_each_log_is_read_at_the_steps_its_labels_count(row: dict[str, str]) -> None:
+    """Every log of the corpus reads (a log the tool cannot read is an anomaly it cannot catch), and
+    each labelled window holds steps the reader gives: the labels count the file's own steps."""
+    from steadytune.importers import load
+
+    series = load(CORPUS / "logs" / row["stored_as"])
+    steps = {r.step for r in series.records}
+    for label in read_labels(CORPUS / "LABELS.tsv")[row["file"]]:
+        if label.cls == "positive":
+            assert any(label.start <= s <= label.end for s in steps), (label, min(steps), max(steps))

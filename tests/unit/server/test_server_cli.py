@@ -3,6 +3,10 @@ and why."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
 from steadytune.cli.main import build_parser
 from steadytune.cli.queue import render
 from steadytune.cli.submit import build_request
@@ -134,3 +138,19 @@ def test_every_server_command_has_an_example_in_its_help() -> None:
     sub = next(a for a in parser._actions if a.dest == "command")
     for name in ("server", "submit", "queue", "cancel", "hold", "release"):
         assert "example:\n  steadytune " + name in sub.choices[name].format_help()
+
+
+def test_server_names_every_bad_option_at_once_and_starts_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from steadytune.cli.main import main
+
+    code = main([
+        "server", "--dir", str(tmp_path / "srv"), "--runs-dir", str(tmp_path / "runs"), "--gpus", "0,x",
+        "--headroom-gib", "-1", "--pressure-gib", "-2", "--snapshot-file", str(tmp_path / "none.json"),
+    ])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2
+    for option in ("--gpus '0,x'", "--headroom-gib -1.0", "--pressure-gib -2.0", str(tmp_path / "none.json")):
+        assert option in err
+    assert not (tmp_path / "srv").exists() and not (tmp_path / "runs").exists()

@@ -18,7 +18,7 @@ from steadytune.supervise.observers import AlertObserver
 from steadytune.supervise.supervisor import Supervisor
 from steadytune.telemetry.events import read_events
 from tests.servers import Hook
-from tests.unit.foundation.test_supervisor_decisions import supervisor
+from tests.unit.supervise.build import supervisor
 
 GIB = 1 << 30
 
@@ -35,13 +35,13 @@ def _supervisor(tmp_path: Path, hook: Hook) -> tuple[Supervisor, AlertRouter]:
     sup = supervisor(tmp_path, alerts=alerts)
     router = AlertRouter(
         sup.cfg.alerts,
-        sup.events,
-        clock=sup.clock,
+        sup.out.events,
+        clock=sup.state.clock,
         run_id=sup.run.run_id,
         environ={"HOOK": hook.url},
         start=False,
     )
-    sup.observers.append(AlertObserver(router))
+    sup.out.observers.append(AlertObserver(router))
     return sup, router
 
 

@@ -16,7 +16,7 @@ from steadytune.protocol import ControlError, check_request
 from steadytune.records import Anomaly, PlanRevision
 from steadytune.supervise.process import WorkerProcess
 from steadytune.train.rollback import refusal
-from tests.unit.foundation.test_supervisor_decisions import supervisor
+from tests.unit.supervise.build import supervisor
 
 
 def rollback(kind: str) -> Action:
@@ -35,7 +35,7 @@ def test_a_healthy_single_worker_rolls_back_in_process_and_anything_else_restart
 ) -> None:
     sup = supervisor(tmp_path)
     assert sup.in_process.refusal(rollback("loss_spike")) == "no worker is running"
-    sup.worker = live_worker
+    sup.state.attempt.worker = live_worker
     assert sup.in_process.refusal(rollback("loss_spike")) is None
     assert sup.in_process.refusal(rollback("divergence")) is None
     for kind in ("nan_loss", "nonfinite_grad"):
@@ -52,10 +52,10 @@ def test_with_no_checkpoint_to_reload_the_rollback_is_the_restart_it_was(
     tmp_path: Path, live_worker: WorkerProcess
 ) -> None:
     sup = supervisor(tmp_path)
-    sup.worker = live_worker
-    assert sup.in_process.want(rollback("loss_spike")) and sup.pending is not None
+    sup.state.attempt.worker = live_worker
+    assert sup.in_process.want(rollback("loss_spike")) and sup.state.pending is not None
     sup.in_process.tick()  # no checkpoint before step 12: the run would start over, so a new process does it
-    assert sup.pending is not None and sup.in_process.awaited is None
+    assert sup.state.pending is not None and sup.in_process.awaited is None
     live_worker.wait(30)
     assert live_worker.poll() is not None, "the worker was not stopped for the restart"
     assert sup.in_process.take_fallback() is not None and sup.in_process.take_fallback() is None

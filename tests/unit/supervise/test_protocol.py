@@ -21,14 +21,14 @@ from steadytune.protocol import (
     clear_requests,
     request_name,
     request_names,
+    send_control,
     write_request,
 )
 from steadytune.records import Event
 from steadytune.rundir import RunDir
-from steadytune.supervise.control import send_control
 from steadytune.supervise.worker_events import WorkerEvents
 from steadytune.telemetry.events import read_events
-from tests.unit.foundation.test_supervisor_decisions import supervisor
+from tests.unit.supervise.build import supervisor
 
 SRC = Path(steadytune.__file__).parent
 # Everything that writes worker events into a telemetry stream: the guard and the built-in trainer, the
@@ -148,16 +148,18 @@ def test_worker_events_are_dispatched_by_name_and_unknown_ones_still_filed(tmp_p
     sup.handle(Event(ts=2.0, kind="lifecycle", name="checkpoint_saved", step=10, data={"path": "x"}))
     sup.handle(Event(ts=3.0, kind="action", name="reduce_microbatch", step=11, data={"micro_batch_split": 4}))
     sup.handle(Event(ts=4.0, kind="lifecycle", name="something_new", message="from a newer worker"))
-    assert sup.progress.max_steps == 77 and sup.checkpoint_steps == [10]
-    assert (sup.plan.reason, sup.plan.micro_batch_split) == ("oom", 4)
+    assert sup.state.progress.max_steps == 77 and sup.state.history.checkpoint_steps == [10]
+    assert (sup.state.plan.reason, sup.state.plan.micro_batch_split) == ("oom", 4)
     filed = [(e.name, e.step) for e in read_events(sup.run.events)]
     assert filed == [("checkpoint_saved", 10), ("reduce_microbatch", 11), ("something_new", None)]
-    assert sup.plan.cause_event_seq == read_events(sup.run.events)[1].seq  # the revision names its cause
+    assert (
+        sup.state.plan.cause_event_seq == read_events(sup.run.events)[1].seq
+    )  # the revision names its cause
 
 
 def test_an_acknowledged_checkpoint_after_a_leak_asks_for_the_allocator_snapshot(tmp_path: Path) -> None:
     sup = supervisor(tmp_path)
-    sup.leak_snapshot_pending = True
+    sup.state.leak_snapshot_pending = True
     sup.handle(Event(ts=1.0, kind="control", name="ack_checkpoint", data={"request_id": "r1"}))
     sup.handle(Event(ts=2.0, kind="control", name="ack_checkpoint", data={"request_id": "r2"}))
     (req,) = RequestQueue(sup.run.control).new()  # once, not at every checkpoint
@@ -252,7 +254,7 @@ def test_the_guard_takes_back_to_back_requests_in_order_once_each(tmp_path: Path
 def test_the_supervisor_files_operator_requests_once_and_resumes_a_paused_run(tmp_path: Path) -> None:
     sup = supervisor(tmp_path)
     send_control(sup.run, "checkpoint", "alice (dashboard, 127.0.0.1)", new_id=ids("a"))
-    send_control(sup.run, "checkpoint", "policy:loss_spike", attempt=0, log=sup.events, new_id=ids("p"))
+    send_control(sup.run, "checkpoint", "policy:loss_spike", attempt=0, log=sup.out.events, new_id=ids("p"))
     send_control(sup.run, "resume", "bob (cli)", new_id=ids("r"))
     sup.controls.poll()
     sup.controls.poll()
@@ -263,7 +265,7 @@ def test_the_supervisor_files_operator_requests_once_and_resumes_a_paused_run(tm
         ("resume", "bob (cli)", "r"),
     ]
     assert not sup.controls.resume_requested  # running, not paused: nothing to resume
-    sup.state = "paused"
+    sup.state.status = "paused"
     send_control(sup.run, "resume", "bob (cli)", new_id=ids("r2"))
     sup.controls.poll()
     assert sup.controls.resume_requested

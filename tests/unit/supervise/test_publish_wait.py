@@ -74,12 +74,12 @@ def sealed(sup: Supervisor, step: int) -> None:
 
 
 def reported(sup: Supervisor, name: str, step: int, **data: object) -> None:
-    sup.handle(Event(ts=sup.clock(), kind="lifecycle", name=name, step=step, data=dict(data)))
+    sup.handle(Event(ts=sup.state.clock(), kind="lifecycle", name=name, step=step, data=dict(data)))
 
 
 def spike_at_22(sup: Supervisor, worker: WorkerProcess) -> Action:
     """Checkpoint-10 saved, checkpoint-20 still being published when step 22 spikes."""
-    sup.worker = worker
+    sup.state.attempt.worker = worker
     sealed(sup, 10)
     reported(sup, "checkpoint_publishing", 10)
     reported(sup, "checkpoint_saved", 10, path=str(sup.run.checkpoints / "checkpoint-10"))
@@ -104,17 +104,17 @@ def test_the_rollback_is_held_until_the_checkpoint_is_verified_then_goes_back_to
     clock = Clock()
     sup = supervisor(tmp_path, clock)
     action = spike_at_22(sup, worker)
-    assert sup.pending is action and sup.publishes.held is not None
+    assert sup.state.pending is action and sup.publishes.held is not None
     assert "publish_awaited" in names(sup)
     clock.now += 30.0
-    sup.publishes.tick()
+    sup.tick()
     assert worker.poll() is None, "the worker was killed while its checkpoint was still being published"
     assert "checkpoint_corrupt" not in names(sup), "a checkpoint on its way was reported as corrupt"
     (sup.run.checkpoints / "checkpoint-20").rmdir()
     sealed(sup, 20)
     reported(sup, "checkpoint_saved", 20, path=str(sup.run.checkpoints / "checkpoint-20"))
-    sup.publishes.tick()
-    assert sup.publishes.held is None and sup.pending is action
+    sup.tick()
+    assert sup.publishes.held is None and sup.state.pending is action
     assert worker.wait(30) is not None  # the restart path's kill, now
     changes, _, why = sup.plan_after_action(action, None)  # type: ignore[arg-type]
     assert changes is not None and Path(changes["resume_checkpoint"]).name == "checkpoint-20"
@@ -139,20 +139,20 @@ def test_a_publish_that_does_not_finish_sends_the_rollback_further_back_and_says
         reported(sup, "checkpoint_publish_failed", 20, error="OSError: No space left on device")
     elif outcome == "timeout":
         clock.now += 59.0
-        sup.publishes.tick()
+        sup.tick()
         assert sup.publishes.held is not None
         clock.now += 1.0
     else:
         worker.kill()
-    sup.publishes.tick()
-    assert sup.publishes.held is None and sup.pending is action
+    sup.tick()
+    assert sup.publishes.held is None and sup.state.pending is action
     assert worker.wait(30) is not None
     changes, _, why = sup.plan_after_action(action, None)  # type: ignore[arg-type]
     assert changes is not None and Path(changes["resume_checkpoint"]).name == "checkpoint-10"
     assert f"not checkpoint-20: {reason}" in why
     # A half-published checkpoint of a worker that is gone is what it is: never a resume point.
-    sup.worker = None
-    assert Path(sup.resume_point() or "").name == "checkpoint-10"
+    sup.state.attempt.worker = None
+    assert Path(sup.resumes.resume_point() or "").name == "checkpoint-10"
     corrupt = [e for e in read_events(sup.run.events) if e.name == "checkpoint_corrupt"]
     assert [e.step for e in corrupt] == [20]
 

@@ -175,12 +175,16 @@ def group_event(
 
 def test_a_resize_and_a_restart_are_plan_revisions_with_their_world_size(tmp_path: Path) -> None:
     sup = supervisor(tmp_path)
-    sup.write_plan(sup.plan)
+    sup.state.plans.write(sup.state.plan)
     sup.handle(group_event(0, 1, START, None))
     c4 = str(ckpt(sup.run.checkpoints, 4, attempt=0))
     sup.handle(group_event(1, 2, RESIZE, c4, before=1))
     # A new timeline, whose first step is checked against the checkpoint it resumes.
-    assert sup.attempt == 1 and sup.attempt_stepped is False and sup.resumes._expect["step"] == 4
+    assert (
+        sup.state.attempt.number == 1
+        and sup.state.attempt.stepped is False
+        and sup.resumes._expect["step"] == 4
+    )
     sup.handle(group_event(2, 1, RESTART, c4, before=2))
     revisions = [from_json(x) for x in sup.run.plan.read_text().splitlines()]
     assert [(p.reason, p.attempt, p.world_size) for p in revisions] == [
@@ -199,7 +203,7 @@ def test_a_group_lost_before_it_announced_itself_still_gets_its_revision(tmp_pat
     source = RaySource(run.create())
     source.watch(0)  # the driver of attempt 0, as start() does
     sup = Supervisor(cfg, run, observers=[], poll_s=0.05, source=source)
-    sup.write_plan(sup.plan)
+    sup.state.plans.write(sup.state.plan)
     c4 = str(ckpt(sup.run.checkpoints, 4, attempt=0))
     log = GroupLog(sup.run.root, 0)
     log.append(Group(0, 0, 1, START, None))
@@ -212,7 +216,7 @@ def test_a_group_lost_before_it_announced_itself_still_gets_its_revision(tmp_pat
         ("start", 0, None), ("world_size", 0, 1), (RESIZE, 1, 2), (RESTART, 2, 1)
     ]  # fmt: skip
     assert "lost before it announced itself" in revisions[2].notes
-    assert "lost" not in revisions[3].notes and sup.attempt == 2
+    assert "lost" not in revisions[3].notes and sup.state.attempt.number == 2
     # an announced group is never filed twice
     sup.handle(group_event(2, 1, RESTART, c4, before=2))
     assert len(sup.run.plan.read_text().splitlines()) == 4
@@ -220,7 +224,7 @@ def test_a_group_lost_before_it_announced_itself_still_gets_its_revision(tmp_pat
 
 def test_the_first_step_of_a_new_group_must_continue_its_checkpoint(tmp_path: Path) -> None:
     sup = supervisor(tmp_path)
-    sup.write_plan(sup.plan)
+    sup.state.plans.write(sup.state.plan)
     c4 = str(ckpt(sup.run.checkpoints, 4, attempt=0))
     sup.handle(group_event(1, 2, RESTART, c4, before=1))
     sup.handle(StepRecord(step=2, ts=2.0, attempt=1, loss=1.4, epoch=0.5))  # started over, not from step 4
@@ -292,9 +296,9 @@ def test_a_failed_group_is_an_event_and_the_job_is_forming_not_hung(tmp_path: Pa
     ]
     assert "(rank 1: ActorDiedError: the node died);" in found[0].message
     assert source.poll() == []  # read once
-    sup.worker_phase, sup.attempt_stepped = "train", True
+    sup.state.attempt.phase, sup.state.attempt.stepped = "train", True
     sup.handle(found[0])
-    assert sup.worker_phase == "setup"  # judged by setup_timeout_s until the next group starts
+    assert sup.state.attempt.phase == "setup"  # judged by setup_timeout_s until the next group starts
     filed = [json.loads(x) for x in sup.run.events.read_text().splitlines()]
     assert [e["name"] for e in filed] == ["worker_group_failed"]
 
@@ -304,7 +308,7 @@ def test_a_rank_a_smaller_group_no_longer_has_is_not_a_straggler(tmp_path: Path)
     from steadytune.telemetry.stream import JsonlWriter
 
     sup = supervisor(tmp_path)
-    sup.write_plan(sup.plan)
+    sup.state.plans.write(sup.state.plan)
     streams = {r: JsonlWriter(sup.run.telemetry(r)) for r in (0, 1)}
 
     def steps(ranks: tuple[int, ...], attempt: int, numbers: range) -> None:
@@ -323,7 +327,7 @@ def test_a_rank_a_smaller_group_no_longer_has_is_not_a_straggler(tmp_path: Path)
     steps((0,), 1, range(5, 30))
     filed = [json.loads(x) for x in sup.run.events.read_text().splitlines()]
     assert [e for e in filed if e["name"] == "straggler"] == []
-    assert sup.plan.world_size == 1
+    assert sup.state.plan.world_size == 1
 
 
 def test_the_straggler_check_can_fail_here(tmp_path: Path) -> None:

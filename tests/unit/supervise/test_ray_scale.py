@@ -109,16 +109,18 @@ def sup(tmp_path: Path) -> Iterator[Supervisor]:
     cfg = validate_dict(config(tmp_path), base=tmp_path, check_paths=False)
     run = RunDir(tmp_path / "runs" / "r")
     s = Supervisor(cfg, run, observers=[], poll_s=0.05, source=RaySource(run.create()))
-    s.write_plan(s.plan)
-    s.source.watch(0)  # type: ignore[attr-defined]  # what starting the driver of attempt 0 does
+    s.state.plans.write(s.state.plan)
+    s.state.source.watch(0)  # type: ignore[attr-defined]  # what starting the driver of attempt 0 does
     # a live process stands for the driver: the rules judge only a job that is running
-    s.worker = WorkerProcess([sys.executable, "-c", "import time; time.sleep(120)"], tmp_path / "w.log")
-    s.state, s.worker_phase, s.attempt_stepped = "running", "train", True
+    s.state.attempt.worker = WorkerProcess(
+        [sys.executable, "-c", "import time; time.sleep(120)"], tmp_path / "w.log"
+    )
+    s.state.status, s.state.attempt.phase, s.state.attempt.stepped = "running", "train", True
     try:
         yield s
     finally:
-        s.worker.kill()
-        s.worker.wait(10)
+        s.state.attempt.worker.kill()
+        s.state.attempt.worker.wait(10)
 
 
 def group(sup: Supervisor, attempt: int, world: int, reason: str, before: int | None = None) -> None:
@@ -126,7 +128,7 @@ def group(sup: Supervisor, attempt: int, world: int, reason: str, before: int | 
     if before:
         data["previous_world_size"] = before
     sup.handle(Event(ts=1.0, kind="lifecycle", name=WorkerEvent.WORKER_GROUP_STARTED, message="", data=data))
-    sup.worker_phase, sup.attempt_stepped = "train", True
+    sup.state.attempt.phase, sup.state.attempt.stepped = "train", True
 
 
 def busy(sup: Supervisor, util: float, start: float, seconds: int) -> None:
@@ -143,7 +145,7 @@ def act_as_driver(sup: Supervisor) -> ResourceRequest | None:
     req = inbox.new()
     if req is not None:
         inbox.made(req, 50.0)
-    for rec in sup.source.poll() or ():
+    for rec in sup.state.source.poll() or ():
         sup.handle(rec)
     return req
 
@@ -165,7 +167,9 @@ def test_a_grow_is_a_request_for_more_workers_and_ray_s_resize_follows(sup: Supe
     assert req is not None and req.kind == "grow" and req.workers == 2
     assert list(req.bundles) == [{"CPU": 2.0}, {"CPU": 2.0}]  # ray.resources_per_worker, per worker
     assert (
-        sup.pending is None and sup.worker is not None and sup.worker.poll() is None
+        sup.state.pending is None
+        and sup.state.attempt.worker is not None
+        and sup.state.attempt.worker.poll() is None
     )  # no stop, no relaunch
     [asked] = filed(sup, "resources_requested")
     grown = revisions(sup)[-1]
@@ -186,7 +190,7 @@ def test_a_shrink_asks_for_fewer_workers_within_the_ray_range(sup: Supervisor) -
     assert revisions(sup)[-1].reason == "scale_shrink"
     from steadytune.records import StepRecord
 
-    t0 = sup.clock()
+    t0 = sup.state.clock()
     for n in range(1, 26):  # the group of 3 trains on: the shrink is measured
         sup.handle(StepRecord(step=n, ts=t0 + n, rank=0, attempt=0, loss=2.0, step_time_s=1.0))
     assert filed(sup, "resize_measured")
@@ -199,7 +203,7 @@ def test_a_request_no_driver_took_frees_the_rules(sup: Supervisor) -> None:
     group(sup, 0, 1, START)
     busy(sup, 0.95, start=100.0, seconds=11)
     assert json.loads(request_path(sup.run.root, 0).read_text())["workers"] == 2
-    sup.clock = lambda: 10**10  # long after the request; no driver ever wrote that it asked
+    sup.state.clock = lambda: 10**10  # long after the request; no driver ever wrote that it asked
     busy(sup, 0.95, start=300.0, seconds=0)
     assert [e["data"]["refused"] for e in filed(sup, "resize_refused")] == ["not taken"]
     assert sup.scaling is not None and sup.scaling.scaling is None

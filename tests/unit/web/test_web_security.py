@@ -9,9 +9,8 @@ import pytest
 from pydantic import ValidationError
 
 from steadytune.config.dashboard import DashboardConfig
-from steadytune.protocol import ControlError, operator_issuer
+from steadytune.protocol import ControlError, operator_issuer, send_control
 from steadytune.rundir import RunDir
-from steadytune.supervise.control import send_control
 from steadytune.telemetry.events import read_events
 from steadytune.web.params import BadParam, content_length, query_float, query_int
 from steadytune.web.runs import RunsIndex

@@ -8,7 +8,7 @@ import shlex
 import subprocess
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def instructions() -> list[tuple[str, str]]:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from steadytune.guard.memcap import MEMORY_CAP_ENV, apply_memory_cap, cap_fraction, parse_cap
+from steadytune.guard.memcap import apply_memory_cap, cap_fraction
+from steadytune.jobenv import MEMORY_CAP_ENV, parse_cap
 
 GIB = 1 << 30
 

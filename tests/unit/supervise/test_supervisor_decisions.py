@@ -11,39 +11,14 @@ from pathlib import Path
 import pytest
 
 from steadytune.checkpoint.store import read_pointer, write_pointer
-from steadytune.config.load import validate_dict
 from steadytune.detect.live import Transition
 from steadytune.policy.restart import Decision, ExitInfo, decide
 from steadytune.records import Anomaly, StepRecord
-from steadytune.rundir import RunDir
 from steadytune.supervise.process import WorkerProcess
 from steadytune.supervise.supervisor import Supervisor
 from steadytune.telemetry.events import read_events
+from tests.unit.supervise.build import checkpoint, step, supervisor
 from tests.waiting import wait_for
-
-
-def supervisor(tmp_path: Path, **sections: dict) -> Supervisor:
-    data: dict = {
-        "model": {"name_or_path": str(tmp_path / "model")},
-        "method": "full",
-        "data": {"train_file": str(tmp_path / "train.jsonl")},
-        "train": {"learning_rate": 1e-4, "max_steps": 100, "save_steps": 10},
-        "run": {"runs_dir": str(tmp_path / "runs"), "good_window_steps": 3},
-    }
-    for key, value in sections.items():
-        data[key] = {**data.get(key, {}), **value}
-    cfg = validate_dict(data, base=tmp_path, check_paths=False)
-    return Supervisor(cfg, RunDir(tmp_path / "runs" / "r"), observers=[], poll_s=0.05)
-
-
-def step(sup: Supervisor, n: int) -> None:
-    sup.handle(StepRecord(step=n, ts=float(n), loss=1.0, grad_norm=1.0))
-
-
-def checkpoint(sup: Supervisor, n: int) -> None:
-    (sup.run.checkpoints / f"checkpoint-{n}").mkdir(parents=True)
-    sup.checkpoint_steps.append(n)
-
 
 # -- LAST_GOOD ----------------------------------------------------------------
 
@@ -60,15 +35,17 @@ def test_last_good_waits_for_a_healthy_window_and_skips_a_checkpoint_trouble_fol
     assert read_pointer(sup.run.last_good_pointer).name == "checkpoint-10"
 
     checkpoint(sup, 20)
-    sup.trouble_steps.append(22)  # e.g. a NaN two steps after checkpoint-20
+    sup.state.history.trouble_steps.append(22)  # e.g. a NaN two steps after checkpoint-20
     for n in range(14, 30):
         step(sup, n)
         sup.books.update_last_good()
     assert read_pointer(sup.run.last_good_pointer).name == "checkpoint-10"  # never 20
 
     checkpoint(sup, 30)
-    sup.trouble_steps.append(30)  # trouble at the checkpoint's own step came before it: not after
-    sup.trouble_steps.append(34)  # and after the window it says nothing about the checkpoint
+    sup.state.history.trouble_steps.append(
+        30
+    )  # trouble at the checkpoint's own step came before it: not after
+    sup.state.history.trouble_steps.append(34)  # and after the window it says nothing about the checkpoint
     for n in range(30, 34):
         step(sup, n)
     sup.books.update_last_good()
@@ -78,7 +55,9 @@ def test_last_good_waits_for_a_healthy_window_and_skips_a_checkpoint_trouble_fol
 def test_last_good_on_completion_and_never_a_missing_directory(tmp_path: Path) -> None:
     sup = supervisor(tmp_path)
     checkpoint(sup, 10)
-    sup.checkpoint_steps.append(20)  # announced, but its directory is gone (retention, or a torn save)
+    sup.state.history.checkpoint_steps.append(
+        20
+    )  # announced, but its directory is gone (retention, or a torn save)
     for n in range(1, 25):
         step(sup, n)
     sup.books.update_last_good()
@@ -131,17 +110,20 @@ def test_a_spike_confirmed_on_the_record_that_stopped_the_worker_is_not_a_second
     sup = supervisor(
         tmp_path, policy={"spike_confirm_points": 2}, recover={"in_process_rollback": in_process}
     )
-    sup.worker = FakeWorker()
+    sup.state.attempt.worker = FakeWorker()
     spike = Anomaly("loss_spike", "warning", 62, 62, "loss")
     explosion = Anomaly("grad_explosion", "critical", 63, 63, "grad_norm")
-    assert sup.policy.on_raised(spike, 62) is None  # waits to be confirmed at step 63
-    sup.detector.observe_step = lambda rec: [Transition("raised", explosion)] if rec.step == 63 else []
+    assert sup.state.policy.on_raised(spike, 62) is None  # waits to be confirmed at step 63
+    sup.state.detector.observe_step = lambda rec: [Transition("raised", explosion)] if rec.step == 63 else []
     step(sup, 63)
     rollbacks = [e for e in read_events(sup.run.events) if e.kind == "action" and e.name == "rollback"]
     assert [(e.step, e.data["anomaly"]) for e in rollbacks] == [(63, "grad_explosion")]
     # In process, the rollback is held as the pending action until the records read with it are handled.
-    assert sup.worker.signals == ([] if in_process else [signal.SIGKILL]) and sup.pending is not None
-    assert sup.policy.used["rollback"] == 1
+    assert (
+        sup.state.attempt.worker.signals == ([] if in_process else [signal.SIGKILL])
+        and sup.state.pending is not None
+    )
+    assert sup.state.policy.used["rollback"] == 1
 
 
 # -- stopping: real processes that ignore SIGTERM ------------------------------
@@ -166,17 +148,17 @@ def stubborn(sup: Supervisor, started: list[WorkerProcess]) -> WorkerProcess:
     worker = WorkerProcess([sys.executable, "-c", STUBBORN], sup.run.logs / "worker-0.log")
     started.append(worker)
     wait_for(lambda: "ready" in worker.log_tail(), timeout=60, what="the stubborn worker to start")
-    sup.worker = worker
+    sup.state.attempt.worker = worker
     return worker
 
 
 def test_a_second_ctrl_c_kills_a_worker_the_first_could_not_stop(tmp_path: Path, started: list) -> None:
     sup = supervisor(tmp_path)
-    sup.stop_grace_s = 3600.0  # only the second Ctrl-C can end this worker
+    sup.state.stop.grace_s = 3600.0  # only the second Ctrl-C can end this worker
     worker = stubborn(sup, started)
     sup.controls.on_signal(signal.SIGINT)
     assert (
-        sup.state == "stopping" and worker.poll() is None
+        sup.state.status == "stopping" and worker.poll() is None
     )  # asked to stop (control file + SIGTERM): ignored
     (stop,) = [e for e in read_events(sup.run.events) if e.kind == "control" and e.name == "stop"]
     assert stop.data["issuer"] == "signal SIGINT"
@@ -189,9 +171,9 @@ def test_a_second_ctrl_c_kills_a_worker_the_first_could_not_stop(tmp_path: Path,
 
 def test_a_worker_that_ignores_stop_is_killed_after_the_grace_period(tmp_path: Path, started: list) -> None:
     sup = supervisor(tmp_path)
-    sup.stop_grace_s = 1.0
+    sup.state.stop.grace_s = 1.0
     said: list[str] = []
-    sup.say = lambda text, style=None: said.append(text)
+    sup.out.say = lambda text, style=None: said.append(text)
     worker = stubborn(sup, started)
     sup.controls.request_stop("operator")
     info = sup.supervise_attempt()  # returns only once the worker is gone
@@ -230,8 +212,8 @@ def test_after_rank_0s_last_words_silence_is_no_hang(tmp_path: Path) -> None:
 
     now = [100.0]
     sup = supervisor(tmp_path, detect={"pace": {"hang_floor_s": 6.0}})
-    sup.clock = lambda: now[0]
-    sup.worker = FakeWorker()
+    sup.state.clock = lambda: now[0]
+    sup.state.attempt.worker = FakeWorker()
     for n in range(1, 11):
         now[0] += 0.5
         sup.handle(StepRecord(step=n, ts=now[0], loss=1.0, grad_norm=1.0))
@@ -240,7 +222,7 @@ def test_after_rank_0s_last_words_silence_is_no_hang(tmp_path: Path) -> None:
     now[0] += 60.0  # a minute of winding down, no heartbeat
     sup.pump()
     stalls = lambda: [e.step for e in read_events(sup.run.events) if e.name == "stall"]  # noqa: E731
-    assert stalls() == [] and sup.worker_phase == "finish"
+    assert stalls() == [] and sup.state.attempt.phase == "finish"
     # Past setup_timeout_s it is judged again: a launcher stuck in its teardown is a hang after all.
     now[0] += sup.cfg.policy.setup_timeout_s
     sup.handle(Heartbeat(ts=now[0] - 30, step=10))  # rank 0 beats no more; an old beat of it

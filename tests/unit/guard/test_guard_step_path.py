@@ -13,6 +13,7 @@ from typing import Any
 import psutil
 
 from steadytune.guard.core import Guard, rss_bytes
+from steadytune.protocol import send_control
 from steadytune.records import (
     _TAGS,
     BatchFingerprint,
@@ -28,7 +29,6 @@ from steadytune.records import (
     to_json,
 )
 from steadytune.rundir import RunDir
-from steadytune.supervise.control import send_control
 from steadytune.telemetry.stream import iter_records
 
 
