@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from steadytune.detect.base import Finding, KindInfo, Reporter, rounded
 from steadytune.detect.loss_rules import ClimbFit, SeasonalExcuse, SuddenCollapse
@@ -332,25 +332,14 @@ class LossWatch:
         if c_y - y > need and c_y - before > need:
             if suspect:
                 self._suspects.clear()
-            self._spike_start, self._spike_points = c_step, 1
-            self._spike_peak, self._spike_base = c_loss, before
-            self.rep.report(
-                out,
-                "loss_spike",
-                self.metric,
-                c_step,
-                True,
-                evidence={
-                    "value": rounded(c_loss),
-                    "before": rounded(math.exp(before)),
-                    "after": rounded(math.exp(y)),
-                    "ratio": rounded(math.exp(c_y - max(before, y)), 4),
-                    "threshold_ratio": rounded(math.exp(need), 4),
-                    "noise_log_sigma": rounded(self.tracker.sigma, 4),
-                    "baseline_points": self.tracker.n_level,
-                    "judged_by": "neighbours",
-                },
-            )
+            ev = {
+                "value": rounded(c_loss),
+                "before": rounded(math.exp(before)),
+                "after": rounded(math.exp(y)),
+                "ratio": rounded(math.exp(c_y - max(before, y)), 4),
+                "threshold_ratio": rounded(math.exp(need), 4),
+            }
+            self._open_spike(c_step, c_loss, before, ev, out, judged_by="neighbours")
             self._end_spike(out, step)
         elif not suspect:
             self._accept(c_step, c_y, c_epoch, out)
@@ -432,23 +421,33 @@ class LossWatch:
     def _start_spike(
         self, step: int, loss: float, level: float, threshold: float, out: list[Finding]
     ) -> None:
+        ev = {
+            "value": rounded(loss),
+            "baseline": rounded(math.exp(level)),
+            "ratio": rounded(loss / math.exp(level), 4),
+            "threshold_ratio": rounded(math.exp(threshold), 4),
+        }
+        self._open_spike(step, loss, level, ev, out)
+
+    def _open_spike(
+        self,
+        step: int,
+        loss: float,
+        base: float,
+        evidence: dict[str, Any],
+        out: list[Finding],
+        judged_by: str | None = None,
+    ) -> None:
+        """A spike from ``step``, judged against ``base`` (log): the level, or the point before it."""
         self._spike_start, self._spike_points = step, 1
-        self._spike_peak, self._spike_base = loss, level
-        self.rep.report(
-            out,
-            "loss_spike",
-            self.metric,
-            step,
-            True,
-            evidence={
-                "value": rounded(loss),
-                "baseline": rounded(math.exp(level)),
-                "ratio": rounded(loss / math.exp(level), 4),
-                "threshold_ratio": rounded(math.exp(threshold), 4),
-                "noise_log_sigma": rounded(self.tracker.sigma, 4),
-                "baseline_points": self.tracker.n_level,
-            },
-        )
+        self._spike_peak, self._spike_base = loss, base
+        evidence |= {
+            "noise_log_sigma": rounded(self.tracker.sigma, 4),
+            "baseline_points": self.tracker.n_level,
+        }
+        if judged_by is not None:
+            evidence["judged_by"] = judged_by
+        self.rep.report(out, "loss_spike", self.metric, step, True, evidence=evidence)
 
     def _continue_spike(self, step: int, loss: float, y: float, out: list[Finding]) -> None:
         self._spike_points += 1
