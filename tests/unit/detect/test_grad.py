@@ -229,3 +229,47 @@ def test_a_jump_that_stays_up_in_a_short_run_is_judged_as_a_rise_not_by_its_neig
     got = raised(feed(records(noisy(40, decay=0.05), grads)))
     assert [(a.kind, a.start_step) for a in got] == [("grad_spike", 21), ("grad_explosion", 23)]
     assert "judged_by" not in got[0].evidence
+
+
+# A memorizing multi-epoch run: the loss falls twentyfold, the norm wanders 35-50% (log) from batch to
+# batch, so a single 8x norm is within its 5 sigmas. Two or three norms in a row 10-20x the median of the
+# eight before them are a burst, not the noise's tail.
+MEMORIZING = [
+    pytest.param(n, sigma, level, seed, id=f"n{n}-s{sigma}-g{level}-r{seed}")
+    for n in (150, 300, 600)
+    for sigma in (0.35, 0.5)
+    for level in (0.05, 1.0, 20.0)
+    for seed in shapes.SEEDS
+]
+
+
+def _memorizing(n: int, sigma: float, level: float, seed: int) -> tuple[list[float], list[float]]:
+    return shapes.learning(n, 1.0, 0.05, seed, fall=3.0), shapes.grad_norms(n, level, sigma, seed)
+
+
+@pytest.mark.parametrize(("n", "sigma", "level", "seed"), MEMORIZING)
+def test_a_burst_of_norms_in_a_noisy_memorizing_run_is_a_grad_spike(
+    n: int, sigma: float, level: float, seed: int
+) -> None:
+    losses, grads = _memorizing(n, sigma, level, seed)
+    rng = shapes.rng_for(seed, "burst")
+    at, k, ratio = int(0.7 * n), rng.randint(2, 3), rng.uniform(10.0, 20.0)
+    before = sorted(grads[at - 8 : at])
+    typical = 0.5 * (before[3] + before[4])
+    for i in range(at, at + k):
+        grads[i] = typical * ratio * math.exp(rng.gauss(0.0, 0.1))
+    got = [a for a in raised(feed(records(losses, grads))) if a.kind.startswith("grad_")]
+    assert [(a.kind, a.start_step) for a in got][:1] == [("grad_spike", at + 1)], [
+        (a.kind, a.start_step) for a in got
+    ]
+    # Where 10x is past 5 sigmas (norm noise 0.35) the z-score sees the first norm alone; else the burst.
+    assert got[0].evidence.get("judged_by", "burst") == "burst"
+
+
+@pytest.mark.parametrize(("n", "sigma", "level", "seed"), MEMORIZING)
+def test_a_noisy_memorizing_run_without_a_burst_raises_no_grad_alarm(
+    n: int, sigma: float, level: float, seed: int
+) -> None:
+    losses, grads = _memorizing(n, sigma, level, seed)
+    got = raised(feed(records(losses, grads)))
+    assert not [a for a in got if a.kind.startswith("grad_")], [(a.kind, a.start_step) for a in got]
