@@ -112,6 +112,9 @@ class PlateauWatch:
         self._pairs = 0  # pairs of points in a row before the current run of repeats began
         self._repeats = 0  # of them, pairs that were the same
         self._first_epoch: float | None = None
+        self._epoch_progress = (
+            False  # an epoch seen between whole numbers: the field is progress, not a counter
+        )
         self._points = 0  # loss points seen, accepted or not
         self._lr_prev: float | None = None
         self._lr_rising = False
@@ -136,6 +139,9 @@ class PlateauWatch:
         if self._first_step is None:
             self._first_step = lp.step
             self._first_epoch = point.rec.epoch
+        epoch = point.rec.epoch
+        if epoch is not None and not self._epoch_progress:
+            self._epoch_progress = epoch != math.floor(epoch)
         if not lp.accepted:
             return
         self._n += 1
@@ -182,7 +188,9 @@ class PlateauWatch:
 
     def _late_start(self, step: int) -> bool:
         """The log began after the run did: past its first epoch, or many logging intervals in."""
-        if self._first_epoch is not None and self._first_epoch >= 1.0:
+        # Only where the epoch is progress (HF: 1.25): a counter printed from 1 ("Epoch [1/1]") says 1
+        # from the first step of the run.
+        if self._first_epoch is not None and self._first_epoch >= 1.0 and self._epoch_progress:
             return True
         first = self._first_step or 0
         interval = (step - first) / max(1, self._points - 1)

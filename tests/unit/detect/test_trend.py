@@ -112,6 +112,9 @@ def test_a_flat_loss_in_a_log_that_begins_after_the_first_epoch_is_no_plateau(
     assert kinds(feed(records(losses, interval=INTERVAL, epochs=[i / length for i in range(length)]))) == [
         "plateau"
     ]
+    # An epoch counter printed from 1 ("Epoch [1/1]") is no sign of a late start: 1 from the first step.
+    counter = records(losses, interval=INTERVAL, epochs=[1.0] * length)
+    assert kinds(feed(counter)) == ["plateau"]
 
 
 def _saw(n: int, start: int, period: int, amp: float) -> list[float]:
