@@ -125,15 +125,22 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so that a reader sees the old file or the new one, never half."""
+def atomic_write_text(path: Path, text: str, durable: bool = True) -> None:
+    """Write ``text`` to ``path`` so that a reader sees the old file or the new one, never half.
+
+    ``durable``: on disk before this returns (the file and the rename, each fsync'd). A file
+    rewritten every second for its readers (``status.json``) passes False: a crash of the
+    machine costs it at most its last seconds, and two fsyncs a second for a week-long run
+    are a steady load on the run's disk for nothing.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -141,4 +148,14 @@ def atomic_write_text(path: Path, text: str) -> None:
         except OSError:
             pass
         raise
-    fsync_dir(path.parent)
+    if durable:
+        fsync_dir(path.parent)
+
+
+def file_stamp(path: Path) -> tuple[int, int] | None:
+    """``(mtime in ns, size)`` of ``path``; None when it is not there."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size

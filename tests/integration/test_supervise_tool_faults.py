@@ -25,7 +25,7 @@ from steadytune.records import Event
 from tests.servers import Hook
 
 from .runs import wait_for
-from .toolruns import Supervised, ToolJob, alerts_config, all_finite, supervise, tool_job
+from .toolruns import Supervised, ToolJob, alerts_config, all_finite, run_end, supervise, tool_job
 
 pytestmark = pytest.mark.slow
 
@@ -149,13 +149,18 @@ def test_a_stopped_trainer_is_a_stall_its_stacks_are_dumped_and_it_resumes(
 
 @pytest.mark.parametrize(
     ("tool", "target"),
-    [("trl", "start"), ("trl", "checkpoint"), ("llamafactory", "start"), ("llamafactory", "checkpoint")],
+    [("trl", "start"), ("llamafactory", "start"), ("llamafactory", "checkpoint")],
 )
 def test_lr_far_too_high_is_rolled_back_with_a_lower_lr_and_alerted(
     tool: str, target: str, tmp_path: Path, demo_assets: Path, hook: Hook
 ) -> None:
     """LR 3.0 blows the demo model up within a few steps. ``target`` start: the first checkpoint comes
-    after that, so the rollback starts over; checkpoint: one is saved every step, so it resumes one."""
+    after that, so the rollback starts over; checkpoint: one is saved every step, and the rollback
+    resumes one from before the checkpoint that made the first bad step (a step's loss and gradient
+    are computed on the previous step's weights, and without --inject its samples cannot be skipped).
+    LLaMA-Factory's LoRA first goes wrong a few steps in. TRL's full fine-tuning does at its first
+    update (the loss of step 2 is in the hundreds): with a checkpoint every step it starts over too,
+    as its start row does, so it has no checkpoint row (it cost three minutes of saves)."""
     steps, lr, scale = 40, 3.0, 0.001
     save = 1 if target == "checkpoint" else 10
     job = tool_job(tool, demo_assets, tmp_path, steps, save_steps=save, logging_steps=1, lr=lr,
@@ -185,13 +190,14 @@ def test_lr_far_too_high_is_rolled_back_with_a_lower_lr_and_alerted(
     assert plan[1]["reason"] in LR_ANOMALIES and plan[1]["lr_scale"] == pytest.approx(scale)
     if target == "checkpoint":
         ck = restart.data.get("resume_checkpoint")
-        assert ck is not None and int(Path(ck).name.split("-")[1]) < first_bad.step, (ck, first_bad.step)
+        resumed = int(Path(ck).name.split("-")[1]) if ck else 0
+        assert ck is not None and resumed < first_bad.step - 1, (ck, first_bad.step)
     # The tool itself trained at the lowered LR after the rollback: its own logged LR says so.
     after = [r for r in sup.steps() if r.attempt >= 1]
     assert after and all(r.lr is not None and r.lr <= lr * scale * 1.0001 for r in after), [
         (r.attempt, r.step, r.lr) for r in after[:5]
     ]
-    assert names[-1] == "run_completed" and sup.status()["state"] == "completed"
+    assert run_end(events) == "run_completed" and sup.status()["state"] == "completed"
     assert all_finite(job.out / job.weights_file)
     # The alert reached the local webhook.
     wait_for(

@@ -47,7 +47,7 @@ from .toolchain import (
     row,
     step_of,
 )
-from .toolruns import LAUNCHED, Supervised, alerts_config, all_finite, supervise, tool_job
+from .toolruns import LAUNCHED, Supervised, alerts_config, all_finite, run_end, supervise, tool_job
 
 # A chain's run is built in its first test's setup: five starts of a tool, each tens of seconds on a
 # loaded machine, so more than the suite's 600 s a test.
@@ -245,11 +245,19 @@ def test_lr_far_too_high_is_rolled_back_and_sigterm_then_stops_it_cleanly(
     ) as sup:  # fmt: skip
 
         def rolled_back() -> bool:
+            """3 steps of the attempt the rollbacks led to, which no rollback has ended since: a rollback
+            that resumed a checkpoint the divergence had already reached (the loss of the step after it
+            is the step's from before) is followed by another, and a stop sent as that one kills the
+            worker would find no trainer to take it."""
             if sup.alive() and sup.named("rollback") and not seen:
                 seen.extend(job.checkpoints())  # what the abandoned timeline left in the folder
-            return len([r for r in sup.steps() if r.attempt == 1]) >= 3
+            events = sup.events()
+            started = [e for e in events if e.name == "worker_started"]
+            latest = len(started) - 1
+            ended = any(e.name == "rollback" and e.seq > started[-1].seq for e in events)
+            return latest >= 1 and not ended and len([r for r in sup.steps() if r.attempt == latest]) >= 3
 
-        wait_for(rolled_back, timeout=600, what="3 steps after the rollback")
+        wait_for(rolled_back, timeout=600, what="3 steps after the rollbacks")
         stop_sent = sup.status().get("step") or 0
         sup.proc.send_signal(signal.SIGTERM)
         rc = sup.finish(timeout=240)
@@ -288,9 +296,9 @@ def test_lr_far_too_high_is_rolled_back_and_sigterm_then_stops_it_cleanly(
          all_finite(job.checkpoint(saved[-1]) / job.weights_file) if saved else None).printed()  # fmt: skip
     assert rc == 128 + signal.SIGTERM, sup.stdout[-3000:]
     # The guard took the stop at a step boundary (ack_stop), saved there, and the trainer ended.
-    assert names[-1] == "run_stopped" and "stop_requested" in names[names.index("rollback") :]
+    assert run_end(events) == "run_stopped" and "stop_requested" in names[names.index("rollback") :]
     assert "ack_stop" in names[names.index("stop_requested") :]
-    stopped = events[-1]
+    stopped = next(e for e in reversed(events) if e.name == "run_stopped")
     assert stopped.data["signal"] == "SIGTERM" and stopped.data["graceful"] is True
     assert stopped.data["killed_pids"] == [] and sup.survivors() == []
     assert sup.status()["state"] == "stopped"

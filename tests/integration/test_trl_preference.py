@@ -22,7 +22,7 @@ import pytest
 from steadytune.records import Event
 
 from .runs import STEADYTUNE
-from .toolruns import ToolJob, all_finite, supervise, trl_job
+from .toolruns import ToolJob, all_finite, run_end, supervise, trl_job
 
 pytestmark = pytest.mark.slow
 
@@ -303,5 +303,5 @@ def test_trl_dpo_at_an_lr_far_too_high_is_rolled_back_live_with_a_lower_lr(
     # TRL trained on at the lowered LR, by its own logged LR, to the end, with finite weights.
     after = [r for r in sup.steps() if r.attempt >= 1]
     assert after and all(r.lr is not None and r.lr <= lr * scale * 1.0001 for r in after)
-    assert after[-1].step == steps and names[-1] == "run_completed"
+    assert after[-1].step == steps and run_end(events) == "run_completed"
     assert all_finite(job.out / job.weights_file)

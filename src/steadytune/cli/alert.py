@@ -28,12 +28,31 @@ def register(sub: Any) -> None:
 
 
 def load_alerts_section(path: Path) -> dict[str, Any]:
+    """The ``alerts:`` section of a run config, or an alerts-only YAML as a whole.
+
+    A run config without ``alerts:`` gets the defaults (the console sink), as its run would:
+    its other sections are not alert keys.
+
+    Raises:
+        ValueError: not YAML, or not a mapping, named with the file.
+    """
+    import yaml
+
+    from steadytune.config.alerts import AlertsConfig
     from steadytune.config.yamlsafe import read_yaml
 
-    data = read_yaml(path) or {}
+    try:
+        data = read_yaml(path) or {}
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path} is not valid YAML: {exc}".replace("\n", " ")) from None
     if not isinstance(data, dict):
         raise ValueError(f"{path} is not a YAML mapping")
-    section = data.get("alerts", data)
+    if "alerts" in data:
+        section = data["alerts"]
+    elif set(data) <= set(AlertsConfig.model_fields):
+        section = data
+    else:
+        section = {}
     return section if isinstance(section, dict) else {}
 
 

@@ -27,6 +27,11 @@ def register(sub: Any) -> None:
         "token)",
     )
     p.add_argument(
+        "--metrics-keep-finished-hours", type=float, default=24.0, metavar="H",
+        help="/metrics carries a finished run's series for H hours after its end, then only counts it in "
+        "steadytune_runs (default 24; inf: always)",
+    )  # fmt: skip
+    p.add_argument(
         "--token", default=None,
         help="operator token (prefer env STEADYTUNE_DASHBOARD_TOKEN: a flag shows in `ps`)",
     )  # fmt: skip
@@ -47,9 +52,13 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
         public_url = getattr(args, "public_url", None)
         if public_url:
             DashboardConfig(public_url=public_url)  # the same check as in a config file
+        keep_h = getattr(args, "metrics_keep_finished_hours", 24.0)
+        if not keep_h >= 0:
+            return fail(f"--metrics-keep-finished-hours {keep_h}: give hours >= 0 (inf: always)", 2)
         handle = start_dashboard(
-            args.runs_dir, host=args.host, port=args.port, token=token, public_url=public_url
-        )
+            args.runs_dir, host=args.host, port=args.port, token=token, public_url=public_url,
+            metrics_keep_finished_s=keep_h * 3600.0,
+        )  # fmt: skip
     except BindRefused as exc:
         return fail(str(exc), 2)
     except ValidationError as exc:

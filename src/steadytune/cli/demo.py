@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +70,12 @@ def main(args: argparse.Namespace) -> int:
     from steadytune.config.load import apply_overrides, validate_dict
     from steadytune.train.assets import ensure_demo_assets
 
-    print("preparing the demo model, tokenizer and dataset (cached after the first time)...", flush=True)
+    # With --print-config stdout is the YAML alone (`steadytune demo --print-config > my.yaml`).
+    print(
+        "preparing the demo model, tokenizer and dataset (cached after the first time)...",
+        file=sys.stderr if args.print_config else sys.stdout,
+        flush=True,
+    )
     assets = ensure_demo_assets()
     data = apply_overrides(
         demo_config(assets, str(Path(args.runs_dir).resolve()), args.steps, args.method), args.overrides

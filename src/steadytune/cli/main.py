@@ -82,9 +82,11 @@ def _register(sub: argparse._SubParsersAction, name: str) -> None:
         register(sub)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    if argv is None:
-        argv = sys.argv[1:]
+def parse(argv: Sequence[str]) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
+    """The parser for ``argv``'s command and what it made of ``argv``; a usage error exits with 2.
+
+    The README's commands are checked through this too (tests/unit/docs), so what it shows parses.
+    """
     parser = build_parser(command_word(argv))
     args, extra = parser.parse_known_args(argv)
     if extra:
@@ -93,6 +95,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.overrides = [*args.overrides, *extra]
         else:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return parser, args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+    parser, args = parse(argv)
     func = getattr(args, "func", None)
     if func is None:
         parser.print_help()

@@ -22,23 +22,21 @@ import yaml
 from steadytune.config.yamlsafe import read_yaml
 from steadytune.goodput.account import account, interruption_record, relevant
 from steadytune.goodput.parts import Account, RunHistory, StreamRecord
-from steadytune.records import Event, Heartbeat, PlanRevision, StepRecord
-from steadytune.rundir import RunDir
+from steadytune.records import Event, Heartbeat, PlanRevision, from_dict
+from steadytune.rundir import RunDir, file_stamp
 from steadytune.telemetry.liveness import status_live
 from steadytune.telemetry.stream import JsonlTailer
 
+_SLIM = ("type", "step", "ts", "rank", "attempt", "step_time_s", "skipped")
 
-def _slim(rec: StepRecord) -> StepRecord:
-    """A step record with what the account reads: its place in time, attempt, timing and kind."""
-    return StepRecord(
-        step=rec.step,
-        ts=rec.ts,
-        rank=rec.rank,
-        attempt=rec.attempt,
-        step_time_s=rec.step_time_s,
-        skipped=rec.skipped,
-        extra={"eval": True} if rec.extra.get("eval") else {},
-    )
+
+def _slim(d: dict[str, Any]) -> dict[str, Any]:
+    """A step line with what the account reads (its place in time, attempt, timing and kind), before
+    it becomes a record: its batch's indices and hashes and its gradient flow are never built."""
+    out = {k: d[k] for k in _SLIM if k in d}
+    extra = d.get("extra")
+    out["extra"] = {"eval": True} if isinstance(extra, dict) and extra.get("eval") else {}
+    return out
 
 
 class HistoryReader:
@@ -66,12 +64,16 @@ class HistoryReader:
         for rec in self._events.records():
             if isinstance(rec, Event) and relevant(rec):
                 self.events.append(replace(rec, message="", data=_event_data(rec)))
-        for rec in self._stream.records():
+        stream = self._stream
+        for d in stream.dicts():
+            try:
+                rec = from_dict(_slim(d) if d.get("type") == "step" else d)
+            except (ValueError, TypeError):
+                stream.bad_lines += 1
+                continue
             if not relevant(rec) or isinstance(rec, PlanRevision):
                 continue
-            if isinstance(rec, StepRecord):
-                rec = _slim(rec)
-            elif isinstance(rec, Heartbeat):
+            if isinstance(rec, Heartbeat):
                 last = self.stream[-1] if self.stream else None
                 if isinstance(last, Heartbeat) and (last.attempt, last.phase) == (rec.attempt, rec.phase):
                     continue  # the same phase beating on: nothing the account reads changes
@@ -142,42 +144,50 @@ def run_account(run: RunDir, clock: Callable[[], float] = time.time) -> Account:
     return account(history, reading_time(run, history, clock))
 
 
+def _stamp(run: RunDir) -> tuple[tuple[int, int] | None, ...]:
+    """``(mtime in ns, size)`` of every file an account reads (None where one is missing)."""
+    return tuple(file_stamp(p) for p in (run.status, run.plan, run.events, run.telemetry(0), run.config))
+
+
 class AccountCache:
     """The accounts of many runs, each read incrementally: what a dashboard asks for every few seconds."""
 
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self.clock = clock
-        self._readers: dict[Path, HistoryReader] = {}
-        self._done: dict[Path, tuple[tuple[int, int, int], Account]] = {}  # finished runs, by record counts
+        self._readers: dict[Path, HistoryReader] = {}  # live runs only
+        self._done: dict[Path, tuple[tuple[Any, ...], Account]] = {}  # finished runs, by their files' stamps
         self._live: dict[Path, tuple[float, float, Account]] = {}  # live runs: when computed, its cost, it
         self._lock = threading.Lock()
 
     def account(self, run: RunDir) -> Account:
         """``run``'s account now: only what was appended since the last call is read.
 
-        A finished run's account is computed again only when records were added to it; a live
-        run's at most once per five times what computing it costs (a second at least), so that a
-        dashboard polling a 100k-step run spends a fifth of a core on it at most.
+        A finished run's account is computed again only when one of its files changed, and its
+        records are not kept (a runs folder of a thousand finished runs would hold every step of
+        each); a live run's at most once per five times what computing it costs (a second at
+        least), so that a dashboard polling a 100k-step run spends a fifth of a core on it at most.
         """
-        with self._lock:
-            reader = self._readers.get(run.root)
-            if reader is None:
-                reader = self._readers[run.root] = HistoryReader(run)
         now = self.clock()
         live = self._live.get(run.root)
         if live is not None and now - live[0] < max(1.0, 5 * live[1]):
             return live[2]
+        stamp = _stamp(run)  # before the reading: a file that grows meanwhile is read again next time
+        done = self._done.get(run.root)
+        if done is not None and done[0] == stamp:
+            return done[1]
+        with self._lock:
+            reader = self._readers.get(run.root)
+            if reader is None:
+                reader = self._readers[run.root] = HistoryReader(run)
         history = reader.read()
         when = reading_time(run, history, self.clock)
-        key = (len(history.plans), len(history.stream), len(history.events))
-        done = self._done.get(run.root)
-        if when is None and done is not None and done[0] == key:
-            return done[1]
         started = time.perf_counter()
         acct = account(history, when)
         if when is None:
-            self._done[run.root] = (key, acct)
+            self._done[run.root] = (stamp, acct)
             self._live.pop(run.root, None)
+            with self._lock:
+                self._readers.pop(run.root, None)
         else:
             self._live[run.root] = (now, time.perf_counter() - started, acct)
         return acct

@@ -198,9 +198,12 @@ def _logging_interval(rows: list[_Row], finished: bool, declared: int | None = N
     states one (``declared``). A run that finished printed
     ``total // logging_steps`` of them, which gives the interval exactly. Otherwise the
     progress bar's count is the clue: it is never past the step whose dict follows it when the
-    bar and the dicts reach the file in order, but tqdm redraws at most ten times a second, so a
-    fast run's bar lags by several steps; the largest ``count / k`` over the k-th dicts is the
-    interval once one reading was fresh.
+    bar and the dicts reach the file in order, so the k-th dict's count c gives ``interval >=
+    c / k``, rounded up (an interval is whole). tqdm redraws at most ten times a second, so a
+    fast run's bar lags, but ``tqdm.write`` redraws it right after each dict, at that dict's step:
+    the k-th dict follows a count of at least ``(k - 1) * interval``, whose ceiling over k is the
+    interval itself once k passes it. Rounded down, a bar one step behind every dict (counts 1, 3,
+    5, 7, 9 before the dicts of steps 2, 4, 6, 8, 10) read as an interval of 1.
     """
     train = [r for r in rows if r.step is None and "loss" in r.values]
     if not train:
@@ -210,7 +213,7 @@ def _logging_interval(rows: list[_Row], finished: bool, declared: int | None = N
     total = train[-1].total  # the bar before the last dict; later bars are other work (saving)
     if finished and total:
         return max(1, total // len(train))
-    ratios = [r.bar // k for k, r in enumerate(train, 1) if r.bar]
+    ratios = [-(-r.bar // k) for k, r in enumerate(train, 1) if r.bar]
     return max(1, max(ratios, default=1))
 
 

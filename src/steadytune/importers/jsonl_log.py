@@ -38,7 +38,7 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -154,7 +154,7 @@ def parse_row(
     return (rank if type(rank) is int else None), step, numbers
 
 
-def parse_rows(rows: list[Any]) -> list[tuple[int | None, int, dict[str, float]]]:
+def parse_rows(rows: Iterable[Any]) -> list[tuple[int | None, int, dict[str, float]]]:
     """Every metrics row of a log, each at its step: its :data:`STEP_KEYS` field where the log
     names one, else the log's own counter, else its place among the rows that hold numbers."""
     dicts = [r for r in rows if isinstance(r, dict)]
@@ -176,17 +176,17 @@ def _eval_name(name: str) -> str:
     return f"eval_{name}"
 
 
-def _decoded(lines: Iterable[str]) -> list[Any]:
-    out = []
+def _decoded(lines: Iterable[str]) -> Iterator[Any]:
+    """The JSON values of ``lines``, one at a time: a million-line log is never held as lines."""
+    loads = json.loads
     for line in lines:
         line = line.strip()
         if not line.startswith("{"):
             continue
         try:
-            out.append(json.loads(line))
+            yield loads(line)
         except ValueError:
             continue
-    return out
 
 
 def _is_signal(numbers: dict[str, float]) -> bool:
@@ -201,15 +201,39 @@ def sniff(head: str) -> bool:
 
 
 def read(path: Path) -> Series:
-    with open(path, encoding="utf-8", errors="replace") as f:
-        rows = parse_rows(_decoded(f))
-    if not rows:
-        raise UnreadableLog(f"no JSON object with {LOOKED_FOR}")
+    """The log's rows into a series, one row at a time (:func:`parse_rows`'s rules).
+
+    A log that names its steps (most do) is read as it streams by; only rows naming no step are
+    kept aside until one does, for a log that names none is numbered by its counter or its rows.
+    """
     b = SeriesBuilder(str(path), FORMAT, in_order=True)
-    ranks = LowestRank(b)
-    for rank, step, numbers in rows:
-        if ranks.accept(step, rank):
+    # A log without ranks (most are) keeps no rank per step: 50 bytes a step, 50 MB a million.
+    ranks: LowestRank | None = None
+
+    def add(rank: int | None, step: int, numbers: dict[str, float]) -> None:
+        nonlocal ranks
+        if rank and ranks is None:  # the first line with a rank: every step before it was rank 0's
+            ranks = LowestRank(b, dict.fromkeys(b.steps(), 0))
+        if ranks is None or ranks.accept(step, rank):
             b.add_numbers(step, numbers)
+
+    stepless: list[dict[str, Any]] | None = []  # None once a row names its step
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for row in _decoded(f):
+            if not isinstance(row, dict):
+                continue
+            if _step(row) is None:
+                if stepless is not None:
+                    stepless.append(row)
+                continue
+            stepless = None
+            parsed = parse_row(row)
+            if parsed is not None:
+                add(*parsed)
+    for parsed in parse_rows(stepless or []):
+        add(*parsed)
+    if not len(b):
+        raise UnreadableLog(f"no JSON object with {LOOKED_FOR}")
     return b.build(require=_LOSSES)
 
 

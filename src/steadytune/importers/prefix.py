@@ -71,9 +71,10 @@ class LowestRank:
     resumed run) all pass, so the builder's "last value wins" still applies.
     """
 
-    def __init__(self, builder: SeriesBuilder) -> None:
+    def __init__(self, builder: SeriesBuilder, seen: dict[int, int] | None = None) -> None:
+        """``seen``: the rank already taken for each step (a reader that met its first rank late)."""
         self._builder = builder
-        self._rank: dict[int, int] = {}
+        self._rank: dict[int, int] = seen if seen is not None else {}
 
     def accept(self, step: int, rank: int | None) -> bool:
         r = rank or 0

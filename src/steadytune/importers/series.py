@@ -15,7 +15,6 @@ Otherwise the *last* value per step and metric is kept.
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import math
 import re
@@ -379,6 +378,10 @@ class SeriesBuilder:
     def __len__(self) -> int:
         return len(self._rows) + sum(len(s) for s in self._segments)
 
+    def steps(self) -> list[int]:
+        """The steps added so far (those of every segment), in the order first added."""
+        return [step for seg in (*self._segments, self._rows) for step in seg]
+
     def build(self, require: tuple[str, ...] = ()) -> Series:
         segments = [s for s in (*self._segments, self._rows) if s]
         if any(not valid_step(s) for seg in segments for s in seg):  # a damaged step: that row is left out
@@ -445,30 +448,35 @@ class SeriesBuilder:
 
     @staticmethod
     def _records(rows: Rows, records: list[StepRecord], seen: set[str]) -> None:
-        new = object.__new__
+        new, put = object.__new__, object.__setattr__
         for step in sorted(rows):
-            row = rows[step]
+            # Each row is let go as its record is made: a million-step log is held once, not twice.
+            row = rows.pop(step)
             epoch = row.get("epoch")
             if epoch is not None and not (type(epoch) in (int, float) and math.isfinite(epoch)):
                 del row["epoch"]  # an infinite or unreadable epoch says nothing of where the data is
             seen.update(row)
             if _PLAIN.issuperset(row):
                 # Only float fields (the usual loss/grad_norm/lr/epoch row): no casting to do.
-                state = {**_DEFAULTS, **row, "step": step, "extra": {}}
+                values, extra = row, {}
             else:
-                state = {**_DEFAULTS, **_typed(row), "step": step}
+                values = _typed(row)
+                extra = values.pop("extra")
             rec = new(StepRecord)
-            rec.__dict__.update(state)
+            # Only the fields the row has are set; the others read the class's defaults. A record
+            # so made is equal to one built by __init__, and holds ~200 bytes less than one whose
+            # every field was set (2 GB less on a ten-million-step log).
+            put(rec, "ts", 0.0)
+            for name, value in values.items():
+                put(rec, name, value)
+            put(rec, "step", step)
+            put(rec, "extra", extra)
             records.append(rec)
 
 
 # Built without the frozen-dataclass ``__init__``: it sets the 20 fields one
 # ``object.__setattr__`` at a time, which costs more than reading the log on 100k-step
-# runs. Filling ``__dict__`` gives the same object (equal, printable, serializable).
-_DEFAULTS: dict[str, Any] = {
-    f.name: f.default for f in dataclasses.fields(StepRecord) if f.default is not dataclasses.MISSING
-}
-_DEFAULTS["ts"] = 0.0
+# runs; _records sets only the fields a row has (the class holds every field's default).
 _MAXF = sys.float_info.max  # an integer in a log past this (a 400-digit loss) cannot become a float
 _PLAIN = frozenset(name for name, cast in _FIELDS.items() if cast is float) | {"step"}
 

@@ -43,15 +43,26 @@ def onset_step(anomaly: Anomaly) -> int:
 
 
 def choose_rollback_checkpoint(
-    anomaly_start: int, verified_steps: Sequence[int], previous_resumes: Sequence[int | None]
+    anomaly_start: int,
+    verified_steps: Sequence[int],
+    previous_resumes: Sequence[int | None],
+    came_back_within: int = 0,
 ) -> int | None:
     """The checkpoint to roll back to: the newest verified one from before the anomaly.
 
     If an earlier rollback already resumed from that same checkpoint (the trouble
-    came back), go one checkpoint further back. ``0`` means start over from the
+    came back), go one checkpoint further back. So too when the trouble starts within
+    ``came_back_within`` steps after the checkpoint the last rollback resumed: it came
+    back on that timeline, and the checkpoints it wrote since descend from the one that
+    led into it again, so they are no further back. ``0`` means start over from the
     initial weights; ``None`` means there is nowhere left to go.
     """
-    candidates = [*sorted((s for s in verified_steps if s < anomaly_start), reverse=True), 0]
+    limit = anomaly_start
+    if previous_resumes:
+        last = previous_resumes[-1] or 0
+        if last < anomaly_start <= last + came_back_within:
+            limit = last
+    candidates = [*sorted((s for s in verified_steps if s < limit), reverse=True), 0]
     tried = {p or 0 for p in previous_resumes}
     for step in candidates:
         if step not in tried:

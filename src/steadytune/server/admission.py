@@ -97,8 +97,13 @@ def admit(
     available = {g.index: g.available(headroom_bytes) for g in gpus}
     decisions: list[Decision] = []
     blocker: JobRequest | None = None
+    # Whether a shape can ever fit depends on the shape alone: a queue of a thousand jobs holds few.
+    impossible_for: dict[tuple[int, int], str | None] = {}
     for job in order(waiting):
-        impossible = never_fits(job, gpus, headroom_bytes)
+        shape = (job.need_bytes, job.gpus)
+        if shape not in impossible_for:
+            impossible_for[shape] = never_fits(job, gpus, headroom_bytes)
+        impossible = impossible_for[shape]
         if impossible is not None:
             decisions.append(Decision(job.job_id, False, (), f"never fits here: {impossible}"))
             continue

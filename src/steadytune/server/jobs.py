@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -112,6 +113,29 @@ class ProcessTable:
         except psutil.Error:
             return set()
 
+    def trees(self, pids: Iterable[int]) -> dict[int, set[int]]:
+        """Each pid's process tree (itself and every descendant; empty when it is gone), from one
+        reading of the process table: ``tree`` reads all of ``/proc`` for each pid asked."""
+        roots = set(pids)
+        if not roots:
+            return {}
+        children: dict[int, list[int]] = {}
+        for pid, ppid in _parents().items():
+            children.setdefault(ppid, []).append(pid)
+        out: dict[int, set[int]] = {}
+        for root in roots:
+            if not psutil.pid_exists(root):
+                out[root] = set()
+                continue
+            seen, todo = {root}, [root]
+            while todo:
+                for child in children.get(todo.pop(), ()):
+                    if child not in seen:
+                        seen.add(child)
+                        todo.append(child)
+            out[root] = seen
+        return out
+
     def signal(self, pid: int, sig: int, group: bool = False) -> None:
         try:
             if group:
@@ -120,6 +144,29 @@ class ProcessTable:
                 os.kill(pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+def _parents() -> dict[int, int]:
+    """pid → parent pid of every process: ``/proc/<pid>/stat`` read once each (psutil's ``children``
+    reads them all for every call; its ``process_iter`` builds a Process for each), else psutil."""
+    out: dict[int, int] = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return {p.pid: p.info["ppid"] for p in psutil.process_iter(["ppid"]) if p.info["ppid"] is not None}
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue  # gone meanwhile
+        # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so split after the last ")".
+        fields = stat[stat.rfind(b")") + 2 :].split(b" ", 2)
+        if len(fields) >= 2:
+            out[int(name)] = int(fields[1])
+    return out
 
 
 def run_status(run_dir: str | None) -> dict[str, Any]:

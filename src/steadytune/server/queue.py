@@ -19,10 +19,10 @@ import json
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from steadytune.redact import redact
 from steadytune.secretfile import private_dir, private_files
@@ -68,6 +68,9 @@ CREATE TABLE IF NOT EXISTS jobs (
   shrink_to TEXT
 );
 """
+# Every pass reads the queued and the live jobs: by their state, not by a scan past every finished one.
+# Made after the columns an older file lacks are added (an index names only columns every file has).
+_INDEXES = "CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);"
 
 # Columns added since the first schema, with their definitions: a queue.db written by an older
 # server gains them when it is opened, so its jobs are kept.
@@ -134,6 +137,19 @@ class Job:
         }
 
 
+class Waiting(NamedTuple):
+    """A queued job as one admission pass reads it: no spec, no history (a thousand of them are
+    read every second, and their JSON is what a pass does not need)."""
+
+    id: str
+    seq: int
+    priority: int
+    need_bytes: int
+    need_source: str
+    gpus_wanted: int
+    reason: str
+
+
 def _job(row: sqlite3.Row) -> Job:
     return Job(
         id=row["id"],
@@ -188,6 +204,7 @@ class JobQueue:
             for name, definition in _ADDED.items():
                 if name not in have:
                     self._db.execute(f"ALTER TABLE jobs ADD COLUMN {name} {definition}")
+            self._db.executescript(_INDEXES)
         for made in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
             if made.exists():  # written by an older server, before the files were made private
                 made.chmod(0o600)
@@ -248,6 +265,15 @@ class JobQueue:
                 ).fetchall()
         return [_job(r) for r in rows]
 
+    def waiting(self) -> list[Waiting]:
+        """The queued jobs, in submission order, as an admission pass reads them."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT id, seq, priority, need_bytes, need_source, gpus_wanted, reason FROM jobs "
+                "WHERE state = 'queued' ORDER BY seq"
+            ).fetchall()
+        return [Waiting(*r) for r in rows]
+
     def move(self, job_id: str, to: str, **fields: Any) -> bool:
         """Move a job to state ``to`` (and set ``fields``) if its state allows; False if it does not."""
         if to not in MOVES:
@@ -273,6 +299,22 @@ class JobQueue:
             self._db.execute(
                 "UPDATE jobs SET reason = ? WHERE id = ? AND reason != ?", (reason, job_id, reason)
             )
+
+    def note_many(self, notes: Sequence[tuple[str, str]]) -> None:
+        """:meth:`note` for many jobs at once, in one transaction (one commit to disk)."""
+        if not notes:
+            return
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.executemany(
+                    "UPDATE jobs SET reason = ? WHERE id = ? AND reason != ?",
+                    [(reason, job_id, reason) for job_id, reason in notes],
+                )
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
 
     def request_cancel(self, job_id: str) -> None:
         """Flag a running job for the daemon to stop; it becomes cancelled once it has exited."""

@@ -35,6 +35,9 @@ class Act:
     cause: Event | None = None
 
 
+# Actions that end the running worker to start another attempt.
+RESTARTING = frozenset({"rollback", "restart"}) | SCALE_ACTIONS
+
 # After these, the supervisor looks at the offending batch by itself (inspect-batch).
 INSPECT_KINDS = frozenset({"nan_loss", "loss_spike", "loss_collapse", "divergence", "grad_explosion"})
 
@@ -175,6 +178,19 @@ class Actions:
                 st.attempt.worker.signal_tree(signal.SIGTERM)
                 st.stop.sent_at = st.clock()
             return
+        if action.name in RESTARTING and st.stop.sent_at is not None:
+            # An operator's stop (SIGTERM, SIGINT) is under way: the worker saves at its next step and
+            # exits. Killing it for a new attempt would lose that checkpoint and the stop itself.
+            self.out.emit(
+                "action",
+                "alert_only",
+                f"{action.name} not carried out: the run is stopping, the {st.source.label} saving its "
+                f"checkpoint to exit ({action.reason})",
+                severity="warning",
+                step=step,
+                data={"anomaly": action.anomaly.kind if action.anomaly else None, **action.params},
+            )
+            return
         self.out.emit(
             "action",
             action.name,
@@ -223,8 +239,8 @@ class Actions:
     def stop_for(self, action: Action) -> None:
         """A rollback or a restart: in the worker where it can reload, else the worker is killed for it."""
         st = self.state
-        if st.attempt.worker is None:
-            return
+        if st.attempt.worker is None or st.stop.sent_at is not None:
+            return  # a stop is under way (a rollback held for a publish meanwhile): the stop wins
         if action.name == "rollback" and self.in_process.want(action):
             return  # the worker reloads the checkpoint itself once these records are read: no new process
         st.pending = action

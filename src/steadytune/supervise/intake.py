@@ -47,9 +47,10 @@ class Intake:
         if now - self._last_sample < self.interval_s:
             return None
         self._last_sample = now
-        if attempt.tree is not None:
-            attempt.tree.note()  # every process the attempt started, so none outlives it
-        return self.sampler.sample(attempt.worker.pid if attempt.worker and attempt.running() else None)
+        # Every process the attempt started, so none outlives it; the sample's RSS is theirs (the
+        # process table walked once per sample, not twice).
+        tree = attempt.tree.note() if attempt.tree is not None else None
+        return self.sampler.sample(attempt.worker.pid if attempt.worker and attempt.running() else None, tree)
 
     def keep(self, sample: SystemSample) -> None:
         self.system.write(sample)

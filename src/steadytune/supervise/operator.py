@@ -24,16 +24,33 @@ class OperatorControls:
         self.state, self.out = state, out
         self._queue = RequestQueue(state.run.control)
         self.resume_requested = False
+        self._signalled = self._killed_said = False  # what take_signals has done of the signals noted
 
     def on_signal(self, signum: int, _frame: Any = None) -> None:
+        """SIGINT/SIGTERM, noted for the loop to act on (:meth:`take_signals`).
+
+        A handler runs in the main thread between two bytecodes, possibly inside the event log's
+        lock (held while an event is written, fsynced and anchored) or the console's: one that filed
+        the stop hung the supervisor on its own lock, after the request had reached the worker. So
+        it files and prints nothing; the second signal's kill is a bare ``killpg``, at once.
+        """
         st = self.state
         st.stop.interrupts += 1
         if st.stop.interrupts == 1:
             st.stop.signal = signum
-            self.request_stop(f"signal {signal.Signals(signum).name}")
         elif st.attempt.worker is not None:
-            self.out.say("second interrupt: killing the worker now", style="bold red")
             st.attempt.worker.signal_tree(signal.SIGKILL)
+
+    def take_signals(self) -> None:
+        """The loop's side of :meth:`on_signal`: the first signal's stop is requested (and filed) now,
+        the second one's kill said."""
+        st = self.state
+        if st.stop.interrupts and st.stop.signal is not None and not self._signalled:
+            self._signalled = True
+            self.request_stop(f"signal {signal.Signals(st.stop.signal).name}")
+        if st.stop.interrupts >= 2 and not self._killed_said:
+            self._killed_said = True
+            self.out.say("second interrupt: killing the worker now", style="bold red")
 
     def request_stop(self, issuer: str) -> None:
         st = self.state

@@ -159,8 +159,11 @@ class ProcessTree:
         self.proc = proc
         self.seen: set[int] = {proc.pid}
 
-    def note(self) -> None:
-        self.seen.update(self.proc.tree_pids())
+    def note(self) -> list[int]:
+        """Remember every process of the tree now; returns them (the root first)."""
+        now = self.proc.tree_pids()
+        self.seen.update(now)
+        return now
 
     def alive(self) -> list[int]:
         """The processes of the tree still running."""

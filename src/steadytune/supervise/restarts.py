@@ -13,7 +13,7 @@ from steadytune.config.schema import SteadytuneConfig
 from steadytune.detect.live import LiveDetector
 from steadytune.layerwise import planned_group_lrs
 from steadytune.policy.engine import Action
-from steadytune.policy.plan import choose_rollback_checkpoint, oom_escalation, rollback_plan
+from steadytune.policy.plan import choose_rollback_checkpoint, onset_step, oom_escalation, rollback_plan
 from steadytune.policy.restart import Decision
 from steadytune.records import Anomaly, PlanRevision, StepRecord, to_dict
 from steadytune.rundir import RunDir
@@ -87,12 +87,26 @@ def rollback_restart(
     current_step: int,
     samples_by_step: dict[int, list[int]],
     lr_scale: float,
+    came_back_within: int = 0,
 ) -> tuple[dict[str, Any] | None, str, str, int | None]:
-    """Changes for a rollback: an earlier checkpoint, the data window skipped, a lower LR."""
+    """Changes for a rollback: an earlier checkpoint, the data window skipped, a lower LR.
+
+    ``came_back_within``: steps after the last rollback's checkpoint in which the trouble counts as
+    come back (:func:`~steadytune.policy.plan.choose_rollback_checkpoint`).
+    """
     anomaly = action.anomaly
     assert anomaly is not None
     kind = anomaly.kind
-    target = choose_rollback_checkpoint(anomaly.start_step, verified_steps, previous_resumes)
+    end = max(anomaly.end_step, current_step)
+    # A step's record (its loss, its gradient) is computed on the weights of the step before it, so the
+    # checkpoint before the anomaly holds the very weights that produced it: resumed without skipping
+    # the step's samples (a job whose samples are unknown), it computes the same record again, whatever
+    # the LR. Only where they are skipped is it a way out.
+    # Where a detector that confirms late names the step the trouble began (onset_step), from there.
+    onset = onset_step(anomaly)
+    skippable = any(samples_by_step.get(s) for s in range(onset, end + 1))
+    before = onset if skippable else onset - 1
+    target = choose_rollback_checkpoint(before, verified_steps, previous_resumes, came_back_within)
     if target is None:
         return (
             None,
@@ -101,7 +115,6 @@ def rollback_restart(
             None,
         )
     path = str(checkpoints / f"checkpoint-{target}") if target else None
-    end = max(anomaly.end_step, current_step)
     nxt = rollback_plan(
         plan,
         plan.revision + 1,

@@ -194,6 +194,9 @@ class Resumes:
             action.step,
             self.state.history.samples_by_step,
             self.state.cfg.policy.rollback_lr_scale,
+            # A timeline that has not yet gone a healthy window past its checkpoint (LAST_GOOD's) has
+            # not left the trouble behind.
+            self.state.cfg.run.good_window_steps,
         )
         if target is not None:
             # A checkpoint from before the trouble that the rollback waited for and did not get: say why it

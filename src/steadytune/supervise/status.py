@@ -53,7 +53,8 @@ class RunBooks:
             "dashboard_url": self.dashboard_url,
             "started_ts": st.started_ts,
         }
-        atomic_write_text(st.run.status, json.dumps(status, indent=1))
+        # Rewritten every second: the state of a moment, not a record (events.jsonl is the record).
+        atomic_write_text(st.run.status, json.dumps(status, indent=1), durable=force)
 
     def update_disk_need(self, step: int) -> None:
         """Checkpoints still to come, at the size of the newest one, feed the disk_low detector."""

@@ -219,6 +219,7 @@ class Supervisor:
         publish, or in the worker), the pace, the books, the observers' batches."""
         st, attempt = self.state, self.state.attempt
         now = st.clock() if now is None else now
+        self.controls.take_signals()
         self.controls.poll()
         if (released := self.publishes.tick()) is not None:
             self.actions.stop_for(released)

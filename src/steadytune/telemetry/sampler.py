@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -88,23 +88,29 @@ class SystemSampler:
         self.nvml = nvml if nvml is not None else Nvml()
         psutil.cpu_percent(None)  # the first call primes the counter and returns 0
 
-    def tree_rss(self, pid: int | None) -> int | None:
+    def tree_rss(self, pid: int | None, tree: Sequence[int] | None = None) -> int | None:
+        """Resident memory of ``pid`` and its descendants (None when none of them is there).
+
+        ``tree``: those pids, when the caller has just read them: finding them reads every
+        process of the machine, which the supervisor does once per sample, not twice.
+        """
         if not pid:
             return None
-        try:
-            proc = psutil.Process(pid)
-            procs = [proc, *proc.children(recursive=True)]
-        except psutil.Error:
-            return None
-        total = 0
-        for p in procs:
+        if tree is None:
             try:
-                total += p.memory_info().rss
+                tree = [pid, *(c.pid for c in psutil.Process(pid).children(recursive=True))]
+            except psutil.Error:
+                return None
+        total, seen = 0, False
+        for p in tree:
+            try:
+                total += psutil.Process(p).memory_info().rss
+                seen = True
             except psutil.Error:
                 continue
-        return total
+        return total if seen else None
 
-    def sample(self, worker_pid: int | None = None) -> SystemSample:
+    def sample(self, worker_pid: int | None = None, tree: Sequence[int] | None = None) -> SystemSample:
         vm = psutil.virtual_memory()
         free: int | None
         total: int | None
@@ -120,6 +126,6 @@ class SystemSampler:
             ram_total_bytes=int(vm.total),
             disk_free_bytes=free,
             disk_total_bytes=total,
-            worker_rss_bytes=self.tree_rss(worker_pid),
+            worker_rss_bytes=self.tree_rss(worker_pid, tree),
             gpus=self.nvml.sample(),
         )

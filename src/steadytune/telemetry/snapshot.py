@@ -19,7 +19,7 @@ import dataclasses
 import json
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -61,8 +61,8 @@ class SnapshotSampler(SystemSampler):
         super().__init__(disk_path, clock=clock, nvml=_NoGpus())
         self.path = path
 
-    def sample(self, worker_pid: int | None = None) -> SystemSample:
-        real = super().sample(worker_pid)
+    def sample(self, worker_pid: int | None = None, tree: Sequence[int] | None = None) -> SystemSample:
+        real = super().sample(worker_pid, tree)
         cpu, gpus = read_snapshot(self.path)
         return dataclasses.replace(real, cpu_ratio=cpu, gpus=gpus)
 

@@ -29,6 +29,8 @@ class DashboardApp:
     max_streams: int = 16
     # The GPU server's daemon (snapshot() and act(op, job)), when `steadytune server` serves the dashboard.
     server: Any = None
+    # /metrics leaves out the series of runs that ended longer ago than this (web/metrics.py exported).
+    metrics_keep_finished_s: float = 24 * 3600.0
     streams: threading.BoundedSemaphore = field(init=False)
 
     def __post_init__(self) -> None:

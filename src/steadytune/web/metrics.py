@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -20,8 +20,11 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from steadytune.goodput.load import AccountCache
 from steadytune.goodput.parts import EVAL, LOST
+from steadytune.telemetry.liveness import status_live
 from steadytune.web.runs import RunEntry, RunsIndex
 
+# A run that ended more than this long ago is left out of the per-run series (docs/prometheus.md).
+KEEP_FINISHED_S = 24 * 3600.0
 STATES = ("starting", "running", "restarting", "paused", "completed", "failed", "stopped", "unknown")
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 _GPU = ("run", "gpu", "name")
@@ -100,20 +103,16 @@ SPEC: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
 )
 
 
-class _Scrape:
-    """The families of one scrape, created in a fixed order so the output is stable.
+LABELS: dict[str, tuple[str, ...]] = {name: labels for name, _, _, labels in SPEC}
+Sample = tuple[str, float, tuple[str, ...]]  # family, value, label values in the family's order
+
+
+class Samples(list[Sample]):
+    """One run's samples, kept as plain values: a finished run's are computed once (``RunEntry.memo``).
 
     ``add`` drops values that are missing or not numbers: a half-known run shows
     the series it has rather than none.
     """
-
-    def __init__(self) -> None:
-        self.families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
-        self.labels: dict[str, tuple[str, ...]] = {}
-        for name, kind, help_text, labels in SPEC:
-            cls = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
-            self.families[name] = cls(f"steadytune_{name}", help_text, labels=list(labels))
-            self.labels[name] = labels
 
     def add(self, family: str, value: Any, /, **labels: Any) -> None:
         if value is None:
@@ -122,7 +121,24 @@ class _Scrape:
             v = float(value)
         except (TypeError, ValueError):
             return
-        self.families[family].add_metric([str(labels[k]) for k in self.labels[family]], v)
+        self.append((family, v, tuple(str(labels[k]) for k in LABELS[family])))
+
+    def value(self, family: str) -> float | None:
+        return next((v for name, v, _ in self if name == family), None)
+
+
+class _Scrape:
+    """The families of one scrape, created in a fixed order so the output is stable."""
+
+    def __init__(self) -> None:
+        self.families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
+        for name, kind, help_text, labels in SPEC:
+            cls = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+            self.families[name] = cls(f"steadytune_{name}", help_text, labels=list(labels))
+
+    def extend(self, samples: Iterable[Sample]) -> None:
+        for family, value, labels in samples:
+            self.families[family].add_metric(list(labels), value)
 
     def __iter__(self) -> Iterator[Metric]:
         return (fam for fam in self.families.values() if fam.samples)
@@ -139,7 +155,9 @@ def active_anomalies(entry: RunEntry) -> dict[tuple[str, str], str]:
     return active
 
 
-def _run_families(f: _Scrape, entry: RunEntry, now: float, accounts: AccountCache) -> None:
+def _run_samples(entry: RunEntry, accounts: AccountCache) -> Samples:
+    """Every sample of one run but its checkpoint's age (which moves with the clock)."""
+    f = Samples()
     run = entry.run_id
     status = entry.status()
     store = entry.store()
@@ -213,7 +231,6 @@ def _run_families(f: _Scrape, entry: RunEntry, now: float, accounts: AccountCach
     newest = next((c for c in items if c["name"] == latest_name), items[-1] if items else None)
     if newest is not None and isinstance(newest.get("ts"), (int, float)):
         f.add("checkpoint_last_timestamp_seconds", newest["ts"], run=run)
-        f.add("checkpoint_age_seconds", max(0.0, now - newest["ts"]), run=run)
 
     # Last: a run whose records cannot be accounted for still shows every family above.
     acct = accounts.account(entry.dir)
@@ -223,24 +240,69 @@ def _run_families(f: _Scrape, entry: RunEntry, now: float, accounts: AccountCach
     f.add("eval_seconds_total", acct.seconds[EVAL], run=run)
     for cause in LOST:
         f.add("lost_seconds_total", acct.seconds[cause], run=run, cause=cause)
+    return f
+
+
+def _run_families(f: _Scrape, entry: RunEntry, now: float, accounts: AccountCache) -> None:
+    samples = entry.memo("metrics", lambda: _run_samples(entry, accounts))
+    f.extend(samples)
+    saved = samples.value("checkpoint_last_timestamp_seconds")
+    if saved is not None:
+        f.extend([("checkpoint_age_seconds", max(0.0, now - saved), (entry.run_id,))])
+
+
+def ended_at(status: dict[str, Any]) -> float | None:
+    """When a run without a live supervisor ended: its status's last update (None if unknown)."""
+    ts = status.get("updated_ts")
+    return float(ts) if isinstance(ts, (int, float)) and not isinstance(ts, bool) else None
+
+
+def exported(entry: RunEntry, now: float, keep_finished_s: float) -> bool:
+    """Whether ``/metrics`` carries the run's own series: a live run always; a finished one (or one
+    whose supervisor is gone) for ``keep_finished_s`` after its end (``inf``: always).
+
+    Past that, the run is only counted in ``steadytune_runs``: Prometheus keeps what it scraped
+    while the run was there, and a runs folder of a thousand old runs costs a scrape nothing.
+    """
+    status = entry.status()
+    if status_live(status, now):
+        return True
+    end = ended_at(status)
+    return end is None or now - end <= keep_finished_s
 
 
 class RunIndexCollector:
-    """A ``prometheus_client`` collector that reads every run of the index on each scrape."""
+    """A ``prometheus_client`` collector that reads the runs of the index on each scrape."""
 
-    def __init__(self, index: RunsIndex, now: Callable[[], float]) -> None:
+    def __init__(
+        self, index: RunsIndex, now: Callable[[], float], keep_finished_s: float = KEEP_FINISHED_S
+    ) -> None:
         self.index = index
         self.now = now
+        self.keep_finished_s = keep_finished_s
 
     def collect(self) -> Iterator[Metric]:
         t0 = time.perf_counter()
         f = _Scrape()
+        by_state: dict[str, int] = {}
+        now = self.now()
         for entry in self.index.entries():
             try:
-                _run_families(f, entry, self.now(), self.index.accounts)
+                state = entry.status().get("state") or "unknown"
+                by_state[state if state in STATES else "unknown"] = by_state.get(state, 0) + 1
+                if exported(entry, now, self.keep_finished_s):
+                    _run_families(f, entry, now, self.index.accounts)
             except Exception:  # a half-written run must not take the whole scrape down
                 continue
         yield from f
+        runs = GaugeMetricFamily(
+            "steadytune_runs",
+            "Runs in the runs folder by state, those left out of the series too.",
+            labels=["state"],
+        )
+        for state in STATES:
+            runs.add_metric([state], float(by_state.get(state, 0)))
+        yield runs
         scrape = GaugeMetricFamily(
             "steadytune_dashboard_scrape_duration_seconds", "Time spent rendering this page."
         )
@@ -248,13 +310,17 @@ class RunIndexCollector:
         yield scrape
 
 
-def metrics_registry(index: RunsIndex, now: Callable[[], float]) -> CollectorRegistry:
+def metrics_registry(
+    index: RunsIndex, now: Callable[[], float], keep_finished_s: float = KEEP_FINISHED_S
+) -> CollectorRegistry:
     """A registry holding only the run-index collector (no process or platform collectors)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(RunIndexCollector(index, now))
+    registry.register(RunIndexCollector(index, now, keep_finished_s))
     return registry
 
 
-def render_metrics(index: RunsIndex, now: Callable[[], float]) -> str:
-    """The whole ``/metrics`` page for every run of the index."""
-    return generate_latest(metrics_registry(index, now)).decode("utf-8")
+def render_metrics(
+    index: RunsIndex, now: Callable[[], float], keep_finished_s: float = KEEP_FINISHED_S
+) -> str:
+    """The whole ``/metrics`` page: every live run, and the runs that ended within ``keep_finished_s``."""
+    return generate_latest(metrics_registry(index, now, keep_finished_s)).decode("utf-8")

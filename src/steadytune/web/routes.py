@@ -13,7 +13,7 @@ import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from steadytune.protocol import ControlError, operator_issuer, send_control
 from steadytune.rundir import valid_run_id
@@ -26,11 +26,33 @@ from steadytune.web.runs import RunEntry
 from steadytune.web.security import bearer, token_ok
 
 if TYPE_CHECKING:
-    from steadytune.web.handler import Handler
+    from email.message import Message
+
+    from steadytune.web.app import DashboardApp
+    from steadytune.web.sse import EventStream
+
+
+class Handler(Protocol):
+    """What an endpoint may ask of the request it answers (``web.handler.Handler`` is one):
+    the routes name this contract, not the HTTP machinery, so the two modules import one way."""
+
+    app: DashboardApp
+    headers: Message
+    client_address: Any
+
+    def send(self, status: int, body: bytes, ctype: str, extra: dict[str, str] | None = None) -> None: ...
+    def json(self, obj: Any, status: int = 200, extra: dict[str, str] | None = None) -> None: ...
+    def error(
+        self, status: int, message: str, extra: dict[str, str] | None = None, **fields: Any
+    ) -> None: ...
+    def not_found(self) -> None: ...
+    def confirmed_body(self) -> dict[str, Any] | None: ...
+    def stream(self, body: Callable[[EventStream], None]) -> None: ...
+
 
 Params = dict[str, str]
 Query = dict[str, list[str]]
-Endpoint = Callable[["Handler", Params, Query], None]
+Endpoint = Callable[[Handler, Params, Query], None]
 
 STATIC_DIR = Path(__file__).parent / "static"
 _STATIC_NAME = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]*$")
@@ -166,7 +188,8 @@ def runs_stream(h: Handler, p: Params, q: Query) -> None:
 
 
 def metrics(h: Handler, p: Params, q: Query) -> None:
-    h.send(200, render_metrics(h.app.index, h.app.clock).encode("utf-8"), CONTENT_TYPE)
+    body = render_metrics(h.app.index, h.app.clock, h.app.metrics_keep_finished_s)
+    h.send(200, body.encode("utf-8"), CONTENT_TYPE)
 
 
 def server_snapshot(h: Handler, p: Params, q: Query) -> None:

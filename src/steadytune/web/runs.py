@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import tempfile
 import threading
 import time
@@ -27,7 +28,7 @@ from steadytune.checkpoint.store import pointer_name
 from steadytune.config.detect import DetectConfig
 from steadytune.config.yamlsafe import read_yaml
 from steadytune.goodput.load import AccountCache
-from steadytune.rundir import RunDir, valid_run_id
+from steadytune.rundir import RunDir, file_stamp, valid_run_id
 from steadytune.telemetry.jsonl import within_depth
 from steadytune.telemetry.liveness import status_live
 from steadytune.telemetry.store import RunStore
@@ -68,8 +69,16 @@ def checkpoint_info(ckpt_dir: Path) -> dict[str, Any]:
     return info
 
 
+Stamp = tuple[tuple[int, int] | None, ...]
+
+
 class RunEntry:
-    """One run: its paths, its status and its index (kept fresh by :meth:`refresh`)."""
+    """One run: its paths, its status and its index (kept fresh by :meth:`refresh`).
+
+    What the pages and ``/metrics`` derive from a run whose supervisor is gone is kept
+    (:meth:`memo`) until one of its files changes: a runs folder of a thousand finished runs
+    is read once, not on every scrape and every second of the runs page.
+    """
 
     def __init__(self, run_dir: RunDir, cache_dir: Path, clock: Callable[[], float] = time.time) -> None:
         self.dir = run_dir
@@ -81,16 +90,48 @@ class RunEntry:
         self._lock = threading.Lock()
         self._ckpt_cache: dict[str, tuple[float, dict[str, Any]]] = {}
         self._detect_cache: tuple[tuple[int, int], DetectConfig] | None = None
+        self._status: tuple[tuple[int, int] | None, dict[str, Any]] | None = None
+        self._memo: dict[str, tuple[Stamp, Any]] = {}
+        self.checked: tuple[int, int] | None = None  # (device, inode) of the folder RunsIndex.get checked
 
     @property
     def run_id(self) -> str:
         return self.dir.run_id
 
     def status(self) -> dict[str, Any]:
-        return read_json(self.dir.status) or {}
+        """The run's ``status.json``, read again only when the file changed (a copy: callers may add)."""
+        stamp = file_stamp(self.dir.status)
+        cached = self._status
+        if cached is None or cached[0] != stamp or stamp is None:
+            cached = self._status = (stamp, read_json(self.dir.status) or {})
+        return dict(cached[1])
 
     def supervisor_live(self, status: dict[str, Any] | None = None) -> bool:
         return status_live(self.status() if status is None else status, self.clock())
+
+    def stamp(self) -> Stamp:
+        """What changes when anything a page shows of the run changes: its status, its index (and
+        the index's write-ahead log), its events, checkpoints and pointers."""
+        d = self.dir
+        paths = (d.status, d.db, d.db.with_name(d.db.name + "-wal"), d.events, d.checkpoints,
+                 d.latest_pointer, d.last_good_pointer)  # fmt: skip
+        return tuple(file_stamp(p) for p in paths)
+
+    def memo(self, name: str, compute: Callable[[], Any]) -> Any:
+        """``compute()``, kept for a run without a live supervisor until :meth:`stamp` changes.
+
+        A live run's figures move every second: they are computed on every call.
+        """
+        if self.supervisor_live():
+            self._memo.pop(name, None)
+            return compute()
+        stamp = self.stamp()
+        hit = self._memo.get(name)
+        if hit is not None and hit[0] == stamp:
+            return hit[1]
+        value = compute()
+        self._memo[name] = (stamp, value)
+        return value
 
     def store(self) -> RunStore:
         """The run's index, opened on first use (building it if there is none)."""
@@ -128,12 +169,12 @@ class RunEntry:
 
     def refresh(self) -> int:
         """Index new JSONL lines unless a live supervisor keeps the index; returns records added."""
+        sizes = self._file_sizes()
+        if sizes == self._sizes:
+            return 0  # nothing appended: not even the index is opened (a thousand runs, five times a second)
         store = self.store()
         if store.readonly or (not self._owned and self.supervisor_live()):
             return 0
-        sizes = self._file_sizes()
-        if sizes == self._sizes:
-            return 0  # nothing appended: skip even the metadata queries
         added = store.sync(self.dir)
         self._sizes = sizes
         return added
@@ -215,20 +256,47 @@ class RunsIndex:
         self._cache_dir = cache_dir or Path(tempfile.mkdtemp(prefix="steadytune-dash-"))
         self._entries: dict[str, RunEntry] = {}
         self._lock = threading.Lock()
+        self._listing: tuple[tuple[int, int], set[str], set[str]] | None = None  # stamp, runs, not yet
+        self._list_lock = threading.Lock()
         self.accounts = AccountCache(clock)  # goodput, read incrementally for the panel and /metrics
 
     def run_ids(self) -> list[str]:
-        try:
-            children = list(self.runs_dir.iterdir())
-        except OSError:
+        """The runs under ``runs_dir``, in name order.
+
+        The folder is listed again only when its own mtime moved (a run added or removed); a
+        folder that did not look like a run yet (its supervisor just made it) is looked at again
+        each time, and one that did is kept until the listing changes.
+        """
+        stamp = file_stamp(self.runs_dir)
+        if stamp is None:
             return []
-        return sorted(p.name for p in children if valid_run_id(p.name) and looks_like_run(p))
+        with self._list_lock:
+            if self._listing is None or self._listing[0] != stamp:
+                try:
+                    names = [p.name for p in self.runs_dir.iterdir() if valid_run_id(p.name)]
+                except OSError:
+                    return []
+                self._listing = (stamp, set(), set(names))
+            _, runs, pending = self._listing
+            for name in [n for n in pending if looks_like_run(self.runs_dir / n)]:
+                runs.add(name)
+                pending.discard(name)
+            return sorted(runs)
 
     def get(self, run_id: str) -> RunEntry | None:
         """The run, or ``None`` for an invalid id, a path outside ``runs_dir`` or no such run."""
         if not valid_run_id(run_id):
             return None
         root = self.runs_dir / run_id
+        try:
+            st = os.lstat(root)
+        except OSError:
+            return None
+        here = (st.st_dev, st.st_ino) if stat.S_ISDIR(st.st_mode) else None
+        with self._lock:
+            entry = self._entries.get(run_id)
+        if entry is not None and here is not None and entry.checked == here:
+            return entry  # the very directory checked below when the entry was made (a link never is)
         try:
             if root.resolve().parent != self.runs_dir.resolve() or not looks_like_run(root):
                 return None
@@ -239,6 +307,7 @@ class RunsIndex:
             if entry is None:
                 entry = RunEntry(RunDir(root), self._cache_dir, self.clock)
                 self._entries[run_id] = entry
+            entry.checked = here
             return entry
 
     def entries(self) -> list[RunEntry]:

@@ -83,6 +83,7 @@ def start_dashboard(
     max_streams: int = 16,
     exposed: bool | None = None,
     server: Any = None,
+    metrics_keep_finished_s: float = 24 * 3600.0,
 ) -> DashboardHandle:
     """Serve the dashboard of every run under ``runs_dir`` from a background thread.
 
@@ -92,6 +93,8 @@ def start_dashboard(
     judgement (tests, or a loopback port forwarded to the network).
     ``request_timeout_s``, ``max_connections``, ``max_streams``: see DashboardConfig.
     ``server``: the GPU server's daemon, for the server page and its API.
+    ``metrics_keep_finished_s``: how long after its end a run keeps its series in ``/metrics``
+    (``inf``: always; docs/prometheus.md).
 
     Raises :class:`steadytune.web.security.BindRefused` when exposed without a
     token, and ``OSError`` when the port is taken.
@@ -105,7 +108,7 @@ def start_dashboard(
     app = DashboardApp(
         index=index, host=host, port=port, token=token, clock=clock, poll_s=poll_s, exposed=exposed,
         public_url=public_url, machine_names=machine_names() if not is_loopback(host) else frozenset(),
-        max_streams=max_streams, server=server,
+        max_streams=max_streams, server=server, metrics_keep_finished_s=metrics_keep_finished_s,
     )  # fmt: skip
     server = BoundedServer(
         (host.strip("[]"), port),

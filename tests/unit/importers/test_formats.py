@@ -346,3 +346,31 @@ def test_an_infinite_epoch_is_no_epoch_not_a_crash(tmp_path: Path, epoch: str) -
     series = load(path)
     assert next(r for r in series.records if r.step == 20).epoch is None
     replay(series.records, series.system, DetectConfig())
+
+
+def test_jsonl_a_rank_met_late_still_gives_way_to_the_lower_rank(tmp_path: Path) -> None:
+    rows = [
+        {"step": 1, "loss": 3.0},  # no rank: rank 0's
+        {"step": 2, "loss": 2.9},
+        {"step": 1, "loss": 9.0, "rank": 1},  # a higher rank repeating a step: ignored
+        {"step": 3, "loss": 8.0, "rank": 2},
+        {"step": 3, "loss": 2.8, "rank": 0},  # a lower rank arriving later replaces it
+        {"step": 2, "loss": 2.7},  # rank 0 again: the last value wins
+    ]
+    path = tmp_path / "log.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    s = load(path)
+    assert [(r.step, r.loss) for r in s.records] == [(1, 3.0), (2, 2.7), (3, 2.8)]
+
+
+def test_jsonl_records_equal_those_built_by_their_constructor(tmp_path: Path) -> None:
+    path = tmp_path / "log.jsonl"
+    path.write_text(
+        '{"step": 2, "loss": 2.5, "grad_norm": 1.5, "learning_rate": 1e-4, "epoch": 0.5}\n'
+        '{"step": 1, "loss": 2.6, "tokens": 512, "reward": 0.25}\n'
+    )
+    built = [
+        StepRecord(step=1, ts=0.0, loss=2.6, tokens=512, extra={"reward": 0.25}),
+        StepRecord(step=2, ts=0.0, loss=2.5, grad_norm=1.5, lr=1e-4, epoch=0.5),
+    ]
+    assert load(path).records == built  # every field compared, those left at their defaults too

@@ -92,6 +92,33 @@ def test_hf_stdout_without_a_bar_counts_the_dicts_and_reads_a_bare_nan(tmp_path:
     assert ("nan_loss", 18) in _kinds_at(p)
 
 
+# A run cut short (killed: no summary, no total reached) that states no interval: the bar is all
+# there is. tqdm.write redraws it after each dict at that dict's step; in between it is redrawn
+# when a tenth of a second has passed, so it may show one step short of the next dict (lag 1),
+# or nothing newer than the redraw (lag = every: a fast run).
+@pytest.mark.parametrize(("every", "lag", "dicts"), [(2, 1, 5), (2, 2, 5), (5, 1, 8), (5, 5, 8)])
+def test_hf_stdout_of_a_killed_run_is_dated_by_a_bar_that_lags_its_dicts(
+    tmp_path: Path, every: int, lag: int, dicts: int
+) -> None:
+    total = 100
+    losses = _curve(dicts, seed=every + lag)
+    lines = []
+    for k, loss in enumerate(losses, 1):
+        step = k * every
+        drawn = max(step - lag, (k - 1) * every)  # the redraw after dict k-1 at least
+        bar = "".join("\r" + _bar(s, total) for s in range((k - 1) * every, drawn + 1) if s > 0)
+        lines.append(
+            f"{bar}\r{' ' * 47}\r{{'loss': '{loss:.4g}', 'grad_norm': '3.4', "
+            f"'learning_rate': '9.9e-05', 'epoch': '{0.04 * step:.4g}'}}"
+        )
+    lines.append(f"\r{_bar(dicts * every, total)}\r{_bar(dicts * every + 1, total)}")  # then killed
+    p = _write(tmp_path, "worker-0.log", lines)
+    s = load(p)
+    assert s.format == "dict_log"
+    assert [r.step for r in s.records] == [k * every for k in range(1, dicts + 1)]
+    assert [r.loss for r in s.records] == pytest.approx(losses, rel=1e-3)
+
+
 def test_trl_stdout_is_judged_on_its_own_fields(tmp_path: Path) -> None:
     rng = random.Random(5)
     lines = []

@@ -86,6 +86,40 @@ def test_rollback_goes_further_back_when_the_trouble_repeats() -> None:
     assert choose_rollback_checkpoint(12, steps, [10, None]) is None
 
 
+def test_trouble_back_soon_after_a_rollback_goes_before_its_checkpoint_not_to_a_later_one() -> None:
+    # An LR far too high: trouble at 4, rolled back to 3; again at 4, to 2; then at 5, on the timeline
+    # resumed from 2, which wrote checkpoints 3 and 4 since. Those descend from 2: not further back.
+    steps = [1, 2, 3, 4]
+    assert choose_rollback_checkpoint(5, steps, [3, 2]) == 4  # without a window: only exact repeats count
+    assert choose_rollback_checkpoint(5, steps, [3, 2], came_back_within=10) == 1
+    assert choose_rollback_checkpoint(5, steps, [3, 2, 1], came_back_within=10) == 0
+    assert choose_rollback_checkpoint(5, steps, [3, 2, 1, None], came_back_within=10) is None
+    # Far past the window, the timeline had left it behind: a new incident, the newest before it.
+    assert choose_rollback_checkpoint(40, [*steps, 30, 35], [2], came_back_within=10) == 35
+
+
+def test_without_its_samples_a_rollback_does_not_resume_the_weights_that_made_the_bad_step() -> None:
+    from pathlib import Path
+
+    from steadytune.policy.engine import Action
+    from steadytune.supervise.restarts import rollback_restart
+
+    plan = PlanRevision(revision=0, ts=0, reason="start")
+    bad = Anomaly("nonfinite_grad", "warning", 4, 4, "grad_norm")
+    action = Action("rollback", "nonfinite_grad", 4, bad)
+    # checkpoint-3 holds the weights step 4 was computed on: resumed with step 4's batch, step 4 again.
+    _, _, _, target = rollback_restart(plan, action, [1, 2, 3], [], Path("/ck"), 4, {}, 0.001)
+    assert target == 2
+    # Where step 4's samples are known, they are skipped: checkpoint-3 is the way out.
+    changes, _, _, target = rollback_restart(plan, action, [1, 2, 3], [], Path("/ck"), 4, {4: [7, 8]}, 0.001)
+    assert target == 3 and changes is not None and changes["skip_ranges"] == ((7, 8),)
+    # A divergence confirmed at 4 that began at 3 (since_step): checkpoint-2 made step 3.
+    diverged = Anomaly("divergence", "critical", 4, 4, "loss", {"since_step": 3})
+    action = Action("rollback", "divergence", 4, diverged)
+    assert rollback_restart(plan, action, [2], [], Path("/ck"), 4, {}, 0.001)[3] == 0
+    assert rollback_restart(plan, action, [2], [], Path("/ck"), 4, {3: [5], 4: [6]}, 0.001)[3] == 2
+
+
 def test_rollback_plan_skips_the_window_and_scales_the_lr() -> None:
     cur = PlanRevision(revision=1, ts=0, reason="start", lr_scale=1.0, skip_ranges=((100, 101),))
     samples = {19: [1, 2], 21: [5, 6], 22: [7, 8], 30: [50]}

@@ -271,3 +271,44 @@ def test_under_pressure_a_job_that_may_shrink_is_asked_to_and_paused_if_it_does_
     assert job.shrink_to is None and job.history[-1]["kind"] == "shrink_refused"
     for j in (hi, lo):
         open_gate(tmp_path, j)
+
+
+def test_process_trees_from_one_reading_match_each_tree_asked_alone(tmp_path: Path):
+    procs = ProcessTable()
+    # A job whose process starts a child that starts a grandchild, as a supervisor starts torchrun's ranks.
+    script = tmp_path / "nest.py"
+    script.write_text(
+        "import subprocess, sys, time\n"
+        "if int(sys.argv[1]):\n"
+        "    subprocess.Popen([sys.executable, __file__, str(int(sys.argv[1]) - 1)])\n"
+        "time.sleep(30)\n"
+    )
+    jobs = [
+        procs.start([sys.executable, str(script), "2"], {}, str(tmp_path), tmp_path / f"l{i}")
+        for i in range(2)
+    ]
+    try:
+        wait_for(lambda: all(len(procs.tree(j.pid)) == 3 for j in jobs))
+        gone = 2**22 + 17  # above the kernel's pid_max: no such process
+        trees = procs.trees([j.pid for j in jobs] + [gone])
+        assert trees == {**{j.pid: procs.tree(j.pid) for j in jobs}, gone: set()}
+        assert procs.trees([]) == {}
+    finally:
+        for j in jobs:
+            procs.signal(j.pid, 9, group=True)
+            j.handle.wait()
+
+
+def test_a_pass_with_many_waiting_jobs_says_each_reason_once_and_then_writes_nothing(tmp_path: Path):
+    d = make(tmp_path, [GpuReading(0, 24 * GIB, 0, "fake")])
+    first = submit(d, 20)
+    behind = [submit(d, 20) for _ in range(50)]
+    d.tick()
+    assert d.queue.get(first).state == "running"
+    assert d.queue.get(behind[0]).reason.startswith("waits for room")
+    assert {d.queue.get(j).reason for j in behind[1:]} == {f"waits behind {behind[0]} (priority 0)"}
+    changes = d.queue._db.total_changes
+    d.tick()
+    d.tick()
+    assert d.queue._db.total_changes == changes  # nothing new to say: no write, no commit to disk
+    assert [w.id for w in d.queue.waiting()] == behind

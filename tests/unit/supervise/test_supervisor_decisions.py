@@ -157,6 +157,8 @@ def test_a_second_ctrl_c_kills_a_worker_the_first_could_not_stop(tmp_path: Path,
     sup.state.stop.grace_s = 3600.0  # only the second Ctrl-C can end this worker
     worker = stubborn(sup, started)
     sup.controls.on_signal(signal.SIGINT)
+    assert sup.state.status != "stopping"  # the handler only notes it: the loop's next turn asks
+    sup.tick()
     assert (
         sup.state.status == "stopping" and worker.poll() is None
     )  # asked to stop (control file + SIGTERM): ignored

@@ -7,7 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from steadytune.records import Event, GpuSample, PlanRevision, StepRecord, SystemSample, to_json
+from steadytune.records import (
+    Event,
+    GpuSample,
+    Heartbeat,
+    PlanRevision,
+    StepRecord,
+    SystemSample,
+    WorkerExit,
+    to_json,
+)
 from steadytune.rundir import RunDir
 from steadytune.telemetry.events import EventLog, read_events
 from steadytune.telemetry.store import ROLLUP, RunStore, open_store
@@ -169,6 +178,19 @@ def test_adopt_continues_after_what_another_writer_indexed(tmp_path: Path) -> No
     assert store.step_count() == 51
 
 
+def test_adopt_looks_past_a_finished_workers_last_words(tmp_path: Path) -> None:
+    run = _write_run(tmp_path / "r4")
+    store = RunStore(run.db)
+    store.add_steps(steps(50))
+    with JsonlWriter(run.telemetry(0)) as w:  # what a worker writes after its last step
+        w.write(Heartbeat(ts=2.0, step=49, phase="finish"))
+        w.write(WorkerExit(ts=3.0, step=49, status="completed"))
+    assert "telemetry/rank-0.jsonl" in store.adopt(run)
+    before = store.version
+    store.sync(run)  # the two lines after the last step, not the 50 steps again
+    assert store.steps_since(before) == [] and store.step_count() == 50
+
+
 def flow(layers: list[str], norm: list, zero: list | None = None) -> dict:
     return {"layers": layers, "norm": norm, "zero_frac": zero or [0.0] * len(layers),
             "hist": [[0, 1]] * len(layers), "bins": [-1.0, 0.0, 1.0]}  # fmt: skip
@@ -250,3 +272,28 @@ def test_eval_record_of_a_logged_step_keeps_its_training_metrics(tmp_path: Path)
     store.add_steps([StepRecord(step=75, ts=600.0, attempt=1, eval_loss=9.0)])
     row = store.steps_since(changed["version"])[0]
     assert (row["attempt"], row["loss"], row["eval_loss"]) == (1, None, 9.0)
+
+
+def test_an_index_made_before_the_sample_summaries_is_summarized_when_opened(tmp_path: Path) -> None:
+    store = RunStore(tmp_path / "run.db")
+    hot = lambda i: 90.0 if i == 4321 else 50.0  # noqa: E731 - one hot sample among 10,000
+    store.add_system([
+        SystemSample(ts=1.0 + 2 * i, cpu_ratio=0.5, ram_used_bytes=1, ram_total_bytes=2,
+                     gpus=(GpuSample(index=1, name="g", temperature_c=hot(i)),))
+        for i in range(10_000)
+    ])  # fmt: skip
+    summarized = store.gpu_series(1, ("temperature_c",), points=50)
+    assert summarized.total == 10_000 and max(r[4] for r in summarized.rows) == 90.0
+    raw = [r[:3] for r in store._db.execute("SELECT * FROM gpu_rollup ORDER BY bucket").fetchall()]
+    with store._db:  # as an index written before the summaries existed
+        store._db.execute("DELETE FROM system_rollup")
+        store._db.execute("DELETE FROM gpu_rollup")
+        store._db.execute("DELETE FROM meta WHERE key='sample_rollup'")
+    store.close()
+    reader = RunStore(tmp_path / "run.db", readonly=True)  # cannot summarize: reads the samples
+    unsummarized = reader.gpu_series(1, ("temperature_c",), points=50)
+    assert unsummarized.total == 10_000 and max(r[4] for r in unsummarized.rows) == 90.0
+    reader.close()
+    again = RunStore(tmp_path / "run.db")
+    assert [r[:3] for r in again._db.execute("SELECT * FROM gpu_rollup ORDER BY bucket").fetchall()] == raw
+    assert again.gpu_series(1, ("temperature_c",), points=50).rows == summarized.rows

@@ -166,3 +166,58 @@ def test_nonfinite_latest_loss_is_exported_as_nan(tmp_path: Path) -> None:
     index.refresh_all()
     text = render_metrics(index, lambda: 10.0)
     assert 'steadytune_loss{run="r2"} NaN' in text and 'steadytune_loss_nonfinite{run="r2"} 1.0' in text
+
+
+def _finish(run: RunDir, state: str, ended: float) -> None:
+    atomic_write_text(
+        run.status, json.dumps({"run_id": run.run_id, "state": state, "step": 9, "updated_ts": ended})
+    )
+
+
+def test_a_finished_run_leaves_the_series_after_the_keep_window_and_stays_counted(tmp_path: Path) -> None:
+    now = 1_800_000_000.0
+    run = _run(tmp_path, now)
+    index = RunsIndex(tmp_path / "runs", clock=lambda: now, cache_dir=tmp_path / "cache")
+    index.refresh_all()
+    hour = 3600.0
+    _finish(run, "completed", now - 2 * hour)
+    kept = render_metrics(index, lambda: now, keep_finished_s=3 * hour)
+    assert 'steadytune_step{run="r1"} 9.0' in kept
+    assert 'steadytune_checkpoint_age_seconds{run="r1"} 120.0' in kept  # the age moves with the clock
+    assert 'steadytune_checkpoint_age_seconds{run="r1"} 180.0' in render_metrics(
+        index, lambda: now + 60, keep_finished_s=3 * hour
+    )
+    gone = render_metrics(index, lambda: now, keep_finished_s=hour)
+    assert 'run="r1"' not in gone
+    assert 'steadytune_runs{state="completed"} 1.0' in gone and 'steadytune_runs{state="running"} 0.0' in gone
+    # A run whose supervisor died (its status stale, not terminal) ages out the same way.
+    _finish(run, "running", now - 2 * hour)
+    assert 'run="r1"' not in render_metrics(index, lambda: now, keep_finished_s=hour)
+    assert 'steadytune_runs{state="running"} 1.0' in render_metrics(index, lambda: now, keep_finished_s=hour)
+    # Restarted (its supervisor live again): back at once, whatever the window.
+    _finish(run, "running", now)
+    assert 'steadytune_step{run="r1"} 9.0' in render_metrics(index, lambda: now, keep_finished_s=0.0)
+
+
+def test_a_finished_runs_series_are_read_once_until_its_files_change(tmp_path: Path) -> None:
+    now = 1_800_000_000.0
+    run = _run(tmp_path, now)
+    _finish(run, "completed", now - 60)
+    index = RunsIndex(tmp_path / "runs", clock=lambda: now, cache_dir=tmp_path / "cache")
+    index.refresh_all()
+    first = render_metrics(index, lambda: now)
+    entry = index.get("r1")
+    assert entry is not None
+    queries: list[str] = []
+    entry.store()._db.set_trace_callback(queries.append)  # every statement the index is asked
+    again = render_metrics(index, lambda: now)
+    assert queries == []
+
+    def runs_series(text: str) -> list[str]:
+        return [ln for ln in text.splitlines() if 'run="r1"' in ln]
+
+    assert runs_series(again) == runs_series(first) != []
+    with JsonlWriter(run.plan) as w:
+        w.write(PlanRevision(revision=3, ts=now, reason="oom", attempt=3))
+    index.refresh_all()  # the dashboard indexes the new line: run.db changes
+    assert 'steadytune_restarts_total{reason="oom",run="r1"} 3.0' in render_metrics(index, lambda: now)

@@ -26,6 +26,11 @@ def _num(value: Any) -> float | None:
     return None if math.isnan(f) else f
 
 
+def _indexed(d: dict[str, Any]) -> bool:
+    """A line whose record the index keeps (a heartbeat or a worker's exit is not kept)."""
+    return d.get("type") in {"step", "system", "event", "plan"}
+
+
 def _nonfinite(*values: Any) -> int:
     return int(any(isinstance(v, float) and not math.isfinite(v) for v in values))
 
@@ -145,6 +150,7 @@ class Ingest(StoreBase):
                     f"INSERT OR REPLACE INTO gpu({', '.join(gcols)}) VALUES({', '.join('?' * len(gcols))})",
                     gpus,
                 )
+                self.refresh_sample_rollup(min(s.ts for s in samples), max(s.ts for s in samples))
         return len(rows)
 
     def add_events(self, events: Sequence[Event]) -> int:
@@ -251,7 +257,9 @@ class Ingest(StoreBase):
             key = f"offset:{path.relative_to(run_dir.root).as_posix()}"
             if self.get_meta(key) is not None:
                 continue
-            end, last = last_line(path)
+            # The last record the index could hold: a finished worker's stream ends with its heartbeats
+            # and last words, which prove nothing, and a run left unadopted is read again whole.
+            end, last = last_line(path, accept=_indexed)
             if last is None or not self._has(last):
                 continue
             self.set_meta(key, str(end))
@@ -276,14 +284,14 @@ class Ingest(StoreBase):
             elif isinstance(rec, PlanRevision):
                 row = self._db.execute("SELECT 1 FROM plans WHERE revision=?", (rec.revision,)).fetchone()
             else:
-                # A heartbeat or exit record last: not indexed, so it proves nothing.
-                return False
+                return False  # a record the index does not keep proves nothing
         return row is not None
 
     def rebuild(self, run_dir: RunDir) -> int:
         """Drop the index and build it again from the run's JSONL files."""
         with self._lock, self._db:
-            for table in ("steps", "steps_rollup", "system", "gpu", "events", "plans", "gradflow"):
+            tables = ("steps", "steps_rollup", "system", "system_rollup", "gpu", "gpu_rollup", "events")
+            for table in (*tables, "plans", "gradflow"):
                 self._db.execute(f"DELETE FROM {table}")
             self._db.execute("DELETE FROM meta WHERE key LIKE 'offset:%'")
         return self.sync(run_dir)

@@ -8,7 +8,14 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from steadytune.records import Event, PlanRevision, from_dict
-from steadytune.telemetry.store.schema import GPU_METRICS, ROLLUP, STEP_METRICS, SYSTEM_METRICS, StoreBase
+from steadytune.telemetry.store.schema import (
+    GPU_METRICS,
+    ROLLUP,
+    SAMPLE_ROLLUP_S,
+    STEP_METRICS,
+    SYSTEM_METRICS,
+    StoreBase,
+)
 
 
 @dataclass(frozen=True)
@@ -125,8 +132,15 @@ class Queries(StoreBase):
         return self._series("gpu", "ts", tuple(metrics), points, lo, hi, "idx=?", (index,))
 
     def gpu_indices(self) -> list[int]:
+        """The GPUs sampled: one index probe each, where DISTINCT read every row of a long run."""
+        out: list[int] = []
         with self._lock:
-            return [int(r[0]) for r in self._db.execute("SELECT DISTINCT idx FROM gpu ORDER BY idx")]
+            while True:
+                row = self._db.execute("SELECT MIN(idx) FROM gpu WHERE idx > ?", (out[-1] if out else -1,))
+                nxt = row.fetchone()[0]
+                if nxt is None:
+                    return out
+                out.append(int(nxt))
 
     def _series(
         self, table: str, x: str, metrics: tuple[str, ...], points: int,
@@ -143,11 +157,13 @@ class Queries(StoreBase):
                 hi = dhi if hi is None else hi
             if lo is None or hi is None:
                 return Series(metrics, [], None, None, 0, version)
-            if table == "steps":
+            # Summary buckets: steps always; samples where the index has kept them (sample_rollup).
+            rollup = f"{table}_rollup" if table == "steps" or self.get_meta("sample_rollup") == "1" else None
+            if rollup is not None:
                 # Counting a million rows costs more than charting them: estimate from the
                 # summary buckets (exact for whole buckets, which is all the choice needs).
                 n = self._db.execute(
-                    "SELECT COALESCE(SUM(n), 0) FROM steps_rollup WHERE rank=? AND last >= ? AND first <= ?",
+                    f"SELECT COALESCE(SUM(n), 0) FROM {rollup} WHERE {where} AND last >= ? AND first <= ?",
                     (*params, lo, hi),
                 ).fetchone()[0]
             else:
@@ -164,25 +180,26 @@ class Queries(StoreBase):
                 rows = [[r[0], r[0], 1, *[v for m in r[1:] for v in (m, m, m)]] for r in raw]
                 return Series(metrics, rows, lo, hi, n, version)
             width = (hi - lo) / points or 1.0
-            if table == "steps" and width >= ROLLUP:
+            # The last x sits at (hi - lo) / width = points: it joins the last bucket, not one of its own.
+            if rollup is not None and width >= (ROLLUP if table == "steps" else SAMPLE_ROLLUP_S):
                 # Coarse view: merge summary buckets instead of touching raw rows.
                 aggs = ", ".join(
                     f"MIN({m}_min), MAX({m}_max), SUM({m}_sum) / NULLIF(SUM({m}_n), 0)" for m in metrics
                 )
                 sql = (
-                    f"SELECT MIN(first), MAX(last), SUM(n), {aggs} FROM steps_rollup "
-                    "WHERE rank=? AND last >= ? AND first <= ? GROUP BY CAST((first - ?) / ? AS INTEGER) "
-                    "ORDER BY 1"
+                    f"SELECT MIN(first), MAX(last), SUM(n), {aggs} FROM {rollup} "
+                    f"WHERE {where} AND last >= ? AND first <= ? "
+                    "GROUP BY MIN(CAST((first - ?) / ? AS INTEGER), ?) ORDER BY 1"
                 )
-                raw = self._db.execute(sql, (*params, lo, hi, lo, width)).fetchall()
+                raw = self._db.execute(sql, (*params, lo, hi, lo, width, points - 1)).fetchall()
             else:
                 # One pass over the range: min, max and mean per bucket.
                 aggs = ", ".join(f"MIN({m}), MAX({m}), AVG({m})" for m in metrics)
                 sql = (
                     f"SELECT MIN({x}), MAX({x}), COUNT(*), {aggs} FROM {table} WHERE {rng} "
-                    f"GROUP BY CAST(({x} - ?) / ? AS INTEGER) ORDER BY 1"
+                    f"GROUP BY MIN(CAST(({x} - ?) / ? AS INTEGER), ?) ORDER BY 1"
                 )
-                raw = self._db.execute(sql, (*params, lo, hi, lo, width)).fetchall()
+                raw = self._db.execute(sql, (*params, lo, hi, lo, width, points - 1)).fetchall()
         return Series(metrics, [list(r) for r in raw], lo, hi, n, version)
 
     def steps_since(self, version: int, rank: int = 0, limit: int = 5000) -> list[dict[str, Any]]:

@@ -1,0 +1,120 @@
+"""The dashboard side of benchmarks/scale.py: answers timed over HTTP, pages in headless Chromium,
+and runs folders by the hundred.
+
+The dashboard is its own process (``steadytune dashboard``), as in use (``dashboard.py``'s
+:class:`Dashboard`). Pages are timed from navigation to the page's own "drawn" mark, in
+Debian's chromium through its chromedriver (``tests/e2e/chromium.py``); without them the page
+rows are left out, said so, not guessed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(REPO / "tests" / "e2e"))
+
+from chromium import find_chromium, open_chromium, wait_js  # noqa: E402
+from dashboard import Dashboard  # noqa: E402  (benchmarks/dashboard.py: the dashboard as its own process)
+
+
+def timed_get(dash: Dashboard, path: str, repeat: int) -> tuple[float, int]:
+    """Median seconds of ``repeat`` GETs of ``path`` (after one untimed), and the body's size."""
+    dash.get(path)
+    times, size = [], 0
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        with urllib.request.urlopen(dash.url + path, timeout=120) as r:
+            size = len(r.read())
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), size
+
+
+def chromium() -> tuple[str | None, str | None]:
+    return find_chromium()
+
+
+def run_page(dash: Dashboard, run_id: str, spikes: list[tuple[int, float]], repeat: int) -> dict[str, Any]:
+    """Median seconds from navigation to the run page's charts drawn; and whether every spike shows.
+
+    A spike shows when the loss chart's bucket holding its step reaches its value (the band's top):
+    the server sends min/max per bucket, and the page must draw them.
+    """
+    chrome, driver = chromium()
+    assert chrome and driver
+    times, missing = [], []
+    with open_chromium(chrome, driver) as b:
+        b.get(dash.url)  # warm the browser, not the run
+        for _ in range(repeat):
+            b.get(dash.url + f"run/{run_id}")
+            wait_js(b, "return window.steadytune && window.steadytune.ready", timeout=120, interval=0.02)
+            times.append(b.execute_script("return performance.now()") / 1000.0)
+            missing = b.execute_script(
+                """
+                const s = window.steadytune.charts.loss.get("loss");
+                return arguments[0].filter(([step, v]) => {
+                  const i = s.x.findIndex((x) => x >= step);
+                  return i < 0 || s.hi[i] === null || s.hi[i] < v * 0.999;
+                });
+                """,
+                [list(p) for p in spikes],
+            )
+            b.get("about:blank")
+    return {"load_s": statistics.median(times), "spikes": len(spikes), "spikes_missing": len(missing)}
+
+
+def runs_page(dash: Dashboard, runs: int, repeat: int) -> float:
+    """Median seconds from navigation to the runs page's table holding every run."""
+    chrome, driver = chromium()
+    assert chrome and driver
+    times = []
+    with open_chromium(chrome, driver) as b:
+        b.get(dash.url + "healthz")
+        for _ in range(repeat):
+            b.get(dash.url)
+            wait_js(
+                b,
+                f"return window.steadytune && window.steadytune.runs && "
+                f"document.querySelectorAll('#runs tbody tr').length >= {runs}",
+                timeout=300,
+                interval=0.02,
+            )
+            times.append(b.execute_script("return performance.now()") / 1000.0)
+            b.get("about:blank")
+    return statistics.median(times)
+
+
+def copy_runs(template: Path, runs_dir: Path, n: int, now: float, spacing_s: float = 600.0) -> list[str]:
+    """``n`` finished runs made from one real one: run ``i`` ended ``i * spacing_s`` seconds ago.
+
+    The streams are hard links (the dashboard only reads them); ``run.db`` and the small files are
+    copied, so each run has an index of its own.
+    """
+    ids = []
+    for i in range(n):
+        rid = f"run-{i:04d}"
+        dst = runs_dir / rid
+        shutil.copytree(
+            template,
+            dst,
+            copy_function=lambda s, d: os.link(s, d) if "/telemetry/" in s else shutil.copy2(s, d),
+            ignore=shutil.ignore_patterns("run.db-wal", "run.db-shm", "feed-*"),
+        )
+        status = json.loads((template / "status.json").read_text())
+        ended = now - i * spacing_s
+        status.update(run_id=rid, updated_ts=ended, started_ts=ended - 3600.0, supervisor_pid=None)
+        (dst / "status.json").write_text(json.dumps(status))
+        ids.append(rid)
+    return ids
+
+
+__all__ = ["Dashboard", "chromium", "copy_runs", "run_page", "runs_page", "timed_get"]

@@ -1,0 +1,56 @@
+"""``steadytune alert test CONFIG`` on the files people give it: a run config, an alerts-only YAML."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from steadytune.cli.main import main
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def test_a_run_config_without_alerts_tests_the_default_console_sink(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["alert", "test", str(REPO / "examples" / "lora.yaml")]) == 0
+    out = capsys.readouterr()
+    assert "1 of 1 sink(s) delivered the test alert" in out.out
+    assert "[steadytune" in out.err  # the console sink wrote the alert itself
+
+
+def test_the_alerts_section_of_a_run_config_is_the_one_tested(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "my.yaml"
+    config.write_text(
+        (REPO / "examples" / "lora.yaml").read_text()
+        + "alerts:\n  sinks:\n    - {type: jsonl, path: "
+        + str(tmp_path / "alerts.jsonl")
+        + "}\n"
+    )
+    assert main(["alert", "test", str(config)]) == 0
+    assert "1 of 1 sink(s) delivered" in capsys.readouterr().out
+    (line,) = (tmp_path / "alerts.jsonl").read_text().splitlines()
+    assert json.loads(line)["run_id"] == "alert-test"
+
+
+def test_an_alerts_only_yaml_is_read_whole(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "alerts.yaml"
+    config.write_text(
+        "min_severity: critical\nsinks: [{type: jsonl, path: " + str(tmp_path / "a.jsonl") + "}]\n"
+    )
+    assert main(["alert", "test", str(config)]) == 0
+    assert (tmp_path / "a.jsonl").exists()
+
+
+def test_a_file_that_is_not_yaml_is_named_without_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "my.yaml"
+    config.write_text("preparing the demo model...\nmodel:\n  name: x\n")
+    assert main(["alert", "test", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert f"{config} is not valid YAML" in err and "Traceback" not in err

@@ -1,0 +1,71 @@
+"""The run page's charts are downsampled on the server: min and max per bucket, so no spike is lost."""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+
+import pytest
+
+from steadytune.records import GpuSample, StepRecord, SystemSample
+from steadytune.rundir import RunDir
+from steadytune.telemetry.stream import JsonlWriter
+from steadytune.web.api import series
+from steadytune.web.runs import RunsIndex
+
+N = 30_000  # past the summary buckets' size times the chart's points: the coarse path is taken
+SPIKE, DIP = 17_389, 23_011  # single points, inside buckets, not at their edges
+SAMPLES = 20_000  # system samples: at 100 points their summary buckets are read, at 1,500 the samples
+
+
+def _loss(step: int, rng: random.Random) -> float:
+    if step == SPIKE:
+        return 40.0
+    if step == DIP:
+        return -5.0
+    return 0.6 + 1.8 / (1 + step / 600) + rng.gauss(0, 0.02)
+
+
+def _column(rows: list[list[float | None]], metrics: list[str], name: str) -> tuple[list, list]:
+    """(min, max) per bucket of one metric: rows are [x_lo, x_hi, n, then min, max, mean per metric]."""
+    i = 3 + 3 * metrics.index(name)
+    return [r[i] for r in rows], [r[i + 1] for r in rows]
+
+
+@pytest.mark.parametrize("points", [100, 1500])
+def test_a_single_step_spike_and_dip_survive_downsampling(tmp_path: Path, points: int) -> None:
+    run = RunDir(tmp_path / "runs" / "long").create()
+    rng = random.Random(3)
+    with JsonlWriter(run.telemetry(0)) as w:
+        for s in range(N):
+            w.write(StepRecord(step=s, ts=1000.0 + s, loss=_loss(s, rng)))
+    with JsonlWriter(run.system) as w:
+        for i in range(SAMPLES):  # one sample (every 2 s, ~11 hours) whose GPU ran hot
+            g = GpuSample(index=0, name="gpu", util_ratio=0.5, temperature_c=95.0 if i == 13_131 else 60.0)
+            w.write(SystemSample(ts=1000.0 + 2 * i, cpu_ratio=0.9 if i == 7_007 else 0.2, ram_used_bytes=1,
+                                 ram_total_bytes=2, gpus=(g,)))  # fmt: skip
+    index = RunsIndex(tmp_path / "runs", cache_dir=tmp_path / "cache")
+    index.refresh_all()
+    entry = index.get("long")
+    assert entry is not None
+
+    charts = series(entry, points=points)
+    steps = charts["steps"]
+    assert steps["total"] == N and len(steps["rows"]) <= points  # the page gets a chart, not the run
+    lows, highs = _column(steps["rows"], steps["metrics"], "loss")
+    assert max(h for h in highs if h is not None) == 40.0
+    assert min(lo for lo in lows if lo is not None) == -5.0
+    bucket = next(r for r in steps["rows"] if r[0] <= SPIKE <= r[1])
+    assert bucket[0] < SPIKE < bucket[1]  # the spike was one point among many in its bucket
+    assert sum(r[2] for r in steps["rows"]) == N  # every step counted in one bucket
+
+    gpu = charts["gpus"]["0"]
+    assert len(gpu["rows"]) <= points
+    _, temps = _column(gpu["rows"], gpu["metrics"], "temperature_c")
+    assert max(t for t in temps if t is not None) == 95.0
+    system = charts["system"]
+    assert len(system["rows"]) <= points and sum(r[2] for r in system["rows"]) == SAMPLES
+    _, cpu = _column(system["rows"], system["metrics"], "cpu_ratio")
+    assert max(c for c in cpu if c is not None) == 0.9
+    assert not any(isinstance(v, float) and math.isnan(v) for r in steps["rows"] for v in r if v is not None)
