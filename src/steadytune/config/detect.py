@@ -75,7 +75,7 @@ class LossConfig(_Strict):
     collapse_small: float = Field(0.05, ge=0, description="and the loss it dropped to is below this")
     collapse_points: int = Field(2, ge=1, description="points the collapsed value must persist")
     collapse_fraction: float = Field(
-        0.01, gt=0, lt=1, description="a level below this share of the initial level has collapsed..."
+        0.1, gt=0, lt=1, description="a level below this share of the initial level has collapsed..."
     )
     collapse_memorized: float = Field(
         0.02, gt=0, description="...when it is also below this loss (nats; perplexity 1.02)"
@@ -87,7 +87,7 @@ class LossConfig(_Strict):
     plateau_min_points: int = Field(30, ge=5, description="logged points before a plateau can be called")
     plateau_min_steps: int = Field(200, ge=1, description="steps before a plateau can be called")
     plateau_min_gain: float = Field(0.05, ge=0, description="log-space drop from the start expected by then")
-    plateau_trend_t: float = Field(3.0, gt=0, description="a falling trend this significant (t) is learning")
+    plateau_trend_t: float = Field(2.0, gt=0, description="a falling trend this significant (t) is learning")
     frozen_points: int = Field(6, ge=2, description="identical loss values in a row: the model is frozen")
     oscillation_window: int = Field(32, ge=8, description="logged points searched for swings")
     oscillation_ratio: float = Field(2.8, gt=1, description="regularity: largest/smallest lag difference")

@@ -6,7 +6,11 @@
 - grad_spike / grad_explosion: like loss spikes, in log space against the recent
   level. A jump the loss also makes, a jump ``explosion_ratio`` times the level,
   or one still up after ``explosion_points`` points is an explosion (critical);
-  a lone jump the loss ignores is a spike (a warning about one batch);
+  a lone jump the loss ignores is a spike (a warning about one batch). While the
+  series has little history (until its noise window is full, or while the LR is
+  still warming up) its measured noise says little, so a point is also judged
+  against its two neighbours with the prior: ``spike_min_ratio`` above the point
+  before and the point after is a spike, raised at the point after;
 - grad_vanishing: the level ``vanishing_ratio`` times below the highest level it
   held after warm-up (or exactly zero after it was not), for
   ``vanishing_points`` points. Runs that log zero from the start (pipeline
@@ -27,6 +31,7 @@ from steadytune.objectives import without_learning_signal
 
 _CLEAR_POINTS = 5
 _MIN_BASELINE = 2
+_BURST = 2  # norms in a row spike_min_ratio above the level: a burst, whatever one point's z-score
 
 KINDS: dict[str, KindInfo] = {
     "nonfinite_grad": KindInfo(
@@ -88,13 +93,22 @@ class GradWatch:
         self._established: float | None = None
         self._start: float | None = None  # log of the run's first positive norm
         self._low = 0
-        self._held: list[int] = []  # steps held back over a one-point baseline, in a row
+        self._held: list[tuple[int, float]] = []  # (step, log norm) held over a one-point baseline, in a row
         # An RL run's batches may carry no learning signal (every group's rewards tied): their
         # norm is the KL term's, orders of magnitude down. Set by the caller once the run is known
         # as RL: such a hole is not the level, nor the first norm a storm is measured from.
         self.gated = False
         self._trusted = False  # the gated run's level is its learning batches' (see _gated_point)
         self._calm = 0  # points the gated level took since it last started again
+        # Norms held out of the level, in a row, `spike_min_ratio` above the reference they are
+        # judged against (the point before them while the series is young, else the level): step,
+        # norm, log norm. The point after them decides what they were (_held_verdict).
+        self._run: list[tuple[int, float, float]] = []
+        self._run_ref = 0.0
+        self._run_early = False
+        self._early_diffs = series.noise_window  # the noise is measured from a full window only then
+        self._lr_prev: float | None = None
+        self._warming = False  # the LR rose at the last step: still warming up
 
     @property
     def spike_jump(self) -> float:
@@ -121,6 +135,10 @@ class GradWatch:
             # zero), a hole in the series, not a vanishing gradient nor the level spikes are
             # judged against (a healthy GRPO run alternates such batches with learning ones).
             g = None
+        lr = rec.lr
+        if lr is not None and math.isfinite(lr):
+            self._warming = self._lr_prev is not None and lr > self._lr_prev * 1.0001
+            self._lr_prev = lr
         if g is not None and not (rec.skipped and math.isfinite(g)):
             spiking = point.loss is not None and point.loss.in_spike
             finite = rec.loss is None or math.isfinite(rec.loss)
@@ -141,10 +159,13 @@ class GradWatch:
         if new_segment:
             self._end_spike(out, step)
             self._held.clear()
-        if g <= 0.0:
+            self._end_run(step, out, accept=False)
+        y = math.log(g) if g > 0.0 else None
+        if self._run and self._held_verdict(step, g, y, out):
+            return
+        if y is None:
             self._vanishing(step, g, None, out)
             return
-        y = math.log(g)
         if self._start is None:
             self._start = y
         # Where the run began is the one level a storm cannot drag along: a norm ``explosion_ratio``
@@ -160,10 +181,18 @@ class GradWatch:
         if young and y - t.level > self._min_jump:
             self._hold(step, g, y, exploding, over_start, out)
             return
-        self._held.clear()
+        if self._held:
+            self._lone_held_came_back(step, y, out)
         judged = t.n_level >= _MIN_BASELINE or self._spike_points > 0
         if judged and self._spike(step, g, y, loss_spiking, over_start, out):
             return
+        if judged and not self.gated and not exploding and self._start_run(step, g, y):
+            return  # held for the points after it to judge (_held_verdict)
+        self._accept(step, g, y, out)
+
+    def _accept(self, step: int, g: float, y: float, out: list[Finding]) -> None:
+        """An ordinary norm joins the level; the established level and the vanishing test follow."""
+        t = self.tracker
         t.accept(y)
         if t.n_accepted >= self.lim.warmup_points and t.level_full:
             lvl = t.level
@@ -175,6 +204,101 @@ class GradWatch:
         # The vanishing test matters only once the level sits far below where it was.
         if est is not None and (self._low or self.rep.on or t.level < est - self._vanish_log + 2.303):
             self._vanishing(step, g, y, out)
+
+    def _start_run(self, step: int, g: float, y: float) -> bool:
+        """Hold a norm ``spike_min_ratio`` above its reference that the z-score let pass; True if held.
+
+        Two cases in which one point's z-score cannot judge, and the points around it can:
+
+        - while the series is *young* (its noise window not yet full, or the LR still warming
+          up), its measured noise says little: a few differences taken one standard error up,
+          or differences that hold the warm-up's fast fall, put a 5-sigma jump at 15-30x the
+          level, so jumps of 8-120x in short runs raised nothing. The prior does know: a
+          healthy batch is not ``spike_min_ratio`` (8x) above *both* of its neighbours (4.9
+          prior sigmas of a two-point difference on each side). The reference is the point
+          before; the point after decides;
+        - in an established series noisy enough that 8x is within 5 sigmas (a memorizing run's
+          norm wanders 2-3x from batch to batch), one such point is the noise's tail, but
+          ``_BURST`` of them in a row are not (each is a 1-in-700 event there): a burst. The
+          reference is the level.
+        """
+        t = self.tracker
+        early = t.n_noise < self._early_diffs or self._warming
+        ref = t.last_y if early else t.level
+        if ref is None or y - ref <= self._min_jump:
+            return False
+        self._run, self._run_ref, self._run_early = [(step, g, y)], ref, early
+        return True
+
+    def _held_verdict(self, step: int, g: float, y: float | None, out: list[Finding]) -> bool:
+        """What the held norms were, now that another came; True when this one joins them."""
+        run, ref = self._run, self._run_ref
+        if y is not None and y - ref > self._min_jump and len(run) < self.tracker.level_window:
+            run.append((step, g, y))
+            if not self._run_early and len(run) == _BURST:
+                self._run_spike(step, out, "burst")
+            elif self.rep.is_on("grad_spike", self.metric):
+                self.rep.report(out, "grad_spike", self.metric, step, True)
+            return True
+        # The run is over: back down, or up so long that the level itself has moved.
+        low = min(p[2] for p in run)
+        back = y is None or low - y > self._min_jump
+        if self._run_early and back and not self.rep.is_on("grad_spike", self.metric):
+            self._run_spike(step, out, "neighbours", after=y)
+            self._end_run(step, out, accept=False)
+        else:
+            # A lone point of the noise's tail, a level that moved, or a burst that is over.
+            self._end_run(step, out, accept=not self.rep.is_on("grad_spike", self.metric))
+        return False
+
+    def _run_spike(self, step: int, out: list[Finding], judged_by: str, after: float | None = None) -> None:
+        run, ref = self._run, self._run_ref
+        top = max(run, key=lambda p: p[2])
+        ev: dict[str, object] = {
+            "value": rounded(top[1]),
+            "before" if self._run_early else "baseline": rounded(math.exp(ref)),
+            "ratio": rounded(math.exp(top[2] - ref), 4),
+            "threshold_ratio": rounded(math.exp(self._min_jump), 4),
+            "points_up": len(run),
+            "judged_by": judged_by,
+        }
+        if judged_by == "neighbours":
+            ev["after"] = rounded(math.exp(after)) if after is not None else 0.0
+        self.rep.report(out, "grad_spike", self.metric, run[0][0], True, evidence=ev)
+
+    def _end_run(self, step: int, out: list[Finding], accept: bool) -> None:
+        """Forget the held norms: into the level when they were ordinary, else the spike is over."""
+        run, self._run = self._run, []
+        if accept:
+            for p_step, p_g, p_y in run:
+                self._accept(p_step, p_g, p_y, out)
+        elif run and self.rep.is_on("grad_spike", self.metric) and not self._spike_points:
+            self.rep.report(out, "grad_spike", self.metric, step, False)
+
+    def _lone_held_came_back(self, step: int, y: float, out: list[Finding]) -> None:
+        """Norms held over a one-point baseline (:meth:`_hold`) that this one did not join.
+
+        Fewer than ``explosion_points`` of them, and this norm ``spike_min_ratio`` below them: they
+        stood that far above both of their neighbours, a spike by the prior (:meth:`_start_run`),
+        dated at the first, one point late. Otherwise they stay out of the level, as before.
+        """
+        held, self._held = self._held, []
+        low = min(p[1] for p in held)
+        if low - y <= self._min_jump or self._spike_points or self.gated:
+            return
+        level = self.tracker.level
+        top = max(p[1] for p in held)
+        ev = {
+            "value": rounded(math.exp(top)),
+            "before": rounded(math.exp(level)),
+            "after": rounded(math.exp(y)),
+            "ratio": rounded(math.exp(top - max(level, y)), 4),
+            "threshold_ratio": rounded(math.exp(self._min_jump), 4),
+            "points_up": len(held),
+            "judged_by": "neighbours",
+        }
+        self.rep.report(out, "grad_spike", self.metric, held[0][0], True, evidence=ev)
+        self.rep.report(out, "grad_spike", self.metric, step, False)
 
     def _gated_point(self, y: float) -> bool:
         """Where a gated run's level comes from; True when the point is not judged.
@@ -252,7 +376,8 @@ class GradWatch:
         """A jump past the spike ratio over a one-point baseline: held out of the level.
 
         One point cannot tell a fat-tailed batch from a wrecked model, so a lone jump raises
-        nothing; but it must not become the baseline either, or a storm that begins at the
+        nothing by itself (the point after it may: :meth:`_lone_held_came_back`); but it must
+        not become the baseline either, or a storm that begins at the
         second step drags the level up with it and every later jump looks small (real ``trl
         dpo`` at LR 3.0: 1.5 -> 122 -> 144 -> 82 -> 488, nothing raised before the fifth step).
         ``explosion_points`` such points in a row are an explosion from the first of them, as a
@@ -260,10 +385,10 @@ class GradWatch:
         first norm (docs/detectors.md). One ``explosion_ratio`` over the level or the first norm
         (``exploding``) is one at once.
         """
-        self._held.append(step)
+        self._held.append((step, y))
         if len(self._held) < self.lim.explosion_points and not exploding:
             return
-        first = self._held[0]
+        first = self._held[0][0]
         self._spike_points = len(self._held)
         self._held.clear()
         ev = self._spike_evidence(g, y, self._min_jump, over_start)

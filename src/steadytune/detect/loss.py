@@ -9,6 +9,10 @@ stays up keeps being compared with where it was: still up after
 ``divergence_points`` points, it has diverged. A slow climb is caught by the
 level rising ``divergence_rise`` above the best level of the segment, or sooner
 by the last two level windows rising along a line (``climb_min_rise``, ``climb_t``).
+Early in a run (the noise window not yet full) a point that stands far above
+both of its neighbours is a spike, raised one point late: the point after it
+shows it was one batch, where the level and a noise measured from a few
+differences cannot.
 
 :class:`LossWatch` is the loss series: it keeps the level and the spike or
 divergence under way, and hands each point to the part that serves its kind
@@ -19,12 +23,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from steadytune.detect.base import Finding, KindInfo, Reporter, rounded
 from steadytune.detect.loss_rules import ClimbFit, SeasonalExcuse, SuddenCollapse
 from steadytune.detect.points import Signal
-from steadytune.detect.stats import SeriesLimits
+from steadytune.detect.stats import SeriesLimits, upper_factor
 from steadytune.objectives import LOSS_OBJECTIVE
 
 _CLIMB_STRIDE = 2  # accepted points between two looks at the steady-climb line
@@ -118,6 +122,9 @@ class LossWatch:
         self._spike_base = 0.0
         self._climb_points = 0
         self._suspects: list[int] = []
+        # A young point held for the point after it to judge: (step, loss, log loss, log of the point
+        # before it, its epoch, whether it is also the first of the suspects).
+        self._cand: tuple[int, float, float, float, float | None, bool] | None = None
         self._last_finite: float | None = None
         # This segment has diverged once: a young baseline after it is no evidence of health.
         self._unstable = False
@@ -174,6 +181,8 @@ class LossWatch:
         if t.n_level == 0:
             t.accept(y, epoch)
             return LossPoint(step, loss, y, True, False, new_segment)
+        if self._cand is not None:
+            self._neighbour_verdict(step, y, out)
         jump = y - t.level
         held = self._confirm_pending(step, loss, y, jump, out)
         if held is None and self._spike_start is not None:
@@ -204,7 +213,7 @@ class LossWatch:
         self._unstable = not restart and self._came_back(y)
         self.fit.clear()
         self._end_spike(out, step)
-        self._pending = None
+        self._pending = self._cand = None
 
     def _confirm_pending(
         self, step: int, loss: float, y: float, jump: float, out: list[Finding]
@@ -279,8 +288,63 @@ class LossWatch:
             and jump > t.threshold(lim.suspect_z)
             and not self.season.excuses(y, epoch)
         ):
-            return self._suspect(step, loss, y, level, out)
+            held = self._suspect(step, loss, y, level, out)
+            if len(self._suspects) == 1 and t.last_y is not None:
+                self._cand = (step, loss, y, t.last_y, epoch, True)
+            return held
+        # Until the noise window is full, the measured noise is taken one standard error up (x1.3 at
+        # 16 differences): a point judged by its two neighbours needs no such margin.
+        early = young or t.n_noise < self.s.noise_window
+        if early and self._stands_out(y, jump) and not self.season.excuses(y, epoch):
+            assert t.last_y is not None
+            self._cand = (step, loss, y, t.last_y, epoch, False)
+            return LossPoint(step, loss, y, False, False, False)
         return None
+
+    def _neighbour_jump(self) -> float:
+        """How far (log) a young point must stand above both of its neighbours to be a spike.
+
+        ``young_spike_z`` sigmas of a two-point difference. The noise is the measured one shrunk
+        towards the prior, taken one standard error up with the prior counted as the differences it
+        is worth (``noise_prior_weight``), and never below the prior: a few quiet differences must
+        not make one point a spike (the young level's floor, :meth:`_new_jump`), since the first
+        batches of a healthy fine-tuning run are fat-tailed (one 1.5x its neighbours in the first
+        ten is common). With the default prior a point must be 2.6x both neighbours; more in a run
+        measured as noisy (batch size 1: 0.35 and fat-tailed), where a 3x point is ordinary.
+        At least ``spike_min_ratio``, as any one-point spike.
+        """
+        t = self.tracker
+        sigma = max(t.sigma * upper_factor(t.n_noise + round(self.s.noise_prior_weight)), self.s.noise_prior)
+        return max(self._min_jump, self.lim.young_spike_z * sigma * math.sqrt(2.0))
+
+    def _stands_out(self, y: float, jump: float) -> bool:
+        """A young point that the point after it may show was a spike: that far above the point before."""
+        last = self.tracker.last_y
+        need = self._neighbour_jump()
+        return last is not None and jump > need and y - last > need
+
+    def _neighbour_verdict(self, step: int, y: float, out: list[Finding]) -> None:
+        """The point after a held young point judges it: back down as far, it stood above both
+        neighbours, a spike (dated at it, one point late); otherwise it was ordinary after all, or
+        the first of a run of suspects, which the suspect rule goes on judging."""
+        assert self._cand is not None
+        c_step, c_loss, c_y, before, c_epoch, suspect = self._cand
+        self._cand = None
+        need = self._neighbour_jump()
+        if c_y - y > need and c_y - before > need:
+            if suspect:
+                self._suspects.clear()
+            ev = {
+                "value": rounded(c_loss),
+                "before": rounded(math.exp(before)),
+                "after": rounded(math.exp(y)),
+                "ratio": rounded(math.exp(c_y - max(before, y)), 4),
+                "threshold_ratio": rounded(math.exp(need), 4),
+            }
+            self._open_spike(c_step, c_loss, before, ev, out, judged_by="neighbours")
+            self._end_spike(out, step)
+        elif not suspect:
+            self._accept(c_step, c_y, c_epoch, out)
 
     def _accept(self, step: int, y: float, epoch: float | None, out: list[Finding]) -> None:
         """An ordinary point joins the level; the level's climb is looked at."""
@@ -316,7 +380,7 @@ class LossWatch:
         """
         self.tracker.restart_segment(start_y)
         self.fit.clear()  # the climb's points leave the fit as they leave the level
-        self._pending = None
+        self._pending = self._cand = None
         self._suspects.clear()
         self._climb_points = 0
         self._spike_start, self._spike_points = first_rise, rises
@@ -359,23 +423,33 @@ class LossWatch:
     def _start_spike(
         self, step: int, loss: float, level: float, threshold: float, out: list[Finding]
     ) -> None:
+        ev = {
+            "value": rounded(loss),
+            "baseline": rounded(math.exp(level)),
+            "ratio": rounded(loss / math.exp(level), 4),
+            "threshold_ratio": rounded(math.exp(threshold), 4),
+        }
+        self._open_spike(step, loss, level, ev, out)
+
+    def _open_spike(
+        self,
+        step: int,
+        loss: float,
+        base: float,
+        evidence: dict[str, Any],
+        out: list[Finding],
+        judged_by: str | None = None,
+    ) -> None:
+        """A spike from ``step``, judged against ``base`` (log): the level, or the point before it."""
         self._spike_start, self._spike_points = step, 1
-        self._spike_peak, self._spike_base = loss, level
-        self.rep.report(
-            out,
-            "loss_spike",
-            self.metric,
-            step,
-            True,
-            evidence={
-                "value": rounded(loss),
-                "baseline": rounded(math.exp(level)),
-                "ratio": rounded(loss / math.exp(level), 4),
-                "threshold_ratio": rounded(math.exp(threshold), 4),
-                "noise_log_sigma": rounded(self.tracker.sigma, 4),
-                "baseline_points": self.tracker.n_level,
-            },
-        )
+        self._spike_peak, self._spike_base = loss, base
+        evidence |= {
+            "noise_log_sigma": rounded(self.tracker.sigma, 4),
+            "baseline_points": self.tracker.n_level,
+        }
+        if judged_by is not None:
+            evidence["judged_by"] = judged_by
+        self.rep.report(out, "loss_spike", self.metric, step, True, evidence=evidence)
 
     def _continue_spike(self, step: int, loss: float, y: float, out: list[Finding]) -> None:
         self._spike_points += 1

@@ -4,10 +4,11 @@ They look at the shape of the loss over a window rather than at one point:
 
 - plateau: no learning since the start (``plateau_min_points`` points after
   the LR warm-up ended, the level is within ``plateau_min_gain`` of where it
-  began and a least-squares fit over the whole span shows it), a loss that
-  repeats the very same value (a frozen model), or a flat loss while the
-  gradients have vanished. A flat stretch *after* the loss fell is convergence,
-  not a plateau, so it is never flagged from the loss alone;
+  began and a least-squares fit over the whole span shows it; only in a log that
+  begins where the run began), a loss that repeats the very same value (a frozen
+  model), or a flat loss while the gradients have vanished. A flat stretch
+  *after* the loss fell is convergence, not a plateau, so it is never flagged
+  from the loss alone;
 - oscillation: new swings, much wider than the noise before them, regular
   (points half a period apart differ far more than points a period apart)
   and repeated, without improving;
@@ -29,6 +30,24 @@ from steadytune.detect.points import Signal
 
 _START_POINTS = 8
 _STRIDE = 4  # oscillation is evaluated every few points: a window scan each step is wasted work
+# The texture before a window is also read over this many whole windows before it (one width per
+# window): the few overlapping windows just before it hold about two windows' worth of points, and
+# their median width is itself noisy (a 32-point interquartile width varies by ~20%), so a quiet stretch
+# just before an ordinary one made noise look 2.2x wider now and then (1 call in a million healthy points).
+_LONG_WINDOWS = 16
+_WARMUP_SPANS = 2  # a plateau is judged over at least this many warm-ups' worth of steps after it
+# A loss "the same" as the one before: within a hundredth of a percent. Real batches differ by far more
+# (the quietest real losses, pretraining on millions of tokens a step, vary by 0.3-1% a point).
+_SAME_REL = 1e-4
+# A repeated value says the model is frozen only in a log whose values, before the repeats began, were
+# the same twice in a row at most once in twenty pairs (six in a row at that rate is a 1-in-3-million
+# event). One that repeats more often (a logger that prints a value until it is replaced, a coarse
+# dtype or three printed digits that hold a slowly falling loss on one value for a while) cannot show
+# a frozen model by its repeats.
+_COARSE_SHARE = 0.05
+# A log that begins this many logging intervals after step 0 (or after its first epoch) began after
+# the run did: what the run learned before it is not in it, so "no learning since the start" is not said.
+_LATE_START_INTERVALS = 5
 
 
 KINDS: dict[str, KindInfo] = {
@@ -89,10 +108,18 @@ class PlateauWatch:
         self._n = 0
         self._level = 0.0
         self._same = 0
-        self._last_loss: float | None = None
+        self._anchor: float | None = None  # the first value of the current run of repeats
+        self._pairs = 0  # pairs of points in a row before the current run of repeats began
+        self._repeats = 0  # of them, pairs that were the same
+        self._first_epoch: float | None = None
+        self._epoch_progress = (
+            False  # an epoch seen between whole numbers: the field is progress, not a counter
+        )
+        self._points = 0  # loss points seen, accepted or not
         self._lr_prev: float | None = None
         self._lr_rising = False
         self._since_warmup = 0  # accepted points since the LR last rose
+        self._warm_end: int | None = None  # the step at which the LR last rose
         self._vanish_level: float | None = None
         self._fit = [0.0] * 6  # n, Σx, Σy, Σxy, Σx², Σy² of (step, log-loss) since the start
         self._zero_log = math.log(max(limits.collapse_abs, 1e-12))
@@ -109,14 +136,20 @@ class PlateauWatch:
                 self.rep.end_all(out, point.rec.step)  # a loss that turned out to be no cross-entropy
             return
         level, grad_vanished = point.level_of.level, point.grad_vanished
-        self._same = self._same + 1 if lp.loss == self._last_loss else 1
-        self._last_loss = lp.loss
+        self._repeat(lp.loss)
+        self._points += 1
         if self._first_step is None:
             self._first_step = lp.step
+            self._first_epoch = point.rec.epoch
+        epoch = point.rec.epoch
+        if epoch is not None and not self._epoch_progress:
+            self._epoch_progress = epoch != math.floor(epoch)
         if not lp.accepted:
             return
         self._n += 1
         self._since_warmup = 0 if self._lr_rising else self._since_warmup + 1
+        if self._lr_rising:
+            self._warm_end = lp.step
         self._level = level
         x, f = float(lp.step - self._first_step), self._fit
         f[0] += 1.0
@@ -136,8 +169,37 @@ class PlateauWatch:
         elif self.rep.is_on("plateau", self.metric) and self._cleared(lp):
             self.rep.report(out, "plateau", self.metric, lp.step, False)
 
+    def _repeat(self, loss: float) -> None:
+        """Count the run of values the same as its first (within ``_SAME_REL``)."""
+        anchor = self._anchor
+        if anchor is not None and abs(loss - anchor) <= _SAME_REL * abs(anchor):
+            self._same += 1
+            return
+        if anchor is not None:
+            # The run that just ended, and the change that ended it, join the record of the log.
+            self._pairs += self._same
+            self._repeats += self._same - 1
+        self._anchor, self._same = loss, 1
+
+    @property
+    def _frozen_after(self) -> int | float:
+        """Repeats in a row that show a frozen model; never in a log that repeats values by itself."""
+        if self._repeats > _COARSE_SHARE * self._pairs:
+            return math.inf
+        return self.lim.frozen_points
+
+    def _late_start(self, step: int) -> bool:
+        """The log began after the run did: past its first epoch, or many logging intervals in."""
+        # Only where the epoch is progress (HF: 1.25): a counter printed from 1 ("Epoch [1/1]") says 1
+        # from the first step of the run.
+        if self._first_epoch is not None and self._first_epoch >= 1.0 and self._epoch_progress:
+            return True
+        first = self._first_step or 0
+        interval = (step - first) / max(1, self._points - 1)
+        return interval > 0 and first > _LATE_START_INTERVALS * interval
+
     def _why(self, lp: LossPoint, grad_vanished: bool) -> tuple[str, dict | None]:
-        if self._same >= self.lim.frozen_points and lp.loss > self.lim.collapse_abs:
+        if self._same >= self._frozen_after and lp.loss > self.lim.collapse_abs:
             return "frozen", {
                 "reason": "identical loss values",
                 "value": rounded(lp.loss),
@@ -154,9 +216,18 @@ class PlateauWatch:
                 }
         else:
             self._vanish_level = None
-        # The LR warm-up is not a plateau: judge only once the full LR had time to act.
+        # The LR warm-up is not a plateau: judge only once the full LR had time to act, for twice as
+        # many steps as the warm-up took. Schedules warm up over a share of the run (1-10%), so the
+        # warm-up is the run's own clock: a curve falling 30% over 100,000 steps under 3% noise is flat
+        # over the thousand steps after a 1% warm-up (0.3% down, inside the fit's 1.5 standard errors),
+        # and its fall shows only over the next two thousand.
         if self._start_level is None or self._since_warmup < self.lim.plateau_min_points:
             return "", None
+        warm = (self._warm_end or 0) - (self._first_step or 0)
+        if self._warm_end is not None and lp.step - self._warm_end < _WARMUP_SPANS * warm:
+            return "", None
+        if self._late_start(lp.step):
+            return "", None  # the start of the log is not the start of the run
         if lp.step - (self._first_step or 0) < self.lim.plateau_min_steps:
             return "", None
         gain = self._start_level - level
@@ -210,12 +281,12 @@ class PlateauWatch:
 
     def _cleared(self, lp: LossPoint) -> bool:
         if self._start_level is None:
-            return self._same < self.lim.frozen_points
+            return self._same < self._frozen_after
         gain = self._start_level - self._level
         # Two medians of 8 noisy points differ by about 0.63 sigma by chance: a gain of four of
         # those is learning, not a dip of the noise (which would flap the plateau on and off).
         needed = 2 * self.lim.plateau_min_gain + 4.0 * 0.63 * self._noise()
-        return self._same < self.lim.frozen_points and gain >= needed
+        return self._same < self._frozen_after and gain >= needed
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,6 +331,8 @@ class OscillationWatch:
         # The interquartile width of the window at each evaluation, over two windows: the
         # typical (median) one of those from before the current window is the texture before.
         self._widths: deque[float] = deque(maxlen=2 * oscillation_window // _STRIDE + 1)
+        # One width per whole window: (the point count it ended at, its width).
+        self._long: deque[tuple[int, float]] = deque(maxlen=_LONG_WINDOWS)
         self._count = 0
         self._epoch: int | None = None
         self._boundary = -(10**9)  # the point count at the last epoch boundary
@@ -274,6 +347,7 @@ class OscillationWatch:
         if lp.new_segment:
             self._ys.clear()
             self._widths.clear()
+            self._long.clear()
             self._count = 0
             self._boundary = -(10**9)
         if epoch is not None:
@@ -290,7 +364,12 @@ class OscillationWatch:
         width = ordered[(3 * n) // 4] - ordered[n // 4]
         older = len(self._widths) - n // _STRIDE  # widths of windows that ended before this one began
         before = _median(list(self._widths)[:older]) if older > 0 else None
+        long_ago = [w for end, w in self._long if end <= self._count - n]
+        if before is not None and len(long_ago) >= 4:
+            before = max(before, _median(long_ago))
         self._widths.append(width)
+        if self._count % n == 0:
+            self._long.append((self._count, width))
         if before is None or self._count - self._boundary <= n:
             return  # judged against the texture before, and never across an epoch boundary
         # Like is compared with like (the same width statistic), so a texture the run always
@@ -422,6 +501,9 @@ class OverfitLimits:
     rising_evals: int
 
 
+_EVAL_NOISE_UNITS = 4.5  # an eval rise counts past this many of the evaluations' own noise above the best
+
+
 class OverfitWatch:
     """Eval loss rising above its best while the training loss does not rise."""
 
@@ -436,6 +518,8 @@ class OverfitWatch:
         self._best_step = 0
         self._train_at_best: float | None = None
         self._above = 0
+        self._last2: tuple[float, ...] = ()  # the two evaluations before this one (log)
+        self._curv: list[float] = []  # |second differences| of the evaluations: their noise, trend removed
 
     def observe(self, point: Signal, out: list[Finding]) -> None:
         """Judge the step's eval loss against the training loss level (log space) and its noise."""
@@ -449,13 +533,17 @@ class OverfitWatch:
             return
         y = math.log(value)
         self._n += 1
+        if len(self._last2) == 2:
+            self._curv.append(abs(y - 2.0 * self._last2[1] + self._last2[0]))
+        self._last2 = (*self._last2[-1:], y)
         if self._best is None or y < self._best:
             self._best, self._best_step, self._train_at_best = y, step, train_level
             self._above = 0
             self.rep.report(out, "overfitting", self.metric, step, False)
             return
         rise = y - self._best
-        self._above = self._above + 1 if rise > self.lim.rise else 0
+        need = self._rise_needed()
+        self._above = self._above + 1 if rise > need else 0
         # "Still falling" tolerates the wobble of a converged training level (a median of 8
         # noisy points moves by about 0.44 sigma), not a rise.
         slack = 0.05 + 2.0 * 0.44 * train_noise
@@ -470,9 +558,26 @@ class OverfitWatch:
                     "best": rounded(math.exp(self._best)),
                     "best_step": self._best_step,
                     "rise_ratio": rounded(math.exp(rise), 4),
-                    "threshold_ratio": rounded(math.exp(self.lim.rise), 4),
+                    "threshold_ratio": rounded(math.exp(need), 4),
                     "evals_above": self._above,
                 }
             self.rep.report(out, "overfitting", self.metric, step, True, evidence=ev)
-        elif rise <= 0.5 * self.lim.rise:
+        elif rise <= 0.5 * need:
             self.rep.report(out, "overfitting", self.metric, step, False)
+
+    def _rise_needed(self) -> float:
+        """How far (log) above its best an evaluation must be: ``rise``, or 4.5 of the evaluations' noise.
+
+        The best evaluation is the luckiest one: over a few dozen evaluations of a flat eval loss it sits
+        about two of their noise below the rest, so two in a row ``rise`` (3%) above it are chance once
+        the noise is 1% (a small eval set); at 4 noise units still one flat run of 100 in generated coarse
+        logs, at 5 a 10% creep over ten evaluations at 1% noise is missed. The noise is read from second
+        differences, which a steady fall or climb does not enter; from three of them (five evaluations) on.
+        """
+        if len(self._curv) < 3:
+            return self.lim.rise
+        ordered = sorted(self._curv)
+        mid = len(ordered) // 2
+        med = ordered[mid] if len(ordered) % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
+        sigma = med / (0.6745 * math.sqrt(6.0))  # median |N(0, 6σ²)|: y[i] - 2y[i-1] + y[i-2]
+        return max(self.lim.rise, _EVAL_NOISE_UNITS * sigma)

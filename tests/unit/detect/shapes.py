@@ -88,6 +88,52 @@ def flat(n: int, scale: float, noise: float, seed: int) -> list[float]:
     return [scale * _jitter(rng, noise) for _ in range(n)]
 
 
+def per_sample(n: int, scale: float, seed: int, noise: float = 0.35) -> list[float]:
+    """A batch-size-1 run: each logged loss is one sample's, log noise ``noise`` with fat tails (one
+    point in ten drawn twice as wide), falling slowly. Points 3x their neighbours are ordinary here."""
+    rng = rng_for(seed, "sample")
+    out = []
+    for i in range(n):
+        sigma = noise * (2.0 if rng.random() < 0.1 else 1.0)
+        out.append(scale * math.exp(-0.3 * i / max(1, n - 1) + rng.gauss(0.0, sigma)))
+    return out
+
+
+def coarse_eval(
+    points: int, every: int, best_at: float, rise: float, noise: float, seed: int, epochs: int
+) -> tuple[list[float], list[float | None], list[float]]:
+    """A coarse log (one point per logging interval, however many steps that is): training loss,
+    evaluation loss every ``every`` points, epoch.
+
+    The training loss falls all run (log noise 3%, up 8% at each epoch start when ``epochs`` > 1);
+    the eval loss falls over the first ``best_at`` of its evaluations, then climbs ``rise`` (log) in
+    all, evenly, to the last (0: stays flat), with log noise ``noise`` (a small eval set: 1%).
+    """
+    rng = rng_for(seed, "coarse-eval")
+    losses: list[float] = []
+    evals: list[float | None] = []
+    epoch: list[float] = []
+    n_evals = points // every
+    k_best = max(1, int(best_at * n_evals))
+    k = 0
+    for i in range(points):
+        e = epochs * (i + 1) / points
+        restart = epochs > 1 and i > 0 and e % 1 < epochs / points
+        losses.append(
+            1.6 * math.exp(-1.5 * (i + 1) / points) * (1.08 if restart else 1.0) * _jitter(rng, 0.03)
+        )
+        epoch.append(e)
+        if (i + 1) % every:
+            evals.append(None)
+            continue
+        y = 1.5 * math.exp(-0.3 * (1.0 - math.exp(-4.0 * min(k, k_best) / k_best)))
+        if k > k_best:
+            y *= math.exp(rise * (k - k_best) / (n_evals - 1 - k_best))
+        evals.append(y * _jitter(rng, noise))
+        k += 1
+    return losses, evals, epoch
+
+
 def high_first(n: int, scale: float, noise: float, seed: int, ratio: float) -> list[float]:
     """A first logged loss ``ratio`` times the settled one, gone within two or three points, then learning.
 
@@ -119,6 +165,20 @@ def grad_norms(n: int, level: float, sigma: float, seed: int) -> list[float]:
     """Healthy gradient norms: log-normal around ``level``."""
     rng = rng_for(seed, "grad")
     return [level * _jitter(rng, sigma) for _ in range(n)]
+
+
+def warmup_grad_norms(n: int, level: float, sigma: float, seed: int, warm: int) -> list[float]:
+    """Healthy gradient norms of a run with an LR warm-up of ``warm`` points: high at first (up to 5x
+    the later level), falling fast over the warm-up, log-normal around ``level`` after it, and fat-tailed
+    (one batch in a hundred 1.5-3x up)."""
+    rng = rng_for(seed, "grad")
+    out = []
+    for i in range(n):
+        g = level * (1.0 + 4.0 * math.exp(-i / max(1.0, warm / 2))) * _jitter(rng, sigma)
+        if rng.random() < 0.01:
+            g *= rng.uniform(1.5, 3.0)
+        out.append(g)
+    return out
 
 
 def texture_saw(n: int, scale: float, noise: float, seed: int, period: int, amplitude: float) -> list[float]:

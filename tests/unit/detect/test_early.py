@@ -100,6 +100,30 @@ def test_a_collapse_by_falling_does_not_depend_on_the_logging_interval(
 
 
 @pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("began", (0.4, 1.0, 1.5))
+@pytest.mark.parametrize("floor", (0.004, 0.012, 0.018))
+def test_a_collapse_in_a_coarse_multi_epoch_log_whose_first_point_is_already_low(
+    floor: float, began: float, seed: int
+) -> None:
+    # A long multi-epoch run logged every 500 steps: its first logged loss is the mean of 500 steps
+    # that already hold most of the first fall (0.4-1.5 nats), and each epoch halves the loss until it
+    # sits under 0.02 nats, with the jump back up at each epoch start. Under 0.02 nats is near zero
+    # whatever the run began at; a tenfold fall is what says the run brought it there.
+    rng = shapes.rng_for(seed, "coarse-memorize")
+    epochs, points = 20, 80
+    losses, epoch_of = [], []
+    for i in range(points):
+        e = epochs * (i + 1) / points
+        level = max(floor, began * 0.5**e) * (1.3 if e % 1 < 0.1 else 1.0)
+        losses.append(level * math.exp(rng.gauss(0.0, 0.1)))
+        epoch_of.append(e)
+    got = [a for a in raised(feed(records(losses, interval=500, epochs=epoch_of))) if a.kind != "plateau"]
+    assert [(a.kind, a.severity) for a in got] == [("loss_collapse", "warning")], [
+        (a.kind, a.start_step) for a in got
+    ]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("scale", SCALES)
 def test_a_low_loss_that_is_not_a_tiny_fraction_is_healthy(scale: float, seed: int) -> None:
     # Long multi-epoch runs settle at 2-5% of their first loss (and above 0.05 nats): learning, not collapse.

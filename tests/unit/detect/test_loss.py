@@ -52,6 +52,53 @@ def test_spike_that_stays_up_becomes_divergence() -> None:
     assert got[1].severity == "critical"
 
 
+# The first points of a run, before the noise window is full: a point judged by its two neighbours.
+# Short smooth runs (12-60 points, log noise 0.5-3%) over the scales, a 3x point anywhere from the third
+# point to the twelfth, between two ordinary ones; the young baseline alone (its floor 5.4x) let it by.
+EARLY = [
+    pytest.param(scale, noise, length, seed, id=f"s{scale}-n{noise}-l{length}-r{seed}")
+    for scale in shapes.SCALES
+    for noise in (0.005, 0.01, 0.03)
+    for length in (12, 30, 60)
+    for seed in shapes.SEEDS
+]
+
+
+@pytest.mark.parametrize(shapes.GRID, EARLY)
+def test_an_early_point_3x_above_both_neighbours_in_a_smooth_run_is_a_spike(
+    scale: float, noise: float, length: int, seed: int
+) -> None:
+    losses = shapes.learning(length, scale, noise, seed)
+    at = shapes.rng_for(seed, "at").randint(2, min(12, length - 2))
+    losses[at] = 3.0 * max(losses[at - 1], losses[at + 1])
+    got = raised(feed(records(losses)))
+    assert [(a.kind, a.start_step) for a in got] == [("loss_spike", at + 1)]
+    # Past the young baseline's floor the level may see it first (no "judged_by"); either way one spike.
+    ev = got[0].evidence
+    assert got[0].severity == "warning" and ev["threshold_ratio"] < ev["ratio"]
+    if ev.get("judged_by") == "neighbours":
+        assert ev["ratio"] == pytest.approx(3.0, rel=1e-3)
+
+
+def test_an_early_spike_is_raised_when_the_point_after_it_comes_back_and_resolved_there() -> None:
+    losses = shapes.learning(20, 2.0, 0.01, 0)
+    losses[4] = 3.0 * losses[3]
+    det = LiveDetector()
+    states = []
+    for rec in records(losses):
+        states += [(rec.step, t.state, t.anomaly.kind) for t in det.observe_step(rec)]
+    assert states[:2] == [(6, "raised", "loss_spike"), (6, "cleared", "loss_spike")]
+
+
+@pytest.mark.parametrize("length", (12, 30, 60, 99))
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("scale", shapes.SCALES)
+def test_early_noise_of_a_batch_size_one_run_is_no_spike(scale: float, seed: int, length: int) -> None:
+    # One sample's loss per point (35% log noise, fat-tailed): points 3x their neighbours are ordinary,
+    # and before any difference is measured the prior must allow for them.
+    assert severe(feed(records(shapes.per_sample(length, scale, seed)))) == []
+
+
 # "length" here is the healthy points before the jump. One point is no baseline for a 3x jump (the
 # young-baseline floor is 5.4x: which of the two points is the odd one?), so 3x starts at 10 points;
 # a 7x jump is caught even after a single point.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -68,6 +69,54 @@ def test_identical_values_are_a_frozen_model() -> None:
     assert got[0].start_step == 40 + 6 and got[0].evidence["reason"] == "identical loss values"
 
 
+@pytest.mark.parametrize("scale", shapes.SCALES)
+@pytest.mark.parametrize("seed", shapes.SEEDS)
+def test_a_loss_that_moves_only_in_its_fifth_digit_is_a_frozen_model(scale: float, seed: int) -> None:
+    # A model whose output does not depend on its batch (weights zeroed, uniform predictions): the
+    # printed loss wanders by a thousandth of a percent, never the same float twice, for a short run
+    # (fewer steps than a no-learning verdict waits for).
+    rng = shapes.rng_for(seed, "frozen")
+    losses = [scale * (1.0 + rng.gauss(0.0, 1e-5)) for _ in range(100)]
+    got = raised(feed(records(losses)))
+    assert [(a.kind, a.evidence["reason"]) for a in got] == [("plateau", "identical loss values")]
+    assert got[0].start_step <= 10
+
+
+@pytest.mark.parametrize(shapes.GRID, shapes.grid(lengths=(120, 1200)))
+def test_a_coarsely_printed_loss_that_settles_on_one_value_is_not_frozen(
+    scale: float, noise: float, length: int, seed: int
+) -> None:
+    # A logger (or a low-precision dtype) that keeps three significant digits: as the loss slows down
+    # it sits on one printed value for a few points, then for longer as it converges. Repeats the series
+    # has shown and broken are its texture: only a run of them far longer than any before is frozen.
+    curve = shapes.learning(length, scale, noise / 10, seed, fall=0.6)
+    losses = [float(f"{x:.3g}") for x in curve]
+    got = raised(feed(records(losses)))
+    assert [a for a in got if a.kind == "plateau"] == [], [(a.kind, a.start_step) for a in got]
+
+
+@pytest.mark.parametrize(shapes.GRID, shapes.grid(lengths=(120, 1200)))
+def test_a_flat_loss_in_a_log_that_begins_after_the_first_epoch_is_no_plateau(
+    scale: float, noise: float, length: int, seed: int
+) -> None:
+    # A resumed run's log (or the second half of one): the loss is flat because the run converged
+    # before the log began; "no learning since the start" cannot be said of it. From step 0 (the
+    # control) the same flat loss is a plateau.
+    losses = shapes.flat(length, scale, noise, seed)
+    if length < _points_to_show_flat(noise):
+        return
+    resumed = records(losses, interval=INTERVAL, epochs=[1.0 + i / length for i in range(length)])
+    assert kinds(feed(resumed)) == []
+    late = [replace(r, step=r.step + 100 * INTERVAL) for r in records(losses, interval=INTERVAL)]
+    assert kinds(feed(late)) == []
+    assert kinds(feed(records(losses, interval=INTERVAL, epochs=[i / length for i in range(length)]))) == [
+        "plateau"
+    ]
+    # An epoch counter printed from 1 ("Epoch [1/1]") is no sign of a late start: 1 from the first step.
+    counter = records(losses, interval=INTERVAL, epochs=[1.0] * length)
+    assert kinds(feed(counter)) == ["plateau"]
+
+
 def _saw(n: int, start: int, period: int, amp: float) -> list[float]:
     losses = noisy(n, sigma=0.01, decay=0.02)
     level = losses[start]
@@ -116,3 +165,46 @@ def test_eval_that_flattens_is_not_overfitting() -> None:
     for k, i in enumerate(range(9, n, 10)):
         evals[i] = 0.8 + 0.2 * math.exp(-k / 4) + 0.002 * (-1) ** k
     assert kinds(feed(records(noisy(n, sigma=0.01, decay=0.02), eval_loss=evals))) == []
+
+
+# Coarse logs: a point every 500 steps, an evaluation every one or two points, over 10k-40k steps. The
+# eval loss bottoms at 30% or 50% of its evaluations and creeps up 10% or 20% in all by the end (at least
+# ten evaluations after its best), eval noise 0.2-1%, one epoch or three; the training loss falls.
+COARSE = [
+    pytest.param(
+        points,
+        every,
+        best_at,
+        noise,
+        epochs,
+        seed,
+        id=f"p{points}-e{every}-b{best_at}-n{noise}-{epochs}ep-r{seed}",
+    )
+    for points, every in ((20, 1), (40, 1), (80, 1), (40, 2), (80, 2))
+    for best_at in (0.3, 0.5)
+    for noise in (0.002, 0.005, 0.01)
+    for epochs in (1, 3)
+    for seed in shapes.SEEDS
+]
+
+
+@pytest.mark.parametrize("rise", (0.1, 0.2))
+@pytest.mark.parametrize("points, every, best_at, noise, epochs, seed", COARSE)
+def test_eval_loss_creeping_up_in_a_coarse_log_is_overfitting(
+    points: int, every: int, best_at: float, noise: float, epochs: int, seed: int, rise: float
+) -> None:
+    losses, evals, epoch = shapes.coarse_eval(points, every, best_at, rise, noise, seed, epochs)
+    got = raised(feed(records(losses, interval=500, eval_loss=evals, epochs=epoch)))
+    assert [a.kind for a in got] == ["overfitting"], [(a.kind, a.start_step) for a in got]
+    best = min(range(points), key=lambda i: evals[i] if evals[i] is not None else math.inf)
+    assert got[0].start_step > (best + 1) * 500 and got[0].evidence["best_step"] == (best + 1) * 500
+
+
+@pytest.mark.parametrize("points, every, best_at, noise, epochs, seed", COARSE)
+def test_a_flat_noisy_eval_loss_in_a_coarse_log_is_not_overfitting(
+    points: int, every: int, best_at: float, noise: float, epochs: int, seed: int
+) -> None:
+    # The best of dozens of evaluations with 1% noise is the luckiest, about 2% under the rest: two in a
+    # row 3% above it are chance, not a rise. The rule asks for 4.5 of the evaluations' own noise.
+    losses, evals, epoch = shapes.coarse_eval(points, every, best_at, 0.0, noise, seed, epochs)
+    assert severe(feed(records(losses, interval=500, eval_loss=evals, epochs=epoch))) == []
