@@ -30,7 +30,8 @@ from steadytune.detect.grad import GradLimits, GradWatch
 from steadytune.detect.gradflow import FlowLimits, GradFlowWatch, LayerLimits
 from steadytune.detect.kl import KLLimits, KLWatch
 from steadytune.detect.learning import LearningSignalWatch, SignalLimits
-from steadytune.detect.loss import LossLimits, LossWatch
+from steadytune.detect.loss import LossWatch
+from steadytune.detect.loss_rules import LossLimits
 from steadytune.detect.memory import HeadroomLimits, HeadroomWatch, LeakLimits, LeakWatch
 from steadytune.detect.objective import ObjectiveLimits, ObjectiveWatch
 from steadytune.detect.pace import (

@@ -25,8 +25,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from steadytune.detect.base import Finding, Reporter, rounded
-from steadytune.detect.loss import LossPoint
-from steadytune.detect.points import Signal
+from steadytune.detect.points import LossPoint, Signal
 from steadytune.detect.stats import upper_factor
 
 # Where a climb seen from the segment's first point is handed: (step, loss, first rise, log loss

@@ -22,12 +22,11 @@ divergence under way, and hands each point to the part that serves its kind
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from steadytune.detect.base import Finding, KindInfo, Reporter, rounded
-from steadytune.detect.loss_rules import ClimbFit, SeasonalExcuse, SuddenCollapse
-from steadytune.detect.points import Signal
+from steadytune.detect.loss_rules import ClimbFit, LossLimits, SeasonalExcuse, SuddenCollapse
+from steadytune.detect.points import LossPoint, Signal
 from steadytune.detect.stats import SeriesLimits, upper_factor
 from steadytune.objectives import LOSS_OBJECTIVE
 
@@ -62,38 +61,6 @@ KINDS: dict[str, KindInfo] = {
         "critical",
     ),
 }
-
-
-@dataclass(frozen=True, slots=True)
-class LossLimits:
-    """The loss series' own thresholds, as ``detect.loss`` names them (docs/detectors.md)."""
-
-    spike_min_ratio_confirmed: float
-    young_spike_z: float
-    resolve_z: float
-    suspect_z: float
-    divergence_points: int
-    divergence_rise: float
-    climb_min_rise: float
-    climb_t: float
-    early_rise: float
-    collapse_abs: float
-    collapse_drop: float
-    collapse_small: float
-    collapse_points: int
-    seasonal_margin: float
-
-
-@dataclass(frozen=True, slots=True)
-class LossPoint:
-    """What the loss watch learned about one point, for the trend and gradient watches."""
-
-    step: int
-    loss: float
-    y: float
-    accepted: bool
-    in_spike: bool
-    new_segment: bool
 
 
 class LossWatch:

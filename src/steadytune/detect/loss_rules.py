@@ -16,13 +16,30 @@ from __future__ import annotations
 import math
 import operator
 from collections import deque
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 from steadytune.detect.base import Finding, Reporter, rounded
 from steadytune.detect.stats import Tracker
 
-if TYPE_CHECKING:
-    from steadytune.detect.loss import LossLimits
+
+@dataclass(frozen=True, slots=True)
+class LossLimits:
+    """The loss series' own thresholds, as ``detect.loss`` names them (docs/detectors.md)."""
+
+    spike_min_ratio_confirmed: float
+    young_spike_z: float
+    resolve_z: float
+    suspect_z: float
+    divergence_points: int
+    divergence_rise: float
+    climb_min_rise: float
+    climb_t: float
+    early_rise: float
+    collapse_abs: float
+    collapse_drop: float
+    collapse_small: float
+    collapse_points: int
+    seasonal_margin: float
 
 
 _ZERO_POINTS = 2  # a loss at zero this many points in a row has collapsed

@@ -21,8 +21,19 @@ from steadytune.objectives import LOSS_OBJECTIVE
 from steadytune.records import StepRecord, SystemSample
 
 if TYPE_CHECKING:
-    from steadytune.detect.loss import LossPoint
     from steadytune.detect.stats import Tracker
+
+
+@dataclass(frozen=True, slots=True)
+class LossPoint:
+    """What the loss watch learned about one point, for the trend and gradient watches."""
+
+    step: int
+    loss: float
+    y: float
+    accepted: bool
+    in_spike: bool
+    new_segment: bool
 
 
 @dataclass(slots=True)

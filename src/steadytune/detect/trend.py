@@ -25,8 +25,7 @@ from functools import lru_cache
 from typing import ClassVar
 
 from steadytune.detect.base import Finding, KindInfo, Reporter, rounded
-from steadytune.detect.loss import LossPoint
-from steadytune.detect.points import Signal
+from steadytune.detect.points import LossPoint, Signal
 
 _START_POINTS = 8
 _STRIDE = 4  # oscillation is evaluated every few points: a window scan each step is wasted work
