@@ -313,11 +313,9 @@ def _too_large(path: Path, exc: YamlTooLarge) -> ConfigIssue:
     )
 
 
-def load_config(
-    path: Path | str, overrides: list[str] | None = None, check_paths: bool = True
-) -> SteadytuneConfig:
-    """Read, override and validate a config file. Relative data/model paths resolve against its folder."""
-    path = Path(path)
+def _read_mapping(path: Path, sections: str) -> dict[str, Any]:
+    """The YAML mapping a config file holds; a missing file, bad YAML (with its line and column), a
+    file past the reader's caps or one that is not a mapping is a ConfigError naming the fix."""
     if not path.exists():
         raise ConfigError(
             [
@@ -337,16 +335,9 @@ def load_config(
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown place"
+        problem = f"not valid YAML: {getattr(exc, 'problem', None) or exc}"
         raise ConfigError(
-            [
-                ConfigIssue(
-                    "(yaml)",
-                    where,
-                    f"not valid YAML: {getattr(exc, 'problem', exc)}",
-                    "fix the YAML syntax at that place",
-                )
-            ],
-            str(path),
+            [ConfigIssue("(yaml)", where, problem, "fix the YAML syntax at that place")], str(path)
         ) from None
     if not isinstance(data, dict):
         raise ConfigError(
@@ -355,11 +346,20 @@ def load_config(
                     "(file)",
                     data,
                     "the file holds a single value, not a mapping of sections",
-                    "write sections such as model:, data:, train: (see examples/lora.yaml)",
+                    f"write sections such as {sections}",
                 )
             ],
             str(path),
         )
+    return data
+
+
+def load_config(
+    path: Path | str, overrides: list[str] | None = None, check_paths: bool = True
+) -> SteadytuneConfig:
+    """Read, override and validate a config file. Relative data/model paths resolve against its folder."""
+    path = Path(path)
+    data = _read_mapping(path, "model:, data:, train: (see examples/lora.yaml)")
     data = apply_overrides(data, overrides or [])
     cfg = validate_dict(data, base=path.resolve().parent, source=str(path), check_paths=check_paths)
     return absolutize(cfg, path.resolve().parent)
@@ -386,24 +386,7 @@ def load_supervise_config(path: Path | str | None, overrides: list[str] | None =
             data.setdefault(key, value)
         return validate_dict(data, base=Path.cwd(), source="supervise flags", check_paths=False)
     path = Path(path)
-    if not path.exists():
-        raise ConfigError(
-            [ConfigIssue("(file)", str(path), "config file not found", "pass the path of a YAML config")],
-            str(path),
-        )
-    try:
-        data = read_yaml(path) or {}
-    except YamlTooLarge as exc:
-        raise ConfigError([_too_large(path, exc)], str(path)) from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(
-            [ConfigIssue("(yaml)", str(path), f"not valid YAML: {exc}", "fix the YAML syntax")], str(path)
-        ) from None
-    if not isinstance(data, dict):
-        raise ConfigError(
-            [ConfigIssue("(file)", str(path), "not a mapping", "write sections such as detect:, alerts:")],
-            str(path),
-        )
+    data = _read_mapping(path, "detect:, alerts:")
     data = apply_overrides(data, overrides or [])
     for key, value in _SUPERVISE_PLACEHOLDERS.items():
         data.setdefault(key, value)
