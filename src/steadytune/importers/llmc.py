@@ -29,6 +29,7 @@ from pathlib import Path
 from steadytune.importers.format import LogFormat
 from steadytune.importers.prefix import LowestRank, strip_prefix
 from steadytune.importers.series import Series, SeriesBuilder, UnreadableLog, parse_number
+from steadytune.importers.stdout import read_steps_and_evals
 
 FORMAT = "llmc_log"
 FORMAT_STDOUT = "llmc_stdout"
@@ -124,34 +125,37 @@ def parse_step_cu(text: str) -> tuple[int, dict[str, float]] | None:
     return int(m.group(1)), fields
 
 
+class _StdoutSteps:
+    """train_gpt2cu's ``step N/M |`` lines, or train_gpt2.c's, which evaluate before the step they number."""
+
+    def __init__(self) -> None:
+        self.zero_based = False
+
+    def parse(self, text: str) -> tuple[int, dict[str, float]] | None:
+        parsed = parse_step_cu(text)
+        if parsed is None and (c := STEP_C.match(text)):
+            self.zero_based = True
+            loss, ms = parse_number(c.group(2)), parse_number(c.group(3))
+            fields = {"loss": loss} if ms is None else {"loss": loss, "step_time_s": ms / 1000.0}
+            parsed = int(c.group(1)), {k: v for k, v in fields.items() if v is not None}
+        return parsed
+
+    def eval_step(self, last: int | None) -> int:
+        if last is None:
+            return 0
+        return last + 1 if self.zero_based else last
+
+
 def read_stdout(path: Path) -> Series:
-    b = SeriesBuilder(str(path), FORMAT_STDOUT)
-    ranks = LowestRank(b)
-    last: int | None = None  # the step printed last
-    zero_based = False  # train_gpt2.c: evaluation comes before the step it is numbered with
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            rank, text = strip_prefix(line)
-            parsed = parse_step_cu(text)
-            if parsed is None and (c := STEP_C.match(text)):
-                zero_based = True
-                loss, ms = parse_number(c.group(2)), parse_number(c.group(3))
-                fields = {"loss": loss} if ms is None else {"loss": loss, "step_time_s": ms / 1000.0}
-                parsed = int(c.group(1)), {k: v for k, v in fields.items() if v is not None}
-            if parsed is not None:
-                last = parsed[0]
-                if ranks.accept(last, rank):
-                    b.add_numbers(last, parsed[1])
-                continue
-            v = VAL.match(text) or HELLA.match(text)
-            if v is None:
-                continue
-            step = (last + 1 if zero_based else last) if last is not None else 0
-            if ranks.accept(step, rank):
-                b.add(step, "eval_loss" if v.re is VAL else "hellaswag", parse_number(v.group(1)))
-    if not len(b):
-        raise UnreadableLog("no llm.c 'step N/M | train loss X' lines")
-    return b.build(require=("loss", "eval_loss"))
+    steps = _StdoutSteps()
+    return read_steps_and_evals(
+        path,
+        FORMAT_STDOUT,
+        steps.parse,
+        ((VAL, "eval_loss"), (HELLA, "hellaswag")),
+        steps.eval_step,
+        "no llm.c 'step N/M | train loss X' lines",
+    )
 
 
 LOG_FORMAT = LogFormat(FORMAT, order=90, read=read, sniff_text=sniff)

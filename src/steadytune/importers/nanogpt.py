@@ -30,6 +30,7 @@ from pathlib import Path
 from steadytune.importers.format import LogFormat
 from steadytune.importers.prefix import LowestRank, strip_prefix
 from steadytune.importers.series import Series, SeriesBuilder, UnreadableLog, parse_number
+from steadytune.importers.stdout import read_steps_and_evals
 
 FORMAT = "nanogpt_log"
 FORMAT_STDOUT = "nanogpt_stdout"
@@ -105,25 +106,14 @@ def parse_step(text: str) -> tuple[int, dict[str, float]] | None:
 
 
 def read_stdout(path: Path) -> Series:
-    b = SeriesBuilder(str(path), FORMAT_STDOUT)
-    ranks = LowestRank(b)
-    last: int | None = None
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            rank, text = strip_prefix(line)
-            parsed = parse_step(text)
-            if parsed is not None:
-                last = parsed[0]
-                if ranks.accept(last, rank):
-                    b.add_numbers(last, parsed[1])
-                continue
-            v = VAL.match(text) or HELLA.match(text)
-            step = last + 1 if last is not None else 0
-            if v is not None and ranks.accept(step, rank):
-                b.add(step, "eval_loss" if v.re is VAL else "hellaswag", parse_number(v.group(1)))
-    if not len(b):
-        raise UnreadableLog("no build-nanoGPT 'step N | loss: X' lines")
-    return b.build(require=("loss", "eval_loss"))
+    return read_steps_and_evals(
+        path,
+        FORMAT_STDOUT,
+        parse_step,
+        ((VAL, "eval_loss"), (HELLA, "hellaswag")),
+        lambda last: last + 1 if last is not None else 0,
+        "no build-nanoGPT 'step N | loss: X' lines",
+    )
 
 
 LOG_FORMAT = LogFormat(FORMAT, order=110, read=read, sniff_text=sniff)
