@@ -27,8 +27,8 @@ import re
 from pathlib import Path
 
 from steadytune.importers.format import LogFormat
-from steadytune.importers.prefix import LowestRank, strip_prefix
-from steadytune.importers.series import Series, SeriesBuilder, UnreadableLog, parse_number
+from steadytune.importers.prefix import strip_prefix
+from steadytune.importers.series import Series, parse_number
 from steadytune.importers.stdout import read_steps_and_evals
 
 FORMAT = "llmc_log"
@@ -76,21 +76,15 @@ def sniff_stdout(head: str) -> bool:
     return False
 
 
+def _parse_line(text: str) -> tuple[int, dict[str, float | None]] | None:
+    m = LINE.match(text)
+    if m is None:
+        return None
+    return int(m.group(1)), {_NAMES.get(k, k): parse_number(raw) for k, raw in _PAIR.findall(m.group(2))}
+
+
 def read(path: Path) -> Series:
-    b = SeriesBuilder(str(path), FORMAT)
-    ranks = LowestRank(b)
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            rank, text = strip_prefix(line)
-            m = LINE.match(text)
-            if not m or not ranks.accept(int(m.group(1)), rank):
-                continue
-            step = int(m.group(1))
-            for key, raw in _PAIR.findall(m.group(2)):
-                b.add(step, _NAMES.get(key, key), parse_number(raw))
-    if not len(b):
-        raise UnreadableLog("no llm.c 's:N trl:X' lines")
-    return b.build(require=("loss", "eval_loss"))
+    return read_steps_and_evals(path, FORMAT, _parse_line, (), lambda last: 0, "no llm.c 's:N trl:X' lines")
 
 
 def parse_step_cu(text: str) -> tuple[int, dict[str, float]] | None:

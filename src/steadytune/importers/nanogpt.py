@@ -28,8 +28,8 @@ import re
 from pathlib import Path
 
 from steadytune.importers.format import LogFormat
-from steadytune.importers.prefix import LowestRank, strip_prefix
-from steadytune.importers.series import Series, SeriesBuilder, UnreadableLog, parse_number
+from steadytune.importers.prefix import strip_prefix
+from steadytune.importers.series import Series, parse_number
 from steadytune.importers.stdout import read_steps_and_evals
 
 FORMAT = "nanogpt_log"
@@ -64,18 +64,15 @@ def sniff_stdout(head: str) -> bool:
     return any(STEP.match(strip_prefix(line)[1]) for line in head.splitlines())
 
 
+def _parse_line(text: str) -> tuple[int, dict[str, float | None]] | None:
+    m = LINE.match(text)
+    return None if m is None else (int(m.group(1)), {_KINDS[m.group(2)]: parse_number(m.group(3))})
+
+
 def read(path: Path) -> Series:
-    b = SeriesBuilder(str(path), FORMAT)
-    ranks = LowestRank(b)
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            rank, text = strip_prefix(line)
-            m = LINE.match(text)
-            if m and ranks.accept(int(m.group(1)), rank):
-                b.add(int(m.group(1)), _KINDS[m.group(2)], parse_number(m.group(3)))
-    if not len(b):
-        raise UnreadableLog("no build-nanoGPT 'N train X' / 'N val X' lines")
-    return b.build(require=("loss", "eval_loss"))
+    return read_steps_and_evals(
+        path, FORMAT, _parse_line, (), lambda last: 0, "no build-nanoGPT 'N train X' / 'N val X' lines"
+    )
 
 
 def parse_step(text: str) -> tuple[int, dict[str, float]] | None:

@@ -19,7 +19,7 @@ import gc
 import math
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -326,7 +326,7 @@ class SeriesBuilder:
             return
         self._put(self._target(step), _NAMES.get(metric) or canonical(metric), value)
 
-    def add_numbers(self, step: int, row: dict[str, Any]) -> None:
+    def add_numbers(self, step: int, row: Mapping[str, Any]) -> None:
         """Add the int/float fields of a parsed JSON row as they are (the fast path for big logs)."""
         numbers = {
             _NAMES.get(k) or canonical(k): v

@@ -1,4 +1,4 @@
-"""A training script's stdout: its step lines, and the evaluations it prints between them.
+"""A training script's lines: its step lines, and the evaluations it prints between them.
 
 llm.c and build-nanoGPT print one line per step and, now and then, a validation or
 HellaSwag line that names no step: it belongs to the step printed before it (or the one
@@ -9,13 +9,13 @@ step-line parser and its evaluation patterns; the loop, the rank choice and the 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from steadytune.importers.prefix import LowestRank, strip_prefix
 from steadytune.importers.series import Series, SeriesBuilder, UnreadableLog, parse_number
 
-StepParser = Callable[[str], "tuple[int, dict[str, float]] | None"]
+StepParser = Callable[[str], "tuple[int, Mapping[str, float | None]] | None"]  # None: a value not read
 
 
 def read_steps_and_evals(
