@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import random
 import statistics
-from typing import Any
+from typing import Any, NamedTuple
 
 RL_TROUBLES = ("dead", "collapse", "kl_runaway", "clip")
 DPO_TROUBLES = ("dead", "frozen_lr0", "nan")
@@ -110,26 +110,9 @@ def rl_run(
         entropy = ent0 * (1 + (ent_end - 1) * t) * math.exp(rng.gauss(0, 0.05))
         length = min(max_len, len0 * (1 + (len_end - 1) * t) * math.exp(rng.gauss(0, 0.05)))
         clip = clip0 * math.exp(rng.gauss(0, 0.3))
-        since = i - at
-        if trouble == "dead":
-            p, kl, entropy = 0.0, 0.0, ent0 * math.exp(rng.gauss(0, 0.02))
-        elif trouble == "collapse" and since >= 0:
-            fall = min(1.0, (since + 1) / 3)
-            p *= 1 - fall
-            kl *= 1 + 30 * fall
-            if floor is None:
-                floor = rng.choice(["gibberish", "silence"])
-            if floor == "gibberish":
-                entropy *= 1 + 20 * fall
-                length = max_len
-            else:
-                length = max(1.0, length * (1 - fall))
-        elif trouble == "kl_runaway" and since >= 0:
-            kl = max(kl, 1e-3) * math.exp(since * math.log(1000) / 40)
-            p = max(0.0, p - 0.002 * since)
-            entropy *= 1 + since / 40
-        elif trouble == "clip" and since >= 0:
-            clip = min(0.95, rng.uniform(0.4, 0.8) * math.exp(rng.gauss(0, 0.1)))
+        p, kl, entropy, length, clip, floor = _troubled(
+            rng, trouble, i - at, _Point(p, kl, entropy, length, clip), ent0, max_len, floor
+        )
         rewards, tied = _groups(rng, p, groups, group_size, spread, graded)
         learning = groups - tied
         if learning:
@@ -153,6 +136,48 @@ def rl_run(
             rec["kl"] = kl
         extra.append(rec)
     return losses, grads, extra
+
+
+class _Point(NamedTuple):
+    p: float  # the chance of a right answer
+    kl: float
+    entropy: float
+    length: float
+    clip: float
+
+
+def _troubled(
+    rng: random.Random,
+    trouble: str | None,
+    since: int,
+    pt: _Point,
+    ent0: float,
+    max_len: float,
+    floor: str | None,
+) -> tuple[float, float, float, float, float, str | None]:
+    """The point as ``trouble`` leaves it, ``since`` points after it began (the point unchanged
+    before then), and the floor a collapse falls to (chosen once: gibberish or silence)."""
+    p, kl, entropy, length, clip = pt
+    if trouble == "dead":
+        p, kl, entropy = 0.0, 0.0, ent0 * math.exp(rng.gauss(0, 0.02))
+    elif trouble == "collapse" and since >= 0:
+        fall = min(1.0, (since + 1) / 3)
+        p *= 1 - fall
+        kl *= 1 + 30 * fall
+        if floor is None:
+            floor = rng.choice(["gibberish", "silence"])
+        if floor == "gibberish":
+            entropy *= 1 + 20 * fall
+            length = max_len
+        else:
+            length = max(1.0, length * (1 - fall))
+    elif trouble == "kl_runaway" and since >= 0:
+        kl = max(kl, 1e-3) * math.exp(since * math.log(1000) / 40)
+        p = max(0.0, p - 0.002 * since)
+        entropy *= 1 + since / 40
+    elif trouble == "clip" and since >= 0:
+        clip = min(0.95, rng.uniform(0.4, 0.8) * math.exp(rng.gauss(0, 0.1)))
+    return p, kl, entropy, length, clip, floor
 
 
 def _groups(

@@ -153,6 +153,22 @@ class Actions:
 
     def execute(self, action: Action, cause: Event | None = None) -> None:
         """Carry out what the policy decided. Restart-type actions stop the worker now."""
+        if self._not_carried_out(action):
+            return
+        self.out.emit(
+            "action",
+            action.name,
+            f"{action.name}: {action.reason}",
+            severity="warning",
+            step=action.step,
+            data={"anomaly": action.anomaly.kind if action.anomaly else None, **action.params},
+        )
+        self._carry_out(action)
+
+    def _not_carried_out(self, action: Action) -> bool:
+        """An alert, an action the source cannot take, a pause or stop of a source that takes no
+        requests (stopped from outside), or a restart while an operator's stop is under way: said, and
+        True when nothing more is to be done."""
         st = self.state
         step = action.step
         unable = source_unable(st.source, action.name)
@@ -161,7 +177,7 @@ class Actions:
                 action.reason if not unable else f"{action.name} is not available: {unable} ({action.reason})"
             )
             self.out.emit("action", "alert_only", why, severity="warning", step=step, data=action.params)
-            return
+            return True
         if action.name in {"pause", "stop"} and CONTROL not in st.source.abilities:
             # A job that takes no requests is stopped from outside: what it saved is what there is.
             self.out.emit(
@@ -177,7 +193,7 @@ class Actions:
                 st.pending = action
                 st.attempt.worker.signal_tree(signal.SIGTERM)
                 st.stop.sent_at = st.clock()
-            return
+            return True
         if action.name in RESTARTING and st.stop.sent_at is not None:
             # An operator's stop (SIGTERM, SIGINT) is under way: the worker saves at its next step and
             # exits. Killing it for a new attempt would lose that checkpoint and the stop itself.
@@ -190,15 +206,12 @@ class Actions:
                 step=step,
                 data={"anomaly": action.anomaly.kind if action.anomaly else None, **action.params},
             )
-            return
-        self.out.emit(
-            "action",
-            action.name,
-            f"{action.name}: {action.reason}",
-            severity="warning",
-            step=step,
-            data={"anomaly": action.anomaly.kind if action.anomaly else None, **action.params},
-        )
+            return True
+        return False
+
+    def _carry_out(self, action: Action) -> None:
+        """The request, the plan or the stop each action is."""
+        st = self.state
         if action.name in {"checkpoint", "pause", "stop"}:
             send_control(
                 st.run,
