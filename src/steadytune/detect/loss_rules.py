@@ -95,7 +95,7 @@ class SuddenCollapse:
             self.zero_since = step
         low = loss <= lim.collapse_small
         run = max(self.zero_run, self.drop_run)
-        need = self._points_needed(run)
+        need = self._points_needed(run - 1) if run else 0  # the run's earlier points are counted
         self.n_seen += 1
         self.n_low += low
         active = self.zero_run >= max(_ZERO_POINTS, need) or self.drop_run >= max(lim.collapse_points, need)
@@ -117,7 +117,8 @@ class SuddenCollapse:
 
     def _points_needed(self, run: int) -> int:
         """The shortest run of near-zero points that chance would give with probability under
-        ``_CHANCE`` in a log this long, at the rate such points came before this run (0 before any)."""
+        ``_CHANCE`` in a log this long, at the rate such points came before this run (0 before any).
+        ``run``: the run's points already counted (all of them near zero)."""
         before = self.n_seen - run
         low = self.n_low - run
         if before < _RATE_POINTS or low <= 0:
