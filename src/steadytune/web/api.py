@@ -50,7 +50,7 @@ def event_dict(e: Event) -> dict[str, Any]:
 
 def run_summary(entry: RunEntry) -> dict[str, Any]:
     """One row of the runs page (a finished run's is read once, until one of its files changes)."""
-    return dict(entry.memo("summary", lambda: _summary(entry)))
+    return dict(entry.memo("summary", lambda: _summary(entry), load=dict))
 
 
 def _summary(entry: RunEntry) -> dict[str, Any]:
