@@ -13,6 +13,10 @@ Sections (``--only``):
   ``run.db`` and the JSONL per 1M steps, the dashboard's answers for that live run (series, detail
   with status and events, events) and its run page in headless Chromium, with every loss spike
   (one per 100,000 steps, 3x) still drawn.
+- ``series``: a finished run of 100k / 1M steps (``--series``) with 8 GPUs sampled every second,
+  its index generated straight into ``run.db`` (a minute, where feeding the supervisor a million
+  steps takes a quarter of an hour): the series answer with every GPU and as the run page asks
+  for it (one GPU), and the run page in Chromium with every loss spike still drawn.
 - ``ranks``: 1 / 8 / 64 rank streams at 10 steps/s: the supervisor's CPU, and how long after the
   fact a straggler (the last rank's compute time turns 3x) and a hang (every rank falls silent,
   ``detect.pace.heartbeat_timeout_s`` 5 s) are reported.
@@ -172,6 +176,55 @@ def bench_supervisor(tmp: Path, sizes: list[int], windows: int, window_s: float,
         )
         if state != "completed":
             print(f"  (the run ended {state}: see {run.log})")
+        shutil.rmtree(runs, ignore_errors=True)
+
+
+# -- the run page of a long run, on a generated index -----------------------------------------------
+def bench_series(tmp: Path, sizes: list[int], repeat: int) -> None:
+    from _scale_dash import Dashboard, chromium, make_long_run, run_page, timed_get
+
+    print(f"\nseries: a finished run's index of 8 GPUs, generated straight into run.db ({load()})")
+    have_chrome = all(chromium())
+    for n in sizes:
+        runs = tmp / f"series-{n}"
+        spikes = make_long_run(runs, "long", n)
+        dash = Dashboard(runs)
+        try:
+            for name, query in (("every GPU", "points=1500"), ("as the page asks", "points=1500&gpus=0")):
+                t, size = timed_get(dash, f"api/runs/long/series?{query}", repeat)
+                row(
+                    "series",
+                    f"series, 1,500 points, {name}",
+                    human(n),
+                    t,
+                    f"{t * 1000:,.0f} ms",
+                    "< 200 ms",
+                    t < 0.2,
+                )
+                row("series", f"series size, {name}", human(n), size, f"{size / MB:.2f} MB")
+            if have_chrome:
+                page = run_page(dash, "long", spikes, max(1, repeat // 2))
+                row(
+                    "series",
+                    "run page load in Chromium",
+                    human(n),
+                    page["load_s"],
+                    f"{page['load_s']:.2f} s",
+                    "< 2 s",
+                    page["load_s"] < 2.0,
+                )
+                shown = f"{page['spikes'] - page['spikes_missing']} of {page['spikes']}"
+                row(
+                    "series",
+                    "loss spikes drawn on the run page",
+                    human(n),
+                    page["spikes_missing"],
+                    shown,
+                    "all",
+                    page["spikes_missing"] == 0,
+                )
+        finally:
+            dash.close()
         shutil.rmtree(runs, ignore_errors=True)
 
 
@@ -459,9 +512,10 @@ def bench_analyze(tmp: Path, sizes: list[int], repeat: int) -> None:
         )
 
 
-SECTIONS = ("supervisor", "ranks", "runs", "server", "analyze")
+SECTIONS = ("supervisor", "series", "ranks", "runs", "server", "analyze")
 FULL = {
     "steps": "1000,10000,100000,1000000",
+    "series": "100000,1000000",
     "ranks": "1,8,64",
     "runs": "10,100,1000",
     "jobs": "10,100,1000",
@@ -482,6 +536,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated: {', '.join(SECTIONS)}")
     p.add_argument("--steps", help=f"supervised run sizes (default {FULL['steps']})")
+    p.add_argument("--series", help=f"generated run sizes for the series section (default {FULL['series']})")
     p.add_argument("--ranks", help=f"rank counts (default {FULL['ranks']})")
     p.add_argument("--runs", help=f"run folder counts (default {FULL['runs']})")
     p.add_argument("--jobs", help=f"queued job counts (default {FULL['jobs']})")
@@ -515,6 +570,8 @@ def main() -> int:
     try:
         if "supervisor" in only:
             bench_supervisor(tmp, ints(chosen["steps"]), windows, window_s, repeat)
+        if "series" in only:
+            bench_series(tmp, ints(chosen["series"]), repeat)
         if "ranks" in only:
             bench_ranks(tmp, ints(chosen["ranks"]), windows, window_s)
         if "runs" in only:
