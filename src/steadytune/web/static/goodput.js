@@ -50,14 +50,24 @@
         text: `allocated ${hours(g.allocated_s)} · productive ${hours(g.productive_s)}` + (g.jobs.length ? ` · jobs ${g.jobs.join(", ")}` : "") }));
   }
 
+  // Redraw only the bars whose account moved: of a thousand runs, the live ones.
+  let drawn = [];  // [run, its account as text] of each bar shown
+  function drawRuns(data) {
+    const list = data.runs.slice().reverse(), texts = list.map((r) => JSON.stringify(r));
+    if (list.length === drawn.length && list.every((r, i) => r.run === drawn[i][0])) {
+      texts.forEach((t, i) => { if (t !== drawn[i][1]) runs.children[i].replaceWith(runRow(list[i], data)); });
+    } else {
+      document.getElementById("goodput-legend").replaceChildren(...legend(data));
+      runs.replaceChildren(...list.map((r) => runRow(r, data)));
+    }
+    drawn = list.map((r, i) => [r.run, texts[i]]);
+  }
+
   const runs = document.getElementById("goodput-runs"), gpus = document.getElementById("goodput-gpus");
   async function refresh() {
     try {
       const data = await ST.getJSON("/api/goodput");
-      if (runs) {
-        document.getElementById("goodput-legend").replaceChildren(...legend(data));
-        runs.replaceChildren(...data.runs.slice().reverse().map((r) => runRow(r, data)));
-      }
+      if (runs) drawRuns(data);
       if (gpus && data.gpus) gpus.replaceChildren(...data.gpus.map(gpuRow));
     } catch (err) { /* the next refresh tries again */ }
   }

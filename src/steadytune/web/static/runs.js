@@ -30,9 +30,19 @@
     ST.runs = runs;
   }
 
+  // Only the rows that changed: a thousand runs are not redrawn every second for the live one.
+  function changed(rows) {
+    const byId = new Map(rows.map((r) => [r.run_id, r]));
+    ST.runs = (ST.runs || []).map((r) => byId.get(r.run_id) || r);
+    for (const tr of body.querySelectorAll("tr[data-run]")) {
+      const r = byId.get(tr.dataset.run);
+      if (r) tr.replaceWith(row(r));
+    }
+  }
+
   ST.getJSON("/api/runs").then(render).catch(() => {});
   // The server page exists when `steadytune server --dashboard` serves this dashboard.
   ST.getJSON("/api/server").then(() => document.getElementById("server-link").classList.remove("hidden")).catch(() => {});
   const dot = document.getElementById("live");
-  ST.stream("/api/stream", { runs: render }, (on) => dot.classList.toggle("on", on));
+  ST.stream("/api/stream", { runs: render, runs_changed: changed }, (on) => dot.classList.toggle("on", on));
 })();
