@@ -22,7 +22,9 @@ Sections (``--only``):
   ``detect.pace.heartbeat_timeout_s`` 5 s) are reported.
 - ``runs``: 10 / 100 / 1,000 finished run folders (copies of one real 2,000-step run, ended 10
   minutes apart) and one live run under one dashboard: the first answer (index), ``/metrics``
-  scrape time and size, ``/api/runs``, the runs page in Chromium, the dashboard's open files.
+  scrape time and size, ``/api/runs``, the runs page in Chromium, the dashboard's open files; then
+  the first scrape, ``/api/runs`` and runs page of a dashboard started again over the same folder
+  (the finished runs' summaries and goodput accounts stored beside them by the first).
 - ``server``: 10 / 100 / 1,000 queued jobs on 8 GPUs: the daemon's pass (admission included).
 - ``analyze``: ``steadytune analyze`` of a 10k / 100k / 1M / 10M-step JSONL log (a decaying loss
   under noise, one 3x spike at 70 %), each a new process: wall time and peak memory.
@@ -85,6 +87,15 @@ def human(n: int) -> str:
     return f"{n // 1_000_000}M" if n >= 1_000_000 else f"{n // 1000}k" if n >= 1000 else str(n)
 
 
+def page_rows(section: str, size: str, page: dict[str, float]) -> None:
+    """The run page's rows: its load time, and how many of the loss spikes it draws."""
+    row(section, "run page load in Chromium", size, page["load_s"], f"{page['load_s']:.2f} s", "< 2 s",
+        page["load_s"] < 2.0)  # fmt: skip
+    shown = f"{page['spikes'] - page['spikes_missing']} of {page['spikes']}"
+    row(section, "loss spikes drawn on the run page", size, page["spikes_missing"], shown, "all",
+        page["spikes_missing"] == 0)  # fmt: skip
+
+
 # -- supervisor, store and dashboard ------------------------------------------------------------
 def bench_supervisor(tmp: Path, sizes: list[int], windows: int, window_s: float, repeat: int) -> None:
     from _scale_dash import Dashboard, chromium, run_page, timed_get
@@ -133,26 +144,7 @@ def bench_supervisor(tmp: Path, sizes: list[int], windows: int, window_s: float,
                 if have_chrome:
                     now = run.step()
                     spikes = [(s, loss_at(s, random.Random(0))) for s in range(1, now + 1, 1) if is_spike(s)]
-                    page = run_page(dash, rid, spikes, max(1, repeat // 2))
-                    row(
-                        "supervisor",
-                        "run page load in Chromium",
-                        human(n),
-                        page["load_s"],
-                        f"{page['load_s']:.2f} s",
-                        "< 2 s",
-                        page["load_s"] < 2.0,
-                    )
-                    shown = f"{page['spikes'] - page['spikes_missing']} of {page['spikes']}"
-                    row(
-                        "supervisor",
-                        "loss spikes drawn on the run page",
-                        human(n),
-                        page["spikes_missing"],
-                        shown,
-                        "all",
-                        page["spikes_missing"] == 0,
-                    )
+                    page_rows("supervisor", human(n), run_page(dash, rid, spikes, max(1, repeat // 2)))
             finally:
                 dash.close()
         finally:
@@ -203,26 +195,7 @@ def bench_series(tmp: Path, sizes: list[int], repeat: int) -> None:
                 )
                 row("series", f"series size, {name}", human(n), size, f"{size / MB:.2f} MB")
             if have_chrome:
-                page = run_page(dash, "long", spikes, max(1, repeat // 2))
-                row(
-                    "series",
-                    "run page load in Chromium",
-                    human(n),
-                    page["load_s"],
-                    f"{page['load_s']:.2f} s",
-                    "< 2 s",
-                    page["load_s"] < 2.0,
-                )
-                shown = f"{page['spikes'] - page['spikes_missing']} of {page['spikes']}"
-                row(
-                    "series",
-                    "loss spikes drawn on the run page",
-                    human(n),
-                    page["spikes_missing"],
-                    shown,
-                    "all",
-                    page["spikes_missing"] == 0,
-                )
+                page_rows("series", human(n), run_page(dash, "long", spikes, max(1, repeat // 2)))
         finally:
             dash.close()
         shutil.rmtree(runs, ignore_errors=True)
