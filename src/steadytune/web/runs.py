@@ -71,6 +71,7 @@ def checkpoint_info(ckpt_dir: Path) -> dict[str, Any]:
 
 
 Stamp = tuple[tuple[int, int] | None, ...]
+QUIET_MAX_S = 2.0  # the longest a run whose files stand still waits for the indexer to look again
 
 
 class RunEntry:
@@ -101,6 +102,10 @@ class RunEntry:
         self._status: tuple[tuple[int, int] | None, dict[str, Any]] | None = None
         self._memo: dict[str, tuple[Stamp, Any]] = {}
         self.checked: tuple[int, int] | None = None  # (device, inode) of the folder RunsIndex.get checked
+        self._seen: tuple[int, ...] | None = None  # the files' sizes at the last refresh
+        self.quiet = False  # they had not moved since the refresh before
+        self.next_refresh = 0.0  # RunsIndex.refresh_due: when to look again (monotonic seconds)
+        self.refresh_wait = 0.0
 
     @property
     def run_id(self) -> str:
@@ -197,6 +202,7 @@ class RunEntry:
     def refresh(self) -> int:
         """Index new JSONL lines unless a live supervisor keeps the index; returns records added."""
         sizes = self._file_sizes()
+        self.quiet, self._seen = sizes == self._seen, sizes
         if sizes == self._sizes:
             return 0  # nothing appended: not even the index is opened (a thousand runs, five times a second)
         store = self.store()
@@ -358,6 +364,25 @@ class RunsIndex:
                 entry.refresh()
             except Exception:  # one broken run must not stop the others' updates
                 continue
+
+    def refresh_due(self, now: Callable[[], float] = time.monotonic) -> None:
+        """:meth:`refresh_all` for the background indexer, which calls it five times a second: a run
+        whose files stood still is looked at less and less often, down to every
+        :data:`QUIET_MAX_S`, and at every call again once they move.
+
+        Looking costs a listing of its telemetry folder and a few ``stat`` calls: for a thousand
+        finished runs, 130 ms a pass, two fifths of the dashboard's time when done five times a second.
+        """
+        t = now()
+        for entry in self.entries():
+            if t < entry.next_refresh:
+                continue
+            try:
+                entry.refresh()
+            except Exception:  # one broken run must not stop the others' updates
+                continue
+            entry.refresh_wait = min(QUIET_MAX_S, max(0.2, 2 * entry.refresh_wait)) if entry.quiet else 0.0
+            entry.next_refresh = t + entry.refresh_wait
 
     def close(self) -> None:
         with self._lock:
