@@ -52,7 +52,7 @@ def test_a_kill_mid_rotation_leaves_every_line_once(tmp_path: Path) -> None:
         _killed_writer(live, rotations=2 + trial % 3, extra_s=0.003 * trial)
         names = os.listdir(live.parent)
         # A plain segment or a temp file: the kill came between a seal and the end of its compression.
-        caught_mid_way += any(n.endswith(".tmp") or n.endswith(".jsonl") and n != live.name for n in names)
+        caught_mid_way += any(n.endswith(".tmp") or (n.endswith(".jsonl") and n != live.name) for n in names)
         got = _read(live)
         assert got == list(range(len(got))) and len(got) > 2 * SEGMENT // 80, names
         # The stream's next writer finishes what the killed one left; nothing moves.
