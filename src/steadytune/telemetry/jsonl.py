@@ -3,6 +3,9 @@
 - **Incremental.** :class:`JsonlReader` keeps a byte offset. A line counts once its
   newline is on disk: a torn last line (a writer that died mid-line, or one still
   writing) is left where it is and read by a later call once it is complete.
+- **Rotation-proof.** A stream rotated into segments (:mod:`steadytune.telemetry.segments`)
+  is read as one file: its segments in order, then the live file, across rotations that
+  happen while a reader is mid-file.
 - **Bounded.** A line longer than ``max_line_bytes`` (default :data:`MAX_LINE_BYTES`,
   16 MiB) is skipped and counted in ``long_lines``. It is never held in memory whole:
   the file is read in chunks, and the part of a line seen so far is dropped once it

@@ -111,18 +111,6 @@ def segment(live: Path, number: int) -> Segment | None:
     return None
 
 
-def stream_bytes(live: Path) -> int:
-    """Bytes on disk of a stream: its live file and every segment (a temp file left by a crash too)."""
-    pattern = _pattern(live)
-    total = 0
-    with contextlib.suppress(OSError):
-        for entry in os.scandir(live.parent):
-            if entry.name == live.name or pattern.match(entry.name) or _is_temp(live, entry.name):
-                with contextlib.suppress(OSError):
-                    total += entry.stat().st_size
-    return total
-
-
 def _is_temp(live: Path, name: str) -> bool:
     return name.startswith(f".{_stem(live)}.") and name.endswith(".tmp")
 

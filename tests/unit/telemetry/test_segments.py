@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import gzip
-import os
-import shutil
 from pathlib import Path
 
 import pytest
@@ -189,13 +187,3 @@ def test_the_rotation_size_is_validated_with_the_fix() -> None:
     assert load_supervise_config(None, ["run.telemetry_segment_bytes=0"]).run.telemetry_segment_bytes == 0
     assert segments.segment_bytes_from_env({}) == segments.DEFAULT_SEGMENT_BYTES
     assert segments.segment_bytes_from_env({segments.SEGMENT_ENV: "0"}) == 0
-
-
-def test_stream_bytes_counts_the_segments(tmp_path: Path) -> None:
-    live = _sealed_stream(tmp_path)
-    before = segments.stream_bytes(live)
-    assert before == sum(os.path.getsize(p) for p in tmp_path.iterdir())
-    segments.finish(live)
-    assert segments.stream_bytes(live) < before
-    shutil.rmtree(tmp_path)
-    assert segments.stream_bytes(live) == 0
