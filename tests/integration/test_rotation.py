@@ -24,6 +24,8 @@ from steadytune.telemetry.stream import JsonlWriter
 from steadytune.web.api import series
 from steadytune.web.runs import RunsIndex
 
+from .runs import finish, run_dir, start_run, steps, write_config
+
 pytestmark = pytest.mark.slow
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
@@ -112,3 +114,24 @@ def test_a_rotated_run_reads_back_as_one_stream(tmp_path: Path) -> None:
         top = max(chart["rows"], key=lambda r: r[i + 1] or 0.0)
         assert top[0] <= SPIKE <= top[1]  # the spike is the chart's highest point
     assert rebuilt["rows"] == kept["rows"]
+
+
+def test_a_real_run_rotates_its_worker_stream(tmp_path: Path, demo_assets: Path) -> None:
+    """The tiny demo model under `steadytune run`: the worker is told the size and rotates its stream."""
+    cfg = write_config(
+        tmp_path,
+        demo_assets,
+        train={"max_steps": 40, "save_steps": 40, "logging_steps": 1},
+        run={"telemetry_segment_bytes": segments.MIN_SEGMENT_BYTES},
+    )
+    rc, out = finish(start_run(cfg, "real"))
+    assert rc == 0, out[-3000:]
+    run = run_dir(cfg, "real")
+    sealed = segments.segments(run.telemetry(0))
+    assert len(sealed) >= 1 and all(s.compressed for s in sealed)  # ~25 KB for 40 steps of this model
+    assert run.telemetry(0).stat().st_size < segments.MIN_SEGMENT_BYTES
+    assert [s.step for s in steps(run)] == list(range(1, 41))
+    for p in run.root.glob("run.db*"):
+        p.unlink()
+    chart = _loss_chart(run.root.parent, "real")
+    assert chart["total"] == 40
