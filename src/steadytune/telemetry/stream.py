@@ -8,6 +8,7 @@ The reading itself is :mod:`steadytune.telemetry.jsonl`'s.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 from collections.abc import Iterator
@@ -18,6 +19,8 @@ from steadytune.records import PlanRevision, Record, from_dict, from_json, to_js
 from steadytune.rundir import RunDir
 from steadytune.telemetry import segments
 from steadytune.telemetry.jsonl import JsonlReader
+
+log = logging.getLogger(__name__)
 
 
 class JsonlWriter:
@@ -85,7 +88,12 @@ class JsonlWriter:
 
     def _rotate(self) -> None:
         assert self._fd is not None
-        sealed = segments.seal(self.path)
+        try:
+            sealed = segments.seal(self.path)
+        except OSError as exc:  # a record is never lost to a rotation: the file just grows on
+            log.warning("could not rotate %s (%s): it is no longer rotated by this writer", self.path, exc)
+            self.segment_bytes = 0
+            return
         os.close(self._fd)
         self._open()
         self._compress_later(sealed)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import shutil
 from pathlib import Path
 
 import pytest
@@ -187,3 +188,20 @@ def test_the_rotation_size_is_validated_with_the_fix() -> None:
     assert load_supervise_config(None, ["run.telemetry_segment_bytes=0"]).run.telemetry_segment_bytes == 0
     assert segments.segment_bytes_from_env({}) == segments.DEFAULT_SEGMENT_BYTES
     assert segments.segment_bytes_from_env({segments.SEGMENT_ENV: "0"}) == 0
+
+
+def test_run_db_reads_a_replaced_stream_again(tmp_path: Path) -> None:
+    run = RunDir(tmp_path / "run").create()
+    with JsonlWriter(run.telemetry(0), segment_bytes=SEGMENT) as w:
+        for s in range(600):
+            w.write(StepRecord(step=s, ts=1000.0 + s, loss=1.0))
+    with RunStore(run.db) as store:
+        assert store.sync(run) == 600
+        shutil.rmtree(run.telemetry_dir)  # the stream is written anew, from its start
+        with JsonlWriter(run.telemetry(0), segment_bytes=SEGMENT) as w:
+            for s in range(5):
+                w.write(StepRecord(step=s, ts=2000.0 + s, loss=2.0))
+            assert store.sync(run) == 5
+            for s in range(5, 900):  # and rotated anew, past the segment numbers of the first stream
+                w.write(StepRecord(step=s, ts=2000.0 + s, loss=2.0))
+        assert store.sync(run) == 895

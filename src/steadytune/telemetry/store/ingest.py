@@ -233,6 +233,8 @@ class Ingest(StoreBase):
             notices = path.parent == run_dir.telemetry_dir
             key = f"offset:{path.relative_to(run_dir.root).as_posix()}"
             seg, start = _position(self.get_meta(key))
+            if seg > 1 and segments.segment(path, seg) is None and segments.segment(path, seg - 1) is None:
+                seg, start = 1, 0  # the stream was replaced (its segments are gone): read it again
             if segments.segment(path, seg) is None:
                 try:
                     if path.stat().st_size < start:
