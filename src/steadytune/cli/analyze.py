@@ -57,7 +57,11 @@ def register(sub: Any) -> None:
     )
     p.add_argument("paths", nargs="+", metavar="PATH", help="log files, run directories or folders of logs")
     p.add_argument("--format", choices=("text", "json"), default="text", help="output format (default text)")
-    p.add_argument("--plot", metavar="OUT.png", help="write a PNG of the series with each anomaly marked")
+    p.add_argument(
+        "--plot",
+        metavar="OUT.png",
+        help="write a PNG of the series with each anomaly marked (holds every step: ~330 bytes each)",
+    )
     p.add_argument(
         "--set",
         action="append",
