@@ -39,7 +39,7 @@ import json
 import re
 import sys
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -253,6 +253,7 @@ _MAXF = sys.float_info.max
 # orjson reads an integer past 64 bits as a float: a float this large may have been one.
 _BIG = float(2**63)
 
+_fast_loads: Callable[[str], Any]
 try:  # optional: about five times faster than json on small rows (pip install orjson)
     from orjson import loads as _fast_loads
 
@@ -301,23 +302,22 @@ def stream_rows(path: Path) -> Iterator[Row]:
                 row = None
             if type(row) is dict:
                 keys = tuple(row)
-                plan = plans.get(keys, False)
-                if plan is False:
-                    plan = _plan(keys) if len(plans) < _MAX_PLANS else None
-                    plans[keys] = plan
+                try:
+                    plan = plans[keys]
+                except KeyError:
+                    plan = plans[keys] = _plan(keys) if len(plans) < _MAX_PLANS else None
                 if plan is not None:
                     step = row[plan[0]]
                     if type(step) is int:
-                        numbers: dict[str, Any] | None = {}
+                        numbers: dict[str, Any] = {}
                         for key, name in plan[1]:
                             v = row[key]
                             kind = type(v)
                             if (kind is float and -_BIG < v < _BIG) or (kind is int and -_MAXF <= v <= _MAXF):
-                                numbers[name] = v  # type: ignore[index]
+                                numbers[name] = v
                             else:
-                                numbers = None  # a string, a null, a nested object: the general rules
-                                break
-                        if numbers is not None:
+                                break  # a string, a null, a nested object: the general rules
+                        else:
                             yield None, step, numbers
                             continue
             if _FAST_IS_JSON and row is not None:
