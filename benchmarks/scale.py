@@ -12,7 +12,8 @@ Sections (``--only``):
   in as fast as it goes, then 10 steps/s. The supervisor's CPU per 1,000 steps and its memory,
   ``run.db`` and the JSONL per 1M steps, the dashboard's answers for that live run (series, detail
   with status and events, events) and its run page in headless Chromium, with every loss spike
-  (one per 100,000 steps, 3x) still drawn.
+  (one per 100,000 steps, 3x) still drawn. The telemetry on disk counts its rotated segments
+  (``--set run.telemetry_segment_bytes=N`` rotates sooner than the default 64 MiB).
 - ``ranks``: 1 / 8 / 64 rank streams at 10 steps/s: the supervisor's CPU, and how long after the
   fact a straggler (the last rank's compute time turns 3x) and a hang (every rank falls silent,
   ``detect.pace.heartbeat_timeout_s`` 5 s) are reported.
@@ -82,7 +83,9 @@ def human(n: int) -> str:
 
 
 # -- supervisor, store and dashboard ------------------------------------------------------------
-def bench_supervisor(tmp: Path, sizes: list[int], windows: int, window_s: float, repeat: int) -> None:
+def bench_supervisor(
+    tmp: Path, sizes: list[int], windows: int, window_s: float, repeat: int, sets: tuple[str, ...] = ()
+) -> None:
     from _scale_dash import Dashboard, chromium, run_page, timed_get
     from _scale_feed import is_spike, loss_at
     from _scale_run import SupervisedRun
@@ -92,7 +95,7 @@ def bench_supervisor(tmp: Path, sizes: list[int], windows: int, window_s: float,
     for n in sizes:
         runs = tmp / f"sup-{n}"
         rid = f"run-{human(n)}"
-        run = SupervisedRun(runs, rid, prefill=n)
+        run = SupervisedRun(runs, rid, prefill=n, sets=sets)
         try:
             took = run.wait_prefill()
             row("supervisor", "prefill taken in (steps/s)", human(n), n / took, f"{n / took:,.0f}/s")
@@ -476,6 +479,10 @@ def main() -> int:
         "--quick", action="store_true",
         help="shorter CPU windows, 3 repeats, each section's top size left out (minutes, not an hour)",
     )  # fmt: skip
+    p.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE",
+        help="a config override for the supervised runs, e.g. run.telemetry_segment_bytes=8388608",
+    )  # fmt: skip
     p.add_argument("--json", type=Path, help="write every row here")
     p.add_argument("--tmp", type=Path, help="work folder (default: a new one under /tmp, removed)")
     args = p.parse_args()
@@ -499,7 +506,7 @@ def main() -> int:
     print(f"  {'figure':<52} {'size':>6} {'value':>14}   {'target':<22}")
     try:
         if "supervisor" in only:
-            bench_supervisor(tmp, ints(chosen["steps"]), windows, window_s, repeat)
+            bench_supervisor(tmp, ints(chosen["steps"]), windows, window_s, repeat, tuple(args.set))
         if "ranks" in only:
             bench_ranks(tmp, ints(chosen["ranks"]), windows, window_s)
         if "runs" in only:

@@ -27,10 +27,11 @@ class Intake:
         source: WorkerSource,
         sampler: SystemSampler,
         interval_s: float,
+        segment_bytes: int = 0,
     ) -> None:
         self.run, self.source, self.sampler, self.interval_s = run, source, sampler, interval_s
-        self.tailers: dict[Path, JsonlTailer] = {}
-        self.system = JsonlWriter(run.system)
+        self.tailers: dict[Path, JsonlTailer] = {}  # each follows its stream's rotations
+        self.system = JsonlWriter(run.system, segment_bytes)
         self._last_sample = 0.0
 
     def read(self) -> Iterator[Record]:
