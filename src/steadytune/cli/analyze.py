@@ -57,7 +57,11 @@ def register(sub: Any) -> None:
     )
     p.add_argument("paths", nargs="+", metavar="PATH", help="log files, run directories or folders of logs")
     p.add_argument("--format", choices=("text", "json"), default="text", help="output format (default text)")
-    p.add_argument("--plot", metavar="OUT.png", help="write a PNG of the series with each anomaly marked")
+    p.add_argument(
+        "--plot",
+        metavar="OUT.png",
+        help="write a PNG of the series with each anomaly marked (holds every step: ~330 bytes each)",
+    )
     p.add_argument(
         "--set",
         action="append",
@@ -124,12 +128,27 @@ def expand(paths: list[str]) -> list[str]:
     return out
 
 
-def analyze_path(path: str, config: Any) -> Any:
-    """Import one path and run the detectors on it; never raises for a bad file."""
-    from steadytune.detect.offline import replay_runs
-    from steadytune.detect.report import FileResult
-    from steadytune.importers import UnreadableLog, load
+def analyze_path(path: str, config: Any, keep_series: bool = False) -> Any:
+    """Import one path and run the detectors on it; never raises for a bad file.
 
+    A log of one run is streamed through the detectors and none of its records is kept (the
+    result's ``series`` is None); ``keep_series`` (for ``--plot``) reads it whole and keeps it.
+    """
+    from steadytune.detect.offline import replay, replay_runs
+    from steadytune.detect.report import FileResult
+    from steadytune.importers import NotStreamable, UnreadableLog, load, stream
+
+    streamed = None if keep_series else stream(path)
+    if streamed is not None:
+        try:
+            judged = replay(streamed, (), config)
+        except NotStreamable:
+            pass  # read whole below: several runs, ranks, several losses, or a file with a fault
+        else:
+            return FileResult(
+                path, streamed.format, streamed.steps, streamed.metrics, judged.anomalies,
+                objective=judged.objective,
+            )  # fmt: skip
     try:
         series = load(path)
     except UnreadableLog as e:
@@ -158,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
         config = DetectConfig.model_validate(parse_overrides(args.set))
     except (ValueError, ValidationError) as e:
         return fail(f"invalid --set: {str(e).splitlines()[0]}", code=2)
-    results = [analyze_path(p, config) for p in expand(args.paths)]
+    results = [analyze_path(p, config, keep_series=bool(args.plot)) for p in expand(args.paths)]
     for r in results:
         if r.error is not None:
             print(f"error: {r.path}: {r.error}", file=sys.stderr)

@@ -33,6 +33,10 @@ class Detector(Protocol[P_contra]):
     """
 
     reports: ClassVar[tuple[str, ...]]  # the anomaly kinds it may find
+    # Optional (``needs``, read with getattr): what a training-signal point must have for this
+    # detector to have anything to do with it, every item of (see NEEDS). The engine does not
+    # show it the others (its observe would return at once): most steps of most runs are SFT
+    # steps without extra fields, eval loss or time, and this runs at every one of them.
 
     def observe(self, point: P_contra, out: list[Finding]) -> None: ...
 
@@ -59,6 +63,11 @@ class Finding:
     severity: Severity | None = None
     evidence: dict[str, Any] | None = None
     cause: str | None = None  # replaces the kind's usual cause where a rule knows better
+
+
+# What ``needs`` may name, each a test of a :class:`~.points.Signal`: an objective other than the
+# SFT loss rules' (RL, preference, a signed loss), extra fields on the record, an eval loss, a time.
+NEEDS = ("own_objective", "extra", "eval_loss", "ts")
 
 
 def rounded(x: float | None, digits: int = 6) -> float | None:

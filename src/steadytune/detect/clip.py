@@ -47,6 +47,7 @@ class ClipWatch:
     """clip_saturation: the clipped share's level at ``clip_saturation`` or above."""
 
     reports: ClassVar[tuple[str, ...]] = tuple(KINDS)
+    needs: ClassVar[tuple[str, ...]] = ("own_objective", "extra")  # see base.Detector
 
     def __init__(self, limits: ClipLimits, rank: int | None = None) -> None:
         self.lim = limits

@@ -145,6 +145,7 @@ class GradFlowWatch:
     """
 
     reports: ClassVar[tuple[str, ...]] = ("grad_vanishing", "grad_explosion")
+    needs: ClassVar[tuple[str, ...]] = ("extra",)  # the flow rides in the record's extra
 
     def __init__(self, limits: FlowLimits) -> None:
         self.rep = Reporter(None)

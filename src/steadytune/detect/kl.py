@@ -60,6 +60,7 @@ class KLWatch:
     """kl_blowup of an RL or preference run: a jump, or a runaway the reward does not pay for."""
 
     reports: ClassVar[tuple[str, ...]] = tuple(KINDS)
+    needs: ClassVar[tuple[str, ...]] = ("own_objective", "extra")  # see base.Detector
 
     def __init__(
         self,

@@ -15,12 +15,13 @@ detector is incremental, none looks back over the history.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from itertools import pairwise
 from typing import cast
 
 from steadytune.config.detect import DetectConfig
 from steadytune.detect import build
-from steadytune.detect.base import Detector, Finding
+from steadytune.detect.base import NEEDS, Detector, Finding
 from steadytune.detect.build import KINDS
 from steadytune.detect.episodes import Episodes, Transition
 from steadytune.detect.grad import GradWatch
@@ -48,9 +49,19 @@ class _Feeds:
         self.loss = cast(LossWatch, built["loss"])
         self.grad = cast(GradWatch, built["grad"])
         self.sys = cast(SystemWatch, built["system"])
+        self._needs = [frozenset(getattr(d, "needs", ())) for d in self.signal]
+        unknown = set().union(*self._needs) - set(NEEDS)
+        if unknown:
+            raise ValueError(f"a detector needs {sorted(unknown)}: not one of {', '.join(NEEDS)}")
+
+    def signal_observers(self, has: tuple[bool, ...]) -> list[Callable[[Signal, list[Finding]], None]]:
+        """The signal detectors to show a point that has what ``has`` says (one flag per NEEDS item)."""
+        present = {need for need, there in zip(NEEDS, has, strict=True) if there}
+        return [d.observe for d, needs in zip(self.signal, self._needs, strict=True) if needs <= present]
 
 
 _FEEDS = (Signal, RankStep, SystemPoint, Tick)
+_SFT = (None, LOSS_OBJECTIVE)  # the objectives the SFT loss rules judge (Signal.by_loss_rules)
 
 
 class _Rank:
@@ -83,7 +94,9 @@ class LiveDetector:
         self._registry = registry
         self._enabled = cfg.enabled
         self._feeds = _Feeds(cfg, registry)
-        self._on_signal = [d.observe for d in self._feeds.signal]  # bound once: this runs every step
+        # By what a point has (NEEDS): the detectors to show it, their observe bound once.
+        self._on_signal: dict[tuple[bool, ...], list[Callable[[Signal, list[Finding]], None]]] = {}
+        self._spike_jump = self._feeds.grad.spike_jump
         self._ranks: dict[int, _Rank] = {}
         self._primary: int | None = None
         self._ram_total: int | None = None
@@ -110,7 +123,11 @@ class LiveDetector:
             if self._episodes.quiet:
                 done = self._episodes.expire(rec.step, self._interval())
             point = self._signal_point(rec)
-            for observe in self._on_signal:
+            has = (point.objective not in _SFT, bool(rec.extra), rec.eval_loss is not None, bool(rec.ts))
+            observers = self._on_signal.get(has)
+            if observers is None:
+                observers = self._on_signal[has] = self._feeds.signal_observers(has)
+            for observe in observers:
                 observe(point, out)
         if (
             rec.step_time_s is not None
@@ -135,8 +152,8 @@ class LiveDetector:
     def _signal_point(self, rec: StepRecord) -> Signal:
         """The step as the signal detectors see it: the objective named, the grad jump read."""
         grad = self._feeds.grad
-        g_jump = grad.jump(rec.grad_norm)
-        corroborated = max(g_jump, self._prev_g_jump) >= grad.spike_jump
+        g_jump = 0.0 if rec.grad_norm is None else grad.jump(rec.grad_norm)
+        corroborated = max(g_jump, self._prev_g_jump) >= self._spike_jump
         self._prev_g_jump = g_jump
         if self._objective is None and rec.extra and not rec.extra.get("eval"):
             self._objective = objective_of(rec.extra) or LOSS_OBJECTIVE

@@ -117,7 +117,7 @@ class LossWatch:
         point.loss = lp
         if lp is not None:
             t = self.tracker
-            point.held = lp.in_spike or self.rep.is_on("divergence", self.metric)
+            point.held = lp.in_spike or (bool(self.rep.on) and self.rep.is_on("divergence", self.metric))
             # Read only where the short-climb rule reads it (a segment's first point): the noise
             # estimate is otherwise computed only for points that jump, and this runs for every point.
             point.run_noise = t.sigma_upper if lp.new_segment and t.n_noise else None
@@ -151,7 +151,7 @@ class LossWatch:
         if self._cand is not None:
             self._neighbour_verdict(step, y, out)
         jump = y - t.level
-        held = self._confirm_pending(step, loss, y, jump, out)
+        held = None if self._pending is None else self._confirm_pending(step, loss, y, jump, out)
         if held is None and self._spike_start is not None:
             held = self._spike_goes_on(step, loss, y, jump, epoch, out)
         if held is None and jump > self._small_jump:

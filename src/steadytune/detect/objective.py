@@ -83,6 +83,7 @@ class ObjectiveWatch:
     """nan_loss on an RL or preference run's own fields (the reward, margins, log-probabilities, KL)."""
 
     reports: ClassVar[tuple[str, ...]] = ("nan_loss",)
+    needs: ClassVar[tuple[str, ...]] = ("own_objective", "extra")  # see base.Detector
 
     def __init__(self, limits: ObjectiveLimits | None = None, rank: int | None = None) -> None:
         self.rep = Reporter(rank)

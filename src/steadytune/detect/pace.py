@@ -294,6 +294,7 @@ class StallWatch:
     """
 
     reports: ClassVar[tuple[str, ...]] = ("stall",)
+    needs: ClassVar[tuple[str, ...]] = ("ts",)  # of a step: an imported log's carry no time
 
     def __init__(self, limits: StallLimits) -> None:
         self.rep = Reporter(None)

@@ -124,6 +124,7 @@ class RewardWatch:
     """reward_collapse of an RL or preference run (the first reward field it logs)."""
 
     reports: ClassVar[tuple[str, ...]] = tuple(KINDS)
+    needs: ClassVar[tuple[str, ...]] = ("own_objective", "extra")  # see base.Detector
 
     def __init__(self, limits: RewardLimits, rank: int | None = None) -> None:
         self.lim = limits

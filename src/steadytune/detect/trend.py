@@ -507,6 +507,7 @@ class OverfitWatch:
     """Eval loss rising above its best while the training loss does not rise."""
 
     reports: ClassVar[tuple[str, ...]] = ("overfitting",)
+    needs: ClassVar[tuple[str, ...]] = ("eval_loss",)
 
     def __init__(self, limits: OverfitLimits, metric: str = "eval_loss", rank: int | None = None) -> None:
         self.metric = metric

@@ -57,18 +57,22 @@ from typing import Any
 from steadytune.importers import jsonl_log, text_log
 from steadytune.importers.format import LogFormat
 from steadytune.importers.series import Series, SeriesBuilder, UnreadableLog, no_gc, parse_number
+from steadytune.importers.stream import NotStreamable, StreamedLog
 
 __all__ = [
     "FORMATS",
     "LINE_FORMATS",
     "LogFormat",
+    "NotStreamable",
     "Series",
     "SeriesBuilder",
+    "StreamedLog",
     "UnreadableLog",
     "detect_format",
     "load",
     "parse_line",
     "parse_number",
+    "stream",
 ]
 
 
@@ -320,6 +324,26 @@ def load(path: Path | str, fmt: str | None = None) -> Series:
     if plain != path:
         series.path = str(path)
     return series
+
+
+def stream(path: Path | str) -> StreamedLog | None:
+    """The log's records one at a time, none kept (:mod:`~.stream`), where its format reads so;
+    None for a folder, a compressed or unreadable file, or a format read only whole (:func:`load`).
+
+    Iterating the result raises :class:`NotStreamable` where the log turns out to need
+    :func:`load` after all (several runs, ranks, several loss-like series).
+    """
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            if f.read(2) == _GZIP_MAGIC:
+                return None
+        with _too_deep():
+            fmt, _ = _sniff(path)
+    except (OSError, UnreadableLog):
+        return None
+    read = BY_NAME[fmt].stream
+    return None if read is None else read(path)
 
 
 def _load(path: Path, fmt: str | None) -> Series:

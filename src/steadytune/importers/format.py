@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from steadytune.importers.series import Series
+from steadytune.importers.stream import StreamedLog
 
 
 @dataclass(frozen=True)
@@ -43,3 +44,5 @@ class LogFormat:
     sniff_text: Callable[[str], bool] | None = None
     text_tail: bool = True
     parse_line: Callable[[str], dict[str, float] | None] | None = None
+    # The log's records one at a time, kept nowhere (``analyze``): see importers/stream.py.
+    stream: Callable[[Path], StreamedLog] | None = None

@@ -328,13 +328,7 @@ class SeriesBuilder:
 
     def add_numbers(self, step: int, row: Mapping[str, Any]) -> None:
         """Add the int/float fields of a parsed JSON row as they are (the fast path for big logs)."""
-        numbers = {
-            _NAMES.get(k) or canonical(k): v
-            if type(v) is float or -_MAXF <= v <= _MAXF
-            else (math.inf if v > 0 else -math.inf)
-            for k, v in row.items()
-            if type(v) is float or type(v) is int
-        }
+        numbers = canonical_numbers(row)
         if not self._in_order:  # last value wins: the fast path of a trainer_state.json
             target = self._rows.get(step)
             if target is None:
@@ -448,35 +442,56 @@ class SeriesBuilder:
 
     @staticmethod
     def _records(rows: Rows, records: list[StepRecord], seen: set[str]) -> None:
-        new, put = object.__new__, object.__setattr__
         for step in sorted(rows):
             # Each row is let go as its record is made: a million-step log is held once, not twice.
-            row = rows.pop(step)
-            epoch = row.get("epoch")
-            if epoch is not None and not (type(epoch) in (int, float) and math.isfinite(epoch)):
-                del row["epoch"]  # an infinite or unreadable epoch says nothing of where the data is
-            seen.update(row)
-            if _PLAIN.issuperset(row):
-                # Only float fields (the usual loss/grad_norm/lr/epoch row): no casting to do.
-                values, extra = row, {}
-            else:
-                values = _typed(row)
-                extra = values.pop("extra")
-            rec = new(StepRecord)
-            # Only the fields the row has are set; the others read the class's defaults. A record
-            # so made is equal to one built by __init__, and holds ~200 bytes less than one whose
-            # every field was set (2 GB less on a ten-million-step log).
-            put(rec, "ts", 0.0)
-            for name, value in values.items():
-                put(rec, name, value)
-            put(rec, "step", step)
-            put(rec, "extra", extra)
-            records.append(rec)
+            records.append(make_record(step, rows.pop(step), seen))
 
+
+def canonical_numbers(row: Mapping[str, Any]) -> dict[str, Any]:
+    """The int/float fields of a parsed JSON row under their canonical names (an integer past a
+    float's range is infinite)."""
+    return {
+        _NAMES.get(k) or canonical(k): v
+        if type(v) is float or -_MAXF <= v <= _MAXF
+        else (math.inf if v > 0 else -math.inf)
+        for k, v in row.items()
+        if type(v) is float or type(v) is int
+    }
+
+
+def make_record(step: int, row: dict[str, Any], seen: set[str]) -> StepRecord:
+    """The record of one step's row (which it may change), its field names added to ``seen``.
+
+    Shared by the reader that holds a whole log and the one that streams it
+    (:mod:`~steadytune.importers.stream`), so both make the very same records.
+    """
+    epoch = row.get("epoch")
+    if epoch is not None and not (type(epoch) in (int, float) and math.isfinite(epoch)):
+        del row["epoch"]  # an infinite or unreadable epoch says nothing of where the data is
+    seen.update(row)
+    if _PLAIN.issuperset(row):
+        # Only float fields (the usual loss/grad_norm/lr/epoch row): no casting to do.
+        values, extra = row, {}
+    else:
+        values = _typed(row)
+        extra = values.pop("extra")
+    rec = _new(StepRecord)
+    # Only the fields the row has are set; the others read the class's defaults. A record
+    # so made is equal to one built by __init__, and holds ~200 bytes less than one whose
+    # every field was set (2 GB less on a ten-million-step log).
+    _put(rec, "ts", 0.0)
+    for name, value in values.items():
+        _put(rec, name, value)
+    _put(rec, "step", step)
+    _put(rec, "extra", extra)
+    return rec
+
+
+_new, _put = object.__new__, object.__setattr__
 
 # Built without the frozen-dataclass ``__init__``: it sets the 20 fields one
 # ``object.__setattr__`` at a time, which costs more than reading the log on 100k-step
-# runs; _records sets only the fields a row has (the class holds every field's default).
+# runs; make_record sets only the fields a row has (the class holds every field's default).
 _MAXF = sys.float_info.max  # an integer in a log past this (a 400-digit loss) cannot become a float
 _PLAIN = frozenset(name for name, cast in _FIELDS.items() if cast is float) | {"step"}
 

@@ -1,0 +1,104 @@
+"""A log read as it streams by: one step's record at a time, none of them kept.
+
+:func:`~steadytune.importers.load` holds a whole log (it must: a file may hold several runs,
+which are told apart only once all of it is read, and which of several loss-like series
+is the loss is known only at its end). Most logs are one run with one loss, written in
+order; ``analyze`` reads those through a :class:`StreamedLog` instead, so its memory does
+not grow with the log. The records are made by the very function the whole-log reader
+uses (:func:`~.series.make_record`), by the same rules (a step logged several times in a
+row is the mean of its values). A log that turns out to need more than that (its step
+goes back, it has ranks, a second loss-like series, a damaged step, no loss at all)
+raises :class:`NotStreamable` when that shows, and is read whole instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from itertools import islice
+from typing import Any
+
+from steadytune.importers.series import TRAIN_LOSS_NAMES, make_record
+from steadytune.objectives import objective_of
+from steadytune.records import StepRecord, valid_step
+
+# The rows a reader streams: (rank or None, step, numbers under their canonical names).
+Row = tuple[int | None, int, dict[str, Any]]
+
+_OTHER_LOSSES = frozenset(TRAIN_LOSS_NAMES) - {"loss"}  # a choice to make: the whole log is needed
+_REQUIRED = ("loss", "eval_loss")
+_NOT_METRICS = frozenset({"ts", "skipped", "step"})
+CHUNK = 256  # the records made ahead of the detectors: what a streamed log holds at most
+
+
+class NotStreamable(Exception):
+    """The log needs the whole-log reader (:func:`~steadytune.importers.load`); ``str()`` says why."""
+
+
+class StreamedLog:
+    """The step records of one log, made as they are iterated; what it holds is known once read.
+
+    Iterate it once: each record is made when the step after it is read, a :data:`CHUNK` at a
+    time, and let go once judged. ``steps`` and ``metrics`` are complete when the iteration ends.
+
+    Args:
+        path: the log, as the user named it.
+        fmt: its format's name.
+        rows: opens the log and yields its rows in file order (:data:`Row`).
+    """
+
+    def __init__(self, path: str, fmt: str, rows: Callable[[], Iterable[Row]]) -> None:
+        self.path = path
+        self.format = fmt
+        self._rows = rows
+        self._seen: set[str] = set()
+        self.steps = 0
+
+    @property
+    def metrics(self) -> list[str]:
+        """The metrics the records hold, sorted (as :attr:`~.series.Series.metrics`)."""
+        return sorted(m for m in self._seen if m not in _NOT_METRICS)
+
+    def __iter__(self) -> Iterator[StepRecord]:
+        records = self._records()
+        try:
+            # Made a few hundred at a time, then judged: reading and judging each record in turn
+            # costs a sixth more (the interpreter's caches are shared by both).
+            while chunk := list(islice(records, CHUNK)):
+                yield from chunk
+        except NotStreamable:
+            raise
+        except Exception as e:  # the whole-log reader says what is wrong with the file, as ever
+            raise NotStreamable(f"{type(e).__name__} while streaming") from e
+
+    def _records(self) -> Iterator[StepRecord]:
+        step: int | None = None
+        row: dict[str, Any] = {}
+        counts: dict[str, int] = {}  # how many values each metric of the step has had
+        for rank, s, numbers in self._rows():
+            if rank or not valid_step(s):
+                raise NotStreamable("several ranks, or a damaged step number")
+            if s != step:
+                if step is not None:
+                    if s < step:
+                        raise NotStreamable("the step goes back: the file may hold several runs")
+                    yield self._record(step, row)
+                step, row, counts = s, numbers, dict.fromkeys(numbers, 1)
+                continue
+            for name, value in numbers.items():  # one more sub-batch of the step: the mean
+                n = counts.get(name, 0)
+                old = row.get(name)
+                if n and type(old) in (int, float) and type(value) in (int, float):
+                    value = old if old == value else old + (value - old) / (n + 1)  # a NaN stays a NaN
+                row[name] = value
+                counts[name] = n + 1
+        if step is None:
+            raise NotStreamable("no row with a step")
+        yield self._record(step, row)
+        if not self._seen.intersection(_REQUIRED) and objective_of(dict.fromkeys(self._seen)) is None:
+            raise NotStreamable("no loss, nor an RL or preference signal")
+
+    def _record(self, step: int, row: dict[str, Any]) -> StepRecord:
+        if not _OTHER_LOSSES.isdisjoint(row):
+            raise NotStreamable("several loss-like series: the loss is chosen over the whole log")
+        self.steps += 1
+        return make_record(step, row, self._seen)
