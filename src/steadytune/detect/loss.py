@@ -25,7 +25,7 @@ import math
 from typing import Any, ClassVar
 
 from steadytune.detect.base import Finding, KindInfo, Reporter, rounded
-from steadytune.detect.loss_rules import ClimbFit, LossLimits, SeasonalExcuse, SuddenCollapse
+from steadytune.detect.loss_rules import ClimbFit, LossLimits, RecoveredTail, SeasonalExcuse, SuddenCollapse
 from steadytune.detect.points import LossPoint, Signal
 from steadytune.detect.stats import SeriesLimits, upper_factor
 from steadytune.objectives import LOSS_OBJECTIVE
@@ -76,6 +76,7 @@ class LossWatch:
         self.collapse = SuddenCollapse(limits, series.spike_z, self.rep, self.tracker, metric)
         self.fit = ClimbFit(series.level_window, limits.climb_min_rise, limits.climb_t)
         self.season = SeasonalExcuse(self.tracker, limits.seasonal_margin, limits.resolve_z)
+        self.tail = RecoveredTail()
         self._min_jump = math.log(series.spike_min_ratio)
         self._small_jump = math.log(limits.spike_min_ratio_confirmed)
         # Half the smallest spike: a spike ends below it, so no point can end one and start the next.
@@ -87,6 +88,9 @@ class LossWatch:
         self._spike_points = 0
         self._spike_peak = 0.0
         self._spike_base = 0.0
+        # The jump of a spike opened against a full level window: one that is over at the next
+        # point joins the run's tail (None: opened on a young level, or no spike).
+        self._spike_jump: float | None = None
         self._climb_points = 0
         self._suspects: list[int] = []
         # A young point held for the point after it to judge: (step, loss, log loss, log of the point
@@ -191,9 +195,10 @@ class LossWatch:
         if held is None:
             return None
         self._pending = None
-        if jump <= self.tracker.threshold(self.lim.resolve_z):
-            return None
         p_step, p_loss, p_level, p_threshold = held
+        if jump <= self.tracker.threshold(self.lim.resolve_z):
+            self.tail.note(math.log(p_loss) - p_level)
+            return None
         self._start_spike(p_step, p_loss, p_level, p_threshold, out)
         self._continue_spike(step, loss, y, out)
         return LossPoint(step, loss, y, False, True, False)
@@ -204,6 +209,8 @@ class LossWatch:
         """A spike under way: still up (kept out of the level), or over (None)."""
         back = max(self.tracker.threshold(self.lim.resolve_z), self._resolve_jump)
         if jump <= back or self.season.excuses(y, epoch):
+            if self._spike_points == 1 and self._spike_jump is not None:
+                self.tail.note(self._spike_jump)
             if self._came_back(y):
                 self._unstable = True  # came back to where it began: the instability may recur
             self._end_spike(out, step)
@@ -242,7 +249,9 @@ class LossWatch:
             else:
                 threshold = max(threshold, floor)
         if jump > threshold and not self.season.excuses(y, epoch):
-            if jump > self._min_jump:
+            # A jump no higher than the run's tail of one-batch excursions (two it came straight
+            # back from) waits for the next point, as a small one does (RecoveredTail).
+            if jump > self._min_jump and (young or not self.tail.covers(jump, t.threshold(lim.resolve_z))):
                 self._start_spike(step, loss, level, threshold, out)
                 return LossPoint(step, loss, y, False, True, False)
             if not young:
@@ -397,6 +406,8 @@ class LossWatch:
             "threshold_ratio": rounded(math.exp(threshold), 4),
         }
         self._open_spike(step, loss, level, ev, out)
+        t = self.tracker
+        self._spike_jump = math.log(loss) - level if t.n_level >= t.level_window else None
 
     def _open_spike(
         self,
@@ -410,6 +421,7 @@ class LossWatch:
         """A spike from ``step``, judged against ``base`` (log): the level, or the point before it."""
         self._spike_start, self._spike_points = step, 1
         self._spike_peak, self._spike_base = loss, base
+        self._spike_jump = None
         evidence |= {
             "noise_log_sigma": rounded(self.tracker.sigma, 4),
             "baseline_points": self.tracker.n_level,

@@ -5,7 +5,9 @@
 - :class:`ClimbFit`: the line through the last two level windows of accepted points,
   which tells a steady climb (a ``divergence``) long before the level is far up;
 - :class:`SeasonalExcuse`: the previous epoch's level at the same phase, which
-  excuses the jump back up at an epoch boundary of a multi-epoch run.
+  excuses the jump back up at an epoch boundary of a multi-epoch run;
+- :class:`RecoveredTail`: the one-point excursions the run came back from at once,
+  which make the next one no higher a point for the point after it to judge.
 
 They share the loss series' tracker and reporter (one anomaly per kind and metric),
 and keep the state only they read.
@@ -222,3 +224,37 @@ class SeasonalExcuse:
             return 0.0
         ordered = sorted(self._offsets)
         return min(0.0, ordered[len(ordered) // 2])
+
+
+class RecoveredTail:
+    """The one-point excursions (log jump above the level) the run came back from at once: its tail.
+
+    A per-step loss has a tail of its own: a pretraining run reading a mix of sources
+    meets a batch of code, a table or another language every few hundred steps, 1.3-1.6x
+    its neighbours and gone at the next step, the same batches again each time the data
+    order repeats. The first such points of their size are news (spikes). Once the run
+    has come straight back from two of them, one no higher than the second largest is
+    the run's own tail: it is held for the point after it to judge, as a small jump is.
+    Back down, it was one batch; still up, the weights moved and it is a spike from the
+    held point, one point late. Two, not one: the largest of a sample is the value one
+    fluke sets, and a single spike that recovered may have been trouble itself (a smooth
+    run with a few real spikes of similar size has each of them raised until two have
+    passed). Only excursions judged against a full level window enter: the first points
+    of a run or a warm-up teach nothing about its tail.
+    """
+
+    __slots__ = ("_top",)
+
+    def __init__(self) -> None:
+        self._top: list[float] = []  # the two largest, largest first
+
+    def note(self, jump: float) -> None:
+        """A point ``jump`` above the level, and the point after it back down."""
+        top = self._top
+        top.append(jump)
+        top.sort(reverse=True)
+        del top[2:]
+
+    def covers(self, jump: float, slack: float) -> bool:
+        """No higher than the second largest such excursion, within ``slack`` (the point's own noise)."""
+        return len(self._top) == 2 and jump <= self._top[1] + slack

@@ -300,3 +300,32 @@ def bump(n: int, scale: float, noise: float, seed: int, at: int, rise: float, wi
     for i in range(at, min(n, at + 2 * width)):
         out[i] *= math.exp(rise * math.sin(math.pi * (i - at) / (2 * width)))
     return out
+
+
+def batch_tail(
+    n: int, scale: float, noise: float, seed: int, every: int, until: int | None = None
+) -> tuple[list[float], list[int]]:
+    """A per-step learning curve whose data holds a few hard batches: one point up, back at the next.
+
+    About one point in ``every`` (at random, never in the first fifth) is one batch
+    ``J`` to ``1.1 J`` up in log space and the point after it is ordinary again, where
+    ``J`` is 12 noise sigmas and at least log 1.3: the 1.3-1.6x single-batch excursions of a
+    pretraining run over a mix of sources. None at or after ``until`` (default: the end).
+    Returns the losses and the excursions' indices.
+    """
+    losses = learning(n, scale, noise, seed)
+    rng = rng_for(seed, "tail")
+    big = tail_jump(noise)
+    at: list[int] = []
+    i = n // 5
+    while True:
+        i += rng.randint(every // 2, 3 * every // 2)
+        if i >= min(n - 1, until if until is not None else n):
+            return losses, at
+        losses[i] *= math.exp(big * rng.uniform(1.0, 1.1))
+        at.append(i)
+
+
+def tail_jump(noise: float) -> float:
+    """The log size of :func:`batch_tail`'s excursions at this noise (the smallest of them)."""
+    return max(12.0 * noise, math.log(1.3))
