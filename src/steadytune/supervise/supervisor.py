@@ -309,7 +309,8 @@ class Supervisor:
                 self.out.say(f"the {st.source.label} did not stop in time: killing it", style="bold red")
                 worker.kill()
                 stop.killed = True
-            time.sleep(self.poll_s)
+            if not self.intake.behind:  # a backlog is taken a budget a turn, without a pause between
+                time.sleep(self.poll_s)
         # Asked to stop, the rest of the tree gets the grace period too: a launcher dies of SIGTERM at
         # once while its trainer is still saving the checkpoint it was asked for.
         tree = st.attempt.tree

@@ -98,6 +98,7 @@ class JsonlReader:
         self.bad_lines = 0
         self.long_lines = 0
         self._skipping: bool | None = None  # inside an over-long line; None: not known yet
+        self.stopped_at_budget = False  # the last read left the file's end unread (its max_bytes)
 
     def raw_lines(self, max_bytes: int | None = None, final: bool = False) -> Iterator[bytes | None]:
         """Each complete line's bytes (without its newline); ``None`` for a line over the bound.
@@ -106,6 +107,7 @@ class JsonlReader:
         some progress made (a line longer than the budget is still read whole).
         ``final``: the file is finished, so an unterminated last line counts as a line.
         """
+        self.stopped_at_budget = False
         try:
             f = open(self.path, "rb")  # noqa: SIM115 - closed below; a generator holds it
         except FileNotFoundError:
@@ -155,6 +157,7 @@ class JsonlReader:
                         line = data[pos:nl]
                     pos = nl + 1
                     yield line
+            self.stopped_at_budget = not eof
             if final and eof and (buf or self._skipping):
                 self.offset += len(buf)
                 self.lines += 1
