@@ -58,7 +58,8 @@ from steadytune.supervise.process import ProcessTree
 from steadytune.supervise.publishing import Publishes
 from steadytune.supervise.restarts import first_plan
 from steadytune.supervise.resuming import Resumes
-from steadytune.supervise.runstate import Attempt, Plans, RunState, Stopping
+from steadytune.supervise.runstate import Attempt, History, Plans, RunState, Stopping
+from steadytune.supervise.samples import SampleLog
 from steadytune.supervise.scaling import SCALE_ACTIONS, Autoscaler
 from steadytune.supervise.source import PLAN, NativeSource, WorkerSource
 from steadytune.supervise.standby import Standby
@@ -129,6 +130,7 @@ class Supervisor:
             policy=Policy(cfg.policy),
             attempt=Attempt(phase_since=clock()),
             stop=Stopping(grace_s=stop_grace_s),
+            history=History(samples_by_step=SampleLog(self.run)),  # older steps' samples read back
             started_ts=clock(),
             launch=dict(launch or {}),
         )
@@ -253,7 +255,7 @@ class Supervisor:
                 if self.scaling is not None and (undo := self.scaling.on_step(rec)) is not None:
                     self.actions.execute(undo)
             if rec.batch is not None and rec.batch.indices:
-                st.history.samples_by_step.setdefault(rec.step, []).extend(rec.batch.indices)
+                st.history.samples_by_step.add(rec.step, rec.batch.indices)
             if st.pending is None and not stale:
                 for t in st.detector.observe_step(rec):
                     self.actions.on_transition(t)
