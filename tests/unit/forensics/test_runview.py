@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import tracemalloc
-from collections.abc import Callable
 from pathlib import Path
 
 from steadytune.forensics.runview import StepBatch, final_steps, records_of_step, step_batch
@@ -11,15 +9,7 @@ from steadytune.records import BatchFingerprint, StepRecord
 from steadytune.rundir import RunDir
 from steadytune.telemetry.jsonl import CHUNK_BYTES
 from steadytune.telemetry.stream import JsonlWriter
-
-
-def peak_bytes(fn: Callable[[], object]) -> tuple[object, int]:
-    tracemalloc.start()
-    try:
-        out = fn()
-        return out, tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+from tests.unit.telemetry.test_jsonl import peak_bytes  # tracemalloc's peak over one call
 
 
 def rec(step: int, rank: int = 0, attempt: int = 0, first: int = 0, **extra: object) -> StepRecord:
