@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import statistics
 import sys
@@ -117,4 +118,86 @@ def copy_runs(template: Path, runs_dir: Path, n: int, now: float, spacing_s: flo
     return ids
 
 
-__all__ = ["Dashboard", "chromium", "copy_runs", "run_page", "runs_page", "timed_get"]
+def make_long_run(
+    runs_dir: Path, run_id: str, steps: int, gpus: int = 8, step_s: float = 0.1
+) -> list[tuple[int, float]]:
+    """A finished run's index as its supervisor leaves it, written straight into ``run.db``: ``steps``
+    steps (a decaying loss under 3 % noise, one 3x spike per 100,000 steps) at ``step_s`` each, and a
+    system sample with ``gpus`` GPUs every second of it. Returns the spikes as ``(step, loss)``.
+
+    No supervisor and no JSONL: a million supervised steps take a quarter of an hour to feed; the
+    dashboard's answers read only the index.
+    """
+    from steadytune.records import GpuSample, StepRecord, SystemSample
+    from steadytune.rundir import RunDir, atomic_write_text
+    from steadytune.telemetry.store import RunStore
+
+    rng = random.Random(0)
+    run = RunDir(runs_dir / run_id).create()
+    store = RunStore(run.db)
+    t0 = time.time() - steps * step_s
+    spikes = []
+    for lo in range(0, steps, 50_000):
+        recs = []
+        for s in range(lo, min(steps, lo + 50_000)):
+            loss = 2.0 / (1 + s / 20_000) * (1 + rng.gauss(0, 0.03))
+            if s % 100_000 == 50_000:
+                loss *= 3
+                spikes.append((s, loss))
+            recs.append(
+                StepRecord(
+                    step=s,
+                    ts=t0 + s * step_s,
+                    loss=loss,
+                    grad_norm=1.0 + rng.random(),
+                    lr=1e-4,
+                    tokens=4096,
+                    step_time_s=step_s,
+                    mem_allocated_bytes=9 << 30,
+                    mem_reserved_bytes=11 << 30,
+                    mem_peak_bytes=12 << 30,
+                    eval_loss=1.0 if s % 5000 == 0 else None,
+                )
+            )
+        store.add_steps(recs)
+    samples = int(steps * step_s)
+    for lo in range(0, samples, 20_000):
+        store.add_system(
+            [
+                SystemSample(
+                    ts=t0 + i,
+                    cpu_ratio=rng.random(),
+                    ram_used_bytes=rng.randrange(1 << 33),
+                    ram_total_bytes=1 << 35,
+                    disk_free_bytes=1 << 40,
+                    disk_total_bytes=1 << 41,
+                    worker_rss_bytes=rng.randrange(1 << 33),
+                    gpus=tuple(
+                        GpuSample(
+                            index=g,
+                            name="gpu",
+                            util_ratio=rng.random(),
+                            mem_used_bytes=rng.randrange(1 << 36),
+                            mem_total_bytes=80 << 30,
+                            temperature_c=60 + 20 * rng.random(),
+                            power_w=300 + 400 * rng.random(),
+                        )
+                        for g in range(gpus)
+                    ),
+                )
+                for i in range(lo, min(samples, lo + 20_000))
+            ]
+        )
+    store.close()
+    status = {
+        "run_id": run_id,
+        "state": "completed",
+        "step": steps - 1,
+        "max_steps": steps,
+        "updated_ts": time.time(),
+    }
+    atomic_write_text(run.status, json.dumps(status))
+    return spikes
+
+
+__all__ = ["Dashboard", "chromium", "copy_runs", "make_long_run", "run_page", "runs_page", "timed_get"]

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from steadytune.records import BatchFingerprint, StepRecord, WorkerExit, to_json
 from steadytune.rundir import RunDir, atomic_write_text
+from steadytune.telemetry.segments import segment_bytes_from_env
 from steadytune.telemetry.stream import JsonlWriter
 
 GIB = 1 << 30
@@ -102,7 +103,7 @@ def main() -> int:
     args = p.parse_args()
     run = RunDir(args.run_dir)
     attempt = int(os.environ.get("STEADYTUNE_ATTEMPT", "0"))
-    writers = [JsonlWriter(run.telemetry(r)) for r in range(args.ranks)]
+    writers = [JsonlWriter(run.telemetry(r), segment_bytes_from_env()) for r in range(args.ranks)]
     rngs = [random.Random(1000 + r) for r in range(args.ranks)]
     orders, state_path = run.root / "feed-orders", run.root / "feed-state.json"
     state: dict = {"phase": "prefill", "step": 0}

@@ -123,9 +123,9 @@ class SupervisedRun:
         return out
 
     def sizes(self) -> dict[str, int]:
-        """Bytes on disk: run.db (with its WAL), and the telemetry streams."""
+        """Bytes on disk: run.db (with its WAL), and the telemetry streams (their rotated segments too)."""
         db = sum(p.stat().st_size for p in self.root.glob("run.db*"))
-        jsonl = sum(p.stat().st_size for p in (self.root / "telemetry").glob("*.jsonl"))
+        jsonl = sum(p.stat().st_size for p in (self.root / "telemetry").iterdir() if p.is_file())
         return {"run_db": db, "jsonl": jsonl}
 
     # -- driving --------------------------------------------------------------------------

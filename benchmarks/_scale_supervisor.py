@@ -20,6 +20,7 @@ from steadytune.rundir import RunDir
 from steadytune.supervise.process import WorkerProcess
 from steadytune.supervise.source import NativeSource
 from steadytune.supervise.supervisor import Supervisor
+from steadytune.telemetry.segments import SEGMENT_ENV
 
 FEED = Path(__file__).resolve().with_name("_scale_feed.py")
 
@@ -27,8 +28,8 @@ FEED = Path(__file__).resolve().with_name("_scale_feed.py")
 class FeedSource(NativeSource):
     """steadytune's own worker's source, whose attempt is the generated stream."""
 
-    def __init__(self, run: RunDir, feed_args: list[str]) -> None:
-        super().__init__(run)
+    def __init__(self, run: RunDir, feed_args: list[str], segment_bytes: int) -> None:
+        super().__init__(run, env={SEGMENT_ENV: str(segment_bytes)})  # as the supervisor tells its worker
         self.feed_args = feed_args
 
     def start(self, plan: PlanRevision, log_path: Path) -> WorkerProcess:
@@ -55,7 +56,7 @@ def main() -> int:
     args, feed = p.parse_args(argv[:cut]), argv[cut + 1 :]  # after --: the feed's own arguments
     cfg = load_supervise_config(None, [f"run.runs_dir={args.runs_dir}", *args.set])
     run = RunDir(args.runs_dir / args.run_id)
-    sup = Supervisor(cfg, run, source=FeedSource(run, feed))
+    sup = Supervisor(cfg, run, source=FeedSource(run, feed, cfg.run.telemetry_segment_bytes))
     if args.memory:  # what the supervisor holds at the end, by line of allocation
         import tracemalloc
 

@@ -12,13 +12,20 @@ Sections (``--only``):
   in as fast as it goes, then 10 steps/s. The supervisor's CPU per 1,000 steps and its memory,
   ``run.db`` and the JSONL per 1M steps, the dashboard's answers for that live run (series, detail
   with status and events, events) and its run page in headless Chromium, with every loss spike
-  (one per 100,000 steps, 3x) still drawn.
+  (one per 100,000 steps, 3x) still drawn. The telemetry on disk counts its rotated segments
+  (``--set run.telemetry_segment_bytes=N`` rotates sooner than the default 64 MiB).
+- ``series``: a finished run of 100k / 1M steps (``--series``) with 8 GPUs sampled every second,
+  its index generated straight into ``run.db`` (a minute, where feeding the supervisor a million
+  steps takes a quarter of an hour): the series answer with every GPU and as the run page asks
+  for it (one GPU), and the run page in Chromium with every loss spike still drawn.
 - ``ranks``: 1 / 8 / 64 rank streams at 10 steps/s: the supervisor's CPU, and how long after the
   fact a straggler (the last rank's compute time turns 3x) and a hang (every rank falls silent,
   ``detect.pace.heartbeat_timeout_s`` 5 s) are reported.
 - ``runs``: 10 / 100 / 1,000 finished run folders (copies of one real 2,000-step run, ended 10
   minutes apart) and one live run under one dashboard: the first answer (index), ``/metrics``
-  scrape time and size, ``/api/runs``, the runs page in Chromium, the dashboard's open files.
+  scrape time and size, ``/api/runs``, the runs page in Chromium, the dashboard's open files; then
+  the first scrape, ``/api/runs`` and runs page of a dashboard started again over the same folder
+  (the finished runs' summaries and goodput accounts stored beside them by the first).
 - ``server``: 10 / 100 / 1,000 queued jobs on 8 GPUs: the daemon's pass (admission included).
 - ``analyze``: ``steadytune analyze`` of a 10k / 100k / 1M / 10M-step JSONL log (a decaying loss
   under noise, one 3x spike at 70 %), each a new process: wall time and peak memory.
@@ -81,8 +88,19 @@ def human(n: int) -> str:
     return f"{n // 1_000_000}M" if n >= 1_000_000 else f"{n // 1000}k" if n >= 1000 else str(n)
 
 
+def page_rows(section: str, size: str, page: dict[str, float]) -> None:
+    """The run page's rows: its load time, and how many of the loss spikes it draws."""
+    row(section, "run page load in Chromium", size, page["load_s"], f"{page['load_s']:.2f} s", "< 2 s",
+        page["load_s"] < 2.0)  # fmt: skip
+    shown = f"{page['spikes'] - page['spikes_missing']} of {page['spikes']}"
+    row(section, "loss spikes drawn on the run page", size, page["spikes_missing"], shown, "all",
+        page["spikes_missing"] == 0)  # fmt: skip
+
+
 # -- supervisor, store and dashboard ------------------------------------------------------------
-def bench_supervisor(tmp: Path, sizes: list[int], windows: int, window_s: float, repeat: int) -> None:
+def bench_supervisor(
+    tmp: Path, sizes: list[int], windows: int, window_s: float, repeat: int, sets: tuple[str, ...] = ()
+) -> None:
     from _scale_dash import Dashboard, chromium, run_page, timed_get
     from _scale_feed import is_spike, loss_at
     from _scale_run import SupervisedRun
@@ -92,7 +110,7 @@ def bench_supervisor(tmp: Path, sizes: list[int], windows: int, window_s: float,
     for n in sizes:
         runs = tmp / f"sup-{n}"
         rid = f"run-{human(n)}"
-        run = SupervisedRun(runs, rid, prefill=n)
+        run = SupervisedRun(runs, rid, prefill=n, sets=sets)
         try:
             took = run.wait_prefill()
             row("supervisor", "prefill taken in (steps/s)", human(n), n / took, f"{n / took:,.0f}/s")
@@ -129,26 +147,7 @@ def bench_supervisor(tmp: Path, sizes: list[int], windows: int, window_s: float,
                 if have_chrome:
                     now = run.step()
                     spikes = [(s, loss_at(s, random.Random(0))) for s in range(1, now + 1, 1) if is_spike(s)]
-                    page = run_page(dash, rid, spikes, max(1, repeat // 2))
-                    row(
-                        "supervisor",
-                        "run page load in Chromium",
-                        human(n),
-                        page["load_s"],
-                        f"{page['load_s']:.2f} s",
-                        "< 2 s",
-                        page["load_s"] < 2.0,
-                    )
-                    shown = f"{page['spikes'] - page['spikes_missing']} of {page['spikes']}"
-                    row(
-                        "supervisor",
-                        "loss spikes drawn on the run page",
-                        human(n),
-                        page["spikes_missing"],
-                        shown,
-                        "all",
-                        page["spikes_missing"] == 0,
-                    )
+                    page_rows("supervisor", human(n), run_page(dash, rid, spikes, max(1, repeat // 2)))
             finally:
                 dash.close()
         finally:
@@ -172,6 +171,36 @@ def bench_supervisor(tmp: Path, sizes: list[int], windows: int, window_s: float,
         )
         if state != "completed":
             print(f"  (the run ended {state}: see {run.log})")
+        shutil.rmtree(runs, ignore_errors=True)
+
+
+# -- the run page of a long run, on a generated index -----------------------------------------------
+def bench_series(tmp: Path, sizes: list[int], repeat: int) -> None:
+    from _scale_dash import Dashboard, chromium, make_long_run, run_page, timed_get
+
+    print(f"\nseries: a finished run's index of 8 GPUs, generated straight into run.db ({load()})")
+    have_chrome = all(chromium())
+    for n in sizes:
+        runs = tmp / f"series-{n}"
+        spikes = make_long_run(runs, "long", n)
+        dash = Dashboard(runs)
+        try:
+            for name, query in (("every GPU", "points=1500"), ("as the page asks", "points=1500&gpus=0")):
+                t, size = timed_get(dash, f"api/runs/long/series?{query}", repeat)
+                row(
+                    "series",
+                    f"series, 1,500 points, {name}",
+                    human(n),
+                    t,
+                    f"{t * 1000:,.0f} ms",
+                    "< 200 ms",
+                    t < 0.2,
+                )
+                row("series", f"series size, {name}", human(n), size, f"{size / MB:.2f} MB")
+            if have_chrome:
+                page_rows("series", human(n), run_page(dash, "long", spikes, max(1, repeat // 2)))
+        finally:
+            dash.close()
         shutil.rmtree(runs, ignore_errors=True)
 
 
@@ -260,6 +289,16 @@ def make_template(tmp: Path) -> Path:
     return run.root
 
 
+def first_get(url: str, path: str) -> float:
+    """Seconds of one GET that may read every run first (minutes for a thousand never read)."""
+    import urllib.request
+
+    t0 = time.perf_counter()
+    with urllib.request.urlopen(url + path, timeout=900) as r:
+        r.read()
+    return time.perf_counter() - t0
+
+
 def bench_runs(tmp: Path, counts: list[int], repeat: int) -> None:
     import psutil
     from _scale_dash import Dashboard, chromium, copy_runs, runs_page, timed_get
@@ -274,13 +313,9 @@ def bench_runs(tmp: Path, counts: list[int], repeat: int) -> None:
         live = LiveRun(runs, "live-run", rate=10.0).start()
         dash = Dashboard(runs)
         try:
-            t0 = time.perf_counter()
-            dash.get("api/runs")
-            first = time.perf_counter() - t0
+            first = first_get(dash.url, "api/runs")
             row("runs", "first /api/runs (every index opened)", str(n), first, f"{first * 1000:,.0f} ms")
-            t0 = time.perf_counter()
-            dash.get("metrics")
-            first = time.perf_counter() - t0
+            first = first_get(dash.url, "metrics")
             row("runs", "first /metrics scrape", str(n), first, f"{first * 1000:,.0f} ms")
             t, size = timed_get(dash, "metrics", repeat)
             row("runs", "/metrics scrape", str(n), t, f"{t * 1000:,.0f} ms", "< 500 ms", t < 0.5)
@@ -299,6 +334,18 @@ def bench_runs(tmp: Path, counts: list[int], repeat: int) -> None:
                 proc.memory_info().rss,
                 f"{proc.memory_info().rss / MB:.0f} MB",
             )
+            # A dashboard started again over the same runs: the finished runs' summaries are stored.
+            dash.close()
+            dash = Dashboard(runs)
+            first = first_get(dash.url, "metrics")
+            row("runs", "first /metrics scrape after a restart", str(n), first, f"{first * 1000:,.0f} ms",
+                "< 500 ms", first < 0.5)  # fmt: skip
+            first = first_get(dash.url, "api/runs")
+            row("runs", "first /api/runs after a restart", str(n), first, f"{first * 1000:,.0f} ms")
+            if have_chrome:
+                page = runs_page(dash, n + 1, 1)
+                row("runs", "runs page after a restart, first load", str(n), page, f"{page:.2f} s", "< 2 s",
+                    page < 2.0)  # fmt: skip
         finally:
             dash.close()
             live.stop()
@@ -441,9 +488,10 @@ def bench_analyze(tmp: Path, sizes: list[int], repeat: int) -> None:
         )
 
 
-SECTIONS = ("supervisor", "ranks", "runs", "server", "analyze")
+SECTIONS = ("supervisor", "series", "ranks", "runs", "server", "analyze")
 FULL = {
     "steps": "1000,10000,100000,1000000",
+    "series": "100000,1000000",
     "ranks": "1,8,64",
     "runs": "10,100,1000",
     "jobs": "10,100,1000",
@@ -464,6 +512,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated: {', '.join(SECTIONS)}")
     p.add_argument("--steps", help=f"supervised run sizes (default {FULL['steps']})")
+    p.add_argument("--series", help=f"generated run sizes for the series section (default {FULL['series']})")
     p.add_argument("--ranks", help=f"rank counts (default {FULL['ranks']})")
     p.add_argument("--runs", help=f"run folder counts (default {FULL['runs']})")
     p.add_argument("--jobs", help=f"queued job counts (default {FULL['jobs']})")
@@ -472,6 +521,10 @@ def main() -> int:
     p.add_argument(
         "--quick", action="store_true",
         help="shorter CPU windows, 3 repeats, each section's top size left out (minutes, not an hour)",
+    )  # fmt: skip
+    p.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE",
+        help="a config override for the supervised runs, e.g. run.telemetry_segment_bytes=8388608",
     )  # fmt: skip
     p.add_argument("--json", type=Path, help="write every row here")
     p.add_argument("--tmp", type=Path, help="work folder (default: a new one under /tmp, removed)")
@@ -496,7 +549,9 @@ def main() -> int:
     print(f"  {'figure':<52} {'size':>6} {'value':>14}   {'target':<22}")
     try:
         if "supervisor" in only:
-            bench_supervisor(tmp, ints(chosen["steps"]), windows, window_s, repeat)
+            bench_supervisor(tmp, ints(chosen["steps"]), windows, window_s, repeat, tuple(args.set))
+        if "series" in only:
+            bench_series(tmp, ints(chosen["series"]), repeat)
         if "ranks" in only:
             bench_ranks(tmp, ints(chosen["ranks"]), windows, window_s)
         if "runs" in only:

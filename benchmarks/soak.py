@@ -195,10 +195,12 @@ def _run(cfg_path: Path, run_id: str, load: dict[str, Any] | None, max_s: float)
 
 
 def _step_times(run: Path) -> list[float]:
+    from steadytune.rundir import RunDir
+    from steadytune.telemetry.jsonl import JsonlReader
+
     times = []
-    for path in sorted((run / "telemetry").glob("rank-*.jsonl")):
-        for line in path.read_text().splitlines():
-            d = json.loads(line)
+    for path in RunDir(run).telemetry_files():
+        for d in JsonlReader(path).dicts():  # its rotated segments too
             if d.get("type") == "step" and d.get("step_time_s") and d.get("step", 0) > 10:
                 times.append(d["step_time_s"])
     return times
@@ -209,11 +211,14 @@ def _lost(run: Path) -> tuple[int, int, int, int]:
 
     A rollback or restart trains some steps again: run.db keeps the latest attempt of each.
     """
+    from steadytune.rundir import RunDir
+    from steadytune.telemetry.jsonl import JsonlReader
+
     steps = len(
         {
             (d.get("rank", 0), d["step"])
-            for p in (run / "telemetry").glob("rank-*.jsonl")
-            for d in (json.loads(line) for line in p.read_text().splitlines())
+            for p in RunDir(run).telemetry_files()
+            for d in JsonlReader(p).dicts()
             if d.get("type") == "step" and not (d.get("extra") or {}).get("eval")
         }
     )

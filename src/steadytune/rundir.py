@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+RANK_FILE_RE = re.compile(r"^rank-(\d+)\.jsonl$")  # a live stream; not rank-0.00001.jsonl(.gz), a segment
 
 
 def valid_run_id(run_id: str) -> bool:
@@ -50,9 +51,13 @@ class RunDir:
         return self.telemetry_dir / f"rank-{rank}.jsonl"
 
     def telemetry_files(self) -> list[Path]:
+        """The live file of each rank's stream, by rank (its sealed segments are the readers' to find)."""
         if not self.telemetry_dir.is_dir():
             return []
-        return sorted(self.telemetry_dir.glob("rank-*.jsonl"), key=lambda p: int(p.stem.split("-")[1]))
+        ranks = [
+            (int(m.group(1)), p) for p in self.telemetry_dir.iterdir() if (m := RANK_FILE_RE.match(p.name))
+        ]
+        return [p for _, p in sorted(ranks)]
 
     @property
     def system(self) -> Path:

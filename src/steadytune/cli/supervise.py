@@ -158,6 +158,7 @@ def main(args: argparse.Namespace) -> int:
         fresh_arg=preset.get("fresh_arg"),
         base_lr=base_lr,
         inject=args.inject,
+        segment_bytes=cfg.run.telemetry_segment_bytes,
     )
     return launch(
         cfg,

@@ -18,6 +18,7 @@ from steadytune.config.dashboard import DashboardConfig
 from steadytune.config.detect import DetectConfig
 from steadytune.config.policy import PolicyConfig
 from steadytune.config.scale import ScaleConfig
+from steadytune.telemetry.segments import DEFAULT_SEGMENT_BYTES, MIN_SEGMENT_BYTES
 
 
 class Section(BaseModel):
@@ -304,6 +305,20 @@ class RunConfig(Section):
         10, ge=0, description="healthy steps after a checkpoint before it becomes LAST_GOOD"
     )
     sample_interval_s: float = Field(2.0, gt=0, description="seconds between system samples")
+    telemetry_segment_bytes: int = Field(
+        DEFAULT_SEGMENT_BYTES,
+        description=f"a size in bytes of at least {MIN_SEGMENT_BYTES} (such as {DEFAULT_SEGMENT_BYTES}, "
+        "64 MiB) past which a telemetry stream is rotated into a compressed segment, or 0 to never rotate",
+    )
+
+    @field_validator("telemetry_segment_bytes")
+    @classmethod
+    def _segment_size(cls, v: int) -> int:
+        if v != 0 and v < MIN_SEGMENT_BYTES:
+            raise ValueError(
+                f"{v} bytes would rotate the telemetry every few steps (the least is {MIN_SEGMENT_BYTES})"
+            )
+        return v
 
 
 class RecoverConfig(Section):

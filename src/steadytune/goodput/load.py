@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 
@@ -149,11 +149,27 @@ def _stamp(run: RunDir) -> tuple[tuple[int, int] | None, ...]:
     return tuple(file_stamp(p) for p in (run.status, run.plan, run.events, run.telemetry(0), run.config))
 
 
-class AccountCache:
-    """The accounts of many runs, each read incrementally: what a dashboard asks for every few seconds."""
+class Kept(Protocol):
+    """Where a finished run's account is kept between dashboards (``web/stored.py``)."""
 
-    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+    def get(self, name: str, stamp: tuple[Any, ...]) -> tuple[bool, Any]: ...
+
+    def put(self, name: str, stamp: tuple[Any, ...], value: Any) -> None: ...
+
+
+class AccountCache:
+    """The accounts of many runs, each read incrementally: what a dashboard asks for every few seconds.
+
+    ``kept(run)``, when given, keeps a finished run's account on disk, with the stamps of the
+    files it was read from: a dashboard that starts again reads it back instead of every line
+    of the run's telemetry, until one of those files changes.
+    """
+
+    def __init__(
+        self, clock: Callable[[], float] = time.time, kept: Callable[[RunDir], Kept] | None = None
+    ) -> None:
         self.clock = clock
+        self.kept = kept
         self._readers: dict[Path, HistoryReader] = {}  # live runs only
         self._done: dict[Path, tuple[tuple[Any, ...], Account]] = {}  # finished runs, by their files' stamps
         self._live: dict[Path, tuple[float, float, Account]] = {}  # live runs: when computed, its cost, it
@@ -175,6 +191,10 @@ class AccountCache:
         done = self._done.get(run.root)
         if done is not None and done[0] == stamp:
             return done[1]
+        stored = self._stored(run, stamp) if live is None else None
+        if stored is not None:
+            self._done[run.root] = (stamp, stored)
+            return stored
         with self._lock:
             reader = self._readers.get(run.root)
             if reader is None:
@@ -185,9 +205,23 @@ class AccountCache:
         acct = account(history, when)
         if when is None:
             self._done[run.root] = (stamp, acct)
+            if self.kept is not None:
+                self.kept(run).put("goodput", stamp, acct.stored())
             self._live.pop(run.root, None)
             with self._lock:
                 self._readers.pop(run.root, None)
         else:
             self._live[run.root] = (now, time.perf_counter() - started, acct)
         return acct
+
+    def _stored(self, run: RunDir, stamp: tuple[Any, ...]) -> Account | None:
+        """The account kept for exactly these files when the run had ended, if there is one."""
+        if self.kept is None:
+            return None
+        found, value = self.kept(run).get("goodput", stamp)
+        if not found:
+            return None
+        try:
+            return Account.from_dict(value)
+        except (KeyError, TypeError, ValueError):
+            return None  # not what this version writes: read the run again

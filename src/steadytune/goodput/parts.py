@@ -122,7 +122,7 @@ class Account:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Account:
-        """The account :meth:`to_dict` wrote (its segments are not kept there)."""
+        """The account :meth:`to_dict` wrote (its segments only where :meth:`stored` wrote them)."""
         seconds = dict.fromkeys(PARTS, 0.0)
         seconds.update({k: float(v) for k, v in data.get("seconds", {}).items() if k in seconds})
         return cls(
@@ -138,7 +138,12 @@ class Account:
             saves=int(data.get("saves", 0)),
             step_s=data.get("step_s"),
             gpus=int(data.get("gpus", 1)),
+            segments=tuple(Segment(float(a), float(b), str(p)) for a, b, p in data.get("segments") or ()),
         )
+
+    def stored(self) -> dict[str, Any]:
+        """:meth:`to_dict` with the segments: what a finished run's account is kept as on disk."""
+        return {**self.to_dict(), "segments": [[s.start, s.end, s.part] for s in self.segments]}
 
     def to_dict(self) -> dict[str, Any]:
         """The account as JSON: seconds and shares of every part, the counts behind them."""

@@ -39,6 +39,7 @@ from typing import Any
 from steadytune.protocol import RequestQueue, WorkerEvent
 from steadytune.records import BatchFingerprint, Event, EventKind, Heartbeat, Severity, StepRecord, WorkerExit
 from steadytune.rundir import RunDir
+from steadytune.telemetry.segments import segment_bytes_from_env
 from steadytune.telemetry.stream import JsonlWriter
 
 
@@ -72,6 +73,8 @@ class Guard:
         attempt: the (re)start number, written into every record.
         nan_guard: skip the optimizer step when the loss or grad norm is non-finite.
         clock: injected for tests.
+        segment_bytes: rotate the stream past this size (0: never); defaults to what the
+            supervisor hands its worker (``$STEADYTUNE_SEGMENT_BYTES``, ``run.telemetry_segment_bytes``).
     """
 
     def __init__(
@@ -81,13 +84,16 @@ class Guard:
         attempt: int | None = None,
         nan_guard: bool = True,
         clock: Callable[[], float] = time.time,
+        segment_bytes: int | None = None,
     ) -> None:
         self.run = RunDir(Path(run_dir)).create()
         self.rank = _rank_from_env() if rank is None else rank
         self.attempt = int(os.environ.get("STEADYTUNE_ATTEMPT", "0")) if attempt is None else attempt
         self.nan_guard = nan_guard
         self.clock = clock
-        self.writer = JsonlWriter(self.run.telemetry(self.rank))
+        if segment_bytes is None:
+            segment_bytes = segment_bytes_from_env()
+        self.writer = JsonlWriter(self.run.telemetry(self.rank), segment_bytes)
         self.skipped_total = 0
         self.consecutive_skips = 0
         self._requests = RequestQueue(self.run.control)

@@ -28,6 +28,7 @@ from steadytune.rundir import RunDir
 from steadytune.supervise.log_adapter import LogAdapter
 from steadytune.supervise.process import ProcessTree, WorkerProcess
 from steadytune.supervise.source import CONTROL, LR, SKIP_STEP
+from steadytune.telemetry.segments import SEGMENT_ENV
 from steadytune.telemetry.stream import JsonlWriter
 
 # How each tool takes a resume checkpoint and a learning rate on its command line.
@@ -109,6 +110,7 @@ class CommandOptions:
     fresh_arg: str | None = None
     base_lr: float | None = None  # the job's configured LR, which a rollback scales
     inject: bool = False  # give the tool's HF Trainer the guard (records, NaN skip, control)
+    segment_bytes: int = 0  # run.telemetry_segment_bytes: rank-0's rotation, by whichever of us writes it
 
 
 class CommandSource:
@@ -119,7 +121,7 @@ class CommandSource:
     def __init__(self, opts: CommandOptions, run: RunDir, clock: Callable[[], float] = time.time) -> None:
         self.opts, self.run = opts, run
         self.checkpoint_root = opts.output_dir
-        self.writer = JsonlWriter(run.telemetry(0))
+        self.writer = JsonlWriter(run.telemetry(0), opts.segment_bytes)
         self.adapter = LogAdapter(self.writer, opts.command, opts.output_dir, clock)
         self.injected = opts.inject
         self._reader: threading.Thread | None = None
@@ -148,6 +150,7 @@ class CommandSource:
         # PYTHONFAULTHANDLER: a Python trainer prints every thread's stack on SIGABRT, which is
         # how a hung one shows where it hangs.
         env = {"STEADYTUNE_ATTEMPT": str(plan.attempt), "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"}
+        env[SEGMENT_ENV] = str(self.opts.segment_bytes)  # an injected guard rotates the stream as we do
         if self.opts.inject:
             from steadytune.inject import inject_env
 

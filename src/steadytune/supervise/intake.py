@@ -35,13 +35,14 @@ class Intake:
         source: WorkerSource,
         sampler: SystemSampler,
         interval_s: float,
+        segment_bytes: int = 0,
         budget_bytes: int = BUDGET_BYTES,
     ) -> None:
         self.run, self.source, self.sampler, self.interval_s = run, source, sampler, interval_s
         self.budget_bytes = budget_bytes
         self.behind = False  # the last read stopped at the budget: more is waiting, read it without a pause
-        self.tailers: dict[Path, JsonlTailer] = {}
-        self.system = JsonlWriter(run.system)
+        self.tailers: dict[Path, JsonlTailer] = {}  # each follows its stream's rotations
+        self.system = JsonlWriter(run.system, segment_bytes)
         self._last_sample = 0.0
 
     def read(self) -> Iterator[Record]:

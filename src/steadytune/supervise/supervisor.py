@@ -68,6 +68,7 @@ from steadytune.supervise.worker_events import WorkerEvents
 from steadytune.telemetry.progress import RunProgress, progress_line
 from steadytune.telemetry.runenv import config_sources
 from steadytune.telemetry.sampler import SystemSampler
+from steadytune.telemetry.segments import SEGMENT_ENV
 from steadytune.telemetry.snapshot import sampler_from_env
 
 
@@ -116,6 +117,8 @@ class Supervisor:
         self.poll_s = poll_s
         self.out = Outbox(self.run, clock, console)
         planner = RestartPlanner(cfg.run, cfg.train, clock)  # restart budgets, backoff, next plans
+        # The worker rotates its own streams (the writer of a file is the one that can): it is told the size.
+        worker_env = {**(worker_env or {}), SEGMENT_ENV: str(cfg.run.telemetry_segment_bytes)}
         source = source or NativeSource(
             self.run, cfg.run.nproc_per_node, worker_env, standby=cfg.recover.standby_worker, early=early
         )
@@ -137,7 +140,9 @@ class Supervisor:
         for obs in observers if observers is not None else self.default_observers():
             self.out.observers.append(obs)
         sampler = sampler or sampler_from_env(self.run.root, clock=clock)
-        self.intake = Intake(self.run, source, sampler, cfg.run.sample_interval_s)
+        self.intake = Intake(
+            self.run, source, sampler, cfg.run.sample_interval_s, cfg.run.telemetry_segment_bytes
+        )
         # The parts, each handed what it reads and the parts it hands work to (none holds the supervisor).
         self.scaling = Autoscaler.for_run(self.state, self.out, worker_env)  # None without scale:
         self.publishes = Publishes(self.state, self.out)

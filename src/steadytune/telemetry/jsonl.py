@@ -3,6 +3,9 @@
 - **Incremental.** :class:`JsonlReader` keeps a byte offset. A line counts once its
   newline is on disk: a torn last line (a writer that died mid-line, or one still
   writing) is left where it is and read by a later call once it is complete.
+- **Rotation-proof.** A stream rotated into segments (:mod:`steadytune.telemetry.segments`)
+  is read as one file: its segments in order, then the live file, across rotations that
+  happen while a reader is mid-file.
 - **Bounded.** A line longer than ``max_line_bytes`` (default :data:`MAX_LINE_BYTES`,
   16 MiB) is skipped and counted in ``long_lines``. It is never held in memory whole:
   the file is read in chunks, and the part of a line seen so far is dropped once it
@@ -20,11 +23,16 @@ Torch-free: the supervisor and the web server import it.
 from __future__ import annotations
 
 import json
+import logging
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from enum import Enum
 from pathlib import Path
 from typing import IO, Any
+
+from steadytune.telemetry import segments
+
+log = logging.getLogger(__name__)
 
 MAX_LINE_BYTES = 16 << 20
 CHUNK_BYTES = 1 << 20
@@ -72,13 +80,18 @@ def parse_line(raw: bytes) -> Any:
 
 
 class JsonlReader:
-    """Reads the complete lines appended to a file since the last call.
+    """Reads the complete lines appended to a stream since the last call.
 
-    ``offset`` is the byte offset of the first line not read yet: save it and pass it
-    back (as :meth:`RunStore.sync` does) to continue in another process. An offset
-    inside a line (saved while skipping an over-long one) is fine: the rest of that
-    line is skipped. ``lines`` counts the lines consumed, blank ones included, so it
-    is the 1-based line number of the last line read when the reader started at 0.
+    A stream is its live file and, once it has been rotated, its sealed segments before it
+    (:mod:`steadytune.telemetry.segments`): they are read in order, as one file. The position
+    is ``(segment, offset)``: the number of the segment being read (while that segment is not
+    there, the live file is the one being read) and the byte offset of the first line not read
+    yet in it. Save both and pass them back (as :meth:`RunStore.sync` does) to continue in
+    another process; a rotation between two calls loses and repeats nothing, since the bytes
+    a reader was reading become, byte for byte, the segment of its number. An offset inside a
+    line (saved while skipping an over-long one) is fine: the rest of that line is skipped.
+    ``lines`` counts the lines consumed, blank ones included, so it is the 1-based line number
+    of the last line read when the reader started at the stream's beginning.
     """
 
     def __init__(
@@ -86,11 +99,13 @@ class JsonlReader:
         path: Path | str,
         offset: int = 0,
         *,
+        segment: int = 1,
         max_line_bytes: int | None = None,
         chunk_bytes: int | None = None,
     ) -> None:
         self.path = Path(path)
         self.offset = offset
+        self.segment = segment
         self.max_line_bytes = MAX_LINE_BYTES if max_line_bytes is None else max_line_bytes
         # Chunks much larger than the bound would only make a skipped line cost more memory.
         self.chunk_bytes = chunk_bytes or max(4096, min(CHUNK_BYTES, self.max_line_bytes))
@@ -99,74 +114,128 @@ class JsonlReader:
         self.long_lines = 0
         self._skipping: bool | None = None  # inside an over-long line; None: not known yet
         self.stopped_at_budget = False  # the last read left the file's end unread (its max_bytes)
+        self._placed = False  # whether the position was checked against the segments there
+
+    @property
+    def position(self) -> tuple[int, int]:
+        """``(segment, offset)``: where the next call goes on."""
+        return self.segment, self.offset
+
+    def _next_file(self) -> None:
+        self.segment, self.offset, self._skipping = self.segment + 1, 0, None
+
+    def _place(self) -> None:
+        """Step over segments that are gone (removed by hand): go on at the next one there."""
+        self._placed = True
+        if segments.segment(self.path, self.segment) is not None:
+            return
+        later = [s for s in segments.segments(self.path) if s.number > self.segment]
+        if later:
+            log.warning("%s: segments %d..%d are missing; reading on from segment %d",
+                        self.path, self.segment, later[0].number - 1, later[0].number)  # fmt: skip
+            self.segment, self.offset, self._skipping = later[0].number, 0, None
 
     def raw_lines(self, max_bytes: int | None = None, final: bool = False) -> Iterator[bytes | None]:
         """Each complete line's bytes (without its newline); ``None`` for a line over the bound.
 
         ``max_bytes`` is a soft budget: no new chunk is read once that much was read and
         some progress made (a line longer than the budget is still read whole).
-        ``final``: the file is finished, so an unterminated last line counts as a line.
+        ``final``: the stream is finished, so an unterminated last line counts as a line.
         """
+        if not self._placed:
+            self._place()
+        budget = [max_bytes]
         self.stopped_at_budget = False
-        try:
-            f = open(self.path, "rb")  # noqa: SIM115 - closed below; a generator holds it
-        except FileNotFoundError:
-            return
-        with f:
-            if self._skipping is None:
-                self._skipping = False
-                if self.offset > 0:
-                    f.seek(self.offset - 1)
-                    self._skipping = f.read(1) not in (b"\n", b"")
-            f.seek(self.offset)
-            start, read, eof = self.offset, 0, False
-            buf = bytearray()  # the part read so far of the line starting at self.offset
-            while max_bytes is None or read < max_bytes or self.offset == start:
-                data = f.read(self.chunk_bytes)
-                if not data:
-                    eof = True
-                    break
-                read += len(data)
-                pos = 0
-                while pos < len(data):
-                    nl = data.find(b"\n", pos)
-                    if nl < 0:  # the line goes on past this chunk
-                        if self._skipping:
-                            self.offset += len(data) - pos
-                        else:
-                            buf += data[pos:]
-                            if len(buf) > self.max_line_bytes:
-                                self.offset += len(buf)
-                                buf.clear()
-                                self._skipping = True
-                        break
-                    size = len(buf) + nl - pos
-                    self.offset += size + 1
-                    self.lines += 1
-                    if self._skipping or size > self.max_line_bytes:
-                        self._skipping = False
-                        buf.clear()
-                        pos = nl + 1
-                        self.long_lines += 1
-                        yield None
-                        continue
-                    if buf:
-                        line = bytes(buf) + data[pos:nl]
-                        buf.clear()
+        while True:
+            # The live file is opened before segment n is looked for: if n is not there yet, the
+            # file opened is the one this reader was reading, even if it is sealed a moment later.
+            try:
+                live: IO[bytes] | None = open(self.path, "rb")  # noqa: SIM115 - closed below
+            except FileNotFoundError:
+                live = None  # between a rotation's rename and the writer's fresh file
+            seg = segments.segment(self.path, self.segment)
+            if seg is None:
+                if live is not None:
+                    with live:
+                        self.stopped_at_budget = not (yield from self._file_lines(live, budget, final))
+                return
+            if live is not None:
+                live.close()
+            if not segments.trusted(seg):
+                self._next_file()
+                continue
+            try:
+                with segments.open_segment(seg) as f:
+                    whole = yield from self._file_lines(f, budget, final=True)
+            except FileNotFoundError:
+                continue  # its plain form was compressed away just now: the .gz is there
+            if not whole:
+                self.stopped_at_budget = True
+                return
+            self._next_file()
+            if budget[0] is not None and budget[0] <= 0:
+                self.stopped_at_budget = True  # the segments after it, or the live file, wait
+                return
+
+    def _file_lines(
+        self, f: IO[bytes], budget: list[int | None], final: bool
+    ) -> Generator[bytes | None, None, bool]:
+        """The lines of one file from ``self.offset``; returns whether its end was reached."""
+        if self._skipping is None:
+            self._skipping = False
+            if self.offset > 0:
+                f.seek(self.offset - 1)
+                self._skipping = f.read(1) not in (b"\n", b"")
+        f.seek(self.offset)
+        start, eof = self.offset, False
+        buf = bytearray()  # the part read so far of the line starting at self.offset
+        while budget[0] is None or budget[0] > 0 or self.offset == start:
+            data = f.read(self.chunk_bytes)
+            if not data:
+                eof = True
+                break
+            if budget[0] is not None:
+                budget[0] -= len(data)
+            pos = 0
+            while pos < len(data):
+                nl = data.find(b"\n", pos)
+                if nl < 0:  # the line goes on past this chunk
+                    if self._skipping:
+                        self.offset += len(data) - pos
                     else:
-                        line = data[pos:nl]
-                    pos = nl + 1
-                    yield line
-            self.stopped_at_budget = not eof
-            if final and eof and (buf or self._skipping):
-                self.offset += len(buf)
+                        buf += data[pos:]
+                        if len(buf) > self.max_line_bytes:
+                            self.offset += len(buf)
+                            buf.clear()
+                            self._skipping = True
+                    break
+                size = len(buf) + nl - pos
+                self.offset += size + 1
                 self.lines += 1
-                if self._skipping:
+                if self._skipping or size > self.max_line_bytes:
                     self._skipping = False
+                    buf.clear()
+                    pos = nl + 1
                     self.long_lines += 1
                     yield None
+                    continue
+                if buf:
+                    line = bytes(buf) + data[pos:nl]
+                    buf.clear()
                 else:
-                    yield bytes(buf)
+                    line = data[pos:nl]
+                pos = nl + 1
+                yield line
+        if final and eof and (buf or self._skipping):
+            self.offset += len(buf)
+            self.lines += 1
+            if self._skipping:
+                self._skipping = False
+                self.long_lines += 1
+                yield None
+            else:
+                yield bytes(buf)
+        return eof
 
     def values(self, max_bytes: int | None = None, final: bool = False) -> Iterator[tuple[int, Any]]:
         """``(line number, value)`` of each non-blank line; a skipped one's value is a :class:`Skipped`."""
@@ -201,39 +270,57 @@ def grep_lines(
     max_line_bytes: int | None = None,
     chunk_bytes: int = CHUNK_BYTES,
 ) -> Iterator[bytes]:
-    """The complete lines of ``path`` in which ``pattern`` occurs, in file order, each once.
+    """The complete lines of the stream ``path`` in which ``pattern`` occurs, in order, each once.
 
     For a question about a few lines of a long stream (the batch of one step): ``pattern`` is
     searched over whole chunks, so a line that does not match is never split out, let alone
-    parsed, and memory is one chunk plus the longest line whatever the file's length. As
-    everywhere here, a torn last line is left out and a line over ``max_line_bytes`` is passed
-    over. ``pattern`` must not match across a newline.
+    parsed, and memory is one chunk plus the longest line whatever the stream's length. Its
+    segments are read in order, then the live file. As everywhere here, a torn last line of the
+    live file is left out and a line over ``max_line_bytes`` is passed over. ``pattern`` must
+    not match across a newline.
     """
     limit = MAX_LINE_BYTES if max_line_bytes is None else max_line_bytes
+    live = Path(path)
+    for seg in segments.segments(live):
+        if not segments.trusted(seg):
+            continue
+        try:
+            with segments.open_segment(seg) as f:
+                yield from _grep_file(f, pattern, limit, chunk_bytes, final=True)
+        except FileNotFoundError:
+            continue  # compressed away meanwhile; a rotation mid-search is not followed
     try:
-        f = open(path, "rb")  # noqa: SIM115 - closed below; a generator holds it
+        f = open(live, "rb")  # noqa: SIM115 - closed below; a generator holds it
     except OSError:
         return
     with f:
-        carry, skipping = b"", False  # the start of a line not complete yet; inside an over-long one
-        while data := f.read(chunk_bytes):
-            if skipping:
-                nl = data.find(b"\n")
-                if nl < 0:
-                    continue
-                data, skipping = data[nl + 1 :], False
-            buf = carry + data
-            end = buf.rfind(b"\n") + 1
-            carry, done = buf[end:], 0  # done: where the lines not yet looked at begin
-            for m in pattern.finditer(buf, 0, end):
-                start = buf.rfind(b"\n", 0, m.start()) + 1
-                if start < done:
-                    continue  # another match in a line already given
-                done = buf.find(b"\n", m.end()) + 1
-                if done - 1 - start <= limit:
-                    yield buf[start : done - 1]
-            if len(carry) > limit:
-                carry, skipping = b"", True
+        yield from _grep_file(f, pattern, limit, chunk_bytes, final=False)
+
+
+def _grep_file(
+    f: IO[bytes], pattern: re.Pattern[bytes], limit: int, chunk: int, final: bool
+) -> Iterator[bytes]:
+    carry, skipping = b"", False  # the start of a line not complete yet; inside an over-long one
+    while data := f.read(chunk):
+        if skipping:
+            nl = data.find(b"\n")
+            if nl < 0:
+                continue
+            data, skipping = data[nl + 1 :], False
+        buf = carry + data
+        end = buf.rfind(b"\n") + 1
+        carry, done = buf[end:], 0  # done: where the lines not yet looked at begin
+        for m in pattern.finditer(buf, 0, end):
+            start = buf.rfind(b"\n", 0, m.start()) + 1
+            if start < done:
+                continue  # another match in a line already given
+            done = buf.find(b"\n", m.end()) + 1
+            if done - 1 - start <= limit:
+                yield buf[start : done - 1]
+        if len(carry) > limit:
+            carry, skipping = b"", True
+    if final and carry and not skipping and pattern.search(carry):
+        yield carry  # a sealed segment's last line, unterminated: it is finished
 
 
 def _backwards(f: IO[bytes], size: int, block: int, limit: int) -> Iterator[tuple[int, bytes | None, bool]]:
@@ -321,3 +408,32 @@ def tail_dicts(path: Path | str, max_bytes: int = BACK_BLOCK_BYTES) -> list[dict
             if isinstance(value, dict):
                 out.append(value)
     return out[::-1]
+
+
+def stream_last_line(
+    path: Path | str, *, accept: Callable[[dict[str, Any]], bool] | None = None
+) -> tuple[tuple[int, int], dict[str, Any] | None]:
+    """``(position just past it, its value)`` of the last JSON object of a stream that ``accept`` takes.
+
+    :func:`last_line` over the live file, then over the sealed segments, newest first (a
+    compressed one is read through, since a gzip stream cannot be read backwards). The position
+    is a :class:`JsonlReader`'s ``(segment, offset)``; ``((1, 0), None)`` when there is none.
+    """
+    path = Path(path)
+    sealed = segments.segments(path)
+    end, value = last_line(path, accept=accept)
+    if value is not None:
+        return ((sealed[-1].number if sealed else 0) + 1, end), value
+    for seg in reversed(sealed):
+        if not seg.compressed:
+            end, value = last_line(seg.path, accept=accept)
+        elif segments.trusted(seg):
+            reader = JsonlReader(path, segment=seg.number)
+            for d in reader.dicts(final=True):
+                if reader.segment != seg.number:
+                    break
+                if accept is None or accept(d):
+                    end, value = reader.offset, d
+        if value is not None:
+            return (seg.number, end), value
+    return (1, 0), None

@@ -8,6 +8,7 @@ The reading itself is :mod:`steadytune.telemetry.jsonl`'s.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 from collections.abc import Iterator
@@ -16,7 +17,10 @@ from typing import Any
 
 from steadytune.records import PlanRevision, Record, from_dict, from_json, to_json
 from steadytune.rundir import RunDir
+from steadytune.telemetry import segments
 from steadytune.telemetry.jsonl import JsonlReader
+
+log = logging.getLogger(__name__)
 
 
 class JsonlWriter:
@@ -30,24 +34,90 @@ class JsonlWriter:
     :meth:`sync` (at checkpoints and at exit): fsync per step would cost more than
     the step on a tiny model. The file is opened ``O_APPEND``, unbuffered: Python's
     buffered text layer cost more per record than the system call itself.
+
+    ``segment_bytes`` (0: never) rotates the file once it has grown past that size: between two
+    records, the file is sealed as the stream's next segment and a fresh one opened; the sealed
+    segment is gzipped by a thread of this writer (zlib lets go of the GIL while it works), so a
+    record is never held up by more than a rename. The rotation is the writer's own, since it
+    alone knows where a line ends and holds the file open (see :mod:`~steadytune.telemetry.segments`).
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, segment_bytes: int = 0) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
-        self._fd: int | None = os.open(self.path, flags, 0o644)
+        self.segment_bytes = segment_bytes
+        self._fd: int | None = None
+        self._ino = 0
+        self._open()
         # The worker's heartbeat thread writes too: one line must never interleave with another.
         self._lock = threading.Lock()
+        self._compressing: threading.Thread | None = None
+        self._sealed: list[Path] = []
+        self._recover = bool(segment_bytes)  # put right what a crash mid-rotation left, first
+        if self._recover:
+            self._compress_later(None)
+
+    def _open(self) -> None:
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
+        self._fd = os.open(self.path, flags, 0o644)
+        self._ino = os.fstat(self._fd).st_ino
 
     def _line(self, text: str) -> None:
         data = (text + "\n").encode("utf-8")
         with self._lock:
             if self._fd is None:
                 return
+            if self.segment_bytes:
+                self._follow()
             view = memoryview(data)
             while view:  # a regular file takes it all at once; a short write is finished, not dropped
                 view = view[os.write(self._fd, view) :]
+            if self.segment_bytes and os.fstat(self._fd).st_size >= self.segment_bytes:
+                self._rotate()
+
+    def _follow(self) -> None:
+        """Write to the file now at ``path``: another writer of this stream (an earlier attempt's
+        log adapter, a restarted worker) may have rotated it since this one last wrote."""
+        try:
+            ino = os.stat(self.path).st_ino
+        except FileNotFoundError:
+            ino = -1
+        if ino != self._ino and self._fd is not None:
+            os.close(self._fd)
+            self._open()
+
+    def _rotate(self) -> None:
+        assert self._fd is not None
+        try:
+            sealed = segments.seal(self.path)
+        except OSError as exc:  # a record is never lost to a rotation: the file just grows on
+            log.warning("could not rotate %s (%s): it is no longer rotated by this writer", self.path, exc)
+            self.segment_bytes = 0
+            return
+        os.close(self._fd)
+        self._open()
+        self._compress_later(sealed)
+
+    def _compress_later(self, sealed: Path | None) -> None:
+        """Compress ``sealed`` (None: finish what a crash left) in this writer's thread."""
+        if sealed is not None:
+            self._sealed.append(sealed)
+        if self._compressing is not None and self._compressing.is_alive():
+            return  # the running thread takes the new segment from the list before it ends
+        self._compressing = threading.Thread(target=self._compress_all, name="jsonl-compress", daemon=True)
+        self._compressing.start()
+
+    def _compress_all(self) -> None:
+        if self._recover:
+            self._recover = False
+            segments.finish(self.path)
+        while True:
+            with self._lock:
+                if not self._sealed:
+                    self._compressing = None
+                    return
+                sealed = self._sealed.pop(0)
+            segments.compress(sealed)
 
     def write(self, record: Record) -> None:
         self._line(to_json(record))
@@ -61,10 +131,15 @@ class JsonlWriter:
                 os.fsync(self._fd)
 
     def close(self) -> None:
+        """Close the file, after the segments it sealed are compressed (a killed writer leaves
+        them plain, which readers read as they are and the stream's next writer compresses)."""
         with self._lock:
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None
+            thread = self._compressing
+        if thread is not None:
+            thread.join()
 
     def __enter__(self) -> JsonlWriter:
         return self

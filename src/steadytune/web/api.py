@@ -7,6 +7,7 @@ without a server. Non-finite floats become ``null`` (JSON has no NaN).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from steadytune.detect.build import layer_limits
@@ -50,7 +51,7 @@ def event_dict(e: Event) -> dict[str, Any]:
 
 def run_summary(entry: RunEntry) -> dict[str, Any]:
     """One row of the runs page (a finished run's is read once, until one of its files changes)."""
-    return dict(entry.memo("summary", lambda: _summary(entry)))
+    return dict(entry.memo("summary", lambda: _summary(entry), load=dict))
 
 
 def _summary(entry: RunEntry) -> dict[str, Any]:
@@ -137,16 +138,27 @@ def _series_dict(s: Series) -> dict[str, Any]:
 
 
 def series(
-    entry: RunEntry, points: int = 1500, lo: float | None = None, hi: float | None = None
+    entry: RunEntry,
+    points: int = 1500,
+    lo: float | None = None,
+    hi: float | None = None,
+    gpus: Sequence[int] | None = None,
 ) -> dict[str, Any]:
-    """Downsampled charts of one run: steps (x = step), system and GPUs (x = unix time)."""
+    """Downsampled charts of one run: steps (x = step), system and GPUs (x = unix time).
+
+    ``gpus``: the GPUs whose charts to send (``None``: all). The run page draws one GPU; on an
+    8-GPU run the seven others were two thirds of the answer. ``gpu_indices`` lists every GPU
+    sampled, so a page can ask for the others when it shows them.
+    """
     store = entry.store()
     points = max(10, min(int(points), MAX_POINTS))
     version = store.version
     steps = store.step_series(STEP_METRICS, points=points, lo=lo, hi=hi)
     # System charts stay whole when the step axis is zoomed: ~1 sample/s is cheap.
     system = store.system_series(SYSTEM_METRICS, points=points)
-    gpus = {str(i): _series_dict(store.gpu_series(i, GPU_METRICS, points)) for i in store.gpu_indices()}
+    indices = store.gpu_indices()
+    shown = [i for i in indices if gpus is None or i in gpus]
+    charts = {str(i): _series_dict(store.gpu_series(i, GPU_METRICS, points)) for i in shown}
     anomalies = [
         {"step": e.step, "name": e.name, "severity": e.severity, "message": e.message}
         for e in store.events(kinds=("anomaly",), limit=2000)
@@ -156,7 +168,8 @@ def series(
         "version": version,
         "steps": _series_dict(steps),
         "system": _series_dict(system),
-        "gpus": gpus,
+        "gpus": charts,
+        "gpu_indices": indices,
         "anomalies": anomalies,
     }
 

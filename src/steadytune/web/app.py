@@ -37,6 +37,6 @@ class DashboardApp:
         self.streams = threading.BoundedSemaphore(self.max_streams)
 
     def indexer(self, interval_s: float = 0.2) -> None:
-        """Keep the indexes of supervisor-less runs fresh, off the request path."""
+        """Keep the indexes of supervisor-less runs fresh, off the request path (quiet runs less often)."""
         while not self.stopping.wait(interval_s):
-            self.index.refresh_all()
+            self.index.refresh_due()

@@ -123,6 +123,11 @@ class Samples(list[Sample]):
             return
         self.append((family, v, tuple(str(labels[k]) for k in LABELS[family])))
 
+    @classmethod
+    def load(cls, stored: Any) -> Samples:
+        """The samples as JSON kept them (:mod:`.stored`): lists back to tuples."""
+        return cls((str(f), float(v), tuple(str(x) for x in labels)) for f, v, labels in stored)
+
     def value(self, family: str) -> float | None:
         return next((v for name, v, _ in self if name == family), None)
 
@@ -244,7 +249,7 @@ def _run_samples(entry: RunEntry, accounts: AccountCache) -> Samples:
 
 
 def _run_families(f: _Scrape, entry: RunEntry, now: float, accounts: AccountCache) -> None:
-    samples = entry.memo("metrics", lambda: _run_samples(entry, accounts))
+    samples = entry.memo("metrics", lambda: _run_samples(entry, accounts), load=Samples.load)
     f.extend(samples)
     saved = samples.value("checkpoint_last_timestamp_seconds")
     if saved is not None:

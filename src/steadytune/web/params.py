@@ -57,6 +57,20 @@ def query_int(
     return max(lo, min(int(value), hi))
 
 
+def query_indices(q: Mapping[str, list[str]], name: str) -> tuple[int, ...] | None:
+    """``name`` as comma-separated indices (``0`` or ``0,3``); ``None`` when absent or ``all``."""
+    raw = _raw(q, name)
+    if raw is None or raw == "all":
+        return None
+    try:
+        values = tuple(int(v) for v in raw.split(","))
+    except ValueError:
+        values = (-1,)
+    if any(v < 0 or v > MAX_INT for v in values):
+        raise BadParam(name, f"{name}={raw[:40]!r}: give indices such as 0 or 0,3, or all")
+    return values
+
+
 def content_length(headers: Mapping[str, str] | Message) -> int:
     """The request's ``Content-Length`` (0 when absent); only plain decimal digits are accepted."""
     raw = headers.get("Content-Length")

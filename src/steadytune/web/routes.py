@@ -21,7 +21,7 @@ from steadytune.server.queue import QueueError
 from steadytune.web import api, goodput, sse
 from steadytune.web.auth import Access, may_read
 from steadytune.web.metrics import CONTENT_TYPE, render_metrics
-from steadytune.web.params import BadParam, query_float, query_int
+from steadytune.web.params import BadParam, query_float, query_indices, query_int
 from steadytune.web.runs import RunEntry
 from steadytune.web.security import bearer, token_ok
 
@@ -151,7 +151,8 @@ def run_detail(h: Handler, p: Params, q: Query) -> None:
 def series(h: Handler, p: Params, q: Query) -> None:
     if entry := _run(h, p):
         points = query_int(q, "points", 1500, lo=10, hi=api.MAX_POINTS)
-        h.json(api.series(entry, points, query_float(q, "lo"), query_float(q, "hi")))
+        gpus = query_indices(q, "gpus")
+        h.json(api.series(entry, points, query_float(q, "lo"), query_float(q, "hi"), gpus))
 
 
 def gradflow(h: Handler, p: Params, q: Query) -> None:

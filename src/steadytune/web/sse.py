@@ -82,14 +82,18 @@ def with_slot(app: DashboardApp, body: Callable[[], None], busy: Callable[[], No
 
 
 def runs(app: DashboardApp, stream: EventStream) -> None:
-    """The runs list, each time it changes."""
-    last = None
+    """The runs list (``runs``) first and whenever a run comes or goes; else only the rows that
+    changed (``runs_changed``): with a thousand runs and one live, the page redrew a thousand rows
+    from 750 KB every second for the one that moved."""
+    last: list[dict[str, Any]] | None = None
     while not app.stopping.is_set() and not stream.viewer_gone():
         rows = api.runs_list(app.index)
         sent = rows != last
-        if sent:
+        if last is None or [r["run_id"] for r in rows] != [r["run_id"] for r in last]:
             stream.send("runs", rows)
-            last = rows
+        elif sent:
+            stream.send("runs_changed", [r for r, was in zip(rows, last, strict=True) if r != was])
+        last = rows
         stream.flush(sent)
         app.stopping.wait(1.0)
 

@@ -54,3 +54,19 @@ def test_one_step_of_a_long_run_is_read_without_holding_the_run(tmp_path: Path) 
     assert peak < 5 * CHUNK_BYTES  # the chunk read, the same joined to the line begun before it
     _, whole_peak = peak_bytes(lambda: final_steps(run))  # every record of the run, read whole
     assert whole_peak > 5 * peak
+
+
+def test_one_step_is_found_in_a_rotated_stream_s_segments(tmp_path: Path) -> None:
+    from steadytune.telemetry import segments
+
+    run = run_of(tmp_path, [rec(s, first=10 * s) for s in range(1, 201)])
+    segments.compress(segments.seal(run.telemetry(0)))  # steps 1-200 in rank-0.00001.jsonl.gz
+    with JsonlWriter(run.telemetry(0)) as w:
+        for s in range(201, 301):
+            w.write(rec(s, first=10 * s))
+    assert [p.name for p in run.telemetry_dir.iterdir() if p.name.endswith(".gz")] == [
+        "rank-0.00001.jsonl.gz"
+    ]
+    whole = final_steps(run)
+    for step in (7, 200, 250):
+        assert step_batch(run, step).indices == tuple(i for r in whole[step] for i in r.batch.indices)

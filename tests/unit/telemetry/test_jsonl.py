@@ -318,3 +318,20 @@ def test_grep_lines_holds_a_chunk_not_the_file(tmp_path: Path) -> None:
     assert found == [step_line(7).rstrip(b"\n")]
     assert peak < 5 * (64 << 10)  # the chunk, the chunk joined to the line begun before it, a line
     assert path.stat().st_size > 20 * peak
+
+
+def test_a_budgeted_reader_says_whether_more_is_waiting_across_segments(tmp_path: Path) -> None:
+    from steadytune.telemetry import segments
+
+    live = tmp_path / "rank-0.jsonl"
+    write(live, *(step_line(s) for s in range(0, 300)))
+    segments.compress(segments.seal(live))
+    write(live, *(step_line(s) for s in range(300, 600)))
+    reader, got, reads = JsonlReader(live, chunk_bytes=4096), [], 0
+    while True:
+        got += [d["step"] for d in reader.dicts(max_bytes=4096)]
+        reads += 1
+        if not reader.stopped_at_budget:
+            break
+    assert got == list(range(600)) and reads > 5  # ~40 KB in budgets of 4 KB, then the end seen
+    assert reader.read_dicts(max_bytes=4096) == [] and not reader.stopped_at_budget

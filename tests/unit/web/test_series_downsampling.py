@@ -69,3 +69,29 @@ def test_a_single_step_spike_and_dip_survive_downsampling(tmp_path: Path, points
     _, cpu = _column(system["rows"], system["metrics"], "cpu_ratio")
     assert max(c for c in cpu if c is not None) == 0.9
     assert not any(isinstance(v, float) and math.isnan(v) for r in steps["rows"] for v in r if v is not None)
+
+
+def test_only_the_gpus_asked_for_are_charted_and_their_spikes_kept(tmp_path: Path) -> None:
+    # The run page draws one GPU: on an 8-GPU run the seven others were most of the answer.
+    run = RunDir(tmp_path / "runs" / "gpus").create()
+    with JsonlWriter(run.system) as w:
+        for i in range(SAMPLES):
+            hot = 97.0 if i == 9_999 else 61.0
+            gpus = tuple(
+                GpuSample(index=g, util_ratio=0.5, temperature_c=hot if g == 2 else 60.0) for g in range(4)
+            )
+            w.write(SystemSample(ts=1000.0 + 2 * i, cpu_ratio=0.2, gpus=gpus))
+    index = RunsIndex(tmp_path / "runs", cache_dir=tmp_path / "cache")
+    index.refresh_all()
+    entry = index.get("gpus")
+    assert entry is not None
+
+    every = series(entry, points=300)
+    assert sorted(every["gpus"]) == ["0", "1", "2", "3"] and every["gpu_indices"] == [0, 1, 2, 3]
+    asked = series(entry, points=300, gpus=[2, 7])  # 7: never sampled, left out rather than empty
+    assert list(asked["gpus"]) == ["2"] and asked["gpu_indices"] == [0, 1, 2, 3]
+    chart = asked["gpus"]["2"]
+    assert len(chart["rows"]) <= 300 and chart == every["gpus"]["2"]
+    _, temps = _column(chart["rows"], chart["metrics"], "temperature_c")
+    assert max(t for t in temps if t is not None) == 97.0
+    assert series(entry, points=300, gpus=[])["gpus"] == {}

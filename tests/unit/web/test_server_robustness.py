@@ -9,6 +9,7 @@ from __future__ import annotations
 import http.client
 import json
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -268,3 +269,24 @@ def test_every_route_of_the_table_is_guarded_as_it_says(tmp_path: Path) -> None:
             conn.close()
     finally:
         h.stop()
+
+
+def test_the_runs_stream_sends_the_list_once_then_only_the_rows_that_changed(serve, tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    for run, filed in (finished_run(runs, "still"), finished_run(runs, "moving")):
+        supervisor_index(run, filed)  # indexed already: only the status below moves a row
+    moving = RunDir(runs / "moving")
+    handle = serve(runs)
+
+    def move() -> None:
+        status = json.loads(moving.status.read_text())
+        atomic_write_text(moving.status, json.dumps({**status, "state": "failed", "updated_ts": 1001.0}))
+
+    timer = threading.Timer(0.5, move)
+    timer.start()
+    frames = read_sse(handle, "/api/stream", seconds=2.6)  # the stream looks again every second
+    timer.join()
+    assert frames[0][0] == "runs" and [r["run_id"] for r in frames[0][1]] == ["moving", "still"]
+    later = frames[1:]
+    assert [name for name, _ in later] == ["runs_changed"], later
+    assert [(r["run_id"], r["state"]) for r in later[0][1]] == [("moving", "failed")]

@@ -10,7 +10,8 @@ from typing import Any
 
 from steadytune.records import Event, PlanRevision, StepRecord, SystemSample, from_dict, to_dict
 from steadytune.rundir import RunDir
-from steadytune.telemetry.jsonl import JsonlReader, last_line
+from steadytune.telemetry import segments
+from steadytune.telemetry.jsonl import JsonlReader, stream_last_line
 from steadytune.telemetry.store.gradflow import flow_columns
 from steadytune.telemetry.store.schema import GPU_METRICS, ROLLUP, STEP_METRICS, SYSTEM_METRICS, StoreBase
 
@@ -33,6 +34,22 @@ def _indexed(d: dict[str, Any]) -> bool:
 
 def _nonfinite(*values: Any) -> int:
     return int(any(isinstance(v, float) and not math.isfinite(v) for v in values))
+
+
+def _position(saved: str | None) -> tuple[int, int]:
+    """A stream position kept in ``meta``: ``"<segment>:<offset>"``, or a bare offset (kept before
+    streams were rotated, so in the live file of a stream with no segment: segment 1)."""
+    seg, _, offset = (saved or "0").rpartition(":")
+    try:
+        return (int(seg) if seg else 1), int(offset)
+    except ValueError:
+        return 1, 0
+
+
+def _saved(position: tuple[int, int]) -> str:
+    """A stream never rotated keeps its bare offset: an index an older steadytune opens reads on."""
+    seg, offset = position
+    return str(offset) if seg == 1 else f"{seg}:{offset}"
 
 
 class Ingest(StoreBase):
@@ -203,8 +220,9 @@ class Ingest(StoreBase):
     def sync(self, run_dir: RunDir, chunk_bytes: int = 8 << 20) -> int:
         """Index the JSONL lines appended since the last sync; returns how many records.
 
-        The byte offset reached in each file is kept in ``meta`` (``offset:<relpath>``),
-        so a later call, in this process or another, continues where this one stopped.
+        The position reached in each stream (segment and byte offset) is kept in ``meta``
+        (``offset:<relpath>``), so a later call, in this process or another, continues where
+        this one stopped, across the rotations in between.
         """
         total = 0
         files = [*run_dir.telemetry_files(), run_dir.system, run_dir.events, run_dir.plan]
@@ -214,19 +232,23 @@ class Ingest(StoreBase):
         for path in files:
             notices = path.parent == run_dir.telemetry_dir
             key = f"offset:{path.relative_to(run_dir.root).as_posix()}"
-            start = int(self.get_meta(key, "0") or 0)
-            try:
-                if path.stat().st_size < start:
-                    start = 0  # the file was replaced (rotated or rewritten): read it again
-            except FileNotFoundError:
-                continue
-            reader = JsonlReader(path, start)
+            seg, start = _position(self.get_meta(key))
+            if seg > 1 and segments.segment(path, seg) is None and segments.segment(path, seg - 1) is None:
+                seg, start = 1, 0  # the stream was replaced (its segments are gone): read it again
+            if segments.segment(path, seg) is None:
+                try:
+                    if path.stat().st_size < start:
+                        start = 0  # the live file was replaced (rewritten by hand): read it again
+                except FileNotFoundError:
+                    if not segments.segments(path):
+                        continue
+            reader = JsonlReader(path, start, segment=seg)
             while True:
-                offset = reader.offset
+                position = reader.position
                 skipped = reader.bad_lines + reader.long_lines
                 dicts = reader.read_dicts(max_bytes=chunk_bytes)
                 bad = reader.bad_lines + reader.long_lines - skipped
-                if reader.offset == offset:
+                if reader.position == position:
                     break
                 recs = []
                 for d in dicts:
@@ -240,7 +262,7 @@ class Ingest(StoreBase):
                 self.unreadable_lines += bad
                 self.add(recs)
                 total += len(recs)
-            self.set_meta(key, str(reader.offset))
+            self.set_meta(key, _saved(reader.position))
         return total
 
     def adopt(self, run_dir: RunDir) -> list[str]:
@@ -259,10 +281,10 @@ class Ingest(StoreBase):
                 continue
             # The last record the index could hold: a finished worker's stream ends with its heartbeats
             # and last words, which prove nothing, and a run left unadopted is read again whole.
-            end, last = last_line(path, accept=_indexed)
+            where, last = stream_last_line(path, accept=_indexed)
             if last is None or not self._has(last):
                 continue
-            self.set_meta(key, str(end))
+            self.set_meta(key, _saved(where))
             adopted.append(key[len("offset:") :])
         return adopted
 

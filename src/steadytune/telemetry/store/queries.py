@@ -150,8 +150,11 @@ class Queries(StoreBase):
         version = self.version
         with self._lock:
             if lo is None or hi is None:
+                # Two subqueries: SQLite reads MIN or MAX alone off the index, both at once from every row.
                 dlo, dhi = self._db.execute(
-                    f"SELECT MIN({x}), MAX({x}) FROM {table} WHERE {where}", params
+                    f"SELECT (SELECT MIN({x}) FROM {table} WHERE {where}), "
+                    f"(SELECT MAX({x}) FROM {table} WHERE {where})",
+                    params * 2,
                 ).fetchone()
                 lo = dlo if lo is None else lo
                 hi = dhi if hi is None else hi

@@ -50,17 +50,43 @@
         text: `allocated ${hours(g.allocated_s)} · productive ${hours(g.productive_s)}` + (g.jobs.length ? ` · jobs ${g.jobs.join(", ")}` : "") }));
   }
 
+  // The newest SHOWN runs until "show all" is clicked: a thousand bars are not read, and drawing
+  // them held the runs page for seconds. Redraw only the bars whose account moved.
+  const SHOWN = 100;
+  let drawn = [], all = false;  // drawn: [run, its account as text] of each bar shown
+  const more = document.getElementById("goodput-more");
+  function drawRuns(data) {
+    let list = data.runs.slice().reverse();
+    if (more) {
+      more.textContent = `show all ${fmt.int(list.length)} runs`;
+      more.classList.toggle("hidden", all || list.length <= SHOWN);
+    }
+    if (!all) list = list.slice(0, SHOWN);
+    const texts = list.map((r) => JSON.stringify(r));
+    if (list.length === drawn.length && list.every((r, i) => r.run === drawn[i][0])) {
+      texts.forEach((t, i) => { if (t !== drawn[i][1]) runs.children[i].replaceWith(runRow(list[i], data)); });
+    } else {
+      document.getElementById("goodput-legend").replaceChildren(...legend(data));
+      runs.replaceChildren(...list.map((r) => runRow(r, data)));
+    }
+    drawn = list.map((r, i) => [r.run, texts[i]]);
+  }
+
   const runs = document.getElementById("goodput-runs"), gpus = document.getElementById("goodput-gpus");
+  if (more) more.addEventListener("click", () => { all = true; refresh(); });
   async function refresh() {
     try {
       const data = await ST.getJSON("/api/goodput");
-      if (runs) {
-        document.getElementById("goodput-legend").replaceChildren(...legend(data));
-        runs.replaceChildren(...data.runs.slice().reverse().map((r) => runRow(r, data)));
-      }
+      if (runs) drawRuns(data);
       if (gpus && data.gpus) gpus.replaceChildren(...data.gpus.map(gpuRow));
     } catch (err) { /* the next refresh tries again */ }
   }
-  refresh();
-  setInterval(refresh, 5000);
+  // On the runs page the table comes first: a thousand runs' accounts, read once by a dashboard
+  // that never saw them, would hold the server while the table waits (10 s at most).
+  const table = document.getElementById("runs");
+  const first = table ? new Promise((go) => {
+    document.addEventListener("steadytune:runs", go, { once: true });
+    setTimeout(go, 10000);
+  }) : Promise.resolve();
+  first.then(() => { refresh(); setInterval(refresh, 5000); });
 })();

@@ -84,7 +84,8 @@
   async function loadSeries() {
     const q = state.zoom ? `&lo=${Math.floor(state.zoom[0])}&hi=${Math.ceil(state.zoom[1])}` : "";
     const w = Math.max(400, Math.min(3000, Math.round(grid.clientWidth / 2) * 2));
-    const data = await ST.getJSON(`${base}/series?points=${w}${q}`);
+    // One GPU is drawn: the others' charts are not sent (data.gpu_indices lists them all).
+    const data = await ST.getJSON(`${base}/series?points=${w}&gpus=0${q}`);
     const st = data.steps;
     setCols(charts.loss, "loss", columns(st, "loss"));
     setCols(charts.loss, "eval_loss", columns(st, "eval_loss"));
@@ -99,7 +100,7 @@
     charts.host.get("ram").set(used.x, used.y.map((v, i) => (v === null || !total.y[i] ? null : (100 * v) / total.y[i])));
     setCols(charts.disk, "disk", columns(sys, "disk_free_bytes"));
     setCols(charts.rss, "rss", columns(sys, "worker_rss_bytes"));
-    if (sys.rows.length) setHardware(Object.keys(data.gpus).length > 0);
+    if (sys.rows.length) setHardware(data.gpu_indices.length > 0);
     if (st.rows.length) setCuda(columns(st, "mem_allocated_bytes").y.some((v) => v !== null && v !== undefined));
     const g0 = data.gpus["0"];
     if (g0) {
