@@ -178,6 +178,8 @@ class StragglerWatch:
         self._last_step: dict[int, int] = {}
         self._slow: dict[int, int] = {}  # slow points in a row, per rank
         self._first_slow: dict[int, int] = {}  # the step of the first of them
+        self._now: dict[int, float] = {}  # each rank's median of its last _NOW_POINTS times
+        self._lagging: set[int] = set()  # ranks whose lag was reported and not yet reported over
         self._reps: dict[int, Reporter] = {}
         self._leader = 0
         self._advances = SortedWindow(16)  # how far the leading step moves per record: the logging interval
@@ -202,7 +204,11 @@ class StragglerWatch:
         t = rec.extra.get("compute_time_s") if rec.extra else None
         t = float(t) if isinstance(t, (int, float)) else rec.step_time_s
         if t and t > 0:
-            self._times.setdefault(r, SortedWindow(16)).push(float(t))
+            w = self._times.setdefault(r, SortedWindow(16))
+            w.push(float(t))
+            # This rank's side of every other rank's yardstick, kept as it changes: worked out from
+            # each peer's window at every record, it cost 64 ranks 64 x 64 window copies a step.
+            self._now[r] = _middle(sorted(list(w.values)[-_NOW_POINTS:]))
         if len(self._last_step) < 2:
             return
         self._lag(rec.step, out)
@@ -214,14 +220,18 @@ class StragglerWatch:
         lead = self._leader
         interval = self._advances.median()
         limit = self.lim.straggler_lag_points * interval
+        if not self._lagging and lead - min(self._last_step.values()) < limit:
+            return  # no rank lags and none did: every verdict below would be "still fine" (one per rank)
         for rank, last in self._last_step.items():
             behind = lead - last
             rep = self._rep(rank)
             if behind >= limit:
                 ev = None if rep.is_on("straggler", "step") else {"rank_step": last, "leader_step": lead}
                 rep.report(out, "straggler", "step", last, True, evidence=ev)
+                self._lagging.add(rank)
             elif behind <= limit / 2:
                 rep.report(out, "straggler", "step", step, False)
+                self._lagging.discard(rank)
 
     def _slowness(self, rec: StepRecord, t: float | None, out: list[Finding]) -> None:
         mine = self._times.get(rec.rank)
@@ -233,7 +243,7 @@ class StragglerWatch:
             rec.step - self.lim.straggler_lag_points * self._advances.median() if self._advances else None
         )
         peers = [
-            w
+            r
             for r, w in self._times.items()
             if r != rec.rank and len(w) >= 8 and (recent is None or self._last_step[r] >= recent)
         ]
@@ -245,13 +255,13 @@ class StragglerWatch:
         # turned first), and a slowdown of every rank at once (longer batches, a slower phase)
         # moves the yardstick within a point or two. The yardstick leaves the rank out: with two
         # ranks, a median over both would move halfway to the slow one and hide it.
-        now = _middle(sorted(_middle(sorted(list(w.values)[-_NOW_POINTS:])) for w in peers))
+        now = _middle(sorted(self._now[r] for r in peers))
         slow = now > 0 and t / now > self.lim.straggler_ratio
         count = self._slow[rec.rank] = self._slow.get(rec.rank, 0) + 1 if slow else 0
         if count == 1:
             self._first_slow[rec.rank] = rec.step
         rep = self._rep(rec.rank)
-        typical = _middle(sorted(w.median() for w in peers))
+        typical = _middle(sorted(self._times[r].median() for r in peers))
         if count >= self.lim.straggler_points:
             ev, at = None, rec.step
             if not rep.is_on("straggler", "step_time_s"):

@@ -11,6 +11,7 @@ Torch-free: the supervisor may call into this module.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,8 +19,9 @@ from typing import Any
 import yaml
 
 from steadytune.config.yamlsafe import read_yaml
-from steadytune.records import Event, PlanRevision, StepRecord, from_json
+from steadytune.records import Event, PlanRevision, StepRecord, from_dict, from_json
 from steadytune.rundir import RunDir
+from steadytune.telemetry.jsonl import grep_lines, parse_line
 from steadytune.telemetry.stream import iter_records
 
 
@@ -32,6 +34,29 @@ def step_records(run: RunDir) -> list[StepRecord]:
     out: list[StepRecord] = []
     for path in run.telemetry_files():
         out.extend(r for r in iter_records(path) if isinstance(r, StepRecord) and not r.extra.get("eval"))
+    return out
+
+
+def records_of_step(run: RunDir, step: int) -> list[StepRecord]:
+    """The training records of one step (every rank, every attempt), in file order.
+
+    As :func:`step_records` would give them, without holding the run: a line is parsed only when
+    its text names the step. The supervisor asks this of a step that just spiked, in a run that may
+    be a million steps long; reading every record whole cost it gigabytes and minutes of CPU.
+    """
+    named = re.compile(rb'"step"[ \t]*:[ \t]*%d(?![0-9.eE])' % step)
+    out: list[StepRecord] = []
+    for path in run.telemetry_files():
+        for line in grep_lines(path, named):
+            value = parse_line(line)
+            if not isinstance(value, dict):
+                continue
+            try:
+                rec = from_dict(value)
+            except (ValueError, TypeError):
+                continue  # as iter_records passes it over
+            if isinstance(rec, StepRecord) and rec.step == step and not rec.extra.get("eval"):
+                out.append(rec)
     return out
 
 
@@ -78,7 +103,7 @@ def step_batch(
     Raises:
         ForensicsError: the step is not recorded or has no batch fingerprint.
     """
-    finals = final_steps(run, attempt=attempt) if finals is None else finals
+    finals = final_steps(run, records_of_step(run, step), attempt) if finals is None else finals
     recs = finals.get(step)
     if not recs:
         known = sorted(finals)

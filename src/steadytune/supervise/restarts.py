@@ -6,6 +6,7 @@ run's facts (verified checkpoints, the samples of each step, the config).
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from steadytune.policy.plan import choose_rollback_checkpoint, onset_step, oom_e
 from steadytune.policy.restart import Decision
 from steadytune.records import Anomaly, PlanRevision, StepRecord, to_dict
 from steadytune.rundir import RunDir
+from steadytune.supervise.samples import samples_between
 
 
 def replay_detector(run: RunDir, config: Any, upto_step: int, world_size: int | None = None) -> LiveDetector:
@@ -85,7 +87,7 @@ def rollback_restart(
     previous_resumes: list[int | None],
     checkpoints: Path,
     current_step: int,
-    samples_by_step: dict[int, list[int]],
+    samples_by_step: Mapping[int, Sequence[int]],
     lr_scale: float,
     came_back_within: int = 0,
 ) -> tuple[dict[str, Any] | None, str, str, int | None]:
@@ -104,7 +106,8 @@ def rollback_restart(
     # the LR. Only where they are skipped is it a way out.
     # Where a detector that confirms late names the step the trouble began (onset_step), from there.
     onset = onset_step(anomaly)
-    skippable = any(samples_by_step.get(s) for s in range(onset, end + 1))
+    near = samples_between(samples_by_step, onset - 1, end)
+    skippable = any(near.get(s) for s in range(onset, end + 1))
     before = onset if skippable else onset - 1
     target = choose_rollback_checkpoint(before, verified_steps, previous_resumes, came_back_within)
     if target is None:
@@ -124,7 +127,7 @@ def rollback_restart(
         end,
         target,
         path,
-        samples_by_step,
+        samples_between(samples_by_step, target, end),
         lr_scale,
         None,
         kind,

@@ -23,6 +23,7 @@ from steadytune.records import Event, PlanRevision, Record, WorkerExit, to_json
 from steadytune.rundir import RunDir
 from steadytune.supervise.next_attempt import RestartPlanner
 from steadytune.supervise.process import ProcessTree, WorkerProcess
+from steadytune.supervise.samples import SampleLog
 from steadytune.supervise.source import WorkerSource
 from steadytune.telemetry.progress import RunProgress
 
@@ -66,7 +67,7 @@ class History:
 
     checkpoint_steps: list[int] = field(default_factory=list)  # saves the worker reported, in order
     trouble_steps: list[int] = field(default_factory=list)  # steps of warnings/criticals, for LAST_GOOD
-    samples_by_step: dict[int, list[int]] = field(default_factory=dict)  # for rollback-and-skip
+    samples_by_step: SampleLog = field(default_factory=SampleLog)  # for rollback-and-skip
     rollback_resumes: list[int | None] = field(default_factory=list)  # where each rollback went
     exits: list[WorkerExit] = field(default_factory=list)  # every rank's last words, every attempt
     last_save_ts: float | None = None

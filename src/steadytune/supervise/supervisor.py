@@ -58,7 +58,8 @@ from steadytune.supervise.process import ProcessTree
 from steadytune.supervise.publishing import Publishes
 from steadytune.supervise.restarts import first_plan
 from steadytune.supervise.resuming import Resumes
-from steadytune.supervise.runstate import Attempt, Plans, RunState, Stopping
+from steadytune.supervise.runstate import Attempt, History, Plans, RunState, Stopping
+from steadytune.supervise.samples import SampleLog
 from steadytune.supervise.scaling import SCALE_ACTIONS, Autoscaler
 from steadytune.supervise.source import PLAN, NativeSource, WorkerSource
 from steadytune.supervise.standby import Standby
@@ -132,6 +133,7 @@ class Supervisor:
             policy=Policy(cfg.policy),
             attempt=Attempt(phase_since=clock()),
             stop=Stopping(grace_s=stop_grace_s),
+            history=History(samples_by_step=SampleLog(self.run)),  # older steps' samples read back
             started_ts=clock(),
             launch=dict(launch or {}),
         )
@@ -258,7 +260,7 @@ class Supervisor:
                 if self.scaling is not None and (undo := self.scaling.on_step(rec)) is not None:
                     self.actions.execute(undo)
             if rec.batch is not None and rec.batch.indices:
-                st.history.samples_by_step.setdefault(rec.step, []).extend(rec.batch.indices)
+                st.history.samples_by_step.add(rec.step, rec.batch.indices)
             if st.pending is None and not stale:
                 for t in st.detector.observe_step(rec):
                     self.actions.on_transition(t)
@@ -314,7 +316,8 @@ class Supervisor:
                 self.out.say(f"the {st.source.label} did not stop in time: killing it", style="bold red")
                 worker.kill()
                 stop.killed = True
-            time.sleep(self.poll_s)
+            if not self.intake.behind:  # a backlog is taken a budget a turn, without a pause between
+                time.sleep(self.poll_s)
         # Asked to stop, the rest of the tree gets the grace period too: a launcher dies of SIGTERM at
         # once while its trainer is still saving the checkpoint it was asked for.
         tree = st.attempt.tree

@@ -14,6 +14,8 @@
   too deep for the parser (``[[[[…``, which raises ``RecursionError``) is skipped and
   counted in ``bad_lines``.
 - :func:`last_line` reads backwards from the end, for "where did this file stop".
+- :func:`grep_lines` finds the few lines that name something (one step of a million) at
+  the disk's pace: the search runs over whole chunks, not line by line.
 
 Torch-free: the supervisor and the web server import it.
 """
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Callable, Generator, Iterator
 from enum import Enum
 from pathlib import Path
@@ -110,6 +113,7 @@ class JsonlReader:
         self.bad_lines = 0
         self.long_lines = 0
         self._skipping: bool | None = None  # inside an over-long line; None: not known yet
+        self.stopped_at_budget = False  # the last read left the file's end unread (its max_bytes)
         self._placed = False  # whether the position was checked against the segments there
 
     @property
@@ -141,6 +145,7 @@ class JsonlReader:
         if not self._placed:
             self._place()
         budget = [max_bytes]
+        self.stopped_at_budget = False
         while True:
             # The live file is opened before segment n is looked for: if n is not there yet, the
             # file opened is the one this reader was reading, even if it is sealed a moment later.
@@ -152,7 +157,7 @@ class JsonlReader:
             if seg is None:
                 if live is not None:
                     with live:
-                        yield from self._file_lines(live, budget, final)
+                        self.stopped_at_budget = not (yield from self._file_lines(live, budget, final))
                 return
             if live is not None:
                 live.close()
@@ -165,9 +170,11 @@ class JsonlReader:
             except FileNotFoundError:
                 continue  # its plain form was compressed away just now: the .gz is there
             if not whole:
+                self.stopped_at_budget = True
                 return
             self._next_file()
             if budget[0] is not None and budget[0] <= 0:
+                self.stopped_at_budget = True  # the segments after it, or the live file, wait
                 return
 
     def _file_lines(
@@ -254,6 +261,66 @@ class JsonlReader:
     def read_dicts(self, max_bytes: int | None = None) -> list[dict[str, Any]]:
         """The JSON objects of all complete lines appended since the last call."""
         return list(self.dicts(max_bytes))
+
+
+def grep_lines(
+    path: Path | str,
+    pattern: re.Pattern[bytes],
+    *,
+    max_line_bytes: int | None = None,
+    chunk_bytes: int = CHUNK_BYTES,
+) -> Iterator[bytes]:
+    """The complete lines of the stream ``path`` in which ``pattern`` occurs, in order, each once.
+
+    For a question about a few lines of a long stream (the batch of one step): ``pattern`` is
+    searched over whole chunks, so a line that does not match is never split out, let alone
+    parsed, and memory is one chunk plus the longest line whatever the stream's length. Its
+    segments are read in order, then the live file. As everywhere here, a torn last line of the
+    live file is left out and a line over ``max_line_bytes`` is passed over. ``pattern`` must
+    not match across a newline.
+    """
+    limit = MAX_LINE_BYTES if max_line_bytes is None else max_line_bytes
+    live = Path(path)
+    for seg in segments.segments(live):
+        if not segments.trusted(seg):
+            continue
+        try:
+            with segments.open_segment(seg) as f:
+                yield from _grep_file(f, pattern, limit, chunk_bytes, final=True)
+        except FileNotFoundError:
+            continue  # compressed away meanwhile; a rotation mid-search is not followed
+    try:
+        f = open(live, "rb")  # noqa: SIM115 - closed below; a generator holds it
+    except OSError:
+        return
+    with f:
+        yield from _grep_file(f, pattern, limit, chunk_bytes, final=False)
+
+
+def _grep_file(
+    f: IO[bytes], pattern: re.Pattern[bytes], limit: int, chunk: int, final: bool
+) -> Iterator[bytes]:
+    carry, skipping = b"", False  # the start of a line not complete yet; inside an over-long one
+    while data := f.read(chunk):
+        if skipping:
+            nl = data.find(b"\n")
+            if nl < 0:
+                continue
+            data, skipping = data[nl + 1 :], False
+        buf = carry + data
+        end = buf.rfind(b"\n") + 1
+        carry, done = buf[end:], 0  # done: where the lines not yet looked at begin
+        for m in pattern.finditer(buf, 0, end):
+            start = buf.rfind(b"\n", 0, m.start()) + 1
+            if start < done:
+                continue  # another match in a line already given
+            done = buf.find(b"\n", m.end()) + 1
+            if done - 1 - start <= limit:
+                yield buf[start : done - 1]
+        if len(carry) > limit:
+            carry, skipping = b"", True
+    if final and carry and not skipping and pattern.search(carry):
+        yield carry  # a sealed segment's last line, unterminated: it is finished
 
 
 def _backwards(f: IO[bytes], size: int, block: int, limit: int) -> Iterator[tuple[int, bytes | None, bool]]:

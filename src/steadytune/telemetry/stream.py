@@ -156,8 +156,10 @@ class JsonlTailer(JsonlReader):
     known record also counts in ``bad_lines``.
     """
 
-    def records(self) -> Iterator[Record]:
-        for d in self.dicts():
+    def records(self, max_bytes: int | None = None) -> Iterator[Record]:
+        """The records of the new complete lines; ``max_bytes``: about that much of the file, at most
+        (a soft budget, :meth:`~steadytune.telemetry.jsonl.JsonlReader.raw_lines`'), the rest next time."""
+        for d in self.dicts(max_bytes):
             try:
                 yield from_dict(d)
             except (ValueError, TypeError):

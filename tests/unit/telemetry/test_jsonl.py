@@ -8,6 +8,7 @@ tracemalloc: a line over the bound must never be held whole.
 from __future__ import annotations
 
 import json
+import re
 import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
@@ -285,3 +286,52 @@ def test_control_ack_and_repro_bundle_pass_over_a_nested_event_line(tmp_path: Pa
     assert _acked(run, "req-1", since)["name"] == "ack_pause"
     got = [json.loads(line)["name"] for line in _event_lines(run, 0, 5, 0.0, 100.0)]
     assert got == ["run_started", "ack_pause"]
+
+
+# -- grep_lines: the few lines that name something, found over whole chunks -----------------------
+STEP_7 = re.compile(rb'"step":7(?![0-9])')
+
+
+def test_grep_lines_gives_each_matching_line_once_across_chunk_edges(tmp_path: Path) -> None:
+    lines = [step_line(s % 10) for s in range(300)]  # "step":7 thirty times, among 70-byte lines
+    path = write(tmp_path / "a.jsonl", *lines)
+    want = [ln.rstrip(b"\n") for ln in lines if json.loads(ln)["step"] == 7]
+    for chunk in (16, 61, 100, 4096):  # shorter than a line, about one, several
+        assert list(jsonl.grep_lines(path, STEP_7, chunk_bytes=chunk)) == want
+
+
+def test_grep_lines_gives_a_line_with_two_matches_once(tmp_path: Path) -> None:
+    path = write(tmp_path / "a.jsonl", b'{"step":7,"extra":{"step":7}}\n', step_line(8))
+    assert list(jsonl.grep_lines(path, STEP_7)) == [b'{"step":7,"extra":{"step":7}}']
+
+
+def test_grep_lines_leaves_out_a_torn_last_line_and_one_over_the_bound(tmp_path: Path) -> None:
+    long = b'{"step":7,"pad":"' + b"x" * 5000 + b'"}\n'
+    path = write(tmp_path / "a.jsonl", step_line(7), long, step_line(7), step_line(7)[:12])
+    got = list(jsonl.grep_lines(path, STEP_7, max_line_bytes=1000, chunk_bytes=256))
+    assert got == [step_line(7).rstrip(b"\n")] * 2
+
+
+def test_grep_lines_holds_a_chunk_not_the_file(tmp_path: Path) -> None:
+    path = write(tmp_path / "a.jsonl", *(step_line(s) for s in range(100_000)))  # about 7 MB
+    found, peak = peak_bytes(lambda: list(jsonl.grep_lines(path, STEP_7, chunk_bytes=64 << 10)))
+    assert found == [step_line(7).rstrip(b"\n")]
+    assert peak < 5 * (64 << 10)  # the chunk, the chunk joined to the line begun before it, a line
+    assert path.stat().st_size > 20 * peak
+
+
+def test_a_budgeted_reader_says_whether_more_is_waiting_across_segments(tmp_path: Path) -> None:
+    from steadytune.telemetry import segments
+
+    live = tmp_path / "rank-0.jsonl"
+    write(live, *(step_line(s) for s in range(0, 300)))
+    segments.compress(segments.seal(live))
+    write(live, *(step_line(s) for s in range(300, 600)))
+    reader, got, reads = JsonlReader(live, chunk_bytes=4096), [], 0
+    while True:
+        got += [d["step"] for d in reader.dicts(max_bytes=4096)]
+        reads += 1
+        if not reader.stopped_at_budget:
+            break
+    assert got == list(range(600)) and reads > 5  # ~40 KB in budgets of 4 KB, then the end seen
+    assert reader.read_dicts(max_bytes=4096) == [] and not reader.stopped_at_budget
