@@ -12,6 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+# A stream passing this size is sealed into a segment (rank-0.00001.jsonl.gz) and written on in a
+# fresh live file; the least keeps a rotation from happening every few steps.
+DEFAULT_SEGMENT_BYTES = 64 << 20
+MIN_SEGMENT_BYTES = 16 << 10
 RANK_FILE_RE = re.compile(r"^rank-(\d+)\.jsonl$")  # a live stream; not rank-0.00001.jsonl(.gz), a segment
 
 

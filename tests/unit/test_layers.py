@@ -43,9 +43,10 @@ FLOORS: dict[str, int] = {
 
 
 def _room(module: str) -> str | None:
-    """The top-level package or module of ``steadytune.x.y``; None for the package root itself."""
+    """The top-level package or module of ``steadytune.x.y``; None for the package root itself and
+    for a name the root hands out (``from steadytune import __version__``)."""
     parts = module.split(".")
-    return parts[1] if len(parts) > 1 else None
+    return parts[1] if len(parts) > 1 and parts[1] in FLOORS else None
 
 
 def _imported_by_name(node: ast.AST) -> str | None:

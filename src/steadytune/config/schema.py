@@ -18,7 +18,7 @@ from steadytune.config.dashboard import DashboardConfig
 from steadytune.config.detect import DetectConfig
 from steadytune.config.policy import PolicyConfig
 from steadytune.config.scale import ScaleConfig
-from steadytune.telemetry.segments import DEFAULT_SEGMENT_BYTES, MIN_SEGMENT_BYTES
+from steadytune.rundir import DEFAULT_SEGMENT_BYTES, MIN_SEGMENT_BYTES
 
 
 class Section(BaseModel):

@@ -43,12 +43,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from steadytune.rundir import fsync_dir
+from steadytune.rundir import DEFAULT_SEGMENT_BYTES, MIN_SEGMENT_BYTES, fsync_dir
 
 log = logging.getLogger(__name__)
 
-DEFAULT_SEGMENT_BYTES = 64 << 20
-MIN_SEGMENT_BYTES = 16 << 10
 SEGMENT_ENV = "STEADYTUNE_SEGMENT_BYTES"
 GZIP_LEVEL = 6  # zlib's default: ~6-8x on our JSONL; 9 costs twice the CPU for a few percent
 _DIGITS = 5
