@@ -78,7 +78,8 @@ from steadytune.records import Severity
 KINDS: dict[str, KindInfo] = {
     "no_learning_signal": KindInfo(
         "no learning signal: no update is happening",
-        "the updates carry nothing: a reward function that never fires (always the same value), a task "
+        "the updates carry nothing: a reward function that never fires (always the same value), a policy "
+        "that emits one answer every completion scores alike (completions cut at the length limit), a task "
         "too hard (or too easy) for the group size, a frozen or detached model, or an LR of 0",
         "look at a few completions and the rewards they got; check that the reward function can fire, "
         "raise num_generations or use easier prompts; check requires_grad, the optimizer's parameters "
