@@ -130,10 +130,13 @@ class GradWatch:
         """Judge the step's gradient norm, beside what the loss series made of the same step."""
         rec = point.rec
         g = rec.grad_norm
-        if self.gated and g is not None and math.isfinite(g) and without_learning_signal(rec.extra, g):
+        gate = self.gated and g is not None and math.isfinite(g)
+        tied = point.batch is not None and (point.batch.tied or 0.0) >= 1.0
+        if gate and (tied or without_learning_signal(rec.extra, g)):
             # An RL batch whose groups all tied has no advantages: its norm is the KL term's (or
             # zero), a hole in the series, not a vanishing gradient nor the level spikes are
-            # judged against (a healthy GRPO run alternates such batches with learning ones).
+            # judged against (a healthy GRPO run alternates such batches with learning ones). So is a
+            # further step on such a batch that logs no reward field (num_iterations > 1).
             g = None
         lr = rec.lr
         if lr is not None and math.isfinite(lr):

@@ -12,11 +12,25 @@ Each logged point says how much of its batch could teach the model anything:
   share of groups that did not tie;
 - where no field tells the groups apart, an RL reward exactly the same at every
   point of the window: every completion scored alike, batch after batch. Nothing;
+- an RL reward **pinned**: exactly one value on more than half the window's batches,
+  each of them tied (or not known to differ), and the others on balance no better
+  (their mean at or below it). A batch mean that repeats exactly is a batch whose
+  completions all scored alike: a policy that emits one answer (a fixed completion,
+  every completion truncated at the length limit) and gets no advantage from it; the
+  batches where it strays do no better, so nothing pulls it off. Nothing, for the
+  whole window. A hard task ties too, but at its floor, and its other batches lie
+  above it (they are where the learning is); a solved one ties at its top after the
+  reward rose to it (said as ``info`` below). Where no field says the pinned batches
+  tied, the reward must also never have been above the pinned value, and the window
+  hold three values or more (a reward of one completion a step, 0 or 1, repeats by
+  chance). Once told, the episode holds while a quarter of the window still sits at
+  the value (a policy that strays more for a while has not found anything better);
 - a preference batch whose margins and chosen rewards are exactly 0: the policy is
   still its reference, no update has reached it. Nothing;
 - otherwise a reward that moved, or a nonzero norm: everything (an update happened);
   but not an RL step that logged none of its fields: its norm may be the KL term's
-  alone, so it is not counted at all.
+  alone, so it is not counted at all; nor a further step on a rollout batch counted
+  already (``num_iterations`` > 1: :mod:`~steadytune.detect.rollouts`).
 
 Over the last ``rl.signal_window`` (16) such points, two level windows, the mean
 share of learning groups at or below ``rl.no_signal_share`` (0.05) is one episode
@@ -25,6 +39,16 @@ learning group, at sixteen a step under one group in twenty. A healthy GRPO run 
 a hard task ties three batches in four at one group a step early on (0.75^16: one
 window in a hundred runs all tied); one that never earns a reward ties them all. The
 episode clears once a quarter of the window learns again.
+
+A window without signal is chance, not trouble, when the run's own rate of batches
+without signal, known from a window's worth of points before the current stretch of
+them (one standard error up), gives a stretch that long ``reward.CHANCE`` (1e-4) of the
+time or more: a reward that
+fires on a few completions in a hundred at two completions a group leaves nine
+batches in ten without signal (sixteen in a row one time in five), and is learning,
+slowly; one that fired on half its batches and then on none for sixteen is not (0.5^16).
+A run without signal from its first batch has no such rate and is told at 16 points;
+a reward pinned with strays below it (above) is no chance at any rate.
 
 Two runs that log a zero norm are not this: an SFT or pretraining run whose loss
 falls (a pipeline engine that logs 0.0 for a norm it does not compute is learning:
@@ -39,7 +63,7 @@ It falls when a least-squares line through its logarithm slopes down with a t of
 from __future__ import annotations
 
 import math
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -47,13 +71,15 @@ from typing import Any, ClassVar
 from steadytune.detect.base import Finding, KindInfo, Reporter, rounded
 from steadytune.detect.objective import REWARD_KEYS, first
 from steadytune.detect.points import Signal
+from steadytune.detect.reward import CHANCE
 from steadytune.objectives import LOSS_OBJECTIVE, is_rl, tied_share
 from steadytune.records import Severity
 
 KINDS: dict[str, KindInfo] = {
     "no_learning_signal": KindInfo(
         "no learning signal: no update is happening",
-        "the updates carry nothing: a reward function that never fires (always the same value), a task "
+        "the updates carry nothing: a reward function that never fires (always the same value), a policy "
+        "that emits one answer every completion scores alike (completions cut at the length limit), a task "
         "too hard (or too easy) for the group size, a frozen or detached model, or an LR of 0",
         "look at a few completions and the rewards they got; check that the reward function can fire, "
         "raise num_generations or use easier prompts; check requires_grad, the optimizer's parameters "
@@ -71,6 +97,7 @@ _CLEAR_SHARE = 0.25  # a quarter of the window's groups learned: the signal is b
 _LOSS_MOVED = 0.05
 _FALL_T = 2.0  # a fall of the log loss this many standard errors of its slope: the model learns
 _MARGIN_KEYS = ("rewards/margins", "rewards/chosen")
+_HOLD_SHARE = 0.25  # a pinned episode holds while this share of the window or more still sits at its value
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +148,7 @@ class LearningSignalWatch:
         self._peak: float | None = None  # the highest reward logged so far
         self._fit = _LineFit()  # the log loss since the norms turned (or began) zero
         self._first_level: float | None = None
+        self._streak = _Streak()
 
     def observe(self, point: Signal, out: list[Finding]) -> None:
         """Note what the step's batch carried; judge the window once it is full."""
@@ -132,15 +160,21 @@ class LearningSignalWatch:
             self._sum -= w[0].share
             if w[0].reward is not None:
                 self._before.append(w[0].reward)
+            self._streak.leave(w[0].share <= self.lim.no_signal_share)
         w.append(p)
         self._sum += p.share
         if len(w) < self.lim.signal_window:
             return
-        share = 0.0 if self._reward_constant() else self._sum / len(w)
         on = self.rep.is_on(self._kind, self._metric)
+        pinned = self._pinned(_HOLD_SHARE if on else 0.5)
+        # Pinned with strays below it: no rate of silent batches gives that (a constant reward may be one).
+        alike = pinned is not None and pinned[1] < len(w)
+        share = 0.0 if alike or self._reward_constant() else self._sum / len(w)
         step = point.rec.step
-        if share <= self.lim.no_signal_share and not on:
-            if not self._excused(point):
+        self._streak.low = share <= self.lim.no_signal_share
+        if self._streak.low and not on:
+            silent = sum(q.share <= self.lim.no_signal_share for q in w)
+            if not self._excused(point) and (alike or not self._streak.by_chance(len(w), silent)):
                 self._raise(point, share, out)
         elif on and share < _CLEAR_SHARE:
             self.rep.report(out, self._kind, self._metric, step, True)
@@ -159,6 +193,8 @@ class LearningSignalWatch:
         ev, cause = self._evidence(point, share)
         rewards = [p.reward for p in self._window if p.reward is not None]
         mean = sum(rewards) / len(rewards) if rewards else None
+        if (pinned := self._pinned()) is not None:
+            mean = pinned[0]  # where the ties are: the batches that strayed below are no floor
         severity: Severity | None = None
         self._kind = "no_learning_signal"
         below = self._share_below(mean)
@@ -182,6 +218,8 @@ class LearningSignalWatch:
                 "give it harder prompts)"
             )
         start, ev["to_step"] = self._window[0].step, point.rec.step
+        if pinned is not None:  # the pin began where the reward first sat at its value
+            start = next(p.step for p in self._window if p.reward == pinned[0])
         kind, metric = self._kind, self._metric
         self.rep.report(out, kind, metric, start, True, severity=severity, evidence=ev, cause=cause)
 
@@ -205,7 +243,13 @@ class LearningSignalWatch:
         lr_zero = rec.lr == 0.0
         level = point.level_of.level if point.loss is not None and point.loss.accepted else None
         rl = is_rl(point.objective)
-        tied = tied_share(extra) if point.objective not in (None, LOSS_OBJECTIVE) else None
+        batch = point.batch
+        if batch is not None and batch.again:
+            return None  # a further step on a rollout batch counted already (detect/rollouts.py)
+        if batch is not None:
+            tied = batch.tied
+        else:
+            tied = tied_share(extra) if point.objective not in (None, LOSS_OBJECTIVE) else None
         if zero:
             if rec.loss is not None and math.isfinite(rec.loss) and rec.loss > 0.0:
                 self._fit.add(math.log(rec.loss))
@@ -265,6 +309,27 @@ class LearningSignalWatch:
         rewards = [p.reward for p in self._window if p.tied is None and not p.zero_grad]
         return len(rewards) == len(self._window) and None not in rewards and len(set(rewards)) == 1
 
+    def _pinned(self, share: float = 0.5) -> tuple[float, int] | None:
+        """The value the window's reward is pinned at and on how many of its batches (more than
+        ``share`` of them: see the module docstring), or None."""
+        w = self._window
+        rewards = [p.reward for p in w]
+        if None in rewards or not w:
+            return None
+        counts = Counter(p.reward for p in w if p.tied is None or p.tied >= 1.0)
+        if not counts:
+            return None
+        value, count = counts.most_common(1)[0]
+        assert value is not None
+        tol = 1e-9 * max(1.0, abs(value))
+        known = [r for r in rewards if r is not None]
+        if count <= share * len(w) or sum(known) / len(known) > value + tol:
+            return None
+        unsure = any(p.tied is None for p in w if p.reward == value)
+        if unsure and (len(set(known)) < 3 or (self._peak is not None and self._peak > value + tol)):
+            return None
+        return value, count
+
     def _saturated(self) -> float | None:
         """The window's mean reward when it sits in the upper half of what the run has come up by
         (the groups tie at the top: the task is solved, not broken); None otherwise."""
@@ -302,7 +367,16 @@ class LearningSignalWatch:
         if len(self._first_rewards) == _FIRST_POINTS:
             ev["first_reward"] = rounded(sorted(self._first_rewards)[_FIRST_POINTS // 2])
         parts = []
-        if tied:
+        pinned = self._pinned()
+        if pinned is not None and pinned[1] < n:  # all n alike: the reward never fires, said below
+            ev["pinned_reward"], ev["pinned_points"] = rounded(pinned[0]), pinned[1]
+            parts.append(
+                f"the reward was exactly {pinned[0]:.4g} on {pinned[1]} of the last {n} logged batches, "
+                "every completion scoring alike, and the other batches did no better: the policy repeats one "
+                "answer and gets no advantage from it (completions truncated at the length limit, a "
+                "reward function that cannot tell them apart, a policy collapsed to one completion)"
+            )
+        elif tied:
             parts.append(
                 f"in {len(tied)} of the last {n} logged batches {ev['tied_share']:.0%} of the prompt groups "
                 "earned the same reward for every completion: their advantages are zero, the policy gets "
@@ -328,6 +402,34 @@ class LearningSignalWatch:
         if lr_zero:
             parts.append(f"the LR was 0 on {lr_zero} of them")
         return ev, "; ".join(parts)
+
+
+class _Streak:
+    """How often the run's batches went without signal before its current stretch of windows without.
+
+    A point that leaves the window joins the run's rate while the window is not low; while it is,
+    the point joins the stretch instead, so the stretch is never measured by its own points."""
+
+    def __init__(self) -> None:
+        self.n = self.silent = 0  # points before the stretch, and how many of them were silent
+        self.stretch = 0  # points that left the window during the current stretch
+        self.low = False  # whether the window was low when last judged
+
+    def leave(self, silent: bool) -> None:
+        if self.low:
+            self.stretch += 1
+        else:
+            self.n, self.silent, self.stretch = self.n + 1, self.silent + silent, 0
+
+    def by_chance(self, window: int, silent_in_window: int) -> bool:
+        """Whether the run's own rate of silent batches, known from a window's worth of points before
+        the stretch, gives one this long ``CHANCE`` of the time or more."""
+        if self.n < window:
+            return False
+        # One standard error up from a Laplace estimate: a rate read from a few dozen points runs low.
+        rate = (self.silent + 1) / (self.n + 2)
+        rate = min(1.0, rate + math.sqrt(rate * (1 - rate) / self.n))
+        return bool(rate ** (self.stretch + silent_in_window) >= CHANCE)
 
 
 class _LineFit:

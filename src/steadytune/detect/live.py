@@ -27,6 +27,7 @@ from steadytune.detect.episodes import Episodes, Transition
 from steadytune.detect.grad import GradWatch
 from steadytune.detect.loss import LossWatch
 from steadytune.detect.points import RankStep, Signal, SystemPoint, Tick
+from steadytune.detect.rollouts import RolloutBatches
 from steadytune.detect.system import SystemWatch
 from steadytune.objectives import LOSS_OBJECTIVE, SIGNED_OBJECTIVE, is_rl, objective_of
 from steadytune.records import Anomaly, StepRecord, SystemSample
@@ -104,6 +105,7 @@ class LiveDetector:
         # The primary rank's latest steps: episodes' gaps are counted in its logging interval.
         self._steps: deque[int] = deque(maxlen=17)
         self._prev_g_jump = 0.0
+        self._batches = RolloutBatches()  # an RL step's rollout batch (reused over num_iterations)
         # Named by the first training record that carries extra fields (an evaluation's are the eval set's).
         self._objective: str | None = None
         self.last_step = 0
@@ -161,7 +163,10 @@ class LiveDetector:
         if self._objective in (None, LOSS_OBJECTIVE) and rec.loss is not None and rec.loss < 0.0:
             # No cross-entropy goes below zero: the SFT loss rules have nothing to say about this one.
             self._objective = SIGNED_OBJECTIVE
-        return Signal(rec, self._objective, corroborated, self._feeds.loss.tracker)
+        batch = None
+        if is_rl(self._objective) and not (rec.extra and rec.extra.get("eval")):
+            batch = self._batches.see(rec.extra)
+        return Signal(rec, self._objective, corroborated, self._feeds.loss.tracker, batch=batch)
 
     def observe_system(self, sample: SystemSample) -> list[Transition]:
         """Feed one system sample (GPUs, RAM, disk)."""

@@ -21,6 +21,7 @@ from steadytune.objectives import LOSS_OBJECTIVE
 from steadytune.records import StepRecord, SystemSample
 
 if TYPE_CHECKING:
+    from steadytune.detect.rollouts import Batch
     from steadytune.detect.stats import Tracker
 
 
@@ -47,7 +48,8 @@ class Signal:
     ``held`` (it holds a spike or a divergence) and ``run_noise`` (the run's noise
     per point, read only at a segment's first point); the gradient series fills
     ``grad_vanished``. ``level_of`` is the loss series' tracker: rules read its
-    level after the rules before them may have moved it (a climb held from the start).
+    level after the rules before them may have moved it (a climb held from the start). ``batch``: on an
+    RL run, the rollout batch the step learned from (:mod:`.rollouts`; None on any other run).
     """
 
     rec: StepRecord
@@ -58,6 +60,7 @@ class Signal:
     held: bool = False
     run_noise: float | None = None
     grad_vanished: bool = False
+    batch: Batch | None = None
 
     @property
     def by_loss_rules(self) -> bool:

@@ -18,7 +18,17 @@ would drag along:
   levels; and, when the reward had gained since its first level, by ``rl.collapse_share``
   (half) of what it gained: a run that learned a lot may lose a few sigmas of it to
   drift, not half. A fall of a few sigmas is a collapse once it has lasted long enough
-  to be more than noise; a fall of many is one after three points. Dated at the low point
+  to be more than noise; a fall of many is one after three points. And not one the run's
+  own rewards give by chance: when the share of its last ``series.noise_window`` (64)
+  accepted rewards at or below the highest of the low points, raised to their number,
+  is ``CHANCE`` (1e-4) or more, it waits for more of them. A coarse reward (the mean of
+  a few binary scores) that has been 0 on half its batches drops to 0 three times
+  running one time in eight, and its noise, measured while it rose from nothing,
+  understates the next spread; a policy collapsed to a floor it was rarely at does not
+  wait. Nor while most of the recent rewards (the same 64, the low points among them)
+  sit exactly at one value above the low points: a policy pinned at one answer strays
+  below it now and then and comes back to it (``no_learning_signal`` tells that run); a
+  collapse from there is told once the value has lost its majority. Dated at the low point
   from which on the points lie most significantly below the best (their deficit times the
   square root of their number; the earliest on a tie): a dip of a sigma just before a fall
   is not its start, the first point of an even slide is;
@@ -34,7 +44,7 @@ not the trigger: the reward is what the user optimises.
 from __future__ import annotations
 
 import math
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -62,6 +72,8 @@ _MEDIAN_SE = 1.2533  # a median's standard error over a mean's, for normal noise
 _RUNAWAY = 3.0  # the entropy or length moved this many times its level at the reward's best
 _LEVEL = 8  # points in the entropy's and the length's own levels
 _YOUNG = 3  # accepted points before the level is a best to fall from
+# A stretch the run's own rate gives this often or more is chance, not trouble (learning.py uses it too).
+CHANCE = 1e-4
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +147,7 @@ class RewardWatch:
         lim = self.lim
         self._level = _Level(lim.level_window)
         self._noise = _Noise(lim.noise_window)
+        self._recent: deque[float] = deque(maxlen=lim.noise_window)  # the accepted rewards: their rate
         self._last: tuple[int, float] | None = None  # the last accepted point
         self._last_step: int | None = None
         self._first: float | None = None  # the first full level
@@ -162,6 +175,8 @@ class RewardWatch:
         extra = point.rec.extra
         if point.objective in (None, LOSS_OBJECTIVE) or not extra or extra.get("eval"):
             return
+        if point.batch is not None and (point.batch.again or point.batch.echo):
+            return  # the reward of a rollout batch judged already, logged again (detect/rollouts.py)
         r = first(extra, REWARD_KEYS)
         if r is not None:
             self.judge(point.rec.step, r[0], r[1], extra, out)
@@ -179,7 +194,7 @@ class RewardWatch:
                 self.rep.report(out, "reward_collapse", key, step, True)
             elif len(self._down) >= self.lim.collapse_points:
                 mean = sum(d[1] for d in self._down) / len(self._down)
-                if self.fell_from_best(mean, len(self._down)) is not None:
+                if self.fell_from_best(mean, len(self._down)) is not None and not self._waits():
                     self._report(key, value, out)
             return
         if self.rep.on:
@@ -204,6 +219,22 @@ class RewardWatch:
             margin = max(margin, self.lim.collapse_share * (best - self._low))
         return best if mean < best - margin else None
 
+    def _waits(self) -> bool:
+        """Whether the low points may yet be no collapse: the run's recent rewards were at or below them
+        often enough to give as many in a row ``CHANCE`` of the time or more; or most of its recent
+        rewards, the low points among them, sit exactly at one value above them (a policy pinned at one
+        answer strays below it, and comes back to it)."""
+        recent, down = self._recent, [d[1] for d in self._down]
+        top = max(down)
+        if len(recent) >= _YOUNG:
+            value, count = Counter([*recent, *down]).most_common(1)[0]
+            if 2 * count > len(recent) + len(down) and value > top:
+                return True
+        if len(recent) < self.lim.level_window:
+            return False
+        rate = sum(v <= top for v in recent) / len(recent)
+        return bool(rate ** len(down) >= CHANCE)
+
     def _is_low(self, value: float) -> bool:
         best, sigma = self._best, self._noise.sigma
         return best is not None and len(self._noise.diffs) >= 2 and value < best - sigma
@@ -219,6 +250,7 @@ class RewardWatch:
             self._noise.add(abs(value - self._last[1]), abs(value - level))
         self._last = (step, value)
         self._level.add(value)
+        self._recent.append(value)
         if value >= (self._best if self._best is not None else value):
             self._last_good = step
         n, level = len(self._level.values), self._level.level

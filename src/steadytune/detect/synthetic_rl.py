@@ -18,6 +18,10 @@ The troubles are the ones RL and preference users meet (docs/detectors.md):
   reward does not improve;
 - ``clip``: most tokens' probability ratios leave the clip range (the update is
   clipped away);
+- ``pinned``: the policy emits one answer that scores the same on every prompt (a
+  fixed completion, every completion cut at the length limit), somewhere between the
+  reward's floor and its top; now and then a batch strays, and its strays score
+  lower. Most batches tie at that one value, the reward does not rise;
 - ``nan`` (DPO): the logged rewards and log-probabilities turn NaN while the loss
   stays finite.
 """
@@ -29,7 +33,7 @@ import random
 import statistics
 from typing import Any, NamedTuple
 
-RL_TROUBLES = ("dead", "collapse", "kl_runaway", "clip")
+RL_TROUBLES = ("dead", "collapse", "kl_runaway", "clip", "pinned")
 DPO_TROUBLES = ("dead", "frozen_lr0", "nan")
 
 Batches = tuple[list[float], list[float | None], list[dict[str, Any]]]
@@ -80,6 +84,7 @@ def rl_run(
     graded: bool = False,
     share_field: bool = True,
     on_policy: bool = True,
+    rare: bool = False,
     trouble: str | None = None,
     at: int = 0,
 ) -> Batches:
@@ -88,11 +93,16 @@ def rl_run(
     The policy's chance of a right answer rises from ``p0`` to ``p1``; each prompt group has a
     difficulty of its own (a logit offset), so some groups tie while others learn. A tied group
     has no advantages. The gradient of a batch is its learning groups' (scaled by their share)
-    plus the KL term's (``beta`` times the drift). ``trouble`` starts at point ``at``
-    (:data:`RL_TROUBLES`; ``dead`` from the start).
+    plus the KL term's (``beta`` times the drift). ``rare``: a reward that fires on a few
+    completions in a hundred at first and rises slowly (most groups tie at the floor for a long
+    while). ``trouble`` starts at point ``at`` (:data:`RL_TROUBLES`; ``dead`` from the start).
     """
     p0, p1 = rng.uniform(0.1, 0.35), rng.uniform(0.45, 0.9)
     tau = rng.uniform(0.1, 0.5) * n
+    if rare:
+        p0, p1, tau = rng.uniform(0.02, 0.08), rng.uniform(0.15, 0.4), rng.uniform(0.5, 1.5) * n
+    # What the one answer of a ``pinned`` policy scores, and how often its batch strays.
+    pinned, strays = (rng.uniform(0.2, 0.8), rng.uniform(0.1, 0.35)) if trouble == "pinned" else (0.0, 0.0)
     spread = rng.uniform(0.0, 1.5)  # how much the prompts' difficulties differ (logit sd)
     g0 = rng.uniform(0.05, 2.0)
     kl_end = rng.uniform(0.005, 0.1)
@@ -113,7 +123,10 @@ def rl_run(
         p, kl, entropy, length, clip, floor = _troubled(
             rng, trouble, i - at, _Point(p, kl, entropy, length, clip), ent0, max_len, floor
         )
-        rewards, tied = _groups(rng, p, groups, group_size, spread, graded)
+        if trouble == "pinned" and i >= at:
+            rewards, tied = _pinned_groups(rng, pinned, strays, groups, group_size)
+        else:
+            rewards, tied = _groups(rng, p, groups, group_size, spread, graded)
         learning = groups - tied
         if learning:
             g = g0 * math.sqrt(learning / groups) * math.exp(rng.gauss(0, 0.3))
@@ -195,6 +208,19 @@ def _groups(
         tied += len(set(grp)) == 1
         out.append(grp)
     return out, tied
+
+
+def _pinned_groups(
+    rng: random.Random, value: float, strays: float, groups: int, size: int
+) -> tuple[list[list[float]], int]:
+    """A batch of a policy that emits one answer scoring ``value``: every group ties at it, but for a
+    batch that strays (chance ``strays``), where some groups' completions score lower."""
+    out = [[value] * size for _ in range(groups)]
+    if rng.random() < strays:
+        for grp in rng.sample(out, rng.randint(1, groups)):
+            for j in rng.sample(range(size), rng.randint(1, size)):
+                grp[j] = value * rng.uniform(0.0, 0.9)
+    return out, sum(len(set(grp)) == 1 for grp in out)
 
 
 def dpo_run(
