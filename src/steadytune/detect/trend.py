@@ -4,8 +4,9 @@ They look at the shape of the loss over a window rather than at one point:
 
 - plateau: no learning since the start (``plateau_min_points`` points after
   the LR warm-up ended, the level is within ``plateau_min_gain`` of where it
-  began and a least-squares fit over the whole span shows it; only in a log that
-  begins where the run began), a loss that repeats the very same value (a frozen
+  began and a least-squares fit over the whole span shows it, again once the span has
+  tripled where no LR warm-up gives the run's clock; only in a log that begins where
+  the run began), a loss that repeats the very same value (a frozen
   model), or a flat loss while the gradients have vanished. A flat stretch
   *after* the loss fell is convergence, not a plateau, so it is never flagged
   from the loss alone;
@@ -33,6 +34,15 @@ _STRIDE = 4  # oscillation is evaluated every few points: a window scan each ste
 # just before an ordinary one made noise look 2.2x wider now and then (1 call in a million healthy points).
 _LONG_WINDOWS = 16
 _WARMUP_SPANS = 2  # a plateau is judged over at least this many warm-ups' worth of steps after it
+# Without a clock of the run's own (a logged LR warm-up), a start shown flat is called a plateau only once
+# it has stayed so while the span since the first step grew this many times over. The fit bounds a change
+# to what the noise lets it see; a steady decline too slow to see yet (the first few hundred steps of a
+# long run) shows as the span grows, since the slope's t grows as the span to the power 1.5: a decline at
+# t -0.9 when first shown flat (a curve falling 20% over its first 5,000 of 100,000 steps, under 3% noise)
+# is expected at t -4.7 by three times the span. A run that learns nothing stays flat however long it is
+# watched, so it is still called, later.
+_CONFIRM_SPAN = 3.0
+_PRECISE_SHARE = 0.1  # a fit that could see a fall of this share of plateau_min_gain and sees none: enough
 # A loss "the same" as the one before: within a hundredth of a percent. Real batches differ by far more
 # (the quietest real losses, pretraining on millions of tokens a step, vary by 0.3-1% a point).
 _SAME_REL = 1e-4
@@ -113,6 +123,7 @@ class PlateauWatch:
         self._warm_end: int | None = None  # the step at which the LR last rose
         self._vanish_level: float | None = None
         self._fit = [0.0] * 6  # n, Σx, Σy, Σxy, Σx², Σy² of (step, log-loss) since the start
+        self._flat_since: int | None = None  # the step since which the fit has shown the start flat
         self._zero_log = math.log(max(limits.collapse_abs, 1e-12))
 
     def observe(self, point: Signal, out: list[Finding]) -> None:
@@ -155,8 +166,11 @@ class PlateauWatch:
                 self._start_level = _median(self._start)
         reason, ev = self._why(lp, grad_vanished)
         if reason:
-            ev = ev if not self.rep.is_on("plateau", self.metric) else None
-            self.rep.report(out, "plateau", self.metric, lp.step, True, evidence=ev)
+            on = self.rep.is_on("plateau", self.metric)
+            ev = ev if not on else None
+            # A flat start is dated where it was first shown flat: it has been so since then.
+            at = self._flat_since if reason == "no_learning" and not on and self._flat_since else lp.step
+            self.rep.report(out, "plateau", self.metric, at, True, evidence=ev)
         elif self.rep.is_on("plateau", self.metric) and self._cleared(lp):
             self.rep.report(out, "plateau", self.metric, lp.step, False)
 
@@ -207,44 +221,84 @@ class PlateauWatch:
                 }
         else:
             self._vanish_level = None
+        start, flat = self._start_level, self._flat_start(lp.step)
+        if start is None or flat is False:
+            self._flat_since = None
+            return "", None
+        if self._flat_since is None and flat:
+            self._flat_since = lp.step
+        if not flat or self._flat_since is None or not self._confirmed(lp.step, self._flat_since):
+            return "", None
+        gain, (change, _se, _t) = start - level, self.trend()
+        return "no_learning", {
+            "reason": "no learning since the start",
+            "start_level": rounded(math.exp(start)),
+            "level": rounded(math.exp(level)),
+            "gain_ratio": rounded(math.exp(gain), 4),
+            "fitted_change_ratio": rounded(math.exp(change), 4),
+            "threshold_ratio": rounded(math.exp(self.lim.plateau_min_gain), 4),
+            "points": self._n,
+            "flat_since_step": self._flat_since,
+        }
+
+    def _confirmed(self, step: int, flat_since: int) -> bool:
+        """A start shown flat at ``flat_since`` is still flat at ``step`` long enough to be called so.
+
+        A logged warm-up is the run's clock: the flat start was judged only twice the warm-up after it
+        (a schedule warms up over 1-10% of a run), so it is called at once. So is a start whose fit could
+        see a fall of a tenth of the gain expected of learning (1.5 standard errors) and sees no fall at
+        all: a decline hiding under that would take ten such spans to be learning. Otherwise (no LR, an
+        LR that only decays, a warm-up too short to wait past ``plateau_min_steps``) the span since the
+        first step is the only clock: the start must stay flat while it grows ``_CONFIRM_SPAN`` times over.
+        """
+        first = self._first_step or 0
+        warm = (self._warm_end or first) - first
+        if (1 + _WARMUP_SPANS) * warm >= self.lim.plateau_min_steps:
+            return True
+        change, se, _t = self.trend()
+        if change >= 0 and 1.5 * se <= _PRECISE_SHARE * self.lim.plateau_min_gain:
+            return True
+        return step - first >= _CONFIRM_SPAN * (flat_since - first)
+
+    def _flat_start(self, step: int) -> bool | None:
+        """True: the loss is shown flat since the start at this point (every gate passed, the fit shows it).
+        False: not judged here, or the level shows the run has learned. None: not shown flat at this point
+        (the fit's bound widened, or its slope falls at t below -``plateau_trend_t``): a start shown flat
+        before stays a candidate, called only when shown flat again (a real decline keeps its t falling,
+        as the span to the power 1.5; a flat run's t only wanders)."""
+        level = self._level
         # The LR warm-up is not a plateau: judge only once the full LR had time to act, for twice as
         # many steps as the warm-up took. Schedules warm up over a share of the run (1-10%), so the
         # warm-up is the run's own clock: a curve falling 30% over 100,000 steps under 3% noise is flat
         # over the thousand steps after a 1% warm-up (0.3% down, inside the fit's 1.5 standard errors),
         # and its fall shows only over the next two thousand.
         if self._start_level is None or self._since_warmup < self.lim.plateau_min_points:
-            return "", None
+            return False
         warm = (self._warm_end or 0) - (self._first_step or 0)
-        if self._warm_end is not None and lp.step - self._warm_end < _WARMUP_SPANS * warm:
-            return "", None
-        if self._late_start(lp.step):
-            return "", None  # the start of the log is not the start of the run
-        if lp.step - (self._first_step or 0) < self.lim.plateau_min_steps:
-            return "", None
+        if self._warm_end is not None and step - self._warm_end < _WARMUP_SPANS * warm:
+            return False
+        if self._late_start(step):
+            return False  # the start of the log is not the start of the run
+        if step - (self._first_step or 0) < self.lim.plateau_min_steps:
+            return False
         gain = self._start_level - level
-        if not -self.lim.divergence_rise < gain < self.lim.plateau_min_gain:
-            return "", None  # the usual exit: the run has learned (or climbed, a divergence)
+        if gain <= -self.lim.divergence_rise:
+            return False  # climbed: a divergence, reported as such
+        if gain >= self.lim.plateau_min_gain:
+            # The usual exit: the run has learned. Short of the learned gain, a dip of the noise can
+            # reach as far down: shown neither way yet.
+            return False if gain >= self._learned_gain() else None
         if level <= self._zero_log:
-            return "", None  # a loss at zero is a collapse, reported as such
+            return False  # a loss at zero is a collapse, reported as such
         # Flatness must be shown, not just unproven learning: the change fitted over the whole
         # span, less 1.5 standard errors, must still fall short of the gain we expect. Noisy
         # runs therefore need more points before a plateau is called.
         change, se, t = self.trend()
-        if (
-            change - 1.5 * se < -self.lim.plateau_min_gain
-            or se > self.lim.plateau_min_gain
-            or t < -self.lim.plateau_trend_t
-        ):
-            return "", None
-        return "no_learning", {
-            "reason": "no learning since the start",
-            "start_level": rounded(math.exp(self._start_level)),
-            "level": rounded(math.exp(level)),
-            "gain_ratio": rounded(math.exp(gain), 4),
-            "fitted_change_ratio": rounded(math.exp(change), 4),
-            "threshold_ratio": rounded(math.exp(self.lim.plateau_min_gain), 4),
-            "points": self._n,
-        }
+        if t < -self.lim.plateau_trend_t:
+            return None  # a decline the noise lets be seen (learning, however slow) or a dip of a flat run
+        if change - 1.5 * se < -self.lim.plateau_min_gain or se > self.lim.plateau_min_gain:
+            return None
+        return True
 
     def trend(self) -> tuple[float, float, float]:
         """Least-squares change of log-loss over the span since the start: (change, its SE, t)."""
@@ -274,10 +328,15 @@ class PlateauWatch:
         if self._start_level is None:
             return self._same < self._frozen_after
         gain = self._start_level - self._level
-        # Two medians of 8 noisy points differ by about 0.63 sigma by chance: a gain of four of
-        # those is learning, not a dip of the noise (which would flap the plateau on and off).
-        needed = 2 * self.lim.plateau_min_gain + 4.0 * 0.63 * self._noise()
-        return self._same < self._frozen_after and gain >= needed
+        return self._same < self._frozen_after and gain >= self._learned_gain()
+
+    def _learned_gain(self) -> float:
+        """How far below the start the level must be to have learned, not dipped with the noise.
+
+        Two medians of 8 noisy points differ by about 0.63 sigma by chance: a gain of four of those
+        is learning, not a dip of the noise (which would flap the plateau on and off).
+        """
+        return 2 * self.lim.plateau_min_gain + 4.0 * 0.63 * self._noise()
 
 
 @dataclass(frozen=True, slots=True)
