@@ -11,8 +11,8 @@ records are made one at a time; the detectors see them as ``analyze`` would), an
 
 - ``healthy``: every shape, every noise level, with an LR warm-up over 1% of the run and a cosine decay:
   nothing raised;
-- ``no_lr``: the shapes that fall from their first step, no LR logged (issue 30's 1M-step curve is
-  ``hyperbola``): nothing raised. ``linear`` without an LR is printed as a known limit
+- ``no_lr``: the shapes with no LR logged (issue 30's 1M-step curve is ``hyperbola``): nothing raised.
+  ``linear`` from 100k points and ``exponential`` from 1M are printed as known limits
   (docs/detectors.md: a fall under the noise over the first few hundred steps is flat to any fit);
 - ``trouble``: a spike, a divergence, an oscillation, a grad spike, a NaN and a collapse put in at 70%
   of a ``power_law`` run: each found, of an accepted kind, within its bound, and nothing before it;
@@ -50,7 +50,12 @@ class Case:
     name: str
     records: Callable[[int], Iterator[StepRecord]]
     judge: Callable[[int, Raised], bool]
-    known_limit: bool = False
+    known_from: int | None = None  # from this many points on, a miss is a known limit (docs/detectors.md)
+
+
+# Without an LR, a loss that falls less over its first ~600 steps than the noise lets be seen is flat to
+# any fit of the loss: a 30% linear decline from 100,000 steps on, the exponential from 1M steps on.
+_NO_LR_LIMITS = {"linear": 100_000, "exponential": 1_000_000}
 
 
 def _nothing(_n: int, got: Raised) -> bool:
@@ -70,7 +75,8 @@ def _found(kind: str) -> Callable[[int, Raised], bool]:
 
 
 def _plateau_early(n: int, got: Raised) -> bool:
-    return [k for k, _ in got] == ["plateau"] and got[0][1] <= 0.1 * n
+    # (a short run is judged only from plateau_min_steps on, as the unit test says)
+    return [k for k, _ in got] == ["plateau"] and (n < 1000 or got[0][1] <= 0.1 * n)
 
 
 def cases(shapes: list[str], noises: list[float], only: set[str]) -> list[Case]:
@@ -93,7 +99,7 @@ def cases(shapes: list[str], noises: list[float], only: set[str]) -> list[Case]:
                     f"{shape} σ0.03",
                     lambda n, s=shape: run(s, n, 0.03, 2, warmup=0.0),
                     _nothing,
-                    known_limit=shape == "linear",
+                    known_from=_NO_LR_LIMITS.get(shape),
                 )
             )
     if "trouble" in only:
@@ -148,8 +154,9 @@ def main(argv: list[str] | None = None) -> int:
             got = severe(detect(c.records(n)))
             dt = time.perf_counter() - t0
             ok = c.judge(n, got)
-            verdict = "yes" if ok else ("known limit" if c.known_limit else "**NO**")
-            failed += not ok and not c.known_limit
+            known = c.known_from is not None and n >= c.known_from
+            verdict = "yes" if ok else ("known limit" if known else "**NO**")
+            failed += not ok and not known
             shown = ", ".join(f"{k}@{s:,}" for k, s in got[:4]) + (
                 f" (+{len(got) - 4})" if len(got) > 4 else ""
             )

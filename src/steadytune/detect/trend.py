@@ -4,10 +4,9 @@ They look at the shape of the loss over a window rather than at one point:
 
 - plateau: no learning since the start (``plateau_min_points`` points after
   the LR warm-up ended, the level is within ``plateau_min_gain`` of where it
-  began and a least-squares fit over the whole span shows it, again once the span has
-  tripled where no LR warm-up gives the run's clock; only in a log that begins where
-  the run began), a loss that repeats the very same value (a frozen
-  model), or a flat loss while the gradients have vanished. A flat stretch
+  began and a least-squares fit over the whole span shows it, and again once the span
+  has tripled; only in a log that begins where the run began), a loss that repeats
+  the very same value (a frozen model), or a flat loss while the gradients have vanished. A flat stretch
   *after* the loss fell is convergence, not a plateau, so it is never flagged
   from the loss alone;
 - oscillation: new swings, much wider than the noise before them, regular
@@ -34,13 +33,12 @@ _STRIDE = 4  # oscillation is evaluated every few points: a window scan each ste
 # just before an ordinary one made noise look 2.2x wider now and then (1 call in a million healthy points).
 _LONG_WINDOWS = 16
 _WARMUP_SPANS = 2  # a plateau is judged over at least this many warm-ups' worth of steps after it
-# Without a clock of the run's own (a logged LR warm-up), a start shown flat is called a plateau only once
-# it has stayed so while the span since the first step grew this many times over. The fit bounds a change
-# to what the noise lets it see; a steady decline too slow to see yet (the first few hundred steps of a
-# long run) shows as the span grows, since the slope's t grows as the span to the power 1.5: a decline at
-# t -0.9 when first shown flat (a curve falling 20% over its first 5,000 of 100,000 steps, under 3% noise)
-# is expected at t -4.7 by three times the span. A run that learns nothing stays flat however long it is
-# watched, so it is still called, later.
+# A start shown flat is called a plateau only once it is shown flat again after the span since the first
+# step has grown this many times over. The fit bounds a change to what the noise lets it see; a steady
+# decline too slow to see yet (the first few hundred steps of a long run, or its first 3% after a 1% LR
+# warm-up under 10% noise) shows as the span grows, since the slope's t grows as the span to the power
+# 1.5: a decline at t -0.9 when first shown flat is expected at t -4.7 by three times the span. A run
+# that learns nothing stays flat however long it is watched, so it is still called, later.
 _CONFIRM_SPAN = 3.0
 _PRECISE_SHARE = 0.1  # a fit that could see a fall of this share of plateau_min_gain and sees none: enough
 # A loss "the same" as the one before: within a hundredth of a percent. Real batches differ by far more
@@ -242,19 +240,15 @@ class PlateauWatch:
         }
 
     def _confirmed(self, step: int, flat_since: int) -> bool:
-        """A start shown flat at ``flat_since`` is still flat at ``step`` long enough to be called so.
+        """A start shown flat at ``flat_since`` (and again now) has been watched long enough to be called so.
 
-        A logged warm-up is the run's clock: the flat start was judged only twice the warm-up after it
-        (a schedule warms up over 1-10% of a run), so it is called at once. So is a start whose fit could
-        see a fall of a tenth of the gain expected of learning (1.5 standard errors) and sees no fall at
-        all: a decline hiding under that would take ten such spans to be learning. Otherwise (no LR, an
-        LR that only decays, a warm-up too short to wait past ``plateau_min_steps``) the span since the
-        first step is the only clock: the start must stay flat while it grows ``_CONFIRM_SPAN`` times over.
+        When the span since the first step has grown ``_CONFIRM_SPAN`` times over; at once when the fit
+        could see a fall of a tenth of the gain expected of learning (1.5 standard errors) and sees no
+        fall at all: a decline hiding under that would take ten such spans to be learning. Neither the
+        LR warm-up nor the run's length is clock enough: under 10% noise a loss falling 30% over a run
+        is flat over the three warm-ups' worth of steps after a 1% warm-up.
         """
         first = self._first_step or 0
-        warm = (self._warm_end or first) - first
-        if (1 + _WARMUP_SPANS) * warm >= self.lim.plateau_min_steps:
-            return True
         change, se, _t = self.trend()
         if change >= 0 and 1.5 * se <= _PRECISE_SHARE * self.lim.plateau_min_gain:
             return True
