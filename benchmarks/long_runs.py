@@ -124,6 +124,19 @@ def cases(shapes: list[str], noises: list[float], only: set[str]) -> list[Case]:
     return out
 
 
+def _summary(got: Raised) -> str:
+    """Each kind raised, in order of its first step: ``kind@step`` once, ``kind×count (first @step)`` more."""
+    first: dict[str, int] = {}
+    count: dict[str, int] = {}
+    for k, s in got:
+        first.setdefault(k, s)
+        count[k] = count.get(k, 0) + 1
+    return ", ".join(
+        f"{k}@{first[k]:,}" if count[k] == 1 else f"{k}×{count[k]} (first @{first[k]:,})"
+        for k in sorted(first, key=first.__getitem__)
+    )
+
+
 def _load() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3]) if os.path.exists("/proc/loadavg") else "?"
 
@@ -157,9 +170,7 @@ def main(argv: list[str] | None = None) -> int:
             known = c.known_from is not None and n >= c.known_from
             verdict = "yes" if ok else ("known limit" if known else "**NO**")
             failed += not ok and not known
-            shown = ", ".join(f"{k}@{s:,}" for k, s in got[:4]) + (
-                f" (+{len(got) - 4})" if len(got) > 4 else ""
-            )
+            shown = _summary(got)
             cost = f"{dt:.1f} | {1e6 * dt / n:.0f}"
             print(f"| {n:,} | {c.group} | {c.name} | {shown or '-'} | {verdict} | {cost} |", flush=True)
     print(f"{failed} case(s) missed their expectation; load average {_load()} at the end")
