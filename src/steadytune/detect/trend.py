@@ -244,9 +244,9 @@ class PlateauWatch:
 
         When the span since the first step has grown ``_CONFIRM_SPAN`` times over; at once when the fit
         could see a fall of a tenth of the gain expected of learning (1.5 standard errors) and sees no
-        fall at all: a decline hiding under that would take ten such spans to be learning. Neither the
-        LR warm-up nor the run's length is clock enough: under 10% noise a loss falling 30% over a run
-        is flat over the three warm-ups' worth of steps after a 1% warm-up.
+        fall at all: a decline hiding under that would take ten such spans to be learning. A logged LR
+        warm-up is no clock enough: under 10% noise a loss falling 30% over a run is still flat over
+        the three warm-ups' worth of steps after a 1% warm-up.
         """
         first = self._first_step or 0
         change, se, _t = self.trend()
