@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from steadytune.config.detect import DetectConfig
-from steadytune.detect import clip, grad, kl, learning, loss, memory, pace, reward, system, trend
+from steadytune.detect import clip, grad, kl, learning, loss, memory, overfit, pace, reward, system, trend
 from steadytune.detect.base import Detector, KindInfo
 from steadytune.detect.clip import ClipLimits, ClipWatch
 from steadytune.detect.early import FallCollapseLimits, FallCollapseWatch, ShortRiseLimits, ShortRiseWatch
@@ -34,6 +34,7 @@ from steadytune.detect.loss import LossWatch
 from steadytune.detect.loss_rules import LossLimits
 from steadytune.detect.memory import HeadroomLimits, HeadroomWatch, LeakLimits, LeakWatch
 from steadytune.detect.objective import ObjectiveLimits, ObjectiveWatch
+from steadytune.detect.overfit import OverfitLimits, OverfitWatch
 from steadytune.detect.pace import (
     StallLimits,
     StallWatch,
@@ -46,14 +47,7 @@ from steadytune.detect.points import RankStep, Signal, SystemPoint, Tick
 from steadytune.detect.reward import RewardLimits, RewardWatch
 from steadytune.detect.stats import SeriesLimits
 from steadytune.detect.system import SystemLimits, SystemWatch
-from steadytune.detect.trend import (
-    OscillationLimits,
-    OscillationWatch,
-    OverfitLimits,
-    OverfitWatch,
-    PlateauLimits,
-    PlateauWatch,
-)
+from steadytune.detect.trend import OscillationLimits, OscillationWatch, PlateauLimits, PlateauWatch
 
 
 @dataclass(frozen=True)
@@ -165,6 +159,7 @@ KINDS: dict[str, KindInfo] = {
     **loss.KINDS,
     **grad.KINDS,
     **trend.KINDS,
+    **overfit.KINDS,
     **memory.KINDS,
     **pace.KINDS,
     **system.KINDS,

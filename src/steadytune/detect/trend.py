@@ -1,19 +1,17 @@
-"""Trend detectors: plateau, oscillation and overfitting.
+"""Trend detectors: plateau and oscillation (overfitting, on the eval loss, is in ``detect.overfit``).
 
 They look at the shape of the loss over a window rather than at one point:
 
 - plateau: no learning since the start (``plateau_min_points`` points after
   the LR warm-up ended, the level is within ``plateau_min_gain`` of where it
-  began and a least-squares fit over the whole span shows it; only in a log that
-  begins where the run began), a loss that repeats the very same value (a frozen
-  model), or a flat loss while the gradients have vanished. A flat stretch
+  began and a least-squares fit over the whole span shows it, and again once the span
+  has tripled; only in a log that begins where the run began), a loss that repeats
+  the very same value (a frozen model), or a flat loss while the gradients have vanished. A flat stretch
   *after* the loss fell is convergence, not a plateau, so it is never flagged
   from the loss alone;
 - oscillation: new swings, much wider than the noise before them, regular
   (points half a period apart differ far more than points a period apart)
-  and repeated, without improving;
-- overfitting: eval loss ``rise`` above its best for ``rising_evals`` evaluations
-  while the training loss has not risen.
+  and repeated, without improving.
 """
 
 from __future__ import annotations
@@ -35,6 +33,14 @@ _STRIDE = 4  # oscillation is evaluated every few points: a window scan each ste
 # just before an ordinary one made noise look 2.2x wider now and then (1 call in a million healthy points).
 _LONG_WINDOWS = 16
 _WARMUP_SPANS = 2  # a plateau is judged over at least this many warm-ups' worth of steps after it
+# A start shown flat is called a plateau only once it is shown flat again after the span since the first
+# step has grown this many times over. The fit bounds a change to what the noise lets it see; a steady
+# decline too slow to see yet (the first few hundred steps of a long run, or its first 3% after a 1% LR
+# warm-up under 10% noise) shows as the span grows, since the slope's t grows as the span to the power
+# 1.5: a decline at t -0.9 when first shown flat is expected at t -4.7 by three times the span. A run
+# that learns nothing stays flat however long it is watched, so it is still called, later.
+_CONFIRM_SPAN = 3.0
+_PRECISE_SHARE = 0.1  # a fit that could see a fall of this share of plateau_min_gain and sees none: enough
 # A loss "the same" as the one before: within a hundredth of a percent. Real batches differ by far more
 # (the quietest real losses, pretraining on millions of tokens a step, vary by 0.3-1% a point).
 _SAME_REL = 1e-4
@@ -62,12 +68,6 @@ KINDS: dict[str, KindInfo] = {
         "loss oscillates",
         "a sawtooth: the LR is too high, so each update overshoots",
         "lower the LR (x0.3-0.5) or lengthen the warm-up; check the batch size",
-        "warning",
-    ),
-    "overfitting": KindInfo(
-        "overfitting",
-        "the eval loss rises while the training loss still falls: the model memorises the training set",
-        "stop at the best checkpoint (load_best_model_at_end), fewer epochs, more data or regularisation",
         "warning",
     ),
 }
@@ -121,6 +121,7 @@ class PlateauWatch:
         self._warm_end: int | None = None  # the step at which the LR last rose
         self._vanish_level: float | None = None
         self._fit = [0.0] * 6  # n, Σx, Σy, Σxy, Σx², Σy² of (step, log-loss) since the start
+        self._flat_since: int | None = None  # the step since which the fit has shown the start flat
         self._zero_log = math.log(max(limits.collapse_abs, 1e-12))
 
     def observe(self, point: Signal, out: list[Finding]) -> None:
@@ -163,8 +164,11 @@ class PlateauWatch:
                 self._start_level = _median(self._start)
         reason, ev = self._why(lp, grad_vanished)
         if reason:
-            ev = ev if not self.rep.is_on("plateau", self.metric) else None
-            self.rep.report(out, "plateau", self.metric, lp.step, True, evidence=ev)
+            on = self.rep.is_on("plateau", self.metric)
+            ev = ev if not on else None
+            # A flat start is dated where it was first shown flat: it has been so since then.
+            at = self._flat_since if reason == "no_learning" and not on and self._flat_since else lp.step
+            self.rep.report(out, "plateau", self.metric, at, True, evidence=ev)
         elif self.rep.is_on("plateau", self.metric) and self._cleared(lp):
             self.rep.report(out, "plateau", self.metric, lp.step, False)
 
@@ -215,44 +219,80 @@ class PlateauWatch:
                 }
         else:
             self._vanish_level = None
+        start, flat = self._start_level, self._flat_start(lp.step)
+        if start is None or flat is False:
+            self._flat_since = None
+            return "", None
+        if self._flat_since is None and flat:
+            self._flat_since = lp.step
+        if not flat or self._flat_since is None or not self._confirmed(lp.step, self._flat_since):
+            return "", None
+        gain, (change, _se, _t) = start - level, self.trend()
+        return "no_learning", {
+            "reason": "no learning since the start",
+            "start_level": rounded(math.exp(start)),
+            "level": rounded(math.exp(level)),
+            "gain_ratio": rounded(math.exp(gain), 4),
+            "fitted_change_ratio": rounded(math.exp(change), 4),
+            "threshold_ratio": rounded(math.exp(self.lim.plateau_min_gain), 4),
+            "points": self._n,
+            "flat_since_step": self._flat_since,
+        }
+
+    def _confirmed(self, step: int, flat_since: int) -> bool:
+        """A start shown flat at ``flat_since`` (and again now) has been watched long enough to be called so.
+
+        When the span since the first step has grown ``_CONFIRM_SPAN`` times over; at once when the fit
+        could see a fall of a tenth of the gain expected of learning (1.5 standard errors) and sees no
+        fall at all: a decline hiding under that would take ten such spans to be learning. A logged LR
+        warm-up is no clock enough: under 10% noise a loss falling 30% over a run is still flat over
+        the three warm-ups' worth of steps after a 1% warm-up.
+        """
+        first = self._first_step or 0
+        change, se, _t = self.trend()
+        if change >= 0 and 1.5 * se <= _PRECISE_SHARE * self.lim.plateau_min_gain:
+            return True
+        return step - first >= _CONFIRM_SPAN * (flat_since - first)
+
+    def _flat_start(self, step: int) -> bool | None:
+        """True: the loss is shown flat since the start at this point (every gate passed, the fit shows it).
+        False: not judged here, or the level shows the run has learned. None: not shown flat at this point
+        (the fit's bound widened, or its slope falls at t below -``plateau_trend_t``): a start shown flat
+        before stays a candidate, called only when shown flat again (a real decline keeps its t falling,
+        as the span to the power 1.5; a flat run's t only wanders)."""
+        level = self._level
         # The LR warm-up is not a plateau: judge only once the full LR had time to act, for twice as
         # many steps as the warm-up took. Schedules warm up over a share of the run (1-10%), so the
         # warm-up is the run's own clock: a curve falling 30% over 100,000 steps under 3% noise is flat
         # over the thousand steps after a 1% warm-up (0.3% down, inside the fit's 1.5 standard errors),
         # and its fall shows only over the next two thousand.
         if self._start_level is None or self._since_warmup < self.lim.plateau_min_points:
-            return "", None
+            return False
         warm = (self._warm_end or 0) - (self._first_step or 0)
-        if self._warm_end is not None and lp.step - self._warm_end < _WARMUP_SPANS * warm:
-            return "", None
-        if self._late_start(lp.step):
-            return "", None  # the start of the log is not the start of the run
-        if lp.step - (self._first_step or 0) < self.lim.plateau_min_steps:
-            return "", None
+        if self._warm_end is not None and step - self._warm_end < _WARMUP_SPANS * warm:
+            return False
+        if self._late_start(step):
+            return False  # the start of the log is not the start of the run
+        if step - (self._first_step or 0) < self.lim.plateau_min_steps:
+            return False
         gain = self._start_level - level
-        if not -self.lim.divergence_rise < gain < self.lim.plateau_min_gain:
-            return "", None  # the usual exit: the run has learned (or climbed, a divergence)
+        if gain <= -self.lim.divergence_rise:
+            return False  # climbed: a divergence, reported as such
+        if gain >= self.lim.plateau_min_gain:
+            # The usual exit: the run has learned. Short of the learned gain, a dip of the noise can
+            # reach as far down: shown neither way yet.
+            return False if gain >= self._learned_gain() else None
         if level <= self._zero_log:
-            return "", None  # a loss at zero is a collapse, reported as such
+            return False  # a loss at zero is a collapse, reported as such
         # Flatness must be shown, not just unproven learning: the change fitted over the whole
         # span, less 1.5 standard errors, must still fall short of the gain we expect. Noisy
         # runs therefore need more points before a plateau is called.
         change, se, t = self.trend()
-        if (
-            change - 1.5 * se < -self.lim.plateau_min_gain
-            or se > self.lim.plateau_min_gain
-            or t < -self.lim.plateau_trend_t
-        ):
-            return "", None
-        return "no_learning", {
-            "reason": "no learning since the start",
-            "start_level": rounded(math.exp(self._start_level)),
-            "level": rounded(math.exp(level)),
-            "gain_ratio": rounded(math.exp(gain), 4),
-            "fitted_change_ratio": rounded(math.exp(change), 4),
-            "threshold_ratio": rounded(math.exp(self.lim.plateau_min_gain), 4),
-            "points": self._n,
-        }
+        if t < -self.lim.plateau_trend_t:
+            return None  # a decline the noise lets be seen (learning, however slow) or a dip of a flat run
+        if change - 1.5 * se < -self.lim.plateau_min_gain or se > self.lim.plateau_min_gain:
+            return None
+        return True
 
     def trend(self) -> tuple[float, float, float]:
         """Least-squares change of log-loss over the span since the start: (change, its SE, t)."""
@@ -282,10 +322,15 @@ class PlateauWatch:
         if self._start_level is None:
             return self._same < self._frozen_after
         gain = self._start_level - self._level
-        # Two medians of 8 noisy points differ by about 0.63 sigma by chance: a gain of four of
-        # those is learning, not a dip of the noise (which would flap the plateau on and off).
-        needed = 2 * self.lim.plateau_min_gain + 4.0 * 0.63 * self._noise()
-        return self._same < self._frozen_after and gain >= needed
+        return self._same < self._frozen_after and gain >= self._learned_gain()
+
+    def _learned_gain(self) -> float:
+        """How far below the start the level must be to have learned, not dipped with the noise.
+
+        Two medians of 8 noisy points differ by about 0.63 sigma by chance: a gain of four of those
+        is learning, not a dip of the noise (which would flap the plateau on and off).
+        """
+        return 2 * self.lim.plateau_min_gain + 4.0 * 0.63 * self._noise()
 
 
 @dataclass(frozen=True, slots=True)
@@ -489,95 +534,3 @@ class WindowShape:
                     crossings += 1
                 state = side
         return crossings
-
-
-@dataclass(frozen=True, slots=True)
-class OverfitLimits:
-    """As ``detect.eval`` names them (docs/detectors.md)."""
-
-    min_evals: int
-    rise: float
-    rising_evals: int
-
-
-_EVAL_NOISE_UNITS = 4.5  # an eval rise counts past this many of the evaluations' own noise above the best
-
-
-class OverfitWatch:
-    """Eval loss rising above its best while the training loss does not rise."""
-
-    reports: ClassVar[tuple[str, ...]] = ("overfitting",)
-    needs: ClassVar[tuple[str, ...]] = ("eval_loss",)
-
-    def __init__(self, limits: OverfitLimits, metric: str = "eval_loss", rank: int | None = None) -> None:
-        self.metric = metric
-        self.rep = Reporter(rank)
-        self.lim = limits
-        self._n = 0
-        self._best: float | None = None
-        self._best_step = 0
-        self._train_at_best: float | None = None
-        self._above = 0
-        self._last2: tuple[float, ...] = ()  # the two evaluations before this one (log)
-        self._curv: list[float] = []  # |second differences| of the evaluations: their noise, trend removed
-
-    def observe(self, point: Signal, out: list[Finding]) -> None:
-        """Judge the step's eval loss against the training loss level (log space) and its noise."""
-        value = point.rec.eval_loss
-        if value is None:
-            return
-        step = point.rec.step
-        t = point.level_of
-        train_level, train_noise = (t.level, t.sigma) if t.n_level else (None, 0.0)
-        if not math.isfinite(value) or value <= 0:
-            return
-        y = math.log(value)
-        self._n += 1
-        if len(self._last2) == 2:
-            self._curv.append(abs(y - 2.0 * self._last2[1] + self._last2[0]))
-        self._last2 = (*self._last2[-1:], y)
-        if self._best is None or y < self._best:
-            self._best, self._best_step, self._train_at_best = y, step, train_level
-            self._above = 0
-            self.rep.report(out, "overfitting", self.metric, step, False)
-            return
-        rise = y - self._best
-        need = self._rise_needed()
-        self._above = self._above + 1 if rise > need else 0
-        # "Still falling" tolerates the wobble of a converged training level (a median of 8
-        # noisy points moves by about 0.44 sigma), not a rise.
-        slack = 0.05 + 2.0 * 0.44 * train_noise
-        train_ok = (
-            train_level is None or self._train_at_best is None or train_level <= self._train_at_best + slack
-        )
-        if self._n >= self.lim.min_evals and self._above >= self.lim.rising_evals and train_ok:
-            ev = None
-            if not self.rep.is_on("overfitting", self.metric):
-                ev = {
-                    "value": rounded(value),
-                    "best": rounded(math.exp(self._best)),
-                    "best_step": self._best_step,
-                    "rise_ratio": rounded(math.exp(rise), 4),
-                    "threshold_ratio": rounded(math.exp(need), 4),
-                    "evals_above": self._above,
-                }
-            self.rep.report(out, "overfitting", self.metric, step, True, evidence=ev)
-        elif rise <= 0.5 * need:
-            self.rep.report(out, "overfitting", self.metric, step, False)
-
-    def _rise_needed(self) -> float:
-        """How far (log) above its best an evaluation must be: ``rise``, or 4.5 of the evaluations' noise.
-
-        The best evaluation is the luckiest one: over a few dozen evaluations of a flat eval loss it sits
-        about two of their noise below the rest, so two in a row ``rise`` (3%) above it are chance once
-        the noise is 1% (a small eval set); at 4 noise units still one flat run of 100 in generated coarse
-        logs, at 5 a 10% creep over ten evaluations at 1% noise is missed. The noise is read from second
-        differences, which a steady fall or climb does not enter; from three of them (five evaluations) on.
-        """
-        if len(self._curv) < 3:
-            return self.lim.rise
-        ordered = sorted(self._curv)
-        mid = len(ordered) // 2
-        med = ordered[mid] if len(ordered) % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
-        sigma = med / (0.6745 * math.sqrt(6.0))  # median |N(0, 6σ²)|: y[i] - 2y[i-1] + y[i-2]
-        return max(self.lim.rise, _EVAL_NOISE_UNITS * sigma)

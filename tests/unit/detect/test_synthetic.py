@@ -50,12 +50,16 @@ def need(kind: str, run) -> int:
     c = DetectConfig()
     if kind == "plateau":
         # Flat from the first point: judged plateau_min_points after the warm-up and twice the warm-up's
-        # steps after its end, and not before min_steps.
+        # steps after its end, and not before min_steps; shown flat there (within K points), it is called
+        # once shown flat again after the span since the first step has tripled (sooner where the fit
+        # is precise).
         warm = run.lr.index(max(run.lr))
         end = run.steps[warm - 1] if warm else run.steps[0]  # the LR last rose at the warm-up's last step
         after = end + 2 * (end - run.steps[0])
         first = next(i for i, s in enumerate(run.steps) if s >= max(c.loss.plateau_min_steps, after))
-        return max(warm + c.loss.plateau_min_points, first)
+        judged = run.steps[min(len(run.steps) - 1, max(warm + c.loss.plateau_min_points, first) + K)]
+        tripled = run.steps[0] + 3 * (judged - run.steps[0])
+        return next((i for i, s in enumerate(run.steps) if s >= tripled), len(run.steps))
     return {
         "oscillation": c.loss.oscillation_window,
         "memory_leak": c.memory.window,
