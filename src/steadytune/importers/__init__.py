@@ -30,8 +30,9 @@ watched command's stdout is read with, live. Formats, in the order they are trie
 - ``json_document``: a JSON list of per-step dicts, or a document holding one, or series of
   ``{step, value}`` points, or columns of numbers;
 - ``text_log``: any text whose lines name a step and a loss (``step 10 | loss 2.3``,
-  ``iter 10: loss=2.3``, ``Step [10/500], Loss: 2.3``), by the rules in
-  :mod:`~steadytune.importers.text_log`.
+  ``iter 10: loss=2.3``, ``Step [10/500], Loss: 2.3``; a dict printed after a key,
+  ``reward_data: {'total_reward': 144.0}``, read as ``reward_data.total_reward`` and never
+  evaluated), by the rules in :mod:`~steadytune.importers.text_log`.
 
 Text layouts are matched after launcher and logger prefixes are stripped
 (``[rank0]:``, ``0:``, ``2024-05-01 12:00:00,123 - INFO -``: see

@@ -91,8 +91,11 @@ _MAX_NAMES = 1 << 16
 
 
 # A batch's mean reward, however a script spells it, is TRL's ``reward``; its spread ``reward_std``.
+# A mean reward inside a printed dict (``reward_data.mean_reward``) says it is a mean; a bare
+# ``reward.reward`` may be one sample's, and is not taken for the batch's.
 _MEAN_REWARD = re.compile(
-    r"^(?:(?:avg|average|mean)[_/])?rewards?(?:_score)?(?:[_/](?:avg|average|mean))?$", re.IGNORECASE
+    r"^(?:(?:avg|average|mean)[_/]|[\w/]+\.(?:avg|average|mean)_)?rewards?(?:_score)?(?:[_/](?:avg|average|mean))?$",
+    re.IGNORECASE,
 )
 _REWARD_SPREAD = re.compile(r"^(?:rewards?[_/]std|std[_/]rewards?)$", re.IGNORECASE)
 
@@ -102,7 +105,8 @@ def canonical(name: str) -> str:
     ``train/`` that the Trainer's TensorBoard and W&B callbacks put before every training key
     (``train/reward`` is TRL's ``reward``), ``eval/x`` as the Trainer names it (``eval_x``); a
     mean reward (``mean_reward``, ``avg_reward``, ``reward/mean``, ``average_reward_score``,
-    ``Reward``) is ``reward``, its spread (``std_reward``, ``rewards/std``) ``reward_std``."""
+    ``Reward``, a printed dict's ``reward_data.mean_reward``) is ``reward``, its spread
+    (``std_reward``, ``rewards/std``) ``reward_std``."""
     out = ALIASES.get(name)
     if out is None:
         if _MEAN_REWARD.match(name):

@@ -29,7 +29,11 @@ Tried last, after every layout with a reader of its own. The rules:
   Every other ``key: value`` / ``key=value`` of a record is kept under its key, lower-cased
   with spaces as ``_`` (``Reward: 0.38`` is ``reward``, ``KL_ref: 0.001`` is ``kl_ref``,
   ``Actor Loss`` is ``actor_loss``); a list of per-sample values (``rewards: tensor([1., 0.])``)
-  is its mean, and its spread as ``<key>_std``.
+  is its mean, and its spread as ``<key>_std``. A dict printed after a key
+  (``reward_data: {'total_num': 256, 'total_reward': 144.0}``) gives its numbers under the key,
+  nested keys joined with dots (``reward_data.total_reward``), read without evaluating it
+  (:mod:`~steadytune.importers.inline_dict`); where it tallies a batch (a count beside
+  ``total_<x>`` sums), also each sum's mean, ``reward_data.mean_reward``.
   A loss may be a train or an eval loss (``step 250: val loss 3.51`` is a record).
   ``nan`` and ``inf`` are real non-finite values.
 - The file is such a log only when at least :data:`MIN_RECORDS` records of one
@@ -60,6 +64,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from steadytune.importers.format import LogFormat
+from steadytune.importers.inline_dict import parse_dict
 from steadytune.importers.prefix import LowestRank, strip_prefix
 from steadytune.importers.series import TRAIN_LOSS_NAMES, Series, SeriesBuilder, UnreadableLog, parse_number
 from steadytune.importers.text_steps import (
@@ -106,11 +111,13 @@ _PAIR = re.compile(
     r"(?:(?:np\.\w+|tensor|float)\(\s*)?(?:(?P<num>" + _NUM + r")(?![\d.]*\s*%)|(?P<list>\[[^\]\[]*\]))",
     re.I,
 )
+# A key whose value is a printed dict: "reward_data: {", "metrics={".
+_DICT_KEY = re.compile(r"(?<![\w/.@'\"-])['\"]?(?P<key>[A-Za-z][\w/.@-]*)['\"]?\s*[:=]\s*\{")
 # A key of several words starts a line or follows a separator: ", Adv Std: 0.9", "|  Actor Loss: 0".
 _AFTER_SEPARATOR = re.compile(r"(?:^|[,;|)\]}]\s*|\s-\s+|\s{2,}|\t)$")
 # A record holds a training signal: a loss of any name, a reward, a KL. (``loss_scale`` is fp16's
 # scaler, no loss; a "score" alone is too often a sample's grade printed as the run goes.)
-_SIGNAL = re.compile(r"(?:^|[_/])loss$|(?:^|[_/])(?:rewards?|kl)(?:$|[_/])|(?:^|_)(?:ppl|perplexity)$")
+_SIGNAL = re.compile(r"(?:^|[_/.])loss$|(?:^|[_/.])(?:rewards?|kl)(?:$|[_/.])|(?:^|_)(?:ppl|perplexity)$")
 # A perplexity is exp(loss): DeepSpeed-Chat's SFT logs its evaluation as "ppl: 2.01" alone.
 _PERPLEXITY = re.compile(
     r"^(?:(?P<train>train(?:ing)?)_|(?:eval|val|valid|validation|test|dev)_)?(?:ppl|perplexity)$"
@@ -139,6 +146,7 @@ class _Layout(NamedTuple):
     loss_as: str
     shape: str
     redrawn: bool
+    means: bool  # the means of a printed dict's sums (:func:`_means_of_sums`), computed again
 
 
 # template -> layout, or None where the numbers do not line up with what the rules read
@@ -174,6 +182,8 @@ def parse_line(line: str) -> Line | None:
             pass
         else:
             fields = {name: float(tokens[i]) / div for name, i, div in layout.fields}
+            if layout.means:
+                fields.update(_means_of_sums(fields))
             return Line(rank, step, total, fields, layout.loss_as, layout.shape, layout.redrawn)
     parsed = _parse_text(text)
     if template not in _LAYOUTS and len(_LAYOUTS) < _MAX_LAYOUTS:
@@ -202,7 +212,11 @@ def _parse_text(text: str) -> Parsed | None:
     spans: dict[str, tuple[Span, float]] = {}
     taken: list[Span] = []
     loss_as = "loss"
+    dicts = _read_dicts(text, fields, spans) if "{" in text else []
+    taken.extend(dicts)
     for m in _METRIC.finditer(text):
+        if dicts and _overlaps(m.span(), dicts):
+            continue  # a key inside a printed dict: read under the dict's name
         value = parse_number(m.group("num"))
         name = _name(m)
         if value is not None and name not in fields:
@@ -219,8 +233,8 @@ def _parse_text(text: str) -> Parsed | None:
     if t:
         taken.append(t.span())
     for m in _PAIR.finditer(text):
-        if any(a < m.end() and m.start() < b for a, b in taken):
-            continue  # a key the rules read by name, the step, the step time
+        if _overlaps(m.span(), taken):
+            continue  # a key the rules read by name, the step, the step time, a printed dict
         if " " in m.group("key") and not _AFTER_SEPARATOR.search(text, 0, m.start()):
             continue  # words in a sentence ("here are a few rewards: [...]"), not a key
         key = _SPACES.sub("_", m.group("key").strip().lower())
@@ -247,10 +261,61 @@ def _parse_text(text: str) -> Parsed | None:
         div = 1000.0 if t.group("unit").lower() == "ms" else 1.0
         fields["step_time_s"] = float(t.group("num")) / div
         spans["step_time_s"] = t.span("num"), div
+    if dicts:
+        fields.update(_means_of_sums(fields))
     step = (step_of(found), step_span(found)) if found else None
     t_value = total_of(found) if found else None
     total = (t_value, step_span(found, total=True)) if found and t_value is not None else None
     return step, total, fields, spans, loss_as, found is not None and redrawn(found)
+
+
+def _overlaps(span: Span, spans: list[Span]) -> bool:
+    return any(a < span[1] and span[0] < b for a, b in spans)
+
+
+def _read_dicts(text: str, fields: dict[str, float], spans: dict[str, tuple[Span, float]]) -> list[Span]:
+    """The numbers of the dicts printed after a key (``reward_data: {'total_reward': 144.0}``), each
+    under ``key.inner`` (:mod:`~.inline_dict`), into ``fields``; the spans of the dicts read."""
+    read: list[Span] = []
+    for m in _DICT_KEY.finditer(text):
+        if read and m.start() < read[-1][1]:
+            continue  # a dict nested in one read already
+        parsed = parse_dict(text, m.end() - 1, _SPACES.sub("_", m.group("key").strip().lower()))
+        if parsed is None:
+            continue  # not a literal dict: its pairs are read one by one, as on any line
+        numbers, end = parsed
+        for key, value, span in numbers:
+            key = key.lower()
+            if key not in fields:
+                fields[key] = value
+                spans[key] = span, 1.0
+        read.append((m.start(), end))
+    return read
+
+
+# A dict that tallies a batch: its count, and its sums (total_reward, sum_loss).
+_COUNT = re.compile(r"^(?P<at>.*\.)(?:total_num|num|n|count|total_count|num_samples|n_samples)$")
+_SUM = re.compile(r"^(?P<at>.*\.)(?:total|sum)_(?P<what>\w+)$")
+
+
+def _means_of_sums(fields: dict[str, float]) -> dict[str, float]:
+    """The means of a printed dict's sums over its count that ``fields`` lacks
+    (``{'total_num': 256, 'total_reward': 144.0}`` holds ``mean_reward`` 0.5625): a sum grows with
+    the batch, so runs or restarts of other batch sizes, and a batch cut short, would read as a
+    change of the signal itself."""
+    counts = {m.group("at"): v for k, v in fields.items() if "." in k and (m := _COUNT.match(k))}
+    means: dict[str, float] = {}
+    if not counts:
+        return means
+    for key, value in fields.items():
+        m = _SUM.match(key)
+        if m is None or _COUNT.match(key):
+            continue
+        count = counts.get(m.group("at"))
+        mean = f"{m.group('at')}mean_{m.group('what')}"
+        if count is not None and count > 0 and mean not in fields:
+            means[mean] = value / count
+    return means
 
 
 def _spread(key: str, listed: str, fields: dict[str, float]) -> None:
@@ -273,7 +338,9 @@ def _layout(
     bar: bool,
 ) -> _Layout | None:
     """The positions of the rules' numbers among the template's, if each is one whole number."""
-    if len(spans) != len(fields):
+    read = {k: v for k, v in fields.items() if k in spans}
+    means = _means_of_sums(read)
+    if len(read) + len(means) != len(fields) or not means.keys() <= fields.keys():
         return None  # a value made of several numbers (a list's mean): read by the rules each time
     if step is None and find_step_match("1".join(parts[0::2])) is not None:
         return None  # "step 1.5" names no step, though "step 2" of the same template does
@@ -291,6 +358,7 @@ def _layout(
             loss_as,
             _shape(fields),
             bar,
+            bool(means),
         )
     except KeyError:
         return None

@@ -279,5 +279,6 @@ def test_records_at_the_step_their_loop_names_on_a_line_of_its_own(tmp_path: Pat
     s = load(_write(tmp_path, "rl_grpo.log", lines))
     runs = s.runs()
     assert [[r.step for r in run.records] for run in runs] == [list(range(15)), list(range(40))]
-    assert [r.extra["total_reward"] for r in runs[0].records[8:]] == [0.0] * 7
-    assert runs[1].records[0].extra["total_num"] == 256
+    assert [r.extra["reward_data.total_reward"] for r in runs[0].records[8:]] == [0.0] * 7
+    assert [r.extra["reward"] for r in runs[0].records[8:]] == [0.0] * 7  # the batch's mean
+    assert runs[1].records[0].extra["reward_data.total_num"] == 256
