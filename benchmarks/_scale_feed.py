@@ -7,7 +7,8 @@ per rank and step, with a batch fingerprint of 8 samples, device memory, and per
 flow every 50 steps, as the guard records them), through the same writer. First ``--prefill``
 steps as fast as the supervisor takes them (it writes a chunk, then waits until the supervisor's
 ``status.json`` is within two chunks of it, so the supervisor is never handed a million lines in
-one read), then ``--rate`` steps per second until told otherwise.
+one read), then ``--rate`` steps per second until told otherwise. With several ranks the prefill's
+writes go round the ranks 4 steps at a time, as a live run's ranks keep in step.
 
 Orders come through the file ``RUN_DIR/feed-orders`` (one word, read before every live step):
 ``run`` (the default), ``hang`` (every rank falls silent, the process stays), ``straggle`` (the
@@ -112,13 +113,20 @@ def main() -> int:
         state.update(kw)
         atomic_write_text(state_path, json.dumps(state))
 
+    # The ranks of a live run write each step at about the same moment: the prefill's writes go
+    # round the ranks a few steps at a time (fewer than straggler_lag_points), so a supervisor that
+    # reads between two of them never sees one rank a whole chunk ahead of the next.
+    piece = args.chunk if args.ranks == 1 else 4
     step = 0
     while step < args.prefill:
         hi = min(args.prefill, step + args.chunk)
         now = time.time()
-        for r, w in enumerate(writers):
-            lines = [to_json(record(s, r, now, rngs[r], 0.09)) for s in range(step + 1, hi + 1)]
-            w._line("\n".join(lines))  # one write per chunk and rank
+        for lo in range(step, hi, piece):
+            for r, w in enumerate(writers):
+                lines = [
+                    to_json(record(s, r, now, rngs[r], 0.09)) for s in range(lo + 1, min(hi, lo + piece) + 1)
+                ]
+                w._line("\n".join(lines))  # one write per piece and rank
         step = hi
         while status_step(run) < step - 2 * args.chunk:
             time.sleep(0.05)

@@ -217,6 +217,17 @@ def bench_ranks(tmp: Path, counts: list[int], windows: int, window_s: float) -> 
         try:
             run.wait_prefill()
             time.sleep(2)
+            # The prefill is a backlog of every rank's stream: taken in, no rank may read as trailing.
+            false = sum(e.get("kind") == "anomaly" and e.get("name") == "straggler" for e in run.events())
+            row(
+                "ranks",
+                "straggler raised while the prefill was taken in",
+                str(r),
+                false,
+                str(false),
+                "0",
+                false == 0,
+            )
             cpu = run.cpu_windows(windows, window_s)
             row(
                 "ranks",

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -365,6 +366,31 @@ def to_json(record: Record) -> str:
         if value is not None:
             parts.append(key + _text(value))
     return ",".join(parts) + "}"
+
+
+# The head :func:`to_json` gives a step record whose ts and rank are set: what a look for each step's
+# latest attempt needs, read without parsing the line (its batch, its gradient flow).
+_STEP_HEAD = re.compile(rb'\{"type":"step","step":(-?\d+),"ts":[-+.\deE]+,"rank":-?\d+,"attempt":(-?\d+),')
+_ANY_HEAD = re.compile(rb'\{"type":"([a-z_]+)",')
+
+
+def step_head(raw: bytes) -> tuple[int, int] | tuple[()] | None:
+    """A JSONL line's ``(step, attempt)`` if it is a step record as :func:`to_json` writes it and no
+    eval; ``()`` if it surely is no step record (another record's head); None: parse it to know.
+
+    Only a line with one ``"type"`` key is read this way: a torn line with the next one written onto
+    its end is not JSON, and is left to the parser to refuse.
+    """
+    if raw.count(b'"type":') != 1 or b'"eval"' in raw:
+        return None
+    m = _STEP_HEAD.match(raw)
+    if m is not None:
+        step = int(m[1])
+        return (step, int(m[2])) if valid_step(step) else None
+    other = _ANY_HEAD.match(raw)
+    if other is not None and other[1] != b"step" and raw.endswith(b"}"):
+        return ()
+    return None
 
 
 def _in_float_range(value: int) -> float | int:

@@ -8,14 +8,24 @@ A stream is read at most ``budget_bytes`` a turn: a supervisor that adopts a run
 in finds a backlog of gigabytes, and read in one go it was held whole, with every record of it
 waiting in the store's batch until the turn ended (and ``status.json`` standing still meanwhile).
 Taken a budget at a time, each part is handled, stored and counted before the next is read.
+
+The ranks' streams are taken in step with each other (:func:`in_step`): the record of the lowest
+step waiting comes first, whichever rank wrote it, as a live run's ranks write them. Read one
+stream after another, rank 0's backlog ran thousands of steps ahead of rank 1's before rank 1
+was read at all, and the straggler rule saw rank 1 trail the leader at step 1. A turn ends when
+the first stream reaches its budget: the others stop there too, each with the one record it
+has read ahead held for the next turn, so no rank runs ahead of the rest by more than a record.
+A rank that is behind where its stream ends is still behind: the merge orders what is written,
+it does not wait for what is not.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterator
 from pathlib import Path
 
-from steadytune.records import Record, SystemSample
+from steadytune.records import Record, StepRecord, SystemSample
 from steadytune.rundir import RunDir
 from steadytune.supervise.runstate import Attempt
 from steadytune.supervise.source import WorkerSource
@@ -42,6 +52,7 @@ class Intake:
         self.budget_bytes = budget_bytes
         self.behind = False  # the last read stopped at the budget: more is waiting, read it without a pause
         self.tailers: dict[Path, JsonlTailer] = {}  # each follows its stream's rotations
+        self.held: dict[Path, Record] = {}  # the record each stream read ahead when a turn ended
         self.system = JsonlWriter(run.system, segment_bytes)
         self._last_sample = 0.0
 
@@ -51,12 +62,11 @@ class Intake:
         self.behind = False
         yield from self.source.poll() or ()  # the engine's own records (ray_source.py), if any
         for path in self.run.telemetry_files():
-            tailer = self.tailers.get(path)
-            if tailer is None:
+            if path not in self.tailers:
                 chunk = min(self.budget_bytes, CHUNK_BYTES)
-                tailer = self.tailers[path] = JsonlTailer(path, chunk_bytes=chunk)
-            yield from tailer.records(self.budget_bytes)
-            self.behind |= tailer.stopped_at_budget
+                self.tailers[path] = JsonlTailer(path, chunk_bytes=chunk)
+        yield from in_step(self.tailers, self.held, self.budget_bytes)
+        self.behind = bool(self.held) or any(t.stopped_at_budget for t in self.tailers.values())
 
     def sample(self, attempt: Attempt, now: float) -> SystemSample | None:
         """A sample of the system (and of the attempt's worker) once per interval; None in between."""
@@ -73,3 +83,44 @@ class Intake:
 
     def close(self) -> None:
         self.system.close()
+
+
+def in_step(
+    tailers: dict[Path, JsonlTailer], held: dict[Path, Record], budget_bytes: int
+) -> Iterator[Record]:
+    """The new records of every stream, merged by step (ties in the streams' order), each stream's
+    own order kept; up to ``budget_bytes`` of each, and no further once one stream stops at its
+    budget. The record a stream read ahead of that point is left in ``held``, to come first next time.
+    """
+    sources = {path: tailer.records(budget_bytes) for path, tailer in tailers.items()}
+    heads: list[tuple[int, int, Record]] = []  # (step, stream's place, record): the merge's frontier
+    paths = list(tailers)
+    last_step = dict.fromkeys(paths, -1)
+
+    def advance(i: int) -> bool:
+        """Put stream ``i``'s next record in the frontier; False where its reading this turn is over."""
+        path = paths[i]
+        rec = held.pop(path, None)
+        if rec is None:
+            rec = next(sources[path], None)
+        if rec is None:
+            return False
+        # A record with no step of its own (a heartbeat, the worker's exit) goes with its stream's last.
+        if isinstance(rec, StepRecord):
+            last_step[path] = rec.step
+        heapq.heappush(heads, (last_step[path], i, rec))
+        return True
+
+    # A stream that spent its budget on lines that are no records (bad, too long) holds the turn up too.
+    waits = [not advance(i) and tailers[paths[i]].stopped_at_budget for i in range(len(paths))]
+    try:
+        while heads and not any(waits):
+            _, i, rec = heapq.heappop(heads)
+            yield rec
+            if not advance(i) and tailers[paths[i]].stopped_at_budget:
+                break  # this stream waits for the next turn, so every other one does too
+    finally:
+        for _, i, rec in heads:
+            held[paths[i]] = rec
+        for source in sources.values():
+            source.close()

@@ -11,7 +11,7 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -156,7 +156,7 @@ class JsonlTailer(JsonlReader):
     known record also counts in ``bad_lines``.
     """
 
-    def records(self, max_bytes: int | None = None) -> Iterator[Record]:
+    def records(self, max_bytes: int | None = None) -> Generator[Record, None, None]:
         """The records of the new complete lines; ``max_bytes``: about that much of the file, at most
         (a soft budget, :meth:`~steadytune.telemetry.jsonl.JsonlReader.raw_lines`'), the rest next time."""
         for d in self.dicts(max_bytes):

@@ -3,10 +3,12 @@ handled, stored and counted before the next is read, and nothing of it is lost."
 
 from __future__ import annotations
 
+import json
 from itertools import pairwise
 from pathlib import Path
 
 from steadytune.records import StepRecord
+from steadytune.supervise.supervisor import Supervisor
 from steadytune.telemetry.stream import JsonlWriter
 from tests.unit.supervise.build import supervisor
 
@@ -45,3 +47,38 @@ def test_a_stream_within_the_budget_is_read_in_one_turn(tmp_path: Path) -> None:
     sup.pump()
     assert sup.state.progress.step == 50
     assert not sup.intake.behind
+
+
+def _backlog(sup: Supervisor, ranks: int, steps: int, lagging: int | None = None, lag: int = 0) -> None:
+    """Every rank's stream written ahead of the supervisor, as a run it adopts has them: ranks in step,
+    or ``lagging`` one ``lag`` steps short of the others (a real straggler, still behind at the end)."""
+    for rank in range(ranks):
+        last = steps - (lag if rank == lagging else 0)
+        with JsonlWriter(sup.run.telemetry(rank)) as w:
+            for n in range(1, last + 1):
+                w.write(StepRecord(step=n, ts=float(n), rank=rank, loss=2.0, grad_norm=1.0, step_time_s=0.1))
+
+
+def _take_all(sup: Supervisor) -> list[str]:
+    """Every turn until the backlog is taken in; the names of the events filed."""
+    while True:
+        sup.pump()
+        if not sup.intake.behind:
+            break
+    return [e["name"] for e in map(json.loads, sup.run.events.read_text().splitlines())]
+
+
+def test_ranks_taken_in_from_a_backlog_keep_in_step_and_none_is_a_straggler(tmp_path: Path) -> None:
+    sup = supervisor(tmp_path, train={"max_steps": 10_000})
+    sup.intake.budget_bytes = BUDGET  # ~100 steps of a stream a turn: rank 0 alone would run ahead
+    _backlog(sup, ranks=4, steps=1200)
+    assert "straggler" not in _take_all(sup)
+    assert sup.state.progress.step == 1200
+
+
+def test_a_rank_that_is_behind_at_the_backlogs_end_is_still_a_straggler(tmp_path: Path) -> None:
+    """The same backlog with rank 2 200 steps short: it trails the leader where the streams end."""
+    sup = supervisor(tmp_path, train={"max_steps": 10_000})
+    sup.intake.budget_bytes = BUDGET
+    _backlog(sup, ranks=4, steps=1200, lagging=2, lag=200)
+    assert "straggler" in _take_all(sup)
