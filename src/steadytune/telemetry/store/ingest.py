@@ -135,7 +135,8 @@ class Ingest(StoreBase):
             self._db.executemany("DELETE FROM gradflow WHERE rank=? AND step=? AND attempt<?", stale)
 
     def _refresh_rollup(self, rank: int, b_lo: int, b_hi: int) -> None:
-        """Recompute the summary buckets ``b_lo..b_hi`` of a rank from the raw steps."""
+        """Recompute the summary buckets ``b_lo..b_hi`` of a rank from the raw steps, and the coarse
+        buckets above them."""
         aggs = ", ".join(f"MIN({m}), MAX({m}), SUM({m}), COUNT({m})" for m in STEP_METRICS)
         cols = ", ".join(f"{m}_min, {m}_max, {m}_sum, {m}_n" for m in STEP_METRICS)
         self._db.execute(
@@ -145,6 +146,7 @@ class Ingest(StoreBase):
             "FROM steps WHERE rank=? AND step BETWEEN ? AND ? GROUP BY step / ?",
             (rank, b_lo * ROLLUP, b_hi * ROLLUP + ROLLUP - 1, ROLLUP),
         )
+        self.refresh_coarse(rank, b_lo, b_hi)
 
     def add_system(self, samples: Sequence[SystemSample]) -> int:
         if not samples:
@@ -312,8 +314,8 @@ class Ingest(StoreBase):
     def rebuild(self, run_dir: RunDir) -> int:
         """Drop the index and build it again from the run's JSONL files."""
         with self._lock, self._db:
-            tables = ("steps", "steps_rollup", "system", "system_rollup", "gpu", "gpu_rollup", "events")
-            for table in (*tables, "plans", "gradflow"):
+            tables = ("steps", "steps_rollup", "steps_coarse", "system", "system_rollup", "gpu", "gpu_rollup")
+            for table in (*tables, "events", "plans", "gradflow"):
                 self._db.execute(f"DELETE FROM {table}")
             self._db.execute("DELETE FROM meta WHERE key LIKE 'offset:%'")
         return self.sync(run_dir)

@@ -11,6 +11,12 @@ SCHEMA_VERSION = "1"
 # 1,000,000-step run reads ~16k summary rows instead of a million raw ones.
 ROLLUP = 64
 
+# Coarser summaries of the steps, each level twice the one below (128 to 65,536 steps), kept in
+# ``steps_coarse`` and merged from the level below as it fills: a chart of N buckets reads the
+# level just finer than its bucket, so at most ~2N rows whatever the run's length (a 1M-step run
+# charted in 1,500 buckets reads 1,953 rows of 512 steps, not 15,625 of 64).
+COARSE_LEVELS: tuple[int, ...] = tuple(ROLLUP << k for k in range(1, 11))
+
 # System and GPU samples are also kept summarized per this many seconds (8 samples at the
 # sampler's 2 s): a chart of a day-long run of 8 GPUs reads 50k summary rows, not 400k samples.
 SAMPLE_ROLLUP_S = 16.0
@@ -52,6 +58,12 @@ CREATE TABLE IF NOT EXISTS steps_rollup (
   n INTEGER NOT NULL, tokens INTEGER, nonfinite INTEGER NOT NULL,
   {", ".join(f"{m}_min REAL, {m}_max REAL, {m}_sum REAL, {m}_n INTEGER" for m in STEP_METRICS)},
   PRIMARY KEY (rank, bucket)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS steps_coarse (
+  level INTEGER NOT NULL, rank INTEGER NOT NULL, bucket INTEGER NOT NULL, first INTEGER NOT NULL,
+  last INTEGER NOT NULL, n INTEGER NOT NULL, tokens INTEGER, nonfinite INTEGER NOT NULL,
+  {", ".join(f"{m}_min REAL, {m}_max REAL, {m}_sum REAL, {m}_n INTEGER" for m in STEP_METRICS)},
+  PRIMARY KEY (level, rank, bucket)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS system (
   ts REAL PRIMARY KEY, {", ".join(f"{m} REAL" for m in SYSTEM_METRICS)}, version INTEGER NOT NULL
@@ -115,6 +127,12 @@ class StoreBase:
                 with self._lock, self._db:
                     self.refresh_sample_rollup(None, None)
                     self._db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES('sample_rollup', '1')")
+            if self.get_meta("step_levels") is None:
+                # An index made before the coarse step summaries: build them from the fine ones, once.
+                with self._lock, self._db:
+                    for (rank,) in self._db.execute("SELECT DISTINCT rank FROM steps_rollup").fetchall():
+                        self.refresh_coarse(rank, None, None)
+                    self._db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES('step_levels', '1')")
         self._db.execute("PRAGMA busy_timeout=5000")
         self._version = self._max_version()
         # Lines of the JSONL that sync() skipped: not JSON, nested too deep, or not a record.
@@ -140,6 +158,28 @@ class StoreBase:
                 f"GROUP BY {key}CAST(ts / ? AS INTEGER)",
                 (width, *params, width),
             )
+
+    def refresh_coarse(self, rank: int, b_lo: int | None, b_hi: int | None) -> None:
+        """Recompute every coarse level's buckets over the fine buckets ``b_lo..b_hi`` of a rank
+        (None: all of them), each level from the one below, in the caller's transaction."""
+        cols = ", ".join(f"{m}_min, {m}_max, {m}_sum, {m}_n" for m in STEP_METRICS)
+        aggs = ", ".join(f"MIN({m}_min), MAX({m}_max), SUM({m}_sum), SUM({m}_n)" for m in STEP_METRICS)
+        below, key = "steps_rollup", ""
+        for level in COARSE_LEVELS:
+            rng: str = ""
+            params: tuple[int, ...] = ()
+            if b_lo is not None and b_hi is not None:
+                # Fine buckets b_lo..b_hi lie in this level's buckets b_lo // k..b_hi // k, which are
+                # made of the level below's buckets 2 * (b_lo // k)..2 * (b_hi // k) + 1.
+                k = level // ROLLUP
+                rng, params = "AND bucket BETWEEN ? AND ?", (2 * (b_lo // k), 2 * (b_hi // k) + 1)
+            self._db.execute(
+                "INSERT OR REPLACE INTO steps_coarse(level, rank, bucket, first, last, n, tokens, "
+                f"nonfinite, {cols}) SELECT ?, rank, bucket / 2, MIN(first), MAX(last), SUM(n), SUM(tokens), "
+                f"SUM(nonfinite), {aggs} FROM {below} WHERE {key}rank=? {rng} GROUP BY bucket / 2",
+                (level, *((level // 2,) if key else ()), rank, *params),
+            )
+            below, key = "steps_coarse", "level=? AND "
 
     def close(self) -> None:
         with self._lock:
