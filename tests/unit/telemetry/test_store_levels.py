@@ -1,5 +1,5 @@
-"""The coarse step summaries: a chart of a 1M-step run reads ~2 summary rows per bucket, and keeps
-every spike (min and max per bucket at every level)."""
+"""The coarse summary levels: a chart of a 1M-step run (or a day of samples) reads ~2 summary rows
+per bucket, and keeps every spike (min and max per bucket at every level)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import random
 import sqlite3
 from pathlib import Path
 
-from steadytune.records import StepRecord
+from steadytune.records import GpuSample, StepRecord, SystemSample
 from steadytune.telemetry.store import RunStore
-from steadytune.telemetry.store.schema import COARSE_LEVELS
+from steadytune.telemetry.store.schema import COARSE_LEVELS, SAMPLE_LEVELS
 
 STEPS = 1_000_000
 EVERY = 40  # a step logged every 40: 25,000 rows span the million steps, and every level fills
@@ -98,7 +98,7 @@ def test_an_index_written_before_the_levels_is_summarized_once(tmp_path: Path) -
     store.close()
     with sqlite3.connect(db) as old:  # as an older steadytune left it: the 64-step buckets only
         old.execute("DELETE FROM steps_coarse")
-        old.execute("DELETE FROM meta WHERE key='step_levels'")
+        old.execute("DELETE FROM meta WHERE key='coarse_levels'")
     readonly = RunStore(db, readonly=True)  # cannot build them: charts from the 64-step buckets
     assert readonly.step_series(("loss",), points=100).total == STEPS // EVERY
     assert max(r[4] for r in readonly.step_series(("loss",), points=1500).rows) == 40.0
@@ -106,4 +106,33 @@ def test_an_index_written_before_the_levels_is_summarized_once(tmp_path: Path) -
     reopened = RunStore(db)
     _levels_from_raw(db)
     assert [reopened.step_series(("loss",), points=p).rows for p in (1500, 100)] == before
-    assert reopened.get_meta("step_levels") == "1"
+    assert reopened.get_meta("coarse_levels") == "1"
+
+
+def test_the_samples_have_levels_too_and_keep_a_hot_sample(tmp_path: Path) -> None:
+    db = tmp_path / "run.db"
+    store = RunStore(db)
+    for lo in range(0, 40_000, 2_000):  # ~22 hours at one sample per 2 s, in the sampler's batches
+        store.add_system([
+            SystemSample(ts=1e9 + 2 * i, cpu_ratio=0.01 if i == 31_313 else 0.5,
+                         gpus=(GpuSample(index=1, temperature_c=99.0 if i == 13_131 else 60.0),))
+            for i in range(lo, lo + 2_000)
+        ])  # fmt: skip
+    with sqlite3.connect(db) as raw:
+        for level in SAMPLE_LEVELS:
+            stored = raw.execute(
+                "SELECT bucket, first, last, n, temperature_c_max FROM gpu_coarse WHERE level=? AND idx=1 "
+                "ORDER BY bucket",
+                (level,),
+            ).fetchall()
+            built = raw.execute(
+                "SELECT CAST(ts / ? AS INTEGER) b, MIN(ts), MAX(ts), COUNT(*), MAX(temperature_c) FROM gpu "
+                "WHERE idx=1 GROUP BY b ORDER BY b",
+                (level,),
+            ).fetchall()
+            assert stored == built
+    for points in (100, 1500):  # buckets of ~800 s (the 512 s level) and ~53 s (the 32 s level)
+        gpu = store.gpu_series(1, ("temperature_c",), points=points)
+        system = store.system_series(("cpu_ratio",), points=points)
+        assert max(r[4] for r in gpu.rows) == 99.0 and min(r[3] for r in system.rows) == 0.01
+        assert sum(r[2] for r in gpu.rows) == 40_000 and len(gpu.rows) <= points

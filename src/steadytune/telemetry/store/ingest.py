@@ -146,7 +146,7 @@ class Ingest(StoreBase):
             "FROM steps WHERE rank=? AND step BETWEEN ? AND ? GROUP BY step / ?",
             (rank, b_lo * ROLLUP, b_hi * ROLLUP + ROLLUP - 1, ROLLUP),
         )
-        self.refresh_coarse(rank, b_lo, b_hi)
+        self.refresh_coarse("steps", b_lo, b_hi, rank)
 
     def add_system(self, samples: Sequence[SystemSample]) -> int:
         if not samples:

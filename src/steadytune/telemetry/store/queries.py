@@ -9,10 +9,8 @@ from typing import Any
 
 from steadytune.records import Event, PlanRevision, from_dict
 from steadytune.telemetry.store.schema import (
-    COARSE_LEVELS,
+    FAMILIES,
     GPU_METRICS,
-    ROLLUP,
-    SAMPLE_ROLLUP_S,
     STEP_METRICS,
     SYSTEM_METRICS,
     StoreBase,
@@ -215,17 +213,17 @@ class Queries(StoreBase):
         """The summary table to chart ``table`` from in buckets of ``width``: ``(table, where,
         params, bucket width)``, or None where the index keeps none (samples of an old index).
 
-        Steps: the coarsest level no wider than a chart bucket, so merging reads at most ~2 rows
-        per bucket; the 64-step buckets below 128 (or in an index an older steadytune wrote).
+        The coarsest level no wider than a chart bucket, so merging reads at most ~2 rows per
+        bucket; the finest buckets (64 steps, 16 s) below that, or in an index an older
+        steadytune wrote and this process may not add the levels to.
         """
-        if table == "steps":
-            levels = [v for v in COARSE_LEVELS if v <= width] if self.get_meta("step_levels") == "1" else []
-            if levels:
-                return "steps_coarse", f"level=? AND {where}", (levels[-1], *params), float(levels[-1])
-            return "steps_rollup", where, params, float(ROLLUP)
-        if self.get_meta("sample_rollup") == "1":
-            return f"{table}_rollup", where, params, SAMPLE_ROLLUP_S
-        return None
+        f = FAMILIES[table]
+        if table != "steps" and self.get_meta("sample_rollup") != "1":
+            return None
+        levels = [v for v in f.levels if v <= width] if self.get_meta("coarse_levels") == "1" else []
+        if levels:
+            return f.coarse, f"level=? AND {where}", (levels[-1], *params), float(levels[-1])
+        return f.rollup, where, params, float(f.width)
 
     def steps_since(self, version: int, rank: int = 0, limit: int = 5000) -> list[dict[str, Any]]:
         """Step rows changed after ``version`` (new steps, or steps a later attempt replaced)."""
