@@ -8,6 +8,7 @@ import sqlite3
 from pathlib import Path
 
 from steadytune.records import GpuSample, StepRecord, SystemSample
+from steadytune.rundir import RunDir
 from steadytune.telemetry.store import RunStore
 from steadytune.telemetry.store.schema import COARSE_LEVELS, SAMPLE_LEVELS
 
@@ -112,12 +113,13 @@ def test_an_index_written_before_the_levels_is_summarized_once(tmp_path: Path) -
 def test_the_samples_have_levels_too_and_keep_a_hot_sample(tmp_path: Path) -> None:
     db = tmp_path / "run.db"
     store = RunStore(db)
+    samples = [
+        SystemSample(ts=1e9 + 2 * i, cpu_ratio=0.01 if i == 31_313 else 0.5,
+                     gpus=(GpuSample(index=1, temperature_c=99.0 if i == 13_131 else 60.0),))
+        for i in range(40_000)
+    ]  # fmt: skip
     for lo in range(0, 40_000, 2_000):  # ~22 hours at one sample per 2 s, in the sampler's batches
-        store.add_system([
-            SystemSample(ts=1e9 + 2 * i, cpu_ratio=0.01 if i == 31_313 else 0.5,
-                         gpus=(GpuSample(index=1, temperature_c=99.0 if i == 13_131 else 60.0),))
-            for i in range(lo, lo + 2_000)
-        ])  # fmt: skip
+        store.add_system(samples[lo : lo + 2_000])
     with sqlite3.connect(db) as raw:
         for level in SAMPLE_LEVELS:
             stored = raw.execute(
@@ -131,6 +133,12 @@ def test_the_samples_have_levels_too_and_keep_a_hot_sample(tmp_path: Path) -> No
                 (level,),
             ).fetchall()
             assert stored == built
+    store.rebuild(RunDir(tmp_path / "empty").create())  # no JSONL: an empty index, no level left over
+    with sqlite3.connect(db) as raw:
+        assert [
+            raw.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] for t in ("system_coarse", "gpu_coarse")
+        ] == [0, 0]
+    store.add_system(samples)
     for points in (100, 1500):  # buckets of ~800 s (the 512 s level) and ~53 s (the 32 s level)
         gpu = store.gpu_series(1, ("temperature_c",), points=points)
         system = store.system_series(("cpu_ratio",), points=points)

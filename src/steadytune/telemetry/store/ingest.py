@@ -13,7 +13,14 @@ from steadytune.rundir import RunDir
 from steadytune.telemetry import segments
 from steadytune.telemetry.jsonl import JsonlReader, stream_last_line
 from steadytune.telemetry.store.gradflow import flow_columns
-from steadytune.telemetry.store.schema import GPU_METRICS, ROLLUP, STEP_METRICS, SYSTEM_METRICS, StoreBase
+from steadytune.telemetry.store.schema import (
+    FAMILIES,
+    GPU_METRICS,
+    ROLLUP,
+    STEP_METRICS,
+    SYSTEM_METRICS,
+    StoreBase,
+)
 
 
 def _num(value: Any) -> float | None:
@@ -314,8 +321,8 @@ class Ingest(StoreBase):
     def rebuild(self, run_dir: RunDir) -> int:
         """Drop the index and build it again from the run's JSONL files."""
         with self._lock, self._db:
-            tables = ("steps", "steps_rollup", "steps_coarse", "system", "system_rollup", "gpu", "gpu_rollup")
-            for table in (*tables, "events", "plans", "gradflow"):
+            summaries = [t for f in FAMILIES.values() for t in (f.rollup, f.coarse)]
+            for table in ("steps", "system", "gpu", *summaries, "events", "plans", "gradflow"):
                 self._db.execute(f"DELETE FROM {table}")
             self._db.execute("DELETE FROM meta WHERE key LIKE 'offset:%'")
         return self.sync(run_dir)
