@@ -75,11 +75,11 @@ ST.getJSON = async (url) => {
 };
 c.opts.maxPoints = Math.ceil(c.get('loss').length / 2);
 """
-# The loss chart's x values begin with the buckets the server sent last, as sent (x_last of each row).
+# The loss chart's x values begin with the buckets the server sent last, as sent (each one's last x).
 DRAWS_WHAT_IT_GOT = """
 const sent = window.seriesSent[window.seriesSent.length - 1];
 const xs = window.steadytune.charts.loss.get('loss').x;
-return sent.rows.length > 0 && sent.rows.every((r, i) => xs[i] === r[1]);
+return sent.x.length > 0 && sent.x.every((x, i) => xs[i] === x);
 """
 
 

@@ -109,11 +109,12 @@ def test_a_rotated_run_reads_back_as_one_stream(tmp_path: Path) -> None:
     rebuilt = _loss_chart(runs, "rot")
     for chart in (kept, rebuilt):
         assert chart["total"] == STEPS + LIVE
-        assert sum(r[2] for r in chart["rows"]) == STEPS + LIVE
-        i = 3 + 3 * chart["metrics"].index("loss")
-        top = max(chart["rows"], key=lambda r: r[i + 1] or 0.0)
-        assert top[0] <= SPIKE <= top[1]  # the spike is the chart's highest point
-    assert rebuilt["rows"] == kept["rows"]
+        assert sum(chart["n"]) == STEPS + LIVE
+        loss = chart["columns"]["loss"]
+        highs = loss.get("max", loss["min"])
+        top = max(range(len(highs)), key=lambda b: highs[b] or 0.0)
+        assert chart["first"][top] <= SPIKE <= chart["x"][top]  # the spike is the chart's highest point
+    assert rebuilt == kept
 
 
 def test_a_real_run_rotates_its_worker_stream(tmp_path: Path, demo_assets: Path) -> None:

@@ -152,7 +152,8 @@ def series(h: Handler, p: Params, q: Query) -> None:
     if entry := _run(h, p):
         points = query_int(q, "points", 1500, lo=10, hi=api.MAX_POINTS)
         gpus = query_indices(q, "gpus")
-        h.json(api.series(entry, points, query_float(q, "lo"), query_float(q, "hi"), gpus))
+        answer = api.series(entry, points, query_float(q, "lo"), query_float(q, "hi"), gpus)
+        h.send(200, api.encode(answer), "application/json")
 
 
 def gradflow(h: Handler, p: Params, q: Query) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from pathlib import Path
@@ -11,7 +12,7 @@ import pytest
 from steadytune.records import GpuSample, StepRecord, SystemSample
 from steadytune.rundir import RunDir
 from steadytune.telemetry.stream import JsonlWriter
-from steadytune.web.api import series
+from steadytune.web.api import encode, series
 from steadytune.web.runs import RunsIndex
 
 N = 30_000  # past the summary buckets' size times the chart's points: the coarse path is taken
@@ -27,10 +28,10 @@ def _loss(step: int, rng: random.Random) -> float:
     return 0.6 + 1.8 / (1 + step / 600) + rng.gauss(0, 0.02)
 
 
-def _column(rows: list[list[float | None]], metrics: list[str], name: str) -> tuple[list, list]:
-    """(min, max) per bucket of one metric: rows are [x_lo, x_hi, n, then min, max, mean per metric]."""
-    i = 3 + 3 * metrics.index(name)
-    return [r[i] for r in rows], [r[i + 1] for r in rows]
+def _column(chart: dict, name: str) -> tuple[list, list]:
+    """(min, max) per bucket of one metric of the answer's columns (max left out where it equals min)."""
+    col = chart["columns"][name]
+    return col["min"], col.get("max", col["min"])
 
 
 @pytest.mark.parametrize("points", [100, 1500])
@@ -51,24 +52,29 @@ def test_a_single_step_spike_and_dip_survive_downsampling(tmp_path: Path, points
     assert entry is not None
 
     charts = series(entry, points=points)
+    assert json.loads(encode(charts)) == charts  # as the page gets it
     steps = charts["steps"]
-    assert steps["total"] == N and len(steps["rows"]) <= points  # the page gets a chart, not the run
-    lows, highs = _column(steps["rows"], steps["metrics"], "loss")
+    assert steps["total"] == N and len(steps["x"]) <= points  # the page gets a chart, not the run
+    lows, highs = _column(steps, "loss")
     assert max(h for h in highs if h is not None) == 40.0
     assert min(lo for lo in lows if lo is not None) == -5.0
-    bucket = next(r for r in steps["rows"] if r[0] <= SPIKE <= r[1])
-    assert bucket[0] < SPIKE < bucket[1]  # the spike was one point among many in its bucket
-    assert sum(r[2] for r in steps["rows"]) == N  # every step counted in one bucket
+    first, last = next((a, b) for a, b in zip(steps["first"], steps["x"], strict=True) if a <= SPIKE <= b)
+    assert first < SPIKE < last  # the spike was one point among many in its bucket
+    assert sum(steps["n"]) == N  # every step counted in one bucket
+    assert steps["columns"]["eval_loss"] is None  # no value: no column of gaps
 
     gpu = charts["gpus"]["0"]
-    assert len(gpu["rows"]) <= points
-    _, temps = _column(gpu["rows"], gpu["metrics"], "temperature_c")
+    assert len(gpu["x"]) <= points
+    _, temps = _column(gpu, "temperature_c")
     assert max(t for t in temps if t is not None) == 95.0
     system = charts["system"]
-    assert len(system["rows"]) <= points and sum(r[2] for r in system["rows"]) == SAMPLES
-    _, cpu = _column(system["rows"], system["metrics"], "cpu_ratio")
+    assert len(system["x"]) <= points and sum(system["n"]) == SAMPLES
+    _, cpu = _column(system, "cpu_ratio")
     assert max(c for c in cpu if c is not None) == 0.9
-    assert not any(isinstance(v, float) and math.isnan(v) for r in steps["rows"] for v in r if v is not None)
+    loss = steps["columns"]["loss"]
+    assert not any(
+        isinstance(v, float) and math.isnan(v) for col in loss.values() for v in col if v is not None
+    )
 
 
 def test_only_the_gpus_asked_for_are_charted_and_their_spikes_kept(tmp_path: Path) -> None:
@@ -91,7 +97,7 @@ def test_only_the_gpus_asked_for_are_charted_and_their_spikes_kept(tmp_path: Pat
     asked = series(entry, points=300, gpus=[2, 7])  # 7: never sampled, left out rather than empty
     assert list(asked["gpus"]) == ["2"] and asked["gpu_indices"] == [0, 1, 2, 3]
     chart = asked["gpus"]["2"]
-    assert len(chart["rows"]) <= 300 and chart == every["gpus"]["2"]
-    _, temps = _column(chart["rows"], chart["metrics"], "temperature_c")
+    assert len(chart["x"]) <= 300 and chart == every["gpus"]["2"]
+    _, temps = _column(chart, "temperature_c")
     assert max(t for t in temps if t is not None) == 97.0
     assert series(entry, points=300, gpus=[])["gpus"] == {}

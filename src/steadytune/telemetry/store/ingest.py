@@ -13,7 +13,14 @@ from steadytune.rundir import RunDir
 from steadytune.telemetry import segments
 from steadytune.telemetry.jsonl import JsonlReader, stream_last_line
 from steadytune.telemetry.store.gradflow import flow_columns
-from steadytune.telemetry.store.schema import GPU_METRICS, ROLLUP, STEP_METRICS, SYSTEM_METRICS, StoreBase
+from steadytune.telemetry.store.schema import (
+    FAMILIES,
+    GPU_METRICS,
+    ROLLUP,
+    STEP_METRICS,
+    SYSTEM_METRICS,
+    StoreBase,
+)
 
 
 def _num(value: Any) -> float | None:
@@ -135,7 +142,8 @@ class Ingest(StoreBase):
             self._db.executemany("DELETE FROM gradflow WHERE rank=? AND step=? AND attempt<?", stale)
 
     def _refresh_rollup(self, rank: int, b_lo: int, b_hi: int) -> None:
-        """Recompute the summary buckets ``b_lo..b_hi`` of a rank from the raw steps."""
+        """Recompute the summary buckets ``b_lo..b_hi`` of a rank from the raw steps, and the coarse
+        buckets above them."""
         aggs = ", ".join(f"MIN({m}), MAX({m}), SUM({m}), COUNT({m})" for m in STEP_METRICS)
         cols = ", ".join(f"{m}_min, {m}_max, {m}_sum, {m}_n" for m in STEP_METRICS)
         self._db.execute(
@@ -145,6 +153,7 @@ class Ingest(StoreBase):
             "FROM steps WHERE rank=? AND step BETWEEN ? AND ? GROUP BY step / ?",
             (rank, b_lo * ROLLUP, b_hi * ROLLUP + ROLLUP - 1, ROLLUP),
         )
+        self.refresh_coarse("steps", b_lo, b_hi, rank)
 
     def add_system(self, samples: Sequence[SystemSample]) -> int:
         if not samples:
@@ -312,8 +321,8 @@ class Ingest(StoreBase):
     def rebuild(self, run_dir: RunDir) -> int:
         """Drop the index and build it again from the run's JSONL files."""
         with self._lock, self._db:
-            tables = ("steps", "steps_rollup", "system", "system_rollup", "gpu", "gpu_rollup", "events")
-            for table in (*tables, "plans", "gradflow"):
+            summaries = [t for f in FAMILIES.values() for t in (f.rollup, f.coarse)]
+            for table in ("steps", "system", "gpu", *summaries, "events", "plans", "gradflow"):
                 self._db.execute(f"DELETE FROM {table}")
             self._db.execute("DELETE FROM meta WHERE key LIKE 'offset:%'")
         return self.sync(run_dir)

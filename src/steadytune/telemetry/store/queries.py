@@ -9,9 +9,8 @@ from typing import Any
 
 from steadytune.records import Event, PlanRevision, from_dict
 from steadytune.telemetry.store.schema import (
+    FAMILIES,
     GPU_METRICS,
-    ROLLUP,
-    SAMPLE_ROLLUP_S,
     STEP_METRICS,
     SYSTEM_METRICS,
     StoreBase,
@@ -160,14 +159,18 @@ class Queries(StoreBase):
                 hi = dhi if hi is None else hi
             if lo is None or hi is None:
                 return Series(metrics, [], None, None, 0, version)
-            # Summary buckets: steps always; samples where the index has kept them (sample_rollup).
-            rollup = f"{table}_rollup" if table == "steps" or self.get_meta("sample_rollup") == "1" else None
-            if rollup is not None:
+            width = (hi - lo) / points or 1.0
+            summary = self._summary(table, width, where, params)
+            if summary is not None:
+                rollup, swhere, sparams, unit = summary
+                # Bucket b holds x in [b * unit, (b + 1) * unit): the key finds a zoomed range's rows.
+                swhere += " AND bucket BETWEEN ? AND ?"
+                sparams = (*sparams, int(lo // unit), int(hi // unit))
                 # Counting a million rows costs more than charting them: estimate from the
                 # summary buckets (exact for whole buckets, which is all the choice needs).
                 n = self._db.execute(
-                    f"SELECT COALESCE(SUM(n), 0) FROM {rollup} WHERE {where} AND last >= ? AND first <= ?",
-                    (*params, lo, hi),
+                    f"SELECT COALESCE(SUM(n), 0) FROM {rollup} WHERE {swhere} AND last >= ? AND first <= ?",
+                    (*sparams, lo, hi),
                 ).fetchone()[0]
             else:
                 n = self._db.execute(
@@ -182,19 +185,18 @@ class Queries(StoreBase):
                 ).fetchall()
                 rows = [[r[0], r[0], 1, *[v for m in r[1:] for v in (m, m, m)]] for r in raw]
                 return Series(metrics, rows, lo, hi, n, version)
-            width = (hi - lo) / points or 1.0
             # The last x sits at (hi - lo) / width = points: it joins the last bucket, not one of its own.
-            if rollup is not None and width >= (ROLLUP if table == "steps" else SAMPLE_ROLLUP_S):
+            if summary is not None and width >= unit:
                 # Coarse view: merge summary buckets instead of touching raw rows.
                 aggs = ", ".join(
                     f"MIN({m}_min), MAX({m}_max), SUM({m}_sum) / NULLIF(SUM({m}_n), 0)" for m in metrics
                 )
                 sql = (
                     f"SELECT MIN(first), MAX(last), SUM(n), {aggs} FROM {rollup} "
-                    f"WHERE {where} AND last >= ? AND first <= ? "
+                    f"WHERE {swhere} AND last >= ? AND first <= ? "
                     "GROUP BY MIN(CAST((first - ?) / ? AS INTEGER), ?) ORDER BY 1"
                 )
-                raw = self._db.execute(sql, (*params, lo, hi, lo, width, points - 1)).fetchall()
+                raw = self._db.execute(sql, (*sparams, lo, hi, lo, width, points - 1)).fetchall()
             else:
                 # One pass over the range: min, max and mean per bucket.
                 aggs = ", ".join(f"MIN({m}), MAX({m}), AVG({m})" for m in metrics)
@@ -204,6 +206,24 @@ class Queries(StoreBase):
                 )
                 raw = self._db.execute(sql, (*params, lo, hi, lo, width, points - 1)).fetchall()
         return Series(metrics, [list(r) for r in raw], lo, hi, n, version)
+
+    def _summary(
+        self, table: str, width: float, where: str, params: tuple[Any, ...]
+    ) -> tuple[str, str, tuple[Any, ...], float] | None:
+        """The summary table to chart ``table`` from in buckets of ``width``: ``(table, where,
+        params, bucket width)``, or None where the index keeps none (samples of an old index).
+
+        The coarsest level no wider than a chart bucket, so merging reads at most ~2 rows per
+        bucket; the finest buckets (64 steps, 16 s) below that, or in an index an older
+        steadytune wrote and this process may not add the levels to.
+        """
+        f = FAMILIES[table]
+        if table != "steps" and self.get_meta("sample_rollup") != "1":
+            return None
+        levels = [v for v in f.levels if v <= width] if self.get_meta("coarse_levels") == "1" else []
+        if levels:
+            return f.coarse, f"level=? AND {where}", (levels[-1], *params), float(levels[-1])
+        return f.rollup, where, params, float(f.width)
 
     def steps_since(self, version: int, rank: int = 0, limit: int = 5000) -> list[dict[str, Any]]:
         """Step rows changed after ``version`` (new steps, or steps a later attempt replaced)."""

@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 SCHEMA_VERSION = "1"
 # Steps are also kept summarized in buckets of this many steps, so a chart of a
 # 1,000,000-step run reads ~16k summary rows instead of a million raw ones.
 ROLLUP = 64
+
+# Coarser summaries above the buckets of each family (steps, system, GPU samples), each level
+# twice the one below (steps: 128 to 65,536; samples: 32 s to 16,384 s), kept in ``<family>_coarse``
+# and merged from the level below as it fills: a chart of N buckets reads the level just finer
+# than its bucket, so at most ~2N rows whatever the run's length (a 1M-step run charted in 1,500
+# buckets reads 1,953 rows of 512 steps, not 15,625 of 64).
+LEVELS = 10
+COARSE_LEVELS: tuple[int, ...] = tuple(ROLLUP << k for k in range(1, LEVELS + 1))
 
 # System and GPU samples are also kept summarized per this many seconds (8 samples at the
 # sampler's 2 s): a chart of a day-long run of 8 GPUs reads 50k summary rows, not 400k samples.
@@ -36,6 +45,29 @@ SYSTEM_METRICS: tuple[str, ...] = (
     "worker_rss_bytes",
 )
 GPU_METRICS: tuple[str, ...] = ("util_ratio", "mem_used_bytes", "mem_total_bytes", "temperature_c", "power_w")
+SAMPLE_LEVELS: tuple[float, ...] = tuple(SAMPLE_ROLLUP_S * (1 << k) for k in range(1, LEVELS + 1))
+
+
+@dataclass(frozen=True)
+class Family:
+    """One summarized table: its buckets, their coarse levels, and the key a chart picks rows by."""
+
+    rollup: str  # the finest summary buckets
+    coarse: str  # the levels above them
+    key: str  # the column a chart picks (a rank, a GPU), "" for none
+    metrics: tuple[str, ...]
+    width: float  # of the finest buckets (steps or seconds)
+    levels: tuple[float, ...]
+    extra: tuple[str, ...] = ()  # counters summed along (tokens, non-finite steps)
+
+
+FAMILIES: dict[str, Family] = {
+    "steps": Family(
+        "steps_rollup", "steps_coarse", "rank", STEP_METRICS, ROLLUP, COARSE_LEVELS, ("tokens", "nonfinite")
+    ),
+    "system": Family("system_rollup", "system_coarse", "", SYSTEM_METRICS, SAMPLE_ROLLUP_S, SAMPLE_LEVELS),
+    "gpu": Family("gpu_rollup", "gpu_coarse", "idx", GPU_METRICS, SAMPLE_ROLLUP_S, SAMPLE_LEVELS),
+}
 
 _DDL = f"""
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -72,6 +104,23 @@ CREATE TABLE IF NOT EXISTS gpu_rollup (
   idx INTEGER NOT NULL, bucket INTEGER NOT NULL, first REAL NOT NULL, last REAL NOT NULL, n INTEGER NOT NULL,
   {", ".join(f"{m}_min REAL, {m}_max REAL, {m}_sum REAL, {m}_n INTEGER" for m in GPU_METRICS)},
   PRIMARY KEY (idx, bucket)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS steps_coarse (
+  level INTEGER NOT NULL, rank INTEGER NOT NULL, bucket INTEGER NOT NULL, first INTEGER NOT NULL,
+  last INTEGER NOT NULL, n INTEGER NOT NULL, tokens INTEGER, nonfinite INTEGER NOT NULL,
+  {", ".join(f"{m}_min REAL, {m}_max REAL, {m}_sum REAL, {m}_n INTEGER" for m in STEP_METRICS)},
+  PRIMARY KEY (level, rank, bucket)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS system_coarse (
+  level REAL NOT NULL, bucket INTEGER NOT NULL, first REAL NOT NULL, last REAL NOT NULL, n INTEGER NOT NULL,
+  {", ".join(f"{m}_min REAL, {m}_max REAL, {m}_sum REAL, {m}_n INTEGER" for m in SYSTEM_METRICS)},
+  PRIMARY KEY (level, bucket)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS gpu_coarse (
+  level REAL NOT NULL, idx INTEGER NOT NULL, bucket INTEGER NOT NULL, first REAL NOT NULL, last REAL NOT NULL,
+  n INTEGER NOT NULL,
+  {", ".join(f"{m}_min REAL, {m}_max REAL, {m}_sum REAL, {m}_n INTEGER" for m in GPU_METRICS)},
+  PRIMARY KEY (level, idx, bucket)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS events (
   seq INTEGER PRIMARY KEY, ts REAL NOT NULL, kind TEXT NOT NULL, name TEXT NOT NULL,
@@ -115,6 +164,12 @@ class StoreBase:
                 with self._lock, self._db:
                     self.refresh_sample_rollup(None, None)
                     self._db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES('sample_rollup', '1')")
+            if self.get_meta("coarse_levels") is None:
+                # An index made before the coarse levels: build them from the finest buckets, once.
+                with self._lock, self._db:
+                    for family in FAMILIES:
+                        self.refresh_coarse(family, None, None)
+                    self._db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES('coarse_levels', '1')")
         self._db.execute("PRAGMA busy_timeout=5000")
         self._version = self._max_version()
         # Lines of the JSONL that sync() skipped: not JSON, nested too deep, or not a record.
@@ -124,7 +179,7 @@ class StoreBase:
 
     def refresh_sample_rollup(self, lo: float | None, hi: float | None) -> None:
         """Recompute the system and GPU summary buckets that hold ``[lo, hi]`` (None: all of them)
-        from the raw samples, in the caller's transaction."""
+        from the raw samples, and the coarse levels above them, in the caller's transaction."""
         width = SAMPLE_ROLLUP_S
         rng, params = (
             ("WHERE ts >= ? AND ts < ?", (lo // width * width, (hi // width + 1) * width))
@@ -140,6 +195,43 @@ class StoreBase:
                 f"GROUP BY {key}CAST(ts / ? AS INTEGER)",
                 (width, *params, width),
             )
+            if lo is None or hi is None:
+                self.refresh_coarse(table, None, None)
+            else:
+                self.refresh_coarse(table, int(lo // width), int(hi // width))
+
+    def refresh_coarse(self, family: str, b_lo: int | None, b_hi: int | None, key: int | None = None) -> None:
+        """Recompute every coarse level of ``family`` over its finest buckets ``b_lo..b_hi`` (None: all
+        of them), of one rank or GPU (``key``; None: all), each level from the one below, in the
+        caller's transaction."""
+        f = FAMILIES[family]
+        keyed = f"{f.key}, " if f.key else ""
+        extra = "".join(f"{c}, " for c in f.extra)
+        sums = "".join(f"SUM({c}), " for c in f.extra)
+        cols = ", ".join(f"{m}_min, {m}_max, {m}_sum, {m}_n" for m in f.metrics)
+        aggs = ", ".join(f"MIN({m}_min), MAX({m}_max), SUM({m}_sum), SUM({m}_n)" for m in f.metrics)
+        below: float | None = None  # the finest buckets first, then each level from the one before
+        for k, level in enumerate(f.levels, start=1):
+            where, params = ["1=1"], []
+            if below is not None:
+                where.append("level=?")
+                params.append(below)
+            if key is not None and f.key:
+                where.append(f"{f.key}=?")
+                params.append(key)
+            if b_lo is not None and b_hi is not None:
+                # Finest buckets b_lo..b_hi lie in this level's buckets b >> k, made of the level
+                # below's buckets 2 * (b_lo >> k)..2 * (b_hi >> k) + 1.
+                where.append("bucket BETWEEN ? AND ?")
+                params += [2 * (b_lo >> k), 2 * (b_hi >> k) + 1]
+            self._db.execute(
+                f"INSERT OR REPLACE INTO {f.coarse}(level, {keyed}bucket, first, last, n, {extra}{cols}) "
+                f"SELECT ?, {keyed}bucket / 2, MIN(first), MAX(last), SUM(n), {sums}{aggs} "
+                f"FROM {f.rollup if below is None else f.coarse} WHERE {' AND '.join(where)} "
+                f"GROUP BY {keyed}bucket / 2",
+                (level, *params),
+            )
+            below = level
 
     def close(self) -> None:
         with self._lock:

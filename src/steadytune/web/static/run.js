@@ -67,12 +67,13 @@
   ST.heatmap = heat;
   ST.gradhist = hist;
 
-  // rows: [x_first, x_last, count, m1_min, m1_max, m1_mean, ...]
+  // By column (web/api.py columns()): x is each bucket's last x; a metric's max and mean are left
+  // out where they equal its min, and the metric is null where it has no value.
   function columns(series, metric) {
-    const k = series.metrics.indexOf(metric);
-    const x = [], y = [], lo = [], hi = [];
-    for (const r of series.rows) { x.push(r[1]); lo.push(r[3 + 3 * k]); hi.push(r[4 + 3 * k]); y.push(r[5 + 3 * k]); }
-    return { x, y, lo, hi };
+    const c = series.columns[metric];
+    const x = series.x.slice(); // each chart series grows its own x as live points arrive
+    if (!c) { const none = x.map(() => null); return { x, y: none, lo: none, hi: none }; }
+    return { x, y: c.mean || c.min, lo: c.min, hi: c.max || c.min };
   }
   function setCols(chart, key, c, f) {
     const s = chart.get(key);
@@ -100,8 +101,8 @@
     charts.host.get("ram").set(used.x, used.y.map((v, i) => (v === null || !total.y[i] ? null : (100 * v) / total.y[i])));
     setCols(charts.disk, "disk", columns(sys, "disk_free_bytes"));
     setCols(charts.rss, "rss", columns(sys, "worker_rss_bytes"));
-    if (sys.rows.length) setHardware(data.gpu_indices.length > 0);
-    if (st.rows.length) setCuda(columns(st, "mem_allocated_bytes").y.some((v) => v !== null && v !== undefined));
+    if (sys.x.length) setHardware(data.gpu_indices.length > 0);
+    if (st.x.length) setCuda(columns(st, "mem_allocated_bytes").y.some((v) => v !== null && v !== undefined));
     const g0 = data.gpus["0"];
     if (g0) {
       setCols(charts.gpu, "util", columns(g0, "util_ratio"), scale(100));
@@ -114,7 +115,7 @@
     state.lastSysTs = Math.max(state.lastSysTs, sys.hi ?? 0);
     setMarkers(data.anomalies);
     Object.values(charts).forEach((c) => c.draw());
-    document.getElementById("note-loss").textContent = st.total > st.rows.length ? `${fmt.int(st.total)} steps, ${st.rows.length} buckets` : "";
+    document.getElementById("note-loss").textContent = st.total > st.x.length ? `${fmt.int(st.total)} steps, ${st.x.length} buckets` : "";
     // After the series, so the stream that starts from data.version misses no recording.
     await loadHeatmap();
     return data.version;
