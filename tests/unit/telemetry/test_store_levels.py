@@ -144,3 +144,27 @@ def test_the_samples_have_levels_too_and_keep_a_hot_sample(tmp_path: Path) -> No
         system = store.system_series(("cpu_ratio",), points=points)
         assert max(r[4] for r in gpu.rows) == 99.0 and min(r[3] for r in system.rows) == 0.01
         assert sum(r[2] for r in gpu.rows) == 40_000 and len(gpu.rows) <= points
+
+
+def test_a_live_run_written_a_step_at_a_time_charts_its_newest_steps(tmp_path: Path) -> None:
+    """A supervisor writes a step (and a sample) at a time; the levels above the newest finest
+    bucket wait for the next bucket, and a chart still draws every step up to the last one,
+    as an index written in one batch draws them."""
+    rng = random.Random(9)
+    steps = [(s, 2.0 + rng.gauss(0, 0.05)) for s in range(0, 60_000, 3)]
+    spike_at = steps[-2][0]  # in the newest finest bucket, which no level above holds yet
+    steps[-2] = (spike_at, 50.0)
+    live, batch = RunStore(tmp_path / "live.db"), RunStore(tmp_path / "batch.db")
+    for s, loss in steps:
+        live.add_steps([StepRecord(step=s, ts=float(s), loss=loss)])
+    batch.add_steps([StepRecord(step=s, ts=float(s), loss=loss) for s, loss in steps])
+    for points in (200, 1500):  # buckets of ~300 and ~40 steps: a coarse level, then the finest
+        a = live.step_series(["loss"], points=points)
+        b = batch.step_series(["loss"], points=points)
+        assert a.rows == b.rows
+        assert a.rows[-1][1] == steps[-1][0] and a.rows[-1][4] == 50.0  # the spike, at the end
+    # Zoomed onto an older stretch, whose levels are complete, both agree too.
+    assert (
+        live.step_series(["loss"], points=50, lo=10_000, hi=40_000).rows
+        == batch.step_series(["loss"], points=50, lo=10_000, hi=40_000).rows
+    )

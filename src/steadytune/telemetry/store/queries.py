@@ -191,12 +191,27 @@ class Queries(StoreBase):
                 aggs = ", ".join(
                     f"MIN({m}_min), MAX({m}_max), SUM({m}_sum) / NULLIF(SUM({m}_n), 0)" for m in metrics
                 )
+                src, src_params = rollup, (*sparams, lo, hi)
+                src_where = f"{swhere} AND last >= ? AND first <= ?"
+                f = FAMILIES[table]
+                if rollup == f.coarse:
+                    # The newest coarse bucket may wait for its last finest bucket (refresh_coarse):
+                    # read the one that holds ``hi`` from the finest buckets, which are always current.
+                    tail = (hi // unit) * unit
+                    cols = ", ".join(f"{m}_min, {m}_max, {m}_sum, {m}_n" for m in metrics)
+                    src = (
+                        f"(SELECT first, last, n, {cols} FROM {rollup} WHERE {src_where} AND bucket < ? "
+                        f"UNION ALL SELECT first, last, n, {cols} FROM {f.rollup} "
+                        f"WHERE {where} AND bucket >= ? AND last >= ? AND first <= ?)"
+                    )
+                    src_params = (*src_params, int(hi // unit), *params, int(tail // f.width), lo, hi)
+                    src_where = "1=1"
                 sql = (
-                    f"SELECT MIN(first), MAX(last), SUM(n), {aggs} FROM {rollup} "
-                    f"WHERE {swhere} AND last >= ? AND first <= ? "
+                    f"SELECT MIN(first), MAX(last), SUM(n), {aggs} FROM {src} "
+                    f"WHERE {src_where} "
                     "GROUP BY MIN(CAST((first - ?) / ? AS INTEGER), ?) ORDER BY 1"
                 )
-                raw = self._db.execute(sql, (*sparams, lo, hi, lo, width, points - 1)).fetchall()
+                raw = self._db.execute(sql, (*src_params, lo, width, points - 1)).fetchall()
             else:
                 # One pass over the range: min, max and mean per bucket.
                 aggs = ", ".join(f"MIN({m}), MAX({m}), AVG({m})" for m in metrics)
