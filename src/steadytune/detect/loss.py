@@ -25,7 +25,14 @@ import math
 from typing import Any, ClassVar
 
 from steadytune.detect.base import Finding, KindInfo, Reporter, rounded
-from steadytune.detect.loss_rules import ClimbFit, LossLimits, RecoveredTail, SeasonalExcuse, SuddenCollapse
+from steadytune.detect.loss_rules import (
+    ClimbFit,
+    LossLimits,
+    RecoveredTail,
+    SeasonalExcuse,
+    SpikeChance,
+    SuddenCollapse,
+)
 from steadytune.detect.points import LossPoint, Signal
 from steadytune.detect.stats import SeriesLimits, upper_factor
 from steadytune.objectives import LOSS_OBJECTIVE
@@ -77,6 +84,7 @@ class LossWatch:
         self.fit = ClimbFit(series.level_window, limits.climb_min_rise, limits.climb_t)
         self.season = SeasonalExcuse(self.tracker, limits.seasonal_margin, limits.resolve_z)
         self.tail = RecoveredTail()
+        self.chance = SpikeChance()
         self._min_jump = math.log(series.spike_min_ratio)
         self._small_jump = math.log(limits.spike_min_ratio_confirmed)
         # Half the smallest spike: a spike ends below it, so no point can end one and start the next.
@@ -248,6 +256,10 @@ class LossWatch:
                 threshold = max(self._min_jump, lim.early_rise)
             else:
                 threshold = max(threshold, floor)
+        else:
+            # Over a long log noise reaches further: the run's own tail says how far (SpikeChance).
+            unit = t.threshold(1.0)
+            threshold = max(threshold, self.chance.threshold(unit, self._small_jump))
         if jump > threshold and not self.season.excuses(y, epoch):
             # A jump no higher than the run's tail of one-batch excursions (two it came straight
             # back from) waits for the next point, as a small one does (RecoveredTail).
@@ -255,8 +267,11 @@ class LossWatch:
                 self._start_spike(step, loss, level, threshold, out)
                 return LossPoint(step, loss, y, False, True, False)
             if not young:
+                self.chance.note(jump, unit, self._small_jump)
                 self._pending = (step, loss, level, threshold)
                 return LossPoint(step, loss, y, False, False, False)
+        if not young:
+            self.chance.note(jump, unit, self._small_jump)
         # One point is no baseline to hold others against: from two up to a full level window.
         if (
             young

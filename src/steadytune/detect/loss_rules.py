@@ -258,3 +258,52 @@ class RecoveredTail:
     def covers(self, jump: float, slack: float) -> bool:
         """No higher than the second largest such excursion, within ``slack`` (the point's own noise)."""
         return len(self._top) == 2 and jump <= self._top[1] + slack
+
+
+_TAIL_Z = 4.0  # the lower level (noise units) whose exceedances sample the run's tail
+_TAIL_MIN = 30  # exceedances before their mean excess is trusted to extrapolate
+_SPIKE_CHANCE = 0.01  # a jump noise of this run gives this often over the points so far is chance
+
+
+class SpikeChance:
+    """How high one point must jump for noise of this run not to give it by chance over its length.
+
+    A fixed ``spike_z`` judges every point alike, so its false alarms grow with the log: a
+    per-step run with fat tails (one point in ten twice as wide) meets an 8-sigma point
+    about once in a million. The run's own tail says how often: the points that
+    exceeded a lower level (``_TAIL_Z`` noise units, and the smallest jump) are a sample of
+    it, and above that level a tail falls off no slower than exponentially (peaks over a
+    threshold), at the mean excess of that sample. With k such points so far, a jump of
+    ``level + mean excess x ln(k / _SPIKE_CHANCE)`` is one noise would give once in a
+    hundred runs of this length: the one-point threshold is at least that. The correction
+    vanishes while k is small (under ``_TAIL_MIN`` it is not even estimated; at 30 with a
+    Gaussian-like tail it is about 7 sigma, the fixed threshold): a short run is judged as
+    before. The exponential tail is the conservative reading of a Gaussian one, and a real
+    spike of a noisy run is tens of its noise units up, far past it. Points raised as spikes
+    do not enter: the sample is the run's noise, not its trouble.
+    """
+
+    __slots__ = ("excess", "k")
+
+    def __init__(self) -> None:
+        self.k = 0  # exceedances of the lower level so far
+        self.excess = 0.0  # their summed excess over it, in noise units
+
+    @staticmethod
+    def lower(unit: float, min_jump: float) -> float:
+        """The lower level (log) for a point whose noise unit is ``unit``."""
+        return max(_TAIL_Z * unit, min_jump)
+
+    def threshold(self, unit: float, min_jump: float) -> float:
+        """The jump (log) that noise of this run gives by chance over its points so far (0 while unknown)."""
+        if self.k < _TAIL_MIN:
+            return 0.0
+        beta = self.excess / self.k
+        return self.lower(unit, min_jump) + unit * beta * math.log(self.k / _SPIKE_CHANCE)
+
+    def note(self, jump: float, unit: float, min_jump: float) -> None:
+        """A point judged against a full level window and not raised: part of the run's tail."""
+        low = self.lower(unit, min_jump)
+        if jump > low and unit > 0.0:
+            self.k += 1
+            self.excess += (jump - low) / unit

@@ -43,17 +43,18 @@ def run(
     seed: int,
     warmup: float = 0.01,
     trouble: Trouble | None = None,
+    wide: float = 2.0,
 ) -> Iterator[StepRecord]:
-    """``n`` per-step records of a healthy ``shape`` with log noise ``sigma`` (one point in ten twice as
-    wide), an LR warm-up over ``warmup`` of the run then a cosine decay to 10% (``warmup`` 0: no LR
+    """``n`` per-step records of a healthy ``shape`` with log noise ``sigma`` (one point in ten ``wide``
+    times as wide), an LR warm-up over ``warmup`` of the run then a cosine decay to 10% (``warmup`` 0: no LR
     logged); ``trouble(i, loss, grad)`` may replace the loss and grad norm of point ``i``."""
     rng = random.Random(f"{shape}:{n}:{sigma}:{seed}")
     curve = SHAPES[shape]
     warm = max(1, int(warmup * n))
     for i in range(n):
         t = i / n
-        wide = 2.0 if rng.random() < 0.1 else 1.0
-        loss = curve(t) * math.exp(rng.gauss(0.0, sigma * wide))
+        scale = wide if rng.random() < 0.1 else 1.0
+        loss = curve(t) * math.exp(rng.gauss(0.0, sigma * scale))
         grad = _grad(rng)
         if trouble is not None:
             loss, grad = trouble(i, loss, grad)
