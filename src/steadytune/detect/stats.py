@@ -328,10 +328,13 @@ class Tracker:
         two of its standard errors below zero (the spread of those differences, from their
         quartiles, over the root of their number): a fall measured, not a flat series' noise.
         Until that many differences are known, 0.0: the median of a few is too unsteady a slope.
+        And only while the level makes new lows (it is the best level): a fall back from a bump
+        is the bump ending, not learning, and in a smoothed (EMA) loss it is the smoothing's own
+        decay, whose differences are no noise to take a slope out of.
         """
         ordered = self._trend_sorted
         k = len(ordered)
-        if k < _TREND_DIFFS:
+        if k < _TREND_DIFFS or self.best_level is None or self.level > self.best_level:
             return 0.0
         slope = _median(ordered)
         spread = (ordered[(3 * k) // 4 - 1] - ordered[k // 4]) / 1.349  # IQR of a normal: 1.349 sigma
