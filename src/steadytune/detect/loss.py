@@ -162,7 +162,7 @@ class LossWatch:
             return LossPoint(step, loss, y, True, False, new_segment)
         if self._cand is not None:
             self._neighbour_verdict(step, y, out)
-        jump = y - t.level
+        jump = y - t.level - t.fall_ahead
         held = None if self._pending is None else self._confirm_pending(step, loss, y, jump, out)
         if held is None and self._spike_start is not None:
             held = self._spike_goes_on(step, loss, y, jump, epoch, out)

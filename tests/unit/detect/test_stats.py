@@ -31,6 +31,39 @@ def test_noise_estimate_matches_gaussian_sigma_and_ignores_the_trend() -> None:
     assert 0.04 < t.sigma < 0.07
 
 
+def _fed(slope: float, noise: float, n: int = 200) -> Tracker:
+    rng = random.Random(3)
+    t = _tracker()
+    for i in range(n):
+        t.begin(i + 1, 6.0)
+        t.accept(slope * i + rng.gauss(0, noise))
+    return t
+
+
+def test_a_steep_fall_is_no_noise_but_a_steep_climb_stays_noise() -> None:
+    # 3 % a point down with 0.5 % noise: the differences are all slope, the noise is the 0.5 %.
+    falling = _fed(-0.03, 0.005)
+    assert falling.sigma < 0.015 and falling.falling_slope() < -0.02
+    # The level lags 4.5 points behind the fall: the next point is expected that much lower.
+    assert falling.fall_ahead == pytest.approx(-0.03 * 4.5, rel=0.15)
+    # The same climb keeps its slope in the noise (a diverging loss must not look quiet) and no
+    # level is carried up.
+    climbing = _fed(0.03, 0.005)
+    assert climbing.sigma > 0.02 and climbing.falling_slope() == 0.0 and climbing.fall_ahead == 0.0
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_flat_series_keeps_its_noise_and_has_no_fall(seed: int) -> None:
+    rng = random.Random(seed)
+    t = _tracker()
+    falls = 0
+    for i in range(400):
+        t.begin(i + 1, 6.0)
+        t.accept(rng.gauss(0, 0.05))
+        falls += t.fall_ahead < 0.0
+    assert 0.04 < t.sigma < 0.07 and falls == 0
+
+
 def test_prior_dominates_while_few_differences_are_known() -> None:
     t = _tracker()
     for i, y in enumerate((1.0, 1.0, 1.0)):
