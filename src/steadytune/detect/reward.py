@@ -32,6 +32,12 @@ would drag along:
   from which on the points lie most significantly below the best (their deficit times the
   square root of their number; the earliest on a tie): a dip of a sigma just before a fall
   is not its start, the first point of an even slide is;
+- while the level is **young** (fewer than ``series.level_window`` rewards accepted: a
+  short run, or a fall from the first batches), the few accepted differences are wide and
+  the fall swells them: a point below every reward accepted is low too, the low points are
+  judged on the noise pooled with their own (a floor shows the reward's noise as well),
+  and their chance on the rule of succession's share, one standard error up (three rewards
+  none of them as low still leave a floor the run may sit at a third of the time);
 - it lasts while the points stay low, and clears after as many in a row that are not.
 
 The entropy and the completion length, where logged, say what the policy collapsed
@@ -47,6 +53,7 @@ import math
 from collections import Counter, deque
 from collections.abc import Mapping
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any, ClassVar
 
 from steadytune.detect.base import Finding, KindInfo, Reporter, rounded
@@ -131,6 +138,20 @@ class _Noise:
         by_devs = sum(self.devs) / len(self.devs) * _MEAN_ABS_DEV_TO_SIGMA
         return max(by_diffs, by_devs) * upper_factor(len(self.diffs))
 
+    def pooled(self, stretch: list[float]) -> float:
+        """The noise pooled with a stretch's own (its successive differences, its deviations from its
+        mean), one standard error up over all their differences: while few points are accepted, their
+        noise is measured on a handful of differences that a fall from the first batch on swells too,
+        and the stretch below (the floor a collapsed policy holds) shows the reward's noise as well."""
+        mean = sum(stretch) / len(stretch)
+        diffs = [*self.diffs, *(abs(b - a) for a, b in pairwise(stretch))]
+        devs = [*self.devs, *(abs(v - mean) for v in stretch)]
+        if not diffs:
+            return 0.0
+        by_diffs = sum(diffs) / len(diffs) * _MEAN_ABS_DIFF_TO_SIGMA
+        by_devs = sum(devs) / len(devs) * _MEAN_ABS_DEV_TO_SIGMA
+        return max(by_diffs, by_devs) * upper_factor(len(diffs))
+
 
 class RewardWatch:
     """reward_collapse of an RL or preference run (the first reward field it logs)."""
@@ -192,10 +213,12 @@ class RewardWatch:
             self._up = 0
             if self.rep.on:
                 self.rep.report(out, "reward_collapse", key, step, True)
-            elif len(self._down) >= self.lim.collapse_points:
-                mean = sum(d[1] for d in self._down) / len(self._down)
-                if self.fell_from_best(mean, len(self._down)) is not None and not self._waits():
-                    self._report(key, value, out)
+            elif (
+                len(self._down) >= self.lim.collapse_points
+                and self.fell_from_best([d[1] for d in self._down]) is not None
+                and not self._waits()
+            ):
+                self._report(key, value, out)
             return
         if self.rep.on:
             self._up += 1
@@ -208,11 +231,18 @@ class RewardWatch:
         self._down.clear()
         self._take(step, value, e, n)
 
-    def fell_from_best(self, mean: float, m: int) -> float | None:
-        """The best level, when a mean of ``m`` points lies far enough below it to be a collapse."""
-        best, sigma = self._best, self._noise.sigma
+    def fell_from_best(self, down: list[float]) -> float | None:
+        """The best level, when the mean of the low points ``down`` lies far enough below it to be a
+        collapse. While the level is young (fewer than ``level_window`` points), the noise is pooled with
+        the low points' own."""
+        best, sigma, m = self._best, self._noise.sigma, len(down)
         if best is None or len(self._noise.diffs) < 2 or sigma <= 0.0:
             return None
+        if self._young():
+            sigma = self._noise.pooled(down)
+            if sigma <= 0.0:
+                return None
+        mean = sum(down) / m
         se_best = _MEDIAN_SE * sigma / math.sqrt(len(self._level.values))
         margin = 2 * se_best + self.lim.collapse_z * math.sqrt(se_best**2 + sigma**2 / m)
         if self._low is not None and best > self._low:
@@ -230,14 +260,28 @@ class RewardWatch:
             value, count = Counter([*recent, *down]).most_common(1)[0]
             if 2 * count > len(recent) + len(down) and value > top:
                 return True
-        if len(recent) < self.lim.level_window:
-            return False
-        rate = sum(v <= top for v in recent) / len(recent)
+        hits = sum(v <= top for v in recent)
+        if self._young():
+            # A share from a handful of rewards: the rule of succession's, one standard error up (three
+            # rewards none of them as low still leave a floor the run sits at a third of the time).
+            p = (hits + 1) / (len(recent) + 2)
+            rate = min(1.0, p + math.sqrt(p * (1 - p) / (len(recent) + 2)))
+        else:
+            rate = hits / len(recent)
         return bool(rate ** len(down) >= CHANCE)
+
+    def _young(self) -> bool:
+        """Whether fewer than a level window of rewards were accepted: a short run, or an early fall."""
+        return len(self._level.values) < self.lim.level_window
 
     def _is_low(self, value: float) -> bool:
         best, sigma = self._best, self._noise.sigma
-        return best is not None and len(self._noise.diffs) >= 2 and value < best - sigma
+        if best is None or len(self._noise.diffs) < 2:
+            return False
+        # While young, a point below every reward accepted is low too: the noise of a handful of points,
+        # swollen by a fall among them, would let the floor into the level. Low is only a candidate: the
+        # stretch is judged on the noise pooled with its own, and on its chance.
+        return value < best - sigma or (self._young() and value < min(self._level.values))
 
     def _take(self, step: int, value: float, e: float | None, n: float | None) -> None:
         self._entropy.add(e)
