@@ -69,6 +69,12 @@ FAMILIES: dict[str, Family] = {
     "gpu": Family("gpu_rollup", "gpu_coarse", "idx", GPU_METRICS, SAMPLE_ROLLUP_S, SAMPLE_LEVELS),
 }
 
+
+def _summary_columns(metrics: tuple[str, ...]) -> str:
+    """A summary bucket's columns for ``metrics``: min, max, sum and count of each."""
+    return ", ".join(f"{m}_min REAL, {m}_max REAL, {m}_sum REAL, {m}_n INTEGER" for m in metrics)
+
+
 _DDL = f"""
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS steps (
@@ -82,7 +88,7 @@ CREATE INDEX IF NOT EXISTS steps_version ON steps(version);
 CREATE TABLE IF NOT EXISTS steps_rollup (
   rank INTEGER NOT NULL, bucket INTEGER NOT NULL, first INTEGER NOT NULL, last INTEGER NOT NULL,
   n INTEGER NOT NULL, tokens INTEGER, nonfinite INTEGER NOT NULL,
-  {", ".join(f"{m}_min REAL, {m}_max REAL, {m}_sum REAL, {m}_n INTEGER" for m in STEP_METRICS)},
+  {_summary_columns(STEP_METRICS)},
   PRIMARY KEY (rank, bucket)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS system (
@@ -98,28 +104,28 @@ CREATE TABLE IF NOT EXISTS gpu (
 CREATE INDEX IF NOT EXISTS gpu_idx ON gpu(idx, ts);
 CREATE TABLE IF NOT EXISTS system_rollup (
   bucket INTEGER PRIMARY KEY, first REAL NOT NULL, last REAL NOT NULL, n INTEGER NOT NULL,
-  {", ".join(f"{m}_min REAL, {m}_max REAL, {m}_sum REAL, {m}_n INTEGER" for m in SYSTEM_METRICS)}
+  {_summary_columns(SYSTEM_METRICS)}
 );
 CREATE TABLE IF NOT EXISTS gpu_rollup (
   idx INTEGER NOT NULL, bucket INTEGER NOT NULL, first REAL NOT NULL, last REAL NOT NULL, n INTEGER NOT NULL,
-  {", ".join(f"{m}_min REAL, {m}_max REAL, {m}_sum REAL, {m}_n INTEGER" for m in GPU_METRICS)},
+  {_summary_columns(GPU_METRICS)},
   PRIMARY KEY (idx, bucket)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS steps_coarse (
   level INTEGER NOT NULL, rank INTEGER NOT NULL, bucket INTEGER NOT NULL, first INTEGER NOT NULL,
   last INTEGER NOT NULL, n INTEGER NOT NULL, tokens INTEGER, nonfinite INTEGER NOT NULL,
-  {", ".join(f"{m}_min REAL, {m}_max REAL, {m}_sum REAL, {m}_n INTEGER" for m in STEP_METRICS)},
+  {_summary_columns(STEP_METRICS)},
   PRIMARY KEY (level, rank, bucket)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS system_coarse (
   level REAL NOT NULL, bucket INTEGER NOT NULL, first REAL NOT NULL, last REAL NOT NULL, n INTEGER NOT NULL,
-  {", ".join(f"{m}_min REAL, {m}_max REAL, {m}_sum REAL, {m}_n INTEGER" for m in SYSTEM_METRICS)},
+  {_summary_columns(SYSTEM_METRICS)},
   PRIMARY KEY (level, bucket)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS gpu_coarse (
   level REAL NOT NULL, idx INTEGER NOT NULL, bucket INTEGER NOT NULL, first REAL NOT NULL, last REAL NOT NULL,
   n INTEGER NOT NULL,
-  {", ".join(f"{m}_min REAL, {m}_max REAL, {m}_sum REAL, {m}_n INTEGER" for m in GPU_METRICS)},
+  {_summary_columns(GPU_METRICS)},
   PRIMARY KEY (level, idx, bucket)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS events (
