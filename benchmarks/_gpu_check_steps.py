@@ -541,8 +541,12 @@ def step_assets(ctx: Ctx, check: Check) -> None:
 
 
 def _series_means(series: dict[str, Any], metric: str) -> list[float | None]:
-    j = series["metrics"].index(metric)
-    return [row[3 + 3 * j + 2] for row in series["rows"]]
+    """A metric's mean per bucket from the dashboard's answer by column (web/api.py ``columns``):
+    ``mean`` is left out where it equals ``min``, a metric with no value is ``null``."""
+    chart = series["columns"][metric]
+    if chart is None:
+        return [None] * len(series["x"])
+    return list(chart.get("mean", chart["min"]))
 
 
 def _http_json(url: str) -> Any:
@@ -692,7 +696,7 @@ def step_telemetry(ctx: Ctx, check: Check) -> None:
             len(losses) >= min(10, s.telemetry_steps),
             f"{len(losses)} loss points",
         )
-        check.expect("the dashboard API returns the system samples", bool(series["system"]["rows"]))
+        check.expect("the dashboard API returns the system samples", bool(series["system"]["x"]))
 
         def api_memory() -> tuple[bool, str]:
             got = {
