@@ -25,6 +25,7 @@ from steadytune.records import PlanRevision, Record
 from steadytune.rundir import RunDir
 from steadytune.supervise.process import ProcessTree, WorkerProcess, worker_command
 from steadytune.supervise.standby import Standby
+from steadytune.telemetry.segments import SEGMENT_ENV
 
 if TYPE_CHECKING:
     from steadytune.config.schema import RayConfig, SteadytuneConfig
@@ -124,6 +125,13 @@ def unable(source: WorkerSource, action: str) -> str | None:
     return None
 
 
+def run_worker_env(cfg: SteadytuneConfig, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """What every worker of the run is told on top of ``extra``, the first attempt's early spare as
+    much as a later one (a spare whose environment differs from its attempt's is not taken):
+    the stream's rotation size, since the writer of a file is the one that can rotate it."""
+    return {**(extra or {}), SEGMENT_ENV: str(cfg.run.telemetry_segment_bytes)}
+
+
 def attempt_env(extra: dict[str, str], attempt: int | None) -> dict[str, str]:
     """What the built-in worker gets on top of the supervisor's environment (``attempt`` None: a spare)."""
     env = {**extra, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -148,7 +156,7 @@ def early_standby(cfg: SteadytuneConfig, run: RunDir) -> Standby | None:
     run.create()
     atomic_write_text(run.config, dump_config(cfg))
     early = Standby(run)
-    early.prepare(attempt_env({}, None), during="during the preflight")
+    early.prepare(attempt_env(run_worker_env(cfg), None), during="during the preflight")
     return early
 
 

@@ -61,14 +61,13 @@ from steadytune.supervise.resuming import Resumes
 from steadytune.supervise.runstate import Attempt, History, Plans, RunState, Stopping
 from steadytune.supervise.samples import SampleLog
 from steadytune.supervise.scaling import SCALE_ACTIONS, Autoscaler
-from steadytune.supervise.source import PLAN, NativeSource, WorkerSource
+from steadytune.supervise.source import PLAN, NativeSource, WorkerSource, run_worker_env
 from steadytune.supervise.standby import Standby
 from steadytune.supervise.status import RunBooks
 from steadytune.supervise.worker_events import WorkerEvents
 from steadytune.telemetry.progress import RunProgress, progress_line
 from steadytune.telemetry.runenv import config_sources
 from steadytune.telemetry.sampler import SystemSampler
-from steadytune.telemetry.segments import SEGMENT_ENV
 from steadytune.telemetry.snapshot import sampler_from_env
 
 
@@ -117,8 +116,7 @@ class Supervisor:
         self.poll_s = poll_s
         self.out = Outbox(self.run, clock, console)
         planner = RestartPlanner(cfg.run, cfg.train, clock)  # restart budgets, backoff, next plans
-        # The worker rotates its own streams (the writer of a file is the one that can): it is told the size.
-        worker_env = {**(worker_env or {}), SEGMENT_ENV: str(cfg.run.telemetry_segment_bytes)}
+        worker_env = run_worker_env(cfg, worker_env)
         source = source or NativeSource(
             self.run, cfg.run.nproc_per_node, worker_env, standby=cfg.recover.standby_worker, early=early
         )
