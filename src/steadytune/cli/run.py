@@ -178,6 +178,7 @@ def _launch(
         import importlib.util
 
         from steadytune.supervise.ray_source import RaySource
+        from steadytune.supervise.source import run_worker_env
 
         # found without importing it: the supervisor stays Ray-free
         if importlib.util.find_spec("ray") is None:
@@ -187,7 +188,9 @@ def _launch(
                 style="red",
             )
             return 2
-        source = lambda run: RaySource(run, env=worker_env)  # noqa: E731
+        # Every Ray worker is told the rotation size as a native one is (the driver passes STEADYTUNE_*).
+        ray_env = run_worker_env(cfg, worker_env)
+        source = lambda run: RaySource(run, env=ray_env)  # noqa: E731
     extra: dict[str, Any] = {} if stop_grace_s is None else {"stop_grace_s": stop_grace_s}
     if early is not None:
         extra["early"] = early
