@@ -184,6 +184,7 @@ class Tracker:
         "_seg_diffs",
         "_seg_recent",
         "_sigma",
+        "_slope",
         "_trend_fifo",
         "_trend_sorted",
         "_typical",
@@ -230,6 +231,9 @@ class Tracker:
         self._gaps: deque[int] = deque(maxlen=3)
         self._typical: int | None = None
         self._sigma: float | None = None
+        # falling_slope() until the trend, the level or the best level next change: it is read
+        # twice a point (the jump's fall ahead, then the difference the point adds).
+        self._slope: float | None = None
         self.level = 0.0
         self.n_level = 0
         self.last_y: float | None = None
@@ -270,6 +274,7 @@ class Tracker:
             self.n_level = 0
             self.last_y = None
             self.best_level = None
+            self._slope = None
             self._seg_diffs, self._seg_recent = 0, self._recent_abs
             return True
         return False
@@ -297,7 +302,7 @@ class Tracker:
         self._lv_sorted.append(y)
         self.level, self.n_level, self.last_y = y, 1, y
         self.best_level = None
-        self._sigma = None
+        self._sigma = self._slope = None
 
     def _detrended(self, diff: float) -> float:
         """How far a successive difference lies from the local trend, in the units of ``|diff|``.
@@ -313,7 +318,9 @@ class Tracker:
         """
         fifo, ordered = self._trend_fifo, self._trend_sorted
         n = len(ordered)
-        slope = self.falling_slope()
+        slope = self._slope
+        if slope is None:
+            slope = self._slope = self._falling_slope()
         dev = abs(diff - slope) / _TREND_WIDENING if slope < 0.0 else abs(diff)
         if n == _TREND_DIFFS:
             del ordered[bisect_left(ordered, fifo.popleft())]
@@ -332,6 +339,12 @@ class Tracker:
         is the bump ending, not learning, and in a smoothed (EMA) loss it is the smoothing's own
         decay, whose differences are no noise to take a slope out of.
         """
+        slope = self._slope
+        if slope is None:
+            slope = self._slope = self._falling_slope()
+        return slope
+
+    def _falling_slope(self) -> float:
         ordered = self._trend_sorted
         k = len(ordered)
         if k < _TREND_DIFFS or self.best_level is None or self.level > self.best_level:
@@ -356,8 +369,12 @@ class Tracker:
         one step down drops the level as much, but is one difference, not a slope.
         """
         hist = self._lv_history
-        slope = self.falling_slope()
-        if len(hist) <= self._lv_size or slope >= 0.0:
+        if len(hist) <= self._lv_size:
+            return 0.0
+        slope = self._slope
+        if slope is None:
+            slope = self._slope = self._falling_slope()
+        if slope >= 0.0:
             return 0.0
         drop = hist[-1] - hist[0]
         if drop >= -2.0 * self.sigma:
@@ -440,6 +457,7 @@ class Tracker:
             n_noise = len(ordered)
             self._recent_abs += (d - self._recent_abs) * (0.125 if n_noise >= 8 else 1.0 / n_noise)
         self.last_y = y
+        self._slope = None  # read above, before the difference joined the trend; the level moves below
         fifo, ordered = self._lv_fifo, self._lv_sorted
         if len(fifo) == self._lv_size:
             del ordered[bisect_left(ordered, fifo.popleft())]
