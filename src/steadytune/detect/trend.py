@@ -17,6 +17,7 @@ They look at the shape of the loss over a window rather than at one point:
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, insort
 from collections import deque
 from dataclasses import dataclass
 from functools import lru_cache
@@ -74,7 +75,10 @@ KINDS: dict[str, KindInfo] = {
 
 
 def _median(xs: list[float]) -> float:
-    s = sorted(xs)
+    return _sorted_median(sorted(xs))
+
+
+def _sorted_median(s: list[float]) -> float:
     n = len(s)
     return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
 
@@ -169,7 +173,7 @@ class PlateauWatch:
             # A flat start is dated where it was first shown flat: it has been so since then.
             at = self._flat_since if reason == "no_learning" and not on and self._flat_since else lp.step
             self.rep.report(out, "plateau", self.metric, at, True, evidence=ev)
-        elif self.rep.is_on("plateau", self.metric) and self._cleared(lp):
+        elif self.rep.on and self.rep.is_on("plateau", self.metric) and self._cleared(lp):
             self.rep.report(out, "plateau", self.metric, lp.step, False)
 
     def _repeat(self, loss: float) -> None:
@@ -202,7 +206,9 @@ class PlateauWatch:
         return interval > 0 and first > _LATE_START_INTERVALS * interval
 
     def _why(self, lp: LossPoint, grad_vanished: bool) -> tuple[str, dict | None]:
-        if self._same >= self._frozen_after and lp.loss > self.lim.collapse_abs:
+        # _frozen_after is frozen_points or never: the count alone rules most points out.
+        same = self._same
+        if same >= self.lim.frozen_points and same >= self._frozen_after and lp.loss > self.lim.collapse_abs:
             return "frozen", {
                 "reason": "identical loss values",
                 "value": rounded(lp.loss),
@@ -271,17 +277,19 @@ class PlateauWatch:
         warm = (self._warm_end or 0) - (self._first_step or 0)
         if self._warm_end is not None and step - self._warm_end < _WARMUP_SPANS * warm:
             return False
-        if self._late_start(step):
-            return False  # the start of the log is not the start of the run
         if step - (self._first_step or 0) < self.lim.plateau_min_steps:
             return False
         gain = self._start_level - level
         if gain <= -self.lim.divergence_rise:
             return False  # climbed: a divergence, reported as such
-        if gain >= self.lim.plateau_min_gain:
-            # The usual exit: the run has learned. Short of the learned gain, a dip of the noise can
-            # reach as far down: shown neither way yet.
-            return False if gain >= self._learned_gain() else None
+        learned = gain >= self.lim.plateau_min_gain
+        if learned and gain >= self._learned_gain():
+            return False  # the usual exit: the run has learned
+        if self._late_start(step):
+            return False  # the start of the log is not the start of the run
+        if learned:
+            # Short of the learned gain, a dip of the noise can reach as far down: shown neither way yet.
+            return None
         if level <= self._zero_log:
             return False  # a loss at zero is a collapse, reported as such
         # Flatness must be shown, not just unproven learning: the change fitted over the whole
@@ -375,8 +383,15 @@ class OscillationWatch:
         # The interquartile width of the window at each evaluation, over two windows: the
         # typical (median) one of those from before the current window is the texture before.
         self._widths: deque[float] = deque(maxlen=2 * oscillation_window // _STRIDE + 1)
+        # The first widths of those, sorted (the windows before the current one): each evaluation
+        # moves one width in and, once the widths are full, one out.
+        self._older: list[float] = []
         # One width per whole window: (the point count it ended at, its width).
         self._long: deque[tuple[int, float]] = deque(maxlen=_LONG_WINDOWS)
+        # The median width of the whole windows that ended a window or more ago (None: under four),
+        # and the whole windows it was taken over: it changes only when a whole window ends.
+        self._long_key: int | None = None
+        self._long_width: float | None = None
         self._count = 0
         self._epoch: int | None = None
         self._boundary = -(10**9)  # the point count at the last epoch boundary
@@ -391,7 +406,9 @@ class OscillationWatch:
         if lp.new_segment:
             self._ys.clear()
             self._widths.clear()
+            self._older.clear()
             self._long.clear()
+            self._long_key = None
             self._count = 0
             self._boundary = -(10**9)
         if epoch is not None:
@@ -406,14 +423,20 @@ class OscillationWatch:
         ordered = sorted(self._ys)
         n = len(ordered)
         width = ordered[(3 * n) // 4] - ordered[n // 4]
-        older = len(self._widths) - n // _STRIDE  # widths of windows that ended before this one began
-        before = _median(list(self._widths)[:older]) if older > 0 else None
-        long_ago = [w for end, w in self._long if end <= self._count - n]
-        if before is not None and len(long_ago) >= 4:
-            before = max(before, _median(long_ago))
-        self._widths.append(width)
+        widths, kept = self._widths, self._older
+        older = len(widths) - n // _STRIDE  # widths of windows that ended before this one began
+        while len(kept) < older:
+            insort(kept, widths[len(kept)])
+        before = _sorted_median(kept) if older > 0 else None
+        long_ago = self._long_ago(n)
+        if before is not None and long_ago is not None:
+            before = max(before, long_ago)
+        if kept and len(widths) == widths.maxlen:
+            del kept[bisect_left(kept, widths[0])]  # the oldest width leaves with the append below
+        widths.append(width)
         if self._count % n == 0:
             self._long.append((self._count, width))
+            self._long_key = None
         if before is None or self._count - self._boundary <= n:
             return  # judged against the texture before, and never across an epoch boundary
         # Like is compared with like (the same width statistic), so a texture the run always
@@ -449,6 +472,20 @@ class OscillationWatch:
             self.rep.report(out, "oscillation", self.metric, lp.step, True, evidence=ev)
         elif on and (w.falling or w.crossings() < self.lim.oscillation_crossings // 2):
             self.rep.report(out, "oscillation", self.metric, lp.step, False)
+
+    def _long_ago(self, n: int) -> float | None:
+        """The median width of the whole windows that ended at least a window (``n`` points) before now.
+
+        They end at multiples of ``n``, so which of them are that old changes only when the count
+        passes a multiple of ``n``; kept until then (or until a whole window is added or the
+        segment ends).
+        """
+        key = (self._count - n) // n
+        if key != self._long_key:
+            limit = self._count - n
+            widths = [w for end, w in self._long if end <= limit]
+            self._long_key, self._long_width = key, _median(widths) if len(widths) >= 4 else None
+        return self._long_width
 
 
 @lru_cache(maxsize=4)
