@@ -76,6 +76,12 @@ class ShortRiseWatch:
             if not point.by_loss_rules and self.rep.on:
                 self.rep.end_all(out, point.rec.step)  # a loss that turned out to be no cross-entropy
             return
+        if self._seen > self.lim.early_points and not lp.new_segment and not self.rep.on:
+            # Past the segment's first points nothing can rise from its first any more, and nothing
+            # is raised to clear: only the count and the last point matter until the next segment.
+            self._seen += 1
+            self._last = lp.y
+            return
         climb = self.judge(lp, out, point.held, point.run_noise)
         if climb is not None and self._hold is not None:
             self._hold(lp.step, lp.loss, *climb, out)
@@ -179,6 +185,7 @@ class FallCollapseWatch:
         self._eval_best: float | None = None
         self._eval_last: float | None = None
         self._limit = math.log(max(limits.collapse_memorized, 1e-12))
+        self._log_fraction = math.log(limits.collapse_fraction)
 
     def observe(self, point: Signal, out: list[Finding]) -> None:
         """Note the step's eval loss, then judge the loss series' level."""
@@ -208,7 +215,7 @@ class FallCollapseWatch:
             # covered by the level, a high one still needs the loss under `collapse_memorized` nats.
             self._initial = max(level, self._first)
             return
-        low = level < self._initial + math.log(self.lim.collapse_fraction) and level < self._limit
+        low = level < self._initial + self._log_fraction and level < self._limit
         if low and not self._eval_healthy():
             ev = None
             if not self.rep.on:

@@ -97,6 +97,7 @@ _CLEAR_SHARE = 0.25  # a quarter of the window's groups learned: the signal is b
 _LOSS_MOVED = 0.05
 _FALL_T = 2.0  # a fall of the log loss this many standard errors of its slope: the model learns
 _MARGIN_KEYS = ("rewards/margins", "rewards/chosen")
+_SFT = (None, LOSS_OBJECTIVE)
 _HOLD_SHARE = 0.25  # a pinned episode holds while this share of the window or more still sits at its value
 
 
@@ -152,6 +153,8 @@ class LearningSignalWatch:
 
     def observe(self, point: Signal, out: list[Finding]) -> None:
         """Note what the step's batch carried; judge the window once it is full."""
+        if point.rec.grad_norm is None and point.batch is None and point.objective in _SFT:
+            return  # an SFT step without a norm tells nothing of its batch (_share: None)
         p = self._carried(point)
         if p is None:
             return
