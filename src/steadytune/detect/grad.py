@@ -146,7 +146,7 @@ class GradWatch:
             spiking = point.loss is not None and point.loss.in_spike
             finite = rec.loss is None or math.isfinite(rec.loss)
             self.judge(rec.step, g, spiking, finite, out)
-        point.grad_vanished = self.vanished
+        point.grad_vanished = bool(self.rep.on) and self.vanished
 
     def judge(self, step: int, g: float, loss_spiking: bool, loss_finite: bool, out: list[Finding]) -> None:
         """Judge one norm; ``loss_spiking``: the loss is in a spike at this step."""

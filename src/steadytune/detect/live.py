@@ -108,6 +108,7 @@ class LiveDetector:
         self._batches = RolloutBatches()  # an RL step's rollout batch (reused over num_iterations)
         # Named by the first training record that carries extra fields (an evaluation's are the eval set's).
         self._objective: str | None = None
+        self._rl = False  # is_rl(self._objective), kept as the objective is named
         self.last_step = 0
 
     def observe_step(self, rec: StepRecord) -> list[Transition]:
@@ -159,12 +160,13 @@ class LiveDetector:
         self._prev_g_jump = g_jump
         if self._objective is None and rec.extra and not rec.extra.get("eval"):
             self._objective = objective_of(rec.extra) or LOSS_OBJECTIVE
-            grad.gated = is_rl(self._objective)
-        if self._objective in (None, LOSS_OBJECTIVE) and rec.loss is not None and rec.loss < 0.0:
+            grad.gated = self._rl = is_rl(self._objective)
+        if self._objective in _SFT and rec.loss is not None and rec.loss < 0.0:
             # No cross-entropy goes below zero: the SFT loss rules have nothing to say about this one.
             self._objective = SIGNED_OBJECTIVE
+            self._rl = is_rl(self._objective)
         batch = None
-        if is_rl(self._objective) and not (rec.extra and rec.extra.get("eval")):
+        if self._rl and not (rec.extra and rec.extra.get("eval")):
             batch = self._batches.see(rec.extra)
         return Signal(rec, self._objective, corroborated, self._feeds.loss.tracker, batch=batch)
 

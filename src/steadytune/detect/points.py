@@ -25,9 +25,13 @@ if TYPE_CHECKING:
     from steadytune.detect.stats import Tracker
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class LossPoint:
-    """What the loss watch learned about one point, for the trend and gradient watches."""
+    """What the loss watch learned about one point, for the trend and gradient watches.
+
+    Not frozen: one is made for every point, and a frozen dataclass sets each field through a
+    call. Nothing changes one once made.
+    """
 
     step: int
     loss: float
