@@ -262,7 +262,8 @@ class Tracker:
                 self._iv_fifo.extend(self._gaps)
                 self._typical = sorted(self._iv_fifo)[len(self._iv_fifo) // 2]
         elif not gap:
-            self._gaps.clear()
+            if self._gaps:
+                self._gaps.clear()
             self._iv_fifo.append(interval)
             self._iv_count += 1
             if self._iv_count < 16 or self._iv_count % 8 == 0:
