@@ -225,7 +225,7 @@ class _Decoder:
             if not issubclass(cls, pydantic.BaseModel):
                 raise StateError(f"{d['p']} is no config model")
             return self._keep(d, cls.model_validate(self.dec(d["v"])))
-        if cls.__new__ is not object.__new__:
+        if cls.__new__ is not object.__new__:  # type: ignore[comparison-overlap]
             raise StateError(f"{d['o']} cannot be made without calling it")
         obj = self._keep(d, object.__new__(cls))
         attrs = d.get("a")

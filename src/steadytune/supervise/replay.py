@@ -165,7 +165,7 @@ def _records(
         if raw is None:
             continue
         head = step_head(raw)
-        if head == () or (head is not None and want.get(head[0]) != head[1]):
+        if head is not None and (not head or want.get(head[0]) != head[-1]):
             continue  # no step record, or not the step's latest attempt: not parsed
         rec = _step_record(raw)
         if rec is not None and want.get(rec.step) == rec.attempt:
