@@ -94,6 +94,10 @@ class WorkerProcess:
         return self.poll() if rc is not None else None
 
     def tree_pids(self) -> list[int]:
+        """The worker and every process under it (the root first); empty once the worker is gone."""
+        found = descendants(self.pid)
+        if found is not None:
+            return [self.pid, *found] if found or os.path.exists(f"/proc/{self.pid}") else []
         try:
             root = psutil.Process(self.pid)
             return [self.pid, *(c.pid for c in root.children(recursive=True))]
@@ -138,6 +142,45 @@ class WorkerProcess:
                 return f.read().decode("utf-8", "replace")
         except OSError:
             return ""
+
+
+def descendants(pid: int, proc: Path = Path("/proc")) -> list[int] | None:
+    """Every process under ``pid``, read from the kernel's list of each thread's children
+    (``/proc/<pid>/task/<tid>/children``) of the tree's own processes; None where the kernel keeps
+    no such lists (then psutil walks the whole process table).
+
+    psutil finds a process's children by reading every process's parent: on a shared GPU server,
+    hundreds of ``/proc/<pid>/stat`` files once per system sample, for a tree of a few processes.
+    Both ways see a tree as it was at some moment of the reading: a process started or ended
+    meanwhile may be missed, and is found by the next sample.
+    """
+    out: list[int] = []
+    seen = {pid}
+    todo = [pid]
+    while todo:
+        parent = todo.pop()
+        tasks = proc / str(parent) / "task"
+        try:
+            tids = os.listdir(tasks)
+        except FileNotFoundError:
+            continue  # it ended
+        except OSError:
+            return None
+        for tid in tids:
+            try:
+                kids = (tasks / tid / "children").read_bytes().split()
+            except FileNotFoundError:
+                if (tasks / tid).exists():
+                    return None  # a kernel without the lists
+                continue  # the thread ended
+            except OSError:
+                return None
+            for kid in map(int, kids):
+                if kid not in seen:
+                    seen.add(kid)
+                    out.append(kid)
+                    todo.append(kid)
+    return out
 
 
 def running(pids: Sequence[int]) -> list[int]:

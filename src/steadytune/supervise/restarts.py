@@ -11,73 +11,12 @@ from pathlib import Path
 from typing import Any
 
 from steadytune.config.schema import SteadytuneConfig
-from steadytune.detect.live import LiveDetector
 from steadytune.layerwise import planned_group_lrs
 from steadytune.policy.engine import Action
 from steadytune.policy.plan import choose_rollback_checkpoint, onset_step, oom_escalation, rollback_plan
 from steadytune.policy.restart import Decision
-from steadytune.records import Anomaly, PlanRevision, StepRecord, from_dict, step_head, to_dict
-from steadytune.rundir import RunDir
+from steadytune.records import Anomaly, PlanRevision, StepRecord, to_dict
 from steadytune.supervise.samples import samples_between
-
-
-def replay_detector(run: RunDir, config: Any, upto_step: int, world_size: int | None = None) -> LiveDetector:
-    """A detector fed the run's step records up to ``upto_step``, latest attempt of each step.
-
-    Each stream is parsed once: which attempt of a step is the latest is known only at the end of
-    the stream (a later attempt may go back to any checkpoint), so a first look finds it from each
-    line's head (:func:`latest_attempts`), one int per step, and only then are the records parsed
-    and the latest attempt of each fed, in the stream's order (each attempt continues its lineage).
-    With ``world_size``, ranks at or past it are left out: a job that shrank no longer
-    has them, and a rank that is gone must not read as one that trails (a straggler).
-    """
-    from steadytune.telemetry.stream import iter_records
-
-    det = LiveDetector(config)
-    for path in run.telemetry_files():
-        if world_size is not None and int(path.stem.split("-")[1]) >= world_size:
-            continue
-        latest = latest_attempts(path, upto_step)
-        for rec in iter_records(path):
-            if (
-                isinstance(rec, StepRecord)
-                and latest.get(rec.step) == rec.attempt
-                and not rec.extra.get("eval")
-            ):
-                det.observe_step(rec)
-    return det
-
-
-def latest_attempts(path: Path, upto_step: int) -> dict[int, int]:
-    """The latest attempt of each (non-eval) step up to ``upto_step`` in the stream ``path``.
-
-    Most lines are step records as :func:`~steadytune.records.to_json` writes them, whose step and
-    attempt are read off the line's head (:func:`~steadytune.records.step_head`) without parsing
-    the rest: parsed whole, this look cost as much as the replay's own parse. Any other line is
-    parsed, so the answer is that of reading every record.
-    """
-    from steadytune.telemetry.jsonl import JsonlReader, parse_line
-
-    latest: dict[int, int] = {}
-    for raw in JsonlReader(path).raw_lines():
-        if raw is None:
-            continue
-        head = step_head(raw)
-        if head is None:
-            value = parse_line(raw)
-            try:
-                rec = from_dict(value) if isinstance(value, dict) else None
-            except (ValueError, TypeError):
-                continue
-            if not isinstance(rec, StepRecord) or rec.extra.get("eval"):
-                continue
-            head = rec.step, rec.attempt
-        elif not head:
-            continue  # surely no step record
-        step, attempt = head
-        if step <= upto_step:
-            latest[step] = max(attempt, latest.get(step, -1))
-    return latest
 
 
 def first_plan(cfg: SteadytuneConfig, ts: float) -> PlanRevision:

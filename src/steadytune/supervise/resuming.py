@@ -19,10 +19,10 @@ from steadytune.policy.restart import Decision, ExitInfo
 from steadytune.records import Anomaly, StepRecord
 from steadytune.supervise.outbox import Outbox
 from steadytune.supervise.publishing import Publishes
+from steadytune.supervise.replay import StateKeeper, replay_detector
 from steadytune.supervise.restarts import (
     anomaly_event_data,
     crash_restart,
-    replay_detector,
     resume_expectation,
     resume_problems,
     rollback_restart,
@@ -40,6 +40,7 @@ class Resumes:
         self._reported: set[Path] = set()  # unusable checkpoints already reported
         self._abandoned: dict[Path, int] = {}  # checkpoints of a timeline a rollback left, as they were
         self._expect: dict[str, float] | None = None  # what the first record after a resume should show
+        self.keeper = StateKeeper(state.run, state.cfg.detect)
 
     def expect(self, resume: Path | None) -> None:
         """The attempt starting now resumes ``resume``: its first step is checked against it."""
@@ -69,9 +70,22 @@ class Resumes:
             )
         st.policy.forget_open()
         step = (checkpoint_step(Path(resume)) if resume else 0) or 0
+        self.keeper.wait()  # its state is the replay's start
         st.detector = replay_detector(st.run, st.cfg.detect, step, world_size=world_size)
         st.progress.rewind(step, st.attempt.number)
         self.expect(Path(resume) if resume else None)
+
+    def keep_replay_state(self) -> None:
+        """A save was reported: the replay's saved state is brought up to the save before it.
+
+        A restart resumes from the newest checkpoint, so its replay then starts at most one
+        checkpoint interval back. The save before the newest, not the newest: every rank has
+        written its step by the time the next save is reported (a state missing one rank's record
+        of its own step is not used). In a thread (:class:`~.replay.StateKeeper`): the loop goes on.
+        """
+        saves = self.state.history.checkpoint_steps
+        if len(saves) >= 2:
+            self.keeper.keep_up(saves[-2])
 
     def usable_checkpoints(self, before: int | None = None) -> list[tuple[Path, int]]:
         """Checkpoints the source can resume from, newest first; unusable ones are reported once."""

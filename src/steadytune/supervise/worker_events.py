@@ -101,6 +101,7 @@ class WorkerEvents:
             self.publishes.on_saved(ev.step)
             history.checkpoint_steps.append(ev.step)
             self.books.update_disk_need(ev.step)
+            self.resumes.keep_replay_state()
 
     def on_ack_checkpoint(self, ev: Event, filed: Event | None) -> None:
         st = self.state

@@ -13,7 +13,7 @@ from steadytune.detect.episodes import Transition
 from steadytune.detect.live import LiveDetector
 from steadytune.records import Heartbeat, StepRecord, step_head, to_json
 from steadytune.rundir import RunDir
-from steadytune.supervise.restarts import latest_attempts, replay_detector
+from steadytune.supervise.replay import latest_attempts, replay_detector
 from steadytune.telemetry.stream import JsonlWriter
 
 

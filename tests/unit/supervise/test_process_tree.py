@@ -1,0 +1,53 @@
+"""The worker's process tree is read from the kernel's lists of children of the tree's own processes,
+and finds what psutil's walk of the whole process table finds: children, grandchildren, and a child a
+thread other than the main one started."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import psutil
+
+from steadytune.supervise.process import descendants
+from tests.waiting import wait_for
+
+_TREE = textwrap.dedent(
+    """
+    import subprocess, sys, threading, time
+    sleep = [sys.executable, "-c", "import time; time.sleep(60)"]
+    grand = [sys.executable, "-c", f"import subprocess, time; subprocess.Popen({sleep!r}); time.sleep(60)"]
+    subprocess.Popen(sleep)
+    subprocess.Popen(grand)
+    threading.Thread(target=lambda: subprocess.Popen(sleep)).start()  # its parent is this thread
+    time.sleep(60)
+    """
+)
+
+
+def test_the_tree_read_from_its_own_processes_is_the_one_psutil_finds() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", _TREE])
+    try:
+        root = psutil.Process(proc.pid)
+        wait_for(lambda: len(root.children(recursive=True)) == 4, timeout=30)
+        assert sorted(descendants(proc.pid) or []) == sorted(c.pid for c in root.children(recursive=True))
+    finally:
+        for p in psutil.Process(proc.pid).children(recursive=True):
+            p.kill()
+        proc.kill()
+        proc.wait()
+    assert descendants(proc.pid) == []  # gone
+
+
+def test_a_kernel_without_the_lists_is_told_apart_from_a_process_that_ended(tmp_path: Path) -> None:
+    (tmp_path / "7" / "task" / "7").mkdir(parents=True)  # no children file
+    assert descendants(7, proc=tmp_path) is None
+    (tmp_path / "7" / "task" / "7" / "children").write_text("8 9 ")
+    (tmp_path / "8" / "task" / "8").mkdir(parents=True)
+    (tmp_path / "8" / "task" / "8" / "children").write_text("7 10")  # a reused pid loops back: once each
+    (tmp_path / "8" / "task" / "12").mkdir()
+    (tmp_path / "8" / "task" / "12" / "children").write_text("11")
+    assert sorted(descendants(7, proc=tmp_path) or []) == [8, 9, 10, 11]  # 9 and 10 ended meanwhile
+    assert descendants(99, proc=tmp_path) == []
