@@ -166,25 +166,32 @@ class RunEntry:
             value = compute()
             self._memo[name] = (None, value)  # what was shown, should the run end before it is read again
             return value
-        stamp = self.stamp()
         hit = self._memo.get(name)
+        kept = self.kept if load is not None else None
+        stored = kept is not None and kept.has(name)
+        if hit is None and not stored and not (self.want is None if wait is None else wait):
+            # Two stats, not the twenty of the stamps below: a thousand pending rows every second.
+            return self._pending()
+        stamp = self.stamp()
         if hit is not None and hit[0] == stamp:
             return hit[1]
-        kept = self.kept if load is not None else None
         source = source_stamp(self.dir) if kept is not None else ()
-        found, value = kept.get(name, source) if kept is not None else (False, None)
+        found, value = kept.get(name, source) if kept is not None and stored else (False, None)
         if found and load is not None:
             value = load(value)
         elif hit is None and not (self.want is None if wait is None else wait):
-            if self.want is not None:
-                self.want(self)
-            return PENDING
+            return self._pending()  # stored for files that changed since: read again, in the background
         else:
             value = compute()
             if kept is not None and self.indexed():
                 kept.put(name, source, value)
         self._memo[name] = (stamp, value)
         return value
+
+    def _pending(self) -> Any:
+        if self.want is not None:
+            self.want(self)
+        return PENDING
 
     def seen(self) -> bool:
         """Whether this dashboard read the run (its index opened, or a value of it derived or loaded)."""
@@ -339,7 +346,8 @@ class RunsIndex:
         self.runs_dir = Path(runs_dir)
         self.clock = clock
         self.background = background
-        self._wanted: dict[str, RunEntry] = {}  # runs a request could not answer for, not read yet
+        # Runs a request could not answer for, not read yet, with their newness when first wanted.
+        self._wanted: dict[str, tuple[float, RunEntry]] = {}
         self._wanted_lock = threading.Lock()
         self.wanted_event = threading.Event()  # set when a run is wanted: the reader wakes
         self._own_cache = cache_dir is None
@@ -376,8 +384,11 @@ class RunsIndex:
                 pending.discard(name)
             return sorted(runs)
 
-    def get(self, run_id: str) -> RunEntry | None:
-        """The run, or ``None`` for an invalid id, a path outside ``runs_dir`` or no such run."""
+    def get(self, run_id: str, listed: bool = False) -> RunEntry | None:
+        """The run, or ``None`` for an invalid id, a path outside ``runs_dir`` or no such run.
+
+        ``listed``: ``run_id`` comes from :meth:`run_ids`, which saw that it looks like a run.
+        """
         if not valid_run_id(run_id):
             return None
         root = self.runs_dir / run_id
@@ -391,7 +402,11 @@ class RunsIndex:
         if entry is not None and here is not None and entry.checked == here:
             return entry  # the very directory checked below when the entry was made (a link never is)
         try:
-            if root.resolve().parent != self.runs_dir.resolve() or not looks_like_run(root):
+            # A directory itself (lstat: no link) named by a valid id is inside runs_dir: only a link
+            # is resolved (2,000 resolves were most of a new dashboard's first scrape of 1,000 runs).
+            if here is None and root.resolve().parent != self.runs_dir.resolve():
+                return None
+            if not listed and not looks_like_run(root):
                 return None
         except OSError:
             return None
@@ -414,12 +429,16 @@ class RunsIndex:
             return kept
 
     def entries(self) -> list[RunEntry]:
-        return [e for e in (self.get(r) for r in self.run_ids()) if e is not None]
+        return [e for e in (self.get(r, listed=True) for r in self.run_ids()) if e is not None]
 
     def want(self, entry: RunEntry) -> None:
         """Hand ``entry`` to the background reader: a request needed what only reading it gives."""
         with self._wanted_lock:
-            self._wanted[entry.run_id] = entry
+            if entry.run_id in self._wanted:
+                return
+        when = newness(entry)  # once: the reader picks among a thousand runs for each one it reads
+        with self._wanted_lock:
+            self._wanted.setdefault(entry.run_id, (when, entry))
         self.wanted_event.set()
 
     def pending(self) -> int:
@@ -430,8 +449,8 @@ class RunsIndex:
     def newest_wanted(self) -> RunEntry | None:
         """The wanted run that moved last (a recent run is the one a user looks for first)."""
         with self._wanted_lock:
-            wanted = list(self._wanted.values())
-        return max(wanted, key=newness, default=None)
+            newest = max(self._wanted.values(), key=lambda w: w[0], default=None)
+        return newest[1] if newest is not None else None
 
     def read(self, entry: RunEntry) -> None:
         """``entry`` was read: what a request asks of it is now at hand."""

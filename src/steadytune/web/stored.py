@@ -64,6 +64,11 @@ class StoredSummary:
             return True, hit["value"]
         return False, None
 
+    def has(self, name: str) -> bool:
+        """Whether a value is stored under ``name`` at all (one ``stat`` once the file was read)."""
+        with self._lock:
+            return name in self._read()
+
     def put(self, name: str, stamp: Stamp, value: Any) -> None:
         """Keep ``value`` for ``stamp``; a folder that cannot be written to loses only the cache."""
         with self._lock:
