@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -25,7 +26,7 @@ from steadytune.web.goodput import runs_payload
 from steadytune.web.metrics import render_metrics
 from steadytune.web.runs import RunsIndex
 from steadytune.web.server import start_dashboard
-from steadytune.web.warm import read, ready
+from steadytune.web.warm import BackgroundReader, read, ready
 
 NOW = 1_800_000_000.0
 STEPS = 30
@@ -158,3 +159,27 @@ def test_over_http_each_finished_runs_series_appear_whole_and_never_change_or_va
         assert goodput["pending"] == 0 and sorted(r["run"] for r in goodput["runs"]) == ids
     finally:
         handle.stop()
+
+
+def test_a_run_that_cannot_be_read_is_given_back_to_the_requests(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    _run(runs, "good", NOW - 60.0)
+    bad = _run(runs, "broken", NOW - 30.0)
+    bad.db.write_bytes(b"not a database" * 100)
+    index = RunsIndex(runs, clock=lambda: NOW, cache_dir=tmp_path / "cache", background=True)
+    assert all(r.get("indexing") for r in runs_list(index))
+    stopping = threading.Event()
+    reader = BackgroundReader(index, stopping)  # its child process fails on the run, then this thread
+    thread = threading.Thread(target=reader.run, kwargs={"idle_s": 0.05})
+    thread.start()
+    try:
+        wait_for(lambda: index.pending() == 0, timeout=60, what="both runs read or given up")
+    finally:
+        stopping.set()
+        reader.stop()
+        thread.join(10)
+    rows = {r["run_id"]: r for r in runs_list(index)}
+    assert rows["broken"]["state"] == "unreadable"  # read by the request now, and shown broken
+    assert rows["good"]["anomalies"] == 1 and "indexing" not in rows["good"]
+    assert index.pending() == 0  # not wanted again for ever
+    index.close()
