@@ -175,10 +175,16 @@ class RunEntry:
         stamp = self.stamp()
         if hit is not None and hit[0] == stamp:
             return hit[1]
+        sizes = self._file_sizes() if stored and not self._sizes else None  # before the stamps: see below
         source = source_stamp(self.dir) if kept is not None else ()
         found, value = kept.get(name, source) if kept is not None and stored else (False, None)
         if found and load is not None:
             value = load(value)
+            if sizes is not None:
+                # Stored for these very files, from an index that held every line of them (the
+                # background reader's, or an earlier dashboard's): the indexer need not open it
+                # until they move (a thousand indexes opened, 3 files each, after a cold start).
+                self._sizes = sizes
         elif hit is None and not (self.want is None if wait is None else wait):
             return self._pending()  # stored for files that changed since: read again, in the background
         else:
