@@ -75,7 +75,12 @@ class BackgroundReader:
             str(self.index.cache_dir),
         ]
         try:
-            return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+            # Its own session: a Ctrl-C at the dashboard's terminal is the dashboard's to handle (it
+            # kills the child); a dashboard that dies closes the child's stdin, and the child ends.
+            pipe = subprocess.PIPE
+            return subprocess.Popen(
+                argv, stdin=pipe, stdout=pipe, text=True, bufsize=1, start_new_session=True
+            )
         except OSError:
             log.warning("the dashboard's background reader did not start: runs are read in a thread")
             return None
