@@ -167,9 +167,10 @@ class RunEntry:
             self._memo[name] = (None, value)  # what was shown, should the run end before it is read again
             return value
         hit = self._memo.get(name)
+        waits = self.want is None if wait is None else wait
         kept = self.kept if load is not None else None
         stored = kept is not None and kept.has(name)
-        if hit is None and not stored and not (self.want is None if wait is None else wait):
+        if hit is None and not stored and not waits:
             # Two stats, not the twenty of the stamps below: a thousand pending rows every second.
             return self._pending()
         stamp = self.stamp()
@@ -185,7 +186,7 @@ class RunEntry:
                 # background reader's, or an earlier dashboard's): the indexer need not open it
                 # until they move (a thousand indexes opened, 3 files each, after a cold start).
                 self._sizes = sizes
-        elif hit is None and not (self.want is None if wait is None else wait):
+        elif hit is None and not waits:
             return self._pending()  # stored for files that changed since: read again, in the background
         else:
             value = compute()
