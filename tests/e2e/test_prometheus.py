@@ -14,10 +14,10 @@ import pytest
 from live_run import LiveRun
 from tests.waiting import wait_for
 
-from steadytune.records import StepRecord
+from steadytune.records import Event, StepRecord
 from steadytune.rundir import RunDir, atomic_write_text
 from steadytune.telemetry.stream import JsonlWriter
-from steadytune.web.server import DashboardHandle
+from steadytune.web.server import DashboardHandle, start_dashboard
 
 pytestmark = pytest.mark.slow
 RULES = Path(__file__).resolve().parents[2] / "deploy" / "prometheus"
@@ -37,6 +37,21 @@ def _finished_run(runs_dir: Path) -> None:
             w.write(StepRecord(step=s, ts=1000.0 + s, loss=0.5 + s / 100, tokens=10, step_time_s=1.0))
     atomic_write_text(run.status, json.dumps({"run_id": "done-run", "state": "completed", "step": 19,
                                               "max_steps": 19, "updated_ts": time.time()}))  # fmt: skip
+
+
+def _prometheus(binary: str, tmp_path: Path, target: int, port: int, extra: str) -> subprocess.Popen[bytes]:
+    """A real Prometheus on ``port`` scraping the dashboard on ``target`` every second."""
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        f"global: {{scrape_interval: 1s, {extra}}}\n"
+        "scrape_configs:\n"
+        f"  - job_name: steadytune\n    static_configs: [{{targets: ['127.0.0.1:{target}']}}]\n"
+    )
+    return subprocess.Popen(
+        [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
 
 
 def _metrics(dashboard: DashboardHandle) -> bytes:
@@ -63,18 +78,7 @@ def test_prometheus_scrapes_the_runs_loss(
     wait_for(lambda: b'steadytune_loss{run="done-run"}' in _metrics(dashboard) and live_run.step > 0,
              timeout=60, what="both runs on /metrics")  # fmt: skip
     port = _free_port()
-    config = tmp_path / "prometheus.yml"
-    config.write_text(
-        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
-        "scrape_configs:\n"
-        "  - job_name: steadytune\n"
-        f"    static_configs: [{{targets: ['127.0.0.1:{dashboard.port}']}}]\n"
-    )
-    proc = subprocess.Popen(
-        [prometheus, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )  # fmt: skip
+    proc = _prometheus(prometheus, tmp_path, dashboard.port, port, "evaluation_interval: 1s")
     try:
 
         def stored() -> list[dict]:
@@ -134,3 +138,64 @@ def test_promtool_rules_check_and_unit_tests(prometheus_bins: tuple[str, str]) -
         [promtool, "check", "config", "prometheus.yml"], cwd=RULES, capture_output=True, text=True
     )
     assert conf.returncode == 0, conf.stdout + conf.stderr
+
+
+def _finished_runs(runs_dir: Path, n: int, steps: int) -> list[str]:
+    """``n`` finished runs of ``steps`` steps (one anomaly each), ended a minute apart, never read."""
+    ids = []
+    for i in range(n):
+        run = RunDir(runs_dir / f"old-{i:03d}").create()
+        ended = time.time() - 60.0 * (i + 1)
+        with JsonlWriter(run.telemetry(0)) as w:
+            for s in range(steps):
+                w.write(StepRecord(step=s, ts=ended - steps + s, loss=1.0, tokens=10, step_time_s=1.0))
+        with JsonlWriter(run.events) as w:
+            w.write(Event(ts=ended - 5, kind="anomaly", name="loss_spike", severity="warn", step=3, seq=0))
+        atomic_write_text(run.status, json.dumps({"run_id": run.run_id, "state": "completed",
+                                                  "step": steps - 1, "updated_ts": ended}))  # fmt: skip
+        ids.append(run.run_id)
+    return ids
+
+
+def test_a_new_dashboard_reads_old_runs_in_the_background_and_prometheus_sees_each_whole(
+    prometheus_bins: tuple[str, str], runs_dir: Path, tmp_path: Path
+) -> None:
+    """Prometheus scrapes a dashboard from its first second over 60 runs it never read: every scrape
+    answers; a run's counters appear at their final value, then never move, reset or vanish."""
+    prometheus, promtool = prometheus_bins
+    ids = _finished_runs(runs_dir, 60, 400)
+    dashboard = start_dashboard(runs_dir, host="127.0.0.1", port=0)
+    first = urllib.request.urlopen(dashboard.url + "metrics", timeout=5).read()  # it asks for all 60
+    prom_port = _free_port()
+    proc = _prometheus(prometheus, tmp_path, dashboard.port, prom_port, "scrape_timeout: 900ms")
+    try:
+        check = subprocess.run([promtool, "check", "metrics"], input=first, capture_output=True, timeout=30)
+        assert check.returncode == 0 and check.stdout.strip() == b"", check.stdout + check.stderr
+
+        def all_read() -> bool:
+            try:
+                pending = _query(prom_port, "steadytune_runs_pending_index")
+                kept = _query(prom_port, "count(steadytune_tokens_total)")
+            except OSError:  # Prometheus is still starting
+                return False
+            return bool(pending and kept) and pending[0]["value"][1] == "0" and kept[0]["value"][1] == "60"
+
+        wait_for(all_read, timeout=240, interval=1.0, what="Prometheus to see every run read")
+        waited = _query(prom_port, "max_over_time(steadytune_runs_pending_index[10m])")
+        assert float(waited[0]["value"][1]) > 0  # it did scrape while runs were still being read
+        up = _query(prom_port, 'min_over_time(up{job="steadytune"}[10m])')
+        assert up[0]["value"][1] == "1"  # no scrape failed or timed out (900 ms) meanwhile
+        scrapes = sorted(float(t) for t, _ in _query(prom_port, 'up{job="steadytune"}[10m]')[0]["values"])
+        counters = ("tokens_total", "anomalies_total", "productive_seconds_total")
+        for family in (f"steadytune_{name}" for name in counters):
+            series = _query(prom_port, f"{family}[10m]")
+            assert sorted(s["metric"]["run"] for s in series) == ids, family
+            for s in series:
+                times = [float(t) for t, _ in s["values"]]
+                assert len({v for _, v in s["values"]}) == 1, (family, s["metric"], "moved")
+                # In every scrape from its first to the last: never left out once it was there.
+                assert times == [t for t in scrapes if t >= times[0]], (family, s["metric"], "vanished")
+    finally:
+        dashboard.stop()
+        proc.terminate()
+        proc.wait(10)

@@ -41,7 +41,10 @@ def test_the_goodput_panel_draws_the_newest_hundred_until_asked_for_all(
     with open_chromium(*chromium) as b:
         b.get(many_runs.url)
         wait_js(b, f"return document.querySelectorAll('#runs tbody tr').length === {RUNS}", timeout=60)
-        wait_js(b, "return document.querySelectorAll('#goodput-runs .gp-run').length > 0", timeout=60)
+        # The runs are read in the background, newest first: each account is drawn once its run is read.
+        wait_js(b, "return document.querySelectorAll('#goodput-runs .gp-run').length === 100", timeout=120)
+        wait_js(b, "return document.getElementById('goodput-pending').textContent === ''", timeout=60)
+        wait_js(b, "return document.getElementById('pending').textContent === ''", timeout=60)  # the table
         bars = b.execute_script(
             "return [...document.querySelectorAll('#goodput-runs .gp-run')].map(e => e.dataset.run)"
         )

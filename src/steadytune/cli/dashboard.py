@@ -29,7 +29,8 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--metrics-keep-finished-hours", type=float, default=24.0, metavar="H",
         help="/metrics carries a finished run's series for H hours after its end, then only counts it in "
-        "steadytune_runs (default 24; inf: always)",
+        "steadytune_runs (default 24; inf: always). Runs this dashboard never read are read in the "
+        "background, newest first: their series appear once read (steadytune_runs_pending_index)",
     )  # fmt: skip
     p.add_argument(
         "--token", default=None,

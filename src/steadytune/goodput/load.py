@@ -188,13 +188,9 @@ class AccountCache:
         if live is not None and now - live[0] < max(1.0, 5 * live[1]):
             return live[2]
         stamp = _stamp(run)  # before the reading: a file that grows meanwhile is read again next time
-        done = self._done.get(run.root)
-        if done is not None and done[0] == stamp:
-            return done[1]
-        stored = self._stored(run, stamp) if live is None else None
-        if stored is not None:
-            self._done[run.root] = (stamp, stored)
-            return stored
+        at_hand = self._at_hand(run, stamp, stored=live is None)
+        if at_hand is not None:
+            return at_hand
         with self._lock:
             reader = self._readers.get(run.root)
             if reader is None:
@@ -213,6 +209,20 @@ class AccountCache:
         else:
             self._live[run.root] = (now, time.perf_counter() - started, acct)
         return acct
+
+    def known(self, run: RunDir) -> Account | None:
+        """``run``'s account if it is at hand without reading the run's files (it was read or stored
+        for the files as they are now); else None: the caller reads it with :meth:`account` later."""
+        return self._at_hand(run, _stamp(run), stored=True)
+
+    def _at_hand(self, run: RunDir, stamp: tuple[Any, ...], stored: bool) -> Account | None:
+        done = self._done.get(run.root)
+        if done is not None and done[0] == stamp:
+            return done[1]
+        kept = self._stored(run, stamp) if stored else None
+        if kept is not None:
+            self._done[run.root] = (stamp, kept)
+        return kept
 
     def _stored(self, run: RunDir, stamp: tuple[Any, ...]) -> Account | None:
         """The account kept for exactly these files when the run had ended, if there is one."""

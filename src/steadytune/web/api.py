@@ -16,7 +16,7 @@ from steadytune.records import Event, PlanRevision, json_safe, to_dict
 from steadytune.redact import redact
 from steadytune.telemetry.store import GPU_METRICS, STEP_METRICS, SYSTEM_METRICS, Series
 from steadytune.web import heatmap
-from steadytune.web.runs import RunEntry, RunsIndex
+from steadytune.web.runs import PENDING, RunEntry, RunsIndex
 
 MAX_POINTS = 4000
 
@@ -92,42 +92,48 @@ def event_dict(e: Event) -> dict[str, Any]:
     return clean(d)
 
 
-def run_summary(entry: RunEntry) -> dict[str, Any]:
-    """One row of the runs page (a finished run's is read once, until one of its files changes)."""
-    return dict(entry.memo("summary", lambda: _summary(entry), load=dict))
+def run_summary(entry: RunEntry, wait: bool | None = None) -> dict[str, Any]:
+    """One row of the runs page (a finished run's is read once, until one of its files changes).
+
+    A run not read yet that a request may not wait for (``RunEntry.memo``) gets the row its
+    ``status.json`` alone gives, marked ``"indexing": true``, its anomalies unknown (``null``).
+    """
+    row = entry.memo("summary", lambda: _summary(entry), load=dict, wait=wait)
+    return _summary(entry, indexed=False) if row is PENDING else dict(row)
 
 
-def _summary(entry: RunEntry) -> dict[str, Any]:
+def _summary(entry: RunEntry, indexed: bool = True) -> dict[str, Any]:
     status = entry.status()
-    store = entry.store()
-    latest = store.latest_values()
-    anomalies = store.events(kinds=("anomaly",), limit=1, newest=True)
-    counts = store.event_counts("anomaly")
+    store = entry.store() if indexed else None
+    latest = store.latest_values() if store is not None else {}
+    anomalies = store.events(kinds=("anomaly",), limit=1, newest=True) if store is not None else []
+    counts = store.event_counts("anomaly") if store is not None else []
     last = anomalies[-1] if anomalies else None
-    return clean(
-        {
-            "run_id": entry.run_id,
-            "state": status.get("state") or ("unknown" if not latest else "no supervisor"),
-            "live": entry.supervisor_live(status),
-            "step": status.get("step", latest.get("step")),
-            "max_steps": status.get("max_steps"),
-            "loss": latest.get("loss", status.get("loss")),
-            "loss_nonfinite": bool(latest.get("nonfinite_latest")),
-            "tokens_per_s": latest.get("tokens_per_s", status.get("tokens_per_s")),
-            "eta_s": status.get("eta_s"),
-            "attempt": status.get("attempt", latest.get("attempt")),
-            "restarts": status.get("restarts", 0),
-            "last_checkpoint": status.get("last_checkpoint"),
-            "anomalies": sum(n for _, _, n in counts),
-            "last_anomaly": (
-                {"name": last.name, "severity": last.severity, "step": last.step, "message": last.message}
-                if last
-                else None
-            ),
-            "updated_ts": status.get("updated_ts", latest.get("ts")),
-            "dashboard_url": status.get("dashboard_url"),
-        }
-    )
+    row = {
+        "run_id": entry.run_id,
+        "state": status.get("state") or ("unknown" if not latest else "no supervisor"),
+        "live": entry.supervisor_live(status),
+        "step": status.get("step", latest.get("step")),
+        "max_steps": status.get("max_steps"),
+        "loss": latest.get("loss", status.get("loss")),
+        "loss_nonfinite": bool(latest.get("nonfinite_latest")),
+        "tokens_per_s": latest.get("tokens_per_s", status.get("tokens_per_s")),
+        "eta_s": status.get("eta_s"),
+        "attempt": status.get("attempt", latest.get("attempt")),
+        "restarts": status.get("restarts", 0),
+        "last_checkpoint": status.get("last_checkpoint"),
+        "anomalies": sum(n for _, _, n in counts) if store is not None else None,
+        "last_anomaly": (
+            {"name": last.name, "severity": last.severity, "step": last.step, "message": last.message}
+            if last
+            else None
+        ),
+        "updated_ts": status.get("updated_ts", latest.get("ts")),
+        "dashboard_url": status.get("dashboard_url"),
+    }
+    if not indexed:
+        row["indexing"] = True
+    return clean(row)
 
 
 def runs_list(index: RunsIndex) -> list[dict[str, Any]]:
@@ -162,7 +168,7 @@ def run_detail(entry: RunEntry, events: int = 300) -> dict[str, Any]:
     system = store.latest_system()
     return clean(
         {
-            "summary": run_summary(entry),
+            "summary": run_summary(entry, wait=True),
             "status": entry.status(),
             "checkpoints": entry.checkpoints(),
             "plans": plans(entry),

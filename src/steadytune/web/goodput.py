@@ -18,15 +18,25 @@ from steadytune.web.runs import RunsIndex
 RESIZES = ("grow", "shrink")
 
 
-def runs_payload(index: RunsIndex) -> list[dict[str, Any]]:
-    """Each run's account, oldest first (a run that cannot be read is left out, not fatal)."""
-    out = []
+def runs_payload(index: RunsIndex) -> tuple[list[dict[str, Any]], int]:
+    """Each run's account, oldest first (a run that cannot be read is left out, not fatal), and
+    how many are left out because they are not read yet (``RunsIndex.background``: a finished run's
+    account is read by the background reader, ``web/warm.py``, never by this request)."""
+    out, pending = [], 0
     for entry in index.entries():
         try:
-            out.append(index.accounts.account(entry.dir))
+            if entry.want is not None and not entry.supervisor_live():
+                acct = index.accounts.known(entry.dir)
+                if acct is None:
+                    entry.want(entry)
+                    pending += 1
+                    continue
+            else:
+                acct = index.accounts.account(entry.dir)
+            out.append(acct)
         except Exception:
             continue
-    return [a.to_dict() for a in sorted(out, key=lambda a: (a.start_ts, a.run_id))]
+    return [a.to_dict() for a in sorted(out, key=lambda a: (a.start_ts, a.run_id))], pending
 
 
 def held(job: dict[str, Any], now: float) -> dict[int, list[tuple[float, float]]]:
@@ -82,8 +92,8 @@ def payload(index: RunsIndex, server: Any, now: float) -> dict[str, Any]:
         "parts": list(PARTS),
         "lost": list(LOST),
         "labels": dict(LABELS),
-        "runs": runs_payload(index),
     }
+    out["runs"], out["pending"] = runs_payload(index)
     if server is not None:
         snapshot = server.snapshot()
         accounts: dict[str, Account] = {}

@@ -21,7 +21,7 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from steadytune.goodput.load import AccountCache
 from steadytune.goodput.parts import EVAL, LOST
 from steadytune.telemetry.liveness import status_live
-from steadytune.web.runs import RunEntry, RunsIndex
+from steadytune.web.runs import PENDING, RunEntry, RunsIndex
 
 # A run that ended more than this long ago is left out of the per-run series (docs/prometheus.md).
 KEEP_FINISHED_S = 24 * 3600.0
@@ -248,8 +248,17 @@ def _run_samples(entry: RunEntry, accounts: AccountCache) -> Samples:
     return f
 
 
+def run_samples(entry: RunEntry, accounts: AccountCache, wait: bool | None = None) -> Samples | None:
+    """The run's samples, kept while its files stand still; None for a run not read yet that the
+    caller may not wait for (``RunEntry.memo``): it is left to the background reader."""
+    samples = entry.memo("metrics", lambda: _run_samples(entry, accounts), load=Samples.load, wait=wait)
+    return None if samples is PENDING else samples
+
+
 def _run_families(f: _Scrape, entry: RunEntry, now: float, accounts: AccountCache) -> None:
-    samples = entry.memo("metrics", lambda: _run_samples(entry, accounts), load=Samples.load)
+    samples = run_samples(entry, accounts)
+    if samples is None:
+        return  # all of a run's series or none: a scraper never sees a half-read run
     f.extend(samples)
     saved = samples.value("checkpoint_last_timestamp_seconds")
     if saved is not None:
@@ -308,6 +317,12 @@ class RunIndexCollector:
         for state in STATES:
             runs.add_metric([state], float(by_state.get(state, 0)))
         yield runs
+        pending = GaugeMetricFamily(
+            "steadytune_runs_pending_index",
+            "Runs found and not read yet by this dashboard: their series appear, whole, once read.",
+        )
+        pending.add_metric([], float(self.index.pending()))
+        yield pending
         scrape = GaugeMetricFamily(
             "steadytune_dashboard_scrape_duration_seconds", "Time spent rendering this page."
         )

@@ -140,6 +140,8 @@ def _run(h: Handler, p: Params) -> RunEntry | None:
     entry = h.app.index.get(p["run"])
     if entry is None:
         h.not_found()
+    elif not entry.seen():
+        entry.refresh()  # one run asked for by name is read here, whole (the indexer leaves unseen runs)
     return entry
 
 

@@ -74,6 +74,16 @@ Stamp = tuple[tuple[int, int] | None, ...]
 QUIET_MAX_S = 2.0  # the longest a run whose files stand still waits for the indexer to look again
 
 
+class _Pending:
+    """What :meth:`RunEntry.memo` answers for a run not read yet, when a request may not wait for it."""
+
+    def __repr__(self) -> str:
+        return "PENDING"
+
+
+PENDING: Any = _Pending()
+
+
 class RunEntry:
     """One run: its paths, its status and its index (kept fresh by :meth:`refresh`).
 
@@ -88,9 +98,12 @@ class RunEntry:
         cache_dir: Path,
         clock: Callable[[], float] = time.time,
         kept: StoredSummary | None = None,
+        want: Callable[[RunEntry], None] | None = None,
     ) -> None:
         self.dir = run_dir
         self.kept = kept  # where what memo() derives of the finished run is kept between dashboards
+        # Given: a run never read is left to the background reader (RunsIndex.want), not read by a request.
+        self.want = want
         self.clock = clock
         self._cache_dir = cache_dir
         self._store: RunStore | None = None
@@ -100,7 +113,7 @@ class RunEntry:
         self._ckpt_cache: dict[str, tuple[float, dict[str, Any]]] = {}
         self._detect_cache: tuple[tuple[int, int], DetectConfig] | None = None
         self._status: tuple[tuple[int, int] | None, dict[str, Any]] | None = None
-        self._memo: dict[str, tuple[Stamp, Any]] = {}
+        self._memo: dict[str, tuple[Stamp | None, Any]] = {}  # None: shown while live
         self.checked: tuple[int, int] | None = None  # (device, inode) of the folder RunsIndex.get checked
         self._seen: tuple[int, ...] | None = None  # the files' sizes at the last refresh
         self.quiet = False  # they had not moved since the refresh before
@@ -130,31 +143,66 @@ class RunEntry:
                  d.latest_pointer, d.last_good_pointer)  # fmt: skip
         return tuple(file_stamp(p) for p in paths)
 
-    def memo(self, name: str, compute: Callable[[], Any], load: Callable[[Any], Any] | None = None) -> Any:
+    def memo(
+        self,
+        name: str,
+        compute: Callable[[], Any],
+        load: Callable[[Any], Any] | None = None,
+        wait: bool | None = None,
+    ) -> Any:
         """``compute()``, kept for a run without a live supervisor until :meth:`stamp` changes.
 
         A live run's figures move every second: they are computed on every call. With ``load``
         (JSON back to the value), the value is also kept on disk (:mod:`.stored`) once the index
         holds every line of the run's files, and the next dashboard reads it back from there.
+
+        ``wait=False`` (a request, when the entry has a background reader: the default then)
+        never reads a finished run this dashboard has not read yet and whose value is not stored
+        on disk: it hands the run to the background reader and answers :data:`PENDING`. A run
+        read before (live then, or read by the background reader) is kept up to date here: its
+        index is open and its goodput account read, so what changed costs little.
         """
         if self.supervisor_live():
-            self._memo.pop(name, None)
-            return compute()
-        stamp = self.stamp()
+            value = compute()
+            self._memo[name] = (None, value)  # what was shown, should the run end before it is read again
+            return value
         hit = self._memo.get(name)
+        waits = self.want is None if wait is None else wait
+        kept = self.kept if load is not None else None
+        stored = kept is not None and kept.has(name)
+        if hit is None and not stored and not waits:
+            # Two stats, not the twenty of the stamps below: a thousand pending rows every second.
+            return self._pending()
+        stamp = self.stamp()
         if hit is not None and hit[0] == stamp:
             return hit[1]
-        kept = self.kept if load is not None else None
+        sizes = self._file_sizes() if stored and not self._sizes else None  # before the stamps: see below
         source = source_stamp(self.dir) if kept is not None else ()
-        found, value = kept.get(name, source) if kept is not None else (False, None)
+        found, value = kept.get(name, source) if kept is not None and stored else (False, None)
         if found and load is not None:
             value = load(value)
+            if sizes is not None:
+                # Stored for these very files, from an index that held every line of them (the
+                # background reader's, or an earlier dashboard's): the indexer need not open it
+                # until they move (a thousand indexes opened, 3 files each, after a cold start).
+                self._sizes = sizes
+        elif hit is None and not waits:
+            return self._pending()  # stored for files that changed since: read again, in the background
         else:
             value = compute()
             if kept is not None and self.indexed():
                 kept.put(name, source, value)
         self._memo[name] = (stamp, value)
         return value
+
+    def _pending(self) -> Any:
+        if self.want is not None:
+            self.want(self)
+        return PENDING
+
+    def seen(self) -> bool:
+        """Whether this dashboard read the run (its index opened, or a value of it derived or loaded)."""
+        return self._store is not None or bool(self._memo)
 
     def indexed(self) -> bool:
         """Whether the index holds every line of the run's files (a value derived from it is whole).
@@ -277,14 +325,38 @@ def looks_like_run(path: Path) -> bool:
     )
 
 
+def newness(entry: RunEntry) -> float:
+    """When the run last moved, as its status says (else its status file's time): newest read first."""
+    ts = entry.status().get("updated_ts")
+    if isinstance(ts, (int, float)) and not isinstance(ts, bool):
+        return float(ts)
+    stamp = file_stamp(entry.dir.status)
+    return stamp[0] / 1e9 if stamp is not None else 0.0
+
+
 class RunsIndex:
-    """Every run under ``runs_dir``; run ids are validated before any path is built."""
+    """Every run under ``runs_dir``; run ids are validated before any path is built.
+
+    With ``background=True`` (a dashboard server) a request never reads a finished run this
+    dashboard has not read yet: the run is *wanted* (:meth:`want`) and read by the background
+    reader (``web/warm.py``), newest first; until then the pages show what its ``status.json``
+    says and ``/metrics`` leaves its series out.
+    """
 
     def __init__(
-        self, runs_dir: Path, clock: Callable[[], float] = time.time, cache_dir: Path | None = None
+        self,
+        runs_dir: Path,
+        clock: Callable[[], float] = time.time,
+        cache_dir: Path | None = None,
+        background: bool = False,
     ) -> None:
         self.runs_dir = Path(runs_dir)
         self.clock = clock
+        self.background = background
+        # Runs a request could not answer for, not read yet, with their newness when first wanted.
+        self._wanted: dict[str, tuple[float, RunEntry]] = {}
+        self._wanted_lock = threading.Lock()
+        self.wanted_event = threading.Event()  # set when a run is wanted: the reader wakes
         self._own_cache = cache_dir is None
         self._cache_dir = cache_dir or Path(tempfile.mkdtemp(prefix="steadytune-dash-"))
         self._entries: dict[str, RunEntry] = {}
@@ -319,8 +391,11 @@ class RunsIndex:
                 pending.discard(name)
             return sorted(runs)
 
-    def get(self, run_id: str) -> RunEntry | None:
-        """The run, or ``None`` for an invalid id, a path outside ``runs_dir`` or no such run."""
+    def get(self, run_id: str, listed: bool = False) -> RunEntry | None:
+        """The run, or ``None`` for an invalid id, a path outside ``runs_dir`` or no such run.
+
+        ``listed``: ``run_id`` comes from :meth:`run_ids`, which saw that it looks like a run.
+        """
         if not valid_run_id(run_id):
             return None
         root = self.runs_dir / run_id
@@ -334,14 +409,19 @@ class RunsIndex:
         if entry is not None and here is not None and entry.checked == here:
             return entry  # the very directory checked below when the entry was made (a link never is)
         try:
-            if root.resolve().parent != self.runs_dir.resolve() or not looks_like_run(root):
+            # A directory itself (lstat: no link) named by a valid id is inside runs_dir: only a link
+            # is resolved (2,000 resolves were most of a new dashboard's first scrape of 1,000 runs).
+            if here is None and root.resolve().parent != self.runs_dir.resolve():
+                return None
+            if not listed and not looks_like_run(root):
                 return None
         except OSError:
             return None
         with self._lock:
             entry = self._entries.get(run_id)
             if entry is None:
-                entry = RunEntry(RunDir(root), self._cache_dir, self.clock, self.kept(RunDir(root)))
+                want = self.want if self.background else None
+                entry = RunEntry(RunDir(root), self._cache_dir, self.clock, self.kept(RunDir(root)), want)
                 self._entries[run_id] = entry
             entry.checked = here
             return entry
@@ -356,7 +436,45 @@ class RunsIndex:
             return kept
 
     def entries(self) -> list[RunEntry]:
-        return [e for e in (self.get(r) for r in self.run_ids()) if e is not None]
+        return [e for e in (self.get(r, listed=True) for r in self.run_ids()) if e is not None]
+
+    def want(self, entry: RunEntry) -> None:
+        """Hand ``entry`` to the background reader: a request needed what only reading it gives."""
+        with self._wanted_lock:
+            if entry.run_id in self._wanted:
+                return
+        when = newness(entry)  # once: the reader picks among a thousand runs for each one it reads
+        with self._wanted_lock:
+            self._wanted.setdefault(entry.run_id, (when, entry))
+        self.wanted_event.set()
+
+    def pending(self) -> int:
+        """Runs wanted and not read yet (the one being read counts until it is done)."""
+        with self._wanted_lock:
+            return len(self._wanted)
+
+    def newest_wanted(self) -> RunEntry | None:
+        """The wanted run that moved last (a recent run is the one a user looks for first)."""
+        with self._wanted_lock:
+            newest = max(self._wanted.values(), key=lambda w: w[0], default=None)
+        return newest[1] if newest is not None else None
+
+    def read(self, entry: RunEntry) -> None:
+        """``entry`` was read: what a request asks of it is now at hand."""
+        with self._wanted_lock:
+            self._wanted.pop(entry.run_id, None)
+
+    def forget(self, entry: RunEntry) -> None:
+        """Close ``entry``'s index and drop it: the background reader's process reads a thousand runs once."""
+        with self._lock:
+            if self._entries.get(entry.run_id) is entry:
+                del self._entries[entry.run_id]
+        entry.close()
+
+    @property
+    def cache_dir(self) -> Path:
+        """Where the indexes and stored values of runs whose folder is not ours are kept."""
+        return self._cache_dir
 
     def refresh_all(self) -> None:
         for entry in self.entries():
@@ -372,11 +490,16 @@ class RunsIndex:
 
         Looking costs a listing of its telemetry folder and a few ``stat`` calls: for a thousand
         finished runs, 130 ms a pass, two fifths of the dashboard's time when done five times a second.
+        With ``background``, a finished run this dashboard has not read is not looked at: opening a
+        thousand indexes at the start held the first requests; the background reader brings a
+        run's index up to date as it reads it.
         """
         t = now()
         for entry in self.entries():
             if t < entry.next_refresh:
                 continue
+            if self.background and not entry.seen() and not entry.supervisor_live():
+                continue  # a finished run nobody asked for yet: the background reader's when it is
             try:
                 entry.refresh()
             except Exception:  # one broken run must not stop the others' updates

@@ -21,7 +21,9 @@ the pages, ``/static``, ``/healthz`` and ``/api/auth`` needs the token:
 The supervisor stays light: no framework, one thread per connection (at most
 ``max_connections``, of which ``max_streams`` live streams; beyond, 503 with
 ``Retry-After``), every request read within ``request_timeout_s`` and its line and headers
-within 64 KiB, one indexer thread that tails the runs that have no live supervisor. The
+within 64 KiB, one indexer thread that tails the runs that have no live supervisor, one reader
+thread that has the runs this dashboard never read read by a child process, newest first
+(:mod:`~steadytune.web.warm`). The
 parts: :mod:`~steadytune.web.handler` (one connection's requests), :mod:`~steadytune.web.routes`
 (the table and its endpoints), :mod:`~steadytune.web.auth`, :mod:`~steadytune.web.body`,
 :mod:`~steadytune.web.sse`, :mod:`~steadytune.web.httpserver` (the connection caps).
@@ -42,6 +44,7 @@ from steadytune.web.handler import Handler
 from steadytune.web.httpserver import BoundedServer
 from steadytune.web.runs import RunsIndex
 from steadytune.web.security import check_bind, is_loopback, machine_names, reads_need_token
+from steadytune.web.warm import BackgroundReader
 
 
 def make_handler(app: DashboardApp, request_timeout_s: float = 10.0) -> type[Handler]:
@@ -59,9 +62,11 @@ class DashboardHandle:
     app: DashboardApp
     _server: BoundedServer
     _threads: list[threading.Thread]
+    _reader: BackgroundReader
 
     def stop(self, timeout: float = 5.0) -> None:
         self.app.stopping.set()
+        self._reader.stop()
         self._server.shutdown()
         self._server.server_close()
         for t in self._threads:
@@ -104,7 +109,7 @@ def start_dashboard(
     check_bind(host, token, public_url=public_url, exposed=exposed)
     max_streams = max(1, min(max_streams, max_connections - 1))
     family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
-    index = RunsIndex(Path(runs_dir), clock=clock)
+    index = RunsIndex(Path(runs_dir), clock=clock, background=True)
     app = DashboardApp(
         index=index, host=host, port=port, token=token, clock=clock, poll_s=poll_s, exposed=exposed,
         public_url=public_url, machine_names=machine_names() if not is_loopback(host) else frozenset(),
@@ -122,16 +127,25 @@ def start_dashboard(
         target=server.serve_forever, kwargs={"poll_interval": 0.25}, name="steadytune-dashboard", daemon=True
     )
     indexer = threading.Thread(target=app.indexer, name="steadytune-indexer", daemon=True)
+    background = BackgroundReader(index, app.stopping)
+    reader = threading.Thread(target=background.run, name="steadytune-reader", daemon=True)
     reaper = threading.Thread(target=server.reap, args=(app.stopping,), name="steadytune-reaper", daemon=True)
     serve.start()
     indexer.start()
+    reader.start()
     reaper.start()
     shown = host if is_loopback(host) or host not in ("0.0.0.0", "::") else socket.getfqdn()
     if ":" in shown and not shown.startswith("["):
         shown = f"[{shown}]"
     url = f"http://{shown}:{app.port}/"
     return DashboardHandle(
-        url=url, host=host, port=app.port, app=app, _server=server, _threads=[serve, indexer, reaper]
+        url=url,
+        host=host,
+        port=app.port,
+        app=app,
+        _server=server,
+        _threads=[serve, indexer, reader, reaper],
+        _reader=background,
     )
 
 

@@ -111,7 +111,7 @@ def run(app: DashboardApp, entry: RunEntry, since: int, after: int, stream: Even
         sent = False
         status = entry.status()
         if status != status_last:
-            stream.send("status", api.clean({**status, "summary": api.run_summary(entry)}))
+            stream.send("status", api.clean({**status, "summary": api.run_summary(entry, wait=True)}))
             status_last, sent = status, True
         steps = store.steps_since(step_v)
         if steps:

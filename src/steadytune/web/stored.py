@@ -53,6 +53,7 @@ class StoredSummary:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._values: dict[str, Any] | None = None
+        self._read_at: tuple[int, int] | None = None  # the file's stamp when it was read or written here
         self._lock = threading.Lock()  # the scrape and a page may store values of one run together
 
     def get(self, name: str, stamp: Stamp) -> tuple[bool, Any]:
@@ -62,6 +63,11 @@ class StoredSummary:
         if isinstance(hit, dict) and hit.get("stamp") == _plain(stamp) and "value" in hit:
             return True, hit["value"]
         return False, None
+
+    def has(self, name: str) -> bool:
+        """Whether a value is stored under ``name`` at all (one ``stat`` once the file was read)."""
+        with self._lock:
+            return name in self._read()
 
     def put(self, name: str, stamp: Stamp, value: Any) -> None:
         """Keep ``value`` for ``stamp``; a folder that cannot be written to loses only the cache."""
@@ -73,11 +79,15 @@ class StoredSummary:
             try:
                 atomic_write_text(self.path, text, durable=False)
             except OSError:
-                pass
+                return
+            self._read_at = file_stamp(self.path)
 
     def _read(self) -> dict[str, Any]:
-        if self._values is None:
-            self._values = _load(self.path)
+        """The values, read again when the file moved since: the dashboard's background reader
+        (``web/warm.py``) writes them from its own process."""
+        stamp = file_stamp(self.path)
+        if self._values is None or stamp != self._read_at:
+            self._values, self._read_at = _load(self.path), stamp
         return self._values
 
 

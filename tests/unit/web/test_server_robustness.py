@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tests.waiting import wait_for
 
 from steadytune.records import Event, StepRecord, WorkerExit
 from steadytune.rundir import RunDir, atomic_write_text
@@ -277,6 +278,8 @@ def test_the_runs_stream_sends_the_list_once_then_only_the_rows_that_changed(ser
         supervisor_index(run, filed)  # indexed already: only the status below moves a row
     moving = RunDir(runs / "moving")
     handle = serve(runs)
+    wait_for(lambda: not any(r.get("indexing") for r in json.loads(get(handle, "/api/runs")[1])),
+             what="both runs read by the dashboard")  # fmt: skip
 
     def move() -> None:
         status = json.loads(moving.status.read_text())

@@ -48,7 +48,7 @@ def _scramble_behind_its_stamp(path: Path) -> None:
 
 def _answers(index: RunsIndex) -> tuple[list[str], list[dict], list[dict]]:
     metrics = [ln for ln in render_metrics(index, lambda: NOW).splitlines() if 'run="done"' in ln]
-    return metrics, runs_list(index), runs_payload(index)
+    return metrics, runs_list(index), runs_payload(index)[0]
 
 
 def test_the_next_dashboard_answers_from_the_stored_summary_without_reading_the_telemetry(

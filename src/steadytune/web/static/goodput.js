@@ -57,6 +57,11 @@
   const more = document.getElementById("goodput-more");
   function drawRuns(data) {
     let list = data.runs.slice().reverse();
+    const waiting = document.getElementById("goodput-pending");
+    if (waiting) {
+      waiting.textContent = data.pending ? `${fmt.int(data.pending)} runs not read yet: their accounts come as they are read.` : "";
+      waiting.classList.toggle("hidden", !data.pending);
+    }
     if (more) {
       more.textContent = `show all ${fmt.int(list.length)} runs`;
       more.classList.toggle("hidden", all || list.length <= SHOWN);

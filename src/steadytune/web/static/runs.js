@@ -8,7 +8,7 @@
   function row(r) {
     const step = r.max_steps ? `${fmt.int(r.step)} / ${fmt.int(r.max_steps)}` : fmt.int(r.step);
     const last = r.last_anomaly;
-    const anomalies = el("td", {},
+    const anomalies = el("td", {}, r.anomalies === null ? el("span", { class: "muted", text: "…" }) :
       r.anomalies ? el("span", { class: last ? `sev-${last.severity}` : "", text: String(r.anomalies) }) : "0",
       last ? el("span", { class: "muted", text: `  ${last.name}` }) : null);
     return el("tr", { "data-run": r.run_id },
@@ -35,13 +35,24 @@
     }
     document.getElementById("empty").classList.toggle("hidden", runs.length > 0);
     ST.runs = runs;
+    pending();
     document.dispatchEvent(new Event("steadytune:runs"));  // the goodput panel waits for the table
+  }
+
+  // A dashboard new to a runs folder reads its runs in the background, newest first: until a run
+  // is read its row is what its status.json says (`indexing`), and this line says how many wait.
+  function pending() {
+    const n = ST.runs.filter((r) => r.indexing).length, line = document.getElementById("pending");
+    line.textContent = n ? `${fmt.int(n)} of ${fmt.int(ST.runs.length)} runs not read yet (newest first): ` +
+      "their anomalies and latest values fill in as they are read." : "";
+    line.classList.toggle("hidden", !n);
   }
 
   // Only the rows that changed: a thousand runs are not redrawn every second for the live one.
   function changed(rows) {
     const byId = new Map(rows.map((r) => [r.run_id, r]));
     ST.runs = (ST.runs || []).map((r) => byId.get(r.run_id) || r);
+    pending();
     for (const tr of body.querySelectorAll("tr[data-run]")) {
       const r = byId.get(tr.dataset.run);
       if (r) tr.replaceWith(row(r));
