@@ -10,7 +10,8 @@
 - log levels and logger names: ``INFO``, ``[INFO]``, ``INFO:root:``, ``- INFO - __main__ -``,
   DeepSpeed's ``[logging.py:96:log_dist]``;
 - the ``-``, ``|`` and ``:`` separators between them;
-- terminal colour codes anywhere in the line.
+- terminal colour codes, and the echo of cursor keys typed while it ran (``^[[B``),
+  anywhere in the line.
 
 It returns the rank (None when the line names none) and the rest of the line,
 which every text reader then matches against its own layout. :class:`LowestRank`
@@ -44,13 +45,15 @@ _PREFIX = re.compile(
     re.VERBOSE | re.IGNORECASE,
 )
 _RANK_GROUPS = ("r1", "r2", "r3", "r4", "r5")
-# Colour codes of a logger writing to a terminal (loguru, rich) survive a `tee` into the file.
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+# Colour codes of a logger writing to a terminal (loguru, rich) survive a `tee` into the file; so
+# does the terminal's echo of keys pressed while the run prints, in caret notation (``^[[B``:
+# an arrow key), in front of the next line the script writes.
+_ANSI = re.compile(r"(?:\x1b|\^\[)\[[0-9;?]*[A-Za-z]")
 
 
 def strip_ansi(line: str) -> str:
-    """The line without terminal colour codes."""
-    return _ANSI.sub("", line) if "\x1b" in line else line
+    """The line without terminal colour codes and echoed cursor keys."""
+    return _ANSI.sub("", line) if "\x1b" in line or "^[" in line else line
 
 
 def strip_prefix(line: str) -> tuple[int | None, str]:

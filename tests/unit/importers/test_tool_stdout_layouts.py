@@ -241,6 +241,18 @@ def test_coloured_logger_lines(tmp_path: Path) -> None:
     assert ("loss_spike", 21) in _kinds_at(p)
 
 
+def test_lines_behind_the_echo_of_keys_typed_into_the_console_are_read(tmp_path: Path) -> None:
+    # An arrow key pressed while the run prints is echoed as ``^[[B`` before the next line.
+    losses = _curve(30, seed=37, spike_at=20)
+    lines = [
+        ("^[[B" * (i % 4)) + f"step {i + 1:05d}/00030 | loss: {loss:.6f} | lrm: 1.00 | dt: 475.1ms"
+        for i, loss in enumerate(losses)
+    ]
+    p = _write(tmp_path, "speedrun.log", lines)
+    assert [r.step for r in load(p).records] == list(range(1, 31))
+    assert ("loss_spike", 21) in _kinds_at(p)
+
+
 # --- compressed logs ---------------------------------------------------------------------------
 
 
