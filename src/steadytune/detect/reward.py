@@ -182,10 +182,15 @@ class RewardWatch:
         self._at_best: tuple[float | None, float | None] = (None, None)
         self._improved_at: int | None = None  # the step the level last made a new best, by two sigmas
         self._improved_level: float | None = None
+        self._fell = False  # whether a collapse was told since the run (re)started
 
     def is_collapsed(self) -> bool:
         """Whether a collapse holds now (the learning-signal rule leaves its ties to it)."""
         return bool(self.rep.on)
+
+    def fell(self) -> bool:
+        """Whether a collapse was told on the run (the whole-run rule leaves such a run to it)."""
+        return self._fell
 
     def improved_step(self) -> int | None:
         """The step the reward's level last made a new best by two sigmas (the KL runaway's yardstick)."""
@@ -329,6 +334,7 @@ class RewardWatch:
             # Informational: the collapse's own start is its onset (a rollback goes before it); the
             # reward's last best may lie a noisy while earlier, and a rollback there loses more than it must.
             ev["last_good_step"] = self._last_good
+        self._fell = True
         why = self._what_it_became(ev)
         cause = None
         if why:
