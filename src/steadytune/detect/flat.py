@@ -21,8 +21,9 @@ the run's length. The reward is **flat** when:
 - the reward did not fall by more than that either (a fall is not flat: the collapse
   rule and the eye judge it);
 - and the rest of the run lies no significantly higher than its start (its first 8,
-  16, 32, ... points, up to a tenth of the run): a run that learned in its first
-  dozen steps and then held its level learned, whatever its line says.
+  16, 32, ... points, up to a tenth of the run; the most significant of them, at a t
+  raised for their number, Bonferroni's way): a run that learned in its first dozen
+  steps and then held its level learned, whatever its line says.
 
 What it leaves out: a learner whose whole-run gain is below half its noise (a reward
 firing on a few completions in a hundred, with four to eight completions a step) is
@@ -51,6 +52,7 @@ from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
+from statistics import NormalDist
 from typing import Any, ClassVar
 
 from steadytune.detect.base import Finding, Reporter, rounded
@@ -59,6 +61,7 @@ from steadytune.detect.points import Signal
 from steadytune.objectives import LOSS_OBJECTIVE
 
 _T_SEEN = 2.0  # a gain this many standard errors above zero is a gain
+_P_SEEN = 1 - NormalDist().cdf(_T_SEEN)  # its one-sided chance under no gain (2.3 %)
 _Z_POWER = 0.84  # ...and a true gain this many more above it shows as one four times in five (80 % power)
 _FIRST_SHARE = 0.1  # the longest start the rest of the run is compared with: its first tenth
 _FIRST_POINTS = 8  # ...and the shortest: a level window's worth
@@ -98,11 +101,16 @@ class Flatness:
     noise: float  # the reward's noise per point (successive differences)
     line: Gain  # the line's rise over the run
     after_start: Gain  # the rest of the run's mean over its start's (the most significant start)
+    starts: int = 1  # how many starts were tried: the one picked must pass a t raised for their number
 
     def flat(self, flat_gain: float) -> bool:
         smallest = flat_gain * self.noise
         start = self.after_start
-        return self.noise > 0.0 and self.line.flat(smallest) and start.gain < _T_SEEN * start.se
+        # The chance of a t of 2 or more, shared among the starts tried (Bonferroni): a flat run whose
+        # first 8, 16, ..., 256 points are each compared with the rest would otherwise pass as learned
+        # one time in five or so, by one of them.
+        t = NormalDist().inv_cdf(1 - _P_SEEN / self.starts)
+        return self.noise > 0.0 and self.line.flat(smallest) and start.gain < t * start.se
 
 
 def flatness(values: Sequence[float]) -> Flatness | None:
@@ -122,10 +130,11 @@ def flatness(values: Sequence[float]) -> Flatness | None:
     # A wandering reward holds fewer independent points than it has (AR(1): n(1−r)/(1+r)).
     widen = math.sqrt((1 + r1) / (1 - r1)) if 0.0 < r1 < 1.0 else 1.0
     line = Gain(slope * (n - 1), s / math.sqrt(sxx) * (n - 1) * widen)
-    return Flatness(n, noise, line, _start_gain(values, s * widen))
+    start, starts = _start_gain(values, s * widen)
+    return Flatness(n, noise, line, start, starts)
 
 
-def _start_gain(values: Sequence[float], sigma: float) -> Gain:
+def _start_gain(values: Sequence[float], sigma: float) -> tuple[Gain, int]:
     """The rest of the run's mean over its start's, for the start (its first 8, 16, 32, ... points up to a
     tenth of the run) whose gain is the most significant: a rise in the first dozen steps is diluted in
     a tenth of a long run, and a rise over its first tenth in its first few points."""
@@ -142,7 +151,7 @@ def _start_gain(values: Sequence[float], sigma: float) -> Gain:
         if best is None or g.gain * best.se > best.gain * g.se:  # the larger t, without dividing by 0
             best = g
     assert best is not None
-    return best
+    return best, len(sizes)
 
 
 class FlatRewardWatch:
