@@ -41,7 +41,7 @@ def _grpo(n: int, seed: int, groups: tuple[int, int], graded: bool, **kw: object
 def _sliding(n: int, seed: int, size: int, p0: float, span: int, hold: int = 0) -> list[StepRecord]:
     """A binary reward, the mean over ``size`` completions, whose chance of a right answer slides from
     ``p0`` to 0 over ``span`` batches, after ``hold`` batches at it, and stays there (a short run)."""
-    rng = shapes.rng_for(seed, f"slide-{n}-{size}-{p0}-{span}-{hold}")
+    rng = shapes.rng_for(seed, f"slide-{n}-{size}-{p0}-{span}" + (f"-{hold}" if hold else ""))
     extra = []
     for i in range(n):
         p = p0 * max(0.0, 1 - max(0, i - hold) / span)
