@@ -136,14 +136,19 @@ def ours(records: list[Any], config: DetectConfig | None = None) -> list[Alarm]:
         raised, fired = open_.pop(a.key, (a.start_step, [a.start_step]))
         done.append(Alarm(a.kind, a.severity, a.start_step, a.end_step, raised=raised, firings=tuple(fired)))
 
-    for rec in records:
-        for t in det.observe_step(rec):
+    def take(transitions: list[Any], step: int) -> None:
+        for t in transitions:
             if t.state == "raised":
-                open_[t.anomaly.key] = (rec.step, [t.anomaly.start_step])
+                open_[t.anomaly.key] = (step, [t.anomaly.start_step])
             elif t.state == "recurred" and t.anomaly.key in open_:
                 open_[t.anomaly.key][1].append(t.fired.start_step)
             elif t.state == "resolved":
                 close(t.anomaly)
+
+    for rec in records:
+        take(det.observe_step(rec), rec.step)
+    # The log is over, as analyze's is: what only the whole run tells is raised at its last step.
+    take(det.finish(), det.last_step)
     for a in det.open_anomalies():
         close(a)
     return done

@@ -167,6 +167,12 @@ class RLConfig(_Strict):
     zero_grad_norm: float = Field(
         1e-8, ge=0, description="a gradient norm at or below this is zero: no parameter moves"
     )
+    flat_gain: float = Field(
+        0.5,
+        gt=0,
+        description="a finished run's reward whose gain over the run is surely below this many noise "
+        "sigmas per point, and not significant, never rose",
+    )
 
 
 class EvalConfig(_Strict):

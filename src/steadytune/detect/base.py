@@ -37,6 +37,8 @@ class Detector(Protocol[P_contra]):
     # detector to have anything to do with it, every item of (see NEEDS). The engine does not
     # show it the others (its observe would return at once): most steps of most runs are SFT
     # steps without extra fields, eval loss or time, and this runs at every one of them.
+    # Optional too (``finish(out)``, read with getattr): the run is over; append what only its whole
+    # length tells (``analyze`` calls it after the last record, the live engine when the run ends).
 
     def observe(self, point: P_contra, out: list[Finding]) -> None: ...
 

@@ -26,6 +26,7 @@ from steadytune.detect import clip, grad, kl, learning, loss, memory, overfit, p
 from steadytune.detect.base import Detector, KindInfo
 from steadytune.detect.clip import ClipLimits, ClipWatch
 from steadytune.detect.early import FallCollapseLimits, FallCollapseWatch, ShortRiseLimits, ShortRiseWatch
+from steadytune.detect.flat import FlatLimits, FlatRewardWatch
 from steadytune.detect.grad import GradLimits, GradWatch
 from steadytune.detect.gradflow import FlowLimits, GradFlowWatch, LayerLimits
 from steadytune.detect.kl import KLLimits, KLWatch
@@ -95,6 +96,15 @@ REGISTRY: tuple[Entry, ...] = (
         (SignalLimits,),
         ("rl",),
         uses={"collapsed": "reward.is_collapsed"},
+    ),
+    # The reward over the whole run, judged once it is over (``finish``); left to the two above if they told.
+    Entry(
+        "flat_reward",
+        FlatRewardWatch,
+        (Signal,),
+        (FlatLimits,),
+        ("rl",),
+        uses={"told": "learning_signal.told", "fell": "reward.fell"},
     ),
     Entry(
         "short_rise",

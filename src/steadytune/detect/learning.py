@@ -150,6 +150,11 @@ class LearningSignalWatch:
         self._fit = _LineFit()  # the log loss since the norms turned (or began) zero
         self._first_level: float | None = None
         self._streak = _Streak()
+        self._ever = False  # whether this rule raised anything on the run
+
+    def told(self) -> bool:
+        """Whether this rule raised anything on the run (the whole-run rule leaves such a run to it)."""
+        return self._ever
 
     def observe(self, point: Signal, out: list[Finding]) -> None:
         """Note what the step's batch carried; judge the window once it is full."""
@@ -193,6 +198,7 @@ class LearningSignalWatch:
         other is ``no_learning_signal``.
         """
         self._metric = self._metric_of(point)
+        self._ever = True
         ev, cause = self._evidence(point, share)
         rewards = [p.reward for p in self._window if p.reward is not None]
         mean = sum(rewards) / len(rewards) if rewards else None

@@ -208,9 +208,22 @@ class LiveDetector:
         """Episodes raised and not yet resolved (quiet ones included), as they stand now."""
         return self._episodes.open()
 
+    def finish(self) -> list[Transition]:
+        """The run is over: what only its whole length tells (each signal detector's ``finish``, where it
+        has one: see base.Detector). Told once; a second call adds nothing."""
+        if not self._enabled:
+            return []
+        out: list[Finding] = []
+        for d in self._feeds.signal:
+            done = getattr(d, "finish", None)
+            if done is not None:
+                done(out)
+        return self._episodes.apply(out, self.last_step) if out else []
+
     def close(self) -> list[Transition]:
-        """The run is over: its quiet episodes are resolved (one still holding stays open)."""
-        return self._episodes.close()
+        """The run is over: what its whole length tells (:meth:`finish`), then its quiet episodes are
+        resolved (one still holding stays open)."""
+        return [*self.finish(), *self._episodes.close()]
 
     def _per_rank(self, rec: StepRecord, out: list[Finding]) -> None:
         cfg = self.config

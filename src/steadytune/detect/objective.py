@@ -91,22 +91,50 @@ class ObjectiveWatch:
     def observe(self, point: Signal, out: list[Finding]) -> None:
         """The objective's fields of the step; a NaN loss is the loss series' to report."""
         extra, step, loss = point.rec.extra, point.rec.step, point.rec.loss
-        if point.objective in (None, LOSS_OBJECTIVE) or not extra or extra.get("eval"):
+        if point.objective in (None, LOSS_OBJECTIVE) or not extra:
             return
         finite_loss = loss is None or math.isfinite(loss)
         bad = {}
-        if finite_loss:
-            bad = {k: v for k in _NAN_KEYS if isinstance(v := extra.get(k), float) and not math.isfinite(v)}
+        if extra.get("eval"):
+            # An evaluation's own record: its fields are the eval set's, its loss the eval loss. A NaN there
+            # is a NaN in the model's outputs on some eval sample, whatever the training loss shows.
+            bad = _nonfinite(extra, _NAN_KEYS, "eval_")
+            eval_loss = point.rec.eval_loss
+        else:
+            if finite_loss:
+                bad = _nonfinite(extra, _NAN_KEYS)
+            # An evaluation merged into the training step's record (HF's trainer_state, by step): its fields
+            # carry the ``eval_`` prefix, its loss is ``eval_loss``.
+            bad |= _nonfinite(extra, tuple(f"eval_{k}" for k in _NAN_KEYS))
+            eval_loss = point.rec.eval_loss
+        if eval_loss is not None and not math.isfinite(eval_loss):
+            bad = {"eval_loss": eval_loss, **bad}
         if bad:
             k, v = next(iter(bad.items()))  # the episode is named after the first, in the fields' order
             ev = None
             if not self.rep.is_on("nan_loss", k):
                 ev = {"field": k, "value": str(v), "fields": sorted(bad), "loss": rounded(loss)}
+            held = (
+                "in an evaluation"
+                if k.startswith("eval_") or extra.get("eval")
+                else "while the loss is finite"
+            )
             cause = (
-                f"the objective's own {', '.join(bad)} {'is' if len(bad) == 1 else 'are'} NaN/Inf while the "
-                "loss is finite: the model's outputs hold NaN/Inf for some sample (fp16 overflow, a log of "
-                "zero, a bad batch) that the averaged loss hides"
+                f"the objective's own {', '.join(bad)} {'is' if len(bad) == 1 else 'are'} NaN/Inf {held}: "
+                "the model's outputs hold NaN/Inf for some sample (fp16 overflow, a log of zero, a bad "
+                "batch) that the averaged loss hides"
             )
             self.rep.report(out, "nan_loss", k, step, True, evidence=ev, cause=cause)
         for _, k in [key for key in self.rep.on if key[1] not in bad]:
             self.rep.report(out, "nan_loss", k, step, False)
+
+
+def _nonfinite(extra: Mapping[str, Any], keys: tuple[str, ...], prefix: str = "") -> dict[str, float]:
+    """The fields of ``keys`` (also under ``prefix``) that ``extra`` holds as NaN or Inf, in order."""
+    out = {}
+    for k in keys:
+        for name in (k, f"{prefix}{k}") if prefix else (k,):
+            v = extra.get(name)
+            if isinstance(v, float) and not math.isfinite(v):
+                out[name] = v
+    return out

@@ -76,6 +76,7 @@ def replay(
             take(changed)
     for s in samples[i:]:
         take(det.observe_system(s))
+    take(det.finish())  # the run is over: what only its whole length tells
     done.extend((a, tuple(fired[a.key])) for a in det.open_anomalies())
     done.sort(key=lambda d: (d[0].start_step, d[0].end_step, d[0].kind, d[0].metric))
     return Replay([a for a, _ in done], det.objective, [f for _, f in done])

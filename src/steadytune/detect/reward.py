@@ -36,8 +36,11 @@ would drag along:
   short run, or a fall from the first batches), the few accepted differences are wide and
   the fall swells them: a point below every reward accepted is low too, the low points are
   judged on the noise pooled with their own (a floor shows the reward's noise as well),
-  and their chance on the rule of succession's share, one standard error up (three rewards
-  none of them as low still leave a floor the run may sit at a third of the time);
+  from the point where they lie most significantly below the best on (where the collapse
+  is dated: a slide of a few batches down to the floor is no noise of the floor, and would
+  swell the pooled noise past any fall), and their chance on the rule of succession's
+  share, one standard error up (three rewards none of them as low still leave a floor the
+  run may sit at a third of the time);
 - it lasts while the points stay low, and clears after as many in a row that are not.
 
 The entropy and the completion length, where logged, say what the policy collapsed
@@ -182,10 +185,15 @@ class RewardWatch:
         self._at_best: tuple[float | None, float | None] = (None, None)
         self._improved_at: int | None = None  # the step the level last made a new best, by two sigmas
         self._improved_level: float | None = None
+        self._fell = False  # whether a collapse was told since the run (re)started
 
     def is_collapsed(self) -> bool:
         """Whether a collapse holds now (the learning-signal rule leaves its ties to it)."""
         return bool(self.rep.on)
+
+    def fell(self) -> bool:
+        """Whether a collapse was told on the run (the whole-run rule leaves such a run to it)."""
+        return self._fell
 
     def improved_step(self) -> int | None:
         """The step the reward's level last made a new best by two sigmas (the KL runaway's yardstick)."""
@@ -214,9 +222,9 @@ class RewardWatch:
             if self.rep.on:
                 self.rep.report(out, "reward_collapse", key, step, True)
             elif (
-                len(self._down) >= self.lim.collapse_points
-                and self.fell_from_best([d[1] for d in self._down]) is not None
-                and not self._waits()
+                len(down := self._judged()) >= self.lim.collapse_points
+                and self.fell_from_best(down) is not None
+                and not self._waits(down)
             ):
                 self._report(key, value, out)
             return
@@ -249,12 +257,24 @@ class RewardWatch:
             margin = max(margin, self.lim.collapse_share * (best - self._low))
         return best if mean < best - margin else None
 
-    def _waits(self) -> bool:
+    def _judged(self) -> list[float]:
+        """The low points the collapse is judged on: all of them; while the level is young, those from the
+        point where they lie most significantly below the best on (where the collapse is dated). The noise
+        of a young level is pooled with the low points' own, and a slide down to the floor is no noise of
+        the floor: a reward falling from 0.45 to 0 over five batches, then held there, would otherwise be
+        judged on a noise swollen by its own slide."""
+        values = [d[1] for d in self._down]
+        if not self._young() or self._best is None:
+            return values
+        best = self._best
+        return values[max(range(len(values)), key=lambda i: _suffix_z(best, values[i:])) :]
+
+    def _waits(self, down: list[float]) -> bool:
         """Whether the low points may yet be no collapse: the run's recent rewards were at or below them
         often enough to give as many in a row ``CHANCE`` of the time or more; or most of its recent
         rewards, the low points among them, sit exactly at one value above them (a policy pinned at one
         answer strays below it, and comes back to it)."""
-        recent, down = self._recent, [d[1] for d in self._down]
+        recent = self._recent
         top = max(down)
         if len(recent) >= _YOUNG:
             value, count = Counter([*recent, *down]).most_common(1)[0]
@@ -329,6 +349,7 @@ class RewardWatch:
             # Informational: the collapse's own start is its onset (a rollback goes before it); the
             # reward's last best may lie a noisy while earlier, and a rollback there loses more than it must.
             ev["last_good_step"] = self._last_good
+        self._fell = True
         why = self._what_it_became(ev)
         cause = None
         if why:

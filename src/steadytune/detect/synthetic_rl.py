@@ -22,6 +22,9 @@ The troubles are the ones RL and preference users meet (docs/detectors.md):
   fixed completion, every completion cut at the length limit), somewhere between the
   reward's floor and its top; now and then a batch strays, and its strays score
   lower. Most batches tie at that one value, the reward does not rise;
+- ``flat``: the policy never improves: its chance of a right answer stays where it
+  began for the whole run, its groups tie and differ as before, so nothing in any
+  window is exact (a reward it cannot learn from at its LR, a task beyond it);
 - ``nan`` (DPO): the logged rewards and log-probabilities turn NaN while the loss
   stays finite.
 """
@@ -33,7 +36,7 @@ import random
 import statistics
 from typing import Any, NamedTuple
 
-RL_TROUBLES = ("dead", "collapse", "kl_runaway", "clip", "pinned")
+RL_TROUBLES = ("dead", "collapse", "kl_runaway", "clip", "pinned", "flat")
 DPO_TROUBLES = ("dead", "frozen_lr0", "nan")
 
 Batches = tuple[list[float], list[float | None], list[dict[str, Any]]]
@@ -95,12 +98,14 @@ def rl_run(
     has no advantages. The gradient of a batch is its learning groups' (scaled by their share)
     plus the KL term's (``beta`` times the drift). ``rare``: a reward that fires on a few
     completions in a hundred at first and rises slowly (most groups tie at the floor for a long
-    while). ``trouble`` starts at point ``at`` (:data:`RL_TROUBLES`; ``dead`` from the start).
+    while). ``trouble`` starts at point ``at`` (:data:`RL_TROUBLES`; ``dead`` and ``flat`` from the start).
     """
     p0, p1 = rng.uniform(0.1, 0.35), rng.uniform(0.45, 0.9)
     tau = rng.uniform(0.1, 0.5) * n
     if rare:
         p0, p1, tau = rng.uniform(0.02, 0.08), rng.uniform(0.15, 0.4), rng.uniform(0.5, 1.5) * n
+    if trouble == "flat":
+        p1 = p0
     # What the one answer of a ``pinned`` policy scores, and how often its batch strays.
     pinned, strays = (rng.uniform(0.2, 0.8), rng.uniform(0.1, 0.35)) if trouble == "pinned" else (0.0, 0.0)
     spread = rng.uniform(0.0, 1.5)  # how much the prompts' difficulties differ (logit sd)

@@ -38,10 +38,12 @@ def records(
 
 
 def feed(recs: Iterable[StepRecord], config: DetectConfig | None = None) -> list[Transition]:
+    """The transitions of a run fed record by record, then ended (what only its whole length tells)."""
     det = LiveDetector(config)
     out: list[Transition] = []
     for r in recs:
         out.extend(det.observe_step(r))
+    out.extend(det.finish())
     return out
 
 

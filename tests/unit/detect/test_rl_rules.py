@@ -175,6 +175,37 @@ def test_nan_in_a_dpo_runs_own_fields_is_one_episode_while_its_loss_is_finite(se
 
 
 @pytest.mark.parametrize("seed", shapes.SEEDS)
+@pytest.mark.parametrize("merged", (True, False))
+def test_nan_in_a_dpo_evaluation_is_one_episode_of_its_own(seed: int, merged: bool) -> None:
+    """An evaluation whose loss and margins are NaN while training stays finite: the model's outputs on some
+    eval pair. Merged into the step's record (``eval_`` fields, HF's trainer_state) or a record of its own;
+    healthy evaluations before and after raise nothing."""
+    recs = _dpo(100, seed, 8)
+    for at, bad in ((80, False), (60, True), (40, False)):  # from the end: an inserted record shifts none
+        ev = {"eval_rewards/margins": math.nan if bad else 0.5, "eval_rewards/chosen": -0.2}
+        eval_loss = math.nan if bad else 0.6
+        if merged:
+            r = recs[at]
+            recs[at] = StepRecord(
+                step=r.step,
+                ts=r.ts,
+                loss=r.loss,
+                grad_norm=r.grad_norm,
+                lr=r.lr,
+                eval_loss=eval_loss,
+                extra={**(r.extra or {}), **ev},
+            )
+        else:
+            fields = {k.removeprefix("eval_"): v for k, v in ev.items()} | {"eval": True}
+            recs.insert(
+                at + 1, StepRecord(step=recs[at].step, ts=recs[at].ts, eval_loss=eval_loss, extra=fields)
+            )
+    got = _severe(recs)
+    assert [(a.kind, a.start_step, a.metric) for a in got] == [("nan_loss", 61, "eval_loss")]
+    assert "in an evaluation" in (got[0].cause or "")
+
+
+@pytest.mark.parametrize("seed", shapes.SEEDS)
 @pytest.mark.parametrize("n", (30, 300))
 def test_an_sft_run_whose_gradient_is_exactly_zero_and_whose_loss_is_flat_updates_nothing(
     seed: int, n: int

@@ -38,13 +38,13 @@ def _grpo(n: int, seed: int, groups: tuple[int, int], graded: bool, **kw: object
     return records(losses, grads, extra=extra)
 
 
-def _sliding(n: int, seed: int, size: int, p0: float, span: int) -> list[StepRecord]:
+def _sliding(n: int, seed: int, size: int, p0: float, span: int, hold: int = 0) -> list[StepRecord]:
     """A binary reward, the mean over ``size`` completions, whose chance of a right answer slides from
-    ``p0`` at the first batch to 0 over ``span`` batches and stays there (the issue's short run)."""
-    rng = shapes.rng_for(seed, f"slide-{n}-{size}-{p0}-{span}")
+    ``p0`` to 0 over ``span`` batches, after ``hold`` batches at it, and stays there (a short run)."""
+    rng = shapes.rng_for(seed, f"slide-{n}-{size}-{p0}-{span}" + (f"-{hold}" if hold else ""))
     extra = []
     for i in range(n):
-        p = p0 * max(0.0, 1 - i / span)
+        p = p0 * max(0.0, 1 - max(0, i - hold) / span)
         scores = [float(rng.random() < p) for _ in range(size)]
         extra.append({"reward": statistics.fmean(scores), "reward_std": statistics.pstdev(scores)})
     return records([0.0] * n, [0.3] * n, extra=extra)
@@ -93,6 +93,22 @@ def test_a_reward_that_slides_from_its_first_batch_is_told_in_a_short_run(
     told_at, collapse = got[0]
     assert collapse.start_step <= span + 1 and told_at <= span + 1 + 20, (collapse.start_step, told_at)
     assert collapse.evidence["best_level"] > collapse.evidence["mean_since"]
+
+
+@pytest.mark.parametrize("seed", shapes.SEEDS)
+@pytest.mark.parametrize("size", (64, 256))
+@pytest.mark.parametrize("p0", (0.5, 0.8))
+def test_a_reward_held_three_batches_then_sliding_to_its_floor_is_told_within_twenty(
+    seed: int, size: int, p0: float
+) -> None:
+    """Three batches at its level, a slide to 0 over five, then the floor: judged from where it lies most
+    significantly below (the slide is no noise of the floor), it is told by the 20th batch (before, the
+    slide's spread kept it from being told at all). Three rewards known before the fall leave a floor
+    the run may sit at a third of the time: about ten low points are needed (reward.py, chance)."""
+    got = _told(_sliding(20, seed, size, p0, span=5, hold=3))
+    assert len(got) == 1, [(s, a.start_step) for s, a in got]
+    told_at, collapse = got[0]
+    assert 4 <= collapse.start_step <= 9 and told_at <= 20, (collapse.start_step, told_at)
 
 
 @pytest.mark.parametrize("seed", range(6))
