@@ -24,6 +24,7 @@ import inspect
 import json
 import math
 import types
+from array import array
 from collections import deque
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ import steadytune
 FORMAT = 1
 # The modules whose classes a state may name: the detectors, their config and the records they keep.
 MODULES = ("steadytune.detect.", "steadytune.config.detect", "steadytune.records", "steadytune.objectives")
+_ARRAY_CODES = frozenset("bBhHiIlLqQfd")
 MAX_BYTES = 16 << 20  # a detector's state is ~100 KB; a file far past that is no state of ours
 
 
@@ -98,6 +100,13 @@ class _Encoder:
         self.alive.append(o)
         return None
 
+    def _members(self, o: set[Any] | frozenset[Any]) -> list[Any]:
+        """A set's members in one order: a set of strings iterates in an order its hashes (random
+        per process) and its history choose, and a state read back must encode as it was written."""
+        if all(_plain(x) for x in o):
+            return sorted((self.enc(x) for x in o), key=_order)
+        return [self.enc(x) for x in o]
+
     def enc(self, o: Any) -> Any:
         if o is None or isinstance(o, (bool, str)):
             return o
@@ -108,7 +117,7 @@ class _Encoder:
         if type(o) is tuple:
             return {"t": [self.enc(x) for x in o]}
         if type(o) is frozenset:
-            return {"fs": [self.enc(x) for x in o]}
+            return {"fs": self._members(o)}
         if isinstance(o, enum.Enum):
             return {"e": _name(type(o)), "v": self.enc(o.value)}
         if isinstance(o, type):
@@ -128,13 +137,26 @@ class _Encoder:
         if type(o) is dict:
             return {"d": [[self.enc(k), self.enc(v)] for k, v in o.items()], "i": i}
         if type(o) is set:
-            return {"s": [self.enc(x) for x in o], "i": i}
+            return {"s": self._members(o), "i": i}
         if type(o) is deque:
             return {"q": [self.enc(x) for x in o], "m": o.maxlen, "i": i}
+        if type(o) is array:
+            return {"ar": o.typecode, "v": [self.enc(x) for x in o], "i": i}
         if isinstance(o, pydantic.BaseModel):
             return {"p": _name(type(o)), "v": self.enc(o.model_dump()), "i": i}
         name = _name(type(o))
         return {"o": name, "a": {k: self.enc(v) for k, v in _attributes(o).items()}, "i": i}
+
+
+def _plain(o: Any) -> bool:
+    """Holds no object a state names by id: its encoding does not depend on what came before."""
+    if o is None or type(o) in (bool, int, float, str) or isinstance(o, enum.Enum):
+        return True
+    return type(o) in (tuple, frozenset) and all(_plain(x) for x in o)
+
+
+def _order(encoded: Any) -> str:
+    return json.dumps(encoded, sort_keys=True)
 
 
 def _attributes(o: Any) -> dict[str, Any]:
@@ -191,6 +213,15 @@ class _Decoder:
             out_q: deque[Any] = self._keep(d, deque(maxlen=d.get("m")))
             out_q.extend(self.dec(x) for x in d["q"])
             return out_q
+        if "ar" in d:
+            if d["ar"] not in _ARRAY_CODES or not isinstance(d.get("v"), list):
+                raise StateError(f"bad array {d['ar']!r}")
+            out_a: array[Any] = self._keep(d, array(d["ar"]))
+            try:
+                out_a.extend(self.dec(x) for x in d["v"])
+            except (TypeError, OverflowError) as e:
+                raise StateError(f"bad array values: {e}") from None
+            return out_a
         return self._named(d)
 
     def _named(self, d: dict[str, Any]) -> Any:
