@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from steadytune.detect.base import Finding, KindInfo, Reporter, rounded
+from steadytune.detect.grad_tail import GradChance
 from steadytune.detect.points import Signal
 from steadytune.detect.stats import SeriesLimits
 from steadytune.objectives import without_learning_signal
@@ -68,6 +69,7 @@ class GradLimits:
 
     explosion_points: int
     explosion_ratio: float
+    quiet_spike_ratio: float
     vanishing_ratio: float
     vanishing_points: int
     warmup_points: int
@@ -84,6 +86,8 @@ class GradWatch:
         self.metric, self.rep, self.tracker = metric, Reporter(rank), series.tracker()
         self.s, self.lim = series, limits
         self._min_jump = math.log(series.spike_min_ratio)
+        self._quiet_jump = math.log(limits.quiet_spike_ratio)
+        self.chance = GradChance()
         self._explode_jump = math.log(limits.explosion_ratio)
         self._vanish_log = math.log(limits.vanishing_ratio)
         self._bad = 0
@@ -352,8 +356,11 @@ class GradWatch:
         """Judge a jump; True when the point is part of a spike episode (kept out of the level)."""
         t = self.tracker
         jump = y - t.level
-        if not self._spike_points and jump <= self._min_jump and not over_start:
-            return False  # well inside the minimum jump: no need for the noise estimate
+        full = t.n_level >= t.level_window
+        if not self._spike_points and not over_start and jump <= min(self._min_jump, self._quiet_jump):
+            if full:
+                self.chance.note(jump)
+            return False
         if self._spike_points:
             if jump <= max(t.threshold(3.0), self._min_jump / 2) and not over_start:
                 self._end_spike(out, step)
@@ -363,15 +370,35 @@ class GradWatch:
             if self._spike_points >= self.lim.explosion_points or loss_spiking or over_start:
                 self._explode(step, g, y, jump, out)
             return True
-        if jump <= max(t.threshold(self.s.spike_z), self._min_jump) and not over_start:
+        threshold = self._one_point_threshold(full)
+        if jump <= threshold and not over_start:
+            if full:
+                self.chance.note(jump)
             return False
         self._spike_points = 1
-        ev = self._spike_evidence(g, y, max(t.threshold(self.s.spike_z), self._min_jump), over_start)
+        ev = self._spike_evidence(g, y, threshold, over_start)
         ev["loss_spiking"] = loss_spiking
         self.rep.report(out, "grad_spike", self.metric, step, True, evidence=ev)
         if loss_spiking or jump > self._explode_jump or over_start:
             self._explode(step, g, y, jump, out)
         return True
+
+    def _one_point_threshold(self, full: bool) -> float:
+        """How far (log) over the level one norm must jump to be a spike by itself.
+
+        Always ``spike_z`` noise units. Against a young level (under a level window), or before
+        the run has shown its tail, also ``spike_min_ratio`` (the prior: healthy norms are
+        fat-tailed). Then what noise of this run would not give by chance over its points so far
+        (:class:`GradChance`, from its largest jumps), and never under ``quiet_spike_ratio``.
+        """
+        t = self.tracker
+        z = t.threshold(self.s.spike_z)
+        if not full:
+            return max(z, self._min_jump)
+        chance = self.chance.threshold(self._min_jump)
+        if chance is None:
+            return max(z, self._min_jump)  # too few points to know this run's tail: the prior
+        return max(z, self._quiet_jump, chance)
 
     def _hold(
         self, step: int, g: float, y: float, exploding: bool, over_start: bool, out: list[Finding]
