@@ -110,6 +110,7 @@ class GradWatch:
         self._run: list[tuple[int, float, float]] = []
         self._run_ref = 0.0
         self._run_early = False
+        self._run_need = self._min_jump  # how far above the reference the held norms stood
         self._early_diffs = series.noise_window  # the noise is measured from a full window only then
         self._lr_prev: float | None = None
         self._warming = False  # the LR rose at the last step: still warming up
@@ -232,15 +233,27 @@ class GradWatch:
         t = self.tracker
         early = t.n_noise < self._early_diffs or self._warming
         ref = t.last_y if early else t.level
-        if ref is None or y - ref <= self._min_jump:
+        need = self._neighbour_jump() if early else self._min_jump
+        if ref is None or y - ref <= need:
             return False
-        self._run, self._run_ref, self._run_early = [(step, g, y)], ref, early
+        self._run, self._run_ref, self._run_early, self._run_need = [(step, g, y)], ref, early, need
         return True
+
+    def _neighbour_jump(self) -> float:
+        """How far (log) a young norm must stand above both of its neighbours to be a spike.
+
+        ``spike_z`` sigmas of a two-point difference, the noise measured so far shrunk towards the
+        prior and taken one standard error up, between ``quiet_spike_ratio`` and ``spike_min_ratio``:
+        a run whose first norms move 3 % apart has shown in a dozen points that a 5x batch is not its
+        noise, while a noisy or barely measured one keeps the prior's 8x.
+        """
+        two_point = self.s.spike_z * self.tracker.sigma_upper * math.sqrt(2.0)
+        return min(self._min_jump, max(self._quiet_jump, two_point))
 
     def _held_verdict(self, step: int, g: float, y: float | None, out: list[Finding]) -> bool:
         """What the held norms were, now that another came; True when this one joins them."""
-        run, ref = self._run, self._run_ref
-        if y is not None and y - ref > self._min_jump and len(run) < self.tracker.level_window:
+        run, ref, need = self._run, self._run_ref, self._run_need
+        if y is not None and y - ref > need and len(run) < self.tracker.level_window:
             run.append((step, g, y))
             if not self._run_early and len(run) == _BURST:
                 self._run_spike(step, out, "burst")
@@ -249,7 +262,7 @@ class GradWatch:
             return True
         # The run is over: back down, or up so long that the level itself has moved.
         low = min(p[2] for p in run)
-        back = y is None or low - y > self._min_jump
+        back = y is None or low - y > need
         if self._run_early and back and not self.rep.is_on("grad_spike", self.metric):
             self._run_spike(step, out, "neighbours", after=y)
             self._end_run(step, out, accept=False)
@@ -265,7 +278,7 @@ class GradWatch:
             "value": rounded(top[1]),
             "before" if self._run_early else "baseline": rounded(math.exp(ref)),
             "ratio": rounded(math.exp(top[2] - ref), 4),
-            "threshold_ratio": rounded(math.exp(self._min_jump), 4),
+            "threshold_ratio": rounded(math.exp(self._run_need), 4),
             "points_up": len(run),
             "judged_by": judged_by,
         }

@@ -126,3 +126,49 @@ def test_a_fat_tailed_run_still_has_a_30x_norm_raised_at_its_step(
         if a.kind.startswith("grad_")
     ]
     assert [(a.kind, a.start_step) for a in got][:1] == [("grad_spike", at + 1)]
+
+
+# Short and early runs: a norm judged against its two neighbours, with a prior. Lengths of 30-99 logged
+# points, quiet norms (2-5 % log noise) falling from 5x over a warm-up of 0 or 25 % of the run (the LR
+# rising over it), norms from 0.01 to 100; the jump is 5-8x the larger of its neighbours, from the
+# twentieth point on, inside the warm-up or after it. Before that the warm-up's fall is in the measured
+# noise (a fall of 8x over four points takes some fifteen to leave the recent differences), and the
+# prior's 8x holds.
+SHORT_QUIET = [
+    pytest.param(n, sigma, warm, level, seed, id=f"n{n}-s{sigma}-w{warm}-g{level}-r{seed}")
+    for n in (30, 60, 99)
+    for sigma in (0.02, 0.05)
+    for warm in (0.0, 0.25)
+    for level in (0.01, 100.0)
+    for seed in (0, 1, 2)
+]
+
+
+def _short_quiet(n: int, sigma: float, warm: float, level: float, seed: int) -> tuple[list, list, list]:
+    w = max(1, int(warm * n))
+    grads = shapes.warmup_grad_norms(n, level, sigma, seed, w)
+    lr = [1e-4 * min(1.0, (i + 1) / w) for i in range(n)]
+    return shapes.learning(n, 2.0, 0.03, seed), grads, lr
+
+
+@pytest.mark.parametrize(("n", "sigma", "warm", "level", "seed"), SHORT_QUIET)
+def test_a_5_to_8x_norm_early_in_a_quiet_run_is_a_grad_spike(
+    n: int, sigma: float, warm: float, level: float, seed: int
+) -> None:
+    losses, grads, lr = _short_quiet(n, sigma, warm, level, seed)
+    rng = shapes.rng_for(seed, "early-quiet-jump")
+    at = rng.randint(19, n - 2)
+    grads[at] = rng.uniform(5.0, 8.0) * max(grads[at - 1], grads[at + 1])
+    got = [a for a in raised(feed(records(losses, grads, lr=lr))) if a.kind.startswith("grad_")]
+    assert [(a.kind, a.start_step) for a in got][:1] == [("grad_spike", at + 1)], [
+        (a.kind, a.start_step) for a in got
+    ]
+
+
+@pytest.mark.parametrize(("n", "sigma", "warm", "level", "seed"), SHORT_QUIET)
+def test_a_short_quiet_healthy_run_raises_no_grad_alarm(
+    n: int, sigma: float, warm: float, level: float, seed: int
+) -> None:
+    losses, grads, lr = _short_quiet(n, sigma, warm, level, seed)
+    got = raised(feed(records(losses, grads, lr=lr)))
+    assert not [a for a in got if a.kind.startswith("grad_")], [(a.kind, a.start_step) for a in got]
