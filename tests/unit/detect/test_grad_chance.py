@@ -62,6 +62,17 @@ def test_a_fat_tail_never_asks_more_than_the_prior_until_the_run_is_long() -> No
     assert grown is not None and PRIOR < grown < PRIOR + 1.0
 
 
+def test_past_the_prior_s_length_a_quiet_tail_no_longer_lowers_the_prior() -> None:
+    # 30 top jumps are the far tail of a long run, where they say least: the prior grows, never falls.
+    chance = _tail(100_000, 0.03, seed=4)
+    short = chance.threshold(PRIOR)
+    assert short is not None and short < PRIOR
+    for _ in range(900_000):
+        chance.note(-1.0)
+    grown = chance.threshold(PRIOR)
+    assert grown is not None and PRIOR < grown < PRIOR + 0.1
+
+
 # Quiet norms: lengths, noise and scale; the spike 5-8x the larger of its neighbours at 70 % of the run.
 QUIET = [
     pytest.param(n, sigma, level, seed, id=f"n{n}-s{sigma}-g{level}-r{seed}")
