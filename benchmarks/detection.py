@@ -271,7 +271,7 @@ TUNED: dict[str, tuple[float, ...]] = {
     "loss.spike_z": (6.0, 7.0, 8.0),
     "loss.spike_min_ratio": (1.1, 1.25),
     "loss.young_spike_z": (3.0, 4.0, 5.0),
-    "grad.spike_min_ratio": (5.0, 8.0),
+    "grad.quiet_spike_ratio": (3.0, 4.0, 5.0),
 }
 FA_WEIGHT = 2  # selection objective on the training files: caught - FA_WEIGHT * false alarms
 

@@ -111,6 +111,12 @@ class GradConfig(_Strict):
     spike_min_ratio: float = Field(
         8.0, ge=1, description="a grad spike is at least this many times the level"
     )
+    quiet_spike_ratio: float = Field(
+        4.0,
+        ge=1,
+        description="a one-point grad spike over a full level window is at least this many times it, "
+        "however quiet the run",
+    )
     explosion_points: int = Field(
         3, ge=1, description="a grad spike still up after this many points exploded"
     )

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from steadytune.detect.base import Finding, KindInfo, Reporter, rounded
+from steadytune.detect.grad_tail import GradChance
 from steadytune.detect.points import Signal
 from steadytune.detect.stats import SeriesLimits
 from steadytune.objectives import without_learning_signal
@@ -68,6 +69,7 @@ class GradLimits:
 
     explosion_points: int
     explosion_ratio: float
+    quiet_spike_ratio: float
     vanishing_ratio: float
     vanishing_points: int
     warmup_points: int
@@ -84,6 +86,8 @@ class GradWatch:
         self.metric, self.rep, self.tracker = metric, Reporter(rank), series.tracker()
         self.s, self.lim = series, limits
         self._min_jump = math.log(series.spike_min_ratio)
+        self._quiet_jump = math.log(limits.quiet_spike_ratio)
+        self.chance = GradChance()
         self._explode_jump = math.log(limits.explosion_ratio)
         self._vanish_log = math.log(limits.vanishing_ratio)
         self._bad = 0
@@ -106,6 +110,7 @@ class GradWatch:
         self._run: list[tuple[int, float, float]] = []
         self._run_ref = 0.0
         self._run_early = False
+        self._run_need = self._min_jump  # how far above the reference the held norms stood
         self._early_diffs = series.noise_window  # the noise is measured from a full window only then
         self._lr_prev: float | None = None
         self._warming = False  # the LR rose at the last step: still warming up
@@ -228,15 +233,27 @@ class GradWatch:
         t = self.tracker
         early = t.n_noise < self._early_diffs or self._warming
         ref = t.last_y if early else t.level
-        if ref is None or y - ref <= self._min_jump:
+        need = self._neighbour_jump() if early else self._min_jump
+        if ref is None or y - ref <= need:
             return False
-        self._run, self._run_ref, self._run_early = [(step, g, y)], ref, early
+        self._run, self._run_ref, self._run_early, self._run_need = [(step, g, y)], ref, early, need
         return True
+
+    def _neighbour_jump(self) -> float:
+        """How far (log) a young norm must stand above both of its neighbours to be a spike.
+
+        ``spike_z`` sigmas of a two-point difference, the noise measured so far shrunk towards the
+        prior and taken one standard error up, between ``quiet_spike_ratio`` and ``spike_min_ratio``:
+        a run whose first norms move 3 % apart has shown in a dozen points that a 5x batch is not its
+        noise, while a noisy or barely measured one keeps the prior's 8x.
+        """
+        two_point = self.s.spike_z * self.tracker.sigma_upper * math.sqrt(2.0)
+        return min(self._min_jump, max(self._quiet_jump, two_point))
 
     def _held_verdict(self, step: int, g: float, y: float | None, out: list[Finding]) -> bool:
         """What the held norms were, now that another came; True when this one joins them."""
-        run, ref = self._run, self._run_ref
-        if y is not None and y - ref > self._min_jump and len(run) < self.tracker.level_window:
+        run, ref, need = self._run, self._run_ref, self._run_need
+        if y is not None and y - ref > need and len(run) < self.tracker.level_window:
             run.append((step, g, y))
             if not self._run_early and len(run) == _BURST:
                 self._run_spike(step, out, "burst")
@@ -245,7 +262,7 @@ class GradWatch:
             return True
         # The run is over: back down, or up so long that the level itself has moved.
         low = min(p[2] for p in run)
-        back = y is None or low - y > self._min_jump
+        back = y is None or low - y > need
         if self._run_early and back and not self.rep.is_on("grad_spike", self.metric):
             self._run_spike(step, out, "neighbours", after=y)
             self._end_run(step, out, accept=False)
@@ -261,7 +278,7 @@ class GradWatch:
             "value": rounded(top[1]),
             "before" if self._run_early else "baseline": rounded(math.exp(ref)),
             "ratio": rounded(math.exp(top[2] - ref), 4),
-            "threshold_ratio": rounded(math.exp(self._min_jump), 4),
+            "threshold_ratio": rounded(math.exp(self._run_need), 4),
             "points_up": len(run),
             "judged_by": judged_by,
         }
@@ -352,8 +369,11 @@ class GradWatch:
         """Judge a jump; True when the point is part of a spike episode (kept out of the level)."""
         t = self.tracker
         jump = y - t.level
-        if not self._spike_points and jump <= self._min_jump and not over_start:
-            return False  # well inside the minimum jump: no need for the noise estimate
+        full = t.n_level >= t.level_window
+        if not self._spike_points and not over_start and jump <= min(self._min_jump, self._quiet_jump):
+            if full:
+                self.chance.note(jump)
+            return False
         if self._spike_points:
             if jump <= max(t.threshold(3.0), self._min_jump / 2) and not over_start:
                 self._end_spike(out, step)
@@ -363,15 +383,35 @@ class GradWatch:
             if self._spike_points >= self.lim.explosion_points or loss_spiking or over_start:
                 self._explode(step, g, y, jump, out)
             return True
-        if jump <= max(t.threshold(self.s.spike_z), self._min_jump) and not over_start:
+        threshold = self._one_point_threshold(full)
+        if jump <= threshold and not over_start:
+            if full:
+                self.chance.note(jump)
             return False
         self._spike_points = 1
-        ev = self._spike_evidence(g, y, max(t.threshold(self.s.spike_z), self._min_jump), over_start)
+        ev = self._spike_evidence(g, y, threshold, over_start)
         ev["loss_spiking"] = loss_spiking
         self.rep.report(out, "grad_spike", self.metric, step, True, evidence=ev)
         if loss_spiking or jump > self._explode_jump or over_start:
             self._explode(step, g, y, jump, out)
         return True
+
+    def _one_point_threshold(self, full: bool) -> float:
+        """How far (log) over the level one norm must jump to be a spike by itself.
+
+        Always ``spike_z`` noise units. Against a young level (under a level window), or before
+        the run has shown its tail, also ``spike_min_ratio`` (the prior: healthy norms are
+        fat-tailed). Then what noise of this run would not give by chance over its points so far
+        (:class:`GradChance`, from its largest jumps), and never under ``quiet_spike_ratio``.
+        """
+        t = self.tracker
+        z = t.threshold(self.s.spike_z)
+        if not full:
+            return max(z, self._min_jump)
+        chance = self.chance.threshold(self._min_jump)
+        if chance is None:
+            return max(z, self._min_jump)  # too few points to know this run's tail: the prior
+        return max(z, self._quiet_jump, chance)
 
     def _hold(
         self, step: int, g: float, y: float, exploding: bool, over_start: bool, out: list[Finding]
