@@ -300,7 +300,10 @@ def dump(obj: Any, config: Any, meta: dict[str, Any]) -> str:
         "meta": meta,
         "state": encode(obj),
     }
-    return json.dumps({**body, "checksum": _digest(body)}, allow_nan=False, separators=(",", ":"))
+    text = json.dumps({**body, "checksum": _digest(body)}, allow_nan=False, separators=(",", ":"))
+    if len(text) > MAX_BYTES:  # load would refuse it: not written at all
+        raise StateError(f"{len(text):,} bytes: larger than a state is read back at ({MAX_BYTES:,})")
+    return text
 
 
 def load(text: str | bytes, config: Any, kind: type) -> tuple[Any, dict[str, Any]]:
