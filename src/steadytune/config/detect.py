@@ -182,9 +182,9 @@ class RLConfig(_Strict):
 
 
 class EvalConfig(_Strict):
-    """overfitting: eval loss rises while the training loss still falls."""
+    """overfitting: eval loss rises while the training loss still falls; nan_eval: an evaluation NaN/Inf."""
 
-    kinds = ("overfitting",)
+    kinds = ("overfitting", "nan_eval")
 
     min_evals: int = Field(4, ge=2, description="evaluations before overfitting can be called")
     rise: float = Field(0.03, ge=0, description="log-space rise of eval loss above its best")

@@ -46,6 +46,8 @@ def default_rules() -> dict[str, Rule]:
         # In-process: the guard already skipped the update; K in a row escalate (nan_rollback_after).
         "nan_loss": r(action="skip_step"),
         "nonfinite_grad": r(action="skip_step"),
+        # A NaN evaluation spoils the judgement of the weights, not the weights: told, never rolled back.
+        "nan_eval": r(action="alert"),
         # A loss spike is acted on once confirmed (it persisted spike_confirm_points logged points).
         "loss_spike": r(action="rollback"),
         "divergence": r(action="rollback", min_severity="critical"),

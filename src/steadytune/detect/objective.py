@@ -80,9 +80,10 @@ class ObjectiveLimits:
 
 
 class ObjectiveWatch:
-    """nan_loss on an RL or preference run's own fields (the reward, margins, log-probabilities, KL)."""
+    """nan_loss on an RL or preference run's own fields (the reward, margins, log-probabilities, KL);
+    nan_eval on its evaluation's."""
 
-    reports: ClassVar[tuple[str, ...]] = ("nan_loss",)
+    reports: ClassVar[tuple[str, ...]] = ("nan_loss", "nan_eval")
     needs: ClassVar[tuple[str, ...]] = ("own_objective", "extra")  # see base.Detector
 
     def __init__(self, limits: ObjectiveLimits | None = None, rank: int | None = None) -> None:
@@ -109,24 +110,34 @@ class ObjectiveWatch:
             eval_loss = point.rec.eval_loss
         if eval_loss is not None and not math.isfinite(eval_loss):
             bad = {"eval_loss": eval_loss, **bad}
-        if bad:
-            k, v = next(iter(bad.items()))  # the episode is named after the first, in the fields' order
-            ev = None
-            if not self.rep.is_on("nan_loss", k):
-                ev = {"field": k, "value": str(v), "fields": sorted(bad), "loss": rounded(loss)}
-            held = (
-                "in an evaluation"
-                if k.startswith("eval_") or extra.get("eval")
-                else "while the loss is finite"
-            )
-            cause = (
-                f"the objective's own {', '.join(bad)} {'is' if len(bad) == 1 else 'are'} NaN/Inf {held}: "
-                "the model's outputs hold NaN/Inf for some sample (fp16 overflow, a log of zero, a bad "
-                "batch) that the averaged loss hides"
-            )
-            self.rep.report(out, "nan_loss", k, step, True, evidence=ev, cause=cause)
-        for _, k in [key for key in self.rep.on if key[1] not in bad]:
-            self.rep.report(out, "nan_loss", k, step, False)
+        evaluation = bool(extra.get("eval"))
+        told: set[tuple[str, str]] = set()
+        # The training step's fields and the evaluation's are two troubles: a NaN update spoils the
+        # weights (nan_loss, acted on), a NaN on the eval set spoils the judgement of them (nan_eval, told).
+        for kind, fields in (
+            ("nan_loss", {k: v for k, v in bad.items() if not (evaluation or k.startswith("eval_"))}),
+            ("nan_eval", {k: v for k, v in bad.items() if evaluation or k.startswith("eval_")}),
+        ):
+            if fields:
+                told.add((kind, self._report(out, kind, fields, step, loss)))
+        for key in [key for key in self.rep.on if key not in told]:
+            self.rep.report(out, key[0], key[1], step, False)
+
+    def _report(
+        self, out: list[Finding], kind: str, bad: dict[str, float], step: int, loss: float | None
+    ) -> str:
+        k, v = next(iter(bad.items()))  # the episode is named after the first, in the fields' order
+        ev = None
+        if not self.rep.is_on(kind, k):
+            ev = {"field": k, "value": str(v), "fields": sorted(bad), "loss": rounded(loss)}
+        held = "in an evaluation" if kind == "nan_eval" else "while the loss is finite"
+        cause = (
+            f"the objective's own {', '.join(bad)} {'is' if len(bad) == 1 else 'are'} NaN/Inf {held}: "
+            "the model's outputs hold NaN/Inf for some sample (fp16 overflow, a log of zero, a bad "
+            "batch) that the averaged loss hides"
+        )
+        self.rep.report(out, kind, k, step, True, evidence=ev, cause=cause)
+        return k
 
 
 def _nonfinite(extra: Mapping[str, Any], keys: tuple[str, ...], prefix: str = "") -> dict[str, float]:

@@ -1,5 +1,5 @@
 """Overfitting: the eval loss ``rise`` above its best for ``rising_evals`` evaluations while the training
-loss has not risen."""
+loss has not risen. And an evaluation whose loss is NaN or Inf (``nan_eval``)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,22 @@ from typing import ClassVar
 
 from steadytune.detect.base import Finding, KindInfo, Reporter, rounded
 from steadytune.detect.points import Signal
+from steadytune.objectives import LOSS_OBJECTIVE
 
 KINDS: dict[str, KindInfo] = {
     "overfitting": KindInfo(
         "overfitting",
         "the eval loss rises while the training loss still falls: the model memorises the training set",
         "stop at the best checkpoint (load_best_model_at_end), fewer epochs, more data or regularisation",
+        "warning",
+    ),
+    "nan_eval": KindInfo(
+        "NaN/Inf in an evaluation",
+        "the model's outputs on some eval sample are NaN/Inf while training goes on: an fp16/bf16 overflow "
+        "on the eval's longer or larger batches, an eval set whose labels are all masked (a mean over no "
+        "tokens), weights that only the eval's inputs push out of range",
+        "evaluate in bf16 or fp32, check that the eval set keeps some unmasked labels after truncation, and "
+        "do not pick the best checkpoint or stop early on these evaluations",
         "warning",
     ),
 }
@@ -35,7 +45,7 @@ _EVAL_NOISE_UNITS = 4.5  # an eval rise counts past this many of the evaluations
 class OverfitWatch:
     """Eval loss rising above its best while the training loss does not rise."""
 
-    reports: ClassVar[tuple[str, ...]] = ("overfitting",)
+    reports: ClassVar[tuple[str, ...]] = ("overfitting", "nan_eval")
     needs: ClassVar[tuple[str, ...]] = ("eval_loss",)
 
     def __init__(self, limits: OverfitLimits, metric: str = "eval_loss", rank: int | None = None) -> None:
@@ -58,6 +68,7 @@ class OverfitWatch:
         step = point.rec.step
         t = point.level_of
         train_level, train_noise = (t.level, t.sigma) if t.n_level else (None, 0.0)
+        self._nonfinite(point, value, out)
         if not math.isfinite(value) or value <= 0:
             return
         y = math.log(value)
@@ -93,6 +104,33 @@ class OverfitWatch:
             self.rep.report(out, "overfitting", self.metric, step, True, evidence=ev)
         elif rise <= 0.5 * need:
             self.rep.report(out, "overfitting", self.metric, step, False)
+
+    def _nonfinite(self, point: Signal, value: float, out: list[Finding]) -> None:
+        """An eval loss of NaN or Inf: the model's outputs on some eval sample are not finite.
+
+        The training loss may well be finite: an fp16/bf16 overflow in the eval's larger batches or longer
+        sequences, an eval set whose labels are all masked (a mean over no tokens is 0/0), or weights
+        that only the eval's inputs push out of range. The eval loss (and every choice made on it: the
+        best checkpoint, early stopping) means nothing from there. An RL or preference run's evaluation
+        is its objective's rule to tell (detect/objective.py), with the objective's own eval fields.
+        """
+        if point.objective not in (None, LOSS_OBJECTIVE):
+            return
+        on = self.rep.is_on("nan_eval", self.metric)
+        if math.isfinite(value):
+            if on:
+                self.rep.report(out, "nan_eval", self.metric, point.rec.step, False)
+            return
+        train = point.rec.loss
+        held = "while the training loss is finite" if train is not None and math.isfinite(train) else ""
+        cause = (
+            f"the eval loss is {value} {held}: the model's outputs on some eval sample are NaN/Inf "
+            "(fp16 overflow on the eval's longer or larger batches, an eval set whose labels are all "
+            "masked, weights the eval's inputs push out of range); the best checkpoint and early "
+            "stopping are judged on a meaningless number from here"
+        ).replace("  ", " ")
+        ev = None if on else {"field": self.metric, "value": str(value), "loss": rounded(train)}
+        self.rep.report(out, "nan_eval", self.metric, point.rec.step, True, evidence=ev, cause=cause)
 
     def _rise_needed(self) -> float:
         """How far (log) above its best an evaluation must be: ``rise``, or 4.5 of the evaluations' noise.

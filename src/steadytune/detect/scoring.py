@@ -31,7 +31,7 @@ GROUP_KINDS: dict[str, frozenset[str]] = {
     "divergence": frozenset({"divergence", "loss_spike", "kl_blowup"}),
     "collapse": frozenset({"loss_collapse", "reward_collapse"}),
     "plateau": frozenset({"plateau", "grad_vanishing", "no_learning_signal"}),
-    "nan": frozenset({"nan_loss", "nonfinite_grad"}),
+    "nan": frozenset({"nan_loss", "nonfinite_grad", "nan_eval"}),
     "spike": frozenset({"loss_spike", "divergence", "grad_spike", "grad_explosion"}),
     "grad_spike": frozenset({"grad_spike", "grad_explosion"}),
     "overfit": frozenset({"overfitting"}),

@@ -42,6 +42,7 @@ def test_every_kind_of_the_issue_has_words() -> None:
         "dataloader_bottleneck",
         "disk_low",
         "overfitting",
+        "nan_eval",
         "reward_collapse",
         "kl_blowup",
         "no_learning_signal",

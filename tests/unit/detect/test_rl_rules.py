@@ -201,7 +201,7 @@ def test_nan_in_a_dpo_evaluation_is_one_episode_of_its_own(seed: int, merged: bo
                 at + 1, StepRecord(step=recs[at].step, ts=recs[at].ts, eval_loss=eval_loss, extra=fields)
             )
     got = _severe(recs)
-    assert [(a.kind, a.start_step, a.metric) for a in got] == [("nan_loss", 61, "eval_loss")]
+    assert [(a.kind, a.start_step, a.metric) for a in got] == [("nan_eval", 61, "eval_loss")]
     assert "in an evaluation" in (got[0].cause or "")
 
 

@@ -208,3 +208,38 @@ def test_a_flat_noisy_eval_loss_in_a_coarse_log_is_not_overfitting(
     # row 3% above it are chance, not a rise. The rule asks for 4.5 of the evaluations' own noise.
     losses, evals, epoch = shapes.coarse_eval(points, every, best_at, 0.0, noise, seed, epochs)
     assert severe(feed(records(losses, interval=500, eval_loss=evals, epochs=epoch))) == []
+
+
+@pytest.mark.parametrize("every", (1, 2))
+@pytest.mark.parametrize("bad", ((0.5, None), (0.3, 0.6), (0.8, None)))
+@pytest.mark.parametrize("seed", shapes.SEEDS)
+def test_an_evaluation_whose_loss_is_nan_is_one_episode_while_training_is_finite(
+    every: int, bad: tuple[float, float | None], seed: int
+) -> None:
+    """An SFT run whose eval loss turns NaN (an overflow on the eval's batches, an eval set whose labels
+    are all masked) while its training loss stays finite: one `nan_eval` on `eval_loss`, from the first
+    NaN evaluation, ended by the first finite one after it; finite evaluations raise nothing of it."""
+    points = 60
+    losses, evals, epoch = shapes.coarse_eval(points, every, 0.5, 0.0, 0.005, seed, 1)
+    start, end = (int(f * points) if f is not None else points for f in bad)
+    idx = [i for i in range(points) if evals[i] is not None]
+    first_bad = next(i for i in idx if i >= start)
+    healed = next((i for i in idx if i >= end), None)
+    for i in idx:
+        if start <= i < end:
+            evals[i] = math.nan
+    got = [t for t in feed(records(losses, interval=100, eval_loss=evals, epochs=epoch))
+           if t.anomaly.kind == "nan_eval"]  # fmt: skip
+    assert [(t.state, t.anomaly.metric) for t in got][:1] == [("raised", "eval_loss")]
+    assert got[0].anomaly.start_step == (first_bad + 1) * 100
+    assert "training loss is finite" in (got[0].anomaly.cause or "")
+    assert sum(t.state == "raised" for t in got) == 1
+    last_bad = max(i for i in idx if start <= i < end)
+    resolved = [t for t in got if t.state == "resolved"]
+    if healed is None:
+        assert not resolved  # NaN to the end: still open when the run ends
+    else:
+        assert [t.anomaly.end_step for t in resolved] == [(last_bad + 1) * 100]
+    clean = shapes.coarse_eval(points, every, 0.5, 0.0, 0.005, seed, 1)
+    assert not [t for t in feed(records(clean[0], interval=100, eval_loss=clean[1], epochs=clean[2]))
+                if t.anomaly.kind == "nan_eval"]  # fmt: skip
