@@ -102,6 +102,17 @@ def test_compacted_run_is_smaller_and_draws_every_spike(original: Path, tmp_path
     assert store.latest_values()["step"] == STEPS - EVERY
 
 
+def test_an_index_without_summaries_gets_them_before_its_raw_rows_go(original: Path, tmp_path: Path) -> None:
+    run = _copy(original, tmp_path)
+    before = _answers(run.db)
+    with sqlite3.connect(run.db) as old:  # as an older steadytune left it: no summary but the raw rows
+        for table in ("steps_coarse", "system_rollup", "system_coarse", "gpu_rollup", "gpu_coarse"):
+            old.execute(f"DELETE FROM {table}")
+        old.execute("DELETE FROM meta WHERE key IN ('coarse_levels', 'sample_rollup')")
+    compact(run, KEEP)
+    assert _answers(run.db) == before
+
+
 def test_a_reader_with_the_old_index_open_keeps_reading_it(original: Path, tmp_path: Path) -> None:
     run = _copy(original, tmp_path)
     reader = RunStore(run.db, readonly=True)

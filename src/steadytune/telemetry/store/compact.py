@@ -37,7 +37,7 @@ from typing import Any
 
 from steadytune.rundir import RunDir, fsync_dir
 from steadytune.telemetry.liveness import status_live
-from steadytune.telemetry.store.schema import _DDL, FAMILIES
+from steadytune.telemetry.store.schema import _DDL, FAMILIES, StoreBase
 
 Range = tuple[float, float]
 STAGES = ("planned", "copied", "synced", "swapped")  # a test stops after each to play a crash
@@ -134,6 +134,9 @@ def compact(
     for stale in (tmp, *(tmp.with_name(tmp.name + end) for end in ("-journal", "-wal", "-shm"))):
         stale.unlink(missing_ok=True)  # a compaction that crashed before its rename
     bytes_before = _size(db)
+    # An index an older steadytune wrote may lack summaries: opened for writing, it builds them
+    # from the raw rows, which must happen before any raw row is dropped.
+    StoreBase(db).close()
 
     src = sqlite3.connect(str(db), timeout=10.0)
     try:
