@@ -80,6 +80,8 @@ def columns(s: Series) -> dict[str, Any]:
     return {
         "metrics": list(s.metrics), "first": cols[0], "x": cols[1], "n": cols[2], "columns": charted,
         "lo": s.lo, "hi": s.hi, "total": s.total,
+        # From the 64-step / 16 s buckets even zoomed in: `steadytune compact` dropped the raw rows.
+        "summarized": s.summarized,
     }  # fmt: skip
 
 

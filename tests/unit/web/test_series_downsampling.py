@@ -11,6 +11,7 @@ import pytest
 
 from steadytune.records import GpuSample, StepRecord, SystemSample
 from steadytune.rundir import RunDir
+from steadytune.telemetry.store.compact import Keep, compact
 from steadytune.telemetry.stream import JsonlWriter
 from steadytune.web.api import encode, series
 from steadytune.web.runs import RunsIndex
@@ -34,8 +35,11 @@ def _column(chart: dict, name: str) -> tuple[list, list]:
     return col["min"], col.get("max", col["min"])
 
 
+@pytest.mark.parametrize("compacted", [False, True])
 @pytest.mark.parametrize("points", [100, 1500])
-def test_a_single_step_spike_and_dip_survive_downsampling(tmp_path: Path, points: int) -> None:
+def test_a_single_step_spike_and_dip_survive_downsampling(
+    tmp_path: Path, points: int, compacted: bool
+) -> None:
     run = RunDir(tmp_path / "runs" / "long").create()
     rng = random.Random(3)
     with JsonlWriter(run.telemetry(0)) as w:
@@ -48,6 +52,11 @@ def test_a_single_step_spike_and_dip_survive_downsampling(tmp_path: Path, points
                                  ram_total_bytes=2, gpus=(g,)))  # fmt: skip
     index = RunsIndex(tmp_path / "runs", cache_dir=tmp_path / "cache")
     index.refresh_all()
+    if compacted:  # the run over, its raw steps and samples dropped but the newest few: the same charts
+        done = compact(run, Keep(window_steps=1_000, margin_steps=100, window_s=600.0, margin_s=60.0))
+        assert done.steps_after <= 1_001 and done.samples_after <= 301
+        index = RunsIndex(tmp_path / "runs", cache_dir=tmp_path / "cache")
+        index.refresh_all()
     entry = index.get("long")
     assert entry is not None
 
@@ -55,6 +64,7 @@ def test_a_single_step_spike_and_dip_survive_downsampling(tmp_path: Path, points
     assert json.loads(encode(charts)) == charts  # as the page gets it
     steps = charts["steps"]
     assert steps["total"] == N and len(steps["x"]) <= points  # the page gets a chart, not the run
+    assert steps["summarized"] == compacted
     lows, highs = _column(steps, "loss")
     assert max(h for h in highs if h is not None) == 40.0
     assert min(lo for lo in lows if lo is not None) == -5.0

@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from steadytune.records import Event, PlanRevision, from_dict
+from steadytune.telemetry.store.compact import overlaps
 from steadytune.telemetry.store.schema import (
     FAMILIES,
     GPU_METRICS,
@@ -32,6 +33,9 @@ class Series:
     hi: float | None
     total: int
     version: int
+    # From the summary buckets because compaction dropped raw rows in the range (store/compact.py):
+    # the finest a chart gets there is one bucket of 64 steps or 16 s; the streams keep every step.
+    summarized: bool = False
 
 
 class Queries(StoreBase):
@@ -148,11 +152,14 @@ class Queries(StoreBase):
         points = max(1, min(int(points), 20000))
         version = self.version
         with self._lock:
+            dropped = self._dropped(table, params)
             if lo is None or hi is None:
                 # Two subqueries: SQLite reads MIN or MAX alone off the index, both at once from every row.
+                # A compacted index may have dropped the first raw rows: its finest buckets span the run.
+                src, col = (FAMILIES[table].rollup, "first") if dropped else (table, x)
                 dlo, dhi = self._db.execute(
-                    f"SELECT (SELECT MIN({x}) FROM {table} WHERE {where}), "
-                    f"(SELECT MAX({x}) FROM {table} WHERE {where})",
+                    f"SELECT (SELECT MIN({col}) FROM {src} WHERE {where}), "
+                    f"(SELECT MAX({x if src == table else 'last'}) FROM {src} WHERE {where})",
                     params * 2,
                 ).fetchone()
                 lo = dlo if lo is None else lo
@@ -161,6 +168,8 @@ class Queries(StoreBase):
                 return Series(metrics, [], None, None, 0, version)
             width = (hi - lo) / points or 1.0
             summary = self._summary(table, width, where, params)
+            # Raw rows of the range dropped by compaction: chart it from the summaries at any zoom.
+            summarized = summary is not None and overlaps(dropped, lo, hi)
             if summary is not None:
                 rollup, swhere, sparams, unit = summary
                 # Bucket b holds x in [b * unit, (b + 1) * unit): the key finds a zoomed range's rows.
@@ -177,7 +186,7 @@ class Queries(StoreBase):
                     f"SELECT COUNT(*) FROM {table} WHERE {where} AND {x} BETWEEN ? AND ?", (*params, lo, hi)
                 ).fetchone()[0]
             rng = f"{where} AND {x} BETWEEN ? AND ?"
-            if n <= points:
+            if n <= points and not summarized:
                 # Few enough rows: send them raw (min = max = last).
                 cols = ", ".join(metrics)
                 raw = self._db.execute(
@@ -186,7 +195,7 @@ class Queries(StoreBase):
                 rows = [[r[0], r[0], 1, *[v for m in r[1:] for v in (m, m, m)]] for r in raw]
                 return Series(metrics, rows, lo, hi, n, version)
             # The last x sits at (hi - lo) / width = points: it joins the last bucket, not one of its own.
-            if summary is not None and width >= unit:
+            if summary is not None and (width >= unit or summarized):
                 # Coarse view: merge summary buckets instead of touching raw rows.
                 aggs = ", ".join(
                     f"MIN({m}_min), MAX({m}_max), SUM({m}_sum) / NULLIF(SUM({m}_n), 0)" for m in metrics
@@ -220,7 +229,18 @@ class Queries(StoreBase):
                     f"GROUP BY MIN(CAST(({x} - ?) / ? AS INTEGER), ?) ORDER BY 1"
                 )
                 raw = self._db.execute(sql, (*params, lo, hi, lo, width, points - 1)).fetchall()
-        return Series(metrics, [list(r) for r in raw], lo, hi, n, version)
+        return Series(metrics, [list(r) for r in raw], lo, hi, n, version, summarized)
+
+    def _dropped(self, table: str, params: tuple[Any, ...]) -> list[list[float]]:
+        """The ranges of ``table``'s x whose raw rows compaction dropped (of the rank ``params``
+        names, for steps), from ``meta``: none for an index never compacted."""
+        text = self.get_meta("compacted")
+        if text is None:
+            return []
+        record = json.loads(text)
+        if table == "steps":
+            return list(record["steps"].get(str(params[0]), []))
+        return list(record["samples"])
 
     def _summary(
         self, table: str, width: float, where: str, params: tuple[Any, ...]
