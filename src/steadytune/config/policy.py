@@ -53,7 +53,8 @@ def default_rules() -> dict[str, Rule]:
         "divergence": r(action="rollback", min_severity="critical"),
         "grad_explosion": r(action="rollback", min_severity="critical"),
         # RL and preference runs: the "hard reset" to the last good checkpoint at a lower LR. A run
-        # without a learning signal is told, not restarted: a restart cannot fix a reward function.
+        # without a learning signal is told, not restarted: a restart cannot fix a reward function, nor
+        # a DPO run's swapped chosen/rejected labels (its loss above ln 2, detect/preference.py).
         "reward_collapse": r(action="rollback"),
         "kl_blowup": r(action="rollback"),
         "no_learning_signal": r(action="alert"),

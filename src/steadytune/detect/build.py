@@ -45,6 +45,7 @@ from steadytune.detect.pace import (
     ThroughputWatch,
 )
 from steadytune.detect.points import RankStep, Signal, SystemPoint, Tick
+from steadytune.detect.preference import PreferenceLimits, PreferenceWatch
 from steadytune.detect.reward import RewardLimits, RewardWatch
 from steadytune.detect.stats import SeriesLimits
 from steadytune.detect.system import SystemLimits, SystemWatch
@@ -105,6 +106,15 @@ REGISTRY: tuple[Entry, ...] = (
         (FlatLimits,),
         ("rl",),
         uses={"told": "learning_signal.told", "fell": "reward.fell"},
+    ),
+    # A DPO run's loss against ln 2, where it began; left to the windowed rule if it told.
+    Entry(
+        "preference",
+        PreferenceWatch,
+        (Signal,),
+        (PreferenceLimits,),
+        ("rl",),
+        uses={"told": "learning_signal.told"},
     ),
     Entry(
         "short_rise",

@@ -27,6 +27,11 @@ The troubles are the ones RL and preference users meet (docs/detectors.md):
   window is exact (a reward it cannot learn from at its LR, a task beyond it);
 - ``nan`` (DPO): the logged rewards and log-probabilities turn NaN while the loss
   stays finite.
+- ``swapped`` (DPO): chosen and rejected swapped in the data (or a sign error): the
+  margins grow the wrong way, below 0, and the loss rises above ln 2;
+- ``unlearned`` (DPO): the policy moves but not towards the preferences (labels that
+  are noise): the margins spread around 0, their mean stays there, and the loss
+  settles above ln 2.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ import statistics
 from typing import Any, NamedTuple
 
 RL_TROUBLES = ("dead", "collapse", "kl_runaway", "clip", "pinned", "flat")
-DPO_TROUBLES = ("dead", "frozen_lr0", "nan")
+DPO_TROUBLES = ("dead", "frozen_lr0", "nan", "swapped", "unlearned")
 
 Batches = tuple[list[float], list[float | None], list[dict[str, Any]]]
 
@@ -242,9 +247,14 @@ def dpo_run(
     Each pair's implicit reward margin is drawn around a mean that grows from 0 (the policy is
     its reference at the first step: every margin exactly 0, the loss exactly ln 2) with a spread
     that grows too; the chosen rewards drift down while the rejected ones fall faster, as real
-    DPO runs show. ``trouble``: :data:`DPO_TROUBLES` (``dead`` and ``frozen_lr0`` from the start).
+    DPO runs show. ``trouble``: :data:`DPO_TROUBLES` (``dead``, ``frozen_lr0``, ``swapped`` and
+    ``unlearned`` from the start).
     """
     m_end, s_end = rng.uniform(0.5, 4.0), rng.uniform(0.5, 2.0)
+    if trouble == "swapped":
+        m_end = -m_end
+    elif trouble == "unlearned":
+        m_end = 0.0
     tau = rng.uniform(0.1, 0.4) * n
     g0 = rng.uniform(0.3, 10.0)
     lr0 = rng.choice([5e-7, 1e-6, 5e-6, 1e-5])

@@ -64,10 +64,40 @@ def test_a_healthy_grpo_run_raises_nothing(
 
 
 @pytest.mark.parametrize("seed", shapes.SEEDS)
-@pytest.mark.parametrize("n", (20, 100, 600))
+@pytest.mark.parametrize("n", (10, 20, 100, 600, 5000))
 @pytest.mark.parametrize("batch", (2, 8, 64))
 def test_a_healthy_dpo_run_raises_nothing(n: int, seed: int, batch: int) -> None:
     assert severe(feed(_dpo(n, seed, batch))) == []
+
+
+@pytest.mark.parametrize("seed", shapes.SEEDS)
+@pytest.mark.parametrize("n", (20, 100, 600))
+@pytest.mark.parametrize("batch", (2, 8, 64))
+@pytest.mark.parametrize("beta", (0.05, 0.5))
+def test_a_dpo_run_that_learns_the_wrong_way_is_told_once(n: int, seed: int, batch: int, beta: float) -> None:
+    """Chosen and rejected swapped: margins below 0, the loss above ln 2 (detect/preference.py)."""
+    got = [
+        a
+        for a in _severe(_dpo(n, seed, batch, beta=beta, trouble="swapped"))
+        if a.kind == "no_learning_signal"
+    ]
+    assert len(got) == 1
+    assert (got[0].metric, got[0].start_step) == ("loss", 1)
+    assert got[0].evidence["loss_mean"] > math.log(2)
+    if batch >= 8 and n >= 100:  # shorter or at two pairs a batch, the margins' sign is often not yet sure
+        assert got[0].evidence["direction"] == "reversed"
+        assert "prefer the rejected" in got[0].cause
+
+
+@pytest.mark.parametrize("seed", shapes.SEEDS)
+@pytest.mark.parametrize("batch", (8, 64))
+def test_a_dpo_run_whose_margins_stay_around_zero_is_told_once(seed: int, batch: int) -> None:
+    """The policy moves, its margins spread around 0: the loss settles above ln 2 while their mean does not
+    rise. Long enough for the level to show (at 10-20 points of a small batch it is often hidden)."""
+    got = [a for a in _severe(_dpo(300, seed, batch, trouble="unlearned")) if a.kind == "no_learning_signal"]
+    assert len(got) == 1
+    assert got[0].metric == "loss"
+    assert got[0].evidence["loss_mean"] > math.log(2)
 
 
 @pytest.mark.parametrize("seed", shapes.SEEDS)
