@@ -329,3 +329,14 @@ def batch_tail(
 def tail_jump(noise: float) -> float:
     """The log size of :func:`batch_tail`'s excursions at this noise (the smallest of them)."""
     return max(12.0 * noise, math.log(1.3))
+
+
+def short_warm_run(
+    n: int, sigma: float, warm: float, level: float, seed: int
+) -> tuple[list[float], list[float], list[float]]:
+    """A short run's losses, grad norms warming up over ``warm`` of it at ``level`` (log noise ``sigma``),
+    and its LR warming up linearly over the same points."""
+    w = max(1, int(warm * n))
+    grads = warmup_grad_norms(n, level, sigma, seed, w)
+    lr = [1e-4 * min(1.0, (i + 1) / w) for i in range(n)]
+    return learning(n, 2.0, 0.03, seed), grads, lr

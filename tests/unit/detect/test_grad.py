@@ -191,18 +191,11 @@ SHORT = [
 ]
 
 
-def _short_run(n: int, sigma: float, warm: float, level: float, seed: int) -> tuple[list, list, list]:
-    w = max(1, int(warm * n))
-    grads = shapes.warmup_grad_norms(n, level, sigma, seed, w)
-    lr = [1e-4 * min(1.0, (i + 1) / w) for i in range(n)]
-    return shapes.learning(n, 2.0, 0.03, seed), grads, lr
-
-
 @pytest.mark.parametrize(("n", "sigma", "warm", "level", "seed"), SHORT)
 def test_a_jump_above_both_neighbours_in_a_short_run_is_a_grad_spike(
     n: int, sigma: float, warm: float, level: float, seed: int
 ) -> None:
-    losses, grads, lr = _short_run(n, sigma, warm, level, seed)
+    losses, grads, lr = shapes.short_warm_run(n, sigma, warm, level, seed)
     rng = shapes.rng_for(seed, "jump")
     at = rng.randint(2, n - 2)
     ratio = math.exp(rng.uniform(math.log(9.0), math.log(120.0)))
@@ -217,7 +210,7 @@ def test_a_jump_above_both_neighbours_in_a_short_run_is_a_grad_spike(
 def test_a_short_healthy_run_with_a_warmup_raises_no_grad_alarm(
     n: int, sigma: float, warm: float, level: float, seed: int
 ) -> None:
-    losses, grads, lr = _short_run(n, sigma, warm, level, seed)
+    losses, grads, lr = shapes.short_warm_run(n, sigma, warm, level, seed)
     got = raised(feed(records(losses, grads, lr=lr)))
     assert not [a for a in got if a.kind.startswith("grad_")], [(a.kind, a.start_step) for a in got]
 

@@ -155,18 +155,11 @@ SHORT_QUIET = [
 ]
 
 
-def _short_quiet(n: int, sigma: float, warm: float, level: float, seed: int) -> tuple[list, list, list]:
-    w = max(1, int(warm * n))
-    grads = shapes.warmup_grad_norms(n, level, sigma, seed, w)
-    lr = [1e-4 * min(1.0, (i + 1) / w) for i in range(n)]
-    return shapes.learning(n, 2.0, 0.03, seed), grads, lr
-
-
 @pytest.mark.parametrize(("n", "sigma", "warm", "level", "seed"), SHORT_QUIET)
 def test_a_5_to_8x_norm_early_in_a_quiet_run_is_a_grad_spike(
     n: int, sigma: float, warm: float, level: float, seed: int
 ) -> None:
-    losses, grads, lr = _short_quiet(n, sigma, warm, level, seed)
+    losses, grads, lr = shapes.short_warm_run(n, sigma, warm, level, seed)
     rng = shapes.rng_for(seed, "early-quiet-jump")
     at = rng.randint(19, n - 2)
     grads[at] = rng.uniform(5.0, 8.0) * max(grads[at - 1], grads[at + 1])
@@ -180,6 +173,6 @@ def test_a_5_to_8x_norm_early_in_a_quiet_run_is_a_grad_spike(
 def test_a_short_quiet_healthy_run_raises_no_grad_alarm(
     n: int, sigma: float, warm: float, level: float, seed: int
 ) -> None:
-    losses, grads, lr = _short_quiet(n, sigma, warm, level, seed)
+    losses, grads, lr = shapes.short_warm_run(n, sigma, warm, level, seed)
     got = raised(feed(records(losses, grads, lr=lr)))
     assert not [a for a in got if a.kind.startswith("grad_")], [(a.kind, a.start_step) for a in got]
