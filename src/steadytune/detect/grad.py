@@ -10,9 +10,7 @@
   series has little history (until its noise window is full, or while the LR is
   still warming up) its measured noise says little, so a point is also judged
   against its two neighbours with the prior: ``spike_min_ratio`` above the point
-  before and the point after is a spike, raised at the point after. Several
-  norms up in a short stretch (``k`` of ``m`` in a row) are judged on the same
-  chance footing as one (:mod:`steadytune.detect.grad_burst`);
+  before and the point after is a spike, raised at the point after;
 - grad_vanishing: the level ``vanishing_ratio`` times below the highest level it
   held after warm-up (or exactly zero after it was not), for
   ``vanishing_points`` points. Runs that log zero from the start (pipeline
@@ -27,7 +25,6 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from steadytune.detect.base import Finding, KindInfo, Reporter, rounded
-from steadytune.detect.grad_burst import GradBurst
 from steadytune.detect.grad_tail import GradChance
 from steadytune.detect.points import Signal
 from steadytune.detect.stats import SeriesLimits
@@ -91,8 +88,6 @@ class GradWatch:
         self._min_jump = math.log(series.spike_min_ratio)
         self._quiet_jump = math.log(limits.quiet_spike_ratio)
         self.chance = GradChance()
-        self.burst = GradBurst()
-        self._judged = 0  # norms judged: a burst is points in a row
         self._explode_jump = math.log(limits.explosion_ratio)
         self._vanish_log = math.log(limits.vanishing_ratio)
         self._bad = 0
@@ -174,9 +169,6 @@ class GradWatch:
             self._held.clear()
             self._end_run(step, out, accept=False)
         y = math.log(g) if g > 0.0 else None
-        self._judged += 1
-        if self.burst.over(y) and not self._spike_points:
-            self.rep.report(out, "grad_spike", self.metric, step, False)
         if self._run and self._held_verdict(step, g, y, out):
             return
         if y is None:
@@ -380,7 +372,7 @@ class GradWatch:
         full = t.n_level >= t.level_window
         if not self._spike_points and not over_start and jump <= min(self._min_jump, self._quiet_jump):
             if full:
-                self._noise(step, g, y, jump, out)
+                self.chance.note(jump)
             return False
         if self._spike_points:
             if jump <= max(t.threshold(3.0), self._min_jump / 2) and not over_start:
@@ -394,7 +386,7 @@ class GradWatch:
         threshold = self._one_point_threshold(full)
         if jump <= threshold and not over_start:
             if full:
-                self._noise(step, g, y, jump, out)
+                self.chance.note(jump)
             return False
         self._spike_points = 1
         ev = self._spike_evidence(g, y, threshold, over_start)
@@ -403,25 +395,6 @@ class GradWatch:
         if loss_spiking or jump > self._explode_jump or over_start:
             self._explode(step, g, y, jump, out)
         return True
-
-    def _noise(self, step: int, g: float, y: float, jump: float, out: list[Finding]) -> None:
-        """A norm the one-point rule let pass: part of the run's tail, and of a burst if the points
-        before it stood up with it (:class:`~steadytune.detect.grad_burst.GradBurst`)."""
-        self.chance.note(jump)
-        found = self.burst.see(self._judged, step, y, self.tracker.level, self.chance)
-        if found is None or self.burst.ref is None:
-            return
-        k, m, first, low, need = found
-        ev: dict[str, object] = {
-            "value": rounded(g),
-            "baseline": rounded(math.exp(self.burst.ref)),
-            "ratio": rounded(math.exp(low), 4),
-            "threshold_ratio": rounded(math.exp(need), 4),
-            "points_up": k,
-            "of_points": m,
-            "judged_by": "burst",
-        }
-        self.rep.report(out, "grad_spike", self.metric, first, True, evidence=ev)
 
     def _one_point_threshold(self, full: bool) -> float:
         """How far (log) over the level one norm must jump to be a spike by itself.

@@ -58,43 +58,17 @@ class GradChance:
         elif jump > top[0]:
             heapq.heapreplace(top, jump)
 
-    def _tail(self) -> tuple[float, float] | None:
-        """The tail's start ``low`` (the ``_TOP + 1``-th largest jump) and its scale ``beta``, or None."""
-        top = self._top
-        if len(top) <= _TOP:
-            return None
-        low = top[0]
-        return low, (sum(top) - low) / _TOP - low
-
-    def chance_jump(self, chance: float) -> float | None:
-        """The value noise of this run passes with ``chance`` over its points so far; None until known."""
-        tail = self._tail()
-        return None if tail is None else tail[0] + tail[1] * math.log(_TOP / chance)
-
-    def run_jump(self, k: int, chance: float) -> float | None:
-        """The jump ``k`` independent points in a row all pass with ``chance`` over the run so far.
-
-        One point passes ``low + x`` with about ``(_TOP / n) exp(-x / beta)``; ``k`` in a row at one place
-        with its ``k``-th power, at ``n`` places ``n`` times that. Never under ``low``, where the
-        exponential through the top jumps says nothing. None until the tail is known.
-        """
-        tail = self._tail()
-        if tail is None:
-            return None
-        low, beta = tail
-        n = max(self.n, _TOP + 1)
-        return low + beta * max(0.0, math.log(_TOP) - (1.0 - 1.0 / k) * math.log(n) - math.log(chance) / k)
-
     def threshold(self, prior: float) -> float | None:
         """The jump (log) a point must clear, given the prior ratio's jump ``prior``; None until known.
 
         What noise of this run gives with a chance of 1 % over its points so far, never above the
         prior; past ``_PRIOR_POINTS`` points, the prior grown with the run's length at the tail's scale.
         """
-        tail = self._tail()
-        if tail is None:
+        top = self._top
+        if len(top) <= _TOP:
             return None
-        low, beta = tail
+        low = top[0]
+        beta = (sum(top) - low) / _TOP - low
         if self.n > _PRIOR_POINTS:
             return prior + beta * math.log(self.n / _PRIOR_POINTS)
         return min(low + beta * math.log(_TOP / _CHANCE), prior)
