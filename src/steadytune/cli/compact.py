@@ -63,10 +63,5 @@ def main(args: argparse.Namespace) -> int:
         except CompactError as exc:
             code = fail(str(exc))
             continue
-        mb = 1 << 20
-        print(
-            f"{path}: run.db {done.bytes_before / mb:.1f} MB -> {done.bytes_after / mb:.1f} MB; raw steps "
-            f"{done.steps_before:,} -> {done.steps_after:,}, samples {done.samples_before:,} -> "
-            f"{done.samples_after:,}"
-        )
+        print(f"{path}: {done.summary()}")
     return code

@@ -311,6 +311,14 @@ class RunConfig(Section):
         "64 MiB) past which a telemetry stream is rotated into a compressed segment, or 0 to never rotate",
     )
 
+    compact_index_bytes: int = Field(
+        256 * 1024**2,
+        ge=0,
+        description="a size in bytes (such as 268435456, 256 MiB: a run of about a million steps) past "
+        "which the run's index (run.db) is compacted when the run completes, as `steadytune compact` does, "
+        "or 0 to keep every raw row",
+    )
+
     @field_validator("telemetry_segment_bytes")
     @classmethod
     def _segment_size(cls, v: int) -> int:

@@ -24,6 +24,7 @@ A part that decides an action returns it (``worker_events.on_event``, ``scaling.
 from __future__ import annotations
 
 import signal
+import sqlite3
 import time
 import uuid
 from collections.abc import Callable
@@ -488,6 +489,26 @@ class Supervisor:
         self.start_worker(st.plan)
         return True
 
+    def compact_index(self) -> None:
+        """An index grown past ``run.compact_index_bytes`` is compacted once the run has completed (its
+        status says so and its store is closed): the summaries stay, the raw rows no chart needs go."""
+        from steadytune.telemetry.store.compact import CompactError, compact
+
+        limit = self.cfg.run.compact_index_bytes
+        try:
+            size = self.run.db.stat().st_size
+        except FileNotFoundError:
+            return
+        if not limit or size <= limit:
+            return
+        try:
+            done = compact(self.run, clock=self.state.clock)
+        except (CompactError, OSError, sqlite3.Error) as exc:
+            # The run is over and its streams hold every step: an index left whole loses nothing.
+            self.out.say(f"run.db left as it is ({size / (1 << 20):.0f} MB): {exc}", style="yellow")
+            return
+        self.out.say(f"compacted the run's index (run.compact_index_bytes): {done.summary()}")
+
     def plan_after_action(self, action: Action, info: ExitInfo) -> tuple[dict[str, Any] | None, str, str]:
         """The restart plan for a worker the supervisor stopped on purpose."""
         if action.name in SCALE_ACTIONS and self.scaling is not None:
@@ -535,6 +556,8 @@ class Supervisor:
         self.books.write_status(force=True)
         self.intake.close()
         self.out.observers.close()
+        if state == "completed":  # a stopped or failed run may be resumed: its raw rows stay (docs/scale.md)
+            self.compact_index()
         ckpts = [p.name for p in reversed(st.source.checkpoints())]  # in step order
         return RunResult(
             self.run, state, decision.reason, st.progress, st.planner.total, ckpts, st.clock() - t0

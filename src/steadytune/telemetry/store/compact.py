@@ -70,6 +70,15 @@ class Compacted:
     dropped_steps: dict[int, list[Range]]
     dropped_samples: list[Range]
 
+    def summary(self) -> str:
+        """One line: the file's size and the raw rows, before -> after."""
+        mb = 1 << 20
+        return (
+            f"run.db {self.bytes_before / mb:.1f} MB -> {self.bytes_after / mb:.1f} MB; raw steps "
+            f"{self.steps_before:,} -> {self.steps_after:,}, samples {self.samples_before:,} -> "
+            f"{self.samples_after:,}"
+        )
+
 
 def kept_ranges(marks: Iterable[float], newest: float, window: float, margin: float) -> list[Range]:
     """The ranges to keep, merged and sorted: ``margin`` either side of each mark, and the newest
