@@ -15,6 +15,10 @@ Orders come through the file ``RUN_DIR/feed-orders`` (one word, read before ever
 last rank's compute time turns 3x) and ``stop`` (every rank writes its last words, the process
 exits 0). What it did and when goes to ``RUN_DIR/feed-state.json``: the phase, the step, and for
 ``hang`` and ``straggle`` the wall time and step at which they began.
+
+With ``--save-every N`` rank 0 reports a checkpoint saved at every N-th step, as the guard does
+after a save (no checkpoint is written: the supervisor's side of a save is what is measured, its
+bookkeeping and, past 20,000 steps, bringing the detectors' saved state up to the save before).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import sys
 import time
 from pathlib import Path
 
-from steadytune.records import BatchFingerprint, StepRecord, WorkerExit, to_json
+from steadytune.records import BatchFingerprint, Event, StepRecord, WorkerExit, to_json
 from steadytune.rundir import RunDir, atomic_write_text
 from steadytune.telemetry.segments import segment_bytes_from_env
 from steadytune.telemetry.stream import JsonlWriter
@@ -84,6 +88,14 @@ def record(step: int, rank: int, ts: float, rng: random.Random, compute_s: float
     )
 
 
+def saved(step: int, attempt: int, ts: float) -> Event:
+    """What the guard reports after a save (``guard/hf.py``), from rank 0."""
+    return Event(
+        ts=ts, kind="lifecycle", name="checkpoint_saved", message=f"saved checkpoint-{step}", step=step,
+        data={"rank": 0, "attempt": attempt, "path": f"checkpoint-{step}", "bytes": 0},
+    )  # fmt: skip
+
+
 def status_step(run: RunDir) -> int:
     try:
         return int(json.loads(run.status.read_text()).get("step") or 0)
@@ -101,6 +113,7 @@ def main() -> int:
     p.add_argument("--chunk", type=int, default=2000)
     p.add_argument("--rate", type=float, default=10.0, help="steps per second after the prefill")
     p.add_argument("--max-live", type=int, default=10**9, help="live steps at most, then stop")
+    p.add_argument("--save-every", type=int, default=0, help="a checkpoint reported every N steps (0: none)")
     args = p.parse_args()
     run = RunDir(args.run_dir)
     attempt = int(os.environ.get("STEADYTUNE_ATTEMPT", "0"))
@@ -123,9 +136,11 @@ def main() -> int:
         now = time.time()
         for lo in range(step, hi, piece):
             for r, w in enumerate(writers):
-                lines = [
-                    to_json(record(s, r, now, rngs[r], 0.09)) for s in range(lo + 1, min(hi, lo + piece) + 1)
-                ]
+                lines = []
+                for s in range(lo + 1, min(hi, lo + piece) + 1):
+                    lines.append(to_json(record(s, r, now, rngs[r], 0.09)))
+                    if r == 0 and args.save_every and s % args.save_every == 0:
+                        lines.append(to_json(saved(s, attempt, now)))
                 w._line("\n".join(lines))  # one write per piece and rank
         step = hi
         while status_step(run) < step - 2 * args.chunk:
@@ -154,6 +169,8 @@ def main() -> int:
         for r, w in enumerate(writers):
             slow = state["phase"] == "straggle" and r == args.ranks - 1
             w.write(record(step, r, now, rngs[r], 0.27 if slow else 0.09))
+        if args.save_every and step % args.save_every == 0:
+            writers[0].write(saved(step, attempt, now))
         next_t += interval
         time.sleep(max(0.0, next_t - time.monotonic()))
     for r, w in enumerate(writers):

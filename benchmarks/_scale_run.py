@@ -68,7 +68,13 @@ class SupervisedRun:
     """One run: ``ranks`` streams, ``prefill`` steps taken in as fast as it can, then 10 steps/s."""
 
     def __init__(
-        self, runs_dir: Path, run_id: str, prefill: int, ranks: int = 1, sets: tuple[str, ...] = ()
+        self,
+        runs_dir: Path,
+        run_id: str,
+        prefill: int,
+        ranks: int = 1,
+        sets: tuple[str, ...] = (),
+        save_every: int = 0,
     ) -> None:
         self.root = runs_dir / run_id
         self.prefill = prefill
@@ -77,6 +83,7 @@ class SupervisedRun:
         for s in ("policy.mode=observe", *sets):  # every action an alert: the run is measured, not rescued
             cmd += ["--set", s]
         cmd += ["--", "--prefill", str(prefill), "--ranks", str(ranks), "--rate", "10"]
+        cmd += ["--save-every", str(save_every)]
         self.started = time.monotonic()
         runs_dir.mkdir(parents=True, exist_ok=True)
         self.samples = system_history(self.root, prefill / 10.0) if prefill else 0
@@ -143,6 +150,26 @@ class SupervisedRun:
                 return time.monotonic() - self.started
             time.sleep(0.2)
         raise TimeoutError(f"prefill of {self.prefill} steps not taken in after {timeout:.0f} s")
+
+    def state_step(self) -> int:
+        """The step of the newest detector state the supervisor has saved (0: none yet)."""
+        steps = [
+            int(p.stem.removeprefix("detector-"))
+            for p in (self.root / "replay-state").glob("detector-*.json")
+            if p.stem.removeprefix("detector-").isdigit()
+        ]
+        return max(steps, default=0)
+
+    def wait_state(self, step: int, timeout: float = 900.0) -> float:
+        """Seconds until the saved detector state reaches ``step``: after a prefill the supervisor's
+        first catch-up replays the whole run once (a run it watched all along would not need it)."""
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            self._alive()
+            if self.state_step() >= step:
+                return time.monotonic() - t0
+            time.sleep(0.5)
+        raise TimeoutError(f"the detectors' state did not reach step {step} in {timeout:.0f} s")
 
     def cpu_windows(self, windows: int, seconds: float) -> dict[str, float]:
         """The supervisor's CPU in ``windows`` live windows: median s per 1,000 steps, share of a core."""

@@ -102,21 +102,35 @@ def page_rows(section: str, size: str, page: dict[str, float]) -> None:
 
 # -- supervisor, store and dashboard ------------------------------------------------------------
 def bench_supervisor(
-    tmp: Path, sizes: list[int], windows: int, window_s: float, repeat: int, sets: tuple[str, ...] = ()
+    tmp: Path,
+    sizes: list[int],
+    windows: int,
+    window_s: float,
+    repeat: int,
+    sets: tuple[str, ...] = (),
+    save_every: int = 0,
 ) -> None:
     from _scale_dash import Dashboard, chromium, run_page, timed_get
     from _scale_feed import is_spike, loss_at
     from _scale_run import SupervisedRun
 
+    from steadytune.supervise.replay import KEEP_FROM_STEP
+
     have_chrome = all(chromium())
-    print(f"\nsupervisor, store and dashboard: one supervised run per size ({load()})")
+    saves = f", a checkpoint reported every {save_every} steps" if save_every else ", no checkpoints"
+    print(f"\nsupervisor, store and dashboard: one supervised run per size{saves} ({load()})")
     for n in sizes:
         runs = tmp / f"sup-{n}"
         rid = f"run-{human(n)}"
-        run = SupervisedRun(runs, rid, prefill=n, sets=sets)
+        run = SupervisedRun(runs, rid, prefill=n, sets=sets, save_every=save_every)
         try:
             took = run.wait_prefill()
             row("supervisor", "prefill taken in (steps/s)", human(n), n / took, f"{n / took:,.0f}/s")
+            if save_every and n >= KEEP_FROM_STEP + 2 * save_every:
+                # The windows measure a run watched all along: one whose state is kept up at each save.
+                caught = run.wait_state(n - 2 * save_every)
+                row("supervisor", "detectors' state caught up after the prefill", human(n), caught,
+                    f"{caught:.1f} s")  # fmt: skip
             time.sleep(2)
             cpu = run.cpu_windows(windows, window_s)
             row(
@@ -582,6 +596,11 @@ def main() -> int:
         "--set", action="append", default=[], metavar="KEY=VALUE",
         help="a config override for the supervised runs, e.g. run.telemetry_segment_bytes=8388608",
     )  # fmt: skip
+    p.add_argument(
+        "--save-every", type=int, default=300, metavar="STEPS",
+        help="the supervised runs report a checkpoint every STEPS steps (0: none; default 300: one per "
+        "30 s CPU window at 10 steps/s, so each window holds a save and its state keep-up past 20,000 steps)",
+    )  # fmt: skip
     p.add_argument("--json", type=Path, help="write every row here")
     p.add_argument("--tmp", type=Path, help="work folder (default: a new one under /tmp, removed)")
     args = p.parse_args()
@@ -605,7 +624,9 @@ def main() -> int:
     print(f"  {'figure':<52} {'size':>6} {'value':>14}   {'target':<22}")
     try:
         if "supervisor" in only:
-            bench_supervisor(tmp, ints(chosen["steps"]), windows, window_s, repeat, tuple(args.set))
+            bench_supervisor(
+                tmp, ints(chosen["steps"]), windows, window_s, repeat, tuple(args.set), args.save_every
+            )
         if "series" in only:
             bench_series(tmp, ints(chosen["series"]), repeat)
         if "ranks" in only:

@@ -23,6 +23,10 @@ class RunBooks:
         self.state = state
         self.dashboard_url: str | None = None  # where alerts and ``status`` point people, when one serves
         self._last_status = 0.0
+        # Saves judged for good: their window passed with trouble in it, or their folder is not there
+        # (a job that checkpoints elsewhere). Without it every tick went over every save of the run.
+        self._never: set[int] = set()
+        self._seen_step = 0
 
     def write_status(self, force: bool = False) -> None:
         st = self.state
@@ -70,14 +74,20 @@ class RunBooks:
         """A checkpoint becomes LAST_GOOD once a window of healthy steps has followed it."""
         st = self.state
         window = st.cfg.run.good_window_steps
+        if st.progress.step < self._seen_step:  # a rollback: a step judged before may be saved again
+            self._never.clear()
+        self._seen_step = st.progress.step
         current = read_pointer(st.run.last_good_pointer)
         current_step = checkpoint_step(current) if current else -1
         for step in sorted(st.history.checkpoint_steps, reverse=True):
             if step <= (current_step or -1):
                 break
             done = st.progress.step >= step + window or st.status == "completed"
+            if not done or step in self._never:
+                continue
             healthy = not any(step < t <= step + window for t in st.history.trouble_steps)
             target = st.run.checkpoints / f"checkpoint-{step}"
-            if done and healthy and target.is_dir():
+            if healthy and target.is_dir():
                 write_pointer(st.run.last_good_pointer, target)
                 break
+            self._never.add(step)

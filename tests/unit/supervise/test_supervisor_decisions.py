@@ -70,6 +70,25 @@ def test_last_good_on_completion_and_never_a_missing_directory(tmp_path: Path) -
     assert read_pointer(sup.run.last_good_pointer).name == "checkpoint-25"
 
 
+def test_a_save_passed_over_is_judged_again_once_a_rollback_saves_its_step_anew(tmp_path: Path) -> None:
+    sup = supervisor(tmp_path)
+    checkpoint(sup, 10)
+    sup.state.history.checkpoint_steps.append(20)  # announced, its folder not there: passed over
+    for n in range(1, 25):
+        step(sup, n)
+        sup.books.update_last_good()
+    assert read_pointer(sup.run.last_good_pointer).name == "checkpoint-10"
+    # A rollback to 10: the steps after it are trained again, and this time checkpoint-20 is whole.
+    sup.state.progress.rewind(10, 1)
+    sup.state.history.checkpoint_steps = [10]
+    for n in range(11, 25):
+        if n == 20:
+            checkpoint(sup, 20)
+        sup.handle(StepRecord(step=n, ts=float(n), loss=1.0, grad_norm=1.0, attempt=1))
+        sup.books.update_last_good()
+    assert read_pointer(sup.run.last_good_pointer).name == "checkpoint-20"
+
+
 def test_an_older_pointer_is_not_moved_back(tmp_path: Path) -> None:
     sup = supervisor(tmp_path)
     checkpoint(sup, 10)
