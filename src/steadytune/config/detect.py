@@ -67,7 +67,9 @@ class LossConfig(_Strict):
     climb_min_rise: float = Field(
         0.1, gt=0, description="a steady climb: log-space rise of the fitted line over two level windows..."
     )
-    climb_t: float = Field(8.0, gt=0, description="...with this t of its slope, and the level that far up")
+    climb_t: float = Field(
+        8.0, gt=0, description="...with this t of its slope, and the level that far (+ spike_z/2 sigmas) up"
+    )
     collapse_abs: float = Field(1e-6, ge=0, description="a loss at or below this is zero")
     collapse_drop: float = Field(
         3.0, gt=0, description="log-space sudden drop (3.0 = 20x) that is a collapse"

@@ -479,9 +479,13 @@ class LossWatch:
         if not self._climbing():
             self.rep.report(out, "divergence", self.metric, step, False)
 
-    def _climb_threshold(self) -> float:
-        """How far the level may sit above its best: the medians are noisy, the best one is the luckiest."""
-        return self.lim.divergence_rise + 0.5 * self.s.spike_z * self.tracker.sigma
+    def _climb_threshold(self, rise: float | None = None) -> float:
+        """How far the level may sit above its best: the medians are noisy, the best one is the luckiest.
+
+        ``rise``: the least rise asked (``divergence_rise`` unless given); the noise is added to it.
+        """
+        least = self.lim.divergence_rise if rise is None else rise
+        return least + 0.5 * self.s.spike_z * self.tracker.sigma
 
     def _climbing(self) -> bool:
         t = self.tracker
@@ -491,7 +495,14 @@ class LossWatch:
         # divergence_rise bounds the creeping threshold from below: the noise is asked only then.
         if above > self.lim.divergence_rise and above > self._climb_threshold():
             return True
-        return above > self.lim.climb_min_rise and self.fit.rising
+        # The steady line is held to the same best level, so the level must clear the same luck:
+        # a smoothed loss draws straight lines out of the data's wander (t 8-14 over 16 points,
+        # several times in one healthy run), and only the height above the best tells them apart.
+        return (
+            above > self.lim.climb_min_rise
+            and self.fit.rising
+            and above > self._climb_threshold(self.lim.climb_min_rise)
+        )
 
     def _slow_climb(self, step: int, epoch: float | None, out: list[Finding]) -> None:
         """The level creeping up, point by point, well above the best level of this segment."""

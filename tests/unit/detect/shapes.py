@@ -302,6 +302,17 @@ def bump(n: int, scale: float, noise: float, seed: int, at: int, rise: float, wi
     return out
 
 
+def smoothed(n: int, scale: float, noise: float, seed: int, beta: float) -> list[float]:
+    """A learning curve logged as a running average: each point an EMA (``beta``) of per-batch losses whose
+    log noise is ``noise``. Successive points then differ by far less than the batches do."""
+    raw = learning(n, scale, noise, seed, fall=0.2)
+    out, s = [], math.log(raw[0])
+    for x in raw:
+        s = beta * s + (1.0 - beta) * math.log(x)
+        out.append(math.exp(s))
+    return out
+
+
 def batch_tail(
     n: int, scale: float, noise: float, seed: int, every: int, until: int | None = None
 ) -> tuple[list[float], list[int]]:

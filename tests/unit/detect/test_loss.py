@@ -7,6 +7,8 @@ import math
 import pytest
 
 from steadytune.detect import DetectConfig, LiveDetector
+from steadytune.detect.build import fill
+from steadytune.detect.stats import SeriesLimits
 from tests.unit.detect import shapes
 from tests.unit.detect.helpers import feed, kinds, noisy, raised, records, severe
 
@@ -143,7 +145,8 @@ def _raised_at(losses: list[float], kind: str) -> tuple[int, int] | None:
 
 
 # A climb whose line stands out of the noise (t >= climb_t over 16 points: noise up to ~2.2x the rise
-# per point) is known within the level window and divergence_points of its start, plus K = 5.
+# per point) is known within the level window and divergence_points of its start, plus K = 5, plus the
+# points it takes to rise the spike_z/2 noise units the level must clear above its (luckiest) best.
 CLIMBS = [
     pytest.param(scale, noise, seed, double_in, id=f"s{scale}-n{noise}-r{seed}-d{double_in}")
     for scale in shapes.SCALES
@@ -160,7 +163,8 @@ def test_a_steady_climb_is_a_divergence_before_it_is_142x(
     got = _raised_at(shapes.climb(at, 80, scale, noise, seed, double_in), "divergence")
     assert got is not None, "the climb was missed"
     c = DetectConfig()
-    bound = c.series.level_window + c.loss.divergence_points + 5
+    luck = 0.5 * c.loss.spike_z * max(noise, c.loss.noise_floor)
+    bound = c.series.level_window + c.loss.divergence_points + 5 + math.ceil(luck * double_in / math.log(2.0))
     raised_at, start = got
     assert at < start and raised_at - at <= bound, f"raised {raised_at - at} points into the climb"
 
@@ -173,6 +177,32 @@ def test_a_smooth_bump_under_the_climb_floor_is_no_divergence(
     # Under climb_min_rise (10%) a rise is no climb however straight it is; it comes back down.
     losses = shapes.bump(length, scale, noise, seed, at=150, rise=rise, width=20)
     assert severe(feed(records(losses))) == []
+
+
+def _point_noise(losses: list[float]) -> float:
+    """The loss watch's noise per point (log space) after these losses."""
+    tracker = fill(SeriesLimits, DetectConfig(), ("loss", "series")).tracker()
+    for x in losses:
+        tracker.accept(math.log(x))
+    return tracker.sigma
+
+
+@pytest.mark.parametrize("luck", (0.3, 0.6))
+@pytest.mark.parametrize(shapes.GRID, shapes.grid(lengths=(300,), noises=(0.1, 0.2)))
+def test_a_straight_bump_within_the_best_levels_luck_is_no_divergence(
+    scale: float, noise: float, length: int, seed: int, luck: float
+) -> None:
+    # A harder stretch of data seen through a running-average loss: the level climbs along a line
+    # (t far past climb_t: the averaging took the scatter out, not the wander) past climb_min_rise, and
+    # comes back. Under the spike_z/2 noise units the creeping-level rule also grants the luckiest best
+    # level, the line alone is no divergence.
+    c = DetectConfig()
+    at, width = 150, 12
+    losses = shapes.smoothed(length, scale, noise, seed, beta=0.8)
+    rise = c.loss.climb_min_rise + luck * 0.5 * c.loss.spike_z * _point_noise(losses[:at])
+    for i in range(at, min(length, at + 2 * width)):
+        losses[i] *= math.exp(rise * math.sin(math.pi * (i - at) / (2 * width)))
+    assert "divergence" not in kinds(feed(records(losses)))
 
 
 def test_exact_zero_is_collapse_on_the_same_step() -> None:
