@@ -15,7 +15,9 @@ from typing import Any
 
 from steadytune.web.params import BadParam, query_int
 
-SORT_KEYS = ("run_id", "state", "step", "loss", "tokens_per_s", "eta_s", "anomalies", "restarts", "updated_ts")
+SORT_KEYS = (
+    "run_id", "state", "step", "loss", "tokens_per_s", "eta_s", "anomalies", "restarts", "updated_ts",
+)  # fmt: skip
 PAGE_PARAMS = ("limit", "offset", "q", "state", "sort", "order")
 MAX_LIMIT = 1000
 
@@ -103,8 +105,12 @@ def select(rows: Sequence[dict[str, Any]], query: RunQuery) -> dict[str, Any]:
         "limit": query.limit,
         "states": states,
         "pending": sum(1 for r in rows if r.get("indexing")),
-        "query": {"q": query.text, "state": query.state, "sort": query.sort,
-                  "order": "desc" if query.descending else "asc"},  # fmt: skip
+        "query": {
+            "q": query.text,
+            "state": query.state,
+            "sort": query.sort,
+            "order": "desc" if query.descending else "asc",
+        },
     }
 
 

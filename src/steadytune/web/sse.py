@@ -15,9 +15,8 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from steadytune.web import api
+from steadytune.web import api, runlist
 from steadytune.web.app import DashboardApp
-from steadytune.web.runlist import RunQuery, select
 from steadytune.web.runs import RunEntry
 
 KEEP_ALIVE_S = 15.0
@@ -82,7 +81,7 @@ def with_slot(app: DashboardApp, body: Callable[[], None], busy: Callable[[], No
         app.streams.release()
 
 
-def runs(app: DashboardApp, stream: EventStream, query: RunQuery | None = None) -> None:
+def runs(app: DashboardApp, stream: EventStream, query: runlist.RunQuery | None = None) -> None:
     """The runs list (``runs``) first and whenever a run comes or goes; else only the rows that
     changed (``runs_changed``): with a thousand runs and one live, the page redrew a thousand rows
     from 750 KB every second for the one that moved.
@@ -95,7 +94,7 @@ def runs(app: DashboardApp, stream: EventStream, query: RunQuery | None = None) 
     counts: dict[str, Any] | None = None
     while not app.stopping.is_set() and not stream.viewer_gone():
         rows = api.runs_list(app.index)
-        page = select(rows, query) if query is not None else None
+        page = runlist.select(rows, query) if query is not None else None
         if page is not None:
             rows = page.pop("runs")
         sent = rows != last or page != counts
