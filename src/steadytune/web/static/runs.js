@@ -93,15 +93,21 @@
     }
   }
 
-  // A new query: the page asked for at once, and the live stream opened again for it.
+  // A new query: the page asked for, then the live stream opened again for it. Not both at once:
+  // each reads every run's row, and the two held each other up in the server (its first message
+  // is the same page again; only the rows that moved since are made again).
   const dot = $("live");
   let stream = null, asked = 0;
   function load() {
     const mine = ++asked;
-    ST.getJSON(`/api/runs?${params()}`).then((page) => { if (mine === asked) render(page); }).catch(() => {});
     if (stream) stream.close();
-    stream = ST.stream(() => `/api/stream?${params()}`, { runs: render, runs_changed: changed },
-      (on) => dot.classList.toggle("on", on));
+    stream = null;
+    const live = () => {
+      if (mine !== asked) return;
+      stream = ST.stream(() => `/api/stream?${params()}`, { runs: render, runs_changed: changed },
+        (on) => dot.classList.toggle("on", on));
+    };
+    ST.getJSON(`/api/runs?${params()}`).then((page) => { if (mine === asked) render(page); }).catch(() => {}).finally(live);
   }
 
   let typing = null;
