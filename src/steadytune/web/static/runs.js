@@ -38,6 +38,11 @@
   // The same runs in the same order (the stream's first page, after /api/runs): only the rows
   // that differ are made again.
   function render(page) {
+    if (!page.runs.length && page.offset > 0 && page.matched > 0) {
+      // Runs went away under a later page (or fewer match now): show the last page there is.
+      query.offset = Math.floor((page.matched - 1) / PAGE) * PAGE;
+      return load();
+    }
     const runs = page.runs, old = ST.runs || [];
     if (old.length === runs.length && runs.every((r, i) => r.run_id === old[i].run_id)) {
       runs.forEach((r, i) => { if (JSON.stringify(r) !== JSON.stringify(old[i])) body.children[i].replaceWith(row(r)); });
