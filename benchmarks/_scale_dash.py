@@ -74,7 +74,8 @@ def run_page(dash: Dashboard, run_id: str, spikes: list[tuple[int, float]], repe
 
 
 def runs_page(dash: Dashboard, runs: int, repeat: int) -> float:
-    """Median seconds from navigation to the runs page's table holding every run."""
+    """Median seconds from navigation to the runs page's table drawn: its first page (100 rows, or
+    every run where fewer) with the count of every run (``runsPage.total``)."""
     chrome, driver = chromium()
     assert chrome and driver
     times = []
@@ -82,16 +83,40 @@ def runs_page(dash: Dashboard, runs: int, repeat: int) -> float:
         b.get(dash.url + "healthz")
         for _ in range(repeat):
             b.get(dash.url)
-            wait_js(
-                b,
-                f"return window.steadytune && window.steadytune.runs && "
-                f"document.querySelectorAll('#runs tbody tr').length >= {runs}",
-                timeout=300,
-                interval=0.02,
-            )
+            wait_js(b, _drawn(runs), timeout=300, interval=0.02)
             times.append(b.execute_script("return performance.now()") / 1000.0)
             b.get("about:blank")
     return statistics.median(times)
+
+
+def _drawn(runs: int) -> str:
+    return (
+        f"const p = window.steadytune && window.steadytune.runsPage; return !!p && p.total >= {runs} && "
+        f"document.querySelectorAll('#runs tbody tr').length >= Math.min(p.limit, p.total)"
+    )
+
+
+def runs_found(dash: Dashboard, runs: int, run_id: str) -> float:
+    """Seconds from typing ``run_id`` in the runs page's search box (the page drawn) to its row shown
+    alone: a run past the first page is found over every run (the box waits 0.25 s for more keys)."""
+    chrome, driver = chromium()
+    assert chrome and driver
+    with open_chromium(chrome, driver) as b:
+        b.get(dash.url)
+        wait_js(b, _drawn(runs), timeout=300, interval=0.02)
+        t0 = b.execute_script(
+            "const box = document.getElementById('runs-search'); box.value = arguments[0];"
+            "box.dispatchEvent(new Event('input')); return performance.now()",
+            run_id,
+        )
+        wait_js(
+            b,
+            f"const rows = [...document.querySelectorAll('#runs tbody tr')];"
+            f"return rows.length === 1 && rows[0].dataset.run === {json.dumps(run_id)}",
+            timeout=120,
+            interval=0.02,
+        )
+        return float(b.execute_script("return performance.now()") - t0) / 1000.0
 
 
 def copy_runs(template: Path, runs_dir: Path, n: int, now: float, spacing_s: float = 600.0) -> list[str]:
@@ -200,4 +225,6 @@ def make_long_run(
     return spikes
 
 
-__all__ = ["Dashboard", "chromium", "copy_runs", "make_long_run", "run_page", "runs_page", "timed_get"]
+__all__ = [
+    "Dashboard", "chromium", "copy_runs", "make_long_run", "run_page", "runs_found", "runs_page", "timed_get",
+]  # fmt: skip

@@ -26,7 +26,8 @@ Sections (``--only``):
   ``/api/runs``, ``/api/goodput`` and runs page of a dashboard that never read the runs, how long
   until it has read them all in the background (``steadytune_runs_pending_index`` 0) and its
   slowest scrape meanwhile; then ``/metrics``
-  scrape time and size, ``/api/runs``, the runs page in Chromium, the dashboard's open files; then
+  scrape time and size, ``/api/runs`` whole and its first page, the runs page in Chromium (its
+  first page of 100 rows drawn), a run past that page found by name, the dashboard's open files; then
   the first scrape, ``/api/runs`` and runs page of a dashboard started again over the same folder
   (the finished runs' summaries and goodput accounts stored beside them by the first).
 - ``server``: 10 / 100 / 1,000 queued jobs on 8 GPUs: the daemon's pass (admission included).
@@ -351,7 +352,7 @@ def read_in_background(url: str, since: float, timeout_s: float = 1800.0) -> tup
 
 def bench_runs(tmp: Path, counts: list[int], repeat: int) -> None:
     import psutil
-    from _scale_dash import Dashboard, chromium, copy_runs, runs_page, timed_get
+    from _scale_dash import Dashboard, chromium, copy_runs, runs_found, runs_page, timed_get
     from live_run import LiveRun
 
     print(f"\nruns: finished run folders and one live run under one dashboard ({load()})")
@@ -359,7 +360,7 @@ def bench_runs(tmp: Path, counts: list[int], repeat: int) -> None:
     have_chrome = all(chromium())
     for n in counts:
         runs = tmp / f"runs-{n}"
-        copy_runs(template, runs, n, time.time())
+        ids = copy_runs(template, runs, n, time.time())
         live = LiveRun(runs, "live-run", rate=10.0).start()
         started = time.perf_counter()
         dash = Dashboard(runs)
@@ -388,10 +389,15 @@ def bench_runs(tmp: Path, counts: list[int], repeat: int) -> None:
             row("runs", "/metrics scrape", str(n), t, f"{t * 1000:,.0f} ms", "< 500 ms", t < 0.5)
             row("runs", "/metrics size", str(n), size, f"{size / 1024:,.0f} KB")
             t, size = timed_get(dash, "api/runs", repeat)
-            row("runs", "/api/runs", str(n), t, f"{t * 1000:,.0f} ms")
+            row("runs", "/api/runs (every run)", str(n), t, f"{t * 1000:,.0f} ms, {size / 1024:,.0f} KB")
+            t, size = timed_get(dash, "api/runs?limit=100", repeat)
+            row("runs", "/api/runs?limit=100 (the page's first)", str(n), t,
+                f"{t * 1000:,.0f} ms, {size / 1024:,.0f} KB")  # fmt: skip
             if have_chrome:
                 page = runs_page(dash, n + 1, max(1, repeat // 2))
                 row("runs", "runs page load in Chromium", str(n), page, f"{page:.2f} s", "< 2 s", page < 2.0)
+                found = runs_found(dash, n + 1, ids[-1])  # the oldest: past the first page
+                row("runs", "a run found by name on the runs page", str(n), found, f"{found:.2f} s")
             proc = psutil.Process(dash.proc.pid)
             row("runs", "dashboard open files", str(n), proc.num_fds(), f"{proc.num_fds():,}")
             row(

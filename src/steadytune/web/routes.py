@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from steadytune.protocol import ControlError, operator_issuer, send_control
 from steadytune.rundir import valid_run_id
 from steadytune.server.queue import QueueError
-from steadytune.web import api, goodput, sse
+from steadytune.web import api, goodput, runlist, sse
 from steadytune.web.auth import Access, may_read
 from steadytune.web.metrics import CONTENT_TYPE, render_metrics
 from steadytune.web.params import BadParam, query_float, query_indices, query_int
@@ -188,7 +188,8 @@ def goodput_accounts(h: Handler, p: Params, q: Query) -> None:
 
 
 def runs_stream(h: Handler, p: Params, q: Query) -> None:
-    h.stream(lambda out: sse.runs(h.app, out))
+    query = runlist.parse_query(q) if runlist.wants_page(q) else None
+    h.stream(lambda out: sse.runs(h.app, out, query))
 
 
 def metrics(h: Handler, p: Params, q: Query) -> None:
@@ -247,6 +248,11 @@ def _ok(h: Handler, p: Params, q: Query) -> None:
 
 
 def _runs(h: Handler, p: Params, q: Query) -> None:
+    """Every run's row; with any of ``limit``, ``offset``, ``q``, ``state``, ``sort``, ``order``,
+    one page of them and the counts of all (:mod:`.runlist`)."""
+    if runlist.wants_page(q):
+        query = runlist.parse_query(q)
+        return h.json(runlist.select(api.runs_list(h.app.index), query))
     h.json(api.runs_list(h.app.index))
 
 

@@ -7,6 +7,7 @@ the pages, ``/static``, ``/healthz`` and ``/api/auth`` needs the token:
     /                          runs page            /run/<id>            run page
     /static/<file>             assets               /metrics             Prometheus exposition
     /api/runs                  runs (JSON)          /api/stream          runs, live (SSE)
+    /api/runs?q=&state=&sort=&order=&offset=&limit=  one page of them, counts of all (and /api/stream?...)
     /api/runs/<id>             one run              /api/runs/<id>/series?points=&lo=&hi=
     /api/runs/<id>/events?after=<seq>               /api/runs/<id>/stream?since=<version>&after=<seq> (SSE)
     /api/runs/<id>/gradflow?points=&lo=&hi=         gradient-flow heat map (layers × recorded steps)

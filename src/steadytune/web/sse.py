@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from steadytune.web import api
+from steadytune.web import api, runlist
 from steadytune.web.app import DashboardApp
 from steadytune.web.runs import RunEntry
 
@@ -81,19 +81,28 @@ def with_slot(app: DashboardApp, body: Callable[[], None], busy: Callable[[], No
         app.streams.release()
 
 
-def runs(app: DashboardApp, stream: EventStream) -> None:
+def runs(app: DashboardApp, stream: EventStream, query: runlist.RunQuery | None = None) -> None:
     """The runs list (``runs``) first and whenever a run comes or goes; else only the rows that
     changed (``runs_changed``): with a thousand runs and one live, the page redrew a thousand rows
-    from 750 KB every second for the one that moved."""
+    from 750 KB every second for the one that moved.
+
+    With ``query``, the one page of it (:func:`.runlist.select`): ``runs`` carries the page and its
+    counts, sent again when the rows shown or the counts change (a run came, was read, or moved
+    into or out of the page), else ``runs_changed`` the shown rows that changed.
+    """
     last: list[dict[str, Any]] | None = None
+    counts: dict[str, Any] | None = None
     while not app.stopping.is_set() and not stream.viewer_gone():
         rows = api.runs_list(app.index)
-        sent = rows != last
-        if last is None or [r["run_id"] for r in rows] != [r["run_id"] for r in last]:
-            stream.send("runs", rows)
+        page = runlist.select(rows, query) if query is not None else None
+        if page is not None:
+            rows = page.pop("runs")
+        sent = rows != last or page != counts
+        if last is None or [r["run_id"] for r in rows] != [r["run_id"] for r in last] or page != counts:
+            stream.send("runs", rows if page is None else {**page, "runs": rows})
         elif sent:
             stream.send("runs_changed", [r for r, was in zip(rows, last, strict=True) if r != was])
-        last = rows
+        last, counts = rows, page
         stream.flush(sent)
         app.stopping.wait(1.0)
 
