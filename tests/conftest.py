@@ -61,9 +61,11 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         session.config.stash[_BUILDER] = builder
 
 
-def pytest_sessionfinish(session: pytest.Session) -> None:
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A build still under way is left to finish (the next session uses it), unless the session
+    was interrupted: under xdist the first worker may end while another waits for that build."""
     builder = session.config.stash.get(_BUILDER, None)
-    if builder is not None:
+    if builder is not None and exitstatus == pytest.ExitCode.INTERRUPTED:
         from tests.tools import stop_building
 
         stop_building(builder)

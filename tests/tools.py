@@ -163,8 +163,8 @@ def start_building(names: list[str]) -> subprocess.Popen[bytes] | None:
 
 
 def stop_building(builder: subprocess.Popen[bytes]) -> None:
-    """End a build still under way when the session ends (its installer too): the half-built venv has
-    no ``.ready``, so the next session builds it again."""
+    """End a build still under way (its installer too): the half-built venv has no ``.ready``, so
+    the next session builds it again."""
     if builder.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(builder.pid, signal.SIGKILL)
