@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -18,6 +19,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 STEADYTUNE = str(BIN / "steadytune")
+_BUILDER = pytest.StashKey[subprocess.Popen[bytes]]()
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -45,6 +47,28 @@ def demo_assets(cache_dir: Path) -> Path:
     from steadytune.train.assets import ensure_demo_assets
 
     return ensure_demo_assets(cache_dir)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start building the tools' venvs the session's tests will need, in the background
+    (tests/tools.py): on one worker (the first) under xdist, or in a serial run."""
+    if session.config.option.collectonly or os.environ.get("PYTEST_XDIST_WORKER", "gw0") != "gw0":
+        return
+    from tests.tools import needed_tools, start_building
+
+    builder = start_building(needed_tools(session.items))
+    if builder is not None:
+        session.config.stash[_BUILDER] = builder
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A build still under way is left to finish (the next session uses it), unless the session
+    was interrupted: under xdist the first worker may end while another waits for that build."""
+    builder = session.config.stash.get(_BUILDER, None)
+    if builder is not None and exitstatus == pytest.ExitCode.INTERRUPTED:
+        from tests.tools import stop_building
+
+        stop_building(builder)
 
 
 def _join_group(item: pytest.Item, group: str) -> None:

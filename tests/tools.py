@@ -8,19 +8,29 @@ requirements are unchanged (``.cache/tool-venvs/<name>-<hash>`` in the repositor
 ``$STEADYTUNE_TOOL_VENVS``); ``.ready`` is written last, so a half-built venv is rebuilt.
 Parallel test workers (and separate test runs sharing ``$STEADYTUNE_TOOL_VENVS``) build a venv
 under a lock file beside it: the second one waits and then finds it ready.
+
+A test session starts building the venvs its tests will need at its start (:func:`needed_tools`,
+:func:`start_building`), one after another in a background process, so that the installs overlap
+the tests that need none instead of holding up a worker when the first test asks for its venv: that
+test then finds the venv ready, or waits on the lock for the build under way.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
+import pytest
 from filelock import FileLock
+
+from tests.pip_install import pip_install
 
 REPO = Path(__file__).resolve().parents[1]
 TORCH = "torch==2.13.0"
@@ -107,16 +117,73 @@ TOOLS: dict[str, dict[str, list[str]]] = {
 _STUB = '''"""Not installed: this venv trains text only (see tests/tools.py)."""\n'''
 
 
+def needed_tools(items: Iterable[pytest.Item]) -> list[str]:
+    """The tools of :data:`TOOLS` that ``items`` run, first those of the xdist groups (which
+    ``--dist loadgroup`` hands out first), each in the order of its first test.
+
+    A test names its tools by a ``tools`` marker, by a ``tool`` parameter, or by a ``tool-<name>``
+    xdist group.
+    """
+    grouped: list[str] = []
+    single: list[str] = []
+    for item in items:
+        names = [n for m in item.iter_markers("tools") for n in m.args]
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and isinstance(callspec.params.get("tool"), str):
+            names.append(callspec.params["tool"])
+        groups = [
+            str(m.args[0] if m.args else m.kwargs.get("name")) for m in item.iter_markers("xdist_group")
+        ]
+        names += [g.removeprefix("tool-") for g in groups if g.startswith("tool-")]
+        (grouped if groups else single).extend(n for n in names if n in TOOLS)
+    return list(dict.fromkeys(grouped + single))
+
+
+def start_building(names: list[str]) -> subprocess.Popen[bytes] | None:
+    """Build the venvs of ``names`` that are not ready yet, one after another, in a background
+    process (a session of its own: :func:`stop_building`) whose output goes to ``build.log``
+    beside them; ``None`` when every one is ready."""
+    todo = [n for n in names if not (_venv(n) / ".ready").exists()]
+    if not todo:
+        return None
+    _root().mkdir(parents=True, exist_ok=True)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
+    }
+    with (_root() / "build.log").open("ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "tests.tools", *todo],
+            cwd=REPO,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def stop_building(builder: subprocess.Popen[bytes]) -> None:
+    """End a build still under way (its installer too): the half-built venv has no ``.ready``, so
+    the next session builds it again."""
+    if builder.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(builder.pid, signal.SIGKILL)
+    builder.wait()
+
+
 def _root() -> Path:
     return Path(os.environ.get("STEADYTUNE_TOOL_VENVS") or REPO / ".cache" / "tool-venvs")
 
 
+def _venv(name: str) -> Path:
+    key = hashlib.sha256(repr((sys.version_info[:2], TORCH, TOOLS[name])).encode()).hexdigest()[:12]
+    return _root() / f"{name}-{key}"
+
+
 def tool_venv(name: str) -> Path:
     """The bin/ folder of a venv with tool ``name`` installed (built on first use)."""
-    spec = TOOLS[name]
-    key = hashlib.sha256(repr((sys.version_info[:2], TORCH, spec)).encode()).hexdigest()[:12]
-    venv = _root() / f"{name}-{key}"
-    built_once(venv, lambda: _build(venv, spec))
+    venv = _venv(name)
+    built_once(venv, lambda: _build(venv, TOOLS[name]))
     return venv / "bin"
 
 
@@ -140,15 +207,15 @@ def _build(venv: Path, spec: dict[str, list[str]]) -> None:
     if venv.exists():
         shutil.rmtree(venv)
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    pip = [str(bin_dir / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    python = str(bin_dir / "python")
     constraints = venv / "constraints.txt"
     constraints.write_text(TORCH + "\n")
-    subprocess.run([*pip, TORCH], check=True)
+    pip_install(python, [TORCH])
     if spec["no_deps"]:
-        subprocess.run([*pip, "--no-deps", *spec["no_deps"]], check=True)
-    subprocess.run([*pip, "-c", str(constraints), *spec["install"]], check=True)
+        pip_install(python, ["--no-deps", *spec["no_deps"]])
+    pip_install(python, ["-c", str(constraints), *spec["install"]])
     site = subprocess.run(
-        [str(bin_dir / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
         check=True,
         capture_output=True,
         text=True,
@@ -157,3 +224,10 @@ def _build(venv: Path, spec: dict[str, list[str]]) -> None:
         (Path(site) / stub).mkdir(exist_ok=True)
         (Path(site) / stub / "__init__.py").write_text(_STUB)
     (venv / ".ready").write_text("ok\n")
+
+
+if __name__ == "__main__":  # start_building's process: python -m tests.tools NAME...
+    for tool in sys.argv[1:]:
+        print(f"building the {tool} venv", flush=True)
+        tool_venv(tool)
+        print(f"the {tool} venv is ready: {_venv(tool)}", flush=True)

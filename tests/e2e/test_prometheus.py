@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
+import threading
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -161,10 +163,16 @@ def test_a_new_dashboard_reads_old_runs_in_the_background_and_prometheus_sees_ea
     prometheus_bins: tuple[str, str], runs_dir: Path, tmp_path: Path
 ) -> None:
     """Prometheus scrapes a dashboard from its first second over 60 runs it never read: every scrape
-    answers; a run's counters appear at their final value, then never move, reset or vanish."""
+    answers; a run's counters appear at their final value, then never move, reset or vanish.
+
+    The background reader is held by a gate, so Prometheus scrapes with none of the runs read, then
+    with the 30 newest read and 30 to come, then with all read, however fast this machine reads
+    (unheld, a fast reader can be done before Prometheus' first scrape, and a slow Prometheus after).
+    """
     prometheus, promtool = prometheus_bins
     ids = _finished_runs(runs_dir, 60, 400)
-    dashboard = start_dashboard(runs_dir, host="127.0.0.1", port=0)
+    gate = threading.Semaphore(0)
+    dashboard = start_dashboard(runs_dir, host="127.0.0.1", port=0, read_gate=gate)
     first = urllib.request.urlopen(dashboard.url + "metrics", timeout=5).read()  # it asks for all 60
     prom_port = _free_port()
     proc = _prometheus(prometheus, tmp_path, dashboard.port, prom_port, "scrape_timeout: 900ms")
@@ -172,20 +180,30 @@ def test_a_new_dashboard_reads_old_runs_in_the_background_and_prometheus_sees_ea
         check = subprocess.run([promtool, "check", "metrics"], input=first, capture_output=True, timeout=30)
         assert check.returncode == 0 and check.stdout.strip() == b"", check.stdout + check.stderr
 
-        def all_read() -> bool:
-            try:
-                pending = _query(prom_port, "steadytune_runs_pending_index")
-                kept = _query(prom_port, "count(steadytune_tokens_total)")
-            except OSError:  # Prometheus is still starting
-                return False
-            return bool(pending and kept) and pending[0]["value"][1] == "0" and kept[0]["value"][1] == "60"
+        def scraped(pending: int, kept: int) -> Callable[[], bool]:
+            """Whether Prometheus' latest scrape had ``pending`` runs to come and ``kept`` runs' series."""
 
-        wait_for(all_read, timeout=240, interval=1.0, what="Prometheus to see every run read")
+            def seen() -> bool:
+                try:
+                    left = _query(prom_port, "steadytune_runs_pending_index")
+                    have = _query(prom_port, "count(steadytune_tokens_total)")
+                except OSError:  # Prometheus is still starting
+                    return False
+                return (
+                    bool(left)
+                    and left[0]["value"][1] == str(pending)
+                    and (have[0]["value"][1] == str(kept) if have else kept == 0)
+                )
+
+            return seen
+
+        wait_for(scraped(60, 0), timeout=120, interval=0.5, what="a scrape before any run was read")
+        gate.release(30)
+        wait_for(scraped(30, 30), timeout=240, interval=0.5, what="a scrape with half the runs read")
+        gate.release(30)
+        wait_for(scraped(0, 60), timeout=240, interval=1.0, what="Prometheus to see every run read")
         waited = _query(prom_port, "max_over_time(steadytune_runs_pending_index[10m])")
-        if (
-            float(waited[0]["value"][1]) == 0
-        ):  # a loaded machine: the first scrape came after every run was read
-            pytest.skip("Prometheus first scraped after every run was read: nothing seen while reading")
+        assert waited[0]["value"][1] == "60"
         up = _query(prom_port, 'min_over_time(up{job="steadytune"}[10m])')
         assert up[0]["value"][1] == "1"  # no scrape failed or timed out (900 ms) meanwhile
         scrapes = sorted(float(t) for t, _ in _query(prom_port, 'up{job="steadytune"}[10m]')[0]["values"])
@@ -199,6 +217,7 @@ def test_a_new_dashboard_reads_old_runs_in_the_background_and_prometheus_sees_ea
                 # In every scrape from its first to the last: never left out once it was there.
                 assert times == [t for t in scrapes if t >= times[0]], (family, s["metric"], "vanished")
     finally:
+        gate.release(60)  # a failed wait leaves no reader held
         dashboard.stop()
         proc.terminate()
         proc.wait(10)

@@ -57,6 +57,7 @@ def steadytune(python: str, *args: str, cwd: Path, timeout: float = 300) -> subp
     )  # fmt: skip
 
 
+@pytest.mark.tools("llamafactory")
 def test_two_real_runs_record_their_environment_and_env_diff_check_and_export_use_it(
     tmp_path: Path, demo_assets: Path
 ) -> None:

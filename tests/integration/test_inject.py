@@ -178,6 +178,7 @@ print("@@steadytune-modules", sorted(m for m in sys.modules if m.startswith("ste
 """
 
 
+@pytest.mark.tools("trl")
 def test_the_guard_needs_nothing_but_torch_and_transformers(tmp_path: Path, demo_assets: Path) -> None:
     """In the TRL tool's own venv, with steadytune refused pydantic, yaml, rich and psutil."""
     run, out = tmp_path / "run", tmp_path / "out"
@@ -217,6 +218,7 @@ def _assert_guarded_steps(run: Path, steps: int, trainer: str) -> None:
     assert _exit(run).status == "completed"
 
 
+@pytest.mark.tools("trl")
 def test_the_trl_cli_trains_with_the_guard(tmp_path: Path, demo_assets: Path) -> None:
     trl = tool_venv("trl") / "trl"
     run, out, steps = tmp_path / "run", tmp_path / "out", 6
@@ -233,6 +235,7 @@ def test_the_trl_cli_trains_with_the_guard(tmp_path: Path, demo_assets: Path) ->
     assert saved == [str(out.resolve() / f"checkpoint-{s}") for s in (3, 6)]
 
 
+@pytest.mark.tools("llamafactory")
 def test_the_llamafactory_cli_trains_with_the_guard(tmp_path: Path, demo_assets: Path) -> None:
     cli = tool_venv("llamafactory") / "llamafactory-cli"
     run, steps = tmp_path / "run", 6

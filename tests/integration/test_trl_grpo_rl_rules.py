@@ -17,7 +17,7 @@ import pytest
 
 from .toolruns import supervise, trl_job
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.tools("trl")]
 
 REPO = Path(__file__).resolve().parents[2]
 REWARDS = "tests.integration.grpo_rewards"

@@ -25,7 +25,7 @@ from steadytune.records import Event
 from .runs import STEADYTUNE
 from .toolruns import ToolJob, all_finite, run_end, supervise, trl_job
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.tools("trl")]
 
 # Each TRL trainer's own fields: every record must carry them, as the tool logged them.
 DPO_FIELDS = {"rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies", "logps/chosen"}

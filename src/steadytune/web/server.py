@@ -90,6 +90,7 @@ def start_dashboard(
     exposed: bool | None = None,
     server: Any = None,
     metrics_keep_finished_s: float = 24 * 3600.0,
+    read_gate: threading.Semaphore | None = None,
 ) -> DashboardHandle:
     """Serve the dashboard of every run under ``runs_dir`` from a background thread.
 
@@ -101,6 +102,8 @@ def start_dashboard(
     ``server``: the GPU server's daemon, for the server page and its API.
     ``metrics_keep_finished_s``: how long after its end a run keeps its series in ``/metrics``
     (``inf``: always; docs/prometheus.md).
+    ``read_gate``: the background reader takes a permit of it before each run it reads
+    (:class:`~steadytune.web.warm.BackgroundReader`); ``None`` reads freely.
 
     Raises :class:`steadytune.web.security.BindRefused` when exposed without a
     token, and ``OSError`` when the port is taken.
@@ -128,7 +131,7 @@ def start_dashboard(
         target=server.serve_forever, kwargs={"poll_interval": 0.25}, name="steadytune-dashboard", daemon=True
     )
     indexer = threading.Thread(target=app.indexer, name="steadytune-indexer", daemon=True)
-    background = BackgroundReader(index, app.stopping)
+    background = BackgroundReader(index, app.stopping, gate=read_gate)
     reader = threading.Thread(target=background.run, name="steadytune-reader", daemon=True)
     reaper = threading.Thread(target=server.reap, args=(app.stopping,), name="steadytune-reaper", daemon=True)
     serve.start()

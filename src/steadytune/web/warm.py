@@ -57,11 +57,23 @@ def read(entry: RunEntry, index: RunsIndex) -> None:
 
 
 class BackgroundReader:
-    """Reads the runs a request wanted, newest first, until :meth:`stop`; run by a dashboard's thread."""
+    """Reads the runs a request wanted, newest first, until :meth:`stop`; run by a dashboard's thread.
 
-    def __init__(self, index: RunsIndex, stopping: threading.Event, child: bool = True) -> None:
+    ``gate``: a semaphore the reader takes one permit of before each run it reads (``None``, the
+    dashboard's: it reads as fast as it can). A test holds the reading back with it, to look at
+    the dashboard while a known number of runs is still to come, however fast the machine reads.
+    """
+
+    def __init__(
+        self,
+        index: RunsIndex,
+        stopping: threading.Event,
+        child: bool = True,
+        gate: threading.Semaphore | None = None,
+    ) -> None:
         self.index = index
         self.stopping = stopping
+        self.gate = gate
         self._child: subprocess.Popen[str] | None = None
         self._may_spawn = child  # started at the first run wanted: a dashboard over stored runs needs none
         self._lock = threading.Lock()
@@ -93,6 +105,8 @@ class BackgroundReader:
             if entry is None:
                 index.wanted_event.wait(idle_s)
                 continue
+            if not self._pass_gate(idle_s):
+                return
             try:
                 if not (self._read_in_child(entry) and ready(entry, index)):
                     read(entry, index)
@@ -101,6 +115,13 @@ class BackgroundReader:
                 entry.want = None  # the requests read it themselves from now on (and show it unreadable)
             finally:
                 index.read(entry)
+
+    def _pass_gate(self, idle_s: float) -> bool:
+        """Take a permit of :attr:`gate` (none needed without one); ``False``: the dashboard stopped."""
+        while self.gate is not None and not self.gate.acquire(timeout=idle_s):
+            if self.stopping.is_set():
+                return False
+        return True
 
     def _read_in_child(self, entry: RunEntry) -> bool:
         with self._lock:

@@ -183,3 +183,33 @@ def test_a_run_that_cannot_be_read_is_given_back_to_the_requests(tmp_path: Path)
     assert rows["good"]["anomalies"] == 1 and "indexing" not in rows["good"]
     assert index.pending() == 0  # not wanted again for ever
     index.close()
+
+
+def test_a_gated_reader_reads_one_run_per_permit_and_stops_while_held(tmp_path: Path) -> None:
+    """The gate a test holds the reading back with: no permit, no run read; each permit, one run,
+    the newest first; a dashboard stopped while the reader waits for a permit ends it."""
+    runs = tmp_path / "runs"
+    for i in range(3):
+        _run(runs, f"run-{i}", NOW - 60.0 * (i + 1))
+    index = RunsIndex(runs, clock=lambda: NOW, cache_dir=tmp_path / "cache", background=True)
+    render_metrics(index, lambda: NOW)  # wants all three
+    stopping, gate = threading.Event(), threading.Semaphore(0)
+    reader = BackgroundReader(index, stopping, gate=gate)
+    thread = threading.Thread(target=reader.run, kwargs={"idle_s": 0.05})
+    thread.start()
+    try:
+        time.sleep(0.5)  # time to read a run, had it a permit
+        assert index.pending() == 3
+        gate.release()
+        wait_for(lambda: index.pending() == 2, timeout=60, what="one run read")
+        time.sleep(0.5)
+        assert index.pending() == 2  # one permit, one run
+        text = render_metrics(index, lambda: NOW)
+        assert _series(text, "run-0") and not _series(text, "run-1")  # the newest was the one read
+    finally:
+        stopping.set()
+        thread.join(10)
+        alive = thread.is_alive()
+        reader.stop()
+        index.close()
+    assert not alive  # it left its wait for a permit once the dashboard stopped
