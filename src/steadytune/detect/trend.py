@@ -140,7 +140,18 @@ class PlateauWatch:
                 self.rep.end_all(out, point.rec.step)  # a loss that turned out to be no cross-entropy
             return
         level, grad_vanished = point.level_of.level, point.grad_vanished
-        self._repeat(lp.loss)
+        # The run of values the same as its first (within _SAME_REL), counted here: this runs for
+        # every point of the loss.
+        loss, anchor = lp.loss, self._anchor
+        if anchor is None:
+            self._anchor, self._same = loss, 1
+        elif abs(loss - anchor) <= _SAME_REL * abs(anchor):
+            self._same += 1
+        else:
+            # The run that just ended, and the change that ended it, join the record of the log.
+            self._pairs += self._same
+            self._repeats += self._same - 1
+            self._anchor, self._same = loss, 1
         self._points += 1
         if self._first_step is None:
             self._first_step = lp.step
@@ -175,18 +186,6 @@ class PlateauWatch:
             self.rep.report(out, "plateau", self.metric, at, True, evidence=ev)
         elif self.rep.on and self.rep.is_on("plateau", self.metric) and self._cleared(lp):
             self.rep.report(out, "plateau", self.metric, lp.step, False)
-
-    def _repeat(self, loss: float) -> None:
-        """Count the run of values the same as its first (within ``_SAME_REL``)."""
-        anchor = self._anchor
-        if anchor is not None and abs(loss - anchor) <= _SAME_REL * abs(anchor):
-            self._same += 1
-            return
-        if anchor is not None:
-            # The run that just ended, and the change that ended it, join the record of the log.
-            self._pairs += self._same
-            self._repeats += self._same - 1
-        self._anchor, self._same = loss, 1
 
     @property
     def _frozen_after(self) -> int | float:
@@ -317,15 +316,6 @@ class PlateauWatch:
         t = slope / se if se > 0 else (0.0 if slope == 0 else math.copysign(math.inf, slope))
         return slope * span, se * span, t
 
-    def _noise(self) -> float:
-        """Per-point scatter of log-loss around the fitted line (0 until three points)."""
-        n, sx, sy, sxy, sxx, syy = self._fit
-        if n < 3:
-            return 0.0
-        vxx, vxy, vyy = sxx - sx * sx / n, sxy - sx * sy / n, syy - sy * sy / n
-        slope = vxy / vxx if vxx > 0 else 0.0
-        return math.sqrt(max(vyy - slope * vxy, 0.0) / (n - 2))
-
     def _cleared(self, lp: LossPoint) -> bool:
         if self._start_level is None:
             return self._same < self._frozen_after
@@ -338,7 +328,15 @@ class PlateauWatch:
         Two medians of 8 noisy points differ by about 0.63 sigma by chance: a gain of four of those
         is learning, not a dip of the noise (which would flap the plateau on and off).
         """
-        return 2 * self.lim.plateau_min_gain + 4.0 * 0.63 * self._noise()
+        # The noise is the per-point scatter of log-loss around the fitted line (0 until three points),
+        # worked out here: the usual exit from the plateau rule reads it at every point.
+        n, sx, sy, sxy, sxx, syy = self._fit
+        noise = 0.0
+        if n >= 3:
+            vxx, vxy, vyy = sxx - sx * sx / n, sxy - sx * sy / n, syy - sy * sy / n
+            slope = vxy / vxx if vxx > 0 else 0.0
+            noise = math.sqrt(max(vyy - slope * vxy, 0.0) / (n - 2))
+        return 2 * self.lim.plateau_min_gain + 4.0 * 0.63 * noise
 
 
 @dataclass(frozen=True, slots=True)
