@@ -132,6 +132,11 @@ class PreferenceWatch:
         self._steps: list[int] = []  # the first two steps: whether the log shows the run's start
         self._start = 0
         self._means = (0.0, 0.0)  # the loss's and the margins' means, as last judged
+        self._ever = False  # whether this rule raised anything on the run
+
+    def told(self) -> bool:
+        """Whether this rule raised anything on the run (the whole-run reward rule leaves it to this one)."""
+        return self._ever
 
     def observe(self, point: Signal, out: list[Finding]) -> None:
         """Add the step's loss and margin; judge the run since its start."""
@@ -198,4 +203,5 @@ class PreferenceWatch:
                 "not towards the chosen answers (pairs whose labels are noise or swapped in part, an LR too "
                 "small for beta, a template that hides the answers from the loss)"
             )
+        self._ever = True
         self.rep.report(out, "no_learning_signal", "loss", self._start, True, evidence=ev, cause=cause)
