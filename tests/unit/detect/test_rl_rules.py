@@ -97,6 +97,18 @@ def test_swapped_dpo_labels_are_no_reward_collapse_nor_a_flat_reward(n: int, see
     assert "no_learning_signal" in [a.kind for a in got] or n == 20  # 20 pairs of two: often not yet sure
 
 
+@pytest.mark.parametrize("trouble", ("swapped", "unlearned"))
+@pytest.mark.parametrize("n", (100, 600))
+@pytest.mark.parametrize("batch", (2, 8, 64))
+def test_the_dpo_loss_rule_holds_its_one_episode(trouble: str, n: int, batch: int) -> None:
+    """Its test is repeated as points come in and its figure wanders about the threshold: no clearing and
+    raising again on the way (each beta, six seeds)."""
+    for beta, seed in itertools.product((0.05, 0.1, 0.5), range(6)):
+        out = feed(_dpo(n, seed, batch, beta=beta, trouble=trouble))
+        raised = [t for t in out if t.state == "raised" and t.anomaly.kind == "no_learning_signal"]
+        assert len(raised) <= 1, (beta, seed, [(t.anomaly.evidence.get("to_step")) for t in raised])
+
+
 @pytest.mark.parametrize("seed", shapes.SEEDS)
 @pytest.mark.parametrize("n", (200, 600))
 def test_dpo_margins_that_rose_and_fell_back_to_zero_are_a_reward_collapse(n: int, seed: int) -> None:
