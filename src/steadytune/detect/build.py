@@ -98,15 +98,6 @@ REGISTRY: tuple[Entry, ...] = (
         ("rl",),
         uses={"collapsed": "reward.is_collapsed"},
     ),
-    # The reward over the whole run, judged once it is over (``finish``); left to the two above if they told.
-    Entry(
-        "flat_reward",
-        FlatRewardWatch,
-        (Signal,),
-        (FlatLimits,),
-        ("rl",),
-        uses={"told": "learning_signal.told", "fell": "reward.fell"},
-    ),
     # A DPO run's loss against ln 2, where it began; left to the windowed rule if it told.
     Entry(
         "preference",
@@ -115,6 +106,15 @@ REGISTRY: tuple[Entry, ...] = (
         (PreferenceLimits,),
         ("rl",),
         uses={"told": "learning_signal.told"},
+    ),
+    # The reward over the whole run, judged once it is over (``finish``); left to the three above if one told.
+    Entry(
+        "flat_reward",
+        FlatRewardWatch,
+        (Signal,),
+        (FlatLimits,),
+        ("rl",),
+        uses={"told": "learning_signal.told", "fell": "reward.fell", "anchored": "preference.told"},
     ),
     Entry(
         "short_rise",

@@ -38,9 +38,10 @@ independent points than it has).
 The log must begin at the run's start (its first step within two logging intervals of
 step 0): a log that begins mid-run (a resumed run) does not show the gain made before
 it, and a run whose reward holds at its top from there on is saturated, not stuck. A
-run the windowed rule or the collapse rule told already is left to them: one trouble,
-one episode. The finding spans the run, at the kind's usual ``warning``: an alert, for
-a restart cannot fix a reward function.
+run the windowed rule, the collapse rule or the DPO loss rule (:mod:`.preference`, on a
+DPO run's margins) told already is left to them: one trouble, one episode. The finding
+spans the run, at the kind's usual ``warning``: an alert, for a restart cannot fix a
+reward function.
 
 Each step costs one float appended; the test runs once, at the end.
 """
@@ -165,11 +166,14 @@ class FlatRewardWatch:
         limits: FlatLimits,
         told: Callable[[], bool] | None = None,
         fell: Callable[[], bool] | None = None,
+        anchored: Callable[[], bool] | None = None,
     ) -> None:
         self.lim = limits
-        # Whether the windowed rule or the collapse rule told this run already: one trouble, one episode.
+        # Whether the windowed rule, the collapse rule or the DPO loss rule (detect/preference.py) told
+        # this run already: one trouble, one episode.
         self._told = told or (lambda: False)
         self._fell = fell or (lambda: False)
+        self._anchored = anchored or (lambda: False)
         self.rep = Reporter()
         self._reset()
 
@@ -206,7 +210,7 @@ class FlatRewardWatch:
 
     def finish(self, out: list[Finding]) -> None:
         """The run is over: is its reward flat over all of it?"""
-        if self._done or self._told() or self._fell() or not self._from_start():
+        if self._done or self._told() or self._fell() or self._anchored() or not self._from_start():
             return
         self._done = True
         f = flatness(self._values)

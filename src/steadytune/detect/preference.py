@@ -35,6 +35,13 @@ their margins rise when they learn. Margins whose mean or slope lies 2 standard 
 below 0 are told as the wrong way. The kind is ``no_learning_signal`` (an alert: a restart cannot fix
 swapped labels or a sign error).
 
+Once raised, the episode holds until the evidence turns: the loss's mean at or below
+ln 2, or the margins' mean ``_LEVEL_Z`` standard errors above 0. The test is repeated as
+the points come in, so its figure wanders about the threshold: clearing it when the loss
+was merely under 2 standard errors up split one swapped or unlearned run into two
+episodes (generated DPO runs of 100 and 600 points: 1 of 108 swapped, 10 of 108
+unlearned), and a figure between 0 and 3 is no sign that the run began to learn.
+
 What it leaves out: a run whose loss stays **at** ln 2 within its noise (an LR near
 0, a ``beta`` near 0) lifts no level above ln 2; margins exactly 0 are the windowed
 rule's (:mod:`.learning`), tiny nonzero ones are not told. A loss-only log (no margins)
@@ -132,6 +139,11 @@ class PreferenceWatch:
         self._steps: list[int] = []  # the first two steps: whether the log shows the run's start
         self._start = 0
         self._means = (0.0, 0.0)  # the loss's and the margins' means, as last judged
+        self._ever = False  # whether this rule raised anything on the run
+
+    def told(self) -> bool:
+        """Whether this rule raised anything on the run (the whole-run reward rule leaves it to this one)."""
+        return self._ever
 
     def observe(self, point: Signal, out: list[Finding]) -> None:
         """Add the step's loss and margin; judge the run since its start."""
@@ -154,7 +166,7 @@ class PreferenceWatch:
         above, t_mean, t_slope = self._figures()
         if not on and above >= _LEVEL_Z and t_mean < _T and t_slope < _T and not self._told():
             self._raise(rec.step, above, t_mean, t_slope, out)
-        elif on and (above < _T or t_mean >= _LEVEL_Z):  # held while the level says so: no flapping
+        elif on and (above <= 0.0 or t_mean >= _LEVEL_Z):  # held until the level says otherwise
             self.rep.report(out, "no_learning_signal", "loss", rec.step, False)
 
     def _shows_start(self) -> bool:
@@ -198,4 +210,5 @@ class PreferenceWatch:
                 "not towards the chosen answers (pairs whose labels are noise or swapped in part, an LR too "
                 "small for beta, a template that hides the answers from the loss)"
             )
+        self._ever = True
         self.rep.report(out, "no_learning_signal", "loss", self._start, True, evidence=ev, cause=cause)

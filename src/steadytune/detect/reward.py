@@ -41,7 +41,14 @@ would drag along:
   swell the pooled noise past any fall), and their chance on the rule of succession's
   share, one standard error up (three rewards none of them as low still leave a floor the
   run may sit at a third of the time);
-- it lasts while the points stay low, and clears after as many in a row that are not.
+- it lasts while the points stay low, and clears after as many in a row that are not;
+- a DPO run's margins (``rewards/margins``, ``rewards/chosen``) start at exactly 0, where
+  the policy is its reference: a fall there is a collapse only from a best that lay above
+  that start by as much as the fall must be deep. Margins that never rose and go below 0
+  are a policy learning the wrong way (chosen and rejected swapped, a sign error), which
+  the preference rule tells as ``no_learning_signal`` (:mod:`.preference`): its fix is
+  the data or the loss, which a rollback to a checkpoint trained on the same pairs is
+  not. One trouble, one episode.
 
 The entropy and the completion length, where logged, say what the policy collapsed
 into, against their levels at the reward's best: an entropy run away (3x and more) is
@@ -82,6 +89,9 @@ _MEDIAN_SE = 1.2533  # a median's standard error over a mean's, for normal noise
 _RUNAWAY = 3.0  # the entropy or length moved this many times its level at the reward's best
 _LEVEL = 8  # points in the entropy's and the length's own levels
 _YOUNG = 3  # accepted points before the level is a best to fall from
+# Fields that are exactly 0 at a run's first step (a DPO policy is its reference there): a best must
+# rise above that start before a fall from it is a collapse (module docstring).
+_START_AT_ZERO = frozenset({"rewards/margins", "rewards/chosen"})
 # A stretch the run's own rate gives this often or more is chance, not trouble (learning.py uses it too).
 CHANCE = 1e-4
 
@@ -223,7 +233,7 @@ class RewardWatch:
                 self.rep.report(out, "reward_collapse", key, step, True)
             elif (
                 len(down := self._judged()) >= self.lim.collapse_points
-                and self.fell_from_best(down) is not None
+                and self.fell_from_best(down, 0.0 if key in _START_AT_ZERO else None) is not None
                 and not self._waits(down)
             ):
                 self._report(key, value, out)
@@ -239,10 +249,11 @@ class RewardWatch:
         self._down.clear()
         self._take(step, value, e, n)
 
-    def fell_from_best(self, down: list[float]) -> float | None:
+    def fell_from_best(self, down: list[float], start: float | None = None) -> float | None:
         """The best level, when the mean of the low points ``down`` lies far enough below it to be a
         collapse. While the level is young (fewer than ``level_window`` points), the noise is pooled with
-        the low points' own."""
+        the low points' own. ``start``: the value the field holds at a run's first step by construction;
+        the best must lie above it by as much as the fall must be deep."""
         best, sigma, m = self._best, self._noise.sigma, len(down)
         if best is None or len(self._noise.diffs) < 2 or sigma <= 0.0:
             return None
@@ -255,6 +266,8 @@ class RewardWatch:
         margin = 2 * se_best + self.lim.collapse_z * math.sqrt(se_best**2 + sigma**2 / m)
         if self._low is not None and best > self._low:
             margin = max(margin, self.lim.collapse_share * (best - self._low))
+        if start is not None and best - start <= margin:
+            return None
         return best if mean < best - margin else None
 
     def _judged(self) -> list[float]:

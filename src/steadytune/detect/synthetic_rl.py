@@ -31,7 +31,10 @@ The troubles are the ones RL and preference users meet (docs/detectors.md):
   margins grow the wrong way, below 0, and the loss rises above ln 2;
 - ``unlearned`` (DPO): the policy moves but not towards the preferences (labels that
   are noise): the margins spread around 0, their mean stays there, and the loss
-  settles above ln 2.
+  settles above ln 2;
+- ``collapse`` (DPO, at ``at``): a policy that had learned the preferences loses them (an
+  LR blow-up, a degenerate policy): from ``at`` on, the margins' mean is back at 0 with
+  their spread unchanged.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ import statistics
 from typing import Any, NamedTuple
 
 RL_TROUBLES = ("dead", "collapse", "kl_runaway", "clip", "pinned", "flat")
-DPO_TROUBLES = ("dead", "frozen_lr0", "nan", "swapped", "unlearned")
+DPO_TROUBLES = ("dead", "frozen_lr0", "nan", "swapped", "unlearned", "collapse")
 
 Batches = tuple[list[float], list[float | None], list[dict[str, Any]]]
 
@@ -248,7 +251,7 @@ def dpo_run(
     its reference at the first step: every margin exactly 0, the loss exactly ln 2) with a spread
     that grows too; the chosen rewards drift down while the rejected ones fall faster, as real
     DPO runs show. ``trouble``: :data:`DPO_TROUBLES` (``dead``, ``frozen_lr0``, ``swapped`` and
-    ``unlearned`` from the start).
+    ``unlearned`` from the start, ``collapse`` and ``nan`` at ``at``).
     """
     m_end, s_end = rng.uniform(0.5, 4.0), rng.uniform(0.5, 2.0)
     if trouble == "swapped":
@@ -275,7 +278,8 @@ def dpo_run(
         chosen_drift = -0.3 * m_end * t * rng.uniform(0, 1)
         pairs = []
         for _ in range(batch):
-            margin = rng.gauss(m_end * t, 0.05 + s_end * t) if moved else 0.0
+            mean = 0.0 if trouble == "collapse" and i >= at else m_end * t
+            margin = rng.gauss(mean, 0.05 + s_end * t) if moved else 0.0
             chosen = rng.gauss(chosen_drift, 0.2 * t) if moved else 0.0
             pairs.append((chosen, chosen - margin))
         margins = [c - r for c, r in pairs]

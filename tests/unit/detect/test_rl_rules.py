@@ -75,18 +75,50 @@ def test_a_healthy_dpo_run_raises_nothing(n: int, seed: int, batch: int) -> None
 @pytest.mark.parametrize("batch", (2, 8, 64))
 @pytest.mark.parametrize("beta", (0.05, 0.5))
 def test_a_dpo_run_that_learns_the_wrong_way_is_told_once(n: int, seed: int, batch: int, beta: float) -> None:
-    """Chosen and rejected swapped: margins below 0, the loss above ln 2 (detect/preference.py)."""
-    got = [
-        a
-        for a in _severe(_dpo(n, seed, batch, beta=beta, trouble="swapped"))
-        if a.kind == "no_learning_signal"
-    ]
-    assert len(got) == 1
+    """Chosen and rejected swapped: margins below 0, the loss above ln 2 (detect/preference.py). Margins that
+    never rose above their start (0) have no best to collapse from: no reward_collapse beside it."""
+    got = _severe(_dpo(n, seed, batch, beta=beta, trouble="swapped"))
+    assert [a.kind for a in got] == ["no_learning_signal"], [(a.kind, a.metric, a.start_step) for a in got]
     assert (got[0].metric, got[0].start_step) == ("loss", 1)
     assert got[0].evidence["loss_mean"] > math.log(2)
     if batch >= 8 and n >= 100:  # shorter or at two pairs a batch, the margins' sign is often not yet sure
         assert got[0].evidence["direction"] == "reversed"
         assert "prefer the rejected" in got[0].cause
+
+
+@pytest.mark.parametrize("seed", range(9))
+@pytest.mark.parametrize("n", (20, 100, 600))
+@pytest.mark.parametrize("batch", (2, 8, 64))
+def test_swapped_dpo_labels_are_no_reward_collapse_nor_a_flat_reward(n: int, seed: int, batch: int) -> None:
+    """More seeds than the test above, beta as TRL's default: a reward_collapse, or the whole-run rule's
+    flat margins, beside the DPO loss rule's episode is a second episode for one trouble."""
+    got = _severe(_dpo(n, seed + 100, batch, trouble="swapped"))
+    assert [a for a in got if a.kind == "reward_collapse" or "whole_run" in a.evidence] == []
+    assert "no_learning_signal" in [a.kind for a in got] or n == 20  # 20 pairs of two: often not yet sure
+
+
+@pytest.mark.parametrize("trouble", ("swapped", "unlearned"))
+@pytest.mark.parametrize("n", (100, 600))
+@pytest.mark.parametrize("batch", (2, 8, 64))
+def test_the_dpo_loss_rule_holds_its_one_episode(trouble: str, n: int, batch: int) -> None:
+    """Its test is repeated as points come in and its figure wanders about the threshold: no clearing and
+    raising again on the way (each beta, six seeds)."""
+    for beta, seed in itertools.product((0.05, 0.1, 0.5), range(6)):
+        out = feed(_dpo(n, seed, batch, beta=beta, trouble=trouble))
+        raised = [t for t in out if t.state == "raised" and t.anomaly.kind == "no_learning_signal"]
+        assert len(raised) <= 1, (beta, seed, [(t.anomaly.evidence.get("to_step")) for t in raised])
+
+
+@pytest.mark.parametrize("seed", shapes.SEEDS)
+@pytest.mark.parametrize("n", (200, 600))
+def test_dpo_margins_that_rose_and_fell_back_to_zero_are_a_reward_collapse(n: int, seed: int) -> None:
+    """A best above the start (0): a fall from it to chance is a collapse, told once, near its step."""
+    at = n // 2
+    got = _severe(_dpo(n, seed, 64, trouble="collapse", at=at))
+    collapse = [a for a in got if a.kind == "reward_collapse"]
+    assert len(collapse) == 1, [(a.kind, a.metric, a.start_step) for a in got]
+    assert collapse[0].metric == "rewards/margins"
+    assert at + 1 <= collapse[0].start_step <= at + 8
 
 
 @pytest.mark.parametrize("seed", shapes.SEEDS)
