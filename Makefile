@@ -20,13 +20,13 @@ XDIST := -n $(TEST_WORKERS) $(if $(filter-out 0,$(TEST_WORKERS)),--dist loadgrou
 $(VENV): $(VENV)/.installed
 
 # torch is pinned and installed first: an unpinned torch would pull a multi-GB CUDA build.
-# The installs go through uv where it can be installed (several times faster than pip, from the same
-# sources and with the same constraints pip is configured with), through pip otherwise (tests/pip_install.py).
+# The installs go through tests/pip_install.py: pip, or uv with STEADYTUNE_INSTALLER=uv (see there why
+# uv is not the default).
 INSTALL := $(BIN)/python tests/pip_install.py $(BIN)/python
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet uv || echo "uv could not be installed: pip installs instead"
+	if [ "$$STEADYTUNE_INSTALLER" = uv ]; then $(BIN)/python -m pip install --quiet uv; fi
 	$(INSTALL) "torch==2.13.0"
 	$(INSTALL) -e ".[train,dev,plot,gpu,tensorboard,ray]"
 	touch $@

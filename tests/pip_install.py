@@ -1,4 +1,4 @@
-"""``pip install`` into a venv: by uv where uv is at hand, by the venv's own pip otherwise.
+"""``pip install`` into a venv: by the venv's own pip, or by uv where ``STEADYTUNE_INSTALLER=uv``.
 
 The project's venv (the Makefile) and the third-party tools' venvs (``tests/tools.py``) are installed
 through here. uv installs the same packages several times faster than pip (it downloads and unpacks
@@ -9,8 +9,12 @@ are read from ``pip config list`` and handed to it, so both take their packages 
 On a machine whose CPU build of torch lies in a local folder, that is what keeps ``torch==2.13.0``
 from resolving to the multi-GB CUDA build of the package index.
 
-uv is looked for beside the python running this (``.venv/bin``: the Makefile installs uv there),
-then on ``PATH``; ``STEADYTUNE_INSTALLER=pip`` uses pip even where uv is at hand.
+uv is not the default: among the files of one version it may take another wheel than pip does.
+Given ``multiprocess`` 0.70's wheels for each Python (``py310``, ``py311``, ...), uv installed the
+``py310`` one into Python 3.11, whose ``fork_exec`` takes other arguments: the ``datasets`` map of
+axolotl's preprocessing then failed with ``TypeError: fork_exec() takes exactly 23 arguments (21
+given)``, with every package at the same version as pip's. With ``STEADYTUNE_INSTALLER=uv``, uv is
+looked for beside the python running this, then on ``PATH``.
 
 Usage: ``python tests/pip_install.py VENV_PYTHON [pip install arguments]``
 """
@@ -54,8 +58,8 @@ def pip_sources(config_list: str) -> list[str]:
 
 
 def find_uv() -> str | None:
-    """uv beside this python or on ``PATH``; ``None`` where there is none or pip is asked for."""
-    if os.environ.get("STEADYTUNE_INSTALLER") == "pip":
+    """uv beside this python or on ``PATH`` where uv is asked for; ``None`` (pip) otherwise."""
+    if os.environ.get("STEADYTUNE_INSTALLER") != "uv":
         return None
     beside = Path(sys.executable).parent / "uv"
     return str(beside) if beside.exists() else shutil.which("uv")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
-from tests.pip_install import install_command, pip_sources
+from tests.pip_install import find_uv, install_command, pip_sources
 from tests.tools import needed_tools
 
 # `pip config list` on a machine with a local folder of wheels (the CPU torch) and two local indexes.
@@ -104,3 +104,18 @@ def test_each_test_module_that_runs_a_tool_names_it(path: Path) -> None:
     when it asks, not in the background from the session's start."""
     text = path.read_text()
     assert "mark.tools(" in text or 'parametrize("tool"' in text or "tool-{" in text, path
+
+
+def test_pip_installs_unless_uv_is_asked_for(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """uv took another wheel than pip for one package here (tests/pip_install.py): it is opt-in."""
+    uv = tmp_path / "uv"
+    uv.write_text("#!/bin/sh\n")
+    uv.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("STEADYTUNE_INSTALLER", raising=False)
+    assert find_uv() is None
+    monkeypatch.setenv("STEADYTUNE_INSTALLER", "pip")
+    assert find_uv() is None
+    monkeypatch.setenv("STEADYTUNE_INSTALLER", "uv")
+    found = find_uv()
+    assert found is not None and Path(found).name == "uv"
