@@ -9,6 +9,7 @@ found by its name, and the counts (``total``, ``matched``, ``states``, ``pending
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -84,9 +85,7 @@ def select(rows: Sequence[dict[str, Any]], query: RunQuery) -> dict[str, Any]:
     ``runs`` is the slice from ``offset``. A row without the sorted value (a pending run's loss)
     comes after those with one, in either order.
     """
-    states: dict[str, int] = {}
-    for r in rows:
-        states[str(r.get("state"))] = states.get(str(r.get("state")), 0) + 1
+    states = dict(Counter(str(r.get("state")) for r in rows))
     text = query.text.lower()
     kept = [
         r for r in rows

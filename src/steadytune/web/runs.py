@@ -102,10 +102,11 @@ class RunEntry:
     ) -> None:
         self.dir = run_dir
         d = run_dir
-        # What stamp() looks at, made once: a runs page asks for a thousand runs' stamps a second,
-        # and building their paths again each time was two thirds of it.
-        self._stamped = (d.status, d.db, d.db.with_name(d.db.name + "-wal"), d.events, d.checkpoints,
-                         d.latest_pointer, d.last_good_pointer)  # fmt: skip
+        # What status() and stamp() look at, made once: a runs page asks for a thousand runs' stamps
+        # a second, and building their paths again each time was two thirds of it.
+        self._status_path = d.status
+        self._stamped = (self._status_path, d.db, d.db.with_name(d.db.name + "-wal"), d.events,
+                         d.checkpoints, d.latest_pointer, d.last_good_pointer)  # fmt: skip
         self.kept = kept  # where what memo() derives of the finished run is kept between dashboards
         # Given: a run never read is left to the background reader (RunsIndex.want), not read by a request.
         self.want = want
@@ -131,7 +132,7 @@ class RunEntry:
 
     def status(self) -> dict[str, Any]:
         """The run's ``status.json``, read again only when the file changed (a copy: callers may add)."""
-        path = self._stamped[0]
+        path = self._status_path
         stamp = file_stamp(path)
         cached = self._status
         if cached is None or cached[0] != stamp or stamp is None:
