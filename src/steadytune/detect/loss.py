@@ -498,11 +498,8 @@ class LossWatch:
         # The steady line is held to the same best level, so the level must clear the same luck:
         # a smoothed loss draws straight lines out of the data's wander (t 8-14 over 16 points,
         # several times in one healthy run), and only the height above the best tells them apart.
-        return (
-            above > self.lim.climb_min_rise
-            and self.fit.rising
-            and above > self._climb_threshold(self.lim.climb_min_rise)
-        )
+        # (The threshold is climb_min_rise plus that luck: the rise it asks is implied.)
+        return above > self._climb_threshold(self.lim.climb_min_rise) and self.fit.rising
 
     def _slow_climb(self, step: int, epoch: float | None, out: list[Finding]) -> None:
         """The level creeping up, point by point, well above the best level of this segment."""
