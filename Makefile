@@ -20,13 +20,13 @@ XDIST := -n $(TEST_WORKERS) $(if $(filter-out 0,$(TEST_WORKERS)),--dist loadgrou
 $(VENV): $(VENV)/.installed
 
 # torch is pinned and installed first: an unpinned torch would pull a multi-GB CUDA build.
-# The installs go through tests/pip_install.py: pip, or uv with STEADYTUNE_INSTALLER=uv (see there why
-# uv is not the default).
+# The installs go through tests/pip_install.py: uv (installed into the venv first, by pip), or pip with
+# STEADYTUNE_INSTALLER=pip. uv installs the same packages as pip in a fraction of its time (docs/testing.md).
 INSTALL := $(BIN)/python tests/pip_install.py $(BIN)/python
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	if [ "$$STEADYTUNE_INSTALLER" = uv ]; then $(BIN)/python -m pip install --quiet uv; fi
+	if [ "$$STEADYTUNE_INSTALLER" != pip ]; then $(BIN)/python -m pip install --quiet uv; fi
 	$(INSTALL) "torch==2.13.0"
 	$(INSTALL) -e ".[train,dev,plot,gpu,tensorboard,ray]"
 	touch $@

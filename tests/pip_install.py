@@ -1,20 +1,22 @@
-"""``pip install`` into a venv: by the venv's own pip, or by uv where ``STEADYTUNE_INSTALLER=uv``.
+"""``pip install`` into a venv: by uv where it is installed, or by the venv's own pip
+(``STEADYTUNE_INSTALLER=pip``, or no uv).
 
 The project's venv (the Makefile) and the third-party tools' venvs (``tests/tools.py``) are installed
 through here. uv installs the same packages several times faster than pip (it downloads and unpacks
 in parallel and links wheels from its cache): a tool's venv, the longest setup of the suite, is built
-in about a third of pip's time (docs/testing.md). uv does not read pip's configuration, though: the
+in a fifth of pip's time or less (docs/testing.md). uv does not read pip's configuration, though: the
 find-links folders, index URLs and constraint files pip is given (``pip.conf``, ``PIP_*`` variables)
 are read from ``pip config list`` and handed to it, so both take their packages from the same places.
 On a machine whose CPU build of torch lies in a local folder, that is what keeps ``torch==2.13.0``
 from resolving to the multi-GB CUDA build of the package index.
 
-uv is not the default: among the files of one version it may take another wheel than pip does.
-Given ``multiprocess`` 0.70's wheels for each Python (``py310``, ``py311``, ...), uv installed the
-``py310`` one into Python 3.11, whose ``fork_exec`` takes other arguments: the ``datasets`` map of
-axolotl's preprocessing then failed with ``TypeError: fork_exec() takes exactly 23 arguments (21
-given)``, with every package at the same version as pip's. With ``STEADYTUNE_INSTALLER=uv``, uv is
-looked for beside the python running this, then on ``PATH``.
+uv also takes a version's files from one index only, the first that has the version, where pip takes
+the best file for this Python among all of them. Where a local mirror holds only ``multiprocess``
+0.70's ``py310`` wheel (each a copy of one Python's ``multiprocessing``), uv installed it into Python
+3.11, whose ``fork_exec`` takes other arguments, and the ``datasets`` map of axolotl's preprocessing
+failed with ``TypeError: fork_exec() takes exactly 23 arguments (21 given)``. uv is therefore given
+pip's main index (which holds every file) first: it then picks what pip picks. uv is looked for beside
+the python running this, then on ``PATH``; ``make`` installs it into ``.venv`` first.
 
 Usage: ``python tests/pip_install.py VENV_PYTHON [pip install arguments]``
 """
@@ -35,6 +37,7 @@ _SOURCES = {
     "constraint": "--constraint",
 }
 _PIP = ["-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+_PYPI = "https://pypi.org/simple"
 
 
 def pip_sources(config_list: str) -> list[str]:
@@ -42,7 +45,9 @@ def pip_sources(config_list: str) -> list[str]:
 
     Values hold several entries separated by whitespace, as pip reads them; an entry given in two
     scopes is passed once. pip takes one index URL, the first scope's (the environment's), so
-    only that one is passed.
+    only that one is passed, PyPI where none is set. It is also passed first of the extra index
+    URLs: uv takes a version's files from the first index that has the version, and the main index
+    holds all of them where the extra ones (local mirrors) may hold a few.
     """
     args: list[str] = []
     for line in config_list.splitlines():
@@ -54,12 +59,17 @@ def pip_sources(config_list: str) -> list[str]:
             taken = [args[i + 1] for i in range(0, len(args), 2) if args[i] == flag]
             if entry not in taken and not (flag == "--index-url" and taken):
                 args += [flag, entry]
-    return args
+    main = next((args[i + 1] for i in range(0, len(args), 2) if args[i] == "--index-url"), _PYPI)
+    if "--extra-index-url" not in args:
+        return args
+    first = args.index("--extra-index-url")
+    return [*args[:first], "--extra-index-url", main, *args[first:]]
 
 
 def find_uv() -> str | None:
-    """uv beside this python or on ``PATH`` where uv is asked for; ``None`` (pip) otherwise."""
-    if os.environ.get("STEADYTUNE_INSTALLER") != "uv":
+    """uv beside this python or on ``PATH``; ``None`` (pip) where there is none or
+    ``STEADYTUNE_INSTALLER=pip`` asks for pip."""
+    if os.environ.get("STEADYTUNE_INSTALLER") == "pip":
         return None
     beside = Path(sys.executable).parent / "uv"
     return str(beside) if beside.exists() else shutil.which("uv")

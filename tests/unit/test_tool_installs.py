@@ -33,8 +33,13 @@ def test_uv_gets_every_source_and_constraint_pip_is_configured_with_once() -> No
         "--find-links", "/opt/wheels",
         "--index-url", "https://mirror.example/simple",  # the environment's: pip reads it first
         "--constraint", "/etc/xdg/pip/constraints.txt",
+        "--extra-index-url", "https://mirror.example/simple",  # uv's first: the main index before the extra
         "--extra-index-url", "file:///opt/pypi/simple",
         "--extra-index-url", "file:///opt/pypi-more/simple",
+    ]  # fmt: skip
+    assert pip_sources("global.extra-index-url='file:///opt/pypi/simple'\n") == [
+        "--extra-index-url", "https://pypi.org/simple",  # pip's main index where none is set
+        "--extra-index-url", "file:///opt/pypi/simple",
     ]  # fmt: skip
     assert pip_sources("") == []
     assert pip_sources("global.timeout='60'\nnot a setting\n") == []
@@ -106,16 +111,21 @@ def test_each_test_module_that_runs_a_tool_names_it(path: Path) -> None:
     assert "mark.tools(" in text or 'parametrize("tool"' in text or "tool-{" in text, path
 
 
-def test_pip_installs_unless_uv_is_asked_for(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """uv took another wheel than pip for one package here (tests/pip_install.py): it is opt-in."""
-    uv = tmp_path / "uv"
-    uv.write_text("#!/bin/sh\n")
-    uv.chmod(0o755)
-    monkeypatch.setenv("PATH", str(tmp_path))
+def test_uv_installs_where_there_is_one_unless_pip_is_asked_for(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    on_path, venv_bin = tmp_path / "path", tmp_path / "venv" / "bin"
+    on_path.mkdir()
+    venv_bin.mkdir(parents=True)
+    monkeypatch.setattr(sys, "executable", str(venv_bin / "python"))
+    monkeypatch.setenv("PATH", str(on_path))
     monkeypatch.delenv("STEADYTUNE_INSTALLER", raising=False)
-    assert find_uv() is None
+    assert find_uv() is None  # none anywhere: pip
+    for folder in (on_path, venv_bin):
+        (folder / "uv").write_text("#!/bin/sh\n")
+        (folder / "uv").chmod(0o755)
+    assert find_uv() == str(venv_bin / "uv")  # the venv's own first
+    (venv_bin / "uv").unlink()
+    assert find_uv() == str(on_path / "uv")
     monkeypatch.setenv("STEADYTUNE_INSTALLER", "pip")
     assert find_uv() is None
-    monkeypatch.setenv("STEADYTUNE_INSTALLER", "uv")
-    found = find_uv()
-    assert found is not None and Path(found).name == "uv"
