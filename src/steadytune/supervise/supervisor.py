@@ -316,7 +316,7 @@ class Supervisor:
                 worker.kill()
                 stop.killed = True
             if not self.intake.behind:  # a backlog is taken a budget a turn, without a pause between
-                time.sleep(self.poll_s)
+                worker.wait_exit(self.poll_s)
         # Asked to stop, the rest of the tree gets the grace period too: a launcher dies of SIGTERM at
         # once while its trainer is still saving the checkpoint it was asked for.
         tree = st.attempt.tree
