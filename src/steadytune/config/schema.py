@@ -305,6 +305,13 @@ class RunConfig(Section):
         10, ge=0, description="healthy steps after a checkpoint before it becomes LAST_GOOD"
     )
     sample_interval_s: float = Field(2.0, gt=0, description="seconds between system samples")
+    poll_s: float = Field(
+        0.2,
+        ge=0.01,
+        le=5.0,
+        description="seconds between the supervisor's looks at the run's streams (0.01 to 5): how soon a "
+        "step's trouble is acted on, and about 2 ms of the supervisor's CPU per look",
+    )
     telemetry_segment_bytes: int = Field(
         DEFAULT_SEGMENT_BYTES,
         description=f"a size in bytes of at least {MIN_SEGMENT_BYTES} (such as {DEFAULT_SEGMENT_BYTES}, "

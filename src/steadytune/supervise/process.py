@@ -7,10 +7,12 @@ supervisor, which then decides how the worker stops (checkpoint first).
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
 import time
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -32,6 +34,21 @@ def worker_command(run_root: Path, nproc_per_node: int = 1, python: str = sys.ex
         "--max_restarts=0",
         *module,
     ]
+
+
+def _exit_fd(pid: int) -> int | None:
+    """A descriptor that turns readable when process ``pid`` ends; None where there is none."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
+def _close_quietly(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
 
 
 class WorkerProcess:
@@ -67,6 +84,9 @@ class WorkerProcess:
         )
         if pipe_stdout:
             self._log.close()
+        self._exited = _exit_fd(self.proc.pid)
+        if self._exited is not None:
+            weakref.finalize(self, _close_quietly, self._exited)
 
     @property
     def kind(self) -> str:
@@ -85,6 +105,18 @@ class WorkerProcess:
         if rc is not None and not self._log.closed:
             self._log.close()
         return rc
+
+    def wait_exit(self, timeout: float) -> None:
+        """Wait ``timeout`` seconds, or less if the process ends meanwhile.
+
+        The supervisor's loop waits here between its turns: a worker that is killed or crashes is
+        noticed at once, not at the next turn. Where the system has no process file descriptor
+        (Linux before 5.3, other systems) this is a plain sleep.
+        """
+        if self._exited is None or self.proc.returncode is not None:
+            time.sleep(timeout)  # once it has ended, its descriptor stays readable: select would spin
+            return
+        select.select([self._exited], [], [], timeout)
 
     def wait(self, timeout: float | None = None) -> int | None:
         try:

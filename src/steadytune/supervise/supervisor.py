@@ -99,7 +99,7 @@ class Supervisor:
         console: Any = None,
         clock: Callable[[], float] = time.time,
         sampler: SystemSampler | None = None,
-        poll_s: float = 0.2,
+        poll_s: float | None = None,
         worker_env: dict[str, str] | None = None,
         observers: list[Observer] | None = None,
         stop_grace_s: float = 120.0,
@@ -114,7 +114,7 @@ class Supervisor:
         """
         self.cfg = cfg
         self.run = run.create()
-        self.poll_s = poll_s
+        self.poll_s = cfg.run.poll_s if poll_s is None else poll_s
         self.out = Outbox(self.run, clock, console)
         planner = RestartPlanner(cfg.run, cfg.train, clock)  # restart budgets, backoff, next plans
         worker_env = run_worker_env(cfg, worker_env)
@@ -242,7 +242,7 @@ class Supervisor:
                 self.actions.on_transition(t)
         self.books.update_last_good()
         self.books.write_status()
-        self.out.observers.flush()
+        self.out.observers.tick(now)
 
     def handle(self, rec: Record) -> None:
         st, attempt = self.state, self.state.attempt
@@ -316,7 +316,7 @@ class Supervisor:
                 worker.kill()
                 stop.killed = True
             if not self.intake.behind:  # a backlog is taken a budget a turn, without a pause between
-                time.sleep(self.poll_s)
+                worker.wait_exit(self.poll_s)
         # Asked to stop, the rest of the tree gets the grace period too: a launcher dies of SIGTERM at
         # once while its trainer is still saving the checkpoint it was asked for.
         tree = st.attempt.tree

@@ -4,10 +4,13 @@ handled, stored and counted before the next is read, and nothing of it is lost."
 from __future__ import annotations
 
 import json
+import os
 from itertools import pairwise
 from pathlib import Path
 
 from steadytune.records import StepRecord
+from steadytune.rundir import RunDir
+from steadytune.supervise.intake import RankFiles
 from steadytune.supervise.supervisor import Supervisor
 from steadytune.telemetry.stream import JsonlWriter
 from tests.unit.supervise.build import supervisor
@@ -82,3 +85,24 @@ def test_a_rank_that_is_behind_at_the_backlogs_end_is_still_a_straggler(tmp_path
     sup.intake.budget_bytes = BUDGET
     _backlog(sup, ranks=4, steps=1200, lagging=2, lag=200)
     assert "straggler" in _take_all(sup)
+
+
+def test_a_new_rank_file_is_seen_at_once_or_within_the_listing_interval(tmp_path: Path) -> None:
+    run = RunDir(tmp_path / "r").create()
+    run.telemetry_dir.mkdir(parents=True, exist_ok=True)
+    now = [0.0]
+    files = RankFiles(run, clock=lambda: now[0], every_s=1.0)
+    assert files() == []
+    run.telemetry(0).touch()
+    assert files() == [run.telemetry(0)]  # the folder changed: listed again at once
+    # A file made within the same tick of the folder's clock as the last listing leaves its mtime as it
+    # was: it is found when the listing interval has passed.
+    before = run.telemetry_dir.stat()
+    run.telemetry(1).touch()
+    (run.telemetry_dir / "rank-0.00001.jsonl").touch()  # a sealed segment is no live stream
+    run.telemetry(10).touch()
+    os.utime(run.telemetry_dir, ns=(before.st_atime_ns, before.st_mtime_ns))
+    now[0] = 0.5
+    assert files() == [run.telemetry(0)]
+    now[0] = 1.0
+    assert files() == [run.telemetry(0), run.telemetry(1), run.telemetry(10)]  # by rank, not by name

@@ -1,4 +1,5 @@
-"""A failing observer is disabled with an event and the run goes on; every observer is flushed each tick."""
+"""A failing observer is disabled with an event and the run goes on; the observers are flushed once a
+second, or at the next tick after an event."""
 
 from __future__ import annotations
 
@@ -56,13 +57,13 @@ def test_an_observer_that_raises_is_disabled_with_an_event_and_the_others_go_on(
     assert broken.events == [] and broken not in sup.out.observers.live  # told nothing more
 
 
-def test_every_observer_is_flushed_each_tick_and_closed_at_the_end(tmp_path: Path) -> None:
+def test_every_observer_is_flushed_and_closed_at_the_end(tmp_path: Path) -> None:
     sup = supervisor(tmp_path)
     keeper, failing_flush = Keeper(), Keeper(fail_on="flush")
     sup.out.observers.append(keeper)
     sup.out.observers.append(failing_flush)
     sup.pump()
-    sup.pump()
+    sup.pump()  # the first flush's failure filed an event: flushed again at once
     assert keeper.flushes == 2 and failing_flush.flushes == 0
     assert [e.data["call"] for e in read_events(sup.run.events) if e.name == "observer_disabled"] == ["flush"]
     sup.out.observers.close()
@@ -77,3 +78,22 @@ def test_a_report_that_fails_in_the_next_observer_disables_that_one_too() -> Non
     assert told == [("on_event", "disk full in on_event")] * 2 and group.live == []
     group.event(Event(ts=2.0, kind="lifecycle", name="run_completed"))  # nobody left: nothing raises
     assert len(group.disabled) == 2
+
+
+def test_records_are_flushed_once_a_second_and_an_event_at_the_next_tick() -> None:
+    keeper = Keeper()
+    group = Observers([keeper], every_s=1.0)
+    group.record(StepRecord(step=1, ts=1.0, loss=1.0))
+    group.tick(100.0)
+    assert keeper.flushes == 1  # the first tick flushes
+    for t in (100.2, 100.4, 100.99):
+        group.record(StepRecord(step=2, ts=t, loss=1.0))
+        group.tick(t)
+    assert keeper.flushes == 1  # records alone wait for the second to pass
+    group.tick(101.0)
+    assert keeper.flushes == 2
+    group.event(Event(ts=101.1, kind="anomaly", name="loss_spike", severity="warning"))
+    group.tick(101.1)
+    assert keeper.flushes == 3  # an event does not wait
+    group.tick(101.2)
+    assert keeper.flushes == 3  # and once flushed, the second starts again

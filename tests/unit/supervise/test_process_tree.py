@@ -4,14 +4,17 @@ thread other than the main one started."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import psutil
 
-from steadytune.supervise.process import descendants
+from steadytune.supervise.process import WorkerProcess, descendants
 from tests.waiting import wait_for
 
 _TREE = textwrap.dedent(
@@ -51,3 +54,21 @@ def test_a_kernel_without_the_lists_is_told_apart_from_a_process_that_ended(tmp_
     (tmp_path / "8" / "task" / "12" / "children").write_text("11")
     assert sorted(descendants(7, proc=tmp_path) or []) == [8, 9, 10, 11]  # 9 and 10 ended meanwhile
     assert descendants(99, proc=tmp_path) == []
+
+
+def test_the_wait_between_turns_ends_when_the_worker_is_killed(tmp_path: Path) -> None:
+    """The supervisor's loop waits on its worker between turns: a kill is noticed at once, not at the end
+    of the wait; a worker that has ended makes the wait a plain sleep (never a spin)."""
+    worker = WorkerProcess([sys.executable, "-c", "import time; time.sleep(60)"], tmp_path / "w.log")
+    t0 = time.monotonic()
+    worker.wait_exit(0.3)
+    assert worker.poll() is None and time.monotonic() - t0 >= 0.25  # alive: the whole wait
+    os.kill(worker.pid, signal.SIGKILL)
+    t0 = time.monotonic()
+    worker.wait_exit(30.0)
+    woke = time.monotonic() - t0
+    assert woke < 10.0, woke  # woken by the exit, far sooner than the 30 s asked
+    assert worker.poll() == -signal.SIGKILL
+    t0 = time.monotonic()
+    worker.wait_exit(0.3)
+    assert time.monotonic() - t0 >= 0.25  # ended: a sleep, not an instant return
