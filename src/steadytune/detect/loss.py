@@ -107,6 +107,9 @@ class LossWatch:
         self._last_finite: float | None = None
         # This segment has diverged once: a young baseline after it is no evidence of health.
         self._unstable = False
+        # A spike or divergence that ended: (accepted points still to wait, its base), until the
+        # loss is seen to have settled higher or not (:meth:`_settled`).
+        self._settle: tuple[int, float] | None = None
 
     def observe(self, point: Signal, out: list[Finding]) -> None:
         """Judge the step's loss: every rule for the SFT loss, only NaN/Inf for an RL or preference one.
@@ -193,6 +196,7 @@ class LossWatch:
         self.fit.clear()
         self._end_spike(out, step)
         self._pending = self._cand = None
+        self._settle = None  # the new segment has a best level of its own
 
     def _confirm_pending(
         self, step: int, loss: float, y: float, jump: float, out: list[Finding]
@@ -346,6 +350,8 @@ class LossWatch:
             self.season.note(y, epoch)
         t.accept(y, epoch)
         fit.ys.append(y)
+        if self._settle is not None:
+            self._settled()
         best = t.best_level
         above = t.level - best if best is not None else 0.0
         # Both slow-climb tests need the level above its best (climb_min_rise < divergence_rise):
@@ -471,10 +477,37 @@ class LossWatch:
                 else None,
             )
 
+    def _settled(self) -> None:
+        """A loss that settled above where its ended episode began is judged from there on.
+
+        An episode that ends while the loss stays up (one point dipped under the spike's end,
+        the loss then held at its new height: a new stretch of data, an unshuffled
+        data block) leaves the best level where it was before the jump. If the held level is
+        short of the divergence threshold, nothing more is raised, but any later bump on top
+        of it is measured from the old best and reported as the same shift once more (one
+        trouble, two episodes). Once the loss has held its new height for a whole noise
+        window with no divergence raised, that height is the run's level, told once already:
+        the best level restarts there. A loss still climbing raises its divergence first
+        (the threshold is unchanged), and one that came back has nothing to restart.
+        """
+        assert self._settle is not None
+        left, base = self._settle
+        if left > 1:
+            self._settle = (left - 1, base)
+            return
+        self._settle = None
+        t = self.tracker
+        if self.rep.is_on("divergence", self.metric) or not t.level_full:
+            return
+        if t.level - base > self._resolve_jump and (t.best_level is None or t.level > t.best_level):
+            t.best_level = t.level
+            self.fit.clear()  # the line through the jump is the shift, not a climb
+
     def _end_spike(self, out: list[Finding], step: int) -> None:
         if self._spike_start is None:
             return
         self._spike_start = None
+        self._settle = (self.s.noise_window, self._spike_base)
         self.rep.report(out, "loss_spike", self.metric, step, False)
         if not self._climbing():
             self.rep.report(out, "divergence", self.metric, step, False)
