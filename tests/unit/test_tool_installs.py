@@ -53,8 +53,8 @@ def test_without_uv_pip_installs_and_with_uv_it_is_given_pips_configuration() ->
     config = subprocess.run([python, "-m", "pip", "config", "list"], capture_output=True, text=True).stdout
     cmd = install_command(python, ["--no-deps", "trl"], "/opt/uv")
     assert cmd[:5] == ["/opt/uv", "pip", "install", "--quiet", "--python"] and cmd[5] == python
-    assert cmd[6:8] == ["--index-strategy", "unsafe-best-match"]
-    assert cmd[8:] == [*pip_sources(config), "--no-deps", "trl"]
+    assert cmd[6:9] == ["--index-strategy", "unsafe-best-match", "--compile-bytecode"]  # as pip does
+    assert cmd[9:] == [*pip_sources(config), "--no-deps", "trl"]
 
 
 @dataclass
