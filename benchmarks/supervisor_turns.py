@@ -137,7 +137,6 @@ def main() -> int:
         sets = [x for s in args.set for x in ("--set", s)]
         feed = ["--prefill", "0", "--rate", str(args.rate), "--max-live", str(args.steps)]
         sys.argv = [str(HERE / "_scale_supervisor.py"), tmp, "turns", *sets, "--", *feed]
-        sys.path.insert(0, str(HERE))
         try:
             runpy.run_path(str(HERE / "_scale_supervisor.py"), run_name="__main__")
         except SystemExit:

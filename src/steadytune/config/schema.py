@@ -310,7 +310,7 @@ class RunConfig(Section):
         ge=0.01,
         le=5.0,
         description="seconds between the supervisor's looks at the run's streams (0.01 to 5): how soon a "
-        "step's trouble is acted on, and about 2 ms of the supervisor's CPU per look",
+        "step's trouble is acted on; each look costs the supervisor a few ms of CPU",
     )
     telemetry_segment_bytes: int = Field(
         DEFAULT_SEGMENT_BYTES,

@@ -4,8 +4,8 @@ Each receives every record and every filed event, and is flushed once a second, 
 supervisor's next turn after an event was filed; none of them may block the supervisor for long.
 Flushed at every turn (about five a second), the run index's commits were a third of the
 supervisor's own CPU at 10 steps/s; an event still reaches the index (and the dashboard) at once.
-They are called through :class:`Observers` alone: one that raises is disabled, with an ``observer_disabled``
-event that says which and why, and the run goes on without it.
+They are called through :class:`Observers` alone: one that raises is disabled, with an
+``observer_disabled`` event that says which and why, and the run goes on without it.
 """
 
 from __future__ import annotations

@@ -85,8 +85,9 @@ class WorkerProcess:
         if pipe_stdout:
             self._log.close()
         self._exited = _exit_fd(self.proc.pid)
-        if self._exited is not None:
-            weakref.finalize(self, _close_quietly, self._exited)
+        # Closed once the exit is seen (poll), or when the object goes; a finalizer runs at most once,
+        # so the number is never closed twice (it may belong to another file by then).
+        self._close_exited = weakref.finalize(self, _close_quietly, self._exited) if self._exited else None
 
     @property
     def kind(self) -> str:
@@ -104,6 +105,9 @@ class WorkerProcess:
         rc = self.proc.poll()
         if rc is not None and not self._log.closed:
             self._log.close()
+        if rc is not None and self._close_exited is not None:
+            self._close_exited()
+            self._exited = self._close_exited = None
         return rc
 
     def wait_exit(self, timeout: float) -> None:

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from steadytune.supervise.process import WorkerProcess, descendants
 from tests.waiting import wait_for
@@ -68,7 +69,12 @@ def test_the_wait_between_turns_ends_when_the_worker_is_killed(tmp_path: Path) -
     worker.wait_exit(30.0)
     woke = time.monotonic() - t0
     assert woke < 10.0, woke  # woken by the exit, far sooner than the 30 s asked
+    fd = worker._exited
     assert worker.poll() == -signal.SIGKILL
+    if fd is not None:  # the exit seen, its descriptor is given back at once, not when the object goes
+        assert worker._exited is None
+        with pytest.raises(OSError):
+            os.fstat(fd)
     t0 = time.monotonic()
     worker.wait_exit(0.3)
     assert time.monotonic() - t0 >= 0.25  # ended: a sleep, not an instant return
