@@ -74,7 +74,7 @@ class Intake:
         for path in self.streams():
             if path not in self.tailers:
                 chunk = min(self.budget_bytes, CHUNK_BYTES)
-                self.tailers[path] = JsonlTailer(path, chunk_bytes=chunk)
+                self.tailers[path] = JsonlTailer(path, chunk_bytes=chunk, keep_open=True)
         yield from in_step(self.tailers, self.held, self.budget_bytes)
         self.behind = bool(self.held) or any(t.stopped_at_budget for t in self.tailers.values())
 
@@ -93,6 +93,8 @@ class Intake:
 
     def close(self) -> None:
         self.system.close()
+        for tailer in self.tailers.values():
+            tailer.close()
 
 
 class RankFiles:

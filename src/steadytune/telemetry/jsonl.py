@@ -6,6 +6,11 @@
 - **Rotation-proof.** A stream rotated into segments (:mod:`steadytune.telemetry.segments`)
   is read as one file: its segments in order, then the live file, across rotations that
   happen while a reader is mid-file.
+- **Cheap to follow.** A reader made with ``keep_open`` (the supervisor's, which looks five
+  times a second) holds the live file open between calls: a call is an ``fstat``, a ``pread``
+  of what is new and a ``stat`` of the path (was it sealed?), where opening the file, looking for
+  the next segment and reading to its end took eleven system calls, the first of them dear right
+  after the supervisor's sleep.
 - **Bounded.** A line longer than ``max_line_bytes`` (default :data:`MAX_LINE_BYTES`,
   16 MiB) is skipped and counted in ``long_lines``. It is never held in memory whole:
   the file is read in chunks, and the part of a line seen so far is dropped once it
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 from collections.abc import Callable, Generator, Iterator
 from enum import Enum
@@ -102,7 +108,10 @@ class JsonlReader:
         segment: int = 1,
         max_line_bytes: int | None = None,
         chunk_bytes: int | None = None,
+        keep_open: bool = False,
     ) -> None:
+        """``keep_open``: hold the live file open between calls (see :class:`HeldFile`); :meth:`close`
+        lets it go. For a reader that follows one stream for long, not for one that reads once."""
         self.path = Path(path)
         self.offset = offset
         self.segment = segment
@@ -115,6 +124,8 @@ class JsonlReader:
         self._skipping: bool | None = None  # inside an over-long line; None: not known yet
         self.stopped_at_budget = False  # the last read left the file's end unread (its max_bytes)
         self._placed = False  # whether the position was checked against the segments there
+        self.keep_open = keep_open
+        self._held: HeldFile | None = None  # the live file of the position's segment, held open
 
     @property
     def position(self) -> tuple[int, int]:
@@ -123,6 +134,12 @@ class JsonlReader:
 
     def _next_file(self) -> None:
         self.segment, self.offset, self._skipping = self.segment + 1, 0, None
+
+    def close(self) -> None:
+        """Let go of the live file held open (the next call opens it again)."""
+        if self._held is not None:
+            self._held.close()
+            self._held = None
 
     def _place(self) -> None:
         """Step over segments that are gone (removed by hand): go on at the next one there."""
@@ -147,14 +164,22 @@ class JsonlReader:
         budget = [max_bytes]
         self.stopped_at_budget = False
         while True:
+            if self._held is not None:
+                done = yield from self._held_lines(self._held, budget, final)
+                if done:
+                    return
+                continue
             # The live file is opened before segment n is looked for: if n is not there yet, the
             # file opened is the one this reader was reading, even if it is sealed a moment later.
-            try:
-                live: IO[bytes] | None = open(self.path, "rb")  # noqa: SIM115 - closed below
+            try:  # held, it is read by pread alone: no buffer
+                live: IO[bytes] | None = open(self.path, "rb", buffering=0 if self.keep_open else -1)  # noqa: SIM115
             except FileNotFoundError:
                 live = None  # between a rotation's rename and the writer's fresh file
             seg = segments.segment(self.path, self.segment)
             if seg is None:
+                if live is not None and self.keep_open:
+                    self._held = HeldFile(live)
+                    continue
                 if live is not None:
                     with live:
                         self.stopped_at_budget = not (yield from self._file_lines(live, budget, final))
@@ -177,8 +202,46 @@ class JsonlReader:
                 self.stopped_at_budget = True  # the segments after it, or the live file, wait
                 return
 
+    def _held_lines(
+        self, held: HeldFile, budget: list[int | None], final: bool
+    ) -> Generator[bytes | None, None, bool]:
+        """The new lines of the live file held open; returns whether this call's reading is over
+        (False: the file was sealed and read to its end, or was replaced: the loop goes on).
+
+        Read to its end, it is looked for at its path: still there, the lines written after this
+        read are read from it next time; sealed (renamed to segment n), its last lines are read now
+        and segment n + 1 is next. Three system calls a call: ``fstat``, ``pread``, ``stat``.
+        """
+        held.refresh()
+        if not (yield from self._file_lines(held, budget, final)):
+            self.stopped_at_budget = True
+            return True
+        try:
+            ino: int | None = os.stat(self.path).st_ino
+        except FileNotFoundError:
+            ino = None  # sealed, the writer's fresh file not made yet; or removed
+        if ino == held.ino:
+            return True
+        self._held = None
+        if segments.segment(self.path, self.segment) is None:
+            # Replaced or removed by someone else, not sealed: the file now there is read from the
+            # same offset, as by a reader that opens it at every call.
+            held.close()
+            return ino is None
+        held.refresh()  # sealed: no line is added after the rename
+        if not (yield from self._file_lines(held, budget, final=True)):
+            self._held = held  # the rest of segment n, from this file, next time
+            self.stopped_at_budget = True
+            return True
+        held.close()
+        self._next_file()
+        if budget[0] is not None and budget[0] <= 0:
+            self.stopped_at_budget = True  # the next segment, or the live file, waits
+            return True
+        return False
+
     def _file_lines(
-        self, f: IO[bytes], budget: list[int | None], final: bool
+        self, f: IO[bytes] | HeldFile, budget: list[int | None], final: bool
     ) -> Generator[bytes | None, None, bool]:
         """The lines of one file from ``self.offset``; returns whether its end was reached."""
         if self._skipping is None:
@@ -261,6 +324,39 @@ class JsonlReader:
     def read_dicts(self, max_bytes: int | None = None) -> list[dict[str, Any]]:
         """The JSON objects of all complete lines appended since the last call."""
         return list(self.dicts(max_bytes))
+
+
+class HeldFile:
+    """A live file held open by a :class:`JsonlReader`: ``read`` is a ``pread`` at the reader's
+    offset, up to the size the last ``fstat`` found, so reading what is new takes one system call
+    and finding its end none (no ``lseek``, no last ``read`` that returns nothing). The file is the
+    same inode across a rotation: once sealed, its bytes are the segment's, to their end.
+    """
+
+    def __init__(self, f: IO[bytes]) -> None:
+        self.file, self.fd = f, f.fileno()
+        st = os.fstat(self.fd)
+        self.ino, self.size, self.pos = st.st_ino, st.st_size, 0
+
+    def refresh(self) -> int:
+        """The file's size now (one ``fstat``)."""
+        self.size = os.fstat(self.fd).st_size
+        return self.size
+
+    def seek(self, pos: int) -> int:
+        self.pos = pos
+        return pos
+
+    def read(self, n: int = -1) -> bytes:
+        want = self.size - self.pos if n < 0 else min(n, self.size - self.pos)
+        if want <= 0:
+            return b""
+        data = os.pread(self.fd, want, self.pos)
+        self.pos += len(data)
+        return data
+
+    def close(self) -> None:
+        self.file.close()
 
 
 def grep_lines(

@@ -28,9 +28,12 @@ def _write(w: JsonlWriter, lo: int, hi: int) -> None:
         w.write_raw({"type": "x", "i": i, "pad": "p" * (i % 50)})
 
 
-def test_a_tailer_mid_file_loses_and_repeats_nothing_across_rotations(tmp_path: Path) -> None:
+@pytest.mark.parametrize("keep_open", [False, True])
+def test_a_tailer_mid_file_loses_and_repeats_nothing_across_rotations(
+    tmp_path: Path, keep_open: bool
+) -> None:
     live = tmp_path / "rank-0.jsonl"
-    tailer = JsonlReader(live)
+    tailer = JsonlReader(live, keep_open=keep_open)
     seen: list[int] = []
     with JsonlWriter(live, segment_bytes=SEGMENT) as w:
         for lo in range(0, 3000, 97):  # the tailer reads between writes, often mid-way through a file
@@ -43,6 +46,64 @@ def test_a_tailer_mid_file_loses_and_repeats_nothing_across_rotations(tmp_path: 
     assert [s.number for s in sealed] == list(range(1, len(sealed) + 1))
     assert live.stat().st_size < SEGMENT
     assert _numbers(live) == list(range(3000))  # a new reader: the whole stream, once
+    tailer.close()
+
+
+def test_a_held_live_file_reads_as_one_opened_at_every_call(tmp_path: Path) -> None:
+    """A reader that holds the live file open returns, call by call, what one that opens it at every
+    call returns: across rotations, a budget that stops mid-file, a torn line, a replaced file."""
+    live = tmp_path / "rank-0.jsonl"
+    held, fresh = JsonlReader(live, keep_open=True), JsonlReader(live)
+
+    def both(budget: int | None = None) -> list[int]:
+        got = [d["i"] for d in held.dicts(budget)]
+        assert got == [d["i"] for d in fresh.dicts(budget)]
+        assert held.position == fresh.position and held.stopped_at_budget == fresh.stopped_at_budget
+        return got
+
+    seen: list[int] = []
+    with JsonlWriter(live, segment_bytes=SEGMENT) as w:
+        for lo in range(0, 1500, 40):
+            _write(w, lo, min(lo + 40, 1500))
+            seen += both(4096 if lo % 200 == 0 else None)
+        with open(live, "ab") as f:
+            f.write(b'{"type":"x","i":1500')  # torn: left for the next call
+        seen += both()
+        with open(live, "ab") as f:
+            f.write(b"}\n")
+        seen += both()
+    assert len(segments.segments(live)) >= 3
+    while held.stopped_at_budget or not seen or seen[-1] != 1500:
+        seen += both()
+    assert seen == list(range(1501))
+    live.unlink()  # replaced by someone else, not sealed: the new file is read from the same offset
+    live.write_bytes(b"x" * held.offset + b'{"type":"x","i":7}\n')
+    assert both() == [7]
+    held.close()
+
+
+def test_a_held_live_file_is_opened_once_until_it_is_sealed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from steadytune.telemetry import jsonl
+
+    opened: list[str] = []
+
+    def counting_open(path: Path, *args: object, **kwargs: object) -> object:
+        opened.append(Path(path).name)
+        return open(path, *args, **kwargs)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(jsonl, "open", counting_open, raising=False)
+    live = tmp_path / "rank-0.jsonl"
+    reader = JsonlReader(live, keep_open=True)
+    seen: list[int] = []
+    with JsonlWriter(live, segment_bytes=SEGMENT) as w:
+        for lo in range(0, 2000, 10):  # at most one rotation between two reads
+            _write(w, lo, lo + 10)
+            seen += [d["i"] for d in reader.dicts()]
+    assert seen == list(range(2000))
+    assert opened == ["rank-0.jsonl"] * (len(segments.segments(live)) + 1)  # 200 reads
+    reader.close()
 
 
 def test_a_saved_position_reads_on_in_another_reader(tmp_path: Path) -> None:
