@@ -27,6 +27,9 @@ class RunBooks:
         # (a job that checkpoints elsewhere). Without it every tick went over every save of the run.
         self._never: set[int] = set()
         self._seen_step = 0
+        # What LAST_GOOD was last judged on: the same again decides the same, so the pointer is not
+        # read again (a file read and a stat at every turn, each dear right after the loop's sleep).
+        self._judged: tuple[object, ...] | None = None
 
     def write_status(self, force: bool = False) -> None:
         st = self.state
@@ -71,8 +74,17 @@ class RunBooks:
         st.detector.set_projected_disk_need(need)
 
     def update_last_good(self) -> None:
-        """A checkpoint becomes LAST_GOOD once a window of healthy steps has followed it."""
+        """A checkpoint becomes LAST_GOOD once a window of healthy steps has followed it.
+
+        Judged again only when what it depends on moved (the step, the saves, the trouble, the run's
+        completion): on the turns that took in records, not on every turn.
+        """
         st = self.state
+        saves, trouble = st.history.checkpoint_steps, st.history.trouble_steps
+        judged = (st.progress.step, st.status == "completed", len(saves), saves[-1:], len(trouble))
+        if judged == self._judged:
+            return
+        self._judged = judged
         window = st.cfg.run.good_window_steps
         if st.progress.step < self._seen_step:  # a rollback: a step judged before may be saved again
             self._never.clear()

@@ -52,6 +52,39 @@ def test_last_good_waits_for_a_healthy_window_and_skips_a_checkpoint_trouble_fol
     assert read_pointer(sup.run.last_good_pointer).name == "checkpoint-30"
 
 
+def test_last_good_is_judged_again_only_when_what_it_rests_on_moved(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A turn that took in nothing (most turns of a slow run) does not read the pointer again."""
+    from steadytune.supervise import status
+
+    reads: list[Path] = []
+
+    def counted(pointer: Path) -> Path | None:
+        reads.append(pointer)
+        return read_pointer(pointer)
+
+    monkeypatch.setattr(status, "read_pointer", counted)
+    sup = supervisor(tmp_path)  # good_window_steps: 3
+    checkpoint(sup, 10)
+    for n in range(1, 13):
+        step(sup, n)
+    for _ in range(5):
+        sup.books.update_last_good()
+    assert len(reads) == 1
+    step(sup, 13)
+    for _ in range(5):
+        sup.books.update_last_good()
+    assert len(reads) == 2 and read_pointer(sup.run.last_good_pointer).name == "checkpoint-10"
+    sup.state.history.trouble_steps.append(13)  # new trouble, a new save, the run's end: judged again
+    sup.books.update_last_good()
+    checkpoint(sup, 14)
+    sup.books.update_last_good()
+    sup.state.status = "completed"
+    sup.books.update_last_good()
+    assert len(reads) == 5 and read_pointer(sup.run.last_good_pointer).name == "checkpoint-14"
+
+
 def test_last_good_on_completion_and_never_a_missing_directory(tmp_path: Path) -> None:
     sup = supervisor(tmp_path)
     checkpoint(sup, 10)
