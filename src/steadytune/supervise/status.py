@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 
 from steadytune.checkpoint.manifest import checkpoint_step
 from steadytune.checkpoint.store import read_pointer, write_pointer
@@ -27,9 +28,9 @@ class RunBooks:
         # (a job that checkpoints elsewhere). Without it every tick went over every save of the run.
         self._never: set[int] = set()
         self._seen_step = 0
-        # What LAST_GOOD was last judged on: the same again decides the same, so the pointer is not
-        # read again (a file read and a stat at every turn, each dear right after the loop's sleep).
-        self._judged: tuple[object, ...] | None = None
+        # LAST_GOOD's step when last read or written (-1: none): saves at or below it are not judged,
+        # so the pointer is read only when a save is due (not at every turn, a file read and a stat).
+        self._floor = -1
 
     def write_status(self, force: bool = False) -> None:
         st = self.state
@@ -76,30 +77,41 @@ class RunBooks:
     def update_last_good(self) -> None:
         """A checkpoint becomes LAST_GOOD once a window of healthy steps has followed it.
 
-        Judged again only when what it depends on moved (the step, the saves, the trouble, the run's
-        completion): on the turns that took in records, not on every turn.
+        The pointer is read (it may name a save of an earlier supervisor) only when a save newer than
+        it is due to be judged: at most once per save, not at every turn.
         """
         st = self.state
-        saves, trouble = st.history.checkpoint_steps, st.history.trouble_steps
-        judged = (st.progress.step, st.status == "completed", len(saves), saves[-1:], len(trouble))
-        if judged == self._judged:
-            return
-        self._judged = judged
         window = st.cfg.run.good_window_steps
         if st.progress.step < self._seen_step:  # a rollback: a step judged before may be saved again
             self._never.clear()
         self._seen_step = st.progress.step
+        saves = sorted(st.history.checkpoint_steps, reverse=True)
+        if not any(self._due(step, window) for step in self._above(saves, self._floor)):
+            return
         current = read_pointer(st.run.last_good_pointer)
-        current_step = checkpoint_step(current) if current else -1
-        for step in sorted(st.history.checkpoint_steps, reverse=True):
-            if step <= (current_step or -1):
-                break
-            done = st.progress.step >= step + window or st.status == "completed"
-            if not done or step in self._never:
+        self._floor = (checkpoint_step(current) if current else -1) or -1
+        for step in self._above(saves, self._floor):
+            if not self._due(step, window):
                 continue
             healthy = not any(step < t <= step + window for t in st.history.trouble_steps)
             target = st.run.checkpoints / f"checkpoint-{step}"
             if healthy and target.is_dir():
                 write_pointer(st.run.last_good_pointer, target)
+                self._floor = step
                 break
             self._never.add(step)
+
+    @staticmethod
+    def _above(saves: list[int], floor: int) -> Iterator[int]:
+        """The saves (newest first) above ``floor``."""
+        for step in saves:
+            if step <= floor:
+                return
+            yield step
+
+    def _due(self, step: int, window: int) -> bool:
+        """Whether save ``step`` is to be judged now: its window is over (or the run complete), and it
+        was not judged for good before."""
+        st = self.state
+        done = st.progress.step >= step + window or st.status == "completed"
+        return done and step not in self._never

@@ -52,10 +52,8 @@ def test_last_good_waits_for_a_healthy_window_and_skips_a_checkpoint_trouble_fol
     assert read_pointer(sup.run.last_good_pointer).name == "checkpoint-30"
 
 
-def test_last_good_is_judged_again_only_when_what_it_rests_on_moved(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A turn that took in nothing (most turns of a slow run) does not read the pointer again."""
+def test_last_good_is_read_only_when_a_save_is_due(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The turns between two saves' judgements (nearly all of them) read nothing from disk."""
     from steadytune.supervise import status
 
     reads: list[Path] = []
@@ -69,20 +67,24 @@ def test_last_good_is_judged_again_only_when_what_it_rests_on_moved(
     checkpoint(sup, 10)
     for n in range(1, 13):
         step(sup, n)
-    for _ in range(5):
         sup.books.update_last_good()
-    assert len(reads) == 1
-    step(sup, 13)
-    for _ in range(5):
+    assert reads == [] and read_pointer(sup.run.last_good_pointer) is None  # 10's window is not over
+    for n in range(13, 20):
+        step(sup, n)
         sup.books.update_last_good()
-    assert len(reads) == 2 and read_pointer(sup.run.last_good_pointer).name == "checkpoint-10"
-    sup.state.history.trouble_steps.append(13)  # new trouble, a new save, the run's end: judged again
+    assert len(reads) == 1 and read_pointer(sup.run.last_good_pointer).name == "checkpoint-10"
+    checkpoint(sup, 20)
+    sup.state.history.trouble_steps.append(21)
+    for n in range(20, 30):
+        step(sup, n)
+        sup.books.update_last_good()
+    assert len(reads) == 2  # 20 judged once, when its window was over
+    assert read_pointer(sup.run.last_good_pointer).name == "checkpoint-10"
+    checkpoint(sup, 30)
+    sup.state.status = "completed"  # the run's end: its last save needs no window
     sup.books.update_last_good()
-    checkpoint(sup, 14)
     sup.books.update_last_good()
-    sup.state.status = "completed"
-    sup.books.update_last_good()
-    assert len(reads) == 5 and read_pointer(sup.run.last_good_pointer).name == "checkpoint-14"
+    assert len(reads) == 3 and read_pointer(sup.run.last_good_pointer).name == "checkpoint-30"
 
 
 def test_last_good_on_completion_and_never_a_missing_directory(tmp_path: Path) -> None:
