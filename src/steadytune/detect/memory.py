@@ -70,10 +70,17 @@ def leak_growth(
     q = len(points) // _SEGMENTS
     if q < 2:
         return 0.0
-    meds = [_median([v for _, v in points[i * q : (i + 1) * q]]) for i in range(_SEGMENTS)]
-    growth = meds[-1] - meds[0]
-    if growth <= max(min_growth * meds[0], min_bytes):
+
+    def segment(i: int) -> float:
+        return _median([v for _, v in points[i * q : (i + 1) * q]])
+
+    # The first and last segments first: a window that did not grow (nearly every window, judged at
+    # nearly every step) is let go without the medians between them.
+    first, last = segment(0), segment(_SEGMENTS - 1)
+    growth = last - first
+    if growth <= max(min_growth * first, min_bytes):
         return 0.0
+    meds = [first, *(segment(i) for i in range(1, _SEGMENTS - 1)), last]
     steps = [b - a for a, b in pairwise(meds)]
     rising = sum(1 for d in steps if d > 0.02 * growth)
     if rising < steadiness * len(steps) or max(steps) > 0.4 * growth:
