@@ -53,7 +53,7 @@ from steadytune.importers.series import (
     canonical,
     canonical_numbers,
 )
-from steadytune.importers.stream import Row, StreamedLog
+from steadytune.importers.stream import CHUNK, Row, StreamedLog
 from steadytune.objectives import objective_of
 
 FORMAT = "jsonl_log"
@@ -246,8 +246,9 @@ def read(path: Path) -> Series:
     return b.build(require=_LOSSES)
 
 
-# A row's keys -> its step key and each metric's key and canonical name (None: the general rules).
-_Plan = tuple[str, tuple[tuple[str, str], ...]] | None
+# A row's keys -> its step key, each metric's key and canonical name, and whether the row less its step
+# key is its numbers as they are (every other key a metric under its own name); None: the general rules.
+_Plan = tuple[str, tuple[tuple[str, str], ...], bool] | None
 _MAX_PLANS = 1024
 _MAXF = sys.float_info.max
 # orjson reads an integer past 64 bits as a float: a float this large may have been one.
@@ -276,23 +277,31 @@ def _plan(keys: tuple[str, ...]) -> _Plan:
         if COUNTER.match(k):
             return None
         metrics.append((k, canonical(ALIASES.get(k, k))))
-    return step_key, tuple(metrics)
+    as_is = len(metrics) == len(keys) - 1 and all(k == name for k, name in metrics)
+    return step_key, tuple(metrics), as_is
 
 
-def stream_rows(path: Path) -> Iterator[Row]:
-    """The log's metrics rows in file order, as :func:`read` reads them (rows naming no step are
-    left out: a log that names none is read whole).
+def stream_rows(path: Path) -> Iterator[list[Row]]:
+    """The log's metrics rows in file order, as :func:`read` reads them, a :data:`~.stream.CHUNK` of
+    rows at a time (rows naming no step are left out: a log that names none is read whole).
 
     Most logs repeat one or two shapes of row (``{"step": 1, "loss": 2.3}``): such a row is parsed
     by orjson where it is installed and read by its shape's plan, made once (:func:`_plan`), while
     its values are plain numbers. Any other row is parsed by :mod:`json` and read by
     :func:`parse_row`, as :func:`read` does: orjson refuses ``NaN`` and turns an integer past 64
-    bits into a float, where :mod:`json` keeps both as they are.
+    bits into a float, where :mod:`json` keeps both as they are. Rows are handed on in lists: a
+    generator's turn for each row cost as much as a plain row's plan.
     """
     plans: dict[tuple[str, ...], _Plan] = {}
     loads = json.loads
+    block: list[Row] = []
+    add = block.append
     with open(path, encoding="utf-8", errors="replace") as f:
         for line in f:
+            if len(block) >= CHUNK:
+                yield block
+                block = []
+                add = block.append
             line = line.strip()
             if not line.startswith("{"):
                 continue
@@ -309,16 +318,21 @@ def stream_rows(path: Path) -> Iterator[Row]:
                 if plan is not None:
                     step = row[plan[0]]
                     if type(step) is int:
-                        numbers: dict[str, Any] = {}
+                        # None: the row less its step key will be the numbers (no second dict).
+                        numbers: dict[str, Any] | None = None if plan[2] else {}
                         for key, name in plan[1]:
                             v = row[key]
                             kind = type(v)
                             if (kind is float and -_BIG < v < _BIG) or (kind is int and -_MAXF <= v <= _MAXF):
-                                numbers[name] = v
+                                if numbers is not None:
+                                    numbers[name] = v
                             else:
                                 break  # a string, a null, a nested object: the general rules
                         else:
-                            yield None, step, numbers
+                            if numbers is None:
+                                del row[plan[0]]
+                                numbers = row
+                            add((None, step, numbers))
                             continue
             if _FAST_IS_JSON and row is not None:
                 parsed_row: Any = row
@@ -332,7 +346,9 @@ def stream_rows(path: Path) -> Iterator[Row]:
             parsed = parse_row(parsed_row)
             if parsed is not None:
                 rank, step, values = parsed
-                yield rank, step, canonical_numbers(values)
+                add((rank, step, canonical_numbers(values)))
+    if block:
+        yield block
 
 
 def stream(path: Path) -> StreamedLog:

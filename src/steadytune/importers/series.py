@@ -482,7 +482,8 @@ def make_record(step: int, row: dict[str, Any], seen: set[str]) -> StepRecord:
     rec = _new(StepRecord)
     # Only the fields the row has are set; the others read the class's defaults. A record
     # so made is equal to one built by __init__, and holds ~200 bytes less than one whose
-    # every field was set (2 GB less on a ten-million-step log).
+    # every field was set (2 GB less on a ten-million-step log). One call a field: the fields put in
+    # place as one dict saved the reader about what they then cost the detectors reading them.
     _put(rec, "ts", 0.0)
     for name, value in values.items():
         _put(rec, name, value)

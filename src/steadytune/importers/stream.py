@@ -14,12 +14,11 @@ raises :class:`NotStreamable` when that shows, and is read whole instead.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from itertools import islice
 from typing import Any
 
 from steadytune.importers.series import TRAIN_LOSS_NAMES, make_record
 from steadytune.objectives import objective_of
-from steadytune.records import StepRecord, valid_step
+from steadytune.records import MAX_STEP, StepRecord
 
 # The rows a reader streams: (rank or None, step, numbers under their canonical names).
 Row = tuple[int | None, int, dict[str, Any]]
@@ -27,7 +26,7 @@ Row = tuple[int | None, int, dict[str, Any]]
 _OTHER_LOSSES = frozenset(TRAIN_LOSS_NAMES) - {"loss"}  # a choice to make: the whole log is needed
 _REQUIRED = ("loss", "eval_loss")
 _NOT_METRICS = frozenset({"ts", "skipped", "step"})
-CHUNK = 256  # the records made ahead of the detectors: what a streamed log holds at most
+CHUNK = 256  # the rows read, and records made, ahead of the detectors: what a streamed log holds at most
 
 
 class NotStreamable(Exception):
@@ -43,10 +42,11 @@ class StreamedLog:
     Args:
         path: the log, as the user named it.
         fmt: its format's name.
-        rows: opens the log and yields its rows in file order (:data:`Row`).
+        rows: opens the log and yields its rows in file order (:data:`Row`), in lists of up to
+            :data:`CHUNK`.
     """
 
-    def __init__(self, path: str, fmt: str, rows: Callable[[], Iterable[Row]]) -> None:
+    def __init__(self, path: str, fmt: str, rows: Callable[[], Iterable[list[Row]]]) -> None:
         self.path = path
         self.format = fmt
         self._rows = rows
@@ -59,41 +59,47 @@ class StreamedLog:
         return sorted(m for m in self._seen if m not in _NOT_METRICS)
 
     def __iter__(self) -> Iterator[StepRecord]:
-        records = self._records()
         try:
-            # Made a few hundred at a time, then judged: reading and judging each record in turn
-            # costs a sixth more (the interpreter's caches are shared by both).
-            while chunk := list(islice(records, CHUNK)):
+            # Made a chunk at a time, then judged: reading and judging each record in turn costs a
+            # sixth more (the interpreter's caches are shared by both).
+            for chunk in self._records():
                 yield from chunk
         except NotStreamable:
             raise
         except Exception as e:  # the whole-log reader says what is wrong with the file, as ever
             raise NotStreamable(f"{type(e).__name__} while streaming") from e
 
-    def _records(self) -> Iterator[StepRecord]:
+    def _records(self) -> Iterator[list[StepRecord]]:
+        """The records of each block of rows (the last one's last record waits for the next block)."""
         step: int | None = None
         row: dict[str, Any] = {}
-        counts: dict[str, int] = {}  # how many values each metric of the step has had
-        for rank, s, numbers in self._rows():
-            if rank or not valid_step(s):
-                raise NotStreamable("several ranks, or a damaged step number")
-            if s != step:
-                if step is not None:
-                    if s < step:
-                        raise NotStreamable("the step goes back: the file may hold several runs")
-                    yield self._record(step, row)
-                step, row, counts = s, numbers, dict.fromkeys(numbers, 1)
-                continue
-            for name, value in numbers.items():  # one more sub-batch of the step: the mean
-                n = counts.get(name, 0)
-                old = row.get(name)
-                if n and type(old) in (int, float) and type(value) in (int, float):
-                    value = old if old == value else old + (value - old) / (n + 1)  # a NaN stays a NaN
-                row[name] = value
-                counts[name] = n + 1
+        # How many values each metric of the step has had; None while it has had one row (most steps).
+        counts: dict[str, int] | None = None
+        for block in self._rows():
+            done: list[StepRecord] = []
+            for rank, s, numbers in block:
+                if rank or type(s) is not int or not -MAX_STEP <= s <= MAX_STEP:  # records.valid_step
+                    raise NotStreamable("several ranks, or a damaged step number")
+                if s != step:
+                    if step is not None:
+                        if s < step:
+                            raise NotStreamable("the step goes back: the file may hold several runs")
+                        done.append(self._record(step, row))
+                    step, row, counts = s, numbers, None
+                    continue
+                if counts is None:
+                    counts = dict.fromkeys(row, 1)
+                for name, value in numbers.items():  # one more sub-batch of the step: the mean
+                    n = counts.get(name, 0)
+                    old = row.get(name)
+                    if n and type(old) in (int, float) and type(value) in (int, float):
+                        value = old if old == value else old + (value - old) / (n + 1)  # a NaN stays a NaN
+                    row[name] = value
+                    counts[name] = n + 1
+            yield done
         if step is None:
             raise NotStreamable("no row with a step")
-        yield self._record(step, row)
+        yield [self._record(step, row)]
         if not self._seen.intersection(_REQUIRED) and objective_of(dict.fromkeys(self._seen)) is None:
             raise NotStreamable("no loss, nor an RL or preference signal")
 

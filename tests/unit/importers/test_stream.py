@@ -32,6 +32,23 @@ def _curve(steps: int, seed: int = 3, spike_at: int | None = None) -> Iterator[d
         yield {"step": s, "loss": 3 * level if s == spike_at else level * (1 + rng.gauss(0, 0.03))}
 
 
+def _repeated(steps: int) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for s in range(1, steps):
+        n = 3 if s % 31 == 0 or len(rows) in (CHUNK - 2, CHUNK - 1) else 2 if s % 9 == 0 else 1
+        rows += (
+            {
+                "step": s,
+                "loss": 2.0 - s / 900 + i / 50,
+                "grad_norm": 1.0 + s % 7,
+                "epoch": s / 1e3,
+                "ts": s + i,
+            }
+            for i in range(n)
+        )
+    return rows
+
+
 # Shapes the streaming reader takes: each must give exactly the records the whole-log reader gives.
 STREAMED: dict[str, list[Any]] = {
     "plain": list(_curve(300, spike_at=200)),
@@ -56,6 +73,9 @@ STREAMED: dict[str, list[Any]] = {
         {"step": 105, "loss": 1.6, "seen": 123456789012345678901234, "big": 1e300},
         *({"step": s, "loss": 1.6, "epoch": s / 100} for s in range(106, 160)),
     ],
+    # Rows read as they are (every key but the step a field under its own name), some steps logged
+    # two or three times, one of them across the end of the reader's first block of CHUNK rows.
+    "fields under their own names, steps repeated": _repeated(400),
     "rank 0 named": [{"step": s, "loss": 2.0 - s / 500, "rank": 0} for s in range(1, 120)],
     "an RL log": [
         {"step": s, "reward": 0.1 + s / 300, "kl": 0.01 * s, "loss": 0.01 * ((-1) ** s)}
@@ -178,3 +198,8 @@ def _records_held(result: Any) -> int:
 def test_the_test_counts_what_it_should() -> None:
     rec = StepRecord(step=1, ts=0.0, loss=math.pi)
     assert _records_held({"a": [rec, rec], "b": (rec,)}) == 1
+
+
+def test_a_step_of_the_repeated_rows_goes_on_past_the_readers_first_block() -> None:
+    rows = STREAMED["fields under their own names, steps repeated"]
+    assert rows[CHUNK - 1]["step"] == rows[CHUNK]["step"]
