@@ -146,7 +146,9 @@ class LeakWatch:
                 continue
             win.append((step, value))
             # A window is re-judged only when it gets a point; slower windows cost nothing in between.
-            if len(win) >= self._half and (len(win) % 4 == 0 or s > 1):
+            # The one-point window every fourth point (counted in points, not in the window's length,
+            # which stops moving once the window is full): a leak grows over hundreds of steps.
+            if len(win) >= self._half and (s > 1 or k % 4 == 0):
                 r = leak_growth(
                     list(win), self.lim.leak_min_growth, self.lim.leak_min_bytes, self.lim.leak_steadiness
                 )
