@@ -35,7 +35,7 @@ demo: $(VENV)
 	$(BIN)/steadytune demo
 
 # Every supervisor, worker and CLI the tests start imports steadytune from src/; where PYTHONDONTWRITEBYTECODE
-# is set, as on the CI machine, each would compile those modules again (0.2-0.3 s a supervisor). compileall
+# is set, as on the CI machine, each would compile those modules again (0.26 CPU-s a supervisor). compileall
 # writes their bytecode once, whatever that variable says, and passes over what is up to date (docs/testing.md).
 BYTECODE := $(BIN)/python -m compileall -q src tests
 
