@@ -34,10 +34,17 @@ $(VENV)/.installed: pyproject.toml
 demo: $(VENV)
 	$(BIN)/steadytune demo
 
+# Every supervisor, worker and CLI the tests start imports steadytune from src/; where PYTHONDONTWRITEBYTECODE
+# is set, as on the CI machine, each would compile those modules again (0.26 CPU-s a supervisor). compileall
+# writes their bytecode once, whatever that variable says, and passes over what is up to date (docs/testing.md).
+BYTECODE := $(BIN)/python -m compileall -q src tests
+
 test: $(VENV)
+	$(BYTECODE)
 	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
 
 test-fast: $(VENV)
+	$(BYTECODE)
 	$(BIN)/python -m pytest $(XDIST) -m "not slow" $(PYTEST_ARGS)
 
 # The fuzzing harness (tests/fuzz, which make test runs with a bounded number of cases per reader),

@@ -26,7 +26,7 @@ from steadytune.protocol import WorkerEvent
 from steadytune.records import Event, PlanRevision
 from steadytune.rundir import RunDir
 from steadytune.supervise.log_adapter import LogAdapter
-from steadytune.supervise.process import ProcessTree, WorkerProcess
+from steadytune.supervise.process import ProcessTree, WorkerProcess, running
 from steadytune.supervise.source import CONTROL, LR, SKIP_STEP
 from steadytune.telemetry.segments import SEGMENT_ENV
 from steadytune.telemetry.stream import JsonlWriter
@@ -284,8 +284,10 @@ class CommandSource:
                     os.kill(pid, sig)
                 except (ProcessLookupError, PermissionError):
                     pass
+        # Until each has printed and exited: a dead child stays a zombie until it is reaped, and
+        # pid_exists counts it, which held every dump for the whole 5 s.
         deadline = time.monotonic() + 5.0
-        while time.monotonic() < deadline and any(psutil.pid_exists(p) for p in pids):
+        while time.monotonic() < deadline and running(pids):
             time.sleep(0.1)
         time.sleep(0.5)  # the pipe's last lines reach the log
         try:
