@@ -118,6 +118,8 @@ def print_summary(console: Any, result: Any, cfg: SteadytuneConfig | None = None
     console.print("\nnext:", highlight=False)
     console.print(f"  steadytune analyze {rd}            # anomalies in this run", highlight=False)
     console.print(f"  cat {rd / 'events.jsonl'}   # what happened, in order", highlight=False)
+    # A --dashboard started with the run stops with it; this one serves every run, finished ones too.
+    console.print(f"  steadytune dashboard {rd.parent}   # every run's charts and events", highlight=False)
     final = rd / "final"
     if final.exists():
         console.print(f"  the trained model/adapter is in {final}", highlight=False)
