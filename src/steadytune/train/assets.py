@@ -8,10 +8,13 @@ small sums and a handful of memorisable facts.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import logging
 import os
 import random
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -145,10 +148,29 @@ def build_tokenizer(texts: list[str], out_dir: Path, vocab_size: int = 512) -> N
     fast.save_pretrained(out_dir)
 
 
+@contextlib.contextmanager
+def _quiet_import() -> Iterator[None]:
+    """transformers imports torchao where it is installed, and torchao's import logs warnings that
+    read as errors on a machine without its kernels' CUDA build ("Failed to load ..._C_mxfp8...so")
+    and torch's deprecation notes about the enums it registers. Building the demo model uses neither:
+    a first ``make demo`` should not open on them."""
+    loggers = [logging.getLogger(n) for n in ("torchao", "torch.utils._pytree")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)
+
+
 def build_model(tokenizer_dir: Path, out_dir: Path, seed: int = 0) -> None:
     """A 2-layer Llama-architecture model from a config, saved with ``save_pretrained``."""
     import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    with _quiet_import():
+        from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     config = LlamaConfig(
