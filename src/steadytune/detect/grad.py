@@ -200,10 +200,10 @@ class GradWatch:
                     "policy_baseline": rounded(policy.level),
                     "policy_ratio": rounded(policy.ratio, 4),
                 }
+            if ev is not None:  # dated at the bump's first point, and held to this one
+                self.rep.report(out, "grad_spike", self.metric, self.policy.run[0][0], True, evidence=ev)
             self._policy_on = True
-            self.rep.report(
-                out, "grad_spike", self.metric, self.policy.run[0][0] if ev else step, True, evidence=ev
-            )
+            self.rep.report(out, "grad_spike", self.metric, step, True)
         elif self._policy_on:
             self._policy_on = False
             if on and not self._spike_points and not self._run:
