@@ -3,7 +3,7 @@
 A bump of a few points, each 2-5x the norm's level, is too small for the one-point rule in
 a run whose norm wanders, and a rule that reads only the norm's doublings cannot keep a long
 healthy run quiet: a run that doubles one batch in a hundred ends a window of eight with
-three doublings about once in a hundred thousand points (docs/detectors.md, *grad_spike*).
+three doublings about once in a hundred thousand points (docs/detection-benchmark.md).
 
 An RL run logs what a large update does to the policy. The KL to the reference is a property
 of the policy, not of the batch it is estimated on: it drifts slowly as the policy learns,
@@ -12,16 +12,18 @@ the policy itself moved. The token entropy is the same kind of witness: it measu
 the policy is, and an update that throws the policy off moves it, up (less sure) or down
 (collapsing onto a few tokens). A bump in the norm at the same points, point after point, is
 then the cause seen from the optimizer's side: the updates were large and they moved the
-policy. Alone, each of these series has healthy excursions; all of them at once, for
-``_POINTS`` rollout batches in a row, is one event seen three ways, not three coincidences.
+policy. Alone, each of these series has healthy excursions; the norm up at points in a row
+and the policy moved with it at ``_POINTS`` of them is one event seen from both sides, not
+coincidences.
 
 What counts as moved is judged on each series' own noise (a level of 8, the noise of its
 successive differences one standard error up, as every series here), at ``_Z`` sigmas and
 at least a plain ratio: the norm ``_GRAD_RATIO`` (a doubling), a policy signal
 ``_POLICY_RATIO``. The KL's first points climb from 0 by design (the policy starts as its
-reference), so nothing is judged before ``2 x level_window`` points of it. Points that moved
-stay out of their series' level, so a bump is measured from where the run was; a series that
-stays moved for a whole level window has a new level, and joins it.
+reference), so nothing is judged before ``2 x level_window`` points of it. During a bump every
+series is measured from where it stood when the bump began and no point joins a level (the
+bump's own points would raise the bar for the next); a policy signal that stays moved for a
+whole level window has a new level, and a norm up for two level windows is no bump.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from steadytune.detect.stats import Tracker
 _Z = 3.0  # noise sigmas (one standard error up) a point must move to count as moved
 _GRAD_RATIO = 2.0  # ...and at least this many times the norm's level
 _POLICY_RATIO = 1.5  # ...or a policy signal's, either way for the entropy
-_POINTS = 3  # rollout batches in a row on which all of it happened
+_POINTS = 3  # points of one bump at which the policy moved too
 
 
 @dataclass(frozen=True, slots=True)
