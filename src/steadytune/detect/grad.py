@@ -152,7 +152,10 @@ class GradWatch:
         if lr is not None and math.isfinite(lr):
             self._warming = self._lr_prev is not None and lr > self._lr_prev * 1.0001
             self._lr_prev = lr
-        if point.objective not in (None, LOSS_OBJECTIVE) and not rec.skipped:
+        # A further optimizer step on a rollout batch already learned from (num_iterations > 1)
+        # logs that batch's KL and entropy again: no new batch to confirm a bump by.
+        again = point.batch is not None and point.batch.again
+        if point.objective not in (None, LOSS_OBJECTIVE) and not rec.skipped and not again:
             self._policy_bump(rec.step, g, rec.extra, out)
         if g is not None and not (rec.skipped and math.isfinite(g)):
             spiking = point.loss is not None and point.loss.in_spike
