@@ -25,10 +25,11 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from steadytune.detect.base import Finding, KindInfo, Reporter, rounded
+from steadytune.detect.grad_policy import PolicyBump
 from steadytune.detect.grad_tail import GradChance
 from steadytune.detect.points import Signal
 from steadytune.detect.stats import SeriesLimits
-from steadytune.objectives import without_learning_signal
+from steadytune.objectives import LOSS_OBJECTIVE, without_learning_signal
 
 _CLEAR_POINTS = 5
 _MIN_BASELINE = 2
@@ -114,6 +115,10 @@ class GradWatch:
         self._early_diffs = series.noise_window  # the noise is measured from a full window only then
         self._lr_prev: float | None = None
         self._warming = False  # the LR rose at the last step: still warming up
+        # An RL run's bump of a few points, told by the policy's KL or entropy moving with it.
+        self.policy = PolicyBump(series.level_window, series.noise_window, series.gap_factor)
+        self._policy_on = False
+        self._policy_ref = (0.0, 0.0)  # the norm's level and the jump a bump needs, from its first point
 
     @property
     def spike_jump(self) -> float:
@@ -147,11 +152,65 @@ class GradWatch:
         if lr is not None and math.isfinite(lr):
             self._warming = self._lr_prev is not None and lr > self._lr_prev * 1.0001
             self._lr_prev = lr
+        # A further optimizer step on a rollout batch already learned from (num_iterations > 1)
+        # logs that batch's KL and entropy again: no new batch to confirm a bump by.
+        again = point.batch is not None and point.batch.again
+        if point.objective not in (None, LOSS_OBJECTIVE) and not rec.skipped and not again:
+            self._policy_bump(rec.step, g, rec.extra, out)
         if g is not None and not (rec.skipped and math.isfinite(g)):
             spiking = point.loss is not None and point.loss.in_spike
             finite = rec.loss is None or math.isfinite(rec.loss)
             self.judge(rec.step, g, spiking, finite, out)
         point.grad_vanished = bool(self.rep.on) and self.vanished
+
+    def _policy_bump(
+        self, step: int, g: float | None, extra: dict[str, object] | None, out: list[Finding]
+    ) -> None:
+        """A bump of the norm that the policy's KL or entropy confirms (:mod:`.grad_policy`).
+
+        Judged against the level before this point joins it; a spike the one-point rules already
+        hold is theirs to tell.
+        """
+        t = self.tracker
+        ratio = None
+        if g is not None and g > 0.0 and math.isfinite(g) and t.level_full and not self._spike_points:
+            # A bump is measured from where the run stood before it: its own points, accepted into
+            # the level and the recent noise, would otherwise raise the bar for the next ones.
+            if not self.policy.run:
+                self._policy_ref = (t.level, PolicyBump.grad_jump(t.threshold))
+            level, need = self._policy_ref
+            if math.log(g) - level > need:
+                ratio = g / math.exp(level)
+        confirmed = self.policy.observe(step, extra, ratio)
+        on = self.rep.is_on("grad_spike", self.metric)
+        if confirmed and (self._policy_on or not on):
+            ev = None
+            if not self._policy_on:
+                run = self.policy.run
+                top = max(run, key=lambda p: p[1])
+                moved = [p[2] for p in run if p[2] is not None]
+                policy = max(moved, key=lambda m: abs(math.log(m.ratio)))
+                ev = {
+                    "value": rounded(top[1] * math.exp(self._policy_ref[0])),
+                    "baseline": rounded(math.exp(self._policy_ref[0])),
+                    "ratio": rounded(top[1], 4),
+                    "threshold_ratio": rounded(math.exp(self._policy_ref[1]), 4),
+                    "points_up": len(run),
+                    "policy_points": len(moved),
+                    "judged_by": "policy",
+                    "policy_signal": policy.key,
+                    "policy_value": rounded(policy.value),
+                    "policy_baseline": rounded(policy.level),
+                    "policy_ratio": rounded(policy.ratio, 4),
+                }
+            if ev is not None:  # dated at the bump's first point, and held to this one
+                self.rep.report(out, "grad_spike", self.metric, self.policy.run[0][0], True, evidence=ev)
+            self._policy_on = True
+            self.rep.report(out, "grad_spike", self.metric, step, True)
+        elif self._policy_on:
+            self._policy_on = False
+            if on and not self._spike_points and not self._run:
+                self.rep.report(out, "grad_spike", self.metric, step, False)
 
     def judge(self, step: int, g: float, loss_spiking: bool, loss_finite: bool, out: list[Finding]) -> None:
         """Judge one norm; ``loss_spiking``: the loss is in a spike at this step."""

@@ -22,6 +22,7 @@ divergence under way, and hands each point to the part that serves its kind
 from __future__ import annotations
 
 import math
+from collections import deque
 from typing import Any, ClassVar
 
 from steadytune.detect.base import Finding, KindInfo, Reporter, rounded
@@ -33,6 +34,7 @@ from steadytune.detect.loss_rules import (
     SpikeChance,
     SuddenCollapse,
 )
+from steadytune.detect.nan_climb import climb_before_nan
 from steadytune.detect.points import LossPoint, Signal
 from steadytune.detect.stats import SeriesLimits, upper_factor
 from steadytune.objectives import LOSS_OBJECTIVE
@@ -110,6 +112,8 @@ class LossWatch:
         # A spike or divergence that ended: (accepted points still to wait, its base), until the
         # loss is seen to have settled higher or not (:meth:`_settled`).
         self._settle: tuple[int, float] | None = None
+        # The segment's last finite points (step, log loss): what a NaN is looked back on from.
+        self._before: deque[tuple[int, float]] = deque(maxlen=2 * series.level_window)
 
     def observe(self, point: Signal, out: list[Finding]) -> None:
         """Judge the step's loss: every rule for the SFT loss, only NaN/Inf for an RL or preference one.
@@ -154,6 +158,9 @@ class LossWatch:
         new_segment = t.begin(step, self.s.gap_factor)
         if new_segment:
             self._new_segment(step, last, y, out)
+            self._before.clear()
+        if loss > 1e-12:
+            self._before.append((step, y))
         if (loss <= self.lim.collapse_small or self.collapse.drop_run or rep.on) and self.collapse.judge(
             step, loss, y, out
         ):
@@ -178,8 +185,22 @@ class LossWatch:
         return LossPoint(step, loss, y, True, False, False)
 
     def _nan(self, step: int, loss: float, out: list[Finding]) -> None:
+        rep = self.rep
+        if (
+            self._before
+            and not rep.is_on("nan_loss", self.metric)
+            and not rep.is_on("divergence", self.metric)
+        ):
+            # The first NaN of an episode may have ended a climb: told as the divergence it was,
+            # from where it began (:mod:`.nan_climb`), and over at the NaN, which is told next.
+            climb = climb_before_nan(list(self._before), self.lim.climb_min_rise)
+            if climb is not None:
+                rep.report(out, "divergence", self.metric, climb["start_step"], True, evidence=climb)
+                rep.report(out, "divergence", self.metric, self._before[-1][0], True)
+                rep.report(out, "divergence", self.metric, step, False)
+        self._before.clear()
         ev = {"value": str(loss), "last_finite": rounded(self._last_finite)}
-        self.rep.report(out, "nan_loss", self.metric, step, True, evidence=ev)
+        rep.report(out, "nan_loss", self.metric, step, True, evidence=ev)
 
     def _new_segment(self, step: int, last: int | None, y: float, out: list[Finding]) -> None:
         """A gap or a restart before ``step`` (``last`` the step before it): the level starts again.

@@ -44,8 +44,24 @@ REWARD_KEYS = (
     "avg_reward",
     "rewards/chosen",
 )
-KL_KEYS = ("kl", "objective/kl", "train/kl", "policy/kl", "actor/kl_loss", "critic/kl", "kl_divergence")
-ENTROPY_KEYS = ("entropy", "objective/entropy", "actor/entropy", "policy/entropy_avg", "avg_entropy")
+KL_KEYS = (
+    "kl",
+    "reference_kl",
+    "objective/kl",
+    "train/kl",
+    "policy/kl",
+    "actor/kl_loss",
+    "critic/kl",
+    "kl_divergence",
+)
+ENTROPY_KEYS = (
+    "entropy",
+    "token_entropy",
+    "objective/entropy",
+    "actor/entropy",
+    "policy/entropy_avg",
+    "avg_entropy",
+)
 LENGTH_KEYS = (
     "completions/mean_length",
     "completion_length",
