@@ -38,9 +38,21 @@ _START = {"start", "started", "starting"}
 _RESTART = {"restart", "restarted", "restarting"}
 
 
-def lifecycle_phase(name: str) -> str | None:
-    """``start`` / ``finish`` / ``restart`` for a lifecycle event name, else ``None``."""
-    n = name.lower()
+def lifecycle_phase(event: Event) -> str | None:
+    """``start`` / ``finish`` / ``restart`` when the event is a step of the run's life, else ``None``.
+
+    The supervisor files ``run_started`` / ``run_completed`` / ``run_failed`` / ``run_stopped``
+    (kind ``lifecycle``) and starts each next attempt with an ``action`` named ``restart`` whose
+    ``data.classification`` says why. The policy's own ``restart`` action (a hang) comes before
+    that one and is not a phase: one restart, one alert. Other steps (``run_paused``,
+    ``worker_started``) are not phases either.
+    """
+    n = event.name.lower()
+    if event.kind == "action":
+        return "restart" if n in _RESTART and "classification" in (event.data or {}) else None
+    if event.kind != "lifecycle":
+        return None
+    n = n.removeprefix("run_")
     if n in _START:
         return "start"
     if n in _FINISH:
@@ -212,7 +224,11 @@ class AlertRouter:
         now = self.clock()
         alert = alert_from_event(event, self.run_id, self.config.dashboard_url, now=now)
         key = alert.dedup_key
-        if event.kind == "anomaly" or (event.kind == "action" and self.config.include_actions):
+        phase = lifecycle_phase(event)
+        if phase is not None and getattr(self.config.notify_on, phase):
+            # Asked-for lifecycle alerts pass the router's floor, not a sink's own floor.
+            targets = self._eligible(alert.severity, ignore_min=True)
+        elif event.kind == "anomaly" or (event.kind == "action" and self.config.include_actions):
             targets = self._eligible(alert.severity)
             # An episode's severity rose: an update people must hear, whatever the dedup window says.
             escalated = event.kind == "anomaly" and bool((event.data or {}).get("escalated_from"))
@@ -225,12 +241,6 @@ class AlertRouter:
             self._dedup.forget(key)
             if not self.config.send_resolved or not targets:
                 return  # nobody was told it was raised, so nobody needs to hear it cleared
-        elif event.kind == "lifecycle":
-            phase = lifecycle_phase(event.name)
-            if phase is None or not getattr(self.config.notify_on, phase):
-                return
-            # Asked-for lifecycle alerts pass the router's floor, not a sink's own floor.
-            targets = self._eligible(alert.severity, ignore_min=True)
         else:
             return
         if not targets:

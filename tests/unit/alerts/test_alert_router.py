@@ -205,14 +205,35 @@ def test_close_gives_pending_one_last_try_then_marks_undelivered(tmp_path: Path)
 
 
 def test_lifecycle_options(tmp_path: Path) -> None:
+    """The names the supervisor files: its restarts and the run's end pass; a policy's restart
+    request, a pause and a start (not asked for) do not."""
     clock = Clock()
     sink = FakeSink(min_severity=None)
     router, _ = make(tmp_path, [sink], clock, notify_on={"start": False, "finish": True, "restart": True})
-    for name in ("started", "restarting", "completed", "heartbeat"):
-        router.submit(Event(ts=0, kind="lifecycle", name=name, severity="info"))
+    router.submit(Event(ts=0, kind="lifecycle", name="run_started", severity="info"))
+    router.submit(Event(ts=0, kind="action", name="restart", severity="warning", data={"reason": "hang"}))
+    router.submit(Event(ts=0, kind="action", name="restart", severity="warning", data={"classification": 1}))
+    router.submit(Event(ts=0, kind="lifecycle", name="run_paused", severity="info"))
+    router.submit(Event(ts=0, kind="lifecycle", name="run_completed", severity="info"))
+    router.submit(Event(ts=0, kind="lifecycle", name="run_failed", severity="critical"))
     router.pump()
-    assert [a.name for a in sink.sent] == ["restarting", "completed"]
-    assert lifecycle_phase("FAILED") == "finish" and lifecycle_phase("x") is None
+    assert [(a.kind, a.name) for a in sink.sent] == [
+        ("action", "restart"),
+        ("lifecycle", "run_completed"),
+        ("lifecycle", "run_failed"),
+    ]
+    assert lifecycle_phase(Event(ts=0, kind="lifecycle", name="FAILED")) == "finish"
+    assert lifecycle_phase(Event(ts=0, kind="anomaly", name="run_failed")) is None
+
+
+def test_lifecycle_alerts_can_be_switched_off(tmp_path: Path) -> None:
+    clock = Clock()
+    sink = FakeSink(min_severity=None)
+    router, _ = make(tmp_path, [sink], clock, notify_on={"start": False, "finish": False, "restart": False})
+    router.submit(Event(ts=0, kind="action", name="restart", severity="warning", data={"classification": 1}))
+    router.submit(Event(ts=0, kind="lifecycle", name="run_failed", severity="critical"))
+    router.pump()
+    assert sink.sent == []
 
 
 def test_alert_and_control_events_never_loop(tmp_path: Path) -> None:
