@@ -98,6 +98,11 @@ def test_in_process_rollback_is_bit_identical_to_a_restart(
     assert rollback_plan(run, 1)[1], "the rollback skipped no samples"
     # The abandoned timeline's own records stay, under attempt 0; the rolled-back one is attempt 1.
     assert max(r.step for r in after_rollback(run, 0)) == 22
+    # What cleared the abandoned timeline's anomalies is said as it was: no restart happened here.
+    cleared = [e for e in events if e.kind == "resolved" and "cleared_by" in e.data]
+    assert cleared and all(e.message.endswith("cleared by the rollback") for e in cleared)
+    assert all(e.message.endswith("cleared by the restart") for e in read_events(restarted.events)
+               if e.kind == "resolved" and "cleared_by" in e.data)  # fmt: skip
     assert_same_training(run, 1, restarted, 1)
 
 

@@ -186,3 +186,15 @@ def test_the_link_checker_sees_a_broken_link_and_a_missing_anchor(tmp_path: Path
         "[web](https://example.com/x) `[code](nowhere.md)`\n"
     )
     assert [p.split(":")[0] for p in broken_links(page)] == ["missing.md", "there.md#not-a-heading"]
+
+
+def test_alerts_page_documents_every_field_of_the_generic_webhook_body() -> None:
+    """The table under "The generic webhook's body" lists exactly the fields that are sent."""
+    from steadytune.alerts.message import generic_payload, test_alert
+
+    page = (REPO / "docs" / "alerts.md").read_text()
+    section = page.split("### The generic webhook's body", 1)[1].split("\n#", 1)[0]
+    documented = set(re.findall(r"^\| `([\w.]+)` \|", section, re.M))
+    body = generic_payload(test_alert("r1"))
+    sent = {k for k in body if k != "alert"} | {f"alert.{k}" for k in body["alert"]}
+    assert documented == sent

@@ -27,7 +27,7 @@ from typing import Any
 
 from steadytune.alerts.message import Alert, alert_from_event, test_alert
 from steadytune.alerts.noise import Deduper, RateLimiter, backoff_delay
-from steadytune.alerts.sinks import DeliveryError, Sink, build_sinks
+from steadytune.alerts.sinks import ConsoleSaid, DeliveryError, Sink, build_sinks
 from steadytune.config.alerts import AlertsConfig
 from steadytune.records import SEVERITY_ORDER, Event
 from steadytune.redact import Redactor
@@ -38,9 +38,21 @@ _START = {"start", "started", "starting"}
 _RESTART = {"restart", "restarted", "restarting"}
 
 
-def lifecycle_phase(name: str) -> str | None:
-    """``start`` / ``finish`` / ``restart`` for a lifecycle event name, else ``None``."""
-    n = name.lower()
+def lifecycle_phase(event: Event) -> str | None:
+    """``start`` / ``finish`` / ``restart`` when the event is a step of the run's life, else ``None``.
+
+    The supervisor files ``run_started`` / ``run_completed`` / ``run_failed`` / ``run_stopped``
+    (kind ``lifecycle``) and starts each next attempt with an ``action`` named ``restart`` whose
+    ``data.classification`` says why. The policy's own ``restart`` action (a hang) comes before
+    that one and is not a phase: one restart, one alert. Other steps (``run_paused``,
+    ``worker_started``) are not phases either.
+    """
+    n = event.name.lower()
+    if event.kind == "action":
+        return "restart" if n in _RESTART and "classification" in (event.data or {}) else None
+    if event.kind != "lifecycle":
+        return None
+    n = n.removeprefix("run_")
     if n in _START:
         return "start"
     if n in _FINISH:
@@ -83,6 +95,7 @@ class AlertRouter:
         base_dir: Path | None = None,
         start: bool = True,
         environ: dict[str, str] | None = None,
+        console_said: ConsoleSaid | None = None,
     ) -> None:
         self.config = config
         self.event_log = event_log
@@ -92,7 +105,9 @@ class AlertRouter:
         if base_dir is None and event_log is not None:
             base_dir = event_log.path.parent
         self.sinks: list[Sink] = (
-            sinks if sinks is not None else build_sinks(config, self.redactor, base_dir, environ)
+            sinks
+            if sinks is not None
+            else build_sinks(config, self.redactor, base_dir, environ, console_said)
         )
         self._limiters = [
             RateLimiter(s.rate_limit_per_hour or config.rate_limit_per_hour) for s in self.sinks
@@ -212,7 +227,11 @@ class AlertRouter:
         now = self.clock()
         alert = alert_from_event(event, self.run_id, self.config.dashboard_url, now=now)
         key = alert.dedup_key
-        if event.kind == "anomaly" or (event.kind == "action" and self.config.include_actions):
+        phase = lifecycle_phase(event)
+        if phase is not None and getattr(self.config.notify_on, phase):
+            # Asked-for lifecycle alerts pass the router's floor, not a sink's own floor.
+            targets = self._eligible(alert.severity, ignore_min=True)
+        elif event.kind == "anomaly" or (event.kind == "action" and self.config.include_actions):
             targets = self._eligible(alert.severity)
             # An episode's severity rose: an update people must hear, whatever the dedup window says.
             escalated = event.kind == "anomaly" and bool((event.data or {}).get("escalated_from"))
@@ -225,12 +244,6 @@ class AlertRouter:
             self._dedup.forget(key)
             if not self.config.send_resolved or not targets:
                 return  # nobody was told it was raised, so nobody needs to hear it cleared
-        elif event.kind == "lifecycle":
-            phase = lifecycle_phase(event.name)
-            if phase is None or not getattr(self.config.notify_on, phase):
-                return
-            # Asked-for lifecycle alerts pass the router's floor, not a sink's own floor.
-            targets = self._eligible(alert.severity, ignore_min=True)
         else:
             return
         if not targets:

@@ -128,7 +128,7 @@ class InProcessRollbacks:
         issuer = f"policy:{action.anomaly.kind if action.anomaly else 'rollback'}"
         send_control(st.run, "rollback", issuer=issuer, attempt=previous, log=self.out.events)
         self.awaited = Awaited(action, worker, now, planned, checkpoint_step(Path(resume)) or 0)
-        self.resumes.rewind(resume)
+        self.resumes.rewind(resume, cleared_by="rollback")
         st.attempt.setup(now)
 
     def _kill_for(self, action: Action) -> None:

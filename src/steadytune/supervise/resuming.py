@@ -51,22 +51,23 @@ class Resumes:
             self.check_resume(rec, self._expect)
             self._expect = None
 
-    def rewind(self, resume: str | None, world_size: int | None = None) -> None:
+    def rewind(self, resume: str | None, world_size: int | None = None, cleared_by: str = "restart") -> None:
         """A new timeline from ``resume``: detection starts again there, and its first step is checked.
 
         Open anomalies belong to the abandoned timeline: they are resolved, and the detectors are
         rebuilt by replaying the kept history up to the resume step (the latest attempt of each step),
         so baselines survive the restart. With ``world_size``, the ranks a smaller job no longer has
-        are left out (a rank that is gone is no straggler).
+        are left out (a rank that is gone is no straggler). ``cleared_by`` names what cleared them
+        (``rollback`` for one done inside the running worker: no restart happened).
         """
         st = self.state
         for a in st.detector.open_anomalies():
             self.out.emit(
                 "resolved",
                 a.kind,
-                f"resolved {a.kind}: cleared by the restart",
+                f"resolved {a.kind}: cleared by the {cleared_by}",
                 step=a.end_step,
-                data={**anomaly_event_data(a), "cleared_by": "restart"},
+                data={**anomaly_event_data(a), "cleared_by": cleared_by},
             )
         st.policy.forget_open()
         step = (checkpoint_step(Path(resume)) if resume else 0) or 0

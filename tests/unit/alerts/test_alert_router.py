@@ -205,14 +205,35 @@ def test_close_gives_pending_one_last_try_then_marks_undelivered(tmp_path: Path)
 
 
 def test_lifecycle_options(tmp_path: Path) -> None:
+    """The names the supervisor files: its restarts and the run's end pass; a policy's restart
+    request, a pause and a start (not asked for) do not."""
     clock = Clock()
     sink = FakeSink(min_severity=None)
     router, _ = make(tmp_path, [sink], clock, notify_on={"start": False, "finish": True, "restart": True})
-    for name in ("started", "restarting", "completed", "heartbeat"):
-        router.submit(Event(ts=0, kind="lifecycle", name=name, severity="info"))
+    router.submit(Event(ts=0, kind="lifecycle", name="run_started", severity="info"))
+    router.submit(Event(ts=0, kind="action", name="restart", severity="warning", data={"reason": "hang"}))
+    router.submit(Event(ts=0, kind="action", name="restart", severity="warning", data={"classification": 1}))
+    router.submit(Event(ts=0, kind="lifecycle", name="run_paused", severity="info"))
+    router.submit(Event(ts=0, kind="lifecycle", name="run_completed", severity="info"))
+    router.submit(Event(ts=0, kind="lifecycle", name="run_failed", severity="critical"))
     router.pump()
-    assert [a.name for a in sink.sent] == ["restarting", "completed"]
-    assert lifecycle_phase("FAILED") == "finish" and lifecycle_phase("x") is None
+    assert [(a.kind, a.name) for a in sink.sent] == [
+        ("action", "restart"),
+        ("lifecycle", "run_completed"),
+        ("lifecycle", "run_failed"),
+    ]
+    assert lifecycle_phase(Event(ts=0, kind="lifecycle", name="FAILED")) == "finish"
+    assert lifecycle_phase(Event(ts=0, kind="anomaly", name="run_failed")) is None
+
+
+def test_lifecycle_alerts_can_be_switched_off(tmp_path: Path) -> None:
+    clock = Clock()
+    sink = FakeSink(min_severity=None)
+    router, _ = make(tmp_path, [sink], clock, notify_on={"start": False, "finish": False, "restart": False})
+    router.submit(Event(ts=0, kind="action", name="restart", severity="warning", data={"classification": 1}))
+    router.submit(Event(ts=0, kind="lifecycle", name="run_failed", severity="critical"))
+    router.pump()
+    assert sink.sent == []
 
 
 def test_alert_and_control_events_never_loop(tmp_path: Path) -> None:
@@ -268,3 +289,25 @@ def test_secret_is_redacted_from_recorded_errors(tmp_path: Path) -> None:
     router.pump()
     text = log.path.read_text()
     assert "XXXXSECRET" not in text and "***" in text
+
+
+def test_console_sink_leaves_to_the_host_console_what_it_printed(tmp_path: Path) -> None:
+    """Beside a console that prints warnings, the console sink writes only the rest (a
+    RESOLVED info), yet every alert is recorded delivered to it."""
+    import io
+
+    from steadytune.alerts.sinks import ConsoleAlertSink
+    from steadytune.config.alerts import ConsoleSink
+    from steadytune.redact import Redactor
+    from steadytune.supervise.outbox import said_on_console
+    from steadytune.telemetry.events import read_events
+
+    clock = Clock()
+    stream = io.StringIO()
+    sink = ConsoleAlertSink(ConsoleSink(type="console"), Redactor(), stream, already_said=said_on_console)
+    router, log = make(tmp_path, [sink], clock)  # type: ignore[list-item]
+    router.submit(anomaly(severity="critical"))
+    router.submit(Event(ts=0, kind="resolved", name="loss_spike", severity="info", data={"metric": "loss"}))
+    router.pump()
+    assert stream.getvalue().count("\n") == 1 and "RESOLVED loss_spike" in stream.getvalue()
+    assert [e.data["delivered"] for e in read_events(log.path)] == [["console"], ["console"]]
