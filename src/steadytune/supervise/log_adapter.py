@@ -74,6 +74,7 @@ class LogAdapter:
         self._losses = LossChoice()
         self._told: set[str] = set()  # the ignored fields already said
         self.last_line = ""
+        self.last_lr: float | None = None  # the LR this attempt logged with its last training loss
 
     # -- attempts -------------------------------------------------------------
     def begin(self, attempt: int, checkpoint: Path | None) -> None:
@@ -88,6 +89,7 @@ class LogAdapter:
             self._last_record_ts = None
             self._tokens_seen = None  # a new process counts its tokens from zero
             self._max_steps = None
+            self.last_lr = None
             if checkpoint is None:
                 self._log_step = self._last_logged_step = 0
                 return
@@ -248,7 +250,9 @@ class LogAdapter:
             tokens = self._interval_tokens(values.get("num_tokens")) if "loss" in values else None
             if tokens is not None and steps_since:
                 tokens //= steps_since
+            lr = values.get("learning_rate", values.get("lr"))
             if "loss" in values:
+                self.last_lr = lr if lr is not None else self.last_lr
                 self._last_logged_step = max(self._last_logged_step, step)
                 self._recorded.add(step)
                 self._last_record_ts = now
@@ -262,7 +266,7 @@ class LogAdapter:
                     attempt=self.attempt,
                     loss=loss,
                     grad_norm=values.get("grad_norm"),
-                    lr=values.get("learning_rate", values.get("lr")),
+                    lr=lr,
                     epoch=values.get("epoch"),
                     eval_loss=values.get("eval_loss"),
                     tokens=tokens or None,
