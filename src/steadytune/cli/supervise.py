@@ -26,9 +26,9 @@ def register(sub: Any) -> None:
         "--output_dir out --add_version false\n  "
         "steadytune supervise --preset hf --output-dir out --inject -- accelerate launch --num_processes 2 "
         "train.py --output_dir out",
-        description="Runs CMD, follows its progress (HF log dicts on stdout, trainer_log.jsonl / "
-        "trainer_state.json "
-        "in --output-dir), samples the system, runs the detectors, the policy and the alerts of "
+        description="Runs CMD, follows its progress (HF log dicts or text lines naming a step and a loss "
+        "on stdout, trainer_log.jsonl / trainer_state.json in --output-dir; it warns when it reads no "
+        "step), samples the system, runs the detectors, the policy and the alerts of "
         "--config, and "
         "when the job dies, hangs or diverges kills its whole process tree and restarts it from the newest "
         "whole checkpoint (--preset or --resume-arg says how), with a lower LR after a rollback. "

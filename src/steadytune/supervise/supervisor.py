@@ -50,7 +50,7 @@ from steadytune.rundir import RunDir, atomic_write_text
 from steadytune.supervise.actions import Actions
 from steadytune.supervise.inprocess import InProcessRollbacks
 from steadytune.supervise.intake import Intake
-from steadytune.supervise.logparse import last_exception, last_lines
+from steadytune.supervise.logparse import FOLLOWED, last_exception, last_lines
 from steadytune.supervise.next_attempt import NextAttempt, RestartPlanner
 from steadytune.supervise.observers import Observer
 from steadytune.supervise.operator import OperatorControls
@@ -532,6 +532,14 @@ class Supervisor:
         severity = "info" if state in {"completed", "stopped", "paused"} else "critical"
         data: dict[str, Any] = {"classification": decision.classification}
         detail = ""
+        reason = decision.reason
+        if state == "completed" and PLAN not in st.source.abilities and not st.progress.steps_seen:
+            # A job whose log is in no followed format "completes at step 0": nothing was judged.
+            severity, data["no_steps_read"] = "warning", True
+            reason += (
+                f"; but no training step was ever read from the job's output, so nothing was watched "
+                f"(formats followed: {FOLLOWED}; see docs/recovery.md)"
+            )
         if state == "failed" and st.attempt.worker is not None:
             # The cause itself, where to read more, and how the log ends: a stop that says only
             # "see the log" sends the user digging.
@@ -545,7 +553,7 @@ class Supervisor:
         self.out.emit(
             "lifecycle",
             f"run_{state}",
-            f"run {state}: {decision.reason}",
+            f"run {state}: {reason}",
             severity=severity,
             step=info.step,
             data=data,
