@@ -127,7 +127,13 @@ class Supervisor:
             source=source,
             clock=clock,
             plans=Plans(first_plan(cfg, clock()), planner, self.run.plan, self.out.record),
-            progress=RunProgress(max_steps=cfg.train.max_steps if cfg.train.max_steps > 0 else None),
+            # A command steadytune does not run trains to its own max_steps, which it may print (the
+            # train_begin the log adapter writes); the config's is not the job's.
+            progress=RunProgress(
+                max_steps=cfg.train.max_steps
+                if cfg.train.max_steps > 0 and PLAN in source.abilities
+                else None
+            ),
             detector=LiveDetector(cfg.detect),
             policy=Policy(cfg.policy),
             attempt=Attempt(phase_since=clock()),

@@ -105,3 +105,9 @@ def test_a_plain_text_job_is_followed_to_its_end(tmp_path: Path) -> None:
     assert end["step"] == 150
     status = json.loads((tmp_path / "runs" / "r1" / "status.json").read_text())
     assert status["max_steps"] == 150  # the job's own total, from its "step N/M"
+
+
+def test_a_job_that_logs_no_total_is_shown_none_not_the_configs(tmp_path: Path) -> None:
+    _supervise(tmp_path, "for i in range(1, 31): print(f'step {i} | loss {2.0 - i / 100}')")
+    status = json.loads((tmp_path / "runs" / "r1" / "status.json").read_text())
+    assert status["step"] == 30 and status["max_steps"] is None  # not my.yaml's 200: that is no job's
