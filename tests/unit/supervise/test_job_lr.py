@@ -86,3 +86,49 @@ def test_without_any_lr_known_a_rollback_cannot_lower_it(tmp_path: Path) -> None
     assert "lr" not in source.abilities
     _logs(source, 2e-5)
     assert "lr" in source.abilities
+
+
+# A job that logs LR 2e-05, saves every 5 steps and diverges at step 25; resumed, it trains on.
+JOB = """
+import json, pathlib, struct, sys, time
+out = pathlib.Path(sys.argv[1])
+at = sys.argv.index("--resume_from_checkpoint") + 1 if "--resume_from_checkpoint" in sys.argv else 0
+start = int(sys.argv[at].rsplit("-", 1)[1]) if at else 0
+for s in range(start + 1, 41):
+    loss = 2.0 - s / 100 if at or s < 25 else 50.0 * (s - 23)
+    print({"loss": loss, "grad_norm": 1.0, "learning_rate": 2e-05, "epoch": s / 40}, flush=True)
+    if s % 5 == 0 and (at or s < 25):
+        ck = out / f"checkpoint-{s}"
+        ck.mkdir(parents=True, exist_ok=True)
+        raw = json.dumps({"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}).encode()
+        (ck / "model.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(16))
+        (ck / "trainer_state.json").write_text(json.dumps({"global_step": s}))
+    time.sleep(0.05)
+if not at:
+    time.sleep(120)
+"""
+
+
+def test_a_supervised_rollback_restarts_the_job_below_the_lr_it_logged(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from tests.conftest import STEADYTUNE
+
+    (tmp_path / "job.py").write_text(JOB)
+    cfg = tmp_path / "my.yaml"
+    cfg.write_text("train:\n  learning_rate: 0.002\n")  # steadytune demo --print-config's LR, not the job's
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [STEADYTUNE, "supervise", "--config", str(cfg), "--preset", "hf", "--output-dir", str(out),
+         "--runs-dir", str(tmp_path / "runs"), "--run-id", "r1", "--",
+         sys.executable, str(tmp_path / "job.py"), str(out)],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    events = [json.loads(x) for x in (tmp_path / "runs" / "r1" / "events.jsonl").read_text().splitlines()]
+    assert any(e["name"] == "rollback" for e in events), [e["name"] for e in events]
+    restarted = [e for e in events if e["name"] == "worker_started"][-1]
+    assert restarted["data"]["cmd"][-2:] == ["--learning_rate", "1e-05"]
+    [said] = [e for e in events if e["name"] == "rollback_lr"]
+    assert "the LR the job logged (2e-05)" in said["message"] and "0.002" in said["message"]
