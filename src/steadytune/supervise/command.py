@@ -188,7 +188,7 @@ class CommandSource:
         self.adapter.begin(plan.attempt, resume)
         if said:
             self.writer.write(
-                Event(ts=time.time(), kind="lifecycle", name=WorkerEvent.ROLLBACK_LR, message=said)
+                Event(ts=self.adapter.clock(), kind="lifecycle", name=WorkerEvent.ROLLBACK_LR, message=said)
             )
         proc = WorkerProcess(cmd, log_path, env=env, pipe_stdout=True)
         proc.how = "a new process: a supervised command is started afresh each attempt"
