@@ -26,9 +26,9 @@ def register(sub: Any) -> None:
         "--output_dir out --add_version false\n  "
         "steadytune supervise --preset hf --output-dir out --inject -- accelerate launch --num_processes 2 "
         "train.py --output_dir out",
-        description="Runs CMD, follows its progress (HF log dicts on stdout, trainer_log.jsonl / "
-        "trainer_state.json "
-        "in --output-dir), samples the system, runs the detectors, the policy and the alerts of "
+        description="Runs CMD, follows its progress (HF log dicts or text lines naming a step and a loss "
+        "on stdout, trainer_log.jsonl / trainer_state.json in --output-dir; it warns when it reads no "
+        "step), samples the system, runs the detectors, the policy and the alerts of "
         "--config, and "
         "when the job dies, hangs or diverges kills its whole process tree and restarts it from the newest "
         "whole checkpoint (--preset or --resume-arg says how), with a lower LR after a rollback. "
@@ -63,7 +63,8 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--base-lr",
         type=float,
-        help="the job's learning rate, which a rollback scales (else train.learning_rate)",
+        help="the job's learning rate, which a rollback scales (else the LR the job logs, else "
+        "train.learning_rate)",
     )
     p.add_argument(
         "--runs-dir", type=Path, default=Path("runs"), help="where the run directory goes (default ./runs)"
@@ -147,16 +148,15 @@ def main(args: argparse.Namespace) -> int:
     if problems:
         return fail("--preset " + args.preset + ": " + "; ".join(problems), 2)
     preset = PRESETS.get(args.preset or "", {})
-    base_lr = args.base_lr
-    if base_lr is None and "learning_rate" in cfg.train.model_fields_set:
-        base_lr = cfg.train.learning_rate
+    config_lr = cfg.train.learning_rate if "learning_rate" in cfg.train.model_fields_set else None
     opts = CommandOptions(
         command=cmd,
         output_dir=args.output_dir.resolve() if args.output_dir else None,
         resume_arg=args.resume_arg or preset.get("resume_arg"),
         lr_arg=args.lr_arg or preset.get("lr_arg"),
         fresh_arg=preset.get("fresh_arg"),
-        base_lr=base_lr,
+        base_lr=args.base_lr,
+        config_lr=config_lr,
         inject=args.inject,
         segment_bytes=cfg.run.telemetry_segment_bytes,
     )

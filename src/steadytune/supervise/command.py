@@ -25,6 +25,7 @@ from steadytune.checkpoint.manifest import list_checkpoints
 from steadytune.protocol import WorkerEvent
 from steadytune.records import Event, PlanRevision
 from steadytune.rundir import RunDir
+from steadytune.supervise.job_lr import BaseLr, choose_base_lr
 from steadytune.supervise.log_adapter import LogAdapter
 from steadytune.supervise.process import ProcessTree, WorkerProcess, running
 from steadytune.supervise.source import CONTROL, LR, SKIP_STEP
@@ -108,7 +109,8 @@ class CommandOptions:
     lr_arg: str | None = None  # e.g. "--learning_rate {lr}": how a rollback lowers the job's LR
     # appended on a restart from the start, for a tool that would resume by itself
     fresh_arg: str | None = None
-    base_lr: float | None = None  # the job's configured LR, which a rollback scales
+    base_lr: float | None = None  # --base-lr: the LR a rollback scales, said by the user
+    config_lr: float | None = None  # the config's train.learning_rate: the job's LR only if it logs none
     inject: bool = False  # give the tool's HF Trainer the guard (records, NaN skip, control)
     segment_bytes: int = 0  # run.telemetry_segment_bytes: rank-0's rotation, by whichever of us writes it
 
@@ -125,26 +127,48 @@ class CommandSource:
         self.adapter = LogAdapter(self.writer, opts.command, opts.output_dir, clock)
         self.injected = opts.inject
         self._reader: threading.Thread | None = None
+        self._job_lr: float | None = None  # the last LR logged by an attempt that ran at the job's own LR
+        self._at_own_lr = True  # this attempt was given no lowered LR
 
     @property
     def abilities(self) -> frozenset[str]:
-        out = {LR} if self.opts.lr_arg and self.opts.base_lr else set()
+        out = {LR} if self.opts.lr_arg and self.base_lr() else set()
         if self.injected:
             out |= {CONTROL, SKIP_STEP}
         return frozenset(out)
 
     # -- starting ---------------------------------------------------------------
+    def base_lr(self) -> BaseLr | None:
+        """The LR a rollback scales (:func:`~steadytune.supervise.job_lr.choose_base_lr`).
+
+        Only an attempt that ran at the job's own LR counts as logging it: one given a lowered
+        LR logs that, which a second rollback would lower again.
+        """
+        if self._at_own_lr and self.adapter.last_lr is not None:
+            self._job_lr = self.adapter.last_lr
+        return choose_base_lr(self.opts.base_lr, self._job_lr, self.opts.config_lr)
+
     def command_for(self, plan: PlanRevision) -> list[str]:
         cmd = list(self.opts.command)
         if plan.resume_checkpoint and self.opts.resume_arg:
             cmd += [p.replace("{checkpoint}", plan.resume_checkpoint) for p in self.opts.resume_arg.split()]
         elif plan.attempt > 0 and self.opts.fresh_arg:
             cmd += self.opts.fresh_arg.split()
-        scale = plan.lr_scale if plan.lr_scale is not None else 1.0
-        if scale != 1.0 and self.opts.base_lr and self.opts.lr_arg:
-            lr = self.opts.base_lr * scale
-            cmd += [p.replace("{lr}", f"{lr:.6g}") for p in self.opts.lr_arg.split()]
+        cmd += self._lr_args(plan)[0]
         return cmd
+
+    def _lr_args(self, plan: PlanRevision) -> tuple[list[str], str]:
+        """The LR argument of a rollback's attempt, and what it says of the LR chosen ("" if none)."""
+        scale = plan.lr_scale if plan.lr_scale is not None else 1.0
+        base = self.base_lr()
+        if scale == 1.0 or base is None or not self.opts.lr_arg:
+            return [], ""
+        lr = base.lr * scale
+        of = {"--base-lr": "--base-lr", "logged": "the LR the job logged", "config": "train.learning_rate"}
+        said = f"the job restarts at LR {lr:.6g}: x{scale:g} of {of[base.source]} ({base.lr:g})"
+        if base.note:
+            said += f"; {base.note}"
+        return [p.replace("{lr}", f"{lr:.6g}") for p in self.opts.lr_arg.split()], said
 
     def start(self, plan: PlanRevision, log_path: Path) -> WorkerProcess:
         # PYTHONFAULTHANDLER: a Python trainer prints every thread's stack on SIGABRT, which is
@@ -158,8 +182,15 @@ class CommandSource:
         self.injected = self.opts.inject
         self.adapter.records = not self.injected
         resume = Path(plan.resume_checkpoint) if plan.resume_checkpoint else None
+        cmd = self.command_for(plan)  # before the adapter forgets the LR the last attempt logged
+        lr_args, said = self._lr_args(plan)
+        self._at_own_lr = self._at_own_lr and not lr_args
         self.adapter.begin(plan.attempt, resume)
-        proc = WorkerProcess(self.command_for(plan), log_path, env=env, pipe_stdout=True)
+        if said:
+            self.writer.write(
+                Event(ts=self.adapter.clock(), kind="lifecycle", name=WorkerEvent.ROLLBACK_LR, message=said)
+            )
+        proc = WorkerProcess(cmd, log_path, env=env, pipe_stdout=True)
         proc.how = "a new process: a supervised command is started afresh each attempt"
         self._reader = threading.Thread(target=self._pipe, args=(proc,), daemon=True)
         self._reader.start()

@@ -4,7 +4,10 @@ A command steadytune does not run writes no step records. What it does write:
 HF-style log dicts on stdout (``{'loss': 1.2, 'grad_norm': 3.4, 'learning_rate': 2e-05,
 'epoch': 0.5}``, TRL's with string numbers and a tqdm bar on the same line),
 LLaMA-Factory's ``trainer_log.jsonl`` with real step numbers, and the
-``trainer_state.json`` of each checkpoint. The adapter translates those into
+``trainer_state.json`` of each checkpoint. A script's own text lines that name a step
+and a loss (``step 12 | loss 2.3 | lr 2e-05``) are read by the rules ``analyze`` reads
+text logs by (:mod:`steadytune.importers.text_log`), while the job prints no log dict.
+The adapter translates those into
 ``StepRecord``\\s, ``Heartbeat``\\s and a ``train_begin`` event in
 ``telemetry/rank-0.jsonl``; the supervisor then reads that stream exactly as it
 reads a native worker's. The adapter decides nothing.
@@ -18,11 +21,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from steadytune.checkpoint.manifest import checkpoint_step
-from steadytune.importers import llamafactory
+from steadytune.importers import llamafactory, text_log
 from steadytune.importers.series import TRAIN_LOSS_NAMES, LossChoice
 from steadytune.protocol import WorkerEvent
 from steadytune.records import RECORD_LOG_KEYS, Event, Heartbeat, StepRecord, logged_extra
 from steadytune.supervise.logparse import (
+    FOLLOWED,
     STEP_KEYS,
     is_summary,
     logging_steps_from,
@@ -35,6 +39,9 @@ from steadytune.telemetry.jsonl import JsonlReader
 from steadytune.telemetry.stream import JsonlWriter
 
 HEARTBEAT_EVERY_S = 1.0  # output is proof of life; more than one beat a second says nothing new
+# Output this long with no step read: the job's format is likely not one followed (a model still
+# loading prints for a while too, so the warning says both).
+NO_STEPS_WARN_S = 120.0
 _JOINED = ("grad_norm", "num_tokens")  # what a trainer_log.jsonl row lacks of the fields
 
 
@@ -74,6 +81,11 @@ class LogAdapter:
         self._losses = LossChoice()
         self._told: set[str] = set()  # the ignored fields already said
         self.last_line = ""
+        self.last_lr: float | None = None  # the LR this attempt logged with its last training loss
+        self._dicts_printed = False  # the job prints log dicts: its text lines are not its steps
+        self._output_since: float | None = None  # this attempt's first line of output
+        self.ever_stepped = False  # a step was read from the job, in any attempt
+        self._warned_no_steps = False
 
     # -- attempts -------------------------------------------------------------
     def begin(self, attempt: int, checkpoint: Path | None) -> None:
@@ -88,6 +100,8 @@ class LogAdapter:
             self._last_record_ts = None
             self._tokens_seen = None  # a new process counts its tokens from zero
             self._max_steps = None
+            self.last_lr = None
+            self._output_since = None
             if checkpoint is None:
                 self._log_step = self._last_logged_step = 0
                 return
@@ -109,6 +123,7 @@ class LogAdapter:
     def on_stdout(self, line: str) -> None:
         self.last_line = line
         self._beat()
+        self._no_steps_yet()
         bar = train_bar(line)
         if bar is not None and bar[1] > 0:
             self._total(bar[1])
@@ -119,7 +134,9 @@ class LogAdapter:
             self._beat(force=True)
             return
         if values is None:
+            self._text_line(line)
             return
+        self._dicts_printed = True
         # ms-swift's dicts name their step and the run's length ('global_step/max_steps': '10/100'); its
         # progress bar has a description, which is not the Trainer's own bar, and it logs step 1 as well.
         own = own_step(values)
@@ -152,6 +169,51 @@ class LogAdapter:
             # a bar redrawn in between shows the step itself, a stale one an earlier count.
             self._log_step = max(self._log_step + 1, self._bar_step or 0)
         self.record(self._log_step, values)
+
+    def _text_line(self, line: str) -> None:
+        """A script's own text line (``step 12 | loss 2.3``): a step where it names one and a loss."""
+        if self._dicts_printed or self.steps_are_real():
+            return
+        parsed = text_log.parse_line(line.rstrip("\n"))
+        if (
+            parsed is None
+            or parsed.step is None
+            or "loss" not in parsed.fields
+            or parsed.rank not in (None, 0)
+        ):
+            return
+        if parsed.step in self._recorded:
+            return  # a progress bar redrawn at the same step
+        if parsed.total:
+            self._total(parsed.total)
+        self._log_step = parsed.step
+        self.record(parsed.step, parsed.fields)
+
+    def _no_steps_yet(self) -> None:
+        """Warn once when the job has printed for a while and no step was read from it."""
+        now = self.clock()
+        if self._output_since is None:
+            self._output_since = now
+        if (
+            self._warned_no_steps
+            or self.ever_stepped
+            or not self.records
+            or now - self._output_since < NO_STEPS_WARN_S
+        ):
+            return
+        self._warned_no_steps = True
+        self.writer.write(
+            Event(
+                ts=now,
+                kind="lifecycle",
+                name=WorkerEvent.NO_STEPS_READ,
+                message=f"read no training steps from the job's output in {now - self._output_since:.0f} s "
+                f"(still loading, or a format not followed: those followed are {FOLLOWED}); without steps "
+                "there is no progress, no detection and no rollback. See docs/recovery.md#supervising-a-"
+                "command-steadytune-does-not-run, or give --inject",
+                severity="warning",
+            )
+        )
 
     def _beat(self, force: bool = False) -> None:
         now = self.clock()
@@ -248,7 +310,10 @@ class LogAdapter:
             tokens = self._interval_tokens(values.get("num_tokens")) if "loss" in values else None
             if tokens is not None and steps_since:
                 tokens //= steps_since
+            lr = values.get("learning_rate", values.get("lr"))
             if "loss" in values:
+                self.ever_stepped = True
+                self.last_lr = lr if lr is not None else self.last_lr
                 self._last_logged_step = max(self._last_logged_step, step)
                 self._recorded.add(step)
                 self._last_record_ts = now
@@ -262,7 +327,7 @@ class LogAdapter:
                     attempt=self.attempt,
                     loss=loss,
                     grad_norm=values.get("grad_norm"),
-                    lr=values.get("learning_rate", values.get("lr")),
+                    lr=lr,
                     epoch=values.get("epoch"),
                     eval_loss=values.get("eval_loss"),
                     tokens=tokens or None,

@@ -17,6 +17,7 @@ from steadytune.importers import parse_line as parse_log_line
 from steadytune.importers.dict_log import STEP_KEYS, is_summary, own_step, swift_progress, train_bar
 
 __all__ = [
+    "FOLLOWED",
     "STEP_KEYS",
     "is_summary",
     "last_exception",
@@ -27,6 +28,13 @@ __all__ = [
     "swift_progress",
     "train_bar",
 ]
+
+
+# What a supervised command's steps are read from, as the user is told when none were read.
+FOLLOWED = (
+    "HF log dicts on stdout ({'loss': ..., 'learning_rate': ...}), text lines naming a step and a loss "
+    "('step 12 | loss 2.3 | lr 2e-05'), trainer_log.jsonl in --output-dir"
+)
 
 
 _LOGGING_FLAG = re.compile(r"^--?logging[_-]steps(?:=(\d+))?$")

@@ -225,7 +225,10 @@ class Resumes:
                     target_dir = self.state.source.resume_copy(target_dir)
                 changes["resume_checkpoint"] = str(target_dir)
             if LR not in self.state.source.abilities:
-                why += "; the LR is unchanged (give --lr-arg and --base-lr, or --preset, to lower it)"
+                why += (
+                    "; the LR is unchanged (give --preset or --lr-arg to lower it, and --base-lr where the "
+                    "job logs no LR)"
+                )
         return changes, kind, why
 
     def abandon_after(self, target: int) -> None:

@@ -50,7 +50,7 @@ from steadytune.rundir import RunDir, atomic_write_text
 from steadytune.supervise.actions import Actions
 from steadytune.supervise.inprocess import InProcessRollbacks
 from steadytune.supervise.intake import Intake
-from steadytune.supervise.logparse import last_exception, last_lines
+from steadytune.supervise.logparse import FOLLOWED, last_exception, last_lines
 from steadytune.supervise.next_attempt import NextAttempt, RestartPlanner
 from steadytune.supervise.observers import Observer
 from steadytune.supervise.operator import OperatorControls
@@ -127,7 +127,13 @@ class Supervisor:
             source=source,
             clock=clock,
             plans=Plans(first_plan(cfg, clock()), planner, self.run.plan, self.out.record),
-            progress=RunProgress(max_steps=cfg.train.max_steps if cfg.train.max_steps > 0 else None),
+            # A command steadytune does not run trains to its own max_steps, which it may print (the
+            # train_begin the log adapter writes); the config's is not the job's.
+            progress=RunProgress(
+                max_steps=cfg.train.max_steps
+                if cfg.train.max_steps > 0 and PLAN in source.abilities
+                else None
+            ),
             detector=LiveDetector(cfg.detect),
             policy=Policy(cfg.policy),
             attempt=Attempt(phase_since=clock()),
@@ -532,6 +538,14 @@ class Supervisor:
         severity = "info" if state in {"completed", "stopped", "paused"} else "critical"
         data: dict[str, Any] = {"classification": decision.classification}
         detail = ""
+        reason = decision.reason
+        if state == "completed" and PLAN not in st.source.abilities and not st.progress.steps_seen:
+            # A job whose log is in no followed format "completes at step 0": nothing was judged.
+            severity, data["no_steps_read"] = "warning", True
+            reason += (
+                f"; but no training step was ever read from the job's output, so nothing was watched "
+                f"(formats followed: {FOLLOWED}; see docs/recovery.md)"
+            )
         if state == "failed" and st.attempt.worker is not None:
             # The cause itself, where to read more, and how the log ends: a stop that says only
             # "see the log" sends the user digging.
@@ -545,7 +559,7 @@ class Supervisor:
         self.out.emit(
             "lifecycle",
             f"run_{state}",
-            f"run {state}: {decision.reason}",
+            f"run {state}: {reason}",
             severity=severity,
             step=info.step,
             data=data,

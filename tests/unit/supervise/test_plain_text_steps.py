@@ -1,0 +1,113 @@
+"""A supervised script that prints plain text lines (``step N | loss X | lr Z``): followed as
+``analyze`` reads them, and a job none of whose output is read is said, live and at the end."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from steadytune.records import Event, StepRecord
+from steadytune.rundir import RunDir
+from steadytune.supervise.log_adapter import NO_STEPS_WARN_S, LogAdapter
+from steadytune.telemetry.stream import JsonlWriter, iter_records
+from tests.conftest import STEADYTUNE
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _adapter(tmp_path: Path) -> tuple[RunDir, LogAdapter, _Clock]:
+    run = RunDir(tmp_path / "run").create()
+    clock = _Clock()
+    return run, LogAdapter(JsonlWriter(run.telemetry(0)), ["python", "train.py"], None, clock), clock
+
+
+def _steps(run: RunDir) -> list[StepRecord]:
+    return [r for r in iter_records(run.telemetry(0)) if isinstance(r, StepRecord)]
+
+
+def _events(run: RunDir, name: str) -> list[Event]:
+    return [r for r in iter_records(run.telemetry(0)) if isinstance(r, Event) and r.name == name]
+
+
+def test_text_lines_naming_a_step_and_a_loss_are_steps(tmp_path: Path) -> None:
+    run, adapter, _ = _adapter(tmp_path)
+    adapter.on_stdout("loading model...\n")
+    for step in (1, 2, 3):
+        adapter.on_stdout(f"step {step}/150 | loss {3.0 - step / 10:.2f} | grad_norm 1.5 | lr 2e-05\n")
+    assert [(r.step, r.loss, r.grad_norm, r.lr) for r in _steps(run)] == [
+        (1, 2.9, 1.5, 2e-05), (2, 2.8, 1.5, 2e-05), (3, 2.7, 1.5, 2e-05),
+    ]  # fmt: skip
+    [begin] = _events(run, "train_begin")
+    assert begin.data["max_steps"] == 150  # the job's own total, from its "step N/M"
+    assert adapter.last_lr == 2e-05
+
+
+def test_text_lines_are_not_steps_of_a_job_that_prints_log_dicts(tmp_path: Path) -> None:
+    run, adapter, _ = _adapter(tmp_path)
+    adapter.on_stdout("{'loss': 2.5, 'grad_norm': 1.0, 'learning_rate': 1e-05, 'epoch': 0.1}\n")
+    adapter.on_stdout("step 7 | loss 9.9\n")  # the job's own echo of a step the dicts count
+    assert [(r.step, r.loss) for r in _steps(run)] == [(1, 2.5)]
+
+
+def test_output_with_no_step_read_is_warned_once_after_a_while(tmp_path: Path) -> None:
+    run, adapter, clock = _adapter(tmp_path)
+    adapter.on_stdout("it 1 L=2.3\n")
+    clock.now = NO_STEPS_WARN_S - 1
+    adapter.on_stdout("it 2 L=2.2\n")
+    assert _events(run, "no_steps_read") == []
+    clock.now = NO_STEPS_WARN_S + 1
+    adapter.on_stdout("it 3 L=2.1\n")
+    adapter.on_stdout("it 4 L=2.0\n")
+    [warned] = _events(run, "no_steps_read")
+    assert warned.severity == "warning" and "trainer_log.jsonl" in warned.message
+
+
+def test_a_job_whose_steps_are_read_is_not_warned(tmp_path: Path) -> None:
+    run, adapter, clock = _adapter(tmp_path)
+    adapter.on_stdout("step 1 | loss 2.0\n")
+    clock.now = NO_STEPS_WARN_S * 3
+    adapter.on_stdout("still training\n")
+    assert _events(run, "no_steps_read") == []
+
+
+def _supervise(tmp_path: Path, job: str) -> list[dict]:
+    cfg = tmp_path / "my.yaml"
+    cfg.write_text("train:\n  max_steps: 200\n  learning_rate: 0.002\n")
+    proc = subprocess.run(
+        [STEADYTUNE, "supervise", "--config", str(cfg), "--runs-dir", str(tmp_path / "runs"),
+         "--run-id", "r1", "--", sys.executable, "-c", job],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return [json.loads(x) for x in (tmp_path / "runs" / "r1" / "events.jsonl").read_text().splitlines()]
+
+
+def test_a_completed_job_none_of_whose_steps_was_read_says_so(tmp_path: Path) -> None:
+    events = _supervise(tmp_path, "for i in range(3): print(f'it {i} L={2.0 - i / 10}')")
+    end = events[-1]
+    assert end["name"] == "run_completed" and end["severity"] == "warning"
+    assert "no training step was ever read" in end["message"]
+
+
+def test_a_plain_text_job_is_followed_to_its_end(tmp_path: Path) -> None:
+    job = "for i in range(1, 151): print(f'step {i}/150 | loss {2.0 - i / 1000} | grad_norm 1.0 | lr 2e-05')"
+    events = _supervise(tmp_path, job)
+    end = events[-1]
+    assert end["name"] == "run_completed" and end["severity"] == "info", end
+    assert end["step"] == 150
+    status = json.loads((tmp_path / "runs" / "r1" / "status.json").read_text())
+    assert status["max_steps"] == 150  # the job's own total, from its "step N/M"
+
+
+def test_a_job_that_logs_no_total_is_shown_none_not_the_configs(tmp_path: Path) -> None:
+    _supervise(tmp_path, "for i in range(1, 31): print(f'step {i} | loss {2.0 - i / 100}')")
+    status = json.loads((tmp_path / "runs" / "r1" / "status.json").read_text())
+    assert status["step"] == 30 and status["max_steps"] is None  # not my.yaml's 200: that is no job's
