@@ -146,8 +146,6 @@ def main(args: argparse.Namespace) -> int:
         from steadytune.preflight.render import print_report
 
         console = _console(highlight=False)
-        if not console.is_terminal:
-            console = _console(highlight=False, width=160)  # logs and pipes: no terminal width to follow
         print_report(report, console)
         if quant is not None:
             print()

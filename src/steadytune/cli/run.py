@@ -163,11 +163,10 @@ def _launch(
     early: Any,
     preflight: tuple[float, float] | None = None,
 ) -> int:
-    from rich.console import Console
-
+    from steadytune.cli._common import console as make_console
     from steadytune.supervise.supervisor import Supervisor, new_run_id
 
-    console = Console(stderr=False, highlight=False, soft_wrap=True)
+    console = make_console(stderr=False, highlight=False, soft_wrap=True)
     rid = run_id or new_run_id(cfg, time.time())
     run = RunDir(Path(cfg.run.runs_dir) / rid)
     if (run.root / "events.jsonl").exists():
