@@ -24,6 +24,14 @@ def add_command(
     )
 
 
+def add_overrides(p: argparse.ArgumentParser, example: str = "train.max_steps=50") -> None:
+    """The optional ``key=value`` overrides of a config. The default makes them optional in the
+    usage error too: without it argparse lists ``key=value`` among the required arguments."""
+    p.add_argument(
+        "overrides", nargs="*", default=[], metavar="key=value", help=f"override config keys, e.g. {example}"
+    )
+
+
 def print_help_status(parser: argparse.ArgumentParser) -> int:
     """A command group called without its subcommand: its help, and exit status 2."""
     parser.print_help()
