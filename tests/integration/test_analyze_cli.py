@@ -139,3 +139,11 @@ def test_console_script_on_a_megatron_log(tmp_path: Path) -> None:
     (f,) = json.loads(proc.stdout)["files"]
     assert f["format"] == "megatron_text"
     assert [(a["kind"], a["start_step"]) for a in f["anomalies"]] == [("loss_spike", 300)]
+
+
+def test_a_missing_path_is_told_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "nonexistent.log"
+    assert main(["analyze", str(missing)]) == 1
+    cap = capsys.readouterr()
+    assert (cap.out + cap.err).count("no such file") == 1
+    assert cap.err.startswith(f"error: {missing}: no such file")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,14 @@ def add_command(
     )
 
 
+def add_overrides(p: argparse.ArgumentParser, example: str = "train.max_steps=50") -> None:
+    """The optional ``key=value`` overrides of a config. The default makes them optional in the
+    usage error too: without it argparse lists ``key=value`` among the required arguments."""
+    p.add_argument(
+        "overrides", nargs="*", default=[], metavar="key=value", help=f"override config keys, e.g. {example}"
+    )
+
+
 def print_help_status(parser: argparse.ArgumentParser) -> int:
     """A command group called without its subcommand: its help, and exit status 2."""
     parser.print_help()
@@ -35,11 +44,18 @@ def fail(message: str, code: int = 1) -> int:
     return code
 
 
-def console(**kwargs: Any) -> Console:
-    """A rich Console whose reader leaving early (``steadytune ... | head``) ends the command as
-    every other write does: ``entrypoint`` turns it into exit status 141, no traceback.
+# The width of what is written to a pipe or a log: no terminal's to follow, and rich's 80 columns
+# squeezed a table to a word a line and cut numbers in two (``threshold_ratio=1.1`` / ``4``).
+PIPE_WIDTH = 160
 
-    rich's own handler exits with status 1, which says the command failed.
+
+def console(**kwargs: Any) -> Console:
+    """A rich Console for a command's output.
+
+    Its reader leaving early (``steadytune ... | head``) ends the command as every other write
+    does: ``entrypoint`` turns it into exit status 141, no traceback (rich's own handler exits
+    with status 1, which says the command failed). Writing to a pipe or a file, it is
+    :data:`PIPE_WIDTH` wide unless ``COLUMNS`` or ``width`` says otherwise.
     """
     from rich.console import Console
 
@@ -48,4 +64,7 @@ def console(**kwargs: Any) -> Console:
             self.quiet = True
             raise BrokenPipeError
 
-    return _PipeConsole(**kwargs)
+    out = _PipeConsole(**kwargs)
+    if "width" not in kwargs and not out.is_terminal and not os.environ.get("COLUMNS"):
+        out.width = PIPE_WIDTH
+    return out

@@ -192,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         from steadytune.detect.report import render_text
 
-        render_text(results, console())
+        render_text([r for r in results if r.error is None], console())  # the rest: told on stderr
     if args.plot:
         from steadytune.detect.report import plot
 

@@ -89,8 +89,6 @@ def _print_table(entries: list[Any], now: float, title: str) -> None:
             e.source or "? (built before meta.json)",
         )
     console = _console(highlight=False)
-    if not console.is_terminal:
-        console = _console(highlight=False, width=160)
     console.print(table)
 
 

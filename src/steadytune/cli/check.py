@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from steadytune.cli._common import add_command
+from steadytune.cli._common import add_command, add_overrides
 from steadytune.cli._common import console as _console
 
 EXAMPLE = "steadytune check examples/check-llama-3.1-8b.yaml --device-memory 80GiB"
@@ -43,9 +43,7 @@ exit codes: 0 go (warnings allowed), 1 no-go, 2 usage or config error
 def register(sub: Any) -> None:
     p = add_command(sub, "check", "preflight: go / no-go before a run starts", EXAMPLE, DESCRIPTION)
     p.add_argument("config", type=Path, help="the YAML run config")
-    p.add_argument(
-        "overrides", nargs="*", metavar="key=value", help="override config keys, e.g. train.max_steps=50"
-    )
+    add_overrides(p)
     p.add_argument("--format", choices=["text", "json"], default="text")
     p.add_argument("--headroom", default="1GiB", help="memory to keep free on each device (default 1GiB)")
     p.add_argument(
@@ -146,8 +144,6 @@ def main(args: argparse.Namespace) -> int:
         from steadytune.preflight.render import print_report
 
         console = _console(highlight=False)
-        if not console.is_terminal:
-            console = _console(highlight=False, width=160)  # logs and pipes: no terminal width to follow
         print_report(report, console)
         if quant is not None:
             print()

@@ -84,6 +84,19 @@ def _acked(run: RunDir, request_id: str, since: int) -> dict[str, Any] | None:
     return None
 
 
+def ended_message(run_id: str, state: str, command: str, checkpoint: str | None) -> str:
+    """Why a control cannot reach a run whose supervisor has ended, and, for ``resume``, what a
+    person can do instead: ``resume`` continues a *paused* run, whose supervisor still waits."""
+    if command != "resume" or state == "completed":
+        return f"run {run_id} is {state}; nothing to {command}"
+    kept = f"; its last checkpoint is {checkpoint}" if checkpoint else ""
+    return (
+        f"run {run_id} is {state}: its supervisor has ended, and `steadytune resume` continues only a "
+        f"paused run (`steadytune pause`, not `stop` or Ctrl-C){kept}. A stopped run is not continued "
+        "in place: start a new one with `steadytune run CONFIG`"
+    )
+
+
 def main(args: argparse.Namespace) -> int:
     from steadytune.protocol import ControlError, operator_issuer, send_control
 
@@ -96,7 +109,7 @@ def main(args: argparse.Namespace) -> int:
         status = {}
     state = status.get("state")
     if state in {"completed", "failed", "stopped"}:
-        return fail(f"run {run.run_id} is {state}; nothing to {args.command_name}")
+        return fail(ended_message(run.run_id, state, args.command_name, status.get("last_checkpoint")))
     if args.command_name == "resume" and state not in {"paused", "running"}:
         return fail(f"run {run.run_id} is {state or 'unknown'}, not paused")
     cmd_args = {}

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from steadytune.cli._common import add_command
+from steadytune.cli._common import add_command, add_overrides
 from steadytune.cli.run import add_launch_options
 
 
@@ -26,9 +26,7 @@ def register(sub: Any) -> None:
     p.add_argument("--steps", type=int, default=200, help="optimizer steps (default 200)")
     p.add_argument("--method", choices=["full", "lora", "qlora"], default="full")
     p.add_argument("--print-config", action="store_true", help="print the demo config as YAML and exit")
-    p.add_argument(
-        "overrides", nargs="*", metavar="key=value", help="override config keys, e.g. train.learning_rate=1"
-    )
+    add_overrides(p, "train.learning_rate=1")
     add_launch_options(p)
     p.set_defaults(func=main)
 

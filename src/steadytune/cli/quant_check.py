@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from steadytune.cli._common import add_command, fail
+from steadytune.cli._common import add_command, add_overrides, fail
 
 EXAMPLE = "steadytune quant-check examples/qlora.yaml"
 
@@ -48,12 +48,7 @@ def register(sub: Any) -> None:
         DESCRIPTION,
     )
     p.add_argument("target", type=Path, metavar="CONFIG|RUN", help="a YAML run config, or a run directory")
-    p.add_argument(
-        "overrides",
-        nargs="*",
-        metavar="key=value",
-        help="override config keys, e.g. quant.max_positions=4096",
-    )
+    add_overrides(p, "quant.max_positions=4096")
     p.add_argument(
         "--trust-remote-code",
         action="store_true",

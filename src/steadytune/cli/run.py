@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from steadytune.cli._common import add_command
+from steadytune.cli._common import add_command, add_overrides
 from steadytune.config import ConfigError, load_config
 from steadytune.config.schema import SteadytuneConfig
 from steadytune.rundir import RunDir
@@ -30,9 +30,7 @@ def register(sub: Any) -> None:
         "trains only after a GO (recover.standby_worker: false starts it after the check).",
     )
     p.add_argument("config", type=Path, help="the YAML config (see examples/)")
-    p.add_argument(
-        "overrides", nargs="*", metavar="key=value", help="override config keys, e.g. train.max_steps=50"
-    )
+    add_overrides(p)
     p.add_argument("--run-id", help="name of the run directory (default: <model>-<date>-<time>-<xxxx>)")
     add_launch_options(p)
     # The preflight (docs/preflight.md) runs before every `run`.
@@ -165,11 +163,10 @@ def _launch(
     early: Any,
     preflight: tuple[float, float] | None = None,
 ) -> int:
-    from rich.console import Console
-
+    from steadytune.cli._common import console as make_console
     from steadytune.supervise.supervisor import Supervisor, new_run_id
 
-    console = Console(stderr=False, highlight=False, soft_wrap=True)
+    console = make_console(stderr=False, highlight=False, soft_wrap=True)
     rid = run_id or new_run_id(cfg, time.time())
     run = RunDir(Path(cfg.run.runs_dir) / rid)
     if (run.root / "events.jsonl").exists():

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from steadytune.cli._common import add_command
+from steadytune.cli._common import add_command, add_overrides
 from steadytune.config import ConfigError, load_config
 
 
@@ -19,7 +19,7 @@ def register(sub: Any) -> None:
         "steadytune validate examples/lora.yaml train.max_steps=10",
     )
     p.add_argument("config", type=Path)
-    p.add_argument("overrides", nargs="*", metavar="key=value")
+    add_overrides(p)
     p.set_defaults(func=main)
 
 
@@ -29,7 +29,8 @@ def main(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(exc.render(), file=sys.stderr)
         return 1
-    steps = cfg.train.max_steps if cfg.train.max_steps > 0 else f"{cfg.train.num_train_epochs:g} epoch(s)"
+    t = cfg.train
+    steps = f"{t.max_steps} steps" if t.max_steps > 0 else f"{t.num_train_epochs:g} epoch(s)"
     print(
         f"{args.config}: OK — {cfg.method} on {cfg.model.name_or_path}, data {cfg.data.train_file}, {steps}"
     )

@@ -65,6 +65,7 @@ class Finding:
     severity: Severity | None = None
     evidence: dict[str, Any] | None = None
     cause: str | None = None  # replaces the kind's usual cause where a rule knows better
+    suggestion: str | None = None  # and its usual fix (no GPU to look at on a CPU-only run)
 
 
 # What ``needs`` may name, each a test of a :class:`~.points.Signal`: an objective other than the
@@ -111,11 +112,12 @@ class Reporter:
         severity: Severity | None = None,
         evidence: dict[str, Any] | None = None,
         cause: str | None = None,
+        suggestion: str | None = None,
     ) -> None:
         key = (kind, metric)
         if active:
             self.on.add(key)
-            out.append(Finding(kind, metric, step, True, self.rank, severity, evidence, cause))
+            out.append(Finding(kind, metric, step, True, self.rank, severity, evidence, cause, suggestion))
         elif key in self.on:
             self.on.discard(key)
             out.append(Finding(kind, metric, step, False, self.rank))

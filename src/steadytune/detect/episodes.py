@@ -201,7 +201,7 @@ class Episodes:
             f.metric,
             evidence,
             f.cause or info.cause,
-            info.suggestion,
+            f.suggestion or info.suggestion,
             f.rank,
             1,
             peak_of(f.kind, evidence, None),

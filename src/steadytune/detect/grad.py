@@ -57,7 +57,7 @@ KINDS: dict[str, KindInfo] = {
     ),
     "grad_spike": KindInfo(
         "gradient spike",
-        "the gradient norm jumped while the loss did not: an unusual batch",
+        "the gradient norm jumped: an unusual batch",
         "keep gradient clipping on; if it repeats, inspect the batches at these steps",
         "warning",
     ),

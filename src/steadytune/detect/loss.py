@@ -58,7 +58,7 @@ KINDS: dict[str, KindInfo] = {
     ),
     "divergence": KindInfo(
         "loss diverged",
-        "the loss climbed away from its best level and did not come back: the LR is too high or the "
+        "the loss climbed away from its best level and has not come back: the LR is too high or the "
         "optimizer state is corrupted",
         "roll back to the last good checkpoint, lower the LR (x0.5), add warm-up and gradient clipping",
         "critical",

@@ -77,9 +77,39 @@ def replay(
     for s in samples[i:]:
         take(det.observe_system(s))
     take(det.finish())  # the run is over: what only its whole length tells
+    came_back = {id(a) for a, _ in done}
     done.extend((a, tuple(fired[a.key])) for a in det.open_anomalies())
+    done = [(in_hindsight(a, id(a) in came_back, [b for b, _ in done]), f) for a, f in done]
     done.sort(key=lambda d: (d[0].start_step, d[0].end_step, d[0].kind, d[0].metric))
     return Replay([a for a, _ in done], det.objective, [f for _, f in done])
+
+
+GRAD_SPIKE_ALONE = "the gradient norm jumped while the loss did not: an unusual batch"
+GRAD_SPIKE_WITH_LOSS = (
+    "the gradient norm jumped with the loss (a loss spike at the same steps): one bad batch or update"
+)
+DIVERGENCE_CAME_BACK = (
+    "the loss climbed away from its best level (steps {start}-{end}), then came back: a passing instability "
+    "(a run of hard batches, an LR near the edge) rather than a lasting divergence"
+)
+
+
+def _overlap(a: Anomaly, b: Anomaly) -> bool:
+    return a.start_step <= b.end_step and b.start_step <= a.end_step
+
+
+def in_hindsight(a: Anomaly, came_back: bool, found: Sequence[Anomaly]) -> Anomaly:
+    """An anomaly's cause as the whole run tells it; live, it was written before the run went on.
+
+    A gradient spike says whether the loss jumped at the same steps (a loss spike of the same rank
+    overlapping it), and a divergence that ended (``came_back``) no longer says it did not come back.
+    """
+    if a.kind == "grad_spike":
+        with_loss = any(b.kind == "loss_spike" and b.rank == a.rank and _overlap(a, b) for b in found)
+        return dataclasses.replace(a, cause=GRAD_SPIKE_WITH_LOSS if with_loss else GRAD_SPIKE_ALONE)
+    if a.kind == "divergence" and came_back:
+        return dataclasses.replace(a, cause=DIVERGENCE_CAME_BACK.format(start=a.start_step, end=a.end_step))
+    return a
 
 
 class RunLike(Protocol):

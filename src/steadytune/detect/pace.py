@@ -31,7 +31,8 @@ KINDS: dict[str, KindInfo] = {
     "throughput_drop": KindInfo(
         "throughput dropped",
         "steps got much slower: thermal throttling, a competing process, a slower data source or swap",
-        "check nvidia-smi for clocks and other processes, and the data loader",
+        "check the device's clocks and other processes (nvidia-smi on a GPU, top on a CPU), "
+        "and the data loader",
         "warning",
     ),
     "stall": KindInfo(
@@ -53,6 +54,20 @@ KINDS: dict[str, KindInfo] = {
         "warning",
     ),
 }
+
+
+# What to check for a drop where the records tell the device (a GPU's memory, or a process's only).
+DROP_SUGGESTION = {
+    "gpu": "check nvidia-smi for clocks, throttling and other processes, and the data loader",
+    "cpu": "check top for other processes and swap, the CPU's frequency, and the data loader",
+}
+
+
+def device_of(rec: StepRecord) -> str | None:
+    """``gpu`` when the record reports device memory, ``cpu`` when only the process's, else unknown."""
+    if rec.mem_allocated_bytes is not None:
+        return "gpu"
+    return "cpu" if rec.rss_bytes is not None else None
 
 
 def throughput_of(rec: StepRecord) -> tuple[str, float] | None:
@@ -130,7 +145,16 @@ class ThroughputWatch:
                     "threshold_ratio": rounded(1.0 - self.lim.throughput_drop, 4),
                     "points": self._slow,
                 }
-            self.rep.report(out, "throughput_drop", name, rec.step, True, evidence=ev)
+            device = device_of(rec)
+            self.rep.report(
+                out,
+                "throughput_drop",
+                name,
+                rec.step,
+                True,
+                evidence=ev,
+                suggestion=DROP_SUGGESTION.get(device or ""),
+            )
         elif value > base * (1.0 - self.lim.throughput_drop / 2):
             self.rep.report(out, "throughput_drop", name, rec.step, False)
 

@@ -32,6 +32,15 @@ def human_seconds(s: float | None) -> str:
     return f"{h}h{m:02d}m" if h else (f"{m}m{sec:02d}s" if m else f"{sec}s")
 
 
+def mean_tokens_per_s(tokens: float, seconds: float) -> float | None:
+    """A run's tokens/s: every token trained over every second spent on the steps that counted them.
+
+    The one figure the end-of-run summary, ``status.json``, ``top`` and the dashboard all show; the
+    last step alone (a short final batch, a step after a save) can be twice or half of it.
+    """
+    return tokens / seconds if tokens and seconds > 0 else None
+
+
 @dataclass
 class RunProgress:
     """Running figures of a run, fed with rank-0 step records (all ranks for memory)."""
@@ -94,7 +103,7 @@ class RunProgress:
 
     @property
     def tokens_per_s(self) -> float | None:
-        return self.tokens_total / self.step_time_total if self.step_time_total else None
+        return mean_tokens_per_s(self.tokens_total, self.step_time_total)
 
     @property
     def eta_s(self) -> float | None:

@@ -14,6 +14,7 @@ from typing import Any
 from steadytune.detect.build import layer_limits
 from steadytune.records import Event, PlanRevision, json_safe, to_dict
 from steadytune.redact import redact
+from steadytune.telemetry.progress import mean_tokens_per_s
 from steadytune.telemetry.store import GPU_METRICS, STEP_METRICS, SYSTEM_METRICS, Series
 from steadytune.web import heatmap
 from steadytune.web.runs import PENDING, RunEntry, RunsIndex
@@ -104,6 +105,16 @@ def run_summary(entry: RunEntry, wait: bool | None = None) -> dict[str, Any]:
     return _summary(entry, indexed=False) if row is PENDING else dict(row)
 
 
+def run_tokens_per_s(status: dict[str, Any], latest: dict[str, Any]) -> float | None:
+    """The run's tokens/s as its end-of-run summary gave it: the supervisor's figure in ``status.json``,
+    else the same mean over the index's steps (a run imported or indexed with no supervisor); never
+    the last step's alone, which the runs page showed once the run was indexed."""
+    tps = status.get("tokens_per_s")
+    if isinstance(tps, (int, float)) and not isinstance(tps, bool):
+        return float(tps)
+    return mean_tokens_per_s(latest.get("tokens_total", 0), latest.get("step_time_total", 0.0))
+
+
 def _summary(entry: RunEntry, indexed: bool = True) -> dict[str, Any]:
     status = entry.status()
     store = entry.store() if indexed else None
@@ -119,7 +130,7 @@ def _summary(entry: RunEntry, indexed: bool = True) -> dict[str, Any]:
         "max_steps": status.get("max_steps"),
         "loss": latest.get("loss", status.get("loss")),
         "loss_nonfinite": bool(latest.get("nonfinite_latest")),
-        "tokens_per_s": latest.get("tokens_per_s", status.get("tokens_per_s")),
+        "tokens_per_s": run_tokens_per_s(status, latest),
         "eta_s": status.get("eta_s"),
         "attempt": status.get("attempt", latest.get("attempt")),
         "restarts": status.get("restarts", 0),

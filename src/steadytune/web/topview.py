@@ -17,6 +17,7 @@ from rich.text import Text
 
 from steadytune.rundir import RunDir, valid_run_id
 from steadytune.telemetry.jsonl import tail_dicts
+from steadytune.telemetry.progress import mean_tokens_per_s
 from steadytune.telemetry.sampler import nvml_read
 from steadytune.web.runs import looks_like_run, read_json
 from steadytune.web.sparkline import sparkline
@@ -102,8 +103,11 @@ def read_run(root: Path) -> RunRow:
         row.step = max(row.step or 0, int(last.get("step", 0)))
         loss = last.get("loss")
         row.loss = loss if loss is not None else row.loss
-        if last.get("tokens") and last.get("step_time_s"):
-            row.tokens_per_s = last["tokens"] / last["step_time_s"]
+        if row.tokens_per_s is None:  # no supervisor's figure: the same mean, over the steps read
+            timed = [d for d in steps if d.get("tokens") and d.get("step_time_s")]
+            row.tokens_per_s = mean_tokens_per_s(
+                sum(d["tokens"] for d in timed), sum(d["step_time_s"] for d in timed)
+            )
         row.losses = [float(d["loss"]) for d in steps if isinstance(d.get("loss"), (int, float))]
     for d in reversed(tail_dicts(run.events)):
         if d.get("type") == "event" and d.get("kind") == "anomaly":

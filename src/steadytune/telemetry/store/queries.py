@@ -90,12 +90,14 @@ class Queries(StoreBase):
                 if row is not None:
                     out[m] = row[0]
             agg = self._db.execute(
-                "SELECT COALESCE(SUM(nonfinite), 0), COALESCE(SUM(tokens), 0) FROM steps_rollup WHERE rank=?",
+                "SELECT COALESCE(SUM(nonfinite), 0), COALESCE(SUM(tokens), 0), "
+                "COALESCE(SUM(step_time_s_sum), 0) FROM steps_rollup WHERE rank=?",
                 (rank,),
             ).fetchone()
         out.update(
             step=latest["step"], ts=latest["ts"], attempt=latest["attempt"],
             nonfinite_latest=bool(latest["nonfinite"]), nonfinite_steps=int(agg[0]), tokens_total=int(agg[1]),
+            step_time_total=float(agg[2]),
         )  # fmt: skip
         return out
 

@@ -1,0 +1,31 @@
+"""``validate``'s words: the overrides are optional in its usage error, and its OK line names its unit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from steadytune.cli.main import main
+
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "lora.yaml"
+
+
+@pytest.mark.parametrize("command", ["validate", "run", "check"])
+def test_without_arguments_only_the_config_is_required(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as e:
+        main([command])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "required: config" in err and "key=value" not in err.split("required:")[1]
+
+
+def test_the_ok_line_says_steps(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"text": "hi"}\n')
+    overrides = ["train.max_steps=200", f"data.train_file={data}", "data.eval_file=null",
+                 "model.name_or_path=sshleifer/tiny-gpt2"]  # fmt: skip
+    assert main(["validate", str(EXAMPLE), *overrides]) == 0
+    assert capsys.readouterr().out.rstrip().endswith(", 200 steps")
