@@ -311,7 +311,7 @@ def test_lr_far_too_high_is_rolled_back_and_sigterm_then_stops_it_cleanly(
         return
     # The guard took the stop at a step boundary (ack_stop), saved there, and the trainer ended.
     assert "ack_stop" in names[names.index("stop_requested") :], tail
-    stopped = next(e for e in reversed(events) if e.name == "run_stopped")
+    stopped = next(e for e in reversed(events) if e.name == "run_stopped" and e.kind == "lifecycle")
     assert stopped.data["signal"] == "SIGTERM" and stopped.data["graceful"] is True
     assert stopped.data["killed_pids"] == [] and sup.survivors() == []
     assert sup.status()["state"] == "stopped"
