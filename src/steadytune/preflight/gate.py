@@ -31,9 +31,9 @@ def preflight_gate(
         console: a rich console (a new one when None).
     """
     if console is None:
-        from steadytune.cli._common import console as make_console
+        from rich.console import Console
 
-        console = make_console(highlight=False)
+        console = Console(highlight=False)
     cmd = [sys.executable, "-m", "steadytune.cli.main", "check", str(config), *overrides, "--format", "json"]
     cmd.append("--reuse-scan")  # the scan's answer only changes with its inputs: pay for it once
     env = {**os.environ, "HF_DATASETS_DISABLE_PROGRESS_BARS": "1", "TOKENIZERS_PARALLELISM": "false"}
