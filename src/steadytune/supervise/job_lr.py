@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TypeGuard
 
 DISAGREE = 2.0  # past this ratio the config's LR is not the job's (a schedule's warmup/decay stays within it)
 
@@ -24,20 +25,17 @@ class BaseLr:
     note: str = ""  # why the config's LR was passed over, when it was
 
 
-def _usable(lr: float | None) -> bool:
+def _usable(lr: float | None) -> TypeGuard[float]:
     return lr is not None and math.isfinite(lr) and lr > 0
 
 
 def choose_base_lr(explicit: float | None, logged: float | None, configured: float | None) -> BaseLr | None:
     """The LR a rollback scales: ``--base-lr``, else the job's logged LR, else the config's, else None."""
     if _usable(explicit):
-        assert explicit is not None
         return BaseLr(explicit, "--base-lr")
     if _usable(logged):
-        assert logged is not None
         if not _usable(configured):
             return BaseLr(logged, "logged")
-        assert configured is not None
         ratio = max(configured / logged, logged / configured)
         note = (
             f"the config's train.learning_rate {configured:g} is {ratio:.3g}x the LR the job logged "
@@ -48,6 +46,5 @@ def choose_base_lr(explicit: float | None, logged: float | None, configured: flo
         )
         return BaseLr(logged, "logged", note)
     if _usable(configured):
-        assert configured is not None
         return BaseLr(configured, "config")
     return None
