@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -119,4 +120,8 @@ def main(args: argparse.Namespace) -> int:
     state = "held" if job["state"] == "held" else "queued"
     print(f"{job['id']} {state}: needs {format_bytes(job['need_bytes'])} on {job['gpus_wanted']} GPU(s) "
           f"({job['spec'].get('need')}); `steadytune queue` shows where it stands")  # fmt: skip
+    if answer.get("never_fits"):
+        # Queued all the same (the server may get bigger GPUs), but said now, not only in `queue`.
+        print(f"warning: {job['id']} never fits here: {answer['never_fits']}; "
+              f"`steadytune cancel {job['id']}` takes it out of the queue", file=sys.stderr)  # fmt: skip
     return 0

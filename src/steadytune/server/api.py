@@ -4,7 +4,8 @@ Requests: ``{"op": "ping"}``, ``{"op": "queue"}``, ``{"op": "submit", ...}`` (se
 submit.check_request), ``{"op": "cancel"|"hold"|"release", "job": "j3"}``; from a job's
 own supervisor, ``{"op": "job", "job": "j3"}`` and ``{"op": "resize", "job": "j3", "gpus": 2,
 "reason": "..."}`` (or ``"refused": "..."`` for a shrink it cannot make). Answers:
-``{"ok": true, ...}`` or ``{"ok": false, "error": "..."}``.
+``{"ok": true, ...}`` or ``{"ok": false, "error": "..."}``. A submit's answer carries
+``never_fits``: why the job cannot run on this host even when it is empty, or null.
 
 The socket is the owner's only (mode 0600): a job runs as the daemon's user, so
 whoever can submit can run commands as that user. The submitter is recorded from the
@@ -52,7 +53,7 @@ def handle(daemon: Daemon, req: Any, user: str = "") -> dict[str, Any]:
             return {"ok": True, **daemon.snapshot()}
         if op == "submit":
             job = submit(daemon.queue, req, user=user)
-            return {"ok": True, "job": job.to_dict()}
+            return {"ok": True, "job": job.to_dict(), "never_fits": daemon.never_fits(job)}
         if op in ("cancel", "hold", "release"):
             job = daemon.act(op, str(req.get("job", "")))
             return {"ok": True, "job": job.to_dict()}

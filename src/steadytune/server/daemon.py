@@ -20,6 +20,7 @@ from typing import Any
 from steadytune.protocol import operator_issuer, send_control
 from steadytune.rundir import RunDir
 from steadytune.server.admission import DEFAULT_HEADROOM_BYTES, JobRequest, admit, gib, place
+from steadytune.server.admission import never_fits as never_fits_on
 from steadytune.server.admission import order as order_requests
 from steadytune.server.gpus import GpuSource
 from steadytune.server.jobs import ProcessTable, job_command, job_env, run_id, run_status
@@ -111,6 +112,18 @@ class Daemon:
                 if fresh is not None:
                     self._settle(fresh)
         return adopted
+
+    def never_fits(self, job: Job) -> str | None:
+        """Why ``job`` could never run here, judged on the GPUs of the last pass; None if it can,
+        or while that is unknown (no pass yet, or a need still to be measured by a probe).
+
+        Told at submit, not only later in ``queue``: such a job is queued (it does not hold the
+        line, and the host may be given bigger GPUs) but the submitter should hear it at once.
+        """
+        if not self.ledger or job.need_source == "probe":
+            return None
+        request = JobRequest(job.id, job.need_bytes, job.gpus_wanted, job.priority, job.seq)
+        return never_fits_on(request, self.ledger, self.headroom_bytes)
 
     # ---- one pass ------------------------------------------------------------------------
 

@@ -90,7 +90,7 @@ def test_socket_api_submit_queue_and_errors(daemon: Daemon, tmp_path: Path):
             sock, {"op": "submit", "kind": "supervise", "cmd": ["python", "t.py"], "need_gib": 2}
         )
         assert answer["ok"] and answer["job"]["id"] == "j3" and answer["job"]["need_bytes"] == 2 * GIB
-        assert answer["job"]["need_source"] == "user"
+        assert answer["job"]["need_source"] == "user" and answer["never_fits"] is None
         bad = request(sock, {"op": "submit", "kind": "supervise", "cmd": ["python"], "gpus": 0, "probe_s": 1})
         assert not bad["ok"]
         assert "gpus=0" in bad["error"] and "probe_s=1: give the probe's bound in seconds" in bad["error"]
@@ -106,6 +106,15 @@ def test_socket_api_submit_queue_and_errors(daemon: Daemon, tmp_path: Path):
         assert "unknown op" in request(sock, {"op": "nope"})["error"]
         assert request(sock, {"op": "job", "job": "j1"})["job"]["shrink_to"] is None
         assert "no job 'j9'" in request(sock, {"op": "job", "job": "j9"})["error"]
+        # Told at once, not only in `queue`: one GPU more than the host has, or more memory than a GPU.
+        wide = request(
+            sock, {"op": "submit", "kind": "supervise", "cmd": ["torchrun", "t.py"], "need_gib": 2, "gpus": 2}
+        )
+        assert wide["ok"] and wide["never_fits"] == "needs 2 GPUs; this server manages 1"
+        big = request(sock, {"op": "submit", "kind": "supervise", "cmd": ["python", "t.py"], "need_gib": 200})
+        assert big["ok"] and "the largest GPU holds" in big["never_fits"]
+        for extra in (wide, big):
+            assert request(sock, {"op": "cancel", "job": extra["job"]["id"]})["ok"]
         refused = request(sock, {"op": "resize", "job": "j3", "gpus": 2})
         assert not refused["ok"] and "j3' is cancelled; only a running job can resize" in refused["error"]
         with pytest.raises(OSError, match="already answers"):
@@ -164,3 +173,29 @@ def test_a_submit_of_any_shape_is_refused_with_what_is_wrong(daemon: Daemon, req
     answer = answer_line(daemon, json.dumps({"op": "submit", **req}).encode())
     assert answer["ok"] is False and re.search(says, answer["error"]), answer
     assert answer_line(daemon, b"[" * 100_000)["error"] == "the request is nested too deep"
+
+
+def test_submit_of_a_job_that_never_fits_warns_at_once(
+    daemon: Daemon, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    from steadytune.cli.main import build_parser
+    from steadytune.cli.submit import main as submit_main
+
+    sock = tmp_path / "s.sock"
+    api = SocketApi(daemon, sock)
+    try:
+        args, _ = build_parser("submit").parse_known_args(
+            ["submit", "--socket", str(sock), "--need-gib", "200", "--", "python", "t.py"]
+        )
+        assert submit_main(args) == 0
+        out, err = capsys.readouterr()
+        assert out.startswith("j3 queued")
+        assert "warning: j3 never fits here: needs 200.0 GiB per GPU" in err
+        assert "`steadytune cancel j3`" in err
+        args, _ = build_parser("submit").parse_known_args(
+            ["submit", "--socket", str(sock), "--need-gib", "2", "--", "python", "t.py"]
+        )
+        assert submit_main(args) == 0
+        assert "never fits" not in capsys.readouterr().err
+    finally:
+        api.stop()
