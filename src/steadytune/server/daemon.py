@@ -422,9 +422,9 @@ class Daemon:
         state = status.get("state")
         now = self.clock()
         if job.cancel_requested:
-            self.queue.move(
-                job.id, "cancelled", reason=f"cancelled (run {state or 'not started'})", ended_ts=now
-            )
+            # A supervisor stopped during its start (imports, preflight) has written no status yet.
+            how = f"run {state}" if state else "while starting: its run had written no status yet"
+            self.queue.move(job.id, "cancelled", reason=f"cancelled ({how})", ended_ts=now)
         elif state == "completed":
             self.queue.move(job.id, "done", reason="completed", ended_ts=now)
         else:

@@ -64,6 +64,9 @@ def job_env(
     env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in gpus)
     env[JOB_ENV] = job.id
     env[SUBMITTED_ENV] = repr(job.submitted_ts)
+    # The job's output goes to its log file, where Python would hold it in a block buffer: a job
+    # starting for a minute would show an empty log.
+    env["PYTHONUNBUFFERED"] = "1"
     if socket is not None:
         env[SOCKET_ENV] = str(socket)
     cap = job.spec.get("memory_cap_bytes")

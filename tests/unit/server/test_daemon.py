@@ -144,6 +144,8 @@ def test_cancel_hold_release(tmp_path: Path):
     # A running job is asked to stop (SIGTERM to its supervisor) and is cancelled once it has ended.
     assert d.act("cancel", running).cancel_requested
     wait_for(lambda: (d.tick(), d.queue.get(running).state)[1] == "cancelled")
+    # Its stand-in wrote no run status: stopped while starting, which is what the reason says.
+    assert d.queue.get(running).reason == "cancelled (while starting: its run had written no status yet)"
 
 
 def test_process_table_tells_a_reused_pid_from_the_job(tmp_path: Path):
@@ -312,3 +314,15 @@ def test_a_pass_with_many_waiting_jobs_says_each_reason_once_and_then_writes_not
     d.tick()
     assert d.queue._db.total_changes == changes  # nothing new to say: no write, no commit to disk
     assert [w.id for w in d.queue.waiting()] == behind
+
+
+def test_a_jobs_environment_places_it_and_keeps_its_log_live(tmp_path: Path):
+    from steadytune.server.jobs import job_env
+
+    d = make(tmp_path, [GpuReading(0, 20 * GIB, 0, "fake"), GpuReading(1, 20 * GIB, 0, "fake")])
+    job = d.queue.get(submit(d, 15))
+    assert job is not None
+    env = job_env(job, (1,), base={"PATH": "/bin"})
+    assert (env["CUDA_VISIBLE_DEVICES"], env["CUDA_DEVICE_ORDER"], env["PATH"]) == ("1", "PCI_BUS_ID", "/bin")
+    # The log is a file: unbuffered, a starting job's lines show as they are written.
+    assert env["PYTHONUNBUFFERED"] == "1"
