@@ -49,6 +49,7 @@ from steadytune.forensics.runview import (
     anomaly_steps,
     final_steps,
     load_run_config,
+    no_fingerprint,
     plan_for_attempt,
 )
 from steadytune.records import Event, StepRecord, to_dict
@@ -268,7 +269,8 @@ def _replay_steps(
             )
         rank0 = recs[0]
         if rank0.batch is None or not rank0.batch.indices:
-            raise ForensicsError(f"step {s} has no batch fingerprint: it cannot be replayed")
+            needed = f" (replaying step {step} goes through every step from the checkpoint at {start})"
+            raise ForensicsError(no_fingerprint(s, needed if s != step else ""))
         plan = plan_for_attempt(run, rank0.attempt)
         out.append(
             {

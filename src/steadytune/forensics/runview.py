@@ -113,10 +113,7 @@ def step_batch(
         )
     with_batch = [r for r in recs if r.batch is not None and r.batch.indices]
     if not with_batch:
-        raise ForensicsError(
-            f"step {step} has no batch fingerprint (the run was started without sample ids); "
-            "batch forensics needs the built-in runner or guard.add_microbatch(sample_ids=...)"
-        )
+        raise ForensicsError(no_fingerprint(step))
     indices: list[int] = []
     hashes: list[str] = []
     for r in with_batch:
@@ -206,6 +203,15 @@ def anomaly_steps(run: RunDir, events: list[Event]) -> list[int]:
     if not found:
         found = [s for s, recs in final_steps(run).items() if any(r.skipped or is_bad(r.loss) for r in recs)]
     return sorted({int(s) for s in found if s is not None})
+
+
+def no_fingerprint(step: int, why: str = "") -> str:
+    """What to say of a step without a batch fingerprint, and what would have recorded one."""
+    return (
+        f"step {step}{why} has no batch fingerprint (the run was started without sample ids: a job under "
+        "`supervise --inject` records the numbers of each step, not which samples it read); batch "
+        "forensics needs the built-in runner (`steadytune run`) or guard.add_microbatch(sample_ids=...)"
+    )
 
 
 def resolve_run(path: str | Path) -> RunDir:

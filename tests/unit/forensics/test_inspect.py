@@ -146,3 +146,26 @@ def test_a_sample_holding_most_trained_tokens_is_named(make_run):
     v = inspect_step(run, 1)
     assert v.culprits == [3] and [f.check for f in v.samples[3].findings] == ["dominates_loss"]
     assert "of the step's" in v.samples[3].findings[0].message
+
+
+def test_a_run_recorded_without_sample_ids_says_why_and_what_would_record_them(make_run):
+    """As under `supervise --inject`: each step's numbers, no batch. Neither inspect-batch nor repro may
+    just say 'cannot be replayed' about a step the user never asked for."""
+    from steadytune.forensics.bundle import build_bundle
+    from steadytune.records import StepRecord, to_json
+    from steadytune.rundir import RunDir
+
+    run = make_run(ROWS, [])
+    with open(run / "telemetry" / "rank-0.jsonl", "w") as f:
+        for step in (1, 2, 3):
+            f.write(to_json(StepRecord(step=step, ts=float(step), loss=9.0 if step == 3 else 1.0)) + "\n")
+    with pytest.raises(
+        ForensicsError, match=r"step 3 has no batch fingerprint .*supervise --inject.*steadytune run"
+    ):
+        inspect_step(run, 3)
+    with pytest.raises(
+        ForensicsError,
+        match=r"step 1 \(replaying step 3 goes through every step from the checkpoint at 0\) has no batch "
+        r"fingerprint .*steadytune run",
+    ):
+        build_bundle(RunDir(run), 3, False, False, None)
