@@ -1,21 +1,28 @@
 """``steadytune check`` on the demo model: the demo config is a go, every planted defect is reported.
 
-The checks run as the user runs them (a subprocess, ``--format json``), with the demo
-model's real tokenizer and the tokenized-data cache.
+The go runs as the user runs it (a subprocess, ``--format json``), with the demo model's real tokenizer
+and the tokenized-data cache. The defect checks call the same entry point in this process
+(``steadytune.cli.main.main``): a ``check`` subprocess spends most of its life importing torch and
+transformers, which this process imports once.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 import yaml
 
 from steadytune.cli.demo import demo_config
+from steadytune.cli.main import main
 
 from .runs import STEADYTUNE
 
@@ -34,6 +41,16 @@ def check(config: Path, *args: str) -> tuple[int, dict[str, Any]]:
     )
     assert proc.stdout.strip(), proc.stderr
     return proc.returncode, json.loads(proc.stdout)
+
+
+def check_here(config: Path) -> tuple[int, dict[str, Any]]:
+    """``check`` as :func:`check` runs it, through the CLI's own ``main`` in this process (the variables it
+    sets for itself are put back, as a subprocess's would end with it)."""
+    out, err = io.StringIO(), io.StringIO()
+    with mock.patch.dict(os.environ), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(["check", str(config), "--format", "json"])
+    assert out.getvalue().strip(), err.getvalue()
+    return code, json.loads(out.getvalue())
 
 
 def named(report: dict[str, Any], name: str) -> dict[str, Any]:
@@ -110,7 +127,7 @@ def broken(
             "run": {"runs_dir": str(tmp / "runs")},
         },
     )
-    code, report = check(config)
+    code, report = check_here(config)
     return code, report, at, data
 
 
@@ -194,7 +211,7 @@ def test_token_ids_beyond_the_vocabulary_and_a_missing_chat_template(
             "data": {"train_file": str(demo_assets / "eval.jsonl")},
         },
     )
-    code, report = check(config)
+    code, report = check_here(config)
     found = named(report, "label_vocab")
     assert code == 1 and found["status"] == "fail" and "vocab_size 300" in found["reason"]
     assert found["data"]["max_id"] >= 300
@@ -211,7 +228,7 @@ def test_token_ids_beyond_the_vocabulary_and_a_missing_chat_template(
         tmp_path / "chat.yaml",
         {**base, "model": {"name_or_path": str(plain)}, "data": {"train_file": str(chats)}},
     )
-    code, report = check(config)
+    code, report = check_here(config)
     template = named(report, "chat_template")
     assert code == 1 and template["status"] == "fail" and "no chat template" in template["reason"]
 

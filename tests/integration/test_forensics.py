@@ -7,6 +7,8 @@ With one sample per step, that step's loss is 0/0 = NaN.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import shutil
 import subprocess
@@ -17,6 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from steadytune.cli.main import main
 from steadytune.rundir import RunDir
 from steadytune.telemetry.events import read_events
 
@@ -39,6 +42,28 @@ def cli_json(*args: str) -> tuple[int, dict]:
     )
     assert proc.stdout.strip(), proc.stderr
     return proc.returncode, json.loads(proc.stdout)
+
+
+def _in_process(*args: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(args))
+    return code, out.getvalue(), err.getvalue()
+
+
+def here(*args: str) -> tuple[int, str]:
+    """:func:`cli` through the CLI's own ``main`` in this process, for a command that a test here runs as
+    a subprocess too: a subprocess of ``inspect-batch`` spends most of its life importing what this
+    process has imported already (the session's ``demo_assets`` built the model here)."""
+    code, out, err = _in_process(*args)
+    return code, out + err
+
+
+def here_json(*args: str) -> tuple[int, dict]:
+    """:func:`cli_json` as :func:`here` runs it."""
+    code, out, err = _in_process(*args, "--format", "json")
+    assert out.strip(), err
+    return code, json.loads(out)
 
 
 @pytest.fixture(scope="module")
@@ -80,10 +105,10 @@ def test_planted_sample_turns_its_step_nan_and_inspect_batch_names_it(nan_run):
     assert v["samples"][0]["recorded_hash"] == v["samples"][0]["current_hash"]
     assert "Summarise" not in json.dumps(v)  # no text unless asked
 
-    rc, text = cli("inspect-batch", str(run.root))  # no --step: the step that went wrong
+    rc, text = here("inspect-batch", str(run.root))  # no --step: the step that went wrong
     assert rc == 0 and f"step {step}: BAD — sample {PLANTED} (all_labels_masked; truncated" in text
     assert "Summarise" not in text
-    rc, shown = cli("inspect-batch", str(run.root), "--step", str(step), "--show-text")
+    rc, shown = here("inspect-batch", str(run.root), "--step", str(step), "--show-text")
     assert "Summarise the following meeting notes" in shown
 
 
@@ -100,7 +125,7 @@ def test_inspect_batch_sees_that_the_dataset_changed(nan_run, tmp_path):
     (tmp_path / "edited.jsonl").write_text("\n".join(rows) + "\n")
     cfg["data"]["train_file"] = str(tmp_path / "edited.jsonl")
     copy.config.write_text(yaml.safe_dump(cfg))
-    rc, v = cli_json("inspect-batch", str(copy.root), "--step", str(healthy.step))
+    rc, v = here_json("inspect-batch", str(copy.root), "--step", str(healthy.step))
     assert (
         rc == 0
         and v["verdict"] == "bad"
@@ -208,9 +233,9 @@ def test_replay_equals_live_across_a_rollback_and_reads_the_attempt_that_spiked(
     # reached its last step before it took the request (a loaded machine), by the restart after it.
     assert len(attempts) == 2 and attempts[0] == 0, attempts
     retrained = attempts[1]
-    rc, v = cli_json("inspect-batch", str(run.root))
+    rc, v = here_json("inspect-batch", str(run.root))
     assert v["step"] == spiked and v["attempt"] == 0  # the attempt that went wrong, not the retrained one
-    rc, v = cli_json("inspect-batch", str(run.root), "--step", str(spiked), "--attempt", str(retrained))
+    rc, v = here_json("inspect-batch", str(run.root), "--step", str(spiked), "--attempt", str(retrained))
     assert v["attempt"] == retrained
 
     # The burst was an LR change outside the schedule: the replay applies the recorded LR and says so.

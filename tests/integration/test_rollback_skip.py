@@ -113,17 +113,27 @@ def test_rollback_skips_its_samples_for_good_and_keeps_the_order(tmp_path: Path,
     assert trained == [i for i in reference if i not in skip][: len(trained)]
 
 
+# 48 samples, 4 per step: 12 steps per epoch, a checkpoint every 8 steps.
+EPOCHS = {
+    "data": {"max_samples": 48},
+    "train": {"max_grad_norm": 0.0, "save_steps": 8},
+    "policy": {"spike_confirm_points": 1},
+}
+
+
+@pytest.fixture(scope="module")
+def epoch_reference(tmp_path_factory: pytest.TempPathFactory, demo_assets: Path) -> list[int]:
+    """Four epochs of 48 as a clean run trains them: one run for both epoch tests, since an epoch's order
+    depends on the seed and the epoch alone (train/sampling.py), not on how the run counts its end."""
+    return clean_order(tmp_path_factory.mktemp("epochs"), demo_assets, 48, **EPOCHS)
+
+
 def rollback_in_the_second_epoch(
-    tmp_path: Path, demo_assets: Path, **train: int
+    tmp_path: Path, demo_assets: Path, reference: list[int], **train: int
 ) -> tuple[list[int], list[int], int]:
-    """48 samples, 4 per step: 12 steps per epoch; a rollback resumes from step 16, inside the second
-    epoch. What the run trained, and what it should have: the clean order, the skipped samples taken
-    out from the rollback on."""
-    sections = {
-        "data": {"max_samples": 48},
-        "train": {"max_grad_norm": 0.0, "save_steps": 8, **train},
-        "policy": {"spike_confirm_points": 1},
-    }
+    """A rollback resumes from step 16, inside the second epoch. What the run trained, and what it
+    should have: the clean ``reference`` order, the skipped samples taken out from the rollback on."""
+    sections = {**EPOCHS, "train": {**EPOCHS["train"], **train}}
     cfg = write_config(tmp_path, demo_assets, **sections)
     # The pause per step keeps the supervisor abreast of the worker, so the skip window ends at the spike.
     faults = {"lr_burst_at_step": 17, "lr_burst_factor": 1000.0, "step_sleep_s": 0.1}
@@ -133,7 +143,6 @@ def rollback_in_the_second_epoch(
     skip, _ = check_skip(run, 16)
     records = steps(run)
     assert not skip & {i for r in records if r.attempt >= 1 for i in r.batch.indices}
-    reference = clean_order(tmp_path, demo_assets, 48, **sections)  # four epochs of 48
     epochs = [reference[48 * e : 48 * (e + 1)] for e in range(4)]
     expected = epochs[0] + [i for e in epochs[1:] for i in e if i not in skip]
     return trained_order(records), expected, len(skip)
@@ -162,18 +171,22 @@ def check_goodput(run: RunDir, out: str, measured_s: float, tmp_path: Path) -> N
     assert run_account(copy).to_dict() == acct.to_dict()
 
 
-def test_rollback_in_a_later_epoch_keeps_the_order(tmp_path: Path, demo_assets: Path) -> None:
-    trained, expected, _ = rollback_in_the_second_epoch(tmp_path, demo_assets, max_steps=36)
+@pytest.mark.xdist_group("rollback-epochs")  # one worker builds epoch_reference for both
+def test_rollback_in_a_later_epoch_keeps_the_order(
+    tmp_path: Path, demo_assets: Path, epoch_reference: list[int]
+) -> None:
+    trained, expected, _ = rollback_in_the_second_epoch(tmp_path, demo_assets, epoch_reference, max_steps=36)
     assert len(trained) == 36 * 4
     assert trained == expected[: len(trained)]
 
 
+@pytest.mark.xdist_group("rollback-epochs")  # one worker builds epoch_reference for both
 def test_an_epoch_based_run_trains_its_epochs_to_the_end_after_a_rollback(
-    tmp_path: Path, demo_assets: Path
+    tmp_path: Path, demo_assets: Path, epoch_reference: list[int]
 ) -> None:
     # With 8 samples skipped, the epochs after the rollback are 10 steps, the one before it 12: three
     # epochs are 16 + 6 + 10 steps, not the 3 x 10 the HF count (epochs x steps an epoch) stops at.
     trained, expected, skipped = rollback_in_the_second_epoch(
-        tmp_path, demo_assets, max_steps=-1, num_train_epochs=3
+        tmp_path, demo_assets, epoch_reference, max_steps=-1, num_train_epochs=3
     )
     assert trained == expected[: 48 + 2 * (48 - skipped)]
