@@ -249,6 +249,17 @@ class Episodes:
         step = max(f.step for f in holding)
         return Finding(kind, metric, step, True, rank, severity, evidence, cause, worst.suggestion, metric)
 
+    def forget(self) -> None:
+        """Drop every open episode without a word: what they were has been told already.
+
+        After a rewind, the episodes a replay rebuilt up to the resume step were each raised on the
+        run's timeline and since resolved there, or resolved as cleared by the rewind itself: told
+        once, they must not be resolved a second time. A condition that holds on after the rewind is
+        a new episode of the new timeline."""
+        self._open.clear()
+        self._held.clear()
+        self._quiet = 0
+
     @property
     def quiet(self) -> int:
         """How many open episodes are quiet (only they can expire)."""

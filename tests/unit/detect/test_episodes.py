@@ -217,3 +217,23 @@ def test_grouped_findings_of_other_ranks_and_kinds_stay_apart() -> None:
     (cleared,) = book.apply([Finding("grad_explosion", "grad_norm/lm_head", 7, False)], 7)
     assert cleared.state == "cleared" and cleared.anomaly.key == ("grad_explosion", "grad_norm", None)
 
+
+# ---- a rewind: what a replay rebuilt was told already ----------------------------------------------
+
+
+def test_after_a_rewind_the_replayed_episodes_are_not_resolved_again() -> None:
+    """A spike at 61, resolved at its gap; a collapse at 71 still open at 75, cleared by the rewind to
+    75 as the supervisor does. The detector rebuilt by replaying up to 75 holds both open: before,
+    the new timeline resolved each of them a second time."""
+    losses = noisy(140, level=2.0, sigma=0.02, seed=21, decay=0.005)
+    losses[60] *= 4.0
+    losses[70] = losses[71] = 0.0
+    recs = records(losses)
+    rebuilt = LiveDetector()
+    told = [t for r in recs[:75] for t in rebuilt.observe_step(r)]
+    assert {t.anomaly.kind for t in told if t.state == "raised"} >= {"loss_spike", "loss_collapse"}
+    assert {a.kind for a in rebuilt.open_anomalies()} >= {"loss_spike", "loss_collapse"}
+    rebuilt.forget_episodes()
+    after = [t for r in recs[75:] for t in rebuilt.observe_step(r)] + rebuilt.close()
+    assert [t for t in after if t.state in ("resolved", "cleared", "recurred")] == []
+    assert rebuilt.open_anomalies() == []
