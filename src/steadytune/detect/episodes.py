@@ -97,7 +97,7 @@ def peak_of(kind: str, evidence: dict[str, Any] | None, peak: float | None) -> f
 class _Episode:
     """One open episode; mutable so a long one costs nothing per point."""
 
-    __slots__ = ("count", "end_step", "evidence", "first", "last_step", "peak", "quiet", "severity")
+    __slots__ = ("count", "end_step", "evidence", "first", "last_step", "peak", "quiet", "severity", "told")
 
     def __init__(self, first: Anomaly, step: int) -> None:
         self.first = first
@@ -108,6 +108,7 @@ class _Episode:
         self.peak = first.peak
         self.quiet = False
         self.last_step = step  # the run's step when the condition last held
+        self.told = False  # its end has been told already (Episodes.settle): it goes on without a word
 
     def snapshot(self) -> Anomaly:
         a = self.first
@@ -153,8 +154,14 @@ class Episodes:
                 if ep is not None and not ep.quiet:
                     ep.quiet = True
                     self._quiet += 1
-                    out.append(Transition("cleared", ep.snapshot()))
+                    if not ep.told:
+                        out.append(Transition("cleared", ep.snapshot()))
                 continue
+            if ep is not None and ep.told and ep.quiet:
+                # Back after its end was told: a new episode, not a recurrence of one people heard was over.
+                del self._open[key]
+                self._quiet -= 1
+                ep = None
             if ep is None:
                 first = self._firing(f)
                 self._open[key] = _Episode(first, step)
@@ -180,7 +187,7 @@ class Episodes:
                 if SEVERITY_ORDER[firing.severity] > SEVERITY_ORDER[ep.severity]:
                     ep.severity = firing.severity
                 out.append(Transition("recurred", ep.snapshot(), firing=firing))
-            if ep.severity != was:
+            if ep.severity != was and not ep.told:
                 out.append(Transition("escalated", ep.snapshot(), was=was))
         return out
 
@@ -249,16 +256,16 @@ class Episodes:
         step = max(f.step for f in holding)
         return Finding(kind, metric, step, True, rank, severity, evidence, cause, worst.suggestion, metric)
 
-    def forget(self) -> None:
-        """Drop every open episode without a word: what they were has been told already.
+    def settle(self) -> None:
+        """The open episodes' ends have been told: from now on they go on without a word.
 
         After a rewind, the episodes a replay rebuilt up to the resume step were each raised on the
-        run's timeline and since resolved there, or resolved as cleared by the rewind itself: told
-        once, they must not be resolved a second time. A condition that holds on after the rewind is
-        a new episode of the new timeline."""
-        self._open.clear()
-        self._held.clear()
-        self._quiet = 0
+        run's timeline and since resolved there, or resolved as cleared by the rewind itself. Told
+        once, they must not be resolved (or cleared, or escalated) a second time: each stays open
+        only so that its condition holding on is not a new episode (nor a new firing for the policy),
+        and ends in silence. Once quiet, a firing is a new episode, raised."""
+        for ep in self._open.values():
+            ep.told = True
 
     @property
     def quiet(self) -> int:
@@ -273,7 +280,8 @@ class Episodes:
             if ep.quiet and step - ep.last_step > limit:
                 del self._open[key]
                 self._quiet -= 1
-                out.append(Transition("resolved", ep.snapshot()))
+                if not ep.told:
+                    out.append(Transition("resolved", ep.snapshot()))
         return out
 
     def close(self) -> list[Transition]:
@@ -281,8 +289,8 @@ class Episodes:
         return self.expire(2**62, 1.0)
 
     def open(self) -> list[Anomaly]:
-        """Every episode not yet resolved, quiet ones included, as it stands now."""
-        return [ep.snapshot() for ep in self._open.values()]
+        """Every episode not yet resolved, quiet ones included, as it stands now (not those told over)."""
+        return [ep.snapshot() for ep in self._open.values() if not ep.told]
 
     def _firing(self, f: Finding) -> Anomaly:
         """A finding as an anomaly of its own: the episode's first firing, or a new one of it."""

@@ -209,11 +209,11 @@ class LiveDetector:
         """Episodes raised and not yet resolved (quiet ones included), as they stand now."""
         return self._episodes.open()
 
-    def forget_episodes(self) -> None:
+    def settle_episodes(self) -> None:
         """The run was rewound: the open episodes a replay rebuilt have been told (raised, then resolved
-        or cleared by the rewind), so they are dropped without a word; what the detectors learnt stays
-        (:meth:`~.episodes.Episodes.forget`)."""
-        self._episodes.forget()
+        or cleared by the rewind), so they go on without a word and end in silence; what the detectors
+        learnt stays (:meth:`~.episodes.Episodes.settle`)."""
+        self._episodes.settle()
 
     def finish(self) -> list[Transition]:
         """The run is over: what only its whole length tells (each signal detector's ``finish``, where it

@@ -75,7 +75,7 @@ class Resumes:
         st.detector = replay_detector(st.run, st.cfg.detect, step, world_size=world_size)
         # The episodes the replay rebuilt were told on the timeline up to the resume step, and ended
         # there or just now, as cleared: none may be resolved again.
-        st.detector.forget_episodes()
+        st.detector.settle_episodes()
         st.progress.rewind(step, st.attempt.number)
         self.expect(Path(resume) if resume else None)
 

@@ -233,7 +233,28 @@ def test_after_a_rewind_the_replayed_episodes_are_not_resolved_again() -> None:
     told = [t for r in recs[:75] for t in rebuilt.observe_step(r)]
     assert {t.anomaly.kind for t in told if t.state == "raised"} >= {"loss_spike", "loss_collapse"}
     assert {a.kind for a in rebuilt.open_anomalies()} >= {"loss_spike", "loss_collapse"}
-    rebuilt.forget_episodes()
+    rebuilt.settle_episodes()
     after = [t for r in recs[75:] for t in rebuilt.observe_step(r)] + rebuilt.close()
     assert [t for t in after if t.state in ("resolved", "cleared", "recurred")] == []
     assert rebuilt.open_anomalies() == []
+
+
+def test_an_episode_told_over_holds_on_in_silence_and_a_new_firing_after_it_is_a_new_episode() -> None:
+    """A condition that still holds after the rewind is the episode people were told of, not a new one
+    (nor a new firing for the policy to act on again); once it has cleared, a firing is a new episode."""
+    book = Episodes(KINDS, GAP, frozenset())
+
+    def spike(step: int, active: bool = True) -> list[Finding]:
+        return [Finding("loss_spike", "loss", step, active, evidence={"value": 9.0} if active else None)]
+
+    assert [t.state for t in book.apply(spike(10), 10)] == ["raised"]
+    book.settle()
+    assert book.open() == []  # told over: a second rewind does not clear it again
+    assert book.apply(spike(11), 11) == []
+    assert book.apply([Finding("loss_spike", "loss", 12, True, severity="critical")], 12) == []
+    assert book.apply(spike(13, active=False), 13) == []
+    (again,) = book.apply(spike(14), 14)
+    assert again.state == "raised" and again.anomaly.start_step == 14 and again.anomaly.count == 1
+    book.apply(spike(15, active=False), 15)
+    book.settle()
+    assert book.expire(15 + GAP + 1, 1.0) == [] and book.quiet == 0

@@ -204,5 +204,5 @@ def test_the_supervisor_keeps_the_state_one_checkpoint_behind_so_a_restart_repla
     assert replay(run, DetectConfig(), 300).fed == 100  # from the state at 200, not from the start
     sup.resumes.rewind(str(run.checkpoints / "checkpoint-300"))
     whole = _from_start(run, 300, tmp_path).detector
-    whole.forget_episodes()  # as the rewind does: the episodes of the replayed steps were told
+    whole.settle_episodes()  # as the rewind does: the episodes of the replayed steps were told
     assert detector_state.encode(sup.state.detector) == detector_state.encode(whole)
