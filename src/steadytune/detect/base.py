@@ -66,6 +66,10 @@ class Finding:
     evidence: dict[str, Any] | None = None
     cause: str | None = None  # replaces the kind's usual cause where a rule knows better
     suggestion: str | None = None  # and its usual fix (no GPU to look at on a CPU-only run)
+    # Where one trouble shows on several metrics at once (a model's layers), the metric of the one
+    # episode they make: the findings of a kind and rank with the same group are booked together
+    # (detect/episodes.py). None: the finding's own metric is its episode's.
+    group: str | None = None
 
 
 # What ``needs`` may name, each a test of a :class:`~.points.Signal`: an objective other than the
@@ -113,11 +117,14 @@ class Reporter:
         evidence: dict[str, Any] | None = None,
         cause: str | None = None,
         suggestion: str | None = None,
+        group: str | None = None,
     ) -> None:
         key = (kind, metric)
         if active:
             self.on.add(key)
-            out.append(Finding(kind, metric, step, True, self.rank, severity, evidence, cause, suggestion))
+            out.append(
+                Finding(kind, metric, step, True, self.rank, severity, evidence, cause, suggestion, group)
+            )
         elif key in self.on:
             self.on.discard(key)
             out.append(Finding(kind, metric, step, False, self.rank))

@@ -29,6 +29,20 @@ a level that no longer holds it: a new episode.
 ``peak`` or ``value``): the highest, or for the kinds that fall (a collapse, a
 vanishing gradient, a throughput drop, a reward collapse, low disk) the lowest;
 ``None`` where the kind's evidence names no single value.
+
+**Groups.** One trouble may show on several metrics at once: an update that blows
+up the gradient blows up several layers' (``grad_norm/embeddings``,
+``grad_norm/layers.0``) with the model's (``grad_norm``). A detector that knows its
+findings are parts of one thing names the episode they belong to
+(:attr:`~.base.Finding.group`): the findings of a kind and rank with the same group
+are one condition, judged together at each call. It holds while any member holds
+(and clears when the last one does), fires with the worst member's evidence (the
+most extreme ``value`` by the rule above) plus ``metrics`` (every member that held
+during the episode, in the order they came) and ``worst`` (the member that was
+worst at the latest firing), and is keyed, told and resolved as one episode on
+the group's metric. A finding on the group's own metric (the model's ``grad_norm``
+beside its layers') is one of its members. A member's clearing finding need not name
+the group: the book remembers which episode each holding member belongs to.
 """
 
 from __future__ import annotations
@@ -40,9 +54,12 @@ from steadytune.detect.base import Finding, KindInfo
 from steadytune.records import SEVERITY_ORDER, Anomaly, Severity
 
 State = Literal["raised", "escalated", "cleared", "recurred", "resolved"]
+_METRICS = "metrics"  # a group's evidence: the members that held during its episode
 
 # Kinds whose trouble is a value falling: their peak is the lowest value reported.
 _FALLING = frozenset({"loss_collapse", "grad_vanishing", "throughput_drop", "reward_collapse", "disk_low"})
+
+Key = tuple[str, str, int | None]  # an episode's kind, metric and rank (Anomaly.key)
 
 
 @dataclass(frozen=True)
@@ -80,7 +97,7 @@ def peak_of(kind: str, evidence: dict[str, Any] | None, peak: float | None) -> f
 class _Episode:
     """One open episode; mutable so a long one costs nothing per point."""
 
-    __slots__ = ("count", "end_step", "evidence", "first", "last_step", "peak", "quiet", "severity")
+    __slots__ = ("count", "end_step", "evidence", "first", "last_step", "peak", "quiet", "severity", "told")
 
     def __init__(self, first: Anomaly, step: int) -> None:
         self.first = first
@@ -91,6 +108,7 @@ class _Episode:
         self.peak = first.peak
         self.quiet = False
         self.last_step = step  # the run's step when the condition last held
+        self.told = False  # its end has been told already (Episodes.settle): it goes on without a word
 
     def snapshot(self) -> Anomaly:
         a = self.first
@@ -110,7 +128,7 @@ class _Episode:
 
 
 class Episodes:
-    """The open episodes of a run, by (kind, metric, rank).
+    """The open episodes of a run, by (kind, metric, rank); a group's metric for grouped findings.
 
     Args:
         kinds: the words of each kind (its usual severity, cause and fix).
@@ -123,23 +141,27 @@ class Episodes:
 
     def __init__(self, kinds: dict[str, KindInfo], gap_points: int, disabled: frozenset[str]) -> None:
         self._kinds, self._gap, self._disabled = kinds, gap_points, disabled
-        self._open: dict[tuple[str, str, int | None], _Episode] = {}
+        self._open: dict[Key, _Episode] = {}
         self._quiet = 0  # how many open episodes are quiet: most points, none are, and nothing expires
+        self._held: dict[Key, Key] = {}  # each grouped member now holding (kind, metric, rank) -> its group
 
     def apply(self, findings: list[Finding], step: int) -> list[Transition]:
         """The transitions the findings made when the run was at ``step`` make."""
         out: list[Transition] = []
-        for f in findings:
-            if f.kind in self._disabled:
-                continue
-            key = (f.kind, f.metric, f.rank)
+        for key, f in self._conditions(findings):
             ep = self._open.get(key)
             if not f.active:
                 if ep is not None and not ep.quiet:
                     ep.quiet = True
                     self._quiet += 1
-                    out.append(Transition("cleared", ep.snapshot()))
+                    if not ep.told:
+                        out.append(Transition("cleared", ep.snapshot()))
                 continue
+            if ep is not None and ep.told and ep.quiet:
+                # Back after its end was told: a new episode, not a recurrence of one people heard was over.
+                del self._open[key]
+                self._quiet -= 1
+                ep = None
             if ep is None:
                 first = self._firing(f)
                 self._open[key] = _Episode(first, step)
@@ -149,7 +171,11 @@ class Episodes:
             ep.end_step = max(ep.end_step, f.step)
             ep.last_step = step
             if f.evidence:
+                members = ep.evidence.get(_METRICS)
                 ep.evidence.update(f.evidence)
+                if f.group is not None and isinstance(members, list):
+                    # Every member the episode held on, not only this firing's.
+                    ep.evidence[_METRICS] = list(dict.fromkeys([*members, *f.evidence[_METRICS]]))
                 ep.peak = peak_of(f.kind, f.evidence, ep.peak)
             if f.severity and SEVERITY_ORDER[f.severity] > SEVERITY_ORDER[ep.severity]:
                 ep.severity = f.severity
@@ -161,9 +187,85 @@ class Episodes:
                 if SEVERITY_ORDER[firing.severity] > SEVERITY_ORDER[ep.severity]:
                     ep.severity = firing.severity
                 out.append(Transition("recurred", ep.snapshot(), firing=firing))
-            if ep.severity != was:
+            if ep.severity != was and not ep.told:
                 out.append(Transition("escalated", ep.snapshot(), was=was))
         return out
+
+    def _conditions(self, findings: list[Finding]) -> list[tuple[Key, Finding]]:
+        """Each condition the findings report, with its episode's key: a finding is its own condition, the
+        findings of one group are one (the module docstring), in the order the first of each came."""
+        if not self._held and all(f.group is None for f in findings):  # most calls: no group at all
+            return [((f.kind, f.metric, f.rank), f) for f in findings if f.kind not in self._disabled]
+        order: list[tuple[Key, Finding | None]] = []  # None: a group's place, its finding made below
+        grouped: dict[Key, list[Finding]] = {}
+        # A finding on a group's own metric (the model's grad_norm beside its layers') is one of its members.
+        groups = {(f.kind, f.group, f.rank) for f in findings if f.group is not None} | set(
+            self._held.values()
+        )
+        for f in findings:
+            if f.kind in self._disabled:
+                continue
+            member = (f.kind, f.metric, f.rank)
+            group = (
+                (f.kind, f.group, f.rank)
+                if f.group is not None
+                else self._held.get(member, member if member in groups else None)
+            )
+            if group is None:
+                order.append((member, f))
+            elif group in grouped:
+                grouped[group].append(f)
+            else:
+                grouped[group] = [f]
+                order.append((group, None))
+        out: list[tuple[Key, Finding]] = []
+        for key, alone in order:
+            joined = alone if alone is not None else self._joined(key, grouped[key])
+            if joined is not None:
+                out.append((key, joined))
+        return out
+
+    def _joined(self, key: Key, members: list[Finding]) -> Finding | None:
+        """One group's findings of one call as the group's own: active while any member holds, inactive
+        when the last one stopped, None when members cleared while others still hold."""
+        for f in members:
+            if f.active:
+                self._held[(f.kind, f.metric, f.rank)] = key
+            else:
+                self._held.pop((f.kind, f.metric, f.rank), None)
+        kind, metric, rank = key
+        holding = [f for f in members if f.active]
+        if not holding:
+            if key in self._held.values():
+                return None
+            return Finding(kind, metric, members[-1].step, False, rank, group=metric)
+        falling = kind in _FALLING
+        worst, worst_v = holding[0], peak_of(kind, holding[0].evidence, None)
+        for f in holding[1:]:
+            v = peak_of(kind, f.evidence, None)
+            if v is not None and (worst_v is None or (v < worst_v if falling else v > worst_v)):
+                worst, worst_v = f, v
+        info = self._kinds[kind]
+        severity = max((f.severity or info.severity for f in holding), key=SEVERITY_ORDER.__getitem__)
+        names = [f.metric for f in holding]
+        evidence = {**(worst.evidence or {}), _METRICS: names, "worst": worst.metric}
+        cause = worst.cause or info.cause
+        if len(names) > 1:
+            shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+            cause = f"{cause} ({len(names)} at once: {shown})"
+        step = max(f.step for f in holding)
+        return Finding(kind, metric, step, True, rank, severity, evidence, cause, worst.suggestion, metric)
+
+    def settle(self) -> None:
+        """The open episodes' ends have been told: from now on they go on without a word.
+
+        After a rewind, the episodes a replay rebuilt up to the resume step were each raised on the
+        run's timeline and since resolved there, or resolved as cleared by the rewind itself. Told
+        once, they must not be resolved (or cleared, or escalated) a second time: each stays open
+        only so that its condition holding on is not a new episode (nor a new firing for the policy),
+        and ends in silence. Once quiet, a firing is a new episode, raised."""
+        for ep in self._open.values():
+            ep.told = True
 
     @property
     def quiet(self) -> int:
@@ -178,7 +280,8 @@ class Episodes:
             if ep.quiet and step - ep.last_step > limit:
                 del self._open[key]
                 self._quiet -= 1
-                out.append(Transition("resolved", ep.snapshot()))
+                if not ep.told:
+                    out.append(Transition("resolved", ep.snapshot()))
         return out
 
     def close(self) -> list[Transition]:
@@ -186,8 +289,8 @@ class Episodes:
         return self.expire(2**62, 1.0)
 
     def open(self) -> list[Anomaly]:
-        """Every episode not yet resolved, quiet ones included, as it stands now."""
-        return [ep.snapshot() for ep in self._open.values()]
+        """Every episode not yet resolved, quiet ones included, as it stands now (not those told over)."""
+        return [ep.snapshot() for ep in self._open.values() if not ep.told]
 
     def _firing(self, f: Finding) -> Anomaly:
         """A finding as an anomaly of its own: the episode's first firing, or a new one of it."""

@@ -104,7 +104,7 @@ def check_layers(
     for layer, row in as_rows(stats).items():
         norm = float(row.get("norm", math.nan))
         zf = float(row.get("zero_frac", 0.0))
-        ev = {"norm": norm if math.isfinite(norm) else str(norm), "zero_frac": round(zf, 4)}
+        ev = {"value": norm if math.isfinite(norm) else str(norm), "zero_frac": round(zf, 4)}
         state = layer_state(layer, norm, zf, vanish=vanish, explode=explode, dead_zero_frac=dead_zero_frac)
         if state == "exploding":
             cause = f"layer {layer}: gradient norm {norm:.3g} exceeds {explode:g}"
@@ -133,6 +133,12 @@ class FlowLimits:
             explode=self.layer_explode_norm,
             dead_zero_frac=self.layer_dead_zero_frac,
         )
+
+
+# The episode the layers' findings belong to: a layer's gradient is a part of the model's, so layers
+# that explode (or vanish) at one step, with the model's norm or without it, are one incident: one
+# episode per kind on the model's metric, its evidence naming the layers (detect/episodes.py, groups).
+GROUP = "grad_norm"
 
 
 class GradFlowWatch:
@@ -172,7 +178,7 @@ class GradFlowWatch:
             and len(found) == len(as_rows(flow))
             and all(a.kind == "grad_vanishing" for a in found)
         ):
-            norms = [a.evidence.get("norm") for a in found]
+            norms = [a.evidence.get("value") for a in found]
             ev = {
                 "layers": len(found),
                 "largest_norm": max((n for n in norms if isinstance(n, float)), default=None),
@@ -183,7 +189,17 @@ class GradFlowWatch:
             found = [_anomaly("grad_vanishing", "all layers", step, ev, cause)]
         now = {(a.kind, a.metric): a for a in found}
         for (kind, metric), a in now.items():
-            self.rep.report(out, kind, metric, step, True, severity=a.severity, evidence=a.evidence)
+            self.rep.report(
+                out,
+                kind,
+                metric,
+                step,
+                True,
+                severity=a.severity,
+                evidence=a.evidence,
+                cause=a.cause,
+                group=GROUP,
+            )
         for kind, metric in list(self.rep.on):
             if (kind, metric) not in now:
                 self.rep.report(out, kind, metric, step, False)

@@ -209,6 +209,12 @@ class LiveDetector:
         """Episodes raised and not yet resolved (quiet ones included), as they stand now."""
         return self._episodes.open()
 
+    def settle_episodes(self) -> None:
+        """The run was rewound: the open episodes a replay rebuilt have been told (raised, then resolved
+        or cleared by the rewind), so they go on without a word and end in silence; what the detectors
+        learnt stays (:meth:`~.episodes.Episodes.settle`)."""
+        self._episodes.settle()
+
     def finish(self) -> list[Transition]:
         """The run is over: what only its whole length tells (each signal detector's ``finish``, where it
         has one: see base.Detector). Told once; a second call adds nothing."""

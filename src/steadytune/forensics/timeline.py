@@ -148,6 +148,7 @@ class Replayer:
             for r in mine:
                 if latest.get(r.step) == r.attempt:
                     det.observe_step(r)  # rebuilding baselines: transitions are not filed
+        det.settle_episodes()  # as the supervisor does: its episodes were told, and ended or were cleared
         self.detector = det
         self.progress.rewind(upto, plan.attempt)
 

@@ -73,6 +73,9 @@ class Resumes:
         step = (checkpoint_step(Path(resume)) if resume else 0) or 0
         self.keeper.wait()  # its state is the replay's start
         st.detector = replay_detector(st.run, st.cfg.detect, step, world_size=world_size)
+        # The episodes the replay rebuilt were told on the timeline up to the resume step, and ended
+        # there or just now, as cleared: none may be resolved again.
+        st.detector.settle_episodes()
         st.progress.rewind(step, st.attempt.number)
         self.expect(Path(resume) if resume else None)
 

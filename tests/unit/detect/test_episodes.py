@@ -11,6 +11,9 @@ import pytest
 
 from steadytune.config.detect import DetectConfig
 from steadytune.detect import LiveDetector, detect
+from steadytune.detect.base import Finding
+from steadytune.detect.build import KINDS
+from steadytune.detect.episodes import Episodes
 from steadytune.detect.offline import replay
 from steadytune.records import Anomaly, StepRecord, from_dict, to_dict
 from tests.unit.detect.helpers import feed, noisy, records
@@ -120,3 +123,138 @@ def test_an_anomaly_written_before_episodes_reads_as_one_firing() -> None:
     old = {k: v for k, v in data.items() if k not in ("count", "peak")}
     assert from_dict(old) == Anomaly("loss_spike", "warning", 10, 12, "loss", {"value": 5.0})
     assert from_dict(old).count == 1 and from_dict(old).peak is None
+
+
+# ---- groups: the layers of one model ---------------------------------------------------------------
+
+
+def _flow(norms: dict[str, float]) -> dict[str, dict[str, float]]:
+    return {layer: {"norm": n, "zero_frac": 0.0} for layer, n in norms.items()}
+
+
+def _layered_run(
+    blowups: dict[int, tuple[float, dict[str, float]]], total: int = 80, seed: int = 11
+) -> list[StepRecord]:
+    """A healthy run whose every step records its layers' gradient flow; at each step of ``blowups``
+    the model's norm and the layers named there take the values given (the others stay healthy)."""
+    losses = noisy(total, level=2.0, sigma=0.02, seed=seed, decay=0.005)
+    grads = noisy(total, level=1.0, sigma=0.02, seed=seed + 1)
+    healthy = {"embeddings": 0.3, "layers.0": 0.5, "layers.1": 0.4, "lm_head": 0.6}
+    out = []
+    for r in records(losses, grads):
+        g, layers = blowups.get(r.step, (r.grad_norm, {}))
+        out.append(
+            StepRecord(
+                step=r.step,
+                ts=r.ts,
+                loss=r.loss,
+                grad_norm=g,
+                extra={"gradflow": _flow({**healthy, **layers})},
+            )
+        )
+    return out
+
+
+def test_layers_blowing_up_with_the_model_at_one_step_are_one_episode_told_once() -> None:
+    """One bad update: the model's norm and two layers' explode at step 60. Before, three episodes
+    (grad_norm, grad_norm/embeddings, grad_norm/layers.0): three raises, three resolves."""
+    recs = _layered_run({60: (5000.0, {"embeddings": 900.0, "layers.0": 4000.0})})
+    ts = [t for t in feed(recs) if t.anomaly.kind == "grad_explosion"]
+    assert [t.state for t in ts if t.state in ("raised", "resolved")] == ["raised", "resolved"]
+    raised, resolved = ts[0].anomaly, ts[-1].anomaly
+    assert raised.metric == resolved.metric == "grad_norm" and raised.start_step == 60
+    # The raise names every layer of the step, and the worst (the model's own norm is the largest).
+    assert set(raised.evidence["metrics"]) == {"grad_norm", "grad_norm/embeddings", "grad_norm/layers.0"}
+    assert raised.evidence["worst"] == "grad_norm" and raised.peak == pytest.approx(5000.0)
+    (episode,) = [a for a in detect(recs) if a.kind == "grad_explosion"]
+    assert episode.metric == "grad_norm" and episode.count == 1
+
+
+def test_layers_alone_are_one_episode_its_worst_named_and_over_when_the_last_clears() -> None:
+    """Layers vanish without the model's norm saying so: layers.1 from step 40, lm_head from 41,
+    layers.1 is over at 44 and lm_head at 46. One episode, quiet only when both are over."""
+    low = 1e-5
+    blowups = {40: (1.0, {"layers.1": low})}
+    blowups.update({s: (1.0, {"layers.1": low * 2, "lm_head": low / 10}) for s in (41, 42, 43)})
+    blowups[44] = blowups[45] = (1.0, {"lm_head": low / 10})
+    ts = [t for t in feed(_layered_run(blowups)) if t.anomaly.kind == "grad_vanishing"]
+    assert [(t.state, t.anomaly.end_step) for t in ts] == [("raised", 40), ("cleared", 45), ("resolved", 45)]
+    done = ts[-1].anomaly
+    assert done.metric == "grad_norm" and done.count == 1
+    assert done.evidence["metrics"] == ["grad_norm/layers.1", "grad_norm/lm_head"]
+    assert done.peak == pytest.approx(low / 10) and done.evidence["worst"] == "grad_norm/lm_head"
+    assert done.evidence["layer"] == "lm_head"
+
+
+def test_a_group_that_comes_back_within_the_gap_is_the_same_episode_counted() -> None:
+    bad = (1.0, {"layers.0": 500.0})
+    ts = [t for t in feed(_layered_run({50: bad, 55: bad})) if t.anomaly.kind == "grad_explosion"]
+    assert [t.state for t in ts] == ["raised", "cleared", "recurred", "cleared", "resolved"]
+    assert ts[-1].anomaly.count == 2 and ts[-1].anomaly.metric == "grad_norm"
+
+
+def test_grouped_findings_of_other_ranks_and_kinds_stay_apart() -> None:
+    """The group joins one kind on one rank: a vanishing layer and an exploding one are two episodes."""
+    book = Episodes(KINDS, GAP, frozenset())
+
+    def layer(kind: str, name: str, value: float, rank: int | None = None) -> Finding:
+        return Finding(kind, f"grad_norm/{name}", 5, True, rank, evidence={"value": value}, group="grad_norm")
+
+    found = [
+        layer("grad_explosion", "layers.0", 300.0),
+        layer("grad_vanishing", "layers.1", 1e-6),
+        layer("grad_explosion", "layers.0", 300.0, rank=1),
+        layer("grad_explosion", "lm_head", 200.0),
+    ]
+    got = [(t.state, t.anomaly.key, t.anomaly.evidence["metrics"]) for t in book.apply(found, 5)]
+    assert got == [
+        ("raised", ("grad_explosion", "grad_norm", None), ["grad_norm/layers.0", "grad_norm/lm_head"]),
+        ("raised", ("grad_vanishing", "grad_norm", None), ["grad_norm/layers.1"]),
+        ("raised", ("grad_explosion", "grad_norm", 1), ["grad_norm/layers.0"]),
+    ]
+    # A member's clearing finding names no group; the episode is quiet once its last member is over.
+    assert book.apply([Finding("grad_explosion", "grad_norm/layers.0", 6, False)], 6) == []
+    (cleared,) = book.apply([Finding("grad_explosion", "grad_norm/lm_head", 7, False)], 7)
+    assert cleared.state == "cleared" and cleared.anomaly.key == ("grad_explosion", "grad_norm", None)
+
+
+# ---- a rewind: what a replay rebuilt was told already ----------------------------------------------
+
+
+def test_after_a_rewind_the_replayed_episodes_are_not_resolved_again() -> None:
+    """A spike at 61, resolved at its gap; a collapse at 71 still open at 75, cleared by the rewind to
+    75 as the supervisor does. The detector rebuilt by replaying up to 75 holds both open: before,
+    the new timeline resolved each of them a second time."""
+    losses = noisy(140, level=2.0, sigma=0.02, seed=21, decay=0.005)
+    losses[60] *= 4.0
+    losses[70] = losses[71] = 0.0
+    recs = records(losses)
+    rebuilt = LiveDetector()
+    told = [t for r in recs[:75] for t in rebuilt.observe_step(r)]
+    assert {t.anomaly.kind for t in told if t.state == "raised"} >= {"loss_spike", "loss_collapse"}
+    assert {a.kind for a in rebuilt.open_anomalies()} >= {"loss_spike", "loss_collapse"}
+    rebuilt.settle_episodes()
+    after = [t for r in recs[75:] for t in rebuilt.observe_step(r)] + rebuilt.close()
+    assert [t for t in after if t.state in ("resolved", "cleared", "recurred")] == []
+    assert rebuilt.open_anomalies() == []
+
+
+def test_an_episode_told_over_holds_on_in_silence_and_a_new_firing_after_it_is_a_new_episode() -> None:
+    """A condition that still holds after the rewind is the episode people were told of, not a new one
+    (nor a new firing for the policy to act on again); once it has cleared, a firing is a new episode."""
+    book = Episodes(KINDS, GAP, frozenset())
+
+    def spike(step: int, active: bool = True) -> list[Finding]:
+        return [Finding("loss_spike", "loss", step, active, evidence={"value": 9.0} if active else None)]
+
+    assert [t.state for t in book.apply(spike(10), 10)] == ["raised"]
+    book.settle()
+    assert book.open() == []  # told over: a second rewind does not clear it again
+    assert book.apply(spike(11), 11) == []
+    assert book.apply([Finding("loss_spike", "loss", 12, True, severity="critical")], 12) == []
+    assert book.apply(spike(13, active=False), 13) == []
+    (again,) = book.apply(spike(14), 14)
+    assert again.state == "raised" and again.anomaly.start_step == 14 and again.anomaly.count == 1
+    book.apply(spike(15, active=False), 15)
+    book.settle()
+    assert book.expire(15 + GAP + 1, 1.0) == [] and book.quiet == 0
