@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 
 from steadytune.objectives import SIGNED_OBJECTIVE
-from steadytune.records import Event
+from steadytune.records import Event, run_end
 
 from .runs import STEADYTUNE
-from .toolruns import ToolJob, all_finite, run_end, supervise, trl_job
+from .toolruns import ToolJob, all_finite, supervise, trl_job
 
 pytestmark = [pytest.mark.slow, pytest.mark.tools("trl")]
 
@@ -84,7 +84,7 @@ def test_trl_dpo_under_supervise_is_judged_as_preference_and_resumes_a_killed_tr
     restarts = [e for e in events if e.name == "restart"]
     assert len(restarts) == 1 and "resuming from checkpoint-" in restarts[0].message
     resumed_from = int(restarts[0].message.split("checkpoint-")[1].split()[0])
-    assert events[-1].name == "run_completed"
+    assert run_end(events).name == "run_completed"
     # DPO's loss falls from ln 2 by design: nothing is raised on it, nor on anything else.
     assert _anomalies(events) == []
     recs = sup.steps()
@@ -115,7 +115,7 @@ def test_trl_grpo_under_supervise_is_judged_on_its_reward_not_its_near_zero_loss
         rc = sup.finish()
     assert rc == 0, sup.stdout
     events = sup.events()
-    assert _anomalies(events) == [] and events[-1].name == "run_completed"
+    assert _anomalies(events) == [] and run_end(events).name == "run_completed"
     recs = sup.steps()
     assert [r.step for r in recs] == list(range(2, steps + 1, 2))
     assert all(set(r.extra) >= GRPO_FIELDS for r in recs), [sorted(r.extra) for r in recs[:1]]
@@ -200,7 +200,7 @@ def test_trl_grpo_under_supervise_inject_is_judged_as_rl_on_the_fields_trl_logs(
             assert (r.extra["reward"], r.extra["kl"]) == (logged[r.step]["reward"], logged[r.step]["kl"])
         else:
             assert not set(r.extra) & GRPO_FIELDS
-    assert events[-1].name == "run_completed" and sup.status()["state"] == "completed"
+    assert run_end(events).name == "run_completed" and sup.status()["state"] == "completed"
     rc, (found,) = _analyze(sup.run)
     assert rc == 0 and found["objective"] == "RL (GRPO/RLOO)" and found["anomalies"] == []
     assert set(found["metrics"]) >= GRPO_FIELDS
@@ -317,5 +317,5 @@ def test_trl_dpo_at_an_lr_far_too_high_is_rolled_back_live_with_a_lower_lr(
     # TRL trained on at the lowered LR, by its own logged LR, to the end, with finite weights.
     after = [r for r in sup.steps() if r.attempt >= 1]
     assert after and all(r.lr is not None and r.lr <= lr * scale * 1.0001 for r in after)
-    assert after[-1].step == steps and run_end(events) == "run_completed"
+    assert after[-1].step == steps and run_end(events).name == "run_completed"
     assert all_finite(job.out / job.weights_file)
