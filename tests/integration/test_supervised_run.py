@@ -72,7 +72,7 @@ def test_sigkill_mid_run_resumes_from_last_verified_checkpoint(tmp_path: Path, d
     assert step_numbers_latest_attempt_wins(run) == list(range(1, 41))  # max_steps reached, no gap
     attempts = {r.attempt for r in steps(run)}
     assert attempts == {0, 1}
-    restart = [e for e in read_events(run.events) if e.name == "restart"]
+    restart = [e for e in read_events(run.events) if e.kind == "action" and e.name == "restart"]
     assert len(restart) == 1 and restart[0].data["classification"] == "killed"
 
 

@@ -81,7 +81,7 @@ def test_trl_dpo_under_supervise_is_judged_as_preference_and_resumes_a_killed_tr
         rc = sup.finish()
     assert rc == 0, sup.stdout
     events = sup.events()
-    restarts = [e for e in events if e.name == "restart"]
+    restarts = [e for e in events if e.kind == "action" and e.name == "restart"]
     assert len(restarts) == 1 and "resuming from checkpoint-" in restarts[0].message
     resumed_from = int(restarts[0].message.split("checkpoint-")[1].split()[0])
     assert run_end(events).name == "run_completed"
