@@ -52,8 +52,6 @@ def demo_config(assets: Path, runs_dir: str, steps: int, method: str) -> dict[st
             "eval_steps": max(1, steps // 4),
             "warmup_steps": max(1, steps // 10),
             "lr_scheduler_type": "cosine",
-            # What the preflight asks of a full fine-tune; the demo shows the habit it recommends.
-            "weight_decay": 0.01,
             "logging_steps": 10,
             "seed": 42,
         },

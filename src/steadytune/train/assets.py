@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-ASSET_VERSION = "2"
+ASSET_VERSION = "1"
 
 _WORDS = (
     "apple river stone cloud green light music paper tiger window silver garden "
@@ -71,27 +71,9 @@ def _example(rng: random.Random) -> dict[str, str]:
 
 
 def generate_instructions(n: int, seed: int = 0) -> list[dict[str, str]]:
-    """``n`` distinct instruction/input/output rows, deterministic for a seed.
-
-    Distinct, as the preflight asks of a user's data (a repeated sample is memorised and skews
-    the loss): a draw already taken is drawn again. The tasks hold about 3,600 rows (the facts
-    only 12, the reversed words 32), so the later rows lean to the larger tasks.
-    """
+    """``n`` instruction/input/output rows, deterministic for a seed."""
     rng = random.Random(seed)
-    rows: list[dict[str, str]] = []
-    seen: set[tuple[str, str]] = set()
-    misses = 0
-    while len(rows) < n:
-        row = _example(rng)
-        key = (row["instruction"], row["input"])
-        if key in seen:
-            misses += 1
-            if misses > 100 * n:
-                raise ValueError(f"the demo tasks hold fewer than {n} distinct rows")
-            continue
-        seen.add(key)
-        rows.append(row)
-    return rows
+    return [_example(rng) for _ in range(n)]
 
 
 def _wrong_answer(row: dict[str, str], rng: random.Random) -> str:
