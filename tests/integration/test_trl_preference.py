@@ -264,29 +264,28 @@ def test_trl_dpo_at_an_lr_far_too_high_is_a_grad_explosion_in_analyze(
     assert "judged as preference (DPO)" in text.stdout and "grad_explosion" in text.stdout, text.stdout
 
 
-def test_trl_dpo_at_lr_0_12_whose_grad_norm_storms_and_margins_turn_negative_is_flagged(
+def test_trl_dpo_at_lr_0_15_whose_grad_norm_storms_and_margins_turn_negative_is_flagged(
     tmp_path: Path, demo_assets: Path
 ) -> None:
-    """At LR 0.12 over 40 steps the grad norm climbs 1.3 -> 5.3 -> 12.4 -> 28 -> 324 (step 5, 240x its
-    first), bursts again (105, 158) and settles near 1; the loss climbs from ln 2 to 3.8, 4.2 and 5.7
-    and the margins go negative: the policy prefers the rejected answers for a while.
+    """At LR 0.15 over 40 steps the grad norm goes 1.5 -> 3.9 -> 38 -> 74 -> 179 (step 5, 116x its
+    first), storms on to 222, 336 and 894 (steps 11, 17, 18: 580x) and settles near 1; the loss climbs
+    from ln 2 to 4.2, 6.6 and 5.9 and the margins go negative (to -6.5): the policy prefers the
+    rejected answers for a while.
 
     Written at LR 0.1 over 24 steps (1.5 -> 8.5 -> 34 -> 193 -> 353, about 230x). With the TRL venv's
-    unpinned dependencies as resolved later it stormed there at about 50x (77.8 from 1.54), and at 87x
-    on the demo's preference rows once they were made distinct: under the 100x the explosion rule
-    needs. Re-tuned to the same shape (a climb that only the first norm gives away, then a settling)
-    with the same margin over 100x; with the rule's ratio raised out of reach (analyze --set
-    grad.explosion_ratio=1000) the same log raises no grad_explosion, and this test fails."""
+    unpinned dependencies as resolved later that run storms at about 50x (77.8 from 1.54), under the
+    100x the explosion rule needs; at LR 0.12 over 40 steps at 97x. At LR 0.15 over 40 steps analyze
+    raises the critical grad_explosion at 218x the first norm; with the rule's ratio raised out of
+    reach (analyze --set grad.explosion_ratio=1000) the same log raises none, and this test fails."""
     steps = 40
-    job = trl_job(demo_assets, tmp_path, steps, trainer="dpo", save_steps=steps, logging_steps=1, lr=0.12)
+    job = trl_job(demo_assets, tmp_path, steps, trainer="dpo", save_steps=steps, logging_steps=1, lr=0.15)
     _run_tool(job)
     history = json.loads((job.checkpoint(steps) / "trainer_state.json").read_text())["log_history"]
     assert max(e["grad_norm"] for e in history if "grad_norm" in e) > 100 * history[0]["grad_norm"]
     rc, (found,) = _analyze(job.checkpoint(steps) / "trainer_state.json")
     assert found["objective"] == "preference (DPO)"
     assert rc == 1 and any(a["severity"] != "info" for a in found["anomalies"]), found["anomalies"]
-    # No jump over the recent level gives the storm away (each is under the spike ratio or inside the
-    # noise the earlier jumps taught it); the norm against where the run began does.
+    # The storm is judged against where the run began, not only against its recent level.
     explosion = next(a for a in found["anomalies"] if a["kind"] == "grad_explosion")
     assert explosion["severity"] == "critical" and explosion["evidence"]["ratio_to_first"] > 100
 
