@@ -15,7 +15,7 @@ import json
 import math
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -198,6 +198,30 @@ class Event:
     prev_hash: str | None = None
     hash: str | None = None
     mac: str | None = None  # HMAC of ``hash`` with the audit key (see telemetry/attest.py)
+
+
+# The lifecycle steps that end a run: the supervisor files one of them, its last word on the run.
+RUN_END_NAMES = frozenset({"run_completed", "run_failed", "run_stopped"})
+
+
+def is_run_end(event: Event) -> bool:
+    """Whether ``event`` is the supervisor's end of the run (not an alert that tells of it).
+
+    An alert's delivery record is an ``alert`` event under the name of the event it tells of
+    (``run_stopped``), filed when its delivery ends: after the run's end, often the log's last
+    line. Only the kind tells the two apart.
+    """
+    return event.kind == "lifecycle" and event.name in RUN_END_NAMES
+
+
+def run_end(events: Iterable[Event]) -> Event | None:
+    """The event that ended the run (the last one where a run was resumed after an end), or
+    None while it runs. The one way to ask for it: never the log's last event."""
+    found = None
+    for e in events:
+        if is_run_end(e):
+            found = e
+    return found
 
 
 @dataclass(frozen=True)

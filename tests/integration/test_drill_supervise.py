@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from steadytune.drill.runner import finite_weights
-from steadytune.records import StepRecord
+from steadytune.records import StepRecord, run_end
 from steadytune.telemetry.events import read_events
 from steadytune.telemetry.stream import iter_records
 
@@ -87,8 +87,8 @@ def test_every_outside_fault_is_detected_and_recovered_under_the_native_table(
     hang = _run_of(runs, "hang")
     events = read_events(hang / "events.jsonl")
     names = [e.name for e in events]
-    # The policy's restart action comes first; the job's restart (the last "restart") after the stacks.
-    restarted = len(names) - 1 - names[::-1].index("restart")
+    # The policy's restart action comes first; the job's restart (the one with its cause) after the stacks.
+    restarted = max(i for i, e in enumerate(events) if e.name == "restart" and "classification" in e.data)
     assert names.index("stall") < names.index("stacks_dumped") < restarted < names.index("run_completed")
     assert "transformers/trainer.py" in (hang / "stacks" / "attempt-0.txt").read_text()
     assert events[restarted].data["classification"] == "stall"  # the anomaly that called the hang
@@ -100,13 +100,15 @@ def test_every_outside_fault_is_detected_and_recovered_under_the_native_table(
     assert started[0][-2:] == ["--learning_rate", "2"] and started[-1][-2:] == ["--learning_rate", "0.002"]
     names = [e.name for e in events]
     first_bad = next(e for e in events if e.kind == "anomaly")
-    assert names.index(first_bad.name) < names.index("rollback") and names[-1] == "run_completed"
+    assert names.index(first_bad.name) < names.index("rollback") and run_end(events).name == "run_completed"
     assert finite_weights(outputs / lr.name / "checkpoint-40")
 
     # sigterm: stopped cleanly, and says so.
     stop = _run_of(runs, "sigterm")
     assert json.loads((stop / "status.json").read_text())["state"] == "stopped"
-    assert [e.name for e in read_events(stop / "events.jsonl")][-2:] == ["stop_requested", "run_stopped"]
+    events = read_events(stop / "events.jsonl")
+    stopped = run_end(events)
+    assert stopped.name == "run_stopped" and events[events.index(stopped) - 1].name == "stop_requested"
 
 
 # A job that prints five HF log dicts and ends, whatever its arguments.

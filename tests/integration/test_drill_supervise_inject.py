@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from steadytune.drill.runner import finite_weights
-from steadytune.records import StepRecord
+from steadytune.records import StepRecord, run_end
 from steadytune.telemetry.events import read_events
 from steadytune.telemetry.stream import iter_records
 
@@ -102,7 +102,8 @@ def test_faults_inside_and_outside_an_injected_trainer_are_recovered_under_the_n
     stop = _run_of(runs, "sigterm")
     assert json.loads((stop / "status.json").read_text())["state"] == "stopped"
     events = read_events(stop / "events.jsonl")
-    stopped = next(e for e in events if e.name == "run_stopped")
+    stopped = run_end(events)
+    assert stopped.name == "run_stopped"
     saved = [e for e in events if e.name == "checkpoint_saved" and e.step == stopped.step]
     assert saved and Path(saved[0].data["path"]).name == f"checkpoint-{stopped.step}"
     assert finite_weights(outputs / stop.name / f"checkpoint-{stopped.step}")

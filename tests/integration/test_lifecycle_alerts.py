@@ -18,10 +18,10 @@ CONFIG = (
 )
 
 
-def _supervise(tmp_path: Path, hook: Hook, exit_code: int) -> list:
+def _supervise(tmp_path: Path, hook: Hook, exit_code: int, config: str = CONFIG) -> list:
     """Supervise a job that logs one step and exits with ``exit_code``; the run's events."""
     cfg = tmp_path / "supervise.yaml"
-    cfg.write_text(CONFIG)
+    cfg.write_text(config)
     job = [
         sys.executable, "-c",
         "import sys, time; print({'loss': 1.0, 'epoch': 0.1}, flush=True); time.sleep(0.3); "
@@ -59,3 +59,32 @@ def test_a_completed_job_sends_one_finish_alert(tmp_path: Path) -> None:
         hook.close()
     assert any(e.name == "run_completed" for e in events)
     assert [(b["alert"]["name"], b["alert"]["severity"]) for b in hook.bodies] == [("run_completed", "info")]
+
+
+def test_a_console_sink_records_its_deliveries_beside_a_webhook(tmp_path: Path) -> None:
+    """The supervisor prints these events on its own console: the console sink counts them
+    delivered (before, it was dropped from the router and never appeared in an alert event)."""
+    hook = Hook()
+    try:
+        events = _supervise(tmp_path, hook, exit_code=3, config=CONFIG + "    - type: console\n")
+    finally:
+        hook.close()
+    alerts = [e for e in events if e.kind == "alert"]
+    assert [e.name for e in alerts] == ["restart", "restart", "run_failed"]
+    assert all(sorted(e.data["delivered"]) == ["console", "webhook"] for e in alerts)
+
+
+def test_a_console_sink_alone_still_records_every_alert(tmp_path: Path) -> None:
+    hook = Hook()
+    only_console = CONFIG.split("alerts:")[0] + "alerts:\n  sinks:\n    - type: console\n"
+    try:
+        events = _supervise(tmp_path, hook, exit_code=3, config=only_console)
+    finally:
+        hook.close()
+    alerts = [e for e in events if e.kind == "alert"]
+    assert [(e.name, e.data["status"], e.data["delivered"]) for e in alerts] == [
+        ("restart", "delivered", ["console"]),
+        ("restart", "delivered", ["console"]),
+        ("run_failed", "delivered", ["console"]),
+    ]
+    assert hook.bodies == []

@@ -10,7 +10,7 @@ import psutil
 import pytest
 
 from steadytune.checkpoint.manifest import verify
-from steadytune.records import PlanRevision, from_json
+from steadytune.records import PlanRevision, from_json, run_end
 from steadytune.rundir import RunDir
 from steadytune.telemetry.events import read_events
 
@@ -44,7 +44,7 @@ def test_the_restart_budget_runs_out(tmp_path: Path, demo_assets: Path) -> None:
     assert [p.reason for p in plans(run)] == ["start", "killed"]  # one restart, no more
     restarts = [e for e in read_events(run.events) if e.kind == "action" and e.name == "restart"]
     assert len(restarts) == 1 and "restart 1/1" in restarts[0].message
-    final = read_events(run.events)[-1]
+    final = run_end(read_events(run.events))
     assert final.name == "run_failed" and final.severity == "critical"
     assert final.data["classification"] == "killed" and "restart budget (1) is spent" in final.message
     assert (status(run)["state"], status(run)["restarts"]) == ("failed", 1)
@@ -72,7 +72,7 @@ def test_a_second_ctrl_c_kills_a_worker_stuck_in_a_save(tmp_path: Path, demo_ass
     assert "second interrupt: killing the worker now" in out
     assert not worker.is_running() or worker.status() == psutil.STATUS_ZOMBIE
     assert status(run)["state"] == "stopped" and len(plans(run)) == 1  # stopped, not restarted
-    final = read_events(run.events)[-1]
+    final = run_end(read_events(run.events))
     assert final.name == "run_stopped" and final.data["classification"] == "user_interrupt"
     assert not (held / "MANIFEST.json").exists() and not verify(held).ok  # the killed save was never sealed
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from steadytune.records import Event, PlanRevision, StepRecord
+from steadytune.records import Event, PlanRevision, StepRecord, run_end
 from steadytune.telemetry.stream import iter_records
 
 from .runs import finish, run_dir, running, start_run, wait_for, write_config
@@ -91,7 +91,7 @@ def test_rules_resize_a_run_one_to_two_to_one(
     assert actions == [("grow", 1, 2), ("shrink", 2, 1)]
     assert [e.data["world"] for e in evs if e.name == "resized"] == [2, 1]
     assert not [e for e in evs if e.name in {"resume_mismatch", "resize_refused"}]
-    assert evs[-1].name == "run_completed"
+    assert run_end(evs).name == "run_completed"
     # The run on two processes cannot go to the one-process standby worker, and says so; back on one, it can.
     started = [e for e in evs if e.name == "worker_started"]
     assert [e.data["standby"] for e in started] == [False, False, True]

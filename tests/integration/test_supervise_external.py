@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from steadytune.checkpoint.external import check_external_checkpoint
+from steadytune.records import run_end
 from steadytune.supervise.logparse import parse_log_line
 from steadytune.telemetry.events import read_events
 
@@ -79,7 +80,7 @@ def test_supervise_survives_sigkill_and_hang(tmp_path: Path, demo_assets: Path) 
     assert len(started) == 3 and not any(e.data["standby"] for e in started)
     assert all("a new process: a supervised command is started afresh" in e.message for e in started)
     assert not (run / "logs" / "standby-0.log").exists()
-    assert events[-1].name == "run_completed"
+    assert run_end(events).name == "run_completed"
     state = json.loads((out / "checkpoint-50" / "trainer_state.json").read_text())
     assert state["global_step"] == 50
 
@@ -140,8 +141,9 @@ def test_sigterm_to_the_supervisor_stops_the_job_and_says_so(tmp_path: Path, dem
     status = json.loads((run / "status.json").read_text())
     assert status["state"] == "stopped" and status["worker_pid"] is None
     events = read_events(run / "events.jsonl")
-    assert [e.name for e in events][-2:] == ["stop_requested", "run_stopped"]
-    assert events[-1].data["signal"] == "SIGTERM"
+    stopped = run_end(events)
+    assert stopped.name == "run_stopped" and stopped.data["signal"] == "SIGTERM"
+    assert events[events.index(stopped) - 1].name == "stop_requested"
     assert not psutil.pid_exists(worker)
 
 
@@ -180,7 +182,7 @@ def test_lr_far_too_high_is_rolled_back_with_a_lower_lr_and_alerted(
         assert restart.data["lr_scale"] == pytest.approx(0.001)
         restarted = [e for e in events if e.name == "worker_started"][-1]
         assert restarted.data["cmd"][-2:] == ["--learning_rate", "0.003"]
-        assert names[-1] == "run_completed"
+        assert run_end(events).name == "run_completed"
         # The alert reached the local webhook while the run went on.
         wait_for(
             lambda: any(first_bad.name in json.dumps(b) for b in hook.bodies),
@@ -216,7 +218,7 @@ def test_a_stopped_trainer_is_a_hang_its_stacks_are_dumped_and_it_restarts(
     assert "Fatal Python error" in text and "transformers/trainer.py" in text
     restart = next(e for e in events if e.name == "restart" and "classification" in e.data)
     assert restart.data["classification"] == "stall"
-    assert names[-1] == "run_completed"
+    assert run_end(events).name == "run_completed"
 
 
 def test_operator_controls_reach_a_job_that_takes_no_requests(tmp_path: Path, demo_assets: Path) -> None:
@@ -253,5 +255,5 @@ def test_operator_controls_reach_a_job_that_takes_no_requests(tmp_path: Path, de
     assert unable and "--inject" in unable[0].message
     started = [e for e in events if e.name == "worker_started"]
     assert len(started) == 2 and "--resume_from_checkpoint" in started[1].data["cmd"]
-    assert names[-1] == "run_completed"
+    assert run_end(events).name == "run_completed"
     assert json.loads((out / "checkpoint-60" / "trainer_state.json").read_text())["global_step"] == 60

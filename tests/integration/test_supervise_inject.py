@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from steadytune.records import StepRecord
+from steadytune.records import StepRecord, run_end
 from steadytune.telemetry.events import read_events
 from steadytune.telemetry.stream import iter_records
 
@@ -47,7 +47,7 @@ def test_an_injected_guard_skips_the_nan_update_and_writes_full_records(
     run = tmp_path / "runs" / "inj"
     events = read_events(run / "events.jsonl")
     names = [e.name for e in events]
-    assert "guard_injected" in names and names[-1] == "run_completed"
+    assert "guard_injected" in names and run_end(events).name == "run_completed"
     (skip,) = [e for e in events if e.name == "skip_step"]
     assert skip.step == 7
     # The guard kept the NaN from the weights: nothing to roll back, nothing restarted.
@@ -79,7 +79,7 @@ def test_sigterm_to_the_supervisor_makes_the_injected_trainer_checkpoint_where_i
     stdout, _ = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signal.SIGTERM, stdout
     events = read_events(run / "events.jsonl")
-    stopped = events[-1]
+    stopped = run_end(events)
     assert stopped.name == "run_stopped" and stopped.data["signal"] == "SIGTERM"
     assert any(e.name == "ack_stop" for e in events)
     saved = [e for e in events if e.name == "checkpoint_saved"]

@@ -21,11 +21,11 @@ import psutil
 import pytest
 
 from steadytune.checkpoint.external import check_external_checkpoint
-from steadytune.records import Event
+from steadytune.records import Event, run_end
 from tests.servers import Hook
 
 from .runs import wait_for
-from .toolruns import Supervised, ToolJob, alerts_config, all_finite, run_end, supervise, tool_job
+from .toolruns import Supervised, ToolJob, alerts_config, all_finite, supervise, tool_job
 
 pytestmark = pytest.mark.slow
 
@@ -61,11 +61,11 @@ def _fault_row(
     from. Seconds to recover: from the anomaly event to the second attempt's first logged step.
     """
     events = sup.events()
-    actions = [e for e in events if e.name in ("rollback", "restart")]
+    actions = [e for e in events if e.kind == "action" and e.name in ("rollback", "restart")]
     recs = sup.steps()
     row: dict = {"tool": sup.job.tool, "fault": fault, "detected_as": detected,
                  "action": actions[0].name if actions else None, "actions": len(actions),
-                 "final": events[-1].name if events else None,
+                 "final": end.name if (end := run_end(events)) else None,
                  "final_loss": recs[-1].loss if recs else None, **more}  # fmt: skip
     if actions:
         first = [r for r in recs if r.attempt == 0]
@@ -129,7 +129,7 @@ def test_a_stopped_trainer_is_a_stall_its_stacks_are_dumped_and_it_resumes(
     assert cmd[-len(resume_arg) :] == resume_arg
     second = [r.step for r in sup.steps() if r.attempt == 1]
     assert second[0] == resume + 5 and second[-1] == steps
-    assert names[-1] == "run_completed" and sup.status()["state"] == "completed"
+    assert run_end(events).name == "run_completed" and sup.status()["state"] == "completed"
     assert all_finite(job.out / job.weights_file)
     # Where it hung, in the run directory: the trainer's Python stack, from inside the Trainer.
     dumped = [e for e in events if e.name == "stacks_dumped"]
@@ -197,7 +197,7 @@ def test_lr_far_too_high_is_rolled_back_with_a_lower_lr_and_alerted(
     assert after and all(r.lr is not None and r.lr <= lr * scale * 1.0001 for r in after), [
         (r.attempt, r.step, r.lr) for r in after[:5]
     ]
-    assert run_end(events) == "run_completed" and sup.status()["state"] == "completed"
+    assert run_end(events).name == "run_completed" and sup.status()["state"] == "completed"
     assert all_finite(job.out / job.weights_file)
     # The alert reached the local webhook.
     wait_for(
@@ -228,9 +228,9 @@ def test_sigterm_to_the_supervisor_stops_the_tool_which_checkpoints_first(
     )
     assert rc == 128 + signal.SIGTERM, sup.stdout
     events = sup.events()
-    assert _names(events)[-2:] == ["stop_requested", "run_stopped"]
-    stopped = events[-1]
-    assert stopped.data["signal"] == "SIGTERM"
+    stopped = run_end(events)
+    assert stopped.name == "run_stopped" and stopped.data["signal"] == "SIGTERM"
+    assert events[events.index(stopped) - 1].name == "stop_requested"
     status = sup.status()
     assert status["state"] == "stopped" and status["worker_pid"] is None
     assert sup.survivors() == [], "processes of the job outlived the stop"

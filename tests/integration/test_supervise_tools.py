@@ -15,7 +15,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from .toolchain import KILL_LAUNCHER, KILL_TRAINER, chain
+from steadytune.records import run_end
+
+from .toolchain import KILL_LAUNCHER, KILL_TRAINER, chain, restart_events
 from .toolruns import supervise, tool_job, trl_job
 
 pytestmark = pytest.mark.slow
@@ -31,7 +33,7 @@ def test_trl_sft_survives_a_killed_trainer_then_a_killed_launcher(tmp_path: Path
         rc = sup.finish()
     assert rc == 0, sup.stdout
     events = sup.events()
-    restarts = [e for e in events if e.name == "restart"]
+    restarts = restart_events(events)
     assert len(restarts) == 2 and all("resuming from checkpoint-" in r.message for r in restarts)
     assert trainer.trainers and not any(_alive(p) for p in trainer.trainers + launcher.trainers)
     # The launcher's orphaned trainer was killed before the next attempt began: never two trainers at once.
@@ -39,7 +41,7 @@ def test_trl_sft_survives_a_killed_trainer_then_a_killed_launcher(tmp_path: Path
         p for e in events if e.name == "tree_killed" and e.seq < restarts[1].seq for p in e.data["pids"]
     }
     assert launcher.trainers and set(launcher.trainers) <= killed
-    assert events[-1].name == "run_completed"
+    assert run_end(events).name == "run_completed"
     # The log dicts behind TRL's progress bar were read, with their step numbers: every logged step
     # of each attempt, each resumed attempt from its checkpoint on, and no summary line.
     recs = sup.steps()
@@ -82,7 +84,7 @@ def test_a_killed_trainer_with_a_truncated_checkpoint_resumes_an_older_one(
     events = sup.events()
     corrupt = [e for e in events if e.name == "checkpoint_corrupt"]
     assert corrupt and newest.name in corrupt[0].message and "cut short" in corrupt[0].message
-    restart = next(e for e in events if e.name == "restart")
+    (restart,) = restart_events(events)
     older = int(newest.name.split("-")[1]) - 50
     assert f"resuming from checkpoint-{older}" in restart.message
     resumed = [e for e in events if e.name == "worker_started"][1]
@@ -91,7 +93,7 @@ def test_a_killed_trainer_with_a_truncated_checkpoint_resumes_an_older_one(
         [f"resume_from_checkpoint={path}"] if tool == "llamafactory" else ["--resume_from_checkpoint", path]
     )
     assert resumed.data["cmd"][-len(want) :] == want
-    assert events[-1].name == "run_completed"
+    assert run_end(events).name == "run_completed"
     recs = sup.steps()
     second = [r for r in recs if r.attempt == 1]
     assert second[0].step == older + 5 and second[-1].step == steps

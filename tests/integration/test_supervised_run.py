@@ -10,7 +10,7 @@ import pytest
 
 from steadytune.checkpoint.manifest import verify
 from steadytune.checkpoint.store import read_pointer
-from steadytune.records import Event, PlanRevision, from_json
+from steadytune.records import Event, PlanRevision, from_json, run_end
 from steadytune.telemetry.events import read_events
 
 from .runs import finish, kill_worker, run_dir, start_run, status, steps, wait_for, write_config
@@ -49,8 +49,8 @@ def test_clean_run_writes_the_run_directory(tmp_path: Path, demo_assets: Path) -
     assert read_pointer(run.latest_pointer).name == "checkpoint-20"
     assert read_pointer(run.last_good_pointer) is not None
     assert (run.root / "final").is_dir()
-    names = [e.name for e in read_events(run.events)]
-    assert names[0] == "run_started" and names[-1] == "run_completed"
+    events = read_events(run.events)
+    assert events[0].name == "run_started" and run_end(events).name == "run_completed"
     assert status(run)["state"] == "completed"
     assert "loss first → last" in out and str(run.root) in out
 
@@ -72,7 +72,7 @@ def test_sigkill_mid_run_resumes_from_last_verified_checkpoint(tmp_path: Path, d
     assert step_numbers_latest_attempt_wins(run) == list(range(1, 41))  # max_steps reached, no gap
     attempts = {r.attempt for r in steps(run)}
     assert attempts == {0, 1}
-    restart = [e for e in read_events(run.events) if e.name == "restart"]
+    restart = [e for e in read_events(run.events) if e.kind == "action" and e.name == "restart"]
     assert len(restart) == 1 and restart[0].data["classification"] == "killed"
 
 
@@ -123,7 +123,7 @@ def test_deterministic_error_is_not_retried(tmp_path: Path, demo_assets: Path) -
     assert rc == 1
     run = run_dir(cfg, "bad-data")
     assert len(plans(run)) == 1  # no restart was attempted
-    final = read_events(run.events)[-1]
+    final = run_end(read_events(run.events))
     assert final.name == "run_failed" and final.data["classification"] == "deterministic"
     assert "cannot tell the data format" in final.message
     assert "Traceback" not in out
@@ -141,7 +141,7 @@ def test_crash_mid_run_is_restarted_and_a_repeat_is_deterministic(tmp_path: Path
     assert rc == 1
     run = run_dir(cfg, "repeating")
     assert len(plans(run)) == 2  # one restart, then the same error at the same step: stop
-    final = read_events(run.events)[-1]
+    final = run_end(read_events(run.events))
     assert final.data["classification"] == "deterministic" and "twice" in final.message
 
 

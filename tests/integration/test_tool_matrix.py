@@ -27,7 +27,7 @@ import pytest
 
 from steadytune.checkpoint.external import check_external_checkpoint
 from steadytune.importers import load
-from steadytune.records import Event, StepRecord
+from steadytune.records import Event, StepRecord, run_end
 from steadytune.rundir import RunDir
 from steadytune.telemetry.stream import iter_records
 from tests.servers import Hook
@@ -47,7 +47,7 @@ from .toolchain import (
     row,
     step_of,
 )
-from .toolruns import LAUNCHED, Supervised, alerts_config, all_finite, run_end, supervise, tool_job
+from .toolruns import LAUNCHED, Supervised, alerts_config, all_finite, supervise, tool_job
 
 # A chain's run is built in its first test's setup: five starts of a tool, each tens of seconds on a
 # loaded machine, so more than the suite's 600 s a test.
@@ -138,8 +138,7 @@ def _resumed_at(c: Chained, f: Fault) -> int:
 def _completed(c: Chained) -> None:
     sup = c.sup
     assert c.rc == 0, sup.stdout[-3000:]
-    names = [e.name for e in sup.events()]
-    assert names[-1] == "run_completed" and sup.status()["state"] == "completed"
+    assert run_end(sup.events()).name == "run_completed" and sup.status()["state"] == "completed"
     assert [r.step for r in sup.steps()][-1] == 100
     assert all_finite(job_weights(sup))
     assert sup.survivors() == []
@@ -299,7 +298,7 @@ def test_lr_far_too_high_is_rolled_back_and_sigterm_then_stops_it_cleanly(
          sup.status().get("state"),
          all_finite(job.checkpoint(saved[-1]) / job.weights_file) if saved else None).printed()  # fmt: skip
     assert rc == 128 + signal.SIGTERM, sup.stdout[-3000:]
-    assert run_end(events) == "run_stopped" and "stop_requested" in names[names.index("rollback") :]
+    assert run_end(events).name == "run_stopped" and "stop_requested" in names[names.index("rollback") :]
     requested = events[names.index("stop_requested")].seq or 0
     tail = [(e.name, e.step, e.message[:80]) for e in events if (e.seq or 0) >= checked[0]]
     if any(e.name == "rollback" and checked[0] < (e.seq or 0) < requested for e in events):
@@ -311,7 +310,7 @@ def test_lr_far_too_high_is_rolled_back_and_sigterm_then_stops_it_cleanly(
         return
     # The guard took the stop at a step boundary (ack_stop), saved there, and the trainer ended.
     assert "ack_stop" in names[names.index("stop_requested") :], tail
-    stopped = next(e for e in reversed(events) if e.name == "run_stopped" and e.kind == "lifecycle")
+    stopped = run_end(events)
     assert stopped.data["signal"] == "SIGTERM" and stopped.data["graceful"] is True
     assert stopped.data["killed_pids"] == [] and sup.survivors() == []
     assert sup.status()["state"] == "stopped"

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from steadytune.records import run_end
+
 from .toolruns import supervise, trl_job
 
 pytestmark = [pytest.mark.slow, pytest.mark.tools("trl")]
@@ -50,7 +52,7 @@ def test_trl_grpo_whose_reward_never_fires_raises_no_learning_signal_live_once(
     assert anomaly.data["severity"] == "warning" and anomaly.data["evidence"]["learning_share"] == 0.0
     assert "reward function" in anomaly.data["cause"]
     names = [e.name for e in events]
-    assert "rollback" not in names and "restart" not in names and names[-1] == "run_completed"
+    assert "rollback" not in names and "restart" not in names and run_end(events).name == "run_completed"
     assert anomaly.data["evidence"]["to_step"] <= 20  # the step it was raised at
 
 
@@ -90,4 +92,4 @@ def test_trl_grpo_driven_into_a_reward_collapse_is_rolled_back_with_a_lower_lr_a
     assert min(r.extra["reward"] for r in first if r.step > burst + 2) < 0.4
     assert after[0].step == 11 and after[-1].step == steps
     assert min(r.extra["reward"] for r in after) > 0.4
-    assert sum(1 for n in names if n == "rollback") == 1 and names[-1] == "run_completed"
+    assert sum(1 for n in names if n == "rollback") == 1 and run_end(events).name == "run_completed"

@@ -438,13 +438,6 @@ def alerts_config(tmp: Path, url_env: str, **policy: Any) -> Path:
     return cfg
 
 
-def run_end(events: list[Event]) -> str:
-    """The name of the run's last event of its own. An alert's delivery record is filed by the alert
-    router's thread when the delivery ends: the alert of an episode resolved as the run ended (its
-    ``run_completed`` or ``run_stopped``) may be delivered, and filed, after it."""
-    return [e.name for e in events if e.kind != "alert"][-1]
-
-
 def all_finite(path: Path) -> bool:
     """Every tensor of a safetensors file is finite (torch only here, in the test process)."""
     import torch

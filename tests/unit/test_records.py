@@ -16,6 +16,7 @@ from steadytune.records import (
     SystemSample,
     from_dict,
     from_json,
+    run_end,
     to_dict,
     to_json,
 )
@@ -95,3 +96,14 @@ def test_step_line_is_the_text_json_dumps_writes(
         extra=extra,
     )
     assert to_json(rec) == json.dumps(to_dict(rec), separators=(",", ":"))
+
+
+def test_the_run_end_is_the_lifecycle_event_not_the_alert_that_tells_of_it() -> None:
+    """The alert router files a delivery under the name of the event it told of, after it."""
+    events = [
+        Event(ts=1.0, kind="lifecycle", name="run_started"),
+        Event(ts=5.0, kind="lifecycle", name="run_stopped", step=7, data={"signal": "SIGTERM"}),
+        Event(ts=6.0, kind="alert", name="run_stopped", step=7, data={"delivered": ["console"]}),
+    ]
+    assert run_end(events) is events[1]
+    assert run_end(events[:1]) is None and run_end([events[0], events[2]]) is None

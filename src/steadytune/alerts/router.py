@@ -27,7 +27,7 @@ from typing import Any
 
 from steadytune.alerts.message import Alert, alert_from_event, test_alert
 from steadytune.alerts.noise import Deduper, RateLimiter, backoff_delay
-from steadytune.alerts.sinks import DeliveryError, Sink, build_sinks
+from steadytune.alerts.sinks import ConsoleSaid, DeliveryError, Sink, build_sinks
 from steadytune.config.alerts import AlertsConfig
 from steadytune.records import SEVERITY_ORDER, Event
 from steadytune.redact import Redactor
@@ -95,6 +95,7 @@ class AlertRouter:
         base_dir: Path | None = None,
         start: bool = True,
         environ: dict[str, str] | None = None,
+        console_said: ConsoleSaid | None = None,
     ) -> None:
         self.config = config
         self.event_log = event_log
@@ -104,7 +105,9 @@ class AlertRouter:
         if base_dir is None and event_log is not None:
             base_dir = event_log.path.parent
         self.sinks: list[Sink] = (
-            sinks if sinks is not None else build_sinks(config, self.redactor, base_dir, environ)
+            sinks
+            if sinks is not None
+            else build_sinks(config, self.redactor, base_dir, environ, console_said)
         )
         self._limiters = [
             RateLimiter(s.rate_limit_per_hour or config.rate_limit_per_hour) for s in self.sinks

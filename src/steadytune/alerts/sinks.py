@@ -17,6 +17,7 @@ import threading
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from email.message import EmailMessage
 from pathlib import Path
 from typing import IO, Protocol
@@ -58,13 +59,30 @@ class _Base:
         return DeliveryError(self.redact(f"{self.name}: {what}: {exc}"), permanent=permanent)
 
 
+# Given an alert's (kind, severity): True when the program's own console already printed
+# the event it comes from (the supervisor prints every warning, action and lifecycle step).
+ConsoleSaid = Callable[[str, str], bool]
+
+
 class ConsoleAlertSink(_Base):
-    def __init__(self, conf: cfg.ConsoleSink, redactor: Redactor, stream: IO[str] | None = None) -> None:
+    """Writes the alert to stderr (or stdout); one the host's console already showed counts
+    as delivered without a second copy of the same line."""
+
+    def __init__(
+        self,
+        conf: cfg.ConsoleSink,
+        redactor: Redactor,
+        stream: IO[str] | None = None,
+        already_said: ConsoleSaid | None = None,
+    ) -> None:
         super().__init__(conf, redactor)
         self._stream = stream
         self._which = conf.stream
+        self._already_said = already_said
 
     def send(self, alert: Alert) -> None:
+        if self._already_said is not None and self._already_said(alert.kind, alert.severity):
+            return
         stream = self._stream or (sys.stderr if self._which == "stderr" else sys.stdout)
         stream.write(self.redact(f"[steadytune {alert.severity}] {alert.text()}") + "\n")
         stream.flush()
@@ -222,12 +240,17 @@ def build_sinks(
     redactor: Redactor,
     base_dir: Path | None = None,
     environ: dict[str, str] | None = None,
+    console_said: ConsoleSaid | None = None,
 ) -> list[Sink]:
-    """Turn sink configs into sinks, reading their secrets now (errors name the key)."""
+    """Turn sink configs into sinks, reading their secrets now (errors name the key).
+
+    ``console_said``: the host prints some events on a console of its own; a console sink
+    leaves those to it (see :class:`ConsoleAlertSink`).
+    """
     sinks: list[Sink] = []
     for conf in config.sinks:
         if isinstance(conf, cfg.ConsoleSink):
-            sinks.append(ConsoleAlertSink(conf, redactor))
+            sinks.append(ConsoleAlertSink(conf, redactor, already_said=console_said))
         elif isinstance(conf, cfg.JsonlSink):
             sinks.append(JsonlAlertSink(conf, redactor, base_dir))
         elif isinstance(conf, cfg.WebhookSink):

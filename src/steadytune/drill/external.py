@@ -32,8 +32,10 @@ from steadytune.drill.command import SuperviseLine, filled, supervise_argv, with
 from steadytune.drill.faults import FaultSpec
 from steadytune.drill.faults import catalogue as native_catalogue
 from steadytune.drill.runner import FaultReport, finite_weights, report_run
+from steadytune.records import run_end
 from steadytune.rundir import RunDir
 from steadytune.supervise.process import running
+from steadytune.telemetry.events import read_events
 from steadytune.telemetry.jsonl import JsonlReader
 
 # The lr fault starts the job at this many times its own LR (as the native spike bursts it);
@@ -373,10 +375,13 @@ def _events(run: RunDir) -> list[dict]:
 
 def checkpointed_at_stop(run: RunDir) -> bool:
     """Whether the job saved a checkpoint at the step the run stopped on."""
-    events = _events(run)
-    stopped = next((e.get("step") for e in events if e.get("name") == "run_stopped"), None)
-    return stopped is not None and any(
-        e.get("name") == "checkpoint_saved" and e.get("step") == stopped for e in events
+    events = read_events(run.events) if run.events.exists() else []
+    end = run_end(events)
+    return (
+        end is not None
+        and end.name == "run_stopped"
+        and end.step is not None
+        and any(e.name == "checkpoint_saved" and e.step == end.step for e in events)
     )
 
 

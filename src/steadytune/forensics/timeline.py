@@ -256,8 +256,10 @@ def recorded(run: RunDir) -> list[Entry]:
     out = []
     for e in read_events(run.events):
         kind: str = e.kind
-        if e.name in {"restart", "rollback_in_process"} or (
-            e.name == "worker_started" and int(e.data.get("attempt", 0)) > 0
+        # An alert telling of a restart bears its name, yet stays an alert.
+        if kind != "alert" and (
+            e.name in {"restart", "rollback_in_process"}
+            or (e.name == "worker_started" and int(e.data.get("attempt", 0)) > 0)
         ):
             kind = "restart"
         elif kind not in {"anomaly", "resolved", "action", "alert"}:

@@ -49,16 +49,15 @@ from steadytune.goodput.parts import (
     Segment,
     StreamRecord,
 )
-from steadytune.records import Event, Heartbeat, PlanRevision, StepRecord, WorkerExit
+from steadytune.records import RUN_END_NAMES, Event, Heartbeat, PlanRevision, StepRecord, WorkerExit, run_end
 
 TRAIN = "train"  # the activity whose time waits for the record that says what it was
 FINISH = "finish"  # the worker's phase after its training loop: the last publish, the final model
 _PHASES = {"save": "save", "eval": EVAL, "paused": "pause"}
-END_EVENTS = frozenset({"run_completed", "run_failed", "run_stopped"})
 # Worker events the account reads from rank 0's stream (its own clock, not the supervisor's filing time).
 STREAM_EVENTS = frozenset({"train_begin", "reduce_microbatch", "ack_rollback", "rolled_back"})
 # Supervisor events it reads from events.jsonl.
-SUPERVISOR_EVENTS = frozenset({"run_started", "restart", "stall", *END_EVENTS})
+SUPERVISOR_EVENTS = frozenset({"run_started", "restart", "stall", *RUN_END_NAMES})
 HANG_CLASSES = frozenset({"stall", "hang"})
 OPERATOR_RESUME = "resume"  # the plan reason of an attempt started by an operator's resume
 # Plan reasons of attempts started on purpose, not to recover: they lose no work to an interruption.
@@ -73,7 +72,12 @@ def relevant(record: Any) -> bool:
     """Whether the account reads ``record``: a loader may drop every other one before keeping a history."""
     if isinstance(record, (StepRecord, Heartbeat, WorkerExit, PlanRevision)):
         return True
-    return isinstance(record, Event) and (record.name in STREAM_EVENTS or record.name in SUPERVISOR_EVENTS)
+    # An alert's delivery record bears the name of the event it tells of: it is none of these.
+    return (
+        isinstance(record, Event)
+        and record.kind != "alert"
+        and (record.name in STREAM_EVENTS or record.name in SUPERVISOR_EVENTS)
+    )
 
 
 # --------------------------------------------------------------------------- the facts, looked up once
@@ -142,7 +146,7 @@ class _Facts:
             if isinstance(pre, (list, tuple)) and len(pre) == 2 and all(_float(x) is not None for x in pre)
             else None
         )
-        self.end_event = next((e for e in reversed(events) if e.name in END_EVENTS), None)
+        self.end_event = run_end(events)
         self.restarts = [e for e in events if e.name == "restart" and "classification" in e.data]
         self.stalls = [e.ts for e in events if e.kind == "anomaly" and e.name == "stall"]
         all_ts = [r.ts for r in history.stream] + [p.ts for p in history.plans] + [e.ts for e in events]
@@ -478,7 +482,8 @@ def interruption_record(plans: Iterable[PlanRevision], events: Iterable[Event]) 
     start = _float(launch.get("launched_ts")) or started.ts
     pre = launch.get("preflight")
     preflight = float(pre[1]) - float(pre[0]) if isinstance(pre, list) and len(pre) == 2 else 0.0
-    end = next((e.ts for e in reversed(events) if e.name in END_EVENTS), events[-1].ts)
+    ended = run_end(events)
+    end = ended.ts if ended is not None else events[-1].ts
     return count, max(0.0, end - start - preflight)
 
 

@@ -26,21 +26,42 @@ MANY_CHECKPOINTS = 100
 # is small enough for a LoRA adapter to memorize; a rank above HIGH_R on it is an overfitting risk.
 SMALL_DATASET = 1000
 HIGH_R = 32
+# The narrowest hidden size the usual LR ranges hold for; a narrower model takes a higher LR.
+LR_REFERENCE_WIDTH = 1024
 
 
-def lr_lint(cfg: SteadytuneConfig) -> Check:
+def lr_scale_for_width(arch: Architecture | None) -> float:
+    """How much higher than the usual range a model this narrow takes its learning rate: 1 from
+    LR_REFERENCE_WIDTH up (or when the shape is unknown).
+
+    Adam moves every weight by about the LR whatever its gradient, so a hidden layer's output moves
+    in proportion to its fan-in times the LR: the LR that moves it as far goes as 1 / width (muP,
+    Yang et al. 2022). The usual ranges are those of the models people fine-tune, none narrower
+    than about 900 (Qwen2.5-0.5B); the demo's 128-wide model trains steadily at 2e-3, 20x the top
+    of the full fine-tune's range.
+    """
+    if arch is None or arch.hidden_size >= LR_REFERENCE_WIDTH:
+        return 1.0
+    return LR_REFERENCE_WIDTH / arch.hidden_size
+
+
+def lr_lint(cfg: SteadytuneConfig, arch: Architecture | None = None) -> Check:
     lr, method = cfg.train.learning_rate, cfg.method
+    scale = lr_scale_for_width(arch)
     usual = USUAL_LR[method]
-    if lr > MAX_LR[method]:
+    if scale > 1 and arch is not None:
+        low, high = LOW_LR[method] * scale, MAX_LR[method] / 10 * scale  # MAX_LR: 10x the top
+        usual = f"{low:.2g} to {high:.2g} at hidden size {arch.hidden_size}"
+    if lr > MAX_LR[method] * scale:
         return warn(
             "config",
             "learning_rate",
             f"learning_rate={lr:g} is far above the usual range for {method} ({usual}): expect loss "
             "spikes or divergence",
-            f"use a value in {usual} (the tiny demo model is the exception)",
+            f"use a value in {usual}",
             learning_rate=lr,
         )
-    if lr < LOW_LR[method] / 100:
+    if lr < LOW_LR[method] * scale / 100:
         return warn(
             "config",
             "learning_rate",
@@ -301,7 +322,7 @@ def config_lints(
 ) -> list[Check]:
     """Every lint, in the order they are shown."""
     out = [
-        lr_lint(cfg),
+        lr_lint(cfg, arch),
         *lora_lints(cfg, arch),
         *rank_lints(cfg, arch),
         *lr_group_lints(cfg, arch),

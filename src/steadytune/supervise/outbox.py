@@ -18,6 +18,11 @@ from steadytune.supervise.observers import Observer, Observers
 from steadytune.telemetry.events import EventLog
 
 
+def said_on_console(kind: str, severity: str) -> bool:
+    """Whether :meth:`Outbox.emit` prints an event of this kind and severity on the console."""
+    return severity != "info" or kind in {"lifecycle", "action"}
+
+
 class Outbox:
     """The run's event log, its console and its observers."""
 
@@ -33,7 +38,7 @@ class Outbox:
     def emit(self, kind: str, name: str, message: str = "", severity: str = "info", **fields: Any) -> Event:
         """File an event; a warning, a critical, a lifecycle step or an action is also said."""
         event = self.events.emit(kind, name, message, severity=severity, **fields)
-        if severity != "info" or kind in {"lifecycle", "action"}:
+        if said_on_console(kind, severity):
             style = {"critical": "bold red", "warning": "yellow"}.get(severity)
             self.say(f"[{kind}] {event.message or name}", style=style)  # as filed: redacted
         return event

@@ -164,18 +164,18 @@ class Supervisor:
         """The run index (``run.db``) and the alert router, as the config asks."""
         from steadytune.alerts.router import AlertRouter
         from steadytune.supervise.observers import AlertObserver, StoreObserver
+        from steadytune.supervise.outbox import said_on_console
 
         out: list[Observer] = [StoreObserver(self.run)]
         alerts = self.cfg.alerts
-        if self.out.console is not None:
-            # The supervisor already prints every event on its console: a console sink would say it twice.
-            alerts = alerts.model_copy(update={"sinks": [s for s in alerts.sinks if s.type != "console"]})
+        # What the supervisor prints on its console a console sink leaves to it (no line said
+        # twice), yet counts delivered: the alert reached the console.
+        said = said_on_console if self.out.console is not None else None
         if alerts.enabled and alerts.sinks:
-            out.append(
-                AlertObserver(
-                    AlertRouter(alerts, self.out.events, clock=self.state.clock, run_id=self.run.run_id)
-                )
+            router = AlertRouter(
+                alerts, self.out.events, clock=self.state.clock, run_id=self.run.run_id, console_said=said
             )
+            out.append(AlertObserver(router))
         return out
 
     # -- the run -------------------------------------------------------------

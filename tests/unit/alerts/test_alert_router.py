@@ -289,3 +289,25 @@ def test_secret_is_redacted_from_recorded_errors(tmp_path: Path) -> None:
     router.pump()
     text = log.path.read_text()
     assert "XXXXSECRET" not in text and "***" in text
+
+
+def test_console_sink_leaves_to_the_host_console_what_it_printed(tmp_path: Path) -> None:
+    """Beside a console that prints warnings, the console sink writes only the rest (a
+    RESOLVED info), yet every alert is recorded delivered to it."""
+    import io
+
+    from steadytune.alerts.sinks import ConsoleAlertSink
+    from steadytune.config.alerts import ConsoleSink
+    from steadytune.redact import Redactor
+    from steadytune.supervise.outbox import said_on_console
+    from steadytune.telemetry.events import read_events
+
+    clock = Clock()
+    stream = io.StringIO()
+    sink = ConsoleAlertSink(ConsoleSink(type="console"), Redactor(), stream, already_said=said_on_console)
+    router, log = make(tmp_path, [sink], clock)  # type: ignore[list-item]
+    router.submit(anomaly(severity="critical"))
+    router.submit(Event(ts=0, kind="resolved", name="loss_spike", severity="info", data={"metric": "loss"}))
+    router.pump()
+    assert stream.getvalue().count("\n") == 1 and "RESOLVED loss_spike" in stream.getvalue()
+    assert [e.data["delivered"] for e in read_events(log.path)] == [["console"], ["console"]]

@@ -35,6 +35,7 @@ DYNAMIC = {
     "alerts.notify_on.finish": "alerts/router.py: getattr(self.config.notify_on, phase)",
     "alerts.notify_on.restart": "alerts/router.py: getattr(self.config.notify_on, phase)",
     "alerts.sinks.port": "config/alerts.py: EmailSink.effective_port, which the email sink reads",
+    "alerts.sinks.type": "alerts/sinks.py: _Base names a sink by it (conf.name or conf.type)",
 }
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from steadytune.forensics.timeline import Entry, Replayer, anomaly_keys, first_difference
+from steadytune.forensics.timeline import Entry, Replayer, anomaly_keys, first_difference, recorded
 from steadytune.records import Event, StepRecord
 
 
@@ -70,3 +70,15 @@ def test_first_difference():
     assert first_difference(a, a[:1]) == 1
     assert first_difference(a, [a[0], ("resolved", "x", 3)]) == 1
     assert Entry("anomaly", "x", 1).key == ("anomaly", "x", 1)
+
+
+def test_the_alert_telling_of_a_restart_is_recorded_as_an_alert(tmp_path):
+    from steadytune.rundir import RunDir
+    from steadytune.telemetry.events import EventLog
+
+    run = RunDir(tmp_path / "r")
+    run.events.parent.mkdir(parents=True)
+    log = EventLog(run.events, "r", audit=False)
+    log.append(Event(ts=1.0, kind="action", name="restart", data={"classification": "killed"}))
+    log.append(Event(ts=2.0, kind="alert", name="restart", data={"delivered": ["console"]}))
+    assert [(e.kind, e.name) for e in recorded(run)] == [("restart", "restart"), ("alert", "restart")]

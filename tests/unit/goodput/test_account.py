@@ -211,6 +211,20 @@ def test_the_budget_spent_on_a_crash_ends_the_run_failed() -> None:
     assert acct.state == "failed"
 
 
+def test_the_alert_telling_of_the_end_filed_after_it_is_not_the_end() -> None:
+    """The end's alert is filed when its delivery ends (kind alert, the end's own name): the run
+    ended before, and as it said."""
+    run = started(Run()).launch(0, "startup")
+    steps(run, 0, 1, 3)
+    finished(run, 0, "stopped")
+    ended = run.t
+    run.t += 2.0  # the delivery took two seconds
+    run.event("run_stopped", "alert", delivered=["console"], status="delivered")
+    acct = account(run.history())
+    assert acct.wall_s == pytest.approx(ended - run.t0) and acct.state == "stopped"
+    assert interruption_record(run.plans, run.events)[1] == pytest.approx(ended - run.t0)
+
+
 def test_an_empty_history_has_no_time_and_no_goodput() -> None:
     acct = account(Run().history())
     assert acct.wall_s == 0.0 and acct.goodput is None

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
+from steadytune.estimate import Architecture
 from steadytune.preflight.lints import config_lints, total_steps
+from steadytune.preflight.result import Check
 
 from .conftest import DEMO, make_config
+
+# A 7B-class shape, as wide as the models the usual learning-rate ranges come from.
+WIDE = replace(DEMO, hidden_size=4096, num_heads=32, num_kv_heads=8, head_dim=128, intermediate_size=11008)
 
 
 def named(found, name):
@@ -20,15 +26,31 @@ def test_a_sane_lora_config_has_no_warnings(tmp_path: Path) -> None:
 
 
 def test_learning_rate_far_from_the_usual_range(tmp_path: Path) -> None:
-    high = named(config_lints(make_config(tmp_path, train={"learning_rate": 1.0}), DEMO), "learning_rate")
+    high = named(config_lints(make_config(tmp_path, train={"learning_rate": 1.0}), WIDE), "learning_rate")
     assert high.status == "warn" and "learning_rate=1" in high.reason and "1e-4 to 5e-4" in high.fix
-    low = named(config_lints(make_config(tmp_path, train={"learning_rate": 1e-8}), DEMO), "learning_rate")
+    low = named(config_lints(make_config(tmp_path, train={"learning_rate": 1e-8}), WIDE), "learning_rate")
     assert low.status == "warn" and "barely move" in low.reason
     full = named(
-        config_lints(make_config(tmp_path, method="full", train={"learning_rate": 5e-3}), DEMO),
+        config_lints(make_config(tmp_path, method="full", train={"learning_rate": 5e-3}), WIDE),
         "learning_rate",
     )
     assert full.status == "warn" and "full" in full.reason
+
+
+def test_a_narrow_model_takes_a_proportionally_higher_learning_rate(tmp_path: Path) -> None:
+    """The demo's full fine-tune at 2e-3 is in range at its hidden size of 128 (8x the usual), the
+    same LR is not on a 4096-wide model, and 10x the narrow range's top still warns."""
+
+    def lint(lr: float, arch: Architecture) -> Check:
+        return named(config_lints(make_config(tmp_path, method="full", train={"learning_rate": lr}), arch),
+                     "learning_rate")  # fmt: skip
+
+    demo = lint(2e-3, DEMO)
+    assert demo.status == "ok" and "8e-05 to 0.0008 at hidden size 128" in demo.reason
+    assert lint(2e-3, WIDE).status == "warn"
+    far = lint(1e-2, DEMO)
+    assert far.status == "warn" and "far above" in far.reason and "at hidden size 128" in far.fix
+    assert lint(5e-7, DEMO).status == "warn"  # 100x below the narrow range's bottom (8e-5)
 
 
 def test_lora_rank_and_alpha(tmp_path: Path) -> None:

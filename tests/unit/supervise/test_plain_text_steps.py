@@ -8,9 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from steadytune.records import Event, StepRecord
+from steadytune.records import Event, StepRecord, run_end
 from steadytune.rundir import RunDir
 from steadytune.supervise.log_adapter import NO_STEPS_WARN_S, LogAdapter
+from steadytune.telemetry.events import read_events
 from steadytune.telemetry.stream import JsonlWriter, iter_records
 from tests.conftest import STEADYTUNE
 
@@ -78,7 +79,7 @@ def test_a_job_whose_steps_are_read_is_not_warned(tmp_path: Path) -> None:
     assert _events(run, "no_steps_read") == []
 
 
-def _supervise(tmp_path: Path, job: str) -> list[dict]:
+def _supervise(tmp_path: Path, job: str) -> list[Event]:
     cfg = tmp_path / "my.yaml"
     cfg.write_text("train:\n  max_steps: 200\n  learning_rate: 0.002\n")
     proc = subprocess.run(
@@ -87,22 +88,22 @@ def _supervise(tmp_path: Path, job: str) -> list[dict]:
         capture_output=True, text=True, timeout=120, cwd=tmp_path,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    return [json.loads(x) for x in (tmp_path / "runs" / "r1" / "events.jsonl").read_text().splitlines()]
+    return read_events(tmp_path / "runs" / "r1" / "events.jsonl")
 
 
 def test_a_completed_job_none_of_whose_steps_was_read_says_so(tmp_path: Path) -> None:
     events = _supervise(tmp_path, "for i in range(3): print(f'it {i} L={2.0 - i / 10}')")
-    end = events[-1]
-    assert end["name"] == "run_completed" and end["severity"] == "warning"
-    assert "no training step was ever read" in end["message"]
+    end = run_end(events)
+    assert end is not None and end.name == "run_completed" and end.severity == "warning"
+    assert "no training step was ever read" in end.message
 
 
 def test_a_plain_text_job_is_followed_to_its_end(tmp_path: Path) -> None:
     job = "for i in range(1, 151): print(f'step {i}/150 | loss {2.0 - i / 1000} | grad_norm 1.0 | lr 2e-05')"
     events = _supervise(tmp_path, job)
-    end = events[-1]
-    assert end["name"] == "run_completed" and end["severity"] == "info", end
-    assert end["step"] == 150
+    end = run_end(events)
+    assert end is not None and end.name == "run_completed" and end.severity == "info", end
+    assert end.step == 150
     status = json.loads((tmp_path / "runs" / "r1" / "status.json").read_text())
     assert status["max_steps"] == 150  # the job's own total, from its "step N/M"
 
