@@ -126,11 +126,17 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _resolve_model(path: str, config_file: str | None) -> str:
-    """A relative model path is tried from the working directory, then from the config's."""
-    if Path(path).exists() or config_file is None:
-        return path
-    beside = Path(config_file).parent / path
-    return str(beside) if beside.exists() else path
+    """The model folder ``path`` names, ``~`` expanded as every config path is; a relative path is
+    tried from the working directory, then from the config's. A name found in neither (a hub id)
+    comes back as written."""
+    from steadytune.config.paths import resolve_path
+
+    bases = [Path.cwd()] + ([Path(config_file).parent] if config_file is not None else [])
+    for base in bases:
+        candidate = resolve_path(path, base)
+        if candidate.exists():
+            return str(candidate)
+    return path
 
 
 def _available_ram() -> int:
