@@ -35,7 +35,7 @@ def run_dirs(paths: list[str]) -> list[Path]:
     Raises:
         ValueError: every path that is neither, at once, with the fix.
     """
-    from steadytune.web.runs import looks_like_run
+    from steadytune.rundir import looks_like_run
 
     found: list[Path] = []
     problems: list[str] = []
