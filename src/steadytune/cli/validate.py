@@ -18,7 +18,7 @@ def register(sub: Any) -> None:
         "check a config and report every problem at once",
         "steadytune validate examples/lora.yaml train.max_steps=10",
     )
-    p.add_argument("config", type=Path)
+    p.add_argument("config", type=Path, help="the run config YAML, e.g. examples/lora.yaml")
     add_overrides(p)
     p.set_defaults(func=main)
 
