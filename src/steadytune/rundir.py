@@ -120,6 +120,13 @@ class RunDir:
         return self
 
 
+def looks_like_run(path: Path) -> bool:
+    """Whether ``path`` is a run directory: a folder holding one of the files every run writes."""
+    return path.is_dir() and any(
+        (path / name).exists() for name in ("status.json", "telemetry", "events.jsonl", "run.db")
+    )
+
+
 def fsync_dir(path: Path) -> None:
     """Make a rename or create inside ``path`` durable."""
     try:

@@ -74,3 +74,16 @@ def format_bytes(n: int | float) -> str:
             digits = 2 if scaled < 10 else 1 if scaled < 100 else 0
             return f"{sign}{scaled:.{digits}f} {unit}"
     return f"{sign}{int(value)} B"
+
+
+def format_count(n: int | float) -> str:
+    """Render a count of parameters with two decimals, e.g. ``"8.03 B"``, ``"124.44 M"``.
+
+    A model under a million parameters is still written in millions down to 0.1 M (``"0.43 M"``),
+    where "0.00 B" would read as an empty model; smaller counts fall to thousands, then units.
+    """
+    value = float(n)
+    for unit, size, floor in (("B", 1e9, 1e9), ("M", 1e6, 1e5), ("K", 1e3, 1e2)):
+        if abs(value) >= floor:
+            return f"{value / size:.2f} {unit}"
+    return f"{int(value)}"

@@ -43,9 +43,10 @@ class Alert:
     def text(self) -> str:
         """A plain-text rendering for console, e-mail and chat fallbacks."""
         lines = [f"{self.title}", self.message] if self.message else [self.title]
-        if self.cause:
+        # An anomaly's message already ends "Likely cause: ... Try: ...": said once, not twice.
+        if self.cause and self.cause not in self.message:
             lines.append(f"cause: {self.cause}")
-        if self.suggestion:
+        if self.suggestion and self.suggestion not in self.message:
             lines.append(f"fix: {self.suggestion}")
         if self.suppressed:
             lines.append(f"({self.suppressed} more alert(s) held back by the rate limit)")

@@ -19,6 +19,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from email.message import EmailMessage
+from email.utils import formatdate, make_msgid, parseaddr
 from pathlib import Path
 from typing import IO, Protocol
 
@@ -173,6 +174,12 @@ def one_line(value: str) -> str:
     return _CONTROL.sub(" ", value).strip()
 
 
+def _domain(sender: str) -> str:
+    """The domain of an address (``"Bot <bot@example.com>"`` -> ``example.com``), else localhost."""
+    domain = parseaddr(sender)[1].rpartition("@")[2]
+    return one_line(domain).replace(" ", "") or "localhost"
+
+
 class EmailAlertSink(_Base):
     def __init__(self, conf: cfg.EmailSink, redactor: Redactor, password: str | None) -> None:
         super().__init__(conf, redactor)
@@ -198,6 +205,10 @@ class EmailAlertSink(_Base):
         msg["Subject"] = one_line(f"{c.subject_prefix} {alert.title}")
         msg["From"] = one_line(c.sender)
         msg["To"] = one_line(", ".join(c.to))
+        # RFC 5322 requires Date; a Message-ID lets a mail client thread and de-duplicate. The
+        # sender's domain names it, since make_msgid's default asks DNS for this host's name.
+        msg["Date"] = formatdate(alert.ts, usegmt=True)
+        msg["Message-ID"] = make_msgid(idstring=alert.id, domain=_domain(c.sender))
         msg.set_content(alert.text())
         try:
             if c.security == "ssl":

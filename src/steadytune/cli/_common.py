@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -29,6 +30,27 @@ def add_overrides(p: argparse.ArgumentParser, example: str = "train.max_steps=50
     usage error too: without it argparse lists ``key=value`` among the required arguments."""
     p.add_argument(
         "overrides", nargs="*", default=[], metavar="key=value", help=f"override config keys, e.g. {example}"
+    )
+
+
+def add_format(p: argparse.ArgumentParser) -> None:
+    """The ``--format`` every command that prints a report takes."""
+    p.add_argument(
+        "--format",
+        choices=("text", "json"),
+        default="text",
+        help="text to read, json for scripts (default text)",
+    )
+
+
+def add_socket(p: argparse.ArgumentParser) -> None:
+    """The ``--socket`` of the GPU server the client commands talk to."""
+    p.add_argument(
+        "--socket",
+        type=Path,
+        default=None,
+        help="the server's socket (default: server.sock in $STEADYTUNE_SERVER_DIR, "
+        "else ~/.local/state/steadytune/server)",
     )
 
 

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from steadytune.cli._common import add_command, console, fail
+from steadytune.cli._common import add_command, add_format, console, fail
 
 EXAMPLE = (
     "steadytune analyze output/trainer_state.json runs/2024-06-01-lora --format json --plot anomalies.png"
@@ -56,7 +56,7 @@ def register(sub: Any) -> None:
         ),
     )
     p.add_argument("paths", nargs="+", metavar="PATH", help="log files, run directories or folders of logs")
-    p.add_argument("--format", choices=("text", "json"), default="text", help="output format (default text)")
+    add_format(p)
     p.add_argument(
         "--plot",
         metavar="OUT.png",

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from steadytune.cli._common import add_command, fail, print_help_status
+from steadytune.cli._common import add_command, add_format, fail, print_help_status
 
 
 def register(sub: Any) -> None:
@@ -48,7 +48,7 @@ def register(sub: Any) -> None:
         help="accept entries without a MAC, or no key to check them with: only the bare chain is then "
         "checked, which anyone who can write the run folder can recompute",
     )
-    v.add_argument("--format", choices=("text", "json"), default="text")
+    add_format(v)
     v.set_defaults(func=verify_main)
     p.set_defaults(func=lambda args: print_help_status(p))
 

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from steadytune.cli._common import add_command, fail
+from steadytune.cli._common import add_command, add_format, fail
 from steadytune.cli._common import console as _console
 
 DESCRIPTION = """\
@@ -37,14 +37,14 @@ def register(sub: Any) -> None:
     )
     verbs = p.add_subparsers(dest="verb", metavar="{ls,clean}")
     ls = verbs.add_parser("ls", help="list cache entries: key, size, age, last use, source file")
-    ls.add_argument("--format", choices=["text", "json"], default="text")
+    add_format(ls)
     clean = verbs.add_parser("clean", help="remove entries by age and/or total size")
     clean.add_argument("--max-size", dest="max_size", help="keep the cache at or under this size, e.g. 10GiB")
     clean.add_argument(
         "--older-than", dest="older_than", help="remove entries unused for longer, e.g. 30d, 12h"
     )
     clean.add_argument("--dry-run", action="store_true", help="say what would be removed, remove nothing")
-    clean.add_argument("--format", choices=["text", "json"], default="text")
+    add_format(clean)
     p.set_defaults(func=main, parser=p)
 
 

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from steadytune.cli._common import add_command, add_overrides
+from steadytune.cli._common import add_command, add_format, add_overrides
 from steadytune.cli._common import console as _console
 
 EXAMPLE = "steadytune check examples/check-llama-3.1-8b.yaml --device-memory 80GiB"
@@ -44,7 +44,7 @@ def register(sub: Any) -> None:
     p = add_command(sub, "check", "preflight: go / no-go before a run starts", EXAMPLE, DESCRIPTION)
     p.add_argument("config", type=Path, help="the YAML run config")
     add_overrides(p)
-    p.add_argument("--format", choices=["text", "json"], default="text")
+    add_format(p)
     p.add_argument("--headroom", default="1GiB", help="memory to keep free on each device (default 1GiB)")
     p.add_argument(
         "--device-memory",

@@ -58,6 +58,9 @@ def main(args: argparse.Namespace) -> int:
     keep = Keep(args.window_steps, args.margin_steps, args.window_s, args.margin_s)
     code = 0
     for path in args.runs:
+        if (wrong := _not_a_run(path)) is not None:
+            code = fail(wrong)
+            continue
         try:
             done = compact(RunDir(path), keep)
         except CompactError as exc:
@@ -65,3 +68,19 @@ def main(args: argparse.Namespace) -> int:
             continue
         print(f"{path}: {done.summary()}")
     return code
+
+
+def _not_a_run(path: Path) -> str | None:
+    """What is wrong with ``path`` as a run directory to compact, or None when it is one."""
+    from steadytune.rundir import looks_like_run
+
+    if not path.exists():
+        return f"{path}: no such directory"
+    if not path.is_dir():
+        return f"{path}: not a directory; give a run directory"
+    if looks_like_run(path):
+        return None
+    runs = sorted(p.name for p in path.iterdir() if looks_like_run(p))
+    if runs:
+        return f"{path}/ is a folder of runs: give one run, e.g. {path / runs[-1]}"
+    return f"{path}: not a run directory (no status.json, events.jsonl, telemetry/ or run.db in it)"

@@ -1,4 +1,4 @@
-"""``steadytune demo``: the main job on the embedded default, offline, in under two minutes."""
+"""``steadytune demo``: the main job on the embedded default, offline, in about a minute on idle CPUs."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ def register(sub: Any) -> None:
     p = add_command(
         sub,
         "demo",
-        "fine-tune a tiny built-in model under supervision (offline, ~1 minute on 2 CPU cores)",
+        "fine-tune a tiny built-in model under supervision (offline; about a minute on 2 idle CPU cores, "
+        "more on a busy machine)",
         "steadytune demo --runs-dir runs",
         description="Builds (once, cached) a tiny Llama-architecture model, a BPE tokenizer and an "
         "instruction "
@@ -24,7 +25,12 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--runs-dir", default="runs", help="where the run directory goes (default: ./runs)")
     p.add_argument("--steps", type=int, default=200, help="optimizer steps (default 200)")
-    p.add_argument("--method", choices=["full", "lora", "qlora"], default="full")
+    p.add_argument(
+        "--method",
+        choices=["full", "lora", "qlora"],
+        default="full",
+        help="full fine-tune, LoRA adapters, or QLoRA (4-bit base; needs a GPU) (default full)",
+    )
     p.add_argument("--print-config", action="store_true", help="print the demo config as YAML and exit")
     add_overrides(p, "train.learning_rate=1")
     add_launch_options(p)

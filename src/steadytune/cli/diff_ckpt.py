@@ -8,7 +8,7 @@ import math
 import sys
 from typing import Any
 
-from steadytune.cli._common import add_command, fail
+from steadytune.cli._common import add_command, add_format, fail
 
 
 def register(sub: Any) -> None:
@@ -28,7 +28,7 @@ def register(sub: Any) -> None:
     p.add_argument("a", help="the earlier (healthy) checkpoint")
     p.add_argument("b", help="the later (suspect) checkpoint")
     p.add_argument("--top", type=int, default=20, help="tensors to list, ranked by change (default 20)")
-    p.add_argument("--format", choices=("text", "json"), default="text")
+    add_format(p)
     p.set_defaults(func=main)
 
 

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from steadytune.cli._common import fail
+from steadytune.cli._common import add_format, fail
 
 USAGE = """\
   steadytune env RUN                    what RUN trained with (Python, torch/CUDA, driver, GPUs, git,
@@ -31,7 +31,7 @@ def register(sub: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("words", nargs="+", metavar="RUN | diff A B | export RUN", help="what to do (see above)")
-    p.add_argument("--format", choices=("text", "json"), default="text")
+    add_format(p)
     p.add_argument("--all", action="store_true", help="env RUN: list every package, not only the key ones")
     p.add_argument(
         "-o", "--output", default="requirements.txt", help="env export: the file to write; - for stdout"

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from steadytune.cli._common import add_command
+from steadytune.cli._common import add_command, add_format
 
 if TYPE_CHECKING:
     from steadytune.estimate import Architecture, MemoryEstimate, TrainSetup
@@ -45,9 +45,19 @@ def register(sub: Any) -> None:
     )
     parser.add_argument("config", nargs="?", help="run config YAML (model, method, lora, data, train)")
     parser.add_argument("--model", help="local model directory or config.json (overrides model.name_or_path)")
-    parser.add_argument("--method", choices=["full", "lora", "qlora", "freeze"])
-    parser.add_argument("--lora-r", type=int, dest="lora_r")
-    parser.add_argument("--lora-dropout", type=float, dest="lora_dropout")
+    parser.add_argument(
+        "--method",
+        choices=["full", "lora", "qlora", "freeze"],
+        help="what trains: every weight, LoRA adapters, LoRA on a 4-bit base, or the last layers "
+        "(default: the config's, else lora)",
+    )
+    parser.add_argument("--lora-r", type=int, dest="lora_r", help="LoRA rank (default: the config's, else 8)")
+    parser.add_argument(
+        "--lora-dropout",
+        type=float,
+        dest="lora_dropout",
+        help="LoRA dropout; above 0 keeps its masks (default: the config's, else 0)",
+    )
     parser.add_argument(
         "--target-modules", dest="target_modules", help="comma-separated, e.g. q_proj,v_proj or all-linear"
     )
@@ -63,17 +73,32 @@ def register(sub: Any) -> None:
         dest="weights_dtype",
         help="dtype the frozen base weights are loaded in (default: --dtype)",
     )
-    parser.add_argument("--optimizer", choices=["adamw", "adamw8bit", "sgd", "adafactor"])
+    parser.add_argument(
+        "--optimizer",
+        choices=["adamw", "adamw8bit", "sgd", "adafactor"],
+        help="sets the optimizer states' size (default adamw: two fp32 states per trainable weight)",
+    )
     parser.add_argument("--batch", type=int, help="micro-batch per device")
     parser.add_argument("--seq", type=int, help="sequence length (tokens per sample)")
-    parser.add_argument("--grad-accum", type=int, dest="gradient_accumulation_steps")
+    parser.add_argument(
+        "--grad-accum",
+        type=int,
+        dest="gradient_accumulation_steps",
+        help="gradient accumulation steps (the peak is per micro-batch; default: the config's, else 1)",
+    )
     parser.add_argument(
         "--gradient-checkpointing",
         action=argparse.BooleanOptionalAction,
         default=None,
         dest="gradient_checkpointing",
+        help="recompute activations in backward, keeping one layer's, not all "
+        "(default: the config's, else off)",
     )
-    parser.add_argument("--attn", choices=["sdpa", "eager", "flash"])
+    parser.add_argument(
+        "--attn",
+        choices=["sdpa", "eager", "flash"],
+        help="attention kernel; eager keeps the seq x seq scores (default sdpa)",
+    )
     parser.add_argument(
         "--zero", type=int, choices=[0, 1, 2, 3], dest="zero_stage", help="DeepSpeed ZeRO stage"
     )
@@ -89,7 +114,7 @@ def register(sub: Any) -> None:
     parser.add_argument(
         "--device-memory", dest="device_memory", help="usable memory per device, e.g. 80GiB, 24GB"
     )
-    parser.add_argument("--format", choices=["text", "json"], default="text")
+    add_format(parser)
     parser.add_argument(
         "--measure",
         action="store_true",
@@ -126,11 +151,17 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _resolve_model(path: str, config_file: str | None) -> str:
-    """A relative model path is tried from the working directory, then from the config's."""
-    if Path(path).exists() or config_file is None:
-        return path
-    beside = Path(config_file).parent / path
-    return str(beside) if beside.exists() else path
+    """The model folder ``path`` names, ``~`` expanded as every config path is; a relative path is
+    tried from the working directory, then from the config's. A name found in neither (a hub id)
+    comes back as written."""
+    from steadytune.config.paths import resolve_path
+
+    bases = [Path.cwd()] + ([Path(config_file).parent] if config_file is not None else [])
+    for base in bases:
+        candidate = resolve_path(path, base)
+        if candidate.exists():
+            return str(candidate)
+    return path
 
 
 def _available_ram() -> int:

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from steadytune.cli._common import add_command, fail
+from steadytune.cli._common import add_command, add_format, fail
 
 
 def register(sub: Any) -> None:
@@ -25,7 +25,7 @@ def register(sub: Any) -> None:
         "run is counted up to now. See docs/goodput.md.",
     )
     p.add_argument("paths", nargs="+", metavar="RUN | RUNS_DIR", help="run directories, or folders of runs")
-    p.add_argument("--format", choices=("text", "json"), default="text")
+    add_format(p)
     p.set_defaults(func=main)
 
 
@@ -35,7 +35,7 @@ def run_dirs(paths: list[str]) -> list[Path]:
     Raises:
         ValueError: every path that is neither, at once, with the fix.
     """
-    from steadytune.web.runs import looks_like_run
+    from steadytune.rundir import looks_like_run
 
     found: list[Path] = []
     problems: list[str] = []

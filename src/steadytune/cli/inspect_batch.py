@@ -7,7 +7,7 @@ import json
 import math
 from typing import Any
 
-from steadytune.cli._common import add_command, fail
+from steadytune.cli._common import add_command, add_format, fail
 
 
 def register(sub: Any) -> None:
@@ -45,7 +45,7 @@ def register(sub: Any) -> None:
         help="let the model folder's own Python (auto_map) run to load its tokenizer; the run's "
         "config.yaml never turns this on",
     )
-    p.add_argument("--format", choices=("text", "json"), default="text")
+    add_format(p)
     p.set_defaults(func=main)
 
 

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
-from steadytune.cli._common import add_command, fail
+from steadytune.cli._common import add_command, add_socket, fail
 from steadytune.cli.submit import socket_path
 
 HELP = {
@@ -20,7 +19,7 @@ def register(sub: Any) -> None:
     for name, (text, example) in HELP.items():
         p = add_command(sub, name, text, example)
         p.add_argument("job", help="the job id (j1, j2, ... as `steadytune queue` lists them)")
-        p.add_argument("--socket", type=Path, default=None, help="the server's socket")
+        add_socket(p)
         p.set_defaults(func=main, op=name)
 
 

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from steadytune.cli._common import add_command, fail
+from steadytune.cli._common import add_command, add_format, fail
 
 MIB = 1024**2
 
@@ -32,7 +32,7 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--plot", type=Path, default=None, metavar="OUT.png", help="write a chart (needs matplotlib)"
     )
-    p.add_argument("--format", choices=("text", "json"), default="text")
+    add_format(p)
     p.set_defaults(func=main)
 
 

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from steadytune.cli._common import add_command, add_overrides, fail
+from steadytune.cli._common import add_command, add_format, add_overrides, fail
 
 EXAMPLE = "steadytune quant-check examples/qlora.yaml"
 
@@ -55,7 +55,7 @@ def register(sub: Any) -> None:
         help="with a run directory: let its model folder's own Python run (its config.yaml never turns "
         "this on; a config file you pass keeps its model.trust_remote_code)",
     )
-    p.add_argument("--format", choices=["text", "json"], default="text")
+    add_format(p)
     p.add_argument("--plot", type=Path, metavar="PATH", help="also draw the figures into this image (.png)")
     p.set_defaults(func=main)
 

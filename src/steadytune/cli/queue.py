@@ -5,10 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from pathlib import Path
 from typing import Any
 
-from steadytune.cli._common import add_command, fail
+from steadytune.cli._common import add_command, add_socket, fail
 from steadytune.cli.submit import socket_path
 
 
@@ -18,7 +17,7 @@ def register(sub: Any) -> None:
                     "steadytune queue --all")  # fmt: skip
     p.add_argument("--all", action="store_true", help="also list finished jobs")
     p.add_argument("--json", action="store_true", help="the whole snapshot as JSON")
-    p.add_argument("--socket", type=Path, default=None, help="the server's socket")
+    add_socket(p)
     p.set_defaults(func=main)
 
 

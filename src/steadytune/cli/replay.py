@@ -7,7 +7,7 @@ import json
 import time
 from typing import Any
 
-from steadytune.cli._common import add_command, fail
+from steadytune.cli._common import add_command, add_format, fail
 
 
 def register(sub: Any) -> None:
@@ -23,7 +23,7 @@ def register(sub: Any) -> None:
         "anomalies with events.jsonl (exit 1 when they differ), e.g. after changing detect: thresholds.",
     )
     p.add_argument("run", help="the run directory (runs/<run-id>)")
-    p.add_argument("--format", choices=("text", "json"), default="text")
+    add_format(p)
     p.set_defaults(func=main)
 
 

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from steadytune.cli._common import add_command, fail
+from steadytune.cli._common import add_command, add_format, fail
 
 
 def register(sub: Any) -> None:
@@ -68,7 +68,7 @@ def register(sub: Any) -> None:
     from steadytune.forensics.unpack import add_limit_flags
 
     add_limit_flags(p)  # with --check
-    p.add_argument("--format", choices=("text", "json"), default="text")
+    add_format(p)
     p.set_defaults(func=main)
 
 

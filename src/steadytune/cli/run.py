@@ -114,7 +114,11 @@ def print_summary(console: Any, result: Any, cfg: SteadytuneConfig | None = None
         console.print(f"  {line}", highlight=False, markup=False, soft_wrap=True)
     rd = result.run.root
     console.print("\nnext:", highlight=False)
-    console.print(f"  steadytune analyze {rd}            # anomalies in this run", highlight=False)
+    # replay, not analyze: it shows what the supervisor raised live, a rolled-back attempt's included.
+    console.print(
+        f"  steadytune replay {rd}             # anomalies raised live (rolled-back attempts' too), actions",
+        highlight=False,
+    )
     console.print(f"  cat {rd / 'events.jsonl'}   # what happened, in order", highlight=False)
     # A --dashboard started with the run stops with it; this one serves every run, finished ones too.
     console.print(f"  steadytune dashboard {rd.parent}   # every run's charts and events", highlight=False)

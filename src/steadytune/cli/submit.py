@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from steadytune.cli._common import add_command, fail
+from steadytune.cli._common import add_command, add_socket, fail
 
 EXAMPLE = """steadytune submit examples/lora.yaml train.max_steps=500 --priority 5
   steadytune submit --need-gib 30 --gpus 2 -- torchrun --nproc-per-node 2 train.py
@@ -52,9 +52,7 @@ def register(sub: Any) -> None:
     p.add_argument("--priority", type=int, default=0, help="higher starts first (default 0)")
     p.add_argument("--hold", action="store_true", help="queue it held: it waits for `steadytune release`")
     p.add_argument("--skip-check", action="store_true", help="start the run without its preflight check")
-    p.add_argument(
-        "--socket", type=Path, default=None, help="the server's socket (default: the server's folder)"
-    )
+    add_socket(p)
     p.set_defaults(func=main)
 
 

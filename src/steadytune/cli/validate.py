@@ -17,8 +17,10 @@ def register(sub: Any) -> None:
         "validate",
         "check a config and report every problem at once",
         "steadytune validate examples/lora.yaml train.max_steps=10",
+        description="check a config and report every problem at once, each with its key, value and fix.\n\n"
+        "exit codes: 0 valid, 2 config or usage error (as check, run and estimate exit on a bad config)",
     )
-    p.add_argument("config", type=Path)
+    p.add_argument("config", type=Path, help="the run config YAML, e.g. examples/lora.yaml")
     add_overrides(p)
     p.set_defaults(func=main)
 
@@ -28,7 +30,7 @@ def main(args: argparse.Namespace) -> int:
         cfg = load_config(args.config, args.overrides)
     except ConfigError as exc:
         print(exc.render(), file=sys.stderr)
-        return 1
+        return 2
     t = cfg.train
     steps = f"{t.max_steps} steps" if t.max_steps > 0 else f"{t.num_train_epochs:g} epoch(s)"
     print(

@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from steadytune.config.paths import resolve_path
 from steadytune.config.schema import SteadytuneConfig
 from steadytune.config.yamlsafe import YamlTooLarge, load_yaml, read_yaml
 from steadytune.redact import redact
@@ -264,14 +265,6 @@ def _cross_issues(data: dict[str, Any], base: Path) -> list[ConfigIssue]:
     if get("train", "bf16") is True and get("train", "fp16") is True:
         issues.append(ConfigIssue("train.fp16", True, "bf16 and fp16 are both true", "choose one of them"))
     return issues
-
-
-def resolve_path(value: str, base: Path) -> Path:
-    try:
-        p = Path(value).expanduser()
-    except RuntimeError:  # ~user of a user this machine does not know: the path as written
-        p = Path(value)
-    return p if p.is_absolute() else (base / p)
 
 
 def validate_dict(

@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from steadytune.detect.build import KINDS
+from steadytune.detect.objective import CLIP_KEYS, KL_KEYS, REWARD_KEYS
+from steadytune.detect.rollouts import ROLLOUT_KEYS
 from steadytune.objectives import LOSS_OBJECTIVE
 from steadytune.records import SEVERITY_ORDER, Anomaly
 
@@ -93,6 +95,21 @@ def _evidence_text(a: Anomaly, limit: int = 4) -> str:
 
 _STYLE = {"critical": "bold red", "warning": "yellow", "info": "dim"}
 
+# The series each kind of run is judged on, in the order a reader looks for them.
+_LOSS_JUDGED = ("loss", "grad_norm", "eval_loss")
+_RL_JUDGED = (*REWARD_KEYS, *ROLLOUT_KEYS, *KL_KEYS, *CLIP_KEYS, "grad_norm", "loss")
+
+
+def header_series(r: FileResult, limit: int = 6) -> str:
+    """The series a file's header names: those with an anomaly and those its objective is judged on
+    first, then the others, up to ``limit``, with how many more there are."""
+    judged = _RL_JUDGED if r.objective not in (None, *_JUDGED_ON) else _LOSS_JUDGED
+    present = set(r.metrics)
+    first = [m for m in (*(a.metric for a in r.anomalies), *judged) if m in present]
+    ordered = list(dict.fromkeys([*first, *r.metrics]))
+    more = len(ordered) - limit
+    return ", ".join(ordered[:limit]) + (f" and {more} more" if more > 0 else "")
+
 
 def render_text(results: list[FileResult], console: Any) -> None:
     """A verdict line per file, a table of its anomalies, then each kind's cause and fix once (rich)."""
@@ -104,7 +121,7 @@ def render_text(results: list[FileResult], console: Any) -> None:
         style = "red" if r.error else (alarm if r.alarming else "green")
         head = f"[bold]{escape(r.path)}[/bold]"  # paths and reasons may hold [brackets]
         if r.error is None:
-            head += f" [dim]({r.format}, {r.steps} steps; {escape(', '.join(r.metrics[:6]))})[/dim]"
+            head += f" [dim]({r.format}, {r.steps} steps; {escape(header_series(r))})[/dim]"
             if r.objective is not None:
                 head += f"\n  judged as {escape(r.objective)}{_JUDGED_ON.get(r.objective, _RL_JUDGED_ON)}"
         console.print(f"{head}\n  [{style}]{escape(r.verdict)}[/{style}]")

@@ -34,7 +34,7 @@ from typing import Any
 
 from steadytune.objectives import tied_share
 
-_FIELDS = ("reward", "reward_std", "frac_reward_zero_std")
+ROLLOUT_KEYS = ("reward", "reward_std", "frac_reward_zero_std")
 _CONFIRM = 3  # batches with spread seen exactly k times running before k is believed
 
 
@@ -63,7 +63,7 @@ class RolloutBatches:
 
     def see(self, extra: Mapping[str, Any] | None) -> Batch:
         """The step's batch, from the record's fields (``extra``)."""
-        fields = tuple(extra.get(k) for k in _FIELDS) if extra else ()
+        fields = tuple(extra.get(k) for k in ROLLOUT_KEYS) if extra else ()
         if not any(v is not None for v in fields):
             # No reward field: a further step on the last batch, if there was one.
             return Batch(self._tied, self._last is not None)

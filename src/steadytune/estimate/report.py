@@ -9,7 +9,7 @@ from steadytune.estimate.arch import Architecture
 from steadytune.estimate.limits import Suggestion
 from steadytune.estimate.memory import MemoryEstimate
 from steadytune.estimate.setup import TrainSetup
-from steadytune.units import format_bytes
+from steadytune.units import format_bytes, format_count
 
 _LABELS = {
     "weights": "weights",
@@ -76,7 +76,7 @@ def _describe(arch: Architecture, setup: TrainSetup) -> list[str]:
     elif setup.fsdp:
         shard = ", FSDP full shard"
     return [
-        f"model   {arch.model_type or 'decoder'}: {arch.total_params / 1e9:.2f} B params, "
+        f"model   {arch.model_type or 'decoder'}: {format_count(arch.total_params)} params, "
         f"{arch.num_layers} layers, "
         f"hidden {arch.hidden_size}, vocab {arch.vocab_size}",
         f"setup   {method}, {setup.dtype} {precision} precision, {setup.optimizer}, micro-batch "

@@ -45,6 +45,7 @@ from steadytune.preflight.resources import (
 )
 from steadytune.preflight.result import Check, PreflightReport, Recommendation, fail, na, ok
 from steadytune.train.data import load_tokenizer
+from steadytune.units import format_count
 
 
 def preflight_paths(cfg: SteadytuneConfig) -> dict[str, Path]:
@@ -68,12 +69,10 @@ def model_architecture(cfg: SteadytuneConfig) -> tuple[Architecture | None, Chec
         arch = load_architecture(path)
     except ArchitectureError as exc:
         return None, na("memory", "model", str(exc))
-    n = arch.total_params
-    size = f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.2f} M"
     return arch, ok(
         "memory",
         "model",
-        f"{arch.model_type or 'decoder'} {size} params, "
+        f"{arch.model_type or 'decoder'} {format_count(arch.total_params)} params, "
         f"{arch.num_layers} layers, vocab {arch.vocab_size}, max positions {arch.max_position_embeddings}",
     )
 

@@ -1,6 +1,7 @@
 """Is a run's supervisor still there? Read from the ``status.json`` it rewrites about once a second.
 
-Pure: the status and the time of the reading in, a yes or no out. The dashboard, ``/metrics``
+Pure: the status (and the time of the supervisor's newest write) and the time of the reading in, a
+yes or no out. The dashboard, ``/metrics``
 and the goodput account all ask it, so a run is live for one of them when it is for the others.
 """
 
@@ -22,3 +23,15 @@ def status_live(status: dict[str, Any], now: float) -> bool:
         and not isinstance(updated, bool)
         and now - updated < STALE_STATUS_S
     )
+
+
+def run_live(status: dict[str, Any] | None, newest_write: float | None, now: float) -> bool:
+    """Whether a run's supervisor is there, given its ``status.json`` (None when it has none yet)
+    and the time its files (config, events, plan, streams) were last written.
+
+    A supervisor writes its config and ``run_started`` event before its first ``status.json``: in
+    those first seconds a run without one is live while those writes are fresh.
+    """
+    if status is not None:
+        return status_live(status, now)
+    return newest_write is not None and now - newest_write < STALE_STATUS_S

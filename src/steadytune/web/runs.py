@@ -28,7 +28,7 @@ from steadytune.checkpoint.store import pointer_name
 from steadytune.config.detect import DetectConfig
 from steadytune.config.yamlsafe import read_yaml
 from steadytune.goodput.load import AccountCache
-from steadytune.rundir import RunDir, file_stamp, valid_run_id
+from steadytune.rundir import RunDir, file_stamp, looks_like_run, valid_run_id
 from steadytune.telemetry.jsonl import within_depth
 from steadytune.telemetry.liveness import status_live
 from steadytune.telemetry.store import RunStore
@@ -321,12 +321,6 @@ class RunEntry:
             if self._store is not None:
                 self._store.close()
                 self._store = None
-
-
-def looks_like_run(path: Path) -> bool:
-    return path.is_dir() and any(
-        (path / name).exists() for name in ("status.json", "telemetry", "events.jsonl", "run.db")
-    )
 
 
 def newness(entry: RunEntry) -> float:

@@ -15,11 +15,11 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from steadytune.rundir import RunDir, valid_run_id
+from steadytune.rundir import RunDir, looks_like_run, valid_run_id
 from steadytune.telemetry.jsonl import tail_dicts
 from steadytune.telemetry.progress import mean_tokens_per_s
 from steadytune.telemetry.sampler import nvml_read
-from steadytune.web.runs import looks_like_run, read_json
+from steadytune.web.runs import read_json
 from steadytune.web.sparkline import sparkline
 
 NA = "N/A"

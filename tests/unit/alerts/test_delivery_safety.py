@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import email
 import email.policy
+import re
 import socket
 import threading
 from collections.abc import Iterator
@@ -178,3 +179,30 @@ def test_crlf_in_an_email_subject_is_sent_once_on_one_line(smtp: dict, tmp_path:
     assert "\r" not in subject and "\n" not in subject and "nan_loss" in subject and "Bcc: x@y" in subject
     header_lines = envelope.original_content.split(b"\r\n\r\n", 1)[0].split(b"\r\n")
     assert not any(line.lower().startswith(b"bcc") for line in header_lines)
+
+
+def test_an_email_has_date_and_message_id_and_states_cause_and_fix_once(smtp: dict, tmp_path: Path) -> None:
+    config = AlertsConfig.model_validate(
+        {
+            "sinks": [
+                {"type": "email", "host": "127.0.0.1", "port": smtp["port"], "security": "none",
+                 "sender": "Steadytune <bot@example.com>", "to": ["oncall@example.com"], "timeout_s": 5},
+            ],
+        }
+    )  # fmt: skip
+    clock = Clock()
+    log = EventLog(tmp_path / "events.jsonl", run_id="r1", clock=clock)
+    router = AlertRouter(config, log, clock=clock, run_id="r1", start=False)
+    cause, fix = "one batch far off the data", "lower the learning rate"
+    router.submit(
+        Event(ts=1_700_000_000.0, kind="anomaly", name="loss_spike", severity="warning", step=3,
+              message=f"WARNING loss_spike at step 3: loss spike on loss. Likely cause: {cause}. Try: {fix}.",
+              data={"cause": cause, "suggestion": fix})
+    )  # fmt: skip
+    router.pump()
+    (envelope,) = smtp["envelopes"]
+    msg = email.message_from_bytes(envelope.original_content, policy=email.policy.default)
+    assert msg["Date"].datetime.timestamp() == 1_700_000_000.0
+    assert re.fullmatch(r"<[^<>@\s]+@example\.com>", msg["Message-ID"])
+    body = msg.get_content()
+    assert body.count(cause) == 1 and body.count(fix) == 1

@@ -49,3 +49,19 @@ def test_columns_and_an_explicit_width_still_win(monkeypatch: pytest.MonkeyPatch
     assert console(file=io.StringIO()).width == 100
     monkeypatch.delenv("COLUMNS")
     assert console(file=io.StringIO(), width=90).width == 90
+
+
+def test_the_header_names_the_judged_series_first_and_how_many_more(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("COLUMNS", raising=False)
+    logged = ["loss", "learning_rate", "num_tokens", "completions/mean_length", "completions/min_length",
+              "completions/max_length", "clip_frac", "entropy", "reward", "reward_std", "epoch"]  # fmt: skip
+    result = FileResult("grpo/trainer_state.json", "hf", 40, logged, [], objective="RL (GRPO/RLOO)")
+    buf = io.StringIO()
+    render_text([result], console(file=buf))
+    head = buf.getvalue().splitlines()[0]
+    assert "steps; reward, reward_std, loss, " in head and head.count(",") == 1 + 5
+    assert "and 5 more" in head
+    sft = FileResult("sft.jsonl", "hf", 40, ["epoch", "learning_rate", "grad_norm", "loss"], [])
+    buf = io.StringIO()
+    render_text([sft], console(file=buf))
+    assert "loss, grad_norm, epoch, learning_rate)" in buf.getvalue() and "more" not in buf.getvalue()

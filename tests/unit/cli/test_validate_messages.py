@@ -29,3 +29,13 @@ def test_the_ok_line_says_steps(tmp_path: Path, capsys: pytest.CaptureFixture[st
                  "model.name_or_path=sshleifer/tiny-gpt2"]  # fmt: skip
     assert main(["validate", str(EXAMPLE), *overrides]) == 0
     assert capsys.readouterr().out.rstrip().endswith(", 200 steps")
+
+
+@pytest.mark.parametrize("command", ["validate", "check", "run"])
+def test_a_config_error_exits_2_whichever_command_reads_it(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(EXAMPLE.read_text())
+    assert main([command, str(bad), "train.learning_rate=abc"]) == 2
+    assert "train.learning_rate" in capsys.readouterr().err

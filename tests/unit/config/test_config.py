@@ -146,7 +146,7 @@ def test_validate_cli_names_everything_without_a_traceback(files: Path) -> None:
         },
     )
     proc = subprocess.run([STEADYTUNE, "validate", str(path)], capture_output=True, text=True)
-    assert proc.returncode == 1
+    assert proc.returncode == 2  # a config error, as check, run and estimate say it
     assert "Traceback" not in proc.stderr + proc.stdout
     assert "train.learning_rate" in proc.stderr and "'abc'" in proc.stderr
     assert "did you mean 'train.max_steps'" in proc.stderr
@@ -197,7 +197,7 @@ def test_a_billion_laughs_config_is_refused_at_once_in_little_memory(tmp_path: P
         [str(Path(sys.executable).parent / "steadytune"), "validate", str(tmp_path / "laughs.yaml")],
         capture_output=True, text=True, timeout=60, preexec_fn=cap,
     )  # fmt: skip
-    assert proc.returncode == 1 and "alias" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[
+    assert proc.returncode == 2 and "alias" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[
         -2000:
     ]
     assert len(proc.stderr) < 4000

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -75,6 +76,35 @@ def test_config_file_and_flags(capsys: pytest.CaptureFixture[str], tmp_path: Pat
     code2, out2, _ = run(capsys, str(config), "--batch", "4", "--format", "json")
     assert code == code2 == 0
     assert json.loads(out2)["peak_bytes"] > from_file
+
+
+def test_config_model_path_with_tilde_is_the_home_folder(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = tmp_path / "home"
+    model = home / "models" / "tiny"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "hidden_size": 64,
+                "intermediate_size": 128,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 4,
+                "vocab_size": 512,
+                "max_position_embeddings": 128,
+            }
+        )
+    )
+    monkeypatch.setenv("HOME", str(home))
+    config = tmp_path / "run.yaml"
+    config.write_text("model:\n  name_or_path: ~/models/tiny\nmethod: lora\n")
+    code, out, err = run(capsys, str(config))
+    assert code == 0, err
+    # A model under a million parameters is counted in millions, not as "0.00 B".
+    assert re.search(r"llama: 0\.\d\d M params", out), out
 
 
 @pytest.mark.parametrize(

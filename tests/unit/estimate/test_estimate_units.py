@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from steadytune.estimate import format_bytes, parse_bytes
+from steadytune.units import format_count
 
 
 @pytest.mark.parametrize(
@@ -34,3 +35,17 @@ def test_format() -> None:
     assert format_bytes(80 * 1024**3) == "80.0 GiB"
     assert format_bytes(1536 * 1024**2) == "1.50 GiB"
     assert format_bytes(512) == "512 B"
+
+
+@pytest.mark.parametrize(
+    ("count", "expected"),
+    [
+        (8_030_000_000, "8.03 B"),
+        (124_440_000, "124.44 M"),
+        (434_000, "0.43 M"),
+        (12_500, "12.50 K"),
+        (42, "42"),
+    ],
+)
+def test_format_count_keeps_small_models_readable(count: int, expected: str) -> None:
+    assert format_count(count) == expected

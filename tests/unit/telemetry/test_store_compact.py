@@ -190,3 +190,29 @@ def test_a_live_run_is_refused_and_the_cli_says_so(
     assert cli(["compact", str(run.root), "--window-steps", "50000"]) == 0
     assert "raw steps 25,000 ->" in capsys.readouterr().out
     assert cli(["compact", str(run.root), "--margin-s", "-1"]) == 2
+
+
+def test_a_run_in_its_first_seconds_without_status_json_is_refused(original: Path, tmp_path: Path) -> None:
+    run = _copy(original, tmp_path)
+    run.status.unlink()
+    run.events.write_text("")  # the supervisor's run_started, a moment ago
+    size = run.db.stat().st_size
+    with pytest.raises(CompactError, match=r"no status\.json yet"):
+        compact(run, KEEP)
+    assert run.db.stat().st_size == size
+    # The same files, written a minute before: a supervisor that died before its first status.
+    compact(run, KEEP, clock=lambda: time.time() + 60)
+    assert run.db.stat().st_size < size
+
+
+def test_a_missing_path_and_a_folder_of_runs_are_named_as_such(
+    original: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli(["compact", str(tmp_path / "nope")]) == 1
+    assert "no such directory" in capsys.readouterr().err
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    _copy(original, runs)
+    assert cli(["compact", str(runs)]) == 1
+    err = capsys.readouterr().err
+    assert "is a folder of runs: give one run" in err and str(runs / "run") in err

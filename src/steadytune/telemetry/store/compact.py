@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from steadytune.rundir import RunDir, fsync_dir
-from steadytune.telemetry.liveness import status_live
+from steadytune.telemetry.liveness import run_live
 from steadytune.telemetry.store.schema import _DDL, FAMILIES, StoreBase
 
 Range = tuple[float, float]
@@ -127,16 +127,21 @@ def compact(
     ``after(stage)`` is called after each of :data:`STAGES` (a test raises there to play a crash).
 
     Raises:
-        CompactError: the run's supervisor is live (``status.json`` rewritten in the last 15 s), or
+        CompactError: the run's supervisor is live (``status.json`` rewritten in the last 15 s, or
+            none yet and the run's files written in the last 15 s), or
             the run has no ``run.db``.
     """
     db = run.db
     status = _read_json(run.status)
-    if status and status_live(status, clock()):
-        raise CompactError(
-            f"{run.root}: the run is live (status.json says {status.get('state')!r}, updated "
-            f"{clock() - float(status['updated_ts']):.0f} s ago); compact it once it has ended"
-        )
+    now = clock()
+    newest = _newest_write(run)
+    if run_live(status, newest, now):
+        if status is not None:
+            ago = now - float(status["updated_ts"])
+            said = f"status.json says {status.get('state')!r}, updated {ago:.0f} s ago"
+        else:
+            said = f"it has no status.json yet and its files were written {now - (newest or now):.0f} s ago"
+        raise CompactError(f"{run.root}: the run is live ({said}); compact it once it has ended")
     if not db.exists():
         raise CompactError(f"{db}: no index to compact (the dashboard builds one from the run's streams)")
     tmp = db.with_name(db.name + ".compact")
@@ -257,6 +262,18 @@ def _copy(
 
 def _size(db: Path) -> int:
     return sum(p.stat().st_size for p in (db, db.with_name(db.name + "-wal")) if p.exists())
+
+
+def _newest_write(run: RunDir) -> float | None:
+    """When the supervisor or its worker last wrote the run's own files (run.db, which readers
+    build too, is not one of them)."""
+    stamps = []
+    for path in (run.config, run.events, run.plan, run.system, *run.telemetry_files()):
+        try:
+            stamps.append(path.stat().st_mtime)
+        except OSError:
+            continue
+    return max(stamps, default=None)
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:

@@ -1,0 +1,29 @@
+"""The end-of-run summary's "next:" lines: real commands, the one for anomalies showing those raised live."""
+
+from __future__ import annotations
+
+import io
+import shlex
+import types
+from pathlib import Path
+
+from steadytune.cli._common import console
+from steadytune.cli.main import parse
+from steadytune.cli.run import print_summary
+from steadytune.rundir import RunDir
+
+
+def test_next_offers_replay_for_the_anomalies_raised_live_and_each_command_parses(tmp_path: Path) -> None:
+    run = RunDir(tmp_path / "r1").create()
+    progress = types.SimpleNamespace(first_loss=None, last_loss=None, step=0, max_steps=0,
+                                     last_eval_loss=None, tokens_per_s=None, skipped_steps=0)  # fmt: skip
+    result = types.SimpleNamespace(progress=progress, state="completed", reason="done", checkpoints=[],
+                                   restarts=0, wall_s=1.0, run=run)  # fmt: skip
+    buf = io.StringIO()
+    print_summary(console(file=buf), result)
+    after = buf.getvalue().split("\nnext:\n", 1)[1].splitlines()
+    commands = [shlex.split(line, comments=True) for line in after if line.strip().startswith("steadytune ")]
+    for argv in commands:
+        parse(argv[1:])  # exits (fails the test) on a command the CLI does not take
+    live = next(line for line in after if "raised live" in line)
+    assert shlex.split(live, comments=True) == ["steadytune", "replay", str(run.root)]
