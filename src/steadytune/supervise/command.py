@@ -25,7 +25,7 @@ from steadytune.checkpoint.manifest import list_checkpoints
 from steadytune.protocol import WorkerEvent
 from steadytune.records import Event, PlanRevision
 from steadytune.rundir import RunDir
-from steadytune.supervise.job_lr import BaseLr, choose_base_lr
+from steadytune.supervise.job_lr import BaseLr, choose_base_lr, lr_flag, usable_lr
 from steadytune.supervise.log_adapter import LogAdapter
 from steadytune.supervise.process import ProcessTree, WorkerProcess, running
 from steadytune.supervise.source import CONTROL, LR, SKIP_STEP
@@ -79,6 +79,19 @@ def flag_value(cmd: Sequence[str], key: str) -> str | None:
     return found
 
 
+def command_lr(command: Sequence[str], lr_arg: str | None) -> tuple[float, str] | None:
+    """The LR the command gives itself where ``lr_arg`` would set it, with that argument's name."""
+    flag = lr_flag(lr_arg)
+    if flag is None:
+        return None
+    value = flag_value(command, flag.lstrip("-").replace("-", "_"))
+    try:
+        lr = float(value) if value is not None else None
+    except ValueError:
+        return None
+    return (lr, flag) if usable_lr(lr) else None
+
+
 def preset_problems(preset: str | None, command: Sequence[str]) -> list[str]:
     """What the command must say for ``preset`` to resume it and does not, each with its fix."""
     if preset != "swift":
@@ -127,7 +140,7 @@ class CommandSource:
         self.adapter = LogAdapter(self.writer, opts.command, opts.output_dir, clock)
         self.injected = opts.inject
         self._reader: threading.Thread | None = None
-        self._job_lr: float | None = None  # the last LR logged by an attempt that ran at the job's own LR
+        self._job_lr: float | None = None  # the highest LR logged by attempts at the job's own LR
         self._at_own_lr = True  # this attempt was given no lowered LR
 
     @property
@@ -144,9 +157,11 @@ class CommandSource:
         Only an attempt that ran at the job's own LR counts as logging it: one given a lowered
         LR logs that, which a second rollback would lower again.
         """
-        if self._at_own_lr and self.adapter.last_lr is not None:
-            self._job_lr = self.adapter.last_lr
-        return choose_base_lr(self.opts.base_lr, self._job_lr, self.opts.config_lr)
+        peak = self.adapter.peak_lr
+        if self._at_own_lr and peak is not None:
+            self._job_lr = peak if self._job_lr is None else max(self._job_lr, peak)
+        given = command_lr(self.opts.command, self.opts.lr_arg)
+        return choose_base_lr(self.opts.base_lr, given, self._job_lr, self.opts.config_lr)
 
     def command_for(self, plan: PlanRevision) -> list[str]:
         cmd = list(self.opts.command)
@@ -164,8 +179,9 @@ class CommandSource:
         if scale == 1.0 or base is None or not self.opts.lr_arg:
             return [], ""
         lr = base.lr * scale
-        of = {"--base-lr": "--base-lr", "logged": "the LR the job logged", "config": "train.learning_rate"}
-        said = f"the job restarts at LR {lr:.6g}: x{scale:g} of {of[base.source]} ({base.lr:g})"
+        # The job's schedule scales the given LR as it scaled its own: a step runs at x{scale} of the
+        # LR it ran at before.
+        said = f"the job restarts at base LR {lr:.6g}: x{scale:g} of {base.said()} ({base.lr:g})"
         if base.note:
             said += f"; {base.note}"
         return [p.replace("{lr}", f"{lr:.6g}") for p in self.opts.lr_arg.split()], said
