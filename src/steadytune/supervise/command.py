@@ -27,6 +27,7 @@ from steadytune.records import Event, PlanRevision
 from steadytune.rundir import RunDir
 from steadytune.supervise.job_lr import BaseLr, choose_base_lr, lr_flag, usable_lr
 from steadytune.supervise.log_adapter import LogAdapter
+from steadytune.supervise.logparse import yaml_value
 from steadytune.supervise.process import ProcessTree, WorkerProcess, running
 from steadytune.supervise.source import CONTROL, LR, SKIP_STEP
 from steadytune.telemetry.segments import SEGMENT_ENV
@@ -40,10 +41,20 @@ PRESETS: dict[str, dict[str, str]] = {
         "resume_arg": "resume_from_checkpoint={checkpoint}",
         "lr_arg": "learning_rate={lr}",
         "fresh_arg": "overwrite_output_dir=true",
+        "output_key": "output_dir",
+        "output_yaml": "output_dir",
     },
     # trl sft / HF example scripts (also under accelerate launch): HfArgumentParser flags
-    "trl": {"resume_arg": "--resume_from_checkpoint {checkpoint}", "lr_arg": "--learning_rate {lr}"},
-    "hf": {"resume_arg": "--resume_from_checkpoint {checkpoint}", "lr_arg": "--learning_rate {lr}"},
+    "trl": {
+        "resume_arg": "--resume_from_checkpoint {checkpoint}",
+        "lr_arg": "--learning_rate {lr}",
+        "output_key": "output_dir",
+    },
+    "hf": {
+        "resume_arg": "--resume_from_checkpoint {checkpoint}",
+        "lr_arg": "--learning_rate {lr}",
+        "output_key": "output_dir",
+    },
     # axolotl train my.yml --key=value: every config key is also a --dashed-flag after the YAML. With
     # auto_resume_from_checkpoints in its YAML it resumes by itself from the newest checkpoint-N in
     # output_dir, whole or not (axolotl.utils.train.determine_last_checkpoint); an explicit
@@ -52,12 +63,20 @@ PRESETS: dict[str, dict[str, str]] = {
         "resume_arg": "--resume-from-checkpoint={checkpoint}",
         "lr_arg": "--learning-rate={lr}",
         "fresh_arg": "--no-auto-resume-from-checkpoints",
+        "output_key": "output_dir",
+        "output_yaml": "output_dir",
     },
     # swift sft|pt|rlhf: HfArgumentParser flags. It resumes only when told (or from a flash
     # checkpoint's own tracker, use_flash_ckpt); the resume reads the checkpoint's args.json for the
     # model and template, never its learning rate.
-    "swift": {"resume_arg": "--resume_from_checkpoint {checkpoint}", "lr_arg": "--learning_rate {lr}"},
+    "swift": {
+        "resume_arg": "--resume_from_checkpoint {checkpoint}",
+        "lr_arg": "--learning_rate {lr}",
+        "output_key": "output_dir",
+    },
 }
+# output_key: the tool's output-folder argument (--output_dir, --output-dir, output_dir=); output_yaml: the
+# same key in the YAML config the command names. Where its checkpoint-N folders go, without --output-dir.
 _FALSE = frozenset({"false", "0", "no", "n", "f"})
 
 
@@ -90,6 +109,35 @@ def command_lr(command: Sequence[str], lr_arg: str | None) -> tuple[float, str] 
     except ValueError:
         return None
     return (lr, flag) if usable_lr(lr) else None
+
+
+def output_dir_of(preset: str | None, command: Sequence[str]) -> Path | None:
+    """The job's output folder as its command says it, where the preset knows the tool's argument:
+    ``--output_dir X`` (or ``output_dir=X``), else ``output_dir:`` in its YAML config."""
+    known = PRESETS.get(preset or "", {})
+    key = known.get("output_key")
+    value = flag_value(command, key) if key else None
+    if value is None and known.get("output_yaml"):
+        value = yaml_value(command, known["output_yaml"])
+    return Path(value) if value else None
+
+
+def checkpoint_folder(
+    preset: str | None, output_dir: Path | None, command: Sequence[str]
+) -> tuple[Path | None, str]:
+    """Where the job's checkpoint-N folders are looked for (``--output-dir``, else the command's own
+    output folder), and what the user is told of it ("" when they gave it)."""
+    if output_dir is not None:
+        return output_dir, ""
+    found = output_dir_of(preset, command)
+    if found is not None:
+        return found, f"steadytune: checkpoints are looked for in {found}, the job's own output folder"
+    why = f" and the command names no output folder that --preset {preset} reads" if preset else ""
+    return None, (
+        f"warning: no --output-dir{why}: steadytune cannot see the job's checkpoint-N folders, so a "
+        "restart (after a crash, a hang or a rollback) begins again from step 0. Give --output-dir the "
+        "folder the job saves its checkpoints in"
+    )
 
 
 def preset_problems(preset: str | None, command: Sequence[str]) -> list[str]:
