@@ -205,6 +205,26 @@ def test_lr_far_too_high_is_rolled_back_with_a_lower_lr_and_alerted(
     )
 
 
+def test_a_nan_loss_injected_into_trl_sft_lands_and_its_update_is_skipped(
+    tmp_path: Path, demo_assets: Path
+) -> None:
+    """TRL's SFTTrainer.compute_loss does not call Trainer.compute_loss: the drill's NaN fault must
+    land in the loss its training_step backpropagates all the same, and the guard skip that update."""
+    job = tool_job("trl", demo_assets, tmp_path, 16, save_steps=8, logging_steps=1)
+    faults = {"STEADYTUNE_FAULTS": json.dumps({"nan_at_step": 11})}
+    with supervise(job, tmp_path, "--inject", env=faults) as sup:
+        rc = sup.finish()
+    events = sup.events()
+    _fault_row(sup, "NaN loss (injected)", "nan_loss", job.out / job.weights_file)
+    assert rc == 0, sup.stdout
+    landed = [e for e in events if e.name == "fault_injected"]
+    assert [e.step for e in landed] == [11], _names(events)
+    skipped = [e for e in events if e.name == "skip_step"]
+    assert skipped and skipped[0].step == 11, _names(events)
+    assert not sup.named("rollback") and len(sup.named("worker_started")) == 1  # handled in the trainer
+    assert run_end(events) == "run_completed" and all_finite(job.out / job.weights_file)
+
+
 # -- 3. SIGTERM to the supervisor ---------------------------------------------------------------------
 
 

@@ -11,7 +11,11 @@ import json
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
+from typing import Any
+
+from steadytune.protocol import WorkerEvent
 
 
 class InjectedCrash(RuntimeError):
@@ -76,6 +80,7 @@ class Faults:
     leak_mib_per_step: float = 0.0  # keep this many MiB of tensors alive after every step (on the GPU if any)
     fault_attempts: int = 1  # faults fire while attempt < fault_attempts (1: first attempt only)
     _trained: _Trained = field(default_factory=_Trained, init=False, repr=False, compare=False)
+    _poisoned: set[int] = field(default_factory=set, init=False, repr=False, compare=False)  # steps said
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Faults:
@@ -133,6 +138,22 @@ class Faults:
             and self.nan_at_step is not None
             and self.nan_at_step <= step < self.nan_at_step + self.nan_steps
         )
+
+    def poison_loss(self, loss: Any, step: int, attempt: int, notify: Callable[..., None]) -> Any:
+        """``loss`` (a tensor, or a tuple led by one) made NaN when step ``step`` is poisoned, which
+        ``notify`` (a guard's) files once a step: a drill tells a fault that landed from one that did not."""
+        if not self.poison(step, attempt):
+            return loss
+        if step not in self._poisoned:
+            self._poisoned.add(step)
+            notify(
+                "lifecycle",
+                WorkerEvent.FAULT_INJECTED,
+                f"drill fault: the loss of step {step} made NaN",
+                step=step,
+                fault="nan",
+            )
+        return (loss[0] * float("nan"), *loss[1:]) if isinstance(loss, tuple) else loss * float("nan")
 
     def lr_factor(self, step: int, attempt: int) -> float:
         if (
