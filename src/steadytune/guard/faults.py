@@ -11,11 +11,13 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from steadytune.protocol import WorkerEvent
+
+if TYPE_CHECKING:
+    from steadytune.guard.core import Guard
 
 
 class InjectedCrash(RuntimeError):
@@ -139,14 +141,14 @@ class Faults:
             and self.nan_at_step <= step < self.nan_at_step + self.nan_steps
         )
 
-    def poison_loss(self, loss: Any, step: int, attempt: int, notify: Callable[..., None]) -> Any:
+    def poison_loss(self, loss: Any, step: int, attempt: int, guard: Guard) -> Any:
         """``loss`` (a tensor, or a tuple led by one) made NaN when step ``step`` is poisoned, which
-        ``notify`` (a guard's) files once a step: a drill tells a fault that landed from one that did not."""
+        ``guard`` files once a step: a drill tells a fault that landed from one that did not."""
         if not self.poison(step, attempt):
             return loss
         if step not in self._poisoned:
             self._poisoned.add(step)
-            notify(
+            guard.notify(
                 "lifecycle",
                 WorkerEvent.FAULT_INJECTED,
                 f"drill fault: the loss of step {step} made NaN",

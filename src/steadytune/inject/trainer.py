@@ -261,7 +261,7 @@ def _faulty_loss(compute_loss: Any) -> Any:
         cb = _callback(self)
         if cb is None or not model.training:
             return out
-        return cb.faults.poison_loss(out, self.state.global_step + 1, cb.guard.attempt, cb.guard.notify)
+        return cb.faults.poison_loss(out, self.state.global_step + 1, cb.guard.attempt, cb.guard)
 
     return compute_loss_
 

@@ -209,7 +209,7 @@ class GuardedTrainer(Trainer):
             model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
         )
         return self.st_faults.poison_loss(
-            out, self.state.global_step + 1, self.st_guard.attempt, self.st_guard.notify
+            out, self.state.global_step + 1, self.st_guard.attempt, self.st_guard
         )
 
     def _run_chunks(
