@@ -85,6 +85,7 @@ class WorkerEvent(str, Enum):
     GUARD_OFF = "guard_off"
     OPTIMIZER_GROUPS = "optimizer_groups"
     LR_FROM_COMMAND = "lr_from_command"
+    FAULT_INJECTED = "fault_injected"  # a drill fault ($STEADYTUNE_FAULTS) landed: a drill checks it did
     NO_STEPS_READ = "no_steps_read"  # a supervised command printed for a while and no step was read from it
     ROLLBACK_LR = "rollback_lr"  # the LR a supervised command's rollback restarts it at, and why that one
     LOSS_FIELD_IGNORED = "loss_field_ignored"  # a loss-like field the log adapter will not judge, and why

@@ -205,6 +205,46 @@ def test_lr_far_too_high_is_rolled_back_with_a_lower_lr_and_alerted(
     )
 
 
+def test_a_rollback_runs_trl_sfts_resumed_steps_at_half_the_lr_they_ran_at(
+    tmp_path: Path, demo_assets: Path
+) -> None:
+    """TRL's linear decay lowers the LR it logs; the rollback halves the command's --learning_rate,
+    which the schedule then lowers as before: each resumed step at 0.5x, not 0.5x of 0.5x."""
+    job = tool_job("trl", demo_assets, tmp_path, 40, save_steps=10, logging_steps=1, lr=2e-3)
+    faults = {"STEADYTUNE_FAULTS": json.dumps({"lr_burst_at_step": 22})}
+    with supervise(job, tmp_path, "--inject", env=faults) as sup:
+        rc = sup.finish()
+    events = sup.events()
+    _fault_row(sup, "LR x1000 at 22 (injected)", "rollback", job.out / job.weights_file)
+    assert rc == 0, sup.stdout
+    [said] = [e for e in events if e.name == "rollback_lr"]
+    assert "x0.5 of the command's --learning_rate (0.002)" in said.message, said.message
+    lr = {(r.attempt, r.step): r.lr for r in sup.steps() if r.lr is not None}
+    resumed = min(step for attempt, step in lr if attempt == 1)
+    assert resumed in (11, 21), resumed  # checkpoint-20, or -10 when the trouble is near 20
+    assert lr[(1, resumed)] == pytest.approx(0.5 * lr[(0, resumed)], rel=0.02)
+
+
+def test_a_nan_loss_injected_into_trl_sft_lands_and_its_update_is_skipped(
+    tmp_path: Path, demo_assets: Path
+) -> None:
+    """TRL's SFTTrainer.compute_loss does not call Trainer.compute_loss: the drill's NaN fault must
+    land in the loss its training_step backpropagates all the same, and the guard skip that update."""
+    job = tool_job("trl", demo_assets, tmp_path, 16, save_steps=8, logging_steps=1)
+    faults = {"STEADYTUNE_FAULTS": json.dumps({"nan_at_step": 11})}
+    with supervise(job, tmp_path, "--inject", env=faults) as sup:
+        rc = sup.finish()
+    events = sup.events()
+    _fault_row(sup, "NaN loss (injected)", "nan_loss", job.out / job.weights_file)
+    assert rc == 0, sup.stdout
+    landed = [e for e in events if e.name == "fault_injected"]
+    assert [e.step for e in landed] == [11], _names(events)
+    skipped = [e for e in events if e.name == "skip_step"]
+    assert skipped and skipped[0].step == 11, _names(events)
+    assert not sup.named("rollback") and len(sup.named("worker_started")) == 1  # handled in the trainer
+    assert run_end(events) == "run_completed" and all_finite(job.out / job.weights_file)
+
+
 # -- 3. SIGTERM to the supervisor ---------------------------------------------------------------------
 
 

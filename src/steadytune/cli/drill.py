@@ -144,6 +144,10 @@ def render(report: dict[str, Any]) -> str:
         action = f["action"] or "-"
         if f.get("rolled_back_in_process"):
             action += ", in-proc"  # no new process: its "recover s" is the reload inside the worker
+        if not f.get("injected", True):
+            # Neither detected nor recovered: there was nothing to detect or recover from.
+            lines.append(f"{f['kind']:<19}{f['at_step']:>5}  fault not injected: nothing was proven")
+            continue
         lines.append(
             f"{f['kind']:<19}{f['at_step']:>5}{'yes' if f['detected'] else 'NO':>10}"
             f"{f['detected_at_step'] if f['detected_at_step'] is not None else '-':>6}  {action:<18}"

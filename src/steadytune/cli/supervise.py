@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,11 @@ def register(sub: Any) -> None:
         "override it",
     )
     p.add_argument(
-        "--output-dir", type=Path, help="the job's output folder (its checkpoint-N folders live here)"
+        "--output-dir",
+        type=Path,
+        help="the job's output folder (its checkpoint-N folders live here); with --preset, the command's "
+        "own --output_dir / output_dir= (or output_dir: in the YAML of llamafactory and axolotl) when "
+        "not given; without either a restart begins from step 0",
     )
     p.add_argument(
         "--resume-arg",
@@ -131,7 +136,13 @@ def main(args: argparse.Namespace) -> int:
     from steadytune.cli.run import apply_modes, launch
     from steadytune.config import ConfigError
     from steadytune.config.load import load_supervise_config
-    from steadytune.supervise.command import PRESETS, CommandOptions, CommandSource, preset_problems
+    from steadytune.supervise.command import (
+        PRESETS,
+        CommandOptions,
+        CommandSource,
+        checkpoint_folder,
+        preset_problems,
+    )
 
     cmd = args.cmd[1:] if args.cmd and args.cmd[0] == "--" else args.cmd
     if not cmd:
@@ -149,9 +160,12 @@ def main(args: argparse.Namespace) -> int:
         return fail("--preset " + args.preset + ": " + "; ".join(problems), 2)
     preset = PRESETS.get(args.preset or "", {})
     config_lr = cfg.train.learning_rate if "learning_rate" in cfg.train.model_fields_set else None
+    output_dir, said = checkpoint_folder(args.preset, args.output_dir, cmd)
+    if said:
+        print(said, file=sys.stderr)
     opts = CommandOptions(
         command=cmd,
-        output_dir=args.output_dir.resolve() if args.output_dir else None,
+        output_dir=output_dir.resolve() if output_dir else None,
         resume_arg=args.resume_arg or preset.get("resume_arg"),
         lr_arg=args.lr_arg or preset.get("lr_arg"),
         fresh_arg=preset.get("fresh_arg"),

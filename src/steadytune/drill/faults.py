@@ -33,6 +33,9 @@ class FaultSpec:
     # The event kinds the response may have: a clean stop is a lifecycle event, not an action.
     act_kinds: tuple[str, ...] = ("action",)
     expect_state: str = "completed"  # the run's end state that counts as recovered
+    # The worker's event that says the fault landed; without one filed the fault was not injected and
+    # nothing was proven. Empty: the fault's landing is seen otherwise (an actor's, the telemetry's).
+    fires: tuple[str, ...] = ()
 
 
 def catalogue(save_steps: int) -> dict[str, FaultSpec]:
@@ -46,6 +49,7 @@ def catalogue(save_steps: int) -> dict[str, FaultSpec]:
             detect=("nan_loss", "skip_step"),
             act=("skip_step",),
             in_process=True,
+            fires=("fault_injected",),
         ),
         "oom": FaultSpec(
             "oom",

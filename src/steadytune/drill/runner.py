@@ -43,6 +43,7 @@ class FaultReport:
     run_dir: str
     rolled_back_in_process: bool = False  # the rollback reloaded its checkpoint inside the running worker
     goodput: dict[str, Any] | None = None  # the run's goodput account (goodput.account.Account.to_dict)
+    injected: bool = True  # the fault landed (FaultSpec.fires); False: nothing was detected or recovered from
 
 
 def deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
@@ -224,7 +225,8 @@ def report_run(
     if spec.expect_state != "completed" and action is not None:
         recovery = action.ts - inject_ts  # the answer is the action itself (a clean stop): how long it took
     restarts = max((p.attempt for p in plans), default=0)
-    recovered = state == spec.expect_state and weights_ok
+    injected = not spec.fires or any(e.name in spec.fires for e in events)
+    recovered = injected and state == spec.expect_state and weights_ok
     return FaultReport(
         kind=spec.kind,
         at_step=spec.at_step,
@@ -240,6 +242,7 @@ def report_run(
         run_dir=str(run.root),
         rolled_back_in_process=any(e.name == "rolled_back" for e in events),
         goodput=run_account(run).to_dict(),
+        injected=injected,
     )
 
 

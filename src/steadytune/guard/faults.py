@@ -12,6 +12,12 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any
+
+from steadytune.protocol import WorkerEvent
+
+if TYPE_CHECKING:
+    from steadytune.guard.core import Guard
 
 
 class InjectedCrash(RuntimeError):
@@ -76,6 +82,7 @@ class Faults:
     leak_mib_per_step: float = 0.0  # keep this many MiB of tensors alive after every step (on the GPU if any)
     fault_attempts: int = 1  # faults fire while attempt < fault_attempts (1: first attempt only)
     _trained: _Trained = field(default_factory=_Trained, init=False, repr=False, compare=False)
+    _poisoned: set[int] = field(default_factory=set, init=False, repr=False, compare=False)  # steps said
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Faults:
@@ -133,6 +140,22 @@ class Faults:
             and self.nan_at_step is not None
             and self.nan_at_step <= step < self.nan_at_step + self.nan_steps
         )
+
+    def poison_loss(self, loss: Any, step: int, attempt: int, guard: Guard) -> Any:
+        """``loss`` (a tensor, or a tuple led by one) made NaN when step ``step`` is poisoned, which
+        ``guard`` files once a step: a drill tells a fault that landed from one that did not."""
+        if not self.poison(step, attempt):
+            return loss
+        if step not in self._poisoned:
+            self._poisoned.add(step)
+            guard.notify(
+                "lifecycle",
+                WorkerEvent.FAULT_INJECTED,
+                f"drill fault: the loss of step {step} made NaN",
+                step=step,
+                fault="nan",
+            )
+        return (loss[0] * float("nan"), *loss[1:]) if isinstance(loss, tuple) else loss * float("nan")
 
     def lr_factor(self, step: int, attempt: int) -> float:
         if (

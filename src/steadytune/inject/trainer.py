@@ -6,10 +6,13 @@ subclass that calls ``super()`` carries the guard without knowing it:
 - ``__init__``: the trainer gets a :class:`~steadytune.guard.hf.GuardCallback` (the one
   the built-in runner uses) bound to its clipping, so records hold the norm before clipping;
 - ``training_step``: each micro-batch's loss, tokens and content hashes go to the guard;
-- ``compute_loss``: the ``nan_at_step`` drill fault poisons the loss, as in the built-in runner;
 - ``train``: the guard's last words (:class:`~steadytune.records.WorkerExit`) when it returns or raises;
 - ``_load_optimizer_and_scheduler`` (where present): on a resume, the command's learning rate
   replaces the checkpoint's, so a rollback's lowered LR reaches the optimizer (see :func:`command_lr`).
+
+With a ``nan_at_step`` drill fault planned, each new trainer's own ``compute_loss`` (whatever its
+class makes of it: TRL's ``SFTTrainer`` never calls ``Trainer.compute_loss``) is wrapped on the
+instance, so the fault poisons the loss that ``training_step`` backpropagates, as in the built-in runner.
 
 The callback is the same adapter as in a native run, with no keeper: checkpoints stay
 in the tool's ``output_dir`` and the tool's save schedule is its own. Whatever fails in
@@ -24,6 +27,7 @@ import functools
 import os
 import signal
 import traceback
+import types
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +123,12 @@ class Injection:
         trainer.add_callback(callback)
         callback.bind(trainer)
         trainer.__dict__[_CALLBACK] = callback
+        if self.faults.nan_at_step is not None:
+            # The instance's attribute comes before any class's method: the subclass's own compute_loss,
+            # which training_step calls, is the one wrapped, once.
+            trainer.__dict__["compute_loss"] = types.MethodType(
+                _faulty_loss(type(trainer).compute_loss), trainer
+            )
         guard.notify(
             "lifecycle",
             WorkerEvent.GUARD_INJECTED,
@@ -169,7 +179,6 @@ def install(trainer_cls: type[Trainer], environ: dict[str, str] | None = None) -
     trainer_cls.__init__ = _attaching(trainer_cls.__init__, injection)  # type: ignore[method-assign]
     trainer_cls.train = _guarding_train(trainer_cls.train, injection)  # type: ignore[method-assign]
     trainer_cls.training_step = _watching_step(trainer_cls.training_step)  # type: ignore[method-assign]
-    trainer_cls.compute_loss = _faulty_loss(trainer_cls.compute_loss)  # type: ignore[method-assign]
     setattr(trainer_cls, _MARK, True)
 
 
@@ -250,13 +259,9 @@ def _faulty_loss(compute_loss: Any) -> Any:
     def compute_loss_(self: Trainer, model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
         out = compute_loss(self, model, inputs, *args, **kwargs)
         cb = _callback(self)
-        if (
-            cb is not None
-            and model.training
-            and cb.faults.poison(self.state.global_step + 1, cb.guard.attempt)
-        ):
-            return (out[0] * float("nan"), *out[1:]) if isinstance(out, tuple) else out * float("nan")
-        return out
+        if cb is None or not model.training:
+            return out
+        return cb.faults.poison_loss(out, self.state.global_step + 1, cb.guard.attempt, cb.guard)
 
     return compute_loss_
 

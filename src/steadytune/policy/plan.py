@@ -119,9 +119,17 @@ def rollback_plan(
         lr_groups=tuple((name, lr * lr_scale) for name, lr in current.lr_groups),
         skip_ranges=merge_ranges(current.skip_ranges, to_ranges(window)),
         skip_steps=merge_ranges(current.skip_steps, ((checkpoint_step + 1, anomaly_end),) if window else ()),
-        notes=f"rollback to step {checkpoint_step}; skipped {len(set(window))} samples of steps "
-        f"{checkpoint_step + 1}..{anomaly_end}; LR x{current.lr_scale * lr_scale:g}",
+        notes=f"rollback to step {checkpoint_step}; "
+        f"{_window_said(window, checkpoint_step + 1, anomaly_end)}; LR x{current.lr_scale * lr_scale:g}",
     )
+
+
+def _window_said(window: Sequence[int], first: int, last: int) -> str:
+    """What a rollback did with the data of steps ``first..last``: skipped, or trained on again."""
+    if window:
+        return f"skipped {len(set(window))} samples of steps {first}..{last}"
+    # A supervised command's samples are unknown: its data loader is its own.
+    return f"the data of steps {first}..{last} is not skipped (its samples are unknown): trained on again"
 
 
 def oom_escalation(

@@ -25,8 +25,9 @@ from steadytune.checkpoint.manifest import list_checkpoints
 from steadytune.protocol import WorkerEvent
 from steadytune.records import Event, PlanRevision
 from steadytune.rundir import RunDir
-from steadytune.supervise.job_lr import BaseLr, choose_base_lr
+from steadytune.supervise.job_lr import BaseLr, choose_base_lr, lr_flag, usable_lr
 from steadytune.supervise.log_adapter import LogAdapter
+from steadytune.supervise.logparse import yaml_value
 from steadytune.supervise.process import ProcessTree, WorkerProcess, running
 from steadytune.supervise.source import CONTROL, LR, SKIP_STEP
 from steadytune.telemetry.segments import SEGMENT_ENV
@@ -40,10 +41,20 @@ PRESETS: dict[str, dict[str, str]] = {
         "resume_arg": "resume_from_checkpoint={checkpoint}",
         "lr_arg": "learning_rate={lr}",
         "fresh_arg": "overwrite_output_dir=true",
+        "output_key": "output_dir",
+        "output_yaml": "output_dir",
     },
     # trl sft / HF example scripts (also under accelerate launch): HfArgumentParser flags
-    "trl": {"resume_arg": "--resume_from_checkpoint {checkpoint}", "lr_arg": "--learning_rate {lr}"},
-    "hf": {"resume_arg": "--resume_from_checkpoint {checkpoint}", "lr_arg": "--learning_rate {lr}"},
+    "trl": {
+        "resume_arg": "--resume_from_checkpoint {checkpoint}",
+        "lr_arg": "--learning_rate {lr}",
+        "output_key": "output_dir",
+    },
+    "hf": {
+        "resume_arg": "--resume_from_checkpoint {checkpoint}",
+        "lr_arg": "--learning_rate {lr}",
+        "output_key": "output_dir",
+    },
     # axolotl train my.yml --key=value: every config key is also a --dashed-flag after the YAML. With
     # auto_resume_from_checkpoints in its YAML it resumes by itself from the newest checkpoint-N in
     # output_dir, whole or not (axolotl.utils.train.determine_last_checkpoint); an explicit
@@ -52,12 +63,20 @@ PRESETS: dict[str, dict[str, str]] = {
         "resume_arg": "--resume-from-checkpoint={checkpoint}",
         "lr_arg": "--learning-rate={lr}",
         "fresh_arg": "--no-auto-resume-from-checkpoints",
+        "output_key": "output_dir",
+        "output_yaml": "output_dir",
     },
     # swift sft|pt|rlhf: HfArgumentParser flags. It resumes only when told (or from a flash
     # checkpoint's own tracker, use_flash_ckpt); the resume reads the checkpoint's args.json for the
     # model and template, never its learning rate.
-    "swift": {"resume_arg": "--resume_from_checkpoint {checkpoint}", "lr_arg": "--learning_rate {lr}"},
+    "swift": {
+        "resume_arg": "--resume_from_checkpoint {checkpoint}",
+        "lr_arg": "--learning_rate {lr}",
+        "output_key": "output_dir",
+    },
 }
+# output_key: the tool's output-folder argument (--output_dir, --output-dir, output_dir=); output_yaml: the
+# same key in the YAML config the command names. Where its checkpoint-N folders go, without --output-dir.
 _FALSE = frozenset({"false", "0", "no", "n", "f"})
 
 
@@ -77,6 +96,48 @@ def flag_value(cmd: Sequence[str], key: str) -> str | None:
             if word.startswith(prefix):
                 found = word[len(prefix) :]
     return found
+
+
+def command_lr(command: Sequence[str], lr_arg: str | None) -> tuple[float, str] | None:
+    """The LR the command gives itself where ``lr_arg`` would set it, with that argument's name."""
+    flag = lr_flag(lr_arg)
+    if flag is None:
+        return None
+    value = flag_value(command, flag.lstrip("-").replace("-", "_"))
+    try:
+        lr = float(value) if value is not None else None
+    except ValueError:
+        return None
+    return (lr, flag) if usable_lr(lr) else None
+
+
+def output_dir_of(preset: str | None, command: Sequence[str]) -> Path | None:
+    """The job's output folder as its command says it, where the preset knows the tool's argument:
+    ``--output_dir X`` (or ``output_dir=X``), else ``output_dir:`` in its YAML config."""
+    known = PRESETS.get(preset or "", {})
+    key = known.get("output_key")
+    value = flag_value(command, key) if key else None
+    if value is None and known.get("output_yaml"):
+        value = yaml_value(command, known["output_yaml"])
+    return Path(value) if value else None
+
+
+def checkpoint_folder(
+    preset: str | None, output_dir: Path | None, command: Sequence[str]
+) -> tuple[Path | None, str]:
+    """Where the job's checkpoint-N folders are looked for (``--output-dir``, else the command's own
+    output folder), and what the user is told of it ("" when they gave it)."""
+    if output_dir is not None:
+        return output_dir, ""
+    found = output_dir_of(preset, command)
+    if found is not None:
+        return found, f"steadytune: checkpoints are looked for in {found}, the job's own output folder"
+    why = f" and the command names no output folder that --preset {preset} reads" if preset else ""
+    return None, (
+        f"warning: no --output-dir{why}: steadytune cannot see the job's checkpoint-N folders, so a "
+        "restart (after a crash, a hang or a rollback) begins again from step 0. Give --output-dir the "
+        "folder the job saves its checkpoints in"
+    )
 
 
 def preset_problems(preset: str | None, command: Sequence[str]) -> list[str]:
@@ -127,7 +188,7 @@ class CommandSource:
         self.adapter = LogAdapter(self.writer, opts.command, opts.output_dir, clock)
         self.injected = opts.inject
         self._reader: threading.Thread | None = None
-        self._job_lr: float | None = None  # the last LR logged by an attempt that ran at the job's own LR
+        self._job_lr: float | None = None  # the highest LR logged by attempts at the job's own LR
         self._at_own_lr = True  # this attempt was given no lowered LR
 
     @property
@@ -144,9 +205,11 @@ class CommandSource:
         Only an attempt that ran at the job's own LR counts as logging it: one given a lowered
         LR logs that, which a second rollback would lower again.
         """
-        if self._at_own_lr and self.adapter.last_lr is not None:
-            self._job_lr = self.adapter.last_lr
-        return choose_base_lr(self.opts.base_lr, self._job_lr, self.opts.config_lr)
+        peak = self.adapter.peak_lr
+        if self._at_own_lr and peak is not None:
+            self._job_lr = peak if self._job_lr is None else max(self._job_lr, peak)
+        given = command_lr(self.opts.command, self.opts.lr_arg)
+        return choose_base_lr(self.opts.base_lr, given, self._job_lr, self.opts.config_lr)
 
     def command_for(self, plan: PlanRevision) -> list[str]:
         cmd = list(self.opts.command)
@@ -164,8 +227,9 @@ class CommandSource:
         if scale == 1.0 or base is None or not self.opts.lr_arg:
             return [], ""
         lr = base.lr * scale
-        of = {"--base-lr": "--base-lr", "logged": "the LR the job logged", "config": "train.learning_rate"}
-        said = f"the job restarts at LR {lr:.6g}: x{scale:g} of {of[base.source]} ({base.lr:g})"
+        # The job's schedule scales the given LR as it scaled its own: a step runs at x{scale} of the
+        # LR it ran at before.
+        said = f"the job restarts at base LR {lr:.6g}: x{scale:g} of {base.said()} ({base.lr:g})"
         if base.note:
             said += f"; {base.note}"
         return [p.replace("{lr}", f"{lr:.6g}") for p in self.opts.lr_arg.split()], said

@@ -16,6 +16,7 @@ reads a native worker's. The adapter decides nothing.
 from __future__ import annotations
 
 import json
+import math
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -81,7 +82,7 @@ class LogAdapter:
         self._losses = LossChoice()
         self._told: set[str] = set()  # the ignored fields already said
         self.last_line = ""
-        self.last_lr: float | None = None  # the LR this attempt logged with its last training loss
+        self.peak_lr: float | None = None  # the highest LR this attempt logged with a training loss
         self._dicts_printed = False  # the job prints log dicts: its text lines are not its steps
         self._output_since: float | None = None  # this attempt's first line of output
         self.ever_stepped = False  # a step was read from the job, in any attempt
@@ -100,7 +101,7 @@ class LogAdapter:
             self._last_record_ts = None
             self._tokens_seen = None  # a new process counts its tokens from zero
             self._max_steps = None
-            self.last_lr = None
+            self.peak_lr = None
             self._output_since = None
             if checkpoint is None:
                 self._log_step = self._last_logged_step = 0
@@ -313,7 +314,8 @@ class LogAdapter:
             lr = values.get("learning_rate", values.get("lr"))
             if "loss" in values:
                 self.ever_stepped = True
-                self.last_lr = lr if lr is not None else self.last_lr
+                if lr is not None and math.isfinite(lr):
+                    self.peak_lr = lr if self.peak_lr is None else max(self.peak_lr, lr)
                 self._last_logged_step = max(self._last_logged_step, step)
                 self._recorded.add(step)
                 self._last_record_ts = now

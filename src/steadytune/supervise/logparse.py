@@ -27,6 +27,7 @@ __all__ = [
     "parse_log_line",
     "swift_progress",
     "train_bar",
+    "yaml_value",
 ]
 
 
@@ -39,7 +40,22 @@ FOLLOWED = (
 
 _LOGGING_FLAG = re.compile(r"^--?logging[_-]steps(?:=(\d+))?$")
 _LOGGING_KV = re.compile(r"^logging_steps=(\d+)$")
-_LOGGING_YAML = re.compile(r"^\s*logging_steps\s*:\s*(\d+)\s*$", re.MULTILINE)
+
+
+def yaml_value(command: Sequence[str], key: str) -> str | None:
+    """``key: value`` in the first YAML config the command names (LLaMA-Factory's and axolotl's
+    flat configs), quotes and a trailing comment taken off; None when there is none."""
+    for part in command:
+        if not part.endswith((".yaml", ".yml")):
+            continue
+        try:
+            text = Path(part).read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return None
+        m = re.search(rf"^\s*{re.escape(key)}\s*:\s*(.*?)\s*(?:\s#.*)?$", text, re.MULTILINE)
+        value = m.group(1).strip("'\"") if m else ""
+        return value or None
+    return None
 
 
 def logging_steps_from(command: Sequence[str]) -> int | None:
@@ -55,13 +71,9 @@ def logging_steps_from(command: Sequence[str]) -> int | None:
         m = _LOGGING_KV.match(part)
         if m:
             found = int(m.group(1))
-        elif found is None and part.endswith((".yaml", ".yml")):
-            try:
-                ym = _LOGGING_YAML.search(Path(part).read_text(encoding="utf-8", errors="replace"))
-            except OSError:
-                ym = None
-            if ym:
-                found = int(ym.group(1))
+    if found is None:
+        value = yaml_value(command, "logging_steps") or ""
+        found = int(value) if value.isdigit() else None
     return found if found and found > 0 else None
 
 

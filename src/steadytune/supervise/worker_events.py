@@ -153,6 +153,7 @@ class WorkerEvents:
     )
     on_ack_pause = on_ack_resume = on_ack_stop = on_ack_memory_snapshot = on_optimizer_groups = _filed_only
     on_lr_from_command = on_loss_field_ignored = on_rollback_lr = on_no_steps_read = _filed_only
+    on_fault_injected = _filed_only
 
     # An in-process rollback (supervise/inprocess.py): taken, done, or refused (then a restart does it).
     def on_ack_rollback(self, ev: Event, filed: Event | None) -> None:

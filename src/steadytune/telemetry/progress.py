@@ -65,10 +65,13 @@ class RunProgress:
         The abandoned attempt's last lines can still arrive after this (written while
         it was being stopped, read on the next pass); counting them would put the step
         back where that attempt stood, and a run that had reached its end would show
-        an ETA of 0 s while the new attempt trains from 25%.
+        an ETA of 0 s while the new attempt trains from 25%. The loss and grad norm shown are the
+        abandoned attempt's too (a diverged 69.26 stood for a minute after the rollback): none is
+        shown until the resumed timeline logs its first step.
         """
         self.step = step
         self.attempt = max(self.attempt, attempt)
+        self.last_loss = self.last_grad_norm = None
 
     def add(self, rec: StepRecord) -> None:
         if rec.attempt < self.attempt:

@@ -208,9 +208,9 @@ class GuardedTrainer(Trainer):
         out: Any = super().compute_loss(
             model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
         )
-        if self.st_faults.poison(self.state.global_step + 1, self.st_guard.attempt):
-            return (out[0] * float("nan"), out[1]) if return_outputs else out * float("nan")
-        return out
+        return self.st_faults.poison_loss(
+            out, self.state.global_step + 1, self.st_guard.attempt, self.st_guard
+        )
 
     def _run_chunks(
         self, model: Any, inputs: dict[str, Any], num_items_in_batch: Any, split: int

@@ -17,7 +17,7 @@ from steadytune.redact import redact
 from steadytune.telemetry.progress import mean_tokens_per_s
 from steadytune.telemetry.store import GPU_METRICS, STEP_METRICS, SYSTEM_METRICS, Series
 from steadytune.web import heatmap
-from steadytune.web.runs import PENDING, RunEntry, RunsIndex
+from steadytune.web.runs import PENDING, RunEntry, RunsIndex, current_values
 
 MAX_POINTS = 4000
 
@@ -118,7 +118,7 @@ def run_tokens_per_s(status: dict[str, Any], latest: dict[str, Any]) -> float | 
 def _summary(entry: RunEntry, indexed: bool = True) -> dict[str, Any]:
     status = entry.status()
     store = entry.store() if indexed else None
-    latest = store.latest_values() if store is not None else {}
+    latest = current_values(store.latest_values(), status) if store is not None else {}
     anomalies = store.events(kinds=("anomaly",), limit=1, newest=True) if store is not None else []
     counts = store.event_counts("anomaly") if store is not None else []
     last = anomalies[-1] if anomalies else None

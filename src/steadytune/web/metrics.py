@@ -21,7 +21,7 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from steadytune.goodput.load import AccountCache
 from steadytune.goodput.parts import EVAL, LOST
 from steadytune.telemetry.liveness import status_live
-from steadytune.web.runs import PENDING, RunEntry, RunsIndex
+from steadytune.web.runs import PENDING, RunEntry, RunsIndex, current_values
 
 # A run that ended more than this long ago is left out of the per-run series (docs/prometheus.md).
 KEEP_FINISHED_S = 24 * 3600.0
@@ -166,7 +166,7 @@ def _run_samples(entry: RunEntry, accounts: AccountCache) -> Samples:
     run = entry.run_id
     status = entry.status()
     store = entry.store()
-    latest = store.latest_values()
+    latest = current_values(store.latest_values(), status)
     state = status.get("state") or "unknown"
     for s in STATES:
         f.add("run_state", 1.0 if s == state else 0.0, run=run, state=s)

@@ -323,6 +323,25 @@ class RunEntry:
                 self._store = None
 
 
+# The training figures of a step's row: its time, memory and the index's totals (tokens, non-finite
+# steps) stay as they were.
+_STEP_ONLY = ("loss", "eval_loss", "grad_norm", "lr", "step_time_s", "nonfinite_latest")
+
+
+def current_values(latest: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+    """The index's latest values that are the run's now.
+
+    After a rollback or a restart from a checkpoint, the index's highest step is the abandoned
+    attempt's until the resumed one passes it (its loss stood at 69.26 for a minute after the
+    rollback it caused): then its step's own values are left out, and the supervisor's status
+    (the resumed timeline's step, and its loss once it has logged one) speaks for them.
+    """
+    attempt = status.get("attempt")
+    if not latest or not isinstance(attempt, int) or int(latest.get("attempt") or 0) >= attempt:
+        return latest
+    return {k: v for k, v in latest.items() if k not in _STEP_ONLY}
+
+
 def newness(entry: RunEntry) -> float:
     """When the run last moved, as its status says (else its status file's time): newest read first."""
     ts = entry.status().get("updated_ts")

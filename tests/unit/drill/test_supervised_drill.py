@@ -234,3 +234,25 @@ def test_faults_that_need_a_hook_inside_the_job_are_refused_with_the_way_out(
     assert "nan, oom: done through a hook inside" in err and "`steadytune drill` (native)" in err
     assert cli(["drill", "--supervise", "--faults", ",", "--", "t.py", "--output_dir", "{output_dir}"]) == 2
     assert "no fault to drill" in capsys.readouterr().err
+
+
+def test_a_nan_fault_that_never_landed_says_so_rather_than_detected_no_recovered_yes(tmp_path: Path) -> None:
+    from steadytune.cli.drill import render
+    from steadytune.drill.runner import as_dict
+
+    spec = external.catalogue(10, inject=True)["nan"]
+    never = _run(tmp_path / "a", [(None, list(range(1, 41)))], [("lifecycle", "run_completed", 40)])
+    r = report_run(spec, never, "completed", None, True)
+    assert (r.injected, r.detected, r.recovered) == (False, False, False)
+    row = render(
+        {"faults": [as_dict(r)], "clean_final_loss": 2.0, "completed": r.recovered, "weights_finite": True}
+    ).splitlines()[2]
+    assert "fault not injected" in row and "yes" not in row
+    landed = _run(tmp_path / "b", [(None, list(range(1, 41)))],
+                  [("lifecycle", "fault_injected", 25), ("action", "skip_step", 25),
+                   ("lifecycle", "run_completed", 40)])  # fmt: skip
+    r = report_run(spec, landed, "completed", None, True)
+    assert (r.injected, r.detected, r.recovered) == (True, True, True)
+    assert "fault not injected" not in render(
+        {"faults": [as_dict(r)], "clean_final_loss": 2.0, "completed": r.recovered, "weights_finite": True}
+    )

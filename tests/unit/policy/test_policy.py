@@ -145,6 +145,16 @@ def test_rollback_plan_skips_the_window_and_scales_the_lr() -> None:
                           checkpoint_path="/r/checkpoint-29", samples_by_step=samples, lr_scale=0.5,
                           cause_event_seq=12, reason="loss_spike")  # fmt: skip
     assert again.skip_steps == ((21, 22), (30, 30)) and again.skip_ranges == ((5, 8), (50, 50), (100, 101))
+    assert "skipped 4 samples of steps 21..22" in plan.notes
+
+
+def test_a_rollback_whose_samples_are_unknown_says_their_steps_are_trained_on_again() -> None:
+    cur = PlanRevision(revision=1, ts=0, reason="start", lr_scale=1.0)
+    plan = rollback_plan(cur, 2, 1.0, 1, anomaly_start=22, anomaly_end=23, checkpoint_step=20,
+                         checkpoint_path="/o/checkpoint-20", samples_by_step={}, lr_scale=0.5,
+                         cause_event_seq=9, reason="grad_explosion")  # fmt: skip
+    assert plan.skip_ranges == () and plan.skip_steps == ()
+    assert "samples of steps" not in plan.notes and "steps 21..23 is not skipped" in plan.notes, plan.notes
 
 
 def test_oom_escalation_and_smaller_microbatch_keep_the_effective_batch() -> None:

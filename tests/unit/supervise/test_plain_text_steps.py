@@ -48,7 +48,7 @@ def test_text_lines_naming_a_step_and_a_loss_are_steps(tmp_path: Path) -> None:
     ]  # fmt: skip
     [begin] = _events(run, "train_begin")
     assert begin.data["max_steps"] == 150  # the job's own total, from its "step N/M"
-    assert adapter.last_lr == 2e-05
+    assert adapter.peak_lr == 2e-05
 
 
 def test_text_lines_are_not_steps_of_a_job_that_prints_log_dicts(tmp_path: Path) -> None:

@@ -12,7 +12,13 @@ from steadytune.cli.supervise import PRESET_NAMES
 from steadytune.drill.command import SuperviseLine, supervise_argv
 from steadytune.records import PlanRevision
 from steadytune.rundir import RunDir
-from steadytune.supervise.command import PRESETS, CommandOptions, CommandSource, preset_problems
+from steadytune.supervise.command import (
+    PRESETS,
+    CommandOptions,
+    CommandSource,
+    checkpoint_folder,
+    preset_problems,
+)
 
 CKPT = "/o/checkpoint-40"
 
@@ -97,3 +103,48 @@ def test_a_drill_passes_its_preset_on_to_supervise() -> None:
     argv = supervise_argv(line, ["axolotl", "train", "c.yml"], Path("/o"), Path("/r"), "kill-1", 2.0)
     args = build_parser("supervise").parse_args(argv[3:])
     assert args.preset == "axolotl" and args.resume_arg == p["resume_arg"]
+
+
+@pytest.mark.parametrize(
+    ("preset", "cmd", "folder"),
+    [
+        ("trl", ["trl", "sft", "--model_name_or_path", "M", "--output_dir", "out6"], "out6"),
+        ("hf", ["accelerate", "launch", "train.py", "--output-dir=out"], "out"),
+        ("swift", ["swift", "sft", "--output_dir", "o", "--add_version", "false"], "o"),
+        ("llamafactory", ["llamafactory-cli", "train", "{yaml}", "output_dir=saves/other"], "saves/other"),
+        ("llamafactory", ["llamafactory-cli", "train", "{yaml}"], "saves/sft"),
+        ("axolotl", ["axolotl", "train", "{yaml}"], "saves/sft"),
+        ("trl", ["trl", "sft", "--model_name_or_path", "M"], None),  # TRL's default folder: not guessed
+        (None, ["python", "train.py", "--output_dir", "out"], None),  # no preset: no tool's flag is known
+    ],
+)
+def test_the_checkpoint_folder_is_the_jobs_own_output_folder_when_not_given(
+    preset: str | None, cmd: list[str], folder: str | None, tmp_path: Path
+) -> None:
+    yaml = tmp_path / "sft.yaml"
+    yaml.write_text(
+        "model_name_or_path: M\noutput_dir: 'saves/sft'  # where checkpoints go\nlogging_steps: 5\n"
+    )
+    cmd = [w.replace("{yaml}", str(yaml)) for w in cmd]
+    got, said = checkpoint_folder(preset, None, cmd)
+    assert got == (Path(folder) if folder else None)
+    if folder:
+        assert f"checkpoints are looked for in {folder}" in said
+    else:  # said before the job starts, not found out when a restart begins from step 0
+        assert said.startswith("warning: no --output-dir") and "begins again from step 0" in said
+    assert checkpoint_folder(preset, tmp_path / "given", cmd) == (tmp_path / "given", "")
+
+
+def test_supervise_without_an_output_folder_warns_before_the_job_starts(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from tests.conftest import STEADYTUNE
+
+    proc = subprocess.run(
+        [STEADYTUNE, "supervise", "--preset", "trl", "--runs-dir", str(tmp_path / "runs"), "--run-id", "r",
+         "--", sys.executable, "-c", "print({'loss': 1.0, 'learning_rate': 1e-5, 'epoch': 1.0})"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "no --output-dir and the command names no output folder that --preset trl reads" in proc.stderr

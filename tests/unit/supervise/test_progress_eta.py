@@ -34,3 +34,17 @@ def test_a_source_that_restarts_on_its_own_is_followed_from_its_first_step() -> 
         p.add(step(s))
     p.add(step(31, attempt=1))
     assert p.step == 31 and p.attempt == 1 and p.eta_s == pytest.approx(69 * 2.0)
+
+
+def test_after_a_rollback_the_live_line_shows_no_loss_of_the_abandoned_attempt() -> None:
+    from steadytune.telemetry.progress import progress_line
+
+    p = RunProgress(max_steps=40)
+    for s in range(1, 24):
+        p.add(StepRecord(step=s, ts=float(s), loss=2.0 if s < 22 else 69.2567, grad_norm=50.0))
+    p.rewind(20, attempt=1)
+    p.add(StepRecord(step=23, ts=24.0, loss=80.0, grad_norm=60.0))  # the stopped attempt's last line
+    assert (p.step, p.last_loss, p.last_grad_norm) == (20, None, None)
+    assert "step 20/40" in progress_line(p, 1) and "loss -" in progress_line(p, 1)
+    p.add(StepRecord(step=21, ts=30.0, attempt=1, loss=1.9, grad_norm=1.0))
+    assert (p.step, p.last_loss, p.first_loss) == (21, 1.9, 2.0)

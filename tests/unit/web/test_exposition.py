@@ -52,6 +52,7 @@ def _run(tmp_path: Path, now: float) -> RunDir:
                 StepRecord(
                     step=s,
                     ts=now - 10 + s,
+                    attempt=2,  # the attempt status.json follows
                     loss=2.0 - s * 0.1,
                     grad_norm=1.5,
                     lr=1e-4,
@@ -155,6 +156,40 @@ def test_render_metrics_from_a_run(tmp_path: Path) -> None:
     types = [ln.split()[2:] for ln in lines if ln.startswith("# TYPE")]
     assert len({t[0] for t in types}) == len(types)
     assert all(name.endswith("_total") for name, kind in types if kind == "counter")
+
+
+def test_after_a_rollback_the_abandoned_attempts_loss_is_not_the_runs(tmp_path: Path) -> None:
+    run = RunDir(tmp_path / "runs" / "r4").create()
+    with JsonlWriter(run.telemetry(0)) as w:
+        for s in range(1, 24):  # attempt 0 diverged at 23, then rolled back to checkpoint-20
+            w.write(StepRecord(step=s, ts=float(s), loss=2.0 if s < 22 else 69.2567, grad_norm=9.0))
+
+    def status(step: int, loss: float | None) -> None:
+        body = {
+            "run_id": "r4",
+            "state": "running",
+            "step": step,
+            "attempt": 1,
+            "loss": loss,
+            "updated_ts": 30.0,
+        }
+        atomic_write_text(run.status, json.dumps(body))
+
+    def gauges() -> dict[str, str]:
+        index = RunsIndex(tmp_path / "runs", cache_dir=tmp_path / "cache")
+        index.refresh_all()
+        lines = render_metrics(index, lambda: 40.0).splitlines()
+        return {ln.split("{")[0]: ln.rsplit(" ", 1)[1] for ln in lines if ln.startswith("steadytune_")}
+
+    status(20, None)  # resumed from checkpoint-20: no step of the new timeline yet
+    got = gauges()
+    assert got["steadytune_step"] == "20.0"
+    assert "steadytune_loss" not in got and "steadytune_grad_norm" not in got, got
+    with JsonlWriter(run.telemetry(0)) as w:
+        w.write(StepRecord(step=21, ts=31.0, attempt=1, loss=1.9, grad_norm=1.0))
+    status(21, 1.9)
+    got = gauges()
+    assert (got["steadytune_step"], got["steadytune_loss"]) == ("21.0", "1.9")
 
 
 def test_nonfinite_latest_loss_is_exported_as_nan(tmp_path: Path) -> None:
