@@ -270,6 +270,12 @@ def _sniff(path: Path) -> tuple[str, Any]:
 def _sniff_json(path: Path, head: str) -> tuple[str, Any]:
     """A file whose head looks like JSON: JSON lines, one JSON document, or printed dicts."""
     first = _first_json_line(head)
+    if first is None and "\n" not in head.strip() and len(head) >= _HEAD_BYTES:
+        # One line longer than the head (a trainer_state.json dumped without indent): the line
+        # sniffers would judge a cut line by the dicts inside it. The document decides first.
+        found = _sniff_document(path)
+        if found is not None:
+            return found
     for f in _BY_ROW:
         if f.sniff_row is not None and f.sniff_row(first):
             return f.name, first if f.read_json is not None else None
@@ -290,6 +296,18 @@ def _sniff_json(path: Path, head: str) -> tuple[str, Any]:
         "({metric: {values}}), a trainer_log.jsonl (current_steps), JSON lines with a step and a loss, "
         "nor a list of per-step records or series of {step, value} points"
     )
+
+
+def _sniff_document(path: Path) -> tuple[str, Any] | None:
+    """The format of a whole JSON document a document reader claims; None if it is not one."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError:
+        return None
+    for f in _BY_DOCUMENT:
+        if f.sniff_document is not None and f.sniff_document(data):
+            return f.name, data
+    return None
 
 
 def _sniff_text(path: Path, head: str) -> tuple[str, Any]:

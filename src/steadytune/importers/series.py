@@ -80,6 +80,7 @@ ALIASES: dict[str, str] = {
     "validation loss": "eval_loss",
     "lm loss validation": "eval_loss",
     "val_loss": "eval_loss",
+    "val/loss": "eval_loss",  # verl's SFT trainer, Lightning
     "iteration-time": "step_time_s",
     "mem-allocated-bytes": "mem_allocated_bytes",
     "mem-max-allocated-bytes": "mem_peak_bytes",

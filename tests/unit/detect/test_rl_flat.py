@@ -81,6 +81,17 @@ def test_a_reward_that_never_rises_is_told_once_the_run_is_over(n: int, groups: 
     assert told >= 4
 
 
+@pytest.mark.parametrize("groups", ((1, 4), (1, 8)))
+def test_a_sparse_reward_that_never_rises_is_told_where_its_noise_allows(groups: tuple[int, int]) -> None:
+    """A reward at its floor on most batches (one group of four or eight, a right answer a few times in
+    a hundred) that never rises, over 400 points. Its noise is the root mean square of its successive
+    differences: the mean absolute difference is the noise only for a bell-shaped one, and a series of
+    zeros with a rare hit has a mean absolute difference far under its spread, which asked for more
+    points than the run had to show a gain of half of it (told in 0 of these 10 runs)."""
+    told = sum(bool(_flat_told(_grpo(400, seed, groups, rare=True, trouble="flat"))) for seed in range(10))
+    assert told >= 6
+
+
 @pytest.mark.parametrize("seed", shapes.SEEDS)
 def test_a_short_flat_run_is_not_told_it_cannot_show_a_small_gain(seed: int) -> None:
     """Fifty points of a noisy reward: a gain of half its noise would not show; none showing says nothing."""

@@ -374,3 +374,27 @@ def test_jsonl_records_equal_those_built_by_their_constructor(tmp_path: Path) ->
         StepRecord(step=2, ts=0.0, loss=2.5, grad_norm=1.5, lr=1e-4, epoch=0.5),
     ]
     assert load(path).records == built  # every field compared, those left at their defaults too
+
+
+@pytest.mark.parametrize("indent", (None, 1))
+def test_a_trainer_state_on_one_line_longer_than_the_head_is_still_a_trainer_state(
+    tmp_path: Path, indent: int | None
+) -> None:
+    # A script that dumps its state without indent writes one line; past the 64 KiB the sniffer reads,
+    # the line is cut, and the printed dicts inside it looked like a console of them.
+    history = [
+        {
+            "loss": 2.0 - s / 1000,
+            "grad_norm": 1.0 + (s % 7) / 10,
+            "learning_rate": 2e-5,
+            "epoch": s / 800,
+            "step": s,
+        }
+        for s in range(1, 801)
+    ]
+    p = tmp_path / "trainer_state.json"
+    p.write_text(json.dumps({"global_step": 800, "log_history": history}, indent=indent))
+    assert p.stat().st_size > 64 << 10
+    assert detect_format(p) == "hf_trainer_state"
+    s = load(p)
+    assert [r.step for r in s.records] == list(range(1, 801)) and s.records[-1].loss == pytest.approx(1.2)

@@ -414,3 +414,22 @@ def test_axolotl_stdout_is_dated_by_the_interval_its_config_dump_states(tmp_path
     assert [(r.step, r.loss) for r in got.records] == [
         (2 * k, float(f"{x:.4g}")) for k, x in enumerate(losses, 1)
     ]
+
+
+@pytest.mark.parametrize("creep", (0.0, 0.02))
+def test_verl_sft_validation_loss_is_the_eval_loss(tmp_path: Path, creep: float) -> None:
+    # verl's SFT trainer logs `train/loss` at each step and `val/loss` at each test_freq: generated
+    # every 500 steps, the validation loss falling, then (creep) rising 2 % an evaluation from the
+    # 10th while the training loss keeps falling: overfitting; without the creep, nothing.
+    rng = random.Random(41)
+    lines = []
+    for i in range(1, 31):
+        val = 1.4 + 0.8 * math.exp(-i / 3) if i <= 10 else 1.4 * (1 + creep * (i - 10))
+        lines.append(
+            f"step:{500 * i} - train/loss:{(0.6 + 1.4 * math.exp(-i / 8)) * math.exp(rng.gauss(0, 0.02)):.4f}"
+            f" - train/lr(1e-3):0.01 - val/loss:{val * math.exp(rng.gauss(0, 0.005)):.4f}"
+        )
+    p = _write(tmp_path, "verl_sft.log", lines)
+    s = load(p)
+    assert s.format == "dict_log" and sum(r.eval_loss is not None for r in s.records) == 30
+    assert [a.kind for a in detect(s.records) if a.severity != "info"] == (["overfitting"] if creep else [])
