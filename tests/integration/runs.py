@@ -122,3 +122,16 @@ def kill_worker(run: RunDir, sig: int = signal.SIGKILL) -> int:
     pid = status(run)["worker_pid"]
     os.kill(pid, sig)
     return pid
+
+
+def assert_hung_stacks(text: str, frame: str = "transformers/trainer.py") -> None:
+    """A hung job's dump holds its trainer's frames, or faulthandler's own crash on the way to them.
+
+    The dump is best effort: the job is continued and aborted, and faulthandler walks every thread
+    from a signal handler, newest thread first, while they run. Walking a thread that is moving
+    (tqdm's monitor wakes on its own) can fault inside the dump before it reaches the main thread,
+    which it prints last; the dump then ends at that fault, which it names.
+    """
+    assert "Fatal Python error" in text, text[:2000]
+    cut_short = text.count("Fatal Python error") > 1 and "Fatal Python error: Segmentation fault" in text
+    assert frame in text or cut_short, text[:2000]
