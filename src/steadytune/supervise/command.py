@@ -162,6 +162,28 @@ _TRAINING_STATE = frozenset({"optimizer.pt", "scheduler.pt", "optimizer.bin", "s
 INJECT_FAILED = "steadytune: guard not injected"
 
 
+def deepest_first(parents: dict[int, int]) -> list[list[int]]:
+    """The processes of a tree in layers, the deepest first (``parents``: pid -> parent pid).
+
+    A launcher (``trl``, ``accelerate launch``, ``llamafactory-cli``) copies its trainer's stderr
+    into the log: aborted first, it dies before it has passed on the trainer's stacks, and the
+    dump holds the launcher's frames only. So each layer is aborted once the one below it is gone.
+    """
+
+    def depth(pid: int) -> int:
+        n, seen = 0, {pid}
+        while parents.get(pid) in parents and parents[pid] not in seen:
+            pid = parents[pid]
+            seen.add(pid)
+            n += 1
+        return n
+
+    layers: dict[int, list[int]] = {}
+    for pid in parents:
+        layers.setdefault(depth(pid), []).append(pid)
+    return [sorted(layers[d]) for d in sorted(layers, reverse=True)]
+
+
 @dataclass
 class CommandOptions:
     command: Sequence[str]
@@ -358,7 +380,8 @@ class CommandSource:
         """The Python stacks of a hung command, into ``out``, before it is killed.
 
         Every Python process of the tree gets SIGCONT (a stopped one cannot answer) and then
-        SIGABRT, on which faulthandler (enabled by PYTHONFAULTHANDLER) prints all threads.
+        SIGABRT, on which faulthandler (enabled by PYTHONFAULTHANDLER) prints all threads; the
+        deepest first, each layer once the one below it has exited (see :func:`deepest_first`).
         """
         import psutil
 
@@ -372,18 +395,25 @@ class CommandSource:
                     pids.append(pid)
             except (psutil.Error, OSError):
                 continue
-        start = proc.log_path.stat().st_size if proc.log_path.exists() else 0
+        parents: dict[int, int] = {}
         for pid in pids:
-            for sig in (signal.SIGCONT, signal.SIGABRT):
-                try:
-                    os.kill(pid, sig)
-                except (ProcessLookupError, PermissionError):
-                    pass
+            try:
+                parents[pid] = psutil.Process(pid).ppid()
+            except (psutil.Error, OSError):
+                continue
+        start = proc.log_path.stat().st_size if proc.log_path.exists() else 0
         # Until each has printed and exited: a dead child stays a zombie until it is reaped, and
         # pid_exists counts it, which held every dump for the whole 5 s.
         deadline = time.monotonic() + 5.0
-        while time.monotonic() < deadline and running(pids):
-            time.sleep(0.1)
+        for layer in deepest_first(parents):
+            for pid in layer:
+                for sig in (signal.SIGCONT, signal.SIGABRT):
+                    try:
+                        os.kill(pid, sig)
+                    except (ProcessLookupError, PermissionError):
+                        pass
+            while time.monotonic() < deadline and running(layer):
+                time.sleep(0.1)
         time.sleep(0.5)  # the pipe's last lines reach the log
         try:
             with open(proc.log_path, "rb") as f:

@@ -78,3 +78,16 @@ def test_the_wait_between_turns_ends_when_the_worker_is_killed(tmp_path: Path) -
     t0 = time.monotonic()
     worker.wait_exit(0.3)
     assert time.monotonic() - t0 >= 0.25  # ended: a sleep, not an instant return
+
+
+def test_a_hung_trees_stacks_are_asked_of_the_deepest_processes_first() -> None:
+    """A launcher passes on its trainer's stderr: the trainers are aborted first, the launcher after."""
+    from steadytune.supervise.command import deepest_first
+
+    # trl (10) -> accelerate launch (11) -> two ranks (12, 13), one with a data-loader worker (14);
+    # 1 is the supervisor, outside the tree.
+    tree = {10: 1, 11: 10, 12: 11, 13: 11, 14: 13}
+    assert deepest_first(tree) == [[14], [12, 13], [11], [10]]
+    assert deepest_first({5: 1}) == [[5]]
+    assert deepest_first({}) == []
+    assert sorted(p for layer in deepest_first({7: 8, 8: 7}) for p in layer) == [7, 8]  # a loop ends
