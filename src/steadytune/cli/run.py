@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import signal
 import sys
 import time
@@ -114,17 +115,20 @@ def print_summary(console: Any, result: Any, cfg: SteadytuneConfig | None = None
         console.print(f"  {line}", highlight=False, markup=False, soft_wrap=True)
     rd = result.run.root
     console.print("\nnext:", highlight=False)
-    # replay, not analyze: it shows what the supervisor raised live, a rolled-back attempt's included.
-    console.print(
-        f"  steadytune replay {rd}             # anomalies raised live (rolled-back attempts' too), actions",
-        highlight=False,
-    )
-    console.print(f"  cat {rd / 'events.jsonl'}   # what happened, in order", highlight=False)
-    # A --dashboard started with the run stops with it; this one serves every run, finished ones too.
-    console.print(f"  steadytune dashboard {rd.parent}   # every run's charts and events", highlight=False)
+    # Each line whole, however long its paths, and quoted for a shell: they are copied and pasted.
+    q = shlex.quote
+    nexts = [
+        # replay, not analyze: it shows what the supervisor raised live, a rolled-back attempt's included.
+        f"  steadytune replay {q(str(rd))}   # anomalies raised live (rolled-back attempts' too), actions",
+        f"  cat {q(str(rd / 'events.jsonl'))}   # what happened, in order",
+        # A --dashboard started with the run stops with it; this one serves every run, finished ones too.
+        f"  steadytune dashboard {q(str(rd.parent))}   # every run's charts and events",
+    ]
+    for line in nexts:
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
     final = rd / "final"
     if final.exists():
-        console.print(f"  the trained model/adapter is in {final}", highlight=False)
+        console.print(f"  the trained model/adapter is in {final}", markup=False, soft_wrap=True)
 
 
 def launch(

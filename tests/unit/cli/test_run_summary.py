@@ -14,7 +14,9 @@ from steadytune.rundir import RunDir
 
 
 def test_next_offers_replay_for_the_anomalies_raised_live_and_each_command_parses(tmp_path: Path) -> None:
-    run = RunDir(tmp_path / "r1").create()
+    # A path longer than a piped console's 160 columns, with a space and brackets: each line stays whole
+    # and quoted (a long test folder once wrapped the replay line's path onto a line of its own).
+    run = RunDir(tmp_path / ("deep-" * 30) / "my runs [v2]" / "r1").create()
     progress = types.SimpleNamespace(first_loss=None, last_loss=None, step=0, max_steps=0,
                                      last_eval_loss=None, tokens_per_s=None, skipped_steps=0)  # fmt: skip
     result = types.SimpleNamespace(progress=progress, state="completed", reason="done", checkpoints=[],
