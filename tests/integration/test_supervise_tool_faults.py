@@ -245,7 +245,7 @@ def test_a_nan_loss_injected_into_trl_sft_lands_and_its_update_is_skipped(
     skipped = [e for e in events if e.name == "skip_step"]
     assert skipped and skipped[0].step == 11, _names(events)
     assert not sup.named("rollback") and len(sup.named("worker_started")) == 1  # handled in the trainer
-    assert run_end(events) == "run_completed" and all_finite(job.out / job.weights_file)
+    assert run_end(events).name == "run_completed" and all_finite(job.out / job.weights_file)
 
 
 # -- 3. SIGTERM to the supervisor ---------------------------------------------------------------------
