@@ -46,7 +46,8 @@ def test_an_action_decided_while_stopping_is_filed_not_carried_out(
     assert sup.state.pending is None
     assert worker.poll() is None, "the worker was killed while it saved to stop"
     filed = names(sup)
-    assert filed[filed.index("stop_requested") :][-1] == "alert_only" and name not in filed
+    # Filed after the stop, whatever else the loop said since (under load, a stall of the idle worker).
+    assert "alert_only" in filed[filed.index("stop_requested") :] and name not in filed
 
 
 def test_a_rollback_held_for_a_publish_is_not_released_into_a_stop(
