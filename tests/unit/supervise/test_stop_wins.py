@@ -46,7 +46,7 @@ def test_an_action_decided_while_stopping_is_filed_not_carried_out(
     assert sup.state.pending is None
     assert worker.poll() is None, "the worker was killed while it saved to stop"
     filed = names(sup)
-    # Filed after the stop, whatever else the loop said since (under load, a stall of the idle worker).
+    # Filed after the stop, whatever else the loop said since (its place among them moved under load).
     assert "alert_only" in filed[filed.index("stop_requested") :] and name not in filed
 
 
