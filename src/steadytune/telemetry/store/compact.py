@@ -134,7 +134,7 @@ def compact(
     db = run.db
     status = _read_json(run.status)
     now = clock()
-    newest = _newest_write(run)
+    newest = _newest_write(run) if status is None else None  # the status speaks when there is one
     if run_live(status, newest, now):
         if status is not None:
             ago = now - float(status["updated_ts"])
