@@ -270,10 +270,12 @@ def _sniff(path: Path) -> tuple[str, Any]:
 def _sniff_json(path: Path, head: str) -> tuple[str, Any]:
     """A file whose head looks like JSON: JSON lines, one JSON document, or printed dicts."""
     first = _first_json_line(head)
+    loaded: tuple[Any, ValueError | None] | None = None
     if first is None and "\n" not in head.strip() and len(head) >= _HEAD_BYTES:
         # One line longer than the head (a trainer_state.json dumped without indent): the line
         # sniffers would judge a cut line by the dicts inside it. The document decides first.
-        found = _sniff_document(path)
+        loaded = _read_document(path)
+        found = _document_format(loaded[0]) if loaded[1] is None else None
         if found is not None:
             return found
     for f in _BY_ROW:
@@ -282,15 +284,14 @@ def _sniff_json(path: Path, head: str) -> tuple[str, Any]:
     for f in _BY_JSON_HEAD:
         if f.sniff_json_head is not None and f.sniff_json_head(head, first):
             return f.name, None
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as e:
+    data, error = loaded if loaded is not None else _read_document(path)
+    if error is not None:
         if first is not None:  # the first line parsed: JSON lines, none of them a record
-            raise UnreadableLog(f"JSON lines, but no object with {jsonl_log.LOOKED_FOR}") from e
-        raise UnreadableLog(f"invalid JSON: {e}") from e
-    for f in _BY_DOCUMENT:
-        if f.sniff_document is not None and f.sniff_document(data):
-            return f.name, data
+            raise UnreadableLog(f"JSON lines, but no object with {jsonl_log.LOOKED_FOR}") from error
+        raise UnreadableLog(f"invalid JSON: {error}") from error
+    found = _document_format(data)
+    if found is not None:
+        return found
     raise UnreadableLog(
         "JSON, but neither a trainer_state.json (log_history), Megatron golden values "
         "({metric: {values}}), a trainer_log.jsonl (current_steps), JSON lines with a step and a loss, "
@@ -298,12 +299,16 @@ def _sniff_json(path: Path, head: str) -> tuple[str, Any]:
     )
 
 
-def _sniff_document(path: Path) -> tuple[str, Any] | None:
-    """The format of a whole JSON document a document reader claims; None if it is not one."""
+def _read_document(path: Path) -> tuple[Any, ValueError | None]:
+    """The file as one JSON document, or the error that says it is not one (read once per sniff)."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError:
-        return None
+        return json.loads(path.read_text(encoding="utf-8")), None
+    except ValueError as e:
+        return None, e
+
+
+def _document_format(data: Any) -> tuple[str, Any] | None:
+    """The format a document reader claims ``data`` for, with the data; None if none does."""
     for f in _BY_DOCUMENT:
         if f.sniff_document is not None and f.sniff_document(data):
             return f.name, data
