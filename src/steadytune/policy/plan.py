@@ -128,8 +128,8 @@ def _window_said(window: Sequence[int], first: int, last: int) -> str:
     """What a rollback did with the data of steps ``first..last``: skipped, or trained on again."""
     if window:
         return f"skipped {len(set(window))} samples of steps {first}..{last}"
-    # A supervised command's samples are unknown: its data loader is its own.
-    return f"the data of steps {first}..{last} is not skipped (its samples are unknown): trained on again"
+    # No sample ids were recorded for these steps (a supervised command's data loader is its own).
+    return f"the data of steps {first}..{last} is not skipped (no sample of them was recorded): trained again"
 
 
 def oom_escalation(
