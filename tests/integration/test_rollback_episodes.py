@@ -3,7 +3,8 @@
 At 100x its usual learning rate and without clipping, the demo raises gradient spikes, a layer whose
 gradient vanishes, and at last one update that blows up the model's gradient norm with its layers';
 it is rolled back inside the running worker. Before, that update was three `grad_explosion`
-episodes (the model, the embeddings, layer 0), each raised and cleared by the rollback on its own;
+episodes (the model, the embeddings, layer 0), each raised and cleared by the rollback on its own,
+and a `grad_spike` of the same norm beside them;
 and the detector rebuilt for the new timeline resolved the episodes it replayed a second time
 (`grad_spike` of step 77, `grad_vanishing` of step 50).
 """
@@ -68,6 +69,9 @@ def test_the_update_that_blew_up_the_model_and_its_layers_is_one_alert(high_lr_r
     assert "grad_norm" in members and any(m.startswith("grad_norm/") for m in members), members
     # One anomaly of a kind at a step, whatever the layers: one raise at the sinks, one RESOLVED.
     assert max(Counter((e.name, e.step) for e in events if e.kind == "anomaly").values()) == 1
+    # And one for the norm at that step, whatever the rules: the spike of a 100x norm is the explosion.
+    at = [e.name for e in events if e.kind == "anomaly" and e.step == explosion.step]
+    assert at == ["grad_explosion"], at
     alerts = [json.loads(line) for line in (high_lr_run / "alerts.jsonl").read_text().splitlines()]
     told = Counter((a["name"], a["metric"]) for a in alerts if a["kind"] == "anomaly")
     over = Counter((a["name"], a["metric"]) for a in alerts if a["kind"] == "resolved")

@@ -51,6 +51,10 @@ class KindInfo:
     cause: str
     suggestion: str
     severity: Severity
+    # A kind that is one face of a graver one: while an episode of ``part_of`` holds at the same rank
+    # (or is raised at the same call), a firing of this kind is a part of it, not an episode of its own
+    # (detect/episodes.py): a 120x gradient norm is a spike and an explosion, one trouble, one alert.
+    part_of: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,6 +43,14 @@ worst at the latest firing), and is keyed, told and resolved as one episode on
 the group's metric. A finding on the group's own metric (the model's ``grad_norm``
 beside its layers') is one of its members. A member's clearing finding need not name
 the group: the book remembers which episode each holding member belongs to.
+
+**Parts.** Some kinds are one face of a graver one (:attr:`~.base.KindInfo.part_of`):
+a gradient norm 120 times its level is a ``grad_spike`` and a ``grad_explosion`` at
+once, and a NaN norm under a NaN loss is that loss's NaN seen from the backward
+pass. Such a firing, while an episode of its whole holds at the same rank (or is
+raised by the same call), is part of that episode: no episode, transition or alert
+of its own, from then until it clears. A part that fired first (a spike that only
+later became an explosion) keeps the episode it already has: that one was told.
 """
 
 from __future__ import annotations
@@ -144,11 +152,16 @@ class Episodes:
         self._open: dict[Key, _Episode] = {}
         self._quiet = 0  # how many open episodes are quiet: most points, none are, and nothing expires
         self._held: dict[Key, Key] = {}  # each grouped member now holding (kind, metric, rank) -> its group
+        self._parts = {kind: info.part_of for kind, info in kinds.items() if info.part_of}
+        self._within: set[Key] = set()  # conditions holding as parts of a graver episode (KindInfo.part_of)
 
     def apply(self, findings: list[Finding], step: int) -> list[Transition]:
         """The transitions the findings made when the run was at ``step`` make."""
         out: list[Transition] = []
-        for key, f in self._conditions(findings):
+        conditions = self._conditions(findings)
+        if self._within or any(f.kind in self._parts and f.active for _, f in conditions):
+            conditions = self._without_parts(conditions)
+        for key, f in conditions:
             ep = self._open.get(key)
             if not f.active:
                 if ep is not None and not ep.quiet:
@@ -224,6 +237,33 @@ class Episodes:
             if joined is not None:
                 out.append((key, joined))
         return out
+
+    def _without_parts(self, conditions: list[tuple[Key, Finding]]) -> list[tuple[Key, Finding]]:
+        """The conditions less those that are parts of a graver episode (the module docstring, *Parts*).
+
+        A part is taken in when it fires while its whole holds at the same rank (an open episode not
+        quiet, or a firing in this same call) and it has no episode of its own holding; it stays a
+        part, told by nothing, until it clears, even if the whole clears first (a NaN norm's episode
+        outlasts the NaN loss's by a few finite points: it is still that one trouble).
+        """
+        holding = {(f.kind, f.rank) for _, f in conditions if f.active}
+        holding.update((ep.first.kind, ep.first.rank) for ep in self._open.values() if not ep.quiet)
+        kept: list[tuple[Key, Finding]] = []
+        for key, f in conditions:
+            if not f.active:
+                if key in self._within:
+                    self._within.discard(key)
+                    continue
+            elif key in self._within:
+                continue
+            else:
+                whole = self._parts.get(f.kind)
+                own = self._open.get(key)
+                if whole is not None and (whole, f.rank) in holding and (own is None or own.quiet):
+                    self._within.add(key)
+                    continue
+            kept.append((key, f))
+        return kept
 
     def _joined(self, key: Key, members: list[Finding]) -> Finding | None:
         """One group's findings of one call as the group's own: active while any member holds, inactive

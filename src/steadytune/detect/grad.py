@@ -41,6 +41,8 @@ KINDS: dict[str, KindInfo] = {
         "fp16 overflow: the loss scaler skipped the step and lowered the scale; harmless if rare",
         "nothing if it stays rare; if it repeats, use bf16, lower the LR or clip gradients",
         "warning",
+        # A NaN norm from a NaN loss is that loss's NaN seen from the backward pass.
+        part_of="nan_loss",
     ),
     "grad_explosion": KindInfo(
         "gradient explosion",
@@ -60,6 +62,7 @@ KINDS: dict[str, KindInfo] = {
         "the gradient norm jumped: an unusual batch",
         "keep gradient clipping on; if it repeats, inspect the batches at these steps",
         "warning",
+        part_of="grad_explosion",
     ),
 }
 

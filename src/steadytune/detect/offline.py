@@ -88,6 +88,10 @@ GRAD_SPIKE_ALONE = "the gradient norm jumped while the loss did not: an unusual 
 GRAD_SPIKE_WITH_LOSS = (
     "the gradient norm jumped with the loss (a loss spike at the same steps): one bad batch or update"
 )
+GRAD_EXPLOSION_WITH_LOSS = (
+    "the gradient norm jumped far over its level with the loss (a loss spike at the same steps): an "
+    "update large enough to throw the model off"
+)
 DIVERGENCE_CAME_BACK = (
     "the loss climbed away from its best level (steps {start}-{end}), then came back: a passing instability "
     "(a run of hard batches, an LR near the edge) rather than a lasting divergence"
@@ -101,12 +105,16 @@ def _overlap(a: Anomaly, b: Anomaly) -> bool:
 def in_hindsight(a: Anomaly, came_back: bool, found: Sequence[Anomaly]) -> Anomaly:
     """An anomaly's cause as the whole run tells it; live, it was written before the run went on.
 
-    A gradient spike says whether the loss jumped at the same steps (a loss spike of the same rank
-    overlapping it), and a divergence that ended (``came_back``) no longer says it did not come back.
+    A gradient spike or explosion says whether the loss jumped at the same steps (a loss spike of the
+    same rank overlapping it), and a divergence that ended (``came_back``) no longer says it did not
+    come back.
     """
-    if a.kind == "grad_spike":
+    if a.kind in ("grad_spike", "grad_explosion"):
         with_loss = any(b.kind == "loss_spike" and b.rank == a.rank and _overlap(a, b) for b in found)
-        return dataclasses.replace(a, cause=GRAD_SPIKE_WITH_LOSS if with_loss else GRAD_SPIKE_ALONE)
+        if a.kind == "grad_spike":
+            return dataclasses.replace(a, cause=GRAD_SPIKE_WITH_LOSS if with_loss else GRAD_SPIKE_ALONE)
+        if with_loss:  # the explosion a loss spike made, whether or not the norm stayed up
+            return dataclasses.replace(a, cause=GRAD_EXPLOSION_WITH_LOSS)
     if a.kind == "divergence" and came_back:
         return dataclasses.replace(a, cause=DIVERGENCE_CAME_BACK.format(start=a.start_step, end=a.end_step))
     return a

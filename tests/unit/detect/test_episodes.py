@@ -258,3 +258,66 @@ def test_an_episode_told_over_holds_on_in_silence_and_a_new_firing_after_it_is_a
     book.apply(spike(15, active=False), 15)
     book.settle()
     assert book.expire(15 + GAP + 1, 1.0) == [] and book.quiet == 0
+
+
+# ---- parts: a kind that is one face of a graver one -----------------------------------------------
+
+
+@pytest.mark.parametrize("at", [8, 15, 60])
+@pytest.mark.parametrize("ratio", [120.0, 400.0])
+def test_a_norm_far_over_its_level_is_one_explosion_not_a_spike_beside_it(at: int, ratio: float) -> None:
+    """A norm over ``explosion_ratio`` times its level, early or late: the spike rules fire on it as
+    well, and before, the user got a warning and a critical alert for the one point."""
+    losses = noisy(100, level=2.0, sigma=0.02, seed=at, decay=0.005)
+    grads = [0.8 * (1.0 + 0.05 * ((i * 7) % 5 - 2)) for i in range(100)]
+    grads[at - 1] *= ratio
+    ts = feed(records(losses, grads))
+    raised = [t.anomaly.kind for t in ts if t.state == "raised" and t.anomaly.metric == "grad_norm"]
+    assert raised == ["grad_explosion"]
+    (episode,) = [a for a in detect(records(losses, grads)) if a.metric == "grad_norm"]
+    assert episode.kind == "grad_explosion" and episode.start_step == at
+
+
+def test_a_nan_norm_under_a_nan_loss_is_the_nan_loss_episode_even_after_the_loss_is_finite_again() -> None:
+    """Three NaN steps: the norm's own rule holds a few finite points longer than the loss's. One
+    episode (nan_loss), and no nonfinite_grad raised when the loss's episode goes quiet first."""
+    losses = noisy(80, level=2.0, sigma=0.02, seed=4, decay=0.005)
+    grads = [1.0] * 80
+    for i in (39, 40, 41):
+        losses[i] = grads[i] = float("nan")
+    ts = feed(records(losses, grads))
+    assert [(t.state, t.anomaly.kind) for t in ts if t.state == "raised"] == [("raised", "nan_loss")]
+    assert [a.kind for a in detect(records(losses, grads))] == ["nan_loss"]
+
+
+def test_a_nan_norm_under_a_finite_loss_is_its_own_episode() -> None:
+    """An fp16 overflow the scaler skipped: the loss is fine, so the NaN norm is no part of anything."""
+    losses = noisy(80, level=2.0, sigma=0.02, seed=4, decay=0.005)
+    grads = [1.0] * 80
+    grads[40] = float("inf")
+    assert [a.kind for a in detect(records(losses, grads))] == ["nonfinite_grad"]
+
+
+def test_a_part_that_fired_first_keeps_its_episode_and_parts_of_other_ranks_stay_apart() -> None:
+    book = Episodes(KINDS, GAP, frozenset())
+
+    def f(kind: str, step: int, active: bool = True, rank: int | None = None) -> Finding:
+        return Finding(kind, "grad_norm", step, active, rank, evidence={"value": 50.0} if active else None)
+
+    # A spike told at step 5 that becomes an explosion at 7: the spike was told, it stays its episode.
+    assert [t.state for t in book.apply([f("grad_spike", 5)], 5)] == ["raised"]
+    got = book.apply([f("grad_spike", 7), f("grad_explosion", 7)], 7)
+    assert [(t.state, t.anomaly.kind) for t in got] == [("raised", "grad_explosion")]
+    # An explosion on rank 0 holds no part of rank 1's spike.
+    other = book.apply([f("grad_spike", 8, rank=1), f("grad_explosion", 8)], 8)
+    assert [(t.state, t.anomaly.kind, t.anomaly.rank) for t in other] == [("raised", "grad_spike", 1)]
+    # Taken in while the whole holds, a part is told by nothing until it clears, even after the whole.
+    book2 = Episodes(KINDS, GAP, frozenset())
+    assert [t.anomaly.kind for t in book2.apply([f("grad_spike", 9), f("grad_explosion", 9)], 9)] == [
+        "grad_explosion"
+    ]
+    over = book2.apply([f("grad_explosion", 10, active=False), f("grad_spike", 10)], 10)
+    assert [t.state for t in over] == ["cleared"]
+    assert book2.apply([f("grad_spike", 11, active=False)], 11) == []
+    # Cleared, the part is free again: a spike alone later is its own episode.
+    assert [t.anomaly.kind for t in book2.apply([f("grad_spike", 30)], 30)] == ["grad_spike"]
