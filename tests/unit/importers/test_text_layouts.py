@@ -256,6 +256,8 @@ def test_a_long_preamble_before_the_log_lines(tmp_path: Path) -> None:
         ("INFO:root:step 10 loss 2.3", None, "step 10 loss 2.3"),
         ("[rank1]:[2024-05-01T12:00:00.5Z] [INFO] s:10 trl:2.3", 1, "s:10 trl:2.3"),
         ("[2024-05-01 12:00:00,1] [INFO] [logging.py:96:log_dist] [Rank 0] step=10", 0, "step=10"),
+        ("2025-01-02 03:04:05.678\tnode-a:2\tolmo.train:990\tINFO\t[step=10/100]", 2, "[step=10/100]"),
+        ("2025-01-02 03:04:05.678\tolmo.util:12\tWARNING\tstep 10 loss 2.3", None, "step 10 loss 2.3"),
         ("s:10 trl:2.3", None, "s:10 trl:2.3"),
         ("10 train 2.3", None, "10 train 2.3"),
         ("information about step 10", None, "information about step 10"),
