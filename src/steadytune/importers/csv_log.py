@@ -12,6 +12,9 @@ evaluating now and then has ``_step`` 51 at ``train/global_step`` 500. A table
 with no step column but an ``epoch`` one (Keras' ``CSVLogger``, a table a script
 writes once an epoch) is stepped by its epochs.
 
+A table whose rows are all at one step (W&B's export of a project's runs table, one
+row per run at its last step) is no log over steps, and is refused.
+
 A column named in words (``Train Loss``, ``Val Loss``) is read as its words
 lower-cased and joined by ``_`` (``train_loss``, ``val_loss``), as a text log's
 keys are, unless the shared aliases know the name as written (``lm loss``).
@@ -138,16 +141,26 @@ def read(path: Path) -> Series:
         raise UnreadableLog(f"CSV has no step column (looked for {', '.join(STEP_COLUMNS)})")
     metrics = column_metrics(header, col)
     b = SeriesBuilder(str(path), FORMAT, in_order=True)
+    stepped = 0
     for row in rows:
         if len(row) <= col:
             continue
         step = parse_number(row[col])
         if step is None or not math.isfinite(step):
             continue
+        stepped += 1
         for i, cell in enumerate(row):
             name = metrics[i] if i < len(metrics) else None
             if name:
                 b.add(int(step), name, parse_number(cell))
+    steps = set(b.steps())
+    if stepped > 1 and len(steps) == 1:
+        # W&B's export of a project's runs table: one row per run, each at its last step. Read
+        # in order, the rows would be one step's sub-batches, and the runs' final losses averaged.
+        raise UnreadableLog(
+            f"all {stepped} rows are at step {steps.pop()}: a table of runs or a summary "
+            f"(W&B's runs export), not a log over steps"
+        )
     return b.build(require=("loss", "eval_loss", "grad_norm"))
 
 

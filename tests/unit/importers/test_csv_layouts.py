@@ -8,8 +8,10 @@ import math
 import random
 from pathlib import Path
 
+import pytest
+
 from steadytune.detect.offline import replay
-from steadytune.importers import load
+from steadytune.importers import UnreadableLog, load
 
 SPIKE_AT = 50
 
@@ -180,3 +182,24 @@ def test_columns_named_in_words_are_read_and_each_model_of_a_table_is_a_run(tmp_
         assert [(r.step, r.loss) for r in run.records] == list(enumerate(losses, 1))
         assert [r.eval_loss for r in run.records] == [x + 0.1 for x in losses]
     assert {"time_(s)", "total_epochs"} <= set(s.metrics) and "model" not in s.metrics
+
+
+def test_a_table_of_runs_each_at_its_last_step_is_no_log(tmp_path: Path) -> None:
+    """W&B's runs export: one row per run, its config and its summary, every run at its last step."""
+    header = ["Name", "State", "learning_rate", "n_layer", "iter", "train/loss", "val/loss"]
+    rows = [
+        {
+            "Name": f"run-{k}",
+            "State": "finished",
+            "learning_rate": 1e-3 * k,
+            "n_layer": 6,
+            "iter": 5000,
+            "train/loss": 1.0 + k / 10,
+            "val/loss": 1.4 + k / 10,
+        }
+        for k in range(6)
+    ]
+    with pytest.raises(UnreadableLog, match="all 6 rows are at step 5000"):
+        load(_write(tmp_path / "wandb_export.csv", header, rows))
+    one = _write(tmp_path / "one.csv", header, rows[:1])  # one row: a run of one logged step
+    assert [(r.step, r.loss) for r in load(one).records] == [(5000, 1.0)]
