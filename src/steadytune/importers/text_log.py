@@ -430,38 +430,47 @@ def why_not(head: str) -> str:
 _STEP_WORD = re.compile(r"step|iter|batch", re.IGNORECASE)
 # A metric of a block, indented on a line of its own: one key (a few words) and one value.
 _BLOCK_LINE = re.compile(r"^[ \t]+[A-Za-z][\w/.@()-]*(?: [\w/.@()-]+){0,4}?\s*[:=]\s*[-+\w.,]+\s*$")
-# What a block's head may hold beside its step: an epoch, brackets and separators.
-_HEAD_REST = re.compile(r"^(?:[\s\[\](){},;:|=/#.\d-]|epoch\s*[:=]?\s*\d)*$", re.IGNORECASE)
+# A block's head: its step's word, an epoch, numbers, brackets and separators, and no other word;
+# its end (from the last step word on) is looked at first, on the line before its prefix is stripped.
+_HEAD_END = r"(?:global[ _]step|steps?|iter(?:ation)?|batch)[^A-Za-z]*(?:epoch[^A-Za-z]*)?$"
+_HEAD_TAIL = re.compile(_HEAD_END, re.IGNORECASE)
+_HEAD = re.compile(r"^[^A-Za-z]*" + _HEAD_END, re.IGNORECASE)
 _MAX_BLOCK = 256
+# A head is its step and a logger's prefix: a longer line (a generation, a dumped config) is none.
+_MAX_HEAD = 200
 
 
 def _block_head(raw: str) -> bool:
     """Whether a line names a step and nothing else (OLMo's ``[step=10/10000,epoch=0]``)."""
-    if not _STEP_WORD.search(raw) or _might_hold_a_record(raw):
+    if len(raw) > _MAX_HEAD or "loss" in raw or "Loss" in raw:
+        return False
+    words = list(_STEP_WORD.finditer(raw))
+    if not words or not _HEAD_TAIL.match(raw, words[-1].start()):
         return False
     text = strip_prefix(raw)[1]
-    found = find_step_match(text)
-    return found is not None and bool(_HEAD_REST.match(text[: found.start()] + text[found.end() :]))
+    return bool(_HEAD.match(text)) and find_step_match(text) is not None
 
 
 def _blocks(lines: Iterable[str]) -> Iterator[str]:
     """The lines, a block's metric lines joined onto the line that names its step (two spaces
-    apart, so that a key of several words reads as one)."""
-    head: str | None = None
-    held: list[str] = []
+    apart, so that a key of several words reads as one). Each line waits for the next: only a line
+    followed by an indented ``key=value`` one is asked whether it heads a block."""
+    before: str | None = None  # the line read last, not given out yet
+    held: list[str] = []  # its block's lines, once it heads one
     for raw in lines:
-        if head is not None:
-            if len(held) < _MAX_BLOCK and _BLOCK_LINE.match(raw):
+        if before is not None:
+            if (
+                len(held) < _MAX_BLOCK
+                and _BLOCK_LINE.match(raw)
+                and (held or (before[:1] not in (" ", "\t") and _block_head(before)))
+            ):
                 held.append(raw.strip())
                 continue
-            yield "  ".join([head.rstrip("\r\n"), *held]) if held else head
-            head, held = None, []
-        if raw[:1] not in (" ", "\t") and _block_head(raw):
-            head = raw
-        else:
-            yield raw
-    if head is not None:
-        yield "  ".join([head.rstrip("\r\n"), *held]) if held else head
+            yield "  ".join([before.rstrip("\r\n"), *held]) if held else before
+            held = []
+        before = raw
+    if before is not None:
+        yield "  ".join([before.rstrip("\r\n"), *held]) if held else before
 
 
 Named = list[tuple[str, int]]  # (the line's template, the step it names), in file order
