@@ -8,7 +8,16 @@ the same step merge.
 
 The step is the trainer's (``train/global_step``, ``step``, ...), not W&B's
 ``_step``, which counts log calls: an HF run logging every 10 steps and
-evaluating now and then has ``_step`` 51 at ``train/global_step`` 500.
+evaluating now and then has ``_step`` 51 at ``train/global_step`` 500. A table
+with no step column but an ``epoch`` one (Keras' ``CSVLogger``, a table a script
+writes once an epoch) is stepped by its epochs.
+
+A table whose rows are all at one step (W&B's export of a project's runs table, one
+row per run at its last step) is no log over steps, and is refused.
+
+A column named in words (``Train Loss``, ``Val Loss``) is read as its words
+lower-cased and joined by ``_`` (``train_loss``, ``val_loss``), as a text log's
+keys are, unless the shared aliases know the name as written (``lm loss``).
 """
 
 from __future__ import annotations
@@ -21,7 +30,8 @@ from steadytune.importers.format import LogFormat
 from steadytune.importers.series import ALIASES, Series, SeriesBuilder, UnreadableLog, parse_number
 
 FORMAT = "csv"
-# Most preferred first; ``_step`` last, used only when no trainer step is there.
+# Most preferred first; ``_step`` used only when no trainer step is there, and ``epoch`` only when
+# no step is logged at all: it steps a table written once an epoch.
 STEP_COLUMNS = (
     "train/global_step",
     "global_step",
@@ -30,7 +40,10 @@ STEP_COLUMNS = (
     "iteration",
     "iter",
     "_step",
+    "epoch",
 )
+# The step counters other than the one chosen are no metrics; an epoch is one where a step is logged.
+_COUNTERS = frozenset(STEP_COLUMNS) - {"epoch"}
 # Training loss names, most preferred first. Lightning's ``self.log("train_loss", on_step=True,
 # on_epoch=True)`` writes ``train_loss_step`` and ``train_loss_epoch``: the ``_epoch`` mean is
 # another series and stays out, kept under its own name.
@@ -56,7 +69,7 @@ EVAL_LOSS_COLUMNS = (
 
 
 def step_column(header: list[str]) -> int | None:
-    names = [h.strip().lower() for h in header]
+    names = [(_metric(h) or "").lower() for h in header]
     for candidate in STEP_COLUMNS:
         if candidate in names:
             return names.index(candidate)
@@ -69,6 +82,9 @@ def _metric(column: str) -> str | None:
         return None
     if " - " in name:
         name = name.split(" - ", 1)[1]
+    if " " in name and name not in ALIASES:
+        words = name.lower().split()
+        name = " ".join(words) if " ".join(words) in ALIASES else "_".join(words)
     return name
 
 
@@ -98,7 +114,7 @@ def column_metrics(header: list[str], step_col: int) -> list[str | None]:
     for i, name in enumerate(names):
         if i in chosen:
             out.append(chosen[i])
-        elif name is None or name.lower() in STEP_COLUMNS or ALIASES.get(name) in ("loss", "eval_loss"):
+        elif name is None or name.lower() in _COUNTERS or ALIASES.get(name) in ("loss", "eval_loss"):
             out.append(None)
         else:
             out.append(name)
@@ -125,16 +141,26 @@ def read(path: Path) -> Series:
         raise UnreadableLog(f"CSV has no step column (looked for {', '.join(STEP_COLUMNS)})")
     metrics = column_metrics(header, col)
     b = SeriesBuilder(str(path), FORMAT, in_order=True)
+    stepped = 0
     for row in rows:
         if len(row) <= col:
             continue
         step = parse_number(row[col])
         if step is None or not math.isfinite(step):
             continue
+        stepped += 1
         for i, cell in enumerate(row):
             name = metrics[i] if i < len(metrics) else None
             if name:
                 b.add(int(step), name, parse_number(cell))
+    steps = set(b.steps())
+    if stepped > 1 and len(steps) == 1:
+        # W&B's export of a project's runs table: one row per run, each at its last step. Read
+        # in order, the rows would be one step's sub-batches, and the runs' final losses averaged.
+        raise UnreadableLog(
+            f"all {stepped} rows are at step {steps.pop()}: a table of runs or a summary "
+            f"(W&B's runs export), not a log over steps"
+        )
     return b.build(require=("loss", "eval_loss", "grad_norm"))
 
 

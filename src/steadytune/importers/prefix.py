@@ -8,7 +8,8 @@
 - timestamps: ``2024-05-01 12:00:00,123``, ``2024-05-01T12:00:00.123Z``,
   ``05/01/2024 12:00:00``, ``12:00:00``, bracketed or not;
 - log levels and logger names: ``INFO``, ``[INFO]``, ``INFO:root:``, ``- INFO - __main__ -``,
-  DeepSpeed's ``[logging.py:96:log_dist]``;
+  DeepSpeed's ``[logging.py:96:log_dist]``; the tab-separated fields before a level, OLMo's
+  ``host:0<TAB>olmo.train:990<TAB>INFO<TAB>`` (its ``host:N`` names the rank);
 - the ``-``, ``|`` and ``:`` separators between them;
 - terminal colour codes, and the echo of cursor keys typed while it ran (``^[[B``),
   anywhere in the line.
@@ -40,11 +41,17 @@ _PREFIX = re.compile(
     + _LEVEL
     + r"""\b\]?(?::[\w.]+:|\s*-\s*[\w.]+(?=\s+-\s))?
       | \[[\w./-]+\.py:\d+(?::\w+)?\]
+      | [\w.-]+:(?P<r6>\d+)(?=\t+[\w.-]+:\d+\t+"""
+    + _LEVEL
+    + r"""\b)
+      | [\w.-]+:\d+(?=\t+"""
+    + _LEVEL
+    + r"""\b)
       | [-|:]
     ))+\s*""",
     re.VERBOSE | re.IGNORECASE,
 )
-_RANK_GROUPS = ("r1", "r2", "r3", "r4", "r5")
+_RANK_GROUPS = ("r1", "r2", "r3", "r4", "r5", "r6")
 # Colour codes of a logger writing to a terminal (loguru, rich) survive a `tee` into the file; so
 # does the terminal's echo of keys pressed while the run prints, in caret notation (``^[[B``:
 # an arrow key), in front of the next line the script writes.

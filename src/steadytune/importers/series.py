@@ -66,6 +66,8 @@ ALIASES: dict[str, str] = {
     "gradient_norm": "grad_norm",
     "gnorm": "grad_norm",
     "actor/grad_norm": "grad_norm",  # verl
+    "optim/total_grad_norm": "grad_norm",  # OLMo
+    "total_grad_norm": "grad_norm",
     "actor/pg_loss": "loss",  # verl's policy-gradient loss: an RL loss, judged only for NaN/Inf
     "actor/lr": "lr",
     "learning_rate": "lr",
@@ -136,6 +138,9 @@ TRAIN_LOSS_NAMES: tuple[str, ...] = (
     "gpt_loss",
     "loss_train",
     "total_loss",
+    "crossentropyloss",  # OLMo's train/CrossEntropyLoss
+    "cross_entropy_loss",
+    "ce_loss",  # OLMo-core's "train/CE loss"
     "avg_loss",
     "mean_loss",
 )

@@ -12,7 +12,8 @@ Tried last, after every layout with a reader of its own. The rules:
 
   ========================  ======================================================
   ``loss``                  ``loss``, ``train loss``, ``train_loss``, ``training loss``,
-                            ``train/loss``, ``lm loss``, ``avg loss``, ``ave loss``, ``total loss``
+                            ``train/loss``, ``lm loss``, ``avg loss``, ``ave loss``, ``total loss``;
+                            ``train/CrossEntropyLoss``, ``CE loss`` where no other is logged
   ``eval_loss``             ``val loss``, ``val_loss``, ``valid loss``, ``validation loss``,
                             ``eval loss``, ``eval_loss``, ``test loss``, ``dev loss``
   ``grad_norm``             ``grad norm``, ``grad_norm``, ``gradient norm``, ``gnorm``,
@@ -44,6 +45,10 @@ Tried last, after every layout with a reader of its own. The rules:
   when a line of theirs comes back (:data:`MIN_RECORDS` times: a closing summary is no
   record) and logs what the stepped ones do not. In a log where no record names a step,
   they are numbered (:func:`~.text_steps.number_stepless`).
+- A line that names a step and nothing else, followed by indented lines of one ``key=value``
+  or ``key: value`` each, is one record (OLMo's ``[step=10/10000,epoch=0]`` block of
+  ``    train/CrossEntropyLoss=9.064`` lines): the block is read as one line.
+- A number with thousands separators (``tokens_per_second=105,477``) is one value.
 - When several ranks print the same step, the lowest rank's line is kept.
 - Where other lines log the training loss, a line with both a train and an eval loss
   (nanoGPT's ``step 250: train loss X, val loss Y``) is an evaluation: its train loss
@@ -59,7 +64,7 @@ import itertools
 import math
 import re
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
@@ -90,6 +95,9 @@ LOOKED_FOR = (
 )
 
 _NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:e[-+]?\d+)?|[-+]?(?:nan|inf)\b"
+# A count printed with thousands separators (OLMo's ``throughput/total_tokens=5,242,880``); not a
+# pair of numbers, which a list or a tuple writes with a space or other digits after the comma.
+_THOUSANDS = r"[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\d,])"
 _KEYS = {
     "eval_loss": r"(?:val(?:id(?:ation)?)?|eval(?:uation)?|test|dev)[ _/-]?loss",
     # NeMo's reduced_train_loss, OpenRLHF's gpt_loss; LitGPT's "loss train: X".
@@ -108,7 +116,8 @@ _METRIC = re.compile(
 # not a percentage (a progress bar's "SFT:  3%|").
 _PAIR = re.compile(
     r"(?<![\w/.@'\"-])['\"]?(?P<key>[A-Za-z][\w/.@-]*(?: [A-Za-z][\w/.@-]*){0,3}?)['\"]?\s*[:=]\s*"
-    r"(?:(?:np\.\w+|tensor|float)\(\s*)?(?:(?P<num>" + _NUM + r")(?![\d.]*\s*%)|(?P<list>\[[^\]\[]*\]))",
+    r"(?:(?:np\.\w+|tensor|float)\(\s*)?(?:(?P<num>" + _THOUSANDS + "|" + _NUM + r")(?![\d.]*\s*%)"
+    r"|(?P<list>\[[^\]\[]*\]))",
     re.I,
 )
 # A key whose value is a printed dict: "reward_data: {", "metrics={".
@@ -117,7 +126,9 @@ _DICT_KEY = re.compile(r"(?<![\w/.@'\"-])['\"]?(?P<key>[A-Za-z][\w/.@-]*)['\"]?\
 _AFTER_SEPARATOR = re.compile(r"(?:^|[,;|)\]}]\s*|\s-\s+|\s{2,}|\t)$")
 # A record holds a training signal: a loss of any name, a reward, a KL. (``loss_scale`` is fp16's
 # scaler, no loss; a "score" alone is too often a sample's grade printed as the run goes.)
-_SIGNAL = re.compile(r"(?:^|[_/.])loss$|(?:^|[_/.])(?:rewards?|kl)(?:$|[_/.])|(?:^|_)(?:ppl|perplexity)$")
+_SIGNAL = re.compile(
+    r"(?:^|[_/.]|crossentropy)loss$|(?:^|[_/.])(?:rewards?|kl)(?:$|[_/.])|(?:^|_)(?:ppl|perplexity)$"
+)
 # A perplexity is exp(loss): DeepSpeed-Chat's SFT logs its evaluation as "ppl: 2.01" alone.
 _PERPLEXITY = re.compile(
     r"^(?:(?P<train>train(?:ing)?)_|(?:eval|val|valid|validation|test|dev)_)?(?:ppl|perplexity)$"
@@ -241,7 +252,7 @@ def _parse_text(text: str) -> Parsed | None:
         if key in fields:
             continue
         if m.group("num") is not None:
-            value = parse_number(m.group("num"))
+            value = parse_number(m.group("num").replace(",", ""))
             if value is not None:
                 fields[key] = value
                 spans[key] = m.span("num"), 1.0
@@ -378,7 +389,7 @@ def _longest_run(head: str) -> tuple[int, int]:
     """
     count, best = 0, 0
     runs: dict[tuple[bool, tuple[str, ...]], tuple[int, int]] = {}
-    for line in head.splitlines():
+    for line in _blocks(head.splitlines()):
         parsed = parse_line(line)
         if parsed is None:
             continue
@@ -417,6 +428,51 @@ def why_not(head: str) -> str:
 
 # A line that may name a step without holding a record ("rollout batch 3 generated").
 _STEP_WORD = re.compile(r"step|iter|batch", re.IGNORECASE)
+# A metric of a block, indented on a line of its own: one key (a few words) and one value.
+_BLOCK_LINE = re.compile(r"^[ \t]+[A-Za-z][\w/.@()-]*(?: [\w/.@()-]+){0,4}?\s*[:=]\s*[-+\w.,]+\s*$")
+# A block's head: its step's word, an epoch, numbers, brackets and separators, and no other word;
+# its end (from the last step word on) is looked at first, on the line before its prefix is stripped.
+_HEAD_END = r"(?:global[ _]step|steps?|iter(?:ation)?|batch)[^A-Za-z]*(?:epoch[^A-Za-z]*)?$"
+_HEAD_TAIL = re.compile(_HEAD_END, re.IGNORECASE)
+_HEAD = re.compile(r"^[^A-Za-z]*" + _HEAD_END, re.IGNORECASE)
+_MAX_BLOCK = 256
+# A head is its step and a logger's prefix: a longer line (a generation, a dumped config) is none.
+_MAX_HEAD = 200
+
+
+def _block_head(raw: str) -> bool:
+    """Whether a line names a step and nothing else (OLMo's ``[step=10/10000,epoch=0]``)."""
+    if len(raw) > _MAX_HEAD or "loss" in raw or "Loss" in raw:
+        return False
+    words = list(_STEP_WORD.finditer(raw))
+    if not words or not _HEAD_TAIL.match(raw, words[-1].start()):
+        return False
+    text = strip_prefix(raw)[1]
+    return bool(_HEAD.match(text)) and find_step_match(text) is not None
+
+
+def _blocks(lines: Iterable[str]) -> Iterator[str]:
+    """The lines, a block's metric lines joined onto the line that names its step (two spaces
+    apart, so that a key of several words reads as one). Each line waits for the next: only a line
+    followed by an indented ``key=value`` one is asked whether it heads a block."""
+    before: str | None = None  # the line read last, not given out yet
+    held: list[str] = []  # its block's lines, once it heads one
+    for raw in lines:
+        if before is not None:
+            if (
+                len(held) < _MAX_BLOCK
+                and _BLOCK_LINE.match(raw)
+                and (held or (before[:1] not in (" ", "\t") and _block_head(before)))
+            ):
+                held.append(raw.strip())
+                continue
+            yield "  ".join([before.rstrip("\r\n"), *held]) if held else before
+            held = []
+        before = raw
+    if before is not None:
+        yield "  ".join([before.rstrip("\r\n"), *held]) if held else before
+
+
 Named = list[tuple[str, int]]  # (the line's template, the step it names), in file order
 
 
@@ -425,7 +481,7 @@ def _parsed(f: Iterable[str]) -> tuple[list[Line], Named]:
     iters = IterSteps()
     out: list[Line] = []
     named: Named = []
-    for raw in f:
+    for raw in _blocks(f):
         line = parse_line(raw)
         if line is not None:
             if line.step is None:

@@ -8,8 +8,10 @@ import math
 import random
 from pathlib import Path
 
+import pytest
+
 from steadytune.detect.offline import replay
-from steadytune.importers import load
+from steadytune.importers import UnreadableLog, load
 
 SPIKE_AT = 50
 
@@ -136,3 +138,68 @@ def test_one_column_each_feeds_loss_and_eval_loss_in_order_of_preference(tmp_pat
     # A name only the shared aliases know is still taken when no preferred one is there.
     p.write_text("iteration,lm loss,validation loss\n1,2.0,\n2,1.9,2.2\n")
     assert [(r.step, r.loss, r.eval_loss) for r in load(p).records] == [(1, 2.0, None), (2, 1.9, 2.2)]
+
+
+def test_a_table_written_once_an_epoch_is_stepped_by_its_epochs(tmp_path: Path) -> None:
+    """Keras' CSVLogger writes ``epoch,accuracy,loss,val_accuracy,val_loss``, one row an epoch, no step."""
+    losses = _curve(80, seed=7)
+    rows = [
+        {"epoch": e, "accuracy": 0.5 + e / 200, "loss": loss, "val_accuracy": 0.5, "val_loss": loss * 1.05}
+        for e, loss in enumerate(losses)
+    ]
+    p = _write(tmp_path / "training.log.csv", ["epoch", "accuracy", "loss", "val_accuracy", "val_loss"], rows)
+    s = load(p)
+    assert s.format == "csv" and s.steps == 80 and "epoch" not in s.metrics
+    assert s.values("loss") == (list(range(80)), losses)
+    assert s.values("eval_loss")[1] == [x * 1.05 for x in losses]
+    assert _spike_steps(p) == [SPIKE_AT]
+
+
+def test_an_epoch_column_beside_a_step_column_stays_a_metric(tmp_path: Path) -> None:
+    p = tmp_path / "metrics.csv"
+    p.write_text("epoch,step,loss\n0,10,2.0\n0,20,1.9\n1,30,1.8\n")
+    s = load(p)
+    assert [(r.step, r.epoch, r.loss) for r in s.records] == [(10, 0.0, 2.0), (20, 0.0, 1.9), (30, 1.0, 1.8)]
+
+
+def test_columns_named_in_words_are_read_and_each_model_of_a_table_is_a_run(tmp_path: Path) -> None:
+    """A hand-written table of several models' epochs: ``Train Loss`` is the loss, ``Val Loss`` the
+    eval loss, and the epoch going back to 1 starts the next model's run."""
+    header = ["Model", "Epoch", "Total Epochs", "Train Loss", "Val Loss", "Time (s)"]
+    rows: list[dict[str, object]] = []
+    curves = {
+        "small": [0.9 + 1.1 * 0.8**e for e in range(12)],
+        "large": [0.6 + 1.2 * 0.7**e for e in range(12)],
+    }
+    for model, losses in curves.items():
+        for e, loss in enumerate(losses, 1):
+            row = {"Model": model, "Epoch": e, "Total Epochs": 12, "Train Loss": loss, "Val Loss": loss + 0.1}
+            rows.append({**row, "Time (s)": 14.5})
+    s = load(_write(tmp_path / "training_metrics.csv", header, rows))
+    runs = s.runs()
+    assert s.format == "csv" and len(runs) == 2
+    for run, losses in zip(runs, curves.values(), strict=True):
+        assert [(r.step, r.loss) for r in run.records] == list(enumerate(losses, 1))
+        assert [r.eval_loss for r in run.records] == [x + 0.1 for x in losses]
+    assert {"time_(s)", "total_epochs"} <= set(s.metrics) and "model" not in s.metrics
+
+
+def test_a_table_of_runs_each_at_its_last_step_is_no_log(tmp_path: Path) -> None:
+    """W&B's runs export: one row per run, its config and its summary, every run at its last step."""
+    header = ["Name", "State", "learning_rate", "n_layer", "iter", "train/loss", "val/loss"]
+    rows = [
+        {
+            "Name": f"run-{k}",
+            "State": "finished",
+            "learning_rate": 1e-3 * k,
+            "n_layer": 6,
+            "iter": 5000,
+            "train/loss": 1.0 + k / 10,
+            "val/loss": 1.4 + k / 10,
+        }
+        for k in range(6)
+    ]
+    with pytest.raises(UnreadableLog, match="all 6 rows are at step 5000"):
+        load(_write(tmp_path / "wandb_export.csv", header, rows))
+    one = _write(tmp_path / "one.csv", header, rows[:1])  # one row: a run of one logged step
+    assert [(r.step, r.loss) for r in load(one).records] == [(5000, 1.0)]

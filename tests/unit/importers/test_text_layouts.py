@@ -256,6 +256,8 @@ def test_a_long_preamble_before_the_log_lines(tmp_path: Path) -> None:
         ("INFO:root:step 10 loss 2.3", None, "step 10 loss 2.3"),
         ("[rank1]:[2024-05-01T12:00:00.5Z] [INFO] s:10 trl:2.3", 1, "s:10 trl:2.3"),
         ("[2024-05-01 12:00:00,1] [INFO] [logging.py:96:log_dist] [Rank 0] step=10", 0, "step=10"),
+        ("2025-01-02 03:04:05.678\tnode-a:2\tolmo.train:990\tINFO\t[step=10/100]", 2, "[step=10/100]"),
+        ("2025-01-02 03:04:05.678\tolmo.util:12\tWARNING\tstep 10 loss 2.3", None, "step 10 loss 2.3"),
         ("s:10 trl:2.3", None, "s:10 trl:2.3"),
         ("10 train 2.3", None, "10 train 2.3"),
         ("information about step 10", None, "information about step 10"),
@@ -396,3 +398,47 @@ def test_lines_read_by_template_match_the_rules(monkeypatch: pytest.MonkeyPatch)
         text_log._LAYOUTS.clear()
         by_rules.append(text_log.parse_line(line))
     assert [repr(c) for c in cached] == [repr(r) for r in by_rules]  # repr: nan == nan
+
+
+# --- a step's metrics on lines of their own --------------------------------------------------------
+
+
+def _olmo_block(step: int, total: int, loss: float, norm: float, tokens: int) -> list[str]:
+    """OLMo's console: a logger line naming the step, then one indented ``key=value`` a metric,
+    counts printed with thousands separators."""
+    return [
+        f"2025-01-02 03:04:{step % 60:02d}.000\tnode-a:0\tolmo.train:990\tINFO\t"
+        f"[step={step}/{total},epoch=0]",
+        f"    optim/total_grad_norm={norm:.4f}",
+        f"    train/CrossEntropyLoss={loss:.4f}",
+        f"    train/Perplexity={math.exp(loss):,.0f}",
+        f"    throughput/total_tokens={tokens * step:,}",
+        f"    throughput/device/tokens_per_second={tokens:,}",
+        f"    System/Peak GPU Memory (MB)={38000 + step:,}",
+    ]
+
+
+def test_a_block_of_metric_lines_under_its_step_line_is_one_record(tmp_path: Path) -> None:
+    losses = _curve(30, seed=21)
+    lines = ["2025-01-02 03:04:00.000\tnode-a:0\ttrain:98\tINFO\tTrainConfig(run_name='x', seed=1)"]
+    for i, loss in enumerate(losses):
+        lines += _olmo_block(10 * (i + 1), 300, loss, 1.0 + i / 100, 105_000 + i)
+        if i == 14:
+            lines += ["Traceback (most recent call last):", '  File "train.py", line 3, in <module>']
+    p = _write(tmp_path, "train.log", lines)
+    s = load(p)
+    assert s.format == "text_log" and s.steps == 30
+    assert s.values("loss") == ([10 * (i + 1) for i in range(30)], [round(x, 4) for x in losses])
+    r = s.records[20]
+    assert (r.step, r.grad_norm, r.epoch) == (210, 1.2, 0.0)
+    assert r.extra["throughput/device/tokens_per_second"] == 105_020
+    assert r.extra["throughput/total_tokens"] == 210 * 105_020
+
+
+def test_indented_lines_after_a_line_that_says_more_than_its_step_are_not_its_metrics(tmp_path: Path) -> None:
+    """A config printed under a line that names a step among other words stays out of the log."""
+    lines = ["Resuming from step 40 with:", "    kl_coef=0.05", "    reward_scale=2.0"]
+    lines += [f"step {s} | loss {x:.4f}" for s, x in enumerate(_curve(10, seed=22), start=41)]
+    s = load(_write(tmp_path, "train.log", lines))
+    assert [r.step for r in s.records] == list(range(41, 51))
+    assert not any(k.startswith(("kl", "reward")) for k in s.metrics)
