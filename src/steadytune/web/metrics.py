@@ -233,7 +233,10 @@ def _run_samples(entry: RunEntry, accounts: AccountCache) -> Samples:
     latest_name = ckpts["latest"]
     items = ckpts["items"]
     f.add("checkpoints_verified", sum(1 for c in items if c["verified"]), run=run)
-    newest = next((c for c in items if c["name"] == latest_name), items[-1] if items else None)
+    # The one LATEST names, else the newest whole one: a folder a save is still writing is no checkpoint.
+    newest = next((c for c in items if c["name"] == latest_name), None) or next(
+        (c for c in reversed(items) if c["verified"]), None
+    )
     if newest is not None and isinstance(newest.get("ts"), (int, float)):
         f.add("checkpoint_last_timestamp_seconds", newest["ts"], run=run)
 
