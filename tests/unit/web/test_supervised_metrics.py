@@ -14,7 +14,7 @@ from steadytune.rundir import RunDir
 from steadytune.supervise.command import CommandOptions, CommandSource
 from steadytune.supervise.runstate import RunState
 from steadytune.supervise.status import RunBooks
-from steadytune.web.metrics import render_metrics
+from steadytune.web.metrics import STATES, render_metrics
 from steadytune.web.runs import RunsIndex
 
 NOW = 1_700_000_000.0
@@ -31,10 +31,10 @@ def _hf_checkpoint(out: Path, step: int, saved: float, whole: bool = True) -> No
     os.utime(ck / "trainer_state.json", (saved, saved))
 
 
-def _supervised_run(tmp_path: Path) -> RunDir:
+def _supervised_run(tmp_path: Path, state: str = "running", run_id: str = "job1") -> RunDir:
     """The run folder the supervisor keeps for ``steadytune supervise --output-dir out -- <job>``."""
-    run = RunDir(tmp_path / "runs" / "job1").create()
-    out = tmp_path / "out"
+    run = RunDir(tmp_path / "runs" / run_id).create()
+    out = tmp_path / f"out-{run_id}"
     for i, step in enumerate((10, 20, 30, 40)):
         _hf_checkpoint(out, step, NOW - 400 + 100 * i)
     _hf_checkpoint(out, 50, NOW - 10, whole=False)  # a save under way
@@ -44,7 +44,7 @@ def _supervised_run(tmp_path: Path) -> RunDir:
     state: Any = SimpleNamespace(
         run=run,
         clock=lambda: NOW,
-        status="running",
+        status=state,
         progress=SimpleNamespace(
             step=52, max_steps=100, last_loss=1.5, last_eval_loss=None, tokens_per_s=None, eta_s=None
         ),
@@ -74,3 +74,23 @@ def test_a_supervised_jobs_checkpoints_are_in_metrics(tmp_path: Path) -> None:
     assert got["steadytune_checkpoints_verified"] == 4
     assert got["steadytune_checkpoint_last_timestamp_seconds"] == NOW - 100
     assert got["steadytune_checkpoint_age_seconds"] == 100
+
+
+def test_every_run_exports_the_whole_state_set_with_one_state_on(tmp_path: Path) -> None:
+    """One shape for every run, whatever state its supervisor wrote: each state label, one of them 1."""
+    written = ("running", "stopping", "completed", "a-state-of-a-newer-supervisor")
+    for n, state in enumerate(written):
+        _supervised_run(tmp_path, state, run_id=f"r{n}")
+    index = RunsIndex(tmp_path / "runs")
+    index.refresh_all()
+    text = render_metrics(index, lambda: NOW)
+    got = {
+        (m[1], m[2]): float(m[3])
+        for m in re.finditer(r'^steadytune_run_state\{run="(\w+)",state="([\w-]+)"\} (\S+)$', text, re.M)
+    }
+    for n, state in enumerate(written):
+        series = {s: v for (run, s), v in got.items() if run == f"r{n}"}
+        assert set(series) == set(STATES)
+        assert [s for s, v in series.items() if v == 1.0] == [state if state in STATES else "unknown"]
+    runs = dict(re.findall(r'^steadytune_runs\{state="(\w+)"\} (\S+)$', text, re.M))
+    assert runs["unknown"] == "1.0" and runs["stopping"] == "1.0"
