@@ -20,7 +20,7 @@ from steadytune.records import Event
 from steadytune.supervise.inprocess import InProcessRollbacks
 from steadytune.supervise.outbox import Outbox
 from steadytune.supervise.publishing import Publishes
-from steadytune.supervise.ranks import hung_ranks, read_proc
+from steadytune.supervise.ranks import PROC, hung_ranks, read_proc
 from steadytune.supervise.restarts import anomaly_event_data
 from steadytune.supervise.runstate import RunState
 from steadytune.supervise.scaling import SCALE_ACTIONS
@@ -52,6 +52,7 @@ class Actions:
         self.state, self.out, self.publishes, self.in_process = state, out, publishes, in_process
         self._inspected: set[int] = set()  # steps whose batch was looked at (at most 10 a run)
         self._filed: dict[tuple[str, str, int | None], Event] = {}  # each open episode's anomaly event
+        self.proc = PROC  # where each process's rank and state are read (a fake tree in tests)
 
     def on_transition(self, t: Transition) -> None:
         """An episode changed. People hear of an episode once (raised), again when its severity rises,
@@ -273,7 +274,7 @@ class Actions:
             return ""
         now = st.clock()
         silent = {rank: max(0.0, now - ts) for rank, ts in st.attempt.heartbeats.items()}
-        hung = hung_ranks([read_proc(pid) for pid in st.attempt.tree.note()], silent)
+        hung = hung_ranks([read_proc(pid, self.proc) for pid in st.attempt.tree.note()], silent)
         out = st.run.stacks / f"attempt-{st.attempt.number}.txt"
         pids = st.source.dump_stacks(st.attempt.tree, st.attempt.worker, out)
         if pids:

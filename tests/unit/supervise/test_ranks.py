@@ -133,3 +133,44 @@ def test_each_stack_dump_is_headed_by_its_pid_and_rank_and_no_rank_is_lost(tmp_p
     # Every section holds its own process's frames: none ended by the launcher before it printed.
     sections = re.split(r"^=== .* ===$", out.read_text(), flags=re.M)[1:]
     assert all('File "<string>"' in s for s in sections), out.read_text()
+
+
+class _Worker:
+    pid = 10
+
+    def __init__(self) -> None:
+        self.signals: list[int] = []
+
+    def signal_tree(self, sig: int) -> None:
+        self.signals.append(sig)
+
+    def poll(self) -> None:
+        return None
+
+
+class _Tree:
+    def note(self) -> list[int]:
+        return [10, 11, 12]
+
+
+def test_the_restart_for_a_hang_says_which_rank_was_stopped(tmp_path: Path) -> None:
+    from steadytune.policy.engine import Action
+    from steadytune.telemetry.events import read_events
+    from tests.unit.supervise.build import supervisor
+
+    proc = tmp_path / "proc"
+    _fake_proc(proc, 10, {"PATH": "/bin"})  # torchrun
+    _fake_proc(proc, 11, {"RANK": "0", "LOCAL_RANK": "0"})
+    _fake_proc(proc, 12, {"RANK": "1", "LOCAL_RANK": "1"}, "T")
+    sup = supervisor(tmp_path)
+    sup.actions.proc = proc
+    st = sup.state
+    worker = _Worker()
+    st.attempt.worker, st.attempt.tree = worker, _Tree()  # type: ignore[assignment]
+    st.source.dump_stacks = lambda tree, proc, out: [10, 11, 12]  # type: ignore[method-assign]
+    sup.actions.stop_for(Action("restart", "stall at step 33", 33))
+    hung = "rank 1 (pid 12) was stopped (SIGSTOP): the other ranks wait for it"
+    assert st.pending is not None and st.pending.reason == f"stall at step 33 ({hung})"
+    (dumped,) = [e for e in read_events(sup.run.events) if e.name == "stacks_dumped"]
+    assert dumped.message.endswith(f"; {hung}") and dumped.data["hung"] == hung
+    assert worker.signals == [signal.SIGKILL]
