@@ -72,6 +72,7 @@ class ExitInfo:
     interrupted: bool = False  # the supervisor itself asked it to stop (Ctrl-C, SIGTERM, operator)
     hung: bool = False  # the supervisor killed it for not making progress
     stopped_outside: bool = False  # the supervisor ended it for a stop or pause: ``status`` is its word
+    where: str | None = None  # the rank a multi-rank job lost first: "rank 1 (local rank 1, pid 9531)"
 
     @property
     def signal(self) -> int | None:
@@ -159,11 +160,12 @@ def decide(
             f"{info.error_type} at step {info.step} twice in a row: {info.error_message or ''}; "
             "this is not transient, so steadytune stops instead of looping",
         )
+    on = f" on {info.where}" if info.where else ""
     if restarts_used >= max_restarts:
-        return Decision("stop", kind, f"{kind} and the restart budget ({max_restarts}) is spent")
+        return Decision("stop", kind, f"{kind}{on} and the restart budget ({max_restarts}) is spent")
     return Decision(
         "restart",
         kind,
-        f"{kind} at step {info.step}; restart {restarts_used + 1}/{max_restarts}",
+        f"{kind}{on} at step {info.step}; restart {restarts_used + 1}/{max_restarts}",
         backoff(restarts_used, backoff_s, backoff_max_s),
     )

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import signal
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from steadytune.detect.live import Transition, format_transition
 from steadytune.policy.engine import Action
@@ -20,6 +20,7 @@ from steadytune.records import Event
 from steadytune.supervise.inprocess import InProcessRollbacks
 from steadytune.supervise.outbox import Outbox
 from steadytune.supervise.publishing import Publishes
+from steadytune.supervise.ranks import PROC, hung_ranks, read_proc
 from steadytune.supervise.restarts import anomaly_event_data
 from steadytune.supervise.runstate import RunState
 from steadytune.supervise.scaling import SCALE_ACTIONS
@@ -51,6 +52,7 @@ class Actions:
         self.state, self.out, self.publishes, self.in_process = state, out, publishes, in_process
         self._inspected: set[int] = set()  # steps whose batch was looked at (at most 10 a run)
         self._filed: dict[tuple[str, str, int | None], Event] = {}  # each open episode's anomaly event
+        self.proc = PROC  # where each process's rank and state are read (a fake tree in tests)
 
     def on_transition(self, t: Transition) -> None:
         """An episode changed. People hear of an episode once (raised), again when its severity rises,
@@ -257,15 +259,22 @@ class Actions:
         if action.name == "rollback" and self.in_process.want(action):
             return  # the worker reloads the checkpoint itself once these records are read: no new process
         st.pending = action
-        if action.name == "restart":
-            self.dump_stacks()
+        if action.name == "restart" and (hung := self.dump_stacks()):
+            st.pending = replace(action, reason=f"{action.reason} ({hung})")
         st.attempt.worker.signal_tree(signal.SIGKILL)
 
-    def dump_stacks(self) -> None:
-        """The Python stacks of every process of the attempt, into ``stacks/``, before it is killed."""
+    def dump_stacks(self) -> str:
+        """The Python stacks of every process of the attempt, into ``stacks/``, before it is killed.
+
+        Returns which rank the hang is on, in words (:func:`hung_ranks`; ``""`` when nothing tells):
+        read before the dump, which wakes a stopped process.
+        """
         st = self.state
         if st.attempt.worker is None or st.attempt.tree is None:
-            return
+            return ""
+        now = st.clock()
+        silent = {rank: max(0.0, now - ts) for rank, ts in st.attempt.heartbeats.items()}
+        hung = hung_ranks([read_proc(pid, self.proc) for pid in st.attempt.tree.note()], silent)
         out = st.run.stacks / f"attempt-{st.attempt.number}.txt"
         pids = st.source.dump_stacks(st.attempt.tree, st.attempt.worker, out)
         if pids:
@@ -273,7 +282,9 @@ class Actions:
             self.out.emit(
                 "action",
                 "stacks_dumped",
-                f"Python stacks of {len(pids)} {st.source.label} process(es) written to {where}",
+                f"Python stacks of {len(pids)} {st.source.label} process(es) written to {where}"
+                + (f"; {hung}" if hung else ""),
                 step=st.progress.step,
-                data={"pids": pids, "dir": str(st.run.stacks), "file": str(where)},
+                data={"pids": pids, "dir": str(st.run.stacks), "file": str(where), "hung": hung or None},
             )
+        return hung

@@ -29,6 +29,7 @@ from steadytune.supervise.job_lr import BaseLr, choose_base_lr, lr_flag, usable_
 from steadytune.supervise.log_adapter import LogAdapter
 from steadytune.supervise.logparse import yaml_value
 from steadytune.supervise.process import ProcessTree, WorkerProcess, running
+from steadytune.supervise.ranks import read_proc
 from steadytune.supervise.source import CONTROL, LR, SKIP_STEP
 from steadytune.telemetry.segments import SEGMENT_ENV
 from steadytune.telemetry.stream import JsonlWriter
@@ -182,6 +183,46 @@ def deepest_first(parents: dict[int, int]) -> list[list[int]]:
     for pid in parents:
         layers.setdefault(depth(pid), []).append(pid)
     return [sorted(layers[d]) for d in sorted(layers, reverse=True)]
+
+
+def _send(pids: Sequence[int], *signals: int) -> None:
+    for pid in pids:
+        for sig in signals:
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def _dump(group: Sequence[int], log: Path, deadline: float) -> str:
+    """What ``group`` printed to the log on SIGABRT, once each has exited (or the deadline passed)."""
+    start = _size(log)
+    _send(group, signal.SIGCONT, signal.SIGABRT)
+    # Until each has printed and exited: a dead child stays a zombie until it is reaped, and
+    # pid_exists counts it, which held every dump for the whole 5 s.
+    while time.monotonic() < deadline and running(group):
+        time.sleep(0.1)
+    # The output reaches the log through a pipe (and a launcher that copies it): until it stops growing.
+    settle = time.monotonic() + 1.0
+    size = _size(log)
+    while time.monotonic() < settle:
+        time.sleep(0.2)
+        if (now := _size(log)) == size:
+            break
+        size = now
+    try:
+        with open(log, "rb") as f:
+            f.seek(start)
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 @dataclass
@@ -377,11 +418,15 @@ class CommandSource:
 
     # -- stacks -------------------------------------------------------------------
     def dump_stacks(self, tree: ProcessTree, proc: WorkerProcess, out: Path) -> list[int]:
-        """The Python stacks of a hung command, into ``out``, before it is killed.
+        """The Python stacks of a hung command, into ``out``, before it is killed; each headed by its
+        pid and rank (``RANK``/``LOCAL_RANK`` of its environment) and whether it was stopped.
 
         Every Python process of the tree gets SIGCONT (a stopped one cannot answer) and then
         SIGABRT, on which faulthandler (enabled by PYTHONFAULTHANDLER) prints all threads; the
         deepest first, each layer once the one below it has exited (see :func:`deepest_first`).
+        The ranks answer one at a time, so each dump is known to be its own; meanwhile the
+        processes above them are held stopped, or torch elastic, seeing one rank end, would end
+        the others before they had printed.
         """
         import psutil
 
@@ -401,28 +446,22 @@ class CommandSource:
                 parents[pid] = psutil.Process(pid).ppid()
             except (psutil.Error, OSError):
                 continue
-        start = proc.log_path.stat().st_size if proc.log_path.exists() else 0
-        # Until each has printed and exited: a dead child stays a zombie until it is reaped, and
-        # pid_exists counts it, which held every dump for the whole 5 s.
-        deadline = time.monotonic() + 5.0
+        procs = {pid: read_proc(pid) for pid in pids}
+        ranked = [pid for pid in pids if procs[pid].rank is not None]
+        held = {parents[pid] for pid in ranked if parents.get(pid) in parents} if len(ranked) > 1 else set()
+        _send(sorted(held), signal.SIGSTOP)
+        # Five seconds for the dumps, and one more for each rank answering alone.
+        deadline = time.monotonic() + 5.0 + len(ranked)
+        sections = []
         for layer in deepest_first(parents):
-            for pid in layer:
-                for sig in (signal.SIGCONT, signal.SIGABRT):
-                    try:
-                        os.kill(pid, sig)
-                    except (ProcessLookupError, PermissionError):
-                        pass
-            while time.monotonic() < deadline and running(layer):
-                time.sleep(0.1)
-        time.sleep(0.5)  # the pipe's last lines reach the log
-        try:
-            with open(proc.log_path, "rb") as f:
-                f.seek(start)
-                text = f.read().decode("utf-8", "replace")
-        except OSError:
-            text = ""
-        if "Fatal Python error" not in text and 'File "' not in text:
+            alone = [[pid] for pid in layer if pid in ranked]
+            rest = [pid for pid in layer if pid not in ranked]
+            for group in [*alone, *([rest] if rest else [])]:
+                text = _dump(group, proc.log_path, deadline)
+                if "Fatal Python error" in text or 'File "' in text:
+                    sections.append(f"=== {'; '.join(procs[pid].label() for pid in group)} ===\n{text}")
+        if not sections:
             return []
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text)
+        out.write_text("\n".join(sections))
         return pids

@@ -52,6 +52,8 @@ class RunBooks:
             "attempt": st.attempt.number,
             "restarts": st.planner.total,
             "last_checkpoint": st.source.latest_checkpoint(),
+            # Where the dashboard and /metrics find them: a supervised command saves into its own folder.
+            "checkpoint_dir": str(root.resolve()) if (root := st.source.checkpoint_root) else None,
             "supervisor_pid": os.getpid(),
             "worker_pid": worker.pid if worker and st.attempt.running() else None,
             "worker_start": worker.how if worker else None,  # a new process, or the standby worker

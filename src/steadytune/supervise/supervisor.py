@@ -57,6 +57,7 @@ from steadytune.supervise.operator import OperatorControls
 from steadytune.supervise.outbox import Outbox
 from steadytune.supervise.process import ProcessTree
 from steadytune.supervise.publishing import Publishes
+from steadytune.supervise.ranks import failed_rank
 from steadytune.supervise.restarts import first_plan
 from steadytune.supervise.resuming import Resumes
 from steadytune.supervise.runstate import Attempt, History, Plans, RunState, Stopping
@@ -362,6 +363,7 @@ class Supervisor:
             stderr_tail=tail,
             interrupted=stop.sent_at is not None and status not in {"stopped", "paused", "completed"},
             stopped_outside=outside,
+            where=failed_rank(tail) if rc else None,
         )
 
     def reap(self) -> None:

@@ -25,7 +25,12 @@ from steadytune.web.runs import PENDING, RunEntry, RunsIndex, current_values
 
 # A run that ended more than this long ago is left out of the per-run series (docs/prometheus.md).
 KEEP_FINISHED_S = 24 * 3600.0
-STATES = ("starting", "running", "restarting", "paused", "completed", "failed", "stopped", "unknown")
+# steadytune_run_state is a state set (the Prometheus convention, as node_exporter's systemd unit
+# state): every state below is exported for every run, 1 for its state and 0 for the rest, so
+# `{state="running"} == 0` means the same for any run. A state outside the list counts as unknown.
+STATES = (
+    "starting", "running", "restarting", "paused", "stopping", "completed", "failed", "stopped", "unknown"
+)  # fmt: skip
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 _GPU = ("run", "gpu", "name")
 _KIND = ("run", "kind", "severity")
@@ -35,7 +40,7 @@ SPEC: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
     (
         "run_state",
         "gauge",
-        "1 for the run's current state (starting, running, ..., failed).",
+        "1 for the run's current state, 0 for every other (starting, running, ..., unknown).",
         ("run", "state"),
     ),
     ("run_attempt", "gauge", "Attempt number of the current worker (0 = first start).", ("run",)),
@@ -149,6 +154,12 @@ class _Scrape:
         return (fam for fam in self.families.values() if fam.samples)
 
 
+def state_of(status: dict[str, Any]) -> str:
+    """The run's state as ``steadytune_run_state`` labels it: one of :data:`STATES`."""
+    state = status.get("state")
+    return state if isinstance(state, str) and state in STATES else "unknown"
+
+
 def active_anomalies(entry: RunEntry) -> dict[tuple[str, str], str]:
     """(kind, metric) → severity of the anomalies raised and not resolved since."""
     active: dict[tuple[str, str], str] = {}
@@ -167,7 +178,7 @@ def _run_samples(entry: RunEntry, accounts: AccountCache) -> Samples:
     status = entry.status()
     store = entry.store()
     latest = current_values(store.latest_values(), status)
-    state = status.get("state") or "unknown"
+    state = state_of(status)
     for s in STATES:
         f.add("run_state", 1.0 if s == state else 0.0, run=run, state=s)
     f.add("run_attempt", status.get("attempt", latest.get("attempt")), run=run)
@@ -233,7 +244,10 @@ def _run_samples(entry: RunEntry, accounts: AccountCache) -> Samples:
     latest_name = ckpts["latest"]
     items = ckpts["items"]
     f.add("checkpoints_verified", sum(1 for c in items if c["verified"]), run=run)
-    newest = next((c for c in items if c["name"] == latest_name), items[-1] if items else None)
+    # The one LATEST names, else the newest whole one: a folder a save is still writing is no checkpoint.
+    newest = next((c for c in items if c["name"] == latest_name), None) or next(
+        (c for c in reversed(items) if c["verified"]), None
+    )
     if newest is not None and isinstance(newest.get("ts"), (int, float)):
         f.add("checkpoint_last_timestamp_seconds", newest["ts"], run=run)
 
@@ -302,8 +316,8 @@ class RunIndexCollector:
         now = self.now()
         for entry in self.index.entries():
             try:
-                state = entry.status().get("state") or "unknown"
-                by_state[state if state in STATES else "unknown"] = by_state.get(state, 0) + 1
+                state = state_of(entry.status())
+                by_state[state] = by_state.get(state, 0) + 1
                 if exported(entry, now, self.keep_finished_s):
                     _run_families(f, entry, now, self.index.accounts)
             except Exception:  # a half-written run must not take the whole scrape down

@@ -23,7 +23,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from steadytune.checkpoint.manifest import MANIFEST, verify
+from steadytune.checkpoint.external import check_external_checkpoint
+from steadytune.checkpoint.manifest import MANIFEST, checkpoint_step, list_checkpoints, verify
 from steadytune.checkpoint.store import pointer_name
 from steadytune.config.detect import DetectConfig
 from steadytune.config.yamlsafe import read_yaml
@@ -45,11 +46,16 @@ def read_json(path: Path) -> dict[str, Any] | None:
 
 
 def checkpoint_info(ckpt_dir: Path) -> dict[str, Any]:
-    """What the dashboard says about one checkpoint; ``verified`` = manifest matches the files.
+    """What the dashboard says about one checkpoint; ``verified`` = whole enough to resume from.
 
-    The checkpoint module's size check (``verify(deep=False)``): the sha256 of every file
-    is what resume checks, and too slow for a page refreshed every few seconds.
+    With a manifest, the checkpoint module's size check (``verify(deep=False)``): the sha256 of
+    every file is what resume checks, and too slow for a page refreshed every few seconds. A
+    checkpoint another tool wrote (a supervised command's ``checkpoint-N``) has no manifest: it
+    gets the check its supervisor resumes by (:func:`check_external_checkpoint`), and its time
+    is that of its ``trainer_state.json``, which the trainer writes after the weights.
     """
+    if not (ckpt_dir / MANIFEST).exists():
+        return _external_info(ckpt_dir)
     verdict = verify(ckpt_dir, deep=False)
     data = verdict.manifest.data if verdict.manifest is not None else {}
     ts = data.get("ts") or data.get("created_ts") or data.get("created")
@@ -68,6 +74,42 @@ def checkpoint_info(ckpt_dir: Path) -> dict[str, Any]:
     if not verdict.ok:
         info["problem"] = verdict.reason
     return info
+
+
+def _external_info(ckpt_dir: Path) -> dict[str, Any]:
+    ok, reason = check_external_checkpoint(ckpt_dir)
+    try:
+        ts: float | None = (ckpt_dir / "trainer_state.json").stat().st_mtime
+    except OSError:
+        ts = None
+    size = None
+    if ok:
+        size = sum(p.stat().st_size for p in ckpt_dir.rglob("*") if p.is_file())
+    info: dict[str, Any] = {
+        "name": ckpt_dir.name,
+        "verified": ok,
+        "step": checkpoint_step(ckpt_dir),
+        "ts": ts,
+        "size_bytes": size,
+    }
+    if not ok:
+        info["problem"] = reason
+    return info
+
+
+def _ckpt_stamp(d: Path) -> tuple[int, ...]:
+    """What changes when a checkpoint's verdict may: its manifest, or (without one) its folder and
+    ``trainer_state.json`` (a save of another tool adds files, then that file)."""
+    return tuple(
+        st.st_mtime_ns if (st := _stat(p)) else -1 for p in (d / MANIFEST, d, d / "trainer_state.json")
+    )
+
+
+def _stat(p: Path) -> os.stat_result | None:
+    try:
+        return p.stat()
+    except OSError:
+        return None
 
 
 Stamp = tuple[tuple[int, int] | None, ...]
@@ -116,7 +158,7 @@ class RunEntry:
         self._owned = False  # True when this dashboard keeps the index up to date
         self._sizes: tuple[int, ...] = ()
         self._lock = threading.Lock()
-        self._ckpt_cache: dict[str, tuple[float, dict[str, Any]]] = {}
+        self._ckpt_cache: dict[str, tuple[tuple[int, ...], dict[str, Any]]] = {}
         self._detect_cache: tuple[tuple[int, int], DetectConfig] | None = None
         self._status: tuple[tuple[int, int] | None, dict[str, Any]] | None = None
         self._memo: dict[str, tuple[Stamp | None, Any]] = {}  # None: shown while live
@@ -265,25 +307,31 @@ class RunEntry:
         return added
 
     def checkpoints(self) -> dict[str, Any]:
-        root = self.dir.checkpoints
+        """The run's checkpoints, oldest step first, with the names its pointers give.
+
+        Where its supervisor said they are (``status.json``'s ``checkpoint_dir``: a supervised
+        command's own output folder, its ``checkpoint-N`` folders), else the run's ``checkpoints/``.
+        """
+        where = self.status().get("checkpoint_dir")
         latest = pointer_name(self.dir.latest_pointer)
         last_good = pointer_name(self.dir.last_good_pointer)
         items = []
-        try:
-            dirs = sorted(
-                (p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")), key=lambda p: p.name
-            )
-        except OSError:
-            dirs = []
-        for d in dirs:
+        if isinstance(where, str) and where and Path(where) != self.dir.checkpoints:
+            dirs = list_checkpoints(Path(where))
+        else:
             try:
-                mtime = (d / MANIFEST).stat().st_mtime
+                dirs = [
+                    p for p in self.dir.checkpoints.iterdir() if p.is_dir() and not p.name.startswith(".")
+                ]
             except OSError:
-                mtime = -1.0
-            cached = self._ckpt_cache.get(d.name)
-            if cached is None or cached[0] != mtime:
-                cached = (mtime, checkpoint_info(d))
-                self._ckpt_cache[d.name] = cached
+                dirs = []
+        for d in dirs:
+            stamp = _ckpt_stamp(d)
+            key = str(d)
+            cached = self._ckpt_cache.get(key)
+            if cached is None or cached[0] != stamp:
+                cached = (stamp, checkpoint_info(d))
+                self._ckpt_cache[key] = cached
             info = dict(cached[1])
             info["latest"] = d.name == latest
             info["last_good"] = d.name == last_good
