@@ -14,7 +14,7 @@ the rule that finds it, in the module that introduces the kind.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, TypeVar
 
 from steadytune.records import Severity
@@ -55,6 +55,9 @@ class KindInfo:
     # (or is raised at the same call), a firing of this kind is a part of it, not an episode of its own
     # (detect/episodes.py): a 120x gradient norm is a spike and an explosion, one trouble, one alert.
     part_of: str | None = None
+    # What is left to people once steadytune took an action (policy's name) about it: the part of
+    # ``suggestion`` that action does not already do. An action without an entry leaves ``suggestion``.
+    after: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

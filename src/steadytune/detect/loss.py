@@ -48,6 +48,11 @@ KINDS: dict[str, KindInfo] = {
         "a division by an empty mask, or a bad batch)",
         "skip the update, restore the last good checkpoint, use bf16 or a lower LR, and inspect the batch",
         "critical",
+        after={
+            "skip_step": "if it repeats the run is rolled back; to prevent it, use bf16 or a lower LR "
+            "and inspect the batch",
+            "rollback": "use bf16 or a lower LR, and inspect the batch",
+        },
     ),
     "loss_spike": KindInfo(
         "loss spike",

@@ -37,9 +37,15 @@ KINDS: dict[str, KindInfo] = {
     ),
     "stall": KindInfo(
         "training stalled",
-        "no step for far longer than usual: a hang (NCCL collective, dead data worker, deadlock)",
-        "dump the stacks (py-spy dump), check NCCL and the data loader; restart from the last checkpoint",
+        "no step for far longer than usual: a hang (a collective a rank never joined, a dead data "
+        "worker, a deadlock)",
+        "dump the stacks (py-spy dump), check the data loader (and NCCL on a multi-GPU run); restart from "
+        "the last checkpoint",
         "critical",
+        after={
+            "restart": "read the stacks in the run's stacks/ folder for where it hung; check the data "
+            "loader (and NCCL on a multi-GPU run)",
+        },
     ),
     "straggler": KindInfo(
         "straggler rank",

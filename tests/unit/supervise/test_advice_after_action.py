@@ -1,0 +1,81 @@
+"""An anomaly's line says what steadytune did about it and what that leaves to people, never to do what
+was just done: a NaN step the worker's guard skipped, a hang restarted after its stacks were dumped."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from steadytune.alerts.message import alert_from_event
+from steadytune.detect.live import Transition
+from steadytune.records import Anomaly, Event, StepRecord
+from steadytune.supervise.supervisor import Supervisor
+from steadytune.telemetry.events import read_events
+from tests.unit.supervise.build import supervisor
+
+
+class _Worker:
+    """A worker that takes signals and is never gone (the restart waits for its exit)."""
+
+    def __init__(self) -> None:
+        self.signals: list[int] = []
+
+    def signal_tree(self, sig: int) -> None:
+        self.signals.append(sig)
+
+    def poll(self) -> None:
+        return None
+
+    def python_pids(self) -> list[int]:
+        return []
+
+
+def _events(sup: Supervisor, kind: str, name: str) -> list[Event]:
+    return [e for e in read_events(sup.run.events) if e.kind == kind and e.name == name]
+
+
+def test_a_nan_step_the_guard_skipped_is_told_as_done_with_what_is_left(tmp_path: Path) -> None:
+    sup = supervisor(tmp_path)
+    for n in range(1, 201):  # long enough quiet after it for the episode to end
+        bad = n == 25
+        loss = math.nan if bad else 2.0 - 0.01 * n
+        sup.handle(
+            StepRecord(step=n, ts=float(n), loss=loss, grad_norm=math.nan if bad else 1.0, skipped=bad)
+        )
+    [raised] = _events(sup, "anomaly", "nan_loss")
+    assert "Done: the update was not applied." in raised.message
+    assert "Try:" not in raised.message and "skip the update" not in raised.message
+    assert "use bf16 or a lower LR" in raised.message  # the part of the fix nobody did yet
+    [resolved] = _events(sup, "resolved", "nan_loss")
+    fix = alert_from_event(resolved).text()
+    assert "fix:" in fix and "skip the update" not in fix and "use bf16 or a lower LR" in fix
+
+
+def _stall(sup: Supervisor) -> Anomaly:
+    sup.state.attempt.worker = _Worker()  # type: ignore[assignment]
+    for n in range(1, 6):
+        sup.handle(StepRecord(step=n, ts=float(n), loss=1.0, grad_norm=1.0))
+    stall = Anomaly("stall", "critical", 5, 5, "step", {}, "a hang", "dump the stacks (py-spy dump); restart")
+    sup.actions.on_transition(Transition("raised", stall))
+    return stall
+
+
+def test_a_hang_restarted_says_the_stacks_were_dumped_and_leaves_reading_them(tmp_path: Path) -> None:
+    sup = supervisor(tmp_path)
+    stall = _stall(sup)
+    [raised] = _events(sup, "anomaly", "stall")
+    assert "Done:" in raised.message and "restarts from its last checkpoint" in raised.message
+    assert "Try:" not in raised.message and "py-spy" not in raised.message
+    assert "stacks/ folder for where it hung" in raised.message
+    assert [e.name for e in read_events(sup.run.events) if e.kind == "action"] == ["restart"]
+    sup.actions.on_transition(Transition("resolved", stall))
+    [resolved] = _events(sup, "resolved", "stall")
+    text = alert_from_event(resolved).text()
+    assert "py-spy" not in text and "fix: read the stacks" in text
+
+
+def test_where_nothing_is_done_the_kinds_own_fix_stands(tmp_path: Path) -> None:
+    sup = supervisor(tmp_path, policy={"mode": "observe"})
+    _stall(sup)
+    [raised] = _events(sup, "anomaly", "stall")
+    assert "Try: dump the stacks (py-spy dump); restart." in raised.message and "Done:" not in raised.message
