@@ -44,6 +44,14 @@ KINDS: dict[str, KindInfo] = {
         "warning",
         # A NaN norm from a NaN loss is that loss's NaN seen from the backward pass.
         part_of="nan_loss",
+        cause_on={
+            "fp16": "fp16 overflow: the loss scaler skipped the step and lowered the scale; harmless if rare",
+            **dict.fromkeys(
+                ("cpu", "bf16", "fp32"),
+                "the backward pass overflowed with a finite loss (no loss scaler is at work here: a too-high "
+                "LR, an unstable layer, or a bad batch); harmless if rare",
+            ),
+        },
         after={
             "skip_step": "nothing if it stays rare; if it repeats, use bf16, lower the LR or clip gradients"
         },

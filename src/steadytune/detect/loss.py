@@ -48,6 +48,11 @@ KINDS: dict[str, KindInfo] = {
         "a division by an empty mask, or a bad batch)",
         "skip the update, restore the last good checkpoint, use bf16 or a lower LR, and inspect the batch",
         "critical",
+        cause_on=dict.fromkeys(
+            ("cpu", "bf16", "fp32"),
+            "the forward pass overflowed or the weights already hold NaN/Inf (log of zero, a division by "
+            "an empty mask, a too-high LR, or a bad batch)",
+        ),
         after={
             "skip_step": "if it repeats the run is rolled back; to prevent it, use bf16 or a lower LR "
             "and inspect the batch",

@@ -42,6 +42,14 @@ KINDS: dict[str, KindInfo] = {
         "dump the stacks (py-spy dump), check the data loader (and NCCL on a multi-GPU run); restart from "
         "the last checkpoint",
         "critical",
+        cause_on={
+            "one_rank": "no step for far longer than usual: a hang (a dead data worker, a deadlock, a "
+            "blocked read or write)",
+            "cpu": "no step for far longer than usual: a hang (a gloo collective a rank never joined, a dead "
+            "data worker, a deadlock)",
+            "gpu": "no step for far longer than usual: a hang (an NCCL collective a rank never joined, a "
+            "dead data worker, a deadlock)",
+        },
         after={
             "restart": "read the stacks in the run's stacks/ folder for where it hung; check the data "
             "loader (and NCCL on a multi-GPU run)",

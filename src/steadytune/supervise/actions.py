@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import signal
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from steadytune.detect.build import KINDS
@@ -25,7 +25,7 @@ from steadytune.supervise.publishing import Publishes
 from steadytune.supervise.restarts import anomaly_event_data
 from steadytune.supervise.runstate import RunState
 from steadytune.supervise.scaling import SCALE_ACTIONS
-from steadytune.supervise.source import CONTROL, DATA, SKIP_STEP
+from steadytune.supervise.source import CONTROL, DATA, PLAN, SKIP_STEP
 from steadytune.supervise.source import unable as source_unable
 
 
@@ -74,6 +74,7 @@ class Actions:
         and when it is resolved; the policy acts on each firing (raised or recurred) and forgets a
         spike waiting for confirmation when its condition clears."""
         st = self.state
+        t = _as_run(t, self.run_facts())
         a = t.anomaly
         if t.state in ("raised", "recurred"):
             self.on_firing(t)
@@ -157,6 +158,23 @@ class Actions:
                 f"the {st.source.label} cannot skip the update",
             )
         return action
+
+    def run_facts(self) -> frozenset[str]:
+        """What is known of the run (detect.base.RUN_FACTS): where it trains, from its records; with
+        the built-in worker, which trains as its config says, its precision and number of processes.
+        A command's config is not steadytune's: only a second rank's records tell that it has ranks."""
+        st = self.state
+        facts = {st.progress.device} if st.progress.device else set()
+        if PLAN in st.source.abilities:
+            nproc = st.plan.nproc_per_node or st.cfg.run.nproc_per_node
+            if nproc > 1 or st.progress.ranks > 1:
+                facts.add("ranks")
+            elif st.cfg.run.engine == "native":  # a Ray worker group's size is its own
+                facts.add("one_rank")
+            facts |= _precision(st.cfg.train.fp16, st.cfg.train.bf16, st.cfg.model.dtype)
+        elif st.progress.ranks > 1:
+            facts.add("ranks")
+        return frozenset(facts)
 
     def advice(self, kind: str, action: Action | None) -> tuple[str | None, str | None]:
         """What ``action`` does about an anomaly of ``kind`` and what it leaves to people; (None, None)
@@ -331,3 +349,22 @@ def _advised(a: Anomaly, done: str | None, left: str | None) -> dict[str, Any]:
         data["done"] = done
         data["suggestion"] = left or ""
     return data
+
+
+def _precision(fp16: bool, bf16: bool, dtype: str) -> set[str]:
+    """The precision a built-in worker trains in, where its config says (dtype auto: the checkpoint's)."""
+    if fp16 or dtype == "float16":
+        return {"fp16"}
+    if bf16 or dtype == "bfloat16":
+        return {"bf16"}
+    return {"fp32"} if dtype == "float32" else set()
+
+
+def _as_run(t: Transition, facts: frozenset[str]) -> Transition:
+    """``t`` with its episode's cause in the words of the run (KindInfo.cause_on), where the detector
+    gave the kind's usual one."""
+    a = t.anomaly
+    info = KINDS.get(a.kind)
+    if info is None or a.cause != info.cause:
+        return t
+    return replace(t, anomaly=replace(a, cause=info.cause_for(facts)))

@@ -7,8 +7,10 @@ import math
 from pathlib import Path
 
 from steadytune.alerts.message import alert_from_event
+from steadytune.detect.build import KINDS
 from steadytune.detect.live import Transition
 from steadytune.records import Anomaly, Event, StepRecord
+from steadytune.supervise.source import SKIP_STEP
 from steadytune.supervise.supervisor import Supervisor
 from steadytune.telemetry.events import read_events
 from tests.unit.supervise.build import supervisor
@@ -79,3 +81,43 @@ def test_where_nothing_is_done_the_kinds_own_fix_stands(tmp_path: Path) -> None:
     _stall(sup)
     [raised] = _events(sup, "anomaly", "stall")
     assert "Try: dump the stacks (py-spy dump); restart." in raised.message and "Done:" not in raised.message
+
+
+def _raise(sup: Supervisor, kind: str, rss: bool = True) -> str:
+    """Five steps as a CPU worker records them (process memory only), then ``kind`` raised with its
+    kind's usual cause: the message filed for it."""
+    for n in range(1, 6):
+        sup.handle(
+            StepRecord(step=n, ts=float(n), loss=1.0, grad_norm=1.0, rss_bytes=1 << 30 if rss else None)
+        )
+    info = KINDS[kind]
+    sup.actions.on_transition(
+        Transition("raised", Anomaly(kind, info.severity, 5, 5, "grad_norm", {}, info.cause, info.suggestion))
+    )
+    [raised] = _events(sup, "anomaly", kind)
+    return raised.message
+
+
+def test_a_nan_norm_on_an_fp32_cpu_run_blames_no_loss_scaler(tmp_path: Path) -> None:
+    said = _raise(supervisor(tmp_path, model={"dtype": "float32"}), "nonfinite_grad")
+    assert "no loss scaler" in said and "fp16" not in said.split("Done:")[0]
+
+
+def test_a_nan_norm_of_an_fp16_run_is_the_loss_scalers_skip(tmp_path: Path) -> None:
+    said = _raise(supervisor(tmp_path, train={"fp16": True}), "nonfinite_grad")
+    assert "fp16 overflow: the loss scaler skipped the step" in said
+
+
+def test_a_hang_is_told_in_the_words_of_the_run(tmp_path: Path) -> None:
+    one = _raise(supervisor(tmp_path / "one"), "stall")
+    assert "collective" not in one and "NCCL" not in one.split("Done:")[0]
+    two_cpu = _raise(supervisor(tmp_path / "two", run={"nproc_per_node": 2}), "stall")
+    assert "a gloo collective a rank never joined" in two_cpu
+
+
+def test_what_is_not_known_of_a_run_leaves_the_cause_that_holds_for_any(tmp_path: Path) -> None:
+    """A command's own config is not steadytune's, and its log tells no device: the usual cause."""
+    sup = supervisor(tmp_path)
+    sup.state.source.abilities = frozenset({SKIP_STEP})  # type: ignore[misc]
+    said = _raise(sup, "nonfinite_grad", rss=False)
+    assert KINDS["nonfinite_grad"].cause in said
