@@ -61,6 +61,7 @@ KINDS: dict[str, KindInfo] = {
         "the gradient norm jumped and stayed up: a vertical jump that the updates will follow",
         "clip gradients (max_grad_norm=1.0) and lower the LR; roll back if the loss follows",
         "critical",
+        after={"rollback": "clip gradients (max_grad_norm=1.0) if it is not set"},
     ),
     "grad_vanishing": KindInfo(
         "gradients vanished",

@@ -65,6 +65,10 @@ KINDS: dict[str, KindInfo] = {
         "clip gradients (max_grad_norm=1.0) and lower the LR; if it does not recover, roll back and "
         "skip the data window",
         "warning",
+        after={
+            "rollback": "if it comes back, clip gradients (max_grad_norm=1.0); look at the batch "
+            "(inspect-batch)"
+        },
     ),
     "divergence": KindInfo(
         "loss diverged",
@@ -72,6 +76,7 @@ KINDS: dict[str, KindInfo] = {
         "optimizer state is corrupted",
         "roll back to the last good checkpoint, lower the LR (x0.5), add warm-up and gradient clipping",
         "critical",
+        after={"rollback": "add warm-up and gradient clipping if it comes back"},
     ),
     "loss_collapse": KindInfo(
         "loss collapsed to zero",

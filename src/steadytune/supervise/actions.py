@@ -44,7 +44,8 @@ RESTARTING = frozenset({"rollback", "restart"}) | SCALE_ACTIONS
 # (format_transition): people are told what was done and what is left, not to do it themselves.
 DONE = {
     "skip_step": "the update was not applied",
-    "rollback": "the run goes back to its last good checkpoint",
+    "rollback": "the run goes back to an earlier checkpoint at a lower LR, past the samples that went "
+    "wrong where they are known",
     "restart": "the worker's Python stacks are dumped into the run's stacks/ folder and it restarts from "
     "its last checkpoint",
     "checkpoint": "a checkpoint is saved now",
@@ -192,7 +193,9 @@ class Actions:
         if name is None or name not in DONE or source_unable(st.source, name):
             return None, None
         info = KINDS.get(kind)
-        return DONE[name], (info.after.get(name) if info else None)
+        # An action with no word of its own in the kind leaves its whole fix (a leak's smaller
+        # micro-batch does not find the leak).
+        return DONE[name], (info.after.get(name, info.suggestion) if info else None)
 
     def inspect_batch(self, step: int, cause: Event) -> None:
         """Which samples made the bad step: filed as an event beside the anomaly (no sample text)."""

@@ -9,6 +9,7 @@ from pathlib import Path
 from steadytune.alerts.message import alert_from_event
 from steadytune.detect.build import KINDS
 from steadytune.detect.live import Transition
+from steadytune.policy.engine import Action
 from steadytune.records import Anomaly, Event, StepRecord
 from steadytune.supervise.source import SKIP_STEP
 from steadytune.supervise.supervisor import Supervisor
@@ -121,3 +122,24 @@ def test_what_is_not_known_of_a_run_leaves_the_cause_that_holds_for_any(tmp_path
     sup.state.source.abilities = frozenset({SKIP_STEP})  # type: ignore[misc]
     said = _raise(sup, "nonfinite_grad", rss=False)
     assert KINDS["nonfinite_grad"].cause in said
+
+
+def test_every_action_the_policy_takes_by_default_in_place_of_a_fix_says_what_it_leaves() -> None:
+    """A kind whose fix is the action itself (roll back, restart, skip the update) must say what is left
+    once it is done; otherwise its line tells people to do it again."""
+    from steadytune.config.policy import default_rules
+
+    acted = {
+        k: r.action for k, r in default_rules().items() if r.action in {"rollback", "restart", "skip_step"}
+    }
+    assert acted, "the default policy takes no such action any more"
+    assert [k for k, name in acted.items() if name not in KINDS[k].after] == []
+
+
+def test_an_action_that_does_not_fix_the_cause_leaves_the_whole_fix(tmp_path: Path) -> None:
+    sup = supervisor(tmp_path)
+    done, left = sup.actions.advice("memory_leak", Action("reduce_microbatch", "leak", 5))
+    assert done is not None and "smaller micro-batch" in done
+    assert left == KINDS["memory_leak"].suggestion  # a smaller micro-batch does not find the leak
+    done, left = sup.actions.advice("loss_spike", Action("rollback", "spike", 5))
+    assert done is not None and "earlier checkpoint" in done and left is not None and "roll back" not in left
