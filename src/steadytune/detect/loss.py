@@ -54,8 +54,8 @@ KINDS: dict[str, KindInfo] = {
             "an empty mask, a too-high LR, or a bad batch)",
         ),
         after={
-            "skip_step": "if it repeats the run is rolled back; to prevent it, use bf16 or a lower LR "
-            "and inspect the batch",
+            "skip_step": "a few in a row (policy.nan_rollback_after) roll the run back; to prevent it, use "
+            "bf16 or a lower LR and inspect the batch",
             "rollback": "use bf16 or a lower LR, and inspect the batch",
         },
     ),
