@@ -26,7 +26,7 @@ message naming the key and the ``*_env`` / ``*_file`` fix.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -159,6 +159,13 @@ class RetryConfig(_Model):
 
 class AlertsConfig(_Model):
     """The ``alerts:`` section of the config."""
+
+    # A sink type people write that is a webhook's format, with what to write instead (config/load.py).
+    instead: ClassVar[dict[str, str]] = {
+        fmt: f"type: webhook, format: {fmt}, url_env: NAME (the variable that holds the URL; or url_file: "
+        "/path), and no url: in the file"
+        for fmt in ("slack", "discord")
+    }
 
     enabled: bool = True
     min_severity: Severity = "warning"

@@ -11,7 +11,7 @@ import difflib
 import reprlib
 import typing
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -100,13 +100,33 @@ def _lookup(data: Any, loc: tuple[Any, ...]) -> Any:
     return data
 
 
+def _is_branch(part: Any) -> bool:
+    """A part of an error's loc that names a union's member (``int``, ``literal['auto']``), not a key."""
+    return isinstance(part, str) and (
+        "[" in part or part in {"int", "str", "float", "bool", "list", "literal"}
+    )
+
+
+def _issues_from_errors(errors: list[Any], raw: dict[str, Any]) -> list[ConfigIssue]:
+    """One issue per error, but one per key for a union's members: each member fails on the same value
+    (``per_device_train_batch_size: big`` is no integer and not "auto"), and that is one mistake."""
+    issues: list[ConfigIssue] = []
+    union_at: dict[str, int] = {}
+    for err in errors:
+        issue = _issue_from_error(err, raw)
+        if any(_is_branch(p) for p in err["loc"]):
+            if issue.key in union_at:
+                at = union_at[issue.key]
+                issues[at] = replace(issues[at], problem="not a value this key takes")
+                continue
+            union_at[issue.key] = len(issues)
+        issues.append(issue)
+    return issues
+
+
 def _issue_from_error(err: Mapping[str, Any], raw: dict[str, Any]) -> ConfigIssue:
     # Union and literal branches append their type to loc (e.g. ('int',)); keep real keys only.
-    loc = tuple(
-        p
-        for p in err["loc"]
-        if not (isinstance(p, str) and ("[" in p or p in {"int", "str", "float", "bool", "list", "literal"}))
-    )
+    loc = tuple(p for p in err["loc"] if not _is_branch(p))
     key = ".".join(str(p) for p in loc) or "(top level)"
     value = _lookup(raw, loc)
     owner = _model_at(loc) if loc else SteadytuneConfig
@@ -123,7 +143,10 @@ def _issue_from_error(err: Mapping[str, Any], raw: dict[str, Any]) -> ConfigIssu
             and issubclass(f.annotation, BaseModel)
             and field_name in f.annotation.model_fields
         ]
-        if close:
+        instead = _instead(owner, field_name)
+        if instead:
+            fix = f"steadytune does not take '{field_name}' here; use {instead}"
+        elif close:
             fix = f"did you mean '{'.'.join([*map(str, loc[:-1]), close[0]])}'?"
         elif elsewhere:
             fix = f"this key belongs under '{elsewhere[0]}'"
@@ -135,15 +158,69 @@ def _issue_from_error(err: Mapping[str, Any], raw: dict[str, Any]) -> ConfigIssu
         return ConfigIssue(
             key, _MISSING, "required key is missing", f"add '{key}': {desc}" if desc else f"add '{key}'"
         )
-    desc = _field_description(owner, field_name)
     problem = err["msg"].removeprefix("Value error, ")
-    return ConfigIssue(key, value, problem, f"use {desc}" if desc else "correct the value")
+    ctx = err.get("ctx") or {}
+    if etype == "union_tag_invalid":
+        # A list of sections told apart by one key (alerts.sinks by type): its owner is the list's.
+        tag, owner = str(ctx.get("tag", "")), _model_at(loc[:-1]) if loc else None
+        instead = _instead(owner, tag)
+        fix = (
+            f"use {instead}"
+            if instead
+            else f"set {ctx.get('discriminator', 'it')} to one of {ctx.get('expected_tags')}"
+        )
+        return ConfigIssue(key, value, problem, fix)
+    return ConfigIssue(key, value, problem, _value_fix(owner, field_name, etype, ctx))
+
+
+# Pydantic's bound errors, in the words a fix says them with.
+_BOUNDS = {
+    "greater_than": ("greater than", "gt"),
+    "greater_than_equal": ("at least", "ge"),
+    "less_than": ("less than", "lt"),
+    "less_than_equal": ("at most", "le"),
+}
+
+
+def _value_fix(owner: type[BaseModel] | None, name: str, etype: str, ctx: Mapping[str, Any]) -> str:
+    """What to write instead of a value the key does not take.
+
+    A field's description is either the form of its value ("a positive integer") or what the key
+    means ("never call a hang below this many seconds of silence"): only the first reads after "use".
+    """
+    desc = _field_description(owner, name)
+    if etype in _BOUNDS:
+        words, bound = _BOUNDS[etype]
+        limit = ctx.get(bound)
+        want = f"a value {words} {limit:g}" if isinstance(limit, (int, float)) else f"a value {words} {limit}"
+        if not desc:
+            return f"use {want}"
+        return f"use {want}: {desc}" if _is_value_form(desc) else f"use {want} ({name}: {desc})"
+    if not desc:
+        return "correct the value"
+    # A key of a few names (method: full, lora or qlora) describes itself by listing them.
+    listed = etype == "literal_error" or _is_value_form(desc)
+    return f"use {desc}" if listed else f"give a value of the key's type ({name}: {desc})"
+
+
+# How a description that gives the form of a value begins.
+_VALUE_FORMS = ("a ", "an ", "one of ", "true", "false", "path ", "{")
+
+
+def _is_value_form(desc: str) -> bool:
+    return desc.startswith(_VALUE_FORMS)
 
 
 def _field_description(owner: type[BaseModel] | None, name: str) -> str:
     if owner is None or name not in owner.model_fields:
         return ""
     return owner.model_fields[name].description or ""
+
+
+def _instead(owner: type[BaseModel] | None, name: str) -> str:
+    """What a section says to write instead of ``name`` (a key or a tag it does not take), if it says."""
+    table: Mapping[str, str] = getattr(owner, "instead", None) or {}
+    return table.get(name, "")
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -288,7 +365,7 @@ def validate_dict(
     try:
         cfg = SteadytuneConfig.model_validate(data)
     except ValidationError as exc:
-        issues = [_issue_from_error(e, data) for e in exc.errors()]
+        issues = _issues_from_errors(exc.errors(), data)
     if check_paths:
         seen = {i.key for i in issues}
         issues += [i for i in _cross_issues(data, base) if i.key not in seen]

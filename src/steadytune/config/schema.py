@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
@@ -191,7 +191,13 @@ class LrGroupConfig(Section):
 
 
 class TrainConfig(Section):
-    """Keys and meanings of HF ``TrainingArguments``."""
+    """Keys and meanings of HF ``TrainingArguments``: the ones below, not all of them."""
+
+    # TrainingArguments names people write that the run does not take, each with what to write
+    # instead: the "unknown key" error says it (config/load.py).
+    instead: ClassVar[dict[str, str]] = {
+        "warmup_ratio": "warmup_steps, a number of steps (a ratio r is r x max_steps steps)",
+    }
 
     learning_rate: float = Field(2e-4, gt=0, le=10, description="a positive number such as 2e-4")
     per_device_train_batch_size: int | Literal["auto"] = Field(

@@ -14,7 +14,7 @@ the rule that finds it, in the module that introduces the kind.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, TypeVar
 
 from steadytune.records import Severity
@@ -55,6 +55,22 @@ class KindInfo:
     # (or is raised at the same call), a firing of this kind is a part of it, not an episode of its own
     # (detect/episodes.py): a 120x gradient norm is a spike and an explosion, one trouble, one alert.
     part_of: str | None = None
+    # What is left to people once steadytune took an action (policy's name) about it: the part of
+    # ``suggestion`` that action does not already do. An action without an entry leaves ``suggestion``.
+    after: dict[str, str] = field(default_factory=dict)
+    # The cause in the words of a run whose facts are known (RUN_FACTS): the first fact of the run's
+    # in this order replaces ``cause`` (no loss scaler to blame on a CPU or bf16 run, no NCCL on one
+    # process). A fact nobody knows leaves ``cause``, which holds for any run.
+    cause_on: dict[str, str] = field(default_factory=dict)
+
+    def cause_for(self, facts: frozenset[str]) -> str:
+        """The cause as it reads for a run with ``facts``."""
+        return next((c for fact, c in self.cause_on.items() if fact in facts), self.cause)
+
+
+# What may be known of a run: where it trains (cpu, gpu), in which precision (fp16, bf16, fp32),
+# and whether its ranks talk to each other (one_rank, ranks).
+RUN_FACTS = frozenset({"cpu", "gpu", "fp16", "bf16", "fp32", "one_rank", "ranks"})
 
 
 @dataclass(frozen=True, slots=True)

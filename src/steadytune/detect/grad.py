@@ -1,7 +1,7 @@
 """Gradient-norm detectors: nonfinite_grad, grad_spike, grad_explosion, grad_vanishing.
 
-- nonfinite_grad: a NaN/Inf norm with a finite loss is an fp16 overflow step the
-  scaler skipped: a warning, not a rollback. One episode lasts until
+- nonfinite_grad: a NaN/Inf norm with a finite loss is an overflow step (under fp16,
+  one the loss scaler skipped): a warning, not a rollback. One episode lasts until
   ``_CLEAR_POINTS`` finite norms in a row, so a burst is one anomaly;
 - grad_spike / grad_explosion: like loss spikes, in log space against the recent
   level. A jump the loss also makes, a jump ``explosion_ratio`` times the level,
@@ -38,17 +38,30 @@ _BURST = 2  # norms in a row spike_min_ratio above the level: a burst, whatever 
 KINDS: dict[str, KindInfo] = {
     "nonfinite_grad": KindInfo(
         "gradient norm is NaN/Inf",
-        "fp16 overflow: the loss scaler skipped the step and lowered the scale; harmless if rare",
+        "the backward pass overflowed with a finite loss (under fp16, the loss scaler skips such a step "
+        "and lowers its scale) or met a bad batch; harmless if rare",
         "nothing if it stays rare; if it repeats, use bf16, lower the LR or clip gradients",
         "warning",
         # A NaN norm from a NaN loss is that loss's NaN seen from the backward pass.
         part_of="nan_loss",
+        cause_on={
+            "fp16": "fp16 overflow: the loss scaler skipped the step and lowered the scale; harmless if rare",
+            **dict.fromkeys(
+                ("cpu", "bf16", "fp32"),
+                "the backward pass overflowed with a finite loss (no loss scaler is at work here: a too-high "
+                "LR, an unstable layer, or a bad batch); harmless if rare",
+            ),
+        },
+        after={
+            "skip_step": "nothing if it stays rare; if it repeats, use bf16, lower the LR or clip gradients"
+        },
     ),
     "grad_explosion": KindInfo(
         "gradient explosion",
         "the gradient norm jumped and stayed up: a vertical jump that the updates will follow",
         "clip gradients (max_grad_norm=1.0) and lower the LR; roll back if the loss follows",
         "critical",
+        after={"rollback": "clip gradients (max_grad_norm=1.0) if it is not set"},
     ),
     "grad_vanishing": KindInfo(
         "gradients vanished",

@@ -39,6 +39,7 @@ KINDS: dict[str, KindInfo] = {
         "KL penalty",
         "roll back to the last good checkpoint with a lower LR, raise beta, clip gradients",
         "warning",
+        after={"rollback": "raise beta and clip gradients if it comes back"},
     ),
 }
 

@@ -249,8 +249,13 @@ class LiveDetector:
             d.observe(point, out)
 
 
-def format_transition(t: Transition) -> str:
-    """One console line: what, where, the evidence, the likely cause and the fix."""
+def format_transition(t: Transition, done: str | None = None, left: str | None = None) -> str:
+    """One console line: what, where, the evidence, the likely cause and the fix.
+
+    ``done`` is what steadytune does about a raised anomaly, in words, and ``left`` what that leaves
+    to people: the line then says both instead of the kind's usual fix, which would tell people to do
+    what was just done (skip the update, dump the stacks and restart).
+    """
     a = t.anomaly
     info = KINDS.get(a.kind)
     title = info.title if info else a.kind
@@ -271,5 +276,11 @@ def format_transition(t: Transition) -> str:
     rose = f" (severity rose from {t.was})" if t.state == "escalated" else ""
     return (
         f"{a.severity.upper()} {a.kind}{where} at step {a.start_step}{rose}: {title} on {a.metric}"
-        f"{f' ({facts})' if facts else ''}. Likely cause: {a.cause}. Try: {a.suggestion}."
+        f"{f' ({facts})' if facts else ''}. Likely cause: {a.cause}. {_advice(a.suggestion, done, left)}"
     )
+
+
+def _advice(suggestion: str, done: str | None, left: str | None) -> str:
+    if done is None:
+        return f"Try: {suggestion}."
+    return f"Done: {done}." + (f" Left to you: {left}." if left else "")

@@ -48,6 +48,16 @@ KINDS: dict[str, KindInfo] = {
         "a division by an empty mask, or a bad batch)",
         "skip the update, restore the last good checkpoint, use bf16 or a lower LR, and inspect the batch",
         "critical",
+        cause_on=dict.fromkeys(
+            ("cpu", "bf16", "fp32"),
+            "the forward pass overflowed or the weights already hold NaN/Inf (log of zero, a division by "
+            "an empty mask, a too-high LR, or a bad batch)",
+        ),
+        after={
+            "skip_step": "a few in a row (policy.nan_rollback_after) roll the run back; to prevent it, use "
+            "bf16 or a lower LR and inspect the batch",
+            "rollback": "use bf16 or a lower LR, and inspect the batch",
+        },
     ),
     "loss_spike": KindInfo(
         "loss spike",
@@ -55,6 +65,10 @@ KINDS: dict[str, KindInfo] = {
         "clip gradients (max_grad_norm=1.0) and lower the LR; if it does not recover, roll back and "
         "skip the data window",
         "warning",
+        after={
+            "rollback": "if it comes back, clip gradients (max_grad_norm=1.0); look at the batch "
+            "(inspect-batch)"
+        },
     ),
     "divergence": KindInfo(
         "loss diverged",
@@ -62,6 +76,7 @@ KINDS: dict[str, KindInfo] = {
         "optimizer state is corrupted",
         "roll back to the last good checkpoint, lower the LR (x0.5), add warm-up and gradient clipping",
         "critical",
+        after={"rollback": "add warm-up and gradient clipping if it comes back"},
     ),
     "loss_collapse": KindInfo(
         "loss collapsed to zero",

@@ -37,9 +37,23 @@ KINDS: dict[str, KindInfo] = {
     ),
     "stall": KindInfo(
         "training stalled",
-        "no step for far longer than usual: a hang (NCCL collective, dead data worker, deadlock)",
-        "dump the stacks (py-spy dump), check NCCL and the data loader; restart from the last checkpoint",
+        "no step for far longer than usual: a hang (a collective a rank never joined, a dead data "
+        "worker, a deadlock)",
+        "dump the stacks (py-spy dump), check the data loader (and NCCL on a multi-GPU run); restart from "
+        "the last checkpoint",
         "critical",
+        cause_on={
+            "one_rank": "no step for far longer than usual: a hang (a dead data worker, a deadlock, a "
+            "blocked read or write)",
+            "cpu": "no step for far longer than usual: a hang (a gloo collective a rank never joined, a dead "
+            "data worker, a deadlock)",
+            "gpu": "no step for far longer than usual: a hang (an NCCL collective a rank never joined, a "
+            "dead data worker, a deadlock)",
+        },
+        after={
+            "restart": "read the stacks in the run's stacks/ folder for where it hung; check the data "
+            "loader (and NCCL on a multi-GPU run)",
+        },
     ),
     "straggler": KindInfo(
         "straggler rank",

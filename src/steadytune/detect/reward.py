@@ -80,6 +80,10 @@ KINDS: dict[str, KindInfo] = {
         "roll back to the last good checkpoint with a lower LR, raise the KL coefficient (beta); look "
         "at completions from before and after the fall",
         "warning",
+        after={
+            "rollback": "raise the KL coefficient (beta) if it comes back; look at completions from before "
+            "and after the fall"
+        },
     ),
 }
 

@@ -260,16 +260,21 @@ def _replay_steps(
     Raises:
         ForensicsError: a step in between was not recorded, or has no batch fingerprint.
     """
+    if not any(r.batch is not None and r.batch.indices for recs in finals.values() for r in recs):
+        # No checkpoint would help (a supervised command's run): say so, not which step is missing.
+        raise ForensicsError(no_fingerprint(step, ", like every step of this run,"))
+    # No verified checkpoint of the run's own before the step: the replay starts from the base model.
+    origin = (
+        f"the checkpoint at {start}" if start else "the start of the run (no verified checkpoint before it)"
+    )
     out: list[dict[str, Any]] = []
     for s in range(start + 1, step + 1):
         recs = finals.get(s)
         if not recs:
-            raise ForensicsError(
-                f"step {s} (between the checkpoint at {start} and step {step}) was not recorded"
-            )
+            raise ForensicsError(f"step {s} (between {origin} and step {step}) was not recorded")
         rank0 = recs[0]
         if rank0.batch is None or not rank0.batch.indices:
-            needed = f" (replaying step {step} goes through every step from the checkpoint at {start})"
+            needed = f" (replaying step {step} goes through every step from {origin})"
             raise ForensicsError(no_fingerprint(s, needed if s != step else ""))
         plan = plan_for_attempt(run, rank0.attempt)
         out.append(

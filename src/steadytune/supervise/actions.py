@@ -12,11 +12,13 @@ from __future__ import annotations
 import signal
 import threading
 from dataclasses import dataclass, replace
+from typing import Any
 
+from steadytune.detect.build import KINDS
 from steadytune.detect.live import Transition, format_transition
 from steadytune.policy.engine import Action
 from steadytune.protocol import send_control
-from steadytune.records import Event
+from steadytune.records import Anomaly, Event
 from steadytune.supervise.inprocess import InProcessRollbacks
 from steadytune.supervise.outbox import Outbox
 from steadytune.supervise.publishing import Publishes
@@ -24,7 +26,7 @@ from steadytune.supervise.ranks import PROC, hung_ranks, read_proc
 from steadytune.supervise.restarts import anomaly_event_data
 from steadytune.supervise.runstate import RunState
 from steadytune.supervise.scaling import SCALE_ACTIONS
-from steadytune.supervise.source import CONTROL, DATA, SKIP_STEP
+from steadytune.supervise.source import CONTROL, DATA, PLAN, SKIP_STEP
 from steadytune.supervise.source import unable as source_unable
 
 
@@ -38,6 +40,20 @@ class Act:
 
 # Actions that end the running worker to start another attempt.
 RESTARTING = frozenset({"rollback", "restart"}) | SCALE_ACTIONS
+
+# What each action does, in the words an anomaly's line says it with when the policy takes it
+# (format_transition): people are told what was done and what is left, not to do it themselves.
+DONE = {
+    "skip_step": "the update was not applied",
+    "rollback": "the run goes back to an earlier checkpoint at a lower LR, past the samples that went "
+    "wrong where they are known",
+    "restart": "the worker's Python stacks are dumped into the run's stacks/ folder and it restarts from "
+    "its last checkpoint",
+    "checkpoint": "a checkpoint is saved now",
+    "pause": "the run is paused",
+    "stop": "the run is stopped (its newest checkpoint stays)",
+    "reduce_microbatch": "a checkpoint is saved and the next attempt runs a smaller micro-batch",
+}
 
 # After these, the supervisor looks at the offending batch by itself (inspect-batch).
 INSPECT_KINDS = frozenset({"nan_loss", "loss_spike", "loss_collapse", "divergence", "grad_explosion"})
@@ -53,36 +69,41 @@ class Actions:
         self._inspected: set[int] = set()  # steps whose batch was looked at (at most 10 a run)
         self._filed: dict[tuple[str, str, int | None], Event] = {}  # each open episode's anomaly event
         self.proc = PROC  # where each process's rank and state are read (a fake tree in tests)
+        # Each open episode's (what was done, what is left), said again when it escalates.
+        self._advice: dict[tuple[str, str, int | None], tuple[str | None, str | None]] = {}
 
     def on_transition(self, t: Transition) -> None:
         """An episode changed. People hear of an episode once (raised), again when its severity rises,
         and when it is resolved; the policy acts on each firing (raised or recurred) and forgets a
         spike waiting for confirmation when its condition clears."""
         st = self.state
+        t = _as_run(t, self.run_facts())
         a = t.anomaly
         if t.state in ("raised", "recurred"):
             self.on_firing(t)
         elif t.state == "escalated":
+            done, left = self._advice.get(a.key, (None, None))
             self.out.emit(
                 "anomaly",
                 a.kind,
-                format_transition(t),
+                format_transition(t, done, left),
                 severity=a.severity,
                 step=a.start_step,
-                data={**anomaly_event_data(a), "escalated_from": t.was},
+                data={**_advised(a, done, left), "escalated_from": t.was},
             )
         elif t.state == "cleared":
             st.policy.on_resolved(a)
         else:
             st.policy.on_resolved(a)
             self._filed.pop(a.key, None)
+            done, left = self._advice.pop(a.key, (None, None))
             self.out.emit(
                 "resolved",
                 a.kind,
                 format_transition(t),
                 severity="info",
                 step=a.end_step,
-                data=anomaly_event_data(a),
+                data=_advised(a, done, left),
             )
 
     def on_firing(self, t: Transition) -> None:
@@ -91,15 +112,17 @@ class Actions:
         a, fired = t.anomaly, t.fired
         if fired.severity in {"warning", "critical"}:
             st.history.trouble_steps.append(fired.start_step)
+        action = self.decide(t)
         event: Event | None
         if t.state == "raised":
+            done, left = self._advice[a.key] = self.advice(a.kind, action)
             event = self._filed[a.key] = self.out.emit(
                 "anomaly",
                 a.kind,
-                format_transition(t),
+                format_transition(t, done, left),
                 severity=a.severity,
                 step=a.start_step,
-                data=anomaly_event_data(a),
+                data=_advised(a, done, left),
             )
         else:  # the episode's event stands for it: what is done now is done about that episode
             event = self._filed.get(a.key)
@@ -112,6 +135,14 @@ class Actions:
         ):
             self._inspected.add(fired.start_step)
             threading.Thread(target=self.inspect_batch, args=(fired.start_step, event), daemon=True).start()
+        if action is not None and not (t.state == "recurred" and action.name == "alert"):
+            # An alert about a firing of an episode people were told of would be one per point.
+            self.execute(action, cause=event)
+
+    def decide(self, t: Transition) -> Action | None:
+        """What the policy does about a firing, through what the run's source can do."""
+        st = self.state
+        a, fired = t.anomaly, t.fired
         # One incident often raises several anomalies at once (a spike, its gradients, its layers):
         # once one of them stopped the worker, the others are already being handled.
         action = st.policy.on_raised(fired, st.progress.step) if st.pending is None else None
@@ -129,9 +160,44 @@ class Actions:
                 "rollback",
                 f"the {st.source.label} cannot skip the update",
             )
-        if action is not None and not (t.state == "recurred" and action.name == "alert"):
-            # An alert about a firing of an episode people were told of would be one per point.
-            self.execute(action, cause=event)
+        return action
+
+    def run_facts(self) -> frozenset[str]:
+        """What is known of the run (detect.base.RUN_FACTS): where it trains, from its records; with
+        the built-in worker, which trains as its config says, its precision and number of processes.
+        A command's config is not steadytune's: only a second rank's records tell that it has ranks."""
+        st = self.state
+        facts = {st.progress.device} if st.progress.device else set()
+        if PLAN in st.source.abilities:
+            nproc = st.plan.nproc_per_node or st.cfg.run.nproc_per_node
+            if nproc > 1 or st.progress.ranks > 1:
+                facts.add("ranks")
+            elif st.cfg.run.engine == "native":  # a Ray worker group's size is its own
+                facts.add("one_rank")
+            facts |= _precision(st.cfg.train.fp16, st.cfg.train.bf16, st.cfg.model.dtype)
+        elif st.progress.ranks > 1:
+            facts.add("ranks")
+        return frozenset(facts)
+
+    def advice(self, kind: str, action: Action | None) -> tuple[str | None, str | None]:
+        """What ``action`` does about an anomaly of ``kind`` and what it leaves to people; (None, None)
+        where nothing is done (an alert, an action the source cannot take): the kind's fix stands."""
+        st = self.state
+        name = action.name if action is not None else None
+        if (
+            name is None
+            and SKIP_STEP in st.source.abilities
+            and st.policy.config.rule(kind).action == "skip_step"
+        ):
+            name = (
+                "skip_step"  # the worker's NaN guard skipped the update itself: the policy has no more to do
+            )
+        if name is None or name not in DONE or source_unable(st.source, name):
+            return None, None
+        info = KINDS.get(kind)
+        # An action with no word of its own in the kind leaves its whole fix (a leak's smaller
+        # micro-batch does not find the leak).
+        return DONE[name], (info.after.get(name, info.suggestion) if info else None)
 
     def inspect_batch(self, step: int, cause: Event) -> None:
         """Which samples made the bad step: filed as an event beside the anomaly (no sample text)."""
@@ -288,3 +354,31 @@ class Actions:
                 data={"pids": pids, "dir": str(st.run.stacks), "file": str(where), "hung": hung or None},
             )
         return hung
+
+
+def _advised(a: Anomaly, done: str | None, left: str | None) -> dict[str, Any]:
+    """An anomaly's event data; where steadytune acted, what it did and, as the fix, what is left."""
+    data = anomaly_event_data(a)
+    if done is not None:
+        data["done"] = done
+        data["suggestion"] = left or ""
+    return data
+
+
+def _precision(fp16: bool, bf16: bool, dtype: str) -> set[str]:
+    """The precision a built-in worker trains in, where its config says (dtype auto: the checkpoint's)."""
+    if fp16 or dtype == "float16":
+        return {"fp16"}
+    if bf16 or dtype == "bfloat16":
+        return {"bf16"}
+    return {"fp32"} if dtype == "float32" else set()
+
+
+def _as_run(t: Transition, facts: frozenset[str]) -> Transition:
+    """``t`` with its episode's cause in the words of the run (KindInfo.cause_on), where the detector
+    gave the kind's usual one."""
+    a = t.anomaly
+    info = KINDS.get(a.kind)
+    if info is None or a.cause != info.cause:
+        return t
+    return replace(t, anomaly=replace(a, cause=info.cause_for(facts)))

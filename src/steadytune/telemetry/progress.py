@@ -57,6 +57,8 @@ class RunProgress:
     mem_bytes: int | None = None
     last_grad_norm: float | None = None  # rank 0's latest, non-finite included
     attempt: int = 0  # the attempt being followed; records of older ones are the abandoned timeline
+    ranks: int = 0  # the most ranks that wrote step records (a job whose log only rank 0 writes: 1)
+    device: str | None = None  # gpu where a record told device memory, cpu where only the process's
     _recent: list[float] = field(default_factory=list)  # recent step times, for the ETA
 
     def rewind(self, step: int, attempt: int) -> None:
@@ -79,6 +81,11 @@ class RunProgress:
         if rec.extra.get("eval"):
             self.last_eval_loss = rec.eval_loss
             return
+        self.ranks = max(self.ranks, rec.rank + 1)
+        if rec.mem_allocated_bytes is not None:
+            self.device = "gpu"
+        elif rec.rss_bytes is not None and self.device is None:
+            self.device = "cpu"
         if rec.rank != 0:
             return
         if rec.attempt > self.attempt:  # a source that restarts on its own (Ray) starts the next attempt

@@ -265,3 +265,31 @@ def test_a_path_naming_an_unknown_users_home_is_a_path_error_not_a_crash(tmp_pat
     with pytest.raises(ConfigError, match="name_or_path"):
         load_config(tmp_path / "c.yaml")
     assert load_config(tmp_path / "c.yaml", check_paths=False).model.name_or_path.endswith("m")
+
+
+def test_a_value_that_fits_no_form_of_a_two_form_key_is_one_problem(files: Path) -> None:
+    data = {**base(), "train": {"per_device_train_batch_size": "big"}}
+    with pytest.raises(ConfigError) as info:
+        load_config(write(files, data))
+    said = [i.render() for i in info.value.issues if i.key == "train.per_device_train_batch_size"]
+    assert len(said) == 1 and '"auto"' in said[0], said
+
+
+def test_a_fix_says_the_value_to_write_not_the_keys_meaning_after_use(files: Path) -> None:
+    found = issues(write(files, {**base(), "detect": {"pace": {"hang_floor_s": -1}}}))
+    fix = found["detect.pace.hang_floor_s"].split("Fix: ")[1]
+    assert fix.startswith("use a value greater than 0 ") and "use never" not in fix
+    assert "(hang_floor_s: never call a hang below" in fix  # what the key means, named as such
+
+
+def test_a_chat_sink_written_as_its_own_type_is_told_the_webhook_form(files: Path) -> None:
+    sink = {"type": "slack", "url": "https://hooks.example/x"}
+    found = issues(write(files, {**base(), "alerts": {"sinks": [sink]}}))
+    fix = found["alerts.sinks.0"].split("Fix: ")[1]
+    assert "type: webhook, format: slack" in fix and "url_env" in fix and "correct the value" not in fix
+
+
+def test_a_trainingarguments_name_the_run_does_not_take_says_what_to_use(files: Path) -> None:
+    found = issues(write(files, {**base(), "train": {"warmup_ratio": 0.1}}))
+    said = found["train.warmup_ratio"]
+    assert "unknown key" in said and "does not take 'warmup_ratio'" in said and "use warmup_steps" in said

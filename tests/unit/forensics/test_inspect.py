@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -163,9 +164,29 @@ def test_a_run_recorded_without_sample_ids_says_why_and_what_would_record_them(m
         ForensicsError, match=r"step 3 has no batch fingerprint .*supervise --inject.*steadytune run"
     ):
         inspect_step(run, 3)
-    with pytest.raises(
-        ForensicsError,
-        match=r"step 1 \(replaying step 3 goes through every step from the checkpoint at 0\) has no batch "
-        r"fingerprint .*steadytune run",
-    ):
+    # No step has one: the step asked about is named, and no checkpoint, which could not help.
+    with pytest.raises(ForensicsError) as said:
         build_bundle(RunDir(run), 3, False, False, None)
+    assert re.match(
+        r"step 3, like every step of this run, has no batch fingerprint .*steadytune run", str(said.value)
+    )
+    assert "checkpoint at" not in str(said.value)
+
+
+def test_a_replay_without_a_checkpoint_before_it_is_said_to_start_from_the_run_start(make_run):
+    """A step in between has no fingerprint: the replay would start where the run did, which is not a
+    checkpoint at step 0 (none was saved there)."""
+    from steadytune.forensics.bundle import build_bundle
+    from steadytune.records import StepRecord, to_json
+    from steadytune.rundir import RunDir
+
+    run = make_run(ROWS, [(2, [0, 1]), (3, [2, 3])])
+    with open(run / "telemetry" / "rank-0.jsonl", "a") as f:
+        f.write(to_json(StepRecord(step=1, ts=0.5, loss=1.0)) + "\n")
+    with pytest.raises(ForensicsError) as said:
+        build_bundle(RunDir(run), 3, False, False, None)
+    told = str(said.value)
+    assert told.startswith(
+        "step 1 (replaying step 3 goes through every step from the start of the run (no"
+    ), told
+    assert "checkpoint at 0" not in told
