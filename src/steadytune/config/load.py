@@ -244,7 +244,7 @@ def _cross_issues(data: dict[str, Any], base: Path) -> list[ConfigIssue]:
                 )
             )
     save_steps, max_steps = get("train", "save_steps"), get("train", "max_steps")
-    if isinstance(save_steps, int) and isinstance(max_steps, int) and 0 < max_steps < save_steps:
+    if type(save_steps) is int and type(max_steps) is int and 0 < max_steps < save_steps:  # not a bool
         issues.append(
             ConfigIssue(
                 "train.save_steps",
