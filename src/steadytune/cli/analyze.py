@@ -172,6 +172,7 @@ def run(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from steadytune.config.detect import DetectConfig
+    from steadytune.terminal import shown
 
     try:
         config = DetectConfig.model_validate(parse_overrides(args.set))
@@ -180,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
     results = [analyze_path(p, config, keep_series=bool(args.plot)) for p in expand(args.paths)]
     for r in results:
         if r.error is not None:
-            print(f"error: {r.path}: {r.error}", file=sys.stderr)
+            print(f"error: {shown(r.path)}: {shown(r.error)}", file=sys.stderr)
     if args.format == "json":
         from steadytune.detect.report import file_json
 

@@ -53,7 +53,7 @@ def register(sub: Any) -> None:
     p.set_defaults(func=lambda args: print_help_status(p))
 
 
-def unredacted_secrets(config_text: str) -> list[str]:
+def unredacted_secrets(config_text: str | bytes) -> list[str]:
     """Dotted keys of config values that look secret and are stored in clear."""
     import yaml
 
@@ -97,7 +97,7 @@ def verify_main(args: argparse.Namespace) -> int:
     except AuditKeyError as exc:
         return fail(str(exc), 2)
     res = verify_run(run, trust, allow_unkeyed=args.allow_unkeyed, allow_unanchored=args.allow_unanchored)
-    secrets = unredacted_secrets(run.config.read_text(encoding="utf-8")) if run.config.exists() else []
+    secrets = unredacted_secrets(run.config.read_bytes()) if run.config.exists() else []
     ok = res.ok and not secrets
     if args.format == "json":
         print(

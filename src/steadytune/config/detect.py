@@ -14,10 +14,12 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
+
+from steadytune.config.numbers import NoBoolNumbers
 
 
-class _Strict(BaseModel):
+class _Strict(NoBoolNumbers):
     """A typo in a threshold name is an error, not a silently ignored key.
 
     ``kinds`` names the anomaly kinds whose detectors the section's thresholds tune: the

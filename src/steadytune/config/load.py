@@ -20,7 +20,7 @@ from pydantic import BaseModel, ValidationError
 
 from steadytune.config.paths import resolve_path
 from steadytune.config.schema import SteadytuneConfig
-from steadytune.config.yamlsafe import YamlTooLarge, load_yaml, read_yaml
+from steadytune.config.yamlsafe import YamlTooLarge, YamlUnreadable, load_yaml, read_yaml
 from steadytune.redact import redact
 
 
@@ -321,7 +321,7 @@ def _cross_issues(data: dict[str, Any], base: Path) -> list[ConfigIssue]:
                 )
             )
     save_steps, max_steps = get("train", "save_steps"), get("train", "max_steps")
-    if isinstance(save_steps, int) and isinstance(max_steps, int) and 0 < max_steps < save_steps:
+    if type(save_steps) is int and type(max_steps) is int and 0 < max_steps < save_steps:  # not a bool
         issues.append(
             ConfigIssue(
                 "train.save_steps",
@@ -402,6 +402,11 @@ def _read_mapping(path: Path, sections: str) -> dict[str, Any]:
         data = read_yaml(path) or {}
     except YamlTooLarge as exc:
         raise ConfigError([_too_large(path, exc)], str(path)) from None
+    except YamlUnreadable as exc:  # valid YAML syntax, but a value or the encoding cannot be read
+        mark = exc.problem_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        issue = ConfigIssue(exc.key or "(yaml)", exc.value or str(path), exc.problem + where, exc.fix)
+        raise ConfigError([issue], str(path)) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown place"

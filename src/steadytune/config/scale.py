@@ -7,10 +7,12 @@ seconds on a large model), so a rule must hold for minutes before it is worth it
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator
+
+from steadytune.config.numbers import NoBoolNumbers
 
 
-class _Section(BaseModel):
+class _Section(NoBoolNumbers):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 

@@ -11,17 +11,18 @@ import re
 from collections.abc import Mapping
 from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from steadytune.config.alerts import AlertsConfig
 from steadytune.config.dashboard import DashboardConfig
 from steadytune.config.detect import DetectConfig
+from steadytune.config.numbers import NoBoolNumbers
 from steadytune.config.policy import PolicyConfig
 from steadytune.config.scale import ScaleConfig
 from steadytune.rundir import DEFAULT_SEGMENT_BYTES, MIN_SEGMENT_BYTES
 
 
-class Section(BaseModel):
+class Section(NoBoolNumbers):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 

@@ -14,14 +14,18 @@ it next: validation and the error's ``repr`` took ``validate`` past 3 GB. And a 
 - at most :attr:`YamlLimits.max_bytes` of text.
 
 A document over a limit raises :class:`YamlTooLarge`, a ``yaml.YAMLError``, so every caller's
-existing ``except yaml.YAMLError`` reports it as the bad YAML it is.
+existing ``except yaml.YAMLError`` reports it as the bad YAML it is. So does every other failure
+to read one, as :class:`YamlUnreadable`: text that is not UTF-8, and a value its constructor
+refuses with a ``ValueError`` (an integer past Python's 4,300 digits, a date such as
+``2024-13-45``), which reached callers as the traceback they did not expect.
 """
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 
@@ -44,6 +48,43 @@ class YamlTooLarge(yaml.YAMLError):
         self.problem = message  # what callers show of a YAMLError
 
 
+class YamlUnreadable(yaml.YAMLError):
+    """A document that cannot be read, said in the terms callers show of a ``yaml.YAMLError``.
+
+    Attributes:
+        problem: what is wrong, one line.
+        problem_mark: where (``.line`` and ``.column`` from 0), or None.
+        key: the dotted key whose value it is (``train.max_steps``), where known.
+        value: the offending text, where there is one.
+        fix: what to write instead.
+    """
+
+    def __init__(
+        self, problem: str, mark: Any = None, key: str | None = None, value: str | None = None, fix: str = ""
+    ) -> None:
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        named = f"{key}: " if key else ""
+        super().__init__(f"{where}{named}{problem}" + (f"; {fix}" if fix else ""))
+        self.problem = problem
+        self.problem_mark = mark
+        self.key = key
+        self.value = value
+        self.fix = fix
+
+
+class _Mark(NamedTuple):
+    """Where, as a ``yaml.Mark`` says it (from 0), for a failure found before the parser ran."""
+
+    line: int
+    column: int
+
+
+def _not_utf8(data: bytes, e: UnicodeDecodeError) -> YamlUnreadable:
+    line = data.count(b"\n", 0, e.start)
+    mark = _Mark(line, e.start - (data.rfind(b"\n", 0, e.start) + 1))
+    return YamlUnreadable(f"not UTF-8 text (byte 0x{data[e.start]:02x})", mark, fix="save the file as UTF-8")
+
+
 class _BoundedLoader(yaml.SafeLoader):
     def __init__(self, stream: str, limits: YamlLimits) -> None:
         super().__init__(stream)
@@ -51,6 +92,8 @@ class _BoundedLoader(yaml.SafeLoader):
         self._depth = 0
         self._aliases = 0
         self._weights: dict[int, int] = {}  # id(node) -> its node count with every alias expanded
+        self._keys: dict[int, str] = {}  # id(value node) -> its dotted key, to name it in an error
+        self._path: list[str] = []  # the keys of the mappings being composed
 
     def _refuse(self, what: str) -> YamlTooLarge:
         mark = self.peek_event().start_mark if self.check_event() else None
@@ -66,10 +109,15 @@ class _BoundedLoader(yaml.SafeLoader):
         self._depth += 1
         if self._depth > self._limits.max_depth:
             raise self._refuse(f"nested more than {self._limits.max_depth} levels deep")
+        keyed = isinstance(index, yaml.ScalarNode)  # a mapping's value: ``index`` is its key
+        if keyed:
+            self._path.append(str(index.value))
         try:
             node = super().compose_node(parent, index)
         finally:
             self._depth -= 1
+            if keyed:
+                self._path.pop()
         weight = 1
         if isinstance(node, yaml.SequenceNode):
             weight += sum(self._weights.get(id(child), 1) for child in node.value)
@@ -81,20 +129,54 @@ class _BoundedLoader(yaml.SafeLoader):
                 "(nested aliases, a 'billion laughs')"
             )
         self._weights[id(node)] = weight
+        if keyed:
+            self._keys[id(node)] = ".".join((*self._path, str(index.value)))
         return node
+
+    def construct_object(self, node: Any, deep: bool = False) -> Any:
+        try:
+            return super().construct_object(node, deep)
+        except ValueError as e:
+            raise self._refused_value(node, e) from None
+
+    def _refused_value(self, node: Any, e: ValueError) -> YamlUnreadable:
+        key = self._keys.get(id(node))
+        text = str(node.value)
+        if node.tag == "tag:yaml.org,2002:int":
+            digits = sum(c.isdigit() for c in text)
+            return YamlUnreadable(
+                f"an integer of {digits:,} digits, more than the {sys.get_int_max_str_digits():,} "
+                "Python reads",
+                node.start_mark,
+                key,
+                text,
+                "write a smaller number, or quote it to keep it as text",
+            )
+        return YamlUnreadable(
+            f"cannot be read as a {node.tag.rpartition(':')[2]} ({str(e).splitlines()[0]})",
+            node.start_mark,
+            key,
+            text,
+            "correct the value, or quote it to keep it as text",
+        )
 
 
 def load_yaml(text: str | bytes, limits: YamlLimits | None = None) -> Any:
     """The one YAML document in ``text``, as plain Python values (safe tags only), bounded.
 
     Raises:
-        yaml.YAMLError: not valid YAML, or over a limit (:class:`YamlTooLarge`).
+        yaml.YAMLError: not valid YAML, over a limit (:class:`YamlTooLarge`), or not readable
+            (:class:`YamlUnreadable`: not UTF-8, a value its type refuses).
     """
     limits = limits or YamlLimits()
     if len(text) > limits.max_bytes:
         raise YamlTooLarge(f"{len(text):,} bytes, more than the {limits.max_bytes:,} a document may have")
     if isinstance(text, bytes):
-        text = text.decode("utf-8")
+        data = text
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise _not_utf8(data, e) from None
     loader = _BoundedLoader(text, limits)
     try:
         return loader.get_single_data()
@@ -105,10 +187,15 @@ def load_yaml(text: str | bytes, limits: YamlLimits | None = None) -> Any:
 
 
 def read_yaml(path: Path | str, limits: YamlLimits | None = None) -> Any:
-    """:func:`load_yaml` of a file, whose size is checked before it is read."""
+    """:func:`load_yaml` of a file, whose size is checked before it is read.
+
+    Raises:
+        OSError: the file cannot be read.
+        yaml.YAMLError: as :func:`load_yaml` (the caller names the file).
+    """
     limits = limits or YamlLimits()
     path = Path(path)
     size = path.stat().st_size
     if size > limits.max_bytes:
         raise YamlTooLarge(f"{path} is {size:,} bytes, more than the {limits.max_bytes:,} a file may have")
-    return load_yaml(path.read_text(encoding="utf-8"), limits)
+    return load_yaml(path.read_bytes(), limits)

@@ -113,8 +113,13 @@ def header_series(r: FileResult, limit: int = 6) -> str:
 
 def render_text(results: list[FileResult], console: Any) -> None:
     """A verdict line per file, a table of its anomalies, then each kind's cause and fix once (rich)."""
-    from rich.markup import escape
+    from rich.markup import escape as markup
     from rich.table import Table
+
+    from steadytune.terminal import shown
+
+    def escape(text: str) -> str:  # from a file or its name: neither markup nor terminal codes
+        return markup(shown(text))
 
     for r in results:
         alarm = "red" if any(a.severity == "critical" for a in r.anomalies) else "yellow"
@@ -140,7 +145,7 @@ def render_text(results: list[FileResult], console: Any) -> None:
             table.add_row(
                 f"[{_STYLE[a.severity]}]{a.severity}[/]",
                 a.kind,
-                steps,
+                escape(steps),
                 str(a.count),  # how often the episode's condition fired
                 "" if a.peak is None else f"{a.peak:.4g}",
                 escape(metric),
@@ -149,7 +154,10 @@ def render_text(results: list[FileResult], console: Any) -> None:
         console.print(table)
         for kind in dict.fromkeys(a.kind for a in r.anomalies):
             a = next(x for x in r.anomalies if x.kind == kind)
-            console.print(f"  [bold]{kind}[/bold]: {a.cause}.\n    [green]→ {a.suggestion}[/green]")
+            # Cause and fix are the detector's own words, with its markup; the metric in them is the file's.
+            console.print(
+                f"  [bold]{kind}[/bold]: {shown(a.cause)}.\n    [green]→ {shown(a.suggestion)}[/green]"
+            )
 
 
 _JUDGED_ON = {LOSS_OBJECTIVE: ""}

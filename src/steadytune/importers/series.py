@@ -33,6 +33,22 @@ class UnreadableLog(Exception):
     """A file that is not a training log this tool can read; ``str()`` is a one-line reason."""
 
 
+# A log read whole holds every step at once (~330 bytes each, plus what its reader parsed on the
+# way): past this many, it is refused rather than allowed to take the machine's memory (a 400 KB
+# gzip of one-line steps unpacks to 21 M of them). Logs streamed (importers/stream.py) hold none
+# and have no such bound.
+MAX_RECORDS = 2_000_000
+
+
+def too_many_steps() -> UnreadableLog:
+    """The error for a log read whole that holds more than :data:`MAX_RECORDS` steps."""
+    return UnreadableLog(
+        f"more than {MAX_RECORDS:,} steps to hold: a log in this format is read whole (~330 bytes "
+        "a step); split it, or write it as uncompressed JSON lines (one object per step), which "
+        "are read as they stream, at any length"
+    )
+
+
 # StepRecord fields an importer may fill, with the cast each one needs.
 _FIELDS: dict[str, type] = {
     "loss": float,
@@ -307,6 +323,7 @@ class SeriesBuilder:
         self._in_order = in_order
         self._last: int | None = None  # the step added last
         self._seen: dict[str, int] = {}  # how many values each metric of that step has had
+        self._held = 0  # the rows held, every segment's (a step of two segments is two)
 
     def _target(self, step: int) -> dict[str, Any]:
         """The row of ``step``; in order, a step lower than the last one starts another segment."""
@@ -318,8 +335,15 @@ class SeriesBuilder:
             self._seen = {}
         target = self._rows.get(step)
         if target is None:
+            self._count()
             target = self._rows[step] = {}
         return target
+
+    def _count(self) -> None:
+        """One more step held; past :data:`MAX_RECORDS`, the log is refused."""
+        self._held += 1
+        if self._held > MAX_RECORDS:
+            raise too_many_steps()
 
     def _put(self, target: dict[str, Any], name: str, value: Any) -> None:
         """Set a value; in order, a metric the step already has is one more sub-batch: the mean."""
@@ -342,6 +366,7 @@ class SeriesBuilder:
         if not self._in_order:  # last value wins: the fast path of a trainer_state.json
             target = self._rows.get(step)
             if target is None:
+                self._count()
                 self._rows[step] = numbers
             else:
                 target.update(numbers)
@@ -375,7 +400,8 @@ class SeriesBuilder:
 
     def discard(self, step: int) -> None:
         """Forget what was added for ``step`` (another rank's line is to replace it)."""
-        self._rows.pop(step, None)
+        if self._rows.pop(step, None) is not None:
+            self._held -= 1
         if step == self._last:
             self._seen = {}
 

@@ -68,6 +68,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
+from steadytune.importers import series
 from steadytune.importers.format import LogFormat
 from steadytune.importers.inline_dict import parse_dict
 from steadytune.importers.prefix import LowestRank, strip_prefix
@@ -487,11 +488,15 @@ def _parsed(f: Iterable[str]) -> tuple[list[Line], Named]:
             if line.step is None:
                 line = line._replace(seen=len(named))
             out.append(iters.step(raw, line))
+            if len(out) > series.MAX_RECORDS:  # held whole until placed: bounded as the builder is
+                raise series.too_many_steps()
         elif _STEP_WORD.search(raw):
             text = strip_prefix(raw)[1]
             found = find_step_match(text)
             if found is not None and not redrawn(found):
                 named.append(("#".join(_TOKEN.split(text)[0::2]), step_of(found)))
+                if len(named) > series.MAX_RECORDS:
+                    raise series.too_many_steps()
     return out, named
 
 

@@ -47,6 +47,14 @@ def ready(entry: RunEntry, index: RunsIndex) -> bool:
     return not row.get("indexing") and samples is not None and account
 
 
+def _failed(run_id: str, exc: BaseException) -> None:
+    """A run that could not be read: one line on the console, as a failed request's; the traceback
+    only at debug level (a run folder's bad ``config.yaml`` or ``run.db`` is the reason, not a bug)."""
+    said = str(exc).splitlines()[0] if str(exc) else "failed"
+    log.warning("reading run %s for the dashboard failed: %s: %s", run_id, type(exc).__name__, said[:300])
+    log.debug("dashboard run read failure", exc_info=exc)
+
+
 def read(entry: RunEntry, index: RunsIndex) -> None:
     """Read ``entry`` whole: its index brought up to its files' ends first, so nothing derived is
     half a run; then its row, its samples and its goodput account (stored as they are derived)."""
@@ -110,8 +118,8 @@ class BackgroundReader:
             try:
                 if not (self._read_in_child(entry) and ready(entry, index)):
                     read(entry, index)
-            except Exception:
-                log.warning("reading run %s for the dashboard failed", entry.run_id, exc_info=True)
+            except Exception as e:
+                _failed(entry.run_id, e)
                 entry.want = None  # the requests read it themselves from now on (and show it unreadable)
             finally:
                 index.read(entry)
@@ -165,8 +173,8 @@ def serve_reads(runs_dir: Path, cache_dir: Path, lines: IO[str], out: IO[str]) -
                 try:
                     read(entry, index)
                     verdict = "read"
-                except Exception:
-                    log.warning("reading run %s for the dashboard failed", run_id, exc_info=True)
+                except Exception as e:
+                    _failed(run_id, e)
                 finally:
                     index.forget(entry)
             out.write(f"{verdict} {run_id}\n")

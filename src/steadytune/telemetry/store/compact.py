@@ -37,7 +37,7 @@ from typing import Any
 
 from steadytune.rundir import RunDir, fsync_dir
 from steadytune.telemetry.liveness import run_live
-from steadytune.telemetry.store.schema import _DDL, FAMILIES, StoreBase
+from steadytune.telemetry.store.schema import _DDL, FAMILIES, StoreBase, UnreadableIndex
 
 Range = tuple[float, float]
 STAGES = ("planned", "copied", "synced", "swapped")  # a test stops after each to play a crash
@@ -129,7 +129,7 @@ def compact(
     Raises:
         CompactError: the run's supervisor is live (``status.json`` rewritten in the last 15 s, or
             none yet and the run's files written in the last 15 s), or
-            the run has no ``run.db``.
+            the run has no ``run.db``, or one SQLite cannot read.
     """
     db = run.db
     status = _read_json(run.status)
@@ -150,7 +150,10 @@ def compact(
     bytes_before = _size(db)
     # An index an older steadytune wrote may lack summaries: opened for writing, it builds them
     # from the raw rows, which must happen before any raw row is dropped.
-    StoreBase(db).close()
+    try:
+        StoreBase(db).close()
+    except UnreadableIndex as e:
+        raise CompactError(str(e)) from None
 
     src = sqlite3.connect(str(db), timeout=10.0)
     try:

@@ -144,10 +144,36 @@ CREATE INDEX IF NOT EXISTS gradflow_version ON gradflow(version);
 """
 
 
+class UnreadableIndex(sqlite3.DatabaseError):
+    """A ``run.db`` SQLite cannot read (not a database, or damaged); ``str()`` names it and the fix.
+
+    A ``sqlite3.DatabaseError`` still, so what caught that catches this; a busy or locked file is
+    not this (its ``OperationalError`` passes as it is).
+    """
+
+
 class StoreBase:
-    """One connection to ``run.db``, guarded by a lock, and its change stamps and ``meta`` table."""
+    """One connection to ``run.db``, guarded by a lock, and its change stamps and ``meta`` table.
+
+    Raises:
+        UnreadableIndex: the file is not an SQLite database, or a damaged one.
+    """
 
     def __init__(self, path: Path | str, readonly: bool = False) -> None:
+        try:
+            self._open(path, readonly)
+        except sqlite3.DatabaseError as e:
+            if type(e) is not sqlite3.DatabaseError:  # locked, busy, read-only: not the file's fault
+                raise
+            db = getattr(self, "_db", None)
+            if db is not None:
+                db.close()
+            raise UnreadableIndex(
+                f"{self.path}: not a readable index ({e}); move it aside and the dashboard rebuilds it "
+                "from the run's streams"
+            ) from None
+
+    def _open(self, path: Path | str, readonly: bool) -> None:
         self.path = Path(path) if str(path) != ":memory:" else Path(":memory:")
         self.readonly = readonly
         self._lock = threading.RLock()

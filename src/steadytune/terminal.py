@@ -1,0 +1,18 @@
+"""Text that came from a file (a log's metric names, a file's own name) made safe to print.
+
+A log is input anyone may have written: a CSV header ``train/loss\\x1b[2J\\x1b]0;T\\x07`` printed
+as it is clears the operator's screen and sets the terminal's title, and a file name holding a
+newline fakes a line of the report. Each control character (C0, DEL and C1, which holds the
+8-bit CSI) is shown as its Python escape instead, so it is seen, not obeyed.
+"""
+
+from __future__ import annotations
+
+import re
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def shown(text: str) -> str:
+    """``text`` with each control character written as its escape (``\\x1b``, ``\\n``)."""
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
