@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from steadytune.checkpoint.manifest import checkpoint_step
 from steadytune.config.load import dump_config
 from steadytune.config.schema import SteadytuneConfig
 from steadytune.detect.live import LiveDetector
@@ -70,6 +71,7 @@ from steadytune.telemetry.progress import RunProgress, progress_line
 from steadytune.telemetry.runenv import config_sources
 from steadytune.telemetry.sampler import SystemSampler
 from steadytune.telemetry.snapshot import sampler_from_env
+from steadytune.telemetry.stream import latest_plan
 
 
 @dataclass
@@ -385,11 +387,43 @@ class Supervisor:
                 data={"pids": left},
             )
 
-    def run_to_end(self, live: Any = None) -> RunResult:
+    def reopen(self, was: str) -> None:
+        """A run that ended before its last step (``was``: stopped, failed, crashed) goes on in its own
+        folder: a new attempt from its newest verified checkpoint, under the plan in force when it
+        ended, found and rewound to as a restart's is (:class:`~.resuming.Resumes`)."""
+        st = self.state
+        self.state.started_ts = st.clock()
+        st.plans.current = latest_plan(self.run)
+        st.attempt.number = st.plan.attempt + 1
+        self.intake.skip_backlog()  # the earlier attempts' records are history: the rewind replays them
+        resume = self.resumes.resume_point()
+        where = Path(resume).name if resume else "the start: no verified checkpoint was left"
+        event = self.out.emit(
+            "lifecycle",
+            "run_resumed",
+            f"run {self.run.run_id} resumed after it {was}: attempt {st.attempt.number} from {where}",
+            step=(checkpoint_step(Path(resume)) or 0) if resume else 0,
+            data={"after": was, "attempt": st.attempt.number, "resume_checkpoint": resume},
+        )
+        st.plans.revise(
+            reason="resume",
+            cause=event,
+            attempt=st.attempt.number,
+            resume_checkpoint=resume,
+            notes=f"resumed by an operator after the run {was}",
+        )
+        self.resumes.rewind(resume)
+
+    def run_to_end(self, live: Any = None, resume_after: str | None = None) -> RunResult:
+        """Supervise the run to its end; ``resume_after`` (stopped, failed, crashed): continue a run that
+        ended so (:meth:`reopen`) instead of starting it."""
         st = self.state
         t0 = st.clock()
-        self.prepare()
-        st.plans.write()
+        if resume_after is None:
+            self.prepare()
+            st.plans.write()
+        else:
+            self.reopen(resume_after)
         self.start_worker(st.plan)
         while True:
             info = self.supervise_attempt(live)
