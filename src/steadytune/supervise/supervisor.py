@@ -262,6 +262,7 @@ class Supervisor:
             if rec.rank == 0 and rec.attempt == attempt.number and not rec.extra.get("eval"):
                 if not attempt.stepped:
                     st.source.training()  # a spare for the next attempt starts now, not beside this one's
+                    self.resumes.on_first_step(rec)
                 attempt.phase, attempt.stepped = "train", True
                 self.resumes.on_first_loss(rec)
                 if self.scaling is not None and (undo := self.scaling.on_step(rec)) is not None:
