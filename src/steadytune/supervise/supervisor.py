@@ -54,7 +54,7 @@ from steadytune.supervise.intake import Intake
 from steadytune.supervise.logparse import FOLLOWED, last_exception, last_lines
 from steadytune.supervise.next_attempt import NextAttempt, RestartPlanner
 from steadytune.supervise.observers import Observer
-from steadytune.supervise.operator import OperatorControls
+from steadytune.supervise.operator import OperatorControls, paused_line
 from steadytune.supervise.outbox import Outbox
 from steadytune.supervise.process import ProcessTree
 from steadytune.supervise.publishing import Publishes
@@ -493,9 +493,7 @@ class Supervisor:
         self.controls.paused()
         self.books.write_status(force=True)
         self.out.say(
-            f"paused at step {st.progress.step}: the GPU is free; `steadytune resume {self.run.root}` "
-            "continues from the checkpoint",
-            style="yellow",
+            paused_line(st.progress.step, str(self.run.root), st.source.standby_pid()), style="yellow"
         )
         while not self.controls.resume_requested:
             if st.stop.interrupts:
