@@ -104,13 +104,21 @@ def supervisor_alive(status: Mapping[str, Any], alive: Callable[[int], bool]) ->
     return status.get("state") not in ENDED and isinstance(pid, int) and alive(pid)
 
 
-def resume_verdict(run_id: str, status: Mapping[str, Any], live: bool) -> tuple[str, str]:
+def resume_verdict(run_id: str, status: Mapping[str, Any], alive: Callable[[int], bool]) -> tuple[str, str]:
     """What ``resume`` does with a run: ``("request", "")``: its supervisor is alive and is asked (a
     paused run goes on); ``("reopen", was)``: it ended before its last step (``was``: stopped, failed,
-    crashed) and is continued in its folder from its newest verified checkpoint; ``("refuse", why)``."""
+    crashed) and is continued in its folder from its newest verified checkpoint; ``("refuse", why)``.
+    ``alive``: whether a process id runs."""
     state = status.get("state")
-    if live:
+    if supervisor_alive(status, alive):
         return "request", ""
+    worker = status.get("worker_pid")
+    if state not in ENDED and isinstance(worker, int) and alive(worker):
+        # A supervisor killed outright leaves its worker training: two on one folder overwrite each other.
+        return "refuse", (
+            f"run {run_id}'s supervisor has died but its worker (pid {worker}) still runs: stop it "
+            f"(kill {worker}) and resume again"
+        )
     if state is None:
         return "refuse", f"run {run_id} has no readable status.json: there is nothing to resume from"
     if state == "completed":
@@ -163,7 +171,7 @@ def main(args: argparse.Namespace) -> int:
         status = {}
     state = status.get("state")
     if args.command_name == "resume":
-        verdict, detail = resume_verdict(run.run_id, status, supervisor_alive(status, _pid_alive))
+        verdict, detail = resume_verdict(run.run_id, status, _pid_alive)
         if verdict == "refuse":
             return fail(detail)
         if verdict == "reopen":

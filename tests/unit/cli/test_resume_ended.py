@@ -22,20 +22,27 @@ def _ended(tmp_path: Path, state: str) -> RunDir:
 
 @pytest.mark.parametrize("state", ["stopped", "failed"])
 def test_an_ended_run_is_reopened_as_it_ended(state: str) -> None:
-    assert resume_verdict("r1", {"state": state, "source": "worker"}, live=False) == ("reopen", state)
+    assert resume_verdict("r1", {"state": state, "source": "worker"}, alive=lambda pid: True) == (
+        "reopen",
+        state,
+    )
 
 
 @pytest.mark.parametrize("state", ["running", "paused", "restarting"])
 def test_a_run_whose_supervisor_died_is_reopened_as_crashed(state: str) -> None:
-    status = {"state": state, "supervisor_pid": 4321}
-    assert not supervisor_alive(status, alive=lambda pid: False)
-    assert resume_verdict("r1", status, live=False) == ("reopen", "crashed")
+    status = {"state": state, "supervisor_pid": 4321, "worker_pid": 4322}
+    assert resume_verdict("r1", status, alive=lambda pid: False) == ("reopen", "crashed")
+
+
+def test_a_crashed_run_whose_worker_still_trains_is_refused() -> None:
+    status = {"state": "running", "supervisor_pid": 4321, "worker_pid": 4322}
+    verdict, why = resume_verdict("r1", status, alive=lambda pid: pid == 4322)
+    assert verdict == "refuse" and "worker (pid 4322) still runs" in why
 
 
 def test_a_live_supervisor_is_asked_and_never_reopened() -> None:
     status = {"state": "paused", "supervisor_pid": 4321}
-    assert supervisor_alive(status, alive=lambda pid: pid == 4321)
-    assert resume_verdict("r1", status, live=True) == ("request", "")
+    assert resume_verdict("r1", status, alive=lambda pid: pid == 4321) == ("request", "")
 
 
 def test_a_finished_supervisor_is_not_alive_whatever_holds_its_pid_now() -> None:
@@ -43,7 +50,7 @@ def test_a_finished_supervisor_is_not_alive_whatever_holds_its_pid_now() -> None
 
 
 def test_a_watched_command_is_refused_with_how_to_go_on() -> None:
-    verdict, why = resume_verdict("r1", {"state": "stopped", "source": "job"}, live=False)
+    verdict, why = resume_verdict("r1", {"state": "stopped", "source": "job"}, alive=lambda pid: False)
     assert verdict == "refuse" and "steadytune supervise" in why
 
 
