@@ -78,7 +78,7 @@ def test_supervise_survives_sigkill_and_hang(tmp_path: Path, demo_assets: Path) 
     # A command is started anew at every attempt: no standby worker, and the event says so.
     started = [e for e in events if e.name == "worker_started"]
     assert len(started) == 3 and not any(e.data["standby"] for e in started)
-    assert all("a new process: a supervised command is started afresh" in e.message for e in started)
+    assert all("a new process: the supervised command is run again as given" in e.message for e in started)
     assert not (run / "logs" / "standby-0.log").exists()
     assert run_end(events).name == "run_completed"
     state = json.loads((out / "checkpoint-50" / "trainer_state.json").read_text())

@@ -3,6 +3,10 @@
 Each request joins the run's control queue (``control/``, one file per request, so
 requests sent back to back are all kept) and is acted on at the next step boundary,
 in the order sent; the supervisor records it in ``events.jsonl`` with who issued it.
+
+``resume`` of a run whose supervisor has ended (stopped, failed, or killed) before the run's last
+step continues it instead: a new attempt in the same folder from its newest verified checkpoint,
+supervised in the foreground as ``run`` does (:meth:`~steadytune.supervise.supervisor.Supervisor.reopen`).
 """
 
 from __future__ import annotations
@@ -10,8 +14,10 @@ from __future__ import annotations
 import argparse
 import getpass
 import json
+import os
 import socket
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +30,11 @@ HELP = {
         "pause a run at the next step (default --release: checkpoint and free the GPU)",
         "steadytune pause runs/demo-20261129-101500-ab12 --hold",
     ),
-    "resume": ("resume a paused run", "steadytune resume demo-20261129-101500-ab12"),
+    "resume": (
+        "resume a paused run; a stopped, failed or crashed one goes on from its newest verified "
+        "checkpoint, in the foreground as `run`",
+        "steadytune resume demo-20261129-101500-ab12",
+    ),
     "checkpoint": ("write a verified checkpoint at the next step", "steadytune checkpoint runs/my-run"),
     "stop": ("checkpoint, then stop the run", "steadytune stop runs/my-run"),
     "memory-snapshot": (
@@ -84,17 +94,69 @@ def _acked(run: RunDir, request_id: str, since: int) -> dict[str, Any] | None:
     return None
 
 
-def ended_message(run_id: str, state: str, command: str, checkpoint: str | None) -> str:
-    """Why a control cannot reach a run whose supervisor has ended, and, for ``resume``, what a
-    person can do instead: ``resume`` continues a *paused* run, whose supervisor still waits."""
-    if command != "resume" or state == "completed":
-        return f"run {run_id} is {state}; nothing to {command}"
-    kept = f"; its last checkpoint is {checkpoint}" if checkpoint else ""
-    return (
-        f"run {run_id} is {state}: its supervisor has ended, and `steadytune resume` continues only a "
-        f"paused run (`steadytune pause`, not `stop` or Ctrl-C){kept}. A stopped run is not continued "
-        "in place: start a new one with `steadytune run CONFIG`"
-    )
+ENDED = {"completed", "failed", "stopped"}  # a supervisor that filed one of these has ended
+
+
+def supervisor_alive(status: Mapping[str, Any], alive: Callable[[int], bool]) -> bool:
+    """Whether the supervisor ``status.json`` names may still be running the run: one that filed its
+    end has ended; otherwise its process is asked about (a killed one left its last state behind)."""
+    pid = status.get("supervisor_pid")
+    return status.get("state") not in ENDED and isinstance(pid, int) and alive(pid)
+
+
+def resume_verdict(run_id: str, status: Mapping[str, Any], alive: Callable[[int], bool]) -> tuple[str, str]:
+    """What ``resume`` does with a run: ``("request", "")``: its supervisor is alive and is asked (a
+    paused run goes on); ``("reopen", was)``: it ended before its last step (``was``: stopped, failed,
+    crashed) and is continued in its folder from its newest verified checkpoint; ``("refuse", why)``.
+    ``alive``: whether a process id runs."""
+    state = status.get("state")
+    if supervisor_alive(status, alive):
+        return "request", ""
+    worker = status.get("worker_pid")
+    if state not in ENDED and isinstance(worker, int) and alive(worker):
+        # A supervisor killed outright leaves its worker training: two on one folder overwrite each other.
+        return "refuse", (
+            f"run {run_id}'s supervisor has died but its worker (pid {worker}) still runs: stop it "
+            f"(kill {worker}) and resume again"
+        )
+    if state is None:
+        return "refuse", f"run {run_id} has no readable status.json: there is nothing to resume from"
+    if state == "completed":
+        return "refuse", (
+            f"run {run_id} is completed (step {status.get('step')}): there is nothing left to resume; "
+            "to train further, start a new run with `steadytune run CONFIG`"
+        )
+    if status.get("source", "worker") != "worker":
+        return "refuse", (
+            f"run {run_id} supervised a command, which steadytune cannot start again by itself: run the "
+            "same `steadytune supervise ... -- COMMAND` again (a trainer that resumes from its own "
+            "output folder goes on from its last checkpoint)"
+        )
+    return "reopen", state if state in ENDED else "crashed"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process: alive
+    return True
+
+
+def reopen(run: RunDir, was: str) -> int:
+    """Continue a run that ended before its last step, in the foreground as ``run`` does."""
+    from steadytune.cli.run import launch
+    from steadytune.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(run.config)
+    except ConfigError as exc:
+        return fail(f"cannot resume {run.run_id}: its config.yaml does not load:\n{exc.render()}", 2)
+    # The run stays where it is, whatever folder this is run from.
+    cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"runs_dir": str(run.root.parent)})})
+    return launch(cfg, run_id=run.run_id, resume_after=was)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -108,10 +170,16 @@ def main(args: argparse.Namespace) -> int:
     except (FileNotFoundError, ValueError):
         status = {}
     state = status.get("state")
-    if state in {"completed", "failed", "stopped"}:
-        return fail(ended_message(run.run_id, state, args.command_name, status.get("last_checkpoint")))
-    if args.command_name == "resume" and state not in {"paused", "running"}:
-        return fail(f"run {run.run_id} is {state or 'unknown'}, not paused")
+    if args.command_name == "resume":
+        verdict, detail = resume_verdict(run.run_id, status, _pid_alive)
+        if verdict == "refuse":
+            return fail(detail)
+        if verdict == "reopen":
+            return reopen(run, detail)
+        if state not in {"paused", "running"}:
+            return fail(f"run {run.run_id} is {state or 'unknown'}, not paused")
+    elif state in ENDED:
+        return fail(f"run {run.run_id} is {state}; nothing to {args.command_name}")
     cmd_args = {}
     if args.command_name == "pause":
         cmd_args["mode"] = "hold" if args.hold else "release"

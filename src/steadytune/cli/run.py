@@ -124,6 +124,9 @@ def print_summary(console: Any, result: Any, cfg: SteadytuneConfig | None = None
         # A --dashboard started with the run stops with it; this one serves every run, finished ones too.
         f"  steadytune dashboard {q(str(rd.parent))}   # every run's charts and events",
     ]
+    if result.state in {"stopped", "failed"} and cfg is not None:
+        # A watched command (cfg None) is started again by its own command line, not by steadytune.
+        nexts.insert(0, f"  steadytune resume {q(str(rd))}   # go on from the newest verified checkpoint")
     for line in nexts:
         console.print(line, highlight=False, markup=False, soft_wrap=True)
     final = rd / "final"
@@ -141,6 +144,7 @@ def launch(
     stop_grace_s: float | None = None,
     early: Any = None,
     preflight: tuple[float, float] | None = None,
+    resume_after: str | None = None,
 ) -> int:
     """Create the run directory and supervise the job to its end. Shared by ``run``, ``demo`` and
     ``supervise``.
@@ -152,9 +156,13 @@ def launch(
     ``early`` (a :class:`~steadytune.supervise.standby.Standby`) is the first attempt's worker process,
     started while the preflight ran; it is stopped here if the run does not take it. ``preflight`` is
     when the check before it began and ended (the goodput account counts it apart from start-up).
+    ``resume_after`` (stopped, failed, crashed): the run directory ``run_id`` exists, and its run,
+    which ended so, goes on from its newest verified checkpoint (``steadytune resume``).
     """
     try:
-        return _launch(cfg, run_id, quiet, worker_env, args, source, stop_grace_s, early, preflight)
+        return _launch(
+            cfg, run_id, quiet, worker_env, args, source, stop_grace_s, early, preflight, resume_after
+        )
     finally:
         if early is not None:
             early.stop()
@@ -170,6 +178,7 @@ def _launch(
     stop_grace_s: float | None,
     early: Any,
     preflight: tuple[float, float] | None = None,
+    resume_after: str | None = None,
 ) -> int:
     from steadytune.cli._common import console as make_console
     from steadytune.supervise.supervisor import Supervisor, new_run_id
@@ -177,7 +186,7 @@ def _launch(
     console = make_console(stderr=False, highlight=False, soft_wrap=True)
     rid = run_id or new_run_id(cfg, time.time())
     run = RunDir(Path(cfg.run.runs_dir) / rid)
-    if (run.root / "events.jsonl").exists():
+    if resume_after is None and (run.root / "events.jsonl").exists():
         console.print(f"error: run directory {run.root} already exists; pick another --run-id", style="red")
         return 2
     watching_a_command = source is not None  # its exit codes are the command's (below)
@@ -210,7 +219,8 @@ def _launch(
         launch=launch_marks(preflight),
         **extra,
     )
-    console.print(f"run {rid} → {run.root}", highlight=False, markup=False)
+    where = "resumed in" if resume_after else "→"
+    console.print(f"run {rid} {where} {run.root}", highlight=False, markup=False)
     dashboard = None
     if (args is not None and getattr(args, "dashboard", False)) or cfg.dashboard.enabled:
         dashboard = start_dashboard_for(cfg, args, console)
@@ -220,12 +230,14 @@ def _launch(
     previous = {s: signal.signal(s, sup.controls.on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         if quiet or not console.is_terminal:
-            result = sup.run_to_end(live=_PlainProgress(console) if not quiet else None)
+            result = sup.run_to_end(
+                live=_PlainProgress(console) if not quiet else None, resume_after=resume_after
+            )
         else:
             from rich.live import Live
 
             with Live("", console=console, refresh_per_second=4, transient=True) as live:
-                result = sup.run_to_end(live=live)
+                result = sup.run_to_end(live=live, resume_after=resume_after)
     finally:
         for s, h in previous.items():
             signal.signal(s, h)

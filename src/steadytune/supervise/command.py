@@ -318,7 +318,9 @@ class CommandSource:
                 Event(ts=self.adapter.clock(), kind="lifecycle", name=WorkerEvent.ROLLBACK_LR, message=said)
             )
         proc = WorkerProcess(cmd, log_path, env=env, pipe_stdout=True)
-        proc.how = "a new process: a supervised command is started afresh each attempt"
+        # Run again as given: a tool that resumes from its own output folder goes on from there (the
+        # first step says so: Resumes.on_first_step).
+        proc.how = "a new process: the supervised command is run again as given each attempt"
         self._reader = threading.Thread(target=self._pipe, args=(proc,), daemon=True)
         self._reader.start()
         return proc

@@ -66,6 +66,14 @@ class Intake:
         self.system = JsonlWriter(run.system, segment_bytes)
         self._last_sample = 0.0
 
+    def skip_backlog(self) -> None:
+        """What the streams already hold is not read: a run resumed after it ended replays its history
+        from the files (the detectors' rewind), and handled again here, its steps would count twice."""
+        for path in self.streams():
+            tailer = self.tailers[path] = JsonlTailer(path, chunk_bytes=CHUNK_BYTES, keep_open=True)
+            for _ in tailer.records():
+                pass
+
     def read(self) -> Iterator[Record]:
         """What is new, up to the budget of each stream, one record at a time: each is handled before
         the next is read."""

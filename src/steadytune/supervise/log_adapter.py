@@ -76,6 +76,10 @@ class LogAdapter:
         self._tokens_seen: float | None = None  # the tool's cumulative token count at the last record
         self._log_reader: JsonlReader | None = None
         self._log_id: tuple[int, int] | None = None
+        # A trainer_log.jsonl already there holds an earlier run's rows, not this run's steps: a
+        # command run again that resumes by itself appends to it (its first row then shows where it
+        # resumed), and a fresh start replaces it (another file, read from the top).
+        self._earlier_log = _file_end(output_dir / "trainer_log.jsonl") if output_dir else None
         self._real_steps = False  # trainer_log.jsonl seen in this attempt: it stays, stop asking
         self._finished = False  # the attempt printed the Trainer's closing summary
         # Which of the loss-like fields is the loss (series.LossChoice, as analyze decides it).
@@ -253,7 +257,16 @@ class LogAdapter:
             or st.st_size < self._log_reader.offset
         ):
             # A fresh start (LLaMA-Factory's overwrite_output_dir) replaces the file: read it from the top.
-            self._log_reader, self._log_id = JsonlReader(path), (st.st_ino, st.st_dev)
+            earlier = self._earlier_log
+            start = (
+                earlier[2]
+                if self._log_reader is None
+                and earlier
+                and earlier == (st.st_ino, st.st_dev, earlier[2])
+                and st.st_size >= earlier[2]
+                else 0
+            )
+            self._log_reader, self._log_id = JsonlReader(path, start), (st.st_ino, st.st_dev)
         for row in self._log_reader.dicts():
             parsed = llamafactory.parse_row(row)
             if parsed is not None:
@@ -361,3 +374,12 @@ def _extra(values: dict[str, float]) -> dict[str, object]:
     if "eval_loss" in values and "loss" not in values:
         extra["eval"] = True
     return extra
+
+
+def _file_end(path: Path) -> tuple[int, int, int] | None:
+    """A file's inode, device and size now; None when there is none."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_dev, st.st_size

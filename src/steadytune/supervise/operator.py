@@ -17,6 +17,19 @@ from steadytune.supervise.runstate import RunState
 from steadytune.supervise.source import CONTROL, PLAN, unable
 
 
+def paused_line(step: int, run_root: str, standby_pid: int | None) -> str:
+    """What the console says of a released pause: the worker's GPU memory is free, and a standby
+    worker waiting for the resume is named with what it holds (its imports, no model, no device)."""
+    line = f"paused at step {step}: the worker has exited and freed the GPU memory it held"
+    if standby_pid is not None:
+        # train/standby.py asks for no device; its log's "CUDA initialized:" says whether an import did.
+        line += (
+            f"; the standby worker (pid {standby_pid}) waits for the resume with its libraries imported, "
+            "no model loaded (its log in logs/standby-N.log says its memory and whether CUDA was initialized)"
+        )
+    return f"{line}; `steadytune resume {run_root}` continues from the checkpoint"
+
+
 class OperatorControls:
     """The supervisor's side of the control queue and of SIGINT/SIGTERM."""
 

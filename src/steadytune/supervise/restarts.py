@@ -6,7 +6,7 @@ run's facts (verified checkpoints, the samples of each step, the config).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +109,22 @@ def rollback_restart(
         "skip_steps": nxt.skip_steps,
     }
     return changes, kind, nxt.notes, target
+
+
+def own_resume_note(first_step: int, began: int, checkpoint_steps: Iterable[int]) -> str | None:
+    """What a watched job's first step says when it is past where its attempt was started from
+    (``began``: the plan's checkpoint step, 0 for none): the tool resumed by itself, from the newest of
+    its own checkpoints before that step (a LLaMA-Factory or axolotl run in an output folder that holds
+    one). None where it began where it was started: no checkpoint of its own lies between.
+    """
+    own = [s for s in checkpoint_steps if began < s < first_step]
+    if not own:
+        return None
+    step = max(own)
+    return (
+        f"the job resumed from step {step} by itself (its own resume from checkpoint-{step}): its first "
+        f"step is {first_step}, not {began + 1}"
+    )
 
 
 def resume_expectation(checkpoint: Path) -> dict[str, float] | None:

@@ -23,6 +23,7 @@ from steadytune.supervise.replay import StateKeeper, replay_detector
 from steadytune.supervise.restarts import (
     anomaly_event_data,
     crash_restart,
+    own_resume_note,
     resume_expectation,
     resume_problems,
     rollback_restart,
@@ -45,6 +46,17 @@ class Resumes:
     def expect(self, resume: Path | None) -> None:
         """The attempt starting now resumes ``resume``: its first step is checked against it."""
         self._expect = resume_expectation(resume) if resume is not None else None
+
+    def on_first_step(self, rec: StepRecord) -> None:
+        """A watched job's first step past where its attempt was started: it resumed by itself; said
+        (its ``worker_started`` could not know, and "a new process" reads like step 0)."""
+        source, plan = self.state.source, self.state.plan
+        if PLAN in source.abilities or not source.steps_are_real():
+            return  # a step counted from log lines starts where the adapter was told
+        began = (checkpoint_step(Path(plan.resume_checkpoint)) or 0) if plan.resume_checkpoint else 0
+        steps = (checkpoint_step(p) or 0 for p in source.checkpoints())
+        if (note := own_resume_note(rec.step, began, steps)) is not None:
+            self.out.emit("lifecycle", "job_resumed_itself", note, step=rec.step, data={"began": began})
 
     def on_first_loss(self, rec: StepRecord) -> None:
         if self._expect is not None and rec.loss is not None:

@@ -209,7 +209,8 @@ class NativeSource:
         self.attempts += 1
         why = self.no_standby
         if self.attempts == 1 and (self.standby is None or not self.standby.ready):
-            why = "the run's first attempt"  # no spare was started during a preflight (early_standby)
+            # No spare was started during a preflight (early_standby); a resumed run has none either.
+            why = "the run's first attempt" if plan.attempt == 0 else "the first since the run resumed"
         elif self.standby is not None:
             spare, why = self.standby.take(cmd, env, log_path)
             if spare is not None:

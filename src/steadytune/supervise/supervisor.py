@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from steadytune.checkpoint.manifest import checkpoint_step
 from steadytune.config.load import dump_config
 from steadytune.config.schema import SteadytuneConfig
 from steadytune.detect.live import LiveDetector
@@ -53,7 +54,7 @@ from steadytune.supervise.intake import Intake
 from steadytune.supervise.logparse import FOLLOWED, last_exception, last_lines
 from steadytune.supervise.next_attempt import NextAttempt, RestartPlanner
 from steadytune.supervise.observers import Observer
-from steadytune.supervise.operator import OperatorControls
+from steadytune.supervise.operator import OperatorControls, paused_line
 from steadytune.supervise.outbox import Outbox
 from steadytune.supervise.process import ProcessTree
 from steadytune.supervise.publishing import Publishes
@@ -71,6 +72,7 @@ from steadytune.telemetry.progress import RunProgress, progress_line
 from steadytune.telemetry.runenv import config_sources
 from steadytune.telemetry.sampler import SystemSampler
 from steadytune.telemetry.snapshot import sampler_from_env
+from steadytune.telemetry.stream import latest_plan
 
 
 @dataclass
@@ -261,6 +263,7 @@ class Supervisor:
             if rec.rank == 0 and rec.attempt == attempt.number and not rec.extra.get("eval"):
                 if not attempt.stepped:
                     st.source.training()  # a spare for the next attempt starts now, not beside this one's
+                    self.resumes.on_first_step(rec)
                 attempt.phase, attempt.stepped = "train", True
                 self.resumes.on_first_loss(rec)
                 if self.scaling is not None and (undo := self.scaling.on_step(rec)) is not None:
@@ -387,11 +390,43 @@ class Supervisor:
                 data={"pids": left},
             )
 
-    def run_to_end(self, live: Any = None) -> RunResult:
+    def reopen(self, was: str) -> None:
+        """A run that ended before its last step (``was``: stopped, failed, crashed) goes on in its own
+        folder: a new attempt from its newest verified checkpoint, under the plan in force when it
+        ended, found and rewound to as a restart's is (:class:`~.resuming.Resumes`)."""
+        st = self.state
+        self.state.started_ts = st.clock()
+        st.plans.current = latest_plan(self.run)
+        st.attempt.number = st.plan.attempt + 1
+        self.intake.skip_backlog()  # the earlier attempts' records are history: the rewind replays them
+        resume = self.resumes.resume_point()
+        where = Path(resume).name if resume else "the start: no verified checkpoint was left"
+        event = self.out.emit(
+            "lifecycle",
+            "run_resumed",
+            f"run {self.run.run_id} resumed after it {was}: attempt {st.attempt.number} from {where}",
+            step=(checkpoint_step(Path(resume)) or 0) if resume else 0,
+            data={"after": was, "attempt": st.attempt.number, "resume_checkpoint": resume},
+        )
+        st.plans.revise(
+            reason="resume",
+            cause=event,
+            attempt=st.attempt.number,
+            resume_checkpoint=resume,
+            notes=f"resumed by an operator after the run {was}",
+        )
+        self.resumes.rewind(resume)
+
+    def run_to_end(self, live: Any = None, resume_after: str | None = None) -> RunResult:
+        """Supervise the run to its end; ``resume_after`` (stopped, failed, crashed): continue a run that
+        ended so (:meth:`reopen`) instead of starting it."""
         st = self.state
         t0 = st.clock()
-        self.prepare()
-        st.plans.write()
+        if resume_after is None:
+            self.prepare()
+            st.plans.write()
+        else:
+            self.reopen(resume_after)
         self.start_worker(st.plan)
         while True:
             info = self.supervise_attempt(live)
@@ -460,9 +495,7 @@ class Supervisor:
         self.controls.paused()
         self.books.write_status(force=True)
         self.out.say(
-            f"paused at step {st.progress.step}: the GPU is free; `steadytune resume {self.run.root}` "
-            "continues from the checkpoint",
-            style="yellow",
+            paused_line(st.progress.step, str(self.run.root), st.source.standby_pid()), style="yellow"
         )
         while not self.controls.resume_requested:
             if st.stop.interrupts:

@@ -29,3 +29,24 @@ def test_next_offers_replay_for_the_anomalies_raised_live_and_each_command_parse
         parse(argv[1:])  # exits (fails the test) on a command the CLI does not take
     live = next(line for line in after if "raised live" in line)
     assert shlex.split(live, comments=True) == ["steadytune", "replay", str(run.root)]
+
+
+def _summary(run: RunDir, state: str, cfg: object) -> list[str]:
+    progress = types.SimpleNamespace(first_loss=None, last_loss=None, step=5, max_steps=40,
+                                     last_eval_loss=None, tokens_per_s=None, skipped_steps=0)  # fmt: skip
+    result = types.SimpleNamespace(progress=progress, state=state, reason="r", checkpoints=[],
+                                   restarts=0, wall_s=1.0, run=run)  # fmt: skip
+    buf = io.StringIO()
+    print_summary(console(file=buf), result, cfg)  # type: ignore[arg-type]
+    return buf.getvalue().split("\nnext:\n", 1)[1].splitlines()
+
+
+def test_next_says_how_to_resume_a_stopped_or_failed_run_of_its_own_worker(tmp_path: Path) -> None:
+    run = RunDir(tmp_path / "my runs" / "r1").create()
+    cfg = types.SimpleNamespace(train=types.SimpleNamespace(save_steps=None))
+    for state in ("stopped", "failed"):
+        first = _summary(run, state, cfg)[0]
+        assert shlex.split(first, comments=True) == ["steadytune", "resume", str(run.root)]
+    assert not any("steadytune resume" in line for line in _summary(run, "completed", cfg))
+    # A watched command is started again by its own command line.
+    assert not any("steadytune resume" in line for line in _summary(run, "stopped", None))
