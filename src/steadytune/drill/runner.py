@@ -192,13 +192,10 @@ def report_run(
     events = read_events(run.events)
     recs = _steps(run)
     plans = [p for p in (from_json(line) for line in _lines(run.plan)) if isinstance(p, PlanRevision)]
-    inject_ts = external_ts
-    if inject_ts is None:
-        hit = next(
-            (r for r in recs if r.step >= spec.at_step - 1 and r.attempt == 0 and not r.extra.get("eval")),
-            None,
-        )
-        inject_ts = hit.ts if hit else 0.0
+    reached = next(
+        (r for r in recs if r.step >= spec.at_step - 1 and r.attempt == 0 and not r.extra.get("eval")), None
+    )
+    inject_ts = external_ts if external_ts is not None else (reached.ts if reached else 0.0)
     detection = _first(events, spec.detect, inject_ts - 1.0, ("anomaly", "action", "lifecycle"))
     action = _first(events, spec.act, inject_ts - 1.0, spec.act_kinds)
     # Steps redone: for each restart, how far the previous attempt got past the checkpoint it resumed from.
@@ -225,7 +222,14 @@ def report_run(
     if spec.expect_state != "completed" and action is not None:
         recovery = action.ts - inject_ts  # the answer is the action itself (a clean stop): how long it took
     restarts = max((p.attempt for p in plans), default=0)
-    injected = not spec.fires or any(e.name in spec.fires for e in events)
+    # Whether the fault landed: an actor's says so itself; a worker's that files an event, by it; else,
+    # by the first attempt reaching the fault's step (a run that ended first had nothing done to it).
+    if spec.actor:
+        injected = external_ts is not None
+    elif spec.fires:
+        injected = any(e.name in spec.fires for e in events)
+    else:
+        injected = reached is not None
     recovered = injected and state == spec.expect_state and weights_ok
     return FaultReport(
         kind=spec.kind,

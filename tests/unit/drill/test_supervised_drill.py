@@ -15,11 +15,12 @@ from steadytune.checkpoint.external import check_external_checkpoint
 from steadytune.cli.main import build_parser
 from steadytune.cli.main import main as cli
 from steadytune.drill import external
-from steadytune.drill.command import SuperviseLine, flag_value, float_value, supervise_argv, with_output_dir
+from steadytune.drill.command import SuperviseLine, float_value, supervise_argv, with_output_dir
 from steadytune.drill.faults import parse_inject
 from steadytune.drill.runner import report_run
 from steadytune.records import PlanRevision, StepRecord, to_json
 from steadytune.rundir import RunDir
+from steadytune.supervise.command import flag_value
 from steadytune.supervise.process import running
 from steadytune.telemetry.events import EventLog
 from steadytune.telemetry.stream import JsonlWriter
