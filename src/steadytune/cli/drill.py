@@ -16,6 +16,7 @@ from steadytune.cli.supervise import PRESET_NAMES
 
 if TYPE_CHECKING:
     from steadytune.drill.command import SuperviseLine
+    from steadytune.drill.runner import FinalLoss
 
 NATIVE_FAULTS = "nan,oom,spike,kill,kill-during-save,hang,corrupt-checkpoint"
 INJECT_FLAG = "\0inject"  # --inject given without faults after it
@@ -160,15 +161,7 @@ def render(report: dict[str, Any]) -> str:
             f"{'yes' if f['recovered'] else 'NO':>10}{f['steps_redone']:>8}"
             f"{f['recovery_seconds'] if f['recovery_seconds'] is not None else '-':>11}"
         )
-    clean = report["clean_final_loss"]
-    lines.append("")
-    lines.append(f"clean run final loss {clean:.4f}" if clean is not None else "clean run: no final loss")
-    for f in report["faults"]:
-        if f["final_loss"] is not None and clean:
-            lines.append(
-                f"  {f['kind']:<19} final loss {f['final_loss']:.4f} "
-                f"({100 * (f['final_loss'] / clean - 1):+.1f}%)"
-            )
+    lines += loss_block(report)
     lines += goodput_block(report)
     lines.append(
         f"completed: {'yes' if report['completed'] else 'NO'}   weights finite: "
@@ -183,6 +176,22 @@ def render(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def loss_block(report: dict[str, Any]) -> list[str]:
+    """Each completed run's final loss beside the clean run's, the figure named for what it is."""
+    clean, name = report["clean_final_loss"], report.get("clean_final_loss_is")
+    if clean is None:
+        return ["", "clean run: no final loss"]
+    lines = ["", f"final loss ({name or 'as the drill reads it'}):", f"  {'clean':<19} {clean:.4f}"]
+    for f in report["faults"]:
+        if f["final_loss"] is None:
+            continue
+        # Only like against like: an eval loss is not set against a training loss.
+        same = f.get("final_loss_is") == name
+        versus = f"{100 * (f['final_loss'] / clean - 1):+.1f}%" if same and clean else f["final_loss_is"]
+        lines.append(f"  {f['kind']:<19} {f['final_loss']:.4f} ({versus})")
+    return lines
+
+
 def goodput_block(report: dict[str, Any]) -> list[str]:
     """Each run's goodput and its time lost by cause, the clean run first (docs/goodput.md)."""
     from steadytune.goodput.parts import Account
@@ -195,7 +204,7 @@ def goodput_block(report: dict[str, Any]) -> list[str]:
 
 
 def _summary(
-    reports: list[Any], clean_ok: bool, clean_loss: float | None, clean_finite: bool, clean_run: Any
+    reports: list[Any], clean_ok: bool, clean_loss: FinalLoss | None, clean_finite: bool, clean_run: Any
 ) -> dict[str, Any]:
     """The drill's JSON: the same shape for a native and a supervised drill."""
     from steadytune.drill.runner import as_dict
@@ -207,8 +216,9 @@ def _summary(
     return {
         "faults": [as_dict(r) for r in reports],
         "completed": all(r.recovered for r in landed) and clean_ok,
-        "final_loss": reports[-1].final_loss if reports else clean_loss,
-        "clean_final_loss": clean_loss,
+        "final_loss": reports[-1].final_loss if reports else (clean_loss.value if clean_loss else None),
+        "clean_final_loss": clean_loss.value if clean_loss else None,
+        "clean_final_loss_is": clean_loss.name if clean_loss else None,
         "clean_goodput": run_account(clean_run).to_dict(),
         "weights_finite": clean_finite and all(r.recovered for r in landed),
         "not_injected": [r.kind for r in reports if not r.injected],

@@ -11,7 +11,7 @@ from steadytune.cli.drill import _finish, _summary, render, supervise_job
 from steadytune.cli.main import build_parser
 from steadytune.cli.main import main as cli
 from steadytune.drill import external
-from steadytune.drill.runner import report_run
+from steadytune.drill.runner import final_loss, report_run
 from steadytune.records import StepRecord
 from steadytune.rundir import RunDir
 from steadytune.telemetry.events import EventLog
@@ -105,7 +105,7 @@ def test_a_fault_that_never_fired_reads_not_injected_not_undetected(tmp_path: Pa
     run = _completed_run(tmp_path / "run", 40)
     reports = [report_run(spec, run, "completed", None, True) for spec in (hang, spike)]
     assert [(r.injected, r.detected, r.recovered) for r in reports] == [(False, False, False)] * 2
-    out = _summary(reports, True, 2.0, True, run)
+    out = _summary(reports, True, final_loss(run), True, run)
     assert (out["completed"], out["weights_finite"], out["not_injected"]) == (True, True, ["hang", "spike"])
     text = render(out)
     assert "hang                  50  fault not injected" in text and " NO" not in text
@@ -114,4 +114,4 @@ def test_a_fault_that_never_fired_reads_not_injected_not_undetected(tmp_path: Pa
     # The same fault, landed: the row speaks of detection and recovery again.
     landed = report_run(hang, run, "completed", 1040.0, True)
     assert landed.injected and not landed.detected
-    assert "not injected" not in render(_summary([landed], True, 2.0, True, run))
+    assert "not injected" not in render(_summary([landed], True, final_loss(run), True, run))
