@@ -324,6 +324,9 @@ def main_supervise(args: argparse.Namespace) -> int:
             f"its output is in {clean.console}",
             1,
         )
+    restarted = external.clean_run_problem(clean.run, args.hang_floor)
+    if restarted is not None:
+        return fail(f"{restarted} Its output is in {clean.console}", 1)
     reports = []
     for spec in faults:
         say(f"fault {spec.kind} at step {spec.at_step} ...")
