@@ -31,7 +31,7 @@ def clean_loss(base: dict, tmp_path_factory: pytest.TempPathFactory) -> float:
     assert result.state == "completed" and weights_finite(result.run)
     loss = final_loss(result.run)
     assert loss is not None
-    return loss
+    return loss.value
 
 
 def check_detection_then_action(kind: str, spec, events: list) -> None:

@@ -16,6 +16,7 @@ from steadytune.cli.supervise import PRESET_NAMES
 
 if TYPE_CHECKING:
     from steadytune.drill.command import SuperviseLine
+    from steadytune.drill.runner import FinalLoss
 
 NATIVE_FAULTS = "nan,oom,spike,kill,kill-during-save,hang,corrupt-checkpoint"
 INJECT_FLAG = "\0inject"  # --inject given without faults after it
@@ -58,13 +59,19 @@ def register(sub: Any) -> None:
         default=None,
         help="comma-separated faults, each optionally @STEP (e.g. spike@61,kill); default: all of them",
     )
-    p.add_argument("--steps", type=int, default=120, help="max_steps of each drill run (default 120)")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="max_steps of each drill run (default 120); with --supervise, the command's last step where "
+        "neither it nor its YAML names max_steps (it trains by epochs)",
+    )
     p.add_argument(
         "--save-steps",
         type=int,
         default=None,
-        help="checkpoint interval (default 20; with --supervise, the command's --save_steps), "
-        "which places the faults",
+        help="checkpoint interval (default 20; with --supervise, the command's --save_steps, or "
+        "save_steps: in its YAML with --preset llamafactory or axolotl), which places the faults",
     )
     p.add_argument(
         "--runs-dir", type=Path, default=None, help="where the drill's runs go (default: a temp folder)"
@@ -154,21 +161,35 @@ def render(report: dict[str, Any]) -> str:
             f"{'yes' if f['recovered'] else 'NO':>10}{f['steps_redone']:>8}"
             f"{f['recovery_seconds'] if f['recovery_seconds'] is not None else '-':>11}"
         )
-    clean = report["clean_final_loss"]
-    lines.append("")
-    lines.append(f"clean run final loss {clean:.4f}" if clean is not None else "clean run: no final loss")
-    for f in report["faults"]:
-        if f["final_loss"] is not None and clean:
-            lines.append(
-                f"  {f['kind']:<19} final loss {f['final_loss']:.4f} "
-                f"({100 * (f['final_loss'] / clean - 1):+.1f}%)"
-            )
+    lines += loss_block(report)
     lines += goodput_block(report)
     lines.append(
         f"completed: {'yes' if report['completed'] else 'NO'}   weights finite: "
         f"{'yes' if report['weights_finite'] else 'NO'}"
     )
+    missed = report.get("not_injected") or []
+    if missed:
+        lines.append(
+            f"not injected: {', '.join(missed)} (the run never came to the fault): nothing was proven of "
+            "them; place them inside the run with @STEP or a smaller --save-steps"
+        )
     return "\n".join(lines)
+
+
+def loss_block(report: dict[str, Any]) -> list[str]:
+    """Each completed run's final loss beside the clean run's, the figure named for what it is."""
+    clean, name = report["clean_final_loss"], report.get("clean_final_loss_is")
+    if clean is None:
+        return ["", "clean run: no final loss"]
+    lines = ["", f"final loss ({name or 'as the drill reads it'}):", f"  {'clean':<19} {clean:.4f}"]
+    for f in report["faults"]:
+        if f["final_loss"] is None:
+            continue
+        # Only like against like: an eval loss is not set against a training loss.
+        same = f.get("final_loss_is") == name
+        versus = f"{100 * (f['final_loss'] / clean - 1):+.1f}%" if same and clean else f["final_loss_is"]
+        lines.append(f"  {f['kind']:<19} {f['final_loss']:.4f} ({versus})")
+    return lines
 
 
 def goodput_block(report: dict[str, Any]) -> list[str]:
@@ -183,25 +204,31 @@ def goodput_block(report: dict[str, Any]) -> list[str]:
 
 
 def _summary(
-    reports: list[Any], clean_ok: bool, clean_loss: float | None, clean_finite: bool, clean_run: Any
+    reports: list[Any], clean_ok: bool, clean_loss: FinalLoss | None, clean_finite: bool, clean_run: Any
 ) -> dict[str, Any]:
     """The drill's JSON: the same shape for a native and a supervised drill."""
     from steadytune.drill.runner import as_dict
     from steadytune.goodput.load import run_account
 
+    # A fault that never landed was neither detected nor recovered from: its run says nothing of either,
+    # and is listed apart rather than counted as a failed recovery.
+    landed = [r for r in reports if r.injected]
     return {
         "faults": [as_dict(r) for r in reports],
-        "completed": all(r.recovered for r in reports) and clean_ok,
-        "final_loss": reports[-1].final_loss if reports else clean_loss,
-        "clean_final_loss": clean_loss,
+        "completed": all(r.recovered for r in landed) and clean_ok,
+        "final_loss": reports[-1].final_loss if reports else (clean_loss.value if clean_loss else None),
+        "clean_final_loss": clean_loss.value if clean_loss else None,
+        "clean_final_loss_is": clean_loss.name if clean_loss else None,
         "clean_goodput": run_account(clean_run).to_dict(),
-        "weights_finite": clean_finite and all(r.recovered for r in reports),
+        "weights_finite": clean_finite and all(r.recovered for r in landed),
+        "not_injected": [r.kind for r in reports if not r.injected],
     }
 
 
 def _finish(out: dict[str, Any], args: argparse.Namespace) -> int:
     print(json.dumps(out, indent=1) if args.json else render(out))
-    ok = out["completed"] and all(f["detected"] for f in out["faults"])
+    # Exit 1 also where a fault was not injected: the drill proved nothing of it.
+    ok = out["completed"] and all(f["detected"] and f.get("injected", True) for f in out["faults"])
     return 0 if ok else 1
 
 
@@ -234,7 +261,7 @@ def main(args: argparse.Namespace) -> int:
     if args.supervise:
         return main_supervise(args)
     from steadytune.config import ConfigError
-    from steadytune.drill.faults import parse_inject
+    from steadytune.drill.faults import parse_inject, placement_problem
     from steadytune.drill.runner import final_loss, report, run_one, weights_finite
 
     if len(args.words) > 1:
@@ -242,9 +269,16 @@ def main(args: argparse.Namespace) -> int:
             f"one config at most, got {' '.join(args.words)}; to drill a command, use --supervise -- CMD", 2
         )
     args.config = Path(args.words[0]) if args.words else None
+    save_from = f"--save-steps {args.save_steps}" if args.save_steps else "the drill's default"
     args.save_steps = args.save_steps or 20
+    args.steps = args.steps or 120
     try:
         faults = parse_inject(args.faults or NATIVE_FAULTS, args.save_steps)
+        late = placement_problem(
+            faults, args.steps, f"--steps {args.steps}", args.save_steps, save_from, "a larger --steps"
+        )
+        if late is not None:
+            raise ValueError(late)
         base = base_config(args)
     except (ValueError, ConfigError) as exc:
         print(f"error: {exc}")
@@ -273,12 +307,13 @@ def main_supervise(args: argparse.Namespace) -> int:
     from steadytune.drill.runner import final_loss
 
     try:
-        job, faults, runs_dir = supervise_job(args)
+        job, faults, runs_dir, placed = supervise_job(args)
     except ValueError as exc:
         return fail(str(exc), 2)
     stamp = time.strftime("%H%M%S")
     say = (lambda *a: None) if args.json else print
     say(f"drill runs in {runs_dir}")
+    say(placed)
     say("clean reference run ...")
     clean = external.run_one(job, runs_dir, f"clean-{stamp}", None)
     if clean.state != "completed":
@@ -289,6 +324,9 @@ def main_supervise(args: argparse.Namespace) -> int:
             f"its output is in {clean.console}",
             1,
         )
+    restarted = external.clean_run_problem(clean.run, args.hang_floor)
+    if restarted is not None:
+        return fail(f"{restarted} Its output is in {clean.console}", 1)
     reports = []
     for spec in faults:
         say(f"fault {spec.kind} at step {spec.at_step} ...")
@@ -302,15 +340,16 @@ def main_supervise(args: argparse.Namespace) -> int:
     return _finish(out, args)
 
 
-def supervise_job(args: argparse.Namespace) -> tuple[Any, list[Any], Path]:
-    """The job, its faults and the runs folder of ``drill --supervise``; every problem at once.
+def supervise_job(args: argparse.Namespace) -> tuple[Any, list[Any], Path, str]:
+    """The job, its faults, the runs folder of ``drill --supervise`` and where the faults' placement was
+    read, in words; every problem at once.
 
     Raises:
         ValueError: what is wrong with the command or the options, each with its fix.
     """
     from steadytune.drill import external
-    from steadytune.drill.command import float_value, int_value, with_output_dir
-    from steadytune.drill.faults import parse_inject
+    from steadytune.drill.command import float_value, with_output_dir
+    from steadytune.drill.faults import parse_inject, placement_problem
 
     cmd = list(args.words)
     if not cmd:
@@ -323,7 +362,9 @@ def supervise_job(args: argparse.Namespace) -> tuple[Any, list[Any], Path]:
         with_output_dir(cmd, Path("out"))
     except ValueError as exc:
         problems.append(str(exc))
-    save = args.save_steps or int_value(cmd, "save_steps") or 20
+    save, save_from = _job_steps(args.save_steps, "--save-steps", cmd, "save_steps", args.preset)
+    if save is None:
+        save, save_from = 20, "the drill's default: the command names no save_steps"
     inject = args.inject is not None
     known = external.catalogue(save, inject)
     requested = [
@@ -343,14 +384,15 @@ def supervise_job(args: argparse.Namespace) -> tuple[Any, list[Any], Path]:
     if not requested:
         default = external.INJECT_FAULTS if inject else external.DEFAULT_FAULTS
         problems.append(f"no fault to drill: give --faults, e.g. --faults {default}")
-    max_steps = int_value(cmd, "max_steps")
-    late = [f"{f.kind}@{f.at_step}" for f in faults if max_steps is not None and f.at_step >= max_steps]
-    if late:
-        problems.append(
-            f"the command stops at --max_steps {max_steps}, before fault(s) {', '.join(late)} (placed from "
-            f"save_steps {save}): give more steps, or place them with @STEP"
-        )
-    base_lr = args.base_lr or float_value(cmd, "learning_rate")
+    # The job's own max_steps wins over --steps, which only says what the job does not.
+    last, last_from = _job_steps(None, "--steps", cmd, "max_steps", args.preset)
+    if last is None and args.steps:
+        last, last_from = args.steps, f"--steps {args.steps}"
+    more = "more steps (max_steps in the command or its YAML)"
+    late = placement_problem(faults, last, last_from, save, save_from, more) if last else None
+    if late is not None:
+        problems.append(late)
+    base_lr = args.base_lr or float_value(cmd, "learning_rate", args.preset)
     if base_lr is None and any(f.kind == "lr" for f in faults):
         problems.append(
             "the lr fault starts the command at 1000x its learning rate, which the command does not name: "
@@ -368,7 +410,27 @@ def supervise_job(args: argparse.Namespace) -> tuple[Any, list[Any], Path]:
     runs_dir = (args.runs_dir or Path(tempfile.mkdtemp(prefix="steadytune-drill-"))).resolve()
     runs_dir.mkdir(parents=True, exist_ok=True)
     line = _supervise_line(args, runs_dir, inject)
-    return external.Job(tuple(cmd), line, base_lr, args.timeout), faults, runs_dir
+    placed = f"faults placed from save_steps {save} ({save_from})" + (
+        f"; the run ends at step {last} ({last_from})" if last else "; the command names no last step"
+    )
+    return external.Job(tuple(cmd), line, base_lr, args.timeout), faults, runs_dir, placed
+
+
+def _job_steps(
+    given: int | None, option: str, cmd: list[str], key: str, preset: str | None
+) -> tuple[int | None, str]:
+    """A step count of the job and where it was read: the drill's own ``option``, else the command's
+    ``key`` (on its command line, or in the YAML the preset's tool reads)."""
+    from steadytune.supervise.command import command_setting
+
+    if given:
+        return given, f"{option} {given}"
+    found = command_setting(preset, cmd, key)
+    if found is None or not found[0].isdigit():
+        return None, ""
+    value, source = found
+    where = f"{key} {value} in the command" if source == "the command" else f"{key}: {value} in {source}"
+    return int(found[0]), where
 
 
 def _inside_fault_problems(inside: list[str], inject: bool) -> list[str]:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from steadytune.supervise.command import flag_spellings, flag_value
+from steadytune.supervise.command import command_setting, flag_spellings
 
 OUTPUT_DIR_HELP = (
     "write {output_dir} where the command takes its output folder (e.g. --output_dir {output_dir}), "
@@ -42,17 +42,12 @@ def with_output_dir(cmd: Sequence[str], out: Path) -> list[str]:
     return words
 
 
-def int_value(cmd: Sequence[str], key: str) -> int | None:
-    """``key``'s value in the command as a whole number, or None when it is absent or not one."""
-    value = flag_value(cmd, key)
-    return int(value) if value is not None and value.isdigit() else None
-
-
-def float_value(cmd: Sequence[str], key: str) -> float | None:
-    """``key``'s value in the command as a number, or None when it is absent or not one."""
-    value = flag_value(cmd, key)
+def float_value(cmd: Sequence[str], key: str, preset: str | None = None) -> float | None:
+    """``key``'s value for the job as a number (see :func:`command_setting`), or None when it is absent
+    or not one."""
+    found = command_setting(preset, cmd, key)
     try:
-        return float(value) if value is not None else None
+        return float(found[0]) if found is not None else None
     except ValueError:
         return None
 

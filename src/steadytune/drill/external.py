@@ -427,6 +427,33 @@ def lr_lowered(spec: FaultSpec, outcome: Outcome) -> bool:
     return bool(both) and all(math.isclose(lrs[last][k], scale * lrs[0][k], rel_tol=1e-3) for k in both)
 
 
+def clean_run_problem(run: RunDir, hang_floor_s: float) -> str | None:
+    """Why a clean run that completed is no reference for the faults: it restarted on its own.
+
+    A fault's recovery is read from the restarts and anomalies of its run; where the job restarts
+    without one, they could not be told apart, and a fault placed past the first restart never
+    meets its first attempt. A stall is the usual cause: the drill's short hang floor against a
+    job that shows a step only every ``logging_steps``. None when the clean run did not restart.
+    """
+    starts: dict[int, dict] = {}
+    for plan in _plans(run):
+        starts.setdefault(int(plan.get("attempt") or 0), plan)
+    why = [str(p.get("notes") or p.get("reason")).split(";")[0] for a, p in sorted(starts.items()) if a]
+    if not why:
+        return None
+    hint = ""
+    if any(str(starts[a].get("reason")) == "stall" for a in starts if a):
+        hint = (
+            f" A stall in a clean run is the job's pace, not a hang: it showed no step for --hang-floor "
+            f"{hang_floor_s:g} s (a job that logs every N steps shows one each N steps); give --hang-floor "
+            "above the longest gap between its logged steps."
+        )
+    return (
+        f"the clean run of the command restarted {len(why)} time(s) on its own ({'; '.join(why)}), so no "
+        f"fault was run: a fault's recovery could not be told from those.{hint}"
+    )
+
+
 def _plans(run: RunDir) -> list[dict]:
     return JsonlReader(run.plan).read_dicts() if run.plan.exists() else []
 

@@ -120,3 +120,22 @@ def parse_inject(spec: str, save_steps: int, known: dict[str, FaultSpec] | None 
             base = replace(base, at_step=step, env=env)
         out.append(base)
     return out
+
+
+def placement_problem(
+    faults: list[FaultSpec], last_step: int, last_from: str, save_steps: int, save_from: str, more: str
+) -> str | None:
+    """Why faults placed at or past the run's last step cannot be drilled; None when all fall inside it.
+
+    Such a fault never fires, so its run would prove nothing. ``last_from``/``save_from`` say where
+    the last step and the checkpoint interval were read, ``more`` how to give the run more steps.
+    """
+    late = [f for f in faults if f.at_step >= last_step]
+    if not late:
+        return None
+    return (
+        f"the run ends at step {last_step} ({last_from}), at or before fault(s) "
+        f"{', '.join(f'{f.kind}@{f.at_step}' for f in late)}, placed from save_steps {save_steps} "
+        f"({save_from}): nothing would be injected. Give a smaller --save-steps (the faults sit at 2 to 4 "
+        f"times it), {more}, or place each with @STEP (e.g. {late[0].kind}@{max(1, last_step // 2)})"
+    )

@@ -39,11 +39,12 @@ class FaultReport:
     steps_redone: int
     recovery_seconds: float | None
     restarts: int
-    final_loss: float | None
+    final_loss: float | None  # see final_loss_is
     run_dir: str
     rolled_back_in_process: bool = False  # the rollback reloaded its checkpoint inside the running worker
     goodput: dict[str, Any] | None = None  # the run's goodput account (goodput.account.Account.to_dict)
     injected: bool = True  # the fault landed (FaultSpec.fires); False: nothing was detected or recovered from
+    final_loss_is: str | None = None  # what final_loss is (FinalLoss.name)
 
 
 def deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
@@ -57,19 +58,46 @@ def _steps(run: RunDir) -> list[StepRecord]:
     return [r for r in iter_records(run.telemetry(0)) if isinstance(r, StepRecord)]
 
 
-def final_loss(run: RunDir) -> float | None:
-    """The eval loss at the last evaluation, else the mean of the last 10 training losses."""
+# The training losses of a run's last this many steps are averaged into its final loss.
+FINAL_WINDOW_STEPS = 10
+
+
+@dataclass(frozen=True)
+class FinalLoss:
+    """The figure a drill sets a fault run's end against the clean run's, with what it is."""
+
+    value: float
+    name: str  # what the figure is, in words: "eval loss at step 120", "mean training loss of steps 31-40"
+
+
+def final_loss(run: RunDir) -> FinalLoss | None:
+    """The eval loss at the last evaluation (the run summary's ``eval loss``), else the mean of the
+    finite training losses logged in the run's last 10 steps.
+
+    Steps, not log lines: a job that logs every step is averaged over its last 10, which evens out
+    one batch's noise; one that logs every 10 steps or less often gives its last logged loss alone,
+    the last figure of the run summary's ``loss first → last``. Each step counts once, as the final
+    timeline (its newest attempt) logged it.
+    """
     recs = _steps(run)
-    evals = [r.eval_loss for r in recs if r.extra.get("eval") and r.eval_loss is not None]
+    evals = [r for r in recs if r.extra.get("eval") and r.eval_loss is not None]
     if evals:
-        return evals[-1]
-    latest: dict[int, StepRecord] = {}
+        return FinalLoss(float(evals[-1].eval_loss or 0.0), f"eval loss at step {evals[-1].step}")
+    latest: dict[int, float | None] = {}
     for r in recs:
         if not r.extra.get("eval"):
-            latest[r.step] = r
-    last = [latest[s].loss for s in sorted(latest)[-10:]]
-    tail = [x for x in last if x is not None and math.isfinite(x)]
-    return sum(tail) / len(tail) if tail else None
+            latest[r.step] = r.loss
+    end = max(latest, default=0)
+    tail = {
+        s: x for s, x in latest.items() if s > end - FINAL_WINDOW_STEPS and x is not None and math.isfinite(x)
+    }
+    if not tail:
+        return None
+    first, last = min(tail), max(tail)
+    if first == last:
+        return FinalLoss(tail[last], f"training loss of step {last}")
+    logged = "" if len(tail) == last - first + 1 else f", {len(tail)} logged"
+    return FinalLoss(sum(tail.values()) / len(tail), f"mean training loss of steps {first}-{last}{logged}")
 
 
 def finite_weights(folder: Path) -> bool:
@@ -192,13 +220,10 @@ def report_run(
     events = read_events(run.events)
     recs = _steps(run)
     plans = [p for p in (from_json(line) for line in _lines(run.plan)) if isinstance(p, PlanRevision)]
-    inject_ts = external_ts
-    if inject_ts is None:
-        hit = next(
-            (r for r in recs if r.step >= spec.at_step - 1 and r.attempt == 0 and not r.extra.get("eval")),
-            None,
-        )
-        inject_ts = hit.ts if hit else 0.0
+    reached = next(
+        (r for r in recs if r.step >= spec.at_step - 1 and r.attempt == 0 and not r.extra.get("eval")), None
+    )
+    inject_ts = external_ts if external_ts is not None else (reached.ts if reached else 0.0)
     detection = _first(events, spec.detect, inject_ts - 1.0, ("anomaly", "action", "lifecycle"))
     action = _first(events, spec.act, inject_ts - 1.0, spec.act_kinds)
     # Steps redone: for each restart, how far the previous attempt got past the checkpoint it resumed from.
@@ -225,7 +250,16 @@ def report_run(
     if spec.expect_state != "completed" and action is not None:
         recovery = action.ts - inject_ts  # the answer is the action itself (a clean stop): how long it took
     restarts = max((p.attempt for p in plans), default=0)
-    injected = not spec.fires or any(e.name in spec.fires for e in events)
+    # A stopped run's loss is where it stopped, not an end to set against the clean run's.
+    end = final_loss(run) if spec.expect_state == "completed" else None
+    # Whether the fault landed: an actor's says so itself; a worker's that files an event, by it; else,
+    # by the first attempt reaching the fault's step (a run that ended first had nothing done to it).
+    if spec.actor:
+        injected = external_ts is not None
+    elif spec.fires:
+        injected = any(e.name in spec.fires for e in events)
+    else:
+        injected = reached is not None
     recovered = injected and state == spec.expect_state and weights_ok
     return FaultReport(
         kind=spec.kind,
@@ -237,12 +271,12 @@ def report_run(
         steps_redone=redone,
         recovery_seconds=round(recovery, 2) if recovery is not None else None,
         restarts=restarts,
-        # A stopped run's loss is where it stopped, not an end to set against the clean run's.
-        final_loss=final_loss(run) if spec.expect_state == "completed" else None,
+        final_loss=end.value if end else None,
         run_dir=str(run.root),
         rolled_back_in_process=any(e.name == "rolled_back" for e in events),
         goodput=run_account(run).to_dict(),
         injected=injected,
+        final_loss_is=end.name if end else None,
     )
 
 

@@ -27,7 +27,7 @@ from steadytune.records import Event, PlanRevision
 from steadytune.rundir import RunDir
 from steadytune.supervise.job_lr import BaseLr, choose_base_lr, lr_flag, usable_lr
 from steadytune.supervise.log_adapter import LogAdapter
-from steadytune.supervise.logparse import yaml_value
+from steadytune.supervise.logparse import yaml_config, yaml_value
 from steadytune.supervise.process import ProcessTree, WorkerProcess, running
 from steadytune.supervise.ranks import read_proc
 from steadytune.supervise.source import CONTROL, LR, SKIP_STEP
@@ -43,7 +43,7 @@ PRESETS: dict[str, dict[str, str]] = {
         "lr_arg": "learning_rate={lr}",
         "fresh_arg": "overwrite_output_dir=true",
         "output_key": "output_dir",
-        "output_yaml": "output_dir",
+        "settings_yaml": "yes",
     },
     # trl sft / HF example scripts (also under accelerate launch): HfArgumentParser flags
     "trl": {
@@ -65,7 +65,7 @@ PRESETS: dict[str, dict[str, str]] = {
         "lr_arg": "--learning-rate={lr}",
         "fresh_arg": "--no-auto-resume-from-checkpoints",
         "output_key": "output_dir",
-        "output_yaml": "output_dir",
+        "settings_yaml": "yes",
     },
     # swift sft|pt|rlhf: HfArgumentParser flags. It resumes only when told (or from a flash
     # checkpoint's own tracker, use_flash_ckpt); the resume reads the checkpoint's args.json for the
@@ -76,8 +76,9 @@ PRESETS: dict[str, dict[str, str]] = {
         "output_key": "output_dir",
     },
 }
-# output_key: the tool's output-folder argument (--output_dir, --output-dir, output_dir=); output_yaml: the
-# same key in the YAML config the command names. Where its checkpoint-N folders go, without --output-dir.
+# output_key: the tool's output-folder argument (--output_dir, --output-dir, output_dir=), where its
+# checkpoint-N folders go without --output-dir. settings_yaml: the tool takes its settings from the YAML
+# config the command names, under the keys its overrides use (see command_setting).
 _FALSE = frozenset({"false", "0", "no", "n", "f"})
 
 
@@ -112,15 +113,27 @@ def command_lr(command: Sequence[str], lr_arg: str | None) -> tuple[float, str] 
     return (lr, flag) if usable_lr(lr) else None
 
 
+def command_setting(preset: str | None, command: Sequence[str], key: str) -> tuple[str, str] | None:
+    """The value the job gives its setting ``key`` and where it says so: the last ``--key V`` (or
+    ``key=V``) on its command line, else, where the preset's tool takes a YAML config (llamafactory,
+    axolotl), ``key:`` in the YAML the command names. None when it says nothing of it.
+    """
+    value = flag_value(command, key)
+    if value is not None:
+        return value, "the command"
+    if PRESETS.get(preset or "", {}).get("settings_yaml"):
+        value = yaml_value(command, key)
+        if value is not None:
+            return value, str(yaml_config(command))
+    return None
+
+
 def output_dir_of(preset: str | None, command: Sequence[str]) -> Path | None:
     """The job's output folder as its command says it, where the preset knows the tool's argument:
     ``--output_dir X`` (or ``output_dir=X``), else ``output_dir:`` in its YAML config."""
-    known = PRESETS.get(preset or "", {})
-    key = known.get("output_key")
-    value = flag_value(command, key) if key else None
-    if value is None and known.get("output_yaml"):
-        value = yaml_value(command, known["output_yaml"])
-    return Path(value) if value else None
+    key = PRESETS.get(preset or "", {}).get("output_key")
+    found = command_setting(preset, command, key) if key else None
+    return Path(found[0]) if found and found[0] else None
 
 
 def checkpoint_folder(

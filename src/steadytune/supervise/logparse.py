@@ -27,6 +27,7 @@ __all__ = [
     "parse_log_line",
     "swift_progress",
     "train_bar",
+    "yaml_config",
     "yaml_value",
 ]
 
@@ -42,20 +43,24 @@ _LOGGING_FLAG = re.compile(r"^--?logging[_-]steps(?:=(\d+))?$")
 _LOGGING_KV = re.compile(r"^logging_steps=(\d+)$")
 
 
+def yaml_config(command: Sequence[str]) -> str | None:
+    """The first YAML config the command names (LLaMA-Factory's and axolotl's), as written there."""
+    return next((part for part in command if part.endswith((".yaml", ".yml"))), None)
+
+
 def yaml_value(command: Sequence[str], key: str) -> str | None:
     """``key: value`` in the first YAML config the command names (LLaMA-Factory's and axolotl's
     flat configs), quotes and a trailing comment taken off; None when there is none."""
-    for part in command:
-        if not part.endswith((".yaml", ".yml")):
-            continue
-        try:
-            text = Path(part).read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            return None
-        m = re.search(rf"^\s*{re.escape(key)}\s*:\s*(.*?)\s*(?:\s#.*)?$", text, re.MULTILINE)
-        value = m.group(1).strip("'\"") if m else ""
-        return value or None
-    return None
+    path = yaml_config(command)
+    if path is None:
+        return None
+    try:
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    m = re.search(rf"^\s*{re.escape(key)}\s*:\s*(.*?)\s*(?:\s#.*)?$", text, re.MULTILINE)
+    value = m.group(1).strip("'\"") if m else ""
+    return value or None
 
 
 def logging_steps_from(command: Sequence[str]) -> int | None:

@@ -15,11 +15,12 @@ from steadytune.checkpoint.external import check_external_checkpoint
 from steadytune.cli.main import build_parser
 from steadytune.cli.main import main as cli
 from steadytune.drill import external
-from steadytune.drill.command import SuperviseLine, flag_value, float_value, supervise_argv, with_output_dir
+from steadytune.drill.command import SuperviseLine, float_value, supervise_argv, with_output_dir
 from steadytune.drill.faults import parse_inject
 from steadytune.drill.runner import report_run
 from steadytune.records import PlanRevision, StepRecord, to_json
 from steadytune.rundir import RunDir
+from steadytune.supervise.command import flag_value
 from steadytune.supervise.process import running
 from steadytune.telemetry.events import EventLog
 from steadytune.telemetry.stream import JsonlWriter
@@ -256,3 +257,17 @@ def test_a_nan_fault_that_never_landed_says_so_rather_than_detected_no_recovered
     assert "fault not injected" not in render(
         {"faults": [as_dict(r)], "clean_final_loss": 2.0, "completed": r.recovered, "weights_finite": True}
     )
+
+
+def test_a_clean_run_that_restarted_on_its_own_is_no_reference(tmp_path: Path) -> None:
+    smooth = _run(tmp_path / "a", [(None, list(range(1, 41)))], [("lifecycle", "run_completed", 40)])
+    assert external.clean_run_problem(smooth, 8.0) is None
+    stalled = _run(tmp_path / "b", [(None, list(range(1, 11))), ("/o/checkpoint-10", list(range(11, 41)))],
+                   [("action", "restart", 10), ("lifecycle", "run_completed", 40)])  # fmt: skip
+    with open(stalled.plan) as f:
+        lines = [json.loads(line) for line in f]
+    lines[1].update(reason="stall", notes="stall: stall at step 10; resuming from checkpoint-10")
+    stalled.plan.write_text("".join(json.dumps(p) + "\n" for p in lines))
+    why = external.clean_run_problem(stalled, 8.0)
+    assert why is not None and "restarted 1 time(s) on its own (stall: stall at step 10)" in why
+    assert "--hang-floor 8 s" in why and "give --hang-floor above" in why
