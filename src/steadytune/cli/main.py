@@ -17,6 +17,7 @@ from collections.abc import Sequence  # noqa: E402
 
 import steadytune  # noqa: E402
 import steadytune.cli as cli_pkg  # noqa: E402
+from steadytune.regularfile import NotRegularFile  # noqa: E402
 
 EPILOG = """\
 examples:
@@ -111,6 +112,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except NotRegularFile as exc:  # a FIFO or a device where a run's file or a log belongs
+        print(f"error: {exc.filename}: {exc.strerror}; steadytune reads only regular files", file=sys.stderr)
+        return 1
 
 
 def entrypoint() -> None:
