@@ -52,3 +52,14 @@ def test_the_file_returned_blocks_as_open_makes_it(tmp_path: Path) -> None:
         assert f.read() == "line\n"
     with pytest.raises(ValueError):
         open_regular(path, "w")
+
+
+def test_a_fifo_where_a_checkpoints_weights_belong_is_a_problem_not_a_wait(tmp_path: Path) -> None:
+    from steadytune.checkpoint.external import safetensors_problem
+    from steadytune.forensics.stread import read_header
+
+    weights = tmp_path / "model.safetensors"
+    os.mkfifo(weights)
+    assert safetensors_problem(weights) == "model.safetensors: unreadable header (NotRegularFile)"
+    with pytest.raises(NotRegularFile):
+        read_header(weights)

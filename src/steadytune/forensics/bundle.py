@@ -55,7 +55,7 @@ from steadytune.forensics.runview import (
 from steadytune.records import Event, StepRecord, to_dict
 from steadytune.redact import redact
 from steadytune.redact.paths import PathRedactor
-from steadytune.regularfile import read_text
+from steadytune.regularfile import open_regular, read_text
 from steadytune.rundir import RunDir
 from steadytune.telemetry.envsnap import snapshot
 from steadytune.telemetry.events import read_events
@@ -115,7 +115,7 @@ def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes, mode: int = 0o644) 
 
 def _add_file(tar: tarfile.TarFile, path: Path, name: str) -> None:
     """``path``'s bytes as a regular member (a symlink is followed, never stored as a link)."""
-    with open(path, "rb") as f:
+    with open_regular(path, "rb") as f:
         info = tarfile.TarInfo(name)
         info.size, info.mtime, info.mode = os.fstat(f.fileno()).st_size, int(time.time()), 0o644
         tar.addfile(info, f)
