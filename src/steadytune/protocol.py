@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import stat
 import time
 import uuid
 from collections.abc import Callable
@@ -35,6 +34,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Protocol
 
+from steadytune.regularfile import FileTooLarge, NotRegularFile, read_bytes
 from steadytune.rundir import RunDir, atomic_write_text
 
 COMMANDS = ("pause", "resume", "checkpoint", "stop", "memory_snapshot", "rollback")
@@ -298,20 +298,18 @@ def read_request(path: Path) -> dict[str, Any] | None:
         RefusedRequest: anything else, with the reason.
     """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        raw = read_bytes(path, MAX_REQUEST_BYTES, follow=False)
     except FileNotFoundError:
         return None
+    except NotRegularFile as exc:
+        raise RefusedRequest(f"is {exc.strerror}") from None
+    except FileTooLarge:
+        too_large = f"is larger than {MAX_REQUEST_BYTES:,} bytes; a request is a few hundred"
+        raise RefusedRequest(too_large) from None
     except OSError as exc:
         raise RefusedRequest(
             f"cannot be opened as a plain file ({exc.strerror}); a link is never followed"
         ) from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise RefusedRequest("is not a regular file (a FIFO, a device or a folder)")
-    with os.fdopen(fd, "rb") as f:
-        raw = f.read(MAX_REQUEST_BYTES + 1)
-    if len(raw) > MAX_REQUEST_BYTES:
-        raise RefusedRequest(f"is larger than {MAX_REQUEST_BYTES:,} bytes; a request is a few hundred")
     try:
         request = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:

@@ -27,6 +27,8 @@ FLOORS: dict[str, int] = {
             "layers",
             "layerwise",
             "secretfile",
+            "regularfile",
+            "lifeline",
             "jobenv",
             "redact",
             "config",

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 from steadytune.checkpoint.manifest import MANIFEST, checkpoint_step, list_checkpoints, verify
+from steadytune.regularfile import open_regular, read_text
 
 _WEIGHTS = ("model.safetensors", "adapter_model.safetensors", "pytorch_model.bin", "adapter_model.bin")
 
@@ -21,7 +22,7 @@ def safetensors_problem(path: Path) -> str | None:
     exactly the header plus the end of the last tensor (a save killed midway leaves it short)."""
     try:
         size = path.stat().st_size
-        with open(path, "rb") as f:
+        with open_regular(path, "rb") as f:
             n = int.from_bytes(f.read(8), "little")
             if n <= 0 or n > size - 8:
                 return f"{path.name}: header length {n} does not fit in {size} bytes"
@@ -44,7 +45,7 @@ def _shards(ckpt: Path) -> tuple[list[Path], str | None]:
     files: list[Path] = []
     for index in ckpt.glob("*.safetensors.index.json"):
         try:
-            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            names = sorted(set(json.loads(read_text(index))["weight_map"].values()))
         except (OSError, ValueError, KeyError, AttributeError):
             return [], f"{index.name} unreadable"
         for name in names:
@@ -66,7 +67,7 @@ def check_external_checkpoint(ckpt: Path) -> tuple[bool, str]:
         v = verify(ckpt)
         return v.ok, v.reason
     try:
-        state = json.loads((ckpt / "trainer_state.json").read_text())
+        state = json.loads(read_text(ckpt / "trainer_state.json"))
     except (OSError, ValueError):
         return False, "trainer_state.json missing or unreadable (save did not finish)"
     step = checkpoint_step(ckpt)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
+from steadytune.regularfile import open_fd, open_regular, read_text
 from steadytune.rundir import atomic_write_text, fsync_dir
 
 MANIFEST = "MANIFEST.json"
@@ -32,7 +33,7 @@ _SEAL_CHUNK = 8 << 20
 
 def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open_regular(path, "rb") as f:
         while block := f.read(_CHUNK):
             h.update(block)
     return h.hexdigest()
@@ -56,7 +57,7 @@ def _seal_file(path: Path) -> dict[str, Any]:
     """Hash ``path`` and fsync it through the same descriptor: one open and one read per file."""
     h = hashlib.sha256()
     size = 0
-    with open(path, "rb", buffering=0) as f:
+    with open(open_fd(path), "rb", buffering=0) as f:
         buf = bytearray(_SEAL_CHUNK)
         view = memoryview(buf)
         while n := f.readinto(buf):
@@ -204,7 +205,7 @@ def load_manifest(ckpt: Path) -> Manifest:
     if not inside(path, ckpt):
         raise ManifestError("MANIFEST.json leads outside the checkpoint (a symlink)")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_text(path))
     except (ValueError, OSError, RecursionError):  # RecursionError: nested too deep to parse
         raise ManifestError("MANIFEST.json is unreadable") from None
     if not isinstance(data, dict):

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from steadytune.checkpoint.manifest import checkpoint_step, list_checkpoints, seal_tree, write_manifest
+from steadytune.regularfile import read_text
 from steadytune.rundir import atomic_write_text, fsync_dir
 
 
@@ -51,7 +52,7 @@ def pointer_name(pointer: Path) -> str | None:
     :func:`read_pointer`, which also wants the folder.
     """
     try:
-        name = pointer.read_text(encoding="utf-8").strip()
+        name = read_text(pointer).strip()
     except OSError:
         return None
     if not name or "/" in name or "\\" in name or name.startswith("."):

@@ -12,11 +12,13 @@ import argparse  # noqa: E402
 import importlib  # noqa: E402
 import os  # noqa: E402
 import pkgutil  # noqa: E402
+import signal  # noqa: E402
 import sys  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
 
 import steadytune  # noqa: E402
 import steadytune.cli as cli_pkg  # noqa: E402
+from steadytune.regularfile import NotRegularFile  # noqa: E402
 
 EPILOG = """\
 examples:
@@ -98,6 +100,16 @@ def parse(argv: Sequence[str]) -> tuple[argparse.ArgumentParser, argparse.Namesp
     return parser, args
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the command is, so that what it made (a dashboard's cache folder,
+    ``analyze``'s unpacked copy of a ``.gz`` log) is cleaned up as after a Ctrl-C. A command that
+    handles SIGTERM itself (``run``, ``supervise``, ``server``) sets its own handler over this one."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     if argv is None:
         argv = sys.argv[1:]
@@ -108,12 +120,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return int(func(args) or 0)
+    except Terminated:
+        print("terminated", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except NotRegularFile as exc:  # a FIFO or a device where a run's file or a log belongs
+        print(f"error: {exc.filename}: {exc.strerror}; steadytune reads only regular files", file=sys.stderr)
+        return 1
 
 
 def entrypoint() -> None:
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _terminate)
     try:
         try:
             code: int | str | None = main()

@@ -55,6 +55,7 @@ from steadytune.forensics.runview import (
 from steadytune.records import Event, StepRecord, to_dict
 from steadytune.redact import redact
 from steadytune.redact.paths import PathRedactor
+from steadytune.regularfile import open_regular, read_text
 from steadytune.rundir import RunDir
 from steadytune.telemetry.envsnap import snapshot
 from steadytune.telemetry.events import read_events
@@ -114,7 +115,7 @@ def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes, mode: int = 0o644) 
 
 def _add_file(tar: tarfile.TarFile, path: Path, name: str) -> None:
     """``path``'s bytes as a regular member (a symlink is followed, never stored as a link)."""
-    with open(path, "rb") as f:
+    with open_regular(path, "rb") as f:
         info = tarfile.TarInfo(name)
         info.size, info.mtime, info.mode = os.fstat(f.fileno()).st_size, int(time.time()), 0o644
         tar.addfile(info, f)
@@ -388,7 +389,7 @@ class _Contents:
                 config = yaml.safe_dump(clean(redact(self.cfg)), sort_keys=False)
                 _add_bytes(tar, f"{top}/config.yaml", config.encode())
                 if run.plan.exists():
-                    plan_lines = run.plan.read_text(encoding="utf-8").splitlines()
+                    plan_lines = read_text(run.plan).splitlines()
                     _add_bytes(tar, f"{top}/plan.jsonl", _jsonl_lines(plan_lines, self.redactor))
                 _add_bytes(tar, f"{top}/environment.json", json.dumps(clean(snapshot()), indent=1).encode())
                 _add_bytes(tar, f"{top}/metrics.jsonl", _jsonl([clean(to_dict(r)) for r in self.records]))

@@ -42,6 +42,7 @@ from steadytune.forensics.tokenizer import (
     load_tokenizer,
     vocab_size,
 )
+from steadytune.regularfile import open_regular
 from steadytune.rundir import RunDir
 
 TEXT_LIMIT = 2000  # characters of each text field shown with --show-text
@@ -148,7 +149,7 @@ def fetch_rows(
     first: dict[str, Any] | None = None
     wanted = max(indices) if indices else -1
     row = -1
-    with open(path, encoding="utf-8", errors="surrogateescape") as f:
+    with open_regular(path, encoding="utf-8", errors="surrogateescape") as f:
         for line in f:
             if not line.strip():
                 continue

@@ -20,6 +20,7 @@ import yaml
 
 from steadytune.config.yamlsafe import read_yaml
 from steadytune.records import Event, PlanRevision, StepRecord, from_dict, from_json
+from steadytune.regularfile import read_text
 from steadytune.rundir import RunDir
 from steadytune.telemetry.jsonl import grep_lines, parse_line
 from steadytune.telemetry.stream import iter_records
@@ -138,7 +139,7 @@ def plans(run: RunDir) -> list[PlanRevision]:
     if not run.plan.exists():
         return []
     out = []
-    for line in run.plan.read_text(encoding="utf-8").splitlines():
+    for line in read_text(run.plan).splitlines():
         if line.strip():
             try:
                 rec = from_json(line)

@@ -22,6 +22,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from steadytune.regularfile import open_fd, open_regular
+
 DEFAULT_CHUNK = 1 << 19  # elements per read: 2 MB of float32 per side, ~20 MB of temporaries in all
 
 _NUMPY = {
@@ -85,7 +87,7 @@ def read_header(path: Path) -> dict[str, TensorRef]:
     """The tensors of one safetensors file, in the order of their bytes."""
     path = Path(path)
     size = path.stat().st_size
-    with open(path, "rb") as f:
+    with open_regular(path, "rb") as f:
         raw = f.read(8)
         if len(raw) < 8:
             raise SafetensorsError(f"{path}: too short to be a safetensors file")
@@ -151,7 +153,7 @@ def _decode(raw: Any, dtype: str) -> Any:
 def iter_chunks(ref: TensorRef, chunk: int = DEFAULT_CHUNK) -> Iterator[Any]:
     """The tensor's values, flattened, ``chunk`` elements at a time (float32, or float64 for F64/ints)."""
     width = _SIZE[ref.dtype]
-    with open(ref.file, "rb", buffering=0) as f:
+    with open(open_fd(ref.file), "rb", buffering=0) as f:
         f.seek(ref.start)
         left = ref.numel
         while left > 0:

@@ -23,6 +23,7 @@ from steadytune.config.yamlsafe import read_yaml
 from steadytune.goodput.account import account, interruption_record, relevant
 from steadytune.goodput.parts import Account, RunHistory, StreamRecord
 from steadytune.records import Event, Heartbeat, PlanRevision, from_dict
+from steadytune.regularfile import read_text
 from steadytune.rundir import RunDir, file_stamp
 from steadytune.telemetry.liveness import status_live
 from steadytune.telemetry.stream import JsonlTailer
@@ -122,7 +123,7 @@ def interruptions(run: RunDir) -> tuple[int, float]:
 
 def read_status(run: RunDir) -> dict[str, Any]:
     try:
-        data = json.loads(run.status.read_text(encoding="utf-8"))
+        data = json.loads(read_text(run.status))
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}

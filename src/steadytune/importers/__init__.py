@@ -59,6 +59,7 @@ from steadytune.importers import jsonl_log, text_log
 from steadytune.importers.format import LogFormat
 from steadytune.importers.series import Series, SeriesBuilder, UnreadableLog, no_gc, parse_number
 from steadytune.importers.stream import NotStreamable, StreamedLog
+from steadytune.regularfile import NotRegularFile, open_regular
 
 __all__ = [
     "FORMATS",
@@ -120,7 +121,7 @@ _SOURCE = re.compile(r"^(?:from [\w.]+ import |import [\w.]+\s*$|def \w+\(|class
 
 
 def _head(path: Path) -> str:
-    with open(path, "rb") as f:
+    with open_regular(path, "rb") as f:
         raw = f.read(_HEAD_BYTES)
     if b"\x00" in raw[:4096]:
         raise UnreadableLog("binary file, not a text log")
@@ -129,7 +130,7 @@ def _head(path: Path) -> str:
 
 def _tail(path: Path) -> str:
     """The last ``_HEAD_BYTES`` of a file longer than that, from its first whole line ("" if shorter)."""
-    with open(path, "rb") as f:
+    with open_regular(path, "rb") as f:
         size = f.seek(0, 2)
         if size <= _HEAD_BYTES:
             return ""
@@ -144,7 +145,7 @@ _RECORD_WORDS = re.compile(rb"loss|reward|step|iter|epoch", re.IGNORECASE)
 
 def _middle(path: Path) -> str:
     """``_HEAD_BYTES`` from the middle of a file three heads long or more, whole lines ("" if shorter)."""
-    with open(path, "rb") as f:
+    with open_regular(path, "rb") as f:
         size = f.seek(0, 2)
         if size < 3 * _HEAD_BYTES:
             return ""
@@ -160,7 +161,7 @@ def _digest(path: Path) -> str:
         return ""
     kept: list[bytes] = []
     size = 0
-    with open(path, "rb") as f:
+    with open_regular(path, "rb") as f:
         for line in f:
             if len(line) < 16384 and _RECORD_WORDS.search(line):
                 kept.append(line)
@@ -215,8 +216,12 @@ GUNZIP_SPARE_BYTES = 64 << 20  # left free on the temporary disk, for everything
 def _plain(path: Path) -> Iterator[Path]:
     """The path itself, or a decompressed copy of a gzip-compressed log (``main.log.gz``)."""
     try:
-        with open(path, "rb") as f:
+        with open_regular(path, "rb") as f:
             gz = f.read(2) == _GZIP_MAGIC
+    except NotRegularFile as exc:
+        if not path.is_dir():  # a FIFO would wait for a writer for good, a device never end
+            raise UnreadableLog(exc.strerror) from None
+        gz = False
     except OSError:  # a folder, a missing or unreadable file: detection says which
         gz = False
     if not gz:
@@ -359,7 +364,7 @@ def stream(path: Path | str) -> StreamedLog | None:
     """
     path = Path(path)
     try:
-        with open(path, "rb") as f:
+        with open_regular(path, "rb") as f:
             if f.read(2) == _GZIP_MAGIC:
                 return None
         with _too_deep():

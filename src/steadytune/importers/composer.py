@@ -26,6 +26,7 @@ from pathlib import Path
 from steadytune.importers.format import LogFormat
 from steadytune.importers.prefix import strip_prefix
 from steadytune.importers.series import Series, SeriesBuilder, UnreadableLog, parse_number
+from steadytune.regularfile import open_regular
 
 FORMAT = "composer_console"
 _HEADER = re.compile(r"^(?:\[epoch=\d+\])?\[batch=(\d+)(?:/\d+)?\]:\s*$")
@@ -58,7 +59,7 @@ def read(path: Path) -> Series:
     b = SeriesBuilder(str(path), FORMAT)
     step: int | None = None
     seen: set[str] = set()
-    with open(path, encoding="utf-8", errors="replace") as f:
+    with open_regular(path, encoding="utf-8", errors="replace") as f:
         for raw in f:
             line = strip_prefix(raw)[1] if raw[:1] not in "\t [" else raw.rstrip()
             h = _HEADER.match(line.strip())

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from steadytune.importers.format import LogFormat
 from steadytune.importers.series import ALIASES, Series, SeriesBuilder, UnreadableLog, parse_number
+from steadytune.regularfile import open_regular
 
 FORMAT = "csv"
 # Most preferred first; ``_step`` used only when no trainer step is there, and ``epoch`` only when
@@ -130,7 +131,7 @@ def sniff(head: str) -> bool:
 
 
 def read(path: Path) -> Series:
-    with open(path, encoding="utf-8", errors="replace", newline="") as f:
+    with open_regular(path, encoding="utf-8", errors="replace", newline="") as f:
         text = f.read()
     first = text.splitlines()[0] if text else ""
     delim = "\t" if first.count("\t") > first.count(",") else ","

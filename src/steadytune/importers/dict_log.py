@@ -41,6 +41,7 @@ from steadytune.importers.format import LogFormat
 from steadytune.importers.prefix import LowestRank, strip_ansi, strip_prefix
 from steadytune.importers.series import ALIASES, Series, SeriesBuilder, UnreadableLog
 from steadytune.importers.text_steps import find_step
+from steadytune.regularfile import open_regular
 
 FORMAT = "dict_log"
 MIN_RECORDS = 3
@@ -315,7 +316,7 @@ def sniff(head: str) -> bool:
 
 
 def read(path: Path) -> Series:
-    with open(path, encoding="utf-8", errors="replace") as f:
+    with open_regular(path, encoding="utf-8", errors="replace") as f:
         rows = _records(f.read().splitlines())
     if len(rows) < MIN_RECORDS:
         raise UnreadableLog(f"fewer than {MIN_RECORDS} {LOOKED_FOR}")

@@ -55,6 +55,7 @@ from steadytune.importers.series import (
 )
 from steadytune.importers.stream import CHUNK, Row, StreamedLog
 from steadytune.objectives import objective_of
+from steadytune.regularfile import open_regular
 
 FORMAT = "jsonl_log"
 # The trainer's own step before W&B's ``_step``, which counts log calls (an eval row is one more).
@@ -227,7 +228,7 @@ def read(path: Path) -> Series:
             b.add_numbers(step, numbers)
 
     stepless: list[dict[str, Any]] | None = []  # None once a row names its step
-    with open(path, encoding="utf-8", errors="replace") as f:
+    with open_regular(path, encoding="utf-8", errors="replace") as f:
         for row in _decoded(f):
             if not isinstance(row, dict):
                 continue
@@ -296,7 +297,7 @@ def stream_rows(path: Path) -> Iterator[list[Row]]:
     loads = json.loads
     block: list[Row] = []
     add = block.append
-    with open(path, encoding="utf-8", errors="replace") as f:
+    with open_regular(path, encoding="utf-8", errors="replace") as f:
         for line in f:
             if len(block) >= CHUNK:
                 yield block

@@ -15,6 +15,7 @@ from typing import Any
 
 from steadytune.importers.format import LogFormat
 from steadytune.importers.series import Series, SeriesBuilder, UnreadableLog
+from steadytune.regularfile import open_regular
 
 FORMAT = "llamafactory_trainer_log"
 _PROGRESS = {"current_steps", "total_steps", "percentage", "remaining_time", "elapsed_time"}
@@ -55,7 +56,7 @@ def elapsed_seconds(text: Any) -> float | None:
 
 def read(path: Path) -> Series:
     b = SeriesBuilder(str(path), FORMAT)
-    with open(path, encoding="utf-8", errors="replace") as f:
+    with open_regular(path, encoding="utf-8", errors="replace") as f:
         for line in f:
             try:
                 row = json.loads(line)

@@ -32,6 +32,7 @@ from pathlib import Path
 from steadytune.importers.format import LogFormat
 from steadytune.importers.prefix import LowestRank, strip_prefix
 from steadytune.importers.series import ALIASES, Series, SeriesBuilder, UnreadableLog, parse_number
+from steadytune.regularfile import open_regular
 
 FORMAT = "megatron_text"
 ITERATION = re.compile(r"iteration\s+(\d+)\s*/\s*(\d+)\s*\|")
@@ -207,7 +208,7 @@ def _is_loss(key: str) -> bool:
 def read(path: Path) -> Series:
     b = SeriesBuilder(str(path), FORMAT)
     ranks = LowestRank(b)
-    with open(path, encoding="utf-8", errors="replace") as f:
+    with open_regular(path, encoding="utf-8", errors="replace") as f:
         records = list(_records(f.readlines()))
     typical = log_interval([step for step, _, _, val in records if not val])
     prev: int | None = None

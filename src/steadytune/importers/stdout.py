@@ -14,6 +14,7 @@ from pathlib import Path
 
 from steadytune.importers.prefix import LowestRank, strip_prefix
 from steadytune.importers.series import Series, SeriesBuilder, UnreadableLog, parse_number
+from steadytune.regularfile import open_regular
 
 StepParser = Callable[[str], "tuple[int, Mapping[str, float | None]] | None"]  # None: a value not read
 
@@ -31,7 +32,7 @@ def read_steps_and_evals(
     b = SeriesBuilder(str(path), fmt)
     ranks = LowestRank(b)
     last: int | None = None
-    with open(path, encoding="utf-8", errors="replace") as f:
+    with open_regular(path, encoding="utf-8", errors="replace") as f:
         for line in f:
             rank, text = strip_prefix(line)
             parsed = parse(text)

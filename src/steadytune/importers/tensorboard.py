@@ -12,6 +12,7 @@ from pathlib import Path
 
 from steadytune.importers.format import LogFormat
 from steadytune.importers.series import Series, SeriesBuilder, UnreadableLog
+from steadytune.regularfile import open_regular
 
 FORMAT = "tensorboard"
 PREFIX = "events.out.tfevents"
@@ -25,7 +26,7 @@ def sniff_path(path: Path) -> bool:
     if path.name.startswith(PREFIX):
         return True
     try:
-        with open(path, "rb") as f:
+        with open_regular(path, "rb") as f:
             return b"brain.Event:" in f.read(64)
     except OSError:
         return False

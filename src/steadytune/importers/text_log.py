@@ -85,6 +85,7 @@ from steadytune.importers.text_steps import (
     step_span,
     total_of,
 )
+from steadytune.regularfile import open_regular
 
 __all__ = ["FORMAT", "LOG_FORMAT", "Line", "find_step", "parse_line", "read", "sniff", "why_not"]
 
@@ -616,7 +617,7 @@ def _logged_every(lines: list[Line]) -> list[Line]:
 
 
 def read(path: Path) -> Series:
-    with open(path, encoding="utf-8", errors="replace") as f:
+    with open_regular(path, encoding="utf-8", errors="replace") as f:
         records, named = _parsed(f)
     lines = _evaluation_estimates(_placed(_logged_every(_last_drawings(records)), named))
     b = SeriesBuilder(str(path), FORMAT, in_order=True)

@@ -36,6 +36,7 @@ from enum import Enum
 from pathlib import Path
 from typing import IO, Any
 
+from steadytune.regularfile import open_regular
 from steadytune.telemetry import segments
 
 log = logging.getLogger(__name__)
@@ -172,7 +173,7 @@ class JsonlReader:
             # The live file is opened before segment n is looked for: if n is not there yet, the
             # file opened is the one this reader was reading, even if it is sealed a moment later.
             try:  # held, it is read by pread alone: no buffer
-                live: IO[bytes] | None = open(self.path, "rb", buffering=0 if self.keep_open else -1)  # noqa: SIM115
+                live: IO[bytes] | None = open_regular(self.path, "rb", buffering=0 if self.keep_open else -1)
             except FileNotFoundError:
                 live = None  # between a rotation's rename and the writer's fresh file
             seg = segments.segment(self.path, self.segment)
@@ -386,7 +387,7 @@ def grep_lines(
         except FileNotFoundError:
             continue  # compressed away meanwhile; a rotation mid-search is not followed
     try:
-        f = open(live, "rb")  # noqa: SIM115 - closed below; a generator holds it
+        f = open_regular(live, "rb")  # closed below; a generator holds it
     except OSError:
         return
     with f:
@@ -467,7 +468,7 @@ def last_line(
     """
     limit = MAX_LINE_BYTES if max_line_bytes is None else max_line_bytes
     try:
-        f = open(path, "rb")  # noqa: SIM115
+        f = open_regular(path, "rb")
     except OSError:
         return 0, None
     with f:
@@ -489,7 +490,7 @@ def tail_dicts(path: Path | str, max_bytes: int = BACK_BLOCK_BYTES) -> list[dict
     """
     out: list[dict[str, Any]] = []
     try:
-        f = open(path, "rb")  # noqa: SIM115
+        f = open_regular(path, "rb")
     except OSError:
         return out
     with f:

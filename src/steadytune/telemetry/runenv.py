@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from steadytune.regularfile import read_text
 from steadytune.rundir import RunDir, atomic_write_text
 from steadytune.telemetry.envsnap import snapshot, snapshot_of
 from steadytune.telemetry.gitstate import git_state
@@ -90,7 +91,7 @@ def read_run_env(run: RunDir) -> dict[str, Any]:
         EnvError: the run has none (made before steadytune wrote one) or it is not JSON.
     """
     try:
-        data = json.loads(run.env.read_text(encoding="utf-8"))
+        data = json.loads(read_text(run.env))
     except FileNotFoundError:
         raise EnvError(
             f"{run.root} has no env.json: it was made by a steadytune that did not record its environment"

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from steadytune.regularfile import open_regular
 from steadytune.rundir import DEFAULT_SEGMENT_BYTES, MIN_SEGMENT_BYTES, fsync_dir
 
 log = logging.getLogger(__name__)
@@ -123,7 +124,7 @@ _verify_lock = threading.Lock()
 def _check_gzip(path: Path) -> str | None:
     """Why ``path`` is not a whole gzip stream (a bad CRC or length, a cut end); None when it is."""
     try:
-        with gzip.open(path, "rb") as f:
+        with open_regular(path, "rb") as raw, gzip.GzipFile(fileobj=raw, mode="rb") as f:
             while f.read(1 << 20):
                 pass
     except (OSError, EOFError, zlib.error) as exc:  # BadGzipFile is an OSError
@@ -162,12 +163,12 @@ def trusted(seg: Segment) -> bool:
 @contextlib.contextmanager
 def open_segment(seg: Segment) -> Iterator[IO[bytes]]:
     """The segment's bytes as one file (inflated on the fly for a .gz; seeking forward is allowed)."""
-    if seg.compressed:
-        with gzip.open(seg.path, "rb") as f:
-            yield f  # type: ignore[misc]
-    else:
-        with open(seg.path, "rb") as f:
-            yield f
+    with open_regular(seg.path, "rb") as raw:
+        if seg.compressed:
+            with gzip.GzipFile(fileobj=raw, mode="rb") as f:
+                yield f  # type: ignore[misc]
+        else:
+            yield raw
 
 
 # ---- writing ------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from steadytune.records import GpuSample, SystemSample
+from steadytune.regularfile import read_text
 from steadytune.telemetry.sampler import Nvml, SystemSampler
 
 ENV = "STEADYTUNE_SYSTEM_SNAPSHOT"
@@ -44,7 +45,7 @@ def _gpus(raw: Any) -> tuple[GpuSample, ...] | None:
 def read_snapshot(path: Path) -> tuple[float | None, tuple[GpuSample, ...]]:
     """The CPU ratio and the GPUs the file says; (None, ()) when it cannot be read."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_text(path))
     except (OSError, ValueError):
         return None, ()
     if not isinstance(data, dict):

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from steadytune.records import PlanRevision, Record, from_dict, from_json, to_json
+from steadytune.regularfile import read_text
 from steadytune.rundir import RunDir
 from steadytune.telemetry import segments
 from steadytune.telemetry.jsonl import JsonlReader
@@ -183,7 +184,7 @@ def latest_plan(run: RunDir) -> PlanRevision:
     """
     plan = PlanRevision(revision=0, ts=0.0, reason="start")
     if run.plan.exists():
-        for line in run.plan.read_text(encoding="utf-8").splitlines():
+        for line in read_text(run.plan).splitlines():
             if line.strip():
                 rec = from_json(line)
                 if isinstance(rec, PlanRevision):

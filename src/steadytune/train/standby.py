@@ -16,7 +16,6 @@ file on stdin ends it, and until then the kernel kills it when its parent dies.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import sys
@@ -25,19 +24,8 @@ from pathlib import Path
 from typing import IO
 
 from steadytune.config.schema import SteadytuneConfig
+from steadytune.lifeline import parent_death_signal
 from steadytune.protocol import read_standby_orders
-
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
-
-
-def _parent_death_signal(sig: int) -> None:
-    """Have the kernel send ``sig`` when the supervisor dies (0: no longer); a no-op without prctl."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
-    except (OSError, AttributeError):
-        return
 
 
 def warm_up(cfg: SteadytuneConfig | None) -> None:
@@ -70,7 +58,7 @@ def stand_by(cfg: SteadytuneConfig | None, orders: IO[bytes] | None = None) -> b
     """Warm up, then wait for the orders; True once they are taken, False when the supervisor is gone."""
     t0 = time.time()
     # Until the orders, it dies with the supervisor; end of file on stdin covers a death before this line.
-    _parent_death_signal(signal.SIGKILL)
+    parent_death_signal(signal.SIGKILL)
     warm_up(cfg)
     import psutil
     import torch
@@ -86,7 +74,7 @@ def stand_by(cfg: SteadytuneConfig | None, orders: IO[bytes] | None = None) -> b
     if not line.strip():
         return False
     log, env = read_standby_orders(line.decode("utf-8"))
-    _parent_death_signal(0)  # from here on it is a worker like any other
+    parent_death_signal(0)  # from here on it is a worker like any other
     for key, value in env.items():
         if value is None:
             os.environ.pop(key, None)

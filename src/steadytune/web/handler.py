@@ -17,8 +17,10 @@ import urllib.parse
 from collections.abc import Callable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
+from pathlib import Path
 from typing import Any, Protocol
 
+from steadytune.regularfile import NotRegularFile
 from steadytune.web import routes
 from steadytune.web.app import DashboardApp
 from steadytune.web.auth import access_denied, host_denied
@@ -218,6 +220,10 @@ class Handler(BaseHTTPRequestHandler):
         except BadParam as exc:
             self.close_connection = True  # what follows a bad Content-Length cannot be trusted
             self.error(400, str(exc), param=exc.param)
+        except NotRegularFile as exc:  # a FIFO or a device where a run's file belongs: never waited on
+            self.close_connection = True
+            where = Path(exc.filename or "?")
+            self.error(500, f"{where.parent.name}/{where.name} is {exc.strerror}: the run cannot be read")
         except Exception as exc:
             self._failed(exc)
 

@@ -29,6 +29,7 @@ from steadytune.checkpoint.store import pointer_name
 from steadytune.config.detect import DetectConfig
 from steadytune.config.yamlsafe import read_yaml
 from steadytune.goodput.load import AccountCache
+from steadytune.regularfile import read_text
 from steadytune.rundir import RunDir, file_stamp, looks_like_run, valid_run_id
 from steadytune.telemetry.jsonl import within_depth
 from steadytune.telemetry.liveness import status_live
@@ -38,7 +39,7 @@ from steadytune.web.stored import StoredSummary, source_stamp, summary_path
 
 def read_json(path: Path) -> dict[str, Any] | None:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_text(path))
     except (OSError, ValueError, RecursionError):  # RecursionError: nested too deep to parse
         return None
     # Nested too deep for the handlers that walk it (clean(), json.dumps): as good as unreadable.

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from steadytune import __version__
+from steadytune.regularfile import read_text
 from steadytune.rundir import RunDir, atomic_write_text, file_stamp
 
 NAME = "dashboard-summary.json"
@@ -93,7 +94,7 @@ class StoredSummary:
 
 def _load(path: Path) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_text(path))
     except (OSError, ValueError, RecursionError):
         return {}
     if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("steadytune") != __version__:

@@ -28,6 +28,7 @@ import threading
 from pathlib import Path
 from typing import IO
 
+from steadytune.lifeline import die_with
 from steadytune.web import api
 from steadytune.web.metrics import run_samples
 from steadytune.web.runs import RunEntry, RunsIndex
@@ -93,10 +94,12 @@ class BackgroundReader:
             "steadytune.web.warm",
             str(self.index.runs_dir),
             str(self.index.cache_dir),
+            str(os.getpid()),
         ]
         try:
             # Its own session: a Ctrl-C at the dashboard's terminal is the dashboard's to handle (it
-            # kills the child); a dashboard that dies closes the child's stdin, and the child ends.
+            # kills the child); a dashboard that dies closes the child's stdin, and the child ends,
+            # or, stuck in a read or busy, is killed by the kernel (lifeline.die_with).
             pipe = subprocess.PIPE
             return subprocess.Popen(
                 argv, stdin=pipe, stdout=pipe, text=True, bufsize=1, start_new_session=True
@@ -184,6 +187,8 @@ def serve_reads(runs_dir: Path, cache_dir: Path, lines: IO[str], out: IO[str]) -
 
 
 def main() -> int:
+    if len(sys.argv) > 3:
+        die_with(int(sys.argv[3]))
     with contextlib.suppress(OSError):
         os.nice(NICE)
     serve_reads(Path(sys.argv[1]), Path(sys.argv[2]), sys.stdin, sys.stdout)

@@ -5,11 +5,13 @@ from __future__ import annotations
 import gzip
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from steadytune.config.load import ConfigError, load_supervise_config
 from steadytune.records import StepRecord
+from steadytune.regularfile import open_regular
 from steadytune.rundir import RunDir
 from steadytune.telemetry import segments
 from steadytune.telemetry.jsonl import JsonlReader, stream_last_line
@@ -89,11 +91,11 @@ def test_a_held_live_file_is_opened_once_until_it_is_sealed(
 
     opened: list[str] = []
 
-    def counting_open(path: Path, *args: object, **kwargs: object) -> object:
+    def counting_open(path: Path, *args: Any, **kwargs: Any) -> object:
         opened.append(Path(path).name)
-        return open(path, *args, **kwargs)  # type: ignore[call-overload]
+        return open_regular(path, *args, **kwargs)
 
-    monkeypatch.setattr(jsonl, "open", counting_open, raising=False)
+    monkeypatch.setattr(jsonl, "open_regular", counting_open)
     live = tmp_path / "rank-0.jsonl"
     reader = JsonlReader(live, keep_open=True)
     seen: list[int] = []

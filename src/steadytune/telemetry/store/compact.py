@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from steadytune.regularfile import read_text
 from steadytune.rundir import RunDir, fsync_dir
 from steadytune.telemetry.liveness import run_live
 from steadytune.telemetry.store.schema import _DDL, FAMILIES, StoreBase, UnreadableIndex
@@ -281,7 +282,7 @@ def _newest_write(run: RunDir) -> float | None:
 
 def _read_json(path: Path) -> dict[str, Any] | None:
     try:
-        value = json.loads(path.read_text())
+        value = json.loads(read_text(path))
     except (OSError, ValueError):
         return None
     return value if isinstance(value, dict) else None

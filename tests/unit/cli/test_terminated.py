@@ -1,0 +1,60 @@
+"""A command stopped by SIGTERM cleans up what it made in the temporary folder, as after a Ctrl-C.
+
+Real commands, real signals: ``analyze`` of a ``.gz`` log left its unpacked copy behind, a stopped
+dashboard its cache folder.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.waiting import wait_for
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def start(tmp: Path, *argv: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "TMPDIR": str(tmp), "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
+    return subprocess.Popen(
+        [sys.executable, "-m", "steadytune.cli.main", *argv],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+
+
+def made(tmp: Path, prefix: str) -> list[Path]:
+    return sorted(tmp.glob(f"{prefix}*"))
+
+
+def test_a_terminated_analyze_leaves_no_unpacked_copy(tmp_path: Path) -> None:
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    log = tmp_path / "train.jsonl.gz"
+    with gzip.open(log, "wt") as f:  # long enough to be read for a while once unpacked
+        for step in range(400_000):
+            f.write(json.dumps({"step": step, "loss": 2.0 - step * 1e-6, "learning_rate": 1e-4}) + "\n")
+    proc = start(tmp, "analyze", str(log))
+    wait_for(lambda: made(tmp, "steadytune-gunzip-") or proc.poll() is not None, what="the unpacked copy")
+    assert proc.poll() is None, "analyze ended before it could be stopped"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM and "Traceback" not in err, err
+    assert made(tmp, "steadytune-gunzip-") == []
+
+
+def test_a_terminated_dashboard_leaves_no_cache_folder(tmp_path: Path) -> None:
+    tmp, runs = tmp_path / "tmp", tmp_path / "runs"
+    tmp.mkdir()
+    runs.mkdir()
+    proc = start(tmp, "dashboard", str(runs), "--port", "0")
+    wait_for(lambda: made(tmp, "steadytune-dash-") or proc.poll() is not None, what="the cache folder")
+    assert proc.poll() is None
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and "Traceback" not in err, err
+    assert made(tmp, "steadytune-dash-") == []

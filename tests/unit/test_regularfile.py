@@ -1,0 +1,65 @@
+"""The one opener of run-folder files refuses, without waiting, anything but a regular file."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from steadytune.regularfile import FileTooLarge, NotRegularFile, open_regular, read_bytes, read_text
+
+
+def test_a_fifo_is_refused_at_once_naming_it(tmp_path: Path) -> None:
+    path = tmp_path / "status.json"
+    os.mkfifo(path)
+    with pytest.raises(NotRegularFile) as caught:
+        read_text(path)  # no writer ever comes: a plain open() waited here for good
+    assert caught.value.filename == str(path) and caught.value.strerror == "a FIFO, not a regular file"
+    assert isinstance(caught.value, OSError)  # every reader's "cannot be read" path takes it
+
+
+def test_a_link_to_a_device_is_refused_and_a_link_to_a_file_followed(tmp_path: Path) -> None:
+    zero, real, good = tmp_path / "events.jsonl", tmp_path / "real.json", tmp_path / "good.json"
+    zero.symlink_to("/dev/zero")
+    real.write_text('{"a": 1}')
+    good.symlink_to(real)
+    with pytest.raises(NotRegularFile, match="a character device"):
+        read_bytes(zero)
+    assert read_text(good) == '{"a": 1}'
+    with pytest.raises(OSError):  # ELOOP: a link is not followed where the reader says so
+        read_text(good, follow=False)
+
+
+def test_a_folder_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(NotRegularFile, match="a folder"):
+        open_regular(tmp_path)
+
+
+def test_a_whole_file_read_is_bounded(tmp_path: Path) -> None:
+    path = tmp_path / "big.json"
+    path.write_bytes(b"x" * 101)
+    assert read_bytes(path, limit=101) == b"x" * 101
+    with pytest.raises(FileTooLarge):
+        read_bytes(path, limit=100)
+
+
+def test_the_file_returned_blocks_as_open_makes_it(tmp_path: Path) -> None:
+    path = tmp_path / "log.txt"
+    path.write_text("line\n")
+    with open_regular(path, "r", encoding="utf-8") as f:
+        assert os.get_blocking(f.fileno())  # O_NONBLOCK was cleared
+        assert f.read() == "line\n"
+    with pytest.raises(ValueError):
+        open_regular(path, "w")
+
+
+def test_a_fifo_where_a_checkpoints_weights_belong_is_a_problem_not_a_wait(tmp_path: Path) -> None:
+    from steadytune.checkpoint.external import safetensors_problem
+    from steadytune.forensics.stread import read_header
+
+    weights = tmp_path / "model.safetensors"
+    os.mkfifo(weights)
+    assert safetensors_problem(weights) == "model.safetensors: unreadable header (NotRegularFile)"
+    with pytest.raises(NotRegularFile):
+        read_header(weights)
