@@ -29,6 +29,7 @@ FLOORS: dict[str, int] = {
             "secretfile",
             "regularfile",
             "lifeline",
+            "terminal",
             "jobenv",
             "redact",
             "config",

@@ -120,7 +120,8 @@ def test_bad_patterns_and_groups_name_key_value_and_fix(tmp_path: Path) -> None:
     assert "lora.rank_pattern: '(' is not a valid regular expression" in text
     assert "rank 0 for 'q_proj' is outside 1..1024" in text
     assert "train.lr_groups.0.match: '[' is not a valid regular expression" in text
-    assert "train.lr_groups.1.lr_scale" in text and "Fix: use a positive multiplier of learning_rate" in text
+    assert "train.lr_groups.1.lr_scale" in text
+    assert "Fix: use a value greater than 0: a positive multiplier of learning_rate" in text
     assert "train.layer_decay" in text and "(got 1.5)" in text
     with pytest.raises(ConfigError, match="a full fine-tune has none"):
         validate_dict({**data, "lora": {}, "train": {"loraplus_lr_ratio": 16}}, tmp_path, check_paths=True)

@@ -193,6 +193,10 @@ def _poll_files(path: Path) -> Callable[[], list[int]]:
 
     out = path.parent.parent / "out"
     out.mkdir()
+    run = RunDir(path.parent.parent / "ext")
+    writer = JsonlWriter(run.telemetry(0))
+    # Watched from before the job writes: rows a log held before then are an earlier run's.
+    adapter = LogAdapter(writer, ["true"], out, clock=lambda: 0.0)
     with open(path, "rb") as src, open(out / "trainer_log.jsonl", "wb") as dst:
         for line in src:  # the same lines, the step ones in LLaMA-Factory's own format
             for step in (0, 1):
@@ -200,9 +204,6 @@ def _poll_files(path: Path) -> Callable[[], list[int]]:
                     line = json.dumps({"current_steps": step, "loss": 1.0}).encode() + b"\n"
             dst.write(line)
         del line
-    run = RunDir(path.parent.parent / "ext")
-    writer = JsonlWriter(run.telemetry(0))
-    adapter = LogAdapter(writer, ["true"], out, clock=lambda: 0.0)
 
     def read() -> list[int]:
         adapter.poll_files()
