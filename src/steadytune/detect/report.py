@@ -129,9 +129,10 @@ def render_text(results: list[FileResult], console: Any) -> None:
             head += f" [dim]({r.format}, {r.steps} steps; {escape(header_series(r))})[/dim]"
             if r.objective is not None:
                 head += f"\n  judged as {escape(r.objective)}{_JUDGED_ON.get(r.objective, _RL_JUDGED_ON)}"
-        console.print(f"{head}\n  [{style}]{escape(r.verdict)}[/{style}]")
+        # Whole lines, never wrapped by the console: a path cut in two is no path to paste.
+        console.print(f"{head}\n  [{style}]{escape(r.verdict)}[/{style}]", soft_wrap=True)
         for note in r.notes:
-            console.print(f"  [dim]note: {escape(note)}[/dim]")
+            console.print(f"  [dim]note: {escape(note)}[/dim]", soft_wrap=True)
         if not r.anomalies:
             continue
         table = Table(pad_edge=False, box=None, header_style="bold")

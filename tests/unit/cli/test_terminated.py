@@ -56,5 +56,6 @@ def test_a_terminated_dashboard_leaves_no_cache_folder(tmp_path: Path) -> None:
     assert proc.poll() is None
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0 and "Traceback" not in err, err
+    # 0 once it serves (a stop it was asked for), 143 while it was still starting: clean either way.
+    assert proc.returncode in (0, 143) and "Traceback" not in err, err
     assert made(tmp, "steadytune-dash-") == []
