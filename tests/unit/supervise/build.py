@@ -32,3 +32,22 @@ def step(sup: Supervisor, n: int) -> None:
 def checkpoint(sup: Supervisor, n: int) -> None:
     (sup.run.checkpoints / f"checkpoint-{n}").mkdir(parents=True)
     sup.state.history.checkpoint_steps.append(n)
+
+
+class FakeWorker:
+    """A worker that takes signals and is never gone (a restart waits for its exit): the signals it got."""
+
+    how = "a fake worker"
+
+    def __init__(self, pid: int = 4242) -> None:
+        self.pid = pid
+        self.signals: list[int] = []
+
+    def signal_tree(self, sig: int) -> None:
+        self.signals.append(sig)
+
+    def poll(self) -> None:
+        return None
+
+    def python_pids(self) -> list[int]:
+        return []

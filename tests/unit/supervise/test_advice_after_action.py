@@ -14,23 +14,7 @@ from steadytune.records import Anomaly, Event, StepRecord
 from steadytune.supervise.source import SKIP_STEP
 from steadytune.supervise.supervisor import Supervisor
 from steadytune.telemetry.events import read_events
-from tests.unit.supervise.build import supervisor
-
-
-class _Worker:
-    """A worker that takes signals and is never gone (the restart waits for its exit)."""
-
-    def __init__(self) -> None:
-        self.signals: list[int] = []
-
-    def signal_tree(self, sig: int) -> None:
-        self.signals.append(sig)
-
-    def poll(self) -> None:
-        return None
-
-    def python_pids(self) -> list[int]:
-        return []
+from tests.unit.supervise.build import FakeWorker, supervisor
 
 
 def _events(sup: Supervisor, kind: str, name: str) -> list[Event]:
@@ -55,7 +39,7 @@ def test_a_nan_step_the_guard_skipped_is_told_as_done_with_what_is_left(tmp_path
 
 
 def _stall(sup: Supervisor) -> Anomaly:
-    sup.state.attempt.worker = _Worker()  # type: ignore[assignment]
+    sup.state.attempt.worker = FakeWorker()  # type: ignore[assignment]
     for n in range(1, 6):
         sup.handle(StepRecord(step=n, ts=float(n), loss=1.0, grad_norm=1.0))
     stall = Anomaly("stall", "critical", 5, 5, "step", {}, "a hang", "dump the stacks (py-spy dump); restart")

@@ -135,19 +135,6 @@ def test_each_stack_dump_is_headed_by_its_pid_and_rank_and_no_rank_is_lost(tmp_p
     assert all('File "<string>"' in s for s in sections), out.read_text()
 
 
-class _Worker:
-    pid = 10
-
-    def __init__(self) -> None:
-        self.signals: list[int] = []
-
-    def signal_tree(self, sig: int) -> None:
-        self.signals.append(sig)
-
-    def poll(self) -> None:
-        return None
-
-
 class _Tree:
     def note(self) -> list[int]:
         return [10, 11, 12]
@@ -156,7 +143,7 @@ class _Tree:
 def test_the_restart_for_a_hang_says_which_rank_was_stopped(tmp_path: Path) -> None:
     from steadytune.policy.engine import Action
     from steadytune.telemetry.events import read_events
-    from tests.unit.supervise.build import supervisor
+    from tests.unit.supervise.build import FakeWorker, supervisor
 
     proc = tmp_path / "proc"
     _fake_proc(proc, 10, {"PATH": "/bin"})  # torchrun
@@ -165,7 +152,7 @@ def test_the_restart_for_a_hang_says_which_rank_was_stopped(tmp_path: Path) -> N
     sup = supervisor(tmp_path)
     sup.actions.proc = proc
     st = sup.state
-    worker = _Worker()
+    worker = FakeWorker(pid=10)
     st.attempt.worker, st.attempt.tree = worker, _Tree()  # type: ignore[assignment]
     st.source.dump_stacks = lambda tree, proc, out: [10, 11, 12]  # type: ignore[method-assign]
     sup.actions.stop_for(Action("restart", "stall at step 33", 33))

@@ -17,7 +17,7 @@ from steadytune.records import Anomaly, StepRecord
 from steadytune.supervise.process import WorkerProcess
 from steadytune.supervise.supervisor import Supervisor
 from steadytune.telemetry.events import read_events
-from tests.unit.supervise.build import checkpoint, step, supervisor
+from tests.unit.supervise.build import FakeWorker, checkpoint, step, supervisor
 from tests.waiting import wait_for
 
 # -- LAST_GOOD ----------------------------------------------------------------
@@ -136,23 +136,6 @@ def test_an_older_pointer_is_not_moved_back(tmp_path: Path) -> None:
 
 
 # -- one incident, one action -------------------------------------------------
-
-
-class FakeWorker:
-    pid = 4242
-    how = "a fake worker"
-
-    def __init__(self) -> None:
-        self.signals: list[int] = []
-
-    def signal_tree(self, sig: int) -> None:
-        self.signals.append(sig)
-
-    def poll(self) -> None:
-        return None
-
-    def python_pids(self) -> list[int]:
-        return []
 
 
 @pytest.mark.parametrize("in_process", [False, True])

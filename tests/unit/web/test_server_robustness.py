@@ -29,8 +29,8 @@ DEEP = "[" * 100_000  # one line of nothing but open brackets: json.loads raises
 NESTED = "[" * 900 + "]" * 900
 
 
-def get(handle: DashboardHandle, path: str) -> tuple[int, bytes]:
-    conn = http.client.HTTPConnection("127.0.0.1", handle.port, timeout=10)
+def get(handle: DashboardHandle, path: str, timeout: float = 10.0) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", handle.port, timeout=timeout)
     try:
         conn.request("GET", path)
         resp = conn.getresponse()

@@ -7,7 +7,6 @@ puts the real thing in a real run folder and asks the real server, or runs the r
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import subprocess
@@ -16,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tests.unit.web.test_server_robustness import get as robust_get
 
 from steadytune.records import StepRecord, WorkerExit
 from steadytune.rundir import RunDir, atomic_write_text
@@ -77,13 +77,7 @@ def dashboard(runs: Path) -> Iterator[DashboardHandle]:
 
 
 def get(handle: DashboardHandle, path: str) -> tuple[int, bytes]:
-    conn = http.client.HTTPConnection("127.0.0.1", handle.port, timeout=BOUND_S)
-    try:
-        conn.request("GET", path)
-        resp = conn.getresponse()
-        return resp.status, resp.read()
-    finally:
-        conn.close()
+    return robust_get(handle, path, timeout=BOUND_S)
 
 
 def test_the_overview_routes_answer_with_special_files_in_the_runs_folder(dashboard: DashboardHandle) -> None:
