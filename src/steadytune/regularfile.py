@@ -72,6 +72,35 @@ def open_fd(path: Path | str, *, follow: bool = True) -> int:
     return fd
 
 
+def append_fd(path: Path | str) -> int:
+    """A descriptor of the regular file at ``path`` open for appending (made if missing), that never blocked.
+
+    Opening a FIFO to write waits for a reader; with ``O_NONBLOCK`` it fails at once (``ENXIO``) when
+    none is there, and is refused by its kind when one is: a co-writer who puts a FIFO where a log is
+    written gets an error at the next write, not a writer stuck for good.
+
+    Raises:
+        NotRegularFile: ``path`` is a FIFO, a device, a socket or a folder.
+        OSError: it cannot be opened or made.
+    """
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as e:
+        if e.errno == errno.ENXIO:  # a FIFO (or a device) with no reader on its other end
+            raise NotRegularFile(errno.EINVAL, "a FIFO or a device, not a regular file", str(path)) from e
+        raise
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise NotRegularFile(errno.EINVAL, f"{kind_of(mode)}, not a regular file", str(path))
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def open_regular(path: Path | str, mode: str = "r", *, follow: bool = True, **kwargs: Any) -> IO[Any]:
     """``open(path, mode, **kwargs)`` for reading, that refuses what :func:`open_fd` refuses."""
     if any(c in mode for c in "wax+"):

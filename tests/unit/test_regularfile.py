@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -63,3 +64,46 @@ def test_a_fifo_where_a_checkpoints_weights_belong_is_a_problem_not_a_wait(tmp_p
     assert safetensors_problem(weights) == "model.safetensors: unreadable header (NotRegularFile)"
     with pytest.raises(NotRegularFile):
         read_header(weights)
+
+
+def _within(seconds: float, call: Callable[[], object]) -> BaseException | None:
+    """What ``call`` raised, run on a thread that may not come back: a hang is a failure, not a wait."""
+    import threading
+
+    got: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            call()
+            got.append(None)
+        except BaseException as e:
+            got.append(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert got, f"still blocked after {seconds} s"
+    return got[0]
+
+
+@pytest.mark.parametrize("reader", [False, True], ids=["no reader", "a reader holds it"])
+def test_a_fifo_where_a_log_is_appended_is_refused_at_once(tmp_path: Path, reader: bool) -> None:
+    """events.jsonl or a telemetry stream swapped for a FIFO by a co-writer: a plain open() to append
+    waited for a reader for good (the supervisor with it) or wrote into the pipe."""
+    from steadytune.telemetry.events import EventLog
+    from steadytune.telemetry.stream import JsonlWriter
+
+    events, stream = tmp_path / "events.jsonl", tmp_path / "rank-0.jsonl"
+    log = EventLog(events, run_id="r")
+    log.emit("lifecycle", "run_started")
+    events.unlink()
+    os.mkfifo(events)
+    os.mkfifo(stream)
+    held = [os.open(p, os.O_RDONLY | os.O_NONBLOCK) for p in (events, stream)] if reader else []
+    try:
+        for call in (lambda: log.emit("lifecycle", "run_completed"), lambda: JsonlWriter(stream)):
+            err = _within(10.0, call)
+            assert isinstance(err, NotRegularFile) and "not a regular file" in str(err), err
+    finally:
+        for fd in held:
+            os.close(fd)

@@ -26,6 +26,7 @@ from typing import Any
 
 from steadytune.records import Event, from_dict, replace, to_dict
 from steadytune.redact import redact
+from steadytune.regularfile import append_fd
 from steadytune.telemetry.attest import AuditKeyError, AuditTrust
 from steadytune.telemetry.jsonl import JsonlReader, last_line
 
@@ -108,7 +109,7 @@ class EventLog:
                 f.seek(-1, os.SEEK_END)
                 torn = f.read(1) != b"\n"
             if torn:
-                with open(self.path, "a", encoding="utf-8") as f:
+                with open(append_fd(self.path), "a", encoding="utf-8") as f:
                     f.write("\n")
 
     @property
@@ -145,7 +146,7 @@ class EventLog:
             if self.audit is not None and self.audit.key is not None:
                 mac = entry["mac"] = self.audit.sign(digest)
             line = json.dumps(entry, separators=(",", ":")) + "\n"
-            with open(self.path, "a", encoding="utf-8") as f:
+            with open(append_fd(self.path), "a", encoding="utf-8") as f:
                 f.write(line)
                 f.flush()
                 os.fsync(f.fileno())

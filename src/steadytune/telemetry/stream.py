@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from steadytune.records import PlanRevision, Record, from_dict, from_json, to_json
-from steadytune.regularfile import read_text
+from steadytune.regularfile import append_fd, read_text
 from steadytune.rundir import RunDir
 from steadytune.telemetry import segments
 from steadytune.telemetry.jsonl import JsonlReader
@@ -59,8 +59,7 @@ class JsonlWriter:
             self._compress_later(None)
 
     def _open(self) -> None:
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
-        self._fd = os.open(self.path, flags, 0o644)
+        self._fd = append_fd(self.path)
         self._ino = os.fstat(self._fd).st_ino
 
     def _line(self, text: str) -> None:
