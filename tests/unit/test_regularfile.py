@@ -107,3 +107,13 @@ def test_a_fifo_where_a_log_is_appended_is_refused_at_once(tmp_path: Path, reade
     finally:
         for fd in held:
             os.close(fd)
+
+
+def test_an_empty_file_and_one_at_the_bound_are_read_whole(tmp_path: Path) -> None:
+    empty, full = tmp_path / "empty.json", tmp_path / "full.bin"
+    empty.write_bytes(b"")
+    full.write_bytes(b"x" * 4096)
+    assert read_bytes(empty) == b"" and read_text(empty) == ""
+    assert read_bytes(full, limit=4096) == b"x" * 4096
+    with pytest.raises(FileTooLarge):
+        read_bytes(full, limit=4095)
