@@ -50,6 +50,19 @@ def kind_of(mode: int) -> str:
     return next((name for test, name in _KINDS if test(mode)), "something else")
 
 
+def _regular_only(fd: int, path: Path | str) -> int:
+    """``fd`` if it is a regular file, made blocking again as ``open()`` makes it; else closed and refused."""
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise NotRegularFile(errno.EINVAL, f"{kind_of(mode)}, not a regular file", str(path))
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def open_fd(path: Path | str, *, follow: bool = True) -> int:
     """A descriptor of the regular file at ``path``, open for reading, that never blocked.
 
@@ -61,15 +74,7 @@ def open_fd(path: Path | str, *, follow: bool = True) -> int:
     """
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
     fd = os.open(path, flags)
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise NotRegularFile(errno.EINVAL, f"{kind_of(mode)}, not a regular file", str(path))
-        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+    return _regular_only(fd, path)
 
 
 def append_fd(path: Path | str) -> int:
@@ -90,15 +95,7 @@ def append_fd(path: Path | str) -> int:
         if e.errno == errno.ENXIO:  # a FIFO (or a device) with no reader on its other end
             raise NotRegularFile(errno.EINVAL, "a FIFO or a device, not a regular file", str(path)) from e
         raise
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise NotRegularFile(errno.EINVAL, f"{kind_of(mode)}, not a regular file", str(path))
-        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+    return _regular_only(fd, path)
 
 
 def open_regular(path: Path | str, mode: str = "r", *, follow: bool = True, **kwargs: Any) -> IO[Any]:
