@@ -447,18 +447,14 @@ class CommandSource:
 
         tree.note()
         pids = []
+        parents: dict[int, int] = {}
         for pid in sorted(tree.seen):
             try:
                 p = psutil.Process(pid)
                 # A console script (llamafactory-cli, trl) is named after itself; its interpreter is python.
                 if "python" in Path(p.exe()).name.lower() or "python" in p.name().lower():
                     pids.append(pid)
-            except (psutil.Error, OSError):
-                continue
-        parents: dict[int, int] = {}
-        for pid in pids:
-            try:
-                parents[pid] = psutil.Process(pid).ppid()
+                    parents[pid] = p.ppid()
             except (psutil.Error, OSError):
                 continue
         procs = {pid: read_proc(pid) for pid in pids}
