@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import signal
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,8 +25,18 @@ from .test_publish_wait import Clock, names, sealed, spike_at_22, supervisor
 
 @pytest.fixture
 def worker(tmp_path: Path) -> Iterator[WorkerProcess]:
-    code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"
-    proc = WorkerProcess([sys.executable, "-c", code], tmp_path / "w.log", env={})
+    ready = tmp_path / "ignoring-sigterm"
+    code = (
+        "import pathlib, signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "pathlib.Path(sys.argv[1]).touch(); time.sleep(120)"
+    )
+    proc = WorkerProcess([sys.executable, "-c", code, str(ready)], tmp_path / "w.log", env={})
+    # Under load the interpreter can take seconds to start: a SIGTERM sent before it ignores
+    # the signal would end it, as no trainer that saves before it exits would end.
+    deadline = time.monotonic() + 60.0
+    while not ready.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, "the worker never started"
+        time.sleep(0.01)
     yield proc
     proc.kill()
 
