@@ -50,6 +50,9 @@ Tried last, after every layout with a reader of its own. The rules:
   ``    train/CrossEntropyLoss=9.064`` lines): the block is read as one line.
 - A number with thousands separators (``tokens_per_second=105,477``) is one value.
 - When several ranks print the same step, the lowest rank's line is kept.
+- A loss a known tool prints as a running average keeps its value, less the start-up bias
+  that tool leaves in it (:mod:`~steadytune.importers.smoothed`: nanochat's mid-training and
+  SFT lines).
 - Where other lines log the training loss, a line with both a train and an eval loss
   (nanoGPT's ``step 250: train loss X, val loss Y``) is an evaluation: its train loss
   is an estimate over eval batches, kept as ``train_loss_estimate``.
@@ -73,6 +76,7 @@ from steadytune.importers.format import LogFormat
 from steadytune.importers.inline_dict import parse_dict
 from steadytune.importers.prefix import LowestRank, strip_prefix
 from steadytune.importers.series import TRAIN_LOSS_NAMES, Series, SeriesBuilder, UnreadableLog, parse_number
+from steadytune.importers.smoothed import beta_of, debiased
 from steadytune.importers.text_steps import (
     IterSteps,
     Line,
@@ -486,6 +490,8 @@ def _parsed(f: Iterable[str]) -> tuple[list[Line], Named]:
     for raw in _blocks(f):
         line = parse_line(raw)
         if line is not None:
+            if (beta := beta_of(raw)) is not None:
+                line = line._replace(smoothed=beta)
             if line.step is None:
                 line = line._replace(seen=len(named))
             out.append(iters.step(raw, line))
@@ -616,9 +622,25 @@ def _logged_every(lines: list[Line]) -> list[Line]:
     return [r for r in lines if not r.redrawn or r.step is None or r.step % every == phase]
 
 
+def _debiased(lines: list[Line]) -> list[Line]:
+    """Lines whose loss is a running average (:mod:`.smoothed`), its known start-up bias divided out."""
+    at = [i for i, r in enumerate(lines) if r.smoothed and r.step is not None and "loss" in r.fields]
+    if not at:
+        return lines
+    out = list(lines)
+    for beta in {lines[i].smoothed for i in at}:
+        mine = [i for i in at if lines[i].smoothed == beta]
+        fixed = debiased(((lines[i].step or 0, lines[i].fields["loss"]) for i in mine), beta)
+        for i, loss in zip(mine, fixed, strict=True):
+            if loss != lines[i].fields["loss"]:
+                out[i] = lines[i]._replace(fields={**lines[i].fields, "loss": loss})
+    return out
+
+
 def read(path: Path) -> Series:
     with open_regular(path, encoding="utf-8", errors="replace") as f:
         records, named = _parsed(f)
+    records = _debiased(records)
     lines = _evaluation_estimates(_placed(_logged_every(_last_drawings(records)), named))
     b = SeriesBuilder(str(path), FORMAT, in_order=True)
     ranks = LowestRank(b)

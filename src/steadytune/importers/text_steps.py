@@ -101,6 +101,7 @@ class Line(NamedTuple):
     shape: str = ""  # the fields it holds: a script's record lines share one
     redrawn: bool = False  # its step is a progress bar's count (:func:`redrawn`)
     seen: int = 0  # how many lines naming a step (and nothing else read) came before it
+    smoothed: float = 0.0  # the decay of the running average its loss is (:mod:`.smoothed`); 0: its own
 
 
 def epoch_steps(lines: list[Line]) -> list[Line]:
