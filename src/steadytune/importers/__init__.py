@@ -26,7 +26,8 @@ watched command's stdout is read with, live. Formats, in the order they are trie
 - ``dict_log``: lines ending in a printed dict with a loss: HF Trainer, TRL, axolotl and
   LLaMA-Factory stdout (``{'loss': 2.3, 'grad_norm': 1.1, ...}``, also after a progress
   bar), fairseq's ``train_inner | {"loss": "2.3", "num_updates": "5", ...}``;
-- ``csv``: CSV/TSV with a step column (W&B export);
+- ``csv``: CSV/TSV with a step column (W&B export), also printed after other lines, or a
+  Markdown table (a model card's results);
 - ``json_document``: a JSON list of per-step dicts, or a document holding one, or series of
   ``{step, value}`` points, or columns of numbers;
 - ``text_log``: any text whose lines name a step and a loss (``step 10 | loss 2.3``,

@@ -15,15 +15,26 @@ writes once an epoch) is stepped by its epochs.
 A table whose rows are all at one step (W&B's export of a project's runs table, one
 row per run at its last step) is no log over steps, and is refused.
 
-A column named in words (``Train Loss``, ``Val Loss``) is read as its words
+A column named in words (``Train Loss``, ``Val Loss``, ``Epoch``) is read as its words
 lower-cased and joined by ``_`` (``train_loss``, ``val_loss``), as a text log's
 keys are, unless the shared aliases know the name as written (``lm loss``).
+
+The same tables are read where they are printed or pasted rather than written to a file
+of their own: after lines of something else (a banner, a progress bar) and separated by
+tabs, as a notebook's training table is copied out of it (``Step<TAB>Training Loss``), or
+as a Markdown table, as the Trainer writes the *Training results* of a model card
+(``| Training Loss | Epoch | Step | Validation Loss |``, its ``|---|`` rule skipped and its
+``No log`` cells missing). The table starts at the first line, among the first
+:data:`HEAD_LINES`, that names a step column and is followed by at least
+:data:`MIN_ROWS` rows of as many cells with a number for the step; it ends at the first
+line that is not such a row.
 """
 
 from __future__ import annotations
 
 import csv
 import math
+import re
 from pathlib import Path
 
 from steadytune.importers.format import LogFormat
@@ -83,7 +94,7 @@ def _metric(column: str) -> str | None:
         return None
     if " - " in name:
         name = name.split(" - ", 1)[1]
-    if " " in name and name not in ALIASES:
+    if (" " in name or name.isalpha()) and name not in ALIASES:
         words = name.lower().split()
         name = " ".join(words) if " ".join(words) in ALIASES else "_".join(words)
     return name
@@ -122,28 +133,89 @@ def column_metrics(header: list[str], step_col: int) -> list[str | None]:
     return out
 
 
+HEAD_LINES = 64  # a table printed after a banner or a progress bar starts within these lines
+MIN_ROWS = 2  # a model card's table may hold one row an epoch
+_RULE = re.compile(r"^:?-{2,}:?$")  # a Markdown table's rule cell: |---|:---:|
+
+
+def _cells(line: str, delim: str) -> list[str]:
+    if delim == "|":
+        inner = line.strip()
+        if not inner.startswith("|"):
+            return []
+        return [c.strip() for c in inner.strip("|").split("|")]
+    return next(csv.reader([line], delimiter=delim), [])
+
+
+def _is_rule(cells: list[str]) -> bool:
+    return bool(cells) and all(_RULE.match(c) for c in cells)
+
+
+def _table(lines: list[str]) -> tuple[int, str, int] | None:
+    """Where the table starts: (its header's line, the delimiter, the step column), or None.
+
+    A header must name a step column and be followed by :data:`MIN_ROWS` rows of as many
+    cells whose step cell is a number, so a line of prose that names a step is no header.
+    """
+    for i, line in enumerate(lines[:HEAD_LINES]):
+        for delim in (",", "\t", "|"):
+            if delim not in line:
+                continue
+            header = _cells(line, delim)
+            col = step_column(header) if len(header) >= 2 else None
+            if col is None:
+                continue
+            rows = [c for c in (_cells(x, delim) for x in lines[i + 1 : i + 2 + MIN_ROWS]) if not _is_rule(c)]
+            if len(rows) >= MIN_ROWS and all(
+                len(r) == len(header) and parse_number(r[col]) is not None for r in rows[:MIN_ROWS]
+            ):
+                return i, delim, col
+    return None
+
+
+def _first_line_header(first: str) -> tuple[str, int] | None:
+    """A file whose first line names a step column is a table, however few its rows."""
+    # The more frequent separator first: a tab-separated header may name a column with a comma.
+    for delim in sorted((",", "\t"), key=first.count, reverse=True):
+        if delim in first and (col := step_column(_cells(first, delim))) is not None:
+            return delim, col
+    return None
+
+
 def sniff(head: str) -> bool:
-    first = head.splitlines()[0] if head else ""
-    for delim in (",", "\t"):
-        if delim in first and step_column(next(csv.reader([first], delimiter=delim))) is not None:
-            return True
-    return False
+    lines = head.splitlines()
+    return bool(lines) and (_first_line_header(lines[0]) is not None or _table(lines) is not None)
+
+
+def _rows(lines: list[str], delim: str, width: int) -> list[list[str]]:
+    """The table's rows, from the line after its header to the first line that is not one."""
+    if delim != "|":
+        return list(csv.reader(lines, delimiter=delim))
+    out: list[list[str]] = []
+    for line in lines:
+        cells = _cells(line, delim)
+        if _is_rule(cells):
+            continue
+        if len(cells) != width:
+            break
+        out.append(cells)
+    return out
 
 
 def read(path: Path) -> Series:
     with open_regular(path, encoding="utf-8", errors="replace", newline="") as f:
         text = f.read()
-    first = text.splitlines()[0] if text else ""
-    delim = "\t" if first.count("\t") > first.count(",") else ","
-    rows = csv.reader(text.splitlines(), delimiter=delim)
-    header = next(rows, [])
-    col = step_column(header)
-    if col is None:
-        raise UnreadableLog(f"CSV has no step column (looked for {', '.join(STEP_COLUMNS)})")
+    lines = text.splitlines()
+    first = _first_line_header(lines[0]) if lines else None
+    found = (0, *first) if first is not None else _table(lines)
+    if found is None:
+        raise UnreadableLog(f"no table with a step column (looked for {', '.join(STEP_COLUMNS)})")
+    at, delim, col = found
+    header = _cells(lines[at], delim)
     metrics = column_metrics(header, col)
     b = SeriesBuilder(str(path), FORMAT, in_order=True)
     stepped = 0
-    for row in rows:
+    for row in _rows(lines[at + 1 :], delim, len(header)):
         if len(row) <= col:
             continue
         step = parse_number(row[col])
@@ -165,5 +237,5 @@ def read(path: Path) -> Series:
     return b.build(require=("loss", "eval_loss", "grad_norm"))
 
 
-# A CSV's header is its first line: a tail has none to go by.
+# A table's header is at its head: a tail has none to go by.
 LOG_FORMAT = LogFormat(FORMAT, order=140, read=read, sniff_text=sniff, text_tail=False)

@@ -203,3 +203,71 @@ def test_a_table_of_runs_each_at_its_last_step_is_no_log(tmp_path: Path) -> None
         load(_write(tmp_path / "wandb_export.csv", header, rows))
     one = _write(tmp_path / "one.csv", header, rows[:1])  # one row: a run of one logged step
     assert [(r.step, r.loss) for r in load(one).records] == [(5000, 1.0)]
+
+
+# -- tables printed or pasted: a notebook's training table, a model card's results ------------------
+
+
+def test_a_notebook_table_after_a_banner_is_read_and_its_spike_found(tmp_path: Path) -> None:
+    """What a notebook's training table gives when copied out: a banner, a progress line, then
+    ``Step<TAB>Training Loss`` and one row a step."""
+    losses = _curve(120, seed=3)
+    lines = ["==((====))==  Unsloth - 2x faster free finetuning | Num GPUs = 1", " [120/120, Epoch 0/1]"]
+    lines += ["Step\tTraining Loss"] + [f"{i}\t{v:.6f}" for i, v in enumerate(losses, start=1)]
+    path = tmp_path / "notebook.txt"
+    path.write_text("\n".join(lines) + "\n")
+    s = load(path)
+    assert s.format == "csv" and [r.step for r in s.records] == list(range(1, 121))
+    assert _spike_steps(path) == [SPIKE_AT + 1]
+
+
+def _model_card(eval_losses: list[float]) -> str:
+    """A model card as the Trainer writes it: its *Training results* table among other sections."""
+    rows = [f"| No log        | 1.0   | 50   | {eval_losses[0]:.4f}          | 0.50     |"]
+    for e, v in enumerate(eval_losses[1:], start=2):
+        rows.append(f"| {1.2 * math.exp(-e / 3):.4f}    | {e}.0   | {50 * e}  | {v:.4f}      | 0.70     |")
+    return "\n".join(
+        [
+            "---",
+            "license: apache-2.0",
+            "---",
+            "# tiny-sft",
+            "",
+            "## Training results",
+            "",
+            "| Training Loss | Epoch | Step | Validation Loss | Accuracy |",
+            "|:-------------:|:-----:|:----:|:---------------:|:--------:|",
+            *rows,
+            "",
+            "### Framework versions",
+            "",
+            "- Transformers 4.40.0",
+        ]
+    )
+
+
+def test_a_model_cards_results_table_is_read_and_a_rising_eval_loss_is_overfitting(tmp_path: Path) -> None:
+    rising = tmp_path / "rising.md"
+    rising.write_text(_model_card([0.90, 0.70, 0.62, 0.60, 0.66, 0.74, 0.83, 0.93]))
+    s = load(rising)
+    assert s.format == "csv" and [r.step for r in s.records] == [50 * e for e in range(1, 9)]
+    assert s.records[0].loss is None and s.records[0].eval_loss == pytest.approx(0.90)  # "No log"
+    assert "epoch" in s.metrics and "accuracy" in s.metrics
+    assert [a.kind for a in replay(s.records).anomalies] == ["overfitting"]
+    falling = tmp_path / "falling.md"
+    falling.write_text(_model_card([0.90, 0.70, 0.62, 0.58, 0.55, 0.53, 0.52, 0.51]))
+    assert replay(load(falling).records).anomalies == []
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "We trained with step, loss and lr logged.\nstep 1, loss 2.3\nstep 2, loss 2.1\n",
+        "| Model | Step | Loss |\n|---|---|---|\n| ours | final | 2.1 |\n| base | final | 2.4 |\n",
+    ],
+)
+def test_prose_or_a_table_without_numbered_steps_is_no_table(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "notes.md"
+    path.write_text(text)
+    with pytest.raises(UnreadableLog):
+        load(path)
