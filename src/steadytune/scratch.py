@@ -3,11 +3,13 @@
 ``tempfile.TemporaryDirectory`` removes its folder when the ``with`` ends, an exception or
 SIGTERM included, but a SIGKILL (an OOM kill, ``kill -9``) runs no Python: the folder, up to
 4 GiB for an unpacked log, stays until someone notices. So each folder made here names its
-owner, ``<prefix><pid>-<start>-<random>``, where ``<start>`` is the process's start time in
-clock ticks since boot (``/proc/<pid>/stat``); the next :func:`owned_tempdir` of the same
-prefix removes the folders whose owner is gone. A pid alone is not enough: pids are reused, and
-a folder whose pid now belongs to another process would be kept for as long as that one lives;
-a process's start time does not change, so pid and start time together name one process.
+owner, ``<prefix><pid>-<start>-<ns>-<random>``, where ``<start>`` is the process's start time in
+clock ticks since boot (``/proc/<pid>/stat``) and ``<ns>`` its pid namespace; the next
+:func:`owned_tempdir` of the same prefix removes the folders whose owner is gone. A pid alone is
+not enough: pids are reused, and a folder whose pid now belongs to another process would be kept
+for as long as that one lives; a process's start time does not change, so pid and start time
+together name one process. A folder made in another pid namespace (another container sharing
+the temporary folder) names a pid this process cannot look up: it is left alone.
 
 Where the start time cannot be read (no ``/proc``), the folder is named with the pid alone and
 swept only when no process has that pid.
@@ -50,11 +52,19 @@ def _exists(pid: int) -> bool:
     return True
 
 
+def namespace(proc: Path = Path("/proc")) -> str:
+    """This process's pid namespace (the inode of ``/proc/self/ns/pid``), ``"x"`` where unknown."""
+    try:
+        return str(os.stat(proc / "self" / "ns" / "pid").st_ino)
+    except OSError:
+        return _UNKNOWN
+
+
 def owner_gone(name: str, prefix: str, proc: Path = Path("/proc")) -> bool:
     """Whether the folder ``name`` made by :func:`owned_tempdir` with ``prefix`` has lost its owner.
-    A name of another shape is never gone (not ours to remove)."""
-    found = re.fullmatch(re.escape(prefix) + r"(\d+)-(\d+|x)-\w+", name)
-    if found is None:
+    A name of another shape, or from another pid namespace, is never gone (not ours to judge)."""
+    found = re.fullmatch(re.escape(prefix) + r"(\d+)-(\d+|x)-(\d+|x)-\w+", name)
+    if found is None or found[3] != namespace(proc):
         return False
     pid, start = int(found[1]), found[2]
     now = started(pid, proc)
@@ -93,7 +103,8 @@ def owned_tempdir(prefix: str, where: Path | None = None) -> Path:
     ``prefix`` that dead owners left are removed first. The caller removes its own when done."""
     sweep(prefix, where)
     pid = os.getpid()
-    return Path(tempfile.mkdtemp(prefix=f"{prefix}{pid}-{started(pid) or _UNKNOWN}-", dir=where))
+    owner = f"{pid}-{started(pid) or _UNKNOWN}-{namespace()}"
+    return Path(tempfile.mkdtemp(prefix=f"{prefix}{owner}-", dir=where))
 
 
 @contextmanager
