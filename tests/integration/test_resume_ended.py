@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from steadytune.goodput.load import run_account
 from steadytune.records import PlanRevision, from_json
 from steadytune.telemetry.events import read_events
 
@@ -43,6 +44,11 @@ def test_a_stopped_run_resumes_from_its_checkpoint_to_the_end(tmp_path: Path, de
     last = plans[-1]
     assert isinstance(last, PlanRevision) and (last.reason, last.attempt) == ("resume", 1)
     assert Path(last.resume_checkpoint or "").name == f"checkpoint-{stopped_at}"
+
+    # Between the stop and the resume the run did not run: neither an operator's pause nor lost.
+    acct = run_account(run)
+    assert acct.seconds["pause"] == 0 and acct.stopped_s > 0
+    assert acct.wall_s == pytest.approx(acct.end_ts - acct.start_ts - acct.stopped_s)
 
     refused = subprocess.run(
         [STEADYTUNE, "resume", str(run.root)], capture_output=True, text=True, timeout=60

@@ -29,6 +29,7 @@ FLOORS: dict[str, int] = {
             "secretfile",
             "regularfile",
             "lifeline",
+            "scratch",
             "terminal",
             "jobenv",
             "redact",

@@ -27,6 +27,7 @@ from steadytune.alerts.message import PAYLOADS, Alert
 from steadytune.alerts.secrets import SecretError, resolve_secret
 from steadytune.config import alerts as cfg
 from steadytune.redact import Redactor, redact_url
+from steadytune.terminal import CONTROL_CHARS
 
 
 class DeliveryError(RuntimeError):
@@ -166,11 +167,13 @@ class WebhookAlertSink(_Base):
             raise self._fail(f"POST {redact_url(self.url)} failed", reason) from None
 
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
+_CONTROL = re.compile(f"[{CONTROL_CHARS}]+")
 
 
 def one_line(value: str) -> str:
-    """A header value without CR, LF or other control characters (each run becomes one space)."""
+    """A header value without CR, LF, other control characters or Unicode line separators (each run
+    becomes one space): the email package refuses a header holding any character str.splitlines()
+    breaks at (U+2028, U+0085, ...), which failed every retry and lost the alert."""
     return _CONTROL.sub(" ", value).strip()
 
 

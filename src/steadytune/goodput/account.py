@@ -31,6 +31,13 @@ stopped), ``pause`` (paused), ``hang`` (the supervisor called it a stall) or ``r
 work in progress was thrown away). After the last attempt, until the run's end, is
 ``shutdown``. A step whose work took far longer than the step itself (over 4x its own time and
 30 s beyond it) with no phase to say why leaves the excess ``unattributed``.
+
+A run that ended (stopped, failed, or its supervisor died) and was taken up again by
+``steadytune resume`` did not run in between: nothing held the machine for it, so that time is
+no part of its wall time (``stopped_s``), neither productive nor lost. It runs from the last
+record before the ``run_resumed`` that names what the run ``after`` (the resume of a stopped run,
+not of a pause) to that event; the old attempt's wind-down before it is ``shutdown``, and the
+resumed supervisor's start-up, to its first step, ``startup``.
 """
 
 from __future__ import annotations
@@ -52,12 +59,13 @@ from steadytune.goodput.parts import (
 from steadytune.records import RUN_END_NAMES, Event, Heartbeat, PlanRevision, StepRecord, WorkerExit, run_end
 
 TRAIN = "train"  # the activity whose time waits for the record that says what it was
+STOPPED = "stopped"  # the run not running, between its end and an operator's `steadytune resume`
 FINISH = "finish"  # the worker's phase after its training loop: the last publish, the final model
 _PHASES = {"save": "save", "eval": EVAL, "paused": "pause"}
 # Worker events the account reads from rank 0's stream (its own clock, not the supervisor's filing time).
 STREAM_EVENTS = frozenset({"train_begin", "reduce_microbatch", "ack_rollback", "rolled_back"})
 # Supervisor events it reads from events.jsonl.
-SUPERVISOR_EVENTS = frozenset({"run_started", "restart", "stall", *RUN_END_NAMES})
+SUPERVISOR_EVENTS = frozenset({"run_started", "restart", "stall", "run_resumed", *RUN_END_NAMES})
 HANG_CLASSES = frozenset({"stall", "hang"})
 OPERATOR_RESUME = "resume"  # the plan reason of an attempt started by an operator's resume
 # Plan reasons of attempts started on purpose, not to recover: they lose no work to an interruption.
@@ -119,6 +127,7 @@ class _Attempt:
     start: str = "restart"
     end: str = "redone"
     death: float | None = None
+    after_stop: bool = False  # it began a supervisor that resumed the run after it had ended
 
 
 @dataclass(frozen=True)
@@ -162,6 +171,7 @@ class _Facts:
         else:
             self.end = max(all_ts, default=self.start)
         self.end = max(self.end, self.start)
+        self.stopped = stopped_spans(events, history.stream)
         self._kept(history.stream)
         self._attempts(history)
 
@@ -210,8 +220,12 @@ class _Facts:
             a.reason = plan.reason if plan is not None else None
             if a.start_step is None and plan is not None:
                 a.start_step = _checkpoint_step(plan.resume_checkpoint) if plan.resume_checkpoint else 0
-            if i == 0:
-                a.start = "startup"
+            prev = self.attempts[i - 1] if i > 0 else None
+            a.after_stop = prev is not None and any(
+                prev.last_ts <= start and end <= a.first_ts for start, end in self.stopped
+            )
+            if i == 0 or a.after_stop:
+                a.start = "startup"  # a new supervisor, its process, the model and data loaded again
             elif a.reason == OPERATOR_RESUME:
                 a.start = "pause"
             elif a.rolled_back:
@@ -282,6 +296,7 @@ class _Walk:
         self.redone = 0
         self.index = 0  # the stream position of the record being read
         self.kept_times: list[float] = []
+        self.stopped = 0.0  # seconds the run was not running (ended, then resumed)
 
     # -- charging ----------------------------------------------------------------------
     def charge(self, start: float, end: float, part: str) -> None:
@@ -305,7 +320,9 @@ class _Walk:
         ts = min(max(ts, self.t), self.facts.end)
         if ts <= self.t:
             return
-        if self.activity == TRAIN:
+        if self.activity == STOPPED:  # no part of the wall time
+            self.stopped += ts - self.t
+        elif self.activity == TRAIN:
             self.bucket.append((self.t, ts))
         else:
             self.charge(self.t, ts, self.activity)
@@ -348,6 +365,10 @@ class _Walk:
             self.set_activity("startup")
         elif m.kind == "death":
             self.die(m.record)
+        elif m.kind == "stopped":
+            self.activity = STOPPED
+        elif m.kind == "resumed":
+            self.activity = "startup"  # a new supervisor starting, until its worker's records say more
         elif m.kind == "record":
             self.index = m.index
             self.record(m.record)
@@ -368,7 +389,9 @@ class _Walk:
         self.dead = True
         i = self.facts.attempts.index(a)
         nxt = self.facts.attempts[i + 1] if i + 1 < len(self.facts.attempts) else None
-        if nxt is not None:
+        if nxt is not None and nxt.after_stop:
+            self.set_activity("shutdown")  # the supervisor winds down: the run ends, to be resumed later
+        elif nxt is not None:
             self.set_activity(nxt.start)
         elif a.end == "pause":
             self.set_activity("pause")  # paused until an operator resumes it (or the run is stopped)
@@ -451,8 +474,25 @@ def _marks(history: RunHistory, facts: _Facts) -> list[_Mark]:
     for a in facts.attempts:
         if a.death is not None:
             marks.append(_Mark(a.death, 4, "death", a))
+    for start, end in facts.stopped:  # after the deaths and records of its moment, before those of its end
+        marks.append(_Mark(start, 5, "stopped"))
+        marks.append(_Mark(end, -1, "resumed"))
     marks.sort(key=lambda m: (m.ts, m.order, m.index))
     return marks
+
+
+def stopped_spans(events: Iterable[Event], stream: Iterable[StreamRecord] = ()) -> list[tuple[float, float]]:
+    """The stretches a run was not running: from its last record before each ``run_resumed`` that a
+    resume of an ended run wrote (its ``data.after``: stopped, failed, crashed) to that event."""
+    events = list(events)
+    seen = sorted([e.ts for e in events if e.kind != "alert"] + [r.ts for r in stream])
+    spans: list[tuple[float, float]] = []
+    for e in events:
+        if e.kind == "lifecycle" and e.name == "run_resumed" and e.data.get("after"):
+            before = [t for t in seen if t < e.ts]
+            if before:
+                spans.append((before[-1], e.ts))
+    return spans
 
 
 def lost_work(reason: str | None, start: str = "restart") -> bool:
@@ -484,7 +524,8 @@ def interruption_record(plans: Iterable[PlanRevision], events: Iterable[Event]) 
     preflight = float(pre[1]) - float(pre[0]) if isinstance(pre, list) and len(pre) == 2 else 0.0
     ended = run_end(events)
     end = ended.ts if ended is not None else events[-1].ts
-    return count, max(0.0, end - start - preflight)
+    stopped = sum(b - a for a, b in stopped_spans(events))
+    return count, max(0.0, end - start - preflight - stopped)
 
 
 def account(history: RunHistory, now: float | None = None) -> Account:
@@ -517,4 +558,5 @@ def account(history: RunHistory, now: float | None = None) -> Account:
         step_s=statistics.median(walk.kept_times) if walk.kept_times else None,
         gpus=history.gpus,
         segments=walk.timeline(),
+        stopped_s=walk.stopped,
     )

@@ -95,8 +95,9 @@ class HistoryReader:
 
 
 def _event_data(ev: Event) -> dict[str, Any]:
-    """The few keys of an event's data the account reads (a restart's, run_started's launch)."""
-    keep = ("launch", "classification", "attempt", "start_step")
+    """The few keys of an event's data the account reads (a restart's, run_started's launch, what a run
+    was resumed after)."""
+    keep = ("launch", "classification", "attempt", "start_step", "after")
     return {k: ev.data[k] for k in keep if k in ev.data}
 
 

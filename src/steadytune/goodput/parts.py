@@ -89,10 +89,13 @@ class Account:
     step_s: float | None  # median step time of the kept steps
     gpus: int = 1
     segments: tuple[Segment, ...] = ()
+    # Between the run's end and an operator's `steadytune resume`: the run was not running, so this
+    # is no part of its wall time, neither productive nor lost.
+    stopped_s: float = 0.0
 
     @property
     def wall_s(self) -> float:
-        return self.end_ts - self.start_ts
+        return self.end_ts - self.start_ts - self.stopped_s
 
     @property
     def productive_s(self) -> float:
@@ -138,6 +141,7 @@ class Account:
             saves=int(data.get("saves", 0)),
             step_s=data.get("step_s"),
             gpus=int(data.get("gpus", 1)),
+            stopped_s=float(data.get("stopped_s", 0.0)),
             segments=tuple(Segment(float(a), float(b), str(p)) for a, b, p in data.get("segments") or ()),
         )
 
@@ -167,4 +171,5 @@ class Account:
             "save_cost_s": self.save_cost_s,
             "step_s": self.step_s,
             "gpus": self.gpus,
+            "stopped_s": self.stopped_s,
         }

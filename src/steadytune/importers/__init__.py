@@ -50,7 +50,6 @@ import json
 import pkgutil
 import re
 import shutil
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -61,6 +60,7 @@ from steadytune.importers.format import LogFormat
 from steadytune.importers.series import Series, SeriesBuilder, UnreadableLog, no_gc, parse_number
 from steadytune.importers.stream import NotStreamable, StreamedLog
 from steadytune.regularfile import NotRegularFile, open_regular
+from steadytune.scratch import owned_tempdir_for
 
 __all__ = [
     "FORMATS",
@@ -211,6 +211,7 @@ _GZIP_MAGIC = b"\x1f\x8b"
 # rather than allowed to fill the disk (a 100,000-step text log is a few tens of MB).
 MAX_GUNZIPPED_BYTES = 4 << 30
 GUNZIP_SPARE_BYTES = 64 << 20  # left free on the temporary disk, for everything else that writes there
+GUNZIP_PREFIX = "steadytune-gunzip-"
 
 
 @contextmanager
@@ -228,8 +229,9 @@ def _plain(path: Path) -> Iterator[Path]:
     if not gz:
         yield path
         return
-    with tempfile.TemporaryDirectory(prefix="steadytune-gunzip-") as tmp:
-        out = Path(tmp) / (path.name[:-3] if path.name.endswith(".gz") else path.name)
+    # Named for this process, so a copy a SIGKILL left is removed by the next analyze (scratch.py).
+    with owned_tempdir_for(GUNZIP_PREFIX) as tmp:
+        out = tmp / (path.name[:-3] if path.name.endswith(".gz") else path.name)
         # Never fill the temporary disk: stop short of its free space, less a margin for others.
         room = min(MAX_GUNZIPPED_BYTES, shutil.disk_usage(tmp).free - GUNZIP_SPARE_BYTES)
         written = 0
@@ -242,7 +244,7 @@ def _plain(path: Path) -> Iterator[Path]:
                     if written > room:
                         raise UnreadableLog(
                             f"gzip file unpacks to more than the {max(room, 0) >> 20} MiB free in "
-                            f"{Path(tmp).parent} (less a reserve); set TMPDIR to a larger disk, or unpack it "
+                            f"{tmp.parent} (less a reserve); set TMPDIR to a larger disk, or unpack it "
                             "yourself"
                         )
                     dst.write(chunk)

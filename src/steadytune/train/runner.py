@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, Trainer, TrainerCallback, TrainingArguments
+from transformers import AutoModelForCausalLM, Trainer, TrainerCallback, TrainingArguments, set_seed
 
 from steadytune.config.schema import SteadytuneConfig
 from steadytune.data.encode import IGNORE_INDEX, DataSpec
@@ -363,7 +363,13 @@ def model_kwargs(
 
 
 def load_model(cfg: SteadytuneConfig, gradient_checkpointing: bool) -> Any:
-    """The model for the method: full (all weights train), LoRA, or QLoRA (4-bit base + LoRA)."""
+    """The model for the method: full (all weights train), LoRA, or QLoRA (4-bit base + LoRA).
+
+    Seeded with ``train.seed`` first: the Trainer seeds only when it is built, after this, so each
+    LoRA ``A`` matrix (and any weight the checkpoint lacks) drew from an unseeded generator, and
+    one config trained twice took two different paths from its third step on.
+    """
+    set_seed(cfg.train.seed)
     quantize = cfg.quantization.bnb_4bit_quant_type if cfg.method == "qlora" else None
     kwargs = model_kwargs(cfg, quantize)
     model = AutoModelForCausalLM.from_pretrained(cfg.model.name_or_path, **kwargs)

@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import stat
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -31,6 +30,7 @@ from steadytune.config.yamlsafe import read_yaml
 from steadytune.goodput.load import AccountCache
 from steadytune.regularfile import read_text
 from steadytune.rundir import RunDir, file_stamp, looks_like_run, valid_run_id
+from steadytune.scratch import owned_tempdir
 from steadytune.telemetry.jsonl import within_depth
 from steadytune.telemetry.liveness import status_live
 from steadytune.telemetry.store import RunStore
@@ -424,7 +424,7 @@ class RunsIndex:
         self._wanted_lock = threading.Lock()
         self.wanted_event = threading.Event()  # set when a run is wanted: the reader wakes
         self._own_cache = cache_dir is None
-        self._cache_dir = cache_dir or Path(tempfile.mkdtemp(prefix="steadytune-dash-"))
+        self._cache_dir = cache_dir or owned_tempdir("steadytune-dash-")
         self._entries: dict[str, RunEntry] = {}
         self._lock = threading.Lock()
         self._listing: tuple[tuple[int, int], set[str], set[str]] | None = None  # stamp, runs, not yet

@@ -181,6 +181,43 @@ def test_crlf_in_an_email_subject_is_sent_once_on_one_line(smtp: dict, tmp_path:
     assert not any(line.lower().startswith(b"bcc") for line in header_lines)
 
 
+@pytest.mark.parametrize(
+    "brk",
+    ["\u2028", "\u2029", "\x85", "\x0b", "\x0c", "\x1c\x1d\x1e"],
+    ids=["LS", "PS", "NEL", "VT", "FF", "FS-RS"],
+)
+def test_a_unicode_line_break_in_a_run_name_or_title_leaves_every_header_one_line(
+    smtp: dict, tmp_path: Path, brk: str
+) -> None:
+    """The email package refuses a header holding any character str.splitlines() breaks at; the
+    header was cleaned of C0 controls only, so U+2028 or U+0085 in a run's name or an anomaly's
+    text failed every retry and the alert was lost."""
+    config = AlertsConfig.model_validate(
+        {
+            "retry": {"attempts": 2, "backoff_s": 1},
+            "sinks": [
+                {"type": "email", "host": "127.0.0.1", "port": smtp["port"], "security": "none",
+                 "sender": "bot@example.com", "to": ["oncall@example.com"], "timeout_s": 5,
+                 "subject_prefix": f"[st{brk}Cc: a@b]"},
+            ],
+        }
+    )  # fmt: skip
+    clock = Clock()
+    run = f"exp{brk}Bcc: x@y"
+    log = EventLog(tmp_path / "events.jsonl", run_id=run, clock=clock)
+    router = AlertRouter(config, log, clock=clock, run_id=run, start=False)
+    router.submit(Event(ts=1.0, kind="anomaly", name=f"nan_loss{brk}X-Evil: 1", severity="critical", step=3))
+    router.pump()
+    (alert,) = [e for e in read_events(log.path) if e.kind == "alert"]
+    assert alert.data["status"] == "delivered" and alert.data["attempts"] == {"email": 1}, alert.data
+    (envelope,) = smtp["envelopes"]
+    msg = email.message_from_bytes(envelope.original_content, policy=email.policy.default)
+    assert msg["Bcc"] is None and msg["Cc"] is None and msg["X-Evil"] is None
+    for name, value in msg.items():
+        assert len(str(value).splitlines()) == 1, (name, value)
+    assert str(msg["Subject"]) == "[st Cc: a@b] CRITICAL nan_loss X-Evil: 1 in exp Bcc: x@y at step 3"
+
+
 def test_an_email_has_date_and_message_id_and_states_cause_and_fix_once(smtp: dict, tmp_path: Path) -> None:
     config = AlertsConfig.model_validate(
         {

@@ -28,6 +28,7 @@ def _control(text: str) -> set[str]:
 
 def test_shown_escapes_every_control_character_and_keeps_the_rest() -> None:
     assert shown("loss\x1b[2J\x07\n\x9b1m é") == "loss\\x1b[2J\\x07\\n\\x9b1m é"
+    assert shown("a\u2028b\u2029c\x85d") == "a\\u2028b\\u2029c\\x85d"
 
 
 @pytest.mark.parametrize("as_folder", [False, True], ids=["file", "folder"])

@@ -47,6 +47,38 @@ def test_a_terminated_analyze_leaves_no_unpacked_copy(tmp_path: Path) -> None:
     assert made(tmp, "steadytune-gunzip-") == []
 
 
+def test_the_copy_of_a_killed_analyze_is_removed_by_the_next_one(tmp_path: Path) -> None:
+    """A SIGKILL (an OOM kill) runs no clean-up: the copy, up to 4 GiB, stayed in the temporary
+    folder for good. The next analyze removes it, and keeps a live one's."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    log = tmp_path / "train.jsonl.gz"
+    with gzip.open(log, "wt") as f:
+        for step in range(400_000):
+            f.write(json.dumps({"step": step, "loss": 2.0 - step * 1e-6, "learning_rate": 1e-4}) + "\n")
+    killed = start(tmp, "analyze", str(log))
+    wait_for(lambda: made(tmp, "steadytune-gunzip-") or killed.poll() is not None, what="the unpacked copy")
+    assert killed.poll() is None, "analyze ended before it could be killed"
+    left = made(tmp, "steadytune-gunzip-")
+    live = start(tmp, "analyze", str(log))  # started before the kill: its copy is not the dead one's
+    wait_for(
+        lambda: len(made(tmp, "steadytune-gunzip-")) == 2 or live.poll() is not None, what="a second copy"
+    )
+    killed.kill()
+    killed.wait(timeout=60)
+    assert set(left) <= set(made(tmp, "steadytune-gunzip-")), "a SIGKILL runs no clean-up"
+    small = tmp_path / "small.jsonl.gz"
+    small.write_bytes(gzip.compress(b"".join(b'{"step": %d, "loss": 2.0}\n' % s for s in range(50))))
+    after = start(tmp, "analyze", str(small))
+    _, err = after.communicate(timeout=120)
+    assert "Traceback" not in err, err
+    kept = made(tmp, "steadytune-gunzip-")
+    assert not set(left) & set(kept), "the killed analyze's copy is still there"
+    assert live.poll() is not None or len(kept) == 1, "a running analyze's copy was removed"
+    live.kill()
+    live.wait(timeout=60)
+
+
 def test_a_terminated_dashboard_leaves_no_cache_folder(tmp_path: Path) -> None:
     tmp, runs = tmp_path / "tmp", tmp_path / "runs"
     tmp.mkdir()

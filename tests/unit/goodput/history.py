@@ -24,6 +24,7 @@ class Run:
         self.events: list[Event] = []
         self.want: Counter[str] = Counter()
         self.step_started: float | None = None
+        self.off = 0.0
 
     # -- time -------------------------------------------------------------------------
     def spend(self, part: str, seconds: float) -> Run:
@@ -31,9 +32,15 @@ class Run:
         self.t += seconds
         return self
 
+    def not_running(self, seconds: float) -> Run:
+        """Time the run does not run (ended, not resumed yet): no part of its wall time."""
+        self.off += seconds
+        self.t += seconds
+        return self
+
     @property
     def wall(self) -> float:
-        return self.t - self.t0
+        return self.t - self.t0 - self.off
 
     # -- the supervisor's records ----------------------------------------------------------
     def plan(self, attempt: int, reason: str, resume: int | None = None) -> Run:

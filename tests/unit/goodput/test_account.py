@@ -128,6 +128,28 @@ def test_an_operator_pause_and_resume_counts_as_pause() -> None:
     assert acct.interruptions == 0  # an operator's resume lost no work
 
 
+def test_a_run_resumed_after_it_was_stopped_was_not_running_in_between() -> None:
+    """The records a stopped (SIGTERM, `steadytune stop`) then `steadytune resume`d run writes: the
+    time between was charged as an operator's pause (a weekend's stop: goodput near nothing). The
+    run did not run then; nothing held the machine for it."""
+    run = started(Run()).launch(0, "startup")
+    steps(run, 0, 1, 5)
+    run.worker_event("ack_stop", 0, kind="control").save(0).beat("finish", 0).spend("shutdown", 0.1)
+    run.exit(0, "stopped").spend("shutdown", 1.5).event("run_stopped")
+    run.not_running(3 * 86400.0)
+    run.event("run_resumed", after="stopped", attempt=1).plan(1, "resume", resume=5)
+    run.spend("startup", 0.4).launch(1, "startup", resume=5)  # a new supervisor: process, model, data
+    steps(run, 1, 6, 8)
+    acct = account(finished(run, 1).history())
+    assert_parts(acct, run)
+    assert acct.stopped_s == pytest.approx(3 * 86400.0)
+    assert acct.goodput == pytest.approx(8.0 / run.wall)
+    assert Account.from_dict(acct.stored()).wall_s == pytest.approx(acct.wall_s)
+    assert acct.interruptions == 0  # an operator's resume lost no work
+    count, exposure = interruption_record(run.plans, run.events)
+    assert (count, exposure) == (0, pytest.approx(acct.exposure_s))
+
+
 def test_a_pause_held_in_memory_is_its_heartbeats_phase() -> None:
     run = started(Run()).launch(0, "startup")
     steps(run, 0, 1, 2)

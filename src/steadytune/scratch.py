@@ -1,0 +1,118 @@
+"""Temporary folders that a killed owner does not leave behind for good.
+
+``tempfile.TemporaryDirectory`` removes its folder when the ``with`` ends, an exception or
+SIGTERM included, but a SIGKILL (an OOM kill, ``kill -9``) runs no Python: the folder, up to
+4 GiB for an unpacked log, stays until someone notices. So each folder made here names its
+owner, ``<prefix><pid>-<start>-<ns>-<random>``, where ``<start>`` is the process's start time in
+clock ticks since boot (``/proc/<pid>/stat``) and ``<ns>`` its pid namespace; the next
+:func:`owned_tempdir` of the same prefix removes the folders whose owner is gone. A pid alone is
+not enough: pids are reused, and a folder whose pid now belongs to another process would be kept
+for as long as that one lives; a process's start time does not change, so pid and start time
+together name one process. A folder made in another pid namespace (another container sharing
+the temporary folder) names a pid this process cannot look up: it is left alone.
+
+Where the start time cannot be read (no ``/proc``), the folder is named with the pid alone and
+swept only when no process has that pid.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+_UNKNOWN = "x"  # the start time of a process whose /proc entry could not be read
+
+
+def started(pid: int, proc: Path = Path("/proc")) -> str | None:
+    """Process ``pid``'s start time as ``/proc/<pid>/stat`` gives it (clock ticks since boot);
+    None if there is no such process, ``"x"`` where ``/proc`` cannot say."""
+    try:
+        raw = (proc / str(pid) / "stat").read_bytes()
+    except FileNotFoundError:
+        return None if proc.is_dir() else (_UNKNOWN if _exists(pid) else None)
+    except OSError:
+        return _UNKNOWN if _exists(pid) else None
+    # The name (field 2) may hold spaces and parentheses: the fields after it follow the last ")".
+    fields = raw[raw.rfind(b")") + 2 :].split()
+    return fields[19].decode() if len(fields) > 19 else _UNKNOWN
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: it exists
+        return True
+    return True
+
+
+def namespace(proc: Path = Path("/proc")) -> str:
+    """This process's pid namespace (the inode of ``/proc/self/ns/pid``), ``"x"`` where unknown."""
+    try:
+        return str(os.stat(proc / "self" / "ns" / "pid").st_ino)
+    except OSError:
+        return _UNKNOWN
+
+
+def owner_gone(name: str, prefix: str, proc: Path = Path("/proc")) -> bool:
+    """Whether the folder ``name`` made by :func:`owned_tempdir` with ``prefix`` has lost its owner.
+    A name of another shape, or from another pid namespace, is never gone (not ours to judge)."""
+    found = re.fullmatch(re.escape(prefix) + r"(\d+)-(\d+|x)-(\d+|x)-\w+", name)
+    if found is None or found[3] != namespace(proc):
+        return False
+    pid, start = int(found[1]), found[2]
+    now = started(pid, proc)
+    if now is None:
+        return True
+    return start != _UNKNOWN and now != _UNKNOWN and now != start
+
+
+def sweep(prefix: str, where: Path | None = None, proc: Path = Path("/proc")) -> list[Path]:
+    """Remove this user's folders of ``prefix`` in ``where`` (the temporary folder) whose owner is
+    gone; the folders removed."""
+    root = Path(where if where is not None else tempfile.gettempdir())
+    removed: list[Path] = []
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return removed
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    for entry in entries:
+        if not entry.name.startswith(prefix):
+            continue
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if not entry.is_dir(follow_symlinks=False) or (uid is not None and st.st_uid != uid):
+            continue
+        if owner_gone(entry.name, prefix, proc):
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed.append(Path(entry.path))
+    return removed
+
+
+def owned_tempdir(prefix: str, where: Path | None = None) -> Path:
+    """A new folder in the temporary folder (or ``where``) named for this process; the folders of
+    ``prefix`` that dead owners left are removed first. The caller removes its own when done."""
+    sweep(prefix, where)
+    pid = os.getpid()
+    owner = f"{pid}-{started(pid) or _UNKNOWN}-{namespace()}"
+    return Path(tempfile.mkdtemp(prefix=f"{prefix}{owner}-", dir=where))
+
+
+@contextmanager
+def owned_tempdir_for(prefix: str, where: Path | None = None) -> Iterator[Path]:
+    """:func:`owned_tempdir` for the length of a ``with``: removed when it ends, however it ends,
+    short of a kill that runs no code (the next one of ``prefix`` then removes it)."""
+    path = owned_tempdir(prefix, where)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

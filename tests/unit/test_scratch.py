@@ -1,0 +1,50 @@
+"""Folders named for their owner: swept when the owner is gone, a reused pid included."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from steadytune.scratch import namespace, owned_tempdir, started, sweep
+
+PREFIX = "steadytune-test-"
+
+
+def fake_proc(root: Path, pid: int, start: int) -> Path:
+    """A ``/proc`` holding one process whose name has the spaces and parentheses a name may have."""
+    (root / str(pid)).mkdir(parents=True, exist_ok=True)
+    fields = ["S", "1", *["0"] * 17, str(start), "0"]
+    (root / str(pid) / "stat").write_text(f"{pid} (a (b) c) {' '.join(fields)}\n")
+    (root / "self" / "ns").mkdir(parents=True, exist_ok=True)
+    (root / "self" / "ns" / "pid").touch()
+    return root
+
+
+def test_the_start_time_is_read_after_the_name(tmp_path: Path) -> None:
+    proc = fake_proc(tmp_path / "proc", 42, 123456)
+    assert started(42, proc) == "123456"
+    assert started(43, proc) is None
+
+
+def test_a_folder_is_swept_when_its_pid_is_gone_or_now_another_process(tmp_path: Path) -> None:
+    proc = fake_proc(tmp_path / "proc", 42, 1000)
+    where = tmp_path / "tmp"
+    where.mkdir()
+    ns = namespace(proc)
+    alive = where / f"{PREFIX}42-1000-{ns}-abc"
+    reused = where / f"{PREFIX}42-999-{ns}-def"  # pid 42 now belongs to a process started later
+    dead = where / f"{PREFIX}77-1000-{ns}-ghi"
+    elsewhere = where / f"{PREFIX}77-1000-{int(ns) + 1}-jkl"  # another container's pid 77: not ours to judge
+    other = where / f"{PREFIX}not-ours"
+    for d in (alive, reused, dead, elsewhere, other):
+        d.mkdir()
+    (dead / "copy.log").write_text("x")
+    assert sorted(sweep(PREFIX, where, proc)) == sorted([reused, dead])
+    assert sorted(where.iterdir()) == sorted([alive, elsewhere, other])
+
+
+def test_this_process_folder_survives_a_sweep(tmp_path: Path) -> None:
+    mine = owned_tempdir(PREFIX, tmp_path)
+    assert mine.name.startswith(f"{PREFIX}{os.getpid()}-")
+    assert sweep(PREFIX, tmp_path) == []
+    assert mine.is_dir()
