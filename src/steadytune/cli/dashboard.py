@@ -66,14 +66,13 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
         return fail(f"--public-url: {exc.errors()[0]['msg']}", 2)
     except OSError as exc:
         return fail(f"cannot listen on {args.host}:{args.port}: {exc.strerror}; pick another --port", 1)
-    controls = "on (token set)" if token else "off (read-only; set STEADYTUNE_DASHBOARD_TOKEN to enable)"
-    if handle.app.exposed:
-        controls += "; reads need the token too (reachable from other machines)"
-    print(
-        f"steadytune dashboard: {handle.url}   metrics: {handle.url}metrics   operator controls: {controls}"
-    )
-    print("Ctrl-C to stop", flush=True)
-    try:
+    try:  # from here on the handle is stopped however the command ends (its cache folder removed)
+        controls = "on (token set)" if token else "off (read-only; set STEADYTUNE_DASHBOARD_TOKEN to enable)"
+        if handle.app.exposed:
+            controls += "; reads need the token too (reachable from other machines)"
+        url = handle.url
+        print(f"steadytune dashboard: {url}   metrics: {url}metrics   operator controls: {controls}")
+        print("Ctrl-C to stop", flush=True)
         (stop or threading.Event()).wait()
     except KeyboardInterrupt:
         pass

@@ -19,7 +19,6 @@ import json
 import math
 import os
 import sys
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ from steadytune.forensics.bundlerun import (
     resolve_checkpoint,
 )
 from steadytune.forensics.unpack import UnpackLimits, add_limit_flags, opened
+from steadytune.scratch import owned_tempdir
 
 LOSS_RTOL, LOSS_ATOL = 1e-3, 1e-4
 NORM_RTOL, NORM_ATOL = 1e-2, 1e-4
@@ -215,7 +215,8 @@ def _trainer_at_checkpoint(cfg: Any, meta: dict[str, Any], ckpt: Path | None, to
         lr_scale=last["lr_scale"],
         max_seq_length=last["max_seq_length"],
     )
-    staging = Path(tempfile.mkdtemp(prefix="steadytune-replay-"))
+    # The Trainer wants a folder it never writes to here: one a later replay removes once this one is gone.
+    staging = owned_tempdir("steadytune-replay-")
     args = training_arguments(cfg, plan, staging, has_eval=False)
     net = _load_model(cfg, ckpt)
     trainer = Trainer(model=net, args=args, data_collator=Collator(tok.pad_token_id), processing_class=tok)

@@ -9,12 +9,13 @@ import gzip
 import os
 import shutil
 import tarfile
-import tempfile
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from steadytune.scratch import owned_tempdir_for
 
 # Unpacking limits for a ``.tar.gz`` bundle (``repro --check --max-unpacked-bytes/--max-member-bytes/
 # --max-members``). A default bundle is a few hundred KiB; one with ``--include-checkpoint`` of a
@@ -248,7 +249,7 @@ def opened(bundle: Path, limits: UnpackLimits | None = None) -> Iterator[Path]:
         raise FileNotFoundError(
             f"{bundle} does not exist; pass a repro bundle (.tar.gz) or its unpacked folder"
         )
-    with tempfile.TemporaryDirectory(prefix="steadytune-repro-") as tmp:
+    with owned_tempdir_for("steadytune-repro-") as tmp:
         yield unpack(bundle, Path(tmp), limits)
 
 

@@ -10,7 +10,6 @@ import contextlib
 import functools
 import gc
 import logging
-import tempfile
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -33,6 +32,7 @@ from steadytune.quant.figures import (
 )
 from steadytune.quant.report import QuantReport
 from steadytune.quant.tokens import label_logprobs, scored_logprobs, token_kl, top1_matches
+from steadytune.scratch import owned_tempdir_for
 
 BNB_KINDS = ("int8", "nf4", "fp4")
 FP8_MIN_CAPABILITY = (8, 9)  # fp8 tensor cores: Ada (8.9) and Hopper (9.0) onwards
@@ -231,7 +231,7 @@ def evaluate(
     """The reference's figures, each candidate's (not judged yet), and the ones that could not run."""
     done: list[Figures] = []
     skipped = [c for c in candidates if isinstance(c, Skipped)]
-    with tempfile.TemporaryDirectory(prefix="steadytune-quant-") as tmp:
+    with owned_tempdir_for("steadytune-quant-") as tmp:
         ref = _score(reference, batches, dev, Path(tmp), None)
         for cand in candidates:
             if isinstance(cand, Skipped):

@@ -114,30 +114,41 @@ def start_dashboard(
     max_streams = max(1, min(max_streams, max_connections - 1))
     family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
     index = RunsIndex(Path(runs_dir), clock=clock, background=True)
-    app = DashboardApp(
-        index=index, host=host, port=port, token=token, clock=clock, poll_s=poll_s, exposed=exposed,
-        public_url=public_url, machine_names=machine_names() if not is_loopback(host) else frozenset(),
-        max_streams=max_streams, server=server, metrics_keep_finished_s=metrics_keep_finished_s,
-    )  # fmt: skip
-    server = BoundedServer(
-        (host.strip("[]"), port),
-        make_handler(app, request_timeout_s),
-        family,
-        max_connections,
-        request_timeout_s,
-    )
-    app.port = server.server_address[1]
-    serve = threading.Thread(
-        target=server.serve_forever, kwargs={"poll_interval": 0.25}, name="steadytune-dashboard", daemon=True
-    )
-    indexer = threading.Thread(target=app.indexer, name="steadytune-indexer", daemon=True)
-    background = BackgroundReader(index, app.stopping, gate=read_gate)
-    reader = threading.Thread(target=background.run, name="steadytune-reader", daemon=True)
-    reaper = threading.Thread(target=server.reap, args=(app.stopping,), name="steadytune-reaper", daemon=True)
-    serve.start()
-    indexer.start()
-    reader.start()
-    reaper.start()
+    # Its cache folder is made first: a stop (SIGTERM is raised as an exception) or a failure
+    # before the handle is returned, which would close it, must not leave that folder behind.
+    try:
+        app = DashboardApp(
+            index=index, host=host, port=port, token=token, clock=clock, poll_s=poll_s, exposed=exposed,
+            public_url=public_url, machine_names=machine_names() if not is_loopback(host) else frozenset(),
+            max_streams=max_streams, server=server, metrics_keep_finished_s=metrics_keep_finished_s,
+        )  # fmt: skip
+        server = BoundedServer(
+            (host.strip("[]"), port),
+            make_handler(app, request_timeout_s),
+            family,
+            max_connections,
+            request_timeout_s,
+        )
+        app.port = server.server_address[1]
+        serve = threading.Thread(
+            target=server.serve_forever,
+            kwargs={"poll_interval": 0.25},
+            name="steadytune-dashboard",
+            daemon=True,
+        )
+        indexer = threading.Thread(target=app.indexer, name="steadytune-indexer", daemon=True)
+        background = BackgroundReader(index, app.stopping, gate=read_gate)
+        reader = threading.Thread(target=background.run, name="steadytune-reader", daemon=True)
+        reaper = threading.Thread(
+            target=server.reap, args=(app.stopping,), name="steadytune-reaper", daemon=True
+        )
+        serve.start()
+        indexer.start()
+        reader.start()
+        reaper.start()
+    except BaseException:
+        index.close()
+        raise
     shown = host if is_loopback(host) or host not in ("0.0.0.0", "::") else socket.getfqdn()
     if ":" in shown and not shown.startswith("["):
         shown = f"[{shown}]"
