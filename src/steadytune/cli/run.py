@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shlex
 import signal
@@ -238,7 +239,7 @@ def _launch(
     try:
         if quiet or not console.is_terminal:
             result = sup.run_to_end(
-                live=_PlainProgress(console) if not quiet else None, resume_after=resume_after
+                live=PlainProgress(console) if not quiet else None, resume_after=resume_after
             )
         else:
             from rich.live import Live
@@ -335,16 +336,22 @@ def apply_modes(cfg: SteadytuneConfig, args: argparse.Namespace) -> SteadytuneCo
     return cfg
 
 
-class _PlainProgress:
-    """Progress for logs and pipes: one line every 10 s instead of a redrawn line."""
+class PlainProgress:
+    """Progress for logs and pipes: one line every 10 s instead of a redrawn line.
 
-    def __init__(self, console: Any, every_s: float = 10.0) -> None:
-        self.console, self.every_s, self._last = console, every_s, 0.0
+    A line the same as the last one printed is not printed again: while a job loads, or a restarted
+    one resumes, the line stands still, and a log filled with "step 0 | loss - | ..." every 10 s says
+    nothing the first one did not.
+    """
+
+    def __init__(self, console: Any, every_s: float = 10.0, clock: Any = time.monotonic) -> None:
+        self.console, self.every_s, self.clock = console, every_s, clock
+        self._last, self._said = -math.inf, ""
 
     def update(self, line: str) -> None:
-        now = time.monotonic()
-        if now - self._last >= self.every_s:
-            self._last = now
+        now = self.clock()
+        if now - self._last >= self.every_s and line != self._said:
+            self._last, self._said = now, line
             self.console.print(line, highlight=False, markup=False)
 
 

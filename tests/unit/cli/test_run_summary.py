@@ -9,7 +9,7 @@ from pathlib import Path
 
 from steadytune.cli._common import console
 from steadytune.cli.main import parse
-from steadytune.cli.run import loss_change, print_summary
+from steadytune.cli.run import PlainProgress, loss_change, print_summary
 from steadytune.rundir import RunDir
 
 
@@ -73,3 +73,15 @@ def test_a_grpo_runs_summary_says_no_share_of_its_loss(tmp_path: Path) -> None:
     print_summary(console(file=buf), result)
     row = next(line for line in buf.getvalue().splitlines() if "loss first" in line)
     assert row.split() == ["loss", "first", "→", "last", "0.0000", "→", "-0.2401"]
+
+
+def test_the_plain_progress_line_is_printed_every_10s_and_only_when_it_changed() -> None:
+    buf, now = io.StringIO(), [0.0]
+    live = PlainProgress(console(file=buf), clock=lambda: now[0])
+    waiting = "step 0 | loss - | tok/s - | ETA - | mem -"
+    for t, line in ((0, waiting), (4, waiting), (10, waiting), (20, waiting), (25, "step 3 | loss 1.2"),
+                    (30, "step 3 | loss 1.2"), (31, "step 5 | loss 1.1"), (40, waiting)):  # fmt: skip
+        now[0] = float(t)
+        live.update(line)
+    # A loading (or resuming) job's line that stands still was printed once, not every 10 s.
+    assert buf.getvalue().splitlines() == [waiting, "step 3 | loss 1.2", waiting]
