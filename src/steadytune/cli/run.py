@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shlex
 import signal
@@ -82,22 +83,29 @@ def goodput_lines(run: RunDir, save_steps: int | None, max_steps: int | None = N
     return lines
 
 
+def loss_change(first: float | None, last: float | None) -> str:
+    """The summary's loss row: first → last, and how much lower where a share of it means something.
+
+    A share needs a loss bounded below by 0 that started clearly above it (a cross-entropy). An RL or
+    preference objective (a GRPO loss that starts at 0 and goes negative) has none: its 1e-7 → -0.24
+    read "230137129% lower".
+    """
+    if first is None or last is None:
+        return "-"
+    said = f"{first:.4f} → {last:.4f}"
+    if first >= 1e-3 and 0 <= last <= first:
+        return f"{said} ({100 * (1 - last / first):.0f}% lower)"
+    return said
+
+
 def print_summary(console: Any, result: Any, cfg: SteadytuneConfig | None = None) -> None:
     from steadytune.telemetry.progress import human_seconds
 
     p = result.progress
-    loss = "-"
-    if p.first_loss is not None and p.last_loss is not None:
-        drop = 100 * (1 - p.last_loss / p.first_loss) if p.first_loss else 0.0
-        loss = (
-            f"{p.first_loss:.4f} → {p.last_loss:.4f} ({drop:.0f}% lower)"
-            if drop >= 0
-            else f"{p.first_loss:.4f} → {p.last_loss:.4f}"
-        )
     rows = [
         ("state", f"{result.state} — {result.reason}"),
         ("steps", f"{p.step}" + (f"/{p.max_steps}" if p.max_steps else "")),
-        ("loss first → last", loss),
+        ("loss first → last", loss_change(p.first_loss, p.last_loss)),
         ("eval loss", f"{p.last_eval_loss:.4f}" if p.last_eval_loss is not None else "-"),
         ("tokens/s", f"{p.tokens_per_s:,.0f}" if p.tokens_per_s else "-"),
         ("skipped updates", str(p.skipped_steps)),
@@ -231,7 +239,7 @@ def _launch(
     try:
         if quiet or not console.is_terminal:
             result = sup.run_to_end(
-                live=_PlainProgress(console) if not quiet else None, resume_after=resume_after
+                live=PlainProgress(console) if not quiet else None, resume_after=resume_after
             )
         else:
             from rich.live import Live
@@ -328,16 +336,22 @@ def apply_modes(cfg: SteadytuneConfig, args: argparse.Namespace) -> SteadytuneCo
     return cfg
 
 
-class _PlainProgress:
-    """Progress for logs and pipes: one line every 10 s instead of a redrawn line."""
+class PlainProgress:
+    """Progress for logs and pipes: one line every 10 s instead of a redrawn line.
 
-    def __init__(self, console: Any, every_s: float = 10.0) -> None:
-        self.console, self.every_s, self._last = console, every_s, 0.0
+    A line the same as the last one printed is not printed again: while a job loads, or a restarted
+    one resumes, the line stands still, and a log filled with "step 0 | loss - | ..." every 10 s says
+    nothing the first one did not.
+    """
+
+    def __init__(self, console: Any, every_s: float = 10.0, clock: Any = time.monotonic) -> None:
+        self.console, self.every_s, self.clock = console, every_s, clock
+        self._last, self._said = -math.inf, ""
 
     def update(self, line: str) -> None:
-        now = time.monotonic()
-        if now - self._last >= self.every_s:
-            self._last = now
+        now = self.clock()
+        if now - self._last >= self.every_s and line != self._said:
+            self._last, self._said = now, line
             self.console.print(line, highlight=False, markup=False)
 
 

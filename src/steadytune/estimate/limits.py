@@ -131,12 +131,17 @@ def suggestions(arch: Architecture, setup: TrainSetup, device_memory_bytes: int)
                 dataclasses.replace(setup, method="lora", lora_r=16, target_modules=("all-linear",)),
             )
         )
-    if setup.method in ("full", "lora"):
+    if setup.method == "full":
         candidates.append(
             (
                 "QLoRA (4-bit NF4 base) r=16 on all linear layers",
                 dataclasses.replace(setup, method="qlora", lora_r=16, target_modules=("all-linear",)),
             )
+        )
+    elif setup.method == "lora":
+        # One change at a time: the same adapter on a 4-bit base, so the figure is the base's saving alone.
+        candidates.append(
+            ("QLoRA (4-bit NF4 base), the same adapter", dataclasses.replace(setup, method="qlora"))
         )
     if not setup.gradient_checkpointing:
         # The usual fix: checkpointing plus the micro-batch it allows, accumulation keeping the

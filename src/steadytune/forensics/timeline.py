@@ -134,10 +134,10 @@ class Replayer:
             self.entries.append(
                 Entry("resolved", a.kind, a.end_step, plan.ts, "info", "cleared by the restart")
             )
+        upto = (checkpoint_step(Path(plan.resume_checkpoint)) or 0) if plan.resume_checkpoint else 0
         forget = getattr(self.policy, "forget_open", None)
         if forget is not None:
-            forget()
-        upto = (checkpoint_step(Path(plan.resume_checkpoint)) or 0) if plan.resume_checkpoint else 0
+            forget(upto)
         det = LiveDetector(self.detect_cfg)
         for rank in sorted({r.rank for r in self.history}):
             mine = [r for r in self.history if r.rank == rank]

@@ -40,7 +40,8 @@ class Policy:
     def __init__(self, config: PolicyConfig | None = None) -> None:
         self.config = config or PolicyConfig()
         self.used: Counter[str] = Counter()
-        self._acted: set[tuple[Any, ...]] = set()
+        # Each incident acted on, with the step it began at: one action per incident, on one timeline.
+        self._acted: dict[tuple[Any, ...], int] = {}
         self._pending: dict[tuple[Any, ...], Anomaly] = {}
 
     def budget(self, action: str) -> int | None:
@@ -60,7 +61,7 @@ class Policy:
         key = (anomaly.kind, anomaly.metric, anomaly.rank, anomaly.start_step)
         if key in self._acted:
             return None
-        self._acted.add(key)
+        self._acted[key] = anomaly.start_step
         if rule.action == "alert" or rule.action == "skip_step":
             return None  # the alert is the event itself; skip_step already happened in the worker
         if self.config.mode == "observe":
@@ -94,9 +95,17 @@ class Policy:
             return None
         return self._act(anomaly, step, f"{anomaly.kind} at step {anomaly.start_step}")
 
-    def forget_open(self) -> None:
-        """The worker restarted: anomalies waiting for confirmation belonged to the old timeline."""
+    def forget_open(self, resume_step: int = 0) -> None:
+        """The worker restarted from ``resume_step`` (0: the start): a new timeline from there.
+
+        Anomalies waiting for confirmation belonged to the old timeline. So did the incidents acted on
+        that began after ``resume_step``: trouble that begins there again on the new timeline came back
+        (from a checkpoint that already held it, or a window the rollback trained on again), and is
+        acted on again, within the budgets, so that a rollback goes further back
+        (:func:`~steadytune.policy.plan.choose_rollback_checkpoint`) instead of only being told.
+        """
         self._pending.clear()
+        self._acted = {key: start for key, start in self._acted.items() if start <= resume_step}
 
     def on_resolved(self, anomaly: Anomaly) -> None:
         self._pending.pop((anomaly.kind, anomaly.metric, anomaly.rank), None)
@@ -134,7 +143,7 @@ class Policy:
         key = ("nan_escalation", step - consecutive + 1)
         if key in self._acted:
             return None
-        self._acted.add(key)
+        self._acted[key] = step - consecutive + 1
         if self.config.mode == "observe":
             return Action(
                 "alert", f"observe mode: would roll back after {consecutive} skipped updates", step, anomaly

@@ -69,10 +69,10 @@ def memory_check(
         gpus: tuple[GpuInfo, ...] = tuple(
             GpuInfo(i, "planned", device_memory, device_memory) for i in range(nproc)
         )
-        source = f"--device-memory {format_bytes(device_memory)}"
+        source = "free (--device-memory)"
     else:
         gpus = visible if visible is not None else facts.visible_gpus()
-        source = "free memory (NVML)"
+        source = "free (NVML)"
     if not gpus:
         return na(
             f,
@@ -100,11 +100,20 @@ def memory_check(
     text = f"estimated peak {format_bytes(peak)} + headroom {hr} per GPU; {source}: {each}"
     data = {"peak_bytes": peak, "headroom_bytes": headroom, "free_bytes": free, "device": "cuda"}
     if short:
+        # By how much: the size of the change to look for in the recommendation or the estimate's list.
+        lacking = ", ".join(
+            f"GPU {g.index} too small by {format_bytes(peak + headroom - g.free_bytes)}"
+            if g.free_bytes is not None
+            else f"GPU {g.index} too small (its free memory is unknown)"
+            for g in short
+        )
         return fail(
             f,
             "device_memory",
-            text + f": GPU {', '.join(str(g.index) for g in short)} too small",
-            "use the recommendation below, free the GPU, or pick another (CUDA_VISIBLE_DEVICES)",
+            f"{text}: {lacking}",
+            "use the recommendation below, or a GPU with more memory"
+            if device_memory is not None
+            else "use the recommendation below, free the GPU, or pick another (CUDA_VISIBLE_DEVICES)",
             **data,
         ), b
     return ok(f, "device_memory", text + ": fits", **data), b

@@ -52,13 +52,18 @@ def order(jobs: Iterable[JobRequest]) -> list[JobRequest]:
 def never_fits(job: JobRequest, gpus: Sequence[GpuState], headroom_bytes: int) -> str | None:
     """Why ``job`` cannot fit here even on an empty host, or None."""
     if job.gpus > len(gpus):
-        return f"needs {job.gpus} GPUs; this server manages {len(gpus)}"
+        return (
+            f"needs {job.gpus} GPUs; this server manages {len(gpus)}: submit it again with --gpus "
+            f"{len(gpus)} or fewer (a config job: run.nproc_per_node={len(gpus)} or fewer, with sharding "
+            "where one GPU's share does not fit)"
+        )
     roomy = [g for g in gpus if g.total_bytes - headroom_bytes >= job.need_bytes]
     if len(roomy) < job.gpus:
         biggest = max((g.total_bytes for g in gpus), default=0)
         return (
             f"needs {gib(job.need_bytes)} per GPU + {gib(headroom_bytes)} headroom; the largest GPU "
-            f"holds {gib(biggest)}: lower the micro-batch or sequence length, or use more GPUs with sharding"
+            f"holds {gib(biggest)}: lower the micro-batch or sequence length, or use more GPUs with sharding "
+            "(a need given by hand: a smaller --need-gib)"
         )
     return None
 

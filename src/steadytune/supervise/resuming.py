@@ -81,8 +81,8 @@ class Resumes:
                 step=a.end_step,
                 data={**anomaly_event_data(a), "cleared_by": cleared_by},
             )
-        st.policy.forget_open()
         step = (checkpoint_step(Path(resume)) if resume else 0) or 0
+        st.policy.forget_open(step)
         self.keeper.wait()  # its state is the replay's start
         st.detector = replay_detector(st.run, st.cfg.detect, step, world_size=world_size)
         # The episodes the replay rebuilt were told on the timeline up to the resume step, and ended

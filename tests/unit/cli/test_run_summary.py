@@ -9,7 +9,7 @@ from pathlib import Path
 
 from steadytune.cli._common import console
 from steadytune.cli.main import parse
-from steadytune.cli.run import print_summary
+from steadytune.cli.run import PlainProgress, loss_change, print_summary
 from steadytune.rundir import RunDir
 
 
@@ -50,3 +50,38 @@ def test_next_says_how_to_resume_a_stopped_or_failed_run_of_its_own_worker(tmp_p
     assert not any("steadytune resume" in line for line in _summary(run, "completed", cfg))
     # A watched command is started again by its own command line.
     assert not any("steadytune resume" in line for line in _summary(run, "stopped", None))
+
+
+def test_the_loss_row_gives_a_share_only_of_a_loss_that_started_above_zero_and_fell_towards_it() -> None:
+    assert loss_change(6.1849, 2.0982) == "6.1849 → 2.0982 (66% lower)"
+    assert loss_change(2.0, 2.5) == "2.0000 → 2.5000"  # rose: no share
+    # A GRPO run's loss starts at 0 (rewards tied, or a policy still equal to its reference) and may go
+    # negative: no share of it means anything (it read "(230137129% lower)" and "(257% lower)").
+    assert loss_change(1.043e-07, -0.2401) == "0.0000 → -0.2401"
+    assert loss_change(1.043e-07, -1.6e-07) == "0.0000 → -0.0000"
+    assert loss_change(0.6931, -0.1) == "0.6931 → -0.1000"  # a loss that crossed 0
+    assert loss_change(None, 1.0) == "-"
+
+
+def test_a_grpo_runs_summary_says_no_share_of_its_loss(tmp_path: Path) -> None:
+    run = RunDir(tmp_path / "r1").create()
+    progress = types.SimpleNamespace(first_loss=1.043e-07, last_loss=-0.2401, step=20, max_steps=20,
+                                     last_eval_loss=None, tokens_per_s=None, skipped_steps=0)  # fmt: skip
+    result = types.SimpleNamespace(progress=progress, state="completed", reason="r", checkpoints=[],
+                                   restarts=1, wall_s=1.0, run=run)  # fmt: skip
+    buf = io.StringIO()
+    print_summary(console(file=buf), result)
+    row = next(line for line in buf.getvalue().splitlines() if "loss first" in line)
+    assert row.split() == ["loss", "first", "→", "last", "0.0000", "→", "-0.2401"]
+
+
+def test_the_plain_progress_line_is_printed_every_10s_and_only_when_it_changed() -> None:
+    buf, now = io.StringIO(), [0.0]
+    live = PlainProgress(console(file=buf), clock=lambda: now[0])
+    waiting = "step 0 | loss - | tok/s - | ETA - | mem -"
+    for t, line in ((0, waiting), (4, waiting), (10, waiting), (20, waiting), (25, "step 3 | loss 1.2"),
+                    (30, "step 3 | loss 1.2"), (31, "step 5 | loss 1.1"), (40, waiting)):  # fmt: skip
+        now[0] = float(t)
+        live.update(line)
+    # A loading (or resuming) job's line that stands still was printed once, not every 10 s.
+    assert buf.getvalue().splitlines() == [waiting, "step 3 | loss 1.2", waiting]

@@ -61,6 +61,9 @@ def test_suggestions_fix_a_run_that_does_not_fit(llama8b: Architecture) -> None:
     assert any("gradient checkpointing" in s.change for s in found)
     for s in found:
         assert s.peak_bytes == estimate_peak(llama8b, s.setup).peak_bytes
+    # One change at a time: from LoRA, QLoRA keeps the adapter (it once also became r=16 on all linears).
+    (q,) = [s for s in found if s.setup.method == "qlora"]
+    assert q.setup == dataclasses.replace(setup, method="qlora") and "the same adapter" in q.change
     kept = [s for s in found if "micro-batch" in s.change]
     for s in kept:
         # The effective batch is kept.

@@ -37,6 +37,21 @@ def test_a_spike_that_recovers_is_left_alone() -> None:
     assert pol.on_step(60) == []
 
 
+def test_trouble_back_at_its_step_on_the_new_timeline_is_acted_on_again_within_the_budget() -> None:
+    pol = Policy(PolicyConfig(spike_confirm_points=1, max_rollbacks=2))
+    assert pol.on_raised(anomaly("kl_blowup", 10, metric="kl"), 10).name == "rollback"
+    assert pol.on_raised(anomaly("kl_blowup", 10, metric="kl"), 11) is None  # the same incident
+    pol.forget_open(8)  # resumed from checkpoint-8: step 10 is trained again
+    assert pol.on_raised(anomaly("kl_blowup", 10, metric="kl"), 10).name == "rollback"
+    pol.forget_open(4)
+    assert pol.on_raised(anomaly("kl_blowup", 10, metric="kl"), 10).name == "alert"  # budget spent
+    # An incident from before the resume step was on the timeline the new one shares: acted on once.
+    pol = Policy()
+    assert pol.on_raised(anomaly("stall", 5), 5).name == "restart"
+    pol.forget_open(6)
+    assert pol.on_raised(anomaly("stall", 5), 7) is None
+
+
 def test_safe_mode_style_immediate_rollback_and_the_budget() -> None:
     pol = Policy(PolicyConfig(spike_confirm_points=1, max_rollbacks=2))
     names = [pol.on_raised(anomaly("loss_spike", s), s).name for s in (10, 20, 30)]

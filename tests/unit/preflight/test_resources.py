@@ -54,7 +54,8 @@ def test_each_gpu_must_hold_the_peak_plus_headroom() -> None:
     one, budget = memory_check(DEMO, setup, host(gpus=gpus), "cuda", 1, GiB, visible=gpus)
     assert one.status == "ok" and budget.bytes == peak
     two, budget = memory_check(DEMO, setup, host(gpus=gpus), "cuda", 2, GiB, visible=gpus)
-    assert two.status == "fail" and "GPU 1 too small" in two.reason and budget.bytes == peak - 1
+    assert two.status == "fail" and "GPU 1 too small by 1 B" in two.reason and budget.bytes == peak - 1
+    assert "GPU 0 too small" not in two.reason and "pick another" in two.fix
     three, _ = memory_check(DEMO, setup, host(gpus=gpus), "cuda", 3, GiB, visible=gpus)
     assert three.status == "fail" and "nproc_per_node=3" in three.reason
 
@@ -62,6 +63,10 @@ def test_each_gpu_must_hold_the_peak_plus_headroom() -> None:
 def test_planned_device_memory_and_unreadable_gpus() -> None:
     planned, budget = memory_check(DEMO, FULL, host(), "cuda", 1, GiB, device_memory=24 * GiB)
     assert planned.status == "ok" and "--device-memory" in planned.reason and budget.bytes == 23 * GiB
+    # A plan for a card that is too small says by how much, and does not ask to free a GPU it never read.
+    small, _ = memory_check(DEMO, FULL, host(), "cuda", 1, GiB, device_memory=1024)
+    assert small.status == "fail" and small.reason.count("free (--device-memory): GPU 0 1.00 KiB") == 1
+    assert "GPU 0 too small by " in small.reason and "free the GPU" not in small.fix
     unknown, budget = memory_check(DEMO, FULL, HostFacts(gpu_device_files=True), "cuda", 1, GiB, visible=())
     assert unknown.status == "na" and budget.bytes is None
 

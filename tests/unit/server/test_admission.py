@@ -109,7 +109,10 @@ def test_a_job_that_can_never_fit_does_not_block_others():
     assert not out["huge"].admitted and out["huge"].reason.startswith("never fits here")
     assert "24.0 GiB" in out["huge"].reason
     assert out["small"].admitted
-    assert out["wide"].reason == "never fits here: needs 2 GPUs; this server manages 1"
+    # Each reason says what to change, as a waiting job's does.
+    assert out["wide"].reason.startswith("never fits here: needs 2 GPUs; this server manages 1: ")
+    assert "--gpus 1 or fewer" in out["wide"].reason and "run.nproc_per_node=1" in out["wide"].reason
+    assert "--need-gib" in out["huge"].reason
 
 
 def test_multi_gpu_job_needs_room_on_each():
