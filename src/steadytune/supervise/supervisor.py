@@ -461,14 +461,23 @@ class Supervisor:
                 failed_resume = self.resumes.failed_resume(info, decision)
                 if failed_resume is not None:
                     decision = failed_resume
-                elif decision.action != "restart" or st.stop.interrupts:
+                elif decision.action != "restart":
                     return self.finish(decision, info, t0)
+                elif st.stop.interrupts:
+                    return self.finish(self._stopped_anyway(info, decision), info, t0)
                 changes, reason, why = self.resumes.plan_after_crash(decision)
                 if changes is None:
                     return self.finish(Decision("stop", decision.classification, why), info, t0)
                 nxt = st.planner.after_crash(st.plan, changes, reason, why, decision.delay_s)
             if not self.restart(nxt, info):
                 return self.finish(Decision("stop", "user_interrupt", "stopped on request"), info, t0)
+
+    def _stopped_anyway(self, info: ExitInfo, decision: Decision) -> Decision:
+        """Asked to stop, the run stops, however its worker ended on the way (the stop's last words not
+        read yet, a signal of the stop's own in its exit status): never a restart, nor a crash."""
+        how = f"{info.error_type}: {info.error_message or ''}" if info.error_type else decision.classification
+        label = self.state.source.label
+        return Decision("stop", "user_interrupt", f"stopped on request; the {label} ended with {how.strip()}")
 
     def pause(self, info: ExitInfo, live: Any = None) -> bool:
         """The worker checkpointed and exited on ``pause``: hold the run until ``resume``, then start the

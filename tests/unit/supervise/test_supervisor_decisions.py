@@ -267,3 +267,27 @@ def test_after_rank_0s_last_words_silence_is_no_hang(tmp_path: Path) -> None:
     sup.handle(Heartbeat(ts=now[0] - 30, step=10))  # rank 0 beats no more; an old beat of it
     sup.pump()
     assert stalls() == [10]
+
+
+# -- a stop asked for ends the run stopped, however the worker ended on the way -------------------------
+
+
+def test_a_worker_exit_that_would_restart_ends_a_run_stopped_while_a_stop_is_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C, the worker saved and ended, but its exit read as a crash (its last words not read yet,
+    or the stop's own signal in its exit status): the run ends stopped. It crashed the supervisor
+    (a restart decision has no end state) and a restart would train on after an operator's stop."""
+    sup = supervisor(tmp_path)
+    started: list[object] = []
+    monkeypatch.setattr(sup, "prepare", lambda: None)
+    monkeypatch.setattr(sup, "start_worker", lambda plan: started.append(plan))
+    crash = ExitInfo(returncode=1, step=111, error_type="RuntimeError", error_message="stream closed")
+    assert decide(crash, [], 0, 3).action == "restart"  # without the stop, a restart
+    monkeypatch.setattr(sup, "supervise_attempt", lambda live=None: crash)
+    sup.controls.on_signal(signal.SIGINT)
+    result = sup.run_to_end()
+    assert result.state == "stopped" and result.restarts == 0 and len(started) == 1
+    assert "stopped on request" in result.reason and "RuntimeError" in result.reason
+    ended = [e for e in read_events(sup.run.events) if e.name.startswith("run_")]
+    assert [e.name for e in ended] == ["run_stopped"]
