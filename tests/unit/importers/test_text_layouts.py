@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from steadytune.detect import detect
 from steadytune.importers import UnreadableLog, detect_format, load
 from steadytune.importers.prefix import strip_prefix
 
@@ -479,7 +480,9 @@ def test_lines_read_by_template_match_the_rules(monkeypatch: pytest.MonkeyPatch)
 # --- a step's metrics on lines of their own --------------------------------------------------------
 
 
-def _olmo_block(step: int, total: int, loss: float, norm: float, tokens: int) -> list[str]:
+def _olmo_block(
+    step: int, total: int, loss: float, norm: float, tokens: int, peak_mb: int | None = None
+) -> list[str]:
     """OLMo's console: a logger line naming the step, then one indented ``key=value`` a metric,
     counts printed with thousands separators."""
     return [
@@ -490,7 +493,7 @@ def _olmo_block(step: int, total: int, loss: float, norm: float, tokens: int) ->
         f"    train/Perplexity={math.exp(loss):,.0f}",
         f"    throughput/total_tokens={tokens * step:,}",
         f"    throughput/device/tokens_per_second={tokens:,}",
-        f"    System/Peak GPU Memory (MB)={38000 + step:,}",
+        f"    System/Peak GPU Memory (MB)={38000 + step if peak_mb is None else peak_mb:,}",
     ]
 
 
@@ -509,6 +512,41 @@ def test_a_block_of_metric_lines_under_its_step_line_is_one_record(tmp_path: Pat
     assert (r.step, r.grad_norm, r.epoch) == (210, 1.2, 0.0)
     assert r.extra["throughput/device/tokens_per_second"] == 105_020
     assert r.extra["throughput/total_tokens"] == 210 * 105_020
+    # OLMo's MB are torch's max_memory_allocated / 10^6: the peak the memory rules judge, in bytes.
+    assert r.mem_peak_bytes == (38000 + 210) * 1_000_000
+    assert not any("memory" in k or k.startswith("system") for k in r.extra)
+
+
+@pytest.mark.parametrize("unit, scale", [("MB", 10**6), ("MiB", 1 << 20), ("GB", 10**9), ("GiB", 1 << 30)])
+def test_a_peak_memory_with_its_unit_in_the_key_is_read_in_bytes(
+    tmp_path: Path, unit: str, scale: int
+) -> None:
+    lines = [
+        f"step {s} | loss {x:.4f} | peak gpu memory ({unit}): {1000 + s:,}" for s, x in enumerate(_curve(8))
+    ]
+    s = load(_write(tmp_path, "train.log", lines))
+    assert [r.mem_peak_bytes for r in s.records] == [(1000 + i) * scale for i in range(8)]
+
+
+@pytest.mark.parametrize("seed", [31, 32])
+@pytest.mark.parametrize("leaks", [False, True])
+def test_an_olmo_peak_memory_that_climbs_block_after_block_is_a_leak(
+    tmp_path: Path, seed: int, leaks: bool
+) -> None:
+    """OLMo logs no allocated memory, only its peak per logging interval: a peak that grows at every
+    block is a leak; one that holds, with one longer batch's bump, is none."""
+    rng = random.Random(seed)
+    n = 200
+    losses = _curve(n, seed=seed)
+    lines = []
+    for i in range(n):
+        peak = (
+            20_000 + rng.randint(-40, 40) + (300 if i == 120 else 0) + (40 * max(0, i - 60) if leaks else 0)
+        )
+        lines += _olmo_block(10 * (i + 1), 10 * n, losses[i], 1.0, 105_000, peak_mb=peak)
+    records = load(_write(tmp_path, "train.log", lines)).records
+    found = [(a.kind, a.metric) for a in detect(records) if a.kind.startswith("memory")]
+    assert found == ([("memory_leak", "mem_peak_bytes")] if leaks else [])
 
 
 def test_indented_lines_after_a_line_that_says_more_than_its_step_are_not_its_metrics(tmp_path: Path) -> None:
