@@ -17,6 +17,8 @@ from steadytune.records import StepRecord, SystemSample
 from steadytune.supervise.observers import AlertObserver
 from steadytune.supervise.supervisor import Supervisor
 from steadytune.telemetry.events import read_events
+from steadytune.web.api import series
+from steadytune.web.runs import RunsIndex
 from tests.servers import Hook
 from tests.unit.supervise.build import supervisor
 
@@ -118,3 +120,10 @@ def test_a_spike_that_grows_into_an_explosion_is_one_episode_told_twice_and_ende
     assert "grew out of the grad_spike raised at step 40" in grew.message
     acted = [(e.name, e.step, e.data.get("anomaly")) for e in events if e.kind == "action"]
     assert acted[0] == ("rollback", 42, "grad_explosion")
+    # The dashboard draws the episode once, as what it became.
+    index = RunsIndex(tmp_path / "runs", cache_dir=tmp_path / "cache")
+    index.refresh_all()
+    entry = index.get(sup.run.run_id)
+    assert entry is not None
+    marks = [(m["step"], m["name"], m["severity"]) for m in series(entry)["anomalies"]]
+    assert marks == [(40, "grad_explosion", "critical")]
