@@ -238,7 +238,13 @@ class AlertRouter:
             if not targets or (not escalated and not self._dedup.admit(key, now)):
                 return
             if event.kind == "anomaly":
-                self._active[key] = sorted(set(self._active.get(key, [])) | set(targets))
+                told = set(self._active.get(key, []))
+                # A graver kind grew out of these episodes: whoever heard of them hears of its end.
+                for kind, metric in (event.data or {}).get("grew_out_of", ()):
+                    part = (alert.run_id, kind, metric or "")
+                    told |= set(self._active.pop(part, []))
+                    self._dedup.forget(part)
+                self._active[key] = sorted(told | set(targets))
         elif event.kind == "resolved":
             targets = self._active.pop(key, [])
             self._dedup.forget(key)

@@ -137,7 +137,7 @@ REGISTRY: tuple[Entry, ...] = (
         (LeakLimits,),
         ("memory",),
         per_rank=True,
-        args={"metric": "mem_allocated_bytes", "total": "device"},
+        args={"metric": "mem_allocated_bytes", "total": "device", "fallback": "mem_peak_bytes"},
     ),
     Entry(
         "host_leak",

@@ -47,10 +47,15 @@ the group: the book remembers which episode each holding member belongs to.
 **Parts.** Some kinds are one face of a graver one (:attr:`~.base.KindInfo.part_of`):
 a gradient norm 120 times its level is a ``grad_spike`` and a ``grad_explosion`` at
 once, and a NaN norm under a NaN loss is that loss's NaN seen from the backward
-pass. Such a firing, while an episode of its whole holds at the same rank (or is
-raised by the same call), is part of that episode: no episode, transition or alert
-of its own, from then until it clears. A part that fired first (a spike that only
-later became an explosion) keeps the episode it already has: that one was told.
+pass. Such a firing, while an episode of its whole is open at the same rank (holding,
+or quiet within the gap: an explosion whose norm came down to a mere spike two points
+later), or is raised by the same call, is part of that episode: no episode, transition
+or alert of its own, from then until it clears. A part that fired first (a spike that
+grows into an explosion a few points later) is the same trouble too: when the whole is
+raised while the part's episode is still open (holding, or quiet within the gap), the
+whole takes that episode over. It is told as the episode *escalated* (``took`` names
+the part's episode it grew out of, whose key is gone), from the part's first step, with
+the part's firings counted in, and the whole's firing for the policy to act on.
 """
 
 from __future__ import annotations
@@ -74,15 +79,18 @@ Key = tuple[str, str, int | None]  # an episode's kind, metric and rank (Anomaly
 class Transition:
     """A change of an episode. ``anomaly`` is the episode as it stands.
 
-    ``firing`` (for *recurred*) is the condition's new firing as an anomaly of its
-    own, the way it would have been raised alone: what the policy acts on.
-    ``was`` (for *escalated*) is the severity before.
+    ``firing`` (for *recurred*, and *escalated* with ``took``) is the condition's new
+    firing as an anomaly of its own, the way it would have been raised alone: what
+    the policy acts on. ``was`` (for *escalated*) is the severity before. ``took``
+    (for *escalated*): the episodes of parts a graver kind grew out of (the module
+    docstring, *Parts*), as they stood; their keys are the episode's no more.
     """
 
     state: State
     anomaly: Anomaly
     firing: Anomaly | None = None
     was: Severity | None = None
+    took: tuple[Anomaly, ...] = ()
 
     @property
     def fired(self) -> Anomaly:
@@ -135,6 +143,36 @@ class _Episode:
         )
 
 
+def _raises(ep: _Episode | None) -> bool:
+    """Whether a condition firing with this episode open (or none) raises a new one."""
+    return ep is None or (ep.told and ep.quiet)
+
+
+def _grown(first: Anomaly, parts: list[_Episode], step: int) -> _Episode:
+    """The episode of a whole raised as ``first`` that takes over its parts' open episodes: from the
+    first part's start, their firings counted in, the worst of their peaks and severities."""
+    ep = _Episode(first, step)
+    ep.first = Anomaly(
+        first.kind,
+        first.severity,
+        min(first.start_step, *(p.first.start_step for p in parts)),
+        first.end_step,
+        first.metric,
+        first.evidence,
+        first.cause,
+        first.suggestion,
+        first.rank,
+    )
+    ep.end_step = max(first.end_step, *(p.end_step for p in parts))
+    ep.count += sum(p.count for p in parts)
+    for p in parts:
+        if p.peak is not None:
+            ep.peak = peak_of(first.kind, {"value": p.peak}, ep.peak)
+        if SEVERITY_ORDER[p.severity] > SEVERITY_ORDER[ep.severity]:
+            ep.severity = p.severity
+    return ep
+
+
 class Episodes:
     """The open episodes of a run, by (kind, metric, rank); a group's metric for grouped findings.
 
@@ -153,6 +191,7 @@ class Episodes:
         self._quiet = 0  # how many open episodes are quiet: most points, none are, and nothing expires
         self._held: dict[Key, Key] = {}  # each grouped member now holding (kind, metric, rank) -> its group
         self._parts = {kind: info.part_of for kind, info in kinds.items() if info.part_of}
+        self._wholes = frozenset(self._parts.values())
         self._within: set[Key] = set()  # conditions holding as parts of a graver episode (KindInfo.part_of)
 
     def apply(self, findings: list[Finding], step: int) -> list[Transition]:
@@ -177,8 +216,15 @@ class Episodes:
                 ep = None
             if ep is None:
                 first = self._firing(f)
-                self._open[key] = _Episode(first, step)
-                out.append(Transition("raised", first))
+                took = self._take_parts(f.kind, f.rank) if f.kind in self._wholes else []
+                if took:
+                    ep = self._open[key] = _grown(first, took, step)
+                    was = max((p.severity for p in took), key=SEVERITY_ORDER.__getitem__)
+                    parts = tuple(p.snapshot() for p in took)
+                    out.append(Transition("escalated", ep.snapshot(), firing=first, was=was, took=parts))
+                else:
+                    self._open[key] = _Episode(first, step)
+                    out.append(Transition("raised", first))
                 continue
             was = ep.severity
             ep.end_step = max(ep.end_step, f.step)
@@ -241,13 +287,21 @@ class Episodes:
     def _without_parts(self, conditions: list[tuple[Key, Finding]]) -> list[tuple[Key, Finding]]:
         """The conditions less those that are parts of a graver episode (the module docstring, *Parts*).
 
-        A part is taken in when it fires while its whole holds at the same rank (an open episode not
-        quiet, or a firing in this same call) and it has no episode of its own holding; it stays a
-        part, told by nothing, until it clears, even if the whole clears first (a NaN norm's episode
-        outlasts the NaN loss's by a few finite points: it is still that one trouble).
+        A part is taken in when it fires while its whole's episode is open at the same rank (holding,
+        or quiet within the gap and not told over) or fires in this same call, and it has no episode
+        of its own holding, or its whole is raised in this call (which takes that episode over, see
+        :meth:`apply`); it stays a part, told by nothing, until it clears, even if the whole clears
+        first (a NaN norm's episode outlasts the NaN loss's by a few finite points: it is still that
+        one trouble).
         """
-        holding = {(f.kind, f.rank) for _, f in conditions if f.active}
-        holding.update((ep.first.kind, ep.first.rank) for ep in self._open.values() if not ep.quiet)
+        firing = {(f.kind, f.rank) for _, f in conditions if f.active}
+        # A whole raised now (no episode of its own holding): it takes over its parts' open episodes.
+        raising = {
+            (f.kind, f.rank)
+            for key, f in conditions
+            if f.active and f.kind in self._wholes and _raises(self._open.get(key))
+        }
+        open_ = {(ep.first.kind, ep.first.rank) for ep in self._open.values() if not (ep.quiet and ep.told)}
         kept: list[tuple[Key, Finding]] = []
         for key, f in conditions:
             if not f.active:
@@ -258,12 +312,26 @@ class Episodes:
                 continue
             else:
                 whole = self._parts.get(f.kind)
-                own = self._open.get(key)
-                if whole is not None and (whole, f.rank) in holding and (own is None or own.quiet):
-                    self._within.add(key)
-                    continue
+                if whole is not None and ((whole, f.rank) in firing or (whole, f.rank) in open_):
+                    own = self._open.get(key)
+                    if own is None or own.quiet or (whole, f.rank) in raising:
+                        self._within.add(key)
+                        continue
             kept.append((key, f))
         return kept
+
+    def _take_parts(self, whole: str, rank: int | None) -> list[_Episode]:
+        """The open episodes of ``whole``'s parts at ``rank``, out of the book: a whole raised now
+        takes them over. Those told over already go in silence (their end was told)."""
+        took: list[_Episode] = []
+        for key, ep in list(self._open.items()):
+            if self._parts.get(ep.first.kind) == whole and ep.first.rank == rank:
+                del self._open[key]
+                if ep.quiet:
+                    self._quiet -= 1
+                if not ep.told:
+                    took.append(ep)
+        return took
 
     def _joined(self, key: Key, members: list[Finding]) -> Finding | None:
         """One group's findings of one call as the group's own: active while any member holds, inactive

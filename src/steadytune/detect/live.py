@@ -273,9 +273,13 @@ def format_transition(t: Transition, done: str | None = None, left: str | None =
             f"{a.metric} (episode from step {a.start_step}{times}{peak})"
         )
     facts = ", ".join(f"{k}={v}" for k, v in list(a.evidence.items())[:4])
-    rose = f" (severity rose from {t.was})" if t.state == "escalated" else ""
+    at, rose = a.start_step, f" (severity rose from {t.was})" if t.state == "escalated" else ""
+    if t.took:  # a graver kind grew out of a part's episode: say which, and that it is one episode
+        grew = ", ".join(f"the {p.kind} raised at step {p.start_step}" for p in t.took)
+        at = t.fired.start_step
+        rose = f" (grew out of {grew}: one episode from step {a.start_step}{times}{peak})"
     return (
-        f"{a.severity.upper()} {a.kind}{where} at step {a.start_step}{rose}: {title} on {a.metric}"
+        f"{a.severity.upper()} {a.kind}{where} at step {at}{rose}: {title} on {a.metric}"
         f"{f' ({facts})' if facts else ''}. Likely cause: {a.cause}. {_advice(a.suggestion, done, left)}"
     )
 

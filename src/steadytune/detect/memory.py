@@ -105,15 +105,24 @@ class LeakWatch:
     """memory_leak on one memory metric of one rank (allocated bytes, or host RSS).
 
     ``metric`` is the step record's field; ``total`` says which total bounds it: the
-    device's memory, or the host's RAM.
+    device's memory, or the host's RAM. ``fallback``: the field judged instead by a run
+    whose records never carry ``metric`` (OLMo logs only its peak allocated memory, per
+    logging interval: a leak raises the peak of every interval as it raises what is
+    allocated, while a one-off peak, a longer batch, is one step the rule passes over).
     """
 
     reports: ClassVar[tuple[str, ...]] = ("memory_leak",)
 
     def __init__(
-        self, limits: LeakLimits, metric: str, total: Literal["device", "ram"], rank: int | None = None
+        self,
+        limits: LeakLimits,
+        metric: str,
+        total: Literal["device", "ram"],
+        rank: int | None = None,
+        fallback: str | None = None,
     ) -> None:
         self.metric = metric
+        self._fallback = fallback
         self.rep = Reporter(rank)
         self.lim = limits
         self._device = total == "device"
@@ -127,6 +136,10 @@ class LeakWatch:
     def observe(self, point: RankStep, out: list[Finding]) -> None:
         rec = point.rec
         value = getattr(rec, self.metric)
+        if value is None and self._fallback is not None and self._n == 0:
+            value = getattr(rec, self._fallback)
+            if value is not None:  # the run logs the fallback alone: judged, and named, on it
+                self.metric, self._fallback = self._fallback, None
         if value is not None:
             total = point.device_total if self._device else point.ram_total
             self.judge(rec.step, float(value), total, rec.step_time_s, out)

@@ -62,6 +62,9 @@ def replay(
                 fired[t.anomaly.key] = [t.anomaly.start_step]
             elif t.state == "recurred":
                 fired[t.anomaly.key].append(t.fired.start_step)
+            elif t.took:  # a graver kind grew out of its parts' episodes: theirs are its firings
+                grown = [s for p in t.took for s in fired.pop(p.key)]
+                fired[t.anomaly.key] = sorted([*grown, t.fired.start_step])
             elif t.state == "resolved":
                 done.append((t.anomaly, tuple(fired.pop(t.anomaly.key))))
 

@@ -99,10 +99,12 @@ class Replayer:
         """As the supervisor files an episode's changes (supervise/actions.py): raised and escalated
         are anomaly entries, resolved a resolved one; the policy judges each firing."""
         a = t.anomaly
-        if t.state == "escalated":
+        if t.state == "escalated" and not t.took:
             self.entries.append(Entry("anomaly", a.kind, a.start_step, ts, a.severity, a.metric))
-        elif t.state in ("raised", "recurred"):
-            if t.state == "raised":
+        elif t.state in ("raised", "recurred") or t.took:
+            for part in t.took:
+                self.policy.on_resolved(part)
+            if t.state != "recurred":
                 self.entries.append(Entry("anomaly", a.kind, a.start_step, ts, a.severity, a.metric))
             action = self.policy.on_raised(t.fired, self.progress.step)
             if action is not None and not (t.state == "recurred" and action.name == "alert"):

@@ -20,6 +20,8 @@ watched command's stdout is read with, live. Formats, in the order they are trie
 - ``megatron_text``: Megatron/DeepSpeed ``iteration N/ M | lm loss: X |`` lines;
 - ``llmc_log``: llm.c ``main.log``, ``s:N trl:X`` / ``s:N tel:X``;
 - ``llmc_stdout``: llm.c's ``step N/M | train loss X | norm Y | lr Z | T ms`` and ``val loss X``;
+- ``modded_nanogpt``: modded-nanogpt (the speedrun) ``step:N/M val_loss:X train_time:Tms``; the
+  step time is what the training clock grew between step lines;
 - ``nanogpt_log``: build-nanoGPT ``log.txt``, ``N train X`` / ``N val X`` / ``N hella Y``;
 - ``nanogpt_stdout``: build-nanoGPT's ``step N | loss: X | lr Y | norm: Z | dt: Tms`` and
   ``validation loss: X``;

@@ -22,6 +22,8 @@ Tried last, after every layout with a reader of its own. The rules:
   ``epoch``                 ``epoch``
   ``step_time_s``           ``time``, ``dt``, ``step time``, ``iter time`` with a unit:
                             ``330.12ms`` or ``0.33 s``
+  ``mem_peak_bytes``        ``Peak GPU Memory (MB)``, ``max gpu mem (GiB)``: the unit in the key
+                            (OLMo's ``System/Peak GPU Memory (MB)=38,869``), read in bytes
   ========================  ======================================================
 
   A perplexity (``ppl``, ``perplexity``, ``val ppl``; ``train ppl`` for the training one) on a line
@@ -142,6 +144,14 @@ _PERPLEXITY = re.compile(
 # nanotron's human_format writes 2500 as "2.5K": the suffix is part of the value.
 _SUFFIX = {"K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
 _DECIMAL = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
+# A peak of device memory with its unit in the key (OLMo's ``System/Peak GPU Memory (MB)=38,869``,
+# torch's max_memory_allocated in 10^6 bytes): the record's mem_peak_bytes.
+_PEAK_MEMORY = re.compile(
+    r"(?<![\w.-])(?:system/)?(?:peak|max)[ _]?gpu[ _]?mem(?:ory)?[ _]?\((?P<unit>[MG]i?B)\)\s*[:=]\s*"
+    r"(?P<num>" + _THOUSANDS + "|" + _DECIMAL + r")(?![\w.])",
+    re.I,
+)
+_BYTES = {"mb": 1e6, "gb": 1e9, "mib": float(1 << 20), "gib": float(1 << 30)}
 _TIME = re.compile(
     r"(?<![\w/.-])(?:dt|time|step[ _-]?time|iter(?:ation)?[ _-]?time)\s*(?:[:=]\s*|\s+)"
     r"(?P<num>" + _DECIMAL + r")\s*(?P<unit>ms|s|sec)\b",
@@ -249,6 +259,9 @@ def _parse_text(text: str) -> Parsed | None:
     t = _TIME.search(text)
     if t:
         taken.append(t.span())
+    peak = _PEAK_MEMORY.search(text) if "B)" in text else None
+    if peak:
+        taken.append(peak.span())
     for m in _PAIR.finditer(text):
         if _overlaps(m.span(), taken):
             continue  # a key the rules read by name, the step, the step time, a printed dict
@@ -278,6 +291,10 @@ def _parse_text(text: str) -> Parsed | None:
         div = 1000.0 if t.group("unit").lower() == "ms" else 1.0
         fields["step_time_s"] = float(t.group("num")) / div
         spans["step_time_s"] = t.span("num"), div
+    if peak:  # no span: a number with separators is no one number of the line's template
+        fields["mem_peak_bytes"] = (
+            float(peak.group("num").replace(",", "")) * _BYTES[peak.group("unit").lower()]
+        )
     if dicts:
         fields.update(_means_of_sums(fields))
     step = (step_of(found), step_span(found)) if found else None

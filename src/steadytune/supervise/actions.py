@@ -79,7 +79,7 @@ class Actions:
         st = self.state
         t = _as_run(t, self.run_facts())
         a = t.anomaly
-        if t.state in ("raised", "recurred"):
+        if t.state in ("raised", "recurred") or t.took:
             self.on_firing(t)
         elif t.state == "escalated":
             done, left = self._advice.get(a.key, (None, None))
@@ -114,15 +114,22 @@ class Actions:
             st.history.trouble_steps.append(fired.start_step)
         action = self.decide(t)
         event: Event | None
-        if t.state == "raised":
+        if t.state == "raised" or t.took:
+            for part in t.took:  # the episode a graver kind grew out of: told on as this one
+                st.policy.on_resolved(part)
+                self._filed.pop(part.key, None)
+                self._advice.pop(part.key, None)
             done, left = self._advice[a.key] = self.advice(a.kind, action)
+            grew: dict[str, object] = {}
+            if t.took:  # an update of the part's episode people were told of (alerts/router.py)
+                grew = {"escalated_from": t.was, "grew_out_of": [[p.kind, p.metric] for p in t.took]}
             event = self._filed[a.key] = self.out.emit(
                 "anomaly",
                 a.kind,
                 format_transition(t, done, left),
                 severity=a.severity,
                 step=a.start_step,
-                data=_advised(a, done, left),
+                data={**_advised(a, done, left), **grew},
             )
         else:  # the episode's event stands for it: what is done now is done about that episode
             event = self._filed.get(a.key)

@@ -195,6 +195,26 @@ def run_detail(entry: RunEntry, events: int = 300) -> dict[str, Any]:
     )
 
 
+def _markers(events: Sequence[Event]) -> list[dict[str, Any]]:
+    """One marker per episode, at its first step. An update of an episode (its severity rose) draws
+    none of its own; one that grew into a graver kind (``grew_out_of``: a spike that became an
+    explosion) is that episode's marker from then on, its kind and severity."""
+    out: list[dict[str, Any]] = []
+    for e in events:
+        if e.step is None:
+            continue
+        marker = {"step": e.step, "name": e.name, "severity": e.severity, "message": e.message}
+        parts = {kind for kind, _ in e.data.get("grew_out_of", ())}
+        if parts:
+            at = next((i for i, m in enumerate(out) if m["step"] == e.step and m["name"] in parts), None)
+            if at is not None:
+                out[at] = marker
+                continue
+        if not e.data.get("escalated_from"):
+            out.append(marker)
+    return out
+
+
 def series(
     entry: RunEntry,
     points: int = 1500,
@@ -217,11 +237,7 @@ def series(
     indices = store.gpu_indices()
     shown = [i for i in indices if gpus is None or i in gpus]
     charts = {str(i): columns(store.gpu_series(i, GPU_METRICS, points)) for i in shown}
-    anomalies = [
-        {"step": e.step, "name": e.name, "severity": e.severity, "message": e.message}
-        for e in store.events(kinds=("anomaly",), limit=2000)
-        if e.step is not None and not e.data.get("escalated_from")  # one marker per episode
-    ]
+    anomalies = _markers(store.events(kinds=("anomaly",), limit=2000))
     return {
         "version": version,
         "steps": columns(steps),

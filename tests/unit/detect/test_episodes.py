@@ -7,6 +7,8 @@ then the critical line within one episode; conditions far enough apart to be two
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from steadytune.config.detect import DetectConfig
@@ -14,6 +16,7 @@ from steadytune.detect import LiveDetector, detect
 from steadytune.detect.base import Finding
 from steadytune.detect.build import KINDS
 from steadytune.detect.episodes import Episodes
+from steadytune.detect.live import format_transition
 from steadytune.detect.offline import replay
 from steadytune.records import Anomaly, StepRecord, from_dict, to_dict
 from tests.unit.detect.helpers import feed, noisy, records
@@ -298,16 +301,31 @@ def test_a_nan_norm_under_a_finite_loss_is_its_own_episode() -> None:
     assert [a.kind for a in detect(records(losses, grads))] == ["nonfinite_grad"]
 
 
-def test_a_part_that_fired_first_keeps_its_episode_and_parts_of_other_ranks_stay_apart() -> None:
+def test_a_part_that_fired_first_grows_into_its_whole_and_parts_of_other_ranks_stay_apart() -> None:
     book = Episodes(KINDS, GAP, frozenset())
 
-    def f(kind: str, step: int, active: bool = True, rank: int | None = None) -> Finding:
-        return Finding(kind, "grad_norm", step, active, rank, evidence={"value": 50.0} if active else None)
+    def f(kind: str, step: int, active: bool = True, rank: int | None = None, v: float = 50.0) -> Finding:
+        return Finding(kind, "grad_norm", step, active, rank, evidence={"value": v} if active else None)
 
-    # A spike told at step 5 that becomes an explosion at 7: the spike was told, it stays its episode.
-    assert [t.state for t in book.apply([f("grad_spike", 5)], 5)] == ["raised"]
-    got = book.apply([f("grad_spike", 7), f("grad_explosion", 7)], 7)
-    assert [(t.state, t.anomaly.kind) for t in got] == [("raised", "grad_explosion")]
+    # A spike told at step 5 that becomes an explosion at 7: the spike's episode grows into the explosion.
+    assert [t.state for t in book.apply([f("grad_spike", 5, v=60.0)], 5)] == ["raised"]
+    (got,) = book.apply([f("grad_spike", 7), f("grad_explosion", 7)], 7)
+    assert (got.state, got.was, [p.key for p in got.took]) == (
+        "escalated",
+        "warning",
+        [("grad_spike", "grad_norm", None)],
+    )
+    a = got.anomaly
+    assert (a.kind, a.severity, a.start_step, a.end_step, a.count, a.peak) == (
+        "grad_explosion",
+        "critical",
+        5,
+        7,
+        2,
+        60.0,
+    )
+    assert (got.fired.kind, got.fired.start_step, got.fired.count) == ("grad_explosion", 7, 1)
+    assert [e.kind for e in book.open()] == ["grad_explosion"]
     # An explosion on rank 0 holds no part of rank 1's spike.
     other = book.apply([f("grad_spike", 8, rank=1), f("grad_explosion", 8)], 8)
     assert [(t.state, t.anomaly.kind, t.anomaly.rank) for t in other] == [("raised", "grad_spike", 1)]
@@ -319,5 +337,51 @@ def test_a_part_that_fired_first_keeps_its_episode_and_parts_of_other_ranks_stay
     over = book2.apply([f("grad_explosion", 10, active=False), f("grad_spike", 10)], 10)
     assert [t.state for t in over] == ["cleared"]
     assert book2.apply([f("grad_spike", 11, active=False)], 11) == []
-    # Cleared, the part is free again: a spike alone later is its own episode.
+    # Cleared, the part is free again; within the gap of the explosion's quiet episode, a spike is still
+    # that trouble (an explosion that came down to a spike): part of it, told by nothing.
+    assert book2.apply([f("grad_spike", 12)], 12) == []
+    assert book2.apply([f("grad_spike", 13, active=False)], 13) == []
+    # Once the explosion's episode is over, a spike alone is its own episode.
+    assert [t.state for t in book2.expire(30, 1.0)] == ["resolved"]
     assert [t.anomaly.kind for t in book2.apply([f("grad_spike", 30)], 30)] == ["grad_spike"]
+
+
+def _spike_and_explosion(first: str, apart: int, at: int) -> list[StepRecord]:
+    """A healthy run whose grad norm jumps 12x at point ``at`` and 400x ``apart`` points later (a spike
+    that grows into an explosion), or the reverse (``first`` = "explosion": it comes down to a spike)."""
+    losses = noisy(120, level=2.0, sigma=0.02, seed=at, decay=0.005)
+    grads = [0.8 * math.exp(0.05 * math.sin(1.7 * i)) for i in range(120)]
+    small, big = 12.0, 400.0
+    grads[at] *= small if first == "spike" else big
+    grads[at + apart] *= big if first == "spike" else small
+    return records(losses, grads)
+
+
+@pytest.mark.parametrize("at", [30, 75])
+@pytest.mark.parametrize("apart", [1, 2, 3])
+@pytest.mark.parametrize("first", ["spike", "explosion"])
+def test_a_spike_and_an_explosion_a_few_points_apart_are_one_episode(first: str, apart: int, at: int) -> None:
+    """One trouble, whichever came first: offline one grad_explosion episode from the first jump,
+    counting both; live, the same, told once raised and once when it grew graver (never a second
+    raise, never a resolved spike beside the explosion)."""
+    recs = _spike_and_explosion(first, apart, at)
+    (episode,) = [a for a in detect(recs) if a.metric == "grad_norm"]
+    assert (episode.kind, episode.start_step, episode.severity) == ("grad_explosion", at + 1, "critical")
+    assert episode.count == (2 if first == "spike" else 1)
+    ts = [t for t in feed(recs) if t.anomaly.metric == "grad_norm"]
+    told = [(t.state, t.anomaly.kind) for t in ts if t.state in ("raised", "escalated", "resolved")]
+    if first == "spike":
+        assert told == [
+            ("raised", "grad_spike"),
+            ("escalated", "grad_explosion"),
+            ("resolved", "grad_explosion"),
+        ]
+        (grew,) = [t for t in ts if t.took]
+        assert grew.fired.start_step == at + 1 + apart and grew.anomaly.start_step == at + 1
+        line = format_transition(grew)
+        assert line.startswith(
+            f"CRITICAL grad_explosion at step {at + 1 + apart} (grew out of the grad_spike raised at step "
+            f"{at + 1}: one episode from step {at + 1}, 2 times"
+        )
+    else:
+        assert told == [("raised", "grad_explosion"), ("resolved", "grad_explosion")]

@@ -227,9 +227,18 @@ def test_a_jump_that_stays_up_in_a_short_run_is_judged_as_a_rise_not_by_its_neig
     # The norm steps up 10x at point 21 and stays there: no neighbour after it came back, so the
     # neighbour rule says nothing; the rules for a rise that lasts call it an explosion from its start.
     grads = grad_noise(40, sigma=0.2)[:20] + grad_noise(20, level=10.0, sigma=0.2, seed=3)
-    got = raised(feed(records(noisy(40, decay=0.05), grads)))
-    assert [(a.kind, a.start_step) for a in got] == [("grad_spike", 21), ("grad_explosion", 23)]
+    ts = feed(records(noisy(40, decay=0.05), grads))
+    got = raised(ts)
+    assert [(a.kind, a.start_step) for a in got] == [("grad_spike", 21)]
     assert "judged_by" not in got[0].evidence
+    # The explosion at 23 is the spike's episode grown graver: one trouble, from its start.
+    (grew,) = [t for t in ts if t.took]
+    assert (grew.state, grew.anomaly.kind, grew.anomaly.start_step, grew.fired.start_step) == (
+        "escalated",
+        "grad_explosion",
+        21,
+        23,
+    )
 
 
 # A memorizing multi-epoch run: the loss falls twentyfold, the norm wanders 35-50% (log) from batch to

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from steadytune.detect import detect
 from steadytune.importers import UnreadableLog, detect_format, load
 from steadytune.importers.prefix import strip_prefix
 
@@ -137,6 +138,81 @@ def test_build_nanogpt_stdout(tmp_path: Path) -> None:
     assert s.records[20].extra["hellaswag"] == 0.2499
 
 
+# --- modded-nanogpt (the speedrun) -------------------------------------------------------------
+
+
+def _speedrun(
+    n: int, seed: int, every: int = 25, train_loss: bool = False, code_lines: int = 2500
+) -> tuple[list[str], list[float], list[float]]:
+    """A speedrun log as its script prints it: its own source first, then ``step:N/M`` lines whose
+    ``train_time`` sums generated step times (the clock stops while it evaluates). Returns the lines,
+    the step times (ms, index = step - 1) and the losses."""
+    rng = random.Random(seed)
+    times = [rng.uniform(20.0, 400.0) * (3.0 if i == 0 else 1.0) for i in range(n)]  # a compiling first step
+    losses = _curve(n + 1, seed=seed)
+    code = ["import os", "import torch", "def main():"]
+    code += [
+        f"    x_{i} = torch.zeros({i})  # line {i} of the script, logged before the run"
+        for i in range(code_lines)
+    ]
+    code.append('    print0(f"step:{step}/{train_steps} val_loss:{val_loss:.4f} train_time:{t:.0f}ms")')
+    lines, clock = [*code, "=" * 100], 0.0
+    for step in range(n + 1):
+        if step:
+            clock += times[step - 1]
+            loss = f" train_loss:{losses[step]:.4f}" if train_loss else ""
+            extra = f" tokens_seen:{step * 524288:.2e} tokens/sec:{524288 / times[step - 1] * 1000:.2e}"
+            lines.append(
+                f"step:{step}/{n}{loss} train_time:{clock:.0f}ms step_avg:{clock / step:.2f}ms"
+                + (extra if train_loss else "")
+            )
+        if step % every == 0 or step == n:
+            late = clock + rng.uniform(0.0, 90.0)  # the timer stops a little after the step's line
+            lines.append(
+                f"step:{step}/{n} val_loss:{losses[step] + 0.05:.4f} train_time:{late:.0f}ms step_avg:0.1ms"
+            )
+    lines.append("peak memory allocated: 29709 MiB reserved: 44538 MiB")
+    return lines, times, losses
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("train_loss", [False, True])
+def test_modded_nanogpt_step_times_are_the_training_clock_between_step_lines(
+    tmp_path: Path, seed: int, train_loss: bool
+) -> None:
+    n = 120
+    lines, times, losses = _speedrun(n, seed, train_loss=train_loss)
+    p = _write(tmp_path, "speedrun.txt", lines)
+    assert detect_format(p) == "modded_nanogpt"  # its head is its source code: the tail tells
+    s = load(p)
+    assert s.steps == n + 1 and [r.step for r in s.records] == list(range(n + 1))
+    got = {r.step: r.step_time_s for r in s.records}
+    # The clock is printed in whole ms: each step's time is the difference of two rounded sums.
+    for step in range(2, n + 1):
+        assert got[step] == pytest.approx(times[step - 1] / 1000.0, abs=1.01e-3), step
+    assert got[0] is None and got[1] is None  # the first step line has no line before it to count from
+    assert [x for x, _ in _series(p, "eval_loss")] == [*range(0, n, 25), n]
+    assert all("step_avg" not in r.extra and "train_time" not in r.extra for r in s.records)
+    if train_loss:
+        assert [r.loss for r in s.records[1:]] == pytest.approx([round(x, 4) for x in losses[1:]])
+        r = s.records[7]
+        assert r.extra["tokens_per_s"] == pytest.approx(524288 / times[6] * 1000, rel=1e-2)
+    else:
+        assert all(r.loss is None for r in s.records)
+
+
+def test_modded_nanogpt_a_restarted_run_counts_no_step_time_across_the_restart(tmp_path: Path) -> None:
+    first, _, _ = _speedrun(30, seed=3, code_lines=5)
+    again, times, _ = _speedrun(30, seed=4, code_lines=5)
+    p = _write(tmp_path, "speedrun.txt", [*first, *again])
+    s = load(p)
+    assert s.format == "modded_nanogpt"
+    step_times = [r.step_time_s for r in s.records if r.step_time_s is not None]
+    assert all(t > 0 for t in step_times)
+    last = [r for r in s.records if r.step == 30][-1]
+    assert last.step_time_s == pytest.approx(times[-1] / 1000.0, abs=1.01e-3)
+
+
 # --- the generic text layout ---------------------------------------------------------------------
 
 GENERIC = {
@@ -236,7 +312,8 @@ def test_a_long_preamble_before_the_log_lines(tmp_path: Path) -> None:
     p = _write(tmp_path, "modded.txt", lines)
     assert p.stat().st_size > 64 << 10
     s = load(p)
-    assert s.format == "text_log" and s.steps == 100
+    assert s.format == "modded_nanogpt" and s.steps == 100
+    assert s.records[-1].step_time_s == pytest.approx(0.01)
 
 
 # --- launcher and logger prefixes ----------------------------------------------------------------
@@ -403,7 +480,9 @@ def test_lines_read_by_template_match_the_rules(monkeypatch: pytest.MonkeyPatch)
 # --- a step's metrics on lines of their own --------------------------------------------------------
 
 
-def _olmo_block(step: int, total: int, loss: float, norm: float, tokens: int) -> list[str]:
+def _olmo_block(
+    step: int, total: int, loss: float, norm: float, tokens: int, peak_mb: int | None = None
+) -> list[str]:
     """OLMo's console: a logger line naming the step, then one indented ``key=value`` a metric,
     counts printed with thousands separators."""
     return [
@@ -414,7 +493,7 @@ def _olmo_block(step: int, total: int, loss: float, norm: float, tokens: int) ->
         f"    train/Perplexity={math.exp(loss):,.0f}",
         f"    throughput/total_tokens={tokens * step:,}",
         f"    throughput/device/tokens_per_second={tokens:,}",
-        f"    System/Peak GPU Memory (MB)={38000 + step:,}",
+        f"    System/Peak GPU Memory (MB)={38000 + step if peak_mb is None else peak_mb:,}",
     ]
 
 
@@ -433,6 +512,41 @@ def test_a_block_of_metric_lines_under_its_step_line_is_one_record(tmp_path: Pat
     assert (r.step, r.grad_norm, r.epoch) == (210, 1.2, 0.0)
     assert r.extra["throughput/device/tokens_per_second"] == 105_020
     assert r.extra["throughput/total_tokens"] == 210 * 105_020
+    # OLMo's MB are torch's max_memory_allocated / 10^6: the peak the memory rules judge, in bytes.
+    assert r.mem_peak_bytes == (38000 + 210) * 1_000_000
+    assert not any("memory" in k or k.startswith("system") for k in r.extra)
+
+
+@pytest.mark.parametrize("unit, scale", [("MB", 10**6), ("MiB", 1 << 20), ("GB", 10**9), ("GiB", 1 << 30)])
+def test_a_peak_memory_with_its_unit_in_the_key_is_read_in_bytes(
+    tmp_path: Path, unit: str, scale: int
+) -> None:
+    lines = [
+        f"step {s} | loss {x:.4f} | peak gpu memory ({unit}): {1000 + s:,}" for s, x in enumerate(_curve(8))
+    ]
+    s = load(_write(tmp_path, "train.log", lines))
+    assert [r.mem_peak_bytes for r in s.records] == [(1000 + i) * scale for i in range(8)]
+
+
+@pytest.mark.parametrize("seed", [31, 32])
+@pytest.mark.parametrize("leaks", [False, True])
+def test_an_olmo_peak_memory_that_climbs_block_after_block_is_a_leak(
+    tmp_path: Path, seed: int, leaks: bool
+) -> None:
+    """OLMo logs no allocated memory, only its peak per logging interval: a peak that grows at every
+    block is a leak; one that holds, with one longer batch's bump, is none."""
+    rng = random.Random(seed)
+    n = 200
+    losses = _curve(n, seed=seed)
+    lines = []
+    for i in range(n):
+        peak = (
+            20_000 + rng.randint(-40, 40) + (300 if i == 120 else 0) + (40 * max(0, i - 60) if leaks else 0)
+        )
+        lines += _olmo_block(10 * (i + 1), 10 * n, losses[i], 1.0, 105_000, peak_mb=peak)
+    records = load(_write(tmp_path, "train.log", lines)).records
+    found = [(a.kind, a.metric) for a in detect(records) if a.kind.startswith("memory")]
+    assert found == ([("memory_leak", "mem_peak_bytes")] if leaks else [])
 
 
 def test_indented_lines_after_a_line_that_says_more_than_its_step_are_not_its_metrics(tmp_path: Path) -> None:

@@ -17,6 +17,8 @@ from steadytune.records import StepRecord, SystemSample
 from steadytune.supervise.observers import AlertObserver
 from steadytune.supervise.supervisor import Supervisor
 from steadytune.telemetry.events import read_events
+from steadytune.web.api import series
+from steadytune.web.runs import RunsIndex
 from tests.servers import Hook
 from tests.unit.supervise.build import supervisor
 
@@ -86,3 +88,42 @@ def test_a_flickering_condition_alerts_once_and_again_only_when_it_worsens(
     ]
     assert filed[-1].data["count"] == 7  # six dips and the fall: one episode, counted
     router.close(timeout=5)
+
+
+def test_a_spike_that_grows_into_an_explosion_is_one_episode_told_twice_and_ended_once(
+    tmp_path: Path, hook: Hook
+) -> None:
+    """The norm jumps 12x, then 400x two steps later: the people told of the spike hear it grew into an
+    explosion and when that one trouble ended; the policy acts on the explosion."""
+    sup, router = _supervisor(tmp_path, hook)
+    for n in range(1, 101):
+        norm = 1.0 + 0.02 * (n % 3) + (11.0 if n == 40 else 0.0) + (399.0 if n == 42 else 0.0)
+        sup.handle(StepRecord(step=n, ts=float(n), loss=2.0 - 0.001 * n, grad_norm=norm))
+    router.pump()
+
+    sent = [(b["alert"]["kind"], b["alert"]["name"], b["alert"]["severity"]) for b in hook.bodies]
+    assert sent == [
+        ("anomaly", "grad_spike", "warning"),
+        ("anomaly", "grad_explosion", "critical"),
+        ("resolved", "grad_explosion", "info"),
+    ]
+    events = read_events(sup.run.events)
+    told = [(e.kind, e.name, e.step) for e in events if e.kind in ("anomaly", "resolved")]
+    assert told == [
+        ("anomaly", "grad_spike", 40),
+        ("anomaly", "grad_explosion", 40),
+        ("resolved", "grad_explosion", 42),
+    ]
+    grew = next(e for e in events if e.name == "grad_explosion")
+    assert grew.data["escalated_from"] == "warning"
+    assert grew.data["grew_out_of"] == [["grad_spike", "grad_norm"]]
+    assert "grew out of the grad_spike raised at step 40" in grew.message
+    acted = [(e.name, e.step, e.data.get("anomaly")) for e in events if e.kind == "action"]
+    assert acted[0] == ("rollback", 42, "grad_explosion")
+    # The dashboard draws the episode once, as what it became.
+    index = RunsIndex(tmp_path / "runs", cache_dir=tmp_path / "cache")
+    index.refresh_all()
+    entry = index.get(sup.run.run_id)
+    assert entry is not None
+    marks = [(m["step"], m["name"], m["severity"]) for m in series(entry)["anomalies"]]
+    assert marks == [(40, "grad_explosion", "critical")]
