@@ -9,6 +9,7 @@ step with the runs.
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -163,12 +164,28 @@ def state_of(status: dict[str, Any]) -> str:
 def active_anomalies(entry: RunEntry) -> dict[tuple[str, str], str]:
     """(kind, metric) → severity of the anomalies raised and not resolved since."""
     active: dict[tuple[str, str], str] = {}
-    for kind, name, severity, metric in entry.store().anomaly_states():
+    for kind, name, severity, metric, grew in entry.store().anomaly_states():
         if kind == "anomaly":
             active[(name, metric)] = severity
+            # The parts it grew out of are this episode now: they end with it, not on their own.
+            for part in _parts(grew):
+                active.pop(part, None)
         else:
             active.pop((name, metric), None)
     return active
+
+
+def _parts(grew: str | None) -> list[tuple[str, str]]:
+    """The (kind, metric) pairs of an event's ``grew_out_of`` JSON; none for anything else."""
+    if not grew:
+        return []
+    try:
+        parts = json.loads(grew)
+    except ValueError:
+        return []
+    if not isinstance(parts, list):
+        return []
+    return [(str(p[0]), str(p[1] or "")) for p in parts if isinstance(p, list) and len(p) == 2]
 
 
 def _run_samples(entry: RunEntry, accounts: AccountCache) -> Samples:

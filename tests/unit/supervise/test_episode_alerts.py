@@ -18,6 +18,7 @@ from steadytune.supervise.observers import AlertObserver
 from steadytune.supervise.supervisor import Supervisor
 from steadytune.telemetry.events import read_events
 from steadytune.web.api import series
+from steadytune.web.metrics import active_anomalies
 from steadytune.web.runs import RunsIndex
 from tests.servers import Hook
 from tests.unit.supervise.build import supervisor
@@ -128,3 +129,5 @@ def test_a_spike_that_grows_into_an_explosion_is_one_episode_told_twice_and_ende
     assert entry is not None
     marks = [(m["step"], m["name"], m["severity"]) for m in series(entry)["anomalies"]]
     assert marks == [(40, "grad_explosion", "critical")]
+    # /metrics: nothing left open once the one trouble ended (the spike it grew from included).
+    assert active_anomalies(entry) == {}

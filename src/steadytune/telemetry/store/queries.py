@@ -351,16 +351,19 @@ class Queries(StoreBase):
                 )
             ]
 
-    def anomaly_states(self) -> list[tuple[str, str, str, str]]:
-        """``(kind, name, severity, metric)`` of anomaly and resolved events, in order.
+    def anomaly_states(self) -> list[tuple[str, str, str, str, str | None]]:
+        """``(kind, name, severity, metric, grew_out_of)`` of anomaly and resolved events, in order;
+        ``grew_out_of``: the JSON of the parts an episode grew out of (a spike that became an
+        explosion), which end with it, or None.
 
         Read with SQLite's JSON functions so ``/metrics`` never parses whole events.
         """
         with self._lock:
             return [
-                (r[0], r[1], r[2], r[3] or "")
+                (r[0], r[1], r[2], r[3] or "", r[4])
                 for r in self._db.execute(
-                    "SELECT kind, name, severity, json_extract(json, '$.data.metric') FROM events "
+                    "SELECT kind, name, severity, json_extract(json, '$.data.metric'), "
+                    "json_extract(json, '$.data.grew_out_of') FROM events "
                     "WHERE kind IN ('anomaly', 'resolved') ORDER BY seq"
                 )
             ]
