@@ -193,6 +193,7 @@ def test_the_supervisor_keeps_the_state_one_checkpoint_behind_so_a_restart_repla
     sup = supervisor(tmp_path)
     run = sup.run
     sup.resumes.keeper.from_step = 1  # from the first save (20,000 steps in a real run)
+    sup.resumes.keeper.every = 1  # at every save (every 2,000 steps at most in a real run)
     for save in (100, 200, 300):
         _append(run, 0, range(save - 99, save + 1))
         (run.checkpoints / f"checkpoint-{save}").mkdir(parents=True)
@@ -206,3 +207,22 @@ def test_the_supervisor_keeps_the_state_one_checkpoint_behind_so_a_restart_repla
     whole = _from_start(run, 300, tmp_path).detector
     whole.settle_episodes()  # as the rewind does: the episodes of the replayed steps were told
     assert detector_state.encode(sup.state.detector) == detector_state.encode(whole)
+
+
+def test_the_state_is_brought_up_at_most_every_so_many_steps(tmp_path: Path) -> None:
+    """A save every 100 steps, the state kept every 250 at most: a catch-up's own load and write are
+    paid once per 250 steps, and a restart replays at most 250 + 100 steps from a state."""
+    from steadytune.records import Event
+    from tests.unit.supervise.build import supervisor
+
+    sup = supervisor(tmp_path)
+    run = sup.run
+    sup.resumes.keeper.from_step, sup.resumes.keeper.every = 1, 250
+    for save in range(100, 1100, 100):
+        _append(run, 0, range(save - 99, save + 1))
+        (run.checkpoints / f"checkpoint-{save}").mkdir(parents=True)
+        sup.handle(Event(ts=float(save), kind="lifecycle", name="checkpoint_saved", step=save))
+        sup.resumes.keeper.wait()
+    kept = sorted(s for _, s in saved_states(run, 10**9))
+    assert kept == [100, 400, 700]  # the first state, then once 250 steps had passed since the last
+    assert replay(run, DetectConfig(), 1000).fed == 300  # from the state at 700
