@@ -27,7 +27,8 @@ as a Markdown table, as the Trainer writes the *Training results* of a model car
 ``No log`` cells missing). The table starts at the first line, among the first
 :data:`HEAD_LINES`, that names a step column and is followed by at least
 :data:`MIN_ROWS` rows of as many cells with a number for the step; it ends at the first
-line that is not such a row.
+line that is not such a row. A table printed before lines the text reader takes (a training
+script's LR schedule, then its step lines) is not the log: the text reader reads it.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import math
 import re
 from pathlib import Path
 
+from steadytune.importers import text_log
 from steadytune.importers.format import LogFormat
 from steadytune.importers.series import ALIASES, Series, SeriesBuilder, UnreadableLog, parse_number
 from steadytune.regularfile import open_regular
@@ -182,9 +184,26 @@ def _first_line_header(first: str) -> tuple[str, int] | None:
     return None
 
 
+def _end(lines: list[str], at: int, delim: str, col: int) -> int:
+    """The line after the table whose header is line ``at``: the first that is not one of its rows."""
+    width = len(_cells(lines[at], delim))
+    for i in range(at + 1, len(lines)):
+        cells = _cells(lines[i], delim)
+        if not _is_rule(cells) and (len(cells) != width or parse_number(cells[col]) is None):
+            return i
+    return len(lines)
+
+
 def sniff(head: str) -> bool:
     lines = head.splitlines()
-    return bool(lines) and (_first_line_header(lines[0]) is not None or _table(lines) is not None)
+    if not lines:
+        return False
+    if _first_line_header(lines[0]) is not None:
+        return True
+    found = _table(lines)
+    # A table a training script prints before its step lines (an LR schedule, a config with a step
+    # column) is no log: read as one, the run's own lines would be passed over for its few rows.
+    return found is not None and not text_log.sniff("\n".join(lines[_end(lines, *found) :]))
 
 
 def _rows(lines: list[str], delim: str, width: int) -> list[list[str]]:
