@@ -45,7 +45,7 @@ def started(pid: int, proc: Path = Path("/proc")) -> str | None:
 def _exists(pid: int) -> bool:
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):  # a pid past a C long names no process
         return False
     except PermissionError:  # another user's process: it exists
         return True
