@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tracemalloc
 from pathlib import Path
 
 from steadytune.scratch import namespace, owned_tempdir, started, sweep
@@ -78,3 +79,20 @@ def test_a_sweep_removes_only_its_own_folders_never_what_a_link_in_one_names(tmp
     assert sorted(p.name for p in outside.iterdir()) == ["keep"]
     left = [f"{PREFIX}78-1000-{ns}-link", f"{PREFIX}79-1000-{ns}-file"]
     assert sorted(p.name for p in where.iterdir()) == left
+
+
+def test_a_sweep_of_a_crowded_temporary_folder_holds_none_of_its_entries(tmp_path: Path) -> None:
+    """Anyone can fill a shared /tmp: a sweep walks it and keeps only the folders it removes."""
+    where = tmp_path / "tmp"
+    where.mkdir()
+    crowd = 30_000
+    for i in range(crowd):
+        os.close(os.open(where / f"someone-else-{i:06d}", os.O_CREAT | os.O_WRONLY, 0o600))
+    sweep(PREFIX, where)  # once, so what the first sweep imports is not counted below
+    tracemalloc.start()
+    try:
+        assert sweep(PREFIX, where) == []
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 10 * crowd, f"held {peak:,} bytes walking {crowd:,} entries"  # under 10 bytes an entry
