@@ -34,8 +34,10 @@ script's LR schedule, then its step lines) is not the log: the text reader reads
 from __future__ import annotations
 
 import csv
+import itertools
 import math
 import re
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from steadytune.importers import text_log
@@ -206,45 +208,47 @@ def sniff(head: str) -> bool:
     return found is not None and not text_log.sniff("\n".join(lines[_end(lines, *found) :]))
 
 
-def _rows(lines: list[str], delim: str, width: int) -> list[list[str]]:
+def _rows(lines: Iterable[str], delim: str, width: int) -> Iterator[list[str]]:
     """The table's rows, from the line after its header to the first line that is not one."""
     if delim != "|":
-        return list(csv.reader(lines, delimiter=delim))
-    out: list[list[str]] = []
+        yield from csv.reader(lines, delimiter=delim)
+        return
     for line in lines:
         cells = _cells(line, delim)
         if _is_rule(cells):
             continue
         if len(cells) != width:
-            break
-        out.append(cells)
-    return out
+            return
+        yield cells
 
 
 def read(path: Path) -> Series:
+    # Read a line at a time, never whole: a table's rows are held only as the builder holds its
+    # steps, which it bounds (series.MAX_RECORDS), where the text, its lines and its rows held at
+    # once took 30 times the file's size before the first step was counted.
     with open_regular(path, encoding="utf-8", errors="replace", newline="") as f:
-        text = f.read()
-    lines = text.splitlines()
-    first = _first_line_header(lines[0]) if lines else None
-    found = (0, *first) if first is not None else _table(lines)
-    if found is None:
-        raise UnreadableLog(f"no table with a step column (looked for {', '.join(STEP_COLUMNS)})")
-    at, delim, col = found
-    header = _cells(lines[at], delim)
-    metrics = column_metrics(header, col)
-    b = SeriesBuilder(str(path), FORMAT, in_order=True)
-    stepped = 0
-    for row in _rows(lines[at + 1 :], delim, len(header)):
-        if len(row) <= col:
-            continue
-        step = parse_number(row[col])
-        if step is None or not math.isfinite(step):
-            continue
-        stepped += 1
-        for i, cell in enumerate(row):
-            name = metrics[i] if i < len(metrics) else None
-            if name:
-                b.add(int(step), name, parse_number(cell))
+        lines = (line.rstrip("\r\n") for line in f)
+        head = list(itertools.islice(lines, HEAD_LINES + MIN_ROWS + 1))  # what _table looks at
+        first = _first_line_header(head[0]) if head else None
+        found = (0, *first) if first is not None else _table(head)
+        if found is None:
+            raise UnreadableLog(f"no table with a step column (looked for {', '.join(STEP_COLUMNS)})")
+        at, delim, col = found
+        header = _cells(head[at], delim)
+        metrics = column_metrics(header, col)
+        b = SeriesBuilder(str(path), FORMAT, in_order=True)
+        stepped = 0
+        for row in _rows(itertools.chain(head[at + 1 :], lines), delim, len(header)):
+            if len(row) <= col:
+                continue
+            step = parse_number(row[col])
+            if step is None or not math.isfinite(step):
+                continue
+            stepped += 1
+            for i, cell in enumerate(row):
+                name = metrics[i] if i < len(metrics) else None
+                if name:
+                    b.add(int(step), name, parse_number(cell))
     steps = set(b.steps())
     if stepped > 1 and len(steps) == 1:
         # W&B's export of a project's runs table: one row per run, each at its last step. Read
