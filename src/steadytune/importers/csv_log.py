@@ -238,17 +238,23 @@ def read(path: Path) -> Series:
         metrics = column_metrics(header, col)
         b = SeriesBuilder(str(path), FORMAT, in_order=True)
         stepped = 0
-        for row in _rows(itertools.chain(head[at + 1 :], lines), delim, len(header)):
-            if len(row) <= col:
-                continue
-            step = parse_number(row[col])
-            if step is None or not math.isfinite(step):
-                continue
-            stepped += 1
-            for i, cell in enumerate(row):
-                name = metrics[i] if i < len(metrics) else None
-                if name:
-                    b.add(int(step), name, parse_number(cell))
+        try:
+            for row in _rows(itertools.chain(head[at + 1 :], lines), delim, len(header)):
+                if len(row) <= col:
+                    continue
+                step = parse_number(row[col])
+                if step is None or not math.isfinite(step):
+                    continue
+                stepped += 1
+                for i, cell in enumerate(row):
+                    name = metrics[i] if i < len(metrics) else None
+                    if name:
+                        b.add(int(step), name, parse_number(cell))
+        except csv.Error as e:  # it named no file nor row, and not the likely cause
+            raise UnreadableLog(
+                f"a cell after step {max(b.steps(), default='(none)')} cannot be read ({e}): a quote "
+                "opened in a cell and never closed runs on through the lines after it"
+            ) from None
     steps = set(b.steps())
     if stepped > 1 and len(steps) == 1:
         # W&B's export of a project's runs table: one row per run, each at its last step. Read
