@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -45,7 +46,7 @@ def started(pid: int, proc: Path = Path("/proc")) -> str | None:
 def _exists(pid: int) -> bool:
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):  # a pid past a C long names no process
         return False
     except PermissionError:  # another user's process: it exists
         return True
@@ -77,25 +78,29 @@ def sweep(prefix: str, where: Path | None = None, proc: Path = Path("/proc")) ->
     """Remove this user's folders of ``prefix`` in ``where`` (the temporary folder) whose owner is
     gone; the folders removed."""
     root = Path(where if where is not None else tempfile.gettempdir())
-    removed: list[Path] = []
-    try:
-        entries = list(os.scandir(root))
-    except OSError:
-        return removed
     uid = os.getuid() if hasattr(os, "getuid") else None
-    for entry in entries:
-        if not entry.name.startswith(prefix):
-            continue
-        try:
-            st = entry.stat(follow_symlinks=False)
-        except OSError:
-            continue
-        if not entry.is_dir(follow_symlinks=False) or (uid is not None and st.st_uid != uid):
-            continue
-        if owner_gone(entry.name, prefix, proc):
-            shutil.rmtree(entry.path, ignore_errors=True)
-            removed.append(Path(entry.path))
-    return removed
+    try:
+        # Walked, not listed: anyone can fill a shared /tmp, and a list of its 1,000,000 entries
+        # held ~230 MB on every sweep, where the folders to remove are a handful.
+        with os.scandir(root) as entries:
+            dead = [Path(e.path) for e in entries if _gone(e, prefix, uid, proc)]
+    except OSError:
+        return []
+    for path in dead:
+        shutil.rmtree(path, ignore_errors=True)
+    return dead
+
+
+def _gone(entry: os.DirEntry[str], prefix: str, uid: int | None, proc: Path) -> bool:
+    """Whether ``entry`` is a folder of ``prefix`` of this user (not a link) whose owner is gone."""
+    if not entry.name.startswith(prefix):
+        return False
+    try:
+        st = entry.stat(follow_symlinks=False)
+    except OSError:
+        return False
+    mine = stat.S_ISDIR(st.st_mode) and (uid is None or st.st_uid == uid)
+    return mine and owner_gone(entry.name, prefix, proc)
 
 
 def owned_tempdir(prefix: str, where: Path | None = None) -> Path:

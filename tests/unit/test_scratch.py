@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tracemalloc
 from pathlib import Path
 
 from steadytune.scratch import namespace, owned_tempdir, started, sweep
@@ -48,3 +49,50 @@ def test_this_process_folder_survives_a_sweep(tmp_path: Path) -> None:
     assert mine.name.startswith(f"{PREFIX}{os.getpid()}-")
     assert sweep(PREFIX, tmp_path) == []
     assert mine.is_dir()
+
+
+def test_a_pid_too_large_for_the_system_names_no_owner_where_proc_is_absent(tmp_path: Path) -> None:
+    """Without ``/proc`` the pid is looked up with ``kill(pid, 0)``, which a pid past a C long made
+    raise ``OverflowError``: one such folder name ended every later sweep, and the command with it."""
+    where = tmp_path / "tmp"
+    where.mkdir()
+    huge = where / f"{PREFIX}{10**20}-x-x-abc"
+    huge.mkdir()
+    assert sweep(PREFIX, where, tmp_path / "no-proc") == [huge]
+    assert not huge.exists()
+
+
+def test_a_sweep_removes_only_its_own_folders_never_what_a_link_in_one_names(tmp_path: Path) -> None:
+    proc = fake_proc(tmp_path / "proc", 42, 1000)
+    ns = namespace(proc)
+    where, outside = tmp_path / "tmp", tmp_path / "outside"
+    where.mkdir()
+    outside.mkdir()
+    (outside / "keep").write_text("x")
+    dead = where / f"{PREFIX}77-1000-{ns}-abc"
+    dead.mkdir()
+    (dead / "dir").symlink_to(outside)
+    (dead / "file").symlink_to(outside / "keep")
+    (where / f"{PREFIX}78-1000-{ns}-link").symlink_to(outside)  # a link in the folder's place
+    (where / f"{PREFIX}79-1000-{ns}-file").write_text("x")  # a file in the folder's place
+    assert sweep(PREFIX, where, proc) == [dead]
+    assert sorted(p.name for p in outside.iterdir()) == ["keep"]
+    left = [f"{PREFIX}78-1000-{ns}-link", f"{PREFIX}79-1000-{ns}-file"]
+    assert sorted(p.name for p in where.iterdir()) == left
+
+
+def test_a_sweep_of_a_crowded_temporary_folder_holds_none_of_its_entries(tmp_path: Path) -> None:
+    """Anyone can fill a shared /tmp: a sweep walks it and keeps only the folders it removes."""
+    where = tmp_path / "tmp"
+    where.mkdir()
+    crowd = 30_000
+    for i in range(crowd):
+        os.close(os.open(where / f"someone-else-{i:06d}", os.O_CREAT | os.O_WRONLY, 0o600))
+    sweep(PREFIX, where)  # once, so what the first sweep imports is not counted below
+    tracemalloc.start()
+    try:
+        assert sweep(PREFIX, where) == []
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 10 * crowd, f"held {peak:,} bytes walking {crowd:,} entries"  # under 10 bytes an entry

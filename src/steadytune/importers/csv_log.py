@@ -27,16 +27,20 @@ as a Markdown table, as the Trainer writes the *Training results* of a model car
 ``No log`` cells missing). The table starts at the first line, among the first
 :data:`HEAD_LINES`, that names a step column and is followed by at least
 :data:`MIN_ROWS` rows of as many cells with a number for the step; it ends at the first
-line that is not such a row.
+line that is not such a row. A table printed before lines the text reader takes (a training
+script's LR schedule, then its step lines) is not the log: the text reader reads it.
 """
 
 from __future__ import annotations
 
 import csv
+import itertools
 import math
 import re
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from steadytune.importers import text_log
 from steadytune.importers.format import LogFormat
 from steadytune.importers.series import ALIASES, Series, SeriesBuilder, UnreadableLog, parse_number
 from steadytune.regularfile import open_regular
@@ -182,50 +186,75 @@ def _first_line_header(first: str) -> tuple[str, int] | None:
     return None
 
 
+def _end(lines: list[str], at: int, delim: str, col: int) -> int:
+    """The line after the table whose header is line ``at``: the first that is not one of its rows."""
+    width = len(_cells(lines[at], delim))
+    for i in range(at + 1, len(lines)):
+        cells = _cells(lines[i], delim)
+        if not _is_rule(cells) and (len(cells) != width or parse_number(cells[col]) is None):
+            return i
+    return len(lines)
+
+
 def sniff(head: str) -> bool:
     lines = head.splitlines()
-    return bool(lines) and (_first_line_header(lines[0]) is not None or _table(lines) is not None)
+    if not lines:
+        return False
+    if _first_line_header(lines[0]) is not None:
+        return True
+    found = _table(lines)
+    # A table a training script prints before its step lines (an LR schedule, a config with a step
+    # column) is no log: read as one, the run's own lines would be passed over for its few rows.
+    return found is not None and not text_log.sniff("\n".join(lines[_end(lines, *found) :]))
 
 
-def _rows(lines: list[str], delim: str, width: int) -> list[list[str]]:
+def _rows(lines: Iterable[str], delim: str, width: int) -> Iterator[list[str]]:
     """The table's rows, from the line after its header to the first line that is not one."""
     if delim != "|":
-        return list(csv.reader(lines, delimiter=delim))
-    out: list[list[str]] = []
+        yield from csv.reader(lines, delimiter=delim)
+        return
     for line in lines:
         cells = _cells(line, delim)
         if _is_rule(cells):
             continue
         if len(cells) != width:
-            break
-        out.append(cells)
-    return out
+            return
+        yield cells
 
 
 def read(path: Path) -> Series:
+    # Read a line at a time, never whole: a table's rows are held only as the builder holds its
+    # steps, which it bounds (series.MAX_RECORDS), where the text, its lines and its rows held at
+    # once took 30 times the file's size before the first step was counted.
     with open_regular(path, encoding="utf-8", errors="replace", newline="") as f:
-        text = f.read()
-    lines = text.splitlines()
-    first = _first_line_header(lines[0]) if lines else None
-    found = (0, *first) if first is not None else _table(lines)
-    if found is None:
-        raise UnreadableLog(f"no table with a step column (looked for {', '.join(STEP_COLUMNS)})")
-    at, delim, col = found
-    header = _cells(lines[at], delim)
-    metrics = column_metrics(header, col)
-    b = SeriesBuilder(str(path), FORMAT, in_order=True)
-    stepped = 0
-    for row in _rows(lines[at + 1 :], delim, len(header)):
-        if len(row) <= col:
-            continue
-        step = parse_number(row[col])
-        if step is None or not math.isfinite(step):
-            continue
-        stepped += 1
-        for i, cell in enumerate(row):
-            name = metrics[i] if i < len(metrics) else None
-            if name:
-                b.add(int(step), name, parse_number(cell))
+        lines = (line.rstrip("\r\n") for line in f)
+        head = list(itertools.islice(lines, HEAD_LINES + MIN_ROWS + 1))  # what _table looks at
+        first = _first_line_header(head[0]) if head else None
+        found = (0, *first) if first is not None else _table(head)
+        if found is None:
+            raise UnreadableLog(f"no table with a step column (looked for {', '.join(STEP_COLUMNS)})")
+        at, delim, col = found
+        header = _cells(head[at], delim)
+        metrics = column_metrics(header, col)
+        b = SeriesBuilder(str(path), FORMAT, in_order=True)
+        stepped = 0
+        try:
+            for row in _rows(itertools.chain(head[at + 1 :], lines), delim, len(header)):
+                if len(row) <= col:
+                    continue
+                step = parse_number(row[col])
+                if step is None or not math.isfinite(step):
+                    continue
+                stepped += 1
+                for i, cell in enumerate(row):
+                    name = metrics[i] if i < len(metrics) else None
+                    if name:
+                        b.add(int(step), name, parse_number(cell))
+        except csv.Error as e:  # it named no file nor row, and not the likely cause
+            raise UnreadableLog(
+                f"a cell after step {max(b.steps(), default='(none)')} cannot be read ({e}): a quote "
+                "opened in a cell and never closed runs on through the lines after it"
+            ) from None
     steps = set(b.steps())
     if stepped > 1 and len(steps) == 1:
         # W&B's export of a project's runs table: one row per run, each at its last step. Read

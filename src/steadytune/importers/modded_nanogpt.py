@@ -22,6 +22,7 @@ The log starts with the script's source code, which is passed over (the tail is 
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -54,7 +55,9 @@ class StepLines:
         for key, raw, ms in _PAIR.findall(text, m.end()):
             value = parse_number(raw)
             if key == "train_time":
-                clock = value
+                # A clock of nan or inf (a damaged line) is no reading: inf made an infinite step
+                # time; the next line's time is measured from the last finite one instead.
+                clock = value if value is not None and math.isfinite(value) else None
             elif key not in _DROPPED:
                 fields[_NAMES.get(key, key)] = value / 1000.0 if ms and value is not None else value
         if "eval_loss" in fields or clock is None:

@@ -259,6 +259,26 @@ def test_a_model_cards_results_table_is_read_and_a_rising_eval_loss_is_overfitti
     assert replay(load(falling).records).anomalies == []
 
 
+@pytest.mark.parametrize("delim", ["|", ","])
+def test_a_table_a_text_log_prints_before_its_step_lines_leaves_them_to_the_text_reader(
+    tmp_path: Path, delim: str
+) -> None:
+    """A training script that prints its LR schedule (a table with a step column) before its own
+    ``step N | loss X`` lines: read as a table, the run would be its three rows and the spike lost."""
+    losses = _curve(120, seed=5)
+    schedule = [(0, 0.0), (100, 1e-5), (200, 2e-5)]
+    if delim == "|":
+        table = ["| Step | Learning Rate |", "|---|---|", *(f"| {s} | {lr} |" for s, lr in schedule)]
+    else:
+        table = ["step,lr", *(f"{s},{lr}" for s, lr in schedule)]
+    steps = [f"step {i}/120 | loss {v:.6f} | lr 2e-05" for i, v in enumerate(losses, start=1)]
+    path = tmp_path / "train.log"
+    path.write_text("\n".join(["LR schedule:", *table, "", *steps]) + "\n")
+    s = load(path)
+    assert s.format == "text_log" and [r.step for r in s.records] == list(range(1, 121))
+    assert _spike_steps(path) == [SPIKE_AT + 1]
+
+
 @pytest.mark.parametrize(
     "text",
     [
@@ -270,4 +290,12 @@ def test_prose_or_a_table_without_numbered_steps_is_no_table(tmp_path: Path, tex
     path = tmp_path / "notes.md"
     path.write_text(text)
     with pytest.raises(UnreadableLog):
+        load(path)
+
+
+def test_a_quote_never_closed_is_an_unreadable_log_that_says_where_and_why(tmp_path: Path) -> None:
+    """The cell runs on through every line after it until the csv module's cell limit (128 KiB)."""
+    path = tmp_path / "metrics.csv"
+    path.write_text("step,loss\n1,2.5\n2,2.4\n3,\"2.3\n" + "".join(f"{s},2.2\n" for s in range(4, 30_000)))
+    with pytest.raises(UnreadableLog, match=r"after step 2 .*never closed"):
         load(path)

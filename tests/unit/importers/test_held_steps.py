@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import gzip
 import json
+import tracemalloc
 from pathlib import Path
 
 import pytest
 
 from steadytune.cli.analyze import analyze_path
 from steadytune.config.detect import DetectConfig
-from steadytune.importers import series
+from steadytune.importers import csv_log, series
+from steadytune.importers.series import UnreadableLog
 
 BOUND = 500
 
@@ -65,3 +67,27 @@ def test_a_json_lines_log_is_streamed_past_the_bound(tmp_path: Path) -> None:
     path.write_text("".join(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in range(1, BOUND * 3)))
     result = _analyze(path)
     assert getattr(result, "error", "x") is None and getattr(result, "steps", 0) == BOUND * 3 - 1
+
+
+@pytest.mark.parametrize("table", ["csv", "markdown"])
+def test_a_table_past_the_bound_is_refused_before_the_rest_of_it_is_held(tmp_path: Path, table: str) -> None:
+    """A table is read a row at a time: refusing it costs what the bound holds, not what the file
+    holds (its text, lines and rows held at once took ~30 times the file's size)."""
+    rows = 200_000
+    path = tmp_path / "table.txt"
+    if table == "csv":
+        path.write_text("step,loss\n" + "".join(f"{s},1.0\n" for s in range(rows)))
+    else:
+        rule = "| Step | Training Loss |\n|---|---|\n"
+        path.write_text(rule + "".join(f"| {s} | 1.0 |\n" for s in range(rows)))
+    size = path.stat().st_size
+    with pytest.raises(UnreadableLog, match=f"more than {BOUND:,} steps"):
+        csv_log.read(path)  # once, so what the first read imports is not counted below
+    tracemalloc.start()
+    try:
+        with pytest.raises(UnreadableLog, match=f"more than {BOUND:,} steps"):
+            csv_log.read(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < size / 4, f"held {peak:,} bytes reading {size:,}"

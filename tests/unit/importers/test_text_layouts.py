@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -211,6 +212,18 @@ def test_modded_nanogpt_a_restarted_run_counts_no_step_time_across_the_restart(t
     assert all(t > 0 for t in step_times)
     last = [r for r in s.records if r.step == 30][-1]
     assert last.step_time_s == pytest.approx(times[-1] / 1000.0, abs=1.01e-3)
+
+
+@pytest.mark.parametrize("damaged", ["nan", "inf", "-inf"])
+def test_modded_nanogpt_a_clock_that_is_no_number_counts_no_step_time(tmp_path: Path, damaged: str) -> None:
+    lines, times, _ = _speedrun(30, seed=5, code_lines=5)
+    at = next(i for i, line in enumerate(lines) if line.startswith("step:10/30 train_time:"))
+    lines[at] = re.sub(r"train_time:\S+", f"train_time:{damaged}ms", lines[at])
+    s = load(_write(tmp_path, "speedrun.txt", lines))
+    got = {r.step: r.step_time_s for r in s.records}
+    assert all(t is None or math.isfinite(t) for t in got.values())
+    assert got[10] is None  # and step 11 is timed from step 9, over the two steps
+    assert got[11] == pytest.approx((times[9] + times[10]) / 2 / 1000.0, abs=1.01e-3)
 
 
 # --- the generic text layout ---------------------------------------------------------------------
