@@ -296,6 +296,6 @@ def test_prose_or_a_table_without_numbered_steps_is_no_table(tmp_path: Path, tex
 def test_a_quote_never_closed_is_an_unreadable_log_that_says_where_and_why(tmp_path: Path) -> None:
     """The cell runs on through every line after it until the csv module's cell limit (128 KiB)."""
     path = tmp_path / "metrics.csv"
-    path.write_text("step,loss\n1,2.5\n2,2.4\n3,\"2.3\n" + "".join(f"{s},2.2\n" for s in range(4, 30_000)))
+    path.write_text('step,loss\n1,2.5\n2,2.4\n3,"2.3\n' + "".join(f"{s},2.2\n" for s in range(4, 30_000)))
     with pytest.raises(UnreadableLog, match=r"after step 2 .*never closed"):
         load(path)
