@@ -1,6 +1,7 @@
 """The supervisor's memory and CPU as a long run is taken in, then its CPU per 1,000 live steps.
 
     python benchmarks/supervisor_growth.py --steps 250000 --live-s 90
+    python benchmarks/supervisor_growth.py --steps 25000 --live-s 300 --save-every 300
     /work/other/.venv/bin/python benchmarks/supervisor_growth.py --benchmarks /work/other/benchmarks
 
 One supervised run of ``benchmarks/scale.py`` (the real supervisor over the generated stream):
@@ -26,13 +27,18 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=250_000, help="prefill steps (default 250000)")
     p.add_argument("--live-s", type=float, default=90.0, help="seconds at 10 steps/s after the prefill")
     p.add_argument("--ranks", type=int, default=1)
+    p.add_argument(
+        "--save-every", type=int, default=0, metavar="STEPS",
+        help="a checkpoint reported every STEPS steps (0: none); past 20,000 steps the detectors' saved "
+        "state is kept up at saves, a cost a run without checkpoints never pays",
+    )  # fmt: skip
     p.add_argument("--benchmarks", type=Path, default=Path(__file__).resolve().parent)
     args = p.parse_args()
     sys.path.insert(0, str(args.benchmarks))
     from _scale_run import SupervisedRun
 
     tmp = Path(tempfile.mkdtemp(prefix="steadytune-growth-"))
-    run = SupervisedRun(tmp, "r", prefill=args.steps, ranks=args.ranks)
+    run = SupervisedRun(tmp, "r", prefill=args.steps, ranks=args.ranks, save_every=args.save_every)
     t0 = time.monotonic()
 
     def snap(phase: str) -> None:
