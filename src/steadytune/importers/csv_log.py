@@ -137,7 +137,9 @@ def column_metrics(header: list[str], step_col: int) -> list[str | None]:
     return out
 
 
-HEAD_LINES = 64  # a table printed after a banner or a progress bar starts within these lines
+# A table printed after other lines starts within these: a model card's results come after its
+# model-index front matter, 80 lines and more (one for each benchmark result it names).
+HEAD_LINES = 1024
 MIN_ROWS = 2  # a model card's table may hold one row an epoch
 _RULE = re.compile(r"^:?-{2,}:?$")  # a Markdown table's rule cell: |---|:---:|
 

@@ -221,16 +221,32 @@ def test_a_notebook_table_after_a_banner_is_read_and_its_spike_found(tmp_path: P
     assert _spike_steps(path) == [SPIKE_AT + 1]
 
 
-def _model_card(eval_losses: list[float]) -> str:
+def _model_index(results: int) -> list[str]:
+    """A model card's front matter naming ``results`` benchmark results, nine lines each."""
+    lines = ["---", "license: apache-2.0", "model-index:", "- name: tiny-sft", "  results:"]
+    for k in range(results):
+        lines += [
+            "  - task:",
+            "      type: automatic-speech-recognition",
+            "    dataset:",
+            f"      name: eval set {k}",
+            "      type: some/dataset",
+            "    metrics:",
+            "    - name: Test WER",
+            "      type: wer",
+            f"      value: {30 + k}.5",
+        ]
+    return [*lines, "---"]
+
+
+def _model_card(eval_losses: list[float], results: int = 0) -> str:
     """A model card as the Trainer writes it: its *Training results* table among other sections."""
     rows = [f"| No log        | 1.0   | 50   | {eval_losses[0]:.4f}          | 0.50     |"]
     for e, v in enumerate(eval_losses[1:], start=2):
         rows.append(f"| {1.2 * math.exp(-e / 3):.4f}    | {e}.0   | {50 * e}  | {v:.4f}      | 0.70     |")
     return "\n".join(
         [
-            "---",
-            "license: apache-2.0",
-            "---",
+            *(_model_index(results) if results else ["---", "license: apache-2.0", "---"]),
             "# tiny-sft",
             "",
             "## Training results",
@@ -246,16 +262,19 @@ def _model_card(eval_losses: list[float]) -> str:
     )
 
 
-def test_a_model_cards_results_table_is_read_and_a_rising_eval_loss_is_overfitting(tmp_path: Path) -> None:
+@pytest.mark.parametrize("results", [0, 12])  # 12 results: the table starts past line 110
+def test_a_model_cards_results_table_is_read_and_a_rising_eval_loss_is_overfitting(
+    tmp_path: Path, results: int
+) -> None:
     rising = tmp_path / "rising.md"
-    rising.write_text(_model_card([0.90, 0.70, 0.62, 0.60, 0.66, 0.74, 0.83, 0.93]))
+    rising.write_text(_model_card([0.90, 0.70, 0.62, 0.60, 0.66, 0.74, 0.83, 0.93], results))
     s = load(rising)
     assert s.format == "csv" and [r.step for r in s.records] == [50 * e for e in range(1, 9)]
     assert s.records[0].loss is None and s.records[0].eval_loss == pytest.approx(0.90)  # "No log"
     assert "epoch" in s.metrics and "accuracy" in s.metrics
     assert [a.kind for a in replay(s.records).anomalies] == ["overfitting"]
     falling = tmp_path / "falling.md"
-    falling.write_text(_model_card([0.90, 0.70, 0.62, 0.58, 0.55, 0.53, 0.52, 0.51]))
+    falling.write_text(_model_card([0.90, 0.70, 0.62, 0.58, 0.55, 0.53, 0.52, 0.51], results))
     assert replay(load(falling).records).anomalies == []
 
 
