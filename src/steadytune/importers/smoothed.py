@@ -72,7 +72,7 @@ def debiased(points: Iterable[tuple[int, float]], beta: float) -> list[float]:
         if prev is None or step <= prev:  # the file's first line, or the steps start over
             off_by_one = step == 1
         prev = step
-        if off_by_one and step >= 1:
+        if off_by_one:  # its steps count up from 1: never 0, which would divide by 1 - beta^0
             value *= (1.0 - beta ** (step + 1)) / (1.0 - beta**step)
         out.append(value)
     return out

@@ -196,9 +196,8 @@ class Actions:
             and SKIP_STEP in st.source.abilities
             and st.policy.config.rule(kind).action == "skip_step"
         ):
-            name = (
-                "skip_step"  # the worker's NaN guard skipped the update itself: the policy has no more to do
-            )
+            # The worker's NaN guard skipped the update itself: the policy has no more to do.
+            name = "skip_step"
         if name is None or name not in DONE or source_unable(st.source, name):
             return None, None
         info = KINDS.get(kind)
