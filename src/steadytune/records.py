@@ -224,6 +224,15 @@ def run_end(events: Iterable[Event]) -> Event | None:
     return found
 
 
+def grew_out_of(data: Any) -> list[tuple[str, str]]:
+    """The (kind, metric) of the episodes an anomaly event's episode grew out of (a spike that became
+    an explosion: its ``data.grew_out_of``), which are that one episode now; none for any other."""
+    parts = data.get("grew_out_of") if isinstance(data, dict) else None
+    if not isinstance(parts, list):
+        return []
+    return [(str(p[0]), str(p[1] or "")) for p in parts if isinstance(p, list) and len(p) == 2]
+
+
 @dataclass(frozen=True)
 class PlanRevision:
     """How the worker is to be (re)started. One per start, each naming its cause."""

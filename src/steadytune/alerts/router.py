@@ -29,7 +29,7 @@ from steadytune.alerts.message import Alert, alert_from_event, test_alert
 from steadytune.alerts.noise import Deduper, RateLimiter, backoff_delay
 from steadytune.alerts.sinks import ConsoleSaid, DeliveryError, Sink, build_sinks
 from steadytune.config.alerts import AlertsConfig
-from steadytune.records import SEVERITY_ORDER, Event
+from steadytune.records import SEVERITY_ORDER, Event, grew_out_of
 from steadytune.redact import Redactor
 from steadytune.telemetry.events import EventLog
 
@@ -240,8 +240,8 @@ class AlertRouter:
             if event.kind == "anomaly":
                 told = set(self._active.get(key, []))
                 # A graver kind grew out of these episodes: whoever heard of them hears of its end.
-                for kind, metric in (event.data or {}).get("grew_out_of", ()):
-                    part = (alert.run_id, kind, metric or "")
+                for kind, metric in grew_out_of(event.data):
+                    part = (alert.run_id, kind, metric)
                     told |= set(self._active.pop(part, []))
                     self._dedup.forget(part)
                 self._active[key] = sorted(told | set(targets))

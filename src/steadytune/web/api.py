@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from steadytune.detect.build import layer_limits
-from steadytune.records import Event, PlanRevision, json_safe, to_dict
+from steadytune.records import Event, PlanRevision, grew_out_of, json_safe, to_dict
 from steadytune.redact import redact
 from steadytune.telemetry.progress import mean_tokens_per_s
 from steadytune.telemetry.store import GPU_METRICS, STEP_METRICS, SYSTEM_METRICS, Series
@@ -204,7 +204,7 @@ def _markers(events: Sequence[Event]) -> list[dict[str, Any]]:
         if e.step is None:
             continue
         marker = {"step": e.step, "name": e.name, "severity": e.severity, "message": e.message}
-        parts = {kind for kind, _ in e.data.get("grew_out_of", ())}
+        parts = {kind for kind, _ in grew_out_of(e.data)}
         if parts:
             at = next((i for i, m in enumerate(out) if m["step"] == e.step and m["name"] in parts), None)
             if at is not None:

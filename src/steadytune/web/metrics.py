@@ -21,6 +21,7 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from steadytune.goodput.load import AccountCache
 from steadytune.goodput.parts import EVAL, LOST
+from steadytune.records import grew_out_of
 from steadytune.telemetry.liveness import status_live
 from steadytune.web.runs import PENDING, RunEntry, RunsIndex, current_values
 
@@ -168,24 +169,19 @@ def active_anomalies(entry: RunEntry) -> dict[tuple[str, str], str]:
         if kind == "anomaly":
             active[(name, metric)] = severity
             # The parts it grew out of are this episode now: they end with it, not on their own.
-            for part in _parts(grew):
+            for part in grew_out_of({"grew_out_of": _json(grew)}):
                 active.pop(part, None)
         else:
             active.pop((name, metric), None)
     return active
 
 
-def _parts(grew: str | None) -> list[tuple[str, str]]:
-    """The (kind, metric) pairs of an event's ``grew_out_of`` JSON; none for anything else."""
-    if not grew:
-        return []
+def _json(text: str | None) -> Any:
+    """A JSON value read by SQLite's json_extract, parsed; None where there is none or it is broken."""
     try:
-        parts = json.loads(grew)
+        return json.loads(text) if text else None
     except ValueError:
-        return []
-    if not isinstance(parts, list):
-        return []
-    return [(str(p[0]), str(p[1] or "")) for p in parts if isinstance(p, list) and len(p) == 2]
+        return None
 
 
 def _run_samples(entry: RunEntry, accounts: AccountCache) -> Samples:
