@@ -282,14 +282,16 @@ def run_samples(entry: RunEntry, accounts: AccountCache, wait: bool | None = Non
     return None if samples is PENDING else samples
 
 
-def _run_families(f: _Scrape, entry: RunEntry, now: float, accounts: AccountCache) -> None:
+def _run_families(f: _Scrape, entry: RunEntry, now: float, accounts: AccountCache) -> bool:
+    """Add the run's series; False if it is not read yet and was left out."""
     samples = run_samples(entry, accounts)
     if samples is None:
-        return  # all of a run's series or none: a scraper never sees a half-read run
+        return False  # all of a run's series or none: a scraper never sees a half-read run
     f.extend(samples)
     saved = samples.value("checkpoint_last_timestamp_seconds")
     if saved is not None:
         f.extend([("checkpoint_age_seconds", max(0.0, now - saved), (entry.run_id,))])
+    return True
 
 
 def ended_at(status: dict[str, Any]) -> float | None:
@@ -327,12 +329,15 @@ class RunIndexCollector:
         f = _Scrape()
         by_state: dict[str, int] = {}
         now = self.now()
+        left_out: set[str] = set()
         for entry in self.index.entries():
             try:
                 state = state_of(entry.status())
                 by_state[state] = by_state.get(state, 0) + 1
-                if exported(entry, now, self.keep_finished_s):
-                    _run_families(f, entry, now, self.index.accounts)
+                if exported(entry, now, self.keep_finished_s) and not _run_families(
+                    f, entry, now, self.index.accounts
+                ):
+                    left_out.add(entry.run_id)
             except Exception:  # a half-written run must not take the whole scrape down
                 continue
         yield from f
@@ -348,7 +353,9 @@ class RunIndexCollector:
             "steadytune_runs_pending_index",
             "Runs found and not read yet by this dashboard: their series appear, whole, once read.",
         )
-        pending.add_metric([], float(self.index.pending()))
+        # The runs this scrape left out count even if the background reader finished them during
+        # the pass: a scrape that says none is pending must carry every run's series.
+        pending.add_metric([], float(len(left_out | self.index.unread())))
         yield pending
         scrape = GaugeMetricFamily(
             "steadytune_dashboard_scrape_duration_seconds", "Time spent rendering this page."

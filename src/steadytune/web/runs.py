@@ -516,8 +516,12 @@ class RunsIndex:
 
     def pending(self) -> int:
         """Runs wanted and not read yet (the one being read counts until it is done)."""
+        return len(self.unread())
+
+    def unread(self) -> set[str]:
+        """The ids of the runs wanted and not read yet."""
         with self._wanted_lock:
-            return len(self._wanted)
+            return set(self._wanted)
 
     def newest_wanted(self) -> RunEntry | None:
         """The wanted run that moved last (a recent run is the one a user looks for first)."""

@@ -89,6 +89,32 @@ def test_a_request_answers_from_status_alone_and_the_background_reader_makes_it_
     plain.close()
 
 
+def test_a_run_read_during_a_scrape_is_still_counted_pending_by_the_scrape_that_left_it_out(
+    tmp_path: Path,
+) -> None:
+    """The background reader may finish a run while a scrape walks the runs: that scrape left its
+    series out, so it must not say that nothing is pending (a scraper would take it as the whole)."""
+    runs = tmp_path / "runs"
+    _run(runs, "done", NOW - 60.0)
+    index = RunsIndex(runs, clock=lambda: NOW, cache_dir=tmp_path / "cache", background=True)
+    walk = index.entries
+
+    def entries_then_read():  # the reader finishes "done" once the scrape has passed it
+        yield from walk()
+        entry = index.newest_wanted()
+        assert entry is not None
+        read(entry, index)
+        index.read(entry)
+
+    index.entries = entries_then_read  # type: ignore[method-assign]
+    text = render_metrics(index, lambda: NOW)
+    assert _series(text, "done") == [] and _pending(text) == 1.0
+    index.entries = walk  # type: ignore[method-assign]
+    text = render_metrics(index, lambda: NOW)
+    assert _series(text, "done") != [] and _pending(text) == 0.0
+    index.close()
+
+
 def test_the_newest_run_is_read_first(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
     for i, run_id in enumerate(("a-old", "b-newest", "c-middle")):
