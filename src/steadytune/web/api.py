@@ -258,7 +258,8 @@ def gradflow(
     store = entry.store()
     version = store.version
     limits = layer_limits(entry.detect_config())
-    return clean({"version": version, **heatmap.build(store.gradflow(lo, hi), points, limits)})
+    points = max(1, min(int(points), heatmap.MAX_COLUMNS))
+    return clean({"version": version, **heatmap.render(store.flow_map(lo, hi, points), limits)})
 
 
 def gradhist(entry: RunEntry, step: int) -> dict[str, Any]:

@@ -8,9 +8,13 @@ detector reports: dead (mostly exact zeros, embeddings aside), vanishing (norm b
 ``detect.grad.layer_vanish_norm``) and exploding (above ``layer_explode_norm``, or not finite).
 The limits travel with the map, and the page's legend states them.
 
-A long run is reduced to at most ``points`` columns of consecutive recordings;
-a merged cell keeps its worst state, so one exploding recording among a hundred
-stays visible, as the min..max band does on the line charts.
+A long run is reduced to at most ``points`` columns of consecutive recordings, merged as
+:mod:`steadytune.telemetry.store.flowsummary` keeps them (the store's levels answer a long run's
+map without reading its recordings). A merged cell keeps its worst state, so one exploding
+recording among a hundred stays visible, as the min..max band does on the line charts, and
+shows the recording that is most so: a non-finite norm, else the largest (exploding); the
+smallest (vanishing); the most zeros (dead). A healthy cell shows the geometric mean norm and
+the mean share of zeros.
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ from steadytune.config.detect import DetectConfig
 from steadytune.detect.build import layer_limits
 from steadytune.detect.gradflow import LayerLimits, layer_state
 from steadytune.records import nonfinite_text
-from steadytune.telemetry.store import GradFlow
+from steadytune.telemetry.store import GradFlow, flowsummary
+from steadytune.telemetry.store.flowsummary import LayerSummary, Span
+from steadytune.telemetry.store.gradflow import FlowMap
 
 OK, VANISHING, DEAD, EXPLODING = 0, 1, 2, 3
 STATES = ("ok", "vanishing", "dead", "exploding")  # index = state code; worse states have higher codes
@@ -44,81 +50,71 @@ def _norm_json(v: float | None) -> float | str | None:
     return None if v is None else nonfinite_text(v)
 
 
-def _severity(norm: float | None) -> float:
-    """How far a norm is from healthy, to pick the cell that stands for a merged bucket."""
-    if norm is None or not math.isfinite(norm):
-        return math.inf
-    return abs(math.log10(norm)) if norm > 0 else math.inf
+def _extremity(state: int, norm: float, zf: float | None) -> tuple[float, float]:
+    """How far one recording is into its (flagged) state, to pick the one a merged cell shows."""
+    zeros = 0.0 if zf is None else zf
+    if state == EXPLODING:
+        return (norm if math.isfinite(norm) else math.inf), zeros
+    if state == VANISHING:
+        return -norm, zeros
+    return zeros, norm  # dead
 
 
-def layer_order(rows: Sequence[GradFlow]) -> list[str]:
-    """Every layer of ``rows``, in forward order as first recorded (a later run may add some)."""
-    seen: dict[str, None] = {}
-    for r in rows:
-        for name in r.layers:
-            seen.setdefault(name, None)
-    return list(seen)
+def judge(
+    layer: str, cell: LayerSummary | None, limits: LayerLimits = DEFAULT_LIMITS
+) -> tuple[float | str | None, float | None, int | None]:
+    """``(norm, zero_frac, state)`` of one layer's merged cell; ``None``s when it was not recorded.
+
+    The worst state of the cell's candidates (:meth:`LayerSummary.candidates`) is the worst of all
+    its recordings, and the most extreme candidate in it is the most extreme of those recordings.
+    """
+    if cell is None or not cell.n:
+        return None, None, None
+    judged = [(cell_state(layer, norm, zf, limits), norm, zf) for norm, zf in cell.candidates()]
+    worst = max(s for s, _, _ in judged if s is not None)
+    if worst == OK:
+        norm, zf = cell.mean()
+        return norm, zf, OK
+    _, norm, zf = max((j for j in judged if j[0] == worst), key=lambda j: _extremity(worst, j[1], j[2]))
+    return _norm_json(norm), zf, worst
 
 
-def _column(bucket: Sequence[GradFlow], layers: list[str], limits: LayerLimits) -> dict[str, Any]:
-    norms: list[float | str | None] = []
-    zeros: list[float | None] = []
-    states: list[int | None] = []
-    cells: dict[str, list[tuple[float | None, float | None, int | None]]] = {name: [] for name in layers}
-    for r in bucket:
-        for name, norm, zf in zip(r.layers, r.norm, r.zero_frac, strict=True):
-            cells[name].append((norm, zf, cell_state(name, norm, zf, limits)))
+def _column(span: Span, layers: list[str], limits: LayerLimits) -> dict[str, Any]:
+    norms, zeros, states = [], [], []
     for name in layers:
-        known = [c for c in cells[name] if c[2] is not None]
-        if not known:
-            norms.append(None)
-            zeros.append(None)
-            states.append(None)
-            continue
-        worst = max(c[2] for c in known if c[2] is not None)
-        if worst == OK:
-            # Healthy throughout: the geometric mean, the middle of a log colour scale.
-            logs = [math.log10(c[0]) for c in known if c[0]]  # OK implies a finite norm >= the vanish limit
-            norm = 10 ** (sum(logs) / len(logs))
-            zfs = [c[1] for c in known if c[1] is not None]
-            zf = sum(zfs) / len(zfs) if zfs else None
-        else:
-            # The most extreme flagged recording stands for the bucket.
-            norm, zf, _ = max(
-                (c for c in known if c[2] == worst), key=lambda c: (_severity(c[0]), c[1] or 0.0)
-            )
-        norms.append(_norm_json(norm))
+        norm, zf, state = judge(name, span.cells.get(name), limits)
+        norms.append(norm)
         zeros.append(zf)
-        states.append(worst)
+        states.append(state)
     return {
-        "first": bucket[0].step,
-        "last": bucket[-1].step,
-        "n": len(bucket),
+        "first": span.first,
+        "last": span.last,
+        "n": span.n,
         "norm": norms,
         "zero_frac": zeros,
         "state": states,
     }
 
 
-def build(
-    rows: Sequence[GradFlow], points: int = 400, limits: LayerLimits = DEFAULT_LIMITS
-) -> dict[str, Any]:
-    """The heat map of ``rows`` (oldest first) in at most ``points`` columns, cells judged by ``limits``.
+def render(flow: FlowMap, limits: LayerLimits = DEFAULT_LIMITS) -> dict[str, Any]:
+    """The heat map of a store's :class:`FlowMap`, cells judged by ``limits``.
 
     Returns ``{"layers", "columns", "bucket", "total", "states", "thresholds"}``; each column is
     ``{"first", "last", "n", "norm", "zero_frac", "state"}`` with one entry per layer (``None``
-    where the layer was not recorded; a non-finite norm as ``"nan"``/``"inf"``). ``thresholds``
-    are the limits the states were judged by, for the page's legend.
+    where the layer was not recorded; a non-finite norm as ``"nan"``/``"inf"``). ``bucket`` is
+    the most recordings in one column (1: a column per recording). ``thresholds`` are the limits
+    the states were judged by, for the page's legend.
     """
-    points = max(1, min(int(points), MAX_COLUMNS))
-    layers = layer_order(rows)
-    size = max(1, math.ceil(len(rows) / points))
-    columns = [_column(rows[i : i + size], layers, limits) for i in range(0, len(rows), size)]
+    seen: dict[str, None] = {}
+    for c in flow.columns:
+        for name in c.cells:
+            seen.setdefault(name, None)
+    layers = list(seen)
     return {
         "layers": layers,
-        "columns": columns,
-        "bucket": size,
-        "total": len(rows),
+        "columns": [_column(c, layers, limits) for c in flow.columns],
+        "bucket": flow.bucket,
+        "total": flow.total,
         "states": list(STATES),
         "thresholds": {
             "vanish_norm": limits["vanish"],
@@ -126,3 +122,16 @@ def build(
             "zero_frac": limits["dead_zero_frac"],
         },
     }
+
+
+def build(
+    rows: Sequence[GradFlow], points: int = 400, limits: LayerLimits = DEFAULT_LIMITS
+) -> dict[str, Any]:
+    """The heat map of ``rows`` (oldest first) in at most ``points`` columns, as :func:`render` gives it:
+    the recordings merged in the columns the store's levels would give (:func:`flowsummary.grid`)."""
+    points = max(1, min(int(points), MAX_COLUMNS))
+    spans = [Span.of(r.step, r.layers, r.norm, r.zero_frac) for r in rows]
+    if len(spans) > points:
+        width, _ = flowsummary.grid(rows[0].step, rows[-1].step, points)
+        spans = flowsummary.columns(spans, rows[0].step, width, points)
+    return render(FlowMap(spans, len(rows), max((s.n for s in spans), default=1)), limits)

@@ -231,7 +231,8 @@ def _copy(
             "gpu": "EXISTS (SELECT 1 FROM keep_samples k WHERE s.ts BETWEEN k.lo AND k.hi)",
         }
         with src:
-            for table in ("meta", "steps", "system", "gpu", *summaries, "events", "plans", "gradflow"):
+            for table in ("meta", "steps", "system", "gpu", *summaries, "events", "plans", "gradflow",
+                          "gradflow_levels"):  # fmt: skip
                 cols = ", ".join(r[1] for r in src.execute(f"PRAGMA dst.table_info({table})"))
                 src.execute(
                     f"INSERT INTO dst.{table}({cols}) SELECT {cols} FROM main.{table} s "

@@ -1,4 +1,5 @@
-"""Gradient flow in ``run.db``: the per-layer columns of a step's ``extra["gradflow"]`` and their reads."""
+"""Gradient flow in ``run.db``: the per-layer columns of a step's ``extra["gradflow"]``, their reads, and
+the heat map's summary levels (``gradflow_levels``, see :mod:`.flowsummary`), kept with them."""
 
 from __future__ import annotations
 
@@ -7,9 +8,11 @@ import math
 import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from steadytune.records import NONFINITE_TEXT, nonfinite_text
+from steadytune.telemetry.store.flowsummary import FLOW_LEVELS, Span, columns, grid
 from steadytune.telemetry.store.schema import StoreBase
 
 
@@ -74,8 +77,166 @@ class GradFlow:
     bins: tuple[float, ...] | None = None
 
 
+def _nums(text: str) -> list[float | None]:
+    # The common case first: 1.4M numbers on a long run.
+    return [v if type(v) is float else flow_num(v) for v in json.loads(text)]
+
+
+def refresh_levels(db: sqlite3.Connection, rank: int | None = None, lo: int | None = None,
+                   hi: int | None = None) -> None:  # fmt: skip
+    """Recompute the heat map's levels over steps ``[lo, hi]`` of ``rank`` (None: every rank, every
+    step) from the raw recordings, each level from the one below, in the caller's transaction.
+
+    From the recordings, not added to what is stored: a later attempt that replaced or dropped a
+    recording leaves no trace of the old one.
+    """
+    if rank is None:
+        for (r,) in db.execute("SELECT DISTINCT rank FROM gradflow").fetchall():
+            refresh_levels(db, r, lo, hi)
+        db.execute("DELETE FROM gradflow_levels WHERE rank NOT IN (SELECT DISTINCT rank FROM gradflow)")
+        return
+    if lo is None or hi is None:
+        lo, hi = db.execute("SELECT MIN(step), MAX(step) FROM gradflow WHERE rank=?", (rank,)).fetchone()
+        if lo is None or hi is None:
+            return
+    unit = FLOW_LEVELS[0]
+    b_lo, b_hi = lo // unit, hi // unit
+    made: dict[int, Span] = {}
+    names: dict[str, list[str]] = {}
+    for step, layers, norm, zf in db.execute(
+        "SELECT step, layers, norm, zero_frac FROM gradflow WHERE rank=? AND step BETWEEN ? AND ? "
+        "ORDER BY step",
+        (rank, b_lo * unit, b_hi * unit + unit - 1),
+    ):
+        layer_names = names.get(layers)
+        if layer_names is None:
+            layer_names = names[layers] = json.loads(layers)
+        one = Span.of(step, layer_names, _nums(norm), _nums(zf))
+        if step // unit in made:
+            made[step // unit].merge(one)
+        else:
+            made[step // unit] = one
+    _write_level(db, rank, 0, b_lo, b_hi, made)
+    for k in range(1, len(FLOW_LEVELS)):
+        below, made = made, {}
+        lo_k, hi_k = b_lo >> k, b_hi >> k
+        # The buckets below that were just made are at hand; their siblings at either end are read.
+        ends = [b for b in (2 * lo_k, 2 * hi_k + 1) if not (b_lo >> (k - 1)) <= b <= (b_hi >> (k - 1))]
+        for b in ends:
+            row = db.execute(
+                "SELECT first, last, n, cells FROM gradflow_levels WHERE rank=? AND level=? AND bucket=?",
+                (rank, FLOW_LEVELS[k - 1], b),
+            ).fetchone()
+            if row is not None:
+                below[b] = Span.from_row(*row)
+        for b in sorted(below):
+            up = made.get(b >> 1)
+            if up is None:
+                up = made[b >> 1] = Span(below[b].first, below[b].last)
+            up.merge(below[b])
+        _write_level(db, rank, k, lo_k, hi_k, made)
+
+
+def _write_level(
+    db: sqlite3.Connection, rank: int, k: int, b_lo: int, b_hi: int, made: dict[int, Span]
+) -> None:
+    """Level ``k``'s buckets ``b_lo..b_hi`` of ``rank`` replaced by ``made`` (a bucket left empty goes)."""
+    level = FLOW_LEVELS[k]
+    db.execute(
+        "DELETE FROM gradflow_levels WHERE rank=? AND level=? AND bucket BETWEEN ? AND ?",
+        (rank, level, b_lo, b_hi),
+    )
+    db.executemany(
+        "INSERT INTO gradflow_levels(rank, level, bucket, first, last, n, cells) VALUES(?, ?, ?, ?, ?, ?, ?)",
+        [(rank, level, b, s.first, s.last, s.n, s.cells_json()) for b, s in sorted(made.items())],
+    )
+
+
+@dataclass(frozen=True)
+class FlowMap:
+    """The heat map's columns of a range of steps, merged (see :mod:`.flowsummary`), and how many
+    recordings the range holds. ``bucket``: the most recordings in one column (1: none merged)."""
+
+    columns: list[Span]
+    total: int
+    bucket: int
+
+
 class GradFlowQueries(StoreBase):
-    """Reads of the ``gradflow`` table."""
+    """Reads of the ``gradflow`` table, and the upkeep of its levels."""
+
+    def _open(self, path: Path | str, readonly: bool) -> None:
+        super()._open(path, readonly)
+        if not readonly and self.get_meta("gradflow_levels") is None:
+            # An index made before the heat map's levels: build them from the recordings, once. Opened
+            # read-only, it is answered from the recordings (flow_map).
+            with self._lock, self._db:
+                refresh_levels(self._db)
+                self._db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES('gradflow_levels', '1')")
+
+    def flow_map(
+        self, lo: float | None = None, hi: float | None = None, points: int = 400, rank: int = 0,
+        levels: bool = True,
+    ) -> FlowMap:  # fmt: skip
+        """The recordings of steps in ``[lo, hi]`` in at most ``points`` columns (one per recording when
+        they are that few), from the stored levels where a column holds at least a bucket of the
+        finest (``levels=False``: from the recordings; so is an index that has none).
+
+        A level bucket only partly in the range is not used: the recordings past the range's edge
+        would join it. Its recordings in the range are read instead (at most two buckets' worth).
+        """
+        points = max(1, int(points))
+        lo_ = -(2**62) if lo is None else math.floor(lo)
+        hi_ = 2**62 if hi is None else math.ceil(hi)
+        with self._lock:
+            try:
+                first, last, total = self._db.execute(
+                    "SELECT MIN(step), MAX(step), COUNT(*) FROM gradflow "
+                    "WHERE rank=? AND step BETWEEN ? AND ?",
+                    (rank, lo_, hi_),
+                ).fetchone()
+            except sqlite3.OperationalError:
+                return FlowMap([], 0, 1)  # an index written before gradient flow was kept, opened read-only
+            if not total:
+                return FlowMap([], 0, 1)
+            # Nothing lies before the run's first recording or after its last: a bucket across those is whole.
+            run_first, run_last = self._db.execute(
+                "SELECT (SELECT MIN(step) FROM gradflow WHERE rank=?), "
+                "(SELECT MAX(step) FROM gradflow WHERE rank=?)",
+                (rank, rank),
+            ).fetchone()
+            whole_lo, whole_hi = lo_ <= run_first, hi_ >= run_last
+            lo_, hi_ = max(lo_, first), min(hi_, last)
+            stored = levels and self.get_meta("gradflow_levels") == "1"
+            if total <= points:
+                return FlowMap(self._raw_spans(lo_, hi_, rank), total, 1)
+            width, level = grid(lo_, hi_, points)  # the same columns whether the levels are there or not
+            full_lo, full_hi = 0, -1
+            if level and stored:
+                full_lo = lo_ // level if whole_lo else -(-lo_ // level)
+                full_hi = hi_ // level if whole_hi else (hi_ + 1) // level - 1
+            if full_lo > full_hi:
+                spans = self._raw_spans(lo_, hi_, rank)
+            else:
+                rows = self._db.execute(
+                    "SELECT first, last, n, cells FROM gradflow_levels WHERE rank=? AND level=? "
+                    "AND bucket BETWEEN ? AND ? ORDER BY bucket",
+                    (rank, level, full_lo, full_hi),
+                ).fetchall()
+                spans = [
+                    *self._raw_spans(lo_, full_lo * level - 1, rank),
+                    *(Span.from_row(*r) for r in rows),
+                    *self._raw_spans((full_hi + 1) * level, hi_, rank),
+                ]
+        cols = columns(spans, lo_, width, points)
+        return FlowMap(cols, total, max((c.n for c in cols), default=1))
+
+    @staticmethod
+    def _raw_span(r: GradFlow) -> Span:
+        return Span.of(r.step, r.layers, r.norm, r.zero_frac)
+
+    def _raw_spans(self, lo: int, hi: int, rank: int) -> list[Span]:
+        return [self._raw_span(r) for r in self.gradflow(lo, hi, rank)] if lo <= hi else []
 
     def gradflow(
         self, lo: float | None = None, hi: float | None = None, rank: int = 0, hist: bool = False,

@@ -12,7 +12,7 @@ from steadytune.records import Event, PlanRevision, StepRecord, SystemSample, fr
 from steadytune.rundir import RunDir
 from steadytune.telemetry import segments
 from steadytune.telemetry.jsonl import JsonlReader, stream_last_line
-from steadytune.telemetry.store.gradflow import flow_columns
+from steadytune.telemetry.store.gradflow import flow_columns, refresh_levels
 from steadytune.telemetry.store.schema import (
     FAMILIES,
     GPU_METRICS,
@@ -120,7 +120,8 @@ class Ingest(StoreBase):
         return len(rows)
 
     def _add_gradflow(self, records: Sequence[StepRecord], versions: Sequence[int]) -> None:
-        """Upsert the gradient flow of the steps that carry one (in the caller's transaction)."""
+        """Upsert the gradient flow of the steps that carry one, and the heat map's levels over them (in the
+        caller's transaction)."""
         flows, stale = [], []
         for r, version in zip(records, versions, strict=True):
             cols = flow_columns(r.extra.get("gradflow")) if r.extra else None
@@ -139,7 +140,14 @@ class Ingest(StoreBase):
                 flows,
             )
         if stale:
-            self._db.executemany("DELETE FROM gradflow WHERE rank=? AND step=? AND attempt<?", stale)
+            gone = self._db.executemany("DELETE FROM gradflow WHERE rank=? AND step=? AND attempt<?", stale)
+            if not gone.rowcount:
+                stale = []  # every step redone after a restart is one: the levels need only those that had
+        touched: dict[int, list[int]] = {}
+        for rank, step in [(f[0], f[1]) for f in flows] + [(d[0], d[1]) for d in stale]:
+            touched.setdefault(rank, []).append(step)
+        for rank, at in touched.items():
+            refresh_levels(self._db, rank, min(at), max(at))
 
     def _refresh_rollup(self, rank: int, b_lo: int, b_hi: int) -> None:
         """Recompute the summary buckets ``b_lo..b_hi`` of a rank from the raw steps, and the coarse
@@ -322,7 +330,8 @@ class Ingest(StoreBase):
         """Drop the index and build it again from the run's JSONL files."""
         with self._lock, self._db:
             summaries = [t for f in FAMILIES.values() for t in (f.rollup, f.coarse)]
-            for table in ("steps", "system", "gpu", *summaries, "events", "plans", "gradflow"):
+            for table in ("steps", "system", "gpu", *summaries, "events", "plans", "gradflow",
+                          "gradflow_levels"):  # fmt: skip
                 self._db.execute(f"DELETE FROM {table}")
             self._db.execute("DELETE FROM meta WHERE key LIKE 'offset:%'")
         return self.sync(run_dir)

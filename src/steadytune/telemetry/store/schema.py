@@ -141,6 +141,12 @@ CREATE TABLE IF NOT EXISTS gradflow (
   PRIMARY KEY (rank, step)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS gradflow_version ON gradflow(version);
+-- The heat map's summaries of the recordings (store/flowsummary.py), per level of FLOW_LEVELS steps.
+CREATE TABLE IF NOT EXISTS gradflow_levels (
+  rank INTEGER NOT NULL, level INTEGER NOT NULL, bucket INTEGER NOT NULL, first INTEGER NOT NULL,
+  last INTEGER NOT NULL, n INTEGER NOT NULL, cells TEXT NOT NULL,
+  PRIMARY KEY (rank, level, bucket)
+) WITHOUT ROWID;
 """
 
 
