@@ -130,8 +130,10 @@ def build(
     """The heat map of ``rows`` (oldest first) in at most ``points`` columns, as :func:`render` gives it:
     the recordings merged in the columns the store's levels would give (:func:`flowsummary.grid`)."""
     points = max(1, min(int(points), MAX_COLUMNS))
-    spans = [Span.of(r.step, r.layers, r.norm, r.zero_frac) for r in rows]
-    if len(spans) > points:
+    if len(rows) > points:
         width, _ = flowsummary.grid(rows[0].step, rows[-1].step, points)
-        spans = flowsummary.columns(spans, rows[0].step, width, points)
+        recordings = ((r.step, r.layers, r.norm, r.zero_frac) for r in rows)
+        spans = flowsummary.recording_columns(recordings, rows[0].step, width, points)
+    else:
+        spans = [Span.of(r.step, r.layers, r.norm, r.zero_frac) for r in rows]
     return render(FlowMap(spans, len(rows), max((s.n for s in spans), default=1)), limits)

@@ -62,45 +62,75 @@ class LayerSummary:
         """One recording of the layer (``norm`` None: not recorded, left out like the detector does)."""
         if norm is None:
             return
-        if zf is not None and not math.isfinite(zf):
+        if zf is not None and not -math.inf < zf < math.inf:
             zf = None  # no share of zeros at all: it cannot mark the layer dead
-        known = zf is not None
-        self._absorb(1, norm, zf, norm, zf, norm, zf, 0.0, 0, zf if zf is not None else 0.0, int(known), ())
-        if math.isfinite(norm) and norm > 0:
+        self.n += 1
+        if zf is not None:
+            self.zf_sum += zf
+            self.zf_n += 1
+        if not -math.inf < norm < math.inf:
+            self._take_bad(norm, zf)
+            return
+        if norm > 0:
             self.log_sum += math.log10(norm)
             self.log_n += 1
+        # _take_finite and _take_front inline: this runs for every layer of every recording read.
+        z = 0.0 if zf is None else zf
+        top = self.top
+        if top is None or norm > top or (norm == top and z > _zf(self.top_zf)):
+            self.top, self.top_zf = norm, zf
+        low = self.low
+        if low is None or norm < low or (norm == low and z > _zf(self.low_zf)):
+            self.low, self.low_zf = norm, zf
+        if zf is not None:
+            front = self.front
+            if len(front) != 1:
+                self._take_front(((zf, norm),))
+                return
+            (z0, v0) = front[0]  # the common case: one point so far
+            if z0 >= zf and v0 >= norm:
+                return
+            if zf >= z0 and norm >= v0:
+                self.front = [(zf, norm)]
+            else:
+                self.front = [(zf, norm), (z0, v0)] if zf > z0 else [(z0, v0), (zf, norm)]
 
     def merge(self, other: LayerSummary) -> None:
         """The recordings of ``other``, which come after this summary's, added to it."""
-        self._absorb(other.n, other.bad, other.bad_zf, other.top, other.top_zf, other.low, other.low_zf,
-                     other.log_sum, other.log_n, other.zf_sum, other.zf_n, other.front)  # fmt: skip
-
-    def _absorb(
-        self, n: int, bad: float | None, bad_zf: float | None, top: float | None, top_zf: float | None,
-        low: float | None, low_zf: float | None, log_sum: float, log_n: int, zf_sum: float, zf_n: int,
-        front: Sequence[tuple[float, float]],
-    ) -> None:  # fmt: skip
-        if n == 0:
+        if not other.n:
             return
-        self.n += n
-        self.log_sum += log_sum
-        self.log_n += log_n
-        self.zf_sum += zf_sum
-        self.zf_n += zf_n
-        if bad is not None and not math.isfinite(bad):
-            # A later recording takes the place only when strictly worse: ties keep the first.
-            if self.bad is None or _zf(bad_zf) > _zf(self.bad_zf):
-                self.bad, self.bad_zf = bad, bad_zf
-            if n == 1:  # a single recording: nothing finite to keep
-                return
-        if top is not None and (self.top is None or (top, _zf(top_zf)) > (self.top, _zf(self.top_zf))):
+        self.n += other.n
+        self.log_sum += other.log_sum
+        self.log_n += other.log_n
+        self.zf_sum += other.zf_sum
+        self.zf_n += other.zf_n
+        if other.bad is not None:
+            self._take_bad(other.bad, other.bad_zf)
+        if other.top is not None and other.low is not None:
+            self._take_finite(other.top, other.top_zf, other.low, other.low_zf)
+        if other.front:
+            self._take_front(other.front)
+
+    # A later recording takes the place of the one kept only when strictly more extreme: ties keep the first.
+    def _take_bad(self, bad: float, zf: float | None) -> None:
+        if self.bad is None or _zf(zf) > _zf(self.bad_zf):
+            self.bad, self.bad_zf = bad, zf
+
+    def _take_finite(self, top: float, top_zf: float | None, low: float, low_zf: float | None) -> None:
+        if self.top is None or top > self.top or (top == self.top and _zf(top_zf) > _zf(self.top_zf)):
             self.top, self.top_zf = top, top_zf
-        if low is not None and (self.low is None or (-low, _zf(low_zf)) > (-self.low, _zf(self.low_zf))):
+        if self.low is None or low < self.low or (low == self.low and _zf(low_zf) > _zf(self.low_zf)):
             self.low, self.low_zf = low, low_zf
-        if n == 1 and top is not None and math.isfinite(top) and top_zf is not None:
-            front = ((top_zf, top),)
-        if front:
-            self.front = _front([*self.front, *front])
+
+    def _take_front(self, points: Sequence[tuple[float, float]]) -> None:
+        mine = self.front
+        if not mine:
+            self.front = list(points)
+            return
+        # Most points are matched by one already kept (a layer's share of zeros rarely changes).
+        new = [p for p in points if not any(z >= p[0] and v >= p[1] for z, v in mine)]
+        if new:
+            self.front = _front([*mine, *new])
 
     def candidates(self) -> list[tuple[float, float | None]]:
         """``(norm, zero_frac)`` of the recordings that can decide this layer's cell under any limits."""
@@ -162,24 +192,33 @@ class Span:
     def of(cls, step: int, layers: Sequence[str], norm: Sequence[float | None],
            zero_frac: Sequence[float | None]) -> Span:  # fmt: skip
         """The span of one recording."""
-        span = cls(step, step, 1)
-        for name, v, zf in zip(layers, norm, zero_frac, strict=True):
-            cell = span.cells.get(name)
-            if cell is None:
-                cell = span.cells[name] = LayerSummary()
-            cell.add(v, zf)
+        span = cls(step, step)
+        span.add(step, layers, norm, zero_frac)
         return span
 
+    def add(self, step: int, layers: Sequence[str], norm: Sequence[float | None],
+            zero_frac: Sequence[float | None]) -> None:  # fmt: skip
+        """One recording, at a step after this span's, added to it."""
+        self.last = step
+        self.n += 1
+        cells = self.cells
+        for name, v, zf in zip(layers, norm, zero_frac, strict=True):
+            cell = cells.get(name)
+            if cell is None:
+                cell = cells[name] = LayerSummary()
+            cell.add(v, zf)
+
     def merge(self, other: Span) -> None:
-        """``other``, a later span, added to this one."""
+        """``other``, a later span, added to this one (and used up: its summaries may become ours)."""
         self.first = min(self.first, other.first)
         self.last = max(self.last, other.last)
         self.n += other.n
         for name, cell in other.cells.items():
             mine = self.cells.get(name)
             if mine is None:
-                mine = self.cells[name] = LayerSummary()
-            mine.merge(cell)
+                self.cells[name] = cell  # ``other`` is merged away: its summaries are ours to keep
+            else:
+                mine.merge(cell)
 
     def cells_json(self) -> str:
         return json.dumps({name: c.to_list() for name, c in self.cells.items()})
@@ -193,28 +232,50 @@ def grid(lo: int, hi: int, points: int, levels: Sequence[int] = FLOW_LEVELS) -> 
     """``(column width, level)`` for a heat map of steps ``[lo, hi]`` in at most ``points`` columns.
 
     Columns are the steps ``c * width .. (c + 1) * width - 1`` (the last one also takes what lies
-    past ``points`` columns), with ``width`` a multiple of ``level``, the coarsest stored level
-    of which a column holds at least two buckets (so the map keeps at least ~2/3 of its
-    ``points``, and reads at most ~4 level rows per column); ``level`` 0 where none fits: the
-    raw recordings are read. A column never splits a level's bucket, so a map merged from the
-    levels and one merged from the recordings are the same columns.
+    past ``points`` columns), with ``width`` a multiple of ``level``: the coarsest stored level of
+    which a column holds at least two buckets, so the map keeps at least ~2/3 of its ``points``
+    and reads at most ~4 level rows per column. A column never splits a level's bucket, so a map
+    merged from the levels and one merged from the recordings are the same columns. ``level`` 0
+    where none fits (a column of fewer than 512 steps, ~10 recordings): the recordings are read.
     """
     span = hi - lo + 1
     points = max(1, points)
-    fit = [v for v in levels if v * 2 * points <= span] or [v for v in levels if v * points <= span]
+    fit = [v for v in levels if v * 2 * points <= span]
     level = fit[-1] if fit else 0
     unit = level or 1
     return unit * max(1, math.ceil(span / (points * unit))), level
 
 
 def columns(spans: Iterable[Span], lo: int, width: int, points: int) -> list[Span]:
-    """``spans`` (in step order, none across a column's edge) merged into the columns of :func:`grid`."""
+    """``spans`` (in step order, none across a column's edge) merged into the columns of :func:`grid`.
+
+    The first span of each column becomes the column (merged into, not copied): pass spans no one
+    else holds.
+    """
     out: list[Span] = []
     key = -1
     for s in spans:
         k = min(s.first // width - lo // width, points - 1)
         if k != key or not out:
             key = k
-            out.append(Span(s.first, s.last))
-        out[-1].merge(s)
+            out.append(s)
+        else:
+            out[-1].merge(s)
+    return out
+
+
+def recording_columns(
+    rows: Iterable[tuple[int, Sequence[str], Sequence[float | None], Sequence[float | None]]],
+    lo: int, width: int, points: int,
+) -> list[Span]:  # fmt: skip
+    """Recordings ``(step, layers, norm, zero_frac)``, in step order, in the columns of :func:`grid`:
+    what :func:`columns` makes of their spans, without a span per recording."""
+    out: list[Span] = []
+    key = -1
+    for step, layers, norm, zf in rows:
+        k = min(step // width - lo // width, points - 1)
+        if k != key or not out:
+            key = k
+            out.append(Span(step, step))
+        out[-1].add(step, layers, norm, zf)
     return out

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from steadytune.records import NONFINITE_TEXT, nonfinite_text
-from steadytune.telemetry.store.flowsummary import FLOW_LEVELS, Span, columns, grid
+from steadytune.telemetry.store.flowsummary import FLOW_LEVELS, Span, columns, grid, recording_columns
 from steadytune.telemetry.store.schema import StoreBase
 
 
@@ -82,13 +82,21 @@ def _nums(text: str) -> list[float | None]:
     return [v if type(v) is float else flow_num(v) for v in json.loads(text)]
 
 
-def refresh_levels(db: sqlite3.Connection, rank: int | None = None, lo: int | None = None,
-                   hi: int | None = None) -> None:  # fmt: skip
+def refresh_levels(
+    db: sqlite3.Connection, rank: int | None = None, lo: int | None = None, hi: int | None = None,
+    front: dict[int, int] | None = None,
+) -> None:  # fmt: skip
     """Recompute the heat map's levels over steps ``[lo, hi]`` of ``rank`` (None: every rank, every
     step) from the raw recordings, each level from the one below, in the caller's transaction.
 
     From the recordings, not added to what is stored: a later attempt that replaced or dropped a
     recording leaves no trace of the old one.
+
+    ``front``: the newest finest bucket this process wrote, per rank (kept by the caller). While
+    only that bucket changes (a live run's every recording), the levels above it wait until the
+    next one opens, as the series' do (``StoreBase.refresh_coarse``): eleven levels rewritten per
+    recording were 5 ms of the supervisor's time every 50 steps. :meth:`GradFlowQueries.flow_map`
+    reads each level's newest bucket from the finest, which is always current, so it loses nothing.
     """
     if rank is None:
         for (r,) in db.execute("SELECT DISTINCT rank FROM gradflow").fetchall():
@@ -111,29 +119,43 @@ def refresh_levels(db: sqlite3.Connection, rank: int | None = None, lo: int | No
         layer_names = names.get(layers)
         if layer_names is None:
             layer_names = names[layers] = json.loads(layers)
-        one = Span.of(step, layer_names, _nums(norm), _nums(zf))
-        if step // unit in made:
-            made[step // unit].merge(one)
-        else:
-            made[step // unit] = one
+        span = made.get(step // unit)
+        if span is None:
+            span = made[step // unit] = Span(step, step)
+        span.add(step, layer_names, _nums(norm), _nums(zf))
     _write_level(db, rank, 0, b_lo, b_hi, made)
+    known = (b_lo, b_hi)  # the buckets of the level below that ``made`` holds (those not in it are empty)
+    if front is not None:
+        newest = front.get(rank)
+        if newest is None:
+            # The first write here: the bucket that was newest when another process (or an earlier
+            # one) stopped may not have been brought up yet.
+            row = db.execute(
+                "SELECT MAX(bucket) FROM gradflow_levels WHERE rank=? AND level=? AND bucket<?",
+                (rank, unit, b_lo),
+            ).fetchone()
+            newest = b_lo if row[0] is None else int(row[0])
+        elif b_lo == b_hi == newest:
+            return
+        front[rank] = max(b_hi, newest)
+        b_lo = min(b_lo, newest)  # the bucket that was newest is complete now: bring it up too
     for k in range(1, len(FLOW_LEVELS)):
         below, made = made, {}
         lo_k, hi_k = b_lo >> k, b_hi >> k
-        # The buckets below that were just made are at hand; their siblings at either end are read.
-        ends = [b for b in (2 * lo_k, 2 * hi_k + 1) if not (b_lo >> (k - 1)) <= b <= (b_hi >> (k - 1))]
-        for b in ends:
-            row = db.execute(
-                "SELECT first, last, n, cells FROM gradflow_levels WHERE rank=? AND level=? AND bucket=?",
-                (rank, FLOW_LEVELS[k - 1], b),
-            ).fetchone()
-            if row is not None:
-                below[b] = Span.from_row(*row)
+        # The buckets below that were just made are at hand; the others in these buckets are read.
+        for first, last, n, cells, b in db.execute(
+            "SELECT first, last, n, cells, bucket FROM gradflow_levels WHERE rank=? AND level=? "
+            "AND bucket BETWEEN ? AND ? AND bucket NOT BETWEEN ? AND ?",
+            (rank, FLOW_LEVELS[k - 1], 2 * lo_k, 2 * hi_k + 1, *known),
+        ):
+            below[b] = Span.from_row(first, last, n, cells)
+        known = (lo_k, hi_k)
         for b in sorted(below):
-            up = made.get(b >> 1)
-            if up is None:
-                up = made[b >> 1] = Span(below[b].first, below[b].last)
-            up.merge(below[b])
+            # The spans below are written already: the first of each pair becomes the one above.
+            if b >> 1 in made:
+                made[b >> 1].merge(below[b])
+            else:
+                made[b >> 1] = below[b]
         _write_level(db, rank, k, lo_k, hi_k, made)
 
 
@@ -207,25 +229,35 @@ class GradFlowQueries(StoreBase):
             ).fetchone()
             whole_lo, whole_hi = lo_ <= run_first, hi_ >= run_last
             lo_, hi_ = max(lo_, first), min(hi_, last)
-            stored = levels and self.get_meta("gradflow_levels") == "1"
+            use_levels = levels and self.get_meta("gradflow_levels") == "1"
             if total <= points:
                 return FlowMap(self._raw_spans(lo_, hi_, rank), total, 1)
             width, level = grid(lo_, hi_, points)  # the same columns whether the levels are there or not
             full_lo, full_hi = 0, -1
-            if level and stored:
+            if level and use_levels:
                 full_lo = lo_ // level if whole_lo else -(-lo_ // level)
                 full_hi = hi_ // level if whole_hi else (hi_ + 1) // level - 1
             if full_lo > full_hi:
-                spans = self._raw_spans(lo_, hi_, rank)
+                rows = ((r.step, r.layers, r.norm, r.zero_frac) for r in self.gradflow(lo_, hi_, rank))
+                cols = recording_columns(rows, lo_, width, points)
+                return FlowMap(cols, total, max(c.n for c in cols))
             else:
-                rows = self._db.execute(
+                # The newest bucket of a level may wait for its last finest bucket (refresh_levels):
+                # read it from the finest buckets, which are always current.
+                newest = run_last // level if level > FLOW_LEVELS[0] else full_hi + 1
+                unit = FLOW_LEVELS[0]
+                sql = (
                     "SELECT first, last, n, cells FROM gradflow_levels WHERE rank=? AND level=? "
-                    "AND bucket BETWEEN ? AND ? ORDER BY bucket",
-                    (rank, level, full_lo, full_hi),
-                ).fetchall()
+                    "AND bucket BETWEEN ? AND ? ORDER BY bucket"
+                )
+                stored = self._db.execute(sql, (rank, level, full_lo, min(full_hi, newest - 1))).fetchall()
+                if full_hi >= newest:
+                    stored += self._db.execute(
+                        sql, (rank, unit, newest * level // unit, (full_hi + 1) * level // unit - 1)
+                    ).fetchall()
                 spans = [
                     *self._raw_spans(lo_, full_lo * level - 1, rank),
-                    *(Span.from_row(*r) for r in rows),
+                    *(Span.from_row(*r) for r in stored),
                     *self._raw_spans((full_hi + 1) * level, hi_, rank),
                 ]
         cols = columns(spans, lo_, width, points)

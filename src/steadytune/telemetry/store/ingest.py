@@ -147,7 +147,7 @@ class Ingest(StoreBase):
         for rank, step in [(f[0], f[1]) for f in flows] + [(d[0], d[1]) for d in stale]:
             touched.setdefault(rank, []).append(step)
         for rank, at in touched.items():
-            refresh_levels(self._db, rank, min(at), max(at))
+            refresh_levels(self._db, rank, min(at), max(at), self._flow_front)
 
     def _refresh_rollup(self, rank: int, b_lo: int, b_hi: int) -> None:
         """Recompute the summary buckets ``b_lo..b_hi`` of a rank from the raw steps, and the coarse
@@ -334,4 +334,5 @@ class Ingest(StoreBase):
                           "gradflow_levels"):  # fmt: skip
                 self._db.execute(f"DELETE FROM {table}")
             self._db.execute("DELETE FROM meta WHERE key LIKE 'offset:%'")
+            self._flow_front.clear()
         return self.sync(run_dir)

@@ -185,6 +185,8 @@ class StoreBase:
         self._lock = threading.RLock()
         # The newest finest bucket each (family, rank or GPU) has written: see refresh_coarse.
         self._coarse_front: dict[tuple[str, int | None], int] = {}
+        # The same for the heat map's levels, per rank: see gradflow.refresh_levels.
+        self._flow_front: dict[int, int] = {}
         if readonly:
             uri = f"file:{self.path}?mode=ro"
             self._db = sqlite3.connect(uri, uri=True, check_same_thread=False, timeout=5.0)
