@@ -5,6 +5,8 @@ A run of ``N`` gradient-flow recordings (one per 50 steps, 27 layers with their 
 its ``run.db`` is built from it (timed: the rebuild a lost index costs), then the heat map the
 page asks for is timed: the whole run in ``--points`` columns, and a zoom on a tenth of it, in
 process (``api.gradflow``) and as ``/api/runs/<run>/gradflow`` from a dashboard in this process.
+``--writer``: what a recording costs the process that indexes a live run (the supervisor), per
+1,000 steps, on an index already holding the largest size.
 
 Run it under two checkouts at once to compare them (it uses only what both have)::
 
@@ -107,15 +109,48 @@ def bench(recordings: int, points: int, repeat: int, label: str) -> None:
     )
 
 
+def bench_writer(recordings: int, label: str, live: int = 500) -> None:
+    """What a recording costs the process that indexes the run (the supervisor): ``add_steps`` of one
+    step at a time, as a live run feeds them, on an index already holding ``recordings``."""
+    from steadytune.telemetry.store import RunStore
+
+    with tempfile.TemporaryDirectory(prefix="steadytune-heatmap-") as tmp:
+        store = RunStore(Path(tmp) / "run.db")
+        rng = random.Random(1)
+        for i in range(0, recordings, 500):
+            store.add_steps([record(GRADFLOW_EVERY * j, 0, 1e9 + j, rng, 0.1) for j in range(i + 1, i + 501)])
+        with_flow, without = [], []
+        for j in range(recordings + 1, recordings + live + 1):
+            for step in range(GRADFLOW_EVERY * j, GRADFLOW_EVERY * j + GRADFLOW_EVERY, 5):
+                r = record(step, 0, 1e9 + step / 10, rng, 0.1)
+                t = time.perf_counter()
+                store.add_steps([r])
+                (with_flow if "gradflow" in r.extra else without).append(time.perf_counter() - t)
+        store.close()
+    extra = statistics.mean(with_flow) - statistics.mean(without)
+    per_1000 = 1000 / GRADFLOW_EVERY * extra * 1000
+    print(
+        f"{label}: writer, {recordings:,} recordings indexed, {live} more one step at a time: a step with a "
+        f"recording {statistics.mean(with_flow) * 1000:.2f} ms "
+        f"(median {statistics.median(with_flow) * 1000:.2f}), "
+        f"without {statistics.mean(without) * 1000:.2f} ms: the recordings cost {per_1000:.0f} ms per 1,000 "
+        f"steps; {load()}",
+        flush=True,
+    )
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--recordings", type=int, nargs="+", default=[2000, 20000])
     p.add_argument("--points", type=int, default=360, help="columns asked (the page: its width / 3 px)")
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--label", default="this checkout")
+    p.add_argument("--writer", action="store_true", help="also what a recording costs the run's indexer")
     args = p.parse_args()
     for n in args.recordings:
         bench(n, args.points, args.repeat, args.label)
+    if args.writer:
+        bench_writer(max(args.recordings), args.label)
     return 0
 
 

@@ -92,11 +92,11 @@ def refresh_levels(
     From the recordings, not added to what is stored: a later attempt that replaced or dropped a
     recording leaves no trace of the old one.
 
-    ``front``: the newest finest bucket this process wrote, per rank (kept by the caller). While
-    only that bucket changes (a live run's every recording), the levels above it wait until the
-    next one opens, as the series' do (``StoreBase.refresh_coarse``): eleven levels rewritten per
-    recording were 5 ms of the supervisor's time every 50 steps. :meth:`GradFlowQueries.flow_map`
-    reads each level's newest bucket from the finest, which is always current, so it loses nothing.
+    ``front``: the newest finest bucket this process wrote, per rank (kept by the caller). A
+    level's newest bucket is left to wait while a live run appends (eleven levels rewritten per
+    recording were 5 ms of the supervisor's time every 50 steps), as the series' coarse levels
+    wait (``StoreBase.refresh_coarse``): :meth:`GradFlowQueries.flow_map` reads it from the
+    finest, which is always current, so it loses nothing.
     """
     if rank is None:
         for (r,) in db.execute("SELECT DISTINCT rank FROM gradflow").fetchall():
@@ -125,11 +125,11 @@ def refresh_levels(
         span.add(step, layer_names, _nums(norm), _nums(zf))
     _write_level(db, rank, 0, b_lo, b_hi, made)
     known = (b_lo, b_hi)  # the buckets of the level below that ``made`` holds (those not in it are empty)
+    append = False
     if front is not None:
         newest = front.get(rank)
         if newest is None:
-            # The first write here: the bucket that was newest when another process (or an earlier
-            # one) stopped may not have been brought up yet.
+            # The first write here: the newest bucket of an earlier writer may not have been brought up.
             row = db.execute(
                 "SELECT MAX(bucket) FROM gradflow_levels WHERE rank=? AND level=? AND bucket<?",
                 (rank, unit, b_lo),
@@ -138,18 +138,24 @@ def refresh_levels(
         elif b_lo == b_hi == newest:
             return
         front[rank] = max(b_hi, newest)
-        b_lo = min(b_lo, newest)  # the bucket that was newest is complete now: bring it up too
+        # Recordings past the newest bucket (a live run's): at each level, what they completed, from
+        # the bucket that held the newest to the one before that holding the new newest, is written
+        # once; the new newest waits (``flow_map`` reads it from the finest). ~2 buckets per new one.
+        append = newest < b_lo
+        b_lo = min(b_lo, newest)
     for k in range(1, len(FLOW_LEVELS)):
-        below, made = made, {}
-        lo_k, hi_k = b_lo >> k, b_hi >> k
+        lo_k, hi_k = b_lo >> k, (b_hi >> k) - append
+        if lo_k > hi_k:
+            break
         # The buckets below that were just made are at hand; the others in these buckets are read.
+        below = {b: span for b, span in made.items() if 2 * lo_k <= b <= 2 * hi_k + 1}
         for first, last, n, cells, b in db.execute(
             "SELECT first, last, n, cells, bucket FROM gradflow_levels WHERE rank=? AND level=? "
             "AND bucket BETWEEN ? AND ? AND bucket NOT BETWEEN ? AND ?",
             (rank, FLOW_LEVELS[k - 1], 2 * lo_k, 2 * hi_k + 1, *known),
         ):
             below[b] = Span.from_row(first, last, n, cells)
-        known = (lo_k, hi_k)
+        known, made = (lo_k, hi_k), {}
         for b in sorted(below):
             # The spans below are written already: the first of each pair becomes the one above.
             if b >> 1 in made:
