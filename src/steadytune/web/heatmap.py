@@ -70,12 +70,14 @@ def judge(
     """
     if cell is None or not cell.n:
         return None, None, None
-    judged = [(cell_state(layer, norm, zf, limits), norm, zf) for norm, zf in cell.candidates()]
-    worst = max(s for s, _, _ in judged if s is not None)
+    candidates = cell.candidates()
+    states = [STATES.index(layer_state(layer, norm, zf, **limits)) for norm, zf in candidates]
+    worst = max(states)
     if worst == OK:
         norm, zf = cell.mean()
         return norm, zf, OK
-    _, norm, zf = max((j for j in judged if j[0] == worst), key=lambda j: _extremity(worst, j[1], j[2]))
+    norm, zf = max((c for c, s in zip(candidates, states, strict=True) if s == worst),
+                   key=lambda c: _extremity(worst, *c))  # fmt: skip
     return _norm_json(norm), zf, worst
 
 

@@ -141,7 +141,8 @@ class LayerSummary:
             out.append((self.top, self.top_zf))
         if self.low is not None:
             out.append((self.low, self.low_zf))
-        out.extend((norm, zf) for zf, norm in self.front)
+        # A front point is most often the largest norm itself (a layer's share of zeros rarely moves).
+        out.extend((norm, zf) for zf, norm in self.front if norm != self.top or zf != self.top_zf)
         return out
 
     def mean(self) -> tuple[float, float | None]:
