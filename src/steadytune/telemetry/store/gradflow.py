@@ -207,8 +207,9 @@ class GradFlowQueries(StoreBase):
         levels: bool = True,
     ) -> FlowMap:  # fmt: skip
         """The recordings of steps in ``[lo, hi]`` in at most ``points`` columns (one per recording when
-        they are that few), from the stored levels where a column holds at least a bucket of the
-        finest (``levels=False``: from the recordings; so is an index that has none).
+        they are that few), from the stored levels where a column holds at least two buckets of the
+        finest (:func:`.flowsummary.grid`; ``levels=False``: from the recordings, as an index that
+        has no levels is answered). The columns are the same either way.
 
         A level bucket only partly in the range is not used: the recordings past the range's edge
         would join it. Its recordings in the range are read instead (at most two buckets' worth).
@@ -247,25 +248,24 @@ class GradFlowQueries(StoreBase):
                 rows = ((r.step, r.layers, r.norm, r.zero_frac) for r in self.gradflow(lo_, hi_, rank))
                 cols = recording_columns(rows, lo_, width, points)
                 return FlowMap(cols, total, max(c.n for c in cols))
-            else:
-                # The newest bucket of a level may wait for its last finest bucket (refresh_levels):
-                # read it from the finest buckets, which are always current.
-                newest = run_last // level if level > FLOW_LEVELS[0] else full_hi + 1
-                unit = FLOW_LEVELS[0]
-                sql = (
-                    "SELECT first, last, n, cells FROM gradflow_levels WHERE rank=? AND level=? "
-                    "AND bucket BETWEEN ? AND ? ORDER BY bucket"
-                )
-                stored = self._db.execute(sql, (rank, level, full_lo, min(full_hi, newest - 1))).fetchall()
-                if full_hi >= newest:
-                    stored += self._db.execute(
-                        sql, (rank, unit, newest * level // unit, (full_hi + 1) * level // unit - 1)
-                    ).fetchall()
-                spans = [
-                    *self._raw_spans(lo_, full_lo * level - 1, rank),
-                    *(Span.from_row(*r) for r in stored),
-                    *self._raw_spans((full_hi + 1) * level, hi_, rank),
-                ]
+            # A level's newest bucket may wait for the run to pass it (refresh_levels): read it from
+            # the finest buckets, which are always current.
+            unit = FLOW_LEVELS[0]
+            newest = run_last // level if level > unit else full_hi + 1
+            sql = (
+                "SELECT first, last, n, cells FROM gradflow_levels WHERE rank=? AND level=? "
+                "AND bucket BETWEEN ? AND ? ORDER BY bucket"
+            )
+            stored = self._db.execute(sql, (rank, level, full_lo, min(full_hi, newest - 1))).fetchall()
+            if full_hi >= newest:
+                stored += self._db.execute(
+                    sql, (rank, unit, newest * level // unit, (full_hi + 1) * level // unit - 1)
+                ).fetchall()
+            spans = [
+                *self._raw_spans(lo_, full_lo * level - 1, rank),
+                *(Span.from_row(*r) for r in stored),
+                *self._raw_spans((full_hi + 1) * level, hi_, rank),
+            ]
         cols = columns(spans, lo_, width, points)
         return FlowMap(cols, total, max((c.n for c in cols), default=1))
 
