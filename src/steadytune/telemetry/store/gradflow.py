@@ -95,8 +95,9 @@ def refresh_levels(
     ``front``: the newest finest bucket this process wrote, per rank (kept by the caller). A
     level's newest bucket is left to wait while a live run appends (eleven levels rewritten per
     recording were 5 ms of the supervisor's time every 50 steps), as the series' coarse levels
-    wait (``StoreBase.refresh_coarse``): :meth:`GradFlowQueries.flow_map` reads it from the
-    finest, which is always current, so it loses nothing.
+    wait (``StoreBase.refresh_coarse``): :meth:`GradFlowQueries.flow_map` reads the run's newest
+    bucket of a level from the finest level, and the newest finest bucket from its recordings
+    (at most ~5), so it loses nothing.
     """
     if rank is None:
         for (r,) in db.execute("SELECT DISTINCT rank FROM gradflow").fetchall():
@@ -109,22 +110,6 @@ def refresh_levels(
             return
     unit = FLOW_LEVELS[0]
     b_lo, b_hi = lo // unit, hi // unit
-    made: dict[int, Span] = {}
-    names: dict[str, list[str]] = {}
-    for step, layers, norm, zf in db.execute(
-        "SELECT step, layers, norm, zero_frac FROM gradflow WHERE rank=? AND step BETWEEN ? AND ? "
-        "ORDER BY step",
-        (rank, b_lo * unit, b_hi * unit + unit - 1),
-    ):
-        layer_names = names.get(layers)
-        if layer_names is None:
-            layer_names = names[layers] = json.loads(layers)
-        span = made.get(step // unit)
-        if span is None:
-            span = made[step // unit] = Span(step, step)
-        span.add(step, layer_names, _nums(norm), _nums(zf))
-    _write_level(db, rank, 0, b_lo, b_hi, made)
-    known = (b_lo, b_hi)  # the buckets of the level below that ``made`` holds (those not in it are empty)
     append = False
     if front is not None:
         newest = front.get(rank)
@@ -140,9 +125,26 @@ def refresh_levels(
         front[rank] = max(b_hi, newest)
         # Recordings past the newest bucket (a live run's): at each level, what they completed, from
         # the bucket that held the newest to the one before that holding the new newest, is written
-        # once; the new newest waits (``flow_map`` reads it from the finest). ~2 buckets per new one.
+        # once; the new newest waits (``flow_map`` reads it from the level below, the finest from the
+        # recordings). ~2 buckets written per 256 steps.
         append = newest < b_lo
         b_lo = min(b_lo, newest)
+    made: dict[int, Span] = {}
+    names: dict[str, list[str]] = {}
+    for step, layers, norm, zf in db.execute(
+        "SELECT step, layers, norm, zero_frac FROM gradflow WHERE rank=? AND step BETWEEN ? AND ? "
+        "ORDER BY step",
+        (rank, b_lo * unit, (b_hi - append) * unit + unit - 1),
+    ):
+        layer_names = names.get(layers)
+        if layer_names is None:
+            layer_names = names[layers] = json.loads(layers)
+        span = made.get(step // unit)
+        if span is None:
+            span = made[step // unit] = Span(step, step)
+        span.add(step, layer_names, _nums(norm), _nums(zf))
+    _write_level(db, rank, 0, b_lo, b_hi - append, made)
+    known = (b_lo, b_hi - append)  # the buckets of the level below that ``made`` holds (others are empty)
     for k in range(1, len(FLOW_LEVELS)):
         lo_k, hi_k = b_lo >> k, (b_hi >> k) - append
         if lo_k > hi_k:
@@ -248,23 +250,26 @@ class GradFlowQueries(StoreBase):
                 rows = ((r.step, r.layers, r.norm, r.zero_frac) for r in self.gradflow(lo_, hi_, rank))
                 cols = recording_columns(rows, lo_, width, points)
                 return FlowMap(cols, total, max(c.n for c in cols))
-            # A level's newest bucket may wait for the run to pass it (refresh_levels): read it from
-            # the finest buckets, which are always current.
+            # A level's newest bucket waits for the run to pass it (refresh_levels): the run's newest
+            # is read from the finest level, and the newest of those from the recordings.
             unit = FLOW_LEVELS[0]
-            newest = run_last // level if level > unit else full_hi + 1
+            newest, newest_unit = run_last // level, run_last // unit
             sql = (
                 "SELECT first, last, n, cells FROM gradflow_levels WHERE rank=? AND level=? "
                 "AND bucket BETWEEN ? AND ? ORDER BY bucket"
             )
             stored = self._db.execute(sql, (rank, level, full_lo, min(full_hi, newest - 1))).fetchall()
+            raw_from = (full_hi + 1) * level
             if full_hi >= newest:
-                stored += self._db.execute(
-                    sql, (rank, unit, newest * level // unit, (full_hi + 1) * level // unit - 1)
-                ).fetchall()
+                if level > unit:
+                    stored += self._db.execute(
+                        sql, (rank, unit, newest * level // unit, newest_unit - 1)
+                    ).fetchall()
+                raw_from = newest_unit * unit
             spans = [
                 *self._raw_spans(lo_, full_lo * level - 1, rank),
                 *(Span.from_row(*r) for r in stored),
-                *self._raw_spans((full_hi + 1) * level, hi_, rank),
+                *self._raw_spans(raw_from, hi_, rank),
             ]
         cols = columns(spans, lo_, width, points)
         return FlowMap(cols, total, max((c.n for c in cols), default=1))
