@@ -139,8 +139,8 @@ class LayerSummary:
             out.append((self.bad, self.bad_zf))
         if self.top is not None:
             out.append((self.top, self.top_zf))
-        if self.low is not None:
-            out.append((self.low, self.low_zf))
+        if self.low is not None and (self.low != self.top or self.low_zf != self.top_zf):
+            out.append((self.low, self.low_zf))  # not when it is the same recording (a single one)
         # A front point is most often the largest norm itself (a layer's share of zeros rarely moves).
         out.extend((norm, zf) for zf, norm in self.front if norm != self.top or zf != self.top_zf)
         return out
