@@ -24,6 +24,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO / "tests" / "e2e"))
 
+from _scale_feed import GRADFLOW_EVERY, gradflow  # noqa: E402
 from chromium import find_chromium, open_chromium, wait_js  # noqa: E402
 from dashboard import Dashboard  # noqa: E402  (benchmarks/dashboard.py: the dashboard as its own process)
 
@@ -147,8 +148,10 @@ def make_long_run(
     runs_dir: Path, run_id: str, steps: int, gpus: int = 8, step_s: float = 0.1
 ) -> list[tuple[int, float]]:
     """A finished run's index as its supervisor leaves it, written straight into ``run.db``: ``steps``
-    steps (a decaying loss under 3 % noise, one 3x spike per 100,000 steps) at ``step_s`` each, and a
-    system sample with ``gpus`` GPUs every second of it. Returns the spikes as ``(step, loss)``.
+    steps (a decaying loss under 3 % noise, one 3x spike per 100,000 steps) at ``step_s`` each, a
+    gradient-flow recording of 27 layers every 50 steps (as the guard writes them: the run page's
+    heat map), and a system sample with ``gpus`` GPUs every second of it. Returns the spikes as
+    ``(step, loss)``.
 
     No supervisor and no JSONL: a million supervised steps take a quarter of an hour to feed; the
     dashboard's answers read only the index.
@@ -182,6 +185,7 @@ def make_long_run(
                     mem_reserved_bytes=11 << 30,
                     mem_peak_bytes=12 << 30,
                     eval_loss=1.0 if s % 5000 == 0 else None,
+                    extra={"gradflow": gradflow(s)} if s % GRADFLOW_EVERY == 0 else {},
                 )
             )
         store.add_steps(recs)

@@ -55,19 +55,24 @@ def loss_at(step: int, rng: random.Random) -> float:
     return 3.0 * level if is_spike(step) else level + rng.gauss(0.0, 0.02)
 
 
+def gradflow(step: int) -> dict:
+    """A healthy gradient-flow recording of the 27 layers at ``step``, as the guard writes it."""
+    norm = [0.5 * 0.9**i * (1 + 0.1 * math.sin(step / 300 + i)) for i in range(len(LAYERS))]
+    return {
+        "layers": LAYERS,
+        "norm": norm,
+        "zero_frac": [0.01] * len(LAYERS),
+        "hist": [[1, 4, 30, 60, 20, 3]] * len(LAYERS),
+        "bins": BINS,
+    }
+
+
 def record(step: int, rank: int, ts: float, rng: random.Random, compute_s: float) -> StepRecord:
     first = (step * BATCH * 64 + rank * BATCH) % 1_000_000
     ids = tuple(range(first, first + BATCH))
     extra: dict = {"compute_time_s": compute_s}
     if step % GRADFLOW_EVERY == 0:
-        norm = [0.5 * 0.9**i * (1 + 0.1 * math.sin(step / 300 + i)) for i in range(len(LAYERS))]
-        extra["gradflow"] = {
-            "layers": LAYERS,
-            "norm": norm,
-            "zero_frac": [0.01] * len(LAYERS),
-            "hist": [[1, 4, 30, 60, 20, 3]] * len(LAYERS),
-            "bins": BINS,
-        }
+        extra["gradflow"] = gradflow(step)
     return StepRecord(
         step=step,
         ts=ts,

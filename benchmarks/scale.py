@@ -14,7 +14,8 @@ Sections (``--only``):
   with status and events, events) and its run page in headless Chromium, with every loss spike
   (one per 100,000 steps, 3x) still drawn. The telemetry on disk counts its rotated segments
   (``--set run.telemetry_segment_bytes=N`` rotates sooner than the default 64 MiB).
-- ``series``: a finished run of 100k / 1M steps (``--series``) with 8 GPUs sampled every second,
+- ``series``: a finished run of 100k / 1M steps (``--series``) with 8 GPUs sampled every second and
+  gradient flow recorded every 50 steps (the page's heat map),
   its index generated straight into ``run.db`` (a minute, where feeding the supervisor a million
   steps takes a quarter of an hour): the series answer with every GPU and as the run page asks
   for it (one GPU), and the run page in Chromium with every loss spike still drawn.
