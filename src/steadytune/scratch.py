@@ -127,7 +127,8 @@ def _new_name(prefix: str, where: Path | None) -> Path:
     if not _AT_EXIT:
         _AT_EXIT.append(True)
         atexit.register(remove_own)
-    root = Path(where if where is not None else tempfile.gettempdir())
+    # Absolute, as mkdtemp's were: a chdir before the exit must not aim the removal elsewhere.
+    root = Path(os.path.abspath(where if where is not None else tempfile.gettempdir()))
     path = root / f"{prefix}{owner}-{secrets.token_hex(4)}"
     _MADE[path] = pid
     return path
