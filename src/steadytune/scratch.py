@@ -13,12 +13,18 @@ the temporary folder) names a pid this process cannot look up: it is left alone.
 
 Where the start time cannot be read (no ``/proc``), the folder is named with the pid alone and
 swept only when no process has that pid.
+
+A folder its owner has not removed by the time it exits (a SIGTERM raised between the making of
+the folder and the ``try`` meant to remove it) is removed at that exit: each is recorded before
+it is made.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
+import secrets
 import shutil
 import stat
 import tempfile
@@ -103,21 +109,71 @@ def _gone(entry: os.DirEntry[str], prefix: str, uid: int | None, proc: Path) -> 
     return mine and owner_gone(entry.name, prefix, proc)
 
 
-def owned_tempdir(prefix: str, where: Path | None = None) -> Path:
-    """A new folder in the temporary folder (or ``where``) named for this process; the folders of
-    ``prefix`` that dead owners left are removed first. The caller removes its own when done."""
+# This process's folders, each recorded (with the pid that made it: a forked child inherits the
+# record, not the folder) before it exists, and removed at exit if still there.
+_MADE: dict[Path, int] = {}
+_AT_EXIT: list[bool] = []
+
+
+def _new_name(prefix: str, where: Path | None) -> Path:
+    """A name for a new folder of this process, recorded for removal at its exit; not made yet.
+
+    Recorded first: a stop raised between any two lines (SIGTERM and Ctrl-C are raised as
+    exceptions where the code is) then leaves no folder that neither its ``with`` nor the exit
+    removes. ``mkdtemp`` made the folder before its caller could see its name."""
     sweep(prefix, where)
     pid = os.getpid()
     owner = f"{pid}-{started(pid) or _UNKNOWN}-{namespace()}"
-    return Path(tempfile.mkdtemp(prefix=f"{prefix}{owner}-", dir=where))
+    if not _AT_EXIT:
+        _AT_EXIT.append(True)
+        atexit.register(remove_own)
+    # Absolute, as mkdtemp's were: a chdir before the exit must not aim the removal elsewhere.
+    root = Path(os.path.abspath(where if where is not None else tempfile.gettempdir()))
+    path = root / f"{prefix}{owner}-{secrets.token_hex(4)}"
+    _MADE[path] = pid
+    return path
+
+
+def _make(path: Path, prefix: str, where: Path | None) -> Path:
+    """``path`` made (only its owner may enter it), or another new name where ``path`` is taken."""
+    while True:
+        try:
+            path.mkdir(mode=0o700)
+            return path
+        except FileExistsError:
+            path = _new_name(prefix, where)
+
+
+def owned_tempdir(prefix: str, where: Path | None = None) -> Path:
+    """A new folder in the temporary folder (or ``where``) named for this process; the folders of
+    ``prefix`` that dead owners left are removed first. The caller removes its own when done
+    (:func:`remove`); what it has not removed by the time this process exits is removed then."""
+    return _make(_new_name(prefix, where), prefix, where)
+
+
+def remove(path: Path) -> None:
+    """Remove a folder of :func:`owned_tempdir`, and its record."""
+    shutil.rmtree(path, ignore_errors=True)
+    _MADE.pop(path, None)
+
+
+def remove_own() -> list[Path]:
+    """Remove the folders this process made that are still there (run at its exit); those removed."""
+    pid = os.getpid()
+    mine = [path for path, maker in list(_MADE.items()) if maker == pid]
+    removed = [path for path in mine if os.path.lexists(path)]
+    for path in mine:
+        remove(path)
+    return removed
 
 
 @contextmanager
 def owned_tempdir_for(prefix: str, where: Path | None = None) -> Iterator[Path]:
     """:func:`owned_tempdir` for the length of a ``with``: removed when it ends, however it ends,
     short of a kill that runs no code (the next one of ``prefix`` then removes it)."""
-    path = owned_tempdir(prefix, where)
-    try:
+    path = _new_name(prefix, where)
+    try:  # from before the folder exists: a stop at any line after the name is known removes it
+        path = _make(path, prefix, where)
         yield path
     finally:
-        shutil.rmtree(path, ignore_errors=True)
+        remove(path)

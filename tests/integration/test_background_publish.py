@@ -36,10 +36,22 @@ class PublishFinished(TrainerCallback):
             thread.join(timeout=30)
 
 
-def trainer_with(tmp_path: Path, assets: Path, keeper_of: Any, wait: bool = False) -> tuple[Any, Guard]:
+class StepsEnded(TrainerCallback):
+    """After the guard's on_step_end (its step record written): tells the faults which step ended."""
+
+    def __init__(self, faults: Faults) -> None:
+        self.faults = faults
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        self.faults.after_step(state.global_step, 0)
+
+
+def trainer_with(
+    tmp_path: Path, assets: Path, keeper_of: Any, wait: bool = False, after: list[Any] | None = None
+) -> tuple[Any, Guard]:
     guard = Guard(tmp_path / "run", rank=0, attempt=0)
     cb = GuardCallback(guard, keeper_of(guard), guard.run.staging)
-    trainer = plain_trainer(tmp_path, assets, [cb, PublishFinished(cb)] if wait else [cb])
+    trainer = plain_trainer(tmp_path, assets, [cb, *([PublishFinished(cb)] if wait else []), *(after or [])])
     trainer.args.max_steps, trainer.args.save_steps = 4, 2
     return trainer, guard
 
@@ -47,20 +59,24 @@ def trainer_with(tmp_path: Path, assets: Path, keeper_of: Any, wait: bool = Fals
 def test_the_steps_after_a_save_run_while_it_is_published_and_train_returns_it_sealed(
     tmp_path: Path, demo_assets: Path
 ) -> None:
+    # checkpoint-2 is held in its window until step 3 has ended: a publish in front of the steps
+    # would never see it end (the hold gives up after 120 s, and step 3 comes after the save).
+    # A fixed 1.5 s hold stood for it, and a step slower than that on a loaded machine failed.
+    held = Faults(slow_save_step=2, slow_save_until_step=3)
+
     def keeper(guard: Guard) -> CheckpointKeeper:
-        held = Faults(slow_save_s=1.5, slow_save_step=2)
         return CheckpointKeeper(
             guard.run, min_free_bytes=0, save_fault=lambda step: held.in_save_window(step, 0)
         )
 
-    trainer, guard = trainer_with(tmp_path, demo_assets, keeper)
+    trainer, guard = trainer_with(tmp_path, demo_assets, keeper, after=[StepsEnded(held)])
     trainer.train()
     for step in (2, 4):
         assert verify(guard.run.checkpoints / f"checkpoint-{step}").ok
     records = list(iter_records(guard.run.telemetry(0)))
     step3 = next(r for r in records if isinstance(r, StepRecord) and r.step == 3)
     saved2 = next(r for r in records if isinstance(r, Event) and r.name == "checkpoint_saved" and r.step == 2)
-    assert step3.ts < saved2.ts  # step 3 trained while checkpoint-2 sat in its 1.5 s window
+    assert step3.ts < saved2.ts  # step 3 trained while checkpoint-2 sat in its window
     guard.close()
 
 

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import itertools
 import os
+import sys
 import tracemalloc
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
-from steadytune.scratch import namespace, owned_tempdir, started, sweep
+import pytest
+
+import steadytune.scratch as scratch
+from steadytune.scratch import namespace, owned_tempdir, owned_tempdir_for, remove_own, started, sweep
 
 PREFIX = "steadytune-test-"
 
@@ -96,3 +105,68 @@ def test_a_sweep_of_a_crowded_temporary_folder_holds_none_of_its_entries(tmp_pat
     finally:
         tracemalloc.stop()
     assert peak < 10 * crowd, f"held {peak:,} bytes walking {crowd:,} entries"  # under 10 bytes an entry
+
+
+class _Stop(BaseException):
+    """What the ``steadytune`` command raises on SIGTERM (``cli.main.Terminated``), between two lines."""
+
+
+@contextmanager
+def _stop_at_line(n: int) -> Iterator[None]:
+    """Raise :class:`_Stop` at the ``n``-th line run in ``scratch.py`` (0 the first), as a signal
+    handler raises where the code is. Its own lines only: a stop inside the standard library's
+    locks would hang the next call, which a process that is exiting never makes."""
+    seen = [0]
+    previous = sys.gettrace()
+
+    def trace(frame: FrameType, event: str, arg: Any) -> Any:
+        if frame.f_code.co_filename != scratch.__file__:
+            return None
+        if event == "line":
+            if seen[0] == n:
+                raise _Stop
+            seen[0] += 1
+        return trace
+
+    sys.settrace(trace)
+    try:
+        yield
+    finally:
+        sys.settrace(previous)
+
+
+def _in_a_with(where: Path) -> Path:
+    with owned_tempdir_for(PREFIX, where) as made:
+        return made
+
+
+@pytest.mark.parametrize(
+    "make", [_in_a_with, lambda where: owned_tempdir(PREFIX, where)], ids=["with", "plain"]
+)
+def test_a_stop_at_any_line_of_the_making_leaves_no_folder_once_the_process_exits(
+    tmp_path: Path, make: Callable[[Path], Path]
+) -> None:
+    """SIGTERM once the folder existed, before the ``try`` meant to remove it (or within its clean-up),
+    left it behind for good: a terminated dashboard its cache, a terminated ``analyze`` its copy.
+    Whatever was made is removed as the process exits, wherever the stop came."""
+    for n in itertools.count():
+        try:
+            with _stop_at_line(n):
+                made = make(tmp_path)
+        except _Stop:
+            remove_own()  # what the process does as it exits
+            assert list(tmp_path.iterdir()) == [], f"left by a stop at line {n}"
+            continue
+        break  # no line left to stop at: made whole
+    left = [made] if made.exists() else []  # a plain one is the caller's to remove; a with's is gone
+    assert n > 5 and remove_own() == left and list(tmp_path.iterdir()) == []
+
+
+def test_a_forked_child_leaves_its_parents_folders_at_its_exit(tmp_path: Path) -> None:
+    mine = owned_tempdir(PREFIX, tmp_path)
+    pid = os.fork()
+    if pid == 0:  # the child: what it runs at its exit
+        os._exit(len(remove_own()))
+    _, code = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(code) == 0 and mine.is_dir()
+    assert remove_own() == [mine]

@@ -215,7 +215,7 @@ def _trainer_at_checkpoint(cfg: Any, meta: dict[str, Any], ckpt: Path | None, to
         lr_scale=last["lr_scale"],
         max_seq_length=last["max_seq_length"],
     )
-    # The Trainer wants a folder it never writes to here: one a later replay removes once this one is gone.
+    # The Trainer wants a folder it never writes to here: removed as this process exits.
     staging = owned_tempdir("steadytune-replay-")
     args = training_arguments(cfg, plan, staging, has_eval=False)
     net = _load_model(cfg, ckpt)

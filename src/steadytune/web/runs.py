@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import stat
 import threading
 import time
@@ -30,7 +29,7 @@ from steadytune.config.yamlsafe import read_yaml
 from steadytune.goodput.load import AccountCache
 from steadytune.regularfile import read_text
 from steadytune.rundir import RunDir, file_stamp, looks_like_run, valid_run_id
-from steadytune.scratch import owned_tempdir
+from steadytune.scratch import owned_tempdir, remove
 from steadytune.telemetry.jsonl import within_depth
 from steadytune.telemetry.liveness import status_live
 from steadytune.telemetry.store import RunStore
@@ -583,4 +582,4 @@ class RunsIndex:
                 e.close()
             self._entries.clear()
         if self._own_cache:
-            shutil.rmtree(self._cache_dir, ignore_errors=True)
+            remove(self._cache_dir)

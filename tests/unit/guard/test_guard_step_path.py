@@ -6,7 +6,6 @@ import dataclasses
 import json
 import math
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ from steadytune.records import (
 )
 from steadytune.rundir import RunDir
 from steadytune.telemetry.stream import iter_records
+from tests.waiting import wait_for
 
 
 def reference_dict(record: Any) -> dict[str, Any]:
@@ -76,13 +76,6 @@ def test_rss_bytes_reads_what_psutil_reads() -> None:
     assert mine is not None and abs(mine - theirs) <= 8 * 1024**2  # the two reads are moments apart
 
 
-def wait_for(cond: Any, timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.005)
-
-
 def test_a_watched_guard_reads_the_queue_only_after_its_thread_saw_a_new_file(tmp_path: Path) -> None:
     run = RunDir(tmp_path / "r").create()
     send_control(run, "checkpoint", "before the watch")
@@ -95,7 +88,7 @@ def test_a_watched_guard_reads_the_queue_only_after_its_thread_saw_a_new_file(tm
     assert guard.poll_control() is None  # the thread has not looked since the file landed
     guard.begin_step()
     guard.end_step(1)  # a step end wakes the thread
-    wait_for(lambda: guard._control_flag.is_set())
+    wait_for(guard._control_flag.is_set, what="the watch thread to see the new file", interval=0.005)
     got = guard.poll_control()
     assert got is not None and got["command"] == "stop"
     assert guard.poll_control() is None
@@ -108,7 +101,7 @@ def test_a_watched_guard_records_rss_read_after_the_step_before(tmp_path: Path) 
     guard._rss = -1  # a value no reading gives: the next record must show the thread's reading instead
     guard.begin_step()
     assert guard.end_step(1).rss_bytes == -1  # the loop never reads RSS itself
-    wait_for(lambda: guard._rss != -1)
+    wait_for(lambda: guard._rss != -1, what="the watch thread to read RSS", interval=0.005)
     guard.begin_step()
     rss = guard.end_step(2).rss_bytes
     assert rss is not None and rss > 0

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +12,7 @@ from steadytune.server.daemon import Daemon, ServerPaths
 from steadytune.server.jobs import ProcessTable, run_id
 from steadytune.server.ledger import GIB, GpuReading
 from steadytune.server.queue import JobQueue, QueueError
+from tests.waiting import wait_for
 
 # Writes the run's status.json as a supervisor would, then waits for the gate and ends as told.
 JOB = """
@@ -29,6 +29,13 @@ while not gate.exists():
     time.sleep(0.02)
 status(gate.read_text() or "completed")
 """
+# A supervisor still starting (imports, preflight): it writes no run status before its gate opens.
+STARTING = """
+import pathlib, sys, time
+gate = pathlib.Path(sys.argv[2])
+while not gate.exists():
+    time.sleep(0.02)
+"""
 _GATES: list[Path] = []
 
 
@@ -42,14 +49,14 @@ def _stand_ins_end_with_their_test():
     _GATES.clear()
 
 
-def make(tmp_path: Path, readings: list[GpuReading]) -> Daemon:
+def make(tmp_path: Path, readings: list[GpuReading], script: str = JOB) -> Daemon:
     paths = ServerPaths(tmp_path / "server", tmp_path / "runs")
     gate_dir = tmp_path / "gates"
     gate_dir.mkdir(exist_ok=True)
 
     def command(job, runs_dir):
         _GATES.append(gate_dir / job.id)
-        return [sys.executable, "-c", JOB, str(runs_dir / run_id(job)), str(gate_dir / job.id)]
+        return [sys.executable, "-c", script, str(runs_dir / run_id(job)), str(gate_dir / job.id)]
 
     return Daemon(JobQueue(paths.queue), paths, lambda: tuple(readings), command=command)
 
@@ -57,14 +64,6 @@ def make(tmp_path: Path, readings: list[GpuReading]) -> Daemon:
 def submit(d: Daemon, need_gib: float, gpus: int = 1, priority: int = 0) -> str:
     spec = {"kind": "supervise", "cmd": ["stand-in"], "label": "t", "cwd": str(d.paths.root.parent)}
     return d.queue.submit(spec, int(need_gib * GIB), "user", gpus=gpus, priority=priority).id
-
-
-def wait_for(pred, timeout: float = 20.0) -> None:
-    end = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > end:
-            raise AssertionError("timed out")
-        time.sleep(0.05)
 
 
 def status(d: Daemon, jid: str) -> dict:
@@ -129,7 +128,8 @@ def test_a_job_that_ended_while_the_daemon_was_down_is_settled_from_its_run(tmp_
 
 
 def test_cancel_hold_release(tmp_path: Path):
-    d = make(tmp_path, [GpuReading(0, 20 * GIB, 0, "fake")])
+    # Its stand-in writes no status before the stop: stopped while starting, whenever the stop comes.
+    d = make(tmp_path, [GpuReading(0, 20 * GIB, 0, "fake")], script=STARTING)
     running, waiting = submit(d, 15), submit(d, 15)
     d.tick()
     assert d.act("hold", waiting).state == "held"
@@ -144,8 +144,18 @@ def test_cancel_hold_release(tmp_path: Path):
     # A running job is asked to stop (SIGTERM to its supervisor) and is cancelled once it has ended.
     assert d.act("cancel", running).cancel_requested
     wait_for(lambda: (d.tick(), d.queue.get(running).state)[1] == "cancelled")
-    # Its stand-in wrote no run status: stopped while starting, which is what the reason says.
+    # Its run wrote no status: stopped while starting, which is what the reason says.
     assert d.queue.get(running).reason == "cancelled (while starting: its run had written no status yet)"
+
+
+def test_a_running_job_cancelled_says_what_its_run_said_last(tmp_path: Path):
+    d = make(tmp_path, [GpuReading(0, 20 * GIB, 0, "fake")])
+    running = submit(d, 15)
+    d.tick()
+    wait_for(lambda: status(d, running).get("state") == "running")  # past its start: it has a status
+    assert d.act("cancel", running).cancel_requested
+    wait_for(lambda: (d.tick(), d.queue.get(running).state)[1] == "cancelled")
+    assert d.queue.get(running).reason == "cancelled (run running)"
 
 
 def test_process_table_tells_a_reused_pid_from_the_job(tmp_path: Path):

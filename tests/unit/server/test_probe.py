@@ -16,8 +16,9 @@ from steadytune.server.jobs import run_id
 from steadytune.server.ledger import GIB
 from steadytune.server.probe import MARGIN, Probe
 from steadytune.server.queue import JobQueue
+from tests.waiting import wait_for
 
-from .test_daemon import JOB, wait_for
+from .test_daemon import JOB
 
 # What a training command looks like to NVML: its memory rises for a while, then stays level. It writes
 # itself into the GPU file the server reads, and records its pid so the test can see it was stopped.

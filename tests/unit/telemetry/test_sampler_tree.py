@@ -19,8 +19,12 @@ class _NoGpus:
 
 def test_tree_rss_sums_the_given_pids_and_skips_those_gone(tmp_path: Path) -> None:
     sampler = SystemSampler(tmp_path, nvml=_NoGpus())  # type: ignore[arg-type]
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    # Read once it has started: a child still starting grows (3 MB to 9 MB) between the sampler's
+    # reading and the test's own, and the sum looked short of it.
+    script = "import time; print('ready', flush=True); time.sleep(30)"
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
+        assert child.stdout is not None and child.stdout.readline() == "ready\n"
         gone = subprocess.Popen([sys.executable, "-c", "pass"])
         gone.wait()
         me, kid = psutil.Process(os.getpid()), psutil.Process(child.pid)
@@ -31,4 +35,4 @@ def test_tree_rss_sums_the_given_pids_and_skips_those_gone(tmp_path: Path) -> No
         assert sample.worker_rss_bytes is not None and sample.worker_rss_bytes < both
     finally:
         child.kill()
-        child.wait()
+        child.communicate()

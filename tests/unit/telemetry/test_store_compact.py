@@ -147,10 +147,11 @@ def test_a_crash_after_any_stage_leaves_the_old_index_or_the_new(
 
 KILLED = """
 import sys
+from pathlib import Path
 from steadytune.rundir import RunDir
 from steadytune.telemetry.store.compact import Keep, compact
 print("go", flush=True)
-compact(RunDir(sys.argv[1]), Keep(50_000, 1_000, 3_600.0, 300.0))
+compact(RunDir(Path(sys.argv[1])), Keep(50_000, 1_000, 3_600.0, 300.0))
 print("done", flush=True)
 """
 
@@ -167,8 +168,12 @@ def test_sigkill_mid_compaction_leaves_an_index_a_reader_trusts(
     killed = proc.poll() is None
     if killed:
         os.kill(proc.pid, signal.SIGKILL)
+    rest = proc.stdout.read()
     proc.wait(timeout=60)
     assert killed or delay_s > 0  # at 0 s it is killed mid-compaction, not after
+    # One that ended before the kill compacted whole: a child that crashed would test nothing (its
+    # RunDir was given a str, and every child died of a TypeError before compacting anything).
+    assert killed or (proc.returncode == 0 and rest == b"done\n"), (proc.returncode, rest)
     with sqlite3.connect(run.db) as db:
         assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
     assert _answers(run.db) == before

@@ -158,12 +158,16 @@ def test_over_http_each_finished_runs_series_appear_whole_and_never_change_or_va
     ids = [f"run-{i:02d}" for i in range(12)]
     for i, run_id in enumerate(ids):
         _run(runs, run_id, time.time() - 60.0 * (i + 1))
-    handle = start_dashboard(runs, host="127.0.0.1", port=0)
+    # The reader is held until the first answers are in: a reader that ran ahead (the test's own
+    # thread descheduled between two requests) would leave nothing for them to be answered without.
+    gate = threading.Semaphore(0)
+    handle = start_dashboard(runs, host="127.0.0.1", port=0, read_gate=gate)
     try:
         first = _get(handle.url + "metrics").decode()
-        assert _pending(first) > 0  # twelve runs are not read before the first scrape is answered
+        assert _pending(first) == len(ids) and not any(_series(first, run_id) for run_id in ids)
         rows = json.loads(_get(handle.url + "api/runs"))
-        assert any(r.get("indexing") for r in rows)
+        assert all(r.get("indexing") for r in rows) and len(rows) == len(ids)
+        gate.release(len(ids))  # one permit a run: the reader reads them all, while the scrapes go on
         seen: dict[str, list[str]] = {}
 
         def scrape() -> bool:

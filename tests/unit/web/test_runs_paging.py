@@ -6,12 +6,11 @@
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.unit.web.test_server_robustness import get, read_sse
+from tests.unit.web.test_server_robustness import Stream, get
 from tests.waiting import wait_for
 
 from steadytune.rundir import RunDir, atomic_write_text
@@ -121,10 +120,13 @@ def test_the_stream_of_a_page_sends_it_again_when_a_run_moves_into_it(
         status = json.loads(run.status.read_text())
         atomic_write_text(run.status, json.dumps({**status, "updated_ts": 1_800_000_000.0}))
 
-    timer = threading.Timer(0.6, move)
-    timer.start()
-    frames = read_sse(dashboard, "/api/stream?sort=updated_ts&order=desc&limit=2", seconds=2.8)
-    timer.join()
+    stream = Stream(dashboard, "/api/stream?sort=updated_ts&order=desc&limit=2")
+    try:
+        stream.until(lambda f: len(f) >= 1, what="the first page")  # sent before the run moves
+        move()
+        frames = stream.until(lambda f: [n for n, _ in f].count("runs") >= 2, what="the page again")
+    finally:
+        stream.close()
     pages = [data for name, data in frames if name == "runs"]
     assert isinstance(pages[0], dict) and [r["run_id"] for r in pages[0]["runs"]] == ["run-24", "run-23"]
     assert [r["run_id"] for r in pages[-1]["runs"]] == ["run-03", "run-24"] and pages[-1]["total"] == RUNS

@@ -9,10 +9,10 @@ from __future__ import annotations
 import http.client
 import json
 import socket
-import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tests.waiting import wait_for
@@ -39,30 +39,68 @@ def get(handle: DashboardHandle, path: str, timeout: float = 10.0) -> tuple[int,
         conn.close()
 
 
-def read_sse(handle: DashboardHandle, path: str, seconds: float) -> list[tuple[str, object]]:
-    """Every (event, data) of a stream read for ``seconds``."""
-    sock = socket.create_connection(("127.0.0.1", handle.port), timeout=5)
-    sock.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{handle.port}\r\n\r\n".encode())
-    sock.settimeout(0.1)
-    buf = b""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
+Frame = tuple[str, Any]
+
+
+class Stream:
+    """A live stream read as it comes: its (event, data) frames in :attr:`frames`, waited on by
+    what they hold, never for a fixed time (a loaded machine serves the first frame late)."""
+
+    def __init__(self, handle: DashboardHandle, path: str) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", handle.port), timeout=5)
+        self.sock.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{handle.port}\r\n\r\n".encode())
+        self.sock.settimeout(0.1)
+        self.frames: list[Frame] = []
+        self.ended = False
+        self._head: bytes | None = None
+        self._buf = b""
+
+    def _read(self) -> None:
         try:
-            chunk = sock.recv(65536)
+            chunk = self.sock.recv(65536)
         except TimeoutError:
-            continue
+            return
         if not chunk:
-            break
-        buf += chunk
-    sock.close()
-    head, _, body = buf.partition(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.1 200"), head[:200]
-    out = []
-    for frame in body.decode().split("\n\n"):
-        lines = dict(line.split(": ", 1) for line in frame.split("\n") if ": " in line and line[0] != ":")
-        if "event" in lines:
-            out.append((lines["event"], json.loads(lines["data"])))
-    return out
+            self.ended = True
+        self._buf += chunk
+        if self._head is None:
+            if b"\r\n\r\n" not in self._buf:
+                return
+            self._head, _, self._buf = self._buf.partition(b"\r\n\r\n")
+            assert self._head.startswith(b"HTTP/1.1 200"), self._head[:200]
+        *whole, self._buf = self._buf.split(b"\n\n")
+        for frame in whole:
+            text = frame.decode()
+            lines = dict(ln.split(": ", 1) for ln in text.split("\n") if ": " in ln and ln[0] != ":")
+            if "event" in lines:
+                self.frames.append((lines["event"], json.loads(lines["data"])))
+
+    def until(self, done: Callable[[list[Frame]], bool], what: str, timeout: float = 60.0) -> list[Frame]:
+        """The frames so far, once ``done(frames)`` holds (the timeout is only a backstop)."""
+        deadline = time.monotonic() + timeout
+        while not done(self.frames):
+            assert not self.ended, f"the stream ended before {what}: {self.frames}"
+            assert time.monotonic() < deadline, (
+                f"timed out after {timeout:g} s waiting for {what}: {self.frames}"
+            )
+            self._read()
+        return self.frames
+
+    def more(self, seconds: float) -> list[Frame]:
+        """The frames after ``seconds`` more of reading: what the server sends once it has nothing new
+        (a frame sent again shows here; a slow machine looks fewer times, it never fails for it)."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and not self.ended:
+            self._read()
+        return self.frames
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def events(frames: list[Frame]) -> list[dict[str, Any]]:
+    """The events of a run's stream, in the order sent."""
+    return [e for name, data in frames if name == "events" for e in data]
 
 
 @pytest.fixture
@@ -118,11 +156,13 @@ def test_finished_run_stream_sends_each_event_once(serve, tmp_path: Path, indexe
         handle, "/api/runs/done"
     )  # the first request opens (and for a finished run, syncs) the index
     assert status == 200
-    deadline = time.monotonic() + 5
-    while handle.app.index.get("done").store().step_count() < 4 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    frames = read_sse(handle, "/api/runs/done/stream?since=0&after=-1", seconds=1.0)  # ~20 polls
-    sent = [e for name, data in frames if name == "events" for e in data]
+    wait_for(lambda: handle.app.index.get("done").store().step_count() == 4, what="the run's steps indexed")
+    stream = Stream(handle, "/api/runs/done/stream?since=0&after=-1")
+    try:
+        stream.until(lambda f: len(events(f)) >= len(filed), what="every filed event")
+        sent = events(stream.more(1.0))  # ~20 more polls unloaded: none may send an event again
+    finally:
+        stream.close()
     assert all(isinstance(e.get("seq"), int) for e in sent), sent
     keys = [(e["kind"], e["name"], e["ts"]) for e in sent]
     assert len(keys) == len(set(keys)), f"an event was sent more than once: {keys}"
@@ -147,8 +187,12 @@ def test_worker_notices_are_the_events_of_a_run_without_an_event_log(serve, tmp_
         w.write(Event(ts=3.0, kind="action", name="checkpoint_saved", step=0))
     handle = serve(runs)
     get(handle, "/api/runs/bare")
-    frames = read_sse(handle, "/api/runs/bare/stream?since=0&after=-1", seconds=0.6)
-    sent = [e for name, data in frames if name == "events" for e in data]
+    stream = Stream(handle, "/api/runs/bare/stream?since=0&after=-1")
+    try:
+        stream.until(lambda f: len(events(f)) >= 2, what="both notices")
+        sent = events(stream.more(0.5))
+    finally:
+        stream.close()
     assert [(e.get("seq"), e["name"]) for e in sent] == [(0, "loss_spike"), (1, "checkpoint_saved")]
 
 
@@ -167,10 +211,8 @@ def test_a_deeply_nested_line_is_skipped_and_counted(serve, tmp_path: Path) -> N
     status, body = get(handle, "/api/runs/deep")
     assert status == 200, body[:300]
     entry = handle.app.index.get("deep")
-    deadline = time.monotonic() + 5
-    while entry.store().step_count() < 2 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert entry.store().step_count() == 2  # the lines around it are indexed
+    wait_for(lambda: entry.store().step_count() >= 2, what="the lines around it indexed")
+    assert entry.store().step_count() == 2  # the lines around it are indexed, and nothing else
     detail = json.loads(get(handle, "/api/runs/deep")[1])
     assert detail["unreadable_lines"] == 3  # two in telemetry/rank-0.jsonl, one in events.jsonl
     status, body = get(handle, "/api/runs/deep/series?points=100")
@@ -285,10 +327,14 @@ def test_the_runs_stream_sends_the_list_once_then_only_the_rows_that_changed(ser
         status = json.loads(moving.status.read_text())
         atomic_write_text(moving.status, json.dumps({**status, "state": "failed", "updated_ts": 1001.0}))
 
-    timer = threading.Timer(0.5, move)
-    timer.start()
-    frames = read_sse(handle, "/api/stream", seconds=2.6)  # the stream looks again every second
-    timer.join()
+    stream = Stream(handle, "/api/stream")
+    try:
+        stream.until(lambda f: len(f) >= 1, what="the list")  # the list is sent before the run moves
+        move()
+        stream.until(lambda f: len(f) >= 2, what="the moved row")
+        frames = stream.more(2.5)  # the stream looks again every second: nothing else is sent
+    finally:
+        stream.close()
     assert frames[0][0] == "runs" and [r["run_id"] for r in frames[0][1]] == ["moving", "still"]
     later = frames[1:]
     assert [name for name, _ in later] == ["runs_changed"], later
