@@ -6,18 +6,16 @@ the run's stability in one number. Two ways it goes wrong:
 - a **jump**: one update throws the policy far off (an LR burst, a bad batch): the KL
   ``rl.kl_jump_ratio`` (10x) its recent level in log space, and ``loss.spike_z``
   noise sigmas. Jumped points stay out of the level, so a KL that stays up stays
-  judged against where it was. From the second point of a run (or of a snippet after
-  a gap) on: while the level is **young** (under ``series.level_window``, 8, points) it
-  is the median of the few points so far, and the noise is shrunk towards the prior and
-  taken one standard error up, as the loss and gradient series judge a young level
-  (:class:`~.stats.Tracker`). But a **fresh policy**'s KL climbs from 0 by design: its
-  first points may grow a thousandfold (1e-5 to 0.01 in one step, healthy), so a young
-  level under ``rl.kl_runaway_min`` (0.1, where a KL has run nowhere) is no yardstick:
-  the prior is, that level itself. A young KL ``rl.kl_jump_ratio`` and ``loss.spike_z``
-  noise sigmas above it (the noise measured so far, shrunk towards the prior; not
-  widened for the few points, as the yardstick is no median of them) is a jump, caught
-  at its point: a KL of 1.2 nats or more within a run's first points where a fresh
-  policy shows 1e-4 to 0.05;
+  judged against where it was. While the level is **young** (under
+  ``series.level_window``, 8, points) it is the median of the few points so far, with the
+  noise shrunk towards the prior and taken one standard error up, as the loss and gradient
+  series judge a young level (:class:`~.stats.Tracker`), from a run's (or a snippet's)
+  third point on. But a **fresh policy**'s KL climbs from 0 by design: its first points may
+  grow a thousandfold (1e-5 to 0.01 in one step, healthy), so a per-token KL whose young
+  level is under ``rl.kl_runaway_min`` (0.1, where a KL has run nowhere) is judged against
+  that prior instead, from the second point: ``rl.kl_jump_ratio`` over it (1 nat per token)
+  is a jump, told at its point, where a fresh policy shows 1e-4 to 0.05. A young per-token
+  level above the prior keeps a bar no higher than the prior noise gives (:meth:`KLWatch._yardstick`);
 - a **runaway**: the KL climbs step after step, each step too small to be a jump,
   while the reward buys nothing with it. Its level (median of 8) ``rl.kl_runaway_ratio``
   (100x, the labelling guide's "x100 and more") above where it stood when the reward
@@ -90,7 +88,8 @@ class KLWatch:
         self.t = Tracker(limits.level_window, limits.noise_window, _NOISE_PRIOR, 2.0, 0.05)
         self._jump = math.log(limits.kl_jump_ratio)
         self._runaway = math.log(limits.kl_runaway_ratio)
-        self._fresh = math.log(limits.kl_runaway_min)
+        # 0 turns the fresh policy's prior off: every young level is then the run's own.
+        self._fresh = math.log(limits.kl_runaway_min) if limits.kl_runaway_min > 0 else -math.inf
         self._improved = reward_improved or (lambda: None)
         self._seen_improved: int | None = None
         self._ref: tuple[int, float] | None = None  # (step, log level) the runaway is measured from
@@ -162,7 +161,7 @@ class KLWatch:
         need = t.threshold(self.lim.spike_z)
         if fresh_prior and young:
             # A per-token KL's noise is known well enough: a few differences taken one standard
-            # error up (15x at three points) do not raise the bar past the prior noise's.
+            # error up (130,000x at the third point) do not raise the bar past the prior noise's.
             need = min(need, self.lim.spike_z * _NOISE_PRIOR * math.sqrt(1.0 + 1.0 / t.n_level))
         return t.level, max(self._jump, need), False
 

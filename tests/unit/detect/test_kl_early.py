@@ -14,7 +14,7 @@ import random
 
 import pytest
 
-from steadytune.detect import LiveDetector
+from steadytune.detect import DetectConfig, LiveDetector
 from steadytune.detect.kl import per_token
 from steadytune.records import Anomaly, StepRecord
 from tests.unit.detect import shapes
@@ -45,9 +45,9 @@ def _records(kls: list[float], seed: int, end: float, fields: str = "grpo") -> l
     return records([0.01] * n, [0.5] * n, extra=extra)
 
 
-def _kl_told(recs: list[StepRecord]) -> list[tuple[int, Anomaly]]:
+def _kl_told(recs: list[StepRecord], config: DetectConfig | None = None) -> list[tuple[int, Anomaly]]:
     """Each kl_blowup raised, with the step it was raised at."""
-    det, out = LiveDetector(), []
+    det, out = LiveDetector(config), []
     for r in recs:
         out += [(r.step, t.anomaly) for t in det.observe_step(r) if t.state == "raised"]
     return [(s, a) for s, a in out if a.kind == "kl_blowup"]
@@ -87,7 +87,7 @@ def test_only_a_per_token_kl_of_an_rl_run_is_held_to_the_prior() -> None:
 
 def _bursts() -> list:
     """(shape, first, noise, end). A run whose first points already stand about the prior's 0.1 (an
-    end of 0.1 at 30 % noise and more) is judged by its own young level, 25-33x over it: a leap to 3
+    end of 0.1 at 30 % noise and more) is judged by its own young level, 42-73x over it: a leap to 3
     nats from there is within that bar, and is left out."""
     out = []
     for shape, first, noise, end in itertools.product(shapes.FRESH_KL, FIRSTS, NOISES, ENDS):
@@ -117,3 +117,14 @@ def test_an_early_burst_is_told_at_its_point(shape: str, first: str, noise: floa
         assert len(told) == 1, case
         if end < 0.1:  # the young level under the prior: the prior judged it
             assert told[0][1].evidence["judged_by"] == "fresh policy", case
+
+
+def test_a_floor_of_zero_turns_the_prior_off() -> None:
+    """``rl.kl_runaway_min`` 0 (no floor to a runaway) leaves no prior either: every young level is
+    the run's own. The same early leap the prior tells at its point."""
+    kls = shapes.fresh_kl(30, 0.01, 0.1, 0, "saturating")
+    kls[1:4] = [5.0] * 3
+    recs = _records(kls, 0, 0.01)
+    assert [(s, a.evidence["judged_by"]) for s, a in _kl_told(recs)] == [(2, "fresh policy")]
+    off = _kl_told(recs, DetectConfig.model_validate({"rl": {"kl_runaway_min": 0.0}}))
+    assert all(a.evidence.get("judged_by") is None for _, a in off)
