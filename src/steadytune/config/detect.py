@@ -160,7 +160,10 @@ class RLConfig(_Strict):
         100.0, gt=1, description="a KL level this many times where it stood when the reward last improved"
     )
     kl_runaway_min: float = Field(
-        0.1, ge=0, description="...and at least this high: a KL still below it has run nowhere"
+        0.1,
+        ge=0,
+        description="...and at least this high: a KL still below it has run nowhere (and a fresh "
+        "policy's young per-token KL is judged against it; 0: never)",
     )
     clip_saturation: float = Field(
         0.3, gt=0, le=1, description="a clipped-token share whose level reaches this saturates the update"

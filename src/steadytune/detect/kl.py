@@ -5,8 +5,17 @@ the run's stability in one number. Two ways it goes wrong:
 
 - a **jump**: one update throws the policy far off (an LR burst, a bad batch): the KL
   ``rl.kl_jump_ratio`` (10x) its recent level in log space, and ``loss.spike_z``
-  noise sigmas, after a full level window (``series.level_window``, 8). Jumped points
-  stay out of the level, so a KL that stays up stays judged against where it was;
+  noise sigmas. Jumped points stay out of the level, so a KL that stays up stays
+  judged against where it was. While the level is **young** (under
+  ``series.level_window``, 8, points) it is the median of the few points so far, with the
+  noise shrunk towards the prior and taken one standard error up, as the loss and gradient
+  series judge a young level (:class:`~.stats.Tracker`), from a run's (or a snippet's)
+  third point on. But a **fresh policy**'s KL climbs from 0 by design: its first points may
+  grow a thousandfold (1e-5 to 0.01 in one step, healthy), so a per-token KL whose young
+  level is under ``rl.kl_runaway_min`` (0.1, where a KL has run nowhere) is judged against
+  that prior instead, from the second point: ``rl.kl_jump_ratio`` over it (1 nat per token)
+  is a jump, told at its point, where a fresh policy shows 1e-4 to 0.05. A young per-token
+  level above the prior keeps a bar no higher than the prior noise gives (:meth:`KLWatch._yardstick`);
 - a **runaway**: the KL climbs step after step, each step too small to be a jump,
   while the reward buys nothing with it. Its level (median of 8) ``rl.kl_runaway_ratio``
   (100x, the labelling guide's "x100 and more") above where it stood when the reward
@@ -31,6 +40,11 @@ from steadytune.detect.objective import KL_KEYS, first
 from steadytune.detect.points import Signal
 from steadytune.detect.stats import Tracker
 from steadytune.objectives import LOSS_OBJECTIVE
+
+_NOISE_PRIOR = 0.5  # log KL per point: a KL estimate from one batch moves by tens of percent
+# One point is too young a baseline (as for the gradient norm): a first KL of 1e-6 (the reference's
+# rounding) and a second of 5 may be a burst, or a KL summed over a sequence leaving 0.
+_MIN_BASELINE = 2
 
 KINDS: dict[str, KindInfo] = {
     "kl_blowup": KindInfo(
@@ -71,9 +85,11 @@ class KLWatch:
     ) -> None:
         self.rep = Reporter(rank)
         self.lim = limits
-        self.t = Tracker(limits.level_window, limits.noise_window, 0.5, 2.0, 0.05)
+        self.t = Tracker(limits.level_window, limits.noise_window, _NOISE_PRIOR, 2.0, 0.05)
         self._jump = math.log(limits.kl_jump_ratio)
         self._runaway = math.log(limits.kl_runaway_ratio)
+        # 0 turns the fresh policy's prior off: every young level is then the run's own.
+        self._fresh = math.log(limits.kl_runaway_min) if limits.kl_runaway_min > 0 else -math.inf
         self._improved = reward_improved or (lambda: None)
         self._seen_improved: int | None = None
         self._ref: tuple[int, float] | None = None  # (step, log level) the runaway is measured from
@@ -87,25 +103,33 @@ class KLWatch:
             return
         k = first(extra, KL_KEYS)
         if k is not None and k[1] > 0:
-            self.judge(point.rec.step, k[0], k[1], out)
+            self.judge(point.rec.step, k[0], k[1], out, per_token(point.objective, k[0]))
 
-    def judge(self, step: int, key: str, value: float, out: list[Finding]) -> None:
+    def judge(self, step: int, key: str, value: float, out: list[Finding], fresh_prior: bool = True) -> None:
+        """Judge one positive KL; ``fresh_prior``: it is a mean per token, which a fresh policy keeps
+        under ``rl.kl_runaway_min`` (:func:`per_token`)."""
         t = self.t
         if t.begin(step, self.lim.gap_factor):
             self._ref, self._n = None, 0  # a gap or a restart: the yardstick starts again
         y = math.log(value)
         ev: dict[str, Any] | None = None
-        if t.n_level >= t.level_window:
-            jump = y - t.level
-            if jump > max(self._jump, t.threshold(self.lim.spike_z)):
+        judged = self._yardstick(fresh_prior)
+        if judged is not None:
+            base, need, fresh = judged
+            jump = y - base
+            if jump > need:
                 self._jumping = True
                 if not self.rep.is_on("kl_blowup", key):
                     ev = {
                         "value": rounded(value),
-                        "baseline": rounded(math.exp(t.level)),
+                        "baseline": rounded(math.exp(base)),
                         "ratio": rounded(math.exp(jump), 4),
-                        "threshold_ratio": self.lim.kl_jump_ratio,
+                        "threshold_ratio": rounded(math.exp(need), 4),
                     }
+                    if fresh:
+                        ev["judged_by"] = "fresh policy"
+                        ev["level"] = rounded(math.exp(t.level))
+                        ev["points"] = t.n_level
                 self.rep.report(out, "kl_blowup", key, step, True, evidence=ev)
                 return
             self._jumping = self._jumping and jump >= 0.5 * self._jump
@@ -118,6 +142,28 @@ class KLWatch:
             self.rep.report(out, "kl_blowup", key, step, True, evidence=ev)
         elif self.rep.is_on("kl_blowup", key):
             self.rep.report(out, "kl_blowup", key, step, False)
+
+    def _yardstick(self, fresh_prior: bool) -> tuple[float, float, bool] | None:
+        """The log level a KL is judged against, how far above it a jump lies, and whether that
+        level is the fresh policy's prior rather than the run's own; None while nothing judges it.
+
+        A young level under the prior is no yardstick: the prior is, and ``kl_jump_ratio`` over
+        it is the bar. The prior is a ceiling of what a healthy fresh policy shows, not a level
+        measured with noise, so neither the noise of the few points under it (a climb from 0 by
+        orders of magnitude) nor their number widens the bar.
+        """
+        t = self.t
+        young = t.n_level < t.level_window
+        if fresh_prior and young and t.n_level > 0 and t.level < self._fresh:
+            return self._fresh, self._jump, True
+        if t.n_level < _MIN_BASELINE:
+            return None
+        need = t.threshold(self.lim.spike_z)
+        if fresh_prior and young:
+            # A per-token KL's noise is known well enough: a few differences taken one standard
+            # error up (130,000x at the third point) do not raise the bar past the prior noise's.
+            need = min(need, self.lim.spike_z * _NOISE_PRIOR * math.sqrt(1.0 + 1.0 / t.n_level))
+        return t.level, max(self._jump, need), False
 
     def _runaway_now(self, step: int, value: float) -> dict[str, Any] | None:
         """The runaway's evidence while the level stands ``kl_runaway_ratio`` above its yardstick."""
@@ -143,3 +189,15 @@ class KLWatch:
             "since_step": ref_step,
             "reason": "the KL ran away while the reward did not improve",
         }
+
+
+def per_token(objective: str | None, key: str) -> bool:
+    """Whether a run's KL is a mean per token, the scale ``rl.kl_runaway_min`` speaks in.
+
+    Not TRL's PPO ``objective/kl`` (summed over each completion: a healthy run's is 2 to 20 from
+    its first step), nor a preference run's (KTO's ``kl`` compares whole sequences): their first
+    points are judged against their own level only.
+    """
+    if key == "objective/kl" or objective is None:
+        return False
+    return not objective.startswith(("preference", "RL (PPO)"))

@@ -59,9 +59,10 @@ from typing import Any
 
 from steadytune.importers import jsonl_log, text_log
 from steadytune.importers.format import LogFormat
+from steadytune.importers.lines import bounded_lines, skip_line
 from steadytune.importers.series import Series, SeriesBuilder, UnreadableLog, no_gc, parse_number
 from steadytune.importers.stream import NotStreamable, StreamedLog
-from steadytune.regularfile import NotRegularFile, open_regular
+from steadytune.regularfile import FileTooLarge, NotRegularFile, open_regular, read_bytes
 from steadytune.scratch import owned_tempdir_for
 
 __all__ = [
@@ -117,6 +118,8 @@ _BY_DOCUMENT = tuple(f for f in REGISTRY if f.sniff_document is not None)
 _BY_TEXT = tuple(f for f in REGISTRY if f.sniff_text is not None)
 
 _HEAD_BYTES = 64 << 10
+# A JSON document is parsed whole: a trainer_state.json of a million steps is a few hundred MB.
+MAX_DOCUMENT_BYTES = 1 << 30
 # A JSON array, not a text line that starts with a bracket ("[2024-05-01 12:00:00]", "[INFO]").
 _JSON_ARRAY = re.compile(r'\s*\[\s*(?:[{\["\]]|-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?\s*[,\]])')
 # Lines only source code starts with: the reason given when such a file is not a log either.
@@ -165,13 +168,25 @@ def _digest(path: Path) -> str:
     kept: list[bytes] = []
     size = 0
     with open_regular(path, "rb") as f:
-        for line in f:
+        for line in bounded_lines(f, 16384):
             if len(line) < 16384 and _RECORD_WORDS.search(line):
                 kept.append(line)
                 size += len(line)
                 if size >= _HEAD_BYTES:
                     break
     return b"".join(kept).decode("utf-8", errors="replace")
+
+
+def _after_first_line(path: Path) -> str:
+    """Up to ``_HEAD_BYTES`` of the lines after the first ("" if there are none), the first line
+    read past a head at a time, never held: a JSON-lines log may open with a config of megabytes
+    dumped as one record, and a hostile file be one line of gigabytes."""
+    with open_regular(path, "rb") as f:
+        skip_line(f, _HEAD_BYTES)
+        raw = f.read(_HEAD_BYTES)
+    if len(raw) == _HEAD_BYTES:
+        raw = raw[: raw.rfind(b"\n") + 1]  # whole lines only, as the head's sniffers expect
+    return raw.decode("utf-8", errors="replace")
 
 
 def _first_json_line(head: str) -> Any:
@@ -282,12 +297,17 @@ def _sniff_json(path: Path, head: str) -> tuple[str, Any]:
     first = _first_json_line(head)
     loaded: tuple[Any, ValueError | None] | None = None
     if first is None and "\n" not in head.strip() and len(head) >= _HEAD_BYTES:
-        # One line longer than the head (a trainer_state.json dumped without indent): the line
-        # sniffers would judge a cut line by the dicts inside it. The document decides first.
-        loaded = _read_document(path)
-        found = _document_format(loaded[0]) if loaded[1] is None else None
-        if found is not None:
-            return found
+        # A first line longer than the head: the line sniffers would judge a cut line by the dicts
+        # inside it. A JSON-lines log whose first record is a config dump is told by the lines after
+        # it; a file of one line (a trainer_state.json dumped without indent) is one document.
+        rest = _after_first_line(path)
+        if rest.strip():
+            head, first = rest, _first_json_line(rest)
+        else:
+            loaded = _read_document(path)
+            found = _document_format(loaded[0]) if loaded[1] is None else None
+            if found is not None:
+                return found
     for f in _BY_ROW:
         if f.sniff_row is not None and f.sniff_row(first):
             return f.name, first if f.read_json is not None else None
@@ -310,9 +330,22 @@ def _sniff_json(path: Path, head: str) -> tuple[str, Any]:
 
 
 def _read_document(path: Path) -> tuple[Any, ValueError | None]:
-    """The file as one JSON document, or the error that says it is not one (read once per sniff)."""
+    """The file as one JSON document, or the error that says it is not one (read once per sniff).
+
+    Raises :class:`UnreadableLog` for a file over :data:`MAX_DOCUMENT_BYTES`, read no further.
+    """
     try:
-        return json.loads(path.read_text(encoding="utf-8")), None
+        if path.stat().st_size > MAX_DOCUMENT_BYTES:  # refused before a byte is read
+            raise FileTooLarge
+        raw = read_bytes(path, MAX_DOCUMENT_BYTES)
+    except FileTooLarge:
+        raise UnreadableLog(
+            f"JSON of {path.stat().st_size / (1 << 30):.1f} GiB in one line or document, over the "
+            f"{MAX_DOCUMENT_BYTES >> 20} MiB that is read whole; a log of JSON lines is read a line at "
+            "a time: write one record per line"
+        ) from None
+    try:
+        return json.loads(raw.decode("utf-8")), None
     except ValueError as e:
         return None, e
 

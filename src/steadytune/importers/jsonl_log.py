@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from steadytune.importers.format import LogFormat
+from steadytune.importers.lines import bounded_lines
 from steadytune.importers.prefix import LowestRank
 from steadytune.importers.series import (
     ALIASES,
@@ -229,7 +230,7 @@ def read(path: Path) -> Series:
 
     stepless: list[dict[str, Any]] | None = []  # None once a row names its step
     with open_regular(path, encoding="utf-8", errors="replace") as f:
-        for row in _decoded(f):
+        for row in _decoded(bounded_lines(f)):
             if not isinstance(row, dict):
                 continue
             if _step(row) is None:
@@ -298,7 +299,7 @@ def stream_rows(path: Path) -> Iterator[list[Row]]:
     block: list[Row] = []
     add = block.append
     with open_regular(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
+        for line in bounded_lines(f):
             if len(block) >= CHUNK:
                 yield block
                 block = []

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from steadytune.importers.format import LogFormat
+from steadytune.importers.lines import bounded_lines
 from steadytune.importers.series import Series, SeriesBuilder, UnreadableLog
 from steadytune.regularfile import open_regular
 
@@ -57,7 +58,7 @@ def elapsed_seconds(text: Any) -> float | None:
 def read(path: Path) -> Series:
     b = SeriesBuilder(str(path), FORMAT)
     with open_regular(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
+        for line in bounded_lines(f):
             try:
                 row = json.loads(line)
             except ValueError:

@@ -351,3 +351,33 @@ def short_warm_run(
     grads = warmup_grad_norms(n, level, sigma, seed, w)
     lr = [1e-4 * min(1.0, (i + 1) / w) for i in range(n)]
     return learning(n, 2.0, 0.03, seed), grads, lr
+
+
+FRESH_KL = ("saturating", "linear", "quadratic", "warmup")  # how a fresh policy's KL leaves 0
+
+
+def fresh_kl(n: int, end: float, noise: float, seed: int, shape: str, first: str = "small") -> list[float]:
+    """A fresh RL policy's KL to its reference, point by point: it starts at ~0 (the policy is the
+    reference) and rises towards ``end`` with log-space ``noise``.
+
+    ``shape``: ``saturating`` (1 - exp(-t/tau): the run's usual curve), ``linear``, ``quadratic``
+    (a steady drift: the KL is second order in it) or ``warmup`` (the drift of a linearly
+    warming LR, t**4), each reaching ``end`` within the run or a few dozen points.
+    ``first``: the first point as loggers show it: ``small`` (the curve's own), ``zero`` (exactly
+    0), ``tiny`` (1e-7 to 1e-5: the reference's rounding, a thousandfold under the next point).
+    """
+    rng = rng_for(seed, f"fresh-kl-{n}-{end}-{noise}-{shape}-{first}")
+    reach = rng.uniform(0.3, 1.0) * min(n, 40)  # points to (about) end
+    out = []
+    for i in range(n):
+        t = (i + 1) / reach
+        if shape == "saturating":
+            f = 1 - math.exp(-3 * t)
+        else:
+            f = min(1.0, t) ** {"linear": 1, "quadratic": 2, "warmup": 4}[shape]
+        out.append(end * f * _jitter(rng, noise))
+    if first == "zero":
+        out[0] = 0.0
+    elif first == "tiny":
+        out[0] = 10 ** rng.uniform(-7, -5)
+    return out
