@@ -168,3 +168,29 @@ def test_a_live_run_written_a_step_at_a_time_charts_its_newest_steps(tmp_path: P
         live.step_series(["loss"], points=50, lo=10_000, hi=40_000).rows
         == batch.step_series(["loss"], points=50, lo=10_000, hi=40_000).rows
     )
+
+
+def test_a_supervisor_restarted_mid_bucket_brings_the_levels_above_it_up_to_date(tmp_path: Path) -> None:
+    """The levels above a live run's newest finest bucket wait for the next bucket to open; a
+    supervisor that stops there and a new one that goes on from the next bucket must still carry
+    that bucket up, or a spike in it would be missing from every coarse chart for good."""
+    rng = random.Random(3)
+    stop, resume = 20_478, 20_736  # the first in finest bucket 319 (of 64 steps), the second in 324
+    steps = [(s, 2.0 + rng.gauss(0, 0.05)) for s in range(0, 40_000, 2)]
+    steps = [(s, 50.0 if s == stop - 4 else loss) for s, loss in steps]  # a spike the first one wrote
+    db = tmp_path / "live.db"
+    first = RunStore(db)
+    for s, loss in steps:
+        if s <= stop:
+            first.add_steps([StepRecord(step=s, ts=float(s), loss=loss)])
+    first.close()
+    second = RunStore(db)  # the run resumed by a new supervisor, further on
+    for s, loss in steps:
+        if s >= resume:
+            second.add_steps([StepRecord(step=s, ts=float(s), loss=loss)])
+    kept = [(s, loss) for s, loss in steps if s <= stop or s >= resume]
+    batch = RunStore(tmp_path / "batch.db")
+    batch.add_steps([StepRecord(step=s, ts=float(s), loss=loss) for s, loss in kept])
+    for points in (20, 100):  # buckets of the coarse levels only
+        a, b = second.step_series(["loss"], points=points), batch.step_series(["loss"], points=points)
+        assert a.rows == b.rows and max(r[4] for r in a.rows) == 50.0

@@ -248,7 +248,10 @@ class StoreBase:
         caller's transaction."""
         if b_lo is not None and b_hi is not None:
             front = self._coarse_front.get((family, key))
-            if front is not None:
+            if front is None:
+                self._coarse_front[(family, key)] = b_hi
+                b_lo, b_hi = self._unsettled(family, key, b_lo, b_hi)
+            else:
                 if b_lo == b_hi == front:
                     # Only the newest finest bucket moved (a live run's every step and sample): the
                     # levels above it wait until the next bucket opens, since ten statements a
@@ -256,7 +259,7 @@ class StoreBase:
                     # bucket from the finest level (queries._series), so it loses nothing meanwhile.
                     return
                 b_lo = min(b_lo, front)  # the bucket that was newest is complete: bring it up too
-            self._coarse_front[(family, key)] = max(b_hi, front if front is not None else b_hi)
+                self._coarse_front[(family, key)] = max(b_hi, front)
         f = FAMILIES[family]
         keyed = f"{f.key}, " if f.key else ""
         extra = "".join(f"{c}, " for c in f.extra)
@@ -285,6 +288,26 @@ class StoreBase:
                 (level, *params),
             )
             below = level
+
+    def _unsettled(self, family: str, key: int | None, b_lo: int, b_hi: int) -> tuple[int, int]:
+        """The finest buckets to carry up at this writer's first write of ``family``: its own, and
+        those an earlier writer (a supervisor since stopped, a run resumed) left above the levels'
+        front, whose carrying up waited for a next bucket that writer never opened. Without them
+        a spike in that bucket would be missing from every coarse chart for good."""
+        f = FAMILIES[family]
+        where, params = ("", ()) if key is None or not f.key else (f" AND {f.key}=?", (key,))
+        (top,) = self._db.execute(
+            f"SELECT MAX(bucket) FROM {f.coarse} WHERE level=?{where}", (f.levels[0], *params)
+        ).fetchone()
+        (newest,) = self._db.execute(
+            f"SELECT MAX(bucket) FROM {f.rollup} WHERE 1=1{where}", params
+        ).fetchone()
+        if newest is None:
+            return b_lo, b_hi
+        # The first level's newest bucket holds finest buckets 2*top and 2*top+1, the older of which
+        # may be the one left waiting; every finest bucket before them is in the levels already.
+        settled_below = 0 if top is None else 2 * int(top)
+        return min(b_lo, settled_below), max(b_hi, int(newest))
 
     def close(self) -> None:
         with self._lock:
