@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from steadytune.importers.format import LogFormat
-from steadytune.importers.lines import bounded_lines
+from steadytune.importers.lines import open_lines
 from steadytune.importers.prefix import LowestRank
 from steadytune.importers.series import (
     ALIASES,
@@ -56,7 +56,6 @@ from steadytune.importers.series import (
 )
 from steadytune.importers.stream import CHUNK, Row, StreamedLog
 from steadytune.objectives import objective_of
-from steadytune.regularfile import open_regular
 
 FORMAT = "jsonl_log"
 # The trainer's own step before W&B's ``_step``, which counts log calls (an eval row is one more).
@@ -229,8 +228,8 @@ def read(path: Path) -> Series:
             b.add_numbers(step, numbers)
 
     stepless: list[dict[str, Any]] | None = []  # None once a row names its step
-    with open_regular(path, encoding="utf-8", errors="replace") as f:
-        for row in _decoded(bounded_lines(f)):
+    with open_lines(path) as lines:
+        for row in _decoded(lines):
             if not isinstance(row, dict):
                 continue
             if _step(row) is None:
@@ -245,6 +244,7 @@ def read(path: Path) -> Series:
         add(*parsed)
     if not len(b):
         raise UnreadableLog(f"no JSON object with {LOOKED_FOR}")
+    b.notes += lines.notes()
     return b.build(require=_LOSSES)
 
 
@@ -298,8 +298,8 @@ def stream_rows(path: Path) -> Iterator[list[Row]]:
     loads = json.loads
     block: list[Row] = []
     add = block.append
-    with open_regular(path, encoding="utf-8", errors="replace") as f:
-        for line in bounded_lines(f):
+    with open_lines(path) as lines:
+        for line in lines:
             if len(block) >= CHUNK:
                 yield block
                 block = []
