@@ -283,9 +283,10 @@ def _plan(keys: tuple[str, ...]) -> _Plan:
     return step_key, tuple(metrics), as_is
 
 
-def stream_rows(path: Path) -> Iterator[list[Row]]:
+def stream_rows(path: Path, notes: list[str] | None = None) -> Iterator[list[Row]]:
     """The log's metrics rows in file order, as :func:`read` reads them, a :data:`~.stream.CHUNK` of
-    rows at a time (rows naming no step are left out: a log that names none is read whole).
+    rows at a time (rows naming no step are left out: a log that names none is read whole). What
+    reading decided (a line left out) is added to ``notes`` once the file is read.
 
     Most logs repeat one or two shapes of row (``{"step": 1, "loss": 2.3}``): such a row is parsed
     by orjson where it is installed and read by its shape's plan, made once (:func:`_plan`), while
@@ -349,13 +350,16 @@ def stream_rows(path: Path) -> Iterator[list[Row]]:
             if parsed is not None:
                 rank, step, values = parsed
                 add((rank, step, canonical_numbers(values)))
+        if notes is not None:
+            notes += lines.notes()
     if block:
         yield block
 
 
 def stream(path: Path) -> StreamedLog:
     """The log's records one at a time, for ``analyze`` (:class:`~.stream.StreamedLog`)."""
-    return StreamedLog(str(path), FORMAT, lambda: stream_rows(path))
+    log = StreamedLog(str(path), FORMAT, lambda: stream_rows(path, log.notes))
+    return log
 
 
 LOG_FORMAT = LogFormat(

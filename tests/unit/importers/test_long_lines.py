@@ -81,10 +81,21 @@ def test_a_line_too_long_to_be_a_record_is_passed_over_in_bounded_memory(
     rows = _step_rows(3.0)
     blob = {"type": "config", "blob": "x" * (4 << 20)}
     path = _jsonl(tmp_path / "metrics.jsonl", blob, rows)
-    for read in (lambda: load(path).records, lambda: list(stream(path) or [])):
-        records, peak = _peak(read)
+
+    def whole() -> tuple[list[Any], list[str]]:
+        series = load(path)
+        return series.records, series.notes
+
+    def streamed() -> tuple[list[Any], list[str]]:
+        log = stream(path)
+        assert log is not None
+        return list(log), log.notes
+
+    for read in (whole, streamed):
+        (records, notes), peak = _peak(read)
         assert [r.loss for r in records] == pytest.approx([r["loss"] for r in rows])
         assert peak < 2 << 20, peak
+        assert notes == ["1 line over 65,536 characters left out unread: no record is that long"]
 
 
 def test_a_file_of_one_line_too_long_to_read_whole_is_refused_saying_so(
