@@ -147,7 +147,7 @@ def analyze_path(path: str, config: Any, keep_series: bool = False) -> Any:
         else:
             return FileResult(
                 path, streamed.format, streamed.steps, streamed.metrics, judged.anomalies,
-                objective=judged.objective,
+                objective=judged.objective, notes=streamed.notes,
             )  # fmt: skip
     try:
         series = load(path)

@@ -58,11 +58,12 @@ from pathlib import Path
 from typing import Any
 
 from steadytune.importers import jsonl_log, text_log
+from steadytune.importers.document import document_bytes
 from steadytune.importers.format import LogFormat
 from steadytune.importers.lines import bounded_lines, skip_line
 from steadytune.importers.series import Series, SeriesBuilder, UnreadableLog, no_gc, parse_number
 from steadytune.importers.stream import NotStreamable, StreamedLog
-from steadytune.regularfile import FileTooLarge, NotRegularFile, open_regular, read_bytes
+from steadytune.regularfile import NotRegularFile, open_regular
 from steadytune.scratch import owned_tempdir_for
 
 __all__ = [
@@ -118,8 +119,6 @@ _BY_DOCUMENT = tuple(f for f in REGISTRY if f.sniff_document is not None)
 _BY_TEXT = tuple(f for f in REGISTRY if f.sniff_text is not None)
 
 _HEAD_BYTES = 64 << 10
-# A JSON document is parsed whole: a trainer_state.json of a million steps is a few hundred MB.
-MAX_DOCUMENT_BYTES = 1 << 30
 # A JSON array, not a text line that starts with a bracket ("[2024-05-01 12:00:00]", "[INFO]").
 _JSON_ARRAY = re.compile(r'\s*\[\s*(?:[{\["\]]|-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?\s*[,\]])')
 # Lines only source code starts with: the reason given when such a file is not a log either.
@@ -332,18 +331,9 @@ def _sniff_json(path: Path, head: str) -> tuple[str, Any]:
 def _read_document(path: Path) -> tuple[Any, ValueError | None]:
     """The file as one JSON document, or the error that says it is not one (read once per sniff).
 
-    Raises :class:`UnreadableLog` for a file over :data:`MAX_DOCUMENT_BYTES`, read no further.
+    Raises :class:`UnreadableLog` for a file over :data:`~.document.MAX_DOCUMENT_BYTES`, read no further.
     """
-    try:
-        if path.stat().st_size > MAX_DOCUMENT_BYTES:  # refused before a byte is read
-            raise FileTooLarge
-        raw = read_bytes(path, MAX_DOCUMENT_BYTES)
-    except FileTooLarge:
-        raise UnreadableLog(
-            f"JSON of {path.stat().st_size / (1 << 30):.1f} GiB in one line or document, over the "
-            f"{MAX_DOCUMENT_BYTES >> 20} MiB that is read whole; a log of JSON lines is read a line at "
-            "a time: write one record per line"
-        ) from None
+    raw = document_bytes(path, "; a log of JSON lines is read a line at a time: write one record per line")
     try:
         return json.loads(raw.decode("utf-8")), None
     except ValueError as e:

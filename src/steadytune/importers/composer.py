@@ -24,9 +24,9 @@ import re
 from pathlib import Path
 
 from steadytune.importers.format import LogFormat
+from steadytune.importers.lines import open_lines
 from steadytune.importers.prefix import strip_prefix
 from steadytune.importers.series import Series, SeriesBuilder, UnreadableLog, parse_number
-from steadytune.regularfile import open_regular
 
 FORMAT = "composer_console"
 _HEADER = re.compile(r"^(?:\[epoch=\d+\])?\[batch=(\d+)(?:/\d+)?\]:\s*$")
@@ -59,8 +59,8 @@ def read(path: Path) -> Series:
     b = SeriesBuilder(str(path), FORMAT)
     step: int | None = None
     seen: set[str] = set()
-    with open_regular(path, encoding="utf-8", errors="replace") as f:
-        for raw in f:
+    with open_lines(path) as lines:
+        for raw in lines:
             line = strip_prefix(raw)[1] if raw[:1] not in "\t [" else raw.rstrip()
             h = _HEADER.match(line.strip())
             if h:
@@ -76,6 +76,7 @@ def read(path: Path) -> Series:
                 b.add(step, name, value)
     if len(b) == 0:
         raise UnreadableLog("no [batch=N] header followed by Train metric lines")
+    b.notes += lines.notes()
     return b.build(require=("loss", "eval_loss"))
 
 

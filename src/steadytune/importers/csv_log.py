@@ -42,8 +42,8 @@ from pathlib import Path
 
 from steadytune.importers import text_log
 from steadytune.importers.format import LogFormat
+from steadytune.importers.lines import open_lines
 from steadytune.importers.series import ALIASES, Series, SeriesBuilder, UnreadableLog, parse_number
-from steadytune.regularfile import open_regular
 
 FORMAT = "csv"
 # Most preferred first; ``_step`` used only when no trainer step is there, and ``epoch`` only when
@@ -228,8 +228,8 @@ def read(path: Path) -> Series:
     # Read a line at a time, never whole: a table's rows are held only as the builder holds its
     # steps, which it bounds (series.MAX_RECORDS), where the text, its lines and its rows held at
     # once took 30 times the file's size before the first step was counted.
-    with open_regular(path, encoding="utf-8", errors="replace", newline="") as f:
-        lines = (line.rstrip("\r\n") for line in f)
+    with open_lines(path, newline="") as read_lines:
+        lines = (line.rstrip("\r\n") for line in read_lines)
         head = list(itertools.islice(lines, HEAD_LINES + MIN_ROWS + 1))  # what _table looks at
         first = _first_line_header(head[0]) if head else None
         found = (0, *first) if first is not None else _table(head)
@@ -265,6 +265,7 @@ def read(path: Path) -> Series:
             f"all {stepped} rows are at step {steps.pop()}: a table of runs or a summary "
             f"(W&B's runs export), not a log over steps"
         )
+    b.notes += read_lines.notes()
     return b.build(require=("loss", "eval_loss", "grad_norm"))
 
 

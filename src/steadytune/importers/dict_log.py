@@ -34,14 +34,15 @@ The supervisor reads a running tool's stdout with the same functions
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import NamedTuple
 
 from steadytune.importers.format import LogFormat
+from steadytune.importers.lines import open_lines
 from steadytune.importers.prefix import LowestRank, strip_ansi, strip_prefix
 from steadytune.importers.series import ALIASES, Series, SeriesBuilder, UnreadableLog
 from steadytune.importers.text_steps import find_step
-from steadytune.regularfile import open_regular
 
 FORMAT = "dict_log"
 MIN_RECORDS = 3
@@ -218,7 +219,7 @@ def _logging_interval(rows: list[_Row], finished: bool, declared: int | None = N
     return max(1, max(ratios, default=1))
 
 
-def _records(lines: list[str]) -> list[tuple[int | None, int, dict[str, float]]]:
+def _records(lines: Iterable[str]) -> list[tuple[int | None, int, dict[str, float]]]:
     rows: list[_Row] = []
     bar: tuple[int, int] | None = None
     finished = False
@@ -316,8 +317,9 @@ def sniff(head: str) -> bool:
 
 
 def read(path: Path) -> Series:
-    with open_regular(path, encoding="utf-8", errors="replace") as f:
-        rows = _records(f.read().splitlines())
+    with open_lines(path) as lines:
+        # A form feed or a U+2028 inside a line ends it too, as str.splitlines() has it.
+        rows = _records(part for line in lines for part in line.splitlines())
     if len(rows) < MIN_RECORDS:
         raise UnreadableLog(f"fewer than {MIN_RECORDS} {LOOKED_FOR}")
     b = SeriesBuilder(str(path), FORMAT, in_order=True)
@@ -325,6 +327,7 @@ def read(path: Path) -> Series:
     for rank, step, values in rows:
         if ranks.accept(step, rank):
             b.add_numbers(step, {k: v for k, v in values.items() if k not in STEP_KEYS})
+    b.notes += lines.notes()
     return b.build(require=("loss", "eval_loss"))
 
 

@@ -8,10 +8,10 @@ A NaN grad norm is written as the JSON literal ``NaN`` and stays a NaN.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from steadytune.importers.document import read_document
 from steadytune.importers.format import LogFormat
 from steadytune.importers.series import Series, SeriesBuilder, UnreadableLog
 
@@ -24,7 +24,7 @@ def sniff(data: Any) -> bool:
 
 def read(path: Path, data: Any | None = None) -> Series:
     if data is None:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = read_document(path)
     if not sniff(data):
         raise UnreadableLog("not a trainer_state.json: no log_history list")
     b = SeriesBuilder(str(path), FORMAT)

@@ -29,12 +29,12 @@ The rules:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from steadytune.importers import jsonl_log
+from steadytune.importers.document import read_document
 from steadytune.importers.format import LogFormat
 from steadytune.importers.series import Series, SeriesBuilder, UnreadableLog, parse_number
 
@@ -116,7 +116,7 @@ def sniff(doc: Any) -> bool:
 
 def read(path: Path, doc: Any | None = None) -> Series:
     if doc is None:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        doc = read_document(path)
     b = SeriesBuilder(str(path), FORMAT, in_order=True)
     lists = list(_record_lists(doc))
     points = _series_map(doc)

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from steadytune.importers.format import LogFormat
-from steadytune.importers.lines import bounded_lines
+from steadytune.importers.lines import open_lines
 from steadytune.importers.prefix import LowestRank
 from steadytune.importers.series import (
     ALIASES,
@@ -56,7 +56,6 @@ from steadytune.importers.series import (
 )
 from steadytune.importers.stream import CHUNK, Row, StreamedLog
 from steadytune.objectives import objective_of
-from steadytune.regularfile import open_regular
 
 FORMAT = "jsonl_log"
 # The trainer's own step before W&B's ``_step``, which counts log calls (an eval row is one more).
@@ -229,8 +228,8 @@ def read(path: Path) -> Series:
             b.add_numbers(step, numbers)
 
     stepless: list[dict[str, Any]] | None = []  # None once a row names its step
-    with open_regular(path, encoding="utf-8", errors="replace") as f:
-        for row in _decoded(bounded_lines(f)):
+    with open_lines(path) as lines:
+        for row in _decoded(lines):
             if not isinstance(row, dict):
                 continue
             if _step(row) is None:
@@ -245,6 +244,7 @@ def read(path: Path) -> Series:
         add(*parsed)
     if not len(b):
         raise UnreadableLog(f"no JSON object with {LOOKED_FOR}")
+    b.notes += lines.notes()
     return b.build(require=_LOSSES)
 
 
@@ -283,9 +283,10 @@ def _plan(keys: tuple[str, ...]) -> _Plan:
     return step_key, tuple(metrics), as_is
 
 
-def stream_rows(path: Path) -> Iterator[list[Row]]:
+def stream_rows(path: Path, notes: list[str] | None = None) -> Iterator[list[Row]]:
     """The log's metrics rows in file order, as :func:`read` reads them, a :data:`~.stream.CHUNK` of
-    rows at a time (rows naming no step are left out: a log that names none is read whole).
+    rows at a time (rows naming no step are left out: a log that names none is read whole). What
+    reading decided (a line left out) is added to ``notes`` once the file is read.
 
     Most logs repeat one or two shapes of row (``{"step": 1, "loss": 2.3}``): such a row is parsed
     by orjson where it is installed and read by its shape's plan, made once (:func:`_plan`), while
@@ -298,8 +299,8 @@ def stream_rows(path: Path) -> Iterator[list[Row]]:
     loads = json.loads
     block: list[Row] = []
     add = block.append
-    with open_regular(path, encoding="utf-8", errors="replace") as f:
-        for line in bounded_lines(f):
+    with open_lines(path) as lines:
+        for line in lines:
             if len(block) >= CHUNK:
                 yield block
                 block = []
@@ -349,13 +350,16 @@ def stream_rows(path: Path) -> Iterator[list[Row]]:
             if parsed is not None:
                 rank, step, values = parsed
                 add((rank, step, canonical_numbers(values)))
+        if notes is not None:
+            notes += lines.notes()
     if block:
         yield block
 
 
 def stream(path: Path) -> StreamedLog:
     """The log's records one at a time, for ``analyze`` (:class:`~.stream.StreamedLog`)."""
-    return StreamedLog(str(path), FORMAT, lambda: stream_rows(path))
+    log = StreamedLog(str(path), FORMAT, lambda: stream_rows(path, log.notes))
+    return log
 
 
 LOG_FORMAT = LogFormat(

@@ -14,9 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from steadytune.importers.format import LogFormat
-from steadytune.importers.lines import bounded_lines
+from steadytune.importers.lines import open_lines
 from steadytune.importers.series import Series, SeriesBuilder, UnreadableLog
-from steadytune.regularfile import open_regular
 
 FORMAT = "llamafactory_trainer_log"
 _PROGRESS = {"current_steps", "total_steps", "percentage", "remaining_time", "elapsed_time"}
@@ -57,8 +56,8 @@ def elapsed_seconds(text: Any) -> float | None:
 
 def read(path: Path) -> Series:
     b = SeriesBuilder(str(path), FORMAT)
-    with open_regular(path, encoding="utf-8", errors="replace") as f:
-        for line in bounded_lines(f):
+    with open_lines(path) as lines:
+        for line in lines:
             try:
                 row = json.loads(line)
             except ValueError:
@@ -72,6 +71,7 @@ def read(path: Path) -> Series:
                 b.add(step, "ts", ts)
     if not len(b):
         raise UnreadableLog("no LLaMA-Factory rows with current_steps")
+    b.notes += lines.notes()
     return b.build(require=("loss", "eval_loss"))
 
 

@@ -6,10 +6,10 @@ means *not recorded* there, not a NaN loss: it is dropped.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from steadytune.importers.document import read_document
 from steadytune.importers.format import LogFormat
 from steadytune.importers.series import Series, SeriesBuilder, UnreadableLog, parse_number
 
@@ -24,7 +24,7 @@ def sniff(data: Any) -> bool:
 
 def read(path: Path, data: Any | None = None) -> Series:
     if data is None:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = read_document(path)
     if not sniff(data):
         raise UnreadableLog("not Megatron golden values: expected {metric: {values: {step: value}}}")
     b = SeriesBuilder(str(path), FORMAT)

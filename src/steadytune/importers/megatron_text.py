@@ -30,9 +30,9 @@ from itertools import pairwise
 from pathlib import Path
 
 from steadytune.importers.format import LogFormat
+from steadytune.importers.lines import open_lines
 from steadytune.importers.prefix import LowestRank, strip_prefix
 from steadytune.importers.series import ALIASES, Series, SeriesBuilder, UnreadableLog, parse_number
-from steadytune.regularfile import open_regular
 
 FORMAT = "megatron_text"
 ITERATION = re.compile(r"iteration\s+(\d+)\s*/\s*(\d+)\s*\|")
@@ -208,8 +208,8 @@ def _is_loss(key: str) -> bool:
 def read(path: Path) -> Series:
     b = SeriesBuilder(str(path), FORMAT)
     ranks = LowestRank(b)
-    with open_regular(path, encoding="utf-8", errors="replace") as f:
-        records = list(_records(f.readlines()))
+    with open_lines(path) as lines:
+        records = list(_records(list(lines)))
     typical = log_interval([step for step, _, _, val in records if not val])
     prev: int | None = None
     last_val: float | None = None
@@ -250,6 +250,7 @@ def read(path: Path) -> Series:
         prev = step
     if not len(b):
         raise UnreadableLog("no Megatron 'iteration N/ M |' lines")
+    b.notes += lines.notes()
     return b.build(require=("loss",))
 
 

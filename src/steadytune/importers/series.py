@@ -324,6 +324,7 @@ class SeriesBuilder:
         self._last: int | None = None  # the step added last
         self._seen: dict[str, int] = {}  # how many values each metric of that step has had
         self._held = 0  # the rows held, every segment's (a step of two segments is two)
+        self.notes: list[str] = []  # what the reader decided, said once beside the builder's own
 
     def _target(self, step: int) -> dict[str, Any]:
         """The row of ``step``; in order, a step lower than the last one starts another segment."""
@@ -454,7 +455,7 @@ class SeriesBuilder:
     def _build(self, segments: list[Rows], require: tuple[str, ...]) -> Series:
         split = split_runs(segments) if len(segments) > 1 else None
         runs = [rows for rows, _ in split.runs] if split else segments
-        notes = self._choose_loss(runs)
+        notes = [*self.notes, *self._choose_loss(runs)]
         if split and split.note:
             notes.append(split.note)
         records: list[StepRecord] = []

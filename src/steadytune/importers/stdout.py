@@ -12,9 +12,9 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from steadytune.importers.lines import open_lines
 from steadytune.importers.prefix import LowestRank, strip_prefix
 from steadytune.importers.series import Series, SeriesBuilder, UnreadableLog, parse_number
-from steadytune.regularfile import open_regular
 
 StepParser = Callable[[str], "tuple[int, Mapping[str, float | None]] | None"]  # None: a value not read
 
@@ -32,8 +32,8 @@ def read_steps_and_evals(
     b = SeriesBuilder(str(path), fmt)
     ranks = LowestRank(b)
     last: int | None = None
-    with open_regular(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
+    with open_lines(path) as lines:
+        for line in lines:
             rank, text = strip_prefix(line)
             parsed = parse(text)
             if parsed is not None:
@@ -50,4 +50,5 @@ def read_steps_and_evals(
                     break
     if not len(b):
         raise UnreadableLog(missing)
+    b.notes += lines.notes()
     return b.build(require=("loss", "eval_loss"))

@@ -52,6 +52,7 @@ class StreamedLog:
         self._rows = rows
         self._seen: set[str] = set()
         self.steps = 0
+        self.notes: list[str] = []  # what reading decided, said once (a line left out); ``rows`` adds them
 
     @property
     def metrics(self) -> list[str]:

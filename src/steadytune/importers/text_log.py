@@ -76,6 +76,7 @@ from typing import NamedTuple
 from steadytune.importers import series
 from steadytune.importers.format import LogFormat
 from steadytune.importers.inline_dict import parse_dict
+from steadytune.importers.lines import open_lines
 from steadytune.importers.prefix import LowestRank, strip_prefix
 from steadytune.importers.series import TRAIN_LOSS_NAMES, Series, SeriesBuilder, UnreadableLog, parse_number
 from steadytune.importers.smoothed import beta_of, debiased
@@ -91,7 +92,6 @@ from steadytune.importers.text_steps import (
     step_span,
     total_of,
 )
-from steadytune.regularfile import open_regular
 
 __all__ = ["FORMAT", "LOG_FORMAT", "Line", "find_step", "parse_line", "read", "sniff", "why_not"]
 
@@ -655,8 +655,8 @@ def _debiased(lines: list[Line]) -> list[Line]:
 
 
 def read(path: Path) -> Series:
-    with open_regular(path, encoding="utf-8", errors="replace") as f:
-        records, named = _parsed(f)
+    with open_lines(path) as read_lines:
+        records, named = _parsed(read_lines)
     records = _debiased(records)
     lines = _evaluation_estimates(_placed(_logged_every(_last_drawings(records)), named))
     b = SeriesBuilder(str(path), FORMAT, in_order=True)
@@ -670,6 +670,7 @@ def read(path: Path) -> Series:
             b.add_numbers(step, fields)
     if len(b) < MIN_RECORDS:
         raise UnreadableLog(f"fewer than {MIN_RECORDS} steps with a loss; looked for lines with {LOOKED_FOR}")
+    b.notes += read_lines.notes()
     return b.build(require=("loss", "eval_loss"))
 
 
