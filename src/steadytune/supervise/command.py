@@ -22,6 +22,7 @@ from pathlib import Path
 
 from steadytune.checkpoint.external import check_external_checkpoint
 from steadytune.checkpoint.manifest import list_checkpoints
+from steadytune.importers import lines
 from steadytune.protocol import WorkerEvent
 from steadytune.records import Event, PlanRevision
 from steadytune.rundir import RunDir
@@ -339,11 +340,20 @@ class CommandSource:
         return proc
 
     def _pipe(self, proc: WorkerProcess) -> None:
-        assert proc.proc.stdout is not None
+        out = proc.proc.stdout
+        assert out is not None
+        limit = lines.MAX_LINE_CHARS
         with open(proc.log_path, "ab") as log:
-            for raw in iter(proc.proc.stdout.readline, b""):
+            overlong = False  # inside a line longer than any record: kept in the log, not read
+            while raw := out.readline(limit):
                 log.write(raw)
                 log.flush()
+                ended = raw.endswith(b"\n")
+                if overlong or (not ended and len(raw) >= limit):
+                    # Held whole, a job's line without an end (a binary dump, a progress bar never
+                    # ended) would take the supervisor's memory with it: read past, chunk by chunk.
+                    overlong = not ended
+                    continue
                 line = raw.decode("utf-8", "replace")
                 if self.injected and line.startswith(INJECT_FAILED):
                     self._inject_failed(line.strip())

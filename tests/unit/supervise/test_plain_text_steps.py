@@ -112,3 +112,37 @@ def test_a_job_that_logs_no_total_is_shown_none_not_the_configs(tmp_path: Path) 
     _supervise(tmp_path, "for i in range(1, 31): print(f'step {i} | loss {2.0 - i / 100}')")
     status = json.loads((tmp_path / "runs" / "r1" / "status.json").read_text())
     assert status["step"] == 30 and status["max_steps"] is None  # not my.yaml's 200: that is no job's
+
+
+def test_a_job_line_without_an_end_is_kept_in_the_log_and_read_past_in_bounded_memory(
+    tmp_path: Path,
+) -> None:
+    """A job that prints 256 MiB with no newline between two stretches of steps: its log keeps every
+    byte, its steps on both sides are read, and the supervisor never holds the line (held whole and
+    decoded, it took the supervisor to 1.2 GB)."""
+    cfg = tmp_path / "my.yaml"
+    cfg.write_text("train:\n  max_steps: 200\n")
+    job = (
+        "import sys\n"
+        "for i in range(1, 11): print(f'step {i} | loss {2.0 - i / 100}', flush=True)\n"
+        "for _ in range(256): sys.stdout.write('x' * (1 << 20))\n"
+        "sys.stdout.write('\\n')\n"
+        "for i in range(11, 21): print(f'step {i} | loss {2.0 - i / 100}', flush=True)\n"
+    )
+    # A fresh parent, so the peak it reports is the supervising tree's alone.
+    peak = subprocess.run(
+        [sys.executable, "-c",
+         "import resource, subprocess, sys; "
+         "subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL); "
+         "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)",
+         STEADYTUNE, "supervise", "--config", str(cfg), "--runs-dir", str(tmp_path / "runs"),
+         "--run-id", "r1", "--", sys.executable, "-c", job],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path, check=True,
+    )  # fmt: skip
+    run = RunDir(tmp_path / "runs" / "r1")
+    assert [r.step for r in _steps(run)] == list(range(1, 21))
+    logs = [p for p in run.root.rglob("*.log") if p.stat().st_size > 256 << 20]
+    assert len(logs) == 1 and logs[0].stat().st_size > (256 << 20) + 20 * 10
+    logs[0].unlink()  # a quarter of a gigabyte the tests need not keep
+    # KiB: ~220 MB (the supervisor and its imports), where the line held whole and decoded took 1.2 GB
+    assert int(peak.stdout.split()[-1]) < 512 << 10, peak.stdout
