@@ -8,6 +8,11 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
+# How long a test lets a local server (a dashboard, a webhook, an SMTP relay, Prometheus) take over one
+# answer: a bound, not a sleep, so it costs nothing when the answer comes, and a loaded machine can
+# take seconds. A test whose subject is a timeout states its own.
+ANSWER_S = 60.0
+
 
 def wait_for(
     predicate: Callable[[], T], timeout: float = 120, what: str = "condition", interval: float = 0.05

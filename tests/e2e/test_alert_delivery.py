@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from tests.servers import Hook
-from tests.waiting import wait_for
+from tests.waiting import ANSWER_S, wait_for
 
 from conftest import require
 from steadytune.alerts.router import AlertRouter
@@ -138,7 +138,7 @@ def test_anomaly_reaches_slack_and_email_and_no_secret_leaks(
     handle = start_dashboard(runs, port=0)
     try:
         pages = [
-            urllib.request.urlopen(handle.url + p, timeout=5).read().decode()
+            urllib.request.urlopen(handle.url + p, timeout=ANSWER_S).read().decode()
             for p in ("api/runs/r-alerts", "api/runs/r-alerts/events", "metrics", "run/r-alerts", "api/runs")
         ]
     finally:

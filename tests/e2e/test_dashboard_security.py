@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from live_run import LiveRun
+from tests.waiting import ANSWER_S
 
 from steadytune.web.security import BindRefused
 from steadytune.web.server import DashboardHandle, start_dashboard
@@ -31,7 +32,7 @@ def secured(runs_dir: Path, live_run: LiveRun) -> Iterator[DashboardHandle]:
 
 def request(handle: DashboardHandle, method: str, path: str, body: dict | None = None,
             headers: dict | None = None) -> tuple[int, dict, bytes]:  # fmt: skip
-    conn = http.client.HTTPConnection("127.0.0.1", handle.port, timeout=10)
+    conn = http.client.HTTPConnection("127.0.0.1", handle.port, timeout=ANSWER_S)
     data = json.dumps(body).encode() if body is not None else None
     hdrs = {"Content-Type": "application/json", **(headers or {})}
     conn.request(method, path, body=data, headers=hdrs)  # the raw path goes out as written
@@ -225,7 +226,7 @@ def wait_for(cond: Callable[[], Any], timeout: float, every: float = 0.02) -> An
 
 def stream_status(handle: DashboardHandle, path: str, headers: dict | None = None) -> tuple[int, dict]:
     """The status and headers of a stream (or of its refusal), without reading the stream."""
-    conn = http.client.HTTPConnection("127.0.0.1", handle.port, timeout=10)
+    conn = http.client.HTTPConnection("127.0.0.1", handle.port, timeout=ANSWER_S)
     conn.request("GET", path, headers=headers or {})
     resp = conn.getresponse()
     out = resp.status, dict(resp.getheaders())
@@ -305,7 +306,7 @@ def test_streams_are_capped_with_retry_after(runs_dir: Path, live_run: LiveRun) 
         # on a loaded machine the slot was free again before the third request came.
         viewers = []
         for _ in range(2):
-            conn = http.client.HTTPConnection("127.0.0.1", handle.port, timeout=10)
+            conn = http.client.HTTPConnection("127.0.0.1", handle.port, timeout=ANSWER_S)
             conn.request("GET", "/api/runs/live-run/stream")
             resp = conn.getresponse()
             assert resp.status == 200
@@ -355,7 +356,7 @@ def test_malformed_content_length_gets_400(secured: DashboardHandle, capfd: pyte
         f"POST /api/runs/live-run/control HTTP/1.1\r\nHost: 127.0.0.1:{secured.port}\r\n"
         f"X-Steadytune-Token: {TOKEN}\r\nContent-Length: {length}\r\nConnection: close\r\n\r\n{{}}".encode()
     )
-    data = read_all(sock, timeout=5)[0]
+    data = read_all(sock, timeout=ANSWER_S)[0]
     sock.close()
     assert data.startswith(b"HTTP/1.1 400"), data[:200]
     body = json.loads(data.partition(b"\r\n\r\n")[2])

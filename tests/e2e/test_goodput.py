@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from chromium import open_chromium, screenshot, wait_js
 from tests.unit.goodput.history import Run
+from tests.waiting import ANSWER_S
 
 from steadytune.rundir import RunDir, atomic_write_text
 from steadytune.telemetry.stream import JsonlWriter
@@ -95,7 +96,7 @@ def panel(b, url: str) -> dict[str, dict]:
 
 def metrics(dashboard: DashboardHandle, promtool: str) -> dict[tuple[str, str, str], str]:
     """The goodput families of /metrics, after promtool found nothing to say about the exposition."""
-    with urllib.request.urlopen(dashboard.url + "metrics", timeout=10) as r:
+    with urllib.request.urlopen(dashboard.url + "metrics", timeout=ANSWER_S) as r:
         text = r.read()
     check = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, timeout=30)
     assert check.returncode == 0 and not check.stdout.strip() and not check.stderr.strip(), check

@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 from chromium import open_chromium, screenshot, wait_js
 from selenium.webdriver.remote.webdriver import WebDriver
+from tests.waiting import ANSWER_S
 
 pytestmark = pytest.mark.slow
 
@@ -122,7 +123,7 @@ def check_hardware_panels(b: WebDriver, url: str, run_id: str) -> None:
     """On a host without a GPU the GPU panels say so, and memory is the worker's RSS; with one, they
     draw it."""
     wait_js(b, "return window.steadytune.charts.host.pointCount() > 0", timeout=60)  # a system sample is in
-    with urllib.request.urlopen(f"{url}api/runs/{run_id}", timeout=10) as r:
+    with urllib.request.urlopen(f"{url}api/runs/{run_id}", timeout=ANSWER_S) as r:
         gpus = json.loads(r.read())["system"]["gpus"]
     text = b.execute_script(
         "return [...document.querySelectorAll('#chart-gpu, #chart-power')].map((e) => e.innerText)"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from live_run import LiveRun
-from tests.waiting import wait_for
+from tests.waiting import ANSWER_S, wait_for
 
 from steadytune.records import Event, StepRecord
 from steadytune.rundir import RunDir, atomic_write_text
@@ -57,13 +57,13 @@ def _prometheus(binary: str, tmp_path: Path, target: int, port: int, extra: str)
 
 
 def _metrics(dashboard: DashboardHandle) -> bytes:
-    with urllib.request.urlopen(dashboard.url + "metrics", timeout=5) as r:
+    with urllib.request.urlopen(dashboard.url + "metrics", timeout=ANSWER_S) as r:
         return r.read()
 
 
 def _query(port: int, expr: str) -> list[dict]:
     url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
-    with urllib.request.urlopen(url, timeout=5) as r:
+    with urllib.request.urlopen(url, timeout=ANSWER_S) as r:
         return json.loads(r.read())["data"]["result"]
 
 
@@ -110,7 +110,7 @@ def test_promtool_check_metrics_on_the_exposition(
     wait_for(lambda: live_run.step > 30, timeout=60, what="the live run past step 30")
 
     def exposition() -> bytes | None:
-        with urllib.request.urlopen(dashboard.url + "metrics", timeout=5) as r:
+        with urllib.request.urlopen(dashboard.url + "metrics", timeout=ANSWER_S) as r:
             assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
             text = r.read()
         return (
@@ -173,7 +173,7 @@ def test_a_new_dashboard_reads_old_runs_in_the_background_and_prometheus_sees_ea
     ids = _finished_runs(runs_dir, 60, 400)
     gate = threading.Semaphore(0)
     dashboard = start_dashboard(runs_dir, host="127.0.0.1", port=0, read_gate=gate)
-    first = urllib.request.urlopen(dashboard.url + "metrics", timeout=5).read()  # it asks for all 60
+    first = urllib.request.urlopen(dashboard.url + "metrics", timeout=ANSWER_S).read()  # it asks for all 60
     prom_port = _free_port()
     proc = _prometheus(prometheus, tmp_path, dashboard.port, prom_port, "scrape_timeout: 900ms")
     try:

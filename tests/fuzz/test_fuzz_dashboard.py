@@ -26,6 +26,7 @@ from steadytune.web.params import BadParam, content_length, query_float, query_i
 from steadytune.web.server import DashboardHandle, start_dashboard
 from tests.fuzz.conftest import cases
 from tests.fuzz.strategies import number_text
+from tests.waiting import ANSWER_S
 
 TOKEN = "fuzz-token-0123456789abcdef"
 values = number_text | st.text(max_size=12) | st.sampled_from(["%00", "%2e%2e", "1" * 30, "-0", "1e-400"])
@@ -125,7 +126,7 @@ def test_any_request_gets_an_answer_below_500_with_the_security_headers(
     query_text = "&".join(f"{k}={urllib.parse.quote(v, safe='%')}" for k, v in query.items())
     target = "/" + path + ("?" + query_text if query else "")
     routes.find(method, target)  # the router itself never raises
-    conn = http.client.HTTPConnection("127.0.0.1", live.port, timeout=10)
+    conn = http.client.HTTPConnection("127.0.0.1", live.port, timeout=ANSWER_S)
     try:
         conn.putrequest(method, target.replace(" ", "%20"), skip_host="Host" in headers)
         for k, v in headers.items():

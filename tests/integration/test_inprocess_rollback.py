@@ -3,7 +3,8 @@
 The same spike is injected into three real runs of the demo model: one rolls back in process
 (the default), one with ``recover.in_process_rollback: false`` restarts the worker, and one
 whose worker does not take the request in time falls back to the restart. The worker waits
-after the spiking step, so every run leaves the old timeline at the same step boundary and
+after the spiking step for the supervisor's answer (the rollback's request, or the kill), so every
+run leaves the old timeline at the same step boundary however late the supervisor reads it, and
 the rollback's plan (checkpoint, skip list, LR scale) is the same; from there the losses,
 the gradient norms, the final weights and the optimizer state must be bit-identical.
 """
@@ -25,17 +26,26 @@ from .runs import finish, run_dir, start_run, steps, write_config
 
 pytestmark = pytest.mark.slow
 
-# The LR burst at step 21 shows in step 22's loss; the worker then waits, so the rollback (a kill, or the
-# request taken at that boundary) lands after step 22 in every run however late the supervisor reads it.
-FAULTS = {"lr_burst_at_step": 21, "lr_burst_factor": 1000.0, "hold_at_step": 22, "hold_s": 6.0}
+# The LR burst at step 21 shows in step 22's loss; the worker then waits until the rollback's request is
+# queued (a restart kills it there first), so the rollback lands after step 22 in every run however late
+# the supervisor reads it. The 120 s are a backstop only.
+FAULTS = {
+    "lr_burst_at_step": 21,
+    "lr_burst_factor": 1000.0,
+    "hold_at_step": 22,
+    "hold_s": 120.0,
+    "hold_until_event": "control:rollback",
+}
 
 
-def spiked_run(tmp_path: Path, assets: Path, name: str, **recover: Any) -> RunDir:
+def spiked_run(
+    tmp_path: Path, assets: Path, name: str, faults: dict[str, Any] = FAULTS, **recover: Any
+) -> RunDir:
     base = tmp_path / name
     base.mkdir()
     sections = {"train": {"max_grad_norm": 0.0, "max_steps": 30}, "policy": {"spike_confirm_points": 1}}
     cfg = write_config(base, assets, **sections, recover=recover)
-    rc, out = finish(start_run(cfg, name, faults=FAULTS))
+    rc, out = finish(start_run(cfg, name, faults=faults))
     assert rc == 0, out[-3000:]
     return run_dir(cfg, name)
 
@@ -109,8 +119,11 @@ def test_in_process_rollback_is_bit_identical_to_a_restart(
 def test_a_rollback_not_taken_in_time_restarts_the_worker_with_the_same_plan(
     tmp_path: Path, demo_assets: Path, restarted: RunDir
 ) -> None:
-    # The worker sits in its hold for 6 s; the supervisor waits 1 s for it to take the request.
-    run = spiked_run(tmp_path, demo_assets, "late", in_process_ack_timeout_s=1.0)
+    # The worker sits in its hold until it is killed (the restart is filed after its end); the supervisor
+    # waits 1 s for it to take the request. A hold of 6 s once stood for it: a supervisor that read the
+    # spike more than 5 s late found the worker past its hold, and the rollback was taken in process.
+    late = {**FAULTS, "hold_until_event": "restart"}
+    run = spiked_run(tmp_path, demo_assets, "late", late, in_process_ack_timeout_s=1.0)
     events = read_events(run.events)
     assert [e.name for e in events].count("worker_started") == 2
     assert "rolled_back" not in [e.name for e in events]

@@ -1,11 +1,13 @@
 """A rollback decided while the checkpoint before its trouble is still being published goes back to it.
 
 Real runs of the demo model: the publish of checkpoint-20 is held in its unsafe window (after the
-rename, before the manifest) until 6 s after step 22, whose loss an LR burst at step 21 spikes and
-which the worker then sits on for a while. So the supervisor reads the spike, decides the
-rollback, and only later reads that checkpoint-20 is verified (or that its publish failed, or that
-its worker died): the race that once sent a rollback back to checkpoint-10, skipping 48 samples
-instead of 8.
+rename, before the manifest) until the supervisor has filed that its rollback waits for it, a
+rollback decided on step 22, whose loss an LR burst at step 21 spikes and which the worker then sits
+on until the rollback's request is queued (or the worker is killed for it). So the supervisor reads
+the spike, decides the rollback, and only later reads that checkpoint-20 is verified (or that its
+publish failed, or that its worker died): the race that once sent a rollback back to checkpoint-10,
+skipping 48 samples instead of 8. Nothing here is timed: a publish held for 6 s after step 22 once
+stood for it, and a supervisor slower than that to read the spike saw checkpoint-20 verified first.
 """
 
 from __future__ import annotations
@@ -25,17 +27,18 @@ from .runs import finish, run_dir, running, start_run, status, wait_for, write_c
 
 pytestmark = pytest.mark.slow
 
-# The publish of checkpoint-20 ends 6 s after step 22 (or fails then); the worker sits on step 22 for 14 s,
-# so the rollback decided on step 22 meets a checkpoint still on its way, and once it is settled the
-# worker is still there to take the rollback (or be killed for it) at the same step boundary.
+# The publish of checkpoint-20 ends (or fails) once the rollback decided on step 22 has said it waits for
+# it; the worker sits on step 22 until the rollback's request is queued (a restart kills it there first),
+# so once the publish is settled it is still there to take the rollback (or be killed for it) at the same
+# step boundary. The 120 s are backstops only.
 RACE = {
     "lr_burst_at_step": 21,
     "lr_burst_factor": 1000.0,
     "hold_at_step": 22,
-    "hold_s": 14.0,
+    "hold_s": 120.0,
+    "hold_until_event": "control:rollback",
     "slow_save_step": 20,
-    "slow_save_until_step": 22,
-    "slow_save_s": 6.0,
+    "slow_save_until_event": "publish_awaited",
 }
 
 
@@ -100,8 +103,8 @@ def test_a_worker_killed_mid_publish_never_has_its_half_published_checkpoint_res
     tmp_path: Path, demo_assets: Path
 ) -> None:
     cfg = config(tmp_path, demo_assets)
-    # The worker sits on the spike long enough to be killed while the rollback waits for checkpoint-20.
-    proc = start_run(cfg, "killed", faults={**RACE, "hold_s": 120.0, "slow_save_s": 120.0})
+    # The publish stays torn after the rollback has said it waits for it, until the worker is killed.
+    proc = start_run(cfg, "killed", faults={**RACE, "slow_save_s": 120.0})
     run = run_dir(cfg, "killed")
     wait_for(
         lambda: running(proc) and "publish_awaited" in [e.name for e in read_events(run.events)],

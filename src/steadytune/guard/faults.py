@@ -12,6 +12,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from steadytune.protocol import WorkerEvent
@@ -45,6 +46,27 @@ class _Trained:
             self.changed.wait_for(lambda: self.step >= step, timeout=timeout_s)
 
 
+def _await_event(events: Path | None, name: str, timeout_s: float, poll_s: float = 0.05) -> None:
+    """Return once the run's event log ``events`` holds an event ``name`` (or after ``timeout_s``).
+
+    ``name`` is an event's name, or ``kind:name`` where one name has several kinds (the policy's
+    ``action`` ``rollback`` comes before the ``control`` ``rollback`` request is queued). Any such
+    event counts, even one filed before the wait began: the supervisor may have answered before a
+    descheduled worker got here, and the faults fire in one attempt only. Without a log the wait is
+    its timeout.
+    """
+    from steadytune.telemetry.events import read_events
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if events is not None and any(name in (e.name, f"{e.kind}:{e.name}") for e in read_events(events)):
+            return
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        time.sleep(min(poll_s, left))
+
+
 _HOARD: list[object] = []  # what the leak fault keeps alive, for the life of the process
 
 
@@ -65,6 +87,9 @@ class Faults:
     # ... hold the save of slow_save_step there until training has ended this later step (at most 120 s),
     # then slow_save_s more: a save certainly still being published when the steps after it are read
     slow_save_until_step: int | None = None
+    # ... or until the run's events.jsonl holds this event (name or kind:name; at most 120 s), then
+    # slow_save_s more: a save still being published when the supervisor has filed what a test must see
+    slow_save_until_event: str | None = None
     fail_save_step: int | None = None  # the publish of this step's save fails in its unsafe window
     crash_at_step: int | None = None  # raise once this optimizer step has ended
     nan_at_step: int | None = None  # make this step's loss NaN (a poisoned batch)
@@ -79,6 +104,10 @@ class Faults:
     hang_at_step: int | None = None  # stop making progress after this step (the process stays alive)
     hold_at_step: int | None = None  # pause after this step's record, so an outside actor acts on exactly it
     hold_s: float = 0.0  # ... for this long, then go on (the actor may be late or absent)
+    # ... or until the run's events.jsonl holds this event (name or kind:name), hold_s then a backstop:
+    # the worker waits for the supervisor's answer however late it comes (an event filed only after the
+    # worker's end, such as "restart", holds it until it is killed)
+    hold_until_event: str | None = None
     leak_mib_per_step: float = 0.0  # keep this many MiB of tensors alive after every step (on the GPU if any)
     fault_attempts: int = 1  # faults fire while attempt < fault_attempts (1: first attempt only)
     _trained: _Trained = field(default_factory=_Trained, init=False, repr=False, compare=False)
@@ -104,19 +133,24 @@ class Faults:
             return 0.0
         return self.slow_save_s
 
-    def in_save_window(self, step: int, attempt: int) -> None:
-        """The save faults, run in the publish of checkpoint-``step`` between its rename and its manifest."""
+    def in_save_window(self, step: int, attempt: int, events: Path | None = None) -> None:
+        """The save faults, run in the publish of checkpoint-``step`` between its rename and its manifest
+        (``events``: the run's event log, for ``slow_save_until_event``)."""
         if not self.active(attempt):
             return
         if self.slow_save_until_step is not None and step == self.slow_save_step:
             self._trained.wait_for(self.slow_save_until_step, timeout_s=120.0)
+        if self.slow_save_until_event is not None and step == self.slow_save_step:
+            _await_event(events, self.slow_save_until_event, timeout_s=120.0)
         delay = self.save_delay(step, attempt)
         if delay > 0:
             time.sleep(delay)
         if self.fail_save_step is not None and step == self.fail_save_step:
             raise InjectedSaveFailure(f"injected failure publishing checkpoint-{step}")
 
-    def after_step(self, step: int, attempt: int) -> None:
+    def after_step(self, step: int, attempt: int, events: Path | None = None) -> None:
+        """The step faults, run at the boundary after step ``step``'s record (``events``: the run's event
+        log, for ``hold_until_event``)."""
         if self.slow_save_until_step is not None:  # only a held save waits on it: no lock per step otherwise
             self._trained.ended(step)
         if self.step_sleep_s:
@@ -128,7 +162,10 @@ class Faults:
         if self.crash_at_step is not None and step == self.crash_at_step:
             raise InjectedCrash(f"injected crash at step {step}")
         if self.hold_at_step is not None and step == self.hold_at_step:
-            time.sleep(self.hold_s)
+            if self.hold_until_event is not None:
+                _await_event(events, self.hold_until_event, timeout_s=self.hold_s)
+            else:
+                time.sleep(self.hold_s)
         if self.hang_at_step is not None and step == self.hang_at_step:
             while True:  # a hung collective: alive, silent, going nowhere
                 time.sleep(3600)

@@ -279,7 +279,7 @@ class GuardCallback(TrainerCallback):
             extra[OBJECTIVE_KEY] = self.objective
         self.guard.end_step(state.global_step, epoch=state.epoch, extra=extra or None, ended_at=ended_at)
         self._gradflow = None  # the step record itself is the loop's heartbeat: no second line per step
-        self.faults.after_step(state.global_step, self.guard.attempt)
+        self.faults.after_step(state.global_step, self.guard.attempt, self.guard.run.events)
         world = _world_size()
         # With several ranks, rank 0 alone reads the queue (and its own SIGTERM, which torchrun
         # forwards to every rank) and the others take its request at the same step boundary.

@@ -115,7 +115,7 @@ def train_attempt(
             run,
             keep_last=cfg.run.keep_last,
             min_free_bytes=cfg.run.min_free_disk_bytes,
-            save_fault=lambda step: faults.in_save_window(step, guard.attempt),
+            save_fault=lambda step: faults.in_save_window(step, guard.attempt, run.events),
         )
         callback = GuardCallback(guard, keeper, run.staging, faults, cfg.policy.checkpoint_every_s)
         callback.reloads = True  # this worker rebuilds its own trainer: a rollback may happen in process

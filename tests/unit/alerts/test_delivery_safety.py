@@ -18,6 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from tests.waiting import ANSWER_S
 
 from steadytune.alerts.message import test_alert as make_test_alert
 from steadytune.alerts.router import AlertRouter
@@ -83,7 +84,7 @@ def redirector() -> Iterator[Redirector]:
 
 def webhook_sinks(url: str, **conf):
     config = AlertsConfig.model_validate(
-        {"sinks": [{"type": "webhook", "url_env": "HOOK", "timeout_s": 5}], **conf}
+        {"sinks": [{"type": "webhook", "url_env": "HOOK", "timeout_s": ANSWER_S}], **conf}
     )
     return config, build_sinks(config, Redactor(), environ={"HOOK": url})
 
@@ -160,7 +161,7 @@ def test_crlf_in_an_email_subject_is_sent_once_on_one_line(smtp: dict, tmp_path:
             "retry": {"attempts": 3, "backoff_s": 1},
             "sinks": [
                 {"type": "email", "host": "127.0.0.1", "port": smtp["port"], "security": "none",
-                 "sender": "bot@example.com", "to": ["oncall@example.com"], "timeout_s": 5},
+                 "sender": "bot@example.com", "to": ["oncall@example.com"], "timeout_s": ANSWER_S},
             ],
         }
     )  # fmt: skip
@@ -197,7 +198,7 @@ def test_a_unicode_line_break_in_a_run_name_or_title_leaves_every_header_one_lin
             "retry": {"attempts": 2, "backoff_s": 1},
             "sinks": [
                 {"type": "email", "host": "127.0.0.1", "port": smtp["port"], "security": "none",
-                 "sender": "bot@example.com", "to": ["oncall@example.com"], "timeout_s": 5,
+                 "sender": "bot@example.com", "to": ["oncall@example.com"], "timeout_s": ANSWER_S,
                  "subject_prefix": f"[st{brk}Cc: a@b]"},
             ],
         }
@@ -223,7 +224,8 @@ def test_an_email_has_date_and_message_id_and_states_cause_and_fix_once(smtp: di
         {
             "sinks": [
                 {"type": "email", "host": "127.0.0.1", "port": smtp["port"], "security": "none",
-                 "sender": "Steadytune <bot@example.com>", "to": ["oncall@example.com"], "timeout_s": 5},
+                 "sender": "Steadytune <bot@example.com>", "to": ["oncall@example.com"],
+                 "timeout_s": ANSWER_S},
             ],
         }
     )  # fmt: skip

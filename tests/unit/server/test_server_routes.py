@@ -15,6 +15,7 @@ from steadytune.server.daemon import Daemon, ServerPaths
 from steadytune.server.ledger import GIB, GpuProcess, GpuReading
 from steadytune.server.queue import JobQueue
 from steadytune.web.server import start_dashboard
+from tests.waiting import ANSWER_S
 
 TOKEN = "s3cret-token-for-tests"
 
@@ -32,7 +33,7 @@ def daemon(tmp_path: Path) -> Daemon:
 
 
 def call(port: int, method: str, path: str, body: dict | None = None, token: str | None = None):
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=ANSWER_S)
     headers = {"Content-Type": "application/json"}
     if token:
         headers["X-Steadytune-Token"] = token

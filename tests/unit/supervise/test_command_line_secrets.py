@@ -17,6 +17,7 @@ from pathlib import Path
 
 from steadytune.web.server import start_dashboard
 from tests.conftest import STEADYTUNE
+from tests.waiting import ANSWER_S
 
 TOKEN = "hf_" + "AbCdEfGhIjKlMnOpQrStUvWx"
 PASSWORD = "s3cr3t-Passw0rd"
@@ -57,7 +58,7 @@ def test_secrets_on_the_command_line_never_reach_the_log_store_console_or_api(tm
 
     handle = start_dashboard(tmp_path / "runs", host="127.0.0.1", port=0)
     try:
-        conn = http.client.HTTPConnection("127.0.0.1", handle.port, timeout=10)
+        conn = http.client.HTTPConnection("127.0.0.1", handle.port, timeout=ANSWER_S)
         conn.request("GET", "/api/runs/r1/events")
         body = conn.getresponse().read().decode()
     finally:

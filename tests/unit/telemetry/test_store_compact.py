@@ -145,15 +145,38 @@ def test_a_crash_after_any_stage_leaves_the_old_index_or_the_new(
     assert _answers(run.db) == before and not (run.root / "run.db.compact").exists()
 
 
+# The child compacts, killed by the test wherever it is (a delay after "go"), or held after a stage (argv[2])
+# until the test kills it there: a kill that certainly lands mid-compaction, however slow the test's thread.
 KILLED = """
 import sys
 from pathlib import Path
 from steadytune.rundir import RunDir
 from steadytune.telemetry.store.compact import Keep, compact
+
+def after(stage):
+    if stage == sys.argv[2]:
+        print(stage, flush=True)
+        sys.stdin.readline()  # held here until killed
+
 print("go", flush=True)
-compact(RunDir(Path(sys.argv[1])), Keep(50_000, 1_000, 3_600.0, 300.0))
+compact(RunDir(Path(sys.argv[1])), Keep(50_000, 1_000, 3_600.0, 300.0), after=after)
 print("done", flush=True)
 """
+
+
+def start_compaction(run: RunDir, held_at: str = "") -> subprocess.Popen[bytes]:
+    argv = [sys.executable, "-c", KILLED, str(run.root), held_at]
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stdout.readline() == b"go\n"  # imports done: compacting
+    return proc
+
+
+def assert_trusted_after_the_kill(run: RunDir, before: object) -> None:
+    with sqlite3.connect(run.db) as db:
+        assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    assert _answers(run.db) == before
+    compact(run, KEEP)
+    assert _answers(run.db) == before and not (run.root / "run.db.compact").exists()
 
 
 @pytest.mark.parametrize("delay_s", [0.0, 0.02, 0.05, 0.1, 0.2])
@@ -162,23 +185,38 @@ def test_sigkill_mid_compaction_leaves_an_index_a_reader_trusts(
 ) -> None:
     run = _copy(original, tmp_path)
     before = _answers(run.db)
-    proc = subprocess.Popen([sys.executable, "-c", KILLED, str(run.root)], stdout=subprocess.PIPE)
-    assert proc.stdout is not None and proc.stdout.readline() == b"go\n"  # imports done: compacting
+    proc = start_compaction(run)
+    assert proc.stdout is not None and proc.stdin is not None
     time.sleep(delay_s)
     killed = proc.poll() is None
     if killed:
         os.kill(proc.pid, signal.SIGKILL)
     rest = proc.stdout.read()
     proc.wait(timeout=60)
-    assert killed or delay_s > 0  # at 0 s it is killed mid-compaction, not after
-    # One that ended before the kill compacted whole: a child that crashed would test nothing (its
-    # RunDir was given a str, and every child died of a TypeError before compacting anything).
+    proc.stdin.close()
+    # One that ended before the kill (a test's thread slower than the compaction) compacted whole: a child
+    # that crashed would test nothing (its RunDir was given a str, and every child died of a TypeError
+    # before compacting anything). The held cases below are the kills certain to land mid-compaction.
     assert killed or (proc.returncode == 0 and rest == b"done\n"), (proc.returncode, rest)
+    assert_trusted_after_the_kill(run, before)
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_sigkill_held_after_any_stage_leaves_an_index_a_reader_trusts(
+    original: Path, tmp_path: Path, stage: str
+) -> None:
+    run = _copy(original, tmp_path)
+    before = _answers(run.db)
+    proc = start_compaction(run, held_at=stage)
+    assert proc.stdout is not None and proc.stdin is not None
+    assert proc.stdout.readline() == f"{stage}\n".encode()
+    os.kill(proc.pid, signal.SIGKILL)
+    assert proc.wait(timeout=60) == -signal.SIGKILL and proc.stdout.read() == b""
+    proc.stdin.close()
     with sqlite3.connect(run.db) as db:
-        assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
-    assert _answers(run.db) == before
-    compact(run, KEEP)
-    assert _answers(run.db) == before and not (run.root / "run.db.compact").exists()
+        compacted = db.execute("SELECT 1 FROM meta WHERE key='compacted'").fetchone() is not None
+    assert compacted == (stage == "swapped")
+    assert_trusted_after_the_kill(run, before)
 
 
 def test_a_live_run_is_refused_and_the_cli_says_so(

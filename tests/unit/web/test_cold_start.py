@@ -15,7 +15,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from tests.waiting import wait_for
+from tests.waiting import ANSWER_S, wait_for
 
 from steadytune.records import Event, Heartbeat, StepRecord
 from steadytune.rundir import RunDir, atomic_write_text
@@ -147,7 +147,7 @@ def test_a_run_read_while_live_keeps_its_series_once_its_supervisor_is_gone(tmp_
 
 
 def _get(url: str) -> bytes:
-    with urllib.request.urlopen(url, timeout=30) as r:
+    with urllib.request.urlopen(url, timeout=ANSWER_S) as r:
         return r.read()
 
 

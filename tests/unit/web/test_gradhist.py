@@ -6,7 +6,7 @@ import http.client
 import json
 from pathlib import Path
 
-from tests.waiting import wait_for
+from tests.waiting import ANSWER_S, wait_for
 
 from steadytune.records import StepRecord
 from steadytune.rundir import RunDir
@@ -51,7 +51,7 @@ def test_the_histogram_of_one_recording(tmp_path: Path) -> None:
 
 
 def _get(port: int, path: str) -> tuple[int, dict]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=ANSWER_S)
     try:
         conn.request("GET", path)
         resp = conn.getresponse()

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.waiting import wait_for
+from tests.waiting import ANSWER_S, wait_for
 
 from steadytune.records import Event, StepRecord, WorkerExit
 from steadytune.rundir import RunDir, atomic_write_text
@@ -299,7 +299,7 @@ def test_every_route_of_the_table_is_guarded_as_it_says(tmp_path: Path) -> None:
     try:
         for route in ROUTES:
             path = route.path.format(run="done", name="common.js", job="j1", action="cancel")
-            conn = http.client.HTTPConnection("127.0.0.1", h.port, timeout=10)
+            conn = http.client.HTTPConnection("127.0.0.1", h.port, timeout=ANSWER_S)
             body = b'{"confirm": true}' if route.method == "POST" else None
             conn.request(route.method, path + ("?step=1" if "gradhist" in path else ""), body=body)
             resp = conn.getresponse()
