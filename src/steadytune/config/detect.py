@@ -186,6 +186,13 @@ class RLConfig(_Strict):
         description="a finished run's reward whose gain over the run is surely below this many noise "
         "sigmas per point, and not significant, never rose",
     )
+    run_signal_share: float = Field(
+        0.2,
+        ge=0,
+        lt=1,
+        description="a finished RL run whose batches carried this share of learning groups or less over "
+        "the whole run, its reward never up, learned nothing (0: never)",
+    )
 
 
 class EvalConfig(_Strict):

@@ -41,6 +41,20 @@ the standard errors from the residuals about the line, widened for their lag-one
 autocorrelation (``√((1+r)/(1−r))``: a reward that wanders slowly holds fewer
 independent points than it has).
 
+**Most batches without signal.** A run too short for that power (a few dozen points) may still
+show that it learned nothing by a second evidence: its groups. Where the record tells which of a
+batch's prompt groups tied (:func:`~steadytune.objectives.tied_share`), the run's learning share is
+the mean over its kept points of the share of groups that did not tie (a batch whose spread is known
+but not per group counts as wholly learning). A run whose learning share is at most
+``rl.run_signal_share`` (0.2: four batches in five or more taught nothing), whose ties sit at its low
+(their mean reward at or below the run's: ties at the top are a solved task), over at least
+``rl.signal_window`` points, and whose reward shows no significant rise (the line and the rest over
+the start, as above, without the power asked for) learned nothing the run can show. The windowed
+rule (:mod:`.learning`) calls a stretch of ties chance when the run's own rate makes it likely: a
+reward firing on one batch in ten may be learning slowly. Once the run is over, that rate is all of
+it and the reward did not rise: most of its updates carried nothing, whatever they would have done
+later. A slow learner whose reward rises significantly out of its ties is not this.
+
 The log must begin at the run's start (its first step within two logging intervals of
 step 0): a log that begins mid-run (a resumed run) does not show the gain made before
 it, and a run whose reward holds at its top from there on is saturated, not stuck. A
@@ -65,7 +79,7 @@ from typing import Any, ClassVar
 from steadytune.detect.base import Finding, Reporter, rounded
 from steadytune.detect.objective import REWARD_KEYS, first
 from steadytune.detect.points import Signal
-from steadytune.objectives import LOSS_OBJECTIVE
+from steadytune.objectives import LOSS_OBJECTIVE, tied_share
 
 _T_SEEN = 2.0  # a gain this many standard errors above zero is a gain
 _P_SEEN = 1 - NormalDist().cdf(_T_SEEN)  # its one-sided chance under no gain (2.3 %)
@@ -80,6 +94,8 @@ class FlatLimits:
     """As ``detect.rl`` names them (docs/detectors.md)."""
 
     flat_gain: float
+    signal_window: int
+    run_signal_share: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,13 +126,18 @@ class Flatness:
     starts: int = 1  # how many starts were tried: the one picked must pass a t raised for their number
 
     def flat(self, flat_gain: float) -> bool:
+        # The chance of a t of 2 or more is shared among the starts tried (Bonferroni, in not_up): a
+        # flat run whose first 8, 16, ..., 256 points are each compared with the rest would otherwise
+        # pass as learned one time in five or so, by one of them.
         smallest = flat_gain * self.noise
+        return self.noise > 0.0 and self.line.flat(smallest) and self.not_up()
+
+    def not_up(self) -> bool:
+        """Neither the line nor the rest of the run over its start shows a significant gain (no power
+        asked for: :meth:`flat` adds that)."""
         start = self.after_start
-        # The chance of a t of 2 or more, shared among the starts tried (Bonferroni): a flat run whose
-        # first 8, 16, ..., 256 points are each compared with the rest would otherwise pass as learned
-        # one time in five or so, by one of them.
-        t = NormalDist().inv_cdf(1 - _P_SEEN / self.starts)
-        return self.noise > 0.0 and self.line.flat(smallest) and start.gain < t * start.se
+        t = NormalDist().inv_cdf(1 - _P_SEEN / self.starts)  # Bonferroni over the starts tried
+        return self.line.gain < _T_SEEN * self.line.se and start.gain < t * start.se
 
 
 def flatness(values: Sequence[float]) -> Flatness | None:
@@ -190,6 +211,9 @@ class FlatRewardWatch:
         self._end: int | None = None  # the last step seen: where the run ends
         self._key = "reward"
         self._done = False
+        self._learning = 0.0  # the learning groups' shares summed over the kept points (a spread batch: 1)
+        self._tied = 0  # the kept points whose every group tied...
+        self._tied_reward = 0.0  # ...and their rewards summed
 
     def observe(self, point: Signal, out: list[Finding]) -> None:
         """Keep the step's reward (an RL or preference run's, each rollout batch once)."""
@@ -212,6 +236,11 @@ class FlatRewardWatch:
             self._steps.append(step)
         self._key = found[0]
         self._values.append(found[1])
+        tied = tied_share(extra)
+        self._learning += 1.0 - (tied or 0.0)
+        if tied == 1.0:
+            self._tied += 1
+            self._tied_reward += found[1]
 
     def finish(self, out: list[Finding]) -> None:
         """The run is over: is its reward flat over all of it?"""
@@ -219,10 +248,55 @@ class FlatRewardWatch:
             return
         self._done = True
         f = flatness(self._values)
-        if f is None or not f.flat(self.lim.flat_gain):
+        if f is None:
             return
+        if f.flat(self.lim.flat_gain):
+            self._tell_flat(f, out)
+        elif self._mostly_tied(f):
+            self._tell_tied(f, out)
+
+    def _mostly_tied(self, f: Flatness) -> bool:
+        """Most of the run's batches carried no learning group, tied at the run's floor (not solved), and
+        the reward never rose."""
+        n = f.points
+        share = self.lim.run_signal_share
+        return (
+            share > 0.0
+            and n >= self.lim.signal_window
+            and self._learning <= share * n
+            and self._tied_reward / max(self._tied, 1) <= math.fsum(self._values) / n
+            and f.not_up()
+        )
+
+    def _span(self) -> tuple[int, int]:
         assert self._first_step is not None and self._last_step is not None
-        end = max(self._last_step, self._end or self._last_step)
+        return self._first_step, max(self._last_step, self._end or self._last_step)
+
+    def _tell_tied(self, f: Flatness, out: list[Finding]) -> None:
+        start, end = self._span()
+        share = self._learning / f.points
+        ev: dict[str, Any] = {
+            "points": f.points,
+            "whole_run": True,
+            "learning_share": rounded(share, 3),
+            "tied_points": self._tied,
+            "gain": rounded(f.line.gain),
+            "gain_se": rounded(f.line.se),
+            "to_step": end,
+        }
+        cause = (
+            f"over the whole run ({f.points} logged steps) {share:.0%} of the prompt groups could teach the "
+            f"policy anything (in {self._tied} batches every group's completions earned the same reward, "
+            f"at the run's low), and the {self._key} never rose (moved {f.line.gain:+.3g}, standard error "
+            f"{f.line.se:.2g}): most updates carried no signal. A reward that rarely fires, a task too hard "
+            "for the group size (more completions per prompt, easier prompts first), or a reward that "
+            "scores completions alike"
+        )
+        self.rep.report(out, "no_learning_signal", self._key, start, True, evidence=ev, cause=cause)
+        self.rep.report(out, "no_learning_signal", self._key, end, True)
+
+    def _tell_flat(self, f: Flatness, out: list[Finding]) -> None:
+        first_step, end = self._span()
         ev: dict[str, Any] = {
             "points": f.points,
             "whole_run": True,
@@ -241,9 +315,7 @@ class FlatRewardWatch:
             "a task too hard (or already solved) for the policy, an LR or a KL penalty that keeps the "
             "policy at its reference, or updates that do not reach the model"
         )
-        self.rep.report(
-            out, "no_learning_signal", self._key, self._first_step, True, evidence=ev, cause=cause
-        )
+        self.rep.report(out, "no_learning_signal", self._key, first_step, True, evidence=ev, cause=cause)
         self.rep.report(out, "no_learning_signal", self._key, end, True)
 
     def _from_start(self) -> bool:

@@ -122,7 +122,8 @@ def test_analyze_tells_it_and_a_second_finish_adds_nothing() -> None:
     recs = _grpo(2000, 0, (4, 8), trouble="flat")
     flat = [a for a in detect(recs) if a.evidence.get("whole_run")]
     assert [(a.kind, a.start_step, a.end_step) for a in flat] == [("no_learning_signal", 1, 2000)]
-    watch = FlatRewardWatch(FlatLimits(FLAT_GAIN))
+    rl = DetectConfig().rl
+    watch = FlatRewardWatch(FlatLimits(FLAT_GAIN, rl.signal_window, rl.run_signal_share))
     out: list = []
     watch.finish(out)
     watch.finish(out)
