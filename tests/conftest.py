@@ -49,6 +49,23 @@ def demo_assets(cache_dir: Path) -> Path:
     return ensure_demo_assets(cache_dir)
 
 
+@pytest.fixture(scope="session")
+def stdlib_python(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A Python with the standard library alone, for the stand-in jobs that need nothing else.
+
+    `steadytune supervise -- python ...` reads the job's interpreter into env.json, torch's build
+    included: under the test venv's Python that imports torch, 2 CPU-s and 3.5 s before every such
+    job starts, on what these tests do not look at. Under this one the reading finds no torch
+    (0.1 s). The reading of an interpreter with torch is tested where it is looked at
+    (test_envdiff.py, test_env.py) and on every run of a real tool.
+    """
+    import venv
+
+    root = tmp_path_factory.mktemp("stdlib-python")
+    venv.EnvBuilder(with_pip=False).create(root)
+    return str(root / "bin" / "python")
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Start building the tools' venvs the session's tests will need, in the background
     (tests/tools.py): on one worker (the first) under xdist, or in a serial run."""

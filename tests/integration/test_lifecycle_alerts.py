@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 from steadytune.telemetry.events import read_events
@@ -18,12 +17,12 @@ CONFIG = (
 )
 
 
-def _supervise(tmp_path: Path, hook: Hook, exit_code: int, config: str = CONFIG) -> list:
+def _supervise(tmp_path: Path, python: str, hook: Hook, exit_code: int, config: str = CONFIG) -> list:
     """Supervise a job that logs one step and exits with ``exit_code``; the run's events."""
     cfg = tmp_path / "supervise.yaml"
     cfg.write_text(config)
     job = [
-        sys.executable, "-c",
+        python, "-c",
         "import sys, time; print({'loss': 1.0, 'epoch': 0.1}, flush=True); time.sleep(0.3); "
         f"sys.exit({exit_code})",
     ]  # fmt: skip
@@ -33,10 +32,10 @@ def _supervise(tmp_path: Path, hook: Hook, exit_code: int, config: str = CONFIG)
     return read_events(tmp_path / "runs" / "job" / "events.jsonl")
 
 
-def test_a_crash_looping_job_alerts_each_restart_and_its_failure(tmp_path: Path) -> None:
+def test_a_crash_looping_job_alerts_each_restart_and_its_failure(tmp_path: Path, stdlib_python: str) -> None:
     hook = Hook()
     try:
-        events = _supervise(tmp_path, hook, exit_code=3)
+        events = _supervise(tmp_path, stdlib_python, hook, exit_code=3)
     finally:
         hook.close()
     restarts = [e for e in events if e.name == "restart" and "classification" in e.data]
@@ -51,22 +50,24 @@ def test_a_crash_looping_job_alerts_each_restart_and_its_failure(tmp_path: Path)
     ]
 
 
-def test_a_completed_job_sends_one_finish_alert(tmp_path: Path) -> None:
+def test_a_completed_job_sends_one_finish_alert(tmp_path: Path, stdlib_python: str) -> None:
     hook = Hook()
     try:
-        events = _supervise(tmp_path, hook, exit_code=0)
+        events = _supervise(tmp_path, stdlib_python, hook, exit_code=0)
     finally:
         hook.close()
     assert any(e.name == "run_completed" for e in events)
     assert [(b["alert"]["name"], b["alert"]["severity"]) for b in hook.bodies] == [("run_completed", "info")]
 
 
-def test_a_console_sink_records_its_deliveries_beside_a_webhook(tmp_path: Path) -> None:
+def test_a_console_sink_records_its_deliveries_beside_a_webhook(tmp_path: Path, stdlib_python: str) -> None:
     """The supervisor prints these events on its own console: the console sink counts them
     delivered (before, it was dropped from the router and never appeared in an alert event)."""
     hook = Hook()
     try:
-        events = _supervise(tmp_path, hook, exit_code=3, config=CONFIG + "    - type: console\n")
+        events = _supervise(
+            tmp_path, stdlib_python, hook, exit_code=3, config=CONFIG + "    - type: console\n"
+        )
     finally:
         hook.close()
     alerts = [e for e in events if e.kind == "alert"]
@@ -74,11 +75,11 @@ def test_a_console_sink_records_its_deliveries_beside_a_webhook(tmp_path: Path) 
     assert all(sorted(e.data["delivered"]) == ["console", "webhook"] for e in alerts)
 
 
-def test_a_console_sink_alone_still_records_every_alert(tmp_path: Path) -> None:
+def test_a_console_sink_alone_still_records_every_alert(tmp_path: Path, stdlib_python: str) -> None:
     hook = Hook()
     only_console = CONFIG.split("alerts:")[0] + "alerts:\n  sinks:\n    - type: console\n"
     try:
-        events = _supervise(tmp_path, hook, exit_code=3, config=only_console)
+        events = _supervise(tmp_path, stdlib_python, hook, exit_code=3, config=only_console)
     finally:
         hook.close()
     alerts = [e for e in events if e.kind == "alert"]

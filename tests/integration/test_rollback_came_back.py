@@ -14,7 +14,6 @@ checkpoint further back was never reached.
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -62,12 +61,14 @@ for step in range(start + 1, 25):
 """
 
 
-def test_a_kl_blowup_back_at_the_same_step_after_a_rollback_goes_further_back(tmp_path: Path) -> None:
+def test_a_kl_blowup_back_at_the_same_step_after_a_rollback_goes_further_back(
+    tmp_path: Path, stdlib_python: str
+) -> None:
     script = tmp_path / "grpo_like.py"
     script.write_text(JOB)
     out, runs = tmp_path / "out", tmp_path / "runs"
     cmd = supervise_cmd(
-        [sys.executable, str(script), "--output_dir", str(out)], out, runs, "came-back", "--preset", "trl"
+        [stdlib_python, str(script), "--output_dir", str(out)], out, runs, "came-back", "--preset", "trl"
     )
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]

@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[3]
@@ -27,18 +29,27 @@ def start(tmp: Path, *argv: str) -> subprocess.Popen[str]:
     )  # fmt: skip
 
 
+@pytest.fixture(scope="module")
+def long_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A gzipped log long enough (400,000 steps, 24 MB unpacked) to be read for a while once unpacked.
+    The analyze tests only read it, so one copy serves them; gzip's fastest level, as the size of the
+    unpacked copy is what the tests need, not a small archive."""
+    log = tmp_path_factory.mktemp("long-log") / "train.jsonl.gz"
+    rows = (
+        json.dumps({"step": s, "loss": 2.0 - s * 1e-6, "learning_rate": 1e-4}) + "\n" for s in range(400_000)
+    )
+    log.write_bytes(gzip.compress("".join(rows).encode(), compresslevel=1))
+    return log
+
+
 def made(tmp: Path, prefix: str) -> list[Path]:
     return sorted(tmp.glob(f"{prefix}*"))
 
 
-def test_a_terminated_analyze_leaves_no_unpacked_copy(tmp_path: Path) -> None:
+def test_a_terminated_analyze_leaves_no_unpacked_copy(tmp_path: Path, long_log: Path) -> None:
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    log = tmp_path / "train.jsonl.gz"
-    with gzip.open(log, "wt") as f:  # long enough to be read for a while once unpacked
-        for step in range(400_000):
-            f.write(json.dumps({"step": step, "loss": 2.0 - step * 1e-6, "learning_rate": 1e-4}) + "\n")
-    proc = start(tmp, "analyze", str(log))
+    proc = start(tmp, "analyze", str(long_log))
     wait_for(lambda: made(tmp, "steadytune-gunzip-") or proc.poll() is not None, what="the unpacked copy")
     assert proc.poll() is None, "analyze ended before it could be stopped"
     proc.send_signal(signal.SIGTERM)
@@ -47,20 +58,16 @@ def test_a_terminated_analyze_leaves_no_unpacked_copy(tmp_path: Path) -> None:
     assert made(tmp, "steadytune-gunzip-") == []
 
 
-def test_the_copy_of_a_killed_analyze_is_removed_by_the_next_one(tmp_path: Path) -> None:
+def test_the_copy_of_a_killed_analyze_is_removed_by_the_next_one(tmp_path: Path, long_log: Path) -> None:
     """A SIGKILL (an OOM kill) runs no clean-up: the copy, up to 4 GiB, stayed in the temporary
     folder for good. The next analyze removes it, and keeps a live one's."""
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    log = tmp_path / "train.jsonl.gz"
-    with gzip.open(log, "wt") as f:
-        for step in range(400_000):
-            f.write(json.dumps({"step": step, "loss": 2.0 - step * 1e-6, "learning_rate": 1e-4}) + "\n")
-    killed = start(tmp, "analyze", str(log))
+    killed = start(tmp, "analyze", str(long_log))
     wait_for(lambda: made(tmp, "steadytune-gunzip-") or killed.poll() is not None, what="the unpacked copy")
     assert killed.poll() is None, "analyze ended before it could be killed"
     left = made(tmp, "steadytune-gunzip-")
-    live = start(tmp, "analyze", str(log))  # started before the kill: its copy is not the dead one's
+    live = start(tmp, "analyze", str(long_log))  # started before the kill: its copy is not the dead one's
     wait_for(
         lambda: len(made(tmp, "steadytune-gunzip-")) == 2 or live.poll() is not None, what="a second copy"
     )

@@ -12,7 +12,6 @@ import hashlib
 import http.client
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 from steadytune.web.server import start_dashboard
@@ -30,9 +29,11 @@ JOB = (
 )
 
 
-def test_secrets_on_the_command_line_never_reach_the_log_store_console_or_api(tmp_path: Path) -> None:
+def test_secrets_on_the_command_line_never_reach_the_log_store_console_or_api(
+    tmp_path: Path, stdlib_python: str
+) -> None:
     cmd = [
-        sys.executable, "-c", JOB, "--hub_token", TOKEN, f"--password={PASSWORD}",
+        stdlib_python, "-c", JOB, "--hub_token", TOKEN, f"--password={PASSWORD}",
         f"https://trainer:{URL_PASSWORD}@hub.example.com/org/model", "HF_TOKEN=" + TOKEN,
     ]  # fmt: skip
     proc = subprocess.run(
@@ -54,7 +55,7 @@ def test_secrets_on_the_command_line_never_reach_the_log_store_console_or_api(tm
     assert not any(s in console for s in SECRETS), console
     events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
     started = next(e for e in events if e["name"] == "worker_started")
-    assert started["data"]["cmd"][:2] == [sys.executable, "-c"] and "***" in started["data"]["cmd"]
+    assert started["data"]["cmd"][:2] == [stdlib_python, "-c"] and "***" in started["data"]["cmd"]
 
     handle = start_dashboard(tmp_path / "runs", host="127.0.0.1", port=0)
     try:

@@ -180,10 +180,9 @@ if not at:
     ],
 )
 def test_a_supervised_rollback_runs_the_resumed_steps_at_half_the_lr_they_ran_at(
-    tmp_path: Path, job_args: tuple[str, ...], source: str
+    tmp_path: Path, stdlib_python: str, job_args: tuple[str, ...], source: str
 ) -> None:
     import subprocess
-    import sys
 
     from tests.conftest import STEADYTUNE
 
@@ -194,7 +193,7 @@ def test_a_supervised_rollback_runs_the_resumed_steps_at_half_the_lr_they_ran_at
     proc = subprocess.run(
         [STEADYTUNE, "supervise", "--config", str(cfg), "--preset", "hf", "--output-dir", str(out),
          "--runs-dir", str(tmp_path / "runs"), "--run-id", "r1", "--",
-         sys.executable, str(tmp_path / "job.py"), str(out), *job_args],
+         stdlib_python, str(tmp_path / "job.py"), str(out), *job_args],
         capture_output=True, text=True, timeout=300, cwd=tmp_path,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -90,18 +90,18 @@ with open(out / 'trainer_log.jsonl', 'a') as log:
 """
 
 
-def _supervise(tmp_path: Path, run_id: str) -> list[Event]:
+def _supervise(tmp_path: Path, python: str, run_id: str) -> list[Event]:
     proc = subprocess.run(
         [STEADYTUNE, "supervise", "--runs-dir", str(tmp_path / "runs"), "--run-id", run_id,
-         "--output-dir", "out", "--", sys.executable, "-c", _SELF_RESUMING_JOB],
+         "--output-dir", "out", "--", python, "-c", _SELF_RESUMING_JOB],
         capture_output=True, text=True, timeout=120, cwd=tmp_path,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return read_events(tmp_path / "runs" / run_id / "events.jsonl")
 
 
-def test_the_same_command_run_again_says_it_resumed_by_itself(tmp_path: Path) -> None:
-    first = _supervise(tmp_path, "r1")
+def test_the_same_command_run_again_says_it_resumed_by_itself(tmp_path: Path, stdlib_python: str) -> None:
+    first = _supervise(tmp_path, stdlib_python, "r1")
     assert not [e for e in first if e.name == "job_resumed_itself"]
-    [said] = [e for e in _supervise(tmp_path, "r2") if e.name == "job_resumed_itself"]
+    [said] = [e for e in _supervise(tmp_path, stdlib_python, "r2") if e.name == "job_resumed_itself"]
     assert said.step == 11 and "resumed from step 10 by itself" in said.message

@@ -79,28 +79,28 @@ def test_a_job_whose_steps_are_read_is_not_warned(tmp_path: Path) -> None:
     assert _events(run, "no_steps_read") == []
 
 
-def _supervise(tmp_path: Path, job: str) -> list[Event]:
+def _supervise(tmp_path: Path, python: str, job: str) -> list[Event]:
     cfg = tmp_path / "my.yaml"
     cfg.write_text("train:\n  max_steps: 200\n  learning_rate: 0.002\n")
     proc = subprocess.run(
         [STEADYTUNE, "supervise", "--config", str(cfg), "--runs-dir", str(tmp_path / "runs"),
-         "--run-id", "r1", "--", sys.executable, "-c", job],
+         "--run-id", "r1", "--", python, "-c", job],
         capture_output=True, text=True, timeout=120, cwd=tmp_path,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return read_events(tmp_path / "runs" / "r1" / "events.jsonl")
 
 
-def test_a_completed_job_none_of_whose_steps_was_read_says_so(tmp_path: Path) -> None:
-    events = _supervise(tmp_path, "for i in range(3): print(f'it {i} L={2.0 - i / 10}')")
+def test_a_completed_job_none_of_whose_steps_was_read_says_so(tmp_path: Path, stdlib_python: str) -> None:
+    events = _supervise(tmp_path, stdlib_python, "for i in range(3): print(f'it {i} L={2.0 - i / 10}')")
     end = run_end(events)
     assert end is not None and end.name == "run_completed" and end.severity == "warning"
     assert "no training step was ever read" in end.message
 
 
-def test_a_plain_text_job_is_followed_to_its_end(tmp_path: Path) -> None:
+def test_a_plain_text_job_is_followed_to_its_end(tmp_path: Path, stdlib_python: str) -> None:
     job = "for i in range(1, 151): print(f'step {i}/150 | loss {2.0 - i / 1000} | grad_norm 1.0 | lr 2e-05')"
-    events = _supervise(tmp_path, job)
+    events = _supervise(tmp_path, stdlib_python, job)
     end = run_end(events)
     assert end is not None and end.name == "run_completed" and end.severity == "info", end
     assert end.step == 150
@@ -108,14 +108,14 @@ def test_a_plain_text_job_is_followed_to_its_end(tmp_path: Path) -> None:
     assert status["max_steps"] == 150  # the job's own total, from its "step N/M"
 
 
-def test_a_job_that_logs_no_total_is_shown_none_not_the_configs(tmp_path: Path) -> None:
-    _supervise(tmp_path, "for i in range(1, 31): print(f'step {i} | loss {2.0 - i / 100}')")
+def test_a_job_that_logs_no_total_is_shown_none_not_the_configs(tmp_path: Path, stdlib_python: str) -> None:
+    _supervise(tmp_path, stdlib_python, "for i in range(1, 31): print(f'step {i} | loss {2.0 - i / 100}')")
     status = json.loads((tmp_path / "runs" / "r1" / "status.json").read_text())
     assert status["step"] == 30 and status["max_steps"] is None  # not my.yaml's 200: that is no job's
 
 
 def test_a_job_line_without_an_end_is_kept_in_the_log_and_read_past_in_bounded_memory(
-    tmp_path: Path,
+    tmp_path: Path, stdlib_python: str
 ) -> None:
     """A job that prints 256 MiB with no newline between two stretches of steps: its log keeps every
     byte, its steps on both sides are read, and the supervisor never holds the line (held whole and
@@ -136,7 +136,7 @@ def test_a_job_line_without_an_end_is_kept_in_the_log_and_read_past_in_bounded_m
          "subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL); "
          "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)",
          STEADYTUNE, "supervise", "--config", str(cfg), "--runs-dir", str(tmp_path / "runs"),
-         "--run-id", "r1", "--", sys.executable, "-c", job],
+         "--run-id", "r1", "--", stdlib_python, "-c", job],
         capture_output=True, text=True, timeout=300, cwd=tmp_path, check=True,
     )  # fmt: skip
     run = RunDir(tmp_path / "runs" / "r1")

@@ -135,15 +135,16 @@ def test_the_checkpoint_folder_is_the_jobs_own_output_folder_when_not_given(
     assert checkpoint_folder(preset, tmp_path / "given", cmd) == (tmp_path / "given", "")
 
 
-def test_supervise_without_an_output_folder_warns_before_the_job_starts(tmp_path: Path) -> None:
+def test_supervise_without_an_output_folder_warns_before_the_job_starts(
+    tmp_path: Path, stdlib_python: str
+) -> None:
     import subprocess
-    import sys
 
     from tests.conftest import STEADYTUNE
 
     proc = subprocess.run(
         [STEADYTUNE, "supervise", "--preset", "trl", "--runs-dir", str(tmp_path / "runs"), "--run-id", "r",
-         "--", sys.executable, "-c", "print({'loss': 1.0, 'learning_rate': 1e-5, 'epoch': 1.0})"],
+         "--", stdlib_python, "-c", "print({'loss': 1.0, 'learning_rate': 1e-5, 'epoch': 1.0})"],
         capture_output=True, text=True, timeout=300, cwd=tmp_path,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
