@@ -438,34 +438,79 @@ def valid_step(step: Any) -> bool:
     return type(step) is int and -MAX_STEP <= step <= MAX_STEP
 
 
-def _build(cls: type, data: dict[str, Any]) -> Any:
-    names = {f.name for f in dataclasses.fields(cls)}
+# How each field of each record class is read back: one look-up a key, where each key was tested
+# against every special case (and the class's fields listed anew) for every record the supervisor read.
+_PLAIN, _STEP, _FLOAT, _EPOCH, _EXTRA, _BATCH, _GPUS, _PAIRS, _LR_GROUPS = range(9)
+
+
+def _field_kinds(cls: type) -> dict[str, int]:
     floats = _FLOAT_FIELDS.get(cls, frozenset())
+    kinds: dict[str, int] = {}
+    for name in _FIELD_NAMES[cls]:
+        nested = _NESTED.get((cls, name))
+        if name == "step":
+            kinds[name] = _STEP
+        elif name in floats:
+            kinds[name] = _EPOCH if name == "epoch" else _FLOAT
+        elif name == "extra":
+            kinds[name] = _EXTRA
+        elif nested is BatchFingerprint:
+            kinds[name] = _BATCH
+        elif nested is GpuSample:
+            kinds[name] = _GPUS
+        elif cls is PlanRevision and name in ("skip_ranges", "skip_steps"):
+            kinds[name] = _PAIRS
+        elif cls is PlanRevision and name == "lr_groups":
+            kinds[name] = _LR_GROUPS
+        else:
+            kinds[name] = _PLAIN
+    return kinds
+
+
+_KINDS: dict[type, dict[str, int]] = {cls: _field_kinds(cls) for cls in _FIELD_NAMES}
+
+
+def _float_value(value: Any) -> Any:
+    if type(value) is str:
+        return NONFINITE_TEXT.get(value, value)
+    if type(value) is int:
+        return _in_float_range(value)
+    return value
+
+
+def _build(cls: type, data: dict[str, Any]) -> Any:
+    kinds = _KINDS[cls]
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
-        if key not in names:
+        kind = kinds.get(key)
+        if kind is None:
             continue  # forward compatibility: newer writers may add fields
-        if key == "step" and value is not None and not valid_step(value):
-            raise ValueError(f"step {str(value)[:40]!r} is not an integer within ±{MAX_STEP}")
-        if key in floats and isinstance(value, str):
-            value = NONFINITE_TEXT.get(value, value)
-        elif key in floats and type(value) is int:
-            value = _in_float_range(value)
-        elif key == "extra" and isinstance(value, dict):
-            value = {k: _in_float_range(v) if type(v) is int else v for k, v in value.items()}
-        nested = _NESTED.get((cls, key))
-        if nested is BatchFingerprint and isinstance(value, dict):
-            value = BatchFingerprint(
-                indices=tuple(value.get("indices", ())), hashes=tuple(value.get("hashes", ()))
-            )
-        elif nested is GpuSample and isinstance(value, list):
-            value = tuple(_build(GpuSample, g) for g in value)
-        elif cls is PlanRevision and key in ("skip_ranges", "skip_steps"):
+        if kind == _PLAIN:
+            pass
+        elif kind == _FLOAT:
+            value = _float_value(value)
+        elif kind == _STEP:
+            if value is not None and not valid_step(value):
+                raise ValueError(f"step {str(value)[:40]!r} is not an integer within ±{MAX_STEP}")
+        elif kind == _EPOCH:
+            value = _float_value(value)
+            if isinstance(value, float) and not math.isfinite(value):
+                value = None  # an infinite epoch says nothing of where the data is (and int() of it raises)
+        elif kind == _EXTRA:
+            if isinstance(value, dict):
+                value = {k: _in_float_range(v) if type(v) is int else v for k, v in value.items()}
+        elif kind == _BATCH:
+            if isinstance(value, dict):
+                value = BatchFingerprint(
+                    indices=tuple(value.get("indices", ())), hashes=tuple(value.get("hashes", ()))
+                )
+        elif kind == _GPUS:
+            if isinstance(value, list):
+                value = tuple(_build(GpuSample, g) for g in value)
+        elif kind == _PAIRS:
             value = tuple((int(a), int(b)) for a, b in value)
-        elif cls is PlanRevision and key == "lr_groups":
+        else:  # _LR_GROUPS
             value = tuple((str(n), float(lr)) for n, lr in value)
-        if key == "epoch" and isinstance(value, float) and not math.isfinite(value):
-            value = None  # an infinite epoch says nothing of where the data is (and int() of it raises)
         kwargs[key] = value
     return cls(**kwargs)
 

@@ -55,6 +55,33 @@ def test_unknown_type_is_a_clear_error_and_unknown_fields_are_ignored() -> None:
     assert isinstance(rec, StepRecord) and rec.step == 1
 
 
+def test_each_field_is_read_back_by_its_own_rule() -> None:
+    """A line as another writer may spell it: every field's rule applies to that field alone."""
+    huge = int("9" * 400)  # JSON's integer with no float: the detectors need one
+    line = {
+        "type": "step", "step": 7, "ts": 3, "loss": huge, "grad_norm": "-inf", "lr": 2, "epoch": "inf",
+        "tokens": huge, "extra": {"big": -huge, "text": "inf", "n": 3},
+        "batch": {"indices": [4, 5], "hashes": ["a", "b"]}, "newer_field": "nan",
+    }  # fmt: skip
+    rec = from_dict(line)
+    assert isinstance(rec, StepRecord)
+    assert rec.loss == math.inf and rec.grad_norm == -math.inf and rec.lr == 2 and rec.ts == 3
+    assert rec.epoch is None  # an infinite epoch says nothing of where the data is
+    assert rec.tokens == huge  # not a float field: kept as written
+    assert rec.extra == {"big": -math.inf, "text": "inf", "n": 3}
+    assert rec.batch == BatchFingerprint((4, 5), ("a", "b"))
+    for bad in ("7", True, 2**60, 1.0):
+        with pytest.raises(ValueError, match="is not an integer"):
+            from_dict({**line, "step": bad})
+    gpu = {"index": 0, "name": "g", "util_ratio": 0.5}
+    sample = from_dict({"type": "system", "ts": 1.0, "gpus": [gpu]})
+    assert isinstance(sample, SystemSample) and sample.gpus == (GpuSample(index=0, name="g", util_ratio=0.5),)
+    pairs = {"skip_ranges": [[1, 2]], "skip_steps": [[3, 4]], "lr_groups": [["head", 1]]}
+    plan = from_dict({"type": "plan", "revision": 1, "ts": 1.0, "reason": "r", **pairs})
+    assert isinstance(plan, PlanRevision) and plan.skip_ranges == ((1, 2),) and plan.skip_steps == ((3, 4),)
+    assert plan.lr_groups == (("head", 1.0),)
+
+
 def test_tokens_per_second() -> None:
     assert StepRecord(step=1, ts=0, tokens=1000, step_time_s=0.5).tokens_per_s == 2000
     assert StepRecord(step=1, ts=0, tokens=1000).tokens_per_s is None

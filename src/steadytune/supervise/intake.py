@@ -110,13 +110,15 @@ class RankFiles:
 
     def __init__(self, run: RunDir, clock: Callable[[], float], every_s: float = 1.0) -> None:
         self.run, self.clock, self.every_s = run, clock, every_s
+        # Made once: the run's path property builds a new Path at each call, which cost more than the stat.
+        self._dir = os.fspath(run.telemetry_dir)
         self._stamp: int | None = None
         self._listed_at = 0.0
         self._files: list[Path] = []
 
     def __call__(self) -> list[Path]:
         try:
-            stamp = os.stat(self.run.telemetry_dir).st_mtime_ns  # before the listing: a change after it shows
+            stamp = os.stat(self._dir).st_mtime_ns  # before the listing: a change after it shows
         except OSError:
             self._stamp, self._files = None, []
             return []

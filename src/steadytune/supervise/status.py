@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 from steadytune.checkpoint.manifest import checkpoint_step
 from steadytune.checkpoint.store import read_pointer, write_pointer
@@ -24,6 +25,9 @@ class RunBooks:
         self.state = state
         self.dashboard_url: str | None = None  # where alerts and ``status`` point people, when one serves
         self._last_status = 0.0
+        # The checkpoint folder, resolved once it is there (a walk of its path's parts every second, for
+        # a value that does not change); until then each write resolves it, as a job may make it a link.
+        self._root: tuple[Path | None, str | None] = (None, None)
         # Saves judged for good: their window passed with trouble in it, or their folder is not there
         # (a job that checkpoints elsewhere). Without it every tick went over every save of the run.
         self._never: set[int] = set()
@@ -31,6 +35,11 @@ class RunBooks:
         # LAST_GOOD's step when last read or written (-1: none): saves at or below it are not judged,
         # so the pointer is read only when a save is due (not at every turn, a file read and a stat).
         self._floor = -1
+        # The saves newest first, sorted again only when the list changed (a save reported, a rollback's
+        # cut): sorted at every turn, a run saving every 300 steps sorted 3,300 of them a turn at 1M steps.
+        self._saves_of: list[int] | None = None
+        self._saves_n = 0
+        self._saves: list[int] = []
 
     def write_status(self, force: bool = False) -> None:
         st = self.state
@@ -53,7 +62,7 @@ class RunBooks:
             "restarts": st.planner.total,
             "last_checkpoint": st.source.latest_checkpoint(),
             # Where the dashboard and /metrics find them: a supervised command saves into its own folder.
-            "checkpoint_dir": str(root.resolve()) if (root := st.source.checkpoint_root) else None,
+            "checkpoint_dir": self._checkpoint_dir(st.source.checkpoint_root),
             "supervisor_pid": os.getpid(),
             "worker_pid": worker.pid if worker and st.attempt.running() else None,
             "worker_start": worker.how if worker else None,  # a new process, or the standby worker
@@ -65,6 +74,16 @@ class RunBooks:
         }
         # Rewritten every second: the state of a moment, not a record (events.jsonl is the record).
         atomic_write_text(st.run.status, json.dumps(status, indent=1), durable=force)
+
+    def _checkpoint_dir(self, root: Path | None) -> str | None:
+        if not root:
+            return None
+        if root == self._root[0]:
+            return self._root[1]
+        resolved = str(root.resolve())
+        if root.is_dir():
+            self._root = (root, resolved)
+        return resolved
 
     def update_disk_need(self, step: int) -> None:
         """Checkpoints still to come, at the size of the newest one, feed the disk_low detector."""
@@ -87,7 +106,7 @@ class RunBooks:
         if st.progress.step < self._seen_step:  # a rollback: a step judged before may be saved again
             self._never.clear()
         self._seen_step = st.progress.step
-        saves = sorted(st.history.checkpoint_steps, reverse=True)
+        saves = self._newest_first(st.history.checkpoint_steps)
         if not any(self._due(step, window) for step in self._above(saves, self._floor)):
             return
         current = read_pointer(st.run.last_good_pointer)
@@ -102,6 +121,13 @@ class RunBooks:
                 self._floor = step
                 break
             self._never.add(step)
+
+    def _newest_first(self, saves: list[int]) -> list[int]:
+        # The history only appends to its list, or replaces it whole: its identity and length tell a change.
+        if saves is not self._saves_of or len(saves) != self._saves_n:
+            self._saves_of, self._saves_n = saves, len(saves)
+            self._saves = sorted(saves, reverse=True)
+        return self._saves
 
     @staticmethod
     def _above(saves: list[int], floor: int) -> Iterator[int]:

@@ -3,6 +3,7 @@ stop escalation (Ctrl-C twice, a worker that ignores stop) against real processe
 
 from __future__ import annotations
 
+import json
 import signal
 import sys
 from collections.abc import Iterator
@@ -133,6 +134,24 @@ def test_an_older_pointer_is_not_moved_back(tmp_path: Path) -> None:
         step(sup, n)
     sup.books.update_last_good()
     assert read_pointer(sup.run.last_good_pointer).name == "checkpoint-20"
+
+
+def test_status_names_the_checkpoint_folder_where_it_leads_once_it_is_made(tmp_path: Path) -> None:
+    """The folder is resolved once it is there; until then at each write, as the job may make it a link."""
+    sup = supervisor(tmp_path)
+    elsewhere = tmp_path / "disk2" / "ckpts"
+    elsewhere.mkdir(parents=True)
+    (tmp_path / "out").mkdir()
+    root = sup.state.source.checkpoint_root = tmp_path / "out" / "ckpts"  # a job's own output folder
+
+    def written() -> str:
+        sup.books.write_status(force=True)
+        return json.loads(sup.run.status.read_text())["checkpoint_dir"]
+
+    assert written() == str(root.resolve())
+    root.symlink_to(elsewhere)  # made by the job after the first write
+    assert written() == str(elsewhere.resolve())
+    assert written() == str(elsewhere.resolve())
 
 
 # -- one incident, one action -------------------------------------------------
