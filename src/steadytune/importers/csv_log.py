@@ -12,6 +12,11 @@ evaluating now and then has ``_step`` 51 at ``train/global_step`` 500. A table
 with no step column but an ``epoch`` one (Keras' ``CSVLogger``, a table a script
 writes once an epoch) is stepped by its epochs.
 
+A table whose rows are typed (a ``type``, ``split``, ``phase`` or ``mode`` column, as the
+JSON-lines reader's ``type``) reads an evaluation's row as one: ``step,type,loss`` with
+``100,val,3.2`` is an eval loss of 3.2 at step 100, never a training loss, and its other
+metrics are ``eval_``-named; a row typed as a config or a summary is skipped.
+
 A table whose rows are all at one step (W&B's export of a project's runs table, one
 row per run at its last step) is no log over steps, and is refused.
 
@@ -42,6 +47,7 @@ from pathlib import Path
 
 from steadytune.importers import text_log
 from steadytune.importers.format import LogFormat
+from steadytune.importers.jsonl_log import EVAL_TYPES, SKIP_TYPES, TYPE_KEYS, eval_name
 from steadytune.importers.lines import open_lines
 from steadytune.importers.series import ALIASES, Series, SeriesBuilder, UnreadableLog, parse_number
 
@@ -60,6 +66,8 @@ STEP_COLUMNS = (
 )
 # The step counters other than the one chosen are no metrics; an epoch is one where a step is logged.
 _COUNTERS = frozenset(STEP_COLUMNS) - {"epoch"}
+# The columns that say what a row is (train, val, eval, test: the JSON-lines reader's types).
+TYPE_COLUMNS = (*TYPE_KEYS, "split", "phase", "mode")
 # Training loss names, most preferred first. Lightning's ``self.log("train_loss", on_step=True,
 # on_epoch=True)`` writes ``train_loss_step`` and ``train_loss_epoch``: the ``_epoch`` mean is
 # another series and stays out, kept under its own name.
@@ -102,6 +110,12 @@ def _metric(column: str) -> str | None:
         words = name.lower().split()
         name = " ".join(words) if " ".join(words) in ALIASES else "_".join(words)
     return name
+
+
+def _type_column(header: list[str], step_col: int) -> int | None:
+    """The column that types each row (train, val, ...), if the table has one."""
+    names = [h.strip().lower() for h in header]
+    return next((i for i, n in enumerate(names) if n in TYPE_COLUMNS and i != step_col), None)
 
 
 def _pick(names: list[str | None], preferred: tuple[str, ...], role: str) -> int | None:
@@ -238,6 +252,10 @@ def read(path: Path) -> Series:
         at, delim, col = found
         header = _cells(head[at], delim)
         metrics = column_metrics(header, col)
+        kind_col = _type_column(header, col)
+        if kind_col is not None:
+            metrics[kind_col] = None
+        evals = [eval_name(m) if m else None for m in metrics]
         b = SeriesBuilder(str(path), FORMAT, in_order=True)
         stepped = 0
         try:
@@ -247,9 +265,15 @@ def read(path: Path) -> Series:
                 step = parse_number(row[col])
                 if step is None or not math.isfinite(step):
                     continue
+                names = metrics
+                if kind_col is not None and kind_col < len(row):
+                    kind = row[kind_col].strip().lower()
+                    if kind in SKIP_TYPES:
+                        continue
+                    names = evals if kind in EVAL_TYPES else metrics
                 stepped += 1
                 for i, cell in enumerate(row):
-                    name = metrics[i] if i < len(metrics) else None
+                    name = names[i] if i < len(names) else None
                     if name:
                         b.add(int(step), name, parse_number(cell))
         except csv.Error as e:  # it named no file nor row, and not the likely cause

@@ -64,6 +64,28 @@ def test_lightning_train_loss_is_the_loss_and_val_rows_merge_into_their_step(tmp
     assert _spike_steps(p) == [SPIKE_AT]
 
 
+@pytest.mark.parametrize("column", ["type", "split", "phase"])
+def test_rows_typed_as_an_evaluation_hold_the_eval_loss_never_the_training_loss(
+    tmp_path: Path, column: str
+) -> None:
+    # A speedrun-style metrics.csv: one row a step, its loss blank but every 25 steps, where a
+    # row typed val holds the validation loss (and the time so far), and a typed train row the loss.
+    losses = _curve(100, seed=7)
+    rows: list[dict[str, object]] = []
+    for step, loss in enumerate(losses, 1):
+        rows.append({"step": step, column: "train", "loss": round(loss, 4), "time_ms": 10 * step})
+        if step % 25 == 0:
+            rows.append({"step": step, column: "val", "loss": round(loss + 0.3, 4), "time_ms": 10 * step})
+    rows.insert(0, {"step": 0, column: "config", "loss": "", "time_ms": 0})
+    s = load(_write(tmp_path / "metrics.csv", ["step", column, "loss", "time_ms"], rows))
+    assert s.values("loss") == (list(range(1, 101)), [round(x, 4) for x in losses])
+    assert s.values("eval_loss") == (
+        [25, 50, 75, 100],
+        [round(losses[k - 1] + 0.3, 4) for k in (25, 50, 75, 100)],
+    )
+    assert s.values("eval_time_ms")[0] == [25, 50, 75, 100] and s.values("time_ms")[0] == list(range(1, 101))
+
+
 def test_lightning_on_step_on_epoch_keeps_the_epoch_mean_out_of_the_loss(tmp_path: Path) -> None:
     losses = _curve(60, seed=4)
     p = _lightning(tmp_path / "metrics.csv", losses, per_epoch=20, on_epoch=True)
