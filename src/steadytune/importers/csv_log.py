@@ -1,7 +1,8 @@
 """CSV (or TSV) with a step column: W&B exports, Lightning ``metrics.csv``, pandas dumps, hand-made tables.
 
 W&B chart exports name columns ``<run> - train/loss`` and add ``__MIN`` /
-``__MAX`` band columns; the run prefix is dropped and the bands are ignored.
+``__MAX`` band columns; the run prefix is dropped and the bands are ignored. A chart of
+several runs exports each as its own columns: each run is read as a run of its own.
 Empty cells are missing values, so a row that holds only another metric (a
 Lightning validation row, a W&B eval row) adds nothing to the loss; rows of
 the same step merge.
@@ -239,27 +240,64 @@ def _rows(lines: Iterable[str], delim: str, width: int) -> Iterator[list[str]]:
 
 
 def read(path: Path) -> Series:
-    # Read a line at a time, never whole: a table's rows are held only as the builder holds its
-    # steps, which it bounds (series.MAX_RECORDS), where the text, its lines and its rows held at
-    # once took 30 times the file's size before the first step was counted.
     with open_lines(path, newline="") as read_lines:
-        lines = (line.rstrip("\r\n") for line in read_lines)
-        head = list(itertools.islice(lines, HEAD_LINES + MIN_ROWS + 1))  # what _table looks at
+        head = _head(read_lines)
         first = _first_line_header(head[0]) if head else None
         found = (0, *first) if first is not None else _table(head)
-        if found is None:
-            raise UnreadableLog(f"no table with a step column (looked for {', '.join(STEP_COLUMNS)})")
-        at, delim, col = found
-        header = _cells(head[at], delim)
-        metrics = column_metrics(header, col)
-        kind_col = _type_column(header, col)
-        if kind_col is not None:
-            metrics[kind_col] = None
-        evals = [eval_name(m) if m else None for m in metrics]
-        b = SeriesBuilder(str(path), FORMAT, in_order=True)
-        stepped = 0
+    if found is None:
+        raise UnreadableLog(f"no table with a step column (looked for {', '.join(STEP_COLUMNS)})")
+    header = _cells(head[found[0]], found[1])
+    b = SeriesBuilder(str(path), FORMAT, in_order=True)
+    stepped = 0
+    for i, own in enumerate(_run_headers(header)):
+        if i:
+            b.new_run()
+        stepped += _fill(path, b, found, own)
+    steps = set(b.steps())
+    if stepped > 1 and len(steps) == 1:
+        # W&B's export of a project's runs table: one row per run, each at its last step. Read
+        # in order, the rows would be one step's sub-batches, and the runs' final losses averaged.
+        raise UnreadableLog(
+            f"all {stepped} rows are at step {steps.pop()}: a table of runs or a summary "
+            f"(W&B's runs export), not a log over steps"
+        )
+    return b.build(require=("loss", "eval_loss", "grad_norm"))
+
+
+def _head(lines: Iterable[str]) -> list[str]:
+    """The lines :func:`_table` looks at, their line ends removed."""
+    return list(itertools.islice((line.rstrip("\r\n") for line in lines), HEAD_LINES + MIN_ROWS + 1))
+
+
+def _run_headers(header: list[str]) -> list[list[str]]:
+    """The header once for each run a W&B chart export holds as columns (``<run> - train/loss``),
+    the other runs' columns blanked; the header itself where it holds one run or none."""
+    runs = list(dict.fromkeys(h.split(" - ", 1)[0].strip() for h in header if " - " in h))
+    if len(runs) < 2:
+        return [header]
+    return [
+        [h if " - " not in h or h.split(" - ", 1)[0].strip() == run else "" for h in header] for run in runs
+    ]
+
+
+def _fill(path: Path, b: SeriesBuilder, found: tuple[int, str, int], header: list[str]) -> int:
+    """Add the table's rows (the columns ``header`` names) to ``b``; returns how many had a step.
+
+    Read a line at a time, never whole: a table's rows are held only as the builder holds its
+    steps, which it bounds (series.MAX_RECORDS), where the text, its lines and its rows held at
+    once took 30 times the file's size before the first step was counted."""
+    at, delim, col = found
+    metrics = column_metrics(header, col)
+    kind_col = _type_column(header, col)
+    if kind_col is not None:
+        metrics[kind_col] = None
+    evals = [eval_name(m) if m else None for m in metrics]
+    stepped = 0
+    with open_lines(path, newline="") as read_lines:
+        lines = (line.rstrip("\r\n") for line in read_lines)
+        rows = _rows(itertools.chain(_head(lines)[at + 1 :], lines), delim, len(header))
         try:
-            for row in _rows(itertools.chain(head[at + 1 :], lines), delim, len(header)):
+            for row in rows:
                 if len(row) <= col:
                     continue
                 step = parse_number(row[col])
@@ -281,16 +319,8 @@ def read(path: Path) -> Series:
                 f"a cell after step {max(b.steps(), default='(none)')} cannot be read ({e}): a quote "
                 "opened in a cell and never closed runs on through the lines after it"
             ) from None
-    steps = set(b.steps())
-    if stepped > 1 and len(steps) == 1:
-        # W&B's export of a project's runs table: one row per run, each at its last step. Read
-        # in order, the rows would be one step's sub-batches, and the runs' final losses averaged.
-        raise UnreadableLog(
-            f"all {stepped} rows are at step {steps.pop()}: a table of runs or a summary "
-            f"(W&B's runs export), not a log over steps"
-        )
-    b.notes += read_lines.notes()
-    return b.build(require=("loss", "eval_loss", "grad_norm"))
+    b.notes += [n for n in read_lines.notes() if n not in b.notes]
+    return stepped
 
 
 # A table's header is at its head: a tail has none to go by.

@@ -206,6 +206,27 @@ def test_columns_named_in_words_are_read_and_each_model_of_a_table_is_a_run(tmp_
     assert {"time_(s)", "total_epochs"} <= set(s.metrics) and "model" not in s.metrics
 
 
+def test_a_wandb_chart_of_several_runs_is_read_as_each_run_on_its_own(tmp_path: Path) -> None:
+    """A chart comparing runs exports one column group per run, ``<run> - train/loss`` with its
+    ``__MIN``/``__MAX`` bands, blank past a run's last step: each run is a run, none left out."""
+    curves = {"baseline": _curve(80, seed=1), "char-level": _curve(120, seed=2, start=25.0, end=3.7)}
+    header = ["Step"]
+    for run in curves:
+        header += [f"{run} - train/loss", f"{run} - train/loss__MIN", f"{run} - train/loss__MAX"]
+    rows: list[dict[str, object]] = []
+    for step in range(120):
+        row: dict[str, object] = {"Step": step}
+        for run, losses in curves.items():
+            if step < len(losses):
+                row |= {f"{run} - train/loss{band}": losses[step] for band in ("", "__MIN", "__MAX")}
+        rows.append(row)
+    s = load(_write(tmp_path / "wandb_export.csv", header, rows))
+    runs = s.runs()
+    assert s.format == "csv" and len(runs) == 2
+    for run, losses in zip(runs, curves.values(), strict=True):
+        assert [(r.step, r.loss) for r in run.records] == list(enumerate(losses))
+
+
 def test_a_table_of_runs_each_at_its_last_step_is_no_log(tmp_path: Path) -> None:
     """W&B's runs export: one row per run, its config and its summary, every run at its last step."""
     header = ["Name", "State", "learning_rate", "n_layer", "iter", "train/loss", "val/loss"]
