@@ -239,6 +239,13 @@ def _another_run(rows: list[_Row], values: dict[str, float], closed: float | Non
     return epoch is not None and before is not None and epoch < before
 
 
+def _closed_at(rows: list[_Row], run: int, epoch: float | None = None) -> float | None:
+    """The epoch a run its closing summary ends reached; None for a run that logged nothing (a
+    training whose every step fell between two logs: what follows is still its file's first run)."""
+    reached = [r.values.get("epoch", 0.0) for r in rows if r.run == run]
+    return max(epoch or 0.0, *reached) if reached else None
+
+
 def _records(lines: Iterable[str]) -> list[tuple[int | None, int, dict[str, float], int]]:
     rows: list[_Row] = []
     bar: tuple[int, int] | None = None
@@ -253,7 +260,7 @@ def _records(lines: Iterable[str]) -> list[tuple[int | None, int, dict[str, floa
                 declared = int(m.group(1) or m.group(2)) or None
         if "train_runtime" in line and run not in finished and _SUMMARY_START.search(line):
             finished.add(run)  # also a summary the capture broke in two
-            closed = max((r.values.get("epoch", 0.0) for r in rows if r.run == run), default=0.0)
+            closed = _closed_at(rows, run)
         if "{" not in line:
             values = _kv_line(line)
             if values is None:
@@ -272,8 +279,7 @@ def _records(lines: Iterable[str]) -> list[tuple[int | None, int, dict[str, floa
                 # the closing summary: its train_loss is the run's mean
                 if run not in finished:
                     finished.add(run)
-                    ran = (r.values.get("epoch", 0.0) for r in rows if r.run == run)
-                    closed = max(values.get("epoch", 0.0), *ran)
+                    closed = _closed_at(rows, run, values.get("epoch"))
                 continue
             if "train_loss" in values and "loss" not in values:
                 values["loss"] = values.pop("train_loss")  # a script's own dict, with its step

@@ -156,6 +156,20 @@ def test_hf_stdout_of_two_trainings_in_one_file_is_two_runs(tmp_path: Path) -> N
     ]
 
 
+def test_hf_stdout_whose_first_training_logged_nothing_is_one_run(tmp_path: Path) -> None:
+    # A warm-up fit too short to log (its summary only), then the real training: nothing to split.
+    losses = _curve(4, seed=13)
+    lines = ["{'train_runtime': 52.4, 'train_samples_per_second': 17.1, 'train_loss': 13.1, 'epoch': 1.0}"]
+    lines.append(_bar(0, 400))
+    for k, x in enumerate(losses, 1):
+        lines.append(f"{{'loss': {x:.4f}, 'grad_norm': 2.3, 'learning_rate': 5e-05, 'epoch': {k - 0.75}}}")
+        lines.append(f"{{'eval_loss': {x / 5:.4f}, 'eval_runtime': 15.2, 'epoch': {k - 0.75}}}")
+    lines.append("{'train_runtime': 99.0, 'train_samples_per_second': 9.0, 'train_loss': 9.9, 'epoch': 4.0}")
+    s = load(_write(tmp_path, "log_train.txt", lines))
+    assert len(s.runs()) == 1
+    assert [(r.step, r.loss) for r in s.records] == [(100 * k, round(x, 4)) for k, x in enumerate(losses, 1)]
+
+
 def test_trl_stdout_is_judged_on_its_own_fields(tmp_path: Path) -> None:
     rng = random.Random(5)
     lines = []
