@@ -3,6 +3,9 @@
 W&B chart exports name columns ``<run> - train/loss`` and add ``__MIN`` /
 ``__MAX`` band columns; the run prefix is dropped and the bands are ignored. A chart of
 several runs exports each as its own columns: each run is read as a run of its own.
+
+A table aligned by blanks is read too, where its header holds only names and its rows only
+numbers: ``numpy.savetxt`` writes ``# epoch train_loss val_loss`` over rows of numbers.
 Empty cells are missing values, so a row that holds only another metric (a
 Lightning validation row, a W&B eval row) adds nothing to the loss; rows of
 the same step merge.
@@ -159,7 +162,15 @@ MIN_ROWS = 2  # a model card's table may hold one row an epoch
 _RULE = re.compile(r"^:?-{2,}:?$")  # a Markdown table's rule cell: |---|:---:|
 
 
+# A table aligned by blanks rather than separated (``numpy.savetxt(..., header="epoch train_loss
+# val_loss")`` writes ``# epoch train_loss val_loss`` and rows of numbers): its cells are the
+# words of a line, the header's leading ``#`` dropped.
+BLANKS = " "
+
+
 def _cells(line: str, delim: str) -> list[str]:
+    if delim == BLANKS:
+        return line.strip().lstrip("#").split()
     if delim == "|":
         inner = line.strip()
         if not inner.startswith("|"):
@@ -176,10 +187,12 @@ def _table(lines: list[str]) -> tuple[int, str, int] | None:
     """Where the table starts: (its header's line, the delimiter, the step column), or None.
 
     A header must name a step column and be followed by :data:`MIN_ROWS` rows of as many
-    cells whose step cell is a number, so a line of prose that names a step is no header.
+    cells whose step cell is a number, so a line of prose that names a step is no header. A
+    table aligned by blanks is one only where its header holds no number and its rows nothing
+    else (a text log's ``step 10 loss 2.3`` lines are no such table).
     """
     for i, line in enumerate(lines[:HEAD_LINES]):
-        for delim in (",", "\t", "|"):
+        for delim in (",", "\t", "|", BLANKS):
             if delim not in line:
                 continue
             header = _cells(line, delim)
@@ -187,10 +200,16 @@ def _table(lines: list[str]) -> tuple[int, str, int] | None:
             if col is None:
                 continue
             rows = [c for c in (_cells(x, delim) for x in lines[i + 1 : i + 2 + MIN_ROWS]) if not _is_rule(c)]
-            if len(rows) >= MIN_ROWS and all(
+            if len(rows) < MIN_ROWS or not all(
                 len(r) == len(header) and parse_number(r[col]) is not None for r in rows[:MIN_ROWS]
             ):
-                return i, delim, col
+                continue
+            if delim == BLANKS and (
+                any(parse_number(h) is not None for h in header)
+                or any(parse_number(c) is None for r in rows[:MIN_ROWS] for c in r)
+            ):
+                continue
+            return i, delim, col
     return None
 
 
@@ -227,7 +246,7 @@ def sniff(head: str) -> bool:
 
 def _rows(lines: Iterable[str], delim: str, width: int) -> Iterator[list[str]]:
     """The table's rows, from the line after its header to the first line that is not one."""
-    if delim != "|":
+    if delim not in ("|", BLANKS):
         yield from csv.reader(lines, delimiter=delim)
         return
     for line in lines:

@@ -227,6 +227,24 @@ def test_a_wandb_chart_of_several_runs_is_read_as_each_run_on_its_own(tmp_path: 
         assert [(r.step, r.loss) for r in run.records] == list(enumerate(losses))
 
 
+def test_a_table_numpy_savetxt_writes_is_read_by_its_commented_header(tmp_path: Path) -> None:
+    """``np.savetxt("losses.txt", rows, header="epoch train_loss val_loss")``: blank-separated,
+    its header behind a ``#``, every number in ``%.18e``; a text log's step lines stay text."""
+    losses = _curve(60, seed=5)
+    lines = ["# epoch train_loss val_loss"]
+    lines += [f"{e:.18e} {x:.18e} {x * 1.05:.18e}" for e, x in enumerate(losses)]
+    p = tmp_path / "losses.txt"
+    p.write_text("\n".join(lines) + "\n")
+    s = load(p)
+    assert s.format == "csv"
+    assert s.values("loss") == (list(range(60)), pytest.approx(losses))
+    assert s.values("eval_loss")[1] == pytest.approx([x * 1.05 for x in losses])
+    assert _spike_steps(p) == [SPIKE_AT]
+    text = tmp_path / "train.log"
+    text.write_text("step loss\n" + "".join(f"step {k} loss {x:.4f}\n" for k, x in enumerate(losses)))
+    assert load(text).format == "text_log"
+
+
 def test_a_table_of_runs_each_at_its_last_step_is_no_log(tmp_path: Path) -> None:
     """W&B's runs export: one row per run, its config and its summary, every run at its last step."""
     header = ["Name", "State", "learning_rate", "n_layer", "iter", "train/loss", "val/loss"]
