@@ -55,7 +55,7 @@ import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from steadytune.importers import jsonl_log, text_log
 from steadytune.importers.document import document_bytes
@@ -128,9 +128,29 @@ _SOURCE = re.compile(r"^(?:from [\w.]+ import |import [\w.]+\s*$|def \w+\(|class
 def _head(path: Path) -> str:
     with open_regular(path, "rb") as f:
         raw = f.read(_HEAD_BYTES)
+        if raw[:1] == b"\x00":
+            raw = _past_nuls(raw, f)
     if b"\x00" in raw[:4096]:
         raise UnreadableLog("binary file, not a text log")
     return raw.decode("utf-8", errors="replace")
+
+
+# Bytes no text log holds: C0 controls other than tab, newlines, form feed and escape.
+_CONTROL = re.compile(rb"[\x00-\x08\x0b\x0e-\x1a\x1c-\x1f]")
+
+
+def _past_nuls(raw: bytes, f: IO[bytes]) -> bytes:
+    """A head of ``f`` from the end of the run of NUL bytes ``raw`` (read from its start) opens
+    with, when text follows it; ``raw`` itself (a binary file) when none does.
+
+    A log emptied while its writer went on (``: > train.log`` beside ``nohup python train.py >
+    train.log &``) keeps the writer's offset: what it had written reads back as NULs, and the log
+    goes on after them. Those NULs are no content (lines.BoundedLines drops them from a line)."""
+    rest = raw.lstrip(b"\x00")
+    while not rest and (chunk := f.read(_HEAD_BYTES)):
+        rest = chunk.lstrip(b"\x00")
+    rest += f.read(_HEAD_BYTES - len(rest))
+    return rest if rest and not _CONTROL.search(rest[:4096]) else raw
 
 
 def _tail(path: Path) -> str:

@@ -1,7 +1,11 @@
 """CSV (or TSV) with a step column: W&B exports, Lightning ``metrics.csv``, pandas dumps, hand-made tables.
 
 W&B chart exports name columns ``<run> - train/loss`` and add ``__MIN`` /
-``__MAX`` band columns; the run prefix is dropped and the bands are ignored.
+``__MAX`` band columns; the run prefix is dropped and the bands are ignored. A chart of
+several runs exports each as its own columns: each run is read as a run of its own.
+
+A table aligned by blanks is read too, where its header holds only names and its rows only
+numbers: ``numpy.savetxt`` writes ``# epoch train_loss val_loss`` over rows of numbers.
 Empty cells are missing values, so a row that holds only another metric (a
 Lightning validation row, a W&B eval row) adds nothing to the loss; rows of
 the same step merge.
@@ -11,6 +15,11 @@ The step is the trainer's (``train/global_step``, ``step``, ...), not W&B's
 evaluating now and then has ``_step`` 51 at ``train/global_step`` 500. A table
 with no step column but an ``epoch`` one (Keras' ``CSVLogger``, a table a script
 writes once an epoch) is stepped by its epochs.
+
+A table whose rows are typed (a ``type``, ``split``, ``phase`` or ``mode`` column, as the
+JSON-lines reader's ``type``) reads an evaluation's row as one: ``step,type,loss`` with
+``100,val,3.2`` is an eval loss of 3.2 at step 100, never a training loss, and its other
+metrics are ``eval_``-named; a row typed as a config or a summary is skipped.
 
 A table whose rows are all at one step (W&B's export of a project's runs table, one
 row per run at its last step) is no log over steps, and is refused.
@@ -42,6 +51,7 @@ from pathlib import Path
 
 from steadytune.importers import text_log
 from steadytune.importers.format import LogFormat
+from steadytune.importers.jsonl_log import EVAL_TYPES, SKIP_TYPES, TYPE_KEYS, eval_name
 from steadytune.importers.lines import open_lines
 from steadytune.importers.series import ALIASES, Series, SeriesBuilder, UnreadableLog, parse_number
 
@@ -60,6 +70,8 @@ STEP_COLUMNS = (
 )
 # The step counters other than the one chosen are no metrics; an epoch is one where a step is logged.
 _COUNTERS = frozenset(STEP_COLUMNS) - {"epoch"}
+# The columns that say what a row is (train, val, eval, test: the JSON-lines reader's types).
+TYPE_COLUMNS = (*TYPE_KEYS, "split", "phase", "mode")
 # Training loss names, most preferred first. Lightning's ``self.log("train_loss", on_step=True,
 # on_epoch=True)`` writes ``train_loss_step`` and ``train_loss_epoch``: the ``_epoch`` mean is
 # another series and stays out, kept under its own name.
@@ -104,6 +116,12 @@ def _metric(column: str) -> str | None:
     return name
 
 
+def _type_column(header: list[str], step_col: int) -> int | None:
+    """The column that types each row (train, val, ...), if the table has one."""
+    names = [h.strip().lower() for h in header]
+    return next((i for i, n in enumerate(names) if n in TYPE_COLUMNS and i != step_col), None)
+
+
 def _pick(names: list[str | None], preferred: tuple[str, ...], role: str) -> int | None:
     """The column for ``role``: the first preferred name there, else the first one aliased to it."""
     lowered = [n.lower() if n else None for n in names]
@@ -144,7 +162,15 @@ MIN_ROWS = 2  # a model card's table may hold one row an epoch
 _RULE = re.compile(r"^:?-{2,}:?$")  # a Markdown table's rule cell: |---|:---:|
 
 
+# A table aligned by blanks rather than separated (``numpy.savetxt(..., header="epoch train_loss
+# val_loss")`` writes ``# epoch train_loss val_loss`` and rows of numbers): its cells are the
+# words of a line, the header's leading ``#`` dropped.
+BLANKS = " "
+
+
 def _cells(line: str, delim: str) -> list[str]:
+    if delim == BLANKS:
+        return line.strip().lstrip("#").split()
     if delim == "|":
         inner = line.strip()
         if not inner.startswith("|"):
@@ -161,10 +187,12 @@ def _table(lines: list[str]) -> tuple[int, str, int] | None:
     """Where the table starts: (its header's line, the delimiter, the step column), or None.
 
     A header must name a step column and be followed by :data:`MIN_ROWS` rows of as many
-    cells whose step cell is a number, so a line of prose that names a step is no header.
+    cells whose step cell is a number, so a line of prose that names a step is no header. A
+    table aligned by blanks is one only where its header holds no number and its rows nothing
+    else (a text log's ``step 10 loss 2.3`` lines are no such table).
     """
     for i, line in enumerate(lines[:HEAD_LINES]):
-        for delim in (",", "\t", "|"):
+        for delim in (",", "\t", "|", BLANKS):
             if delim not in line:
                 continue
             header = _cells(line, delim)
@@ -172,10 +200,16 @@ def _table(lines: list[str]) -> tuple[int, str, int] | None:
             if col is None:
                 continue
             rows = [c for c in (_cells(x, delim) for x in lines[i + 1 : i + 2 + MIN_ROWS]) if not _is_rule(c)]
-            if len(rows) >= MIN_ROWS and all(
+            if len(rows) < MIN_ROWS or not all(
                 len(r) == len(header) and parse_number(r[col]) is not None for r in rows[:MIN_ROWS]
             ):
-                return i, delim, col
+                continue
+            if delim == BLANKS and (
+                any(parse_number(h) is not None for h in header)
+                or any(parse_number(c) is None for r in rows[:MIN_ROWS] for c in r)
+            ):
+                continue
+            return i, delim, col
     return None
 
 
@@ -212,7 +246,7 @@ def sniff(head: str) -> bool:
 
 def _rows(lines: Iterable[str], delim: str, width: int) -> Iterator[list[str]]:
     """The table's rows, from the line after its header to the first line that is not one."""
-    if delim != "|":
+    if delim not in ("|", BLANKS):
         yield from csv.reader(lines, delimiter=delim)
         return
     for line in lines:
@@ -225,38 +259,19 @@ def _rows(lines: Iterable[str], delim: str, width: int) -> Iterator[list[str]]:
 
 
 def read(path: Path) -> Series:
-    # Read a line at a time, never whole: a table's rows are held only as the builder holds its
-    # steps, which it bounds (series.MAX_RECORDS), where the text, its lines and its rows held at
-    # once took 30 times the file's size before the first step was counted.
     with open_lines(path, newline="") as read_lines:
-        lines = (line.rstrip("\r\n") for line in read_lines)
-        head = list(itertools.islice(lines, HEAD_LINES + MIN_ROWS + 1))  # what _table looks at
+        head = _head(read_lines)
         first = _first_line_header(head[0]) if head else None
         found = (0, *first) if first is not None else _table(head)
-        if found is None:
-            raise UnreadableLog(f"no table with a step column (looked for {', '.join(STEP_COLUMNS)})")
-        at, delim, col = found
-        header = _cells(head[at], delim)
-        metrics = column_metrics(header, col)
-        b = SeriesBuilder(str(path), FORMAT, in_order=True)
-        stepped = 0
-        try:
-            for row in _rows(itertools.chain(head[at + 1 :], lines), delim, len(header)):
-                if len(row) <= col:
-                    continue
-                step = parse_number(row[col])
-                if step is None or not math.isfinite(step):
-                    continue
-                stepped += 1
-                for i, cell in enumerate(row):
-                    name = metrics[i] if i < len(metrics) else None
-                    if name:
-                        b.add(int(step), name, parse_number(cell))
-        except csv.Error as e:  # it named no file nor row, and not the likely cause
-            raise UnreadableLog(
-                f"a cell after step {max(b.steps(), default='(none)')} cannot be read ({e}): a quote "
-                "opened in a cell and never closed runs on through the lines after it"
-            ) from None
+    if found is None:
+        raise UnreadableLog(f"no table with a step column (looked for {', '.join(STEP_COLUMNS)})")
+    header = _cells(head[found[0]], found[1])
+    b = SeriesBuilder(str(path), FORMAT, in_order=True)
+    stepped = 0
+    for i, own in enumerate(_run_headers(header)):
+        if i:
+            b.new_run()
+        stepped += _fill(path, b, found, own)
     steps = set(b.steps())
     if stepped > 1 and len(steps) == 1:
         # W&B's export of a project's runs table: one row per run, each at its last step. Read
@@ -265,8 +280,66 @@ def read(path: Path) -> Series:
             f"all {stepped} rows are at step {steps.pop()}: a table of runs or a summary "
             f"(W&B's runs export), not a log over steps"
         )
-    b.notes += read_lines.notes()
     return b.build(require=("loss", "eval_loss", "grad_norm"))
+
+
+def _head(lines: Iterable[str]) -> list[str]:
+    """The lines :func:`_table` looks at, their line ends removed."""
+    return list(itertools.islice((line.rstrip("\r\n") for line in lines), HEAD_LINES + MIN_ROWS + 1))
+
+
+def _run_headers(header: list[str]) -> list[list[str]]:
+    """The header once for each run a W&B chart export holds as columns (``<run> - train/loss``),
+    the other runs' columns blanked; the header itself where it holds one run or none."""
+    runs = list(dict.fromkeys(h.split(" - ", 1)[0].strip() for h in header if " - " in h))
+    if len(runs) < 2:
+        return [header]
+    return [
+        [h if " - " not in h or h.split(" - ", 1)[0].strip() == run else "" for h in header] for run in runs
+    ]
+
+
+def _fill(path: Path, b: SeriesBuilder, found: tuple[int, str, int], header: list[str]) -> int:
+    """Add the table's rows (the columns ``header`` names) to ``b``; returns how many had a step.
+
+    Read a line at a time, never whole: a table's rows are held only as the builder holds its
+    steps, which it bounds (series.MAX_RECORDS), where the text, its lines and its rows held at
+    once took 30 times the file's size before the first step was counted."""
+    at, delim, col = found
+    metrics = column_metrics(header, col)
+    kind_col = _type_column(header, col)
+    if kind_col is not None:
+        metrics[kind_col] = None
+    evals = [eval_name(m) if m else None for m in metrics]
+    stepped = 0
+    with open_lines(path, newline="") as read_lines:
+        lines = (line.rstrip("\r\n") for line in read_lines)
+        rows = _rows(itertools.chain(_head(lines)[at + 1 :], lines), delim, len(header))
+        try:
+            for row in rows:
+                if len(row) <= col:
+                    continue
+                step = parse_number(row[col])
+                if step is None or not math.isfinite(step):
+                    continue
+                names = metrics
+                if kind_col is not None and kind_col < len(row):
+                    kind = row[kind_col].strip().lower()
+                    if kind in SKIP_TYPES:
+                        continue
+                    names = evals if kind in EVAL_TYPES else metrics
+                stepped += 1
+                for i, cell in enumerate(row):
+                    name = names[i] if i < len(names) else None
+                    if name:
+                        b.add(int(step), name, parse_number(cell))
+        except csv.Error as e:  # it named no file nor row, and not the likely cause
+            raise UnreadableLog(
+                f"a cell after step {max(b.steps(), default='(none)')} cannot be read ({e}): a quote "
+                "opened in a cell and never closed runs on through the lines after it"
+            ) from None
+    b.notes += [n for n in read_lines.notes() if n not in b.notes]
+    return stepped
 
 
 # A table's header is at its head: a tail has none to go by.

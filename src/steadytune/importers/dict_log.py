@@ -33,6 +33,7 @@ The supervisor reads a running tool's stdout with the same functions
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Iterable
 from pathlib import Path
@@ -191,6 +192,7 @@ class _Row(NamedTuple):
     bar: int | None  # the progress bar's count last seen before it
     total: int | None  # and that bar's total (the run's steps, for the training bar)
     values: dict[str, float]
+    run: int = 0  # which run of the file (a Trainer's stdout may hold several, one after another)
 
 
 def _logging_interval(rows: list[_Row], finished: bool, declared: int | None = None) -> int:
@@ -219,18 +221,46 @@ def _logging_interval(rows: list[_Row], finished: bool, declared: int | None = N
     return max(1, max(ratios, default=1))
 
 
-def _records(lines: Iterable[str]) -> list[tuple[int | None, int, dict[str, float]]]:
+def _another_run(rows: list[_Row], values: dict[str, float], closed: float | None) -> bool:
+    """Whether a dict that names no step starts another run of the Trainer after ``rows``.
+
+    A Trainer's stdout names no step, so a second run appended to the file (a script that trains
+    twice, a run started again into the same ``nohup.out``) shows only in what it prints: after
+    the closing summary of the run before (``closed``: the epoch that run reached), a train dict,
+    or an evaluation at an earlier epoch (``trainer.evaluate()`` after training is at the same
+    one); without a summary (a run killed), an epoch lower than the dict before it had.
+    """
+    if not rows or rows[-1].step is not None:
+        return False
+    epoch = values.get("epoch")
+    if closed is not None:
+        return "loss" in values or (epoch is not None and epoch < closed)
+    before = rows[-1].values.get("epoch")
+    return epoch is not None and before is not None and epoch < before
+
+
+def _closed_at(rows: list[_Row], run: int, epoch: float | None = None) -> float | None:
+    """The epoch a run its closing summary ends reached; None for a run that logged nothing (a
+    training whose every step fell between two logs: what follows is still its file's first run)."""
+    reached = [r.values.get("epoch", 0.0) for r in rows if r.run == run]
+    return max(epoch or 0.0, *reached) if reached else None
+
+
+def _records(lines: Iterable[str]) -> list[tuple[int | None, int, dict[str, float], int]]:
     rows: list[_Row] = []
     bar: tuple[int, int] | None = None
-    finished = False
+    finished: set[int] = set()  # the runs whose closing summary was seen
+    closed: float | None = None  # the epoch the last run closed at, until another run starts
+    run = 0
     declared: int | None = None
     for line in lines:
         if declared is None and not rows and "logging_steps" in line:
             m = _DECLARED_EVERY.search(line)
             if m:
                 declared = int(m.group(1) or m.group(2)) or None
-        if "train_runtime" in line and not finished:
-            finished = bool(_SUMMARY_START.search(line))  # also a summary the capture broke in two
+        if "train_runtime" in line and run not in finished and _SUMMARY_START.search(line):
+            finished.add(run)  # also a summary the capture broke in two
+            closed = _closed_at(rows, run)
         if "{" not in line:
             values = _kv_line(line)
             if values is None:
@@ -246,7 +276,10 @@ def _records(lines: Iterable[str]) -> list[tuple[int | None, int, dict[str, floa
             values = {ALIASES.get(k, k): v for k, v in values.items()}
             step = own_step(values)
             if is_summary(values) and ("train_runtime" in values or step is None):
-                finished = True  # the closing summary: its train_loss is the run's mean
+                # the closing summary: its train_loss is the run's mean
+                if run not in finished:
+                    finished.add(run)
+                    closed = _closed_at(rows, run, values.get("epoch"))
                 continue
             if "train_loss" in values and "loss" not in values:
                 values["loss"] = values.pop("train_loss")  # a script's own dict, with its step
@@ -254,8 +287,10 @@ def _records(lines: Iterable[str]) -> list[tuple[int | None, int, dict[str, floa
                 continue
             if step is None:
                 step = _text_step(line)
+            if step is None and _another_run(rows, values, closed):
+                run, closed = run + 1, None
             count, total = bar if bar else (None, None)
-            rows.append(_Row(strip_prefix(line)[0], step, count, total, values))
+            rows.append(_Row(strip_prefix(line)[0], step, count, total, values, run))
         if "{" in line and ("it/s" in line or "s/it" in line):
             bar = _last_bar(line[line.rfind("}") :]) or bar
     return _stepped(rows, finished, declared)
@@ -285,24 +320,41 @@ def _line_dicts(
 
 
 def _stepped(
-    rows: list[_Row], finished: bool, declared: int | None = None
-) -> list[tuple[int | None, int, dict[str, float]]]:
-    """Each row with its step: its own, else the k-th train dict's ``k * interval``; an
-    evaluation (no ``loss``) belongs to the step logged before it."""
-    every = _logging_interval(rows, finished, declared)
+    rows: list[_Row], finished: set[int], declared: int | None = None
+) -> list[tuple[int | None, int, dict[str, float], int]]:
+    """Each row with its step and run: its own step, else the k-th train dict's ``k * interval``,
+    counted in its run; an evaluation (no ``loss``) belongs to the step logged before it, or,
+    before the run's first train dict (an epoch's evaluation when the Trainer logs less often
+    than an epoch), to its epoch's step, where the run's bar and epochs give its steps per epoch."""
     out = []
-    last = k = 0
-    for r in rows:
-        step = r.step
-        if step is None:
-            if "loss" in r.values:
-                k += 1
-                step = k * every
-            else:
-                step = last
-        last = step
-        out.append((r.rank, step, r.values))
+    for run, group in itertools.groupby(rows, key=lambda r: r.run):
+        runs_rows = list(group)
+        every = _logging_interval(runs_rows, run in finished, declared)
+        per_epoch = _steps_per_epoch(runs_rows) if run in finished else None
+        last = k = 0
+        for r in runs_rows:
+            step = r.step
+            if step is None:
+                epoch = r.values.get("epoch")
+                if "loss" in r.values:
+                    k += 1
+                    step = k * every
+                elif k == 0 and per_epoch and epoch is not None:
+                    step = round(epoch * per_epoch)
+                else:
+                    step = last
+            last = step
+            out.append((r.rank, step, r.values, run))
     return out
+
+
+def _steps_per_epoch(rows: list[_Row]) -> float | None:
+    """A finished run's steps over the epochs it reached: its training bar's total over its last
+    epoch (None where either is unknown)."""
+    train = [r for r in rows if r.step is None and "loss" in r.values]
+    total = train[-1].total if train else None
+    epochs = max((r.values.get("epoch", 0.0) for r in rows), default=0.0)
+    return total / epochs if total and epochs > 0 else None
 
 
 def sniff(head: str) -> bool:
@@ -324,7 +376,11 @@ def read(path: Path) -> Series:
         raise UnreadableLog(f"fewer than {MIN_RECORDS} {LOOKED_FOR}")
     b = SeriesBuilder(str(path), FORMAT, in_order=True)
     ranks = LowestRank(b)
-    for rank, step, values in rows:
+    current = 0
+    for rank, step, values, run in rows:
+        if run != current:
+            b.new_run()
+            ranks, current = LowestRank(b), run
         if ranks.accept(step, rank):
             b.add_numbers(step, {k: v for k, v in values.items() if k not in STEP_KEYS})
     b.notes += lines.notes()

@@ -159,7 +159,7 @@ def parse_row(
         return None
     numbers = {ALIASES.get(k, k): v for k, v in _numbers(row).items()}
     if kind in EVAL_TYPES:
-        numbers = {_eval_name(k): v for k, v in numbers.items()}
+        numbers = {eval_name(k): v for k, v in numbers.items()}
     rank = row.get("rank", row.get("global_rank"))
     return (rank if type(rank) is int else None), step, numbers
 
@@ -178,7 +178,8 @@ def parse_rows(rows: Iterable[Any]) -> list[tuple[int | None, int, dict[str, flo
     return [p for p in parsed if p is not None]
 
 
-def _eval_name(name: str) -> str:
+def eval_name(name: str) -> str:
+    """The name a metric of a row typed as an evaluation is read under (``loss``: ``eval_loss``)."""
     if name == "loss" or name == "eval_loss":
         return "eval_loss"
     if name.startswith(("eval", "val", "test")) or name in {"epoch", "lr", "ts"}:

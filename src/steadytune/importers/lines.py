@@ -6,6 +6,9 @@ gigabytes: ``for line in f`` would hold all of it, and parsing it several times 
 line longer than :data:`MAX_LINE_CHARS` is read past in chunks of that size and left out: no
 step record is that long, and memory stays bounded by the chunk. Every reader of lines reads
 them here (:func:`open_lines`), and says in its series' notes how many it left out.
+
+NUL bytes are dropped from the lines: a log emptied while its writer went on (``: > train.log``
+beside ``nohup python train.py > train.log &``) reads back what was written before as NULs.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ class BoundedLines(Generic[AnyStr]):
         readline = f.readline
         while line := readline(limit):
             if len(line) < limit or _ended(line):
-                yield line
+                yield _without_nuls(line)
             else:
                 skip_line(f, limit)
                 self.skipped += 1
@@ -65,6 +68,14 @@ def skip_line(f: IO[AnyStr], chunk: int) -> None:
     """Read ``f`` past the end of its current line, ``chunk`` characters at a time."""
     while (part := f.readline(chunk)) and not _ended(part):
         pass
+
+
+def _without_nuls(line: AnyStr) -> AnyStr:
+    """The line without NUL bytes: a log emptied while its writer went on (``: > train.log``)
+    reads back what was written before as NULs, the first line after them prefixed with them."""
+    if isinstance(line, str):
+        return line.replace("\x00", "") if "\x00" in line else line
+    return line.replace(b"\x00", b"") if b"\x00" in line else line
 
 
 def _ended(line: str | bytes) -> bool:

@@ -8,7 +8,8 @@
 - timestamps: ``2024-05-01 12:00:00,123``, ``2024-05-01T12:00:00.123Z``,
   ``05/01/2024 12:00:00``, ``12:00:00``, bracketed or not;
 - log levels and logger names: ``INFO``, ``[INFO]``, ``INFO:root:``, ``- INFO - __main__ -``,
-  DeepSpeed's ``[logging.py:96:log_dist]``; the tab-separated fields before a level, OLMo's
+  DeepSpeed's ``[logging.py:96:log_dist]``; loguru's ``| INFO     | __main__:train:101 -``
+  (module, function, line); the tab-separated fields before a level, OLMo's
   ``host:0<TAB>olmo.train:990<TAB>INFO<TAB>`` (its ``host:N`` names the rank);
 - the ``-``, ``|`` and ``:`` separators between them;
 - terminal colour codes, and the echo of cursor keys typed while it ran (``^[[B``),
@@ -41,6 +42,7 @@ _PREFIX = re.compile(
     + _LEVEL
     + r"""\b\]?(?::[\w.]+:|\s*-\s*[\w.]+(?=\s+-\s))?
       | \[[\w./-]+\.py:\d+(?::\w+)?\]
+      | [\w.]+:[\w.<>]+:\d+(?=\s+-\s)
       | [\w.-]+:(?P<r6>\d+)(?=\t+[\w.-]+:\d+\t+"""
     + _LEVEL
     + r"""\b)

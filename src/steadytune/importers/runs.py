@@ -24,6 +24,9 @@ told apart by what it logs (:func:`split_runs`):
 
 A new run or a resumed attempt logs other values at two steps or more, or at every step the
 run before has from its first one on (a run that stopped right after its first log).
+
+Where the reader itself knows a run ended (the HF Trainer's closing summary, in a stdout that
+names no step), it says so (``SeriesBuilder.new_run``), and the segment after is a new run.
 """
 
 from __future__ import annotations
@@ -94,12 +97,18 @@ def _second_step(run: Rows) -> int:
     return smallest[-1]
 
 
-def split_runs(segments: list[Rows]) -> Split:
-    """The runs a file's segments make (see the module docstring)."""
+def split_runs(segments: list[Rows], new_runs: set[int] | frozenset[int] = frozenset()) -> Split:
+    """The runs a file's segments make (see the module docstring); ``new_runs``: the indices of
+    the segments the reader knows start a new run."""
     out = Split()
     run: Rows = dict(segments[0])
     report_from: int | None = None
-    for seg in segments[1:]:
+    for i, seg in enumerate(segments[1:], 1):
+        if i in new_runs:
+            out.runs.append((run, report_from))
+            out.restarts += 1
+            run, report_from = dict(seg), None
+            continue
         if not _is_another_attempt(run, seg):
             for step, row in seg.items():  # out of order, or logged again alike: one run
                 run.setdefault(step, {}).update(row)

@@ -324,6 +324,7 @@ class SeriesBuilder:
         self._last: int | None = None  # the step added last
         self._seen: dict[str, int] = {}  # how many values each metric of that step has had
         self._held = 0  # the rows held, every segment's (a step of two segments is two)
+        self._new_runs: list[int] = []  # ids of the segments a reader said start a new run
         self.notes: list[str] = []  # what the reader decided, said once beside the builder's own
 
     def _target(self, step: int) -> dict[str, Any]:
@@ -339,6 +340,18 @@ class SeriesBuilder:
             self._count()
             target = self._rows[step] = {}
         return target
+
+    def new_run(self) -> None:
+        """What is added from here on is another run, whatever its steps: the reader knows where
+        the run before ended (the HF Trainer's closing summary), which steps alone may not show
+        (a Trainer's stdout names no step: its steps are counted from each run's start)."""
+        if self._rows:
+            self._segments.append(self._rows)
+            self._rows = {}
+        if self._segments:
+            self._new_runs.append(id(self._rows))
+        self._last = None
+        self._seen = {}
 
     def _count(self) -> None:
         """One more step held; past :data:`MAX_RECORDS`, the log is refused."""
@@ -414,15 +427,17 @@ class SeriesBuilder:
         return [step for seg in (*self._segments, self._rows) for step in seg]
 
     def build(self, require: tuple[str, ...] = ()) -> Series:
-        segments = [s for s in (*self._segments, self._rows) if s]
-        if any(not valid_step(s) for seg in segments for s in seg):  # a damaged step: that row is left out
-            segments = [{s: row for s, row in seg.items() if valid_step(s)} for seg in segments]
-            segments = [seg for seg in segments if seg]
-        if not segments:
+        marked = [(s, id(s) in self._new_runs) for s in (*self._segments, self._rows) if s]
+        if any(not valid_step(s) for seg, _ in marked for s in seg):  # a damaged step: that row is left out
+            marked = [({s: row for s, row in seg.items() if valid_step(s)}, new) for seg, new in marked]
+            marked = [(seg, new) for seg, new in marked if seg]
+        if not marked:
             wanted = f" (looked for entries with a step and {' / '.join(require)})" if require else ""
             raise UnreadableLog(f"no logged steps found{wanted}")
+        segments = [seg for seg, _ in marked]
+        new_runs = {i for i, (_, new) in enumerate(marked) if new and i}
         with no_gc():
-            return self._build(segments, require)
+            return self._build(segments, require, new_runs)
 
     @staticmethod
     def _choose_loss(runs: list[Rows]) -> list[str]:
@@ -452,8 +467,8 @@ class SeriesBuilder:
                         row["loss"] = row.pop(chosen)
         return list(choice.notes().values())
 
-    def _build(self, segments: list[Rows], require: tuple[str, ...]) -> Series:
-        split = split_runs(segments) if len(segments) > 1 else None
+    def _build(self, segments: list[Rows], require: tuple[str, ...], new_runs: set[int]) -> Series:
+        split = split_runs(segments, new_runs) if len(segments) > 1 else None
         runs = [rows for rows, _ in split.runs] if split else segments
         notes = [*self.notes, *self._choose_loss(runs)]
         if split and split.note:

@@ -64,6 +64,28 @@ def test_lightning_train_loss_is_the_loss_and_val_rows_merge_into_their_step(tmp
     assert _spike_steps(p) == [SPIKE_AT]
 
 
+@pytest.mark.parametrize("column", ["type", "split", "phase"])
+def test_rows_typed_as_an_evaluation_hold_the_eval_loss_never_the_training_loss(
+    tmp_path: Path, column: str
+) -> None:
+    # A speedrun-style metrics.csv: one row a step, its loss blank but every 25 steps, where a
+    # row typed val holds the validation loss (and the time so far), and a typed train row the loss.
+    losses = _curve(100, seed=7)
+    rows: list[dict[str, object]] = []
+    for step, loss in enumerate(losses, 1):
+        rows.append({"step": step, column: "train", "loss": round(loss, 4), "time_ms": 10 * step})
+        if step % 25 == 0:
+            rows.append({"step": step, column: "val", "loss": round(loss + 0.3, 4), "time_ms": 10 * step})
+    rows.insert(0, {"step": 0, column: "config", "loss": "", "time_ms": 0})
+    s = load(_write(tmp_path / "metrics.csv", ["step", column, "loss", "time_ms"], rows))
+    assert s.values("loss") == (list(range(1, 101)), [round(x, 4) for x in losses])
+    assert s.values("eval_loss") == (
+        [25, 50, 75, 100],
+        [round(losses[k - 1] + 0.3, 4) for k in (25, 50, 75, 100)],
+    )
+    assert s.values("eval_time_ms")[0] == [25, 50, 75, 100] and s.values("time_ms")[0] == list(range(1, 101))
+
+
 def test_lightning_on_step_on_epoch_keeps_the_epoch_mean_out_of_the_loss(tmp_path: Path) -> None:
     losses = _curve(60, seed=4)
     p = _lightning(tmp_path / "metrics.csv", losses, per_epoch=20, on_epoch=True)
@@ -182,6 +204,45 @@ def test_columns_named_in_words_are_read_and_each_model_of_a_table_is_a_run(tmp_
         assert [(r.step, r.loss) for r in run.records] == list(enumerate(losses, 1))
         assert [r.eval_loss for r in run.records] == [x + 0.1 for x in losses]
     assert {"time_(s)", "total_epochs"} <= set(s.metrics) and "model" not in s.metrics
+
+
+def test_a_wandb_chart_of_several_runs_is_read_as_each_run_on_its_own(tmp_path: Path) -> None:
+    """A chart comparing runs exports one column group per run, ``<run> - train/loss`` with its
+    ``__MIN``/``__MAX`` bands, blank past a run's last step: each run is a run, none left out."""
+    curves = {"baseline": _curve(80, seed=1), "char-level": _curve(120, seed=2, start=25.0, end=3.7)}
+    header = ["Step"]
+    for run in curves:
+        header += [f"{run} - train/loss", f"{run} - train/loss__MIN", f"{run} - train/loss__MAX"]
+    rows: list[dict[str, object]] = []
+    for step in range(120):
+        row: dict[str, object] = {"Step": step}
+        for run, losses in curves.items():
+            if step < len(losses):
+                row |= {f"{run} - train/loss{band}": losses[step] for band in ("", "__MIN", "__MAX")}
+        rows.append(row)
+    s = load(_write(tmp_path / "wandb_export.csv", header, rows))
+    runs = s.runs()
+    assert s.format == "csv" and len(runs) == 2
+    for run, losses in zip(runs, curves.values(), strict=True):
+        assert [(r.step, r.loss) for r in run.records] == list(enumerate(losses))
+
+
+def test_a_table_numpy_savetxt_writes_is_read_by_its_commented_header(tmp_path: Path) -> None:
+    """``np.savetxt("losses.txt", rows, header="epoch train_loss val_loss")``: blank-separated,
+    its header behind a ``#``, every number in ``%.18e``; a text log's step lines stay text."""
+    losses = _curve(60, seed=5)
+    lines = ["# epoch train_loss val_loss"]
+    lines += [f"{e:.18e} {x:.18e} {x * 1.05:.18e}" for e, x in enumerate(losses)]
+    p = tmp_path / "losses.txt"
+    p.write_text("\n".join(lines) + "\n")
+    s = load(p)
+    assert s.format == "csv"
+    assert s.values("loss") == (list(range(60)), pytest.approx(losses))
+    assert s.values("eval_loss")[1] == pytest.approx([x * 1.05 for x in losses])
+    assert _spike_steps(p) == [SPIKE_AT]
+    text = tmp_path / "train.log"
+    text.write_text("step loss\n" + "".join(f"step {k} loss {x:.4f}\n" for k, x in enumerate(losses)))
+    assert load(text).format == "text_log"
 
 
 def test_a_table_of_runs_each_at_its_last_step_is_no_log(tmp_path: Path) -> None:

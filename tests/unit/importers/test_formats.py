@@ -225,6 +225,18 @@ def test_unreadable_files_give_a_one_line_reason(
     assert reason in str(e.value) and "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("hole", [3000, 70_000])
+def test_a_log_emptied_while_written_is_read_past_the_nuls_it_starts_with(tmp_path: Path, hole: int) -> None:
+    # `: > train.log` beside `nohup python train.py > train.log &`: the writer keeps its offset,
+    # so the file reads back as that many NULs, then the lines written since (the first glued on).
+    p = tmp_path / "train.log"
+    p.write_bytes(
+        b"\x00" * hole + b"step 40 | loss 3.10 | lr 1e-4\nstep 50 | loss 3.05 | lr 1e-4\n"
+        b"step 60 | loss 2.98 | lr 1e-4\nstep 70 | loss 2.91 | lr 1e-4\n"
+    )
+    assert _losses(p) == [(40, 3.10), (50, 3.05), (60, 2.98), (70, 2.91)]
+
+
 def test_missing_path_and_log_without_loss(tmp_path: Path) -> None:
     with pytest.raises(UnreadableLog, match="no such file"):
         load(tmp_path / "nope.json")

@@ -348,6 +348,17 @@ def test_a_long_preamble_before_the_log_lines(tmp_path: Path) -> None:
         ("[2024-05-01 12:00:00,1] [INFO] [logging.py:96:log_dist] [Rank 0] step=10", 0, "step=10"),
         ("2025-01-02 03:04:05.678\tnode-a:2\tolmo.train:990\tINFO\t[step=10/100]", 2, "[step=10/100]"),
         ("2025-01-02 03:04:05.678\tolmo.util:12\tWARNING\tstep 10 loss 2.3", None, "step 10 loss 2.3"),
+        (
+            "2024-10-10 22:34:03.484 | INFO     | __main__:fit:101 - Ep 1 (Step 000005): Train loss 8.9",
+            None,
+            "Ep 1 (Step 000005): Train loss 8.9",
+        ),
+        ("2024-10-10 22:34:03 | WARNING | src.train:<module>:7 - step 10 loss 2.3", None, "step 10 loss 2.3"),
+        (
+            "step:12 - actor/pg_loss:0.009 - actor/grad_norm:3.7",
+            None,
+            "step:12 - actor/pg_loss:0.009 - actor/grad_norm:3.7",
+        ),
         ("s:10 trl:2.3", None, "s:10 trl:2.3"),
         ("10 train 2.3", None, "10 train 2.3"),
         ("information about step 10", None, "information about step 10"),
@@ -370,7 +381,14 @@ def test_torchrun_ranks_keep_the_lowest_rank_whatever_the_order(tmp_path: Path) 
 
 @pytest.mark.parametrize(
     "prefix",
-    ["0: ", "rank0: ", "[default0]:", "2024-05-01 12:00:00,123 - INFO - ", "[2024-05-01 12:00:00] "],
+    [
+        "0: ",
+        "rank0: ",
+        "[default0]:",
+        "2024-05-01 12:00:00,123 - INFO - ",
+        "[2024-05-01 12:00:00] ",
+        "2024-05-01 12:00:00.123 | INFO     | __main__:train:101 - ",  # loguru
+    ],
 )
 def test_prefixed_lines_of_every_layout(tmp_path: Path, prefix: str) -> None:
     losses = _curve(12, seed=11)

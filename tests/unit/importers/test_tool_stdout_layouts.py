@@ -119,6 +119,57 @@ def test_hf_stdout_of_a_killed_run_is_dated_by_a_bar_that_lags_its_dicts(
     assert [r.loss for r in s.records] == pytest.approx(losses, rel=1e-3)
 
 
+# A script that trains twice into one stdout (a fit, then a second fit with other settings): the
+# Trainer names no step, so its closing summary is where the first run ends. The second logs less
+# often than an epoch: its first evaluations come before its first train dict, at their epochs.
+def test_hf_stdout_of_two_trainings_in_one_file_is_two_runs(tmp_path: Path) -> None:
+    first, second = _curve(6, seed=11), _curve(4, seed=12, start=4.0, end=0.5)
+    lines = [
+        f"{{'loss': {x:.4f}, 'learning_rate': 2e-05, 'epoch': {(k + 1) / 3:.2f}}}"
+        for k, x in enumerate(first)
+    ]
+    lines.insert(3, "{'eval_loss': 2.5, 'eval_runtime': 16.9, 'epoch': 1.0}")
+    lines.append("{'eval_loss': 2.2, 'eval_runtime': 17.1, 'epoch': 2.0}")
+    lines.append("{'train_runtime': 99.0, 'train_samples_per_second': 2.0, 'train_loss': 5.1, 'epoch': 2.0}")
+    lines.append(_bar(0, 80))  # the second fit: 80 steps, 8 epochs, a train dict every 20 steps
+    lines.append("{'eval_loss': 1.9, 'eval_runtime': 1.4, 'epoch': 1.0}")
+    lines.append("{'eval_loss': 1.7, 'eval_runtime': 1.0, 'epoch': 2.0}")
+    for k, x in enumerate(second, 1):
+        lines.append(
+            f"\r{_bar(20 * k, 80)}{{'loss': {x:.4f}, 'learning_rate': 1e-05, 'epoch': {2.0 * k:.2f}}}"
+        )
+    lines.append("{'train_runtime': 50.0, 'train_samples_per_second': 4.0, 'train_loss': 1.0, 'epoch': 8.0}")
+    lines.append("{'eval_loss': 0.9, 'eval_runtime': 1.1, 'epoch': 8.0}")  # trainer.evaluate() after
+    s = load(_write(tmp_path, "nohup.out", lines))
+    one, two = s.runs()
+    assert [(r.step, r.loss) for r in one.records if r.loss is not None] == [
+        (k, pytest.approx(x, abs=1e-4)) for k, x in enumerate(first, 1)
+    ]
+    assert [(r.step, r.eval_loss) for r in one.records if r.eval_loss is not None] == [(3, 2.5), (6, 2.2)]
+    assert [(r.step, r.loss) for r in two.records if r.loss is not None] == [
+        (20 * k, pytest.approx(x, abs=1e-4)) for k, x in enumerate(second, 1)
+    ]
+    assert [(r.step, r.eval_loss) for r in two.records if r.eval_loss is not None] == [
+        (10, 1.9),
+        (20, 1.7),
+        (80, 0.9),
+    ]
+
+
+def test_hf_stdout_whose_first_training_logged_nothing_is_one_run(tmp_path: Path) -> None:
+    # A warm-up fit too short to log (its summary only), then the real training: nothing to split.
+    losses = _curve(4, seed=13)
+    lines = ["{'train_runtime': 52.4, 'train_samples_per_second': 17.1, 'train_loss': 13.1, 'epoch': 1.0}"]
+    lines.append(_bar(0, 400))
+    for k, x in enumerate(losses, 1):
+        lines.append(f"{{'loss': {x:.4f}, 'grad_norm': 2.3, 'learning_rate': 5e-05, 'epoch': {k - 0.75}}}")
+        lines.append(f"{{'eval_loss': {x / 5:.4f}, 'eval_runtime': 15.2, 'epoch': {k - 0.75}}}")
+    lines.append("{'train_runtime': 99.0, 'train_samples_per_second': 9.0, 'train_loss': 9.9, 'epoch': 4.0}")
+    s = load(_write(tmp_path, "log_train.txt", lines))
+    assert len(s.runs()) == 1
+    assert [(r.step, r.loss) for r in s.records] == [(100 * k, round(x, 4)) for k, x in enumerate(losses, 1)]
+
+
 def test_trl_stdout_is_judged_on_its_own_fields(tmp_path: Path) -> None:
     rng = random.Random(5)
     lines = []
