@@ -125,6 +125,14 @@ _REWARD_RANGES = (
     ("reward/max", "reward/min"),
 )
 
+# Every field :func:`tied_share` reads: what tells one rollout batch's spread from another's.
+TIE_KEYS: tuple[str, ...] = (
+    "frac_reward_zero_std",
+    "reward_std",
+    *_ADVANTAGE_RANGE,
+    *(k for pair in _REWARD_RANGES for k in pair),
+)
+
 
 def _number(extra: Mapping[str, Any], key: str) -> float | None:
     v = extra.get(key)

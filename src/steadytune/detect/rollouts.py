@@ -2,7 +2,8 @@
 
 A GRPO trainer with ``num_iterations`` > 1 (or ``steps_per_generation`` > 1) takes
 several optimizer steps on one batch of rollouts. What it logs about the batch's
-rewards (``reward``, ``reward_std``, ``frac_reward_zero_std``) belongs to the batch,
+rewards (the reward under any of the names the objective rules read, ``reward_std``,
+``frac_reward_zero_std``, the reward's or the advantages' range) belongs to the batch,
 not to the step, and reaches the log one of two ways:
 
 - **missing** on the steps after the first: TRL computes the reward fields when it
@@ -32,7 +33,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from steadytune.objectives import tied_share
+from steadytune.detect.objective import REWARD_KEYS, first
+from steadytune.objectives import TIE_KEYS, tied_share
 
 ROLLOUT_KEYS = ("reward", "reward_std", "frac_reward_zero_std")
 _CONFIRM = 3  # batches with spread seen exactly k times running before k is believed
@@ -63,7 +65,7 @@ class RolloutBatches:
 
     def see(self, extra: Mapping[str, Any] | None) -> Batch:
         """The step's batch, from the record's fields (``extra``)."""
-        fields = tuple(extra.get(k) for k in ROLLOUT_KEYS) if extra else ()
+        fields = _batch_fields(extra)
         if not any(v is not None for v in fields):
             # No reward field: a further step on the last batch, if there was one.
             return Batch(self._tied, self._last is not None)
@@ -79,3 +81,12 @@ class RolloutBatches:
         std = extra.get("reward_std") if extra else None
         self._spread = (isinstance(std, int | float) and std > 0) or (tied is not None and 0.0 < tied < 1.0)
         return Batch(tied, False)
+
+
+def _batch_fields(extra: Mapping[str, Any] | None) -> tuple[Any, ...]:
+    """What the step logged of its batch: the reward (by whichever name the log gives it, verl's
+    ``critic/score/mean`` as much as TRL's ``reward``) and every field that tells its spread."""
+    if not extra:
+        return ()
+    found = first(extra, REWARD_KEYS)
+    return (found[1] if found is not None else None, *(extra.get(k) for k in TIE_KEYS))

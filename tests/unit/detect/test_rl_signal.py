@@ -171,6 +171,12 @@ def test_which_steps_bring_a_new_batch() -> None:
     assert seen == [False] * 6  # until then, a repeat counts as a batch
     dead = {"reward": 0.0, "reward_std": 0.0, "frac_reward_zero_std": 1.0}
     assert [b.see(e).again for e in (spread[3], dead, dead, dead, dead)] == [False, False, True, False, True]
+    # verl's names: the task's score is the reward, an advantage range of 0 a batch whose groups all tied.
+    b = RolloutBatches()
+    verl = [{"critic/score/mean": 0.0, "critic/advantages/max": 0.0, "critic/advantages/min": 0.0},
+            {"actor/kl_loss": 0.1}, {"critic/score/mean": 0.25, "critic/advantages/max": 1.2,
+            "critic/advantages/min": -0.8}]  # fmt: skip
+    assert [(x.tied, x.again) for x in map(b.see, verl)] == [(1.0, False), (1.0, True), (None, False)]
     # A chance repeat (twice, once) is no pattern: every point counts.
     b = RolloutBatches()
     assert not any(b.see(e).again for e in (spread[0], spread[0], spread[1], spread[2], dead, dead))
