@@ -379,7 +379,8 @@ def _too_large(path: Path, exc: YamlTooLarge) -> ConfigIssue:
         "(yaml)",
         str(path),
         f"refused: {exc.problem}",
-        "write the values out: a config needs no nested aliases, and a few levels of nesting at most",
+        exc.fix
+        or "write the values out: a config needs no nested aliases, and a few levels of nesting at most",
     )
 
 
@@ -402,6 +403,10 @@ def _read_mapping(path: Path, sections: str) -> dict[str, Any]:
         data = read_yaml(path) or {}
     except YamlTooLarge as exc:
         raise ConfigError([_too_large(path, exc)], str(path)) from None
+    except OSError as exc:  # a FIFO, a device, a folder, no permission
+        problem = f"cannot be read: {exc.strerror or exc}"
+        issue = ConfigIssue("(file)", str(path), problem, "pass a YAML config file")
+        raise ConfigError([issue], str(path)) from None
     except YamlUnreadable as exc:  # valid YAML syntax, but a value or the encoding cannot be read
         mark = exc.problem_mark
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

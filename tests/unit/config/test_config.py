@@ -203,6 +203,43 @@ def test_a_billion_laughs_config_is_refused_at_once_in_little_memory(tmp_path: P
     assert len(proc.stderr) < 4000
 
 
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "folder"])
+def test_a_config_that_is_no_regular_file_is_refused_at_once(tmp_path: Path, kind: str) -> None:
+    """A link to /dev/zero has a size of 0 and no end: read whole, `validate` reached 10 GB and an
+    OOM kill; a FIFO waited for a writer for good."""
+    import os
+    import resource
+
+    config = tmp_path / "config.yaml"
+    if kind == "fifo":
+        os.mkfifo(config)
+    elif kind == "dev-zero":
+        config.symlink_to("/dev/zero")
+    else:
+        config.mkdir()
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (1536 << 20, 1536 << 20))
+
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "steadytune"), "validate", str(config)],
+        capture_output=True, text=True, timeout=60, preexec_fn=cap,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "not a regular file" in proc.stderr and str(config) in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_config_file_too_large_says_what_to_pass(tmp_path: Path) -> None:
+    from steadytune.config.yamlsafe import YamlLimits, YamlTooLarge, read_yaml
+
+    (tmp_path / "big.yaml").write_text("model: {name_or_path: m}\n#" + "x" * 500)
+    with pytest.raises(YamlTooLarge) as e:
+        read_yaml(tmp_path / "big.yaml", YamlLimits(max_bytes=200))
+    assert "200" in e.value.problem and e.value.fix and "not a data or model file" in e.value.fix
+    assert read_yaml(tmp_path / "big.yaml", YamlLimits(max_bytes=600)) == {"model": {"name_or_path": "m"}}
+
+
 @pytest.mark.parametrize("text", ["a: " + "[" * 100_000, "model: " + "{a: " * 100_000, "- " * 50_000 + "x"])
 def test_a_config_nested_too_deep_is_a_config_error(tmp_path: Path, text: str) -> None:
     (tmp_path / "deep.yaml").write_text(text)
