@@ -13,7 +13,7 @@ import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -22,6 +22,8 @@ from steadytune.config.paths import resolve_path
 from steadytune.config.schema import SteadytuneConfig
 from steadytune.config.yamlsafe import YamlTooLarge, YamlUnreadable, load_yaml, read_yaml
 from steadytune.redact import redact
+
+_Section = TypeVar("_Section", bound=BaseModel)
 
 
 @dataclass(frozen=True)
@@ -372,6 +374,22 @@ def validate_dict(
     if issues or cfg is None:
         raise ConfigError(issues, source)
     return cfg
+
+
+def validate_section(model: type[_Section], section: str, data: Any, source: str) -> _Section:
+    """One section of a run config given on its own (``analyze --set`` gives ``detect:`` only).
+
+    Its errors name the key as in a whole config (``detect.loss.spike_z``), with the value and
+    the fix, through the same rules as :func:`validate_dict`.
+
+    Raises:
+        ConfigError: every problem of the section, at once.
+    """
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        errors = [{**err, "loc": (section, *err["loc"])} for err in exc.errors()]
+        raise ConfigError(_issues_from_errors(errors, {section: data}), source) from None
 
 
 def _too_large(path: Path, exc: YamlTooLarge) -> ConfigIssue:
