@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from steadytune.config.keyed import KeyedValueError
 from steadytune.config.paths import resolve_path
 from steadytune.config.schema import SteadytuneConfig
 from steadytune.config.yamlsafe import YamlTooLarge, YamlUnreadable, load_yaml, read_yaml
@@ -102,6 +103,19 @@ def _lookup(data: Any, loc: tuple[Any, ...]) -> Any:
     return data
 
 
+def _without_tags(loc: tuple[Any, ...], raw: Any) -> tuple[Any, ...]:
+    """``loc`` less the tags pydantic puts in it for a union told apart by a key's value
+    (``alerts.sinks.0.webhook`` for the sink whose ``type`` is ``webhook``): a key as written."""
+    kept: list[Any] = []
+    node = raw
+    for part in loc:
+        if isinstance(node, dict) and part not in node and part in node.values():
+            continue
+        kept.append(part)
+        node = _lookup(node, (part,))
+    return tuple(kept)
+
+
 def _is_branch(part: Any) -> bool:
     """A part of an error's loc that names a union's member (``int``, ``literal['auto']``), not a key."""
     return isinstance(part, str) and (
@@ -162,6 +176,10 @@ def _issue_from_error(err: Mapping[str, Any], raw: dict[str, Any]) -> ConfigIssu
         )
     problem = err["msg"].removeprefix("Value error, ")
     ctx = err.get("ctx") or {}
+    keyed = ctx.get("error")
+    if isinstance(keyed, KeyedValueError):  # a section's validator, about one of its keys
+        where = ".".join(str(p) for p in (*_without_tags(loc, raw), keyed.key))
+        return ConfigIssue(where, keyed.shown, keyed.problem, keyed.fix)
     if etype == "union_tag_invalid":
         # A list of sections told apart by one key (alerts.sinks by type): its owner is the list's.
         tag, owner = str(ctx.get("tag", "")), _model_at(loc[:-1]) if loc else None

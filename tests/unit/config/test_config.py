@@ -330,3 +330,22 @@ def test_a_trainingarguments_name_the_run_does_not_take_says_what_to_use(files: 
     found = issues(write(files, {**base(), "train": {"warmup_ratio": 0.1}}))
     said = found["train.warmup_ratio"]
     assert "unknown key" in said and "does not take 'warmup_ratio'" in said and "use warmup_steps" in said
+
+
+def test_a_secret_in_clear_is_told_at_its_own_key_without_its_value(tmp_path: Path) -> None:
+    """It was told at the union's tag, `alerts.sinks.0.webhook`, `(got (missing)). Fix: correct the value`."""
+    (tmp_path / "c.yaml").write_text(
+        "model: {name_or_path: m}\ndata: {train_file: t.jsonl}\n"
+        "alerts: {sinks: [{type: console}, {type: webhook, url: 'https://hooks.example/SECRET1'},\n"
+        "  {type: email, host: h, sender: a@b, to: [c@d], password: SECRET2}]}\n"
+        "dashboard: {token: SECRET3}\n"
+    )
+    with pytest.raises(ConfigError) as e:
+        load_config(tmp_path / "c.yaml", check_paths=False)
+    by_key = {i.key: i for i in e.value.issues}
+    assert set(by_key) == {"alerts.sinks.1.url", "alerts.sinks.2.password", "dashboard.token"}, by_key
+    for key, issue in by_key.items():
+        ref = key.rsplit(".", 1)[1]
+        assert issue.problem == "holds a secret in clear in the YAML"
+        assert f"{ref}_env:" in issue.fix and f"{ref}_file:" in issue.fix
+    assert "SECRET" not in e.value.render() and "(missing)" not in e.value.render()
