@@ -461,7 +461,8 @@ def _read_mapping(path: Path, sections: str) -> dict[str, Any]:
                 ConfigIssue(
                     "(file)",
                     data,
-                    "the file holds a single value, not a mapping of sections",
+                    f"the file holds {'a list' if isinstance(data, list) else 'a single value'}, "
+                    "not a mapping of sections",
                     f"write sections such as {sections}",
                 )
             ],
