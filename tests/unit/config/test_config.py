@@ -230,6 +230,21 @@ def test_a_config_that_is_no_regular_file_is_refused_at_once(tmp_path: Path, kin
     assert "Traceback" not in proc.stderr
 
 
+def test_a_run_whose_config_is_a_fifo_is_still_replayed(tmp_path: Path) -> None:
+    """`replay` and `goodput` read a run's config.yaml for its detector settings and process count:
+    a FIFO there hung both for good (each falls back to the defaults now)."""
+    import os
+
+    from steadytune.forensics.timeline import settings
+    from steadytune.goodput.load import _config_processes
+    from steadytune.rundir import RunDir
+
+    os.mkfifo(tmp_path / "config.yaml")
+    detect, policy, notes = settings(RunDir(tmp_path))
+    assert (detect, policy) == (None, None) and "unreadable" in notes[0]
+    assert _config_processes(tmp_path / "config.yaml") == 1
+
+
 def test_a_config_file_too_large_says_what_to_pass(tmp_path: Path) -> None:
     from steadytune.config.yamlsafe import YamlLimits, YamlTooLarge, read_yaml
 
