@@ -201,7 +201,11 @@ def test_clear_secret_in_yaml_is_refused_by_alert_test(
     )
     assert main(["alert", "test", str(cfg)]) == 2
     err = capsys.readouterr().err
-    assert "alerts.sinks.0.webhook" in err and "url_env: NAME" in err and "clearSECRET" not in err
+    assert (
+        "alerts.sinks.0.url: holds a secret in clear" in err
+        and "url_env: NAME" in err
+        and "clearSECRET" not in err
+    )
 
 
 def test_a_real_run_alerts_by_webhook_and_email_while_prometheus_scrapes_it(

@@ -123,6 +123,27 @@ def test_overrides_change_the_verdict(spiky: Path) -> None:
     assert main(["analyze", str(spiky), "--set", "loss.nonsense=1"]) == 2
 
 
+@pytest.mark.parametrize(
+    ("item", "says"),
+    [
+        (
+            "loss.spike_zz=8",
+            ["detect.loss.spike_zz: unknown key (got 8)", "did you mean 'detect.loss.spike_z'"],
+        ),
+        ("rl.signal_window=abc", ["detect.rl.signal_window", "(got 'abc')", "Fix:"]),
+        ("detect.loss.spike_z=-1", ["detect.loss.spike_z", "(got -1)", "greater than 0"]),
+    ],
+)
+def test_a_bad_override_names_the_key_the_value_and_the_fix(
+    spiky: Path, item: str, says: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It said only `invalid --set: 1 validation error for DetectConfig`."""
+    assert main(["analyze", str(spiky), "--set", item]) == 2
+    err = capsys.readouterr().err
+    assert all(s in err for s in says), err
+    assert "DetectConfig" not in err
+
+
 def test_console_script_on_a_megatron_log(tmp_path: Path) -> None:
     log = tmp_path / "train.log"
     lines = [

@@ -57,19 +57,18 @@ def load_alerts_section(path: Path) -> dict[str, Any]:
 
 
 def run_test(args: argparse.Namespace) -> int:
-    from pydantic import ValidationError
-
     from steadytune.alerts.router import AlertRouter
     from steadytune.alerts.secrets import SecretError
+    from steadytune.config import ConfigError
     from steadytune.config.alerts import AlertsConfig
+    from steadytune.config.load import validate_section
 
     try:
-        config = AlertsConfig.model_validate(load_alerts_section(args.config))
+        config = validate_section(AlertsConfig, "alerts", load_alerts_section(args.config), str(args.config))
     except OSError as exc:
         return fail(f"cannot read {args.config}: {exc.strerror}", 2)
-    except ValidationError as exc:
-        lines = [f"  alerts.{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors()]
-        return fail(f"{args.config}: {len(lines)} problem(s) in `alerts:`\n" + "\n".join(lines), 2)
+    except ConfigError as exc:
+        return fail(exc.render(), 2)
     except ValueError as exc:
         return fail(str(exc), 2)
     if args.show_config:

@@ -169,14 +169,17 @@ def analyze_path(path: str, config: Any, keep_series: bool = False) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pydantic import ValidationError
-
+    from steadytune.config import ConfigError
     from steadytune.config.detect import DetectConfig
+    from steadytune.config.load import validate_section
     from steadytune.terminal import shown
 
     try:
-        config = DetectConfig.model_validate(parse_overrides(args.set))
-    except (ValueError, ValidationError) as e:
+        config = validate_section(DetectConfig, "detect", parse_overrides(args.set), "--set")
+    except ConfigError as e:
+        print(e.render(), file=sys.stderr)
+        return 2
+    except ValueError as e:
         return fail(f"invalid --set: {str(e).splitlines()[0]}", code=2)
     results = [analyze_path(p, config, keep_series=bool(args.plot)) for p in expand(args.paths)]
     for r in results:

@@ -29,7 +29,7 @@ def register(sub: Any) -> None:
         "--method",
         choices=["full", "lora", "qlora"],
         default="full",
-        help="full fine-tune, LoRA adapters, or QLoRA (4-bit base; needs a GPU) (default full)",
+        help="full fine-tune, LoRA adapters, or QLoRA (4-bit NF4 base; runs on a CPU too) (default full)",
     )
     p.add_argument("--print-config", action="store_true", help="print the demo config as YAML and exit")
     add_overrides(p, "train.learning_rate=1")

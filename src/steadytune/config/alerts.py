@@ -30,6 +30,8 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from steadytune.config.keyed import KeyedValueError
+
 Severity = Literal["info", "warning", "critical"]
 
 # Keys that would hold a secret in clear, and the reference keys to use instead.
@@ -47,9 +49,11 @@ def _reject_clear_secrets(data: Any, allowed: tuple[str, ...]) -> Any:
     if isinstance(data, dict):
         for key, ref in _CLEAR_SECRETS.items():
             if key in data and (ref in allowed or key == ref):
-                raise ValueError(
-                    f"`{key}:` holds a secret in clear in the YAML; put the value in an environment "
-                    f"variable and write `{ref}_env: NAME` (or `{ref}_file: /path/to/file`, mode 600) instead"
+                raise KeyedValueError(
+                    key,
+                    "holds a secret in clear in the YAML",
+                    f"put the value in an environment variable and write `{ref}_env: NAME` "
+                    f"(or `{ref}_file: /path/to/file`, mode 600) instead",
                 )
     return data
 

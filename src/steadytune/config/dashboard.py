@@ -8,6 +8,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from steadytune.config.keyed import KeyedValueError
+
 DEFAULT_TOKEN_ENV = "STEADYTUNE_DASHBOARD_TOKEN"
 
 
@@ -78,9 +80,10 @@ class DashboardConfig(BaseModel):
     @classmethod
     def _no_clear_token(cls, data: Any) -> Any:
         if isinstance(data, dict) and "token" in data:
-            raise ValueError(
-                "`token:` holds a secret in clear in the YAML; export it as an environment variable and "
-                "write "
-                f"`token_env: {DEFAULT_TOKEN_ENV}` (or `token_file: /path/to/file`, mode 600) instead"
+            raise KeyedValueError(
+                "token",
+                "holds a secret in clear in the YAML",
+                f"export it as an environment variable and write `token_env: {DEFAULT_TOKEN_ENV}` "
+                "(or `token_file: /path/to/file`, mode 600) instead",
             )
         return data

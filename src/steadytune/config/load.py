@@ -13,15 +13,18 @@ import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from steadytune.config.keyed import KeyedValueError
 from steadytune.config.paths import resolve_path
 from steadytune.config.schema import SteadytuneConfig
 from steadytune.config.yamlsafe import YamlTooLarge, YamlUnreadable, load_yaml, read_yaml
 from steadytune.redact import redact
+
+_Section = TypeVar("_Section", bound=BaseModel)
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,19 @@ def _lookup(data: Any, loc: tuple[Any, ...]) -> Any:
     return data
 
 
+def _without_tags(loc: tuple[Any, ...], raw: Any) -> tuple[Any, ...]:
+    """``loc`` less the tags pydantic puts in it for a union told apart by a key's value
+    (``alerts.sinks.0.webhook`` for the sink whose ``type`` is ``webhook``): a key as written."""
+    kept: list[Any] = []
+    node = raw
+    for part in loc:
+        if isinstance(node, dict) and part not in node and part in node.values():
+            continue
+        kept.append(part)
+        node = _lookup(node, (part,))
+    return tuple(kept)
+
+
 def _is_branch(part: Any) -> bool:
     """A part of an error's loc that names a union's member (``int``, ``literal['auto']``), not a key."""
     return isinstance(part, str) and (
@@ -160,6 +176,10 @@ def _issue_from_error(err: Mapping[str, Any], raw: dict[str, Any]) -> ConfigIssu
         )
     problem = err["msg"].removeprefix("Value error, ")
     ctx = err.get("ctx") or {}
+    keyed = ctx.get("error")
+    if isinstance(keyed, KeyedValueError):  # a section's validator, about one of its keys
+        where = ".".join(str(p) for p in (*_without_tags(loc, raw), keyed.key))
+        return ConfigIssue(where, keyed.shown, keyed.problem, keyed.fix)
     if etype == "union_tag_invalid":
         # A list of sections told apart by one key (alerts.sinks by type): its owner is the list's.
         tag, owner = str(ctx.get("tag", "")), _model_at(loc[:-1]) if loc else None
@@ -374,12 +394,29 @@ def validate_dict(
     return cfg
 
 
+def validate_section(model: type[_Section], section: str, data: Any, source: str) -> _Section:
+    """One section of a run config given on its own (``analyze --set`` gives ``detect:`` only).
+
+    Its errors name the key as in a whole config (``detect.loss.spike_z``), with the value and
+    the fix, through the same rules as :func:`validate_dict`.
+
+    Raises:
+        ConfigError: every problem of the section, at once.
+    """
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        errors = [{**err, "loc": (section, *err["loc"])} for err in exc.errors()]
+        raise ConfigError(_issues_from_errors(errors, {section: data}), source) from None
+
+
 def _too_large(path: Path, exc: YamlTooLarge) -> ConfigIssue:
     return ConfigIssue(
         "(yaml)",
         str(path),
         f"refused: {exc.problem}",
-        "write the values out: a config needs no nested aliases, and a few levels of nesting at most",
+        exc.fix
+        or "write the values out: a config needs no nested aliases, and a few levels of nesting at most",
     )
 
 
@@ -402,6 +439,10 @@ def _read_mapping(path: Path, sections: str) -> dict[str, Any]:
         data = read_yaml(path) or {}
     except YamlTooLarge as exc:
         raise ConfigError([_too_large(path, exc)], str(path)) from None
+    except OSError as exc:  # a FIFO, a device, a folder, no permission
+        problem = f"cannot be read: {exc.strerror or exc}"
+        issue = ConfigIssue("(file)", str(path), problem, "pass a YAML config file")
+        raise ConfigError([issue], str(path)) from None
     except YamlUnreadable as exc:  # valid YAML syntax, but a value or the encoding cannot be read
         mark = exc.problem_mark
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -420,7 +461,8 @@ def _read_mapping(path: Path, sections: str) -> dict[str, Any]:
                 ConfigIssue(
                     "(file)",
                     data,
-                    "the file holds a single value, not a mapping of sections",
+                    f"the file holds {'a list' if isinstance(data, list) else 'a single value'}, "
+                    "not a mapping of sections",
                     f"write sections such as {sections}",
                 )
             ],

@@ -29,6 +29,8 @@ from typing import Any, NamedTuple
 
 import yaml
 
+from steadytune import regularfile
+
 
 @dataclass(frozen=True)
 class YamlLimits:
@@ -41,11 +43,17 @@ class YamlLimits:
 
 
 class YamlTooLarge(yaml.YAMLError):
-    """A document over a :class:`YamlLimits` limit; the message names the limit and where it broke."""
+    """A document over a :class:`YamlLimits` limit; the message names the limit and where it broke.
 
-    def __init__(self, message: str) -> None:
+    Attributes:
+        problem: what callers show of a YAMLError.
+        fix: what to do, where it is not the aliases' and nesting's (a file too large), else None.
+    """
+
+    def __init__(self, message: str, fix: str | None = None) -> None:
         super().__init__(message)
-        self.problem = message  # what callers show of a YAMLError
+        self.problem = message
+        self.fix = fix
 
 
 class YamlUnreadable(yaml.YAMLError):
@@ -187,15 +195,24 @@ def load_yaml(text: str | bytes, limits: YamlLimits | None = None) -> Any:
 
 
 def read_yaml(path: Path | str, limits: YamlLimits | None = None) -> Any:
-    """:func:`load_yaml` of a file, whose size is checked before it is read.
+    """:func:`load_yaml` of a regular file, read no further than the size limit.
+
+    Through the one opener of files someone else may have put there: a FIFO would wait for a
+    writer for good, and a link to ``/dev/zero`` reports a size of 0 and never ends (read whole,
+    it took ``validate`` to 10 GB and an OOM kill).
 
     Raises:
+        NotRegularFile: the path is a FIFO, a device, a socket or a folder (an ``OSError``).
         OSError: the file cannot be read.
         yaml.YAMLError: as :func:`load_yaml` (the caller names the file).
     """
     limits = limits or YamlLimits()
     path = Path(path)
-    size = path.stat().st_size
-    if size > limits.max_bytes:
-        raise YamlTooLarge(f"{path} is {size:,} bytes, more than the {limits.max_bytes:,} a file may have")
-    return load_yaml(path.read_bytes(), limits)
+    try:
+        data = regularfile.read_bytes(path, limits.max_bytes)
+    except regularfile.FileTooLarge:
+        raise YamlTooLarge(
+            f"{path} is more than the {limits.max_bytes:,} bytes a file may have",
+            fix="a config is a few kilobytes: pass the config, not a data or model file",
+        ) from None
+    return load_yaml(data, limits)

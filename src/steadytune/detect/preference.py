@@ -120,6 +120,14 @@ def margin(extra: Mapping[str, Any]) -> float | None:
     return None
 
 
+# The windowed rule's advice (completions, the reward function, num_generations) is for RL: a DPO
+# run has no completions or reward function, its pairs and its loss are what to look at.
+_FIX = (
+    "check that chosen and rejected are not swapped in the data, and the loss's sign in a custom "
+    "trainer; check beta and the LR. A restart will not fix it"
+)
+
+
 class PreferenceWatch:
     """no_learning_signal for a DPO run whose loss settled above ln 2 while its margins did not grow."""
 
@@ -159,15 +167,18 @@ class PreferenceWatch:
         self._loss.append(rec.loss)
         self._margin.append(m)
         n = len(self._loss)
+        on = self.rep.is_on("no_learning_signal", "loss")
         # Judged at every point up to 64, then every n/32: a whole-run test costs O(n) each time.
         if n < _MIN_POINTS or n % max(1, n // 32) or not self._shows_start():
+            if on:  # held as last judged: the episode runs on to this step
+                self.rep.report(out, "no_learning_signal", "loss", rec.step, True)
             return
-        on = self.rep.is_on("no_learning_signal", "loss")
         above, t_mean, t_slope = self._figures()
         if not on and above >= _LEVEL_Z and t_mean < _T and t_slope < _T and not self._told():
             self._raise(rec.step, above, t_mean, t_slope, out)
-        elif on and (above <= 0.0 or t_mean >= _LEVEL_Z):  # held until the level says otherwise
-            self.rep.report(out, "no_learning_signal", "loss", rec.step, False)
+        elif on:  # held until the level says otherwise
+            held = not (above <= 0.0 or t_mean >= _LEVEL_Z)
+            self.rep.report(out, "no_learning_signal", "loss", rec.step, held)
 
     def _shows_start(self) -> bool:
         first, second = self._steps
@@ -211,4 +222,6 @@ class PreferenceWatch:
                 "small for beta, a template that hides the answers from the loss)"
             )
         self._ever = True
-        self.rep.report(out, "no_learning_signal", "loss", self._start, True, evidence=ev, cause=cause)
+        self.rep.report(
+            out, "no_learning_signal", "loss", self._start, True, evidence=ev, cause=cause, suggestion=_FIX
+        )

@@ -48,18 +48,19 @@ class RunRow:
     losses: list[float] = field(default_factory=list)
 
 
-def read_gpus(nvml: Any = None) -> list[GpuRow] | None:
-    """Every GPU via NVML; ``None`` when NVML (nvidia-ml-py or the driver) is absent."""
+def read_gpus(nvml: Any = None) -> list[GpuRow] | str:
+    """Every GPU via NVML; where there is none to read, why, in words: the extra not installed is
+    not the same fix as no driver or no GPU (it said to install the extra where it was installed)."""
     if nvml is None:
         try:
             import pynvml  # lazily: optional extra `steadytune[gpu]`
         except ImportError:
-            return None
+            return "N/A (no NVML: install steadytune[gpu] and an NVIDIA driver)"
         nvml = pynvml
     try:
         nvml.nvmlInit()
     except Exception:
-        return None
+        return "N/A (NVML is installed but found no NVIDIA driver or GPU)"
     rows: list[GpuRow] = []
     try:
         for i in range(nvml.nvmlDeviceGetCount()):
@@ -132,14 +133,14 @@ def _gib(v: int | None) -> str:
     return NA if v is None else f"{v / (1 << 30):.1f}"
 
 
-def frame(gpus: list[GpuRow] | None, runs: list[RunRow], runs_dir: Path) -> Group:
+def frame(gpus: list[GpuRow] | str, runs: list[RunRow], runs_dir: Path) -> Group:
     """One screen of ``top``: a GPU table and a runs table."""
     g = Table(title="GPUs", title_justify="left", expand=True)
     for col in ("#", "name", "util", "memory (GiB)", "temp", "power"):
         g.add_column(col, justify="right" if col not in ("name",) else "left")
-    if gpus is None:
-        g.add_row("–", Text("N/A (no NVML: install steadytune[gpu] and an NVIDIA driver)"), NA, NA, NA, NA)
-    for x in gpus or []:
+    if isinstance(gpus, str):
+        g.add_row("–", Text(gpus), NA, NA, NA, NA)
+    for x in [] if isinstance(gpus, str) else gpus:
         mem = f"{_gib(x.mem_used_bytes)} / {_gib(x.mem_total_bytes)}"
         util = NA if x.util_ratio is None else f"{x.util_ratio * 100:.0f}%"
         temp = NA if x.temperature_c is None else f"{x.temperature_c:.0f}°C"

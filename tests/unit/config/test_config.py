@@ -203,6 +203,58 @@ def test_a_billion_laughs_config_is_refused_at_once_in_little_memory(tmp_path: P
     assert len(proc.stderr) < 4000
 
 
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "folder"])
+def test_a_config_that_is_no_regular_file_is_refused_at_once(tmp_path: Path, kind: str) -> None:
+    """A link to /dev/zero has a size of 0 and no end: read whole, `validate` reached 10 GB and an
+    OOM kill; a FIFO waited for a writer for good."""
+    import os
+    import resource
+
+    config = tmp_path / "config.yaml"
+    if kind == "fifo":
+        os.mkfifo(config)
+    elif kind == "dev-zero":
+        config.symlink_to("/dev/zero")
+    else:
+        config.mkdir()
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (1536 << 20, 1536 << 20))
+
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "steadytune"), "validate", str(config)],
+        capture_output=True, text=True, timeout=60, preexec_fn=cap,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "not a regular file" in proc.stderr and str(config) in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_run_whose_config_is_a_fifo_is_still_replayed(tmp_path: Path) -> None:
+    """`replay` and `goodput` read a run's config.yaml for its detector settings and process count:
+    a FIFO there hung both for good (each falls back to the defaults now)."""
+    import os
+
+    from steadytune.forensics.timeline import settings
+    from steadytune.goodput.load import _config_processes
+    from steadytune.rundir import RunDir
+
+    os.mkfifo(tmp_path / "config.yaml")
+    detect, policy, notes = settings(RunDir(tmp_path))
+    assert (detect, policy) == (None, None) and "unreadable" in notes[0]
+    assert _config_processes(tmp_path / "config.yaml") == 1
+
+
+def test_a_config_file_too_large_says_what_to_pass(tmp_path: Path) -> None:
+    from steadytune.config.yamlsafe import YamlLimits, YamlTooLarge, read_yaml
+
+    (tmp_path / "big.yaml").write_text("model: {name_or_path: m}\n#" + "x" * 500)
+    with pytest.raises(YamlTooLarge) as e:
+        read_yaml(tmp_path / "big.yaml", YamlLimits(max_bytes=200))
+    assert "200" in e.value.problem and e.value.fix and "not a data or model file" in e.value.fix
+    assert read_yaml(tmp_path / "big.yaml", YamlLimits(max_bytes=600)) == {"model": {"name_or_path": "m"}}
+
+
 @pytest.mark.parametrize("text", ["a: " + "[" * 100_000, "model: " + "{a: " * 100_000, "- " * 50_000 + "x"])
 def test_a_config_nested_too_deep_is_a_config_error(tmp_path: Path, text: str) -> None:
     (tmp_path / "deep.yaml").write_text(text)
@@ -255,7 +307,8 @@ def test_a_bundles_billion_laughs_config_is_refused_by_repro_check(tmp_path: Pat
 def test_a_config_file_of_one_value_is_a_config_error(tmp_path: Path, text: str) -> None:
     """Found by the fuzzing harness: a YAML scalar or list raised ValueError/TypeError in apply_overrides."""
     (tmp_path / "c.yaml").write_text(text)
-    with pytest.raises(ConfigError, match="not a mapping"):
+    holds = "a list" if text.startswith("[") else "a single value"
+    with pytest.raises(ConfigError, match=f"holds {holds}, not a mapping"):
         load_config(tmp_path / "c.yaml", check_paths=False)
 
 
@@ -293,3 +346,22 @@ def test_a_trainingarguments_name_the_run_does_not_take_says_what_to_use(files: 
     found = issues(write(files, {**base(), "train": {"warmup_ratio": 0.1}}))
     said = found["train.warmup_ratio"]
     assert "unknown key" in said and "does not take 'warmup_ratio'" in said and "use warmup_steps" in said
+
+
+def test_a_secret_in_clear_is_told_at_its_own_key_without_its_value(tmp_path: Path) -> None:
+    """It was told at the union's tag, `alerts.sinks.0.webhook`, `(got (missing)). Fix: correct the value`."""
+    (tmp_path / "c.yaml").write_text(
+        "model: {name_or_path: m}\ndata: {train_file: t.jsonl}\n"
+        "alerts: {sinks: [{type: console}, {type: webhook, url: 'https://hooks.example/SECRET1'},\n"
+        "  {type: email, host: h, sender: a@b, to: [c@d], password: SECRET2}]}\n"
+        "dashboard: {token: SECRET3}\n"
+    )
+    with pytest.raises(ConfigError) as e:
+        load_config(tmp_path / "c.yaml", check_paths=False)
+    by_key = {i.key: i for i in e.value.issues}
+    assert set(by_key) == {"alerts.sinks.1.url", "alerts.sinks.2.password", "dashboard.token"}, by_key
+    for key, issue in by_key.items():
+        ref = key.rsplit(".", 1)[1]
+        assert issue.problem == "holds a secret in clear in the YAML"
+        assert f"{ref}_env:" in issue.fix and f"{ref}_file:" in issue.fix
+    assert "SECRET" not in e.value.render() and "(missing)" not in e.value.render()

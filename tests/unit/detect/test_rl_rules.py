@@ -24,7 +24,7 @@ from steadytune.detect.synthetic_rl import dpo_run, rl_run
 from steadytune.objectives import SIGNED_OBJECTIVE, tied_share
 from steadytune.records import Anomaly, StepRecord
 from tests.unit.detect import shapes
-from tests.unit.detect.helpers import feed, records, severe
+from tests.unit.detect.helpers import feed, final, records, severe
 
 LENGTHS = (40, 300)
 # (prompt groups per step, completions per group): one group of four on a small GPU, up to 16 x 16.
@@ -84,6 +84,17 @@ def test_a_dpo_run_that_learns_the_wrong_way_is_told_once(n: int, seed: int, bat
     if batch >= 8 and n >= 100:  # shorter or at two pairs a batch, the margins' sign is often not yet sure
         assert got[0].evidence["direction"] == "reversed"
         assert "prefer the rejected" in got[0].cause
+
+
+@pytest.mark.parametrize("n", (40, 100, 600))
+@pytest.mark.parametrize("trouble", ("swapped", "unlearned"))
+def test_the_dpo_loss_rules_episode_lasts_the_run_and_gives_a_preference_fix(n: int, trouble: str) -> None:
+    """Its episode ended where it was raised (`steps 1` on a 40-step run still above ln 2 at its end), and
+    its advice was the RL rule's (completions, the reward function, num_generations)."""
+    recs = _dpo(n, 3, 64, beta=0.1, trouble=trouble)
+    got = [a for a in final(recs) if a.kind == "no_learning_signal"]
+    assert [(a.start_step, a.end_step) for a in got] == [(1, recs[-1].step)]
+    assert "chosen and rejected" in got[0].suggestion and "num_generations" not in got[0].suggestion
 
 
 @pytest.mark.parametrize("seed", range(9))

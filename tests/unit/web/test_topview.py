@@ -58,6 +58,20 @@ def test_gpu_rows_from_nvml() -> None:
     assert (g.name, g.util_ratio, g.temperature_c, g.power_w) == ("NVIDIA H100", 0.87, 71, None)
 
 
+class _NoDriver:
+    """nvidia-ml-py installed on a host without a driver: its init fails."""
+
+    def nvmlInit(self) -> None:
+        raise RuntimeError("NVML Shared Library Not Found")
+
+
+def test_a_host_without_a_driver_is_not_told_to_install_the_extra(tmp_path: Path) -> None:
+    console = Console(width=140, record=True)
+    console.print(frame(read_gpus(_NoDriver()), [], tmp_path))
+    text = console.export_text()
+    assert "found no NVIDIA driver or GPU" in text and "steadytune[gpu]" not in text
+
+
 def test_frame_shows_gpus_and_runs(tmp_path: Path) -> None:
     runs_dir = _runs(tmp_path)
     (run,) = scan_runs(runs_dir)
