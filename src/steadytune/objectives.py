@@ -7,6 +7,7 @@ the guard must run in a tool's venv that has nothing but torch and transformers.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -108,6 +109,33 @@ def is_rl(objective: str | None) -> bool:
     """Whether an objective's name (as :func:`objective_of` gives it) is an RL one, whose batches may
     carry no learning signal (:func:`without_learning_signal`)."""
     return objective is not None and objective.startswith("RL")
+
+
+# The names a logged reward goes by, the first found the one read (the detectors' and the rollout
+# batches' alike).
+REWARD_KEYS = (
+    "reward",
+    "rewards/margins",
+    "objective/scores",
+    "env/reward_mean",
+    "rewards",
+    "critic/score/mean",  # verl: the task's score, before any KL penalty
+    "critic/rewards/mean",
+    "reward_mean",
+    "mean_reward",
+    "reward/mean",
+    "avg_reward",
+    "rewards/chosen",
+)
+
+
+def first(extra: Mapping[str, Any], keys: tuple[str, ...]) -> tuple[str, float] | None:
+    """The first of ``keys`` that ``extra`` holds as a finite number: (key, value)."""
+    for k in keys:
+        v = extra.get(k)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+            return k, float(v)
+    return None
 
 
 # A group-relative trainer (GRPO, RLOO, DAPO) learns from the reward differences inside each group of

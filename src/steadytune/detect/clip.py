@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from steadytune.detect.base import Finding, KindInfo, Reporter, rounded
-from steadytune.detect.objective import CLIP_KEYS, first
+from steadytune.detect.objective import CLIP_KEYS
 from steadytune.detect.points import Signal
-from steadytune.objectives import LOSS_OBJECTIVE
+from steadytune.objectives import LOSS_OBJECTIVE, first
 
 KINDS: dict[str, KindInfo] = {
     "clip_saturation": KindInfo(

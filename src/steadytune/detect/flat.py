@@ -77,9 +77,8 @@ from statistics import NormalDist
 from typing import Any, ClassVar
 
 from steadytune.detect.base import Finding, Reporter, rounded
-from steadytune.detect.objective import REWARD_KEYS, first
 from steadytune.detect.points import Signal
-from steadytune.objectives import LOSS_OBJECTIVE, tied_share
+from steadytune.objectives import LOSS_OBJECTIVE, REWARD_KEYS, first, tied_share
 
 _T_SEEN = 2.0  # a gain this many standard errors above zero is a gain
 _P_SEEN = 1 - NormalDist().cdf(_T_SEEN)  # its one-sided chance under no gain (2.3 %)

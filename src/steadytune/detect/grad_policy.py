@@ -33,8 +33,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from steadytune.detect.objective import ENTROPY_KEYS, KL_KEYS, first
+from steadytune.detect.objective import ENTROPY_KEYS, KL_KEYS
 from steadytune.detect.stats import Tracker
+from steadytune.objectives import first
 
 _Z = 3.0  # noise sigmas (one standard error up) a point must move to count as moved
 _GRAD_RATIO = 2.0  # ...and at least this many times the norm's level

@@ -36,10 +36,10 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from steadytune.detect.base import Finding, KindInfo, Reporter, rounded
-from steadytune.detect.objective import KL_KEYS, first
+from steadytune.detect.objective import KL_KEYS
 from steadytune.detect.points import Signal
 from steadytune.detect.stats import Tracker
-from steadytune.objectives import LOSS_OBJECTIVE
+from steadytune.objectives import LOSS_OBJECTIVE, first
 
 _NOISE_PRIOR = 0.5  # log KL per point: a KL estimate from one batch moves by tens of percent
 # One point is too young a baseline (as for the gradient norm): a first KL of 1e-6 (the reference's

@@ -69,10 +69,9 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from steadytune.detect.base import Finding, KindInfo, Reporter, rounded
-from steadytune.detect.objective import REWARD_KEYS, first
 from steadytune.detect.points import Signal
 from steadytune.detect.reward import CHANCE
-from steadytune.objectives import LOSS_OBJECTIVE, is_rl, tied_share
+from steadytune.objectives import LOSS_OBJECTIVE, REWARD_KEYS, first, is_rl, tied_share
 from steadytune.records import Severity
 
 KINDS: dict[str, KindInfo] = {

@@ -28,22 +28,8 @@ from typing import Any, ClassVar
 
 from steadytune.detect.base import Finding, Reporter, rounded
 from steadytune.detect.points import Signal
-from steadytune.objectives import LOSS_OBJECTIVE
+from steadytune.objectives import LOSS_OBJECTIVE, REWARD_KEYS
 
-REWARD_KEYS = (
-    "reward",
-    "rewards/margins",
-    "objective/scores",
-    "env/reward_mean",
-    "rewards",
-    "critic/score/mean",  # verl: the task's score, before any KL penalty
-    "critic/rewards/mean",
-    "reward_mean",
-    "mean_reward",
-    "reward/mean",
-    "avg_reward",
-    "rewards/chosen",
-)
 KL_KEYS = (
     "kl",
     "reference_kl",
@@ -79,15 +65,6 @@ _NAN_KEYS = (
     "logps/rejected",
     *KL_KEYS,
 )
-
-
-def first(extra: Mapping[str, Any], keys: tuple[str, ...]) -> tuple[str, float] | None:
-    """The first of ``keys`` that ``extra`` holds as a finite number: (key, value)."""
-    for k in keys:
-        v = extra.get(k)
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-            return k, float(v)
-    return None
 
 
 @dataclass(frozen=True, slots=True)

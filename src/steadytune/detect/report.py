@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from steadytune.detect.build import KINDS
-from steadytune.detect.objective import CLIP_KEYS, KL_KEYS, REWARD_KEYS
+from steadytune.detect.objective import CLIP_KEYS, KL_KEYS
 from steadytune.detect.rollouts import ROLLOUT_KEYS
-from steadytune.objectives import LOSS_OBJECTIVE
+from steadytune.objectives import LOSS_OBJECTIVE, REWARD_KEYS
 from steadytune.records import SEVERITY_ORDER, Anomaly
 
 

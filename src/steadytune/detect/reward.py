@@ -67,10 +67,10 @@ from itertools import pairwise
 from typing import Any, ClassVar
 
 from steadytune.detect.base import Finding, KindInfo, Reporter, rounded
-from steadytune.detect.objective import ENTROPY_KEYS, LENGTH_KEYS, REWARD_KEYS, first
+from steadytune.detect.objective import ENTROPY_KEYS, LENGTH_KEYS
 from steadytune.detect.points import Signal
 from steadytune.detect.stats import upper_factor
-from steadytune.objectives import LOSS_OBJECTIVE
+from steadytune.objectives import LOSS_OBJECTIVE, REWARD_KEYS, first
 
 KINDS: dict[str, KindInfo] = {
     "reward_collapse": KindInfo(

@@ -33,8 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from steadytune.detect.objective import REWARD_KEYS, first
-from steadytune.objectives import TIE_KEYS, tied_share
+from steadytune.objectives import REWARD_KEYS, TIE_KEYS, first, tied_share
 
 ROLLOUT_KEYS = ("reward", "reward_std", "frac_reward_zero_std")
 _CONFIRM = 3  # batches with spread seen exactly k times running before k is believed
