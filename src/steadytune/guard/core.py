@@ -370,14 +370,15 @@ class Guard:
         )
 
     # -- control channel ---------------------------------------------------
-    def poll_control(self) -> dict[str, Any] | None:
+    def poll_control(self, fresh: bool = False) -> dict[str, Any] | None:
         """The next request from the supervisor or an operator, oldest first; None if there is none.
 
         Each request is returned once. One sent for an earlier attempt is dropped: it was meant
-        for a worker that is gone.
+        for a worker that is gone. ``fresh``: read the queue now, whether or not the watch has seen a
+        new file in it yet (after a boundary held for an outside actor, whose request is for it).
         """
         if not self._pending:
-            if self._watching is not None:
+            if self._watching is not None and not fresh:
                 if not self._control_flag.is_set():
                     return None
                 self._control_flag.clear()  # before reading: a file that lands meanwhile sets it again

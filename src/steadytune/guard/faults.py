@@ -148,15 +148,16 @@ class Faults:
         if self.fail_save_step is not None and step == self.fail_save_step:
             raise InjectedSaveFailure(f"injected failure publishing checkpoint-{step}")
 
-    def after_step(self, step: int, attempt: int, events: Path | None = None) -> None:
+    def after_step(self, step: int, attempt: int, events: Path | None = None) -> bool:
         """The step faults, run at the boundary after step ``step``'s record (``events``: the run's event
-        log, for ``hold_until_event``)."""
+        log, for ``hold_until_event``). True when the boundary was held: what an outside actor queued
+        meanwhile is for this very step, so the caller reads the control queue afresh."""
         if self.slow_save_until_step is not None:  # only a held save waits on it: no lock per step otherwise
             self._trained.ended(step)
         if self.step_sleep_s:
             time.sleep(self.step_sleep_s)
         if not self.active(attempt):
-            return
+            return False
         if self.leak_mib_per_step > 0:
             _leak(self.leak_mib_per_step)
         if self.crash_at_step is not None and step == self.crash_at_step:
@@ -166,9 +167,11 @@ class Faults:
                 _await_event(events, self.hold_until_event, timeout_s=self.hold_s)
             else:
                 time.sleep(self.hold_s)
+            return True
         if self.hang_at_step is not None and step == self.hang_at_step:
             while True:  # a hung collective: alive, silent, going nowhere
                 time.sleep(3600)
+        return False
 
     def poison(self, step: int, attempt: int) -> bool:
         """Whether optimizer step ``step`` (1-based) gets a NaN loss."""

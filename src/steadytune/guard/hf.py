@@ -279,11 +279,11 @@ class GuardCallback(TrainerCallback):
             extra[OBJECTIVE_KEY] = self.objective
         self.guard.end_step(state.global_step, epoch=state.epoch, extra=extra or None, ended_at=ended_at)
         self._gradflow = None  # the step record itself is the loop's heartbeat: no second line per step
-        self.faults.after_step(state.global_step, self.guard.attempt, self.guard.run.events)
+        held = self.faults.after_step(state.global_step, self.guard.attempt, self.guard.run.events)
         world = _world_size()
         # With several ranks, rank 0 alone reads the queue (and its own SIGTERM, which torchrun
         # forwards to every rank) and the others take its request at the same step boundary.
-        request = self.guard.poll_control() if world == 1 or self.guard.rank == 0 else None
+        request = self.guard.poll_control(fresh=held) if world == 1 or self.guard.rank == 0 else None
         if (
             request is not None
             and request.get("command") == "pause"

@@ -95,6 +95,22 @@ def test_a_watched_guard_reads_the_queue_only_after_its_thread_saw_a_new_file(tm
     guard.close()
 
 
+def test_after_a_held_boundary_the_queue_is_read_before_the_watch_saw_the_request(tmp_path: Path) -> None:
+    """A boundary held for an outside actor (a drill's hold until the supervisor files its request) is
+    that actor's step: its request must be taken there, not one step later because the watch thread
+    had not looked since the file landed (a rollback taken after step 23 instead of 22)."""
+    run = RunDir(tmp_path / "r").create()
+    guard = Guard(run.root, rank=0, attempt=0)
+    guard.watch(interval_s=3600)
+    assert guard.poll_control() is None
+    send_control(run, "rollback", "policy:spike")
+    assert guard.poll_control() is None  # an ordinary boundary waits for the watch
+    got = guard.poll_control(fresh=True)
+    assert got is not None and got["command"] == "rollback"
+    assert guard.poll_control(fresh=True) is None  # each request once
+    guard.close()
+
+
 def test_a_watched_guard_records_rss_read_after_the_step_before(tmp_path: Path) -> None:
     guard = Guard(tmp_path / "r", rank=0, attempt=0)
     guard.watch(interval_s=3600)
