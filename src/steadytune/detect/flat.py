@@ -235,7 +235,8 @@ class FlatRewardWatch:
             self._steps.append(step)
         self._key = found[0]
         self._values.append(found[1])
-        tied = tied_share(extra)
+        # The engine read the batch's tie already (detect/rollouts.py); a point made without it reads it here.
+        tied = point.batch.tied if point.batch is not None else tied_share(extra)
         self._learning += 1.0 - (tied or 0.0)
         if tied == 1.0:
             self._tied += 1
