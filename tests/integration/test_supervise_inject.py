@@ -59,6 +59,10 @@ def test_an_injected_guard_skips_the_nan_update_and_writes_full_records(
     weights = load_file(str(tmp_path / "out" / "checkpoint-20" / "model.safetensors"))
     assert all(torch.isfinite(t).all() for t in weights.values())
     assert json.loads((run / "status.json").read_text())["source"] == "job"
+    # The supervisor read the command's torch from its files; the injected rank 0 added torch's own.
+    recorded = json.loads((run / "env.json").read_text())["command"]["torch"]
+    assert recorded["read_from"] == "files" and recorded["read_by"] == "worker"
+    assert recorded["torch"] == torch.__version__ and "cudnn" in recorded
 
 
 def test_sigterm_to_the_supervisor_makes_the_injected_trainer_checkpoint_where_it_stands(

@@ -42,6 +42,7 @@ from steadytune.inject.env import RUN_ENV
 from steadytune.inject.say import warn
 from steadytune.protocol import WorkerEvent
 from steadytune.rundir import RunDir
+from steadytune.telemetry.runenv import add_worker_details
 
 _CALLBACK = "_steadytune_callback"  # the trainer instance's InjectedCallback
 _MARK = "_steadytune_injected"  # set on the patched Trainer class
@@ -100,6 +101,9 @@ class Injection:
             self.guard = Guard(self.run.root)  # rank and attempt from $RANK and $STEADYTUNE_ATTEMPT
             self.guard.start_heartbeats()
             self._dump_stacks_on_sigusr1(self.guard)
+            # torch's own readings (cuDNN, the devices it sees) into env.json, as a native worker's:
+            # the supervisor read the command's torch from its files only. Never raises.
+            add_worker_details(self.run, self.guard.rank, self.guard.attempt)
         return self.guard
 
     def _dump_stacks_on_sigusr1(self, guard: Guard) -> None:

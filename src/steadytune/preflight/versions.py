@@ -13,13 +13,12 @@ hold it. Four sources of "this will not work", each a plain table or rule:
 from __future__ import annotations
 
 import importlib.metadata as md
-import importlib.util
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from steadytune.preflight.result import Check, fail, na, ok, warn
+from steadytune.telemetry.envsnap import package_dir, torch_build
 
 # The packages the built-in runner imports, in the order they are shown.
 STACK = ("torch", "transformers", "peft", "bitsandbytes", "accelerate", "datasets", "tokenizers", "numpy")
@@ -109,34 +108,15 @@ def installed_versions(names: tuple[str, ...] = STACK) -> dict[str, str | None]:
     return out
 
 
-def _package_dir(name: str) -> Path | None:
-    """Where a top-level package lives, without executing it (find_spec of a top-level
-    package does not import it)."""
-    try:
-        spec = importlib.util.find_spec(name)
-    except (ImportError, ValueError):
-        return None
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(next(iter(spec.submodule_search_locations)))
-
-
 def torch_cuda_build() -> str | None:
     """The CUDA version torch was built with (``torch.version.cuda``), read from its file."""
-    folder = _package_dir("torch")
-    if folder is None:
-        return None
-    try:
-        text = (folder / "version.py").read_text(encoding="utf-8")
-    except OSError:
-        return None
-    m = re.search(r"^cuda\s*(?::[^=\n]*)?=\s*['\"]([^'\"]+)['\"]", text, re.M)
-    return m.group(1) if m else None
+    build = torch_build().get("cuda_build")
+    return build if isinstance(build, str) and build else None
 
 
 def transformers_minimums() -> dict[str, tuple[str, str]]:
     """``{package: (minimum, when)}`` as the installed transformers enforces them."""
-    folder = _package_dir("transformers")
+    folder = package_dir("transformers")
     out: dict[str, tuple[str, str]] = {}
     if folder is None:
         return out

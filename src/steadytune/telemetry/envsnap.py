@@ -12,13 +12,16 @@ supervised command's own Python is read, even where steadytune is not installed.
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 if (
@@ -84,6 +87,46 @@ def _version(name: str) -> str | None:
         return importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:
         return None
+
+
+def package_dir(name: str) -> Path | None:
+    """Where a top-level package lives, without executing it (``find_spec`` of a top-level package
+    does not import it)."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+# torch/version.py is generated at build time: ``cuda: Optional[str] = '12.8'``, ``hip = None``, ...
+_BUILD_FIELDS = {"cuda": "cuda_build", "hip": "hip_build", "git_version": "git_version"}
+
+
+def torch_build() -> dict[str, Any]:
+    """torch's version and what it was built with, read from its files, never imported.
+
+    Importing torch costs seconds of CPU; a supervisor reading a command's interpreter before the
+    command starts would pay them once more on top of the command's own import. What only an
+    imported torch can tell (cuDNN as loaded, the devices it sees) the worker adds once it runs
+    (:func:`torch_details`, ``add_worker_details``); the GPUs and driver come from NVML either way.
+    """
+    out: dict[str, Any] = {"torch": _version("torch")}
+    folder = package_dir("torch")
+    if out["torch"] is None or folder is None:
+        return out
+    try:
+        text = (folder / "version.py").read_text(encoding="utf-8")
+    except (OSError, ValueError):
+        return out
+    for name, key in _BUILD_FIELDS.items():
+        m = re.search(rf"^{name}\s*(?::[^=\n]*)?=\s*(?:['\"]([^'\"]*)['\"]|None\b)", text, re.M)
+        if m:
+            out[key] = m.group(1)
+    out["read_from"] = "files"
+    return out
 
 
 def torch_details() -> dict[str, Any]:
@@ -163,7 +206,8 @@ def nvml_details() -> dict[str, Any]:
 
 
 def snapshot(with_torch: bool = True) -> dict[str, Any]:
-    """Everything above in one JSON-ready dict. ``with_torch=False`` keeps torch out of this process."""
+    """Everything above in one JSON-ready dict. ``with_torch=False`` keeps torch out of this process:
+    its build is read from its files (:func:`torch_build`)."""
     env_keys = (
         "CUDA_VISIBLE_DEVICES",
         "CUBLAS_WORKSPACE_CONFIG",
@@ -186,7 +230,7 @@ def snapshot(with_torch: bool = True) -> dict[str, Any]:
             "cpus": os.cpu_count(),
         },
         "key_packages": {n: _version(n) for n in KEY_PACKAGES},
-        "torch": torch_details() if with_torch else {"torch": _version("torch")},
+        "torch": torch_details() if with_torch else torch_build(),
         "nvml": nvml_details(),
         "env": {k: os.environ[k] for k in env_keys if k in os.environ},
         "packages": packages(),

@@ -13,7 +13,10 @@ Written in two steps, each atomically (a reader sees the old file or the new one
    already imported.
 
 For ``supervise -- CMD`` the command's interpreter is read by running the snapshot
-script under it (:func:`write_command_env`). The document (``version`` 1)::
+script under it (:func:`write_command_env`), torch's build read from its files, not
+imported: importing it there would cost seconds before the command itself imports it.
+With ``--inject``, the guard in the command's rank 0 adds torch's own readings to
+``command.torch`` as the native worker does. The document (``version`` 1)::
 
     {"version": 1, "ts": ..., "written_by": "supervisor" | "supervise",
      "python": {...}, "os": {...}, "key_packages": {...}, "packages": ["name==version", ...],
@@ -118,7 +121,13 @@ def add_worker_details(run: RunDir, rank: int, attempt: int) -> None:
         details = {"error": f"{type(exc).__name__}: {exc}", "read_by": "worker"}
     try:
         env = read_run_env(run)
-        write_env(run, {**env, "torch": details})
+        command = env.get("command")
+        if isinstance(command, dict) and "interpreter" in command:
+            # supervise: the trained environment is the command's; its torch was read from files only
+            env = {**env, "command": {**command, "torch": {**(command.get("torch") or {}), **details}}}
+        else:
+            env = {**env, "torch": details}
+        write_env(run, env)
     except Exception:
         pass  # env.json is a record, not a precondition
 
@@ -183,5 +192,5 @@ def write_command_env(run: RunDir, command: Sequence[str], cwd: Path | None = No
             "error": "the command's Python interpreter could not be told from it",
         }
     else:
-        env["command"] = {**snapshot_of(python), "interpreter": python}
+        env["command"] = {**snapshot_of(python, with_torch=False), "interpreter": python}
     return write_env(run, env)

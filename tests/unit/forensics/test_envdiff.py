@@ -5,6 +5,8 @@ from __future__ import annotations
 import copy
 import importlib.metadata
 import json
+import os
+import subprocess
 import sys
 import venv
 from pathlib import Path
@@ -14,6 +16,7 @@ from packaging.requirements import Requirement
 from steadytune.cli.main import main
 from steadytune.forensics.envdiff import diff_envs, render_diff, requirements
 from steadytune.rundir import RunDir
+from steadytune.telemetry import envsnap
 from steadytune.telemetry.runenv import (
     add_worker_details,
     command_python,
@@ -113,6 +116,56 @@ def test_a_supervised_commands_own_interpreter_is_read(tmp_path: Path, capsys) -
         "interpreter": None,
         "error": "the command's Python interpreter could not be told from it",
     }
+
+
+def test_a_commands_torch_is_read_from_its_files_never_imported(tmp_path: Path) -> None:
+    # A torch whose import fails loudly, on the path ahead of the real one: the snapshot script must
+    # read its build from version.py and its version from its metadata without executing it.
+    pkg = tmp_path / "site" / "torch"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("raise SystemExit('torch was imported')\n")
+    (pkg / "version.py").write_text(
+        "from typing import Optional\n__version__ = '9.1.0+cu128'\ndebug = False\n"
+        "cuda: Optional[str] = '12.8'\ngit_version = 'abc123'\nhip: Optional[str] = None\n"
+    )
+    meta = tmp_path / "site" / "torch-9.1.0+cu128.dist-info"
+    meta.mkdir()
+    (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: 9.1.0+cu128\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
+    done = subprocess.run(
+        [sys.executable, envsnap.__file__, "--no-torch"], capture_output=True, text=True, env=env, check=True
+    )
+    torch = json.loads(done.stdout)["torch"]
+    assert torch == {
+        "torch": "9.1.0+cu128",
+        "cuda_build": "12.8",
+        "hip_build": None,
+        "git_version": "abc123",
+        "read_from": "files",
+    }
+    broken = pkg / "version.py"
+    broken.write_bytes(b"\xff\xfe not text")
+    done = subprocess.run(
+        [sys.executable, envsnap.__file__, "--no-torch"], capture_output=True, text=True, env=env, check=True
+    )
+    assert json.loads(done.stdout)["torch"] == {"torch": "9.1.0+cu128"}  # unreadable: the version alone
+
+
+def test_an_injected_commands_rank_0_adds_torch_to_the_commands_half(tmp_path: Path) -> None:
+    run = RunDir(tmp_path / "r").create()
+    write_command_env(run, [sys.executable, "train.py"], cwd=tmp_path)
+    before = read_run_env(run)
+    assert before["command"]["torch"]["read_from"] == "files" and "cudnn" not in before["command"]["torch"]
+    top = before["torch"]
+    add_worker_details(run, rank=0, attempt=0)
+    env = read_run_env(run)
+    import torch
+
+    read = env["command"]["torch"]
+    assert read["read_by"] == "worker" and read["torch"] == torch.__version__
+    assert {"cudnn", "nccl", "cuda_available", "git_version"} <= read.keys()
+    assert env["torch"] == top  # the supervisor's own interpreter stays as it was read
+    assert env["command"]["packages"] == before["command"]["packages"]
 
 
 def test_env_cli_errors_name_the_fix(tmp_path: Path, capsys) -> None:
