@@ -142,6 +142,71 @@ def test_promtool_rules_check_and_unit_tests(prometheus_bins: tuple[str, str]) -
     assert conf.returncode == 0, conf.stdout + conf.stderr
 
 
+def _grafana_exprs() -> dict[str, str]:
+    """The Grafana dashboard's expressions by panel title, and its anomaly marks', ``$run`` as every run."""
+    board = json.loads((RULES.parent / "grafana" / "steadytune.json").read_text())
+    found = {p["title"]: t["expr"] for p in board["panels"] for t in p.get("targets", [])[:1]}
+    found["annotation"] = board["annotations"]["list"][0]["expr"]
+    return {k: v.replace("$run", ".*") for k, v in found.items()}
+
+
+def test_the_grafana_panels_count_a_runs_first_restart_and_anomaly(
+    prometheus_bins: tuple[str, str], tmp_path: Path
+) -> None:
+    # A counter's first event makes its series, at 1: increase() and changes() see no rise in a series
+    # that starts inside their window, so a panel built on them alone shows 0 for the first restart.
+    _, promtool = prometheus_bins
+    exprs = _grafana_exprs()
+    restarts, anomalies, marks = (
+        exprs["Restarts (1h)"],
+        exprs["Anomalies (rate by kind)"],
+        exprs["annotation"],
+    )
+    spike = 'steadytune_anomalies_total{run="r1",kind="loss_spike",severity="warning"}'
+    tests = {
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [
+                    {"series": 'steadytune_restarts_total{run="r1",reason="oom"}', "values": "_ _ 1 2 2 2"},
+                    {"series": 'steadytune_restarts_total{run="r1",reason="hang"}', "values": "_ _ _ _ 1 1"},
+                    # an old run's: one restart more than an hour after its series began
+                    {"series": 'steadytune_restarts_total{run="r2",reason="oom"}', "values": "0x70 1 1"},
+                    {"series": spike, "values": "_ _ _ 1 1 1"},
+                ],
+                "promql_expr_test": [
+                    {
+                        "expr": restarts,
+                        "eval_time": "5m",
+                        "exp_samples": [
+                            {"labels": '{run="r1"}', "value": 3},
+                            {"labels": '{run="r2"}', "value": 0},
+                        ],
+                    },
+                    {
+                        "expr": f"round({restarts})",
+                        "eval_time": "72m",
+                        "exp_samples": [{"labels": '{run="r2"}', "value": 1}],
+                    },
+                    {
+                        "expr": anomalies,
+                        "eval_time": "5m",
+                        "exp_samples": [
+                            {"labels": '{run="r1",kind="loss_spike",severity="warning"}', "value": 1}
+                        ],
+                    },
+                    {"expr": marks, "eval_time": "3m", "exp_samples": [{"labels": spike, "value": 1}]},
+                    {"expr": marks, "eval_time": "5m", "exp_samples": []},
+                ],
+            }
+        ]
+    }
+    path = tmp_path / "grafana_test.yml"
+    path.write_text(json.dumps(tests))  # JSON is YAML
+    test = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    assert test.returncode == 0, test.stdout + test.stderr
+
+
 def _finished_runs(runs_dir: Path, n: int, steps: int) -> list[str]:
     """``n`` finished runs of ``steps`` steps (one anomaly each), ended a minute apart, never read."""
     ids = []
