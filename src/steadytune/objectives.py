@@ -49,6 +49,9 @@ SIGNED_OBJECTIVE = "a loss that goes negative (policy gradient, preference or di
 _FAMILIES: tuple[tuple[str, tuple[frozenset[str], ...]], ...] = (
     ("preference (ORPO)", (frozenset({"log_odds_ratio"}), frozenset({"log_odds_chosen"}))),
     ("RL (PPO)", (frozenset({"objective/kl"}), frozenset({"objective/scores"}))),
+    # verl's actor logs its policy-gradient loss and clip fraction under ``actor/``, whatever the
+    # advantage estimator (PPO with a critic, GRPO, RLOO, ...): the trainer is named, not the algorithm.
+    ("RL (verl)", (frozenset({"actor/pg_loss"}), frozenset({"actor/pg_clipfrac"}))),
     ("RL (GRPO/RLOO)", (frozenset({"reward", "reward_std"}), frozenset({"frac_reward_zero_std"}))),
     ("preference (KTO)", (frozenset({"kl", "rewards/chosen"}), frozenset({"kl", "logps/chosen"}))),
     (

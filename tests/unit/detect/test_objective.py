@@ -7,7 +7,7 @@ import math
 import pytest
 
 from steadytune.detect.synthetic import grpo_batches
-from steadytune.objectives import is_preference_or_rl, objective_of
+from steadytune.objectives import is_preference_or_rl, is_rl, objective_of
 from tests.unit.detect import shapes
 from tests.unit.detect.helpers import feed, raised, records, severe
 
@@ -111,6 +111,10 @@ def test_the_objective_is_named_after_the_trainer_its_fields_come_from(
     assert objective_of(dict.fromkeys(_TRL_FIELDS[trainer], 0.0)) == expected
     # verl's fields mark RL, but name no trainer of TRL's.
     assert objective_of({"actor/kl_loss": 0.01, "critic/score/mean": 0.3}) == "RL or preference"
+    # ... until its actor's own fields name verl (a clip fraction or policy-gradient loss beside a reward).
+    verl = {"actor/kl_loss": 0.01, "critic/score/mean": 0.3, "actor/pg_clipfrac": 0.002, "actor/pg_loss": 0.1}
+    assert objective_of(verl) == "RL (verl)" and is_rl(objective_of(verl))
+    assert objective_of({"actor/pg_loss": 0.1}) is None  # a policy loss alone marks no RL run
     # A loss named after its objective names it, where no trainer's fields do.
     assert objective_of({"dpo_loss": 0.69, "aux_loss": 0.0}) == "preference (DPO)"
     assert objective_of({"loss/orpo": 0.7}) == "preference (ORPO)"
