@@ -98,6 +98,9 @@ _FALL_T = 2.0  # a fall of the log loss this many standard errors of its slope: 
 _MARGIN_KEYS = ("rewards/margins", "rewards/chosen")
 _SFT = (None, LOSS_OBJECTIVE)
 _HOLD_SHARE = 0.25  # a pinned episode holds while this share of the window or more still sits at its value
+# The share of a batch's completions cut at the length limit: TRL's and verl's names for it.
+_CLIPPED_KEYS = ("completions/clipped_ratio", "response_length/clip_ratio")
+_CLIPPED_CAUSE = 0.9  # nearly every completion cut short: named first among the causes
 
 
 @dataclass(frozen=True, slots=True)
@@ -375,6 +378,15 @@ class LearningSignalWatch:
         if len(self._first_rewards) == _FIRST_POINTS:
             ev["first_reward"] = rounded(sorted(self._first_rewards)[_FIRST_POINTS // 2])
         parts = []
+        clipped = first(point.rec.extra, _CLIPPED_KEYS) if point.rec.extra else None
+        if clipped is not None:
+            ev["clipped_ratio"] = rounded(clipped[1], 3)
+            if clipped[1] >= _CLIPPED_CAUSE:
+                parts.append(
+                    f"{clipped[1]:.0%} of the last batch's completions were cut at the length limit "
+                    f"(`{clipped[0]}`): a completion cut before its answer seldom earns the reward; raise "
+                    "the completion length limit (max_completion_length) or ask for shorter answers"
+                )
         pinned = self._pinned()
         if pinned is not None and pinned[1] < n:  # all n alike: the reward never fires, said below
             ev["pinned_reward"], ev["pinned_points"] = rounded(pinned[0]), pinned[1]

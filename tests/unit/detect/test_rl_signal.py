@@ -90,6 +90,22 @@ def test_a_reward_pinned_at_one_value_is_no_learning_signal_from_the_start(
         assert len(set(pinned)) == 1
 
 
+@pytest.mark.parametrize("key", ("completions/clipped_ratio", "response_length/clip_ratio"))
+@pytest.mark.parametrize("clipped, named", ((1.0, True), (0.95, True), (0.6, False)))
+def test_completions_cut_at_the_length_limit_are_named_first_among_the_causes(
+    key: str, clipped: float, named: bool
+) -> None:
+    """Every completion cut before its answer earns the same floor: the length limit, not the reward
+    function, is what to change first."""
+    losses, grads, extra = _run(300, 0, (2, 8), 0.0, trouble="pinned")
+    extra = [{**e, key: clipped} for e in extra]
+    (got,) = _raised(records(losses, grads, extra=extra))
+    assert got.kind == "no_learning_signal" and got.evidence["clipped_ratio"] == clipped
+    said = f"{clipped:.0%} of the last batch's completions were cut at the length limit (`{key}`)"
+    assert got.cause.startswith(said) == named and (said in got.cause) == named
+    assert "repeats one answer" in got.cause or "scored alike" in got.cause  # the ties, said as before
+
+
 def test_a_reward_that_rises_to_a_value_it_then_repeats_is_a_solved_task_not_a_pinned_one() -> None:
     """Ties at the top the run rose to: the pinned rule leaves them to the saturation it is."""
     rng = random.Random(5)
