@@ -418,8 +418,11 @@ def real(root: Path) -> FileScore:
     return loo
 
 
-def corpus(corpus_dir: Path, out: Path | None, defaults_only: bool = False) -> None:
-    """The labelled corpus and the development set, leave-one-repository-out (see _corpus.py)."""
+def corpus(corpus_dir: Path, out: Path | None, defaults_only: bool = False, batch: str | None = None) -> None:
+    """The labelled corpus and the development set, leave-one-repository-out (see _corpus.py).
+
+    ``batch``: also the corpus files whose id starts with it alone (a batch added after the rules were
+    written: what the rules do on logs they were never looked at with)."""
     from _corpus import SETS as CSETS
     from _corpus import (
         Row,
@@ -473,6 +476,29 @@ def corpus(corpus_dir: Path, out: Path | None, defaults_only: bool = False) -> N
                 lines,
             )
         )
+    if batch:
+        group = [f for f in sets["the new corpus"] if f.name.startswith(batch)]
+        alone = {f"the batch {batch} alone": group}
+        alone[f"the batch {batch}, RL and preference runs alone"] = [
+            f for f in group if f.objective in ("rl", "preference")
+        ]
+        for title, members in alone.items():
+            if not members:
+                continue
+            classes = Counter(f.cls for f in members)
+            lines = [
+                [name, *tally(members, scores[name], lambda f: "all").get("all", Row()).cells()]
+                for name in CSETS
+            ]
+            text.append(
+                markdown(
+                    f"{title}: {len(members)} files from {len({f.repo for f in members})} repositories "
+                    f"({classes['positive']} positive, {classes['negative']} negative, "
+                    f"{classes['ambiguous']} ambiguous)",
+                    head,
+                    lines,
+                )
+            )
     new = sets["the new corpus"]
     for key, what in ((lambda f: f.objective, "objective"), (lambda f: f.format, "format")):
         names = CSETS if what == "objective" else [OURS]
@@ -615,9 +641,14 @@ def main() -> int:
     ap.add_argument(
         "--defaults", action="store_true", help="with --corpus: shipped defaults only (no held-out choice)"
     )
+    ap.add_argument(
+        "--batch",
+        metavar="PREFIX",
+        help="with --corpus: also score the corpus files whose id starts with PREFIX (e.g. CH) alone",
+    )
     args = ap.parse_args()
     if args.corpus:
-        corpus(args.corpus, args.markdown, args.defaults)
+        corpus(args.corpus, args.markdown, args.defaults, args.batch)
         return 0
     if args.real_only:
         root = real_logs_dir()
