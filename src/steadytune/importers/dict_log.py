@@ -42,7 +42,7 @@ from typing import NamedTuple
 from steadytune.importers.format import LogFormat
 from steadytune.importers.lines import open_lines
 from steadytune.importers.prefix import LowestRank, strip_ansi, strip_prefix
-from steadytune.importers.series import ALIASES, Series, SeriesBuilder, UnreadableLog
+from steadytune.importers.series import ALIASES, Series, SeriesBuilder, UnreadableLog, is_summary
 from steadytune.importers.text_steps import find_step
 
 FORMAT = "dict_log"
@@ -141,14 +141,6 @@ def swift_progress(text: str) -> tuple[int, int] | None:
         return None
     m = _SWIFT_STEP.search(text)
     return (int(m.group(1)), int(m.group(2))) if m else None
-
-
-def is_summary(values: dict[str, float]) -> bool:
-    """The Trainer's closing line (train_runtime, train_loss): a summary, not an optimizer step.
-
-    A step's own dict may carry the run time so far too (TRL 0.2x logs ``train_runtime`` and
-    ``train_tokens_per_second`` in every dict): with a ``loss``, it is a step."""
-    return ("train_runtime" in values or "train_loss" in values) and "loss" not in values
 
 
 def train_bar(line: str) -> tuple[int, int] | None:

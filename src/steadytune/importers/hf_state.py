@@ -13,7 +13,7 @@ from typing import Any
 
 from steadytune.importers.document import read_document
 from steadytune.importers.format import LogFormat
-from steadytune.importers.series import Series, SeriesBuilder, UnreadableLog
+from steadytune.importers.series import Series, SeriesBuilder, UnreadableLog, is_summary
 
 FORMAT = "hf_trainer_state"
 
@@ -29,7 +29,7 @@ def read(path: Path, data: Any | None = None) -> Series:
         raise UnreadableLog("not a trainer_state.json: no log_history list")
     b = SeriesBuilder(str(path), FORMAT)
     for entry in data["log_history"]:
-        if not isinstance(entry, dict) or "train_runtime" in entry or "total_flos" in entry:
+        if not isinstance(entry, dict) or is_summary(entry):
             continue
         step = entry.get("step")
         if not isinstance(step, int):

@@ -36,7 +36,7 @@ from typing import Any
 from steadytune.importers import jsonl_log
 from steadytune.importers.document import read_document
 from steadytune.importers.format import LogFormat
-from steadytune.importers.series import Series, SeriesBuilder, UnreadableLog, parse_number
+from steadytune.importers.series import Series, SeriesBuilder, UnreadableLog, is_summary, parse_number
 
 FORMAT = "json_document"
 _DEPTH = 3
@@ -122,7 +122,7 @@ def read(path: Path, doc: Any | None = None) -> Series:
     points = _series_map(doc)
     if lists:
         for records in lists:
-            rows = [r for r in records if "train_runtime" not in r and "total_flos" not in r]
+            rows = [r for r in records if not (isinstance(r, dict) and is_summary(r))]
             for _rank, step, numbers in jsonl_log.parse_rows(rows):
                 b.add_numbers(step, numbers)
     elif points:

@@ -223,6 +223,18 @@ def no_gc() -> Iterator[None]:
             gc.enable()
 
 
+def is_summary(values: Mapping[str, object]) -> bool:
+    """The Trainer's closing entry (``train_runtime``, ``train_loss``, ``total_flos``): a summary of
+    the run, not an optimizer step.
+
+    A step's own entry may carry the run time so far too (TRL 0.2x, and the Trainer with
+    ``include_num_input_tokens_seen``, log ``train_runtime`` and ``train_tokens_per_second`` beside
+    every loss): with a ``loss``, it is a step."""
+    return (
+        "train_runtime" in values or "train_loss" in values or "total_flos" in values
+    ) and "loss" not in values
+
+
 def parse_number(raw: Any, nan_means_missing: bool = False) -> float | None:
     """A float from a JSON/CSV/text value; None for missing, empty or placeholder values.
 

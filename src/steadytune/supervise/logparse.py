@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from steadytune.importers import parse_line as parse_log_line
-from steadytune.importers.dict_log import STEP_KEYS, is_summary, own_step, swift_progress, train_bar
+from steadytune.importers.dict_log import STEP_KEYS, own_step, swift_progress, train_bar
+from steadytune.importers.series import is_summary
 
 __all__ = [
     "FOLLOWED",

@@ -35,6 +35,27 @@ def test_hf_trainer_state_keeps_nan_grad_merges_eval_and_skips_the_summary(tmp_p
     assert {"loss", "grad_norm", "lr", "eval_loss", "epoch"} <= set(s.metrics)
 
 
+@pytest.mark.parametrize("name", ["trainer_state.json", "history.json"])
+def test_steps_that_carry_the_run_time_so_far_are_steps(tmp_path: Path, name: str) -> None:
+    # The Trainer with include_num_input_tokens_seen (and TRL) puts train_runtime and its tokens per second
+    # beside every logged loss; only the closing entry, with no loss, is the run's summary.
+    entries = [
+        {"epoch": s / 100, "grad_norm": 0.07, "learning_rate": 1e-4, "loss": 1.7 - s / 100,
+         "num_input_tokens_seen": 7000 * s, "step": s, "train_runtime": 3.1 * s,
+         "train_tokens_per_second": 2400.0}
+        for s in range(5, 55, 5)
+    ]  # fmt: skip
+    entries.insert(4, {"epoch": 0.2, "eval_loss": 1.6, "eval_runtime": 2.0, "step": 20})
+    entries.append({"step": 50, "total_flos": 1e15, "train_loss": 1.5, "train_runtime": 160.0})
+    doc = {"global_step": 50, "log_history": entries} if name == "trainer_state.json" else entries
+    p = tmp_path / name
+    p.write_text(json.dumps(doc))
+    s = load(p)
+    assert [r.step for r in s.records] == list(range(5, 55, 5))
+    assert [r.loss for r in s.records] == pytest.approx([1.7 - k / 100 for k in range(5, 55, 5)])
+    assert [r.step for r in s.records if r.eval_loss is not None] == [20]
+
+
 def test_a_checkpoint_directory_stands_for_its_trainer_state(tmp_path: Path) -> None:
     (tmp_path / "trainer_state.json").write_text('{"log_history": [{"loss": 1.0, "step": 5}]}')
     assert detect_format(tmp_path) == "hf_trainer_state" and _losses(tmp_path) == [(5, 1.0)]
