@@ -62,6 +62,11 @@ class KindInfo:
     # in this order replaces ``cause`` (no loss scaler to blame on a CPU or bf16 run, no NCCL on one
     # process). A fact nobody knows leaves ``cause``, which holds for any run.
     cause_on: dict[str, str] = field(default_factory=dict)
+    # A state the run is in, not an event (detect/episodes.py): once raised, the condition firing again
+    # however long it was quiet is the same episode. A model that memorised its data does not unlearn
+    # it, and an eval loss back above its best is the same overfitting: a level that hovers about a
+    # threshold must not make one episode (and one alert) per crossing.
+    lasting: bool = False
 
     def cause_for(self, facts: frozenset[str]) -> str:
         """The cause as it reads for a run with ``facts``."""

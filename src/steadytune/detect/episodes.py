@@ -12,7 +12,10 @@ here turns that into episodes, one per kind, metric and rank:
   ``episode_gap_points`` logging intervals of the last step it held at: the same
   episode, ``count`` + 1, its ``end_step`` and ``peak`` moved on;
 - **resolved**: quiet for longer than the gap (or the run was rewound, or ended):
-  the episode is over, with its final ``end_step``, ``count`` and ``peak``.
+  the episode is over, with its final ``end_step``, ``count`` and ``peak``. A
+  *lasting* kind (:attr:`~.base.KindInfo.lasting`: a memorising collapse, overfitting)
+  is a state of the run, not an event: its quiet episode is resolved only by a rewind
+  or the run's end, and its condition firing again at any later step recurs in it.
 
 Why a gap, and why in logging intervals: a condition that comes back while the
 detectors' level still holds the points from before it cleared (two level
@@ -188,7 +191,10 @@ class Episodes:
     def __init__(self, kinds: dict[str, KindInfo], gap_points: int, disabled: frozenset[str]) -> None:
         self._kinds, self._gap, self._disabled = kinds, gap_points, disabled
         self._open: dict[Key, _Episode] = {}
-        self._quiet = 0  # how many open episodes are quiet: most points, none are, and nothing expires
+        # How many open episodes are quiet and may expire (a lasting kind's never does): most points,
+        # none are, and nothing expires.
+        self._quiet = 0
+        self._lasting = frozenset(kind for kind, info in kinds.items() if info.lasting)
         self._held: dict[Key, Key] = {}  # each grouped member now holding (kind, metric, rank) -> its group
         self._parts = {kind: info.part_of for kind, info in kinds.items() if info.part_of}
         self._wholes = frozenset(self._parts.values())
@@ -205,14 +211,14 @@ class Episodes:
             if not f.active:
                 if ep is not None and not ep.quiet:
                     ep.quiet = True
-                    self._quiet += 1
+                    self._quiet += self._expires(ep)
                     if not ep.told:
                         out.append(Transition("cleared", ep.snapshot()))
                 continue
             if ep is not None and ep.told and ep.quiet:
                 # Back after its end was told: a new episode, not a recurrence of one people heard was over.
                 del self._open[key]
-                self._quiet -= 1
+                self._quiet -= self._expires(ep)
                 ep = None
             if ep is None:
                 first = self._firing(f)
@@ -240,7 +246,7 @@ class Episodes:
                 ep.severity = f.severity
             if ep.quiet:
                 ep.quiet = False
-                self._quiet -= 1
+                self._quiet -= self._expires(ep)
                 ep.count += 1
                 firing = self._firing(f)
                 if SEVERITY_ORDER[firing.severity] > SEVERITY_ORDER[ep.severity]:
@@ -328,7 +334,7 @@ class Episodes:
             if self._parts.get(ep.first.kind) == whole and ep.first.rank == rank:
                 del self._open[key]
                 if ep.quiet:
-                    self._quiet -= 1
+                    self._quiet -= self._expires(ep)
                 if not ep.told:
                     took.append(ep)
         return took
@@ -375,26 +381,32 @@ class Episodes:
         for ep in self._open.values():
             ep.told = True
 
+    def _expires(self, ep: _Episode) -> int:
+        """1 when ``ep`` may expire once quiet, 0 for a lasting kind's: what the quiet count counts."""
+        return 0 if ep.first.kind in self._lasting else 1
+
     @property
     def quiet(self) -> int:
-        """How many open episodes are quiet (only they can expire)."""
+        """How many open episodes are quiet and may expire (a lasting kind's waits for the run's end)."""
         return self._quiet
 
-    def expire(self, step: int, interval: float) -> list[Transition]:
-        """Resolve the episodes quiet longer than the gap: the run is at ``step``, logs every ``interval``."""
+    def expire(self, step: int, interval: float, ending: bool = False) -> list[Transition]:
+        """Resolve the episodes quiet longer than the gap: the run is at ``step``, logs every ``interval``.
+        ``ending``: the run is over, and a lasting kind's quiet episode ends too."""
         out = []
         limit = self._gap * interval
         for key, ep in list(self._open.items()):
-            if ep.quiet and step - ep.last_step > limit:
+            lasting = not self._expires(ep)
+            if ep.quiet and step - ep.last_step > limit and (ending or not lasting):
                 del self._open[key]
-                self._quiet -= 1
+                self._quiet -= self._expires(ep)
                 if not ep.told:
                     out.append(Transition("resolved", ep.snapshot()))
         return out
 
     def close(self) -> list[Transition]:
         """The run ended: resolve the quiet episodes (those still holding stay open, as they are)."""
-        return self.expire(2**62, 1.0)
+        return self.expire(2**62, 1.0, ending=True)
 
     def open(self) -> list[Anomaly]:
         """Every episode not yet resolved, quiet ones included, as it stands now (not those told over)."""

@@ -83,6 +83,7 @@ KINDS: dict[str, KindInfo] = {
         "a sudden zero: the labels are empty or fully masked (all -100), or the loss reads the inputs",
         "check the label masking and the chat template; print one batch's labels",
         "critical",
+        lasting=True,
     ),
 }
 

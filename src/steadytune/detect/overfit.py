@@ -17,6 +17,7 @@ KINDS: dict[str, KindInfo] = {
         "the eval loss rises while the training loss still falls: the model memorises the training set",
         "stop at the best checkpoint (load_best_model_at_end), fewer epochs, more data or regularisation",
         "warning",
+        lasting=True,
     ),
     "nan_eval": KindInfo(
         "NaN/Inf in an evaluation",

@@ -47,36 +47,64 @@ def test_zeros_every_tenth_point_are_one_collapse_counted_n_times(n: int, interv
     assert (episode.start_step, episode.end_step) == (41 * interval, (41 + (n - 1) * 10) * interval)
 
 
+def _nans(at: list[int], total: int, seed: int = 3) -> list[float]:
+    """A healthy loss that reads NaN at each of ``at`` (an event: each NaN judged on its own step)."""
+    losses = noisy(total, level=2.0, sigma=0.03, seed=seed, decay=0.01)
+    for i in at:
+        losses[i] = math.nan
+    return losses
+
+
 def test_a_condition_quiet_past_the_gap_is_a_new_episode() -> None:
-    every = GAP + 5  # further apart than the gap: each zero is its own episode
-    recs = _flicker(3, every=every)
-    found = [a for a in detect(recs) if a.kind == "loss_collapse"]
-    assert [(a.start_step, a.count) for a in found] == [(41, 1), (41 + every, 1), (41 + 2 * every, 1)]
+    every = GAP + 5  # further apart than the gap: each NaN is its own episode
+    at = [40, 40 + every, 40 + 2 * every]
+    found = [a for a in detect(records(_nans(at, at[-1] + 20))) if a.kind == "nan_loss"]
+    assert [(a.start_step, a.count) for a in found] == [(i + 1, 1) for i in at]
 
 
 def test_the_gap_counts_logging_intervals_not_logged_points() -> None:
-    """A log of snippets: two zeros twelve logged points apart, but thousands of steps, are two episodes."""
-    losses = noisy(60, sigma=0.03, seed=5, decay=0.01)
-    losses[20] = losses[21] = losses[32] = losses[33] = 0.0
-    recs = records(losses)
-    steps = [r.step if i < 25 else r.step + 5000 for i, r in enumerate(recs)]
+    """A log of snippets: two NaNs twelve logged points apart, but thousands of steps, are two episodes."""
+    recs = records(_nans([40, 52], 80, seed=5))
+    steps = [r.step if i < 45 else r.step + 5000 for i, r in enumerate(recs)]
     recs = [
         StepRecord(step=s, ts=float(i), loss=r.loss) for i, (s, r) in enumerate(zip(steps, recs, strict=True))
     ]
-    found = [(a.start_step, a.count) for a in detect(recs) if a.kind == "loss_collapse"]
-    assert found == [(21, 1), (5033, 1)]
+    found = [(a.start_step, a.count) for a in detect(recs) if a.kind == "nan_loss"]
+    assert found == [(41, 1), (5053, 1)]
+    near = [
+        (a.start_step, a.count) for a in detect(records(_nans([40, 52], 80, seed=5))) if a.kind == "nan_loss"
+    ]
+    assert near == [(41, 2)]  # the same twelve points, a step apart each: one episode
+
+
+@pytest.mark.parametrize("apart", [GAP + 5, 10 * GAP])
+def test_a_lasting_condition_that_comes_back_however_late_is_its_episode(apart: int) -> None:
+    """A collapse (a loss of exactly 0) quiet for longer than the gap and back: the model that memorised
+    its data, or the bug that zeroed its loss, is still there; one episode, counted, over at the end."""
+    ts = feed(_flicker(3, every=apart))
+    collapses = [t for t in ts if t.anomaly.kind == "loss_collapse"]
+    assert [t.state for t in collapses] == ["raised", "cleared", "recurred", "cleared", "recurred", "cleared"]
+    assert KINDS["loss_collapse"].lasting and KINDS["overfitting"].lasting and not KINDS["nan_loss"].lasting
+    (episode,) = [a for a in detect(_flicker(3, every=apart)) if a.kind == "loss_collapse"]
+    assert (episode.start_step, episode.end_step, episode.count) == (41, 41 + 2 * apart, 3)
+    book = Episodes(KINDS, GAP, frozenset())
+    book.apply([Finding("loss_collapse", "loss", 5, True), Finding("loss_spike", "loss", 5, True)], 5)
+    book.apply([Finding("loss_collapse", "loss", 6, False), Finding("loss_spike", "loss", 6, False)], 6)
+    assert book.quiet == 1  # the spike's may expire; the collapse's waits for the run's end
+    assert [t.anomaly.kind for t in book.expire(10_000, 1.0)] == ["loss_spike"]
+    assert [(t.state, t.anomaly.kind) for t in book.close()] == [("resolved", "loss_collapse")]
 
 
 def test_the_episode_ends_once_quiet_for_the_gap_with_its_count_and_peak() -> None:
-    recs = _flicker(4, every=5)
+    recs = records(_nans([40, 45, 50, 55], 100))
     ts = feed(recs)
-    states = [t.state for t in ts if t.anomaly.kind == "loss_collapse"]
+    states = [t.state for t in ts if t.anomaly.kind == "nan_loss"]
     assert states[0] == "raised" and states[-1] == "resolved" and states.count("resolved") == 1
     assert states.count("cleared") == 4 and states.count("recurred") == 3
-    last = next(t for t in ts if t.state == "resolved" and t.anomaly.kind == "loss_collapse")
+    last = next(t for t in ts if t.state == "resolved" and t.anomaly.kind == "nan_loss")
     assert last.anomaly.count == 4 and last.anomaly.end_step == 41 + 15
     run = replay(recs)
-    (i,) = [k for k, a in enumerate(run.anomalies) if a.kind == "loss_collapse"]
+    (i,) = [k for k, a in enumerate(run.anomalies) if a.kind == "nan_loss"]
     assert run.firings[i] == (41, 46, 51, 56)
 
 
