@@ -249,6 +249,18 @@ class CommandAlertSink(_Base):
             raise self._fail(f"command {self.argv[0]} exited {proc.returncode}", tail or "no output")
 
 
+def sink_names(confs: list[cfg.SinkConfig]) -> list[str]:
+    """Each sink's label: its ``name``, else its type; one shared by several sinks gets its place.
+
+    The router reports per label (``delivered``, ``undelivered``, ``alert test``'s lines): two
+    webhooks both called ``webhook`` would read as one, the second's result over the first's.
+    So a label that several sinks share becomes ``webhook#2``, its index in ``alerts.sinks``,
+    the same number a config error about it names (``alerts.sinks.2``).
+    """
+    labels = [conf.name or conf.type for conf in confs]
+    return [f"{label}#{i}" if labels.count(label) > 1 else label for i, label in enumerate(labels)]
+
+
 def build_sinks(
     config: cfg.AlertsConfig,
     redactor: Redactor,
@@ -262,18 +274,29 @@ def build_sinks(
     leaves those to it (see :class:`ConsoleAlertSink`).
     """
     sinks: list[Sink] = []
-    for conf in config.sinks:
-        if isinstance(conf, cfg.ConsoleSink):
-            sinks.append(ConsoleAlertSink(conf, redactor, already_said=console_said))
-        elif isinstance(conf, cfg.JsonlSink):
-            sinks.append(JsonlAlertSink(conf, redactor, base_dir))
-        elif isinstance(conf, cfg.WebhookSink):
-            url = resolve_secret("url", conf.url_env, conf.url_file, environ)
-            assert url is not None  # the config validator demands one of the two
-            sinks.append(WebhookAlertSink(conf, redactor, url))
-        elif isinstance(conf, cfg.EmailSink):
-            password = resolve_secret("password", conf.password_env, conf.password_file, environ)
-            sinks.append(EmailAlertSink(conf, redactor, password))
-        elif isinstance(conf, cfg.CommandSink):
-            sinks.append(CommandAlertSink(conf, redactor))
+    for conf, name in zip(config.sinks, sink_names(config.sinks), strict=True):
+        sink = _build_sink(conf, redactor, base_dir, environ, console_said)
+        sink.name = name
+        sinks.append(sink)
     return sinks
+
+
+def _build_sink(
+    conf: cfg.SinkConfig,
+    redactor: Redactor,
+    base_dir: Path | None,
+    environ: dict[str, str] | None,
+    console_said: ConsoleSaid | None,
+) -> Sink:
+    if isinstance(conf, cfg.ConsoleSink):
+        return ConsoleAlertSink(conf, redactor, already_said=console_said)
+    if isinstance(conf, cfg.JsonlSink):
+        return JsonlAlertSink(conf, redactor, base_dir)
+    if isinstance(conf, cfg.WebhookSink):
+        url = resolve_secret("url", conf.url_env, conf.url_file, environ)
+        assert url is not None  # the config validator demands one of the two
+        return WebhookAlertSink(conf, redactor, url)
+    if isinstance(conf, cfg.EmailSink):
+        password = resolve_secret("password", conf.password_env, conf.password_file, environ)
+        return EmailAlertSink(conf, redactor, password)
+    return CommandAlertSink(conf, redactor)

@@ -54,3 +54,19 @@ def test_a_file_that_is_not_yaml_is_named_without_a_traceback(
     assert main(["alert", "test", str(config)]) == 2
     err = capsys.readouterr().err
     assert f"{config} is not valid YAML" in err and "Traceback" not in err
+
+
+def test_sinks_of_one_type_are_each_told_apart(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Two jsonl sinks, the second one's path a folder: one delivers, one fails, and each says so
+    # under its own label (they used to share the label `jsonl`, the second's result shown twice).
+    good, bad = tmp_path / "a.jsonl", tmp_path / "folder"
+    bad.mkdir()
+    config = tmp_path / "alerts.yaml"
+    config.write_text(f"sinks: [{{type: jsonl, path: {good}}}, {{type: jsonl, path: {bad}}}]\n")
+    assert main(["alert", "test", str(config)]) == 1
+    out = capsys.readouterr().out
+    lines = [line.strip() for line in out.splitlines()]
+    assert any(line.startswith("ok") and "jsonl#0:" in line for line in lines), out
+    assert any(line.startswith("FAIL") and "jsonl#1:" in line and str(bad) in line for line in lines), out
+    assert "1 of 2 sink(s) delivered the test alert" in out
+    assert good.exists()
