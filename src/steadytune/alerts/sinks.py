@@ -268,17 +268,43 @@ def build_sinks(
     environ: dict[str, str] | None = None,
     console_said: ConsoleSaid | None = None,
 ) -> list[Sink]:
-    """Turn sink configs into sinks, reading their secrets now (errors name the key).
+    """Turn sink configs into sinks, reading their secrets now.
+
+    Every sink whose secret cannot be read is told at once, each under its key
+    (``alerts.sinks.4.url_env: ...``), in one :class:`SecretError`: fixing them one run at a
+    time would take as many starts as there are problems.
 
     ``console_said``: the host prints some events on a console of its own; a console sink
     leaves those to it (see :class:`ConsoleAlertSink`).
     """
     sinks: list[Sink] = []
-    for conf, name in zip(config.sinks, sink_names(config.sinks), strict=True):
-        sink = _build_sink(conf, redactor, base_dir, environ, console_said)
+    problems: list[str] = []
+    for i, (conf, name) in enumerate(zip(config.sinks, sink_names(config.sinks), strict=True)):
+        try:
+            sink = _build_sink(conf, redactor, base_dir, environ, console_said)
+        except SecretError as exc:
+            problems.append(f"alerts.sinks.{i}.{exc}")
+            continue
         sink.name = name
         sinks.append(sink)
+    if problems:
+        raise SecretError("\n".join(problems), problems)
     return sinks
+
+
+def secret_problem(config: cfg.AlertsConfig, environ: dict[str, str] | None = None) -> SecretError | None:
+    """What keeps the config's sinks from being built (``None``: nothing).
+
+    A run checks this before it creates its folder: a missing ``url_env`` found by the
+    supervisor's router would end the start in a traceback and leave a run folder with no status.
+    """
+    if not (config.enabled and config.sinks):
+        return None
+    try:
+        build_sinks(config, Redactor(), environ=environ)
+    except SecretError as exc:
+        return exc
+    return None
 
 
 def _build_sink(

@@ -197,6 +197,12 @@ def _launch(
     if resume_after is None and (run.root / "events.jsonl").exists():
         console.print(f"error: run directory {run.root} already exists; pick another --run-id", style="red")
         return 2
+    from steadytune.alerts.sinks import secret_problem
+
+    unread = secret_problem(cfg.alerts)
+    if unread is not None:  # before the run folder exists: the router would fail in the supervisor
+        console.print(f"error: {unread.render()}", style="red", markup=False, highlight=False)
+        return 2
     watching_a_command = source is not None  # its exit codes are the command's (below)
     if source is None and cfg.run.engine == "ray":
         import importlib.util
