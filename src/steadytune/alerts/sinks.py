@@ -7,6 +7,7 @@ resolved secrets but never print them: every error text passes the redactor.
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import smtplib
@@ -128,6 +129,23 @@ def check_webhook_url(url: str) -> None:
         )
 
 
+def split_credentials(url: str) -> tuple[str, str | None]:
+    """``http://user:pass@host/p`` -> (``http://host/p``, the ``Authorization: Basic`` value).
+
+    urllib sends no credentials from a URL: it took ``user:pass@host`` for the host's name, so
+    such a webhook failed every delivery with ``Name or service not known``. HTTP clients (curl,
+    requests) send them as basic auth, and so does this sink.
+    """
+    parts = urllib.parse.urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url, None
+    user = urllib.parse.unquote(parts.username or "")
+    password = urllib.parse.unquote(parts.password or "")
+    token = base64.b64encode(f"{user}:{password}".encode()).decode("ascii")
+    netloc = parts.netloc.rpartition("@")[2]
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc)), f"Basic {token}"
+
+
 class WebhookAlertSink(_Base):
     """POSTs the alert as JSON to one http(s) URL; a redirect is a (permanent) failure, never followed."""
 
@@ -135,7 +153,8 @@ class WebhookAlertSink(_Base):
         super().__init__(conf, redactor)
         redactor.add(url)
         check_webhook_url(url)
-        self.url = url
+        self.url, self._auth = split_credentials(url)
+        redactor.add(self._auth)
         self.format = conf.format
         self.timeout_s = conf.timeout_s
         self._opener = urllib.request.build_opener(_NoRedirect)
@@ -149,6 +168,8 @@ class WebhookAlertSink(_Base):
             self.url, data=body, method="POST",
             headers={"Content-Type": "application/json", "User-Agent": "steadytune-alerts"},
         )  # fmt: skip
+        if self._auth:
+            req.add_header("Authorization", self._auth)
         try:
             with self._opener.open(req, timeout=self.timeout_s) as resp:
                 resp.read(4096)
