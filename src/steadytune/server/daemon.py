@@ -23,7 +23,7 @@ from steadytune.server.admission import DEFAULT_HEADROOM_BYTES, JobRequest, admi
 from steadytune.server.admission import never_fits as never_fits_on
 from steadytune.server.admission import order as order_requests
 from steadytune.server.gpus import GpuSource
-from steadytune.server.jobs import ProcessTable, job_command, job_env, run_id, run_status
+from steadytune.server.jobs import ProcessTable, ended_reason, job_command, job_env, run_id, run_status
 from steadytune.server.ledger import GpuState, Reservation, build_ledger
 from steadytune.server.pressure import LiveJob, PressureAction, relieve
 from steadytune.server.probe import PROBE_S, Probe
@@ -428,7 +428,7 @@ class Daemon:
         elif state == "completed":
             self.queue.move(job.id, "done", reason="completed", ended_ts=now)
         else:
-            why = f"run ended {state}" if state else "exited before its run wrote a status"
+            why = ended_reason(status, lambda pid: self.procs.alive(pid, None))
             self.queue.move(job.id, "failed", reason=f"{why}; see {self.paths.log(job.id)}", ended_ts=now)
 
     # ---- requests (socket and HTTP) --------------------------------------------------------
