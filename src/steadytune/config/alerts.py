@@ -43,6 +43,7 @@ _CLEAR_SECRETS = {
     "secret": "token",
     "api_key": "token",
 }
+CLEAR_SECRET_KEYS = frozenset(_CLEAR_SECRETS)  # a config error never shows what these hold
 
 
 def _reject_clear_secrets(data: Any, allowed: tuple[str, ...]) -> Any:
