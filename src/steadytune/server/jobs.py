@@ -183,19 +183,21 @@ def run_status(run_dir: str | None) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def ended_reason(status: Mapping[str, Any], alive: Callable[[int], bool]) -> str:
+def ended_reason(status: Mapping[str, Any], alive: Callable[[int], bool], end: str | None = None) -> str:
     """Why a job whose supervisor is gone did not complete, from its run's last ``status.json``.
 
     A supervisor killed outright (SIGKILL, the kernel's OOM killer) leaves its last live state
     behind (``running``): the job did not "end running", its supervisor died, and the worker it
     started may still train, holding its memory, in no job's process tree. ``alive``: whether a
-    process id runs.
+    process id runs. ``end``: the message of the event that ended the run (``run failed: the worker
+    exited with code 3 ...``), which says why; the queue said only "run ended failed".
     """
     state = status.get("state")
     if not state:
         return "exited before its run wrote a status"
     if state in ENDED_STATES:
-        return f"run ended {state}"
+        why = end.split("\n", 1)[0].removeprefix(f"run {state}: ") if end else ""
+        return f"run ended {state}: {why}" if why else f"run ended {state}"
     pid = status.get("supervisor_pid")
     who = f"its supervisor (pid {pid})" if isinstance(pid, int) else "its supervisor"
     why = f"{who} died while its run was {state} (killed, or out of memory)"

@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from steadytune.records import Event
 from steadytune.server.daemon import Daemon, ServerPaths
 from steadytune.server.jobs import ProcessTable, run_id
 from steadytune.server.ledger import GIB, GpuReading
 from steadytune.server.queue import JobQueue, QueueError
+from steadytune.telemetry.events import EventLog
 from tests.waiting import wait_for
 
 # Writes the run's status.json as a supervisor would, then waits for the gate and ends as told.
@@ -124,6 +126,24 @@ def test_a_job_whose_supervisor_was_killed_says_so_and_names_its_worker_left_run
         assert "run ended running" not in reason
     finally:
         os.kill(worker, signal.SIGKILL)
+
+
+def test_a_failed_job_says_why_its_run_failed(tmp_path: Path):
+    # It said only "run ended failed; see LOG": the reason was in the run's events, one step away.
+    d = make(tmp_path, [GpuReading(0, 80 * GIB, 0, "fake")])
+    a = submit(d, 10)
+    d.tick()
+    wait_for(lambda: status(d, a).get("state") == "running")
+    why = "the worker exited with code 3 before the first step of the attempt"
+    end = Event(
+        ts=1.0, kind="lifecycle", name="run_failed", severity="critical", message=f"run failed: {why}"
+    )
+    EventLog(Path(d.queue.get(a).run_dir) / "events.jsonl", run_id="t").append(end)
+    open_gate(tmp_path, a, "failed")
+    wait_for(lambda: (d.tick(), d.queue.get(a).state)[1] == "failed")
+    reason = d.queue.get(a).reason
+    assert reason.startswith("run ended failed: the worker exited with code 3 before the first step")
+    assert str(d.paths.log(a)) in reason
 
 
 def test_a_restarted_daemon_adopts_running_jobs_and_requeues_unstarted_ones(tmp_path: Path):
