@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from steadytune.regularfile import kind_of
+from steadytune.regularfile import not_a_file
 from steadytune.rundir import RunDir
 from steadytune.telemetry.attest import AuditKeyError, AuditTrust
 from steadytune.telemetry.events import GENESIS, entry_hash
@@ -144,18 +144,6 @@ def _entries(path: Path) -> Iterator[tuple[int, dict[str, Any] | Skipped]]:
     """``(line number, entry)`` of each non-blank line; an unreadable one is a :class:`Skipped`."""
     for lineno, value in JsonlReader(path).values(final=True):
         yield lineno, value if isinstance(value, (dict, Skipped)) else Skipped.BAD
-
-
-def not_a_file(path: Path) -> str:
-    """What ``path`` is, when it is not a regular file: missing, or a FIFO, a folder, ...
-    (a FIFO or a folder put in the log's place read "does not exist")."""
-    try:
-        mode = path.stat().st_mode
-    except FileNotFoundError:
-        return "does not exist"
-    except OSError as exc:
-        return f"cannot be read ({exc.strerror})"
-    return f"is {kind_of(mode)}, not a regular file"
 
 
 def verify_chain(path: Path, trust: AuditTrust | None = None, allow_unkeyed: bool = False) -> AuditResult:
