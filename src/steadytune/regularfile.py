@@ -50,6 +50,20 @@ def kind_of(mode: int) -> str:
     return next((name for test, name in _KINDS if test(mode)), "something else")
 
 
+def not_a_file(path: Path | str) -> str:
+    """What ``path`` is, said after its name, when it is not a regular file: missing, a FIFO, a
+    folder, ... (a FIFO or a folder in a file's place read "does not exist")."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "does not exist"
+    except (OSError, ValueError) as exc:  # a name too long, a NUL in it
+        return f"cannot be read ({getattr(exc, 'strerror', None) or exc})"
+    if stat.S_ISREG(mode):
+        return "is a regular file"
+    return f"is {kind_of(mode)}, not a regular file"
+
+
 def _regular_only(fd: int, path: Path | str) -> int:
     """``fd`` if it is a regular file, made blocking again as ``open()`` makes it; else closed and refused."""
     try:

@@ -17,6 +17,9 @@ RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 DEFAULT_SEGMENT_BYTES = 64 << 20
 MIN_SEGMENT_BYTES = 16 << 10
 RANK_FILE_RE = re.compile(r"^rank-(\d+)\.jsonl$")  # a live stream; not rank-0.00001.jsonl(.gz), a segment
+# The states status.json ends in: a supervisor that wrote one of these has ended. Any other state
+# left behind by a supervisor that is gone was its last before it was killed.
+ENDED_STATES = frozenset({"completed", "failed", "stopped"})
 
 
 def valid_run_id(run_id: str) -> bool:

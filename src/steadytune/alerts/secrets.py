@@ -11,14 +11,26 @@ so that no log line, config dump, event or page can carry it (the redaction itse
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from steadytune.secretfile import InsecureSecretFile, read_secret_file
 
 
 class SecretError(ValueError):
-    """A secret the config points at cannot be read; the message says which and how to fix it."""
+    """A secret the config points at cannot be read; the message says which and how to fix it.
+
+    ``problems``: one line per secret that cannot be read (the message joins them).
+    """
+
+    def __init__(self, message: str, problems: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.problems = list(problems) or [message]
+
+    def render(self) -> str:
+        """Every problem under its key, one a line, for a person."""
+        lines = "".join(f"\n  - {p}" for p in self.problems)
+        return f"the alerts' secrets cannot be read ({len(self.problems)}):{lines}"
 
 
 def resolve_secret(

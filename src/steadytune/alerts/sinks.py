@@ -7,6 +7,7 @@ resolved secrets but never print them: every error text passes the redactor.
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import smtplib
@@ -128,6 +129,23 @@ def check_webhook_url(url: str) -> None:
         )
 
 
+def split_credentials(url: str) -> tuple[str, str | None]:
+    """``http://user:pass@host/p`` -> (``http://host/p``, the ``Authorization: Basic`` value).
+
+    urllib sends no credentials from a URL: it took ``user:pass@host`` for the host's name, so
+    such a webhook failed every delivery with ``Name or service not known``. HTTP clients (curl,
+    requests) send them as basic auth, and so does this sink.
+    """
+    parts = urllib.parse.urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url, None
+    user = urllib.parse.unquote(parts.username or "")
+    password = urllib.parse.unquote(parts.password or "")
+    token = base64.b64encode(f"{user}:{password}".encode()).decode("ascii")
+    netloc = parts.netloc.rpartition("@")[2]
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc)), f"Basic {token}"
+
+
 class WebhookAlertSink(_Base):
     """POSTs the alert as JSON to one http(s) URL; a redirect is a (permanent) failure, never followed."""
 
@@ -135,7 +153,8 @@ class WebhookAlertSink(_Base):
         super().__init__(conf, redactor)
         redactor.add(url)
         check_webhook_url(url)
-        self.url = url
+        self.url, self._auth = split_credentials(url)
+        redactor.add(self._auth)
         self.format = conf.format
         self.timeout_s = conf.timeout_s
         self._opener = urllib.request.build_opener(_NoRedirect)
@@ -149,6 +168,8 @@ class WebhookAlertSink(_Base):
             self.url, data=body, method="POST",
             headers={"Content-Type": "application/json", "User-Agent": "steadytune-alerts"},
         )  # fmt: skip
+        if self._auth:
+            req.add_header("Authorization", self._auth)
         try:
             with self._opener.open(req, timeout=self.timeout_s) as resp:
                 resp.read(4096)
@@ -249,6 +270,18 @@ class CommandAlertSink(_Base):
             raise self._fail(f"command {self.argv[0]} exited {proc.returncode}", tail or "no output")
 
 
+def sink_names(confs: list[cfg.SinkConfig]) -> list[str]:
+    """Each sink's label: its ``name``, else its type; one shared by several sinks gets its place.
+
+    The router reports per label (``delivered``, ``undelivered``, ``alert test``'s lines): two
+    webhooks both called ``webhook`` would read as one, the second's result over the first's.
+    So a label that several sinks share becomes ``webhook#2``, its index in ``alerts.sinks``,
+    the same number a config error about it names (``alerts.sinks.2``).
+    """
+    labels = [conf.name or conf.type for conf in confs]
+    return [f"{label}#{i}" if labels.count(label) > 1 else label for i, label in enumerate(labels)]
+
+
 def build_sinks(
     config: cfg.AlertsConfig,
     redactor: Redactor,
@@ -256,24 +289,61 @@ def build_sinks(
     environ: dict[str, str] | None = None,
     console_said: ConsoleSaid | None = None,
 ) -> list[Sink]:
-    """Turn sink configs into sinks, reading their secrets now (errors name the key).
+    """Turn sink configs into sinks, reading their secrets now.
+
+    Every sink whose secret cannot be read is told at once, each under its key
+    (``alerts.sinks.4.url_env: ...``), in one :class:`SecretError`: fixing them one run at a
+    time would take as many starts as there are problems.
 
     ``console_said``: the host prints some events on a console of its own; a console sink
     leaves those to it (see :class:`ConsoleAlertSink`).
     """
     sinks: list[Sink] = []
-    for conf in config.sinks:
-        if isinstance(conf, cfg.ConsoleSink):
-            sinks.append(ConsoleAlertSink(conf, redactor, already_said=console_said))
-        elif isinstance(conf, cfg.JsonlSink):
-            sinks.append(JsonlAlertSink(conf, redactor, base_dir))
-        elif isinstance(conf, cfg.WebhookSink):
-            url = resolve_secret("url", conf.url_env, conf.url_file, environ)
-            assert url is not None  # the config validator demands one of the two
-            sinks.append(WebhookAlertSink(conf, redactor, url))
-        elif isinstance(conf, cfg.EmailSink):
-            password = resolve_secret("password", conf.password_env, conf.password_file, environ)
-            sinks.append(EmailAlertSink(conf, redactor, password))
-        elif isinstance(conf, cfg.CommandSink):
-            sinks.append(CommandAlertSink(conf, redactor))
+    problems: list[str] = []
+    for i, (conf, name) in enumerate(zip(config.sinks, sink_names(config.sinks), strict=True)):
+        try:
+            sink = _build_sink(conf, redactor, base_dir, environ, console_said)
+        except SecretError as exc:
+            problems.append(f"alerts.sinks.{i}.{exc}")
+            continue
+        sink.name = name
+        sinks.append(sink)
+    if problems:
+        raise SecretError("\n".join(problems), problems)
     return sinks
+
+
+def secret_problem(config: cfg.AlertsConfig, environ: dict[str, str] | None = None) -> SecretError | None:
+    """What keeps the config's sinks from being built (``None``: nothing).
+
+    A run checks this before it creates its folder: a missing ``url_env`` found by the
+    supervisor's router would end the start in a traceback and leave a run folder with no status.
+    """
+    if not (config.enabled and config.sinks):
+        return None
+    try:
+        build_sinks(config, Redactor(), environ=environ)
+    except SecretError as exc:
+        return exc
+    return None
+
+
+def _build_sink(
+    conf: cfg.SinkConfig,
+    redactor: Redactor,
+    base_dir: Path | None,
+    environ: dict[str, str] | None,
+    console_said: ConsoleSaid | None,
+) -> Sink:
+    if isinstance(conf, cfg.ConsoleSink):
+        return ConsoleAlertSink(conf, redactor, already_said=console_said)
+    if isinstance(conf, cfg.JsonlSink):
+        return JsonlAlertSink(conf, redactor, base_dir)
+    if isinstance(conf, cfg.WebhookSink):
+        url = resolve_secret("url", conf.url_env, conf.url_file, environ)
+        assert url is not None  # the config validator demands one of the two
+        return WebhookAlertSink(conf, redactor, url)
+    if isinstance(conf, cfg.EmailSink):
+        password = resolve_secret("password", conf.password_env, conf.password_file, environ)
+        return EmailAlertSink(conf, redactor, password)
+    return CommandAlertSink(conf, redactor)

@@ -76,7 +76,7 @@ def run_test(args: argparse.Namespace) -> int:
     try:
         router = AlertRouter(config, None, run_id=args.run_id, start=False)
     except SecretError as exc:
-        return fail(str(exc), 2)
+        return fail(exc.render(), 2)
     results = router.send_test()
     for sink in router.sinks:
         where = sink.describe() if hasattr(sink, "describe") else sink.name

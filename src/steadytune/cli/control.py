@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from steadytune.cli._common import add_command, fail
-from steadytune.rundir import RunDir, valid_run_id
+from steadytune.rundir import ENDED_STATES, RunDir, valid_run_id
 from steadytune.telemetry.jsonl import JsonlReader
 
 HELP = {
@@ -94,7 +94,7 @@ def _acked(run: RunDir, request_id: str, since: int) -> dict[str, Any] | None:
     return None
 
 
-ENDED = {"completed", "failed", "stopped"}  # a supervisor that filed one of these has ended
+ENDED = ENDED_STATES  # a supervisor that filed one of these has ended
 
 
 def supervisor_alive(status: Mapping[str, Any], alive: Callable[[int], bool]) -> bool:

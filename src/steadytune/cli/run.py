@@ -83,6 +83,25 @@ def goodput_lines(run: RunDir, save_steps: int | None, max_steps: int | None = N
     return lines
 
 
+def undelivered_alert_lines(events: list[Any]) -> list[str]:
+    """One line per alert sink that missed alerts in the run, with how many and its last error.
+
+    An alert a sink could not take is recorded in ``events.jsonl`` (``data.undelivered``) and shown
+    on the events timeline, but the console said nothing of it: a webhook with a wrong URL or a
+    relay refusing the login went unnoticed until the page that never came.
+    """
+    missed: dict[str, list[str]] = {}
+    sent = 0
+    for ev in events:
+        if ev.kind != "alert" or not isinstance(ev.data, dict):
+            continue
+        sent += 1
+        undelivered = ev.data.get("undelivered")
+        for sink, error in undelivered.items() if isinstance(undelivered, dict) else ():
+            missed.setdefault(str(sink), []).append(str(error).removeprefix(f"{sink}: "))
+    return [f"alerts: {sink} missed {len(errors)} of {sent}: {errors[-1]}" for sink, errors in missed.items()]
+
+
 def loss_change(first: float | None, last: float | None) -> str:
     """The summary's loss row: first → last, and how much lower where a share of it means something.
 
@@ -121,6 +140,10 @@ def print_summary(console: Any, result: Any, cfg: SteadytuneConfig | None = None
     save_steps = cfg.train.save_steps if cfg is not None else None
     for line in goodput_lines(result.run, save_steps, p.max_steps):
         console.print(f"  {line}", highlight=False, markup=False, soft_wrap=True)
+    from steadytune.telemetry.events import read_events
+
+    for line in undelivered_alert_lines(read_events(result.run.events)):
+        console.print(f"  {line}", style="yellow", highlight=False, markup=False, soft_wrap=True)
     rd = result.run.root
     console.print("\nnext:", highlight=False)
     # Each line whole, however long its paths, and quoted for a shell: they are copied and pasted.
@@ -196,6 +219,12 @@ def _launch(
     run = RunDir(Path(cfg.run.runs_dir) / rid)
     if resume_after is None and (run.root / "events.jsonl").exists():
         console.print(f"error: run directory {run.root} already exists; pick another --run-id", style="red")
+        return 2
+    from steadytune.alerts.sinks import secret_problem
+
+    unread = secret_problem(cfg.alerts)
+    if unread is not None:  # before the run folder exists: the router would fail in the supervisor
+        console.print(f"error: {unread.render()}", style="red", markup=False, highlight=False)
         return 2
     watching_a_command = source is not None  # its exit codes are the command's (below)
     if source is None and cfg.run.engine == "ray":

@@ -43,6 +43,7 @@ _CLEAR_SECRETS = {
     "secret": "token",
     "api_key": "token",
 }
+CLEAR_SECRET_KEYS = frozenset(_CLEAR_SECRETS)  # a config error never shows what these hold
 
 
 def _reject_clear_secrets(data: Any, allowed: tuple[str, ...]) -> Any:
@@ -97,6 +98,12 @@ class WebhookSink(_SinkBase):
         return self
 
 
+def _loopback(host: str) -> bool:
+    """Whether ``host`` names this machine: a password sent there does not cross a network."""
+    name = host.strip().strip("[]").lower()
+    return name in {"localhost", "::1"} or name.startswith("127.")
+
+
 class EmailSink(_SinkBase):
     type: Literal["email"]
     host: str
@@ -122,6 +129,15 @@ class EmailSink(_SinkBase):
             raise ValueError("set only one of `password_env` or `password_file`")
         if (self.password_env or self.password_file) and not self.username:
             raise ValueError("a password needs a `username`")
+        if (self.password_env or self.password_file) and self.security == "none" and not _loopback(self.host):
+            # smtplib's login sends it base64-encoded, i.e. readable by anyone on the path.
+            raise KeyedValueError(
+                "security",
+                f"none sends the password to {self.host} in clear",
+                "use `security: starttls` (port 587) or `ssl` (465); a relay without TLS takes no "
+                "password, or runs on this host (127.0.0.1)",
+                shown="none",
+            )
         return self
 
     @property

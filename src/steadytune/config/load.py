@@ -18,11 +18,12 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from steadytune.config.alerts import CLEAR_SECRET_KEYS
 from steadytune.config.keyed import KeyedValueError
 from steadytune.config.paths import resolve_path
 from steadytune.config.schema import SteadytuneConfig
 from steadytune.config.yamlsafe import YamlTooLarge, YamlUnreadable, load_yaml, read_yaml
-from steadytune.redact import redact
+from steadytune.redact import MASK, is_secret_key, redact, redact_url
 
 _Section = TypeVar("_Section", bound=BaseModel)
 
@@ -35,8 +36,40 @@ class ConfigIssue:
     fix: str
 
     def render(self) -> str:
-        shown = "(missing)" if self.value is _MISSING else _SHORT.repr(self.value)
+        shown = "(missing)" if self.value is _MISSING else _SHORT.repr(shown_value(self.key, self.value))
         return f"{self.key}: {self.problem} (got {shown}). Fix: {self.fix}"
+
+
+def shown_value(key: str, value: Any) -> Any:
+    """``value`` (at config ``key``) as an error may print it: secrets masked.
+
+    A value under a secret-looking key, or a key that holds a secret in clear in an alert sink
+    (``url``, ``password``), is ``***``; in ``alerts``, where any URL may be a webhook's, a URL
+    keeps its scheme and host only. A sink whose ``type`` was misspelled is shown whole, and
+    showed its webhook URL and its password as written.
+    """
+    in_alerts = key.split(".", 1)[0] == "alerts"
+    return _masked(value, key.rsplit(".", 1)[-1], in_alerts, 0)
+
+
+def _masked(value: Any, key: str, in_alerts: bool, depth: int) -> Any:
+    # No deeper or wider than the error shows (_SHORT): a YAML alias may share a value many times.
+    if depth > _SHORT.maxlevel:
+        return ...
+    if isinstance(value, Mapping):
+        items = list(value.items())[: _SHORT.maxdict + 1]
+        return {k: _masked(v, str(k), in_alerts, depth + 1) for k, v in items}
+    if isinstance(value, (list, tuple)):
+        return [_masked(v, key, in_alerts, depth + 1) for v in value[: _SHORT.maxlist + 1]]
+    if value is None or value == "":
+        return value
+    if is_secret_key(key) or (in_alerts and key in CLEAR_SECRET_KEYS):
+        return MASK
+    if isinstance(value, str):
+        if len(value) > 2 * _SHORT.maxstring:  # only its ends are shown; the redactor is slow on 100 kB
+            value = f"{value[: _SHORT.maxstring]} ... {value[-_SHORT.maxstring :]}"
+        return redact_url(value) if in_alerts and "://" in value else redact(value)
+    return value
 
 
 # The value an error shows is shortened before it is written out: a value can be megabytes long,
@@ -65,6 +98,14 @@ class ConfigError(Exception):
     def render(self) -> str:
         head = f"{self.source}: {len(self.issues)} problem{'s' if len(self.issues) != 1 else ''}"
         return "\n".join([head, *(f"  - {i.render()}" for i in self.issues)])
+
+
+def _literal_tags(annotation: Any, tag: str) -> list[str]:
+    """The values of ``tag`` (a Literal field) across the models of a (list of a) union annotation."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        field = annotation.model_fields.get(tag)
+        return [str(v) for v in typing.get_args(field.annotation)] if field is not None else []
+    return [t for arg in typing.get_args(annotation) for t in _literal_tags(arg, tag)]
 
 
 def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
@@ -180,6 +221,13 @@ def _issue_from_error(err: Mapping[str, Any], raw: dict[str, Any]) -> ConfigIssu
     if isinstance(keyed, KeyedValueError):  # a section's validator, about one of its keys
         where = ".".join(str(p) for p in (*_without_tags(loc, raw), keyed.key))
         return ConfigIssue(where, keyed.shown, keyed.problem, keyed.fix)
+    if etype == "union_tag_not_found":
+        # No ``type:`` at all: the tags are the list's members' (alerts.sinks: console, ... command).
+        owner = _model_at(loc[:-1]) if len(loc) > 1 else None
+        field = owner.model_fields.get(str(loc[-2])) if owner is not None else None
+        tags = _literal_tags(field.annotation, "type") if field is not None else []
+        where = f": one of {', '.join(tags)}" if tags else ""
+        return ConfigIssue(key, value, problem, f"add {ctx.get('discriminator', 'the tag')}{where}")
     if etype == "union_tag_invalid":
         # A list of sections told apart by one key (alerts.sinks by type): its owner is the list's.
         tag, owner = str(ctx.get("tag", "")), _model_at(loc[:-1]) if loc else None
@@ -216,6 +264,8 @@ def _value_fix(owner: type[BaseModel] | None, name: str, etype: str, ctx: Mappin
         if not desc:
             return f"use {want}"
         return f"use {want}: {desc}" if _is_value_form(desc) else f"use {want} ({name}: {desc})"
+    if not desc and etype == "literal_error" and ctx.get("expected"):
+        return f"use {ctx['expected']}"  # pydantic's own list of the values it takes
     if not desc:
         return "correct the value"
     # A key of a few names (method: full, lora or qlora) describes itself by listing them.

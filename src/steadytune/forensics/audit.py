@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from steadytune.regularfile import not_a_file
 from steadytune.rundir import RunDir
 from steadytune.telemetry.attest import AuditKeyError, AuditTrust
 from steadytune.telemetry.events import GENESIS, entry_hash
@@ -148,7 +149,7 @@ def _entries(path: Path) -> Iterator[tuple[int, dict[str, Any] | Skipped]]:
 def verify_chain(path: Path, trust: AuditTrust | None = None, allow_unkeyed: bool = False) -> AuditResult:
     """Walk the hash chain of one event log (and its MACs, given a key); stop at the first break."""
     if not Path(path).is_file():
-        return AuditResult(False, problem="unreadable", message=f"{path} does not exist")
+        return AuditResult(False, problem="unreadable", message=f"{path} {not_a_file(Path(path))}")
     res = AuditResult(True)
     key = trust if trust is not None and trust.key is not None else None
     if key is not None:

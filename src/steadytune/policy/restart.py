@@ -125,6 +125,21 @@ def classify(info: ExitInfo) -> str:
     return "exit_nonzero"
 
 
+def exit_words(info: ExitInfo) -> str:
+    """How a worker that left no Python error ended: its exit code or its signal.
+
+    A supervised command (``sh``, a launcher) that failed with ``exit 3`` read "error before the
+    first step", its code nowhere in the run: the first thing its author needs.
+    """
+    sig = info.signal
+    if sig is not None:
+        name = _signal.Signals(sig).name if sig in _signal.Signals._value2member_map_ else f"signal {sig}"
+        return f"the worker was killed by {name}"
+    if info.returncode:
+        return f"the worker exited with code {info.returncode}"
+    return "error"
+
+
 def backoff(restarts_used: int, base_s: float, max_s: float) -> float:
     """Exponential backoff: base, 2·base, 4·base, ... capped at ``max_s``."""
     return min(max_s, base_s * (2**restarts_used)) if base_s > 0 else 0.0
@@ -148,7 +163,7 @@ def decide(
         return Decision(
             "stop",
             "deterministic",
-            f"{info.error_type or 'error'} before the first step of the attempt: "
+            f"{info.error_type or exit_words(info)} before the first step of the attempt: "
             f"{info.error_message or 'see the worker log'}; "
             "a restart would fail the same way, so fix the input and run again",
         )

@@ -39,7 +39,12 @@ SECRET_PHRASES = ("api_key", "private_key", "access_key", "secret_key", "webhook
 _KEPT_SUFFIXES = ("_env", "_file")
 _ENDINGS = tuple(sorted(SECRET_WORDS | {p.replace("_", "") for p in SECRET_PHRASES}))
 
-_URL_CREDENTIALS = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)[^/\s:@]+(?::[^/\s@]*)?@", re.IGNORECASE)
+# Each pattern that opens with a run of word characters starts only where such a run starts (the
+# look-behind): tried at every position of a long word, the run was scanned to its end each time,
+# and a 100 kB line without spaces (base64, a minified JSON) took minutes, quadratic in its length.
+_URL_CREDENTIALS = re.compile(
+    r"(?<![a-z0-9+.-])(?P<scheme>[a-z][a-z0-9+.-]*://)[^/\s:@]+(?::[^/\s@]*)?@", re.IGNORECASE
+)
 _TOKENS = re.compile(
     r"\b(hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_-]{20,}|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}"
     r"|xox[abprs]-[A-Za-z0-9-]{10,}|AKIA[0-9A-Z]{16})\b"
@@ -48,7 +53,7 @@ _TOKENS = re.compile(
 _VALUE = r"""(?:"[^"\n]*"|'[^'\n]*'|[^\s"',&;?]+)"""
 # ``key = value``, ``key: value``, ``"key": "value"``, ``KEY=value``, ``--key=value``, ``?key=value``
 _ASSIGNED = re.compile(
-    rf"""(?P<key>["']?[\w.-]+["']?)(?P<sep>[ \t]*(?:=|:(?!//))[ \t]*)(?P<value>{_VALUE})"""
+    rf"""(?<![\w.-])(?P<key>["']?[\w.-]+["']?)(?P<sep>[ \t]*(?:=|:(?!//))[ \t]*)(?P<value>{_VALUE})"""
 )
 # ``--key value``: a flag, then its value as the next word
 _FLAG_VALUE = re.compile(rf"(?<![\w-])(?P<key>--?[A-Za-z][\w.-]*)(?P<sep>[ \t]+)(?P<value>(?!-){_VALUE})")

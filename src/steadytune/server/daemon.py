@@ -18,16 +18,18 @@ from pathlib import Path
 from typing import Any
 
 from steadytune.protocol import operator_issuer, send_control
+from steadytune.records import run_end
 from steadytune.rundir import RunDir
 from steadytune.server.admission import DEFAULT_HEADROOM_BYTES, JobRequest, admit, gib, place
 from steadytune.server.admission import never_fits as never_fits_on
 from steadytune.server.admission import order as order_requests
 from steadytune.server.gpus import GpuSource
-from steadytune.server.jobs import ProcessTable, job_command, job_env, run_id, run_status
+from steadytune.server.jobs import ProcessTable, ended_reason, job_command, job_env, run_id, run_status
 from steadytune.server.ledger import GpuState, Reservation, build_ledger
 from steadytune.server.pressure import LiveJob, PressureAction, relieve
 from steadytune.server.probe import PROBE_S, Probe
 from steadytune.server.queue import LIVE, Job, JobQueue, QueueError
+from steadytune.telemetry.events import read_events
 
 log = logging.getLogger(__name__)
 
@@ -428,7 +430,8 @@ class Daemon:
         elif state == "completed":
             self.queue.move(job.id, "done", reason="completed", ended_ts=now)
         else:
-            why = f"run ended {state}" if state else "exited before its run wrote a status"
+            end = run_end(read_events(RunDir(Path(job.run_dir)).events)) if job.run_dir else None
+            why = ended_reason(status, lambda pid: self.procs.alive(pid, None), end.message if end else None)
             self.queue.move(job.id, "failed", reason=f"{why}; see {self.paths.log(job.id)}", ended_ts=now)
 
     # ---- requests (socket and HTTP) --------------------------------------------------------

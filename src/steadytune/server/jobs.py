@@ -11,7 +11,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,7 @@ from typing import Any
 import psutil
 
 from steadytune.jobenv import JOB_ENV, MEMORY_CAP_ENV, SOCKET_ENV, SUBMITTED_ENV
-from steadytune.rundir import RunDir
+from steadytune.rundir import ENDED_STATES, RunDir
 from steadytune.server.queue import Job
 
 
@@ -181,3 +181,27 @@ def run_status(run_dir: str | None) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
+
+
+def ended_reason(status: Mapping[str, Any], alive: Callable[[int], bool], end: str | None = None) -> str:
+    """Why a job whose supervisor is gone did not complete, from its run's last ``status.json``.
+
+    A supervisor killed outright (SIGKILL, the kernel's OOM killer) leaves its last live state
+    behind (``running``): the job did not "end running", its supervisor died, and the worker it
+    started may still train, holding its memory, in no job's process tree. ``alive``: whether a
+    process id runs. ``end``: the message of the event that ended the run (``run failed: the worker
+    exited with code 3 ...``), which says why; the queue said only "run ended failed".
+    """
+    state = status.get("state")
+    if not state:
+        return "exited before its run wrote a status"
+    if state in ENDED_STATES:
+        why = end.split("\n", 1)[0].removeprefix(f"run {state}: ") if end else ""
+        return f"run ended {state}: {why}" if why else f"run ended {state}"
+    pid = status.get("supervisor_pid")
+    who = f"its supervisor (pid {pid})" if isinstance(pid, int) else "its supervisor"
+    why = f"{who} died while its run was {state} (killed, or out of memory)"
+    worker = status.get("worker_pid")
+    if isinstance(worker, int) and alive(worker):
+        why += f"; its worker (pid {worker}) still runs: stop it (kill {worker})"
+    return why

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from steadytune.regularfile import not_a_file
 from steadytune.server.ledger import GIB
 from steadytune.server.need import NeedError, need_from_config, need_from_user
 from steadytune.server.queue import Job, JobQueue
@@ -71,7 +72,7 @@ def check_request(req: dict[str, Any]) -> list[str]:
         problems.append("--probe-s is for a command without --need-gib or --config (its need is measured)")
     cfg = req.get("config")
     if cfg and isinstance(cfg, str) and not _is_file(cfg):
-        problems.append(f"config {_short(cfg)} does not exist (paths are read on the server's machine)")
+        problems.append(f"config {_short(cfg)} {not_a_file(cfg)} (paths are read on the server's machine)")
     return problems
 
 

@@ -100,6 +100,15 @@ def last_exception(tail: str) -> tuple[str, str] | None:
     return found[-1] if found else None
 
 
-def last_lines(tail: str, n: int = 5) -> list[str]:
+LINE_CHARS = 300  # a log line shown on the console and in run_failed: the tail's 8 kB was one line
+
+
+def last_lines(tail: str, n: int = 5, width: int = LINE_CHARS) -> list[str]:
+    """The last ``n`` non-blank lines of a log's tail, each cut at ``width`` characters (its end kept:
+    where an error's message is). A worker that wrote one long line (a progress bar without a newline,
+    a dumped tensor) put 8 kB of it on the console's failure line."""
     lines = [ln.rstrip() for ln in tail.replace("\r", "\n").splitlines() if ln.strip()]
-    return lines[-n:]
+    return [
+        ln if len(ln) <= width else f"[line cut to its last {width} characters] …{ln[-width:]}"
+        for ln in lines[-n:]
+    ]

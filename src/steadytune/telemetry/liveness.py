@@ -10,7 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 LIVE_STATES = frozenset({"starting", "running", "restarting", "paused"})
-# A supervisor that has not rewritten status.json for this long is presumed gone.
+# A supervisor that has not rewritten status.json for this long is presumed gone. A time as far
+# ahead of the reading is no supervisor's either (a hand-edited or restored file, a clock set wrong):
+# ``updated_ts: 9e99`` kept a run "running" on every page for good, never indexed, never settled.
 STALE_STATUS_S = 15.0
 
 
@@ -21,7 +23,7 @@ def status_live(status: dict[str, Any], now: float) -> bool:
         status.get("state") in LIVE_STATES
         and isinstance(updated, (int, float))
         and not isinstance(updated, bool)
-        and now - updated < STALE_STATUS_S
+        and abs(now - updated) < STALE_STATUS_S
     )
 
 
@@ -34,4 +36,4 @@ def run_live(status: dict[str, Any] | None, newest_write: float | None, now: flo
     """
     if status is not None:
         return status_live(status, now)
-    return newest_write is not None and now - newest_write < STALE_STATUS_S
+    return newest_write is not None and abs(now - newest_write) < STALE_STATUS_S

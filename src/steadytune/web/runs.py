@@ -10,6 +10,7 @@ indexing. Only the files of the run directory are read (see DESIGN.md).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import stat
 import threading
@@ -33,7 +34,10 @@ from steadytune.scratch import owned_tempdir, remove
 from steadytune.telemetry.jsonl import within_depth
 from steadytune.telemetry.liveness import status_live
 from steadytune.telemetry.store import RunStore
+from steadytune.telemetry.store.schema import UnreadableIndex
 from steadytune.web.stored import StoredSummary, source_stamp, summary_path
+
+log = logging.getLogger(__name__)
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
@@ -269,7 +273,10 @@ class RunEntry:
     def _open(self) -> RunStore:
         db = self.dir.db
         if db.exists():
-            store = RunStore(db) if os.access(db.parent, os.W_OK) else RunStore(db, readonly=True)
+            try:
+                store = RunStore(db) if os.access(db.parent, os.W_OK) else RunStore(db, readonly=True)
+            except UnreadableIndex:
+                return self._instead_of_unreadable(db)
             self._owned = store.get_meta("indexer") == "dashboard"
             if not self._owned and not store.readonly:
                 # Filled by the supervisor's add_*: continue from the end of what it indexed.
@@ -279,6 +286,33 @@ class RunEntry:
             store = RunStore(db)
         else:
             # Someone else's runs, read-only: index into our own cache instead.
+            store = RunStore(self._cache_dir / f"{self.run_id}.db")
+        store.set_meta("indexer", "dashboard")
+        self._owned = True
+        return store
+
+    def _instead_of_unreadable(self, db: Path) -> RunStore:
+        """A fresh index for a run whose ``run.db`` SQLite cannot read (cut short, overwritten).
+
+        The index is derived from the run's files, which stay the truth. It was shown as an
+        "unreadable" run with no page until someone moved the file aside by hand. A finished
+        run's is moved aside now (``run.db.unreadable``, kept for whoever wants to look) and
+        rebuilt in its place; a live supervisor's, or one in a folder this dashboard may not
+        write, is left as it is, and the dashboard indexes the run in its own cache.
+        """
+        if os.access(db.parent, os.W_OK) and not self.supervisor_live():
+            for suffix in ("", "-wal", "-shm"):
+                part = db.with_name(db.name + suffix)
+                if part.exists():
+                    os.replace(part, db.with_name(f"{db.name}.unreadable{suffix}"))
+            log.warning(
+                "%s is not a readable index: kept as %s.unreadable, rebuilt from the run's streams",
+                db,
+                db.name,
+            )
+            store = RunStore(db)
+        else:
+            log.warning("%s is not a readable index: the run is indexed in %s", db, self._cache_dir)
             store = RunStore(self._cache_dir / f"{self.run_id}.db")
         store.set_meta("indexer", "dashboard")
         self._owned = True

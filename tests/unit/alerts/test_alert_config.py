@@ -151,3 +151,28 @@ def test_a_secret_file_others_may_read_is_refused(tmp_path: Path, mode: int, key
     assert "s3cret" not in message
     secret.chmod(0o400)  # owner-only, read-only: fine
     assert resolve_secret(key, None, secret, {}) == "s3cret-pass"
+
+
+@pytest.mark.parametrize(
+    ("host", "refused"),
+    [
+        ("smtp.example.org", True),
+        ("10.0.0.7", True),
+        ("127.0.0.1", False),
+        ("localhost", False),
+        ("::1", False),
+    ],
+)
+def test_a_password_is_never_sent_to_a_remote_relay_without_tls(host: str, refused: bool) -> None:
+    # smtplib's login over `security: none` sends the password base64-encoded: in clear on the wire.
+    sink = {"type": "email", "host": host, "security": "none", "username": "bot", "password_env": "PW",
+            "sender": "a@b.c", "to": ["d@e.f"]}  # fmt: skip
+    if not refused:
+        AlertsConfig.model_validate({"sinks": [sink]})
+        return
+    with pytest.raises(ValidationError) as err:
+        AlertsConfig.model_validate({"sinks": [sink]})
+    assert "sends the password" in str(err.value) and "starttls" in str(err.value)
+    # Without a password, or with TLS, the same relay is fine.
+    AlertsConfig.model_validate({"sinks": [{**sink, "password_env": None, "username": None}]})
+    AlertsConfig.model_validate({"sinks": [{**sink, "security": "starttls"}]})

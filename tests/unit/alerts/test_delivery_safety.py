@@ -8,6 +8,7 @@ one line, so the alert goes out once instead of failing every retry.
 
 from __future__ import annotations
 
+import base64
 import email
 import email.policy
 import re
@@ -43,12 +44,14 @@ class Redirector:
 
     def __init__(self, code: int = 302) -> None:
         self.requests: list[tuple[str, str]] = []
+        self.auth: list[str | None] = []  # each request's Authorization header
         self.code, self.target = code, ""
         srv = self
 
         class H(BaseHTTPRequestHandler):
             def _any(self) -> None:
                 srv.requests.append((self.command, self.path))
+                srv.auth.append(self.headers.get("Authorization"))
                 length = int(self.headers.get("Content-Length") or 0)
                 self.rfile.read(length)
                 if self.path.startswith("/hook"):
@@ -93,6 +96,22 @@ def closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def test_credentials_in_a_webhook_url_go_as_basic_auth(redirector: Redirector) -> None:
+    # urllib took "bot:p@ss@127.0.0.1" for a host name: every delivery failed "Name or service not
+    # known". The credentials now go in an Authorization header, and never into an error text.
+    url = redirector.base.replace("://", "://bot:p%40ss-w0rd@") + "/ok"
+    _, (sink,) = webhook_sinks(url)
+    sink.send(make_test_alert("r1", now=1.0))
+    assert redirector.requests == [("POST", "/ok")]
+    assert redirector.auth == ["Basic " + base64.b64encode(b"bot:p@ss-w0rd").decode()]
+    redirector.code = 500
+    bad = url.replace("/ok", "/hook")
+    _, (failing,) = webhook_sinks(bad)
+    with pytest.raises(DeliveryError) as exc:
+        failing.send(make_test_alert("r1", now=1.0))
+    assert "HTTP 500" in str(exc.value) and "ss-w0rd" not in str(exc.value)
 
 
 @pytest.mark.parametrize("code", [301, 302, 303, 307, 308])

@@ -85,3 +85,36 @@ def test_the_plain_progress_line_is_printed_every_10s_and_only_when_it_changed()
         live.update(line)
     # A loading (or resuming) job's line that stands still was printed once, not every 10 s.
     assert buf.getvalue().splitlines() == [waiting, "step 3 | loss 1.2", waiting]
+
+
+def test_the_summary_names_each_alert_sink_that_missed_alerts(tmp_path: Path) -> None:
+    # The console said nothing of undelivered alerts: they sat in events.jsonl only.
+    from steadytune.alerts.router import AlertRouter
+    from steadytune.config.alerts import AlertsConfig
+    from steadytune.records import Event
+    from steadytune.telemetry.events import EventLog
+
+    run = RunDir(tmp_path / "runs" / "r1").create()
+    (run.root / "a-folder").mkdir()
+    config = AlertsConfig.model_validate(
+        {"retry": {"attempts": 1}, "sinks": [{"type": "jsonl", "path": "ok.jsonl"},
+                                              {"type": "jsonl", "path": "a-folder"}]}
+    )  # fmt: skip
+    log = EventLog(run.events, run_id="r1")
+    router = AlertRouter(config, log, run_id="r1")
+    log.on_append = router
+    for step, name in ((3, "loss_spike"), (9, "grad_explosion")):
+        log.append(Event(ts=float(step), kind="anomaly", name=name, severity="critical", step=step,
+                         message=name, data={"metric": "loss" if step == 3 else "grad_norm"}))  # fmt: skip
+    router.close(timeout=10)
+    buf = io.StringIO()
+    progress = types.SimpleNamespace(first_loss=None, last_loss=None, step=9, max_steps=9,
+                                     last_eval_loss=None, tokens_per_s=None, skipped_steps=0)  # fmt: skip
+    result = types.SimpleNamespace(progress=progress, state="completed", reason="r", checkpoints=[],
+                                   restarts=0, wall_s=1.0, run=run)  # fmt: skip
+    print_summary(console(file=buf), result)
+    lines = [line.strip() for line in buf.getvalue().split("\nnext:\n", 1)[0].splitlines()]
+    missed = [line for line in lines if line.startswith("alerts:")]
+    assert len(missed) == 1, lines
+    assert missed[0].startswith("alerts: jsonl#1 missed 2 of 2: cannot append to ")
+    assert "a-folder" in missed[0] and "jsonl#1: jsonl#1" not in missed[0]

@@ -39,3 +39,28 @@ def test_a_config_error_exits_2_whichever_command_reads_it(
     bad.write_text(EXAMPLE.read_text())
     assert main([command, str(bad), "train.learning_rate=abc"]) == 2
     assert "train.learning_rate" in capsys.readouterr().err
+
+
+def test_a_misspelled_sink_is_shown_without_its_secrets(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A sink whose type is wrong or missing was printed whole: its webhook URL and password too.
+    hook, password = "https://chat.example.org/hooks/T0/Zq8sLk2VbX9", "pw-Zq8sLk2VbX9"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        EXAMPLE.read_text()
+        + "alerts:\n  min_severity: loud\n  sinks:\n"
+        + f"    - {{type: webhok, url: '{hook}'}}\n"
+        + f"    - {{type: emial, host: h, password: '{password}', to: [a@b.c]}}\n"
+        + f"    - {{url: '{hook}'}}\n"
+        + f"    - '{hook}'\n"
+    )
+    assert main(["validate", str(bad)]) == 2
+    out = capsys.readouterr()
+    text = out.out + out.err
+    assert "Zq8sLk2VbX9" not in text
+    for i in range(4):
+        assert f"alerts.sinks.{i}:" in text
+    assert "https://chat.example.org/***" in text  # the host stays: which service it was
+    assert "add 'type': one of console, jsonl, webhook, email, command" in text
+    assert "alerts.min_severity" in text and "Fix: use 'info', 'warning' or 'critical'" in text

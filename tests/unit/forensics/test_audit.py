@@ -303,3 +303,20 @@ def test_another_runs_whole_log_copied_over_fails_against_this_runs_anchor(run, 
     res = verify_run(run, trust)
     assert not res.ok and res.problem in {"unanchored", "replaced"}, res
     assert run.run_id in res.message and other.run_id in res.message
+
+
+@pytest.mark.parametrize(("make", "says"), [("fifo", "is a FIFO, not a regular file"),
+                                            ("folder", "is a folder, not a regular file"),
+                                            ("missing", "does not exist")])  # fmt: skip
+def test_a_log_that_is_not_a_file_is_named_for_what_it_is(tmp_path: Path, make: str, says: str) -> None:
+    # A FIFO or a folder in the log's place read "does not exist".
+    import os
+
+    path = tmp_path / "events.jsonl"
+    if make == "fifo":
+        os.mkfifo(path)
+    elif make == "folder":
+        path.mkdir()
+    res = verify_chain(path)
+    assert not res.ok and res.problem == "unreadable"
+    assert res.message == f"{path} {says}"

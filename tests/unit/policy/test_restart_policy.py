@@ -74,3 +74,14 @@ def test_same_error_at_same_step_twice_is_deterministic() -> None:
 def test_requested_stop_and_completion_are_done() -> None:
     assert decide(ExitInfo(0, status="stopped", step=7), [], 0, 3).action == "done"
     assert decide(ExitInfo(-signal.SIGKILL, interrupted=True), [], 0, 3).action == "stop"
+
+
+def test_a_command_that_fails_before_its_first_step_is_told_by_its_exit_code_or_signal() -> None:
+    # A supervised `sh -c '...; exit 3'` read "error before the first step": its code was nowhere.
+    said = decide(ExitInfo(3, deterministic=True), [], 0, 3)
+    assert said.action == "stop"
+    assert said.reason.startswith("the worker exited with code 3 before the first step of the attempt")
+    killed = decide(ExitInfo(-int(signal.SIGSEGV), deterministic=True), [], 0, 3)
+    assert killed.reason.startswith("the worker was killed by SIGSEGV before the first step")
+    python = decide(ExitInfo(1, error_type="ValueError", error_message="bad", deterministic=True), [], 0, 3)
+    assert python.reason.startswith("ValueError before the first step of the attempt: bad")

@@ -77,3 +77,18 @@ def test_a_redactor_adds_the_values_it_was_told_to_the_rules() -> None:
         "x": ["--hub_token", MASK],
         "password": MASK,
     }
+
+
+@pytest.mark.parametrize("word", ["x", "a1", "ab-cd."])
+def test_a_long_line_without_spaces_is_redacted_in_linear_time(word: str) -> None:
+    # Every log line, stderr tail and event passes here. A 100 kB word (base64, a minified JSON) was
+    # scanned to its end from each of its positions: minutes of one CPU, quadratic in its length.
+    import time
+
+    line = word * (200_000 // len(word))
+    started = time.monotonic()
+    assert (
+        redact_text(f"{line} password={line} https://u:p@{line}/x")
+        == f"{line} password={MASK} https://{MASK}@{line}/x"
+    )
+    assert time.monotonic() - started < 10  # about 0.1 s; the quadratic scan took hours here

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 from pathlib import Path
 
 import pytest
 
+from steadytune.records import Event
 from steadytune.server.daemon import Daemon, ServerPaths
 from steadytune.server.jobs import ProcessTable, run_id
 from steadytune.server.ledger import GIB, GpuReading
 from steadytune.server.queue import JobQueue, QueueError
+from steadytune.telemetry.events import EventLog
 from tests.waiting import wait_for
 
 # Writes the run's status.json as a supervisor would, then waits for the gate and ends as told.
@@ -35,6 +39,17 @@ import pathlib, sys, time
 gate = pathlib.Path(sys.argv[2])
 while not gate.exists():
     time.sleep(0.02)
+"""
+# A supervisor that started its worker (in a session of its own, as a real one does) and says so.
+WITH_WORKER = """
+import json, os, pathlib, subprocess, sys, time
+run = pathlib.Path(sys.argv[1])
+run.mkdir(parents=True, exist_ok=True)
+worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+tmp = run / "status.tmp"
+tmp.write_text(json.dumps({"state": "running", "supervisor_pid": os.getpid(), "worker_pid": worker.pid}))
+os.replace(tmp, run / "status.json")
+time.sleep(120)
 """
 _GATES: list[Path] = []
 
@@ -93,6 +108,42 @@ def test_two_jobs_share_a_gpu_the_third_waits_then_starts(tmp_path: Path):
     wait_for(lambda: (d.tick(), d.queue.get(c).state)[1] == "done")
     wait_for(lambda: (d.tick(), d.queue.get(b).state)[1] == "failed")
     assert "run ended failed" in d.queue.get(b).reason
+
+
+def test_a_job_whose_supervisor_was_killed_says_so_and_names_its_worker_left_running(tmp_path: Path):
+    # It read "run ended running": the state its supervisor last wrote, taken for how the run ended.
+    d = make(tmp_path, [GpuReading(0, 80 * GIB, 0, "fake")], script=WITH_WORKER)
+    a = submit(d, 10)
+    d.tick()
+    wait_for(lambda: status(d, a).get("worker_pid") is not None)
+    supervisor, worker = d.queue.get(a).pid, status(d, a)["worker_pid"]
+    try:
+        os.kill(supervisor, signal.SIGKILL)
+        wait_for(lambda: (d.tick(), d.queue.get(a).state)[1] == "failed")
+        reason = d.queue.get(a).reason
+        assert f"its supervisor (pid {supervisor}) died while its run was running" in reason
+        assert f"its worker (pid {worker}) still runs: stop it (kill {worker})" in reason
+        assert "run ended running" not in reason
+    finally:
+        os.kill(worker, signal.SIGKILL)
+
+
+def test_a_failed_job_says_why_its_run_failed(tmp_path: Path):
+    # It said only "run ended failed; see LOG": the reason was in the run's events, one step away.
+    d = make(tmp_path, [GpuReading(0, 80 * GIB, 0, "fake")])
+    a = submit(d, 10)
+    d.tick()
+    wait_for(lambda: status(d, a).get("state") == "running")
+    why = "the worker exited with code 3 before the first step of the attempt"
+    end = Event(
+        ts=1.0, kind="lifecycle", name="run_failed", severity="critical", message=f"run failed: {why}"
+    )
+    EventLog(Path(d.queue.get(a).run_dir) / "events.jsonl", run_id="t").append(end)
+    open_gate(tmp_path, a, "failed")
+    wait_for(lambda: (d.tick(), d.queue.get(a).state)[1] == "failed")
+    reason = d.queue.get(a).reason
+    assert reason.startswith("run ended failed: the worker exited with code 3 before the first step")
+    assert str(d.paths.log(a)) in reason
 
 
 def test_a_restarted_daemon_adopts_running_jobs_and_requeues_unstarted_ones(tmp_path: Path):

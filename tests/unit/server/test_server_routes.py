@@ -158,7 +158,11 @@ def test_a_config_job_needs_the_estimators_peak_and_its_process_count(daemon: Da
 @pytest.mark.parametrize(
     ("req", "says"),
     [
-        ({"kind": "run", "config": "x" * 5000}, "does not exist"),  # was OSError: File name too long
+        ({"kind": "run", "config": "x" * 5000}, r"cannot be read \(File name too long\)"),  # was an OSError
+        ({"kind": "run", "config": "/nonexistent/x.yaml"}, "x.yaml' does not exist"),
+        # A FIFO, a folder, a device in the config's place read "does not exist".
+        ({"kind": "run", "config": "/dev/zero"}, "/dev/zero' is a character device, not a regular file"),
+        ({"kind": "run", "config": "/"}, "is a folder, not a regular file"),
         ({"kind": "run", "config": ["a.yaml"]}, "config=.*give a string"),
         ({"kind": "supervise", "cmd": ["x"], "env": ["HF_TOKEN=x"]}, "env: give an object of strings"),
         ({"kind": "supervise", "cmd": ["x"], "overrides": 5}, "overrides=5: give a list of strings"),

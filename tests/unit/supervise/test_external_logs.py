@@ -272,3 +272,14 @@ def test_the_trainers_closing_summary_says_training_is_over(tmp_path: Path) -> N
     assert beats[-1] == "finish"  # at once, not a second later: the next line may be a minute away
     adapter.begin(1, None)  # a new attempt trains again
     assert adapter._finished is False
+
+
+def test_the_failure_lines_are_cut_to_a_readable_width_keeping_each_lines_end() -> None:
+    # One long line (a progress bar with no newline, a dumped tensor) put the tail's 8 kB on the console.
+    from steadytune.supervise.logparse import LINE_CHARS, last_lines
+
+    long = "Q" * 8000 + " ValueError: the end"
+    lines = last_lines(f"first\n{long}\nshort\n")
+    assert lines[0] == "first" and lines[2] == "short"
+    assert len(lines[1]) < LINE_CHARS + 40 and lines[1].endswith("ValueError: the end")
+    assert lines[1].startswith(f"[line cut to its last {LINE_CHARS} characters] …")

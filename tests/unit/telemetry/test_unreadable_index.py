@@ -42,14 +42,37 @@ def test_compact_says_so_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert str(run.db) in err and "not a readable index" in err and "Traceback" not in err
 
 
-def test_the_dashboards_reader_logs_one_line_without_a_traceback(
+def test_the_dashboard_rebuilds_a_finished_runs_index_and_keeps_the_unreadable_one(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    # The run was shown "unreadable", with no page, until someone moved the file aside by hand.
     run = _garbage_run(tmp_path)
+    garbage = run.db.read_bytes()
+    (run.root / "events.jsonl").write_text(
+        json.dumps({"ts": 1.0, "kind": "lifecycle", "name": "run_started", "message": "run X started"}) + "\n"
+    )
     out = io.StringIO()
     with caplog.at_level(logging.INFO):
         serve_reads(run.root.parent, tmp_path / "cache", io.StringIO("X\n"), out)
-    assert out.getvalue() == "failed X\n"
+    assert out.getvalue() == "read X\n"
     said = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(said) == 1 and said[0].exc_info is None
-    assert str(run.db) in said[0].getMessage()
+    assert str(run.db) in said[0].getMessage() and "rebuilt" in said[0].getMessage()
+    assert (run.root / "run.db.unreadable").read_bytes() == garbage
+    store = StoreBase(run.db, readonly=True)  # the new index opens
+    try:
+        assert store.get_meta("indexer") == "dashboard"
+    finally:
+        store.close()
+
+
+def test_a_live_runs_unreadable_index_is_left_to_its_supervisor(tmp_path: Path) -> None:
+    run = _garbage_run(tmp_path)
+    garbage = run.db.read_bytes()
+    run.status.write_text(
+        json.dumps({"state": "running", "updated_ts": time.time(), "supervisor_pid": os.getpid()})
+    )
+    out = io.StringIO()
+    serve_reads(run.root.parent, tmp_path / "cache", io.StringIO("X\n"), out)
+    assert run.db.read_bytes() == garbage and not (run.root / "run.db.unreadable").exists()
+    assert (tmp_path / "cache" / "X.db").exists()  # indexed apart, in the dashboard's own cache

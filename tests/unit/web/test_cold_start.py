@@ -195,7 +195,8 @@ def test_a_run_that_cannot_be_read_is_given_back_to_the_requests(tmp_path: Path)
     runs = tmp_path / "runs"
     _run(runs, "good", NOW - 60.0)
     bad = _run(runs, "broken", NOW - 30.0)
-    bad.db.write_bytes(b"not a database" * 100)
+    # A folder where the index should be: SQLite cannot open it (a damaged file is rebuilt instead).
+    bad.db.mkdir()
     index = RunsIndex(runs, clock=lambda: NOW, cache_dir=tmp_path / "cache", background=True)
     assert all(r.get("indexing") for r in runs_list(index))
     stopping = threading.Event()

@@ -175,7 +175,8 @@ class StoreBase:
             if db is not None:
                 db.close()
             raise UnreadableIndex(
-                f"{self.path}: not a readable index ({e}); move it aside and the dashboard rebuilds it "
+                f"{self.path}: not a readable index ({e}); move it aside, or open the run in the "
+                "dashboard, which does so once the run has ended (run.db.unreadable) and rebuilds it "
                 "from the run's streams"
             ) from None
 
