@@ -3,6 +3,7 @@ loss has not risen. And an evaluation whose loss is NaN or Inf (``nan_eval``).""
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass
 from typing import ClassVar
@@ -59,7 +60,9 @@ class OverfitWatch:
         self._train_at_best: float | None = None
         self._above = 0
         self._last2: tuple[float, ...] = ()  # the two evaluations before this one (log)
-        self._curv: list[float] = []  # |second differences| of the evaluations: their noise, trend removed
+        # |second differences| of the evaluations, kept sorted: their noise, trend removed. Sorted as they
+        # come, not at each evaluation: a run evaluated every few steps has tens of thousands of them.
+        self._curv: list[float] = []
 
     def observe(self, point: Signal, out: list[Finding]) -> None:
         """Judge the step's eval loss against the training loss level (log space) and its noise."""
@@ -75,7 +78,7 @@ class OverfitWatch:
         y = math.log(value)
         self._n += 1
         if len(self._last2) == 2:
-            self._curv.append(abs(y - 2.0 * self._last2[1] + self._last2[0]))
+            bisect.insort(self._curv, abs(y - 2.0 * self._last2[1] + self._last2[0]))
         self._last2 = (*self._last2[-1:], y)
         if self._best is None or y < self._best:
             self._best, self._best_step, self._train_at_best = y, step, train_level
@@ -144,7 +147,7 @@ class OverfitWatch:
         """
         if len(self._curv) < 3:
             return self.lim.rise
-        ordered = sorted(self._curv)
+        ordered = self._curv
         mid = len(ordered) // 2
         med = ordered[mid] if len(ordered) % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
         sigma = med / (0.6745 * math.sqrt(6.0))  # median |N(0, 6σ²)|: y[i] - 2y[i-1] + y[i-2]
