@@ -396,10 +396,10 @@ class Episodes:
         out = []
         limit = self._gap * interval
         for key, ep in list(self._open.items()):
-            lasting = not self._expires(ep)
-            if ep.quiet and step - ep.last_step > limit and (ending or not lasting):
+            expires = self._expires(ep)
+            if ep.quiet and step - ep.last_step > limit and (ending or expires):
                 del self._open[key]
-                self._quiet -= self._expires(ep)
+                self._quiet -= expires
                 if not ep.told:
                     out.append(Transition("resolved", ep.snapshot()))
         return out

@@ -115,7 +115,7 @@ def torch_build() -> dict[str, Any]:
     """
     out: dict[str, Any] = {"torch": _version("torch")}
     folder = package_dir("torch")
-    if out["torch"] is None or folder is None:
+    if folder is None:
         return out
     try:
         text = (folder / "version.py").read_text(encoding="utf-8")
